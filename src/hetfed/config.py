@@ -1,0 +1,312 @@
+"""The config schema: the one place that says what can be set, and to what.
+
+A config is YAML with the nesting below; ``--set key=value`` overrides any key
+(values are parsed as YAML, so ``--set model.hidden=[128,128]`` works). The whole
+config is validated before anything runs; an error names the key, the value and
+what is allowed.
+"""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from hetfed.errors import ConfigError
+
+DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "arrays"]
+EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
+PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
+ModelKind = Literal["mlp", "cnn", "logreg"]
+AlgorithmName = Literal["fedavg", "fedprox", "local"]
+ExecutorKind = Literal["vectorised", "sequential"]
+
+
+class _Strict(BaseModel):
+    """Unknown keys are errors: a typo must not silently fall back to a default."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class DatasetConfig(_Strict):
+    """Which data to load. ``data_dir`` is searched first, then standard places."""
+
+    name: DatasetName = "digits"
+    data_dir: str | None = None
+    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)")
+    test_fraction: float = Field(
+        0.2, gt=0, lt=1, description="held-out share when the data has no test split"
+    )
+    positive_class: int | None = Field(
+        None, ge=0, description="make a binary task: this class against all others"
+    )
+
+
+class EmbedConfig(_Strict):
+    """The frozen feature extractor between loading and partitioning."""
+
+    kind: EmbedKind = "identity"
+    components: int = Field(32, ge=1, description="output size for kind=pca")
+    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0")
+    batch_size: int = Field(64, ge=1)
+    cache_dir: str | None = None
+    device: Literal["auto", "cpu", "cuda"] = "auto"
+
+
+class PartitionConfig(_Strict):
+    """How the data is split over simulated clients (see hetfed.partition)."""
+
+    kind: PartitionKind = "feature_clusters"
+    clients: int | None = Field(10, ge=1)
+    shuffle: float = Field(0.0, ge=0, le=1)
+    alpha: float = Field(0.5, gt=0)
+    p: float = Field(0.8, ge=0, le=1)
+    majority_classes: int = Field(2, ge=1)
+    n_shards: int | None = Field(None, ge=1)
+    shards_per_client: int = Field(2, ge=1)
+    opt_out: float = Field(0.0, ge=0, le=1)
+    min_size: int = Field(10, ge=0)
+    samples_per_client: int | None = Field(None, ge=1)
+    pca_components: int = Field(2, ge=1)
+    val_fraction: float = Field(0.15, ge=0, lt=1)
+    test_fraction: float = Field(0.15, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _fractions_leave_training_data(self) -> PartitionConfig:
+        if self.val_fraction + self.test_fraction >= 1:
+            raise ValueError(
+                f"partition.val_fraction + partition.test_fraction = "
+                f"{self.val_fraction + self.test_fraction} leaves no training data: must be < 1"
+            )
+        return self
+
+
+class ModelConfig(_Strict):
+    """The network every client trains. ``hidden`` are the MLP widths."""
+
+    kind: ModelKind = "mlp"
+    hidden: list[int] = Field(default_factory=lambda: [64, 64])
+    dropout: float = Field(0.0, ge=0, lt=1)
+
+    @model_validator(mode="after")
+    def _positive_widths(self) -> ModelConfig:
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"model.hidden = {self.hidden}: every width must be ≥ 1")
+        return self
+
+
+class OptimizerConfig(_Strict):
+    """The client optimiser. ``reset_each_round: false`` keeps its state on the client."""
+
+    kind: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.05, gt=0)
+    momentum: float = Field(0.0, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    reset_each_round: bool = True
+
+
+class TrainConfig(_Strict):
+    """The federated schedule: rounds, client sampling, local work, evaluation."""
+
+    rounds: int = Field(30, ge=1)
+    client_fraction: float | None = Field(
+        1.0, gt=0, le=1, description="C: share of the opted-in clients sampled per round"
+    )
+    clients_per_round: int | None = Field(
+        None, ge=1, description="m: a fixed count per round (wins over client_fraction)"
+    )
+    local_epochs: float | None = Field(1.0, gt=0)
+    local_steps: int | None = Field(None, ge=1, description="τ: wins over local_epochs")
+    steps_cap_one_pass: bool = Field(
+        False, description="with local_steps: stop early once all client data was seen once"
+    )
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by this every round")
+    server_lr: float = Field(1.0, gt=0)
+    prox_mu: float = Field(0.01, ge=0, description="FedProx proximal weight")
+    eval_every: int = Field(1, ge=1)
+    patience: int | None = Field(None, ge=1, description="early stop after this many evals")
+    executor: ExecutorKind = "vectorised"
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    chunk_clients: int | None = Field(
+        None, ge=1, description="at most this many clients trained at once (memory budget)"
+    )
+    memory_budget_mb: float = Field(1024, gt=0)
+
+
+class MethodConfig(_Strict):
+    """One method of a comparison; ``model``/``train`` override the top-level ones."""
+
+    name: str | None = None
+    algorithm: AlgorithmName = "fedavg"
+    model: dict[str, Any] = Field(default_factory=dict)
+    train: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        return self.name or self.algorithm
+
+
+class Config(_Strict):
+    """A whole run: data, embedding, partition, and the methods to compare."""
+
+    seed: int = Field(0, ge=0)
+    name: str = "run"
+    dataset: DatasetConfig = Field(default_factory=DatasetConfig)
+    embed: EmbedConfig = Field(default_factory=EmbedConfig)
+    partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    model: ModelConfig = Field(default_factory=ModelConfig)
+    train: TrainConfig = Field(default_factory=TrainConfig)
+    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig()])
+    out_dir: str = "runs"
+
+    @model_validator(mode="after")
+    def _methods_resolve(self) -> Config:
+        if not self.methods:
+            raise ValueError("methods is empty: list at least one method")
+        labels = [m.label for m in self.methods]
+        if len(set(labels)) != len(labels):
+            raise ValueError(f"methods have repeated names {labels}: give each a unique name")
+        for i, m in enumerate(self.methods):
+            _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
+            _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
+        return self
+
+    def method_model(self, method: MethodConfig) -> ModelConfig:
+        """The model config a method runs with: top-level, then its overrides."""
+        return ModelConfig(**_deep_merge(self.model.model_dump(), method.model))
+
+    def method_train(self, method: MethodConfig) -> TrainConfig:
+        """The train config a method runs with: top-level, then its overrides."""
+        return TrainConfig(**_deep_merge(self.train.model_dump(), method.train))
+
+
+def _validate_override(schema: type[BaseModel], base: BaseModel, override: dict, where: str) -> None:
+    try:
+        schema(**_deep_merge(base.model_dump(), override))
+    except ValidationError as err:
+        raise ValueError(f"in {where}: {_format_errors(err, prefix='')}") from None
+
+
+def _deep_merge(base: dict, override: dict) -> dict:
+    out = copy.deepcopy(base)
+    for key, value in override.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = _deep_merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def _format_errors(err: ValidationError, prefix: str = "") -> str:
+    lines = []
+    for e in err.errors():
+        key = prefix + ".".join(str(p) for p in e["loc"])
+        msg = e["msg"]
+        if e["type"] == "extra_forbidden":
+            lines.append(f"unknown key {key!r} (check the spelling; see `hetfed config`)")
+            continue
+        if msg.startswith("Value error, "):
+            msg = msg[len("Value error, ") :]
+        value = e.get("input")
+        shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
+        lines.append(f"{key or 'config'}{shown}: {msg}")
+    return "; ".join(lines)
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values parsed as YAML."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} is not allowed: expected key=value, e.g. seed=3")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set {item!r} is not allowed: the key is empty")
+        try:
+            value = yaml.safe_load(raw) if raw.strip() else None
+        except yaml.YAMLError:
+            value = raw
+        set_dotted(out, key, value)
+    return out
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``tree["a"]["b"] = value`` for ``key = "a.b"``, creating levels as needed.
+
+    A numeric part indexes a list (``methods.0.algorithm``).
+    """
+    parts = key.split(".")
+    node: Any = tree
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[_list_index(node, part, key)]
+            continue
+        if not isinstance(node.get(part), dict | list):
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, key)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"--set {key}: {part!r} is not an index of a list of {len(node)}")
+    return int(part)
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file; a missing or malformed file is a ConfigError."""
+    p = Path(path)
+    if not p.is_file():
+        raise ConfigError(f"config file {str(p)!r} does not exist")
+    try:
+        data = yaml.safe_load(p.read_text()) or {}
+    except yaml.YAMLError as err:
+        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+    if not isinstance(data, dict):
+        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError."""
+    merged = _deep_merge(raw or {}, {})
+    for key, value in _flatten(overrides or {}):
+        set_dotted(merged, key, value)
+    try:
+        return Config(**merged)
+    except ValidationError as err:
+        raise ConfigError("invalid config: " + _format_errors(err)) from None
+
+
+def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.extend(_flatten(value, full + "."))
+        else:
+            out.append((full, value))
+    return out
+
+
+def load_config(path: str | Path | None = None, sets: list[str] | None = None) -> Config:
+    """The config a command runs with: the file (or defaults), then ``--set`` items."""
+    raw = read_yaml(path) if path is not None else {}
+    return build_config(raw, parse_overrides(sets))
+
+
+def dump_config(config: Config) -> str:
+    """The resolved config as YAML, as written into every run directory."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)

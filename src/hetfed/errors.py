@@ -1,0 +1,37 @@
+"""User-facing error types.
+
+Every failure a user can cause (bad config, missing files, impossible partition)
+raises a :class:`HetfedError` subclass whose message says what is wrong and what
+to do; the CLI prints it without a traceback and exits with status 2.
+"""
+
+from __future__ import annotations
+
+
+class HetfedError(Exception):
+    """Base class of all errors meant for the user, not the developer."""
+
+
+class ConfigError(HetfedError, ValueError):
+    """A configuration key has a value that is not allowed."""
+
+
+class DataError(HetfedError):
+    """A dataset cannot be found, read or used as asked."""
+
+
+class PartitionError(HetfedError, ValueError):
+    """The requested split of the data over clients cannot be made."""
+
+
+class MissingExtraError(HetfedError, ImportError):
+    """An optional dependency is needed; the message names the extra to install."""
+
+
+class RunError(HetfedError):
+    """A run cannot start or continue (e.g. its output directory is taken)."""
+
+
+def bad_value(name: str, value: object, allowed: str) -> ConfigError:
+    """Build the standard message: the parameter, the value and what is allowed."""
+    return ConfigError(f"{name} = {value!r} is not allowed: expected {allowed}.")

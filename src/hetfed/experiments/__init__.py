@@ -1,0 +1,1 @@
+"""Runs, sweeps, run directories, figures and reports."""

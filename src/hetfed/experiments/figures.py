@@ -1,0 +1,90 @@
+"""Figures people compare: partitions, learning curves, sweep curves.
+
+Matplotlib with the non-interactive Agg backend, so figures render headless.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_partition(fed, path: str | Path, seed: int = 0) -> Path:
+    """Client × class heat map, and the 2-D PCA view of the samples coloured by client."""
+    from hetfed.partition import pca_view
+
+    counts = fed.class_counts()
+    fig, (ax1, ax2) = plt.subplots(1, 2, figsize=(12, 5))
+    im = ax1.imshow(counts, aspect="auto", cmap="viridis")
+    ax1.set_xlabel("class")
+    ax1.set_ylabel("client")
+    ax1.set_title("samples per client and class")
+    fig.colorbar(im, ax=ax1)
+    z = pca_view(fed.x, 2, seed=seed)
+    owner = np.full(len(fed.y), -1)
+    for k in range(fed.n_clients):
+        owner[fed.client_indices(k)] = k
+    held = owner >= 0
+    sc = ax2.scatter(z[held, 0], z[held, 1], c=owner[held], cmap="tab20", s=4, alpha=0.7)
+    ax2.set_title("PCA of the features, coloured by client")
+    ax2.set_xlabel("PC 1")
+    ax2.set_ylabel("PC 2")
+    if fed.n_clients <= 20:
+        fig.colorbar(sc, ax=ax2, label="client")
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], path: str | Path) -> Path:
+    """One panel per metric; one line per method. ``curves[metric][method] = [(round, v)]``."""
+    metrics = list(curves)
+    fig, axes = plt.subplots(1, len(metrics), figsize=(5 * len(metrics), 4), squeeze=False)
+    for ax, metric in zip(axes[0], metrics, strict=True):
+        for method, points in curves[metric].items():
+            if points:
+                r, v = zip(*points, strict=True)
+                ax.plot(r, v, label=method)
+        ax.set_xlabel("round")
+        ax.set_ylabel(metric)
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def plot_sweep(table: list[dict], key: str, metric: str, path: str | Path) -> Path:
+    """Metric vs a swept key, one line per method, with 95% CI bands."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    methods = sorted({row["method"] for row in table})
+    for method in methods:
+        rows = sorted((r for r in table if r["method"] == method and r["metric"] == metric), key=lambda r: r[key])
+        if not rows:
+            continue
+        xs = [r[key] for r in rows]
+        mean = np.array([r["mean"] for r in rows])
+        ci = np.array([r["ci95"] for r in rows])
+        ax.plot(xs, mean, marker="o", label=method)
+        ax.fill_between(xs, mean - ci, mean + ci, alpha=0.2)
+    ax.set_xlabel(key)
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

@@ -1,0 +1,413 @@
+"""Partitioners: split a dataset's train pool over K simulated clients.
+
+Every partitioner is a pure function ``(features, labels, cfg, rng) -> list of
+index arrays`` (one per client, disjoint). :func:`make_federation` then splits
+each client's samples into its own train / validation / test sets, stratified by
+label so they mirror the client's label (and feature) distribution, builds one
+balanced global test set from the dataset's test split, and marks a fraction of
+clients opted out.
+
+Kinds (seed papers in brackets):
+
+- ``iid``: a shuffled split into near-equal parts.
+- ``shards`` [Fed-FSNet, after McMahan et al.]: sort by label, cut into
+  ``n_shards`` shards, ``shards_per_client`` each. Shards are cut *within* classes
+  (each class gets a number of shards proportional to its size), so no shard
+  straddles two labels and a client holds at most ``shards_per_client`` classes.
+- ``majority`` [FedMoE]: each client has ``majority_classes`` (2) majority classes
+  holding a fraction ``p`` of its data, the rest spread evenly over the other
+  classes; ``p = 2/C`` (0.2 for 10 classes) is IID.
+- ``dirichlet`` [FedMoE, Hsu et al.]: per class, proportions over clients drawn
+  from Dir(α); redrawn until every client has ``min_size`` samples.
+- ``feature_clusters`` [CGAU]: PCA of the features to ``pca_components`` (2) dims,
+  k-means per class with k = K, one centroid per class per client, then a
+  fraction ``shuffle`` of samples reassigned to uniformly random clients.
+  *Matching clusters across classes* (the paper leaves it open): the first
+  class's centroids anchor the clients; each further class's centroids are
+  matched to the anchors by the Hungarian algorithm on Euclidean distance in the
+  PCA plane, and each anchor moves to the running mean of its matched centroids.
+  So a client's clusters lie in the same region of the embedding — the feature
+  skew is coherent across classes, as a real device's would be.
+- ``natural``: clients given by ids in the data.
+
+``opt_out`` is orthogonal: a fraction ``q`` of the clients is marked opted-out;
+the engine never samples them for the global model.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hetfed.config import PartitionConfig
+from hetfed.errors import PartitionError
+
+Indices = list[np.ndarray]
+
+
+@dataclass(frozen=True, eq=False)
+class Federation:
+    """Who holds which sample.
+
+    Index arrays point into ``x``/``y`` (the dataset's train pool); the global test
+    set is separate (``x_global_test``/``y_global_test``), balanced over classes.
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    train: tuple[np.ndarray, ...]
+    val: tuple[np.ndarray, ...]
+    test: tuple[np.ndarray, ...]
+    x_global_test: np.ndarray
+    y_global_test: np.ndarray
+    n_classes: int
+    opted_out: np.ndarray  # bool per client
+    input_shape: tuple[int, ...] = ()
+    kind: str = ""
+    params: dict = field(default_factory=dict)
+
+    @property
+    def n_clients(self) -> int:
+        return len(self.train)
+
+    def client_indices(self, k: int) -> np.ndarray:
+        """All samples client k holds (train ∪ val ∪ test)."""
+        return np.concatenate([self.train[k], self.val[k], self.test[k]])
+
+    def train_sizes(self) -> np.ndarray:
+        return np.array([len(t) for t in self.train], dtype=np.int64)
+
+    def class_counts(self) -> np.ndarray:
+        """K × C counts of each class among each client's samples (all splits)."""
+        out = np.zeros((self.n_clients, self.n_classes), dtype=np.int64)
+        for k in range(self.n_clients):
+            out[k] = np.bincount(self.y[self.client_indices(k)], minlength=self.n_classes)
+        return out
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def apportion(total: int, weights: np.ndarray) -> np.ndarray:
+    """Split ``total`` into integer parts proportional to ``weights`` (largest remainder)."""
+    w = np.asarray(weights, dtype=np.float64)
+    if total == 0 or w.sum() <= 0:
+        return np.zeros(len(w), dtype=np.int64)
+    exact = total * w / w.sum()
+    base = np.floor(exact).astype(np.int64)
+    rest = total - int(base.sum())
+    if rest:
+        order = np.argsort(-(exact - base), kind="stable")
+        base[order[:rest]] += 1
+    return base
+
+
+def allocate_classes(y: np.ndarray, weights: np.ndarray, rng: np.random.Generator) -> Indices:
+    """Give every sample to one client: class c is split over clients by ``weights[:, c]``."""
+    n_clients, n_classes = weights.shape
+    parts: list[list[np.ndarray]] = [[] for _ in range(n_clients)]
+    for c in range(n_classes):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        counts = apportion(len(idx), weights[:, c]) if weights[:, c].sum() > 0 else apportion(len(idx), np.ones(n_clients))
+        for k, chunk in enumerate(np.split(idx, np.cumsum(counts)[:-1])):
+            parts[k].append(chunk)
+    return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
+
+
+def draw_per_client(
+    y: np.ndarray, props: np.ndarray, n_per_client: int, rng: np.random.Generator, what: str
+) -> Indices:
+    """Each client draws ``n_per_client`` samples, class shares ``props[k]``, no reuse."""
+    n_clients, n_classes = props.shape
+    pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(n_classes)]
+    out: Indices = []
+    for k in range(n_clients):
+        counts = apportion(n_per_client, props[k])
+        chosen = []
+        for c in np.flatnonzero(counts):
+            if len(pools[c]) < counts[c]:
+                raise PartitionError(
+                    f"partition.samples_per_client = {n_per_client} is not allowed with {what}: "
+                    f"class {c} runs out of samples at client {k}; "
+                    "expected fewer clients or fewer samples per client"
+                )
+            chosen.extend(pools[c][: counts[c]])
+            del pools[c][: counts[c]]
+        out.append(np.sort(np.asarray(chosen, dtype=np.int64)))
+    return out
+
+
+def _classes_present(y: np.ndarray) -> np.ndarray:
+    return np.unique(y)
+
+
+def _require_clients(cfg: PartitionConfig, n: int) -> int:
+    k = cfg.clients
+    if k is None:
+        raise PartitionError(f"partition.clients is required for partition.kind = {cfg.kind!r}")
+    if k > n:
+        raise PartitionError(
+            f"partition.clients = {k} is not allowed: the data has only {n} training samples; "
+            f"expected at most {n}"
+        )
+    return k
+
+
+# ---------------------------------------------------------------- partitioners
+
+
+def iid(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
+    """Shuffled, near-equal parts (Flower's IidPartitioner does not shuffle: we do)."""
+    k = _require_clients(cfg, len(y))
+    perm = rng.permutation(len(y))
+    if cfg.samples_per_client is not None:
+        need = k * cfg.samples_per_client
+        if need > len(y):
+            raise PartitionError(
+                f"partition.samples_per_client = {cfg.samples_per_client} is not allowed: "
+                f"{k} clients would need {need} samples but there are {len(y)}"
+            )
+        perm = perm[:need]
+    return [np.sort(p) for p in np.array_split(perm, k)]
+
+
+def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
+    """Label-sorted shards, ``shards_per_client`` each, cut within classes."""
+    k = _require_clients(cfg, len(y))
+    n_shards = cfg.n_shards if cfg.n_shards is not None else k * cfg.shards_per_client
+    if n_shards != k * cfg.shards_per_client:
+        raise PartitionError(
+            f"partition.n_shards = {n_shards} is not allowed with {k} clients × "
+            f"{cfg.shards_per_client} shards each: expected {k * cfg.shards_per_client} "
+            "(or leave n_shards unset)"
+        )
+    classes = _classes_present(y)
+    if n_shards < len(classes):
+        raise PartitionError(
+            f"partition.n_shards = {n_shards} is not allowed: the data has {len(classes)} classes "
+            f"and every class needs a shard; expected n_shards ≥ {len(classes)}"
+        )
+    if n_shards > len(y):
+        raise PartitionError(f"partition.n_shards = {n_shards} is not allowed: more shards than the {len(y)} samples")
+    sizes = np.array([(y == c).sum() for c in classes])
+    per_class = 1 + apportion(n_shards - len(classes), sizes)  # every class gets ≥ 1 shard
+    per_class = np.minimum(per_class, sizes)  # a shard is never empty
+    for _ in range(n_shards - int(per_class.sum())):  # give what tiny classes could not take
+        per_class[np.argmax(sizes - per_class)] += 1
+    pieces: list[np.ndarray] = []
+    for c, m in zip(classes, per_class, strict=True):
+        idx = rng.permutation(np.flatnonzero(y == c))
+        pieces.extend(np.array_split(idx, m))
+    order = rng.permutation(n_shards)
+    s = cfg.shards_per_client
+    return [np.sort(np.concatenate([pieces[j] for j in order[i * s : (i + 1) * s]])) for i in range(k)]
+
+
+def majority(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
+    """``majority_classes`` classes hold fraction p of each client's data."""
+    k = _require_clients(cfg, len(y))
+    n_classes = int(y.max()) + 1
+    m = cfg.majority_classes
+    if m >= n_classes:
+        raise PartitionError(
+            f"partition.majority_classes = {m} is not allowed with {n_classes} classes: expected < {n_classes}"
+        )
+    # Majority classes go round-robin over a shuffled class order, so each class is
+    # a majority class for (nearly) the same number of clients.
+    order = rng.permutation(n_classes)
+    props = np.full((k, n_classes), (1 - cfg.p) / (n_classes - m))
+    for client in range(k):
+        chosen = order[[(client * m + j) % n_classes for j in range(m)]]
+        props[client, chosen] = cfg.p / m
+    if cfg.samples_per_client is not None:
+        return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'majority'")
+    return allocate_classes(y, props, rng)
+
+
+def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator, max_tries: int = 100) -> Indices:
+    """Per-class proportions over clients from Dir(α), redrawn until sizes ≥ min_size."""
+    k = _require_clients(cfg, len(y))
+    n_classes = int(y.max()) + 1
+    if cfg.min_size * k > len(y):
+        raise PartitionError(
+            f"partition.min_size = {cfg.min_size} is not allowed with {k} clients: it needs "
+            f"{cfg.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
+        )
+    for _ in range(max_tries):
+        if cfg.samples_per_client is not None:
+            props = rng.dirichlet(np.full(n_classes, cfg.alpha), size=k)
+            return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'")
+        weights = rng.dirichlet(np.full(k, cfg.alpha), size=n_classes).T  # K × C
+        parts = allocate_classes(y, weights, rng)
+        if min(len(p) for p in parts) >= cfg.min_size:
+            return parts
+    raise PartitionError(
+        f"partition.alpha = {cfg.alpha} with partition.min_size = {cfg.min_size} and {k} clients: "
+        f"no draw in {max_tries} tries gave every client ≥ {cfg.min_size} samples; "
+        "expected a larger alpha, a smaller min_size or fewer clients"
+    )
+
+
+def feature_clusters(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
+    """The CGAU simulation: clients are regions of the (PCA'd) embedding space."""
+    k = _require_clients(cfg, len(y))
+    assign = cluster_assignment(x, y, k, cfg.pca_components, rng)
+    assign = reassign_fraction(assign, cfg.shuffle, k, rng)
+    return [np.flatnonzero(assign == c).astype(np.int64) for c in range(k)]
+
+
+def pca_view(x: np.ndarray, components: int, seed: int = 0) -> np.ndarray:
+    """The low-dimensional view the clusters are found in (also used for plots)."""
+    from sklearn.decomposition import PCA
+
+    flat = x.reshape(len(x), -1)
+    n = min(components, flat.shape[1], len(flat))
+    return PCA(n_components=n, random_state=seed).fit_transform(flat)
+
+
+def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rng: np.random.Generator) -> np.ndarray:
+    """Client of every sample before shuffling: its class's nearest matched centroid."""
+    from scipy.optimize import linear_sum_assignment
+    from scipy.spatial.distance import cdist
+    from sklearn.cluster import KMeans
+
+    z = pca_view(x, components, seed=int(rng.integers(2**31)))
+    assign = np.empty(len(y), dtype=np.int64)
+    anchors: np.ndarray | None = None
+    n_matched = 0
+    for c in _classes_present(y):
+        idx = np.flatnonzero(y == c)
+        if len(idx) < k:
+            raise PartitionError(
+                f"partition.clients = {k} is not allowed with partition.kind = 'feature_clusters': "
+                f"class {c} has only {len(idx)} samples and needs one cluster per client; "
+                f"expected clients ≤ {len(idx)}"
+            )
+        km = KMeans(n_clusters=k, n_init=4, random_state=int(rng.integers(2**31))).fit(z[idx])
+        centroids = km.cluster_centers_
+        if anchors is None:
+            to_client = np.arange(k)
+            anchors = centroids.copy()
+        else:
+            rows, cols = linear_sum_assignment(cdist(centroids, anchors))
+            to_client = np.empty(k, dtype=np.int64)
+            to_client[rows] = cols
+            anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
+        n_matched += 1
+        assign[idx] = to_client[km.labels_]
+    return assign
+
+
+def reassign_fraction(assign: np.ndarray, fraction: float, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Move ``round(fraction·N)`` random samples to uniformly random clients."""
+    out = assign.copy()
+    n_move = int(round(fraction * len(out)))
+    if n_move:
+        chosen = rng.choice(len(out), size=n_move, replace=False)
+        out[chosen] = rng.integers(0, k, size=n_move)
+    return out
+
+
+def natural(ids: np.ndarray | None, cfg: PartitionConfig) -> Indices:
+    """Clients given by ids in the data (``dataset.name = 'arrays'`` with a client column)."""
+    if ids is None:
+        raise PartitionError(
+            "partition.kind = 'natural' needs client ids in the data: use dataset.name = 'arrays' "
+            "with a 'client' array/column"
+        )
+    uniq = np.unique(ids)
+    if cfg.clients is not None and cfg.clients != len(uniq):
+        raise PartitionError(
+            f"partition.clients = {cfg.clients} is not allowed with partition.kind = 'natural': "
+            f"the data names {len(uniq)} clients; expected {len(uniq)} or null"
+        )
+    return [np.flatnonzero(ids == u).astype(np.int64) for u in uniq]
+
+
+PARTITIONERS: dict[str, Callable[..., Indices]] = {
+    "iid": iid,
+    "shards": shards,
+    "majority": majority,
+    "dirichlet": dirichlet,
+    "feature_clusters": feature_clusters,
+}
+
+
+def partition_indices(
+    x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, seed: int, client_ids: np.ndarray | None = None
+) -> Indices:
+    """The clients' sample indices for the configured kind (before train/val/test)."""
+    rng = np.random.default_rng([seed, 0x9A27])
+    if cfg.kind == "natural":
+        return natural(client_ids, cfg)
+    if cfg.kind not in PARTITIONERS:
+        raise PartitionError(
+            f"partition.kind = {cfg.kind!r} is not known: expected one of {sorted([*PARTITIONERS, 'natural'])}"
+        )
+    return PARTITIONERS[cfg.kind](x, y, cfg, rng)
+
+
+def split_client(idx: np.ndarray, y: np.ndarray, val: float, test: float, rng: np.random.Generator):
+    """Stratified train/val/test split of one client's samples (mirrors its labels)."""
+    tr, va, te = [], [], []
+    for c in np.unique(y[idx]):
+        members = rng.permutation(idx[y[idx] == c])
+        n_val = int(round(val * len(members)))
+        n_test = int(round(test * len(members)))
+        while n_val + n_test >= len(members) and n_val + n_test > 0:  # keep one to train on
+            if n_test >= n_val:
+                n_test -= 1
+            else:
+                n_val -= 1
+        va.append(members[:n_val])
+        te.append(members[n_val : n_val + n_test])
+        tr.append(members[n_val + n_test :])
+    cat = lambda parts: np.sort(np.concatenate(parts)).astype(np.int64) if parts else np.zeros(0, np.int64)  # noqa: E731
+    return cat(tr), cat(va), cat(te)
+
+
+def balanced_subset(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """Indices of an equal number of samples per class (the smallest class's count)."""
+    classes = np.unique(y)
+    m = min((y == c).sum() for c in classes)
+    return np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), m, replace=False) for c in classes]))
+
+
+def opted_out_mask(n_clients: int, q: float, rng: np.random.Generator) -> np.ndarray:
+    """A random ``round(q·K)`` clients opt out (their data never trains the global model)."""
+    mask = np.zeros(n_clients, dtype=bool)
+    n = int(round(q * n_clients))
+    if n:
+        mask[rng.choice(n_clients, n, replace=False)] = True
+    return mask
+
+
+def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
+    """The full Federation from embedded data (any object with x_train, y_train, …)."""
+    x, y = data.x_train, data.y_train
+    parts = partition_indices(x, y, cfg, seed, getattr(data, "client_train", None))
+    empty = [k for k, p in enumerate(parts) if len(p) == 0]
+    if empty:
+        raise PartitionError(
+            f"partition.kind = {cfg.kind!r} left clients {empty[:10]} without data: "
+            "expected fewer clients or a less extreme setting"
+        )
+    rng = np.random.default_rng([seed, 0x5B17])
+    splits = [split_client(p, y, cfg.val_fraction, cfg.test_fraction, rng) for p in parts]
+    gt = balanced_subset(data.y_test, rng)
+    return Federation(
+        x=x,
+        y=y,
+        train=tuple(s[0] for s in splits),
+        val=tuple(s[1] for s in splits),
+        test=tuple(s[2] for s in splits),
+        x_global_test=data.x_test[gt],
+        y_global_test=data.y_test[gt],
+        n_classes=data.n_classes,
+        opted_out=opted_out_mask(len(parts), cfg.opt_out, rng),
+        input_shape=tuple(getattr(data, "input_shape", x.shape[1:])),
+        kind=cfg.kind,
+        params=cfg.model_dump(),
+    )
