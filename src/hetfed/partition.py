@@ -276,8 +276,7 @@ def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rn
     z = pca_view(x, components, seed=int(rng.integers(2**31)))
     assign = np.empty(len(y), dtype=np.int64)
     anchors: np.ndarray | None = None
-    n_matched = 0
-    for c in _classes_present(y):
+    for n_matched, c in enumerate(_classes_present(y)):
         idx = np.flatnonzero(y == c)
         if len(idx) < k:
             raise PartitionError(
@@ -295,7 +294,6 @@ def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rn
             to_client = np.empty(k, dtype=np.int64)
             to_client[rows] = cols
             anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
-        n_matched += 1
         assign[idx] = to_client[km.labels_]
     return assign
 

@@ -37,7 +37,13 @@ def _device(cfg: EmbedConfig):
 
 
 def _progress(total: int, desc: str, enabled: bool):
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+    from rich.progress import (
+        BarColumn,
+        MofNCompleteColumn,
+        Progress,
+        TextColumn,
+        TimeRemainingColumn,
+    )
 
     return Progress(
         TextColumn(desc), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),

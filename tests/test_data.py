@@ -1,0 +1,190 @@
+import csv
+import pickle
+
+import numpy as np
+import pytest
+
+from hetfed.config import DatasetConfig, EmbedConfig
+from hetfed.data import embed, load_dataset
+from hetfed.data.embed import cache_path
+from hetfed.data.formats import read_idx, write_idx
+from hetfed.data.registry import Dataset
+from hetfed.errors import DataError, MissingExtraError
+
+
+def _write_mnist(folder, n_train=20, n_test=10, gz=True):
+    rng = np.random.default_rng(0)
+    sfx = ".gz" if gz else ""
+    for prefix, n in (("train", n_train), ("t10k", n_test)):
+        write_idx(folder / f"{prefix}-images-idx3-ubyte{sfx}", rng.integers(0, 256, (n, 28, 28), dtype=np.uint8))
+        write_idx(folder / f"{prefix}-labels-idx1-ubyte{sfx}", (np.arange(n) % 10).astype(np.uint8))
+
+
+def test_digits_is_the_offline_default():
+    ds = load_dataset(DatasetConfig())
+    assert ds.name == "digits" and ds.n_classes == 10
+    assert len(ds.y_train) + len(ds.y_test) == 1797
+    assert ds.x_train.shape[1:] == (8, 8) and ds.x_train.min() >= 0 and ds.x_train.max() <= 1
+
+
+@pytest.mark.parametrize("name", ["fashion-mnist", "mnist"])
+@pytest.mark.parametrize("gz", [True, False])
+def test_idx_folder_loads(tmp_path, name, gz):
+    _write_mnist(tmp_path, gz=gz)
+    ds = load_dataset(DatasetConfig(name=name, data_dir=str(tmp_path)))
+    assert ds.x_train.shape == (20, 28, 28) and ds.x_test.shape == (10, 28, 28)
+    assert ds.y_train.tolist() == [i % 10 for i in range(20)]
+    assert ds.x_train.dtype == np.float32 and ds.x_train.max() <= 1
+
+
+def test_missing_files_say_where_we_looked_and_how_to_get_them(tmp_path, monkeypatch):
+    from hetfed.data import registry
+
+    monkeypatch.setitem(registry.STANDARD_PLACES, "fashion-mnist", [str(tmp_path / "std")])
+    monkeypatch.setitem(registry.STANDARD_PLACES, "mnist", [])
+    with pytest.raises(DataError) as err:
+        load_dataset(DatasetConfig(name="mnist", data_dir=str(tmp_path)))
+    assert str(tmp_path) in str(err.value) and "data_dir" in str(err.value)
+    with pytest.raises(DataError, match="apt-get install dataset-fashion-mnist"):
+        load_dataset(DatasetConfig(name="fashion-mnist", data_dir=str(tmp_path / "nowhere")))
+
+
+def test_corrupt_idx_is_a_clear_error(tmp_path):
+    _write_mnist(tmp_path, gz=False)
+    path = tmp_path / "train-images-idx3-ubyte"
+    path.write_bytes(path.read_bytes()[:1000])
+    with pytest.raises(DataError, match="truncated"):
+        load_dataset(DatasetConfig(name="mnist", data_dir=str(tmp_path)))
+    bad = tmp_path / "x.idx"
+    bad.write_bytes(b"hello world")
+    with pytest.raises(DataError, match="magic"):
+        read_idx(bad)
+
+
+def test_cifar10_batches(tmp_path):
+    rng = np.random.default_rng(0)
+    folder = tmp_path / "cifar-10-batches-py"
+    folder.mkdir()
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (4, 3072), dtype=np.uint8), b"labels": [0, 1, 2, 3]}
+        with open(folder / name, "wb") as fh:
+            pickle.dump(batch, fh)
+    ds = load_dataset(DatasetConfig(name="cifar10", data_dir=str(folder)))
+    assert ds.x_train.shape == (20, 32, 32, 3) and ds.x_test.shape == (4, 32, 32, 3)
+    # channel layout: the first 1024 values are the red plane
+    with open(folder / "test_batch", "rb") as fh:
+        raw = pickle.load(fh)[b"data"]
+    assert np.allclose(ds.x_test[0, :, :, 0].ravel() * 255, raw[0, :1024])
+    (folder / "test_batch").write_bytes(b"not a pickle")
+    with pytest.raises(DataError, match="test_batch"):
+        load_dataset(DatasetConfig(name="cifar10", data_dir=str(folder)))
+
+
+def test_ag_news_csv(tmp_path):
+    for name in ("train.csv", "test.csv"):
+        with open(tmp_path / name, "w", newline="") as fh:
+            w = csv.writer(fh)
+            w.writerow(["3", "Wall St. Bears", "Short-sellers, see green again."])
+            w.writerow(["1", "World news", "Something, happened"])
+    ds = load_dataset(DatasetConfig(name="ag_news", data_dir=str(tmp_path)))
+    assert ds.modality == "text" and ds.y_train.tolist() == [2, 0]
+    assert ds.x_train[0] == "Wall St. Bears. Short-sellers, see green again."
+    with pytest.raises(DataError, match="minilm"):
+        embed(ds, EmbedConfig(kind="identity"))
+
+
+def test_npz_arrays_with_natural_clients(tmp_path):
+    rng = np.random.default_rng(0)
+    path = tmp_path / "mine.npz"
+    np.savez(path, x=rng.normal(size=(40, 3)), y=np.arange(40) % 2, client=np.arange(40) % 4,
+             split=np.array(["train"] * 30 + ["test"] * 10))
+    ds = load_dataset(DatasetConfig(name="arrays", path=str(path)))
+    assert ds.x_train.shape == (30, 3) and ds.x_test.shape == (10, 3)
+    assert sorted(np.unique(ds.client_train)) == [0, 1, 2, 3]
+
+
+def test_parquet_arrays(tmp_path):
+    pa = pytest.importorskip("pyarrow")
+    import pyarrow.parquet as pq
+
+    table = pa.table({"f0": [0.1, 0.2, 0.3, 0.4, 0.5], "f1": [1.0, 2, 3, 4, 5], "y": [0, 1, 0, 1, 0],
+                      "client": ["a", "a", "b", "b", "b"]})
+    path = tmp_path / "mine.parquet"
+    pq.write_table(table, path)
+    ds = load_dataset(DatasetConfig(name="arrays", path=str(path), test_fraction=0.4))
+    assert ds.x_train.shape[1] == 2 and len(ds.y_train) + len(ds.y_test) == 5
+    (tmp_path / "bad.parquet").write_bytes(b"garbage")
+    with pytest.raises(DataError, match="parquet"):
+        load_dataset(DatasetConfig(name="arrays", path=str(tmp_path / "bad.parquet")))
+
+
+def test_arrays_errors(tmp_path):
+    with pytest.raises(DataError, match="dataset.path"):
+        load_dataset(DatasetConfig(name="arrays"))
+    np.savez(tmp_path / "nolabels.npz", x=np.zeros((3, 2)))
+    with pytest.raises(DataError, match="'y'"):
+        load_dataset(DatasetConfig(name="arrays", path=str(tmp_path / "nolabels.npz")))
+
+
+def test_binary_task():
+    ds = load_dataset(DatasetConfig(positive_class=3))
+    assert ds.n_classes == 2 and 0.05 < ds.y_train.mean() < 0.15
+    with pytest.raises(DataError, match="positive_class = 12"):
+        load_dataset(DatasetConfig(positive_class=12))
+
+
+def test_identity_and_pca_embedding():
+    ds = load_dataset(DatasetConfig())
+    ident = embed(ds, EmbedConfig(kind="identity"))
+    assert ident.x_train.shape == (len(ds.y_train), 64) and ident.input_shape == (8, 8)
+    pca = embed(ds, EmbedConfig(kind="pca", components=5))
+    assert pca.x_train.shape[1] == 5
+    # fitted on train only: train embeddings are centred, test ones need not be
+    assert np.allclose(pca.x_train.mean(axis=0), 0, atol=1e-4)
+    with pytest.raises(DataError, match="embed.components = 1000"):
+        embed(ds, EmbedConfig(kind="pca", components=1000))
+
+
+def test_cache_key_depends_on_data_and_params(tmp_path):
+    a = Dataset("d", np.zeros((2, 2)), np.zeros(2, int), np.zeros((1, 2)), np.zeros(1, int), 2, "image")
+    b = Dataset("d", np.ones((2, 2)), np.zeros(2, int), np.zeros((1, 2)), np.zeros(1, int), 2, "image")
+    pa = cache_path(a, "efficientnet_lite0", {"image_size": 224}, str(tmp_path))
+    assert pa == cache_path(a, "efficientnet_lite0", {"image_size": 224}, str(tmp_path))
+    assert pa != cache_path(b, "efficientnet_lite0", {"image_size": 224}, str(tmp_path))
+    assert pa != cache_path(a, "efficientnet_lite0", {"image_size": 64}, str(tmp_path))
+
+
+def test_cached_embedding_is_reused(tmp_path, monkeypatch):
+    from hetfed.data import extractors
+
+    calls = []
+
+    def fake(x, cfg, *, progress=True, desc=""):
+        calls.append(len(x))
+        return np.full((len(x), 7), 1.5, np.float32)
+
+    monkeypatch.setitem(extractors.EXTRACTORS, "efficientnet_lite0", fake)
+    ds = load_dataset(DatasetConfig())
+    cfg = EmbedConfig(kind="efficientnet_lite0", cache_dir=str(tmp_path))
+    first = embed(ds, cfg, progress=False)
+    second = embed(ds, cfg, progress=False)
+    assert len(calls) == 2  # train + test, once
+    assert np.array_equal(first.x_train, second.x_train) and second.x_train.shape[1] == 7
+    assert len(list(tmp_path.glob("*.npz"))) == 1
+
+
+def test_missing_extra_names_the_extra(monkeypatch):
+    import builtins
+
+    real_import = builtins.__import__
+
+    def no_effnet(name, *a, **k):
+        if name.startswith("efficientnet"):
+            raise ImportError(name)
+        return real_import(name, *a, **k)
+
+    monkeypatch.setattr(builtins, "__import__", no_effnet)
+    from hetfed.data.extractors import load_efficientnet_lite0
+
+    with pytest.raises(MissingExtraError, match=r"hetfed\[vision\]"):
+        load_efficientnet_lite0()

@@ -1,0 +1,189 @@
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetfed.config import PartitionConfig
+from hetfed.errors import PartitionError
+from hetfed.partition import make_federation, partition_indices
+
+SETTINGS = settings(max_examples=20, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def _data(n, n_classes, seed=0, d=4):
+    rng = np.random.default_rng(seed)
+    y = np.repeat(np.arange(n_classes), n // n_classes)
+    y = np.concatenate([y, rng.integers(0, n_classes, n - len(y))])
+    x = rng.normal(size=(n, d)) + y[:, None]
+    return x.astype(np.float32), y.astype(np.int64)
+
+
+def _check_disjoint_cover(parts, n, exact=True):
+    flat = np.concatenate(parts)
+    assert len(np.unique(flat)) == len(flat), "a sample is held by two clients"
+    if exact:
+        assert np.array_equal(np.sort(flat), np.arange(n)), "not every sample assigned exactly once"
+
+
+def _same(a, b):
+    return len(a) == len(b) and all(np.array_equal(p, q) for p, q in zip(a, b, strict=True))
+
+
+@SETTINGS
+@given(k=st.integers(1, 20), n=st.integers(100, 400), seed=st.integers(0, 99))
+def test_iid(k, n, seed):
+    x, y = _data(n, 5, seed)
+    cfg = PartitionConfig(kind="iid", clients=k)
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, n)
+    assert max(map(len, parts)) - min(map(len, parts)) <= 1
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+    if k > 1:
+        assert not _same(parts, partition_indices(x, y, cfg, seed + 1000))
+
+
+def test_iid_shuffles():
+    x, y = _data(200, 4)
+    y = np.sort(y)  # label-sorted data: an unshuffled split would be non-IID
+    parts = partition_indices(x, y, PartitionConfig(kind="iid", clients=4), 0)
+    assert all(len(np.unique(y[p])) == 4 for p in parts)
+
+
+@SETTINGS
+@given(k=st.integers(2, 15), spc=st.integers(1, 3), seed=st.integers(0, 99))
+def test_shards(k, spc, seed):
+    x, y = _data(600, 10, seed)
+    cfg = PartitionConfig(kind="shards", clients=k, shards_per_client=spc)
+    if k * spc < 10:
+        with pytest.raises(PartitionError, match="n_shards"):
+            partition_indices(x, y, cfg, seed)
+        return
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, 600)
+    assert all(len(np.unique(y[p])) <= spc for p in parts)
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+@SETTINGS
+@given(k=st.sampled_from([5, 10, 20]), p=st.floats(0.0, 1.0), seed=st.integers(0, 99))
+def test_majority_fractions(k, p, seed):
+    x, y = _data(2000, 10, seed)
+    cfg = PartitionConfig(kind="majority", clients=k, p=p)
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, 2000)
+    for part in parts:
+        counts = np.sort(np.bincount(y[part], minlength=10))[::-1]
+        # the two largest classes hold ≈ p (below p = 0.2 two "other" classes are larger)
+        top = counts[:2].sum() / counts.sum()
+        assert abs(top - max(p, 2 * (1 - p) / 8)) < 0.08
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+def test_majority_with_samples_per_client():
+    x, y = _data(5000, 10)
+    parts = partition_indices(x, y, PartitionConfig(kind="majority", clients=20, p=0.9, samples_per_client=100), 0)
+    _check_disjoint_cover(parts, 5000, exact=False)
+    assert all(len(p) == 100 for p in parts)
+    for part in parts:
+        top2 = np.sort(np.bincount(y[part], minlength=10))[::-1][:2].sum()
+        assert top2 == 90
+
+
+@SETTINGS
+@given(k=st.integers(2, 12), alpha=st.floats(0.05, 100), min_size=st.integers(0, 10), seed=st.integers(0, 99))
+def test_dirichlet(k, alpha, min_size, seed):
+    x, y = _data(800, 5, seed)
+    cfg = PartitionConfig(kind="dirichlet", clients=k, alpha=alpha, min_size=min_size)
+    try:
+        parts = partition_indices(x, y, cfg, seed)
+    except PartitionError as err:
+        assert "alpha" in str(err) and "min_size" in str(err)
+        return
+    _check_disjoint_cover(parts, 800)
+    assert min(map(len, parts)) >= min_size
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+def test_dirichlet_impossible_min_size_is_a_clear_error():
+    x, y = _data(100, 5)
+    with pytest.raises(PartitionError, match=r"min_size = 50"):
+        partition_indices(x, y, PartitionConfig(kind="dirichlet", clients=10, min_size=50), 0)
+    with pytest.raises(PartitionError, match="alpha"):
+        partition_indices(x, y, PartitionConfig(kind="dirichlet", clients=20, alpha=0.01, min_size=5), 0)
+
+
+def test_dirichlet_small_alpha_is_more_skewed():
+    x, y = _data(3000, 10)
+    def skew(alpha):
+        parts = partition_indices(x, y, PartitionConfig(kind="dirichlet", clients=10, alpha=alpha, min_size=1), 0)
+        return np.mean([np.bincount(y[p], minlength=10).max() / len(p) for p in parts])
+    assert skew(0.1) > skew(100) + 0.3
+
+
+@settings(max_examples=10, deadline=None)
+@given(k=st.integers(2, 8), shuffle=st.floats(0, 1), seed=st.integers(0, 50))
+def test_feature_clusters(k, shuffle, seed):
+    x, y = _data(300, 3, seed)
+    cfg = PartitionConfig(kind="feature_clusters", clients=k, shuffle=shuffle)
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, 300)
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+def test_feature_clusters_unshuffled_clients_are_compact_regions():
+    x, y = _data(900, 3, d=2)
+    parts = partition_indices(x, y, PartitionConfig(kind="feature_clusters", clients=3, shuffle=0), 0)
+    rnd = partition_indices(x, y, PartitionConfig(kind="feature_clusters", clients=3, shuffle=1), 0)
+    def spread(ps):  # within-class spread of each client's samples
+        return np.mean([x[p][y[p] == c].var(axis=0).sum() for p in ps for c in range(3)])
+    assert spread(parts) < 0.5 * spread(rnd)
+    # every client holds every class when unshuffled (one centroid per class per client)
+    assert all(len(np.unique(y[p])) == 3 for p in parts)
+
+
+def test_natural_uses_ids():
+    from hetfed.partition import natural
+    ids = np.array([3, 3, 7, 7, 7, 9])
+    parts = natural(ids, PartitionConfig(kind="natural", clients=None))
+    assert [p.tolist() for p in parts] == [[0, 1], [2, 3, 4], [5]]
+    with pytest.raises(PartitionError, match="partition.clients = 2"):
+        natural(ids, PartitionConfig(kind="natural", clients=2))
+    with pytest.raises(PartitionError, match="client ids"):
+        natural(None, PartitionConfig(kind="natural", clients=None))
+
+
+class _Data:
+    def __init__(self, n=600, seed=0):
+        self.x_train, self.y_train = _data(n, 4, seed)
+        self.x_test, self.y_test = _data(200, 4, seed + 1)
+        self.y_test[:30] = 0  # imbalanced test split
+        self.n_classes = 4
+        self.input_shape = (4,)
+
+
+@SETTINGS
+@given(kind=st.sampled_from(["iid", "shards", "majority", "dirichlet", "feature_clusters"]),
+       q=st.floats(0, 1), seed=st.integers(0, 50))
+def test_federation_invariants(kind, q, seed):
+    data = _Data(seed=seed)
+    cfg = PartitionConfig(kind=kind, clients=8, opt_out=q, min_size=5, n_shards=None, shards_per_client=2)
+    fed = make_federation(data, cfg, seed)
+    _check_disjoint_cover([fed.client_indices(k) for k in range(8)], 600)
+    assert fed.opted_out.sum() == round(q * 8)
+    # validation/test mirror the client's labels: they only hold its classes
+    for k in range(8):
+        train_classes = set(np.unique(fed.y[fed.train[k]]))
+        assert set(np.unique(fed.y[fed.test[k]])) <= train_classes
+        assert len(fed.train[k]) >= 1
+    gcounts = np.bincount(fed.y_global_test)
+    assert gcounts.min() == gcounts.max(), "global test set must be balanced"
+    same = make_federation(data, cfg, seed)
+    assert _same(fed.train, same.train) and np.array_equal(fed.opted_out, same.opted_out)
+
+
+def test_too_many_clients_is_a_clear_error():
+    x, y = _data(50, 2)
+    with pytest.raises(PartitionError, match="partition.clients = 100"):
+        partition_indices(x, y, PartitionConfig(kind="iid", clients=100), 0)
+    with pytest.raises(PartitionError, match="partition.clients = 40"):
+        partition_indices(x, y, PartitionConfig(kind="feature_clusters", clients=40), 0)
