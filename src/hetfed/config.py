@@ -102,8 +102,8 @@ class OptimizerConfig(_Strict):
     """The client optimiser. ``reset_each_round: false`` keeps its state on the client."""
 
     kind: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.05, gt=0)
-    momentum: float = Field(0.0, ge=0, lt=1)
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
@@ -113,7 +113,7 @@ class OptimizerConfig(_Strict):
 class TrainConfig(_Strict):
     """The federated schedule: rounds, client sampling, local work, evaluation."""
 
-    rounds: int = Field(30, ge=1)
+    rounds: int = Field(100, ge=1)
     client_fraction: float | None = Field(
         1.0, gt=0, le=1, description="C: share of the opted-in clients sampled per round"
     )
@@ -281,7 +281,11 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
     """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError."""
-    merged = _deep_merge(raw or {}, {})
+    # start from the defaults so --set can reach into default lists (methods.0.…)
+    try:
+        merged = _deep_merge(Config().model_dump(mode="json"), raw or {})
+    except AttributeError:
+        raise ConfigError("invalid config: every section must be a mapping of keys") from None
     for key, value in _flatten(overrides or {}):
         set_dotted(merged, key, value)
     try:

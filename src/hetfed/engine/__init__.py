@@ -1,0 +1,1 @@
+"""The simulation engine: executors, client sampling, local training, evaluation."""

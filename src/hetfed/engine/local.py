@@ -1,0 +1,129 @@
+"""Local training of a stack of clients: the shared inner loop of every method.
+
+Each client's batches come from its own numpy stream (its round seed), so the
+plan is the same whatever it is stacked with. Clients of unequal size do
+unequal numbers of steps: the stack runs the longest plan and masks the others
+(their parameters and optimiser state stand still), and a short last batch is
+padded with masked rows. The loss of each client is the mean over its real rows.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetfed.config import OptimizerConfig, TrainConfig
+from hetfed.engine import optim
+from hetfed.engine.types import ClientData
+from hetfed.models.base import Model, Noise, Params
+
+#: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
+Regulariser = Callable[[Params], torch.Tensor]
+
+
+@dataclass(frozen=True)
+class LocalSchedule:
+    """How much local work: epochs E or steps τ, batch size B."""
+
+    batch_size: int
+    epochs: float | None = 1.0
+    steps: int | None = None
+    cap_one_pass: bool = False
+
+    @classmethod
+    def from_train(cls, cfg: TrainConfig) -> LocalSchedule:
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass)
+
+    def n_steps(self, n: int) -> int:
+        per_epoch = max(1, math.ceil(n / self.batch_size))
+        if self.steps is not None:
+            return min(self.steps, per_epoch) if self.cap_one_pass else self.steps
+        return max(1, round((self.epochs or 1.0) * per_epoch))
+
+
+def plan_batches(n: int, schedule: LocalSchedule, rng: np.random.Generator) -> list[np.ndarray]:
+    """Positions (0..n−1) of each step's batch: epochs of shuffled, ≤ B-sized batches."""
+    if n == 0:
+        return []
+    steps = schedule.n_steps(n)
+    batches: list[np.ndarray] = []
+    while len(batches) < steps:
+        perm = rng.permutation(n)
+        batches.extend(perm[i : i + schedule.batch_size] for i in range(0, n, schedule.batch_size))
+    return batches[:steps]
+
+
+def _plan_tensors(data: ClientData, schedule: LocalSchedule, device: torch.device):
+    """Pool indices [n, S, B], row masks [n, S, B], and rows per client per step."""
+    plans = []
+    for idx, seed in zip(data.indices, data.seeds, strict=True):
+        rng = np.random.default_rng(seed)
+        plans.append([idx[b] for b in plan_batches(len(idx), schedule, rng)])
+    n, steps, b = len(plans), max((len(p) for p in plans), default=0), schedule.batch_size
+    index = np.zeros((n, steps, b), dtype=np.int64)
+    rows = np.zeros((n, steps), dtype=np.int64)
+    for k, plan in enumerate(plans):
+        for t, batch in enumerate(plan):
+            index[k, t, : len(batch)] = batch
+            rows[k, t] = len(batch)
+    mask = np.arange(b)[None, None, :] < rows[:, :, None]
+    return (
+        torch.as_tensor(index, device=device),
+        torch.as_tensor(mask, dtype=torch.float32, device=device),
+        rows,
+    )
+
+
+def train_stack(
+    model: Model,
+    params: Params,
+    data: ClientData,
+    schedule: LocalSchedule,
+    opt_cfg: OptimizerConfig,
+    lr: float,
+    opt_state: Params | None = None,
+    regulariser: Regulariser | None = None,
+    trainable: list[str] | None = None,
+) -> tuple[Params, Params, torch.Tensor]:
+    """Train stacked ``params`` on each client's data; returns (params, opt state, mean loss).
+
+    ``trainable`` names the parameters that move (default: all of ``params``);
+    the others are inputs held fixed (e.g. a frozen global model in a mixture).
+    """
+    device = data.x.device
+    names = trainable if trainable is not None else list(params)
+    fixed = {k: v for k, v in params.items() if k not in names}
+    current = {k: params[k] for k in names}
+    state = opt_state if opt_state is not None else optim.init_state(opt_cfg, current)
+    index, mask, rows = _plan_tensors(data, schedule, device)
+    n, steps = index.shape[0], index.shape[1]
+    gens = [torch.Generator().manual_seed(int(s) ^ 0x5EED) for s in data.seeds]
+    loss_sum = torch.zeros(n, device=device)
+    for t in range(steps):
+        width = int(rows[:, t].max())  # trim the padding no client needs at this step
+        if width == 0:
+            break
+        active_np = rows[:, t] > 0
+        active = torch.as_tensor(active_np, device=device)
+        idx_t, m_t = index[:, t, :width], mask[:, t, :width]
+        xb, yb = data.x[idx_t], data.y[idx_t]
+        noise = Noise(gens, active_np.tolist(), rows[:, t].tolist(), device)
+        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
+        logits = model.forward({**fixed, **leaves}, xb, noise)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
+        per_client = (ce.view(n, width) * m_t).sum(1) / m_t.sum(1).clamp(min=1)
+        total = per_client
+        if regulariser is not None:
+            total = total + regulariser({**fixed, **leaves})
+        grads = torch.autograd.grad(total.sum(), list(leaves.values()))
+        with torch.no_grad():
+            current, state = optim.step(opt_cfg, leaves, dict(zip(leaves, grads, strict=True)), state, lr, active)
+            loss_sum += per_client.detach() * active
+    n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
+    out = {**fixed, **{k: v.detach() for k, v in current.items()}}
+    return out, state, loss_sum / n_steps

@@ -1,0 +1,27 @@
+"""Random streams derived from the run seed, never from execution order.
+
+Every (round, client, purpose) gets its own seed from ``numpy.random.SeedSequence``
+so that a client's batches and dropout masks are the same whether it trains
+alone (sequential executor), stacked with others (vectorised) or on a device.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# purposes, so streams for different jobs never coincide
+SAMPLING, CLIENT_ROUND, CLIENT_INIT, SERVER_INIT, SERVER_ROUND = 1, 2, 3, 4, 5
+
+
+def derive_seed(*parts: int) -> int:
+    """A 63-bit seed from integer parts (order matters)."""
+    return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> 1)
+
+
+def numpy_rng(*parts: int) -> np.random.Generator:
+    return np.random.default_rng(derive_seed(*parts))
+
+
+def torch_gen(*parts: int) -> torch.Generator:
+    return torch.Generator().manual_seed(derive_seed(*parts))

@@ -1,0 +1,91 @@
+"""The values that cross the client/server boundary, as explicit dataclasses.
+
+What a client sends is visible in one place (:class:`Upload`); tests assert on
+its fields (e.g. that it carries no local parameters).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import torch
+
+Params = dict[str, torch.Tensor]
+#: A client's local-only state: local parameters and (if kept) optimiser state.
+ClientState = dict[str, torch.Tensor]
+
+
+@dataclass(frozen=True, eq=False)
+class ServerState:
+    """What the server holds between rounds."""
+
+    params: Params  # shared parameters, unstacked
+    round: int = 0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Broadcast:
+    """Everything a client receives in a round."""
+
+    params: Params  # shared parameters, unstacked
+    round: int
+    lr: float
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class Upload:
+    """Everything a stack of clients sends back: shared params and sample counts.
+
+    ``params`` are stacked over clients (leading axis) and hold *only* shared
+    parameter names. ``extra`` is for method-specific statistics and must be
+    documented by the method that fills it (it leaves the client).
+    """
+
+    client_ids: list[int]
+    params: Params
+    num_samples: torch.Tensor  # [n] float
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, eq=False)
+class ClientData:
+    """The training data of a stack of clients: the pool on device + their indices."""
+
+    client_ids: list[int]
+    x: torch.Tensor  # the whole train pool [N, d], on the training device
+    y: torch.Tensor  # [N]
+    indices: list[np.ndarray]  # per client: its train indices into the pool
+    seeds: list[int]  # per client: this round's seed (derived from run seed, round, id)
+
+    def sizes(self) -> torch.Tensor:
+        return torch.tensor([len(i) for i in self.indices], dtype=torch.float32)
+
+
+def stack_states(states: list[ClientState]) -> ClientState:
+    """Stack per-client states along a new leading axis (all must share keys)."""
+    if not states or not states[0]:
+        return {}
+    return {k: torch.stack([s[k] for s in states]) for k in states[0]}
+
+
+def unstack_state(state: ClientState, n: int) -> list[ClientState]:
+    """Split a stacked state into n per-client states (detached copies)."""
+    return [{k: v[i].detach().clone() for k, v in state.items()} for i in range(n)]
+
+
+def concat_uploads(uploads: list[Upload]) -> Upload:
+    """Join the uploads of several stacks (chunks) into one."""
+    if len(uploads) == 1:
+        return uploads[0]
+    keys = uploads[0].params.keys()
+    extra_keys = uploads[0].extra.keys()
+    return Upload(
+        client_ids=[c for u in uploads for c in u.client_ids],
+        params={k: torch.cat([u.params[k] for u in uploads]) for k in keys},
+        num_samples=torch.cat([u.num_samples for u in uploads]),
+        extra={k: torch.cat([u.extra[k] for u in uploads]) for k in extra_keys},
+    )

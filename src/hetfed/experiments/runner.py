@@ -1,0 +1,193 @@
+"""``hetfed run``: every configured method on the same federation, one run directory.
+
+The data, the federation and every model are built (and so validated) before
+the run directory is created; from then on the directory is either completed
+(``summary.json`` written last, status "complete") or marked "failed" with the
+reason — including Ctrl-C.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from hetfed.algorithms import build_algorithm
+from hetfed.config import Config, MethodConfig, dump_config
+from hetfed.engine.evaluate import Evaluation
+from hetfed.engine.simulate import SimulationResult, simulate
+from hetfed.experiments.rundir import MetricsWriter, new_run_dir, set_status, write_json_atomic
+from hetfed.models import build_model
+from hetfed.pipeline import Prepared, prepare
+
+#: metrics shown in the final table and compared across methods
+HEADLINE = ("global_accuracy", "local_accuracy_mean")
+
+
+@dataclass(frozen=True, eq=False)
+class RunOutput:
+    run_dir: Path
+    summary: dict
+
+
+def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
+    return {k: (None if (isinstance(v, float) and np.isnan(v)) else float(v)) for k, v in metrics.items()}
+
+
+def method_summary(result: SimulationResult, seconds: float) -> dict:
+    final = result.history[-1][1].metrics if result.history else {}
+    best = result.best.metrics if result.best else final
+    return {
+        "final": _clean(final),
+        "best": _clean(best),
+        "best_round": result.best_round,
+        "rounds": result.rounds_done,
+        "stopped_early": result.stopped_early,
+        "wall_seconds": seconds,
+        "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
+    }
+
+
+def _write_eval(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation) -> None:
+    writer.write(label, rnd, "summary", "all", ev.metrics)
+    for metric, values in ev.per_client.items():
+        for k, v in enumerate(values):
+            writer.write(label, rnd, "client", k, {metric: v})
+    writer.flush()
+
+
+def run_experiment(
+    config: Config,
+    out: str | Path | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+    prepared: Prepared | None = None,
+) -> RunOutput:
+    """Run all methods of ``config``; returns the run directory and its summary."""
+    console = console or Console()
+    t_start = time.perf_counter()
+    prep = prepared or prepare(config, progress=progress)
+    fed = prep.federation
+    plans = []
+    for method in config.methods:  # build everything first: bad settings fail before any file
+        train = config.method_train(method)
+        model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
+        plans.append((method, train, build_algorithm(method.algorithm, model, train)))
+
+    run_dir = new_run_dir(out, config.out_dir, config.name)
+    (run_dir / "config.yaml").write_text(dump_config(config))
+    set_status(run_dir, "running")
+    writer = MetricsWriter(run_dir / "metrics.csv")
+    methods: dict[str, dict] = {}
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {m: {} for m in ("global_accuracy", "local_accuracy_mean", "val_loss")}
+    try:
+        torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
+        with _progress_bar(progress, console) as bar:
+            for method, train, algo in plans:
+                label = method.label
+                methods[label] = _run_method(config, method, train, algo, fed, writer, bar, curves)
+                ckpt = run_dir / "checkpoints"
+                ckpt.mkdir(exist_ok=True)
+                res = methods[label].pop("_result")
+                torch.save({k: v.cpu() for k, v in res.server.params.items()}, ckpt / f"{label}-final.pt")
+                if res.best_server is not None:
+                    torch.save({k: v.cpu() for k, v in res.best_server.params.items()}, ckpt / f"{label}-best.pt")
+        writer.close()
+        from hetfed.experiments.figures import plot_learning_curves
+
+        plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png")
+        primary = config.methods[0].label
+        het = prep.heterogeneity
+        summary = {
+            "name": config.name,
+            "seed": config.seed,
+            "dataset": config.dataset.name,
+            "embed": config.embed.kind,
+            "partition": config.partition.kind,
+            "n_clients": fed.n_clients,
+            "n_opted_out": int(fed.opted_out.sum()),
+            "gamma": het.gamma,
+            "heterogeneity": het.as_dict(),
+            "primary": primary,
+            "final": methods[primary]["final"],
+            "best": methods[primary]["best"],
+            "rounds": max(m["rounds"] for m in methods.values()),
+            "wall_seconds": time.perf_counter() - t_start,
+            "methods": methods,
+        }
+        write_json_atomic(run_dir / "summary.json", summary)
+        set_status(run_dir, "complete")
+    except BaseException as err:
+        writer.close()
+        reason = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
+        set_status(run_dir, "failed", reason=reason, methods_done=list(methods))
+        console.print(f"[red]run failed[/]: {reason}; what was finished is kept in {run_dir}")
+        raise
+    if progress:
+        print_summary(summary, run_dir, console)
+    return RunOutput(run_dir, summary)
+
+
+def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves) -> dict:
+    label = method.label
+    task = bar.add_task(label, total=train.rounds, acc="   -  ", rate="")
+    t0 = time.perf_counter()
+
+    def on_eval(rnd: int, ev: Evaluation) -> None:
+        _write_eval(writer, label, rnd, ev)
+        for metric in curves:
+            if metric in ev.metrics:
+                curves[metric].setdefault(label, []).append((rnd, ev.metrics[metric]))
+
+    def on_round(rnd: int, metrics) -> None:
+        fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
+        fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
+        bar.update(task, completed=rnd, **fields)
+
+    result = simulate(algo, fed, train, config.seed, on_round=on_round, on_eval=on_eval)
+    bar.update(task, completed=train.rounds)
+    summary = method_summary(result, time.perf_counter() - t0)
+    summary["algorithm"] = method.algorithm
+    summary["_result"] = result
+    return summary
+
+
+def _progress_bar(enabled: bool, console: Console) -> Progress:
+    return Progress(
+        TextColumn("{task.description:>12}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("rounds · acc {task.fields[acc]}"),
+        TimeElapsedColumn(),
+        TextColumn("{task.fields[rate]}"),
+        console=console,
+        disable=not enabled,
+    )
+
+
+def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
+    """The short table that ends a run."""
+    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {summary['gamma']:.3f}")
+    for col in ("method", "global acc", "global acc (best val)", "local acc mean", "local acc p10", "s/round"):
+        table.add_column(col, justify="right")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    for label, m in summary["methods"].items():
+        table.add_row(
+            label,
+            fmt(m["final"].get("global_accuracy")),
+            fmt(m["best"].get("global_accuracy")),
+            fmt(m["final"].get("local_accuracy_mean")),
+            fmt(m["final"].get("local_accuracy_p10")),
+            f"{m['seconds_per_round']:.3f}",
+        )
+    console.print(table)
+    console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)")

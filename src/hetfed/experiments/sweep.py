@@ -1,0 +1,151 @@
+"""``hetfed sweep``: a grid of config values × seeds, aggregated with 95% CIs.
+
+Every grid point × seed is a full run directory under the sweep directory
+(``<key>=<value>,…/seed=<s>``). Points that differ only in the seed share a
+partition kind but not a split (the seed changes the split, as it should for an
+honest estimate of variance). The aggregate ``sweep.csv`` has one row per grid
+point × method × metric: mean, 95% CI half-width (Student t), n. Γ per grid
+point is aggregated as method ``(data)``.
+"""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from hetfed.config import Config, build_config
+from hetfed.errors import ConfigError
+from hetfed.experiments.rundir import new_run_dir, write_json_atomic
+
+#: the metrics aggregated per method (final and best-by-validation)
+AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy")
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """``["a.b=1,2", "c=x,y"]`` → ``{"a.b": [1, 2], "c": ["x", "y"]}`` (values parsed as YAML)."""
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,… e.g. partition.shuffle=0,0.5,1")
+        key, raw = item.split("=", 1)
+        values = [yaml.safe_load(v) for v in raw.split(",") if v.strip() != ""]
+        if not key or not values:
+            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,…")
+        grid[key.strip()] = values
+    return grid
+
+
+def ci95(values: list[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean (Student t)."""
+    from scipy import stats
+
+    v = np.asarray([x for x in values if x is not None and not math.isnan(x)], dtype=float)
+    if len(v) < 2:
+        return 0.0
+    return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / math.sqrt(len(v)))
+
+
+def _point_name(point: dict[str, Any]) -> str:
+    return ",".join(f"{k}={v}" for k, v in point.items()) or "base"
+
+
+def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
+    keys = list(grid)
+    return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*(grid[k] for k in keys))]
+
+
+def run_sweep(
+    config: Config,
+    grid: dict[str, list[Any]],
+    seeds: int = 3,
+    out: str | Path | None = None,
+    progress: bool = True,
+    console: Console | None = None,
+) -> tuple[Path, list[dict]]:
+    """Run every grid point × seed; write sweep.csv / sweep.json and figures; return the table."""
+    from hetfed.experiments.runner import run_experiment
+
+    console = console or Console()
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
+    points = grid_points(grid)
+    base = config.model_dump(mode="json")
+    # validate every point before running anything
+    configs = []
+    for point in points:
+        for s in range(seeds):
+            cfg = build_config(base, {**point, "seed": config.seed + s})
+            configs.append((point, s, cfg))
+    sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
+    total = len(configs)
+    summaries: list[tuple[dict, int, dict]] = []
+    for i, (point, s, cfg) in enumerate(configs, start=1):
+        if progress:
+            console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}")
+        res = run_experiment(cfg, out=sweep_dir / _point_name(point) / f"seed={cfg.seed}", progress=False, console=console)
+        summaries.append((point, cfg.seed, res.summary))
+    table = aggregate(summaries, list(grid))
+    _write_table(sweep_dir / "sweep.csv", table, list(grid))
+    write_json_atomic(sweep_dir / "sweep.json", {"grid": grid, "seeds": seeds, "rows": table})
+    if len(grid) == 1:
+        from hetfed.experiments.figures import plot_sweep
+
+        key = next(iter(grid))
+        for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.global_auc"):
+            if any(r["metric"] == metric for r in table):
+                plot_sweep(table, key, metric, sweep_dir / "figures" / f"{metric}.png")
+    print_table(table, list(grid), console)
+    console.print(f"sweep directory: {sweep_dir}")
+    return sweep_dir, table
+
+
+def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
+    """Mean ± 95% CI over seeds, per grid point × method × metric."""
+    groups: dict[tuple, dict[str, list[float]]] = {}
+    for point, _seed, summary in summaries:
+        pkey = tuple(point[k] for k in keys)
+        data = groups.setdefault((pkey, "(data)"), {})
+        data.setdefault("gamma", []).append(summary["gamma"])
+        data.setdefault("label_emd_mean", []).append(summary["heterogeneity"]["label_emd_mean"])
+        for label, m in summary["methods"].items():
+            bucket = groups.setdefault((pkey, label), {})
+            for when in ("final", "best"):
+                for metric in AGGREGATED:
+                    value = m[when].get(metric)
+                    if value is not None:
+                        bucket.setdefault(f"{when}.{metric}", []).append(value)
+            bucket.setdefault("seconds_per_round", []).append(m["seconds_per_round"])
+    rows = []
+    for (pkey, method), metrics in groups.items():
+        for metric, values in metrics.items():
+            row = dict(zip(keys, pkey, strict=True))
+            row.update(method=method, metric=metric, mean=float(np.mean(values)), ci95=ci95(values), n=len(values))
+            rows.append(row)
+    return rows
+
+
+def _write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
+    cols = [*keys, "method", "metric", "mean", "ci95", "n"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for row in rows:
+            w.writerow({c: row[c] for c in cols})
+
+
+def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = ("gamma", "best.global_accuracy", "best.local_accuracy_mean", "best.global_auc")) -> None:
+    table = Table(title="sweep: mean ± 95% CI over seeds")
+    for col in [*keys, "method", "metric", "mean ± CI", "n"]:
+        table.add_column(col, justify="right")
+    for row in rows:
+        if row["metric"] in metrics:
+            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"], f"{row['mean']:.4f} ± {row['ci95']:.4f}", str(row["n"]))
+    console.print(table)

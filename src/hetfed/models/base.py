@@ -1,0 +1,137 @@
+"""What every model declares: its parameters (shared or local) and a stacked forward.
+
+Models are written over a leading *client axis*: parameters have shape
+``[n_clients, ...]`` and inputs ``[n_clients, batch, features]``. One client is
+just ``n_clients = 1``, so the sequential and the vectorised executor run the
+very same code — they differ only in how many clients they stack. Dense layers
+use batched matmuls (``baddbmm``) over the client axis; layers without a cheap
+batched form (convolutions) are vectorised with ``torch.func.vmap``.
+
+*Shared* parameters are broadcast by the server and aggregated; *local* ones are
+created on a client (``init_local``) and never leave it. The split is declared
+here, once, by the model — algorithms, executors and the privacy tests read it
+from :attr:`Model.local_names` instead of special-casing methods.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+Params = dict[str, torch.Tensor]
+Init = Callable[[torch.Generator, tuple[int, ...]], torch.Tensor]
+
+
+def uniform_init(bound: float) -> Init:
+    """U(−bound, bound), drawn from an explicit generator (deterministic by seed)."""
+
+    def init(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+        return (torch.rand(shape, generator=gen) * 2 - 1) * bound
+
+    return init
+
+
+def fan_in_init(fan_in: int) -> Init:
+    """PyTorch's default for Linear/Conv weights and biases: U(±1/√fan_in)."""
+    return uniform_init(1.0 / math.sqrt(max(fan_in, 1)))
+
+
+def zeros_init(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.zeros(shape)
+
+
+@dataclass(frozen=True)
+class ParamSpec:
+    """One parameter tensor of one client: its name, shape, initialiser and owner."""
+
+    name: str
+    shape: tuple[int, ...]
+    init: Init
+    local: bool = False
+
+
+class Noise:
+    """Per-client random streams for one training step (dropout masks).
+
+    Each client has its own ``torch.Generator`` derived from the run seed, the
+    round and the client id, so its masks do not depend on which other clients
+    share its stack. Finished clients (``active`` False) draw nothing, so a
+    client's stream advances exactly as in a one-client run.
+    """
+
+    def __init__(self, gens: Sequence[torch.Generator], active: Sequence[bool], rows: Sequence[int], device: torch.device):
+        self.gens = gens
+        self.active = active
+        self.rows = rows  # real (unpadded) batch rows per client
+        self.device = device
+
+    def keep_mask(self, batch: int, width: int, p: float) -> torch.Tensor:
+        """Inverted-dropout multipliers ``[n, batch, width]`` (0 or 1/(1−p)).
+
+        Each client draws exactly its own real rows, whatever the stack's padded
+        batch is, so its stream matches a one-client run.
+        """
+        masks = torch.zeros(len(self.gens), batch, width)
+        for k, (gen, on, rows) in enumerate(zip(self.gens, self.active, self.rows, strict=True)):
+            if on and rows:
+                u = torch.rand((rows, width), generator=gen)
+                masks[k, :rows] = (u >= p).float() / (1 - p)
+        return masks.to(self.device)
+
+
+def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:
+    """Dropout over a stack; identity at evaluation (``noise is None``) or p = 0."""
+    if noise is None or p <= 0:
+        return h
+    return h * noise.keep_mask(h.shape[1], h.shape[2], p)
+
+
+def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``x @ W + b`` for every client at once: x [n,b,i], W [n,i,o], b [n,o]."""
+    return torch.baddbmm(bias.unsqueeze(1), x, weight)
+
+
+class Model:
+    """Base class: subclasses list their :class:`ParamSpec` and implement ``forward``."""
+
+    n_classes: int
+
+    def specs(self) -> list[ParamSpec]:
+        raise NotImplementedError
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        """Logits ``[n, batch, n_classes]`` for stacked params and inputs."""
+        raise NotImplementedError
+
+    @property
+    def shared_names(self) -> list[str]:
+        return [s.name for s in self.specs() if not s.local]
+
+    @property
+    def local_names(self) -> list[str]:
+        return [s.name for s in self.specs() if s.local]
+
+    def _init(self, gen: torch.Generator, local: bool) -> Params:
+        return {s.name: s.init(gen, s.shape).float() for s in self.specs() if s.local == local}
+
+    def init_shared(self, gen: torch.Generator) -> Params:
+        """Server-side parameters (unstacked), drawn from the run's generator."""
+        return self._init(gen, local=False)
+
+    def init_local(self, gen: torch.Generator) -> Params:
+        """A client's own parameters (unstacked); empty for plain models."""
+        return self._init(gen, local=True)
+
+    def local_for_unseen_client(self) -> Params:
+        """Local params for a client never seen in training (default: zeros)."""
+        return {s.name: torch.zeros(s.shape) for s in self.specs() if s.local}
+
+    def n_params(self) -> int:
+        return sum(math.prod(s.shape) for s in self.specs())
+
+    def activation_floats(self, batch: int) -> int:
+        """Rough activations per client per step (for the memory budget)."""
+        return batch * 4 * sum(math.prod(s.shape) ** 0.5 for s in self.specs())

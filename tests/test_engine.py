@@ -1,0 +1,248 @@
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed.algorithms import build_algorithm, weighted_average
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig, build_config
+from hetfed.engine import optim
+from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
+from hetfed.engine.local import LocalSchedule, plan_batches
+from hetfed.engine.sampling import sample_clients
+from hetfed.engine.simulate import simulate
+from hetfed.engine.types import Upload
+from hetfed.models import LeNet, build_model
+from hetfed.models.mlp import MLP
+from hetfed.partition import make_federation
+from hetfed.pipeline import prepare
+
+
+class _Data:
+    """Unequal clients: a Dirichlet split of a small synthetic problem."""
+
+    def __init__(self, n=500, d=12, classes=4, seed=0):
+        rng = np.random.default_rng(seed)
+        self.y_train = rng.integers(0, classes, n)
+        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
+        self.y_test = np.repeat(np.arange(classes), 20)
+        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
+        self.n_classes = classes
+        self.input_shape = (d,)
+
+
+def _fed(kind="dirichlet", clients=7, opt_out=0.0, seed=0):
+    return make_federation(_Data(), PartitionConfig(kind=kind, clients=clients, alpha=0.5, min_size=5, opt_out=opt_out), seed)
+
+
+def _run(fed, train: TrainConfig, executor, algorithm="fedavg", model_cfg=None, seed=3):
+    model = build_model(model_cfg or ModelConfig(hidden=[16, 16], dropout=0.3), fed.input_shape, fed.n_classes)
+    return simulate(build_algorithm(algorithm, model, train), fed, train, seed, executor=executor)
+
+
+EQUIV_TRAINS = [
+    TrainConfig(rounds=3, local_epochs=2, batch_size=8, optimizer=OptimizerConfig(lr=0.05, momentum=0.9)),
+    TrainConfig(rounds=3, local_steps=5, batch_size=16, steps_cap_one_pass=True, client_fraction=0.5,
+                optimizer=OptimizerConfig(kind="adam", lr=0.01, reset_each_round=False)),
+    TrainConfig(rounds=2, local_epochs=1, batch_size=10, optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False), lr_decay=0.9, server_lr=0.7),
+]
+
+
+@pytest.mark.parametrize("train", EQUIV_TRAINS)
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "local"])
+def test_vectorised_equals_sequential(train, algorithm):
+    fed = _fed()
+    seq = _run(fed, train, SequentialExecutor(), algorithm)
+    vec = _run(fed, train, VectorisedExecutor(), algorithm)
+    chunked = _run(fed, train, VectorisedExecutor(chunk_clients=3), algorithm)
+    for other in (vec, chunked):
+        for k, v in seq.server.params.items():
+            torch.testing.assert_close(other.server.params[k], v, rtol=1e-5, atol=1e-6)
+        for c in seq.states:
+            for k, v in seq.states[c].items():
+                torch.testing.assert_close(other.states[c][k], v, rtol=1e-5, atol=1e-6)
+        for (r1, e1), (r2, e2) in zip(seq.history, other.history, strict=True):
+            assert r1 == r2
+            for k, v in e1.metrics.items():
+                assert e2.metrics[k] == pytest.approx(v, rel=1e-5, abs=1e-6), k
+
+
+def test_cnn_executors_agree():
+    rng = np.random.default_rng(0)
+    data = _Data(n=120, d=64)
+    data.x_train = rng.random((120, 64)).astype(np.float32)
+    data.x_test = rng.random((80, 64)).astype(np.float32)
+    data.input_shape = (8, 8)
+    fed = make_federation(data, PartitionConfig(kind="iid", clients=3), 0)
+    train = TrainConfig(rounds=2, local_epochs=1, batch_size=16)
+    a = _run(fed, train, SequentialExecutor(), model_cfg=ModelConfig(kind="cnn"))
+    b = _run(fed, train, VectorisedExecutor(), model_cfg=ModelConfig(kind="cnn"))
+    for k, v in a.server.params.items():
+        torch.testing.assert_close(b.server.params[k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_dropout_is_used_and_seeded():
+    fed = _fed()
+    train = EQUIV_TRAINS[0]
+    with_drop = _run(fed, train, VectorisedExecutor())
+    again = _run(fed, train, VectorisedExecutor())
+    other_seed = _run(fed, train, VectorisedExecutor(), seed=4)
+    no_drop = _run(fed, train, VectorisedExecutor(), model_cfg=ModelConfig(hidden=[16, 16], dropout=0.0))
+    w = "layers.0.weight"
+    assert torch.equal(with_drop.server.params[w], again.server.params[w])
+    assert not torch.allclose(with_drop.server.params[w], other_seed.server.params[w])
+    assert not torch.allclose(with_drop.server.params[w], no_drop.server.params[w])
+
+
+def test_fedavg_aggregation_by_hand():
+    old = {"w": torch.zeros(2)}
+    up = Upload([0, 1, 2], {"w": torch.tensor([[1.0, 2.0], [3.0, 4.0], [5.0, 6.0]])}, torch.tensor([1.0, 1.0, 2.0]))
+    # (1·[1,2] + 1·[3,4] + 2·[5,6]) / 4 = [3.5, 4.5]
+    torch.testing.assert_close(weighted_average(old, up)["w"], torch.tensor([3.5, 4.5]))
+    torch.testing.assert_close(weighted_average(old, up, server_lr=0.5)["w"], torch.tensor([1.75, 2.25]))
+
+
+def test_one_round_matches_hand_fedavg():
+    """One round with one full-batch SGD step per client equals the hand computation."""
+    fed = _fed(kind="iid", clients=3)
+    train = TrainConfig(rounds=1, local_steps=1, batch_size=10_000, optimizer=OptimizerConfig(lr=0.5, momentum=0.0))
+    model = MLP(fed.x.shape[1], [], fed.n_classes)
+    algo = build_algorithm("fedavg", model, train)
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+
+    init = model.init_shared(torch_gen(3, SERVER_INIT))
+    result = simulate(algo, fed, train, 3, executor=VectorisedExecutor())
+    expected = {k: torch.zeros_like(v) for k, v in init.items()}
+    sizes = fed.train_sizes()
+    for k in range(3):
+        lin = torch.nn.Linear(fed.x.shape[1], fed.n_classes)
+        with torch.no_grad():
+            lin.weight.copy_(init["layers.0.weight"].T)
+            lin.bias.copy_(init["layers.0.bias"])
+        xb = torch.as_tensor(fed.x[fed.train[k]])
+        yb = torch.as_tensor(fed.y[fed.train[k]])
+        opt = torch.optim.SGD(lin.parameters(), lr=0.5)
+        torch.nn.functional.cross_entropy(lin(xb), yb).backward()
+        opt.step()
+        expected["layers.0.weight"] += lin.weight.detach().T * sizes[k] / sizes.sum()
+        expected["layers.0.bias"] += lin.bias.detach() * sizes[k] / sizes.sum()
+    for k, v in expected.items():
+        torch.testing.assert_close(result.server.params[k], v, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("cfg", [OptimizerConfig(kind="sgd", lr=0.1, momentum=0.9, weight_decay=0.01),
+                                 OptimizerConfig(kind="adam", lr=0.01, weight_decay=0.01)])
+def test_functional_optimisers_match_torch(cfg):
+    torch.manual_seed(0)
+    p0 = torch.randn(3, 4)
+    grads = [torch.randn(3, 4) for _ in range(4)]
+    ref = p0.clone().requires_grad_()
+    topt = (torch.optim.SGD([ref], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) if cfg.kind == "sgd"
+            else torch.optim.Adam([ref], lr=cfg.lr, weight_decay=cfg.weight_decay))
+    params = {"p": p0.clone().unsqueeze(0)}
+    state = optim.init_state(cfg, params)
+    active = torch.tensor([True])
+    for g in grads:
+        ref.grad = g.clone()
+        topt.step()
+        params, state = optim.step(cfg, params, {"p": g.unsqueeze(0)}, state, cfg.lr, active)
+    torch.testing.assert_close(params["p"][0], ref.detach(), rtol=1e-5, atol=1e-6)
+    frozen, _ = optim.step(cfg, params, {"p": torch.ones(1, 3, 4)}, state, cfg.lr, torch.tensor([False]))
+    assert torch.equal(frozen["p"], params["p"])
+
+
+def test_mlp_matches_torch_module():
+    model = MLP(5, [7], 3)
+    params = model.init_shared(torch.Generator().manual_seed(0))
+    ref = torch.nn.Sequential(torch.nn.Linear(5, 7), torch.nn.ReLU(), torch.nn.Linear(7, 3))
+    with torch.no_grad():
+        for i, j in ((0, 0), (2, 1)):
+            ref[i].weight.copy_(params[f"layers.{j}.weight"].T)
+            ref[i].bias.copy_(params[f"layers.{j}.bias"])
+    x = torch.randn(4, 5)
+    out = model.forward({k: v.unsqueeze(0) for k, v in params.items()}, x.unsqueeze(0))[0]
+    torch.testing.assert_close(out, ref(x))
+
+
+@pytest.mark.parametrize("shape", [(28, 28), (32, 32, 3), (8, 8)])
+def test_lenet_shapes(shape):
+    model = LeNet(shape, 10)
+    params = {k: v.unsqueeze(0).repeat(2, *[1] * v.ndim) for k, v in model.init_shared(torch.Generator().manual_seed(0)).items()}
+    x = torch.rand(2, 5, int(np.prod(shape)))
+    assert model.forward(params, x).shape == (2, 5, 10)
+    assert model.local_names == []
+
+
+def test_upload_holds_only_shared_params_and_counts():
+    fed = _fed()
+    train = TrainConfig(rounds=1, local_steps=2)
+    model = build_model(ModelConfig(hidden=[8]), fed.input_shape, fed.n_classes)
+    algo = build_algorithm("fedavg", model, train)
+    captured = []
+    real = algo.local_update
+
+    def spy(bc, states, data):
+        up, st = real(bc, states, data)
+        captured.append(up)
+        return up, st
+
+    algo.local_update = spy
+    simulate(algo, fed, train, 0, executor=VectorisedExecutor())
+    up = captured[0]
+    assert set(up.params) == set(model.shared_names)
+    assert torch.equal(up.num_samples, torch.tensor([len(fed.train[k]) for k in up.client_ids], dtype=torch.float32))
+
+
+@settings(max_examples=30, deadline=None)
+@given(k=st.integers(1, 30), q=st.floats(0, 0.95), m=st.integers(1, 10), seed=st.integers(0, 100), r=st.integers(0, 50))
+def test_opted_out_clients_never_sampled(k, q, m, seed, r):
+    rng = np.random.default_rng(seed)
+    opted = rng.random(k) < q
+    if opted.all():
+        opted[0] = False
+    chosen = sample_clients(TrainConfig(clients_per_round=m), opted, seed, r)
+    assert not opted[chosen].any()
+    assert len(chosen) == min(m, (~opted).sum()) and len(set(chosen)) == len(chosen)
+    frac = sample_clients(TrainConfig(client_fraction=0.5), opted, seed, r)
+    assert not opted[frac].any() and len(frac) == max(1, round(0.5 * (~opted).sum()))
+
+
+def test_opted_out_data_never_reaches_the_global_model():
+    fed = _fed(opt_out=0.4)
+    out = np.flatnonzero(fed.opted_out)
+    train = TrainConfig(rounds=3, local_epochs=1, client_fraction=0.5)
+    a = _run(fed, train, VectorisedExecutor())
+    x2 = fed.x.copy()
+    for k in out:
+        x2[fed.train[k]] = 100.0  # poison every opted-out client's data
+    from dataclasses import replace
+    b = _run(replace(fed, x=x2), train, VectorisedExecutor())
+    for k, v in a.server.params.items():
+        assert torch.equal(v, b.server.params[k])
+
+
+def test_schedule():
+    s = LocalSchedule(batch_size=32, steps=10, cap_one_pass=True)
+    assert s.n_steps(100) == 4 and s.n_steps(1000) == 10
+    assert LocalSchedule(batch_size=32, steps=10).n_steps(100) == 10
+    assert LocalSchedule(batch_size=10, epochs=2).n_steps(35) == 8
+    batches = plan_batches(35, LocalSchedule(batch_size=10, epochs=1), np.random.default_rng(0))
+    assert sorted(np.concatenate(batches).tolist()) == list(range(35)) and len(batches[-1]) == 5
+
+
+def test_early_stopping_and_best_by_validation():
+    fed = _fed()
+    train = TrainConfig(rounds=60, local_epochs=1, patience=2, optimizer=OptimizerConfig(lr=1.0, momentum=0.9))
+    res = _run(fed, train, VectorisedExecutor())
+    assert res.stopped_early and res.rounds_done < 60
+    vals = [ev.metrics["val_loss"] for _, ev in res.history]
+    assert res.best.metrics["val_loss"] == min(vals)
+    assert res.history[-1][0] - res.best_round == 2
+
+
+def test_binary_task_reports_auc():
+    cfg = build_config({"dataset": {"positive_class": 0}, "train": {"rounds": 3}, "partition": {"clients": 4}})
+    prep = prepare(cfg, progress=False)
+    res = _run(prep.federation, cfg.train, VectorisedExecutor(), model_cfg=cfg.model)
+    m = res.history[-1][1].metrics
+    assert 0.5 < m["global_auc"] <= 1 and "local_auc_mean" in m

@@ -1,0 +1,135 @@
+import csv
+import json
+
+import pytest
+
+from hetfed.cli import main
+from hetfed.config import build_config
+from hetfed.errors import RunError
+from hetfed.experiments.rundir import read_summary
+from hetfed.experiments.runner import run_experiment
+from hetfed.experiments.sweep import aggregate, ci95, parse_grid
+
+
+def test_main_job_reaches_high_accuracy(tmp_path, capsys):
+    """`hetfed run` with no arguments: digits, 10 feature-cluster clients, FedAvg MLP."""
+    assert main(["run", "--out", str(tmp_path / "run")]) == 0
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["final"]["global_accuracy"] >= 0.85
+    assert summary["best"]["local_accuracy_mean"] >= 0.85
+    for key in ("rounds", "wall_seconds", "seed", "gamma"):
+        assert key in summary
+    out = capsys.readouterr().out
+    assert "global acc" in out and "Γ" in out
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "complete"
+    assert (tmp_path / "run" / "figures" / "learning_curves.png").stat().st_size > 1000
+    assert (tmp_path / "run" / "config.yaml").read_text().startswith("seed: 0")
+
+
+def test_several_methods_share_the_federation(tmp_path):
+    cfg = build_config({
+        "train": {"rounds": 3},
+        "methods": [{"algorithm": "fedavg"}, {"name": "prox", "algorithm": "fedprox", "train": {"prox_mu": 0.5}},
+                    {"algorithm": "local", "model": {"hidden": [32]}}],
+    })
+    out = run_experiment(cfg, out=tmp_path / "r", progress=False)
+    assert set(out.summary["methods"]) == {"fedavg", "prox", "local"}
+    assert out.summary["final"] == out.summary["methods"]["fedavg"]["final"]
+    for m in out.summary["methods"].values():
+        assert {"global_accuracy", "local_accuracy_mean"} <= set(m["final"]) and m["rounds"] == 3
+    with open(tmp_path / "r" / "metrics.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    assert set(rows[0]) == {"method", "round", "split", "client", "metric", "value"}
+    assert {r["method"] for r in rows} == {"fedavg", "prox", "local"}
+    assert any(r["split"] == "client" and r["metric"] == "local_accuracy" for r in rows)
+
+
+def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatch):
+    from hetfed.engine import simulate as sim
+
+    real = sim.evaluate
+    calls = {"n": 0}
+
+    def flaky(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sim, "evaluate", flaky)
+    cfg = build_config({"train": {"rounds": 5}})
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(cfg, out=tmp_path / "r", progress=False)
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["status"] == "failed" and "interrupted" in status["reason"]
+    assert not (tmp_path / "r" / "summary.json").exists()
+    rounds = {r["round"] for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv"))}
+    assert rounds == {"1", "2"}
+    with pytest.raises(RunError, match="not a completed run"):
+        read_summary(tmp_path / "r")
+
+
+def test_existing_output_is_never_overwritten(tmp_path, capsys):
+    target = tmp_path / "taken"
+    target.mkdir()
+    (target / "precious.txt").write_text("keep me")
+    assert main(["run", "--out", str(target), "--set", "train.rounds=1"]) == 2
+    assert "already exists" in capsys.readouterr().err
+    assert (target / "precious.txt").read_text() == "keep me"
+    assert sorted(p.name for p in target.iterdir()) == ["precious.txt"]
+
+
+@pytest.mark.parametrize("override, expected", [
+    ("train.rounds=0", "train.rounds"),
+    ("train.executor=gpu", "train.executor"),
+    ("methods.0.algorithm=fedsgd", "methods.0.algorithm"),
+    ("train.optimizer.lr=-1", "train.optimizer.lr"),
+    ("model.kind=cnn", ""),  # digits 8×8 works with the CNN
+])
+def test_bad_run_config_exits_2_before_writing(tmp_path, capsys, override, expected):
+    out = tmp_path / "r"
+    if not expected:
+        assert main(["run", "--quiet", "--out", str(out), "--set", override, "--set", "train.rounds=1"]) == 0
+        return
+    assert main(["run", "--out", str(out), "--set", override]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and "Traceback" not in err
+    assert not out.exists()
+
+
+def test_method_override_errors_name_the_method():
+    with pytest.raises(Exception, match=r"methods.0.train"):
+        build_config({"methods": [{"algorithm": "fedavg", "train": {"rounds": -3}}]})
+
+
+def test_sweep_aggregates_over_seeds(tmp_path, capsys):
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text("train:\n  rounds: 3\npartition:\n  clients: 4\n")
+    assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    rows = list(csv.DictReader(open(tmp_path / "s" / "sweep.csv")))
+    acc = [r for r in rows if r["metric"] == "best.global_accuracy" and r["method"] == "fedavg"]
+    assert len(acc) == 2 and all(r["n"] == "2" for r in acc)
+    gam = {r["partition.shuffle"]: float(r["mean"]) for r in rows if r["metric"] == "gamma"}
+    assert gam["0"] > gam["1"]
+    assert len(list((tmp_path / "s").glob("*/seed=*/summary.json"))) == 4
+    assert (tmp_path / "s" / "figures" / "best.global_accuracy.png").exists()
+
+
+def test_ci95_against_reference():
+    from scipy import stats
+    values = [0.8, 0.85, 0.9, 0.82]
+    lo, hi = stats.t.interval(0.95, 3, loc=sum(values) / 4, scale=stats.sem(values))
+    assert ci95(values) == pytest.approx((hi - lo) / 2)
+    assert ci95([0.5]) == 0.0
+
+
+def test_parse_grid_and_aggregate():
+    assert parse_grid(["a.b=1,2.5,x"]) == {"a.b": [1, 2.5, "x"]}
+    with pytest.raises(Exception, match="key=v1"):
+        parse_grid(["nonsense"])
+    summaries = [({"k": 1}, s, {"gamma": g, "heterogeneity": {"label_emd_mean": 0.1}, "methods": {"m": {
+        "final": {"global_accuracy": a}, "best": {"global_accuracy": a}, "seconds_per_round": 0.1}}})
+        for s, (g, a) in enumerate([(1.0, 0.5), (3.0, 0.7)])]
+    rows = aggregate(summaries, ["k"])
+    row = next(r for r in rows if r["metric"] == "best.global_accuracy")
+    assert row["mean"] == pytest.approx(0.6) and row["n"] == 2
