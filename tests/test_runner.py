@@ -63,7 +63,7 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
     status = json.loads((tmp_path / "r" / "status.json").read_text())
     assert status["status"] == "failed" and "interrupted" in status["reason"]
     assert not (tmp_path / "r" / "summary.json").exists()
-    rounds = {r["round"] for r in csv.DictReader(open(tmp_path / "r" / "metrics.csv"))}
+    rounds = {r["round"] for r in csv.DictReader((tmp_path / "r" / "metrics.csv").read_text().splitlines())}
     assert rounds == {"1", "2"}
     with pytest.raises(RunError, match="not a completed run"):
         read_summary(tmp_path / "r")
@@ -106,7 +106,7 @@ def test_sweep_aggregates_over_seeds(tmp_path, capsys):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text("train:\n  rounds: 3\npartition:\n  clients: 4\n")
     assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
-    rows = list(csv.DictReader(open(tmp_path / "s" / "sweep.csv")))
+    rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
     acc = [r for r in rows if r["metric"] == "best.global_accuracy" and r["method"] == "fedavg"]
     assert len(acc) == 2 and all(r["n"] == "2" for r in acc)
     gam = {r["partition.shuffle"]: float(r["mean"]) for r in rows if r["metric"] == "gamma"}

@@ -87,7 +87,7 @@ def run_sweep(
     sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     total = len(configs)
     summaries: list[tuple[dict, int, dict]] = []
-    for i, (point, s, cfg) in enumerate(configs, start=1):
+    for i, (point, _s, cfg) in enumerate(configs, start=1):
         if progress:
             console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}")
         res = run_experiment(cfg, out=sweep_dir / _point_name(point) / f"seed={cfg.seed}", progress=False, console=console)
