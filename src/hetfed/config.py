@@ -157,7 +157,7 @@ class Config(_Strict):
     """A whole run: data, embedding, partition, and the methods to compare."""
 
     seed: int = Field(0, ge=0)
-    name: str = "run"
+    name: str = "default"
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)

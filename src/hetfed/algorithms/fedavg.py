@@ -24,7 +24,7 @@ class FedAvg(Algorithm):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        shared = {k: v.unsqueeze(0).expand(n, *v.shape).clone() for k, v in bc.params.items()}
+        shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
         local = {k: v for k, v in states.items() if not k.startswith("opt.")}
         kept_opt = {k: v for k, v in states.items() if k.startswith("opt.")}
         params = {**shared, **local}

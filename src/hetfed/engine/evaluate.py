@@ -60,6 +60,13 @@ def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     return {"accuracy": correct / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
 
 
+def _stat(values, fn, *args) -> float:
+    """A nan-aware statistic that is NaN (not a warning) when nothing was measured."""
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    return float(fn(v, *args)) if len(v) else float("nan")
+
+
 def _chunks(n: int, size: int):
     for start in range(0, n, size):
         yield list(range(start, min(n, start + size)))
@@ -123,17 +130,17 @@ def evaluate(
 
     local = np.asarray(per_client["local_accuracy"], dtype=float)
     metrics: dict[str, float] = {
-        "local_accuracy_mean": float(np.nanmean(local)),
-        "local_accuracy_std": float(np.nanstd(local)),
-        "local_accuracy_p10": float(np.nanpercentile(local, 10)),
-        "local_accuracy_p50": float(np.nanpercentile(local, 50)),
-        "local_accuracy_p90": float(np.nanpercentile(local, 90)),
-        "local_loss_mean": float(np.nanmean(per_client["local_loss"])),
+        "local_accuracy_mean": _stat(local, np.mean),
+        "local_accuracy_std": _stat(local, np.std),
+        "local_accuracy_p10": _stat(local, np.percentile, 10),
+        "local_accuracy_p50": _stat(local, np.percentile, 50),
+        "local_accuracy_p90": _stat(local, np.percentile, 90),
+        "local_loss_mean": _stat(per_client["local_loss"], np.mean),
         "val_loss": val_loss_sum / val_n if val_n else float("nan"),
         "val_accuracy": val_correct / val_n if val_n else float("nan"),
     }
     if binary:
-        metrics["local_auc_mean"] = float(np.nanmean(per_client["local_auc"]))
+        metrics["local_auc_mean"] = _stat(per_client["local_auc"], np.mean)
     if algo.has_global_model:
         logits = algo.model.forward(algo.global_params(server), x_global.unsqueeze(0), None)[0]
         s = _scores(logits, y_global)

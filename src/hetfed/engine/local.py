@@ -98,8 +98,9 @@ def train_stack(
     device = data.x.device
     names = trainable if trainable is not None else list(params)
     fixed = {k: v for k, v in params.items() if k not in names}
-    current = {k: params[k] for k in names}
-    state = opt_state if opt_state is not None else optim.init_state(opt_cfg, current)
+    # own copies: the optimiser updates in place, the caller's tensors stay untouched
+    current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}
+    state = {k: v.clone() for k, v in opt_state.items()} if opt_state is not None else optim.init_state(opt_cfg, current)
     index, mask, rows = _plan_tensors(data, schedule, device)
     n, steps = index.shape[0], index.shape[1]
     gens = [torch.Generator().manual_seed(int(s) ^ 0x5EED) for s in data.seeds]
@@ -122,7 +123,8 @@ def train_stack(
             total = total + regulariser({**fixed, **leaves})
         grads = torch.autograd.grad(total.sum(), list(leaves.values()))
         with torch.no_grad():
-            current, state = optim.step(opt_cfg, leaves, dict(zip(leaves, grads, strict=True)), state, lr, active)
+            current = {k: v.detach() for k, v in leaves.items()}
+            optim.step(opt_cfg, current, dict(zip(leaves, grads, strict=True)), state, lr, active)
             loss_sum += per_client.detach() * active
     n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
     out = {**fixed, **{k: v.detach() for k, v in current.items()}}

@@ -1,10 +1,16 @@
-"""Client optimisers as pure functions over stacked parameters.
+"""Client optimisers as functions over stacked parameters, updating in place.
 
 State lives in a plain dict so that it can be reset each round or kept on the
 client across rounds (``optimizer.reset_each_round``: the CGAU paper's footnote
 shows the choice matters). ``active`` masks clients that have finished their
 local work in a stack: their parameters and state do not move.
 Matches ``torch.optim.SGD`` (momentum, dampening 0) and ``torch.optim.Adam``.
+
+Updates are in place, with a fast path when every client of the stack is
+active: a masked ``torch.where`` over a stack of 100 clients' weights costs
+~35× an in-place update (it streams the whole stack through memory several
+times), which made the vectorised executor slower than the sequential one.
+Callers own the tensors they pass (``train_stack`` copies its inputs first).
 """
 
 from __future__ import annotations
@@ -16,8 +22,8 @@ from hetfed.config import OptimizerConfig
 Params = dict[str, torch.Tensor]
 
 
-def _where(active: torch.Tensor, new: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
-    return torch.where(active.view(-1, *([1] * (new.ndim - 1))), new, old)
+def _view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
+    return t.view(-1, *([1] * (like.ndim - 1)))
 
 
 def init_state(cfg: OptimizerConfig, params: Params) -> Params:
@@ -34,33 +40,53 @@ def init_state(cfg: OptimizerConfig, params: Params) -> Params:
 
 
 def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> tuple[Params, Params]:
-    """One optimiser step for every active client of the stack."""
-    new_p: Params = {}
-    new_s: Params = dict(state)
+    """One optimiser step, in place, for every active client of the stack."""
     if cfg.kind == "sgd":
-        for k, p in params.items():
-            g = grads[k] + cfg.weight_decay * p if cfg.weight_decay else grads[k]
-            if cfg.momentum:
-                buf = state[f"opt.mom.{k}"]
-                # torch.optim.SGD: the first step sets buf = g (dampening 0 → same as 0·buf + g)
-                buf_new = cfg.momentum * buf + g
-                new_s[f"opt.mom.{k}"] = _where(active, buf_new, buf)
-                g = buf_new
-            new_p[k] = _where(active, p - lr * g, p)
-        return new_p, new_s
-    b1, b2 = cfg.betas
-    t_old = state["opt.t"]
-    t = t_old + active.float()
-    new_s["opt.t"] = t
-    t_safe = t.clamp(min=1)
+        _sgd(cfg, params, grads, state, lr, active)
+    else:
+        _adam(cfg, params, grads, state, lr, active)
+    return params, state
+
+
+def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> None:
+    every = bool(active.all())
+    a = active.to(next(iter(params.values())).dtype)
+    keep = torch.where(active, cfg.momentum, 1.0) if not every else None
     for k, p in params.items():
-        g = grads[k] + cfg.weight_decay * p if cfg.weight_decay else grads[k]
-        m = b1 * state[f"opt.m.{k}"] + (1 - b1) * g
-        v = b2 * state[f"opt.v.{k}"] + (1 - b2) * g * g
-        shape = (-1, *([1] * (p.ndim - 1)))
-        m_hat = m / (1 - b1 ** t_safe).view(shape)
-        v_hat = v / (1 - b2 ** t_safe).view(shape)
-        new_p[k] = _where(active, p - lr * m_hat / (v_hat.sqrt() + cfg.eps), p)
-        new_s[f"opt.m.{k}"] = _where(active, m, state[f"opt.m.{k}"])
-        new_s[f"opt.v.{k}"] = _where(active, v, state[f"opt.v.{k}"])
-    return new_p, new_s
+        g = grads[k].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[k]
+        if not every:
+            g = g * _view(a, g)
+        if cfg.momentum:
+            buf = state[f"opt.mom.{k}"]
+            if every:
+                buf.mul_(cfg.momentum).add_(g)
+            else:
+                buf.mul_(_view(keep, buf)).add_(g)
+            g = buf if every else buf * _view(a, buf)
+        p.add_(g, alpha=-lr)
+
+
+def _adam(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> None:
+    b1, b2 = cfg.betas
+    every = bool(active.all())
+    a = active.to(next(iter(params.values())).dtype)
+    state["opt.t"].add_(a)
+    t = state["opt.t"].clamp(min=1)
+    bc1, bc2 = 1 - b1**t, 1 - b2**t
+    keep1 = torch.where(active, b1, 1.0)
+    keep2 = torch.where(active, b2, 1.0)
+    for k, p in params.items():
+        g = grads[k].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[k]
+        m, v = state[f"opt.m.{k}"], state[f"opt.v.{k}"]
+        if every:
+            m.mul_(b1).add_(g, alpha=1 - b1)
+            v.mul_(b2).addcmul_(g, g, value=1 - b2)
+        else:
+            ga = g * _view(a, g)
+            m.mul_(_view(keep1, m)).add_(ga, alpha=1 - b1)
+            v.mul_(_view(keep2, v)).addcmul_(ga, g, value=1 - b2)
+        denom = (v.sqrt() / _view(bc2.sqrt(), v)).add_(cfg.eps)
+        upd = (m / denom).mul_(_view(lr / bc1, m))
+        if not every:
+            upd.mul_(_view(a, upd))
+        p.sub_(upd)

@@ -1,0 +1,118 @@
+"""Vectorised vs sequential executor, measured in one run on the same machine.
+
+Cases (from the engine issue):
+  1. compute-bound: 100 clients × 600 samples × 784-d, MLP 784-200-200-10,
+     E = 1, B = 50, all 100 clients per round (≈ 72 GFLOP per round);
+  2. overhead-bound (the CGAU setting): 10 clients × ~150 samples × 64-d,
+     MLP 64-64-64-10, 10 local steps of batch 32.
+
+Prints seconds per round of each executor and the ratio (sequential / vectorised);
+``--json`` prints one JSON object instead. Not a test: timings are never asserted.
+
+    python benchmarks/engine.py [--json] [--rounds N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import numpy as np
+import torch
+
+from hetfed.algorithms import build_algorithm
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
+from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
+from hetfed.engine.simulate import simulate
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+
+
+class _Synthetic:
+    def __init__(self, n: int, d: int, classes: int = 10, seed: int = 0):
+        rng = np.random.default_rng(seed)
+        self.y_train = rng.integers(0, classes, n)
+        self.x_train = rng.normal(size=(n, d)).astype(np.float32)
+        self.y_test = np.repeat(np.arange(classes), 10)
+        self.x_test = rng.normal(size=(len(self.y_test), d)).astype(np.float32)
+        self.n_classes = classes
+        self.input_shape = (d,)
+
+
+CASES = {
+    "compute_bound": dict(
+        clients=100, per_client=600, d=784, hidden=[200, 200],
+        train=dict(local_epochs=1, batch_size=50),
+    ),
+    "overhead_bound": dict(
+        clients=10, per_client=150, d=64, hidden=[64, 64],
+        train=dict(local_steps=10, batch_size=32),
+    ),
+}
+
+
+def flops_per_round(case: dict) -> float:
+    """2 FLOPs per multiply-add, ×3 for forward + backward."""
+    widths = [case["d"], *case["hidden"], 10]
+    macs = sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=False))
+    t = case["train"]
+    samples = case["clients"] * (case["per_client"] if "local_epochs" in t else t["local_steps"] * t["batch_size"])
+    return 6.0 * macs * samples
+
+
+def seconds_per_round(case: dict, executor, rounds: int) -> float:
+    n = case["clients"] * case["per_client"]
+    # all samples train: no validation/test split taken out of the clients
+    fed = make_federation(
+        _Synthetic(n, case["d"]),
+        PartitionConfig(kind="iid", clients=case["clients"], val_fraction=0.0, test_fraction=0.0),
+        seed=0,
+    )
+    model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
+    train = TrainConfig(
+        rounds=rounds, client_fraction=1.0, eval_every=10_000,
+        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), **case["train"],
+    )
+    algo = build_algorithm("fedavg", model, train)
+    simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
+    t0 = time.perf_counter()
+    result = simulate(algo, fed, train, 0, executor=executor)
+    total = time.perf_counter() - t0
+    # the one final evaluation is not training: report the training time per round
+    return result.train_seconds / rounds if result.train_seconds else total / rounds
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cases": {}}
+    for name, case in CASES.items():
+        seq = seconds_per_round(case, SequentialExecutor(), args.rounds)
+        vec = seconds_per_round(case, VectorisedExecutor(), args.rounds)
+        report["cases"][name] = {
+            "sequential_s_per_round": seq,
+            "vectorised_s_per_round": vec,
+            "ratio": seq / vec,
+            "gflop_per_round": flops_per_round(case) / 1e9,
+            "vectorised_gflops": flops_per_round(case) / 1e9 / vec,
+        }
+    if args.json:
+        print(json.dumps(report))
+        return
+    print(f"torch {report['torch']}, {report['threads']} threads")
+    for name, r in report["cases"].items():
+        print(
+            f"{name:>15}: sequential {r['sequential_s_per_round']:.4f} s/round, "
+            f"vectorised {r['vectorised_s_per_round']:.4f} s/round, ratio {r['ratio']:.2f}× "
+            f"({r['gflop_per_round']:.1f} GFLOP/round, {r['vectorised_gflops']:.1f} GFLOP/s vectorised)"
+        )
+
+
+if __name__ == "__main__":
+    main()
