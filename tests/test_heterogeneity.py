@@ -4,7 +4,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.linalg import sqrtm
 
-from hetfed.heterogeneity import frechet_distance, gamma, js_divergence, label_emd, measure
+from hetfed.heterogeneity import frechet_distance, gamma, gamma_reference, js_divergence, label_emd, measure
 
 
 def _spd(rng, d, rank=None):
@@ -62,3 +62,14 @@ def test_label_skew_figures():
     y = np.array([0] * 10 + [1] * 10)
     m = measure(np.zeros((20, 2)), y, [np.arange(10), np.arange(10, 20)], 2)
     assert m.label_emd_mean == 1.0 and m.class_counts == [[10, 0], [0, 10]]
+
+
+@settings(max_examples=15, deadline=None)
+@given(st.integers(2, 6), st.integers(2, 20), st.integers(0, 1000))
+def test_fast_gamma_matches_the_definition(k, d, seed):
+    """Sufficient statistics + low-rank factors give the same Γ as the direct formula."""
+    rng = np.random.default_rng(seed)
+    x = rng.normal(size=(120, d)) * rng.uniform(0.1, 3, d) + rng.normal(size=d)
+    cuts = np.sort(rng.choice(np.arange(1, 120), k - 1, replace=False))
+    clients = np.split(rng.permutation(120), cuts)
+    assert gamma(x, clients) == pytest.approx(gamma_reference(x, clients), rel=1e-6, abs=1e-8)

@@ -20,7 +20,7 @@ from hetfed.errors import ConfigError
 DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "arrays"]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
-ModelKind = Literal["mlp", "cnn", "logreg"]
+ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
 AlgorithmName = Literal["fedavg", "fedprox", "local"]
 ExecutorKind = Literal["vectorised", "sequential"]
 
@@ -90,6 +90,7 @@ class ModelConfig(_Strict):
     kind: ModelKind = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64, 64])
     dropout: float = Field(0.0, ge=0, lt=1)
+    condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:

@@ -47,19 +47,62 @@ def gaussian(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return mu, np.cov(x, rowvar=False).reshape(x.shape[1], x.shape[1])
 
 
+def frechet_from_factor(mu1: np.ndarray, u1: np.ndarray, mu2: np.ndarray, s2: np.ndarray) -> float:
+    """Fréchet distance when ``Σ1 = U1 U1ᵀ`` is given by a thin factor ``U1`` (d × r).
+
+    The non-zero eigenvalues of ``Σ1Σ2`` are those of ``U1ᵀ Σ2 U1`` (r × r), so a
+    client with r < d samples costs an r × r eigenproblem instead of d × d.
+    """
+    inner = u1.T @ s2 @ u1
+    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
+    diff = np.asarray(mu1, np.float64) - np.asarray(mu2, np.float64)
+    return max(float(diff @ diff + np.sum(u1 * u1) + np.trace(s2) - 2 * cross), 0.0)
+
+
 def gamma(x: np.ndarray, clients: list[np.ndarray]) -> float:
-    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian)."""
+    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian).
+
+    The pooled "others" moments come from sufficient statistics (total minus the
+    client's), so the cost does not grow with K × N × d²; features are centred
+    on the pooled mean first for numerical stability.
+    """
     if len(clients) < 2:
         return 0.0
     flat = np.asarray(x, np.float64).reshape(len(x), -1)
     every = np.concatenate(clients)
+    centre = flat[every].mean(axis=0)
+    total_sum = (flat[every] - centre).sum(axis=0)
+    total_xx = (flat[every] - centre).T @ (flat[every] - centre)
+    n_total = len(every)
     distances = []
-    for k, idx in enumerate(clients):
-        others = np.concatenate([c for j, c in enumerate(clients) if j != k]) if len(clients) > 1 else every
-        mu_k, s_k = gaussian(flat[idx])
-        mu_o, s_o = gaussian(flat[others])
-        distances.append(frechet_distance(mu_k, s_k, mu_o, s_o))
+    for idx in clients:
+        xc = flat[idx] - centre
+        n_k, n_o = len(idx), n_total - len(idx)
+        sum_k = xc.sum(axis=0)
+        mu_k = sum_k / max(n_k, 1)
+        mu_o = (total_sum - sum_k) / max(n_o, 1)
+        xx_o = total_xx - xc.T @ xc
+        s_o = (xx_o - n_o * np.outer(mu_o, mu_o)) / max(n_o - 1, 1)
+        d = flat.shape[1]
+        if n_k < 2:
+            distances.append(frechet_distance(mu_k, np.zeros((d, d)), mu_o, s_o))
+        elif n_k <= d:  # low rank: Σ_k = U Uᵀ with U = (X_k − μ_k)ᵀ / √(n_k − 1)
+            u = (xc - mu_k).T / np.sqrt(n_k - 1)
+            distances.append(frechet_from_factor(mu_k, u, mu_o, s_o))
+        else:
+            s_k = (xc - mu_k).T @ (xc - mu_k) / (n_k - 1)
+            distances.append(frechet_distance(mu_k, s_k, mu_o, s_o))
     return float(np.mean(distances))
+
+
+def gamma_reference(x: np.ndarray, clients: list[np.ndarray]) -> float:
+    """Γ straight from the definition (slow; the reference :func:`gamma` is tested against)."""
+    flat = np.asarray(x, np.float64).reshape(len(x), -1)
+    out = []
+    for k, idx in enumerate(clients):
+        others = np.concatenate([c for j, c in enumerate(clients) if j != k])
+        out.append(frechet_distance(*gaussian(flat[idx]), *gaussian(flat[others])))
+    return float(np.mean(out))
 
 
 def class_histograms(y: np.ndarray, clients: list[np.ndarray], n_classes: int) -> np.ndarray:

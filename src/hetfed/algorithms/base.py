@@ -20,8 +20,6 @@ class Algorithm:
     """Base class with FedAvg's server side; subclasses change what they need."""
 
     name = "base"
-    #: True when clients evaluate with their own parameters (not only the server's)
-    personalised = False
     #: True when the server keeps a model that can be evaluated on its own
     has_global_model = True
 
@@ -29,6 +27,11 @@ class Algorithm:
         self.model = model
         self.train = train
         self.schedule = LocalSchedule.from_train(train)
+
+    @property
+    def personalised(self) -> bool:
+        """True when clients predict with parameters of their own (the model's local ones)."""
+        return bool(self.model.local_names)
 
     # -- server side
     def server_init(self, gen: torch.Generator) -> ServerState:

@@ -85,7 +85,7 @@ class Local(Algorithm):
     """Every client trains its own model from scratch on its own data; nothing is shared."""
 
     name = "local"
-    personalised = True
+    personalised = True  # type: ignore[assignment]  # every parameter is the client's own
     has_global_model = False
 
     def server_init(self, gen: torch.Generator) -> ServerState:

@@ -6,6 +6,7 @@ from collections.abc import Sequence
 
 from hetfed.config import ModelConfig
 from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.models.cgau import CGAUNet
 from hetfed.models.cnn import LeNet
 from hetfed.models.mlp import MLP, LogisticRegression, flat_size
 
@@ -19,7 +20,9 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int) ->
         return LogisticRegression(d, n_classes)
     if cfg.kind == "cnn":
         return LeNet(input_shape, n_classes)
+    if cfg.kind == "cgau":
+        return CGAUNet(d, cfg.hidden, n_classes, cfg.dropout, cfg.condition_output)
     raise ValueError(f"unknown model.kind {cfg.kind!r}")
 
 
-__all__ = ["MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]
+__all__ = ["CGAUNet", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]
