@@ -4,7 +4,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy.linalg import sqrtm
 
-from hetfed.heterogeneity import frechet_distance, gamma, gamma_reference, js_divergence, label_emd, measure
+from hetfed.heterogeneity import (
+    frechet_distance,
+    gamma,
+    gamma_reference,
+    js_divergence,
+    label_emd,
+    measure,
+)
 
 
 def _spd(rng, d, rank=None):
