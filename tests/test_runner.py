@@ -12,15 +12,19 @@ from hetfed.experiments.sweep import aggregate, ci95, parse_grid
 
 
 def test_main_job_reaches_high_accuracy(tmp_path, capsys):
-    """`hetfed run` with no arguments: digits, 10 feature-cluster clients, FedAvg MLP."""
+    """`hetfed run` with no arguments: digits, 10 feature-cluster clients, FedAvg with
+    the ReLU baseline and CGAU side by side."""
     assert main(["run", "--out", str(tmp_path / "run")]) == 0
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
-    assert summary["final"]["global_accuracy"] >= 0.85
-    assert summary["best"]["local_accuracy_mean"] >= 0.85
+    assert set(summary["methods"]) == {"relu", "cgau"}
+    assert summary["final"]["global_accuracy"] >= 0.85  # the primary method: the ReLU baseline
+    for method in summary["methods"].values():
+        assert method["best"]["local_accuracy_mean"] >= 0.85
+    assert summary["methods"]["cgau"]["best"]["server_accuracy"] > 0.5  # unseen client, zero conditioning
     for key in ("rounds", "wall_seconds", "seed", "gamma"):
         assert key in summary
     out = capsys.readouterr().out
-    assert "global acc" in out and "Γ" in out
+    assert "global" in out and "unseen" in out and "Γ" in out
     assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "complete"
     assert (tmp_path / "run" / "figures" / "learning_curves.png").stat().st_size > 1000
     assert (tmp_path / "run" / "config.yaml").read_text().startswith("seed: 0")
@@ -107,7 +111,7 @@ def test_sweep_aggregates_over_seeds(tmp_path, capsys):
     cfg_path.write_text("train:\n  rounds: 3\npartition:\n  clients: 4\n")
     assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
     rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
-    acc = [r for r in rows if r["metric"] == "best.global_accuracy" and r["method"] == "fedavg"]
+    acc = [r for r in rows if r["metric"] == "best.global_accuracy" and r["method"] == "relu"]
     assert len(acc) == 2 and all(r["n"] == "2" for r in acc)
     gam = {r["partition.shuffle"]: float(r["mean"]) for r in rows if r["metric"] == "gamma"}
     assert gam["0"] > gam["1"]

@@ -164,7 +164,10 @@ class Config(_Strict):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    methods: list[MethodConfig] = Field(default_factory=lambda: [MethodConfig()])
+    methods: list[MethodConfig] = Field(default_factory=lambda: [
+        MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),
+        MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),
+    ])
     out_dir: str = "runs"
 
     @model_validator(mode="after")

@@ -174,20 +174,24 @@ def _progress_bar(enabled: bool, console: Console) -> Progress:
 def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {summary['gamma']:.3f}")
-    for col in ("method", "global acc", "global acc (best val)", "local acc mean", "local acc p10", "s/round"):
+    binary = any("global_auc" in m["best"] for m in summary["methods"].values())
+    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round"]
+    if binary:
+        cols[1:1] = ["local AUC", "global AUC"]  # noqa: RUF005
+    for col in cols:
         table.add_column(col, justify="right")
 
     def fmt(v):
         return "-" if v is None else f"{v:.3f}"
 
     for label, m in summary["methods"].items():
-        table.add_row(
-            label,
-            fmt(m["final"].get("global_accuracy")),
-            fmt(m["best"].get("global_accuracy")),
-            fmt(m["final"].get("local_accuracy_mean")),
-            fmt(m["final"].get("local_accuracy_p10")),
-            f"{m['seconds_per_round']:.3f}",
-        )
+        b = m["best"]
+        row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
+               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}"]
+        if binary:
+            row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
+        table.add_row(*row)
+    table.caption = ("best model by validation loss. local: each client's own test set, its own parameters; "
+                     "global: balanced global test set; unseen: server model, zero conditioning")
     console.print(table)
     console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)")

@@ -99,7 +99,8 @@ def run_sweep(
         from hetfed.experiments.figures import plot_sweep
 
         key = next(iter(grid))
-        for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.global_auc"):
+        for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean",
+                       "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round"):
             if any(r["metric"] == metric for r in table):
                 plot_sweep(table, key, metric, sweep_dir / "figures" / f"{metric}.png")
     print_table(table, list(grid), console)
@@ -141,7 +142,9 @@ def _write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
             w.writerow({c: row[c] for c in cols})
 
 
-def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = ("gamma", "best.global_accuracy", "best.local_accuracy_mean", "best.global_auc")) -> None:
+def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = (
+        "gamma", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
+        "best.global_auc", "best.local_auc_mean")) -> None:
     table = Table(title="sweep: mean ± 95% CI over seeds")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
