@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe"]
 ExecutorKind = Literal["vectorised", "sequential"]
 
 
@@ -141,6 +141,22 @@ class TrainConfig(_Strict):
     memory_budget_mb: float = Field(1024, gt=0)
 
 
+class MoEConfig(_Strict):
+    """FedMoE's per-client phases: fine-tuning, then specialist + gate (and the Local baseline).
+
+    Each phase trains every client for at most ``max_epochs`` epochs and keeps,
+    per client, the parameters with the lowest validation loss; it stops once
+    no client has improved for ``patience`` epochs.
+    """
+
+    max_epochs: int = Field(50, ge=1)
+    patience: int = Field(5, ge=1)
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
+    blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
+    eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
+
+
 class MethodConfig(_Strict):
     """One method of a comparison; ``model``/``train`` override the top-level ones."""
 
@@ -164,6 +180,7 @@ class Config(_Strict):
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
+    moe: MoEConfig = Field(default_factory=MoEConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
         MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),

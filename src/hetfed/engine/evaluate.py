@@ -7,8 +7,9 @@
   (local parameters at their value for an unseen client) when there is one.
 - ``local_accuracy_*``: each client's model on its own test set — mean, std and
   the 10/50/90th percentiles over clients, like LEAF.
-- ``val_loss``/``val_accuracy``: the clients' validation sets, pooled (weighted
-  by size) — what best-model selection and early stopping use.
+- ``val_loss``/``val_accuracy``: the opted-in clients' validation sets, pooled
+  (weighted by size) — what best-model selection and early stopping use, so an
+  opted-out client's data never influences which global model is kept.
 - ``global_auc``/``local_auc_mean`` for binary tasks (imbalanced data).
 """
 
@@ -83,9 +84,15 @@ def evaluate(
     x_global: torch.Tensor,
     y_global: torch.Tensor,
     max_floats: int = 50_000_000,
+    clients: list[int] | None = None,
 ) -> Evaluation:
-    """All metrics of one evaluation (see the module docstring)."""
-    n_clients = fed.n_clients
+    """All metrics of one evaluation (see the module docstring).
+
+    ``clients`` restricts the per-client metrics to a subset (e.g. a sample of
+    20, as the FedMoE paper reports); per-client lists follow its order.
+    """
+    ids = list(range(fed.n_clients)) if clients is None else list(clients)
+    n_clients = len(ids)
     binary = fed.n_classes == 2
     d = int(np.prod(x_pool.shape[1:]))
     per_client: dict[str, list[float]] = {"local_accuracy": [], "local_loss": [], "val_loss": [], "val_accuracy": []}
@@ -95,10 +102,11 @@ def evaluate(
         per_client["global_accuracy"] = []
         per_client["global_loss"] = []
     val_loss_sum = val_correct = val_n = 0.0
-    longest = max(len(x_global), *(len(t) for t in fed.test), *(len(v) for v in fed.val), 1)
+    longest = max(len(x_global), *(len(fed.test[k]) for k in ids), *(len(fed.val[k]) for k in ids), 1)
     chunk = max(1, max_floats // (longest * max(d, algo.model.n_classes)))
     global_logits_sum = None
-    for clients in _chunks(n_clients, chunk):
+    for positions in _chunks(n_clients, chunk):
+        clients = [ids[i] for i in positions]
         local = [{n: v for n, v in states[k].items() if not n.startswith("opt.")} for k in clients]
         params = algo.eval_params(server, stack_states(local), len(clients))
         tests = _predict(algo, params, x_pool, [fed.test[k] for k in clients])
@@ -114,7 +122,7 @@ def evaluate(
             v = _scores(vals[j], yv)
             per_client["val_loss"].append(v["loss"])
             per_client["val_accuracy"].append(v["accuracy"])
-            if v["n"]:
+            if v["n"] and not fed.opted_out[k]:  # opted-out data must not pick the global model
                 val_loss_sum += v["loss_sum"]
                 val_correct += v["accuracy"] * v["n"]
                 val_n += v["n"]

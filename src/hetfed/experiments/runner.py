@@ -46,6 +46,8 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
     return {
         "final": _clean(final),
         "best": _clean(best),
+        "local_accuracy": _clean(best).get("local_accuracy_mean"),
+        "global_accuracy": _clean(best).get("global_accuracy"),
         "best_round": result.best_round,
         "rounds": result.rounds_done,
         "stopped_early": result.stopped_early,
@@ -78,7 +80,8 @@ def run_experiment(
     for method in config.methods:  # build everything first: bad settings fail before any file
         train = config.method_train(method)
         model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
-        plans.append((method, train, build_algorithm(method.algorithm, model, train)))
+        algo = None if method.algorithm == "fedmoe" else build_algorithm(method.algorithm, model, train)
+        plans.append((method, train, algo))
 
     run_dir = new_run_dir(out, config.out_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_config(config))
@@ -91,6 +94,9 @@ def run_experiment(
         with _progress_bar(progress, console) as bar:
             for method, train, algo in plans:
                 label = method.label
+                if algo is None:
+                    methods.update(_run_fedmoe(config, method, train, fed, writer, bar, curves, run_dir))
+                    continue
                 methods[label] = _run_method(config, method, train, algo, fed, writer, bar, curves)
                 ckpt = run_dir / "checkpoints"
                 ckpt.mkdir(exist_ok=True)
@@ -102,7 +108,10 @@ def run_experiment(
         from hetfed.experiments.figures import plot_learning_curves
 
         plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png")
-        primary = config.methods[0].label
+        first = config.methods[0]
+        primary = first.label
+        if first.algorithm == "fedmoe":  # FedMoE's own result is its mixture
+            primary = "mixture" if first.label == "fedmoe" else f"{first.label}:mixture"
         het = prep.heterogeneity
         summary = {
             "name": config.name,
@@ -117,7 +126,7 @@ def run_experiment(
             "primary": primary,
             "final": methods[primary]["final"],
             "best": methods[primary]["best"],
-            "rounds": max(m["rounds"] for m in methods.values()),
+            "rounds": max(m.get("rounds") or 0 for m in methods.values()),
             "wall_seconds": time.perf_counter() - t_start,
             "methods": methods,
         }
@@ -132,6 +141,45 @@ def run_experiment(
     if progress:
         print_summary(summary, run_dir, console)
     return RunOutput(run_dir, summary)
+
+
+def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, run_dir: Path) -> dict[str, dict]:
+    """FedMoE's four methods (Local, FedAvg, Fine-tuned, Mixture) as four table rows."""
+    from hetfed.algorithms.fedmoe import run_fedmoe
+
+    model_cfg = config.method_model(method)
+    label = method.label
+    task = bar.add_task(f"{label}:fedavg", total=train.rounds, acc="   -  ", rate="")
+    t0 = time.perf_counter()
+
+    def on_round(rnd: int, metrics) -> None:
+        fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
+        fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
+        bar.update(task, completed=rnd, **fields)
+
+    def on_eval(sub: str, rnd: int, ev: Evaluation) -> None:
+        _write_eval(writer, f"{label}:{sub}" if label != "fedmoe" else sub, rnd, ev)
+        for metric in curves:
+            if metric in ev.metrics:
+                curves[metric].setdefault(f"{label}:{sub}", []).append((rnd, ev.metrics[metric]))
+
+    def build(n_out: int):
+        return build_model(model_cfg, fed.input_shape, n_out)
+
+    results = run_fedmoe(config, train, build, fed, on_round=on_round, on_eval=on_eval)
+    bar.update(task, completed=train.rounds)
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir(exist_ok=True)
+    glob = results["fedavg"].pop("_global_params")
+    torch.save({k: v.cpu() for k, v in glob.items()}, ckpt / f"{label}-global-best.pt")
+    out = {}
+    for sub, summary in results.items():
+        name = sub if label == "fedmoe" else f"{label}:{sub}"
+        ev = summary.pop("evaluation")
+        _write_eval(writer, name, summary.get("rounds") or summary.get("epochs") or 0, ev)
+        summary["algorithm"] = f"fedmoe:{sub}"
+        out[name] = summary
+    return out
 
 
 def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves) -> dict:
