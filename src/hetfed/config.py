@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet"]
 ExecutorKind = Literal["vectorised", "sequential"]
 
 
@@ -157,6 +157,20 @@ class MoEConfig(_Strict):
     eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
 
 
+class FSNetConfig(_Strict):
+    """Fed-FSNet's server-side synthesis (see hetfed.algorithms.fsnet for the decisions)."""
+
+    n_synthetic: int = Field(60, ge=1, description="size of the synthetic set D′")
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="hidden model H_ω widths")
+    server_steps: int = Field(100, ge=0, description="Adam steps on H_ω per round")
+    server_batch: int = Field(256, ge=1, description="mixture samples per step")
+    server_lr: float = Field(1e-3, gt=0)
+    epsilon: float = Field(0.01, ge=0, lt=1, description="off-class mass per class in near-one-hot inputs")
+    beta0: float = Field(1.0, ge=0, description="β at round 0")
+    beta_decay: float = Field(0.1, ge=0, le=1, description="β multiplied by this every beta_every rounds")
+    beta_every: int = Field(10, ge=1)
+
+
 class MethodConfig(_Strict):
     """One method of a comparison; ``model``/``train`` override the top-level ones."""
 
@@ -181,6 +195,7 @@ class Config(_Strict):
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     moe: MoEConfig = Field(default_factory=MoEConfig)
+    fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
         MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),

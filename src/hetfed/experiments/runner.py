@@ -80,7 +80,9 @@ def run_experiment(
     for method in config.methods:  # build everything first: bad settings fail before any file
         train = config.method_train(method)
         model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
-        algo = None if method.algorithm == "fedmoe" else build_algorithm(method.algorithm, model, train)
+        algo = None if method.algorithm == "fedmoe" else build_algorithm(
+            method.algorithm, model, train, config.fsnet, int(np.prod(fed.x.shape[1:]))
+        )
         plans.append((method, train, algo))
 
     run_dir = new_run_dir(out, config.out_dir, config.name)

@@ -1,0 +1,154 @@
+"""Fed-FSNet (Guo et al., "Mitigating Non-I.I.D. Federated Learning via Fuzzy Synthesizing Network").
+
+Per round, on top of FedAvg:
+
+1. every sampled client uploads, besides its shared parameters and sample count,
+   the per-feature mean μ_k and variance σ²_k of its training inputs
+   (``Upload.extra["input_mean"]``, ``["input_var"]``) — extra information that
+   leaves the client (see the privacy notes in docs/methods.md);
+2. the server aggregates θ_g as FedAvg does;
+3. the server trains a *hidden model* H_ω (an MLP decoder from the class
+   probability simplex back to the input space) so that ``‖H_ω(P_θg(z)) − z‖₂``
+   is small for z drawn from the Gaussian mixture ``Σ_k π_k N(μ_k, diag σ²_k)``,
+   π_k ∝ the uploading clients' sample counts, θ_g frozen (paper eq. 3);
+4. the server synthesises D′ (``fsnet.n_synthetic``, 60 in the paper) by feeding
+   H_ω near-one-hot probability vectors that cover the classes evenly (eq. 9);
+5. D′ travels in the next round's Broadcast; each client trains on
+   ``CE(local data) + β·KL(U ‖ P_θ(y | x′))`` averaged over x′ ∈ D′ (eq. 10),
+   with β = ``beta0 · beta_decay^⌊round / beta_every⌋`` (1, ÷10 every 10 rounds).
+
+Decisions where the paper is vague (all config options under ``fsnet``):
+
+- H_ω is warm-started from the previous round (it persists in the server state)
+  and trained for ``server_steps`` Adam steps of ``server_batch`` mixture samples;
+- near-one-hot vectors: the target class gets ``1 − Σ ε_j``, every other class
+  ``ε_j ~ U(0, epsilon)``, so rows sum to 1 and ``C_i ≫ ε``;
+- the KL term is computed without dropout on D′ and is zero until a D′ exists
+  (round 0 is plain FedAvg);
+- μ/σ² are computed on the client's training inputs in the model's input space
+  (after any embedding).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms.fedavg import FedAvg
+from hetfed.config import FSNetConfig, TrainConfig
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
+from hetfed.models.base import Model
+from hetfed.models.mlp import MLP
+
+
+def beta_schedule(cfg: FSNetConfig, round: int) -> float:
+    """β for a round: beta0, multiplied by beta_decay every beta_every rounds."""
+    return cfg.beta0 * cfg.beta_decay ** (round // cfg.beta_every)
+
+
+def sample_mixture(means: torch.Tensor, variances: torch.Tensor, weights: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+    """n draws from ``Σ_k π_k N(μ_k, diag σ²_k)`` (π = weights / Σ weights)."""
+    pi = weights / weights.sum()
+    comp = torch.multinomial(pi.cpu(), n, replacement=True, generator=gen).to(means.device)
+    noise = torch.randn((n, means.shape[1]), generator=gen).to(means.device)
+    return means[comp] + variances[comp].clamp_min(0).sqrt() * noise
+
+
+def near_one_hot(n: int, n_classes: int, epsilon: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """n probability rows covering the classes evenly; class i gets 1 − Σ ε, others ε ~ U(0, epsilon)."""
+    labels = torch.arange(n) % n_classes
+    eps = torch.rand((n, n_classes), generator=gen) * epsilon
+    eps[torch.arange(n), labels] = 0
+    probs = eps.clone()
+    probs[torch.arange(n), labels] = 1 - eps.sum(1)
+    return probs, labels
+
+
+def kl_uniform(logits: torch.Tensor) -> torch.Tensor:
+    """KL(U ‖ softmax(logits)) averaged over samples; ``logits`` [n, m, C] → [n]."""
+    c = logits.shape[-1]
+    logp = F.log_softmax(logits, -1)
+    return (-math.log(c) - logp.mean(-1)).mean(-1)
+
+
+class FedFSNet(FedAvg):
+    """FedAvg + server-side fuzzy synthesis of near-IID samples (see module docstring)."""
+
+    name = "fsnet"
+
+    def __init__(self, model: Model, train: TrainConfig, cfg: FSNetConfig, in_features: int):
+        super().__init__(model, train)
+        self.cfg = cfg
+        self.hidden = MLP(model.n_classes, cfg.hidden, in_features)
+
+    # -- server
+    def server_init(self, gen: torch.Generator) -> ServerState:
+        state = super().server_init(gen)
+        seed = int(torch.randint(0, 2**62, (1,), generator=gen))
+        return ServerState(state.params, 0, {"seed": seed, "hidden": self.hidden.init_shared(gen), "synthetic": None, "hidden_loss": []})
+
+    def broadcast(self, state: ServerState, round: int) -> Broadcast:
+        bc = super().broadcast(state, round)
+        return Broadcast(bc.params, round, bc.lr, {"synthetic": state.extra.get("synthetic"), "beta": beta_schedule(self.cfg, round)})
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        new = super().aggregate(state, upload)
+        gen = torch.Generator().manual_seed(state.extra["seed"] + state.round)
+        hidden, losses = self.train_hidden(new.params, state.extra["hidden"], upload, gen)
+        synthetic = self.synthesise(hidden, gen)
+        extra = {**state.extra, "hidden": hidden, "synthetic": synthetic, "hidden_loss": losses}
+        return ServerState(new.params, new.round, extra)
+
+    def train_hidden(self, global_params, hidden_params, upload: Upload, gen: torch.Generator):
+        """Fit H_ω so that H_ω(P_θg(z)) ≈ z for z from the clients' Gaussian mixture (θ_g frozen)."""
+        cfg = self.cfg
+        device = next(iter(global_params.values())).device
+        g1 = {k: v.unsqueeze(0) for k, v in global_params.items()}
+        params = {k: v.detach().clone().unsqueeze(0).to(device).requires_grad_(True) for k, v in hidden_params.items()}
+        opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
+        means, variances = upload.extra["input_mean"], upload.extra["input_var"]
+        losses = []
+        for _ in range(cfg.server_steps):
+            z = sample_mixture(means, variances, upload.num_samples, cfg.server_batch, gen)
+            with torch.no_grad():
+                probs = torch.softmax(self.model.forward(g1, z.unsqueeze(0), None), -1)
+            recon = self.hidden.forward(params, probs, None)[0]
+            loss = (recon - z).pow(2).sum(-1).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return {k: v.detach()[0] for k, v in params.items()}, losses
+
+    def synthesise(self, hidden_params, gen: torch.Generator) -> torch.Tensor:
+        """D′: H_ω of near-one-hot probability vectors, classes covered evenly."""
+        device = next(iter(hidden_params.values())).device
+        probs, _ = near_one_hot(self.cfg.n_synthetic, self.model.n_classes, self.cfg.epsilon, gen)
+        with torch.no_grad():
+            h = {k: v.unsqueeze(0) for k, v in hidden_params.items()}
+            return self.hidden.forward(h, probs.to(device).unsqueeze(0), None)[0]
+
+    # -- client
+    def _regulariser(self, bc: Broadcast):
+        synthetic, beta = bc.extra.get("synthetic"), bc.extra.get("beta", 0.0)
+        if synthetic is None or beta == 0:
+            return None
+
+        def kl_term(params):
+            n = next(iter(params.values())).shape[0]
+            logits = self.model.forward(params, synthetic.unsqueeze(0).expand(n, *synthetic.shape), None)
+            return beta * kl_uniform(logits)
+
+        return kl_term
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        upload, new_states = super().local_update(bc, states, data)
+        means, variances = [], []
+        for idx in data.indices:
+            xk = data.x[torch.as_tensor(idx, device=data.x.device)]
+            means.append(xk.mean(0))
+            variances.append(xk.var(0, unbiased=False) if len(idx) > 1 else torch.zeros_like(xk[0]))
+        extra = {**upload.extra, "input_mean": torch.stack(means), "input_var": torch.stack(variances)}
+        return Upload(upload.client_ids, upload.params, upload.num_samples, extra), new_states
