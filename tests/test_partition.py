@@ -187,3 +187,15 @@ def test_too_many_clients_is_a_clear_error():
         partition_indices(x, y, PartitionConfig(kind="iid", clients=100), 0)
     with pytest.raises(PartitionError, match="partition.clients = 40"):
         partition_indices(x, y, PartitionConfig(kind="feature_clusters", clients=40), 0)
+
+
+@SETTINGS
+@given(alpha=st.floats(0.01, 100), seed=st.integers(0, 99))
+def test_dirichlet_fixed_sizes_never_run_dry(alpha, seed):
+    x, y = _data(1000, 10, seed)
+    cfg = PartitionConfig(kind="dirichlet", clients=15, alpha=alpha, samples_per_client=60)
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, 1000, exact=False)
+    assert all(len(p) == 60 for p in parts)
+    with pytest.raises(PartitionError, match="samples_per_client = 80"):
+        partition_indices(x, y, PartitionConfig(kind="dirichlet", clients=15, alpha=alpha, samples_per_client=80), seed)

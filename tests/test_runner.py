@@ -137,3 +137,13 @@ def test_parse_grid_and_aggregate():
     rows = aggregate(summaries, ["k"])
     row = next(r for r in rows if r["metric"] == "best.global_accuracy")
     assert row["mean"] == pytest.approx(0.6) and row["n"] == 2
+
+
+def test_sweep_survives_an_impossible_point(tmp_path):
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text("train:\n  rounds: 2\npartition:\n  kind: dirichlet\n  clients: 4\n")
+    assert main(["sweep", str(cfg_path), "--grid", "partition.min_size=5,2000", "--seeds", "1",
+                 "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    sweep = json.loads((tmp_path / "s" / "sweep.json").read_text())
+    assert len(sweep["failed"]) == 1 and "min_size" in sweep["failed"][0]["error"]
+    assert {r["partition.min_size"] for r in sweep["rows"]} == {5}

@@ -18,7 +18,10 @@ Kinds (seed papers in brackets):
   holding a fraction ``p`` of its data, the rest spread evenly over the other
   classes; ``p = 2/C`` (0.2 for 10 classes) is IID.
 - ``dirichlet`` [FedMoE, Hsu et al.]: per class, proportions over clients drawn
-  from Dir(α); redrawn until every client has ``min_size`` samples.
+  from Dir(α); redrawn until every client has ``min_size`` samples. With
+  ``samples_per_client`` (FedMoE: 100 each), each client draws its class shares
+  from Dir(α) instead; when a class runs out, the client takes the shortfall
+  from its other classes in proportion to its shares.
 - ``feature_clusters`` [CGAU]: PCA of the features to ``pca_components`` (2) dims,
   k-means per class with k = K, one centroid per class per client, then a
   fraction ``shuffle`` of samples reassigned to uniformly random clients.
@@ -117,22 +120,46 @@ def allocate_classes(y: np.ndarray, weights: np.ndarray, rng: np.random.Generato
 
 
 def draw_per_client(
-    y: np.ndarray, props: np.ndarray, n_per_client: int, rng: np.random.Generator, what: str
+    y: np.ndarray, props: np.ndarray, n_per_client: int, rng: np.random.Generator, what: str,
+    fallback: bool = False,
 ) -> Indices:
-    """Each client draws ``n_per_client`` samples, class shares ``props[k]``, no reuse."""
+    """Each client draws ``n_per_client`` samples, class shares ``props[k]``, no reuse.
+
+    When a class runs out, ``fallback=False`` raises; ``fallback=True`` gives the
+    shortfall to the client's other classes that still have samples, in
+    proportion to its shares (uniformly if it wanted none of them).
+    """
     n_clients, n_classes = props.shape
     pools = [list(rng.permutation(np.flatnonzero(y == c))) for c in range(n_classes)]
     out: Indices = []
     for k in range(n_clients):
+        room = np.array([len(p) for p in pools])
+        if room.sum() < n_per_client:
+            raise PartitionError(
+                f"partition.samples_per_client = {n_per_client} is not allowed with {what}: "
+                f"only {room.sum()} samples are left for client {k}; expected fewer clients or samples per client"
+            )
         counts = apportion(n_per_client, props[k])
-        chosen = []
-        for c in np.flatnonzero(counts):
-            if len(pools[c]) < counts[c]:
+        if np.any(counts > room):
+            if not fallback:
+                c = int(np.argmax(counts > room))
                 raise PartitionError(
                     f"partition.samples_per_client = {n_per_client} is not allowed with {what}: "
                     f"class {c} runs out of samples at client {k}; "
                     "expected fewer clients or fewer samples per client"
                 )
+            counts = np.minimum(counts, room)
+            while counts.sum() < n_per_client:
+                open_ = room > counts
+                weights = np.where(open_, props[k], 0.0)
+                if weights.sum() <= 0:
+                    weights = open_.astype(float)
+                extra = np.minimum(apportion(n_per_client - int(counts.sum()), weights), room - counts)
+                if extra.sum() == 0:  # rounding put everything on full classes: one at a time
+                    extra[np.flatnonzero(open_)[0]] = 1
+                counts += extra
+        chosen = []
+        for c in np.flatnonzero(counts):
             chosen.extend(pools[c][: counts[c]])
             del pools[c][: counts[c]]
         out.append(np.sort(np.asarray(chosen, dtype=np.int64)))
@@ -238,7 +265,7 @@ def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random
     for _ in range(max_tries):
         if cfg.samples_per_client is not None:
             props = rng.dirichlet(np.full(n_classes, cfg.alpha), size=k)
-            return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'")
+            return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
         weights = rng.dirichlet(np.full(k, cfg.alpha), size=n_classes).T  # K × C
         parts = allocate_classes(y, weights, rng)
         if min(len(p) for p in parts) >= cfg.min_size:

@@ -22,7 +22,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetfed.config import Config, build_config
-from hetfed.errors import ConfigError
+from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.experiments.rundir import new_run_dir, write_json_atomic
 
 #: the metrics aggregated per method (final and best-by-validation)
@@ -87,14 +87,20 @@ def run_sweep(
     sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     total = len(configs)
     summaries: list[tuple[dict, int, dict]] = []
+    failed: list[dict] = []
     for i, (point, _s, cfg) in enumerate(configs, start=1):
         if progress:
             console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}")
-        res = run_experiment(cfg, out=sweep_dir / _point_name(point) / f"seed={cfg.seed}", progress=False, console=console)
+        try:
+            res = run_experiment(cfg, out=sweep_dir / _point_name(point) / f"seed={cfg.seed}", progress=False, console=console)
+        except HetfedError as err:  # one impossible point must not lose the rest of the grid
+            console.print(f"[red]failed[/] {_point_name(point)} seed={cfg.seed}: {err}")
+            failed.append({"point": point, "seed": cfg.seed, "error": str(err)})
+            continue
         summaries.append((point, cfg.seed, res.summary))
     table = aggregate(summaries, list(grid))
     _write_table(sweep_dir / "sweep.csv", table, list(grid))
-    write_json_atomic(sweep_dir / "sweep.json", {"grid": grid, "seeds": seeds, "rows": table})
+    write_json_atomic(sweep_dir / "sweep.json", {"grid": grid, "seeds": seeds, "rows": table, "failed": failed})
     if len(grid) == 1:
         from hetfed.experiments.figures import plot_sweep
 
@@ -104,7 +110,11 @@ def run_sweep(
             if any(r["metric"] == metric for r in table):
                 plot_sweep(table, key, metric, sweep_dir / "figures" / f"{metric}.png")
     print_table(table, list(grid), console)
+    if failed:
+        console.print(f"[red]{len(failed)} of {total} runs failed[/] (listed in sweep.json)")
     console.print(f"sweep directory: {sweep_dir}")
+    if not summaries:
+        raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
 
 
