@@ -14,6 +14,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 
+def save(fig, path: str | Path, dpi: int = 110) -> Path:
+    """Write a figure (creating its folder) and free it."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    fig.tight_layout()
+    fig.savefig(out, dpi=dpi)
+    plt.close(fig)
+    return out
+
+
 def plot_partition(fed, path: str | Path, seed: int = 0) -> Path:
     """Client × class heat map, and the 2-D PCA view of the samples coloured by client."""
     from hetfed.partition import pca_view
@@ -36,12 +46,7 @@ def plot_partition(fed, path: str | Path, seed: int = 0) -> Path:
     ax2.set_ylabel("PC 2")
     if fed.n_clients <= 20:
         fig.colorbar(sc, ax=ax2, label="client")
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, path)
 
 
 def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], path: str | Path) -> Path:
@@ -57,12 +62,7 @@ def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
         ax.set_ylabel(metric)
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, path)
 
 
 def plot_sweep(table: list[dict], key: str, metric: str, path: str | Path) -> Path:
@@ -82,9 +82,4 @@ def plot_sweep(table: list[dict], key: str, metric: str, path: str | Path) -> Pa
     ax.set_ylabel(metric)
     ax.grid(alpha=0.3)
     ax.legend()
-    fig.tight_layout()
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
-    return out
+    return save(fig, path)

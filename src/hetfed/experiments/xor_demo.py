@@ -98,7 +98,7 @@ def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150
 
 
 def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
-    from hetfed.experiments.figures import plt
+    from hetfed.experiments.figures import plt, save
 
     grid = np.linspace(-2.2, 2.2, 200, dtype=np.float32)
     gx, gy = np.meshgrid(grid, grid)
@@ -122,9 +122,7 @@ def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
     for row, (name, (model, algo, result)) in enumerate(trained.items()):
         for k, client in enumerate(CLIENTS):
             boundary(axes[row, k], model, _client_params(algo, result, k), f"{name} · client {client}", k)
-    fig.tight_layout()
-    fig.savefig(fig_dir / "decision_boundaries.png", dpi=100)
-    plt.close(fig)
+    save(fig, fig_dir / "decision_boundaries.png", dpi=100)
 
     model, algo, result = trained["cgau_1_unit"]
     # boundaries with each kind of conditioning turned off
@@ -133,9 +131,7 @@ def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
     for k, client in enumerate(CLIENTS):
         for j, (label, f, g) in enumerate(variants):
             boundary(axes[k, j], model, _client_params(algo, result, k, f, g), f"client {client} · {label}", k)
-    fig.tight_layout()
-    fig.savefig(fig_dir / "cgau_conditioning_off.png", dpi=100)
-    plt.close(fig)
+    save(fig, fig_dir / "cgau_conditioning_off.png", dpi=100)
 
     # filter and gate activations over the plane, with and without conditioning
     fig, axes = plt.subplots(2, 4, figsize=(16, 8))
@@ -150,6 +146,4 @@ def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
                 ax.set_xticks([])
                 ax.set_yticks([])
                 fig.colorbar(im, ax=ax)
-    fig.tight_layout()
-    fig.savefig(fig_dir / "cgau_filter_gate.png", dpi=100)
-    plt.close(fig)
+    save(fig, fig_dir / "cgau_filter_gate.png", dpi=100)
