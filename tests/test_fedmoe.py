@@ -100,3 +100,11 @@ def test_eval_clients_sample():
     fed = make_federation(_Data(), PartitionConfig(kind="majority", clients=10, p=0.9, samples_per_client=60), 0)
     res = _run(config, fed)
     assert len(res["mixture"]["evaluation"].per_client["local_accuracy"]) == 4
+
+
+def test_fedmoe_sweep_writes_the_paper_figures(tmp_path):
+    assert main(["sweep", "configs/fedmoe_digits.yaml", "--grid", "partition.p=0.2,1.0", "--seeds", "1",
+                 "--set", "train.rounds=5", "--set", "moe.max_epochs=2", "--set", "partition.clients=8",
+                 "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    for name in ("global_vs_local", "global_relative_to_fedavg", "best.local_accuracy_mean"):
+        assert (tmp_path / "s" / "figures" / f"{name}.png").stat().st_size > 1000

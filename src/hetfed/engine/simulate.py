@@ -45,6 +45,7 @@ class SimulationResult:
     rounds_done: int = 0
     stopped_early: bool = False
     train_seconds: float = 0.0
+    server_seconds: float = 0.0  # the aggregate step's share of train_seconds
 
 
 def _to(params: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -82,7 +83,9 @@ def simulate(
         bc = algo.broadcast(server, r)
         upload, new_states = executor.run(algo, bc, clients, states, pool)
         states = {**states, **new_states}
+        t_server = time.perf_counter()
         server = algo.aggregate(server, upload)
+        result.server_seconds += time.perf_counter() - t_server
         t_train += time.perf_counter() - t0
         result.rounds_done = r + 1
         metrics = None

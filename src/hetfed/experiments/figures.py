@@ -83,3 +83,56 @@ def plot_sweep(table: list[dict], key: str, metric: str, path: str | Path) -> Pa
     ax.grid(alpha=0.3)
     ax.legend()
     return save(fig, path)
+
+
+def plot_mean_curves(curves: dict[str, list[list[tuple[int, float]]]], metric: str, path: str | Path) -> Path:
+    """Mean (± 95% CI band) learning curve over seeds, one line per label."""
+    from hetfed.experiments.sweep import ci95
+
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    for label, runs in sorted(curves.items()):
+        rounds = sorted({r for run in runs for r, _ in run})
+        by_round = [[v for run in runs for r2, v in run if r2 == r] for r in rounds]
+        mean = np.array([np.mean(v) for v in by_round])
+        band = np.array([ci95(v) for v in by_round])
+        ax.plot(rounds, mean, label=label)
+        ax.fill_between(rounds, mean - band, mean + band, alpha=0.15)
+    ax.set_xlabel("round")
+    ax.set_ylabel(metric)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+    return save(fig, path)
+
+
+def plot_global_vs_local(table: list[dict], key: str, path: str | Path) -> Path:
+    """FedMoE Fig. 3: best global vs local accuracy, one point per grid value, per method."""
+    fig, ax = plt.subplots(figsize=(6, 5))
+    methods = sorted({r["method"] for r in table if r["method"] != "(data)"})
+    for method in methods:
+        local = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.local_accuracy_mean"}
+        glob = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.global_accuracy"}
+        keys = sorted(set(local) & set(glob))
+        ax.plot([local[k] for k in keys], [glob[k] for k in keys], marker="o", label=method)
+        for k in keys:
+            ax.annotate(str(k), (local[k], glob[k]), fontsize=7, alpha=0.7)
+    ax.set_xlabel("local test accuracy (mean over clients)")
+    ax.set_ylabel("global test accuracy (mean over clients)")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save(fig, path)
+
+
+def plot_relative(table: list[dict], key: str, metric: str, baseline: str, path: str | Path) -> Path:
+    """FedMoE Fig. 5: a metric as a fraction of a baseline method's, vs a swept key."""
+    fig, ax = plt.subplots(figsize=(6, 4))
+    base = {r[key]: r["mean"] for r in table if r["method"] == baseline and r["metric"] == metric}
+    for method in sorted({r["method"] for r in table if r["method"] not in ("(data)",)}):
+        vals = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == metric}
+        keys = sorted(k for k in vals if base.get(k))
+        ax.plot(keys, [vals[k] / base[k] for k in keys], marker="o", label=method)
+    ax.set_xscale("log" if all(isinstance(k, int | float) and k > 0 for k in base) else "linear")
+    ax.set_xlabel(key)
+    ax.set_ylabel(f"{metric} / {baseline}'s")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    return save(fig, path)

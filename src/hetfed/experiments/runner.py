@@ -53,6 +53,7 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
         "stopped_early": result.stopped_early,
         "wall_seconds": seconds,
         "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
+        "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
     }
 
 

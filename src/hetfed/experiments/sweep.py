@@ -87,6 +87,7 @@ def run_sweep(
     sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     total = len(configs)
     summaries: list[tuple[dict, int, dict]] = []
+    run_dirs: list[tuple[dict, Path]] = []
     failed: list[dict] = []
     for i, (point, _s, cfg) in enumerate(configs, start=1):
         if progress:
@@ -98,13 +99,20 @@ def run_sweep(
             failed.append({"point": point, "seed": cfg.seed, "error": str(err)})
             continue
         summaries.append((point, cfg.seed, res.summary))
+        run_dirs.append((point, res.run_dir))
     table = aggregate(summaries, list(grid))
+    _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
+    _write_curves(run_dirs, sweep_dir / "figures")
     _write_table(sweep_dir / "sweep.csv", table, list(grid))
     write_json_atomic(sweep_dir / "sweep.json", {"grid": grid, "seeds": seeds, "rows": table, "failed": failed})
     if len(grid) == 1:
-        from hetfed.experiments.figures import plot_sweep
+        from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
 
         key = next(iter(grid))
+        methods = {r["method"] for r in table}
+        if {"fedavg", "mixture"} <= methods:  # FedMoE's figures 3 and 5
+            plot_global_vs_local(table, key, sweep_dir / "figures" / "global_vs_local.png")
+            plot_relative(table, key, "best.global_accuracy", "fedavg", sweep_dir / "figures" / "global_relative_to_fedavg.png")
         for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean",
                        "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round"):
             if any(r["metric"] == metric for r in table):
@@ -116,6 +124,36 @@ def run_sweep(
     if not summaries:
         raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
+
+
+def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
+    """Table 1 of the CGAU paper: Γ (and label skew) per grid point, mean ± 95% CI."""
+    cols = [*keys, "metric", "mean", "ci95", "n"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for row in rows:
+            if row["method"] == "(data)":
+                w.writerow({c: row[c] for c in cols})
+
+
+def _write_curves(run_dirs: list[tuple[dict, Path]], fig_dir: Path) -> None:
+    """Mean learning curves over seeds, one line per grid point × method."""
+    from hetfed.experiments.figures import plot_mean_curves
+
+    for metric in ("global_accuracy", "local_accuracy_mean"):
+        curves: dict[str, list[list[tuple[int, float]]]] = {}
+        for point, run_dir in run_dirs:
+            per_method: dict[str, list[tuple[int, float]]] = {}
+            with open(run_dir / "metrics.csv", newline="") as fh:
+                for row in csv.DictReader(fh):
+                    if row["split"] == "summary" and row["metric"] == metric:
+                        per_method.setdefault(row["method"], []).append((int(row["round"]), float(row["value"])))
+            for method, points in per_method.items():
+                if len(points) > 1:
+                    curves.setdefault(f"{_point_name(point)} · {method}", []).append(points)
+        if curves:
+            plot_mean_curves(curves, metric, fig_dir / f"curves_{metric}.png")
 
 
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
@@ -134,6 +172,8 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
                     if value is not None:
                         bucket.setdefault(f"{when}.{metric}", []).append(value)
             bucket.setdefault("seconds_per_round", []).append(m["seconds_per_round"])
+            if m.get("server_seconds_per_round") is not None:
+                bucket.setdefault("server_seconds_per_round", []).append(m["server_seconds_per_round"])
     rows = []
     for (pkey, method), metrics in groups.items():
         for metric, values in metrics.items():
