@@ -149,8 +149,8 @@ class MoEConfig(_Strict):
     no client has improved for ``patience`` epochs.
     """
 
-    max_epochs: int = Field(50, ge=1)
-    patience: int = Field(5, ge=1)
+    max_epochs: int = Field(100, ge=1)
+    patience: int = Field(10, ge=1)
     batch_size: int = Field(32, ge=1)
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
     blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
