@@ -101,7 +101,7 @@ def partition_report(config: Config) -> dict:
     """The JSON-ready description of a partition and its heterogeneity."""
     from hetfed.pipeline import prepare
 
-    prep = prepare(config, progress=False)
+    prep = prepare(config, progress=True)  # extraction progress goes to stderr
     fed, het = prep.federation, prep.heterogeneity
     counts = fed.class_counts()
     clients = [

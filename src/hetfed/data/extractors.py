@@ -74,7 +74,7 @@ def efficientnet_lite0(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True
     dev = _device(cfg)
     model.to(dev)
     out = np.empty((len(x), 1280), dtype=np.float32)
-    with torch.inference_mode(), _progress(len(x), desc, progress) as bar:
+    with torch.inference_mode(), _progress(desc, progress) as bar:
         task = bar.add_task(desc, total=len(x))
         for start in range(0, len(x), cfg.batch_size):
             batch = torch.as_tensor(np.asarray(x[start : start + cfg.batch_size], dtype=np.float32))
