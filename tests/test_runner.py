@@ -89,6 +89,8 @@ def test_existing_output_is_never_overwritten(tmp_path, capsys):
     ("methods.0.algorithm=fedsgd", "methods.0.algorithm"),
     ("train.optimizer.lr=-1", "train.optimizer.lr"),
     ("model.kind=cnn", ""),  # digits 8×8 works with the CNN
+    pytest.param("train.device=cuda", "train.device", marks=pytest.mark.skipif(
+        __import__("torch").cuda.is_available(), reason="a GPU is present")),
 ])
 def test_bad_run_config_exits_2_before_writing(tmp_path, capsys, override, expected):
     out = tmp_path / "r"

@@ -21,7 +21,7 @@ from rich.table import Table
 from hetfed.algorithms import build_algorithm
 from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.engine.evaluate import Evaluation
-from hetfed.engine.simulate import SimulationResult, simulate
+from hetfed.engine.simulate import SimulationResult, resolve_device, simulate
 from hetfed.experiments.rundir import MetricsWriter, new_run_dir, set_status, write_json_atomic
 from hetfed.models import build_model
 from hetfed.pipeline import Prepared, prepare
@@ -80,6 +80,7 @@ def run_experiment(
     plans = []
     for method in config.methods:  # build everything first: bad settings fail before any file
         train = config.method_train(method)
+        resolve_device(train.device)  # "cuda" without a GPU fails here, before any file
         model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
         algo = None if method.algorithm == "fedmoe" else build_algorithm(
             method.algorithm, model, train, config.fsnet, int(np.prod(fed.x.shape[1:]))
