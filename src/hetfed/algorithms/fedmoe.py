@@ -26,7 +26,7 @@ import torch.nn.functional as F
 
 from hetfed.algorithms.fedavg import FedAvg, Local
 from hetfed.config import Config, MoEConfig, TrainConfig
-from hetfed.engine.evaluate import Evaluation, _predict, evaluate
+from hetfed.engine.evaluate import Evaluation, evaluate, predict
 from hetfed.engine.executors import VectorisedExecutor
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
@@ -54,17 +54,12 @@ def _stack(params: Params, n: int) -> Params:
 @torch.no_grad()
 def client_val_loss(model: Model, params: Params, fed, clients: list[int], t: PhaseTensors) -> torch.Tensor:
     """Mean validation cross-entropy of each stacked client model on its own val set."""
-    logits = _predict(_Bare(model), params, t.x, [fed.val[k] for k in clients])
+    logits = predict(model, params, t.x, [fed.val[k] for k in clients])
     out = []
     for k, lg in zip(clients, logits, strict=True):
         idx = torch.as_tensor(fed.val[k], device=t.y.device)
         out.append(F.cross_entropy(lg, t.y[idx]) if len(idx) else torch.tensor(0.0, device=t.y.device))
     return torch.stack(out)
-
-
-class _Bare:
-    def __init__(self, model: Model):
-        self.model = model
 
 
 def train_until_stopped(

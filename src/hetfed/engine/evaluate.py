@@ -40,16 +40,16 @@ def _auc(y: np.ndarray, score: np.ndarray) -> float:
 
 
 @torch.no_grad()
-def _predict(algo: Algorithm, params: dict[str, torch.Tensor], x: torch.Tensor, index: list[np.ndarray]):
-    """Logits of each stacked model on its own index set (padded) → list of arrays."""
+def predict(model, params: dict[str, torch.Tensor], x: torch.Tensor, index: list[np.ndarray]):
+    """Logits of each stacked model on its own index set (padded) → list of tensors."""
     n = len(index)
     width = max((len(i) for i in index), default=0)
     if width == 0:
-        return [torch.zeros(0, algo.model.n_classes) for _ in index]
+        return [torch.zeros(0, model.n_classes) for _ in index]
     pad = np.zeros((n, width), dtype=np.int64)
     for k, i in enumerate(index):
         pad[k, : len(i)] = i
-    logits = algo.model.forward(params, x[torch.as_tensor(pad, device=x.device)], None)
+    logits = model.forward(params, x[torch.as_tensor(pad, device=x.device)], None)
     return [logits[k, : len(i)] for k, i in enumerate(index)]
 
 
@@ -109,8 +109,8 @@ def evaluate(
         clients = [ids[i] for i in positions]
         local = [{n: v for n, v in states[k].items() if not n.startswith("opt.")} for k in clients]
         params = algo.eval_params(server, stack_states(local), len(clients))
-        tests = _predict(algo, params, x_pool, [fed.test[k] for k in clients])
-        vals = _predict(algo, params, x_pool, [fed.val[k] for k in clients])
+        tests = predict(algo.model, params, x_pool, [fed.test[k] for k in clients])
+        vals = predict(algo.model, params, x_pool, [fed.val[k] for k in clients])
         for j, k in enumerate(clients):
             yt = y_pool[torch.as_tensor(fed.test[k], device=y_pool.device)]
             s = _scores(tests[j], yt)
@@ -128,7 +128,7 @@ def evaluate(
                 val_n += v["n"]
         if algo.personalised:
             full = np.arange(len(y_global))
-            glob = _predict(algo, {k: p for k, p in params.items()}, x_global, [full] * len(clients))
+            glob = predict(algo.model, params, x_global, [full] * len(clients))
             for j in range(len(clients)):
                 s = _scores(glob[j], y_global)
                 per_client["global_accuracy"].append(s["accuracy"])
