@@ -38,7 +38,9 @@ def _device(cfg: EmbedConfig):
     return torch.device(cfg.device)
 
 
-def _progress(total: int, desc: str, enabled: bool):
+def _progress(desc: str, enabled: bool):
+    """A progress bar on stderr, so it never mixes with ``--json`` output."""
+    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -49,7 +51,7 @@ def _progress(total: int, desc: str, enabled: bool):
 
     return Progress(
         TextColumn(desc), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        disable=not enabled, transient=True,
+        disable=not enabled, transient=True, console=Console(stderr=True),
     )
 
 
