@@ -9,7 +9,7 @@ Cases (from the engine issue):
 Prints seconds per round of each executor and the ratio (sequential / vectorised);
 ``--json`` prints one JSON object instead. Not a test: timings are never asserted.
 
-    python benchmarks/engine.py [--json] [--rounds N] [--threads T]
+    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25]
 """
 
 from __future__ import annotations
@@ -88,6 +88,7 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[], help="also time the vectorised executor with these chunk sizes")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -102,6 +103,10 @@ def main() -> None:
             "gflop_per_round": flops_per_round(case) / 1e9,
             "vectorised_gflops": flops_per_round(case) / 1e9 / vec,
         }
+        for size in args.chunks:
+            t = seconds_per_round(case, VectorisedExecutor(chunk_clients=size), args.rounds)
+            report["cases"][name][f"vectorised_chunk{size}_s_per_round"] = t
+            report["cases"][name][f"ratio_chunk{size}"] = seq / t
     if args.json:
         print(json.dumps(report))
         return
@@ -112,6 +117,9 @@ def main() -> None:
             f"vectorised {r['vectorised_s_per_round']:.4f} s/round, ratio {r['ratio']:.2f}× "
             f"({r['gflop_per_round']:.1f} GFLOP/round, {r['vectorised_gflops']:.1f} GFLOP/s vectorised)"
         )
+        for key, value in r.items():
+            if key.startswith("ratio_chunk"):
+                print(f"{'':>17}chunk of {key[len('ratio_chunk'):]} clients: ratio {value:.2f}×")
 
 
 if __name__ == "__main__":
