@@ -152,3 +152,20 @@ def test_sweep_survives_an_impossible_point(tmp_path):
     sweep = json.loads((tmp_path / "s" / "sweep.json").read_text())
     assert len(sweep["failed"]) == 1 and "min_size" in sweep["failed"][0]["error"]
     assert {r["partition.min_size"] for r in sweep["rows"]} == {5}
+
+
+def test_sweep_resume_reuses_completed_runs(tmp_path):
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text("train:\n  rounds: 2\npartition:\n  clients: 4\n")
+    args = ["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--out", str(tmp_path / "s"), "--quiet"]
+    assert main([*args, "--seeds", "1"]) == 0
+    first = (tmp_path / "s" / "partition.shuffle=0" / "seed=0" / "summary.json").read_text()
+    broken = tmp_path / "s" / "partition.shuffle=1" / "seed=0"
+    (broken / "summary.json").unlink()  # as if interrupted
+    assert main([*args, "--seeds", "2", "--resume"]) == 0
+    assert (tmp_path / "s" / "partition.shuffle=0" / "seed=0" / "summary.json").read_text() == first  # reused
+    assert (broken / "summary.json").exists()  # run again
+    assert (tmp_path / "s" / "partition.shuffle=1" / "seed=0.incomplete-1" / "metrics.csv").exists()  # kept
+    rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
+    assert {r["n"] for r in rows if r["metric"] == "gamma"} == {"2"}
+    assert main([*args, "--seeds", "1"]) == 2  # without --resume the directory is never reused

@@ -58,6 +58,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="a swept key (repeatable)")
     p.add_argument("--seeds", type=int, default=3, help="seeds per grid point (0..N-1)")
     p.add_argument("--out", metavar="DIR", help="sweep directory")
+    p.add_argument("--resume", action="store_true", help="reuse the completed runs already in --out")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep)
 
@@ -177,7 +178,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
-    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console)
+    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, resume=args.resume)
     return 0
 
 

@@ -69,8 +69,14 @@ def run_sweep(
     out: str | Path | None = None,
     progress: bool = True,
     console: Console | None = None,
+    resume: bool = False,
 ) -> tuple[Path, list[dict]]:
-    """Run every grid point × seed; write sweep.csv / sweep.json and figures; return the table."""
+    """Run every grid point × seed; write sweep.csv / sweep.json and figures; return the table.
+
+    With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
+    directory whose resolved config matches is reused; an incomplete one is moved
+    aside (``<dir>.incomplete-<n>``, never deleted) and run again.
+    """
     from hetfed.experiments.runner import run_experiment
 
     console = console or Console()
@@ -84,7 +90,12 @@ def run_sweep(
         for s in range(seeds):
             cfg = build_config(base, {**point, "seed": config.seed + s})
             configs.append((point, s, cfg))
-    sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
+    if resume and out is None:
+        raise ConfigError("--resume needs --out: the directory of the sweep to resume")
+    if resume and Path(out).is_dir():
+        sweep_dir = Path(out)
+    else:
+        sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     total = len(configs)
     summaries: list[tuple[dict, int, dict]] = []
     run_dirs: list[tuple[dict, Path]] = []
@@ -92,8 +103,16 @@ def run_sweep(
     for i, (point, _s, cfg) in enumerate(configs, start=1):
         if progress:
             console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}")
+        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        if resume and run_dir.exists():
+            reused = _completed(run_dir, cfg)
+            if reused is not None:
+                summaries.append((point, cfg.seed, reused))
+                run_dirs.append((point, run_dir))
+                continue
+            _move_aside(run_dir)
         try:
-            res = run_experiment(cfg, out=sweep_dir / _point_name(point) / f"seed={cfg.seed}", progress=False, console=console)
+            res = run_experiment(cfg, out=run_dir, progress=False, console=console)
         except HetfedError as err:  # one impossible point must not lose the rest of the grid
             console.print(f"[red]failed[/] {_point_name(point)} seed={cfg.seed}: {err}")
             failed.append({"point": point, "seed": cfg.seed, "error": str(err)})
@@ -124,6 +143,26 @@ def run_sweep(
     if not summaries:
         raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
+
+
+def _completed(run_dir: Path, cfg: Config) -> dict | None:
+    """The summary of a completed run made with exactly this config, else None."""
+    import json
+
+    from hetfed.config import dump_config
+
+    summary, config = run_dir / "summary.json", run_dir / "config.yaml"
+    if summary.is_file() and config.is_file() and config.read_text() == dump_config(cfg):
+        return json.loads(summary.read_text())
+    return None
+
+
+def _move_aside(run_dir: Path) -> Path:
+    i = 1
+    while (target := run_dir.with_name(f"{run_dir.name}.incomplete-{i}")).exists():
+        i += 1
+    run_dir.rename(target)
+    return target
 
 
 def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
