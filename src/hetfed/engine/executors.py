@@ -77,7 +77,7 @@ class VectorisedExecutor:
 
     name = "vectorised"
 
-    def __init__(self, memory_budget_mb: float = 1024, chunk_clients: int | None = None):
+    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None):
         self.memory_budget_mb = memory_budget_mb
         self.chunk_clients = chunk_clients
 
@@ -99,7 +99,7 @@ class VectorisedExecutor:
         return concat_uploads(uploads), new_states
 
 
-def build_executor(kind: str, memory_budget_mb: float = 1024, chunk_clients: int | None = None) -> Executor:
+def build_executor(kind: str, memory_budget_mb: float = 128, chunk_clients: int | None = None) -> Executor:
     if kind == "sequential":
         return SequentialExecutor()
     return VectorisedExecutor(memory_budget_mb, chunk_clients)
