@@ -12,7 +12,15 @@ import torch
 
 from hetfed.config import TrainConfig
 from hetfed.engine.local import LocalSchedule
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    ServerState,
+    Upload,
+    split_state,
+)
 from hetfed.models.base import Model
 
 
@@ -60,7 +68,7 @@ class Algorithm:
     def eval_params(self, state: ServerState, states: ClientState, n: int) -> Params:
         """Stacked params each client predicts with (shared + its local ones)."""
         shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in state.params.items()}
-        local = {k: v for k, v in states.items() if not k.startswith("opt.")}
+        local, _ = split_state(states)
         return {**shared, **local}
 
     def global_params(self, state: ServerState) -> Params:

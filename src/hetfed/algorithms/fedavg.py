@@ -7,7 +7,7 @@ import torch
 from hetfed.algorithms.base import Algorithm
 from hetfed.engine import optim
 from hetfed.engine.local import train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 
 
 class FedAvg(Algorithm):
@@ -25,29 +25,31 @@ class FedAvg(Algorithm):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
-        local = {k: v for k, v in states.items() if not k.startswith("opt.")}
-        kept_opt = {k: v for k, v in states.items() if k.startswith("opt.")}
-        params = {**shared, **local}
-        opt_cfg = self.train.optimizer
-        opt_state = kept_opt if (kept_opt and not opt_cfg.reset_each_round) else optim.init_state(opt_cfg, params)
-        params, opt_state, loss = train_stack(
-            self.model, params, data, self.schedule, opt_cfg, bc.lr, opt_state, self._regulariser(bc)
-        )
+        local, kept_opt = split_state(states)
+        params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc))
         upload = Upload(
             client_ids=list(data.client_ids),
             params={k: params[k] for k in bc.params},
             num_samples=data.sizes().to(loss.device),
             extra={"train_loss": loss},
         )
-        new_state = {k: params[k] for k in local}
-        if not opt_cfg.reset_each_round:
-            new_state.update(opt_state)
-        return upload, new_state
+        return upload, {**{k: params[k] for k in local}, **opt_state}
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
-        local = self.model.init_local(gen)
-        shapes = {**{s.name: torch.zeros(s.shape) for s in self.model.specs()}}
-        return {**local, **kept_optimizer_state(self.train, shapes)}
+        shapes = {s.name: torch.zeros(s.shape) for s in self.model.specs()}
+        return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
+
+
+def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None):
+    """Train a stack from its kept optimiser state (fresh when reset each round).
+
+    Returns the trained params, the optimiser state the clients keep ({} when
+    it is reset each round) and each client's mean training loss.
+    """
+    opt_cfg = algo.train.optimizer
+    start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
+    params, opt_state, loss = train_stack(algo.model, params, data, algo.schedule, opt_cfg, lr, start, regulariser)
+    return params, ({} if opt_cfg.reset_each_round else opt_state), loss
 
 
 def kept_optimizer_state(train, params: dict[str, torch.Tensor]) -> ClientState:
@@ -99,13 +101,7 @@ class Local(Algorithm):
         return ServerState(params={}, round=state.round + 1)
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        params = {k: v for k, v in states.items() if not k.startswith("opt.")}
-        kept_opt = {k: v for k, v in states.items() if k.startswith("opt.")}
-        opt_cfg = self.train.optimizer
-        opt_state = kept_opt if (kept_opt and not opt_cfg.reset_each_round) else optim.init_state(opt_cfg, params)
-        params, opt_state, loss = train_stack(self.model, params, data, self.schedule, opt_cfg, bc.lr, opt_state)
+        params, kept_opt = split_state(states)
+        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr)
         upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device), {"train_loss": loss})
-        new_state = dict(params)
-        if not opt_cfg.reset_each_round:
-            new_state.update(opt_state)
-        return upload, new_state
+        return upload, {**params, **opt_state}

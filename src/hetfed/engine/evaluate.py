@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 
 from hetfed.algorithms.base import Algorithm
-from hetfed.engine.types import ClientState, ServerState, stack_states
+from hetfed.engine.types import ClientState, ServerState, split_state, stack_states
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,7 +107,7 @@ def evaluate(
     global_logits_sum = None
     for positions in _chunks(n_clients, chunk):
         clients = [ids[i] for i in positions]
-        local = [{n: v for n, v in states[k].items() if not n.startswith("opt.")} for k in clients]
+        local = [split_state(states[k])[0] for k in clients]
         params = algo.eval_params(server, stack_states(local), len(clients))
         tests = predict(algo.model, params, x_pool, [fed.test[k] for k in clients])
         vals = predict(algo.model, params, x_pool, [fed.val[k] for k in clients])

@@ -65,6 +65,16 @@ class ClientData:
         return torch.tensor([len(i) for i in self.indices], dtype=torch.float32)
 
 
+OPT_PREFIX = "opt."
+
+
+def split_state(state: ClientState) -> tuple[ClientState, ClientState]:
+    """A client state's (local parameters, kept optimiser state ``opt.*``)."""
+    params = {k: v for k, v in state.items() if not k.startswith(OPT_PREFIX)}
+    opt = {k: v for k, v in state.items() if k.startswith(OPT_PREFIX)}
+    return params, opt
+
+
 def stack_states(states: list[ClientState]) -> ClientState:
     """Stack per-client states along a new leading axis (all must share keys)."""
     if not states or not states[0]:

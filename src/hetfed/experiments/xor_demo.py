@@ -19,6 +19,7 @@ import torch
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
 from hetfed.engine.simulate import simulate
+from hetfed.engine.types import split_state
 from hetfed.experiments.rundir import new_run_dir, write_json_atomic
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
@@ -61,7 +62,7 @@ def _train(model_cfg: ModelConfig, fed: Federation, seed: int, rounds: int):
 
 
 def _client_params(algo, result, k: int, filter_cond: bool = True, gate_cond: bool = True) -> dict[str, torch.Tensor]:
-    params = {**result.server.params, **{n: v for n, v in result.states[k].items() if not n.startswith("opt.")}}
+    params = {**result.server.params, **split_state(result.states[k])[0]}
     for name in list(params):
         if (name.endswith("filter.cond") and not filter_cond) or (name.endswith("gate.cond") and not gate_cond):
             params[name] = torch.zeros_like(params[name])
