@@ -173,6 +173,37 @@ def test_lenet_shapes(shape):
     assert model.local_names == []
 
 
+@pytest.mark.parametrize("size", [(28, 28), (7, 9)])
+def test_cnn_pooling_equals_max_pool2d_in_value_and_gradient(size):
+    from hetfed.models.cnn import _pool
+
+    x = torch.randn(3, 6, *size, dtype=torch.float64, requires_grad=True)
+    w = torch.randn(3, 6, size[0] // 2, size[1] // 2, dtype=torch.float64)
+    ours = _pool(x)
+    ref = torch.nn.functional.max_pool2d(x, 2)
+    torch.testing.assert_close(ours, ref)
+    torch.testing.assert_close(torch.autograd.grad((ours * w).sum(), x)[0], torch.autograd.grad((ref * w).sum(), x)[0])
+
+
+def test_lenet_cpu_loop_equals_vmap():
+    from torch.func import vmap
+
+    model = LeNet((28, 28), 10)
+    gen = torch.Generator().manual_seed(0)
+    params = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(3)]) for s in model.specs()}
+    x = torch.rand(3, 4, 784)
+    out = model.forward(params, x)
+    torch.testing.assert_close(out, vmap(model._one)(params, x))
+    F = torch.nn.functional
+    for i in range(3):  # LeNet as usually written: ReLU, then max-pooling
+        p = {k: v[i] for k, v in params.items()}
+        h = F.max_pool2d(F.relu(F.conv2d(x[i].view(-1, 1, 28, 28), p["conv1.weight"], p["conv1.bias"], padding=2)), 2)
+        h = F.max_pool2d(F.relu(F.conv2d(h, p["conv2.weight"], p["conv2.bias"])), 2).flatten(1)
+        h = F.relu(F.linear(h, p["fc1.weight"], p["fc1.bias"]))
+        h = F.relu(F.linear(h, p["fc2.weight"], p["fc2.bias"]))
+        torch.testing.assert_close(out[i], F.linear(h, p["fc3.weight"], p["fc3.bias"]))
+
+
 def test_upload_holds_only_shared_params_and_counts():
     fed = _fed()
     train = TrainConfig(rounds=1, local_steps=2)

@@ -71,14 +71,35 @@ def test_opted_out_data_leaves_the_global_model_bit_identical():
     assert a["finetuned"]["local_accuracy"] != b["finetuned"]["local_accuracy"]
 
 
+def _stopping_config(**moe):
+    """Adam at lr 0.1 and patience 1: clients stop at different epochs."""
+    c = _config().model_dump(mode="json")
+    c["moe"] = {"max_epochs": 12, "patience": 1, "optimizer": {"kind": "adam", "lr": 0.1}, **moe}
+    return build_config(c)
+
+
 def test_personalisation_executors_agree():
     fed = make_federation(_Data(), _config().partition, 0)
-    seq = _run(_config(executor="sequential"), fed)
-    vec = _run(_config(executor="vectorised"), fed)
+    base = _stopping_config().model_dump(mode="json")
+    seq = _run(build_config({**base, "train": {**base["train"], "executor": "sequential"}}), fed)
+    vec = _run(build_config({**base, "train": {**base["train"], "executor": "vectorised"}}), fed)
+    assert min(vec["local"]["epochs_mean"], vec["mixture"]["epochs_mean"]) < 12  # early stopping did act
     for m in ("local", "fedavg", "finetuned", "mixture"):
         for key in ("local_accuracy", "global_accuracy"):
             assert seq[m][key] == pytest.approx(vec[m][key], abs=1e-6), (m, key)
         assert seq[m]["best"]["local_loss_mean"] == pytest.approx(vec[m]["best"]["local_loss_mean"], rel=1e-4)
+        if m != "fedavg":
+            assert seq[m]["epochs_mean"] == vec[m]["epochs_mean"]
+
+
+def test_personalising_only_the_evaluated_clients_gives_them_the_same_models():
+    fed = make_federation(_Data(), _config().partition, 0)
+    every = _run(_stopping_config(eval_clients=4), fed)
+    sample = _run(_stopping_config(eval_clients=4, personalise="evaluated"), fed)
+    for m in ("local", "finetuned", "mixture"):
+        a, b = every[m]["evaluation"].per_client, sample[m]["evaluation"].per_client
+        for key in ("local_accuracy", "local_loss", "global_accuracy"):
+            np.testing.assert_allclose(np.asarray(a[key]), np.asarray(b[key]), rtol=1e-4, atol=1e-6, err_msg=f"{m} {key}")
 
 
 def test_fedmoe_run_prints_four_methods_and_writes_them(tmp_path, capsys):

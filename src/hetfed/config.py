@@ -147,8 +147,8 @@ class MoEConfig(_Strict):
     """FedMoE's per-client phases: fine-tuning, then specialist + gate (and the Local baseline).
 
     Each phase trains every client for at most ``max_epochs`` epochs and keeps,
-    per client, the parameters with the lowest validation loss; it stops once
-    no client has improved for ``patience`` epochs.
+    per client, the parameters with the lowest validation loss; a client stops
+    once it has not improved for ``patience`` epochs.
     """
 
     max_epochs: int = Field(100, ge=1)
@@ -157,6 +157,11 @@ class MoEConfig(_Strict):
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
     blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
     eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
+    personalise: Literal["all", "evaluated"] = Field(
+        "all",
+        description="which clients run Local, fine-tuning and the mixture: all (the method) or only the "
+        "evaluated sample (the same numbers for them, a fraction of the cost)",
+    )
 
 
 class FSNetConfig(_Strict):

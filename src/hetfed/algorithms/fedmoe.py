@@ -72,34 +72,52 @@ def train_until_stopped(
     seed: int,
     phase: int,
     trainable: list[str] | None = None,
-) -> tuple[Params, int]:
-    """Train stacked per-client params epoch by epoch; keep each client's best by val loss.
+) -> tuple[Params, list[int]]:
+    """Train stacked per-client params epoch by epoch, each client with its own early stopping.
 
-    Stops when no client has improved for ``cfg.patience`` epochs (or at
-    ``cfg.max_epochs``). Returns the best params and the epochs run.
+    A client stops once its validation loss has not improved for
+    ``cfg.patience`` epochs (or at ``cfg.max_epochs``) and keeps its best
+    parameters; stopped clients leave the stack, so a client's result does not
+    depend on which clients it was stacked with (the sequential executor,
+    any chunk size, and training only a sample of clients all agree).
+    Returns the best params and the epochs each client ran.
     """
     names = trainable if trainable is not None else list(params)
     schedule = LocalSchedule(batch_size=cfg.batch_size, epochs=1.0)
+    n = len(clients)
     best = {k: v.clone() for k, v in params.items()}
     best_val = client_val_loss(model, params, fed, clients, t)
-    since = torch.zeros(len(clients), device=t.x.device)
-    state = None
-    epochs = 0
+    since = torch.zeros(n, dtype=torch.long, device=t.x.device)
+    epochs = [0] * n
+    state: Params | None = None
+    running = list(range(n))
     for epoch in range(cfg.max_epochs):
+        sub = [clients[i] for i in running]
+        rows = torch.as_tensor(running, device=t.x.device)
+        whole = len(running) == n
+        p_in = params if whole else {k: v[rows] for k, v in params.items()}
+        s_in = state if state is None or whole else {k: v[rows] for k, v in state.items()}
         data = ClientData(
-            clients, t.x, t.y, [fed.train[k] for k in clients],
-            [derive_seed(seed, PERSONAL, phase, epoch, k) for k in clients],
+            sub, t.x, t.y, [fed.train[k] for k in sub],
+            [derive_seed(seed, PERSONAL, phase, epoch, k) for k in sub],
         )
-        params, state, _ = train_stack(model, params, data, schedule, cfg.optimizer, cfg.optimizer.lr, state, trainable=names)
-        epochs = epoch + 1
-        val = client_val_loss(model, params, fed, clients, t)
-        improved = val < best_val
+        p_out, s_out, _ = train_stack(model, p_in, data, schedule, cfg.optimizer, cfg.optimizer.lr, s_in, trainable=names)
+        if whole:
+            params, state = p_out, s_out
+        else:
+            params = {k: v.index_copy(0, rows, p_out[k]) for k, v in params.items()}
+            state = {k: v.index_copy(0, rows, s_out[k]) for k, v in state.items()}  # type: ignore[union-attr]
+        for i in running:
+            epochs[i] = epoch + 1
+        val = client_val_loss(model, p_out, fed, sub, t)
+        improved = val < best_val[rows]
         for k in best:
             mask = improved.view(-1, *([1] * (best[k].ndim - 1)))
-            best[k] = torch.where(mask, params[k], best[k])
-        best_val = torch.where(improved, val, best_val)
-        since = torch.where(improved, torch.zeros_like(since), since + 1)
-        if bool((since >= cfg.patience).all()):
+            best[k][rows] = torch.where(mask, p_out[k], best[k][rows])
+        best_val[rows] = torch.where(improved, val, best_val[rows])
+        since[rows] = torch.where(improved, torch.zeros_like(since[rows]), since[rows] + 1)
+        running = [i for i in running if int(since[i]) < cfg.patience]
+        if not running:
             break
     return best, epochs
 
@@ -134,6 +152,8 @@ def run_fedmoe(
         evaluated = sorted(numpy_rng(seed, PERSONAL, 0).choice(fed.n_clients, cfg.eval_clients, replace=False).tolist())
     else:
         evaluated = every
+    # steps 2–3 and Local are per client: training only the evaluated ones gives them the same models
+    personalised = every if cfg.personalise == "all" else evaluated
     size = 1 if train.executor == "sequential" else VectorisedExecutor(train.memory_budget_mb, train.chunk_clients).chunk_size(
         _Sized(Mixture(build, n_classes), cfg.batch_size)
     )
@@ -147,7 +167,9 @@ def run_fedmoe(
         on_eval=(lambda r, ev: on_eval("fedavg", r, ev)) if on_eval else None,
     )
     global_params = (result.best_server or result.server).params
-    summaries["fedavg"] = _summary(_evaluate(base, {k: global_params for k in evaluated}, fed, t, evaluated),
+    # one global model: its global-test accuracy is computed once, not once per client
+    fedavg_eval = evaluate(fedavg, ServerState(global_params), {k: {} for k in evaluated}, fed, t.x, t.y, t.xg, t.yg, clients=evaluated)
+    summaries["fedavg"] = _summary(fedavg_eval,
                                    time.perf_counter() - t0, {"rounds": result.rounds_done, "best_round": result.best_round})
     summaries["fedavg"]["_global_params"] = global_params
 
@@ -155,23 +177,23 @@ def run_fedmoe(
     t0 = time.perf_counter()
     local_params: dict[int, Params] = {}
     epochs_used = []
-    for chunk in _chunks(every, size):
+    for chunk in _chunks(personalised, size):
         init = [base.init_shared(torch_gen(seed, CLIENT_INIT, PERSONAL, k)) for k in chunk]
         stacked = {k: torch.stack([p[k] for p in init]).to(device) for k in init[0]}
         best, ep = train_until_stopped(base, stacked, fed, chunk, t, cfg, seed, phase=1)
-        epochs_used.append(ep)
+        epochs_used.extend(ep)
         local_params.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
-    summaries["local"] = _summary(_evaluate(base, local_params, fed, t, evaluated), time.perf_counter() - t0, {"epochs": max(epochs_used)})
+    summaries["local"] = _summary(_evaluate(base, local_params, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
 
     # 2. Fine-tuned: specialist = global model, trained on the client's data
     t0 = time.perf_counter()
     specialists: dict[int, Params] = {}
     epochs_used = []
-    for chunk in _chunks(every, size):
+    for chunk in _chunks(personalised, size):
         best, ep = train_until_stopped(base, _stack(global_params, len(chunk)), fed, chunk, t, cfg, seed, phase=2)
-        epochs_used.append(ep)
+        epochs_used.extend(ep)
         specialists.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
-    summaries["finetuned"] = _summary(_evaluate(base, specialists, fed, t, evaluated), time.perf_counter() - t0, {"epochs": max(epochs_used)})
+    summaries["finetuned"] = _summary(_evaluate(base, specialists, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
 
     # 3. Mixture: specialist + gate trained jointly, the global expert frozen
     t0 = time.perf_counter()
@@ -179,16 +201,20 @@ def run_fedmoe(
     trainable = [s.name for s in mixture.specs() if not s.name.startswith("global.")]
     mixed: dict[int, Params] = {}
     epochs_used = []
-    for chunk in _chunks(every, size):
+    for chunk in _chunks(personalised, size):
         gates = [mixture.gate.init_shared(torch_gen(seed, CLIENT_INIT, PERSONAL + 1, k)) for k in chunk]
         stacked = {f"global.{n}": v for n, v in _stack(global_params, len(chunk)).items()}
         stacked.update({f"specialist.{n}": torch.stack([specialists[k][n] for k in chunk]) for n in global_params})
         stacked.update({f"gate.{n}": torch.stack([g[n] for g in gates]).to(device) for n in gates[0]})
         best, ep = train_until_stopped(mixture, stacked, fed, chunk, t, cfg, seed, phase=3, trainable=trainable)
-        epochs_used.append(ep)
+        epochs_used.extend(ep)
         mixed.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
-    summaries["mixture"] = _summary(_evaluate(mixture, mixed, fed, t, evaluated), time.perf_counter() - t0, {"epochs": max(epochs_used)})
+    summaries["mixture"] = _summary(_evaluate(mixture, mixed, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
     return {m: summaries[m] for m in METHODS}
+
+
+def _epochs(per_client: list[int]) -> dict:
+    return {"epochs": max(per_client), "epochs_mean": float(np.mean(per_client))}
 
 
 class _Sized:

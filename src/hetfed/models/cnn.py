@@ -3,8 +3,9 @@
 For 28×28 grayscale (MNIST, Fashion-MNIST) and 32×32 colour (CIFAR-10). The
 first convolution pads by 2, as LeNet-5 does on MNIST; the second pads only
 when the image is too small for a valid 5×5 convolution (e.g. 8×8 digits).
-Convolutions have no cheap batched-over-clients form, so the per-client forward
-is vectorised over the client axis with ``torch.func.vmap``.
+Convolutions have no cheap batched-over-clients form: on accelerators the
+per-client forward is vectorised over the client axis with ``torch.func.vmap``
+(grouped convolutions); on CPU a loop of plain convolutions is faster.
 """
 
 from __future__ import annotations
@@ -17,6 +18,23 @@ from torch.func import vmap
 
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model, Noise, Params, ParamSpec, fan_in_init
+
+
+def _pool(x: torch.Tensor) -> torch.Tensor:
+    """2×2 max-pooling (stride 2, odd edges dropped) as three elementwise maxima.
+
+    Equal to ``F.max_pool2d(x, 2)`` and ~5× faster on CPU (measured 4.6 vs
+    27 ms on 2000 Fashion-MNIST feature maps). Pooling before the ReLU equals
+    ReLU before pooling (both are monotone) on 4× fewer elements, and keeps
+    exact ties — which would split the gradient — to ties between raw
+    convolution outputs instead of the many zeros a ReLU makes.
+    """
+    h, w = x.shape[-2] // 2 * 2, x.shape[-1] // 2 * 2
+    x = x[..., :h, :w]
+    return torch.maximum(
+        torch.maximum(x[..., 0::2, 0::2], x[..., 0::2, 1::2]),
+        torch.maximum(x[..., 1::2, 0::2], x[..., 1::2, 1::2]),
+    )
 
 
 class LeNet(Model):
@@ -60,14 +78,20 @@ class LeNet(Model):
             x = x.reshape(-1, 1, self.h, self.w)
         else:
             x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
-        x = F.max_pool2d(F.relu(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=2)), 2)
-        x = F.max_pool2d(F.relu(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)), 2)
+        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=2)))
+        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
         x = x.flatten(1)
         x = F.relu(F.linear(x, p["fc1.weight"], p["fc1.bias"]))
         x = F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
         return F.linear(x, p["fc3.weight"], p["fc3.bias"])
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        if x.device.type == "cpu":
+            # vmap turns per-client weights into grouped convolutions, which CPU
+            # kernels run slower than one plain convolution per client: 20
+            # clients × 1000 images 999 vs 590 ms; a training step of 20 × 32
+            # 103 vs 96 ms (forward + backward).
+            return torch.stack([self._one({k: v[i] for k, v in params.items()}, x[i]) for i in range(x.shape[0])])
         return vmap(self._one)(params, x)
 
     def activation_floats(self, batch: int) -> int:
