@@ -69,6 +69,12 @@ def test_opted_out_data_leaves_the_global_model_bit_identical():
     assert all(torch.equal(ga[k], gb[k]) for k in ga)
     # ... while the opted-out clients' own models did change: they still benefit
     assert a["finetuned"]["local_accuracy"] != b["finetuned"]["local_accuracy"]
+    # local accuracy is reported apart for the clients that opted out and those that did not
+    for m in ("local", "fedavg", "finetuned", "mixture"):
+        acc = np.asarray(a[m]["evaluation"].per_client["local_accuracy"])
+        out = fed.opted_out.astype(bool)
+        assert a[m]["best"]["local_accuracy_opted_out_mean"] == pytest.approx(acc[out].mean())
+        assert a[m]["best"]["local_accuracy_opted_in_mean"] == pytest.approx(acc[~out].mean())
 
 
 def _stopping_config(**moe):

@@ -149,6 +149,10 @@ def evaluate(
     }
     if binary:
         metrics["local_auc_mean"] = _stat(per_client["local_auc"], np.mean)
+    if np.asarray(fed.opted_out).any():  # do the clients who keep their data out still benefit?
+        out = np.asarray([bool(fed.opted_out[k]) for k in ids], dtype=bool)
+        metrics["local_accuracy_opted_in_mean"] = _stat(local[~out], np.mean)
+        metrics["local_accuracy_opted_out_mean"] = _stat(local[out], np.mean)
     if algo.has_global_model:
         logits = algo.model.forward(algo.global_params(server), x_global.unsqueeze(0), None)[0]
         s = _scores(logits, y_global)

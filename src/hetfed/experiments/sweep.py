@@ -26,7 +26,8 @@ from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.experiments.rundir import new_run_dir, write_json_atomic
 
 #: the metrics aggregated per method (final and best-by-validation)
-AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy")
+AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
+              "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean")
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
@@ -133,7 +134,8 @@ def run_sweep(
             plot_global_vs_local(table, key, sweep_dir / "figures" / "global_vs_local.png")
             plot_relative(table, key, "best.global_accuracy", "fedavg", sweep_dir / "figures" / "global_relative_to_fedavg.png")
         for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean",
-                       "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round"):
+                       "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
+                       "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean"):
             if any(r["metric"] == metric for r in table):
                 plot_sweep(table, key, metric, sweep_dir / "figures" / f"{metric}.png")
     print_table(table, list(grid), console)
