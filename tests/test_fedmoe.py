@@ -77,18 +77,17 @@ def test_opted_out_data_leaves_the_global_model_bit_identical():
         assert a[m]["best"]["local_accuracy_opted_in_mean"] == pytest.approx(acc[~out].mean())
 
 
-def _stopping_config(**moe):
+def _stopping_config(train: dict | None = None, **moe):
     """Adam at lr 0.1 and patience 1: clients stop at different epochs."""
-    c = _config().model_dump(mode="json")
+    c = _config(**(train or {})).model_dump(mode="json")
     c["moe"] = {"max_epochs": 12, "patience": 1, "optimizer": {"kind": "adam", "lr": 0.1}, **moe}
     return build_config(c)
 
 
 def test_personalisation_executors_agree():
     fed = make_federation(_Data(), _config().partition, 0)
-    base = _stopping_config().model_dump(mode="json")
-    seq = _run(build_config({**base, "train": {**base["train"], "executor": "sequential"}}), fed)
-    vec = _run(build_config({**base, "train": {**base["train"], "executor": "vectorised"}}), fed)
+    seq = _run(_stopping_config({"executor": "sequential"}), fed)
+    vec = _run(_stopping_config({"executor": "vectorised"}), fed)
     assert min(vec["local"]["epochs_mean"], vec["mixture"]["epochs_mean"]) < 12  # early stopping did act
     for m in ("local", "fedavg", "finetuned", "mixture"):
         for key in ("local_accuracy", "global_accuracy"):

@@ -26,6 +26,7 @@ import torch.nn.functional as F
 
 from hetfed.algorithms.fedavg import FedAvg, Local
 from hetfed.config import Config, MoEConfig, TrainConfig
+from hetfed.engine import optim
 from hetfed.engine.evaluate import Evaluation, evaluate, predict
 from hetfed.engine.executors import VectorisedExecutor
 from hetfed.engine.local import LocalSchedule, train_stack
@@ -89,24 +90,21 @@ def train_until_stopped(
     best_val = client_val_loss(model, params, fed, clients, t)
     since = torch.zeros(n, dtype=torch.long, device=t.x.device)
     epochs = [0] * n
-    state: Params | None = None
+    state = optim.init_state(cfg.optimizer, {k: params[k] for k in names})
     running = list(range(n))
     for epoch in range(cfg.max_epochs):
         sub = [clients[i] for i in running]
         rows = torch.as_tensor(running, device=t.x.device)
-        whole = len(running) == n
-        p_in = params if whole else {k: v[rows] for k, v in params.items()}
-        s_in = state if state is None or whole else {k: v[rows] for k, v in state.items()}
         data = ClientData(
             sub, t.x, t.y, [fed.train[k] for k in sub],
             [derive_seed(seed, PERSONAL, phase, epoch, k) for k in sub],
         )
-        p_out, s_out, _ = train_stack(model, p_in, data, schedule, cfg.optimizer, cfg.optimizer.lr, s_in, trainable=names)
-        if whole:
-            params, state = p_out, s_out
-        else:
-            params = {k: v.index_copy(0, rows, p_out[k]) for k, v in params.items()}
-            state = {k: v.index_copy(0, rows, s_out[k]) for k, v in state.items()}  # type: ignore[union-attr]
+        p_out, s_out, _ = train_stack(
+            model, {k: v[rows] for k, v in params.items()}, data, schedule, cfg.optimizer, cfg.optimizer.lr,
+            {k: v[rows] for k, v in state.items()}, trainable=names,
+        )
+        params = {k: v.index_copy(0, rows, p_out[k]) for k, v in params.items()}
+        state = {k: v.index_copy(0, rows, s_out[k]) for k, v in state.items()}
         for i in running:
             epochs[i] = epoch + 1
         val = client_val_loss(model, p_out, fed, sub, t)

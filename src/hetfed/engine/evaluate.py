@@ -150,7 +150,7 @@ def evaluate(
     if binary:
         metrics["local_auc_mean"] = _stat(per_client["local_auc"], np.mean)
     if np.asarray(fed.opted_out).any():  # do the clients who keep their data out still benefit?
-        out = np.asarray([bool(fed.opted_out[k]) for k in ids], dtype=bool)
+        out = np.asarray(fed.opted_out, dtype=bool)[ids]
         metrics["local_accuracy_opted_in_mean"] = _stat(local[~out], np.mean)
         metrics["local_accuracy_opted_out_mean"] = _stat(local[out], np.mean)
     if algo.has_global_model:
