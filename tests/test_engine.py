@@ -12,6 +12,7 @@ from hetfed.engine.local import LocalSchedule, plan_batches
 from hetfed.engine.sampling import sample_clients
 from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Upload
+from hetfed.errors import ConfigError
 from hetfed.models import LeNet, build_model
 from hetfed.models.mlp import MLP
 from hetfed.partition import make_federation
@@ -231,9 +232,13 @@ def test_opted_out_clients_never_sampled(k, q, m, seed, r):
     opted = rng.random(k) < q
     if opted.all():
         opted[0] = False
-    chosen = sample_clients(TrainConfig(clients_per_round=m), opted, seed, r)
-    assert not opted[chosen].any()
-    assert len(chosen) == min(m, (~opted).sum()) and len(set(chosen)) == len(chosen)
+    if m > (~opted).sum():  # a fixed m that cannot be met is an error, never silently clamped
+        with pytest.raises(ConfigError, match="train.clients_per_round"):
+            sample_clients(TrainConfig(clients_per_round=m), opted, seed, r)
+    else:
+        chosen = sample_clients(TrainConfig(clients_per_round=m), opted, seed, r)
+        assert not opted[chosen].any()
+        assert len(chosen) == m and len(set(chosen)) == len(chosen)
     frac = sample_clients(TrainConfig(client_fraction=0.5), opted, seed, r)
     assert not opted[frac].any() and len(frac) == max(1, round(0.5 * (~opted).sum()))
 

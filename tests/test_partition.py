@@ -167,6 +167,10 @@ class _Data:
 def test_federation_invariants(kind, q, seed):
     data = _Data(seed=seed)
     cfg = PartitionConfig(kind=kind, clients=8, opt_out=q, min_size=5, n_shards=None, shards_per_client=2)
+    if round(q * 8) == 8:  # everyone opting out is refused with the value, before any training
+        with pytest.raises(PartitionError, match=f"partition.opt_out = {q}"):
+            make_federation(data, cfg, seed)
+        return
     fed = make_federation(data, cfg, seed)
     _check_disjoint_cover([fed.client_indices(k) for k in range(8)], 600)
     assert fed.opted_out.sum() == round(q * 8)

@@ -1,26 +1,29 @@
 """The ``hetfed`` command line.
 
 Every user-facing failure is a HetfedError: printed in one line without a
-traceback, exit status 2. Ctrl-C exits with 130 after the run directory has been
-marked failed.
+traceback, exit status 2. Ctrl-C exits with 130 and SIGTERM with 143, both after
+the run directory has been marked failed.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import signal
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 
 from rich.console import Console
 from rich.table import Table
 
 from hetfed import __version__
 from hetfed.config import Config, dump_config, load_config
-from hetfed.errors import HetfedError
+from hetfed.console import make_console
+from hetfed.errors import ConfigError, HetfedError, Terminated
 
-console = Console()
-err_console = Console(stderr=True)
+console: Console = make_console()
+err_console: Console = make_console(stderr=True)
 
 
 def _add_config_args(p: argparse.ArgumentParser, config_required: bool = False) -> None:
@@ -50,7 +53,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("run", help="train the configured methods and write a run directory")
     _add_config_args(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
-    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.add_argument("--quiet", action="store_true", help="no progress or table; print only the run directory")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="a grid of configs × seeds, aggregated with 95%% CIs")
@@ -89,7 +92,7 @@ def cmd_demo(args: argparse.Namespace) -> int:
             cells = [row.get(k) for k in ("accuracy", "accuracy_no_filter_cond", "accuracy_no_gate_cond", "accuracy_no_cond")]
             table.add_row(name, client, *("-" if c is None else f"{c:.3f}" for c in cells))
     console.print(table)
-    console.print(f"figures and summary.json in {out_dir}")
+    console.print(f"figures and summary.json in {out_dir}", soft_wrap=True)
     return 0
 
 
@@ -102,7 +105,7 @@ def partition_report(config: Config) -> dict:
     """The JSON-ready description of a partition and its heterogeneity."""
     from hetfed.pipeline import prepare
 
-    prep = prepare(config, progress=True)  # extraction progress goes to stderr
+    prep = prepare(config, progress=True, status=err_console)  # progress goes to stderr
     fed, het = prep.federation, prep.heterogeneity
     counts = fed.class_counts()
     clients = [
@@ -130,13 +133,33 @@ def partition_report(config: Config) -> dict:
         "gamma": het.gamma,
         "label_emd_mean": het.label_emd_mean,
         "js_mean": het.js_mean,
+        "data_files": list(prep.sources),
+        "warnings": list(prep.warnings),
         "clients": clients,
         "_federation": fed,
     }
 
 
+def check_figure_path(path: str, key: str = "--plot") -> None:
+    """A figure file name must have a format matplotlib writes and a folder that exists."""
+    from matplotlib.figure import Figure
+
+    formats = Figure().canvas.get_supported_filetypes()
+    suffix = Path(path).suffix.lower().lstrip(".")
+    if suffix not in formats:
+        raise ConfigError(
+            f"{key} {path!r} is not allowed: expected a file name ending in one of "
+            f"{', '.join('.' + f for f in sorted(formats))} (e.g. clients.png)"
+        )
+    folder = Path(path).parent
+    if not folder.is_dir():
+        raise ConfigError(f"{key} {path!r} is not allowed: the folder {str(folder)!r} does not exist")
+
+
 def cmd_partition(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.sets)
+    if args.plot:
+        check_figure_path(args.plot)
     report = partition_report(config)
     fed = report.pop("_federation")
     if args.plot:
@@ -155,13 +178,15 @@ def cmd_partition(args: argparse.Namespace) -> int:
             str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
         )
     console.print(table)
+    for warning in report["warnings"]:
+        err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
     console.print(
         f"Γ (mean Fréchet distance, client vs rest) = {report['gamma']:.4f}   "
         f"label EMD mean = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
         f"global test = {report['global_test_size']} (balanced)"
     )
     if args.plot:
-        console.print(f"figure written to {args.plot}")
+        console.print(f"figure written to {args.plot}", soft_wrap=True)
     return 0
 
 
@@ -169,7 +194,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     from hetfed.experiments.runner import run_experiment
 
     config = load_config(args.config, args.sets)
-    run_experiment(config, out=args.out, progress=not args.quiet, console=console)
+    out = run_experiment(config, out=args.out, progress=not args.quiet, console=console)
+    if args.quiet:  # no progress, but always where the results are
+        console.print(f"run directory: {out.run_dir}", soft_wrap=True)
     return 0
 
 
@@ -182,17 +209,42 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def _raise_terminated(signum: int, _frame: object) -> None:
+    raise Terminated(signum)
+
+
+def error_line(message: str) -> str:
+    """One line: an error message may quote YAML or file text with newlines."""
+    return " ".join(str(message).split())
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    global console, err_console
+    console, err_console = make_console(), make_console(stderr=True)  # the streams of this call
     parser = build_parser()
     args = parser.parse_args(argv)
+    try:  # like Ctrl-C: the run is marked failed (only the main thread may set handlers)
+        previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    except ValueError:
+        previous = None
     try:
         return args.func(args)
     except HetfedError as err:
-        err_console.print(f"[bold red]error:[/] {err}", markup=True, highlight=False, soft_wrap=True)
+        err_console.print(f"error: {error_line(str(err))}", style="bold red", soft_wrap=True)
         return 2
+    except OSError as err:  # the machine's refusal (permissions, disk full): not a hetfed bug
+        where = f" ({err.filename})" if err.filename else ""
+        err_console.print(f"error: {err.strerror or err}{where}", style="bold red", soft_wrap=True)
+        return 2
+    except Terminated as err:
+        err_console.print(str(err), soft_wrap=True)
+        return 128 + err.signum
     except KeyboardInterrupt:
         err_console.print("interrupted")
         return 130
+    finally:
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
 
 
 if __name__ == "__main__":

@@ -274,7 +274,7 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
         if not key:
             raise ConfigError(f"--set {item!r} is not allowed: the key is empty")
         try:
-            value = yaml.safe_load(raw) if raw.strip() else None
+            value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
         except yaml.YAMLError:
             value = raw
         set_dotted(out, key, value)
@@ -308,17 +308,60 @@ def _list_index(node: list, part: str, key: str) -> int:
     return int(part)
 
 
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a config file; a missing or malformed file is a ConfigError."""
-    p = Path(path)
-    if not p.is_file():
-        raise ConfigError(f"config file {str(p)!r} does not exist")
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys: with plain YAML the last one wins silently."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {line}): "
+                "keep one (YAML would silently use the last)"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+
+
+def parse_yaml_text(text: str, where: str) -> Any:
+    """YAML text → Python values; duplicate keys and syntax errors are ConfigErrors naming ``where``."""
     try:
-        data = yaml.safe_load(p.read_text()) or {}
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
     except yaml.YAMLError as err:
-        raise ConfigError(f"config file {str(p)!r} is not valid YAML: {err}") from None
+        detail = " ".join(str(err).split())
+        raise ConfigError(f"{where} is not valid YAML: {detail}") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file; a missing, empty or malformed file is a ConfigError."""
+    p = Path(path)
+    where = f"config file {str(p)!r}"
+    if p.is_dir():
+        raise ConfigError(f"{where} is a directory: expected a YAML file (e.g. configs/default.yaml)")
+    if not p.is_file():
+        raise ConfigError(f"{where} does not exist: expected a YAML file (e.g. configs/default.yaml)")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where} is not UTF-8 text (byte {err.start}): expected a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
+    data = parse_yaml_text(text, where)
+    if data is None:
+        raise ConfigError(
+            f"{where} is empty: expected a mapping of keys (run without a file for the defaults, "
+            "or see `hetfed config`)"
+        )
     if not isinstance(data, dict):
-        raise ConfigError(f"config file {str(p)!r} must hold a mapping of keys, not {type(data).__name__}")
+        raise ConfigError(f"{where} must hold a mapping of keys, not {type(data).__name__}")
     return data
 
 

@@ -35,3 +35,23 @@ class RunError(HetfedError):
 def bad_value(name: str, value: object, allowed: str) -> ConfigError:
     """Build the standard message: the parameter, the value and what is allowed."""
     return ConfigError(f"{name} = {value!r} is not allowed: expected {allowed}.")
+
+
+class Terminated(KeyboardInterrupt):
+    """The process was asked to stop by a signal (SIGTERM from a scheduler, ``timeout``,
+    ``docker stop``): handled like Ctrl-C, so the run is marked failed, not left "running"."""
+
+    def __init__(self, signum: int):
+        import signal
+
+        self.signum = signum
+        super().__init__(f"terminated by {signal.Signals(signum).name}")
+
+
+def interruption_reason(err: BaseException) -> str:
+    """What status.json says about a run that stopped because of ``err``."""
+    if isinstance(err, Terminated):
+        return str(err)
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted (Ctrl-C)"
+    return f"{type(err).__name__}: {err}"

@@ -413,6 +413,11 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
     """The full Federation from embedded data (any object with x_train, y_train, …)."""
     x, y = data.x_train, data.y_train
     parts = partition_indices(x, y, cfg, seed, getattr(data, "client_train", None))
+    if int(round(cfg.opt_out * len(parts))) >= len(parts):
+        raise PartitionError(
+            f"partition.opt_out = {cfg.opt_out} is not allowed with {len(parts)} clients: every client would "
+            f"opt out and nobody trains the global model; expected < {1 - 0.5 / len(parts):.3g}"
+        )
     empty = [k for k, p in enumerate(parts) if len(p) == 0]
     if empty:
         raise PartitionError(
@@ -436,3 +441,30 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
         kind=cfg.kind,
         params=cfg.model_dump(),
     )
+
+
+def federation_warnings(fed: Federation) -> list[str]:
+    """What makes parts of a run's report meaningless, said before it runs.
+
+    Clients without validation data cannot take part in picking the best model
+    (or in early stopping); clients without test data have no local accuracy.
+    """
+    out = []
+    eligible = ~np.asarray(fed.opted_out, dtype=bool)
+    no_val = [k for k in range(fed.n_clients) if len(fed.val[k]) == 0]
+    no_test = [k for k in range(fed.n_clients) if len(fed.test[k]) == 0]
+    if no_val and all(len(fed.val[k]) == 0 for k in np.flatnonzero(eligible)):
+        out.append(
+            f"no opted-in client has validation data ({len(no_val)} of {fed.n_clients} clients have none; "
+            f"partition.val_fraction = {fed.params.get('val_fraction')}): 'best' cannot be chosen by validation "
+            "loss and early stopping cannot fire — best = final; raise partition.val_fraction or give clients "
+            "more samples"
+        )
+    elif no_val:
+        out.append(f"{len(no_val)} of {fed.n_clients} clients have no validation data (too few samples)")
+    if no_test:
+        out.append(
+            f"{len(no_test)} of {fed.n_clients} clients have no test data: their local accuracy is not "
+            "measured (local_accuracy_* cover the others)"
+        )
+    return out

@@ -5,12 +5,15 @@ Kept separate from the CLI so scripts and the engine call the same code.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+
+from rich.console import Console
 
 from hetfed.config import Config
+from hetfed.console import stage
 from hetfed.data import Embedded, embed, load_dataset
 from hetfed.heterogeneity import Heterogeneity, measure
-from hetfed.partition import Federation, make_federation
+from hetfed.partition import Federation, federation_warnings, make_federation
 
 
 @dataclass(frozen=True, eq=False)
@@ -20,11 +23,22 @@ class Prepared:
     data: Embedded
     federation: Federation
     heterogeneity: Heterogeneity
+    sources: tuple[dict, ...] = ()  # the data files read (path, bytes, sha256)
+    warnings: list[str] = field(default_factory=list)  # what makes parts of the report meaningless
 
 
-def prepare(config: Config, *, progress: bool = True) -> Prepared:
-    """Load, embed and partition the data as configured, and measure the clients."""
-    data = embed(load_dataset(config.dataset), config.embed, progress=progress)
-    fed = make_federation(data, config.partition, config.seed)
-    clients = [fed.client_indices(k) for k in range(fed.n_clients)]
-    return Prepared(data, fed, measure(fed.x, fed.y, clients, fed.n_classes))
+def prepare(config: Config, *, progress: bool = True, status: Console | None = None) -> Prepared:
+    """Load, embed and partition the data as configured, and measure the clients.
+
+    ``status`` (a console, usually stderr) shows each step while it runs.
+    """
+    with stage(status, f"loading {config.dataset.name}"):
+        ds = load_dataset(config.dataset)
+    with stage(status if config.embed.kind != "identity" else None, f"embedding ({config.embed.kind})"):
+        data = embed(ds, config.embed, progress=progress)
+    with stage(status, f"partitioning ({config.partition.kind})"):
+        fed = make_federation(data, config.partition, config.seed)
+    with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients)"):
+        clients = [fed.client_indices(k) for k in range(fed.n_clients)]
+        het = measure(fed.x, fed.y, clients, fed.n_classes)
+    return Prepared(data, fed, het, ds.sources, federation_warnings(fed))

@@ -132,8 +132,12 @@ def run_fedmoe(
     fed,
     on_round: Callable[[int, dict | None], None] | None = None,
     on_eval: Callable[[str, int, Evaluation], None] | None = None,
+    on_phase: Callable[[str, int, int], None] | None = None,
 ) -> dict[str, dict]:
-    """All four methods of the FedMoE paper on one federation; returns their summaries."""
+    """All four methods of the FedMoE paper on one federation; returns their summaries.
+
+    ``on_phase(phase, clients_done, clients_total)`` reports the per-client phases' progress.
+    """
     cfg = config.moe
     seed = config.seed
     device = resolve_device(train.device)
@@ -181,6 +185,8 @@ def run_fedmoe(
         best, ep = train_until_stopped(base, stacked, fed, chunk, t, cfg, seed, phase=1)
         epochs_used.extend(ep)
         local_params.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
+        if on_phase:
+            on_phase("local", len(local_params), len(personalised))
     summaries["local"] = _summary(_evaluate(base, local_params, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
 
     # 2. Fine-tuned: specialist = global model, trained on the client's data
@@ -191,6 +197,8 @@ def run_fedmoe(
         best, ep = train_until_stopped(base, _stack(global_params, len(chunk)), fed, chunk, t, cfg, seed, phase=2)
         epochs_used.extend(ep)
         specialists.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
+        if on_phase:
+            on_phase("finetuned", len(specialists), len(personalised))
     summaries["finetuned"] = _summary(_evaluate(base, specialists, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
 
     # 3. Mixture: specialist + gate trained jointly, the global expert frozen
@@ -207,6 +215,8 @@ def run_fedmoe(
         best, ep = train_until_stopped(mixture, stacked, fed, chunk, t, cfg, seed, phase=3, trainable=trainable)
         epochs_used.extend(ep)
         mixed.update({k: {n: v[i] for n, v in best.items()} for i, k in enumerate(chunk)})
+        if on_phase:
+            on_phase("mixture", len(mixed), len(personalised))
     summaries["mixture"] = _summary(_evaluate(mixture, mixed, fed, t, evaluated), time.perf_counter() - t0, _epochs(epochs_used))
     return {m: summaries[m] for m in METHODS}
 

@@ -11,6 +11,8 @@ import csv
 import gzip
 import pickle
 import struct
+import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -27,8 +29,9 @@ def read_idx(path: str | Path) -> np.ndarray:
     try:
         with opener(p, "rb") as fh:
             raw = fh.read()
-    except (OSError, EOFError) as err:
-        raise DataError(f"cannot read IDX file {str(p)!r}: {err}") from None
+    except (OSError, EOFError, zlib.error) as err:
+        what = "a corrupt or truncated gzip file" if p.suffix == ".gz" else "unreadable"
+        raise DataError(f"cannot read IDX file {str(p)!r}: {what} ({err}); expected an MNIST-format IDX file") from None
     if len(raw) < 4 or raw[0] != 0 or raw[1] != 0 or raw[2] not in _IDX_DTYPES:
         raise DataError(f"{str(p)!r} is not an IDX file (bad magic number)")
     ndim = raw[3]
@@ -122,11 +125,19 @@ def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     if not p.is_file():
         raise DataError(f"dataset.path = {str(p)!r} does not exist: give a .npz or .parquet file")
     if p.suffix == ".npz":
+        _require_zip(p)
         try:
             with np.load(p, allow_pickle=False) as z:
                 out = {k: z[k] for k in z.files}
-        except (OSError, ValueError) as err:
+        except ValueError as err:
+            if "allow_pickle" in str(err):
+                raise DataError(
+                    f"{str(p)!r} holds object arrays (pickled Python objects), which hetfed does not load: "
+                    "expected numeric arrays, or texts saved as a string array (np.array(texts, dtype=str))"
+                ) from None
             raise DataError(f"cannot read {str(p)!r} as .npz: {err}") from None
+        except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
+            raise DataError(f"cannot read {str(p)!r} as .npz: the archive is corrupt or truncated ({err})") from None
         for key in ("x", "y"):
             if key not in out:
                 raise DataError(f"{str(p)!r} lacks the array {key!r} (has {sorted(out)})")
@@ -134,6 +145,29 @@ def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
     if p.suffix == ".parquet":
         return _read_parquet(p)
     raise DataError(f"dataset.path = {str(p)!r}: expected a .npz or .parquet file")
+
+
+def _require_zip(p: Path) -> None:
+    """A .npz is a zip archive; say what the file really is when it is not one."""
+    with open(p, "rb") as fh:
+        head = fh.read(64)
+    if head.startswith(b"PK"):
+        return
+    if not head:
+        what = "is empty"
+    elif head.startswith(b"\x93NUMPY"):
+        what = "is a single .npy array, not an .npz archive (save with np.savez(path, x=..., y=...))"
+    elif head.startswith(b"PAR1"):
+        what = "is a Parquet file: name it .parquet"
+    elif head.startswith(b"\x1f\x8b"):
+        what = "is a gzip file, not an .npz archive"
+    else:
+        try:
+            head.decode("utf-8")
+            what = "is a text file, not an .npz archive"
+        except UnicodeDecodeError:
+            what = "is not an .npz archive (no zip signature)"
+    raise DataError(f"dataset.path = {str(p)!r} {what}: expected an .npz file written by np.savez with arrays x and y")
 
 
 def _read_parquet(p: Path) -> dict[str, np.ndarray]:

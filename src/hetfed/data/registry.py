@@ -7,6 +7,7 @@ N×H×W×3 (colour); text as an object array of strings. The bundled default,
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, replace
@@ -31,6 +32,7 @@ class Dataset:
     n_classes: int
     modality: str  # "image", "text" or "vector"
     client_train: np.ndarray | None = None  # natural client id per train sample
+    sources: tuple[dict, ...] = ()  # the files read: path, bytes, sha256 (recorded in every run)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -48,13 +50,26 @@ def _split(x: np.ndarray, y: np.ndarray, fraction: float, seed: int = 0):
 
 def load_digits_dataset(cfg: DatasetConfig) -> Dataset:
     """scikit-learn's bundled 8×8 digits; split 80/20 (stratified, fixed seed 0)."""
+    from importlib.resources import files
+
     from sklearn.datasets import load_digits
 
     bunch = load_digits()
     x = (bunch.images / 16.0).astype(np.float32)
     y = bunch.target.astype(np.int64)
     tr, te = _split(x, y, cfg.test_fraction)
-    return Dataset("digits", x[tr], y[tr], x[te], y[te], 10, "image")
+    source = Path(str(files("sklearn.datasets") / "data" / "digits.csv.gz"))
+    sources = (file_record(source),) if source.is_file() else ()
+    return Dataset("digits", x[tr], y[tr], x[te], y[te], 10, "image", sources=sources)
+
+
+def file_record(path: Path) -> dict:
+    """Where a data file was read from and what it held (absolute path, size, SHA-256)."""
+    h = hashlib.sha256()
+    with open(path, "rb") as fh:
+        for block in iter(lambda: fh.read(1 << 20), b""):
+            h.update(block)
+    return {"path": str(Path(path).resolve()), "bytes": Path(path).stat().st_size, "sha256": h.hexdigest()}
 
 
 #: Where standard packages install datasets, searched after ``dataset.data_dir``.
@@ -81,7 +96,10 @@ HOW_TO_GET = {
 
 
 def _candidates(name: str, data_dir: str | None) -> list[Path]:
-    places = [data_dir] if data_dir else []
+    """Where to look: only ``data_dir`` when the user gave one, else the standard places."""
+    if data_dir:
+        return [Path(data_dir).expanduser()]
+    places = []
     env = os.environ.get("HETFED_DATA")
     if env:
         places.append(str(Path(env) / name))
@@ -90,15 +108,32 @@ def _candidates(name: str, data_dir: str | None) -> list[Path]:
 
 
 def find_folder(name: str, data_dir: str | None, required: list[str]) -> Path:
-    """The first candidate folder holding every file in ``required`` (gz or not)."""
+    """The folder holding every file in ``required`` (gz or not).
+
+    A ``data_dir`` the user set is the only place looked in: falling back to
+    another copy would train on data the user did not ask for.
+    """
     looked = _candidates(name, data_dir)
     for folder in looked:
         if all(_locate(folder, f) is not None for f in required):
             return folder
+    how = f"To get them: {HOW_TO_GET[name]}"
+    if data_dir:
+        folder = looked[0]
+        if not folder.is_dir():
+            raise DataError(
+                f"dataset.data_dir = {data_dir!r} is not a folder: expected a folder holding {required} "
+                f"(or leave dataset.data_dir unset to search the standard places). {how}."
+            )
+        missing = [f for f in required if _locate(folder, f) is None]
+        raise DataError(
+            f"dataset.data_dir = {data_dir!r} lacks {missing} (plain or .gz): expected {required} there, "
+            f"or leave dataset.data_dir unset to search the standard places. {how}."
+        )
     where = ", ".join(str(p) for p in looked)
     raise DataError(
         f"dataset {name!r}: files {required} not found; looked in {where}. "
-        f"To get them: {HOW_TO_GET[name]}; then set dataset.data_dir to the folder."
+        f"{how}; then set dataset.data_dir to the folder."
     )
 
 
@@ -109,14 +144,14 @@ def _locate(folder: Path, filename: str) -> Path | None:
     return None
 
 
-def _load_idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray]:
-    images = read_idx(_locate(folder, f"{prefix}-images-idx3-ubyte"))
-    labels = read_idx(_locate(folder, f"{prefix}-labels-idx1-ubyte"))
+def _load_idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray, list[Path]]:
+    paths = [_locate(folder, f"{prefix}-images-idx3-ubyte"), _locate(folder, f"{prefix}-labels-idx1-ubyte")]
+    images, labels = (read_idx(p) for p in paths)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise DataError(
             f"{folder}: {prefix} images {images.shape} and labels {labels.shape} do not match"
         )
-    return (images.astype(np.float32) / 255.0), labels.astype(np.int64)
+    return (images.astype(np.float32) / 255.0), labels.astype(np.int64), paths
 
 
 def _load_mnist_like(name: str) -> Callable[[DatasetConfig], Dataset]:
@@ -129,9 +164,10 @@ def _load_mnist_like(name: str) -> Callable[[DatasetConfig], Dataset]:
 
     def load(cfg: DatasetConfig) -> Dataset:
         folder = find_folder(name, cfg.data_dir, files)
-        x_tr, y_tr = _load_idx_pair(folder, "train")
-        x_te, y_te = _load_idx_pair(folder, "t10k")
-        return Dataset(name, x_tr, y_tr, x_te, y_te, 10, "image")
+        x_tr, y_tr, p_tr = _load_idx_pair(folder, "train")
+        x_te, y_te, p_te = _load_idx_pair(folder, "t10k")
+        sources = tuple(file_record(p) for p in p_tr + p_te)
+        return Dataset(name, x_tr, y_tr, x_te, y_te, 10, "image", sources=sources)
 
     load.__doc__ = f"{name}: the standard IDX files from a folder."
     return load
@@ -146,7 +182,9 @@ def load_cifar10(cfg: DatasetConfig) -> Dataset:
     x_tr = np.concatenate([p[0] for p in parts])
     y_tr = np.concatenate([p[1] for p in parts])
     scale = np.float32(1 / 255.0)
-    return Dataset("cifar10", x_tr.astype(np.float32) * scale, y_tr, x_te.astype(np.float32) * scale, y_te, 10, "image")
+    sources = tuple(file_record(folder / n) for n in names)
+    return Dataset("cifar10", x_tr.astype(np.float32) * scale, y_tr, x_te.astype(np.float32) * scale, y_te, 10, "image",
+                   sources=sources)
 
 
 def load_ag_news(cfg: DatasetConfig) -> Dataset:
@@ -154,7 +192,8 @@ def load_ag_news(cfg: DatasetConfig) -> Dataset:
     folder = find_folder("ag_news", cfg.data_dir, ["train.csv", "test.csv"])
     x_tr, y_tr = read_ag_news_csv(folder / "train.csv")
     x_te, y_te = read_ag_news_csv(folder / "test.csv")
-    return Dataset("ag_news", x_tr, y_tr, x_te, y_te, int(max(y_tr.max(), y_te.max())) + 1, "text")
+    sources = tuple(file_record(folder / n) for n in ("train.csv", "test.csv"))
+    return Dataset("ag_news", x_tr, y_tr, x_te, y_te, int(max(y_tr.max(), y_te.max())) + 1, "text", sources=sources)
 
 
 def load_arrays(cfg: DatasetConfig) -> Dataset:
@@ -162,31 +201,118 @@ def load_arrays(cfg: DatasetConfig) -> Dataset:
     if not cfg.path:
         raise DataError("dataset.name = 'arrays' needs dataset.path: a .npz or .parquet file")
     d = read_arrays(cfg.path)
+    where = f"dataset.path = {cfg.path!r}"
     x = np.asarray(d["x"])
-    y = np.asarray(d["y"])
-    if len(x) != len(y):
-        raise DataError(f"{cfg.path}: x has {len(x)} rows but y has {len(y)}")
-    if not np.issubdtype(y.dtype, np.integer):
-        raise DataError(f"{cfg.path}: labels y must be integers, got {y.dtype}")
+    y = integer_labels(np.asarray(d["y"]), where)
+    if x.ndim == 0 or len(x) != len(y):
+        raise DataError(f"{where}: x has {x.shape[0] if x.ndim else 0} rows but y has {len(y)}: expected one label per row")
+    x = _features(x, where)
     _, y = np.unique(y, return_inverse=True)
     y = y.astype(np.int64)
-    x = x.astype(np.float32) if x.dtype != object else x
     client = np.asarray(d["client"]) if "client" in d else None
+    if client is not None and len(client) != len(y):
+        raise DataError(f"{where}: client has {len(client)} entries but y has {len(y)}: expected one per row")
     if "split" in d:
         split = np.asarray(d["split"]).astype(str)
         bad = set(np.unique(split)) - {"train", "test"}
         if bad:
-            raise DataError(f"{cfg.path}: split must be 'train' or 'test', found {sorted(bad)}")
+            raise DataError(f"{where}: split must be 'train' or 'test', found {sorted(bad)}")
         tr, te = np.flatnonzero(split == "train"), np.flatnonzero(split == "test")
     else:
+        _require_splittable(y, where, cfg.test_fraction)
         tr, te = _split(x, y, cfg.test_fraction)
     client_train = None
     if client is not None:
         _, codes = np.unique(client, return_inverse=True)
         client_train = codes[tr].astype(np.int64)
-    n_classes = int(y.max()) + 1
+    n_classes = int(y.max()) + 1 if len(y) else 0
     modality = "text" if x.dtype == object else "vector"
-    return Dataset("arrays", x[tr], y[tr], x[te], y[te], n_classes, modality, client_train)
+    return Dataset("arrays", x[tr], y[tr], x[te], y[te], n_classes, modality, client_train,
+                   sources=(file_record(Path(cfg.path)),))
+
+
+def integer_labels(y: np.ndarray, where: str) -> np.ndarray:
+    """Labels as int64: integers, or floats that are whole numbers (0.0, 1.0, …)."""
+    if y.ndim != 1:
+        raise DataError(f"{where}: labels y have shape {y.shape}: expected one label per row (1-D)")
+    if np.issubdtype(y.dtype, np.integer) or np.issubdtype(y.dtype, np.bool_):
+        return y.astype(np.int64)
+    if np.issubdtype(y.dtype, np.floating):
+        if not np.all(np.isfinite(y)) or np.any(y != np.round(y)):
+            bad = y[~np.isfinite(y) | (y != np.round(y))][:3].tolist()
+            raise DataError(f"{where}: labels y must be whole numbers, found {bad}: expected class ids such as 0, 1, 2")
+        return y.astype(np.int64)
+    raise DataError(f"{where}: labels y have type {y.dtype}: expected integer class ids such as 0, 1, 2")
+
+
+def _features(x: np.ndarray, where: str) -> np.ndarray:
+    """Numeric features as float32; a 1-D array of strings is text (to be embedded)."""
+    if x.dtype.kind in "US" or x.dtype == object:
+        if x.ndim == 1:
+            return x.astype(str).astype(object)
+        raise DataError(
+            f"{where}: x holds strings of shape {x.shape}: expected numeric features, or a 1-D array of texts"
+        )
+    if not (np.issubdtype(x.dtype, np.number) or np.issubdtype(x.dtype, np.bool_)):
+        raise DataError(f"{where}: x has type {x.dtype}: expected numeric features")
+    if np.issubdtype(x.dtype, np.complexfloating):
+        raise DataError(f"{where}: x is complex: expected real-valued features")
+    return x.astype(np.float32)
+
+
+def _require_splittable(y: np.ndarray, where: str, test_fraction: float) -> None:
+    """A stratified train/test split needs ≥ 2 samples of every class and room for both sides."""
+    classes, counts = np.unique(y, return_counts=True)
+    n_test = int(np.ceil(test_fraction * len(y)))
+    if len(y) == 0 or counts.min() < 2 or n_test < len(classes) or len(y) - n_test < len(classes):
+        raise DataError(
+            f"{where}: {len(y)} samples in {len(classes)} classes (smallest has {counts.min() if len(y) else 0}) "
+            f"are too few to split off dataset.test_fraction = {test_fraction}: expected at least 2 samples "
+            "per class and at least one per class on each side (or give a 'split' array)"
+        )
+
+
+#: features beyond this magnitude overflow float32 squares and covariances (Γ, PCA, training)
+MAX_ABS_FEATURE = 1e15
+
+
+def validate_dataset(ds: Dataset) -> Dataset:
+    """Check once, where data enters, what every later step relies on.
+
+    Finite features of sane magnitude, integer labels in 0..C−1, at least two
+    classes in the training pool, and non-empty train and test splits. After
+    this, PCA, k-means, Γ and training can trust their inputs.
+    """
+    where = f"dataset {ds.name!r}" + (f" ({ds.sources[0]['path']})" if ds.sources else "")
+    for split, x, y in (("train", ds.x_train, ds.y_train), ("test", ds.x_test, ds.y_test)):
+        if len(y) == 0:
+            raise DataError(f"{where}: the {split} split is empty: expected samples in both train and test")
+        if len(x) != len(y):
+            raise DataError(f"{where}: {split} has {len(x)} samples but {len(y)} labels")
+        if y.min() < 0 or y.max() >= ds.n_classes:
+            raise DataError(f"{where}: {split} labels span {y.min()}..{y.max()}: expected 0..{ds.n_classes - 1}")
+        if x.dtype == object:
+            continue
+        finite = np.isfinite(x)
+        if not finite.all():
+            n_bad = int((~finite).sum())
+            raise DataError(
+                f"{where}: {split} features hold {n_bad} NaN or infinite values: expected finite numbers "
+                "(impute or drop those samples first)"
+            )
+        peak = float(np.abs(x).max()) if x.size else 0.0
+        if peak > MAX_ABS_FEATURE:
+            raise DataError(
+                f"{where}: {split} features reach {peak:.3g}: expected magnitudes ≤ {MAX_ABS_FEATURE:.0e} "
+                "(standardise the features first)"
+            )
+    present = np.unique(ds.y_train)
+    if len(present) < 2:
+        raise DataError(
+            f"{where}: the training data holds a single class ({present.tolist()}): expected at least 2 "
+            "classes (a one-class task trains to a meaningless 100% accuracy)"
+        )
+    return ds
 
 
 LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
@@ -206,7 +332,7 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     ds = LOADERS[cfg.name](cfg)
     if cfg.positive_class is not None:
         ds = binarise(ds, cfg.positive_class)
-    return ds
+    return validate_dataset(ds)
 
 
 def binarise(ds: Dataset, positive: int) -> Dataset:

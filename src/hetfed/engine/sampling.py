@@ -16,10 +16,16 @@ from hetfed.errors import ConfigError
 
 
 def clients_per_round(cfg: TrainConfig, n_eligible: int) -> int:
+    """How many clients a round samples; a fixed m that cannot be met is an error, not clamped."""
     if n_eligible == 0:
         raise ConfigError("partition.opt_out leaves no opted-in client to train the global model")
     if cfg.clients_per_round is not None:
-        return min(cfg.clients_per_round, n_eligible)
+        if cfg.clients_per_round > n_eligible:
+            raise ConfigError(
+                f"train.clients_per_round = {cfg.clients_per_round} is not allowed: only {n_eligible} clients "
+                f"are opted in; expected ≤ {n_eligible} (or use train.client_fraction)"
+            )
+        return cfg.clients_per_round
     return max(1, int(round((cfg.client_fraction or 1.0) * n_eligible)))
 
 

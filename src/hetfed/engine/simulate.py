@@ -22,6 +22,7 @@ from hetfed.engine.executors import Executor, Pool, build_executor
 from hetfed.engine.rng import CLIENT_INIT, SERVER_INIT, torch_gen
 from hetfed.engine.sampling import sample_clients
 from hetfed.engine.types import ClientState, ServerState
+from hetfed.errors import RunError
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -44,8 +45,25 @@ class SimulationResult:
     best_server: ServerState | None = None
     rounds_done: int = 0
     stopped_early: bool = False
+    selected_by: str | None = "val_loss"  # None: no validation data, so best = final
     train_seconds: float = 0.0
     server_seconds: float = 0.0  # the aggregate step's share of train_seconds
+
+
+class DivergedError(RunError):
+    """Training produced non-finite parameters or losses: nothing after it is meaningful."""
+
+
+def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
+    return (f"training diverged at round {rnd}: {what}; the metrics up to round {rnd - 1} are kept in "
+            f"metrics.csv. Expected a smaller train.optimizer.lr (now {train.optimizer.lr:g}) or "
+            "train.server_lr, or standardised features")
+
+
+def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
+    bad = [k for k, v in server.params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
 
 
 def _to(params: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
@@ -74,6 +92,9 @@ def simulate(
     server = ServerState(_to(server.params, device), server.round, server.extra)
     states = {k: _to(algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)), device) for k in range(fed.n_clients)}
     result = SimulationResult(server, states)
+    # best-model selection needs validation data on the clients that train the global model
+    has_val = any(len(fed.val[k]) for k in np.flatnonzero(~np.asarray(fed.opted_out, dtype=bool)))
+    result.selected_by = "val_loss" if has_val else None
     best_val = float("inf")
     since_best = 0
     t_train = 0.0
@@ -86,6 +107,7 @@ def simulate(
         t_server = time.perf_counter()
         server = algo.aggregate(server, upload)
         result.server_seconds += time.perf_counter() - t_server
+        _check_finite(server, r + 1, train)
         t_train += time.perf_counter() - t0
         result.rounds_done = r + 1
         metrics = None
@@ -96,8 +118,10 @@ def simulate(
             if on_eval:
                 on_eval(r + 1, ev)
             val = ev.metrics["val_loss"]
-            if np.isnan(val) or val < best_val:
-                best_val = val if not np.isnan(val) else best_val
+            if has_val and not np.isfinite(val):
+                raise DivergedError(_diverged(r + 1, train, "the validation loss is not finite"))
+            if not has_val or val < best_val:  # without validation data, best = the latest
+                best_val = val if has_val else best_val
                 result.best_round, result.best = r + 1, ev
                 result.best_server = ServerState(copy.deepcopy(server.params), server.round)
                 since_best = 0

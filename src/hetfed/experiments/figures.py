@@ -65,12 +65,19 @@ def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
     return save(fig, path)
 
 
+def grid_order(value: object) -> tuple[int, float | str]:
+    """Sort key for grid values of mixed kinds: numbers by value, then the rest by spelling."""
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return (0, float(value))
+    return (1, str(value))
+
+
 def plot_sweep(table: list[dict], key: str, metric: str, path: str | Path) -> Path:
     """Metric vs a swept key, one line per method, with 95% CI bands."""
     fig, ax = plt.subplots(figsize=(6, 4))
     methods = sorted({row["method"] for row in table})
     for method in methods:
-        rows = sorted((r for r in table if r["method"] == method and r["metric"] == metric), key=lambda r: r[key])
+        rows = sorted((r for r in table if r["method"] == method and r["metric"] == metric), key=lambda r: grid_order(r[key]))
         if not rows:
             continue
         xs = [r[key] for r in rows]
@@ -111,7 +118,7 @@ def plot_global_vs_local(table: list[dict], key: str, path: str | Path) -> Path:
     for method in methods:
         local = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.local_accuracy_mean"}
         glob = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.global_accuracy"}
-        keys = sorted(set(local) & set(glob))
+        keys = sorted(set(local) & set(glob), key=grid_order)
         ax.plot([local[k] for k in keys], [glob[k] for k in keys], marker="o", label=method)
         for k in keys:
             ax.annotate(str(k), (local[k], glob[k]), fontsize=7, alpha=0.7)
@@ -128,7 +135,7 @@ def plot_relative(table: list[dict], key: str, metric: str, baseline: str, path:
     base = {r[key]: r["mean"] for r in table if r["method"] == baseline and r["metric"] == metric}
     for method in sorted({r["method"] for r in table if r["method"] not in ("(data)",)}):
         vals = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == metric}
-        keys = sorted(k for k in vals if base.get(k))
+        keys = sorted((k for k in vals if base.get(k)), key=grid_order)
         ax.plot(keys, [vals[k] / base[k] for k in keys], marker="o", label=method)
     ax.set_xscale("log" if all(isinstance(k, int | float) and k > 0 for k in base) else "linear")
     ax.set_xlabel(key)

@@ -20,6 +20,7 @@ from __future__ import annotations
 import csv
 import json
 import os
+import socket
 import tempfile
 import time
 from pathlib import Path
@@ -46,8 +47,20 @@ def new_run_dir(out: str | Path | None, base: str, name: str) -> Path:
         while path.exists():
             path = Path(base) / f"{name}-{stamp}-{i}"
             i += 1
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise RunError(
+            f"cannot create the run directory {str(path)!r}: {err.strerror}; expected a writable place "
+            "(choose another --out)"
+        ) from None
     return path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def write_json_atomic(path: Path, data: Any) -> None:
@@ -56,6 +69,7 @@ def write_json_atomic(path: Path, data: Any) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
     with os.fdopen(fd, "w") as fh:
         json.dump(data, fh, indent=2, default=_jsonable)
+    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the run's other files follow the umask
     os.replace(tmp, path)
 
 
@@ -91,14 +105,69 @@ class MetricsWriter:
 
 
 def set_status(run_dir: Path, status: str, **info: Any) -> None:
-    write_json_atomic(run_dir / "status.json", {"status": status, "time": time.strftime("%Y-%m-%dT%H:%M:%S"), **info})
+    """Write status.json; a running run also records who runs it and a heartbeat.
+
+    ``pid``, ``host`` and ``heartbeat`` let :func:`run_state` tell a live run from one
+    killed without a chance to say so (SIGKILL, a lost machine).
+    """
+    now = time.strftime("%Y-%m-%dT%H:%M:%S")
+    record: dict[str, Any] = {"status": status, "time": now}
+    if status == "running":
+        record.update(pid=os.getpid(), host=socket.gethostname(), heartbeat=time.time())
+    write_json_atomic(run_dir / "status.json", {**record, **info})
+
+
+class Heartbeat:
+    """Refresh a running run's status.json at most every ``every_s`` seconds."""
+
+    def __init__(self, run_dir: Path, every_s: float = 5.0, **info: Any):
+        self.run_dir, self.every_s, self.info = run_dir, every_s, info
+        self._last = 0.0
+
+    def beat(self, **info: Any) -> None:
+        self.info.update(info)
+        now = time.monotonic()
+        if now - self._last >= self.every_s:
+            self._last = now
+            set_status(self.run_dir, "running", **self.info)
+
+
+#: a running run whose heartbeat is older than this is presumed dead (seconds)
+STALE_AFTER_S = 600.0
+
+
+def run_state(run_dir: str | Path) -> str:
+    """``complete``, ``failed``, ``running``, ``dead`` (marked running but its process is gone), or ``unknown``."""
+    path = Path(run_dir) / "status.json"
+    try:
+        status = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return "unknown"
+    state = status.get("status", "unknown")
+    if state != "running":
+        return state
+    if status.get("host") == socket.gethostname() and status.get("pid") is not None:
+        return "running" if _alive(int(status["pid"])) else "dead"
+    beat = status.get("heartbeat")
+    return "running" if beat is not None and time.time() - float(beat) < STALE_AFTER_S else "dead"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def read_summary(run_dir: str | Path) -> dict:
     """The summary of a completed run; a clear error for an incomplete one."""
     path = Path(run_dir) / "summary.json"
     if not path.is_file():
-        status = Path(run_dir) / "status.json"
-        state = json.loads(status.read_text())["status"] if status.is_file() else "unknown"
+        state = run_state(run_dir)
+        if state == "dead":
+            state = "dead: marked running, but its process is gone"
         raise RunError(f"{str(run_dir)!r} is not a completed run (status: {state})")
     return json.loads(path.read_text())

@@ -15,14 +15,22 @@ from pathlib import Path
 import numpy as np
 import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import Config, MethodConfig, dump_config
+from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
+from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, resolve_device, simulate
-from hetfed.experiments.rundir import MetricsWriter, new_run_dir, set_status, write_json_atomic
+from hetfed.errors import interruption_reason
+from hetfed.experiments.rundir import (
+    Heartbeat,
+    MetricsWriter,
+    new_run_dir,
+    set_status,
+    write_json_atomic,
+)
 from hetfed.models import build_model
 from hetfed.pipeline import Prepared, prepare
 
@@ -48,6 +56,10 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
         "best": _clean(best),
         "local_accuracy": _clean(best).get("local_accuracy_mean"),
         "global_accuracy": _clean(best).get("global_accuracy"),
+        "selected_by": result.selected_by,
+        **({} if result.selected_by else {
+            "selection_note": "no opted-in client has validation data: nothing to select on, best = final; "
+                              "early stopping cannot fire"}),
         "best_round": result.best_round,
         "rounds": result.rounds_done,
         "stopped_early": result.stopped_early,
@@ -73,14 +85,19 @@ def run_experiment(
     prepared: Prepared | None = None,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary."""
-    console = console or Console()
+    console = console or make_console()
+    status = make_console(stderr=True) if progress else None
     t_start = time.perf_counter()
-    prep = prepared or prepare(config, progress=progress)
+    prep = prepared or prepare(config, progress=progress, status=status)
     fed = prep.federation
+    for warning in prep.warnings:
+        (status or make_console(stderr=True)).print(f"warning: {warning}", style="yellow", soft_wrap=True)
+    n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
     plans = []
     for method in config.methods:  # build everything first: bad settings fail before any file
         train = config.method_train(method)
         resolve_device(train.device)  # "cuda" without a GPU fails here, before any file
+        clients_per_round(train, n_opted_in)  # an m that cannot be met fails here, not mid-run
         model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
         algo = None if method.algorithm == "fedmoe" else build_algorithm(
             method.algorithm, model, train, config.fsnet, int(np.prod(fed.x.shape[1:]))
@@ -89,19 +106,21 @@ def run_experiment(
 
     run_dir = new_run_dir(out, config.out_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_config(config))
-    set_status(run_dir, "running")
+    heartbeat = Heartbeat(run_dir)
+    heartbeat.beat()
     writer = MetricsWriter(run_dir / "metrics.csv")
     methods: dict[str, dict] = {}
     curves: dict[str, dict[str, list[tuple[int, float]]]] = {m: {} for m in ("global_accuracy", "local_accuracy_mean", "val_loss")}
     try:
         torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
-        with _progress_bar(progress, console) as bar:
+        with round_progress(progress, console) as bar:
             for method, train, algo in plans:
                 label = method.label
+                heartbeat.beat(method=label)
                 if algo is None:
-                    methods.update(_run_fedmoe(config, method, train, fed, writer, bar, curves, run_dir))
+                    methods.update(_run_fedmoe(config, method, train, fed, writer, bar, curves, run_dir, heartbeat))
                     continue
-                methods[label] = _run_method(config, method, train, algo, fed, writer, bar, curves)
+                methods[label] = _run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat)
                 ckpt = run_dir / "checkpoints"
                 ckpt.mkdir(exist_ok=True)
                 res = methods[label].pop("_result")
@@ -127,6 +146,8 @@ def run_experiment(
             "n_opted_out": int(fed.opted_out.sum()),
             "gamma": het.gamma,
             "heterogeneity": het.as_dict(),
+            "data_files": list(prep.sources),
+            "warnings": list(prep.warnings),
             "primary": primary,
             "final": methods[primary]["final"],
             "best": methods[primary]["best"],
@@ -138,16 +159,17 @@ def run_experiment(
         set_status(run_dir, "complete")
     except BaseException as err:
         writer.close()
-        reason = "interrupted (Ctrl-C)" if isinstance(err, KeyboardInterrupt) else f"{type(err).__name__}: {err}"
-        set_status(run_dir, "failed", reason=reason, methods_done=list(methods))
-        console.print(f"[red]run failed[/]: {reason}; what was finished is kept in {run_dir}")
+        set_status(run_dir, "failed", reason=interruption_reason(err), methods_done=list(methods))
+        # the reason itself is printed once, by whoever handles the error (the CLI)
+        make_console(stderr=True).print(f"run marked failed; what was finished is kept in {run_dir}", soft_wrap=True)
         raise
     if progress:
         print_summary(summary, run_dir, console)
     return RunOutput(run_dir, summary)
 
 
-def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, run_dir: Path) -> dict[str, dict]:
+def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, run_dir: Path,
+                heartbeat: Heartbeat) -> dict[str, dict]:
     """FedMoE's four methods (Local, FedAvg, Fine-tuned, Mixture) as four table rows."""
     from hetfed.algorithms.fedmoe import run_fedmoe
 
@@ -160,6 +182,7 @@ def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, r
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
         fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
         bar.update(task, completed=rnd, **fields)
+        heartbeat.beat()
 
     def on_eval(sub: str, rnd: int, ev: Evaluation) -> None:
         _write_eval(writer, f"{label}:{sub}" if label != "fedmoe" else sub, rnd, ev)
@@ -170,7 +193,16 @@ def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, r
     def build(n_out: int):
         return build_model(model_cfg, fed.input_shape, n_out)
 
-    results = run_fedmoe(config, train, build, fed, on_round=on_round, on_eval=on_eval)
+    phases: dict[str, int] = {}
+
+    def on_phase(phase: str, done: int, total: int) -> None:
+        if phase not in phases:
+            bar.update(task, completed=train.rounds)
+            phases[phase] = bar.add_task(f"{label}:{phase}", total=total, acc="   -  ", rate="clients")
+        bar.update(phases[phase], completed=done)
+        heartbeat.beat()
+
+    results = run_fedmoe(config, train, build, fed, on_round=on_round, on_eval=on_eval, on_phase=on_phase)
     bar.update(task, completed=train.rounds)
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(exist_ok=True)
@@ -186,7 +218,7 @@ def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, r
     return out
 
 
-def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves) -> dict:
+def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat) -> dict:
     label = method.label
     task = bar.add_task(label, total=train.rounds, acc="   -  ", rate="")
     t0 = time.perf_counter()
@@ -201,6 +233,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
         fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
         bar.update(task, completed=rnd, **fields)
+        heartbeat.beat()
 
     result = simulate(algo, fed, train, config.seed, on_round=on_round, on_eval=on_eval)
     bar.update(task, completed=train.rounds)
@@ -208,19 +241,6 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     summary["algorithm"] = method.algorithm
     summary["_result"] = result
     return summary
-
-
-def _progress_bar(enabled: bool, console: Console) -> Progress:
-    return Progress(
-        TextColumn("{task.description:>12}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("rounds · acc {task.fields[acc]}"),
-        TimeElapsedColumn(),
-        TextColumn("{task.fields[rate]}"),
-        console=console,
-        disable=not enabled,
-    )
 
 
 def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
@@ -246,4 +266,7 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     table.caption = ("best model by validation loss. local: each client's own test set, its own parameters; "
                      "global: balanced global test set; unseen: server model, zero conditioning")
     console.print(table)
-    console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)")
+    for method, m in summary["methods"].items():
+        if m.get("selection_note"):
+            console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
+    console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)", soft_wrap=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import csv
 import itertools
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -31,17 +32,64 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_p10", "g
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    """``["a.b=1,2", "c=x,y"]`` → ``{"a.b": [1, 2], "c": ["x", "y"]}`` (values parsed as YAML)."""
+    """``["a.b=1,2", "c=x,y", "h=[32,32],[64]"]`` → ``{"a.b": [1, 2], "c": ["x", "y"], "h": [[32, 32], [64]]}``.
+
+    Values are parsed as YAML and split on the commas *between* them, so list and
+    dict values (``[32,32]``, ``{kind: adam}``) keep their own commas.
+    """
     grid: dict[str, list[Any]] = {}
     for item in items:
         if "=" not in item:
             raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,… e.g. partition.shuffle=0,0.5,1")
         key, raw = item.split("=", 1)
-        values = [yaml.safe_load(v) for v in raw.split(",") if v.strip() != ""]
+        key = key.strip()
+        values = []
+        for part in split_top_level(raw, item):
+            if part.strip() == "":
+                continue
+            try:
+                values.append(yaml.safe_load(part))
+            except yaml.YAMLError:
+                raise ConfigError(
+                    f"--grid {item!r} is not allowed: value {part.strip()!r} is not valid YAML; "
+                    "expected key=v1,v2,… with lists written [a,b] and mappings {k: v}"
+                ) from None
         if not key or not values:
             raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,…")
-        grid[key.strip()] = values
+        if key in grid:
+            raise ConfigError(f"--grid {key} is given twice: expected each key once (list all its values together)")
+        grid[key] = values
     return grid
+
+
+def split_top_level(raw: str, item: str) -> list[str]:
+    """Split on commas outside brackets, braces and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == "," and depth == 0:
+            parts.append(raw[start:i])
+            start = i + 1
+    if depth != 0 or quote:
+        raise ConfigError(f"--grid {item!r} is not allowed: unbalanced brackets or quotes in the values")
+    parts.append(raw[start:])
+    return parts
+
+
+def value_key(value: Any) -> str:
+    """A hashable, stable, compact spelling of a grid value (lists and dicts included)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
 def ci95(values: list[float]) -> float:
@@ -55,7 +103,8 @@ def ci95(values: list[float]) -> float:
 
 
 def _point_name(point: dict[str, Any]) -> str:
-    return ",".join(f"{k}={v}" for k, v in point.items()) or "base"
+    """The folder name of a grid point (no path separators, whatever the values)."""
+    return ",".join(f"{k}={value_key(v)}" for k, v in point.items()).replace("/", "%2F") or "base"
 
 
 def grid_points(grid: dict[str, list[Any]]) -> list[dict[str, Any]]:
@@ -93,17 +142,20 @@ def run_sweep(
             configs.append((point, s, cfg))
     if resume and out is None:
         raise ConfigError("--resume needs --out: the directory of the sweep to resume")
+    request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()}}
     if resume and Path(out).is_dir():
         sweep_dir = Path(out)
+        _check_resumable(sweep_dir, configs, request)
     else:
         sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
+    write_json_atomic(sweep_dir / "sweep_request.json", request)
     total = len(configs)
     summaries: list[tuple[dict, int, dict]] = []
     run_dirs: list[tuple[dict, Path]] = []
     failed: list[dict] = []
     for i, (point, _s, cfg) in enumerate(configs, start=1):
         if progress:
-            console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}")
+            console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}", soft_wrap=True)
         run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
         if resume and run_dir.exists():
             reused = _completed(run_dir, cfg)
@@ -115,36 +167,94 @@ def run_sweep(
         try:
             res = run_experiment(cfg, out=run_dir, progress=False, console=console)
         except HetfedError as err:  # one impossible point must not lose the rest of the grid
-            console.print(f"[red]failed[/] {_point_name(point)} seed={cfg.seed}: {err}")
-            failed.append({"point": point, "seed": cfg.seed, "error": str(err)})
+            console.print(f"failed {_point_name(point)} seed={cfg.seed}: {err}", style="red", soft_wrap=True)
+            failed.append({"point": point, "seed": cfg.seed, "error": str(err), "run_dir": str(run_dir)})
             continue
         summaries.append((point, cfg.seed, res.summary))
         run_dirs.append((point, res.run_dir))
-    table = aggregate(summaries, list(grid))
-    _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
-    _write_curves(run_dirs, sweep_dir / "figures")
-    _write_table(sweep_dir / "sweep.csv", table, list(grid))
-    write_json_atomic(sweep_dir / "sweep.json", {"grid": grid, "seeds": seeds, "rows": table, "failed": failed})
-    if len(grid) == 1:
-        from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
+    runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
+    # the runs are listed before anything is aggregated: a failure below never hides them
+    record = {"grid": grid, "seeds": seeds, "runs": runs, "failed": failed}
+    write_json_atomic(sweep_dir / "sweep.json", record)
+    try:
+        table = aggregate(summaries, list(grid))
+        _write_table(sweep_dir / "sweep.csv", table, list(grid))
+        _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
+    except Exception as err:
+        write_json_atomic(sweep_dir / "sweep.json", {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
+        raise RunError(
+            f"aggregating the sweep failed ({type(err).__name__}: {err}); every run's results are kept in its "
+            f"run directory, listed in {sweep_dir / 'sweep.json'}"
+        ) from err
+    write_json_atomic(sweep_dir / "sweep.json", {**record, "rows": table})
+    figure_errors = _write_figures(table, grid, run_dirs, sweep_dir / "figures")
+    for problem in figure_errors:
+        console.print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
+    print_table(table, list(grid), console)
+    if failed:
+        console.print(f"{len(failed)} of {total} runs failed (listed in sweep.json)", style="red")
+    console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)
+    if not summaries:
+        raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
+    return sweep_dir, table
 
+
+def _write_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
+                   fig_dir: Path) -> list[str]:
+    """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
+    from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
+
+    problems: list[str] = []
+
+    def attempt(name: str, draw) -> None:
+        try:
+            draw()
+        except Exception as err:  # a figure must never cost the sweep its tables
+            problems.append(f"{name}: {type(err).__name__}: {err}")
+
+    attempt("learning curves", lambda: _write_curves(run_dirs, fig_dir))
+    if len(grid) == 1:
         key = next(iter(grid))
         methods = {r["method"] for r in table}
         if {"fedavg", "mixture"} <= methods:  # FedMoE's figures 3 and 5
-            plot_global_vs_local(table, key, sweep_dir / "figures" / "global_vs_local.png")
-            plot_relative(table, key, "best.global_accuracy", "fedavg", sweep_dir / "figures" / "global_relative_to_fedavg.png")
+            attempt("global_vs_local", lambda: plot_global_vs_local(table, key, fig_dir / "global_vs_local.png"))
+            attempt("global_relative_to_fedavg", lambda: plot_relative(
+                table, key, "best.global_accuracy", "fedavg", fig_dir / "global_relative_to_fedavg.png"))
         for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean",
                        "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
                        "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean"):
             if any(r["metric"] == metric for r in table):
-                plot_sweep(table, key, metric, sweep_dir / "figures" / f"{metric}.png")
-    print_table(table, list(grid), console)
-    if failed:
-        console.print(f"[red]{len(failed)} of {total} runs failed[/] (listed in sweep.json)")
-    console.print(f"sweep directory: {sweep_dir}")
-    if not summaries:
-        raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
-    return sweep_dir, table
+                attempt(metric, lambda m=metric: plot_sweep(table, key, m, fig_dir / f"{m}.png"))
+    return problems
+
+
+def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], request: dict) -> None:
+    """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
+    from hetfed.config import dump_config
+
+    changed = []
+    for point, _s, cfg in configs:
+        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        done = run_dir / "config.yaml"
+        if (run_dir / "summary.json").is_file() and done.is_file() and done.read_text() != dump_config(cfg):
+            changed.append((run_dir, _config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
+    if changed:
+        run_dir, diff = changed[0]
+        raise RunError(
+            f"--resume {str(sweep_dir)!r}: {len(changed)} completed runs were made with a different config "
+            f"(e.g. {run_dir.relative_to(sweep_dir)}: {', '.join(diff[:4]) or 'other settings'}); resuming would "
+            "redo them. Expected the same config and --set values as the first time, or a new --out"
+        )
+
+
+def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """The dotted keys whose values differ between two resolved configs (``key: old → new``)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
+        return out
+    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
 def _completed(run_dir: Path, cfg: Config) -> dict | None:
@@ -201,7 +311,7 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
     """Mean ± 95% CI over seeds, per grid point × method × metric."""
     groups: dict[tuple, dict[str, list[float]]] = {}
     for point, _seed, summary in summaries:
-        pkey = tuple(point[k] for k in keys)
+        pkey = tuple(_cell(point[k]) for k in keys)
         data = groups.setdefault((pkey, "(data)"), {})
         data.setdefault("gamma", []).append(summary["gamma"])
         data.setdefault("label_emd_mean", []).append(summary["heterogeneity"]["label_emd_mean"])
@@ -222,6 +332,11 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
             row.update(method=method, metric=metric, mean=float(np.mean(values)), ci95=ci95(values), n=len(values))
             rows.append(row)
     return rows
+
+
+def _cell(value: Any) -> Any:
+    """A grid value as a table cell: scalars as they are, lists and dicts as compact JSON."""
+    return value if value is None or isinstance(value, str | int | float | bool) else value_key(value)
 
 
 def _write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
