@@ -162,6 +162,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
         check_figure_path(args.plot)
     report = partition_report(config)
     fed = report.pop("_federation")
+    for warning in report["warnings"]:
+        err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
     if args.plot:
         from hetfed.experiments.figures import plot_partition
 
@@ -178,8 +180,6 @@ def cmd_partition(args: argparse.Namespace) -> int:
             str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
         )
     console.print(table)
-    for warning in report["warnings"]:
-        err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
     console.print(
         f"Γ (mean Fréchet distance, client vs rest) = {report['gamma']:.4f}   "
         f"label EMD mean = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "

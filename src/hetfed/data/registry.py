@@ -257,6 +257,12 @@ def _features(x: np.ndarray, where: str) -> np.ndarray:
         raise DataError(f"{where}: x has type {x.dtype}: expected numeric features")
     if np.issubdtype(x.dtype, np.complexfloating):
         raise DataError(f"{where}: x is complex: expected real-valued features")
+    finite = x[np.isfinite(x)] if np.issubdtype(x.dtype, np.floating) else x
+    peak = float(np.abs(finite).max()) if finite.size else 0.0
+    if peak > MAX_ABS_FEATURE:  # checked before float32, where it would turn into inf
+        raise DataError(
+            f"{where}: features reach {peak:.3g}: expected magnitudes ≤ {MAX_ABS_FEATURE:.0e} (standardise the features first)"
+        )
     return x.astype(np.float32)
 
 

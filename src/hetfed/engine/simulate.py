@@ -55,7 +55,7 @@ class DivergedError(RunError):
 
 
 def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
-    return (f"training diverged at round {rnd}: {what}; the metrics up to round {rnd - 1} are kept in "
+    return (f"training diverged at round {rnd}: {what}; earlier evaluations are kept in "
             f"metrics.csv. Expected a smaller train.optimizer.lr (now {train.optimizer.lr:g}) or "
             "train.server_lr, or standardised features")
 
