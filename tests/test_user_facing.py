@@ -20,7 +20,6 @@ import pytest
 
 from hetfed.cli import main
 from hetfed.data.formats import write_idx
-from hetfed.experiments.rundir import run_state
 
 REPO = Path(__file__).resolve().parents[1]
 FAST = ["--set", "train.rounds=2"]
@@ -258,7 +257,8 @@ def test_a_corrupt_gzip_idx_file_gets_one_line(tmp_path, capsys):
     write_mnist_like(tmp_path / "data")
     target = tmp_path / "data" / "train-images-idx3-ubyte.gz"
     raw = bytearray(target.read_bytes())
-    raw[len(raw) // 2 : len(raw) // 2 + 20] = b"\x00" * 20
+    start = raw.index(b"\x00", 10) + 1  # after the gzip header and its file name: the deflate stream
+    raw[start + 2 : start + 10] = b"\xff" * 8  # zlib.error, not a CRC mismatch
     target.write_bytes(bytes(raw))
     code, _, err = run_cli(["partition", "--set", "dataset.name=mnist", "--set", f"dataset.data_dir={tmp_path / 'data'}"], capsys)
     assert_one_line_error(code, err, "train-images-idx3-ubyte.gz")
@@ -357,6 +357,8 @@ def _wait_for_status(run: Path, proc: subprocess.Popen, timeout: float = 60) -> 
 
 
 def test_sigterm_marks_the_run_failed_and_sigkill_leaves_a_run_known_dead(tmp_path):
+    from hetfed.experiments.rundir import run_state
+
     run = tmp_path / "r"
     proc = _spawn(["run", "--set", "train.rounds=100000", "--out", str(run)], tmp_path / "log")
     try:
