@@ -40,7 +40,6 @@ def _device(cfg: EmbedConfig):
 
 def _progress(desc: str, enabled: bool):
     """A progress bar on stderr, so it never mixes with ``--json`` output."""
-    from rich.console import Console
     from rich.progress import (
         BarColumn,
         MofNCompleteColumn,
@@ -49,9 +48,11 @@ def _progress(desc: str, enabled: bool):
         TimeRemainingColumn,
     )
 
+    from hetfed.console import make_console
+
     return Progress(
-        TextColumn(desc), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
-        disable=not enabled, transient=True, console=Console(stderr=True),
+        TextColumn(desc, markup=False), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+        disable=not enabled, transient=True, console=make_console(stderr=True),
     )
 
 

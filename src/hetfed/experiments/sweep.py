@@ -23,6 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from hetfed.config import Config, build_config
+from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.experiments.rundir import new_run_dir, write_json_atomic
 
@@ -129,7 +130,7 @@ def run_sweep(
     """
     from hetfed.experiments.runner import run_experiment
 
-    console = console or Console()
+    console = console or make_console()
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
     points = grid_points(grid)
