@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetfed.algorithms.fedmoe import run_fedmoe
+from hetfed.algorithms import build_algorithm
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, build_config
 from hetfed.models import build_model
@@ -34,9 +34,22 @@ def _config(**train):
 
 
 def _run(config, fed):
+    """FedMoE through the engine: federated rounds, then the personalisation step, then each view scored."""
+    from hetfed.engine.simulate import personalise, simulate
+
     def build(n_out):
         return build_model(ModelConfig(hidden=[16], dropout=0.2), fed.input_shape, n_out)
-    return run_fedmoe(config, config.train, build, fed)
+
+    algo = build_algorithm("fedmoe", build(fed.n_classes), config.train, moe=config.moe, build=build, seed=config.seed)
+    res = personalise(algo, fed, config.seed, simulate(algo, fed, config.train, config.seed), torch.device("cpu"))
+    out = {}
+    for view, ev in res.views.items():
+        epochs = res.personal_info.get(f"epochs.{view}")
+        out[view] = {"evaluation": ev, "best": ev.metrics, "local_accuracy": ev.metrics["local_accuracy_mean"],
+                     "global_accuracy": ev.metrics["global_accuracy"],
+                     "epochs_mean": float(np.mean(epochs)) if epochs else None}
+    out["fedavg"]["_global_params"] = (res.best_server or res.server).params
+    return out
 
 
 def test_mixture_blends_in_probability_space():

@@ -51,7 +51,7 @@ def test_several_methods_share_the_federation(tmp_path):
 def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatch):
     from hetfed.engine import simulate as sim
 
-    real = sim.evaluate
+    real = sim.evaluation
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -60,7 +60,7 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(sim, "evaluate", flaky)
+    monkeypatch.setattr(sim, "evaluation", flaky)
     cfg = build_config({"train": {"rounds": 5}})
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, out=tmp_path / "r", progress=False)

@@ -107,7 +107,7 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     train = TrainConfig(rounds=4, local_steps=2)
     model = build_model(build_config({}).model, prep.federation.input_shape, prep.federation.n_classes)
     algo = build_algorithm("fedavg", model, train, build_config({}).fsnet, 64)
-    real = sim.evaluate
+    real = sim.evaluation
     calls = {"n": 0}
 
     def nan_at_round_3(*a, **k):
@@ -117,12 +117,12 @@ def test_a_nan_validation_loss_is_never_the_best_model():
             ev.metrics["val_loss"] = float("nan")
         return ev
 
-    sim.evaluate = nan_at_round_3
+    sim.evaluation = nan_at_round_3
     try:
         with pytest.raises(sim.DivergedError, match="round 3"):
             sim.simulate(algo, prep.federation, train, 0)
     finally:
-        sim.evaluate = real
+        sim.evaluation = real
 
 
 def test_without_validation_data_the_summary_says_there_was_nothing_to_select_on(tmp_path, capsys):

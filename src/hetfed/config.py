@@ -22,7 +22,7 @@ EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
 AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet"]
-ExecutorKind = Literal["vectorised", "sequential"]
+ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
 class _Strict(BaseModel):
@@ -143,6 +143,17 @@ class TrainConfig(_Strict):
     )
 
 
+class FlowerConfig(_Strict):
+    """How the server talks to clients on Flower (``train.executor: flower``)."""
+
+    round_timeout: float | None = Field(
+        None, gt=0, description="seconds to wait for a step's replies; None waits for all (a dead node then hangs)"
+    )
+    min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
+    connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
+    client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
+
+
 class MoEConfig(_Strict):
     """FedMoE's per-client phases: fine-tuning, then specialist + gate (and the Local baseline).
 
@@ -203,6 +214,7 @@ class Config(_Strict):
     train: TrainConfig = Field(default_factory=TrainConfig)
     moe: MoEConfig = Field(default_factory=MoEConfig)
     fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
+    flower: FlowerConfig = Field(default_factory=FlowerConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
         MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),

@@ -2,22 +2,58 @@
 
 from __future__ import annotations
 
-from hetfed.algorithms.base import Algorithm, weighted_average
+from collections.abc import Callable
+
 from hetfed.algorithms.fedavg import FedAvg, FedProx, Local
+from hetfed.algorithms.fedmoe import FedMoE
 from hetfed.algorithms.fsnet import FedFSNet
-from hetfed.config import FSNetConfig, TrainConfig
+from hetfed.config import Config, FSNetConfig, MethodConfig, MoEConfig, TrainConfig
+from hetfed.interface import Algorithm, weighted_average
 from hetfed.models.base import Model
 
 ALGORITHMS: dict[str, type[Algorithm]] = {"fedavg": FedAvg, "fedprox": FedProx, "local": Local}
 
 
-def build_algorithm(name: str, model: Model, train: TrainConfig, fsnet: FSNetConfig | None = None, in_features: int | None = None) -> Algorithm:
-    """The algorithm a method names (``fedmoe`` is a pipeline: see hetfed.algorithms.fedmoe)."""
+def build_algorithm(
+    name: str,
+    model: Model,
+    train: TrainConfig,
+    fsnet: FSNetConfig | None = None,
+    in_features: int | None = None,
+    moe: MoEConfig | None = None,
+    build: Callable[[int], Model] | None = None,
+    seed: int = 0,
+) -> Algorithm:
+    """The algorithm a method names, around its model.
+
+    ``fsnet`` needs ``in_features`` (what its hidden model decodes to); ``fedmoe``
+    needs ``build`` (a model of the same kind with n outputs, for its gate) and the
+    run's ``seed`` (its per-client phases draw from it).
+    """
     if name == "fsnet":
         if in_features is None:
             raise ValueError("fsnet needs in_features (the input size the hidden model decodes to)")
         return FedFSNet(model, train, fsnet or FSNetConfig(), in_features)
+    if name == "fedmoe":
+        if build is None:
+            raise ValueError("fedmoe needs build (the model factory its gate is made with)")
+        return FedMoE(model, train, moe or MoEConfig(), build, seed)
     return ALGORITHMS[name](model, train)
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedProx", "Local", "build_algorithm", "weighted_average"]
+def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, ...], n_classes: int) -> Algorithm:
+    """The algorithm object of one configured method: the same on every executor (in-process or Flower)."""
+    import numpy as np
+
+    from hetfed.models import build_model
+
+    model_cfg = config.method_model(method)
+    model = build_model(model_cfg, input_shape, n_classes)
+    return build_algorithm(
+        method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
+        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed,
+    )
+
+
+__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "algorithm_for",
+           "build_algorithm", "weighted_average"]

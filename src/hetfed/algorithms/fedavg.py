@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import torch
 
-from hetfed.algorithms.base import Algorithm
 from hetfed.engine import optim
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.interface import Algorithm
 
 
 class FedAvg(Algorithm):

@@ -1,26 +1,36 @@
-"""Executors run ``local_update`` for the sampled clients. One algorithm, many ways.
+"""Executors run the client-side steps of an algorithm for the chosen clients.
+
+One algorithm definition, several ways to run it. An executor owns where the
+clients live and how they are stacked; the algorithm's steps are the same:
+
+- ``train(bc, clients) -> Upload``: each client's ``local_update`` for a round;
+- ``personalise(bc, clients) -> info``: the client-side step after federated training;
+- ``evaluate(bc, clients, view) -> reports``: each client scores its own model;
+  only metrics come back.
+
+In this process:
 
 - :class:`SequentialExecutor`: a plain per-client loop (stacks of one) — the
   reference the vectorised executor is tested against.
-- :class:`VectorisedExecutor` (default): the sampled clients' parameters stacked
-  along a leading axis and trained together, in chunks that fit a memory budget.
+- :class:`VectorisedExecutor` (default): the clients' parameters stacked along a
+  leading axis and trained together, in chunks that fit a memory budget.
 
-Both call the algorithm's pure ``local_update`` with the same per-client seeds,
-so they agree to float tolerance. A Flower executor (deployment) plugs in at the
-same seam: it receives the broadcast and the client ids and returns an Upload.
+Both derive every client's randomness from (run seed, round, client id), so they
+agree to float tolerance. :mod:`hetfed.flower.executor` runs the same steps on
+Flower SuperNodes, each holding its own client's state.
 """
 
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Protocol
 
 import numpy as np
 import torch
 
-from hetfed.algorithms.base import Algorithm
-from hetfed.engine.rng import CLIENT_ROUND, derive_seed
+from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -30,6 +40,9 @@ from hetfed.engine.types import (
     stack_states,
     unstack_state,
 )
+from hetfed.errors import RunError
+from hetfed.interface import Algorithm, ClientEvalData
+from hetfed.models.base import Model
 
 
 @dataclass(frozen=True, eq=False)
@@ -40,68 +53,159 @@ class Pool:
     y: torch.Tensor
     train: tuple[np.ndarray, ...]
     seed: int
+    val: tuple[np.ndarray, ...] = ()
+
+
+class RoundSkipped(RunError):
+    """Fewer clients replied than the minimum: the round is not aggregated (the model stays)."""
+
+    def __init__(self, rnd: int, got: int, need: int):
+        self.round, self.got, self.need = rnd, got, need
+        super().__init__(f"round {rnd}: {got} clients replied, fewer than flower.min_replies = {need}; round skipped")
 
 
 class Executor(Protocol):
-    def run(self, algo: Algorithm, bc: Broadcast, clients: list[int], states: dict[int, ClientState], pool: Pool) -> tuple[Upload, dict[int, ClientState]]: ...
+    """Where the clients live; see the module docstring."""
+
+    name: str
+
+    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None: ...
+    def train(self, bc: Broadcast, clients: list[int]) -> Upload: ...
+    def personalise(self, bc: Broadcast, clients: list[int],
+                    on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]: ...
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]: ...
+    def stop(self) -> None: ...
 
 
-def _run_stack(algo: Algorithm, bc: Broadcast, chunk: list[int], states: dict[int, ClientState], pool: Pool):
-    data = ClientData(
+def client_data(pool: Pool, chunk: list[int], round: int, with_val: bool = False) -> ClientData:
+    """A stack's training data; every client's seed comes from (run seed, round, client id)."""
+    return ClientData(
         client_ids=chunk,
         x=pool.x,
         y=pool.y,
         indices=[pool.train[k] for k in chunk],
-        seeds=[derive_seed(pool.seed, CLIENT_ROUND, bc.round, k) for k in chunk],
+        seeds=[derive_seed(pool.seed, CLIENT_ROUND, round, k) for k in chunk],
+        val_indices=[pool.val[k] for k in chunk] if with_val else None,
     )
-    upload, new = algo.local_update(bc, stack_states([states[k] for k in chunk]), data)
-    return upload, dict(zip(chunk, unstack_state(new, len(chunk)), strict=True)) if new else {k: {} for k in chunk}
 
 
-class SequentialExecutor:
-    """One client at a time."""
+def init_states(algo: Algorithm, n_clients: int, seed: int, device: torch.device) -> dict[int, ClientState]:
+    """Every client's initial local state, each from its own generator."""
+    return {k: {n: v.to(device) for n, v in algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)).items()}
+            for k in range(n_clients)}
+
+
+def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
+    """How many clients' training fits the budget: params, grads, optimiser buffers, activations."""
+    floats = 5 * model.n_params() + model.activation_floats(batch_size)
+    return max(1, int(memory_budget_mb * 2**20 / (4 * floats)))
+
+
+def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, n_global: int, max_floats: int) -> int:
+    """How many clients to score at once: their longest evaluation set × width within ``max_floats``."""
+    d = int(np.prod(x.shape[1:]))
+    longest = max(n_global, *(len(fed.test[k]) for k in ids), *(len(fed.val[k]) for k in ids), 1)
+    return max(1, max_floats // (longest * max(d, n_classes)))
+
+
+class InProcessExecutor:
+    """Clients' states in a dict in this process; steps run on stacks of ``chunk`` clients."""
+
+    name = "in-process"
+
+    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None,
+                 eval_max_floats: int = 50_000_000):
+        self.memory_budget_mb = memory_budget_mb
+        self.chunk_clients = chunk_clients
+        self.eval_max_floats = eval_max_floats
+        self.states: dict[int, ClientState] = {}
+
+    def chunk_size(self, model: Model, batch_size: int) -> int:
+        if self.chunk_clients is not None:
+            return self.chunk_clients
+        return memory_chunk(model, batch_size, self.memory_budget_mb)
+
+    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
+        self.algo, self.fed, self.seed = algo, fed, seed
+        x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
+        y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
+        self.x_global = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
+        self.y_global = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
+        self.pool = Pool(x, y, fed.train, seed, fed.val)
+        self.states = init_states(algo, fed.n_clients, seed, device)
+
+    def _chunks(self, clients: list[int], size: int):
+        for start in range(0, len(clients), size):
+            yield clients[start : start + size]
+
+    def _stacked(self, chunk: list[int]) -> ClientState:
+        return stack_states([self.states[k] for k in chunk])
+
+    def _keep(self, chunk: list[int], new: ClientState) -> None:
+        if new:
+            self.states.update(zip(chunk, unstack_state(new, len(chunk)), strict=True))
+        else:
+            self.states.update({k: {} for k in chunk})
+
+    def train(self, bc: Broadcast, clients: list[int]) -> Upload:
+        uploads = []
+        for chunk in self._chunks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
+            upload, new = self.algo.local_update(bc, self._stacked(chunk), client_data(self.pool, chunk, bc.round))
+            uploads.append(upload)
+            self._keep(chunk, new)
+        return concat_uploads(uploads)
+
+    def personalise(self, bc: Broadcast, clients: list[int],
+                    on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:
+        info: dict[str, list[float]] = {}
+        model, batch = self.algo.personalise_footprint()
+        done = 0
+        for chunk in self._chunks(clients, self.chunk_size(model, batch)):
+            new, extra = self.algo.personalise(bc, self._stacked(chunk), client_data(self.pool, chunk, bc.round, True))
+            self._keep(chunk, new)
+            for key, values in extra.items():
+                info.setdefault(key, []).extend(float(v) for v in values)
+            done += len(chunk)
+            if on_chunk:
+                on_chunk(done, len(clients))
+        return info
+
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
+        reports: dict[str, list] = {}
+        size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes, len(self.y_global),
+                          self.eval_max_floats)
+        for chunk in self._chunks(clients, size):
+            data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
+                                  [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes)
+            for key, values in self.algo.evaluate_client(bc, self._stacked(chunk), data, view).items():
+                reports.setdefault(key, []).extend(values)
+        return reports
+
+    def stop(self) -> None:
+        return None
+
+
+class SequentialExecutor(InProcessExecutor):
+    """One client at a time: the reference the vectorised executor is tested against."""
 
     name = "sequential"
 
-    def run(self, algo, bc, clients, states, pool):
-        uploads, new_states = [], {}
-        for k in clients:
-            upload, new = _run_stack(algo, bc, [k], states, pool)
-            uploads.append(upload)
-            new_states.update(new)
-        return concat_uploads(uploads), new_states
+    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None, **kw):
+        super().__init__(memory_budget_mb, 1, **kw)
 
 
-class VectorisedExecutor:
-    """All sampled clients at once, chunked to ``memory_budget_mb`` (or ``chunk_clients``)."""
+class VectorisedExecutor(InProcessExecutor):
+    """All chosen clients at once, chunked to ``memory_budget_mb`` (or ``chunk_clients``)."""
 
     name = "vectorised"
 
-    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None):
-        self.memory_budget_mb = memory_budget_mb
-        self.chunk_clients = chunk_clients
-
-    def chunk_size(self, algo: Algorithm) -> int:
-        if self.chunk_clients is not None:
-            return self.chunk_clients
-        model = algo.model
-        # params + grads + up to two optimiser buffers + a server copy, plus activations
-        floats = 5 * model.n_params() + model.activation_floats(algo.schedule.batch_size)
-        return max(1, int(self.memory_budget_mb * 2**20 / (4 * floats)))
-
-    def run(self, algo, bc, clients, states, pool):
-        size = self.chunk_size(algo)
-        uploads, new_states = [], {}
-        for start in range(0, len(clients), size):
-            upload, new = _run_stack(algo, bc, clients[start : start + size], states, pool)
-            uploads.append(upload)
-            new_states.update(new)
-        return concat_uploads(uploads), new_states
-
 
 def build_executor(kind: str, memory_budget_mb: float = 128, chunk_clients: int | None = None) -> Executor:
+    """An in-process executor; a Flower one is made where the Grid is (see hetfed.flower.simulation)."""
+    if kind == "flower":
+        raise RunError("train.executor = 'flower' runs through hetfed.flower.simulation (hetfed run does it)")
     if kind == "sequential":
-        return SequentialExecutor()
+        return SequentialExecutor(memory_budget_mb)
     return VectorisedExecutor(memory_budget_mb, chunk_clients)
 
 

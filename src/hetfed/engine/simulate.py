@@ -1,8 +1,9 @@
-"""The round loop: sample → broadcast → local_update → aggregate → evaluate.
+"""The round loop: sample → broadcast → train → aggregate → evaluate; then personalise.
 
-``simulate`` is a generator-free, callback-driven loop: the runner passes
-``on_eval`` to stream metrics to disk as they come, so an interrupted run keeps
-every evaluation it finished.
+``simulate`` is callback-driven: the runner passes ``on_eval`` to stream metrics
+to disk as they come, so an interrupted run keeps every evaluation it finished.
+It only talks to clients through an executor, so the same loop drives clients
+in this process or on Flower SuperNodes.
 """
 
 from __future__ import annotations
@@ -15,14 +16,14 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from hetfed.algorithms.base import Algorithm
 from hetfed.config import TrainConfig
-from hetfed.engine.evaluate import Evaluation, evaluate
-from hetfed.engine.executors import Executor, Pool, build_executor
-from hetfed.engine.rng import CLIENT_INIT, SERVER_INIT, torch_gen
+from hetfed.engine.evaluate import Evaluation, summarise
+from hetfed.engine.executors import Executor, RoundSkipped, build_executor
+from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import sample_clients
-from hetfed.engine.types import ClientState, ServerState
+from hetfed.engine.types import ServerState
 from hetfed.errors import RunError
+from hetfed.interface import Algorithm
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -38,7 +39,6 @@ def resolve_device(kind: str) -> torch.device:
 @dataclass
 class SimulationResult:
     server: ServerState
-    states: dict[int, ClientState]
     history: list[tuple[int, Evaluation]] = field(default_factory=list)
     best_round: int | None = None
     best: Evaluation | None = None
@@ -48,6 +48,17 @@ class SimulationResult:
     selected_by: str | None = "val_loss"  # None: no validation data, so best = final
     train_seconds: float = 0.0
     server_seconds: float = 0.0  # the aggregate step's share of train_seconds
+    #: after personalisation: each view's evaluation, the per-client info and seconds
+    views: dict[str, Evaluation] = field(default_factory=dict)
+    personal_info: dict[str, list[float]] = field(default_factory=dict)
+    personal_seconds: float = 0.0
+    executor: Executor | None = None
+    skipped_rounds: list[int] = field(default_factory=list)  # too few replies: not aggregated
+
+    @property
+    def states(self) -> dict:
+        """Every client's local state, when the clients live in this process."""
+        return getattr(self.executor, "states", {})
 
 
 class DivergedError(RunError):
@@ -66,8 +77,16 @@ def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
         raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
 
 
-def _to(params: dict[str, torch.Tensor], device: torch.device) -> dict[str, torch.Tensor]:
-    return {k: v.to(device) for k, v in params.items()}
+def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, clients: list[int] | None = None,
+               view: str | None = None, x_global: torch.Tensor | None = None,
+               y_global: torch.Tensor | None = None) -> Evaluation:
+    """Clients score their models (``view``: a personalised predictor); the server scores its own."""
+    ids = list(range(fed.n_clients)) if clients is None else list(clients)
+    bc = algo.broadcast(server, server.round)
+    reports = executor.evaluate(bc, ids, view)
+    ids = reports.pop("client_ids", ids)  # the clients that answered (all, in this process)
+    own = algo.evaluate_server(server, x_global, y_global) if view is None or view == algo.federated_view else {}
+    return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 
 
 def simulate(
@@ -79,19 +98,16 @@ def simulate(
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
     on_eval: Callable[[int, Evaluation], None] | None = None,
 ) -> SimulationResult:
-    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``."""
+    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``, then its personalisation."""
     device = resolve_device(train.device)
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
-    x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
-    y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
+    executor.start(algo, fed, seed, device)
     xg = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
     yg = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
-    pool = Pool(x, y, fed.train, seed)
 
     server = algo.server_init(torch_gen(seed, SERVER_INIT))
-    server = ServerState(_to(server.params, device), server.round, server.extra)
-    states = {k: _to(algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)), device) for k in range(fed.n_clients)}
-    result = SimulationResult(server, states)
+    server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
+    result = SimulationResult(server, executor=executor)
     # best-model selection needs validation data on the clients that train the global model
     has_val = any(len(fed.val[k]) for k in np.flatnonzero(~np.asarray(fed.opted_out, dtype=bool)))
     result.selected_by = "val_loss" if has_val else None
@@ -102,17 +118,21 @@ def simulate(
         t0 = time.perf_counter()
         clients = sample_clients(train, fed.opted_out, seed, r)
         bc = algo.broadcast(server, r)
-        upload, new_states = executor.run(algo, bc, clients, states, pool)
-        states = {**states, **new_states}
+        try:
+            upload = executor.train(bc, clients)
+        except RoundSkipped:  # too few replies: the global model stays as it was
+            result.skipped_rounds.append(r + 1)
+            upload = None
         t_server = time.perf_counter()
-        server = algo.aggregate(server, upload)
+        if upload is not None:
+            server = algo.aggregate(server, upload)
         result.server_seconds += time.perf_counter() - t_server
         _check_finite(server, r + 1, train)
         t_train += time.perf_counter() - t0
         result.rounds_done = r + 1
         metrics = None
         if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds:
-            ev = evaluate(algo, server, states, fed, x, y, xg, yg)
+            ev = evaluation(algo, executor, server, fed, x_global=xg, y_global=yg)
             metrics = ev.metrics
             result.history.append((r + 1, ev))
             if on_eval:
@@ -123,7 +143,7 @@ def simulate(
             if not has_val or val < best_val:  # without validation data, best = the latest
                 best_val = val if has_val else best_val
                 result.best_round, result.best = r + 1, ev
-                result.best_server = ServerState(copy.deepcopy(server.params), server.round)
+                result.best_server = ServerState(copy.deepcopy(server.params), server.round, server.extra)
                 since_best = 0
             else:
                 since_best += 1
@@ -132,5 +152,26 @@ def simulate(
         if train.patience is not None and since_best >= train.patience:
             result.stopped_early = True
             break
-    result.server, result.states, result.train_seconds = server, states, t_train
+    result.server, result.train_seconds = server, t_train
+    return result
+
+
+def personalise(algo: Algorithm, fed, seed: int, result: SimulationResult, device: torch.device,
+                on_chunk: Callable[[int, int], object] | None = None) -> SimulationResult:
+    """The client-side step after federated training, from the best global model; then every view scored.
+
+    ``on_chunk(done, total)`` reports how many clients have finished.
+    """
+    executor = result.executor
+    assert executor is not None
+    chosen = result.best_server or result.server
+    t0 = time.perf_counter()
+    result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), algo.personalise_clients(fed, seed),
+                                                on_chunk)
+    result.personal_seconds = time.perf_counter() - t0
+    xg = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
+    yg = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
+    ids = algo.eval_clients(fed, seed)
+    for view in algo.views:
+        result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
     return result

@@ -60,6 +60,7 @@ class ClientData:
     y: torch.Tensor  # [N]
     indices: list[np.ndarray]  # per client: its train indices into the pool
     seeds: list[int]  # per client: this round's seed (derived from run seed, round, id)
+    val_indices: list[np.ndarray] | None = None  # per client: its validation indices (personalisation)
 
     def sizes(self) -> torch.Tensor:
         return torch.tensor([len(i) for i in self.indices], dtype=torch.float32)

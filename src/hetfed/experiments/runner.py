@@ -17,12 +17,12 @@ import torch
 from rich.console import Console
 from rich.table import Table
 
-from hetfed.algorithms import build_algorithm
+from hetfed.algorithms import algorithm_for
 from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.sampling import clients_per_round
-from hetfed.engine.simulate import SimulationResult, resolve_device, simulate
+from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import interruption_reason
 from hetfed.experiments.rundir import (
     Heartbeat,
@@ -31,7 +31,6 @@ from hetfed.experiments.rundir import (
     set_status,
     write_json_atomic,
 )
-from hetfed.models import build_model
 from hetfed.pipeline import Prepared, prepare
 
 #: metrics shown in the final table and compared across methods
@@ -66,7 +65,14 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
         "wall_seconds": seconds,
         "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
         "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
+        **_failures(result),
     }
+
+
+def _failures(result: SimulationResult) -> dict:
+    """Clients that did not answer (Flower) and rounds skipped for too few replies; empty in-process."""
+    failed = list(getattr(result.executor, "failures", []))
+    return {"failed_clients": failed, "skipped_rounds": list(result.skipped_rounds)} if failed or result.skipped_rounds else {}
 
 
 def _write_eval(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation) -> None:
@@ -98,11 +104,7 @@ def run_experiment(
         train = config.method_train(method)
         resolve_device(train.device)  # "cuda" without a GPU fails here, before any file
         clients_per_round(train, n_opted_in)  # an m that cannot be met fails here, not mid-run
-        model = build_model(config.method_model(method), fed.input_shape, fed.n_classes)
-        algo = None if method.algorithm == "fedmoe" else build_algorithm(
-            method.algorithm, model, train, config.fsnet, int(np.prod(fed.x.shape[1:]))
-        )
-        plans.append((method, train, algo))
+        plans.append((method, train, algorithm_for(config, method, fed.input_shape, fed.n_classes)))
 
     run_dir = new_run_dir(out, config.out_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_config(config))
@@ -117,16 +119,7 @@ def run_experiment(
             for method, train, algo in plans:
                 label = method.label
                 heartbeat.beat(method=label)
-                if algo is None:
-                    methods.update(_run_fedmoe(config, method, train, fed, writer, bar, curves, run_dir, heartbeat))
-                    continue
-                methods[label] = _run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat)
-                ckpt = run_dir / "checkpoints"
-                ckpt.mkdir(exist_ok=True)
-                res = methods[label].pop("_result")
-                torch.save({k: v.cpu() for k, v in res.server.params.items()}, ckpt / f"{label}-final.pt")
-                if res.best_server is not None:
-                    torch.save({k: v.cpu() for k, v in res.best_server.params.items()}, ckpt / f"{label}-best.pt")
+                methods.update(_run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir))
         writer.close()
         from hetfed.experiments.figures import plot_learning_curves
 
@@ -168,66 +161,28 @@ def run_experiment(
     return RunOutput(run_dir, summary)
 
 
-def _run_fedmoe(config, method: MethodConfig, train, fed, writer, bar, curves, run_dir: Path,
-                heartbeat: Heartbeat) -> dict[str, dict]:
-    """FedMoE's four methods (Local, FedAvg, Fine-tuned, Mixture) as four table rows."""
-    from hetfed.algorithms.fedmoe import run_fedmoe
+def _row_name(label: str, view: str) -> str:
+    """How a view of a method is named in tables: FedMoE's own views by their names."""
+    return view if label == "fedmoe" else f"{label}:{view}"
 
-    model_cfg = config.method_model(method)
+
+def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat,
+                run_dir: Path) -> dict[str, dict]:
+    """One method: federated rounds, then (if the algorithm has one) its personalisation step.
+
+    Returns the method's table rows: one, or one per view (FedMoE's Local, FedAvg,
+    Fine-tuned and Mixture).
+    """
     label = method.label
-    task = bar.add_task(f"{label}:fedavg", total=train.rounds, acc="   -  ", rate="")
-    t0 = time.perf_counter()
-
-    def on_round(rnd: int, metrics) -> None:
-        fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
-        fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
-        bar.update(task, completed=rnd, **fields)
-        heartbeat.beat()
-
-    def on_eval(sub: str, rnd: int, ev: Evaluation) -> None:
-        _write_eval(writer, f"{label}:{sub}" if label != "fedmoe" else sub, rnd, ev)
-        for metric in curves:
-            if metric in ev.metrics:
-                curves[metric].setdefault(f"{label}:{sub}", []).append((rnd, ev.metrics[metric]))
-
-    def build(n_out: int):
-        return build_model(model_cfg, fed.input_shape, n_out)
-
-    phases: dict[str, int] = {}
-
-    def on_phase(phase: str, done: int, total: int) -> None:
-        if phase not in phases:
-            bar.update(task, completed=train.rounds)
-            phases[phase] = bar.add_task(f"{label}:{phase}", total=total, acc="   -  ", rate="clients")
-        bar.update(phases[phase], completed=done)
-        heartbeat.beat()
-
-    results = run_fedmoe(config, train, build, fed, on_round=on_round, on_eval=on_eval, on_phase=on_phase)
-    bar.update(task, completed=train.rounds)
-    ckpt = run_dir / "checkpoints"
-    ckpt.mkdir(exist_ok=True)
-    glob = results["fedavg"].pop("_global_params")
-    torch.save({k: v.cpu() for k, v in glob.items()}, ckpt / f"{label}-global-best.pt")
-    out = {}
-    for sub, summary in results.items():
-        name = sub if label == "fedmoe" else f"{label}:{sub}"
-        ev = summary.pop("evaluation")
-        _write_eval(writer, name, summary.get("rounds") or summary.get("epochs") or 0, ev)
-        summary["algorithm"] = f"fedmoe:{sub}"
-        out[name] = summary
-    return out
-
-
-def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat) -> dict:
-    label = method.label
-    task = bar.add_task(label, total=train.rounds, acc="   -  ", rate="")
+    fed_label = _row_name(label, algo.federated_view) if algo.views else label
+    task = bar.add_task(fed_label, total=train.rounds, acc="   -  ", rate="")
     t0 = time.perf_counter()
 
     def on_eval(rnd: int, ev: Evaluation) -> None:
-        _write_eval(writer, label, rnd, ev)
+        _write_eval(writer, fed_label, rnd, ev)
         for metric in curves:
             if metric in ev.metrics:
-                curves[metric].setdefault(label, []).append((rnd, ev.metrics[metric]))
+                curves[metric].setdefault(fed_label, []).append((rnd, ev.metrics[metric]))
 
     def on_round(rnd: int, metrics) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
@@ -235,12 +190,66 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         bar.update(task, completed=rnd, **fields)
         heartbeat.beat()
 
-    result = simulate(algo, fed, train, config.seed, on_round=on_round, on_eval=on_eval)
-    bar.update(task, completed=train.rounds)
-    summary = method_summary(result, time.perf_counter() - t0)
-    summary["algorithm"] = method.algorithm
-    summary["_result"] = result
-    return summary
+    times: dict[str, float] = {}
+
+    def body(executor=None) -> SimulationResult:
+        res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval)
+        bar.update(task, completed=train.rounds)
+        times["federated"] = time.perf_counter() - t0
+        if algo.views:
+            ptask = bar.add_task(f"{label}:personalise", total=len(algo.personalise_clients(fed, config.seed)),
+                                 acc="   -  ", rate="clients")
+            personalise(algo, fed, config.seed, res, resolve_device(train.device),
+                        on_chunk=lambda done, total: (bar.update(ptask, completed=done), heartbeat.beat()))
+        return res
+
+    if train.executor == "flower":
+        from hetfed.flower.simulation import run_on_simulation
+
+        result = run_on_simulation(config, config.methods.index(method), fed.n_clients, body)
+    else:
+        result = body()
+    ckpt = run_dir / "checkpoints"
+    ckpt.mkdir(exist_ok=True)
+    if not algo.views:
+        torch.save({k: v.cpu() for k, v in result.server.params.items()}, ckpt / f"{label}-final.pt")
+        if result.best_server is not None:
+            torch.save({k: v.cpu() for k, v in result.best_server.params.items()}, ckpt / f"{label}-best.pt")
+        summary = method_summary(result, time.perf_counter() - t0)
+        summary["algorithm"] = method.algorithm
+        return {label: summary}
+
+    fed_seconds = times["federated"]
+    chosen = result.best_server or result.server
+    torch.save({k: v.cpu() for k, v in chosen.params.items()}, ckpt / f"{label}-global-best.pt")
+    rows = {}
+    for view in algo.views:
+        ev = result.views[view]
+        if view == algo.federated_view:
+            seconds, extra = fed_seconds, {"rounds": result.rounds_done, "best_round": result.best_round,
+                                           "selected_by": result.selected_by, **_failures(result)}
+        else:
+            epochs = result.personal_info.get(f"epochs.{view}", [0])
+            seconds = float(sum(result.personal_info.get(f"seconds.{view}", [0.0])))
+            extra = {"epochs": int(max(epochs)), "epochs_mean": float(np.mean(epochs))}
+        name = _row_name(label, view)
+        _write_eval(writer, name, extra.get("rounds") or extra.get("epochs") or 0, ev)
+        rows[name] = {**_view_summary(ev, seconds, extra), "algorithm": f"{method.algorithm}:{view}"}
+    return rows
+
+
+def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
+    """A personalised view's row: one evaluation, so final = best."""
+    metrics = _clean(ev.metrics)
+    return {
+        "final": metrics,
+        "best": metrics,
+        "local_accuracy": metrics.get("local_accuracy_mean"),
+        "global_accuracy": metrics.get("global_accuracy"),
+        "wall_seconds": seconds,
+        "seconds_per_round": seconds / max(extra.get("rounds") or extra.get("epochs") or 1, 1),
+        **extra,
+    }
 
 
 def print_summary(summary: dict, run_dir: Path, console: Console) -> None:

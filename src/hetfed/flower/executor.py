@@ -1,0 +1,123 @@
+"""The server side on Flower: an executor that sends the client steps as messages.
+
+:class:`FlowerExecutor` implements the same :class:`~hetfed.engine.executors.Executor`
+protocol as the in-process executors, so :func:`hetfed.engine.simulate.simulate`
+drives a Flower federation with the same round loop: sample → broadcast →
+``train`` messages to the sampled clients' nodes → aggregate their uploads →
+``evaluate`` messages. Clients are never sent anything they would not get
+in-process: opted-out clients never receive a ``train`` message.
+
+A round proceeds with the replies it has: a node that fails (an error reply, or
+no reply within ``flower.round_timeout``) is recorded in :attr:`failures`, and the
+round is aggregated over the others if at least ``flower.min_replies`` replied
+(else it is skipped: the global model stays as it was).
+"""
+
+from __future__ import annotations
+
+import time
+
+import torch
+from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from hetfed.config import FlowerConfig, dump_config
+from hetfed.engine.executors import RoundSkipped
+from hetfed.engine.types import Broadcast, Upload, concat_uploads
+from hetfed.errors import RunError
+from hetfed.flower.records import RUN, broadcast_to_records, records_to_reports, records_to_upload
+from hetfed.interface import Algorithm
+
+
+class FlowerExecutor:
+    """Client steps as Flower messages through a ``Grid`` (Simulation Engine or a SuperLink)."""
+
+    name = "flower"
+
+    def __init__(self, grid: Grid, config, method: int, flower: FlowerConfig | None = None):
+        self.grid = grid
+        self.config_text = dump_config(config)
+        self.method = method
+        self.flower = flower or config.flower
+        self.nodes: dict[int, int] = {}  # client id → node id
+        self.failures: list[dict] = []  # {"step", "round", "clients"}
+        self.messages = 0
+
+    # -- set-up: which node holds which client
+    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
+        self.algo, self.fed = algo, fed
+        deadline = time.monotonic() + self.flower.connect_timeout
+        node_ids: list[int] = []
+        while time.monotonic() < deadline:
+            node_ids = list(self.grid.get_node_ids())
+            if len(node_ids) >= fed.n_clients:
+                break
+            time.sleep(0.2)
+        if len(node_ids) < fed.n_clients:
+            raise RunError(
+                f"Flower: {len(node_ids)} SuperNodes connected within flower.connect_timeout = "
+                f"{self.flower.connect_timeout:g} s, but the federation has {fed.n_clients} clients: expected one "
+                "SuperNode per client (--node-config 'partition-id=K num-partitions=N')"
+            )
+        replies = self._send([(n, RecordDict(), "query") for n in node_ids], timeout=self.flower.connect_timeout)
+        for node, reply in replies.items():
+            if reply is not None:
+                self.nodes[int(reply.content["node"]["client"])] = node
+        missing = sorted(set(range(fed.n_clients)) - set(self.nodes))
+        if missing:
+            raise RunError(f"Flower: no SuperNode answered for clients {missing[:10]}: expected partition-id 0..{fed.n_clients - 1}")
+
+    # -- messaging
+    def _content(self, bc: Broadcast, **extra_config) -> RecordDict:
+        records = broadcast_to_records(bc)
+        if extra_config:
+            records["bc"] = ConfigRecord({**dict(records["bc"]), **extra_config})
+        records[RUN] = ConfigRecord({"config": self.config_text, "method": self.method})
+        return RecordDict(records)
+
+    def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> dict[int, Message | None]:
+        """node → its reply (None when it failed or did not answer in time)."""
+        messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group) for node, content, kind in targets]
+        self.messages += len(messages)
+        replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(messages, timeout=timeout)}
+        return {node: (r if r is not None and not r.has_error() else None)
+                for node, r in ((node, replies.get(node)) for node, _, _ in targets)}
+
+    def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, **extra) -> dict[int, RecordDict]:
+        content = self._content(bc, **extra)
+        replies = self._send([(self.nodes[k], content, kind) for k in clients], self.flower.round_timeout, str(bc.round))
+        by_node = {node: k for k, node in self.nodes.items()}
+        answered = {by_node[node]: r.content for node, r in replies.items() if r is not None}
+        failed = sorted(set(clients) - set(answered))
+        if failed:
+            self.failures.append({"step": step, "round": bc.round, "clients": failed})
+        return answered
+
+    # -- the executor protocol
+    def train(self, bc: Broadcast, clients: list[int]) -> Upload:
+        answered = self._ask("train", bc, clients, "train")
+        if len(answered) < min(self.flower.min_replies, len(clients)):
+            raise RoundSkipped(bc.round, len(answered), self.flower.min_replies)
+        return concat_uploads([records_to_upload(answered[k]) for k in sorted(answered)])
+
+    def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
+        answered = self._ask("personalise", bc, clients, "train.personalise")
+        info: dict[str, list[float]] = {}
+        for k in clients:
+            if k in answered:
+                for key, value in answered[k]["info"].items():
+                    info.setdefault(key, []).append(float(value))
+        if on_chunk:
+            on_chunk(len(clients), len(clients))
+        return info
+
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
+        answered = self._ask("evaluate", bc, clients, "evaluate", **({"view": view} if view else {}))
+        reports: dict[str, list] = {"client_ids": [k for k in clients if k in answered]}
+        for k in reports["client_ids"]:
+            for key, values in records_to_reports(answered[k]).items():
+                reports.setdefault(key, []).extend(values)
+        return reports
+
+    def stop(self) -> None:
+        return None

@@ -1,0 +1,279 @@
+"""The algorithm interface: a few pure functions over explicit state.
+
+This module sits between the engine (which runs algorithms) and the algorithms
+(which use engine helpers such as ``train_stack``): both import it, it imports
+neither, so the imports go one way.
+
+An algorithm never knows which executor runs it. Every client-side step
+receives a *stack* of clients (one client, a chunk, or all of them) and returns
+per-client results; the executors decide how to stack and where the clients
+live (in this process, or on Flower SuperNodes):
+
+- ``local_update(broadcast, states, data) -> (Upload, states)`` — a round's training;
+- ``personalise(broadcast, states, data) -> (states, info)`` — optional client-side
+  work after federated training (FedMoE's fine-tuning and mixture); nothing of it
+  leaves the client except the per-client ``info`` metrics (epochs, seconds);
+- ``evaluate_client(broadcast, states, data, view) -> metrics`` — the client's model
+  on its own validation/test data; only metrics leave the client.
+
+The server side: ``server_init``, ``broadcast``, ``aggregate``, and
+``evaluate_server`` (the server's model on the balanced global test set).
+Everything random comes from generators derived from the run seed.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from hetfed.config import TrainConfig
+from hetfed.engine.local import LocalSchedule
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    ServerState,
+    Upload,
+    split_state,
+)
+from hetfed.models.base import Model
+
+__all__ = [
+    "Algorithm", "Broadcast", "ClientData", "ClientEvalData", "ClientState", "Params", "Predictor",
+    "ServerState", "Upload", "client_scores", "predict", "weighted_average",
+]
+
+
+@dataclass(frozen=True, eq=False)
+class ClientEvalData:
+    """What a stack of clients evaluates on: its own validation and test sets.
+
+    The balanced global test set is public (the dataset's own test split); a
+    personalised model is also scored on it *by the client*, since only the
+    client holds its personal parameters.
+    """
+
+    client_ids: list[int]
+    x: torch.Tensor  # the train pool on the device (clients' val/test indices point into it)
+    y: torch.Tensor
+    test: list[np.ndarray]
+    val: list[np.ndarray]
+    x_global: torch.Tensor
+    y_global: torch.Tensor
+    n_classes: int
+
+
+@dataclass(frozen=True, eq=False)
+class Predictor:
+    """A model and the stacked parameters each client predicts with."""
+
+    model: Model
+    params: Params
+    personalised: bool  # True when the clients' parameters differ (scored on the global test set by each)
+
+
+class Algorithm:
+    """Base class with FedAvg's server side; subclasses change what they need."""
+
+    name = "base"
+    #: True when the server keeps a model that can be evaluated on its own
+    has_global_model = True
+    #: named predictors a client evaluates after :meth:`personalise` (empty: only the model)
+    views: tuple[str, ...] = ()
+    #: the name the federated phase is reported under when there are views
+    federated_view = "fedavg"
+
+    def __init__(self, model: Model, train: TrainConfig):
+        self.model = model
+        self.train = train
+        self.schedule = LocalSchedule.from_train(train)
+
+    @property
+    def personalised(self) -> bool:
+        """True when clients predict with parameters of their own (the model's local ones)."""
+        return bool(self.model.local_names)
+
+    @property
+    def personalises(self) -> bool:
+        """True when the algorithm has a client-side step after federated training."""
+        return type(self).personalise is not Algorithm.personalise
+
+    # -- server side
+    def server_init(self, gen: torch.Generator) -> ServerState:
+        return ServerState(params=self.model.init_shared(gen))
+
+    def broadcast(self, state: ServerState, round: int) -> Broadcast:
+        lr = self.train.optimizer.lr * self.train.lr_decay**round
+        return Broadcast(params=state.params, round=round, lr=lr)
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        """FedAvg: sample-count-weighted mean, moved by the server learning rate."""
+        return ServerState(
+            params=weighted_average(state.params, upload, self.train.server_lr),
+            round=state.round + 1,
+            extra=state.extra,
+        )
+
+    @torch.no_grad()
+    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
+        """The server's model on the balanced global test set (local parameters as for an unseen client)."""
+        if not self.has_global_model:
+            return {}
+        logits = self.model.forward(self.global_params(state), x_global.unsqueeze(0), None)[0]
+        s = _scores(logits, y_global)
+        key = "server" if self.personalised else "global"
+        out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
+        if self.model.n_classes == 2:
+            out[f"{key}_auc"] = _auc(y_global.cpu().numpy(), logits.softmax(-1)[:, 1].cpu().numpy())
+        return out
+
+    # -- client side
+    def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
+        return self.model.init_local(gen)
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        raise NotImplementedError
+
+    def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:
+        """Client-side work after federated training; returns new states and per-client info metrics."""
+        return states, {}
+
+    def personalise_clients(self, fed, seed: int) -> list[int]:
+        """Which clients run :meth:`personalise` (default: every client)."""
+        return list(range(fed.n_clients))
+
+    def eval_clients(self, fed, seed: int) -> list[int] | None:
+        """Which clients report metrics (None: every client)."""
+        return None
+
+    def personalise_footprint(self) -> tuple[Model, int]:
+        """The model and batch size :meth:`personalise` trains (for the executor's memory budget)."""
+        return self.model, self.schedule.batch_size
+
+    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
+        """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`)."""
+        shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        local, _ = split_state(states)
+        return Predictor(self.model, {**shared, **local}, self.personalised)
+
+    @torch.no_grad()
+    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                        view: str | None = None) -> dict[str, list[float]]:
+        """Each client's model on its own test and validation sets (and, if personal, the global test set)."""
+        pred = self.predictor(bc, states, len(data.client_ids), view)
+        return client_scores(pred, data)
+
+    def global_params(self, state: ServerState) -> Params:
+        """Stacked (n = 1) params of the server's model, for the global test set.
+
+        Local parameters take their value for a client never seen in training.
+        """
+        unseen = {k: v.to(_device(state.params)) for k, v in self.model.local_for_unseen_client().items()}
+        return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
+
+
+def _device(params: Params) -> torch.device:
+    return next(iter(params.values())).device if params else torch.device("cpu")
+
+
+def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Params:
+    """``old + η·(Σ_k w_k θ_k − old)`` with ``w_k ∝`` the clients' sample counts."""
+    w = upload.num_samples / upload.num_samples.sum()
+    out = {}
+    for k, v in old.items():
+        stacked = upload.params[k]
+        avg = torch.tensordot(w.to(stacked.dtype), stacked, dims=1)
+        out[k] = avg if server_lr == 1.0 else v + server_lr * (avg - v)
+    return out
+
+
+# ------------------------------------------------------------------ scoring helpers
+
+
+@torch.no_grad()
+def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarray]) -> list[torch.Tensor]:
+    """Logits of each stacked model on its own index set (padded) → list of tensors."""
+    n = len(index)
+    width = max((len(i) for i in index), default=0)
+    if width == 0:
+        return [torch.zeros(0, model.n_classes) for _ in index]
+    pad = np.zeros((n, width), dtype=np.int64)
+    for k, i in enumerate(index):
+        pad[k, : len(i)] = i
+    logits = model.forward(params, x[torch.as_tensor(pad, device=x.device)], None)
+    return [logits[k, : len(i)] for k, i in enumerate(index)]
+
+
+def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    if len(y) == 0:
+        return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
+    loss = F.cross_entropy(logits, y, reduction="sum").item()
+    correct = (logits.argmax(-1) == y).sum().item()
+    return {"accuracy": correct / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
+
+
+def _auc(y: np.ndarray, score: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    if len(np.unique(y)) < 2:
+        return float("nan")
+    return float(roc_auc_score(y, score))
+
+
+@torch.no_grad()
+def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
+    """Per-client metrics of a stack: local test accuracy/loss, validation loss sums, AUC, global test set.
+
+    Only these numbers leave a client. ``val_loss_sum``/``val_n`` let the server
+    pool validation losses weighted by size; ``global_probs`` (binary tasks,
+    personalised models) lets it compute the AUC of the clients' mean prediction
+    on the public global test set.
+    """
+    binary = data.n_classes == 2
+    tests = predict(pred.model, pred.params, data.x, data.test)
+    vals = predict(pred.model, pred.params, data.x, data.val)
+    out: dict[str, list] = {"local_accuracy": [], "local_loss": [], "val_loss": [], "val_accuracy": [],
+                            "val_loss_sum": [], "val_n": []}
+    if binary:
+        out["local_auc"] = []
+    for j in range(len(data.client_ids)):
+        yt = data.y[torch.as_tensor(data.test[j], device=data.y.device)]
+        s = _scores(tests[j], yt)
+        out["local_accuracy"].append(s["accuracy"])
+        out["local_loss"].append(s["loss"])
+        if binary:
+            out["local_auc"].append(_auc(yt.cpu().numpy(), tests[j].softmax(-1)[:, 1].cpu().numpy()) if len(yt) else float("nan"))
+        yv = data.y[torch.as_tensor(data.val[j], device=data.y.device)]
+        v = _scores(vals[j], yv)
+        out["val_loss"].append(v["loss"])
+        out["val_accuracy"].append(v["accuracy"])
+        out["val_loss_sum"].append(v["loss_sum"])
+        out["val_n"].append(v["n"])
+    if pred.personalised:
+        full = np.arange(len(data.y_global))
+        glob = predict(pred.model, pred.params, data.x_global, [full] * len(data.client_ids))
+        out["global_accuracy"], out["global_loss"] = [], []
+        if binary:
+            out["global_probs"] = []
+        for j in range(len(data.client_ids)):
+            s = _scores(glob[j], data.y_global)
+            out["global_accuracy"].append(s["accuracy"])
+            out["global_loss"].append(s["loss"])
+            if binary:
+                out["global_probs"].append(glob[j].softmax(-1))
+    return out
+
+
+class Stopwatch:
+    """Seconds spent, for the per-client ``info`` a personalisation step reports."""
+
+    def __init__(self) -> None:
+        self.t0 = time.perf_counter()
+
+    def seconds(self) -> float:
+        return time.perf_counter() - self.t0
