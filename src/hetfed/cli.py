@@ -72,6 +72,27 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=150)
     p.set_defaults(func=cmd_demo)
 
+    p = sub.add_parser("flower", help="run on Flower: write the App, start/stop a local deployment, submit a run")
+    fsub = p.add_subparsers(dest="flower_command", required=True)
+    q = fsub.add_parser("app", help="write hetfed's Flower App (pyproject.toml) into DIR, for `flwr run`")
+    q.add_argument("dir")
+    q.set_defaults(func=cmd_flower_app)
+    q = fsub.add_parser("start", help="start a local deployment: one SuperLink + one SuperNode per client (detached)")
+    q.add_argument("dir", help="folder for the deployment's logs, PIDs and Flower config")
+    q.add_argument("--clients", type=int, required=True, help="SuperNodes to start (partition-id 0..N-1)")
+    q.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+    q.set_defaults(func=cmd_flower_start)
+    q = fsub.add_parser("stop", help="stop every process of a local deployment (by the PIDs it recorded)")
+    q.add_argument("dir")
+    q.set_defaults(func=cmd_flower_stop)
+    q = fsub.add_parser("run", help="submit a config to a SuperLink with `flwr run`; the ServerApp writes the run directory")
+    _add_config_args(q)
+    q.add_argument("--deployment", metavar="DIR", help="a local deployment started with `hetfed flower start`")
+    q.add_argument("--connection", default=None,
+                   help="a SuperLink connection in your Flower config ($FLWR_HOME/config.toml), for remote SuperLinks")
+    q.add_argument("--out", metavar="DIR", required=True, help="run directory (written where the ServerApp runs)")
+    q.set_defaults(func=cmd_flower_run)
+
     p = sub.add_parser("config", help="print the resolved config (defaults filled in) as YAML")
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
@@ -93,6 +114,67 @@ def cmd_demo(args: argparse.Namespace) -> int:
             table.add_row(name, client, *("-" if c is None else f"{c:.3f}" for c in cells))
     console.print(table)
     console.print(f"figures and summary.json in {out_dir}", soft_wrap=True)
+    return 0
+
+
+def cmd_flower_app(args: argparse.Namespace) -> int:
+    from hetfed.flower.deploy import write_app
+
+    path = write_app(args.dir)
+    console.print(f"Flower App written to {path / 'pyproject.toml'}; submit with `hetfed flower run` or "
+                  f"`flwr run {path} <connection> --run-config FILE`", soft_wrap=True)
+    return 0
+
+
+def cmd_flower_start(args: argparse.Namespace) -> int:
+    from hetfed.flower import require_flwr
+    from hetfed.flower.deploy import LocalDeployment
+
+    require_flwr()
+    if args.clients < 1:
+        raise ConfigError(f"--clients {args.clients} is not allowed: expected ≥ 1 (one SuperNode per client)")
+    dep = LocalDeployment(Path(args.dir), args.clients, args.port).start()
+    console.print(f"SuperLink on {dep.address}, {args.clients} SuperNodes; PIDs in {Path(args.dir) / 'deployment.json'}; "
+                  f"stop with `hetfed flower stop {args.dir}`", soft_wrap=True)
+    return 0
+
+
+def cmd_flower_stop(args: argparse.Namespace) -> int:
+    from hetfed.flower.deploy import LocalDeployment
+
+    dep = LocalDeployment.load(args.dir)
+    n = len(dep.pids)
+    dep.stop()
+    console.print(f"stopped {n} processes of the deployment in {args.dir}", soft_wrap=True)
+    return 0
+
+
+def cmd_flower_run(args: argparse.Namespace) -> int:
+    import os
+
+    from hetfed.errors import RunError
+    from hetfed.flower import require_flwr
+    from hetfed.flower.deploy import CONNECTION, LocalDeployment, run_on_deployment
+
+    require_flwr()
+    config = load_config(args.config, args.sets)
+    if bool(args.deployment) == bool(args.connection):
+        raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME (remote)")
+    if Path(args.out).exists():
+        raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a run)")
+    if args.deployment:
+        dep = LocalDeployment.load(args.deployment)
+        if dep.n_clients < (config.partition.clients or 0):
+            raise ConfigError(f"partition.clients = {config.partition.clients} is not allowed with this deployment: it "
+                              f"has {dep.n_clients} SuperNodes; expected ≤ {dep.n_clients}")
+        env, connection = dep.env(), CONNECTION
+    else:
+        env, connection = dict(os.environ), args.connection
+    done = run_on_deployment(config, args.out, env, connection)
+    sys.stdout.write(done.stdout)
+    if done.returncode != 0 or not (Path(args.out) / "summary.json").is_file():
+        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail}")
     return 0
 
 

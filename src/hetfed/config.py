@@ -147,7 +147,8 @@ class FlowerConfig(_Strict):
     """How the server talks to clients on Flower (``train.executor: flower``)."""
 
     round_timeout: float | None = Field(
-        None, gt=0, description="seconds to wait for a step's replies; None waits for all (a dead node then hangs)"
+        600, gt=0, description="seconds to wait for a step's replies; clients that miss it count as failed "
+        "(None waits for all: a dead SuperNode then hangs the run)"
     )
     min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
     connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")

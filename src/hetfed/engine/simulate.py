@@ -85,6 +85,9 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, cl
     bc = algo.broadcast(server, server.round)
     reports = executor.evaluate(bc, ids, view)
     ids = reports.pop("client_ids", ids)  # the clients that answered (all, in this process)
+    if not ids:
+        raise RunError(f"round {server.round}: no client answered the evaluation (see failed_clients); "
+                       "expected at least one reply within flower.round_timeout")
     own = algo.evaluate_server(server, x_global, y_global) if view is None or view == algo.federated_view else {}
     return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 

@@ -89,8 +89,13 @@ def run_experiment(
     progress: bool = True,
     console: Console | None = None,
     prepared: Prepared | None = None,
+    flower_grid=None,
 ) -> RunOutput:
-    """Run all methods of ``config``; returns the run directory and its summary."""
+    """Run all methods of ``config``; returns the run directory and its summary.
+
+    ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
+    SuperNodes of that federation, whatever ``train.executor`` says.
+    """
     console = console or make_console()
     status = make_console(stderr=True) if progress else None
     t_start = time.perf_counter()
@@ -119,7 +124,8 @@ def run_experiment(
             for method, train, algo in plans:
                 label = method.label
                 heartbeat.beat(method=label)
-                methods.update(_run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir))
+                methods.update(_run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir,
+                                           flower_grid))
         writer.close()
         from hetfed.experiments.figures import plot_learning_curves
 
@@ -161,13 +167,19 @@ def run_experiment(
     return RunOutput(run_dir, summary)
 
 
+def _rate(rounds: int, seconds: float) -> str:
+    """Rounds per second, or seconds per round when rounds are slow (a Flower deployment)."""
+    per_second = rounds / max(seconds, 1e-9)
+    return f"{per_second:.1f} rounds/s" if per_second >= 1 else f"{seconds / max(rounds, 1):.1f} s/round"
+
+
 def _row_name(label: str, view: str) -> str:
     """How a view of a method is named in tables: FedMoE's own views by their names."""
     return view if label == "fedmoe" else f"{label}:{view}"
 
 
 def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat,
-                run_dir: Path) -> dict[str, dict]:
+                run_dir: Path, flower_grid=None) -> dict[str, dict]:
     """One method: federated rounds, then (if the algorithm has one) its personalisation step.
 
     Returns the method's table rows: one, or one per view (FedMoE's Local, FedAvg,
@@ -186,7 +198,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
 
     def on_round(rnd: int, metrics) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
-        fields["rate"] = f"{rnd / max(time.perf_counter() - t0, 1e-9):.1f} rounds/s"
+        fields["rate"] = _rate(rnd, time.perf_counter() - t0)
         bar.update(task, completed=rnd, **fields)
         heartbeat.beat()
 
@@ -203,10 +215,15 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
                         on_chunk=lambda done, total: (bar.update(ptask, completed=done), heartbeat.beat()))
         return res
 
-    if train.executor == "flower":
+    index = config.methods.index(method)
+    if flower_grid is not None:  # deployment: this process is the Flower ServerApp
+        from hetfed.flower.executor import FlowerExecutor
+
+        result = body(FlowerExecutor(flower_grid, config, index))
+    elif train.executor == "flower":
         from hetfed.flower.simulation import run_on_simulation
 
-        result = run_on_simulation(config, config.methods.index(method), fed.n_clients, body)
+        result = run_on_simulation(config, index, fed.n_clients, body)
     else:
         result = body()
     ckpt = run_dir / "checkpoints"

@@ -57,6 +57,7 @@ class ClientSide:
     x_global: torch.Tensor
     y_global: torch.Tensor
     device: torch.device
+    key: str  # the run's config and method, hashed
 
 
 _CACHE: dict[str, ClientSide] = {}
@@ -85,7 +86,7 @@ def client_side(run: ConfigRecord) -> ClientSide:
         _CACHE[key] = ClientSide(
             config, algo, fed, pool,
             torch.as_tensor(np.asarray(fed.x_global_test, np.float32), device=device),
-            torch.as_tensor(np.asarray(fed.y_global_test, np.int64), device=device), device,
+            torch.as_tensor(np.asarray(fed.y_global_test, np.int64), device=device), device, key[:16],
         )
     return _CACHE[key]
 
@@ -98,16 +99,21 @@ def client_id(context: Context) -> int:
     return int(context.node_config["partition-id"])
 
 
+def _tag(side: ClientSide) -> str:
+    """Where in the node's context a method's state lives: one run may hold several methods."""
+    return f"{STATE_KEY}.{side.key}"
+
+
 def _state(side: ClientSide, k: int, context: Context) -> dict[str, torch.Tensor]:
     """The client's local state from the node's context (its initial state on first use)."""
-    tag = f"{STATE_KEY}.{side.config.seed}.{side.algo.name}"
+    tag = _tag(side)
     if tag in context.state:
         return record_to_tensors(context.state[tag], side.device)
     return {n: v.to(side.device) for n, v in side.algo.client_init(k, torch_gen(side.config.seed, CLIENT_INIT, k)).items()}
 
 
 def _keep(side: ClientSide, context: Context, new: dict[str, torch.Tensor]) -> None:
-    context.state[f"{STATE_KEY}.{side.config.seed}.{side.algo.name}"] = state_to_record(new)
+    context.state[_tag(side)] = state_to_record(new)
 
 
 def _reply(message: Message, records: dict) -> Message:

@@ -1,0 +1,221 @@
+"""A real Flower deployment on this machine: one SuperLink, one SuperNode per client.
+
+:class:`LocalDeployment` starts ``flower-superlink`` and ``flower-supernode``
+processes (each in its own process group, so their ``flwr-serverapp`` /
+``flwr-clientapp`` children go with them), records their PIDs in
+``deployment.json``, and stops them all — also when a test fails. Runtime
+dependency installation is disabled on the SuperLink: the machines already have
+hetfed and torch, and ``uv sync`` would pull multi-GB CUDA wheels.
+
+:func:`run_on_deployment` submits a hetfed config with ``flwr run`` to a
+SuperLink (this one, or one named in a Flower config file). The Flower App it
+submits is written by :func:`write_app`: a ``pyproject.toml`` naming hetfed's
+ServerApp and ClientApp (no code is copied: every machine has hetfed installed).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hetfed.errors import RunError
+
+APP_PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "hetfed-flower-app"
+version = "1.0.0"
+description = "hetfed's algorithms as a Flower App (hetfed must be installed where it runs)"
+license = "Apache-2.0"
+# empty on purpose: hetfed and torch are installed on every machine; a SuperLink that
+# installed dependencies at run time would pull CUDA builds of torch
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "hetfed"
+
+[tool.flwr.app.components]
+serverapp = "hetfed.flower.server_app:app"
+clientapp = "hetfed.flower.client_app:app"
+
+[tool.flwr.app.config]
+config-yaml = ""
+out = ""
+"""
+
+CONNECTION = "hetfed-local"
+
+
+def write_app(directory: str | Path) -> Path:
+    """Write the hetfed Flower App (a pyproject.toml) into ``directory``."""
+    path = Path(directory)
+    path.mkdir(parents=True, exist_ok=True)
+    (path / "pyproject.toml").write_text(APP_PYPROJECT)
+    return path
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _bin(name: str) -> str:
+    """A Flower executable next to this Python (the venv's), else on PATH."""
+    local = Path(sys.executable).parent / name
+    return str(local) if local.exists() else name
+
+
+def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen, what: str, log: Path) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RunError(f"{what} exited with status {proc.returncode}; see {log}")
+        with socket.socket() as s:
+            if s.connect_ex(("127.0.0.1", port)) == 0:
+                return
+        time.sleep(0.2)
+    raise RunError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:g} s; see {log}")
+
+
+@dataclass
+class LocalDeployment:
+    """SuperLink + ``n_clients`` SuperNodes on loopback, started and stopped by PID."""
+
+    directory: Path
+    n_clients: int
+    port: int = 0
+    pids: dict[str, int] = field(default_factory=dict)
+
+    @property
+    def flwr_home(self) -> Path:
+        return self.directory / "flwr-home"
+
+    @property
+    def address(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    def env(self) -> dict[str, str]:
+        """The environment ``flwr`` commands need to find this deployment (``FLWR_HOME``)."""
+        return {**os.environ, "FLWR_HOME": str(self.flwr_home)}
+
+    def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
+        log = self.directory / f"{name}.log"
+        proc = subprocess.Popen(args, stdout=open(log, "w"), stderr=subprocess.STDOUT,  # noqa: SIM115
+                                env=self.env(), start_new_session=True)
+        self.pids[name] = proc.pid
+        self._save()
+        return proc
+
+    def _save(self) -> None:
+        (self.directory / "deployment.json").write_text(json.dumps(
+            {"port": self.port, "n_clients": self.n_clients, "pids": self.pids, "connection": CONNECTION}, indent=2))
+
+    def start(self, timeout: float = 60) -> LocalDeployment:
+        self.directory.mkdir(parents=True, exist_ok=True)
+        self.flwr_home.mkdir(exist_ok=True)
+        self.port = self.port or free_port()
+        (self.flwr_home / "config.toml").write_text(
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\ninsecure = true\n')
+        try:
+            link = self._spawn("superlink", [_bin("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
+                                             "--port", str(self.port)])
+            _wait_for_port(self.port, timeout, link, "flower-superlink", self.directory / "superlink.log")
+            for k in range(self.n_clients):
+                self._spawn(f"supernode-{k}", [
+                    _bin("flower-supernode"), "--insecure", "--superlink", self.address, "--port", str(free_port()),
+                    "--node-config", f"partition-id={k} num-partitions={self.n_clients}",
+                ])
+        except BaseException:
+            self.stop()
+            raise
+        return self
+
+    def kill_node(self, k: int) -> None:
+        """Kill one SuperNode (and its ClientApp processes) — to test failures."""
+        pid = self.pids.pop(f"supernode-{k}", None)
+        if pid is not None:
+            _kill_group(pid, signal.SIGKILL)
+            self._save()
+
+    def stop(self, grace: float = 5.0) -> None:
+        """Stop every process this deployment started (whole process groups), then forget them."""
+        for pid in self.pids.values():
+            _kill_group(pid, signal.SIGTERM)
+        deadline = time.monotonic() + grace
+        while time.monotonic() < deadline and any(_alive(p) for p in self.pids.values()):
+            time.sleep(0.1)
+        for pid in self.pids.values():
+            _kill_group(pid, signal.SIGKILL)
+            _reap(pid)
+        self.pids.clear()
+        meta = self.directory / "deployment.json"
+        if meta.exists():
+            meta.unlink()
+
+    @classmethod
+    def load(cls, directory: str | Path) -> LocalDeployment:
+        meta = Path(directory) / "deployment.json"
+        if not meta.is_file():
+            raise RunError(f"{str(directory)!r} holds no running deployment (no deployment.json): start one with "
+                           "`hetfed flower deploy start DIR --clients N`")
+        data = json.loads(meta.read_text())
+        return cls(Path(directory), int(data["n_clients"]), int(data["port"]), {k: int(v) for k, v in data["pids"].items()})
+
+    def __enter__(self) -> LocalDeployment:
+        return self.start() if not self.pids else self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    try:  # a zombie (exited, not yet reaped) counts as gone
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().split(")")[-1].split()[0] != "Z"
+    except OSError:
+        return True
+
+
+def _kill_group(pid: int, sig: int) -> None:
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(pid, sig)
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)
+
+
+def _reap(pid: int) -> None:
+    """Collect a child's exit status (no zombie left); not ours to collect otherwise."""
+    with contextlib.suppress(ChildProcessError):
+        os.waitpid(pid, 0)
+
+
+def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: str = CONNECTION,
+                      app_dir: str | Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
+    """Submit ``config`` with ``flwr run`` to a SuperLink; the ServerApp writes the run directory ``out``."""
+    from hetfed.config import dump_config
+
+    workdir = Path(app_dir) if app_dir else Path(out).parent / ".hetfed-flower-app"
+    write_app(workdir)
+    overrides = workdir / "run-config.toml"
+    overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = {json.dumps(str(Path(out).resolve()))}\n")
+    cmd = [_bin("flwr"), "run", str(workdir), connection, "--run-config", str(overrides), "--stream"]
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
