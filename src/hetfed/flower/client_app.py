@@ -116,16 +116,16 @@ def _keep(side: ClientSide, context: Context, new: dict[str, torch.Tensor]) -> N
     context.state[_tag(side)] = state_to_record(new)
 
 
-def _reply(message: Message, records: dict) -> Message:
-    _log_wire(message.metadata.message_type, records)
+def _reply(message: Message, records: dict, k: int) -> Message:
+    _log_wire(message.metadata.message_type, records, k)
     return Message(RecordDict(records), reply_to=message)
 
 
-def _log_wire(kind: str, records: dict) -> None:
+def _log_wire(kind: str, records: dict, k: int) -> None:
     path = os.environ.get("HETFED_FLOWER_WIRE_LOG")
     if not path:
         return
-    entry = {"type": kind, "records": {name: sorted(rec.keys()) for name, rec in records.items()}}
+    entry = {"type": kind, "client": k, "records": {name: sorted(rec.keys()) for name, rec in records.items()}}
     with open(path, "a") as fh:
         fh.write(json.dumps(entry) + "\n")
 
@@ -166,7 +166,8 @@ app = ClientApp()
 @app.query()
 def query(message: Message, context: Context) -> Message:
     """Which client this node holds (the server maps client ids to nodes once per run)."""
-    return _reply(message, {"node": MetricRecord({"client": client_id(context)})})
+    k = client_id(context)
+    return _reply(message, {"node": MetricRecord({"client": k})}, k)
 
 
 @app.train()
@@ -174,7 +175,7 @@ def train(message: Message, context: Context) -> Message:
     side, k = client_side(message.content[RUN]), client_id(context)
     records, new = train_step(side, k, _state(side, k, context), message.content)
     _keep(side, context, new)
-    return _reply(message, records)
+    return _reply(message, records, k)
 
 
 @app.train("personalise")
@@ -182,10 +183,10 @@ def personalise(message: Message, context: Context) -> Message:
     side, k = client_side(message.content[RUN]), client_id(context)
     records, new = personalise_step(side, k, _state(side, k, context), message.content)
     _keep(side, context, new)
-    return _reply(message, records)
+    return _reply(message, records, k)
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
     side, k = client_side(message.content[RUN]), client_id(context)
-    return _reply(message, evaluate_step(side, k, _state(side, k, context), message.content))
+    return _reply(message, evaluate_step(side, k, _state(side, k, context), message.content), k)

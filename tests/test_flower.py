@@ -1,0 +1,185 @@
+"""hetfed on Flower: the same algorithm objects give the same numbers, send only what is documented,
+and survive a dead SuperNode. Runs Flower's Simulation Engine and a real SuperLink + SuperNodes on loopback."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
+
+from hetfed.config import build_config  # noqa: E402
+from hetfed.experiments.runner import run_experiment  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+SMALL = {
+    "partition": {"kind": "feature_clusters", "clients": 4},
+    "train": {"rounds": 3, "local_steps": 4, "batch_size": 16, "eval_every": 1},
+}
+
+
+def _config(extra: dict, executor: str) -> object:
+    raw = json.loads(json.dumps({**SMALL, **extra}))
+    raw.setdefault("train", {})["executor"] = executor
+    return build_config(raw)
+
+
+def _compare(flower: dict, vec: dict) -> None:
+    assert list(flower["methods"]) == list(vec["methods"])
+    for name, m in vec["methods"].items():
+        for when in ("final", "best"):
+            for key, value in m[when].items():
+                got = flower["methods"][name][when][key]
+                if value is None:
+                    assert got is None, (name, when, key)
+                else:
+                    assert got == pytest.approx(value, rel=1e-5, abs=1e-6), (name, when, key)
+
+
+def _run(cfg, out: Path) -> dict:
+    return run_experiment(cfg, out=out, progress=False).summary
+
+
+WIRE_METHODS = {"methods": [
+    {"name": "fedavg", "algorithm": "fedavg"},
+    {"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"},
+     "train": {"optimizer": {"reset_each_round": False}}},  # kept optimiser state must stay on the node too
+    {"name": "fsnet", "algorithm": "fsnet"},
+]}
+
+
+def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_documented(tmp_path, monkeypatch):
+    wire = tmp_path / "wire.jsonl"
+    monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
+    flower = _run(_config({**WIRE_METHODS, "fsnet": {"server_steps": 5}}, "flower"), tmp_path / "f")
+    vec = _run(_config({**WIRE_METHODS, "fsnet": {"server_steps": 5}}, "vectorised"), tmp_path / "v")
+    _compare(flower, vec)
+
+    from hetfed.models import build_model
+
+    cfg = _config(WIRE_METHODS, "vectorised")
+    local_names = set(build_model(cfg.method_model(cfg.methods[1]), (8, 8), 10).local_names)
+    assert local_names  # CGAU's conditioning rows
+    entries = [json.loads(line) for line in wire.read_text().splitlines()]
+    trains = [e for e in entries if e["type"] == "train"]
+    assert trains and {e["type"] for e in entries} == {"query", "train", "evaluate"}
+    for e in entries:
+        keys = {k for rec in e["records"].values() for k in rec}
+        assert not keys & local_names, e
+        assert not any(k.startswith("opt.") for k in keys), e
+    upload_keys = {frozenset(e["records"]["upload"]) for e in trains}
+    documented = {
+        frozenset({"num_samples", "client", "extra.train_loss"}),  # FedAvg, CGAU
+        frozenset({"num_samples", "client", "extra.train_loss", "extra.input_mean", "shape.input_mean",
+                   "extra.input_var", "shape.input_var"}),  # Fed-FSNet: the documented input moments
+    }
+    assert upload_keys == documented
+    for e in trains:
+        assert set(e["records"]) == {"params", "upload"}
+        assert set(e["records"]["params"]) <= {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
+                                                "layers.2.weight", "layers.2.bias"} | {
+            n for n in _cgau_shared(cfg)}
+
+
+def _cgau_shared(cfg) -> set[str]:
+    from hetfed.models import build_model
+
+    return set(build_model(cfg.method_model(cfg.methods[1]), (8, 8), 10).shared_names)
+
+
+def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(tmp_path, monkeypatch):
+    wire = tmp_path / "wire.jsonl"
+    monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
+    moe = {
+        "partition": {"kind": "majority", "clients": 6, "p": 0.8, "samples_per_client": 60, "opt_out": 0.34},
+        "train": {"rounds": 3, "clients_per_round": 2, "local_epochs": 1, "batch_size": 16, "eval_every": 1},
+        "moe": {"max_epochs": 3, "patience": 2},
+        "methods": [{"algorithm": "fedmoe"}],
+    }
+    flower = _run(_config(moe, "flower"), tmp_path / "f")
+    vec = _run(_config(moe, "vectorised"), tmp_path / "v")
+    _compare(flower, vec)
+    from hetfed.pipeline import prepare
+
+    fed = prepare(_config(moe, "vectorised"), progress=False).federation
+    opted_out = {int(k) for k in range(fed.n_clients) if fed.opted_out[k]}
+    assert opted_out
+    entries = [json.loads(line) for line in wire.read_text().splitlines()]
+    trained = {e["client"] for e in entries if e["type"] == "train"}
+    personalised = {e["client"] for e in entries if e["type"] == "train.personalise"}
+    assert not trained & opted_out
+    assert personalised == set(range(fed.n_clients))  # opted-out clients still get their own models
+    for e in entries:
+        if e["type"] == "train.personalise":  # only the epochs and seconds leave: no specialist, no gate
+            assert set(e["records"]) == {"info"}
+            assert all(k.split(".")[0] in ("epochs", "seconds") for k in e["records"]["info"])
+
+
+def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path):
+    from hetfed.flower.deploy import LocalDeployment, run_on_deployment
+
+    cgau = {"methods": [{"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"}}],
+            "partition": {"kind": "feature_clusters", "clients": 3},
+            "train": {"rounds": 2, "local_steps": 4, "batch_size": 16}}
+    started: list[int] = []
+    with LocalDeployment(tmp_path / "dep", 3) as dep:
+        started = list(dep.pids.values())
+        done = run_on_deployment(_config(cgau, "flower"), tmp_path / "run", dep.env(), timeout=400)
+        assert done.returncode == 0, done.stdout + done.stderr
+        deployed = json.loads((tmp_path / "run" / "summary.json").read_text())
+        _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
+
+        # a SuperNode dies after round 1: the run goes on with the others and says who failed
+        failing = {**cgau, "train": {**cgau["train"], "rounds": 3},
+                   "flower": {"round_timeout": 10, "min_replies": 1}}
+        import subprocess
+
+        from hetfed.flower.deploy import _bin, write_app
+
+        app = write_app(tmp_path / "app2")
+        from hetfed.config import dump_config
+
+        (app / "run-config.toml").write_text(
+            f"config-yaml = {json.dumps(dump_config(_config(failing, 'flower')))}\n"
+            f"out = {json.dumps(str(tmp_path / 'run2'))}\n")
+        proc = subprocess.Popen([_bin("flwr"), "run", str(app), "hetfed-local", "--run-config",
+                                 str(app / "run-config.toml"), "--stream"], env=dep.env(),
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        metrics = tmp_path / "run2" / "metrics.csv"
+        t0 = time.time()
+        while time.time() - t0 < 300:
+            if metrics.exists() and ",1,summary," in metrics.read_text():
+                break
+            time.sleep(0.5)
+        dep.kill_node(2)
+        out, _ = proc.communicate(timeout=400)
+        summary = json.loads((tmp_path / "run2" / "summary.json").read_text())
+        failed = summary["methods"]["cgau"]["failed_clients"]
+        assert failed and all(f["clients"] == [2] for f in failed), failed
+        assert summary["methods"]["cgau"]["rounds"] == 3
+    for pid in started:  # every process the deployment started is gone
+        assert not _exists(pid), pid
+
+
+def _exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    with open(f"/proc/{pid}/stat") as fh:
+        return fh.read().split(")")[-1].split()[0] != "Z"
+
+
+def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
+    from hetfed.flower.deploy import LocalDeployment
+
+    pids: list[int] = []
+    with pytest.raises(RuntimeError, match="deliberate"), LocalDeployment(tmp_path / "dep", 2) as dep:
+        pids = list(dep.pids.values())
+        raise RuntimeError("deliberate")
+    assert len(pids) == 3 and not any(_exists(p) for p in pids)
