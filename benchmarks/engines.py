@@ -1,0 +1,127 @@
+"""Seconds per round of one algorithm on every engine, measured in one run on one machine.
+
+Engines: hetfed vectorised, hetfed sequential, Flower's Simulation Engine running
+hetfed's ClientApp (``train.executor: flower``), and a real loopback deployment
+(one ``flower-superlink``, one ``flower-supernode`` per client, ``flwr run``).
+
+Settings (from the Flower issue):
+  a. cgau:   10 feature-cluster clients on digits, all per round, 10 steps of 32 (CGAU model);
+  b. fedmoe: FedMoE's FedAvg phase — 5 of 100 clients × 100 Fashion-MNIST images per round,
+             LeNet-style CNN, E = 1, B = 32, Adam 1e-3 (digits with the CNN if Fashion-MNIST is absent);
+  c. mlp:    100 clients × 600 × 784 (synthetic, Fashion-MNIST-sized), MLP 784-200-200-10, E = 1, B = 50,
+             all per round.
+
+Seconds per round are training rounds only (sample → broadcast → train → aggregate),
+from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluation
+are excluded and reported apart. Not a test: nothing is asserted.
+
+    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp] [--engines vectorised sequential flower deployment]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+
+from hetfed.config import build_config
+from hetfed.experiments.runner import run_experiment
+
+ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 4, "deployment": 2}
+
+
+def _fmnist_available() -> bool:
+    return Path("/usr/share/datasets/fashion-mnist").is_dir()
+
+
+def case_config(case: str, tmp: Path) -> dict:
+    if case == "cgau":
+        return {"dataset": {"name": "digits"}, "partition": {"kind": "feature_clusters", "clients": 10},
+                "model": {"kind": "cgau", "hidden": [64, 64]},
+                "train": {"client_fraction": 1.0, "local_steps": 10, "batch_size": 32,
+                          "optimizer": {"kind": "sgd", "lr": 0.3, "momentum": 0.0}},
+                "methods": [{"name": "cgau", "algorithm": "fedavg"}]}
+    if case == "fedmoe":
+        data = {"name": "fashion-mnist"} if _fmnist_available() else {"name": "digits"}
+        return {"dataset": data,
+                "partition": {"kind": "majority", "clients": 100, "p": 0.8,
+                              "samples_per_client": 150 if _fmnist_available() else 14, "min_size": 1,
+                              "val_fraction": 0.167, "test_fraction": 0.167},
+                "model": {"kind": "cnn"},
+                "train": {"clients_per_round": 5, "local_epochs": 1, "batch_size": 32,
+                          "optimizer": {"kind": "adam", "lr": 0.001, "momentum": 0.0}},
+                "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
+    if case == "mlp":
+        path = tmp / "mlp.npz"
+        if not path.exists():
+            rng = np.random.default_rng(0)
+            y = rng.integers(0, 10, 61000)
+            x = (rng.normal(size=(61000, 784)) * 0.3 + y[:, None] * 0.01).astype(np.float32)
+            split = np.array(["train"] * 60000 + ["test"] * 1000)
+            np.savez(path, x=x, y=y, split=split)
+        return {"dataset": {"name": "arrays", "path": str(path)},
+                "partition": {"kind": "iid", "clients": 100, "val_fraction": 0.0, "test_fraction": 0.0},
+                "model": {"kind": "mlp", "hidden": [200, 200]},
+                "train": {"client_fraction": 1.0, "local_epochs": 1, "batch_size": 50,
+                          "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.0}},
+                "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
+    raise ValueError(case)
+
+
+def measure(case: str, engine: str, tmp: Path) -> dict:
+    raw = case_config(case, tmp)
+    rounds = ROUNDS[engine]
+    raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if engine in ("flower", "deployment") else engine)
+    config = build_config(raw)
+    out = tmp / f"{case}-{engine}-{time.time_ns()}"
+    t0 = time.perf_counter()
+    if engine == "deployment":
+        from hetfed.flower.deploy import LocalDeployment, run_on_deployment
+
+        with LocalDeployment(tmp / f"dep-{case}", config.partition.clients) as dep:
+            done = run_on_deployment(config, out, dep.env(), timeout=3600)
+            if done.returncode != 0:
+                raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+        summary = json.loads((out / "summary.json").read_text())
+    else:
+        summary = run_experiment(config, out=out, progress=False).summary
+    wall = time.perf_counter() - t0
+    method = next(iter(summary["methods"].values()))
+    return {"seconds_per_round": method["seconds_per_round"], "rounds": rounds, "wall_seconds": wall,
+            "global_accuracy": method["final"].get("global_accuracy")}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--json", action="store_true")
+    parser.add_argument("--cases", nargs="+", default=["cgau", "fedmoe", "mlp"])
+    parser.add_argument("--engines", nargs="+", default=["vectorised", "sequential", "flower", "deployment"])
+    args = parser.parse_args()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as d:
+        tmp = Path(d)
+        for case in args.cases:
+            results[case] = {}
+            for engine in args.engines:
+                if engine == "deployment" and case != "cgau":
+                    results[case][engine] = {"skipped": "one SuperNode process per client (100 here) does not fit "
+                                                        "a 2-core machine; measured on the 10-client setting"}
+                    continue
+                results[case][engine] = measure(case, engine, tmp)
+                if not args.json:
+                    print(case, engine, results[case][engine], flush=True)
+            base = results[case].get("vectorised", {}).get("seconds_per_round")
+            if base:
+                results[case]["ratio_to_vectorised"] = {
+                    e: r["seconds_per_round"] / base for e, r in results[case].items()
+                    if isinstance(r, dict) and "seconds_per_round" in r}
+    meta = {"fashion_mnist": _fmnist_available(), "note": "seconds per training round; ratios within this run"}
+    print(json.dumps({"meta": meta, "results": results}, indent=None if args.json else 2))
+
+
+if __name__ == "__main__":
+    main()
