@@ -31,7 +31,7 @@ import numpy as np
 from hetfed.config import build_config
 from hetfed.experiments.runner import run_experiment
 
-ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 4, "deployment": 2}
+ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2}
 
 
 def _fmnist_available() -> bool:

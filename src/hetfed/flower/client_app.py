@@ -165,8 +165,13 @@ app = ClientApp()
 
 @app.query()
 def query(message: Message, context: Context) -> Message:
-    """Which client this node holds (the server maps client ids to nodes once per run)."""
+    """Which client this node holds (the server maps client ids to nodes once per run).
+
+    The node also builds its client's data now, during set-up, rather than in the first round.
+    """
     k = client_id(context)
+    if RUN in message.content:
+        client_side(message.content[RUN])
     return _reply(message, {"node": MetricRecord({"client": k})}, k)
 
 

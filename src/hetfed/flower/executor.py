@@ -59,7 +59,8 @@ class FlowerExecutor:
                 f"{self.flower.connect_timeout:g} s, but the federation has {fed.n_clients} clients: expected one "
                 "SuperNode per client (--node-config 'partition-id=K num-partitions=N')"
             )
-        replies = self._send([(n, RecordDict(), "query") for n in node_ids], timeout=self.flower.connect_timeout)
+        hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method})})
+        replies = self._send([(n, hello, "query") for n in node_ids], timeout=self.flower.connect_timeout)
         for node, reply in replies.items():
             if reply is not None:
                 self.nodes[int(reply.content["node"]["client"])] = node
