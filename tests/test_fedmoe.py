@@ -147,3 +147,25 @@ def test_fedmoe_sweep_writes_the_paper_figures(tmp_path):
                  "--out", str(tmp_path / "s"), "--quiet"]) == 0
     for name in ("global_vs_local", "global_relative_to_fedavg", "best.local_accuracy_mean"):
         assert (tmp_path / "s" / "figures" / f"{name}.png").stat().st_size > 1000
+
+
+def test_mixture_loss_is_exact_for_very_unlikely_true_classes():
+    """Both experts logistic regressions with bias [30, 0, 0], gate at 0.5, true class 1:
+    the loss is −log(½·p_s(1) + ½·p_g(1)) ≈ 30.0, and the specialist's bias still gets a gradient."""
+    mix = Mixture(lambda n: build_model(ModelConfig(kind="logreg"), (2,), n), 3)
+    params = {s.name: torch.zeros((1, *s.shape)) for s in mix.specs()}
+    for expert in ("global", "specialist"):
+        params[f"{expert}.layers.0.bias"] = torch.tensor([[30.0, 0.0, 0.0]])
+    params = {k: v.requires_grad_(True) for k, v in params.items()}
+    x = torch.zeros(1, 1, 2)
+    loss = torch.nn.functional.cross_entropy(mix.forward(params, x)[0], torch.tensor([1]))
+    loss.backward()
+    # the reference, in float64 from the paper's equation
+    b = torch.tensor([30.0, 0.0, 0.0], dtype=torch.float64, requires_grad=True)
+    p = torch.softmax(b, -1)
+    ref = -torch.log(0.5 * p[1] + 0.5 * torch.softmax(torch.tensor([30.0, 0.0, 0.0], dtype=torch.float64), -1)[1])
+    ref.backward()
+    assert loss.item() == pytest.approx(ref.item(), rel=1e-6)
+    assert loss.item() == pytest.approx(30.0, abs=1e-3)
+    torch.testing.assert_close(params["specialist.layers.0.bias"].grad[0].double(), b.grad, rtol=1e-5, atol=1e-6)
+    assert params["specialist.layers.0.bias"].grad[0, 0] == pytest.approx(0.5, abs=1e-4)

@@ -80,3 +80,79 @@ def test_fast_gamma_matches_the_definition(k, d, seed):
     cuts = np.sort(rng.choice(np.arange(1, 120), k - 1, replace=False))
     clients = np.split(rng.permutation(120), cuts)
     assert gamma(x, clients) == pytest.approx(gamma_reference(x, clients), rel=1e-6, abs=1e-8)
+
+
+# ---------------------------------------------------------------- size bias (issue 15)
+
+def _het(partition: dict, **heterogeneity):
+    from hetfed.config import build_config
+    from hetfed.pipeline import prepare
+
+    cfg = build_config({"partition": {"min_size": 1, **partition}, "heterogeneity": heterogeneity})
+    return prepare(cfg, progress=False).heterogeneity
+
+
+@pytest.mark.parametrize("on", ["train", "all"])
+@pytest.mark.parametrize("clients", [5, 20, 80])
+def test_the_excess_is_near_zero_for_iid_splits_of_any_client_count(clients, on):
+    """Raw Γ of an IID split grows ~15× from 5 to 80 clients; Γ − Γ_IID stays within 10% of Γ_IID of 0."""
+    h = _het({"kind": "iid", "clients": clients}, on=on)
+    assert abs(h.gamma_excess) <= 0.1 * h.gamma_iid, (h.gamma, h.gamma_iid)
+    assert h.measured_on == on
+
+
+def test_the_excess_grows_with_skew_at_fixed_size_while_raw_gamma_confuses_size_with_skew():
+    excess = [_het({"kind": "feature_clusters", "clients": 10, "shuffle": s}).gamma_excess for s in (1.0, 0.5, 0.0)]
+    assert excess[0] < excess[1] < excess[2]
+    assert abs(excess[0]) < 0.1 and excess[2] > 0.5
+    dirichlet = [_het({"kind": "dirichlet", "clients": 10, "alpha": a, "min_size": 5}).gamma_excess for a in (100, 1.0, 0.1)]
+    assert dirichlet[0] < dirichlet[1] < dirichlet[2]
+    # an IID split into 80 small clients has a larger raw Γ than the most skewed split into 10 …
+    iid_small = _het({"kind": "iid", "clients": 80})
+    skewed = _het({"kind": "feature_clusters", "clients": 10, "shuffle": 0.0})
+    assert iid_small.gamma > skewed.gamma
+    # … and the excess puts them the right way round
+    assert iid_small.gamma_excess < 0.1 * iid_small.gamma_iid < skewed.gamma_excess
+
+
+def test_the_iid_reference_scores_a_bounded_number_of_clients(monkeypatch):
+    from hetfed import heterogeneity as het
+
+    calls = {"n": 0}
+    real = het._client_distance
+
+    def counting(*a, **k):
+        calls["n"] += 1
+        return real(*a, **k)
+
+    monkeypatch.setattr(het, "_client_distance", counting)
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(3000, 4))
+    clients = np.array_split(rng.permutation(3000), 1000)
+    mean, sd = het.gamma_iid(x, clients, draws=3, max_clients=50)
+    assert calls["n"] == 150 and mean > 0 and sd >= 0
+
+
+def test_the_extrapolated_estimator_removes_most_of_the_size_bias_for_large_clients():
+    plain = _het({"kind": "iid", "clients": 20}, on="all")
+    extrapolated = _het({"kind": "iid", "clients": 20}, on="all", estimator="extrapolated")
+    assert extrapolated.gamma < 0.25 * plain.gamma
+    skewed = _het({"kind": "feature_clusters", "clients": 20, "shuffle": 0.0}, on="all", estimator="extrapolated")
+    assert skewed.gamma > 10 * extrapolated.gamma
+
+
+def test_every_output_says_what_gamma_was_measured_on(tmp_path, capsys):
+    import json
+
+    from hetfed.cli import main
+
+    assert main(["partition", "--json", "--set", "heterogeneity.on=all"]) == 0
+    report = json.loads(capsys.readouterr().out)
+    assert report["gamma_measured_on"] == "all" and {"gamma_iid", "gamma_excess"} <= set(report)
+    assert main(["run", "--set", "train.rounds=1", "--out", str(tmp_path / "r")]) == 0
+    out = capsys.readouterr().out
+    assert "Γ_IID" in out and "ΔΓ" in out and "train data" in out
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    assert summary["heterogeneity"]["gamma_measured_on"] == "train"
+    assert summary["heterogeneity"]["gamma_excess"] == pytest.approx(
+        summary["heterogeneity"]["gamma"] - summary["heterogeneity"]["gamma_iid"])

@@ -302,6 +302,8 @@ def test_sweeps_over_list_values_complete(tmp_path, capsys, values):
         rows = list(csv.DictReader(fh))
     assert {r["model.hidden"] for r in rows} == {v for v in (values.replace("],[", "]|[").split("|"))}
     assert len(json.loads((out / "sweep.json").read_text())["runs"]) == 2
+    with open(out / "heterogeneity.csv") as fh:  # Γ, its size-matched IID reference and the excess
+        assert {"gamma", "gamma_iid", "gamma_excess"} <= {r["metric"] for r in csv.DictReader(fh)}
 
 
 def test_a_failure_while_aggregating_keeps_the_runs_listed(tmp_path, capsys, monkeypatch):

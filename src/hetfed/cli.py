@@ -212,7 +212,7 @@ def partition_report(config: Config) -> dict:
         "n_clients": fed.n_clients,
         "n_classes": fed.n_classes,
         "global_test_size": int(len(fed.y_global_test)),
-        "gamma": het.gamma,
+        **{k: v for k, v in het.as_dict().items() if k.startswith("gamma")},
         "label_emd_mean": het.label_emd_mean,
         "js_mean": het.js_mean,
         "data_files": list(prep.sources),
@@ -262,10 +262,12 @@ def cmd_partition(args: argparse.Namespace) -> int:
             str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
         )
     console.print(table)
+    from hetfed.heterogeneity import gamma_line
+
+    console.print(gamma_line(report), soft_wrap=True)
     console.print(
-        f"Γ (mean Fréchet distance, client vs rest) = {report['gamma']:.4f}   "
         f"label EMD mean = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
-        f"global test = {report['global_test_size']} (balanced)"
+        f"global test = {report['global_test_size']} (balanced)", soft_wrap=True,
     )
     if args.plot:
         console.print(f"figure written to {args.plot}", soft_wrap=True)

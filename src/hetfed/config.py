@@ -84,6 +84,19 @@ class PartitionConfig(_Strict):
         return self
 
 
+class HeterogeneityConfig(_Strict):
+    """How Γ is measured (see hetfed.heterogeneity)."""
+
+    on: Literal["train", "all"] = Field(
+        "train", description="each client's training samples (what the method sees) or train ∪ val ∪ test"
+    )
+    iid_draws: int = Field(3, ge=0, description="size-matched IID partitions for the reference Γ_IID (0: off)")
+    iid_max_clients: int = Field(100, ge=1, description="clients scored per IID draw (keeps it cheap at many clients)")
+    estimator: Literal["plain", "extrapolated"] = Field(
+        "plain", description="plain Fréchet distance, or extrapolated to infinite client size (FD∞)"
+    )
+
+
 class ModelConfig(_Strict):
     """The network every client trains. ``hidden`` are the MLP widths."""
 
@@ -211,6 +224,7 @@ class Config(_Strict):
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
     partition: PartitionConfig = Field(default_factory=PartitionConfig)
+    heterogeneity: HeterogeneityConfig = Field(default_factory=HeterogeneityConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
     moe: MoEConfig = Field(default_factory=MoEConfig)

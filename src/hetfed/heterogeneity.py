@@ -6,9 +6,24 @@
   with fewer samples than dimensions) never produce complex or NaN results.
 - Γ (CGAU paper, eqs. 2–3): mean over clients of the Fréchet distance between the
   client's Gaussian and the pooled Gaussian of all other clients.
-- Label skew (Zhao et al. 2018): per-client class histograms, the earth mover's
-  distance of each client's label distribution to the global one (with the 0/1
-  ground metric between classes this is ``Σ_c |p_k(c) − p(c)|``), and the mean
+- **Size-matched IID reference.** Sample means and covariances of small clients
+  are noisy, and the Fréchet distance turns that noise into distance: Γ grows as
+  clients shrink, whatever the skew. ``gamma_iid`` is Γ of random (IID) partitions
+  of the same pool into clients of the *same sizes* (a few draws, mean ± sd), and
+  ``gamma_excess = Γ − Γ_IID`` is the heterogeneity beyond what sampling noise
+  alone produces: ≈ 0 for an IID split of any client count, growing with skew.
+  (The difference, not the ratio: the Fréchet distance's small-sample bias is
+  additive, ≈ c/n — Chong & Forsyth 2020 —, so subtracting it leaves the skew in
+  Γ's own units; a ratio would shrink the same skew as clients get smaller.)
+- **Extrapolated estimator** (``estimator: extrapolated``, after Chong & Forsyth's
+  FID∞): per client, the distance at ½, ¾ and all of its samples, fitted linearly
+  in 1/n and read off at 1/n = 0. Removes the bias without a reference, but is
+  noisy for clients with few samples (and needs ≥ 8 of them; smaller ones keep
+  the plain value).
+- Label skew (Zhao et al. 2018): per-client class histograms, the label "EMD"
+  of each client's distribution to the global one as Zhao et al. define it,
+  ``Σ_c |p_k(c) − p(c)|`` (range 0–2; the earth mover's distance under the 0/1
+  ground metric — the total variation distance — is half of it), and the mean
   Jensen–Shannon divergence (base 2, in [0, 1]).
 """
 
@@ -59,40 +74,102 @@ def frechet_from_factor(mu1: np.ndarray, u1: np.ndarray, mu2: np.ndarray, s2: np
     return max(float(diff @ diff + np.sum(u1 * u1) + np.trace(s2) - 2 * cross), 0.0)
 
 
-def gamma(x: np.ndarray, clients: list[np.ndarray]) -> float:
-    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian).
+def _client_distance(flat: np.ndarray, idx: np.ndarray, centre: np.ndarray, total_sum: np.ndarray,
+                     total_xx: np.ndarray, n_total: int) -> float:
+    """FD between one client's Gaussian and the pooled Gaussian of everyone else (centred data)."""
+    xc = flat[idx] - centre
+    n_k, n_o = len(idx), n_total - len(idx)
+    sum_k = xc.sum(axis=0)
+    mu_k = sum_k / max(n_k, 1)
+    mu_o = (total_sum - sum_k) / max(n_o, 1)
+    xx_o = total_xx - xc.T @ xc
+    s_o = (xx_o - n_o * np.outer(mu_o, mu_o)) / max(n_o - 1, 1)
+    d = flat.shape[1]
+    if n_k < 2:
+        return frechet_distance(mu_k, np.zeros((d, d)), mu_o, s_o)
+    if n_k <= d:  # low rank: Σ_k = U Uᵀ with U = (X_k − μ_k)ᵀ / √(n_k − 1)
+        u = (xc - mu_k).T / np.sqrt(n_k - 1)
+        return frechet_from_factor(mu_k, u, mu_o, s_o)
+    s_k = (xc - mu_k).T @ (xc - mu_k) / (n_k - 1)
+    return frechet_distance(mu_k, s_k, mu_o, s_o)
+
+
+def _pool(x: np.ndarray, clients: list[np.ndarray]):
+    flat = np.asarray(x, np.float64).reshape(len(x), -1)
+    every = np.concatenate(clients)
+    centre = flat[every].mean(axis=0)
+    centred = flat[every] - centre
+    return flat, every, centre, centred.sum(axis=0), centred.T @ centred
+
+
+def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] | None = None,
+                     estimator: str = "plain", rng: np.random.Generator | None = None) -> list[float]:
+    """Per client (all, or ``which``): FD(client's Gaussian, all other clients' pooled Gaussian).
 
     The pooled "others" moments come from sufficient statistics (total minus the
     client's), so the cost does not grow with K × N × d²; features are centred
     on the pooled mean first for numerical stability.
     """
+    flat, every, centre, total_sum, total_xx = _pool(x, clients)
+    out = []
+    for k in range(len(clients)) if which is None else which:
+        idx = clients[k]
+        if estimator == "extrapolated" and len(idx) >= 8:
+            out.append(_extrapolated(flat, idx, centre, total_sum, total_xx, len(every), rng or np.random.default_rng(k)))
+        else:
+            out.append(_client_distance(flat, idx, centre, total_sum, total_xx, len(every)))
+    return out
+
+
+def _extrapolated(flat, idx, centre, total_sum, total_xx, n_total, rng) -> float:
+    """FD∞ for one client: distances of nested subsamples fitted linearly in 1/n, read at 1/n = 0.
+
+    The "others" stay the same set (the client's held-out part is not moved to them).
+    """
+    order = rng.permutation(idx)
+    xc_all = flat[idx] - centre
+    n_o = n_total - len(idx)
+    sum_o = total_sum - xc_all.sum(axis=0)
+    mu_o = sum_o / max(n_o, 1)
+    s_o = (total_xx - xc_all.T @ xc_all - n_o * np.outer(mu_o, mu_o)) / max(n_o - 1, 1)
+    sizes, values = [], []
+    for fraction in (0.5, 0.75, 1.0):
+        sub = order[: max(2, int(round(fraction * len(idx))))]
+        xc = flat[sub] - centre
+        mu_k = xc.mean(axis=0)
+        u = (xc - mu_k).T / np.sqrt(len(sub) - 1)
+        values.append(frechet_from_factor(mu_k, u, mu_o + 0.0, s_o))
+        sizes.append(len(sub))
+    slope, intercept = np.polyfit(1.0 / np.asarray(sizes, float), np.asarray(values), 1)
+    return max(float(intercept), 0.0)
+
+
+def gamma(x: np.ndarray, clients: list[np.ndarray], estimator: str = "plain") -> float:
+    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian)."""
     if len(clients) < 2:
         return 0.0
-    flat = np.asarray(x, np.float64).reshape(len(x), -1)
-    every = np.concatenate(clients)
-    centre = flat[every].mean(axis=0)
-    total_sum = (flat[every] - centre).sum(axis=0)
-    total_xx = (flat[every] - centre).T @ (flat[every] - centre)
-    n_total = len(every)
-    distances = []
-    for idx in clients:
-        xc = flat[idx] - centre
-        n_k, n_o = len(idx), n_total - len(idx)
-        sum_k = xc.sum(axis=0)
-        mu_k = sum_k / max(n_k, 1)
-        mu_o = (total_sum - sum_k) / max(n_o, 1)
-        xx_o = total_xx - xc.T @ xc
-        s_o = (xx_o - n_o * np.outer(mu_o, mu_o)) / max(n_o - 1, 1)
-        d = flat.shape[1]
-        if n_k < 2:
-            distances.append(frechet_distance(mu_k, np.zeros((d, d)), mu_o, s_o))
-        elif n_k <= d:  # low rank: Σ_k = U Uᵀ with U = (X_k − μ_k)ᵀ / √(n_k − 1)
-            u = (xc - mu_k).T / np.sqrt(n_k - 1)
-            distances.append(frechet_from_factor(mu_k, u, mu_o, s_o))
-        else:
-            s_k = (xc - mu_k).T @ (xc - mu_k) / (n_k - 1)
-            distances.append(frechet_distance(mu_k, s_k, mu_o, s_o))
-    return float(np.mean(distances))
+    return float(np.mean(client_distances(x, clients, estimator=estimator)))
+
+
+def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clients: int = 100,
+              seed: int = 0, estimator: str = "plain") -> tuple[float, float]:
+    """Γ of random partitions of the same pool into clients of the same sizes: (mean, sd over draws).
+
+    Each draw scores at most ``max_clients`` randomly chosen clients (an unbiased
+    estimate of the mean over all), so the reference costs ``draws × max_clients``
+    distances whatever the client count.
+    """
+    if len(clients) < 2 or draws < 1:
+        return float("nan"), float("nan")
+    rng = np.random.default_rng([seed, 0x61D])
+    sizes = np.array([len(c) for c in clients])
+    pool = np.concatenate(clients)
+    values = []
+    for _ in range(draws):
+        shuffled = np.split(rng.permutation(pool), np.cumsum(sizes)[:-1])
+        which = sorted(rng.choice(len(clients), min(max_clients, len(clients)), replace=False).tolist())
+        values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng))))
+    return float(np.mean(values)), float(np.std(values, ddof=1)) if draws > 1 else 0.0
 
 
 def gamma_reference(x: np.ndarray, clients: list[np.ndarray]) -> float:
@@ -118,7 +195,11 @@ def _distributions(counts: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def label_emd(counts: np.ndarray) -> np.ndarray:
-    """Per client: Σ_c |p_k(c) − p(c)| against the pooled label distribution (0 … 2)."""
+    """Per client: Σ_c |p_k(c) − p(c)| against the pooled label distribution (0 … 2).
+
+    This is Zhao et al.'s (2018) "EMD"; under the 0/1 ground metric the earth
+    mover's distance proper (total variation) is half of it.
+    """
     p, q = _distributions(counts)
     return np.abs(p - q).sum(axis=1)
 
@@ -144,26 +225,62 @@ class Heterogeneity:
     label_emd_mean: float
     js_mean: float
     class_counts: list[list[int]]
+    gamma_iid: float = float("nan")  # Γ of size-matched IID partitions (mean over draws)
+    gamma_iid_sd: float = float("nan")
+    measured_on: str = "train"  # which of each client's samples Γ is measured on
+    estimator: str = "plain"
+
+    @property
+    def gamma_excess(self) -> float:
+        """Γ − Γ_IID: heterogeneity beyond what client size alone produces."""
+        return self.gamma - self.gamma_iid
 
     def as_dict(self) -> dict:
+        def num(v: float) -> float | None:  # JSON has no NaN: "not measured" is null
+            return None if np.isnan(v) else float(v)
+
         return {
             "gamma": self.gamma,
+            "gamma_iid": num(self.gamma_iid),
+            "gamma_iid_sd": num(self.gamma_iid_sd),
+            "gamma_excess": num(self.gamma_excess),
+            "gamma_measured_on": self.measured_on,
+            "gamma_estimator": self.estimator,
             "label_emd_mean": self.label_emd_mean,
             "js_mean": self.js_mean,
             "label_emd": self.label_emd,
         }
 
 
-def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int) -> Heterogeneity:
-    """Γ on the features plus the label-skew figures, for one partition."""
+def gamma_line(h: dict) -> str:
+    """One line for people: Γ, its size-matched IID reference and the excess, and what Γ was measured on."""
+    def f(v):
+        return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4f}"
+
+    ref = f(h.get("gamma_iid"))
+    if h.get("gamma_iid_sd") is not None and ref != "-":
+        ref += f" ± {h['gamma_iid_sd']:.4f}"
+    return (f"Γ = {f(h.get('gamma'))}   Γ_IID (same client sizes) = {ref}   ΔΓ = Γ − Γ_IID = {f(h.get('gamma_excess'))}"
+            f"   (measured on each client's {h.get('gamma_measured_on', 'train')} data, {h.get('gamma_estimator', 'plain')})")
+
+
+def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, *,
+            iid_draws: int = 3, iid_max_clients: int = 100, estimator: str = "plain",
+            measured_on: str = "train", seed: int = 0) -> Heterogeneity:
+    """Γ (and its size-matched IID reference) on the features plus the label-skew figures."""
     counts = class_histograms(y, clients, n_classes)
     emd = label_emd(counts)
     p, q = _distributions(counts)
     js = [js_divergence(row, q) for row in p]
+    ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator)
     return Heterogeneity(
-        gamma=gamma(x, clients),
+        gamma=gamma(x, clients, estimator),
         label_emd=[float(v) for v in emd],
         label_emd_mean=float(emd.mean()),
         js_mean=float(np.mean(js)),
         class_counts=counts.tolist(),
+        gamma_iid=ref,
+        gamma_iid_sd=ref_sd,
+        measured_on=measured_on,
+        estimator=estimator,
     )

@@ -38,7 +38,12 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
         data = embed(ds, config.embed, progress=progress)
     with stage(status, f"partitioning ({config.partition.kind})"):
         fed = make_federation(data, config.partition, config.seed)
-    with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients)"):
-        clients = [fed.client_indices(k) for k in range(fed.n_clients)]
-        het = measure(fed.x, fed.y, clients, fed.n_classes)
+    h = config.heterogeneity
+    with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients' {h.on} data)"):
+        if h.on == "train":
+            clients = list(fed.train)
+        else:
+            clients = [fed.client_indices(k) for k in range(fed.n_clients)]
+        het = measure(fed.x, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
+                      estimator=h.estimator, measured_on=h.on, seed=config.seed)
     return Prepared(data, fed, het, ds.sources, federation_warnings(fed))

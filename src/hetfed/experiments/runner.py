@@ -292,6 +292,10 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     table.caption = ("best model by validation loss. local: each client's own test set, its own parameters; "
                      "global: balanced global test set; unseen: server model, zero conditioning")
     console.print(table)
+    from hetfed.heterogeneity import gamma_line
+
+    if "heterogeneity" in summary:
+        console.print(gamma_line(summary["heterogeneity"]), soft_wrap=True)
     for method, m in summary["methods"].items():
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)

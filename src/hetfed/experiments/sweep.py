@@ -315,6 +315,10 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
         pkey = tuple(_cell(point[k]) for k in keys)
         data = groups.setdefault((pkey, "(data)"), {})
         data.setdefault("gamma", []).append(summary["gamma"])
+        for key in ("gamma_iid", "gamma_excess"):  # runs made before the IID reference have none
+            value = summary["heterogeneity"].get(key)
+            if value is not None and not math.isnan(value):
+                data.setdefault(key, []).append(value)
         data.setdefault("label_emd_mean", []).append(summary["heterogeneity"]["label_emd_mean"])
         for label, m in summary["methods"].items():
             bucket = groups.setdefault((pkey, label), {})
@@ -350,7 +354,7 @@ def _write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
 
 
 def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = (
-        "gamma", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
+        "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
         "best.global_auc", "best.local_auc_mean")) -> None:
     table = Table(title="sweep: mean ± 95% CI over seeds")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:

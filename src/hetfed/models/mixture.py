@@ -17,6 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import torch
+import torch.nn.functional as F
 
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 
@@ -52,11 +53,14 @@ class Mixture(Model):
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         f_g = self.expert.forward(self.part(params, "global"), x, None)  # frozen, eval mode
         f_s = self.expert.forward(self.part(params, "specialist"), x, noise)
-        h = self.gate_value(params, x, noise)
+        z = self.gate.forward(self.part(params, "gate"), x, noise)  # the gate's logit; h = σ(z)
         if self.blend == "log":
+            h = torch.sigmoid(z)
             return h * f_s + (1 - h) * f_g
-        mix = h * torch.softmax(f_s, -1) + (1 - h) * torch.softmax(f_g, -1)
-        return torch.log(mix.clamp_min(1e-12))
+        # log(h·p_s + (1 − h)·p_g) in log space: exact for classes far below float32's
+        # resolution, where summing probabilities and clamping would lose the loss and its gradient
+        terms = torch.stack([F.logsigmoid(z) + F.log_softmax(f_s, -1), F.logsigmoid(-z) + F.log_softmax(f_g, -1)])
+        return torch.logsumexp(terms, 0)
 
     def activation_floats(self, batch: int) -> int:
         return 3 * self.expert.activation_floats(batch)
