@@ -135,8 +135,9 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
 
         # a SuperNode dies after round 1: the run goes on with the others and says who failed
-        failing = {**cgau, "train": {**cgau["train"], "rounds": 3},
-                   "flower": {"round_timeout": 10, "min_replies": 1}}
+        # (the timeout leaves healthy nodes ample time: each message starts a fresh ClientApp process)
+        failing = {**cgau, "train": {**cgau["train"], "rounds": 2},
+                   "flower": {"round_timeout": 25, "min_replies": 1}}
         import subprocess
 
         from hetfed.flower.deploy import _bin, write_app
@@ -161,7 +162,8 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         summary = json.loads((tmp_path / "run2" / "summary.json").read_text())
         failed = summary["methods"]["cgau"]["failed_clients"]
         assert failed and all(f["clients"] == [2] for f in failed), failed
-        assert summary["methods"]["cgau"]["rounds"] == 3
+        assert summary["methods"]["cgau"]["rounds"] == 2
+        assert {f["step"] for f in failed} == {"train", "evaluate"}
     for pid in started:  # every process the deployment started is gone
         assert not _exists(pid), pid
 
