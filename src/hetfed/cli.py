@@ -62,6 +62,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seeds", type=int, default=3, help="seeds per grid point (0..N-1)")
     p.add_argument("--out", metavar="DIR", help="sweep directory")
     p.add_argument("--resume", action="store_true", help="reuse the completed runs already in --out")
+    p.add_argument("--jobs", type=int, default=1, metavar="N",
+                   help="run N grid points at once, in worker processes sharing the cores (default 1)")
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep)
 
@@ -289,7 +291,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
-    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, resume=args.resume)
+    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, resume=args.resume,
+              jobs=args.jobs)
     return 0
 
 

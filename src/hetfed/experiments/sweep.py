@@ -14,6 +14,8 @@ import csv
 import itertools
 import json
 import math
+import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -121,16 +123,21 @@ def run_sweep(
     progress: bool = True,
     console: Console | None = None,
     resume: bool = False,
+    jobs: int = 1,
 ) -> tuple[Path, list[dict]]:
     """Run every grid point × seed; write sweep.csv / sweep.json and figures; return the table.
+
+    ``jobs`` > 1 runs the points in that many worker processes, each with
+    ``cores // jobs`` torch threads (two 2-thread torch processes on 2 cores run
+    ~10× slower than one), and gives the same table as running them one by one.
 
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
     directory whose resolved config matches is reused; an incomplete one is moved
     aside (``<dir>.incomplete-<n>``, never deleted) and run again.
     """
-    from hetfed.experiments.runner import run_experiment
-
     console = console or make_console()
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
     points = grid_points(grid)
@@ -151,28 +158,36 @@ def run_sweep(
         sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     write_json_atomic(sweep_dir / "sweep_request.json", request)
     total = len(configs)
-    summaries: list[tuple[dict, int, dict]] = []
-    run_dirs: list[tuple[dict, Path]] = []
-    failed: list[dict] = []
-    for i, (point, _s, cfg) in enumerate(configs, start=1):
-        if progress:
-            console.print(f"[{i}/{total}] {_point_name(point)} seed={cfg.seed}", soft_wrap=True)
+    todo: list[tuple[int, dict, Config, Path]] = []
+    outcome: dict[int, tuple[str, object]] = {}
+    for i, (point, _s, cfg) in enumerate(configs):
         run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
         if resume and run_dir.exists():
             reused = _completed(run_dir, cfg)
             if reused is not None:
-                summaries.append((point, cfg.seed, reused))
-                run_dirs.append((point, run_dir))
+                outcome[i] = ("ok", reused)
                 continue
             _move_aside(run_dir)
-        try:
-            res = run_experiment(cfg, out=run_dir, progress=False, console=console)
-        except HetfedError as err:  # one impossible point must not lose the rest of the grid
-            console.print(f"failed {_point_name(point)} seed={cfg.seed}: {err}", style="red", soft_wrap=True)
-            failed.append({"point": point, "seed": cfg.seed, "error": str(err), "run_dir": str(run_dir)})
-            continue
-        summaries.append((point, cfg.seed, res.summary))
-        run_dirs.append((point, res.run_dir))
+        todo.append((i, point, cfg, run_dir))
+    tracker = SweepProgress(total, len(outcome), console if progress else None)
+    if jobs > 1 and len(todo) > 1:
+        outcome.update(_run_parallel(todo, jobs, tracker))
+    else:
+        for i, point, cfg, run_dir in todo:
+            tracker.started(point, cfg.seed)
+            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir))
+            tracker.finished(point, cfg.seed, outcome[i])
+    summaries: list[tuple[dict, int, dict]] = []
+    run_dirs: list[tuple[dict, Path]] = []
+    failed: list[dict] = []
+    for i, (point, _s, cfg) in enumerate(configs):  # in grid order, however they were run
+        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        status, value = outcome[i]
+        if status == "ok":
+            summaries.append((point, cfg.seed, value))
+            run_dirs.append((point, run_dir))
+        else:  # one impossible point must not lose the rest of the grid
+            failed.append({"point": point, "seed": cfg.seed, "error": str(value), "run_dir": str(run_dir)})
     runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
     # the runs are listed before anything is aggregated: a failure below never hides them
     record = {"grid": grid, "seeds": seeds, "runs": runs, "failed": failed}
@@ -256,6 +271,90 @@ def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
             out += _config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
+
+
+def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
+    """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
+    from hetfed.experiments.runner import run_experiment
+
+    try:
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False).summary
+    except HetfedError as err:
+        return "failed", str(err)
+
+
+def _init_worker(threads: int) -> None:
+    """Each worker gets its share of the cores, before torch makes its thread pool."""
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        os.environ[var] = str(threads)
+    import torch
+
+    torch.set_num_threads(threads)
+
+
+def worker_threads(jobs: int) -> int:
+    return max(1, (os.cpu_count() or 1) // jobs)
+
+
+def _run_parallel(todo: list[tuple[int, dict, Config, Path]], jobs: int, tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+    import multiprocessing
+    from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
+
+    out: dict[int, tuple[str, object]] = {}
+    context = multiprocessing.get_context("spawn")  # no torch state inherited from this process
+    with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
+                             initargs=(worker_threads(jobs),)) as pool:
+        pending = {}
+        try:
+            for i, point, cfg, run_dir in todo:
+                pending[pool.submit(_run_one, cfg.model_dump(mode="json"), str(run_dir))] = (i, point, cfg)
+                tracker.started(point, cfg.seed)
+            while pending:
+                done, _ = wait(pending, return_when=FIRST_COMPLETED)
+                for future in done:
+                    i, point, cfg = pending.pop(future)
+                    out[i] = future.result()
+                    tracker.finished(point, cfg.seed, out[i])
+        except BaseException:
+            for future in pending:
+                future.cancel()
+            raise
+    return out
+
+
+class SweepProgress:
+    """One display over the whole grid: runs done, failed and remaining, and an ETA."""
+
+    def __init__(self, total: int, reused: int, console: Console | None):
+        self.total, self.done, self.failed, self.console = total, reused, 0, console
+        self.t0 = time.perf_counter()
+        self.timed = 0  # runs finished in this session (the ETA's basis)
+        if console and reused:
+            console.print(f"{reused} of {total} runs reused from the earlier sweep", soft_wrap=True)
+
+    def started(self, point: dict, seed: int) -> None:
+        return None
+
+    def finished(self, point: dict, seed: int, outcome: tuple[str, object]) -> None:
+        self.done += 1
+        self.timed += 1
+        status, value = outcome
+        if status != "ok":
+            self.failed += 1
+        if self.console is None:
+            return
+        remaining = self.total - self.done
+        elapsed = time.perf_counter() - self.t0
+        eta = elapsed / self.timed * remaining
+        line = (f"{time.strftime('%H:%M:%S')} [{self.done}/{self.total} done, {self.failed} failed, {remaining} left, "
+                f"ETA {_duration(eta)}] {_point_name(point)} seed={seed}: {status}")
+        self.console.print(line + (f" — {value}" if status != "ok" else ""), style=None if status == "ok" else "red",
+                           soft_wrap=True)
+
+
+def _duration(seconds: float) -> str:
+    seconds = int(round(seconds))
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
 def _completed(run_dir: Path, cfg: Config) -> dict | None:
