@@ -67,6 +67,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep)
 
+    p = sub.add_parser("report", help="write report.html for a run or sweep directory (self-contained, opens offline)")
+    p.add_argument("dir", help="a run directory (hetfed run) or a sweep directory (hetfed sweep)")
+    p.add_argument("--out", metavar="FILE", help="where to write the page (default: DIR/report.html)")
+    p.set_defaults(func=cmd_report)
+
     p = sub.add_parser("demo", help="small demonstrations: xor (CGAU paper, Appendix A)")
     p.add_argument("which", choices=["xor"], help="which demo")
     p.add_argument("--out", metavar="DIR", help="output directory (figures + summary.json)")
@@ -293,6 +298,17 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid)
     run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, resume=args.resume,
               jobs=args.jobs)
+    return 0
+
+
+def cmd_report(args: argparse.Namespace) -> int:
+    from hetfed.experiments.report import write_report
+
+    if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).resolve().parent.is_dir()):
+        raise ConfigError(f"--out {args.out!r} is not allowed: expected a file path in an existing folder, "
+                          "e.g. report.html")
+    path = write_report(args.dir, args.out)
+    console.print(f"report: {path}", soft_wrap=True)
     return 0
 
 

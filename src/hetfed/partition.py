@@ -294,6 +294,32 @@ def pca_view(x: np.ndarray, components: int, seed: int = 0) -> np.ndarray:
     return PCA(n_components=n, random_state=seed).fit_transform(flat)
 
 
+def partition_view(fed, seed: int = 0, max_points: int = 5000) -> dict[str, np.ndarray]:
+    """What the federation figures need, small enough to keep with a run.
+
+    ``counts`` (clients × classes, all splits), per-client ``train``/``val``/``test``
+    sizes, ``opted_out``, and a 2-D PCA view of at most ``max_points`` samples
+    (``xy``, PCA fitted on them: bounded cost at any size) with the client holding
+    each (``owner``).
+    """
+    owner = np.full(len(fed.y), -1)
+    for k in range(fed.n_clients):
+        owner[fed.client_indices(k)] = k
+    held = np.flatnonzero(owner >= 0)
+    if len(held) > max_points:
+        held = np.sort(np.random.default_rng(seed).choice(held, max_points, replace=False))
+    xy = pca_view(fed.x[held], 2, seed=seed) if len(held) > 2 else np.zeros((len(held), 2))
+    return {
+        "counts": fed.class_counts(),
+        "train": np.array([len(i) for i in fed.train]),
+        "val": np.array([len(i) for i in fed.val]),
+        "test": np.array([len(i) for i in fed.test]),
+        "opted_out": np.asarray(fed.opted_out, dtype=bool),
+        "xy": xy.astype(np.float32),
+        "owner": owner[held],
+    }
+
+
 def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rng: np.random.Generator) -> np.ndarray:
     """Client of every sample before shuffling: its class's nearest matched centroid."""
     from scipy.optimize import linear_sum_assignment

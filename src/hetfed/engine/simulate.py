@@ -54,6 +54,8 @@ class SimulationResult:
     personal_seconds: float = 0.0
     executor: Executor | None = None
     skipped_rounds: list[int] = field(default_factory=list)  # too few replies: not aggregated
+    #: (round, mean training loss over the round's clients, weighted by their sample counts)
+    train_losses: list[tuple[int, float]] = field(default_factory=list)
 
     @property
     def states(self) -> dict:
@@ -92,6 +94,15 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, cl
     return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 
 
+def round_train_loss(upload) -> float | None:
+    """The round's training loss: the clients' reported losses weighted by their sample counts."""
+    if upload is None or "train_loss" not in upload.extra or not len(upload.client_ids):
+        return None
+    loss = upload.extra["train_loss"].detach().double().cpu().reshape(-1)
+    w = upload.num_samples.detach().double().cpu().reshape(-1)
+    return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
+
+
 def simulate(
     algo: Algorithm,
     fed,
@@ -100,8 +111,13 @@ def simulate(
     executor: Executor | None = None,
     on_round: Callable[[int, dict[str, float] | None], None] | None = None,
     on_eval: Callable[[int, Evaluation], None] | None = None,
+    on_train: Callable[[int, dict[str, float]], None] | None = None,
 ) -> SimulationResult:
-    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``, then its personalisation."""
+    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``.
+
+    ``on_train(round, {"train_loss": …})`` gets every round's mean training loss
+    (what the clients report in their uploads); ``on_eval`` every evaluation.
+    """
     device = resolve_device(train.device)
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
     executor.start(algo, fed, seed, device)
@@ -130,6 +146,11 @@ def simulate(
         if upload is not None:
             server = algo.aggregate(server, upload)
         result.server_seconds += time.perf_counter() - t_server
+        loss = round_train_loss(upload)
+        if loss is not None:
+            result.train_losses.append((r + 1, loss))
+            if on_train:
+                on_train(r + 1, {"train_loss": loss})
         _check_finite(server, r + 1, train)
         t_train += time.perf_counter() - t0
         result.rounds_done = r + 1

@@ -8,8 +8,11 @@ Layout::
                     (appended and flushed after every evaluation, so an
                     interrupted run keeps what it finished)
     summary.json    written last, only when the run completes
-    checkpoints/    best (by validation loss) and final server models
-    figures/        learning curves
+    federation.npz  the clients as the report draws them (class counts, sizes, a 2-D view)
+    checkpoints/    best (by validation loss) and final server models; every
+                    client's local state (``<method>-clients.pt``) when it has one
+    figures/        learning curves (PNG and SVG)
+    report.html     one self-contained page: config, federation, curves, tables
 
 A directory that already holds files is never reused: ``--out`` must name a new
 or empty directory, so nothing already written is lost.
@@ -102,6 +105,30 @@ class MetricsWriter:
     def close(self) -> None:
         if not self._fh.closed:
             self._fh.close()
+
+
+def environment() -> dict[str, Any]:
+    """Versions, machine and threads a run was made with (for its report and for reproducing it)."""
+    import platform
+    import sys
+    from importlib import metadata
+
+    import torch
+
+    def version(dist: str) -> str | None:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    env = {
+        "hetfed": version("hetfed"), "python": sys.version.split()[0], "torch": torch.__version__,
+        **{name: version(name) for name in ("numpy", "scipy", "scikit-learn", "flwr")},
+        "platform": platform.platform(), "machine": platform.machine(), "host": socket.gethostname(),
+        "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+    }
+    return {k: v for k, v in env.items() if v is not None}
 
 
 def set_status(run_dir: Path, status: str, **info: Any) -> None:

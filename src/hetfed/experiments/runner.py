@@ -27,6 +27,7 @@ from hetfed.errors import interruption_reason
 from hetfed.experiments.rundir import (
     Heartbeat,
     MetricsWriter,
+    environment,
     new_run_dir,
     set_status,
     write_json_atomic,
@@ -35,6 +36,8 @@ from hetfed.pipeline import Prepared, prepare
 
 #: metrics shown in the final table and compared across methods
 HEADLINE = ("global_accuracy", "local_accuracy_mean")
+#: the learning curves drawn per run (``train_loss``: every round; the others: every evaluation)
+CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")
 
 
 @dataclass(frozen=True, eq=False)
@@ -90,10 +93,12 @@ def run_experiment(
     console: Console | None = None,
     prepared: Prepared | None = None,
     flower_grid=None,
+    report: bool = True,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary.
 
-    ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
+    ``report``: write ``report.html`` at the end (a sweep writes one for all its
+    runs instead). ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
     SuperNodes of that federation, whatever ``train.executor`` says.
     """
     console = console or make_console()
@@ -113,12 +118,16 @@ def run_experiment(
 
     run_dir = new_run_dir(out, config.out_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_config(config))
+    started = time.strftime("%Y-%m-%dT%H:%M:%S")
     heartbeat = Heartbeat(run_dir)
     heartbeat.beat()
     writer = MetricsWriter(run_dir / "metrics.csv")
     methods: dict[str, dict] = {}
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = {m: {} for m in ("global_accuracy", "local_accuracy_mean", "val_loss")}
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {m: {} for m in CURVES}
     try:
+        from hetfed.partition import partition_view
+
+        np.savez_compressed(run_dir / "federation.npz", **partition_view(fed, config.seed))
         torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         with round_progress(progress, console) as bar:
             for method, train, algo in plans:
@@ -129,7 +138,8 @@ def run_experiment(
         writer.close()
         from hetfed.experiments.figures import plot_learning_curves
 
-        plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png")
+        plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png",
+                             best_rounds={label: m.get("best_round") for label, m in methods.items()})
         first = config.methods[0]
         primary = first.label
         if first.algorithm == "fedmoe":  # FedMoE's own result is its mixture
@@ -152,6 +162,9 @@ def run_experiment(
             "best": methods[primary]["best"],
             "rounds": max(m.get("rounds") or 0 for m in methods.values()),
             "wall_seconds": time.perf_counter() - t_start,
+            "started": started,
+            "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+            "environment": environment(),
             "methods": methods,
         }
         write_json_atomic(run_dir / "summary.json", summary)
@@ -162,9 +175,23 @@ def run_experiment(
         # the reason itself is printed once, by whoever handles the error (the CLI)
         make_console(stderr=True).print(f"run marked failed; what was finished is kept in {run_dir}", soft_wrap=True)
         raise
+    if report:
+        _write_report(run_dir, status)
     if progress:
         print_summary(summary, run_dir, console)
     return RunOutput(run_dir, summary)
+
+
+def _write_report(run_dir: Path, status: Console | None) -> None:
+    """report.html at the end of a run; a report that fails is a warning (the run is complete)."""
+    from hetfed.experiments.report import write_report
+
+    try:
+        write_report(run_dir)
+    except Exception as err:  # the results are written; the page is a view of them
+        (status or make_console(stderr=True)).print(
+            f"warning: report.html not written: {type(err).__name__}: {err} (try: hetfed report {run_dir})",
+            style="yellow", soft_wrap=True)
 
 
 def _rate(rounds: int, seconds: float) -> str:
@@ -196,6 +223,10 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
             if metric in ev.metrics:
                 curves[metric].setdefault(fed_label, []).append((rnd, ev.metrics[metric]))
 
+    def on_train(rnd: int, metrics: dict[str, float]) -> None:
+        writer.write(fed_label, rnd, "train", "all", metrics)
+        curves["train_loss"].setdefault(fed_label, []).append((rnd, metrics["train_loss"]))
+
     def on_round(rnd: int, metrics) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
         fields["rate"] = _rate(rnd, time.perf_counter() - t0)
@@ -205,7 +236,8 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     times: dict[str, float] = {}
 
     def body(executor=None) -> SimulationResult:
-        res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval)
+        res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval,
+                       on_train=on_train)
         bar.update(task, completed=train.rounds)
         times["federated"] = time.perf_counter() - t0
         if algo.views:
@@ -228,6 +260,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         result = body()
     ckpt = run_dir / "checkpoints"
     ckpt.mkdir(exist_ok=True)
+    save_client_states(result.states, ckpt / f"{label}-clients.pt")
     if not algo.views:
         torch.save({k: v.cpu() for k, v in result.server.params.items()}, ckpt / f"{label}-final.pt")
         if result.best_server is not None:
@@ -253,6 +286,23 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         _write_eval(writer, name, extra.get("rounds") or extra.get("epochs") or 0, ev)
         rows[name] = {**_view_summary(ev, seconds, extra), "algorithm": f"{method.algorithm}:{view}"}
     return rows
+
+
+def save_client_states(states: dict[int, dict], path: Path) -> None:
+    """Every client's local parameters (no optimiser state), stacked by client id, for prediction later.
+
+    Nothing is written when the clients keep no local parameters (FedAvg) or live
+    elsewhere (Flower SuperNodes keep their own).
+    """
+    from hetfed.engine.types import split_state
+
+    params = {k: split_state(s)[0] for k, s in states.items()}
+    ids = sorted(k for k, p in params.items() if p)
+    if not ids:
+        return
+    names = max((list(params[k]) for k in ids), key=len)  # personalised clients hold the most
+    ids = [k for k in ids if set(params[k]) == set(names)]
+    torch.save({"client_ids": ids, "states": {n: torch.stack([params[k][n].cpu() for k in ids]) for n in names}}, path)
 
 
 def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:

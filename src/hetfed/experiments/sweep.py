@@ -206,6 +206,13 @@ def run_sweep(
     figure_errors = _write_figures(table, grid, run_dirs, sweep_dir / "figures")
     for problem in figure_errors:
         console.print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
+    try:
+        from hetfed.experiments.report import write_report
+
+        write_report(sweep_dir)
+    except Exception as err:  # the tables are written; the page is a view of them
+        console.print(f"warning: report.html not written: {type(err).__name__}: {err} (try: hetfed report "
+                      f"{sweep_dir})", style="yellow", soft_wrap=True)
     print_table(table, list(grid), console)
     if failed:
         console.print(f"{len(failed)} of {total} runs failed (listed in sweep.json)", style="red")
@@ -215,32 +222,53 @@ def run_sweep(
     return sweep_dir, table
 
 
+#: the metrics drawn against the swept keys, when the sweep has them
+SWEEP_FIGURES = ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.local_accuracy_p10",
+                 "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
+                 "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean", "gamma", "gamma_excess")
+
+
+def sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]]) -> list[tuple[str, Any]]:
+    """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure."""
+    from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
+
+    out: list[tuple[str, Any]] = []
+    for metric in ("global_accuracy", "local_accuracy_mean"):
+        curves = _mean_curves(run_dirs, metric)
+        if curves:
+            out.append((f"curves_{metric}", lambda path, c=curves, m=metric: _plot_curves(c, m, path)))
+    methods = {r["method"] for r in table}
+    if len(grid) == 1 and {"fedavg", "mixture"} <= methods:  # FedMoE's figures 3 and 5
+        key = next(iter(grid))
+        out.append(("global_vs_local", lambda path: plot_global_vs_local(table, key, path)))
+        out.append(("global_relative_to_fedavg",
+                    lambda path: plot_relative(table, key, "best.global_accuracy", "fedavg", path)))
+    if grid:  # each metric against the swept keys (panels for the combinations of the other keys)
+        for metric in SWEEP_FIGURES:
+            if any(r["metric"] == metric for r in table):
+                out.append((metric, lambda path, m=metric: plot_sweep(table, grid, m, path)))
+    return out
+
+
+def _plot_curves(curves, metric: str, path):
+    from hetfed.experiments.figures import plot_mean_curves
+
+    return plot_mean_curves(curves, metric, path)
+
+
 def _write_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
                    fig_dir: Path) -> list[str]:
     """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
-    from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
-
     problems: list[str] = []
-
-    def attempt(name: str, draw) -> None:
+    try:
+        figures = sweep_figures(table, grid, run_dirs)
+    except Exception as err:  # a figure must never cost the sweep its tables
+        return [f"learning curves: {type(err).__name__}: {err}"]
+    for name, draw in figures:
         try:
-            draw()
-        except Exception as err:  # a figure must never cost the sweep its tables
+            draw(fig_dir / f"{name}.png")
+        except Exception as err:
             problems.append(f"{name}: {type(err).__name__}: {err}")
-
-    attempt("learning curves", lambda: _write_curves(run_dirs, fig_dir))
-    if len(grid) == 1:
-        key = next(iter(grid))
-        methods = {r["method"] for r in table}
-        if {"fedavg", "mixture"} <= methods:  # FedMoE's figures 3 and 5
-            attempt("global_vs_local", lambda: plot_global_vs_local(table, key, fig_dir / "global_vs_local.png"))
-            attempt("global_relative_to_fedavg", lambda: plot_relative(
-                table, key, "best.global_accuracy", "fedavg", fig_dir / "global_relative_to_fedavg.png"))
-        for metric in ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean",
-                       "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
-                       "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean"):
-            if any(r["metric"] == metric for r in table):
-                attempt(metric, lambda m=metric: plot_sweep(table, key, m, fig_dir / f"{m}.png"))
     return problems
 
 
@@ -278,7 +306,7 @@ def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
     from hetfed.experiments.runner import run_experiment
 
     try:
-        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False).summary
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, report=False).summary
     except HetfedError as err:
         return "failed", str(err)
 
@@ -388,23 +416,24 @@ def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
                 w.writerow({c: row[c] for c in cols})
 
 
-def _write_curves(run_dirs: list[tuple[dict, Path]], fig_dir: Path) -> None:
-    """Mean learning curves over seeds, one line per grid point × method."""
-    from hetfed.experiments.figures import plot_mean_curves
+def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, dict[str, list[list[tuple[int, float]]]]]:
+    """``{method: {grid point: [each seed's [(round, value)]]}}`` for the sweep's learning curves."""
+    curves: dict[str, dict[str, list[list[tuple[int, float]]]]] = {}
+    for point, run_dir in run_dirs:
+        for method, points in read_curves(run_dir / "metrics.csv", metric).items():
+            if len(points) > 1:
+                curves.setdefault(method, {}).setdefault(_point_name(point), []).append(points)
+    return curves
 
-    for metric in ("global_accuracy", "local_accuracy_mean"):
-        curves: dict[str, list[list[tuple[int, float]]]] = {}
-        for point, run_dir in run_dirs:
-            per_method: dict[str, list[tuple[int, float]]] = {}
-            with open(run_dir / "metrics.csv", newline="") as fh:
-                for row in csv.DictReader(fh):
-                    if row["split"] == "summary" and row["metric"] == metric:
-                        per_method.setdefault(row["method"], []).append((int(row["round"]), float(row["value"])))
-            for method, points in per_method.items():
-                if len(points) > 1:
-                    curves.setdefault(f"{_point_name(point)} · {method}", []).append(points)
-        if curves:
-            plot_mean_curves(curves, metric, fig_dir / f"curves_{metric}.png")
+
+def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
+    """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
+    per_method: dict[str, list[tuple[int, float]]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["split"] in ("summary", "train") and row["client"] == "all" and row["metric"] == metric:
+                per_method.setdefault(row["method"], []).append((int(row["round"]), float(row["value"])))
+    return per_method
 
 
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:

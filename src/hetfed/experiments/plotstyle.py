@@ -1,0 +1,87 @@
+"""How results are named and coloured for people: words for metric keys, a colour-blind-safe palette.
+
+Pure data and functions (no matplotlib), shared by the figures, the report and the
+tables, so a metric is called the same everywhere.
+"""
+
+from __future__ import annotations
+
+import re
+
+#: Okabe & Ito (2008): distinguishable with the common colour-vision deficiencies
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+#: markers and dash patterns cycle with the colours, so overlapping lines stay visible
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
+DASHES = ("-", "--", "-.", ":")
+
+_BASE = {
+    "global_accuracy": "global test accuracy",
+    "global_loss": "global test loss",
+    "global_auc": "global test AUC",
+    "local_accuracy": "local test accuracy",
+    "local_accuracy_mean": "local test accuracy (mean over clients)",
+    "local_accuracy_p10": "local test accuracy (10th percentile of clients)",
+    "local_accuracy_opted_in_mean": "local test accuracy (mean over opted-in clients)",
+    "local_accuracy_opted_out_mean": "local test accuracy (mean over opted-out clients)",
+    "local_auc_mean": "local test AUC (mean over clients)",
+    "local_loss_mean": "local test loss (mean over clients)",
+    "server_accuracy": "unseen-client accuracy (server model)",
+    "server_loss": "unseen-client loss (server model)",
+    "val_loss": "validation loss (clients' data)",
+    "val_accuracy": "validation accuracy",
+    "train_loss": "training loss (mean over the round's clients)",
+    "seconds_per_round": "seconds per training round",
+    "server_seconds_per_round": "server seconds per round",
+    "gamma": "Γ (mean Fréchet distance)",
+    "gamma_iid": "Γ of a size-matched IID split",
+    "gamma_excess": "ΔΓ = Γ − Γ_IID",
+    "gamma_iid_sd": "sd of Γ_IID over its random draws",
+    "gamma_measured_on": "Γ measured on",
+    "gamma_estimator": "Γ estimator",
+    "label_emd_mean": "label skew (mean EMD to the pooled labels)",
+    "js_mean": "label skew (mean Jensen–Shannon divergence)",
+}
+_WHEN = {"best": "best model", "final": "final round"}
+
+_KEYS = {
+    "partition.shuffle": "fraction of samples reassigned at random",
+    "partition.alpha": "Dirichlet concentration α",
+    "partition.p": "majority-class fraction p",
+    "partition.kind": "partition",
+    "partition.opt_out": "opted-out fraction q",
+    "partition.n_clients": "number of clients",
+    "train.client_fraction": "fraction of clients per round",
+    "train.rounds": "rounds",
+    "train.local_epochs": "local epochs",
+    "train.optimizer.lr": "learning rate",
+    "dataset.name": "dataset",
+}
+
+
+def metric_label(key: str) -> str:
+    """``best.local_accuracy_mean`` → "local test accuracy (mean over clients), best model"."""
+    when, _, base = key.rpartition(".")
+    words = _BASE.get(base) or base.replace("_", " ")
+    return f"{words}, {_WHEN[when]}" if when in _WHEN else words
+
+
+def key_label(key: str) -> str:
+    """A swept config key in words, with the key itself so it can be typed again."""
+    words = _KEYS.get(key)
+    return f"{words} ({key})" if words else key
+
+
+def metric_range(key: str) -> tuple[float | None, float | None]:
+    """The values a metric can take: bands and axes are clipped to it (accuracies and AUCs in [0, 1])."""
+    base = key.rpartition(".")[2]
+    if re.search(r"(accuracy|auc)", base):
+        return 0.0, 1.0
+    if re.search(r"(loss|seconds|emd)", base) or base in ("gamma", "gamma_iid"):
+        return 0.0, None
+    return None, None
+
+
+def style(i: int) -> dict:
+    """The i-th series' colour, marker and dash pattern."""
+    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+            "linestyle": DASHES[(i // len(PALETTE)) % len(DASHES)]}

@@ -1,0 +1,397 @@
+"""``hetfed report DIR``: one self-contained ``report.html`` for a run or a sweep directory.
+
+Everything is read back from what the run wrote (``config.yaml``, ``metrics.csv``,
+``summary.json``, ``federation.npz``; a sweep's ``sweep.json``), so a report can
+be made again at any time, also for a failed run (it shows what was finished).
+Figures are embedded as PNG data URIs: the page opens offline, alone, anywhere.
+"""
+
+from __future__ import annotations
+
+import base64
+import csv
+import html
+import json
+import math
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hetfed.errors import RunError
+from hetfed.experiments.plotstyle import key_label, metric_label
+
+#: the columns of a run's results table: (metric in the summary's "best", heading)
+RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
+               ("global_accuracy", "global acc"), ("server_accuracy", "unseen acc"), ("local_auc_mean", "local AUC"),
+               ("global_auc", "global AUC"))
+#: the metrics of a sweep's table, as columns
+SWEEP_COLUMNS = ("best.local_accuracy_mean", "best.local_accuracy_p10", "best.global_accuracy", "final.global_accuracy",
+                 "best.server_accuracy", "best.local_auc_mean", "best.global_auc", "seconds_per_round")
+#: grid points drawn in a sweep's per-client figure
+MAX_PANELS = 12
+DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean")
+
+
+def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
+    """Write the report of a run or sweep directory (default ``DIR/report.html``); returns its path."""
+    d = Path(directory)
+    if not d.is_dir():
+        raise RunError(f"report: {str(d)!r} is not a directory; expected a run or sweep directory")
+    if (d / "sweep.json").is_file():
+        page = sweep_report(d)
+    elif (d / "config.yaml").is_file() and (d / "metrics.csv").is_file():
+        page = run_report(d)
+    else:
+        raise RunError(f"report: {str(d)!r} is neither a run directory (config.yaml and metrics.csv) nor a sweep "
+                       "directory (sweep.json); expected a directory written by hetfed run or hetfed sweep")
+    target = Path(out) if out is not None else d / "report.html"
+    fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
+    with os.fdopen(fd, "w", encoding="utf-8") as fh:
+        fh.write(page)
+    mask = os.umask(0)
+    os.umask(mask)
+    os.chmod(tmp, 0o666 & ~mask)
+    os.replace(tmp, target)
+    return target
+
+
+# ------------------------------------------------------------------ reading a run
+
+
+def read_metrics(path: Path) -> list[dict]:
+    """metrics.csv as rows with typed round and value."""
+    with open(path, newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    for row in rows:
+        row["round"] = int(row["round"])
+        row["value"] = float(row["value"]) if row["value"] not in ("", "nan", "None") else math.nan
+    return rows
+
+
+def _json(path: Path) -> dict | None:
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def per_client(rows: list[dict], method: str, metric: str, rnd: int | None) -> list[float]:
+    """One method's per-client values of a metric at a round (the last evaluated one if None)."""
+    mine = [r for r in rows if r["method"] == method and r["split"] == "client" and r["metric"] == metric]
+    if not mine:
+        return []
+    rnd = rnd if rnd is not None and any(r["round"] == rnd for r in mine) else max(r["round"] for r in mine)
+    return [r["value"] for r in mine if r["round"] == rnd]
+
+
+def mean_ci(values: list[float]) -> tuple[float, float, int]:
+    """Mean, 95% CI half-width (Student t) and n of the finite values."""
+    from hetfed.experiments.sweep import ci95
+
+    v = [x for x in values if x is not None and not math.isnan(x)]
+    return (float(np.mean(v)) if v else math.nan), ci95(v), len(v)
+
+
+# ------------------------------------------------------------------ HTML pieces
+
+
+def _esc(value: Any) -> str:
+    return html.escape(str(value))
+
+
+def _fmt(value: Any, digits: int = 3) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return "–"
+    if isinstance(value, float):
+        return f"{value:.{digits}f}" if abs(value) < 1e4 else f"{value:.3g}"
+    return _esc(value)
+
+
+def table(headers: list[str] | None, rows: list[list[Any]], caption: str = "") -> str:
+    """An HTML table; ``headers=None`` for a key/value table without a heading row."""
+    head = "".join(f"<th>{_esc(h)}</th>" for h in headers or [])
+    body = "".join("<tr>" + "".join(f"<td>{c if isinstance(c, Markup) else _fmt(c)}</td>" for c in row) + "</tr>"
+                   for row in rows)
+    cap = f"<caption>{_esc(caption)}</caption>" if caption else ""
+    thead = f"<thead><tr>{head}</tr></thead>" if headers else ""
+    return f"<table>{cap}{thead}<tbody>{body}</tbody></table>"
+
+
+class Markup(str):
+    """A table cell that is already HTML."""
+
+
+def figure(draw: Callable[[None], Any], caption: str) -> str:
+    """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal."""
+    from hetfed.experiments.figures import png_bytes
+
+    try:
+        data = base64.b64encode(png_bytes(draw(None))).decode()
+    except Exception as err:  # one broken figure must not cost the page
+        return f'<p class="warn">figure not drawn ({_esc(caption)}): {_esc(type(err).__name__)}: {_esc(err)}</p>'
+    return (f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
+            f"<figcaption>{_esc(caption)}</figcaption></figure>")
+
+
+def page(title: str, sections: list[tuple[str, str]]) -> str:
+    nav = " · ".join(f'<a href="#s{i}">{_esc(name)}</a>' for i, (name, _) in enumerate(sections))
+    body = "".join(f'<section id="s{i}"><h2>{_esc(name)}</h2>{content}</section>'
+                   for i, (name, content) in enumerate(sections))
+    return f"""<!DOCTYPE html>
+<html lang="en"><head><meta charset="utf-8"><title>{_esc(title)}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body {{ font-family: system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1200px;
+       padding: 0 1em; color: #222; line-height: 1.45; }}
+h1 {{ font-size: 1.6em; margin-bottom: 0.2em; }} h2 {{ border-bottom: 1px solid #ccc; margin-top: 1.8em; }}
+nav {{ font-size: 0.9em; color: #555; }}
+table {{ border-collapse: collapse; margin: 0.8em 0; font-size: 0.9em; }}
+th, td {{ border: 1px solid #ddd; padding: 0.25em 0.6em; text-align: right; }}
+th {{ background: #f3f3f3; }} td:first-child, th:first-child {{ text-align: left; }}
+tbody tr:nth-child(even) {{ background: #fafafa; }} caption {{ caption-side: bottom; font-size: 0.85em; color: #555;
+       text-align: left; padding-top: 0.3em; }}
+figure {{ margin: 1em 0; }} figure img {{ max-width: 100%; height: auto; }}
+figcaption {{ font-size: 0.85em; color: #555; }}
+pre {{ background: #f6f6f6; padding: 0.8em; overflow-x: auto; font-size: 0.85em; }}
+.warn {{ color: #a34000; }} .muted {{ color: #666; font-size: 0.9em; }}
+</style></head>
+<body><h1>{_esc(title)}</h1><nav>{nav}</nav>{body}
+<script>
+// a self-check a headless browser can read: every figure decoded, every table present
+window.addEventListener("load", function () {{
+  var imgs = Array.prototype.slice.call(document.images);
+  var ok = imgs.filter(function (i) {{ return i.complete && i.naturalWidth > 0; }}).length;
+  document.body.setAttribute("data-figures", ok + "/" + imgs.length);
+  document.body.setAttribute("data-tables", String(document.querySelectorAll("table").length));
+}});
+</script></body></html>
+"""
+
+
+def _environment(env: dict | None, extra: dict[str, Any]) -> str:
+    rows = [[k, v] for k, v in extra.items() if v is not None]
+    rows += [[k, v] for k, v in (env or {}).items()]
+    return table(None, rows) if rows else "<p class='muted'>not recorded by the hetfed that made this run</p>"
+
+
+def _files(files: list[dict]) -> str:
+    if not files:
+        return ""
+    return "<h3>data files read</h3>" + table(["path", "bytes", "SHA-256"], [
+        [f.get("path"), f.get("bytes"), Markup(f"<code>{_esc(f.get('sha256', ''))}</code>")] for f in files])
+
+
+# ------------------------------------------------------------------ a run
+
+
+def run_report(d: Path) -> str:
+    from hetfed.experiments.figures import plot_client_distribution, plot_learning_curves
+    from hetfed.experiments.rundir import run_state
+
+    config = (d / "config.yaml").read_text()
+    summary = _json(d / "summary.json")
+    status = _json(d / "status.json") or {}
+    rows = read_metrics(d / "metrics.csv")
+    methods = list(dict.fromkeys(r["method"] for r in rows))
+    state = run_state(d)
+    title = f"hetfed run · {d.name}"
+    sections: list[tuple[str, str]] = []
+
+    overview = [["status", state + (f" — {status.get('reason')}" if status.get("reason") else "")]]
+    if summary:
+        overview += [["dataset", summary.get("dataset")], ["embedding", summary.get("embed")],
+                     ["partition", summary.get("partition")], ["clients", summary.get("n_clients")],
+                     ["opted out", summary.get("n_opted_out")], ["seed", summary.get("seed")],
+                     ["wall time (s)", summary.get("wall_seconds")], ["started", summary.get("started")],
+                     ["finished", summary.get("finished")]]
+    head = table(None, overview)
+    if summary and summary.get("heterogeneity"):
+        from hetfed.heterogeneity import gamma_line
+
+        head += f"<p>{_esc(gamma_line(summary['heterogeneity']))}</p>"
+    for w in (summary or {}).get("warnings", []):
+        head += f'<p class="warn">warning: {_esc(w)}</p>'
+    sections.append(("overview", head))
+
+    if summary:
+        sections.append(("results", _run_table(summary, rows)))
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for metric in ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss"):
+        for r in rows:
+            if r["client"] == "all" and r["metric"] == metric and not math.isnan(r["value"]):
+                curves.setdefault(metric, {}).setdefault(r["method"], []).append((r["round"], r["value"]))
+    curves = {m: {k: v for k, v in c.items() if len(v) > 1} for m, c in curves.items()}
+    curves = {m: c for m, c in curves.items() if c}
+    best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
+    curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
+                         "model (lowest validation loss)") if curves else "<p class='muted'>no learning curve: "
+                  "fewer than two evaluations per method</p>")
+    sections.append(("learning curves", curve_html))
+
+    dist = ""
+    best_of = {k: (m.get("best_round") if m.get("best_round") is not None else None)
+               for k, m in (summary or {}).get("methods", {}).items()}
+    for metric in ("local_accuracy", "global_accuracy", "local_auc"):
+        values = {m: per_client(rows, m, metric, best_of.get(m)) for m in methods}
+        values = {m: v for m, v in values.items() if v}
+        if values:
+            dist += figure(lambda p, v=values, mt=metric: plot_client_distribution(v, mt, p),
+                           f"{metric_label(metric)} of every client (box: quartiles; dots: clients), best model")
+    sections.append(("per-client results", dist or "<p class='muted'>no per-client metrics recorded</p>"))
+    sections.append(("federation", _federation(d, summary)))
+    sections.append(("config", f"<pre>{_esc(config)}</pre>"))
+    sections.append(("environment", _environment((summary or {}).get("environment"), {"run directory": str(d.resolve())})
+                     + _files((summary or {}).get("data_files", []))))
+    return page(title, sections)
+
+
+def _run_table(summary: dict, rows: list[dict]) -> str:
+    present = [(k, h) for k, h in RUN_COLUMNS if any(k in m["best"] for m in summary["methods"].values())]
+    headers = ["method", *[h for _, h in present], "final global acc", "best round", "rounds / epochs", "s/round"]
+    body = []
+    for label, m in summary["methods"].items():
+        row: list[Any] = [label]
+        for key, _ in present:
+            if key == "local_accuracy_mean":
+                mean, ci, n = mean_ci(per_client(rows, label, "local_accuracy", m.get("best_round")))
+                row.append(Markup(f"{_fmt(mean)} ± {_fmt(ci)} <span class='muted'>(n = {n})</span>") if n
+                           else m["best"].get(key))
+            else:
+                row.append(m["best"].get(key))
+        row += [m["final"].get("global_accuracy"), m.get("best_round"), m.get("rounds") or m.get("epochs"),
+                m.get("seconds_per_round")]
+        body.append(row)
+    notes = "".join(f"<p class='muted'>note ({_esc(k)}): {_esc(m['selection_note'])}</p>"
+                    for k, m in summary["methods"].items() if m.get("selection_note"))
+    caption = ("best model by validation loss. local: each client's own test set with its own parameters "
+               "(CI: Student t over clients); global: the balanced global test set; unseen: the server model "
+               "with zero conditioning")
+    return table(headers, body, caption) + notes
+
+
+def _federation(d: Path, summary: dict | None) -> str:
+    from hetfed.experiments.figures import plot_client_sizes, plot_label_skew, plot_partition_view
+
+    out = ""
+    if summary and summary.get("heterogeneity"):
+        het = summary["heterogeneity"]
+        out += table(["measure", "value"], [[metric_label(k), v] for k, v in het.items()
+                                            if isinstance(v, int | float | str) and not isinstance(v, bool)])
+    path = d / "federation.npz"
+    if not path.is_file():
+        return out + "<p class='muted'>federation.npz not recorded (a run made before hetfed wrote it)</p>"
+    with np.load(path) as z:
+        view = {k: z[k] for k in z.files}
+    out += figure(lambda p: plot_client_sizes(view, p), "samples per client (train / validation / test)")
+    out += figure(lambda p: plot_partition_view(view, p), "which classes each client holds, and where its samples "
+                  "lie in feature space (2-D PCA of up to 5 000 samples)")
+    out += figure(lambda p: plot_label_skew(view, p), "label skew per client")
+    return out
+
+
+# ------------------------------------------------------------------ a sweep
+
+
+def sweep_report(d: Path) -> str:
+    from hetfed.experiments.figures import plot_client_distributions
+    from hetfed.experiments.sweep import _point_name, sweep_figures
+
+    record = _json(d / "sweep.json") or {}
+    request = _json(d / "sweep_request.json") or {}
+    grid = record.get("grid", {})
+    keys = list(grid)
+    table_rows = record.get("rows") or []
+    runs = record.get("runs", [])
+    failed = record.get("failed", [])
+    run_dirs = [(r["point"], Path(r["run_dir"])) for r in runs]
+    summaries = [(r, _json(Path(r["run_dir"]) / "summary.json")) for r in runs]
+    name = (request.get("config") or {}).get("name", d.name)
+    sections: list[tuple[str, str]] = []
+    wall = sum(s.get("wall_seconds", 0.0) for _, s in summaries if s)
+    overview = [["sweep directory", str(d.resolve())], ["grid", "; ".join(f"{k} = {', '.join(map(str, v))}"
+                                                                        for k, v in grid.items()) or "(none)"],
+                ["seeds per point", record.get("seeds")], ["runs complete", len(runs)], ["runs failed", len(failed)],
+                ["sum of the runs' wall time (s)", wall]]
+    head = table(None, overview)
+    if record.get("aggregation_error"):
+        head += f"<p class='warn'>aggregation failed: {_esc(record['aggregation_error'])}</p>"
+    sections.append(("overview", head))
+
+    points = list(dict.fromkeys(tuple(r[k] for k in keys) for r in table_rows))
+    methods = [m for m in dict.fromkeys(r["method"] for r in table_rows) if m != "(data)"]
+    cols = [c for c in SWEEP_COLUMNS if any(r["metric"] == c for r in table_rows)]
+    cell = {(tuple(r[k] for k in keys), r["method"], r["metric"]): r for r in table_rows}
+
+    def ci_cell(r: dict | None) -> Any:
+        if r is None:
+            return None
+        return Markup(f"{_fmt(r['mean'])} ± {_fmt(r['ci95'])} <span class='muted'>(n = {r['n']})</span>")
+
+    def keys_of(p: tuple) -> list[Markup]:
+        return [Markup(_esc(v)) for v in p]  # grid values as the user wrote them, not rounded
+
+    body = [[*keys_of(p), m, *[ci_cell(cell.get((p, m, c))) for c in cols]] for p in points for m in methods
+            if any((p, m, c) in cell for c in cols)]
+    results = table([*keys, "method", *[metric_label(c) for c in cols]], body,
+                    "mean ± 95% CI (Student t over seeds; n = seeds that finished)")
+    data_cols = [c for c in DATA_COLUMNS if any(r["metric"] == c and r["method"] == "(data)" for r in table_rows)]
+    if data_cols:
+        results += "<h3>heterogeneity of the clients</h3>" + table(
+            [*keys, *[metric_label(c) for c in data_cols]],
+            [[*keys_of(p), *[ci_cell(cell.get((p, "(data)", c))) for c in data_cols]] for p in points])
+    sections.append(("results", results))
+
+    figs = ""
+    try:
+        drawn = sweep_figures(table_rows, grid, run_dirs)
+    except Exception as err:
+        drawn = []
+        figs += f"<p class='warn'>figures not drawn: {_esc(type(err).__name__)}: {_esc(err)}</p>"
+    for stem, draw in drawn:
+        if stem.startswith("curves_"):
+            caption = f"learning curves: {metric_label(stem[len('curves_'):])}, mean over seeds per grid point"
+        elif stem in ("global_vs_local", "global_relative_to_fedavg"):
+            caption = {"global_vs_local": "global vs local accuracy (FedMoE paper, Fig. 3)",
+                       "global_relative_to_fedavg": "global accuracy relative to FedAvg (FedMoE paper, Fig. 5)"}[stem]
+        else:
+            caption = f"{metric_label(stem)} against {', '.join(key_label(k) for k in keys)}"
+        figs += figure(draw, caption)
+    sections.append(("figures", figs or "<p class='muted'>no figures</p>"))
+
+    by_point: dict[str, dict[str, list[float]]] = {}
+    for r, s in summaries:
+        if not s:
+            continue
+        rows = read_metrics(Path(r["run_dir"]) / "metrics.csv")
+        for label, m in s.get("methods", {}).items():
+            by_point.setdefault(_point_name(r["point"]), {}).setdefault(label, []).extend(
+                per_client(rows, label, "local_accuracy", m.get("best_round")))
+    shown = dict(list(by_point.items())[:MAX_PANELS])
+    dist = figure(lambda p: plot_client_distributions(shown, "local_accuracy", p),
+                  "local test accuracy of every client per grid point, all seeds pooled") if shown else ""
+    if len(by_point) > MAX_PANELS:
+        dist += f"<p class='muted'>{len(by_point) - MAX_PANELS} more grid points not drawn</p>"
+    sections.append(("per-client results", dist or "<p class='muted'>no per-client metrics</p>"))
+
+    run_rows = []
+    for r, s in summaries:
+        rd = Path(r["run_dir"])
+        link = rd / "report.html" if (rd / "report.html").is_file() else rd / "summary.json"
+        rel = os.path.relpath(link, d)
+        run_rows.append([_point_name(r["point"]), r["seed"], Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'),
+                         (s or {}).get("wall_seconds")])
+    for f in failed:
+        run_rows.append([_point_name(f["point"]), f["seed"], Markup(f"<span class='warn'>failed: {_esc(f['error'])}"
+                                                                    "</span>"), None])
+    sections.append(("runs", table(["grid point", "seed", "run", "wall time (s)"], run_rows)))
+    import yaml
+
+    sections.append(("config", "<p class='muted'>the base config; each run's own is its config.yaml</p>"
+                     f"<pre>{_esc(yaml.safe_dump(request.get('config', {}), sort_keys=False))}</pre>"))
+    env = next((s.get("environment") for _, s in summaries if s and s.get("environment")), None)
+    sections.append(("environment", _environment(env, {})))
+    return page(f"hetfed sweep · {name} · {d.name}", sections)
