@@ -152,6 +152,8 @@ def run_experiment(
             "embed": config.embed.kind,
             "partition": config.partition.kind,
             "n_clients": fed.n_clients,
+            "n_classes": fed.n_classes,
+            "input_shape": list(fed.input_shape),
             "n_opted_out": int(fed.opted_out.sum()),
             "gamma": het.gamma,
             "heterogeneity": het.as_dict(),

@@ -1,0 +1,402 @@
+"""hetfed from Python: load a config, build a federation, run, sweep, reload, predict.
+
+Everything a notebook needs is here (and re-exported by ``import hetfed``); none
+of it requires reaching into ``hetfed.engine``. Tables come back as pandas
+DataFrames — pandas is the optional extra ``hetfed[pandas]`` (``pip install
+'hetfed[pandas]'``): the command line does not need it, and it is imported only
+when a table is asked for. Worked examples: ``docs/api.md``.
+
+    >>> import hetfed
+    >>> config = hetfed.load_config(overrides={"train.rounds": 5})
+    >>> fed = hetfed.build_federation(config)
+    >>> fed.heterogeneity["gamma"]            # doctest: +SKIP
+    >>> run = hetfed.run(config)              # doctest: +SKIP
+    >>> run.results()                         # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import cached_property
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hetfed.config import Config, build_config, parse_overrides
+from hetfed.config import load_config as _load_file
+from hetfed.errors import ConfigError, RunError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+__all__ = ["Federation", "Model", "Run", "Sweep", "build_federation", "load_config", "open_run", "open_sweep",
+           "report", "run", "sweep"]
+
+
+def _pandas():
+    try:
+        import pandas as pd
+    except ImportError:
+        raise ImportError("hetfed's tables are pandas DataFrames: pip install 'hetfed[pandas]' "
+                          "(or pandas itself)") from None
+    return pd
+
+
+# ------------------------------------------------------------------ configs
+
+
+def load_config(source: str | Path | dict | Config | None = None,
+                overrides: dict[str, Any] | list[str] | None = None) -> Config:
+    """A validated :class:`~hetfed.config.Config` from a YAML file, a dict, a Config, or the defaults (None).
+
+    ``overrides`` are dotted keys, as ``--set`` takes them: ``{"train.rounds": 5}``
+    or ``["train.rounds=5"]``. Bad keys or values raise :class:`hetfed.ConfigError`
+    naming the key, the value and what is allowed.
+    """
+    extra = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    if isinstance(source, Config):
+        return build_config(source.model_dump(mode="json"), extra)
+    if isinstance(source, dict):
+        return build_config(source, extra)
+    if source is None or isinstance(source, str | Path):
+        return build_config(_load_file(source).model_dump(mode="json"), extra) if source is not None \
+            else build_config({}, extra)
+    raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or None")
+
+
+def _config(config: str | Path | dict | Config | None) -> Config:
+    return config if isinstance(config, Config) else load_config(config)
+
+
+# ------------------------------------------------------------------ federations
+
+
+@dataclass(eq=False)
+class Federation:
+    """The simulated clients of a config: who holds what, and how heterogeneous they are.
+
+    ``x`` arrays are in the model's input space (after ``embed``), so they can be
+    fed to :meth:`Model.predict` of a run made with the same config.
+    """
+
+    config: Config
+    _prepared: Any = field(repr=False)
+
+    @property
+    def n_clients(self) -> int:
+        return self._prepared.federation.n_clients
+
+    @property
+    def n_classes(self) -> int:
+        return self._prepared.federation.n_classes
+
+    @property
+    def heterogeneity(self) -> dict[str, Any]:
+        """Γ, Γ_IID (± sd), ΔΓ = Γ − Γ_IID, label skew, and what they were measured on."""
+        return self._prepared.heterogeneity.as_dict()
+
+    @property
+    def warnings(self) -> list[str]:
+        return list(self._prepared.warnings)
+
+    def clients(self) -> pd.DataFrame:
+        """One row per client: train/val/test sizes, opted out, and its label skew (EMD to the pooled labels)."""
+        pd = _pandas()
+        fed = self._prepared.federation
+        counts = fed.class_counts().astype(float)
+        pooled = counts.sum(0) / max(counts.sum(), 1.0)
+        own = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
+        return pd.DataFrame({
+            "client": np.arange(fed.n_clients),
+            "train": [len(i) for i in fed.train], "val": [len(i) for i in fed.val], "test": [len(i) for i in fed.test],
+            "opted_out": np.asarray(fed.opted_out, dtype=bool),
+            "label_emd": np.abs(own - pooled).sum(1),
+        }).set_index("client")
+
+    def class_counts(self) -> pd.DataFrame:
+        """Clients × classes: how many samples of each class each client holds (all splits)."""
+        pd = _pandas()
+        counts = self._prepared.federation.class_counts()
+        return pd.DataFrame(counts, columns=[f"class {c}" for c in range(counts.shape[1])]).rename_axis("client")
+
+    def client_data(self, client: int, split: str = "train") -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of one client's ``train``, ``val`` or ``test`` split."""
+        fed = self._prepared.federation
+        if split not in ("train", "val", "test"):
+            raise ConfigError(f"split {split!r} is not allowed: expected 'train', 'val' or 'test'")
+        if not 0 <= client < fed.n_clients:
+            raise ConfigError(f"client {client} is not allowed: expected 0 … {fed.n_clients - 1}")
+        idx = getattr(fed, split)[client]
+        return fed.x[idx], fed.y[idx]
+
+    def global_test(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(x, y)`` of the balanced global test set every method is scored on."""
+        fed = self._prepared.federation
+        return np.asarray(fed.x_global_test), np.asarray(fed.y_global_test)
+
+    def plot(self, path: str | Path | None = None):
+        """The client × class heat map and the 2-D view coloured by client (a figure, or saved to ``path``)."""
+        from hetfed.experiments.figures import plot_partition
+
+        return plot_partition(self._prepared.federation, path, seed=self.config.seed)
+
+
+def build_federation(config: str | Path | dict | Config | None = None) -> Federation:
+    """Load, embed and partition the data of ``config`` and measure the clients' heterogeneity."""
+    from hetfed.pipeline import prepare
+
+    cfg = _config(config)
+    return Federation(cfg, prepare(cfg, progress=False))
+
+
+# ------------------------------------------------------------------ runs
+
+
+@dataclass(eq=False)
+class Model:
+    """A trained model of a run: the global one, or each client's personalised one.
+
+    ``predict(x)`` uses the server's model (local parameters as for a client never
+    seen in training); ``predict(x, client=k)`` client k's own (CGAU rows, FedMoE
+    mixture, …) when the method keeps local parameters.
+    """
+
+    method: str
+    algorithm: Any = field(repr=False)
+    shared: dict = field(repr=False)
+    client_states: dict | None = field(default=None, repr=False)
+    view: str | None = None
+
+    @property
+    def clients(self) -> list[int]:
+        """The clients whose personal parameters were saved."""
+        return list(self.client_states["client_ids"]) if self.client_states else []
+
+    def predict_proba(self, x: np.ndarray, client: int | None = None) -> np.ndarray:
+        """Class probabilities, ``[n, classes]``."""
+        import torch
+
+        from hetfed.engine.types import Broadcast, ServerState
+
+        algo = self.algorithm
+        xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
+        with torch.no_grad():
+            if client is None:
+                params = algo.global_params(ServerState(self.shared))
+                logits = algo.model.forward(params, xt.unsqueeze(0), None)[0]
+            else:
+                if client not in self.clients:
+                    raise ConfigError(f"client {client} is not allowed: {self.method} saved personal parameters for "
+                                      f"{_ids(self.clients)}; expected one of them or client=None (the global model)")
+                row = self.clients.index(client)
+                states = {k: v[row: row + 1] for k, v in self.client_states["states"].items()}
+                pred = algo.predictor(Broadcast(self.shared, 0, 0.0), states, 1, self.view)
+                logits = pred.model.forward(pred.params, xt.unsqueeze(0), None)[0]
+        probs = logits.float().softmax(-1) if logits.shape[-1] > 1 else logits
+        return probs.cpu().numpy()
+
+    def predict(self, x: np.ndarray, client: int | None = None) -> np.ndarray:
+        """Predicted class of every row of ``x``."""
+        return self.predict_proba(x, client).argmax(-1)
+
+
+def _method_of(cfg: Config, row: str):
+    """The configured method behind a row of the results (FedMoE's views are rows of their own)."""
+    from hetfed.algorithms.fedmoe import METHODS
+    from hetfed.experiments.runner import _row_name
+
+    for m in cfg.methods:
+        if row == m.label and m.algorithm != "fedmoe":
+            return m, None
+        if m.algorithm == "fedmoe":
+            for view in METHODS:
+                if row == _row_name(m.label, view):
+                    return m, view
+    raise ConfigError(f"method {row!r} is not allowed: expected one of the run's rows")
+
+
+def _ids(ids: list[int]) -> str:
+    return "no client" if not ids else (f"clients {ids}" if len(ids) <= 8 else f"{len(ids)} clients ({ids[0]} … {ids[-1]})")
+
+
+@dataclass(eq=False)
+class Run:
+    """A run directory read back: its config, summary, metrics and models."""
+
+    dir: Path
+
+    @cached_property
+    def config(self) -> Config:
+        return load_config(self.dir / "config.yaml")
+
+    @cached_property
+    def summary(self) -> dict:
+        """summary.json (a clear error for a run that did not complete)."""
+        from hetfed.experiments.rundir import read_summary
+
+        return read_summary(self.dir)
+
+    @property
+    def methods(self) -> list[str]:
+        return list(self.summary["methods"])
+
+    def metrics(self) -> pd.DataFrame:
+        """metrics.csv as a DataFrame: method, round, split (summary/client/train), client, metric, value."""
+        pd = _pandas()
+        return pd.read_csv(self.dir / "metrics.csv", dtype={"client": str})
+
+    def curves(self, metric: str = "global_accuracy") -> pd.DataFrame:
+        """A learning curve per method: rounds × methods (``train_loss`` every round, the rest per evaluation)."""
+        df = self.metrics()
+        sel = df[(df["client"] == "all") & (df["metric"] == metric)]
+        if sel.empty:
+            known = sorted(df.loc[df["client"] == "all", "metric"].unique())
+            raise ConfigError(f"metric {metric!r} is not in this run's curves: expected one of {known}")
+        return sel.pivot_table(index="round", columns="method", values="value")
+
+    def per_client(self, metric: str = "local_accuracy") -> pd.DataFrame:
+        """Each method's per-client values at its best round: clients × methods."""
+        from hetfed.experiments.report import per_client, read_metrics
+
+        pd = _pandas()
+        rows = read_metrics(self.dir / "metrics.csv")
+        cols = {m: per_client(rows, m, metric, s.get("best_round")) for m, s in self.summary["methods"].items()}
+        return pd.DataFrame({m: pd.Series(v, dtype=float) for m, v in cols.items() if v}).rename_axis("client")
+
+    def results(self) -> pd.DataFrame:
+        """One row per method: its best model's metrics (and the final round's global accuracy)."""
+        pd = _pandas()
+        out = []
+        for label, m in self.summary["methods"].items():
+            out.append({"method": label, **m["best"], "final_global_accuracy": m["final"].get("global_accuracy"),
+                        "best_round": m.get("best_round"), "seconds_per_round": m.get("seconds_per_round")})
+        return pd.DataFrame(out).set_index("method")
+
+    def model(self, method: str | None = None, which: str = "best") -> Model:
+        """A trained model of ``method`` (default: the run's first) — ``which``: ``best`` or ``final``.
+
+        FedMoE's views are methods of their own here (``mixture``, ``finetuned``,
+        ``local``, ``fedavg``): personal views need ``predict(x, client=k)``.
+        """
+        import torch
+
+        from hetfed.algorithms import algorithm_for
+
+        methods = self.methods
+        method = method or methods[0]
+        if method not in methods:
+            raise ConfigError(f"method {method!r} is not allowed: this run has {methods}")
+        if which not in ("best", "final"):
+            raise ConfigError(f"which={which!r} is not allowed: expected 'best' or 'final'")
+        cfg = self.config
+        mcfg, view = _method_of(cfg, method)
+        label = mcfg.label
+        shape, n_classes = self._shapes()
+        algo = algorithm_for(cfg, mcfg, shape, n_classes)
+        ckpt = self.dir / "checkpoints"
+        path = ckpt / (f"{label}-global-best.pt" if view else f"{label}-{which}.pt")
+        if not path.is_file():
+            raise RunError(f"{path} is missing: this run saved no {which} model for {method}")
+        shared = torch.load(path, map_location="cpu", weights_only=True)
+        clients_path = ckpt / f"{label}-clients.pt"
+        states = torch.load(clients_path, map_location="cpu", weights_only=True) if clients_path.is_file() else None
+        return Model(method, algo, shared, states, view or None)
+
+    def _shapes(self) -> tuple[tuple[int, ...], int]:
+        s = self.summary
+        if "input_shape" in s and "n_classes" in s:
+            return tuple(s["input_shape"]), int(s["n_classes"])
+        fed = build_federation(self.config)._prepared.federation  # runs written before the shapes were recorded
+        return tuple(fed.input_shape), fed.n_classes
+
+    def report(self, out: str | Path | None = None) -> Path:
+        from hetfed.experiments.report import write_report
+
+        return write_report(self.dir, out)
+
+
+def run(config: str | Path | dict | Config | None = None, out: str | Path | None = None,
+        progress: bool = False) -> Run:
+    """Train every configured method on one federation; the run directory, read back."""
+    from hetfed.experiments.runner import run_experiment
+
+    result = run_experiment(_config(config), out=out, progress=progress)
+    return Run(Path(result.run_dir))
+
+
+def open_run(directory: str | Path) -> Run:
+    """A run directory written earlier (by ``hetfed run`` or :func:`run`)."""
+    d = Path(directory)
+    if not (d / "config.yaml").is_file():
+        raise RunError(f"{str(d)!r} is not a run directory: expected config.yaml in it (written by hetfed run)")
+    return Run(d)
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+@dataclass(eq=False)
+class Sweep:
+    """A sweep directory read back: the aggregated table and every run."""
+
+    dir: Path
+
+    @cached_property
+    def record(self) -> dict:
+        return json.loads((self.dir / "sweep.json").read_text())
+
+    def table(self) -> pd.DataFrame:
+        """sweep.csv: grid keys, method, metric, mean, ci95 (Student t over seeds), n."""
+        pd = _pandas()
+        return pd.read_csv(self.dir / "sweep.csv")
+
+    def results(self, metric: str = "best.global_accuracy") -> pd.DataFrame:
+        """One metric as grid points × methods (means; CIs in :meth:`table`)."""
+        df = self.table()
+        keys = list(self.record["grid"])
+        sel = df[df["metric"] == metric]
+        if sel.empty:
+            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}")
+        return sel.pivot_table(index=keys or None, columns="method", values="mean") if keys else \
+            sel.set_index("method")[["mean", "ci95", "n"]]
+
+    @property
+    def runs(self) -> list[Run]:
+        return [Run(Path(r["run_dir"])) for r in self.record["runs"]]
+
+    def report(self, out: str | Path | None = None) -> Path:
+        from hetfed.experiments.report import write_report
+
+        return write_report(self.dir, out)
+
+
+def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]], seeds: int = 3,
+          out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False) -> Sweep:
+    """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs."""
+    from rich.console import Console
+
+    from hetfed.console import make_console
+    from hetfed.experiments.sweep import run_sweep
+
+    if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
+        raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
+    console = make_console() if progress else Console(quiet=True)
+    sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
+                             progress=progress, console=console, resume=resume, jobs=jobs)
+    return Sweep(Path(sweep_dir))
+
+
+def open_sweep(directory: str | Path) -> Sweep:
+    d = Path(directory)
+    if not (d / "sweep.json").is_file():
+        raise RunError(f"{str(d)!r} is not a sweep directory: expected sweep.json in it (written by hetfed sweep)")
+    return Sweep(d)
+
+
+def report(directory: str | Path, out: str | Path | None = None) -> Path:
+    """Write report.html for a run or sweep directory; returns its path."""
+    from hetfed.experiments.report import write_report
+
+    return write_report(directory, out)

@@ -1,0 +1,238 @@
+"""hetfed report and the figures: what a reader of the results relies on.
+
+The report is checked the way a reader meets it: rendered by a real browser
+(headless Chromium), every figure decoded, every table there.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import re
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetfed.cli import main
+from hetfed.config import build_config
+from hetfed.engine.simulate import round_train_loss
+from hetfed.engine.types import Upload
+from hetfed.experiments.runner import run_experiment
+
+FAST = {"train": {"rounds": 4, "eval_every": 2}}
+
+
+@pytest.fixture(scope="module")
+def run_dir(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("report") / "run"
+    run_experiment(build_config(FAST), out=out, progress=False)
+    return out
+
+
+@pytest.fixture(scope="module")
+def sweep_dir(tmp_path_factory) -> Path:
+    from rich.console import Console
+
+    from hetfed.experiments.sweep import parse_grid, run_sweep
+
+    out = tmp_path_factory.mktemp("report") / "sweep"
+    grid = parse_grid(["partition.shuffle=0,1", "partition.kind=feature_clusters,iid"])
+    run_sweep(build_config(FAST), grid, seeds=2, out=out, progress=False, console=Console(quiet=True))
+    return out
+
+
+def chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.environ.get("HETFED_REQUIRE_CHROMIUM"):
+        pytest.fail("headless Chromium is required here (HETFED_REQUIRE_CHROMIUM) but not installed")
+    pytest.skip("no Chromium on this machine (CI installs Debian's chromium)")
+
+
+def render(page: Path, tmp_path: Path) -> tuple[dict[str, str], Path]:
+    """Open the page in headless Chromium: the DOM after load (its self-check attributes) and a screenshot."""
+    exe = chromium()
+    flags = [exe, "--headless", "--no-sandbox", "--disable-gpu", "--hide-scrollbars",
+             f"--user-data-dir={tmp_path / 'chromium-profile'}", "--virtual-time-budget=10000"]
+    dom = subprocess.run([*flags, "--dump-dom", page.resolve().as_uri()], capture_output=True, text=True,
+                         timeout=120, check=True).stdout
+    shot = tmp_path / f"{page.parent.name}.png"
+    subprocess.run([*flags, "--window-size=1280,3000", f"--screenshot={shot}", page.resolve().as_uri()],
+                   capture_output=True, timeout=120, check=True)
+    body = re.search(r"<body([^>]*)>", dom)
+    assert body, dom[:500]
+    return dict(re.findall(r'(data-[a-z]+)="([^"]*)"', body.group(1))), shot
+
+
+def assert_renders(page: Path, tmp_path: Path, min_figures: int, min_tables: int) -> None:
+    attrs, shot = render(page, tmp_path)
+    ok, total = (int(v) for v in attrs["data-figures"].split("/"))
+    assert ok == total >= min_figures, attrs  # every embedded figure decoded by the browser
+    assert int(attrs["data-tables"]) >= min_tables, attrs
+    assert shot.is_file() and shot.stat().st_size > 20_000  # a page with content, not a blank one
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_a_run_writes_a_self_contained_report(run_dir):
+    page = (run_dir / "report.html").read_text()
+    for section in ("overview", "results", "learning curves", "per-client results", "federation", "config",
+                    "environment"):
+        assert f">{section}</h2>" in page
+    assert "http://" not in page.replace("http://www.w3.org", "") and "https://" not in page  # opens offline
+    assert page.count('src="data:image/png;base64,') >= 6
+    assert "local acc (mean ± CI over clients)" in page and "torch" in page and "seed: 0" in page
+
+
+def test_the_run_report_renders_in_a_browser(run_dir, tmp_path):
+    assert_renders(run_dir / "report.html", tmp_path, min_figures=6, min_tables=4)
+
+
+def test_learning_curves_are_in_words_and_mark_the_best_round(run_dir):
+    svg = (run_dir / "figures" / "learning_curves.svg").read_text()
+    assert "global test accuracy" in svg and "training loss" in svg
+    assert "best model (by validation)" in svg
+    assert "global_accuracy" not in svg and "local_accuracy_mean" not in svg
+
+
+def test_metrics_csv_holds_every_rounds_training_loss(run_dir):
+    rows = list(csv.DictReader((run_dir / "metrics.csv").open()))
+    train = [r for r in rows if r["split"] == "train"]
+    for method in ("relu", "cgau"):
+        mine = [r for r in train if r["method"] == method]
+        assert [int(r["round"]) for r in mine] == [1, 2, 3, 4]  # every round, evaluated or not
+        assert {r["metric"] for r in mine} == {"train_loss"} and all(0 < float(r["value"]) < 10 for r in mine)
+
+
+def test_the_rounds_training_loss_weights_clients_by_their_samples():
+    upload = Upload([0, 1, 2], {}, torch.tensor([10.0, 30.0, 60.0]), {"train_loss": torch.tensor([1.0, 2.0, 4.0])})
+    assert round_train_loss(upload) == pytest.approx((10 * 1 + 30 * 2 + 60 * 4) / 100)
+    assert round_train_loss(Upload([0], {}, torch.tensor([5.0]), {})) is None  # nothing reported: no row
+    assert round_train_loss(None) is None  # a skipped round
+
+
+def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
+    from hetfed.engine import simulate as sim
+
+    real, calls = sim.evaluation, {"n": 0}
+
+    def interrupt_third(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise KeyboardInterrupt
+        return real(*a, **k)
+
+    monkeypatch.setattr(sim, "evaluation", interrupt_third)
+    with pytest.raises(KeyboardInterrupt):
+        run_experiment(build_config({"train": {"rounds": 5}}), out=tmp_path / "r", progress=False)
+    assert main(["report", str(tmp_path / "r")]) == 0
+    page = (tmp_path / "r" / "report.html").read_text()
+    assert "failed — interrupted" in page and "learning curves" in page
+
+
+def test_report_of_something_else_is_one_line_exit_2(tmp_path, capsys):
+    assert main(["report", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("error:") == 1 and "neither a run directory" in err and "Traceback" not in err
+    assert main(["report", str(tmp_path / "missing")]) == 2
+    assert "not a directory" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ sweeps
+
+
+def test_a_sweep_writes_a_report_with_every_figure(sweep_dir, tmp_path):
+    page = (sweep_dir / "report.html").read_text()
+    assert "mean ± 95% CI (Student t over seeds" in page and "heterogeneity of the clients" in page
+    assert "partition.shuffle=0,partition.kind=iid" in page  # every run listed
+    assert_renders(sweep_dir / "report.html", tmp_path, min_figures=8, min_tables=4)
+
+
+def test_two_key_grids_get_metric_figures_with_a_panel_per_value(sweep_dir):
+    svg = (sweep_dir / "figures" / "best.global_accuracy.svg").read_text()
+    assert "partition.kind = feature_clusters" in svg and "partition.kind = iid" in svg
+    assert "n = 2 seeds" in svg
+
+
+# ------------------------------------------------------------------ the figure fixes, one by one
+
+
+def _table(keys: dict, methods=("a", "b"), metric="best.global_accuracy", mean=0.9, ci=0.5, n=2):
+    import itertools
+
+    rows = []
+    for combo in itertools.product(*keys.values()):
+        for m in methods:
+            rows.append({**dict(zip(keys, combo, strict=True)), "method": m, "metric": metric, "mean": mean,
+                         "ci95": ci, "n": n})
+    return rows
+
+
+def _band_ys(fig) -> np.ndarray:
+    ys = [p.vertices[:, 1] for ax in fig.axes for c in ax.collections for p in c.get_paths()]
+    return np.concatenate(ys) if ys else np.zeros(0)
+
+
+def test_bounded_metrics_bands_are_clipped_and_say_n_and_the_ci_method():
+    from hetfed.experiments.figures import plot_sweep
+
+    grid = {"partition.shuffle": [0.0, 0.5, 1.0]}
+    fig = plot_sweep(_table(grid), grid, "best.global_accuracy", None)
+    ys = _band_ys(fig)
+    assert len(ys) and ys.max() <= 1.0 + 1e-9 and ys.min() >= 0.4 - 1e-9  # 0.9 ± 0.5 drawn as [0.4, 1]
+    assert "n = 2 seeds" in fig._suptitle.get_text() and "Student t" in fig._suptitle.get_text()
+    assert fig.axes[0].get_ylim()[1] <= 1.05
+
+
+def test_categorical_keys_keep_the_grids_order_and_are_not_joined_by_lines():
+    from hetfed.experiments.figures import plot_sweep
+
+    grid = {"partition.kind": ["shards", "iid", "dirichlet"]}
+    fig = plot_sweep(_table(grid, mean=0.5, ci=0.1), grid, "best.global_accuracy", None)
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["shards", "iid", "dirichlet"]
+    for line in ax.get_lines():
+        assert line.get_linestyle() == "None" or len(line.get_xdata()) <= 2  # error-bar caps/stems only
+    xs = sorted({round(float(x), 3) for line in ax.get_lines() if line.get_linestyle() == "None"
+                 for x in line.get_xdata()})
+    assert len(xs) >= 6  # two methods side by side at each of three positions: neither hides the other
+
+
+def test_alpha_over_orders_of_magnitude_gets_a_log_axis_and_overlapping_methods_stay_visible():
+    from hetfed.experiments.figures import plot_sweep
+
+    grid = {"partition.alpha": [0.05, 0.1, 1, 100]}
+    fig = plot_sweep(_table(grid, mean=0.7, ci=0.0), grid, "best.global_accuracy", None)
+    ax = fig.axes[0]
+    assert ax.get_xscale() == "log"
+    lines = [ln for ln in ax.get_lines() if len(ln.get_xdata()) == 4]
+    assert len(lines) == 2  # identical values: the two methods differ in marker and colour
+    assert lines[0].get_marker() != lines[1].get_marker() and lines[0].get_color() != lines[1].get_color()
+    linear = plot_sweep(_table({"partition.shuffle": [0, 0.5, 1]}), {"partition.shuffle": [0, 0.5, 1]},
+                        "best.global_accuracy", None)
+    assert linear.axes[0].get_xscale() == "linear"
+
+
+def test_legends_sit_outside_the_data():
+    from hetfed.experiments.figures import plot_sweep
+
+    grid = {"partition.shuffle": [0.0, 1.0]}
+    fig = plot_sweep(_table(grid), grid, "best.global_accuracy", None)
+    assert not fig.axes[0].get_legend() and fig.legends  # a figure legend, anchored right of the axes
+    anchor = fig.legends[0].get_bbox_to_anchor().transformed(fig.transFigure.inverted())
+    assert anchor.x0 >= 0.99
+
+
+def test_metric_names_are_words():
+    from hetfed.experiments.plotstyle import key_label, metric_label, metric_range
+
+    assert metric_label("best.local_accuracy_mean") == "local test accuracy (mean over clients), best model"
+    assert metric_label("final.global_accuracy") == "global test accuracy, final round"
+    assert "Γ" in metric_label("gamma") and key_label("partition.alpha").startswith("Dirichlet")
+    assert metric_range("best.global_auc") == (0.0, 1.0) and metric_range("gamma_excess") == (None, None)
