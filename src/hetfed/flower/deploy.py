@@ -110,8 +110,11 @@ class LocalDeployment:
         return f"127.0.0.1:{self.port}"
 
     def env(self) -> dict[str, str]:
-        """The environment ``flwr`` commands need to find this deployment (``FLWR_HOME``)."""
-        return {**os.environ, "FLWR_HOME": str(self.flwr_home)}
+        """The environment ``flwr`` commands need: this deployment (``FLWR_HOME``), and Flower's own
+        executables on PATH — the SuperLink and SuperNodes start ``flower-superexec`` and
+        ``flwr-clientapp`` by name, which fails when the venv is used without being activated."""
+        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        return {**os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path}
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = self.directory / f"{name}.log"
