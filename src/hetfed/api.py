@@ -249,12 +249,15 @@ class Run:
 
     def curves(self, metric: str = "global_accuracy") -> pd.DataFrame:
         """A learning curve per method: rounds × methods (``train_loss`` every round, the rest per evaluation)."""
-        df = self.metrics()
-        sel = df[(df["client"] == "all") & (df["metric"] == metric)]
-        if sel.empty:
+        from hetfed.experiments.sweep import read_curves
+
+        pd = _pandas()
+        curves = read_curves(self.dir / "metrics.csv", metric)
+        if not curves:
+            df = self.metrics()
             known = sorted(df.loc[df["client"] == "all", "metric"].unique())
             raise ConfigError(f"metric {metric!r} is not in this run's curves: expected one of {known}")
-        return sel.pivot_table(index="round", columns="method", values="value")
+        return pd.DataFrame({m: pd.Series(dict(points)) for m, points in curves.items()}).rename_axis("round")
 
     def per_client(self, metric: str = "local_accuracy") -> pd.DataFrame:
         """Each method's per-client values at its best round: clients × methods."""

@@ -219,11 +219,11 @@ def run_report(d: Path) -> str:
 
     if summary:
         sections.append(("results", _run_table(summary, rows)))
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    for metric in ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss"):
-        for r in rows:
-            if r["client"] == "all" and r["metric"] == metric and not math.isnan(r["value"]):
-                curves.setdefault(metric, {}).setdefault(r["method"], []).append((r["round"], r["value"]))
+    from hetfed.experiments.sweep import read_curves
+
+    curves = {metric: read_curves(d / "metrics.csv", metric)
+              for metric in ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")}
+    curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
     curves = {m: {k: v for k, v in c.items() if len(v) > 1} for m, c in curves.items()}
     curves = {m: c for m, c in curves.items() if c}
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}

@@ -428,12 +428,13 @@ def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, di
 
 def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
     """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
-    per_method: dict[str, list[tuple[int, float]]] = {}
+    per_method: dict[str, dict[int, float]] = {}
     with open(path, newline="") as fh:
         for row in csv.DictReader(fh):
             if row["split"] in ("summary", "train") and row["client"] == "all" and row["metric"] == metric:
-                per_method.setdefault(row["method"], []).append((int(row["round"]), float(row["value"])))
-    return per_method
+                # first wins: FedMoE's final scoring of its federated view repeats the last round's row
+                per_method.setdefault(row["method"], {}).setdefault(int(row["round"]), float(row["value"]))
+    return {m: sorted(points.items()) for m, points in per_method.items()}
 
 
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
