@@ -249,28 +249,35 @@ def run_report(d: Path) -> str:
     return page(title, sections)
 
 
-def _run_table(summary: dict, rows: list[dict]) -> str:
-    present = [(k, h) for k, h in RUN_COLUMNS if any(k in m["best"] for m in summary["methods"].values())]
-    headers = ["method", *[h for _, h in present], "final global acc", "best round", "rounds / epochs", "s/round"]
+def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
+    """The methods' metrics of the best model (``when="best"``) or the final round, with CIs over clients."""
+    present = [(k, h) for k, h in RUN_COLUMNS if any(k in m[when] for m in summary["methods"].values())]
+    headers = ["method", *[h for _, h in present]]
+    headers += ["final global acc", "best round"] if when == "best" else []
+    headers += ["rounds / epochs", "s/round"]
     body = []
     for label, m in summary["methods"].items():
+        at = m.get("best_round") if when == "best" else (m.get("rounds") or None)
         row: list[Any] = [label]
         for key, _ in present:
             if key == "local_accuracy_mean":
-                mean, ci, n = mean_ci(per_client(rows, label, "local_accuracy", m.get("best_round")))
+                mean, ci, n = mean_ci(per_client(rows, label, "local_accuracy", at))
                 row.append(Markup(f"{_fmt(mean)} ± {_fmt(ci)} <span class='muted'>(n = {n})</span>") if n
-                           else m["best"].get(key))
+                           else m[when].get(key))
             else:
-                row.append(m["best"].get(key))
-        row += [m["final"].get("global_accuracy"), m.get("best_round"), m.get("rounds") or m.get("epochs"),
-                m.get("seconds_per_round")]
+                row.append(m[when].get(key))
+        if when == "best":
+            row += [m["final"].get("global_accuracy"), m.get("best_round")]
+        row += [m.get("rounds") or m.get("epochs"), m.get("seconds_per_round")]
         body.append(row)
+    if when == "final":
+        return table(headers, body, "the model of the last round (personalised views: their one evaluation)")
     notes = "".join(f"<p class='muted'>note ({_esc(k)}): {_esc(m['selection_note'])}</p>"
                     for k, m in summary["methods"].items() if m.get("selection_note"))
     caption = ("best model by validation loss. local: each client's own test set with its own parameters "
                "(CI: Student t over clients); global: the balanced global test set; unseen: the server model "
                "with zero conditioning")
-    return table(headers, body, caption) + notes
+    return table(headers, body, caption) + notes + "<h3>final round</h3>" + _run_table(summary, rows, "final")
 
 
 def _federation(d: Path, summary: dict | None) -> str:
