@@ -38,6 +38,7 @@ from hetfed.engine.types import (
     ClientState,
     Params,
     ServerState,
+    StreamedUpload,
     Upload,
     split_state,
 )
@@ -182,12 +183,18 @@ def _device(params: Params) -> torch.device:
 
 
 def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Params:
-    """``old + η·(Σ_k w_k θ_k − old)`` with ``w_k ∝`` the clients' sample counts."""
+    """``old + η·(Σ_k w_k θ_k − old)`` with ``w_k ∝`` the clients' sample counts.
+
+    A :class:`StreamedUpload` (many chunks, reduced as they came) carries the mean already.
+    """
     w = upload.num_samples / upload.num_samples.sum()
     out = {}
     for k, v in old.items():
-        stacked = upload.params[k]
-        avg = torch.tensordot(w.to(stacked.dtype), stacked, dims=1)
+        if isinstance(upload, StreamedUpload):
+            avg = upload.mean[k].to(v.dtype)
+        else:
+            stacked = upload.params[k]
+            avg = torch.tensordot(w.to(stacked.dtype), stacked, dims=1)
         out[k] = avg if server_lr == 1.0 else v + server_lr * (avg - v)
     return out
 

@@ -30,15 +30,15 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from hetfed.engine.client_store import ClientStore
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
     ClientState,
+    RoundUploads,
     Upload,
-    concat_uploads,
     stack_states,
-    unstack_state,
 )
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm, ClientEvalData
@@ -89,10 +89,15 @@ def client_data(pool: Pool, chunk: list[int], round: int, with_val: bool = False
     )
 
 
-def init_states(algo: Algorithm, n_clients: int, seed: int, device: torch.device) -> dict[int, ClientState]:
-    """Every client's initial local state, each from its own generator."""
-    return {k: {n: v.to(device) for n, v in algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)).items()}
-            for k in range(n_clients)}
+def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096) -> ClientStore:
+    """Every client's initial local state, each from its own generator, stored compactly (on the CPU)."""
+    store = ClientStore(n_clients)
+    for start in range(0, n_clients, block):
+        ids = list(range(start, min(start + block, n_clients)))
+        states = [algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)) for k in ids]
+        if states and states[0]:
+            store.scatter(ids, stack_states(states))
+    return store
 
 
 def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
@@ -118,7 +123,7 @@ class InProcessExecutor:
         self.memory_budget_mb = memory_budget_mb
         self.chunk_clients = chunk_clients
         self.eval_max_floats = eval_max_floats
-        self.states: dict[int, ClientState] = {}
+        self.states: ClientStore = ClientStore(0)
 
     def chunk_size(self, model: Model, batch_size: int) -> int:
         if self.chunk_clients is not None:
@@ -126,34 +131,32 @@ class InProcessExecutor:
         return memory_chunk(model, batch_size, self.memory_budget_mb)
 
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
-        self.algo, self.fed, self.seed = algo, fed, seed
+        self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
         x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
         self.x_global = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
         self.y_global = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
         self.pool = Pool(x, y, fed.train, seed, fed.val)
-        self.states = init_states(algo, fed.n_clients, seed, device)
+        self.states = init_states(algo, fed.n_clients, seed)
 
     def _chunks(self, clients: list[int], size: int):
         for start in range(0, len(clients), size):
             yield clients[start : start + size]
 
     def _stacked(self, chunk: list[int]) -> ClientState:
-        return stack_states([self.states[k] for k in chunk])
+        return self.states.gather(chunk, self.device)
 
     def _keep(self, chunk: list[int], new: ClientState) -> None:
-        if new:
-            self.states.update(zip(chunk, unstack_state(new, len(chunk)), strict=True))
-        else:
-            self.states.update({k: {} for k in chunk})
+        self.states.scatter(chunk, new)
 
     def train(self, bc: Broadcast, clients: list[int]) -> Upload:
-        uploads = []
+        """Every chosen client's update; chunks are folded into running sums, so memory does not grow with them."""
+        round_uploads = RoundUploads()
         for chunk in self._chunks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
             upload, new = self.algo.local_update(bc, self._stacked(chunk), client_data(self.pool, chunk, bc.round))
-            uploads.append(upload)
+            round_uploads.add(upload)
             self._keep(chunk, new)
-        return concat_uploads(uploads)
+        return round_uploads.result()
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:

@@ -88,6 +88,64 @@ def unstack_state(state: ClientState, n: int) -> list[ClientState]:
     return [{k: v[i].detach().clone() for k, v in state.items()} for i in range(n)]
 
 
+@dataclass(frozen=True, eq=False)
+class StreamedUpload(Upload):
+    """A round's uploads reduced chunk by chunk: the sample-weighted *mean* of the shared
+    parameters instead of every client's copy (``params`` is empty), plus the per-client
+    counts and extras (scalars and statistics, small) of every client."""
+
+    mean: Params = field(default_factory=dict)
+
+
+class RoundUploads:
+    """Collects the uploads of a round's chunks with memory independent of the client count.
+
+    The first chunk is kept as it is; from the second on, every chunk is folded into
+    running sums ``Σ n_k θ_k`` (float64) and dropped, so a round holds one chunk's
+    parameters plus one sum, whatever the number of clients. A round that fits one
+    chunk is aggregated exactly as before (stacked), bit for bit.
+    """
+
+    def __init__(self) -> None:
+        self._first: Upload | None = None
+        self._sums: dict[str, torch.Tensor] = {}
+        self._total = 0.0
+        self._ids: list[int] = []
+        self._counts: list[torch.Tensor] = []
+        self._extra: dict[str, list[torch.Tensor]] = {}
+
+    def add(self, upload: Upload) -> None:
+        if self._first is None and not self._ids:
+            self._first = upload
+            return
+        if self._first is not None:
+            first, self._first = self._first, None
+            self._fold(first)
+        self._fold(upload)
+
+    def _fold(self, upload: Upload) -> None:
+        n = upload.num_samples
+        for k, v in upload.params.items():
+            part = torch.tensordot(n.to(v.dtype), v, dims=1).double()
+            self._sums[k] = part if k not in self._sums else self._sums[k] + part
+        self._total += float(n.double().sum())
+        self._ids += list(upload.client_ids)
+        self._counts.append(n)
+        for k, v in upload.extra.items():
+            self._extra.setdefault(k, []).append(v)
+
+    def result(self) -> Upload:
+        if self._first is not None:
+            return self._first
+        if not self._ids:
+            raise ValueError("no upload in this round")
+        dtype = {k: v.dtype for k, v in self._sums.items()}
+        mean = {k: (v / self._total).to(torch.float32 if dtype[k] == torch.float64 else dtype[k])
+                for k, v in self._sums.items()}
+        return StreamedUpload(self._ids, {}, torch.cat(self._counts),
+                              {k: torch.cat(v) for k, v in self._extra.items()}, mean)
+
+
 def concat_uploads(uploads: list[Upload]) -> Upload:
     """Join the uploads of several stacks (chunks) into one."""
     if len(uploads) == 1:
