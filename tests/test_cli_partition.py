@@ -44,7 +44,7 @@ def test_gamma_falls_with_shuffle(capsys):
         ("partition.opt_out=2", "partition.opt_out"),
         ("partition.clients=5000", "partition.clients = 5000"),
         ("partition.shufle=0.1", "unknown key 'partition.shufle'"),
-        ("dataset.name=mnist", "looked in"),
+        ("dataset.name=cifar10", "looked in"),
         ("dataset.data_dir=/nowhere", ""),
     ],
 )

@@ -145,6 +145,17 @@ class TrainConfig(_Strict):
     server_lr: float = Field(1.0, gt=0)
     prox_mu: float = Field(0.01, ge=0, description="FedProx proximal weight")
     eval_every: int = Field(1, ge=1)
+    eval_clients: int | None = Field(
+        None, ge=2, description="score a fixed random sample of this many clients at each evaluation (None: all); "
+        "local metrics then come with a 95%% CI over the sampled clients"
+    )
+    eval_global_clients: int | None = Field(
+        100, ge=1, description="personalised models: at most this many of the evaluated clients also score the "
+        "global test set (a fixed random subset; None: all). Each is a full pass over the global test set"
+    )
+    global_test_size: int | None = Field(
+        None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"
+    )
     patience: int | None = Field(None, ge=1, description="early stop after this many evals")
     executor: ExecutorKind = "vectorised"
     device: Literal["auto", "cpu", "cuda"] = "cpu"

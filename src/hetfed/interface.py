@@ -67,6 +67,8 @@ class ClientEvalData:
     x_global: torch.Tensor
     y_global: torch.Tensor
     n_classes: int
+    #: which clients score the global test set with a personal model (None: all); the others report NaN
+    global_mask: list[bool] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -262,17 +264,23 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
         out["val_loss_sum"].append(v["loss_sum"])
         out["val_n"].append(v["n"])
     if pred.personalised:
-        full = np.arange(len(data.y_global))
-        glob = predict(pred.model, pred.params, data.x_global, [full] * len(data.client_ids))
-        out["global_accuracy"], out["global_loss"] = [], []
+        n = len(data.client_ids)
+        mask = data.global_mask if data.global_mask is not None else [True] * n
+        rows = [j for j in range(n) if mask[j]]
+        out["global_accuracy"], out["global_loss"] = [float("nan")] * n, [float("nan")] * n
         if binary:
-            out["global_probs"] = []
-        for j in range(len(data.client_ids)):
-            s = _scores(glob[j], data.y_global)
-            out["global_accuracy"].append(s["accuracy"])
-            out["global_loss"].append(s["loss"])
-            if binary:
-                out["global_probs"].append(glob[j].softmax(-1))
+            out["global_probs"] = [None] * n
+        if rows:
+            full = np.arange(len(data.y_global))
+            sub = pred.params if len(rows) == n else {
+                k: v[torch.as_tensor(rows, device=v.device)] for k, v in pred.params.items()}
+            glob = predict(pred.model, sub, data.x_global, [full] * len(rows))
+            for j, logits in zip(rows, glob, strict=True):
+                s = _scores(logits, data.y_global)
+                out["global_accuracy"][j] = s["accuracy"]
+                out["global_loss"][j] = s["loss"]
+                if binary:
+                    out["global_probs"][j] = logits.softmax(-1)
     return out
 
 

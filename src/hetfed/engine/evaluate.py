@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
 from hetfed.interface import _auc
 
 #: per-client numbers that are metrics of their own (written to metrics.csv per client)
@@ -35,6 +36,31 @@ PER_CLIENT = ("local_accuracy", "local_loss", "val_loss", "val_accuracy", "local
 class Evaluation:
     metrics: dict[str, float]
     per_client: dict[str, list[float]]  # metric → value per client (in the order of the evaluated ids)
+
+
+def global_test(fed, train, seed: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+    """The global test set an evaluation scores, on ``device``: all of it, or a fixed class-balanced
+    subset of ``train.global_test_size`` samples (the same at every evaluation)."""
+    x, y = np.asarray(fed.x_global_test, dtype=np.float32), np.asarray(fed.y_global_test, dtype=np.int64)
+    n = train.global_test_size
+    if n is not None and n < len(y):
+        classes = np.unique(y)
+        per = max(1, n // len(classes))
+        rng = numpy_rng(seed, GLOBAL_TEST, 0)
+        idx = np.sort(np.concatenate([rng.permutation(np.flatnonzero(y == c))[:per] for c in classes]))
+        x, y = x[idx], y[idx]
+    return torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
+
+
+def ci95_over(values) -> float:
+    """Half-width of the 95% CI of the mean over clients (Student t); NaN with fewer than 2."""
+    from scipy import stats
+
+    v = np.asarray(values, dtype=float)
+    v = v[~np.isnan(v)]
+    if len(v) < 2:
+        return float("nan")
+    return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
 
 
 def _stat(values, fn, *args) -> float:
@@ -64,6 +90,8 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
         "local_accuracy_p50": _stat(local, np.percentile, 50),
         "local_accuracy_p90": _stat(local, np.percentile, 90),
         "local_loss_mean": _stat(reports["local_loss"], np.mean),
+        "local_accuracy_ci95": ci95_over(local),
+        "n_eval_clients": float(len(ids)),
         "val_loss": val_loss_sum / val_n if val_n else float("nan"),
         "val_accuracy": val_correct / val_n if val_n else float("nan"),
     }
@@ -76,12 +104,13 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
         metrics["local_accuracy_opted_out_mean"] = _stat(local[out], np.mean)
     metrics.update(server or {})
     if "global_accuracy" in reports:  # personalised: each client's own model on the global test set
-        metrics["global_accuracy"] = float(np.mean(reports["global_accuracy"]))
-        metrics["global_loss"] = float(np.mean(reports["global_loss"]))
-        if binary and y_global is not None:
+        metrics["global_accuracy"] = _stat(reports["global_accuracy"], np.mean)  # NaN: did not score it
+        metrics["global_loss"] = _stat(reports["global_loss"], np.mean)
+        scored = [p for p in reports.get("global_probs", []) if p is not None]
+        if binary and y_global is not None and scored:
             probs = None
-            for p in reports["global_probs"]:
+            for p in scored:
                 probs = p if probs is None else probs + p
-            metrics["global_auc"] = _auc(y_global.cpu().numpy(), (probs / len(ids))[:, 1].cpu().numpy())
+            metrics["global_auc"] = _auc(y_global.cpu().numpy(), (probs / len(scored))[:, 1].cpu().numpy())
     per_client = {k: list(reports[k]) for k in PER_CLIENT if k in reports}
     return Evaluation(metrics, per_client)

@@ -31,7 +31,9 @@ import numpy as np
 import torch
 
 from hetfed.engine.client_store import ClientStore
+from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
+from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -134,8 +136,7 @@ class InProcessExecutor:
         self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
         x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
-        self.x_global = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
-        self.y_global = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
+        self.x_global, self.y_global = global_test(fed, algo.train, seed, device)
         self.pool = Pool(x, y, fed.train, seed, fed.val)
         self.states = init_states(algo, fed.n_clients, seed)
 
@@ -179,7 +180,8 @@ class InProcessExecutor:
                           self.eval_max_floats)
         for chunk in self._chunks(clients, size):
             data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
-                                  [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes)
+                                  [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
+                                  global_scorers(self.algo.train, chunk, self.seed, among=clients))
             for key, values in self.algo.evaluate_client(bc, self._stacked(chunk), data, view).items():
                 reports.setdefault(key, []).extend(values)
         return reports

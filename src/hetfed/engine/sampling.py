@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 
 from hetfed.config import TrainConfig
-from hetfed.engine.rng import SAMPLING, numpy_rng
+from hetfed.engine.rng import EVAL_SAMPLE, SAMPLING, numpy_rng
 from hetfed.errors import ConfigError
 
 
@@ -37,3 +37,28 @@ def sample_clients(cfg: TrainConfig, opted_out: np.ndarray, seed: int, round: in
         return eligible.tolist()
     rng = numpy_rng(seed, SAMPLING, round)
     return sorted(rng.choice(eligible, size=m, replace=False).tolist())
+
+
+def eval_sample(cfg: TrainConfig, n_clients: int, seed: int) -> list[int] | None:
+    """The clients scored at every evaluation: a fixed random sample of ``eval_clients`` (None: all).
+
+    Fixed for the whole run, so successive evaluations (and the best-model choice)
+    compare the same clients.
+    """
+    if cfg.eval_clients is None or cfg.eval_clients >= n_clients:
+        return None
+    rng = numpy_rng(seed, EVAL_SAMPLE, 0)
+    return sorted(rng.choice(n_clients, size=cfg.eval_clients, replace=False).tolist())
+
+
+def global_scorers(cfg: TrainConfig, ids: list[int], seed: int, among: list[int] | None = None) -> list[bool] | None:
+    """Which of ``ids`` also score the global test set with a personal model: at most
+    ``eval_global_clients`` of the evaluated clients ``among`` (default ``ids``), the same ones
+    at every evaluation and however the clients are chunked (None: all of them)."""
+    pool = list(ids if among is None else among)
+    n = cfg.eval_global_clients
+    if n is None or n >= len(pool) or not ids:
+        return None
+    rank = numpy_rng(seed, EVAL_SAMPLE, 1).random(max(pool) + 1)
+    chosen = set(np.asarray(pool)[np.argsort(rank[pool], kind="stable")[:n]].tolist())
+    return [k in chosen for k in ids]

@@ -17,10 +17,10 @@ import numpy as np
 import torch
 
 from hetfed.config import TrainConfig
-from hetfed.engine.evaluate import Evaluation, summarise
+from hetfed.engine.evaluate import Evaluation, global_test, summarise
 from hetfed.engine.executors import Executor, RoundSkipped, build_executor
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.sampling import sample_clients
+from hetfed.engine.sampling import eval_sample, sample_clients
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm
@@ -48,6 +48,8 @@ class SimulationResult:
     selected_by: str | None = "val_loss"  # None: no validation data, so best = final
     train_seconds: float = 0.0
     server_seconds: float = 0.0  # the aggregate step's share of train_seconds
+    eval_seconds: float = 0.0  # every evaluation during the rounds (not part of train_seconds)
+    evaluations: int = 0
     #: after personalisation: each view's evaluation, the per-client info and seconds
     views: dict[str, Evaluation] = field(default_factory=dict)
     personal_info: dict[str, list[float]] = field(default_factory=dict)
@@ -109,7 +111,7 @@ def simulate(
     train: TrainConfig,
     seed: int,
     executor: Executor | None = None,
-    on_round: Callable[[int, dict[str, float] | None], None] | None = None,
+    on_round: Callable[[int, dict[str, float] | None, dict[str, float]], None] | None = None,
     on_eval: Callable[[int, Evaluation], None] | None = None,
     on_train: Callable[[int, dict[str, float]], None] | None = None,
 ) -> SimulationResult:
@@ -121,14 +123,15 @@ def simulate(
     device = resolve_device(train.device)
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
     executor.start(algo, fed, seed, device)
-    xg = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
-    yg = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
+    xg, yg = global_test(fed, train, seed, device)
+    eval_ids = eval_sample(train, fed.n_clients, seed)
 
     server = algo.server_init(torch_gen(seed, SERVER_INIT))
     server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
     result = SimulationResult(server, executor=executor)
     # best-model selection needs validation data on the clients that train the global model
-    has_val = any(len(fed.val[k]) for k in np.flatnonzero(~np.asarray(fed.opted_out, dtype=bool)))
+    opted_out = np.asarray(fed.opted_out, dtype=bool)
+    has_val = any(len(fed.val[k]) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
     result.selected_by = "val_loss" if has_val else None
     best_val = float("inf")
     since_best = 0
@@ -156,7 +159,10 @@ def simulate(
         result.rounds_done = r + 1
         metrics = None
         if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds:
-            ev = evaluation(algo, executor, server, fed, x_global=xg, y_global=yg)
+            t_eval = time.perf_counter()
+            ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
+            result.eval_seconds += time.perf_counter() - t_eval
+            result.evaluations += 1
             metrics = ev.metrics
             result.history.append((r + 1, ev))
             if on_eval:
@@ -171,8 +177,8 @@ def simulate(
                 since_best = 0
             else:
                 since_best += 1
-        if on_round:
-            on_round(r + 1, metrics)
+        if on_round:  # the round's metrics (if evaluated) and the time spent so far: training, evaluating
+            on_round(r + 1, metrics, {"train_s": t_train, "eval_s": result.eval_seconds})
         if train.patience is not None and since_best >= train.patience:
             result.stopped_early = True
             break
@@ -193,8 +199,7 @@ def personalise(algo: Algorithm, fed, seed: int, result: SimulationResult, devic
     result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), algo.personalise_clients(fed, seed),
                                                 on_chunk)
     result.personal_seconds = time.perf_counter() - t0
-    xg = torch.as_tensor(np.asarray(fed.x_global_test, dtype=np.float32), device=device)
-    yg = torch.as_tensor(np.asarray(fed.y_global_test, dtype=np.int64), device=device)
+    xg, yg = global_test(fed, algo.train, seed, device)
     ids = algo.eval_clients(fed, seed)
     for view in algo.views:
         result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)

@@ -254,7 +254,7 @@ def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
     present = [(k, h) for k, h in RUN_COLUMNS if any(k in m[when] for m in summary["methods"].values())]
     headers = ["method", *[h for _, h in present]]
     headers += ["final global acc", "best round"] if when == "best" else []
-    headers += ["rounds / epochs", "s/round"]
+    headers += ["rounds / epochs", "s/round", "eval s"]
     body = []
     for label, m in summary["methods"].items():
         at = m.get("best_round") if when == "best" else (m.get("rounds") or None)
@@ -268,7 +268,7 @@ def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
                 row.append(m[when].get(key))
         if when == "best":
             row += [m["final"].get("global_accuracy"), m.get("best_round")]
-        row += [m.get("rounds") or m.get("epochs"), m.get("seconds_per_round")]
+        row += [m.get("rounds") or m.get("epochs"), m.get("seconds_per_round"), m.get("eval_seconds_per_evaluation")]
         body.append(row)
     if when == "final":
         return table(headers, body, "the model of the last round (personalised views: their one evaluation)")

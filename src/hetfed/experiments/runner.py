@@ -68,6 +68,8 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
         "wall_seconds": seconds,
         "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
         "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
+        "eval_seconds": result.eval_seconds,
+        "eval_seconds_per_evaluation": result.eval_seconds / max(result.evaluations, 1),
         **_failures(result),
     }
 
@@ -229,9 +231,9 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         writer.write(fed_label, rnd, "train", "all", metrics)
         curves["train_loss"].setdefault(fed_label, []).append((rnd, metrics["train_loss"]))
 
-    def on_round(rnd: int, metrics) -> None:
+    def on_round(rnd: int, metrics, timing: dict[str, float]) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
-        fields["rate"] = _rate(rnd, time.perf_counter() - t0)
+        fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
         bar.update(task, completed=rnd, **fields)
         heartbeat.beat()
 
@@ -325,7 +327,7 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {summary['gamma']:.3f}")
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
-    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round"]
+    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s"]
     if binary:
         cols[1:1] = ["local AUC", "global AUC"]  # noqa: RUF005
     for col in cols:
@@ -337,12 +339,14 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     for label, m in summary["methods"].items():
         b = m["best"]
         row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
-               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}"]
+               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}",
+               "-" if m.get("eval_seconds_per_evaluation") is None else f"{m['eval_seconds_per_evaluation']:.4f}"]
         if binary:
             row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
         table.add_row(*row)
     table.caption = ("best model by validation loss. local: each client's own test set, its own parameters; "
-                     "global: balanced global test set; unseen: server model, zero conditioning")
+                     "global: balanced global test set; unseen: server model, zero conditioning; "
+                     "s/round: training (server step included); eval s: one evaluation")
     console.print(table)
     from hetfed.heterogeneity import gamma_line
 

@@ -29,6 +29,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from hetfed.config import Config, build_config, parse_yaml_text
+from hetfed.engine.evaluate import global_test
 from hetfed.engine.executors import Pool, client_data
 from hetfed.engine.rng import CLIENT_INIT, torch_gen
 from hetfed.engine.types import stack_states, unstack_state
@@ -85,8 +86,7 @@ def client_side(run: ConfigRecord) -> ClientSide:
         _CACHE.clear()  # one run at a time per process
         _CACHE[key] = ClientSide(
             config, algo, fed, pool,
-            torch.as_tensor(np.asarray(fed.x_global_test, np.float32), device=device),
-            torch.as_tensor(np.asarray(fed.y_global_test, np.int64), device=device), device, key[:16],
+            *global_test(fed, config.method_train(method_cfg), config.seed, device), device, key[:16],
         )
     return _CACHE[key]
 
@@ -152,8 +152,9 @@ def evaluate_step(side: ClientSide, k: int, state: dict, content: RecordDict) ->
     bc = records_to_broadcast(content, side.device)
     view = content["bc"].get("view") or None
     fed = side.fed
+    scorers = content["bc"].get("scorers")  # None: every evaluated client scores the global test set
     data = ClientEvalData([k], side.pool.x, side.pool.y, [fed.test[k]], [fed.val[k]], side.x_global, side.y_global,
-                          fed.n_classes)
+                          fed.n_classes, None if scorers is None else [k in set(scorers)])
     reports = side.algo.evaluate_client(bc, stack_states([state]) if state else {}, data, view)
     return reports_to_records(reports)
 

@@ -23,6 +23,7 @@ from flwr.serverapp import Grid
 
 from hetfed.config import FlowerConfig, dump_config
 from hetfed.engine.executors import RoundSkipped
+from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, Upload, concat_uploads
 from hetfed.errors import RunError
 from hetfed.flower.records import RUN, broadcast_to_records, records_to_reports, records_to_upload
@@ -45,7 +46,7 @@ class FlowerExecutor:
 
     # -- set-up: which node holds which client
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
-        self.algo, self.fed = algo, fed
+        self.algo, self.fed, self.seed = algo, fed, seed
         deadline = time.monotonic() + self.flower.connect_timeout
         node_ids: list[int] = []
         while time.monotonic() < deadline:
@@ -113,7 +114,10 @@ class FlowerExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
-        answered = self._ask("evaluate", bc, clients, "evaluate", **({"view": view} if view else {}))
+        scorers = global_scorers(self.algo.train, clients, self.seed)
+        extra = {**({"view": view} if view else {}),
+                 **({"scorers": [k for k, s in zip(clients, scorers, strict=True) if s]} if scorers else {})}
+        answered = self._ask("evaluate", bc, clients, "evaluate", **extra)
         reports: dict[str, list] = {"client_ids": [k for k in clients if k in answered]}
         for k in reports["client_ids"]:
             for key, values in records_to_reports(answered[k]).items():

@@ -86,6 +86,8 @@ def reports_to_records(reports: dict[str, list]) -> dict:
     numbers, arrays = {}, {}
     for key, values in reports.items():
         (value,) = values
+        if value is None:  # not measured by this client (e.g. it did not score the global test set)
+            continue
         if isinstance(value, torch.Tensor):
             arrays[key] = value
         else:
