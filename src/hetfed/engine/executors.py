@@ -214,5 +214,56 @@ def build_executor(kind: str, memory_budget_mb: float = 128, chunk_clients: int 
     return VectorisedExecutor(memory_budget_mb, chunk_clients)
 
 
+def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_000) -> dict[str, int]:
+    """What an in-process run will hold at its peak, in bytes, by part (a conservative estimate).
+
+    ``pool``: the train pool (shared by every client, never copied); ``client_states``:
+    every client's local state (CGAU rows, kept optimiser state) in the store;
+    ``working_set``: one chunk of clients training (the memory budget) plus the
+    round's running sums; ``evaluation``: one chunk of clients scoring.
+    """
+    one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
+    per_client = sum(v.numel() * v.element_size() for v in one.values())
+    shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if s.name in set(algo.model.shared_names))
+    training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
+    from hetfed.engine.sampling import clients_per_round
+
+    per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
+    return {
+        "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
+        "client_states": per_client * fed.n_clients,
+        "working_set": min(int(train.memory_budget_mb * 2**20), per_round * training) + 16 * shared,
+        "evaluation": 4 * eval_max_floats,
+    }
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give this process (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None
+
+
+def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> dict[str, int]:
+    """Refuse up front a run whose estimate exceeds the memory available, saying why and what to change."""
+    parts = estimate_memory(algo, fed, train)
+    total = sum(parts.values())
+    available = available_memory() if available is None else available
+    if available is not None and total > available:
+        gb = 2**30
+        detail = ", ".join(f"{k.replace('_', ' ')} {v / gb:.2f}" for k, v in parts.items())
+        raise RunError(
+            f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
+            f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
+            f"train.memory_budget_mb (now {train.memory_budget_mb:g})"
+        )
+    return parts
+
+
 def n_chunks(n: int, size: int) -> int:
     return math.ceil(n / max(size, 1))

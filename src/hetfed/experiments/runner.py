@@ -21,6 +21,7 @@ from hetfed.algorithms import algorithm_for
 from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
+from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import interruption_reason
@@ -116,7 +117,10 @@ def run_experiment(
         train = config.method_train(method)
         resolve_device(train.device)  # "cuda" without a GPU fails here, before any file
         clients_per_round(train, n_opted_in)  # an m that cannot be met fails here, not mid-run
-        plans.append((method, train, algorithm_for(config, method, fed.input_shape, fed.n_classes)))
+        algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
+        if train.executor != "flower" and flower_grid is None:  # what cannot fit is refused before any file
+            check_memory(algo, fed, train)
+        plans.append((method, train, algo))
 
     run_dir = new_run_dir(out, config.out_dir, config.name)
     (run_dir / "config.yaml").write_text(dump_config(config))
