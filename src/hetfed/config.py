@@ -150,8 +150,9 @@ class TrainConfig(_Strict):
         "local metrics then come with a 95%% CI over the sampled clients"
     )
     eval_global_clients: int | None = Field(
-        100, ge=1, description="personalised models: at most this many of the evaluated clients also score the "
-        "global test set (a fixed random subset; None: all). Each is a full pass over the global test set"
+        10, ge=1, description="during the rounds, personalised models of at most this many of the evaluated clients "
+        "also score the global test set (a fixed random subset; None: all): each is a full pass over the global "
+        "test set, ~10× a client's training round on FMNIST. The final personalised views are scored by all"
     )
     global_test_size: int | None = Field(
         None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"

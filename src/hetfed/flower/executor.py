@@ -114,7 +114,7 @@ class FlowerExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
-        scorers = global_scorers(self.algo.train, clients, self.seed)
+        scorers = None if view else global_scorers(self.algo.train, clients, self.seed)
         extra = {**({"view": view} if view else {}),
                  **({"scorers": [k for k, s in zip(clients, scorers, strict=True) if s]} if scorers else {})}
         answered = self._ask("evaluate", bc, clients, "evaluate", **extra)
