@@ -163,8 +163,9 @@ class TrainConfig(_Strict):
     chunk_clients: int | None = Field(
         None, ge=1, description="at most this many clients trained at once (memory budget)"
     )
-    memory_budget_mb: float = Field(
-        128, gt=0, description="stack size per chunk; 128 MB keeps a cache-friendly working set on CPU (raise it on a GPU)"
+    memory_budget_mb: float | None = Field(
+        None, gt=0, description="working set of one chunk of clients; None: 128 MB on a CPU (cache-friendly), "
+        "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy)"
     )
 
 

@@ -234,6 +234,10 @@ def _auc(y: np.ndarray, score: np.ndarray) -> float:
     return float(roc_auc_score(y, score))
 
 
+#: at most this many input floats in one block of personal models scoring the global test set
+GLOBAL_BLOCK_FLOATS = 50_000_000
+
+
 @torch.no_grad()
 def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
     """Per-client metrics of a stack: local test accuracy/loss, validation loss sums, AUC, global test set.
@@ -270,12 +274,15 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
         out["global_accuracy"], out["global_loss"] = [float("nan")] * n, [float("nan")] * n
         if binary:
             out["global_probs"] = [None] * n
-        if rows:
-            full = np.arange(len(data.y_global))
-            sub = pred.params if len(rows) == n else {
-                k: v[torch.as_tensor(rows, device=v.device)] for k, v in pred.params.items()}
-            glob = predict(pred.model, sub, data.x_global, [full] * len(rows))
-            for j, logits in zip(rows, glob, strict=True):
+        full = np.arange(len(data.y_global))
+        width = max(int(np.prod(data.x_global.shape[1:])), data.n_classes)
+        block = max(1, GLOBAL_BLOCK_FLOATS // max(len(full) * width, 1))
+        for start in range(0, len(rows), block):  # a full pass over the global test set per client: in blocks
+            part = rows[start : start + block]
+            sub = pred.params if len(part) == n else {
+                k: v[torch.as_tensor(part, device=v.device)] for k, v in pred.params.items()}
+            glob = predict(pred.model, sub, data.x_global, [full] * len(part))
+            for j, logits in zip(part, glob, strict=True):
                 s = _scores(logits, data.y_global)
                 out["global_accuracy"][j] = s["accuracy"]
                 out["global_loss"][j] = s["loss"]

@@ -102,6 +102,18 @@ def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096) -
     return store
 
 
+#: the default working set of a chunk on a CPU: big enough to vectorise, small enough to stay in cache
+CPU_BUDGET_MB = 128.0
+
+
+def default_budget_mb(device: torch.device | str | None) -> float:
+    """``train.memory_budget_mb`` when unset: 128 MB on a CPU, a quarter of the free memory of a GPU."""
+    if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return max(CPU_BUDGET_MB, free / 4 / 2**20)
+    return CPU_BUDGET_MB
+
+
 def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
     """How many clients' training fits the budget: params, grads, optimiser buffers, activations."""
     floats = 5 * model.n_params() + model.activation_floats(batch_size)
@@ -109,9 +121,14 @@ def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
 
 
 def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, n_global: int, max_floats: int) -> int:
-    """How many clients to score at once: their longest evaluation set × width within ``max_floats``."""
+    """How many clients to score at once: their longest own evaluation set × width within ``max_floats``.
+
+    The global test set is not counted: the few clients that score it do so in blocks of
+    their own (:func:`hetfed.interface.client_scores`), so a chunk of 100 000 small clients
+    is not cut into thousands because of a 10 000-image set most of them never see.
+    """
     d = int(np.prod(x.shape[1:]))
-    longest = max(n_global, *(len(fed.test[k]) for k in ids), *(len(fed.val[k]) for k in ids), 1)
+    longest = max(max((len(fed.test[k]) for k in ids), default=1), max((len(fed.val[k]) for k in ids), default=1), 1)
     return max(1, max_floats // (longest * max(d, n_classes)))
 
 
@@ -120,7 +137,7 @@ class InProcessExecutor:
 
     name = "in-process"
 
-    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None,
+    def __init__(self, memory_budget_mb: float | None = None, chunk_clients: int | None = None,
                  eval_max_floats: int = 50_000_000):
         self.memory_budget_mb = memory_budget_mb
         self.chunk_clients = chunk_clients
@@ -130,7 +147,8 @@ class InProcessExecutor:
     def chunk_size(self, model: Model, batch_size: int) -> int:
         if self.chunk_clients is not None:
             return self.chunk_clients
-        return memory_chunk(model, batch_size, self.memory_budget_mb)
+        budget = self.memory_budget_mb or default_budget_mb(getattr(self, "device", None))
+        return memory_chunk(model, batch_size, budget)
 
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
         self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
@@ -195,7 +213,7 @@ class SequentialExecutor(InProcessExecutor):
 
     name = "sequential"
 
-    def __init__(self, memory_budget_mb: float = 128, chunk_clients: int | None = None, **kw):
+    def __init__(self, memory_budget_mb: float | None = None, chunk_clients: int | None = None, **kw):
         super().__init__(memory_budget_mb, 1, **kw)
 
 
@@ -205,7 +223,7 @@ class VectorisedExecutor(InProcessExecutor):
     name = "vectorised"
 
 
-def build_executor(kind: str, memory_budget_mb: float = 128, chunk_clients: int | None = None) -> Executor:
+def build_executor(kind: str, memory_budget_mb: float | None = None, chunk_clients: int | None = None) -> Executor:
     """An in-process executor; a Flower one is made where the Grid is (see hetfed.flower.simulation)."""
     if kind == "flower":
         raise RunError("train.executor = 'flower' runs through hetfed.flower.simulation (hetfed run does it)")
@@ -225,6 +243,7 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
     per_client = sum(v.numel() * v.element_size() for v in one.values())
     shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if s.name in set(algo.model.shared_names))
+    budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
     from hetfed.engine.sampling import clients_per_round
 
@@ -232,9 +251,13 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
-        "working_set": min(int(train.memory_budget_mb * 2**20), per_round * training) + 16 * shared,
+        "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
         "evaluation": 4 * eval_max_floats,
     }
+
+
+def _budget(train) -> float:
+    return train.memory_budget_mb or default_budget_mb(train.device if train.device != "auto" else None)
 
 
 def available_memory() -> int | None:
@@ -260,7 +283,7 @@ def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> d
         raise RunError(
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
-            f"train.memory_budget_mb (now {train.memory_budget_mb:g})"
+            f"train.memory_budget_mb (now {_budget(train):g})"
         )
     return parts
 

@@ -1,0 +1,189 @@
+"""#17: memory that does not grow with the clients, evaluation that scales, refusals with an estimate."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from scipy import stats
+
+from hetfed.algorithms import build_algorithm, weighted_average
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig, build_config
+from hetfed.engine.client_store import ClientStore
+from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor, check_memory
+from hetfed.engine.simulate import simulate
+from hetfed.engine.types import RoundUploads, StreamedUpload, Upload, concat_uploads
+from hetfed.errors import RunError
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+
+
+class _Data:
+    def __init__(self, n=600, d=10, classes=4, seed=0):
+        rng = np.random.default_rng(seed)
+        self.y_train = rng.integers(0, classes, n)
+        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
+        self.y_test = np.repeat(np.arange(classes), 30)
+        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
+        self.n_classes = classes
+        self.input_shape = (d,)
+
+
+def _fed(clients=12):
+    return make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=clients, alpha=0.5, min_size=8), 0)
+
+
+def _run(fed, train, executor, kind="mlp", algorithm="fedavg"):
+    from hetfed.config import FSNetConfig
+
+    model = build_model(ModelConfig(kind=kind, hidden=[16, 16]), fed.input_shape, fed.n_classes)
+    algo = build_algorithm(algorithm, model, train, FSNetConfig(server_steps=5, n_synthetic=20),
+                           int(np.prod(fed.input_shape)))
+    return simulate(algo, fed, train, 1, executor=executor)
+
+
+# ------------------------------------------------------------------ streamed aggregation
+
+
+@settings(max_examples=30, deadline=None)
+@given(sizes=st.lists(st.integers(1, 6), min_size=1, max_size=6), seed=st.integers(0, 10_000),
+       server_lr=st.sampled_from([1.0, 0.5]))
+def test_streamed_aggregation_equals_the_stacked_one(sizes, seed, server_lr):
+    """Folding chunks into running sums gives FedAvg's Σ n_k θ_k / Σ n_k of all clients stacked at once."""
+    g = torch.Generator().manual_seed(seed)
+    old = {"w": torch.randn(3, 4, generator=g), "b": torch.randn(4, generator=g)}
+    uploads, start = [], 0
+    for n in sizes:
+        ids = list(range(start, start + n))
+        start += n
+        uploads.append(Upload(ids, {k: torch.randn(n, *v.shape, generator=g) for k, v in old.items()},
+                              torch.randint(1, 50, (n,), generator=g).float(), {"train_loss": torch.rand(n, generator=g)}))
+    acc = RoundUploads()
+    for u in uploads:
+        acc.add(u)
+    streamed = acc.result()
+    stacked = concat_uploads(uploads)
+    assert isinstance(streamed, StreamedUpload) == (len(sizes) > 1)
+    assert streamed.client_ids == stacked.client_ids
+    torch.testing.assert_close(streamed.num_samples, stacked.num_samples)
+    torch.testing.assert_close(streamed.extra["train_loss"], stacked.extra["train_loss"])
+    a, b = weighted_average(old, streamed, server_lr), weighted_average(old, stacked, server_lr)
+    for k in old:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    if isinstance(streamed, StreamedUpload):
+        assert streamed.params == {}  # no client's parameters are kept
+
+
+@pytest.mark.parametrize("algorithm,kind", [("fedavg", "mlp"), ("fedavg", "cgau"), ("fsnet", "mlp")])
+def test_results_do_not_change_with_the_chunk_size(algorithm, kind):
+    fed = _fed()
+    train = TrainConfig(rounds=3, local_epochs=1, batch_size=8, optimizer=OptimizerConfig(lr=0.05))
+    runs = [_run(fed, train, ex, kind, algorithm) for ex in (VectorisedExecutor(), VectorisedExecutor(chunk_clients=5),
+                                                            VectorisedExecutor(chunk_clients=2), SequentialExecutor())]
+    for other in runs[1:]:
+        for k, v in runs[0].server.params.items():
+            torch.testing.assert_close(other.server.params[k], v, rtol=1e-4, atol=1e-5)
+        a, b = runs[0].history[-1][1].metrics, other.history[-1][1].metrics
+        assert a["global_accuracy" if kind == "mlp" else "server_accuracy"] == pytest.approx(
+            b["global_accuracy" if kind == "mlp" else "server_accuracy"], abs=1e-6)
+
+
+# ------------------------------------------------------------------ the client store
+
+
+def test_client_store_gathers_what_it_scattered_and_tracks_who_holds_what():
+    store = ClientStore(5)
+    store.scatter([0, 2], {"a": torch.tensor([[1.0, 2.0], [3.0, 4.0]])})
+    assert torch.equal(store.gather([2, 0])["a"], torch.tensor([[3.0, 4.0], [1.0, 2.0]]))
+    assert store.gather([1, 3]) == {}  # they hold nothing yet
+    assert store[1] == {} and torch.equal(store[0]["a"], torch.tensor([1.0, 2.0]))
+    with pytest.raises(ValueError, match="some of the stacked clients"):
+        store.gather([0, 1])
+    store[0]["a"] += 10  # the Mapping view is a view: tests and the XOR demo edit states in place
+    assert torch.equal(store.gather([0])["a"], torch.tensor([[11.0, 12.0]]))
+    store.scatter([0], {})  # a client that returns no state no longer holds one
+    assert store[0] == {} and set(store[2]) == {"a"}
+    assert store.nbytes() == 5 * 2 * 4  # one [K, 2] float32 tensor, whatever the number of holders
+
+
+# ------------------------------------------------------------------ evaluation at scale
+
+
+def test_a_sample_of_clients_is_evaluated_with_a_ci_over_them():
+    fed = _fed(clients=12)
+    train = TrainConfig(rounds=2, eval_clients=5, optimizer=OptimizerConfig(lr=0.05))
+    result = _run(fed, train, VectorisedExecutor())
+    evs = [ev for _, ev in result.history]
+    local = [ev.per_client["local_accuracy"] for ev in evs]
+    assert all(len(v) == 5 for v in local) and evs[0].metrics["n_eval_clients"] == 5
+    v = np.asarray(local[-1])
+    reference = stats.t.ppf(0.975, 4) * v.std(ddof=1) / np.sqrt(5)  # Student t over the sampled clients
+    assert evs[-1].metrics["local_accuracy_ci95"] == pytest.approx(reference)
+    again = _run(fed, train, VectorisedExecutor())  # the same fixed sample at every evaluation and run
+    assert again.history[-1][1].per_client["local_accuracy"] == local[-1]
+
+
+def test_personal_models_score_the_global_test_set_on_a_capped_fixed_subset():
+    fed = _fed(clients=12)
+    train = TrainConfig(rounds=1, eval_global_clients=4, optimizer=OptimizerConfig(lr=0.05))
+    chunks = [_run(fed, train, VectorisedExecutor(chunk_clients=c), "cgau") for c in (None, 5)]
+    for result in chunks:
+        ev = result.history[-1][1]
+        glob = np.asarray(ev.per_client["global_accuracy"], dtype=float)
+        assert np.isfinite(glob).sum() == 4  # 4 of the 12 evaluated clients scored the global test set
+        assert ev.metrics["global_accuracy"] == pytest.approx(np.nanmean(glob))
+    a, b = (np.asarray(r.history[-1][1].per_client["global_accuracy"]) for r in chunks)
+    assert np.array_equal(np.isfinite(a), np.isfinite(b))  # the same clients however they are chunked
+
+
+def test_the_global_test_subset_is_class_balanced_and_scored_by_the_server():
+    from hetfed.engine.evaluate import global_test
+
+    fed = _fed()
+    train = TrainConfig(rounds=1, global_test_size=40)
+    x, y = global_test(fed, train, 0)
+    assert len(y) == 40 and np.bincount(y.numpy()).tolist() == [10, 10, 10, 10]
+    result = _run(fed, train, VectorisedExecutor())
+    model = build_model(ModelConfig(hidden=[16, 16]), fed.input_shape, fed.n_classes)
+    params = {k: v.unsqueeze(0) for k, v in result.server.params.items()}
+    reference = (model.forward(params, x.unsqueeze(0), None)[0].argmax(-1) == y).float().mean().item()
+    assert result.history[-1][1].metrics["global_accuracy"] == pytest.approx(reference)
+
+
+def test_the_evaluation_time_is_reported_apart_from_training():
+    result = _run(_fed(), TrainConfig(rounds=2, optimizer=OptimizerConfig(lr=0.05)), VectorisedExecutor())
+    assert result.evaluations == 2 and result.eval_seconds > 0 and result.train_seconds > 0
+
+
+# ------------------------------------------------------------------ refusing what cannot fit
+
+
+def test_a_run_that_cannot_fit_is_refused_with_an_estimate_by_part():
+    fed = _fed()
+    train = TrainConfig(rounds=1, optimizer=OptimizerConfig(kind="adam", reset_each_round=False))
+    model = build_model(ModelConfig(hidden=[16, 16]), fed.input_shape, fed.n_classes)
+    algo = build_algorithm("local", model, train)
+    parts = check_memory(algo, fed, train, available=2**40)
+    one_client = 3 * 4 * sum(p.numel() for p in model.init_shared(torch.Generator()).values())  # params, m, v
+    assert parts["client_states"] >= fed.n_clients * one_client
+    with pytest.raises(RunError, match=r"needs about .* GB \(pool .*client states .*\) but 0.0 GB are available"):
+        check_memory(algo, fed, train, available=1000)
+
+
+def test_the_cli_refuses_before_making_a_run_directory(tmp_path, capsys):
+    from hetfed.cli import main
+
+    code = main(["run", "--out", str(tmp_path / "r"), "--set", "partition.clients=1400", "--set", "partition.kind=iid",
+                 "--set", "model.hidden=[4096,4096]", "--set", "methods.0.algorithm=local",
+                 "--set", "train.optimizer.kind=adam", "--set", "train.optimizer.reset_each_round=false"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("error:") == 1 and "client states" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_defaults_keep_the_small_runs_unchanged():
+    cfg = build_config({})
+    assert cfg.train.eval_clients is None and cfg.train.global_test_size is None  # every client, all the test set
+    assert cfg.train.eval_global_clients == 10  # ≥ the default 10 clients: the default run scores them all
