@@ -8,13 +8,14 @@ default settings otherwise. Every setting runs in its own process, so its peak
 RSS (``ru_maxrss``) is its own. Measured, never asserted.
 
     python benchmarks/scale.py [--clients 100 1000 10000 100000] [--fractions 1.0 0.01]
-                               [--methods fedavg cgau] [--rounds 2] [--device cpu] [--json]
+                               [--methods fedavg cgau] [--rounds 2] [--device cpu] [--mmap-threshold BYTES] [--json]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import subprocess
 import sys
@@ -31,7 +32,10 @@ def federation(n_clients: int, seed: int = 0):
     n = max(60_000, 2 * n_clients)
     means = rng.normal(0, 1, (10, 784)).astype(np.float32)
     y = rng.integers(0, 10, n).astype(np.int64)
-    x = means[y] + rng.normal(0, 2, (n, 784)).astype(np.float32)
+    x = np.empty((n, 784), dtype=np.float32)  # in blocks: no float64 temporaries of the whole pool
+    for start in range(0, n, 20_000):
+        stop = min(start + 20_000, n)
+        x[start:stop] = means[y[start:stop]] + rng.standard_normal((stop - start, 784), dtype=np.float32) * 2
     yg = np.repeat(np.arange(10), 1000)
     xg = means[yg] + rng.normal(0, 2, (len(yg), 784)).astype(np.float32)
     parts = np.array_split(rng.permutation(n), n_clients)
@@ -85,6 +89,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
+                        help="fix glibc's MALLOC_MMAP_THRESHOLD_ in the measured processes (e.g. 1048576): freed "
+                        "chunk memory then goes back to the system, so peak RSS shows what hetfed holds (~2x slower)")
     parser.add_argument("--one", nargs=4, metavar=("K", "FRACTION", "METHOD", "ROUNDS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.one:
@@ -97,11 +104,14 @@ def main() -> None:
             for f in args.fractions:
                 cmd = [sys.executable, __file__, "--device", args.device, "--one", str(k), str(f), method,
                        str(args.rounds)]
-                proc = subprocess.run(cmd, capture_output=True, text=True)
+                env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
+                                          if args.mmap_threshold else {}))
+                proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if proc.returncode != 0:
                     row = {"clients": k, "fraction": f, "method": method, "error": proc.stderr.strip().splitlines()[-1:]}
                 else:
-                    row = json.loads(proc.stdout.strip().splitlines()[-1])
+                    row = {**json.loads(proc.stdout.strip().splitlines()[-1]),
+                           "mmap_threshold": args.mmap_threshold}
                 rows.append(row)
                 if not args.json:
                     print(json.dumps(row), flush=True)
