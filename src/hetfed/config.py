@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -144,6 +144,10 @@ class TrainConfig(_Strict):
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by this every round")
     server_lr: float = Field(1.0, gt=0)
     prox_mu: float = Field(0.01, ge=0, description="FedProx proximal weight")
+    scaffold_option: Literal[1, 2] = Field(
+        2, description="SCAFFOLD's client control-variate update: 2 (the paper's cheaper default, from the "
+        "model change) or 1 (the full local gradient at the server model)"
+    )
     eval_every: int = Field(1, ge=1)
     eval_clients: int | None = Field(
         None, ge=2, description="score a fixed random sample of this many clients at each evaluation (None: all); "

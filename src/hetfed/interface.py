@@ -107,6 +107,10 @@ class Algorithm:
         return type(self).personalise is not Algorithm.personalise
 
     # -- server side
+    def bind(self, fed) -> None:
+        """Learn what the server may know of the federation before round 1 (e.g. its size); default: nothing."""
+        return None
+
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
 

@@ -7,11 +7,12 @@ from collections.abc import Callable
 from hetfed.algorithms.fedavg import FedAvg, FedProx, Local
 from hetfed.algorithms.fedmoe import FedMoE
 from hetfed.algorithms.fsnet import FedFSNet
+from hetfed.algorithms.scaffold import Scaffold
 from hetfed.config import Config, FSNetConfig, MethodConfig, MoEConfig, TrainConfig
 from hetfed.interface import Algorithm, weighted_average
 from hetfed.models.base import Model
 
-ALGORITHMS: dict[str, type[Algorithm]] = {"fedavg": FedAvg, "fedprox": FedProx, "local": Local}
+ALGORITHMS: dict[str, type[Algorithm]] = {"fedavg": FedAvg, "fedprox": FedProx, "local": Local, "scaffold": Scaffold}
 
 
 def build_algorithm(
@@ -55,5 +56,5 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     )
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "algorithm_for",
+__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
            "build_algorithm", "weighted_average"]

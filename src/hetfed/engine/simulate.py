@@ -126,6 +126,7 @@ def simulate(
     xg, yg = global_test(fed, train, seed, device)
     eval_ids = eval_sample(train, fed.n_clients, seed)
 
+    algo.bind(fed)
     server = algo.server_init(torch_gen(seed, SERVER_INIT))
     server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
     result = SimulationResult(server, executor=executor)

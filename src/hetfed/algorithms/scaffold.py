@@ -1,0 +1,152 @@
+"""SCAFFOLD (Karimireddy et al. 2020, "SCAFFOLD: Stochastic controlled averaging for FL"), Algorithm 1.
+
+Server state: the model x and the server control variate c. Client i keeps its own
+control variate c_i (client-local state: it never leaves the client). In round r a
+sampled client starts from y_i = x and takes K_i local steps
+
+    y_i ← y_i − η_l (g_i(y_i) − c_i + c)
+
+(implemented as the linear term ⟨c − c_i, y⟩ added to its loss, whose gradient is
+exactly the correction; with ``optimizer.momentum`` > 0 the corrected gradient goes
+through momentum as any gradient does). Then
+
+    option II (default):  c_i⁺ = c_i − c + (x − y_i) / (K_i η_l)
+    option I:             c_i⁺ = ∇f_i(x), the full gradient of its training loss at x
+
+and it uploads y_i and Δc_i = c_i⁺ − c_i. The server:
+
+    x ← x + η_g · (Σ_i w_i y_i − x)   with w_i ∝ n_i  (hetfed's FedAvg weighting)
+    c ← c + (1/N) Σ_i Δc_i             (N: every client of the federation)
+
+Differences from the paper, said in docs/methods.md: Algorithm 1 averages Δy_i
+uniformly over the sampled clients; hetfed weights them by sample counts like its
+FedAvg (equal client sizes make the two the same). Δc_i travels as
+Δc_i / n_i in the upload's parameters, so the round's sum streams like the model
+(Σ n_i · (Δc_i / n_i) = Σ Δc_i) whatever the number of clients.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms.fedavg import FedAvg, train_clients
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    ServerState,
+    StreamedUpload,
+    Upload,
+    split_state,
+)
+from hetfed.interface import weighted_average
+
+#: client state: the client's control variate per shared parameter
+CI = "scaffold.c."
+#: upload: Δc_i / n_i per shared parameter (summed by the server)
+DC = "scaffold.dc."
+#: broadcast extra: the server control variate per shared parameter
+C = "scaffold.c."
+
+
+def effective_steps(k: int, opt) -> float:
+    """How many plain-SGD steps of size η the K local steps amount to (option II divides by K·η).
+
+    Plain SGD: K. Heavy-ball momentum β with the buffer reset each round moves a
+    constant gradient by η·[K − β(1 − β^K)/(1 − β)]/(1 − β) in K steps (exact for a
+    constant gradient; K = 1 gives 1); with the buffer kept across rounds, its steady
+    state K/(1 − β). Adam has no such factor: K (SCAFFOLD is defined for SGD).
+    """
+    beta = opt.momentum if opt.kind == "sgd" else 0.0
+    if beta == 0.0:
+        return float(k)
+    if not opt.reset_each_round:
+        return k / (1 - beta)
+    return (k - beta * (1 - beta**k) / (1 - beta)) / (1 - beta)
+
+
+class Scaffold(FedAvg):
+    """FedAvg with server and client control variates (see the module docstring)."""
+
+    name = "scaffold"
+    n_clients: int | None = None
+
+    def server_init(self, gen: torch.Generator) -> ServerState:
+        params = self.model.init_shared(gen)
+        return ServerState(params, 0, {"c": {k: torch.zeros_like(v) for k, v in params.items()}})
+
+    def bind(self, fed) -> None:
+        self.n_clients = fed.n_clients  # N in c ← c + (1/N) Σ Δc_i: every client of the federation
+
+    def broadcast(self, state: ServerState, round: int) -> Broadcast:
+        bc = super().broadcast(state, round)
+        c = state.extra.get("c") or {k: torch.zeros_like(v) for k, v in state.params.items()}
+        return Broadcast(bc.params, bc.round, bc.lr, {**bc.extra, **{C + k: v for k, v in c.items()}})
+
+    def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
+        state = super().client_init(client_id, gen)
+        shapes = {s.name: s.shape for s in self.model.specs() if not s.local}
+        return {**state, **{CI + k: torch.zeros(shape) for k, shape in shapes.items()}}
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        n = len(data.client_ids)
+        names = list(bc.params)
+        c = {k: bc.extra[C + k] for k in names}
+        c_i = {k: states[CI + k] for k in names}
+        rest = {k: v for k, v in states.items() if not k.startswith(CI)}
+        x = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        local, kept_opt = split_state(rest)
+        correction = {k: (c[k].unsqueeze(0) - c_i[k]).detach() for k in names}
+
+        def linear(params):  # ⟨c − c_i, y⟩ per client: its gradient is the SCAFFOLD correction
+            return sum((params[k] * correction[k]).flatten(1).sum(1) for k in names)
+
+        option_one = self.train.scaffold_option == 1
+        full_grad = self._full_gradient({**x, **local}, data, names) if option_one else None
+        params, opt_state, loss = train_clients(self, {**x, **local}, kept_opt, data, bc.lr, linear)
+        steps = torch.tensor([effective_steps(self.schedule.n_steps(len(i)), self.train.optimizer)
+                              for i in data.indices], dtype=torch.float32, device=loss.device)
+        sizes = data.sizes().to(loss.device)
+        new_c, dc = {}, {}
+        for k in names:
+            if option_one:
+                new_c[k] = full_grad[k]
+            else:
+                shape = (n, *([1] * (x[k].dim() - 1)))
+                new_c[k] = c_i[k] - c[k].unsqueeze(0) + (x[k] - params[k]) / (steps.view(shape) * bc.lr)
+            dc[DC + k] = (new_c[k] - c_i[k]) / sizes.view(n, *([1] * (x[k].dim() - 1)))
+        upload = Upload(list(data.client_ids), {**{k: params[k] for k in names}, **dc}, sizes, {"train_loss": loss})
+        kept = {k: params[k] for k in local}
+        return upload, {**kept, **opt_state, **{CI + k: new_c[k].detach() for k in names}}
+
+    def _full_gradient(self, params, data: ClientData, names: list[str]) -> dict[str, torch.Tensor]:
+        """Option I: each client's gradient of its mean training loss at the server model, all its data at once."""
+        n = len(data.client_ids)
+        width = max((len(i) for i in data.indices), default=0)
+        index = torch.zeros((n, max(width, 1)), dtype=torch.long, device=data.x.device)
+        mask = torch.zeros((n, max(width, 1)), device=data.x.device)
+        for j, idx in enumerate(data.indices):
+            index[j, : len(idx)] = torch.as_tensor(idx, device=data.x.device)
+            mask[j, : len(idx)] = 1.0
+        leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
+        logits = self.model.forward(leaves, data.x[index], None)
+        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.y[index].reshape(-1), reduction="none")
+        per_client = (ce.view(n, -1) * mask).sum(1) / mask.sum(1).clamp(min=1)
+        grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
+        return {k: g.detach() for k, g in zip(names, grads, strict=True)}
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        names = list(state.params)
+        params = weighted_average(state.params, upload, self.train.server_lr)
+        total = upload.num_samples.sum()
+        n_clients = self.n_clients or len(upload.client_ids)
+        c = state.extra.get("c") or {k: torch.zeros_like(v) for k, v in params.items()}
+        new_c = {}
+        for k in names:
+            if isinstance(upload, StreamedUpload):
+                summed = upload.mean[DC + k] * total
+            else:
+                summed = torch.tensordot(upload.num_samples.to(upload.params[DC + k].dtype), upload.params[DC + k], dims=1)
+            new_c[k] = c[k] + summed / n_clients
+        return ServerState(params, state.round + 1, {**state.extra, "c": new_c})
