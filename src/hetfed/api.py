@@ -104,15 +104,14 @@ class Federation:
     def clients(self) -> pd.DataFrame:
         """One row per client: train/val/test sizes, opted out, and its label skew (EMD to the pooled labels)."""
         pd = _pandas()
+        from hetfed.heterogeneity import label_emd
+
         fed = self._prepared.federation
-        counts = fed.class_counts().astype(float)
-        pooled = counts.sum(0) / max(counts.sum(), 1.0)
-        own = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
         return pd.DataFrame({
             "client": np.arange(fed.n_clients),
             "train": [len(i) for i in fed.train], "val": [len(i) for i in fed.val], "test": [len(i) for i in fed.test],
             "opted_out": np.asarray(fed.opted_out, dtype=bool),
-            "label_emd": np.abs(own - pooled).sum(1),
+            "label_emd": label_emd(fed.class_counts()),
         }).set_index("client")
 
     def class_counts(self) -> pd.DataFrame:

@@ -11,7 +11,7 @@ tracked by a mask.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 
 import numpy as np
 import torch
@@ -70,11 +70,15 @@ class ClientStore(Mapping[int, ClientState]):
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self._data.values())
 
-    def stacked(self) -> tuple[list[int], ClientState]:
-        """The clients that hold the most names, and those names stacked (for checkpoints)."""
-        if not self._has:
+    def stacked(self, keep: Callable[[str], bool] = lambda name: True) -> tuple[list[int], ClientState]:
+        """The clients that hold the most of the names ``keep`` accepts, and those names stacked
+        (for checkpoints: personalised clients hold more than the others)."""
+        has = {n: h for n, h in self._has.items() if keep(n)}
+        if not has:
             return [], {}
-        counts = sum(h.astype(np.int64) for h in self._has.values())
-        ids = np.flatnonzero(counts == counts.max()) if counts.max() > 0 else np.zeros(0, np.int64)
-        names = [n for n, h in self._has.items() if len(ids) and h[ids].all()]
+        counts = sum(h.astype(np.int64) for h in has.values())
+        if counts.max() == 0:
+            return [], {}
+        ids = np.flatnonzero(counts == counts.max())
+        names = [n for n, h in has.items() if h[ids].all()]
         return ids.tolist(), {n: self._data[n][torch.as_tensor(ids)] for n in names}

@@ -53,10 +53,11 @@ def global_test(fed, train, seed: int, device: torch.device | str = "cpu") -> tu
 
 
 def ci95_over(values) -> float:
-    """Half-width of the 95% CI of the mean over clients (Student t); NaN with fewer than 2."""
+    """Half-width of the 95% CI of the mean (Student t) of the finite values (None and NaN skipped);
+    NaN with fewer than 2."""
     from scipy import stats
 
-    v = np.asarray(values, dtype=float)
+    v = np.asarray([np.nan if x is None else x for x in values], dtype=float)
     v = v[~np.isnan(v)]
     if len(v) < 2:
         return float("nan")

@@ -33,7 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
-from hetfed.engine.sampling import global_scorers
+from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -120,7 +120,7 @@ def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
     return max(1, int(memory_budget_mb * 2**20 / (4 * floats)))
 
 
-def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, n_global: int, max_floats: int) -> int:
+def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, max_floats: int) -> int:
     """How many clients to score at once: their longest own evaluation set × width within ``max_floats``.
 
     The global test set is not counted: the few clients that score it do so in blocks of
@@ -194,7 +194,7 @@ class InProcessExecutor:
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
         reports: dict[str, list] = {}
-        size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes, len(self.y_global),
+        size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes,
                           self.eval_max_floats)
         for chunk in self._chunks(clients, size):
             data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
@@ -242,11 +242,9 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     """
     one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
     per_client = sum(v.numel() * v.element_size() for v in one.values())
-    shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if s.name in set(algo.model.shared_names))
+    shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if not s.local)
     budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
-    from hetfed.engine.sampling import clients_per_round
-
     per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),

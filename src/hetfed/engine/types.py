@@ -109,6 +109,7 @@ class RoundUploads:
     def __init__(self) -> None:
         self._first: Upload | None = None
         self._sums: dict[str, torch.Tensor] = {}
+        self._dtypes: dict[str, torch.dtype] = {}
         self._total = 0.0
         self._ids: list[int] = []
         self._counts: list[torch.Tensor] = []
@@ -128,6 +129,7 @@ class RoundUploads:
         for k, v in upload.params.items():
             part = torch.tensordot(n.to(v.dtype), v, dims=1).double()
             self._sums[k] = part if k not in self._sums else self._sums[k] + part
+            self._dtypes[k] = v.dtype
         self._total += float(n.double().sum())
         self._ids += list(upload.client_ids)
         self._counts.append(n)
@@ -139,9 +141,7 @@ class RoundUploads:
             return self._first
         if not self._ids:
             raise ValueError("no upload in this round")
-        dtype = {k: v.dtype for k, v in self._sums.items()}
-        mean = {k: (v / self._total).to(torch.float32 if dtype[k] == torch.float64 else dtype[k])
-                for k, v in self._sums.items()}
+        mean = {k: (v / self._total).to(self._dtypes[k]) for k, v in self._sums.items()}
         return StreamedUpload(self._ids, {}, torch.cat(self._counts),
                               {k: torch.cat(v) for k, v in self._extra.items()}, mean)
 

@@ -108,10 +108,9 @@ def plot_client_sizes(view: dict[str, np.ndarray], path: str | Path | None):
 
 def plot_label_skew(view: dict[str, np.ndarray], path: str | Path | None):
     """Each client's label skew: Σ_c |p_k(c) − p(c)| (Zhao et al.'s EMD, 0 … 2) against the pooled labels."""
-    counts = view["counts"].astype(float)
-    pooled = counts.sum(0) / max(counts.sum(), 1.0)
-    own = counts / np.maximum(counts.sum(1, keepdims=True), 1.0)
-    emd = np.abs(own - pooled).sum(1)
+    from hetfed.heterogeneity import label_emd
+
+    emd = label_emd(view["counts"])
     fig, ax = plt.subplots(figsize=(min(12, 4 + 0.08 * len(emd)), 3.2))
     ax.bar(np.arange(len(emd)), emd, color=PALETTE[0], width=0.9)
     ax.set_ylim(0, 2)

@@ -296,21 +296,20 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     return rows
 
 
-def save_client_states(states: dict[int, dict], path: Path) -> None:
+def save_client_states(states, path: Path) -> None:
     """Every client's local parameters (no optimiser state), stacked by client id, for prediction later.
 
     Nothing is written when the clients keep no local parameters (FedAvg) or live
     elsewhere (Flower SuperNodes keep their own).
     """
-    from hetfed.engine.types import split_state
+    from hetfed.engine.client_store import ClientStore
+    from hetfed.engine.types import OPT_PREFIX
 
-    params = {k: split_state(s)[0] for k, s in states.items()}
-    ids = sorted(k for k, p in params.items() if p)
-    if not ids:
+    if not isinstance(states, ClientStore):
         return
-    names = max((list(params[k]) for k in ids), key=len)  # personalised clients hold the most
-    ids = [k for k in ids if set(params[k]) == set(names)]
-    torch.save({"client_ids": ids, "states": {n: torch.stack([params[k][n].cpu() for k in ids]) for n in names}}, path)
+    ids, stacked = states.stacked(keep=lambda name: not name.startswith(OPT_PREFIX))
+    if ids:
+        torch.save({"client_ids": ids, "states": stacked}, path)
 
 
 def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
