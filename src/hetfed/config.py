@@ -124,6 +124,19 @@ class OptimizerConfig(_Strict):
     reset_each_round: bool = True
 
 
+class StragglerConfig(_Strict):
+    """Slow clients and a round deadline: a client whose round takes longer than ``deadline`` is dropped.
+
+    Each client gets a fixed time per local step, drawn once from the run seed
+    (median 1: the deadline is in "median client steps"); a round takes
+    ``steps × time_per_step``.
+    """
+
+    distribution: Literal["none", "lognormal", "exponential", "uniform"] = "none"
+    spread: float = Field(0.5, gt=0, description="lognormal σ; uniform: times in [1 − spread/2, 1 + spread/2]·median")
+    deadline: float | None = Field(None, gt=0, description="time units (median client steps); None: no deadline")
+
+
 class TrainConfig(_Strict):
     """The federated schedule: rounds, client sampling, local work, evaluation."""
 
@@ -170,6 +183,30 @@ class TrainConfig(_Strict):
     memory_budget_mb: float | None = Field(
         None, gt=0, description="working set of one chunk of clients; None: 128 MB on a CPU (cache-friendly), "
         "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy)"
+    )
+    checkpoint_every: int | None = Field(
+        10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "
+        "federated phase and of personalisation); None: only at the end. `hetfed run --resume DIR` continues"
+    )
+    # -- clients that fail, straggle or cannot be trusted (see docs/robustness.md)
+    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
+        "mean", description="how the shared parameters are combined: mean (FedAvg's sample-weighted mean) or a "
+        "robust rule (unweighted: coordinate-wise median, trimmed mean, Krum, Multi-Krum)"
+    )
+    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: share cut from each end per coordinate")
+    byzantine_fraction: float = Field(
+        0.1, ge=0, lt=0.5, description="krum/multi_krum: the share f/n of clients assumed malicious "
+        "(f = ⌊fraction·n⌋, at most (n − 3)/2 so that Krum is defined)"
+    )
+    multi_krum_keep: int | None = Field(None, ge=1, description="multi_krum: updates averaged (None: n − f)")
+    client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
+    stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
+    min_clients: int = Field(
+        1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
+    )
+    reject_norm_factor: float | None = Field(
+        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the round's median "
+        "(None: off, and rounds of many chunks stream); NaN/inf updates are always rejected"
     )
 
 
@@ -220,6 +257,45 @@ class FSNetConfig(_Strict):
     beta_every: int = Field(10, ge=1)
 
 
+class AttackConfig(_Strict):
+    """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed.
+
+    Model poisoning changes what they upload (Δ = θ_k − θ_global): ``sign_flip`` sends
+    −factor·Δ (default factor 4), ``scale`` sends factor·Δ (default 10), ``gaussian`` sends
+    noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on labels
+    y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real).
+    """
+
+    kind: Literal["none", "sign_flip", "scale", "gaussian", "label_flip"] = "none"
+    fraction: float = Field(0.1, ge=0, le=1)
+    factor: float | None = Field(None, gt=0, description="sign_flip: 4, scale: 10 when unset")
+    noise_std: float = Field(1.0, gt=0)
+
+
+class PrivacyConfig(_Strict):
+    """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
+
+    On when ``noise_multiplier`` is set. ε for ``delta`` is computed by Google's
+    dp-accounting (RDP, Poisson-subsampled Gaussian, q = clients per round / eligible clients).
+    """
+
+    noise_multiplier: float | None = Field(None, ge=0, description="z: noise std = z·clip / m (None: no DP)")
+    clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no clipping, "
+                               "only with noise_multiplier 0)")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    weighting: Literal["uniform", "samples"] = Field(
+        "uniform", description="uniform: every clipped update counts 1/m (the sensitivity is S/m, so ε holds); "
+        "samples: FedAvg's weights n_k/Σn, noise std z·S·max n_k/Σn (ε then assumes the weights are public)"
+    )
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> PrivacyConfig:
+        if self.noise_multiplier and self.clip is None:
+            raise ValueError(f"privacy.clip = None with privacy.noise_multiplier = {self.noise_multiplier}: "
+                             "noise is only meaningful relative to a clip bound; expected a positive clip")
+        return self
+
+
 class MethodConfig(_Strict):
     """One method of a comparison; ``model``/``train`` override the top-level ones."""
 
@@ -247,6 +323,8 @@ class Config(_Strict):
     moe: MoEConfig = Field(default_factory=MoEConfig)
     fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+    attack: AttackConfig = Field(default_factory=AttackConfig)
+    privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
         MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),

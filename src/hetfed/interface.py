@@ -32,13 +32,15 @@ import torch.nn.functional as F
 
 from hetfed.config import TrainConfig
 from hetfed.engine.local import LocalSchedule
+from hetfed.engine.rng import DP_NOISE, derive_seed
+from hetfed.engine.robust import DPNoise, combine
+from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
     ClientState,
     Params,
     ServerState,
-    StreamedUpload,
     Upload,
     split_state,
 )
@@ -91,10 +93,15 @@ class Algorithm:
     #: the name the federated phase is reported under when there are views
     federated_view = "fedavg"
 
+    #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
+    privacy = None
+
     def __init__(self, model: Model, train: TrainConfig):
         self.model = model
         self.train = train
         self.schedule = LocalSchedule.from_train(train)
+        self._seed = 0
+        self._expected_clients = 1
 
     @property
     def personalised(self) -> bool:
@@ -107,9 +114,33 @@ class Algorithm:
         return type(self).personalise is not Algorithm.personalise
 
     # -- server side
-    def bind(self, fed) -> None:
-        """Learn what the server may know of the federation before round 1 (e.g. its size); default: nothing."""
-        return None
+    def bind(self, fed, seed: int = 0) -> None:
+        """Learn what the server may know of the federation before round 1 (its size, the run seed).
+
+        Subclasses that learn more call this first.
+        """
+        self._seed = seed
+        eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
+        self._expected_clients = clients_per_round(self.train, eligible) if eligible else 1
+
+    @property
+    def dp(self) -> bool:
+        return self.privacy is not None and self.privacy.noise_multiplier is not None
+
+    def combine(self, old: Params, upload: Upload, round: int) -> Params:
+        """The new shared parameters from a round's updates: ``train.aggregator``, or DP-FedAvg under ``privacy``.
+
+        Every algorithm that averages shared parameters calls this, so robust rules
+        and differential privacy apply to all of them alike.
+        """
+        t = self.train
+        dp = None
+        if self.dp:
+            p = self.privacy
+            dp = DPNoise(p.noise_multiplier, p.clip, self._expected_clients, p.weighting == "uniform",
+                         derive_seed(self._seed, DP_NOISE, round))
+        return combine(old, upload, t.aggregator, t.server_lr, t.trim_fraction, t.byzantine_fraction,
+                       t.multi_krum_keep, dp)
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
@@ -119,12 +150,9 @@ class Algorithm:
         return Broadcast(params=state.params, round=round, lr=lr)
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        """FedAvg: sample-count-weighted mean, moved by the server learning rate."""
-        return ServerState(
-            params=weighted_average(state.params, upload, self.train.server_lr),
-            round=state.round + 1,
-            extra=state.extra,
-        )
+        """FedAvg: sample-count-weighted mean (or the configured robust / private rule), moved by the server lr."""
+        return ServerState(params=self.combine(state.params, upload, state.round), round=state.round + 1,
+                           extra=state.extra)
 
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
@@ -193,16 +221,7 @@ def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Par
 
     A :class:`StreamedUpload` (many chunks, reduced as they came) carries the mean already.
     """
-    w = upload.num_samples / upload.num_samples.sum()
-    out = {}
-    for k, v in old.items():
-        if isinstance(upload, StreamedUpload):
-            avg = upload.mean[k].to(v.dtype)
-        else:
-            stacked = upload.params[k]
-            avg = torch.tensordot(w.to(stacked.dtype), stacked, dims=1)
-        out[k] = avg if server_lr == 1.0 else v + server_lr * (avg - v)
-    return out
+    return combine(old, upload, "mean", server_lr)
 
 
 # ------------------------------------------------------------------ scoring helpers

@@ -50,10 +50,33 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
 
     model_cfg = config.method_model(method)
     model = build_model(model_cfg, input_shape, n_classes)
-    return build_algorithm(
+    algo = build_algorithm(
         method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
         config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed,
     )
+    if config.privacy.noise_multiplier is not None:
+        _check_private(config, method, algo)
+        algo.privacy = config.privacy
+    return algo
+
+
+#: what DP-FedAvg can privatise: algorithms whose uploads are only shared parameters (+ the training loss)
+PRIVATE = ("fedavg", "fedprox", "fedmoe")
+
+
+def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> None:
+    """DP is refused, before any training, where its guarantee would not hold."""
+    from hetfed.engine.privacy import check_available
+    from hetfed.errors import ConfigError
+
+    where = f"privacy.noise_multiplier = {config.privacy.noise_multiplier:g} with methods.{config.methods.index(method)}"
+    if method.algorithm not in PRIVATE:
+        raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: it uploads statistics "
+                          f"(or nothing) that DP-FedAvg does not privatise; expected one of {list(PRIVATE)}")
+    if algo.train.aggregator != "mean":
+        raise ConfigError(f"{where}.train.aggregator = {algo.train.aggregator!r} is not allowed: the noise is "
+                          "calibrated to the clipped mean; expected 'mean'")
+    check_available()
 
 
 __all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",

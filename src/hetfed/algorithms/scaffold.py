@@ -40,7 +40,6 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
-from hetfed.interface import weighted_average
 
 #: client state: the client's control variate per shared parameter
 CI = "scaffold.c."
@@ -76,7 +75,8 @@ class Scaffold(FedAvg):
         params = self.model.init_shared(gen)
         return ServerState(params, 0, {"c": {k: torch.zeros_like(v) for k, v in params.items()}})
 
-    def bind(self, fed) -> None:
+    def bind(self, fed, seed: int = 0) -> None:
+        super().bind(fed, seed)
         self.n_clients = fed.n_clients  # N in c ← c + (1/N) Σ Δc_i: every client of the federation
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
@@ -138,7 +138,7 @@ class Scaffold(FedAvg):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         names = list(state.params)
-        params = weighted_average(state.params, upload, self.train.server_lr)
+        params = self.combine(state.params, upload, state.round)
         total = upload.num_samples.sum()
         n_clients = self.n_clients or len(upload.client_ids)
         c = state.extra.get("c") or {k: torch.zeros_like(v) for k, v in params.items()}

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Protocol
 
 import numpy as np
@@ -33,6 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
+from hetfed.engine.robust import Screen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -143,6 +144,8 @@ class InProcessExecutor:
         self.chunk_clients = chunk_clients
         self.eval_max_floats = eval_max_floats
         self.states: ClientStore = ClientStore(0)
+        self.adversary = None
+        self.y_train: torch.Tensor | None = None
 
     def chunk_size(self, model: Model, batch_size: int) -> int:
         if self.chunk_clients is not None:
@@ -169,13 +172,25 @@ class InProcessExecutor:
         self.states.scatter(chunk, new)
 
     def train(self, bc: Broadcast, clients: list[int]) -> Upload:
-        """Every chosen client's update; chunks are folded into running sums, so memory does not grow with them."""
-        round_uploads = RoundUploads()
+        """Every chosen client's update, screened; chunks are folded into running sums, so memory does not
+        grow with them (unless the screening or a robust rule needs the whole round)."""
+        round_uploads = RoundUploads(Screen.for_round(self.algo, bc.params))
+        adversary = self.adversary if self.adversary is not None and self.adversary.active else None
         for chunk in self._chunks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
-            upload, new = self.algo.local_update(bc, self._stacked(chunk), client_data(self.pool, chunk, bc.round))
+            data = client_data(self.pool, chunk, bc.round)
+            if adversary is not None and self.y_train is not None:
+                data = replace(data, y=self.y_train)
+            upload, new = self.algo.local_update(bc, self._stacked(chunk), data)
+            if adversary is not None:
+                upload = adversary.poison(upload, bc)
             round_uploads.add(upload)
             self._keep(chunk, new)
         return round_uploads.result()
+
+    def set_adversary(self, adversary) -> None:
+        """Simulate malicious clients (:class:`hetfed.engine.faults.Adversary`) from now on."""
+        self.adversary = adversary
+        self.y_train = adversary.training_labels(self.pool.y, self.pool.train) if adversary.active else None
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:

@@ -13,6 +13,7 @@ import torch
 # purposes, so streams for different jobs never coincide
 SAMPLING, CLIENT_ROUND, CLIENT_INIT, SERVER_INIT, SERVER_ROUND = 1, 2, 3, 4, 5
 EVAL_SAMPLE, GLOBAL_TEST = 21, 22  # which clients / global test samples an evaluation scores
+DROPOUT, STRAGGLER, ATTACKERS, DP_NOISE = 31, 32, 33, 34  # faults, malicious clients, privacy noise
 
 
 def derive_seed(*parts: int) -> int:

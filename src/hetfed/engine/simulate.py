@@ -19,6 +19,8 @@ import torch
 from hetfed.config import TrainConfig
 from hetfed.engine.evaluate import Evaluation, global_test, summarise
 from hetfed.engine.executors import Executor, RoundSkipped, build_executor
+from hetfed.engine.faults import Adversary, Faults
+from hetfed.engine.privacy import epsilon
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample, sample_clients
 from hetfed.engine.types import ServerState
@@ -58,6 +60,12 @@ class SimulationResult:
     skipped_rounds: list[int] = field(default_factory=list)  # too few replies: not aggregated
     #: (round, mean training loss over the round's clients, weighted by their sample counts)
     train_losses: list[tuple[int, float]] = field(default_factory=list)
+    #: totals over the rounds: clients sampled, dropped, late, rejected (by reason), aggregated
+    faults: dict[str, int] = field(default_factory=dict)
+    dp_rounds: int = 0  # rounds aggregated with DP noise (what ε is computed over)
+    epsilon: float | None = None  # ε after the last round (privacy.*), for privacy.delta
+    #: under attack, the round training diverged at (the attack won; the best model so far is kept)
+    diverged_at: int | None = None
 
     @property
     def states(self) -> dict:
@@ -105,6 +113,11 @@ def round_train_loss(upload) -> float | None:
     return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
 
 
+def _sample_rate(algo: Algorithm, fed) -> float:
+    eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
+    return min(1.0, algo._expected_clients / max(eligible, 1))
+
+
 def simulate(
     algo: Algorithm,
     fed,
@@ -114,19 +127,31 @@ def simulate(
     on_round: Callable[[int, dict[str, float] | None, dict[str, float]], None] | None = None,
     on_eval: Callable[[int, Evaluation], None] | None = None,
     on_train: Callable[[int, dict[str, float]], None] | None = None,
+    attack=None,
 ) -> SimulationResult:
     """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``.
 
-    ``on_train(round, {"train_loss": …})`` gets every round's mean training loss
-    (what the clients report in their uploads); ``on_eval`` every evaluation.
+    ``on_train(round, metrics)`` gets every round's mean training loss (what the
+    clients report in their uploads, when any were aggregated) and its client
+    counts: sampled, dropped, late, rejected, aggregated; ``on_eval`` every
+    evaluation. ``attack`` (an ``AttackConfig``) makes some clients malicious.
     """
     device = resolve_device(train.device)
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
     executor.start(algo, fed, seed, device)
     xg, yg = global_test(fed, train, seed, device)
     eval_ids = eval_sample(train, fed.n_clients, seed)
+    faults = Faults(train, fed, seed, algo.schedule)
+    under_attack = attack is not None and attack.kind != "none"  # divergence is then an outcome, not an error
+    if under_attack:
+        if not hasattr(executor, "set_adversary"):
+            from hetfed.errors import ConfigError
 
-    algo.bind(fed)
+            raise ConfigError(f"attack.kind = {attack.kind!r} is simulated by the in-process executors only; "
+                              "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
+        executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
+
+    algo.bind(fed, seed)
     server = algo.server_init(torch_gen(seed, SERVER_INIT))
     server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
     result = SimulationResult(server, executor=executor)
@@ -139,29 +164,50 @@ def simulate(
     t_train = 0.0
     for r in range(train.rounds):
         t0 = time.perf_counter()
-        clients = sample_clients(train, fed.opted_out, seed, r)
+        sampled = sample_clients(train, fed.opted_out, seed, r)
+        present = faults.round(sampled, r)
         bc = algo.broadcast(server, r)
-        try:
-            upload = executor.train(bc, clients)
-        except RoundSkipped:  # too few replies: the global model stays as it was
-            result.skipped_rounds.append(r + 1)
-            upload = None
+        upload = None
+        if len(present.training) >= train.min_clients:
+            try:
+                upload = executor.train(bc, present.training)
+            except RoundSkipped:  # too few replies (Flower): the global model stays as it was
+                upload = None
+        counts = _round_counts(sampled, present, upload)
+        if upload is not None and len(upload.client_ids) < train.min_clients:
+            upload = None  # too few accepted updates: skipped and logged, never averaged over one client
         t_server = time.perf_counter()
         if upload is not None:
             server = algo.aggregate(server, upload)
+            result.dp_rounds += int(algo.dp)
+        else:
+            result.skipped_rounds.append(r + 1)
         result.server_seconds += time.perf_counter() - t_server
+        counts["round_skipped"] = int(upload is None)
+        for key, value in counts.items():
+            result.faults[key] = result.faults.get(key, 0) + value
         loss = round_train_loss(upload)
         if loss is not None:
             result.train_losses.append((r + 1, loss))
-            if on_train:
-                on_train(r + 1, {"train_loss": loss})
-        _check_finite(server, r + 1, train)
+        if on_train:
+            on_train(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts})
+        try:
+            _check_finite(server, r + 1, train)
+        except DivergedError:
+            if not under_attack:
+                raise
+            result.diverged_at = r + 1
+            break
         t_train += time.perf_counter() - t0
         result.rounds_done = r + 1
         metrics = None
         if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds:
             t_eval = time.perf_counter()
             ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
+            if algo.dp:
+                result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(algo, fed), result.dp_rounds,
+                                         algo.privacy.delta)
+                ev.metrics["epsilon"] = result.epsilon
             result.eval_seconds += time.perf_counter() - t_eval
             result.evaluations += 1
             metrics = ev.metrics
@@ -170,7 +216,10 @@ def simulate(
                 on_eval(r + 1, ev)
             val = ev.metrics["val_loss"]
             if has_val and not np.isfinite(val):
-                raise DivergedError(_diverged(r + 1, train, "the validation loss is not finite"))
+                if not under_attack:
+                    raise DivergedError(_diverged(r + 1, train, "the validation loss is not finite"))
+                result.diverged_at = r + 1
+                break
             if not has_val or val < best_val:  # without validation data, best = the latest
                 best_val = val if has_val else best_val
                 result.best_round, result.best = r + 1, ev
@@ -185,6 +234,15 @@ def simulate(
             break
     result.server, result.train_seconds = server, t_train
     return result
+
+
+def _round_counts(sampled: list[int], present, upload) -> dict[str, int]:
+    """A round's client counts, as metrics.csv records them."""
+    screened = dict(upload.screened) if upload is not None else {}
+    return {"clients_sampled": len(sampled), "clients_dropped": len(present.dropped), "clients_late": len(present.late),
+            "clients_rejected_nonfinite": screened.get("rejected_nonfinite", 0),
+            "clients_rejected_norm": screened.get("rejected_norm", 0),
+            "clients_aggregated": len(upload.client_ids) if upload is not None else 0}
 
 
 def personalise(algo: Algorithm, fed, seed: int, result: SimulationResult, device: torch.device,

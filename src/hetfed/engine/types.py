@@ -6,7 +6,7 @@ its fields (e.g. that it carries no local parameters).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -49,6 +49,8 @@ class Upload:
     params: Params
     num_samples: torch.Tensor  # [n] float
     extra: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: how many of the round's updates the server's screening rejected, by reason (not sent by clients)
+    screened: dict[str, int] = field(default_factory=dict)
 
 
 @dataclass(frozen=True, eq=False)
@@ -104,9 +106,16 @@ class RoundUploads:
     running sums ``Σ n_k θ_k`` (float64) and dropped, so a round holds one chunk's
     parameters plus one sum, whatever the number of clients. A round that fits one
     chunk is aggregated exactly as before (stacked), bit for bit.
+
+    ``screen`` (:class:`hetfed.engine.robust.Screen`) drops bad updates chunk by chunk
+    and, when its checks or a robust rule need the whole round (``keep_all``), makes
+    this hold every update instead of streaming.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, screen=None, stream: bool = True) -> None:
+        self.screen = screen
+        self.stream = stream  # False: hold every update (a Flower round's replies arrive together anyway)
+        self._kept: list[Upload] = []
         self._first: Upload | None = None
         self._sums: dict[str, torch.Tensor] = {}
         self._dtypes: dict[str, torch.dtype] = {}
@@ -116,6 +125,13 @@ class RoundUploads:
         self._extra: dict[str, list[torch.Tensor]] = {}
 
     def add(self, upload: Upload) -> None:
+        if self.screen is not None:
+            upload = self.screen.chunk(upload)
+            if not upload.client_ids:
+                return
+        if not self.stream or (self.screen is not None and self.screen.keep_all):
+            self._kept.append(upload)
+            return
         if self._first is None and not self._ids:
             self._first = upload
             return
@@ -126,24 +142,33 @@ class RoundUploads:
 
     def _fold(self, upload: Upload) -> None:
         n = upload.num_samples
+        if self.screen is not None and self.screen.uniform:  # DP: every clipped update weighs the same
+            n = torch.ones_like(n)
         for k, v in upload.params.items():
             part = torch.tensordot(n.to(v.dtype), v, dims=1).double()
             self._sums[k] = part if k not in self._sums else self._sums[k] + part
             self._dtypes[k] = v.dtype
         self._total += float(n.double().sum())
         self._ids += list(upload.client_ids)
-        self._counts.append(n)
+        self._counts.append(upload.num_samples)
         for k, v in upload.extra.items():
             self._extra.setdefault(k, []).append(v)
 
     def result(self) -> Upload:
+        """The round's upload (no clients at all when every update was rejected or none came)."""
+        counts = dict(self.screen.counts) if self.screen is not None else {}
+        if self._kept:
+            whole = concat_uploads(self._kept)
+            if self.screen is not None:
+                whole = self.screen.whole(whole)
+            return replace(whole, screened=dict(self.screen.counts) if self.screen is not None else {})
         if self._first is not None:
-            return self._first
+            return replace(self._first, screened=counts)
         if not self._ids:
-            raise ValueError("no upload in this round")
+            return Upload([], {}, torch.zeros(0), {}, counts)
         mean = {k: (v / self._total).to(self._dtypes[k]) for k, v in self._sums.items()}
         return StreamedUpload(self._ids, {}, torch.cat(self._counts),
-                              {k: torch.cat(v) for k, v in self._extra.items()}, mean)
+                              {k: torch.cat(v) for k, v in self._extra.items()}, counts, mean)
 
 
 def concat_uploads(uploads: list[Upload]) -> Upload:

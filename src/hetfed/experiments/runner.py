@@ -24,7 +24,7 @@ from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
-from hetfed.errors import interruption_reason
+from hetfed.errors import ConfigError, interruption_reason
 from hetfed.experiments.rundir import (
     Heartbeat,
     MetricsWriter,
@@ -48,7 +48,8 @@ class RunOutput:
 
 
 def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
-    return {k: (None if (isinstance(v, float) and np.isnan(v)) else float(v)) for k, v in metrics.items()}
+    """JSON-safe metrics: NaN and ±inf (ε without noise) become None."""
+    return {k: (None if (isinstance(v, float) and not np.isfinite(v)) else float(v)) for k, v in metrics.items()}
 
 
 def method_summary(result: SimulationResult, seconds: float) -> dict:
@@ -76,9 +77,17 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
 
 
 def _failures(result: SimulationResult) -> dict:
-    """Clients that did not answer (Flower) and rounds skipped for too few replies; empty in-process."""
+    """Clients that did not answer (Flower), the round's client counts summed, rounds skipped, and ε."""
     failed = list(getattr(result.executor, "failures", []))
-    return {"failed_clients": failed, "skipped_rounds": list(result.skipped_rounds)} if failed or result.skipped_rounds else {}
+    out: dict = {"clients": dict(result.faults)} if result.faults else {}
+    if failed or result.skipped_rounds:
+        out.update(failed_clients=failed, skipped_rounds=list(result.skipped_rounds))
+    if result.diverged_at is not None:
+        out["diverged_at"] = result.diverged_at
+    if result.epsilon is not None:
+        out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
+        out["dp_rounds"] = result.dp_rounds
+    return out
 
 
 def _write_eval(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation) -> None:
@@ -118,6 +127,10 @@ def run_experiment(
         resolve_device(train.device)  # "cuda" without a GPU fails here, before any file
         clients_per_round(train, n_opted_in)  # an m that cannot be met fails here, not mid-run
         algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
+        if config.attack.kind != "none" and (train.executor == "flower" or flower_grid is not None):
+            raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
+                              f"expected methods.{config.methods.index(method)}.train.executor 'vectorised' or "
+                              "'sequential' (on Flower the clients are real)")
         if train.executor != "flower" and flower_grid is None:  # what cannot fit is refused before any file
             check_memory(algo, fed, train)
         plans.append((method, train, algo))
@@ -233,7 +246,8 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
 
     def on_train(rnd: int, metrics: dict[str, float]) -> None:
         writer.write(fed_label, rnd, "train", "all", metrics)
-        curves["train_loss"].setdefault(fed_label, []).append((rnd, metrics["train_loss"]))
+        if "train_loss" in metrics:
+            curves["train_loss"].setdefault(fed_label, []).append((rnd, metrics["train_loss"]))
 
     def on_round(rnd: int, metrics, timing: dict[str, float]) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
@@ -245,7 +259,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
 
     def body(executor=None) -> SimulationResult:
         res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval,
-                       on_train=on_train)
+                       on_train=on_train, attack=config.attack)
         bar.update(task, completed=train.rounds)
         times["federated"] = time.perf_counter() - t0
         if algo.views:

@@ -23,8 +23,9 @@ from flwr.serverapp import Grid
 
 from hetfed.config import FlowerConfig, dump_config
 from hetfed.engine.executors import RoundSkipped
+from hetfed.engine.robust import Screen
 from hetfed.engine.sampling import global_scorers
-from hetfed.engine.types import Broadcast, Upload, concat_uploads
+from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
 from hetfed.flower.records import RUN, broadcast_to_records, records_to_reports, records_to_upload
 from hetfed.interface import Algorithm
@@ -100,7 +101,10 @@ class FlowerExecutor:
         answered = self._ask("train", bc, clients, "train")
         if len(answered) < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, len(answered), self.flower.min_replies)
-        return concat_uploads([records_to_upload(answered[k]) for k in sorted(answered)])
+        uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
+        for k in sorted(answered):
+            uploads.add(records_to_upload(answered[k]))
+        return uploads.result()
 
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
         answered = self._ask("personalise", bc, clients, "train.personalise")

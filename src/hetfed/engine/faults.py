@@ -1,0 +1,136 @@
+"""Clients that fail, straggle or attack — simulated, every choice drawn from the run seed.
+
+- **dropout** (``train.client_dropout``): a sampled client fails to report with
+  probability p, drawn per (round, client) — the same whichever executor runs it;
+- **stragglers** (``train.stragglers``): each client has a fixed time per local step
+  (median 1) from a chosen distribution; a round takes ``steps × time``, and a
+  client past ``deadline`` is dropped, as a synchronous server with a round
+  timeout does;
+- **attackers** (``attack.*``, :class:`Adversary`): a fixed share of the opted-in
+  clients poisons what it uploads (sign flip, scaling, Gaussian noise) or the
+  labels it trains on (label flipping).
+
+Dropped and late clients do not train in the round (their local state stays as it
+was), so a dropout is a failure before the client could report anything.
+"""
+
+from __future__ import annotations
+
+import zlib
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from hetfed.config import AttackConfig, StragglerConfig, TrainConfig
+from hetfed.engine.local import LocalSchedule
+from hetfed.engine.rng import ATTACKERS, DROPOUT, STRAGGLER, numpy_rng, torch_gen
+from hetfed.engine.types import Broadcast, Upload
+
+
+def step_times(cfg: StragglerConfig, n_clients: int, seed: int) -> np.ndarray:
+    """Each client's time per local step (median 1), fixed for the run."""
+    rng = numpy_rng(seed, STRAGGLER)
+    if cfg.distribution == "lognormal":
+        return np.exp(cfg.spread * rng.standard_normal(n_clients))
+    if cfg.distribution == "exponential":
+        return rng.exponential(1.0 / np.log(2.0), n_clients)  # median 1
+    if cfg.distribution == "uniform":
+        return 1.0 + cfg.spread * (rng.random(n_clients) - 0.5)
+    return np.ones(n_clients)
+
+
+@dataclass(frozen=True)
+class RoundFaults:
+    """Who of a round's sampled clients trains, and who failed or was too slow."""
+
+    training: list[int]
+    dropped: list[int]
+    late: list[int]
+
+
+class Faults:
+    """Dropouts and stragglers of a run (see the module docstring)."""
+
+    def __init__(self, train: TrainConfig, fed, seed: int, schedule: LocalSchedule):
+        self.p, self.seed, self.n_clients = train.client_dropout, seed, fed.n_clients
+        self.deadline = train.stragglers.deadline if train.stragglers.distribution != "none" else None
+        if self.deadline is not None:
+            times = step_times(train.stragglers, fed.n_clients, seed)
+            steps = np.array([schedule.n_steps(len(i)) for i in fed.train], dtype=np.float64)
+            self.round_time = steps * times
+        else:
+            self.round_time = None
+
+    def round(self, clients: list[int], rnd: int) -> RoundFaults:
+        dropped: list[int] = []
+        if self.p > 0:
+            u = numpy_rng(self.seed, DROPOUT, rnd).random(self.n_clients)
+            dropped = [k for k in clients if u[k] < self.p]
+        late = []
+        if self.round_time is not None:
+            late = [k for k in clients if k not in set(dropped) and self.round_time[k] > self.deadline]
+        out = set(dropped) | set(late)
+        return RoundFaults([k for k in clients if k not in out], dropped, late)
+
+
+def malicious_clients(cfg: AttackConfig, opted_out: np.ndarray, seed: int) -> np.ndarray:
+    """A boolean mask: ``round(fraction × opted-in clients)`` of them, fixed for the run."""
+    mask = np.zeros(len(opted_out), dtype=bool)
+    if cfg.kind == "none":
+        return mask
+    eligible = np.flatnonzero(~np.asarray(opted_out, dtype=bool))
+    m = int(round(cfg.fraction * len(eligible)))
+    if m:
+        mask[numpy_rng(seed, ATTACKERS).choice(eligible, size=m, replace=False)] = True
+    return mask
+
+
+class Adversary:
+    """The malicious clients of a run and what they do to their uploads or labels."""
+
+    def __init__(self, cfg: AttackConfig, fed, seed: int, n_classes: int):
+        self.cfg, self.seed, self.n_classes = cfg, seed, n_classes
+        self.malicious = malicious_clients(cfg, fed.opted_out, seed)
+        self.factor = cfg.factor if cfg.factor is not None else {"sign_flip": 4.0, "scale": 10.0}.get(cfg.kind, 1.0)
+
+    @property
+    def active(self) -> bool:
+        return self.cfg.kind != "none" and bool(self.malicious.any())
+
+    def training_labels(self, y: torch.Tensor, train_indices) -> torch.Tensor:
+        """The pool's labels as the clients train on them: flipped ``y → C − 1 − y`` on malicious clients' samples."""
+        if self.cfg.kind != "label_flip":
+            return y
+        out = y.clone()
+        for k in np.flatnonzero(self.malicious):
+            idx = torch.as_tensor(train_indices[k], device=y.device)
+            out[idx] = self.n_classes - 1 - y[idx]
+        return out
+
+    def poison(self, upload: Upload, bc: Broadcast) -> Upload:
+        """Model poisoning: malicious clients replace their update Δ (shared parameters only)."""
+        if self.cfg.kind not in ("sign_flip", "scale", "gaussian"):
+            return upload
+        rows = [j for j, k in enumerate(upload.client_ids) if self.malicious[k]]
+        if not rows:
+            return upload
+        params = {k: v.clone() for k, v in upload.params.items()}
+        for name, ref in bc.params.items():
+            ref = ref.to(params[name].device)
+            for j in rows:
+                delta = params[name][j] - ref
+                if self.cfg.kind == "sign_flip":
+                    delta = -self.factor * delta
+                elif self.cfg.kind == "scale":
+                    delta = self.factor * delta
+                else:
+                    gen = torch_gen(self.seed, ATTACKERS, bc.round, upload.client_ids[j], _name_seed(name))
+                    delta = (torch.randn(ref.shape, generator=gen) * self.cfg.noise_std).to(ref.device, ref.dtype)
+                params[name][j] = ref + delta
+        return Upload(upload.client_ids, params, upload.num_samples, upload.extra, dict(upload.screened))
+
+
+def _name_seed(name: str) -> int:
+    """A stable integer for a parameter name (Python's hash() is salted per process)."""
+    return zlib.crc32(name.encode())

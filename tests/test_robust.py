@@ -1,0 +1,291 @@
+"""Untrusted and failing clients (#13): robust rules against references written from their papers,
+screening, attacks, dropouts and stragglers, DP-FedAvg against the accountant's own numbers."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed.algorithms import build_algorithm
+from hetfed.cli import main
+from hetfed.config import AttackConfig, ModelConfig, PartitionConfig, PrivacyConfig, StragglerConfig, TrainConfig
+from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
+from hetfed.engine.faults import Adversary, Faults, step_times
+from hetfed.engine.local import LocalSchedule
+from hetfed.engine.robust import DPNoise, Screen, combine, robust_mean
+from hetfed.engine.simulate import simulate
+from hetfed.engine.types import Broadcast, RoundUploads, Upload
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+
+
+class _Data:
+    def __init__(self, n=400, d=6, classes=4, seed=0):
+        rng = np.random.default_rng(seed)
+        self.y_train = rng.integers(0, classes, n)
+        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
+        self.y_test = np.repeat(np.arange(classes), 10)
+        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
+        self.n_classes = classes
+        self.input_shape = (d,)
+
+
+def _fed(clients=10):
+    return make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=clients, alpha=1.0, min_size=5), 0)
+
+
+def _algo(fed, kind="mlp", algorithm="fedavg", **train):
+    cfg = TrainConfig(**{"rounds": 4, "local_steps": 3, "batch_size": 16, "eval_every": 2,
+                         "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.0}, **train})
+    model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
+    return build_algorithm(algorithm, model, cfg), cfg
+
+
+# ------------------------------------------------------------------ the rules, from their papers
+
+
+def _ref_krum(points: np.ndarray, f: int, m: int) -> np.ndarray:
+    """Blanchard et al. 2017: score(i) = Σ of the n − f − 2 smallest ‖V_i − V_j‖², j ≠ i; Multi-Krum
+    averages the m best-scored vectors (Krum: m = 1)."""
+    n = len(points)
+    scores = []
+    for i in range(n):
+        d = sorted(float(np.sum((points[i] - points[j]) ** 2)) for j in range(n) if j != i)
+        scores.append(sum(d[: n - f - 2]))
+    best = np.argsort(scores, kind="stable")[:m]
+    return points[best].mean(0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(5, 12), d=st.integers(1, 6), seed=st.integers(0, 10_000))
+def test_robust_rules_match_references_written_from_the_papers(n, d, seed):
+    rng = np.random.default_rng(seed)
+    pts = rng.normal(size=(n, d))
+    stacked = {"w": torch.as_tensor(pts)}
+    np.testing.assert_allclose(robust_mean(stacked, "median")["w"].numpy(), np.median(pts, 0), rtol=1e-12)
+    beta = 0.2
+    cut = int(math.floor(beta * n))
+    ref = np.sort(pts, 0)[cut : n - cut].mean(0)  # Yin et al. 2018: drop the β·n largest and smallest per coordinate
+    np.testing.assert_allclose(robust_mean(stacked, "trimmed_mean", trim_fraction=beta)["w"].numpy(), ref, rtol=1e-12)
+    f = min(int(0.2 * n), (n - 3) // 2)
+    np.testing.assert_allclose(robust_mean(stacked, "krum", byzantine_fraction=0.2)["w"].numpy(),
+                               _ref_krum(pts, f, 1), rtol=1e-9)
+    np.testing.assert_allclose(robust_mean(stacked, "multi_krum", byzantine_fraction=0.2)["w"].numpy(),
+                               _ref_krum(pts, f, n - f), rtol=1e-9)
+
+
+def test_robust_rules_resist_one_huge_update_where_the_mean_does_not():
+    rng = np.random.default_rng(0)
+    honest = rng.normal(size=(9, 3))
+    pts = np.vstack([honest, [[1e6, 1e6, 1e6]]])
+    up = Upload(list(range(10)), {"w": torch.as_tensor(pts)}, torch.ones(10))
+    old = {"w": torch.zeros(3, dtype=torch.float64)}
+    assert combine(old, up)["w"].abs().max() > 1e4
+    for kind in ("median", "trimmed_mean", "krum", "multi_krum"):
+        assert combine(old, up, kind)["w"].abs().max() < 5, kind
+
+
+# ------------------------------------------------------------------ screening
+
+
+def _upload(values, ids=None):
+    v = torch.as_tensor(np.asarray(values, dtype=np.float32))
+    ids = ids or list(range(len(v)))
+    return Upload(ids, {"w": v}, torch.ones(len(v)), {"train_loss": torch.zeros(len(v))})
+
+
+def test_screen_rejects_nonfinite_and_far_out_updates_and_counts_them():
+    ref = {"w": torch.zeros(2)}
+    screen = Screen(ref, norm_factor=10.0, keep_all=True)
+    rounds = RoundUploads(screen)
+    rounds.add(_upload([[1, 0], [float("nan"), 0]], [0, 1]))  # chunk 1
+    rounds.add(_upload([[0, 1], [500, 0], [1, 1]], [2, 3, 4]))  # chunk 2: client 3 is 500× the median norm
+    out = rounds.result()
+    assert out.client_ids == [0, 2, 4]
+    assert out.screened == {"rejected_nonfinite": 1, "rejected_norm": 1}
+
+
+def test_screen_clips_each_update_to_the_bound():
+    ref = {"w": torch.tensor([1.0, 1.0])}
+    screen = Screen(ref, clip=1.0)
+    out = screen.chunk(_upload([[4, 1], [1.5, 1]]))
+    np.testing.assert_allclose(out.params["w"].numpy(), [[2, 1], [1.5, 1]], rtol=1e-6)
+
+
+def test_streamed_rounds_without_screening_keep_their_bit_identical_results():
+    """Screening that needs no whole round (non-finite only) keeps the streaming sums of #17."""
+    rng = np.random.default_rng(1)
+    chunks = [_upload(rng.normal(size=(3, 2))) for _ in range(3)]
+    plain, screened = RoundUploads(), RoundUploads(Screen({"w": torch.zeros(2)}))
+    for c in chunks:
+        plain.add(c)
+        screened.add(c)
+    assert torch.equal(plain.result().mean["w"], screened.result().mean["w"])
+
+
+# ------------------------------------------------------------------ attacks
+
+
+def test_model_poisoning_replaces_the_update_of_malicious_clients_only():
+    fed = _fed()
+    adv = Adversary(AttackConfig(kind="sign_flip", fraction=0.3), fed, seed=0, n_classes=fed.n_classes)
+    assert adv.malicious.sum() == 3
+    ref = {"w": torch.tensor([1.0, 2.0])}
+    up = _upload(np.ones((10, 2)) * [2.0, 4.0])
+    out = adv.poison(up, Broadcast(ref, 0, 0.1))
+    for j in range(10):
+        expected = [1 - 4 * 1, 2 - 4 * 2] if adv.malicious[j] else [2, 4]  # θ_g − 4Δ
+        np.testing.assert_allclose(out.params["w"][j].numpy(), expected)
+
+
+def test_label_flipping_flips_only_the_malicious_clients_training_labels():
+    fed = _fed()
+    adv = Adversary(AttackConfig(kind="label_flip", fraction=0.2), fed, seed=3, n_classes=fed.n_classes)
+    y = torch.as_tensor(fed.y)
+    flipped = adv.training_labels(y, fed.train)
+    changed = set(torch.nonzero(flipped != y).flatten().tolist())
+    bad = set(np.concatenate([fed.train[k] for k in np.flatnonzero(adv.malicious)]).tolist())
+    assert changed <= bad and changed
+    idx = torch.as_tensor(sorted(bad))
+    assert torch.equal(flipped[idx], fed.n_classes - 1 - y[idx])
+
+
+@pytest.mark.parametrize("kind", ["sign_flip", "gaussian", "label_flip"])
+def test_executors_agree_under_attack_dropout_and_a_robust_rule(kind):
+    fed = _fed()
+    results = []
+    for executor in (VectorisedExecutor(), SequentialExecutor()):
+        algo, cfg = _algo(fed, aggregator="trimmed_mean", trim_fraction=0.2, client_dropout=0.2)
+        res = simulate(algo, fed, cfg, seed=1, executor=executor, attack=AttackConfig(kind=kind, fraction=0.3))
+        results.append(res)
+    a, b = results
+    for k in a.server.params:
+        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
+    assert a.faults == b.faults and a.faults["clients_dropped"] > 0
+
+
+# ------------------------------------------------------------------ failing clients
+
+
+def test_dropout_rate_is_drawn_per_client_and_round_from_the_seed():
+    fed = _fed(clients=50)
+    _, cfg = _algo(fed, client_dropout=0.3)
+    faults = Faults(cfg, fed, seed=0, schedule=LocalSchedule.from_train(cfg))
+    dropped = [len(faults.round(list(range(50)), r).dropped) for r in range(40)]
+    assert abs(np.mean(dropped) / 50 - 0.3) < 0.03
+    again = Faults(cfg, fed, seed=0, schedule=LocalSchedule.from_train(cfg))
+    assert again.round(list(range(50)), 7) == faults.round(list(range(50)), 7)
+
+
+def test_stragglers_past_the_deadline_are_dropped():
+    fed = _fed(clients=20)
+    stragglers = StragglerConfig(distribution="lognormal", spread=1.0, deadline=4.0)
+    _, cfg = _algo(fed, stragglers=stragglers.model_dump())
+    faults = Faults(cfg, fed, seed=0, schedule=LocalSchedule.from_train(cfg))
+    times = step_times(stragglers, 20, 0)
+    expected_late = [k for k in range(20) if 3 * times[k] > 4.0]  # 3 local steps each
+    out = faults.round(list(range(20)), 0)
+    assert out.late == expected_late and expected_late
+    assert sorted(out.training + out.late) == list(range(20))
+    assert abs(np.median(step_times(StragglerConfig(distribution="exponential"), 20_001, 0)) - 1) < 0.05
+
+
+def test_too_few_clients_skips_the_round_and_logs_it(tmp_path):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "train.rounds=4", "--set", "train.client_dropout=0.6",
+                 "--set", "train.min_clients=6", "--out", str(out)])
+    assert code == 0
+    summary = json.loads((out / "summary.json").read_text())
+    relu = summary["methods"]["relu"]
+    assert relu["skipped_rounds"], relu
+    rows = [ln.split(",") for ln in (out / "metrics.csv").read_text().splitlines()[1:]]
+    skipped = {int(r[1]) for r in rows if r[0] == "relu" and r[4] == "round_skipped" and float(r[5]) == 1}
+    assert skipped == set(relu["skipped_rounds"])
+    dropped = sum(float(r[5]) for r in rows if r[0] == "relu" and r[4] == "clients_dropped")
+    assert dropped == relu["clients"]["clients_dropped"] > 0
+
+
+def test_an_attack_that_makes_training_diverge_is_a_result_not_a_crash(tmp_path):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "train.rounds=30", "--set", "attack.kind=scale",
+                 "--set", "attack.factor=1e30", "--set", "attack.fraction=0.3", "--set", "train.reject_norm_factor=null",
+                 "--set", "methods.1.train.aggregator=median", "--out", str(out)])
+    assert code == 0
+    methods = json.loads((out / "summary.json").read_text())["methods"]
+    assert methods["relu"].get("diverged_at") is not None
+    assert methods["cgau"].get("diverged_at") is None and methods["cgau"]["rounds"] == 30
+
+
+# ------------------------------------------------------------------ differential privacy
+
+
+def test_epsilon_is_the_accountants_own_value(tmp_path):
+    import dp_accounting
+    from dp_accounting.rdp import rdp_privacy_accountant
+
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "train.rounds=6", "--set", "train.clients_per_round=4",
+                 "--set", "privacy.noise_multiplier=1.1", "--set", "privacy.clip=0.5", "--set", "train.eval_every=3",
+                 "--out", str(out)])
+    assert code == 0
+    acc = rdp_privacy_accountant.RdpAccountant()
+    acc.compose(dp_accounting.PoissonSampledDpEvent(4 / 10, dp_accounting.GaussianDpEvent(1.1)), 6)
+    expected = acc.get_epsilon(1e-5)
+    summary = json.loads((out / "summary.json").read_text())
+    for method in ("relu", "cgau"):
+        assert summary["methods"][method]["epsilon"] == pytest.approx(expected, rel=1e-9)
+    rows = [ln.split(",") for ln in (out / "metrics.csv").read_text().splitlines()[1:]]
+    eps3 = [float(r[5]) for r in rows if r[0] == "relu" and r[1] == "3" and r[4] == "epsilon"]
+    acc3 = rdp_privacy_accountant.RdpAccountant()
+    acc3.compose(dp_accounting.PoissonSampledDpEvent(0.4, dp_accounting.GaussianDpEvent(1.1)), 3)
+    assert eps3 == [pytest.approx(acc3.get_epsilon(1e-5), rel=1e-9)]
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cgau"])
+def test_no_noise_and_no_clipping_reproduces_fedavg_exactly(kind):
+    fed = _fed()
+    plain_algo, cfg = _algo(fed, kind=kind)
+    plain = simulate(plain_algo, fed, cfg, seed=2)
+    algo, cfg = _algo(fed, kind=kind)
+    algo.privacy = PrivacyConfig(noise_multiplier=0.0, clip=None, weighting="samples")
+    private = simulate(algo, fed, cfg, seed=2)
+    for k in plain.server.params:
+        assert torch.equal(plain.server.params[k], private.server.params[k]), k
+    assert private.epsilon == math.inf
+
+
+def test_dp_noise_has_the_calibrated_std_and_touches_shared_parameters_only():
+    m, d = 8, 20_000
+    old = {"w": torch.zeros(d)}
+    up = Upload(list(range(m)), {"w": torch.full((m, d), 0.01)}, torch.arange(1.0, m + 1))
+    dp = DPNoise(noise_multiplier=2.0, clip=0.5, expected_clients=10, uniform=True, generator_seed=0)
+    new = combine(old, up, dp=dp)["w"]
+    noise = new - 0.01 * m / 10  # fixed denominator: Σ clipped updates / expected m
+    assert float(noise.mean()) == pytest.approx(0.0, abs=0.005)
+    assert float(noise.std()) == pytest.approx(2.0 * 0.5 / 10, rel=0.03)
+    fed = _fed()
+    algo, cfg = _algo(fed, kind="cgau")
+    algo.privacy = PrivacyConfig(noise_multiplier=1.0, clip=0.1)
+    res = simulate(algo, fed, cfg, seed=0)
+    assert set(res.server.params) == {s.name for s in algo.model.specs() if not s.local}
+    assert res.epsilon is not None and res.epsilon > 0
+
+
+def test_dp_with_an_algorithm_it_cannot_privatise_fails_before_training(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["run", "--set", "privacy.noise_multiplier=1", "--set", "methods.0.algorithm=scaffold", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "privacy.noise_multiplier" in err and "scaffold" in err
+    assert not out.exists()
+    code = main(["run", "--set", "privacy.noise_multiplier=1", "--set", "privacy.clip=null", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "privacy.clip" in err and not out.exists()
+    code = main(["run", "--set", "train.aggregator=mode", "--out", str(out)])
+    err = capsys.readouterr().err
+    assert code == 2 and "train.aggregator" in err and "median" in err and not out.exists()
