@@ -14,7 +14,14 @@ from hypothesis import strategies as st
 
 from hetfed.algorithms import build_algorithm
 from hetfed.cli import main
-from hetfed.config import AttackConfig, ModelConfig, PartitionConfig, PrivacyConfig, StragglerConfig, TrainConfig
+from hetfed.config import (
+    AttackConfig,
+    ModelConfig,
+    PartitionConfig,
+    PrivacyConfig,
+    StragglerConfig,
+    TrainConfig,
+)
 from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.faults import Adversary, Faults, step_times
 from hetfed.engine.local import LocalSchedule

@@ -277,22 +277,26 @@ class Run:
         return pd.DataFrame(out).set_index("method")
 
     def model(self, method: str | None = None, which: str = "best") -> Model:
-        """A trained model of ``method`` (default: the run's first) — ``which``: ``best`` or ``final``.
+        """A trained model of ``method`` (default: the run's first) — ``which``: ``best``, ``final`` or ``checkpoint``.
 
         FedMoE's views are methods of their own here (``mixture``, ``finetuned``,
         ``local``, ``fedavg``): personal views need ``predict(x, client=k)``.
+        ``checkpoint``: a failed or killed run's method in progress, from its last
+        resumable checkpoint (the best model so far, every client's local state).
         """
         import torch
 
         from hetfed.algorithms import algorithm_for
 
+        if which not in ("best", "final", "checkpoint"):
+            raise ConfigError(f"which={which!r} is not allowed: expected 'best', 'final' or 'checkpoint'")
+        cfg = self.config
+        if which == "checkpoint":
+            return self._from_checkpoint(method or cfg.methods[0].label)
         methods = self.methods
         method = method or methods[0]
         if method not in methods:
             raise ConfigError(f"method {method!r} is not allowed: this run has {methods}")
-        if which not in ("best", "final"):
-            raise ConfigError(f"which={which!r} is not allowed: expected 'best' or 'final'")
-        cfg = self.config
         mcfg, view = _method_of(cfg, method)
         label = mcfg.label
         shape, n_classes = self._shapes()
@@ -305,6 +309,30 @@ class Run:
         clients_path = ckpt / f"{label}-clients.pt"
         states = torch.load(clients_path, map_location="cpu", weights_only=True) if clients_path.is_file() else None
         return Model(method, algo, shared, states, view or None)
+
+    def _from_checkpoint(self, method: str) -> Model:
+        """The model of the method a failed or killed run was training, from ``checkpoints/resume.pt``."""
+        from hetfed.algorithms import algorithm_for
+        from hetfed.engine.client_store import ClientStore
+        from hetfed.engine.types import OPT_PREFIX
+        from hetfed.experiments.checkpoint import read_checkpoint
+
+        payload = read_checkpoint(self.dir)
+        current = payload.get("current") if payload else None
+        if current is None or current["label"] != method:
+            running = current["label"] if current else None
+            raise RunError(f"method {method!r} has no checkpoint in {self.dir} (in progress: {running}); expected the "
+                           "method a failed run was training — finished methods load with which='best' or 'final'")
+        result = current["result"]
+        server = result.best_server or result.server
+        mcfg, _ = _method_of(self.config, method)
+        fed = build_federation(self.config)._prepared.federation
+        algo = algorithm_for(self.config, mcfg, tuple(fed.input_shape), fed.n_classes)
+        store = ClientStore(fed.n_clients)
+        store.load_state_dict(current["states"])
+        ids, stacked = store.stacked(keep=lambda name: not name.startswith(OPT_PREFIX))
+        states = {"client_ids": ids, "states": stacked} if ids else None
+        return Model(method, algo, {k: v.cpu() for k, v in server.params.items()}, states, None)
 
     def _shapes(self) -> tuple[tuple[int, ...], int]:
         s = self.summary

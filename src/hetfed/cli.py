@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.add_argument("--out", metavar="DIR", help="run directory (default: runs/<name>-<time>)")
     p.add_argument("--quiet", action="store_true", help="no progress or table; print only the run directory")
+    p.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a failed or killed run from its last checkpoint (its own config.yaml is used)")
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="a grid of configs × seeds, aggregated with 95%% CIs")
@@ -282,10 +284,17 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hetfed.experiments.runner import run_experiment
+    from hetfed.experiments.runner import resume_experiment, run_experiment
 
-    config = load_config(args.config, args.sets)
-    out = run_experiment(config, out=args.out, progress=not args.quiet, console=console)
+    if args.resume is not None:
+        given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--out", args.out)) if v]
+        if given:
+            raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
+                              "its own config.yaml and directory; expected --resume RUN_DIR alone")
+        out = resume_experiment(args.resume, progress=not args.quiet, console=console)
+    else:
+        config = load_config(args.config, args.sets)
+        out = run_experiment(config, out=args.out, progress=not args.quiet, console=console)
     if args.quiet:  # no progress, but always where the results are
         console.print(f"run directory: {out.run_dir}", soft_wrap=True)
     return 0

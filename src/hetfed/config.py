@@ -338,6 +338,12 @@ class Config(_Strict):
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
+        views = {"local", "fedavg", "finetuned", "mixture"}  # FedMoE named "fedmoe" reports its views unprefixed
+        if any(m.algorithm == "fedmoe" and m.label == "fedmoe" for m in self.methods):
+            clash = sorted(views & set(labels))
+            if clash:
+                raise ValueError(f"methods names {clash} clash with the rows of the method named 'fedmoe' "
+                                 f"(its views {sorted(views)}): rename them")
         for i, m in enumerate(self.methods):
             _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
             _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")

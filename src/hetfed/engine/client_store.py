@@ -55,6 +55,17 @@ class ClientStore(Mapping[int, ClientState]):
             self._data[name][torch.as_tensor(idx)] = value.to("cpu")
             self._has[name][idx] = True
 
+    # -- checkpoints
+    def state_dict(self) -> dict:
+        """Everything the store holds, for a resumable checkpoint."""
+        return {"n_clients": self.n_clients, "data": dict(self._data), "has": {k: v.copy() for k, v in self._has.items()}}
+
+    def load_state_dict(self, state: dict) -> None:
+        if state["n_clients"] != self.n_clients:
+            raise ValueError(f"checkpoint holds {state['n_clients']} clients, the federation {self.n_clients}")
+        self._data = dict(state["data"])
+        self._has = {k: np.asarray(v, dtype=bool).copy() for k, v in state["has"].items()}
+
     # -- the Mapping view (tests, checkpoints, the XOR demo)
     def __getitem__(self, k: int) -> ClientState:
         if not 0 <= k < self.n_clients:

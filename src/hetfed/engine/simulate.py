@@ -66,6 +66,8 @@ class SimulationResult:
     epsilon: float | None = None  # ε after the last round (privacy.*), for privacy.delta
     #: under attack, the round training diverged at (the attack won; the best model so far is kept)
     diverged_at: int | None = None
+    best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
+    since_best: int = 0  # evaluations since it improved (early stopping)
 
     @property
     def states(self) -> dict:
@@ -128,6 +130,9 @@ def simulate(
     on_eval: Callable[[int, Evaluation], None] | None = None,
     on_train: Callable[[int, dict[str, float]], None] | None = None,
     attack=None,
+    on_checkpoint: Callable[[SimulationResult], None] | None = None,
+    resume: SimulationResult | None = None,
+    resume_states: dict | None = None,
 ) -> SimulationResult:
     """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``.
 
@@ -135,6 +140,13 @@ def simulate(
     clients report in their uploads, when any were aggregated) and its client
     counts: sampled, dropped, late, rejected, aggregated; ``on_eval`` every
     evaluation. ``attack`` (an ``AttackConfig``) makes some clients malicious.
+
+    ``on_checkpoint(result)`` is called every ``train.checkpoint_every`` rounds and
+    after the last one, when everything a resumed run needs is in ``result`` and the
+    executor's client store; ``resume`` (a result loaded from a checkpoint) and
+    ``resume_states`` (its client store) continue from there. Every random stream is
+    keyed by (seed, round, client), so the round number is its position: a resumed
+    run draws exactly what the uninterrupted one would have.
     """
     device = resolve_device(train.device)
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
@@ -152,21 +164,27 @@ def simulate(
         executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
 
     algo.bind(fed, seed)
-    server = algo.server_init(torch_gen(seed, SERVER_INIT))
-    server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
-    result = SimulationResult(server, executor=executor)
+    if resume is None:
+        server = algo.server_init(torch_gen(seed, SERVER_INIT))
+        server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
+        result = SimulationResult(server, executor=executor)
+    else:  # a checkpoint: the server, every client's state and the loop's counters as they were
+        result = resume
+        result.executor = executor
+        result.server = _to_device(result.server, device)
+        if result.best_server is not None:
+            result.best_server = _to_device(result.best_server, device)
+        executor.states.load_state_dict(resume_states)
     # best-model selection needs validation data on the clients that train the global model
     opted_out = np.asarray(fed.opted_out, dtype=bool)
     has_val = any(len(fed.val[k]) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
     result.selected_by = "val_loss" if has_val else None
-    best_val = float("inf")
-    since_best = 0
-    t_train = 0.0
-    for r in range(train.rounds):
+    finished = result.stopped_early or result.diverged_at is not None
+    for r in range(result.rounds_done, 0 if finished else train.rounds):
         t0 = time.perf_counter()
         sampled = sample_clients(train, fed.opted_out, seed, r)
         present = faults.round(sampled, r)
-        bc = algo.broadcast(server, r)
+        bc = algo.broadcast(result.server, r)
         upload = None
         if len(present.training) >= train.min_clients:
             try:
@@ -178,7 +196,7 @@ def simulate(
             upload = None  # too few accepted updates: skipped and logged, never averaged over one client
         t_server = time.perf_counter()
         if upload is not None:
-            server = algo.aggregate(server, upload)
+            result.server = algo.aggregate(result.server, upload)
             result.dp_rounds += int(algo.dp)
         else:
             result.skipped_rounds.append(r + 1)
@@ -192,48 +210,64 @@ def simulate(
         if on_train:
             on_train(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts})
         try:
-            _check_finite(server, r + 1, train)
+            _check_finite(result.server, r + 1, train)
         except DivergedError:
             if not under_attack:
                 raise
             result.diverged_at = r + 1
-            break
-        t_train += time.perf_counter() - t0
+        result.train_seconds += time.perf_counter() - t0
         result.rounds_done = r + 1
         metrics = None
-        if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds:
-            t_eval = time.perf_counter()
-            ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
-            if algo.dp:
-                result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(algo, fed), result.dp_rounds,
-                                         algo.privacy.delta)
-                ev.metrics["epsilon"] = result.epsilon
-            result.eval_seconds += time.perf_counter() - t_eval
-            result.evaluations += 1
-            metrics = ev.metrics
-            result.history.append((r + 1, ev))
-            if on_eval:
-                on_eval(r + 1, ev)
-            val = ev.metrics["val_loss"]
-            if has_val and not np.isfinite(val):
-                if not under_attack:
-                    raise DivergedError(_diverged(r + 1, train, "the validation loss is not finite"))
-                result.diverged_at = r + 1
-                break
-            if not has_val or val < best_val:  # without validation data, best = the latest
-                best_val = val if has_val else best_val
-                result.best_round, result.best = r + 1, ev
-                result.best_server = ServerState(copy.deepcopy(server.params), server.round, server.extra)
-                since_best = 0
-            else:
-                since_best += 1
+        due = (r + 1) % train.eval_every == 0 or r + 1 == train.rounds
+        if due and result.diverged_at is None:
+            metrics = _evaluate_round(algo, executor, fed, result, r + 1, eval_ids, xg, yg, has_val, train,
+                                      under_attack, on_eval)
         if on_round:  # the round's metrics (if evaluated) and the time spent so far: training, evaluating
-            on_round(r + 1, metrics, {"train_s": t_train, "eval_s": result.eval_seconds})
-        if train.patience is not None and since_best >= train.patience:
+            on_round(r + 1, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
+        if train.patience is not None and result.since_best >= train.patience:
             result.stopped_early = True
+        stop = result.stopped_early or result.diverged_at is not None
+        if on_checkpoint and (stop or r + 1 == train.rounds
+                              or (train.checkpoint_every and (r + 1) % train.checkpoint_every == 0)):
+            on_checkpoint(result)
+        if stop:
             break
-    result.server, result.train_seconds = server, t_train
     return result
+
+
+def _to_device(state: ServerState, device: torch.device) -> ServerState:
+    return ServerState({k: v.to(device) for k, v in state.params.items()}, state.round, state.extra)
+
+
+def _evaluate_round(algo, executor, fed, result: SimulationResult, rnd: int, eval_ids, xg, yg, has_val: bool,
+                    train: TrainConfig, under_attack: bool, on_eval) -> dict[str, float]:
+    """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
+    t_eval = time.perf_counter()
+    server = result.server
+    ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
+    if algo.dp:
+        result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(algo, fed), result.dp_rounds,
+                                 algo.privacy.delta)
+        ev.metrics["epsilon"] = result.epsilon
+    result.eval_seconds += time.perf_counter() - t_eval
+    result.evaluations += 1
+    result.history.append((rnd, ev))
+    if on_eval:
+        on_eval(rnd, ev)
+    val = ev.metrics["val_loss"]
+    if has_val and not np.isfinite(val):
+        if not under_attack:
+            raise DivergedError(_diverged(rnd, train, "the validation loss is not finite"))
+        result.diverged_at = rnd
+        return ev.metrics
+    if not has_val or val < result.best_val:  # without validation data, best = the latest
+        result.best_val = val if has_val else result.best_val
+        result.best_round, result.best = rnd, ev
+        result.best_server = ServerState(copy.deepcopy(server.params), server.round, server.extra)
+        result.since_best = 0
+    else:
+        result.since_best += 1
+    return ev.metrics
 
 
 def _round_counts(sampled: list[int], present, upload) -> dict[str, int]:

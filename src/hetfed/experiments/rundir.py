@@ -85,10 +85,20 @@ def _jsonable(value: Any) -> Any:
 
 
 class MetricsWriter:
-    """Append tidy metric rows to metrics.csv, flushed after every batch."""
+    """Append tidy metric rows to metrics.csv, flushed after every batch.
 
-    def __init__(self, path: Path):
+    ``keep_bytes`` (resuming a run): keep the file's first ``keep_bytes`` bytes — the rows
+    its checkpoint covers — and append after them; None starts the file afresh.
+    """
+
+    def __init__(self, path: Path, keep_bytes: int | None = None):
         self.path = path
+        if keep_bytes is not None and path.is_file():
+            with open(path, "r+b") as fh:
+                fh.truncate(keep_bytes)
+            self._fh = open(path, "a", newline="")  # noqa: SIM115 - held open for streaming
+            self._w = csv.writer(self._fh)
+            return
         self._fh = open(path, "w", newline="")  # noqa: SIM115 - held open for streaming
         self._w = csv.writer(self._fh)
         self._w.writerow(METRIC_COLUMNS)
@@ -101,6 +111,10 @@ class MetricsWriter:
     def flush(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
+
+    def size(self) -> int:
+        """Bytes written so far (after :meth:`flush`)."""
+        return os.path.getsize(self.path)
 
     def close(self) -> None:
         if not self._fh.closed:

@@ -25,6 +25,7 @@ from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import ConfigError, interruption_reason
+from hetfed.experiments.checkpoint import Checkpointer, checkpoint_path, read_checkpoint, snapshot
 from hetfed.experiments.rundir import (
     Heartbeat,
     MetricsWriter,
@@ -106,8 +107,13 @@ def run_experiment(
     prepared: Prepared | None = None,
     flower_grid=None,
     report: bool = True,
+    resume: bool = False,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary.
+
+    ``resume``: ``out`` is a failed or killed run of this ``config``; continue it from its
+    checkpoint (see :mod:`hetfed.experiments.checkpoint`), or from the start when it
+    has none yet. What it finished is not redone and metrics.csv gets no row twice.
 
     ``report``: write ``report.html`` at the end (a sweep writes one for all its
     runs instead). ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
@@ -135,25 +141,45 @@ def run_experiment(
             check_memory(algo, fed, train)
         plans.append((method, train, algo))
 
-    run_dir = new_run_dir(out, config.out_dir, config.name)
-    (run_dir / "config.yaml").write_text(dump_config(config))
-    started = time.strftime("%Y-%m-%dT%H:%M:%S")
+    ckpt = None
+    if resume:
+        run_dir = Path(out)
+        ckpt = read_checkpoint(run_dir)
+        writer = MetricsWriter(run_dir / "metrics.csv", keep_bytes=ckpt["metrics_offset"] if ckpt else None)
+        started = ckpt["started"] if ckpt else time.strftime("%Y-%m-%dT%H:%M:%S")
+        if ckpt is not None and "torch_rng" in ckpt:
+            torch.set_rng_state(ckpt["torch_rng"])
+    else:
+        run_dir = new_run_dir(out, config.out_dir, config.name)
+        (run_dir / "config.yaml").write_text(dump_config(config))
+        started = time.strftime("%Y-%m-%dT%H:%M:%S")
+        writer = MetricsWriter(run_dir / "metrics.csv")
     heartbeat = Heartbeat(run_dir)
     heartbeat.beat()
-    writer = MetricsWriter(run_dir / "metrics.csv")
-    methods: dict[str, dict] = {}
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = {m: {} for m in CURVES}
+    methods: dict[str, dict] = dict(ckpt["methods"]) if ckpt else {}
+    curves: dict[str, dict[str, list[tuple[int, float]]]] = ckpt["curves"] if ckpt else {m: {} for m in CURVES}
+    checkpointer = Checkpointer(run_dir, writer, methods, curves, started,
+                                resumes=ckpt["resumes"] + 1 if ckpt else int(resume))
+    checkpointer.done = list(ckpt["done"]) if ckpt else []
+    current = ckpt.get("current") if ckpt else None
     try:
         from hetfed.partition import partition_view
 
         np.savez_compressed(run_dir / "federation.npz", **partition_view(fed, config.seed))
-        torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
+        if ckpt is None:
+            torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         with round_progress(progress, console) as bar:
-            for method, train, algo in plans:
+            for index, (method, train, algo) in enumerate(plans):
                 label = method.label
+                if label in checkpointer.done:
+                    continue  # finished before the interruption: its rows are in methods already
                 heartbeat.beat(method=label)
-                methods.update(_run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir,
-                                           flower_grid))
+                state = current if current is not None and current["index"] == index else None
+                rows = _run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir,
+                                   flower_grid, checkpointer if flower_grid is None and train.executor != "flower"
+                                   else None, state)
+                methods.update(rows)
+                checkpointer.method_done(label)
         writer.close()
         from hetfed.experiments.figures import plot_learning_curves
 
@@ -183,6 +209,7 @@ def run_experiment(
             "best": methods[primary]["best"],
             "rounds": max(m.get("rounds") or 0 for m in methods.values()),
             "wall_seconds": time.perf_counter() - t_start,
+            **({"resumed": checkpointer.resumes} if checkpointer.resumes else {}),
             "started": started,
             "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
             "environment": environment(),
@@ -190,6 +217,7 @@ def run_experiment(
         }
         write_json_atomic(run_dir / "summary.json", summary)
         set_status(run_dir, "complete")
+        checkpoint_path(run_dir).unlink(missing_ok=True)  # complete: the final states are in checkpoints/
     except BaseException as err:
         writer.close()
         set_status(run_dir, "failed", reason=interruption_reason(err), methods_done=list(methods))
@@ -227,16 +255,24 @@ def _row_name(label: str, view: str) -> str:
 
 
 def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat,
-                run_dir: Path, flower_grid=None) -> dict[str, dict]:
+                run_dir: Path, flower_grid=None, checkpointer: Checkpointer | None = None,
+                resume: dict | None = None) -> dict[str, dict]:
     """One method: federated rounds, then (if the algorithm has one) its personalisation step.
 
     Returns the method's table rows: one, or one per view (FedMoE's Local, FedAvg,
-    Fine-tuned and Mixture).
+    Fine-tuned and Mixture). ``checkpointer`` saves resumable checkpoints on the way;
+    ``resume`` is this method's part of a checkpoint to continue from.
     """
     label = method.label
+    index = config.methods.index(method)
     fed_label = _row_name(label, algo.federated_view) if algo.views else label
     task = bar.add_task(fed_label, total=train.rounds, acc="   -  ", rate="")
-    t0 = time.perf_counter()
+    earlier = resume["result"].train_seconds + resume["result"].eval_seconds if resume else 0.0
+    t0 = time.perf_counter() - earlier
+
+    def on_checkpoint(res: SimulationResult, phase: str = "federated") -> None:
+        if checkpointer is not None:
+            checkpointer.save({"index": index, "label": label, "phase": phase, **snapshot(res)})
 
     def on_eval(rnd: int, ev: Evaluation) -> None:
         _write_eval(writer, fed_label, rnd, ev)
@@ -258,8 +294,11 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     times: dict[str, float] = {}
 
     def body(executor=None) -> SimulationResult:
+        if resume is not None and resume["phase"] == "personalised":  # only the reporting was left
+            return _restored(algo, fed, train, config.seed, resume, executor)
         res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval,
-                       on_train=on_train, attack=config.attack)
+                       on_train=on_train, attack=config.attack, on_checkpoint=on_checkpoint,
+                       resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
         bar.update(task, completed=train.rounds)
         times["federated"] = time.perf_counter() - t0
         if algo.views:
@@ -267,9 +306,9 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
                                  acc="   -  ", rate="clients")
             personalise(algo, fed, config.seed, res, resolve_device(train.device),
                         on_chunk=lambda done, total: (bar.update(ptask, completed=done), heartbeat.beat()))
+            on_checkpoint(res, "personalised")
         return res
 
-    index = config.methods.index(method)
     if flower_grid is not None:  # deployment: this process is the Flower ServerApp
         from hetfed.flower.executor import FlowerExecutor
 
@@ -291,7 +330,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         summary["algorithm"] = method.algorithm
         return {label: summary}
 
-    fed_seconds = times["federated"]
+    fed_seconds = times.get("federated", result.train_seconds + result.eval_seconds)
     chosen = result.best_server or result.server
     torch.save({k: v.cpu() for k, v in chosen.params.items()}, ckpt / f"{label}-global-best.pt")
     rows = {}
@@ -308,6 +347,20 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         _write_eval(writer, name, extra.get("rounds") or extra.get("epochs") or 0, ev)
         rows[name] = {**_view_summary(ev, seconds, extra), "algorithm": f"{method.algorithm}:{view}"}
     return rows
+
+
+def _restored(algo, fed, train, seed: int, resume: dict, executor=None) -> SimulationResult:
+    """A method whose rounds and personalisation were finished before the interruption, as it was."""
+    from hetfed.engine.executors import build_executor
+
+    device = resolve_device(train.device)
+    executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
+    executor.start(algo, fed, seed, device)
+    executor.states.load_state_dict(resume["states"])
+    algo.bind(fed, seed)
+    result = resume["result"]
+    result.executor = executor
+    return result
 
 
 def save_client_states(states, path: Path) -> None:
@@ -373,3 +426,27 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
     console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)", soft_wrap=True)
+
+
+def resume_experiment(run_dir: str | Path, progress: bool = True, console: Console | None = None,
+                      report: bool = True) -> RunOutput:
+    """Continue a failed or killed ``hetfed run`` from its last checkpoint (``hetfed run --resume DIR``).
+
+    The run's own ``config.yaml`` is used, so the resumed run is the same run; a
+    complete run, or one whose process is still alive, is refused.
+    """
+    from hetfed.config import load_config
+    from hetfed.errors import RunError
+    from hetfed.experiments.rundir import run_state
+
+    path = Path(run_dir)
+    if not (path / "config.yaml").is_file():
+        raise RunError(f"--resume {str(path)!r}: no config.yaml there; expected a run directory written by hetfed run")
+    state = run_state(path)
+    if state == "complete":
+        raise RunError(f"--resume {str(path)!r}: the run is already complete (status.json); nothing to resume")
+    if state == "running":
+        raise RunError(f"--resume {str(path)!r}: the run is still running (its process is alive); expected a failed "
+                       "or killed run")
+    config = load_config(path / "config.yaml")
+    return run_experiment(config, out=path, progress=progress, console=console, report=report, resume=True)

@@ -130,8 +130,9 @@ def run_sweep(
     ~10× slower than one), and gives the same table as running them one by one.
 
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
-    directory whose resolved config matches is reused; an incomplete one is moved
-    aside (``<dir>.incomplete-<n>``, never deleted) and run again.
+    directory whose resolved config matches is reused; a failed or killed one with a
+    checkpoint continues from it (``hetfed run --resume``); any other incomplete one is
+    moved aside (``<dir>.incomplete-<n>``, never deleted) and run again.
     """
     console = console or make_console()
     if jobs < 1:
@@ -165,7 +166,8 @@ def run_sweep(
             if reused is not None:
                 outcome[i] = ("ok", reused)
                 continue
-            _move_aside(run_dir)
+            if not _resumable(run_dir, cfg):
+                _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
     tracker = SweepProgress(total, len(outcome), console if progress else None)
     if jobs > 1 and len(todo) > 1:
@@ -303,8 +305,10 @@ def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
     from hetfed.experiments.runner import run_experiment
 
+    resume = (Path(run_dir) / "config.yaml").is_file()  # left in place by --resume: it has a checkpoint
     try:
-        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, report=False).summary
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, report=False,
+                                    resume=resume).summary
     except HetfedError as err:
         return "failed", str(err)
 
@@ -393,6 +397,17 @@ def _completed(run_dir: Path, cfg: Config) -> dict | None:
     if summary.is_file() and config.is_file() and config.read_text() == dump_config(cfg):
         return json.loads(summary.read_text())
     return None
+
+
+def _resumable(run_dir: Path, cfg: Config) -> bool:
+    """A failed or killed run of exactly this config with a checkpoint: ``--resume`` continues it in place."""
+    from hetfed.config import dump_config
+    from hetfed.experiments.checkpoint import checkpoint_path
+    from hetfed.experiments.rundir import run_state
+
+    config = run_dir / "config.yaml"
+    return (config.is_file() and config.read_text() == dump_config(cfg) and checkpoint_path(run_dir).is_file()
+            and run_state(run_dir) in ("failed", "dead"))
 
 
 def _move_aside(run_dir: Path) -> Path:

@@ -1,0 +1,105 @@
+"""Resumable checkpoints of a run: everything needed to continue it after a crash or a kill.
+
+One file, ``checkpoints/resume.pt``, rewritten atomically (a temporary file in
+the same folder, flushed to disk, then renamed over the old one), so a kill at
+any moment leaves either the previous checkpoint or the new one — never half of
+one. It holds:
+
+- the rows of the methods already finished and the learning curves drawn so far;
+- for the method in progress, its phase (``federated``: mid-rounds, or
+  ``personalised``: FedMoE's per-client models trained, not yet reported), the
+  round loop's state (server state, best model and its evaluation, early-stopping
+  counters, round number, fault counts, ε) and every client's local state;
+- how many bytes of ``metrics.csv`` belong to that state (a resumed run cuts the
+  file there, so no row is repeated or lost), and torch's global generator.
+
+Every random stream hetfed draws is keyed by (run seed, round, client), so the
+round number is the position of every stream; nothing else needs saving.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hetfed.errors import RunError
+
+RESUME = "resume.pt"
+VERSION = 1
+
+
+def checkpoint_path(run_dir: str | Path) -> Path:
+    return Path(run_dir) / "checkpoints" / RESUME
+
+
+def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
+    """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
+    path = checkpoint_path(run_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{RESUME}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            torch.save({"version": VERSION, **payload}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        mask = os.umask(0)
+        os.umask(mask)
+        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; the run's other files follow the umask
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def read_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
+    """The run's checkpoint (None when it has none yet); stale temporary files of a killed write are removed."""
+    path = checkpoint_path(run_dir)
+    for stale in path.parent.glob(f".{RESUME}.*.tmp") if path.parent.is_dir() else []:
+        stale.unlink(missing_ok=True)
+    if not path.is_file():
+        return None
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=False)
+    except Exception as err:
+        raise RunError(f"the checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); "
+                       "expected a file written by hetfed (rerun the config instead)") from None
+    if payload.get("version") != VERSION:
+        raise RunError(f"the checkpoint {str(path)!r} has version {payload.get('version')}, this hetfed reads "
+                       f"{VERSION}: expected a run made by this version (rerun the config instead)")
+    return payload
+
+
+def snapshot(result) -> dict[str, Any]:
+    """A :class:`~hetfed.engine.simulate.SimulationResult` without its executor and with its last evaluation only
+    (every evaluation is in metrics.csv); the client store goes beside it."""
+    res = dataclasses.replace(result, executor=None, history=result.history[-1:])
+    states = getattr(result.executor, "states", None)
+    return {"result": res, "states": states.state_dict() if hasattr(states, "state_dict") else None}
+
+
+class Checkpointer:
+    """Writes a run's checkpoint: the finished methods' rows and curves, and the method in progress."""
+
+    def __init__(self, run_dir: Path, writer, methods: dict, curves: dict, started: str, resumes: int = 0):
+        self.run_dir, self.writer, self.methods, self.curves = Path(run_dir), writer, methods, curves
+        self.started, self.resumes = started, resumes
+        self.done: list[str] = []  # labels of the finished methods (their rows are in ``methods``)
+
+    def save(self, current: dict | None) -> None:
+        """Checkpoint now; metrics.csv is flushed first so its length matches the state saved."""
+        self.writer.flush()
+        write_checkpoint(self.run_dir, {
+            "methods": self.methods, "curves": self.curves, "done": list(self.done), "current": current,
+            "metrics_offset": self.writer.size(), "torch_rng": torch.get_rng_state(), "started": self.started,
+            "resumes": self.resumes,
+        })
+
+    def method_done(self, label: str) -> None:
+        self.done.append(label)
+        self.save(None)

@@ -1,0 +1,172 @@
+"""Runs that survive being killed (#13): SIGKILL a run at several points — mid-rounds, during a
+checkpoint write, during FedMoE's personalisation — resume it each time, and compare with a run
+that was never interrupted: metrics.csv byte for byte, and every method's best and final metrics."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetfed.cli import main
+
+#: every method the issue names, small enough to run in seconds on digits
+ARGS = [
+    "--set", "train.rounds=8", "--set", "train.checkpoint_every=2", "--set", "train.eval_every=2",
+    "--set", "fsnet.server_steps=5", "--set", "moe.max_epochs=4", "--set", "moe.patience=2",
+    "--set", "methods=[{name: avg, algorithm: fedavg, model: {kind: mlp}}, {name: cgau, algorithm: fedavg, "
+    "model: {kind: cgau}}, {name: fsnet, algorithm: fsnet, model: {kind: mlp}}, {name: fedmoe, algorithm: fedmoe, "
+    "model: {kind: mlp}}]",
+]
+
+#: the process under test: hetfed's CLI, slowed down and reporting where it is, so the test can kill it there
+WRAPPER = r"""
+import os, sys, time
+progress = open(os.environ["PROGRESS"], "a", buffering=1)
+from hetfed.engine import executors
+from hetfed.experiments import checkpoint
+train, personalise = executors.InProcessExecutor.train, executors.InProcessExecutor.personalise
+def slow_train(self, bc, clients):
+    out = train(self, bc, clients)
+    progress.write(f"train {bc.round}\n"); time.sleep(0.03)
+    return out
+def slow_personalise(self, *a, **k):
+    progress.write("personalise\n"); time.sleep(1.0)
+    return personalise(self, *a, **k)
+class SlowOs:
+    def __getattr__(self, name):
+        return getattr(os, name)
+    def replace(self, src, dst):
+        progress.write("checkpoint-write\n"); time.sleep(0.3)
+        os.replace(src, dst)
+executors.InProcessExecutor.train, executors.InProcessExecutor.personalise = slow_train, slow_personalise
+checkpoint.os = SlowOs()
+from hetfed.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+def _start(args: list[str], progress: Path) -> subprocess.Popen:
+    env = {**os.environ, "PROGRESS": str(progress), "OMP_NUM_THREADS": "1"}
+    return subprocess.Popen([sys.executable, "-c", WRAPPER, *args], env=env, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+
+
+def _kill_when(proc: subprocess.Popen, progress: Path, done, timeout: float = 120) -> bool:
+    """SIGKILL ``proc`` once ``done(lines)`` holds; False if it finished first."""
+    t0 = time.monotonic()
+    while time.monotonic() - t0 < timeout:
+        lines = progress.read_text().splitlines() if progress.exists() else []
+        if done(lines):
+            proc.send_signal(signal.SIGKILL)
+            proc.wait()
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.01)
+    proc.kill()
+    raise AssertionError("the run never reached the kill point")
+
+
+@pytest.mark.slow
+def test_a_run_killed_four_times_and_resumed_equals_the_uninterrupted_run(tmp_path):
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    proc = _start(["run", "--quiet", *ARGS, "--out", str(ref)], tmp_path / "ref.progress")
+    assert proc.wait() == 0, proc.stderr.read()
+
+    rng = random.Random(13)
+    kills = [  # (where, condition on this process's progress lines)
+        ("mid-rounds (fedavg)", lambda n: lambda lines: sum(ln.startswith("train") for ln in lines) >= n,
+         rng.randint(3, 7)),
+        ("during a checkpoint write", lambda n: lambda lines: lines.count("checkpoint-write") >= n, rng.randint(2, 4)),
+        ("mid-rounds (later method)", lambda n: lambda lines: sum(ln.startswith("train") for ln in lines) >= n,
+         rng.randint(6, 12)),
+        ("during FedMoE's personalisation", lambda n: lambda lines: "personalise" in lines, 0),
+    ]
+    survived = []
+    args = ["run", "--quiet", *ARGS, "--out", str(run)]
+    for i, (where, condition, n) in enumerate(kills):
+        progress = tmp_path / f"kill{i}.progress"
+        if _kill_when(_start(args, progress), progress, condition(n)):
+            survived.append(where)
+            status = json.loads((run / "status.json").read_text())
+            assert status["status"] == "running"  # SIGKILL: no chance to say so; resume must cope
+        args = ["run", "--quiet", "--resume", str(run)]
+    assert len(survived) == 4, survived
+    last = _start(args, tmp_path / "final.progress")
+    assert last.wait() == 0, last.stderr.read()
+
+    assert (run / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (ref, run))
+    assert set(a["methods"]) == set(b["methods"]) == {"avg", "cgau", "fsnet", "local", "fedavg", "finetuned", "mixture"}
+    for name, m in a["methods"].items():
+        assert b["methods"][name]["best"] == m["best"], name
+        assert b["methods"][name]["final"] == m["final"], name
+        assert b["methods"][name].get("best_round") == m.get("best_round"), name
+    assert b["resumed"] == 4 and "resumed" not in a
+    assert not list((run / "checkpoints").glob(".resume.pt.*"))  # the write killed midway left nothing behind
+    for label in ("cgau", "fedmoe"):  # every client's local parameters, as in the uninterrupted run
+        import torch
+
+        x, y = (torch.load(d / "checkpoints" / f"{label}-clients.pt") for d in (ref, run))
+        assert x["client_ids"] == y["client_ids"]
+        assert all(torch.equal(x["states"][k], y["states"][k]) for k in x["states"])
+
+
+def test_resume_refuses_a_complete_run_and_other_arguments(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--set", "train.rounds=2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out)]) == 2
+    assert "already complete" in capsys.readouterr().err
+    assert main(["run", "--resume", str(out), "--set", "seed=1"]) == 2
+    assert "--set" in capsys.readouterr().err
+    assert main(["run", "--resume", str(tmp_path / "nothing")]) == 2
+    assert "config.yaml" in capsys.readouterr().err
+
+
+def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(tmp_path):
+    out = tmp_path / "r"
+    progress = tmp_path / "p"
+    args = ["run", "--quiet", "--set", "train.rounds=6", "--set", "train.checkpoint_every=5", "--out", str(out)]
+    assert _kill_when(_start(args, progress), progress, lambda lines: len(lines) >= 2)
+    assert not (out / "checkpoints" / "resume.pt").exists()
+    proc = _start(["run", "--quiet", "--resume", str(out)], tmp_path / "p2")
+    assert proc.wait() == 0, proc.stderr.read()
+    ref = tmp_path / "ref"
+    proc = _start(args[:-1] + [str(ref)], tmp_path / "p3")
+    assert proc.wait() == 0
+    assert (out / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
+
+
+def test_a_killed_runs_checkpoint_loads_in_one_call_and_predicts_per_client(tmp_path):
+    import numpy as np
+
+    import hetfed
+
+    out, progress = tmp_path / "r", tmp_path / "p"
+    args = ["run", "--quiet", "--set", "train.rounds=30", "--set", "train.checkpoint_every=2",
+            "--set", "methods=[{name: cgau, algorithm: fedavg, model: {kind: cgau}}]", "--out", str(out)]
+    assert _kill_when(_start(args, progress), progress, lambda lines: len(lines) >= 9)
+    model = hetfed.open_run(out).model("cgau", which="checkpoint")
+    assert model.clients == list(range(10))
+    fed = hetfed.build_federation(hetfed.load_config(out / "config.yaml"))
+    x, y = fed.client_data(3, "test")
+    own = (model.predict(x, client=3) == y).mean()
+    from hetfed.experiments.checkpoint import read_checkpoint
+
+    result = read_checkpoint(out)["current"]["result"]
+    if result.best_round == result.rounds_done:  # best = latest: what client 3 reported for that round
+        metrics = hetfed.open_run(out).metrics()
+        row = metrics.query(f"method == 'cgau' and split == 'client' and client == '3' and "
+                            f"metric == 'local_accuracy' and round == {result.best_round}")
+        assert own == pytest.approx(float(row["value"].iloc[0]), abs=1e-12)
+    assert own > 0.1
+    assert model.predict(x).shape == y.shape and np.isin(model.predict(x), np.arange(10)).all()
