@@ -60,8 +60,9 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str) 
 
     t0 = time.perf_counter()
     fed = federation(n_clients)
+    # reject_norm_factor=None: the round's updates stream (the norm filter would hold all of them, #13)
     train = TrainConfig(rounds=rounds, client_fraction=fraction, eval_every=rounds, device=device,
-                        batch_size=32, local_epochs=1.0)
+                        batch_size=32, local_epochs=1.0, reject_norm_factor=None)
     model = build_model(ModelConfig(kind="cgau" if method == "cgau" else "mlp", hidden=[200, 200]), (784,), 10)
     algo = build_algorithm("fedavg", model, train)
     build_s = time.perf_counter() - t0

@@ -34,7 +34,6 @@ from hetfed.config import TrainConfig
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.robust import DPNoise, combine
-from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -114,14 +113,14 @@ class Algorithm:
         return type(self).personalise is not Algorithm.personalise
 
     # -- server side
-    def bind(self, fed, seed: int = 0) -> None:
-        """Learn what the server may know of the federation before round 1 (its size, the run seed).
+    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
+        """Learn what the server may know before round 1: the federation (its size), the run seed and
+        how many clients a round samples (``per_round``: DP's fixed denominator).
 
         Subclasses that learn more call this first.
         """
         self._seed = seed
-        eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
-        self._expected_clients = clients_per_round(self.train, eligible) if eligible else 1
+        self._expected_clients = max(1, per_round)
 
     @property
     def dp(self) -> bool:

@@ -75,8 +75,8 @@ class Scaffold(FedAvg):
         params = self.model.init_shared(gen)
         return ServerState(params, 0, {"c": {k: torch.zeros_like(v) for k, v in params.items()}})
 
-    def bind(self, fed, seed: int = 0) -> None:
-        super().bind(fed, seed)
+    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
+        super().bind(fed, seed, per_round)
         self.n_clients = fed.n_clients  # N in c ← c + (1/N) Σ Δc_i: every client of the federation
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:

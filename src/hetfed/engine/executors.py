@@ -253,7 +253,9 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     ``pool``: the train pool (shared by every client, never copied); ``client_states``:
     every client's local state (CGAU rows, kept optimiser state) in the store;
     ``working_set``: one chunk of clients training (the memory budget) plus the
-    round's running sums; ``evaluation``: one chunk of clients scoring.
+    round's running sums; ``round_updates``: every update of a round, held when the
+    norm filter or a robust rule needs them all (else they stream); ``evaluation``:
+    one chunk of clients scoring.
     """
     one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
     per_client = sum(v.numel() * v.element_size() for v in one.values())
@@ -261,10 +263,12 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
     per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
+    holds_round = train.reject_norm_factor is not None or train.aggregator != "mean"  # see engine.robust.Screen
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
         "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
+        "round_updates": 4 * shared * per_round if holds_round else 0,
         "evaluation": 4 * eval_max_floats,
     }
 
@@ -297,6 +301,7 @@ def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> d
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
             f"train.memory_budget_mb (now {_budget(train):g})"
+            + (", or train.reject_norm_factor: null (the round's updates then stream)" if parts["round_updates"] else "")
         )
     return parts
 

@@ -22,7 +22,7 @@ from hetfed.engine.executors import Executor, RoundSkipped, build_executor
 from hetfed.engine.faults import Adversary, Faults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.sampling import eval_sample, sample_clients
+from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm
@@ -163,7 +163,7 @@ def simulate(
                               "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
         executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
 
-    algo.bind(fed, seed)
+    algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
     if resume is None:
         server = algo.server_init(torch_gen(seed, SERVER_INIT))
         server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
@@ -219,7 +219,7 @@ def simulate(
         result.rounds_done = r + 1
         metrics = None
         due = (r + 1) % train.eval_every == 0 or r + 1 == train.rounds
-        if due and result.diverged_at is None:
+        if due or result.diverged_at is not None:  # a diverged model is scored once: the run's final model
             metrics = _evaluate_round(algo, executor, fed, result, r + 1, eval_ids, xg, yg, has_val, train,
                                       under_attack, on_eval)
         if on_round:  # the round's metrics (if evaluated) and the time spent so far: training, evaluating

@@ -22,7 +22,7 @@ from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.executors import check_memory
-from hetfed.engine.sampling import clients_per_round
+from hetfed.engine.sampling import clients_per_round, expected_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import ConfigError, interruption_reason
 from hetfed.experiments.checkpoint import Checkpointer, checkpoint_path, read_checkpoint, snapshot
@@ -357,7 +357,7 @@ def _restored(algo, fed, train, seed: int, resume: dict, executor=None) -> Simul
     executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
     executor.start(algo, fed, seed, device)
     executor.states.load_state_dict(resume["states"])
-    algo.bind(fed, seed)
+    algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
     result = resume["result"]
     result.executor = executor
     return result
