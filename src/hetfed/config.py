@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -257,6 +257,15 @@ class FSNetConfig(_Strict):
     beta_every: int = Field(10, ge=1)
 
 
+class AFLConfig(_Strict):
+    """Active Federated Learning's client sampling (Goetz et al. 2019, Algorithm 1; the paper's values)."""
+
+    alpha1: float = Field(0.75, ge=0, lt=1, description="share of clients with the lowest valuations never drawn "
+                          "by the softmax")
+    alpha2: float = Field(0.01, ge=0, description="softmax inverse temperature on the valuations")
+    alpha3: float = Field(0.1, ge=0, le=1, description="share of each round's clients drawn uniformly")
+
+
 class AttackConfig(_Strict):
     """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed.
 
@@ -323,6 +332,7 @@ class Config(_Strict):
     moe: MoEConfig = Field(default_factory=MoEConfig)
     fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
+    afl: AFLConfig = Field(default_factory=AFLConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [

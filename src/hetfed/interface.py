@@ -144,6 +144,12 @@ class Algorithm:
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
 
+    def select_clients(self, state: ServerState, eligible: np.ndarray, m: int,
+                       rng: np.random.Generator) -> list[int] | None:
+        """The round's m clients among the ``eligible`` ids, when the method chooses them (AFL);
+        None: the engine's uniform sampling. ``rng`` is the round's sampling stream."""
+        return None
+
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         lr = self.train.optimizer.lr * self.train.lr_decay**round
         return Broadcast(params=state.params, round=round, lr=lr)

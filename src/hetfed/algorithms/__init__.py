@@ -4,11 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from hetfed.algorithms.afl import Afl
 from hetfed.algorithms.fedavg import FedAvg, FedProx, Local
 from hetfed.algorithms.fedmoe import FedMoE
 from hetfed.algorithms.fsnet import FedFSNet
 from hetfed.algorithms.scaffold import Scaffold
-from hetfed.config import Config, FSNetConfig, MethodConfig, MoEConfig, TrainConfig
+from hetfed.config import AFLConfig, Config, FSNetConfig, MethodConfig, MoEConfig, TrainConfig
 from hetfed.interface import Algorithm, weighted_average
 from hetfed.models.base import Model
 
@@ -24,6 +25,7 @@ def build_algorithm(
     moe: MoEConfig | None = None,
     build: Callable[[int], Model] | None = None,
     seed: int = 0,
+    afl: AFLConfig | None = None,
 ) -> Algorithm:
     """The algorithm a method names, around its model.
 
@@ -39,6 +41,8 @@ def build_algorithm(
         if build is None:
             raise ValueError("fedmoe needs build (the model factory its gate is made with)")
         return FedMoE(model, train, moe or MoEConfig(), build, seed)
+    if name == "afl":
+        return Afl(model, train, afl)
     return ALGORITHMS[name](model, train)
 
 
@@ -52,7 +56,7 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     model = build_model(model_cfg, input_shape, n_classes)
     algo = build_algorithm(
         method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
-        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed,
+        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed, config.afl,
     )
     if config.privacy.noise_multiplier is not None:
         _check_private(config, method, algo)
@@ -79,5 +83,5 @@ def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> Non
     check_available()
 
 
-__all__ = ["ALGORITHMS", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
+__all__ = ["ALGORITHMS", "Afl", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
            "build_algorithm", "weighted_average"]

@@ -8,6 +8,8 @@ opted-in clients, at least one.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from hetfed.config import TrainConfig
@@ -35,13 +37,21 @@ def expected_per_round(cfg: TrainConfig, opted_out: np.ndarray) -> int:
     return clients_per_round(cfg, eligible) if eligible else 1
 
 
-def sample_clients(cfg: TrainConfig, opted_out: np.ndarray, seed: int, round: int) -> list[int]:
-    """Sorted ids of this round's clients, from a stream of (seed, round)."""
+def sample_clients(cfg: TrainConfig, opted_out: np.ndarray, seed: int, round: int,
+                   select: Callable[[np.ndarray, int, np.random.Generator], list[int] | None] | None = None) -> list[int]:
+    """Sorted ids of this round's clients, from a stream of (seed, round).
+
+    ``select(eligible, m, rng)``: the algorithm's own choice (AFL's valuations); when it
+    is absent or returns None, m clients are drawn uniformly.
+    """
     eligible = np.flatnonzero(~np.asarray(opted_out, dtype=bool))
     m = clients_per_round(cfg, len(eligible))
     if m == len(eligible):
         return eligible.tolist()
     rng = numpy_rng(seed, SAMPLING, round)
+    chosen = select(eligible, m, rng) if select is not None else None
+    if chosen is not None:
+        return sorted(int(k) for k in chosen)
     return sorted(rng.choice(eligible, size=m, replace=False).tolist())
 
 

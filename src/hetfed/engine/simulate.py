@@ -182,7 +182,8 @@ def simulate(
     finished = result.stopped_early or result.diverged_at is not None
     for r in range(result.rounds_done, 0 if finished else train.rounds):
         t0 = time.perf_counter()
-        sampled = sample_clients(train, fed.opted_out, seed, r)
+        sampled = sample_clients(train, fed.opted_out, seed, r,
+                                 lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
         present = faults.round(sampled, r)
         bc = algo.broadcast(result.server, r)
         upload = None
