@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl", "feddf"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -257,6 +257,39 @@ class FSNetConfig(_Strict):
     beta_every: int = Field(10, ge=1)
 
 
+class ServerDataConfig(_Strict):
+    """Unlabeled data the server holds (FedDF distils on it). Labels are never used.
+
+    ``auto``: a ``holdout`` when a method needs server data, else none. ``holdout``:
+    a random ``fraction`` of the training pool is taken out *before* partitioning
+    (every method of the run then trains on the same smaller pool). ``dataset``:
+    the training images of another dataset (``name``), e.g. Fashion-MNIST for an
+    MNIST federation; its inputs must have the federation's shape.
+    """
+
+    source: Literal["auto", "none", "holdout", "dataset"] = "auto"
+    fraction: float = Field(0.1, gt=0, lt=1, description="holdout: share of the training pool the server keeps")
+    name: DatasetName | None = Field(None, description="dataset: which dataset's training inputs")
+    data_dir: str | None = None
+    max_samples: int | None = Field(10_000, ge=10, description="at most this many server samples (random)")
+
+
+class FedDFConfig(_Strict):
+    """FedDF's server-side ensemble distillation (Lin et al. 2020: Adam 1e-3, batch 128, T = 1, early
+    stopping; their step budget of 10⁴ with patience 10³ is ``max_steps: 10000, patience: 1000``)."""
+
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    batch_size: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    max_steps: int = Field(500, ge=1, description="distillation steps per round at most (the paper: 10 000; "
+                           "500 keeps a CPU round in seconds)")
+    patience: int = Field(200, ge=1, description="stop after this many steps without a better validation KL "
+                          "(the paper: 1 000)")
+    eval_every: int = Field(50, ge=1, description="steps between validation checks")
+    val_fraction: float = Field(0.2, ge=0, lt=1, description="share of the server data held out for early stopping "
+                                "(0: no early stopping, the last student is kept)")
+
+
 class AFLConfig(_Strict):
     """Active Federated Learning's client sampling (Goetz et al. 2019, Algorithm 1; the paper's values)."""
 
@@ -333,6 +366,8 @@ class Config(_Strict):
     fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
     afl: AFLConfig = Field(default_factory=AFLConfig)
+    feddf: FedDFConfig = Field(default_factory=FedDFConfig)
+    server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
@@ -348,6 +383,13 @@ class Config(_Strict):
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
+        needs_server_data = [i for i, m in enumerate(self.methods) if m.algorithm == "feddf"]
+        if needs_server_data and self.server_data.source == "none":
+            raise ValueError(f"server_data.source = 'none' is not allowed with methods.{needs_server_data[0]}.algorithm "
+                             "= 'feddf': it distils on unlabeled server data; expected 'auto', 'holdout' or 'dataset'")
+        if self.server_data.source == "dataset" and self.server_data.name is None:
+            raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
+                             "e.g. fashion-mnist")
         views = {"local", "fedavg", "finetuned", "mixture"}  # FedMoE named "fedmoe" reports its views unprefixed
         if any(m.algorithm == "fedmoe" and m.label == "fedmoe" for m in self.methods):
             clash = sorted(views & set(labels))

@@ -94,6 +94,8 @@ class Algorithm:
 
     #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
     privacy = None
+    #: True when the server needs every client's update of a round at once (FedDF's ensemble): no streaming
+    needs_all_updates = False
 
     def __init__(self, model: Model, train: TrainConfig):
         self.model = model

@@ -70,6 +70,8 @@ class Federation:
     input_shape: tuple[int, ...] = ()
     kind: str = ""
     params: dict = field(default_factory=dict)
+    #: unlabeled inputs the server holds (``server_data``; FedDF), None when it holds none
+    server_x: np.ndarray | None = None
 
     @property
     def n_clients(self) -> int:

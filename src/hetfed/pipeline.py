@@ -36,8 +36,15 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
         ds = load_dataset(config.dataset)
     with stage(status if config.embed.kind != "identity" else None, f"embedding ({config.embed.kind})"):
         data = embed(ds, config.embed, progress=progress)
+    from dataclasses import replace
+
+    from hetfed.server_data import split_off
+
+    clients_data, server_x = split_off(data, config)  # the server's unlabeled share is cut before partitioning
     with stage(status, f"partitioning ({config.partition.kind})"):
-        fed = make_federation(data, config.partition, config.seed)
+        fed = make_federation(clients_data, config.partition, config.seed)
+    if server_x is not None:
+        fed = replace(fed, server_x=server_x)
     h = config.heterogeneity
     with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients' {h.on} data)"):
         if h.on == "train":

@@ -6,10 +6,19 @@ from collections.abc import Callable
 
 from hetfed.algorithms.afl import Afl
 from hetfed.algorithms.fedavg import FedAvg, FedProx, Local
+from hetfed.algorithms.feddf import FedDF
 from hetfed.algorithms.fedmoe import FedMoE
 from hetfed.algorithms.fsnet import FedFSNet
 from hetfed.algorithms.scaffold import Scaffold
-from hetfed.config import AFLConfig, Config, FSNetConfig, MethodConfig, MoEConfig, TrainConfig
+from hetfed.config import (
+    AFLConfig,
+    Config,
+    FedDFConfig,
+    FSNetConfig,
+    MethodConfig,
+    MoEConfig,
+    TrainConfig,
+)
 from hetfed.interface import Algorithm, weighted_average
 from hetfed.models.base import Model
 
@@ -26,6 +35,7 @@ def build_algorithm(
     build: Callable[[int], Model] | None = None,
     seed: int = 0,
     afl: AFLConfig | None = None,
+    feddf: FedDFConfig | None = None,
 ) -> Algorithm:
     """The algorithm a method names, around its model.
 
@@ -43,6 +53,8 @@ def build_algorithm(
         return FedMoE(model, train, moe or MoEConfig(), build, seed)
     if name == "afl":
         return Afl(model, train, afl)
+    if name == "feddf":
+        return FedDF(model, train, feddf)
     return ALGORITHMS[name](model, train)
 
 
@@ -56,7 +68,7 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     model = build_model(model_cfg, input_shape, n_classes)
     algo = build_algorithm(
         method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
-        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed, config.afl,
+        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed, config.afl, config.feddf,
     )
     if config.privacy.noise_multiplier is not None:
         _check_private(config, method, algo)
@@ -83,5 +95,5 @@ def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> Non
     check_available()
 
 
-__all__ = ["ALGORITHMS", "Afl", "Algorithm", "FedAvg", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
+__all__ = ["ALGORITHMS", "Afl", "Algorithm", "FedAvg", "FedDF", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
            "build_algorithm", "weighted_average"]

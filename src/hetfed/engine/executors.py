@@ -263,7 +263,8 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
     per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
-    holds_round = train.reject_norm_factor is not None or train.aggregator != "mean"  # see engine.robust.Screen
+    holds_round = (train.reject_norm_factor is not None or train.aggregator != "mean"  # see engine.robust.Screen
+                   or algo.needs_all_updates)
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,

@@ -102,7 +102,7 @@ class Screen:
         dp = privacy is not None and privacy.noise_multiplier is not None
         factor = None if dp else train.reject_norm_factor  # under DP clipping bounds every update already
         return cls(reference, factor, privacy.clip if dp else None,
-                   keep_all=factor is not None or train.aggregator != "mean",
+                   keep_all=factor is not None or train.aggregator != "mean" or algo.needs_all_updates,
                    uniform=dp and privacy.weighting == "uniform")
 
     def chunk(self, upload: Upload) -> Upload:

@@ -1,0 +1,62 @@
+"""Unlabeled data on the server (``server_data.*``): held out of the training pool, or another dataset.
+
+FedDF distils the clients' ensemble into the global model on it. Which methods need
+it is the config's business; this module only takes it from the data. Labels are
+dropped here, so no method can use them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+
+from hetfed.config import Config
+from hetfed.errors import ConfigError
+
+#: the algorithms that distil on server data
+NEEDS_SERVER_DATA = ("feddf",)
+
+
+def wanted(config: Config) -> str:
+    """``none``, ``holdout`` or ``dataset``: what this run's server holds (``auto`` resolved)."""
+    source = config.server_data.source
+    if source == "auto":
+        return "holdout" if any(m.algorithm in NEEDS_SERVER_DATA for m in config.methods) else "none"
+    return source
+
+
+def split_off(data, config: Config):
+    """``(data for the clients, unlabeled server inputs or None)``: a holdout is cut before partitioning."""
+    source, cfg = wanted(config), config.server_data
+    if source == "none":
+        return data, None
+    rng = np.random.default_rng([config.seed, 0x5E12])
+    if source == "holdout":
+        n = len(data.y_train)
+        held = rng.permutation(n)[: max(1, int(round(cfg.fraction * n)))]
+        keep = np.setdiff1d(np.arange(n), held)
+        client_train = data.client_train[keep] if data.client_train is not None else None
+        rest = replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep], client_train=client_train)
+        server = data.x_train[np.sort(held)]
+    else:
+        rest, server = data, _other_dataset(data, config)
+    if cfg.max_samples is not None and len(server) > cfg.max_samples:
+        server = server[np.sort(rng.choice(len(server), cfg.max_samples, replace=False))]
+    return rest, np.ascontiguousarray(server, dtype=np.float32)
+
+
+def _other_dataset(data, config: Config) -> np.ndarray:
+    from hetfed.config import DatasetConfig
+    from hetfed.data import embed, load_dataset
+
+    cfg = config.server_data
+    if config.embed.kind == "pca":
+        raise ConfigError("server_data.source = 'dataset' is not allowed with embed.kind = 'pca': the PCA is fitted "
+                          "on the federation's data; expected embed.kind 'identity' or a pre-trained extractor")
+    other = embed(load_dataset(DatasetConfig(name=cfg.name, data_dir=cfg.data_dir)), config.embed, progress=False)
+    if other.x_train.shape[1:] != data.x_train.shape[1:]:
+        raise ConfigError(f"server_data.name = {cfg.name!r} is not allowed here: its inputs have "
+                          f"{other.x_train.shape[1:]} features, the federation's {data.x_train.shape[1:]}; expected a "
+                          "dataset of the same input shape (e.g. fashion-mnist for mnist)")
+    return other.x_train
