@@ -21,7 +21,7 @@ DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", 
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl", "feddf"]
+AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl", "feddf", "fedgen"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -290,6 +290,20 @@ class FedDFConfig(_Strict):
                                 "(0: no early stopping, the last student is kept)")
 
 
+class FedGenConfig(_Strict):
+    """FedGen's generator and regulariser (Zhu et al. 2021; defaults from the authors' code where the paper is silent)."""
+
+    noise_dim: int = Field(32, ge=1, description="ε's size")
+    hidden: list[int] = Field(default_factory=lambda: [256], description="the generator MLP's hidden widths")
+    lr: float = Field(3e-4, gt=0, description="the generator's Adam learning rate")
+    server_steps: int = Field(100, ge=0, description="generator steps per round")
+    batch_size: int = Field(64, ge=2, description="labels drawn per generator step")
+    diversity: float = Field(1.0, ge=0, description="weight of the diversity term")
+    alpha: float = Field(1.0, ge=0, description="weight of the clients' generated-feature loss")
+    alpha_decay: float = Field(0.98, gt=0, le=1, description="α multiplied by this every round")
+    client_samples: int = Field(64, ge=1, description="(ε, y) pairs each client draws per round")
+
+
 class AFLConfig(_Strict):
     """Active Federated Learning's client sampling (Goetz et al. 2019, Algorithm 1; the paper's values)."""
 
@@ -367,6 +381,7 @@ class Config(_Strict):
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
     afl: AFLConfig = Field(default_factory=AFLConfig)
     feddf: FedDFConfig = Field(default_factory=FedDFConfig)
+    fedgen: FedGenConfig = Field(default_factory=FedGenConfig)
     server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)

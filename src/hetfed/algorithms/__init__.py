@@ -7,6 +7,7 @@ from collections.abc import Callable
 from hetfed.algorithms.afl import Afl
 from hetfed.algorithms.fedavg import FedAvg, FedProx, Local
 from hetfed.algorithms.feddf import FedDF
+from hetfed.algorithms.fedgen import FedGen
 from hetfed.algorithms.fedmoe import FedMoE
 from hetfed.algorithms.fsnet import FedFSNet
 from hetfed.algorithms.scaffold import Scaffold
@@ -14,6 +15,7 @@ from hetfed.config import (
     AFLConfig,
     Config,
     FedDFConfig,
+    FedGenConfig,
     FSNetConfig,
     MethodConfig,
     MoEConfig,
@@ -36,6 +38,7 @@ def build_algorithm(
     seed: int = 0,
     afl: AFLConfig | None = None,
     feddf: FedDFConfig | None = None,
+    fedgen: FedGenConfig | None = None,
 ) -> Algorithm:
     """The algorithm a method names, around its model.
 
@@ -55,6 +58,8 @@ def build_algorithm(
         return Afl(model, train, afl)
     if name == "feddf":
         return FedDF(model, train, feddf)
+    if name == "fedgen":
+        return FedGen(model, train, fedgen)
     return ALGORITHMS[name](model, train)
 
 
@@ -69,6 +74,7 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     algo = build_algorithm(
         method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
         config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed, config.afl, config.feddf,
+        config.fedgen,
     )
     if config.privacy.noise_multiplier is not None:
         _check_private(config, method, algo)
@@ -95,5 +101,5 @@ def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> Non
     check_available()
 
 
-__all__ = ["ALGORITHMS", "Afl", "Algorithm", "FedAvg", "FedDF", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
+__all__ = ["ALGORITHMS", "Afl", "Algorithm", "FedAvg", "FedDF", "FedGen", "FedFSNet", "FedMoE", "FedProx", "Local", "Scaffold", "algorithm_for",
            "build_algorithm", "weighted_average"]

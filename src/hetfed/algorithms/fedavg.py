@@ -19,14 +19,15 @@ class FedAvg(Algorithm):
 
     name = "fedavg"
 
-    def _regulariser(self, bc: Broadcast):
+    def _regulariser(self, bc: Broadcast, data: ClientData):
+        """An extra per-client training loss ``f(params) -> [n]`` for this stack, or None (FedAvg)."""
         return None
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
         local, kept_opt = split_state(states)
-        params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc))
+        params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc, data))
         upload = Upload(
             client_ids=list(data.client_ids),
             params={k: params[k] for k in bc.params},
@@ -69,7 +70,7 @@ class FedProx(FedAvg):
 
     name = "fedprox"
 
-    def _regulariser(self, bc: Broadcast):
+    def _regulariser(self, bc: Broadcast, data: ClientData):
         mu = self.train.prox_mu
         anchor = bc.params
 

@@ -131,7 +131,7 @@ class FedFSNet(FedAvg):
             return self.hidden.forward(h, probs.to(device).unsqueeze(0), None)[0]
 
     # -- client
-    def _regulariser(self, bc: Broadcast):
+    def _regulariser(self, bc: Broadcast, data: ClientData):
         synthetic, beta = bc.extra.get("synthetic"), bc.extra.get("beta", 0.0)
         if synthetic is None or beta == 0:
             return None

@@ -106,6 +106,20 @@ class Model:
         """Logits ``[n, batch, n_classes]`` for stacked params and inputs."""
         raise NotImplementedError
 
+    #: the classifier head (the last layer) as parameter names, when the model declares the split
+    #: ``forward = head(features(x))`` (FedGen regularises the head on generated features); None: no split
+    head_names: tuple[str, ...] | None = None
+    #: the width of ``features``' output, the head's input
+    latent_dim: int = 0
+
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        """Latent features ``[n, batch, latent_dim]`` (everything before the head)."""
+        raise NotImplementedError(f"{type(self).__name__} declares no feature extractor / head split")
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        """Logits ``[n, batch, n_classes]`` of the head on latent features ``z``."""
+        raise NotImplementedError(f"{type(self).__name__} declares no feature extractor / head split")
+
     @property
     def shared_names(self) -> list[str]:
         return [s.name for s in self.specs() if not s.local]

@@ -84,15 +84,29 @@ class CGAUNet(Model):
             g = g + params[f"cgau.{i}.gate.cond"].unsqueeze(1)
         return f, g
 
-    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("out.weight", "out.bias", "out.cond") if self.condition_output else ("out.weight", "out.bias")
+
+    @property
+    def latent_dim(self) -> int:
+        return self.hidden[-1] if self.hidden else self.in_features
+
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         h = x.flatten(2)
         for i in range(len(self.hidden)):
             f, g = self._pre(params, h, i)
             h = dropout(torch.tanh(f) * torch.sigmoid(g), self.p, noise)
-        logits = dense(h, params["out.weight"], params["out.bias"])
+        return h
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        logits = dense(z, params["out.weight"], params["out.bias"])
         if self.condition_output:
             logits = logits + params["out.cond"].unsqueeze(1)
         return logits
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        return self.head(params, self.features(params, x, noise))
 
     def activation_floats(self, batch: int) -> int:
         return 6 * batch * (self.in_features + 2 * sum(self.hidden) + self.n_classes)

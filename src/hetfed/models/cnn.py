@@ -73,6 +73,25 @@ class LeNet(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
+    head_names = ("fc3.weight", "fc3.bias")
+    latent_dim = 84
+
+    def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        if self.c == 1:
+            x = x.reshape(-1, 1, self.h, self.w)
+        else:
+            x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
+        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=2)))
+        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
+        x = F.relu(F.linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"]))
+        return F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
+
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        return torch.stack([self._features_one({k: v[i] for k, v in params.items()}, x[i]) for i in range(x.shape[0])])
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(params["fc3.bias"].unsqueeze(1), z, params["fc3.weight"].transpose(1, 2))
+
     def _one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
         if self.c == 1:
             x = x.reshape(-1, 1, self.h, self.w)

@@ -35,14 +35,27 @@ class MLP(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
-        h = x.flatten(2)
+    @property
+    def head_names(self) -> tuple[str, ...]:
         last = len(self.hidden)
-        for i in range(last + 1):
-            h = dense(h, params[f"layers.{i}.weight"], params[f"layers.{i}.bias"])
-            if i < last:
-                h = dropout(torch.relu(h), self.p, noise)
+        return (f"layers.{last}.weight", f"layers.{last}.bias")
+
+    @property
+    def latent_dim(self) -> int:
+        return self.hidden[-1] if self.hidden else self.in_features
+
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        h = x.flatten(2)
+        for i in range(len(self.hidden)):
+            h = dropout(torch.relu(dense(h, params[f"layers.{i}.weight"], params[f"layers.{i}.bias"])), self.p, noise)
         return h
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        last = len(self.hidden)
+        return dense(z, params[f"layers.{last}.weight"], params[f"layers.{last}.bias"])
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        return self.head(params, self.features(params, x, noise))
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (self.in_features + sum(self.hidden) + self.n_classes)

@@ -1,0 +1,171 @@
+"""FedGen (Zhu, Hong, Zhou 2021, "Data-free knowledge distillation for heterogeneous federated learning").
+
+Models are split into a feature extractor and a classifier head (declared by the
+model: ``Model.features``, ``Model.head``, ``Model.head_names``). Per round:
+
+1. the server broadcasts the global model, a *generator* ``G_w(ε, y) → z`` of latent
+   features conditioned on the label, and the label prior ``p̂(y)``;
+2. each client trains on ``CE(local data) + α_r · E_{y∼p̂, ε}[CE(h_θ(G_w(ε, y)), y)]``
+   — its head is regularised with generated features (the paper's eq. 6),
+   α_r = ``fedgen.alpha`` · ``fedgen.alpha_decay``^round; the client draws
+   ``fedgen.client_samples`` (ε, y) pairs per round from its own stream;
+3. clients upload their model and their **label counts** (``Upload.extra["label_counts"]``);
+4. the server averages the models and trains the generator against the ensemble
+   of the clients' heads, each weighted per label by its share of that label
+   (``α_{k,y} = n_{k,y} / Σ_j n_{j,y}``, the paper's eq. 4), plus the diversity
+   term of the authors' code (``exp(−mean(d(ε_i, ε_j) · d(z_i, z_j)))``, weight
+   ``fedgen.diversity``): ``fedgen.server_steps`` Adam steps (lr ``fedgen.lr``) of
+   ``fedgen.batch_size`` labels drawn from p̂.
+
+Choices (options): the generator is an MLP ``[ε; onehot(y)] → hidden → z`` without
+the authors' batch norm; round 0 has no trained generator yet, so its clients
+train as FedAvg's; each client uses one set of generated samples for the whole
+round (so a client's numbers do not depend on which clients share its stack).
+Every update of a round is needed at once (the heads' ensemble), so they are held.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms.fedavg import FedAvg
+from hetfed.config import FedGenConfig, TrainConfig
+from hetfed.engine.rng import derive_seed
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
+from hetfed.errors import ConfigError
+from hetfed.models.base import Model
+from hetfed.models.mlp import MLP
+
+GENERATE = 42  # rng purpose: the server's generator training
+
+
+class Generator:
+    """``G_w(ε, y) = MLP([ε; onehot(y)])``: latent features for a label."""
+
+    def __init__(self, noise_dim: int, n_classes: int, hidden: list[int], latent_dim: int):
+        self.noise_dim, self.n_classes = noise_dim, n_classes
+        self.net = MLP(noise_dim + n_classes, hidden, latent_dim)
+
+    def init(self, gen: torch.Generator) -> Params:
+        return self.net.init_shared(gen)
+
+    def __call__(self, params: Params, eps: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """``eps`` [n, b, noise], ``y`` [n, b] → z [n, b, latent]; ``params`` stacked [n, …]."""
+        h = torch.cat([eps, F.one_hot(y, self.n_classes).to(eps.dtype)], -1)
+        return self.net.forward(params, h, None)
+
+
+def generator_loss(model: Model, heads: Params, z: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """The paper's eq. 4: ``mean_b Σ_k α_{k,y_b} · CE(h_k(z_b), y_b)``; ``heads`` stacked over K clients,
+    ``weights`` [K, C] = α_{k,y}."""
+    k = weights.shape[0]
+    logits = model.head(heads, z.unsqueeze(0).expand(k, *z.shape))  # [K, b, C]
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(k), reduction="none").view(k, -1)
+    return (weights[:, y] * ce).sum(0).mean()
+
+
+def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
+    """The authors' diversity term: ``exp(−mean_ij(d_ε(i, j) · d_z(i, j)))``, d = mean squared difference."""
+    d_eps = (eps.unsqueeze(0) - eps.unsqueeze(1)).pow(2).mean(-1)
+    d_z = (z.unsqueeze(0) - z.unsqueeze(1)).pow(2).mean(-1)
+    return torch.exp(-(d_eps * d_z).mean())
+
+
+class FedGen(FedAvg):
+    """FedAvg + a server-trained generator that regularises clients' heads (see the module docstring)."""
+
+    name = "fedgen"
+    needs_all_updates = True  # the generator learns from every client's head
+
+    def __init__(self, model: Model, train: TrainConfig, cfg: FedGenConfig | None = None):
+        super().__init__(model, train)
+        if model.head_names is None:
+            raise ConfigError(f"algorithm 'fedgen' needs a model split into features and a head, but "
+                              f"{type(model).__name__} declares none; expected model.kind mlp, cnn, cgau or logreg")
+        self.cfg = cfg or FedGenConfig()
+        self.generator = Generator(self.cfg.noise_dim, model.n_classes, list(self.cfg.hidden), model.latent_dim)
+
+    # -- server
+    def server_init(self, gen: torch.Generator) -> ServerState:
+        state = super().server_init(gen)
+        prior = torch.full((self.model.n_classes,), 1.0 / self.model.n_classes)
+        return ServerState(state.params, state.round, {**state.extra, "generator": self.generator.init(gen),
+                                                       "label_prior": prior, "trained": False})
+
+    def broadcast(self, state: ServerState, round: int) -> Broadcast:
+        bc = super().broadcast(state, round)
+        alpha = self.cfg.alpha * self.cfg.alpha_decay**round if state.extra.get("trained") else 0.0
+        return Broadcast(bc.params, bc.round, bc.lr, {**bc.extra, "generator": state.extra["generator"],
+                                                      "label_prior": state.extra["label_prior"], "alpha": alpha})
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        averaged = super().aggregate(state, upload)
+        counts = upload.extra["label_counts"].double()
+        generator, losses = self.train_generator(state.extra["generator"], upload, counts, state.round)
+        prior = (counts.sum(0) / counts.sum()).float()
+        return ServerState(averaged.params, averaged.round, {**averaged.extra, "generator": generator,
+                                                             "label_prior": prior, "trained": True,
+                                                             "generator_loss": losses})
+
+    def train_generator(self, start: Params, upload: Upload, counts: torch.Tensor, rnd: int) -> tuple[Params, list]:
+        cfg = self.cfg
+        device = next(iter(start.values())).device
+        k = len(upload.client_ids)
+        unseen = {n: v.to(device).unsqueeze(0).expand(k, *v.shape)
+                  for n, v in self.model.local_for_unseen_client().items() if n in self.model.head_names}
+        heads = {**{n: upload.params[n].to(device) for n in self.model.head_names if n in upload.params}, **unseen}
+        per_label = counts.sum(0)
+        weights = (counts / per_label.clamp(min=1)).float().to(device)  # α_{k,y}
+        prior = (per_label / per_label.sum()).float()
+        gen = torch.Generator().manual_seed(derive_seed(self._seed, GENERATE, rnd))
+        params = {n: v.detach().clone().unsqueeze(0).requires_grad_(True) for n, v in start.items()}
+        opt = torch.optim.Adam(params.values(), lr=cfg.lr)
+        losses = []
+        for _ in range(cfg.server_steps):
+            y = torch.multinomial(prior, cfg.batch_size, replacement=True, generator=gen).to(device)
+            eps = torch.randn((cfg.batch_size, cfg.noise_dim), generator=gen).to(device)
+            z = self.generator(params, eps.unsqueeze(0), y.unsqueeze(0))[0]
+            loss = generator_loss(self.model, heads, z, y, weights) + cfg.diversity * diversity_loss(eps, z)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            losses.append(float(loss.detach()))
+        return {n: v.detach()[0] for n, v in params.items()}, losses
+
+    # -- client
+    def _generated(self, bc: Broadcast, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's (z, y) for the round, from its own stream: [n, S, latent], [n, S]."""
+        cfg, device = self.cfg, data.x.device
+        zs, ys = [], []
+        gen_params = {k: v.unsqueeze(0) for k, v in bc.extra["generator"].items()}
+        prior = bc.extra["label_prior"].float().cpu()
+        for seed in data.seeds:
+            g = torch.Generator().manual_seed(int(seed) ^ 0xFE06E)
+            y = torch.multinomial(prior, cfg.client_samples, replacement=True, generator=g)
+            eps = torch.randn((cfg.client_samples, cfg.noise_dim), generator=g)
+            with torch.no_grad():
+                zs.append(self.generator(gen_params, eps.unsqueeze(0).to(device), y.unsqueeze(0).to(device))[0])
+            ys.append(y.to(device))
+        return torch.stack(zs), torch.stack(ys)
+
+    def _regulariser(self, bc: Broadcast, data: ClientData):
+        """α_r · CE(h_θ(z), y) per client on its generated (z, y): only the head sees it."""
+        alpha = float(bc.extra.get("alpha", 0.0))
+        if alpha <= 0:
+            return None
+        z, y = self._generated(bc, data)
+
+        def teacher(params):
+            logits = self.model.head(params, z)
+            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+            return alpha * ce.view(len(data.client_ids), -1).mean(1)
+
+        return teacher
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        upload, new = super().local_update(bc, states, data)
+        counts = torch.stack([torch.bincount(data.y[torch.as_tensor(i, device=data.y.device)].long(),
+                                             minlength=self.model.n_classes) for i in data.indices]).float()
+        return Upload(upload.client_ids, upload.params, upload.num_samples,
+                      {**upload.extra, "label_counts": counts.to(upload.num_samples.device)}, upload.screened), new

@@ -1,0 +1,120 @@
+"""FedGen (Zhu et al. 2021) against the paper: the generator's label-weighted ensemble loss, the diversity
+term, the clients' head regulariser, label counts as the only extra upload."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms import build_algorithm
+from hetfed.algorithms.fedgen import diversity_loss, generator_loss
+from hetfed.config import FedGenConfig, ModelConfig, PartitionConfig, TrainConfig
+from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
+from hetfed.engine.rng import SERVER_INIT, torch_gen
+from hetfed.engine.simulate import simulate
+from hetfed.engine.types import stack_states
+from hetfed.errors import ConfigError
+from hetfed.models import build_model
+from hetfed.models.base import Model
+from hetfed.partition import make_federation
+
+
+class _Data:
+    def __init__(self, n=300, d=5, classes=3, seed=0):
+        rng = np.random.default_rng(seed)
+        self.y_train = rng.integers(0, classes, n)
+        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
+        self.y_test = np.repeat(np.arange(classes), 10)
+        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
+        self.n_classes = classes
+        self.input_shape = (d,)
+
+
+def _setup(kind="mlp", algorithm="fedgen", **cfg):
+    fed = make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=6, alpha=0.3, min_size=8), 0)
+    train = TrainConfig(rounds=3, local_steps=3, batch_size=8, eval_every=3,
+                        optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
+    model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
+    return fed, train, build_algorithm(algorithm, model, train, fedgen=FedGenConfig(**{"server_steps": 5, **cfg}))
+
+
+def test_generator_loss_is_the_label_weighted_ensemble_of_heads():
+    """Eq. 4: (1/B) Σ_b Σ_k α_{k,y_b} ℓ(h_k(z_b), y_b), α_{k,y} = n_{k,y} / Σ_j n_{j,y}; heads z·W_k + b_k."""
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (5,), 3)
+    K, B = 4, 7
+    heads = {"layers.1.weight": torch.randn(K, 4, 3), "layers.1.bias": torch.randn(K, 3)}
+    z, y = torch.randn(B, 4), torch.tensor([0, 1, 2, 2, 1, 0, 0])
+    counts = torch.tensor([[5, 0, 1], [1, 1, 1], [0, 7, 2], [3, 3, 0]], dtype=torch.float64)
+    alpha = (counts / counts.sum(0)).float()
+    ref = 0.0
+    for b in range(B):
+        for k in range(K):
+            logits = z[b] @ heads["layers.1.weight"][k] + heads["layers.1.bias"][k]
+            ref += alpha[k, y[b]] * F.cross_entropy(logits.unsqueeze(0), y[b : b + 1])
+    assert float(generator_loss(model, heads, z, y, alpha)) == pytest.approx(float(ref / B), rel=1e-5)
+
+
+def test_diversity_term_as_in_the_authors_code():
+    eps, z = torch.randn(6, 3), torch.randn(6, 4)
+    pair = [[((eps[i] - eps[j]) ** 2).mean() * ((z[i] - z[j]) ** 2).mean() for j in range(6)] for i in range(6)]
+    assert float(diversity_loss(eps, z)) == pytest.approx(float(torch.exp(-torch.tensor(pair).mean())), rel=1e-5)
+
+
+def test_clients_upload_their_label_counts_and_the_regulariser_moves_only_the_head():
+    fed, train, algo = _setup()
+    algo.bind(fed, 0, 6)
+    server = algo.server_init(torch_gen(0, SERVER_INIT))
+    pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
+    ids = [0, 3]
+    states = stack_states([algo.client_init(k, torch_gen(0, 3, k)) for k in ids])
+    data = client_data(pool, ids, 0)
+    upload, _ = algo.local_update(algo.broadcast(server, 0), states, data)
+    assert set(upload.extra) == {"train_loss", "label_counts"}
+    for j, k in enumerate(ids):
+        assert upload.extra["label_counts"][j].tolist() == np.bincount(fed.y[fed.train[k]], minlength=3).tolist()
+    assert algo._regulariser(algo.broadcast(server, 0), data) is None  # round 0: no trained generator yet
+    trained = algo.aggregate(server, upload)
+    bc = algo.broadcast(trained, 1)
+    assert bc.extra["alpha"] == pytest.approx(1.0 * 0.98)
+    reg = algo._regulariser(bc, data)
+    params = {k: v.unsqueeze(0).expand(2, *v.shape).clone().requires_grad_(True) for k, v in bc.params.items()}
+    grads = dict(zip(params, torch.autograd.grad(reg(params).sum(), list(params.values()), allow_unused=True),
+                     strict=True))
+    for name, g in grads.items():
+        assert (g is not None and g.abs().sum() > 0) == (name in algo.model.head_names), name
+
+
+def test_round_zero_is_fedavg_and_the_generator_learns():
+    fed, train, algo = _setup(server_steps=60)
+    one = TrainConfig(**{**train.model_dump(), "rounds": 1})
+    _, _, avg = _setup(algorithm="fedavg")
+    a, b = simulate(algo, fed, one, seed=2), simulate(avg, fed, one, seed=2)
+    for k in b.server.params:
+        assert torch.equal(a.server.params[k], b.server.params[k])
+    losses = a.server.extra["generator_loss"]
+    assert np.mean(losses[-10:]) < np.mean(losses[:10])
+
+
+@pytest.mark.parametrize("kind", ["mlp", "cgau"])
+def test_executors_agree(kind):
+    runs = []
+    for executor in (VectorisedExecutor(), SequentialExecutor()):
+        fed, train, algo = _setup(kind)
+        runs.append(simulate(algo, fed, train, seed=1, executor=executor))
+    a, b = runs
+    for k in a.server.params:
+        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_model_without_a_declared_head_is_refused():
+    class Plain(Model):
+        n_classes = 3
+
+        def specs(self):
+            return []
+
+    with pytest.raises(ConfigError, match="features and a head"):
+        build_algorithm("fedgen", Plain(), TrainConfig())
