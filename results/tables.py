@@ -1,7 +1,8 @@
-"""Markdown tables of the attack × aggregator and accuracy-vs-ε sweeps (issue #13), from their sweep directories.
+"""Markdown tables of sweeps, from their sweep directories (every run's summary.json).
 
-    python results/robustness_tables.py attack SWEEP_DIR   # final global accuracy, mean ± 95% CI over seeds
-    python results/robustness_tables.py dp SWEEP_DIR       # accuracy and ε per noise multiplier
+    python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
+    python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
+    python results/tables.py paired SWEEP_DIR   # #12: each method and its paired difference to FedAvg
 
 Reads every run's summary.json (listed in sweep.json), so a method whose training
 diverged under attack is counted as what the server ended with: its final model
@@ -67,6 +68,43 @@ def dp_table(sweep: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
+def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
+    """Per method: best global and local accuracy (mean ± CI over seeds) and the paired difference to the
+    baseline on the same partition (each seed's run holds every method on one federation)."""
+    metrics = (("global", "global_accuracy"), ("local", "local_accuracy_mean"))
+    values: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    diffs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    methods: list[str] = []
+    for _point, summary in _runs(sweep):
+        base = summary["methods"][baseline]["best"]
+        for name, m in summary["methods"].items():
+            methods += [name] if name not in methods else []
+            for short, key in metrics:
+                v, b = m["best"].get(key), base.get(key)
+                values[name][short].append(v)
+                if v is not None and b is not None:
+                    diffs[name][short].append(v - b)
+    lines = ["| method | global acc | Δ global vs FedAvg | local acc | Δ local vs FedAvg | s/round | server s/round |",
+             "|---|---|---|---|---|---|---|"]
+    timing = defaultdict(lambda: defaultdict(list))
+    for _point, summary in _runs(sweep):
+        for name, m in summary["methods"].items():
+            timing[name]["s"].append(m.get("seconds_per_round"))
+            timing[name]["server"].append(m.get("server_seconds_per_round"))
+    for name in methods:
+        d = ["-" if name == baseline else _signed(diffs[name][s]) for s, _ in metrics]
+        lines.append(f"| {name} | {_cell(values[name]['global'])} | {d[0]} | {_cell(values[name]['local'])} | {d[1]} "
+                     f"| {np.mean(timing[name]['s']):.4f} | {np.mean(timing[name]['server']):.4f} |")
+    n = len(values[baseline]["global"])
+    return "\n".join(lines) + (f"\n\nbest model by validation loss; mean ± 95% CI (Student t) over n = {n} seeds; "
+                               "Δ: paired difference on the same partition and seed\n")
+
+
+def _signed(values: list[float]) -> str:
+    return f"{np.mean(values):+.3f} ± {ci95_over(values) or 0:.3f}" if values else "-"
+
+
 if __name__ == "__main__":
     kind, directory = sys.argv[1], Path(sys.argv[2])
-    print(attack_table(directory) if kind == "attack" else dp_table(directory))
+    table = {"attack": attack_table, "dp": dp_table, "paired": paired_table}[kind]
+    print(table(directory))
