@@ -18,21 +18,15 @@ from hetfed.engine.simulate import simulate
 from hetfed.engine.types import stack_states
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
-    def __init__(self, n=300, d=4, classes=3, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 10)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+def _dataset():
+    return ShiftedGaussians(n=300, d=4, classes=3)
 
 
 def _setup(kind="logreg", fraction=0.4, **afl):
-    fed = make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=10, alpha=0.5, min_size=8), 0)
+    fed = make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=10, alpha=0.5, min_size=8), 0)
     train = TrainConfig(rounds=6, client_fraction=fraction, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)

@@ -18,23 +18,17 @@ from hetfed.engine.types import stack_states
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from hetfed.pipeline import prepare
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
-    def __init__(self, n=300, d=4, classes=3, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 10)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+def _dataset():
+    return ShiftedGaussians(n=300, d=4, classes=3)
 
 
 def _fed(server=40):
     from dataclasses import replace
 
-    fed = make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=6, alpha=0.5, min_size=8), 0)
+    fed = make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=6, alpha=0.5, min_size=8), 0)
     server_x = np.random.default_rng(9).normal(size=(server, 4)).astype(np.float32) + 1
     return replace(fed, server_x=server_x)
 

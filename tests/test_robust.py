@@ -30,21 +30,15 @@ from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
-    def __init__(self, n=400, d=6, classes=4, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 10)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+def _dataset():
+    return ShiftedGaussians(n=400, d=6, classes=4)
 
 
 def _fed(clients=10):
-    return make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=clients, alpha=1.0, min_size=5), 0)
+    return make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=clients, alpha=1.0, min_size=5), 0)
 
 
 def _algo(fed, kind="mlp", algorithm="fedavg", **train):

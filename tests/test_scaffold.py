@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
@@ -16,21 +15,15 @@ from hetfed.engine.sampling import sample_clients
 from hetfed.engine.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
-    def __init__(self, n=240, d=5, classes=3, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 10)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+def _dataset():
+    return ShiftedGaussians(n=240, d=5, classes=3)
 
 
 def _fed(clients=5):
-    return make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=clients, alpha=0.3, min_size=10), 0)
+    return make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=clients, alpha=0.3, min_size=10), 0)
 
 
 def reference(fed, train: TrainConfig, x0: dict, seed: int, option: int) -> dict:

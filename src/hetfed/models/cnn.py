@@ -93,16 +93,7 @@ class LeNet(Model):
         return torch.baddbmm(params["fc3.bias"].unsqueeze(1), z, params["fc3.weight"].transpose(1, 2))
 
     def _one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
-        if self.c == 1:
-            x = x.reshape(-1, 1, self.h, self.w)
-        else:
-            x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
-        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=2)))
-        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
-        x = x.flatten(1)
-        x = F.relu(F.linear(x, p["fc1.weight"], p["fc1.bias"]))
-        x = F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
-        return F.linear(x, p["fc3.weight"], p["fc3.bias"])
+        return F.linear(self._features_one(p, x), p["fc3.weight"], p["fc3.bias"])
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
