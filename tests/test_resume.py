@@ -31,7 +31,7 @@ WRAPPER = r"""
 import os, sys, time
 progress = open(os.environ["PROGRESS"], "a", buffering=1)
 from hetfed.engine import executors
-from hetfed.experiments import checkpoint
+from hetfed.experiments import rundir
 train, personalise = executors.InProcessExecutor.train, executors.InProcessExecutor.personalise
 def slow_train(self, bc, clients):
     out = train(self, bc, clients)
@@ -44,10 +44,11 @@ class SlowOs:
     def __getattr__(self, name):
         return getattr(os, name)
     def replace(self, src, dst):
-        progress.write("checkpoint-write\n"); time.sleep(0.3)
+        if str(dst).endswith("resume.pt"):  # between the checkpoint's temporary file and its rename
+            progress.write("checkpoint-write\n"); time.sleep(0.3)
         os.replace(src, dst)
 executors.InProcessExecutor.train, executors.InProcessExecutor.personalise = slow_train, slow_personalise
-checkpoint.os = SlowOs()
+rundir.os = SlowOs()
 from hetfed.cli import main
 sys.exit(main(sys.argv[1:]))
 """

@@ -94,9 +94,7 @@ class Afl(FedAvg):
                            {**state.extra, VALUATIONS: torch.full((self.n_clients,), float("nan"), dtype=torch.float64)})
 
     def select_clients(self, state: ServerState, eligible: np.ndarray, m: int, rng: np.random.Generator) -> list[int]:
-        values = state.extra.get(VALUATIONS)
-        values = values.numpy() if values is not None else np.full(int(eligible.max()) + 1, np.nan)
-        return afl_sample(values, eligible, m, self.cfg, rng)
+        return afl_sample(state.extra[VALUATIONS].numpy(), eligible, m, self.cfg, rng)
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)

@@ -33,7 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
-from hetfed.engine.robust import Screen
+from hetfed.engine.robust import Screen, holds_round
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -263,13 +263,11 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
     per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
-    holds_round = (train.reject_norm_factor is not None or train.aggregator != "mean"  # see engine.robust.Screen
-                   or algo.needs_all_updates)
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
         "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
-        "round_updates": 4 * shared * per_round if holds_round else 0,
+        "round_updates": 4 * shared * per_round if holds_round(algo) else 0,
         "evaluation": 4 * eval_max_floats,
     }
 

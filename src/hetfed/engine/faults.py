@@ -67,10 +67,11 @@ class Faults:
         if self.p > 0:
             u = numpy_rng(self.seed, DROPOUT, rnd).random(self.n_clients)
             dropped = [k for k in clients if u[k] < self.p]
+        gone = set(dropped)
         late = []
         if self.round_time is not None:
-            late = [k for k in clients if k not in set(dropped) and self.round_time[k] > self.deadline]
-        out = set(dropped) | set(late)
+            late = [k for k in clients if k not in gone and self.round_time[k] > self.deadline]
+        out = gone | set(late)
         return RoundFaults([k for k in clients if k not in out], dropped, late)
 
 

@@ -81,6 +81,17 @@ def clip_updates(upload: Upload, reference: Params, bound: float) -> Upload:
 # ------------------------------------------------------------------ screening
 
 
+def norm_factor(algo) -> float | None:
+    """The norm filter's factor for ``algo`` (None: off; under DP clipping bounds every update already)."""
+    return None if algo.dp else algo.train.reject_norm_factor
+
+
+def holds_round(algo) -> bool:
+    """True when a round's updates must be held together instead of streamed: the norm filter,
+    a robust rule, or an algorithm that needs every client's update (FedDF, FedGen)."""
+    return norm_factor(algo) is not None or algo.train.aggregator != "mean" or algo.needs_all_updates
+
+
 @dataclass
 class Screen:
     """A round's screening of updates against the broadcast parameters ``reference``.
@@ -98,12 +109,9 @@ class Screen:
 
     @classmethod
     def for_round(cls, algo, reference: Params) -> Screen:
-        train, privacy = algo.train, getattr(algo, "privacy", None)
-        dp = privacy is not None and privacy.noise_multiplier is not None
-        factor = None if dp else train.reject_norm_factor  # under DP clipping bounds every update already
-        return cls(reference, factor, privacy.clip if dp else None,
-                   keep_all=factor is not None or train.aggregator != "mean" or algo.needs_all_updates,
-                   uniform=dp and privacy.weighting == "uniform")
+        dp = algo.dp
+        return cls(reference, norm_factor(algo), algo.privacy.clip if dp else None, keep_all=holds_round(algo),
+                   uniform=dp and algo.privacy.weighting == "uniform")
 
     def chunk(self, upload: Upload) -> Upload:
         """What can be decided client by client: non-finite updates out, DP clipping."""

@@ -115,9 +115,10 @@ def round_train_loss(upload) -> float | None:
     return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
 
 
-def _sample_rate(algo: Algorithm, fed) -> float:
+def _sample_rate(train: TrainConfig, fed) -> float:
+    """q: the share of the eligible clients a round samples (the accountant's sampling rate)."""
     eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
-    return min(1.0, algo._expected_clients / max(eligible, 1))
+    return min(1.0, expected_per_round(train, fed.opted_out) / max(eligible, 1))
 
 
 def simulate(
@@ -247,7 +248,7 @@ def _evaluate_round(algo, executor, fed, result: SimulationResult, rnd: int, eva
     server = result.server
     ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
     if algo.dp:
-        result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(algo, fed), result.dp_rounds,
+        result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds,
                                  algo.privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
     result.eval_seconds += time.perf_counter() - t_eval

@@ -156,12 +156,12 @@ class RoundUploads:
 
     def result(self) -> Upload:
         """The round's upload (no clients at all when every update was rejected or none came)."""
+        whole = concat_uploads(self._kept) if self._kept else None
+        if whole is not None and self.screen is not None:
+            whole = self.screen.whole(whole)
         counts = dict(self.screen.counts) if self.screen is not None else {}
-        if self._kept:
-            whole = concat_uploads(self._kept)
-            if self.screen is not None:
-                whole = self.screen.whole(whole)
-            return replace(whole, screened=dict(self.screen.counts) if self.screen is not None else {})
+        if whole is not None:
+            return replace(whole, screened=counts)
         if self._first is not None:
             return replace(self._first, screened=counts)
         if not self._ids:

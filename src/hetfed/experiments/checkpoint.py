@@ -20,14 +20,13 @@ round number is the position of every stream; nothing else needs saving.
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hetfed.errors import RunError
+from hetfed.experiments.rundir import write_atomic
 
 RESUME = "resume.pt"
 VERSION = 1
@@ -40,20 +39,7 @@ def checkpoint_path(run_dir: str | Path) -> Path:
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
     path = checkpoint_path(run_dir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{RESUME}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as fh:
-            torch.save({"version": VERSION, **payload}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        mask = os.umask(0)
-        os.umask(mask)
-        os.chmod(tmp, 0o666 & ~mask)  # mkstemp makes 0600; the run's other files follow the umask
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    write_atomic(path, lambda fh: torch.save({"version": VERSION, **payload}, fh), binary=True, sync=True)
     return path
 
 

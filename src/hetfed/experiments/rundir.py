@@ -26,8 +26,9 @@ import os
 import socket
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from hetfed.errors import RunError
 
@@ -66,14 +67,27 @@ def _umask() -> int:
     return mask
 
 
+def write_atomic(path: Path, write: Callable[[IO], None], binary: bool = False, sync: bool = False) -> None:
+    """Write ``path`` through a temporary file in the same folder + rename: readers (and a run resumed
+    after a kill) see the old file or the new one, never half of one. ``sync``: on disk before the rename."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as fh:
+            write(fh)
+            if sync:
+                fh.flush()
+                os.fsync(fh.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the run's other files follow the umask
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
 def write_json_atomic(path: Path, data: Any) -> None:
     """Write JSON through a temporary file + rename: readers never see half a file."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
-    with os.fdopen(fd, "w") as fh:
-        json.dump(data, fh, indent=2, default=_jsonable)
-    os.chmod(tmp, 0o666 & ~_umask())  # mkstemp makes 0600; the run's other files follow the umask
-    os.replace(tmp, path)
+    write_atomic(path, lambda fh: json.dump(data, fh, indent=2, default=_jsonable))
 
 
 def _jsonable(value: Any) -> Any:

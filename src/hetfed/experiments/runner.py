@@ -22,7 +22,7 @@ from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.executors import check_memory
-from hetfed.engine.sampling import clients_per_round, expected_per_round
+from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import ConfigError, interruption_reason
 from hetfed.experiments.checkpoint import Checkpointer, checkpoint_path, read_checkpoint, snapshot
@@ -294,14 +294,13 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     times: dict[str, float] = {}
 
     def body(executor=None) -> SimulationResult:
-        if resume is not None and resume["phase"] == "personalised":  # only the reporting was left
-            return _restored(algo, fed, train, config.seed, resume, executor)
+        # resumed after its rounds (or its personalisation) the loop has nothing left to run: it only restores
         res = simulate(algo, fed, train, config.seed, executor=executor, on_round=on_round, on_eval=on_eval,
                        on_train=on_train, attack=config.attack, on_checkpoint=on_checkpoint,
                        resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
         bar.update(task, completed=train.rounds)
         times["federated"] = time.perf_counter() - t0
-        if algo.views:
+        if algo.views and not (resume is not None and resume["phase"] == "personalised"):
             ptask = bar.add_task(f"{label}:personalise", total=len(algo.personalise_clients(fed, config.seed)),
                                  acc="   -  ", rate="clients")
             personalise(algo, fed, config.seed, res, resolve_device(train.device),
@@ -330,7 +329,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         summary["algorithm"] = method.algorithm
         return {label: summary}
 
-    fed_seconds = times.get("federated", result.train_seconds + result.eval_seconds)
+    fed_seconds = times["federated"]
     chosen = result.best_server or result.server
     torch.save({k: v.cpu() for k, v in chosen.params.items()}, ckpt / f"{label}-global-best.pt")
     rows = {}
@@ -347,20 +346,6 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
         _write_eval(writer, name, extra.get("rounds") or extra.get("epochs") or 0, ev)
         rows[name] = {**_view_summary(ev, seconds, extra), "algorithm": f"{method.algorithm}:{view}"}
     return rows
-
-
-def _restored(algo, fed, train, seed: int, resume: dict, executor=None) -> SimulationResult:
-    """A method whose rounds and personalisation were finished before the interruption, as it was."""
-    from hetfed.engine.executors import build_executor
-
-    device = resolve_device(train.device)
-    executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
-    executor.start(algo, fed, seed, device)
-    executor.states.load_state_dict(resume["states"])
-    algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
-    result = resume["result"]
-    result.executor = executor
-    return result
 
 
 def save_client_states(states, path: Path) -> None:
