@@ -17,23 +17,16 @@ from hetfed.models import LeNet, build_model
 from hetfed.models.mlp import MLP
 from hetfed.partition import make_federation
 from hetfed.pipeline import prepare
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
+def _dataset(n: int = 500, d: int = 12) -> ShiftedGaussians:
     """Unequal clients: a Dirichlet split of a small synthetic problem."""
-
-    def __init__(self, n=500, d=12, classes=4, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 20)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+    return ShiftedGaussians(n, d, classes=4, test_per_class=20)
 
 
 def _fed(kind="dirichlet", clients=7, opt_out=0.0, seed=0):
-    return make_federation(_Data(), PartitionConfig(kind=kind, clients=clients, alpha=0.5, min_size=5, opt_out=opt_out), seed)
+    return make_federation(_dataset(), PartitionConfig(kind=kind, clients=clients, alpha=0.5, min_size=5, opt_out=opt_out), seed)
 
 
 def _run(fed, train: TrainConfig, executor, algorithm="fedavg", model_cfg=None, seed=3):
@@ -70,7 +63,7 @@ def test_vectorised_equals_sequential(train, algorithm):
 
 def test_cnn_executors_agree():
     rng = np.random.default_rng(0)
-    data = _Data(n=120, d=64)
+    data = _dataset(n=120, d=64)
     data.x_train = rng.random((120, 64)).astype(np.float32)
     data.x_test = rng.random((80, 64)).astype(np.float32)
     data.input_shape = (8, 8)

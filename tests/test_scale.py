@@ -18,21 +18,15 @@ from hetfed.engine.types import RoundUploads, StreamedUpload, Upload, concat_upl
 from hetfed.errors import RunError
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from tests.synthetic import ShiftedGaussians
 
 
-class _Data:
-    def __init__(self, n=600, d=10, classes=4, seed=0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = (rng.normal(size=(n, d)) + self.y_train[:, None]).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 30)
-        self.x_test = (rng.normal(size=(len(self.y_test), d)) + self.y_test[:, None]).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
+def _dataset(n: int = 600, d: int = 10) -> ShiftedGaussians:
+    return ShiftedGaussians(n, d, classes=4, test_per_class=30)
 
 
 def _fed(clients=12):
-    return make_federation(_Data(), PartitionConfig(kind="dirichlet", clients=clients, alpha=0.5, min_size=8), 0)
+    return make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=clients, alpha=0.5, min_size=8), 0)
 
 
 def _run(fed, train, executor, kind="mlp", algorithm="fedavg"):
