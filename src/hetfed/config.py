@@ -18,9 +18,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from hetfed.errors import ConfigError
 
 DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "arrays"]
-EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm"]
+EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
-ModelKind = Literal["mlp", "cnn", "logreg", "cgau"]
+ModelKind = Literal["mlp", "cnn", "logreg", "cgau", "bilstm"]
 AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl", "feddf", "fedgen"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
@@ -58,6 +58,10 @@ class EmbedConfig(_Strict):
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
+    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens")
+    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included")
+    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id")
+    weights: str | None = Field(None, description="yamnet: the converted weights file (see docs/data.md)")
 
 
 class PartitionConfig(_Strict):
@@ -108,6 +112,8 @@ class ModelConfig(_Strict):
     hidden: list[int] = Field(default_factory=lambda: [64, 64])
     dropout: float = Field(0.0, ge=0, lt=1)
     condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
+    embedding_dim: int = Field(100, ge=1, description="bilstm: the token embedding's width")
+    lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction")
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:
@@ -418,7 +424,19 @@ class Config(_Strict):
         for i, m in enumerate(self.methods):
             _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
             _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
+            self._check_tokens(i, m)
         return self
+
+    def _check_tokens(self, i: int, method: MethodConfig) -> None:
+        """Token ids are inputs only the BiLSTM reads, and the BiLSTM reads nothing else."""
+        kind = self.method_model(method).kind
+        if (kind == "bilstm") != (self.embed.kind == "tokens"):
+            raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
+                             "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "
+                             "BiLSTM reads only token ids")
+        if kind == "bilstm" and method.algorithm == "fsnet":
+            raise ValueError(f"methods.{i}.algorithm = 'fsnet' is not allowed with model.kind = 'bilstm': its "
+                             "server synthesises continuous inputs, not token ids; expected another algorithm")
 
     def method_model(self, method: MethodConfig) -> ModelConfig:
         """The model config a method runs with: top-level, then its overrides."""

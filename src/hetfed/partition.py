@@ -491,7 +491,8 @@ def opted_out_mask(n_clients: int, q: float, rng: np.random.Generator) -> np.nda
 def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
     """The full Federation from embedded data (any object with x_train, y_train, …)."""
     x, y = data.x_train, data.y_train
-    parts = partition_indices(x, y, cfg, seed, getattr(data, "client_train", None))
+    features = getattr(data, "measure_train", None)  # token ids are not features: cluster their bag of words
+    parts = partition_indices(x if features is None else features, y, cfg, seed, getattr(data, "client_train", None))
     if int(round(cfg.opt_out * len(parts))) >= len(parts):
         raise PartitionError(
             f"partition.opt_out = {cfg.opt_out} is not allowed with {len(parts)} clients: every client would "

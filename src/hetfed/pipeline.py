@@ -47,10 +47,12 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
         fed = replace(fed, server_x=server_x)
     h = config.heterogeneity
     with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients' {h.on} data)"):
+        # Γ on the features (for token ids: their bag-of-words view, hetfed.data.tokens)
         if h.on == "train":
             clients = list(fed.train)
         else:
             clients = [fed.client_indices(k) for k in range(fed.n_clients)]
-        het = measure(fed.x, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
+        features = fed.x if clients_data.measure_train is None else clients_data.measure_train
+        het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
                       estimator=h.estimator, measured_on=h.on, seed=config.seed)
     return Prepared(data, fed, het, ds.sources, federation_warnings(fed))

@@ -37,7 +37,9 @@ def split_off(data, config: Config):
         held = rng.permutation(n)[: max(1, int(round(cfg.fraction * n)))]
         keep = np.setdiff1d(np.arange(n), held)
         client_train = data.client_train[keep] if data.client_train is not None else None
-        rest = replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep], client_train=client_train)
+        bag = getattr(data, "measure_train", None)
+        rest = replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep], client_train=client_train,
+                       **({"measure_train": bag[keep]} if bag is not None else {}))
         server = data.x_train[np.sort(held)]
     else:
         rest, server = data, _other_dataset(data, config)
@@ -51,9 +53,10 @@ def _other_dataset(data, config: Config) -> np.ndarray:
     from hetfed.data import embed, load_dataset
 
     cfg = config.server_data
-    if config.embed.kind == "pca":
-        raise ConfigError("server_data.source = 'dataset' is not allowed with embed.kind = 'pca': the PCA is fitted "
-                          "on the federation's data; expected embed.kind 'identity' or a pre-trained extractor")
+    if config.embed.kind in ("pca", "tokens"):
+        raise ConfigError(f"server_data.source = 'dataset' is not allowed with embed.kind = {config.embed.kind!r}: "
+                          "it is fitted on the federation's data; expected embed.kind 'identity' or a pre-trained "
+                          "extractor, or server_data.source = 'holdout'")
     other = embed(load_dataset(DatasetConfig(name=cfg.name, data_dir=cfg.data_dir)), config.embed, progress=False)
     if other.x_train.shape[1:] != data.x_train.shape[1:]:
         raise ConfigError(f"server_data.name = {cfg.name!r} is not allowed here: its inputs have "

