@@ -181,6 +181,11 @@ def test_natural_uses_ids():
         natural(ids, PartitionConfig(kind="natural", clients=2))
     with pytest.raises(PartitionError, match="client ids"):
         natural(None, PartitionConfig(kind="natural", clients=None))
+    # movies with too few reviews are left out: only ids holding ≥ 2 samples become clients
+    small = natural(ids, PartitionConfig(kind="natural", clients=None, natural_min_samples=2))
+    assert [p.tolist() for p in small] == [[0, 1], [2, 3, 4]]
+    with pytest.raises(PartitionError, match="natural_min_samples = 4 leaves no client.*largest holds 3"):
+        natural(ids, PartitionConfig(kind="natural", clients=None, natural_min_samples=4))
 
 
 class _Data:

@@ -17,7 +17,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 from hetfed.errors import ConfigError
 
-DatasetName = Literal["digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "arrays"]
+DatasetName = Literal[
+    "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
+]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau", "bilstm"]
@@ -40,8 +42,8 @@ class DatasetConfig(_Strict):
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="held-out share when the data has no test split"
     )
-    positive_class: int | None = Field(
-        None, ge=0, description="make a binary task: this class against all others"
+    positive_class: int | str | None = Field(
+        None, description="make a binary task: this class (an id, or a label name such as Cough) against all others"
     )
     categories: list[str] | None = Field(
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
@@ -77,6 +79,9 @@ class PartitionConfig(_Strict):
     shards_per_client: int = Field(2, ge=1)
     opt_out: float = Field(0.0, ge=0, le=1)
     min_size: int = Field(10, ge=0)
+    natural_min_samples: int = Field(
+        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)"
+    )
     samples_per_client: int | None = Field(None, ge=1)
     pca_components: int = Field(2, ge=1)
     val_fraction: float = Field(0.15, ge=0, lt=1)

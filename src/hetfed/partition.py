@@ -421,13 +421,20 @@ def natural(ids: np.ndarray | None, cfg: PartitionConfig) -> Indices:
             "partition.kind = 'natural' needs client ids in the data: use dataset.name = 'arrays' "
             "with a 'client' array/column"
         )
-    uniq = np.unique(ids)
-    if cfg.clients is not None and cfg.clients != len(uniq):
+    uniq, counts = np.unique(ids, return_counts=True)
+    kept = uniq[counts >= cfg.natural_min_samples]  # e.g. movies with too few reviews to split or learn from
+    if len(kept) == 0:
+        raise PartitionError(
+            f"partition.natural_min_samples = {cfg.natural_min_samples} leaves no client: the largest holds "
+            f"{counts.max()} samples; expected at most {counts.max()}"
+        )
+    if cfg.clients is not None and cfg.clients != len(kept):
         raise PartitionError(
             f"partition.clients = {cfg.clients} is not allowed with partition.kind = 'natural': "
-            f"the data names {len(uniq)} clients; expected {len(uniq)} or null"
+            f"the data names {len(kept)} clients (with ≥ {cfg.natural_min_samples} samples); "
+            f"expected {len(kept)} or null"
         )
-    return [np.flatnonzero(ids == u).astype(np.int64) for u in uniq]
+    return [np.flatnonzero(ids == u).astype(np.int64) for u in kept]
 
 
 PARTITIONERS: dict[str, Callable[..., Indices]] = {

