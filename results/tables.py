@@ -3,6 +3,9 @@
     python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
     python results/tables.py paired SWEEP_DIR   # #12: each method and its paired difference to FedAvg
+    python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
+        # one row per value of the swept KEY, one column per method (× the other swept keys),
+        # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when measured
 
 Reads every run's summary.json (listed in sweep.json), so a method whose training
 diverged under attack is counted as what the server ended with: its final model
@@ -104,7 +107,30 @@ def _signed(values: list[float]) -> str:
     return f"{np.mean(values):+.3f} ± {ci95_over(values) or 0:.3f}" if values else "-"
 
 
+def grid_table(key: str, metric: str, sweeps: list[Path]) -> str:
+    cells: dict[object, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    gammas: dict[object, list] = defaultdict(list)
+    columns: list[str] = []
+    for sweep in sweeps:
+        for point, summary in _runs(sweep):
+            others = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items() if k != key)
+            gammas[point[key]].append(summary.get("gamma"))
+            for name, m in summary["methods"].items():
+                column = name + (f" ({others})" if others else "")
+                columns += [column] if column not in columns else []
+                cells[point[key]][column].append(m["best"].get(metric))
+    lines = [f"| {key} | Γ | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    for value in sorted(cells, key=lambda v: (v is None, v)):
+        row = cells[value]
+        lines.append(f"| {value} | {_cell(gammas[value])} | " + " | ".join(_cell(row[c]) for c in columns) + " |")
+    n = max(len(v) for row in cells.values() for v in row.values())
+    return "\n".join(lines) + f"\n\nbest {metric} (model chosen by validation loss); mean ± 95% CI (Student t) over {n} seeds\n"
+
+
 if __name__ == "__main__":
-    kind, directory = sys.argv[1], Path(sys.argv[2])
-    table = {"attack": attack_table, "dp": dp_table, "paired": paired_table}[kind]
-    print(table(directory))
+    kind = sys.argv[1]
+    if kind == "grid":
+        print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
+    else:
+        table = {"attack": attack_table, "dp": dp_table, "paired": paired_table}[kind]
+        print(table(Path(sys.argv[2])))
