@@ -192,3 +192,16 @@ def test_scaffold_on_flower_gives_the_vectorised_numbers(tmp_path):
     methods = {"methods": [{"name": "scaffold", "algorithm": "scaffold"}],
                "train": {**SMALL["train"], "client_fraction": 0.5}}
     _compare(_run(_config(methods, "flower"), tmp_path / "f"), _run(_config(methods, "vectorised"), tmp_path / "v"))
+
+
+def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path):
+    """FedMoE's text model travels as Flower records like any other: same numbers as in process."""
+    from tests.test_text_data import write_fortunes
+
+    write_fortunes(tmp_path / "f", per_category=20)
+    text = {"dataset": {"name": "fortunes", "data_dir": str(tmp_path / "f")},
+            "embed": {"kind": "tokens", "max_length": 8, "vocab_size": 60, "cache_dir": str(tmp_path / "c")},
+            "model": {"kind": "bilstm", "embedding_dim": 6, "lstm_hidden": 4},
+            "partition": {"kind": "iid", "clients": 3}, "flower": {"connect_timeout": 300},
+            "methods": [{"name": "bilstm", "algorithm": "fedavg"}]}
+    _compare(_run(_config(text, "flower"), tmp_path / "fl"), _run(_config(text, "vectorised"), tmp_path / "v"))
