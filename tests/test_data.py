@@ -208,3 +208,20 @@ def test_real_efficientnet_embeds_offline(tmp_path):
     assert out.x_train.shape == (6, 1280) and np.isfinite(out.x_train).all()
     assert not np.allclose(out.x_train[0], out.x_train[1])
     assert np.array_equal(embed(small, cfg, progress=False).x_train, out.x_train)  # from the cache
+
+
+def test_global_standardisation_uses_the_training_split_only():
+    raw = load_dataset(DatasetConfig(name="digits"))
+    std = load_dataset(DatasetConfig(name="digits", standardise="global"))
+    m, s = raw.x_train.mean(), raw.x_train.std()
+    np.testing.assert_allclose(std.x_train, (raw.x_train - m) / s, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(std.x_test, (raw.x_test - m) / s, rtol=1e-5, atol=1e-5)  # the train split's m, s
+    assert abs(std.x_train.mean()) < 1e-5 and abs(std.x_train.std() - 1) < 1e-5
+
+
+def test_standardising_text_is_refused(tmp_path):
+    from tests.test_text_data import write_fortunes
+
+    write_fortunes(tmp_path / "f")
+    with pytest.raises(DataError, match="dataset.standardise = 'global' cannot be used on text dataset 'fortunes'"):
+        load_dataset(DatasetConfig(name="fortunes", data_dir=str(tmp_path / "f"), standardise="global"))

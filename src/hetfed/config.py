@@ -49,6 +49,10 @@ class DatasetConfig(_Strict):
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
         "computers — the four largest)"
     )
+    standardise: Literal["none", "global"] = Field(
+        "none", description="global: (x − mean) / std with one mean and std over the training split's values "
+        "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
+    )
 
 
 class EmbedConfig(_Strict):

@@ -464,7 +464,25 @@ def load_dataset(cfg: DatasetConfig) -> Dataset:
     ds = LOADERS[cfg.name](cfg)
     if cfg.positive_class is not None:
         ds = binarise(ds, cfg.positive_class)
-    return validate_dataset(ds)
+    ds = validate_dataset(ds)
+    return standardise(ds) if cfg.standardise == "global" else ds
+
+
+def standardise(ds: Dataset) -> Dataset:
+    """``(x − m) / s`` with the training split's mean and standard deviation over all values.
+
+    The common preprocessing of MNIST-style images (torchvision's ``Normalize``),
+    which changes how fast plain SGD learns at a given learning rate.
+    """
+    if ds.x_train.dtype == object:
+        raise DataError(f"dataset.standardise = 'global' cannot be used on {ds.modality} dataset {ds.name!r}: "
+                        "expected images or numeric vectors")
+    mean, std = float(ds.x_train.mean()), float(ds.x_train.std())
+    if std == 0:
+        raise DataError(f"dataset.standardise = 'global' is not allowed for {ds.name!r}: its training values are "
+                        "all equal (standard deviation 0)")
+    scale = lambda x: ((x - mean) / std).astype(np.float32)  # noqa: E731
+    return replace(ds, x_train=scale(ds.x_train), x_test=scale(ds.x_test))
 
 
 def binarise(ds: Dataset, positive: int | str) -> Dataset:
