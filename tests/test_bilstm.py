@@ -173,3 +173,22 @@ def test_the_mixture_on_the_bilstm_agrees_across_executors():
     assert out[0].keys() == {"local", "fedavg", "finetuned", "mixture"}
     for view, acc in out[0].items():
         assert out[1][view] == pytest.approx(acc, abs=1e-6), view
+
+
+@pytest.mark.parametrize("algorithm", ["fedprox", "scaffold", "afl", "feddf", "fedgen", "local"])
+def test_every_algorithm_but_fsnet_trains_the_bilstm(tmp_path, algorithm):
+    """Through the runner on fortune-format files: the head split (FedGen), server data (FedDF), client sampling
+    (AFL) and control variates (SCAFFOLD) all work on token ids."""
+    from hetfed.experiments.runner import run_experiment
+    from tests.test_text_data import write_fortunes
+
+    write_fortunes(tmp_path / "f", per_category=20)
+    config = build_config({
+        "dataset": {"name": "fortunes", "data_dir": str(tmp_path / "f")},
+        "embed": {"kind": "tokens", "max_length": 8, "vocab_size": 60, "cache_dir": str(tmp_path / "c")},
+        "model": {"kind": "bilstm", "embedding_dim": 6, "lstm_hidden": 4},
+        "partition": {"kind": "iid", "clients": 3}, "train": {"rounds": 2, "local_steps": 3},
+        "feddf": {"max_steps": 5, "eval_every": 5}, "fedgen": {"server_steps": 5},
+        "methods": [{"algorithm": algorithm}]})
+    summary = run_experiment(config, out=tmp_path / "run", progress=False).summary
+    assert 0.0 <= summary["methods"][algorithm]["best"]["global_accuracy"] <= 1.0
