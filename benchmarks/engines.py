@@ -9,13 +9,16 @@ Settings (from the Flower issue):
   b. fedmoe: FedMoE's FedAvg phase — 5 of 100 clients × 100 Fashion-MNIST images per round,
              LeNet-style CNN, E = 1, B = 32, Adam 1e-3 (digits with the CNN if Fashion-MNIST is absent);
   c. mlp:    100 clients × 600 × 784 (synthetic, Fashion-MNIST-sized), MLP 784-200-200-10, E = 1, B = 50,
-             all per round.
+             all per round;
+  d. bilstm: FedMoE's text model (embedding 100, BiLSTM 64, 10 000 ids) on fortunes' token ids (synthetic
+             texts of fortune-like lengths if Debian's fortunes is absent), 10 of 30 clients × 75 texts per
+             round, E = 1, B = 32, Adam 1e-3.
 
 Seconds per round are training rounds only (sample → broadcast → train → aggregate),
 from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluation
 are excluded and reported apart. Not a test: nothing is asserted.
 
-    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp] [--engines vectorised sequential flower deployment]
+    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm] [--engines vectorised sequential flower deployment]
 """
 
 from __future__ import annotations
@@ -68,6 +71,25 @@ def case_config(case: str, tmp: Path) -> dict:
                 "model": {"kind": "mlp", "hidden": [200, 200]},
                 "train": {"client_fraction": 1.0, "local_epochs": 1, "batch_size": 50,
                           "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.0}},
+                "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
+    if case == "bilstm":
+        if Path("/usr/share/games/fortunes/people").exists():
+            data = {"name": "fortunes"}
+        else:
+            path = tmp / "texts.npz"
+            if not path.exists():
+                rng = np.random.default_rng(0)
+                words = np.array([f"w{i}" for i in range(5000)])
+                y = rng.integers(0, 4, 4000)
+                x = np.array([" ".join(rng.choice(words, rng.integers(5, 60))) for _ in y])
+                np.savez(path, x=x, y=y, split=np.array(["train"] * 3600 + ["test"] * 400))
+            data = {"name": "arrays", "path": str(path)}
+        return {"dataset": data, "embed": {"kind": "tokens", "max_length": 64, "vocab_size": 10000},
+                "partition": {"kind": "majority", "clients": 30, "p": 0.8, "samples_per_client": 100,
+                              "min_size": 1, "val_fraction": 0.125, "test_fraction": 0.125},
+                "model": {"kind": "bilstm"},
+                "train": {"clients_per_round": 10, "local_epochs": 1, "batch_size": 32,
+                          "optimizer": {"kind": "adam", "lr": 0.001, "momentum": 0.0}},
                 "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
     raise ValueError(case)
 
