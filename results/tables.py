@@ -5,7 +5,7 @@
     python results/tables.py paired SWEEP_DIR   # #12: each method and its paired difference to FedAvg
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
-        # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when measured
+        # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
 
 Reads every run's summary.json (listed in sweep.json), so a method whose training
 diverged under attack is counted as what the server ended with: its final model
@@ -119,10 +119,13 @@ def grid_table(key: str, metric: str, sweeps: list[Path]) -> str:
                 column = name + (f" ({others})" if others else "")
                 columns += [column] if column not in columns else []
                 cells[point[key]][column].append(m["best"].get(metric))
-    lines = [f"| {key} | Γ | " + " | ".join(columns) + " |", "|---|---|" + "---|" * len(columns)]
+    with_gamma = key.startswith("partition.")  # otherwise a row mixes partitions: its mean Γ would mean nothing
+    gamma_head, gamma_rule = ("Γ | ", "---|") if with_gamma else ("", "")
+    lines = [f"| {key} | {gamma_head}" + " | ".join(columns) + " |", f"|---|{gamma_rule}" + "---|" * len(columns)]
     for value in sorted(cells, key=lambda v: (v is None, v)):
         row = cells[value]
-        lines.append(f"| {value} | {_cell(gammas[value])} | " + " | ".join(_cell(row[c]) for c in columns) + " |")
+        gamma = f"{_cell(gammas[value])} | " if with_gamma else ""
+        lines.append(f"| {value} | {gamma}" + " | ".join(_cell(row[c]) for c in columns) + " |")
     n = max(len(v) for row in cells.values() for v in row.values())
     return "\n".join(lines) + f"\n\nbest {metric} (model chosen by validation loss); mean ± 95% CI (Student t) over {n} seeds\n"
 
