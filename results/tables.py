@@ -72,33 +72,34 @@ def dp_table(sweep: Path) -> str:
 
 
 def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
-    """Per method: best global and local accuracy (mean ± CI over seeds) and the paired difference to the
-    baseline on the same partition (each seed's run holds every method on one federation)."""
+    """Per method (and grid point, when the sweep has several): best global and local accuracy (mean ± CI over
+    seeds) and the paired difference to the baseline on the same partition (each run holds every method on one
+    federation)."""
     metrics = (("global", "global_accuracy"), ("local", "local_accuracy_mean"))
     values: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diffs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    methods: list[str] = []
-    for _point, summary in _runs(sweep):
+    timing: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    rows: list[str] = []
+    for point, summary in _runs(sweep):
+        where = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
         base = summary["methods"][baseline]["best"]
         for name, m in summary["methods"].items():
-            methods += [name] if name not in methods else []
+            row = name + (f" ({where})" if where else "")
+            rows += [row] if row not in rows else []
             for short, key in metrics:
                 v, b = m["best"].get(key), base.get(key)
-                values[name][short].append(v)
-                if v is not None and b is not None:
-                    diffs[name][short].append(v - b)
+                values[row][short].append(v)
+                if v is not None and b is not None and name != baseline:
+                    diffs[row][short].append(v - b)
+            timing[row]["s"].append(m.get("seconds_per_round"))
+            timing[row]["server"].append(m.get("server_seconds_per_round"))
     lines = ["| method | global acc | Δ global vs FedAvg | local acc | Δ local vs FedAvg | s/round | server s/round |",
              "|---|---|---|---|---|---|---|"]
-    timing = defaultdict(lambda: defaultdict(list))
-    for _point, summary in _runs(sweep):
-        for name, m in summary["methods"].items():
-            timing[name]["s"].append(m.get("seconds_per_round"))
-            timing[name]["server"].append(m.get("server_seconds_per_round"))
-    for name in methods:
-        d = ["-" if name == baseline else _signed(diffs[name][s]) for s, _ in metrics]
-        lines.append(f"| {name} | {_cell(values[name]['global'])} | {d[0]} | {_cell(values[name]['local'])} | {d[1]} "
-                     f"| {np.mean(timing[name]['s']):.4f} | {np.mean(timing[name]['server']):.4f} |")
-    n = len(values[baseline]["global"])
+    for row in rows:
+        d = [_signed(diffs[row][s]) if diffs[row][s] else "-" for s, _ in metrics]
+        lines.append(f"| {row} | {_cell(values[row]['global'])} | {d[0]} | {_cell(values[row]['local'])} | {d[1]} "
+                     f"| {np.mean(timing[row]['s']):.4f} | {np.mean(timing[row]['server']):.4f} |")
+    n = max(len(v["global"]) for v in values.values())
     return "\n".join(lines) + (f"\n\nbest model by validation loss; mean ± 95% CI (Student t) over n = {n} seeds; "
                                "Δ: paired difference on the same partition and seed\n")
 
