@@ -2,7 +2,8 @@
 
     python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
-    python results/tables.py paired SWEEP_DIR   # #12: each method and its paired difference to FedAvg
+    python results/tables.py paired SWEEP_DIR [BASELINE]   # each method and its paired difference to FedAvg
+                                                           # (or to the method named BASELINE)
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -93,15 +94,20 @@ def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
                     diffs[row][short].append(v - b)
             timing[row]["s"].append(m.get("seconds_per_round"))
             timing[row]["server"].append(m.get("server_seconds_per_round"))
-    lines = ["| method | global acc | Δ global vs FedAvg | local acc | Δ local vs FedAvg | s/round | server s/round |",
+    lines = [f"| method | global acc | Δ global vs {baseline} | local acc | Δ local vs {baseline} | s/round | server s/round |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         d = [_signed(diffs[row][s]) if diffs[row][s] else "-" for s, _ in metrics]
         lines.append(f"| {row} | {_cell(values[row]['global'])} | {d[0]} | {_cell(values[row]['local'])} | {d[1]} "
-                     f"| {np.mean(timing[row]['s']):.4f} | {np.mean(timing[row]['server']):.4f} |")
+                     f"| {_mean(timing[row]['s'])} | {_mean(timing[row]['server'])} |")
     n = max(len(v["global"]) for v in values.values())
     return "\n".join(lines) + (f"\n\nbest model by validation loss; mean ± 95% CI (Student t) over n = {n} seeds; "
                                "Δ: paired difference on the same partition and seed\n")
+
+
+def _mean(values: list) -> str:
+    known = [v for v in values if v is not None]
+    return f"{np.mean(known):.4f}" if known else "-"
 
 
 def _signed(values: list[float]) -> str:
@@ -135,6 +141,8 @@ if __name__ == "__main__":
     kind = sys.argv[1]
     if kind == "grid":
         print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
+    elif kind == "paired":
+        print(paired_table(Path(sys.argv[2]), *sys.argv[3:4]))
     else:
-        table = {"attack": attack_table, "dp": dp_table, "paired": paired_table}[kind]
+        table = {"attack": attack_table, "dp": dp_table}[kind]
         print(table(Path(sys.argv[2])))
