@@ -32,6 +32,8 @@ def _runs(sweep: Path):
 
 def _cell(values: list[float]) -> str:
     v = [x for x in values if x is not None]
+    if len(v) == 1:
+        return f"{v[0]:.3f} (1 seed)"
     return f"{np.mean(v):.3f} ± {ci95_over(v) or 0:.3f}" if v else "-"
 
 
@@ -114,18 +116,30 @@ def _signed(values: list[float]) -> str:
     return f"{np.mean(values):+.3f} ± {ci95_over(values) or 0:.3f}" if values else "-"
 
 
+def _configured(run_dir: Path, key: str):
+    """A dotted key's value in a run's resolved config.yaml."""
+    import yaml
+
+    node = yaml.safe_load((run_dir / "config.yaml").read_text())
+    for part in key.split("."):
+        node = node[part]
+    return node
+
+
 def grid_table(key: str, metric: str, sweeps: list[Path]) -> str:
     cells: dict[object, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     gammas: dict[object, list] = defaultdict(list)
     columns: list[str] = []
     for sweep in sweeps:
-        for point, summary in _runs(sweep):
+        for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
+            point, summary = run["point"], json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+            value = point[key] if key in point else _configured(Path(run["run_dir"]), key)  # not swept here
             others = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items() if k != key)
-            gammas[point[key]].append(summary.get("gamma"))
+            gammas[value].append(summary.get("gamma"))
             for name, m in summary["methods"].items():
                 column = name + (f" ({others})" if others else "")
                 columns += [column] if column not in columns else []
-                cells[point[key]][column].append(m["best"].get(metric))
+                cells[value][column].append(m["best"].get(metric))
     with_gamma = key.startswith("partition.")  # otherwise a row mixes partitions: its mean Γ would mean nothing
     gamma_head, gamma_rule = ("Γ | ", "---|") if with_gamma else ("", "")
     lines = [f"| {key} | {gamma_head}" + " | ".join(columns) + " |", f"|---|{gamma_rule}" + "---|" * len(columns)]
