@@ -202,17 +202,18 @@ class Model:
 
 
 def _method_of(cfg: Config, row: str):
-    """The configured method behind a row of the results (FedMoE's views are rows of their own)."""
-    from hetfed.algorithms.fedmoe import METHODS
-    from hetfed.experiments.runner import _row_name
+    """The configured method behind a row of the results (the views of a method that has them — FedMoE's —
+    are rows of their own)."""
+    from hetfed.algorithms import registry
+    from hetfed.experiments.runner import row_name
 
     for m in cfg.methods:
-        if row == m.label and m.algorithm != "fedmoe":
+        views = registry.get(m.algorithm).capabilities.views
+        if row == m.label and not views:
             return m, None
-        if m.algorithm == "fedmoe":
-            for view in METHODS:
-                if row == _row_name(m.label, view):
-                    return m, view
+        for view in views:
+            if row == row_name(m, view):
+                return m, view
     raise ConfigError(f"method {row!r} is not allowed: expected one of the run's rows")
 
 
@@ -228,7 +229,9 @@ class Run:
 
     @cached_property
     def config(self) -> Config:
-        return load_config(self.dir / "config.yaml")
+        from hetfed.config import load_run_config
+
+        return load_run_config(self.dir / "config.yaml")
 
     @cached_property
     def summary(self) -> dict:

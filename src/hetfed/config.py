@@ -23,7 +23,6 @@ DatasetName = Literal[
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "logreg", "cgau", "bilstm"]
-AlgorithmName = Literal["fedavg", "fedprox", "local", "fedmoe", "fsnet", "scaffold", "afl", "feddf", "fedgen"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -174,12 +173,6 @@ class TrainConfig(_Strict):
     batch_size: int = Field(32, ge=1)
     optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
     lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by this every round")
-    server_lr: float = Field(1.0, gt=0)
-    prox_mu: float = Field(0.01, ge=0, description="FedProx proximal weight")
-    scaffold_option: Literal[1, 2] = Field(
-        2, description="SCAFFOLD's client control-variate update: 2 (the paper's cheaper default, from the "
-        "model change) or 1 (the full local gradient at the server model)"
-    )
     eval_every: int = Field(1, ge=1)
     eval_clients: int | None = Field(
         None, ge=2, description="score a fixed random sample of this many clients at each evaluation (None: all); "
@@ -241,41 +234,6 @@ class FlowerConfig(_Strict):
     client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
 
 
-class MoEConfig(_Strict):
-    """FedMoE's per-client phases: fine-tuning, then specialist + gate (and the Local baseline).
-
-    Each phase trains every client for at most ``max_epochs`` epochs and keeps,
-    per client, the parameters with the lowest validation loss; a client stops
-    once it has not improved for ``patience`` epochs.
-    """
-
-    max_epochs: int = Field(100, ge=1)
-    patience: int = Field(10, ge=1)
-    batch_size: int = Field(32, ge=1)
-    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
-    blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
-    eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
-    personalise: Literal["all", "evaluated"] = Field(
-        "all",
-        description="which clients run Local, fine-tuning and the mixture: all (the method) or only the "
-        "evaluated sample (the same numbers for them, a fraction of the cost)",
-    )
-
-
-class FSNetConfig(_Strict):
-    """Fed-FSNet's server-side synthesis (see hetfed.algorithms.fsnet for the decisions)."""
-
-    n_synthetic: int = Field(60, ge=1, description="size of the synthetic set D′")
-    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="hidden model H_ω widths")
-    server_steps: int = Field(100, ge=0, description="Adam steps on H_ω per round")
-    server_batch: int = Field(256, ge=1, description="mixture samples per step")
-    server_lr: float = Field(1e-3, gt=0)
-    epsilon: float = Field(0.01, ge=0, lt=1, description="off-class mass per class in near-one-hot inputs")
-    beta0: float = Field(1.0, ge=0, description="β at round 0")
-    beta_decay: float = Field(0.1, ge=0, le=1, description="β multiplied by this every beta_every rounds")
-    beta_every: int = Field(10, ge=1)
-
-
 class ServerDataConfig(_Strict):
     """Unlabeled data the server holds (FedDF distils on it). Labels are never used.
 
@@ -291,45 +249,6 @@ class ServerDataConfig(_Strict):
     name: DatasetName | None = Field(None, description="dataset: which dataset's training inputs")
     data_dir: str | None = None
     max_samples: int | None = Field(10_000, ge=10, description="at most this many server samples (random)")
-
-
-class FedDFConfig(_Strict):
-    """FedDF's server-side ensemble distillation (Lin et al. 2020: Adam 1e-3, batch 128, T = 1, early
-    stopping; their step budget of 10⁴ with patience 10³ is ``max_steps: 10000, patience: 1000``)."""
-
-    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
-    batch_size: int = Field(128, ge=1)
-    temperature: float = Field(1.0, gt=0)
-    max_steps: int = Field(500, ge=1, description="distillation steps per round at most (the paper: 10 000; "
-                           "500 keeps a CPU round in seconds)")
-    patience: int = Field(200, ge=1, description="stop after this many steps without a better validation KL "
-                          "(the paper: 1 000)")
-    eval_every: int = Field(50, ge=1, description="steps between validation checks")
-    val_fraction: float = Field(0.2, ge=0, lt=1, description="share of the server data held out for early stopping "
-                                "(0: no early stopping, the last student is kept)")
-
-
-class FedGenConfig(_Strict):
-    """FedGen's generator and regulariser (Zhu et al. 2021; defaults from the authors' code where the paper is silent)."""
-
-    noise_dim: int = Field(32, ge=1, description="ε's size")
-    hidden: list[int] = Field(default_factory=lambda: [256], description="the generator MLP's hidden widths")
-    lr: float = Field(3e-4, gt=0, description="the generator's Adam learning rate")
-    server_steps: int = Field(100, ge=0, description="generator steps per round")
-    batch_size: int = Field(64, ge=2, description="labels drawn per generator step")
-    diversity: float = Field(1.0, ge=0, description="weight of the diversity term")
-    alpha: float = Field(1.0, ge=0, description="weight of the clients' generated-feature loss")
-    alpha_decay: float = Field(0.98, gt=0, le=1, description="α multiplied by this every round")
-    client_samples: int = Field(64, ge=1, description="(ε, y) pairs each client draws per round")
-
-
-class AFLConfig(_Strict):
-    """Active Federated Learning's client sampling (Goetz et al. 2019, Algorithm 1; the paper's values)."""
-
-    alpha1: float = Field(0.75, ge=0, lt=1, description="share of clients with the lowest valuations never drawn "
-                          "by the softmax")
-    alpha2: float = Field(0.01, ge=0, description="softmax inverse temperature on the valuations")
-    alpha3: float = Field(0.1, ge=0, le=1, description="share of each round's clients drawn uniformly")
 
 
 class AttackConfig(_Strict):
@@ -371,13 +290,41 @@ class PrivacyConfig(_Strict):
         return self
 
 
+class ServerConfig(_Strict):
+    """The server optimiser, applied to the pseudo-gradient of every algorithm whose server holds a model
+    (see hetfed.server.optimizers for the update equations)."""
+
+    optimizer: Literal["sgd", "avgm", "adagrad", "adam", "yogi"] = Field(
+        "sgd", description="sgd (FedAvg's step; lr 1: the average itself), avgm (FedAvgM, Hsu et al. 2019), "
+        "adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, Reddi et al. 2021, Algorithm 2)"
+    )
+    lr: float | None = Field(None, gt=0, description="server learning rate η (None: 1 for sgd and avgm, 0.01 for "
+                             "the adaptive ones)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="avgm: server momentum β")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adaptive: first-moment decay β₁")
+    beta2: float = Field(0.99, ge=0, lt=1, description="adam / yogi: second-moment decay β₂")
+    tau: float = Field(1e-3, gt=0, description="adaptive: τ, the adaptivity (and v₋₁ = τ²)")
+    bias_correction: bool = Field(
+        False, description="adaptive: Adam's bias correction and v₋₁ = 0, as Flower's FedAdam (the paper has neither)"
+    )
+
+    @property
+    def effective_lr(self) -> float:
+        if self.lr is not None:
+            return self.lr
+        return 1.0 if self.optimizer in ("sgd", "avgm") else 0.01
+
+
 class MethodConfig(_Strict):
-    """One method of a comparison; ``model``/``train`` override the top-level ones."""
+    """One method of a comparison: its algorithm and that algorithm's own ``params`` (see
+    ``hetfed algorithms``); ``model``/``train``/``server`` override the top-level sections."""
 
     name: str | None = None
-    algorithm: AlgorithmName = "fedavg"
+    algorithm: str = "fedavg"
+    params: dict[str, Any] = Field(default_factory=dict)
     model: dict[str, Any] = Field(default_factory=dict)
     train: dict[str, Any] = Field(default_factory=dict)
+    server: dict[str, Any] = Field(default_factory=dict)
 
     @property
     def label(self) -> str:
@@ -395,12 +342,8 @@ class Config(_Strict):
     heterogeneity: HeterogeneityConfig = Field(default_factory=HeterogeneityConfig)
     model: ModelConfig = Field(default_factory=ModelConfig)
     train: TrainConfig = Field(default_factory=TrainConfig)
-    moe: MoEConfig = Field(default_factory=MoEConfig)
-    fsnet: FSNetConfig = Field(default_factory=FSNetConfig)
+    server: ServerConfig = Field(default_factory=ServerConfig)
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
-    afl: AFLConfig = Field(default_factory=AFLConfig)
-    feddf: FedDFConfig = Field(default_factory=FedDFConfig)
-    fedgen: FedGenConfig = Field(default_factory=FedGenConfig)
     server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
@@ -410,42 +353,60 @@ class Config(_Strict):
     ])
     out_dir: str = "runs"
 
+    @model_validator(mode="before")
+    @classmethod
+    def _moved_keys(cls, data: Any) -> Any:
+        """Keys that moved when algorithms got their own ``params``: a one-line error naming the new key."""
+        if isinstance(data, dict):
+            refuse_legacy(data)
+        return data
+
     @model_validator(mode="after")
     def _methods_resolve(self) -> Config:
+        from hetfed.algorithms import registry  # the algorithms' own declarations (discovered, not listed here)
+
         if not self.methods:
             raise ValueError("methods is empty: list at least one method")
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
-        needs_server_data = [i for i, m in enumerate(self.methods) if m.algorithm == "feddf"]
-        if needs_server_data and self.server_data.source == "none":
-            raise ValueError(f"server_data.source = 'none' is not allowed with methods.{needs_server_data[0]}.algorithm "
-                             "= 'feddf': it distils on unlabeled server data; expected 'auto', 'holdout' or 'dataset'")
         if self.server_data.source == "dataset" and self.server_data.name is None:
             raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
                              "e.g. fashion-mnist")
-        views = {"local", "fedavg", "finetuned", "mixture"}  # FedMoE named "fedmoe" reports its views unprefixed
-        if any(m.algorithm == "fedmoe" and m.label == "fedmoe" for m in self.methods):
-            clash = sorted(views & set(labels))
-            if clash:
-                raise ValueError(f"methods names {clash} clash with the rows of the method named 'fedmoe' "
-                                 f"(its views {sorted(views)}): rename them")
         for i, m in enumerate(self.methods):
+            spec = registry.get(m.algorithm, f"methods.{i}.algorithm")
+            spec.make_params(m.params, f"methods.{i}.params")
+            caps = spec.capabilities
+            if caps.server_data and self.server_data.source == "none":
+                raise ValueError(f"server_data.source = 'none' is not allowed with methods.{i}.algorithm = "
+                                 f"{m.algorithm!r}: it needs unlabeled server data; expected 'auto', 'holdout' or "
+                                 "'dataset'")
+            clash = sorted(set(caps.views) & (set(labels) - {m.label})) if m.label == m.algorithm else []
+            if clash:  # a method named after its algorithm reports its views unprefixed
+                raise ValueError(f"methods names {clash} clash with the rows of the method named {m.label!r} "
+                                 f"(its views {sorted(caps.views)}): rename them")
             _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
             _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
-            self._check_tokens(i, m)
+            _validate_override(ServerConfig, self.server, m.server, f"methods.{i}.server")
+            self._check_model(i, m, caps)
         return self
 
-    def _check_tokens(self, i: int, method: MethodConfig) -> None:
-        """Token ids are inputs only the BiLSTM reads, and the BiLSTM reads nothing else."""
+    def _check_model(self, i: int, method: MethodConfig, caps) -> None:
+        """Token ids are inputs only the BiLSTM reads, the BiLSTM reads nothing else, and an algorithm
+        may support only some model kinds."""
         kind = self.method_model(method).kind
         if (kind == "bilstm") != (self.embed.kind == "tokens"):
             raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
                              "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "
                              "BiLSTM reads only token ids")
-        if kind == "bilstm" and method.algorithm == "fsnet":
-            raise ValueError(f"methods.{i}.algorithm = 'fsnet' is not allowed with model.kind = 'bilstm': its "
-                             "server synthesises continuous inputs, not token ids; expected another algorithm")
+        if caps.model_kinds is not None and kind not in caps.model_kinds:
+            raise ValueError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = "
+                             f"{kind!r}: {caps.model_reason or 'unsupported'}; expected model.kind in "
+                             f"{list(caps.model_kinds)}")
+
+    def method_server(self, method: MethodConfig) -> ServerConfig:
+        """The server config a method runs with: top-level, then its overrides."""
+        return ServerConfig(**_deep_merge(self.server.model_dump(), method.server))
 
     def method_model(self, method: MethodConfig) -> ModelConfig:
         """The model config a method runs with: top-level, then its overrides."""
@@ -454,6 +415,105 @@ class Config(_Strict):
     def method_train(self, method: MethodConfig) -> TrainConfig:
         """The train config a method runs with: top-level, then its overrides."""
         return TrainConfig(**_deep_merge(self.train.model_dump(), method.train))
+
+
+class DeprecatedKey(UserWarning):
+    """A config key that still works but has a new name (shown once on stderr)."""
+
+
+def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
+    """The error for an old ``train.*`` key that is now an algorithm's parameter (None: none there)."""
+    from hetfed.algorithms import registry
+
+    if not isinstance(train, dict):
+        return None
+    for old, (algo, new) in registry.legacy_train_keys().items():
+        if old in train:
+            users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algo]
+            target = f"methods.{users[0]}.params.{new}" if users else f"methods.<i>.params.{new}"
+            return (f"{where}.{old} = {train[old]!r} is no longer a train key: it is algorithm {algo!r}'s "
+                    f"parameter {new!r}; set {target} instead (see `hetfed algorithms`)")
+    return None
+
+
+def _server_lr(section: dict, server: dict, where: str, server_where: str) -> None:
+    """``train.server_lr`` still works: it is ``server.lr`` (with a one-line deprecation note)."""
+    import warnings
+
+    if not isinstance(section, dict) or "server_lr" not in section:
+        return
+    value = section.pop("server_lr")
+    if server.get("lr") is not None and server["lr"] != value:
+        raise ConfigError(f"{where}.server_lr = {value!r} and {server_where}.lr = {server['lr']!r} are both set: "
+                          f"{where}.server_lr is the old name of {server_where}.lr; keep {server_where}.lr")
+    server["lr"] = value
+    warnings.warn(f"{where}.server_lr is deprecated: it is now {server_where}.lr (set to {value!r})", DeprecatedKey,
+                  stacklevel=2)
+
+
+def refuse_legacy(data: dict) -> None:
+    """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map
+    ``train.server_lr`` to ``server.lr``. ``data`` is a raw config mapping (changed in place)."""
+    from hetfed.algorithms import registry
+
+    methods = data.get("methods") if isinstance(data.get("methods"), list) else []
+    for section, algo in registry.legacy_sections().items():
+        if section in data:
+            users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algo]
+            target = f"methods.{users[0]}.params" if users else "methods.<i>.params"
+            raise ValueError(f"top-level section {section!r} is no longer allowed: algorithm {algo!r}'s settings are "
+                             f"its parameters now; move them to {target} (see `hetfed algorithms`)")
+    problem = _moved_train_keys(data.get("train"), "train", methods)
+    if isinstance(data.get("train"), dict):
+        data.setdefault("server", {})
+        if isinstance(data["server"], dict):
+            _server_lr(data["train"], data["server"], "train", "server")
+    for i, m in enumerate(methods):
+        if not isinstance(m, dict):
+            continue
+        problem = problem or _moved_train_keys(m.get("train"), f"methods.{i}.train", methods)
+        if isinstance(m.get("train"), dict) and "server_lr" in m["train"]:
+            m["server"] = dict(m.get("server") or {})
+            _server_lr(m["train"], m["server"], f"methods.{i}.train", f"methods.{i}.server")
+    if problem:
+        raise ValueError(problem)
+
+
+def migrate_legacy(raw: dict) -> dict:
+    """A config written by an older hetfed (a run directory's config.yaml) in today's keys.
+
+    Old top-level sections and ``train.*`` keys become the ``params`` of the methods whose
+    algorithm took them over; ``train.server_lr`` becomes ``server.lr``.
+    """
+    from hetfed.algorithms import registry
+
+    raw = copy.deepcopy(raw)
+    methods = raw.get("methods") if isinstance(raw.get("methods"), list) else []
+    sections = {section: raw.pop(section) for section in registry.legacy_sections() if section in raw}
+    train_keys = registry.legacy_train_keys()
+    top_train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    moved_top = {old: top_train.pop(old) for old in list(top_train) if old in train_keys}
+    if "server_lr" in top_train:
+        raw.setdefault("server", {})["lr"] = top_train.pop("server_lr")
+    for m in methods:
+        if not isinstance(m, dict):
+            continue
+        spec = registry.get(str(m.get("algorithm", "fedavg")))
+        params = dict(sections.get(spec.legacy_section, {}) or {}) if spec.legacy_section else {}
+        own_train = m.get("train") if isinstance(m.get("train"), dict) else {}
+        for old, (algo, new) in train_keys.items():
+            value = own_train.pop(old, moved_top.get(old))
+            if algo == spec.name and value is not None:
+                params[new] = value
+        if "server_lr" in own_train:
+            m.setdefault("server", {})["lr"] = own_train.pop("server_lr")
+        m["params"] = {**params, **(m.get("params") or {})}
+    return raw
+
+
+def load_run_config(path: str | Path) -> Config:
+    """The config of a run directory (``config.yaml``), written by this or an older hetfed."""
+    return build_config(migrate_legacy(read_yaml(path)))
 
 
 def _validate_override(schema: type[BaseModel], base: BaseModel, override: dict, where: str) -> None:

@@ -24,13 +24,14 @@ Everything random comes from generators derived from the run seed.
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetfed.config import TrainConfig
+from hetfed.config import ServerConfig, TrainConfig
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.robust import DPNoise, combine
@@ -46,9 +47,25 @@ from hetfed.engine.types import (
 from hetfed.models.base import Model
 
 __all__ = [
-    "Algorithm", "Broadcast", "ClientData", "ClientEvalData", "ClientState", "Params", "Predictor",
+    "Algorithm", "Broadcast", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
     "ServerState", "Upload", "client_scores", "predict", "weighted_average",
 ]
+
+
+@dataclass(frozen=True, eq=False)
+class Context:
+    """What an algorithm is built with besides its model, schedule and parameters.
+
+    server: the server pipeline's settings (``server.*``); seed: the run seed (for
+    per-client phases that draw from it); in_features: the flattened input size (a
+    server model that decodes to inputs, Fed-FSNet's); build: a model of the same
+    kind with n outputs (FedMoE's gate).
+    """
+
+    server: ServerConfig = field(default_factory=ServerConfig)
+    seed: int = 0
+    in_features: int | None = None
+    build: Callable[[int], Model] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -82,27 +99,62 @@ class Predictor:
 
 
 class Algorithm:
-    """Base class with FedAvg's server side; subclasses change what they need."""
+    """Base class with FedAvg's server side; subclasses change what they need.
 
-    name = "base"
-    #: True when the server keeps a model that can be evaluated on its own
-    has_global_model = True
-    #: named predictors a client evaluates after :meth:`personalise` (empty: only the model)
-    views: tuple[str, ...] = ()
-    #: the name the federated phase is reported under when there are views
-    federated_view = "fedavg"
+    What an algorithm *is* (its name, parameters, capabilities) is its registered
+    :class:`~hetfed.algorithms.registry.AlgorithmSpec` (``spec``, set by ``register``);
+    the class holds only behaviour.
+    """
 
+    #: set by :func:`hetfed.algorithms.registry.register`
+    spec = None
     #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
     privacy = None
-    #: True when the server needs every client's update of a round at once (FedDF's ensemble): no streaming
-    needs_all_updates = False
 
-    def __init__(self, model: Model, train: TrainConfig):
+    def __init__(self, model: Model, train: TrainConfig, params=None, context: Context | None = None):
         self.model = model
         self.train = train
+        self.params = params if params is not None or self.spec is None else self.spec.make_params(None)
+        self.context = context or Context()
         self.schedule = LocalSchedule.from_train(train)
         self._seed = 0
         self._expected_clients = 1
+        from hetfed.server.optimizers import ServerOptimizer
+        from hetfed.server.pipeline import ServerPipeline
+
+        t = train
+        self.pipeline = ServerPipeline(t.aggregator, t.trim_fraction, t.byzantine_fraction, t.multi_krum_keep,
+                                       ServerOptimizer.from_config(self.context.server))
+
+    @property
+    def name(self) -> str:
+        return self.spec.name if self.spec is not None else type(self).__name__.lower()
+
+    @property
+    def capabilities(self):
+        from hetfed.algorithms.registry import Capabilities
+
+        return self.spec.capabilities if self.spec is not None else Capabilities()
+
+    @property
+    def has_global_model(self) -> bool:
+        """True when the server keeps a model that can be evaluated on its own."""
+        return self.capabilities.server_model
+
+    @property
+    def views(self) -> tuple[str, ...]:
+        """Named predictors a client evaluates after :meth:`personalise` (empty: only the model)."""
+        return self.capabilities.views
+
+    @property
+    def federated_view(self) -> str:
+        """The name the federated phase is reported under when there are views."""
+        return self.capabilities.federated_view
+
+    @property
+    def needs_all_updates(self) -> bool:
+        """True when the server needs every client's update of a round at once: no streaming."""
+        return self.capabilities.whole_round
 
     @property
     def personalised(self) -> bool:
@@ -128,20 +180,26 @@ class Algorithm:
     def dp(self) -> bool:
         return self.privacy is not None and self.privacy.noise_multiplier is not None
 
-    def combine(self, old: Params, upload: Upload, round: int) -> Params:
-        """The new shared parameters from a round's updates: ``train.aggregator``, or DP-FedAvg under ``privacy``.
+    def server_step(self, state: ServerState, upload: Upload) -> tuple[Params, dict]:
+        """The server pipeline on a round's updates: ``(new shared params, server extra)``.
 
-        Every algorithm that averages shared parameters calls this, so robust rules
-        and differential privacy apply to all of them alike.
+        Combine (``train.aggregator``), DP-FedAvg's noise under ``privacy``, then the server
+        optimiser (``server.*``) on the pseudo-gradient. Every algorithm whose server holds a
+        model calls this, so robust rules, DP and server optimisers serve all of them alike.
+        The optimiser's state goes into the returned extra (and so into checkpoints).
         """
-        t = self.train
+        from hetfed.server.pipeline import OPTIMIZER_STATE
+
         dp = None
         if self.dp:
             p = self.privacy
             dp = DPNoise(p.noise_multiplier, p.clip, self._expected_clients, p.weighting == "uniform",
-                         derive_seed(self._seed, DP_NOISE, round))
-        return combine(old, upload, t.aggregator, t.server_lr, t.trim_fraction, t.byzantine_fraction,
-                       t.multi_krum_keep, dp)
+                         derive_seed(self._seed, DP_NOISE, state.round))
+        params, opt = self.pipeline.step(state.params, upload, state.extra.get(OPTIMIZER_STATE, {}), dp)
+        extra = dict(state.extra)
+        if opt:
+            extra[OPTIMIZER_STATE] = opt
+        return params, extra
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
@@ -157,9 +215,10 @@ class Algorithm:
         return Broadcast(params=state.params, round=round, lr=lr)
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        """FedAvg: sample-count-weighted mean (or the configured robust / private rule), moved by the server lr."""
-        return ServerState(params=self.combine(state.params, upload, state.round), round=state.round + 1,
-                           extra=state.extra)
+        """FedAvg: the server pipeline (sample-weighted mean, or the configured robust / private rule, then
+        the server optimiser)."""
+        params, extra = self.server_step(state, upload)
+        return ServerState(params=params, round=state.round + 1, extra=extra)
 
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:

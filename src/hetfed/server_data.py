@@ -1,7 +1,7 @@
 """Unlabeled data on the server (``server_data.*``): held out of the training pool, or another dataset.
 
 FedDF distils the clients' ensemble into the global model on it. Which methods need
-it is the config's business; this module only takes it from the data. Labels are
+it is their registered capability (``server_data``); this module only takes it from the data. Labels are
 dropped here, so no method can use them.
 """
 
@@ -14,15 +14,14 @@ import numpy as np
 from hetfed.config import Config
 from hetfed.errors import ConfigError
 
-#: the algorithms that distil on server data
-NEEDS_SERVER_DATA = ("feddf",)
-
-
 def wanted(config: Config) -> str:
     """``none``, ``holdout`` or ``dataset``: what this run's server holds (``auto`` resolved)."""
     source = config.server_data.source
     if source == "auto":
-        return "holdout" if any(m.algorithm in NEEDS_SERVER_DATA for m in config.methods) else "none"
+        from hetfed.algorithms import registry
+
+        needs = any(registry.get(m.algorithm).capabilities.server_data for m in config.methods)
+        return "holdout" if needs else "none"
     return source
 
 

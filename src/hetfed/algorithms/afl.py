@@ -8,10 +8,10 @@ reports, instead of uniformly:
    samples (the paper's loss valuation) — ``Upload.extra["valuation"]``;
 2. the server keeps every client's latest valuation; clients not sampled keep
    their last one;
-3. to sample m clients (the paper's Algorithm 1): the ``afl.alpha1`` share of
+3. to sample m clients (the paper's Algorithm 1): the ``params.alpha1`` share of
    clients with the lowest valuations get probability 0; the others
    ``p_k ∝ exp(afl.alpha2 · v_k)``; ``(1 − afl.alpha3)·m`` clients are drawn from p
-   without replacement, the remaining ``afl.alpha3·m`` uniformly from the clients
+   without replacement, the remaining ``params.alpha3·m`` uniformly from the clients
    not yet chosen (α1 = 0.75, α2 = 0.01, α3 = 0.1 as in the paper).
 
 Decision where the paper is silent: a client never valued yet counts with the
@@ -30,13 +30,24 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.config import AFLConfig, TrainConfig
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
 from hetfed.interface import predict
 from hetfed.models.base import Model
 
 VALUATIONS = "valuations"
+
+
+class AFLParams(AlgorithmParams):
+    """Active Federated Learning's client sampling (Goetz et al. 2019, Algorithm 1; the paper's values)."""
+
+    alpha1: float = Field(0.75, ge=0, lt=1, description="share of clients with the lowest valuations never drawn "
+                          "by the softmax")
+    alpha2: float = Field(0.01, ge=0, description="softmax inverse temperature on the valuations")
+    alpha3: float = Field(0.1, ge=0, le=1, description="share of each round's clients drawn uniformly")
 
 
 def loss_valuation(model: Model, params, data: ClientData) -> torch.Tensor:
@@ -52,7 +63,7 @@ def loss_valuation(model: Model, params, data: ClientData) -> torch.Tensor:
     return torch.stack(out).double()
 
 
-def afl_sample(valuations: np.ndarray, eligible: np.ndarray, m: int, cfg: AFLConfig,
+def afl_sample(valuations: np.ndarray, eligible: np.ndarray, m: int, cfg: AFLParams,
                rng: np.random.Generator) -> list[int]:
     """The paper's sampling: the lowest α1 share out, softmax(α2·v) for (1 − α3)·m, the rest uniform."""
     v = valuations[eligible].astype(np.float64)
@@ -77,12 +88,11 @@ def afl_sample(valuations: np.ndarray, eligible: np.ndarray, m: int, cfg: AFLCon
 class Afl(FedAvg):
     """FedAvg with the server sampling clients by their reported loss valuations (see the module docstring)."""
 
-    name = "afl"
     n_clients: int = 0
 
-    def __init__(self, model: Model, train: TrainConfig, cfg: AFLConfig | None = None):
-        super().__init__(model, train)
-        self.cfg = cfg or AFLConfig()
+    def __init__(self, model: Model, train, params: AFLParams | None = None, context=None):
+        super().__init__(model, train, params, context)
+        self.cfg = self.params
 
     def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
         super().bind(fed, seed, per_round)
@@ -115,3 +125,11 @@ class Afl(FedAvg):
         if len(ids):
             values[ids] = upload.extra["valuation"].detach().double().cpu()
         return ServerState(new.params, new.round, {**new.extra, VALUATIONS: values})
+
+
+register(AlgorithmSpec(
+    "afl", Afl, "FedAvg whose server samples clients by the loss valuations they report",
+    "Goetz et al. 2019, Active Federated Learning", AFLParams,
+    Capabilities(uploads="shared parameters, sample count, training loss, the loss valuation v_k"),
+    legacy_section="afl",
+))

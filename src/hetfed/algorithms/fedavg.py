@@ -4,6 +4,9 @@ from __future__ import annotations
 
 import torch
 
+from pydantic import Field
+
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine import optim
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
@@ -16,8 +19,6 @@ class FedAvg(Algorithm):
     Local parameters a model declares (none for plain models) stay in the client
     state; so does the optimiser state when ``optimizer.reset_each_round`` is off.
     """
-
-    name = "fedavg"
 
     def _regulariser(self, bc: Broadcast, data: ClientData):
         """An extra per-client training loss ``f(params) -> [n]`` for this stack, or None (FedAvg)."""
@@ -65,13 +66,15 @@ def kept_optimizer_state(train, params: dict[str, torch.Tensor]) -> ClientState:
     return {k: v[0] for k, v in stacked.items()}
 
 
-class FedProx(FedAvg):
-    """FedAvg plus ``μ/2·‖θ − θ_global‖²`` on the shared parameters (``train.prox_mu``)."""
+class FedProxParams(AlgorithmParams):
+    mu: float = Field(0.01, ge=0, description="μ, the proximal weight of μ/2·‖θ − θ_global‖²")
 
-    name = "fedprox"
+
+class FedProx(FedAvg):
+    """FedAvg plus ``μ/2·‖θ − θ_global‖²`` on the shared parameters (``params.mu``)."""
 
     def _regulariser(self, bc: Broadcast, data: ClientData):
-        mu = self.train.prox_mu
+        mu = self.params.mu
         anchor = bc.params
 
         def prox(params):
@@ -87,9 +90,7 @@ class FedProx(FedAvg):
 class Local(Algorithm):
     """Every client trains its own model from scratch on its own data; nothing is shared."""
 
-    name = "local"
     personalised = True  # type: ignore[assignment]  # every parameter is the client's own
-    has_global_model = False
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params={})
@@ -106,3 +107,20 @@ class Local(Algorithm):
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr)
         upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device), {"train_loss": loss})
         return upload, {**params, **opt_state}
+
+
+register(AlgorithmSpec(
+    "fedavg", FedAvg, "clients train the global model locally; the server averages them, weighted by samples",
+    "McMahan et al. 2017, Communication-Efficient Learning of Deep Networks from Decentralized Data",
+    capabilities=Capabilities(private=True),
+))
+register(AlgorithmSpec(
+    "fedprox", FedProx, "FedAvg with a proximal term μ/2·‖θ − θ_global‖² in the clients' loss",
+    "Li et al. 2020, Federated Optimization in Heterogeneous Networks", FedProxParams,
+    Capabilities(private=True), legacy_train={"prox_mu": "mu"},
+))
+register(AlgorithmSpec(
+    "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
+    "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False,
+                                   personalises=True),
+))

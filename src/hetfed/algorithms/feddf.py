@@ -27,14 +27,32 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.config import FedDFConfig, TrainConfig
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Params, ServerState, Upload
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
 
 DISTILL = 41  # rng purpose: the server's distillation batches
+
+
+class FedDFParams(AlgorithmParams):
+    """FedDF's server-side ensemble distillation (Lin et al. 2020: Adam 1e-3, batch 128, T = 1, early
+    stopping; their step budget of 10⁴ with patience 10³ is ``max_steps: 10000, patience: 1000``)."""
+
+    lr: float = Field(1e-3, gt=0, description="Adam learning rate")
+    batch_size: int = Field(128, ge=1)
+    temperature: float = Field(1.0, gt=0)
+    max_steps: int = Field(500, ge=1, description="distillation steps per round at most (the paper: 10 000; "
+                           "500 keeps a CPU round in seconds)")
+    patience: int = Field(200, ge=1, description="stop after this many steps without a better validation KL "
+                          "(the paper: 1 000)")
+    eval_every: int = Field(50, ge=1, description="steps between validation checks")
+    val_fraction: float = Field(0.2, ge=0, lt=1, description="share of the server data held out for early stopping "
+                                "(0: no early stopping, the last student is kept)")
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
@@ -47,12 +65,9 @@ def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor
 class FedDF(FedAvg):
     """FedAvg + server-side ensemble distillation on unlabeled data (see the module docstring)."""
 
-    name = "feddf"
-    needs_all_updates = True  # the ensemble needs every client's model
-
-    def __init__(self, model: Model, train: TrainConfig, cfg: FedDFConfig | None = None):
-        super().__init__(model, train)
-        self.cfg = cfg or FedDFConfig()
+    def __init__(self, model: Model, train, params: FedDFParams | None = None, context=None):
+        super().__init__(model, train, params, context)
+        self.cfg = self.params
         self.server_x: torch.Tensor | None = None
 
     def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
@@ -125,3 +140,10 @@ def _batches(n: int, size: int, gen: torch.Generator):
         order = torch.randperm(n, generator=gen)
         for start in range(0, n - size + 1, size):
             yield order[start : start + size]
+
+
+register(AlgorithmSpec(
+    "feddf", FedDF, "FedAvg, then the server distils the clients' ensemble into the global model on unlabeled data",
+    "Lin et al. 2020, Ensemble Distillation for Robust Model Fusion in Federated Learning", FedDFParams,
+    Capabilities(server_data=True, whole_round=True), legacy_section="feddf",
+))

@@ -29,8 +29,10 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.config import FedGenConfig, TrainConfig
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
 from hetfed.errors import ConfigError
@@ -38,6 +40,20 @@ from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
 
 GENERATE = 42  # rng purpose: the server's generator training
+
+
+class FedGenParams(AlgorithmParams):
+    """FedGen's generator and regulariser (Zhu et al. 2021; defaults from the authors' code where the paper is silent)."""
+
+    noise_dim: int = Field(32, ge=1, description="ε's size")
+    hidden: list[int] = Field(default_factory=lambda: [256], description="the generator MLP's hidden widths")
+    lr: float = Field(3e-4, gt=0, description="the generator's Adam learning rate")
+    server_steps: int = Field(100, ge=0, description="generator steps per round")
+    batch_size: int = Field(64, ge=2, description="labels drawn per generator step")
+    diversity: float = Field(1.0, ge=0, description="weight of the diversity term")
+    alpha: float = Field(1.0, ge=0, description="weight of the clients' generated-feature loss")
+    alpha_decay: float = Field(0.98, gt=0, le=1, description="α multiplied by this every round")
+    client_samples: int = Field(64, ge=1, description="(ε, y) pairs each client draws per round")
 
 
 class Generator:
@@ -75,15 +91,12 @@ def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
 class FedGen(FedAvg):
     """FedAvg + a server-trained generator that regularises clients' heads (see the module docstring)."""
 
-    name = "fedgen"
-    needs_all_updates = True  # the generator learns from every client's head
-
-    def __init__(self, model: Model, train: TrainConfig, cfg: FedGenConfig | None = None):
-        super().__init__(model, train)
+    def __init__(self, model: Model, train, params: FedGenParams | None = None, context=None):
+        super().__init__(model, train, params, context)
         if model.head_names is None:
             raise ConfigError(f"algorithm 'fedgen' needs a model split into features and a head, but "
                               f"{type(model).__name__} declares none; expected model.kind mlp, cnn, cgau or logreg")
-        self.cfg = cfg or FedGenConfig()
+        self.cfg = self.params
         self.generator = Generator(self.cfg.noise_dim, model.n_classes, list(self.cfg.hidden), model.latent_dim)
 
     # -- server
@@ -169,3 +182,13 @@ class FedGen(FedAvg):
                                              minlength=self.model.n_classes) for i in data.indices]).float()
         return Upload(upload.client_ids, upload.params, upload.num_samples,
                       {**upload.extra, "label_counts": counts.to(upload.num_samples.device)}, upload.screened), new
+
+
+register(AlgorithmSpec(
+    "fedgen", FedGen, "FedAvg plus a server-trained generator of latent features that regularises the clients' heads",
+    "Zhu et al. 2021, Data-Free Knowledge Distillation for Heterogeneous Federated Learning", FedGenParams,
+    Capabilities(uploads="shared parameters, sample count, training loss, per-class label counts",
+                 whole_round=True, model_kinds=("mlp", "cnn", "logreg", "cgau"),
+                 model_reason="it needs a model split into features and a head"),
+    legacy_section="fedgen",
+))

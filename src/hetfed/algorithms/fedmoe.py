@@ -21,14 +21,18 @@ clients on their own data.
 from __future__ import annotations
 
 import time
+from typing import Literal
 from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.config import MoEConfig, TrainConfig
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import optim
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
@@ -40,6 +44,27 @@ from hetfed.models.mixture import Mixture
 PERSONAL = 11  # rng purpose: personalisation phases
 METHODS = ("local", "fedavg", "finetuned", "mixture")
 PHASES = ("local", "finetuned", "mixture")
+
+
+class FedMoEParams(AlgorithmParams):
+    """FedMoE's per-client phases: fine-tuning, then specialist + gate (and the Local baseline).
+
+    Each phase trains every client for at most ``max_epochs`` epochs and keeps,
+    per client, the parameters with the lowest validation loss; a client stops
+    once it has not improved for ``patience`` epochs.
+    """
+
+    max_epochs: int = Field(100, ge=1)
+    patience: int = Field(10, ge=1)
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
+    blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
+    eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
+    personalise: Literal["all", "evaluated"] = Field(
+        "all",
+        description="which clients run Local, fine-tuning and the mixture: all (the method) or only the "
+        "evaluated sample (the same numbers for them, a fraction of the cost)",
+    )
 
 
 def _stack(params: Params, n: int) -> Params:
@@ -61,7 +86,7 @@ def train_until_stopped(
     model: Model,
     params: Params,
     data: ClientData,
-    cfg: MoEConfig,
+    cfg: FedMoEParams,
     seed: int,
     phase: int,
     trainable: list[str] | None = None,
@@ -117,15 +142,13 @@ def train_until_stopped(
 class FedMoE(FedAvg):
     """FedAvg's rounds, then per-client Local, Fine-tuned and Mixture models (see the module docstring)."""
 
-    name = "fedmoe"
-    views = METHODS
-    federated_view = "fedavg"
-
-    def __init__(self, model: Model, train: TrainConfig, moe: MoEConfig, build: Callable[[int], Model], seed: int):
-        super().__init__(model, train)
-        self.moe = moe
-        self.seed = seed
-        self.mixture = Mixture(build, model.n_classes, moe.blend)
+    def __init__(self, model: Model, train: TrainConfig, params: FedMoEParams | None = None, context=None):
+        super().__init__(model, train, params, context)
+        if self.context.build is None:
+            raise ValueError("fedmoe needs context.build (the model factory its gate is made with)")
+        self.moe = self.params
+        self.seed = self.context.seed
+        self.mixture = Mixture(self.context.build, model.n_classes, self.moe.blend)
 
     # -- which clients
     def eval_clients(self, fed, seed: int) -> list[int] | None:
@@ -192,3 +215,14 @@ class FedMoE(FedAvg):
             own = Mixture.part(states, "mixture")
             return Predictor(self.mixture, {**{f"global.{k}": v for k, v in shared.items()}, **own}, True)
         raise ValueError(f"FedMoE has no view {view!r}: expected one of {METHODS}")
+
+
+register(AlgorithmSpec(
+    "fedmoe", FedMoE, "FedAvg, then per client a gated mixture of the frozen global model and a fine-tuned "
+    "specialist (and the Local and Fine-tuned baselines); clients may opt out",
+    "Listo Zec, Mogren et al., Specialized Federated Learning using a Mixture of Experts", FedMoEParams,
+    Capabilities(private=True, views=METHODS, federated_view="fedavg", primary_view="mixture", personalises=True,
+                 uploads="shared parameters, sample count, training loss (federated phase); after it, only the "
+                 "epochs and seconds each personal phase took"),
+    legacy_section="moe",
+))

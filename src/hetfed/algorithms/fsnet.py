@@ -17,7 +17,7 @@ Per round, on top of FedAvg:
    ``CE(local data) + β·KL(U ‖ P_θ(y | x′))`` averaged over x′ ∈ D′ (eq. 10),
    with β = ``beta0 · beta_decay^⌊round / beta_every⌋`` (1, ÷10 every 10 rounds).
 
-Decisions where the paper is vague (all config options under ``fsnet``):
+Decisions where the paper is vague (all its ``params``):
 
 - H_ω is warm-started from the previous round (it persists in the server state)
   and trained for ``server_steps`` Adam steps of ``server_batch`` mixture samples;
@@ -36,14 +36,31 @@ import math
 import torch
 import torch.nn.functional as F
 
+from pydantic import Field
+
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.config import FSNetConfig, TrainConfig
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.config import TrainConfig
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
 
 
-def beta_schedule(cfg: FSNetConfig, round: int) -> float:
+class FSNetParams(AlgorithmParams):
+    """Fed-FSNet's server-side synthesis (see hetfed.algorithms.fsnet for the decisions)."""
+
+    n_synthetic: int = Field(60, ge=1, description="size of the synthetic set D′")
+    hidden: list[int] = Field(default_factory=lambda: [256, 256], description="hidden model H_ω widths")
+    server_steps: int = Field(100, ge=0, description="Adam steps on H_ω per round")
+    server_batch: int = Field(256, ge=1, description="mixture samples per step")
+    server_lr: float = Field(1e-3, gt=0)
+    epsilon: float = Field(0.01, ge=0, lt=1, description="off-class mass per class in near-one-hot inputs")
+    beta0: float = Field(1.0, ge=0, description="β at round 0")
+    beta_decay: float = Field(0.1, ge=0, le=1, description="β multiplied by this every beta_every rounds")
+    beta_every: int = Field(10, ge=1)
+
+
+def beta_schedule(cfg: FSNetParams, round: int) -> float:
     """β for a round: beta0, multiplied by beta_decay every beta_every rounds."""
     return cfg.beta0 * cfg.beta_decay ** (round // cfg.beta_every)
 
@@ -76,12 +93,12 @@ def kl_uniform(logits: torch.Tensor) -> torch.Tensor:
 class FedFSNet(FedAvg):
     """FedAvg + server-side fuzzy synthesis of near-IID samples (see module docstring)."""
 
-    name = "fsnet"
-
-    def __init__(self, model: Model, train: TrainConfig, cfg: FSNetConfig, in_features: int):
-        super().__init__(model, train)
-        self.cfg = cfg
-        self.hidden = MLP(model.n_classes, cfg.hidden, in_features)
+    def __init__(self, model: Model, train: TrainConfig, params: FSNetParams | None = None, context=None):
+        super().__init__(model, train, params, context)
+        if self.context.in_features is None:
+            raise ValueError("fsnet needs context.in_features (the input size the hidden model decodes to)")
+        self.cfg = self.params
+        self.hidden = MLP(model.n_classes, self.cfg.hidden, self.context.in_features)
 
     # -- server
     def server_init(self, gen: torch.Generator) -> ServerState:
@@ -152,3 +169,14 @@ class FedFSNet(FedAvg):
             variances.append(xk.var(0, unbiased=False) if len(idx) > 1 else torch.zeros_like(xk[0]))
         extra = {**upload.extra, "input_mean": torch.stack(means), "input_var": torch.stack(variances)}
         return Upload(upload.client_ids, upload.params, upload.num_samples, extra), new_states
+
+
+register(AlgorithmSpec(
+    "fsnet", FedFSNet, "FedAvg whose server synthesises near-IID samples that regularise the clients with a KL term",
+    "Guo et al., Mitigating Non-I.I.D. Federated Learning via Fuzzy Synthesizing Network", FSNetParams,
+    Capabilities(uploads="shared parameters, sample count, training loss, per-feature mean and variance of the "
+                 "client's inputs", whole_round=False,
+                 model_kinds=("mlp", "cnn", "logreg", "cgau"),
+                 model_reason="its server synthesises continuous inputs, not token ids"),
+    legacy_section="fsnet",
+))

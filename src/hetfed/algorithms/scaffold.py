@@ -27,10 +27,14 @@ FedAvg (equal client sizes make the two the same). Δc_i travels as
 
 from __future__ import annotations
 
+from typing import Literal
+
 import torch
 import torch.nn.functional as F
+from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -65,10 +69,16 @@ def effective_steps(k: int, opt) -> float:
     return (k - beta * (1 - beta**k) / (1 - beta)) / (1 - beta)
 
 
+class ScaffoldParams(AlgorithmParams):
+    option: Literal[1, 2] = Field(
+        2, description="the client control-variate update: 2 (the paper's cheaper default, from the model change) "
+        "or 1 (the full local gradient at the server model)"
+    )
+
+
 class Scaffold(FedAvg):
     """FedAvg with server and client control variates (see the module docstring)."""
 
-    name = "scaffold"
     n_clients: int | None = None
 
     def server_init(self, gen: torch.Generator) -> ServerState:
@@ -102,7 +112,7 @@ class Scaffold(FedAvg):
         def linear(params):  # ⟨c − c_i, y⟩ per client: its gradient is the SCAFFOLD correction
             return sum((params[k] * correction[k]).flatten(1).sum(1) for k in names)
 
-        option_one = self.train.scaffold_option == 1
+        option_one = self.params.option == 1
         full_grad = self._full_gradient({**x, **local}, data, names) if option_one else None
         params, opt_state, loss = train_clients(self, {**x, **local}, kept_opt, data, bc.lr, linear)
         steps = torch.tensor([effective_steps(self.schedule.n_steps(len(i)), self.train.optimizer)
@@ -138,7 +148,7 @@ class Scaffold(FedAvg):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         names = list(state.params)
-        params = self.combine(state.params, upload, state.round)
+        params, extra = self.server_step(state, upload)
         total = upload.num_samples.sum()
         n_clients = self.n_clients or len(upload.client_ids)
         c = state.extra.get("c") or {k: torch.zeros_like(v) for k, v in params.items()}
@@ -149,4 +159,12 @@ class Scaffold(FedAvg):
             else:
                 summed = torch.tensordot(upload.num_samples.to(upload.params[DC + k].dtype), upload.params[DC + k], dims=1)
             new_c[k] = c[k] + summed / n_clients
-        return ServerState(params, state.round + 1, {**state.extra, "c": new_c})
+        return ServerState(params, state.round + 1, {**extra, "c": new_c})
+
+
+register(AlgorithmSpec(
+    "scaffold", Scaffold, "FedAvg with control variates that correct the clients' drift",
+    "Karimireddy et al. 2020, SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ScaffoldParams,
+    Capabilities(uploads="shared parameters, sample count, training loss, control-variate change Δc_i"),
+    legacy_train={"scaffold_option": "option"},
+))

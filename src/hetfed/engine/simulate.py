@@ -82,7 +82,7 @@ class DivergedError(RunError):
 def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
     return (f"training diverged at round {rnd}: {what}; earlier evaluations are kept in "
             f"metrics.csv. Expected a smaller train.optimizer.lr (now {train.optimizer.lr:g}) or "
-            "train.server_lr, or standardised features")
+            "server.lr, or standardised features")
 
 
 def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:

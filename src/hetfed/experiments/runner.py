@@ -185,10 +185,7 @@ def run_experiment(
 
         plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png",
                              best_rounds={label: m.get("best_round") for label, m in methods.items()})
-        first = config.methods[0]
-        primary = first.label
-        if first.algorithm == "fedmoe":  # FedMoE's own result is its mixture
-            primary = "mixture" if first.label == "fedmoe" else f"{first.label}:mixture"
+        primary = primary_row(config.methods[0])
         het = prep.heterogeneity
         summary = {
             "name": config.name,
@@ -249,9 +246,19 @@ def _rate(rounds: int, seconds: float) -> str:
     return f"{per_second:.1f} rounds/s" if per_second >= 1 else f"{seconds / max(rounds, 1):.1f} s/round"
 
 
-def _row_name(label: str, view: str) -> str:
-    """How a view of a method is named in tables: FedMoE's own views by their names."""
-    return view if label == "fedmoe" else f"{label}:{view}"
+def row_name(method: MethodConfig, view: str) -> str:
+    """How a view of a method is named in tables: by the view's name when the method is named after its
+    algorithm (FedMoE's ``mixture``), else ``label:view``."""
+    return view if method.label == method.algorithm else f"{method.label}:{view}"
+
+
+def primary_row(method: MethodConfig) -> str:
+    """The row that is a method's headline result: its ``primary_view`` when it declares one (FedMoE's
+    mixture), else the method itself."""
+    from hetfed.algorithms import registry
+
+    view = registry.get(method.algorithm).capabilities.primary_view
+    return row_name(method, view) if view else method.label
 
 
 def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat,
@@ -265,7 +272,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
     """
     label = method.label
     index = config.methods.index(method)
-    fed_label = _row_name(label, algo.federated_view) if algo.views else label
+    fed_label = row_name(method, algo.federated_view) if algo.views else label
     task = bar.add_task(fed_label, total=train.rounds, acc="   -  ", rate="")
     earlier = resume["result"].train_seconds + resume["result"].eval_seconds if resume else 0.0
     t0 = time.perf_counter() - earlier
@@ -342,7 +349,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
             epochs = result.personal_info.get(f"epochs.{view}", [0])
             seconds = float(sum(result.personal_info.get(f"seconds.{view}", [0.0])))
             extra = {"epochs": int(max(epochs)), "epochs_mean": float(np.mean(epochs))}
-        name = _row_name(label, view)
+        name = row_name(method, view)
         _write_eval(writer, name, extra.get("rounds") or extra.get("epochs") or 0, ev)
         rows[name] = {**_view_summary(ev, seconds, extra), "algorithm": f"{method.algorithm}:{view}"}
     return rows
@@ -420,7 +427,7 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
     The run's own ``config.yaml`` is used, so the resumed run is the same run; a
     complete run, or one whose process is still alive, is refused.
     """
-    from hetfed.config import load_config
+    from hetfed.config import load_run_config
     from hetfed.errors import RunError
     from hetfed.experiments.rundir import run_state
 
@@ -433,5 +440,5 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
     if state == "running":
         raise RunError(f"--resume {str(path)!r}: the run is still running (its process is alive); expected a failed "
                        "or killed run")
-    config = load_config(path / "config.yaml")
+    config = load_run_config(path / "config.yaml")
     return run_experiment(config, out=path, progress=progress, console=console, report=report, resume=True)

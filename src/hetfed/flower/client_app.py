@@ -70,14 +70,12 @@ def client_side(run: ConfigRecord) -> ClientSide:
     key = hashlib.sha256(f"{method}\n{text}".encode()).hexdigest()
     if key not in _CACHE:
         from hetfed.algorithms import algorithm_for
-        from hetfed.data import embed, load_dataset
         from hetfed.engine.simulate import resolve_device
-        from hetfed.partition import make_federation
+        from hetfed.pipeline import build_federation
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
         config = build_config(parse_yaml_text(text, "the run's config"))
-        data = embed(load_dataset(config.dataset), config.embed, progress=False)
-        fed = make_federation(data, config.partition, config.seed)
+        fed = build_federation(config, progress=False).federation  # the simulator's path: holdout cut first
         method_cfg = config.methods[method]
         algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
         device = resolve_device(config.method_train(method_cfg).device)

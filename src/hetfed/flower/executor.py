@@ -74,7 +74,7 @@ class FlowerExecutor:
     def _content(self, bc: Broadcast, **extra_config) -> RecordDict:
         records = broadcast_to_records(bc)
         if extra_config:
-            records["bc"] = ConfigRecord({**dict(records["bc"]), **extra_config})
+            records["bc"] = ConfigRecord({**dict(records["bc"]), **extra_config})  # view, scorers
         records[RUN] = ConfigRecord({"config": self.config_text, "method": self.method})
         return RecordDict(records)
 

@@ -1,0 +1,60 @@
+"""Building the algorithm object of a configured method: the same on every executor (in-process or Flower)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from typing import Any
+
+from hetfed.algorithms import registry
+from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
+from hetfed.errors import ConfigError
+from hetfed.interface import Algorithm, Context
+from hetfed.models.base import Model
+
+
+def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping[str, Any] | Any = None, *,
+                    server: ServerConfig | None = None, seed: int = 0, in_features: int | None = None,
+                    build: Callable[[int], Model] | None = None) -> Algorithm:
+    """The registered algorithm ``name`` around ``model`` with its ``params`` (a mapping or its params model).
+
+    ``in_features`` and ``build`` are what some algorithms are built with besides the
+    model (see :class:`hetfed.interface.Context`).
+    """
+    spec = registry.get(name)
+    context = Context(server or ServerConfig(), seed, in_features, build)
+    return spec.cls(model, train, spec.make_params(params), context)
+
+
+def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, ...], n_classes: int) -> Algorithm:
+    """The algorithm object of one configured method."""
+    import numpy as np
+
+    from hetfed.models import build_model
+
+    model_cfg = config.method_model(method)
+    vocab = config.embed.vocab_size if config.embed.kind == "tokens" else None
+    model = build_model(model_cfg, input_shape, n_classes, vocab)
+    where = f"methods.{config.methods.index(method)}"
+    spec = registry.get(method.algorithm, f"{where}.algorithm")
+    context = Context(config.method_server(method), config.seed, int(np.prod(input_shape)),
+                      lambda n_out: build_model(model_cfg, input_shape, n_out, vocab))
+    algo = spec.cls(model, config.method_train(method), spec.make_params(method.params, f"{where}.params"), context)
+    if config.privacy.noise_multiplier is not None:
+        _check_private(config, method, algo)
+        algo.privacy = config.privacy
+    return algo
+
+
+def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> None:
+    """DP is refused, before any training, where its guarantee would not hold."""
+    from hetfed.engine.privacy import check_available
+
+    where = f"privacy.noise_multiplier = {config.privacy.noise_multiplier:g} with methods.{config.methods.index(method)}"
+    if not algo.capabilities.private:
+        allowed = registry.with_capability(lambda c: c.private)
+        raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: it uploads statistics "
+                          f"(or nothing) that DP-FedAvg does not privatise; expected one of {allowed}")
+    if algo.train.aggregator != "mean":
+        raise ConfigError(f"{where}.train.aggregator = {algo.train.aggregator!r} is not allowed: the noise is "
+                          "calibrated to the clipped mean; expected 'mean'")
+    check_available()

@@ -1,0 +1,191 @@
+"""The registry of algorithms: what each method is, declared as data by its own module.
+
+An algorithm is one module under ``hetfed/algorithms/``. At its end it calls
+:func:`register` with an :class:`AlgorithmSpec`: its config name, the class that
+implements it, its parameters (a pydantic model: what ``methods[i].params`` may
+hold, with defaults and ranges) and its :class:`Capabilities`. Nothing else lists
+it: the registry finds the modules of this package itself (:func:`specs` imports
+each on first use), and config validation, the runner, the API, the report, the
+Flower apps, the parity tests and ``hetfed algorithms`` ask it.
+
+This module imports no algorithm at import time, so the config layer can consult
+it (:func:`check_method`) without an import loop: discovery happens when a spec
+is first asked for.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hetfed.errors import ConfigError
+
+
+class AlgorithmParams(BaseModel):
+    """Base of an algorithm's own parameters: unknown keys are errors, like the rest of the config."""
+
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class NoParams(AlgorithmParams):
+    """An algorithm without parameters of its own."""
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an algorithm does that the rest of hetfed must know — declared, never inferred from its name.
+
+    uploads: in words, what leaves a client each round (the privacy table of docs/methods.md).
+    private: DP-FedAvg can privatise it: the uploads are only shared parameters (+ the training loss).
+    server_data: the server needs unlabeled data of its own (``server_data.*``).
+    whole_round: the server needs every update of a round at once (no streaming aggregation).
+    server_model: the server holds a model: the server pipeline (robust combine, DP, server optimiser) applies.
+    views: named predictors the clients evaluate after personalisation (empty: only the model).
+    federated_view: which view is the federated phase's model.
+    primary_view: which view is the method's headline result (None: the federated model).
+    personalises: each client ends with a model of its own.
+    model_kinds: the model kinds it supports (None: every kind).
+    model_reason: why other kinds are refused (the error message's reason).
+    """
+
+    uploads: str = "shared parameters, sample count, training loss"
+    private: bool = False
+    server_data: bool = False
+    whole_round: bool = False
+    server_model: bool = True
+    views: tuple[str, ...] = ()
+    federated_view: str = "fedavg"
+    primary_view: str | None = None
+    personalises: bool = False
+    model_kinds: tuple[str, ...] | None = None
+    model_reason: str = ""
+
+
+@dataclass(frozen=True)
+class AlgorithmSpec:
+    """One registered algorithm."""
+
+    name: str
+    cls: type  # the Algorithm subclass
+    summary: str
+    paper: str
+    params: type[AlgorithmParams] = NoParams
+    capabilities: Capabilities = field(default_factory=Capabilities)
+    #: where its parameters were set before the registry (an old top-level section, old ``train.*`` keys → param)
+    legacy_section: str | None = None
+    legacy_train: Mapping[str, str] = field(default_factory=dict)
+
+    def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
+        """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
+        if isinstance(raw, self.params):
+            return raw
+        try:
+            return self.params(**dict(raw or {}))
+        except ValidationError as err:
+            raise ConfigError(_format(err, where, self.name)) from None
+
+    def describe(self) -> dict[str, Any]:
+        """The spec as plain data (``hetfed algorithms --json``, generated docs)."""
+        params = []
+        for key, f in self.params.model_fields.items():
+            default = f.get_default(call_default_factory=True)
+            if isinstance(default, BaseModel):
+                default = default.model_dump(mode="json")
+            bounds = {k: getattr(m, k) for m in f.metadata for k in ("gt", "ge", "lt", "le") if hasattr(m, k)}
+            params.append({"name": key, "default": default, "type": _type_name(f.annotation),
+                           "bounds": bounds, "description": f.description or ""})
+        caps = asdict(self.capabilities)
+        caps["views"] = list(caps["views"])
+        caps["model_kinds"] = list(caps["model_kinds"]) if caps["model_kinds"] is not None else None
+        return {"name": self.name, "summary": self.summary, "paper": self.paper, "params": params,
+                "capabilities": caps}
+
+
+def _type_name(annotation: Any) -> str:
+    name = getattr(annotation, "__name__", None)
+    return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
+
+
+def _format(err: ValidationError, where: str, name: str) -> str:
+    parts = []
+    for e in err.errors():
+        key = ".".join([where, *(str(p) for p in e["loc"])])
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown key {key!r}: algorithm {name!r} has no such parameter "
+                         "(see `hetfed algorithms`)")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{key} = {e.get('input')!r}: {msg}")
+    return "; ".join(parts)
+
+
+_REGISTRY: dict[str, AlgorithmSpec] = {}
+_DISCOVERED = False
+#: modules of this package that are not algorithms
+_NOT_ALGORITHMS = frozenset({"registry", "build"})
+
+
+def register(spec: AlgorithmSpec) -> AlgorithmSpec:
+    """Add an algorithm (called at the end of its module; tests may register toy algorithms too)."""
+    old = _REGISTRY.get(spec.name)
+    if old is not None and old.cls is not spec.cls and old.cls.__qualname__ != spec.cls.__qualname__:
+        raise ValueError(f"algorithm {spec.name!r} is registered twice ({old.cls.__module__} and {spec.cls.__module__})")
+    _REGISTRY[spec.name] = spec
+    spec.cls.spec = spec
+    return spec
+
+
+def unregister(name: str) -> None:
+    """Remove an algorithm (for tests that register a toy one)."""
+    _REGISTRY.pop(name, None)
+
+
+def _discover() -> None:
+    """Import every module of this package once: each registers the algorithms it defines."""
+    global _DISCOVERED
+    if _DISCOVERED:
+        return
+    _DISCOVERED = True
+    package = importlib.import_module("hetfed.algorithms")
+    for info in pkgutil.iter_modules(package.__path__):
+        if info.name not in _NOT_ALGORITHMS and not info.name.startswith("_"):
+            importlib.import_module(f"hetfed.algorithms.{info.name}")
+
+
+def specs() -> list[AlgorithmSpec]:
+    """Every registered algorithm, by name."""
+    _discover()
+    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+def names() -> list[str]:
+    return [s.name for s in specs()]
+
+
+def get(name: str, where: str = "algorithm") -> AlgorithmSpec:
+    """The spec of ``name``; an unknown name is a ConfigError listing the registered ones."""
+    _discover()
+    if name not in _REGISTRY:
+        raise ConfigError(f"{where} = {name!r} is not allowed: expected one of {sorted(_REGISTRY)} "
+                          "(see `hetfed algorithms`)")
+    return _REGISTRY[name]
+
+
+def with_capability(test: Callable[[Capabilities], bool]) -> list[str]:
+    """Names of the algorithms whose capabilities pass ``test``."""
+    return [s.name for s in specs() if test(s.capabilities)]
+
+
+def legacy_sections() -> dict[str, str]:
+    """Old top-level config sections → the algorithm whose ``params`` took them over."""
+    return {s.legacy_section: s.name for s in specs() if s.legacy_section}
+
+
+def legacy_train_keys() -> dict[str, tuple[str, str]]:
+    """Old ``train.*`` keys → (algorithm, parameter) that took them over."""
+    return {old: (s.name, new) for s in specs() for old, new in s.legacy_train.items()}
