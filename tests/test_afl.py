@@ -11,7 +11,8 @@ import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.afl import VALUATIONS, afl_sample
-from hetfed.config import AFLConfig, ModelConfig, PartitionConfig, TrainConfig
+from hetfed.algorithms.afl import AFLParams as AFLConfig
+from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
 from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.simulate import simulate
@@ -30,7 +31,7 @@ def _setup(kind="logreg", fraction=0.4, **afl):
     train = TrainConfig(rounds=6, client_fraction=fraction, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return fed, train, build_algorithm("afl", model, train, afl=AFLConfig(**afl))
+    return fed, train, build_algorithm("afl", model, train, AFLConfig(**afl))
 
 
 def test_the_valuation_is_the_received_models_loss_over_root_n():

@@ -21,7 +21,8 @@ KEYS = ["seed", "name", "dataset", "dataset.name", "dataset.test_fraction", "dat
         "partition.p", "partition.opt_out", "partition.val_fraction", "partition.test_fraction", "model.kind",
         "model.hidden", "model.dropout", "train.rounds", "train.client_fraction", "train.clients_per_round",
         "train.optimizer.lr", "train.optimizer.kind", "train.batch_size", "train.executor", "methods",
-        "methods.0.algorithm", "methods.0.model", "moe.blend", "fsnet.hidden", "typo", "train.typo"]
+        "methods.0.algorithm", "methods.0.model", "methods.0.params", "methods.0.params.mu", "server.optimizer",
+        "server.lr", "moe", "fsnet.hidden", "typo", "train.typo"]
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True),
     st.text(max_size=8), st.lists(st.integers(-3, 5), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),

@@ -163,16 +163,19 @@ def test_the_mixture_on_the_bilstm_agrees_across_executors():
     """FedMoE's gate is the same network with one output; its per-client phases agree too."""
     fed = make_federation(_Texts(300), PartitionConfig(kind="majority", clients=6, p=0.9, min_size=5), 0)
     config = build_config({"train": {"rounds": 2, "clients_per_round": 3, "optimizer": {"kind": "adam", "lr": 0.02}},
-                           "moe": {"max_epochs": 3, "patience": 2}, "methods": [{"algorithm": "fedmoe"}]})
+                           "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2}}]})
     out = []
     for executor in ("sequential", "vectorised"):
         train = config.train.model_copy(update={"executor": executor})
-        algo = build_algorithm("fedmoe", _build(4), train, moe=config.moe, build=_build, seed=0)
+        algo = build_algorithm("fedmoe", _build(4), train, config.methods[0].params, build=_build, seed=0)
         res = personalise(algo, fed, 0, simulate(algo, fed, train, 0), torch.device("cpu"))
         out.append({view: ev.metrics["local_accuracy_mean"] for view, ev in res.views.items()})
     assert out[0].keys() == {"local", "fedavg", "finetuned", "mixture"}
     for view, acc in out[0].items():
         assert out[1][view] == pytest.approx(acc, abs=1e-6), view
+
+
+PARAMS = {"feddf": {"max_steps": 5, "eval_every": 5}, "fedgen": {"server_steps": 5}}
 
 
 @pytest.mark.parametrize("algorithm", ["fedprox", "scaffold", "afl", "feddf", "fedgen", "local"])
@@ -188,7 +191,6 @@ def test_every_algorithm_but_fsnet_trains_the_bilstm(tmp_path, algorithm):
         "embed": {"kind": "tokens", "max_length": 8, "vocab_size": 60, "cache_dir": str(tmp_path / "c")},
         "model": {"kind": "bilstm", "embedding_dim": 6, "lstm_hidden": 4},
         "partition": {"kind": "iid", "clients": 3}, "train": {"rounds": 2, "local_steps": 3},
-        "feddf": {"max_steps": 5, "eval_every": 5}, "fedgen": {"server_steps": 5},
-        "methods": [{"algorithm": algorithm}]})
+        "methods": [{"algorithm": algorithm, "params": PARAMS.get(algorithm, {})}]})
     summary = run_experiment(config, out=tmp_path / "run", progress=False).summary
     assert 0.0 <= summary["methods"][algorithm]["best"]["global_accuracy"] <= 1.0

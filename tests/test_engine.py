@@ -5,7 +5,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetfed.algorithms import build_algorithm, weighted_average
-from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig, build_config
+from hetfed.config import (
+    ModelConfig,
+    OptimizerConfig,
+    PartitionConfig,
+    ServerConfig,
+    TrainConfig,
+    build_config,
+)
 from hetfed.engine import optim
 from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.local import LocalSchedule, plan_batches
@@ -29,26 +36,29 @@ def _fed(kind="dirichlet", clients=7, opt_out=0.0, seed=0):
     return make_federation(_dataset(), PartitionConfig(kind=kind, clients=clients, alpha=0.5, min_size=5, opt_out=opt_out), seed)
 
 
-def _run(fed, train: TrainConfig, executor, algorithm="fedavg", model_cfg=None, seed=3):
+def _run(fed, train: TrainConfig, executor, algorithm="fedavg", model_cfg=None, seed=3, server=None):
     model = build_model(model_cfg or ModelConfig(hidden=[16, 16], dropout=0.3), fed.input_shape, fed.n_classes)
-    return simulate(build_algorithm(algorithm, model, train), fed, train, seed, executor=executor)
+    return simulate(build_algorithm(algorithm, model, train, server=server), fed, train, seed, executor=executor)
 
 
 EQUIV_TRAINS = [
     TrainConfig(rounds=3, local_epochs=2, batch_size=8, optimizer=OptimizerConfig(lr=0.05, momentum=0.9)),
     TrainConfig(rounds=3, local_steps=5, batch_size=16, steps_cap_one_pass=True, client_fraction=0.5,
                 optimizer=OptimizerConfig(kind="adam", lr=0.01, reset_each_round=False)),
-    TrainConfig(rounds=2, local_epochs=1, batch_size=10, optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False), lr_decay=0.9, server_lr=0.7),
+    TrainConfig(rounds=2, local_epochs=1, batch_size=10, optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False), lr_decay=0.9),
 ]
+#: the server step of each EQUIV_TRAINS case (the last one moves by a server lr and with FedAvgM)
+EQUIV_SERVERS = [ServerConfig(), ServerConfig(optimizer="adam", lr=0.05), ServerConfig(optimizer="avgm", lr=0.7)]
 
 
-@pytest.mark.parametrize("train", EQUIV_TRAINS)
+@pytest.mark.parametrize("case", range(len(EQUIV_TRAINS)))
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "local"])
-def test_vectorised_equals_sequential(train, algorithm):
+def test_vectorised_equals_sequential(case, algorithm):
     fed = _fed()
-    seq = _run(fed, train, SequentialExecutor(), algorithm)
-    vec = _run(fed, train, VectorisedExecutor(), algorithm)
-    chunked = _run(fed, train, VectorisedExecutor(chunk_clients=3), algorithm)
+    train, server = EQUIV_TRAINS[case], EQUIV_SERVERS[case]
+    seq = _run(fed, train, SequentialExecutor(), algorithm, server=server)
+    vec = _run(fed, train, VectorisedExecutor(), algorithm, server=server)
+    chunked = _run(fed, train, VectorisedExecutor(chunk_clients=3), algorithm, server=server)
     for other in (vec, chunked):
         for k, v in seq.server.params.items():
             torch.testing.assert_close(other.server.params[k], v, rtol=1e-5, atol=1e-6)

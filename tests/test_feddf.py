@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
+from hetfed.algorithms.feddf import FedDFParams as FedDFConfig
 from hetfed.cli import main
-from hetfed.config import FedDFConfig, ModelConfig, PartitionConfig, TrainConfig, build_config
+from hetfed.config import ModelConfig, PartitionConfig, TrainConfig, build_config
 from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.simulate import simulate
@@ -38,7 +39,7 @@ def _algo(kind="logreg", **cfg):
     train = TrainConfig(rounds=3, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return fed, train, build_algorithm("feddf", model, train, feddf=FedDFConfig(**cfg))
+    return fed, train, build_algorithm("feddf", model, train, FedDFConfig(**cfg))
 
 
 def test_one_round_equals_the_papers_distillation_written_here():

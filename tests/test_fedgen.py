@@ -9,8 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
+from hetfed.algorithms.fedgen import FedGenParams as FedGenConfig
 from hetfed.algorithms.fedgen import diversity_loss, generator_loss
-from hetfed.config import FedGenConfig, ModelConfig, PartitionConfig, TrainConfig
+from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
 from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.simulate import simulate
@@ -31,7 +32,7 @@ def _setup(kind="mlp", algorithm="fedgen", **cfg):
     train = TrainConfig(rounds=3, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return fed, train, build_algorithm(algorithm, model, train, fedgen=FedGenConfig(**{"server_steps": 5, **cfg}))
+    return fed, train, build_algorithm(algorithm, model, train, FedGenConfig(**{"server_steps": 5, **cfg}) if algorithm == "fedgen" else None)
 
 
 def test_generator_loss_is_the_label_weighted_ensemble_of_heads():

@@ -28,8 +28,7 @@ def _config(**train):
     return build_config({
         "partition": {"kind": "majority", "clients": 10, "p": 0.9, "samples_per_client": 60, "opt_out": 0.5},
         "train": {"rounds": 6, "clients_per_round": 3, "optimizer": {"kind": "adam", "lr": 0.01}, "eval_every": 2, **train},
-        "moe": {"max_epochs": 4, "patience": 2},
-        "methods": [{"algorithm": "fedmoe"}],
+        "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 4, "patience": 2}}],
     })
 
 
@@ -40,7 +39,8 @@ def _run(config, fed):
     def build(n_out):
         return build_model(ModelConfig(hidden=[16], dropout=0.2), fed.input_shape, n_out)
 
-    algo = build_algorithm("fedmoe", build(fed.n_classes), config.train, moe=config.moe, build=build, seed=config.seed)
+    algo = build_algorithm("fedmoe", build(fed.n_classes), config.train, config.methods[0].params, build=build,
+                           seed=config.seed)
     res = personalise(algo, fed, config.seed, simulate(algo, fed, config.train, config.seed), torch.device("cpu"))
     out = {}
     for view, ev in res.views.items():
@@ -93,7 +93,7 @@ def test_opted_out_data_leaves_the_global_model_bit_identical():
 def _stopping_config(train: dict | None = None, **moe):
     """Adam at lr 0.1 and patience 1: clients stop at different epochs."""
     c = _config(**(train or {})).model_dump(mode="json")
-    c["moe"] = {"max_epochs": 12, "patience": 1, "optimizer": {"kind": "adam", "lr": 0.1}, **moe}
+    c["methods"][0]["params"] = {"max_epochs": 12, "patience": 1, "optimizer": {"kind": "adam", "lr": 0.1}, **moe}
     return build_config(c)
 
 
@@ -122,7 +122,7 @@ def test_personalising_only_the_evaluated_clients_gives_them_the_same_models():
 
 def test_fedmoe_run_prints_four_methods_and_writes_them(tmp_path, capsys):
     assert main(["run", "configs/fedmoe_digits.yaml", "--out", str(tmp_path / "r"),
-                 "--set", "train.rounds=20", "--set", "moe.max_epochs=5"]) == 0
+                 "--set", "train.rounds=20", "--set", "methods.0.params.max_epochs=5"]) == 0
     out = capsys.readouterr().out
     for name in ("local", "fedavg", "finetuned", "mixture"):
         assert name in out
@@ -135,7 +135,8 @@ def test_fedmoe_run_prints_four_methods_and_writes_them(tmp_path, capsys):
 
 
 def test_eval_clients_sample():
-    config = build_config({**_config().model_dump(mode="json"), "moe": {"max_epochs": 2, "eval_clients": 4}})
+    config = build_config({**_config().model_dump(mode="json"),
+                           "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 2, "eval_clients": 4}}]})
     fed = make_federation(_Data(), PartitionConfig(kind="majority", clients=10, p=0.9, samples_per_client=60), 0)
     res = _run(config, fed)
     assert len(res["mixture"]["evaluation"].per_client["local_accuracy"]) == 4
@@ -143,7 +144,7 @@ def test_eval_clients_sample():
 
 def test_fedmoe_sweep_writes_the_paper_figures(tmp_path):
     assert main(["sweep", "configs/fedmoe_digits.yaml", "--grid", "partition.p=0.2,1.0", "--seeds", "1",
-                 "--set", "train.rounds=5", "--set", "moe.max_epochs=2", "--set", "partition.clients=8",
+                 "--set", "train.rounds=5", "--set", "methods.0.params.max_epochs=2", "--set", "partition.clients=8",
                  "--out", str(tmp_path / "s"), "--quiet"]) == 0
     for name in ("global_vs_local", "global_relative_to_fedavg", "best.local_accuracy_mean"):
         assert (tmp_path / "s" / "figures" / f"{name}.png").stat().st_size > 1000

@@ -51,15 +51,15 @@ WIRE_METHODS = {"methods": [
     {"name": "fedavg", "algorithm": "fedavg"},
     {"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"},
      "train": {"optimizer": {"reset_each_round": False}}},  # kept optimiser state must stay on the node too
-    {"name": "fsnet", "algorithm": "fsnet"},
+    {"name": "fsnet", "algorithm": "fsnet", "params": {"server_steps": 5}},
 ]}
 
 
 def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_documented(tmp_path, monkeypatch):
     wire = tmp_path / "wire.jsonl"
     monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
-    flower = _run(_config({**WIRE_METHODS, "fsnet": {"server_steps": 5}}, "flower"), tmp_path / "f")
-    vec = _run(_config({**WIRE_METHODS, "fsnet": {"server_steps": 5}}, "vectorised"), tmp_path / "v")
+    flower = _run(_config(WIRE_METHODS, "flower"), tmp_path / "f")
+    vec = _run(_config(WIRE_METHODS, "vectorised"), tmp_path / "v")
     _compare(flower, vec)
 
     from hetfed.models import build_model
@@ -74,15 +74,16 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
         keys = {k for rec in e["records"].values() for k in rec}
         assert not keys & local_names, e
         assert not any(k.startswith("opt.") for k in keys), e
-    upload_keys = {frozenset(e["records"]["upload"]) for e in trains}
+    assert {frozenset(e["records"]["upload"]) for e in trains} == {frozenset({"num_samples", "client"})}
+    extra_keys = {frozenset(e["records"]["upload_extra.arrays"]) for e in trains}
     documented = {
-        frozenset({"num_samples", "client", "extra.train_loss"}),  # FedAvg, CGAU
-        frozenset({"num_samples", "client", "extra.train_loss", "extra.input_mean", "shape.input_mean",
-                   "extra.input_var", "shape.input_var"}),  # Fed-FSNet: the documented input moments
+        frozenset({"train_loss"}),  # FedAvg, CGAU
+        frozenset({"train_loss", "input_mean", "input_var"}),  # Fed-FSNet: the documented input moments
     }
-    assert upload_keys == documented
+    assert extra_keys == documented
     for e in trains:
-        assert set(e["records"]) == {"params", "upload"}
+        assert set(e["records"]) == {"params", "upload", "upload_extra.arrays", "upload_extra.values"}
+        assert set(e["records"]["upload_extra.values"]) == {"__absent__", "__empty__"}
         assert set(e["records"]["params"]) <= {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
                                                 "layers.2.weight", "layers.2.bias"} | {
             n for n in _cgau_shared(cfg)}
@@ -100,8 +101,7 @@ def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(t
     moe = {
         "partition": {"kind": "majority", "clients": 6, "p": 0.8, "samples_per_client": 60, "opt_out": 0.34},
         "train": {"rounds": 3, "clients_per_round": 2, "local_epochs": 1, "batch_size": 16, "eval_every": 1},
-        "moe": {"max_epochs": 3, "patience": 2},
-        "methods": [{"algorithm": "fedmoe"}],
+        "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2}}],
     }
     flower = _run(_config(moe, "flower"), tmp_path / "f")
     vec = _run(_config(moe, "vectorised"), tmp_path / "v")

@@ -5,8 +5,9 @@ import pytest
 import torch
 
 from hetfed.algorithms import build_algorithm
+from hetfed.algorithms.fsnet import FSNetParams as FSNetConfig
 from hetfed.algorithms.fsnet import beta_schedule, kl_uniform, near_one_hot, sample_mixture
-from hetfed.config import FSNetConfig, ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
 from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Upload
@@ -64,7 +65,8 @@ class _Data:
 def _algo(train, cfg=None):
     fed = make_federation(_Data(), PartitionConfig(kind="shards", clients=4, shards_per_client=1), 0)
     model = build_model(ModelConfig(hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
-    return fed, build_algorithm("fsnet", model, train, cfg or FSNetConfig(server_steps=60, server_batch=64, n_synthetic=12), 6)
+    return fed, build_algorithm("fsnet", model, train, cfg or FSNetConfig(server_steps=60, server_batch=64, n_synthetic=12),
+                                in_features=6)
 
 
 def test_uploads_carry_input_moments_and_the_server_synthesises():

@@ -294,8 +294,8 @@ def test_dp_with_an_algorithm_it_cannot_privatise_fails_before_training(tmp_path
 
 def test_dp_covers_fedmoes_federated_phase_and_its_personal_models_stay_local(tmp_path):
     out = tmp_path / "r"
-    code = main(["run", "--quiet", "--set", "methods=[{algorithm: fedmoe}]", "--set", "train.rounds=3",
-                 "--set", "moe.max_epochs=2", "--set", "privacy.noise_multiplier=1.0", "--out", str(out)])
+    code = main(["run", "--quiet", "--set", "methods=[{algorithm: fedmoe, params: {max_epochs: 2}}]",
+                 "--set", "train.rounds=3", "--set", "privacy.noise_multiplier=1.0", "--out", str(out)])
     assert code == 0
     methods = json.loads((out / "summary.json").read_text())["methods"]
     assert methods["fedavg"]["epsilon"] > 0 and methods["fedavg"]["dp_rounds"] == 3  # the federated view

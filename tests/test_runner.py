@@ -33,7 +33,7 @@ def test_main_job_reaches_high_accuracy(tmp_path, capsys):
 def test_several_methods_share_the_federation(tmp_path):
     cfg = build_config({
         "train": {"rounds": 3},
-        "methods": [{"algorithm": "fedavg"}, {"name": "prox", "algorithm": "fedprox", "train": {"prox_mu": 0.5}},
+        "methods": [{"algorithm": "fedavg"}, {"name": "prox", "algorithm": "fedprox", "params": {"mu": 0.5}},
                     {"algorithm": "local", "model": {"hidden": [32]}}],
     })
     out = run_experiment(cfg, out=tmp_path / "r", progress=False)

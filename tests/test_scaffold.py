@@ -67,10 +67,10 @@ def reference(fed, train: TrainConfig, x0: dict, seed: int, option: int) -> dict
 def test_rounds_match_the_papers_algorithm(option):
     """3 rounds, 2 of 5 clients each (so c ← c + ΣΔc_i/N with N = 5 ≠ |S| matters), K = 4 full-batch steps."""
     fed = _fed()
-    train = TrainConfig(rounds=3, clients_per_round=2, local_steps=4, batch_size=1000, scaffold_option=option,
+    train = TrainConfig(rounds=3, clients_per_round=2, local_steps=4, batch_size=1000,
                         optimizer=OptimizerConfig(lr=0.2, momentum=0.0))
     model = build_model(ModelConfig(kind="logreg"), fed.input_shape, fed.n_classes)
-    algo = build_algorithm("scaffold", model, train)
+    algo = build_algorithm("scaffold", model, train, {"option": option})
     x0 = algo.server_init(torch_gen(7, SERVER_INIT)).params
     result = simulate(algo, fed, train, 7, executor=SequentialExecutor())
     ref = reference(fed, train, x0, 7, option)

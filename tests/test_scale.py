@@ -30,11 +30,9 @@ def _fed(clients=12):
 
 
 def _run(fed, train, executor, kind="mlp", algorithm="fedavg"):
-    from hetfed.config import FSNetConfig
-
     model = build_model(ModelConfig(kind=kind, hidden=[16, 16]), fed.input_shape, fed.n_classes)
-    algo = build_algorithm(algorithm, model, train, FSNetConfig(server_steps=5, n_synthetic=20),
-                           int(np.prod(fed.input_shape)))
+    params = {"server_steps": 5, "n_synthetic": 20} if algorithm == "fsnet" else None
+    algo = build_algorithm(algorithm, model, train, params, in_features=int(np.prod(fed.input_shape)))
     return simulate(algo, fed, train, 1, executor=executor)
 
 

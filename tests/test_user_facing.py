@@ -106,7 +106,7 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     prep = prepare(build_config({"partition": {"clients": 4}}), progress=False)
     train = TrainConfig(rounds=4, local_steps=2)
     model = build_model(build_config({}).model, prep.federation.input_shape, prep.federation.n_classes)
-    algo = build_algorithm("fedavg", model, train, build_config({}).fsnet, 64)
+    algo = build_algorithm("fedavg", model, train)
     real = sim.evaluation
     calls = {"n": 0}
 
@@ -400,7 +400,7 @@ def test_progress_reaches_a_log_file_while_running_and_tables_are_not_cut(tmp_pa
 def test_fedmoe_phases_show_progress_in_logs(tmp_path):
     log = tmp_path / "log"
     proc = _spawn(["run", str(REPO / "configs" / "fedmoe_digits.yaml"), "--set", "train.rounds=2",
-                   "--set", "moe.max_epochs=2", "--out", str(tmp_path / "r")], log)
+                   "--set", "methods.0.params.max_epochs=2", "--out", str(tmp_path / "r")], log)
     assert proc.wait(timeout=300) == 0
     text = log.read_text()
     assert "fedavg: rounds 2/2" in text  # the federated phase

@@ -105,7 +105,55 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("config", help="print the resolved config (defaults filled in) as YAML")
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
+
+    p = sub.add_parser("algorithms", help="list every registered algorithm: its parameters and capabilities")
+    p.add_argument("name", nargs="?", help="show one algorithm in full")
+    p.add_argument("--json", action="store_true", help="machine-readable: every field of every algorithm")
+    p.set_defaults(func=cmd_algorithms)
     return parser
+
+
+def cmd_algorithms(args: argparse.Namespace) -> int:
+    """What ``methods[i].algorithm`` may name, with each algorithm's ``params`` and capabilities."""
+    import json
+
+    from hetfed.algorithms import registry
+
+    specs = [registry.get(args.name)] if args.name else registry.specs()
+    described = [s.describe() for s in specs]
+    if args.json:
+        console.print_json(json.dumps(described))
+        return 0
+    from rich.table import Table
+
+    for d in described:
+        caps = d["capabilities"]
+        flags = [name for name, on in (("DP-FedAvg", caps["private"]), ("needs server data", caps["server_data"]),
+                                       ("whole round at once", caps["whole_round"]),
+                                       ("server model", caps["server_model"]),
+                                       ("personalised", caps["personalises"])) if on]
+        from rich.text import Text
+
+        console.print(Text.assemble((d["name"], "bold"), f" — {d['summary']}"), soft_wrap=True)
+        console.print(f"  paper: {d['paper']}", soft_wrap=True, markup=False)
+        console.print(f"  uploads: {caps['uploads']}", soft_wrap=True, markup=False)
+        extra = [f"views: {', '.join(caps['views'])}"] if caps["views"] else []
+        if caps["model_kinds"]:
+            extra.append(f"models: {', '.join(caps['model_kinds'])}")
+        console.print(f"  {' · '.join(flags + extra) or '-'}", soft_wrap=True, markup=False)
+        if d["params"]:
+            table = Table(show_header=True, header_style="bold", box=None, padding=(0, 2, 0, 4))
+            for col in ("methods[i].params.", "default", "allowed", "meaning"):
+                table.add_column(col, overflow="fold")
+            for p in d["params"]:
+                bounds = " ".join(f"{'>' if k == 'gt' else '≥' if k == 'ge' else '<' if k == 'lt' else '≤'} {v}"
+                                  for k, v in p["bounds"].items())
+                default = repr(p["default"])
+                table.add_row(p["name"], default if len(default) <= 24 else default[:23] + "…", bounds or p["type"],
+                              p["description"])
+            console.print(table)
+        console.print()
+    return 0
 
 
 def cmd_demo(args: argparse.Namespace) -> int:

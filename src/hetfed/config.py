@@ -363,7 +363,9 @@ class Config(_Strict):
 
     @model_validator(mode="after")
     def _methods_resolve(self) -> Config:
-        from hetfed.algorithms import registry  # the algorithms' own declarations (discovered, not listed here)
+        from hetfed.algorithms import (
+            registry,  # the algorithms' own declarations (discovered, not listed here)
+        )
 
         if not self.methods:
             raise ValueError("methods is empty: list at least one method")
@@ -545,7 +547,7 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
             msg = msg[len("Value error, ") :]
         value = e.get("input")
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
-        lines.append(f"{key or 'config'}{shown}: {msg}")
+        lines.append(f"{key}{shown}: {msg}" if key else msg)
     return "; ".join(lines)
 
 

@@ -25,13 +25,14 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetfed.config import ServerConfig, TrainConfig
+from hetfed.config import TrainConfig
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.robust import DPNoise, combine
@@ -47,22 +48,55 @@ from hetfed.engine.types import (
 from hetfed.models.base import Model
 
 __all__ = [
-    "Algorithm", "Broadcast", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
+    "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
     "ServerState", "Upload", "client_scores", "predict", "weighted_average",
 ]
+
+
+@dataclass(frozen=True)
+class Capabilities:
+    """What an algorithm does that the rest of hetfed must know — declared in its registry entry
+    (:mod:`hetfed.algorithms.registry`), never inferred from its name.
+
+    uploads: in words, what leaves a client each round (the privacy table of docs/methods.md).
+    private: DP-FedAvg can privatise it: the uploads are only shared parameters (+ the training loss).
+    server_data: the server needs unlabeled data of its own (``server_data.*``).
+    whole_round: the server needs every update of a round at once (no streaming aggregation).
+    server_model: the server holds a model: the server pipeline (robust combine, DP, server optimiser) applies.
+    views: named predictors the clients evaluate after personalisation (empty: only the model).
+    federated_view: which view is the federated phase's model.
+    primary_view: which view is the method's headline result (None: the federated model).
+    personalises: each client ends with a model of its own.
+    model_kinds: the model kinds it supports (None: every kind).
+    model_reason: why other kinds are refused (the error message's reason).
+    """
+
+    uploads: str = "shared parameters, sample count, training loss"
+    private: bool = False
+    server_data: bool = False
+    whole_round: bool = False
+    server_model: bool = True
+    views: tuple[str, ...] = ()
+    federated_view: str = "fedavg"
+    primary_view: str | None = None
+    personalises: bool = False
+    model_kinds: tuple[str, ...] | None = None
+    model_reason: str = ""
 
 
 @dataclass(frozen=True, eq=False)
 class Context:
     """What an algorithm is built with besides its model, schedule and parameters.
 
-    server: the server pipeline's settings (``server.*``); seed: the run seed (for
-    per-client phases that draw from it); in_features: the flattened input size (a
-    server model that decodes to inputs, Fed-FSNet's); build: a model of the same
-    kind with n outputs (FedMoE's gate).
+    pipeline: the server pipeline (:class:`hetfed.server.pipeline.ServerPipeline`: combine →
+    DP noise → server optimiser), built from ``train.aggregator`` and ``server.*`` by
+    :func:`hetfed.algorithms.build_algorithm`; seed: the run seed (for per-client phases
+    that draw from it); in_features: the flattened input size (a server model that
+    decodes to inputs, Fed-FSNet's); build: a model of the same kind with n outputs
+    (FedMoE's gate).
     """
 
-    server: ServerConfig = field(default_factory=ServerConfig)
+    pipeline: Any = None
     seed: int = 0
     in_features: int | None = None
     build: Callable[[int], Model] | None = None
@@ -119,21 +153,13 @@ class Algorithm:
         self.schedule = LocalSchedule.from_train(train)
         self._seed = 0
         self._expected_clients = 1
-        from hetfed.server.optimizers import ServerOptimizer
-        from hetfed.server.pipeline import ServerPipeline
-
-        t = train
-        self.pipeline = ServerPipeline(t.aggregator, t.trim_fraction, t.byzantine_fraction, t.multi_krum_keep,
-                                       ServerOptimizer.from_config(self.context.server))
 
     @property
     def name(self) -> str:
         return self.spec.name if self.spec is not None else type(self).__name__.lower()
 
     @property
-    def capabilities(self):
-        from hetfed.algorithms.registry import Capabilities
-
+    def capabilities(self) -> Capabilities:
         return self.spec.capabilities if self.spec is not None else Capabilities()
 
     @property
@@ -180,25 +206,28 @@ class Algorithm:
     def dp(self) -> bool:
         return self.privacy is not None and self.privacy.noise_multiplier is not None
 
-    def server_step(self, state: ServerState, upload: Upload) -> tuple[Params, dict]:
+    def server_step(self, state: ServerState, upload: Upload, scale: float = 1.0) -> tuple[Params, dict]:
         """The server pipeline on a round's updates: ``(new shared params, server extra)``.
 
         Combine (``train.aggregator``), DP-FedAvg's noise under ``privacy``, then the server
         optimiser (``server.*``) on the pseudo-gradient. Every algorithm whose server holds a
         model calls this, so robust rules, DP and server optimisers serve all of them alike.
         The optimiser's state goes into the returned extra (and so into checkpoints).
+        ``scale`` multiplies the pseudo-gradient before the optimiser (FedNova's τ_eff).
         """
-        from hetfed.server.pipeline import OPTIMIZER_STATE
-
+        if self.context.pipeline is None:
+            raise RuntimeError(f"{self.name}: no server pipeline; build algorithms with "
+                               "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
         dp = None
         if self.dp:
             p = self.privacy
             dp = DPNoise(p.noise_multiplier, p.clip, self._expected_clients, p.weighting == "uniform",
                          derive_seed(self._seed, DP_NOISE, state.round))
-        params, opt = self.pipeline.step(state.params, upload, state.extra.get(OPTIMIZER_STATE, {}), dp)
+        pipeline = self.context.pipeline
+        params, opt = pipeline.step(state.params, upload, state.extra.get(pipeline.STATE, {}), dp, scale)
         extra = dict(state.extra)
         if opt:
-            extra[OPTIMIZER_STATE] = opt
+            extra[pipeline.STATE] = opt
         return params, extra
 
     def server_init(self, gen: torch.Generator) -> ServerState:

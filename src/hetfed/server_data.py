@@ -14,6 +14,7 @@ import numpy as np
 from hetfed.config import Config
 from hetfed.errors import ConfigError
 
+
 def wanted(config: Config) -> str:
     """``none``, ``holdout`` or ``dataset``: what this run's server holds (``auto`` resolved)."""
     source = config.server_data.source

@@ -29,7 +29,6 @@ import math
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg

@@ -10,6 +10,7 @@ from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model
+from hetfed.server.pipeline import pipeline_for
 
 
 def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping[str, Any] | Any = None, *,
@@ -21,7 +22,7 @@ def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping
     model (see :class:`hetfed.interface.Context`).
     """
     spec = registry.get(name)
-    context = Context(server or ServerConfig(), seed, in_features, build)
+    context = Context(pipeline_for(train, server or ServerConfig()), seed, in_features, build)
     return spec.cls(model, train, spec.make_params(params), context)
 
 
@@ -36,9 +37,10 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     model = build_model(model_cfg, input_shape, n_classes, vocab)
     where = f"methods.{config.methods.index(method)}"
     spec = registry.get(method.algorithm, f"{where}.algorithm")
-    context = Context(config.method_server(method), config.seed, int(np.prod(input_shape)),
+    train = config.method_train(method)
+    context = Context(pipeline_for(train, config.method_server(method)), config.seed, int(np.prod(input_shape)),
                       lambda n_out: build_model(model_cfg, input_shape, n_out, vocab))
-    algo = spec.cls(model, config.method_train(method), spec.make_params(method.params, f"{where}.params"), context)
+    algo = spec.cls(model, train, spec.make_params(method.params, f"{where}.params"), context)
     if config.privacy.noise_multiplier is not None:
         _check_private(config, method, algo)
         algo.privacy = config.privacy

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import torch
-
 from pydantic import Field
 
 from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register

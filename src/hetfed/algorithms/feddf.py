@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -145,5 +144,5 @@ def _batches(n: int, size: int, gen: torch.Generator):
 register(AlgorithmSpec(
     "feddf", FedDF, "FedAvg, then the server distils the clients' ensemble into the global model on unlabeled data",
     "Lin et al. 2020, Ensemble Distillation for Robust Model Fusion in Federated Learning", FedDFParams,
-    Capabilities(server_data=True, whole_round=True), legacy_section="feddf",
+    Capabilities(server_data=True, whole_round=True), legacy_section="feddf", quick={"max_steps": 10, "eval_every": 5},
 ))

@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -188,7 +187,6 @@ register(AlgorithmSpec(
     "fedgen", FedGen, "FedAvg plus a server-trained generator of latent features that regularises the clients' heads",
     "Zhu et al. 2021, Data-Free Knowledge Distillation for Heterogeneous Federated Learning", FedGenParams,
     Capabilities(uploads="shared parameters, sample count, training loss, per-class label counts",
-                 whole_round=True, model_kinds=("mlp", "cnn", "logreg", "cgau"),
-                 model_reason="it needs a model split into features and a head"),
-    legacy_section="fedgen",
+                 whole_round=True),
+    legacy_section="fedgen", quick={"server_steps": 5},
 ))

@@ -22,12 +22,10 @@ from __future__ import annotations
 
 import time
 from typing import Literal
-from collections.abc import Callable
 
 import numpy as np
 import torch
 import torch.nn.functional as F
-
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -224,5 +222,5 @@ register(AlgorithmSpec(
     Capabilities(private=True, views=METHODS, federated_view="fedavg", primary_view="mixture", personalises=True,
                  uploads="shared parameters, sample count, training loss (federated phase); after it, only the "
                  "epochs and seconds each personal phase took"),
-    legacy_section="moe",
+    legacy_section="moe", quick={"max_epochs": 3, "patience": 2},
 ))

@@ -35,7 +35,6 @@ import math
 
 import torch
 import torch.nn.functional as F
-
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -178,5 +177,5 @@ register(AlgorithmSpec(
                  "client's inputs", whole_round=False,
                  model_kinds=("mlp", "cnn", "logreg", "cgau"),
                  model_reason="its server synthesises continuous inputs, not token ids"),
-    legacy_section="fsnet",
+    legacy_section="fsnet", quick={"server_steps": 5},
 ))

@@ -24,6 +24,9 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
+from hetfed.interface import Capabilities
+
+__all__ = ["AlgorithmParams", "AlgorithmSpec", "Capabilities", "NoParams", "get", "names", "register", "specs"]
 
 
 class AlgorithmParams(BaseModel):
@@ -34,36 +37,6 @@ class AlgorithmParams(BaseModel):
 
 class NoParams(AlgorithmParams):
     """An algorithm without parameters of its own."""
-
-
-@dataclass(frozen=True)
-class Capabilities:
-    """What an algorithm does that the rest of hetfed must know — declared, never inferred from its name.
-
-    uploads: in words, what leaves a client each round (the privacy table of docs/methods.md).
-    private: DP-FedAvg can privatise it: the uploads are only shared parameters (+ the training loss).
-    server_data: the server needs unlabeled data of its own (``server_data.*``).
-    whole_round: the server needs every update of a round at once (no streaming aggregation).
-    server_model: the server holds a model: the server pipeline (robust combine, DP, server optimiser) applies.
-    views: named predictors the clients evaluate after personalisation (empty: only the model).
-    federated_view: which view is the federated phase's model.
-    primary_view: which view is the method's headline result (None: the federated model).
-    personalises: each client ends with a model of its own.
-    model_kinds: the model kinds it supports (None: every kind).
-    model_reason: why other kinds are refused (the error message's reason).
-    """
-
-    uploads: str = "shared parameters, sample count, training loss"
-    private: bool = False
-    server_data: bool = False
-    whole_round: bool = False
-    server_model: bool = True
-    views: tuple[str, ...] = ()
-    federated_view: str = "fedavg"
-    primary_view: str | None = None
-    personalises: bool = False
-    model_kinds: tuple[str, ...] | None = None
-    model_reason: str = ""
 
 
 @dataclass(frozen=True)
@@ -79,6 +52,8 @@ class AlgorithmSpec:
     #: where its parameters were set before the registry (an old top-level section, old ``train.*`` keys → param)
     legacy_section: str | None = None
     legacy_train: Mapping[str, str] = field(default_factory=dict)
+    #: params that make a run of a few rounds quick (the parity tests, examples): e.g. fewer server steps
+    quick: Mapping[str, Any] = field(default_factory=dict)
 
     def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
         """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
@@ -103,7 +78,7 @@ class AlgorithmSpec:
         caps["views"] = list(caps["views"])
         caps["model_kinds"] = list(caps["model_kinds"]) if caps["model_kinds"] is not None else None
         return {"name": self.name, "summary": self.summary, "paper": self.paper, "params": params,
-                "capabilities": caps}
+                "capabilities": caps, "quick": dict(self.quick)}
 
 
 def _type_name(annotation: Any) -> str:

@@ -15,6 +15,7 @@ checkpointed with it.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 from hetfed.engine.robust import DPNoise, combine
 from hetfed.engine.types import Params, Upload
@@ -28,14 +29,29 @@ OPTIMIZER_STATE = "server_optimizer"
 class ServerPipeline:
     """combine → DP noise → server optimiser, as configured for one method."""
 
+    STATE: ClassVar[str] = OPTIMIZER_STATE
+
     aggregator: str = "mean"
     trim_fraction: float = 0.1
     byzantine_fraction: float = 0.1
     multi_krum_keep: int | None = None
     optimizer: ServerOptimizer = ServerOptimizer()
 
-    def step(self, params: Params, upload: Upload, opt_state: dict, dp: DPNoise | None = None) -> tuple[Params, dict]:
-        """The new global model from a round's (screened) updates, and the optimiser's new state."""
+    def step(self, params: Params, upload: Upload, opt_state: dict, dp: DPNoise | None = None,
+             scale: float = 1.0) -> tuple[Params, dict]:
+        """The new global model from a round's (screened) updates, and the optimiser's new state.
+
+        ``scale`` multiplies the pseudo-gradient (combined − params) before the optimiser steps on it
+        (FedNova's τ_eff); 1 leaves the combined model as it is.
+        """
         combined = combine(params, upload, self.aggregator, 1.0, self.trim_fraction, self.byzantine_fraction,
                            self.multi_krum_keep, dp)
+        if scale != 1.0:
+            combined = {k: v + scale * (combined[k] - v) for k, v in params.items()}
         return self.optimizer.update(params, combined, opt_state)
+
+
+def pipeline_for(train, server) -> ServerPipeline:
+    """The pipeline of a method: ``train.aggregator`` (and its options) and ``server.*``."""
+    return ServerPipeline(train.aggregator, train.trim_fraction, train.byzantine_fraction, train.multi_krum_keep,
+                          ServerOptimizer.from_config(server))

@@ -1,0 +1,165 @@
+"""The algorithm registry (#24): every algorithm declares itself, and every engine serves every algorithm.
+
+The parity tests here are parametrised over the registry: an algorithm registered tomorrow is run on the
+vectorised and sequential executors (and, in the slow test, on Flower's Simulation Engine) without a test
+of its own. A toy algorithm defined in this file registers itself and runs like the built-in ones.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from hetfed.algorithms import registry
+from hetfed.algorithms.fedavg import FedAvg
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities
+from hetfed.cli import main
+from hetfed.config import build_config, migrate_legacy
+from hetfed.engine.types import ServerState, Upload
+from hetfed.errors import ConfigError
+from hetfed.experiments.runner import run_experiment
+
+SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
+         "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1}}
+
+
+def _config(algorithms: list[str], executor: str, **extra) -> object:
+    methods = [{"algorithm": a, "params": dict(registry.get(a).quick)} for a in algorithms]
+    raw = json.loads(json.dumps({**SMALL, **extra, "methods": methods}))
+    raw["train"]["executor"] = executor
+    raw.setdefault("flower", {})["connect_timeout"] = 300
+    return build_config(raw)
+
+
+def _same(a: dict, b: dict) -> None:
+    assert list(a["methods"]) == list(b["methods"])
+    for name, m in a["methods"].items():
+        for when in ("final", "best"):
+            for key, value in m[when].items():
+                got = b["methods"][name][when][key]
+                if value is None or got is None:
+                    assert value == got, (name, when, key)
+                else:
+                    assert got == pytest.approx(value, rel=1e-4, abs=1e-5), (name, when, key)
+
+
+# ------------------------------------------------------------------ a toy algorithm, registered here
+
+
+class SignParams(AlgorithmParams):
+    step: float = 0.01
+
+
+class SignAverage(FedAvg):
+    """FedAvg whose server moves every coordinate by ``step`` in the sign of the average update."""
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        average, extra = self.server_step(state, upload)
+        params = {k: v + self.params.step * torch.sign(average[k] - v) for k, v in state.params.items()}
+        return ServerState(params, state.round + 1, extra)
+
+
+@pytest.fixture
+def toy():
+    registry.register(AlgorithmSpec("toy_sign", SignAverage, "a test's toy", "—", SignParams, Capabilities()))
+    yield "toy_sign"
+    registry.unregister("toy_sign")
+
+
+def test_a_toy_algorithm_registered_in_a_test_runs_on_both_executors_and_is_listed(tmp_path, toy, capsys):
+    a = run_experiment(_config([toy], "vectorised"), out=tmp_path / "v", progress=False).summary
+    b = run_experiment(_config([toy], "sequential"), out=tmp_path / "s", progress=False).summary
+    _same(a, b)
+    assert main(["algorithms", "--json"]) == 0
+    listed = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
+    assert listed[toy]["params"] == [{"name": "step", "default": 0.01, "type": "float", "bounds": {},
+                                      "description": ""}]
+
+
+# ------------------------------------------------------------------ every registered algorithm
+
+
+@pytest.mark.parametrize("name", registry.names())
+def test_every_registered_algorithm_gives_the_same_numbers_on_both_in_process_executors(tmp_path, name):
+    a = run_experiment(_config([name], "vectorised"), out=tmp_path / "v", progress=False).summary
+    b = run_experiment(_config([name], "sequential"), out=tmp_path / "s", progress=False).summary
+    _same(a, b)
+
+
+@pytest.mark.slow
+def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simulation_engine(tmp_path):
+    """One Flower run holds every registered algorithm (one Ray start), so the test costs one simulation."""
+    pytest.importorskip("flwr")
+    names = registry.names()
+    flower = run_experiment(_config(names, "flower"), out=tmp_path / "f", progress=False).summary
+    vec = run_experiment(_config(names, "vectorised"), out=tmp_path / "v", progress=False).summary
+    _same(vec, flower)
+
+
+def test_algorithms_lists_every_algorithm_with_its_parameters_and_capabilities(capsys):
+    assert main(["algorithms", "--json"]) == 0
+    listed = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
+    assert set(listed) == set(registry.names()) >= {"fedavg", "fedprox", "scaffold", "afl", "feddf", "fedgen",
+                                                      "fedmoe", "fsnet", "local", "feddyn", "fednova"}
+    assert {p["name"]: p["default"] for p in listed["fedprox"]["params"]} == {"mu": 0.01}
+    assert listed["fedprox"]["params"][0]["bounds"] == {"ge": 0}
+    assert listed["feddf"]["capabilities"]["server_data"] and listed["feddf"]["capabilities"]["whole_round"]
+    assert listed["fedmoe"]["capabilities"]["views"] == ["local", "fedavg", "finetuned", "mixture"]
+    assert not listed["local"]["capabilities"]["server_model"]
+    assert main(["algorithms"]) == 0
+    text = capsys.readouterr().out
+    assert all(name in text for name in listed)
+
+
+# ------------------------------------------------------------------ moved keys, bad params
+
+
+@pytest.mark.parametrize("section,algorithm", sorted(registry.legacy_sections().items()))
+def test_an_old_top_level_section_names_its_new_key(section, algorithm):
+    with pytest.raises(ConfigError, match=rf"top-level section '{section}' .* move them to methods\.1\.params"):
+        build_config({section: {}, "methods": [{"algorithm": "fedavg"}, {"algorithm": algorithm}]})
+
+
+def test_old_train_keys_name_the_parameter_that_took_them_over(capsys):
+    assert main(["config", "--set", "train.prox_mu=0.1", "--set", "methods=[{algorithm: fedprox}]"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "train.prox_mu = 0.1 is no longer a train key" in err and "methods.0.params.mu" in err
+
+
+@pytest.mark.parametrize("item,expected", [
+    ("methods.0.params.mu=-1", "methods.0.params.mu = -1: Input should be greater than or equal to 0"),
+    ("methods.0.params.typo=1", "unknown key 'methods.0.params.typo': algorithm 'fedprox' has no such parameter"),
+])
+def test_bad_params_get_one_line_naming_the_key(capsys, item, expected):
+    assert main(["config", "--set", "methods=[{algorithm: fedprox}]", "--set", item]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and expected in err, err
+
+
+def test_an_unknown_algorithm_lists_the_registered_ones():
+    with pytest.raises(ConfigError, match=r"methods\.0\.algorithm = 'fedsgd' is not allowed: expected one of"):
+        build_config({"methods": [{"algorithm": "fedsgd"}]})
+
+
+def test_a_run_directory_written_before_the_registry_still_reads():
+    old = {"train": {"prox_mu": 0.3, "scaffold_option": 1, "server_lr": 0.5},
+           "moe": {"max_epochs": 7}, "fsnet": {"server_steps": 9},
+           "methods": [{"algorithm": "fedprox"}, {"algorithm": "scaffold"}, {"algorithm": "fedmoe"},
+                       {"algorithm": "fsnet"}, {"name": "plain", "algorithm": "fedavg"}]}
+    cfg = build_config(migrate_legacy(old))
+    assert [m.params for m in cfg.methods] == [{"mu": 0.3}, {"option": 1}, {"max_epochs": 7}, {"server_steps": 9},
+                                              {}]
+    assert cfg.server.lr == 0.5
+
+
+def test_capabilities_not_names_decide_what_is_refused():
+    with pytest.raises(ConfigError, match=r"needs unlabeled server data"):
+        build_config({"server_data": {"source": "none"}, "methods": [{"algorithm": "feddf"}]})
+    with pytest.raises(ConfigError, match=r"DP-FedAvg does not privatise; expected one of \[.*'feddyn'"):
+        from hetfed.algorithms import algorithm_for
+
+        cfg = build_config({"privacy": {"noise_multiplier": 1.0}, "methods": [{"algorithm": "scaffold"}]})
+        algorithm_for(cfg, cfg.methods[0], (64,), 10)
