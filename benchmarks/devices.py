@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 
 from hetfed.config import build_config, read_yaml
-from hetfed.experiments.runner import run_experiment
+from hetfed.runs.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = {

@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfed.config import build_config
-from hetfed.experiments.runner import run_experiment
+from hetfed.runs.runner import run_experiment
 
 ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2}
 

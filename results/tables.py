@@ -2,8 +2,8 @@
 
     python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
-    python results/tables.py paired SWEEP_DIR [BASELINE]   # each method and its paired difference to FedAvg
-                                                           # (or to the method named BASELINE)
+    python results/tables.py paired SWEEP_DIR [BASELINE] [--final]   # each method and its paired difference to
+                                          # FedAvg (or to BASELINE); best by validation, or --final: the last round
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -74,10 +74,10 @@ def dp_table(sweep: Path) -> str:
     return "\n".join(lines) + "\n"
 
 
-def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
+def paired_table(sweep: Path, baseline: str = "fedavg", when: str = "best") -> str:
     """Per method (and grid point, when the sweep has several): best global and local accuracy (mean ± CI over
     seeds) and the paired difference to the baseline on the same partition (each run holds every method on one
-    federation)."""
+    federation). ``when``: ``best`` (the model chosen by validation loss) or ``final`` (the last round)."""
     metrics = (("global", "global_accuracy"), ("local", "local_accuracy_mean"))
     values: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diffs: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
@@ -85,12 +85,12 @@ def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
     rows: list[str] = []
     for point, summary in _runs(sweep):
         where = ", ".join(f"{k.split('.')[-1]}={v}" for k, v in point.items())
-        base = summary["methods"][baseline]["best"]
+        base = summary["methods"][baseline][when]
         for name, m in summary["methods"].items():
             row = name + (f" ({where})" if where else "")
             rows += [row] if row not in rows else []
             for short, key in metrics:
-                v, b = m["best"].get(key), base.get(key)
+                v, b = m[when].get(key), base.get(key)
                 values[row][short].append(v)
                 if v is not None and b is not None and name != baseline:
                     diffs[row][short].append(v - b)
@@ -103,7 +103,8 @@ def paired_table(sweep: Path, baseline: str = "fedavg") -> str:
         lines.append(f"| {row} | {_cell(values[row]['global'])} | {d[0]} | {_cell(values[row]['local'])} | {d[1]} "
                      f"| {_mean(timing[row]['s'])} | {_mean(timing[row]['server'])} |")
     n = max(len(v["global"]) for v in values.values())
-    return "\n".join(lines) + (f"\n\nbest model by validation loss; mean ± 95% CI (Student t) over n = {n} seeds; "
+    chosen = "best model by validation loss" if when == "best" else "the last round's model"
+    return "\n".join(lines) + (f"\n\n{chosen}; mean ± 95% CI (Student t) over n = {n} seeds; "
                                "Δ: paired difference on the same partition and seed\n")
 
 
@@ -156,7 +157,8 @@ if __name__ == "__main__":
     if kind == "grid":
         print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
     elif kind == "paired":
-        print(paired_table(Path(sys.argv[2]), *sys.argv[3:4]))
+        args = [a for a in sys.argv[3:] if a != "--final"]
+        print(paired_table(Path(sys.argv[2]), *args[:1], when="final" if "--final" in sys.argv else "best"))
     else:
         table = {"attack": attack_table, "dp": dp_table}[kind]
         print(table(Path(sys.argv[2])))

@@ -108,7 +108,7 @@ def test_xor_demo_conditioning_does_the_work(tmp_path, capsys):
 
 @pytest.mark.parametrize("seed", [1, 2])
 def test_xor_demo_is_solved_on_other_seeds(tmp_path, seed):
-    from hetfed.experiments.xor_demo import run_xor_demo
+    from hetfed.xor_demo import run_xor_demo
 
     _, summary = run_xor_demo(tmp_path / "x", seed=seed)
     cgau = summary["models"]["cgau_1_unit"]

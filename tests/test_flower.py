@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
-from hetfed.experiments.runner import run_experiment  # noqa: E402
+from hetfed.runs.runner import run_experiment  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -1,9 +1,9 @@
-"""Imports go one way: the interface below both the engine and the algorithms.
+"""Imports go one way (../shared/DESIGN.md): config → data → models → engine and the interface → server →
+algorithms → (Flower's engine) → runs → analysis → api / cli, with no circles.
 
-``hetfed.interface`` imports neither the algorithms nor the engine's executors;
-the engine's round loop, executors and evaluation never import an algorithm;
-the algorithms never import the engine's round loop or executors (they use its
-helpers: local training, optimisers, random streams, types).
+Every import is checked, including those inside functions, so a lazy import cannot hide a dependency
+that runs the wrong way. The few that must (a plug-in lookup of the algorithm registry by the config
+layer) are listed below with the reason.
 """
 
 from __future__ import annotations
@@ -12,22 +12,90 @@ import ast
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parents[1] / "src" / "hetfed"
-ENGINE_RUNNERS = {"hetfed.engine.simulate", "hetfed.engine.executors", "hetfed.engine.evaluate", "hetfed.engine.sampling"}
+
+#: (module prefix, layer), most specific first; a module may import its own layer and those below
+LAYERS = [
+    ("hetfed.errors", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0),
+    ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
+    ("hetfed.models", 2),
+    ("hetfed.engine", 3), ("hetfed.interface", 3),
+    ("hetfed.server", 4),
+    ("hetfed.algorithms", 5),
+    ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6),
+    ("hetfed.runs", 7),
+    ("hetfed.analysis", 8),
+    ("hetfed.api", 9), ("hetfed.cli", 9), ("hetfed.xor_demo", 9), ("hetfed", 9),
+]
+NAMES = {0: "config", 1: "data", 2: "models", 3: "engine/interface", 4: "server", 5: "algorithms",
+         6: "flower engine", 7: "runs", 8: "analysis", 9: "api/cli"}
+
+#: imports that run upwards on purpose (inside a function, looked up at call time), and why
+UPWARD_ALLOWED = {
+    ("hetfed.config", "hetfed.algorithms.registry"): "validation asks the registry which algorithms exist",
+    ("hetfed.server_data", "hetfed.algorithms.registry"): "which methods need server data is a capability",
+}
 
 
-def imports(path: Path) -> set[str]:
+def layer(module: str) -> int:
+    for prefix, level in LAYERS:
+        if module == prefix or module.startswith(prefix + "."):
+            return level
+    raise AssertionError(f"{module} has no layer: add it to LAYERS")
+
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(SRC.parent).with_suffix("").parts)
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports(path: Path, top_level_only: bool = False) -> set[str]:
+    tree = ast.parse(path.read_text())
+    nodes = tree.body if top_level_only else ast.walk(tree)
     found = set()
-    for node in ast.walk(ast.parse(path.read_text())):
+    for node in nodes:
         if isinstance(node, ast.ImportFrom) and node.module:
-            found.add(node.module)
+            for alias in node.names:  # ``from hetfed.engine import optim``: the module hetfed.engine.optim
+                sub = f"{node.module}.{alias.name}"
+                found.add(sub if (SRC.parent / (sub.replace(".", "/") + ".py")).exists() else node.module)
         elif isinstance(node, ast.Import):
             found.update(a.name for a in node.names)
-    return {m for m in found if m.startswith("hetfed")}
+    return {m for m in found if m == "hetfed" or m.startswith("hetfed.")}
 
 
-def test_the_interface_imports_neither_algorithms_nor_executors():
-    bad = {m for m in imports(SRC / "interface.py") if m.startswith("hetfed.algorithms") or m in ENGINE_RUNNERS}
-    assert not bad
+def modules() -> dict[str, Path]:
+    return {module_name(p): p for p in SRC.rglob("*.py")}
+
+
+def test_every_import_runs_down_the_layers():
+    wrong = []
+    for name, path in modules().items():
+        for target in imports(path):
+            if layer(target) > layer(name) and (name, target) not in UPWARD_ALLOWED:
+                wrong.append(f"{name} ({NAMES[layer(name)]}) imports {target} ({NAMES[layer(target)]})")
+    assert not wrong, "\n".join(sorted(wrong))
+
+
+def test_no_import_circles_at_module_level():
+    graph = {name: {t for t in imports(path, top_level_only=True) if t != name} for name, path in modules().items()}
+    state: dict[str, int] = {}
+
+    def visit(node: str, trail: list[str]) -> None:
+        if state.get(node) == 2:
+            return
+        assert state.get(node) != 1, "import circle: " + " → ".join([*trail, node])
+        state[node] = 1
+        for nxt in graph.get(node, ()):
+            if nxt in graph:
+                visit(nxt, [*trail, node])
+        state[node] = 2
+
+    for name in graph:
+        visit(name, [])
+
+
+def test_what_writes_a_run_never_imports_what_reads_it():
+    for path in (SRC / "runs").glob("*.py"):
+        assert not {m for m in imports(path) if m.startswith("hetfed.analysis")}, path
 
 
 def test_the_engine_never_imports_an_algorithm():
@@ -35,10 +103,19 @@ def test_the_engine_never_imports_an_algorithm():
         assert not {m for m in imports(path) if m.startswith("hetfed.algorithms")}, path
 
 
-def test_algorithms_never_import_the_round_loop_or_executors():
-    for path in (SRC / "algorithms").glob("*.py"):
-        assert not imports(path) & ENGINE_RUNNERS, path
+def test_no_algorithm_name_is_compared_outside_its_module():
+    """The registry's promise: code outside algorithms/ asks capabilities, never compares a method's name."""
+    import re
 
+    from hetfed.algorithms import registry
 
-def test_the_old_interface_module_is_gone():
-    assert not (SRC / "algorithms" / "base.py").exists()
+    names = "|".join(re.escape(n) for n in registry.names())
+    pattern = re.compile(rf"""(==|!=|\bin)\s*\(?\s*["'](?:{names})["']|["'](?:{names})["']\s*(==|!=)""")
+    offenders = []
+    for name, path in modules().items():
+        if name.startswith("hetfed.algorithms"):
+            continue
+        for i, line in enumerate(path.read_text().splitlines(), 1):
+            if pattern.search(line):
+                offenders.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)

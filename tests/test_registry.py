@@ -19,7 +19,7 @@ from hetfed.cli import main
 from hetfed.config import build_config, migrate_legacy
 from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import ConfigError
-from hetfed.experiments.runner import run_experiment
+from hetfed.runs.runner import run_experiment
 
 SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
          "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1}}

@@ -17,11 +17,12 @@ import numpy as np
 import pytest
 import torch
 
+from hetfed.analysis.present import present_run, present_sweep
 from hetfed.cli import main
 from hetfed.config import build_config
 from hetfed.engine.simulate import round_train_loss
 from hetfed.engine.types import Upload
-from hetfed.experiments.runner import run_experiment
+from hetfed.runs.runner import run_experiment
 
 FAST = {"train": {"rounds": 4, "eval_every": 2}}
 
@@ -29,7 +30,7 @@ FAST = {"train": {"rounds": 4, "eval_every": 2}}
 @pytest.fixture(scope="module")
 def run_dir(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("report") / "run"
-    run_experiment(build_config(FAST), out=out, progress=False)
+    run_experiment(build_config(FAST), out=out, progress=False, present=present_run)
     return out
 
 
@@ -37,11 +38,12 @@ def run_dir(tmp_path_factory) -> Path:
 def sweep_dir(tmp_path_factory) -> Path:
     from rich.console import Console
 
-    from hetfed.experiments.sweep import parse_grid, run_sweep
+    from hetfed.runs.sweep import parse_grid, run_sweep
 
     out = tmp_path_factory.mktemp("report") / "sweep"
     grid = parse_grid(["partition.shuffle=0,1", "partition.kind=feature_clusters,iid"])
-    run_sweep(build_config(FAST), grid, seeds=2, out=out, progress=False, console=Console(quiet=True))
+    run_sweep(build_config(FAST), grid, seeds=2, out=out, progress=False, console=Console(quiet=True),
+              present=present_sweep)
     return out
 
 
@@ -133,7 +135,7 @@ def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
 
     monkeypatch.setattr(sim, "evaluation", interrupt_third)
     with pytest.raises(KeyboardInterrupt):
-        run_experiment(build_config({"train": {"rounds": 5}}), out=tmp_path / "r", progress=False)
+        run_experiment(build_config({"train": {"rounds": 5}}), out=tmp_path / "r", progress=False, present=present_run)
     assert main(["report", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "report.html").read_text()
     assert "failed — interrupted" in page and "learning curves" in page
@@ -183,7 +185,7 @@ def _band_ys(fig) -> np.ndarray:
 
 
 def test_bounded_metrics_bands_are_clipped_and_say_n_and_the_ci_method():
-    from hetfed.experiments.figures import plot_sweep
+    from hetfed.analysis.figures import plot_sweep
 
     grid = {"partition.shuffle": [0.0, 0.5, 1.0]}
     fig = plot_sweep(_table(grid), grid, "best.global_accuracy", None)
@@ -194,7 +196,7 @@ def test_bounded_metrics_bands_are_clipped_and_say_n_and_the_ci_method():
 
 
 def test_categorical_keys_keep_the_grids_order_and_are_not_joined_by_lines():
-    from hetfed.experiments.figures import plot_sweep
+    from hetfed.analysis.figures import plot_sweep
 
     grid = {"partition.kind": ["shards", "iid", "dirichlet"]}
     fig = plot_sweep(_table(grid, mean=0.5, ci=0.1), grid, "best.global_accuracy", None)
@@ -208,7 +210,7 @@ def test_categorical_keys_keep_the_grids_order_and_are_not_joined_by_lines():
 
 
 def test_alpha_over_orders_of_magnitude_gets_a_log_axis_and_overlapping_methods_stay_visible():
-    from hetfed.experiments.figures import plot_sweep
+    from hetfed.analysis.figures import plot_sweep
 
     grid = {"partition.alpha": [0.05, 0.1, 1, 100]}
     fig = plot_sweep(_table(grid, mean=0.7, ci=0.0), grid, "best.global_accuracy", None)
@@ -223,7 +225,7 @@ def test_alpha_over_orders_of_magnitude_gets_a_log_axis_and_overlapping_methods_
 
 
 def test_legends_sit_outside_the_data():
-    from hetfed.experiments.figures import plot_sweep
+    from hetfed.analysis.figures import plot_sweep
 
     grid = {"partition.shuffle": [0.0, 1.0]}
     fig = plot_sweep(_table(grid), grid, "best.global_accuracy", None)
@@ -233,7 +235,7 @@ def test_legends_sit_outside_the_data():
 
 
 def test_metric_names_are_words():
-    from hetfed.experiments.plotstyle import key_label, metric_label, metric_range
+    from hetfed.analysis.plotstyle import key_label, metric_label, metric_range
 
     assert metric_label("best.local_accuracy_mean") == "local test accuracy (mean over clients), best model"
     assert metric_label("final.global_accuracy") == "global test accuracy, final round"

@@ -160,7 +160,7 @@ def test_a_killed_runs_checkpoint_loads_in_one_call_and_predicts_per_client(tmp_
     fed = hetfed.build_federation(hetfed.load_config(out / "config.yaml"))
     x, y = fed.client_data(3, "test")
     own = (model.predict(x, client=3) == y).mean()
-    from hetfed.experiments.checkpoint import read_checkpoint
+    from hetfed.runs.checkpoint import read_checkpoint
 
     result = read_checkpoint(out)["current"]["result"]
     if result.best_round == result.rounds_done:  # best = latest: what client 3 reported for that round

@@ -3,12 +3,13 @@ import json
 
 import pytest
 
+from hetfed.analysis.present import present_run
 from hetfed.cli import main
 from hetfed.config import build_config
 from hetfed.errors import RunError
-from hetfed.experiments.rundir import read_summary
-from hetfed.experiments.runner import run_experiment
-from hetfed.experiments.sweep import aggregate, ci95, parse_grid
+from hetfed.runs.rundir import read_summary
+from hetfed.runs.runner import run_experiment
+from hetfed.runs.sweep import aggregate, ci95, parse_grid
 
 
 def test_main_job_reaches_high_accuracy(tmp_path, capsys):
@@ -36,7 +37,7 @@ def test_several_methods_share_the_federation(tmp_path):
         "methods": [{"algorithm": "fedavg"}, {"name": "prox", "algorithm": "fedprox", "params": {"mu": 0.5}},
                     {"algorithm": "local", "model": {"hidden": [32]}}],
     })
-    out = run_experiment(cfg, out=tmp_path / "r", progress=False)
+    out = run_experiment(cfg, out=tmp_path / "r", progress=False, present=present_run)
     assert set(out.summary["methods"]) == {"fedavg", "prox", "local"}
     assert out.summary["final"] == out.summary["methods"]["fedavg"]["final"]
     for m in out.summary["methods"].values():

@@ -107,7 +107,7 @@ def test_old_server_lr_still_works_with_a_note_and_means_server_lr():
                                              ("fedavg", "cgau"), ("fsnet", "mlp")])
 def test_fedadam_runs_with_every_algorithm_with_a_server_model(tmp_path, algorithm, model):
     """FedAdam on FedAvg, FedProx, SCAFFOLD, CGAU and Fed-FSNet: it changes the result, and its state is kept."""
-    from hetfed.experiments.runner import run_experiment
+    from hetfed.runs.runner import run_experiment
 
     def run(server: dict, out: str) -> dict:
         cfg = build_config({"partition": {"clients": 4}, "train": {"rounds": 3, "local_steps": 2},

@@ -307,7 +307,7 @@ def test_sweeps_over_list_values_complete(tmp_path, capsys, values):
 
 
 def test_a_failure_while_aggregating_keeps_the_runs_listed(tmp_path, capsys, monkeypatch):
-    from hetfed.experiments import sweep
+    from hetfed.runs import sweep
 
     def broken(*a, **k):
         raise TypeError("boom")
@@ -359,7 +359,7 @@ def _wait_for_status(run: Path, proc: subprocess.Popen, timeout: float = 60) -> 
 
 
 def test_sigterm_marks_the_run_failed_and_sigkill_leaves_a_run_known_dead(tmp_path):
-    from hetfed.experiments.rundir import run_state
+    from hetfed.runs.rundir import run_state
 
     run = tmp_path / "r"
     proc = _spawn(["run", "--set", "train.rounds=100000", "--out", str(run)], tmp_path / "log")

@@ -137,7 +137,7 @@ class Federation:
 
     def plot(self, path: str | Path | None = None):
         """The client × class heat map and the 2-D view coloured by client (a figure, or saved to ``path``)."""
-        from hetfed.experiments.figures import plot_partition
+        from hetfed.analysis.figures import plot_partition
 
         return plot_partition(self._prepared.federation, path, seed=self.config.seed)
 
@@ -205,7 +205,7 @@ def _method_of(cfg: Config, row: str):
     """The configured method behind a row of the results (the views of a method that has them — FedMoE's —
     are rows of their own)."""
     from hetfed.algorithms import registry
-    from hetfed.experiments.runner import row_name
+    from hetfed.runs.runner import row_name
 
     for m in cfg.methods:
         views = registry.get(m.algorithm).capabilities.views
@@ -236,7 +236,7 @@ class Run:
     @cached_property
     def summary(self) -> dict:
         """summary.json (a clear error for a run that did not complete)."""
-        from hetfed.experiments.rundir import read_summary
+        from hetfed.runs.rundir import read_summary
 
         return read_summary(self.dir)
 
@@ -251,7 +251,7 @@ class Run:
 
     def curves(self, metric: str = "global_accuracy") -> pd.DataFrame:
         """A learning curve per method: rounds × methods (``train_loss`` every round, the rest per evaluation)."""
-        from hetfed.experiments.sweep import read_curves
+        from hetfed.analysis.results import read_curves
 
         pd = _pandas()
         curves = read_curves(self.dir / "metrics.csv", metric)
@@ -263,7 +263,7 @@ class Run:
 
     def per_client(self, metric: str = "local_accuracy") -> pd.DataFrame:
         """Each method's per-client values at its best round: clients × methods."""
-        from hetfed.experiments.report import per_client, read_metrics
+        from hetfed.analysis.report import per_client, read_metrics
 
         pd = _pandas()
         rows = read_metrics(self.dir / "metrics.csv")
@@ -318,7 +318,7 @@ class Run:
         from hetfed.algorithms import algorithm_for
         from hetfed.engine.client_store import ClientStore
         from hetfed.engine.types import OPT_PREFIX
-        from hetfed.experiments.checkpoint import read_checkpoint
+        from hetfed.runs.checkpoint import read_checkpoint
 
         payload = read_checkpoint(self.dir)
         current = payload.get("current") if payload else None
@@ -345,7 +345,7 @@ class Run:
         return tuple(fed.input_shape), fed.n_classes
 
     def report(self, out: str | Path | None = None) -> Path:
-        from hetfed.experiments.report import write_report
+        from hetfed.analysis.report import write_report
 
         return write_report(self.dir, out)
 
@@ -353,9 +353,10 @@ class Run:
 def run(config: str | Path | dict | Config | None = None, out: str | Path | None = None,
         progress: bool = False) -> Run:
     """Train every configured method on one federation; the run directory, read back."""
-    from hetfed.experiments.runner import run_experiment
+    from hetfed.analysis.present import present_run
+    from hetfed.runs.runner import run_experiment
 
-    result = run_experiment(_config(config), out=out, progress=progress)
+    result = run_experiment(_config(config), out=out, progress=progress, present=present_run)
     return Run(Path(result.run_dir))
 
 
@@ -400,7 +401,7 @@ class Sweep:
         return [Run(Path(r["run_dir"])) for r in self.record["runs"]]
 
     def report(self, out: str | Path | None = None) -> Path:
-        from hetfed.experiments.report import write_report
+        from hetfed.analysis.report import write_report
 
         return write_report(self.dir, out)
 
@@ -411,13 +412,15 @@ def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]],
     from rich.console import Console
 
     from hetfed.console import make_console
-    from hetfed.experiments.sweep import run_sweep
+    from hetfed.runs.sweep import run_sweep
 
     if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
         raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
     console = make_console() if progress else Console(quiet=True)
+    from hetfed.analysis.present import present_sweep
+
     sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
-                             progress=progress, console=console, resume=resume, jobs=jobs)
+                             progress=progress, console=console, resume=resume, jobs=jobs, present=present_sweep)
     return Sweep(Path(sweep_dir))
 
 
@@ -430,6 +433,6 @@ def open_sweep(directory: str | Path) -> Sweep:
 
 def report(directory: str | Path, out: str | Path | None = None) -> Path:
     """Write report.html for a run or sweep directory; returns its path."""
-    from hetfed.experiments.report import write_report
+    from hetfed.analysis.report import write_report
 
     return write_report(directory, out)

@@ -157,7 +157,7 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
-    from hetfed.experiments.xor_demo import CLIENTS, run_xor_demo
+    from hetfed.xor_demo import CLIENTS, run_xor_demo
 
     out_dir, summary = run_xor_demo(args.out, seed=args.seed, rounds=args.rounds)
     table = Table(title="XOR over an 'up' and a 'down' client: test accuracy per client")
@@ -304,7 +304,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     for warning in report["warnings"]:
         err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
     if args.plot:
-        from hetfed.experiments.figures import plot_partition
+        from hetfed.analysis.figures import plot_partition
 
         plot_partition(fed, args.plot, seed=config.seed)
     if args.json:
@@ -332,34 +332,37 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
 
 def cmd_run(args: argparse.Namespace) -> int:
-    from hetfed.experiments.runner import resume_experiment, run_experiment
+    from hetfed.analysis.present import present_run
+    from hetfed.runs.runner import resume_experiment, run_experiment
 
     if args.resume is not None:
         given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--out", args.out)) if v]
         if given:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
-        out = resume_experiment(args.resume, progress=not args.quiet, console=console)
+        out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present_run)
     else:
         config = load_config(args.config, args.sets)
-        out = run_experiment(config, out=args.out, progress=not args.quiet, console=console)
+        out = run_experiment(config, out=args.out, progress=not args.quiet, console=console, present=present_run)
     if args.quiet:  # no progress, but always where the results are
         console.print(f"run directory: {out.run_dir}", soft_wrap=True)
     return 0
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from hetfed.experiments.sweep import parse_grid, run_sweep
+    from hetfed.analysis.present import present_sweep
+    from hetfed.runs.sweep import parse_grid, run_sweep
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
-    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, resume=args.resume,
+    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, present=present_sweep,
+              resume=args.resume,
               jobs=args.jobs)
     return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:
-    from hetfed.experiments.report import write_report
+    from hetfed.analysis.report import write_report
 
     if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).resolve().parent.is_dir()):
         raise ConfigError(f"--out {args.out!r} is not allowed: expected a file path in an existing folder, "
@@ -385,8 +388,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:  # like Ctrl-C: the run is marked failed (only the main thread may set handlers)
         previous = signal.signal(signal.SIGTERM, _raise_terminated)
+        # a process started in the background by a shell script inherits SIGINT as *ignored*: take it back,
+        # so `kill -INT` stops hetfed there too (exit 130, the run marked failed)
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     except ValueError:
-        previous = None
+        previous = previous_int = None
     try:
         return args.func(args)
     except HetfedError as err:
@@ -405,6 +411,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     finally:
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 if __name__ == "__main__":

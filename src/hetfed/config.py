@@ -334,7 +334,8 @@ class MethodConfig(_Strict):
 class Config(_Strict):
     """A whole run: data, embedding, partition, and the methods to compare."""
 
-    seed: int = Field(0, ge=0)
+    seed: int = Field(0, ge=0, lt=2**32, description="every random choice derives from it (< 2³², the range "
+                      "NumPy's and scikit-learn's generators take)")
     name: str = "default"
     dataset: DatasetConfig = Field(default_factory=DatasetConfig)
     embed: EmbedConfig = Field(default_factory=EmbedConfig)
@@ -401,6 +402,10 @@ class Config(_Strict):
             raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
                              "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "
                              "BiLSTM reads only token ids")
+        if kind == "cgau" and not self.method_model(method).hidden:
+            raise ValueError(f"methods.{i} model.hidden = [] is not allowed with model.kind = 'cgau': its gated units "
+                             "are its hidden layers, so without one it is a linear model still labelled CGAU; expected "
+                             "at least one width (e.g. [64, 64]), or model.kind = 'logreg' for a linear model")
         if caps.model_kinds is not None and kind not in caps.model_kinds:
             raise ValueError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = "
                              f"{kind!r}: {caps.model_reason or 'unsupported'}; expected model.kind in "

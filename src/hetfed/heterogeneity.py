@@ -145,9 +145,12 @@ def _extrapolated(flat, idx, centre, total_sum, total_xx, n_total, rng) -> float
 
 
 def gamma(x: np.ndarray, clients: list[np.ndarray], estimator: str = "plain") -> float:
-    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian)."""
+    """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian).
+
+    NaN for fewer than two clients: each client is compared with the others, so Γ is undefined.
+    """
     if len(clients) < 2:
-        return 0.0
+        return float("nan")
     return float(np.mean(client_distances(x, clients, estimator=estimator)))
 
 
@@ -257,6 +260,9 @@ def gamma_line(h: dict) -> str:
     def f(v):
         return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4f}"
 
+    if h.get("gamma") is None or (isinstance(h.get("gamma"), float) and np.isnan(h["gamma"])):
+        return ("Γ = —   (undefined for a single client: Γ compares each client's data with the other clients'; "
+                "use partition.clients ≥ 2)")
     ref = f(h.get("gamma_iid"))
     if h.get("gamma_iid_sd") is not None and ref != "-":
         ref += f" ± {h['gamma_iid_sd']:.4f}"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from hetfed.algorithms import registry
+import hetfed.algorithms.registry as registry
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context

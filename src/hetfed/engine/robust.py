@@ -5,10 +5,13 @@ Two jobs, both on the *shared* parameters only (local parameters never leave a c
 - **screening** (:class:`Screen`): updates holding NaN/inf are dropped (always; chunk
   by chunk, so it streams), updates whose norm ``‖θ_k − θ_global‖`` is more than
   ``train.reject_norm_factor`` × the round's median are dropped (needs the whole
-  round), and under differential privacy each update is clipped to norm ``S``;
+  round; for an even number of updates the median is the mean of the two middle norms,
+  the same convention as the coordinate-wise median rule), and under differential
+  privacy each update is clipped to norm ``S``;
 - **combining** (:func:`combine`): FedAvg's sample-weighted mean, a robust rule
   (coordinate-wise median, trimmed mean, Krum, Multi-Krum — unweighted, as in their
-  papers and in Flower's strategies), or DP-FedAvg's clipped mean plus Gaussian noise.
+  papers; Flower's Multi-Krum instead averages the kept updates weighted by their
+  sample counts), or DP-FedAvg's clipped mean plus Gaussian noise.
 
 Pure functions over stacked tensors, so every executor (a chunk, one client at a
 time, Flower replies) gets the same numbers for the same updates.
@@ -127,7 +130,8 @@ class Screen:
         if self.norm_factor is None or len(upload.client_ids) < 3:
             return upload
         norms = update_norms(upload, self.reference)
-        ok = norms <= self.norm_factor * norms.median().clamp_min(1e-12)
+        median = torch.quantile(norms.double(), 0.5).to(norms.dtype)  # even n: the mean of the two middle ones
+        ok = norms <= self.norm_factor * median.clamp_min(1e-12)
         self.counts["rejected_norm"] += int((~ok).sum())
         return select(upload, ok)
 

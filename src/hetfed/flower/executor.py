@@ -62,13 +62,15 @@ class FlowerExecutor:
                 "SuperNode per client (--node-config 'partition-id=K num-partitions=N')"
             )
         hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method})})
+        t0 = time.monotonic()
         replies = self._send([(n, hello, "query") for n in node_ids], timeout=self.flower.connect_timeout)
         for node, reply in replies.items():
             if reply is not None:
                 self.nodes[int(reply.content["node"]["client"])] = node
         missing = sorted(set(range(fed.n_clients)) - set(self.nodes))
         if missing:
-            raise RunError(f"Flower: no SuperNode answered for clients {missing[:10]}: expected partition-id 0..{fed.n_clients - 1}")
+            raise RunError(missing_nodes_message(missing, len(node_ids), fed.n_clients, self.flower.connect_timeout,
+                                                 time.monotonic() - t0))
 
     # -- messaging
     def _content(self, bc: Broadcast, **extra_config) -> RecordDict:
@@ -130,3 +132,15 @@ class FlowerExecutor:
 
     def stop(self) -> None:
         return None
+
+
+def missing_nodes_message(missing: list[int], connected: int, n_clients: int, timeout: float, waited: float) -> str:
+    """Why set-up failed, in one line: the timeout and its value when it passed, how many nodes answered."""
+    answered = n_clients - len(missing)
+    shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
+    if waited >= timeout * 0.99:
+        return (f"Flower: flower.connect_timeout = {timeout:g} s passed with {answered} of {n_clients} clients' "
+                f"SuperNodes answering ({connected} connected; no answer for clients {shown}): raise "
+                "flower.connect_timeout (a loaded machine starts Ray's workers slowly) or check those SuperNodes")
+    return (f"Flower: {answered} of {n_clients} clients' SuperNodes answered ({connected} connected); none holds "
+            f"clients {shown}: expected one SuperNode per client with partition-id 0..{n_clients - 1}")

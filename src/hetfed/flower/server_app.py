@@ -2,7 +2,7 @@
 
 It reads its run config (``config-yaml``: the resolved hetfed config as YAML
 text; ``out``: the run directory to write, on the machine the ServerApp runs on)
-and runs :func:`hetfed.experiments.runner.run_experiment` with every method on
+and runs :func:`hetfed.runs.runner.run_experiment` with every method on
 this Flower federation: the same code path as ``hetfed run``, with the
 :class:`~hetfed.flower.executor.FlowerExecutor` in place of the in-process one.
 """
@@ -17,12 +17,13 @@ app = ServerApp()
 
 @app.main()
 def main(grid: Grid, context: Context) -> None:
+    from hetfed.analysis.present import present_run
     from hetfed.config import build_config, parse_yaml_text
-    from hetfed.experiments.runner import run_experiment
+    from hetfed.runs.runner import run_experiment
 
     text = str(context.run_config.get("config-yaml", ""))
     if not text.strip():
         raise ValueError("run config 'config-yaml' is empty: start runs with `hetfed flower run CONFIG`")
     config = build_config(parse_yaml_text(text, "run config 'config-yaml'"))
     out = str(context.run_config.get("out", "")) or None
-    run_experiment(config, out=out, progress=True, flower_grid=grid)
+    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run)

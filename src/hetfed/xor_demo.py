@@ -20,10 +20,10 @@ from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
 from hetfed.engine.simulate import simulate
 from hetfed.engine.types import split_state
-from hetfed.experiments.rundir import new_run_dir, write_json_atomic
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
 from hetfed.partition import Federation
+from hetfed.runs.rundir import new_run_dir, write_json_atomic
 
 CLIENTS = ("up", "down")
 
@@ -99,7 +99,7 @@ def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150
 
 
 def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
-    from hetfed.experiments.figures import plt, save
+    from hetfed.analysis.figures import plt, save
 
     grid = np.linspace(-2.2, 2.2, 200, dtype=np.float32)
     gx, gy = np.meshgrid(grid, grid)

@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
+from hetfed.analysis.plotstyle import key_label, metric_label
 from hetfed.errors import RunError
-from hetfed.experiments.plotstyle import key_label, metric_label
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -90,7 +90,7 @@ def per_client(rows: list[dict], method: str, metric: str, rnd: int | None) -> l
 
 def mean_ci(values: list[float]) -> tuple[float, float, int]:
     """Mean, 95% CI half-width (Student t) and n of the finite values."""
-    from hetfed.experiments.sweep import ci95
+    from hetfed.runs.sweep import ci95
 
     v = [x for x in values if x is not None and not math.isnan(x)]
     return (float(np.mean(v)) if v else math.nan), ci95(v), len(v)
@@ -127,7 +127,7 @@ class Markup(str):
 
 def figure(draw: Callable[[None], Any], caption: str) -> str:
     """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal."""
-    from hetfed.experiments.figures import png_bytes
+    from hetfed.analysis.figures import png_bytes
 
     try:
         data = base64.b64encode(png_bytes(draw(None))).decode()
@@ -189,8 +189,8 @@ def _files(files: list[dict]) -> str:
 
 
 def run_report(d: Path) -> str:
-    from hetfed.experiments.figures import plot_client_distribution, plot_learning_curves
-    from hetfed.experiments.rundir import run_state
+    from hetfed.analysis.figures import plot_client_distribution, plot_learning_curves
+    from hetfed.runs.rundir import run_state
 
     config = (d / "config.yaml").read_text()
     summary = _json(d / "summary.json")
@@ -219,7 +219,7 @@ def run_report(d: Path) -> str:
 
     if summary:
         sections.append(("results", _run_table(summary, rows)))
-    from hetfed.experiments.sweep import read_curves
+    from hetfed.analysis.results import read_curves
 
     curves = {metric: read_curves(d / "metrics.csv", metric)
               for metric in ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")}
@@ -281,7 +281,7 @@ def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
 
 
 def _federation(d: Path, summary: dict | None) -> str:
-    from hetfed.experiments.figures import plot_client_sizes, plot_label_skew, plot_partition_view
+    from hetfed.analysis.figures import plot_client_sizes, plot_label_skew, plot_partition_view
 
     out = ""
     if summary and summary.get("heterogeneity"):
@@ -303,9 +303,20 @@ def _federation(d: Path, summary: dict | None) -> str:
 # ------------------------------------------------------------------ a sweep
 
 
+def _base_config(request: dict):
+    """The sweep's base config (None when it cannot be read: the figures that need it are left out)."""
+    from hetfed.config import build_config, migrate_legacy
+
+    try:
+        return build_config(migrate_legacy(request["config"]))
+    except Exception:
+        return None
+
+
 def sweep_report(d: Path) -> str:
-    from hetfed.experiments.figures import plot_client_distributions
-    from hetfed.experiments.sweep import _point_name, sweep_figures
+    from hetfed.analysis.figures import plot_client_distributions
+    from hetfed.analysis.results import sweep_figures
+    from hetfed.runs.sweep import point_name
 
     record = _json(d / "sweep.json") or {}
     request = _json(d / "sweep_request.json") or {}
@@ -354,7 +365,7 @@ def sweep_report(d: Path) -> str:
 
     figs = ""
     try:
-        drawn = sweep_figures(table_rows, grid, run_dirs)
+        drawn = sweep_figures(table_rows, grid, run_dirs, _base_config(request))
     except Exception as err:
         drawn = []
         figs += f"<p class='warn'>figures not drawn: {_esc(type(err).__name__)}: {_esc(err)}</p>"
@@ -375,7 +386,7 @@ def sweep_report(d: Path) -> str:
             continue
         rows = read_metrics(Path(r["run_dir"]) / "metrics.csv")
         for label, m in s.get("methods", {}).items():
-            by_point.setdefault(_point_name(r["point"]), {}).setdefault(label, []).extend(
+            by_point.setdefault(point_name(r["point"]), {}).setdefault(label, []).extend(
                 per_client(rows, label, "local_accuracy", m.get("best_round")))
     shown = dict(list(by_point.items())[:MAX_PANELS])
     dist = figure(lambda p: plot_client_distributions(shown, "local_accuracy", p),
@@ -389,10 +400,10 @@ def sweep_report(d: Path) -> str:
         rd = Path(r["run_dir"])
         link = rd / "report.html" if (rd / "report.html").is_file() else rd / "summary.json"
         rel = os.path.relpath(link, d)
-        run_rows.append([_point_name(r["point"]), r["seed"], Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'),
+        run_rows.append([point_name(r["point"]), r["seed"], Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'),
                          (s or {}).get("wall_seconds")])
     for f in failed:
-        run_rows.append([_point_name(f["point"]), f["seed"], Markup(f"<span class='warn'>failed: {_esc(f['error'])}"
+        run_rows.append([point_name(f["point"]), f["seed"], Markup(f"<span class='warn'>failed: {_esc(f['error'])}"
                                                                     "</span>"), None])
     sections.append(("runs", table(["grid point", "seed", "run", "wall time (s)"], run_rows)))
     import yaml

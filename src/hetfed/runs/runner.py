@@ -9,6 +9,7 @@ reason — including Ctrl-C.
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -24,11 +25,12 @@ from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
-from hetfed.errors import ConfigError, interruption_reason
-from hetfed.experiments.checkpoint import Checkpointer, checkpoint_path, read_checkpoint, snapshot
-from hetfed.experiments.rundir import (
+from hetfed.errors import ConfigError, RunError, interruption_reason
+from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints, snapshot
+from hetfed.runs.rundir import (
     Heartbeat,
     MetricsWriter,
+    check_out,
     environment,
     new_run_dir,
     set_status,
@@ -38,9 +40,6 @@ from hetfed.pipeline import Prepared, prepare
 
 #: metrics shown in the final table and compared across methods
 HEADLINE = ("global_accuracy", "local_accuracy_mean")
-#: the learning curves drawn per run (``train_loss``: every round; the others: every evaluation)
-CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")
-
 
 @dataclass(frozen=True, eq=False)
 class RunOutput:
@@ -106,22 +105,35 @@ def run_experiment(
     console: Console | None = None,
     prepared: Prepared | None = None,
     flower_grid=None,
-    report: bool = True,
+    present: Callable[[Path, Console | None], None] | None = None,
     resume: bool = False,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary.
 
     ``resume``: ``out`` is a failed or killed run of this ``config``; continue it from its
-    checkpoint (see :mod:`hetfed.experiments.checkpoint`), or from the start when it
+    checkpoint (see :mod:`hetfed.runs.checkpoint`), or from the start when it
     has none yet. What it finished is not redone and metrics.csv gets no row twice.
 
-    ``report``: write ``report.html`` at the end (a sweep writes one for all its
-    runs instead). ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
+    ``present(run_dir, status)``: draw the run's figures and ``report.html`` at the end
+    (:func:`hetfed.analysis.present.present_run`, passed by the entry points; a sweep
+    presents all its runs at once instead). ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
     SuperNodes of that federation, whatever ``train.executor`` says.
     """
     console = console or make_console()
     status = make_console(stderr=True) if progress else None
     t_start = time.perf_counter()
+    ckpt = None
+    if not resume:
+        check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
+    else:  # the checkpoint too: a refused resume says so before loading anything
+        warn = (status or make_console(stderr=True)).print
+        try:
+            ckpt = read_checkpoint(Path(out), warn=lambda message: warn(message, style="yellow", soft_wrap=True))
+        except RunError as err:  # refused: the run is not running any more, and says why
+            set_status(Path(out), "failed", reason=f"resume refused: {err}")
+            raise
+    for method in config.methods:
+        resolve_device(config.method_train(method).device)  # "cuda" without a GPU
     prep = prepared or prepare(config, progress=progress, status=status)
     fed = prep.federation
     for warning in prep.warnings:
@@ -141,10 +153,8 @@ def run_experiment(
             check_memory(algo, fed, train)
         plans.append((method, train, algo))
 
-    ckpt = None
     if resume:
         run_dir = Path(out)
-        ckpt = read_checkpoint(run_dir)
         writer = MetricsWriter(run_dir / "metrics.csv", keep_bytes=ckpt["metrics_offset"] if ckpt else None)
         started = ckpt["started"] if ckpt else time.strftime("%Y-%m-%dT%H:%M:%S")
         if ckpt is not None and "torch_rng" in ckpt:
@@ -155,10 +165,9 @@ def run_experiment(
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
         writer = MetricsWriter(run_dir / "metrics.csv")
     heartbeat = Heartbeat(run_dir)
-    heartbeat.beat()
+    heartbeat.start()  # refreshed from a timer while the run lives, however long a round or an evaluation takes
     methods: dict[str, dict] = dict(ckpt["methods"]) if ckpt else {}
-    curves: dict[str, dict[str, list[tuple[int, float]]]] = ckpt["curves"] if ckpt else {m: {} for m in CURVES}
-    checkpointer = Checkpointer(run_dir, writer, methods, curves, started,
+    checkpointer = Checkpointer(run_dir, writer, methods, started,
                                 resumes=ckpt["resumes"] + 1 if ckpt else int(resume))
     checkpointer.done = list(ckpt["done"]) if ckpt else []
     current = ckpt.get("current") if ckpt else None
@@ -175,16 +184,12 @@ def run_experiment(
                     continue  # finished before the interruption: its rows are in methods already
                 heartbeat.beat(method=label)
                 state = current if current is not None and current["index"] == index else None
-                rows = _run_method(config, method, train, algo, fed, writer, bar, curves, heartbeat, run_dir,
+                rows = _run_method(config, method, train, algo, fed, writer, bar, heartbeat, run_dir,
                                    flower_grid, checkpointer if flower_grid is None and train.executor != "flower"
                                    else None, state)
                 methods.update(rows)
                 checkpointer.method_done(label)
         writer.close()
-        from hetfed.experiments.figures import plot_learning_curves
-
-        plot_learning_curves(curves, run_dir / "figures" / "learning_curves.png",
-                             best_rounds={label: m.get("best_round") for label, m in methods.items()})
         primary = primary_row(config.methods[0])
         het = prep.heterogeneity
         summary = {
@@ -213,31 +218,21 @@ def run_experiment(
             "methods": methods,
         }
         write_json_atomic(run_dir / "summary.json", summary)
+        heartbeat.stop()  # before the final status: the timer must not write "running" over it
         set_status(run_dir, "complete")
-        checkpoint_path(run_dir).unlink(missing_ok=True)  # complete: the final states are in checkpoints/
+        remove_checkpoints(run_dir)  # complete: the final states are in checkpoints/
     except BaseException as err:
+        heartbeat.stop()
         writer.close()
         set_status(run_dir, "failed", reason=interruption_reason(err), methods_done=list(methods))
         # the reason itself is printed once, by whoever handles the error (the CLI)
         make_console(stderr=True).print(f"run marked failed; what was finished is kept in {run_dir}", soft_wrap=True)
         raise
-    if report:
-        _write_report(run_dir, status)
+    if present is not None:
+        present(run_dir, status)
     if progress:
         print_summary(summary, run_dir, console)
     return RunOutput(run_dir, summary)
-
-
-def _write_report(run_dir: Path, status: Console | None) -> None:
-    """report.html at the end of a run; a report that fails is a warning (the run is complete)."""
-    from hetfed.experiments.report import write_report
-
-    try:
-        write_report(run_dir)
-    except Exception as err:  # the results are written; the page is a view of them
-        (status or make_console(stderr=True)).print(
-            f"warning: report.html not written: {type(err).__name__}: {err} (try: hetfed report {run_dir})",
-            style="yellow", soft_wrap=True)
 
 
 def _rate(rounds: int, seconds: float) -> str:
@@ -261,7 +256,7 @@ def primary_row(method: MethodConfig) -> str:
     return row_name(method, view) if view else method.label
 
 
-def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, curves, heartbeat: Heartbeat,
+def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, heartbeat: Heartbeat,
                 run_dir: Path, flower_grid=None, checkpointer: Checkpointer | None = None,
                 resume: dict | None = None) -> dict[str, dict]:
     """One method: federated rounds, then (if the algorithm has one) its personalisation step.
@@ -283,14 +278,9 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, cur
 
     def on_eval(rnd: int, ev: Evaluation) -> None:
         _write_eval(writer, fed_label, rnd, ev)
-        for metric in curves:
-            if metric in ev.metrics:
-                curves[metric].setdefault(fed_label, []).append((rnd, ev.metrics[metric]))
 
     def on_train(rnd: int, metrics: dict[str, float]) -> None:
         writer.write(fed_label, rnd, "train", "all", metrics)
-        if "train_loss" in metrics:
-            curves["train_loss"].setdefault(fed_label, []).append((rnd, metrics["train_loss"]))
 
     def on_round(rnd: int, metrics, timing: dict[str, float]) -> None:
         fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
@@ -387,7 +377,9 @@ def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
 
 def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
-    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {summary['gamma']:.3f}")
+    g = summary.get("gamma")
+    gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
+    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}")
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
     cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s"]
     if binary:
@@ -421,7 +413,7 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
 
 
 def resume_experiment(run_dir: str | Path, progress: bool = True, console: Console | None = None,
-                      report: bool = True) -> RunOutput:
+                      present: Callable[[Path, Console | None], None] | None = None) -> RunOutput:
     """Continue a failed or killed ``hetfed run`` from its last checkpoint (``hetfed run --resume DIR``).
 
     The run's own ``config.yaml`` is used, so the resumed run is the same run; a
@@ -429,7 +421,7 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
     """
     from hetfed.config import load_run_config
     from hetfed.errors import RunError
-    from hetfed.experiments.rundir import run_state
+    from hetfed.runs.rundir import run_state
 
     path = Path(run_dir)
     if not (path / "config.yaml").is_file():
@@ -441,4 +433,4 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
         raise RunError(f"--resume {str(path)!r}: the run is still running (its process is alive); expected a failed "
                        "or killed run")
     config = load_run_config(path / "config.yaml")
-    return run_experiment(config, out=path, progress=progress, console=console, report=report, resume=True)
+    return run_experiment(config, out=path, progress=progress, console=console, present=present, resume=True)

@@ -3,9 +3,11 @@
 One file, ``checkpoints/resume.pt``, rewritten atomically (a temporary file in
 the same folder, flushed to disk, then renamed over the old one), so a kill at
 any moment leaves either the previous checkpoint or the new one — never half of
-one. It holds:
+one. The one before it is kept as ``resume.prev.pt``: a latest checkpoint that
+cannot be read (a disk that lost its last write) falls back to it, with a warning.
+It holds:
 
-- the rows of the methods already finished and the learning curves drawn so far;
+- the rows of the methods already finished (the learning curves are in metrics.csv);
 - for the method in progress, its phase (``federated``: mid-rounds, or
   ``personalised``: FedMoE's per-client models trained, not yet reported), the
   round loop's state (server state, best model and its evaluation, early-stopping
@@ -20,15 +22,17 @@ round number is the position of every stream; nothing else needs saving.
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from hetfed.errors import RunError
-from hetfed.experiments.rundir import write_atomic
+from hetfed.runs.rundir import write_atomic
 
 RESUME = "resume.pt"
+PREVIOUS = "resume.prev.pt"
 VERSION = 1
 
 
@@ -39,17 +43,43 @@ def checkpoint_path(run_dir: str | Path) -> Path:
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
     path = checkpoint_path(run_dir)
+    if path.is_file():  # the latest becomes the previous one; a kill here leaves it readable as that
+        os.replace(path, path.with_name(PREVIOUS))
     write_atomic(path, lambda fh: torch.save({"version": VERSION, **payload}, fh), binary=True, sync=True)
     return path
 
 
-def read_checkpoint(run_dir: str | Path) -> dict[str, Any] | None:
-    """The run's checkpoint (None when it has none yet); stale temporary files of a killed write are removed."""
+def remove_checkpoints(run_dir: str | Path) -> None:
+    """A complete run needs no checkpoint to resume from (its final states are in checkpoints/)."""
+    path = checkpoint_path(run_dir)
+    path.unlink(missing_ok=True)
+    path.with_name(PREVIOUS).unlink(missing_ok=True)
+
+
+def read_checkpoint(run_dir: str | Path, warn=None) -> dict[str, Any] | None:
+    """The run's checkpoint (None when it has none yet); stale temporary files of a killed write are removed.
+
+    A latest checkpoint that cannot be read falls back to the previous one (``warn(message)`` says so);
+    when neither can be read, a RunError.
+    """
     path = checkpoint_path(run_dir)
     for stale in path.parent.glob(f".{RESUME}.*.tmp") if path.parent.is_dir() else []:
         stale.unlink(missing_ok=True)
+    previous = path.with_name(PREVIOUS)
     if not path.is_file():
-        return None
+        return _load(previous) if previous.is_file() else None
+    try:
+        return _load(path)
+    except RunError as err:
+        if not previous.is_file():
+            raise
+        payload = _load(previous)
+        if warn is not None:
+            warn(f"warning: {err} — continuing from the previous checkpoint {str(previous)!r} instead")
+        return payload
+
+
+def _load(path: Path) -> dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:
@@ -70,10 +100,10 @@ def snapshot(result) -> dict[str, Any]:
 
 
 class Checkpointer:
-    """Writes a run's checkpoint: the finished methods' rows and curves, and the method in progress."""
+    """Writes a run's checkpoint: the finished methods' rows and the method in progress."""
 
-    def __init__(self, run_dir: Path, writer, methods: dict, curves: dict, started: str, resumes: int = 0):
-        self.run_dir, self.writer, self.methods, self.curves = Path(run_dir), writer, methods, curves
+    def __init__(self, run_dir: Path, writer, methods: dict, started: str, resumes: int = 0):
+        self.run_dir, self.writer, self.methods = Path(run_dir), writer, methods
         self.started, self.resumes = started, resumes
         self.done: list[str] = []  # labels of the finished methods (their rows are in ``methods``)
 
@@ -81,7 +111,7 @@ class Checkpointer:
         """Checkpoint now; metrics.csv is flushed first so its length matches the state saved."""
         self.writer.flush()
         write_checkpoint(self.run_dir, {
-            "methods": self.methods, "curves": self.curves, "done": list(self.done), "current": current,
+            "methods": self.methods, "done": list(self.done), "current": current,
             "metrics_offset": self.writer.size(), "torch_rng": torch.get_rng_state(), "started": self.started,
             "resumes": self.resumes,
         })

@@ -10,6 +10,8 @@ point is aggregated as method ``(data)``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import csv
 import itertools
 import json
@@ -27,7 +29,7 @@ from rich.table import Table
 from hetfed.config import Config, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
-from hetfed.experiments.rundir import new_run_dir, write_json_atomic
+from hetfed.runs.rundir import new_run_dir, write_json_atomic
 
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
@@ -103,7 +105,7 @@ def ci95(values: list[float]) -> float:
     return 0.0 if math.isnan(half) else half
 
 
-def _point_name(point: dict[str, Any]) -> str:
+def point_name(point: dict[str, Any]) -> str:
     """The folder name of a grid point (no path separators, whatever the values)."""
     return ",".join(f"{k}={value_key(v)}" for k, v in point.items()).replace("/", "%2F") or "base"
 
@@ -122,8 +124,12 @@ def run_sweep(
     console: Console | None = None,
     resume: bool = False,
     jobs: int = 1,
+    present: Callable[..., None] | None = None,
 ) -> tuple[Path, list[dict]]:
-    """Run every grid point × seed; write sweep.csv / sweep.json and figures; return the table.
+    """Run every grid point × seed; write sweep.csv / sweep.json; return the table.
+
+    ``present(sweep_dir, table, grid, run_dirs, config, console)`` draws the figures and the
+    report (:func:`hetfed.analysis.present.present_sweep`; the entry points pass it).
 
     ``jobs`` > 1 runs the points in that many worker processes, each with
     ``cores // jobs`` torch threads (two 2-thread torch processes on 2 cores run
@@ -160,7 +166,7 @@ def run_sweep(
     todo: list[tuple[int, dict, Config, Path]] = []
     outcome: dict[int, tuple[str, object]] = {}
     for i, (point, _s, cfg) in enumerate(configs):
-        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         if resume and run_dir.exists():
             reused = _completed(run_dir, cfg)
             if reused is not None:
@@ -181,7 +187,7 @@ def run_sweep(
     run_dirs: list[tuple[dict, Path]] = []
     failed: list[dict] = []
     for i, (point, _s, cfg) in enumerate(configs):  # in grid order, however they were run
-        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         status, value = outcome[i]
         if status == "ok":
             summaries.append((point, cfg.seed, value))
@@ -203,16 +209,8 @@ def run_sweep(
             f"run directory, listed in {sweep_dir / 'sweep.json'}"
         ) from err
     write_json_atomic(sweep_dir / "sweep.json", {**record, "rows": table})
-    figure_errors = _write_figures(table, grid, run_dirs, sweep_dir / "figures")
-    for problem in figure_errors:
-        console.print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
-    try:
-        from hetfed.experiments.report import write_report
-
-        write_report(sweep_dir)
-    except Exception as err:  # the tables are written; the page is a view of them
-        console.print(f"warning: report.html not written: {type(err).__name__}: {err} (try: hetfed report "
-                      f"{sweep_dir})", style="yellow", soft_wrap=True)
+    if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
+        present(sweep_dir, table, grid, run_dirs, config, console)
     print_table(table, list(grid), console)
     if failed:
         console.print(f"{len(failed)} of {total} runs failed (listed in sweep.json)", style="red")
@@ -222,63 +220,13 @@ def run_sweep(
     return sweep_dir, table
 
 
-#: the metrics drawn against the swept keys, when the sweep has them
-SWEEP_FIGURES = ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.local_accuracy_p10",
-                 "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
-                 "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean", "gamma", "gamma_excess")
-
-
-def sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]]) -> list[tuple[str, Any]]:
-    """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure."""
-    from hetfed.experiments.figures import plot_global_vs_local, plot_relative, plot_sweep
-
-    out: list[tuple[str, Any]] = []
-    for metric in ("global_accuracy", "local_accuracy_mean"):
-        curves = _mean_curves(run_dirs, metric)
-        if curves:
-            out.append((f"curves_{metric}", lambda path, c=curves, m=metric: _plot_curves(c, m, path)))
-    methods = {r["method"] for r in table}
-    if len(grid) == 1 and {"fedavg", "mixture"} <= methods:  # FedMoE's figures 3 and 5
-        key = next(iter(grid))
-        out.append(("global_vs_local", lambda path: plot_global_vs_local(table, key, path)))
-        out.append(("global_relative_to_fedavg",
-                    lambda path: plot_relative(table, key, "best.global_accuracy", "fedavg", path)))
-    if grid:  # each metric against the swept keys (panels for the combinations of the other keys)
-        for metric in SWEEP_FIGURES:
-            if any(r["metric"] == metric for r in table):
-                out.append((metric, lambda path, m=metric: plot_sweep(table, grid, m, path)))
-    return out
-
-
-def _plot_curves(curves, metric: str, path):
-    from hetfed.experiments.figures import plot_mean_curves
-
-    return plot_mean_curves(curves, metric, path)
-
-
-def _write_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                   fig_dir: Path) -> list[str]:
-    """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
-    problems: list[str] = []
-    try:
-        figures = sweep_figures(table, grid, run_dirs)
-    except Exception as err:  # a figure must never cost the sweep its tables
-        return [f"learning curves: {type(err).__name__}: {err}"]
-    for name, draw in figures:
-        try:
-            draw(fig_dir / f"{name}.png")
-        except Exception as err:
-            problems.append(f"{name}: {type(err).__name__}: {err}")
-    return problems
-
-
 def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], request: dict) -> None:
     """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
     from hetfed.config import dump_config
 
     changed = []
     for point, _s, cfg in configs:
-        run_dir = sweep_dir / _point_name(point) / f"seed={cfg.seed}"
+        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         done = run_dir / "config.yaml"
         if (run_dir / "summary.json").is_file() and done.is_file() and done.read_text() != dump_config(cfg):
             changed.append((run_dir, _config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
@@ -303,11 +251,11 @@ def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
 
 def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
-    from hetfed.experiments.runner import run_experiment
+    from hetfed.runs.runner import run_experiment
 
     resume = (Path(run_dir) / "config.yaml").is_file()  # left in place by --resume: it has a checkpoint
     try:
-        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, report=False,
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False,
                                     resume=resume).summary
     except HetfedError as err:
         return "failed", str(err)
@@ -377,7 +325,7 @@ class SweepProgress:
         elapsed = time.perf_counter() - self.t0
         eta = elapsed / self.timed * remaining
         line = (f"{time.strftime('%H:%M:%S')} [{self.done}/{self.total} done, {self.failed} failed, {remaining} left, "
-                f"ETA {_duration(eta)}] {_point_name(point)} seed={seed}: {status}")
+                f"ETA {_duration(eta)}] {point_name(point)} seed={seed}: {status}")
         self.console.print(line + (f" — {value}" if status != "ok" else ""), style=None if status == "ok" else "red",
                            soft_wrap=True)
 
@@ -402,8 +350,8 @@ def _completed(run_dir: Path, cfg: Config) -> dict | None:
 def _resumable(run_dir: Path, cfg: Config) -> bool:
     """A failed or killed run of exactly this config with a checkpoint: ``--resume`` continues it in place."""
     from hetfed.config import dump_config
-    from hetfed.experiments.checkpoint import checkpoint_path
-    from hetfed.experiments.rundir import run_state
+    from hetfed.runs.checkpoint import checkpoint_path
+    from hetfed.runs.rundir import run_state
 
     config = run_dir / "config.yaml"
     return (config.is_file() and config.read_text() == dump_config(cfg) and checkpoint_path(run_dir).is_file()
@@ -427,27 +375,6 @@ def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
         for row in rows:
             if row["method"] == "(data)":
                 w.writerow({c: row[c] for c in cols})
-
-
-def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, dict[str, list[list[tuple[int, float]]]]]:
-    """``{method: {grid point: [each seed's [(round, value)]]}}`` for the sweep's learning curves."""
-    curves: dict[str, dict[str, list[list[tuple[int, float]]]]] = {}
-    for point, run_dir in run_dirs:
-        for method, points in read_curves(run_dir / "metrics.csv", metric).items():
-            if len(points) > 1:
-                curves.setdefault(method, {}).setdefault(_point_name(point), []).append(points)
-    return curves
-
-
-def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
-    """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
-    per_method: dict[str, dict[int, float]] = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            if row["split"] in ("summary", "train") and row["client"] == "all" and row["metric"] == metric:
-                # first wins: FedMoE's final scoring of its federated view repeats the last round's row
-                per_method.setdefault(row["method"], {}).setdefault(int(row["round"]), float(row["value"]))
-    return {m: sorted(points.items()) for m, points in per_method.items()}
 
 
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:

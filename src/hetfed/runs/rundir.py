@@ -25,6 +25,7 @@ import json
 import os
 import socket
 import tempfile
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -35,15 +36,23 @@ from hetfed.errors import RunError
 METRIC_COLUMNS = ["method", "round", "split", "client", "metric", "value"]
 
 
+def check_out(out: str | Path | None) -> None:
+    """Refuse an ``--out`` that is a file or a non-empty directory (before any work is done)."""
+    if out is None:
+        return
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        raise RunError(f"--out {str(path)!r} is a file: expected a new or empty directory for the run")
+    if path.is_dir() and any(path.iterdir()):
+        raise RunError(f"--out {str(path)!r} already exists and is not empty: choose a new directory "
+                       "(hetfed never overwrites a run)")
+
+
 def new_run_dir(out: str | Path | None, base: str, name: str) -> Path:
     """Create the run directory (a fresh timestamped one by default)."""
     if out is not None:
+        check_out(out)
         path = Path(out)
-        if path.exists() and (not path.is_dir() or any(path.iterdir())):
-            raise RunError(
-                f"--out {str(path)!r} already exists and is not empty: choose a new directory "
-                "(hetfed never overwrites a run)"
-            )
     else:
         stamp = time.strftime("%Y%m%d-%H%M%S")
         path = Path(base) / f"{name}-{stamp}"
@@ -173,18 +182,54 @@ def set_status(run_dir: Path, status: str, **info: Any) -> None:
 
 
 class Heartbeat:
-    """Refresh a running run's status.json at most every ``every_s`` seconds."""
+    """Refresh a running run's status.json every ``every_s`` seconds while the run lives.
+
+    :meth:`start` refreshes it from a daemon timer thread, so a slow Flower round or a long
+    evaluation never leaves the heartbeat stale (another host would call a live run dead
+    after :data:`STALE_AFTER_S`); :meth:`beat` records what the run is doing (and writes at
+    most every ``every_s``); :meth:`stop` ends the timer before the final status is written.
+    """
 
     def __init__(self, run_dir: Path, every_s: float = 5.0, **info: Any):
         self.run_dir, self.every_s, self.info = run_dir, every_s, info
         self._last = 0.0
+        self._lock = threading.Lock()
+        self._stopped = threading.Event()
+        self._thread: threading.Thread | None = None
 
     def beat(self, **info: Any) -> None:
-        self.info.update(info)
-        now = time.monotonic()
-        if now - self._last >= self.every_s:
-            self._last = now
-            set_status(self.run_dir, "running", **self.info)
+        with self._lock:
+            self.info.update(info)
+            now = time.monotonic()
+            if now - self._last >= self.every_s and not self._stopped.is_set():
+                self._last = now
+                set_status(self.run_dir, "running", **self.info)
+
+    def _write(self) -> None:
+        with self._lock:
+            if not self._stopped.is_set():
+                self._last = time.monotonic()
+                set_status(self.run_dir, "running", **self.info)
+
+    def start(self) -> None:
+        """Write the heartbeat now and every ``every_s`` seconds until :meth:`stop`."""
+        self._write()
+
+        def loop() -> None:
+            while not self._stopped.wait(self.every_s):
+                try:
+                    self._write()
+                except OSError:  # a full disk must not kill the run from a side thread; the next beat retries
+                    pass
+
+        self._thread = threading.Thread(target=loop, name="hetfed-heartbeat", daemon=True)
+        self._thread.start()
+
+    def stop(self) -> None:
+        with self._lock:
+            self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout=self.every_s + 1)
 
 
 #: a running run whose heartbeat is older than this is presumed dead (seconds)

@@ -1,7 +1,7 @@
 """Figures people compare: partitions, learning curves, sweep curves.
 
 Matplotlib with the non-interactive Agg backend, so figures render headless.
-Every figure has a title and axes in words (:mod:`hetfed.experiments.plotstyle`),
+Every figure has a title and axes in words (:mod:`hetfed.analysis.plotstyle`),
 the colour-blind-safe palette, legends outside the data, and is written as PNG
 and SVG. Each ``plot_*`` returns the saved PNG's path, or the open figure when
 ``path`` is None (the report embeds it).
@@ -20,7 +20,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from hetfed.experiments.plotstyle import PALETTE, key_label, metric_label, metric_range, style  # noqa: E402
+from hetfed.analysis.plotstyle import PALETTE, key_label, metric_label, metric_range, style  # noqa: E402
 
 plt.rcParams.update({"axes.prop_cycle": matplotlib.cycler(color=PALETTE), "svg.fonttype": "none"})
 
@@ -250,7 +250,7 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
     if isinstance(grid, str):  # one key, values from the table
         grid = {grid: sorted({r[grid] for r in table}, key=grid_order)}
     keys = list(grid)
-    from hetfed.experiments.sweep import _cell
+    from hetfed.runs.sweep import _cell
 
     order = {k: [_cell(v) for v in grid[k]] for k in keys}
     xkey = next((k for k in keys if _numeric(order[k]) and len(order[k]) > 1), keys[0])
@@ -325,7 +325,7 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
 
     ``curves[method][grid point] = [run's [(round, value)], …]``.
     """
-    from hetfed.experiments.sweep import ci95
+    from hetfed.runs.sweep import ci95
 
     methods = sorted(curves)
     ncols = min(3, len(methods))

@@ -1,0 +1,101 @@
+"""Reading what runs and sweeps wrote: learning curves from metrics.csv, and a sweep's figures."""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+from typing import Any
+
+from hetfed.config import Config
+from hetfed.runs.sweep import point_name
+
+
+def _view_pairs(config: Config | None) -> list[tuple[str, str]]:
+    """(federated row, headline row) of each method that reports views (FedMoE: fedavg, mixture)."""
+    if config is None:
+        return []
+    from hetfed.algorithms import registry
+    from hetfed.runs.runner import row_name
+
+    pairs = []
+    for m in config.methods:
+        caps = registry.get(m.algorithm).capabilities
+        if caps.views and caps.primary_view:
+            pairs.append((row_name(m, caps.federated_view), row_name(m, caps.primary_view)))
+    return pairs
+
+
+#: the metrics drawn against the swept keys, when the sweep has them
+SWEEP_FIGURES = ("final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.local_accuracy_p10",
+                 "best.server_accuracy", "best.global_auc", "best.local_auc_mean", "seconds_per_round",
+                 "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean", "gamma", "gamma_excess")
+
+
+def sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
+                  config: Config | None = None) -> list[tuple[str, Any]]:
+    """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure."""
+    from hetfed.analysis.figures import plot_global_vs_local, plot_relative, plot_sweep
+
+    out: list[tuple[str, Any]] = []
+    for metric in ("global_accuracy", "local_accuracy_mean"):
+        curves = _mean_curves(run_dirs, metric)
+        if curves:
+            out.append((f"curves_{metric}", lambda path, c=curves, m=metric: _plot_curves(c, m, path)))
+    rows = {r["method"] for r in table}
+    for fed_row, primary in _view_pairs(config):  # a method with views (FedMoE): its figures 3 and 5
+        if len(grid) == 1 and {fed_row, primary} <= rows:
+            key = next(iter(grid))
+            out.append(("global_vs_local", lambda path, k=key: plot_global_vs_local(table, k, path)))
+            out.append((f"global_relative_to_{fed_row}", lambda path, k=key, b=fed_row: plot_relative(
+                table, k, "best.global_accuracy", b, path)))
+            break
+    if grid:  # each metric against the swept keys (panels for the combinations of the other keys)
+        for metric in SWEEP_FIGURES:
+            if any(r["metric"] == metric for r in table):
+                out.append((metric, lambda path, m=metric: plot_sweep(table, grid, m, path)))
+    return out
+
+
+def _plot_curves(curves, metric: str, path):
+    from hetfed.analysis.figures import plot_mean_curves
+
+    return plot_mean_curves(curves, metric, path)
+
+
+def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
+                        fig_dir: Path, config: Config | None = None) -> list[str]:
+    """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
+    problems: list[str] = []
+    try:
+        figures = sweep_figures(table, grid, run_dirs, config)
+    except Exception as err:  # a figure must never cost the sweep its tables
+        return [f"learning curves: {type(err).__name__}: {err}"]
+    for name, draw in figures:
+        try:
+            draw(fig_dir / f"{name}.png")
+        except Exception as err:
+            problems.append(f"{name}: {type(err).__name__}: {err}")
+    return problems
+
+
+def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, dict[str, list[list[tuple[int, float]]]]]:
+    """``{method: {grid point: [each seed's [(round, value)]]}}`` for the sweep's learning curves."""
+    curves: dict[str, dict[str, list[list[tuple[int, float]]]]] = {}
+    for point, run_dir in run_dirs:
+        for method, points in read_curves(run_dir / "metrics.csv", metric).items():
+            if len(points) > 1:
+                curves.setdefault(method, {}).setdefault(point_name(point), []).append(points)
+    return curves
+
+
+def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
+    """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
+    per_method: dict[str, dict[int, float]] = {}
+    with open(path, newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["split"] in ("summary", "train") and row["client"] == "all" and row["metric"] == metric:
+                # first wins: FedMoE's final scoring of its federated view repeats the last round's row
+                per_method.setdefault(row["method"], {}).setdefault(int(row["round"]), float(row["value"]))
+    return {m: sorted(points.items()) for m, points in per_method.items()}
+
+

@@ -1,1 +1,0 @@
-"""Runs, sweeps, run directories, figures and reports."""

@@ -1,0 +1,215 @@
+"""#29: defects found trying hetfed as a new user would. Each test failed on the main before the fix."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from hetfed.cli import main
+from hetfed.config import build_config
+
+FAST = ["--set", "partition.clients=4", "--set", "train.local_steps=2"]
+
+
+def _one_line_error(capsys) -> str:
+    """The one error line (progress lines of the steps before it may precede it)."""
+    err = capsys.readouterr().err.strip()
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and err.splitlines()[-1] == errors[0], err
+    return errors[0]
+
+
+# ------------------------------------------------------------------ 2. FedDF's holdout on Flower nodes
+
+
+def test_a_flower_node_builds_the_simulators_federation_and_never_holds_the_servers_data():
+    pytest.importorskip("flwr")
+    from flwr.app import ConfigRecord
+
+    from hetfed.config import dump_config
+    from hetfed.data import embed, load_dataset
+    from hetfed.flower.client_app import client_side
+    from hetfed.pipeline import prepare
+
+    cfg = build_config({"partition": {"clients": 4}, "methods": [{"algorithm": "feddf"}]})
+    server = prepare(cfg, progress=False).federation
+    node = client_side(ConfigRecord({"config": dump_config(cfg), "method": 0})).fed
+    assert np.array_equal(node.x, server.x) and all(np.array_equal(a, b) for a, b in zip(node.train, server.train,
+                                                                                        strict=True))
+    pool = embed(load_dataset(cfg.dataset), cfg.embed, progress=False).x_train
+    assert len(node.x) + len(server.server_x) == len(pool)
+    rows = np.concatenate([node.x.reshape(len(node.x), -1), server.server_x.reshape(len(server.server_x), -1)])
+    # the clients' pool and the server's holdout are a split of the training pool: every row once
+    assert np.array_equal(np.unique(rows, axis=0, return_counts=True)[1],
+                          np.unique(pool.reshape(len(pool), -1), axis=0, return_counts=True)[1])
+
+
+# ------------------------------------------------------------------ 4. SIGINT when started in the background
+
+
+def test_sigint_stops_a_run_started_with_sigint_ignored(tmp_path):
+    """`hetfed sweep … &` from a script inherits SIGINT as ignored; `kill -INT` must still stop it."""
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetfed.cli", "run", "--quiet", "--set", "train.rounds=100000", *FAST, "--out", str(out)],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN), env={**os.environ, "OMP_NUM_THREADS": "1"},
+        stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        t0 = time.monotonic()
+        while not (out / "metrics.csv").is_file() or (out / "metrics.csv").stat().st_size < 200:
+            assert proc.poll() is None, proc.stderr.read()
+            assert time.monotonic() - t0 < 120, "the run never started training"
+            time.sleep(0.2)
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=60) == 130
+    finally:
+        proc.kill()
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and "interrupt" in status["reason"].lower()
+
+
+# ------------------------------------------------------------------ 5. the connect timeout's message
+
+
+def test_the_connect_timeout_says_it_passed_its_value_and_how_many_nodes_answered():
+    from hetfed.flower.executor import missing_nodes_message
+
+    msg = missing_nodes_message([2, 3, 4], connected=5, n_clients=5, timeout=120, waited=120.0)
+    assert "flower.connect_timeout = 120 s passed with 2 of 5" in msg and "raise flower.connect_timeout" in msg
+    other = missing_nodes_message([4], connected=4, n_clients=5, timeout=120, waited=3.0)
+    assert "partition-id 0..4" in other and "passed" not in other
+
+
+# ------------------------------------------------------------------ 6. the heartbeat lives on a timer
+
+
+def test_the_heartbeat_is_refreshed_while_the_run_does_nothing_else(tmp_path):
+    from hetfed.runs.rundir import Heartbeat, set_status
+
+    beat = Heartbeat(tmp_path, every_s=0.1)
+    beat.start()
+    first = json.loads((tmp_path / "status.json").read_text())["heartbeat"]
+    time.sleep(0.5)  # no progress callback at all
+    assert json.loads((tmp_path / "status.json").read_text())["heartbeat"] > first
+    beat.stop()
+    set_status(tmp_path, "complete")
+    time.sleep(0.3)
+    assert json.loads((tmp_path / "status.json").read_text())["status"] == "complete"  # the timer is gone
+
+
+# ------------------------------------------------------------------ 7. refused resume, previous checkpoint
+
+
+def _interrupted_run(tmp_path: Path, monkeypatch, stop_after: int = 4) -> Path:
+    """A run stopped by Ctrl-C after ``stop_after`` training rounds, with checkpoints every round."""
+    from hetfed.engine import executors
+
+    real, calls = executors.InProcessExecutor.train, {"n": 0}
+
+    def train(self, bc, clients):
+        calls["n"] += 1
+        if calls["n"] > stop_after:
+            raise KeyboardInterrupt
+        return real(self, bc, clients)
+
+    monkeypatch.setattr(executors.InProcessExecutor, "train", train)
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--set", "train.rounds=8", "--set", "train.checkpoint_every=1", *FAST,
+                 "--set", "methods=[{algorithm: fedavg}]", "--out", str(out)]) == 130
+    monkeypatch.setattr(executors.InProcessExecutor, "train", real)
+    return out
+
+
+def test_a_refused_resume_marks_the_run_failed_with_the_reason(tmp_path, monkeypatch, capsys):
+    out = _interrupted_run(tmp_path, monkeypatch)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    status = json.loads((out / "status.json").read_text())  # as a SIGKILL leaves it: running, its process gone
+    (out / "status.json").write_text(json.dumps({**status, "status": "running", "pid": int(dead.stdout),
+                                                 "heartbeat": time.time() - 3600}))
+    ckpts = out / "checkpoints"
+    (ckpts / "resume.pt").write_bytes((ckpts / "resume.pt").read_bytes()[:100])  # truncated
+    (ckpts / "resume.prev.pt").unlink()
+    capsys.readouterr()
+    assert main(["run", "--resume", str(out)]) == 2
+    assert "cannot be read" in _one_line_error(capsys)
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["reason"].startswith("resume refused")
+
+
+def test_a_corrupt_latest_checkpoint_falls_back_to_the_previous_one(tmp_path, monkeypatch, capsys):
+    whole = tmp_path / "whole"
+    assert main(["run", "--quiet", "--set", "train.rounds=8", "--set", "train.checkpoint_every=1", *FAST,
+                 "--set", "methods=[{algorithm: fedavg}]", "--out", str(whole)]) == 0
+    out = _interrupted_run(tmp_path, monkeypatch)
+    ckpts = out / "checkpoints"
+    assert (ckpts / "resume.prev.pt").is_file()
+    (ckpts / "resume.pt").write_bytes(b"not a checkpoint")
+    capsys.readouterr()
+    assert main(["run", "--quiet", "--resume", str(out)]) == 0
+    assert "continuing from the previous checkpoint" in capsys.readouterr().err
+    assert (out / "metrics.csv").read_bytes() == (whole / "metrics.csv").read_bytes()
+    assert not (ckpts / "resume.pt").exists() and not (ckpts / "resume.prev.pt").exists()
+
+
+# ------------------------------------------------------------------ 8–11. bad input
+
+
+def test_a_seed_beyond_the_generators_range_is_one_line_before_loading(tmp_path, capsys, monkeypatch):
+    import hetfed.pipeline
+
+    monkeypatch.setattr(hetfed.pipeline, "prepare", lambda *a, **k: pytest.fail("loaded the data"))
+    assert main(["run", "--set", "seed=100000000000000000000000", "--out", str(tmp_path / "r")]) == 2
+    err = _one_line_error(capsys)
+    assert "seed = 100000000000000000000000" in err and "4294967296" in err
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_cgau_without_hidden_layers_is_refused_with_what_to_use_instead(capsys):
+    assert main(["config", "--set", "model.hidden=[]"]) == 2
+    err = _one_line_error(capsys)
+    assert "model.hidden = [] is not allowed with model.kind = 'cgau'" in err and "logreg" in err
+
+
+def test_gamma_of_a_single_client_is_a_dash_with_the_reason(capsys):
+    assert main(["partition", "--set", "partition.clients=1", "--set", "partition.kind=iid"]) == 0
+    out = capsys.readouterr().out
+    assert "Γ = —" in out and "single client" in out and "Γ = 0.000" not in out
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--out", "FILE"], "is a file: expected a new or empty directory"),
+    (["--set", "train.device=cuda", "--out", "NEW"], "cuda"),
+])
+def test_checks_that_need_no_data_come_before_loading_it(tmp_path, capsys, monkeypatch, args, expected):
+    import hetfed.runs.runner
+
+    if torch.cuda.is_available() and "train.device=cuda" in args:
+        pytest.skip("this machine has CUDA")
+    (tmp_path / "FILE").write_text("x")
+    args = [str(tmp_path / a) if a in ("FILE", "NEW") else a for a in args]
+    monkeypatch.setattr(hetfed.runs.runner, "prepare", lambda *a, **k: pytest.fail("loaded the data first"))
+    assert main(["run", *args]) == 2
+    assert expected in _one_line_error(capsys)
+    assert not (tmp_path / "NEW").exists()
+
+
+# ------------------------------------------------------------------ 13. one median convention
+
+
+def test_the_norm_screen_takes_the_mean_of_the_two_middle_norms():
+    from hetfed.engine.robust import Screen
+    from hetfed.engine.types import Upload
+
+    ref = {"w": torch.zeros(1, dtype=torch.float64)}
+    up = Upload([0, 1, 2, 3], {"w": torch.tensor([[1.0], [2.0], [6.0], [11.0]], dtype=torch.float64)}, torch.ones(4))
+    kept = Screen(ref, norm_factor=2.0).whole(up)
+    assert kept.client_ids == [0, 1, 2]  # median (2 + 6) / 2 = 4: only 11 > 2 × 4 (the lower middle, 2, dropped 6)
