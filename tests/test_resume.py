@@ -30,7 +30,7 @@ WRAPPER = r"""
 import os, sys, time
 progress = open(os.environ["PROGRESS"], "a", buffering=1)
 from hetfed.engine import executors
-from hetfed.experiments import rundir
+from hetfed.runs import rundir
 train, personalise = executors.InProcessExecutor.train, executors.InProcessExecutor.personalise
 def slow_train(self, bc, clients):
     out = train(self, bc, clients)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
 from pathlib import Path
 from typing import Any
 
@@ -43,8 +44,14 @@ def checkpoint_path(run_dir: str | Path) -> Path:
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
     path = checkpoint_path(run_dir)
-    if path.is_file():  # the latest becomes the previous one; a kill here leaves it readable as that
-        os.replace(path, path.with_name(PREVIOUS))
+    if path.is_file():  # the latest becomes the previous one (a hard link: resume.pt never goes missing)
+        link = path.with_name(f".{PREVIOUS}.tmp")
+        link.unlink(missing_ok=True)
+        try:
+            os.link(path, link)
+        except OSError:  # a file system without hard links
+            shutil.copyfile(path, link)
+        os.replace(link, path.with_name(PREVIOUS))
     write_atomic(path, lambda fh: torch.save({"version": VERSION, **payload}, fh), binary=True, sync=True)
     return path
 
@@ -63,7 +70,7 @@ def read_checkpoint(run_dir: str | Path, warn=None) -> dict[str, Any] | None:
     when neither can be read, a RunError.
     """
     path = checkpoint_path(run_dir)
-    for stale in path.parent.glob(f".{RESUME}.*.tmp") if path.parent.is_dir() else []:
+    for stale in path.parent.glob(".resume.*tmp") if path.parent.is_dir() else []:
         stale.unlink(missing_ok=True)
     previous = path.with_name(PREVIOUS)
     if not path.is_file():
