@@ -207,3 +207,46 @@ def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path
             "partition": {"kind": "iid", "clients": 3},
             "methods": [{"name": "bilstm", "algorithm": "fedavg"}]}
     _compare(_run(_config(text, "flower"), tmp_path / "fl"), _run(_config(text, "vectorised"), tmp_path / "v"))
+
+
+# ------------------------------------------------------------------ #29: failures end the run with one line
+
+_PATCH = {
+    "server step": "import hetfed.flower.executor as e\nreal = e.FlowerExecutor.train\n"
+                   "def train(self, bc, clients):\n    if bc.round >= 1:\n        raise RuntimeError('injected server failure')\n"
+                   "    return real(self, bc, clients)\ne.FlowerExecutor.train = train\n",
+    "record conversion": "import hetfed.flower.executor as e\n"
+                         "def boom(bc):\n    raise TypeError('injected: extras cannot travel')\ne.broadcast_to_records = boom\n",
+    "client step": "",  # patched in every process (the ClientApps run in Ray's workers) by sitecustomize
+}
+_CLIENT_HOOK = ("try:\n    import hetfed.flower.client_app as c\n    def boom(*a, **k):\n"
+                "        raise RuntimeError('injected ClientApp failure')\n    c.train_step = boom\nexcept ImportError:\n    pass\n")
+
+
+@pytest.mark.parametrize("where,expected", [
+    ("server step", "Flower's ServerApp failed: RuntimeError: injected server failure"),
+    ("record conversion", "Flower's ServerApp failed: TypeError: injected: extras cannot travel"),
+    ("client step", "every ClientApp failed in step 'train', round 0 (client 0: RuntimeError: injected ClientApp failure)"),
+])
+def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, where, expected):
+    import subprocess
+    import sys
+
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    if where == "client step":
+        (tmp_path / "hook").mkdir()
+        (tmp_path / "hook" / "sitecustomize.py").write_text(_CLIENT_HOOK)
+        env["PYTHONPATH"] = os.pathsep.join([str(tmp_path / "hook"), env.get("PYTHONPATH", "")])
+    out = tmp_path / "r"
+    script = _PATCH[where] + "import sys\nfrom hetfed.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+    proc = subprocess.run(
+        [sys.executable, "-c", script, "run", "--quiet", "--set", "train.executor=flower", "--set", "partition.clients=3",
+         "--set", "train.rounds=3", "--set", "methods=[{algorithm: fedavg}]", "--set", "flower.connect_timeout=300",
+         "--out", str(out)], env=env, capture_output=True, text=True, timeout=400)  # a guard against hanging
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
+    assert proc.returncode == 2, proc.stderr
+    assert len(errors) == 1 and expected in errors[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["reason"]
+    assert (out / "flower.log").is_file()

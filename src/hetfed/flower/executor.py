@@ -42,7 +42,8 @@ class FlowerExecutor:
         self.method = method
         self.flower = flower or config.flower
         self.nodes: dict[int, int] = {}  # client id → node id
-        self.failures: list[dict] = []  # {"step", "round", "clients"}
+        self.failures: list[dict] = []  # {"step", "round", "clients", "errors"}
+        self.errors: dict[int, str] = {}  # node → the error its ClientApp raised (this step)
         self.messages = 0
 
     # -- set-up: which node holds which client
@@ -85,6 +86,8 @@ class FlowerExecutor:
         messages = [Message(content, dst_node_id=node, message_type=kind, group_id=group) for node, content, kind in targets]
         self.messages += len(messages)
         replies = {m.metadata.src_node_id: m for m in self.grid.send_and_receive(messages, timeout=timeout)}
+        self.errors = {node: str(r.error.reason or f"error code {r.error.code}")
+                       for node, r in replies.items() if r is not None and r.has_error()}
         return {node: (r if r is not None and not r.has_error() else None)
                 for node, r in ((node, replies.get(node)) for node, _, _ in targets)}
 
@@ -95,7 +98,19 @@ class FlowerExecutor:
         answered = {by_node[node]: r.content for node, r in replies.items() if r is not None}
         failed = sorted(set(clients) - set(answered))
         if failed:
-            self.failures.append({"step": step, "round": bc.round, "clients": failed})
+            errors = {by_node[n]: reason for n, reason in self.errors.items() if n in by_node}
+            self.failures.append({"step": step, "round": bc.round, "clients": failed, "errors": errors})
+            if errors and len(errors) == len(clients):  # not slow or dead nodes: the ClientApp itself fails
+                k, reason = next(iter(sorted(errors.items())))
+                raise RunError(f"Flower: every ClientApp failed in step {step!r}, round {bc.round} (client {k}: "
+                               f"{_last_line(reason)}); nothing was trained, so the run stops")
+            if errors:
+                from hetfed.console import make_console
+
+                k, reason = next(iter(sorted(errors.items())))
+                make_console(stderr=True).print(
+                    f"warning: {len(errors)} ClientApp(s) failed in step {step!r}, round {bc.round} (client {k}: "
+                    f"{_last_line(reason)}); counted as failed clients", style="yellow", soft_wrap=True)
         return answered
 
     # -- the executor protocol
@@ -144,3 +159,14 @@ def missing_nodes_message(missing: list[int], connected: int, n_clients: int, ti
                 "flower.connect_timeout (a loaded machine starts Ray's workers slowly) or check those SuperNodes")
     return (f"Flower: {answered} of {n_clients} clients' SuperNodes answered ({connected} connected); none holds "
             f"clients {shown}: expected one SuperNode per client with partition-id 0..{n_clients - 1}")
+
+
+def _last_line(reason: str) -> str:
+    """The exception line of a ClientApp's error reply (its reason holds Ray's and Python's tracebacks)."""
+    import re
+
+    text = re.sub(r"\x1b\[[0-9;]*m", "", reason.replace("\\n", "\n"))
+    lines = [ln.strip() for ln in text.splitlines() if ln.strip()]
+    raised = [ln for ln in lines if re.match(r"^[A-Za-z_][\w.]*(Error|Exception|Interrupt)\b.*:", ln)
+              and not ln.startswith(("ray.", "flwr."))]
+    return (raised[-1] if raised else lines[-1] if lines else reason)[:300]

@@ -11,17 +11,26 @@ from __future__ import annotations
 
 import logging
 import os
+import traceback
 import warnings
 from collections.abc import Callable
+from pathlib import Path
 from typing import TypeVar
 
+from hetfed.errors import HetfedError, RunError
 from hetfed.flower import require_flwr
 
 T = TypeVar("T")
 
 
-def run_on_simulation(config, method: int, n_clients: int, body: Callable[[object], T]) -> T:
-    """Start Flower's Simulation Engine with one SuperNode per client; ``body(executor)`` runs in the ServerApp."""
+def run_on_simulation(config, method: int, n_clients: int, body: Callable[[object], T],
+                      log_file: Path | None = None) -> T:
+    """Start Flower's Simulation Engine with one SuperNode per client; ``body(executor)`` runs in the ServerApp.
+
+    Flower's own log lines go to ``log_file`` (the run directory's ``flower.log``), not the console.
+    An exception in the ServerApp — the server's step, a record that cannot travel, every ClientApp
+    failing — ends the simulation and comes back as one line naming what failed and the log file.
+    """
     require_flwr()
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
@@ -29,7 +38,7 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     from hetfed.flower.client_app import app as client_app
     from hetfed.flower.executor import FlowerExecutor
 
-    logging.getLogger("flwr").setLevel(logging.ERROR)  # run_simulation's deprecation notice: we know
+    restore = _log_to_file(log_file)
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
     holder: dict[str, T] = {}
@@ -37,15 +46,57 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
 
     @server_app.main()
     def main(grid: Grid, context) -> None:
-        holder["value"] = body(FlowerExecutor(grid, config, method))
+        try:
+            holder["value"] = body(FlowerExecutor(grid, config, method))
+        except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
+            holder["error"] = err
+            if log_file is not None:  # the traceback for whoever debugs it; the console gets one line
+                with open(log_file, "a", encoding="utf-8") as fh:
+                    fh.write(f"hetfed's ServerApp failed:\n{traceback.format_exc()}\n")
 
     backend = {
         "client_resources": {"num_cpus": config.flower.client_cpus, "num_gpus": 0.0},
         "init_args": {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False},
     }
-    run_simulation(server_app, client_app, num_supernodes=n_clients, backend_config=backend)
+    where = f" (Flower's log: {log_file})" if log_file else ""
+    try:
+        run_simulation(server_app, client_app, num_supernodes=n_clients, backend_config=backend)
+    except Exception as err:
+        if "error" not in holder:
+            raise RunError(f"Flower's Simulation Engine failed: {type(err).__name__}: {err}{where}") from err
+    finally:
+        restore()
+    if "error" in holder:
+        err = holder["error"]
+        if isinstance(err, HetfedError | KeyboardInterrupt):
+            raise err
+        raise RunError(f"Flower's ServerApp failed: {type(err).__name__}: {err}{where}") from err
     if "value" not in holder:
-        from hetfed.errors import RunError
-
-        raise RunError("the Flower simulation ended without a result (see the log above)")
+        raise RunError(f"the Flower simulation ended without a result{where}")
     return holder["value"]
+
+
+def _log_to_file(path: Path | None) -> Callable[[], None]:
+    """Flower's log lines into ``path`` (console: errors only); returns what undoes it."""
+    logger = logging.getLogger("flwr")
+    old_level, old_handlers = logger.level, [(h, h.level) for h in logger.handlers]
+    for h, _ in old_handlers:  # Flower's colour-coded lines stay off the console: hetfed says what failed in
+        h.setLevel(logging.CRITICAL if path is not None else logging.ERROR)  # one line; the file keeps them all
+    handler = None
+    if path is not None:
+        handler = logging.FileHandler(path, encoding="utf-8")
+        handler.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+    else:
+        logger.setLevel(logging.ERROR)
+
+    def restore() -> None:
+        if handler is not None:
+            logger.removeHandler(handler)
+            handler.close()
+        logger.setLevel(old_level)
+        for h, level in old_handlers:
+            h.setLevel(level)
+
+    return restore

@@ -312,7 +312,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
     elif train.executor == "flower":
         from hetfed.flower.simulation import run_on_simulation
 
-        result = run_on_simulation(config, index, fed.n_clients, body)
+        result = run_on_simulation(config, index, fed.n_clients, body, log_file=run_dir / "flower.log")
     else:
         result = body()
     ckpt = run_dir / "checkpoints"
