@@ -250,3 +250,53 @@ def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, wher
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and status["reason"]
     assert (out / "flower.log").is_file()
+
+
+def _descendants(pid: int) -> set[int]:
+    """Every process below ``pid`` (from /proc: Ray's raylet, GCS server and workers)."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    out, todo = set(), [pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in out:
+                out.add(child)
+                todo.append(child)
+    return out
+
+
+def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "r"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "hetfed.cli", "run", "--quiet", "--set", "train.executor=flower", "--set",
+         "partition.clients=3", "--set", "train.rounds=100000", "--set", "methods=[{algorithm: fedavg}]",
+         "--set", "flower.connect_timeout=300", "--out", str(out)],
+        env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "stderr").open("w"), text=True)  # a file: Ray's output would fill a pipe and block
+    try:
+        t0 = time.monotonic()
+        while not (out / "metrics.csv").is_file() or (out / "metrics.csv").stat().st_size < 300:
+            assert proc.poll() is None, (tmp_path / "stderr").read_text()
+            assert time.monotonic() - t0 < 300, "the Flower run never started training"
+            time.sleep(0.5)
+        ray = _descendants(proc.pid)
+        assert ray, "Ray's processes run below hetfed"
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=120) == 143, (tmp_path / "stderr").read_text()
+    finally:
+        proc.kill()
+    status = json.loads((out / "status.json").read_text())
+    assert status["status"] == "failed" and status["reason"] == "terminated by SIGTERM"
+    time.sleep(2)
+    alive = {pid for pid in ray if Path(f"/proc/{pid}").exists() and "Z" not in
+             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]}
+    assert not alive, f"Ray processes left behind: {sorted(alive)}"

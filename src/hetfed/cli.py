@@ -415,5 +415,24 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous_int)
 
 
+def entry() -> None:
+    """The ``hetfed`` command: :func:`main`, then exit — at once if a library left threads that would block it.
+
+    After a SIGTERM or a failure during a Flower simulation, Flower's ServerApp thread can still be
+    waiting for replies that will never come; Python would wait for it at exit. The run directory
+    is already marked failed by then, so the process leaves without waiting.
+    """
+    import os
+    import threading
+
+    code = main()
+    stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
+    if code != 0 and stuck:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    entry()

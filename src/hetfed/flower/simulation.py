@@ -11,13 +11,15 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import threading
 import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
 from typing import TypeVar
 
-from hetfed.errors import HetfedError, RunError
+from hetfed.errors import HetfedError, RunError, Terminated
 from hetfed.flower import require_flwr
 
 T = TypeVar("T")
@@ -39,6 +41,9 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     from hetfed.flower.executor import FlowerExecutor
 
     restore = _log_to_file(log_file)
+    # Ray's C++ failure handler turns SIGTERM into an abort (exit 134); its Python handler raises SystemExit(15)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
     holder: dict[str, T] = {}
@@ -61,11 +66,18 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     where = f" (Flower's log: {log_file})" if log_file else ""
     try:
         run_simulation(server_app, client_app, num_supernodes=n_clients, backend_config=backend)
+    except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
+        if err.code == signal.SIGTERM:
+            raise Terminated(signal.SIGTERM) from None
+        raise
     except Exception as err:
         if "error" not in holder:
             raise RunError(f"Flower's Simulation Engine failed: {type(err).__name__}: {err}{where}") from err
     finally:
         restore()
+        if on_term is not None:  # ray.init replaced hetfed's SIGTERM handler
+            signal.signal(signal.SIGTERM, on_term)
+        _stop_ray()
     if "error" in holder:
         err = holder["error"]
         if isinstance(err, HetfedError | KeyboardInterrupt):
@@ -100,3 +112,14 @@ def _log_to_file(path: Path | None) -> Callable[[], None]:
             h.setLevel(level)
 
     return restore
+
+
+def _stop_ray() -> None:
+    """Leave no Ray process behind, whatever ended the simulation (Flower shuts Ray down on success)."""
+    try:
+        import ray
+
+        if ray.is_initialized():
+            ray.shutdown()
+    except Exception:  # shutting down is best effort; a failure here must not hide the run's own error
+        pass
