@@ -114,8 +114,7 @@ def main() -> None:
                     row = {**json.loads(proc.stdout.strip().splitlines()[-1]),
                            "mmap_threshold": args.mmap_threshold}
                 rows.append(row)
-                if not args.json:
-                    print(json.dumps(row), flush=True)
+                print(json.dumps(row), flush=True)  # a line per case as it finishes (--json: the whole table at the end)
     base = {(r["method"], r["fraction"]): r for r in rows if r.get("clients") == min(args.clients) and "error" not in r}
     for r in rows:
         b = base.get((r["method"], r["fraction"]))

@@ -19,6 +19,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from hetfed.analysis.plotstyle import PALETTE, key_label, metric_label, metric_range, style  # noqa: E402
 
@@ -153,6 +154,7 @@ def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
                 ax.plot([best], [v[r.tolist().index(best)]], marker="*", markersize=13, color=st["color"],
                         markeredgecolor="black", linestyle="none")
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers, even in short runs
         ax.set_ylabel(metric_label(metric))
         ax.set_title(metric_label(metric), fontsize=10)
         ax.grid(alpha=0.3)
@@ -347,6 +349,7 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
                                 alpha=0.12, linewidth=0)
         ax.set_title(method, fontsize=10)
         ax.set_xlabel("round")
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
         if m % ncols == 0:
             ax.set_ylabel(metric_label(metric))
         ax.grid(alpha=0.3)

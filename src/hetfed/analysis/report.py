@@ -21,7 +21,7 @@ from typing import Any
 
 import numpy as np
 
-from hetfed.analysis.plotstyle import key_label, metric_label
+from hetfed.analysis.plotstyle import key_label, metric_label, metric_range
 from hetfed.errors import RunError
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
@@ -347,7 +347,13 @@ def sweep_report(d: Path) -> str:
     def ci_cell(r: dict | None) -> Any:
         if r is None:
             return None
-        return Markup(f"{_fmt(r['mean'])} ± {_fmt(r['ci95'])} <span class='muted'>(n = {r['n']})</span>")
+        if r["n"] < 3 and r.get("min") is not None:  # Student t on 1 degree of freedom: bands ~13× the spread
+            return Markup(f"{_fmt(r['mean'])} <span class='muted'>(range {_fmt(r['min'])}–{_fmt(r['max'])}, "
+                          f"n = {r['n']}: too few seeds for a CI)</span>")
+        lo, _hi = metric_range(r["metric"])
+        low = r["mean"] - (r["ci95"] or 0.0)
+        clipped = " <span class='muted'>(clipped at 0)</span>" if lo is not None and low < lo else ""
+        return Markup(f"{_fmt(r['mean'])} ± {_fmt(r['ci95'])}{clipped} <span class='muted'>(n = {r['n']})</span>")
 
     def keys_of(p: tuple) -> list[Markup]:
         return [Markup(_esc(v)) for v in p]  # grid values as the user wrote them, not rounded
@@ -355,7 +361,8 @@ def sweep_report(d: Path) -> str:
     body = [[*keys_of(p), m, *[ci_cell(cell.get((p, m, c))) for c in cols]] for p in points for m in methods
             if any((p, m, c) in cell for c in cols)]
     results = table([*keys, "method", *[metric_label(c) for c in cols]], body,
-                    "mean ± 95% CI (Student t over seeds; n = seeds that finished)")
+                    "mean ± 95% CI (Student t over seeds; n = seeds that finished); with fewer than 3 seeds, the range "
+                    "instead (a t interval on 1 degree of freedom is ~13× the spread)")
     data_cols = [c for c in DATA_COLUMNS if any(r["metric"] == c and r["method"] == "(data)" for r in table_rows)]
     if data_cols:
         results += "<h3>heterogeneity of the clients</h3>" + table(

@@ -207,6 +207,7 @@ def run_experiment(
             "data_files": list(prep.sources),
             "warnings": list(prep.warnings),
             "primary": primary,
+            "training": training_line(config),
             "final": methods[primary]["final"],
             "best": methods[primary]["best"],
             "rounds": max(m.get("rounds") or 0 for m in methods.values()),
@@ -239,6 +240,15 @@ def _rate(rounds: int, seconds: float) -> str:
     """Rounds per second, or seconds per round when rounds are slow (a Flower deployment)."""
     per_second = rounds / max(seconds, 1e-9)
     return f"{per_second:.1f} rounds/s" if per_second >= 1 else f"{seconds / max(rounds, 1):.1f} s/round"
+
+
+def training_line(config: Config) -> str:
+    """What was trained, for the final table's title: ``fedavg · 100 rounds · E = 1``."""
+    algorithms = ", ".join(dict.fromkeys(m.algorithm for m in config.methods))
+    trains = [config.method_train(m) for m in config.methods]
+    rounds = sorted({t.rounds for t in trains})
+    work = sorted({f"τ = {t.local_steps}" if t.local_steps else f"E = {t.local_epochs:g}" for t in trains})
+    return f"{algorithms} · {'/'.join(map(str, rounds))} rounds · {', '.join(work)}"
 
 
 def row_name(method: MethodConfig, view: str) -> str:
@@ -283,7 +293,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
         writer.write(fed_label, rnd, "train", "all", metrics)
 
     def on_round(rnd: int, metrics, timing: dict[str, float]) -> None:
-        fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
+        fields = {"global acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
         fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
         bar.update(task, completed=rnd, **fields)
         heartbeat.beat()
@@ -379,7 +389,9 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     g = summary.get("gamma")
     gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
-    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}")
+    trained = f" · {summary['training']}" if summary.get("training") else ""
+    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}"
+                  f"{trained}")
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
     cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s"]
     if binary:
@@ -398,9 +410,11 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
         if binary:
             row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
         table.add_row(*row)
-    table.caption = ("best model by validation loss. local: each client's own test set, its own parameters; "
-                     "global: balanced global test set; unseen: server model, zero conditioning; "
-                     "s/round: training (server step included); eval s: one evaluation")
+    table.caption = ("the headline columns (local, p10, global, unseen) score the best model by validation loss; "
+                     "final global: the last round's model. local: each client's own test set, its own parameters "
+                     "(p10: the 10th-percentile client); global: the balanced global test set; unseen: the server "
+                     "model with zero conditioning, for an unseen client (CGAU; - for models without client "
+                     "conditioning); s/round: training (server step included); eval s: one evaluation")
     console.print(table)
     from hetfed.heterogeneity import gamma_line
 

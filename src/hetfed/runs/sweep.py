@@ -403,7 +403,8 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
     for (pkey, method), metrics in groups.items():
         for metric, values in metrics.items():
             row = dict(zip(keys, pkey, strict=True))
-            row.update(method=method, metric=metric, mean=float(np.mean(values)), ci95=ci95(values), n=len(values))
+            row.update(method=method, metric=metric, mean=float(np.mean(values)), ci95=ci95(values), n=len(values),
+                       min=float(np.min(values)), max=float(np.max(values)))
             rows.append(row)
     return rows
 
