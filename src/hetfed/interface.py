@@ -287,7 +287,7 @@ class Algorithm:
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`)."""
-        shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        shared = bc.stacked(n)
         local, _ = split_state(states)
         return Predictor(self.model, {**shared, **local}, self.personalised)
 

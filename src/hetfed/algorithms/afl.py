@@ -25,6 +25,7 @@ method.
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import torch
@@ -107,12 +108,11 @@ class Afl(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        received = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        received = bc.stacked(n)
         local = {k: v for k, v in states.items() if k in self.model.local_names}
         valuation = loss_valuation(self.model, {**received, **local}, data)
         upload, new = super().local_update(bc, states, data)
-        return Upload(upload.client_ids, upload.params, upload.num_samples,
-                      {**upload.extra, "valuation": valuation.to(upload.num_samples.device)}, upload.screened), new
+        return replace(upload, extra={**upload.extra, "valuation": valuation.to(upload.num_samples.device)}), new
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         new = super().aggregate(state, upload)

@@ -25,7 +25,7 @@ class FedAvg(Algorithm):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        shared = bc.stacked(n)
         local, kept_opt = split_state(states)
         params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc, data))
         upload = Upload(

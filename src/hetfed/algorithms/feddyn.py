@@ -62,7 +62,7 @@ class FedDyn(FedAvg):
         names = list(bc.params)
         grad = {k: states[GRAD + k].detach() for k in names}
         rest = {k: v for k, v in states.items() if not k.startswith(GRAD)}
-        anchor = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        anchor = bc.stacked(n)
         local, kept_opt = split_state(rest)
 
         def dynamic(params):  # −⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2·‖θ − θ^{t−1}‖², per client

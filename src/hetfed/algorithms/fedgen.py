@@ -26,6 +26,8 @@ Every update of a round is needed at once (the heads' ensemble), so they are hel
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -179,8 +181,7 @@ class FedGen(FedAvg):
         upload, new = super().local_update(bc, states, data)
         counts = torch.stack([torch.bincount(data.y[torch.as_tensor(i, device=data.y.device)].long(),
                                              minlength=self.model.n_classes) for i in data.indices]).float()
-        return Upload(upload.client_ids, upload.params, upload.num_samples,
-                      {**upload.extra, "label_counts": counts.to(upload.num_samples.device)}, upload.screened), new
+        return replace(upload, extra={**upload.extra, "label_counts": counts.to(upload.num_samples.device)}), new
 
 
 register(AlgorithmSpec(

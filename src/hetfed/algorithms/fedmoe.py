@@ -206,7 +206,7 @@ class FedMoE(FedAvg):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         if view in (None, self.federated_view):
             return super().predictor(bc, states, n, None)
-        shared = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        shared = bc.stacked(n)
         if view in ("local", "finetuned"):
             return Predictor(self.model, Mixture.part(states, view), True)
         if view == "mixture":

@@ -19,6 +19,8 @@ like any model) and moves x by τ_eff·(z̄ − x) — the pseudo-gradient the s
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -39,7 +41,7 @@ class FedNova(FedAvg):
         for k, y in upload.params.items():
             x = bc.params[k].unsqueeze(0)
             normalised[k] = x - (x - y) / steps.view(-1, *([1] * (y.dim() - 1)))
-        return Upload(upload.client_ids, normalised, upload.num_samples, {**upload.extra, "steps": steps}), new_states
+        return replace(upload, params=normalised, extra={**upload.extra, "steps": steps}), new_states
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         if not upload.client_ids:

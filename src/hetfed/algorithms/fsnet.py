@@ -32,6 +32,7 @@ Decisions where the paper is vague (all its ``params``):
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import torch
 import torch.nn.functional as F
@@ -167,7 +168,7 @@ class FedFSNet(FedAvg):
             means.append(xk.mean(0))
             variances.append(xk.var(0, unbiased=False) if len(idx) > 1 else torch.zeros_like(xk[0]))
         extra = {**upload.extra, "input_mean": torch.stack(means), "input_var": torch.stack(variances)}
-        return Upload(upload.client_ids, upload.params, upload.num_samples, extra), new_states
+        return replace(upload, extra=extra), new_states
 
 
 register(AlgorithmSpec(

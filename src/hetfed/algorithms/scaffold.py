@@ -105,7 +105,7 @@ class Scaffold(FedAvg):
         c = {k: bc.extra[C + k] for k in names}
         c_i = {k: states[CI + k] for k in names}
         rest = {k: v for k, v in states.items() if not k.startswith(CI)}
-        x = {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.params.items()}
+        x = bc.stacked(n)
         local, kept_opt = split_state(rest)
         correction = {k: (c[k].unsqueeze(0) - c_i[k]).detach() for k in names}
 

@@ -35,6 +35,10 @@ class Broadcast:
     lr: float
     extra: dict[str, Any] = field(default_factory=dict)
 
+    def stacked(self, n: int) -> Params:
+        """The shared parameters as a stack of ``n`` clients (views along a new leading axis, no copy)."""
+        return {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in self.params.items()}
+
 
 @dataclass(frozen=True, eq=False)
 class Upload:
