@@ -52,7 +52,8 @@ def test_the_table_covers_every_algorithm():
     from hetfed.algorithms import registry
 
     documented = {r["config"]["algorithm"] for r in table_rows()}
-    assert documented == set(registry.names())
+    shipped = {s.name for s in registry.specs() if s.cls.__module__.startswith("hetfed.")}  # not tests' toys
+    assert documented == shipped
 
 
 @pytest.mark.parametrize("row", table_rows(), ids=lambda r: r["method"])

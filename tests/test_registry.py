@@ -8,6 +8,8 @@ of its own. A toy algorithm defined in this file registers itself and runs like 
 from __future__ import annotations
 
 import json
+import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -61,11 +63,15 @@ class SignAverage(FedAvg):
         return ServerState(params, state.round + 1, extra)
 
 
+TOY = "toy_sign"
+#: registered when this module is imported — by pytest here, and by Flower's ClientApps through ``plugins``
+registry.register(AlgorithmSpec(TOY, SignAverage, "a test's toy", "—", SignParams, Capabilities()))
+
+
 @pytest.fixture
 def toy():
-    registry.register(AlgorithmSpec("toy_sign", SignAverage, "a test's toy", "—", SignParams, Capabilities()))
-    yield "toy_sign"
-    registry.unregister("toy_sign")
+    registry.register(AlgorithmSpec(TOY, SignAverage, "a test's toy", "—", SignParams, Capabilities()))
+    yield TOY
 
 
 def test_a_toy_algorithm_registered_in_a_test_runs_on_both_executors_and_is_listed(tmp_path, toy, capsys):
@@ -89,13 +95,23 @@ def test_every_registered_algorithm_gives_the_same_numbers_on_both_in_process_ex
 
 
 @pytest.mark.slow
-def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simulation_engine(tmp_path):
-    """One Flower run holds every registered algorithm (one Ray start), so the test costs one simulation."""
+def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simulation_engine(tmp_path, monkeypatch):
+    """One Flower run holds every registered algorithm (one Ray start), so the test costs one simulation —
+    this file's toy algorithm included: Flower's ClientApps import this module as a plugin."""
     pytest.importorskip("flwr")
+    root = str(Path(__file__).resolve().parents[1])
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
     names = registry.names()
-    flower = run_experiment(_config(names, "flower"), out=tmp_path / "f", progress=False).summary
-    vec = run_experiment(_config(names, "vectorised"), out=tmp_path / "v", progress=False).summary
+    assert TOY in names
+    plugins = {"plugins": ["tests.test_registry"]}
+    flower = run_experiment(_config(names, "flower", **plugins), out=tmp_path / "f", progress=False).summary
+    vec = run_experiment(_config(names, "vectorised", **plugins), out=tmp_path / "v", progress=False).summary
     _same(vec, flower)
+
+
+def test_a_plugin_that_cannot_be_imported_is_one_line():
+    with pytest.raises(ConfigError, match=r"plugins\.0 = 'no_such_module' cannot be imported"):
+        build_config({"plugins": ["no_such_module"]})
 
 
 def test_algorithms_lists_every_algorithm_with_its_parameters_and_capabilities(capsys):

@@ -334,6 +334,10 @@ class MethodConfig(_Strict):
 class Config(_Strict):
     """A whole run: data, embedding, partition, and the methods to compare."""
 
+    plugins: list[str] = Field(
+        default_factory=list, description="modules imported before the methods are checked: algorithms of your own "
+        "that call hetfed.algorithms.registry.register (on Flower, every SuperNode imports them too)"
+    )
     seed: int = Field(0, ge=0, lt=2**32, description="every random choice derives from it (< 2³², the range "
                       "NumPy's and scikit-learn's generators take)")
     name: str = "default"
@@ -368,6 +372,7 @@ class Config(_Strict):
             registry,  # the algorithms' own declarations (discovered, not listed here)
         )
 
+        _import_plugins(self.plugins)
         if not self.methods:
             raise ValueError("methods is empty: list at least one method")
         labels = [m.label for m in self.methods]
@@ -422,6 +427,18 @@ class Config(_Strict):
     def method_train(self, method: MethodConfig) -> TrainConfig:
         """The train config a method runs with: top-level, then its overrides."""
         return TrainConfig(**_deep_merge(self.train.model_dump(), method.train))
+
+
+def _import_plugins(modules: list[str]) -> None:
+    """Import the user's plugin modules (each registers its algorithms)."""
+    import importlib
+
+    for i, name in enumerate(modules):
+        try:
+            importlib.import_module(name)
+        except ImportError as err:
+            raise ValueError(f"plugins.{i} = {name!r} cannot be imported ({err}): expected a module on the Python "
+                             "path (PYTHONPATH) that registers algorithms") from None
 
 
 class DeprecatedKey(UserWarning):
