@@ -189,13 +189,6 @@ def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
     assert len(pids) == 3 and not any(_exists(p) for p in pids)
 
 
-def test_scaffold_on_flower_gives_the_vectorised_numbers(tmp_path):
-    """The server control variate travels in the broadcast; each node keeps its c_i in its own state."""
-    methods = {"methods": [{"name": "scaffold", "algorithm": "scaffold"}],
-               "train": {**SMALL["train"], "client_fraction": 0.5}}
-    _compare(_run(_config(methods, "flower"), tmp_path / "f"), _run(_config(methods, "vectorised"), tmp_path / "v"))
-
-
 def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path):
     """FedMoE's text model travels as Flower records like any other: same numbers as in process."""
     from tests.test_text_data import write_fortunes

@@ -334,10 +334,6 @@ class MethodConfig(_Strict):
 class Config(_Strict):
     """A whole run: data, embedding, partition, and the methods to compare."""
 
-    plugins: list[str] = Field(
-        default_factory=list, description="modules imported before the methods are checked: algorithms of your own "
-        "that call hetfed.algorithms.registry.register (on Flower, every SuperNode imports them too)"
-    )
     seed: int = Field(0, ge=0, lt=2**32, description="every random choice derives from it (< 2³², the range "
                       "NumPy's and scikit-learn's generators take)")
     name: str = "default"
@@ -357,6 +353,10 @@ class Config(_Strict):
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),
     ])
     out_dir: str = "runs"
+    plugins: list[str] = Field(
+        default_factory=list, description="modules imported before the methods are checked: algorithms of your own "
+        "that call hetfed.algorithms.registry.register (on Flower, every SuperNode imports them too)"
+    )
 
     @model_validator(mode="before")
     @classmethod
