@@ -115,11 +115,6 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     return spec
 
 
-def unregister(name: str) -> None:
-    """Remove an algorithm (for tests that register a toy one)."""
-    _REGISTRY.pop(name, None)
-
-
 def _discover() -> None:
     """Import every module of this package once: each registers the algorithms it defines."""
     global _DISCOVERED

@@ -31,7 +31,6 @@ import torch
 
 Params = dict[str, torch.Tensor]
 KINDS = ("sgd", "avgm", "adagrad", "adam", "yogi")
-ADAPTIVE = ("adagrad", "adam", "yogi")
 
 
 @dataclass(frozen=True)
@@ -50,10 +49,6 @@ class ServerOptimizer:
     def from_config(cls, server) -> ServerOptimizer:
         return cls(server.optimizer, server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
                    server.bias_correction)
-
-    @property
-    def stateless(self) -> bool:
-        return self.kind == "sgd"
 
     def init(self, params: Params) -> dict:
         """The optimiser's state before round 1 ({} for plain SGD)."""
