@@ -402,12 +402,13 @@ class Config(_Strict):
     def _check_model(self, i: int, method: MethodConfig, caps) -> None:
         """Token ids are inputs only the BiLSTM reads, the BiLSTM reads nothing else, and an algorithm
         may support only some model kinds."""
-        kind = self.method_model(method).kind
+        model = self.method_model(method)
+        kind = model.kind
         if (kind == "bilstm") != (self.embed.kind == "tokens"):
             raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
                              "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "
                              "BiLSTM reads only token ids")
-        if kind == "cgau" and not self.method_model(method).hidden:
+        if kind == "cgau" and not model.hidden:
             raise ValueError(f"methods.{i} model.hidden = [] is not allowed with model.kind = 'cgau': its gated units "
                              "are its hidden layers, so without one it is a linear model still labelled CGAU; expected "
                              "at least one width (e.g. [64, 64]), or model.kind = 'logreg' for a linear model")
@@ -445,6 +446,12 @@ class DeprecatedKey(UserWarning):
     """A config key that still works but has a new name (shown once on stderr)."""
 
 
+def _params_key(methods: list, algorithm: str) -> str:
+    """``methods.<i>.params`` of the first method running ``algorithm`` (``<i>`` when none does)."""
+    users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algorithm]
+    return f"methods.{users[0] if users else '<i>'}.params"
+
+
 def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
     """The error for an old ``train.*`` key that is now an algorithm's parameter (None: none there)."""
     from hetfed.algorithms import registry
@@ -453,8 +460,7 @@ def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
         return None
     for old, (algo, new) in registry.legacy_train_keys().items():
         if old in train:
-            users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algo]
-            target = f"methods.{users[0]}.params.{new}" if users else f"methods.<i>.params.{new}"
+            target = f"{_params_key(methods, algo)}.{new}"
             return (f"{where}.{old} = {train[old]!r} is no longer a train key: it is algorithm {algo!r}'s "
                     f"parameter {new!r}; set {target} instead (see `hetfed algorithms`)")
     return None
@@ -483,8 +489,7 @@ def refuse_legacy(data: dict) -> None:
     methods = data.get("methods") if isinstance(data.get("methods"), list) else []
     for section, algo in registry.legacy_sections().items():
         if section in data:
-            users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algo]
-            target = f"methods.{users[0]}.params" if users else "methods.<i>.params"
+            target = _params_key(methods, algo)
             raise ValueError(f"top-level section {section!r} is no longer allowed: algorithm {algo!r}'s settings are "
                              f"its parameters now; move them to {target} (see `hetfed algorithms`)")
     problem = _moved_train_keys(data.get("train"), "train", methods)

@@ -15,15 +15,17 @@ from hetfed.server.pipeline import pipeline_for
 
 def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping[str, Any] | Any = None, *,
                     server: ServerConfig | None = None, seed: int = 0, in_features: int | None = None,
-                    build: Callable[[int], Model] | None = None) -> Algorithm:
+                    build: Callable[[int], Model] | None = None, where: str = "") -> Algorithm:
     """The registered algorithm ``name`` around ``model`` with its ``params`` (a mapping or its params model).
 
     ``in_features`` and ``build`` are what some algorithms are built with besides the
-    model (see :class:`hetfed.interface.Context`).
+    model (see :class:`hetfed.interface.Context`); ``where`` (``methods.0``) prefixes the
+    keys named in errors.
     """
-    spec = registry.get(name)
+    prefix = f"{where}." if where else ""
+    spec = registry.get(name, f"{prefix}algorithm")
     context = Context(pipeline_for(train, server or ServerConfig()), seed, in_features, build)
-    return spec.cls(model, train, spec.make_params(params), context)
+    return spec.cls(model, train, spec.make_params(params, f"{prefix}params"), context)
 
 
 def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, ...], n_classes: int) -> Algorithm:
@@ -35,12 +37,10 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     model_cfg = config.method_model(method)
     vocab = config.embed.vocab_size if config.embed.kind == "tokens" else None
     model = build_model(model_cfg, input_shape, n_classes, vocab)
-    where = f"methods.{config.methods.index(method)}"
-    spec = registry.get(method.algorithm, f"{where}.algorithm")
-    train = config.method_train(method)
-    context = Context(pipeline_for(train, config.method_server(method)), config.seed, int(np.prod(input_shape)),
-                      lambda n_out: build_model(model_cfg, input_shape, n_out, vocab))
-    algo = spec.cls(model, train, spec.make_params(method.params, f"{where}.params"), context)
+    algo = build_algorithm(method.algorithm, model, config.method_train(method), method.params,
+                           server=config.method_server(method), seed=config.seed, in_features=int(np.prod(input_shape)),
+                           build=lambda n_out: build_model(model_cfg, input_shape, n_out, vocab),
+                           where=f"methods.{config.methods.index(method)}")
     if config.privacy.noise_multiplier is not None:
         _check_private(config, method, algo)
         algo.privacy = config.privacy

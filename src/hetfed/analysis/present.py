@@ -7,7 +7,6 @@ report that fails is a warning: the results are written, the page is a view of t
 
 from __future__ import annotations
 
-import math
 from pathlib import Path
 from typing import Any
 
@@ -23,22 +22,13 @@ def _warn(console: Console | None, what: str, err: Exception, directory: Path) -
         style="yellow", soft_wrap=True)
 
 
-def run_curves(run_dir: Path, metrics: tuple[str, ...] = ("global_accuracy", "local_accuracy_mean", "val_loss",
-                                                           "train_loss")) -> dict[str, dict[str, list]]:
-    """``{metric: {method: [(round, value)]}}`` from metrics.csv: what the learning-curve figure draws."""
-    from hetfed.analysis.results import read_curves
-
-    curves = {m: read_curves(run_dir / "metrics.csv", m) for m in metrics}
-    curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
-    return {m: {k: v for k, v in c.items() if v} for m, c in curves.items()}
-
-
 def present_run(run_dir: Path, status: Console | None = None) -> None:
     """``figures/learning_curves.png`` (and .svg) and ``report.html`` of a finished run."""
     import json
 
     from hetfed.analysis.figures import plot_learning_curves
     from hetfed.analysis.report import write_report
+    from hetfed.analysis.results import run_curves
 
     run_dir = Path(run_dir)
     try:

@@ -219,13 +219,9 @@ def run_report(d: Path) -> str:
 
     if summary:
         sections.append(("results", _run_table(summary, rows)))
-    from hetfed.analysis.results import read_curves
+    from hetfed.analysis.results import run_curves
 
-    curves = {metric: read_curves(d / "metrics.csv", metric)
-              for metric in ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")}
-    curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
-    curves = {m: {k: v for k, v in c.items() if len(v) > 1} for m, c in curves.items()}
-    curves = {m: c for m, c in curves.items() if c}
+    curves = run_curves(d, min_points=2)
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
     curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
                          "model (lowest validation loss)") if curves else "<p class='muted'>no learning curve: "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import math
 from pathlib import Path
 from typing import Any
 
@@ -99,3 +100,14 @@ def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
     return {m: sorted(points.items()) for m, points in per_method.items()}
 
 
+#: the metrics a run's learning-curve figure draws
+RUN_CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")
+
+
+def run_curves(run_dir: Path, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's metrics.csv, NaN points
+    dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""
+    curves = {m: read_curves(Path(run_dir) / "metrics.csv", m) for m in RUN_CURVES}
+    curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
+    curves = {m: {k: v for k, v in c.items() if len(v) >= max(min_points, 1)} for m, c in curves.items()}
+    return {m: c for m, c in curves.items() if c}
