@@ -8,7 +8,8 @@ default settings otherwise. Every setting runs in its own process, so its peak
 RSS (``ru_maxrss``) is its own. Measured, never asserted.
 
     python benchmarks/scale.py [--clients 100 1000 10000 100000] [--fractions 1.0 0.01]
-                               [--methods fedavg cgau] [--rounds 2] [--device cpu] [--mmap-threshold BYTES] [--json]
+                               [--methods fedavg cgau] [--rounds 2] [--device cpu] [--mmap-threshold BYTES]
+                               [--no-norm-filter] [--json]
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ def federation(n_clients: int, seed: int = 0):
                       np.zeros(n_clients, dtype=bool), (784,), "iid", {})
 
 
-def one(n_clients: int, fraction: float, method: str, rounds: int, device: str) -> dict:
+def one(n_clients: int, fraction: float, method: str, rounds: int, device: str, norm_filter: bool = True) -> dict:
     """One setting, in this process: build, run ``rounds`` rounds (evaluating after the last), measure."""
     import torch
 
@@ -60,9 +61,9 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str) 
 
     t0 = time.perf_counter()
     fed = federation(n_clients)
-    # reject_norm_factor=None: the round's updates stream (the norm filter would hold all of them, #13)
+    # the default norm filter holds only its reference clients; the rest of a round streams (#29)
     train = TrainConfig(rounds=rounds, client_fraction=fraction, eval_every=rounds, device=device,
-                        batch_size=32, local_epochs=1.0, reject_norm_factor=None)
+                        batch_size=32, local_epochs=1.0, **({} if norm_filter else {"reject_norm_factor": None}))
     model = build_model(ModelConfig(kind="cgau" if method == "cgau" else "mlp", hidden=[200, 200]), (784,), 10)
     algo = build_algorithm("fedavg", model, train)
     build_s = time.perf_counter() - t0
@@ -79,6 +80,7 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str) 
         "client_state_mb": result.executor.states.nbytes() / 2**20,
         "global_accuracy": ev.get("global_accuracy"),
         "torch_threads": torch.get_num_threads(),
+        "norm_filter": norm_filter,
     }
 
 
@@ -90,6 +92,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
+    parser.add_argument("--no-norm-filter", action="store_true",
+                        help="train.reject_norm_factor: null (the default filter is on and holds 32 updates a round)")
     parser.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
                         help="fix glibc's MALLOC_MMAP_THRESHOLD_ in the measured processes (e.g. 1048576): freed "
                         "chunk memory then goes back to the system, so peak RSS shows what hetfed holds (~2x slower)")
@@ -97,14 +101,14 @@ def main() -> None:
     args = parser.parse_args()
     if args.one:
         k, f, m, r = args.one
-        print(json.dumps(one(int(k), float(f), m, int(r), args.device)))
+        print(json.dumps(one(int(k), float(f), m, int(r), args.device, not args.no_norm_filter)))
         return
     rows = []
     for method in args.methods:
         for k in args.clients:
             for f in args.fractions:
                 cmd = [sys.executable, __file__, "--device", args.device, "--one", str(k), str(f), method,
-                       str(args.rounds)]
+                       str(args.rounds), *(["--no-norm-filter"] if args.no_norm_filter else [])]
                 env = dict(os.environ, **({"MALLOC_MMAP_THRESHOLD_": str(args.mmap_threshold)}
                                           if args.mmap_threshold else {}))
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)

@@ -211,5 +211,134 @@ def test_the_norm_screen_takes_the_mean_of_the_two_middle_norms():
 
     ref = {"w": torch.zeros(1, dtype=torch.float64)}
     up = Upload([0, 1, 2, 3], {"w": torch.tensor([[1.0], [2.0], [6.0], [11.0]], dtype=torch.float64)}, torch.ones(4))
-    kept = Screen(ref, norm_factor=2.0).whole(up)
-    assert kept.client_ids == [0, 1, 2]  # median (2 + 6) / 2 = 4: only 11 > 2 × 4 (the lower middle, 2, dropped 6)
+    screen = Screen(ref, norm_factor=2.0)
+    kept = [c for u in [*screen.admit(up), *screen.flush()] for c in u.client_ids]
+    assert kept == [0, 1, 2]  # median (2 + 6) / 2 = 4: only 11 > 2 × 4 (the lower middle, 2, dropped 6)
+
+
+def test_multi_krum_can_weight_the_kept_updates_by_sample_counts_as_flowers_strategy_does():
+    from hetfed.engine.robust import combine
+    from hetfed.engine.types import Upload
+
+    old = {"w": torch.zeros(1, dtype=torch.float64)}
+    w = torch.tensor([[1.0], [1.1], [0.9], [1.05], [50.0]], dtype=torch.float64)
+    up = Upload(list(range(5)), {"w": w}, torch.tensor([1.0, 3.0, 1.0, 5.0, 1.0]))
+    # n = 5, f = ⌊0.1·5⌋ = 0, keep m = 4: the outlier 50 has the worst Krum score and is cut
+    kept, n = [1.0, 1.1, 0.9, 1.05], [1.0, 3.0, 1.0, 5.0]
+    uniform = combine(old, up, "multi_krum", keep=4)["w"].item()
+    weighted = combine(old, up, "multi_krum", keep=4, weighted=True)["w"].item()
+    assert uniform == pytest.approx(sum(kept) / 4)
+    assert weighted == pytest.approx(sum(a * b for a, b in zip(kept, n, strict=True)) / sum(n))
+
+
+# ------------------------------------------------------------------ memory: the default norm screen streams
+
+
+def _norm_upload(ids, norms):
+    from hetfed.engine.types import Upload
+
+    v = torch.tensor([[float(x), 0.0] for x in norms])
+    return Upload(list(ids), {"w": v}, torch.ones(len(ids)), {"train_loss": torch.zeros(len(ids))})
+
+
+def test_the_default_norm_screen_holds_only_its_reference_clients_and_streams_the_rest():
+    from hetfed.engine.robust import Screen
+    from hetfed.engine.types import RoundUploads, StreamedUpload
+
+    rng = np.random.default_rng(0)
+    norms = rng.uniform(1, 2, 400)
+    norms[[5, 250]] = 1000.0  # one far-out update among the reference clients, one after them
+    screen = Screen({"w": torch.zeros(2)}, norm_factor=10.0, reference_clients=32)
+    rounds = RoundUploads(screen)
+    most_held = 0
+    for start in range(0, 400, 7):  # chunks of 7 clients
+        rounds.add(_norm_upload(range(start, min(start + 7, 400)), norms[start:start + 7]))
+        most_held = max(most_held, sum(len(u.client_ids) for u in screen._held) + len(rounds._kept))
+    out = rounds.result()
+    assert most_held < 32 + 7  # at most the reference clients and one chunk, never the round's 400
+    assert isinstance(out, StreamedUpload)
+    assert sorted(out.client_ids) == [k for k in range(400) if k not in (5, 250)]
+    assert out.screened["rejected_norm"] == 2
+    # the reference: the median of the first 32 norms, by hand
+    assert screen.median == pytest.approx(float(np.median(norms[:32])))
+
+
+def test_a_round_within_the_reference_set_is_screened_against_its_own_median_whatever_the_chunks():
+    from hetfed.engine.robust import Screen
+    from hetfed.engine.types import RoundUploads
+
+    norms = [1.0, 2.0, 3.0, 4.0, 30.0, 5.0, 41.0]  # median 4: 41 > 10 × 4 is out, 30 stays
+    decisions = []
+    for size in (1, 3, 7):
+        rounds = RoundUploads(Screen({"w": torch.zeros(2)}, norm_factor=10.0))
+        for start in range(0, 7, size):
+            rounds.add(_norm_upload(range(start, min(start + size, 7)), norms[start:start + size]))
+        decisions.append(sorted(rounds.result().client_ids))
+    assert decisions == [[0, 1, 2, 3, 4, 5]] * 3
+
+
+def test_the_memory_estimate_of_the_default_config_does_not_grow_with_the_clients_per_round():
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
+    from hetfed.engine.executors import estimate_memory
+    from hetfed.models import build_model
+    from hetfed.partition import make_federation
+    from tests.synthetic import ShiftedGaussians
+
+    train = TrainConfig(rounds=1)
+    data = ShiftedGaussians(4000, 4, classes=3, test_per_class=10)
+    algo = build_algorithm("fedavg", build_model(ModelConfig(kind="mlp", hidden=[8]), (4,), 3), train)
+    held = [estimate_memory(algo, make_federation(data, PartitionConfig(kind="iid", clients=k), 0), train)
+            ["round_updates"] for k in (40, 400)]
+    assert held[0] == held[1] > 0  # the 32 reference clients' updates, whatever the round's size
+
+
+# ------------------------------------------------------------------ 12. Flower's console lines on a deployment
+
+
+def test_flowers_info_lines_go_to_the_log_and_hetfeds_lines_and_flowers_errors_to_the_console():
+    from hetfed.flower.deploy import flower_level, shown
+
+    assert flower_level("\x1b[92mINFO \x1b[0m:      [ROUND 1]\n") == "INFO"
+    assert flower_level("WARNING :   DEPRECATED FEATURE\n") == "WARNING"
+    assert not shown("\x1b[92mINFO \x1b[0m:      Starting Flower ServerApp\n")
+    assert not shown("\x1b[93mWARNING \x1b[0m:   DEPRECATED FEATURE\n")
+    assert shown("\x1b[91mERROR \x1b[0m:     ServerApp thread raised an exception\n")
+    assert shown("round 2/3 · acc 0.812 (global)\n")
+    assert not shown("Successfully installed hetfed-flower-app to /x/apps\n")
+    assert shown("INFORMATION about clients: 3\n")  # hetfed's own lines are never taken for Flower's
+
+
+# ------------------------------------------------------------------ 4. Ray's start on a loaded machine
+
+
+def test_the_simulation_engine_is_started_again_only_when_it_failed_before_the_server_app_ran(tmp_path):
+    from hetfed.flower.simulation import start_with_retries
+
+    log = tmp_path / "flower.log"
+    calls, started = [], {"yes": False}
+
+    def flaky():  # Ray's start fails twice, then the ServerApp runs
+        calls.append(1)
+        if len(calls) < 3:
+            raise RuntimeError("GCS has become overloaded")
+        started["yes"] = True
+
+    start_with_retries(flaky, lambda: started["yes"], log)
+    assert len(calls) == 3 and log.read_text().count("starting it again") == 2
+
+    def always():  # a real failure is not hidden: it comes back after the last attempt
+        raise RuntimeError("GCS has become overloaded")
+
+    with pytest.raises(RuntimeError, match="overloaded"):
+        start_with_retries(always, lambda: False, None, attempts=2)
+
+    def fails_in_the_run():  # once the ServerApp has run, a failure is the run's own: never repeated
+        calls.append(1)
+        started["yes"] = True
+        raise ValueError("server step")
+
+    calls.clear()
+    with pytest.raises(ValueError, match="server step"):
+        start_with_retries(fails_in_the_run, lambda: started["yes"], None)
+    assert len(calls) == 1

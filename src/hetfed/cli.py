@@ -211,7 +211,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 
     from hetfed.errors import RunError
     from hetfed.flower import require_flwr
-    from hetfed.flower.deploy import CONNECTION, LocalDeployment, run_on_deployment
+    from hetfed.flower.deploy import CONNECTION, LocalDeployment, run_on_deployment, shown
 
     require_flwr()
     config = load_config(args.config, args.sets)
@@ -227,11 +227,15 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         env, connection = dep.env(), CONNECTION
     else:
         env, connection = dict(os.environ), args.connection
-    done = run_on_deployment(config, args.out, env, connection)
-    sys.stdout.write(done.stdout)
+    def relay(line: str) -> None:  # hetfed's lines and Flower's errors; Flower's INFO chatter only in the log
+        if shown(line):
+            sys.stdout.write(line)
+            sys.stdout.flush()
+
+    done = run_on_deployment(config, args.out, env, connection, on_line=relay)
     if done.returncode != 0 or not (Path(args.out) / "summary.json").is_file():
-        tail = " ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
-        raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail}")
+        tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
+        raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: {done.log})")
     return 0
 
 

@@ -211,14 +211,22 @@ class TrainConfig(_Strict):
         "(f = ⌊fraction·n⌋, at most (n − 3)/2 so that Krum is defined)"
     )
     multi_krum_keep: int | None = Field(None, ge=1, description="multi_krum: updates averaged (None: n − f)")
+    multi_krum_weighted: bool = Field(
+        False, description="multi_krum: average the kept updates weighted by sample counts (as Flower's MultiKrum) "
+        "instead of uniformly (as Blanchard et al.)")
     client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
     min_clients: int = Field(
         1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
     )
     reject_norm_factor: float | None = Field(
-        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the round's median "
-        "(None: off, and rounds of many chunks stream); NaN/inf updates are always rejected"
+        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the reference median "
+        "(the median norm of the round's first train.norm_reference_clients updates; None: off); NaN/inf updates "
+        "are always rejected"
+    )
+    norm_reference_clients: int = Field(
+        32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
+        "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
     )
 
 

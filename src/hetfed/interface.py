@@ -368,7 +368,7 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
     binary = data.n_classes == 2
     tests = predict(pred.model, pred.params, data.x, data.test)
     vals = predict(pred.model, pred.params, data.x, data.val)
-    out: dict[str, list] = {"local_accuracy": [], "local_loss": [], "val_loss": [], "val_accuracy": [],
+    out: dict[str, list] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [], "val_accuracy": [],
                             "val_loss_sum": [], "val_n": []}
     if binary:
         out["local_auc"] = []
@@ -377,6 +377,7 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
         s = _scores(tests[j], yt)
         out["local_accuracy"].append(s["accuracy"])
         out["local_loss"].append(s["loss"])
+        out["local_n"].append(s["n"])
         if binary:
             out["local_auc"].append(_auc(yt.cpu().numpy(), tests[j].softmax(-1)[:, 1].cpu().numpy()) if len(yt) else float("nan"))
         yv = data.y[torch.as_tensor(data.val[j], device=data.y.device)]

@@ -11,7 +11,10 @@ scores its own model on the balanced global test set:
   FedMoE paper reports it), and ``server_accuracy`` is the server's model alone
   (local parameters at their value for an unseen client) when there is one.
 - ``local_accuracy_*``: each client's model on its own test set — mean, std and
-  the 10/50/90th percentiles over clients, like LEAF.
+  the 10/50/90th percentiles over clients, like LEAF; ``local_accuracy_weighted``
+  weights the clients by their test sizes (the accuracy over all the clients' test
+  samples pooled, what PFLlib reports) and ``local_accuracy_worst10`` is the mean of
+  the worst 10% of clients (at least one: the clients a method leaves behind).
 - ``val_loss``/``val_accuracy``: the opted-in clients' validation sets, pooled
   (weighted by size) — what best-model selection and early stopping use, so an
   opted-out client's data never influences which global model is kept.
@@ -71,6 +74,22 @@ def _stat(values, fn, *args) -> float:
     return float(fn(v, *args)) if len(v) else float("nan")
 
 
+def weighted_mean(values, weights) -> float:
+    """The mean of the finite ``values`` weighted by ``weights`` (unweighted when there are none)."""
+    v = np.asarray(values, dtype=float)
+    w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=float)
+    ok = ~np.isnan(v) & (w > 0)
+    return float(np.average(v[ok], weights=w[ok])) if ok.any() else float("nan")
+
+
+def worst_fraction_mean(values, fraction: float) -> float:
+    """The mean of the lowest ``fraction`` of the finite values (⌈fraction · n⌉ of them, at least one)."""
+    v = np.sort(np.asarray(values, dtype=float)[~np.isnan(np.asarray(values, dtype=float))])
+    if not len(v):
+        return float("nan")
+    return float(v[: max(1, int(np.ceil(fraction * len(v))))].mean())
+
+
 def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n_classes: int,
               server: dict[str, float] | None = None, y_global: torch.Tensor | None = None) -> Evaluation:
     """The run's metrics from the clients' reports (lists in the order of ``ids``) and the
@@ -86,6 +105,8 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
     local = np.asarray(reports["local_accuracy"], dtype=float)
     metrics: dict[str, float] = {
         "local_accuracy_mean": _stat(local, np.mean),
+        "local_accuracy_weighted": weighted_mean(local, reports.get("local_n")),
+        "local_accuracy_worst10": worst_fraction_mean(local, 0.1),
         "local_accuracy_std": _stat(local, np.std),
         "local_accuracy_p10": _stat(local, np.percentile, 10),
         "local_accuracy_p50": _stat(local, np.percentile, 50),

@@ -33,7 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
-from hetfed.engine.robust import Screen, holds_round
+from hetfed.engine.robust import Screen, held_for_screen, holds_round
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -253,8 +253,9 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     ``pool``: the train pool (shared by every client, never copied); ``client_states``:
     every client's local state (CGAU rows, kept optimiser state) in the store;
     ``working_set``: one chunk of clients training (the memory budget) plus the
-    round's running sums; ``round_updates``: every update of a round, held when the
-    norm filter or a robust rule needs them all (else they stream); ``evaluation``:
+    round's running sums; ``round_updates``: every update of a round when a robust
+    rule or the algorithm needs them all, else the norm filter's reference clients
+    (the rest stream); ``evaluation``:
     one chunk of clients scoring.
     """
     one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
@@ -267,7 +268,7 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
         "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
-        "round_updates": 4 * shared * per_round if holds_round(algo) else 0,
+        "round_updates": 4 * shared * (per_round if holds_round(algo) else held_for_screen(algo, per_round)),
         "evaluation": 4 * eval_max_floats,
     }
 
@@ -300,7 +301,7 @@ def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> d
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
             f"train.memory_budget_mb (now {_budget(train):g})"
-            + (", or train.reject_norm_factor: null (the round's updates then stream)" if parts["round_updates"] else "")
+            + (", or train.aggregator: mean (the round's updates then stream)" if holds_round(algo) else "")
         )
     return parts
 

@@ -4,14 +4,19 @@ Two jobs, both on the *shared* parameters only (local parameters never leave a c
 
 - **screening** (:class:`Screen`): updates holding NaN/inf are dropped (always; chunk
   by chunk, so it streams), updates whose norm ``‖θ_k − θ_global‖`` is more than
-  ``train.reject_norm_factor`` × the round's median are dropped (needs the whole
-  round; for an even number of updates the median is the mean of the two middle norms,
-  the same convention as the coordinate-wise median rule), and under differential
-  privacy each update is clipped to norm ``S``;
+  ``train.reject_norm_factor`` × the *reference median* are dropped, and under
+  differential privacy each update is clipped to norm ``S``. The reference median is
+  the median norm of the round's first ``train.norm_reference_clients`` updates (in
+  client-id order; all of them when the round has fewer): only those are held until
+  it is known, so the default screen streams a round of any size with a bounded
+  memory, and every executor takes the same decisions whatever its chunks. For an
+  even count the median is the mean of the two middle norms, the same convention as
+  the coordinate-wise median rule;
 - **combining** (:func:`combine`): FedAvg's sample-weighted mean, a robust rule
   (coordinate-wise median, trimmed mean, Krum, Multi-Krum — unweighted, as in their
   papers; Flower's Multi-Krum instead averages the kept updates weighted by their
-  sample counts), or DP-FedAvg's clipped mean plus Gaussian noise.
+  sample counts, which ``train.multi_krum_weighted`` selects), or DP-FedAvg's clipped
+  mean plus Gaussian noise.
 
 Pure functions over stacked tensors, so every executor (a chunk, one client at a
 time, Flower replies) gets the same numbers for the same updates.
@@ -24,7 +29,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from hetfed.engine.types import Params, StreamedUpload, Upload
+from hetfed.engine.types import Params, StreamedUpload, Upload, concat_uploads
 
 AGGREGATORS = ("mean", "median", "trimmed_mean", "krum", "multi_krum")
 
@@ -90,31 +95,46 @@ def norm_factor(algo) -> float | None:
 
 
 def holds_round(algo) -> bool:
-    """True when a round's updates must be held together instead of streamed: the norm filter,
-    a robust rule, or an algorithm that needs every client's update (FedDF, FedGen)."""
-    return norm_factor(algo) is not None or algo.train.aggregator != "mean" or algo.needs_all_updates
+    """True when a round's updates must be held together instead of streamed: a robust rule, or an
+    algorithm that needs every client's update (FedDF, FedGen). The norm filter holds only its reference
+    clients (:class:`Screen`)."""
+    return algo.train.aggregator != "mean" or algo.needs_all_updates
+
+
+def held_for_screen(algo, per_round: int) -> int:
+    """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
+    return 0 if norm_factor(algo) is None else min(per_round, algo.train.norm_reference_clients)
 
 
 @dataclass
 class Screen:
     """A round's screening of updates against the broadcast parameters ``reference``.
 
-    ``counts`` keeps how many clients each check rejected (they reach metrics.csv).
+    Feed it each chunk with :meth:`admit` and, at the end of the round, call :meth:`flush`;
+    both return the updates that passed and may be aggregated. ``counts`` keeps how many
+    clients each check rejected (they reach metrics.csv).
     """
 
     reference: Params
     norm_factor: float | None = None
     clip: float | None = None
-    #: True when the round's updates must be held together (norm filter, robust rule)
+    #: True when the round's updates must be held together (a robust rule, FedDF, FedGen)
     keep_all: bool = False
     uniform: bool = False  # DP with uniform weighting: every update weighs 1 in running sums
+    #: the median norm of this many first updates is the norm filter's reference
+    reference_clients: int = 32
     counts: dict[str, int] = field(default_factory=lambda: {"rejected_nonfinite": 0, "rejected_norm": 0})
+    #: the reference median once known (None: still holding the reference clients, or the filter is off)
+    median: float | None = None
+    _held: list[Upload] = field(default_factory=list)
+    _held_norms: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
     def for_round(cls, algo, reference: Params) -> Screen:
         dp = algo.dp
         return cls(reference, norm_factor(algo), algo.privacy.clip if dp else None, keep_all=holds_round(algo),
-                   uniform=dp and algo.privacy.weighting == "uniform")
+                   uniform=dp and algo.privacy.weighting == "uniform",
+                   reference_clients=algo.train.norm_reference_clients)
 
     def chunk(self, upload: Upload) -> Upload:
         """What can be decided client by client: non-finite updates out, DP clipping."""
@@ -125,15 +145,41 @@ class Screen:
             upload = clip_updates(upload, self.reference, self.clip)
         return upload
 
-    def whole(self, upload: Upload) -> Upload:
-        """What needs the whole round: updates far outside the others' norms out."""
-        if self.norm_factor is None or len(upload.client_ids) < 3:
-            return upload
+    def admit(self, upload: Upload) -> list[Upload]:
+        """A chunk's updates that may be aggregated now (none while the reference clients are still coming)."""
+        upload = self.chunk(upload)
+        if not upload.client_ids:
+            return []
+        if self.norm_factor is None:
+            return [upload]
         norms = update_norms(upload, self.reference)
-        median = torch.quantile(norms.double(), 0.5).to(norms.dtype)  # even n: the mean of the two middle ones
-        ok = norms <= self.norm_factor * median.clamp_min(1e-12)
+        if self.median is not None:
+            return self._judged(upload, norms)
+        self._held.append(upload)
+        self._held_norms.append(norms)
+        if sum(len(n) for n in self._held_norms) < self.reference_clients:
+            return []
+        return self.flush()
+
+    def flush(self) -> list[Upload]:
+        """At the end of a round: the held updates that pass (a round of fewer than 3 is not norm-screened)."""
+        if not self._held:
+            return []
+        held, norms = concat_uploads(self._held), torch.cat(self._held_norms)
+        self._held, self._held_norms = [], []
+        if self.median is None:
+            if len(norms) < 3:
+                return [held]
+            # even count: the mean of the two middle norms
+            self.median = float(torch.quantile(norms[: self.reference_clients].double(), 0.5))
+        return self._judged(held, norms)
+
+    def _judged(self, upload: Upload, norms: torch.Tensor) -> list[Upload]:
+        assert self.norm_factor is not None and self.median is not None
+        ok = norms <= self.norm_factor * max(self.median, 1e-12)
         self.counts["rejected_norm"] += int((~ok).sum())
-        return select(upload, ok)
+        upload = select(upload, ok)
+        return [upload] if upload.client_ids else []
 
 
 # ------------------------------------------------------------------ robust rules
@@ -159,8 +205,13 @@ def byzantine_count(n: int, fraction: float) -> int:
 
 
 def robust_mean(stacked: dict[str, torch.Tensor], kind: str, trim_fraction: float = 0.1,
-                byzantine_fraction: float = 0.1, keep: int | None = None) -> dict[str, torch.Tensor]:
-    """Combine stacked client parameters ``[n, …]`` with a robust rule (unweighted)."""
+                byzantine_fraction: float = 0.1, keep: int | None = None,
+                weights: torch.Tensor | None = None) -> dict[str, torch.Tensor]:
+    """Combine stacked client parameters ``[n, …]`` with a robust rule (unweighted).
+
+    ``weights`` (Multi-Krum only): average the kept updates weighted by them (sample counts, as
+    Flower's ``MultiKrum`` strategy does) instead of uniformly (as in Blanchard et al.).
+    """
     n = next(iter(stacked.values())).shape[0]
     if kind == "median":
         return {k: v.median(0).values if n % 2 else v.sort(0).values[n // 2 - 1 : n // 2 + 1].mean(0)
@@ -173,7 +224,11 @@ def robust_mean(stacked: dict[str, torch.Tensor], kind: str, trim_fraction: floa
         scores = krum_scores(_flat(stacked), f)
         m = 1 if kind == "krum" else min(keep or n - f, n)
         chosen = scores.argsort(stable=True)[:m].to(next(iter(stacked.values())).device)
-        return {k: v[chosen].mean(0) for k, v in stacked.items()}
+        if weights is None or kind == "krum":
+            return {k: v[chosen].mean(0) for k, v in stacked.items()}
+        w = weights.to(chosen.device)[chosen].double()
+        w = w / w.sum()
+        return {k: torch.tensordot(w.to(v.dtype), v[chosen], dims=1) for k, v in stacked.items()}
     raise ValueError(f"unknown aggregator {kind!r}: expected one of {AGGREGATORS}")
 
 
@@ -202,7 +257,7 @@ class DPNoise:
 
 def combine(old: Params, upload: Upload, aggregator: str = "mean", server_lr: float = 1.0,
             trim_fraction: float = 0.1, byzantine_fraction: float = 0.1, keep: int | None = None,
-            dp: DPNoise | None = None) -> Params:
+            dp: DPNoise | None = None, weighted: bool = False) -> Params:
     """The new shared parameters: ``old + η · (aggregate − old)``.
 
     ``aggregate`` is the mean, a robust rule, or (``dp``) DP-FedAvg's estimator:
@@ -229,5 +284,6 @@ def combine(old: Params, upload: Upload, aggregator: str = "mean", server_lr: fl
     elif aggregator == "mean":
         avg = weighted_mean(old, upload)
     else:
-        avg = robust_mean({k: upload.params[k] for k in old}, aggregator, trim_fraction, byzantine_fraction, keep)
+        avg = robust_mean({k: upload.params[k] for k in old}, aggregator, trim_fraction, byzantine_fraction, keep,
+                          upload.num_samples if weighted else None)
     return {k: avg[k] if server_lr == 1.0 else v + server_lr * (avg[k] - v) for k, v in old.items()}

@@ -111,9 +111,10 @@ class RoundUploads:
     parameters plus one sum, whatever the number of clients. A round that fits one
     chunk is aggregated exactly as before (stacked), bit for bit.
 
-    ``screen`` (:class:`hetfed.engine.robust.Screen`) drops bad updates chunk by chunk
-    and, when its checks or a robust rule need the whole round (``keep_all``), makes
-    this hold every update instead of streaming.
+    ``screen`` (:class:`hetfed.engine.robust.Screen`) drops bad updates as they come
+    (holding only the norm filter's reference clients) and, when a robust rule or the
+    algorithm needs the whole round (``keep_all``), makes this hold every update
+    instead of streaming.
     """
 
     def __init__(self, screen=None, stream: bool = True) -> None:
@@ -129,10 +130,10 @@ class RoundUploads:
         self._extra: dict[str, list[torch.Tensor]] = {}
 
     def add(self, upload: Upload) -> None:
-        if self.screen is not None:
-            upload = self.screen.chunk(upload)
-            if not upload.client_ids:
-                return
+        for passed in self.screen.admit(upload) if self.screen is not None else [upload]:
+            self._take(passed)
+
+    def _take(self, upload: Upload) -> None:
         if not self.stream or (self.screen is not None and self.screen.keep_all):
             self._kept.append(upload)
             return
@@ -160,9 +161,9 @@ class RoundUploads:
 
     def result(self) -> Upload:
         """The round's upload (no clients at all when every update was rejected or none came)."""
+        for passed in self.screen.flush() if self.screen is not None else []:
+            self._take(passed)
         whole = concat_uploads(self._kept) if self._kept else None
-        if whole is not None and self.screen is not None:
-            whole = self.screen.whole(whole)
         counts = dict(self.screen.counts) if self.screen is not None else {}
         if whole is not None:
             return replace(whole, screened=counts)

@@ -18,11 +18,15 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -211,9 +215,54 @@ def _reap(pid: int) -> None:
         os.waitpid(pid, 0)
 
 
+@dataclass(frozen=True)
+class SubmittedRun:
+    """A finished ``flwr run``: its exit status, its whole output (stdout and stderr, in order) and where
+    that output is kept."""
+
+    returncode: int
+    stdout: str
+    log: Path
+    stderr: str = ""  # merged into stdout
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*m")
+_FLOWER_LEVEL = re.compile(r"^(DEBUG|INFO|WARNING|ERROR|CRITICAL)\s*:")
+
+
+def flower_level(line: str) -> str | None:
+    """The level of one of Flower's own log lines (``INFO :      [ROUND 1]``), None for any other line
+    (hetfed's progress and results, which the ServerApp prints and ``flwr run --stream`` relays)."""
+    m = _FLOWER_LEVEL.match(_ANSI.sub("", line))
+    return m.group(1) if m else None
+
+
+#: lines of ``flwr run`` itself (no level) that say nothing a user acts on
+_FLOWER_CHATTER = ("Successfully installed ",)
+
+
+def shown(line: str) -> bool:
+    """Whether a streamed line belongs on the user's console: hetfed's lines and Flower's errors; the rest
+    (Flower's INFO/DEBUG/WARNING chatter) goes to the log file only."""
+    if _ANSI.sub("", line).startswith(_FLOWER_CHATTER):
+        return False
+    return flower_level(line) in (None, "ERROR", "CRITICAL")
+
+
+def run_log(out: str | Path, app_dir: Path) -> Path:
+    """Where ``flwr run``'s whole output is kept while the run lives (moved into ``out`` when it is here)."""
+    return app_dir / f"{Path(out).name}.flwr-run.log"
+
+
 def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: str = CONNECTION,
-                      app_dir: str | Path | None = None, timeout: float | None = None) -> subprocess.CompletedProcess:
-    """Submit ``config`` with ``flwr run`` to a SuperLink; the ServerApp writes the run directory ``out``."""
+                      app_dir: str | Path | None = None, timeout: float | None = None,
+                      on_line: Callable[[str], object] | None = None) -> SubmittedRun:
+    """Submit ``config`` with ``flwr run`` to a SuperLink; the ServerApp writes the run directory ``out``.
+
+    Every line ``flwr run --stream`` relays is written to a log file as it comes (``flwr-run.log`` in
+    ``out`` at the end, when ``out`` is on this machine) and passed to ``on_line`` (the CLI shows hetfed's
+    lines and Flower's errors).
+    """
     from hetfed.config import dump_config
 
     workdir = Path(app_dir) if app_dir else Path(out).parent / ".hetfed-flower-app"
@@ -221,4 +270,30 @@ def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: 
     overrides = workdir / "run-config.toml"
     overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = {json.dumps(str(Path(out).resolve()))}\n")
     cmd = [_bin("flwr"), "run", str(workdir), connection, "--run-config", str(overrides), "--stream"]
-    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout)
+    log_path = run_log(out, workdir)
+    lines: list[str] = []
+    with open(log_path, "w") as log:
+        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+
+        def pump() -> None:
+            assert proc.stdout is not None
+            for line in proc.stdout:
+                lines.append(line)
+                log.write(line)
+                log.flush()
+                if on_line is not None:
+                    on_line(line)
+
+        reader = threading.Thread(target=pump, daemon=True)
+        reader.start()
+        try:
+            rc = proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+            raise
+        finally:
+            reader.join(timeout=10)
+    if Path(out).is_dir():
+        log_path = Path(shutil.move(str(log_path), Path(out) / "flwr-run.log"))
+    return SubmittedRun(rc, "".join(lines), log_path)

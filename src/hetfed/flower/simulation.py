@@ -51,6 +51,7 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
 
     @server_app.main()
     def main(grid: Grid, context) -> None:
+        holder["started"] = True  # type: ignore[assignment]
         try:
             holder["value"] = body(FlowerExecutor(grid, config, method))
         except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
@@ -65,7 +66,9 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     }
     where = f" (Flower's log: {log_file})" if log_file else ""
     try:
-        run_simulation(server_app, client_app, num_supernodes=n_clients, backend_config=backend)
+        start_with_retries(lambda: run_simulation(server_app, client_app, num_supernodes=n_clients,
+                                                  backend_config=backend),
+                           lambda: "started" in holder, log_file)
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
         if err.code == signal.SIGTERM:
             raise Terminated(signal.SIGTERM) from None
@@ -86,6 +89,35 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     if "value" not in holder:
         raise RunError(f"the Flower simulation ended without a result{where}")
     return holder["value"]
+
+
+#: Ray's start fails now and then on a loaded machine ("GCS has become overloaded") before any of hetfed's
+#: code has run; then the simulation is started again, at most this many times in all
+START_ATTEMPTS = 3
+
+
+def start_with_retries(start: Callable[[], object], started: Callable[[], bool], log_file: Path | None = None,
+                       attempts: int = START_ATTEMPTS) -> None:
+    """Run ``start`` (the Simulation Engine); if it fails or returns before the ServerApp ``started``, try
+    again (nothing of the run has happened yet, so nothing is repeated), each retry noted in the log.
+
+    A failure after the ServerApp started is never retried; the last attempt's failure is raised.
+    """
+    for attempt in range(1, attempts + 1):
+        try:
+            start()
+            why = "it returned"  # Flower logged the failure and returned without running the ServerApp
+        except Exception as err:
+            if started() or attempt == attempts:
+                raise
+            why = f"{type(err).__name__}: {err}"
+        if started() or attempt == attempts:
+            return
+        if log_file is not None:
+            with open(log_file, "a", encoding="utf-8") as fh:
+                fh.write(f"hetfed: the Simulation Engine ended before the ServerApp started ({why}); "
+                         f"starting it again (attempt {attempt + 1}/{attempts})\n")
+        _stop_ray()
 
 
 def _log_to_file(path: Path | None) -> Callable[[], None]:

@@ -35,6 +35,7 @@ class ServerPipeline:
     trim_fraction: float = 0.1
     byzantine_fraction: float = 0.1
     multi_krum_keep: int | None = None
+    multi_krum_weighted: bool = False
     optimizer: ServerOptimizer = ServerOptimizer()
 
     def step(self, params: Params, upload: Upload, opt_state: dict, dp: DPNoise | None = None,
@@ -45,7 +46,7 @@ class ServerPipeline:
         (FedNova's τ_eff); 1 leaves the combined model as it is.
         """
         combined = combine(params, upload, self.aggregator, 1.0, self.trim_fraction, self.byzantine_fraction,
-                           self.multi_krum_keep, dp)
+                           self.multi_krum_keep, dp, self.multi_krum_weighted)
         if scale != 1.0:
             combined = {k: v + scale * (combined[k] - v) for k, v in params.items()}
         return self.optimizer.update(params, combined, opt_state)
@@ -54,4 +55,5 @@ class ServerPipeline:
 def pipeline_for(train, server) -> ServerPipeline:
     """The pipeline of a method: ``train.aggregator`` (and its options) and ``server.*``."""
     return ServerPipeline(train.aggregator, train.trim_fraction, train.byzantine_fraction, train.multi_krum_keep,
+                          train.multi_krum_weighted,
                           ServerOptimizer.from_config(server))
