@@ -25,7 +25,14 @@ def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping
     prefix = f"{where}." if where else ""
     spec = registry.get(name, f"{prefix}algorithm")
     context = Context(pipeline_for(train, server or ServerConfig()), seed, in_features, build)
-    return spec.cls(model, train, spec.make_params(params, f"{prefix}params"), context)
+    try:
+        return spec.cls(model, train, spec.make_params(params, f"{prefix}params"), context)
+    except ConfigError as err:  # an algorithm names its key as "methods.*.…": say which method
+        raise ConfigError(str(err).replace(METHOD_KEY, prefix or "")) from None
+
+
+#: how an algorithm's constructor names its method's keys in an error (build_algorithm puts the index in)
+METHOD_KEY = "methods.*."
 
 
 def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, ...], n_classes: int) -> Algorithm:

@@ -14,6 +14,7 @@ import torch
 SAMPLING, CLIENT_ROUND, CLIENT_INIT, SERVER_INIT, SERVER_ROUND = 1, 2, 3, 4, 5
 EVAL_SAMPLE, GLOBAL_TEST = 21, 22  # which clients / global test samples an evaluation scores
 DROPOUT, STRAGGLER, ATTACKERS, DP_NOISE = 31, 32, 33, 34  # faults, malicious clients, privacy noise
+LOCAL_PHASE = 41  # a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
 
 
 def derive_seed(*parts: int) -> int:

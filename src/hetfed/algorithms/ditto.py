@@ -1,0 +1,89 @@
+"""Ditto (Li et al. 2021, "Ditto: Fair and Robust Federated Learning Through Personalization").
+
+Every client keeps a personal model ``v_k`` beside the global model ``w``.
+Each round a selected client (Algorithm 1 of the paper):
+
+1. trains the received global model ``w^t`` with local SGD, as FedAvg, and uploads it;
+2. updates its personal model on ``F_k(v) + λ/2‖v − w^t‖²`` (Eq. 2), proximal to the
+   *received* ``w^t``, for the same local epochs/steps (``params.personal_epochs``
+   to change them): ``v ← v − η(∇F_k(v) + λ(v − w^t))``.
+
+The server averages the global models (FedAvg, through the server pipeline). A
+client predicts with ``v_k``; the server's ``w`` is the unseen-client model.
+Every ``v_k`` starts as ``w^0`` (the paper's initialisation); a client that is
+not sampled in a round keeps its ``v_k`` unchanged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+from pydantic import Field
+
+from hetfed.algorithms._personal import second_pass
+from hetfed.algorithms.fedavg import FedAvg, train_clients
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.engine.local import train_stack
+from hetfed.engine.rng import SERVER_INIT, torch_gen
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.interface import Predictor
+
+#: the personal model's parameters in a client's state
+PERSONAL = "ditto."
+
+
+class DittoParams(AlgorithmParams):
+    lam: float = Field(0.1, ge=0, description="λ, the weight of λ/2·‖v − w‖² tying the personal model to the global")
+    personal_epochs: float | None = Field(
+        None, gt=0, description="epochs of the personal model's update per round (None: the run's local epochs/steps)")
+
+
+class Ditto(FedAvg):
+    """FedAvg for the global model plus a personal model per client, proximal to the received global."""
+
+    personalised = True  # type: ignore[assignment]
+
+    def _initial(self) -> Params:
+        if getattr(self, "_start", None) is None:
+            self._start = self.model.init_shared(torch_gen(self.context.seed, SERVER_INIT))
+        return self._start
+
+    def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
+        state = super().client_init(client_id, gen)
+        local, _ = split_state(state)
+        personal = {**{k: v.clone() for k, v in self._initial().items()}, **{k: v.clone() for k, v in local.items()}}
+        return {**state, **{PERSONAL + k: v for k, v in personal.items()}}
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        n = len(data.client_ids)
+        mine = {k: v for k, v in states.items() if k.startswith(PERSONAL)}
+        rest = {k: v for k, v in states.items() if not k.startswith(PERSONAL)}
+        local, kept_opt = split_state(rest)
+        w_t = bc.stacked(n)
+        params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
+        personal = {k[len(PERSONAL):]: v for k, v in mine.items()}
+        lam = self.params.lam
+
+        def prox(v: Params) -> torch.Tensor:  # λ/2‖v − w^t‖² over the shared parameters
+            return 0.5 * lam * sum((v[k] - w_t[k]).pow(2).flatten(1).sum(1) for k in w_t)
+
+        schedule = self.schedule if self.params.personal_epochs is None else replace(
+            self.schedule, epochs=self.params.personal_epochs, steps=None)
+        personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
+                                     bc.lr, regulariser=prox if lam else None)
+        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
+                        {"train_loss": loss})
+        return upload, {**{k: params[k] for k in local}, **opt_state,
+                        **{PERSONAL + k: v for k, v in personal.items()}}
+
+    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
+        """Each client predicts with its personal model ``v_k``."""
+        return Predictor(self.model, {k[len(PERSONAL):]: v for k, v in states.items() if k.startswith(PERSONAL)}, True)
+
+
+register(AlgorithmSpec(
+    "ditto", Ditto, "FedAvg's global model plus a personal model per client, tied to it by λ/2·‖v − w‖²",
+    "Li et al. 2021, Ditto: Fair and Robust Federated Learning Through Personalization", DittoParams,
+    Capabilities(private=True, personalises=True),
+))

@@ -1,0 +1,184 @@
+"""#25: personalised methods on the registry, each distinctive step against a hand computation of its paper's
+update (written here with plain tensors, not with hetfed's training loop), and the metrics the field reports."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms import build_algorithm
+from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
+from hetfed.engine.evaluate import summarise
+from hetfed.engine.rng import SERVER_INIT, torch_gen
+from hetfed.engine.types import ClientData
+from hetfed.models import build_model
+
+LR = 0.1
+BODY = ("layers.0.weight", "layers.0.bias")
+HEAD = ("layers.1.weight", "layers.1.bias")
+
+
+def _setup(name: str, params: dict | None = None):
+    """A one-hidden-layer MLP, one client with 6 samples, plain SGD and one full-batch step per phase."""
+    train = TrainConfig(rounds=1, batch_size=64, local_epochs=1.0,
+                        optimizer=OptimizerConfig(kind="sgd", lr=LR, momentum=0.0))
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
+    algo = build_algorithm(name, model, train, params, seed=7)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(6, 3, generator=gen), torch.tensor([0, 1, 1, 0, 1, 0])
+    data = ClientData([0], x, y, [np.arange(6)], [123])
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    return algo, server, algo.client_init(0, torch.Generator().manual_seed(1)), data, x, y
+
+
+def _logits(p: dict, x: torch.Tensor) -> torch.Tensor:
+    """The MLP by hand: relu(x W0 + b0) W1 + b1."""
+    return torch.relu(x @ p[BODY[0]] + p[BODY[1]]) @ p[HEAD[0]] + p[HEAD[1]]
+
+
+def _sgd(p: dict, names, x, y, extra=None) -> dict:
+    """One plain gradient step on the named parameters of the mean cross-entropy (+ ``extra(p)``)."""
+    leaves = {k: v.clone().requires_grad_(k in names) for k, v in p.items()}
+    loss = F.cross_entropy(_logits(leaves, x), y)
+    if extra is not None:
+        loss = loss + extra(leaves)
+    grads = torch.autograd.grad(loss, [leaves[k] for k in names])
+    return {**p, **{k: (leaves[k] - LR * g).detach() for k, g in zip(names, grads, strict=True)}}
+
+
+def _unstack(d: dict) -> dict:
+    return {k: v[0] for k, v in d.items()}
+
+
+def test_fedper_uploads_the_base_keeps_the_head_and_starts_from_fedavgs_model():
+    algo, server, state, data, x, y = _setup("fedper")
+    full = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2).init_shared(torch_gen(7, SERVER_INIT))
+    assert set(server.params) == set(BODY)
+    for k in HEAD:  # every client's head starts as the server's draw: round 0 is FedAvg's model
+        assert torch.equal(state[k], full[k])
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    expected = _sgd({**server.params, **state}, [*BODY, *HEAD], x, y)  # both trained together (Alg. 1)
+    assert set(upload.params) == set(BODY)  # the head never leaves the client
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], expected[k])
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], expected[k])
+
+
+def test_lg_fedavg_uploads_the_head_and_keeps_the_representation():
+    algo, server, state, data, x, y = _setup("lg_fedavg")
+    assert set(server.params) == set(HEAD)
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    expected = _sgd({**server.params, **state}, [*BODY, *HEAD], x, y)
+    assert set(upload.params) == set(HEAD)
+    for k in HEAD:
+        torch.testing.assert_close(upload.params[k][0], expected[k])
+    for k in BODY:
+        torch.testing.assert_close(new[k][0], expected[k])
+
+
+def test_fedrep_fits_the_head_with_the_body_frozen_then_the_body_with_the_new_head_frozen():
+    algo, server, state, data, x, y = _setup("fedrep", {"head_epochs": 1.0})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    p = {**server.params, **state}
+    after_head = _sgd(p, HEAD, x, y)  # phase 1: h ← h − η∇_h f(φ, h)
+    after_body = _sgd(after_head, BODY, x, y)  # phase 2: φ ← φ − η∇_φ f(φ, h_new)
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], after_body[k])
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], after_head[k])  # the head kept is phase 1's
+    assert set(new) == set(HEAD)
+
+
+def test_ditto_updates_the_personal_model_proximal_to_the_received_global():
+    lam = 0.5
+    algo, server, state, data, x, y = _setup("ditto", {"lam": lam})
+    personal = {k: state["ditto." + k] + 0.3 for k in server.params}  # v ≠ w, so the proximal term acts
+    state = {**state, **{"ditto." + k: v for k, v in personal.items()}}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = server.params
+    global_step = _sgd(dict(w), list(w), x, y)  # 1. the global model: FedAvg's local SGD from w^t
+
+    def prox(p):
+        return 0.5 * lam * sum((p[k] - w[k]).pow(2).sum() for k in w)
+
+    personal_step = _sgd(personal, list(w), x, y, prox)  # 2. v ← v − η(∇F(v) + λ(v − w^t))
+    for k in w:
+        torch.testing.assert_close(upload.params[k][0], global_step[k])
+        torch.testing.assert_close(new["ditto." + k][0], personal_step[k])
+    pred = algo.predictor(algo.broadcast(server, 1), new, 1)
+    assert pred.personalised and all(torch.equal(pred.params[k], new["ditto." + k]) for k in w)
+
+
+@pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg"])
+def test_a_body_head_method_without_hidden_layers_is_refused_in_one_line(name, capsys, tmp_path):
+    from hetfed.cli import main
+
+    assert main(["run", "--set", f"methods=[{{algorithm: {name}}}]", "--set", "model.hidden=[]",
+                 "--set", "partition.clients=3", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith(f"error: methods.0.algorithm = '{name}' is not allowed") and "hidden" in err[-1], err
+    assert not (tmp_path / "run").exists()
+
+
+# ------------------------------------------------------------------ the metrics the field reports
+
+
+def test_personal_accuracy_is_reported_weighted_by_test_size_and_for_the_worst_tenth_of_clients():
+    acc = [0.9, 0.5, 1.0, 0.7, 0.8, 0.6, 0.95, 0.85, 0.75, 0.65, 0.55, 0.99]
+    n = [10, 40, 5, 20, 10, 30, 10, 10, 10, 10, 20, 5]
+    k = len(acc)
+    reports = {"local_accuracy": acc, "local_loss": [0.0] * k, "local_n": n, "val_loss": [0.0] * k,
+               "val_accuracy": [0.0] * k, "val_loss_sum": [0.0] * k, "val_n": [1] * k}
+    m = summarise(reports, list(range(k)), np.zeros(k, dtype=bool), 10).metrics
+    assert m["local_accuracy_weighted"] == pytest.approx(sum(a * b for a, b in zip(acc, n, strict=True)) / sum(n))
+    assert m["local_accuracy_mean"] == pytest.approx(sum(acc) / k)
+    assert m["local_accuracy_worst10"] == pytest.approx((0.5 + 0.55) / 2)  # ⌈0.1 · 12⌉ = 2 worst clients
+
+
+def test_ifca_trains_the_cluster_model_with_the_lowest_loss_and_averages_per_cluster():
+    from hetfed.engine.types import ServerState
+
+    algo, server, state, data, x, y = _setup("ifca", {"clusters": 2})
+    m0 = {k[len("ifca.0."):]: v for k, v in server.params.items() if k.startswith("ifca.0.")}
+    m1 = {k: v.clone() for k, v in m0.items()}
+    m1[HEAD[1]] = m1[HEAD[1]] + torch.tensor([-3.0, 3.0])  # θ_1 favours class 1 …
+    ys = torch.ones(6, dtype=torch.long)  # … and the client's data is all class 1
+    data = ClientData([0], x, ys, [np.arange(6)], [123])
+    server = ServerState({**{f"ifca.0.{k}": v for k, v in m0.items()}, **{f"ifca.1.{k}": v for k, v in m1.items()}})
+    losses = [F.cross_entropy(_logits(m, x), ys).item() for m in (m0, m1)]  # ĵ = argmin_j F_i(θ_j)
+    assert losses[1] < losses[0]
+    stacked = {k: v.unsqueeze(0) for k, v in state.items()}
+    upload, _ = algo.local_update(algo.broadcast(server, 0), stacked, data)
+    trained = _sgd(m1, list(m1), x, ys)
+    assert upload.extra["cluster"].tolist() == [1.0]
+    for k in m0:
+        torch.testing.assert_close(upload.params[f"ifca.1.{k}"][0], trained[k])
+        assert torch.equal(upload.params[f"ifca.0.{k}"][0], m0[k])  # the other cluster goes back as received
+
+    # the server: per cluster, the sample-weighted mean of the clients that chose it; cluster 0 keeps θ_0
+    from hetfed.engine.types import Upload
+
+    a, b = {k: v + 1.0 for k, v in m1.items()}, {k: v - 2.0 for k, v in m1.items()}
+    both = Upload([0, 1], {**{f"ifca.1.{k}": torch.stack([a[k], b[k]]) for k in m1},
+                           **{f"ifca.0.{k}": torch.stack([m0[k], m0[k]]) for k in m0}},
+                  torch.tensor([1.0, 3.0]), {"cluster": torch.tensor([1.0, 1.0])})
+    new = algo.aggregate(server, both)
+    for k in m1:
+        torch.testing.assert_close(new.params[f"ifca.1.{k}"], (1 * a[k] + 3 * b[k]) / 4)
+        assert torch.equal(new.params[f"ifca.0.{k}"], m0[k])
+
+
+def test_ifca_with_one_cluster_is_fedavg(tmp_path):
+    from hetfed.config import build_config
+    from hetfed.runs.runner import run_experiment
+
+    raw = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
+           "train": {"rounds": 2, "local_steps": 3, "batch_size": 16},
+           "methods": [{"name": "fedavg", "algorithm": "fedavg"},
+                       {"name": "ifca", "algorithm": "ifca", "params": {"clusters": 1}}]}
+    s = run_experiment(build_config(raw), out=tmp_path / "r", progress=False).summary["methods"]
+    for k in ("local_accuracy_mean", "val_loss"):
+        assert s["ifca"]["final"][k] == pytest.approx(s["fedavg"]["final"][k], rel=1e-6)
