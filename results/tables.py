@@ -4,6 +4,8 @@
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
     python results/tables.py paired SWEEP_DIR [BASELINE] [--final]   # each method and its paired difference to
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
+    python results/tables.py leaderboard SWEEP_DIR   # #25: personal accuracy (weighted, mean, worst 10%) and
+                                          # global accuracy per method, best round by validation and last round
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -152,10 +154,44 @@ def grid_table(key: str, metric: str, sweeps: list[Path]) -> str:
     return "\n".join(lines) + f"\n\nbest {metric} (model chosen by validation loss); mean ± 95% CI (Student t) over {n} seeds\n"
 
 
+LEADERBOARD = (("local_accuracy_weighted", "personal (weighted)"), ("local_accuracy_mean", "personal (mean)"),
+               ("local_accuracy_worst10", "worst 10%"), ("global_accuracy", "global"))
+
+
+def leaderboard_table(sweep: Path) -> str:
+    """One row per method; for each metric its best-round (chosen by the clients' validation loss, never by test)
+    and last-round value, mean ± 95% CI over seeds; Γ and ΔΓ of the partition above the table."""
+    cells: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    gammas, excess, seeds = [], [], 0
+    for _, summary in _runs(sweep):
+        seeds += 1
+        het = summary.get("heterogeneity") or {}
+        gammas.append(summary.get("gamma", het.get("gamma")))
+        excess.append(het.get("gamma_excess"))
+        for name, m in summary["methods"].items():
+            for metric, _ in LEADERBOARD:
+                for when in ("best", "final"):
+                    cells[name][f"{when}.{metric}"].append(m[when].get(metric))
+    head = " | ".join(f"{label} best | {label} last" for _, label in LEADERBOARD)
+    lines = [f"Γ = {_cell(gammas)}, ΔΓ = {_cell(excess)}", "", f"| method | {head} |",
+             "|---|" + "---|" * (2 * len(LEADERBOARD))]
+    for name, row in cells.items():
+        values = [_cell(row[f"{when}.{metric}"]) for metric, _ in LEADERBOARD for when in ("best", "final")]
+        lines.append(f"| {name} | " + " | ".join(values) + " |")
+    return "\n".join(lines) + (
+        f"\n\nmean ± 95% CI (Student t) over {seeds} seeds. best: the round whose model has the lowest validation "
+        "loss on the clients' validation splits (PFLlib reports the best round by *test* accuracy, which flatters "
+        "every method); last: the final round. personal: each client's own model on its own test split, weighted by "
+        "test size (what PFLlib reports) or unweighted; worst 10%: the mean of the worst tenth of clients; global: "
+        "the balanced global test set (a personalised model: the mean over clients of their own models)\n")
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
     if kind == "grid":
         print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
+    elif kind == "leaderboard":
+        print(leaderboard_table(Path(sys.argv[2])))
     elif kind == "paired":
         args = [a for a in sys.argv[3:] if a != "--final"]
         print(paired_table(Path(sys.argv[2]), *args[:1], when="final" if "--final" in sys.argv else "best"))

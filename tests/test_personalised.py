@@ -182,3 +182,16 @@ def test_ifca_with_one_cluster_is_fedavg(tmp_path):
     s = run_experiment(build_config(raw), out=tmp_path / "r", progress=False).summary["methods"]
     for k in ("local_accuracy_mean", "val_loss"):
         assert s["ifca"]["final"][k] == pytest.approx(s["fedavg"]["final"][k], rel=1e-6)
+
+
+def test_the_leaderboards_cnn_is_pfllibs_fedavg_cnn():
+    """PFLlib's FedAvgCNN on 28×28: conv 1→32 (5×5) → pool → conv 32→64 → pool → fc 1024→512 → fc 512→10."""
+    model = build_model(ModelConfig(kind="cnn4"), (28, 28), 10)
+    by_hand = (32 * 25 + 32) + (64 * 32 * 25 + 64) + (1024 * 512 + 512) + (512 * 10 + 10)
+    assert model.n_params() == by_hand == 582_026
+    params = {k: v.unsqueeze(0) for k, v in model.init_shared(torch.Generator().manual_seed(0)).items()}
+    assert model.forward(params, torch.zeros(1, 5, 784)).shape == (1, 5, 10)
+    assert model.head_names == ("fc.weight", "fc.bias")
+    small = build_model(ModelConfig(kind="cnn4"), (8, 8), 10)  # digits: padded so the convolutions fit
+    p = {k: v.unsqueeze(0) for k, v in small.init_shared(torch.Generator().manual_seed(0)).items()}
+    assert small.forward(p, torch.zeros(1, 3, 64)).shape == (1, 3, 10)

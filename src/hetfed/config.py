@@ -22,7 +22,7 @@ DatasetName = Literal[
 ]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
-ModelKind = Literal["mlp", "cnn", "logreg", "cgau", "bilstm"]
+ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 

@@ -176,7 +176,7 @@ register(AlgorithmSpec(
     "Guo et al., Mitigating Non-I.I.D. Federated Learning via Fuzzy Synthesizing Network", FSNetParams,
     Capabilities(uploads="shared parameters, sample count, training loss, per-feature mean and variance of the "
                  "client's inputs", whole_round=False,
-                 model_kinds=("mlp", "cnn", "logreg", "cgau"),
+                 model_kinds=("mlp", "cnn", "cnn4", "logreg", "cgau"),
                  model_reason="its server synthesises continuous inputs, not token ids"),
     legacy_section="fsnet", quick={"server_steps": 5},
 ))

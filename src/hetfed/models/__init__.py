@@ -9,7 +9,7 @@ from hetfed.errors import ConfigError
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 from hetfed.models.bilstm import BiLSTM
 from hetfed.models.cgau import CGAUNet
-from hetfed.models.cnn import LeNet
+from hetfed.models.cnn import FedAvgCNN, LeNet
 from hetfed.models.mlp import MLP, LogisticRegression, flat_size
 
 
@@ -27,9 +27,11 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int, vo
         return LogisticRegression(d, n_classes)
     if cfg.kind == "cnn":
         return LeNet(input_shape, n_classes)
+    if cfg.kind == "cnn4":
+        return FedAvgCNN(input_shape, n_classes)
     if cfg.kind == "cgau":
         return CGAUNet(d, cfg.hidden, n_classes, cfg.dropout, cfg.condition_output)
     raise ValueError(f"unknown model.kind {cfg.kind!r}")
 
 
-__all__ = ["BiLSTM", "CGAUNet", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]
+__all__ = ["BiLSTM", "CGAUNet", "FedAvgCNN", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]

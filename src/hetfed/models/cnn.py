@@ -1,4 +1,6 @@
-"""LeNet-style CNN: conv 6 → conv 16 → fc 120 → fc 84 → classes.
+"""Two CNNs over a client axis: LeNet-style (conv 6 → conv 16 → fc 120 → fc 84 → classes,
+``model.kind: cnn``) and McMahan et al.'s FedAvg CNN as PFLlib ships it (conv 32 → conv 64 →
+fc 512 → classes, ``model.kind: cnn4``).
 
 For 28×28 grayscale (MNIST, Fashion-MNIST) and 32×32 colour (CIFAR-10). The
 first convolution pads by 2, as LeNet-5 does on MNIST; the second pads only
@@ -38,6 +40,8 @@ def _pool(x: torch.Tensor) -> torch.Tensor:
 
 
 class LeNet(Model):
+    KIND = "cnn"
+
     def __init__(self, input_shape: Sequence[int], n_classes: int):
         shape = tuple(input_shape)
         if len(shape) == 2:
@@ -46,11 +50,11 @@ class LeNet(Model):
             h, w, c = shape
         else:
             raise ConfigError(
-                f"model.kind = 'cnn' is not allowed for inputs of shape {shape}: expected images "
+                f"model.kind = {self.KIND!r} is not allowed for inputs of shape {shape}: expected images "
                 "(H×W or H×W×3) with embed.kind = 'identity'"
             )
         if min(h, w) < 8:
-            raise ConfigError(f"model.kind = 'cnn' needs images of at least 8×8, got {h}×{w}")
+            raise ConfigError(f"model.kind = {self.KIND!r} needs images of at least 8×8, got {h}×{w}")
         self.h, self.w, self.c = h, w, c
         self.n_classes = n_classes
         s = min(h, w) // 2  # after conv1 (pad 2) and pool
@@ -106,3 +110,54 @@ class LeNet(Model):
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (6 * self.h * self.w + 16 * self.h * self.w // 4 + 400)
+
+
+class FedAvgCNN(LeNet):
+    """McMahan et al. (2017)'s CNN in PFLlib's form (``FedAvgCNN``, its leaderboard model): 5×5 conv 32 →
+    ReLU → 2×2 max-pool → 5×5 conv 64 → ReLU → 2×2 max-pool → fc 512 → ReLU → fc classes.
+
+    Unpadded on 28×28 (fc input 1024, as PFLlib's ``dim=1024``) and 32×32×3 (1600); smaller images are
+    padded by 2 where a valid convolution would not fit (8×8 digits: fc input 256).
+    """
+
+    KIND = "cnn4"
+
+    def __init__(self, input_shape: Sequence[int], n_classes: int):
+        super().__init__(input_shape, n_classes)
+        h, w, c = self.h, self.w, self.c
+        self.pad1 = 0 if min(h, w) >= 28 else 2
+        s = (min(h, w) - 4 + 2 * self.pad1) // 2
+        self.pad2 = 0 if s >= 10 else 2
+        s = (s - 4 + 2 * self.pad2) // 2
+        flat = 64 * s * s
+        self._specs = [
+            ParamSpec("conv1.weight", (32, c, 5, 5), fan_in_init(c * 25)),
+            ParamSpec("conv1.bias", (32,), fan_in_init(c * 25)),
+            ParamSpec("conv2.weight", (64, 32, 5, 5), fan_in_init(32 * 25)),
+            ParamSpec("conv2.bias", (64,), fan_in_init(32 * 25)),
+            ParamSpec("fc1.weight", (512, flat), fan_in_init(flat)),
+            ParamSpec("fc1.bias", (512,), fan_in_init(flat)),
+            ParamSpec("fc.weight", (n_classes, 512), fan_in_init(512)),
+            ParamSpec("fc.bias", (n_classes,), fan_in_init(512)),
+        ]
+
+    head_names = ("fc.weight", "fc.bias")
+    latent_dim = 512
+
+    def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        if self.c == 1:
+            x = x.reshape(-1, 1, self.h, self.w)
+        else:
+            x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
+        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=self.pad1)))
+        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
+        return F.relu(F.linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"]))
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(params["fc.bias"].unsqueeze(1), z, params["fc.weight"].transpose(1, 2))
+
+    def _one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(self._features_one(p, x), p["fc.weight"], p["fc.bias"])
+
+    def activation_floats(self, batch: int) -> int:
+        return 3 * batch * (32 * self.h * self.w + 64 * self.h * self.w // 4 + 512)
