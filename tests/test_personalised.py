@@ -195,3 +195,21 @@ def test_the_leaderboards_cnn_is_pfllibs_fedavg_cnn():
     small = build_model(ModelConfig(kind="cnn4"), (8, 8), 10)  # digits: padded so the convolutions fit
     p = {k: v.unsqueeze(0) for k, v in small.init_shared(torch.Generator().manual_seed(0)).items()}
     assert small.forward(p, torch.zeros(1, 3, 64)).shape == (1, 3, 10)
+
+
+def test_a_saved_personalised_run_predicts_per_client_and_says_why_there_is_no_global_model(tmp_path):
+    import hetfed
+    from hetfed.config import build_config
+    from hetfed.errors import ConfigError
+    from hetfed.runs.runner import run_experiment
+
+    raw = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 3, "min_size": 20},
+           "train": {"rounds": 1, "local_steps": 2},
+           "methods": [{"name": "fedper", "algorithm": "fedper"}, {"name": "ditto", "algorithm": "ditto"}]}
+    run_experiment(build_config(raw), out=tmp_path / "r", progress=False)
+    run = hetfed.open_run(tmp_path / "r")
+    x = np.zeros((4, 64), dtype=np.float32)
+    assert run.model("fedper").predict(x, client=1).shape == (4,)
+    with pytest.raises(ConfigError, match="client=None is not allowed for fedper: its server keeps no whole model"):
+        run.model("fedper").predict(x)
+    assert run.model("ditto").predict(x).shape == (4,)  # Ditto's server model is whole: the unseen client's

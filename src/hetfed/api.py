@@ -183,6 +183,12 @@ class Model:
         xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
         with torch.no_grad():
             if client is None:
+                missing = [k for k in algo.model.shared_names if k not in self.shared]
+                if missing:  # FedPer's head, LG-FedAvg's body, IFCA's k models, Local: no whole model on the server
+                    raise ConfigError(f"client=None is not allowed for {self.method}: its server keeps no whole model "
+                                      f"(it lacks {missing[0]!r}"
+                                      f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); expected "
+                                      f"client= one of {_ids(self.clients)}")
                 params = algo.global_params(ServerState(self.shared))
                 logits = algo.model.forward(params, xt.unsqueeze(0), None)[0]
             else:
