@@ -80,24 +80,31 @@ class LeNet(Model):
     head_names = ("fc3.weight", "fc3.bias")
     latent_dim = 84
 
-    def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+    pad1 = 2  # LeNet-5 pads its first convolution on MNIST
+
+    def _convolved(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        """One client's images through conv → ReLU∘pool twice, flattened."""
         if self.c == 1:
             x = x.reshape(-1, 1, self.h, self.w)
         else:
             x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
-        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=2)))
-        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
-        x = F.relu(F.linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"]))
+        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=self.pad1)))
+        return F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2))).flatten(1)
+
+    def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        x = F.relu(F.linear(self._convolved(p, x), p["fc1.weight"], p["fc1.bias"]))
         return F.relu(F.linear(x, p["fc2.weight"], p["fc2.bias"]))
 
     def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         return torch.stack([self._features_one({k: v[i] for k, v in params.items()}, x[i]) for i in range(x.shape[0])])
 
     def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(params["fc3.bias"].unsqueeze(1), z, params["fc3.weight"].transpose(1, 2))
+        w, b = self.head_names
+        return torch.baddbmm(params[b].unsqueeze(1), z, params[w].transpose(1, 2))
 
     def _one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._features_one(p, x), p["fc3.weight"], p["fc3.bias"])
+        w, b = self.head_names
+        return F.linear(self._features_one(p, x), p[w], p[b])
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         if x.device.type == "cpu":
@@ -145,19 +152,7 @@ class FedAvgCNN(LeNet):
     latent_dim = 512
 
     def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
-        if self.c == 1:
-            x = x.reshape(-1, 1, self.h, self.w)
-        else:
-            x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
-        x = F.relu(_pool(F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=self.pad1)))
-        x = F.relu(_pool(F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)))
-        return F.relu(F.linear(x.flatten(1), p["fc1.weight"], p["fc1.bias"]))
-
-    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
-        return torch.baddbmm(params["fc.bias"].unsqueeze(1), z, params["fc.weight"].transpose(1, 2))
-
-    def _one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
-        return F.linear(self._features_one(p, x), p["fc.weight"], p["fc.bias"])
+        return F.relu(F.linear(self._convolved(p, x), p["fc1.weight"], p["fc1.bias"]))
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (32 * self.h * self.w + 64 * self.h * self.w // 4 + 512)
