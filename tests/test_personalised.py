@@ -213,3 +213,39 @@ def test_a_saved_personalised_run_predicts_per_client_and_says_why_there_is_no_g
     with pytest.raises(ConfigError, match="client=None is not allowed for fedper: its server keeps no whole model"):
         run.model("fedper").predict(x)
     assert run.model("ditto").predict(x).shape == (4,)  # Ditto's server model is whole: the unseen client's
+
+
+def test_apfl_steps_the_global_copy_the_local_model_and_alpha_as_algorithm_1():
+    algo, server, state, data, x, y = _setup("apfl", {"alpha": 0.3})
+    w = server.params
+    v = {k: state["apfl.v." + k] - 0.2 for k in w}  # v ≠ w so that α's gradient ⟨v − w, ∇f(v̄)⟩ is not 0
+    state = {**state, **{"apfl.v." + k: t for k, t in v.items()}}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: t.unsqueeze(0) for k, t in state.items()}, data)
+    a = 0.3
+    g_w = _grads(w, x, y)  # ∇f(w)
+    v_bar = {k: a * v[k] + (1 - a) * w[k] for k in w}
+    g_bar = _grads(v_bar, x, y)  # ∇f(v̄), all from the values before the step
+    for k in w:
+        torch.testing.assert_close(upload.params[k][0], w[k] - LR * g_w[k])  # w ← w − η∇f(w)
+        torch.testing.assert_close(new["apfl.v." + k][0], v[k] - LR * a * g_bar[k])  # v ← v − η α ∇f(v̄)
+    alpha = a - LR * sum(((v[k] - w[k]) * g_bar[k]).sum() for k in w)  # Eq. 10
+    torch.testing.assert_close(new["apfl.alpha"][0], alpha.clamp(0, 1))
+    pred = algo.predictor(algo.broadcast(server, 1), new, 1)  # α v + (1 − α) w with the received w
+    for k in w:
+        expected = new["apfl.alpha"][0] * new["apfl.v." + k][0] + (1 - new["apfl.alpha"][0]) * w[k]
+        torch.testing.assert_close(pred.params[k][0], expected)
+
+
+def test_apfls_alpha_stays_in_the_unit_interval():
+    algo, server, state, data, x, y = _setup("apfl", {"alpha": 0.99})
+    state = {**state, **{"apfl.v." + k: state["apfl.v." + k] + 5.0 for k in server.params}}  # a huge gradient on α
+    for _ in range(3):
+        _, new = algo.local_update(algo.broadcast(server, 0), {k: t.unsqueeze(0) for k, t in state.items()}, data)
+        state = {k: t[0] for k, t in new.items()}
+        assert 0.0 <= float(state["apfl.alpha"]) <= 1.0
+
+
+def _grads(p: dict, x, y) -> dict:
+    leaves = {k: t.clone().requires_grad_(True) for k, t in p.items()}
+    loss = F.cross_entropy(_logits(leaves, x), y)
+    return dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))

@@ -46,6 +46,14 @@ def body_of(model: Model, algorithm: str) -> tuple[str, ...]:
     return body
 
 
+def initial_model(algo) -> Params:
+    """The server's initial draw of the whole model (the run seed's), computed once per algorithm object:
+    where every client's personal part starts, so that round 0 is FedAvg's model."""
+    if getattr(algo, "_start", None) is None:
+        algo._start = algo.model.init_shared(torch_gen(algo.context.seed, SERVER_INIT))
+    return algo._start
+
+
 def second_pass(data: ClientData, phase: int) -> ClientData:
     """The same clients' data with seeds of their own for another pass in the same round (its own batch
     order and dropout masks, still independent of which clients share the stack)."""
@@ -69,18 +77,12 @@ class PartlyPersonal(FedAvg):
     def personal_names(self) -> tuple[str, ...]:
         raise NotImplementedError
 
-    def _initial(self) -> Params:
-        """The server's initial draw of the whole model (run seed), computed once."""
-        if getattr(self, "_start", None) is None:
-            self._start = self.model.init_shared(torch_gen(self.context.seed, SERVER_INIT))
-        return self._start
-
     def server_init(self, gen: torch.Generator) -> ServerState:
         personal = set(self.personal_names())
         return ServerState({k: v for k, v in self.model.init_shared(gen).items() if k not in personal})
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
-        start = self._initial()
+        start = initial_model(self)
         personal = {k: start[k].clone() for k in self.personal_names()}
         shapes = {s.name: torch.zeros(s.shape) for s in self.model.specs()}
         return {**self.model.init_local(gen), **personal, **kept_optimizer_state(self.train, shapes)}

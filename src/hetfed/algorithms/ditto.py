@@ -21,11 +21,10 @@ from dataclasses import replace
 import torch
 from pydantic import Field
 
-from hetfed.algorithms._personal import second_pass
+from hetfed.algorithms._personal import initial_model, second_pass
 from hetfed.algorithms.fedavg import FedAvg, train_clients
 from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
 from hetfed.engine.local import train_stack
-from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import Predictor
 
@@ -44,15 +43,10 @@ class Ditto(FedAvg):
 
     personalised = True  # type: ignore[assignment]
 
-    def _initial(self) -> Params:
-        if getattr(self, "_start", None) is None:
-            self._start = self.model.init_shared(torch_gen(self.context.seed, SERVER_INIT))
-        return self._start
-
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         state = super().client_init(client_id, gen)
         local, _ = split_state(state)
-        personal = {**{k: v.clone() for k, v in self._initial().items()}, **{k: v.clone() for k, v in local.items()}}
+        personal = {**{k: v.clone() for k, v in initial_model(self).items()}, **{k: v.clone() for k, v in local.items()}}
         return {**state, **{PERSONAL + k: v for k, v in personal.items()}}
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:

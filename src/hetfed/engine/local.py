@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 import torch
@@ -24,6 +25,18 @@ from hetfed.models.base import Model, Noise, Params
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
 Regulariser = Callable[[Params], torch.Tensor]
+#: per-row training loss ``[n, batch]`` of stacked params on a batch (default: the model's cross-entropy)
+Objective = Callable[[Params, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
+#: a map applied to the trained parameters after every step (a constraint: APFL keeps α in [0, 1])
+Projection = Callable[[Params], Params]
+
+
+def cross_entropy_rows(model: Model, params: Params, xb: torch.Tensor, yb: torch.Tensor,
+                       noise: Noise | None = None) -> torch.Tensor:
+    """The model's cross-entropy per row ``[n, batch]`` (padding rows included; the caller masks them)."""
+    logits = model.forward(params, xb, noise)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
+    return ce.view(yb.shape)
 
 
 @dataclass(frozen=True)
@@ -89,11 +102,15 @@ def train_stack(
     opt_state: Params | None = None,
     regulariser: Regulariser | None = None,
     trainable: list[str] | None = None,
+    objective: Objective | None = None,
+    project: Projection | None = None,
 ) -> tuple[Params, Params, torch.Tensor]:
     """Train stacked ``params`` on each client's data; returns (params, opt state, mean loss).
 
     ``trainable`` names the parameters that move (default: all of ``params``);
     the others are inputs held fixed (e.g. a frozen global model in a mixture).
+    ``objective`` replaces the model's cross-entropy per row (APFL trains two models on
+    one batch); ``project`` constrains the parameters after every step.
     """
     device = data.x.device
     names = trainable if trainable is not None else list(params)
@@ -115,9 +132,8 @@ def train_stack(
         xb, yb = data.x[idx_t], data.y[idx_t]
         noise = Noise(gens, active_np.tolist(), rows[:, t].tolist(), device)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        logits = model.forward({**fixed, **leaves}, xb, noise)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
-        per_client = (ce.view(n, width) * m_t).sum(1) / m_t.sum(1).clamp(min=1)
+        rows_loss = (objective or partial(cross_entropy_rows, model))({**fixed, **leaves}, xb, yb, noise)
+        per_client = (rows_loss * m_t).sum(1) / m_t.sum(1).clamp(min=1)
         total = per_client
         if regulariser is not None:
             total = total + regulariser({**fixed, **leaves})
@@ -125,6 +141,8 @@ def train_stack(
         with torch.no_grad():
             current = {k: v.detach() for k, v in leaves.items()}
             optim.step(opt_cfg, current, dict(zip(leaves, grads, strict=True)), state, lr, active)
+            if project is not None:
+                current = project(current)
             loss_sum += per_client.detach() * active
     n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
     out = {**fixed, **{k: v.detach() for k, v in current.items()}}
