@@ -249,3 +249,20 @@ def _grads(p: dict, x, y) -> dict:
     leaves = {k: t.clone().requires_grad_(True) for k, t in p.items()}
     loss = F.cross_entropy(_logits(leaves, x), y)
     return dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
+
+
+def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_the_whole_model_after():
+    algo, server, state, data, x, y = _setup("fedbabu", {"finetune_epochs": 1.0})
+    bc = algo.broadcast(server, 0)
+    upload, new = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    expected = _sgd(dict(server.params), list(BODY), x, y)  # body ← body − η∇_body f; the head never moves
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], expected[k])
+    for k in HEAD:
+        assert torch.equal(upload.params[k][0], server.params[k])
+    tuned, info = algo.personalise(bc, new, data)
+    whole = _sgd(dict(server.params), [*BODY, *HEAD], x, y)  # fine-tuning: one epoch of the whole model
+    pred = algo.predictor(bc, tuned, 1, "fedbabu_ft")
+    for k in whole:
+        torch.testing.assert_close(pred.params[k][0], whole[k])
+    assert info["epochs.finetune"].tolist() == [1.0]

@@ -1,0 +1,87 @@
+"""FedBABU (Oh, Kim, Yun 2022, "FedBABU: Towards Enhanced Representation for Federated Image
+Classification").
+
+During federated training only the *body* learns: the head (the classifier layer) keeps
+its random initialisation on the server and on every client, so local updates cannot
+pull the head towards a client's classes and the body learns a representation shared
+by all (the paper's "body aggregation, body update"). Clients upload the body (and the
+unchanged head, so the server pipeline sees the whole model); the server averages.
+
+Personalisation, after the rounds: every client fine-tunes the *whole* model from the
+global one on its own training data for ``params.finetune_epochs`` epochs (the paper's
+evaluation protocol; it varies the fine-tuning epochs — 5 is our default). Two rows:
+``fedbabu`` (the global model: trained body, random head) and ``fedbabu_ft`` (each
+client's fine-tuned model; the headline). The optimiser state is fresh each round and
+in the fine-tuning.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+import torch
+from pydantic import Field
+
+from hetfed.algorithms._personal import body_of, second_pass
+from hetfed.algorithms.fedavg import FedAvg
+from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.engine.local import train_stack
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.interface import Predictor
+
+TUNED = "babu_ft."  # a client's fine-tuned model in its state
+VIEWS = ("fedbabu", "fedbabu_ft")
+
+
+class FedBABUParams(AlgorithmParams):
+    finetune_epochs: float = Field(5.0, gt=0, description="epochs each client fine-tunes the whole model after "
+                                                          "the rounds (the paper varies it)")
+
+
+class FedBABU(FedAvg):
+    """Body-only local updates with a fixed random head; whole-model fine-tuning per client at the end."""
+
+    def __init__(self, model, train, params=None, context=None):
+        super().__init__(model, train, params, context)
+        self._body = body_of(model, self.name)
+
+    def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
+        return split_state(super().client_init(client_id, gen))[0]  # no optimiser state: fresh each round
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        n = len(data.client_ids)
+        local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+        params, _, loss = train_stack(self.model, {**bc.stacked(n), **local}, data, self.schedule,
+                                      self.train.optimizer, bc.lr, trainable=[*self._body, *local])
+        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
+                        {"train_loss": loss})
+        return upload, {**states, **{k: params[k] for k in local}}
+
+    def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict]:
+        n, t0 = len(data.client_ids), time.perf_counter()
+        local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+        schedule = replace(self.schedule, epochs=self.params.finetune_epochs, steps=None)
+        tuned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 2), schedule,
+                                  self.train.optimizer, self.train.optimizer.lr)
+        info = {"epochs.finetune": torch.full((n,), self.params.finetune_epochs, dtype=torch.float64),
+                "seconds.finetune": torch.full((n,), (time.perf_counter() - t0) / n, dtype=torch.float64)}
+        return {**states, **{TUNED + k: v for k, v in tuned.items()}}, info
+
+    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
+        if view in (None, self.federated_view):
+            local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+            return super().predictor(bc, local, n, None)
+        return Predictor(self.model, {k[len(TUNED):]: v for k, v in states.items() if k.startswith(TUNED)}, True)
+
+
+register(AlgorithmSpec(
+    "fedbabu", FedBABU, "only the body is trained and averaged (the head stays at its random init); each client "
+    "fine-tunes the whole model after the rounds",
+    "Oh, Kim, Yun 2022, FedBABU: Towards Enhanced Representation for Federated Image Classification",
+    FedBABUParams,
+    Capabilities(uploads="shared parameters (the head unchanged), sample count, training loss; after the rounds, "
+                         "only the fine-tuning's epochs and seconds",
+                 private=True, views=VIEWS, federated_view="fedbabu", primary_view="fedbabu_ft", personalises=True),
+    quick={"finetune_epochs": 1.0},
+))
