@@ -266,3 +266,40 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_the_whole_mod
     for k in whole:
         torch.testing.assert_close(pred.params[k][0], whole[k])
     assert info["epochs.finetune"].tolist() == [1.0]
+
+
+@pytest.mark.parametrize("variant", ["fo", "hf"])
+def test_per_fedavg_takes_algorithm_1s_meta_step_on_independent_batches(variant):
+    inner, b = 0.05, 3
+    train = TrainConfig(rounds=1, batch_size=b, local_steps=1, optimizer=OptimizerConfig(kind="sgd", lr=LR, momentum=0.0))
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
+    algo = build_algorithm("perfedavg", model, train, {"inner_lr": inner, "variant": variant}, seed=7)
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(9, 3, generator=gen), torch.tensor([0, 1, 1, 0, 1, 0, 1, 1, 0])
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    upload, _ = algo.local_update(algo.broadcast(server, 0), {}, ClientData([0], x, y, [np.arange(9)], [123]))
+    perm = np.random.default_rng(123).permutation(9)  # the step's batch of 2B (3B) rows, split into D, D', D''
+    d, d1, d2 = perm[:b], perm[b:2 * b], perm[2 * b:3 * b]
+    w = dict(server.params)
+    g = _grads(w, x[d], y[d])
+    w_tilde = {k: w[k] - inner * g[k] for k in w}  # w̃ = w − α∇f(w; D)
+    v = _grads(w_tilde, x[d1], y[d1])  # ∇f(w̃; D')
+    if variant == "hf":  # (I − α∇²f(w; D''))·v, the Hessian-vector product by double backward
+        names = list(w)
+
+        def loss(*ps):
+            return F.cross_entropy(_logits(dict(zip(names, ps, strict=True)), x[d2]), y[d2])
+
+        _, hv = torch.autograd.functional.hvp(loss, tuple(w[k] for k in names), tuple(v[k] for k in names))
+        v = {k: v[k] - inner * h for k, h in zip(names, hv, strict=True)}
+    for k in w:
+        torch.testing.assert_close(upload.params[k][0], w[k] - LR * v[k])
+
+
+def test_per_fedavg_adapts_by_one_step_on_the_clients_training_data_before_it_predicts():
+    algo, server, state, data, x, y = _setup("perfedavg", {"inner_lr": 0.2})
+    stacked = {k: v.unsqueeze(0) for k, v in server.params.items()}
+    adapted = algo.adapted(stacked, x, y, [np.arange(6)])
+    g = _grads(dict(server.params), x, y)
+    for k in server.params:
+        torch.testing.assert_close(adapted[k][0], server.params[k] - 0.2 * g[k])

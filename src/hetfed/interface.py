@@ -121,6 +121,8 @@ class ClientEvalData:
     n_classes: int
     #: which clients score the global test set with a personal model (None: all); the others report NaN
     global_mask: list[bool] | None = None
+    #: per client, its training indices into the pool (methods that adapt before they predict: Per-FedAvg)
+    train: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True, eq=False)

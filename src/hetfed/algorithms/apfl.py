@@ -14,7 +14,7 @@ One backward pass serves all three: the per-row objective is ``f(w) + f(α v + (
 stop_grad(w))`` (the engine's ``objective`` hook), whose gradients are exactly the three
 above. A client predicts with ``α_i v_i + (1 − α_i) w`` using the latest global ``w`` it
 received; the server's ``w`` is the unseen-client model. ``v_i`` starts as ``w⁰``,
-``α_i`` as ``params.alpha``. The reported training loss is ``f(w) + f(v̄)``. The
+``α_i`` as ``params.alpha``. The reported training loss is ``f(w)`` (comparable with FedAvg's). The
 optimiser state is fresh each round.
 """
 
@@ -26,7 +26,7 @@ from pydantic import Field
 from hetfed.algorithms._personal import initial_model
 from hetfed.algorithms.fedavg import FedAvg
 from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
-from hetfed.engine.local import cross_entropy_rows, train_stack
+from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import Predictor
 
@@ -65,11 +65,12 @@ class APFL(FedAvg):
         params = {**bc.stacked(n), **local, **own}
         shared = list(bc.params)
 
-        def objective(p: Params, xb: torch.Tensor, yb: torch.Tensor, noise) -> torch.Tensor:
+        def objective(p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise):
             w = {**{k: p[k] for k in shared}, **{k: p[k] for k in local}}
             mix = {**self._mixture(w, {k: p[LOCAL + k] for k in shared}, p[ALPHA], detach=True),
                    **{k: p[k] for k in local}}
-            return cross_entropy_rows(self.model, w, xb, yb, noise) + cross_entropy_rows(self.model, mix, xb, yb, noise)
+            global_loss = cross_entropy(self.model, w, xb, yb, mask, noise)
+            return global_loss + cross_entropy(self.model, mix, xb, yb, mask, noise), global_loss
 
         trainable = [*shared, *local, *(k for k in own if k != ALPHA or self.params.adapt_alpha)]
         params, _, loss = train_stack(self.model, params, data, self.schedule, self.train.optimizer, bc.lr,

@@ -214,7 +214,8 @@ class InProcessExecutor:
         for chunk in self._chunks(clients, size):
             data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
                                   [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
-                                  None if view else global_scorers(self.algo.train, chunk, self.seed, among=clients))
+                                  None if view else global_scorers(self.algo.train, chunk, self.seed, among=clients),
+                                  [self.fed.train[k] for k in chunk])
             for key, values in self.algo.evaluate_client(bc, self._stacked(chunk), data, view).items():
                 reports.setdefault(key, []).extend(values)
         return reports

@@ -25,18 +25,20 @@ from hetfed.models.base import Model, Noise, Params
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
 Regulariser = Callable[[Params], torch.Tensor]
-#: per-row training loss ``[n, batch]`` of stacked params on a batch (default: the model's cross-entropy)
-Objective = Callable[[Params, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
+#: each client's training loss ``[n]`` of stacked params on a batch ``(x, y, row mask, noise)`` (default: the
+#: model's cross-entropy, averaged over the client's real rows), or ``(objective, reported)`` when the loss
+#: the client reports differs from the one it descends (APFL reports f(w), Per-FedAvg the meta-loss)
+Objective = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
 #: a map applied to the trained parameters after every step (a constraint: APFL keeps α in [0, 1])
 Projection = Callable[[Params], Params]
 
 
-def cross_entropy_rows(model: Model, params: Params, xb: torch.Tensor, yb: torch.Tensor,
-                       noise: Noise | None = None) -> torch.Tensor:
-    """The model's cross-entropy per row ``[n, batch]`` (padding rows included; the caller masks them)."""
+def cross_entropy(model: Model, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor,
+                  noise: Noise | None = None) -> torch.Tensor:
+    """Each client's mean cross-entropy ``[n]`` over its real rows (``mask`` [n, batch]: 1 real, 0 padding)."""
     logits = model.forward(params, xb, noise)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none")
-    return ce.view(yb.shape)
+    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
+    return (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
 
 
 @dataclass(frozen=True)
@@ -132,8 +134,8 @@ def train_stack(
         xb, yb = data.x[idx_t], data.y[idx_t]
         noise = Noise(gens, active_np.tolist(), rows[:, t].tolist(), device)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        rows_loss = (objective or partial(cross_entropy_rows, model))({**fixed, **leaves}, xb, yb, noise)
-        per_client = (rows_loss * m_t).sum(1) / m_t.sum(1).clamp(min=1)
+        out = (objective or partial(cross_entropy, model))({**fixed, **leaves}, xb, yb, m_t, noise)
+        per_client, reported = out if isinstance(out, tuple) else (out, out)
         total = per_client
         if regulariser is not None:
             total = total + regulariser({**fixed, **leaves})
@@ -143,7 +145,7 @@ def train_stack(
             optim.step(opt_cfg, current, dict(zip(leaves, grads, strict=True)), state, lr, active)
             if project is not None:
                 current = project(current)
-            loss_sum += per_client.detach() * active
+            loss_sum += reported.detach() * active
     n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
     out = {**fixed, **{k: v.detach() for k, v in current.items()}}
     return out, state, loss_sum / n_steps

@@ -152,7 +152,7 @@ def evaluate_step(side: ClientSide, k: int, state: dict, content: RecordDict) ->
     fed = side.fed
     scorers = content["bc"].get("scorers")  # None: every evaluated client scores the global test set
     data = ClientEvalData([k], side.pool.x, side.pool.y, [fed.test[k]], [fed.val[k]], side.x_global, side.y_global,
-                          fed.n_classes, None if scorers is None else [k in set(scorers)])
+                          fed.n_classes, None if scorers is None else [k in set(scorers)], [fed.train[k]])
     reports = side.algo.evaluate_client(bc, stack_states([state]) if state else {}, data, view)
     return reports_to_records(reports)
 
