@@ -303,3 +303,17 @@ def test_per_fedavg_adapts_by_one_step_on_the_clients_training_data_before_it_pr
     g = _grads(dict(server.params), x, y)
     for k in server.params:
         torch.testing.assert_close(adapted[k][0], server.params[k] - 0.2 * g[k])
+
+
+def test_pfedme_solves_the_moreau_envelope_by_k_steps_then_pulls_w_towards_theta():
+    lam, eta_p = 2.0, 0.05
+    algo, server, state, data, x, y = _setup("pfedme", {"lam": lam, "personal_lr": eta_p, "inner_steps": 2})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = dict(server.params)
+    theta = dict(w)  # θ starts at the received global model
+    for _ in range(2):  # θ ← θ − η_p(∇f(θ; D) + λ(θ − w))
+        g = _grads(theta, x, y)
+        theta = {k: theta[k] - eta_p * (g[k] + lam * (theta[k] - w[k])) for k in w}
+    for k in w:
+        torch.testing.assert_close(upload.params[k][0], w[k] - LR * lam * (w[k] - theta[k]))  # w ← w − ηλ(w − θ̃)
+        torch.testing.assert_close(new["pfedme.theta." + k][0], theta[k])
