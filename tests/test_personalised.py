@@ -317,3 +317,33 @@ def test_pfedme_solves_the_moreau_envelope_by_k_steps_then_pulls_w_towards_theta
     for k in w:
         torch.testing.assert_close(upload.params[k][0], w[k] - LR * lam * (w[k] - theta[k]))  # w ← w − ηλ(w − θ̃)
         torch.testing.assert_close(new["pfedme.theta." + k][0], theta[k])
+
+
+def test_fedala_learns_elementwise_weights_on_the_top_layer_and_merges_before_training():
+    eta = 0.7
+    algo, server, state, data, x, y = _setup("fedala", {"eta": eta, "sample_percent": 100.0, "layers": 2})
+    glob = dict(server.params)
+    own = {k: v + 0.4 for k, v in glob.items()}  # the client's previous model Θ_i ≠ Θ
+    w0 = {k: torch.full_like(glob[k], 0.5) for k in HEAD}
+    state = {**{"ala.model." + k: v for k, v in own.items()}, **{"ala.w." + k: v for k, v in w0.items()},
+             "ala.settled": torch.tensor(1.0)}  # past its first ALA: one epoch of W per round
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    merged = {k: own[k] + (glob[k] - own[k]) * w0[k] if k in HEAD else glob[k] for k in glob}  # Θ̂ (Eq. 5)
+    g = _grads(merged, x, y)
+    w1 = {k: (w0[k] - eta * g[k] * (glob[k] - own[k])).clamp(0, 1) for k in HEAD}  # W ← clip(W − η∇Θ̂L ⊙ (Θ − Θ_i))
+    for k in HEAD:
+        torch.testing.assert_close(new["ala.w." + k][0], w1[k])
+    merged = {k: own[k] + (glob[k] - own[k]) * w1[k] if k in HEAD else glob[k] for k in glob}
+    trained = _sgd(merged, list(merged), x, y)  # then the usual local training from Θ̂
+    for k in glob:
+        torch.testing.assert_close(upload.params[k][0], trained[k])
+        torch.testing.assert_close(new["ala.model." + k][0], trained[k])
+
+
+def test_fedala_skips_the_merge_while_the_clients_model_is_the_global_one():
+    algo, server, state, data, x, y = _setup("fedala")
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    trained = _sgd(dict(server.params), list(server.params), x, y)  # round 0: Θ_i = Θ, plain local training
+    for k in server.params:
+        torch.testing.assert_close(upload.params[k][0], trained[k])
+    assert all(bool((new["ala.w." + k] == 1).all()) for k in HEAD) and float(new["ala.settled"][0]) == 0.0
