@@ -347,3 +347,32 @@ def test_fedala_skips_the_merge_while_the_clients_model_is_the_global_one():
     for k in server.params:
         torch.testing.assert_close(upload.params[k][0], trained[k])
     assert all(bool((new["ala.w." + k] == 1).all()) for k in HEAD) and float(new["ala.settled"][0]) == 0.0
+
+
+def test_cfl_splits_a_stationary_cluster_by_the_cosine_similarity_of_its_members_updates():
+    from hetfed.engine.types import ServerState, Upload
+
+    algo, _, _, _, _, _ = _setup("cfl", {"eps1": 0.4, "eps2": 1.6, "warmup_rounds": 0})
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2).init_shared(torch.Generator().manual_seed(3))
+    server = ServerState({f"cfl.0.{k}": v for k, v in model.items()}, round=5,
+                         extra={"cfl.cluster_of": torch.zeros(4)})
+    gen = torch.Generator().manual_seed(5)
+    d = {k: torch.randn(v.shape, generator=gen) for k, v in model.items()}
+    scale = 2.0 / float(torch.cat([t.flatten() for t in d.values()]).norm())  # ‖Δ‖ = 2 > ε₂ = 1.6
+    signs = [1.0, 1.0, -1.0, -1.0]  # two groups pulling opposite ways: the mean update is ~0 < ε₁
+    wobble = [0.0, 0.05, 0.0, 0.05]
+    updates = [{k: s * scale * d[k] + w * scale * torch.ones_like(d[k]) for k in d} for s, w in zip(signs, wobble,
+                                                                                                 strict=True)]
+    upload = Upload([0, 1, 2, 3], {f"cfl.0.{k}": torch.stack([model[k] + u[k] for u in updates]) for k in model},
+                    torch.tensor([1.0, 3.0, 2.0, 2.0]))
+    new = algo.aggregate(server, upload)
+    assert new.extra["cfl.cluster_of"].tolist() in ([0, 0, 1, 1], [1, 1, 0, 0])  # split by the sign of the update
+    c01 = int(new.extra["cfl.cluster_of"][0])
+    for k in model:  # each new cluster: the cluster's model plus its members' sample-weighted mean update
+        torch.testing.assert_close(new.params[f"cfl.{c01}.{k}"], model[k] + (1 * updates[0][k] + 3 * updates[1][k]) / 4)
+        torch.testing.assert_close(new.params[f"cfl.{1 - c01}.{k}"], model[k] + (updates[2][k] + updates[3][k]) / 2)
+
+    # not stationary (every update the same way): no split, FedAvg on the cluster
+    same = Upload([0, 1, 2, 3], {f"cfl.0.{k}": torch.stack([model[k] + updates[0][k]] * 4) for k in model},
+                  torch.ones(4))
+    assert algo.aggregate(server, same).extra["cfl.cluster_of"].tolist() == [0, 0, 0, 0]

@@ -35,6 +35,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.errors import ConfigError
 from hetfed.interface import ClientEvalData, Predictor, client_scores, predict
 
 
@@ -117,6 +118,11 @@ class IFCA(FedAvg):
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
         """No single global model: the global test set is scored by each client's chosen cluster model."""
         return {}
+
+    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
+        """Not from states alone: IFCA picks a client's cluster model by its loss on the client's validation data (evaluation does it in :meth:`evaluate_client`)."""
+        raise ConfigError(f"client predictions of a saved {self.name} run are not supported yet: IFCA picks a client's cluster model by its loss on the client's validation data; "
+                          "expected the run's metrics (metrics.csv, summary.json) instead")
 
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
