@@ -53,6 +53,11 @@ def key(c: int, name: str) -> str:
     return f"cfl.{c}.{name}"
 
 
+def padded(of: torch.Tensor, size: int) -> torch.Tensor:
+    """The assignment long enough for client ids below ``size`` (clients not yet known are in cluster 0)."""
+    return of if len(of) >= size else torch.cat([of, torch.zeros(size - len(of), dtype=of.dtype)])
+
+
 def bipartition(updates: torch.Tensor) -> tuple[list[int], list[int]]:
     """Two groups of the rows of ``updates`` [m, d]: complete-linkage clustering of −cosine similarity."""
     from sklearn.cluster import AgglomerativeClustering
@@ -93,8 +98,8 @@ class CFL(FedAvg):
 
     def _own(self, bc: Broadcast, ids: list[int]) -> tuple[list[Params], torch.Tensor]:
         models = [self._model(bc.params, c) for c in range(self._clusters(bc.params))]
-        of = bc.extra[ASSIGNMENT].long().cpu()
-        return models, of[torch.as_tensor(ids)]
+        of = padded(bc.extra.get(ASSIGNMENT, torch.zeros(0)).long().cpu(), max(ids, default=-1) + 1)
+        return models, of[torch.as_tensor(ids, dtype=torch.long)]
 
     @staticmethod
     def _gather(models: list[Params], chosen: torch.Tensor) -> Params:
@@ -116,7 +121,7 @@ class CFL(FedAvg):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Split the clusters that meet Algorithm 1's criterion, then average each cluster's updates."""
-        of = state.extra[ASSIGNMENT].clone()
+        of = padded(state.extra[ASSIGNMENT].clone(), max(upload.client_ids, default=-1) + 1)
         params, extra = dict(state.params), dict(state.extra)
         ids = torch.as_tensor(upload.client_ids)
         opt_key = self.context.pipeline.STATE
