@@ -6,6 +6,8 @@
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
     python results/tables.py leaderboard SWEEP_DIR   # #25: personal accuracy (weighted, mean, worst 10%) and
                                           # global accuracy per method, best round by validation and last round
+    python results/tables.py heterogeneity-figure OUT.png METRIC SWEEP_DIR [SWEEP_DIR …]
+        # #25: every method's best METRIC against each sweep's (partition's) ΔΓ, one line per method
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -186,10 +188,33 @@ def leaderboard_table(sweep: Path) -> str:
         "the balanced global test set (a personalised model: the mean over clients of their own models)\n")
 
 
+def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tuple[float, float, float, str]]]:
+    """Per method, one point per sweep (a partition): (mean ΔΓ, mean best ``metric``, its 95% CI, partition)."""
+    points: dict[str, list[tuple[float, float, float, str]]] = defaultdict(list)
+    for sweep in sweeps:
+        excess, values, label = [], defaultdict(list), ""
+        for _, summary in _runs(sweep):
+            excess.append((summary.get("heterogeneity") or {}).get("gamma_excess"))
+            label = summary.get("partition", "")
+            for name, m in summary["methods"].items():
+                values[name].append(m["best"].get(metric))
+        x = float(np.mean([e for e in excess if e is not None])) if any(e is not None for e in excess) else np.nan
+        for name, v in values.items():
+            v = [a for a in v if a is not None]
+            if v:
+                points[name].append((x, float(np.mean(v)), ci95_over(v), label))
+    return dict(points)
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
     if kind == "grid":
         print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
+    elif kind == "heterogeneity-figure":
+        from hetfed.analysis.figures import plot_accuracy_vs_heterogeneity
+
+        print(plot_accuracy_vs_heterogeneity(heterogeneity_points(sys.argv[3], [Path(p) for p in sys.argv[4:]]),
+                                             sys.argv[3], sys.argv[2]))
     elif kind == "leaderboard":
         print(leaderboard_table(Path(sys.argv[2])))
     elif kind == "paired":

@@ -376,3 +376,15 @@ def test_cfl_splits_a_stationary_cluster_by_the_cosine_similarity_of_its_members
     same = Upload([0, 1, 2, 3], {f"cfl.0.{k}": torch.stack([model[k] + updates[0][k]] * 4) for k in model},
                   torch.ones(4))
     assert algo.aggregate(server, same).extra["cfl.cluster_of"].tolist() == [0, 0, 0, 0]
+
+
+def test_the_heterogeneity_figure_draws_each_method_against_delta_gamma_in_order():
+    from hetfed.analysis.figures import plot_accuracy_vs_heterogeneity
+
+    points = {"fedavg": [(1.6, 0.78, 0.1, "dirichlet"), (0.2, 0.95, 0.01, "iid")],
+              "fedrep": [(0.2, 0.9, 0.02, "iid"), (1.6, 0.97, 0.03, "dirichlet")]}
+    fig = plot_accuracy_vs_heterogeneity(points, "local_accuracy_weighted", None)
+    lines = [container.lines[0] for container in fig.axes[0].containers]  # each method's data line
+    assert [list(line.get_xdata()) for line in lines] == [[0.2, 1.6], [0.2, 1.6]]  # sorted by ΔΓ
+    assert [list(line.get_ydata()) for line in lines] == [[0.95, 0.78], [0.9, 0.97]]
+    assert "ΔΓ" in fig.axes[0].get_xlabel()
