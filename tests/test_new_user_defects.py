@@ -342,3 +342,38 @@ def test_the_simulation_engine_is_started_again_only_when_it_failed_before_the_s
     with pytest.raises(ValueError, match="server step"):
         start_with_retries(fails_in_the_run, lambda: started["yes"], None)
     assert len(calls) == 1
+
+
+# ------------------------------------------------------------------ Flower's replies polled without 3-second sleeps
+
+
+def test_replies_are_collected_as_soon_as_they_come_and_the_timeout_is_kept():
+    from types import SimpleNamespace
+
+    from hetfed.flower.executor import send_and_receive
+
+    class Grid:  # replies become available 0.05 s and 0.1 s after the push
+        def __init__(self):
+            self.t0 = None
+
+        def push_messages(self, messages):
+            self.t0 = time.monotonic()
+            return ["a", "b"]
+
+        def pull_messages(self, ids):
+            ready = {"a": 0.05, "b": 0.1}
+            return [SimpleNamespace(metadata=SimpleNamespace(reply_to_message_id=i)) for i in ids
+                    if time.monotonic() - self.t0 >= ready[i]]
+
+    t0 = time.monotonic()
+    got = send_and_receive(Grid(), [], timeout=10)
+    assert sorted(m.metadata.reply_to_message_id for m in got) == ["a", "b"]
+    assert time.monotonic() - t0 < 1.0  # Flower's GrpcGrid would have slept 3 s after its first empty poll
+
+    class Silent(Grid):
+        def pull_messages(self, ids):
+            return []
+
+    t0 = time.monotonic()
+    assert send_and_receive(Silent(), [], timeout=0.3) == []
+    assert 0.25 < time.monotonic() - t0 < 1.0

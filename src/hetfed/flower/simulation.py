@@ -27,18 +27,28 @@ T = TypeVar("T")
 
 def run_on_simulation(config, method: int, n_clients: int, body: Callable[[object], T],
                       log_file: Path | None = None) -> T:
-    """Start Flower's Simulation Engine with one SuperNode per client; ``body(executor)`` runs in the ServerApp.
+    """Start Flower's Simulation Engine with one SuperNode per client; ``body(executor)`` runs in the ServerApp
+    with the executor of ``config.methods[method]`` (see :func:`run_with_simulation_grid`)."""
+    from hetfed.flower.executor import FlowerExecutor
 
-    Flower's own log lines go to ``log_file`` (the run directory's ``flower.log``), not the console.
-    An exception in the ServerApp — the server's step, a record that cannot travel, every ClientApp
-    failing — ends the simulation and comes back as one line naming what failed and the log file.
+    return run_with_simulation_grid(config, n_clients, lambda grid: body(FlowerExecutor(grid, config, method)),
+                                    log_file)
+
+
+def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T], log_file: Path | None = None) -> T:
+    """Start Flower's Simulation Engine with one SuperNode per client; ``body(grid)`` runs in the ServerApp.
+
+    One start serves every method of a run (``hetfed run`` trains them all inside one ServerApp, as on a
+    deployment): Ray's start and stop cost several seconds each. Flower's own log lines go to ``log_file``
+    (the run directory's ``flower.log``), not the console. An exception in the ServerApp — the server's
+    step, a record that cannot travel, every ClientApp failing — ends the simulation and comes back as one
+    line naming what failed and the log file.
     """
     require_flwr()
     from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
     from hetfed.flower.client_app import app as client_app
-    from hetfed.flower.executor import FlowerExecutor
 
     restore = _log_to_file(log_file)
     # Ray's C++ failure handler turns SIGTERM into an abort (exit 134); its Python handler raises SystemExit(15)
@@ -53,7 +63,7 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
     def main(grid: Grid, context) -> None:
         holder["started"] = True  # type: ignore[assignment]
         try:
-            holder["value"] = body(FlowerExecutor(grid, config, method))
+            holder["value"] = body(grid)
         except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
             holder["error"] = err
             if log_file is not None:  # the traceback for whoever debugs it; the console gets one line

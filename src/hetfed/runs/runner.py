@@ -178,17 +178,26 @@ def run_experiment(
         if ckpt is None:
             torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         with round_progress(progress, console) as bar:
-            for index, (method, train, algo) in enumerate(plans):
-                label = method.label
-                if label in checkpointer.done:
-                    continue  # finished before the interruption: its rows are in methods already
-                heartbeat.beat(method=label)
-                state = current if current is not None and current["index"] == index else None
-                rows = _run_method(config, method, train, algo, fed, writer, bar, heartbeat, run_dir,
-                                   flower_grid, checkpointer if flower_grid is None and train.executor != "flower"
-                                   else None, state)
-                methods.update(rows)
-                checkpointer.method_done(label)
+            def run_methods(grid=flower_grid) -> None:
+                for index, (method, train, algo) in enumerate(plans):
+                    label = method.label
+                    if label in checkpointer.done:
+                        continue  # finished before the interruption: its rows are in methods already
+                    heartbeat.beat(method=label)
+                    state = current if current is not None and current["index"] == index else None
+                    rows = _run_method(config, method, train, algo, fed, writer, bar, heartbeat, run_dir,
+                                       grid, checkpointer if grid is None and train.executor != "flower"
+                                       else None, state)
+                    methods.update(rows)
+                    checkpointer.method_done(label)
+
+            if flower_grid is None and all(train.executor == "flower" for _, train, _ in plans):
+                # every method on the Simulation Engine: one start for them all, as on a deployment
+                from hetfed.flower.simulation import run_with_simulation_grid
+
+                run_with_simulation_grid(config, fed.n_clients, run_methods, log_file=run_dir / "flower.log")
+            else:
+                run_methods()
         writer.close()
         primary = primary_row(config.methods[0])
         het = prep.heterogeneity
