@@ -37,7 +37,9 @@ def one(method: str, dataset: str, rounds: int, out: Path) -> dict:
            "model": {"kind": "cnn4"},
            "train": {"rounds": rounds, "local_epochs": 1, "batch_size": 10, "eval_every": rounds,
                      "optimizer": {"kind": "sgd", "lr": 0.005, "momentum": 0.0}},
-           "methods": [{"name": method, "algorithm": method}]}  # default params: the cost a user pays
+           "methods": [{"name": method, "algorithm": method,  # default params: the cost a user pays
+                        **({"model": {**registry.get(method).model, "kind": "cnn4"}} if registry.get(method).model
+                           else {})}]}
     summary = run_experiment(build_config(raw), out=out / method, progress=False).summary
     caps = registry.get(method).capabilities  # a method with views: its federated phase's row is the round's cost
     m = summary["methods"][caps.federated_view if caps.views else next(iter(summary["methods"]))]

@@ -388,3 +388,39 @@ def test_the_heterogeneity_figure_draws_each_method_against_delta_gamma_in_order
     assert [list(line.get_xdata()) for line in lines] == [[0.2, 1.6], [0.2, 1.6]]  # sorted by ΔΓ
     assert [list(line.get_ydata()) for line in lines] == [[0.95, 0.78], [0.9, 0.97]]
     assert "ΔΓ" in fig.axes[0].get_xlabel()
+
+
+def test_batch_norm_trains_on_each_clients_real_rows_and_updates_its_running_statistics():
+    from hetfed.engine.local import LocalSchedule, train_stack
+
+    model = build_model(ModelConfig(kind="cnn4", batch_norm=True), (8, 8), 3)
+    init = model.init_shared(torch.Generator().manual_seed(0))
+    params = {k: torch.stack([v, v]) for k, v in init.items()}  # two clients, the same start
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(10, 64, generator=gen), torch.randint(0, 3, (10,), generator=gen)
+    data = ClientData([0, 1], x, y, [np.arange(6), np.arange(6, 9)], [5, 6])  # 6 and 3 rows: client 1 is padded
+    opt = OptimizerConfig(kind="sgd", lr=0.01, momentum=0.0)
+    out, _, _ = train_stack(model, params, data, LocalSchedule(batch_size=8, epochs=1.0), opt, 0.01)
+    for k, rows in ((0, np.arange(6)), (1, np.arange(6, 9))):
+        conv = F.conv2d(x[rows].reshape(-1, 1, 8, 8), init["conv1.weight"], init["conv1.bias"], padding=2)
+        per_channel = conv.transpose(0, 1).reshape(32, -1)  # the client's real rows only, every position
+        mean, var = per_channel.mean(1), per_channel.var(1, unbiased=True)
+        torch.testing.assert_close(out["bn1.running_mean"][k], 0.1 * mean)  # (1 − 0.1)·0 + 0.1·mean
+        torch.testing.assert_close(out["bn1.running_var"][k], 0.9 + 0.1 * var)  # PyTorch's unbiased running var
+    assert not torch.equal(out["bn1.weight"], params["bn1.weight"])  # γ trains; the statistics are not gradients
+
+
+def test_fedbn_keeps_every_batch_norm_layer_on_the_client():
+    train = TrainConfig(rounds=1, batch_size=8, local_epochs=1.0, optimizer=OptimizerConfig(kind="sgd", lr=0.01))
+    model = build_model(ModelConfig(kind="cnn4", batch_norm=True), (8, 8), 3)
+    algo = build_algorithm("fedbn", model, train, seed=7)
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    bn = {s.name for s in model.specs() if s.name.startswith("bn")}
+    assert len(bn) == 12 and not bn & set(server.params)
+    state = algo.client_init(0, torch.Generator().manual_seed(1))
+    gen = torch.Generator().manual_seed(2)
+    data = ClientData([0], torch.randn(6, 64, generator=gen), torch.randint(0, 3, (6,), generator=gen),
+                      [np.arange(6)], [3])
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    assert set(upload.params) == set(server.params)  # no γ, β or running statistic leaves
+    assert bn <= set(new) and not torch.equal(new["bn1.running_mean"][0], state["bn1.running_mean"])

@@ -34,8 +34,10 @@ def table_rows() -> list[dict]:
 
 def upload_of(config_row: dict):
     method = {"name": "m", "algorithm": config_row["algorithm"]}
-    if "model.kind" in config_row:
-        method["model"] = {"kind": config_row["model.kind"]}
+    model = {k.split(".", 1)[1]: {"true": True, "false": False}.get(v, v) for k, v in config_row.items()
+             if k.startswith("model.")}
+    if model:
+        method["model"] = model
     if method["algorithm"] == "fsnet":
         method["params"] = {"server_steps": 1}
     cfg = build_config({"partition": {"clients": 3}, "train": {"rounds": 1, "local_steps": 2}, "methods": [method]})

@@ -28,7 +28,8 @@ SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_siz
 
 
 def _config(algorithms: list[str], executor: str, **extra) -> object:
-    methods = [{"name": f"{a}_", "algorithm": a, "params": dict(registry.get(a).quick)} for a in algorithms]
+    methods = [{"name": f"{a}_", "algorithm": a, "params": dict(registry.get(a).quick),
+                **({"model": dict(registry.get(a).model)} if registry.get(a).model else {})} for a in algorithms]
     raw = json.loads(json.dumps({**SMALL, **extra, "methods": methods}))
     raw["train"]["executor"] = executor
     raw.setdefault("flower", {})["connect_timeout"] = 300

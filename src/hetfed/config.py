@@ -120,6 +120,8 @@ class ModelConfig(_Strict):
     hidden: list[int] = Field(default_factory=lambda: [64, 64])
     dropout: float = Field(0.0, ge=0, lt=1)
     condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
+    batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
+                                                "fully connected layer (running statistics kept per client: FedBN)")
     embedding_dim: int = Field(100, ge=1, description="bilstm: the token embedding's width")
     lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction")
 
@@ -127,6 +129,8 @@ class ModelConfig(_Strict):
     def _positive_widths(self) -> ModelConfig:
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"model.hidden = {self.hidden}: every width must be ≥ 1")
+        if self.batch_norm and self.kind != "cnn4":
+            raise ValueError(f"model.batch_norm = true is not allowed with model.kind = {self.kind!r}: expected 'cnn4'")
         return self
 
 

@@ -54,6 +54,8 @@ class AlgorithmSpec:
     legacy_train: Mapping[str, str] = field(default_factory=dict)
     #: params that make a run of a few rounds quick (the parity tests, examples): e.g. fewer server steps
     quick: Mapping[str, Any] = field(default_factory=dict)
+    #: the model a run of it needs when the default (an MLP) will not do (FedBN: a CNN with batch norm)
+    model: Mapping[str, Any] = field(default_factory=dict)
 
     def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
         """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
@@ -78,7 +80,8 @@ class AlgorithmSpec:
         caps["views"] = list(caps["views"])
         caps["model_kinds"] = list(caps["model_kinds"]) if caps["model_kinds"] is not None else None
         return {"name": self.name, "summary": self.summary, "paper": self.paper, "params": params,
-                "capabilities": caps, "quick": dict(self.quick)}
+                "capabilities": caps, "quick": dict(self.quick),
+                **({"model": dict(self.model)} if self.model else {})}
 
 
 def _type_name(annotation: Any) -> str:

@@ -115,7 +115,8 @@ def train_stack(
     one batch); ``project`` constrains the parameters after every step.
     """
     device = data.x.device
-    names = trainable if trainable is not None else list(params)
+    buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
+    names = [k for k in (trainable if trainable is not None else list(params)) if k not in buffers]
     fixed = {k: v for k, v in params.items() if k not in names}
     # own copies: the optimiser updates in place, the caller's tensors stay untouched
     current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}
@@ -145,6 +146,10 @@ def train_stack(
             optim.step(opt_cfg, current, dict(zip(leaves, grads, strict=True)), state, lr, active)
             if project is not None:
                 current = project(current)
+            for k, values in noise.updates.items():  # buffers: each active client's new value
+                if k in fixed:
+                    fixed[k] = torch.stack([v.to(fixed[k].dtype) if v is not None and on else fixed[k][i]
+                                            for i, (v, on) in enumerate(zip(values, active_np, strict=True))])
             loss_sum += reported.detach() * active
     n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
     out = {**fixed, **{k: v.detach() for k, v in current.items()}}

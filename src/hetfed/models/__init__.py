@@ -28,7 +28,7 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int, vo
     if cfg.kind == "cnn":
         return LeNet(input_shape, n_classes)
     if cfg.kind == "cnn4":
-        return FedAvgCNN(input_shape, n_classes)
+        return FedAvgCNN(input_shape, n_classes, cfg.batch_norm)
     if cfg.kind == "cgau":
         return CGAUNet(d, cfg.hidden, n_classes, cfg.dropout, cfg.condition_output)
     raise ValueError(f"unknown model.kind {cfg.kind!r}")

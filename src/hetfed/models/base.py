@@ -43,6 +43,10 @@ def zeros_init(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
     return torch.zeros(shape)
 
 
+def ones_init(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    return torch.ones(shape)
+
+
 @dataclass(frozen=True)
 class ParamSpec:
     """One parameter tensor of one client: its name, shape, initialiser and owner."""
@@ -51,6 +55,8 @@ class ParamSpec:
     shape: tuple[int, ...]
     init: Init
     local: bool = False
+    #: not trained by gradient: state the forward updates while training (batch norm's running statistics)
+    buffer: bool = False
 
 
 class Noise:
@@ -66,6 +72,8 @@ class Noise:
         self.gens = gens
         self.active = active
         self.rows = rows  # real (unpadded) batch rows per client
+        #: buffer name → per-client new values the forward computed in this step (batch norm's statistics)
+        self.updates: dict[str, list[torch.Tensor | None]] = {}
         self.device = device
 
     def keep_mask(self, batch: int, width: int, p: float) -> torch.Tensor:
@@ -127,6 +135,11 @@ class Model:
     @property
     def local_names(self) -> list[str]:
         return [s.name for s in self.specs() if s.local]
+
+    @property
+    def buffer_names(self) -> list[str]:
+        """Parameters no gradient moves: the forward updates them while training (via ``Noise.updates``)."""
+        return [s.name for s in self.specs() if s.buffer]
 
     def _init(self, gen: torch.Generator, local: bool) -> Params:
         return {s.name: s.init(gen, s.shape).float() for s in self.specs() if s.local == local}

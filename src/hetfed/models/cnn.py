@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from hetfed.errors import ConfigError
-from hetfed.models.base import Model, Noise, Params, ParamSpec, fan_in_init
+from hetfed.models.base import Model, Noise, Params, ParamSpec, fan_in_init, ones_init, zeros_init
 
 
 def _pool(x: torch.Tensor) -> torch.Tensor:
@@ -129,8 +129,12 @@ class FedAvgCNN(LeNet):
 
     KIND = "cnn4"
 
-    def __init__(self, input_shape: Sequence[int], n_classes: int):
+    #: batch norm's momentum and epsilon (PyTorch's defaults)
+    BN_MOMENTUM, BN_EPS = 0.1, 1e-5
+
+    def __init__(self, input_shape: Sequence[int], n_classes: int, batch_norm: bool = False):
         super().__init__(input_shape, n_classes)
+        self.batch_norm = batch_norm
         h, w, c = self.h, self.w, self.c
         self.pad1 = 0 if min(h, w) >= 28 else 2
         s = (min(h, w) - 4 + 2 * self.pad1) // 2
@@ -147,12 +151,64 @@ class FedAvgCNN(LeNet):
             ParamSpec("fc.weight", (n_classes, 512), fan_in_init(512)),
             ParamSpec("fc.bias", (n_classes,), fan_in_init(512)),
         ]
+        if batch_norm:  # after conv1, conv2 and fc1, before the ReLU (FedBN's models)
+            for name, width in (("bn1", 32), ("bn2", 64), ("bn3", 512)):
+                self._specs += [ParamSpec(f"{name}.weight", (width,), ones_init),
+                                ParamSpec(f"{name}.bias", (width,), zeros_init),
+                                ParamSpec(f"{name}.running_mean", (width,), zeros_init, buffer=True),
+                                ParamSpec(f"{name}.running_var", (width,), ones_init, buffer=True)]
 
     head_names = ("fc.weight", "fc.bias")
     latent_dim = 512
 
     def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
+        if self.batch_norm:
+            return self._features_bn(p, x, None, None)
         return F.relu(F.linear(self._convolved(p, x), p["fc1.weight"], p["fc1.bias"]))
+
+    def _bn(self, p: Params, name: str, h: torch.Tensor, rows: int | None, updates: dict | None) -> torch.Tensor:
+        """Batch norm of one client's batch ``h`` [b, C, …]: its real ``rows``' statistics while training
+        (and the running statistics' new values into ``updates``), the running statistics at evaluation."""
+        if rows is None:
+            mean, var = p[f"{name}.running_mean"], p[f"{name}.running_var"]
+        else:
+            real = h[:rows].transpose(0, 1).reshape(h.shape[1], -1)  # [C, rows × spatial]
+            mean, var = real.mean(1), real.var(1, unbiased=False)
+            count = real.shape[1]
+            m = self.BN_MOMENTUM
+            unbiased = var.detach() * count / max(count - 1, 1)
+            updates[f"{name}.running_mean"] = (1 - m) * p[f"{name}.running_mean"] + m * mean.detach()
+            updates[f"{name}.running_var"] = (1 - m) * p[f"{name}.running_var"] + m * unbiased
+        shape = (1, -1) + (1,) * (h.dim() - 2)
+        norm = (h - mean.view(shape)) / torch.sqrt(var.view(shape) + self.BN_EPS)
+        return norm * p[f"{name}.weight"].view(shape) + p[f"{name}.bias"].view(shape)
+
+    def _features_bn(self, p: Params, x: torch.Tensor, rows: int | None, updates: dict | None) -> torch.Tensor:
+        if self.c == 1:
+            x = x.reshape(-1, 1, self.h, self.w)
+        else:
+            x = x.reshape(-1, self.h, self.w, self.c).permute(0, 3, 1, 2)
+        x = F.conv2d(x, p["conv1.weight"], p["conv1.bias"], padding=self.pad1)
+        x = F.relu(_pool(self._bn(p, "bn1", x, rows, updates)))
+        x = F.conv2d(x, p["conv2.weight"], p["conv2.bias"], padding=self.pad2)
+        x = F.relu(_pool(self._bn(p, "bn2", x, rows, updates))).flatten(1)
+        return F.relu(self._bn(p, "bn3", F.linear(x, p["fc1.weight"], p["fc1.bias"]), rows, updates))
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        if not self.batch_norm:
+            return super().forward(params, x, noise)
+        w, b = self.head_names
+        out = []
+        for i in range(x.shape[0]):  # per client: its own batch statistics (a loop on every device)
+            p = {k: v[i] for k, v in params.items()}
+            training = noise is not None
+            updates: dict = {}
+            z = self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if training else None, updates)
+            if training:
+                for k, v in updates.items():
+                    noise.updates.setdefault(k, [None] * x.shape[0])[i] = v if noise.rows[i] else None
+            out.append(F.linear(z, p[w], p[b]))
+        return torch.stack(out)
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (32 * self.h * self.w + 64 * self.h * self.w // 4 + 512)
