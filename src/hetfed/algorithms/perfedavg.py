@@ -73,14 +73,15 @@ class PerFedAvg(FedAvg):
         def objective(p: Params, xb, yb, mask, noise):
             names = [k for k, v in p.items() if v.requires_grad]
             d = [(_parts(xb, b, i), _parts(yb, b, i), _parts(mask, b, i)) for i in range(self._batches)]
-            inner = cross_entropy(model, p, *d[0], noise)
+            noises = [None if noise is None else noise.columns(i * b, b) for i in range(self._batches)]
+            inner = cross_entropy(model, p, *d[0], noises[0])
             g = torch.autograd.grad(inner.sum(), [p[k] for k in names], allow_unused=True)
             w_tilde = {**p, **{k: p[k] - alpha * gk.detach() for k, gk in zip(names, g, strict=True) if gk is not None}}
-            outer = cross_entropy(model, w_tilde, *d[1], noise)
+            outer = cross_entropy(model, w_tilde, *d[1], noises[1])
             if not hf:
                 return outer
             v = torch.autograd.grad(outer.sum(), [p[k] for k in names], retain_graph=True, allow_unused=True)
-            hess = cross_entropy(model, p, *d[2], noise)
+            hess = cross_entropy(model, p, *d[2], noises[2])
             gh = torch.autograd.grad(hess.sum(), [p[k] for k in names], create_graph=True, allow_unused=True)
             corr = sum((a * c.detach()).flatten(1).sum(1) for a, c in zip(gh, v, strict=True)
                        if a is not None and c is not None)

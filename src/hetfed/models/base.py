@@ -76,6 +76,14 @@ class Noise:
         self.updates: dict[str, list[torch.Tensor | None]] = {}
         self.device = device
 
+    def columns(self, start: int, width: int) -> Noise:
+        """The same streams for the batch columns ``start … start + width`` (a step that splits its batch into
+        several, as Per-FedAvg's D, D', D''): each client's real rows there, the same generators."""
+        rows = [max(0, min(r - start, width)) for r in self.rows]
+        part = Noise(self.gens, [a and r > 0 for a, r in zip(self.active, rows, strict=True)], rows, self.device)
+        part.updates = self.updates
+        return part
+
     def keep_mask(self, batch: int, width: int, p: float) -> torch.Tensor:
         """Inverted-dropout multipliers ``[n, batch, width]`` (0 or 1/(1−p)).
 
