@@ -365,6 +365,11 @@ class Config(_Strict):
         MethodConfig(name="cgau", algorithm="fedavg", model={"kind": "cgau", "dropout": 0.5}),
     ])
     out_dir: str = "runs"
+    tracking: list[Literal["tensorboard", "mlflow"]] = Field(
+        default_factory=list, description="mirror every round's metrics to these trackers as they are written: "
+        "tensorboard (RUN/tb/), mlflow (MLFLOW_TRACKING_URI, else RUN/mlflow.db; a sweep's runs share "
+        "SWEEP/mlflow.db); needs hetfed[tracking]"
+    )
     plugins: list[str] = Field(
         default_factory=list, description="modules imported before the methods are checked: algorithms of your own "
         "that call hetfed.algorithms.registry.register (on Flower, every SuperNode imports them too)"

@@ -23,7 +23,7 @@ def _warn(console: Console | None, what: str, err: Exception, directory: Path) -
 
 
 def present_run(run_dir: Path, status: Console | None = None) -> None:
-    """``figures/learning_curves.png`` (and .svg) and ``report.html`` of a finished run."""
+    """``figures/learning_curves.png``, ``figures/clients.png`` (and .svg) and ``report.html`` of a finished run."""
     import json
 
     from hetfed.analysis.figures import plot_learning_curves
@@ -37,6 +37,15 @@ def present_run(run_dir: Path, status: Console | None = None) -> None:
         plot_learning_curves(run_curves(run_dir), run_dir / "figures" / "learning_curves.png", best_rounds=best)
     except Exception as err:
         _warn(status, "figures/learning_curves.png", err, run_dir)
+    try:  # who holds which classes: the client distribution, for trackers and for a look without the report
+        import numpy as np
+
+        from hetfed.analysis.figures import plot_partition_view
+
+        with np.load(run_dir / "federation.npz") as z:
+            plot_partition_view({k: z[k] for k in z.files}, run_dir / "figures" / "clients.png")
+    except Exception as err:
+        _warn(status, "figures/clients.png", err, run_dir)
     try:
         write_report(run_dir)
     except Exception as err:

@@ -11,7 +11,9 @@ Layout::
     federation.npz  the clients as the report draws them (class counts, sizes, a 2-D view)
     checkpoints/    best (by validation loss) and final server models; every
                     client's local state (``<method>-clients.pt``) when it has one
-    figures/        learning curves (PNG and SVG)
+    figures/        learning curves and who holds which classes (PNG and SVG)
+    tb/             TensorBoard logs (tracking: [tensorboard]): one run per method
+    tracking.json   the MLflow run ids (tracking: [mlflow]), for a resume
     report.html     one self-contained page: config, federation, curves, tables
 
 A directory that already holds files is never reused: ``--out`` must name a new
@@ -116,6 +118,8 @@ class MetricsWriter:
 
     def __init__(self, path: Path, keep_bytes: int | None = None):
         self.path = path
+        #: experiment trackers (:class:`hetfed.runs.tracking.Trackers`): round-level rows mirrored as written
+        self.mirror = None
         if keep_bytes is not None and path.is_file():
             with open(path, "r+b") as fh:
                 fh.truncate(keep_bytes)
@@ -130,10 +134,14 @@ class MetricsWriter:
     def write(self, method: str, round: int, split: str, client: int | str, metrics: dict[str, float]) -> None:
         for metric, value in metrics.items():
             self._w.writerow([method, round, split, client, metric, value])
+        if self.mirror is not None and client == "all":
+            self.mirror.log(method, round, split, metrics)
 
     def flush(self) -> None:
         self._fh.flush()
         os.fsync(self._fh.fileno())
+        if self.mirror is not None:
+            self.mirror.flush()
 
     def size(self) -> int:
         """Bytes written so far (after :meth:`flush`)."""

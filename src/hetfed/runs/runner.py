@@ -26,6 +26,7 @@ from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
 from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import ConfigError, RunError, interruption_reason
+from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints, snapshot
 from hetfed.runs.rundir import (
     Heartbeat,
@@ -36,7 +37,7 @@ from hetfed.runs.rundir import (
     set_status,
     write_json_atomic,
 )
-from hetfed.pipeline import Prepared, prepare
+from hetfed.runs.tracking import check_trackers, open_trackers
 
 #: metrics shown in the final table and compared across methods
 HEADLINE = ("global_accuracy", "local_accuracy_mean")
@@ -107,6 +108,8 @@ def run_experiment(
     flower_grid=None,
     present: Callable[[Path, Console | None], None] | None = None,
     resume: bool = False,
+    tracking_root: Path | None = None,
+    tracking_tags: dict[str, str] | None = None,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary.
 
@@ -118,11 +121,15 @@ def run_experiment(
     (:func:`hetfed.analysis.present.present_run`, passed by the entry points; a sweep
     presents all its runs at once instead). ``flower_grid`` (inside a Flower ServerApp): every method's clients are the
     SuperNodes of that federation, whatever ``train.executor`` says.
+
+    ``tracking_root`` / ``tracking_tags``: where MLflow's default store lives and extra tags
+    (a sweep passes its directory and point; see :mod:`hetfed.runs.tracking`).
     """
     console = console or make_console()
     status = make_console(stderr=True) if progress else None
     t_start = time.perf_counter()
     ckpt = None
+    check_trackers(config.tracking)  # a tracker that is not installed is refused before anything is written
     if not resume:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     else:  # the checkpoint too: a refused resume says so before loading anything
@@ -171,10 +178,16 @@ def run_experiment(
                                 resumes=ckpt["resumes"] + 1 if ckpt else int(resume))
     checkpointer.done = list(ckpt["done"]) if ckpt else []
     current = ckpt.get("current") if ckpt else None
+    trackers = None
     try:
         from hetfed.partition import partition_view
 
         np.savez_compressed(run_dir / "federation.npz", **partition_view(fed, config.seed))
+        warn_console = status or make_console(stderr=True)
+        trackers = open_trackers(config, run_dir, prep.heterogeneity.as_dict(), resumed=resume, root=tracking_root,
+                                 tags=tracking_tags,
+                                 warn=lambda line: warn_console.print(line, style="yellow", soft_wrap=True))
+        writer.mirror = trackers
         if ckpt is None:
             torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         with round_progress(progress, console) as bar:
@@ -235,11 +248,15 @@ def run_experiment(
         heartbeat.stop()
         writer.close()
         set_status(run_dir, "failed", reason=interruption_reason(err), methods_done=list(methods))
+        if trackers is not None:
+            trackers.finish(run_dir, None, "failed")
         # the reason itself is printed once, by whoever handles the error (the CLI)
         make_console(stderr=True).print(f"run marked failed; what was finished is kept in {run_dir}", soft_wrap=True)
         raise
     if present is not None:
         present(run_dir, status)
+    if trackers is not None:  # after the figures and report.html, which it sends along
+        trackers.finish(run_dir, summary, "complete")
     if progress:
         print_summary(summary, run_dir, console)
     return RunOutput(run_dir, summary)

@@ -146,6 +146,9 @@ def run_sweep(
         raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
+    from hetfed.runs.tracking import check_trackers
+
+    check_trackers(config.tracking)  # before any point runs: every point would fail the same way
     points = grid_points(grid)
     base = config.model_dump(mode="json")
     # validate every point before running anything
@@ -256,8 +259,12 @@ def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
 
     resume = (Path(run_dir) / "config.yaml").is_file()  # left in place by --resume: it has a checkpoint
     try:
-        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False,
-                                    resume=resume).summary
+        run = Path(run_dir)
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume,
+                                    tracking_root=run.parent.parent,  # the sweep's directory: one MLflow store
+                                    tracking_tags={"hetfed.sweep": run.parent.parent.name,
+                                                   "hetfed.point": run.parent.name,
+                                                   "hetfed.run_name": f"{run.parent.name}/{run.name}"}).summary
     except HetfedError as err:
         return "failed", str(err)
 
