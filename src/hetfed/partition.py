@@ -479,6 +479,29 @@ def split_client(idx: np.ndarray, y: np.ndarray, val: float, test: float, rng: n
     return cat(tr), cat(va), cat(te)
 
 
+def split_in_order(idx: np.ndarray, val: float, test: float, gap: int):
+    """Train, then validation, then test, in time order (samples are consecutive windows of a text).
+
+    ``gap`` samples are left out before each later part, so no window of one split shares a
+    character with a window of another (LEAF's split of a Shakespeare role, by time). A client too
+    small for all three keeps what fits, training first.
+    """
+    n = len(idx)
+    n_val = int(round(val * n)) if val > 0 else 0
+    n_test = int(round(test * n)) if test > 0 else 0
+    n_val, n_test = (max(n_val, 1) if val > 0 else 0), (max(n_test, 1) if test > 0 else 0)
+    while n_val + n_test + gap * ((n_val > 0) + (n_test > 0)) >= n and n_val + n_test > 0:
+        if n_test >= n_val:
+            n_test -= 1
+        else:
+            n_val -= 1
+    n_train = n - n_val - n_test - gap * ((n_val > 0) + (n_test > 0))
+    train = idx[:n_train]
+    va = idx[n_train + gap: n_train + gap + n_val] if n_val else idx[:0]
+    te = idx[n - n_test:] if n_test else idx[:0]
+    return train.astype(np.int64), va.astype(np.int64), te.astype(np.int64)
+
+
 def balanced_subset(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     """Indices of an equal number of samples per class (the smallest class's count)."""
     classes = np.unique(y)
@@ -512,8 +535,12 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
             "expected fewer clients or a less extreme setting"
         )
     rng = np.random.default_rng([seed, 0x5B17])
-    splits = [split_client(p, y, cfg.val_fraction, cfg.test_fraction, rng) for p in parts]
-    gt = balanced_subset(data.y_test, rng)
+    gap = getattr(data, "sequence_gap", None)
+    if gap is not None and cfg.kind == "natural":  # a role's windows in time order: split by time, as LEAF
+        splits = [split_in_order(np.sort(p), cfg.val_fraction, cfg.test_fraction, gap) for p in parts]
+    else:
+        splits = [split_client(p, y, cfg.val_fraction, cfg.test_fraction, rng) for p in parts]
+    gt = balanced_subset(data.y_test, rng) if getattr(data, "balanced_test", True) else np.arange(len(data.y_test))
     return Federation(
         x=x,
         y=y,

@@ -39,6 +39,9 @@ class Embedded:
     extractor: str = "identity"
     #: features Γ and feature clustering read when x is not a feature vector (token ids); None: x itself
     measure_train: np.ndarray | None = None
+    sequence_gap: int | None = None  # see hetfed.data.registry.Dataset
+    balanced_test: bool = True
+    notes: tuple[str, ...] = ()
 
 
 def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
@@ -52,6 +55,9 @@ def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
         raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.modality} dataset {ds.name!r}: "
                         + ("expected embed.kind = 'yamnet' (audio clips)" if ds.modality == "audio" else
                            "yamnet embeds audio clips; expected another embed.kind"))
+    if ds.modality == "sequence" and cfg.kind != "identity":
+        raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.name!r}: its samples are character "
+                        "windows for model.kind = 'charlstm'; expected embed.kind = 'identity'")
     if cfg.kind == "tokens":
         return _tokens(ds, cfg)
     if cfg.kind == "identity":
@@ -106,9 +112,15 @@ def _flat(x: np.ndarray) -> np.ndarray:
 
 
 def _wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], kind: str) -> Embedded:
+    measure = None
+    if ds.modality == "sequence":  # character ids are codes, not features: Γ reads each window's characters
+        from hetfed.data.shakespeare import character_histograms
+
+        measure = character_histograms(ds.x_train)
     return Embedded(
         ds.name, tr.astype(np.float32), ds.y_train, te.astype(np.float32), ds.y_test,
-        ds.n_classes, shape, ds.client_train, kind,
+        ds.n_classes, shape, ds.client_train, kind, measure_train=measure, sequence_gap=ds.sequence_gap,
+        balanced_test=ds.balanced_test, notes=ds.notes,
     )
 
 

@@ -35,6 +35,12 @@ class Dataset:
     client_train: np.ndarray | None = None  # natural client id per train sample
     sources: tuple[dict, ...] = ()  # the files read: path, bytes, sha256 (recorded in every run)
     class_names: tuple[str, ...] = ()  # label names by class id, when the data has them
+    #: time-ordered windows of a sequence (Shakespeare): each client's split is in time order, with this
+    #: many samples left out between its parts so no window overlaps another split; None: stratified
+    sequence_gap: int | None = None
+    balanced_test: bool = True  # the global test set is a class-balanced subset of x_test (False: all of it)
+    client_names: tuple[str, ...] = ()  # natural clients' names by id (Shakespeare: play/ROLE)
+    notes: tuple[str, ...] = ()  # what loading did, for the console (clients kept, sizes)
 
     @property
     def input_shape(self) -> tuple[int, ...]:
@@ -452,6 +458,7 @@ LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "rotten_tomatoes": load_rotten_tomatoes,
     "fsd_kaggle2018": load_fsd_kaggle2018,
     "arrays": load_arrays,
+    "shakespeare": lambda cfg: __import__("hetfed.data.shakespeare", fromlist=["load_shakespeare"]).load_shakespeare(cfg),
 }
 
 

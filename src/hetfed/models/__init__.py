@@ -9,6 +9,7 @@ from hetfed.errors import ConfigError
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 from hetfed.models.bilstm import BiLSTM
 from hetfed.models.cgau import CGAUNet
+from hetfed.models.charlstm import CharLSTM
 from hetfed.models.cnn import FedAvgCNN, LeNet
 from hetfed.models.mlp import MLP, LogisticRegression, flat_size
 
@@ -21,6 +22,14 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int, vo
             raise ConfigError(f"model.kind = 'bilstm' is not allowed for inputs of shape {tuple(input_shape)}: "
                               "expected token ids (embed.kind = 'tokens')")
         return BiLSTM(int(input_shape[0]), vocab_size, n_classes, cfg.embedding_dim, cfg.lstm_hidden, cfg.dropout)
+    if cfg.kind == "charlstm":
+        from hetfed.data.shakespeare import ALL_LETTERS
+
+        if len(input_shape) != 1:
+            raise ConfigError(f"model.kind = 'charlstm' is not allowed for inputs of shape {tuple(input_shape)}: "
+                              "expected character windows (dataset.name = 'shakespeare')")
+        return CharLSTM(int(input_shape[0]), len(ALL_LETTERS), n_classes, cfg.embedding_dim, cfg.lstm_hidden,
+                        cfg.lstm_layers, cfg.dropout)
     if cfg.kind == "mlp":
         return MLP(d, cfg.hidden, n_classes, cfg.dropout)
     if cfg.kind == "logreg":
@@ -34,4 +43,4 @@ def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int, vo
     raise ValueError(f"unknown model.kind {cfg.kind!r}")
 
 
-__all__ = ["BiLSTM", "CGAUNet", "FedAvgCNN", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]
+__all__ = ["BiLSTM", "CGAUNet", "CharLSTM", "FedAvgCNN", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]

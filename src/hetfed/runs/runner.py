@@ -143,6 +143,8 @@ def run_experiment(
         resolve_device(config.method_train(method).device)  # "cuda" without a GPU
     prep = prepared or prepare(config, progress=progress, status=status)
     fed = prep.federation
+    for note in getattr(prep.data, "notes", ()):  # what loading kept (Shakespeare: roles, windows, sizes)
+        (status or make_console(stderr=True)).print(note, soft_wrap=True, markup=False)
     for warning in prep.warnings:
         (status or make_console(stderr=True)).print(f"warning: {warning}", style="yellow", soft_wrap=True)
     n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
