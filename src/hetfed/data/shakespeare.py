@@ -19,8 +19,8 @@ the lines below):
 - samples are every 80-character window and the character after it (stride 1 as LEAF;
   ``dataset.window_stride`` thins them);
 - each role's test set is its *last* ``dataset.test_fraction`` of windows, in time order
-  (McMahan et al.: the last 20% of a role's lines), after a gap of 79 windows so no test
-  window shares a character with a training one; the global test set is the union of the
+  (McMahan et al.: the last 20% of a role's lines), after a gap of 80 windows so no test
+  window shares a character with a training window or its label; the global test set is the union of the
   roles' tails (McMahan et al.'s test set), not a class-balanced subset.
 
 The poems (sonnets, Lucrece, …) have no speaking roles and give no clients. Plays are named by
@@ -177,7 +177,7 @@ def load_shakespeare(cfg: DatasetConfig):
                             f"{sorted(plays)}")
         plays = {p: plays[p] for p in cfg.plays}
     stride = cfg.window_stride
-    gap = -(-(WINDOW - 1) // stride)  # windows between a role's train part and its test tail
+    gap = -(-WINDOW // stride)  # windows between a role's train part and its test tail: no shared character
     xs, ys, owners, x_test, y_test, names = [], [], [], [], [], []
     dropped_short = 0
     for play, text in plays.items():
