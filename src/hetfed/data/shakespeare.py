@@ -221,8 +221,11 @@ def character_histograms(x: np.ndarray) -> np.ndarray:
     Raw character ids are not features (their Fréchet distance would compare codes); a window's
     bag of characters is the cheap, offline view of what a role writes (its style, its names).
     """
-    ids = x.astype(np.int64)
     k = len(ALL_LETTERS)
-    flat = (np.arange(len(ids))[:, None] * k + ids).ravel()
-    counts = np.bincount(flat, minlength=len(ids) * k).reshape(len(ids), k)
-    return (counts / ids.shape[1]).astype(np.float32)
+    out = np.empty((len(x), k), np.float32)
+    for start in range(0, len(x), 100_000):  # in chunks: the full corpus is 3.2 M windows
+        ids = x[start:start + 100_000].astype(np.int64)
+        flat = (np.arange(len(ids))[:, None] * k + ids).ravel()
+        counts = np.bincount(flat, minlength=len(ids) * k).reshape(len(ids), k)
+        out[start:start + len(ids)] = counts / x.shape[1]
+    return out
