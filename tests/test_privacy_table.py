@@ -50,6 +50,17 @@ def upload_of(config_row: dict):
     return upload, algo
 
 
+def test_the_table_in_the_docs_is_the_one_the_registry_writes(capsys):
+    from hetfed.algorithms import registry
+    from hetfed.cli import main
+
+    text = DOC.read_text()
+    block = text.split("<!-- privacy-table:", 1)[1].split("\n", 1)[1].split("<!-- /privacy-table -->")[0]
+    assert block == registry.privacy_table()
+    assert main(["algorithms", "--privacy-table"]) == 0
+    assert capsys.readouterr().out == registry.privacy_table()
+
+
 def test_the_table_covers_every_algorithm():
     from hetfed.algorithms import registry
 

@@ -109,6 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("algorithms", help="list every registered algorithm: its parameters and capabilities")
     p.add_argument("name", nargs="?", help="show one algorithm in full")
     p.add_argument("--json", action="store_true", help="machine-readable: every field of every algorithm")
+    p.add_argument("--privacy-table", action="store_true",
+                   help="print docs/methods.md's privacy table (Markdown): what each method uploads and keeps")
     p.set_defaults(func=cmd_algorithms)
     return parser
 
@@ -119,6 +121,9 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
 
     from hetfed.algorithms import registry
 
+    if args.privacy_table:
+        print(registry.privacy_table(), end="")
+        return 0
     specs = [registry.get(args.name)] if args.name else registry.specs()
     described = [s.describe() for s in specs]
     if args.json:

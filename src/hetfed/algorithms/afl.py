@@ -33,7 +33,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
 from hetfed.interface import predict
 from hetfed.models.base import Model
@@ -131,4 +137,13 @@ register(AlgorithmSpec(
     "Goetz et al. 2019, Active Federated Learning", AFLParams,
     Capabilities(uploads="shared parameters, sample count, training loss, the loss valuation v_k"),
     legacy_section="afl",
+    privacy=(
+        PrivacyRow(
+            method="AFL",
+            config="`algorithm: afl`",
+            params="shared model parameters",
+            extra="`train_loss`; `valuation`: its loss under the received model, (1/√n_k)·Σ loss over its training data (one number)",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

@@ -25,7 +25,13 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import initial_model
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import Predictor
@@ -91,4 +97,13 @@ register(AlgorithmSpec(
     "apfl", APFL, "a local model per client mixed with the global one, α·v + (1 − α)·w, α learned on local data",
     "Deng, Kamani, Mahdavi 2020, Adaptive Personalized Federated Learning", APFLParams,
     Capabilities(private=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="APFL",
+            config="`algorithm: apfl`",
+            params="shared model parameters (its copy of the global model after local SGD)",
+            extra="`train_loss`",
+            stays="data; its local model v_i (`apfl.v.<name>`) and mixing weight α_i (`apfl.alpha`)",
+        ),
+    ),
 ))

@@ -27,7 +27,13 @@ import torch
 from pydantic import Field
 
 from hetfed.algorithms._clusters import ClusterModels
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.types import (
     Broadcast,
     Params,
@@ -124,4 +130,13 @@ register(AlgorithmSpec(
     Capabilities(uploads="every cluster model's parameters (its own trained, the others as received), sample count, "
                          "training loss", whole_round=True, personalises=True),
     quick={"warmup_rounds": 1},
+    privacy=(
+        PrivacyRow(
+            method="CFL",
+            config="`algorithm: cfl`",
+            params="every cluster model's parameters (`cfl.<c>.<name>`: its own cluster's trained, the others exactly as received)",
+            extra="`train_loss`",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

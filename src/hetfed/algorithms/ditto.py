@@ -23,7 +23,13 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import initial_model, second_pass
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import Predictor
@@ -80,4 +86,13 @@ register(AlgorithmSpec(
     "ditto", Ditto, "FedAvg's global model plus a personal model per client, tied to it by λ/2·‖v − w‖²",
     "Li et al. 2021, Ditto: Fair and Robust Federated Learning Through Personalization", DittoParams,
     Capabilities(private=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="Ditto",
+            config="`algorithm: ditto`",
+            params="shared model parameters (the global model after local SGD)",
+            extra="`train_loss`",
+            stays="data; its personal model v_k (`ditto.<name>`); optimiser state when kept",
+        ),
+    ),
 ))

@@ -33,7 +33,13 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import initial_model
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.config import OptimizerConfig
 from hetfed.engine.local import LocalSchedule, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
@@ -171,4 +177,13 @@ register(AlgorithmSpec(
     "Zhang et al. 2023, FedALA: Adaptive Local Aggregation for Personalized Federated Learning", FedALAParams,
     Capabilities(private=True, personalises=True),
     quick={"max_settle_epochs": 3, "settle_epochs": 2},
+    privacy=(
+        PrivacyRow(
+            method="FedALA",
+            config="`algorithm: fedala`",
+            params="shared model parameters (its model after ALA and local training)",
+            extra="`train_loss`",
+            stays="data; its own model Θ_i (`ala.model.<name>`), its aggregation weights W_i (`ala.w.<name>`)",
+        ),
+    ),
 ))

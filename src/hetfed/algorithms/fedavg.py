@@ -5,7 +5,13 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine import optim
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
@@ -112,14 +118,48 @@ register(AlgorithmSpec(
     "fedavg", FedAvg, "clients train the global model locally; the server averages them, weighted by samples",
     "McMahan et al. 2017, Communication-Efficient Learning of Deep Networks from Decentralized Data",
     capabilities=Capabilities(private=True),
+    privacy=(
+        PrivacyRow(
+            method="FedAvg",
+            config="`algorithm: fedavg`",
+            params="shared model parameters",
+            extra="`train_loss` (its mean training loss)",
+            stays="data; optimiser state when kept",
+        ),
+        PrivacyRow(
+            method="CGAU",
+            config="`algorithm: fedavg` + `model.kind: cgau`",
+            params="shared `W`, `b` of every layer",
+            extra="`train_loss`",
+            stays="conditioning rows `V_f h`, `V_g h` (and `out.cond` if enabled)",
+        ),
+    ),
 ))
 register(AlgorithmSpec(
     "fedprox", FedProx, "FedAvg with a proximal term μ/2·‖θ − θ_global‖² in the clients' loss",
     "Li et al. 2020, Federated Optimization in Heterogeneous Networks", FedProxParams,
     Capabilities(private=True), legacy_train={"prox_mu": "mu"},
+    privacy=(
+        PrivacyRow(
+            method="FedProx",
+            config="`algorithm: fedprox`",
+            params="shared model parameters",
+            extra="`train_loss`",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))
 register(AlgorithmSpec(
     "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
     "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False,
                                    personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="Local",
+            config="`algorithm: local`",
+            params="nothing",
+            extra="`train_loss`",
+            stays="every parameter",
+        ),
+    ),
 ))

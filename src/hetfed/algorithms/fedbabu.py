@@ -25,7 +25,13 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import body_of, second_pass
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 from hetfed.interface import Predictor
@@ -84,4 +90,13 @@ register(AlgorithmSpec(
                          "only the fine-tuning's epochs and seconds",
                  private=True, views=VIEWS, federated_view="fedbabu", primary_view="fedbabu_ft", personalises=True),
     quick={"finetune_epochs": 1.0},
+    privacy=(
+        PrivacyRow(
+            method="FedBABU",
+            config="`algorithm: fedbabu`",
+            params="shared model parameters (the body trained; the head exactly as received)",
+            extra="`train_loss`",
+            stays="data; after the rounds, its fine-tuned model (`babu_ft.<name>`)",
+        ),
+    ),
 ))

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from hetfed.algorithms._personal import PartlyPersonal
 from hetfed.algorithms.build import METHOD_KEY
-from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 from hetfed.errors import ConfigError
 
 #: parameter names of batch-norm layers start with this (``bn1.weight``, ``bn1.running_mean`` …)
@@ -43,4 +43,13 @@ register(AlgorithmSpec(
                               model_reason="it keeps batch-norm layers local: use model.kind cnn4 with "
                                            "model.batch_norm: true"),
     model={"kind": "cnn4", "batch_norm": True},
+    privacy=(
+        PrivacyRow(
+            method="FedBN",
+            config="`algorithm: fedbn` + `model.kind: cnn4` + `model.batch_norm: true`",
+            params="every parameter but the batch-norm layers'",
+            extra="`train_loss`",
+            stays="data; its batch-norm layers: scale γ, shift β, running mean and variance (`bn*`)",
+        ),
+    ),
 ))

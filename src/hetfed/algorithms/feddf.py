@@ -29,7 +29,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Params, ServerState, Upload
 from hetfed.errors import ConfigError
@@ -145,4 +151,13 @@ register(AlgorithmSpec(
     "feddf", FedDF, "FedAvg, then the server distils the clients' ensemble into the global model on unlabeled data",
     "Lin et al. 2020, Ensemble Distillation for Robust Model Fusion in Federated Learning", FedDFParams,
     Capabilities(server_data=True, whole_round=True), legacy_section="feddf", quick={"max_steps": 10, "eval_every": 5},
+    privacy=(
+        PrivacyRow(
+            method="FedDF",
+            config="`algorithm: feddf`",
+            params="shared model parameters (every client of the round, held together: the server ensembles them)",
+            extra="`train_loss`",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

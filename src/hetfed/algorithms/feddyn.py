@@ -29,7 +29,13 @@ import torch
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 
 #: client state: the client's ∇L_k(θ_k^{t−1}) per shared parameter
@@ -95,4 +101,13 @@ register(AlgorithmSpec(
     "correction h, so that the clients' stationary points agree with the global one",
     "Acar et al. 2021, Federated Learning Based on Dynamic Regularization", FedDynParams,
     Capabilities(private=True),
+    privacy=(
+        PrivacyRow(
+            method="FedDyn",
+            config="`algorithm: feddyn`",
+            params="shared model parameters",
+            extra="`train_loss`",
+            stays="data; its gradient state ∇L_k(θ_k) (`feddyn.grad.<name>`); optimiser state when kept",
+        ),
+    ),
 ))

@@ -33,7 +33,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
 from hetfed.errors import ConfigError
@@ -190,4 +196,13 @@ register(AlgorithmSpec(
     Capabilities(uploads="shared parameters, sample count, training loss, per-class label counts",
                  whole_round=True),
     legacy_section="fedgen", quick={"server_steps": 5},
+    privacy=(
+        PrivacyRow(
+            method="FedGen",
+            config="`algorithm: fedgen`",
+            params="shared model parameters (held together: the server ensembles the heads)",
+            extra="`train_loss`; **`label_counts`: how many training samples of each class the client holds**",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

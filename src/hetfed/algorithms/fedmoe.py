@@ -29,7 +29,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import optim
 from hetfed.engine.local import LocalSchedule, train_stack
@@ -223,4 +229,13 @@ register(AlgorithmSpec(
                  uploads="shared parameters, sample count, training loss (federated phase); after it, only the "
                  "epochs and seconds each personal phase took"),
     legacy_section="moe", quick={"max_epochs": 3, "patience": 2},
+    privacy=(
+        PrivacyRow(
+            method="FedMoE, federated phase",
+            config="`algorithm: fedmoe`",
+            params="shared parameters (opted-in clients only; opted-out clients send nothing at all)",
+            extra="`train_loss`",
+            stays="specialist, gate, the client's copy of the global model",
+        ),
+    ),
 ))

@@ -24,7 +24,7 @@ from dataclasses import replace
 import torch
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 from hetfed.algorithms.scaffold import effective_steps
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
 
@@ -58,4 +58,13 @@ register(AlgorithmSpec(
     "Wang et al. 2020, Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization",
     capabilities=Capabilities(uploads="normalised shared parameters, sample count, training loss, the number of "
                               "local steps ‖a_i‖₁"),
+    privacy=(
+        PrivacyRow(
+            method="FedNova",
+            config="`algorithm: fednova`",
+            params="its normalised model z_i = x − (x − y_i)/‖a_i‖₁ (same names and shapes as the shared parameters)",
+            extra="`train_loss`; `steps`: ‖a_i‖₁, how many plain-SGD steps its local work amounts to (one number)",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

@@ -11,7 +11,7 @@ A client predicts with the global base and its own head.
 from __future__ import annotations
 
 from hetfed.algorithms._personal import PartlyPersonal, head_of
-from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 
 
 class FedPer(PartlyPersonal):
@@ -27,4 +27,13 @@ register(AlgorithmSpec(
     "Arivazhagan et al. 2019, Federated Learning with Personalization Layers",
     capabilities=Capabilities(uploads="shared parameters of the base (every layer but the head), sample count, "
                                       "training loss", private=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="FedPer",
+            config="`algorithm: fedper`",
+            params="the base: every layer but the classifier head",
+            extra="`train_loss`",
+            stays="data; its head (the last layer); optimiser state when kept",
+        ),
+    ),
 ))

@@ -20,7 +20,13 @@ from dataclasses import replace
 from pydantic import Field
 
 from hetfed.algorithms._personal import PartlyPersonal, head_of, second_pass
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 
@@ -61,4 +67,13 @@ register(AlgorithmSpec(
     Capabilities(uploads="shared parameters of the body (every layer but the head), sample count, training loss",
                  private=True, personalises=True),
     quick={"head_epochs": 1.0},
+    privacy=(
+        PrivacyRow(
+            method="FedRep",
+            config="`algorithm: fedrep`",
+            params="the body: every layer but the classifier head",
+            extra="`train_loss`",
+            stays="data; its head (the last layer)",
+        ),
+    ),
 ))

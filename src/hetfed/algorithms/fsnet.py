@@ -39,7 +39,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.config import TrainConfig
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
 from hetfed.models.base import Model
@@ -179,4 +185,13 @@ register(AlgorithmSpec(
                  model_kinds=("mlp", "cnn", "cnn4", "logreg", "cgau"),
                  model_reason="its server synthesises continuous inputs, not token ids"),
     legacy_section="fsnet", quick={"server_steps": 5},
+    privacy=(
+        PrivacyRow(
+            method="Fed-FSNet",
+            config="`algorithm: fsnet`",
+            params="shared model parameters",
+            extra="`train_loss`; **`input_mean`, `input_var`: per-feature mean and variance of the client's training inputs**",
+            stays="data",
+        ),
+    ),
 ))

@@ -25,7 +25,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms._clusters import ClusterModels
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.types import (
     Broadcast,
     Params,
@@ -81,4 +87,13 @@ register(AlgorithmSpec(
     "Ghosh et al. 2020, An Efficient Framework for Clustered Federated Learning", IFCAParams,
     Capabilities(uploads="every cluster model's parameters (the chosen one trained, the others as received), its "
                          "cluster index, sample count, training loss", whole_round=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="IFCA",
+            config="`algorithm: ifca`",
+            params="every cluster model's parameters (`ifca.<j>.<name>`: the chosen one trained, the k − 1 others exactly as received)",
+            extra="`train_loss`; **`cluster`: the index of the cluster model it chose (one number)**",
+            stays="data; optimiser state when kept",
+        ),
+    ),
 ))

@@ -14,7 +14,7 @@ step of fitting a new client's representation are not implemented.
 from __future__ import annotations
 
 from hetfed.algorithms._personal import PartlyPersonal
-from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 
 
 class LGFedAvg(PartlyPersonal):
@@ -29,4 +29,13 @@ register(AlgorithmSpec(
     "Liang et al. 2020, Think Locally, Act Globally: Federated Learning with Local and Global Representations",
     capabilities=Capabilities(uploads="the head's parameters (the last layer), sample count, training loss",
                               private=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="LG-FedAvg",
+            config="`algorithm: lg_fedavg`",
+            params="the head: the last layer only",
+            extra="`train_loss`",
+            stays="data; its representation (every layer but the head); optimiser state when kept",
+        ),
+    ),
 ))

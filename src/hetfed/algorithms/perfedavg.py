@@ -36,7 +36,13 @@ import torch
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import ClientEvalData, Predictor, client_scores
@@ -126,4 +132,13 @@ register(AlgorithmSpec(
     "Fallah, Mokhtari, Ozdaglar 2020, Personalized Federated Learning with Theoretical Guarantees: "
     "A Model-Agnostic Meta-Learning Approach", PerFedAvgParams,
     Capabilities(private=True, personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="Per-FedAvg",
+            config="`algorithm: perfedavg`",
+            params="shared model parameters (the meta-model after its local steps)",
+            extra="`train_loss`",
+            stays="data",
+        ),
+    ),
 ))

@@ -28,7 +28,13 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import initial_model
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 from hetfed.interface import Predictor
@@ -95,4 +101,13 @@ register(AlgorithmSpec(
     "T. Dinh, Tran, Nguyen 2020, Personalized Federated Learning with Moreau Envelopes", PFedMeParams,
     Capabilities(private=True, personalises=True),
     quick={"inner_steps": 2},
+    privacy=(
+        PrivacyRow(
+            method="pFedMe",
+            config="`algorithm: pfedme`",
+            params="shared model parameters (its local model w after the round)",
+            extra="`train_loss`",
+            stays="data; its personalised model θ_i (`pfedme.theta.<name>`)",
+        ),
+    ),
 ))

@@ -19,7 +19,7 @@ import importlib
 import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
@@ -39,6 +39,21 @@ class NoParams(AlgorithmParams):
     """An algorithm without parameters of its own."""
 
 
+class PrivacyRow(NamedTuple):
+    """One row of docs/methods.md's privacy table: what a method's upload holds and what stays on the client.
+
+    Declared beside the algorithm (an algorithm with several faces, FedAvg with the CGAU model, has
+    several rows); :func:`privacy_table` writes the table, and a test checks every row against what
+    the algorithm's ``local_update`` really uploads.
+    """
+
+    method: str  # as the table names it
+    config: str  # how to run it, e.g. "`algorithm: fedavg` + `model.kind: cgau`"
+    params: str  # what Upload.params holds
+    extra: str  # what Upload.extra holds, its fields in backticks
+    stays: str  # what never leaves the client
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One registered algorithm."""
@@ -56,6 +71,8 @@ class AlgorithmSpec:
     quick: Mapping[str, Any] = field(default_factory=dict)
     #: the model a run of it needs when the default (an MLP) will not do (FedBN: a CNN with batch norm)
     model: Mapping[str, Any] = field(default_factory=dict)
+    #: its rows of the privacy table (docs/methods.md), written by :func:`privacy_table`
+    privacy: tuple[PrivacyRow, ...] = ()
 
     def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
         """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
@@ -134,6 +151,16 @@ def specs() -> list[AlgorithmSpec]:
     """Every registered algorithm, by name."""
     _discover()
     return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+
+
+PRIVACY_HEADER = ("| method | config | `Upload.params` | `Upload.extra` | stays on the client |\n"
+                  "|---|---|---|---|---|\n")
+
+
+def privacy_table() -> str:
+    """docs/methods.md's privacy table, from every shipped algorithm's :class:`PrivacyRow` (by name)."""
+    rows = [row for spec in specs() if spec.cls.__module__.startswith("hetfed.") for row in spec.privacy]
+    return PRIVACY_HEADER + "".join(f"| {' | '.join(row)} |\n" for row in rows)
 
 
 def names() -> list[str]:

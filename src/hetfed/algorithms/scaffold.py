@@ -34,7 +34,13 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities, register
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -167,4 +173,13 @@ register(AlgorithmSpec(
     "Karimireddy et al. 2020, SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ScaffoldParams,
     Capabilities(uploads="shared parameters, sample count, training loss, control-variate change Δc_i"),
     legacy_train={"scaffold_option": "option"},
+    privacy=(
+        PrivacyRow(
+            method="SCAFFOLD",
+            config="`algorithm: scaffold`",
+            params="shared model parameters, and `scaffold.dc.<name>`: the change of the client's control variate Δc_i = c_i⁺ − c_i (divided by its sample count, so the server's sum streams)",
+            extra="`train_loss`",
+            stays="data; its control variate c_i; optimiser state when kept",
+        ),
+    ),
 ))

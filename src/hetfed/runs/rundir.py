@@ -22,6 +22,7 @@ or empty directory, so nothing already written is lost.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import os
@@ -225,10 +226,9 @@ class Heartbeat:
 
         def loop() -> None:
             while not self._stopped.wait(self.every_s):
-                try:
+                # a full disk must not kill the run from a side thread; the next beat retries
+                with contextlib.suppress(OSError):
                     self._write()
-                except OSError:  # a full disk must not kill the run from a side thread; the next beat retries
-                    pass
 
         self._thread = threading.Thread(target=loop, name="hetfed-heartbeat", daemon=True)
         self._thread.start()

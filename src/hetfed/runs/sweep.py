@@ -10,14 +10,13 @@ point is aggregated as method ``(data)``.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import csv
 import itertools
 import json
 import math
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
