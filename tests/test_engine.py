@@ -285,3 +285,32 @@ def test_binary_task_reports_auc():
     res = _run(prep.federation, cfg.train, VectorisedExecutor(), model_cfg=cfg.model)
     m = res.history[-1][1].metrics
     assert 0.5 < m["global_auc"] <= 1 and "local_auc_mean" in m
+
+
+def test_scoring_unequal_clients_in_size_blocks_gives_each_its_own_models_logits():
+    """predict stacks clients of similar sizes together; each client's logits are still its own model's on
+    its own samples, computed here one client at a time as the reference."""
+    from hetfed.interface import predict, size_blocks
+    from hetfed.models import MLP
+
+    model = MLP(6, [5], 3)
+    gen = torch.Generator().manual_seed(0)
+    n = 7
+    params = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(n)]) for s in model.specs()}
+    x = torch.randn(500, 6, generator=gen)
+    sizes = [300, 2, 0, 40, 41, 1, 120]
+    rng = np.random.default_rng(0)
+    index = [rng.choice(500, size, replace=False) for size in sizes]
+    blocks = size_blocks(np.array(sizes))
+    assert sorted(np.concatenate(blocks).tolist()) == list(range(n)) and len(blocks) > 1
+    for block in blocks:  # padding a block to its widest costs at most twice its samples
+        assert len(block) * max(sizes[k] for k in block) <= 2 * max(sum(sizes[k] for k in block), 1)
+    reordered = [index[4], index[3], index[3][:39]]  # sizes 41, 40, 39: one block, taken in the order 2, 1, 0
+    assert [b.tolist() for b in size_blocks(np.array([41, 40, 39]))] == [[2, 1, 0]]
+    for idx in (index, reordered):
+        stack = {name: v[: len(idx)] for name, v in params.items()}
+        got = predict(model, stack, x, idx)
+        for k in range(len(idx)):
+            alone = model.forward({name: v[k:k + 1] for name, v in stack.items()},
+                                  x[torch.as_tensor(idx[k])][None], None)[0]
+            torch.testing.assert_close(got[k], alone, rtol=1e-5, atol=1e-6)

@@ -324,18 +324,48 @@ def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Par
 # ------------------------------------------------------------------ scoring helpers
 
 
+def size_blocks(sizes: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
+    """Clients grouped by size so that padding each group to its largest costs at most ``waste`` × its samples.
+
+    Clients of a natural federation differ by 100× (Shakespeare's roles: 12 to 6 667 windows); padded
+    to the largest in one stack, scoring them computed ~10× the samples there are.
+    """
+    order = np.argsort(sizes, kind="stable")
+    blocks, current, total = [], [], 0
+    for k in order:
+        size = int(sizes[k])
+        if current and (len(current) + 1) * size > waste * (total + size):  # sorted: size is the block's width
+            blocks.append(np.array(current))
+            current, total = [], 0
+        current.append(int(k))
+        total += size
+    if current:
+        blocks.append(np.array(current))
+    return blocks
+
+
 @torch.no_grad()
 def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarray]) -> list[torch.Tensor]:
-    """Logits of each stacked model on its own index set (padded) → list of tensors."""
+    """Logits of each stacked model on its own index set → list of tensors.
+
+    Clients of similar sizes are stacked and padded together (:func:`size_blocks`), so unequal
+    clients do not all pay for the largest.
+    """
     n = len(index)
-    width = max((len(i) for i in index), default=0)
-    if width == 0:
+    if max((len(i) for i in index), default=0) == 0:
         return [torch.zeros(0, model.n_classes) for _ in index]
-    pad = np.zeros((n, width), dtype=np.int64)
-    for k, i in enumerate(index):
-        pad[k, : len(i)] = i
-    logits = model.forward(params, x[torch.as_tensor(pad, device=x.device)], None)
-    return [logits[k, : len(i)] for k, i in enumerate(index)]
+    out: list[torch.Tensor | None] = [None] * n
+    for block in size_blocks(np.array([len(i) for i in index])):
+        width = max(len(index[k]) for k in block)
+        pad = np.zeros((len(block), width), dtype=np.int64)
+        for row, k in enumerate(block):
+            pad[row, : len(index[k])] = index[k]
+        sub = params if np.array_equal(block, np.arange(n)) else {
+            name: v[torch.as_tensor(block, device=v.device)] for name, v in params.items()}
+        logits = model.forward(sub, x[torch.as_tensor(pad, device=x.device)], None)
+        for row, k in enumerate(block):
+            out[k] = logits[row, : len(index[k])]
+    return out  # type: ignore[return-value]
 
 
 def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
