@@ -1,0 +1,73 @@
+"""Γ of a real federation from the clients' summaries (#26, part 1): equal to Γ computed on the pooled data
+(the definition, hetfed.heterogeneity.gamma_reference), its DP release, and the parametric Γ_IID."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed.gamma_summaries import (
+    gamma_from_summaries,
+    gamma_iid_from_summaries,
+    privatise,
+    summarise,
+    summary_epsilon,
+)
+from hetfed.heterogeneity import gamma, gamma_iid, gamma_reference
+
+
+@given(sizes=st.lists(st.integers(1, 40), min_size=2, max_size=6), d=st.integers(1, 6),
+       shift=st.floats(0, 50), seed=st.integers(0, 10_000))
+@settings(max_examples=60, deadline=None)
+def test_gamma_from_summaries_equals_gamma_on_the_pooled_data(sizes, d, shift, seed):
+    rng = np.random.default_rng(seed)
+    xs = [rng.normal(shift + k, 1 + k % 3, size=(n, d)) for k, n in enumerate(sizes)]
+    x = np.concatenate(xs)
+    clients = np.split(np.arange(len(x)), np.cumsum(sizes)[:-1])
+    expected = gamma_reference(x, clients)
+    got = gamma_from_summaries([summarise(c) for c in xs])
+    assert got == pytest.approx(expected, rel=1e-6, abs=1e-8 * max(1.0, shift**2))
+
+
+def test_on_a_real_federation_it_is_the_gamma_a_run_reports():
+    from hetfed.config import build_config
+    from hetfed.pipeline import prepare
+
+    prep = prepare(build_config({}), progress=False)
+    fed = prep.federation
+    summaries = [summarise(fed.x[idx]) for idx in fed.train]
+    assert gamma_from_summaries(summaries) == pytest.approx(prep.heterogeneity.gamma, rel=1e-7)  # float64 round-off
+    assert gamma(fed.x, list(fed.train)) == pytest.approx(prep.heterogeneity.gamma, rel=1e-12)
+
+
+def test_noise_free_release_changes_nothing_and_noise_is_symmetric_and_accounted():
+    rng = np.random.default_rng(0)
+    x = rng.normal(size=(50, 4))
+    s = summarise(x, clip=1.0)
+    assert np.linalg.norm(s.total) <= 50 + 1e-9  # every row clipped to norm ≤ 1
+    same = privatise(s, 1.0, 0.0, rng)
+    assert same.n == s.n and np.array_equal(same.total, s.total) and np.array_equal(same.outer, s.outer)
+    noisy = privatise(s, 1.0, 2.0, rng)
+    assert np.allclose(noisy.outer, noisy.outer.T) and not np.allclose(noisy.outer, s.outer)
+    delta = 1e-5
+    eps = [summary_epsilon(sigma, delta) for sigma in (0.5, 1.0, 2.0, 8.0)]
+    assert all(a > b for a, b in zip(eps, eps[1:], strict=False))  # more noise, less privacy loss
+    for sigma, e in zip((0.5, 1.0, 2.0, 8.0), eps, strict=True):
+        # one Gaussian mechanism: RDP α/(2σ²), converted with ε = min_α α/(2σ²) + ln(1/δ)/(α − 1)
+        alphas = np.linspace(1.01, 500, 50_000)
+        classic = float(np.min(alphas / (2 * sigma**2) + np.log(1 / delta) / (alphas - 1)))
+        assert 0 < e <= classic + 1e-6
+
+
+def test_the_parametric_iid_reference_matches_the_datas_on_gaussian_clients():
+    rng = np.random.default_rng(1)
+    sizes = [30, 60, 120, 240, 45, 90]
+    x = rng.multivariate_normal(np.zeros(5), np.diag([1.0, 2.0, 0.5, 1.5, 1.0]), size=sum(sizes))
+    clients = np.split(np.arange(len(x)), np.cumsum(sizes)[:-1])
+    data_ref, _ = gamma_iid(x, clients, draws=30, seed=0)
+    summaries = [summarise(x[c]) for c in clients]
+    param_ref, sd = gamma_iid_from_summaries(summaries, draws=30, seed=0)
+    assert param_ref == pytest.approx(data_ref, rel=0.15)
+    assert sd > 0
