@@ -200,6 +200,10 @@ def test_character_lstm_equals_torchs_lstm_and_its_stacked_cell(layers):
     ids = torch.randint(0, 80, (n, b, 80), generator=gen).float()
     fused, stacked = model.fused(params, ids.long()), model.stacked(params, ids.long())
     torch.testing.assert_close(fused, stacked, rtol=1e-5, atol=1e-5)
+    trimmed = model.fused(params, ids.long(), rows=[5, 2, 0])  # in training: each client's real rows only
+    for k, real in enumerate([5, 2, 0]):
+        torch.testing.assert_close(trimmed[k, :real], fused[k, :real], rtol=1e-5, atol=1e-6)
+        assert not trimmed[k, real:].any()
     for k in range(n):  # the reference: torch.nn.Embedding + torch.nn.LSTM + a linear layer with client k's weights
         lstm = torch.nn.LSTM(8, 16, num_layers=layers, batch_first=True)
         with torch.no_grad():

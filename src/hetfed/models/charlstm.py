@@ -57,12 +57,19 @@ class CharLSTM(Model):
         ids = x.long()
         if ids.shape[1] == 0:
             return x.new_zeros(ids.shape[0], 0, self.hidden)
-        run = self.fused if x.device.type == "cpu" else self.stacked
-        return dropout(run(params, ids), self.p, noise)
+        if x.device.type == "cpu":
+            return dropout(self.fused(params, ids, noise.rows if noise is not None else None), self.p, noise)
+        return dropout(self.stacked(params, ids), self.p, noise)
 
-    def fused(self, params: Params, ids: torch.Tensor) -> torch.Tensor:
-        """torch's LSTM kernel once per client."""
+    def fused(self, params: Params, ids: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+        """torch's LSTM kernel once per client, on its real rows only (``rows``: per client, in training).
+
+        A stack pads every client's batch to the largest (a FedSGD step of a Shakespeare role of 6 667
+        windows next to roles of 12): the padding rows' features are zeros — the loss masks them —
+        instead of 80 LSTM steps each.
+        """
         out = []
+        b = ids.shape[1]
         # unbind, not p[k]: indexing a stack n times would back-propagate n zero-filled stacks
         per_client = {name: p.unbind(0) for name, p in params.items()}
         zeros = torch.zeros(4 * self.hidden, device=ids.device)
@@ -72,9 +79,13 @@ class CharLSTM(Model):
                 weights |= {f"weight_ih_l{layer}": per_client[f"lstm{layer}.w_ih"][k],
                             f"weight_hh_l{layer}": per_client[f"lstm{layer}.w_hh"][k],
                             f"bias_ih_l{layer}": per_client[f"lstm{layer}.bias"][k], f"bias_hh_l{layer}": zeros}
-            chars = F.embedding(ids[k], per_client["embedding"][k])
+            real = b if rows is None else int(rows[k])
+            if real == 0:  # a finished client in this step: nothing to read
+                out.append(ids.new_zeros(b, self.hidden, dtype=per_client["out.weight"][k].dtype))
+                continue
+            chars = F.embedding(ids[k, :real], per_client["embedding"][k])
             _, (h, _) = functional_call(self._lstm, weights, (chars,))
-            out.append(h[-1])
+            out.append(F.pad(h[-1], (0, 0, 0, b - real)) if real < b else h[-1])
         return torch.stack(out)
 
     def stacked(self, params: Params, ids: torch.Tensor) -> torch.Tensor:
