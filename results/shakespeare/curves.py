@@ -41,22 +41,30 @@ def main() -> None:
     rows = []
     for p in runs:
         for target in args.targets:
-            sgd, avg = first_at(curves[(p, "fedsgd")], target), first_at(curves[(p, "fedavg")], target)
-            rows.append({"partition": p, "target": target, "fedsgd_rounds": sgd, "fedavg_rounds": avg,
-                         "ratio": (sgd / avg) if sgd and avg else None})
+            rows.append({"partition": p, "target": target,
+                         **{m: first_at(curves[(p, m)], target) for m in ("fedsgd", "fedavg")}})
     summary = {p: {m: {"best": max(a for _, a in curves[(p, m)]), "last": curves[(p, m)][-1][1],
-                       "rounds": curves[(p, m)][-1][0]} for m in ("fedavg", "fedsgd")} for p in runs}
+                       "rounds": curves[(p, m)][-1][0], "first_eval": curves[(p, m)][0][0]}
+                   for m in ("fedavg", "fedsgd")} for p in runs}
     (out / "rounds_to_target.json").write_text(json.dumps({"rows": rows, "summary": summary}, indent=1))
+
+    def reached(p: str, m: str, rnd: int | None) -> tuple[str, float | None, str]:
+        """The table's text, the number, and its direction: "≤" when reached at the first evaluation
+        (it may have been earlier), ">" when never reached in the run."""
+        info = summary[p][m]
+        if rnd is None:
+            return f"> {info['rounds']}", info["rounds"], ">"
+        if rnd == info["first_eval"]:
+            return f"≤ {rnd}", rnd, "≤"
+        return str(rnd), rnd, "="
+
     lines = ["| partition | target | FedSGD rounds | FedAvg rounds | FedSGD / FedAvg |", "|---|---|---|---|---|"]
-
-    def fmt(v):
-        return "not reached" if v is None else (f"{v:.1f}×" if isinstance(v, float) else str(v))
-
     for r in rows:
-        sgd_text = fmt(r["fedsgd_rounds"]) if r["fedsgd_rounds"] else \
-            f"> {summary[r['partition']]['fedsgd']['rounds']}"
-        lines.append(f"| {r['partition']} | {r['target']:.0%} | {sgd_text} | {fmt(r['fedavg_rounds'])} | "
-                     f"{fmt(r['ratio']) if r['ratio'] else ('> ' + format(summary[r['partition']]['fedsgd']['rounds'] / r['fedavg_rounds'], '.1f') + '×' if r['fedavg_rounds'] and not r['fedsgd_rounds'] else '-')} |")
+        sgd_text, sgd, sgd_dir = reached(r["partition"], "fedsgd", r["fedsgd"])
+        avg_text, avg, avg_dir = reached(r["partition"], "fedavg", r["fedavg"])
+        bound = "≥ " if (sgd_dir == ">" or avg_dir == "≤") else ""
+        ratio = "-" if (sgd_dir == ">" and avg_dir == ">") else f"{bound}{sgd / avg:.0f}×"
+        lines.append(f"| {r['partition']} | {r['target']:.0%} | {sgd_text} | {avg_text} | {ratio} |")
     lines += ["", "| partition | method | best | last | rounds |", "|---|---|---|---|---|"]
     lines += [f"| {p} | {m} | {s['best']:.3f} | {s['last']:.3f} | {s['rounds']} |"
               for p, ms in summary.items() for m, s in ms.items()]
