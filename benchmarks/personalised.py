@@ -9,7 +9,8 @@ the run's own training clock (sample → broadcast → train → aggregate; eval
 JSON lines, one per method as it finishes, then the table with each method's ratio to FedAvg. Not a
 test: nothing is asserted.
 
-    python benchmarks/personalised.py [--rounds 3] [--methods fedavg fedper …] [--dataset digits] [--json]
+    python benchmarks/personalised.py [--rounds 3] [--methods fedavg fedper …] [--dataset digits]
+                                      [--model cnn4|mlp] [--json]
 """
 
 from __future__ import annotations
@@ -31,15 +32,18 @@ def personalised_methods() -> list[str]:
     return ["fedavg", *[s.name for s in registry.specs() if s.capabilities.personalises and s.name != "local"]]
 
 
-def one(method: str, dataset: str, rounds: int, out: Path) -> dict:
+def one(method: str, dataset: str, rounds: int, out: Path, model: str = "cnn4") -> dict:
     raw = {"name": f"bench-{method}", "dataset": {"name": dataset},
            "partition": {"kind": "dirichlet", "alpha": 0.1, "clients": 20, "min_size": 20},
-           "model": {"kind": "cnn4"},
+           "model": {"kind": model, "hidden": [64, 64]},
+           "heterogeneity": {"iid_draws": 0},  # not what is timed
            "train": {"rounds": rounds, "local_epochs": 1, "batch_size": 10, "eval_every": rounds,
                      "optimizer": {"kind": "sgd", "lr": 0.005, "momentum": 0.0}},
            "methods": [{"name": method, "algorithm": method,  # default params: the cost a user pays
                         **({"model": {**registry.get(method).model, "kind": "cnn4"}} if registry.get(method).model
                            else {})}]}
+    if model == "mlp":  # the FMNIST leaderboard's setting (configs/leaderboard_fmnist.yaml): SGD 0.05
+        raw["train"]["optimizer"]["lr"] = 0.05
     summary = run_experiment(build_config(raw), out=out / method, progress=False).summary
     caps = registry.get(method).capabilities  # a method with views: its federated phase's row is the round's cost
     m = summary["methods"][caps.federated_view if caps.views else next(iter(summary["methods"]))]
@@ -52,6 +56,8 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--methods", nargs="+", default=None)
     parser.add_argument("--dataset", default=None, help="default: fashion-mnist when installed, else digits")
+    parser.add_argument("--model", default="cnn4", choices=["cnn4", "mlp"],
+                        help="cnn4: PFLlib's CNN (the protocol); mlp: the MLP 64-64 of configs/leaderboard_fmnist.yaml")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     dataset = args.dataset or ("fashion-mnist" if FMNIST.is_dir() else "digits")
@@ -59,7 +65,7 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         for method in args.methods or personalised_methods():
             try:
-                row = one(method, dataset, args.rounds, Path(tmp))
+                row = {**one(method, dataset, args.rounds, Path(tmp), args.model), "model": args.model}
             except Exception as err:  # one method's failure is reported, the others still run
                 row = {"method": method, "dataset": dataset, "error": f"{type(err).__name__}: {err}"}
             rows.append(row)
