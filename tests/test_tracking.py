@@ -111,10 +111,12 @@ def test_tracked_values_equal_metrics_csv_and_the_run_is_described(tmp_path):
 def test_mlflow_tracking_uri_from_the_environment_is_used(tmp_path, monkeypatch):
     store = tmp_path / "store.db"
     monkeypatch.setenv("MLFLOW_TRACKING_URI", f"sqlite:///{store}")
+    monkeypatch.chdir(tmp_path)  # the store's own default: artefacts under ./mlruns, which must not land in the repo
     run = tmp_path / "run"
     assert main(["run", "--quiet", *SMALL, "--set", "tracking=[mlflow]", "--out", str(run)]) == 0
     assert store.is_file() and not (run / "mlflow.db").exists() and not (run / "tb").exists()
     assert json.loads((run / "tracking.json").read_text())["mlflow"]["uri"] == f"sqlite:///{store}"
+    assert (tmp_path / "mlruns").is_dir()  # MLflow's default artefact root for a store given by URI
 
 
 @pytest.mark.slow
