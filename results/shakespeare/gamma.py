@@ -2,6 +2,7 @@
 
     python results/shakespeare/gamma.py OUT_DIR   # runs hetfed partition for each row (~35 s each on the
                                                   # full corpus, ~4 s on the 4-play subset), one thread
+    python results/shakespeare/gamma.py OUT_DIR --plot-only   # redraws gamma.png from gamma.csv
 
 Writes OUT_DIR/gamma.csv, gamma.md and gamma.png. Γ is measured on each window's bag of characters
 (80-d character frequencies, hetfed.data.shakespeare.character_histograms), on the clients' train parts.
@@ -36,9 +37,14 @@ def partition(extra: list[str]) -> dict:
     return json.loads(out.stdout)
 
 
-def main(out_dir: str) -> None:
+def main(out_dir: str, plot_only: bool = False) -> None:
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
+    if plot_only:  # redraw gamma.png from gamma.csv
+        with open(out / "gamma.csv", newline="") as fh:
+            plot([{k: (v if k in ("data", "partition") else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)],
+                 out)
+        return
     rows = []
     for setting, base in SETTINGS.items():
         roles = None
@@ -58,7 +64,10 @@ def main(out_dir: str) -> None:
     lines += [f"| {r['data']} | {r['partition']} | {r['clients']} | {r['gamma']:.3g} | {r['gamma_iid']:.3g} | "
               f"{r['delta_gamma']:.3g} | {r['ratio']:.2f} | {r['label_emd']:.3f} |" for r in rows]
     (out / "gamma.md").write_text("\n".join(lines) + "\n")
+    plot(rows, out)
 
+
+def plot(rows: list[dict], out: Path) -> None:
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -69,6 +78,9 @@ def main(out_dir: str) -> None:
         sub = [r for r in rows if r["data"] == setting]
         xs = [j + (i - 0.5) * 0.38 for j in range(len(names))]
         axes[0].bar(xs, [max(r["delta_gamma"], 1e-9) for r in sub], width=0.36, label=setting)
+        for x, r in zip(xs, sub, strict=True):
+            if r["delta_gamma"] <= 0:  # a log axis cannot show it: say so on the bar
+                axes[0].text(x, 1.5e-9, "≤ 0", ha="center", fontsize=8)
         axes[1].bar(xs, [r["label_emd"] for r in sub], width=0.36, label=setting)
     axes[0].set_yscale("log")
     axes[0].set_ylabel("ΔΓ = Γ − Γ_IID (bag of characters, log)")
@@ -84,4 +96,5 @@ def main(out_dir: str) -> None:
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "results/shakespeare")
+    args = [a for a in sys.argv[1:] if a != "--plot-only"]
+    main(args[0] if args else "results/shakespeare", plot_only="--plot-only" in sys.argv)
