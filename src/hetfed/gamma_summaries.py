@@ -73,13 +73,11 @@ def privatise(summary: ClientSummary, clip: float, noise_multiplier: float,
 
 
 def summary_epsilon(noise_multiplier: float, delta: float) -> float:
-    """Record-level ε of one Gaussian-mechanism release of a summary at ``delta`` (dp-accounting)."""
-    from hetfed.engine.privacy import _library
+    """Record-level ε of one Gaussian-mechanism release of a summary at ``delta``: DP-FedAvg's accountant
+    for one unsampled round (dp-accounting's RDP accountant)."""
+    from hetfed.engine.privacy import epsilon
 
-    dp_accounting, rdp = _library()
-    accountant = rdp.RdpAccountant()
-    accountant.compose(dp_accounting.GaussianDpEvent(noise_multiplier))
-    return float(accountant.get_epsilon(delta))
+    return epsilon(noise_multiplier, 1.0, 1, delta)
 
 
 def client_distances_from_summaries(summaries: Sequence[ClientSummary]) -> list[float]:

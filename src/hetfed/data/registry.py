@@ -18,6 +18,7 @@ import numpy as np
 from hetfed.config import DatasetConfig
 from hetfed.data import audio
 from hetfed.data.formats import read_ag_news_csv, read_arrays, read_cifar_batch, read_idx
+from hetfed.data.shakespeare import load_shakespeare
 from hetfed.errors import DataError
 
 
@@ -458,7 +459,7 @@ LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "rotten_tomatoes": load_rotten_tomatoes,
     "fsd_kaggle2018": load_fsd_kaggle2018,
     "arrays": load_arrays,
-    "shakespeare": lambda cfg: __import__("hetfed.data.shakespeare", fromlist=["load_shakespeare"]).load_shakespeare(cfg),
+    "shakespeare": load_shakespeare,
 }
 
 
