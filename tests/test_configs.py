@@ -4,10 +4,11 @@ import pytest
 
 from hetfed.config import Config, load_config
 
-CONFIGS = sorted((Path(__file__).parent.parent / "configs").glob("*.yaml"))
+CONFIG_DIR = Path(__file__).parent.parent / "configs"
+CONFIGS = sorted(CONFIG_DIR.rglob("*.yaml"))  # configs/paper/ too
 
 
-@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.name)
+@pytest.mark.parametrize("path", CONFIGS, ids=lambda p: p.relative_to(CONFIG_DIR).as_posix())
 def test_every_shipped_config_validates(path):
     load_config(path)
 

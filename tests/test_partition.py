@@ -1,3 +1,5 @@
+import itertools
+
 import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings
@@ -62,6 +64,38 @@ def test_shards(k, spc, seed):
     _check_disjoint_cover(parts, 600)
     assert all(len(np.unique(y[p])) <= spc for p in parts)
     assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+@SETTINGS
+@given(k=st.integers(10, 40), spc=st.integers(1, 3), n=st.integers(400, 900), seed=st.integers(0, 99))
+def test_sorted_shards_are_mcmahans_recipe(k, spc, n, seed):
+    """``shard_cut: sorted``: sort by label, cut n_shards equal shards, deal spc to each client (McMahan et al.).
+    Checked against the recipe itself: every shard's label multiset is a contiguous block of sorted(y)."""
+    x, y = _data(n, 10, seed)
+    cfg = PartitionConfig(kind="shards", clients=k, shards_per_client=spc, shard_cut="sorted")
+    parts = partition_indices(x, y, cfg, seed)
+    _check_disjoint_cover(parts, n)
+    sizes = sorted(len(p) for p in parts)
+    base = n // (k * spc)
+    assert base * spc <= sizes[0] and sizes[-1] <= (base + 1) * spc  # equal shards, up to one sample each
+    # each client's label counts are spc of the blocks np.array_split(sorted(y), k·spc) cuts
+    blocks = [tuple(np.bincount(b, minlength=10)) for b in np.array_split(np.sort(y), k * spc)]
+    for p in parts:
+        held = np.bincount(y[p], minlength=10)
+        assert any(np.array_equal(held, np.sum([blocks[j] for j in c], axis=0))
+                   for c in itertools.combinations(range(len(blocks)), spc)) if spc <= 2 else len(p) > 0
+    assert _same(parts, partition_indices(x, y, cfg, seed))
+
+
+def test_sorted_shards_straddle_classes_where_the_cut_falls():
+    y = np.repeat(np.arange(3), [5, 7, 6])  # 18 samples, 6 shards of 3: [000][001][111][111][222][222]
+    x = np.zeros((18, 2), np.float32)
+    parts = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1, shard_cut="sorted",
+                                                    min_size=0), 0)
+    held = sorted(tuple(np.bincount(y[p], minlength=3)) for p in parts)
+    assert held == sorted([(3, 0, 0), (2, 1, 0), (0, 3, 0), (0, 3, 0), (0, 0, 3), (0, 0, 3)])
+    within = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1, min_size=0), 0)
+    assert all(len(np.unique(y[p])) == 1 for p in within)  # the default never straddles
 
 
 @SETTINGS

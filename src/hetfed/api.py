@@ -402,6 +402,39 @@ class Sweep:
         return sel.pivot_table(index=keys or None, columns="method", values="mean") if keys else \
             sel.set_index("method")[["mean", "ci95", "n"]]
 
+    def values(self) -> pd.DataFrame:
+        """runs.csv: every run's own value (grid keys, seed, method, metric, value) — one row per seed."""
+        pd = _pandas()
+        path = self.dir / "runs.csv"
+        if not path.is_file():
+            raise ConfigError(f"{path} is missing: sweeps made before it existed have none; write it with "
+                              f"`hetfed sweep CONFIG … --resume --out {self.dir}` (completed runs are reused)")
+        return pd.read_csv(path)
+
+    def paired(self, method: str, baseline: str, metric: str = "best.global_accuracy") -> pd.DataFrame:
+        """``method − baseline`` per grid point, paired by seed (both ran on the same federation): mean,
+        95% CI, Wilcoxon p, wins — :func:`hetfed.analysis.paired.paired`."""
+        from hetfed.analysis.paired import paired
+
+        pd = _pandas()
+        df = self.values()
+        known = sorted(df["method"].unique())
+        for name in (method, baseline):
+            if name not in known:
+                raise ConfigError(f"method {name!r} is not in this sweep: expected one of {known}")
+        sel = df[df["metric"] == metric]
+        if sel.empty:
+            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}")
+        keys = list(self.record["grid"])
+        wide = sel.pivot_table(index=[*keys, "seed"], columns="method", values="value")
+        rows = []
+        for point, block in (wide.groupby(level=keys) if keys else [((), wide)]):
+            r = paired(block[method].tolist(), block[baseline].tolist())
+            point = point if isinstance(point, tuple) else (point,)
+            rows.append({**dict(zip(keys, point, strict=True)), "n": r.n, "mean": r.mean, "ci_low": r.ci_low,
+                         "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
+        return pd.DataFrame(rows)
+
     @property
     def runs(self) -> list[Run]:
         return [Run(Path(r["run_dir"])) for r in self.record["runs"]]

@@ -87,6 +87,9 @@ class PartitionConfig(_Strict):
     majority_classes: int = Field(2, ge=1)
     n_shards: int | None = Field(None, ge=1)
     shards_per_client: int = Field(2, ge=1)
+    shard_cut: Literal["within_class", "sorted"] = Field(
+        "within_class", description="shards: cut within each class (no shard straddles two labels), or McMahan et "
+        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)")
     opt_out: float = Field(0.0, ge=0, le=1)
     min_size: int = Field(10, ge=0)
     natural_min_samples: int = Field(

@@ -14,6 +14,8 @@ Kinds (seed papers in brackets):
   ``n_shards`` shards, ``shards_per_client`` each. Shards are cut *within* classes
   (each class gets a number of shards proportional to its size), so no shard
   straddles two labels and a client holds at most ``shards_per_client`` classes.
+  ``shard_cut: sorted`` is McMahan et al.'s literal recipe instead: sort by label,
+  cut into ``n_shards`` equal shards; a shard at a class boundary holds two labels.
 - ``majority`` [FedMoE]: each client has ``majority_classes`` (2) majority classes
   holding a fraction ``p`` of its data, the rest spread evenly over the other
   classes; ``p = 2/C`` (0.2 for 10 classes) is IID.
@@ -269,6 +271,10 @@ def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Ge
         )
     if n_shards > len(y):
         raise PartitionError(f"partition.n_shards = {n_shards} is not allowed: more shards than the {len(y)} samples")
+    if cfg.shard_cut == "sorted":  # McMahan et al.: sort by label (random order within a label), cut equal shards
+        by_label = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in classes])
+        pieces = np.array_split(by_label, n_shards)
+        return _deal(pieces, k, cfg.shards_per_client, rng)
     sizes = np.array([(y == c).sum() for c in classes])
     per_class = 1 + apportion(n_shards - len(classes), sizes)  # every class gets ≥ 1 shard
     per_class = np.minimum(per_class, sizes)  # a shard is never empty
@@ -278,8 +284,12 @@ def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Ge
     for c, m in zip(classes, per_class, strict=True):
         idx = rng.permutation(np.flatnonzero(y == c))
         pieces.extend(np.array_split(idx, m))
-    order = rng.permutation(n_shards)
-    s = cfg.shards_per_client
+    return _deal(pieces, k, cfg.shards_per_client, rng)
+
+
+def _deal(pieces: list[np.ndarray], k: int, s: int, rng: np.random.Generator) -> Indices:
+    """Give each of k clients s shards drawn at random without replacement."""
+    order = rng.permutation(len(pieces))
     return [np.sort(np.concatenate([pieces[j] for j in order[i * s : (i + 1) * s]])) for i in range(k)]
 
 

@@ -204,6 +204,7 @@ def run_sweep(
     try:
         table = aggregate(summaries, list(grid))
         _write_table(sweep_dir / "sweep.csv", table, list(grid))
+        write_runs(sweep_dir / "runs.csv", summaries, list(grid))
         _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
     except Exception as err:
         write_json_atomic(sweep_dir / "sweep.json", {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
@@ -384,28 +385,36 @@ def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
                 w.writerow({c: row[c] for c in cols})
 
 
+def run_values(summary: dict):
+    """Every (method, metric, value) one run contributes to a sweep's tables: Γ as method ``(data)``, and per
+    method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
+    ``best_round`` and the timings."""
+    yield "(data)", "gamma", summary["gamma"]
+    for key in ("gamma_iid", "gamma_excess"):  # runs made before the IID reference have none
+        value = summary["heterogeneity"].get(key)
+        if value is not None and not math.isnan(value):
+            yield "(data)", key, value
+    yield "(data)", "label_emd_mean", summary["heterogeneity"]["label_emd_mean"]
+    for label, m in summary["methods"].items():
+        for when in ("final", "best"):
+            for metric in AGGREGATED:
+                value = m[when].get(metric)
+                if value is not None:
+                    yield label, f"{when}.{metric}", value
+        if m.get("best_round") is not None:
+            yield label, "best_round", m["best_round"]
+        yield label, "seconds_per_round", m["seconds_per_round"]
+        if m.get("server_seconds_per_round") is not None:
+            yield label, "server_seconds_per_round", m["server_seconds_per_round"]
+
+
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
     """Mean ± 95% CI over seeds, per grid point × method × metric."""
     groups: dict[tuple, dict[str, list[float]]] = {}
     for point, _seed, summary in summaries:
         pkey = tuple(_cell(point[k]) for k in keys)
-        data = groups.setdefault((pkey, "(data)"), {})
-        data.setdefault("gamma", []).append(summary["gamma"])
-        for key in ("gamma_iid", "gamma_excess"):  # runs made before the IID reference have none
-            value = summary["heterogeneity"].get(key)
-            if value is not None and not math.isnan(value):
-                data.setdefault(key, []).append(value)
-        data.setdefault("label_emd_mean", []).append(summary["heterogeneity"]["label_emd_mean"])
-        for label, m in summary["methods"].items():
-            bucket = groups.setdefault((pkey, label), {})
-            for when in ("final", "best"):
-                for metric in AGGREGATED:
-                    value = m[when].get(metric)
-                    if value is not None:
-                        bucket.setdefault(f"{when}.{metric}", []).append(value)
-            bucket.setdefault("seconds_per_round", []).append(m["seconds_per_round"])
-            if m.get("server_seconds_per_round") is not None:
-                bucket.setdefault("server_seconds_per_round", []).append(m["server_seconds_per_round"])
+        for method, metric, value in run_values(summary):
+            groups.setdefault((pkey, method), {}).setdefault(metric, []).append(value)
     rows = []
     for (pkey, method), metrics in groups.items():
         for metric, values in metrics.items():
@@ -414,6 +423,19 @@ def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[
                        min=float(np.min(values)), max=float(np.max(values)))
             rows.append(row)
     return rows
+
+
+def write_runs(path: Path, summaries: list[tuple[dict, int, dict]], keys: list[str]) -> None:
+    """runs.csv: one row per grid point × seed × method × metric with the run's own value — what paired
+    comparisons (:mod:`hetfed.analysis.paired`) and the reproduction table are computed from, and small enough
+    to keep in ``results/`` where the run directories are not."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*keys, "seed", "method", "metric", "value"])
+        for point, seed, summary in summaries:
+            cells = [_cell(point[k]) for k in keys]
+            for method, metric, value in run_values(summary):
+                w.writerow([*cells, seed, method, metric, repr(float(value))])
 
 
 def _cell(value: Any) -> Any:

@@ -1,0 +1,226 @@
+"""The reproduction table: every claim of the papers hetfed implements, judged from the results folders.
+
+``results/claims.yaml`` lists the claims — the paper's number, where hetfed's
+number comes from (a results folder's ``runs.csv``, a method, a metric, the grid
+point), and for a comparison the baseline and the claimed direction. This module
+turns them into ``results/FIDELITY.md``; nothing in that table is typed by hand.
+
+Kinds of claim:
+
+- ``paired``: "method A beats B" — the per-seed difference on the same federations
+  (:func:`hetfed.analysis.paired.paired`) and its verdict (reproduced only when the
+  paired 95% CI excludes zero in the paper's direction with ≥ 5 seeds);
+- ``value``: one of the paper's numbers — hetfed's mean ± 95% CI next to it;
+  *reproduced* when the paper's number lies within the CI widened by the claim's
+  ``tolerance`` (default 0.01), *not reproduced* otherwise (the gap is shown);
+- ``not_run``: a claim hetfed cannot test here, with the reason (e.g. CIFAR-10 and
+  FSD cannot be downloaded offline).
+
+Both round-selection rules are shown where a run keeps both (``best.*``: the
+model chosen by validation loss; ``final.*``: the last round's); the verdict uses
+the claim's ``select`` (default ``best``) and names the other rule's verdict when
+it differs.
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import yaml
+
+from hetfed.analysis.paired import MIN_SEEDS, Paired, paired, verdict
+from hetfed.errors import ConfigError
+
+KINDS = ("paired", "value", "not_run")
+SELECTS = ("best", "final")
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One row of the table."""
+
+    claim: dict
+    hetfed: str
+    statistic: str
+    seeds: str
+    verdict: str
+
+
+def load_runs(folder: Path) -> list[dict]:
+    """A results folder's runs.csv as rows (grid keys as strings, ``seed``, ``method``, ``metric``, ``value``)."""
+    path = folder / "runs.csv"
+    if not path.is_file():
+        raise ConfigError(f"claims: {path} is missing — copy the sweep's runs.csv into the results folder")
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def _matches(row: dict, point: dict[str, Any]) -> bool:
+    for key, want in point.items():
+        if key not in row:
+            raise ConfigError(f"claims: point key {key!r} is not a grid key of this results folder: "
+                              f"expected one of {[k for k in row if k not in ('seed', 'method', 'metric', 'value')]}")
+        if not _same(row[key], want):
+            return False
+    return True
+
+
+def _same(cell: str, want: Any) -> bool:
+    """A runs.csv cell (text) against a YAML value: numbers compare as numbers."""
+    try:
+        return math.isclose(float(cell), float(want))
+    except (TypeError, ValueError):
+        return str(cell) == str(want)
+
+
+def per_seed(rows: list[dict], method: str, metric: str, point: dict[str, Any]) -> dict[int, float]:
+    """{seed: value} of one method's metric at one grid point."""
+    out = {int(r["seed"]): float(r["value"]) for r in rows
+           if r["method"] == method and r["metric"] == metric and _matches(r, point)}
+    return out
+
+
+def _mean_ci(values: list[float]) -> tuple[float, float]:
+    from hetfed.engine.evaluate import ci95_over
+
+    half = ci95_over(values) if len(values) > 1 else math.nan
+    return float(np.mean(values)), half
+
+
+def _fmt(mean: float, half: float, n: int) -> str:
+    return f"{mean:.3f}" + ("" if math.isnan(half) else f" ± {half:.3f}") + f" (n={n})"
+
+
+def _side(results: Path, claim: dict, side: dict, select: str) -> dict[int, float]:
+    folder = results / (side.get("folder") or claim["folder"])
+    metric = f"{select}.{side.get('metric') or claim['metric']}"
+    point = {**claim.get("point", {}), **side.get("point", {})}
+    values = per_seed(load_runs(folder), side["method"], metric, point)
+    if not values:
+        raise ConfigError(f"claims: {claim['id']}: no {metric!r} of method {side['method']!r} at {point or 'the only point'} "
+                          f"in {folder / 'runs.csv'}")
+    return values
+
+
+def _judge_paired(results: Path, claim: dict) -> Judged:
+    direction = int(claim.get("direction", 1))
+    shown, verdicts, stats, seeds = [], {}, {}, ""
+    for select in SELECTS:
+        try:
+            a = _side(results, claim, claim["a"], select)
+            b = _side(results, claim, claim["b"], select)
+        except ConfigError:
+            if select == claim.get("select", "best"):
+                raise
+            continue
+        common = sorted(set(a) & set(b))
+        r: Paired = paired([a[s] for s in common], [b[s] for s in common])
+        verdicts[select], stats[select] = verdict(r, direction, claim.get("min_seeds", MIN_SEEDS)), r
+        ma, ha = _mean_ci([a[s] for s in common])
+        mb, hb = _mean_ci([b[s] for s in common])
+        shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
+                     f"{claim['b']['method']} {_fmt(mb, hb, len(common))}")
+        seeds = str(len(common))
+    select = claim.get("select", "best")
+    main = verdicts[select]
+    other = [s for s in verdicts if s != select]
+    if other and verdicts[other[0]] != main:
+        main += f" (last round: {verdicts[other[0]]})" if other[0] == "final" else f" (best round: {verdicts[other[0]]})"
+    statistic = "; ".join(f"{s}: Δ = {stats[s].text()}" for s in verdicts)
+    return Judged(claim, "<br>".join(shown), statistic, seeds, main)
+
+
+def _judge_value(results: Path, claim: dict) -> Judged:
+    tolerance = float(claim.get("tolerance", 0.01))
+    target = float(claim["paper_value"])
+    shown, verdicts, seeds = [], {}, ""
+    for select in SELECTS:
+        try:
+            values = list(_side(results, claim, claim, select).values())
+        except ConfigError:
+            if select == claim.get("select", "best"):
+                raise
+            continue
+        mean, half = _mean_ci(values)
+        seeds = str(len(values))
+        gap = mean - target
+        shown.append(f"{select}: {_fmt(mean, half, len(values))}, {gap:+.3f} from the paper")
+        reach = (0 if math.isnan(half) else half) + tolerance
+        if len(values) < claim.get("min_seeds", MIN_SEEDS):
+            verdicts[select] = "too few seeds"
+        else:
+            verdicts[select] = "reproduced" if abs(gap) <= reach else "not reproduced"
+    select = claim.get("select", "best")
+    main = verdicts[select]
+    other = [s for s in verdicts if s != select]
+    if other and verdicts[other[0]] != main:
+        main += f" (last round: {verdicts[other[0]]})" if other[0] == "final" else f" (best round: {verdicts[other[0]]})"
+    return Judged(claim, "<br>".join(shown), f"|gap| ≤ CI + {tolerance:g}?", seeds, main)
+
+
+def judge(results: Path, claim: dict) -> Judged:
+    """One claim's row."""
+    kind = claim.get("kind")
+    if kind not in KINDS:
+        raise ConfigError(f"claims: {claim.get('id')!r}: kind {kind!r} is not allowed: expected one of {list(KINDS)}")
+    if claim.get("select", "best") not in SELECTS:
+        raise ConfigError(f"claims: {claim['id']}: select {claim['select']!r} is not allowed: expected one of {list(SELECTS)}")
+    if kind == "not_run":
+        return Judged(claim, "-", "-", "0", f"not run: {claim['why']}")
+    return _judge_paired(results, claim) if kind == "paired" else _judge_value(results, claim)
+
+
+def load_claims(path: Path) -> list[dict]:
+    claims = yaml.safe_load(path.read_text()) or {}
+    items = claims.get("claims", [])
+    ids = [c.get("id") for c in items]
+    dupes = sorted({i for i in ids if ids.count(i) > 1})
+    if dupes:
+        raise ConfigError(f"claims: ids {dupes} appear more than once: every claim needs its own id")
+    return items
+
+
+def render(results: Path, claims_path: Path) -> str:
+    """FIDELITY.md's text from the claims and the results folders they name."""
+    claims = load_claims(claims_path)
+    lines = [
+        "# What hetfed reproduces",
+        "",
+        f"Generated by `python results/fidelity.py` from `{claims_path.name}` and the `runs.csv` of the results",
+        "folders it names — do not edit by hand. **Verdicts**: *reproduced* — for a comparison, the paired 95% CI",
+        f"of the per-seed difference (same federations) excludes zero in the paper's direction, over ≥ {MIN_SEEDS} seeds;",
+        "for a single number, the paper's value lies within hetfed's 95% CI widened by the claim's tolerance;",
+        "*trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign (comparison) or outside the",
+        "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why).",
+        "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
+        "loss, `final` = the last round's; Δ = mean paired difference [95% CI], Wilcoxon signed-rank p (two-sided;",
+        "with 5 seeds it cannot go below 0.0625), seeds where the claimed winner won.",
+        "",
+    ]
+    papers: dict[str, list[Judged]] = {}
+    for claim in claims:
+        papers.setdefault(claim["paper"], []).append(judge(results, claim))
+    for paper, rows in papers.items():
+        lines += [f"## {paper}", "",
+                  "| claim | where | dataset | protocol | paper | hetfed | paired statistic | seeds | verdict |",
+                  "|---|---|---|---|---|---|---|---|---|"]
+        for j in rows:
+            c = j.claim
+            value = c.get("paper_value")
+            shown = "not recorded" if value is None else (f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}")
+            lines.append(f"| {c['claim']} | {c['where']} | {c['dataset']} | {c['protocol']} | {shown} | {j.hetfed} "
+                         f"| {j.statistic} | {j.seeds} | **{j.verdict}** |")
+        notes = [f"- `{j.claim['id']}`: {j.claim['note'].strip()}" for j in rows if j.claim.get("note")]
+        lines += ["", *notes, ""] if notes else [""]
+    counts: dict[str, int] = {}
+    for rows in papers.values():
+        for j in rows:
+            head = j.verdict.split(" (")[0].split(":")[0]
+            counts[head] = counts.get(head, 0) + 1
+    lines += ["## Count", "", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), ""]
+    return "\n".join(lines)

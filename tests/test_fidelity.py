@@ -1,0 +1,217 @@
+"""Paired statistics, the per-seed runs.csv a sweep writes, and the generated reproduction table (#28)."""
+
+from __future__ import annotations
+
+import csv
+import itertools
+import json
+import math
+from pathlib import Path
+
+import pytest
+import yaml
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed.analysis.fidelity import render
+from hetfed.analysis.paired import Paired, paired, verdict
+from hetfed.cli import main
+from hetfed.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+# --- paired statistics against computations written from their definitions ---------------------------------
+
+def test_paired_statistics_match_the_textbook_computation():
+    a = [0.85, 0.82, 0.86, 0.79, 0.81]
+    b = [0.80, 0.80, 0.80, 0.80, 0.77]  # differences +0.05 +0.02 +0.06 −0.01 +0.04
+    r = paired(a, b)
+    d = [x - y for x, y in zip(a, b, strict=True)]
+    mean = sum(d) / 5
+    sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 4)
+    t975_4 = 2.7764451051977987  # Student t, 4 degrees of freedom, 97.5th percentile (tables)
+    assert r.n == 5 and r.mean == pytest.approx(0.032)
+    assert r.ci_low == pytest.approx(mean - t975_4 * sd / math.sqrt(5))
+    assert r.ci_high == pytest.approx(mean + t975_4 * sd / math.sqrt(5))
+    # exact Wilcoxon signed-rank: |d| ranks 4, 2, 5, 1, 3; the negative side holds rank 1 (W− = 1).
+    # Under H0 each sign is a fair coin: P(W− ≤ 1) = #{subsets of {1..5} with rank sum ≤ 1} / 2^5 = 2/32
+    subsets = [s for k in range(6) for s in itertools.combinations(range(1, 6), k)]
+    tail = sum(1 for s in subsets if sum(s) <= 1) / 2 ** 5
+    assert r.wilcoxon_p == pytest.approx(2 * tail)  # two-sided: 0.125
+    assert (r.wins, r.losses) == (4, 1)
+
+
+def test_pairs_with_a_missing_value_are_dropped_and_lengths_must_match():
+    r = paired([0.5, None, 0.7, float("nan")], [0.4, 0.3, 0.6, 0.2])
+    assert r.n == 2 and r.mean == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="one value per seed"):
+        paired([0.1, 0.2], [0.1])
+    assert math.isnan(paired([0.5, 0.6], [0.5, 0.6]).wilcoxon_p)  # all differences 0: undefined, not 1
+
+
+@pytest.mark.parametrize(("diffs", "direction", "expected"), [
+    ([0.05, 0.04, 0.06, 0.05, 0.03], 1, "reproduced"),
+    ([0.05, 0.04, 0.06, 0.05, 0.03], -1, "opposite"),
+    ([0.05, -0.04, 0.06, 0.01, -0.03], 1, "trend"),
+    ([0.05, -0.04, 0.06, 0.01, -0.03], -1, "not reproduced"),
+    ([0.05, 0.04, 0.06, 0.05], 1, "too few seeds"),
+])
+def test_verdict_rules(diffs, direction, expected):
+    r = paired([0.5 + d for d in diffs], [0.5] * len(diffs))
+    assert verdict(r, direction) == expected
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=2, max_size=12))
+def test_swapping_the_sides_mirrors_everything(pairs):
+    a, b = [p[0] for p in pairs], [p[1] for p in pairs]
+    ab, ba = paired(a, b), paired(b, a)
+    assert ab.mean == pytest.approx(-ba.mean, abs=1e-12)
+    assert ab.ci_low == pytest.approx(-ba.ci_high, abs=1e-12)
+    assert (ab.wins, ab.losses) == (ba.losses, ba.wins)
+    assert ab.ci_low <= ab.mean <= ab.ci_high
+    assert verdict(ab, 1, min_seeds=2) == verdict(ba, -1, min_seeds=2)
+    if not math.isnan(ab.wilcoxon_p):
+        assert ab.wilcoxon_p == pytest.approx(ba.wilcoxon_p)
+
+
+# --- runs.csv: every run's own value ------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_a_sweep_writes_every_runs_values_and_pairs_them(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set", "train.eval_every=1",
+                 "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    with open(out / "runs.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    record = json.loads((out / "sweep.json").read_text())
+    assert len(record["runs"]) == 4
+    for run in record["runs"]:
+        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+        mine = {(r["method"], r["metric"]): float(r["value"]) for r in rows
+                if float(r["partition.shuffle"]) == run["point"]["partition.shuffle"] and int(r["seed"]) == run["seed"]}
+        assert mine[("(data)", "gamma")] == summary["gamma"]
+        for method, m in summary["methods"].items():
+            assert mine[(method, "best.global_accuracy")] == m["best"]["global_accuracy"]
+            assert mine[(method, "final.local_accuracy_mean")] == m["final"]["local_accuracy_mean"]
+            assert mine[(method, "best_round")] == m["best_round"]
+    # the sweep's means are the means of these values
+    with open(out / "sweep.csv") as fh:
+        means = {(r["partition.shuffle"], r["method"], r["metric"]): float(r["mean"]) for r in csv.DictReader(fh)}
+    cgau = [float(r["value"]) for r in rows if r["method"] == "cgau" and r["metric"] == "best.global_accuracy"
+            and float(r["partition.shuffle"]) == 0]
+    assert means[("0", "cgau", "best.global_accuracy")] == pytest.approx(sum(cgau) / len(cgau))
+    # the API pairs the two methods seed by seed
+    import hetfed
+
+    table = hetfed.Sweep(out).paired("cgau", "relu", "best.local_accuracy_mean")
+    assert list(table["partition.shuffle"]) == [0.0, 1.0]
+    for shuffle, got in zip((0.0, 1.0), table.itertuples(), strict=True):
+        def side(method, shuffle=shuffle):
+            return [float(r["value"]) for r in sorted(rows, key=lambda r: int(r["seed"]))
+                    if r["method"] == method and r["metric"] == "best.local_accuracy_mean"
+                    and float(r["partition.shuffle"]) == shuffle]
+        ref = paired(side("cgau"), side("relu"))
+        assert got.n == 2 and got.mean == pytest.approx(ref.mean) and got.ci_low == pytest.approx(ref.ci_low)
+    with pytest.raises(ConfigError, match="method 'fedx' is not in this sweep"):
+        hetfed.Sweep(out).paired("fedx", "relu")
+
+
+# --- the generated reproduction table ------------------------------------------------------------------------
+
+def _write_runs(folder: Path, values: dict[tuple[str, str, int], float], key: str = "train.client_fraction",
+                point: float = 0.1) -> None:
+    folder.mkdir(parents=True)
+    with open(folder / "runs.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([key, "seed", "method", "metric", "value"])
+        for (method, metric, seed), value in values.items():
+            w.writerow([point, seed, method, metric, value])
+
+
+def _fixture(tmp_path: Path) -> Path:
+    seeds = range(5)
+    shards = {}
+    for s in seeds:
+        for when, shift in (("best", 0.0), ("final", -0.01)):
+            shards[("fedavg", f"{when}.global_accuracy", s)] = 0.70 + 0.02 * s + shift
+            shards[("fsnet", f"{when}.global_accuracy", s)] = 0.75 + 0.02 * s + shift + (0.001 * s)
+            shards[("fedprox", f"{when}.global_accuracy", s)] = 0.70 + 0.02 * s + shift + (0.012 if s % 2 == 0 else -0.01)
+    _write_runs(tmp_path / "paper" / "shards", shards)
+    _write_runs(tmp_path / "paper" / "iid", {("fedavg", f"{w}.global_accuracy", s): 0.96 + 0.001 * s
+                                              for s in seeds for w in ("best", "final")})
+    claims = {"claims": [
+        {"id": "gain", "paper": "Fed-FSNet", "claim": "Fed-FSNet beats FedAvg", "where": "Table 1", "dataset": "MNIST",
+         "protocol": "paper's", "kind": "paired", "folder": "paper/shards", "metric": "global_accuracy",
+         "point": {"train.client_fraction": 0.1}, "a": {"method": "fsnet"}, "b": {"method": "fedavg"},
+         "paper_value": 0.444, "note": "the gain is 5 points here"},
+        {"id": "prox", "paper": "Fed-FSNet", "claim": "Fed-FSNet is beaten by FedProx", "where": "Table 2",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
+         "metric": "global_accuracy", "a": {"method": "fedprox"}, "b": {"method": "fsnet"}, "direction": 1},
+        {"id": "prox-trend", "paper": "Fed-FSNet", "claim": "FedProx beats FedAvg", "where": "Table 2",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
+         "metric": "global_accuracy", "a": {"method": "fedprox"}, "b": {"method": "fedavg"}},
+        {"id": "iid", "paper": "Fed-FSNet", "claim": "IID upper bound", "where": "Table 1", "dataset": "MNIST",
+         "protocol": "paper's", "kind": "value", "folder": "paper/iid", "metric": "global_accuracy",
+         "method": "fedavg", "paper_value": 0.97},
+        {"id": "iid-far", "paper": "Fed-FSNet", "claim": "IID upper bound (other)", "where": "Table 1",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "value", "folder": "paper/iid",
+         "metric": "global_accuracy", "method": "fedavg", "paper_value": 0.5},
+        {"id": "cifar", "paper": "CGAU", "claim": "CGAU beats ReLU on CIFAR-10", "where": "Table 2",
+         "dataset": "CIFAR-10", "protocol": "-", "kind": "not_run", "why": "CIFAR-10 cannot be downloaded here"},
+    ]}
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump(claims, sort_keys=False))
+    return tmp_path
+
+
+def _row(text: str, claim: str) -> list[str]:
+    line = next(line for line in text.splitlines() if line.startswith(f"| {claim} |"))
+    return [c.strip() for c in line.strip("|").split("|")]
+
+
+def test_fidelity_table_is_generated_from_the_runs(tmp_path):
+    root = _fixture(tmp_path)
+    text = render(root, root / "claims.yaml")
+    gain = _row(text, "Fed-FSNet beats FedAvg")
+    # fsnet − fedavg per seed: 0.05 + 0.001 s → mean 0.052, a CI that excludes 0 → reproduced (both rules)
+    assert gain[4] == "+0.444" and "+0.052" in gain[6] and gain[7] == "5" and gain[8] == "**reproduced**"
+    assert "best: fsnet 0.792" in gain[5] and "final: fsnet 0.782" in gain[5]
+    assert _row(text, "Fed-FSNet is beaten by FedProx")[8] == "**opposite**"
+    assert _row(text, "FedProx beats FedAvg")[8] == "**trend**"  # +0.012, −0.010 alternating: mean > 0, CI ∋ 0
+    iid = _row(text, "IID upper bound")
+    assert iid[8] == "**reproduced**" and "0.962" in iid[5]  # 0.962 ± 0.002: 0.97 lies within the CI widened by 0.01
+    assert _row(text, "IID upper bound (other)")[8] == "**not reproduced**"
+    assert "not run: CIFAR-10 cannot be downloaded here" in _row(text, "CGAU beats ReLU on CIFAR-10")[8]
+    assert "- `gain`: the gain is 5 points here" in text
+    assert "## Fed-FSNet" in text and "## CGAU" in text
+
+
+def test_bad_claims_are_refused_with_the_key_and_what_is_allowed(tmp_path):
+    root = _fixture(tmp_path)
+    claims = yaml.safe_load((root / "claims.yaml").read_text())
+    claims["claims"][0]["kind"] = "ranked"
+    (root / "claims.yaml").write_text(yaml.safe_dump(claims))
+    with pytest.raises(ConfigError, match=r"kind 'ranked' is not allowed: expected one of \['paired', 'value', 'not_run'\]"):
+        render(root, root / "claims.yaml")
+    claims["claims"][0].update(kind="paired", a={"method": "fedgen"})
+    (root / "claims.yaml").write_text(yaml.safe_dump(claims))
+    with pytest.raises(ConfigError, match="no 'best.global_accuracy' of method 'fedgen'"):
+        render(root, root / "claims.yaml")
+    claims["claims"][0].update(a={"method": "fsnet"}, point={"partition.alpha": 0.1})
+    (root / "claims.yaml").write_text(yaml.safe_dump(claims))
+    with pytest.raises(ConfigError, match="point key 'partition.alpha' is not a grid key"):
+        render(root, root / "claims.yaml")
+
+
+def test_the_committed_fidelity_table_is_what_the_results_give():
+    """results/FIDELITY.md is never typed by hand: regenerating it from claims.yaml and runs.csv changes nothing."""
+    results = REPO / "results"
+    assert (results / "FIDELITY.md").read_text() == render(results, results / "claims.yaml")
+
+
+def test_paired_text():
+    assert Paired(0, math.nan, math.nan, math.nan, math.nan, 0, 0).text() == "-"
+    r = paired([0.6, 0.7], [0.5, 0.5])
+    assert r.text(scale=100, digits=1).startswith("+15.0 [")
