@@ -160,7 +160,7 @@ def _judge_value(results: Path, claim: dict) -> Judged:
     other = [s for s in verdicts if s != select]
     if other and verdicts[other[0]] != main:
         main += f" (last round: {verdicts[other[0]]})" if other[0] == "final" else f" (best round: {verdicts[other[0]]})"
-    return Judged(claim, "<br>".join(shown), f"|gap| ≤ CI + {tolerance:g}?", seeds, main)
+    return Judged(claim, "<br>".join(shown), f"paper's value within hetfed's CI + {tolerance:g}", seeds, main)
 
 
 def judge(results: Path, claim: dict) -> Judged:
