@@ -62,6 +62,9 @@ class FedMoEParams(AlgorithmParams):
     patience: int = Field(10, ge=1)
     batch_size: int = Field(32, ge=1)
     optimizer: OptimizerConfig = Field(default_factory=lambda: OptimizerConfig(kind="adam", lr=1e-3, momentum=0.0))
+    local_optimizer: OptimizerConfig | None = Field(
+        None, description="the Local baseline's optimiser when it differs from the fine-tuning/mixture one (the "
+        "paper: Adam 5e-5 for FedAvg and Local, 1e-5 for fine-tuning and the mixture); default: optimizer")
     blend: Literal["prob", "log"] = Field("prob", description="mix probabilities (paper) or logits (authors' code)")
     eval_clients: int | None = Field(None, ge=1, description="evaluate a random sample of clients (paper: 20)")
     personalise: Literal["all", "evaluated"] = Field(
@@ -190,7 +193,8 @@ class FedMoE(FedAvg):
         t0 = time.perf_counter()
         init = [base.init_shared(torch_gen(seed, CLIENT_INIT, PERSONAL, k)) for k in clients]
         stacked = {k: torch.stack([p[k] for p in init]).to(device) for k in init[0]}
-        best, ep = train_until_stopped(base, stacked, data, cfg, seed, phase=1)
+        local = cfg if cfg.local_optimizer is None else cfg.model_copy(update={"optimizer": cfg.local_optimizer})
+        best, ep = train_until_stopped(base, stacked, data, local, seed, phase=1)
         record("local", best, ep, t0)
 
         # Fine-tuned: specialist = the global model, trained on the client's data
