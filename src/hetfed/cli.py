@@ -90,6 +90,11 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("dir", help="folder for the deployment's logs, PIDs and Flower config")
     q.add_argument("--clients", type=int, required=True, help="SuperNodes to start (partition-id 0..N-1)")
     q.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
+    q.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (default: loopback only)")
+    q.add_argument("--insecure", action="store_true",
+                   help="no TLS and no SuperNode keys (default: a CA, certificates and keys are made in DIR/credentials)")
+    q.add_argument("--allow-insecure-remote", action="store_true",
+                   help="allow --insecure on a non-loopback --host (a trusted network only)")
     q.set_defaults(func=cmd_flower_start)
     q = fsub.add_parser("stop", help="stop every process of a local deployment (by the PIDs it recorded)")
     q.add_argument("dir")
@@ -195,9 +200,12 @@ def cmd_flower_start(args: argparse.Namespace) -> int:
     require_flwr()
     if args.clients < 1:
         raise ConfigError(f"--clients {args.clients} is not allowed: expected ≥ 1 (one SuperNode per client)")
-    dep = LocalDeployment(Path(args.dir), args.clients, args.port).start()
-    console.print(f"SuperLink on {dep.address}, {args.clients} SuperNodes; PIDs in {Path(args.dir) / 'deployment.json'}; "
-                  f"stop with `hetfed flower stop {args.dir}`", soft_wrap=True)
+    dep = LocalDeployment(Path(args.dir), args.clients, args.port, secure=not args.insecure, host=args.host,
+                          allow_insecure_remote=args.allow_insecure_remote).start()
+    how = (f"TLS (CA: {dep.credentials_dir / 'ca.crt'}), only registered SuperNode keys admitted" if dep.secure
+           else "INSECURE: no TLS, any SuperNode admitted")
+    console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {args.clients} SuperNodes; PIDs in "
+                  f"{Path(args.dir) / 'deployment.json'}; stop with `hetfed flower stop {args.dir}`", soft_wrap=True)
     return 0
 
 

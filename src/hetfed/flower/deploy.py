@@ -7,6 +7,13 @@ processes (each in its own process group, so their ``flwr-serverapp`` /
 dependency installation is disabled on the SuperLink: the machines already have
 hetfed and torch, and ``uv sync`` would pull multi-GB CUDA wheels.
 
+Secure by default: the SuperLink serves TLS with a certificate from the
+deployment's own CA (``credentials/``, made by :mod:`hetfed.flower.security`, or
+the CA already there) and admits only SuperNodes whose keys were registered
+(``--enable-supernode-auth`` + ``flwr supernode register``). ``secure=False`` is
+the explicit opt-out, refused on an address other than loopback unless
+``allow_insecure_remote`` says the user means it.
+
 :func:`run_on_deployment` submits a hetfed config with ``flwr run`` to a
 SuperLink (this one, or one named in a Flower config file). The Flower App it
 submits is written by :func:`write_app`: a ``pyproject.toml`` naming hetfed's
@@ -30,7 +37,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hetfed.errors import RunError
+from hetfed.errors import ConfigError, RunError
 
 APP_PYPROJECT = """\
 [build-system]
@@ -84,34 +91,54 @@ def _bin(name: str) -> str:
     return str(local) if local.exists() else name
 
 
-def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen, what: str, log: Path) -> None:
+def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen, what: str, log: Path,
+                   host: str = "127.0.0.1") -> None:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RunError(f"{what} exited with status {proc.returncode}; see {log}")
         with socket.socket() as s:
-            if s.connect_ex(("127.0.0.1", port)) == 0:
+            if s.connect_ex((host, port)) == 0:
                 return
         time.sleep(0.2)
-    raise RunError(f"{what} did not listen on 127.0.0.1:{port} within {timeout:g} s; see {log}")
+    raise RunError(f"{what} did not listen on {host}:{port} within {timeout:g} s; see {log}")
+
+
+LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
 @dataclass
 class LocalDeployment:
-    """SuperLink + ``n_clients`` SuperNodes on loopback, started and stopped by PID."""
+    """SuperLink + ``n_clients`` SuperNodes on this machine, started and stopped by PID."""
 
     directory: Path
     n_clients: int
     port: int = 0
     pids: dict[str, int] = field(default_factory=dict)
+    #: TLS + registered SuperNode keys (the default); False runs every process with ``--insecure``
+    secure: bool = True
+    #: where the SuperLink listens (the SuperNodes here reach it on loopback)
+    host: str = "127.0.0.1"
+    allow_insecure_remote: bool = False
 
     @property
     def flwr_home(self) -> Path:
         return self.directory / "flwr-home"
 
     @property
+    def credentials_dir(self) -> Path:
+        return self.directory / "credentials"
+
+    @property
+    def reach(self) -> str:
+        """The host this machine's SuperNodes and ``flwr`` connect to (loopback when listening everywhere)."""
+        if self.host in ("0.0.0.0", "::", "localhost", "::1"):
+            return "127.0.0.1"
+        return self.host
+
+    @property
     def address(self) -> str:
-        return f"127.0.0.1:{self.port}"
+        return f"{self.reach}:{self.port}"
 
     def env(self) -> dict[str, str]:
         """The environment ``flwr`` commands need: this deployment (``FLWR_HOME``), and Flower's own
@@ -130,27 +157,62 @@ class LocalDeployment:
 
     def _save(self) -> None:
         (self.directory / "deployment.json").write_text(json.dumps(
-            {"port": self.port, "n_clients": self.n_clients, "pids": self.pids, "connection": CONNECTION}, indent=2))
+            {"port": self.port, "n_clients": self.n_clients, "pids": self.pids, "connection": CONNECTION,
+             "secure": self.secure, "host": self.host}, indent=2))
+
+    def check(self) -> None:
+        """Refuse an unencrypted SuperLink that other machines can reach, unless asked for explicitly."""
+        if not self.secure and self.host not in LOOPBACK and not self.allow_insecure_remote:
+            raise ConfigError(
+                f"--insecure with --host {self.host!r} is not allowed: every model update would cross the network "
+                "unencrypted and any machine could join as a SuperNode; expected a loopback host "
+                f"({', '.join(LOOPBACK)}), or drop --insecure (TLS and SuperNode keys are made for you), or pass "
+                "--allow-insecure-remote if this network is trusted")
 
     def start(self, timeout: float = 60) -> LocalDeployment:
+        self.check()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(exist_ok=True)
         self.port = self.port or free_port()
+        creds = None
+        if self.secure:
+            from hetfed.flower.security import ensure_credentials
+
+            creds = ensure_credentials(self.credentials_dir, self.n_clients, [self.host, *LOOPBACK])
+            trust = f'root-certificates = "{creds.ca_cert.resolve()}"\n'
+        else:
+            trust = "insecure = true\n"
         (self.flwr_home / "config.toml").write_text(
-            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\ninsecure = true\n')
+            f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n{trust}')
         try:
-            link = self._spawn("superlink", [_bin("flower-superlink"), "--insecure", "--disable-runtime-dependency-installation",
-                                             "--port", str(self.port)])
-            _wait_for_port(self.port, timeout, link, "flower-superlink", self.directory / "superlink.log")
+            security = (["--ssl-ca-certfile", str(creds.ca_cert), "--ssl-certfile", str(creds.server_cert),
+                         "--ssl-keyfile", str(creds.server_key), "--enable-supernode-auth"] if creds else ["--insecure"])
+            link = self._spawn("superlink", [_bin("flower-superlink"), *security, "--disable-runtime-dependency-installation",
+                                             "--host", self.host, "--port", str(self.port)])
+            _wait_for_port(self.port, timeout, link, "flower-superlink", self.directory / "superlink.log", self.reach)
             for k in range(self.n_clients):
+                if creds:
+                    self.register(creds.node_keys[k][1])
+                    node_security = ["--root-certificates", str(creds.ca_cert),
+                                     "--auth-supernode-private-key", str(creds.node_keys[k][0])]
+                else:
+                    node_security = ["--insecure"]
                 self._spawn(f"supernode-{k}", [
-                    _bin("flower-supernode"), "--insecure", "--superlink", self.address, "--port", str(free_port()),
+                    _bin("flower-supernode"), *node_security, "--superlink", self.address, "--port", str(free_port()),
                     "--node-config", f"partition-id={k} num-partitions={self.n_clients}",
                 ])
         except BaseException:
             self.stop()
             raise
         return self
+
+    def register(self, public_key: Path) -> None:
+        """Admit a SuperNode's key (``flwr supernode register``): without it the SuperLink refuses the node."""
+        done = subprocess.run([_bin("flwr"), "supernode", "register", str(public_key), CONNECTION], env=self.env(),
+                              capture_output=True, text=True, timeout=60)
+        if done.returncode != 0 or "registered successfully" not in done.stdout:
+            tail = " ".join((done.stdout + done.stderr).strip().splitlines()[-2:])
+            raise RunError(f"registering SuperNode key {public_key} with the SuperLink failed (exit {done.returncode}): {tail}")
 
     def kill_node(self, k: int) -> None:
         """Kill one SuperNode (and its ClientApp processes) — to test failures."""
@@ -181,7 +243,8 @@ class LocalDeployment:
             raise RunError(f"{str(directory)!r} holds no running deployment (no deployment.json): start one with "
                            "`hetfed flower deploy start DIR --clients N`")
         data = json.loads(meta.read_text())
-        return cls(Path(directory), int(data["n_clients"]), int(data["port"]), {k: int(v) for k, v in data["pids"].items()})
+        return cls(Path(directory), int(data["n_clients"]), int(data["port"]), {k: int(v) for k, v in data["pids"].items()},
+                   secure=bool(data.get("secure", False)), host=data.get("host", "127.0.0.1"))
 
     def __enter__(self) -> LocalDeployment:
         return self.start() if not self.pids else self
