@@ -178,7 +178,10 @@ class LocalDeployment:
         if self.secure:
             from hetfed.flower.security import ensure_credentials
 
-            creds = ensure_credentials(self.credentials_dir, self.n_clients, [self.host, *LOOPBACK])
+            names = [self.host, *LOOPBACK]
+            if self.host in ("0.0.0.0", "::"):  # listening everywhere: other machines use this machine's names
+                names += [socket.gethostname(), socket.getfqdn()]
+            creds = ensure_credentials(self.credentials_dir, self.n_clients, names)
             trust = f'root-certificates = "{creds.ca_cert.resolve()}"\n'
         else:
             trust = "insecure = true\n"
