@@ -104,7 +104,10 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--deployment", metavar="DIR", help="a local deployment started with `hetfed flower start`")
     q.add_argument("--connection", default=None,
                    help="a SuperLink connection in your Flower config ($FLWR_HOME/config.toml), for remote SuperLinks")
-    q.add_argument("--out", metavar="DIR", required=True, help="run directory (written where the ServerApp runs)")
+    q.add_argument("--out", metavar="DIR", help="run directory (written where the ServerApp runs)")
+    q.add_argument("--resume", metavar="RUN_DIR",
+                   help="continue a killed Flower run from its last checkpoint (train.checkpoint_every), with its own "
+                        "config.yaml; give no CONFIG, --set or --out")
     q.set_defaults(func=cmd_flower_run)
 
     p = sub.add_parser("config", help="print the resolved config (defaults filled in) as YAML")
@@ -227,11 +230,24 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
     from hetfed.flower.deploy import CONNECTION, LocalDeployment, run_on_deployment, shown
 
     require_flwr()
-    config = load_config(args.config, args.sets)
     if bool(args.deployment) == bool(args.connection):
         raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME (remote)")
-    if Path(args.out).exists():
-        raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a run)")
+    if args.resume is not None:
+        given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--out", args.out)) if v]
+        if given:
+            raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
+                              "its own config.yaml and directory; expected --resume RUN_DIR alone")
+        from hetfed.runs.checkpoint import read_checkpoint
+        from hetfed.runs.runner import check_flower_resumable, resumable_config
+
+        config, args.out = resumable_config(Path(args.resume)), args.resume
+        check_flower_resumable(read_checkpoint(args.resume))  # refused here, before anything is submitted
+    else:
+        config = load_config(args.config, args.sets)
+        if args.out is None:
+            raise ConfigError("hetfed flower run needs --out DIR (the run directory), or --resume RUN_DIR")
+        if Path(args.out).exists():
+            raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a run)")
     if args.deployment:
         dep = LocalDeployment.load(args.deployment)
         if dep.n_clients < (config.partition.clients or 0):
@@ -245,7 +261,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             sys.stdout.write(line)
             sys.stdout.flush()
 
-    done = run_on_deployment(config, args.out, env, connection, on_line=relay)
+    done = run_on_deployment(config, args.out, env, connection, on_line=relay, resume=args.resume is not None)
     if done.returncode != 0 or not (Path(args.out) / "summary.json").is_file():
         tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
         raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: {done.log})")

@@ -175,7 +175,8 @@ def simulate(
         result.server = _to_device(result.server, device)
         if result.best_server is not None:
             result.best_server = _to_device(result.best_server, device)
-        executor.states.load_state_dict(resume_states)
+        if resume_states is not None:  # None on Flower: the clients' states live on the nodes
+            executor.states.load_state_dict(resume_states)
     # best-model selection needs validation data on the clients that train the global model
     opted_out = np.asarray(fed.opted_out, dtype=bool)
     has_val = any(len(fed.val[k]) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))

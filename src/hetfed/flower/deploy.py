@@ -66,6 +66,7 @@ clientapp = "hetfed.flower.client_app:app"
 [tool.flwr.app.config]
 config-yaml = ""
 out = ""
+resume = false
 """
 
 CONNECTION = "hetfed-local"
@@ -322,21 +323,23 @@ def run_log(out: str | Path, app_dir: Path) -> Path:
 
 def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: str = CONNECTION,
                       app_dir: str | Path | None = None, timeout: float | None = None,
-                      on_line: Callable[[str], object] | None = None) -> SubmittedRun:
+                      on_line: Callable[[str], object] | None = None, resume: bool = False) -> SubmittedRun:
     """Submit ``config`` with ``flwr run`` to a SuperLink; the ServerApp writes the run directory ``out``.
 
     Every line ``flwr run --stream`` relays is written to a log file as it comes (``flwr-run.log`` in
     ``out`` at the end, when ``out`` is on this machine) and passed to ``on_line`` (the CLI shows hetfed's
-    lines and Flower's errors).
+    lines and Flower's errors). ``resume``: ``out`` is a killed run of ``config``; the ServerApp continues it
+    from its last checkpoint (``train.checkpoint_every``).
     """
     from hetfed.config import dump_config
 
     workdir = Path(app_dir) if app_dir else Path(out).parent / ".hetfed-flower-app"
     write_app(workdir)
     overrides = workdir / "run-config.toml"
-    overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = {json.dumps(str(Path(out).resolve()))}\n")
+    overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = {json.dumps(str(Path(out).resolve()))}\n"
+                         f"resume = {'true' if resume else 'false'}\n")
     cmd = [_bin("flwr"), "run", str(workdir), connection, "--run-config", str(overrides), "--stream"]
-    log_path = run_log(out, workdir)
+    log_path = run_log(out, workdir) if not resume else Path(out) / "flwr-run.resumed.log"
     lines: list[str] = []
     with open(log_path, "w") as log:
         proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
@@ -360,6 +363,6 @@ def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: 
             raise
         finally:
             reader.join(timeout=10)
-    if Path(out).is_dir():
+    if Path(out).is_dir() and not resume:
         log_path = Path(shutil.move(str(log_path), Path(out) / "flwr-run.log"))
     return SubmittedRun(rc, "".join(lines), log_path)

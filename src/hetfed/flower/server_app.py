@@ -1,7 +1,8 @@
 """The hetfed ``ServerApp`` that ``flwr run`` starts (deployment, or a local simulation federation).
 
 It reads its run config (``config-yaml``: the resolved hetfed config as YAML
-text; ``out``: the run directory to write, on the machine the ServerApp runs on)
+text; ``out``: the run directory to write, on the machine the ServerApp runs on;
+``resume``: continue the killed run in ``out`` from its checkpoint)
 and runs :func:`hetfed.runs.runner.run_experiment` with every method on
 this Flower federation: the same code path as ``hetfed run``, with the
 :class:`~hetfed.flower.executor.FlowerExecutor` in place of the in-process one.
@@ -26,4 +27,7 @@ def main(grid: Grid, context: Context) -> None:
         raise ValueError("run config 'config-yaml' is empty: start runs with `hetfed flower run CONFIG`")
     config = build_config(parse_yaml_text(text, "run config 'config-yaml'"))
     out = str(context.run_config.get("out", "")) or None
-    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run)
+    resume = bool(context.run_config.get("resume", False))
+    if resume and out is None:
+        raise ValueError("run config 'resume' needs 'out': the run directory to continue")
+    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run, resume=resume)

@@ -261,13 +261,19 @@ def run_state(run_dir: str | Path) -> str:
 
 
 def _alive(pid: int) -> bool:
+    """Whether the process runs: a zombie (killed, not yet reaped by its parent — a ServerApp killed under
+    Flower's SuperExec stays one) is dead."""
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
         return False
     except PermissionError:
         return True
-    return True
+    try:
+        with open(f"/proc/{pid}/stat") as fh:
+            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
+    except OSError:  # no /proc (not Linux): the signal answered
+        return True
 
 
 def read_summary(run_dir: str | Path) -> dict:

@@ -160,6 +160,8 @@ def run_experiment(
                               "'sequential' (on Flower the clients are real)")
         if train.executor != "flower" and flower_grid is None:  # what cannot fit is refused before any file
             check_memory(algo, fed, train)
+        elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == len(plans):  # before any file is touched
+            check_flower_resumable(ckpt)
         plans.append((method, train, algo))
 
     if resume:
@@ -201,8 +203,7 @@ def run_experiment(
                     heartbeat.beat(method=label)
                     state = current if current is not None and current["index"] == index else None
                     rows = _run_method(config, method, train, algo, fed, writer, bar, heartbeat, run_dir,
-                                       grid, checkpointer if grid is None and train.executor != "flower"
-                                       else None, state)
+                                       grid, checkpointer, state)
                     methods.update(rows)
                     checkpointer.method_done(label)
 
@@ -310,9 +311,13 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
     earlier = resume["result"].train_seconds + resume["result"].eval_seconds if resume else 0.0
     t0 = time.perf_counter() - earlier
 
+    on_flower = flower_grid is not None or train.executor == "flower"
+    kept = client_state_keys(algo) if on_flower else []  # what a Flower resume could not re-establish
+
     def on_checkpoint(res: SimulationResult, phase: str = "federated") -> None:
-        if checkpointer is not None:
-            checkpointer.save({"index": index, "label": label, "phase": phase, **snapshot(res)})
+        # on Flower the personal models live on the SuperNodes: a resume redoes personalisation instead
+        if checkpointer is not None and not (on_flower and phase == "personalised"):
+            checkpointer.save({"index": index, "label": label, "phase": phase, "client_keys": kept, **snapshot(res)})
 
     def on_eval(rnd: int, ev: Evaluation) -> None:
         _write_eval(writer, fed_label, rnd, ev)
@@ -454,6 +459,33 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)", soft_wrap=True)
 
 
+def client_state_keys(algo) -> list[str]:
+    """What an algorithm's clients keep between rounds (CGAU's conditioning rows, SCAFFOLD's control variates,
+    kept optimiser state …); empty when they keep nothing."""
+    from hetfed.engine.rng import CLIENT_INIT, torch_gen
+
+    return sorted(algo.client_init(0, torch_gen(0, CLIENT_INIT, 0)))
+
+
+def check_flower_resumable(checkpoint: dict | None) -> None:
+    """A Flower run's checkpoint holds the server's side only: the clients' own state lived in the SuperNodes'
+    run context, which ended with the killed run. Resuming mid-rounds is exact only for a method whose clients
+    keep nothing between rounds; for any other the resume is refused, saying why."""
+    from hetfed.errors import RunError
+
+    current = (checkpoint or {}).get("current")
+    if not current or current["result"].rounds_done == 0:
+        return
+    kept = current.get("client_keys", [])
+    if kept:
+        shown = ", ".join(kept[:4]) + (" …" if len(kept) > 4 else "")
+        raise RunError(
+            f"cannot resume method {current['label']!r} on Flower after round {current['result'].rounds_done}: its "
+            f"clients keep state across rounds ({shown}) in the SuperNodes' run context, which ended with the killed "
+            "run, and a new run cannot re-establish it (the server never held it); rerun it from the start, or run "
+            "it with train.executor vectorised, whose checkpoints hold every client's state")
+
+
 def resume_experiment(run_dir: str | Path, progress: bool = True, console: Console | None = None,
                       present: Callable[[Path, Console | None], None] | None = None) -> RunOutput:
     """Continue a failed or killed ``hetfed run`` from its last checkpoint (``hetfed run --resume DIR``).
@@ -461,11 +493,17 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
     The run's own ``config.yaml`` is used, so the resumed run is the same run; a
     complete run, or one whose process is still alive, is refused.
     """
+    path = Path(run_dir)
+    config = resumable_config(path)
+    return run_experiment(config, out=path, progress=progress, console=console, present=present, resume=True)
+
+
+def resumable_config(path: Path) -> Config:
+    """The config of a run that may be resumed (failed or killed); a RunError saying why otherwise."""
     from hetfed.config import load_run_config
     from hetfed.errors import RunError
     from hetfed.runs.rundir import run_state
 
-    path = Path(run_dir)
     if not (path / "config.yaml").is_file():
         raise RunError(f"--resume {str(path)!r}: no config.yaml there; expected a run directory written by hetfed run")
     state = run_state(path)
@@ -474,5 +512,4 @@ def resume_experiment(run_dir: str | Path, progress: bool = True, console: Conso
     if state == "running":
         raise RunError(f"--resume {str(path)!r}: the run is still running (its process is alive); expected a failed "
                        "or killed run")
-    config = load_run_config(path / "config.yaml")
-    return run_experiment(config, out=path, progress=progress, console=console, present=present, resume=True)
+    return load_run_config(path / "config.yaml")
