@@ -8,6 +8,9 @@
                                           # global accuracy per method, best round by validation and last round
     python results/tables.py heterogeneity-figure OUT.png METRIC SWEEP_DIR [SWEEP_DIR …]
         # #25: every method's best METRIC against each sweep's (partition's) ΔΓ, one line per method
+    python results/tables.py runs FOLDER BASELINE [METRIC …]   # #28: from a results folder's runs.csv (one value
+        # per seed): every method's best-by-validation and last-round METRIC (default global_accuracy and
+        # local_accuracy_mean), and its paired difference to BASELINE: mean [95% CI], Wilcoxon p, wins
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -206,6 +209,47 @@ def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tupl
     return dict(points)
 
 
+def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_accuracy", "local_accuracy_mean")) -> str:
+    """Per grid point and method: mean ± CI of each metric (best by validation / last round) and the paired
+    difference to ``baseline`` on the same seeds (:mod:`hetfed.analysis.paired`), from runs.csv."""
+    import csv
+
+    from hetfed.analysis.paired import paired
+
+    with open(folder / "runs.csv", newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    keys = [k for k in rows[0] if k not in ("seed", "method", "metric", "value")] if rows else []
+    values: dict[tuple, dict[int, float]] = defaultdict(dict)
+    for r in rows:
+        values[(tuple(r[k] for k in keys), r["method"], r["metric"])][int(r["seed"])] = float(r["value"])
+    points = list(dict.fromkeys(tuple(r[k] for k in keys) for r in rows))
+    methods = list(dict.fromkeys(r["method"] for r in rows if r["method"] != "(data)"))
+    out = []
+    for point in points:
+        where = ", ".join(f"{k}={v}" for k, v in zip(keys, point, strict=True))
+        for metric in metrics:
+            out += [f"**{metric}**" + (f" ({where})" if where else ""), "",
+                    f"| method | best (by validation) | Δ vs {baseline}, best | last round | Δ vs {baseline}, last | best round |",
+                    "|---|---|---|---|---|---|"]
+            for method in methods:
+                cells = []
+                for when in ("best", "final"):
+                    mine = values.get((point, method, f"{when}.{metric}"), {})
+                    base = values.get((point, baseline, f"{when}.{metric}"), {})
+                    cells.append(_cell(list(mine.values())) if mine else "-")
+                    common = sorted(set(mine) & set(base))
+                    cells.append(paired([mine[s] for s in common], [base[s] for s in common]).text()
+                                 if method != baseline and common else "-")
+                rounds = values.get((point, method, "best_round"), {})
+                cells.append(_mean(list(rounds.values())).rstrip("0").rstrip(".") if rounds else "-")
+                out.append(f"| {method} | " + " | ".join(cells) + " |")
+            out.append("")
+    n = len({r["seed"] for r in rows})
+    return "\n".join(out) + (f"\nmean ± 95% CI (Student t) over {n} seeds; Δ: paired difference on the same federation "
+                             "and seed, [95% CI], two-sided Wilcoxon signed-rank p, seeds where the method won; best round: "
+                             "the mean round the validation loss chose\n")
+
+
 if __name__ == "__main__":
     kind = sys.argv[1]
     if kind == "grid":
@@ -217,6 +261,8 @@ if __name__ == "__main__":
                                              sys.argv[3], sys.argv[2]))
     elif kind == "leaderboard":
         print(leaderboard_table(Path(sys.argv[2])))
+    elif kind == "runs":
+        print(runs_table(Path(sys.argv[2]), sys.argv[3], tuple(sys.argv[4:]) or ("global_accuracy", "local_accuracy_mean")))
     elif kind == "paired":
         args = [a for a in sys.argv[3:] if a != "--final"]
         print(paired_table(Path(sys.argv[2]), *args[:1], when="final" if "--final" in sys.argv else "best"))

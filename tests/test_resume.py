@@ -196,3 +196,22 @@ def test_sweep_resume_continues_a_killed_run_from_its_checkpoint(tmp_path):
         return [ln for ln in path.read_text().splitlines() if "seconds" not in ln]
 
     assert accuracies(out / "sweep.csv") == accuracies(tmp_path / "ref" / "sweep.csv")
+
+
+def test_a_sweep_resumed_after_an_upgrade_reuses_runs_that_lack_a_new_setting(tmp_path, capsys):
+    """A setting added to hetfed since a run was made is absent from its config.yaml: read with its default, the
+    behaviour the run had, it is the same config — resuming reuses the run instead of refusing or redoing it."""
+    from hetfed.cli import main
+
+    args = ["sweep", "configs/default.yaml", "--set", "train.rounds=2", "--seeds", "1", "--out", str(tmp_path / "s")]
+    assert main(args) == 0
+    config = next((tmp_path / "s").glob("*/seed=*/config.yaml"))
+    text = config.read_text()
+    assert "shard_cut: within_class\n" in text
+    config.write_text(text.replace("  shard_cut: within_class\n", ""))  # as written before the setting existed
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    assert "1 of 1 runs reused" in capsys.readouterr().out
+    config.write_text(text.replace("shard_cut: within_class", "shard_cut: sorted"))  # a real change is refused
+    assert main([*args, "--resume"]) != 0
+    assert "partition.shard_cut: 'sorted' → 'within_class'" in capsys.readouterr().err

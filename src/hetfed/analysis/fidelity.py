@@ -9,7 +9,8 @@ Kinds of claim:
 
 - ``paired``: "method A beats B" — the per-seed difference on the same federations
   (:func:`hetfed.analysis.paired.paired`) and its verdict (reproduced only when the
-  paired 95% CI excludes zero in the paper's direction with ≥ 5 seeds);
+  paired 95% CI excludes zero in the paper's direction with ≥ 5 seeds; "in sign, not
+  in size" when the paper's own difference, if recorded, lies outside that CI);
 - ``value``: one of the paper's numbers — hetfed's mean ± 95% CI next to it;
   *reproduced* when the paper's number lies within the CI widened by the claim's
   ``tolerance`` (default 0.01), *not reproduced* otherwise (the gap is shown);
@@ -121,6 +122,9 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
         common = sorted(set(a) & set(b))
         r: Paired = paired([a[s] for s in common], [b[s] for s in common])
         verdicts[select], stats[select] = verdict(r, direction, claim.get("min_seeds", MIN_SEEDS)), r
+        size = claim.get("paper_value")
+        if verdicts[select] == "reproduced" and size is not None and not r.ci_low <= float(size) <= r.ci_high:
+            verdicts[select] = "reproduced in sign, not in size"  # the paper's difference lies outside the CI
         ma, ha = _mean_ci([a[s] for s in common])
         mb, hb = _mean_ci([b[s] for s in common])
         shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
@@ -195,7 +199,8 @@ def render(results: Path, claims_path: Path) -> str:
         "folders it names — do not edit by hand. **Verdicts**: *reproduced* — for a comparison, the paired 95% CI",
         f"of the per-seed difference (same federations) excludes zero in the paper's direction, over ≥ {MIN_SEEDS} seeds;",
         "for a single number, the paper's value lies within hetfed's 95% CI widened by the claim's tolerance;",
-        "*trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign (comparison) or outside the",
+        "*reproduced in sign, not in size* — the CI excludes zero in the paper's direction but not the paper's own",
+        "difference; *trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign (comparison) or outside the",
         "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why).",
         "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
         "loss, `final` = the last round's; Δ = mean paired difference [95% CI], Wilcoxon signed-rank p (two-sided;",
@@ -212,7 +217,10 @@ def render(results: Path, claims_path: Path) -> str:
         for j in rows:
             c = j.claim
             value = c.get("paper_value")
-            shown = "not recorded" if value is None else (f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}")
+            if value is None:
+                shown = "-" if c["kind"] == "not_run" else "not recorded"
+            else:
+                shown = f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}"
             lines.append(f"| {c['claim']} | {c['where']} | {c['dataset']} | {c['protocol']} | {shown} | {j.hetfed} "
                          f"| {j.statistic} | {j.seeds} | **{j.verdict}** |")
         notes = [f"- `{j.claim['id']}`: {j.claim['note'].strip()}" for j in rows if j.claim.get("note")]

@@ -226,13 +226,12 @@ def run_sweep(
 
 def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], request: dict) -> None:
     """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
-    from hetfed.config import dump_config
 
     changed = []
     for point, _s, cfg in configs:
         run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         done = run_dir / "config.yaml"
-        if (run_dir / "summary.json").is_file() and done.is_file() and done.read_text() != dump_config(cfg):
+        if (run_dir / "summary.json").is_file() and done.is_file() and not same_config(done, cfg):
             changed.append((run_dir, _config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
     if changed:
         run_dir, diff = changed[0]
@@ -347,22 +346,34 @@ def _completed(run_dir: Path, cfg: Config) -> dict | None:
     """The summary of a completed run made with exactly this config, else None."""
     import json
 
-    from hetfed.config import dump_config
 
     summary, config = run_dir / "summary.json", run_dir / "config.yaml"
-    if summary.is_file() and config.is_file() and config.read_text() == dump_config(cfg):
+    if summary.is_file() and config.is_file() and same_config(config, cfg):
         return json.loads(summary.read_text())
     return None
 
 
+def same_config(path: Path, cfg: Config) -> bool:
+    """Whether a run's config.yaml is ``cfg``: read with this hetfed, so a setting added since the run was made
+    (absent from its file) counts as its default — the behaviour the run had — and not as a change."""
+    from hetfed.config import dump_config
+
+    text = path.read_text()
+    if text == dump_config(cfg):
+        return True
+    try:
+        return build_config(yaml.safe_load(text)).model_dump(mode="json") == cfg.model_dump(mode="json")
+    except Exception:  # a file this hetfed cannot read is not the same config
+        return False
+
+
 def _resumable(run_dir: Path, cfg: Config) -> bool:
     """A failed or killed run of exactly this config with a checkpoint: ``--resume`` continues it in place."""
-    from hetfed.config import dump_config
     from hetfed.runs.checkpoint import checkpoint_path
     from hetfed.runs.rundir import run_state
 
     config = run_dir / "config.yaml"
-    return (config.is_file() and config.read_text() == dump_config(cfg) and checkpoint_path(run_dir).is_file()
+    return (config.is_file() and same_config(config, cfg) and checkpoint_path(run_dir).is_file()
             and run_state(run_dir) in ("failed", "dead"))
 
 
