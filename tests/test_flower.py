@@ -61,6 +61,10 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
     flower = _run(_config(WIRE_METHODS, "flower"), tmp_path / "f")
     vec = _run(_config(WIRE_METHODS, "vectorised"), tmp_path / "v")
     _compare(flower, vec)
+    # Γ from the summaries the clients sent at set-up equals Γ measured in-process on the same federation
+    for m in flower["methods"].values():
+        assert m["gamma_from_summaries"]["gamma"] == pytest.approx(flower["gamma"], rel=1e-6)
+        assert m["gamma_from_summaries"]["clients"] == 4 and m["gamma_from_summaries"]["measured_on"] == "train"
 
     from hetfed.models import build_model
 
@@ -75,6 +79,9 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
         assert not keys & local_names, e
         assert not any(k.startswith("opt.") for k in keys), e
     assert {frozenset(e["records"]["upload"]) for e in trains} == {frozenset({"num_samples", "client"})}
+    queries = [e for e in entries if e["type"] == "query"]  # set-up: who am I, and the Γ summary, once per method
+    assert {frozenset(e["records"]) for e in queries} == {frozenset({"node", "summary"})}
+    assert {frozenset(e["records"]["summary"]) for e in queries} == {frozenset({"n", "total", "outer"})}
     extra_keys = {frozenset(e["records"]["upload_extra.arrays"]) for e in trains}
     documented = {
         frozenset({"train_loss"}),  # FedAvg, CGAU
@@ -143,6 +150,8 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         assert "INFO" in (tmp_path / "run" / "flwr-run.log").read_text()
         deployed = json.loads((tmp_path / "run" / "summary.json").read_text())
         _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
+        # Γ from the summaries the SuperNodes sent equals the in-process Γ of the same federation
+        assert deployed["methods"]["cgau"]["gamma_from_summaries"]["gamma"] == pytest.approx(deployed["gamma"], rel=1e-6)
 
         # a SuperNode dies after round 1: the run goes on with the others and says who failed
         # (the timeout leaves healthy nodes ample time: each message starts a fresh ClientApp process)

@@ -71,3 +71,21 @@ def test_the_parametric_iid_reference_matches_the_datas_on_gaussian_clients():
     param_ref, sd = gamma_iid_from_summaries(summaries, draws=30, seed=0)
     assert param_ref == pytest.approx(data_ref, rel=0.15)
     assert sd > 0
+
+
+def test_noised_summaries_need_a_clip_and_report_their_epsilon(capsys):
+    from hetfed.cli import main
+    from hetfed.config import FlowerConfig
+    from hetfed.flower.executor import FlowerExecutor
+    from hetfed.gamma_summaries import summarise, summary_epsilon
+
+    assert main(["config", "--set", "flower.summary_noise=1.0"]) == 2
+    err = capsys.readouterr().err
+    assert "flower.summary_noise = 1.0 is not allowed without flower.summary_clip" in err
+    assert len(err.strip().splitlines()) == 1
+    ex = FlowerExecutor.__new__(FlowerExecutor)  # only its Γ bookkeeping, no grid
+    ex.flower, ex.measured_on = FlowerConfig(summary_noise=2.0, summary_clip=5.0), "train"
+    rng = np.random.default_rng(0)
+    got = ex._gamma({k: summarise(rng.normal(k, 1, (50, 3)), 5.0) for k in range(3)})
+    assert got["epsilon"] == pytest.approx(summary_epsilon(2.0, 1e-5)) and got["delta"] == 1e-5
+    assert got["clip"] == 5.0 and got["noise_multiplier"] == 2.0 and got["clients"] == 3

@@ -257,6 +257,21 @@ class FlowerConfig(_Strict):
     min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
     connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
     client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
+    gamma_summaries: bool = Field(
+        True, description="at set-up each client sends its feature count, sum and sum of outer products once; the "
+        "server computes Γ from them (hetfed.gamma_summaries) — what a real federation's Γ is made of")
+    summary_noise: float | None = Field(
+        None, ge=0, description="Gaussian noise multiplier on those summaries (record-level DP; needs summary_clip); "
+        "the (ε, δ) is reported")
+    summary_clip: float | None = Field(None, gt=0, description="rows are scaled to this L2 norm before summarising")
+    summary_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the summaries' (ε, δ)")
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self):
+        if self.summary_noise is not None and self.summary_clip is None:
+            raise ValueError(f"flower.summary_noise = {self.summary_noise} is not allowed without flower.summary_clip: "
+                             "the noise is calibrated to the rows' norm bound; expected a clip (e.g. 10)")
+        return self
 
 
 class ServerDataConfig(_Strict):

@@ -8,7 +8,8 @@ and gates — lives in the node's ``context.state`` across rounds and never
 appears in a reply: replies carry only what :mod:`hetfed.flower.records` puts
 there (shared parameters, the sample count, documented extras, metrics).
 
-Message types: ``query`` (which client is this node?), ``train`` (a round's
+Message types: ``query`` (which client is this node? — and, once per run, its Γ
+summary: count, Σx, Σxxᵀ of its own rows, optionally clipped and noised), ``train`` (a round's
 ``local_update``), ``train.personalise`` (the step after federated training),
 ``evaluate`` (the client scores its own model; only metrics leave).
 
@@ -34,17 +35,20 @@ from hetfed.engine.executors import Pool, client_data
 from hetfed.engine.rng import CLIENT_INIT, torch_gen
 from hetfed.engine.types import stack_states, unstack_state
 from hetfed.flower.records import (
+    GAMMA,
     RUN,
     broadcast_to_records,  # noqa: F401 - re-exported for symmetry in tests
     record_to_tensors,
     records_to_broadcast,
     reports_to_records,
     state_to_record,
+    summary_to_records,
     upload_to_records,
 )
 from hetfed.interface import Algorithm, ClientEvalData
 
 STATE_KEY = "hetfed.state"
+SUMMARY_NOISE = 23  # rng purpose: the noise on a client's Γ summary
 
 
 @dataclass(frozen=True, eq=False)
@@ -59,6 +63,7 @@ class ClientSide:
     y_global: torch.Tensor
     device: torch.device
     key: str  # the run's config and method, hashed
+    features: object = None  # what Γ is measured on (the inputs, or a bag-of-words view of token ids)
 
 
 _CACHE: dict[str, ClientSide] = {}
@@ -75,7 +80,9 @@ def client_side(run: ConfigRecord) -> ClientSide:
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
         config = build_config(parse_yaml_text(text, "the run's config"))
-        fed = build_federation(config, progress=False).federation  # the simulator's path: holdout cut first
+        built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
+        fed = built.federation
+        measure_on = getattr(built.clients_data, "measure_train", None)
         method_cfg = config.methods[method]
         algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
         device = resolve_device(config.method_train(method_cfg).device)
@@ -85,6 +92,7 @@ def client_side(run: ConfigRecord) -> ClientSide:
         _CACHE[key] = ClientSide(
             config, algo, fed, pool,
             *global_test(fed, config.method_train(method_cfg), config.seed, device), device, key[:16],
+            fed.x if measure_on is None else measure_on,
         )
     return _CACHE[key]
 
@@ -131,6 +139,21 @@ def _log_wire(kind: str, records: dict, k: int) -> None:
 # ------------------------------------------------------------------------- pure steps
 
 
+def summary_step(side: ClientSide, k: int, request: ConfigRecord) -> dict:
+    """The client's Γ summary of its own rows (train, or train ∪ val ∪ test), clipped and noised when asked:
+    sent once, at set-up — see :mod:`hetfed.gamma_summaries` for what it reveals."""
+    from hetfed.engine.rng import numpy_rng
+    from hetfed.gamma_summaries import privatise, summarise
+
+    fed = side.fed
+    rows = fed.train[k] if str(request.get("on", "train")) == "train" else fed.client_indices(k)
+    clip = float(request["clip"]) if "clip" in request else None
+    summary = summarise(np.asarray(side.features)[rows], clip)
+    if "noise" in request:
+        summary = privatise(summary, clip, float(request["noise"]), numpy_rng(side.config.seed, SUMMARY_NOISE, k))
+    return summary_to_records(summary)
+
+
 def train_step(side: ClientSide, k: int, state: dict, content: RecordDict) -> tuple[dict, dict]:
     """A round's ``local_update`` for client ``k`` → (reply records, new state)."""
     bc = records_to_broadcast(content, side.device)
@@ -169,9 +192,12 @@ def query(message: Message, context: Context) -> Message:
     The node also builds its client's data now, during set-up, rather than in the first round.
     """
     k = client_id(context)
+    records: dict = {"node": MetricRecord({"client": k})}
     if RUN in message.content:
-        client_side(message.content[RUN])
-    return _reply(message, {"node": MetricRecord({"client": k})}, k)
+        side = client_side(message.content[RUN])
+        if GAMMA in message.content:
+            records.update(summary_step(side, k, message.content[GAMMA]))
+    return _reply(message, records, k)
 
 
 @app.train()

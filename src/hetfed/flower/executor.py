@@ -27,7 +27,14 @@ from hetfed.engine.robust import Screen
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
-from hetfed.flower.records import RUN, broadcast_to_records, records_to_reports, records_to_upload
+from hetfed.flower.records import (
+    GAMMA,
+    RUN,
+    broadcast_to_records,
+    records_to_reports,
+    records_to_summary,
+    records_to_upload,
+)
 from hetfed.interface import Algorithm
 
 
@@ -45,6 +52,9 @@ class FlowerExecutor:
         self.failures: list[dict] = []  # {"step", "round", "clients", "errors"}
         self.errors: dict[int, str] = {}  # node → the error its ClientApp raised (this step)
         self.messages = 0
+        self.measured_on = config.heterogeneity.on
+        #: Γ from the summaries the clients sent at set-up (flower.gamma_summaries), with its (ε, δ) when noised
+        self.gamma_summaries: dict | None = None
 
     # -- set-up: which node holds which client
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
@@ -62,16 +72,44 @@ class FlowerExecutor:
                 f"{self.flower.connect_timeout:g} s, but the federation has {fed.n_clients} clients: expected one "
                 "SuperNode per client (--node-config 'partition-id=K num-partitions=N')"
             )
-        hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method})})
+        hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method}),
+                            **({GAMMA: self._summary_request()} if self.flower.gamma_summaries else {})})
         t0 = time.monotonic()
         replies = self._send([(n, hello, "query") for n in node_ids], timeout=self.flower.connect_timeout)
+        summaries = {}
         for node, reply in replies.items():
             if reply is not None:
-                self.nodes[int(reply.content["node"]["client"])] = node
+                k = int(reply.content["node"]["client"])
+                self.nodes[k] = node
+                if "summary" in reply.content:
+                    summaries[k] = records_to_summary(reply.content)
         missing = sorted(set(range(fed.n_clients)) - set(self.nodes))
         if missing:
             raise RunError(missing_nodes_message(missing, len(node_ids), fed.n_clients, self.flower.connect_timeout,
                                                  time.monotonic() - t0))
+        if self.flower.gamma_summaries and len(summaries) == fed.n_clients:
+            self.gamma_summaries = self._gamma(summaries)
+
+    def _summary_request(self) -> ConfigRecord:
+        f = self.flower
+        request = {"on": self.measured_on}
+        if f.summary_clip is not None:
+            request["clip"] = float(f.summary_clip)
+        if f.summary_noise is not None:
+            request["noise"] = float(f.summary_noise)
+        return ConfigRecord(request)
+
+    def _gamma(self, summaries: dict) -> dict:
+        """Γ of the federation from its clients' summaries alone (and the summaries' (ε, δ) when noised)."""
+        from hetfed.gamma_summaries import gamma_from_summaries, summary_epsilon
+
+        f = self.flower
+        out = {"gamma": gamma_from_summaries([summaries[k] for k in sorted(summaries)]), "clients": len(summaries),
+               "measured_on": self.measured_on, "clip": f.summary_clip, "noise_multiplier": f.summary_noise}
+        if f.summary_noise is not None:
+            out.update(epsilon=summary_epsilon(f.summary_noise, f.summary_delta) if f.summary_noise > 0 else None,
+                       delta=f.summary_delta)
+        return out
 
     # -- messaging
     def _content(self, bc: Broadcast, **extra_config) -> RecordDict:

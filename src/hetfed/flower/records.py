@@ -22,6 +22,8 @@ from hetfed.engine.types import Broadcast, Upload
 
 #: the ConfigRecord that says which run and method a message belongs to
 RUN = "hetfed.run"
+#: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
+GAMMA = "hetfed.gamma"
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -154,3 +156,17 @@ def state_to_record(state: dict[str, torch.Tensor]) -> ArrayRecord:
 
 def nan_safe(values: list[float]) -> list[float]:
     return [float(v) if np.isfinite(v) else float("nan") for v in values]
+
+
+def summary_to_records(summary) -> dict:
+    """A client's Γ summary (:class:`hetfed.gamma_summaries.ClientSummary`): count, Σx, Σxxᵀ in float64."""
+    return {"summary": ArrayRecord({"n": torch.tensor([summary.n], dtype=torch.float64),
+                                    "total": torch.as_tensor(summary.total, dtype=torch.float64),
+                                    "outer": torch.as_tensor(summary.outer, dtype=torch.float64)})}
+
+
+def records_to_summary(content: RecordDict):
+    from hetfed.gamma_summaries import ClientSummary
+
+    t = record_to_tensors(content["summary"])
+    return ClientSummary(float(t["n"][0]), t["total"].numpy(), t["outer"].numpy())

@@ -88,6 +88,9 @@ def _failures(result: SimulationResult) -> dict:
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds
+    from_summaries = getattr(result.executor, "gamma_summaries", None)  # Flower: Γ from what the clients sent
+    if from_summaries:
+        out["gamma_from_summaries"] = from_summaries
     return out
 
 
