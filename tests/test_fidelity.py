@@ -97,6 +97,16 @@ def test_a_sweep_writes_every_runs_values_and_pairs_them(tmp_path, capsys):
             assert mine[(method, "best.global_accuracy")] == m["best"]["global_accuracy"]
             assert mine[(method, "final.local_accuracy_mean")] == m["final"]["local_accuracy_mean"]
             assert mine[(method, "best_round")] == m["best_round"]
+    # curves.csv: each run's round-by-round evaluation; its last round is the run's final model
+    with open(out / "curves.csv") as fh:
+        curves = list(csv.DictReader(fh))
+    for run in record["runs"]:
+        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+        for method, m in summary["methods"].items():
+            mine = {int(r["round"]): float(r["value"]) for r in curves
+                    if r["method"] == method and r["metric"] == "global_accuracy" and int(r["seed"]) == run["seed"]
+                    and float(r["partition.shuffle"]) == run["point"]["partition.shuffle"]}
+            assert sorted(mine) == [1, 2] and mine[2] == m["final"]["global_accuracy"]
     # the sweep's means are the means of these values
     with open(out / "sweep.csv") as fh:
         means = {(r["partition.shuffle"], r["method"], r["metric"]): float(r["mean"]) for r in csv.DictReader(fh)}

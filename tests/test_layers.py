@@ -18,7 +18,7 @@ LAYERS = [
     ("hetfed.errors", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0),
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.models", 2),
-    ("hetfed.engine", 3), ("hetfed.interface", 3),
+    ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
     ("hetfed.server", 4),
     ("hetfed.algorithms", 5),
     ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6),

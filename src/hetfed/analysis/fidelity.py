@@ -180,7 +180,13 @@ def judge(results: Path, claim: dict) -> Judged:
 
 
 def load_claims(path: Path) -> list[dict]:
-    claims = yaml.safe_load(path.read_text()) or {}
+    try:
+        claims = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        where = f" (line {mark.line + 1}, column {mark.column + 1})" if mark else ""
+        raise ConfigError(f"claims: {path} is not valid YAML{where}: {getattr(err, 'problem', err)}; "
+                          "expected a mapping with a list under 'claims' (quote text that holds ': ')") from None
     items = claims.get("claims", [])
     ids = [c.get("id") for c in items]
     dupes = sorted({i for i in ids if ids.count(i) > 1})

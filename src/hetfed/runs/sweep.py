@@ -205,6 +205,8 @@ def run_sweep(
         table = aggregate(summaries, list(grid))
         _write_table(sweep_dir / "sweep.csv", table, list(grid))
         write_runs(sweep_dir / "runs.csv", summaries, list(grid))
+        write_curves(sweep_dir / "curves.csv", [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
+                     list(grid))
         _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
     except Exception as err:
         write_json_atomic(sweep_dir / "sweep.json", {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
@@ -447,6 +449,28 @@ def write_runs(path: Path, summaries: list[tuple[dict, int, dict]], keys: list[s
             cells = [_cell(point[k]) for k in keys]
             for method, metric, value in run_values(summary):
                 w.writerow([*cells, seed, method, metric, repr(float(value))])
+
+
+#: the per-round series curves.csv keeps (the rest stay in each run's metrics.csv)
+CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "server_accuracy", "global_auc", "local_auc_mean")
+
+
+def write_curves(path: Path, runs: list[tuple[dict, int, Path]], keys: list[str]) -> None:
+    """curves.csv: every run's round-by-round evaluation (grid keys, seed, method, round, metric, value) for
+    :data:`CURVES` — learning curves per seed, small enough to keep where the run directories are not (which
+    round a paper reports matters when a curve oscillates)."""
+    with open(path, "w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow([*keys, "seed", "method", "round", "metric", "value"])
+        for point, seed, run_dir in runs:
+            cells = [_cell(point[k]) for k in keys]
+            metrics = Path(run_dir) / "metrics.csv"
+            if not metrics.is_file():
+                continue
+            with open(metrics, newline="") as fh:
+                for row in csv.DictReader(fh):
+                    if row["split"] == "summary" and row["metric"] in CURVES:
+                        w.writerow([*cells, seed, row["method"], row["round"], row["metric"], row["value"]])
 
 
 def _cell(value: Any) -> Any:
