@@ -108,6 +108,15 @@ def _side(results: Path, claim: dict, side: dict, select: str) -> dict[int, floa
     return values
 
 
+def _combined(verdicts: dict[str, str], select: str) -> str:
+    """The verdict under the claim's round-selection rule, naming the other rule's when it differs."""
+    main = verdicts[select]
+    for other, value in verdicts.items():
+        if other != select and value != main:
+            main += f" (last round: {value})" if other == "final" else f" (best round: {value})"
+    return main
+
+
 def _judge_paired(results: Path, claim: dict) -> Judged:
     direction = int(claim.get("direction", 1))
     shown, verdicts, stats, seeds = [], {}, {}, ""
@@ -130,11 +139,7 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
         shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
                      f"{claim['b']['method']} {_fmt(mb, hb, len(common))}")
         seeds = str(len(common))
-    select = claim.get("select", "best")
-    main = verdicts[select]
-    other = [s for s in verdicts if s != select]
-    if other and verdicts[other[0]] != main:
-        main += f" (last round: {verdicts[other[0]]})" if other[0] == "final" else f" (best round: {verdicts[other[0]]})"
+    main = _combined(verdicts, claim.get("select", "best"))
     statistic = "; ".join(f"{s}: Δ = {stats[s].text()}" for s in verdicts)
     return Judged(claim, "<br>".join(shown), statistic, seeds, main)
 
@@ -159,11 +164,7 @@ def _judge_value(results: Path, claim: dict) -> Judged:
             verdicts[select] = "too few seeds"
         else:
             verdicts[select] = "reproduced" if abs(gap) <= reach else "not reproduced"
-    select = claim.get("select", "best")
-    main = verdicts[select]
-    other = [s for s in verdicts if s != select]
-    if other and verdicts[other[0]] != main:
-        main += f" (last round: {verdicts[other[0]]})" if other[0] == "final" else f" (best round: {verdicts[other[0]]})"
+    main = _combined(verdicts, claim.get("select", "best"))
     return Judged(claim, "<br>".join(shown), f"paper's value within hetfed's CI + {tolerance:g}", seeds, main)
 
 
