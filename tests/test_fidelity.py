@@ -172,6 +172,9 @@ def _fixture(tmp_path: Path) -> Path:
         {"id": "iid-far", "paper": "Fed-FSNet", "claim": "IID upper bound (other)", "where": "Table 1",
          "dataset": "MNIST", "protocol": "paper's", "kind": "value", "folder": "paper/iid",
          "metric": "global_accuracy", "method": "fedavg", "paper_value": 0.5},
+        {"id": "iid-unrecorded", "paper": "Fed-FSNet", "claim": "IID upper bound (number not recorded)",
+         "where": "Table 1", "dataset": "MNIST", "protocol": "paper's", "kind": "value", "folder": "paper/iid",
+         "metric": "global_accuracy", "method": "fedavg", "paper_value": None},
         {"id": "cifar", "paper": "CGAU", "claim": "CGAU beats ReLU on CIFAR-10", "where": "Table 2",
          "dataset": "CIFAR-10", "protocol": "-", "kind": "not_run", "why": "CIFAR-10 cannot be downloaded here"},
     ]}
@@ -198,6 +201,9 @@ def test_fidelity_table_is_generated_from_the_runs(tmp_path):
     iid = _row(text, "IID upper bound")
     assert iid[8] == "**reproduced**" and "0.962" in iid[5]  # 0.962 ± 0.002: 0.97 lies within the CI widened by 0.01
     assert _row(text, "IID upper bound (other)")[8] == "**not reproduced**"
+    unrecorded = _row(text, "IID upper bound (number not recorded)")
+    assert unrecorded[4] == "not recorded" and "0.962" in unrecorded[5] and unrecorded[6] == "-"
+    assert unrecorded[8] == "**not judged: the paper's number is not recorded here**"
     assert "not run: CIFAR-10 cannot be downloaded here" in _row(text, "CGAU beats ReLU on CIFAR-10")[8]
     assert "- `gain`: the gain is 5 points here" in text
     assert "## Fed-FSNet" in text and "## CGAU" in text
@@ -230,3 +236,34 @@ def test_paired_text():
     assert Paired(0, math.nan, math.nan, math.nan, math.nan, 0, 0).text() == "-"
     r = paired([0.6, 0.7], [0.5, 0.5])
     assert r.text(scale=100, digits=1).startswith("+15.0 [")
+
+
+def _script(name: str):
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location(name, REPO / "results" / "paper" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_paper_readme_tables_are_what_the_results_give():
+    """results/paper/README.md's sensitivity and round tables are the scripts' output on the committed runs.csv /
+    curves.csv, never typed by hand."""
+    readme = (REPO / "results" / "paper" / "README.md").read_text()
+    assert _script("fsnet_sensitivity").table() in readme
+    assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
+
+
+def test_round_statistics_against_a_hand_computed_curve(tmp_path):
+    rows = [("fedavg", r, v) for r, v in enumerate([0.2, 0.6, 0.4, 0.8], start=1)] + \
+           [("fsnet", r, v) for r, v in enumerate([0.3, 0.7, 0.7, 0.8], start=1)]
+    with open(tmp_path / "curves.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["seed", "method", "round", "metric", "value"])
+        for method, r, v in rows:
+            w.writerow([0, method, r, "global_accuracy", v])
+    line = _script("fsnet_rounds").round_table(tmp_path, after=1).splitlines()[2]
+    # fedavg mean 0.5; worst round after 1 is round 3 (0.4), fsnet there 0.7; fedavg < 0.5 in 2 of 4 rounds,
+    # fsnet in 1; per-round differences +0.1 +0.1 +0.3 0 → mean +0.125, largest +0.3
+    assert line == "| 0 | 0.500 | 0.400 (round 3) | 0.700 | 50% | 25% | +0.125 | +0.300 |"

@@ -146,7 +146,7 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
 
 def _judge_value(results: Path, claim: dict) -> Judged:
     tolerance = float(claim.get("tolerance", 0.01))
-    target = float(claim["paper_value"])
+    target = None if claim.get("paper_value") is None else float(claim["paper_value"])
     shown, verdicts, seeds = [], {}, ""
     for select in SELECTS:
         try:
@@ -157,6 +157,10 @@ def _judge_value(results: Path, claim: dict) -> Judged:
             continue
         mean, half = _mean_ci(values)
         seeds = str(len(values))
+        if target is None:  # hetfed's number beside a paper number nobody could record here
+            shown.append(f"{select}: {_fmt(mean, half, len(values))}")
+            verdicts[select] = "not judged: the paper's number is not recorded here"
+            continue
         gap = mean - target
         shown.append(f"{select}: {_fmt(mean, half, len(values))}, {gap:+.3f} from the paper")
         reach = (0 if math.isnan(half) else half) + tolerance
@@ -165,7 +169,8 @@ def _judge_value(results: Path, claim: dict) -> Judged:
         else:
             verdicts[select] = "reproduced" if abs(gap) <= reach else "not reproduced"
     main = _combined(verdicts, claim.get("select", "best"))
-    return Judged(claim, "<br>".join(shown), f"paper's value within hetfed's CI + {tolerance:g}", seeds, main)
+    rule = "-" if target is None else f"paper's value within hetfed's CI + {tolerance:g}"
+    return Judged(claim, "<br>".join(shown), rule, seeds, main)
 
 
 def judge(results: Path, claim: dict) -> Judged:
@@ -208,7 +213,8 @@ def render(results: Path, claims_path: Path) -> str:
         "for a single number, the paper's value lies within hetfed's 95% CI widened by the claim's tolerance;",
         "*reproduced in sign, not in size* — the CI excludes zero in the paper's direction but not the paper's own",
         "difference; *trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign (comparison) or outside the",
-        "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why).",
+        "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why);",
+        "*not judged* — hetfed's number where the paper's could not be recorded here.",
         "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
         "loss, `final` = the last round's; Δ = mean paired difference [95% CI], Wilcoxon signed-rank p (two-sided;",
         "with 5 seeds it cannot go below 0.0625), seeds where the claimed winner won.",

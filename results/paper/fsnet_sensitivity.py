@@ -1,0 +1,69 @@
+"""The Fed-FSNet sensitivity table of results/paper/README.md, from the folders' runs.csv.
+
+    python results/paper/fsnet_sensitivity.py
+
+Rows: one change from the paper's stated protocol each; cells: global accuracy best by validation / last round
+(mean over seeds); Δ: paired Fed-FSNet − FedAvg, best by validation, [95% CI], seeds Fed-FSNet won.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from hetfed.analysis.paired import paired
+
+HERE = Path(__file__).parent
+S = HERE / "fsnet_sensitivity_mnist"
+
+#: (label, IID folder and point, shards folder) — None where the setting has no such run
+ROWS = [
+    ("the paper's, as stated (lr 0.01, 2 shards per client)", (HERE / "fsnet_mnist/iid", None), HERE / "fsnet_mnist/shards"),
+    ("lr 0.05", (S / "iid_lr", ("train.optimizer.lr", 0.05)), None),
+    ("lr 0.1", (S / "iid_lr", ("train.optimizer.lr", 0.1)), S / "lr_0.1"),
+    ("SGD momentum 0.9", (S / "iid_momentum_0.9", None), S / "momentum_0.9"),
+    ("shards cut from the label-sorted pool (straddling classes)", None, S / "sorted_shards"),
+    ("**one class per client** (100 shards, 1 each)", None, S / "one_class"),
+    ("one class per client, lr 0.1", None, S / "one_class_lr_0.1"),
+]
+
+
+def load(folder: Path, point: tuple[str, float] | None = None) -> dict[tuple[str, str], dict[int, float]]:
+    out: dict[tuple[str, str], dict[int, float]] = {}
+    with open(folder / "runs.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if point is None or float(r[point[0]]) == point[1]:
+                out.setdefault((r["method"], r["metric"]), {})[int(r["seed"])] = float(r["value"])
+    return out
+
+
+def cell(d: dict, method: str) -> str:
+    best, last = d.get((method, "best.global_accuracy")), d.get((method, "final.global_accuracy"))
+    return f"{np.mean(list(best.values())):.3f} / {np.mean(list(last.values())):.3f}" if best else "-"
+
+
+def delta(d: dict) -> str:
+    a, b = d[("fsnet", "best.global_accuracy")], d[("fedavg", "best.global_accuracy")]
+    seeds = sorted(set(a) & set(b))
+    r = paired([a[s] for s in seeds], [b[s] for s in seeds])
+    return f"{r.mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {r.wins}/{r.n}"
+
+
+def table() -> str:
+    lines = ["| setting (one change from the paper's) | FedAvg IID | FedAvg shards | Fed-FSNet shards | Δ | seeds |",
+             "|---|---|---|---|---|---|"]
+    for label, iid, shards in ROWS:
+        if shards is not None and not (shards / "runs.csv").is_file():
+            continue
+        i = cell(load(*iid), "fedavg") if iid else "-"
+        d = load(shards) if shards else None
+        n = len(d[("fedavg", "best.global_accuracy")]) if d else len(load(*iid)[("fedavg", "best.global_accuracy")])
+        lines.append(f"| {label} | {i} | {cell(d, 'fedavg') if d else '-'} | {cell(d, 'fsnet') if d else '-'} "
+                     f"| {delta(d) if d else '-'} | {n} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table())
