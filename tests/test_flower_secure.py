@@ -58,7 +58,7 @@ def _online(dep) -> set[int]:
 
 @pytest.mark.slow
 def test_secure_deployment_speaks_tls_and_refuses_an_unregistered_node(tmp_path):
-    from hetfed.flower.deploy import LocalDeployment, _bin, free_port
+    from hetfed.flower.deploy import LocalDeployment
     from hetfed.flower.security import make_node_key
 
     with LocalDeployment(tmp_path / "dep", 2) as dep:
@@ -80,28 +80,26 @@ def test_secure_deployment_speaks_tls_and_refuses_an_unregistered_node(tmp_path)
             assert not plain.recv(64).startswith(b"HTTP/")
         # a SuperNode whose key was never registered is refused: it exits, and never comes online
         private, _ = make_node_key(tmp_path, "stranger")
-        with open(tmp_path / "stranger.log", "w") as log:
-            stranger = subprocess.Popen([_bin("flower-supernode"), "--root-certificates", str(dep.credentials_dir / "ca.crt"),
-                                         "--auth-supernode-private-key", str(private), "--superlink", dep.address,
-                                         "--port", str(free_port())], env=dep.env(), stdout=log, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        try:
-            assert stranger.wait(timeout=120) != 0
-        finally:
-            if stranger.poll() is None:
-                os.killpg(stranger.pid, 9)
-        assert len(_online(dep)) == 2
+        _assert_refused(dep, tmp_path / "stranger.log", ["--root-certificates", str(dep.credentials_dir / "ca.crt"),
+                                                         "--auth-supernode-private-key", str(private)])
         # and an insecure SuperNode cannot talk to it at all
-        with open(tmp_path / "plain.log", "w") as log:
-            plain_node = subprocess.Popen([_bin("flower-supernode"), "--insecure", "--superlink", dep.address,
-                                           "--port", str(free_port()), "--max-retries", "2"], env=dep.env(), stdout=log,
-                                          stderr=subprocess.STDOUT, start_new_session=True)
-        try:
-            assert plain_node.wait(timeout=120) != 0
-        finally:
-            if plain_node.poll() is None:
-                os.killpg(plain_node.pid, 9)
-        assert len(_online(dep)) == 2
+        _assert_refused(dep, tmp_path / "plain.log", ["--insecure", "--max-retries", "2"])
+
+
+def _assert_refused(dep, log_path, security: list[str]) -> None:
+    """Start one more SuperNode with ``security`` flags: it must exit with an error, and the SuperLink must still
+    list only the deployment's own nodes."""
+    from hetfed.flower.deploy import _bin, free_port
+
+    with open(log_path, "w") as log:
+        node = subprocess.Popen([_bin("flower-supernode"), *security, "--superlink", dep.address, "--port", str(free_port())],
+                                env=dep.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        assert node.wait(timeout=120) != 0
+    finally:
+        if node.poll() is None:
+            os.killpg(node.pid, 9)
+    assert len(_online(dep)) == 2
 
 
 def test_insecure_on_a_network_address_is_refused(tmp_path, capsys):
