@@ -81,10 +81,10 @@ def _kill_after(dep, proc: subprocess.Popen, metrics: Path, method: str, rnd: in
         os.kill(pid, signal.SIGKILL)
     proc.kill()
     proc.wait()
-    from hetfed.runs.rundir import _alive
+    from hetfed.runs.rundir import process_alive
 
     deadline = time.time() + 30
-    while any(_alive(p) for p in pids) and time.time() < deadline:  # SIGKILL is delivered, not yet done
+    while any(process_alive(p) for p in pids) and time.time() < deadline:  # SIGKILL is delivered, not yet done
         time.sleep(0.1)
 
 

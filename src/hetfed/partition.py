@@ -83,6 +83,11 @@ class Federation:
         """All samples client k holds (train ∪ val ∪ test)."""
         return np.concatenate([self.train[k], self.val[k], self.test[k]])
 
+    def measured_rows(self, k: int, on: str) -> np.ndarray:
+        """The rows of client k that Γ is measured on (``heterogeneity.on``): its training samples, or all it holds.
+        In-process Γ and the summaries a Flower client sends use the same rows."""
+        return self.train[k] if on == "train" else self.client_indices(k)
+
     def train_sizes(self) -> np.ndarray:
         return np.array([len(t) for t in self.train], dtype=np.int64)
 

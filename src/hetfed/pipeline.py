@@ -69,10 +69,7 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
     h = config.heterogeneity
     with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients' {h.on} data)"):
         # Γ on the features (for token ids: their bag-of-words view, hetfed.data.tokens)
-        if h.on == "train":
-            clients = list(fed.train)
-        else:
-            clients = [fed.client_indices(k) for k in range(fed.n_clients)]
+        clients = [fed.measured_rows(k, h.on) for k in range(fed.n_clients)]
         features = fed.x if clients_data.measure_train is None else clients_data.measure_train
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
                       estimator=h.estimator, measured_on=h.on, seed=config.seed)

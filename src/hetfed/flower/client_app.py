@@ -145,8 +145,7 @@ def summary_step(side: ClientSide, k: int, request: ConfigRecord) -> dict:
     from hetfed.engine.rng import numpy_rng
     from hetfed.gamma_summaries import privatise, summarise
 
-    fed = side.fed
-    rows = fed.train[k] if str(request.get("on", "train")) == "train" else fed.client_indices(k)
+    rows = side.fed.measured_rows(k, str(request.get("on", "train")))
     clip = float(request["clip"]) if "clip" in request else None
     summary = summarise(np.asarray(side.features)[rows], clip)
     if "noise" in request:

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hetfed.errors import ConfigError, RunError
+from hetfed.flower.security import WILDCARD, ensure_credentials
+from hetfed.runs.rundir import process_alive
 
 APP_PYPROJECT = """\
 [build-system]
@@ -133,7 +135,7 @@ class LocalDeployment:
     @property
     def reach(self) -> str:
         """The host this machine's SuperNodes and ``flwr`` connect to (loopback when listening everywhere)."""
-        if self.host in ("0.0.0.0", "::", "localhost", "::1"):
+        if self.host in (*WILDCARD, *LOOPBACK):
             return "127.0.0.1"
         return self.host
 
@@ -177,10 +179,8 @@ class LocalDeployment:
         self.port = self.port or free_port()
         creds = None
         if self.secure:
-            from hetfed.flower.security import ensure_credentials
-
             names = [self.host, *LOOPBACK]
-            if self.host in ("0.0.0.0", "::"):  # listening everywhere: other machines use this machine's names
+            if self.host in WILDCARD:  # listening everywhere: other machines use this machine's names
                 names += [socket.gethostname(), socket.getfqdn()]
             creds = ensure_credentials(self.credentials_dir, self.n_clients, names)
             trust = f'root-certificates = "{creds.ca_cert.resolve()}"\n'
@@ -230,7 +230,7 @@ class LocalDeployment:
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(_alive(p) for p in self.pids.values()):
+        while time.monotonic() < deadline and any(process_alive(p) for p in self.pids.values()):
             time.sleep(0.1)
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGKILL)
@@ -255,18 +255,6 @@ class LocalDeployment:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    try:  # a zombie (exited, not yet reaped) counts as gone
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().split(")")[-1].split()[0] != "Z"
-    except OSError:
-        return True
 
 
 def _kill_group(pid: int, sig: int) -> None:

@@ -23,6 +23,9 @@ from pathlib import Path
 
 from hetfed.errors import RunError
 
+#: addresses that mean "listen everywhere": no certificate can name them
+WILDCARD = ("0.0.0.0", "::")
+
 #: how long generated certificates are valid (a simulation deployment is short-lived; a real one rotates)
 VALID_DAYS = 365
 
@@ -130,7 +133,7 @@ def ensure_credentials(directory: str | Path, n_nodes: int, hosts: list[str] | N
     d = Path(directory)
     d.mkdir(parents=True, exist_ok=True)
     ca_cert, ca_key = make_ca(d)
-    names = [h for h in dict.fromkeys(hosts or ["127.0.0.1", "localhost", "::1"]) if h not in ("0.0.0.0", "::")]
+    names = [h for h in dict.fromkeys(hosts or ["127.0.0.1", "localhost", "::1"]) if h not in WILDCARD]
     server_cert, server_key = make_server_cert(d, ca_cert, ca_key, names)
     nodes = tuple(make_node_key(d, f"supernode-{k}") for k in range(n_nodes))
     return Credentials(ca_cert, server_cert, server_key, nodes)

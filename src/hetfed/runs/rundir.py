@@ -255,12 +255,12 @@ def run_state(run_dir: str | Path) -> str:
     if state != "running":
         return state
     if status.get("host") == socket.gethostname() and status.get("pid") is not None:
-        return "running" if _alive(int(status["pid"])) else "dead"
+        return "running" if process_alive(int(status["pid"])) else "dead"
     beat = status.get("heartbeat")
     return "running" if beat is not None and time.time() - float(beat) < STALE_AFTER_S else "dead"
 
 
-def _alive(pid: int) -> bool:
+def process_alive(pid: int) -> bool:
     """Whether the process runs: a zombie (killed, not yet reaped by its parent — a ServerApp killed under
     Flower's SuperExec stays one) is dead."""
     try:
