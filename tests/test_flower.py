@@ -78,7 +78,7 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
         keys = {k for rec in e["records"].values() for k in rec}
         assert not keys & local_names, e
         assert not any(k.startswith("opt.") for k in keys), e
-    assert {frozenset(e["records"]["upload"]) for e in trains} == {frozenset({"num_samples", "client"})}
+    assert {frozenset(e["records"]["upload"]) for e in trains} == {frozenset({"num_samples", "clients"})}
     queries = [e for e in entries if e["type"] == "query"]  # set-up: who am I, and the Γ summary, once per method
     assert {frozenset(e["records"]) for e in queries} == {frozenset({"node", "summary"})}
     assert {frozenset(e["records"]["summary"]) for e in queries} == {frozenset({"n", "total", "outer"})}
@@ -119,14 +119,46 @@ def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(t
     opted_out = {int(k) for k in range(fed.n_clients) if fed.opted_out[k]}
     assert opted_out
     entries = [json.loads(line) for line in wire.read_text().splitlines()]
-    trained = {e["client"] for e in entries if e["type"] == "train"}
-    personalised = {e["client"] for e in entries if e["type"] == "train.personalise"}
+    trained = {k for e in entries if e["type"] == "train" for k in e["clients"]}
+    personalised = {k for e in entries if e["type"] == "train.personalise" for k in e["clients"]}
     assert not trained & opted_out
     assert personalised == set(range(fed.n_clients))  # opted-out clients still get their own models
     for e in entries:
         if e["type"] == "train.personalise":  # only the epochs and seconds leave: no specialist, no gate
             assert set(e["records"]) == {"info"}
             assert all(k.split(".")[0] in ("epochs", "seconds") for k in e["records"]["info"])
+
+
+COHORT_METHODS = {
+    "partition": {"kind": "feature_clusters", "clients": 6, "opt_out": 0.2},
+    "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1, "eval_global_clients": 2},
+    "methods": [
+        {"name": "avg", "algorithm": "fedavg"},
+        {"name": "scaffold", "algorithm": "scaffold"},
+        {"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"},
+         "train": {"optimizer": {"reset_each_round": False}}},
+        {"name": "fedmoe", "algorithm": "fedmoe", "params": {"max_epochs": 2, "patience": 1}},
+        {"name": "median", "algorithm": "fedavg", "train": {"aggregator": "median"}},  # held per client
+    ]}
+
+
+@pytest.mark.parametrize("per_node", [6, 4])
+def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tmp_path, monkeypatch, per_node):
+    """1 node with all 6 clients, or 2 nodes with 3: the numbers of the in-process executor (and so of one
+    client per node, tested above); a cohort's reply carries its clients' summed update, never one client's."""
+    wire = tmp_path / "wire.jsonl"
+    monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
+    flower = _run(_config({**COHORT_METHODS, "flower": {"clients_per_node": per_node}}, "flower"), tmp_path / "f")
+    _compare(flower, _run(_config(COHORT_METHODS, "vectorised"), tmp_path / "v"))
+    entries = [json.loads(line) for line in wire.read_text().splitlines()]
+    assert {len(e["clients"]) for e in entries if e["type"] == "query"} == ({3} if per_node == 4 else {6})
+    trains = [e for e in entries if e["type"] == "train" and len(e["clients"]) > 1]
+    assert trains
+    for e in trains:
+        assert ("params" in e["records"]) != ("mean" in e["records"])
+        if "mean" in e["records"]:
+            assert set(e["records"]["screened"]) == {"rejected_nonfinite", "rejected_norm"}
+    assert any("mean" in e["records"] for e in trains) and any("params" in e["records"] for e in trains)
 
 
 def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path, capfd):

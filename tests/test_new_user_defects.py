@@ -37,12 +37,12 @@ def test_a_flower_node_builds_the_simulators_federation_and_never_holds_the_serv
 
     from hetfed.config import dump_config
     from hetfed.data import embed, load_dataset
-    from hetfed.flower.client_app import client_side
+    from hetfed.flower.node import node_side
     from hetfed.pipeline import prepare
 
     cfg = build_config({"partition": {"clients": 4}, "methods": [{"algorithm": "feddf"}]})
     server = prepare(cfg, progress=False).federation
-    node = client_side(ConfigRecord({"config": dump_config(cfg), "method": 0})).fed
+    node = node_side(ConfigRecord({"config": dump_config(cfg), "method": 0})).fed
     assert np.array_equal(node.x, server.x) and all(np.array_equal(a, b) for a, b in zip(node.train, server.train,
                                                                                         strict=True))
     pool = embed(load_dataset(cfg.dataset), cfg.embed, progress=False).x_train
@@ -83,10 +83,10 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(tmp_path):
 def test_the_connect_timeout_says_it_passed_its_value_and_how_many_nodes_answered():
     from hetfed.flower.executor import missing_nodes_message
 
-    msg = missing_nodes_message([2, 3, 4], connected=5, n_clients=5, timeout=120, waited=120.0)
-    assert "flower.connect_timeout = 120 s passed with 2 of 5" in msg and "raise flower.connect_timeout" in msg
-    other = missing_nodes_message([4], connected=4, n_clients=5, timeout=120, waited=3.0)
-    assert "partition-id 0..4" in other and "passed" not in other
+    msg = missing_nodes_message([2, 3, 4], asked=5, n_clients=5, timeout=120, waited=120.0)
+    assert "flower.connect_timeout = 120 s passed with 2 of 5 clients" in msg and "raise flower.connect_timeout" in msg
+    other = missing_nodes_message([4], asked=4, n_clients=5, timeout=120, waited=3.0)
+    assert "none holds clients 4" in other and "partition-id=P num-partitions=K" in other and "passed" not in other
 
 
 # ------------------------------------------------------------------ 6. the heartbeat lives on a timer

@@ -86,9 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
     q = fsub.add_parser("app", help="write hetfed's Flower App (pyproject.toml) into DIR, for `flwr run`")
     q.add_argument("dir")
     q.set_defaults(func=cmd_flower_app)
-    q = fsub.add_parser("start", help="start a local deployment: one SuperLink + one SuperNode per client (detached)")
+    q = fsub.add_parser("start", help="start a local deployment: one SuperLink + K SuperNodes (detached)")
     q.add_argument("dir", help="folder for the deployment's logs, PIDs and Flower config")
-    q.add_argument("--clients", type=int, required=True, help="SuperNodes to start (partition-id 0..N-1)")
+    q.add_argument("--nodes", "--clients", dest="nodes", type=int, required=True,
+                   help="SuperNodes to start; node P holds the P-th of K blocks of the federation's clients "
+                        "(K = partition.clients: one client per node)")
     q.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     q.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (default: loopback only)")
     q.add_argument("--insecure", action="store_true",
@@ -201,13 +203,13 @@ def cmd_flower_start(args: argparse.Namespace) -> int:
     from hetfed.flower.deploy import LocalDeployment
 
     require_flwr()
-    if args.clients < 1:
-        raise ConfigError(f"--clients {args.clients} is not allowed: expected ≥ 1 (one SuperNode per client)")
-    dep = LocalDeployment(Path(args.dir), args.clients, args.port, secure=not args.insecure, host=args.host,
+    if args.nodes < 1:
+        raise ConfigError(f"--nodes {args.nodes} is not allowed: expected ≥ 1")
+    dep = LocalDeployment(Path(args.dir), args.nodes, args.port, secure=not args.insecure, host=args.host,
                           allow_insecure_remote=args.allow_insecure_remote).start()
     how = (f"TLS (CA: {dep.credentials_dir / 'ca.crt'}), only registered SuperNode keys admitted" if dep.secure
            else "INSECURE: no TLS, any SuperNode admitted")
-    console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {args.clients} SuperNodes; PIDs in "
+    console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {args.nodes} SuperNodes; PIDs in "
                   f"{Path(args.dir) / 'deployment.json'}; stop with `hetfed flower stop {args.dir}`", soft_wrap=True)
     return 0
 
@@ -250,9 +252,6 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a run)")
     if args.deployment:
         dep = LocalDeployment.load(args.deployment)
-        if dep.n_clients < (config.partition.clients or 0):
-            raise ConfigError(f"partition.clients = {config.partition.clients} is not allowed with this deployment: it "
-                              f"has {dep.n_clients} SuperNodes; expected ≤ {dep.n_clients}")
         env, connection = dep.env(), CONNECTION
     else:
         env, connection = dict(os.environ), args.connection

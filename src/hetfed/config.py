@@ -257,6 +257,9 @@ class FlowerConfig(_Strict):
     min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
     connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
     client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
+    clients_per_node: int = Field(
+        1, ge=1, description="Simulation Engine: clients per SuperNode; a node trains its cohort stacked (the "
+        "vectorised executor) and sends one combined upload — ceil(clients / this) nodes")
     gamma_summaries: bool = Field(
         True, description="at set-up each client sends its feature count, sum and sum of outer products once; the "
         "server computes Γ from them (hetfed.gamma_summaries) — what a real federation's Γ is made of")

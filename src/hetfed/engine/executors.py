@@ -171,9 +171,10 @@ class InProcessExecutor:
     def _keep(self, chunk: list[int], new: ClientState) -> None:
         self.states.scatter(chunk, new)
 
-    def train(self, bc: Broadcast, clients: list[int]) -> Upload:
+    def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
         """Every chosen client's update, screened; chunks are folded into running sums, so memory does not
-        grow with them (unless the screening or a robust rule needs the whole round)."""
+        grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
+        sums even for one chunk (a Flower node's cohort: one combined upload)."""
         round_uploads = RoundUploads(Screen.for_round(self.algo, bc.params))
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
         for chunk in self._chunks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
@@ -185,7 +186,7 @@ class InProcessExecutor:
                 upload = adversary.poison(upload, bc)
             round_uploads.add(upload)
             self._keep(chunk, new)
-        return round_uploads.result()
+        return round_uploads.result(reduce)
 
     def set_adversary(self, adversary) -> None:
         """Simulate malicious clients (:class:`hetfed.engine.faults.Adversary`) from now on."""
@@ -207,14 +208,17 @@ class InProcessExecutor:
                 on_chunk(done, len(clients))
         return info
 
-    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
+                 among: list[int] | None = None) -> dict[str, list]:
+        """``among``: every client of this evaluation when ``clients`` are some of them (a Flower node's
+        cohort), so the same clients score the global test set however the clients are spread."""
         reports: dict[str, list] = {}
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes,
                           self.eval_max_floats)
         for chunk in self._chunks(clients, size):
             data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
                                   [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
-                                  None if view else global_scorers(self.algo.train, chunk, self.seed, among=clients),
+                                  None if view else global_scorers(self.algo.train, chunk, self.seed, among=among or clients),
                                   [self.fed.train[k] for k in chunk])
             for key, values in self.algo.evaluate_client(bc, self._stacked(chunk), data, view).items():
                 reports.setdefault(key, []).extend(values)

@@ -130,8 +130,31 @@ class RoundUploads:
         self._extra: dict[str, list[torch.Tensor]] = {}
 
     def add(self, upload: Upload) -> None:
+        """A chunk's updates; a :class:`StreamedUpload` (a Flower node's cohort, reduced and screened where it
+        was trained) is folded into the sums as it is — its clients' updates are not here to screen again."""
+        if isinstance(upload, StreamedUpload):
+            self._fold_reduced(upload)
+            return
         for passed in self.screen.admit(upload) if self.screen is not None else [upload]:
             self._take(passed)
+
+    def _fold_reduced(self, upload: StreamedUpload) -> None:
+        if self.screen is not None and self.screen.keep_all:
+            raise ValueError("a reduced upload cannot join a round whose updates must be held one by one")
+        weight = float(len(upload.client_ids)) if self.screen is not None and self.screen.uniform else float(
+            upload.num_samples.double().sum())
+        for k, v in upload.mean.items():
+            part = v.double() * weight
+            self._sums[k] = part if k not in self._sums else self._sums[k] + part
+            self._dtypes[k] = v.dtype
+        self._total += weight
+        self._ids += list(upload.client_ids)
+        self._counts.append(upload.num_samples)
+        for k, v in upload.extra.items():
+            self._extra.setdefault(k, []).append(v)
+        if self.screen is not None:
+            for reason, n in upload.screened.items():
+                self.screen.counts[reason] = self.screen.counts.get(reason, 0) + n
 
     def _take(self, upload: Upload) -> None:
         if not self.stream or (self.screen is not None and self.screen.keep_all):
@@ -159,10 +182,19 @@ class RoundUploads:
         for k, v in upload.extra.items():
             self._extra.setdefault(k, []).append(v)
 
-    def result(self) -> Upload:
-        """The round's upload (no clients at all when every update was rejected or none came)."""
+    def result(self, reduce: bool = False) -> Upload:
+        """The round's upload (no clients at all when every update was rejected or none came).
+
+        ``reduce``: a :class:`StreamedUpload` (the weighted mean) whenever updates may be summed, even
+        when they would fit one stack — what a Flower node sends for its cohort. Uploads that were
+        already reduced (nodes' cohorts) make the result reduced too.
+        """
         for passed in self.screen.flush() if self.screen is not None else []:
             self._take(passed)
+        if (reduce or self._sums) and not (self.screen is not None and self.screen.keep_all):
+            for upload in [*self._kept, *([self._first] if self._first is not None else [])]:
+                self._fold(upload)
+            self._kept, self._first = [], None
         whole = concat_uploads(self._kept) if self._kept else None
         counts = dict(self.screen.counts) if self.screen is not None else {}
         if whole is not None:

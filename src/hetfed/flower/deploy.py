@@ -1,4 +1,9 @@
-"""A real Flower deployment on this machine: one SuperLink, one SuperNode per client.
+"""A real Flower deployment on this machine: one SuperLink and K SuperNodes.
+
+Node P is started with ``--node-config 'partition-id=P num-partitions=K'`` — it holds
+the P-th of K blocks of a simulated federation's clients
+(:func:`hetfed.flower.node.node_clients`: one client each when K equals the clients)
+— or with a node config of the caller's (``node_configs``: a node's own data).
 
 :class:`LocalDeployment` starts ``flower-superlink`` and ``flower-supernode``
 processes (each in its own process group, so their ``flwr-serverapp`` /
@@ -112,10 +117,10 @@ LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 @dataclass
 class LocalDeployment:
-    """SuperLink + ``n_clients`` SuperNodes on this machine, started and stopped by PID."""
+    """SuperLink + ``n_nodes`` SuperNodes on this machine, started and stopped by PID."""
 
     directory: Path
-    n_clients: int
+    n_nodes: int
     port: int = 0
     pids: dict[str, int] = field(default_factory=dict)
     #: TLS + registered SuperNode keys (the default); False runs every process with ``--insecure``
@@ -123,6 +128,8 @@ class LocalDeployment:
     #: where the SuperLink listens (the SuperNodes here reach it on loopback)
     host: str = "127.0.0.1"
     allow_insecure_remote: bool = False
+    #: each node's ``--node-config`` (default: ``partition-id=P num-partitions=K``)
+    node_configs: list[str] | None = None
 
     @property
     def flwr_home(self) -> Path:
@@ -160,7 +167,7 @@ class LocalDeployment:
 
     def _save(self) -> None:
         (self.directory / "deployment.json").write_text(json.dumps(
-            {"port": self.port, "n_clients": self.n_clients, "pids": self.pids, "connection": CONNECTION,
+            {"port": self.port, "n_nodes": self.n_nodes, "pids": self.pids, "connection": CONNECTION,
              "secure": self.secure, "host": self.host}, indent=2))
 
     def check(self) -> None:
@@ -182,7 +189,7 @@ class LocalDeployment:
             names = [self.host, *LOOPBACK]
             if self.host in WILDCARD:  # listening everywhere: other machines use this machine's names
                 names += [socket.gethostname(), socket.getfqdn()]
-            creds = ensure_credentials(self.credentials_dir, self.n_clients, names)
+            creds = ensure_credentials(self.credentials_dir, self.n_nodes, names)
             trust = f'root-certificates = "{creds.ca_cert.resolve()}"\n'
         else:
             trust = "insecure = true\n"
@@ -194,7 +201,9 @@ class LocalDeployment:
             link = self._spawn("superlink", [_bin("flower-superlink"), *security, "--disable-runtime-dependency-installation",
                                              "--host", self.host, "--port", str(self.port)])
             _wait_for_port(self.port, timeout, link, "flower-superlink", self.directory / "superlink.log", self.reach)
-            for k in range(self.n_clients):
+            if self.node_configs is not None and len(self.node_configs) != self.n_nodes:
+                raise ValueError(f"{len(self.node_configs)} node configs for {self.n_nodes} SuperNodes")
+            for k in range(self.n_nodes):
                 if creds:
                     self.register(creds.node_keys[k][1])
                     node_security = ["--root-certificates", str(creds.ca_cert),
@@ -203,7 +212,7 @@ class LocalDeployment:
                     node_security = ["--insecure"]
                 self._spawn(f"supernode-{k}", [
                     _bin("flower-supernode"), *node_security, "--superlink", self.address, "--port", str(free_port()),
-                    "--node-config", f"partition-id={k} num-partitions={self.n_clients}",
+                    "--node-config", self.node_configs[k] if self.node_configs else f"partition-id={k} num-partitions={self.n_nodes}",
                 ])
         except BaseException:
             self.stop()
@@ -245,9 +254,9 @@ class LocalDeployment:
         meta = Path(directory) / "deployment.json"
         if not meta.is_file():
             raise RunError(f"{str(directory)!r} holds no running deployment (no deployment.json): start one with "
-                           "`hetfed flower deploy start DIR --clients N`")
+                           "`hetfed flower start DIR --nodes K`")
         data = json.loads(meta.read_text())
-        return cls(Path(directory), int(data["n_clients"]), int(data["port"]), {k: int(v) for k, v in data["pids"].items()},
+        return cls(Path(directory), int(data.get("n_nodes", data.get("n_clients", 0))), int(data["port"]), {k: int(v) for k, v in data["pids"].items()},
                    secure=bool(data.get("secure", False)), host=data.get("host", "127.0.0.1"))
 
     def __enter__(self) -> LocalDeployment:

@@ -24,15 +24,15 @@ from flwr.serverapp import Grid
 from hetfed.config import FlowerConfig, dump_config
 from hetfed.engine.executors import RoundSkipped
 from hetfed.engine.robust import Screen
-from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
 from hetfed.flower.records import (
+    CLIENTS,
     GAMMA,
     RUN,
     broadcast_to_records,
     records_to_reports,
-    records_to_summary,
+    records_to_summaries,
     records_to_upload,
 )
 from hetfed.interface import Algorithm
@@ -56,36 +56,36 @@ class FlowerExecutor:
         #: Γ from the summaries the clients sent at set-up (flower.gamma_summaries), with its (ε, δ) when noised
         self.gamma_summaries: dict | None = None
 
-    # -- set-up: which node holds which client
+    # -- set-up: which node holds which clients
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
+        """Ask every SuperNode that connects which clients it holds, until every client of the federation is
+        held (or ``flower.connect_timeout`` passes); the nodes build their data meanwhile."""
         self.algo, self.fed, self.seed = algo, fed, seed
-        deadline = time.monotonic() + self.flower.connect_timeout
-        node_ids: list[int] = []
-        while time.monotonic() < deadline:
-            node_ids = list(self.grid.get_node_ids())
-            if len(node_ids) >= fed.n_clients:
-                break
-            time.sleep(0.2)
-        if len(node_ids) < fed.n_clients:
-            raise RunError(
-                f"Flower: {len(node_ids)} SuperNodes connected within flower.connect_timeout = "
-                f"{self.flower.connect_timeout:g} s, but the federation has {fed.n_clients} clients: expected one "
-                "SuperNode per client (--node-config 'partition-id=K num-partitions=N')"
-            )
+        t0 = time.monotonic()
+        deadline = t0 + self.flower.connect_timeout
         hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method}),
                             **({GAMMA: self._summary_request()} if self.flower.gamma_summaries else {})})
-        t0 = time.monotonic()
-        replies = self._send([(n, hello, "query") for n in node_ids], timeout=self.flower.connect_timeout)
-        summaries = {}
-        for node, reply in replies.items():
-            if reply is not None:
-                k = int(reply.content["node"]["client"])
-                self.nodes[k] = node
-                if "summary" in reply.content:
-                    summaries[k] = records_to_summary(reply.content)
+        asked: set[int] = set()
+        summaries: dict[int, object] = {}
+        while True:
+            new = sorted(set(self.grid.get_node_ids()) - asked)
+            if new:
+                asked.update(new)
+                replies = self._send([(n, hello, "query") for n in new], timeout=max(1.0, deadline - time.monotonic()))
+                for node, reply in replies.items():
+                    if reply is None:
+                        continue
+                    held = [int(k) for k in reply.content["node"]["clients"]]
+                    for k in held:
+                        self.nodes[k] = node
+                    if held and "summary" in reply.content:
+                        summaries.update(zip(held, records_to_summaries(reply.content), strict=True))
+            if len(self.nodes) >= fed.n_clients or time.monotonic() >= deadline:
+                break
+            time.sleep(0.2)
         missing = sorted(set(range(fed.n_clients)) - set(self.nodes))
         if missing:
-            raise RunError(missing_nodes_message(missing, len(node_ids), fed.n_clients, self.flower.connect_timeout,
+            raise RunError(missing_nodes_message(missing, len(asked), fed.n_clients, self.flower.connect_timeout,
                                                  time.monotonic() - t0))
         if self.flower.gamma_summaries and len(summaries) == fed.n_clients:
             self.gamma_summaries = self._gamma(summaries)
@@ -129,16 +129,26 @@ class FlowerExecutor:
         return {node: (r if r is not None and not r.has_error() else None)
                 for node, r in ((node, replies.get(node)) for node, _, _ in targets)}
 
-    def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, **extra) -> dict[int, RecordDict]:
+    def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, among: list[int] | None = None,
+             **extra) -> dict[int, tuple[list[int], RecordDict]]:
+        """One message per node holding some of ``clients``, naming them → node → (its clients, its reply);
+        a node that fails fails all its clients of the step."""
         content = self._content(bc, **extra)
-        replies = self._send([(self.nodes[k], content, kind) for k in clients], self.flower.round_timeout, str(bc.round))
-        by_node = {node: k for k, node in self.nodes.items()}
-        answered = {by_node[node]: r.content for node, r in replies.items() if r is not None}
-        failed = sorted(set(clients) - set(answered))
+        by_node: dict[int, list[int]] = {}
+        for k in clients:
+            by_node.setdefault(self.nodes[k], []).append(k)
+        targets = []
+        for node, held in by_node.items():
+            message = RecordDict(dict(content))
+            message[CLIENTS] = ConfigRecord({"ids": held, **({"among": among} if among is not None else {})})
+            targets.append((node, message, kind))
+        replies = self._send(targets, self.flower.round_timeout, str(bc.round))
+        answered = {node: (by_node[node], r.content) for node, r in replies.items() if r is not None}
+        failed = sorted(k for node, held in by_node.items() if node not in answered for k in held)
         if failed:
-            errors = {by_node[n]: reason for n, reason in self.errors.items() if n in by_node}
+            errors = {by_node[n][0]: reason for n, reason in self.errors.items() if n in by_node}
             self.failures.append({"step": step, "round": bc.round, "clients": failed, "errors": errors})
-            if errors and len(errors) == len(clients):  # not slow or dead nodes: the ClientApp itself fails
+            if errors and len(errors) == len(by_node):  # not slow or dead nodes: the ClientApp itself fails
                 k, reason = next(iter(sorted(errors.items())))
                 raise RunError(f"Flower: every ClientApp failed in step {step!r}, round {bc.round} (client {k}: "
                                f"{_last_line(reason)}); nothing was trained, so the run stops")
@@ -153,34 +163,44 @@ class FlowerExecutor:
 
     # -- the executor protocol
     def train(self, bc: Broadcast, clients: list[int]) -> Upload:
+        """The nodes' uploads, screened and summed as in-process: a node's per-client updates go through the
+        round's screen; a cohort the node reduced (screened there) is added to the sums as it is."""
         answered = self._ask("train", bc, clients, "train")
-        if len(answered) < min(self.flower.min_replies, len(clients)):
-            raise RoundSkipped(bc.round, len(answered), self.flower.min_replies)
+        got = sum(len(held) for held, _ in answered.values())
+        if got < min(self.flower.min_replies, len(clients)):
+            raise RoundSkipped(bc.round, got, self.flower.min_replies)
         uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
-        for k in sorted(answered):
-            uploads.add(records_to_upload(answered[k]))
+        for node in sorted(answered, key=lambda n: answered[n][0][0]):
+            uploads.add(records_to_upload(answered[node][1]))
         return uploads.result()
 
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
         answered = self._ask("personalise", bc, clients, "train.personalise")
+        per_client: dict[int, dict[str, float]] = {}
+        for held, content in answered.values():
+            for key, values in content["info"].items():
+                for k, value in zip(held, values, strict=True):
+                    per_client.setdefault(k, {})[key] = float(value)
         info: dict[str, list[float]] = {}
         for k in clients:
-            if k in answered:
-                for key, value in answered[k]["info"].items():
-                    info.setdefault(key, []).append(float(value))
+            for key, value in per_client.get(k, {}).items():
+                info.setdefault(key, []).append(value)
         if on_chunk:
             on_chunk(len(clients), len(clients))
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
-        scorers = None if view else global_scorers(self.algo.train, clients, self.seed)
-        extra = {**({"view": view} if view else {}),
-                 **({"scorers": [k for k, s in zip(clients, scorers, strict=True) if s]} if scorers else {})}
-        answered = self._ask("evaluate", bc, clients, "evaluate", **extra)
-        reports: dict[str, list] = {"client_ids": [k for k in clients if k in answered]}
-        for k in reports["client_ids"]:
-            for key, values in records_to_reports(answered[k]).items():
-                reports.setdefault(key, []).extend(values)
+        answered = self._ask("evaluate", bc, clients, "evaluate", among=None if view else list(clients),
+                             **({"view": view} if view else {}))
+        per_client: dict[int, dict[str, object]] = {}
+        for held, content in answered.values():
+            for key, values in records_to_reports(content, len(held)).items():
+                for k, value in zip(held, values, strict=True):
+                    per_client.setdefault(k, {})[key] = value
+        reports: dict[str, list] = {"client_ids": [k for k in clients if k in per_client]}
+        keys = sorted({key for r in per_client.values() for key in r})
+        for key in keys:
+            reports[key] = [per_client[k].get(key) for k in reports["client_ids"]]
         return reports
 
     def stop(self) -> None:
@@ -212,16 +232,17 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
     return replies
 
 
-def missing_nodes_message(missing: list[int], connected: int, n_clients: int, timeout: float, waited: float) -> str:
+def missing_nodes_message(missing: list[int], asked: int, n_clients: int, timeout: float, waited: float) -> str:
     """Why set-up failed, in one line: the timeout and its value when it passed, how many nodes answered."""
-    answered = n_clients - len(missing)
+    held = n_clients - len(missing)
     shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
     if waited >= timeout * 0.99:
-        return (f"Flower: flower.connect_timeout = {timeout:g} s passed with {answered} of {n_clients} clients' "
-                f"SuperNodes answering ({connected} connected; no answer for clients {shown}): raise "
-                "flower.connect_timeout (a loaded machine starts Ray's workers slowly) or check those SuperNodes")
-    return (f"Flower: {answered} of {n_clients} clients' SuperNodes answered ({connected} connected); none holds "
-            f"clients {shown}: expected one SuperNode per client with partition-id 0..{n_clients - 1}")
+        return (f"Flower: flower.connect_timeout = {timeout:g} s passed with {held} of {n_clients} clients held by the "
+                f"{asked} SuperNodes that connected (no node holds clients {shown}): raise flower.connect_timeout "
+                "(a loaded machine starts Ray's workers slowly) or check the SuperNodes")
+    return (f"Flower: the {asked} SuperNodes that answered hold {held} of {n_clients} clients; none holds clients "
+            f"{shown}: expected nodes started with --node-config 'partition-id=P num-partitions=K' for every P in "
+            "0..K-1 (node P holds the P-th of K blocks of clients)")
 
 
 def _last_line(reason: str) -> str:

@@ -18,10 +18,12 @@ import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
-from hetfed.engine.types import Broadcast, Upload
+from hetfed.engine.types import Broadcast, StreamedUpload, Upload
 
 #: the ConfigRecord that says which run and method a message belongs to
 RUN = "hetfed.run"
+#: the ConfigRecord naming the node's clients a step is for (``ids``) and every client the step evaluates (``among``)
+CLIENTS = "hetfed.clients"
 #: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
 GAMMA = "hetfed.gamma"
 
@@ -111,42 +113,63 @@ def records_to_broadcast(content: RecordDict, device: torch.device | str = "cpu"
 
 
 def upload_to_records(upload: Upload) -> dict:
-    """One client's upload (a stack of one): shared params, its count, and the method's documented extras."""
-    assert len(upload.client_ids) == 1, "a ClientApp uploads for its one client"
-    meta = MetricRecord({"num_samples": float(upload.num_samples[0]), "client": int(upload.client_ids[0])})
-    extra = {k: v[0] for k, v in upload.extra.items()}
-    return {"params": tensors_to_record({k: v[0] for k, v in upload.params.items()}), "upload": meta,
-            **tree_to_records(extra, "upload_extra")}
+    """A node's upload for its clients: their ids and counts, the method's documented extras (one row per
+    client), and either every client's shared params (``params``, stacked) or — a cohort reduced on the node
+    (:class:`~hetfed.engine.types.StreamedUpload`) — only their weighted mean (``mean``) and how many
+    updates the node's screening rejected."""
+    meta = MetricRecord({"num_samples": [float(n) for n in upload.num_samples],
+                         "clients": [int(k) for k in upload.client_ids]})
+    out = {"upload": meta, **tree_to_records(dict(upload.extra), "upload_extra")}
+    if isinstance(upload, StreamedUpload):
+        out["mean"] = tensors_to_record(upload.mean)
+        out["screened"] = MetricRecord({k: int(v) for k, v in upload.screened.items()})
+    else:
+        out["params"] = tensors_to_record(upload.params)
+    return out
 
 
 def records_to_upload(content: RecordDict) -> Upload:
-    """An Upload of one client (stack of one) from its reply."""
+    """The inverse of :func:`upload_to_records`."""
     m = content["upload"]
-    params = {k: v.unsqueeze(0) for k, v in record_to_tensors(content["params"]).items()}
-    extra = {k: v.unsqueeze(0) for k, v in records_to_tree(content, "upload_extra").items()}
-    return Upload([int(m["client"])], params, torch.tensor([m["num_samples"]], dtype=torch.float32), extra)
+    ids = [int(k) for k in m["clients"]]
+    counts = torch.tensor(list(m["num_samples"]), dtype=torch.float32)
+    extra = records_to_tree(content, "upload_extra")
+    if "mean" in content:
+        screened = {k: int(v) for k, v in content["screened"].items()}
+        return StreamedUpload(ids, {}, counts, extra, screened, record_to_tensors(content["mean"]))
+    return Upload(ids, record_to_tensors(content["params"]), counts, extra)
 
 
 def reports_to_records(reports: dict[str, list]) -> dict:
-    """One client's evaluation reports: numbers in a MetricRecord, prediction arrays in an ArrayRecord."""
-    numbers, arrays = {}, {}
+    """A node's evaluation reports, one value per client: numbers in a MetricRecord (a value a client did not
+    measure, such as the global test set's when it is not a scorer, listed in ``missing``), per-client arrays
+    (a personal model's predictions) in an ArrayRecord as ``key/j``."""
+    numbers, arrays, missing = {}, {}, {}
     for key, values in reports.items():
-        (value,) = values
-        if value is None:  # not measured by this client (e.g. it did not score the global test set)
+        if any(isinstance(v, torch.Tensor) for v in values):
+            arrays.update({f"{key}{SEP}{j}": v for j, v in enumerate(values) if v is not None})
+            missing[key] = [j for j, v in enumerate(values) if v is None]
             continue
-        if isinstance(value, torch.Tensor):
-            arrays[key] = value
-        else:
-            numbers[key] = float(value)
-    return {"metrics": MetricRecord(numbers), "arrays": tensors_to_record(arrays)}
+        numbers[key] = [float("nan") if v is None else float(v) for v in values]
+        missing[key] = [j for j, v in enumerate(values) if v is None]
+    return {"metrics": MetricRecord(numbers), "arrays": tensors_to_record(arrays),
+            "missing": ConfigRecord({k: v for k, v in missing.items() if v})}
 
 
-def records_to_reports(content: RecordDict) -> dict[str, list]:
-    out: dict[str, list] = {k: [float(v)] for k, v in content["metrics"].items()}
-    for key, value in record_to_tensors(content["arrays"]).items():
-        out[key] = [value]
+def records_to_reports(content: RecordDict, n: int) -> dict[str, list]:
+    """The inverse of :func:`reports_to_records` for a node's ``n`` clients."""
+    missing = {k: set(v) for k, v in content["missing"].items()}
+    out: dict[str, list] = {}
+    for key, values in content["metrics"].items():
+        gone = missing.get(key, set())
+        out[key] = [None if j in gone else float(v) for j, v in enumerate(values)]
+    for path, value in record_to_tensors(content["arrays"]).items():
+        key, j = path.rsplit(SEP, 1)
+        out.setdefault(key, [None] * n)[int(j)] = value
+    for key in set(missing) - set(out):  # every client of the node left it unmeasured
+        out[key] = [None] * n
     if "val_n" in out:
-        out["val_n"] = [int(out["val_n"][0])]
+        out["val_n"] = [None if v is None else int(v) for v in out["val_n"]]
     return out
 
 
@@ -158,15 +181,17 @@ def nan_safe(values: list[float]) -> list[float]:
     return [float(v) if np.isfinite(v) else float("nan") for v in values]
 
 
-def summary_to_records(summary) -> dict:
-    """A client's Γ summary (:class:`hetfed.gamma_summaries.ClientSummary`): count, Σx, Σxxᵀ in float64."""
-    return {"summary": ArrayRecord({"n": torch.tensor([summary.n], dtype=torch.float64),
-                                    "total": torch.as_tensor(summary.total, dtype=torch.float64),
-                                    "outer": torch.as_tensor(summary.outer, dtype=torch.float64)})}
+def summary_to_records(summaries: list) -> dict:
+    """A node's clients' Γ summaries (:class:`hetfed.gamma_summaries.ClientSummary`): count, Σx, Σxxᵀ per
+    client, stacked, in float64."""
+    return {"summary": ArrayRecord({
+        "n": torch.tensor([s.n for s in summaries], dtype=torch.float64),
+        "total": torch.as_tensor(np.stack([s.total for s in summaries]), dtype=torch.float64),
+        "outer": torch.as_tensor(np.stack([s.outer for s in summaries]), dtype=torch.float64)})}
 
 
-def records_to_summary(content: RecordDict):
+def records_to_summaries(content: RecordDict) -> list:
     from hetfed.gamma_summaries import ClientSummary
 
     t = record_to_tensors(content["summary"])
-    return ClientSummary(float(t["n"][0]), t["total"].numpy(), t["outer"].numpy())
+    return [ClientSummary(float(t["n"][j]), t["total"][j].numpy(), t["outer"][j].numpy()) for j in range(len(t["n"]))]

@@ -25,10 +25,16 @@ from hetfed.flower import require_flwr
 T = TypeVar("T")
 
 
+def simulation_nodes(config, n_clients: int) -> int:
+    """How many SuperNodes a simulation of ``n_clients`` starts: ``flower.clients_per_node`` clients each (node P
+    holds the P-th contiguous block, :func:`hetfed.flower.node.node_clients`)."""
+    return -(-n_clients // config.flower.clients_per_node)
+
+
 def run_on_simulation(config, method: int, n_clients: int, body: Callable[[object], T],
                       log_file: Path | None = None) -> T:
-    """Start Flower's Simulation Engine with one SuperNode per client; ``body(executor)`` runs in the ServerApp
-    with the executor of ``config.methods[method]`` (see :func:`run_with_simulation_grid`)."""
+    """Start Flower's Simulation Engine for a federation of ``n_clients``; ``body(executor)`` runs in the
+    ServerApp with the executor of ``config.methods[method]`` (see :func:`run_with_simulation_grid`)."""
     from hetfed.flower.executor import FlowerExecutor
 
     return run_with_simulation_grid(config, n_clients, lambda grid: body(FlowerExecutor(grid, config, method)),
@@ -36,7 +42,8 @@ def run_on_simulation(config, method: int, n_clients: int, body: Callable[[objec
 
 
 def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T], log_file: Path | None = None) -> T:
-    """Start Flower's Simulation Engine with one SuperNode per client; ``body(grid)`` runs in the ServerApp.
+    """Start Flower's Simulation Engine with :func:`simulation_nodes` SuperNodes for a federation of
+    ``n_clients``; ``body(grid)`` runs in the ServerApp.
 
     One start serves every method of a run (``hetfed run`` trains them all inside one ServerApp, as on a
     deployment): Ray's start and stop cost several seconds each. Flower's own log lines go to ``log_file``
@@ -76,7 +83,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     }
     where = f" (Flower's log: {log_file})" if log_file else ""
     try:
-        start_with_retries(lambda: run_simulation(server_app, client_app, num_supernodes=n_clients,
+        start_with_retries(lambda: run_simulation(server_app, client_app, num_supernodes=simulation_nodes(config, n_clients),
                                                   backend_config=backend),
                            lambda: "started" in holder, log_file)
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)

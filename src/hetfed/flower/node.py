@@ -1,0 +1,125 @@
+"""What a SuperNode holds and the steps it runs for its clients: one client, or a cohort trained vectorised.
+
+A node rebuilds its clients from the run's config — the simulated partition, the
+same one the in-process simulator builds — and serves the clients its node config
+names (:func:`node_clients`). Its clients are trained by hetfed's own in-process
+:class:`~hetfed.engine.executors.VectorisedExecutor`, stacked and chunked as in a
+simulation, so one message per node per round carries a whole cohort: the node
+returns one combined upload (its clients' updates screened and summed, as the
+in-process executor streams them), or every client's update when the round must
+hold them one by one (a robust aggregator, FedDF, FedGen) or the node trained a
+single client (the server then screens it with the others).
+
+The clients' local state lives in the node's Flower ``context.state``, one record
+per client, and is loaded into the executor before each step and written back
+after it: it never appears in a reply.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from flwr.app import ConfigRecord, Context, RecordDict
+
+from hetfed.config import Config, build_config, parse_yaml_text
+from hetfed.engine.executors import VectorisedExecutor
+from hetfed.engine.rng import CLIENT_INIT, torch_gen
+from hetfed.engine.robust import holds_round
+from hetfed.engine.types import stack_states
+from hetfed.flower.records import CLIENTS, record_to_tensors, state_to_record
+from hetfed.interface import Algorithm
+
+STATE_KEY = "hetfed.state"
+SUMMARY_NOISE = 23  # rng purpose: the noise on a client's Γ summary
+
+
+@dataclass(frozen=True, eq=False)
+class NodeSide:
+    """What a node builds once per run and method: the config, the algorithm, the data and its executor."""
+
+    config: Config
+    algo: Algorithm
+    fed: object
+    executor: VectorisedExecutor
+    key: str  # the run's config and method, hashed
+    features: object = None  # what Γ is measured on (the inputs, or a bag-of-words view of token ids)
+
+
+_CACHE: dict[str, NodeSide] = {}
+
+
+def node_side(run: ConfigRecord) -> NodeSide:
+    """The run's config, algorithm, federation and a started executor, built once per process (cached by
+    config: a Simulation Engine's worker serves many nodes of one run)."""
+    text, method = str(run["config"]), int(run["method"])
+    key = hashlib.sha256(f"{method}\n{text}".encode()).hexdigest()
+    if key not in _CACHE:
+        from hetfed.algorithms import algorithm_for
+        from hetfed.engine.simulate import resolve_device
+        from hetfed.pipeline import build_federation
+
+        torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
+        config = build_config(parse_yaml_text(text, "the run's config"))
+        built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
+        fed = built.federation
+        measure_on = getattr(built.clients_data, "measure_train", None)
+        method_cfg = config.methods[method]
+        algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
+        train = config.method_train(method_cfg)
+        executor = VectorisedExecutor(train.memory_budget_mb, train.chunk_clients)
+        executor.start(algo, fed, config.seed, resolve_device(train.device))
+        _CACHE.clear()  # one run at a time per process
+        _CACHE[key] = NodeSide(config, algo, fed, executor, key[:16], fed.x if measure_on is None else measure_on)
+    return _CACHE[key]
+
+
+def node_clients(node_config, n_clients: int) -> list[int]:
+    """The clients a node holds: ``partition-id=P num-partitions=K`` gives node P the P-th of K contiguous
+    blocks of the federation's clients (K = the number of clients: one client per node)."""
+    if "partition-id" not in node_config:
+        raise ValueError("this SuperNode has no partition-id in its node config: start it with "
+                         "--node-config 'partition-id=P num-partitions=K' (K nodes share the clients)")
+    p = int(node_config["partition-id"])
+    k = int(node_config.get("num-partitions", n_clients))
+    if not 0 <= p < k:
+        raise ValueError(f"node config partition-id = {p} is not allowed with num-partitions = {k}: "
+                         f"expected 0 ≤ partition-id < {k}")
+    return [int(c) for c in np.array_split(np.arange(n_clients), k)[p]]
+
+
+def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None]:
+    """The node's clients this step is for, and (evaluation) every client the step evaluates."""
+    rec = content[CLIENTS]
+    among = rec.get("among")
+    return [int(k) for k in rec["ids"]], None if among is None else [int(k) for k in among]
+
+
+# ----------------------------------------------------------------- client state in the node's context
+
+
+def _tag(side: NodeSide, k: int) -> str:
+    """Where in the node's context client ``k``'s state for this run and method lives."""
+    return f"{STATE_KEY}.{side.key}.{k}"
+
+
+def load_states(side: NodeSide, clients: list[int], context: Context) -> None:
+    """Put the clients' states from the node's context (their initial state on first use) into the executor."""
+    for k in clients:
+        tag = _tag(side, k)
+        state = (record_to_tensors(context.state[tag]) if tag in context.state else
+                 side.algo.client_init(k, torch_gen(side.config.seed, CLIENT_INIT, k)))
+        side.executor.states.scatter([k], stack_states([state]))
+
+
+def keep_states(side: NodeSide, clients: list[int], context: Context) -> None:
+    for k in clients:
+        context.state[_tag(side, k)] = state_to_record({n: v.clone() for n, v in side.executor.states[k].items()})
+
+
+def reduces(side: NodeSide, clients: list[int]) -> bool:
+    """Whether the node sends its cohort's updates summed: more than one client and a round that may stream."""
+    return len(clients) > 1 and not holds_round(side.algo)
