@@ -19,7 +19,7 @@ from hetfed.errors import ConfigError
 
 DatasetName = Literal[
     "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
-    "shakespeare",
+    "shakespeare", "nodes",
 ]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
@@ -55,6 +55,10 @@ class DatasetConfig(_Strict):
     window_stride: int = Field(
         1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)"
     )
+    features: int | None = Field(
+        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)")
+    classes: list[int | str] | None = Field(
+        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)")
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
@@ -257,6 +261,9 @@ class FlowerConfig(_Strict):
     min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
     connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
     client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
+    nodes: int | None = Field(
+        None, ge=1, description="dataset.name = nodes: how many SuperNodes with their own data to wait for at set-up "
+        "(within connect_timeout); the federation is the clients of those that answer without an error")
     clients_per_node: int = Field(
         1, ge=1, description="Simulation Engine: clients per SuperNode; a node trains its cohort stacked (the "
         "vectorised executor) and sends one combined upload — ceil(clients / this) nodes")
@@ -426,6 +433,8 @@ class Config(_Strict):
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
+        if self.dataset.name == "nodes":
+            _check_nodes_dataset(self)
         if self.server_data.source == "dataset" and self.server_data.name is None:
             raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
                              "e.g. fashion-mnist")
@@ -767,3 +776,34 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None) -
 def dump_config(config: Config) -> str:
     """The resolved config as YAML, as written into every run directory."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+
+
+def _check_nodes_dataset(config: Config) -> None:
+    """``dataset.name = nodes``: the data is on the SuperNodes, so the run states its schema, runs on Flower and
+    needs no server data cut from a dataset."""
+    ds = config.dataset
+    if ds.features is None or not ds.classes or len(ds.classes) < 2:
+        raise ValueError(f"dataset.name = 'nodes' needs dataset.features (now {ds.features}) and dataset.classes "
+                         f"(now {ds.classes}): expected the feature-column count and ≥ 2 label values every node's "
+                         "file uses, e.g. features: 30, classes: [benign, malignant]")
+    if len({str(c) for c in ds.classes}) != len(ds.classes):
+        raise ValueError(f"dataset.classes = {ds.classes} repeats a label: expected each class once")
+    if config.flower.nodes is None:
+        raise ValueError("dataset.name = 'nodes' needs flower.nodes: how many SuperNodes with their own data to wait "
+                         "for at set-up, e.g. 3")
+    if config.embed.kind != "identity":
+        raise ValueError(f"embed.kind = {config.embed.kind!r} is not allowed with dataset.name = 'nodes': nodes read "
+                         "feature tables; expected 'identity'")
+    if config.server_data.source in ("holdout", "dataset") or any(
+            _needs_server_data(m.algorithm) for m in config.methods):
+        raise ValueError("server_data is not available with dataset.name = 'nodes' (the server holds no data): "
+                         "expected methods that need no server data and server_data.source 'auto' or 'none'")
+    if config.partition.opt_out:
+        raise ValueError(f"partition.opt_out = {config.partition.opt_out} is not allowed with dataset.name = 'nodes': "
+                         "a node's clients opt out by not joining; expected 0")
+
+
+def _needs_server_data(algorithm: str) -> bool:
+    from hetfed.algorithms import registry
+
+    return registry.get(algorithm, "methods.algorithm").capabilities.server_data

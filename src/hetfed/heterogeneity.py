@@ -249,8 +249,8 @@ class Heterogeneity:
             "gamma_excess": num(self.gamma_excess),
             "gamma_measured_on": self.measured_on,
             "gamma_estimator": self.estimator,
-            "label_emd_mean": self.label_emd_mean,
-            "js_mean": self.js_mean,
+            "label_emd_mean": num(self.label_emd_mean),
+            "js_mean": num(self.js_mean),
             "label_emd": self.label_emd,
         }
 

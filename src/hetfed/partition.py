@@ -91,12 +91,29 @@ class Federation:
     def train_sizes(self) -> np.ndarray:
         return np.array([len(t) for t in self.train], dtype=np.int64)
 
+    def has_validation(self, k: int) -> bool:
+        """Whether client k holds validation data (best-model selection needs some opted-in client that does)."""
+        return len(self.val[k]) > 0
+
     def class_counts(self) -> np.ndarray:
         """K × C counts of each class among each client's samples (all splits)."""
         out = np.zeros((self.n_clients, self.n_classes), dtype=np.int64)
         for k in range(self.n_clients):
             out[k] = np.bincount(self.y[self.client_indices(k)], minlength=self.n_classes)
         return out
+
+
+@dataclass(frozen=True, eq=False)
+class NodesFederation(Federation):
+    """The server's view of a federation whose SuperNodes hold their own data: how many clients there are and
+    which node holds which (``nodes``: node id, first client id, clients). The data, the splits and the sizes
+    stay on the nodes: the index arrays here are empty, and every client is taken to hold validation data
+    (one that holds none reports none, and the pooled validation loss leaves it out)."""
+
+    nodes: tuple[tuple[int, int, int], ...] = ()
+
+    def has_validation(self, k: int) -> bool:
+        return True
 
 
 # ---------------------------------------------------------------- helpers

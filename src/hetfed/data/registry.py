@@ -449,6 +449,13 @@ def validate_dataset(ds: Dataset) -> Dataset:
     return ds
 
 
+def load_nodes(cfg: DatasetConfig) -> Dataset:
+    """``nodes``: the data is on the SuperNodes (:mod:`hetfed.flower.node_data`); nothing here can load it."""
+    raise DataError("dataset.name = 'nodes' cannot be loaded here: each SuperNode serves its own file; run the config "
+                    "on a deployment (`hetfed flower run CONFIG --deployment DIR --out DIR`) whose nodes were started "
+                    "with --node-config 'data=\"/path/file.csv\" label=\"y\"'")
+
+
 LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "digits": load_digits_dataset,
     "fashion-mnist": _load_mnist_like("fashion-mnist"),
@@ -460,6 +467,7 @@ LOADERS: dict[str, Callable[[DatasetConfig], Dataset]] = {
     "fsd_kaggle2018": load_fsd_kaggle2018,
     "arrays": load_arrays,
     "shakespeare": load_shakespeare,
+    "nodes": load_nodes,
 }
 
 

@@ -179,7 +179,7 @@ def simulate(
             executor.states.load_state_dict(resume_states)
     # best-model selection needs validation data on the clients that train the global model
     opted_out = np.asarray(fed.opted_out, dtype=bool)
-    has_val = any(len(fed.val[k]) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
+    has_val = any(fed.has_validation(k) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
     result.selected_by = "val_loss" if has_val else None
     finished = result.stopped_early or result.diverged_at is not None
     for r in range(result.rounds_done, 0 if finished else train.rounds):

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import replace
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -85,10 +86,12 @@ def summary_step(side: NodeSide, clients: list[int], request: ConfigRecord) -> d
     return summary_to_records(out)
 
 
-def train_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
-    """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor)."""
+def train_step(side: NodeSide, clients: list[int], content: RecordDict, offset: int = 0) -> dict:
+    """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor);
+    the upload names the clients as the federation numbers them (``offset``: a node with its own data)."""
     bc = records_to_broadcast(content, side.executor.device)
-    return upload_to_records(side.executor.train(bc, clients, reduce=reduces(side, clients)))
+    upload = side.executor.train(bc, clients, reduce=reduces(side, clients))
+    return upload_to_records(replace(upload, client_ids=[k + offset for k in upload.client_ids]))
 
 
 def personalise_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
@@ -114,9 +117,16 @@ def query(message: Message, context: Context) -> Message:
 
     The node also builds its clients' data now, during set-up, rather than in the first round.
     """
-    side = node_side(message.content[RUN])
+    from hetfed.errors import HetfedError
+    from hetfed.flower.node_data import own_data
+
+    own = own_data(context.node_config)
+    try:
+        side = node_side(message.content[RUN], context.node_config)
+    except HetfedError as err:  # the node's own file does not fit the run: the server's user reads why
+        return _reply(message, {"node": ConfigRecord({"error": str(err), "own": own})}, [])
     clients = node_clients(context.node_config, side.fed.n_clients)
-    records: dict = {"node": ConfigRecord({"clients": clients})}
+    records: dict = {"node": ConfigRecord({"clients": clients, "own": own})}
     if GAMMA in message.content and clients:
         records.update(summary_step(side, clients, message.content[GAMMA]))
     return _reply(message, records, clients)
@@ -124,24 +134,24 @@ def query(message: Message, context: Context) -> Message:
 
 def _step(message: Message, context: Context, run) -> Message:
     """Load the step's clients' states from the node's context, run the step, keep their new states."""
-    side = node_side(message.content[RUN])
-    clients, among = step_clients(message.content)
+    side = node_side(message.content[RUN], context.node_config)
+    clients, among, offset = step_clients(message.content)
     load_states(side, clients, context)
-    records = run(side, clients, among)
+    records = run(side, clients, among, offset)
     keep_states(side, clients, context)
-    return _reply(message, records, clients)
+    return _reply(message, records, [k + offset for k in clients])
 
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, _: train_step(side, clients, message.content))
+    return _step(message, context, lambda side, clients, _, offset: train_step(side, clients, message.content, offset))
 
 
 @app.train("personalise")
 def personalise(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, _: personalise_step(side, clients, message.content))
+    return _step(message, context, lambda side, clients, _, __: personalise_step(side, clients, message.content))
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, among: evaluate_step(side, clients, among, message.content))
+    return _step(message, context, lambda side, clients, among, _: evaluate_step(side, clients, among, message.content))

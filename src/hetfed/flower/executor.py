@@ -45,10 +45,13 @@ class FlowerExecutor:
 
     def __init__(self, grid: Grid, config, method: int, flower: FlowerConfig | None = None):
         self.grid = grid
+        self.config = config
         self.config_text = dump_config(config)
         self.method = method
         self.flower = flower or config.flower
         self.nodes: dict[int, int] = {}  # client id → node id
+        self.own = False  # the nodes serve their own data (no global test set: nobody scores one)
+        self.offsets: dict[int, int] = {}  # node id → its first client's id (nodes with their own data number theirs from 0)
         self.failures: list[dict] = []  # {"step", "round", "clients", "errors"}
         self.errors: dict[int, str] = {}  # node → the error its ClientApp raised (this step)
         self.messages = 0
@@ -64,18 +67,21 @@ class FlowerExecutor:
         t0 = time.monotonic()
         deadline = t0 + self.flower.connect_timeout
         hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method}),
-                            **({GAMMA: self._summary_request()} if self.flower.gamma_summaries else {})})
+                            **({GAMMA: summary_request(self.config)} if self.flower.gamma_summaries else {})})
         asked: set[int] = set()
         summaries: dict[int, object] = {}
+        own = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # the nodes set-up found (own data)
+        self.own = bool(own)
         while True:
-            new = sorted(set(self.grid.get_node_ids()) - asked)
+            new = sorted(n for n in set(self.grid.get_node_ids()) - asked if not own or n in own)
             if new:
                 asked.update(new)
                 replies = self._send([(n, hello, "query") for n in new], timeout=max(1.0, deadline - time.monotonic()))
                 for node, reply in replies.items():
-                    if reply is None:
+                    if reply is None or "error" in reply.content["node"]:
                         continue
-                    held = [int(k) for k in reply.content["node"]["clients"]]
+                    self.offsets[node] = own.get(node, 0)
+                    held = [self.offsets[node] + int(k) for k in reply.content["node"]["clients"]]
                     for k in held:
                         self.nodes[k] = node
                     if held and "summary" in reply.content:
@@ -89,15 +95,6 @@ class FlowerExecutor:
                                                  time.monotonic() - t0))
         if self.flower.gamma_summaries and len(summaries) == fed.n_clients:
             self.gamma_summaries = self._gamma(summaries)
-
-    def _summary_request(self) -> ConfigRecord:
-        f = self.flower
-        request = {"on": self.measured_on}
-        if f.summary_clip is not None:
-            request["clip"] = float(f.summary_clip)
-        if f.summary_noise is not None:
-            request["noise"] = float(f.summary_noise)
-        return ConfigRecord(request)
 
     def _gamma(self, summaries: dict) -> dict:
         """Γ of the federation from its clients' summaries alone (and the summaries' (ε, δ) when noised)."""
@@ -140,7 +137,8 @@ class FlowerExecutor:
         targets = []
         for node, held in by_node.items():
             message = RecordDict(dict(content))
-            message[CLIENTS] = ConfigRecord({"ids": held, **({"among": among} if among is not None else {})})
+            message[CLIENTS] = ConfigRecord({"ids": held, "offset": self.offsets.get(node, 0),
+                                             **({"among": among} if among is not None and not self.own else {})})
             targets.append((node, message, kind))
         replies = self._send(targets, self.flower.round_timeout, str(bc.round))
         answered = {node: (by_node[node], r.content) for node, r in replies.items() if r is not None}
@@ -205,6 +203,18 @@ class FlowerExecutor:
 
     def stop(self) -> None:
         return None
+
+
+def summary_request(config) -> ConfigRecord:
+    """The set-up query's request for each client's Γ summary: which rows (``heterogeneity.on``), the clip and
+    the noise (``flower.summary_*``)."""
+    f = config.flower
+    request = {"on": config.heterogeneity.on}
+    if f.summary_clip is not None:
+        request["clip"] = float(f.summary_clip)
+    if f.summary_noise is not None:
+        request["noise"] = float(f.summary_noise)
+    return ConfigRecord(request)
 
 
 #: first and longest wait between two polls for replies (seconds); the wait doubles while nothing comes

@@ -52,21 +52,33 @@ class NodeSide:
 _CACHE: dict[str, NodeSide] = {}
 
 
-def node_side(run: ConfigRecord) -> NodeSide:
+def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
     """The run's config, algorithm, federation and a started executor, built once per process (cached by
-    config: a Simulation Engine's worker serves many nodes of one run)."""
+    config and node: a Simulation Engine's worker serves many nodes of one run).
+
+    The federation is the simulated one (every node rebuilds it and serves its block of clients), or —
+    ``data=…`` in the node config — the node's own clients from its own file (:mod:`hetfed.flower.node_data`).
+    """
+    from hetfed.flower.node_data import DATA, own_data
+
     text, method = str(run["config"]), int(run["method"])
-    key = hashlib.sha256(f"{method}\n{text}".encode()).hexdigest()
+    mine = str(node_config[DATA]) if node_config is not None and own_data(node_config) else ""
+    key = hashlib.sha256(f"{method}\n{mine}\n{text}".encode()).hexdigest()
     if key not in _CACHE:
         from hetfed.algorithms import algorithm_for
         from hetfed.engine.simulate import resolve_device
-        from hetfed.pipeline import build_federation
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
         config = build_config(parse_yaml_text(text, "the run's config"))
-        built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
-        fed = built.federation
-        measure_on = getattr(built.clients_data, "measure_train", None)
+        if mine:
+            from hetfed.flower.node_data import node_federation
+
+            fed, measure_on = node_federation(node_config, config), None
+        else:
+            from hetfed.pipeline import build_federation
+
+            built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
+            fed, measure_on = built.federation, getattr(built.clients_data, "measure_train", None)
         method_cfg = config.methods[method]
         algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
         train = config.method_train(method_cfg)
@@ -79,7 +91,12 @@ def node_side(run: ConfigRecord) -> NodeSide:
 
 def node_clients(node_config, n_clients: int) -> list[int]:
     """The clients a node holds: ``partition-id=P num-partitions=K`` gives node P the P-th of K contiguous
-    blocks of the federation's clients (K = the number of clients: one client per node)."""
+    blocks of the federation's clients (K = the number of clients: one client per node); a node with its own
+    data holds all of its own clients (numbered from 0 on the node; the server offsets them)."""
+    from hetfed.flower.node_data import own_data
+
+    if own_data(node_config):
+        return list(range(n_clients))
     if "partition-id" not in node_config:
         raise ValueError("this SuperNode has no partition-id in its node config: start it with "
                          "--node-config 'partition-id=P num-partitions=K' (K nodes share the clients)")
@@ -91,11 +108,13 @@ def node_clients(node_config, n_clients: int) -> list[int]:
     return [int(c) for c in np.array_split(np.arange(n_clients), k)[p]]
 
 
-def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None]:
-    """The node's clients this step is for, and (evaluation) every client the step evaluates."""
+def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None, int]:
+    """The node's clients this step is for (numbered as on the node), every client the step evaluates (None:
+    the node's), and the offset of the node's clients in the federation (0 but for nodes with their own data)."""
     rec = content[CLIENTS]
+    offset = int(rec.get("offset", 0))
     among = rec.get("among")
-    return [int(k) for k in rec["ids"]], None if among is None else [int(k) for k in among]
+    return [int(k) - offset for k in rec["ids"]], None if among is None else [int(k) for k in among], offset
 
 
 # ----------------------------------------------------------------- client state in the node's context

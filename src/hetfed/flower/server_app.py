@@ -30,4 +30,10 @@ def main(grid: Grid, context: Context) -> None:
     resume = bool(context.run_config.get("resume", False))
     if resume and out is None:
         raise ValueError("run config 'resume' needs 'out': the run directory to continue")
-    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run, resume=resume)
+    prepared = None
+    if config.dataset.name == "nodes":  # the nodes hold the data: the federation is what they say they hold
+        from hetfed.flower.discovery import discover
+
+        prepared = discover(grid, config)
+    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run, resume=resume,
+                   prepared=prepared)

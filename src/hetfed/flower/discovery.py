@@ -1,0 +1,100 @@
+"""Set-up of a federation whose SuperNodes hold their own data (``dataset.name: nodes``).
+
+The server has no dataset to build a federation from: it waits for ``flower.nodes``
+SuperNodes, asks each which clients it holds (each node reads and checks its own
+file against the run's schema) and for their Γ summaries, and builds what the
+server may know — a :class:`~hetfed.partition.NodesFederation`: the number of
+clients and which node holds which, no data, no sizes — plus Γ computed from the
+summaries alone. A node whose file does not fit is named with its problem; the
+run goes on without it while at least ``flower.min_replies`` clients remain.
+"""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+from flwr.app import ConfigRecord, Message, RecordDict
+
+from hetfed.config import Config, dump_config
+from hetfed.errors import RunError
+from hetfed.flower.executor import send_and_receive, summary_request
+from hetfed.flower.records import GAMMA, RUN, records_to_summaries
+from hetfed.heterogeneity import Heterogeneity
+from hetfed.partition import NodesFederation
+from hetfed.pipeline import Prepared
+
+
+def discover(grid, config: Config, warn=print) -> Prepared:
+    """The federation of the nodes that answer (see the module docstring); ``warn`` gets one line per refused node."""
+    f = config.flower
+    t0 = time.monotonic()
+    deadline = t0 + f.connect_timeout
+    node_ids: list[int] = []
+    while time.monotonic() < deadline:
+        node_ids = sorted(grid.get_node_ids())
+        if len(node_ids) >= f.nodes:
+            break
+        time.sleep(0.2)
+    if not node_ids:
+        raise RunError(f"Flower: no SuperNode connected within flower.connect_timeout = {f.connect_timeout:g} s; "
+                       f"expected flower.nodes = {f.nodes} nodes started with --node-config 'data=\"FILE\" ...'")
+    hello = RecordDict({RUN: ConfigRecord({"config": dump_config(config), "method": 0}),
+                        GAMMA: summary_request(config)})
+    messages = [Message(hello, dst_node_id=n, message_type="query") for n in node_ids]
+    replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages, max(1.0, deadline - time.monotonic()))}
+    nodes, summaries, problems = [], [], []
+    for node in node_ids:
+        reply = replies.get(node)
+        if reply is None or reply.has_error():
+            reason = "no answer" if reply is None else str(reply.error.reason).strip().splitlines()[-1][:300]
+            problems.append(f"SuperNode {node}: {reason}")
+            continue
+        rec = reply.content["node"]
+        if "error" in rec:
+            problems.append(f"SuperNode {node}: {rec['error']}")
+            continue
+        if not bool(rec.get("own", False)):
+            problems.append(f"SuperNode {node}: serves a simulated partition (partition-id), not its own data; "
+                            "expected --node-config 'data=\"FILE\" label=\"COLUMN\"'")
+            continue
+        held = len(rec["clients"])
+        nodes.append((node, sum(m for _, _, m in nodes), held))
+        summaries += records_to_summaries(reply.content)
+    for line in problems:
+        warn(f"warning: {line}; the run goes on without this node")
+    n_clients = sum(m for _, _, m in nodes)
+    if n_clients < max(1, f.min_replies) or len(node_ids) < f.nodes and not nodes:
+        raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
+                       f"({n_clients} clients, flower.min_replies = {f.min_replies})"
+                       + (f": {'; '.join(problems)}" if problems else ""))
+    if len(node_ids) < f.nodes:
+        warn(f"warning: {len(node_ids)} of flower.nodes = {f.nodes} SuperNodes connected within "
+             f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
+    fed = skeleton(config, nodes)
+    return Prepared(None, fed, gamma_of(config, summaries), (), [])
+
+
+def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:
+    """What the server knows of the nodes' federation: clients and where they are; no rows."""
+    n = sum(m for _, _, m in nodes)
+    d = int(config.dataset.features or 0)
+    empty = tuple(np.zeros(0, np.int64) for _ in range(n))
+    return NodesFederation(
+        x=np.zeros((0, d), np.float32), y=np.zeros(0, np.int64), train=empty, val=empty, test=empty,
+        x_global_test=np.zeros((0, d), np.float32), y_global_test=np.zeros(0, np.int64),
+        n_classes=len(config.dataset.classes or []), opted_out=np.zeros(n, dtype=bool), input_shape=(d,),
+        kind="nodes", params={"nodes": len(nodes)}, nodes=tuple(nodes))
+
+
+def gamma_of(config: Config, summaries: list) -> Heterogeneity:
+    """Γ (and its size-matched reference) of the nodes' clients from their summaries; label skew is not
+    measured (the labels never leave the nodes)."""
+    from hetfed.gamma_summaries import gamma_from_summaries, gamma_iid_from_summaries
+
+    h = config.heterogeneity
+    g = gamma_from_summaries(summaries) if len(summaries) >= 1 else float("nan")
+    iid, sd = gamma_iid_from_summaries(summaries, h.iid_draws, h.iid_max_clients, config.seed)
+    nan = float("nan")
+    return Heterogeneity(gamma=g, label_emd=[], label_emd_mean=nan, js_mean=nan, class_counts=[], gamma_iid=iid,
+                         gamma_iid_sd=sd, measured_on=h.on)

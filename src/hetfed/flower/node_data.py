@@ -1,0 +1,126 @@
+"""A SuperNode's own data: a table on the node's disk, its clients, their splits — never seen by the server.
+
+A node of a real federation is started with ``--node-config 'data="/srv/site.csv"
+label="diagnosis"'`` (optionally ``client="patient_group"``: a column whose values
+are the node's clients, e.g. the users of a silo). It reads the file (CSV, NPZ or
+Parquet), checks it against the schema the run's config states
+(``dataset.features`` columns, labels among ``dataset.classes``), maps the labels
+to the run's class ids, and splits each of its clients' rows into train / val /
+test itself, seeded by the run's seed — as :func:`hetfed.partition.make_federation`
+splits a natural federation's clients. What it builds is a
+:class:`~hetfed.partition.Federation` of its own clients only, with no global
+test set; every step then runs on it exactly as on a simulated node.
+
+A file that does not fit the schema is refused with a :class:`DataError` naming the
+file and the problem; the node's query reply carries it to the server's user.
+"""
+
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import numpy as np
+
+from hetfed.config import Config
+from hetfed.errors import DataError
+from hetfed.partition import Federation, opted_out_mask, split_client
+
+#: the node config's keys: the file, its label column, its client column (optional)
+DATA, LABEL, CLIENT = "data", "label", "client"
+
+
+def own_data(node_config) -> bool:
+    """Whether this node serves its own file (``data=…`` in its node config)."""
+    return DATA in node_config
+
+
+def read_table(path: str | Path, label: str = "y", client: str | None = None) -> dict[str, np.ndarray]:
+    """``x`` (float32 features), ``y`` (labels as read) and ``client`` (when named) of a .csv, .npz or
+    .parquet file; every column but the label and client columns is a feature."""
+    p = Path(path)
+    if not p.is_file():
+        raise DataError(f"node data {str(p)!r} does not exist: expected a .csv, .npz or .parquet file on this node")
+    if p.suffix == ".csv":
+        return _read_csv(p, label, client)
+    from hetfed.data.formats import read_arrays
+
+    d = read_arrays(p) if p.suffix in (".npz", ".parquet") else None
+    if d is None:
+        raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
+    out = {"x": np.asarray(d["x"], dtype=np.float32).reshape(len(d["y"]), -1), "y": np.asarray(d["y"])}
+    if client is not None:
+        if "client" not in d:
+            raise DataError(f"node data {str(p)!r} has no client column (node config client = {client!r})")
+        out["client"] = np.asarray(d["client"])
+    return out
+
+
+def _read_csv(p: Path, label: str, client: str | None) -> dict[str, np.ndarray]:
+    with open(p, newline="", encoding="utf-8") as fh:
+        rows = list(csv.reader(fh))
+    if not rows or not rows[0]:
+        raise DataError(f"node data {str(p)!r} is empty: expected a header row and one row per sample")
+    header, body = rows[0], [r for r in rows[1:] if r]
+    for name in (label, *([client] if client else [])):
+        if name not in header:
+            raise DataError(f"node data {str(p)!r} has no column {name!r} (columns: {header[:12]}); "
+                            "expected the node config's label/client columns")
+    if not body:
+        raise DataError(f"node data {str(p)!r} has a header but no rows")
+    features = [j for j, name in enumerate(header) if name not in (label, client)]
+    try:
+        x = np.asarray([[float(r[j]) for j in features] for r in body], dtype=np.float32)
+    except (ValueError, IndexError) as err:
+        raise DataError(f"node data {str(p)!r}: a feature is not a number or a row is short ({err}); "
+                        "expected numeric feature columns") from None
+    out = {"x": x, "y": np.asarray([r[header.index(label)] for r in body])}
+    if client:
+        out["client"] = np.asarray([r[header.index(client)] for r in body])
+    return out
+
+
+def class_ids(labels: np.ndarray, classes: list, where: str) -> np.ndarray:
+    """Each label's index in the run's ``dataset.classes`` (compared as text: ``1`` in a CSV is class ``1``)."""
+    names = [str(c) for c in classes]
+    index = {n: j for j, n in enumerate(names)}
+    text = np.asarray([str(v.item() if isinstance(v, np.generic) else v) for v in labels])
+    # a float column of whole numbers (1.0) names the class 1
+    text = np.asarray([t[:-2] if t.endswith(".0") and t[:-2] in index else t for t in text])
+    unknown = sorted(set(text.tolist()) - set(index))
+    if unknown:
+        raise DataError(f"{where}: labels {unknown[:5]} are not in dataset.classes = {names}; expected only those")
+    return np.asarray([index[t] for t in text], dtype=np.int64)
+
+
+def node_federation(node_config, config: Config) -> Federation:
+    """The node's clients from its own file, checked against the run's schema and split train/val/test."""
+    ds = config.dataset
+    path = str(node_config[DATA])
+    client = str(node_config[CLIENT]) if CLIENT in node_config else None
+    table = read_table(path, str(node_config.get(LABEL, "y")), client)
+    where = f"node data {path!r}"
+    x = table["x"]
+    if len(x) == 0:
+        raise DataError(f"{where} holds no rows")
+    if x.shape[1] != ds.features:
+        raise DataError(f"{where} has {x.shape[1]} feature columns: expected dataset.features = {ds.features}")
+    if not np.isfinite(x).all():
+        raise DataError(f"{where} has missing or infinite feature values: expected finite numbers")
+    y = class_ids(table["y"], list(ds.classes or []), where)
+    ids = table.get("client")
+    names, owner = np.unique(ids, return_inverse=True) if ids is not None else (np.zeros(1), np.zeros(len(y), int))
+    parts = [np.flatnonzero(owner == j) for j in range(len(names))]
+    parts = [p for p in parts if len(p) >= config.partition.natural_min_samples]
+    if not parts:
+        raise DataError(f"{where}: no client holds partition.natural_min_samples = "
+                        f"{config.partition.natural_min_samples} rows")
+    rng = np.random.default_rng([config.seed, 0x5B17])  # the natural partition's split, as make_federation does
+    splits = [split_client(p, y, config.partition.val_fraction, config.partition.test_fraction, rng) for p in parts]
+    return Federation(
+        x=x, y=y,
+        train=tuple(s[0] for s in splits), val=tuple(s[1] for s in splits), test=tuple(s[2] for s in splits),
+        x_global_test=np.zeros((0, x.shape[1]), np.float32), y_global_test=np.zeros(0, np.int64),
+        n_classes=len(ds.classes or []), opted_out=opted_out_mask(len(parts), 0.0, rng),
+        input_shape=(x.shape[1],), kind="nodes", params={"data": path},
+    )

@@ -1,0 +1,162 @@
+"""A real federation: every SuperNode serves a file of its own (CSV, NPZ, Parquet), the server never sees a
+dataset. CGAU and FedMoE train on it over a secure loopback deployment, a node whose file does not fit the run is
+named with its problem and left out, and Γ from the nodes' summaries equals Γ of `hetfed partition` on the same
+rows gathered in one file."""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
+pytest.importorskip("pyarrow", reason="the parquet extra is part of the test extra")
+
+CLASSES = ["benign", "malignant"]
+D = 4
+
+
+def _site(seed: int, n: int, shift: float) -> tuple[np.ndarray, np.ndarray]:
+    """One site's rows: a shifted, scaled Gaussian (sites differ: Γ > 0) and a linear label."""
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(n, D)) * (1 + shift / 2) + shift).astype(np.float32)
+    y = np.where(x[:, 0] + x[:, 1] > 2 * shift, "malignant", "benign")
+    return x, y
+
+
+def _write_csv(path: Path, x: np.ndarray, y: np.ndarray, label: str) -> None:
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([f"f{j}" for j in range(x.shape[1])] + [label])
+        for row, lab in zip(x, y, strict=True):
+            w.writerow([repr(float(v)) for v in row] + [lab])
+
+
+def _write_parquet(path: Path, x: np.ndarray, y: np.ndarray) -> None:
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    pq.write_table(pa.table({**{f"f{j}": x[:, j] for j in range(x.shape[1])}, "y": y.tolist()}), path)
+
+
+def _sites(tmp_path: Path) -> tuple[list[str], list[tuple[np.ndarray, np.ndarray]]]:
+    sites = [_site(1, 90, 0.0), _site(2, 70, 1.0), _site(3, 80, 2.5)]
+    (x0, y0), (x1, y1), (x2, y2) = sites
+    _write_csv(tmp_path / "a.csv", x0, y0, "diagnosis")
+    np.savez(tmp_path / "b.npz", x=x1, y=y1)
+    _write_parquet(tmp_path / "c.parquet", x2, y2)
+    bad = tmp_path / "bad.csv"  # one feature column short
+    _write_csv(bad, x0[:, :3], y0, "diagnosis")
+    configs = [f'data="{tmp_path / "a.csv"}" label="diagnosis"', f'data="{tmp_path / "b.npz"}"',
+               f'data="{tmp_path / "c.parquet"}"', f'data="{bad}" label="diagnosis"']
+    return configs, sites
+
+
+def _config(tmp_path: Path) -> Path:
+    import yaml
+
+    raw = {
+        "dataset": {"name": "nodes", "features": D, "classes": CLASSES},
+        "partition": {"kind": "natural", "clients": None},
+        "heterogeneity": {"on": "all"},
+        "model": {"hidden": [8]},
+        "train": {"executor": "flower", "rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 2},
+        "flower": {"nodes": 4, "connect_timeout": 300},
+        "methods": [{"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"}},
+                    {"algorithm": "fedmoe", "params": {"max_epochs": 2, "patience": 1}}],
+    }
+    path = tmp_path / "nodes.yaml"
+    path.write_text(yaml.safe_dump(raw))
+    return path
+
+
+@pytest.mark.slow
+def test_nodes_with_their_own_files_train_cgau_and_fedmoe_and_gamma_comes_from_their_summaries(tmp_path, capfd):
+    from hetfed.cli import main
+    from hetfed.flower.deploy import LocalDeployment
+
+    node_configs, sites = _sites(tmp_path)
+    config = _config(tmp_path)
+    out = tmp_path / "run"
+    with LocalDeployment(tmp_path / "dep", 4, node_configs=node_configs):
+        code = main(["flower", "run", str(config), "--deployment", str(tmp_path / "dep"), "--out", str(out)])
+    printed = capfd.readouterr()
+    assert code == 0, printed.out[-3000:] + printed.err[-3000:]
+    # the node whose file does not fit is named with its problem, and the run went on without it
+    assert "bad.csv' has 3 feature columns: expected dataset.features = 4" in printed.out
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_clients"] == 3
+    assert set(summary["methods"]) == {"cgau", "fedavg", "local", "finetuned", "mixture"}  # FedMoE's views
+    for row in summary["methods"].values():
+        assert 0.0 <= row["final"]["local_accuracy_mean"] <= 1.0
+        assert row["final"]["global_accuracy"] is None  # no global test set: the server holds no data
+    # Γ from the summaries the nodes sent = Γ of the same rows partitioned in process (one file, a client column)
+    x = np.concatenate([s[0] for s in sites])
+    y = np.concatenate([s[1] for s in sites])
+    site = np.repeat([0, 1, 2], [len(s[1]) for s in sites])
+    extra_x, extra_y = _site(9, 40, 1.0)  # a global test split, as `hetfed partition` needs one; no client's rows
+    labels = np.array([CLASSES.index(v) for v in np.concatenate([y, extra_y])])  # the arrays loader reads class ids
+    np.savez(tmp_path / "all.npz", x=np.concatenate([x, extra_x]), y=labels,
+             client=np.concatenate([site, np.full(len(extra_y), -1)]),
+             split=np.array(["train"] * len(y) + ["test"] * len(extra_y)))
+    from hetfed.config import build_config
+    from hetfed.pipeline import prepare
+
+    reference = prepare(build_config({
+        "dataset": {"name": "arrays", "path": str(tmp_path / "all.npz")},
+        "partition": {"kind": "natural", "clients": None}, "heterogeneity": {"on": "all"}}), progress=False)
+    assert reference.federation.n_clients == 3
+    assert summary["gamma"] == pytest.approx(reference.heterogeneity.gamma, rel=1e-6)
+    for row in summary["methods"].values():
+        if "gamma_from_summaries" in row:
+            assert row["gamma_from_summaries"]["gamma"] == pytest.approx(reference.heterogeneity.gamma, rel=1e-6)
+
+
+def test_a_node_file_that_does_not_fit_the_run_is_refused_with_the_file_and_the_problem(tmp_path):
+    from hetfed.config import build_config
+    from hetfed.errors import DataError
+    from hetfed.flower.node_data import node_federation
+
+    cfg = build_config({"dataset": {"name": "nodes", "features": D, "classes": CLASSES},
+                        "partition": {"kind": "natural", "clients": None}, "flower": {"nodes": 1},
+                        "train": {"executor": "flower"}})
+    x, y = _site(1, 30, 0.0)
+    _write_csv(tmp_path / "ok.csv", x, y, "diagnosis")
+    fed = node_federation({"data": str(tmp_path / "ok.csv"), "label": "diagnosis"}, cfg)
+    assert fed.n_clients == 1 and len(fed.x_global_test) == 0
+    rows = np.sort(np.concatenate([fed.train[0], fed.val[0], fed.test[0]]))
+    assert np.array_equal(rows, np.arange(30)) and np.array_equal(fed.x, x)
+    assert np.array_equal(fed.y, (y == "malignant").astype(np.int64))  # class id = position in dataset.classes
+    cases = {
+        "missing.csv": ("does not exist", None),
+        "short.csv": ("has 3 feature columns: expected dataset.features = 4", (x[:, :3], y)),
+        "unknown.csv": ("labels ['cyst'] are not in dataset.classes", (x, np.where(y == "benign", "cyst", y))),
+        "empty.csv": ("is empty", "")}
+    for name, (message, content) in cases.items():
+        path = tmp_path / name
+        if isinstance(content, str):
+            path.write_text(content)
+        elif content is not None:
+            _write_csv(path, *content, "diagnosis")
+        with pytest.raises(DataError, match=message.replace("[", r"\[").replace("]", r"\]")) as err:
+            node_federation({"data": str(path), "label": "diagnosis"}, cfg)
+        assert name in str(err.value)
+    # a client column makes several clients of one node
+    np.savez(tmp_path / "silo.npz", x=x, y=y, client=np.repeat(["u1", "u2", "u3"], 10))
+    assert node_federation({"data": str(tmp_path / "silo.npz"), "client": "client"}, cfg).n_clients == 3
+
+
+def test_a_nodes_config_states_its_schema_and_runs_only_on_a_deployment(tmp_path, capsys):
+    from hetfed.cli import main
+
+    base = ["--set", "dataset.name=nodes", "--set", "partition.kind=natural", "--set", "partition.clients=null"]
+    assert main(["run", *base, "--out", str(tmp_path / "r")]) == 2
+    assert "needs dataset.features" in capsys.readouterr().err
+    full = [*base, "--set", "dataset.features=4", "--set", "dataset.classes=[a, b]", "--set", "flower.nodes=2"]
+    assert main(["run", *full, "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "dataset.name = 'nodes' cannot be loaded here" in err and "hetfed flower run" in err
+    assert not (tmp_path / "r").exists()
