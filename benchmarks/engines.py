@@ -2,7 +2,9 @@
 
 Engines: hetfed vectorised, hetfed sequential, Flower's Simulation Engine running
 hetfed's ClientApp (``train.executor: flower``), and a real loopback deployment
-(one ``flower-superlink``, one ``flower-supernode`` per client, ``flwr run``).
+(one ``flower-superlink``, one ``flower-supernode`` per client, ``flwr run``); and both with the
+clients spread over 4 SuperNodes that each train their cohort vectorised (``flower-4nodes``,
+``deployment-4nodes``: ``flower.clients_per_node`` = clients / 4).
 
 Settings (from the Flower issue):
   a. cgau:   10 feature-cluster clients on digits, all per round, 10 steps of 32 (CGAU model);
@@ -18,7 +20,8 @@ Seconds per round are training rounds only (sample → broadcast → train → a
 from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluation
 are excluded and reported apart. Not a test: nothing is asserted.
 
-    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm] [--engines vectorised sequential flower deployment]
+    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm]
+        [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes]
 """
 
 from __future__ import annotations
@@ -34,7 +37,9 @@ import numpy as np
 from hetfed.config import build_config
 from hetfed.runs.runner import run_experiment
 
-ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2}
+ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-4nodes": 8, "deployment-4nodes": 3}
+#: engines whose SuperNodes each host a cohort: the clients spread over 4 nodes, trained vectorised on each
+COHORT_NODES = 4
 
 
 def _fmnist_available() -> bool:
@@ -98,14 +103,18 @@ def case_config(case: str, tmp: Path) -> dict:
 def measure(case: str, engine: str, tmp: Path) -> dict:
     raw = case_config(case, tmp)
     rounds = ROUNDS[engine]
-    raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if engine in ("flower", "deployment") else engine)
+    on_flower = engine.startswith(("flower", "deployment"))
+    raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if on_flower else engine)
+    if engine.endswith("-4nodes"):
+        raw.setdefault("flower", {})["clients_per_node"] = -(-raw["partition"]["clients"] // COHORT_NODES)
     config = build_config(raw)
     out = tmp / f"{case}-{engine}-{time.time_ns()}"
     t0 = time.perf_counter()
-    if engine == "deployment":
+    if engine.startswith("deployment"):
         from hetfed.flower.deploy import LocalDeployment, run_on_deployment
 
-        with LocalDeployment(tmp / f"dep-{case}", config.partition.clients) as dep:
+        nodes = COHORT_NODES if engine.endswith("-4nodes") else config.partition.clients
+        with LocalDeployment(tmp / f"dep-{case}-{engine}", nodes) as dep:
             done = run_on_deployment(config, out, dep.env(), timeout=3600)
             if done.returncode != 0:
                 raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
@@ -122,7 +131,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cases", nargs="+", default=["cgau", "fedmoe", "mlp"])
-    parser.add_argument("--engines", nargs="+", default=["vectorised", "sequential", "flower", "deployment"])
+    parser.add_argument("--engines", nargs="+", default=["vectorised", "sequential", "flower", "deployment",
+                                                          "flower-4nodes", "deployment-4nodes"])
     args = parser.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -130,7 +140,7 @@ def main() -> None:
         for case in args.cases:
             results[case] = {}
             for engine in args.engines:
-                if engine == "deployment" and case != "cgau":
+                if engine == "deployment" and case != "cgau":  # the 4-node deployment runs every case
                     results[case][engine] = {"skipped": "one SuperNode process per client (100 here) does not fit "
                                                         "a 2-core machine; measured on the 10-client setting"}
                     continue

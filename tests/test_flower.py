@@ -58,7 +58,7 @@ WIRE_METHODS = {"methods": [
 def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_documented(tmp_path, monkeypatch):
     wire = tmp_path / "wire.jsonl"
     monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
-    flower = _run(_config(WIRE_METHODS, "flower"), tmp_path / "f")
+    flower = _run(_config({**WIRE_METHODS, "flower": {"clients_per_node": 2}}, "flower"), tmp_path / "f")
     vec = _run(_config(WIRE_METHODS, "vectorised"), tmp_path / "v")
     _compare(flower, vec)
     # Γ from the summaries the clients sent at set-up equals Γ measured in-process on the same federation
@@ -88,12 +88,14 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
         frozenset({"train_loss", "input_mean", "input_var"}),  # Fed-FSNet: the documented input moments
     }
     assert extra_keys == documented
-    for e in trains:
-        assert set(e["records"]) == {"params", "upload", "upload_extra.arrays", "upload_extra.values"}
+    extras = {"upload", "upload_extra.arrays", "upload_extra.values"}
+    for e in trains:  # a node of 2 clients sends their summed update (mean) or, alone, its one client's (params)
+        assert set(e["records"]) in ({"params", *extras}, {"mean", "screened", *extras})
         assert set(e["records"]["upload_extra.values"]) == {"__absent__", "__empty__"}
-        assert set(e["records"]["params"]) <= {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
-                                                "layers.2.weight", "layers.2.bias"} | {
-            n for n in _cgau_shared(cfg)}
+        shared = e["records"].get("params", e["records"].get("mean"))
+        assert set(shared) <= {"layers.0.weight", "layers.0.bias", "layers.1.weight", "layers.1.bias",
+                               "layers.2.weight", "layers.2.bias"} | {n for n in _cgau_shared(cfg)}
+    assert any("mean" in e["records"] for e in trains)
 
 
 def _cgau_shared(cfg) -> set[str]:
@@ -110,7 +112,7 @@ def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(t
         "train": {"rounds": 3, "clients_per_round": 2, "local_epochs": 1, "batch_size": 16, "eval_every": 1},
         "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2}}],
     }
-    flower = _run(_config(moe, "flower"), tmp_path / "f")
+    flower = _run(_config({**moe, "flower": {"clients_per_node": 3}}, "flower"), tmp_path / "f")  # 2 nodes × 3
     vec = _run(_config(moe, "vectorised"), tmp_path / "v")
     _compare(flower, vec)
     from hetfed.pipeline import prepare
@@ -142,16 +144,16 @@ COHORT_METHODS = {
     ]}
 
 
-@pytest.mark.parametrize("per_node", [6, 4])
-def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tmp_path, monkeypatch, per_node):
-    """1 node with all 6 clients, or 2 nodes with 3: the numbers of the in-process executor (and so of one
-    client per node, tested above); a cohort's reply carries its clients' summed update, never one client's."""
+def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tmp_path, monkeypatch):
+    """2 nodes with 3 clients each: the numbers of the in-process executor (one client per node is the
+    deployment test's); a cohort's reply carries its clients' summed update, or — when the round holds
+    every update (the median) — each client's."""
     wire = tmp_path / "wire.jsonl"
     monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
-    flower = _run(_config({**COHORT_METHODS, "flower": {"clients_per_node": per_node}}, "flower"), tmp_path / "f")
+    flower = _run(_config({**COHORT_METHODS, "flower": {"clients_per_node": 3}}, "flower"), tmp_path / "f")
     _compare(flower, _run(_config(COHORT_METHODS, "vectorised"), tmp_path / "v"))
     entries = [json.loads(line) for line in wire.read_text().splitlines()]
-    assert {len(e["clients"]) for e in entries if e["type"] == "query"} == ({3} if per_node == 4 else {6})
+    assert {len(e["clients"]) for e in entries if e["type"] == "query"} == {3}
     trains = [e for e in entries if e["type"] == "train" and len(e["clients"]) > 1]
     assert trains
     for e in trains:

@@ -75,10 +75,17 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
 
             fed, measure_on = node_federation(node_config, config), None
         else:
-            from hetfed.pipeline import build_federation
+            from hetfed.flower import node_cache
 
-            built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
-            fed, measure_on = built.federation, getattr(built.clients_data, "measure_train", None)
+            cached = node_cache.load(config)  # a deployment starts a process per message: build once per run
+            if cached is None:
+                from hetfed.pipeline import build_federation
+
+                built = build_federation(config, progress=False)  # the simulator's path: holdout cut first
+                fed, measure_on = built.federation, getattr(built.clients_data, "measure_train", None)
+                node_cache.save(config, fed, measure_on, built.sources)
+            else:
+                fed, measure_on = cached
         method_cfg = config.methods[method]
         algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
         train = config.method_train(method_cfg)
