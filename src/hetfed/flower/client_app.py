@@ -132,13 +132,15 @@ def query(message: Message, context: Context) -> Message:
     return _reply(message, records, clients)
 
 
-def _step(message: Message, context: Context, run) -> Message:
-    """Load the step's clients' states from the node's context, run the step, keep their new states."""
+def _step(message: Message, context: Context, run, changes_state: bool = True) -> Message:
+    """Load the step's clients' states from the node's context, run the step, keep their new states (a step
+    that only reads them, evaluation, writes nothing back)."""
     side = node_side(message.content[RUN], context.node_config)
     clients, among, offset = step_clients(message.content)
     load_states(side, clients, context)
     records = run(side, clients, among, offset)
-    keep_states(side, clients, context)
+    if changes_state:
+        keep_states(side, clients, context)
     return _reply(message, records, [k + offset for k in clients])
 
 
@@ -154,4 +156,5 @@ def personalise(message: Message, context: Context) -> Message:
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, among, _: evaluate_step(side, clients, among, message.content))
+    return _step(message, context, lambda side, clients, among, _: evaluate_step(side, clients, among, message.content),
+                 changes_state=False)

@@ -64,7 +64,7 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     for line in problems:
         warn(f"warning: {line}; the run goes on without this node")
     n_clients = sum(m for _, _, m in nodes)
-    if n_clients < max(1, f.min_replies) or len(node_ids) < f.nodes and not nodes:
+    if n_clients < max(1, f.min_replies):
         raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
                        f"({n_clients} clients, flower.min_replies = {f.min_replies})"
                        + (f": {'; '.join(problems)}" if problems else ""))

@@ -43,11 +43,11 @@ def read_table(path: str | Path, label: str = "y", client: str | None = None) ->
         raise DataError(f"node data {str(p)!r} does not exist: expected a .csv, .npz or .parquet file on this node")
     if p.suffix == ".csv":
         return _read_csv(p, label, client)
+    if p.suffix not in (".npz", ".parquet"):
+        raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
     from hetfed.data.formats import read_arrays
 
-    d = read_arrays(p) if p.suffix in (".npz", ".parquet") else None
-    if d is None:
-        raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
+    d = read_arrays(p)
     out = {"x": np.asarray(d["x"], dtype=np.float32).reshape(len(d["y"]), -1), "y": np.asarray(d["y"])}
     if client is not None:
         if "client" not in d:
