@@ -9,6 +9,12 @@ Cases (from the engine issue):
 Prints seconds per round of each executor and the ratio (sequential / vectorised);
 ``--json`` prints one JSON object instead. Not a test: timings are never asserted.
 
+Each case also times the **stacked ideal** in the same run: the same clients' local
+epochs as nothing but a batched-matmul forward + backward and an SGD update over
+the stack (pre-made parameters and batch order, no sampling, seeding, screening or
+aggregation), so ``vectorised / ideal`` is what hetfed's round costs above the work
+it cannot avoid (issue #26 §2 asks for ≤ 1.2×).
+
     python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25]
 """
 
@@ -83,6 +89,40 @@ def seconds_per_round(case: dict, executor, rounds: int) -> float:
     return result.train_seconds / rounds if result.train_seconds else total / rounds
 
 
+def ideal_seconds_per_round(case: dict, repeats: int = 3) -> float:
+    """The stacked ideal of ``case`` (the fastest of ``repeats``), on synthetic data of the same shapes."""
+    torch.manual_seed(0)
+    n, m, widths = case["clients"], case["per_client"], [case["d"], *case["hidden"], 10]
+    t = case["train"]
+    batch = t["batch_size"]
+    steps = -(-m // batch) if "local_epochs" in t else t["local_steps"]
+    x = torch.randn(n * m, case["d"])
+    y = torch.randint(0, 10, (n * m,))
+    order = torch.stack([torch.randperm(m) + k * m for k in range(n)]).repeat(1, -(-steps * batch // m) + 1)
+
+    def one_round() -> float:
+        params = []
+        for a, b in zip(widths[:-1], widths[1:], strict=False):
+            params += [torch.randn(n, a, b) * a**-0.5, torch.zeros(n, 1, b)]
+        t0 = time.perf_counter()
+        for s in range(steps):
+            rows = order[:, s * batch:(s + 1) * batch]
+            h, yb = x[rows], y[rows]
+            leaves = [p.requires_grad_(True) for p in params]
+            for i in range(0, len(leaves), 2):
+                h = torch.baddbmm(leaves[i + 1], h, leaves[i])
+                if i + 2 < len(leaves):
+                    h = torch.relu(h)
+            loss = torch.nn.functional.cross_entropy(h.reshape(-1, 10), yb.reshape(-1), reduction="none")
+            grads = torch.autograd.grad(loss.view(n, -1).mean(1).sum(), leaves)
+            with torch.no_grad():
+                params = [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+        return time.perf_counter() - t0
+
+    one_round()  # warm-up
+    return min(one_round() for _ in range(repeats))
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", action="store_true")
@@ -96,7 +136,10 @@ def main() -> None:
     for name, case in CASES.items():
         seq = seconds_per_round(case, SequentialExecutor(), args.rounds)
         vec = seconds_per_round(case, VectorisedExecutor(), args.rounds)
+        ideal = ideal_seconds_per_round(case)
         report["cases"][name] = {
+            "ideal_s_per_round": ideal,
+            "vectorised_over_ideal": vec / ideal,
             "sequential_s_per_round": seq,
             "vectorised_s_per_round": vec,
             "ratio": seq / vec,
@@ -114,7 +157,8 @@ def main() -> None:
     for name, r in report["cases"].items():
         print(
             f"{name:>15}: sequential {r['sequential_s_per_round']:.4f} s/round, "
-            f"vectorised {r['vectorised_s_per_round']:.4f} s/round, ratio {r['ratio']:.2f}× "
+            f"vectorised {r['vectorised_s_per_round']:.4f} s/round, ratio {r['ratio']:.2f}×, "
+            f"stacked ideal {r['ideal_s_per_round']:.4f} s/round (vectorised {r['vectorised_over_ideal']:.2f}× it) "
             f"({r['gflop_per_round']:.1f} GFLOP/round, {r['vectorised_gflops']:.1f} GFLOP/s vectorised)"
         )
         for key, value in r.items():

@@ -112,6 +112,32 @@ def test_screen_rejects_nonfinite_and_far_out_updates_and_counts_them():
     assert out.screened == {"rejected_nonfinite": 1, "rejected_norm": 1}
 
 
+_SPECIAL = st.sampled_from([0.0, 1.0, -2.5, 3.0e38, -3.0e38, float("nan"), float("inf"), float("-inf")])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.lists(_SPECIAL, min_size=1, max_size=6), min_size=1, max_size=5).filter(
+    lambda rows: len({len(r) for r in rows}) == 1))
+def test_finite_clients_is_the_element_wise_check_even_where_finite_values_overflow_a_sum(rows):
+    from hetfed.engine.robust import finite_clients
+
+    v = torch.tensor(rows, dtype=torch.float32)
+    expected = [all(math.isfinite(x) for x in row) for row in rows]
+    assert finite_clients(_upload(v)).tolist() == expected
+
+
+def test_update_norms_are_the_float64_euclidean_norms_of_the_updates():
+    from hetfed.engine.robust import update_norms
+
+    g = torch.Generator().manual_seed(0)
+    params = {"w": torch.randn(4, 30, 7, generator=g), "b": torch.randn(4, 7, generator=g)}
+    ref = {"w": torch.randn(30, 7, generator=g), "b": torch.randn(7, generator=g)}
+    upload = Upload([0, 1, 2, 3], params, torch.ones(4), {})
+    want = [math.sqrt(sum(float(x) ** 2 for k in params for x in (params[k][i].double() - ref[k].double()).flatten()))
+            for i in range(4)]
+    np.testing.assert_allclose(update_norms(upload, ref).numpy(), want, rtol=1e-6)
+
+
 def test_screen_clips_each_update_to_the_bound():
     ref = {"w": torch.tensor([1.0, 1.0])}
     screen = Screen(ref, clip=1.0)
