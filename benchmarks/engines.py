@@ -3,8 +3,8 @@
 Engines: hetfed vectorised, hetfed sequential, Flower's Simulation Engine running
 hetfed's ClientApp (``train.executor: flower``), and a real loopback deployment
 (one ``flower-superlink``, one ``flower-supernode`` per client, ``flwr run``); and both with the
-clients spread over 4 SuperNodes that each train their cohort vectorised (``flower-4nodes``,
-``deployment-4nodes``: ``flower.clients_per_node`` = clients / 4).
+clients spread over K SuperNodes that each train their cohort vectorised (``flower-Knodes``,
+``deployment-Knodes``, e.g. ``flower-4nodes``: ``flower.clients_per_node`` = ⌈clients / K⌉).
 
 Settings (from the Flower issue):
   a. cgau:   10 feature-cluster clients on digits, all per round, 10 steps of 32 (CGAU model);
@@ -21,7 +21,7 @@ from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluat
 are excluded and reported apart. Not a test: nothing is asserted.
 
     python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm]
-        [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes]
+        [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes flower-1nodes ...]
 """
 
 from __future__ import annotations
@@ -37,9 +37,18 @@ import numpy as np
 from hetfed.config import build_config
 from hetfed.runs.runner import run_experiment
 
-ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-4nodes": 8, "deployment-4nodes": 3}
-#: engines whose SuperNodes each host a cohort: the clients spread over 4 nodes, trained vectorised on each
-COHORT_NODES = 4
+ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-nodes": 8, "deployment-nodes": 3}
+
+
+def cohort_nodes(engine: str) -> int | None:
+    """K of a ``flower-Knodes`` / ``deployment-Knodes`` engine (clients spread over K cohort nodes), else None."""
+    tail = engine.partition("-")[2]
+    return int(tail[: -len("nodes")]) if tail.endswith("nodes") and tail[: -len("nodes")].isdigit() else None
+
+
+def engine_rounds(engine: str) -> int:
+    head = engine.partition("-")[0]
+    return ROUNDS[f"{head}-nodes"] if cohort_nodes(engine) else ROUNDS[engine]
 
 
 def _fmnist_available() -> bool:
@@ -102,18 +111,19 @@ def case_config(case: str, tmp: Path) -> dict:
 
 def measure(case: str, engine: str, tmp: Path) -> dict:
     raw = case_config(case, tmp)
-    rounds = ROUNDS[engine]
+    rounds = engine_rounds(engine)
+    k = cohort_nodes(engine)
     on_flower = engine.startswith(("flower", "deployment"))
     raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if on_flower else engine)
-    if engine.endswith("-4nodes"):
-        raw.setdefault("flower", {})["clients_per_node"] = -(-raw["partition"]["clients"] // COHORT_NODES)
+    if k:
+        raw.setdefault("flower", {})["clients_per_node"] = -(-raw["partition"]["clients"] // k)
     config = build_config(raw)
     out = tmp / f"{case}-{engine}-{time.time_ns()}"
     t0 = time.perf_counter()
     if engine.startswith("deployment"):
         from hetfed.flower.deploy import LocalDeployment, run_on_deployment
 
-        nodes = COHORT_NODES if engine.endswith("-4nodes") else config.partition.clients
+        nodes = -(-config.partition.clients // config.flower.clients_per_node) if k else config.partition.clients
         with LocalDeployment(tmp / f"dep-{case}-{engine}", nodes) as dep:
             done = run_on_deployment(config, out, dep.env(), timeout=3600)
             if done.returncode != 0:
