@@ -14,7 +14,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetfed.analysis.fidelity import render
-from hetfed.analysis.paired import Paired, paired, verdict
+from hetfed.analysis.paired import Paired, equivalence, paired, verdict
 from hetfed.cli import main
 from hetfed.errors import ConfigError
 
@@ -62,6 +62,20 @@ def test_verdict_rules(diffs, direction, expected):
     assert verdict(r, direction) == expected
 
 
+@pytest.mark.parametrize(("diffs", "expected"), [
+    ([0.001, -0.002, 0.000, 0.002, -0.001], "reproduced"),  # CI ≈ ±0.002: within ±0.01
+    ([0.05, 0.04, 0.06, 0.05, 0.03], "not reproduced"),  # CI ≈ [0.03, 0.06]: beyond +0.01
+    ([-0.05, -0.04, -0.06, -0.05, -0.03], "not reproduced"),  # beyond −0.01: a difference either way
+    ([0.02, -0.01, 0.03, 0.00, -0.02], "inconclusive"),  # CI ≈ [−0.02, +0.03] straddles the margin
+    ([0.0, 0.0, 0.0, 0.0], "too few seeds"),
+])
+def test_equivalence_rules(diffs, expected):
+    r = paired([0.5 + d for d in diffs], [0.5] * len(diffs))
+    assert equivalence(r, 0.01) == expected
+    with pytest.raises(ValueError, match="margin"):
+        equivalence(r, 0.0)
+
+
 @settings(max_examples=60, deadline=None)
 @given(st.lists(st.tuples(st.floats(0, 1), st.floats(0, 1)), min_size=2, max_size=12))
 def test_swapping_the_sides_mirrors_everything(pairs):
@@ -72,6 +86,7 @@ def test_swapping_the_sides_mirrors_everything(pairs):
     assert (ab.wins, ab.losses) == (ba.losses, ba.wins)
     assert ab.ci_low <= ab.mean <= ab.ci_high
     assert verdict(ab, 1, min_seeds=2) == verdict(ba, -1, min_seeds=2)
+    assert equivalence(ab, 0.05, min_seeds=2) == equivalence(ba, 0.05, min_seeds=2)
     if not math.isnan(ab.wilcoxon_p):
         assert ab.wilcoxon_p == pytest.approx(ba.wilcoxon_p)
 
@@ -166,6 +181,13 @@ def _fixture(tmp_path: Path) -> Path:
         {"id": "prox-trend", "paper": "Fed-FSNet", "claim": "FedProx beats FedAvg", "where": "Table 2",
          "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
          "metric": "global_accuracy", "a": {"method": "fedprox"}, "b": {"method": "fedavg"}},
+        {"id": "prox-matches", "paper": "Fed-FSNet", "claim": "FedProx matches FedAvg within 0.02", "where": "Table 2",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
+         "metric": "global_accuracy", "a": {"method": "fedprox"}, "b": {"method": "fedavg"}, "direction": 0,
+         "margin": 0.02},
+        {"id": "fsnet-matches", "paper": "Fed-FSNet", "claim": "Fed-FSNet matches FedAvg", "where": "Table 2",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
+         "metric": "global_accuracy", "a": {"method": "fsnet"}, "b": {"method": "fedavg"}, "direction": 0},
         {"id": "iid", "paper": "Fed-FSNet", "claim": "IID upper bound", "where": "Table 1", "dataset": "MNIST",
          "protocol": "paper's", "kind": "value", "folder": "paper/iid", "metric": "global_accuracy",
          "method": "fedavg", "paper_value": 0.97},
@@ -198,6 +220,9 @@ def test_fidelity_table_is_generated_from_the_runs(tmp_path):
     assert "best: fsnet 0.792" in gain[5] and "final: fsnet 0.782" in gain[5]
     assert _row(text, "Fed-FSNet is beaten by FedProx")[8] == "**opposite**"
     assert _row(text, "FedProx beats FedAvg")[8] == "**trend**"  # +0.012, −0.010 alternating: mean > 0, CI ∋ 0
+    # the same differences: mean +0.0032, t-CI ≈ ±0.0152 → [−0.012, +0.018] within ±0.02, not within ±0.01
+    assert _row(text, "FedProx matches FedAvg within 0.02")[8] == "**reproduced**"
+    assert _row(text, "Fed-FSNet matches FedAvg")[8] == "**not reproduced**"  # +0.052, far beyond ±0.01
     iid = _row(text, "IID upper bound")
     assert iid[8] == "**reproduced**" and "0.962" in iid[5]  # 0.962 ± 0.002: 0.97 lies within the CI widened by 0.01
     assert _row(text, "IID upper bound (other)")[8] == "**not reproduced**"

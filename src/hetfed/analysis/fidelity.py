@@ -11,6 +11,8 @@ Kinds of claim:
   (:func:`hetfed.analysis.paired.paired`) and its verdict (reproduced only when the
   paired 95% CI excludes zero in the paper's direction with ≥ 5 seeds; "in sign, not
   in size" when the paper's own difference, if recorded, lies outside that CI);
+  ``direction: 0`` with a ``margin`` is "A matches B": reproduced when the whole
+  paired CI lies within ±margin (:func:`hetfed.analysis.paired.equivalence`);
 - ``value``: one of the paper's numbers — hetfed's mean ± 95% CI next to it;
   *reproduced* when the paper's number lies within the CI widened by the claim's
   ``tolerance`` (default 0.01), *not reproduced* otherwise (the gap is shown);
@@ -35,7 +37,7 @@ from typing import Any
 import numpy as np
 import yaml
 
-from hetfed.analysis.paired import MIN_SEEDS, Paired, paired, verdict
+from hetfed.analysis.paired import MIN_SEEDS, Paired, equivalence, paired, verdict
 from hetfed.errors import ConfigError
 
 KINDS = ("paired", "value", "not_run")
@@ -137,7 +139,12 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
             continue
         common = sorted(set(a) & set(b))
         r: Paired = paired([a[s] for s in common], [b[s] for s in common])
-        verdicts[select], stats[select] = verdict(r, direction, claim.get("min_seeds", MIN_SEEDS)), r
+        least = claim.get("min_seeds", MIN_SEEDS)
+        if direction == 0:
+            verdicts[select] = equivalence(r, float(claim.get("margin", 0.01)), least)
+        else:
+            verdicts[select] = verdict(r, direction, least)
+        stats[select] = r
         size = claim.get("paper_value")
         if verdicts[select] == "reproduced" and size is not None and not r.ci_low <= float(size) <= r.ci_high:
             verdicts[select] = "reproduced in sign, not in size"  # the paper's difference lies outside the CI
@@ -222,7 +229,9 @@ def render(results: Path, claims_path: Path) -> str:
         "the paper's own difference; *trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign",
         "(comparison) or outside the",
         "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why);",
-        "*not judged* — hetfed's number where the paper's could not be recorded here.",
+        "*not judged* — hetfed's number where the paper's could not be recorded here. A claim that A *matches* B",
+        "is reproduced when the whole paired CI lies within ±its margin, not reproduced when it lies wholly",
+        "beyond it, *inconclusive* otherwise.",
         "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
         "loss, `final` = the last round's; Δ = mean paired difference [95% CI], Wilcoxon signed-rank p (two-sided;",
         "with 5 seeds it cannot go below 0.0625), seeds where the claimed winner won.",

@@ -13,7 +13,10 @@ paired 95% CI excludes zero in the claimed direction and at least
 :data:`MIN_SEEDS` seeds stand behind it; *opposite* when it excludes zero the
 other way; *trend* when the mean difference has the claimed sign but the CI
 includes zero; *not reproduced* when the mean has the wrong sign without
-excluding zero; *too few seeds* below the minimum.
+excluding zero; *too few seeds* below the minimum. A claim "A matches B" (an
+equivalence, :func:`equivalence`) is *reproduced* when the whole paired CI lies
+within ±margin, *not reproduced* when the whole CI lies beyond it (a difference
+larger than the margin, either way), and *inconclusive* otherwise.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import numpy as np
 #: the fewest paired seeds a "reproduced" / "not reproduced" verdict may rest on
 MIN_SEEDS = 5
 
-VERDICTS = ("reproduced", "trend", "not reproduced", "opposite", "too few seeds")
+VERDICTS = ("reproduced", "trend", "not reproduced", "opposite", "too few seeds", "inconclusive")
 
 
 @dataclass(frozen=True)
@@ -96,3 +99,16 @@ def verdict(result: Paired, direction: int = 1, min_seeds: int = MIN_SEEDS) -> s
     if hi < 0:
         return "opposite"
     return "trend" if result.mean * direction > 0 else "not reproduced"
+
+
+def equivalence(result: Paired, margin: float, min_seeds: int = MIN_SEEDS) -> str:
+    """The claim "a matches b within ``margin``" judged on the paired CI (see the module's rule)."""
+    if not margin > 0:
+        raise ValueError(f"margin {margin!r} is not allowed: expected > 0 (the largest difference that still matches)")
+    if result.n < max(min_seeds, 2):
+        return "too few seeds"
+    if -margin <= result.ci_low and result.ci_high <= margin:
+        return "reproduced"
+    if result.ci_low > margin or result.ci_high < -margin:
+        return "not reproduced"
+    return "inconclusive"
