@@ -14,12 +14,12 @@ from __future__ import annotations
 import time
 
 import numpy as np
-from flwr.app import ConfigRecord, Message, RecordDict
+from flwr.app import Message
 
 from hetfed.config import Config, dump_config
 from hetfed.errors import RunError
-from hetfed.flower.executor import send_and_receive, summary_request
-from hetfed.flower.records import GAMMA, RUN, records_to_summaries
+from hetfed.flower.executor import query_content, send_and_receive
+from hetfed.flower.records import records_to_summaries
 from hetfed.heterogeneity import Heterogeneity
 from hetfed.partition import NodesFederation
 from hetfed.pipeline import Prepared
@@ -39,8 +39,7 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     if not node_ids:
         raise RunError(f"Flower: no SuperNode connected within flower.connect_timeout = {f.connect_timeout:g} s; "
                        f"expected flower.nodes = {f.nodes} nodes started with --node-config 'data=\"FILE\" ...'")
-    hello = RecordDict({RUN: ConfigRecord({"config": dump_config(config), "method": 0}),
-                        GAMMA: summary_request(config)})
+    hello = query_content(config, dump_config(config), 0, summaries=True)
     messages = [Message(hello, dst_node_id=n, message_type="query") for n in node_ids]
     replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages, max(1.0, deadline - time.monotonic()))}
     nodes, summaries, problems = [], [], []

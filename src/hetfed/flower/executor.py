@@ -66,8 +66,7 @@ class FlowerExecutor:
         self.algo, self.fed, self.seed = algo, fed, seed
         t0 = time.monotonic()
         deadline = t0 + self.flower.connect_timeout
-        hello = RecordDict({RUN: ConfigRecord({"config": self.config_text, "method": self.method}),
-                            **({GAMMA: summary_request(self.config)} if self.flower.gamma_summaries else {})})
+        hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
         asked: set[int] = set()
         summaries: dict[int, object] = {}
         own = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # the nodes set-up found (own data)
@@ -203,6 +202,14 @@ class FlowerExecutor:
 
     def stop(self) -> None:
         return None
+
+
+def query_content(config, config_text: str, method: int, summaries: bool) -> RecordDict:
+    """A ``query`` message's content: the run (its config and method) and, when asked, the request for each
+    client's Γ summary. The server's set-up (:meth:`FlowerExecutor.start`) and own-data discovery
+    (:func:`hetfed.flower.discovery.discover`) both send it."""
+    return RecordDict({RUN: ConfigRecord({"config": config_text, "method": method}),
+                       **({GAMMA: summary_request(config)} if summaries else {})})
 
 
 def summary_request(config) -> ConfigRecord:
