@@ -93,6 +93,8 @@ def test_nodes_with_their_own_files_train_cgau_and_fedmoe_and_gamma_comes_from_t
     for row in summary["methods"].values():
         assert 0.0 <= row["final"]["local_accuracy_mean"] <= 1.0
         assert row["final"]["global_accuracy"] is None  # no global test set: the server holds no data
+    # the report says why it draws no client sizes or classes instead of drawing empty figures
+    assert "the nodes hold their own data" in (out / "report.html").read_text()
     # Γ from the summaries the nodes sent = Γ of the same rows partitioned in process (one file, a client column)
     x = np.concatenate([s[0] for s in sites])
     y = np.concatenate([s[1] for s in sites])

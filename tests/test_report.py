@@ -241,3 +241,11 @@ def test_metric_names_are_words():
     assert metric_label("final.global_accuracy") == "global test accuracy, final round"
     assert "Γ" in metric_label("gamma") and key_label("partition.alpha").startswith("Dirichlet")
     assert metric_range("best.global_auc") == (0.0, 1.0) and metric_range("gamma_excess") == (None, None)
+
+
+def test_a_report_of_nodes_with_their_own_data_says_why_it_draws_no_clients(tmp_path):
+    from hetfed.analysis.report import _federation
+
+    html = _federation(tmp_path, {"dataset": "nodes", "heterogeneity": {"gamma": 1.5}})
+    assert "the nodes hold their own data" in html and "<img" not in html and "<svg" not in html
+    assert "federation.npz not recorded" in _federation(tmp_path, {"dataset": "digits", "heterogeneity": {}})

@@ -284,6 +284,10 @@ def _federation(d: Path, summary: dict | None) -> str:
         het = summary["heterogeneity"]
         out += table(["measure", "value"], [[metric_label(k), v] for k, v in het.items()
                                             if isinstance(v, int | float | str) and not isinstance(v, bool)])
+    if summary and summary.get("dataset") == "nodes":  # a real federation: the server never held the rows
+        return out + ("<p class='muted'>the nodes hold their own data: the server never sees their clients' sizes, "
+                      "classes or features, so there is nothing to draw here; Γ above comes from the summaries the "
+                      "clients sent (docs/flower.md)</p>")
     path = d / "federation.npz"
     if not path.is_file():
         return out + "<p class='muted'>federation.npz not recorded (a run made before hetfed wrote it)</p>"
