@@ -46,7 +46,7 @@ def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
     """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64).
 
     Accumulated in float64 by ``vector_norm`` without a float64 copy of every update (that
-    copy and its square were ~4 % of a compute-bound round: ``benchmarks/engine.py``).
+    copy and its square were ~7 % of a compute-bound round: ``benchmarks/engine.py``, docs/scale.md).
     """
     n = len(upload.client_ids)
     total = torch.zeros(n, dtype=torch.float64)
