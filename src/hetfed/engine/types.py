@@ -141,17 +141,9 @@ class RoundUploads:
     def _fold_reduced(self, upload: StreamedUpload) -> None:
         if self.screen is not None and self.screen.keep_all:
             raise ValueError("a reduced upload cannot join a round whose updates must be held one by one")
-        weight = float(len(upload.client_ids)) if self.screen is not None and self.screen.uniform else float(
-            upload.num_samples.double().sum())
-        for k, v in upload.mean.items():
-            part = v.double() * weight
-            self._sums[k] = part if k not in self._sums else self._sums[k] + part
-            self._dtypes[k] = v.dtype
-        self._total += weight
-        self._ids += list(upload.client_ids)
-        self._counts.append(upload.num_samples)
-        for k, v in upload.extra.items():
-            self._extra.setdefault(k, []).append(v)
+        weight = float(self._weights(upload).double().sum())
+        self._add(upload, {k: v.double() * weight for k, v in upload.mean.items()},
+                  {k: v.dtype for k, v in upload.mean.items()}, weight)
         if self.screen is not None:
             for reason, n in upload.screened.items():
                 self.screen.counts[reason] = self.screen.counts.get(reason, 0) + n
@@ -168,15 +160,23 @@ class RoundUploads:
             self._fold(first)
         self._fold(upload)
 
-    def _fold(self, upload: Upload) -> None:
+    def _weights(self, upload: Upload) -> torch.Tensor:
+        """Each client's weight in the mean: its sample count (DP: every clipped update weighs the same)."""
         n = upload.num_samples
-        if self.screen is not None and self.screen.uniform:  # DP: every clipped update weighs the same
-            n = torch.ones_like(n)
-        for k, v in upload.params.items():
-            part = torch.tensordot(n.to(v.dtype), v, dims=1).double()
+        return torch.ones_like(n) if self.screen is not None and self.screen.uniform else n
+
+    def _fold(self, upload: Upload) -> None:
+        n = self._weights(upload)
+        self._add(upload, {k: torch.tensordot(n.to(v.dtype), v, dims=1).double() for k, v in upload.params.items()},
+                  {k: v.dtype for k, v in upload.params.items()}, float(n.double().sum()))
+
+    def _add(self, upload: Upload, parts: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype],
+             weight: float) -> None:
+        """Add weighted sums ``parts`` of ``weight`` in total, and the upload's clients, counts and extras."""
+        for k, part in parts.items():
             self._sums[k] = part if k not in self._sums else self._sums[k] + part
-            self._dtypes[k] = v.dtype
-        self._total += float(n.double().sum())
+        self._dtypes.update(dtypes)
+        self._total += weight
         self._ids += list(upload.client_ids)
         self._counts.append(upload.num_samples)
         for k, v in upload.extra.items():
