@@ -149,6 +149,20 @@ def test_a_node_file_that_does_not_fit_the_run_is_refused_with_the_file_and_the_
     # a client column makes several clients of one node
     np.savez(tmp_path / "silo.npz", x=x, y=y, client=np.repeat(["u1", "u2", "u3"], 10))
     assert node_federation({"data": str(tmp_path / "silo.npz"), "client": "client"}, cfg).n_clients == 3
+    # the node config's label and client columns name them in NPZ and Parquet files too, not only in CSV
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    users = np.repeat(["u1", "u2"], 15)
+    np.savez(tmp_path / "named.npz", x=x, diagnosis=y, user=users)
+    pq.write_table(pa.table({**{f"f{j}": x[:, j] for j in range(D)}, "diagnosis": y.tolist(), "user": users.tolist()}),
+                   tmp_path / "named.parquet")
+    for name in ("named.npz", "named.parquet"):
+        fed = node_federation({"data": str(tmp_path / name), "label": "diagnosis", "client": "user"}, cfg)
+        assert fed.n_clients == 2 and fed.x.shape == (30, D)  # neither column was taken for a feature
+        assert np.array_equal(fed.x, x) and np.array_equal(fed.y, (y == "malignant").astype(np.int64))
+        with pytest.raises(DataError, match="lacks the (array|column) 'outcome'"):
+            node_federation({"data": str(tmp_path / name), "label": "outcome"}, cfg)
 
 
 def test_a_nodes_config_states_its_schema_and_runs_only_on_a_deployment(tmp_path, capsys):

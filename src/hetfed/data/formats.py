@@ -114,12 +114,15 @@ def read_ag_news_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(texts, dtype=object), np.asarray(labels, dtype=np.int64)
 
 
-def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
+def read_arrays(path: str | Path, label: str = "y", client: str = "client") -> dict[str, np.ndarray]:
     """Read user data from ``.npz`` or ``.parquet``.
 
     Keys/columns: ``x`` (features; in parquet, one column per feature or a list
     column ``x``), ``y`` (labels), optional ``client`` (natural client ids) and
     optional ``split`` ("train"/"test"). Any other parquet column is a feature.
+    ``label`` and ``client`` name the label and client keys/columns when they are
+    not ``y`` and ``client`` (a Flower node's ``label=…``); they are returned as
+    ``y`` and ``client``.
     """
     p = Path(path)
     if not p.is_file():
@@ -138,12 +141,12 @@ def read_arrays(path: str | Path) -> dict[str, np.ndarray]:
             raise DataError(f"cannot read {str(p)!r} as .npz: {err}") from None
         except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as err:
             raise DataError(f"cannot read {str(p)!r} as .npz: the archive is corrupt or truncated ({err})") from None
-        for key in ("x", "y"):
+        for key in ("x", label):
             if key not in out:
                 raise DataError(f"{str(p)!r} lacks the array {key!r} (has {sorted(out)})")
-        return out
+        return _renamed(out, label, client)
     if p.suffix == ".parquet":
-        return _read_parquet(p)
+        return _read_parquet(p, label, client)
     raise DataError(f"dataset.path = {str(p)!r}: expected a .npz or .parquet file")
 
 
@@ -170,7 +173,16 @@ def _require_zip(p: Path) -> None:
     raise DataError(f"dataset.path = {str(p)!r} {what}: expected an .npz file written by np.savez with arrays x and y")
 
 
-def _read_parquet(p: Path) -> dict[str, np.ndarray]:
+def _renamed(arrays: dict[str, np.ndarray], label: str, client: str) -> dict[str, np.ndarray]:
+    """``arrays`` with the ``label`` and ``client`` keys named ``y`` and ``client``."""
+    out = {k: v for k, v in arrays.items() if k not in (label, client)}
+    out["y"] = arrays[label]
+    if client in arrays:
+        out["client"] = arrays[client]
+    return out
+
+
+def _read_parquet(p: Path, label: str = "y", client: str = "client") -> dict[str, np.ndarray]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -180,12 +192,12 @@ def _read_parquet(p: Path) -> dict[str, np.ndarray]:
     except Exception as err:  # pyarrow raises several types for corrupt files
         raise DataError(f"cannot read {str(p)!r} as parquet: {err}") from None
     cols = {name: table.column(name).to_pylist() for name in table.column_names}
-    if "y" not in cols:
-        raise DataError(f"{str(p)!r} lacks the column 'y' (has {sorted(cols)})")
-    out: dict[str, np.ndarray] = {"y": np.asarray(cols.pop("y"))}
-    for key in ("client", "split"):
-        if key in cols:
-            out[key] = np.asarray(cols.pop(key))
+    if label not in cols:
+        raise DataError(f"{str(p)!r} lacks the column {label!r} (has {sorted(cols)})")
+    out: dict[str, np.ndarray] = {"y": np.asarray(cols.pop(label))}
+    for key, name in (("client", client), ("split", "split")):
+        if name in cols:
+            out[key] = np.asarray(cols.pop(name))
     if "x" in cols:
         out["x"] = np.asarray(cols.pop("x"), dtype=np.float32)
     elif cols:

@@ -47,7 +47,7 @@ def read_table(path: str | Path, label: str = "y", client: str | None = None) ->
         raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
     from hetfed.data.formats import read_arrays
 
-    d = read_arrays(p)
+    d = read_arrays(p, label, client or "client")
     out = {"x": np.asarray(d["x"], dtype=np.float32).reshape(len(d["y"]), -1), "y": np.asarray(d["y"])}
     if client is not None:
         if "client" not in d:
