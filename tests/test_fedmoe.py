@@ -105,6 +105,10 @@ def test_personalisation_executors_agree():
     for m in ("local", "fedavg", "finetuned", "mixture"):
         for key in ("local_accuracy", "global_accuracy"):
             assert seq[m][key] == pytest.approx(vec[m][key], abs=1e-6), (m, key)
+        for key in ("global_accuracy_own", "global_accuracy_other", "gate_own", "gate_other"):
+            assert (key in seq[m]["best"]) == (key in vec[m]["best"]) == (m == "mixture" or "gate" not in key and m != "fedavg")
+            if key in seq[m]["best"]:
+                assert seq[m]["best"][key] == pytest.approx(vec[m]["best"][key], abs=1e-6), (m, key)
         assert seq[m]["best"]["local_loss_mean"] == pytest.approx(vec[m]["best"]["local_loss_mean"], rel=1e-4)
         if m != "fedavg":
             assert seq[m]["epochs_mean"] == vec[m]["epochs_mean"]
@@ -146,6 +150,41 @@ def test_fedmoe_run_prints_four_methods_and_writes_them(tmp_path, capsys):
         assert 0 <= m["local_accuracy"] <= 1 and 0 <= m["global_accuracy"] <= 1
     assert summary["primary"] == "mixture"
     assert (tmp_path / "r" / "checkpoints" / "fedmoe-global-best.pt").exists()
+    _check_own_class_split(tmp_path / "r", summary)
+
+
+def _check_own_class_split(run_dir, summary):
+    """The reported global accuracy on each client's own / other classes, and the mixture's gate weight there,
+    recomputed from the saved models: own = the classes above 1/C of the client's training labels."""
+    import hetfed
+
+    run = hetfed.open_run(run_dir)
+    fed = hetfed.build_federation(run.config)
+    x, y = fed.global_test()
+    ref: dict[str, dict[str, list[float]]] = {}
+    for view in ("local", "finetuned", "mixture"):
+        model = run.model(view)
+        for k in model.clients:
+            labels = fed.client_data(k, "train")[1]
+            own = np.isin(y, np.flatnonzero(np.bincount(labels, minlength=fed.n_classes) / len(labels) > 1 / fed.n_classes))
+            hit = model.predict(x, client=k) == y
+            ref.setdefault(view, {}).setdefault("own", []).append(hit[own].mean())
+            ref[view].setdefault("other", []).append(hit[~own].mean())
+            if view == "mixture":
+                states = {n: v[k : k + 1] for n, v in model.client_states["states"].items()}
+                gate = Mixture.part(states, "mixture.gate")
+                with torch.no_grad():
+                    h = torch.sigmoid(model.algorithm.mixture.gate.forward(gate, torch.as_tensor(x)[None], None))[0, :, 0]
+                ref[view].setdefault("gate_own", []).append(h.numpy()[own].mean())
+                ref[view].setdefault("gate_other", []).append(h.numpy()[~own].mean())
+        best = summary["methods"][view]["best"]
+        assert best["global_accuracy_own"] == pytest.approx(np.mean(ref[view]["own"]), abs=1e-9), view
+        assert best["global_accuracy_other"] == pytest.approx(np.mean(ref[view]["other"]), abs=1e-9), view
+        assert best["global_accuracy_own"] > best["global_accuracy_other"], view  # majority split: own classes easier
+    mix = summary["methods"]["mixture"]["best"]
+    assert mix["gate_own"] == pytest.approx(np.mean(ref["mixture"]["gate_own"]), abs=1e-6)
+    assert mix["gate_other"] == pytest.approx(np.mean(ref["mixture"]["gate_other"]), abs=1e-6)
+    assert "global_accuracy_own" not in summary["methods"]["fedavg"]["best"]  # one server model: no per-client split
 
 
 def test_eval_clients_sample():
@@ -184,3 +223,18 @@ def test_mixture_loss_is_exact_for_very_unlikely_true_classes():
     assert loss.item() == pytest.approx(30.0, abs=1e-3)
     torch.testing.assert_close(params["specialist.layers.0.bias"].grad[0].double(), b.grad, rtol=1e-5, atol=1e-6)
     assert params["specialist.layers.0.bias"].grad[0, 0] == pytest.approx(0.5, abs=1e-4)
+
+
+def test_own_classes_are_those_above_a_uniform_share():
+    """A client with labels 0,0,0,1 of 4 classes: class 0 (75%) is its own; class 1 (25% = 1/C) is not."""
+    from hetfed.interface import ClientEvalData, own_class_masks
+
+    y = torch.tensor([0, 0, 0, 1, 2, 3, 3, 3])
+    y_global = torch.tensor([0, 1, 2, 3, 0])
+    data = ClientEvalData([0, 1], torch.zeros(8, 2), y, [np.array([4])] * 2, [np.array([5])] * 2,
+                          torch.zeros(5, 2), y_global, 4, train=[np.array([0, 1, 2, 3]), np.array([4, 5, 6, 7])])
+    own = own_class_masks(data)
+    assert own[0].tolist() == [True, False, False, False, True]
+    assert own[1].tolist() == [False, False, False, True, False]  # class 3: 75%; class 2: 25%
+    assert own_class_masks(ClientEvalData([0], torch.zeros(8, 2), y, [np.array([4])], [np.array([5])],
+                                          torch.zeros(5, 2), y_global, 4)) is None

@@ -392,7 +392,9 @@ GLOBAL_BLOCK_FLOATS = 50_000_000
 def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
     """Per-client metrics of a stack: local test accuracy/loss, validation loss sums, AUC, global test set.
 
-    Only these numbers leave a client. ``val_loss_sum``/``val_n`` let the server
+    A personalised model's global-test accuracy is also split by the client's own
+    classes and the others (``global_accuracy_own`` / ``_other``, see
+    :func:`own_class_masks`). Only these numbers leave a client. ``val_loss_sum``/``val_n`` let the server
     pool validation losses weighted by size; ``global_probs`` (binary tasks,
     personalised models) lets it compute the AUC of the clients' mean prediction
     on the public global test set.
@@ -423,6 +425,9 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
         mask = data.global_mask if data.global_mask is not None else [True] * n
         rows = [j for j in range(n) if mask[j]]
         out["global_accuracy"], out["global_loss"] = [float("nan")] * n, [float("nan")] * n
+        own = own_class_masks(data)
+        if own is not None:
+            out["global_accuracy_own"], out["global_accuracy_other"] = [float("nan")] * n, [float("nan")] * n
         if binary:
             out["global_probs"] = [None] * n
         full = np.arange(len(data.y_global))
@@ -439,7 +444,35 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
                 out["global_loss"][j] = s["loss"]
                 if binary:
                     out["global_probs"][j] = logits.softmax(-1)
+                if own is not None:
+                    hit = (logits.argmax(-1) == data.y_global).double()
+                    out["global_accuracy_own"][j] = masked_mean(hit, own[j])
+                    out["global_accuracy_other"][j] = masked_mean(hit, ~own[j])
     return out
+
+
+def own_class_masks(data: ClientEvalData) -> list[torch.Tensor] | None:
+    """Per client, which global test samples are of its *own* classes: those whose share of the
+    client's training labels is above uniform (1/C). None when the training indices are not known.
+
+    Why: a personalised model is scored on the balanced global test set to see what it
+    kept of the federation's knowledge; the classes a client rarely sees are where
+    personalisation forgets (fine-tuning) or must route to the global model (FedMoE's gate).
+    """
+    if data.train is None:
+        return None
+    masks = []
+    for idx in data.train:
+        labels = data.y[torch.as_tensor(idx, device=data.y.device)]
+        share = torch.bincount(labels, minlength=data.n_classes).double() / max(len(idx), 1)
+        own = torch.nonzero(share > 1.0 / data.n_classes).flatten()
+        masks.append(torch.isin(data.y_global, own))
+    return masks
+
+
+def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
+    """The mean of ``values`` where ``mask`` holds; NaN where it never does."""
+    return float(values[mask].mean()) if bool(mask.any()) else float("nan")
 
 
 class Stopwatch:

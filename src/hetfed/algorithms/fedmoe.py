@@ -41,7 +41,7 @@ from hetfed.engine import optim
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
-from hetfed.interface import Predictor, predict
+from hetfed.interface import ClientEvalData, Predictor, masked_mean, own_class_masks, predict
 from hetfed.models.base import Model
 from hetfed.models.mixture import Mixture
 
@@ -212,6 +212,24 @@ class FedMoE(FedAvg):
         best, ep = train_until_stopped(self.mixture, mixed, data, cfg, seed, phase=3, trainable=trainable)
         record("mixture", {k: v for k, v in best.items() if not k.startswith("global.")}, ep, t0)
         return out, info
+
+    @torch.no_grad()
+    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                        view: str | None = None) -> dict[str, list[float]]:
+        """The scores every view reports; the mixture also reports its gate's mean weight on the specialist,
+        ``h``, over the global test samples of the client's own classes and of the others (``gate_own``,
+        ``gate_other``): the paper's case for the mixture is that ``h`` falls where the client lacks data."""
+        out = super().evaluate_client(bc, states, data, view)
+        own = own_class_masks(data) if view == "mixture" else None
+        if own is not None:
+            params = self.predictor(bc, states, len(data.client_ids), view).params
+            out["mean.gate_own"], out["mean.gate_other"] = [], []
+            for j, mask in enumerate(own):
+                h = self.mixture.gate_value({k: v[j : j + 1] for k, v in params.items()}, data.x_global.unsqueeze(0))
+                h = h[0, :, 0].double()
+                out["mean.gate_own"].append(masked_mean(h, mask))
+                out["mean.gate_other"].append(masked_mean(h, ~mask))
+        return out
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         if view in (None, self.federated_view):

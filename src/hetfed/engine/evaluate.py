@@ -19,6 +19,11 @@ scores its own model on the balanced global test set:
   (weighted by size) — what best-model selection and early stopping use, so an
   opted-out client's data never influences which global model is kept.
 - ``global_auc``/``local_auc_mean`` for binary tasks (imbalanced data).
+- ``global_accuracy_own``/``_other`` (personalised): the global test set split, per
+  client, into its own classes (share of its training labels above 1/C) and the
+  others — what a personal model kept of the classes its client rarely sees.
+- ``<name>`` for every per-client report ``mean.<name>``: an algorithm's own
+  diagnostic (FedMoE's gate weights), averaged over the evaluated clients.
 """
 
 from __future__ import annotations
@@ -30,6 +35,9 @@ import torch
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
 from hetfed.interface import _auc
+
+#: a client report ``mean.<name>`` (an algorithm's own diagnostic) becomes the metric ``<name>``: its mean over clients
+MEAN_PREFIX = "mean."
 
 #: per-client numbers that are metrics of their own (written to metrics.csv per client)
 PER_CLIENT = ("local_accuracy", "local_loss", "val_loss", "val_accuracy", "local_auc", "global_accuracy", "global_loss")
@@ -128,6 +136,12 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
     if "global_accuracy" in reports:  # personalised: each client's own model on the global test set
         metrics["global_accuracy"] = _stat(reports["global_accuracy"], np.mean)  # NaN: did not score it
         metrics["global_loss"] = _stat(reports["global_loss"], np.mean)
+        for key in ("global_accuracy_own", "global_accuracy_other"):
+            if key in reports:
+                metrics[key] = _stat(reports[key], np.mean)
+    for key in reports:  # an algorithm's own per-client diagnostics (FedMoE's gate): their mean over clients
+        if key.startswith(MEAN_PREFIX):
+            metrics[key[len(MEAN_PREFIX):]] = _stat(reports[key], np.mean)
         scored = [p for p in reports.get("global_probs", []) if p is not None]
         if binary and y_global is not None and scored:
             probs = None

@@ -33,7 +33,8 @@ from hetfed.runs.rundir import new_run_dir, write_json_atomic
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
               "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
-              "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean")
+              "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
+              "global_accuracy_other")
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
