@@ -9,9 +9,12 @@ balanced global test set into the client's **own** classes (share of its trainin
 labels above 1/C — the majority classes of a ``majority`` split) and the
 **other** classes, then reports:
 
-- accuracy on own / other classes of FedAvg, the fine-tuned model and the mixture;
+- each personal model's accuracy on the client's own test data (``*_local``, the
+  paper's local metric) and, on the global test set, on own / other classes of FedAvg, the fine-tuned model and the mixture;
 - the gate's mean ``h`` (the specialist's weight) on own / other classes, and the
   AUC of ``h`` as a detector of own-class samples (0.5: the gate does not tell them apart);
+- ``mixture_minus_finetuned``: the paired difference on the whole global test set
+  (its CI over runs is the paired CI of the paper's headline claim);
 - *routed*: the accuracy a perfect router would get — the fine-tuned model on own
   classes, FedAvg on the others — the ceiling of the paper's argument.
 
@@ -45,8 +48,8 @@ from scipy import stats
 import hetfed
 from hetfed.engine.types import Broadcast
 
-COLUMNS = ("fedavg_own", "fedavg_other", "finetuned_own", "finetuned_other", "mixture_own", "mixture_other",
-           "routed_all", "mixture_all", "finetuned_all", "gate_own", "gate_other", "gate_auc")
+COLUMNS = ("finetuned_local", "mixture_local", "fedavg_own", "fedavg_other", "finetuned_own", "finetuned_other", "mixture_own", "mixture_other",
+           "routed_all", "mixture_all", "finetuned_all", "mixture_minus_finetuned", "gate_own", "gate_other", "gate_auc")
 
 
 def own_classes(y_train: np.ndarray, n_classes: int) -> np.ndarray:
@@ -86,6 +89,10 @@ def run_routing(run_dir: Path, lr: float | None = None) -> list[dict[str, float]
             row[f"{name}_other"] = float(hit[~is_own].mean())
             row[f"{name}_all"] = float(hit.mean())
         row["routed_all"] = float(np.where(is_own, p_ft == y, pred_global == y).mean())
+        x_local, y_local = fed.client_data(k, "test")
+        row["finetuned_local"] = float((finetuned.predict(x_local, client=k) == y_local).mean())
+        row["mixture_local"] = float((mixture.predict(x_local, client=k) == y_local).mean())
+        row["mixture_minus_finetuned"] = row["mixture_all"] - row["finetuned_all"]
         h = gate(mixture, k, x)
         row["gate_own"] = float(h[is_own].mean())
         row["gate_other"] = float(h[~is_own].mean())
