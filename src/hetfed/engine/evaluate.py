@@ -139,14 +139,14 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
         for key in ("global_accuracy_own", "global_accuracy_other"):
             if key in reports:
                 metrics[key] = _stat(reports[key], np.mean)
-    for key in reports:  # an algorithm's own per-client diagnostics (FedMoE's gate): their mean over clients
-        if key.startswith(MEAN_PREFIX):
-            metrics[key[len(MEAN_PREFIX):]] = _stat(reports[key], np.mean)
         scored = [p for p in reports.get("global_probs", []) if p is not None]
         if binary and y_global is not None and scored:
             probs = None
             for p in scored:
                 probs = p if probs is None else probs + p
             metrics["global_auc"] = _auc(y_global.cpu().numpy(), (probs / len(scored))[:, 1].cpu().numpy())
+    for key in reports:  # an algorithm's own per-client diagnostics (FedMoE's gate): their mean over clients
+        if key.startswith(MEAN_PREFIX):
+            metrics[key[len(MEAN_PREFIX):]] = _stat(reports[key], np.mean)
     per_client = {k: list(reports[k]) for k in PER_CLIENT if k in reports}
     return Evaluation(metrics, per_client)
