@@ -314,6 +314,19 @@ def _descendants(pid: int) -> set[int]:
     return out
 
 
+def _alive(pids: set[int]) -> set[int]:
+    """Those of ``pids`` still running (a zombie has exited: only its parent's wait is missing)."""
+    alive = set()
+    for pid in pids:
+        try:
+            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+        except OSError:
+            continue
+        if state != "Z":
+            alive.add(pid)
+    return alive
+
+
 def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_path):
     import signal
     import subprocess
@@ -340,7 +353,9 @@ def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_pat
         proc.kill()
     status = json.loads((out / "status.json").read_text())
     assert status["status"] == "failed" and status["reason"] == "terminated by SIGTERM"
-    time.sleep(2)
-    alive = {pid for pid in ray if Path(f"/proc/{pid}").exists() and "Z" not in
-             Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]}
+    # Ray's workers exit on their own once hetfed has stopped them; on a loaded 2-core machine that can take
+    # a few seconds, so poll (up to 15 s) rather than sleep a fixed time — a process still alive then was left behind
+    deadline = time.monotonic() + 15
+    while (alive := _alive(ray)) and time.monotonic() < deadline:
+        time.sleep(0.5)
     assert not alive, f"Ray processes left behind: {sorted(alive)}"
