@@ -276,7 +276,9 @@ def test_the_paper_readme_tables_are_what_the_results_give():
     """results/paper/README.md's sensitivity and round tables are the scripts' output on the committed runs.csv /
     curves.csv, never typed by hand."""
     readme = (REPO / "results" / "paper" / "README.md").read_text()
-    assert _script("fsnet_sensitivity").table() in readme
+    sensitivity = _script("fsnet_sensitivity")
+    assert sensitivity.table() in readme
+    assert sensitivity.gain_vs_bound() in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 
