@@ -273,12 +273,13 @@ def _script(name: str):
 
 
 def test_the_paper_readme_tables_are_what_the_results_give():
-    """results/paper/README.md's sensitivity and round tables are the scripts' output on the committed runs.csv /
+    """results/paper/README.md's sensitivity, round and CGAU protocol tables are the scripts' output on the committed runs.csv /
     curves.csv, never typed by hand."""
     readme = (REPO / "results" / "paper" / "README.md").read_text()
     sensitivity = _script("fsnet_sensitivity")
     assert sensitivity.table() in readme
     assert sensitivity.gain_vs_bound() in readme
+    assert _script("cgau_protocol").table() in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 
@@ -294,3 +295,23 @@ def test_round_statistics_against_a_hand_computed_curve(tmp_path):
     # fedavg mean 0.5; worst round after 1 is round 3 (0.4), fsnet there 0.7; fedavg < 0.5 in 2 of 4 rounds,
     # fsnet in 1; per-round differences +0.1 +0.1 +0.3 0 → mean +0.125, largest +0.3
     assert line == "| 0 | 0.500 | 0.400 (round 3) | 0.700 | 50% | 25% | +0.125 | +0.300 |"
+
+
+def test_cgau_protocol_table_against_hand_computed_runs(tmp_path):
+    """Means and paired differences of a two-seed, one-shuffle runs.csv, computed by hand."""
+    rows = [(0, "relu", "best.local_accuracy_weighted", 0.80), (1, "relu", "best.local_accuracy_weighted", 0.90),
+            (0, "cgau", "best.local_accuracy_weighted", 0.85), (1, "cgau", "best.local_accuracy_weighted", 0.93),
+            (0, "relu", "best.global_accuracy", 0.70), (1, "relu", "best.global_accuracy", 0.72),
+            (0, "cgau", "best.global_accuracy", 0.66), (1, "cgau", "best.global_accuracy", 0.73)]
+    with open(tmp_path / "runs.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["partition.shuffle", "seed", "method", "metric", "value"])
+        for seed, method, metric, v in rows:
+            w.writerow([0.5, seed, method, metric, v])
+    row = _script("cgau_protocol").table(tmp_path).splitlines()[2]
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    assert cells[0] == "0.5"
+    assert cells[1] == "0.850 / 0.890"  # ReLU (0.80 + 0.90) / 2, CGAU (0.85 + 0.93) / 2
+    assert cells[2].startswith("+0.040 [") and cells[2].endswith("], 2/2")  # (0.05 + 0.03) / 2, CGAU won both
+    assert cells[3] == "0.710 / 0.695"
+    assert cells[4].startswith("−0.015 [") and cells[4].endswith("], 1/2")  # (−0.04 + 0.01) / 2
