@@ -89,7 +89,7 @@ def gain_vs_bound() -> str:
     fit = linregress(bound, gain)
     return (f"Over the {len(bound)} (setting, seed) pairs of the shard rows: Spearman ρ(FedAvg accuracy, Fed-FSNet − FedAvg) "
             f"= {rho.statistic:+.2f} (p = {rho.pvalue:.2g}); least-squares gain = {fit.intercept:+.3f} "
-            f"{fit.slope:+.3f} × FedAvg accuracy, which at the paper's lower bound (0.371) predicts a gain of "
+            f"{fit.slope:+.3f} × FedAvg accuracy, which at the paper's lower bound ({PAPER_LOWER}) predicts a gain of "
             f"{fit.intercept + fit.slope * PAPER_LOWER:+.3f} (the paper's: {PAPER_GAIN:+.3f}).\n")
 
 
