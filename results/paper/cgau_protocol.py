@@ -9,13 +9,12 @@ difference [95% CI] and the seeds CGAU won. Generated, never typed: a test compa
 
 from __future__ import annotations
 
-import csv
 import sys
-from collections import defaultdict
 from pathlib import Path
 
 import numpy as np
 
+from hetfed.analysis.fidelity import load_runs, per_seed
 from hetfed.analysis.paired import paired
 
 HERE = Path(__file__).parent
@@ -23,27 +22,19 @@ FOLDER = HERE / "cgau_fmnist" / "protocol"
 METRICS = ("best.local_accuracy_weighted", "best.global_accuracy")
 
 
-def load(folder: Path) -> dict[tuple[str, str, str], dict[int, float]]:
-    """(shuffle, method, metric) → {seed: value}."""
-    out: dict[tuple[str, str, str], dict[int, float]] = defaultdict(dict)
-    with open(folder / "runs.csv", newline="") as fh:
-        for r in csv.DictReader(fh):
-            out[(r["partition.shuffle"], r["method"], r["metric"])][int(r["seed"])] = float(r["value"])
-    return out
-
-
 def _num(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
 
 def table(folder: Path = FOLDER) -> str:
-    d = load(folder)
-    shuffles = sorted({k[0] for k in d if k[1] == "cgau"}, key=float)
+    rows = load_runs(folder)
+    shuffles = sorted({r["partition.shuffle"] for r in rows if r["method"] == "cgau"}, key=float)
     lines = ["| shuffle | own test data: ReLU / CGAU | Δ | global test set: ReLU / CGAU | Δ |", "|---|---|---|---|---|"]
     for s in shuffles:
         cells = [s]
         for metric in METRICS:
-            a, b = d[(s, "cgau", metric)], d[(s, "relu", metric)]
+            point = {"partition.shuffle": s}
+            a, b = per_seed(rows, "cgau", metric, point), per_seed(rows, "relu", metric, point)
             seeds = sorted(set(a) & set(b))
             r = paired([a[k] for k in seeds], [b[k] for k in seeds])
             cells += [f"{np.mean([b[k] for k in seeds]):.3f} / {np.mean([a[k] for k in seeds]):.3f}",

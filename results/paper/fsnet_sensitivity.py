@@ -9,11 +9,11 @@ on how the gain depends on the strength of the lower bound, over every (setting,
 
 from __future__ import annotations
 
-import csv
 from pathlib import Path
 
 import numpy as np
 
+from hetfed.analysis.fidelity import load_runs, per_seed
 from hetfed.analysis.paired import paired
 
 HERE = Path(__file__).parent
@@ -36,12 +36,10 @@ ROWS = [
 
 
 def load(folder: Path, point: tuple[str, float] | None = None) -> dict[tuple[str, str], dict[int, float]]:
-    out: dict[tuple[str, str], dict[int, float]] = {}
-    with open(folder / "runs.csv", newline="") as fh:
-        for r in csv.DictReader(fh):
-            if point is None or float(r[point[0]]) == point[1]:
-                out.setdefault((r["method"], r["metric"]), {})[int(r["seed"])] = float(r["value"])
-    return out
+    """(method, metric) → {seed: value} of a results folder's runs.csv, at one grid point if given."""
+    rows = load_runs(folder)
+    where = dict([point]) if point else {}
+    return {k: v for k in {(r["method"], r["metric"]) for r in rows} if (v := per_seed(rows, *k, where))}
 
 
 def cell(d: dict, method: str) -> str:
