@@ -296,15 +296,20 @@ def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, wher
     assert (out / "flower.log").is_file()
 
 
+def _stat(pid: int | str) -> list[str] | None:
+    """The fields of /proc/PID/stat after the command name (state, parent pid, …); None once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+
+
 def _descendants(pid: int) -> set[int]:
     """Every process below ``pid`` (from /proc: Ray's raylet, GCS server and workers)."""
     children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    for proc in Path("/proc").glob("[0-9]*"):
+        if (fields := _stat(proc.name)) is not None:
+            children.setdefault(int(fields[1]), []).append(int(proc.name))
     out, todo = set(), [pid]
     while todo:
         for child in children.get(todo.pop(), []):
@@ -316,15 +321,7 @@ def _descendants(pid: int) -> set[int]:
 
 def _alive(pids: set[int]) -> set[int]:
     """Those of ``pids`` still running (a zombie has exited: only its parent's wait is missing)."""
-    alive = set()
-    for pid in pids:
-        try:
-            state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
-        except OSError:
-            continue
-        if state != "Z":
-            alive.add(pid)
-    return alive
+    return {pid for pid in pids if (fields := _stat(pid)) is not None and fields[0] != "Z"}
 
 
 def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_path):
