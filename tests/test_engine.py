@@ -314,3 +314,41 @@ def test_scoring_unequal_clients_in_size_blocks_gives_each_its_own_models_logits
             alone = model.forward({name: v[k:k + 1] for name, v in stack.items()},
                                   x[torch.as_tensor(idx[k])][None], None)[0]
             torch.testing.assert_close(got[k], alone, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "cfl"])
+def test_a_node_numbering_its_clients_from_an_offset_trains_them_as_the_federation_does(algorithm):
+    """A Flower node with its own data numbers its clients from 0 and learns from the server where they sit in
+    the federation (`number_from`). Its clients must then draw the federation's randomness (batch order,
+    dropout, CGAU rows) and be named by their federation ids (CFL looks its cluster up by id): training and
+    evaluating clients 4–6 on a node that holds only them equals doing it where the whole federation is."""
+    from dataclasses import replace
+
+    fed = _fed(clients=7)
+    first = 4
+    node_fed = replace(fed, train=fed.train[first:], val=fed.val[first:], test=fed.test[first:],
+                       opted_out=fed.opted_out[first:])
+    train = TrainConfig(rounds=1, local_steps=3, batch_size=8, eval_global_clients=2)
+    model = build_model(ModelConfig(kind="cgau", hidden=[8], dropout=0.3), fed.input_shape, fed.n_classes)
+    algo = build_algorithm(algorithm, model, train)
+    cpu = torch.device("cpu")
+    whole, node = VectorisedExecutor(), VectorisedExecutor()
+    whole.start(algo, fed, 3, cpu)
+    node.start(algo, node_fed, 3, cpu)
+    bc = algo.broadcast(algo.server_init(torch.Generator().manual_seed(0)), 2)
+    theirs = list(range(first, 7))
+    unnumbered = node.train(bc, [0, 1, 2])
+    assert unnumbered.client_ids == [0, 1, 2]  # the defect this guards: federation clients 0–2's streams
+    node.number_from(first)
+    expected, got = whole.train(bc, theirs), node.train(bc, [0, 1, 2])
+    assert got.client_ids == theirs
+    for k, v in expected.params.items():
+        torch.testing.assert_close(got.params[k], v)
+        assert not torch.allclose(unnumbered.params[k], v)
+    for j, k in enumerate(theirs):
+        for name, v in whole.states[k].items():
+            torch.testing.assert_close(node.states[j][name], v)
+    reports, reference = node.evaluate(bc, [0, 1, 2]), whole.evaluate(bc, theirs)
+    assert reports.keys() == reference.keys()
+    for key, values in reference.items():  # NaN: the client that does not score the global test set
+        np.testing.assert_array_equal(np.asarray(reports[key], dtype=float), np.asarray(values, dtype=float), key)

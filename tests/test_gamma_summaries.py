@@ -89,3 +89,24 @@ def test_noised_summaries_need_a_clip_and_report_their_epsilon(capsys):
     got = ex._gamma({k: summarise(rng.normal(k, 1, (50, 3)), 5.0) for k in range(3)})
     assert got["epsilon"] == pytest.approx(summary_epsilon(2.0, 1e-5)) and got["delta"] == 1e-5
     assert got["clip"] == 5.0 and got["noise_multiplier"] == 2.0 and got["clients"] == 3
+
+
+def test_a_nodes_summary_noise_is_not_the_servers_to_redraw():
+    """The server sends the run's seed in the config, so noise drawn from that seed could be redrawn and
+    subtracted by the very party the (ε, δ) protects against. Noise keyed by anything the server knows (config,
+    seed, client id) would repeat: a node's noise comes from its own entropy, so two releases differ."""
+    pytest.importorskip("flwr")
+    from flwr.app import ConfigRecord, RecordDict
+
+    from hetfed.config import build_config, dump_config
+    from hetfed.flower.client_app import summary_step
+    from hetfed.flower.node import node_side
+    from hetfed.flower.records import records_to_summaries
+
+    cfg = build_config({"partition": {"clients": 3}})
+    side = node_side(ConfigRecord({"config": dump_config(cfg), "method": 0}))
+    request = ConfigRecord({"on": "train", "clip": 5.0, "noise": 1.0})
+    first, second = (records_to_summaries(RecordDict(summary_step(side, [0, 1], request))) for _ in range(2))
+    clean = [summarise(np.asarray(side.fed.x)[side.fed.measured_rows(k, "train")], 5.0) for k in (0, 1)]
+    for a, b, s in zip(first, second, clean, strict=True):
+        assert not np.allclose(a.total, b.total) and not np.allclose(a.total, s.total)

@@ -57,6 +57,10 @@ class Pool:
     train: tuple[np.ndarray, ...]
     seed: int
     val: tuple[np.ndarray, ...] = ()
+    #: the federation's number of this pool's client 0: a Flower node with its own data numbers its clients
+    #: from 0, and its clients' randomness and uploads must use the federation's numbers (else client 0 of
+    #: every node would share batch orders, and a client-side lookup by id, CFL's cluster, would be wrong)
+    first_id: int = 0
 
 
 class RoundSkipped(RunError):
@@ -81,23 +85,30 @@ class Executor(Protocol):
 
 
 def client_data(pool: Pool, chunk: list[int], round: int, with_val: bool = False) -> ClientData:
-    """A stack's training data; every client's seed comes from (run seed, round, client id)."""
+    """A stack's training data, its clients named as the federation numbers them (``pool.first_id`` on); every
+    client's seed comes from (run seed, round, client id)."""
+    ids = [k + pool.first_id for k in chunk]
     return ClientData(
-        client_ids=chunk,
+        client_ids=ids,
         x=pool.x,
         y=pool.y,
         indices=[pool.train[k] for k in chunk],
-        seeds=[derive_seed(pool.seed, CLIENT_ROUND, round, k) for k in chunk],
+        seeds=[derive_seed(pool.seed, CLIENT_ROUND, round, k) for k in ids],
         val_indices=[pool.val[k] for k in chunk] if with_val else None,
     )
 
 
-def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096) -> ClientStore:
+def initial_state(algo: Algorithm, client_id: int, seed: int) -> ClientState:
+    """Client ``client_id``'s (the federation's number) initial local state, from its own generator."""
+    return algo.client_init(client_id, torch_gen(seed, CLIENT_INIT, client_id))
+
+
+def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096, first_id: int = 0) -> ClientStore:
     """Every client's initial local state, each from its own generator, stored compactly (on the CPU)."""
     store = ClientStore(n_clients)
     for start in range(0, n_clients, block):
         ids = list(range(start, min(start + block, n_clients)))
-        states = [algo.client_init(k, torch_gen(seed, CLIENT_INIT, k)) for k in ids]
+        states = [initial_state(algo, k + first_id, seed) for k in ids]
         if states and states[0]:
             store.scatter(ids, stack_states(states))
     return store
@@ -161,6 +172,13 @@ class InProcessExecutor:
         self.pool = Pool(x, y, fed.train, seed, fed.val)
         self.states = init_states(algo, fed.n_clients, seed)
 
+    def number_from(self, first_id: int) -> None:
+        """Name this executor's clients from ``first_id`` on, as the federation does (a Flower node with its own
+        data learns its offset from the server's messages): their seeds, initial states and uploads follow."""
+        if first_id != self.pool.first_id:
+            self.pool = replace(self.pool, first_id=first_id)
+            self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+
     def _chunks(self, clients: list[int], size: int):
         for start in range(0, len(clients), size):
             yield clients[start : start + size]
@@ -215,10 +233,13 @@ class InProcessExecutor:
         reports: dict[str, list] = {}
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes,
                           self.eval_max_floats)
+        first = self.pool.first_id
+        named = among or [k + first for k in clients]
         for chunk in self._chunks(clients, size):
-            data = ClientEvalData(chunk, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
+            ids = [k + first for k in chunk]
+            data = ClientEvalData(ids, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
                                   [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
-                                  None if view else global_scorers(self.algo.train, chunk, self.seed, among=among or clients),
+                                  None if view else global_scorers(self.algo.train, ids, self.seed, among=named),
                                   [self.fed.train[k] for k in chunk])
             for key, values in self.algo.evaluate_client(bc, self._stacked(chunk), data, view).items():
                 reports.setdefault(key, []).extend(values)

@@ -26,14 +26,12 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import replace
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
 from hetfed.flower.node import (
-    SUMMARY_NOISE,
     NodeSide,
     keep_states,
     load_states,
@@ -72,26 +70,30 @@ def _log_wire(kind: str, records: dict, clients: list[int]) -> None:
 
 def summary_step(side: NodeSide, clients: list[int], request: ConfigRecord) -> dict:
     """Each client's Γ summary of its own rows (train, or train ∪ val ∪ test), clipped and noised when asked:
-    sent once, at set-up — see :mod:`hetfed.gamma_summaries` for what it reveals."""
-    from hetfed.engine.rng import numpy_rng
+    sent once, at set-up — see :mod:`hetfed.gamma_summaries` for what it reveals.
+
+    The noise comes from the node's operating-system entropy, never from the run's seed: the server chose
+    that seed (it is in the config it sends), so noise drawn from it is noise the server can redraw and
+    subtract, and the reported (ε, δ) would protect nothing against the party it is meant for.
+    """
     from hetfed.gamma_summaries import privatise, summarise
 
     clip = float(request["clip"]) if "clip" in request else None
+    secret = np.random.default_rng()  # fresh OS entropy: unknown to the server, different on every node
     out = []
     for k in clients:
         summary = summarise(np.asarray(side.features)[side.fed.measured_rows(k, str(request.get("on", "train")))], clip)
         if "noise" in request:
-            summary = privatise(summary, clip, float(request["noise"]), numpy_rng(side.config.seed, SUMMARY_NOISE, k))
+            summary = privatise(summary, clip, float(request["noise"]), secret)
         out.append(summary)
     return summary_to_records(out)
 
 
-def train_step(side: NodeSide, clients: list[int], content: RecordDict, offset: int = 0) -> dict:
-    """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor);
-    the upload names the clients as the federation numbers them (``offset``: a node with its own data)."""
+def train_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
+    """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor;
+    the upload names the clients as the federation numbers them: :meth:`VectorisedExecutor.number_from`)."""
     bc = records_to_broadcast(content, side.executor.device)
-    upload = side.executor.train(bc, clients, reduce=reduces(side, clients))
-    return upload_to_records(replace(upload, client_ids=[k + offset for k in upload.client_ids]))
+    return upload_to_records(side.executor.train(bc, clients, reduce=reduces(side, clients)))
 
 
 def personalise_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
@@ -137,8 +139,9 @@ def _step(message: Message, context: Context, run, changes_state: bool = True) -
     that only reads them, evaluation, writes nothing back)."""
     side = node_side(message.content[RUN], context.node_config)
     clients, among, offset = step_clients(message.content)
+    side.executor.number_from(offset)  # a node with its own data: its clients' seeds and ids are the federation's
     load_states(side, clients, context)
-    records = run(side, clients, among, offset)
+    records = run(side, clients, among)
     if changes_state:
         keep_states(side, clients, context)
     return _reply(message, records, [k + offset for k in clients])
@@ -146,15 +149,15 @@ def _step(message: Message, context: Context, run, changes_state: bool = True) -
 
 @app.train()
 def train(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, _, offset: train_step(side, clients, message.content, offset))
+    return _step(message, context, lambda side, clients, _: train_step(side, clients, message.content))
 
 
 @app.train("personalise")
 def personalise(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, _, __: personalise_step(side, clients, message.content))
+    return _step(message, context, lambda side, clients, _: personalise_step(side, clients, message.content))
 
 
 @app.evaluate()
 def evaluate(message: Message, context: Context) -> Message:
-    return _step(message, context, lambda side, clients, among, _: evaluate_step(side, clients, among, message.content),
+    return _step(message, context, lambda side, clients, among: evaluate_step(side, clients, among, message.content),
                  changes_state=False)

@@ -26,15 +26,13 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from hetfed.config import Config, build_config, parse_yaml_text
-from hetfed.engine.executors import VectorisedExecutor
-from hetfed.engine.rng import CLIENT_INIT, torch_gen
+from hetfed.engine.executors import VectorisedExecutor, initial_state
 from hetfed.engine.robust import holds_round
 from hetfed.engine.types import stack_states
 from hetfed.flower.records import CLIENTS, record_to_tensors, state_to_record
 from hetfed.interface import Algorithm
 
 STATE_KEY = "hetfed.state"
-SUMMARY_NOISE = 23  # rng purpose: the noise on a client's Γ summary
 
 
 @dataclass(frozen=True, eq=False)
@@ -133,11 +131,13 @@ def _tag(side: NodeSide, k: int) -> str:
 
 
 def load_states(side: NodeSide, clients: list[int], context: Context) -> None:
-    """Put the clients' states from the node's context (their initial state on first use) into the executor."""
+    """Put the clients' states from the node's context (their initial state on first use, from the client's
+    federation number) into the executor."""
+    first = side.executor.pool.first_id
     for k in clients:
         tag = _tag(side, k)
         state = (record_to_tensors(context.state[tag]) if tag in context.state else
-                 side.algo.client_init(k, torch_gen(side.config.seed, CLIENT_INIT, k)))
+                 initial_state(side.algo, k + first, side.config.seed))
         side.executor.states.scatter([k], stack_states([state]))
 
 
