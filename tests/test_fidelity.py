@@ -273,13 +273,14 @@ def _script(name: str):
 
 
 def test_the_paper_readme_tables_are_what_the_results_give():
-    """results/paper/README.md's sensitivity, round and CGAU protocol tables are the scripts' output on the committed runs.csv /
-    curves.csv, never typed by hand."""
+    """results/paper/README.md's sensitivity, round, CGAU protocol and FedMoE Table 1 tables are the scripts' output on
+    the committed runs.csv / curves.csv, never typed by hand."""
     readme = (REPO / "results" / "paper" / "README.md").read_text()
     sensitivity = _script("fsnet_sensitivity")
     assert sensitivity.table() in readme
     assert sensitivity.gain_vs_bound() in readme
     assert _script("cgau_protocol").table() in readme
+    assert _script("fedmoe_table1").table() in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 
@@ -315,3 +316,27 @@ def test_cgau_protocol_table_against_hand_computed_runs(tmp_path):
     assert cells[2].startswith("+0.040 [") and cells[2].endswith("], 2/2")  # (0.05 + 0.03) / 2, CGAU won both
     assert cells[3] == "0.710 / 0.695"
     assert cells[4].startswith("−0.015 [") and cells[4].endswith("], 1/2")  # (−0.04 + 0.01) / 2
+
+
+def test_fedmoe_table1_against_hand_computed_runs(tmp_path):
+    """One p, two seeds: the four models' means and the paired mixture differences, computed by hand."""
+    values = {  # (method, metric): (seed 0, seed 1)
+        ("fedavg", "best.global_accuracy"): (0.70, 0.74), ("local", "best.global_accuracy"): (0.20, 0.16),
+        ("finetuned", "best.global_accuracy"): (0.66, 0.68), ("mixture", "best.global_accuracy"): (0.69, 0.67),
+        ("fedavg", "best.local_accuracy_mean"): (0.72, 0.70), ("local", "best.local_accuracy_mean"): (0.60, 0.64),
+        ("finetuned", "best.local_accuracy_mean"): (0.86, 0.84), ("mixture", "best.local_accuracy_mean"): (0.85, 0.86),
+    }
+    with open(tmp_path / "runs.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["partition.p", "seed", "method", "metric", "value"])
+        for (method, metric), pair in values.items():
+            for seed, v in enumerate(pair):
+                w.writerow([1.0, seed, method, metric, v])
+    lines = _script("fedmoe_table1").table([tmp_path]).splitlines()
+    glob, own = ([c.strip() for c in line.strip("|").split("|")] for line in lines[2:4])
+    assert glob[:7] == ["1.0", "global", "2", "0.720", "0.180", "0.670", "0.680"]
+    assert glob[7].startswith("+0.010 [") and glob[7].endswith("], 1/2")  # mixture − ft: +0.03, −0.01
+    assert glob[8].startswith("+0.500 [") and glob[8].endswith("], 2/2")  # mixture − local: +0.49, +0.51
+    assert own[:7] == ["1.0", "own", "2", "0.710", "0.620", "0.850", "0.855"]
+    assert own[7].startswith("+0.005 [") and own[7].endswith("], 1/2")  # −0.01, +0.02
+    assert own[8].startswith("+0.235 [") and own[8].endswith("], 2/2")  # +0.25, +0.22

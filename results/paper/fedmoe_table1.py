@@ -1,0 +1,63 @@
+"""FedMoE's Table 1 on Fashion-MNIST by the paper's protocol, from the per-p sweep folders' runs.csv.
+
+    python results/paper/fedmoe_table1.py [FOLDER …]    # default: every results/paper/fedmoe_fmnist/p*/
+
+One row per p (the majority fraction) and test set — the balanced global test set (``global_accuracy``) and each
+evaluated client's own test data (``local_accuracy_mean``): the four models' means over seeds (FedAvg at its
+early-stopped best round by validation; Local, fine-tuned and the mixture trained once after it), then the
+paired differences the paper's claims rest on, [95% CI] and the seeds the mixture won: mixture − fine-tuned
+(the headline on the global test set) and mixture − Local (on the clients' own data). Generated, never typed:
+a test compares it with results/paper/README.md.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from hetfed.analysis.fidelity import load_runs, per_seed
+from hetfed.analysis.paired import paired
+
+HERE = Path(__file__).parent
+FOLDERS = sorted((HERE / "fedmoe_fmnist").glob("p*/runs.csv"))
+MODELS = ("fedavg", "local", "finetuned", "mixture")
+TESTS = (("global", "best.global_accuracy"), ("own", "best.local_accuracy_mean"))
+
+
+def _num(x: float) -> str:
+    return f"{x:+.3f}".replace("-", "−")
+
+
+def _delta(rows: list[dict], a: str, b: str, metric: str, point: dict) -> str:
+    one, other = per_seed(rows, a, metric, point), per_seed(rows, b, metric, point)
+    seeds = sorted(set(one) & set(other))
+    r = paired([one[k] for k in seeds], [other[k] for k in seeds])
+    return f"{_num(r.mean)} [{_num(r.ci_low)}, {_num(r.ci_high)}], {r.wins}/{r.n}"
+
+
+def table(folders: list[Path] | None = None) -> str:
+    folders = [f.parent for f in FOLDERS] if folders is None else folders
+    lines = ["| p | test set | seeds | FedAvg | Local | fine-tuned | mixture | mixture − fine-tuned | mixture − Local |",
+             "|---|---|---|---|---|---|---|---|---|"]
+    points = []
+    for folder in folders:
+        rows = load_runs(folder)
+        points += [(float(p), p, rows) for p in {r["partition.p"] for r in rows if r["method"] == "mixture"}]
+    for _, p, rows in sorted(points, key=lambda t: t[0]):
+        point = {"partition.p": p}
+        for name, metric in TESTS:
+            means = []
+            for model in MODELS:
+                values = per_seed(rows, model, metric, point)
+                means.append(f"{np.mean(list(values.values())):.3f}")
+            n = len(per_seed(rows, "mixture", metric, point))
+            lines.append(f"| {p} | {name} | {n} | " + " | ".join(means) + " | "
+                         + _delta(rows, "mixture", "finetuned", metric, point) + " | "
+                         + _delta(rows, "mixture", "local", metric, point) + " |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    print(table([Path(a) for a in sys.argv[1:]] or None))
