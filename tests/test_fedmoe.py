@@ -1,3 +1,4 @@
+import csv
 import json
 from dataclasses import replace
 
@@ -201,6 +202,9 @@ def test_fedmoe_sweep_writes_the_paper_figures(tmp_path):
                  "--out", str(tmp_path / "s"), "--quiet"]) == 0
     for name in ("global_vs_local", "global_relative_to_fedavg", "best.local_accuracy_mean"):
         assert (tmp_path / "s" / "figures" / f"{name}.png").stat().st_size > 1000
+    with open(tmp_path / "s" / "runs.csv", newline="") as fh:  # the gate's routing, per seed, for paired tables
+        kept = {(r["method"], r["metric"]) for r in csv.DictReader(fh)}
+    assert {("mixture", "best.gate_own"), ("mixture", "best.gate_other")} <= kept
 
 
 def test_mixture_loss_is_exact_for_very_unlikely_true_classes():

@@ -34,7 +34,7 @@ from hetfed.runs.rundir import new_run_dir, write_json_atomic
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
               "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
               "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
-              "global_accuracy_other")
+              "global_accuracy_other", "gate_own", "gate_other")
 
 
 def parse_grid(items: list[str]) -> dict[str, list[Any]]:
