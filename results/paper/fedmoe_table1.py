@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfed.analysis.fidelity import load_runs, per_seed
-from hetfed.analysis.paired import paired
+from hetfed.analysis.paired import paired_by_seed
 
 HERE = Path(__file__).parent
 FOLDERS = sorted((HERE / "fedmoe_fmnist").glob("p*/runs.csv"))
@@ -31,9 +31,7 @@ def _num(x: float) -> str:
 
 
 def _delta(rows: list[dict], a: str, b: str, metric: str, point: dict) -> str:
-    one, other = per_seed(rows, a, metric, point), per_seed(rows, b, metric, point)
-    seeds = sorted(set(one) & set(other))
-    r = paired([one[k] for k in seeds], [other[k] for k in seeds])
+    r = paired_by_seed(per_seed(rows, a, metric, point), per_seed(rows, b, metric, point))
     return f"{_num(r.mean)} [{_num(r.ci_low)}, {_num(r.ci_high)}], {r.wins}/{r.n}"
 
 

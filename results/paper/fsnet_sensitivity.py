@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 
 from hetfed.analysis.fidelity import load_runs, per_seed
-from hetfed.analysis.paired import paired
+from hetfed.analysis.paired import paired_by_seed
 
 HERE = Path(__file__).parent
 S = HERE / "fsnet_sensitivity_mnist"
@@ -49,8 +49,7 @@ def cell(d: dict, method: str) -> str:
 
 def delta(d: dict) -> str:
     a, b = d[("fsnet", "best.global_accuracy")], d[("fedavg", "best.global_accuracy")]
-    seeds = sorted(set(a) & set(b))
-    r = paired([a[s] for s in seeds], [b[s] for s in seeds])
+    r = paired_by_seed(a, b)
     return f"{r.mean:+.3f} [{r.ci_low:+.3f}, {r.ci_high:+.3f}], {r.wins}/{r.n}"
 
 

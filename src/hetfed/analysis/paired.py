@@ -61,6 +61,12 @@ class Paired:
         return f"{self.mean * scale:+.{digits}f}{ci}{p}, {self.wins}/{self.n} seeds"
 
 
+def paired_by_seed(a: dict[int, float], b: dict[int, float]) -> Paired:
+    """:func:`paired` on two ``{seed: value}`` maps, over the seeds both have (a runs.csv's per-seed values)."""
+    common = sorted(set(a) & set(b))
+    return paired([a[s] for s in common], [b[s] for s in common])
+
+
 def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
     """Compare ``a[i]`` with ``b[i]`` (the same seed); pairs with a missing value (None/NaN) are dropped."""
     from scipy import stats
