@@ -281,6 +281,8 @@ def test_the_paper_readme_tables_are_what_the_results_give():
     assert sensitivity.gain_vs_bound() in readme
     assert _script("cgau_protocol").table() in readme
     assert _script("fedmoe_table1").table() in readme
+    assert _script("fedmoe_table1").table([REPO / "results" / "paper" / "fedmoe_fmnist" / "optout_p0.8"],
+                                          key="partition.opt_out") in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 
@@ -340,3 +342,22 @@ def test_fedmoe_table1_against_hand_computed_runs(tmp_path):
     assert own[:7] == ["1.0", "own", "2", "0.710", "0.620", "0.850", "0.855"]
     assert own[7].startswith("+0.005 [") and own[7].endswith("], 1/2")  # −0.01, +0.02
     assert own[8].startswith("+0.235 [") and own[8].endswith("], 2/2")  # +0.25, +0.22
+
+
+def test_fedmoe_table1_groups_by_the_key_it_is_given(tmp_path):
+    """Fig. 6 sweeps the opted-out fraction q: rows per q value, labelled q, each q's seeds paired on their own."""
+    with open(tmp_path / "runs.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["partition.opt_out", "seed", "method", "metric", "value"])
+        for q, mix in ((0.95, (0.60, 0.62)), (0.9, (0.70, 0.66))):
+            for seed in (0, 1):
+                for method, v in (("fedavg", 0.75), ("local", 0.2), ("finetuned", 0.65), ("mixture", mix[seed])):
+                    for metric in ("best.global_accuracy", "best.local_accuracy_mean"):
+                        w.writerow([q, seed, method, metric, v])
+    lines = _script("fedmoe_table1").table([tmp_path], key="partition.opt_out").splitlines()
+    assert lines[0].startswith("| q | test set |")
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in lines[2:]]
+    assert [r[:2] for r in rows] == [["0.9", "global"], ["0.9", "own"], ["0.95", "global"], ["0.95", "own"]]
+    assert rows[0][6] == "0.680" and rows[0][7].endswith("], 2/2")  # q = 0.9: +0.05, +0.01 → +0.03, both won
+    assert rows[0][7].startswith("+0.030 [")
+    assert rows[2][6] == "0.610" and rows[2][7].startswith("−0.040 [") and rows[2][7].endswith("], 0/2")

@@ -1,8 +1,10 @@
 """FedMoE's Table 1 on Fashion-MNIST by the paper's protocol, from the per-p sweep folders' runs.csv.
 
     python results/paper/fedmoe_table1.py [FOLDER …]    # default: every results/paper/fedmoe_fmnist/p*/
+    python results/paper/fedmoe_table1.py --key partition.opt_out results/paper/fedmoe_fmnist/optout_p0.8  # Fig. 6
 
-One row per p (the majority fraction) and test set — the balanced global test set (``global_accuracy``) and each
+One row per value of the swept key (default p, the majority fraction; Fig. 6 sweeps the opted-out fraction q) and
+test set — the balanced global test set (``global_accuracy``) and each
 evaluated client's own test data (``local_accuracy_mean``): the four models' means over seeds (FedAvg at its
 early-stopped best round by validation; Local, fine-tuned and the mixture trained once after it), then the
 paired differences the paper's claims rest on, [95% CI] and the seeds the mixture won: mixture − fine-tuned
@@ -35,16 +37,21 @@ def _delta(rows: list[dict], a: str, b: str, metric: str, point: dict) -> str:
     return f"{_num(r.mean)} [{_num(r.ci_low)}, {_num(r.ci_high)}], {r.wins}/{r.n}"
 
 
-def table(folders: list[Path] | None = None) -> str:
+#: the column each swept key is shown under
+LABELS = {"partition.p": "p", "partition.opt_out": "q"}
+
+
+def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
     folders = [f.parent for f in FOLDERS] if folders is None else folders
-    lines = ["| p | test set | seeds | FedAvg | Local | fine-tuned | mixture | mixture − fine-tuned | mixture − Local |",
+    lines = [f"| {LABELS.get(key, key)} | test set | seeds | FedAvg | Local | fine-tuned | mixture | mixture − fine-tuned "
+             "| mixture − Local |",
              "|---|---|---|---|---|---|---|---|---|"]
     points = []
     for folder in folders:
         rows = load_runs(folder)
-        points += [(float(p), p, rows) for p in {r["partition.p"] for r in rows if r["method"] == "mixture"}]
+        points += [(float(v), v, rows) for v in {r[key] for r in rows if r["method"] == "mixture"}]
     for _, p, rows in sorted(points, key=lambda t: t[0]):
-        point = {"partition.p": p}
+        point = {key: p}
         for name, metric in TESTS:
             means = []
             for model in MODELS:
@@ -58,4 +65,8 @@ def table(folders: list[Path] | None = None) -> str:
 
 
 if __name__ == "__main__":
-    print(table([Path(a) for a in sys.argv[1:]] or None))
+    args = sys.argv[1:]
+    swept = "partition.p"
+    if args[:1] == ["--key"]:
+        swept, args = args[1], args[2:]
+    print(table([Path(a) for a in args] or None, swept))
