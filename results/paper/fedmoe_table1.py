@@ -4,9 +4,9 @@
     python results/paper/fedmoe_table1.py --key partition.opt_out results/paper/fedmoe_fmnist/optout_p0.8  # Fig. 6
 
 One row per value of the swept key (default p, the majority fraction; Fig. 6 sweeps the opted-out fraction q) and
-test set — the balanced global test set (``global_accuracy``) and each
-evaluated client's own test data (``local_accuracy_mean``): the four models' means over seeds (FedAvg at its
-early-stopped best round by validation; Local, fine-tuned and the mixture trained once after it), then the
+test set — the balanced global test set (``global_accuracy``) and each evaluated client's own test data
+(``local_accuracy_mean``): the four models' means over seeds (FedAvg at its early-stopped best round by
+validation; Local, fine-tuned and the mixture trained once after it), then the
 paired differences the paper's claims rest on, [95% CI] and the seeds the mixture won: mixture − fine-tuned
 (the headline on the global test set) and mixture − Local (on the clients' own data). Generated, never typed:
 a test compares it with results/paper/README.md.
