@@ -50,15 +50,13 @@ def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
     for folder in folders:
         rows = load_runs(folder)
         points += [(float(v), v, rows) for v in {r[key] for r in rows if r["method"] == "mixture"}]
-    for _, p, rows in sorted(points, key=lambda t: t[0]):
-        point = {key: p}
+    for _, value, rows in sorted(points, key=lambda t: t[0]):
+        point = {key: value}
         for name, metric in TESTS:
-            means = []
-            for model in MODELS:
-                values = per_seed(rows, model, metric, point)
-                means.append(f"{np.mean(list(values.values())):.3f}")
-            n = len(per_seed(rows, "mixture", metric, point))
-            lines.append(f"| {p} | {name} | {n} | " + " | ".join(means) + " | "
+            per_model = {model: per_seed(rows, model, metric, point) for model in MODELS}
+            means = [f"{np.mean(list(per_model[model].values())):.3f}" for model in MODELS]
+            n = len(per_model["mixture"])
+            lines.append(f"| {value} | {name} | {n} | " + " | ".join(means) + " | "
                          + _delta(rows, "mixture", "finetuned", metric, point) + " | "
                          + _delta(rows, "mixture", "local", metric, point) + " |")
     return "\n".join(lines) + "\n"
