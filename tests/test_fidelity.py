@@ -281,9 +281,9 @@ def test_the_paper_readme_tables_are_what_the_results_give():
     assert sensitivity.gain_vs_bound() in readme
     assert _script("cgau_protocol").table() in readme
     assert _script("fedmoe_table1").table() in readme
-    for optout in ("optout_p0.8", "optout_p0.2"):
-        assert _script("fedmoe_table1").table([REPO / "results" / "paper" / "fedmoe_fmnist" / optout],
-                                              key="partition.opt_out") in readme
+    for folder, key in (("optout_p0.8", "partition.opt_out"), ("optout_p0.2", "partition.opt_out"),
+                        ("alpha", "partition.alpha")):
+        assert _script("fedmoe_table1").table([REPO / "results" / "paper" / "fedmoe_fmnist" / folder], key=key) in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 

@@ -2,8 +2,10 @@
 
     python results/paper/fedmoe_table1.py [FOLDER …]    # default: every results/paper/fedmoe_fmnist/p*/
     python results/paper/fedmoe_table1.py --key partition.opt_out results/paper/fedmoe_fmnist/optout_p0.8  # Fig. 6
+    python results/paper/fedmoe_table1.py --key partition.alpha results/paper/fedmoe_fmnist/alpha  # Fig. 5
 
-One row per value of the swept key (default p, the majority fraction; Fig. 6 sweeps the opted-out fraction q) and
+One row per value of the swept key (default p, the majority fraction; Fig. 6 sweeps the opted-out fraction q, Fig. 5
+the Dirichlet concentration α) and
 test set — the balanced global test set (``global_accuracy``) and each evaluated client's own test data
 (``local_accuracy_mean``): the four models' means over seeds (FedAvg at its early-stopped best round by
 validation; Local, fine-tuned and the mixture trained once after it), then the
@@ -38,7 +40,7 @@ def _delta(rows: list[dict], a: str, b: str, metric: str, point: dict) -> str:
 
 
 #: the column each swept key is shown under
-LABELS = {"partition.p": "p", "partition.opt_out": "q"}
+LABELS = {"partition.p": "p", "partition.opt_out": "q", "partition.alpha": "α"}
 
 
 def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
