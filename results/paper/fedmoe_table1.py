@@ -5,13 +5,12 @@
     python results/paper/fedmoe_table1.py --key partition.alpha results/paper/fedmoe_fmnist/alpha  # Fig. 5
 
 One row per value of the swept key (default p, the majority fraction; Fig. 6 sweeps the opted-out fraction q, Fig. 5
-the Dirichlet concentration α) and
-test set — the balanced global test set (``global_accuracy``) and each evaluated client's own test data
-(``local_accuracy_mean``): the four models' means over seeds (FedAvg at its early-stopped best round by
-validation; Local, fine-tuned and the mixture trained once after it), then the
-paired differences the paper's claims rest on, [95% CI] and the seeds the mixture won: mixture − fine-tuned
-(the headline on the global test set) and mixture − Local (on the clients' own data). Generated, never typed:
-a test compares it with results/paper/README.md.
+the Dirichlet concentration α) and test set — the balanced global test set (``global_accuracy``) and each evaluated
+client's own test data (``local_accuracy_mean``): the four models' means over seeds (FedAvg at its early-stopped
+best round by validation; Local, fine-tuned and the mixture trained once after it), then the paired differences
+the paper's claims rest on, [95% CI] and the seeds the mixture won: mixture − fine-tuned (the headline on the
+global test set) and mixture − Local (on the clients' own data). Generated, never typed: a test compares it with
+results/paper/README.md.
 """
 
 from __future__ import annotations
@@ -34,8 +33,9 @@ def _num(x: float) -> str:
     return f"{x:+.3f}".replace("-", "−")
 
 
-def _delta(rows: list[dict], a: str, b: str, metric: str, point: dict) -> str:
-    r = paired_by_seed(per_seed(rows, a, metric, point), per_seed(rows, b, metric, point))
+def _delta(a: dict, b: dict) -> str:
+    """a − b paired over the seeds both have ({seed: value} maps), as the table prints it."""
+    r = paired_by_seed(a, b)
     return f"{_num(r.mean)} [{_num(r.ci_low)}, {_num(r.ci_high)}], {r.wins}/{r.n}"
 
 
@@ -59,8 +59,8 @@ def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
             means = [f"{np.mean(list(per_model[model].values())):.3f}" for model in MODELS]
             n = len(per_model["mixture"])
             lines.append(f"| {value} | {name} | {n} | " + " | ".join(means) + " | "
-                         + _delta(rows, "mixture", "finetuned", metric, point) + " | "
-                         + _delta(rows, "mixture", "local", metric, point) + " |")
+                         + _delta(per_model["mixture"], per_model["finetuned"]) + " | "
+                         + _delta(per_model["mixture"], per_model["local"]) + " |")
     return "\n".join(lines) + "\n"
 
 
