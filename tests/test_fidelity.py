@@ -234,6 +234,43 @@ def test_fidelity_table_is_generated_from_the_runs(tmp_path):
     assert "## Fed-FSNet" in text and "## CGAU" in text
 
 
+def _judge_pair(tmp_path: Path, a: list[float], b: list[float], **claim) -> str:
+    """The verdict the generator gives "a beats b" on five seeds of the given values."""
+    values = {("a", f"{w}.global_accuracy", s): a[s] for s in range(5) for w in ("best", "final")}
+    values |= {("b", f"{w}.global_accuracy", s): b[s] for s in range(5) for w in ("best", "final")}
+    _write_runs(tmp_path / "r", values)
+    spec = {"id": "x", "paper": "P", "claim": "a beats b", "where": "-", "dataset": "-", "protocol": "-",
+            "kind": "paired", "folder": "r", "metric": "global_accuracy", "a": {"method": "a"}, "b": {"method": "b"}}
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump({"claims": [spec | claim]}))
+    return _row(render(tmp_path, tmp_path / "claims.yaml"), "a beats b")[8].strip("*")
+
+
+def test_two_models_at_chance_are_not_judged(tmp_path):
+    # a − b = +0.007 on every seed: the CI excludes zero, but both means (0.120, 0.113) lie within 0.05 of chance 0.1
+    a, b = [0.118, 0.119, 0.120, 0.121, 0.122], [0.111, 0.112, 0.113, 0.114, 0.115]
+    assert _judge_pair(tmp_path / "1", a, b) == "reproduced"
+    assert _judge_pair(tmp_path / "2", a, b, chance=0.1).startswith("at chance: both models within 0.05 of 0.1")
+    # the same difference above chance (0.720 vs 0.713) is judged as before
+    assert _judge_pair(tmp_path / "3", [v + 0.6 for v in a], [v + 0.6 for v in b], chance=0.1) == "reproduced"
+    # one model learned (0.40), the other did not: the comparison says something
+    assert _judge_pair(tmp_path / "4", [0.40] * 5, b, chance=0.1) == "reproduced"
+
+
+def test_a_significant_but_tiny_difference_is_reproduced_in_sign_only(tmp_path):
+    # a − b = +0.001, +0.001, +0.002, +0.001, +0.001: CI ≈ [+0.0006, +0.0018] excludes zero, the mean +0.0012 < 0.005
+    b = [0.778, 0.770, 0.781, 0.775, 0.779]
+    a = [x + d for x, d in zip(b, [0.001, 0.001, 0.002, 0.001, 0.001], strict=True)]
+    assert _judge_pair(tmp_path / "1", a, b) == "reproduced in sign, negligible in size"
+    assert _judge_pair(tmp_path / "2", a, b, negligible=0.001) == "reproduced"  # a claim may set its own threshold
+    assert _judge_pair(tmp_path / "3", a, b, negligible=0) == "reproduced"
+
+
+@pytest.mark.parametrize(("key", "value"), [("chance", 1.5), ("chance", "ten"), ("negligible", -0.01)])
+def test_bad_chance_or_negligible_is_refused(tmp_path, key, value):
+    with pytest.raises(ConfigError, match=rf"claims: x: {key} {value!r} is not allowed: expected a number in"):
+        _judge_pair(tmp_path, [0.5] * 5, [0.4] * 5, **{key: value})
+
+
 def test_bad_claims_are_refused_with_the_key_and_what_is_allowed(tmp_path):
     root = _fixture(tmp_path)
     claims = yaml.safe_load((root / "claims.yaml").read_text())

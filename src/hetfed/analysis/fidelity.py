@@ -12,7 +12,14 @@ Kinds of claim:
   paired 95% CI excludes zero in the paper's direction with ≥ 5 seeds; "in sign, not
   in size" when the paper's own difference, if recorded, lies outside that CI);
   ``direction: 0`` with a ``margin`` is "A matches B": reproduced when the whole
-  paired CI lies within ±margin (:func:`hetfed.analysis.paired.equivalence`);
+  paired CI lies within ±margin (:func:`hetfed.analysis.paired.equivalence`).
+  Two guards keep the CI rule from calling a meaningless difference reproduced:
+  a claim that names its metric's ``chance`` level (0.1 for a balanced 10-class
+  test set) is *at chance* when both models' means lie within
+  :data:`CHANCE_MARGIN` of it — neither learned, so their order says nothing;
+  and a difference whose CI excludes zero but whose mean is below the claim's
+  ``negligible`` (default :data:`NEGLIGIBLE`) is *reproduced in sign, negligible
+  in size* — five seeds of near-identical models make a +0.001 "significant";
 - ``value``: one of the paper's numbers — hetfed's mean ± 95% CI next to it;
   *reproduced* when the paper's number lies within the CI widened by the claim's
   ``tolerance`` (default 0.01), *not reproduced* otherwise (the gap is shown);
@@ -42,6 +49,10 @@ from hetfed.errors import ConfigError
 
 KINDS = ("paired", "value", "not_run")
 SELECTS = ("best", "final")
+#: how far above a claim's ``chance`` both models may lie and still count as not having learned (accuracy)
+CHANCE_MARGIN = 0.05
+#: the smallest mean difference that counts as a size, not only a sign (half a point of accuracy)
+NEGLIGIBLE = 0.005
 
 
 @dataclass(frozen=True)
@@ -126,8 +137,33 @@ def _combined(verdicts: dict[str, str], select: str) -> str:
     return main
 
 
+def _number(claim: dict, key: str, default: float | None, low: float, high: float) -> float | None:
+    """The claim's ``key`` as a float in [low, high), or a one-line error naming the claim, key and value."""
+    value = claim.get(key, default)
+    if value is None:
+        return None
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        number = math.nan
+    if not low <= number < high:
+        raise ConfigError(f"claims: {claim['id']}: {key} {value!r} is not allowed: expected a number in [{low:g}, {high:g})")
+    return number
+
+
+def _guarded(verdict_: str, r: Paired, means: tuple[float, float], chance: float | None, negligible: float) -> str:
+    """The CI verdict, unless both models sit at chance or the difference is too small to be a size."""
+    if chance is not None and max(means) <= chance + CHANCE_MARGIN:
+        return f"at chance: both models within {CHANCE_MARGIN:g} of {chance:g}, so their order says nothing"
+    if verdict_ == "reproduced" and abs(r.mean) < negligible:
+        return "reproduced in sign, negligible in size"
+    return verdict_
+
+
 def _judge_paired(results: Path, claim: dict) -> Judged:
     direction = int(claim.get("direction", 1))
+    chance = _number(claim, "chance", None, 0.0, 1.0)
+    negligible = _number(claim, "negligible", NEGLIGIBLE, 0.0, math.inf)
     shown, verdicts, stats, seeds = [], {}, {}, ""
     for select in SELECTS:
         try:
@@ -150,6 +186,8 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
             verdicts[select] = "reproduced in sign, not in size"  # the paper's difference lies outside the CI
         ma, ha = _mean_ci([a[s] for s in common])
         mb, hb = _mean_ci([b[s] for s in common])
+        # a "matches" claim is about a small difference, so only the chance guard applies to it
+        verdicts[select] = _guarded(verdicts[select], r, (ma, mb), chance, negligible if direction else 0.0)
         shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
                      f"{claim['b']['method']} {_fmt(mb, hb, len(common))}")
         seeds = str(len(common))
@@ -231,7 +269,9 @@ def render(results: Path, claims_path: Path) -> str:
         "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why);",
         "*not judged* — hetfed's number where the paper's could not be recorded here. A claim that A *matches* B",
         "is reproduced when the whole paired CI lies within ±its margin, not reproduced when it lies wholly",
-        "beyond it, *inconclusive* otherwise.",
+        "beyond it, *inconclusive* otherwise. *At chance* — the claim names its metric's chance level and both",
+        f"models lie within {CHANCE_MARGIN:g} of it, so their order says nothing; *reproduced in sign, negligible in size*",
+        f"— the CI excludes zero but the mean difference is below {NEGLIGIBLE:g} (or the claim's own `negligible`).",
         "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
         "loss, `final` = the last round's; Δ = mean paired difference [95% CI], Wilcoxon signed-rank p (two-sided;",
         "with 5 seeds it cannot go below 0.0625), seeds where the claimed winner won.",
