@@ -9,6 +9,7 @@ Every number comes from a results folder's runs.csv (one value per seed, written
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -17,10 +18,13 @@ from hetfed.analysis.fidelity import render
 HERE = Path(__file__).parent
 
 
-def main(argv: list[str]) -> int:
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python results/fidelity.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--check", action="store_true", help="exit 1 when FIDELITY.md is stale, instead of writing it")
+    args = ap.parse_args(argv)
     text = render(HERE, HERE / "claims.yaml")
     out = HERE / "FIDELITY.md"
-    if "--check" in argv:
+    if args.check:
         if not out.is_file() or out.read_text() != text:
             print(f"{out} is stale: run python results/fidelity.py", file=sys.stderr)
             return 1
@@ -31,4 +35,4 @@ def main(argv: list[str]) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main(sys.argv[1:]))
+    sys.exit(main())

@@ -22,6 +22,7 @@ diverged under attack is counted as what the server ended with: its final model
 
 from __future__ import annotations
 
+import argparse
 import json
 import sys
 from collections import defaultdict
@@ -250,22 +251,46 @@ def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_
                              "the mean round the validation loss chose\n")
 
 
-if __name__ == "__main__":
-    kind = sys.argv[1]
-    if kind == "grid":
-        print(grid_table(sys.argv[2], sys.argv[3], [Path(p) for p in sys.argv[4:]]))
-    elif kind == "heterogeneity-figure":
+def main(argv: list[str] | None = None) -> int:
+    """The command line above; bad arguments get argparse's usage line and exit status 2."""
+    ap = argparse.ArgumentParser(prog="python results/tables.py", description=__doc__.split("\n\n")[0])
+    sub = ap.add_subparsers(dest="kind", required=True)
+    for kind in ("attack", "dp", "leaderboard"):
+        sub.add_parser(kind).add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p = sub.add_parser("paired")
+    p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p.add_argument("baseline", nargs="?", default="fedavg")
+    p.add_argument("--final", action="store_true", help="the last round's values, not the best by validation")
+    p = sub.add_parser("runs")
+    p.add_argument("sweep", type=Path, metavar="FOLDER")
+    p.add_argument("baseline")
+    p.add_argument("metrics", nargs="*", default=["global_accuracy", "local_accuracy_mean"], metavar="METRIC")
+    p = sub.add_parser("grid")
+    p.add_argument("key")
+    p.add_argument("metric")
+    p.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
+    p = sub.add_parser("heterogeneity-figure")
+    p.add_argument("out", type=Path, metavar="OUT.png")
+    p.add_argument("metric")
+    p.add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
+    args = ap.parse_args(argv)
+    for folder in args.sweeps if "sweeps" in args else [args.sweep]:
+        if not folder.is_dir():
+            ap.error(f"folder {str(folder)!r} does not exist: expected a sweep or results folder")
+    if args.kind == "grid":
+        print(grid_table(args.key, args.metric, args.sweeps))
+    elif args.kind == "heterogeneity-figure":
         from hetfed.analysis.figures import plot_accuracy_vs_heterogeneity
 
-        print(plot_accuracy_vs_heterogeneity(heterogeneity_points(sys.argv[3], [Path(p) for p in sys.argv[4:]]),
-                                             sys.argv[3], sys.argv[2]))
-    elif kind == "leaderboard":
-        print(leaderboard_table(Path(sys.argv[2])))
-    elif kind == "runs":
-        print(runs_table(Path(sys.argv[2]), sys.argv[3], tuple(sys.argv[4:]) or ("global_accuracy", "local_accuracy_mean")))
-    elif kind == "paired":
-        args = [a for a in sys.argv[3:] if a != "--final"]
-        print(paired_table(Path(sys.argv[2]), *args[:1], when="final" if "--final" in sys.argv else "best"))
+        print(plot_accuracy_vs_heterogeneity(heterogeneity_points(args.metric, args.sweeps), args.metric, str(args.out)))
+    elif args.kind == "runs":
+        print(runs_table(args.sweep, args.baseline, tuple(args.metrics)))
+    elif args.kind == "paired":
+        print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        table = {"attack": attack_table, "dp": dp_table}[kind]
-        print(table(Path(sys.argv[2])))
+        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

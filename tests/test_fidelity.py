@@ -300,13 +300,37 @@ def test_paired_text():
     assert r.text(scale=100, digits=1).startswith("+15.0 [")
 
 
-def _script(name: str):
+def _script(name: str, folder: str = "results/paper"):
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location(name, REPO / "results" / "paper" / f"{name}.py")
+    spec = importlib.util.spec_from_file_location(name, REPO / folder / f"{name}.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+@pytest.mark.parametrize(("script", "folder", "argv", "error"), [
+    ("tables", "results", [], "the following arguments are required: kind"),
+    ("tables", "results", ["runs", "{tmp}"], "the following arguments are required: baseline"),
+    ("tables", "results", ["runs", "{tmp}/nowhere", "fedavg"], "folder '{tmp}/nowhere' does not exist"),
+    ("tables", "results", ["ranks", "{tmp}"], "invalid choice: 'ranks'"),
+    ("fedmoe_table1", "results/paper", ["{tmp}"], "folder '{tmp}' has no runs.csv"),
+    ("fsnet_rounds", "results/paper", ["{tmp}"], "folder '{tmp}' has no curves.csv"),
+    ("cgau_protocol", "results/paper", ["{tmp}"], "folder '{tmp}' has no runs.csv"),
+    ("fidelity", "results", ["--chek"], "unrecognized arguments: --chek"),
+])
+def test_results_scripts_refuse_bad_arguments_with_exit_2(tmp_path, capsys, script, folder, argv, error):
+    with pytest.raises(SystemExit) as exit_:
+        _script(script, folder).main([a.format(tmp=tmp_path) for a in argv])
+    assert exit_.value.code == 2
+    assert error.format(tmp=tmp_path) in capsys.readouterr().err
+
+
+def test_the_runs_table_command_prints_the_table(tmp_path, capsys):
+    root = _fixture(tmp_path)
+    tables = _script("tables", "results")
+    assert tables.main(["runs", str(root / "paper" / "shards"), "fedavg", "global_accuracy"]) == 0
+    assert capsys.readouterr().out == tables.runs_table(root / "paper" / "shards", "fedavg", ("global_accuracy",)) + "\n"
 
 
 def test_the_paper_readme_tables_are_what_the_results_give():

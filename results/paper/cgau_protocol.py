@@ -9,6 +9,7 @@ difference [95% CI] and the seeds CGAU won. Generated, never typed: a test compa
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -43,5 +44,15 @@ def table(folder: Path = FOLDER) -> str:
     return "\n".join(lines) + "\n"
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python results/paper/cgau_protocol.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", nargs="?", type=Path, default=FOLDER, metavar="FOLDER")
+    args = ap.parse_args(argv)
+    if not (args.folder / "runs.csv").is_file():
+        ap.error(f"folder {str(args.folder)!r} has no runs.csv: expected a results folder that hetfed sweep wrote")
+    print(table(args.folder))
+    return 0
+
+
 if __name__ == "__main__":
-    print(table(Path(sys.argv[1]) if len(sys.argv) > 1 else FOLDER))
+    sys.exit(main())

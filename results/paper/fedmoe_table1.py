@@ -15,6 +15,7 @@ results/paper/README.md.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -64,9 +65,17 @@ def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
     return "\n".join(lines) + "\n"
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python results/paper/fedmoe_table1.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("folders", nargs="*", type=Path, metavar="FOLDER", help="results folders (default: fedmoe_fmnist/p*)")
+    ap.add_argument("--key", default="partition.p", help="the swept key, one row per value (default partition.p)")
+    args = ap.parse_args(argv)
+    for folder in args.folders:
+        if not (folder / "runs.csv").is_file():
+            ap.error(f"folder {str(folder)!r} has no runs.csv: expected a results folder that hetfed sweep wrote")
+    print(table(args.folders or None, args.key))
+    return 0
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    swept = "partition.p"
-    if args[:1] == ["--key"]:
-        swept, args = args[1], args[2:]
-    print(table([Path(a) for a in args] or None, swept))
+    sys.exit(main())

@@ -10,6 +10,7 @@ Printed as a markdown table; the README of results/paper quotes it.
 
 from __future__ import annotations
 
+import argparse
 import csv
 import sys
 from collections import defaultdict
@@ -51,6 +52,17 @@ def round_table(folder: Path, a: str = "fsnet", b: str = "fedavg", after: int = 
     return "\n".join(lines) + "\n"
 
 
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python results/paper/fsnet_rounds.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("folder", type=Path, metavar="FOLDER")
+    ap.add_argument("a", nargs="?", default="fsnet", metavar="A", help="the method compared (default fsnet)")
+    ap.add_argument("b", nargs="?", default="fedavg", metavar="B", help="the baseline (default fedavg)")
+    args = ap.parse_args(argv)
+    if not (args.folder / "curves.csv").is_file():
+        ap.error(f"folder {str(args.folder)!r} has no curves.csv: expected a results folder that hetfed sweep wrote")
+    print(round_table(args.folder, args.a, args.b))
+    return 0
+
+
 if __name__ == "__main__":
-    folder = Path(sys.argv[1])
-    print(round_table(folder, *(sys.argv[2:4] if len(sys.argv) >= 4 else ())))
+    sys.exit(main())
