@@ -69,6 +69,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep)
 
+    p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on different seeds "
+                                     "(from their runs.csv and curves.csv; the run directories are not needed)")
+    p.add_argument("dirs", nargs="+", metavar="SWEEP_DIR", help="sweep directories, or results folders that kept runs.csv")
+    p.add_argument("--out", metavar="DIR", required=True, help="the merged sweep folder (new or empty)")
+    p.set_defaults(func=cmd_merge)
+
     p = sub.add_parser("report", help="write report.html for a run or sweep directory (self-contained, opens offline)")
     p.add_argument("dir", help="a run directory (hetfed run) or a sweep directory (hetfed sweep)")
     p.add_argument("--out", metavar="FILE", help="where to write the page (default: DIR/report.html)")
@@ -390,6 +396,20 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, present=present_sweep,
               resume=args.resume,
               jobs=args.jobs)
+    return 0
+
+
+def cmd_merge(args: argparse.Namespace) -> int:
+    from hetfed.analysis.merge import merge_sweeps
+
+    merged = merge_sweeps(args.dirs, args.out)
+    for problem in merged.figure_problems:
+        console.print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
+    if not merged.curves:
+        console.print("note: curves.csv is not in every folder, so the merged folder has no learning curves",
+                      style="yellow", soft_wrap=True)
+    seeds = ", ".join(map(str, merged.seeds))
+    console.print(f"merged {len(args.dirs)} sweeps (seeds {seeds}) into {merged.path}", soft_wrap=True)
     return 0
 
 

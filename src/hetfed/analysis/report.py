@@ -303,7 +303,7 @@ def _federation(d: Path, summary: dict | None) -> str:
 # ------------------------------------------------------------------ a sweep
 
 
-def _base_config(request: dict):
+def base_config(request: dict):
     """The sweep's base config (None when it cannot be read: the figures that need it are left out)."""
     from hetfed.config import build_config, migrate_legacy
 
@@ -334,6 +334,8 @@ def sweep_report(d: Path) -> str:
                                                                         for k, v in grid.items()) or "(none)"],
                 ["seeds per point", record.get("seeds")], ["runs complete", len(runs)], ["runs failed", len(failed)],
                 ["sum of the runs' wall time (s)", wall]]
+    if record.get("merged_from"):  # hetfed merge: the tables of these sweeps, their run directories not kept
+        overview.append(["merged from", ", ".join(record["merged_from"])])
     head = table(None, overview)
     if record.get("aggregation_error"):
         head += f"<p class='warn'>aggregation failed: {_esc(record['aggregation_error'])}</p>"
@@ -372,7 +374,7 @@ def sweep_report(d: Path) -> str:
 
     figs = ""
     try:
-        drawn = sweep_figures(table_rows, grid, run_dirs, _base_config(request))
+        drawn = sweep_figures(table_rows, grid, run_dirs, base_config(request))
     except Exception as err:
         drawn = []
         figs += f"<p class='warn'>figures not drawn: {_esc(type(err).__name__)}: {_esc(err)}</p>"

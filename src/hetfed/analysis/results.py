@@ -32,14 +32,23 @@ SWEEP_FIGURES = ("final.global_accuracy", "best.global_accuracy", "best.local_ac
                  "best.local_accuracy_opted_in_mean", "best.local_accuracy_opted_out_mean", "gamma", "gamma_excess")
 
 
+#: the learning curves a sweep draws, mean over seeds
+SWEEP_CURVES = ("global_accuracy", "local_accuracy_mean")
+
+
 def sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                  config: Config | None = None) -> list[tuple[str, Any]]:
-    """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure."""
+                  config: Config | None = None, curves_by_metric: dict[str, dict] | None = None,
+                  ) -> list[tuple[str, Any]]:
+    """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure.
+
+    The learning curves come from the run directories' metrics.csv, or from ``curves_by_metric``
+    (``{metric: {method: {grid point: [each seed's [(round, value)]]}}}``) where those directories are gone
+    (``hetfed merge`` reads them from the sweeps' curves.csv)."""
     from hetfed.analysis.figures import plot_global_vs_local, plot_relative, plot_sweep
 
     out: list[tuple[str, Any]] = []
-    for metric in ("global_accuracy", "local_accuracy_mean"):
-        curves = _mean_curves(run_dirs, metric)
+    for metric in SWEEP_CURVES:
+        curves = _mean_curves(run_dirs, metric) if curves_by_metric is None else curves_by_metric.get(metric, {})
         if curves:
             out.append((f"curves_{metric}", lambda path, c=curves, m=metric: _plot_curves(c, m, path)))
     rows = {r["method"] for r in table}
@@ -64,11 +73,12 @@ def _plot_curves(curves, metric: str, path):
 
 
 def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                        fig_dir: Path, config: Config | None = None) -> list[str]:
+                        fig_dir: Path, config: Config | None = None,
+                        curves_by_metric: dict[str, dict] | None = None) -> list[str]:
     """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
     problems: list[str] = []
     try:
-        figures = sweep_figures(table, grid, run_dirs, config)
+        figures = sweep_figures(table, grid, run_dirs, config, curves_by_metric)
     except Exception as err:  # a figure must never cost the sweep its tables
         return [f"learning curves: {type(err).__name__}: {err}"]
     for name, draw in figures:

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -204,11 +204,11 @@ def run_sweep(
     write_json_atomic(sweep_dir / "sweep.json", record)
     try:
         table = aggregate(summaries, list(grid))
-        _write_table(sweep_dir / "sweep.csv", table, list(grid))
+        write_table(sweep_dir / "sweep.csv", table, list(grid))
         write_runs(sweep_dir / "runs.csv", summaries, list(grid))
         write_curves(sweep_dir / "curves.csv", [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
                      list(grid))
-        _write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
+        write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
     except Exception as err:
         write_json_atomic(sweep_dir / "sweep.json", {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
         raise RunError(
@@ -235,7 +235,7 @@ def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], r
         run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         done = run_dir / "config.yaml"
         if (run_dir / "summary.json").is_file() and done.is_file() and not same_config(done, cfg):
-            changed.append((run_dir, _config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
+            changed.append((run_dir, config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
     if changed:
         run_dir, diff = changed[0]
         raise RunError(
@@ -245,12 +245,12 @@ def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], r
         )
 
 
-def _config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     """The dotted keys whose values differ between two resolved configs (``key: old → new``)."""
     if isinstance(old, dict) and isinstance(new, dict):
         out = []
         for k in sorted(set(old) | set(new), key=str):
-            out += _config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
+            out += config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
         return out
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
@@ -388,7 +388,7 @@ def _move_aside(run_dir: Path) -> Path:
     return target
 
 
-def _write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
+def write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
     """Table 1 of the CGAU paper: Γ (and label skew) per grid point, mean ± 95% CI."""
     cols = [*keys, "metric", "mean", "ci95", "n"]
     with open(path, "w", newline="") as fh:
@@ -424,17 +424,24 @@ def run_values(summary: dict):
 
 def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
     """Mean ± 95% CI over seeds, per grid point × method × metric."""
+    return aggregate_values(((tuple(_cell(point[k]) for k in keys), method, metric, value)
+                             for point, _seed, summary in summaries
+                             for method, metric, value in run_values(summary)), keys)
+
+
+def aggregate_values(values: Iterable[tuple[tuple, str, str, float]], keys: list[str]) -> list[dict]:
+    """Mean ± 95% CI over seeds of ``(grid point cells, method, metric, one run's value)`` items, per grid point ×
+    method × metric, in the order first seen — what :func:`aggregate` computes from run summaries, and
+    ``hetfed merge`` from the runs.csv of sweeps whose run directories are gone."""
     groups: dict[tuple, dict[str, list[float]]] = {}
-    for point, _seed, summary in summaries:
-        pkey = tuple(_cell(point[k]) for k in keys)
-        for method, metric, value in run_values(summary):
-            groups.setdefault((pkey, method), {}).setdefault(metric, []).append(value)
+    for pkey, method, metric, value in values:
+        groups.setdefault((pkey, method), {}).setdefault(metric, []).append(value)
     rows = []
     for (pkey, method), metrics in groups.items():
-        for metric, values in metrics.items():
+        for metric, vals in metrics.items():
             row = dict(zip(keys, pkey, strict=True))
-            row.update(method=method, metric=metric, mean=float(np.mean(values)), ci95=ci95(values), n=len(values),
-                       min=float(np.min(values)), max=float(np.max(values)))
+            row.update(method=method, metric=metric, mean=float(np.mean(vals)), ci95=ci95(vals), n=len(vals),
+                       min=float(np.min(vals)), max=float(np.max(vals)))
             rows.append(row)
     return rows
 
@@ -479,7 +486,7 @@ def _cell(value: Any) -> Any:
     return value if value is None or isinstance(value, str | int | float | bool) else value_key(value)
 
 
-def _write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
+def write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
     cols = [*keys, "method", "metric", "mean", "ci95", "n"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)

@@ -1,0 +1,186 @@
+"""``hetfed merge``: one sweep's tables from sweeps of the same config run on different seeds.
+
+A sweep that needs more seeds is normally extended in place (``hetfed sweep … --seeds 5 --out DIR --resume``
+reuses the runs it has). That needs the run directories, which are large (a FedMoE run of the paper's protocol
+is ~20 MB) and are often deleted once a sweep's small tables are kept (``runs.csv``, ``curves.csv``: what
+``results/`` holds). Then the extra seeds are run as a sweep of their own (``--set seed=3 --seeds 2``) and this
+module combines the two from their tables alone: ``runs.csv`` and ``curves.csv`` concatenated, ``sweep.csv`` and
+``heterogeneity.csv`` recomputed over every seed (the same mean and Student-t CI as ``hetfed sweep``), and the
+sweep's learning-curve and per-metric figures redrawn.
+
+Refused, with one line each: a folder without ``runs.csv``; sweeps over different grid keys; a seed that two
+folders both hold for the same grid point (it would be counted twice); sweeps whose recorded configs
+(``sweep_request.json``, where kept) differ in anything but the seed; an ``--out`` that already holds files.
+The merged folder is written beside ``--out`` and renamed into place, so a failure leaves nothing half-written.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetfed.errors import ConfigError
+from hetfed.runs.rundir import write_json_atomic
+from hetfed.runs.sweep import (
+    aggregate_values,
+    config_diff,
+    point_name,
+    write_heterogeneity,
+    write_table,
+)
+
+RUNS = "runs.csv"
+CURVES = "curves.csv"
+
+
+def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
+    with open(path, newline="") as fh:
+        rows = list(csv.reader(fh))
+    if not rows or "seed" not in rows[0]:
+        raise ConfigError(f"merge: {path} is not a sweep's {path.name} (expected a header with a 'seed' column)")
+    return rows[0], rows[1:]
+
+
+def _grid_keys(header: list[str]) -> list[str]:
+    return header[: header.index("seed")]
+
+
+def _same_configs(folders: Sequence[Path]) -> dict | None:
+    """The first recorded sweep request; refuse sweeps whose configs differ in anything but the seed."""
+    first: tuple[Path, dict] | None = None
+    for folder in folders:
+        path = folder / "sweep_request.json"
+        if not path.is_file():
+            continue
+        request = json.loads(path.read_text())
+        if first is None:
+            first = (folder, request)
+            continue
+        a = {**first[1].get("config", {}), "seed": None}
+        b = {**request.get("config", {}), "seed": None}
+        diff = config_diff(a, b) + config_diff(first[1].get("grid", {}), request.get("grid", {}), "grid.")
+        if diff:
+            raise ConfigError(f"merge: {folder} was run with a different config from {first[0]} "
+                              f"({', '.join(diff[:4])}); expected sweeps of one config that differ only in their seeds")
+    return None if first is None else first[1]
+
+
+def _cell_value(text: str) -> Any:
+    """A runs.csv grid cell as the value it spells (numbers as numbers), for the sweep's grid record."""
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError:
+        return text
+
+
+@dataclass(frozen=True)
+class Merged:
+    """What :func:`merge_sweeps` wrote: the folder, the seeds it now holds, and the figures it could not draw."""
+
+    path: Path
+    seeds: list[int]
+    curves: bool
+    figure_problems: list[str]
+
+
+def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
+    """Combine sweeps of one config run on different seeds into one sweep folder at ``out``."""
+    folders = [Path(f) for f in folders]
+    out = Path(out)
+    if len(folders) < 2:
+        raise ConfigError(f"merge: {len(folders)} sweep folder given; expected two or more to merge")
+    for folder in folders:
+        if not (folder / RUNS).is_file():
+            raise ConfigError(f"merge: {folder / RUNS} is missing; expected a sweep directory (hetfed sweep) or a "
+                              "results folder that kept its runs.csv")
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise ConfigError(f"--out {str(out)!r} is not allowed: it already holds files; expected a new or empty folder")
+    request = _same_configs(folders)
+
+    tables = [(folder, *_read_csv(folder / RUNS)) for folder in folders]
+    header = tables[0][1]
+    keys = _grid_keys(header)
+    owner: dict[tuple[tuple[str, ...], str], Path] = {}
+    rows: list[list[str]] = []
+    for folder, head, body in tables:
+        if head != header:
+            raise ConfigError(f"merge: {folder / RUNS} has columns {head}, {tables[0][0] / RUNS} has {header}; "
+                              "expected sweeps over the same grid keys")
+        for pkey, seed in sorted({(tuple(r[: len(keys)]), r[len(keys)]) for r in body}):
+            if (pkey, seed) in owner:
+                where = ", ".join(f"{k}={v}" for k, v in zip(keys, pkey, strict=True)) or "the sweep's one point"
+                raise ConfigError(f"merge: seed {seed} at {where} is in both {owner[pkey, seed]} and {folder}; "
+                                  "expected sweeps run on different seeds (hetfed sweep … --set seed=K)")
+            owner[pkey, seed] = folder
+        rows += body
+
+    points = list(dict.fromkeys(tuple(r[: len(keys)]) for r in rows))  # first-seen order, as hetfed sweep
+    rows.sort(key=lambda r: (points.index(tuple(r[: len(keys)])), int(r[len(keys)])))
+    table = aggregate_values(((tuple(r[: len(keys)]), r[-3], r[-2], float(r[-1])) for r in rows), keys)
+    have_curves = all((f / CURVES).is_file() for f in folders)
+
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        with open(tmp / RUNS, "w", newline="") as fh:
+            csv.writer(fh).writerows([header, *rows])
+        write_table(tmp / "sweep.csv", table, keys)
+        write_heterogeneity(tmp / "heterogeneity.csv", table, keys)
+        curves = _merge_curves(folders, tmp / CURVES, keys) if have_curves else None
+        grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in points)) for i, k in enumerate(keys)}
+        seeds = sorted({int(r[len(keys)]) for r in rows})
+        write_json_atomic(tmp / "sweep.json", {
+            "grid": grid, "seeds": len(seeds), "seed_values": seeds, "runs": [], "failed": [], "rows": table,
+            "merged_from": [str(f) for f in folders], "curves": have_curves})
+        if request is not None:
+            write_json_atomic(tmp / "sweep_request.json", request)
+        problems = _figures(tmp, table, grid, request, curves)
+        if out.exists():
+            out.rmdir()
+        tmp.rename(out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return Merged(out, seeds, have_curves, problems)
+
+
+def _merge_curves(folders: Sequence[Path], path: Path, keys: list[str]) -> dict[str, dict]:
+    """Concatenate the curves.csv files; return ``{metric: {method: {grid point: [each seed's curve]}}}``."""
+    header: list[str] | None = None
+    body: list[list[str]] = []
+    for folder in folders:
+        head, rows = _read_csv(folder / CURVES)
+        if header is not None and head != header:
+            raise ConfigError(f"merge: {folder / CURVES} has columns {head}; expected {header}")
+        header = head
+        body += rows
+    assert header is not None
+    with open(path, "w", newline="") as fh:
+        csv.writer(fh).writerows([header, *body])
+    n = len(keys)
+    runs: dict[tuple[str, str, str, str], list[tuple[int, float]]] = {}
+    for r in body:  # keys…, seed, method, round, metric, value
+        point = point_name(dict(zip(keys, r[:n], strict=True)))
+        runs.setdefault((r[n + 3], r[n + 1], point, r[n]), []).append((int(r[n + 2]), float(r[n + 4])))
+    out: dict[str, dict] = {}
+    for (metric, method, point, _seed), curve in runs.items():
+        if len(curve) > 1:
+            out.setdefault(metric, {}).setdefault(method, {}).setdefault(point, []).append(sorted(curve))
+    return out
+
+
+def _figures(folder: Path, table: list[dict], grid: dict[str, list[Any]], request: dict | None,
+             curves: dict[str, dict] | None) -> list[str]:
+    from hetfed.analysis.report import base_config
+    from hetfed.analysis.results import write_sweep_figures
+
+    config = base_config(request) if request is not None else None
+    return write_sweep_figures(table, grid, [], folder / "figures", config, curves_by_metric=curves or {})
