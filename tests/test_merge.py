@@ -150,6 +150,23 @@ def test_bad_merges_are_refused_with_one_line_and_nothing_written(tmp_path, caps
     assert main(["merge", str(a), str(c), "--out", str(tmp_path / "m")]) == 0  # differs in the seed only: merged
 
 
+def test_other_values_of_the_swept_key_extend_the_grid(tmp_path):
+    a = _runs(tmp_path / "a", {0: {"0.5": 0.8}, 1: {"0.5": 0.6}})
+    b = _runs(tmp_path / "b", {0: {"1.0": 0.4}, 1: {"1.0": 0.2}})
+    for folder, p in ((a, 0.5), (b, 1.0)):  # each sweep's base config holds its own grid value and seed
+        (folder / "sweep_request.json").write_text(json.dumps(
+            {"config": {"seed": 0, "partition": {"p": p, "clients": 10}}, "grid": {"partition.p": [p]}}))
+    merge_sweeps([a, b], tmp_path / "m")
+    table = _table(tmp_path / "m" / "sweep.csv")
+    assert float(table["0.5", "fedavg", "best.global_accuracy"]["mean"]) == pytest.approx(0.7)
+    assert float(table["1.0", "fedavg", "best.global_accuracy"]["mean"]) == pytest.approx(0.3)
+    assert json.loads((tmp_path / "m" / "sweep.json").read_text())["grid"] == {"partition.p": [0.5, 1.0]}
+    (b / "sweep_request.json").write_text(json.dumps(
+        {"config": {"seed": 0, "partition": {"p": 1.0, "clients": 20}}, "grid": {"partition.p": [1.0]}}))
+    with pytest.raises(ConfigError, match="partition.clients: 10 → 20"):
+        merge_sweeps([a, b], tmp_path / "m2")
+
+
 def test_a_folder_without_curves_merges_its_tables_only(tmp_path):
     a = _runs(tmp_path / "a", {0: {"0.5": 0.8}})
     b = _runs(tmp_path / "b", {1: {"0.5": 0.6}})

@@ -69,8 +69,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true")
     p.set_defaults(func=cmd_sweep)
 
-    p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on different seeds "
-                                     "(from their runs.csv and curves.csv; the run directories are not needed)")
+    p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on other seeds or grid "
+                                     "values (from their runs.csv and curves.csv; the run directories are not needed)")
     p.add_argument("dirs", nargs="+", metavar="SWEEP_DIR", help="sweep directories, or results folders that kept runs.csv")
     p.add_argument("--out", metavar="DIR", required=True, help="the merged sweep folder (new or empty)")
     p.set_defaults(func=cmd_merge)

@@ -1,10 +1,10 @@
-"""``hetfed merge``: one sweep's tables from sweeps of the same config run on different seeds.
+"""``hetfed merge``: one sweep's tables from sweeps of one config run on other seeds or other grid values.
 
 A sweep that needs more seeds is normally extended in place (``hetfed sweep … --seeds 5 --out DIR --resume``
 reuses the runs it has). That needs the run directories, which are large (a FedMoE run of the paper's protocol
 is ~20 MB) and are often deleted once a sweep's small tables are kept (``runs.csv``, ``curves.csv``: what
 ``results/`` holds). Then the extra seeds are run as a sweep of their own (``--set seed=3 --seeds 2``) and this
-module combines the two from their tables alone: ``runs.csv`` and ``curves.csv`` concatenated, ``sweep.csv`` and
+module combines the two from their tables alone (as it combines sweeps over other values of the same keys): ``runs.csv`` and ``curves.csv`` concatenated, ``sweep.csv`` and
 ``heterogeneity.csv`` recomputed over every seed (the same mean and Student-t CI as ``hetfed sweep``), and the
 sweep's learning-curve and per-metric figures redrawn.
 
@@ -53,8 +53,22 @@ def _grid_keys(header: list[str]) -> list[str]:
     return header[: header.index("seed")]
 
 
-def _same_configs(folders: Sequence[Path]) -> dict | None:
-    """The first recorded sweep request; refuse sweeps whose configs differ in anything but the seed."""
+def _without(config: dict, dotted: list[str]) -> dict:
+    """``config`` with the given dotted keys removed (what each run sets for itself: its seed, its grid values)."""
+    out = json.loads(json.dumps(config))
+    for key in dotted:
+        *path, last = key.split(".")
+        node = out
+        for part in path:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict):
+            node.pop(last, None)
+    return out
+
+
+def _same_configs(folders: Sequence[Path], keys: list[str]) -> dict | None:
+    """The first recorded sweep request; refuse sweeps whose configs differ in more than the seed and the
+    swept keys' values (more seeds, or more values of the same keys, are what a merge adds)."""
     first: tuple[Path, dict] | None = None
     for folder in folders:
         path = folder / "sweep_request.json"
@@ -64,12 +78,12 @@ def _same_configs(folders: Sequence[Path]) -> dict | None:
         if first is None:
             first = (folder, request)
             continue
-        a = {**first[1].get("config", {}), "seed": None}
-        b = {**request.get("config", {}), "seed": None}
-        diff = config_diff(a, b) + config_diff(first[1].get("grid", {}), request.get("grid", {}), "grid.")
+        diff = config_diff(_without(first[1].get("config", {}), ["seed", *keys]),
+                           _without(request.get("config", {}), ["seed", *keys]))
         if diff:
             raise ConfigError(f"merge: {folder} was run with a different config from {first[0]} "
-                              f"({', '.join(diff[:4])}); expected sweeps of one config that differ only in their seeds")
+                              f"({', '.join(diff[:4])}); expected sweeps of one config that differ only in their "
+                              "seeds or the values of their swept keys")
     return None if first is None else first[1]
 
 
@@ -103,8 +117,6 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
                               "results folder that kept its runs.csv")
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise ConfigError(f"--out {str(out)!r} is not allowed: it already holds files; expected a new or empty folder")
-    request = _same_configs(folders)
-
     tables = [(folder, *_read_csv(folder / RUNS)) for folder in folders]
     header = tables[0][1]
     keys = _grid_keys(header)
@@ -121,6 +133,7 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
                                   "expected sweeps run on different seeds (hetfed sweep … --set seed=K)")
             owner[pkey, seed] = folder
         rows += body
+    request = _same_configs(folders, keys)
 
     points = list(dict.fromkeys(tuple(r[: len(keys)]) for r in rows))  # first-seen order, as hetfed sweep
     rows.sort(key=lambda r: (points.index(tuple(r[: len(keys)])), int(r[len(keys)])))
