@@ -80,6 +80,7 @@ def test_merged_means_and_cis_are_over_every_seed_of_both_sweeps(tmp_path):
     assert record["merged_from"] == [str(a), str(b)]
 
 
+@pytest.mark.slow
 def test_merging_two_seed_ranges_gives_the_sweep_over_both(tmp_path, capsys):
     """A sweep over seeds {0, 1} and the merge of sweeps run on {0} and on {1}: the same tables."""
     config = str(REPO / "configs" / "default.yaml")
