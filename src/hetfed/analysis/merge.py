@@ -4,13 +4,15 @@ A sweep that needs more seeds is normally extended in place (``hetfed sweep … 
 reuses the runs it has). That needs the run directories, which are large (a FedMoE run of the paper's protocol
 is ~20 MB) and are often deleted once a sweep's small tables are kept (``runs.csv``, ``curves.csv``: what
 ``results/`` holds). Then the extra seeds are run as a sweep of their own (``--set seed=3 --seeds 2``) and this
-module combines the two from their tables alone (as it combines sweeps over other values of the same keys): ``runs.csv`` and ``curves.csv`` concatenated, ``sweep.csv`` and
-``heterogeneity.csv`` recomputed over every seed (the same mean and Student-t CI as ``hetfed sweep``), and the
-sweep's learning-curve and per-metric figures redrawn.
+module combines the two from their tables alone, as it combines sweeps over other values of the same keys:
+``runs.csv`` and ``curves.csv`` concatenated, ``sweep.csv`` and ``heterogeneity.csv`` recomputed over every seed
+(the same mean and Student-t CI as ``hetfed sweep``), and the sweep's learning-curve and per-metric figures
+redrawn.
 
 Refused, with one line each: a folder without ``runs.csv``; sweeps over different grid keys; a seed that two
 folders both hold for the same grid point (it would be counted twice); sweeps whose recorded configs
-(``sweep_request.json``, where kept) differ in anything but the seed; an ``--out`` that already holds files.
+(``sweep_request.json``, where kept) differ in more than the seed and the swept keys' values; an ``--out`` that
+already holds files.
 The merged folder is written beside ``--out`` and renamed into place, so a failure leaves nothing half-written.
 """
 
@@ -106,7 +108,7 @@ class Merged:
 
 
 def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
-    """Combine sweeps of one config run on different seeds into one sweep folder at ``out``."""
+    """Combine sweeps of one config, run on other seeds or other grid values, into one sweep folder at ``out``."""
     folders = [Path(f) for f in folders]
     out = Path(out)
     if len(folders) < 2:
@@ -120,13 +122,14 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
     tables = [(folder, *_read_csv(folder / RUNS)) for folder in folders]
     header = tables[0][1]
     keys = _grid_keys(header)
+    n = len(keys)  # a row: grid cells…, seed, method, metric, value
     owner: dict[tuple[tuple[str, ...], str], Path] = {}
     rows: list[list[str]] = []
     for folder, head, body in tables:
         if head != header:
             raise ConfigError(f"merge: {folder / RUNS} has columns {head}, {tables[0][0] / RUNS} has {header}; "
                               "expected sweeps over the same grid keys")
-        for pkey, seed in sorted({(tuple(r[: len(keys)]), r[len(keys)]) for r in body}):
+        for pkey, seed in sorted({(tuple(r[:n]), r[n]) for r in body}):
             if (pkey, seed) in owner:
                 where = ", ".join(f"{k}={v}" for k, v in zip(keys, pkey, strict=True)) or "the sweep's one point"
                 raise ConfigError(f"merge: seed {seed} at {where} is in both {owner[pkey, seed]} and {folder}; "
@@ -135,9 +138,9 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
         rows += body
     request = _same_configs(folders, keys)
 
-    points = list(dict.fromkeys(tuple(r[: len(keys)]) for r in rows))  # first-seen order, as hetfed sweep
-    rows.sort(key=lambda r: (points.index(tuple(r[: len(keys)])), int(r[len(keys)])))
-    table = aggregate_values(((tuple(r[: len(keys)]), r[-3], r[-2], float(r[-1])) for r in rows), keys)
+    order = {p: i for i, p in enumerate(dict.fromkeys(tuple(r[:n]) for r in rows))}  # first seen, as hetfed sweep
+    rows.sort(key=lambda r: (order[tuple(r[:n])], int(r[n])))
+    table = aggregate_values(((tuple(r[:n]), r[n + 1], r[n + 2], float(r[n + 3])) for r in rows), keys)
     have_curves = all((f / CURVES).is_file() for f in folders)
 
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -148,8 +151,8 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
         write_table(tmp / "sweep.csv", table, keys)
         write_heterogeneity(tmp / "heterogeneity.csv", table, keys)
         curves = _merge_curves(folders, tmp / CURVES, keys) if have_curves else None
-        grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in points)) for i, k in enumerate(keys)}
-        seeds = sorted({int(r[len(keys)]) for r in rows})
+        grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in order)) for i, k in enumerate(keys)}
+        seeds = sorted({int(r[n]) for r in rows})
         write_json_atomic(tmp / "sweep.json", {
             "grid": grid, "seeds": len(seeds), "seed_values": seeds, "runs": [], "failed": [], "rows": table,
             "merged_from": [str(f) for f in folders], "curves": have_curves})
