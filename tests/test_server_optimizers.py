@@ -7,7 +7,8 @@ The reference below is written from the papers, in NumPy float64, not from hetfe
 - FedAdagrad / FedAdam / FedYogi, Reddi et al. 2021 ("Adaptive Federated Optimization", Algorithm 2):
   m ← β₁m + (1−β₁)Δ; v ← v + Δ² | β₂v + (1−β₂)Δ² | v − (1−β₂)Δ²·sign(v − Δ²); x ← x + η m/(√v + τ),
   with m₋₁ = 0 and v₋₁ = τ² (the paper requires v₋₁ ≥ τ²);
-- Flower's FedAdam: the same with v₋₁ = 0 and η_t = η·√(1−β₂ᵗ)/(1−β₁ᵗ).
+- Kingma & Ba's bias correction (``bias_correction``): the same with v₋₁ = 0 and η_t = η·√(1−β₂ᵗ)/(1−β₁ᵗ);
+- Flower's own strategies (``variant: flower``): driven through Flower's classes, not a formula (below).
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 
 from hetfed.config import ServerConfig, TrainConfig, build_config
 from hetfed.engine.types import Upload
+from hetfed.errors import ConfigError
 from hetfed.server.pipeline import pipeline_for
 
 
@@ -68,7 +70,7 @@ def test_each_optimiser_follows_its_papers_equations_over_three_rounds(kind, lr)
         np.testing.assert_allclose(params["w"].numpy(), want, rtol=1e-10, atol=1e-12)
 
 
-def test_flowers_bias_corrected_fedadam_is_the_option():
+def test_kingmas_bias_corrected_fedadam_is_the_option():
     x0 = np.zeros(5)
     rounds = _rounds(3)
     expected = reference("adam", x0, rounds, 0.1, flower=True)
@@ -120,3 +122,104 @@ def test_fedadam_runs_with_every_algorithm_with_a_server_model(tmp_path, algorit
     key = "server_loss" if model == "cgau" else "global_loss"  # CGAU's server model: zero conditioning
     assert np.isfinite(adam["final"][key])
     assert adam["final"][key] != plain["final"][key]
+
+
+# ------------------------------------------------------------------ Flower's own strategy classes (#45)
+
+
+@pytest.fixture
+def flower_task():
+    """Flower's Messages need a task identity (set by a running ServerApp); set one for the test."""
+    pytest.importorskip("flwr")
+    from flwr.supercore.task_identity import TaskIdentity
+
+    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
+    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
+    yield
+    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
+
+
+class _Nodes:
+    """The part of a Flower Grid a strategy's configure_train asks: which nodes are connected."""
+
+    def __init__(self, n: int):
+        self.n = n
+
+    def get_node_ids(self):
+        return list(range(1, self.n + 1))
+
+
+def _flower_strategy(kind: str, lr: float, n: int):
+    from flwr.serverapp import strategy
+
+    common = {"min_available_nodes": n, "min_train_nodes": n}
+    if kind == "avgm":
+        return strategy.FedAvgM(server_learning_rate=lr, server_momentum=0.9, **common)
+    if kind == "adagrad":  # Flower's FedAdagrad takes no β₁ (it is 0) and no β₂
+        return strategy.FedAdagrad(eta=lr, tau=1e-3, **common)
+    cls = {"adam": strategy.FedAdam, "yogi": strategy.FedYogi}[kind]
+    return cls(eta=lr, beta_1=0.9, beta_2=0.99, tau=1e-3, **common)
+
+
+def _flower_rounds(kind: str, lr: float, x0: np.ndarray, rounds) -> list[np.ndarray]:
+    """x after each round, computed by Flower's own strategy class from the same replies."""
+    from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MetricRecord, RecordDict
+
+    n = len(rounds[0][1])
+    flwr_strategy, out = _flower_strategy(kind, lr, n), []
+    arrays = ArrayRecord({"w": Array(x0.copy())})
+    for r, (models, counts) in enumerate(rounds, start=1):
+        instructions = list(flwr_strategy.configure_train(r, arrays, ConfigRecord(), _Nodes(n)))
+        replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(models[i].copy())}),
+                                       "metrics": MetricRecord({"num-examples": int(counts[i])})}), reply_to=msg)
+                   for i, msg in enumerate(instructions)]
+        arrays, _ = flwr_strategy.aggregate_train(r, replies)
+        out.append(arrays["w"].numpy().copy())
+    return out
+
+
+@pytest.mark.parametrize("lr", [0.03, 0.1])
+@pytest.mark.parametrize("kind", ["adagrad", "adam", "yogi", "avgm"])
+def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kind, lr):
+    """Fed the same replies for 4 rounds, Flower 1.42's FedAdagrad / FedAdam / FedYogi / FedAvgM and hetfed's
+    ``server.variant: flower`` give the same global model. hetfed's default (the papers) differs for the
+    adaptive three: that is what the variant is for."""
+    rng = np.random.default_rng(7)
+    x0 = rng.normal(size=6)
+    rounds = [(x0 + rng.normal(scale=0.5, size=(4, 6)) * (r + 1), rng.integers(1, 50, size=4).astype(np.float64))
+              for r in range(4)]
+    want = _flower_rounds(kind, lr, x0, rounds)
+
+    def hetfed_rounds(**server) -> list[np.ndarray]:
+        pipe = pipeline_for(TrainConfig(reject_norm_factor=None), ServerConfig(optimizer=kind, lr=lr, **server))
+        params, state, out = {"w": torch.tensor(x0)}, {}, []
+        for models, counts in rounds:
+            params, state = pipe.step(params, Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts)),
+                                      state)
+            out.append(params["w"].numpy().copy())
+        return out
+
+    for got, expected in zip(hetfed_rounds(variant="flower"), want, strict=True):
+        np.testing.assert_allclose(got, expected, rtol=1e-9, atol=1e-12)
+    paper = hetfed_rounds()
+    if kind == "avgm":  # Hsu et al.'s FedAvgM is Flower's
+        np.testing.assert_allclose(paper[-1], want[-1], rtol=1e-9, atol=1e-12)
+    else:
+        assert np.abs(paper[-1] - want[-1]).max() > 1e-4
+
+
+def test_flowers_fedadam_takes_0_742_of_eta_in_its_first_round():
+    """√(1 − 0.99²)/(1 − 0.9²) = 0.7425…: Flower counts rounds from 1 and raises β to the round + 1."""
+    from hetfed.server.optimizers import ServerOptimizer
+
+    opt = ServerOptimizer("adam", lr=1.0, variant="flower")
+    delta = torch.tensor([0.5])
+    new, _ = opt.update({"w": torch.zeros(1, dtype=torch.float64)}, {"w": delta.double()}, {})
+    m, v = 0.1 * 0.5, 0.01 * 0.25  # (1 − β₁)Δ and (1 − β₂)Δ² from zero moments
+    assert new["w"].item() == pytest.approx(np.sqrt(1 - 0.99**2) / (1 - 0.9**2) * m / (np.sqrt(v) + 1e-3))
+    assert np.sqrt(1 - 0.99**2) / (1 - 0.9**2) == pytest.approx(0.7425, abs=1e-4)
+
+
+def test_flowers_variant_and_kingmas_bias_correction_are_refused_together():
+    with pytest.raises(ConfigError, match=r"server.bias_correction = true is not allowed with server.variant"):
+        build_config({"server": {"optimizer": "adam", "variant": "flower", "bias_correction": True}})

@@ -314,7 +314,7 @@ def test_a_failure_while_aggregating_keeps_the_runs_listed(tmp_path, capsys, mon
 
     monkeypatch.setattr(sweep, "aggregate", broken)
     out = tmp_path / "s"
-    code, _, err = run_cli(["sweep", str(REPO / "configs" / "default.yaml"), *FAST, "--grid", "seed=0,1",
+    code, _, err = run_cli(["sweep", str(REPO / "configs" / "default.yaml"), *FAST, "--grid", "partition.shuffle=0,1",
                             "--seeds", "1", "--out", str(out), "--quiet"], capsys)
     assert_one_line_error(code, err, "aggregating the sweep failed")
     record = json.loads((out / "sweep.json").read_text())

@@ -24,8 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetfed.config import Config, build_config, parse_overrides
-from hetfed.config import load_config as _load_file
+from hetfed.config import Config, build_config, parse_overrides, read_yaml, warn_unread
 from hetfed.errors import ConfigError, RunError
 
 if TYPE_CHECKING:
@@ -57,13 +56,14 @@ def load_config(source: str | Path | dict | Config | None = None,
     """
     extra = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
     if isinstance(source, Config):
-        return build_config(source.model_dump(mode="json"), extra)
-    if isinstance(source, dict):
-        return build_config(source, extra)
-    if source is None or isinstance(source, str | Path):
-        return build_config(_load_file(source).model_dump(mode="json"), extra) if source is not None \
-            else build_config({}, extra)
-    raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or None")
+        raw = source.model_dump(mode="json")
+    elif isinstance(source, dict):
+        raw = source
+    elif source is None or isinstance(source, str | Path):
+        raw = read_yaml(source) if source is not None else {}
+    else:
+        raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or None")
+    return warn_unread(build_config(raw, extra))
 
 
 def _config(config: str | Path | dict | Config | None) -> Config:

@@ -11,6 +11,7 @@ import argparse
 import json
 import signal
 import sys
+import warnings
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from rich.table import Table
 from hetfed import __version__
 from hetfed.config import Config, dump_config, load_config
 from hetfed.console import make_console
-from hetfed.errors import ConfigError, HetfedError, Terminated
+from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
 
 console: Console = make_console()
 err_console: Console = make_console(stderr=True)
@@ -334,7 +335,7 @@ def check_figure_path(path: str, key: str = "--plot") -> None:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.sets)
+    config = load_config(args.config, args.sets, scope="data")  # partitioning trains no method's model
     if args.plot:
         check_figure_path(args.plot)
     report = partition_report(config)
@@ -428,6 +429,14 @@ def _raise_terminated(signum: int, _frame: object) -> None:
     raise Terminated(signum)
 
 
+def _show_note(message, category, filename, lineno, file=None, line=None) -> None:
+    """hetfed's notes (:class:`HetfedNote`) as one ``note:`` line on stderr; other warnings as Python shows them."""
+    if issubclass(category, HetfedNote):
+        err_console.print(f"note: {error_line(str(message))}", style="yellow", soft_wrap=True)
+    else:
+        sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
 def error_line(message: str) -> str:
     """One line: an error message may quote YAML or file text with newlines."""
     return " ".join(str(message).split())
@@ -446,7 +455,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError:
         previous = previous_int = None
     try:
-        return args.func(args)
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_note
+            return args.func(args)
     except HetfedError as err:
         err_console.print(f"error: {error_line(str(err))}", style="bold red", soft_wrap=True)
         return 2

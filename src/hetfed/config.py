@@ -9,14 +9,15 @@ what is allowed.
 from __future__ import annotations
 
 import copy
+import json
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
 
-from hetfed.errors import ConfigError
+from hetfed.errors import ConfigError, HetfedNote
 
 DatasetName = Literal[
     "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
@@ -29,17 +30,30 @@ ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default."""
+    """Unknown keys are errors: a typo must not silently fall back to a default.
+
+    ``chooser`` names the field that picks what the section configures (``kind``, a dataset's
+    ``name``); a field declared with :func:`read_by` is read only by those choices, and a value
+    other than its default under another choice is noted (:func:`unread_keys`).
+    """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    chooser: ClassVar[str | None] = None
+
+
+def read_by(*choices: str) -> dict[str, Any]:
+    """A field's ``json_schema_extra``: the values of its section's ``chooser`` that read it."""
+    return {"read_by": list(choices)}
 
 
 class DatasetConfig(_Strict):
     """Which data to load. ``data_dir`` is searched first, then standard places."""
 
+    chooser: ClassVar[str | None] = "name"
+
     name: DatasetName = "digits"
     data_dir: str | None = None
-    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)")
+    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)", json_schema_extra=read_by("arrays"))
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="held-out share when the data has no test split"
     )
@@ -48,18 +62,15 @@ class DatasetConfig(_Strict):
     )
     categories: list[str] | None = Field(
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
-        "computers — the four largest)"
-    )
+        "computers — the four largest)", json_schema_extra=read_by("fortunes"))
     plays: list[str] | None = Field(
-        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them"
-    )
+        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them", json_schema_extra=read_by("shakespeare"))
     window_stride: int = Field(
-        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)"
-    )
+        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)", json_schema_extra=read_by("shakespeare"))
     features: int | None = Field(
-        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)")
+        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)", json_schema_extra=read_by("nodes"))
     classes: list[int | str] | None = Field(
-        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)")
+        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)", json_schema_extra=read_by("nodes"))
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
@@ -69,39 +80,42 @@ class DatasetConfig(_Strict):
 class EmbedConfig(_Strict):
     """The frozen feature extractor between loading and partitioning."""
 
+    chooser: ClassVar[str | None] = "kind"
+
     kind: EmbedKind = "identity"
-    components: int = Field(32, ge=1, description="output size for kind=pca")
-    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0")
+    components: int = Field(32, ge=1, description="output size for kind=pca", json_schema_extra=read_by("pca"))
+    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0", json_schema_extra=read_by("efficientnet_lite0"))
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens")
-    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included")
-    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id")
-    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)")
+    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens", json_schema_extra=read_by("tokens"))
+    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included", json_schema_extra=read_by("tokens"))
+    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id", json_schema_extra=read_by("tokens"))
+    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)", json_schema_extra=read_by("yamnet"))
 
 
 class PartitionConfig(_Strict):
     """How the data is split over simulated clients (see hetfed.partition)."""
 
+    chooser: ClassVar[str | None] = "kind"
+
     kind: PartitionKind = "feature_clusters"
     clients: int | None = Field(10, ge=1)
-    shuffle: float = Field(0.0, ge=0, le=1)
-    alpha: float = Field(0.5, gt=0)
-    p: float = Field(0.8, ge=0, le=1)
-    majority_classes: int = Field(2, ge=1)
-    n_shards: int | None = Field(None, ge=1)
-    shards_per_client: int = Field(2, ge=1)
+    shuffle: float = Field(0.0, ge=0, le=1, json_schema_extra=read_by("feature_clusters"))
+    alpha: float = Field(0.5, gt=0, json_schema_extra=read_by("dirichlet"))
+    p: float = Field(0.8, ge=0, le=1, json_schema_extra=read_by("majority"))
+    majority_classes: int = Field(2, ge=1, json_schema_extra=read_by("majority"))
+    n_shards: int | None = Field(None, ge=1, json_schema_extra=read_by("shards"))
+    shards_per_client: int = Field(2, ge=1, json_schema_extra=read_by("shards"))
     shard_cut: Literal["within_class", "sorted"] = Field(
         "within_class", description="shards: cut within each class (no shard straddles two labels), or McMahan et "
-        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)")
+        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)", json_schema_extra=read_by("shards"))
     opt_out: float = Field(0.0, ge=0, le=1)
-    min_size: int = Field(10, ge=0)
+    min_size: int = Field(10, ge=0, json_schema_extra=read_by("dirichlet"))
     natural_min_samples: int = Field(
-        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)"
-    )
-    samples_per_client: int | None = Field(None, ge=1)
-    pca_components: int = Field(2, ge=1)
+        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)", json_schema_extra=read_by("natural"))
+    samples_per_client: int | None = Field(None, ge=1, json_schema_extra=read_by("iid", "majority", "dirichlet"))
+    pca_components: int = Field(2, ge=1, json_schema_extra=read_by("feature_clusters"))
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
 
@@ -131,17 +145,19 @@ class HeterogeneityConfig(_Strict):
 class ModelConfig(_Strict):
     """The network every client trains. ``hidden`` are the MLP widths."""
 
+    chooser: ClassVar[str | None] = "kind"
+
     kind: ModelKind = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [64, 64])
-    dropout: float = Field(0.0, ge=0, lt=1)
-    condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], json_schema_extra=read_by("mlp", "cgau"))
+    dropout: float = Field(0.0, ge=0, lt=1, json_schema_extra=read_by("mlp", "cgau", "bilstm", "charlstm"))
+    condition_output: bool = Field(False, description="cgau: also condition the logits on the client", json_schema_extra=read_by("cgau"))
     batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
                                                 "fully connected layer (running statistics kept per client: FedBN)")
     embedding_dim: int = Field(100, ge=1, description="bilstm, charlstm: the token (character) embedding's width "
-                               "(McMahan et al.'s character LSTM: 8)")
+                               "(McMahan et al.'s character LSTM: 8)", json_schema_extra=read_by("bilstm", "charlstm"))
     lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction; charlstm: each "
-                             "layer's width (McMahan et al.: 256)")
-    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)")
+                             "layer's width (McMahan et al.: 256)", json_schema_extra=read_by("bilstm", "charlstm"))
+    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)", json_schema_extra=read_by("charlstm"))
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:
@@ -356,8 +372,21 @@ class ServerConfig(_Strict):
     beta2: float = Field(0.99, ge=0, lt=1, description="adam / yogi: second-moment decay β₂")
     tau: float = Field(1e-3, gt=0, description="adaptive: τ, the adaptivity (and v₋₁ = τ²)")
     bias_correction: bool = Field(
-        False, description="adaptive: Adam's bias correction and v₋₁ = 0, as Flower's FedAdam (the paper has neither)"
+        False, description="adaptive: Kingma & Ba's bias correction η·√(1−β₂ᵗ)/(1−β₁ᵗ) at step t = 1, 2, … and "
+        "v₋₁ = 0 (the paper has neither; Flower's is variant 'flower')"
     )
+    variant: Literal["paper", "flower"] = Field(
+        "paper", description="paper: Reddi et al.'s Algorithm 2 and Hsu et al.'s FedAvgM; flower: Flower's own "
+        "FedAdagrad / FedAdam / FedYogi / FedAvgM (flwr.serverapp.strategy): v₋₁ = 0, FedAdam's η scaled by "
+        "√(1−β₂^(t+1))/(1−β₁^(t+1)) at round t, FedAdagrad without β₁ (hetfed.server.optimizers)"
+    )
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> ServerConfig:
+        if self.variant == "flower" and self.bias_correction:
+            raise ValueError("server.bias_correction = true is not allowed with server.variant = 'flower': Flower's "
+                             "strategies have their own correction; expected one of the two")
+        return self
 
     @property
     def effective_lr(self) -> float:
@@ -368,7 +397,13 @@ class ServerConfig(_Strict):
 
 class MethodConfig(_Strict):
     """One method of a comparison: its algorithm and that algorithm's own ``params`` (see
-    ``hetfed algorithms``); ``model``/``train``/``server`` override the top-level sections."""
+    ``hetfed algorithms``); ``model``/``train``/``server`` override the top-level sections.
+
+    Precedence, lowest first: the defaults, the config file's top-level sections, the file's
+    per-method keys, a top-level override (``--set``, ``--grid``, the API's ``overrides``), a
+    per-method override (``--set methods.1.train.rounds=…``). A top-level override replaces
+    the per-method values of the same key, with a note naming them.
+    """
 
     name: str | None = None
     algorithm: str = "fedavg"
@@ -423,7 +458,11 @@ class Config(_Strict):
         return data
 
     @model_validator(mode="after")
-    def _methods_resolve(self) -> Config:
+    def _methods_resolve(self, info: ValidationInfo) -> Config:
+        """The methods resolve to registered algorithms with valid params and overrides; with the validation
+        context's ``scope`` = ``"data"`` (a command that only builds the federation, ``hetfed partition``), the
+        checks between a method's model and the data are left out: nothing is trained."""
+        scope = (info.context or {}).get("scope", "run")
         from hetfed.algorithms import (
             registry,  # the algorithms' own declarations (discovered, not listed here)
         )
@@ -454,7 +493,8 @@ class Config(_Strict):
             _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
             _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
             _validate_override(ServerConfig, self.server, m.server, f"methods.{i}.server")
-            self._check_model(i, m, caps)
+            if scope == "run":
+                self._check_model(i, m, caps)
         return self
 
     def _check_model(self, i: int, method: MethodConfig, caps) -> None:
@@ -481,15 +521,15 @@ class Config(_Strict):
 
     def method_server(self, method: MethodConfig) -> ServerConfig:
         """The server config a method runs with: top-level, then its overrides."""
-        return ServerConfig(**_deep_merge(self.server.model_dump(), method.server))
+        return method_section(self, method, "server")
 
     def method_model(self, method: MethodConfig) -> ModelConfig:
         """The model config a method runs with: top-level, then its overrides."""
-        return ModelConfig(**_deep_merge(self.model.model_dump(), method.model))
+        return method_section(self, method, "model")
 
     def method_train(self, method: MethodConfig) -> TrainConfig:
         """The train config a method runs with: top-level, then its overrides."""
-        return TrainConfig(**_deep_merge(self.train.model_dump(), method.train))
+        return method_section(self, method, "train")
 
 
 def _import_plugins(modules: list[str]) -> None:
@@ -504,7 +544,7 @@ def _import_plugins(modules: list[str]) -> None:
                              "path (PYTHONPATH) that registers algorithms") from None
 
 
-class DeprecatedKey(UserWarning):
+class DeprecatedKey(HetfedNote):
     """A config key that still works but has a new name (shown once on stderr)."""
 
 
@@ -620,7 +660,7 @@ def _deep_merge(base: dict, override: dict) -> dict:
         if isinstance(value, dict) and isinstance(out.get(key), dict):
             out[key] = _deep_merge(out[key], value)
         else:
-            out[key] = value
+            out[key] = copy.deepcopy(value)  # the result shares nothing with its inputs
     return out
 
 
@@ -749,19 +789,116 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
     return data
 
 
-def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError."""
+def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
+                 scope: Literal["run", "data"] = "run") -> Config:
+    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError.
+
+    ``scope = "data"``: for commands that only build the federation (no method is trained, so a
+    method's model need not suit the data)."""
     # start from the defaults so --set can reach into default lists (methods.0.…)
     try:
         merged = _deep_merge(Config().model_dump(mode="json"), raw or {})
     except AttributeError:
         raise ConfigError("invalid config: every section must be a mapping of keys") from None
-    for key, value in _flatten(overrides or {}):
+    items = _flatten(overrides or {})
+    # top-level keys first: they replace the methods' own values from the file; then the methods' own overrides
+    for key, value in sorted(items, key=lambda item: item[0].split(".")[0] == "methods"):
+        if key.split(".")[0] != "methods":
+            _override_methods(merged, key, value)
         set_dotted(merged, key, value)
     try:
-        return Config(**merged)
+        return Config.model_validate(merged, context={"scope": scope})
     except ValidationError as err:
         raise ConfigError("invalid config: " + _format_errors(err)) from None
+
+
+#: the top-level sections a method may override with its own keys (``methods.<i>.model`` …)
+METHOD_SECTIONS = tuple(k for k in MethodConfig.model_fields if k in Config.model_fields
+                        and isinstance(Config.model_fields[k].annotation, type)
+                        and issubclass(Config.model_fields[k].annotation, BaseModel))
+
+
+def _override_methods(merged: dict[str, Any], key: str, value: Any) -> None:
+    """A top-level override of ``key`` wins over the methods' own values of it (or of keys under it): they are
+    removed, with a note naming each, so the override is applied to every method (MethodConfig's precedence)."""
+    import warnings
+
+    section, _, rest = key.partition(".")
+    methods = merged.get("methods")
+    if section not in METHOD_SECTIONS or not rest or not isinstance(methods, list):
+        return
+    path = rest.split(".")
+    for i, method in enumerate(methods):
+        node = method.get(section) if isinstance(method, dict) else None
+        for part in path[:-1]:
+            node = node.get(part) if isinstance(node, dict) else None
+        if not isinstance(node, dict) or path[-1] not in node:
+            continue
+        old = node.pop(path[-1])
+        label = method.get("name") or method.get("algorithm", "fedavg")
+        warnings.warn(f"{key} = {value!r} replaces methods.{i}.{key} = {old!r} (method {label!r}): an override of "
+                      f"a top-level key applies to every method; to set one method's, use methods.{i}.{key}",
+                      OverriddenKey, stacklevel=3)
+
+
+class OverriddenKey(HetfedNote):
+    """A method's own value of a key was replaced by a top-level override of that key."""
+
+
+class UnreadKey(HetfedNote):
+    """A key set to a value other than its default that nothing the config chose reads."""
+
+
+def _unread(section: _Strict) -> dict[str, list[str]]:
+    """The fields of ``section`` set to a value other than their default that its chooser's value does not read,
+    each with the choices that do read it."""
+    choice = getattr(section, section.chooser) if section.chooser else None
+    out = {}
+    for name, field in type(section).model_fields.items():
+        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
+        readers = extra.get("read_by")
+        if readers and choice not in readers and getattr(section, name) != field.get_default(
+                call_default_factory=True):
+            out[name] = readers
+    return out
+
+
+def unread_keys(config: Config) -> list[str]:
+    """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
+    does not read it (from the schema's :func:`read_by`), or a ``server`` key where no method's algorithm has a
+    server model. A top-level key of a section a method may override is noted when no method reads it."""
+    from hetfed.algorithms import registry
+
+    notes = []
+    for name in Config.model_fields:
+        section = getattr(config, name)
+        if isinstance(section, _Strict) and section.chooser and name not in METHOD_SECTIONS:
+            for key, readers in _unread(section).items():
+                notes.append(f"{name}.{key} = {getattr(section, key)!r} is not read with {name}.{section.chooser} = "
+                             f"{getattr(section, section.chooser)!r}: it applies to {section.chooser} "
+                             f"{' / '.join(readers)}")
+    for section_name in METHOD_SECTIONS:
+        top_unread: list[set[str]] = []
+        for i, m in enumerate(config.methods):
+            section = method_section(config, m, section_name)
+            unread = dict(_unread(section))
+            if section_name == "server" and not registry.get(m.algorithm).capabilities.server_model:
+                unread.update({k: [] for k, v in section.model_dump().items()
+                               if v != ServerConfig.model_fields[k].get_default(call_default_factory=True)})
+            own = getattr(m, section_name)
+            for key, readers in unread.items():
+                if key not in own:
+                    continue
+                why = (f"it applies to {section.chooser} {' / '.join(readers)}" if readers else
+                       f"algorithm {m.algorithm!r} has no server model")
+                chosen = f" with {section.chooser} = {getattr(section, section.chooser)!r}" if readers else ""
+                notes.append(f"methods.{i}.{section_name}.{key} = {own[key]!r} is not read{chosen}: {why}")
+            top_unread.append({k for k in unread if k not in own})
+        for key in sorted(set.intersection(*top_unread)) if top_unread else ():
+            value = getattr(getattr(config, section_name), key)
+            notes.append(f"{section_name}.{key} = {value!r} is not read by any method (see `hetfed config` for "
+                         "each method's settings)")
+    return notes
 
 
 def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
@@ -775,15 +912,47 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
     return out
 
 
-def load_config(path: str | Path | None = None, sets: list[str] | None = None) -> Config:
-    """The config a command runs with: the file (or defaults), then ``--set`` items."""
+def load_config(path: str | Path | None = None, sets: list[str] | None = None,
+                scope: Literal["run", "data"] = "run") -> Config:
+    """The config a command runs with: the file (or defaults), then ``--set`` items; a note for each
+    setting nothing reads (:func:`warn_unread`)."""
     raw = read_yaml(path) if path is not None else {}
-    return build_config(raw, parse_overrides(sets))
+    return warn_unread(build_config(raw, parse_overrides(sets), scope))
+
+
+def warn_unread(config: Config) -> Config:
+    """Warn (:class:`UnreadKey`, a ``note:`` line on the command line) for every setting of ``config`` that
+    nothing reads (:func:`unread_keys`); called where a user's config is read, not where a saved one is."""
+    import warnings
+
+    for note in unread_keys(config):
+        warnings.warn(note, UnreadKey, stacklevel=2)
+    return config
 
 
 def dump_config(config: Config) -> str:
-    """The resolved config as YAML, as written into every run directory."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False)
+    """The resolved config as YAML, as written into every run directory, ending with comment lines that say
+    what each method runs with where it differs from the top-level sections."""
+    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False) + effective_methods(config)
+
+
+def method_section(config: Config, method: MethodConfig, section: str) -> BaseModel:
+    """The ``section`` (one of :data:`METHOD_SECTIONS`) a method runs with: top-level, then its own keys."""
+    top = getattr(config, section)
+    return type(top)(**_deep_merge(top.model_dump(), getattr(method, section)))
+
+
+def effective_methods(config: Config) -> str:
+    """YAML comments: each method's effective settings that differ from the top-level sections."""
+    lines = ["# effective settings per method, where they differ from the top-level sections:"]
+    for i, m in enumerate(config.methods):
+        differ = []
+        for section in METHOD_SECTIONS:
+            top = dict(_flatten(getattr(config, section).model_dump(mode="json"), f"{section}."))
+            own = _flatten(method_section(config, m, section).model_dump(mode="json"), f"{section}.")
+            differ += [f"{k} = {json.dumps(v)}" for k, v in own if top.get(k) != v]
+        lines.append(f"#   methods.{i} {m.label} ({m.algorithm}): {', '.join(differ) or 'none'}")
+    return "\n".join(lines) + "\n"
 
 
 def _check_nodes_dataset(config: Config) -> None:

@@ -32,6 +32,11 @@ class RunError(HetfedError):
     """A run cannot start or continue (e.g. its output directory is taken)."""
 
 
+class HetfedNote(UserWarning):
+    """Something a user should know about a setting that was applied (a deprecated key, a method's own
+    value replaced by an override): the CLI prints it as one ``note:`` line on stderr."""
+
+
 def bad_value(name: str, value: object, allowed: str) -> ConfigError:
     """Build the standard message: the parameter, the value and what is allowed."""
     return ConfigError(f"{name} = {value!r} is not allowed: expected {allowed}.")

@@ -144,6 +144,10 @@ def read_arrays(path: str | Path, label: str = "y", client: str = "client") -> d
         for key in ("x", label):
             if key not in out:
                 raise DataError(f"{str(p)!r} lacks the array {key!r} (has {sorted(out)})")
+        x = out["x"]
+        if x.ndim < 2 and x.dtype.kind not in "US":  # texts are one string per sample; numbers need a feature axis
+            raise DataError(f"{str(p)!r}: array 'x' has shape {x.shape}: expected samples × features (at least 2 "
+                            "dimensions, e.g. x.reshape(-1, 1) for one feature), or one string per sample for texts")
         return _renamed(out, label, client)
     if p.suffix == ".parquet":
         return _read_parquet(p, label, client)

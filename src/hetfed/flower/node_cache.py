@@ -6,7 +6,7 @@ k-means for ``feature_clusters``) costs more than a round of training on small
 clients (~1.4 s for the default experiment). The first message of a run builds it
 and writes it here; the others read it back (~10 ms). The entry is keyed by
 everything that decides the federation (``dataset``, ``embed``, ``partition``,
-``server_data``, the seed, the code that builds it) and is used only while the data files
+``server_data`` with ``auto`` resolved by the run's methods, the seed, the code that builds it) and is used only while the data files
 it was built from keep their size and modification time; anything else rebuilds.
 
 ``$HETFED_CACHE/federations`` (default ``~/.cache/hetfed/federations``); one
@@ -37,8 +37,13 @@ def cache_dir() -> Path:
 def federation_key(config: Config) -> str:
     """The entry of ``config``'s federation: its deciding settings and the code that builds it (the size and
     time of hetfed's data and partition modules: an upgraded or edited hetfed rebuilds)."""
+    from hetfed.server_data import wanted
+
     dumped = config.model_dump(mode="json")
     decides = {k: dumped[k] for k in FEDERATION_KEYS}
+    # 'auto' is a holdout or nothing depending on the methods: key by what it resolves to, or a FedAvg run's
+    # federation (no holdout) would be reused by a FedDF run of the same data (which trains without the holdout)
+    decides["server_data"]["source"] = wanted(config)
     root = Path(__file__).resolve().parents[1]  # the hetfed package
     code = [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
             for p in sorted([*root.glob("data/*.py"), root / "partition.py", root / "pipeline.py",

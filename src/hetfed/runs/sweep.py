@@ -64,6 +64,9 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
             raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,…")
         if key in grid:
             raise ConfigError(f"--grid {key} is given twice: expected each key once (list all its values together)")
+        if key == "seed":  # every grid point runs the seeds seed, seed + 1, …: a grid value would be overwritten
+            raise ConfigError(f"--grid {item!r} is not allowed: the seeds are --seeds N (seed, seed + 1, …, seed + "
+                              "N − 1; the first set with --set seed=S)")
         grid[key] = values
     return grid
 
@@ -157,6 +160,7 @@ def run_sweep(
         for s in range(seeds):
             cfg = build_config(base, {**point, "seed": config.seed + s})
             configs.append((point, s, cfg))
+    _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
     if resume and out is None:
         raise ConfigError("--resume needs --out: the directory of the sweep to resume")
     request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()}}
@@ -225,6 +229,23 @@ def run_sweep(
     if not summaries:
         raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
+
+
+def _refuse_equal_points(points: list[tuple[dict, Config]]) -> None:
+    """Two grid points that resolve to the same config (``0,0``, ``0,0.0``) would be the same runs counted twice:
+    statistics over copies, not seeds."""
+    seen: dict[str, dict] = {}
+    for point, cfg in points:
+        key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
+        if key in seen:
+            first = seen[key]
+            differ = [f"{k}: {value_key(first[k])} and {value_key(point[k])}" for k in point
+                      if value_key(first[k]) != value_key(point[k])]
+            what = (f"values {'; '.join(differ)} are the same setting once validated" if differ else
+                    f"point {point_name(point)} is listed twice")
+            raise ConfigError(f"--grid {what}: that point would run twice and count as two seeds; expected each "
+                              "value once")
+        seen[key] = point
 
 
 def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], request: dict) -> None:

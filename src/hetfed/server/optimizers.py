@@ -17,10 +17,18 @@ checkpointed with it and a resumed run continues bit for bit.
       yogi:    v ← v − (1 − β₂)·Δ²·sign(v − Δ²)
       x ← x + η·m / (√v + τ)
 
-  The paper's algorithm has no bias correction. Flower's FedAdam (and FedYogi)
-  scale η by √(1 − β₂ᵗ)/(1 − β₁ᵗ) at step t = 1, 2, …, and start v at 0:
-  ``server.bias_correction: true`` does both, for results comparable with Flower's.
-  FedAdagrad with bias correction scales η by 1/(1 − β₁ᵗ) only.
+  The paper's algorithm has no bias correction.
+
+``server.variant: flower`` is Flower's own strategies (``flwr.serverapp.strategy``, 1.42), which
+differ from the papers: FedAdagrad, FedAdam and FedYogi start v at 0 (not τ²), and FedAdam alone
+scales η by √(1 − β₂^(t+1))/(1 − β₁^(t+1)) at round t = 1, 2, … (its round counted from 1 and the
+exponent one ahead: 0.742·η at round 1 for β = 0.9 / 0.99); FedYogi and FedAdagrad never rescale η,
+and FedAdagrad has no first moment (β₁ = 0: m is the round's Δ, whatever ``server.beta1`` says).
+Flower's FedAvgM is Hsu et al.'s (its first momentum is the first Δ, as here). ``t`` here is the
+optimiser's step count: Flower's round number when no round is skipped.
+
+``server.bias_correction: true`` is Kingma & Ba's correction instead: v₋₁ = 0 and η scaled by
+√(1 − β₂ᵗ)/(1 − β₁ᵗ) at step t = 1, 2, … (FedAdagrad: by 1/(1 − β₁ᵗ) only) — not Flower's.
 """
 
 from __future__ import annotations
@@ -44,11 +52,12 @@ class ServerOptimizer:
     beta2: float = 0.99
     tau: float = 1e-3
     bias_correction: bool = False
+    variant: str = "paper"
 
     @classmethod
     def from_config(cls, server) -> ServerOptimizer:
         return cls(server.optimizer, server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
-                   server.bias_correction)
+                   server.bias_correction, server.variant)
 
     def init(self, params: Params) -> dict:
         """The optimiser's state before round 1 ({} for plain SGD)."""
@@ -56,7 +65,7 @@ class ServerOptimizer:
             return {}
         if self.kind == "avgm":
             return {"t": 0, "v": {k: torch.zeros_like(p) for k, p in params.items()}}
-        v0 = 0.0 if self.bias_correction else self.tau**2
+        v0 = 0.0 if self.bias_correction or self.variant == "flower" else self.tau**2
         return {"t": 0, "m": {k: torch.zeros_like(p) for k, p in params.items()},
                 "v": {k: torch.full_like(p, v0) for k, p in params.items()}}
 
@@ -76,7 +85,9 @@ class ServerOptimizer:
         if self.kind == "avgm":
             v = {k: self.momentum * state["v"][k] + delta[k] for k in params}
             return {k: params[k] + self.lr * v[k] for k in params}, {"t": t, "v": v}
-        b1, b2 = self.beta1, self.beta2
+        # flwr's FedAdagrad has no β₁ (it passes 0 to FedOpt): its m is the round's Δ
+        b1 = 0.0 if self.variant == "flower" and self.kind == "adagrad" else self.beta1
+        b2 = self.beta2
         m = {k: b1 * state["m"][k] + (1 - b1) * delta[k] for k in params}
         v = {}
         for k in params:
@@ -90,5 +101,7 @@ class ServerOptimizer:
         lr = self.lr
         if self.bias_correction:
             lr = lr / (1 - b1**t) * ((1 - b2**t) ** 0.5 if self.kind != "adagrad" else 1.0)
+        elif self.variant == "flower" and self.kind == "adam":  # flwr's FedAdam: exponent round + 1
+            lr = lr * (1 - b2 ** (t + 1)) ** 0.5 / (1 - b1 ** (t + 1))
         new = {k: params[k] + lr * m[k] / (v[k].sqrt() + self.tau) for k in params}
         return new, {"t": t, "m": m, "v": v}
