@@ -102,16 +102,16 @@ class Federation:
         return list(self._prepared.warnings)
 
     def clients(self) -> pd.DataFrame:
-        """One row per client: train/val/test sizes, opted out, and its label skew (EMD to the pooled labels)."""
+        """One row per client: train/val/test sizes, opted out, and its label skew (EMD to the pooled labels) on
+        the rows Γ is measured on (``heterogeneity.on``: each client's training data by default) — the number
+        ``hetfed partition`` prints, in the column ``label_emd_<on>``."""
         pd = _pandas()
-        from hetfed.heterogeneity import label_emd
-
-        fed = self._prepared.federation
+        fed, het = self._prepared.federation, self._prepared.heterogeneity
         return pd.DataFrame({
             "client": np.arange(fed.n_clients),
             "train": [len(i) for i in fed.train], "val": [len(i) for i in fed.val], "test": [len(i) for i in fed.test],
             "opted_out": np.asarray(fed.opted_out, dtype=bool),
-            "label_emd": label_emd(fed.class_counts()),
+            f"label_emd_{het.measured_on}": het.label_emd,
         }).set_index("client")
 
     def class_counts(self) -> pd.DataFrame:

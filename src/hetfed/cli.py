@@ -350,7 +350,8 @@ def cmd_partition(args: argparse.Namespace) -> int:
         print(json.dumps(report))
         return 0
     table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {fed.n_clients} clients")
-    for col in ("client", "size", "train/val/test", "classes", "opted out", "label EMD"):
+    on = config.heterogeneity.on  # label EMD is measured on the rows Γ is (the API's label_emd_<on> column)
+    for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})"):
         table.add_column(col, justify="right")
     for c in report["clients"]:
         table.add_row(
@@ -362,7 +363,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
 
     console.print(gamma_line(report), soft_wrap=True)
     console.print(
-        f"label EMD mean = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
+        f"label EMD mean ({on}) = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
         f"global test = {report['global_test_size']} (balanced)", soft_wrap=True,
     )
     if args.plot:
@@ -403,14 +404,18 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 def cmd_merge(args: argparse.Namespace) -> int:
     from hetfed.analysis.merge import merge_sweeps
 
+    from hetfed.runs.sweep import print_table
+
     merged = merge_sweeps(args.dirs, args.out)
     for problem in merged.figure_problems:
-        console.print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
+        console.print(f"warning: not drawn: {problem}", style="yellow", soft_wrap=True)
+    print_table(merged.table, merged.keys, console)
     if not merged.curves:
         console.print("note: curves.csv is not in every folder, so the merged folder has no learning curves",
                       style="yellow", soft_wrap=True)
     seeds = ", ".join(map(str, merged.seeds))
-    console.print(f"merged {len(args.dirs)} sweeps (seeds {seeds}) into {merged.path}", soft_wrap=True)
+    console.print(f"merged {len(args.dirs)} sweeps (seeds {seeds}) into {merged.path} (report: "
+                  f"{merged.path / 'report.html'})", soft_wrap=True)
     return 0
 
 

@@ -234,9 +234,11 @@ def _log_scale(values: list[Any]) -> bool:
 
 
 def _ci_note(rows: list[dict]) -> str:
+    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI
+
     ns = sorted({int(r["n"]) for r in rows})
     n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
-    return f"mean ± 95% CI (Student t over n = {n} seeds)"
+    return f"mean ± 95% CI (Student t over n = {n} seeds; no CI below {MIN_SEEDS_FOR_CI})"
 
 
 def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str, path: str | Path | None,
@@ -300,8 +302,8 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
         axes[q // ncols][q % ncols].set_visible(False)
     lo, hi = metric_range(metric)
     if lo is not None and hi is not None:
-        top = max((r["mean"] + r["ci95"] for r in rows), default=hi)
-        bottom = min((r["mean"] - r["ci95"] for r in rows), default=lo)
+        top = max((r["mean"] + np.nan_to_num(r["ci95"]) for r in rows), default=hi)
+        bottom = min((r["mean"] - np.nan_to_num(r["ci95"]) for r in rows), default=lo)
         pad = 0.03 * (hi - lo)
         axes[0][0].set_ylim(max(lo, bottom) - pad, min(hi, top) + pad)
     handles, labels = axes[0][0].get_legend_handles_labels()
@@ -327,7 +329,7 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
 
     ``curves[method][grid point] = [run's [(round, value)], …]``.
     """
-    from hetfed.runs.sweep import ci95
+    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI, ci95
 
     methods = sorted(curves)
     ncols = min(3, len(methods))
@@ -360,9 +362,9 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
                title="grid point")
     n = "–".join(str(x) for x in sorted({min(ns), max(ns)})) if ns else "0"
     crowded = max(len(c) for c in curves.values()) > MAX_BANDS
-    fig.suptitle(f"{metric_label(metric)} per round: mean over n = {n} seeds"
-                 + (f" (95% CI bands drawn for ≤ {MAX_BANDS} lines per panel)" if crowded else " ± 95% CI (Student t)"),
-                 fontsize=10)
+    bands = (f" (95% CI bands drawn for ≤ {MAX_BANDS} lines per panel" if crowded else " ± 95% CI (Student t"
+             ) + f"; no band below {MIN_SEEDS_FOR_CI} seeds)"
+    fig.suptitle(f"{metric_label(metric)} per round: mean over n = {n} seeds{bands}", fontsize=10)
     fig.tight_layout()
     return finish(fig, path)
 

@@ -105,6 +105,8 @@ class Merged:
     seeds: list[int]
     curves: bool
     figure_problems: list[str]
+    table: list[dict]  # sweep.csv's rows: mean ± CI per grid point × method × metric
+    keys: list[str]  # the grid keys
 
 
 def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
@@ -165,7 +167,13 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    return Merged(out, seeds, have_curves, problems)
+    try:  # the page is a view of the tables: a failure is reported, the merged tables stay
+        from hetfed.analysis.report import write_report
+
+        write_report(out)
+    except Exception as err:
+        problems.append(f"report.html: {type(err).__name__}: {err} (try: hetfed report {out})")
+    return Merged(out, seeds, have_curves, problems, table, keys)
 
 
 def _merge_curves(folders: Sequence[Path], path: Path, keys: list[str]) -> dict[str, dict]:

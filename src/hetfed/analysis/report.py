@@ -316,7 +316,7 @@ def base_config(request: dict):
 def sweep_report(d: Path) -> str:
     from hetfed.analysis.figures import plot_client_distributions
     from hetfed.analysis.results import sweep_figures
-    from hetfed.runs.sweep import point_name
+    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI, point_name
 
     record = _json(d / "sweep.json") or {}
     request = _json(d / "sweep_request.json") or {}
@@ -349,9 +349,10 @@ def sweep_report(d: Path) -> str:
     def ci_cell(r: dict | None) -> Any:
         if r is None:
             return None
-        if r["n"] < 3 and r.get("min") is not None:  # Student t on 1 degree of freedom: bands ~13× the spread
-            return Markup(f"{_fmt(r['mean'])} <span class='muted'>(range {_fmt(r['min'])}–{_fmt(r['max'])}, "
-                          f"n = {r['n']}: too few seeds for a CI)</span>")
+        if r["n"] < MIN_SEEDS_FOR_CI:  # the one rule (hetfed.runs.sweep): no CI below it, here and everywhere
+            span = f"range {_fmt(r['min'])}–{_fmt(r['max'])}, " if r.get("min") is not None and r["n"] > 1 else ""
+            return Markup(f"{_fmt(r['mean'])} <span class='muted'>({span}n = {r['n']}: too few seeds for a CI)"
+                          "</span>")
         lo, _hi = metric_range(r["metric"])
         low = r["mean"] - (r["ci95"] or 0.0)
         clipped = " <span class='muted'>(clipped at 0)</span>" if lo is not None and low < lo else ""

@@ -101,12 +101,23 @@ def value_key(value: Any) -> str:
     return json.dumps(value, sort_keys=True, separators=(",", ":"))
 
 
+#: fewer seeds than this get no confidence interval anywhere — the console table, sweep.csv, report.html and
+#: the figures: Student t on one degree of freedom (n = 2) makes the 95% CI 12.7 × the standard error
+MIN_SEEDS_FOR_CI = 3
+
+
 def ci95(values: list[float]) -> float:
-    """Half-width of the 95% confidence interval of the mean over seeds (Student t); 0 with fewer than 2."""
+    """Half-width of the 95% confidence interval of the mean over seeds (Student t); NaN with fewer than
+    :data:`MIN_SEEDS_FOR_CI` finite values (no interval, not a zero-width one)."""
     from hetfed.engine.evaluate import ci95_over
 
-    half = ci95_over(values)
-    return 0.0 if math.isnan(half) else half
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return ci95_over(finite) if len(finite) >= MIN_SEEDS_FOR_CI else math.nan
+
+
+def mean_ci_text(mean: float, ci: float) -> str:
+    """``0.8123 ± 0.0100``, or ``0.8123 ± –`` where there is no CI (too few seeds)."""
+    return f"{mean:.4f} ± {ci:.4f}" if not math.isnan(ci) else f"{mean:.4f} ± –"
 
 
 def point_name(point: dict[str, Any]) -> str:
@@ -519,10 +530,10 @@ def write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
 def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = (
         "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
         "best.global_auc", "best.local_auc_mean")) -> None:
-    table = Table(title="sweep: mean ± 95% CI over seeds")
+    table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
     for row in rows:
         if row["metric"] in metrics:
-            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"], f"{row['mean']:.4f} ± {row['ci95']:.4f}", str(row["n"]))
+            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"], mean_ci_text(row["mean"], row["ci95"]), str(row["n"]))
     console.print(table)

@@ -1,0 +1,81 @@
+"""#45: what the console, report.html and the figures say agree, and say what they are. Each test failed on the
+main before the fix."""
+
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+import pytest
+
+from hetfed.cli import main
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["--set", "train.rounds=1", "--set", "partition.clients=4", "--set", "train.local_steps=2"]
+
+
+# ------------------------------------------------------------------ 6. one CI rule: none below 3 seeds
+
+
+@pytest.mark.slow
+def test_two_seeds_get_no_ci_in_the_console_the_csv_or_the_report(tmp_path, capsys):
+    """The console printed `0.2329 ± 0.5627` at n = 2 (an interval below 0) and `± 0.0000` at n = 1, while
+    report.html said "too few seeds for a CI"."""
+    out = tmp_path / "s"
+    assert main(["sweep", str(ROOT / "configs/default.yaml"), *TINY, "--grid", "partition.shuffle=0,1",
+                 "--seeds", "2", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "– below 3 seeds" in " ".join(printed.split())
+    rows = [line for line in printed.splitlines() if "global_accuracy" in line]
+    assert rows and all("± –" in line for line in rows), rows
+    with open(out / "sweep.csv", newline="") as fh:
+        table = list(csv.DictReader(fh))
+    assert table and all(math.isnan(float(r["ci95"])) for r in table if r["n"] == "2")
+    page = (out / "report.html").read_text()
+    assert "too few seeds for a CI" in page and "± nan" not in page
+
+
+def _band_points(ax) -> int:
+    """How many finite points the filled CI bands of an axis have."""
+    import numpy as np
+
+    return sum(int(np.isfinite(p.vertices).all(axis=1).sum()) for c in ax.collections for p in c.get_paths())
+
+
+def test_the_curve_figure_draws_no_band_below_three_seeds_and_says_so():
+    """The sweep's curve figure drew Student-t bands at n = 2 while the report said "too few seeds"."""
+    from hetfed.analysis.figures import plot_mean_curves
+
+    two = {"fedavg": {"p=0": [[(1, 0.2), (2, 0.3)], [(1, 0.4), (2, 0.5)]]}}
+    fig = plot_mean_curves(two, "global_accuracy", None)
+    assert _band_points(fig.axes[0]) == 0 and "no band below 3 seeds" in fig._suptitle.get_text()
+    three = {"fedavg": {"p=0": [[(1, 0.2), (2, 0.3)], [(1, 0.4), (2, 0.5)], [(1, 0.3), (2, 0.45)]]}}
+    assert _band_points(plot_mean_curves(three, "global_accuracy", None).axes[0]) > 0
+
+
+# ------------------------------------------------------------------ 7. merge writes report.html and prints a table
+
+
+@pytest.mark.slow
+def test_merge_prints_the_table_and_writes_the_report(tmp_path, capsys):
+    for seed in (0, 1):
+        assert main(["sweep", str(ROOT / "configs/default.yaml"), *TINY, "--grid", "partition.shuffle=0",
+                     "--set", f"seed={seed}", "--seeds", "1", "--out", str(tmp_path / f"s{seed}"), "--quiet"]) == 0
+    capsys.readouterr()
+    assert main(["merge", str(tmp_path / "s0"), str(tmp_path / "s1"), "--out", str(tmp_path / "m")]) == 0
+    printed = capsys.readouterr().out
+    assert "sweep: mean ± 95% CI over seeds" in printed and "global_accuracy" in printed
+    assert (tmp_path / "m" / "report.html").is_file() and "report.html" in printed
+
+
+def test_label_emd_per_client_is_the_same_number_in_the_cli_and_the_api(capsys):
+    import json
+
+    import hetfed
+
+    pytest.importorskip("pandas")
+    assert main(["partition", "--json"]) == 0
+    cli = [c["label_emd"] for c in json.loads(capsys.readouterr().out)["clients"]]
+    api = hetfed.build_federation(None).clients()["label_emd_train"].tolist()
+    assert api == pytest.approx(cli, abs=1e-12)
