@@ -79,3 +79,60 @@ def test_label_emd_per_client_is_the_same_number_in_the_cli_and_the_api(capsys):
     cli = [c["label_emd"] for c in json.loads(capsys.readouterr().out)["clients"]]
     api = hetfed.build_federation(None).clients()["label_emd_train"].tolist()
     assert api == pytest.approx(cli, abs=1e-12)
+
+
+# ------------------------------------------------------------------ 8. the progress bar at 80 columns
+
+
+@pytest.mark.parametrize("width", [80, 120])
+def test_the_round_bar_shows_accuracy_counts_and_labelled_times_within_the_terminal(width):
+    """At every width the bar showed `acc -` (the runner updated a field the bar does not show), and at 80
+    columns it cut the counts (`100/1…`) and the unlabelled elapsed time (`0:00:…`)."""
+    import io
+
+    from rich.console import Console
+
+    from hetfed.console import round_progress
+    from hetfed.runs import runner
+
+    buf = io.StringIO()
+    console = Console(file=buf, force_terminal=True, width=width, color_system=None)
+    with round_progress(True, console) as bar:
+        task = bar.add_task("relu:fedavg-long-name", total=100, acc="-", rate="")
+        # the runner's own round callback fields (not a copy of them)
+        fields = runner.round_fields({"global_accuracy": 0.8123}, {"train_s": 1.0, "eval_s": 0.2}, 100)
+        bar.update(task, completed=100, **fields)
+    line = [ln for ln in buf.getvalue().replace("\r", "\n").splitlines() if "100/100" in ln][-1]
+    text = line.replace("\x1b[2K", "").rstrip()
+    assert len(text) <= width and "…" not in text, text
+    assert "acc 0.812" in text and "elapsed 0:00:0" in text and "ETA" in text, text
+
+
+# ------------------------------------------------------------------ 9. no silent waits; figures drawn once
+
+
+def test_a_run_says_it_is_writing_the_figures_and_draws_each_kept_figure_once(tmp_path, capsys, monkeypatch):
+    """8–20 s passed in silence after the last round while the figures and report.html were written, and the
+    run's two kept figures were drawn twice (once for figures/, once for the page)."""
+    from hetfed.analysis import figures
+
+    drawn: list[str] = []
+    for name in ("plot_learning_curves", "plot_partition_view"):
+        real = getattr(figures, name)
+        monkeypatch.setattr(figures, name, lambda *a, _r=real, _n=name, **k: (drawn.append(_n), _r(*a, **k))[1])
+    out = tmp_path / "r"
+    assert main(["run", *TINY, "--set", "train.rounds=2", "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "writing the figures and report.html" in err
+    assert sorted(drawn) == ["plot_learning_curves", "plot_partition_view"]
+    for stem in ("learning_curves", "clients"):
+        assert (out / "figures" / f"{stem}.png").stat().st_size > 1000 and (out / "figures" / f"{stem}.svg").is_file()
+    assert "data:image/png;base64," in (out / "report.html").read_text()
+
+
+def test_the_python_api_shows_progress_by_default():
+    import inspect
+
+    import hetfed
+
+    assert inspect.signature(hetfed.run).parameters["progress"].default is True

@@ -357,8 +357,11 @@ class Run:
 
 
 def run(config: str | Path | dict | Config | None = None, out: str | Path | None = None,
-        progress: bool = False) -> Run:
-    """Train every configured method on one federation; the run directory, read back."""
+        progress: bool = True) -> Run:
+    """Train every configured method on one federation; the run directory, read back.
+
+    ``progress``: what is happening, as ``hetfed run`` shows it (a bar on a terminal, a line every 10 s in a
+    log or a notebook's captured output); False for silence."""
     from hetfed.analysis.present import present_run
     from hetfed.runs.runner import run_experiment
 

@@ -23,33 +23,18 @@ def _warn(console: Console | None, what: str, err: Exception, directory: Path) -
 
 
 def present_run(run_dir: Path, status: Console | None = None) -> None:
-    """``figures/learning_curves.png``, ``figures/clients.png`` (and .svg) and ``report.html`` of a finished run."""
-    import json
-
-    from hetfed.analysis.figures import plot_learning_curves
-    from hetfed.analysis.report import write_report
-    from hetfed.analysis.results import run_curves
+    """``report.html`` of a finished run, and the figures it keeps (``figures/learning_curves.png``,
+    ``figures/clients.png`` and their SVGs), each drawn once (:func:`hetfed.analysis.report.write_report`)."""
+    from hetfed.console import stage
 
     run_dir = Path(run_dir)
-    try:
-        summary = json.loads((run_dir / "summary.json").read_text())
-        best = {label: m.get("best_round") for label, m in summary.get("methods", {}).items()}
-        plot_learning_curves(run_curves(run_dir), run_dir / "figures" / "learning_curves.png", best_rounds=best)
-    except Exception as err:
-        _warn(status, "figures/learning_curves.png", err, run_dir)
-    try:  # who holds which classes: the client distribution, for trackers and for a look without the report
-        import numpy as np
+    with stage(status, "writing the figures and report.html"):
+        from hetfed.analysis.report import write_report
 
-        from hetfed.analysis.figures import plot_partition_view
-
-        with np.load(run_dir / "federation.npz") as z:
-            plot_partition_view({k: z[k] for k in z.files}, run_dir / "figures" / "clients.png")
-    except Exception as err:
-        _warn(status, "figures/clients.png", err, run_dir)
-    try:
-        write_report(run_dir)
-    except Exception as err:
-        _warn(status, "report.html", err, run_dir)
+        try:
+            write_report(run_dir)
+        except Exception as err:
+            _warn(status, "report.html", err, run_dir)
 
 
 def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],

@@ -37,14 +37,17 @@ DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean")
 
 
 def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
-    """Write the report of a run or sweep directory (default ``DIR/report.html``); returns its path."""
+    """Write the report of a run or sweep directory (default ``DIR/report.html``); returns its path.
+
+    A run's report written in place also (re)writes the figures the run directory keeps
+    (``figures/learning_curves.png``, ``figures/clients.png`` and their SVGs), from the same drawing."""
     d = Path(directory)
     if not d.is_dir():
         raise RunError(f"report: {str(d)!r} is not a directory; expected a run or sweep directory")
     if (d / "sweep.json").is_file():
         page = sweep_report(d)
     elif (d / "config.yaml").is_file() and (d / "metrics.csv").is_file():
-        page = run_report(d)
+        page = run_report(d, keep=d / "figures" if out is None else None)
     else:
         raise RunError(f"report: {str(d)!r} is neither a run directory (config.yaml and metrics.csv) nor a sweep "
                        "directory (sweep.json); expected a directory written by hetfed run or hetfed sweep")
@@ -125,12 +128,16 @@ class Markup(str):
     """A table cell that is already HTML."""
 
 
-def figure(draw: Callable[[None], Any], caption: str) -> str:
-    """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal."""
-    from hetfed.analysis.figures import png_bytes
+def figure(draw: Callable[[None], Any], caption: str, keep: Path | None = None) -> str:
+    """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal.
+
+    ``keep``: also write it there (PNG, and SVG beside it) and embed that PNG: a figure the run directory
+    keeps is drawn once, not once for the file and again for the page."""
+    from hetfed.analysis.figures import png_bytes, save
 
     try:
-        data = base64.b64encode(png_bytes(draw(None))).decode()
+        fig = draw(None)
+        data = base64.b64encode(save(fig, keep).read_bytes() if keep is not None else png_bytes(fig)).decode()
     except Exception as err:  # one broken figure must not cost the page
         return f'<p class="warn">figure not drawn ({_esc(caption)}): {_esc(type(err).__name__)}: {_esc(err)}</p>'
     return (f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
@@ -188,7 +195,8 @@ def _files(files: list[dict]) -> str:
 # ------------------------------------------------------------------ a run
 
 
-def run_report(d: Path) -> str:
+def run_report(d: Path, keep: Path | None = None) -> str:
+    """A run's page; ``keep``: the folder where the figures the run keeps are written as they are drawn."""
     from hetfed.analysis.figures import plot_client_distribution, plot_learning_curves
     from hetfed.runs.rundir import run_state
 
@@ -224,7 +232,8 @@ def run_report(d: Path) -> str:
     curves = run_curves(d, min_points=2)
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
     curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
-                         "model (lowest validation loss)") if curves else "<p class='muted'>no learning curve: "
+                         "model (lowest validation loss)", keep and keep / "learning_curves.png")
+                  if curves else "<p class='muted'>no learning curve: "
                   "fewer than two evaluations per method</p>")
     sections.append(("learning curves", curve_html))
 
@@ -238,7 +247,7 @@ def run_report(d: Path) -> str:
             dist += figure(lambda p, v=values, mt=metric: plot_client_distribution(v, mt, p),
                            f"{metric_label(metric)} of every client (box: quartiles; dots: clients), best model")
     sections.append(("per-client results", dist or "<p class='muted'>no per-client metrics recorded</p>"))
-    sections.append(("federation", _federation(d, summary)))
+    sections.append(("federation", _federation(d, summary, keep)))
     sections.append(("config", f"<pre>{_esc(config)}</pre>"))
     sections.append(("environment", _environment((summary or {}).get("environment"), {"run directory": str(d.resolve())})
                      + _files((summary or {}).get("data_files", []))))
@@ -276,7 +285,7 @@ def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
     return table(headers, body, caption) + notes + "<h3>final round</h3>" + _run_table(summary, rows, "final")
 
 
-def _federation(d: Path, summary: dict | None) -> str:
+def _federation(d: Path, summary: dict | None, keep: Path | None = None) -> str:
     from hetfed.analysis.figures import plot_client_sizes, plot_label_skew, plot_partition_view
 
     out = ""
@@ -295,7 +304,7 @@ def _federation(d: Path, summary: dict | None) -> str:
         view = {k: z[k] for k in z.files}
     out += figure(lambda p: plot_client_sizes(view, p), "samples per client (train / validation / test)")
     out += figure(lambda p: plot_partition_view(view, p), "which classes each client holds, and where its samples "
-                  "lie in feature space (2-D PCA of up to 5 000 samples)")
+                  "lie in feature space (2-D PCA of up to 5 000 samples)", keep and keep / "clients.png")
     out += figure(lambda p: plot_label_skew(view, p), "label skew per client")
     return out
 

@@ -214,7 +214,8 @@ def run_experiment(
                 # every method on the Simulation Engine: one start for them all, as on a deployment
                 from hetfed.flower.simulation import run_with_simulation_grid
 
-                run_with_simulation_grid(config, fed.n_clients, run_methods, log_file=run_dir / "flower.log")
+                run_with_simulation_grid(config, fed.n_clients, run_methods, log_file=run_dir / "flower.log",
+                                         status=status)
             else:
                 run_methods()
         writer.close()
@@ -298,6 +299,14 @@ def primary_row(method: MethodConfig) -> str:
     return row_name(method, view) if view else method.label
 
 
+def round_fields(metrics: dict | None, timing: dict[str, float], rnd: int) -> dict[str, str]:
+    """The progress bar's fields after a round (:func:`hetfed.console.round_progress`): the global accuracy when
+    the round was evaluated, and the throughput."""
+    fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
+    fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
+    return fields
+
+
 def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, heartbeat: Heartbeat,
                 run_dir: Path, flower_grid=None, checkpointer: Checkpointer | None = None,
                 resume: dict | None = None) -> dict[str, dict]:
@@ -310,7 +319,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
     label = method.label
     index = config.methods.index(method)
     fed_label = row_name(method, algo.federated_view) if algo.views else label
-    task = bar.add_task(fed_label, total=train.rounds, acc="   -  ", rate="")
+    task = bar.add_task(fed_label, total=train.rounds, acc="-", rate="")
     earlier = resume["result"].train_seconds + resume["result"].eval_seconds if resume else 0.0
     t0 = time.perf_counter() - earlier
 
@@ -329,9 +338,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
         writer.write(fed_label, rnd, "train", "all", metrics)
 
     def on_round(rnd: int, metrics, timing: dict[str, float]) -> None:
-        fields = {"global acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
-        fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
-        bar.update(task, completed=rnd, **fields)
+        bar.update(task, completed=rnd, **round_fields(metrics, timing, rnd))
         heartbeat.beat()
 
     times: dict[str, float] = {}
@@ -345,7 +352,7 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
         times["federated"] = time.perf_counter() - t0
         if algo.views and not (resume is not None and resume["phase"] == "personalised"):
             ptask = bar.add_task(f"{label}:personalise", total=len(algo.personalise_clients(fed, config.seed)),
-                                 acc="   -  ", rate="clients")
+                                 acc="-", rate="clients")
             personalise(algo, fed, config.seed, res, resolve_device(train.device),
                         on_chunk=lambda done, total: (bar.update(ptask, completed=done), heartbeat.beat()))
             on_checkpoint(res, "personalised")
