@@ -136,3 +136,61 @@ def test_the_python_api_shows_progress_by_default():
     import hetfed
 
     assert inspect.signature(hetfed.run).parameters["progress"].default is True
+
+
+# ------------------------------------------------------------------ 10. words that say what the numbers are
+
+
+def test_a_space_instead_of_equals_in_set_is_named_not_taken_for_a_config_file(capsys):
+    """`--set train.rounds 3` said "config file '3' does not exist"."""
+    assert main(["run", "--set", "train.rounds", "3"]) == 2
+    line = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "--set 'train.rounds' is not allowed: expected key=value with '=' (not a space)" in line, line
+    assert "--set train.rounds=3" in line
+
+
+def test_sweep_help_says_where_seeds_start_and_what_quiet_does(capsys):
+    with pytest.raises(SystemExit):
+        main(["sweep", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert "the config's seed, seed + 1, …, seed + N − 1" in text and "0..N-1" not in text
+    assert "print only the sweep directory" in text
+
+
+@pytest.mark.slow
+def test_a_quiet_sweep_prints_no_table(tmp_path, capsys):
+    assert main(["sweep", str(ROOT / "configs/default.yaml"), *TINY, "--grid", "partition.shuffle=0", "--seeds", "1",
+                 "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    out = capsys.readouterr().out
+    assert "mean ± 95% CI" not in out and f"sweep directory: {tmp_path / 's'}" in out
+
+
+def test_the_results_footnote_explains_unseen_for_every_kind_of_method_and_the_global_test_set(capsys):
+    from rich.console import Console
+
+    from hetfed.runs.runner import print_summary
+
+    summary = {"dataset": "shakespeare", "partition": "natural", "n_clients": 3, "gamma": 0.1, "wall_seconds": 1.0,
+               "global_test_balanced": False, "methods": {"ditto": {
+                   "best": {"global_accuracy": 0.5, "server_accuracy": 0.4}, "final": {"global_accuracy": 0.5},
+                   "seconds_per_round": 0.1}}}
+    console = Console(width=200, record=True)
+    print_summary(summary, Path("r"), console)
+    text = " ".join(console.export_text().split())
+    assert "personalised methods: the shared model without a client's own parameters" in text
+    assert "not class-balanced" in text and "the balanced global test set" not in text
+
+
+def test_no_personal_test_sets_asked_for_is_not_warned_about():
+    """configs/shakespeare.yaml sets partition.test_fraction: 0 and warned "18 of 18 clients have no test
+    data"; a client too small for the test share it was given is still warned about."""
+    from hetfed.config import PartitionConfig
+    from hetfed.partition import federation_warnings, make_federation
+    from tests.synthetic import ShiftedGaussians
+
+    def warned(fraction: float) -> bool:
+        fed = make_federation(ShiftedGaussians(n=9), PartitionConfig(kind="iid", clients=3, min_size=0,
+                                                                     test_fraction=fraction), 0)
+        return any("no test data" in w for w in federation_warnings(fed))
+
+    assert not warned(0.0) and warned(0.1)

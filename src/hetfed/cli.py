@@ -62,12 +62,14 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("sweep", help="a grid of configs × seeds, aggregated with 95%% CIs")
     _add_config_args(p, config_required=True)
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="a swept key (repeatable)")
-    p.add_argument("--seeds", type=int, default=3, help="seeds per grid point (0..N-1)")
+    p.add_argument("--seeds", type=int, default=3,
+                   help="seeds per grid point: the config's seed, seed + 1, …, seed + N − 1 (default 3)")
     p.add_argument("--out", metavar="DIR", help="sweep directory")
     p.add_argument("--resume", action="store_true", help="reuse the completed runs already in --out")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="run N grid points at once, in worker processes sharing the cores (default 1)")
-    p.add_argument("--quiet", action="store_true")
+    p.add_argument("--quiet", action="store_true",
+                   help="no progress and no table; print only the sweep directory (and failures)")
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on other seeds or grid "
@@ -308,6 +310,7 @@ def partition_report(config: Config) -> dict:
         "n_clients": fed.n_clients,
         "n_classes": fed.n_classes,
         "global_test_size": int(len(fed.y_global_test)),
+        "global_test_balanced": bool(getattr(prep.data, "balanced_test", True)),
         **{k: v for k, v in het.as_dict().items() if k.startswith("gamma")},
         "label_emd_mean": het.label_emd_mean,
         "js_mean": het.js_mean,
@@ -364,7 +367,9 @@ def cmd_partition(args: argparse.Namespace) -> int:
     console.print(gamma_line(report), soft_wrap=True)
     console.print(
         f"label EMD mean ({on}) = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
-        f"global test = {report['global_test_size']} (balanced)", soft_wrap=True,
+        f"global test = {report['global_test_size']} "
+        f"({'class-balanced' if report['global_test_balanced'] else 'the test split as is, not class-balanced'})",
+        soft_wrap=True,
     )
     if args.plot:
         console.print(f"figure written to {args.plot}", soft_wrap=True)

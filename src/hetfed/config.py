@@ -685,7 +685,8 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     out: dict[str, Any] = {}
     for item in items or []:
         if "=" not in item:
-            raise ConfigError(f"--set {item!r} is not allowed: expected key=value, e.g. seed=3")
+            raise ConfigError(f"--set {item!r} is not allowed: expected key=value with '=' (not a space), e.g. "
+                              f"--set {item.strip() or 'seed'}=3")
         key, raw = item.split("=", 1)
         key = key.strip()
         if not key:
@@ -916,8 +917,9 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None,
                 scope: Literal["run", "data"] = "run") -> Config:
     """The config a command runs with: the file (or defaults), then ``--set`` items; a note for each
     setting nothing reads (:func:`warn_unread`)."""
+    overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
-    return warn_unread(build_config(raw, parse_overrides(sets), scope))
+    return warn_unread(build_config(raw, overrides, scope))
 
 
 def warn_unread(config: Config) -> Config:

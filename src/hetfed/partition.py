@@ -608,7 +608,7 @@ def federation_warnings(fed: Federation) -> list[str]:
         )
     elif no_val:
         out.append(f"{len(no_val)} of {fed.n_clients} clients have no validation data (too few samples)")
-    if no_test:
+    if no_test and fed.params.get("test_fraction", 1) > 0:  # test_fraction 0: no personal test sets, as asked
         out.append(
             f"{len(no_test)} of {fed.n_clients} clients have no test data: their local accuracy is not "
             "measured (local_accuracy_* cover the others)"

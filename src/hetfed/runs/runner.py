@@ -231,6 +231,7 @@ def run_experiment(
             "n_classes": fed.n_classes,
             "input_shape": list(fed.input_shape),
             "n_opted_out": int(fed.opted_out.sum()),
+            "global_test_balanced": bool(getattr(prep.data, "balanced_test", True)),
             "gamma": het.gamma,
             "heterogeneity": het.as_dict(),
             "data_files": list(prep.sources),
@@ -453,11 +454,14 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
         if binary:
             row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
         table.add_row(*row)
+    global_test = ("the class-balanced global test set" if summary.get("global_test_balanced", True) else
+                   "the global test set (the dataset's own test split, not class-balanced)")
     table.caption = ("the headline columns (local, p10, global, unseen) score the best model by validation loss; "
                      "final global: the last round's model. local: each client's own test set, its own parameters "
-                     "(p10: the 10th-percentile client); global: the balanced global test set; unseen: the server "
-                     "model with zero conditioning, for an unseen client (CGAU; - for models without client "
-                     "conditioning); s/round: training (server step included); eval s: one evaluation")
+                     f"(p10: the 10th-percentile client); global: {global_test}; unseen: the server's model on it, "
+                     "as a client that took no part would get it (CGAU: zero conditioning; personalised methods: "
+                     "the shared model without a client's own parameters; - where the server holds none); s/round: "
+                     "training (server step included); eval s: one evaluation")
     console.print(table)
     from hetfed.heterogeneity import gamma_line
 

@@ -233,7 +233,8 @@ def run_sweep(
     write_json_atomic(sweep_dir / "sweep.json", {**record, "rows": table})
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
         present(sweep_dir, table, grid, run_dirs, config, console)
-    print_table(table, list(grid), console)
+    if progress:
+        print_table(table, list(grid), console)
     if failed:
         console.print(f"{len(failed)} of {total} runs failed (listed in sweep.json)", style="red")
     console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)
