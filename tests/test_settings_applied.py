@@ -227,3 +227,14 @@ def test_a_grid_over_the_seed_is_refused_for_seeds_n(tmp_path, capsys):
     assert main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", "seed=0,1", "--seeds", "1",
                  "--out", str(out)]) == 2
     assert "the seeds are --seeds N" in _one_line_error(capsys) and not out.exists()
+
+
+def test_a_methods_list_typed_with_a_top_level_key_keeps_its_own_values_and_says_nothing():
+    """`--set methods=[…]` replaces the file's methods: a top-level key typed beside it neither strips the typed
+    methods' values (the more specific override wins) nor notes the replaced file's methods."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_config(None, ['methods=[{algorithm: fedavg, model: {dropout: 0.3}}, {name: b, algorithm: fedavg}]',
+                                 "model.dropout=0.1"])
+    assert [cfg.method_model(m).dropout for m in cfg.methods] == [0.3, 0.1]
+    assert not [w for w in caught if issubclass(w.category, HetfedNote)]

@@ -802,9 +802,13 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     except AttributeError:
         raise ConfigError("invalid config: every section must be a mapping of keys") from None
     items = _flatten(overrides or {})
-    # top-level keys first: they replace the methods' own values from the file; then the methods' own overrides
-    for key, value in sorted(items, key=lambda item: item[0].split(".")[0] == "methods"):
-        if key.split(".")[0] != "methods":
+    # a whole methods list typed in the overrides first (its keys are the user's own, not the file's); then the
+    # top-level keys, which replace the file's per-method values of the same key; then the per-method overrides
+    typed_methods = any(key == "methods" for key, _ in items)
+    order = {"methods": 0, "top": 1, "method": 2}
+    for key, value in sorted(items, key=lambda item: order["methods" if item[0] == "methods" else "method"
+                                                            if item[0].startswith("methods.") else "top"]):
+        if not typed_methods and key.split(".")[0] != "methods":
             _override_methods(merged, key, value)
         set_dotted(merged, key, value)
     try:

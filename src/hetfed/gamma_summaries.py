@@ -8,9 +8,21 @@ sends ``(n_k, Σ x, Σ x xᵀ)`` once, before training, lets the server compute 
 What the summaries reveal: the client's sample count, the mean of its features and their
 covariance (d + d(d+1)/2 numbers) — enough to tell, e.g., which region of feature space a
 hospital's patients occupy, not any single record. With ``noise_multiplier`` σ each summary is
-released through the Gaussian mechanism (features clipped to L2 norm ``clip`` = C; one record
-changes ``(n, Σx, Σxxᵀ)`` by at most Δ = √(1 + C² + C⁴) in L2), and :func:`summary_epsilon` gives
-the record-level (ε, δ) of that one release (Google's ``dp-accounting``, as DP-FedAvg's).
+released through the Gaussian mechanism (features clipped to L2 norm ``clip`` = C): the three parts
+are scaled to sensitivity 1 each — ``(n, Σx/C, Σxxᵀ/C²)``, which one record changes by at most √3
+in L2 — noised with N(0, 3σ²) per coordinate and scaled back, so the count's noise is σ√3, the sum's
+σ√3·C and the scatter's σ√3·C² (one Δ = √(1 + C² + C⁴) for all three made the count's noise 129·σ
+at C = 8, drowning clients of hundreds). :func:`summary_epsilon` gives the record-level (ε, δ) of
+that one release (Google's ``dp-accounting``, as DP-FedAvg's).
+
+A noised release is post-processed before Γ (:func:`released`): a count below 2 is raised to 2 and
+each client's covariance projected onto the positive semi-definite cone (noise makes it indefinite,
+and then the Fréchet distance is meaningless: clamped to 0, or 10³⁰ from a negative count); the
+pooled "others" of valid summaries are then valid too. :func:`private_gamma` adds what a user needs
+to trust the number: a 95% interval from re-noising the released summaries (the basic bootstrap —
+the noise's bias and spread at the release stand in for those at the clean data), and the smallest
+client size at which the noise adds less than a tenth of Γ to a client's distance (docs/heterogeneity.md
+has the error table against σ, clip and client size).
 
 The size-matched IID reference Γ_IID cannot re-deal samples the server never had; here it is
 parametric: Γ of clients of the same sizes drawn from the pooled Gaussian N(μ, Σ), sampled as
@@ -55,21 +67,123 @@ def summarise(x: np.ndarray, clip: float | None = None) -> ClientSummary:
     return ClientSummary(float(len(flat)), flat.sum(axis=0), flat.T @ flat)
 
 
-def sensitivity(clip: float) -> float:
-    """L2 change of ``(n, Σx, Σxxᵀ)`` when one record of norm ≤ ``clip`` is added or removed."""
-    return float(np.sqrt(1.0 + clip**2 + clip**4))
+#: L2 change of the scaled summary ``(n, Σx/C, Σxxᵀ/C²)`` when one record of norm ≤ C is added or removed
+SENSITIVITY = float(np.sqrt(3.0))
+
+
+def noise_stds(clip: float, noise_multiplier: float) -> tuple[float, float, float]:
+    """The noise's standard deviation on the count, on each coordinate of Σx and on each entry of Σxxᵀ."""
+    std = noise_multiplier * SENSITIVITY
+    return std, std * clip, std * clip**2
 
 
 def privatise(summary: ClientSummary, clip: float, noise_multiplier: float,
               rng: np.random.Generator) -> ClientSummary:
-    """The Gaussian mechanism on a summary of clipped rows: N(0, (σΔ)²) on the count, every coordinate
-    of Σx and every entry of Σxxᵀ's upper triangle (mirrored, so the matrix stays symmetric)."""
-    std = noise_multiplier * sensitivity(clip)
+    """The Gaussian mechanism on a summary of clipped rows (:func:`noise_stds`): on the count, every
+    coordinate of Σx and every entry of Σxxᵀ's upper triangle (mirrored, so the matrix stays symmetric)."""
+    s_n, s_t, s_o = noise_stds(clip, noise_multiplier)
     d = len(summary.total)
-    upper = np.triu(rng.normal(0.0, std, (d, d)))
+    upper = np.triu(rng.normal(0.0, s_o, (d, d)))
     noise = upper + np.triu(upper, 1).T
-    return ClientSummary(summary.n + rng.normal(0.0, std), summary.total + rng.normal(0.0, std, d),
+    return ClientSummary(summary.n + rng.normal(0.0, s_n), summary.total + rng.normal(0.0, s_t, d),
                          summary.outer + noise)
+
+
+def released(summary: ClientSummary) -> ClientSummary:
+    """A noised summary made valid (post-processing: no privacy cost): count ≥ 2 and a positive
+    semi-definite covariance, with its mean kept."""
+    n = max(float(summary.n), 2.0)
+    mu = summary.total / n
+    cov = (summary.outer - n * np.outer(mu, mu)) / (n - 1)
+    vals, vecs = np.linalg.eigh((cov + cov.T) / 2)
+    cov = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+    return ClientSummary(n, summary.total, (n - 1) * cov + n * np.outer(mu, mu))
+
+
+@dataclass(frozen=True)
+class PrivateGamma:
+    """Γ from noised summaries, and how far the noise lets it be trusted.
+
+    gamma: the bias-corrected estimate 2Γ̂ − mean Γ* (cut at 0), Γ̂ (released) being Γ of the post-processed
+    release and Γ* its re-noisings; low, high: the 95% interval (basic bootstrap over ``draws`` re-noisings);
+    min_client_size: the smallest client size at which the noise adds less than a tenth of Γ to a client's
+    distance; clients_below: how many clients are smaller (by their released count)."""
+
+    gamma: float
+    released: float
+    low: float
+    high: float
+    min_client_size: int
+    clients_below: int
+    draws: int
+
+    def as_dict(self) -> dict:
+        return {"gamma": self.gamma, "gamma_released": self.released, "gamma_low": self.low, "gamma_high": self.high,
+                "min_client_size": self.min_client_size, "clients_below_min_size": self.clients_below,
+                "interval_draws": self.draws}
+
+
+#: the client sizes tried for :attr:`PrivateGamma.min_client_size` (2, 4, …, 2²⁴)
+_SIZES = tuple(2**k for k in range(1, 25))
+
+
+def private_gamma(summaries: Sequence[ClientSummary], clip: float, noise_multiplier: float, draws: int = 100,
+                  seed: int = 0) -> PrivateGamma:
+    """Γ of noised summaries (each :func:`released`), its 95% interval and the client size it needs.
+
+    The interval is the basic bootstrap: the release is noised again ``draws`` times with the same
+    mechanism, and Γ's spread and shift under that extra noise stand for the release's own around the
+    noise-free Γ: [2Γ̂ − q₀.₉₇₅, 2Γ̂ − q₀.₀₂₅] of the re-noised Γ*, cut at 0; the estimate is the shift
+    removed, 2Γ̂ − mean Γ*. Post-processing only: it
+    costs no privacy. (Its coverage of the noise-free Γ is measured in docs/heterogeneity.md.)
+    """
+    rng = np.random.default_rng([seed, 0x9A33])
+    valid = [released(s) for s in summaries]
+    g = gamma_from_summaries(valid)
+    again = np.array([gamma_from_summaries([released(privatise(s, clip, noise_multiplier, rng)) for s in summaries])
+                      for _ in range(draws)])
+    low, high = 2 * g - np.quantile(again, 0.975), 2 * g - np.quantile(again, 0.025)
+    corrected = 2 * g - float(again.mean())
+    n_min = min_client_size(valid, clip, noise_multiplier, 0.1 * (corrected if corrected > 0 else g), rng)
+    below = sum(s.n < n_min for s in summaries)
+    return PrivateGamma(max(corrected, 0.0), g, max(float(low), 0.0), max(float(high), 0.0), n_min, below, draws)
+
+
+def private_gamma_report(summaries: Sequence[ClientSummary], clip: float, noise_multiplier: float,
+                         seed: int = 0) -> dict:
+    """What a run records of Γ from noised summaries: :class:`PrivateGamma`'s fields, and a ``warning``
+    when clients are smaller than the size the estimate needs (there the interval does not hold either:
+    its coverage collapses, docs/heterogeneity.md)."""
+    pg = private_gamma(summaries, clip, noise_multiplier, seed=seed)
+    out = pg.as_dict()
+    if pg.clients_below:
+        out["warning"] = (f"Γ from noised summaries is dominated by the noise: {pg.clients_below} of "
+                          f"{len(summaries)} clients hold fewer than {pg.min_client_size} samples, the size at which "
+                          f"the noise (flower.summary_noise = {noise_multiplier:g}, flower.summary_clip = {clip:g}) "
+                          "moves a client's distance by less than a tenth of Γ; the estimate "
+                          f"{pg.gamma:.4g} [{pg.low:.4g}, {pg.high:.4g}] is not to be trusted — lower the noise or the "
+                          "clip, or measure on larger clients")
+    return out
+
+
+def min_client_size(valid: Sequence[ClientSummary], clip: float, noise_multiplier: float, tolerance: float,
+                    rng: np.random.Generator, repeats: int = 3) -> int:
+    """The smallest client size (of :data:`_SIZES`) at which the mechanism's noise moves a client's Gaussian
+    by less than ``tolerance`` in Fréchet distance (mean over ``repeats`` clients of that size drawn from the
+    pooled Gaussian of the release); the largest size tried when none is."""
+    n_all = sum(s.n for s in valid)
+    mu, cov = ClientSummary(n_all, np.sum([s.total for s in valid], axis=0),
+                            np.sum([s.outer for s in valid], axis=0)).moments()
+    for n in _SIZES:
+        moved = []
+        for _ in range(repeats):
+            clean = gaussian_summary(n, mu, cov, rng)
+            m0, c0 = clean.moments()
+            m1, c1 = released(privatise(clean, clip, noise_multiplier, rng)).moments()
+            moved.append(frechet_distance(m0, c0, m1, c1))
+        if float(np.mean(moved)) < tolerance:
+            return n
+    return _SIZES[-1]
 
 
 def summary_epsilon(noise_multiplier: float, delta: float) -> float:

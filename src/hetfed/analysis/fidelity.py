@@ -182,7 +182,9 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
             verdicts[select] = verdict(r, direction, least)
         stats[select] = r
         size = claim.get("paper_value")
-        if verdicts[select] == "reproduced" and size is not None and not r.ci_low <= float(size) <= r.ci_high:
+        # a size is the claim of a direction; a "matches" claim is about a margin, which the paper's own value meets
+        if (direction and verdicts[select] == "reproduced" and size is not None
+                and not r.ci_low <= float(size) <= r.ci_high):
             verdicts[select] = "reproduced in sign, not in size"  # the paper's difference lies outside the CI
         ma, ha = _mean_ci([a[s] for s in common])
         mb, hb = _mean_ci([b[s] for s in common])
@@ -209,9 +211,10 @@ def _judge_value(results: Path, claim: dict) -> Judged:
             continue
         mean, half = _mean_ci(values)
         seeds = str(len(values))
-        if target is None:  # hetfed's number beside a paper number nobody could record here
+        if target is None:  # hetfed's number beside a paper number nobody could record here, or none exists
             shown.append(f"{select}: {_fmt(mean, half, len(values))}")
-            verdicts[select] = "not judged: the paper's number is not recorded here"
+            verdicts[select] = ("not judged: the paper gives no number" if claim.get("paper_none") else
+                                "not judged: the paper's number is not recorded here")
             continue
         gap = mean - target
         shown.append(f"{select}: {_fmt(mean, half, len(values))}, {gap:+.3f} from the paper")
@@ -267,9 +270,10 @@ def render(results: Path, claims_path: Path) -> str:
         "the paper's own difference; *trend* — the right sign, CI includes zero; *not reproduced* — the wrong sign",
         "(comparison) or outside the",
         "CI (number); *opposite* — the CI excludes zero against the paper; *too few seeds*; *not run* (and why);",
-        "*not judged* — hetfed's number where the paper's could not be recorded here. A claim that A *matches* B",
+        "*not judged* — hetfed's number where the paper gives none (the *paper* column says why) or it could not be",
+        "recorded. A claim that A *matches* B",
         "is reproduced when the whole paired CI lies within ±its margin, not reproduced when it lies wholly",
-        "beyond it, *inconclusive* otherwise. *At chance* — the claim names its metric's chance level and both",
+        "beyond it, *inconclusive* otherwise (the paper's own difference is shown, not required inside the CI). *At chance* — the claim names its metric's chance level and both",
         f"models lie within {CHANCE_MARGIN:g} of it, so their order says nothing; *reproduced in sign, negligible in size*",
         f"— the CI excludes zero but the mean difference is below {NEGLIGIBLE:g} (or the claim's own `negligible`).",
         "Numbers are accuracies in [0, 1] unless a claim says otherwise; `best` = the model chosen by validation",
@@ -288,7 +292,8 @@ def render(results: Path, claims_path: Path) -> str:
             c = j.claim
             value = c.get("paper_value")
             if value is None:
-                shown = "-" if c["kind"] == "not_run" else "not recorded"
+                shown = ("-" if c["kind"] == "not_run" else f"none: {c['paper_none']}" if c.get("paper_none")
+                         else "not recorded")
             else:
                 shown = f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}"
             lines.append(f"| {c['claim']} | {c['where']} | {c['dataset']} | {c['protocol']} | {shown} | {j.hetfed} "

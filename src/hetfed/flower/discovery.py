@@ -89,8 +89,10 @@ def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederati
 def gamma_of(config: Config, summaries: list) -> Heterogeneity:
     """Γ (and its size-matched reference) of the nodes' clients from their summaries; label skew is not
     measured (the labels never leave the nodes)."""
-    from hetfed.gamma_summaries import gamma_from_summaries, gamma_iid_from_summaries
+    from hetfed.gamma_summaries import gamma_from_summaries, gamma_iid_from_summaries, released
 
+    if config.flower.summary_noise:  # noised: made valid first (counts ≥ 2, PSD covariances), as every Γ of them
+        summaries = [released(s) for s in summaries]
     h = config.heterogeneity
     g = gamma_from_summaries(summaries) if len(summaries) >= 1 else float("nan")
     iid, sd = gamma_iid_from_summaries(summaries, h.iid_draws, h.iid_max_clients, config.seed)

@@ -97,14 +97,21 @@ class FlowerExecutor:
 
     def _gamma(self, summaries: dict) -> dict:
         """Γ of the federation from its clients' summaries alone (and the summaries' (ε, δ) when noised)."""
-        from hetfed.gamma_summaries import gamma_from_summaries, summary_epsilon
+        from hetfed.gamma_summaries import (
+            gamma_from_summaries,
+            private_gamma_report,
+            summary_epsilon,
+        )
 
         f = self.flower
-        out = {"gamma": gamma_from_summaries([summaries[k] for k in sorted(summaries)]), "clients": len(summaries),
+        ordered = [summaries[k] for k in sorted(summaries)]
+        out = {"gamma": gamma_from_summaries(ordered), "clients": len(summaries),
                "measured_on": self.measured_on, "clip": f.summary_clip, "noise_multiplier": f.summary_noise}
         if f.summary_noise is not None:
             out.update(epsilon=summary_epsilon(f.summary_noise, f.summary_delta) if f.summary_noise > 0 else None,
                        delta=f.summary_delta)
+            if f.summary_noise > 0:  # post-processed, with its interval and the client size it needs
+                out.update(private_gamma_report(ordered, f.summary_clip, f.summary_noise))
         return out
 
     # -- messaging

@@ -470,6 +470,9 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     for method, m in summary["methods"].items():
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
+        if (m.get("gamma_from_summaries") or {}).get("warning"):
+            console.print(f"warning ({method}): {m['gamma_from_summaries']['warning']}", style="yellow",
+                          soft_wrap=True)
     console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)", soft_wrap=True)
 
 
