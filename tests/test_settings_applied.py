@@ -238,3 +238,14 @@ def test_a_methods_list_typed_with_a_top_level_key_keeps_its_own_values_and_says
                                  "model.dropout=0.1"])
     assert [cfg.method_model(m).dropout for m in cfg.methods] == [0.3, 0.1]
     assert not [w for w in caught if issubclass(w.category, HetfedNote)]
+
+
+def test_a_grid_over_a_key_the_partition_does_not_read_is_noted(tmp_path, capsys, monkeypatch):
+    """`--grid partition.alpha=0.1,1` with feature_clusters runs the same training twice under two names."""
+    from hetfed.runs import sweep
+
+    monkeypatch.setattr(sweep, "_run_one", lambda raw, run_dir: ("failed", "not run in this test"))
+    main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", "partition.alpha=0.1,1", "--seeds", "1",
+          "--out", str(tmp_path / "s"), "--quiet"])
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --grid:")]
+    assert len(notes) == 2 and all("is not read with partition.kind = 'feature_clusters'" in n for n in notes)

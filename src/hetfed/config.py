@@ -53,7 +53,8 @@ class DatasetConfig(_Strict):
 
     name: DatasetName = "digits"
     data_dir: str | None = None
-    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)", json_schema_extra=read_by("arrays"))
+    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)",
+        json_schema_extra=read_by("arrays"))
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="held-out share when the data has no test split"
     )
@@ -64,13 +65,17 @@ class DatasetConfig(_Strict):
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
         "computers — the four largest)", json_schema_extra=read_by("fortunes"))
     plays: list[str] | None = Field(
-        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them", json_schema_extra=read_by("shakespeare"))
+        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them",
+        json_schema_extra=read_by("shakespeare"))
     window_stride: int = Field(
-        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)", json_schema_extra=read_by("shakespeare"))
+        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)",
+        json_schema_extra=read_by("shakespeare"))
     features: int | None = Field(
-        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)", json_schema_extra=read_by("nodes"))
+        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)",
+        json_schema_extra=read_by("nodes"))
     classes: list[int | str] | None = Field(
-        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)", json_schema_extra=read_by("nodes"))
+        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)",
+        json_schema_extra=read_by("nodes"))
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
@@ -84,14 +89,19 @@ class EmbedConfig(_Strict):
 
     kind: EmbedKind = "identity"
     components: int = Field(32, ge=1, description="output size for kind=pca", json_schema_extra=read_by("pca"))
-    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0", json_schema_extra=read_by("efficientnet_lite0"))
+    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0",
+        json_schema_extra=read_by("efficientnet_lite0"))
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens", json_schema_extra=read_by("tokens"))
-    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included", json_schema_extra=read_by("tokens"))
-    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id", json_schema_extra=read_by("tokens"))
-    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)", json_schema_extra=read_by("yamnet"))
+    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens",
+        json_schema_extra=read_by("tokens"))
+    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included",
+        json_schema_extra=read_by("tokens"))
+    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id",
+        json_schema_extra=read_by("tokens"))
+    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)",
+        json_schema_extra=read_by("yamnet"))
 
 
 class PartitionConfig(_Strict):
@@ -109,11 +119,13 @@ class PartitionConfig(_Strict):
     shards_per_client: int = Field(2, ge=1, json_schema_extra=read_by("shards"))
     shard_cut: Literal["within_class", "sorted"] = Field(
         "within_class", description="shards: cut within each class (no shard straddles two labels), or McMahan et "
-        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)", json_schema_extra=read_by("shards"))
+        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)",
+        json_schema_extra=read_by("shards"))
     opt_out: float = Field(0.0, ge=0, le=1)
     min_size: int = Field(10, ge=0, json_schema_extra=read_by("dirichlet"))
     natural_min_samples: int = Field(
-        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)", json_schema_extra=read_by("natural"))
+        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)",
+        json_schema_extra=read_by("natural"))
     samples_per_client: int | None = Field(None, ge=1, json_schema_extra=read_by("iid", "majority", "dirichlet"))
     pca_components: int = Field(2, ge=1, json_schema_extra=read_by("feature_clusters"))
     val_fraction: float = Field(0.15, ge=0, lt=1)
@@ -150,14 +162,17 @@ class ModelConfig(_Strict):
     kind: ModelKind = "mlp"
     hidden: list[int] = Field(default_factory=lambda: [64, 64], json_schema_extra=read_by("mlp", "cgau"))
     dropout: float = Field(0.0, ge=0, lt=1, json_schema_extra=read_by("mlp", "cgau", "bilstm", "charlstm"))
-    condition_output: bool = Field(False, description="cgau: also condition the logits on the client", json_schema_extra=read_by("cgau"))
+    condition_output: bool = Field(False, description="cgau: also condition the logits on the client",
+        json_schema_extra=read_by("cgau"))
     batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
                                                 "fully connected layer (running statistics kept per client: FedBN)")
     embedding_dim: int = Field(100, ge=1, description="bilstm, charlstm: the token (character) embedding's width "
-                               "(McMahan et al.'s character LSTM: 8)", json_schema_extra=read_by("bilstm", "charlstm"))
+                               "(McMahan et al.'s character LSTM: 8)",
+        json_schema_extra=read_by("bilstm", "charlstm"))
     lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction; charlstm: each "
                              "layer's width (McMahan et al.: 256)", json_schema_extra=read_by("bilstm", "charlstm"))
-    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)", json_schema_extra=read_by("charlstm"))
+    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)",
+        json_schema_extra=read_by("charlstm"))
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:
@@ -805,9 +820,11 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     # a whole methods list typed in the overrides first (its keys are the user's own, not the file's); then the
     # top-level keys, which replace the file's per-method values of the same key; then the per-method overrides
     typed_methods = any(key == "methods" for key, _ in items)
-    order = {"methods": 0, "top": 1, "method": 2}
-    for key, value in sorted(items, key=lambda item: order["methods" if item[0] == "methods" else "method"
-                                                            if item[0].startswith("methods.") else "top"]):
+
+    def rank(item: tuple[str, Any]) -> int:
+        return 0 if item[0] == "methods" else 2 if item[0].startswith("methods.") else 1
+
+    for key, value in sorted(items, key=rank):
         if not typed_methods and key.split(".")[0] != "methods":
             _override_methods(merged, key, value)
         set_dotted(merged, key, value)

@@ -172,6 +172,7 @@ def run_sweep(
             cfg = build_config(base, {**point, "seed": config.seed + s})
             configs.append((point, s, cfg))
     _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
+    _note_unread_grid_keys([cfg for _p, s, cfg in configs if s == 0], list(grid))
     if resume and out is None:
         raise ConfigError("--resume needs --out: the directory of the sweep to resume")
     request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()}}
@@ -241,6 +242,19 @@ def run_sweep(
     if not summaries:
         raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
+
+
+def _note_unread_grid_keys(configs: list[Config], keys: list[str]) -> None:
+    """A note for each grid value that what its point chose does not read (``--grid partition.alpha=…`` with
+    ``feature_clusters``): those points run the same training under different names."""
+    import warnings
+
+    from hetfed.config import UnreadKey, unread_keys
+
+    for cfg in configs:
+        for note in unread_keys(cfg):
+            if any(note.startswith(f"{key} = ") or f".{key} = " in note.split(" is not read")[0] for key in keys):
+                warnings.warn(f"--grid: {note}", UnreadKey, stacklevel=3)
 
 
 def _refuse_equal_points(points: list[tuple[dict, Config]]) -> None:
