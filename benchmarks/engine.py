@@ -29,8 +29,8 @@ import torch
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
-from hetfed.engine.simulate import simulate
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 

@@ -55,17 +55,18 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str, 
     import torch
 
     from hetfed.algorithms import build_algorithm
-    from hetfed.config import ModelConfig, TrainConfig
-    from hetfed.engine.simulate import simulate
+    from hetfed.config import ModelConfig, ServerConfig, TrainConfig
+    from hetfed.executors.simulate import simulate
     from hetfed.models import build_model
 
     t0 = time.perf_counter()
     fed = federation(n_clients)
     # the default norm filter holds only its reference clients; the rest of a round streams (#29)
     train = TrainConfig(rounds=rounds, client_fraction=fraction, eval_every=rounds, device=device,
-                        batch_size=32, local_epochs=1.0, **({} if norm_filter else {"reject_norm_factor": None}))
+                        batch_size=32, local_epochs=1.0)
     model = build_model(ModelConfig(kind="cgau" if method == "cgau" else "mlp", hidden=[200, 200]), (784,), 10)
-    algo = build_algorithm("fedavg", model, train)
+    server = ServerConfig(screen={"norm_factor": 10.0 if norm_filter else None})
+    algo = build_algorithm("fedavg", model, train, server=server)
     build_s = time.perf_counter() - t0
     result = simulate(algo, fed, train, seed=0)
     ev = result.history[-1][1].metrics
@@ -93,7 +94,7 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--no-norm-filter", action="store_true",
-                        help="train.reject_norm_factor: null (the default filter is on and holds 32 updates a round)")
+                        help="server.screen.norm_factor: null (the default filter is on and holds 32 updates a round)")
     parser.add_argument("--mmap-threshold", type=int, default=None, metavar="BYTES",
                         help="fix glibc's MALLOC_MMAP_THRESHOLD_ in the measured processes (e.g. 1048576): freed "
                         "chunk memory then goes back to the system, so peak RSS shows what hetfed holds (~2x slower)")

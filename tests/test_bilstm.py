@@ -15,8 +15,8 @@ from hypothesis import strategies as st
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, PartitionConfig, TrainConfig, build_config
 from hetfed.data import tokens
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
-from hetfed.engine.simulate import personalise, simulate
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import personalise, simulate
 from hetfed.models import build_model
 from hetfed.models.bilstm import BiLSTM
 from hetfed.partition import make_federation

@@ -7,10 +7,10 @@ import torch
 from hetfed.algorithms import build_algorithm
 from hetfed.cli import main
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.rng import torch_gen
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Broadcast, ClientData
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
 from hetfed.partition import make_federation

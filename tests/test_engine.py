@@ -14,12 +14,12 @@ from hetfed.config import (
     build_config,
 )
 from hetfed.engine import optim
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.local import LocalSchedule, plan_batches
 from hetfed.engine.sampling import sample_clients
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Upload
 from hetfed.errors import ConfigError
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import LeNet, build_model
 from hetfed.models.mlp import MLP
 from hetfed.partition import make_federation

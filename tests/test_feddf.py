@@ -12,10 +12,10 @@ from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.feddf import FedDFParams as FedDFConfig
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, TrainConfig, build_config
-from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import stack_states
+from hetfed.executors.inprocess import Pool, SequentialExecutor, VectorisedExecutor, client_data
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from hetfed.pipeline import prepare

@@ -17,9 +17,9 @@ import torch
 from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.feddyn import GRAD
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import Pool, client_data
 from hetfed.engine.rng import CLIENT_INIT, SERVER_INIT, torch_gen
 from hetfed.engine.types import Upload, stack_states
+from hetfed.executors.inprocess import Pool, client_data
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from tests.synthetic import ShiftedGaussians

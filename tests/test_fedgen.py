@@ -12,11 +12,11 @@ from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.fedgen import FedGenParams as FedGenConfig
 from hetfed.algorithms.fedgen import diversity_loss, generator_loss
 from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import Pool, SequentialExecutor, VectorisedExecutor, client_data
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import stack_states
 from hetfed.errors import ConfigError
+from hetfed.executors.inprocess import Pool, SequentialExecutor, VectorisedExecutor, client_data
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.base import Model
 from hetfed.partition import make_federation

@@ -35,7 +35,7 @@ def _config(**train):
 
 def _run(config, fed):
     """FedMoE through the engine: federated rounds, then the personalisation step, then each view scored."""
-    from hetfed.engine.simulate import personalise, simulate
+    from hetfed.executors.simulate import personalise, simulate
 
     def build(n_out):
         return build_model(ModelConfig(hidden=[16], dropout=0.2), fed.input_shape, n_out)

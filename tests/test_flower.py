@@ -140,7 +140,7 @@ COHORT_METHODS = {
         {"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"},
          "train": {"optimizer": {"reset_each_round": False}}},
         {"name": "fedmoe", "algorithm": "fedmoe", "params": {"max_epochs": 2, "patience": 1}},
-        {"name": "median", "algorithm": "fedavg", "train": {"aggregator": "median"}},  # held per client
+        {"name": "median", "algorithm": "fedavg", "server": {"combine": {"rule": "median"}}},  # held per client
     ]}
 
 

@@ -120,8 +120,8 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_numbers(tmp_path, capfd
 def _killed_flower_run(tmp_path: Path, methods: list[dict], rounds_done: int, keys_of: str) -> Path:
     """A run directory as a Flower ServerApp killed mid-rounds leaves it: config, failed status, checkpoint."""
     from hetfed.algorithms import algorithm_for
-    from hetfed.engine.simulate import SimulationResult
     from hetfed.engine.types import ServerState
+    from hetfed.executors.simulate import SimulationResult
     from hetfed.runs.checkpoint import write_checkpoint
     from hetfed.runs.rundir import set_status
     from hetfed.runs.runner import client_state_keys

@@ -8,9 +8,9 @@ from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.fsnet import FSNetParams as FSNetConfig
 from hetfed.algorithms.fsnet import beta_schedule, kl_uniform, near_one_hot, sample_mixture
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Upload
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 

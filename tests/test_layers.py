@@ -21,18 +21,19 @@ LAYERS = [
     ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
     ("hetfed.server", 4),
     ("hetfed.algorithms", 5),
-    ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6),
+    ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6), ("hetfed.executors", 6),
     ("hetfed.runs", 7),
     ("hetfed.analysis", 8),
     ("hetfed.api", 9), ("hetfed.cli", 9), ("hetfed.xor_demo", 9), ("hetfed", 9),
 ]
 NAMES = {0: "config", 1: "data", 2: "models", 3: "engine/interface", 4: "server", 5: "algorithms",
-         6: "flower engine", 7: "runs", 8: "analysis", 9: "api/cli"}
+         6: "executors (in-process, Flower)", 7: "runs", 8: "analysis", 9: "api/cli"}
 
 #: imports that run upwards on purpose (inside a function, looked up at call time), and why
 UPWARD_ALLOWED = {
     ("hetfed.config", "hetfed.algorithms.registry"): "validation asks the registry which algorithms exist",
     ("hetfed.server_data", "hetfed.algorithms.registry"): "which methods need server data is a capability",
+    ("hetfed.config", "hetfed.server.combine"): "validation asks the combine-rule registry for a rule's parameters",
 }
 
 

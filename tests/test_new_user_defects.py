@@ -111,7 +111,7 @@ def test_the_heartbeat_is_refreshed_while_the_run_does_nothing_else(tmp_path):
 
 def _interrupted_run(tmp_path: Path, monkeypatch, stop_after: int = 4) -> Path:
     """A run stopped by Ctrl-C after ``stop_after`` training rounds, with checkpoints every round."""
-    from hetfed.engine import executors
+    from hetfed.executors import inprocess as executors
 
     real, calls = executors.InProcessExecutor.train, {"n": 0}
 
@@ -206,8 +206,8 @@ def test_checks_that_need_no_data_come_before_loading_it(tmp_path, capsys, monke
 
 
 def test_the_norm_screen_takes_the_mean_of_the_two_middle_norms():
-    from hetfed.engine.robust import Screen
     from hetfed.engine.types import Upload
+    from hetfed.server.screen import Screen
 
     ref = {"w": torch.zeros(1, dtype=torch.float64)}
     up = Upload([0, 1, 2, 3], {"w": torch.tensor([[1.0], [2.0], [6.0], [11.0]], dtype=torch.float64)}, torch.ones(4))
@@ -217,16 +217,17 @@ def test_the_norm_screen_takes_the_mean_of_the_two_middle_norms():
 
 
 def test_multi_krum_can_weight_the_kept_updates_by_sample_counts_as_flowers_strategy_does():
-    from hetfed.engine.robust import combine
     from hetfed.engine.types import Upload
+    from hetfed.server.combine import parse
 
     old = {"w": torch.zeros(1, dtype=torch.float64)}
     w = torch.tensor([[1.0], [1.1], [0.9], [1.05], [50.0]], dtype=torch.float64)
     up = Upload(list(range(5)), {"w": w}, torch.tensor([1.0, 3.0, 1.0, 5.0, 1.0]))
     # n = 5, f = ⌊0.1·5⌋ = 0, keep m = 4: the outlier 50 has the worst Krum score and is cut
     kept, n = [1.0, 1.1, 0.9, 1.05], [1.0, 3.0, 1.0, 5.0]
-    uniform = combine(old, up, "multi_krum", keep=4)["w"].item()
-    weighted = combine(old, up, "multi_krum", keep=4, weighted=True)["w"].item()
+    rule, uniform_params = parse({"rule": "multi_krum", "keep": 4})
+    uniform = rule.combine(old, up, uniform_params)["w"].item()
+    weighted = rule.combine(old, up, parse({"rule": "multi_krum", "keep": 4, "weighted": True})[1])["w"].item()
     assert uniform == pytest.approx(sum(kept) / 4)
     assert weighted == pytest.approx(sum(a * b for a, b in zip(kept, n, strict=True)) / sum(n))
 
@@ -242,8 +243,8 @@ def _norm_upload(ids, norms):
 
 
 def test_the_default_norm_screen_holds_only_its_reference_clients_and_streams_the_rest():
-    from hetfed.engine.robust import Screen
     from hetfed.engine.types import RoundUploads, StreamedUpload
+    from hetfed.server.screen import Screen
 
     rng = np.random.default_rng(0)
     norms = rng.uniform(1, 2, 400)
@@ -264,8 +265,8 @@ def test_the_default_norm_screen_holds_only_its_reference_clients_and_streams_th
 
 
 def test_a_round_within_the_reference_set_is_screened_against_its_own_median_whatever_the_chunks():
-    from hetfed.engine.robust import Screen
     from hetfed.engine.types import RoundUploads
+    from hetfed.server.screen import Screen
 
     norms = [1.0, 2.0, 3.0, 4.0, 30.0, 5.0, 41.0]  # median 4: 41 > 10 × 4 is out, 30 stays
     decisions = []
@@ -280,7 +281,7 @@ def test_a_round_within_the_reference_set_is_screened_against_its_own_median_wha
 def test_the_memory_estimate_of_the_default_config_does_not_grow_with_the_clients_per_round():
     from hetfed.algorithms import build_algorithm
     from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
-    from hetfed.engine.executors import estimate_memory
+    from hetfed.executors.inprocess import estimate_memory
     from hetfed.models import build_model
     from hetfed.partition import make_federation
     from tests.synthetic import ShiftedGaussians

@@ -10,9 +10,9 @@ import torch
 
 from hetfed.algorithms import algorithm_for
 from hetfed.config import build_config
-from hetfed.engine.executors import Pool, client_data
 from hetfed.engine.rng import CLIENT_INIT, SERVER_INIT, torch_gen
 from hetfed.engine.types import stack_states
+from hetfed.executors.inprocess import Pool, client_data
 from hetfed.pipeline import prepare
 
 DOC = Path(__file__).resolve().parents[1] / "docs" / "methods.md"

@@ -20,8 +20,8 @@ import torch
 from hetfed.analysis.present import present_run, present_sweep
 from hetfed.cli import main
 from hetfed.config import build_config
-from hetfed.engine.simulate import round_train_loss
 from hetfed.engine.types import Upload
+from hetfed.executors.simulate import round_train_loss
 from hetfed.runs.runner import run_experiment
 
 FAST = {"train": {"rounds": 4, "eval_every": 2}}
@@ -123,7 +123,7 @@ def test_the_rounds_training_loss_weights_clients_by_their_samples():
 
 
 def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
-    from hetfed.engine import simulate as sim
+    from hetfed.executors import simulate as sim
 
     real, calls = sim.evaluation, {"n": 0}
 

@@ -29,7 +29,7 @@ ARGS = [
 WRAPPER = r"""
 import os, sys, time
 progress = open(os.environ["PROGRESS"], "a", buffering=1)
-from hetfed.engine import executors
+from hetfed.executors import inprocess as executors
 from hetfed.runs import rundir
 train, personalise = executors.InProcessExecutor.train, executors.InProcessExecutor.personalise
 def slow_train(self, bc, clients):

@@ -19,17 +19,20 @@ from hetfed.config import (
     ModelConfig,
     PartitionConfig,
     PrivacyConfig,
+    ServerConfig,
     StragglerConfig,
     TrainConfig,
 )
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.faults import Adversary, Faults, step_times
 from hetfed.engine.local import LocalSchedule
-from hetfed.engine.robust import DPNoise, Screen, combine, robust_mean
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from hetfed.server.combine import parse
+from hetfed.server.dp import DPNoise
+from hetfed.server.screen import Screen
 from tests.synthetic import ShiftedGaussians
 
 
@@ -41,11 +44,23 @@ def _fed(clients=10):
     return make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=clients, alpha=1.0, min_size=5), 0)
 
 
-def _algo(fed, kind="mlp", algorithm="fedavg", **train):
+def _algo(fed, kind="mlp", algorithm="fedavg", combine=None, **train):
     cfg = TrainConfig(**{"rounds": 4, "local_steps": 3, "batch_size": 16, "eval_every": 2,
                          "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.0}, **train})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return build_algorithm(algorithm, model, cfg), cfg
+    return build_algorithm(algorithm, model, cfg, server=ServerConfig(combine=combine or {"rule": "mean"})), cfg
+
+
+def combine(old, upload, rule="mean", **params):
+    """A registered combine rule (the server chain's second step) on one round's updates."""
+    found, options = parse({"rule": rule, **params})
+    return found.combine(old, upload, options)
+
+
+def robust_mean(stacked, rule, **params):
+    n = next(iter(stacked.values())).shape[0]
+    return combine({k: v[0] for k, v in stacked.items()}, Upload(list(range(n)), stacked, torch.ones(n)), rule,
+                   **params)
 
 
 # ------------------------------------------------------------------ the rules, from their papers
@@ -73,7 +88,7 @@ def test_robust_rules_match_references_written_from_the_papers(n, d, seed):
     beta = 0.2
     cut = int(math.floor(beta * n))
     ref = np.sort(pts, 0)[cut : n - cut].mean(0)  # Yin et al. 2018: drop the β·n largest and smallest per coordinate
-    np.testing.assert_allclose(robust_mean(stacked, "trimmed_mean", trim_fraction=beta)["w"].numpy(), ref, rtol=1e-12)
+    np.testing.assert_allclose(robust_mean(stacked, "trimmed_mean", fraction=beta)["w"].numpy(), ref, rtol=1e-12)
     f = min(int(0.2 * n), (n - 3) // 2)
     np.testing.assert_allclose(robust_mean(stacked, "krum", byzantine_fraction=0.2)["w"].numpy(),
                                _ref_krum(pts, f, 1), rtol=1e-9)
@@ -119,7 +134,7 @@ _SPECIAL = st.sampled_from([0.0, 1.0, -2.5, 3.0e38, -3.0e38, float("nan"), float
 @given(st.lists(st.lists(_SPECIAL, min_size=1, max_size=6), min_size=1, max_size=5).filter(
     lambda rows: len({len(r) for r in rows}) == 1))
 def test_finite_clients_is_the_element_wise_check_even_where_finite_values_overflow_a_sum(rows):
-    from hetfed.engine.robust import finite_clients
+    from hetfed.server.screen import finite_clients
 
     v = torch.tensor(rows, dtype=torch.float32)
     expected = [all(math.isfinite(x) for x in row) for row in rows]
@@ -127,7 +142,7 @@ def test_finite_clients_is_the_element_wise_check_even_where_finite_values_overf
 
 
 def test_update_norms_are_the_float64_euclidean_norms_of_the_updates():
-    from hetfed.engine.robust import update_norms
+    from hetfed.server.screen import update_norms
 
     g = torch.Generator().manual_seed(0)
     params = {"w": torch.randn(4, 30, 7, generator=g), "b": torch.randn(4, 7, generator=g)}
@@ -188,7 +203,7 @@ def test_executors_agree_under_attack_dropout_and_a_robust_rule(kind):
     fed = _fed()
     results = []
     for executor in (VectorisedExecutor(), SequentialExecutor()):
-        algo, cfg = _algo(fed, aggregator="trimmed_mean", trim_fraction=0.2, client_dropout=0.2)
+        algo, cfg = _algo(fed, combine={"rule": "trimmed_mean", "fraction": 0.2}, client_dropout=0.2)
         res = simulate(algo, fed, cfg, seed=1, executor=executor, attack=AttackConfig(kind=kind, fraction=0.3))
         results.append(res)
     a, b = results
@@ -226,7 +241,7 @@ def test_stragglers_past_the_deadline_are_dropped():
 def test_too_few_clients_skips_the_round_and_logs_it(tmp_path):
     out = tmp_path / "r"
     code = main(["run", "--quiet", "--set", "train.rounds=4", "--set", "train.client_dropout=0.6",
-                 "--set", "train.min_clients=6", "--out", str(out)])
+                 "--set", "server.min_clients=6", "--out", str(out)])
     assert code == 0
     summary = json.loads((out / "summary.json").read_text())
     relu = summary["methods"]["relu"]
@@ -241,8 +256,8 @@ def test_too_few_clients_skips_the_round_and_logs_it(tmp_path):
 def test_an_attack_that_makes_training_diverge_is_a_result_not_a_crash(tmp_path):
     out = tmp_path / "r"
     code = main(["run", "--quiet", "--set", "train.rounds=30", "--set", "attack.kind=scale",
-                 "--set", "attack.factor=1e30", "--set", "attack.fraction=0.3", "--set", "train.reject_norm_factor=null",
-                 "--set", "methods.1.train.aggregator=median", "--out", str(out)])
+                 "--set", "attack.factor=1e30", "--set", "attack.fraction=0.3", "--set", "server.screen.norm_factor=null",
+                 "--set", "methods.1.server.combine.rule=median", "--out", str(out)])
     assert code == 0
     methods = json.loads((out / "summary.json").read_text())["methods"]
     assert methods["relu"].get("diverged_at") is not None
@@ -291,8 +306,8 @@ def test_dp_noise_has_the_calibrated_std_and_touches_shared_parameters_only():
     m, d = 8, 20_000
     old = {"w": torch.zeros(d)}
     up = Upload(list(range(m)), {"w": torch.full((m, d), 0.01)}, torch.arange(1.0, m + 1))
-    dp = DPNoise(noise_multiplier=2.0, clip=0.5, expected_clients=10, uniform=True, generator_seed=0)
-    new = combine(old, up, dp=dp)["w"]
+    dp = DPNoise(noise_multiplier=2.0, clip=0.5, uniform=True)
+    new = dp.aggregate(old, up, expected_clients=10, generator_seed=0)["w"]
     noise = new - 0.01 * m / 10  # fixed denominator: Σ clipped updates / expected m
     assert float(noise.mean()) == pytest.approx(0.0, abs=0.005)
     assert float(noise.std()) == pytest.approx(2.0 * 0.5 / 10, rel=0.03)
@@ -313,9 +328,10 @@ def test_dp_with_an_algorithm_it_cannot_privatise_fails_before_training(tmp_path
     code = main(["run", "--set", "privacy.noise_multiplier=1", "--set", "privacy.clip=null", "--out", str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "privacy.clip" in err and not out.exists()
-    code = main(["run", "--set", "train.aggregator=mode", "--out", str(out)])
+    code = main(["run", "--set", "server.combine.rule=mode", "--out", str(out)])
     err = capsys.readouterr().err
-    assert code == 2 and "train.aggregator" in err and "median" in err and not out.exists()
+    assert code == 2 and "server.combine.rule = 'mode' is not allowed" in err and "median" in err
+    assert not out.exists()
 
 
 def test_dp_covers_fedmoes_federated_phase_and_its_personal_models_stay_local(tmp_path):

@@ -9,10 +9,10 @@ import torch.nn.functional as F
 from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.scaffold import CI, DC, effective_steps
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import sample_clients
-from hetfed.engine.simulate import simulate
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from tests.synthetic import ShiftedGaussians
@@ -98,9 +98,9 @@ def test_executors_agree_with_momentum_and_chunks():
 
 
 def test_the_upload_carries_exactly_the_documented_fields_and_c_i_stays():
-    from hetfed.engine.executors import Pool, client_data
     from hetfed.engine.rng import CLIENT_INIT
     from hetfed.engine.types import stack_states
+    from hetfed.executors.inprocess import Pool, client_data
 
     fed = _fed()
     train = TrainConfig(rounds=1, local_steps=2)

@@ -12,10 +12,10 @@ from scipy import stats
 from hetfed.algorithms import build_algorithm, weighted_average
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig, build_config
 from hetfed.engine.client_store import ClientStore
-from hetfed.engine.executors import SequentialExecutor, VectorisedExecutor, check_memory
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import RoundUploads, StreamedUpload, Upload, concat_uploads
 from hetfed.errors import RunError
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor, check_memory
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from tests.synthetic import ShiftedGaussians

@@ -17,10 +17,10 @@ import numpy as np
 import pytest
 import torch
 
-from hetfed.config import ServerConfig, TrainConfig, build_config
+from hetfed.config import ServerConfig, build_config
 from hetfed.engine.types import Upload
 from hetfed.errors import ConfigError
-from hetfed.server.pipeline import pipeline_for
+from hetfed.server.pipeline import server_chain
 
 
 def reference(kind: str, x0: np.ndarray, rounds: list[tuple[np.ndarray, np.ndarray]], lr: float, beta1=0.9,
@@ -62,7 +62,7 @@ def test_each_optimiser_follows_its_papers_equations_over_three_rounds(kind, lr)
     x0 = np.random.default_rng(1).normal(size=5)
     rounds = _rounds(2)
     expected = reference(kind, x0, rounds, lr)
-    pipe = pipeline_for(TrainConfig(), ServerConfig(optimizer=kind, lr=lr))
+    pipe = server_chain(ServerConfig(optimizer=kind, lr=lr))
     params, state = {"w": torch.tensor(x0, dtype=torch.float64)}, {}
     for (models, counts), want in zip(rounds, expected, strict=True):
         up = Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts))
@@ -74,7 +74,7 @@ def test_kingmas_bias_corrected_fedadam_is_the_option():
     x0 = np.zeros(5)
     rounds = _rounds(3)
     expected = reference("adam", x0, rounds, 0.1, flower=True)
-    pipe = pipeline_for(TrainConfig(), ServerConfig(optimizer="adam", lr=0.1, bias_correction=True))
+    pipe = server_chain(ServerConfig(optimizer="adam", lr=0.1, bias_correction=True))
     params, state = {"w": torch.tensor(x0)}, {}
     for (models, counts), want in zip(rounds, expected, strict=True):
         params, state = pipe.step(params, Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts)),
@@ -87,14 +87,14 @@ def test_sgd_at_lr_one_is_the_average_itself_bit_for_bit():
     models = torch.randn(3, 7)
     counts = torch.tensor([3.0, 5.0, 9.0])
     up = Upload([0, 1, 2], {"w": models}, counts)
-    new, state = pipeline_for(TrainConfig(), ServerConfig()).step({"w": torch.zeros(7)}, up, {})
+    new, state = server_chain(ServerConfig()).step({"w": torch.zeros(7)}, up, {})
     assert torch.equal(new["w"], torch.tensordot(counts / counts.sum(), models, dims=1)) and state == {}
 
 
 def test_the_optimiser_moves_the_robust_aggregate_not_the_mean():
     """combine → optimiser: with the median, Δ is the coordinate-wise median minus the global model."""
     models = torch.tensor([[0.0], [1.0], [100.0]], dtype=torch.float64)
-    pipe = pipeline_for(TrainConfig(aggregator="median"), ServerConfig(optimizer="avgm", lr=0.5, momentum=0.0))
+    pipe = server_chain(ServerConfig(combine={"rule": "median"}, optimizer="avgm", lr=0.5, momentum=0.0))
     new, _ = pipe.step({"w": torch.zeros(1, dtype=torch.float64)}, Upload([0, 1, 2], {"w": models}, torch.ones(3)), {})
     assert new["w"].item() == pytest.approx(0.5)  # 0 + 0.5 · (median 1 − 0)
 
@@ -191,7 +191,7 @@ def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kin
     want = _flower_rounds(kind, lr, x0, rounds)
 
     def hetfed_rounds(**server) -> list[np.ndarray]:
-        pipe = pipeline_for(TrainConfig(reject_norm_factor=None), ServerConfig(optimizer=kind, lr=lr, **server))
+        pipe = server_chain(ServerConfig(optimizer=kind, lr=lr, **server))
         params, state, out = {"w": torch.tensor(x0)}, {}, []
         for models, counts in rounds:
             params, state = pipe.step(params, Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts)),
@@ -210,9 +210,9 @@ def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kin
 
 def test_flowers_fedadam_takes_0_742_of_eta_in_its_first_round():
     """√(1 − 0.99²)/(1 − 0.9²) = 0.7425…: Flower counts rounds from 1 and raises β to the round + 1."""
-    from hetfed.server.optimizers import ServerOptimizer
+    from hetfed.server.optimizers import optimizer_for
 
-    opt = ServerOptimizer("adam", lr=1.0, variant="flower")
+    opt = optimizer_for(ServerConfig(optimizer="adam", lr=1.0, variant="flower"))
     delta = torch.tensor([0.5])
     new, _ = opt.update({"w": torch.zeros(1, dtype=torch.float64)}, {"w": delta.double()}, {})
     m, v = 0.1 * 0.5, 0.01 * 0.25  # (1 − β₁)Δ and (1 − β₂)Δ² from zero moments

@@ -99,7 +99,7 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     """Best-model selection: a NaN loss (diverged, or no data) must not count as an improvement."""
     from hetfed.algorithms import build_algorithm
     from hetfed.config import TrainConfig, build_config
-    from hetfed.engine import simulate as sim
+    from hetfed.executors import simulate as sim
     from hetfed.models import build_model
     from hetfed.pipeline import prepare
 

@@ -107,8 +107,8 @@ def repersonalise(run, fed, fedavg: hetfed.Model, lr: float) -> tuple[hetfed.Mod
 
     from hetfed.algorithms import algorithm_for
     from hetfed.config import build_config
-    from hetfed.engine.executors import VectorisedExecutor
     from hetfed.engine.types import OPT_PREFIX, ServerState
+    from hetfed.executors.inprocess import VectorisedExecutor
 
     raw = run.config.model_dump(mode="json")
     (method,) = [m for m in raw["methods"] if m["algorithm"] == "fedmoe"]

@@ -253,34 +253,9 @@ class TrainConfig(_Strict):
         10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "
         "federated phase and of personalisation); None: only at the end. `hetfed run --resume DIR` continues"
     )
-    # -- clients that fail, straggle or cannot be trusted (see docs/robustness.md)
-    aggregator: Literal["mean", "median", "trimmed_mean", "krum", "multi_krum"] = Field(
-        "mean", description="how the shared parameters are combined: mean (FedAvg's sample-weighted mean) or a "
-        "robust rule (unweighted: coordinate-wise median, trimmed mean, Krum, Multi-Krum)"
-    )
-    trim_fraction: float = Field(0.1, ge=0, lt=0.5, description="trimmed_mean: share cut from each end per coordinate")
-    byzantine_fraction: float = Field(
-        0.1, ge=0, lt=0.5, description="krum/multi_krum: the share f/n of clients assumed malicious "
-        "(f = ⌊fraction·n⌋, at most (n − 3)/2 so that Krum is defined)"
-    )
-    multi_krum_keep: int | None = Field(None, ge=1, description="multi_krum: updates averaged (None: n − f)")
-    multi_krum_weighted: bool = Field(
-        False, description="multi_krum: average the kept updates weighted by sample counts (as Flower's MultiKrum) "
-        "instead of uniformly (as Blanchard et al.)")
+    # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
     client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
-    min_clients: int = Field(
-        1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
-    )
-    reject_norm_factor: float | None = Field(
-        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the reference median "
-        "(the median norm of the round's first train.norm_reference_clients updates; None: off); NaN/inf updates "
-        "are always rejected"
-    )
-    norm_reference_clients: int = Field(
-        32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
-        "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
-    )
 
 
 class FlowerConfig(_Strict):
@@ -372,9 +347,34 @@ class PrivacyConfig(_Strict):
         return self
 
 
+class ScreenConfig(_Strict):
+    """The server chain's first step: which updates are kept (hetfed.server.screen)."""
+
+    norm_factor: float | None = Field(
+        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the reference median "
+        "(the median norm of the round's first server.screen.reference_clients updates; None: off); NaN/inf "
+        "updates are always rejected"
+    )
+    reference_clients: int = Field(
+        32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
+        "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
+    )
+
+
 class ServerConfig(_Strict):
-    """The server optimiser, applied to the pseudo-gradient of every algorithm whose server holds a model
-    (see hetfed.server.optimizers for the update equations)."""
+    """The server pipeline of every algorithm whose server holds a model (hetfed.server.chain): screen →
+    combine (a registered rule, or DP-FedAvg's noised mean under ``privacy``) → server optimiser on the
+    pseudo-gradient (see hetfed.server.optimizers for the update equations)."""
+
+    screen: ScreenConfig = Field(default_factory=ScreenConfig)
+    combine: dict[str, Any] = Field(
+        default_factory=lambda: {"rule": "mean"}, description="rule: mean (FedAvg's sample-weighted mean), or a "
+        "robust rule (unweighted: median, trimmed_mean, krum, multi_krum), with the rule's own keys (trimmed_mean: "
+        "fraction; krum: byzantine_fraction; multi_krum: byzantine_fraction, keep, weighted; docs/robustness.md)"
+    )
+    min_clients: int = Field(
+        1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
+    )
 
     optimizer: Literal["sgd", "avgm", "adagrad", "adam", "yogi"] = Field(
         "sgd", description="sgd (FedAvg's step; lr 1: the average itself), avgm (FedAvgM, Hsu et al. 2019), "
@@ -395,6 +395,15 @@ class ServerConfig(_Strict):
         "FedAdagrad / FedAdam / FedYogi / FedAvgM (flwr.serverapp.strategy): v₋₁ = 0, FedAdam's η scaled by "
         "√(1−β₂^(t+1))/(1−β₁^(t+1)) at round t, FedAdagrad without β₁ (hetfed.server.optimizers)"
     )
+
+    @model_validator(mode="after")
+    def _combine_rule(self) -> ServerConfig:
+        from hetfed.server.combine import (
+            parse,  # the registered rules (discovered, not listed here)
+        )
+
+        parse(self.combine)
+        return self
 
     @model_validator(mode="after")
     def _one_correction(self) -> ServerConfig:
@@ -583,24 +592,51 @@ def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
     return None
 
 
-def _server_lr(section: dict, server: dict, where: str, server_where: str) -> None:
-    """``train.server_lr`` still works: it is ``server.lr`` (with a one-line deprecation note)."""
+#: ``train`` keys that moved into the ``server`` section: old key → its dotted key under ``server``
+MOVED_TO_SERVER = {
+    "server_lr": "lr", "aggregator": "combine.rule", "trim_fraction": "combine.fraction",
+    "byzantine_fraction": "combine.byzantine_fraction", "multi_krum_keep": "combine.keep",
+    "multi_krum_weighted": "combine.weighted", "reject_norm_factor": "screen.norm_factor",
+    "norm_reference_clients": "screen.reference_clients", "min_clients": "min_clients",
+}
+
+
+def _move_to_server(section: Any, server: dict, where: str, server_where: str, note: bool = True) -> None:
+    """The old ``train`` keys of :data:`MOVED_TO_SERVER` still work: each is put where it now lives (with a
+    one-line deprecation note when ``note``). A combine option the chosen rule does not take was ignored before
+    the rules had their own parameters (``trim_fraction`` beside the mean): it is dropped, as it was."""
     import warnings
 
-    if not isinstance(section, dict) or "server_lr" not in section:
+    if not isinstance(section, dict):
         return
-    value = section.pop("server_lr")
-    if server.get("lr") is not None and server["lr"] != value:
-        raise ConfigError(f"{where}.server_lr = {value!r} and {server_where}.lr = {server['lr']!r} are both set: "
-                          f"{where}.server_lr is the old name of {server_where}.lr; keep {server_where}.lr")
-    server["lr"] = value
-    warnings.warn(f"{where}.server_lr is deprecated: it is now {server_where}.lr (set to {value!r})", DeprecatedKey,
-                  stacklevel=2)
+    defaults = ServerConfig().model_dump(mode="json")
+    moved = {old: section.pop(old) for old in list(section) if old in MOVED_TO_SERVER}
+    for old, value in moved.items():
+        new = MOVED_TO_SERVER[old]
+        head, _, leaf = new.rpartition(".")
+        node = server.setdefault(head, {}) if head else server
+        default = defaults[head][leaf] if head and leaf in defaults.get(head, {}) else defaults.get(new)
+        if node.get(leaf, default) not in (default, value):
+            raise ConfigError(f"{where}.{old} = {value!r} and {server_where}.{new} = {node[leaf]!r} are both set: "
+                              f"{where}.{old} is the old name of {server_where}.{new}; keep {server_where}.{new}")
+        node[leaf] = value
+        if note:
+            warnings.warn(f"{where}.{old} is deprecated: it is now {server_where}.{new} (set to {value!r})",
+                          DeprecatedKey, stacklevel=3)
+    combine = server.get("combine")
+    if isinstance(combine, dict) and moved:
+        from hetfed.server.combine import get  # the registered rules (discovered, not listed here)
+
+        takes = get(str(combine.get("rule", "mean")), f"{server_where}.combine.rule").Params.model_fields
+        for key in [k for k in combine if k != "rule" and k not in takes
+                    and f"combine.{k}" in {MOVED_TO_SERVER[o] for o in moved}]:
+            del combine[key]
 
 
 def refuse_legacy(data: dict) -> None:
-    """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map
-    ``train.server_lr`` to ``server.lr``. ``data`` is a raw config mapping (changed in place)."""
+    """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map the ``train``
+    keys that moved to ``server`` (:data:`MOVED_TO_SERVER`). ``data`` is a raw config mapping (changed in
+    place)."""
     from hetfed.algorithms import registry
 
     methods = data.get("methods") if isinstance(data.get("methods"), list) else []
@@ -613,14 +649,14 @@ def refuse_legacy(data: dict) -> None:
     if isinstance(data.get("train"), dict):
         data.setdefault("server", {})
         if isinstance(data["server"], dict):
-            _server_lr(data["train"], data["server"], "train", "server")
+            _move_to_server(data["train"], data["server"], "train", "server")
     for i, m in enumerate(methods):
         if not isinstance(m, dict):
             continue
         problem = problem or _moved_train_keys(m.get("train"), f"methods.{i}.train", methods)
-        if isinstance(m.get("train"), dict) and "server_lr" in m["train"]:
+        if isinstance(m.get("train"), dict) and set(m["train"]) & set(MOVED_TO_SERVER):
             m["server"] = dict(m.get("server") or {})
-            _server_lr(m["train"], m["server"], f"methods.{i}.train", f"methods.{i}.server")
+            _move_to_server(m["train"], m["server"], f"methods.{i}.train", f"methods.{i}.server")
     if problem:
         raise ValueError(problem)
 
@@ -629,7 +665,7 @@ def migrate_legacy(raw: dict) -> dict:
     """A config written by an older hetfed (a run directory's config.yaml) in today's keys.
 
     Old top-level sections and ``train.*`` keys become the ``params`` of the methods whose
-    algorithm took them over; ``train.server_lr`` becomes ``server.lr``.
+    algorithm took them over; the ``train`` keys that moved to ``server`` go there (:data:`MOVED_TO_SERVER`).
     """
     from hetfed.algorithms import registry
 
@@ -639,8 +675,8 @@ def migrate_legacy(raw: dict) -> dict:
     train_keys = registry.legacy_train_keys()
     top_train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
     moved_top = {old: top_train.pop(old) for old in list(top_train) if old in train_keys}
-    if "server_lr" in top_train:
-        raw.setdefault("server", {})["lr"] = top_train.pop("server_lr")
+    if set(top_train) & set(MOVED_TO_SERVER):
+        _move_to_server(top_train, raw.setdefault("server", {}), "train", "server", note=False)
     for m in methods:
         if not isinstance(m, dict):
             continue
@@ -651,8 +687,9 @@ def migrate_legacy(raw: dict) -> dict:
             value = own_train.pop(old, moved_top.get(old))
             if algo == spec.name and value is not None:
                 params[new] = value
-        if "server_lr" in own_train:
-            m.setdefault("server", {})["lr"] = own_train.pop("server_lr")
+        if set(own_train) & set(MOVED_TO_SERVER):
+            m["server"] = dict(m.get("server") or {})
+            _move_to_server(own_train, m["server"], "train", "server", note=False)
         m["params"] = {**params, **(m.get("params") or {})}
     return raw
 
@@ -691,7 +728,8 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
             msg = msg[len("Value error, ") :]
         value = e.get("input")
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
-        lines.append(f"{key}{shown}: {msg}" if key else msg)
+        names_itself = key and (msg.startswith(f"{key}.") or f"'{key}." in msg)  # a nested step's own message
+        lines.append(f"{key}{shown}: {msg}" if key and not names_itself else msg)
     return "; ".join(lines)
 
 

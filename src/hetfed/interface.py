@@ -34,8 +34,6 @@ import torch.nn.functional as F
 
 from hetfed.config import TrainConfig
 from hetfed.engine.local import LocalSchedule
-from hetfed.engine.rng import DP_NOISE, derive_seed
-from hetfed.engine.robust import DPNoise, combine
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -49,7 +47,7 @@ from hetfed.models.base import Model
 
 __all__ = [
     "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
-    "ServerState", "Upload", "client_scores", "predict", "weighted_average",
+    "ServerState", "Upload", "client_scores", "predict",
 ]
 
 
@@ -88,8 +86,8 @@ class Capabilities:
 class Context:
     """What an algorithm is built with besides its model, schedule and parameters.
 
-    pipeline: the server pipeline (:class:`hetfed.server.pipeline.ServerPipeline`: combine →
-    DP noise → server optimiser), built from ``train.aggregator`` and ``server.*`` by
+    pipeline: the server chain (:class:`hetfed.server.chain.Chain`: screen spec, combine or DP-FedAvg's
+    noised mean, server optimiser), built from ``server.*`` and ``privacy`` by
     :func:`hetfed.algorithms.build_algorithm`; seed: the run seed (for per-client phases
     that draw from it); in_features: the flattened input size (a server model that
     decodes to inputs, Fed-FSNet's); build: a model of the same kind with n outputs
@@ -211,25 +209,23 @@ class Algorithm:
     def server_step(self, state: ServerState, upload: Upload, scale: float = 1.0) -> tuple[Params, dict]:
         """The server pipeline on a round's updates: ``(new shared params, server extra)``.
 
-        Combine (``train.aggregator``), DP-FedAvg's noise under ``privacy``, then the server
-        optimiser (``server.*``) on the pseudo-gradient. Every algorithm whose server holds a
-        model calls this, so robust rules, DP and server optimisers serve all of them alike.
-        The optimiser's state goes into the returned extra (and so into checkpoints).
-        ``scale`` multiplies the pseudo-gradient before the optimiser (FedNova's τ_eff).
+        The method's server chain (:mod:`hetfed.server.chain`: combine, or DP-FedAvg's noised mean under
+        ``privacy``, then the server optimiser on the pseudo-gradient). Every algorithm whose server holds
+        a model calls this, so robust rules, DP and server optimisers serve all of them alike. The chain's
+        state goes into the returned extra (and so into checkpoints). ``scale`` multiplies the
+        pseudo-gradient before the optimiser (FedNova's τ_eff).
         """
-        if self.context.pipeline is None:
-            raise RuntimeError(f"{self.name}: no server pipeline; build algorithms with "
+        chain = self.context.pipeline
+        if chain is None:
+            raise RuntimeError(f"{self.name}: no server chain; build algorithms with "
                                "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
-        dp = None
-        if self.dp:
-            p = self.privacy
-            dp = DPNoise(p.noise_multiplier, p.clip, self._expected_clients, p.weighting == "uniform",
-                         derive_seed(self._seed, DP_NOISE, state.round))
-        pipeline = self.context.pipeline
-        params, opt = pipeline.step(state.params, upload, state.extra.get(pipeline.STATE, {}), dp, scale)
-        extra = dict(state.extra)
-        if opt:
-            extra[pipeline.STATE] = opt
+        if self.dp:  # DP-FedAvg's noised mean in the combine step's place
+            chain = chain.private(self.privacy)
+        params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
+                                         seed=self._seed, expected_clients=self._expected_clients, scale=scale)
+        extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
+        if chain_state:
+            extra[chain.STATE] = chain_state
         return params, extra
 
     def server_init(self, gen: torch.Generator) -> ServerState:
@@ -311,14 +307,6 @@ class Algorithm:
 
 def _device(params: Params) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
-
-
-def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Params:
-    """``old + η·(Σ_k w_k θ_k − old)`` with ``w_k ∝`` the clients' sample counts.
-
-    A :class:`StreamedUpload` (many chunks, reduced as they came) carries the mean already.
-    """
-    return combine(old, upload, "mean", server_lr)
 
 
 # ------------------------------------------------------------------ scoring helpers

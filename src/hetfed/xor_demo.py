@@ -18,8 +18,8 @@ import torch
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
-from hetfed.engine.simulate import simulate
 from hetfed.engine.types import split_state
+from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
 from hetfed.partition import Federation

@@ -10,7 +10,7 @@ from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model
-from hetfed.server.pipeline import pipeline_for
+from hetfed.server.pipeline import server_chain
 
 
 def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping[str, Any] | Any = None, *,
@@ -18,13 +18,15 @@ def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping
                     build: Callable[[int], Model] | None = None, where: str = "") -> Algorithm:
     """The registered algorithm ``name`` around ``model`` with its ``params`` (a mapping or its params model).
 
+    ``server`` makes its server chain (:func:`hetfed.server.pipeline.server_chain`; DP-FedAvg's noised mean
+    takes the combine step's place while ``algo.privacy`` is set);
     ``in_features`` and ``build`` are what some algorithms are built with besides the
     model (see :class:`hetfed.interface.Context`); ``where`` (``methods.0``) prefixes the
     keys named in errors.
     """
     prefix = f"{where}." if where else ""
     spec = registry.get(name, f"{prefix}algorithm")
-    context = Context(pipeline_for(train, server or ServerConfig()), seed, in_features, build)
+    context = Context(server_chain(server or ServerConfig()), seed, in_features, build)
     try:
         return spec.cls(model, train, spec.make_params(params, f"{prefix}params"), context)
     except ConfigError as err:  # an algorithm names its key as "methods.*.…": say which method
@@ -44,26 +46,30 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     model_cfg = config.method_model(method)
     vocab = config.embed.vocab_size if config.embed.kind == "tokens" else None
     model = build_model(model_cfg, input_shape, n_classes, vocab)
+    server = config.method_server(method)
+    private = config.privacy.noise_multiplier is not None
+    if private:
+        _check_private(config, method, server)
     algo = build_algorithm(method.algorithm, model, config.method_train(method), method.params,
-                           server=config.method_server(method), seed=config.seed, in_features=int(np.prod(input_shape)),
+                           server=server, seed=config.seed, in_features=int(np.prod(input_shape)),
                            build=lambda n_out: build_model(model_cfg, input_shape, n_out, vocab),
                            where=f"methods.{config.methods.index(method)}")
-    if config.privacy.noise_multiplier is not None:
-        _check_private(config, method, algo)
+    if private:
         algo.privacy = config.privacy
     return algo
 
 
-def _check_private(config: Config, method: MethodConfig, algo: Algorithm) -> None:
+def _check_private(config: Config, method: MethodConfig, server: ServerConfig) -> None:
     """DP is refused, before any training, where its guarantee would not hold."""
     from hetfed.engine.privacy import check_available
 
     where = f"privacy.noise_multiplier = {config.privacy.noise_multiplier:g} with methods.{config.methods.index(method)}"
-    if not algo.capabilities.private:
+    if not registry.get(method.algorithm).capabilities.private:
         allowed = registry.with_capability(lambda c: c.private)
         raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: it uploads statistics "
                           f"(or nothing) that DP-FedAvg does not privatise; expected one of {allowed}")
-    if algo.train.aggregator != "mean":
-        raise ConfigError(f"{where}.train.aggregator = {algo.train.aggregator!r} is not allowed: the noise is "
-                          "calibrated to the clipped mean; expected 'mean'")
+    rule, plain = server.combine.get("rule"), ServerConfig().combine["rule"]  # DP's noised mean replaces the rule
+    if rule != plain:
+        raise ConfigError(f"{where}.server.combine.rule = {rule!r} is not allowed: the noise is "
+                          f"calibrated to the clipped mean; expected {plain!r}")
     check_available()

@@ -111,7 +111,7 @@ class RoundUploads:
     parameters plus one sum, whatever the number of clients. A round that fits one
     chunk is aggregated exactly as before (stacked), bit for bit.
 
-    ``screen`` (:class:`hetfed.engine.robust.Screen`) drops bad updates as they come
+    ``screen`` (:class:`hetfed.server.screen.Screen`) drops bad updates as they come
     (holding only the norm filter's reference clients) and, when a robust rule or the
     algorithm needs the whole round (``keep_all``), makes this hold every update
     instead of streaming.

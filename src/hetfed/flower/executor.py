@@ -1,7 +1,7 @@
 """The server side on Flower: an executor that sends the client steps as messages.
 
-:class:`FlowerExecutor` implements the same :class:`~hetfed.engine.executors.Executor`
-protocol as the in-process executors, so :func:`hetfed.engine.simulate.simulate`
+:class:`FlowerExecutor` implements the same :class:`~hetfed.executors.inprocess.Executor`
+protocol as the in-process executors, so :func:`hetfed.executors.simulate.simulate`
 drives a Flower federation with the same round loop: sample → broadcast →
 ``train`` messages to the sampled clients' nodes → aggregate their uploads →
 ``evaluate`` messages. Clients are never sent anything they would not get
@@ -22,10 +22,9 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from hetfed.config import FlowerConfig, dump_config
-from hetfed.engine.executors import RoundSkipped
-from hetfed.engine.robust import Screen
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
+from hetfed.executors.inprocess import RoundSkipped
 from hetfed.flower.records import (
     CLIENTS,
     GAMMA,
@@ -36,6 +35,7 @@ from hetfed.flower.records import (
     records_to_upload,
 )
 from hetfed.interface import Algorithm
+from hetfed.server.screen import Screen
 
 
 class FlowerExecutor:

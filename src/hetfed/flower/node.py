@@ -3,7 +3,7 @@
 A node rebuilds its clients from the run's config — the simulated partition, the
 same one the in-process simulator builds — and serves the clients its node config
 names (:func:`node_clients`). Its clients are trained by hetfed's own in-process
-:class:`~hetfed.engine.executors.VectorisedExecutor`, stacked and chunked as in a
+:class:`~hetfed.executors.inprocess.VectorisedExecutor`, stacked and chunked as in a
 simulation, so one message per node per round carries a whole cohort: the node
 returns one combined upload (its clients' updates screened and summed, as the
 in-process executor streams them), or every client's update when the round must
@@ -26,11 +26,11 @@ import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from hetfed.config import Config, build_config, parse_yaml_text
-from hetfed.engine.executors import VectorisedExecutor, initial_state
-from hetfed.engine.robust import holds_round
 from hetfed.engine.types import stack_states
+from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, record_to_tensors, state_to_record
 from hetfed.interface import Algorithm
+from hetfed.server.screen import holds_round
 
 STATE_KEY = "hetfed.state"
 
@@ -64,7 +64,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
     key = hashlib.sha256(f"{method}\n{mine}\n{text}".encode()).hexdigest()
     if key not in _CACHE:
         from hetfed.algorithms import algorithm_for
-        from hetfed.engine.simulate import resolve_device
+        from hetfed.executors.simulate import resolve_device
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
         config = build_config(parse_yaml_text(text, "the run's config"))

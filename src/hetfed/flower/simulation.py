@@ -1,6 +1,6 @@
 """``train.executor: flower`` — a hetfed run on Flower's Simulation Engine.
 
-The server's round loop (:func:`hetfed.engine.simulate.simulate`) runs inside a
+The server's round loop (:func:`hetfed.executors.simulate.simulate`) runs inside a
 Flower ``ServerApp`` whose executor is a :class:`~hetfed.flower.executor.FlowerExecutor`;
 the clients are hetfed's ``ClientApp`` on one virtual SuperNode per client
 (``partition-id`` = client id). Nothing here is a second implementation of a

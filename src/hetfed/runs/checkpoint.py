@@ -99,7 +99,7 @@ def _load(path: Path) -> dict[str, Any]:
 
 
 def snapshot(result) -> dict[str, Any]:
-    """A :class:`~hetfed.engine.simulate.SimulationResult` without its executor and with its last evaluation only
+    """A :class:`~hetfed.executors.simulate.SimulationResult` without its executor and with its last evaluation only
     (every evaluation is in metrics.csv); the client store goes beside it."""
     res = dataclasses.replace(result, executor=None, history=result.history[-1:])
     states = getattr(result.executor, "states", None)

@@ -22,10 +22,10 @@ from hetfed.algorithms import algorithm_for
 from hetfed.config import Config, MethodConfig, dump_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.evaluate import Evaluation
-from hetfed.engine.executors import check_memory
 from hetfed.engine.sampling import clients_per_round
-from hetfed.engine.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.errors import ConfigError, RunError, interruption_reason
+from hetfed.executors.inprocess import check_memory
+from hetfed.executors.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints, snapshot
 from hetfed.runs.rundir import (

@@ -18,13 +18,13 @@ import torch
 
 from hetfed.config import TrainConfig
 from hetfed.engine.evaluate import Evaluation, global_test, summarise
-from hetfed.engine.executors import Executor, RoundSkipped, build_executor
 from hetfed.engine.faults import Adversary, Faults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError
+from hetfed.executors.inprocess import Executor, RoundSkipped, build_executor
 from hetfed.interface import Algorithm
 
 
@@ -182,6 +182,8 @@ def simulate(
     has_val = any(fed.has_validation(k) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
     result.selected_by = "val_loss" if has_val else None
     finished = result.stopped_early or result.diverged_at is not None
+    chain = algo.context.pipeline  # the server's policy: a round with fewer accepted updates is skipped
+    min_clients = chain.min_clients if chain is not None else 1
     for r in range(result.rounds_done, 0 if finished else train.rounds):
         t0 = time.perf_counter()
         sampled = sample_clients(train, fed.opted_out, seed, r,
@@ -189,13 +191,13 @@ def simulate(
         present = faults.round(sampled, r)
         bc = algo.broadcast(result.server, r)
         upload = None
-        if len(present.training) >= train.min_clients:
+        if len(present.training) >= min_clients:
             try:
                 upload = executor.train(bc, present.training)
             except RoundSkipped:  # too few replies (Flower): the global model stays as it was
                 upload = None
         counts = _round_counts(sampled, present, upload)
-        if upload is not None and len(upload.client_ids) < train.min_clients:
+        if upload is not None and len(upload.client_ids) < min_clients:
             upload = None  # too few accepted updates: skipped and logged, never averaged over one client
         t_server = time.perf_counter()
         if upload is not None:

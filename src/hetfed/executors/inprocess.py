@@ -33,7 +33,6 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
-from hetfed.engine.robust import Screen, held_for_screen, holds_round
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -46,6 +45,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm, ClientEvalData
 from hetfed.models.base import Model
+from hetfed.server.screen import Screen, held_for_screen, holds_round
 
 
 @dataclass(frozen=True, eq=False)
@@ -327,7 +327,7 @@ def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> d
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
             f"train.memory_budget_mb (now {_budget(train):g})"
-            + (", or train.aggregator: mean (the round's updates then stream)" if holds_round(algo) else "")
+            + (", or server.combine.rule: mean (the round's updates then stream)" if holds_round(algo) else "")
         )
     return parts
 

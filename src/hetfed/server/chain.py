@@ -1,0 +1,160 @@
+"""One server pipeline for every algorithm whose server holds a model, composed like optax's ``chain``.
+
+    screen (as updates arrive: :class:`hetfed.server.screen.Screen`, fed by the executors)
+      → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum)
+        or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
+      → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
+      → server optimiser on the pseudo-gradient (``server.optimizer``: sgd, avgm, adagrad, adam, yogi)
+
+Each step is a value with ``init(params) -> state`` and ``update(round, state) -> (round, state)``
+over a :class:`Round` (the reference model, the screened upload and what the steps before made of
+them); :class:`Chain` runs them in order and keeps their states in one dict (the server state's
+``server_chain`` entry, so checkpoints hold it). A step says whether it *streams* (consumes running
+sums: the mean) or needs every update of a round at once (a robust rule); the chain streams only
+when all of its steps do. An algorithm's ``aggregate`` calls it through ``Algorithm.server_step`` and
+then does its own server work (FedDF's distillation, SCAFFOLD's control variate …).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any, ClassVar, Protocol
+
+from hetfed.engine.rng import DP_NOISE, derive_seed
+from hetfed.engine.types import Params, Upload
+from hetfed.server.combine import CombineRule, RuleParams
+from hetfed.server.dp import DPNoise
+from hetfed.server.optimizers import ServerOptimizer
+from hetfed.server.screen import ScreenSpec
+
+
+@dataclass(frozen=True)
+class Round:
+    """What flows through the chain in one round."""
+
+    reference: Params  # the global model the round started from
+    upload: Upload  # the screened updates
+    value: Params | None = None  # what the steps so far made of them (the new model, at the end)
+    round: int = 0
+    seed: int = 0  # the run seed (DP's noise stream)
+    expected_clients: int = 1  # DP's fixed denominator m
+    scale: float = 1.0  # the pseudo-gradient's multiplier before the optimiser (FedNova's τ_eff)
+
+
+class Step(Protocol):
+    name: str
+    streams: bool
+
+    def init(self, params: Params) -> dict: ...
+
+    def update(self, r: Round, state: dict) -> tuple[Round, dict]: ...
+
+
+@dataclass(frozen=True)
+class Combine:
+    """A registered combine rule with its parameters."""
+
+    rule: CombineRule
+    params: RuleParams
+    name: str = "combine"
+
+    @property
+    def streams(self) -> bool:
+        return self.rule.streams
+
+    def init(self, params: Params) -> dict:
+        return {}
+
+    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+        return replace(r, value=self.rule.combine(r.reference, r.upload, self.params)), state
+
+
+@dataclass(frozen=True)
+class PrivateMean:
+    """DP-FedAvg's aggregate in the combine step's place."""
+
+    noise: DPNoise
+    name: str = "combine"
+    streams: bool = True
+
+    def init(self, params: Params) -> dict:
+        return {}
+
+    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+        value = self.noise.aggregate(r.reference, r.upload, r.expected_clients,
+                                     derive_seed(r.seed, DP_NOISE, r.round))
+        return replace(r, value=value), state
+
+
+@dataclass(frozen=True)
+class Rescale:
+    """x + scale·(value − x): the round's scale (FedNova's τ_eff) on the pseudo-gradient; 1 leaves it."""
+
+    name: str = "rescale"
+    streams: bool = True
+
+    def init(self, params: Params) -> dict:
+        return {}
+
+    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+        if r.scale == 1.0:
+            return r, state
+        return replace(r, value={k: v + r.scale * (r.value[k] - v) for k, v in r.reference.items()}), state
+
+
+@dataclass(frozen=True)
+class Optimize:
+    """The server optimiser on the pseudo-gradient value − reference."""
+
+    optimizer: ServerOptimizer
+    name: str = "optimizer"
+    streams: bool = True
+
+    def init(self, params: Params) -> dict:
+        return self.optimizer.init(params)
+
+    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+        new, state = self.optimizer.update(r.reference, r.value, state)
+        return replace(r, value=new), state
+
+
+@dataclass(frozen=True)
+class Chain:
+    """The steps of one method's server pipeline, and the screen the executors run before them."""
+
+    STATE: ClassVar[str] = "server_chain"
+    #: where a checkpoint written before the chain kept the optimiser's state (read on resume)
+    LEGACY_STATE: ClassVar[str] = "server_optimizer"
+
+    steps: tuple[Any, ...]
+    screen: ScreenSpec = ScreenSpec()
+    #: a round with fewer accepted updates is skipped (``server.min_clients``)
+    min_clients: int = 1
+
+    @property
+    def streams(self) -> bool:
+        return all(s.streams for s in self.steps)
+
+    def private(self, privacy) -> Chain:
+        """This chain with DP-FedAvg's noised mean (``privacy.*``) in the combine step's place."""
+        noise = DPNoise(privacy.noise_multiplier, privacy.clip, privacy.weighting == "uniform")
+        return replace(self, steps=tuple(PrivateMean(noise) if s.name == "combine" else s for s in self.steps))
+
+    def state_of(self, extra: dict) -> dict:
+        """The chain's state kept in a server state's ``extra`` ({} before round 1)."""
+        if self.STATE in extra:
+            return extra[self.STATE]
+        return {"optimizer": extra[self.LEGACY_STATE]} if extra.get(self.LEGACY_STATE) else {}
+
+    def step(self, params: Params, upload: Upload, state: dict, *, round: int = 0, seed: int = 0,
+             expected_clients: int = 1, scale: float = 1.0) -> tuple[Params, dict]:
+        """The new global model from a round's screened updates, and the chain's new state (the states of the
+        steps that keep one, by step name)."""
+        r = Round(params, upload, None, round, seed, expected_clients, scale)
+        new_state = {}
+        for s in self.steps:
+            r, st = s.update(r, state.get(s.name, {}))
+            if st:
+                new_state[s.name] = st
+        assert r.value is not None
+        return r.value, new_state

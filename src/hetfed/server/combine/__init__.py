@@ -1,0 +1,79 @@
+"""Combine rules: how a round's screened updates become one model (the chain's second step).
+
+Each rule is one file in this package that calls :func:`register` with a :class:`CombineRule`: its
+name (``server.combine.rule``), the function, its own parameters as a pydantic model (validated
+where the config is, ``server.combine.<key>``), and whether it *streams* — consumes running sums,
+so a round's memory stays flat (the mean) — or needs every update of the round at once (the
+robust rules). Rules are found by importing this package's modules; nothing lists them.
+"""
+
+from __future__ import annotations
+
+import importlib
+import pkgutil
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from hetfed.engine.types import Params, Upload
+from hetfed.errors import ConfigError
+
+
+class RuleParams(BaseModel):
+    """A rule's own parameters (none by default); unknown keys are errors."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+@dataclass(frozen=True)
+class CombineRule:
+    """One registered rule. ``combine(reference, upload, params)`` → the combined shared parameters."""
+
+    name: str
+    combine: Callable[[Params, Upload, Any], Params]
+    Params: type[RuleParams]
+    streams: bool
+    summary: str
+    paper: str = ""
+
+
+_RULES: dict[str, CombineRule] = {}
+
+
+def register(rule: CombineRule) -> CombineRule:
+    _RULES[rule.name] = rule
+    return rule
+
+
+def _discover() -> None:
+    for info in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{info.name}")
+
+
+def names() -> list[str]:
+    _discover()
+    return sorted(_RULES)
+
+
+def get(name: str, where: str = "server.combine.rule") -> CombineRule:
+    _discover()
+    if name not in _RULES:
+        raise ConfigError(f"{where} = {name!r} is not allowed: expected one of {sorted(_RULES)}")
+    return _RULES[name]
+
+
+def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[CombineRule, RuleParams]:
+    """``{"rule": name, **its params}`` → the rule and its validated parameters (one-line errors naming the key)."""
+    options = dict(section)
+    rule = get(str(options.pop("rule", "mean")), f"{where}.rule")
+    try:
+        return rule, rule.Params(**options)
+    except ValidationError as err:
+        e = err.errors()[0]
+        key = ".".join(str(p) for p in e["loc"])
+        if e["type"] == "extra_forbidden":
+            allowed = sorted(rule.Params.model_fields) or "none"
+            raise ConfigError(f"unknown key '{where}.{key}': combine rule {rule.name!r} takes {allowed}") from None
+        raise ConfigError(f"{where}.{key} = {e.get('input')!r}: {e['msg']}") from None

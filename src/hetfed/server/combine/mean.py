@@ -1,0 +1,21 @@
+"""FedAvg's sample-weighted mean (McMahan et al. 2017): the rule that streams (running sums)."""
+
+from __future__ import annotations
+
+import torch
+
+from hetfed.engine.types import Params, StreamedUpload, Upload
+from hetfed.server.combine import CombineRule, RuleParams, register
+
+
+def weighted_mean(old: Params, upload: Upload, uniform: bool = False) -> Params:
+    """The (sample-weighted, or uniform) mean of the uploaded shared parameters."""
+    if isinstance(upload, StreamedUpload):
+        return {k: upload.mean[k].to(v.dtype) for k, v in old.items()}
+    w = torch.ones_like(upload.num_samples) if uniform else upload.num_samples
+    w = w / w.sum()
+    return {k: torch.tensordot(w.to(upload.params[k].dtype), upload.params[k], dims=1) for k in old}
+
+
+register(CombineRule("mean", lambda old, upload, _p: weighted_mean(old, upload), RuleParams, streams=True,
+                     summary="the sample-weighted mean (FedAvg)", paper="McMahan et al. 2017"))

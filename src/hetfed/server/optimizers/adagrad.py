@@ -1,0 +1,20 @@
+"""adagrad: FedAdagrad, v ← v + Δ². Flower's FedAdagrad has no first moment (β₁ = 0)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from hetfed.server.optimizers import register
+from hetfed.server.optimizers.adaptive import Adaptive
+
+
+@register
+@dataclass(frozen=True)
+class Adagrad(Adaptive):
+    name = "adagrad"
+    flower_without_beta1: bool = True
+
+    def second_moment(self, v: torch.Tensor, d2: torch.Tensor) -> torch.Tensor:
+        return v + d2

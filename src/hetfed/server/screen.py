@@ -1,0 +1,194 @@
+"""The first step of the server pipeline: screening a round's updates as they arrive.
+
+On the *shared* parameters only (local parameters never leave a client): updates holding
+NaN/inf are dropped (always; chunk by chunk, so it streams), updates whose norm
+``‖θ_k − θ_global‖`` is more than ``server.screen.norm_factor`` × the *reference median* are
+dropped, and under differential privacy each update is clipped to norm ``S``. The reference
+median is the median norm of the round's first ``server.screen.reference_clients`` updates (in
+client-id order; all of them when the round has fewer): only those are held until it is known,
+so the default screen streams a round of any size with a bounded memory, and every executor
+takes the same decisions whatever its chunks. For an even count the median is the mean of the
+two middle norms, the same convention as the coordinate-wise median rule.
+
+The executors feed it (:class:`Screen`, one per round); what passes goes to the rest of the chain
+(:mod:`hetfed.server.chain`). Pure functions over stacked tensors, so every executor (a chunk, one
+client at a time, Flower replies) gets the same numbers for the same updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from hetfed.engine.types import Params, Upload, concat_uploads
+
+# ------------------------------------------------------------------ per-client quantities
+
+
+def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
+    """Each client's update ``θ_k − θ_global`` of the shared parameters, stacked ``[n, …]``."""
+    return {k: upload.params[k] - ref.to(upload.params[k].device).unsqueeze(0) for k, ref in reference.items()}
+
+
+def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
+    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64).
+
+    Accumulated in float64 by ``vector_norm`` without a float64 copy of every update (that
+    copy and its square were ~7 % of a compute-bound round: ``benchmarks/engine.py``, docs/scale.md).
+    """
+    n = len(upload.client_ids)
+    total = torch.zeros(n, dtype=torch.float64)
+    for d in deltas(upload, reference).values():
+        total += torch.linalg.vector_norm(d.reshape(n, -1), dim=1, dtype=torch.float64).cpu().pow(2)
+    return total.sqrt()
+
+
+def finite_clients(upload: Upload) -> torch.Tensor:
+    """Per client: True when every uploaded value (parameters and statistics) is finite.
+
+    A client's finite sum proves its values finite (a NaN or ±inf makes the sum non-finite),
+    so only clients whose sum is not finite (a non-finite value, or finite values whose sum
+    overflows) are checked value by value: one pass of reading instead of a boolean copy of
+    every update.
+    """
+    n = len(upload.client_ids)
+    ok = torch.ones(n, dtype=torch.bool)
+    for v in [*upload.params.values(), *upload.extra.values()]:
+        if v.is_floating_point() and v.shape[:1] == (n,):
+            flat = v.reshape(n, -1)
+            suspect = ~torch.isfinite(flat.sum(1)).cpu()
+            if bool(suspect.any()):
+                rows = torch.nonzero(suspect, as_tuple=True)[0]
+                suspect[rows] = ~torch.isfinite(flat[rows.to(flat.device)]).all(1).cpu()
+                ok &= ~suspect
+    return ok
+
+
+def select(upload: Upload, keep: torch.Tensor) -> Upload:
+    """The upload of the clients where ``keep`` is True."""
+    if bool(keep.all()):
+        return upload
+    rows = torch.nonzero(keep, as_tuple=True)[0]
+    ids = [upload.client_ids[i] for i in rows.tolist()]
+
+    def take(v: torch.Tensor) -> torch.Tensor:
+        return v[rows.to(v.device)]
+
+    return Upload(ids, {k: take(v) for k, v in upload.params.items()}, take(upload.num_samples),
+                  {k: take(v) for k, v in upload.extra.items()}, dict(upload.screened))
+
+
+def clip_updates(upload: Upload, reference: Params, bound: float) -> Upload:
+    """Scale each client's update to norm ≤ ``bound``: ``θ_g + Δ_k · min(1, S/‖Δ_k‖)`` (shared params only)."""
+    norms = update_norms(upload, reference)
+    factor = torch.clamp(bound / norms.clamp_min(1e-12), max=1.0)
+    params = dict(upload.params)
+    for k, d in deltas(upload, reference).items():
+        f = factor.to(d.device, d.dtype).view(-1, *([1] * (d.dim() - 1)))
+        params[k] = reference[k].to(d.device).unsqueeze(0) + d * f
+    return Upload(upload.client_ids, params, upload.num_samples, upload.extra, dict(upload.screened))
+
+
+# ------------------------------------------------------------------ screening
+
+
+@dataclass(frozen=True)
+class ScreenSpec:
+    """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
+
+    norm_factor: float | None = 10.0
+    reference_clients: int = 32
+
+
+def norm_factor(algo) -> float | None:
+    """The norm filter's factor for ``algo`` (None: off; under DP clipping bounds every update already)."""
+    return None if algo.dp else algo.context.pipeline.screen.norm_factor
+
+
+def holds_round(algo) -> bool:
+    """True when a round's updates must be held together instead of streamed: a chain step that needs every
+    update (a robust combine rule), or an algorithm that does (FedDF, FedGen). The norm filter holds only its
+    reference clients (:class:`Screen`)."""
+    return not algo.context.pipeline.streams or algo.needs_all_updates
+
+
+def held_for_screen(algo, per_round: int) -> int:
+    """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
+    return 0 if norm_factor(algo) is None else min(per_round, algo.context.pipeline.screen.reference_clients)
+
+
+@dataclass
+class Screen:
+    """A round's screening of updates against the broadcast parameters ``reference``.
+
+    Feed it each chunk with :meth:`admit` and, at the end of the round, call :meth:`flush`;
+    both return the updates that passed and may be aggregated. ``counts`` keeps how many
+    clients each check rejected (they reach metrics.csv).
+    """
+
+    reference: Params
+    norm_factor: float | None = None
+    clip: float | None = None
+    #: True when the round's updates must be held together (a robust rule, FedDF, FedGen)
+    keep_all: bool = False
+    uniform: bool = False  # DP with uniform weighting: every update weighs 1 in running sums
+    #: the median norm of this many first updates is the norm filter's reference
+    reference_clients: int = 32
+    counts: dict[str, int] = field(default_factory=lambda: {"rejected_nonfinite": 0, "rejected_norm": 0})
+    #: the reference median once known (None: still holding the reference clients, or the filter is off)
+    median: float | None = None
+    _held: list[Upload] = field(default_factory=list)
+    _held_norms: list[torch.Tensor] = field(default_factory=list)
+
+    @classmethod
+    def for_round(cls, algo, reference: Params) -> Screen:
+        dp = algo.dp
+        return cls(reference, norm_factor(algo), algo.privacy.clip if dp else None, keep_all=holds_round(algo),
+                   uniform=dp and algo.privacy.weighting == "uniform",
+                   reference_clients=algo.context.pipeline.screen.reference_clients)
+
+    def chunk(self, upload: Upload) -> Upload:
+        """What can be decided client by client: non-finite updates out, DP clipping."""
+        ok = finite_clients(upload)
+        self.counts["rejected_nonfinite"] += int((~ok).sum())
+        upload = select(upload, ok)
+        if self.clip is not None and upload.client_ids:
+            upload = clip_updates(upload, self.reference, self.clip)
+        return upload
+
+    def admit(self, upload: Upload) -> list[Upload]:
+        """A chunk's updates that may be aggregated now (none while the reference clients are still coming)."""
+        upload = self.chunk(upload)
+        if not upload.client_ids:
+            return []
+        if self.norm_factor is None:
+            return [upload]
+        norms = update_norms(upload, self.reference)
+        if self.median is not None:
+            return self._judged(upload, norms)
+        self._held.append(upload)
+        self._held_norms.append(norms)
+        if sum(len(n) for n in self._held_norms) < self.reference_clients:
+            return []
+        return self.flush()
+
+    def flush(self) -> list[Upload]:
+        """At the end of a round: the held updates that pass (a round of fewer than 3 is not norm-screened)."""
+        if not self._held:
+            return []
+        held, norms = concat_uploads(self._held), torch.cat(self._held_norms)
+        self._held, self._held_norms = [], []
+        if self.median is None:
+            if len(norms) < 3:
+                return [held]
+            # even count: the mean of the two middle norms
+            self.median = float(torch.quantile(norms[: self.reference_clients].double(), 0.5))
+        return self._judged(held, norms)
+
+    def _judged(self, upload: Upload, norms: torch.Tensor) -> list[Upload]:
+        assert self.norm_factor is not None and self.median is not None
+        ok = norms <= self.norm_factor * max(self.median, 1e-12)
+        self.counts["rejected_norm"] += int((~ok).sum())
+        upload = select(upload, ok)
+        return [upload] if upload.client_ids else []

@@ -1,0 +1,110 @@
+"""#46 (server chain): the server pipeline as a chain of steps, combine rules one file each on a registry,
+the robust and screen settings in ``server:`` (the old ``train`` keys still work, with a note), and old run
+directories and checkpoints still read."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from hetfed.config import ServerConfig, build_config, load_run_config, migrate_legacy
+from hetfed.engine.types import Upload
+from hetfed.errors import ConfigError, HetfedNote
+from hetfed.server import combine as rules
+from hetfed.server.combine import CombineRule, RuleParams
+from hetfed.server.pipeline import server_chain
+
+
+def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams():
+    assert rules.names() == ["krum", "mean", "median", "multi_krum", "trimmed_mean"]
+    assert server_chain(ServerConfig()).streams
+    for rule in ("median", "trimmed_mean", "krum", "multi_krum"):
+        assert not server_chain(ServerConfig(combine={"rule": rule})).streams, rule
+
+
+@pytest.mark.parametrize("section,expected", [
+    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' takes none"),
+    ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
+    ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: expected one of ['krum', 'mean'"),
+])
+def test_a_rules_parameters_are_validated_with_one_line_naming_the_key(section, expected):
+    with pytest.raises(ConfigError) as err:
+        build_config({"server": {"combine": section}})
+    assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+class _MaxParams(RuleParams):
+    pass
+
+
+def _coordinate_max(old, upload, params):
+    return {k: upload.params[k].max(0).values for k in old}
+
+
+@pytest.fixture
+def toy_rule():
+    rules.register(CombineRule("toy_max", _coordinate_max, _MaxParams, streams=False, summary="a test's toy"))
+    yield "toy_max"
+    rules._RULES.pop("toy_max", None)
+
+
+def test_a_rule_registered_in_one_place_runs_end_to_end_on_both_executors(tmp_path, toy_rule):
+    from hetfed.runs.runner import run_experiment
+
+    def run(executor: str) -> dict:
+        cfg = build_config({"partition": {"clients": 4}, "train": {"rounds": 2, "local_steps": 2, "executor": executor},
+                            "server": {"combine": {"rule": toy_rule}}, "methods": [{"algorithm": "fedavg"}]})
+        return run_experiment(cfg, out=tmp_path / executor, progress=False).summary["methods"]["fedavg"]["final"]
+
+    a, b = run("vectorised"), run("sequential")
+    assert a["global_accuracy"] == pytest.approx(b["global_accuracy"], abs=1e-6)
+    mean = build_config({"partition": {"clients": 4}, "train": {"rounds": 2, "local_steps": 2},
+                         "methods": [{"algorithm": "fedavg"}]})
+    plain = run_experiment(mean, out=tmp_path / "mean", progress=False).summary["methods"]["fedavg"]["final"]
+    assert plain["global_loss"] != pytest.approx(a["global_loss"])  # the rule was applied, not the mean
+
+
+def test_the_old_train_keys_still_work_with_a_note_naming_the_new_key(capsys):
+    from hetfed.cli import main
+
+    assert main(["config", "--set", "train.aggregator=trimmed_mean", "--set", "train.trim_fraction=0.2",
+                 "--set", "train.reject_norm_factor=null", "--set", "train.min_clients=3"]) == 0
+    out, err = capsys.readouterr()
+    assert "note: train.aggregator is deprecated: it is now server.combine.rule (set to 'trimmed_mean')" in err
+    assert "note: train.reject_norm_factor is deprecated: it is now server.screen.norm_factor" in err
+    cfg = build_config({}, {"server": {"combine": {"rule": "trimmed_mean", "fraction": 0.2}, "min_clients": 3,
+                                       "screen": {"norm_factor": None}}})
+    assert "combine:\n    rule: trimmed_mean\n    fraction: 0.2" in out and cfg.server.min_clients == 3
+    with pytest.raises(ConfigError, match="train.aggregator = 'median' and server.combine.rule = 'krum' are both set"):
+        build_config({"train": {"aggregator": "median"}, "server": {"combine": {"rule": "krum"}}})
+
+
+def test_a_run_directory_written_before_the_chain_reads_without_notes(tmp_path):
+    """A saved config.yaml of the main before #46 lists every train key, the robust ones included."""
+    import yaml
+
+    old = {"train": {"rounds": 3, "aggregator": "mean", "trim_fraction": 0.1, "byzantine_fraction": 0.1,
+                     "multi_krum_keep": None, "multi_krum_weighted": False, "reject_norm_factor": 10.0,
+                     "norm_reference_clients": 32, "min_clients": 1},
+           "methods": [{"name": "a", "algorithm": "fedavg"},
+                       {"name": "b", "algorithm": "fedavg", "train": {"aggregator": "trimmed_mean", "trim_fraction": 0.3}}]}
+    (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        cfg = load_run_config(tmp_path / "config.yaml")
+    assert not [w for w in caught if issubclass(w.category, HetfedNote)]
+    assert cfg.server.combine == {"rule": "mean"} and cfg.server.screen.norm_factor == 10.0
+    assert cfg.method_server(cfg.methods[1]).combine == {"rule": "trimmed_mean", "fraction": 0.3}
+    assert migrate_legacy(old)["train"] == {"rounds": 3}
+
+
+def test_a_checkpoint_written_before_the_chain_resumes_with_its_optimiser_state():
+    chain = server_chain(ServerConfig(optimizer="avgm", lr=0.5, momentum=0.9))
+    momentum = {"t": 3, "v": {"w": torch.tensor([1.0])}}
+    assert chain.state_of({"server_optimizer": momentum}) == {"optimizer": momentum}
+    up = Upload([0], {"w": torch.tensor([[2.0]])}, torch.tensor([1.0]))
+    new, state = chain.step({"w": torch.tensor([0.0])}, up, chain.state_of({"server_optimizer": momentum}))
+    # v ← 0.9·1 + (2 − 0) = 2.9; x ← 0 + 0.5·2.9
+    assert new["w"].item() == pytest.approx(1.45) and state["optimizer"]["t"] == 4
