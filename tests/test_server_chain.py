@@ -108,3 +108,18 @@ def test_a_checkpoint_written_before_the_chain_resumes_with_its_optimiser_state(
     new, state = chain.step({"w": torch.tensor([0.0])}, up, chain.state_of({"server_optimizer": momentum}))
     # v ← 0.9·1 + (2 − 0) = 2.9; x ← 0 + 0.5·2.9
     assert new["w"].item() == pytest.approx(1.45) and state["optimizer"]["t"] == 4
+
+
+def test_a_plugin_module_registers_a_combine_rule_the_config_can_name(tmp_path):
+    """``plugins:`` are imported before any section is validated, so a rule they register is known to
+    ``server.combine`` (and to every Flower node, which imports them from the same config)."""
+    from hetfed.runs.runner import run_experiment
+
+    raw = {"plugins": ["tests.plugin_combine_rule"], "partition": {"clients": 4},
+           "train": {"rounds": 2, "local_steps": 2}, "methods": [{"algorithm": "fedavg"}],
+           "server": {"combine": {"rule": "plugin_clipped_mean", "bound": 0.01}}}
+    summary = run_experiment(build_config(raw), out=tmp_path / "r", progress=False).summary
+    assert summary["methods"]["fedavg"]["final"]["global_accuracy"] is not None
+    with pytest.raises(ConfigError, match=r"unknown key 'server.combine.bund': combine rule 'plugin_clipped_mean' "
+                                          r"takes \['bound'\]"):
+        build_config({**raw, "server": {"combine": {"rule": "plugin_clipped_mean", "bund": 1}}})

@@ -476,8 +476,12 @@ class Config(_Strict):
     @model_validator(mode="before")
     @classmethod
     def _moved_keys(cls, data: Any) -> Any:
-        """Keys that moved when algorithms got their own ``params``: a one-line error naming the new key."""
+        """The user's plugins first (what they register — an algorithm, a combine rule, a server optimiser — is
+        then known to every section's validation); keys that moved: a one-line error or note naming the new key."""
         if isinstance(data, dict):
+            plugins = data.get("plugins")
+            if isinstance(plugins, list) and all(isinstance(m, str) for m in plugins):
+                _import_plugins(plugins)
             refuse_legacy(data)
         return data
 
@@ -557,7 +561,8 @@ class Config(_Strict):
 
 
 def _import_plugins(modules: list[str]) -> None:
-    """Import the user's plugin modules (each registers its algorithms)."""
+    """Import the user's plugin modules (each registers its components: algorithms, combine rules, server
+    optimisers)."""
     import importlib
 
     for i, name in enumerate(modules):
@@ -565,7 +570,7 @@ def _import_plugins(modules: list[str]) -> None:
             importlib.import_module(name)
         except ImportError as err:
             raise ValueError(f"plugins.{i} = {name!r} cannot be imported ({err}): expected a module on the Python "
-                             "path (PYTHONPATH) that registers algorithms") from None
+                             "path (PYTHONPATH) that registers components") from None
 
 
 class DeprecatedKey(HetfedNote):
