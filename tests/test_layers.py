@@ -15,7 +15,7 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hetfed"
 
 #: (module prefix, layer), most specific first; a module may import its own layer and those below
 LAYERS = [
-    ("hetfed.errors", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0),
+    ("hetfed.errors", 0), ("hetfed.registry", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0),
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.models", 2),
     ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
@@ -34,6 +34,7 @@ UPWARD_ALLOWED = {
     ("hetfed.config", "hetfed.algorithms.registry"): "validation asks the registry which algorithms exist",
     ("hetfed.server_data", "hetfed.algorithms.registry"): "which methods need server data is a capability",
     ("hetfed.config", "hetfed.server.combine"): "validation asks the combine-rule registry for a rule's parameters",
+    ("hetfed.config", "hetfed.server.optimizers"): "validation asks the optimiser registry which optimisers exist",
 }
 
 

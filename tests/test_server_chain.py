@@ -47,7 +47,7 @@ def _coordinate_max(old, upload, params):
 def toy_rule():
     rules.register(CombineRule("toy_max", _coordinate_max, _MaxParams, streams=False, summary="a test's toy"))
     yield "toy_max"
-    rules._RULES.pop("toy_max", None)
+    rules.RULES.unregister("toy_max")
 
 
 def test_a_rule_registered_in_one_place_runs_end_to_end_on_both_executors(tmp_path, toy_rule):

@@ -376,9 +376,10 @@ class ServerConfig(_Strict):
         1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
     )
 
-    optimizer: Literal["sgd", "avgm", "adagrad", "adam", "yogi"] = Field(
-        "sgd", description="sgd (FedAvg's step; lr 1: the average itself), avgm (FedAvgM, Hsu et al. 2019), "
-        "adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, Reddi et al. 2021, Algorithm 2)"
+    optimizer: str = Field(
+        "sgd", description="a registered server optimiser (hetfed.server.optimizers): sgd (FedAvg's step; lr 1: the "
+        "average itself), avgm (FedAvgM, Hsu et al. 2019), adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, "
+        "Reddi et al. 2021, Algorithm 2)"
     )
     lr: float | None = Field(None, gt=0, description="server learning rate η (None: 1 for sgd and avgm, 0.01 for "
                              "the adaptive ones)")
@@ -397,11 +398,13 @@ class ServerConfig(_Strict):
     )
 
     @model_validator(mode="after")
-    def _combine_rule(self) -> ServerConfig:
+    def _registered_steps(self) -> ServerConfig:
         from hetfed.server.combine import (
-            parse,  # the registered rules (discovered, not listed here)
+            parse,  # the registered rules and optimisers (discovered, not listed)
         )
+        from hetfed.server.optimizers import KINDS
 
+        KINDS.get(self.optimizer)
         parse(self.combine)
         return self
 
@@ -414,9 +417,12 @@ class ServerConfig(_Strict):
 
     @property
     def effective_lr(self) -> float:
-        if self.lr is not None:
-            return self.lr
-        return 1.0 if self.optimizer in ("sgd", "avgm") else 0.01
+        """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
+        from hetfed.server.optimizers import (
+            KINDS,  # the registered optimisers (discovered, not listed here)
+        )
+
+        return self.lr if self.lr is not None else KINDS.get(self.optimizer).default_lr
 
 
 class MethodConfig(_Strict):

@@ -50,8 +50,15 @@ class Step(Protocol):
     def update(self, r: Round, state: dict) -> tuple[Round, dict]: ...
 
 
+class Stateless:
+    """A step that keeps nothing from round to round."""
+
+    def init(self, params: Params) -> dict:
+        return {}
+
+
 @dataclass(frozen=True)
-class Combine:
+class Combine(Stateless):
     """A registered combine rule with its parameters."""
 
     rule: CombineRule
@@ -62,23 +69,17 @@ class Combine:
     def streams(self) -> bool:
         return self.rule.streams
 
-    def init(self, params: Params) -> dict:
-        return {}
-
     def update(self, r: Round, state: dict) -> tuple[Round, dict]:
         return replace(r, value=self.rule.combine(r.reference, r.upload, self.params)), state
 
 
 @dataclass(frozen=True)
-class PrivateMean:
+class PrivateMean(Stateless):
     """DP-FedAvg's aggregate in the combine step's place."""
 
     noise: DPNoise
     name: str = "combine"
     streams: bool = True
-
-    def init(self, params: Params) -> dict:
-        return {}
 
     def update(self, r: Round, state: dict) -> tuple[Round, dict]:
         value = self.noise.aggregate(r.reference, r.upload, r.expected_clients,
@@ -87,14 +88,11 @@ class PrivateMean:
 
 
 @dataclass(frozen=True)
-class Rescale:
+class Rescale(Stateless):
     """x + scale·(value − x): the round's scale (FedNova's τ_eff) on the pseudo-gradient; 1 leaves it."""
 
     name: str = "rescale"
     streams: bool = True
-
-    def init(self, params: Params) -> dict:
-        return {}
 
     def update(self, r: Round, state: dict) -> tuple[Round, dict]:
         if r.scale == 1.0:

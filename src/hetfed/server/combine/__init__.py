@@ -9,8 +9,6 @@ robust rules). Rules are found by importing this package's modules; nothing list
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -19,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.engine.types import Params, Upload
 from hetfed.errors import ConfigError
+from hetfed.registry import Registry
 
 
 class RuleParams(BaseModel):
@@ -39,29 +38,19 @@ class CombineRule:
     paper: str = ""
 
 
-_RULES: dict[str, CombineRule] = {}
+RULES: Registry[CombineRule] = Registry(__name__, "server.combine.rule")
 
 
 def register(rule: CombineRule) -> CombineRule:
-    _RULES[rule.name] = rule
-    return rule
-
-
-def _discover() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+    return RULES.register(rule.name, rule)
 
 
 def names() -> list[str]:
-    _discover()
-    return sorted(_RULES)
+    return RULES.names()
 
 
 def get(name: str, where: str = "server.combine.rule") -> CombineRule:
-    _discover()
-    if name not in _RULES:
-        raise ConfigError(f"{where} = {name!r} is not allowed: expected one of {sorted(_RULES)}")
-    return _RULES[name]
+    return RULES.get(name, where)
 
 
 def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[CombineRule, RuleParams]:

@@ -36,14 +36,12 @@ under its ``server.optimizer`` name; :func:`optimizer_for` builds the configured
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from dataclasses import dataclass
 from typing import ClassVar
 
 import torch
 
-from hetfed.errors import ConfigError
+from hetfed.registry import Registry
 
 Params = dict[str, torch.Tensor]
 
@@ -56,6 +54,8 @@ class ServerOptimizer:
     state)`` the new global model and state."""
 
     name: ClassVar[str] = ""
+    #: η when ``server.lr`` is not set
+    default_lr: ClassVar[float] = 1.0
     lr: float = 1.0
     momentum: float = 0.9
     beta1: float = 0.9
@@ -71,28 +71,18 @@ class ServerOptimizer:
         raise NotImplementedError
 
 
-_KINDS: dict[str, type[ServerOptimizer]] = {}
+KINDS: Registry[type[ServerOptimizer]] = Registry(__name__, "server.optimizer")
 
 
 def register(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
-    _KINDS[cls.name] = cls
-    return cls
-
-
-def _discover() -> None:
-    for info in pkgutil.iter_modules(__path__):
-        importlib.import_module(f"{__name__}.{info.name}")
+    return KINDS.register(cls.name, cls)
 
 
 def names() -> list[str]:
-    _discover()
-    return sorted(_KINDS)
+    return KINDS.names()
 
 
 def optimizer_for(server) -> ServerOptimizer:
     """The optimiser ``server.optimizer`` names, with ``server.*``'s hyper-parameters."""
-    _discover()
-    if server.optimizer not in _KINDS:
-        raise ConfigError(f"server.optimizer = {server.optimizer!r} is not allowed: expected one of {sorted(_KINDS)}")
-    return _KINDS[server.optimizer](server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
-                                     server.bias_correction, server.variant)
+    return KINDS.get(server.optimizer)(server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
+                                       server.bias_correction, server.variant)

@@ -4,6 +4,7 @@ x ← x + η·m/(√v + τ), the starting v and the corrections; each names only
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -12,6 +13,7 @@ from hetfed.server.optimizers import Params, ServerOptimizer
 
 @dataclass(frozen=True)
 class Adaptive(ServerOptimizer):
+    default_lr: ClassVar[float] = 0.01
     #: Flower's class of this kind keeps no first moment (its β₁ is 0)
     flower_without_beta1: bool = False
 
