@@ -121,3 +121,17 @@ def test_no_algorithm_name_is_compared_outside_its_module():
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
     assert not offenders, "\n".join(offenders)
+
+
+def test_the_run_directory_layout_has_one_owner():
+    """Every file name of a run or sweep directory lives in runs/rundir.py; other modules import the name."""
+    import re
+
+    from hetfed.runs import rundir
+
+    files = [v for k, v in vars(rundir).items() if k.isupper() and isinstance(v, str) and "." in v]
+    assert {"config.yaml", "metrics.csv", "summary.json", "sweep.json", "runs.csv"} <= set(files)
+    literal = re.compile("|".join(re.escape(f'"{f}"') for f in files))
+    found = [f"{p.relative_to(SRC)}:{i}" for p in SRC.rglob("*.py") if p.name != "rundir.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
+    assert not found, found

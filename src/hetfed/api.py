@@ -26,6 +26,7 @@ import numpy as np
 
 from hetfed.config import Config, build_config, parse_overrides, read_yaml, warn_unread
 from hetfed.errors import ConfigError, RunError
+from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -237,7 +238,7 @@ class Run:
     def config(self) -> Config:
         from hetfed.config import load_run_config
 
-        return load_run_config(self.dir / "config.yaml")
+        return load_run_config(self.dir / CONFIG)
 
     @cached_property
     def summary(self) -> dict:
@@ -253,14 +254,14 @@ class Run:
     def metrics(self) -> pd.DataFrame:
         """metrics.csv as a DataFrame: method, round, split (summary/client/train), client, metric, value."""
         pd = _pandas()
-        return pd.read_csv(self.dir / "metrics.csv", dtype={"client": str})
+        return pd.read_csv(self.dir / METRICS, dtype={"client": str})
 
     def curves(self, metric: str = "global_accuracy") -> pd.DataFrame:
         """A learning curve per method: rounds × methods (``train_loss`` every round, the rest per evaluation)."""
         from hetfed.analysis.results import read_curves
 
         pd = _pandas()
-        curves = read_curves(self.dir / "metrics.csv", metric)
+        curves = read_curves(self.dir / METRICS, metric)
         if not curves:
             df = self.metrics()
             known = sorted(df.loc[df["client"] == "all", "metric"].unique())
@@ -272,7 +273,7 @@ class Run:
         from hetfed.analysis.report import per_client, read_metrics
 
         pd = _pandas()
-        rows = read_metrics(self.dir / "metrics.csv")
+        rows = read_metrics(self.dir / METRICS)
         cols = {m: per_client(rows, m, metric, s.get("best_round")) for m, s in self.summary["methods"].items()}
         return pd.DataFrame({m: pd.Series(v, dtype=float) for m, v in cols.items() if v}).rename_axis("client")
 
@@ -310,7 +311,7 @@ class Run:
         label = mcfg.label
         shape, n_classes = self._shapes()
         algo = algorithm_for(cfg, mcfg, shape, n_classes)
-        ckpt = self.dir / "checkpoints"
+        ckpt = self.dir / CHECKPOINTS
         path = ckpt / (f"{label}-global-best.pt" if view else f"{label}-{which}.pt")
         if not path.is_file():
             raise RunError(f"{path} is missing: this run saved no {which} model for {method}")
@@ -372,7 +373,7 @@ def run(config: str | Path | dict | Config | None = None, out: str | Path | None
 def open_run(directory: str | Path) -> Run:
     """A run directory written earlier (by ``hetfed run`` or :func:`run`)."""
     d = Path(directory)
-    if not (d / "config.yaml").is_file():
+    if not (d / CONFIG).is_file():
         raise RunError(f"{str(d)!r} is not a run directory: expected config.yaml in it (written by hetfed run)")
     return Run(d)
 
@@ -388,12 +389,12 @@ class Sweep:
 
     @cached_property
     def record(self) -> dict:
-        return json.loads((self.dir / "sweep.json").read_text())
+        return json.loads((self.dir / SWEEP_RECORD).read_text())
 
     def table(self) -> pd.DataFrame:
         """sweep.csv: grid keys, method, metric, mean, ci95 (Student t over seeds), n."""
         pd = _pandas()
-        return pd.read_csv(self.dir / "sweep.csv")
+        return pd.read_csv(self.dir / SWEEP_TABLE)
 
     def results(self, metric: str = "best.global_accuracy") -> pd.DataFrame:
         """One metric as grid points × methods (means; CIs in :meth:`table`)."""
@@ -408,7 +409,7 @@ class Sweep:
     def values(self) -> pd.DataFrame:
         """runs.csv: every run's own value (grid keys, seed, method, metric, value) — one row per seed."""
         pd = _pandas()
-        path = self.dir / "runs.csv"
+        path = self.dir / RUNS_TABLE
         if not path.is_file():
             raise ConfigError(f"{path} is missing: sweeps made before it existed have none; write it with "
                               f"`hetfed sweep CONFIG … --resume --out {self.dir}` (completed runs are reused)")
@@ -468,7 +469,7 @@ def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]],
 
 def open_sweep(directory: str | Path) -> Sweep:
     d = Path(directory)
-    if not (d / "sweep.json").is_file():
+    if not (d / SWEEP_RECORD).is_file():
         raise RunError(f"{str(d)!r} is not a sweep directory: expected sweep.json in it (written by hetfed sweep)")
     return Sweep(d)
 

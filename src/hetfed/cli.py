@@ -22,6 +22,7 @@ from hetfed import __version__
 from hetfed.config import Config, dump_config, load_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
+from hetfed.runs.rundir import SUMMARY
 
 console: Console = make_console()
 err_console: Console = make_console(stderr=True)
@@ -270,7 +271,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             sys.stdout.flush()
 
     done = run_on_deployment(config, args.out, env, connection, on_line=relay, resume=args.resume is not None)
-    if done.returncode != 0 or not (Path(args.out) / "summary.json").is_file():
+    if done.returncode != 0 or not (Path(args.out) / SUMMARY).is_file():
         tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
         raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: {done.log})")
     return 0

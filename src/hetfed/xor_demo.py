@@ -23,7 +23,7 @@ from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
 from hetfed.partition import Federation
-from hetfed.runs.rundir import new_run_dir, write_json_atomic
+from hetfed.runs.rundir import FIGURES, SUMMARY, new_run_dir, write_json_atomic
 
 CLIENTS = ("up", "down")
 
@@ -94,7 +94,7 @@ def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150
             entry[client] = row
         summary["models"][name] = entry
     _figures(fed, trained, out_dir)
-    write_json_atomic(out_dir / "summary.json", summary)
+    write_json_atomic(out_dir / SUMMARY, summary)
     return out_dir, summary
 
 
@@ -104,7 +104,7 @@ def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
     grid = np.linspace(-2.2, 2.2, 200, dtype=np.float32)
     gx, gy = np.meshgrid(grid, grid)
     pts = torch.as_tensor(np.stack([gx.ravel(), gy.ravel()], 1)).unsqueeze(0)
-    fig_dir = out_dir / "figures"
+    fig_dir = out_dir / FIGURES
     fig_dir.mkdir(parents=True, exist_ok=True)
 
     def boundary(ax, model, params, title, k):

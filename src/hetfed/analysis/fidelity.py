@@ -46,6 +46,7 @@ import yaml
 
 from hetfed.analysis.paired import MIN_SEEDS, Paired, equivalence, paired, verdict
 from hetfed.errors import ConfigError
+from hetfed.runs.rundir import RUNS_TABLE
 
 KINDS = ("paired", "value", "not_run")
 SELECTS = ("best", "final")
@@ -68,7 +69,7 @@ class Judged:
 
 def load_runs(folder: Path) -> list[dict]:
     """A results folder's runs.csv as rows (grid keys as strings, ``seed``, ``method``, ``metric``, ``value``)."""
-    path = folder / "runs.csv"
+    path = folder / RUNS_TABLE
     if not path.is_file():
         raise ConfigError(f"claims: {path} is missing — copy the sweep's runs.csv into the results folder")
     stat = path.stat()

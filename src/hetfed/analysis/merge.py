@@ -30,7 +30,16 @@ from typing import Any
 import yaml
 
 from hetfed.errors import ConfigError
-from hetfed.runs.rundir import write_json_atomic
+from hetfed.runs.rundir import (
+    CURVES_TABLE,
+    FIGURES,
+    HETEROGENEITY_TABLE,
+    RUNS_TABLE,
+    SWEEP_RECORD,
+    SWEEP_REQUEST,
+    SWEEP_TABLE,
+    write_json_atomic,
+)
 from hetfed.runs.sweep import (
     aggregate_values,
     config_diff,
@@ -39,8 +48,7 @@ from hetfed.runs.sweep import (
     write_table,
 )
 
-RUNS = "runs.csv"
-CURVES = "curves.csv"
+RUNS, CURVES = RUNS_TABLE, CURVES_TABLE
 
 
 def _read_csv(path: Path) -> tuple[list[str], list[list[str]]]:
@@ -73,7 +81,7 @@ def _same_configs(folders: Sequence[Path], keys: list[str]) -> dict | None:
     swept keys' values (more seeds, or more values of the same keys, are what a merge adds)."""
     first: tuple[Path, dict] | None = None
     for folder in folders:
-        path = folder / "sweep_request.json"
+        path = folder / SWEEP_REQUEST
         if not path.is_file():
             continue
         request = json.loads(path.read_text())
@@ -150,16 +158,16 @@ def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
     try:
         with open(tmp / RUNS, "w", newline="") as fh:
             csv.writer(fh).writerows([header, *rows])
-        write_table(tmp / "sweep.csv", table, keys)
-        write_heterogeneity(tmp / "heterogeneity.csv", table, keys)
+        write_table(tmp / SWEEP_TABLE, table, keys)
+        write_heterogeneity(tmp / HETEROGENEITY_TABLE, table, keys)
         curves = _merge_curves(folders, tmp / CURVES, keys) if have_curves else None
         grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in order)) for i, k in enumerate(keys)}
         seeds = sorted({int(r[n]) for r in rows})
-        write_json_atomic(tmp / "sweep.json", {
+        write_json_atomic(tmp / SWEEP_RECORD, {
             "grid": grid, "seeds": len(seeds), "seed_values": seeds, "runs": [], "failed": [], "rows": table,
             "merged_from": [str(f) for f in folders], "curves": have_curves})
         if request is not None:
-            write_json_atomic(tmp / "sweep_request.json", request)
+            write_json_atomic(tmp / SWEEP_REQUEST, request)
         problems = _figures(tmp, table, grid, request, curves)
         if out.exists():
             out.rmdir()
@@ -207,4 +215,4 @@ def _figures(folder: Path, table: list[dict], grid: dict[str, list[Any]], reques
     from hetfed.analysis.results import write_sweep_figures
 
     config = base_config(request) if request is not None else None
-    return write_sweep_figures(table, grid, [], folder / "figures", config, curves_by_metric=curves or {})
+    return write_sweep_figures(table, grid, [], folder / FIGURES, config, curves_by_metric=curves or {})

@@ -14,6 +14,7 @@ from rich.console import Console
 
 from hetfed.config import Config
 from hetfed.console import make_console
+from hetfed.runs.rundir import FIGURES, REPORT
 
 
 def _warn(console: Console | None, what: str, err: Exception, directory: Path) -> None:
@@ -34,7 +35,7 @@ def present_run(run_dir: Path, status: Console | None = None) -> None:
         try:
             write_report(run_dir)
         except Exception as err:
-            _warn(status, "report.html", err, run_dir)
+            _warn(status, REPORT, err, run_dir)
 
 
 def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
@@ -43,9 +44,9 @@ def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]]
     from hetfed.analysis.report import write_report
     from hetfed.analysis.results import write_sweep_figures
 
-    for problem in write_sweep_figures(table, grid, run_dirs, Path(sweep_dir) / "figures", config):
+    for problem in write_sweep_figures(table, grid, run_dirs, Path(sweep_dir) / FIGURES, config):
         (console or make_console()).print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
     try:
         write_report(sweep_dir)
     except Exception as err:
-        _warn(console, "report.html", err, Path(sweep_dir))
+        _warn(console, REPORT, err, Path(sweep_dir))

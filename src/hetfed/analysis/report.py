@@ -23,6 +23,17 @@ import numpy as np
 
 from hetfed.analysis.plotstyle import key_label, metric_label, metric_range
 from hetfed.errors import RunError
+from hetfed.runs.rundir import (
+    CONFIG,
+    FEDERATION,
+    FIGURES,
+    METRICS,
+    REPORT,
+    STATUS,
+    SUMMARY,
+    SWEEP_RECORD,
+    SWEEP_REQUEST,
+)
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -44,14 +55,14 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
     d = Path(directory)
     if not d.is_dir():
         raise RunError(f"report: {str(d)!r} is not a directory; expected a run or sweep directory")
-    if (d / "sweep.json").is_file():
+    if (d / SWEEP_RECORD).is_file():
         page = sweep_report(d)
-    elif (d / "config.yaml").is_file() and (d / "metrics.csv").is_file():
-        page = run_report(d, keep=d / "figures" if out is None else None)
+    elif (d / CONFIG).is_file() and (d / METRICS).is_file():
+        page = run_report(d, keep=d / FIGURES if out is None else None)
     else:
         raise RunError(f"report: {str(d)!r} is neither a run directory (config.yaml and metrics.csv) nor a sweep "
                        "directory (sweep.json); expected a directory written by hetfed run or hetfed sweep")
-    target = Path(out) if out is not None else d / "report.html"
+    target = Path(out) if out is not None else d / REPORT
     fd, tmp = tempfile.mkstemp(dir=target.parent, prefix=f".{target.name}.")
     with os.fdopen(fd, "w", encoding="utf-8") as fh:
         fh.write(page)
@@ -200,10 +211,10 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     from hetfed.analysis.figures import plot_client_distribution, plot_learning_curves
     from hetfed.runs.rundir import run_state
 
-    config = (d / "config.yaml").read_text()
-    summary = _json(d / "summary.json")
-    status = _json(d / "status.json") or {}
-    rows = read_metrics(d / "metrics.csv")
+    config = (d / CONFIG).read_text()
+    summary = _json(d / SUMMARY)
+    status = _json(d / STATUS) or {}
+    rows = read_metrics(d / METRICS)
     methods = list(dict.fromkeys(r["method"] for r in rows))
     state = run_state(d)
     title = f"hetfed run · {d.name}"
@@ -297,7 +308,7 @@ def _federation(d: Path, summary: dict | None, keep: Path | None = None) -> str:
         return out + ("<p class='muted'>the nodes hold their own data: the server never sees their clients' sizes, "
                       "classes or features, so there is nothing to draw here; Γ above comes from the summaries the "
                       "clients sent (docs/flower.md)</p>")
-    path = d / "federation.npz"
+    path = d / FEDERATION
     if not path.is_file():
         return out + "<p class='muted'>federation.npz not recorded (a run made before hetfed wrote it)</p>"
     with np.load(path) as z:
@@ -327,15 +338,15 @@ def sweep_report(d: Path) -> str:
     from hetfed.analysis.results import sweep_figures
     from hetfed.runs.sweep import MIN_SEEDS_FOR_CI, point_name
 
-    record = _json(d / "sweep.json") or {}
-    request = _json(d / "sweep_request.json") or {}
+    record = _json(d / SWEEP_RECORD) or {}
+    request = _json(d / SWEEP_REQUEST) or {}
     grid = record.get("grid", {})
     keys = list(grid)
     table_rows = record.get("rows") or []
     runs = record.get("runs", [])
     failed = record.get("failed", [])
     run_dirs = [(r["point"], Path(r["run_dir"])) for r in runs]
-    summaries = [(r, _json(Path(r["run_dir"]) / "summary.json")) for r in runs]
+    summaries = [(r, _json(Path(r["run_dir"]) / SUMMARY)) for r in runs]
     name = (request.get("config") or {}).get("name", d.name)
     sections: list[tuple[str, str]] = []
     wall = sum(s.get("wall_seconds", 0.0) for _, s in summaries if s)
@@ -403,7 +414,7 @@ def sweep_report(d: Path) -> str:
     for r, s in summaries:
         if not s:
             continue
-        rows = read_metrics(Path(r["run_dir"]) / "metrics.csv")
+        rows = read_metrics(Path(r["run_dir"]) / METRICS)
         for label, m in s.get("methods", {}).items():
             by_point.setdefault(point_name(r["point"]), {}).setdefault(label, []).extend(
                 per_client(rows, label, "local_accuracy", m.get("best_round")))
@@ -417,7 +428,7 @@ def sweep_report(d: Path) -> str:
     run_rows = []
     for r, s in summaries:
         rd = Path(r["run_dir"])
-        link = rd / "report.html" if (rd / "report.html").is_file() else rd / "summary.json"
+        link = rd / REPORT if (rd / REPORT).is_file() else rd / SUMMARY
         rel = os.path.relpath(link, d)
         run_rows.append([point_name(r["point"]), r["seed"], Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'),
                          (s or {}).get("wall_seconds")])

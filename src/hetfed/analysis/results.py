@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from hetfed.config import Config
+from hetfed.runs.rundir import METRICS
 from hetfed.runs.sweep import point_name
 
 
@@ -93,7 +94,7 @@ def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, di
     """``{method: {grid point: [each seed's [(round, value)]]}}`` for the sweep's learning curves."""
     curves: dict[str, dict[str, list[list[tuple[int, float]]]]] = {}
     for point, run_dir in run_dirs:
-        for method, points in read_curves(run_dir / "metrics.csv", metric).items():
+        for method, points in read_curves(run_dir / METRICS, metric).items():
             if len(points) > 1:
                 curves.setdefault(method, {}).setdefault(point_name(point), []).append(points)
     return curves
@@ -117,7 +118,7 @@ RUN_CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss"
 def run_curves(run_dir: Path, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's metrics.csv, NaN points
     dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""
-    curves = {m: read_curves(Path(run_dir) / "metrics.csv", m) for m in RUN_CURVES}
+    curves = {m: read_curves(Path(run_dir) / METRICS, m) for m in RUN_CURVES}
     curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
     curves = {m: {k: v for k, v in c.items() if len(v) >= max(min_points, 1)} for m, c in curves.items()}
     return {m: c for m, c in curves.items() if c}

@@ -30,7 +30,7 @@ from typing import Any
 import torch
 
 from hetfed.errors import RunError
-from hetfed.runs.rundir import write_atomic
+from hetfed.runs.rundir import CHECKPOINTS, write_atomic
 
 RESUME = "resume.pt"
 PREVIOUS = "resume.prev.pt"
@@ -38,7 +38,7 @@ VERSION = 1
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
-    return Path(run_dir) / "checkpoints" / RESUME
+    return Path(run_dir) / CHECKPOINTS / RESUME
 
 
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:

@@ -36,6 +36,14 @@ from typing import IO, Any
 
 from hetfed.errors import RunError
 
+#: the files of a run directory and of a sweep directory: this module owns the layout, every other module
+#: names a file through these
+CONFIG, METRICS, SUMMARY, STATUS = "config.yaml", "metrics.csv", "summary.json", "status.json"
+FEDERATION, REPORT, FLOWER_LOG = "federation.npz", "report.html", "flower.log"
+CHECKPOINTS, FIGURES = "checkpoints", "figures"
+SWEEP_RECORD, SWEEP_REQUEST, SWEEP_TABLE = "sweep.json", "sweep_request.json", "sweep.csv"
+RUNS_TABLE, CURVES_TABLE, HETEROGENEITY_TABLE = "runs.csv", "curves.csv", "heterogeneity.csv"
+
 METRIC_COLUMNS = ["method", "round", "split", "client", "metric", "value"]
 
 
@@ -187,7 +195,7 @@ def set_status(run_dir: Path, status: str, **info: Any) -> None:
     record: dict[str, Any] = {"status": status, "time": now}
     if status == "running":
         record.update(pid=os.getpid(), host=socket.gethostname(), heartbeat=time.time())
-    write_json_atomic(run_dir / "status.json", {**record, **info})
+    write_json_atomic(run_dir / STATUS, {**record, **info})
 
 
 class Heartbeat:
@@ -246,7 +254,7 @@ STALE_AFTER_S = 600.0
 
 def run_state(run_dir: str | Path) -> str:
     """``complete``, ``failed``, ``running``, ``dead`` (marked running but its process is gone), or ``unknown``."""
-    path = Path(run_dir) / "status.json"
+    path = Path(run_dir) / STATUS
     try:
         status = json.loads(path.read_text())
     except (OSError, ValueError):
@@ -278,7 +286,7 @@ def process_alive(pid: int) -> bool:
 
 def read_summary(run_dir: str | Path) -> dict:
     """The summary of a completed run; a clear error for an incomplete one."""
-    path = Path(run_dir) / "summary.json"
+    path = Path(run_dir) / SUMMARY
     if not path.is_file():
         state = run_state(run_dir)
         if state == "dead":

@@ -29,6 +29,12 @@ from hetfed.executors.simulate import SimulationResult, personalise, resolve_dev
 from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints, snapshot
 from hetfed.runs.rundir import (
+    CHECKPOINTS,
+    CONFIG,
+    FEDERATION,
+    FLOWER_LOG,
+    METRICS,
+    SUMMARY,
     Heartbeat,
     MetricsWriter,
     check_out,
@@ -169,15 +175,15 @@ def run_experiment(
 
     if resume:
         run_dir = Path(out)
-        writer = MetricsWriter(run_dir / "metrics.csv", keep_bytes=ckpt["metrics_offset"] if ckpt else None)
+        writer = MetricsWriter(run_dir / METRICS, keep_bytes=ckpt["metrics_offset"] if ckpt else None)
         started = ckpt["started"] if ckpt else time.strftime("%Y-%m-%dT%H:%M:%S")
         if ckpt is not None and "torch_rng" in ckpt:
             torch.set_rng_state(ckpt["torch_rng"])
     else:
         run_dir = new_run_dir(out, config.out_dir, config.name)
-        (run_dir / "config.yaml").write_text(dump_config(config))
+        (run_dir / CONFIG).write_text(dump_config(config))
         started = time.strftime("%Y-%m-%dT%H:%M:%S")
-        writer = MetricsWriter(run_dir / "metrics.csv")
+        writer = MetricsWriter(run_dir / METRICS)
     heartbeat = Heartbeat(run_dir)
     heartbeat.start()  # refreshed from a timer while the run lives, however long a round or an evaluation takes
     methods: dict[str, dict] = dict(ckpt["methods"]) if ckpt else {}
@@ -189,7 +195,7 @@ def run_experiment(
     try:
         from hetfed.partition import partition_view
 
-        np.savez_compressed(run_dir / "federation.npz", **partition_view(fed, config.seed))
+        np.savez_compressed(run_dir / FEDERATION, **partition_view(fed, config.seed))
         warn_console = status or make_console(stderr=True)
         trackers = open_trackers(config, run_dir, prep.heterogeneity.as_dict(), resumed=resume, root=tracking_root,
                                  tags=tracking_tags,
@@ -214,7 +220,7 @@ def run_experiment(
                 # every method on the Simulation Engine: one start for them all, as on a deployment
                 from hetfed.flower.simulation import run_with_simulation_grid
 
-                run_with_simulation_grid(config, fed.n_clients, run_methods, log_file=run_dir / "flower.log",
+                run_with_simulation_grid(config, fed.n_clients, run_methods, log_file=run_dir / FLOWER_LOG,
                                          status=status)
             else:
                 run_methods()
@@ -248,7 +254,7 @@ def run_experiment(
             "environment": environment(),
             "methods": methods,
         }
-        write_json_atomic(run_dir / "summary.json", summary)
+        write_json_atomic(run_dir / SUMMARY, summary)
         heartbeat.stop()  # before the final status: the timer must not write "running" over it
         set_status(run_dir, "complete")
         remove_checkpoints(run_dir)  # complete: the final states are in checkpoints/
@@ -366,10 +372,10 @@ def _run_method(config, method: MethodConfig, train, algo, fed, writer, bar, hea
     elif train.executor == "flower":
         from hetfed.flower.simulation import run_on_simulation
 
-        result = run_on_simulation(config, index, fed.n_clients, body, log_file=run_dir / "flower.log")
+        result = run_on_simulation(config, index, fed.n_clients, body, log_file=run_dir / FLOWER_LOG)
     else:
         result = body()
-    ckpt = run_dir / "checkpoints"
+    ckpt = run_dir / CHECKPOINTS
     ckpt.mkdir(exist_ok=True)
     save_client_states(result.states, ckpt / f"{label}-clients.pt")
     if not algo.views:
@@ -521,7 +527,7 @@ def resumable_config(path: Path) -> Config:
     from hetfed.errors import RunError
     from hetfed.runs.rundir import run_state
 
-    if not (path / "config.yaml").is_file():
+    if not (path / CONFIG).is_file():
         raise RunError(f"--resume {str(path)!r}: no config.yaml there; expected a run directory written by hetfed run")
     state = run_state(path)
     if state == "complete":
@@ -529,4 +535,4 @@ def resumable_config(path: Path) -> Config:
     if state == "running":
         raise RunError(f"--resume {str(path)!r}: the run is still running (its process is alive); expected a failed "
                        "or killed run")
-    return load_run_config(path / "config.yaml")
+    return load_run_config(path / CONFIG)

@@ -28,7 +28,19 @@ from rich.table import Table
 from hetfed.config import Config, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
-from hetfed.runs.rundir import new_run_dir, write_json_atomic
+from hetfed.runs.rundir import (
+    CONFIG,
+    CURVES_TABLE,
+    HETEROGENEITY_TABLE,
+    METRICS,
+    RUNS_TABLE,
+    SUMMARY,
+    SWEEP_RECORD,
+    SWEEP_REQUEST,
+    SWEEP_TABLE,
+    new_run_dir,
+    write_json_atomic,
+)
 
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
@@ -181,7 +193,7 @@ def run_sweep(
         _check_resumable(sweep_dir, configs, request)
     else:
         sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
-    write_json_atomic(sweep_dir / "sweep_request.json", request)
+    write_json_atomic(sweep_dir / SWEEP_REQUEST, request)
     total = len(configs)
     todo: list[tuple[int, dict, Config, Path]] = []
     outcome: dict[int, tuple[str, object]] = {}
@@ -217,21 +229,21 @@ def run_sweep(
     runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
     # the runs are listed before anything is aggregated: a failure below never hides them
     record = {"grid": grid, "seeds": seeds, "runs": runs, "failed": failed}
-    write_json_atomic(sweep_dir / "sweep.json", record)
+    write_json_atomic(sweep_dir / SWEEP_RECORD, record)
     try:
         table = aggregate(summaries, list(grid))
-        write_table(sweep_dir / "sweep.csv", table, list(grid))
-        write_runs(sweep_dir / "runs.csv", summaries, list(grid))
-        write_curves(sweep_dir / "curves.csv", [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
+        write_table(sweep_dir / SWEEP_TABLE, table, list(grid))
+        write_runs(sweep_dir / RUNS_TABLE, summaries, list(grid))
+        write_curves(sweep_dir / CURVES_TABLE, [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
                      list(grid))
-        write_heterogeneity(sweep_dir / "heterogeneity.csv", table, list(grid))
+        write_heterogeneity(sweep_dir / HETEROGENEITY_TABLE, table, list(grid))
     except Exception as err:
-        write_json_atomic(sweep_dir / "sweep.json", {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
+        write_json_atomic(sweep_dir / SWEEP_RECORD, {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
         raise RunError(
             f"aggregating the sweep failed ({type(err).__name__}: {err}); every run's results are kept in its "
             f"run directory, listed in {sweep_dir / 'sweep.json'}"
         ) from err
-    write_json_atomic(sweep_dir / "sweep.json", {**record, "rows": table})
+    write_json_atomic(sweep_dir / SWEEP_RECORD, {**record, "rows": table})
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
         present(sweep_dir, table, grid, run_dirs, config, console)
     if progress:
@@ -280,8 +292,8 @@ def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], r
     changed = []
     for point, _s, cfg in configs:
         run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
-        done = run_dir / "config.yaml"
-        if (run_dir / "summary.json").is_file() and done.is_file() and not same_config(done, cfg):
+        done = run_dir / CONFIG
+        if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, cfg):
             changed.append((run_dir, config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
     if changed:
         run_dir, diff = changed[0]
@@ -306,7 +318,7 @@ def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
     from hetfed.runs.runner import run_experiment
 
-    resume = (Path(run_dir) / "config.yaml").is_file()  # left in place by --resume: it has a checkpoint
+    resume = (Path(run_dir) / CONFIG).is_file()  # left in place by --resume: it has a checkpoint
     try:
         run = Path(run_dir)
         return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume,
@@ -397,7 +409,7 @@ def _completed(run_dir: Path, cfg: Config) -> dict | None:
     import json
 
 
-    summary, config = run_dir / "summary.json", run_dir / "config.yaml"
+    summary, config = run_dir / SUMMARY, run_dir / CONFIG
     if summary.is_file() and config.is_file() and same_config(config, cfg):
         return json.loads(summary.read_text())
     return None
@@ -422,7 +434,7 @@ def _resumable(run_dir: Path, cfg: Config) -> bool:
     from hetfed.runs.checkpoint import checkpoint_path
     from hetfed.runs.rundir import run_state
 
-    config = run_dir / "config.yaml"
+    config = run_dir / CONFIG
     return (config.is_file() and same_config(config, cfg) and checkpoint_path(run_dir).is_file()
             and run_state(run_dir) in ("failed", "dead"))
 
@@ -519,7 +531,7 @@ def write_curves(path: Path, runs: list[tuple[dict, int, Path]], keys: list[str]
         w.writerow([*keys, "seed", "method", "round", "metric", "value"])
         for point, seed, run_dir in runs:
             cells = [_cell(point[k]) for k in keys]
-            metrics = Path(run_dir) / "metrics.csv"
+            metrics = Path(run_dir) / METRICS
             if not metrics.is_file():
                 continue
             with open(metrics, newline="") as fh:

@@ -27,6 +27,7 @@ from typing import Any
 from urllib.parse import quote, unquote
 
 from hetfed.errors import ConfigError
+from hetfed.runs.rundir import CONFIG, FIGURES, METRICS, REPORT, SUMMARY
 
 #: what ``tracking:`` may list, and the package each needs
 TRACKERS: dict[str, tuple[str, str]] = {
@@ -154,7 +155,7 @@ class TensorBoardTracker:
     def finish(self, run_dir: Path, summary: dict | None, status: str) -> None:
         if summary is not None:
             self.top.add_text("summary/table", summary_table(summary), 0)
-        for png in sorted((run_dir / "figures").glob("*.png")) if summary is not None else []:
+        for png in sorted((run_dir / FIGURES).glob("*.png")) if summary is not None else []:
             from matplotlib.image import imread
 
             image = imread(png)[..., :3]  # RGB: drop the alpha channel
@@ -290,11 +291,11 @@ class MLflowTracker:
                            for k, v in (m.get(which) or {}).items() if isinstance(v, int | float)]
                 for i in range(0, len(metrics), 1000):
                     self.client.log_batch(child, metrics=metrics[i:i + 1000])
-            for name in ("summary.json", "config.yaml", "metrics.csv", "report.html"):
+            for name in (SUMMARY, CONFIG, METRICS, REPORT):
                 if (run_dir / name).is_file():
                     self.client.log_artifact(self.parent, str(run_dir / name))
-            if (run_dir / "figures").is_dir():
-                self.client.log_artifacts(self.parent, str(run_dir / "figures"), artifact_path="figures")
+            if (run_dir / FIGURES).is_dir():
+                self.client.log_artifacts(self.parent, str(run_dir / FIGURES), artifact_path="figures")
         final = "FINISHED" if status == "complete" else "FAILED"
         for run_id in (*self.children.values(), self.parent):
             self.client.set_terminated(run_id, status=final)
@@ -336,7 +337,7 @@ def open_trackers(config: Any, run_dir: Path, heterogeneity: dict, *, resumed: b
         return None
     from hetfed.config import dump_config
 
-    kept = kept_rounds(run_dir / "metrics.csv") if resumed else None
+    kept = kept_rounds(run_dir / METRICS) if resumed else None
     trackers: dict[str, Any] = {}
     for kind in dict.fromkeys(config.tracking):
         try:
