@@ -123,3 +123,27 @@ def test_a_plugin_module_registers_a_combine_rule_the_config_can_name(tmp_path):
     with pytest.raises(ConfigError, match=r"unknown key 'server.combine.bund': combine rule 'plugin_clipped_mean' "
                                           r"takes \['bound'\]"):
         build_config({**raw, "server": {"combine": {"rule": "plugin_clipped_mean", "bund": 1}}})
+
+
+def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_unknown_kind(capsys, toy_rule):
+    import json
+
+    from hetfed.algorithms import registry
+    from hetfed.cli import main
+
+    assert main(["components", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert set(listed) == {"algorithm", "combine", "optimizer"}
+    assert {c["name"] for c in listed["algorithm"]["components"]} == set(registry.names())
+    combine = {c["name"]: c for c in listed["combine"]["components"]}
+    # every registered rule, a test's toy (and a plugin's, when that test ran in this process) included
+    assert {"mean", "median", "trimmed_mean", "krum", "multi_krum", toy_rule} <= set(combine) == set(rules.names())
+    assert combine["trimmed_mean"]["params"] == [{"name": "fraction", "default": 0.1, "type": "float",
+                                                  "bounds": {"ge": 0, "lt": 0.5},
+                                                  "description": "share cut from each end per coordinate"}]
+    assert combine["mean"]["streams"] and not combine["median"]["streams"]
+    assert {c["name"]: c["default_lr"] for c in listed["optimizer"]["components"]} == {
+        "sgd": 1.0, "avgm": 1.0, "adagrad": 0.01, "adam": 0.01, "yogi": 0.01}
+    assert main(["components", "dataset"]) == 2
+    assert "components kind 'dataset' is not allowed: expected one of ['algorithm', 'combine', 'optimizer']" in \
+        capsys.readouterr().err

@@ -126,6 +126,12 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
 
+    p = sub.add_parser("components", help="every registered component of every kind (algorithms, combine rules, "
+                                          "server optimisers): what names it and its parameters")
+    p.add_argument("kind", nargs="?", help="one kind: algorithm, combine or optimizer")
+    p.add_argument("--json", action="store_true", help="machine-readable: every field of every component")
+    p.set_defaults(func=cmd_components)
+
     p = sub.add_parser("algorithms", help="list every registered algorithm: its parameters and capabilities")
     p.add_argument("name", nargs="?", help="show one algorithm in full")
     p.add_argument("--json", action="store_true", help="machine-readable: every field of every algorithm")
@@ -149,7 +155,6 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
     if args.json:
         console.print_json(json.dumps(described))
         return 0
-    from rich.table import Table
 
     for d in described:
         caps = d["capabilities"]
@@ -167,16 +172,46 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
             extra.append(f"models: {', '.join(caps['model_kinds'])}")
         console.print(f"  {' · '.join(flags + extra) or '-'}", soft_wrap=True, markup=False)
         if d["params"]:
-            table = Table(show_header=True, header_style="bold", box=None, padding=(0, 2, 0, 4))
-            for col in ("methods[i].params.", "default", "allowed", "meaning"):
-                table.add_column(col, overflow="fold")
-            for p in d["params"]:
-                bounds = " ".join(f"{'>' if k == 'gt' else '≥' if k == 'ge' else '<' if k == 'lt' else '≤'} {v}"
-                                  for k, v in p["bounds"].items())
-                default = repr(p["default"])
-                table.add_row(p["name"], default if len(default) <= 24 else default[:23] + "…", bounds or p["type"],
-                              p["description"])
-            console.print(table)
+            console.print(params_table(d["params"], "methods[i].params."))
+        console.print()
+    return 0
+
+
+def params_table(params: list[dict], prefix: str) -> Table:
+    """A component's parameters (``hetfed.registry.describe_params``) as a table: key, default, allowed, meaning."""
+    table = Table(show_header=True, header_style="bold", box=None, padding=(0, 2, 0, 4))
+    for col in (prefix, "default", "allowed", "meaning"):
+        table.add_column(col, overflow="fold")
+    for p in params:
+        bounds = " ".join(f"{'>' if k == 'gt' else '≥' if k == 'ge' else '<' if k == 'lt' else '≤'} {v}"
+                          for k, v in p["bounds"].items())
+        default = repr(p["default"])
+        table.add_row(p["name"], default if len(default) <= 24 else default[:23] + "…", bounds or p["type"],
+                      p["description"])
+    return table
+
+
+def cmd_components(args: argparse.Namespace) -> int:
+    """Every registered component of every kind (or of one), with its parameters."""
+    from rich.text import Text
+
+    from hetfed.components import components
+
+    listed = components(args.kind)
+    if args.json:
+        console.print_json(json.dumps(listed))
+        return 0
+    for kind, entry in listed.items():
+        console.print(Text.assemble((f"{kind}", "bold underline"), f"  ({entry['key']})"), soft_wrap=True)
+        for c in entry["components"]:
+            extra = [f"paper: {c['paper']}"] if c.get("paper") else []
+            extra += [("streams" if c["streams"] else "needs every update of a round")] if "streams" in c else []
+            extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
+            console.print(Text.assemble(("  " + c["name"], "bold"), f" — {c['summary']}"), soft_wrap=True)
+            if extra:
+                console.print(f"    {' · '.join(extra)}", soft_wrap=True, markup=False)
+            if c.get("params"):
+                console.print(params_table(c["params"], f"{entry['key'].rsplit('.', 1)[0]}."))
         console.print()
     return 0
 

@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
+
+from pydantic import BaseModel
 
 from hetfed.errors import ConfigError
 
@@ -31,6 +33,10 @@ class Registry(Generic[T]):
         for info in pkgutil.iter_modules(module.__path__):
             importlib.import_module(f"{self.package}.{info.name}")
 
+    def items(self) -> list[tuple[str, T]]:
+        self._discover()
+        return sorted(self._items.items())
+
     def names(self) -> list[str]:
         self._discover()
         return sorted(self._items)
@@ -40,3 +46,21 @@ class Registry(Generic[T]):
         if name not in self._items:
             raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of {sorted(self._items)}")
         return self._items[name]
+
+
+def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:
+    """A component's parameters as plain data: name, default, type, bounds, description (``--json`` listings)."""
+    params = []
+    for key, f in model.model_fields.items():
+        default = f.get_default(call_default_factory=True)
+        if isinstance(default, BaseModel):
+            default = default.model_dump(mode="json")
+        bounds = {k: getattr(m, k) for m in f.metadata for k in ("gt", "ge", "lt", "le") if hasattr(m, k)}
+        params.append({"name": key, "default": default, "type": _type_name(f.annotation), "bounds": bounds,
+                       "description": f.description or ""})
+    return params
+
+
+def _type_name(annotation: Any) -> str:
+    name = getattr(annotation, "__name__", None)
+    return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")

@@ -25,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
 from hetfed.interface import Capabilities
+from hetfed.registry import describe_params
 
 __all__ = ["AlgorithmParams", "AlgorithmSpec", "Capabilities", "NoParams", "get", "names", "register", "specs"]
 
@@ -85,25 +86,13 @@ class AlgorithmSpec:
 
     def describe(self) -> dict[str, Any]:
         """The spec as plain data (``hetfed algorithms --json``, generated docs)."""
-        params = []
-        for key, f in self.params.model_fields.items():
-            default = f.get_default(call_default_factory=True)
-            if isinstance(default, BaseModel):
-                default = default.model_dump(mode="json")
-            bounds = {k: getattr(m, k) for m in f.metadata for k in ("gt", "ge", "lt", "le") if hasattr(m, k)}
-            params.append({"name": key, "default": default, "type": _type_name(f.annotation),
-                           "bounds": bounds, "description": f.description or ""})
+        params = describe_params(self.params)
         caps = asdict(self.capabilities)
         caps["views"] = list(caps["views"])
         caps["model_kinds"] = list(caps["model_kinds"]) if caps["model_kinds"] is not None else None
         return {"name": self.name, "summary": self.summary, "paper": self.paper, "params": params,
                 "capabilities": caps, "quick": dict(self.quick),
                 **({"model": dict(self.model)} if self.model else {})}
-
-
-def _type_name(annotation: Any) -> str:
-    name = getattr(annotation, "__name__", None)
-    return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
 
 
 def _format(err: ValidationError, where: str, name: str) -> str:

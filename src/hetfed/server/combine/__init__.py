@@ -53,6 +53,14 @@ def get(name: str, where: str = "server.combine.rule") -> CombineRule:
     return RULES.get(name, where)
 
 
+def describe() -> list[dict[str, Any]]:
+    """Every registered rule as plain data (``hetfed components combine``)."""
+    from hetfed.registry import describe_params
+
+    return [{"name": name, "summary": r.summary, "paper": r.paper, "streams": r.streams,
+             "params": describe_params(r.Params)} for name, r in RULES.items()]
+
+
 def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[CombineRule, RuleParams]:
     """``{"rule": name, **its params}`` → the rule and its validated parameters (one-line errors naming the key)."""
     options = dict(section)

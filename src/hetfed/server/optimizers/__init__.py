@@ -36,6 +36,7 @@ under its ``server.optimizer`` name; :func:`optimizer_for` builds the configured
 
 from __future__ import annotations
 
+import importlib
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -86,3 +87,13 @@ def optimizer_for(server) -> ServerOptimizer:
     """The optimiser ``server.optimizer`` names, with ``server.*``'s hyper-parameters."""
     return KINDS.get(server.optimizer)(server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
                                        server.bias_correction, server.variant)
+
+
+def describe() -> list[dict]:
+    """Every registered optimiser as plain data (``hetfed components optimizer``): its parameters are the
+    ``server.*`` keys (lr, momentum, beta1, beta2, tau, bias_correction, variant)."""
+    out = []
+    for name, cls in KINDS.items():
+        doc = (importlib.import_module(cls.__module__).__doc__ or "").strip()
+        out.append({"name": name, "summary": " ".join(doc.split("\n\n")[0].split()), "default_lr": cls.default_lr})
+    return out
