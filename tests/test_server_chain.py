@@ -18,7 +18,7 @@ from hetfed.server.pipeline import server_chain
 
 
 def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams():
-    assert rules.names() == ["krum", "mean", "median", "multi_krum", "trimmed_mean"]
+    assert {"krum", "mean", "median", "multi_krum", "trimmed_mean"} <= set(rules.names())
     assert server_chain(ServerConfig()).streams
     for rule in ("median", "trimmed_mean", "krum", "multi_krum"):
         assert not server_chain(ServerConfig(combine={"rule": rule})).streams, rule
