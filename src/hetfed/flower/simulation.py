@@ -55,39 +55,25 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     Ray's start takes ~30 s on 2 cores, with nothing else to show.
     """
     require_flwr()
-    from flwr.serverapp import Grid, ServerApp
     from flwr.simulation import run_simulation
 
     from hetfed.flower.client_app import app as client_app
 
     restore = _log_to_file(log_file)
-    # Ray's C++ failure handler turns SIGTERM into an abort (exit 134); its Python handler raises SystemExit(15)
-    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
-    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
-    warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+    on_term = _prepare_ray()
     holder: dict[str, T] = {}
-    server_app = ServerApp()
+    t0 = time.perf_counter()
 
-    @server_app.main()
-    def main(grid: Grid, context) -> None:
-        holder["started"] = True  # type: ignore[assignment]
+    def started() -> None:
         if status is not None:
             status.print(f"Flower's Simulation Engine started in {time.perf_counter() - t0:.0f} s", soft_wrap=True)
-        try:
-            holder["value"] = body(grid)
-        except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
-            holder["error"] = err
-            if log_file is not None:  # the traceback for whoever debugs it; the console gets one line
-                with open(log_file, "a", encoding="utf-8") as fh:
-                    fh.write(f"hetfed's ServerApp failed:\n{traceback.format_exc()}\n")
 
+    server_app = _server_app(body, holder, log_file, started)
     backend = {
         "client_resources": {"num_cpus": config.flower.client_cpus, "num_gpus": 0.0},
         "init_args": {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False},
     }
     where = f" (Flower's log: {log_file})" if log_file else ""
-    t0 = time.perf_counter()
     if status is not None:
         status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on Ray; "
                      "~30 s on 2 cores) …", soft_wrap=True)
@@ -107,6 +93,42 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         if on_term is not None:  # ray.init replaced hetfed's SIGTERM handler
             signal.signal(signal.SIGTERM, on_term)
         _stop_ray()
+    return _outcome(holder, where)
+
+
+def _prepare_ray():
+    """Ray's settings for a run inside hetfed; the SIGTERM handler to put back after (None off the main thread)."""
+    # Ray's C++ failure handler turns SIGTERM into an abort (exit 134); its Python handler raises SystemExit(15)
+    os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
+    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
+    return on_term
+
+
+def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None, started: Callable[[], None]):
+    """The ServerApp that runs ``body(grid)``, keeping its value or its error in ``holder`` for the caller."""
+    from flwr.serverapp import Grid, ServerApp
+
+    server_app = ServerApp()
+
+    @server_app.main()
+    def main(grid: Grid, context) -> None:
+        holder["started"] = True
+        started()
+        try:
+            holder["value"] = body(grid)
+        except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
+            holder["error"] = err
+            if log_file is not None:  # the traceback for whoever debugs it; the console gets one line
+                with open(log_file, "a", encoding="utf-8") as fh:
+                    fh.write(f"hetfed's ServerApp failed:\n{traceback.format_exc()}\n")
+
+    return server_app
+
+
+def _outcome(holder: dict, where: str):
+    """The ServerApp's value, or its failure as one line (hetfed's own errors and Ctrl-C as they were)."""
     if "error" in holder:
         err = holder["error"]
         if isinstance(err, HetfedError | KeyboardInterrupt):
