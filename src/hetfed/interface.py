@@ -32,7 +32,7 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
-from hetfed.config import TrainConfig
+from hetfed.config import PrivacyConfig, TrainConfig
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.types import (
     Broadcast,
@@ -143,7 +143,7 @@ class Algorithm:
     #: set by :func:`hetfed.algorithms.registry.register`
     spec = None
     #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
-    privacy = None
+    privacy: PrivacyConfig | None = None
 
     def __init__(self, model: Model, train: TrainConfig, params=None, context: Context | None = None):
         self.model = model

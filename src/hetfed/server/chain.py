@@ -18,7 +18,7 @@ then does its own server work (FedDF's distillation, SCAFFOLD's control variate 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
-from typing import Any, ClassVar, Protocol
+from typing import Any, ClassVar, Protocol, cast
 
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.types import Params, Upload
@@ -41,19 +41,23 @@ class Round:
     scale: float = 1.0  # the pseudo-gradient's multiplier before the optimiser (FedNova's τ_eff)
 
 
+#: a step's state between rounds (plain data, checkpointed)
+State = dict[str, Any]
+
+
 class Step(Protocol):
     name: str
     streams: bool
 
-    def init(self, params: Params) -> dict: ...
+    def init(self, params: Params) -> State: ...
 
-    def update(self, r: Round, state: dict) -> tuple[Round, dict]: ...
+    def update(self, r: Round, state: State) -> tuple[Round, State]: ...
 
 
 class Stateless:
     """A step that keeps nothing from round to round."""
 
-    def init(self, params: Params) -> dict:
+    def init(self, params: Params) -> State:
         return {}
 
 
@@ -69,7 +73,7 @@ class Combine(Stateless):
     def streams(self) -> bool:
         return self.rule.streams
 
-    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+    def update(self, r: Round, state: State) -> tuple[Round, State]:
         return replace(r, value=self.rule.combine(r.reference, r.upload, self.params)), state
 
 
@@ -81,7 +85,7 @@ class PrivateMean(Stateless):
     name: str = "combine"
     streams: bool = True
 
-    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+    def update(self, r: Round, state: State) -> tuple[Round, State]:
         value = self.noise.aggregate(r.reference, r.upload, r.expected_clients,
                                      derive_seed(r.seed, DP_NOISE, r.round))
         return replace(r, value=value), state
@@ -94,10 +98,11 @@ class Rescale(Stateless):
     name: str = "rescale"
     streams: bool = True
 
-    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
+    def update(self, r: Round, state: State) -> tuple[Round, State]:
         if r.scale == 1.0:
             return r, state
-        return replace(r, value={k: v + r.scale * (r.value[k] - v) for k, v in r.reference.items()}), state
+        value = _combined(r)
+        return replace(r, value={k: v + r.scale * (value[k] - v) for k, v in r.reference.items()}), state
 
 
 @dataclass(frozen=True)
@@ -108,12 +113,19 @@ class Optimize:
     name: str = "optimizer"
     streams: bool = True
 
-    def init(self, params: Params) -> dict:
+    def init(self, params: Params) -> State:
         return self.optimizer.init(params)
 
-    def update(self, r: Round, state: dict) -> tuple[Round, dict]:
-        new, state = self.optimizer.update(r.reference, r.value, state)
+    def update(self, r: Round, state: State) -> tuple[Round, State]:
+        new, state = self.optimizer.update(r.reference, _combined(r), state)
         return replace(r, value=new), state
+
+
+def _combined(r: Round) -> Params:
+    """What the combine step made of the round (the steps after it need it)."""
+    if r.value is None:
+        raise RuntimeError("a chain step after combine ran before it: the chain needs a combine step first")
+    return r.value
 
 
 @dataclass(frozen=True)
@@ -133,26 +145,25 @@ class Chain:
     def streams(self) -> bool:
         return all(s.streams for s in self.steps)
 
-    def private(self, privacy) -> Chain:
+    def private(self, privacy: Any) -> Chain:
         """This chain with DP-FedAvg's noised mean (``privacy.*``) in the combine step's place."""
         noise = DPNoise(privacy.noise_multiplier, privacy.clip, privacy.weighting == "uniform")
         return replace(self, steps=tuple(PrivateMean(noise) if s.name == "combine" else s for s in self.steps))
 
-    def state_of(self, extra: dict) -> dict:
+    def state_of(self, extra: dict[str, Any]) -> dict[str, State]:
         """The chain's state kept in a server state's ``extra`` ({} before round 1)."""
         if self.STATE in extra:
-            return extra[self.STATE]
+            return cast(dict[str, State], extra[self.STATE])
         return {"optimizer": extra[self.LEGACY_STATE]} if extra.get(self.LEGACY_STATE) else {}
 
-    def step(self, params: Params, upload: Upload, state: dict, *, round: int = 0, seed: int = 0,
-             expected_clients: int = 1, scale: float = 1.0) -> tuple[Params, dict]:
+    def step(self, params: Params, upload: Upload, state: dict[str, State], *, round: int = 0, seed: int = 0,
+             expected_clients: int = 1, scale: float = 1.0) -> tuple[Params, dict[str, State]]:
         """The new global model from a round's screened updates, and the chain's new state (the states of the
         steps that keep one, by step name)."""
         r = Round(params, upload, None, round, seed, expected_clients, scale)
-        new_state = {}
+        new_state: dict[str, State] = {}
         for s in self.steps:
             r, st = s.update(r, state.get(s.name, {}))
             if st:
                 new_state[s.name] = st
-        assert r.value is not None
-        return r.value, new_state
+        return _combined(r), new_state

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from hetfed.engine.types import Params, Upload
 from hetfed.server.combine.mean import weighted_mean
 
 
@@ -24,7 +25,7 @@ class DPNoise:
     clip: float | None
     uniform: bool
 
-    def aggregate(self, old, upload, expected_clients: int, generator_seed: int):
+    def aggregate(self, old: Params, upload: Upload, expected_clients: int, generator_seed: int) -> Params:
         mean = weighted_mean(old, upload, self.uniform)
         received = len(upload.client_ids)
         if self.uniform:

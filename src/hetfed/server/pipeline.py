@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+from hetfed.config import ServerConfig
 from hetfed.server.chain import Chain, Combine, Optimize, Rescale
 from hetfed.server.combine import parse
 from hetfed.server.optimizers import optimizer_for
 from hetfed.server.screen import ScreenSpec
 
 
-def server_chain(server) -> Chain:
+def server_chain(server: ServerConfig) -> Chain:
     """screen spec → combine rule → rescale → optimiser, as configured (``Chain.private`` puts DP-FedAvg's
     noised mean in the combine rule's place)."""
     screen = ScreenSpec(server.screen.norm_factor, server.screen.reference_clients)

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetfed.engine.types import Params, Upload, concat_uploads
+from hetfed.interface import Algorithm
 
 # ------------------------------------------------------------------ per-client quantities
 
@@ -101,19 +102,19 @@ class ScreenSpec:
     reference_clients: int = 32
 
 
-def norm_factor(algo) -> float | None:
+def norm_factor(algo: Algorithm) -> float | None:
     """The norm filter's factor for ``algo`` (None: off; under DP clipping bounds every update already)."""
     return None if algo.dp else algo.context.pipeline.screen.norm_factor
 
 
-def holds_round(algo) -> bool:
+def holds_round(algo: Algorithm) -> bool:
     """True when a round's updates must be held together instead of streamed: a chain step that needs every
     update (a robust combine rule), or an algorithm that does (FedDF, FedGen). The norm filter holds only its
     reference clients (:class:`Screen`)."""
     return not algo.context.pipeline.streams or algo.needs_all_updates
 
 
-def held_for_screen(algo, per_round: int) -> int:
+def held_for_screen(algo: Algorithm, per_round: int) -> int:
     """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
     return 0 if norm_factor(algo) is None else min(per_round, algo.context.pipeline.screen.reference_clients)
 
@@ -142,10 +143,10 @@ class Screen:
     _held_norms: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
-    def for_round(cls, algo, reference: Params) -> Screen:
-        dp = algo.dp
-        return cls(reference, norm_factor(algo), algo.privacy.clip if dp else None, keep_all=holds_round(algo),
-                   uniform=dp and algo.privacy.weighting == "uniform",
+    def for_round(cls, algo: Algorithm, reference: Params) -> Screen:
+        privacy = algo.privacy if algo.dp else None
+        return cls(reference, norm_factor(algo), privacy.clip if privacy is not None else None,
+                   keep_all=holds_round(algo), uniform=privacy is not None and privacy.weighting == "uniform",
                    reference_clients=algo.context.pipeline.screen.reference_clients)
 
     def chunk(self, upload: Upload) -> Upload:

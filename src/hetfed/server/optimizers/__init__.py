@@ -38,13 +38,16 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Any, ClassVar
 
 import torch
 
+from hetfed.config import ServerConfig
 from hetfed.registry import Registry
 
 Params = dict[str, torch.Tensor]
+#: an optimiser's state between rounds (step count, moments): plain data, checkpointed with the server
+State = dict[str, Any]
 
 
 @dataclass(frozen=True)
@@ -65,10 +68,10 @@ class ServerOptimizer:
     bias_correction: bool = False
     variant: str = "paper"
 
-    def init(self, params: Params) -> dict:
+    def init(self, params: Params) -> State:
         return {}
 
-    def update(self, params: Params, combined: Params, state: dict) -> tuple[Params, dict]:
+    def update(self, params: Params, combined: Params, state: State) -> tuple[Params, State]:
         raise NotImplementedError
 
 
@@ -83,13 +86,13 @@ def names() -> list[str]:
     return KINDS.names()
 
 
-def optimizer_for(server) -> ServerOptimizer:
+def optimizer_for(server: ServerConfig) -> ServerOptimizer:
     """The optimiser ``server.optimizer`` names, with ``server.*``'s hyper-parameters."""
     return KINDS.get(server.optimizer)(server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
                                        server.bias_correction, server.variant)
 
 
-def describe() -> list[dict]:
+def describe() -> list[dict[str, Any]]:
     """Every registered optimiser as plain data (``hetfed components optimizer``): its parameters are the
     ``server.*`` keys (lr, momentum, beta1, beta2, tau, bias_correction, variant)."""
     out = []

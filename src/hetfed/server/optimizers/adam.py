@@ -22,7 +22,7 @@ class Adam(Adaptive):
     def step_size(self, t: int, b1: float) -> float:
         b2 = self.beta2
         if self.bias_correction:
-            return self.lr / (1 - b1**t) * (1 - b2**t) ** 0.5
+            return float(self.lr / (1 - b1**t) * (1 - b2**t) ** 0.5)
         if self.variant == "flower":  # flwr's FedAdam: exponent round + 1
-            return self.lr * (1 - b2 ** (t + 1)) ** 0.5 / (1 - b1 ** (t + 1))
+            return float(self.lr * (1 - b2 ** (t + 1)) ** 0.5 / (1 - b1 ** (t + 1)))
         return self.lr

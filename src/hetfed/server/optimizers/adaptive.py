@@ -8,7 +8,7 @@ from typing import ClassVar
 
 import torch
 
-from hetfed.server.optimizers import Params, ServerOptimizer
+from hetfed.server.optimizers import Params, ServerOptimizer, State
 
 
 @dataclass(frozen=True)
@@ -17,7 +17,7 @@ class Adaptive(ServerOptimizer):
     #: Flower's class of this kind keeps no first moment (its β₁ is 0)
     flower_without_beta1: bool = False
 
-    def init(self, params: Params) -> dict:
+    def init(self, params: Params) -> State:
         v0 = 0.0 if self.bias_correction or self.variant == "flower" else self.tau**2
         return {"t": 0, "m": {k: torch.zeros_like(p) for k, p in params.items()},
                 "v": {k: torch.full_like(p, v0) for k, p in params.items()}}
@@ -29,7 +29,7 @@ class Adaptive(ServerOptimizer):
         """η at step t (Kingma & Ba's correction, or Flower's FedAdam's, where they apply)."""
         return self.lr / (1 - b1**t) if self.bias_correction else self.lr
 
-    def update(self, params: Params, combined: Params, state: dict) -> tuple[Params, dict]:
+    def update(self, params: Params, combined: Params, state: State) -> tuple[Params, State]:
         delta = {k: combined[k] - v for k, v in params.items()}
         state = state or self.init(params)
         t = int(state["t"]) + 1

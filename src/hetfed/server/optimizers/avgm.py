@@ -6,7 +6,7 @@ from dataclasses import dataclass
 
 import torch
 
-from hetfed.server.optimizers import Params, ServerOptimizer, register
+from hetfed.server.optimizers import Params, ServerOptimizer, State, register
 
 
 @register
@@ -14,10 +14,10 @@ from hetfed.server.optimizers import Params, ServerOptimizer, register
 class AvgM(ServerOptimizer):
     name = "avgm"
 
-    def init(self, params: Params) -> dict:
+    def init(self, params: Params) -> State:
         return {"t": 0, "v": {k: torch.zeros_like(p) for k, p in params.items()}}
 
-    def update(self, params: Params, combined: Params, state: dict) -> tuple[Params, dict]:
+    def update(self, params: Params, combined: Params, state: State) -> tuple[Params, State]:
         state = state or self.init(params)
         delta = {k: combined[k] - v for k, v in params.items()}
         v = {k: self.momentum * state["v"][k] + delta[k] for k in params}

@@ -20,5 +20,5 @@ class Yogi(Adaptive):
 
     def step_size(self, t: int, b1: float) -> float:
         if self.bias_correction:
-            return self.lr / (1 - b1**t) * (1 - self.beta2**t) ** 0.5
+            return float(self.lr / (1 - b1**t) * (1 - self.beta2**t) ** 0.5)
         return self.lr
