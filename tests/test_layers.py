@@ -35,6 +35,7 @@ UPWARD_ALLOWED = {
     ("hetfed.server_data", "hetfed.algorithms.registry"): "which methods need server data is a capability",
     ("hetfed.config", "hetfed.server.combine"): "validation asks the combine-rule registry for a rule's parameters",
     ("hetfed.config", "hetfed.server.optimizers"): "validation asks the optimiser registry which optimisers exist",
+    ("hetfed.config", "hetfed.partition"): "validation asks the partitioner registry which kinds exist",
 }
 
 

@@ -207,7 +207,11 @@ def test_feature_clusters_unshuffled_clients_are_compact_regions():
 
 
 def test_natural_uses_ids():
-    from hetfed.partition import natural
+    from hetfed.partition.natural import natural as by_ids
+
+    def natural(ids, cfg):
+        return by_ids(None, None, cfg, None, ids)
+
     ids = np.array([3, 3, 7, 7, 7, 9])
     parts = natural(ids, PartitionConfig(kind="natural", clients=None))
     assert [p.tolist() for p in parts] == [[0, 1], [2, 3, 4], [5]]

@@ -133,7 +133,10 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
 
     assert main(["components", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert set(listed) == {"algorithm", "combine", "optimizer"}
+    assert set(listed) == {"algorithm", "partitioner", "combine", "optimizer"}
+    parts = {c["name"]: c for c in listed["partitioner"]["components"]}
+    assert {"iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"} <= set(parts)
+    assert parts["natural"]["ordered"] and not parts["iid"]["ordered"]
     assert {c["name"] for c in listed["algorithm"]["components"]} == set(registry.names())
     combine = {c["name"]: c for c in listed["combine"]["components"]}
     # every registered rule, a test's toy (and a plugin's, when that test ran in this process) included
@@ -145,5 +148,20 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
     assert {c["name"]: c["default_lr"] for c in listed["optimizer"]["components"]} == {
         "sgd": 1.0, "avgm": 1.0, "adagrad": 0.01, "adam": 0.01, "yogi": 0.01}
     assert main(["components", "dataset"]) == 2
-    assert "components kind 'dataset' is not allowed: expected one of ['algorithm', 'combine', 'optimizer']" in \
-        capsys.readouterr().err
+    assert "components kind 'dataset' is not allowed: expected one of ['algorithm', 'combine', 'optimizer', " \
+           "'partitioner']" in capsys.readouterr().err
+
+
+def test_a_plugin_module_registers_a_partitioner_the_config_can_name(tmp_path, capsys):
+    """#46: a toy partitioner in a plugin, one file, named by partition.kind and run end to end."""
+    from hetfed.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "--set", "plugins=[tests.plugin_partitioner]", "--set", "partition.kind=plugin_label_parity",
+                 "--set", "partition.clients=4", "--set", "train.rounds=1", "--set", "train.local_steps=2",
+                 "--out", str(out), "--quiet"]) == 0
+    import numpy as np
+
+    with np.load(out / "federation.npz") as z:  # the run's own record of who holds which classes
+        counts = z["counts"]
+    assert all(sum(row[c] for c in range(1 - k % 2, 10, 2)) == 0 for k, row in enumerate(counts))  # one parity each

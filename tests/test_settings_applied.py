@@ -113,7 +113,13 @@ def test_the_schema_declares_the_readers_of_every_kind_specific_key():
     for name, field in Config.model_fields.items():
         section = field.annotation
         if isinstance(section, type) and issubclass(section, _Strict) and section.chooser:
-            choices = set(section.model_fields[section.chooser].annotation.__args__)
+            chooser = section.model_fields[section.chooser].annotation
+            if chooser is str:  # a registry's kind: its registered names
+                from hetfed.partition import PARTITIONERS
+
+                choices = set(PARTITIONERS.names())
+            else:
+                choices = set(chooser.__args__)
             for key, f in section.model_fields.items():
                 readers = (f.json_schema_extra or {}).get("read_by", [])
                 assert set(readers) <= choices, (name, key, readers)

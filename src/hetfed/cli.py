@@ -126,9 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("components", help="every registered component of every kind (algorithms, combine rules, "
+    p = sub.add_parser("components", help="every registered component of every kind (algorithms, partitioners, combine rules, "
                                           "server optimisers): what names it and its parameters")
-    p.add_argument("kind", nargs="?", help="one kind: algorithm, combine or optimizer")
+    p.add_argument("kind", nargs="?", help="one kind: algorithm, partitioner, combine or optimizer")
     p.add_argument("--json", action="store_true", help="machine-readable: every field of every component")
     p.set_defaults(func=cmd_components)
 

@@ -1,9 +1,10 @@
 """``hetfed components``: every kind of component that has a registry, and what each has registered.
 
 A kind is a registry (:mod:`hetfed.registry`); each component is one file that registers itself and
-declares its parameters. Algorithms keep their fuller view in ``hetfed algorithms``. The kinds that are
-not registries yet (datasets, partitioners, models, embeddings, executors) are chosen by name lists in the
-config schema; issue #46 turns them into registries one by one.
+declares its parameters. Algorithms keep their fuller view in ``hetfed algorithms``; a partitioner's keys are
+``partition.*`` (the schema says which kind reads which). The kinds that are not registries yet (datasets,
+models, embeddings, executors) are chosen by name lists in the config schema; #46 turns them into registries
+one by one.
 """
 
 from __future__ import annotations
@@ -24,6 +25,13 @@ def _combine() -> list[dict[str, Any]]:
     return describe()
 
 
+def _partitioners() -> list[dict[str, Any]]:
+    from hetfed.partition import PARTITIONERS
+
+    return [{"name": name, "summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered}
+            for name, p in PARTITIONERS.items()]
+
+
 def _optimizers() -> list[dict[str, Any]]:
     from hetfed.server.optimizers import describe
 
@@ -33,6 +41,7 @@ def _optimizers() -> list[dict[str, Any]]:
 #: kind → (the config key that names one, its listing)
 KINDS: dict[str, tuple[str, Callable[[], list[dict[str, Any]]]]] = {
     "algorithm": ("methods[i].algorithm", _algorithms),
+    "partitioner": ("partition.kind", _partitioners),
     "combine": ("server.combine.rule", _combine),
     "optimizer": ("server.optimizer", _optimizers),
 }

@@ -15,7 +15,15 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    ValidationInfo,
+    field_validator,
+    model_validator,
+)
 
 from hetfed.errors import ConfigError, HetfedNote
 
@@ -24,7 +32,6 @@ DatasetName = Literal[
     "shakespeare", "nodes",
 ]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
-PartitionKind = Literal["iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"]
 ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm", "charlstm"]
 ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
@@ -109,7 +116,8 @@ class PartitionConfig(_Strict):
 
     chooser: ClassVar[str | None] = "kind"
 
-    kind: PartitionKind = "feature_clusters"
+    kind: str = Field("feature_clusters", description="a registered partitioner (hetfed.partition): iid, shards, "
+                      "majority, dirichlet, feature_clusters, natural, or a plugin's")
     clients: int | None = Field(10, ge=1)
     shuffle: float = Field(0.0, ge=0, le=1, json_schema_extra=read_by("feature_clusters"))
     alpha: float = Field(0.5, gt=0, json_schema_extra=read_by("dirichlet"))
@@ -130,6 +138,16 @@ class PartitionConfig(_Strict):
     pca_components: int = Field(2, ge=1, json_schema_extra=read_by("feature_clusters"))
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
+
+    @field_validator("kind")
+    @classmethod
+    def _registered_kind(cls, kind: str) -> str:
+        from hetfed.partition import (
+            PARTITIONERS,  # the registered partitioners (discovered, not listed here)
+        )
+
+        PARTITIONERS.get(kind)
+        return kind
 
     @model_validator(mode="after")
     def _fractions_leave_training_data(self) -> PartitionConfig:
@@ -739,7 +757,7 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
             msg = msg[len("Value error, ") :]
         value = e.get("input")
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
-        names_itself = key and (msg.startswith(f"{key}.") or f"'{key}." in msg)  # a nested step's own message
+        names_itself = key and (msg.startswith((f"{key}.", f"{key} ")) or f"'{key}." in msg)  # a step's own message
         lines.append(f"{key}{shown}: {msg}" if key and not names_itself else msg)
     return "; ".join(lines)
 

@@ -46,7 +46,7 @@ def federation_key(config: Config) -> str:
     decides["server_data"]["source"] = wanted(config)
     root = Path(__file__).resolve().parents[1]  # the hetfed package
     code = [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
-            for p in sorted([*root.glob("data/*.py"), root / "partition.py", root / "pipeline.py",
+            for p in sorted([*root.glob("data/*.py"), *root.glob("partition/*.py"), root / "pipeline.py",
                              root / "server_data.py"]) if p.is_file()]
     return hashlib.sha256(json.dumps([code, decides], sort_keys=True).encode()).hexdigest()[:24]
 

@@ -1,7 +1,8 @@
 """Partitioners: split a dataset's train pool over K simulated clients.
 
-Every partitioner is a pure function ``(features, labels, cfg, rng) -> list of
-index arrays`` (one per client, disjoint). :func:`make_federation` then splits
+Every partitioner is one module of this package, a pure function ``(features, labels, cfg, rng,
+client_ids) -> list of index arrays`` (one per client, disjoint) registered under its
+``partition.kind`` (:data:`PARTITIONERS`; a plugin may register more). :func:`make_federation` then splits
 each client's samples into its own train / validation / test sets, stratified by
 label so they mirror the client's label (and feature) distribution, builds one
 balanced global test set from the dataset's test split, and marks a fraction of
@@ -48,8 +49,30 @@ import numpy as np
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
+from hetfed.registry import Registry
 
 Indices = list[np.ndarray]
+
+
+@dataclass(frozen=True)
+class Partitioner:
+    """A registered partitioner: ``split(x, y, cfg, rng, client_ids)`` → one index array per client.
+
+    ``ordered``: each client's samples keep the data's order (natural clients of a sequence: a
+    Shakespeare role's windows), so its train / validation / test split is cut in time order."""
+
+    split: Callable[..., Indices]
+    ordered: bool = False
+
+
+#: every partitioner, by ``partition.kind`` (one module of this package each)
+PARTITIONERS: Registry[Partitioner] = Registry(__name__, "partition.kind")
+
+
+def register(kind: str, split: Callable[..., Indices], ordered: bool = False) -> Callable[..., Indices]:
+    """Register ``split(x, y, cfg, rng, client_ids)`` as ``partition.kind = kind``."""
+    PARTITIONERS.register(kind, Partitioner(split, ordered))
+    return split
 
 
 @dataclass(frozen=True, eq=False)
@@ -241,11 +264,11 @@ def draw_per_client(
     return out
 
 
-def _classes_present(y: np.ndarray) -> np.ndarray:
+def classes_present(y: np.ndarray) -> np.ndarray:
     return np.unique(y)
 
 
-def _require_clients(cfg: PartitionConfig, n: int) -> int:
+def require_clients(cfg: PartitionConfig, n: int) -> int:
     k = cfg.clients
     if k is None:
         raise PartitionError(f"partition.clients is required for partition.kind = {cfg.kind!r}")
@@ -258,116 +281,6 @@ def _require_clients(cfg: PartitionConfig, n: int) -> int:
 
 
 # ---------------------------------------------------------------- partitioners
-
-
-def iid(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
-    """Shuffled, near-equal parts (Flower's IidPartitioner does not shuffle: we do)."""
-    k = _require_clients(cfg, len(y))
-    perm = rng.permutation(len(y))
-    if cfg.samples_per_client is not None:
-        need = k * cfg.samples_per_client
-        if need > len(y):
-            raise PartitionError(
-                f"partition.samples_per_client = {cfg.samples_per_client} is not allowed: "
-                f"{k} clients would need {need} samples but there are {len(y)}"
-            )
-        perm = perm[:need]
-    return [np.sort(p) for p in np.array_split(perm, k)]
-
-
-def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
-    """Label-sorted shards, ``shards_per_client`` each, cut within classes."""
-    k = _require_clients(cfg, len(y))
-    n_shards = cfg.n_shards if cfg.n_shards is not None else k * cfg.shards_per_client
-    if n_shards != k * cfg.shards_per_client:
-        raise PartitionError(
-            f"partition.n_shards = {n_shards} is not allowed with {k} clients × "
-            f"{cfg.shards_per_client} shards each: expected {k * cfg.shards_per_client} "
-            "(or leave n_shards unset)"
-        )
-    classes = _classes_present(y)
-    if n_shards < len(classes):
-        raise PartitionError(
-            f"partition.n_shards = {n_shards} is not allowed: the data has {len(classes)} classes "
-            f"and every class needs a shard; expected n_shards ≥ {len(classes)}"
-        )
-    if n_shards > len(y):
-        raise PartitionError(f"partition.n_shards = {n_shards} is not allowed: more shards than the {len(y)} samples")
-    if cfg.shard_cut == "sorted":  # McMahan et al.: sort by label (random order within a label), cut equal shards
-        by_label = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in classes])
-        pieces = np.array_split(by_label, n_shards)
-        return _deal(pieces, k, cfg.shards_per_client, rng)
-    sizes = np.array([(y == c).sum() for c in classes])
-    per_class = 1 + apportion(n_shards - len(classes), sizes)  # every class gets ≥ 1 shard
-    per_class = np.minimum(per_class, sizes)  # a shard is never empty
-    for _ in range(n_shards - int(per_class.sum())):  # give what tiny classes could not take
-        per_class[np.argmax(sizes - per_class)] += 1
-    pieces: list[np.ndarray] = []
-    for c, m in zip(classes, per_class, strict=True):
-        idx = rng.permutation(np.flatnonzero(y == c))
-        pieces.extend(np.array_split(idx, m))
-    return _deal(pieces, k, cfg.shards_per_client, rng)
-
-
-def _deal(pieces: list[np.ndarray], k: int, s: int, rng: np.random.Generator) -> Indices:
-    """Give each of k clients s shards drawn at random without replacement."""
-    order = rng.permutation(len(pieces))
-    return [np.sort(np.concatenate([pieces[j] for j in order[i * s : (i + 1) * s]])) for i in range(k)]
-
-
-def majority(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
-    """``majority_classes`` classes hold fraction p of each client's data."""
-    k = _require_clients(cfg, len(y))
-    n_classes = int(y.max()) + 1
-    m = cfg.majority_classes
-    if m >= n_classes:
-        raise PartitionError(
-            f"partition.majority_classes = {m} is not allowed with {n_classes} classes: expected < {n_classes}"
-        )
-    # Majority classes go round-robin over a shuffled class order, so each class is
-    # a majority class for (nearly) the same number of clients.
-    order = rng.permutation(n_classes)
-    props = np.full((k, n_classes), (1 - cfg.p) / (n_classes - m))
-    for client in range(k):
-        chosen = order[[(client * m + j) % n_classes for j in range(m)]]
-        props[client, chosen] = cfg.p / m
-    if cfg.samples_per_client is not None:
-        return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'majority'")
-    return allocate_classes(y, props, rng)
-
-
-def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
-    """Per-class proportions over clients from Dir(α); clients under ``min_size`` are topped up by construction.
-
-    Class c's samples are split over the K clients by one Dir(α·1_K) draw (Yurochkin
-    et al. / Wang et al.'s class-wise split). Instead of redrawing until every client
-    has ``min_size`` samples — which loops for many clients or small α — the first
-    draw is kept and :func:`meet_min_size` moves the missing samples from the
-    largest clients, so it runs once at any K (100 000 clients in seconds).
-    """
-    k = _require_clients(cfg, len(y))
-    n_classes = int(y.max()) + 1
-    if cfg.min_size * k > len(y):
-        raise PartitionError(
-            f"partition.min_size = {cfg.min_size} is not allowed with {k} clients: it needs "
-            f"{cfg.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
-        )
-    if cfg.samples_per_client is not None:
-        props = rng.dirichlet(np.full(n_classes, cfg.alpha), size=k)
-        return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
-    weights = rng.dirichlet(np.full(k, cfg.alpha), size=n_classes).T  # K × C
-    counts = class_counts(y, weights)
-    if cfg.min_size:
-        counts = meet_min_size(counts, cfg.min_size, rng)
-    return allocate_counts(y, counts, rng)
-
-
-def feature_clusters(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator) -> Indices:
-    """The CGAU simulation: clients are regions of the (PCA'd) embedding space."""
-    k = _require_clients(cfg, len(y))
-    assign = cluster_assignment(x, y, k, cfg.pca_components, rng)
-    assign = reassign_fraction(assign, cfg.shuffle, k, rng)
-    return [np.flatnonzero(assign == c).astype(np.int64) for c in range(k)]
 
 
 def pca_view(x: np.ndarray, components: int, seed: int = 0) -> np.ndarray:
@@ -405,91 +318,12 @@ def partition_view(fed, seed: int = 0, max_points: int = 5000) -> dict[str, np.n
     }
 
 
-def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rng: np.random.Generator) -> np.ndarray:
-    """Client of every sample before shuffling: its class's nearest matched centroid."""
-    from scipy.optimize import linear_sum_assignment
-    from scipy.spatial.distance import cdist
-    from sklearn.cluster import KMeans
-
-    z = pca_view(x, components, seed=int(rng.integers(2**31)))
-    assign = np.empty(len(y), dtype=np.int64)
-    anchors: np.ndarray | None = None
-    for n_matched, c in enumerate(_classes_present(y)):
-        idx = np.flatnonzero(y == c)
-        if len(idx) < k:
-            raise PartitionError(
-                f"partition.clients = {k} is not allowed with partition.kind = 'feature_clusters': "
-                f"class {c} has only {len(idx)} samples and needs one cluster per client; "
-                f"expected clients ≤ {len(idx)}"
-            )
-        km = KMeans(n_clusters=k, n_init=4, random_state=int(rng.integers(2**31))).fit(z[idx])
-        centroids = km.cluster_centers_
-        if anchors is None:
-            to_client = np.arange(k)
-            anchors = centroids.copy()
-        else:
-            rows, cols = linear_sum_assignment(cdist(centroids, anchors))
-            to_client = np.empty(k, dtype=np.int64)
-            to_client[rows] = cols
-            anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
-        assign[idx] = to_client[km.labels_]
-    return assign
-
-
-def reassign_fraction(assign: np.ndarray, fraction: float, k: int, rng: np.random.Generator) -> np.ndarray:
-    """Move ``round(fraction·N)`` random samples to uniformly random clients."""
-    out = assign.copy()
-    n_move = int(round(fraction * len(out)))
-    if n_move:
-        chosen = rng.choice(len(out), size=n_move, replace=False)
-        out[chosen] = rng.integers(0, k, size=n_move)
-    return out
-
-
-def natural(ids: np.ndarray | None, cfg: PartitionConfig) -> Indices:
-    """Clients given by ids in the data (``dataset.name = 'arrays'`` with a client column)."""
-    if ids is None:
-        raise PartitionError(
-            "partition.kind = 'natural' needs client ids in the data: use dataset.name = 'arrays' "
-            "with a 'client' array/column"
-        )
-    uniq, counts = np.unique(ids, return_counts=True)
-    kept = uniq[counts >= cfg.natural_min_samples]  # e.g. movies with too few reviews to split or learn from
-    if len(kept) == 0:
-        raise PartitionError(
-            f"partition.natural_min_samples = {cfg.natural_min_samples} leaves no client: the largest holds "
-            f"{counts.max()} samples; expected at most {counts.max()}"
-        )
-    if cfg.clients is not None and cfg.clients != len(kept):
-        raise PartitionError(
-            f"partition.clients = {cfg.clients} is not allowed with partition.kind = 'natural': "
-            f"the data names {len(kept)} clients (with ≥ {cfg.natural_min_samples} samples); "
-            f"expected {len(kept)} or null"
-        )
-    return [np.flatnonzero(ids == u).astype(np.int64) for u in kept]
-
-
-PARTITIONERS: dict[str, Callable[..., Indices]] = {
-    "iid": iid,
-    "shards": shards,
-    "majority": majority,
-    "dirichlet": dirichlet,
-    "feature_clusters": feature_clusters,
-}
-
-
 def partition_indices(
     x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, seed: int, client_ids: np.ndarray | None = None
 ) -> Indices:
     """The clients' sample indices for the configured kind (before train/val/test)."""
     rng = np.random.default_rng([seed, 0x9A27])
-    if cfg.kind == "natural":
-        return natural(client_ids, cfg)
-    if cfg.kind not in PARTITIONERS:
-        raise PartitionError(
-            f"partition.kind = {cfg.kind!r} is not known: expected one of {sorted([*PARTITIONERS, 'natural'])}"
-        )
-    return PARTITIONERS[cfg.kind](x, y, cfg, rng)
+    return PARTITIONERS.get(cfg.kind).split(x, y, cfg, rng, client_ids)
 
 
 def split_client(idx: np.ndarray, y: np.ndarray, val: float, test: float, rng: np.random.Generator):
@@ -568,7 +402,7 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
         )
     rng = np.random.default_rng([seed, 0x5B17])
     gap = getattr(data, "sequence_gap", None)
-    if gap is not None and cfg.kind == "natural":  # a role's windows in time order: split by time, as LEAF
+    if gap is not None and PARTITIONERS.get(cfg.kind).ordered:  # a role's windows in time order: by time, as LEAF
         splits = [split_in_order(np.sort(p), cfg.val_fraction, cfg.test_fraction, gap) for p in parts]
     else:
         splits = [split_client(p, y, cfg.val_fraction, cfg.test_fraction, rng) for p in parts]

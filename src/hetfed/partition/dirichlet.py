@@ -1,0 +1,47 @@
+"""``dirichlet`` [FedMoE, Hsu et al.]: per-class proportions over clients from Dir(α)."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetfed.config import PartitionConfig
+from hetfed.errors import PartitionError
+from hetfed.partition import (
+    Indices,
+    allocate_counts,
+    class_counts,
+    draw_per_client,
+    meet_min_size,
+    register,
+    require_clients,
+)
+
+
+def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
+              client_ids: np.ndarray | None = None) -> Indices:
+    """Per-class proportions over clients from Dir(α); clients under ``min_size`` are topped up by construction.
+
+    Class c's samples are split over the K clients by one Dir(α·1_K) draw (Yurochkin
+    et al. / Wang et al.'s class-wise split). Instead of redrawing until every client
+    has ``min_size`` samples — which loops for many clients or small α — the first
+    draw is kept and :func:`meet_min_size` moves the missing samples from the
+    largest clients, so it runs once at any K (100 000 clients in seconds).
+    """
+    k = require_clients(cfg, len(y))
+    n_classes = int(y.max()) + 1
+    if cfg.min_size * k > len(y):
+        raise PartitionError(
+            f"partition.min_size = {cfg.min_size} is not allowed with {k} clients: it needs "
+            f"{cfg.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
+        )
+    if cfg.samples_per_client is not None:
+        props = rng.dirichlet(np.full(n_classes, cfg.alpha), size=k)
+        return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
+    weights = rng.dirichlet(np.full(k, cfg.alpha), size=n_classes).T  # K × C
+    counts = class_counts(y, weights)
+    if cfg.min_size:
+        counts = meet_min_size(counts, cfg.min_size, rng)
+    return allocate_counts(y, counts, rng)
+
+
+register("dirichlet", dirichlet)

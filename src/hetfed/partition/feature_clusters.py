@@ -1,0 +1,62 @@
+"""``feature_clusters`` [CGAU]: clients are regions of the (PCA-reduced) feature space, with a ``shuffle`` fraction reassigned."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hetfed.config import PartitionConfig
+from hetfed.errors import PartitionError
+from hetfed.partition import Indices, classes_present, pca_view, register, require_clients
+
+
+def feature_clusters(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
+                     client_ids: np.ndarray | None = None) -> Indices:
+    """The CGAU simulation: clients are regions of the (PCA'd) embedding space."""
+    k = require_clients(cfg, len(y))
+    assign = cluster_assignment(x, y, k, cfg.pca_components, rng)
+    assign = reassign_fraction(assign, cfg.shuffle, k, rng)
+    return [np.flatnonzero(assign == c).astype(np.int64) for c in range(k)]
+
+
+def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rng: np.random.Generator) -> np.ndarray:
+    """Client of every sample before shuffling: its class's nearest matched centroid."""
+    from scipy.optimize import linear_sum_assignment
+    from scipy.spatial.distance import cdist
+    from sklearn.cluster import KMeans
+
+    z = pca_view(x, components, seed=int(rng.integers(2**31)))
+    assign = np.empty(len(y), dtype=np.int64)
+    anchors: np.ndarray | None = None
+    for n_matched, c in enumerate(classes_present(y)):
+        idx = np.flatnonzero(y == c)
+        if len(idx) < k:
+            raise PartitionError(
+                f"partition.clients = {k} is not allowed with partition.kind = 'feature_clusters': "
+                f"class {c} has only {len(idx)} samples and needs one cluster per client; "
+                f"expected clients ≤ {len(idx)}"
+            )
+        km = KMeans(n_clusters=k, n_init=4, random_state=int(rng.integers(2**31))).fit(z[idx])
+        centroids = km.cluster_centers_
+        if anchors is None:
+            to_client = np.arange(k)
+            anchors = centroids.copy()
+        else:
+            rows, cols = linear_sum_assignment(cdist(centroids, anchors))
+            to_client = np.empty(k, dtype=np.int64)
+            to_client[rows] = cols
+            anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
+        assign[idx] = to_client[km.labels_]
+    return assign
+
+
+def reassign_fraction(assign: np.ndarray, fraction: float, k: int, rng: np.random.Generator) -> np.ndarray:
+    """Move ``round(fraction·N)`` random samples to uniformly random clients."""
+    out = assign.copy()
+    n_move = int(round(fraction * len(out)))
+    if n_move:
+        chosen = rng.choice(len(out), size=n_move, replace=False)
+        out[chosen] = rng.integers(0, k, size=n_move)
+    return out
+
+
+register("feature_clusters", feature_clusters)
