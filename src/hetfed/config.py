@@ -952,20 +952,21 @@ def _unread(section: _Strict) -> dict[str, list[str]]:
     return out
 
 
-def unread_keys(config: Config) -> list[str]:
+def unread_keys(config: Config) -> dict[str, str]:
     """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
     does not read it (from the schema's :func:`read_by`), or a ``server`` key where no method's algorithm has a
-    server model. A top-level key of a section a method may override is noted when no method reads it."""
+    server model, keyed by its dotted key. A top-level key of a section a method may override is noted when no
+    method reads it."""
     from hetfed.algorithms import registry
 
-    notes = []
+    notes: dict[str, str] = {}
     for name in Config.model_fields:
         section = getattr(config, name)
         if isinstance(section, _Strict) and section.chooser and name not in METHOD_SECTIONS:
             for key, readers in _unread(section).items():
-                notes.append(f"{name}.{key} = {getattr(section, key)!r} is not read with {name}.{section.chooser} = "
-                             f"{getattr(section, section.chooser)!r}: it applies to {section.chooser} "
-                             f"{' / '.join(readers)}")
+                notes[f"{name}.{key}"] = (f"{name}.{key} = {getattr(section, key)!r} is not read with "
+                                          f"{name}.{section.chooser} = {getattr(section, section.chooser)!r}: it "
+                                          f"applies to {section.chooser} {' / '.join(readers)}")
     for section_name in METHOD_SECTIONS:
         top_unread: list[set[str]] = []
         for i, m in enumerate(config.methods):
@@ -981,12 +982,13 @@ def unread_keys(config: Config) -> list[str]:
                 why = (f"it applies to {section.chooser} {' / '.join(readers)}" if readers else
                        f"algorithm {m.algorithm!r} has no server model")
                 chosen = f" with {section.chooser} = {getattr(section, section.chooser)!r}" if readers else ""
-                notes.append(f"methods.{i}.{section_name}.{key} = {own[key]!r} is not read{chosen}: {why}")
+                where = f"methods.{i}.{section_name}.{key}"
+                notes[where] = f"{where} = {own[key]!r} is not read{chosen}: {why}"
             top_unread.append({k for k in unread if k not in own})
         for key in sorted(set.intersection(*top_unread)) if top_unread else ():
             value = getattr(getattr(config, section_name), key)
-            notes.append(f"{section_name}.{key} = {value!r} is not read by any method (see `hetfed config` for "
-                         "each method's settings)")
+            notes[f"{section_name}.{key}"] = (f"{section_name}.{key} = {value!r} is not read by any method (see "
+                                              "`hetfed config` for each method's settings)")
     return notes
 
 
@@ -1015,7 +1017,7 @@ def warn_unread(config: Config) -> Config:
     nothing reads (:func:`unread_keys`); called where a user's config is read, not where a saved one is."""
     import warnings
 
-    for note in unread_keys(config):
+    for note in unread_keys(config).values():
         warnings.warn(note, UnreadKey, stacklevel=2)
     return config
 

@@ -264,8 +264,8 @@ def _note_unread_grid_keys(configs: list[Config], keys: list[str]) -> None:
     from hetfed.config import UnreadKey, unread_keys
 
     for cfg in configs:
-        for note in unread_keys(cfg):
-            if any(note.startswith(f"{key} = ") or f".{key} = " in note.split(" is not read")[0] for key in keys):
+        for where, note in unread_keys(cfg).items():  # a method's own key is methods.<i>.<the grid's key>
+            if where in keys or (where.startswith("methods.") and where.split(".", 2)[2] in keys):
                 warnings.warn(f"--grid: {note}", UnreadKey, stacklevel=3)
 
 
