@@ -94,10 +94,20 @@ def released(summary: ClientSummary) -> ClientSummary:
     semi-definite covariance, with its mean kept."""
     n = max(float(summary.n), 2.0)
     mu = summary.total / n
-    cov = (summary.outer - n * np.outer(mu, mu)) / (n - 1)
-    vals, vecs = np.linalg.eigh((cov + cov.T) / 2)
-    cov = (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+    cov = psd((summary.outer - n * np.outer(mu, mu)) / (n - 1))
     return ClientSummary(n, summary.total, (n - 1) * cov + n * np.outer(mu, mu))
+
+
+def psd(cov: np.ndarray) -> np.ndarray:
+    """The nearest positive semi-definite matrix (symmetrised, negative eigenvalues set to 0)."""
+    vals, vecs = np.linalg.eigh((cov + cov.T) / 2)
+    return (vecs * np.clip(vals, 0.0, None)) @ vecs.T
+
+
+def pooled(summaries: Sequence[ClientSummary]) -> ClientSummary:
+    """Every client's summary summed: the federation's own."""
+    return ClientSummary(sum(s.n for s in summaries), np.sum([s.total for s in summaries], axis=0),
+                         np.sum([s.outer for s in summaries], axis=0))
 
 
 @dataclass(frozen=True)
@@ -171,9 +181,7 @@ def min_client_size(valid: Sequence[ClientSummary], clip: float, noise_multiplie
     """The smallest client size (of :data:`_SIZES`) at which the mechanism's noise moves a client's Gaussian
     by less than ``tolerance`` in Fréchet distance (mean over ``repeats`` clients of that size drawn from the
     pooled Gaussian of the release); the largest size tried when none is."""
-    n_all = sum(s.n for s in valid)
-    mu, cov = ClientSummary(n_all, np.sum([s.total for s in valid], axis=0),
-                            np.sum([s.outer for s in valid], axis=0)).moments()
+    mu, cov = pooled(valid).moments()
     for n in _SIZES:
         moved = []
         for _ in range(repeats):
@@ -196,9 +204,8 @@ def summary_epsilon(noise_multiplier: float, delta: float) -> float:
 
 def client_distances_from_summaries(summaries: Sequence[ClientSummary]) -> list[float]:
     """Per client: FD(its Gaussian, the pooled Gaussian of every other client), from the summaries alone."""
-    n_all = sum(s.n for s in summaries)
-    total = np.sum([s.total for s in summaries], axis=0)
-    outer = np.sum([s.outer for s in summaries], axis=0)
+    everyone = pooled(summaries)
+    n_all, total, outer = everyone.n, everyone.total, everyone.outer
     centre = total / n_all  # centring on the pooled mean keeps the subtraction below well conditioned
 
     def centred(n: float, t: np.ndarray, o: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -242,12 +249,8 @@ def gamma_iid_from_summaries(summaries: Sequence[ClientSummary], draws: int = 3,
     if len(summaries) < 2 or draws < 1:
         return float("nan"), float("nan")
     rng = np.random.default_rng([seed, 0x61E])
-    n_all = sum(s.n for s in summaries)
-    mu, cov = ClientSummary(n_all, np.sum([s.total for s in summaries], axis=0),
-                            np.sum([s.outer for s in summaries], axis=0)).moments()
-    cov = (cov + cov.T) / 2
-    vals, vecs = np.linalg.eigh(cov)
-    cov = (vecs * np.clip(vals, 0, None)) @ vecs.T  # noise may leave a tiny negative eigenvalue
+    mu, cov = pooled(summaries).moments()
+    cov = psd(cov)  # noise may leave a tiny negative eigenvalue
     values = []
     for _ in range(draws):
         drawn = [gaussian_summary(max(int(round(s.n)), 1), mu, cov, rng) for s in summaries]
