@@ -7,7 +7,7 @@ import importlib
 import pkgutil
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from hetfed.errors import ConfigError
 
@@ -15,11 +15,14 @@ T = TypeVar("T")
 
 
 class Registry(Generic[T]):
-    """``package``'s components, by name; ``key`` is the config key that names one (for errors)."""
+    """``package``'s components, by name; ``key`` is the config key that names one (for errors), ``hint`` what
+    an error adds (where to look), ``exclude`` the package's modules that are not components (and every
+    module whose name starts with ``_``)."""
 
-    def __init__(self, package: str, key: str):
-        self.package, self.key = package, key
+    def __init__(self, package: str, key: str, hint: str = "", exclude: frozenset[str] = frozenset()):
+        self.package, self.key, self.hint, self.exclude = package, key, hint, exclude
         self._items: dict[str, T] = {}
+        self._discovered = False
 
     def register(self, name: str, item: T) -> T:
         self._items[name] = item
@@ -28,10 +31,19 @@ class Registry(Generic[T]):
     def unregister(self, name: str) -> None:
         self._items.pop(name, None)
 
+    def get_registered(self, name: str) -> T | None:
+        """What is registered under ``name`` so far, without discovering the package (None: nothing)."""
+        return self._items.get(name)
+
     def _discover(self) -> None:
+        """Import the package's modules once: each registers what it defines."""
+        if self._discovered:
+            return
+        self._discovered = True
         module = importlib.import_module(self.package)
         for info in pkgutil.iter_modules(module.__path__):
-            importlib.import_module(f"{self.package}.{info.name}")
+            if info.name not in self.exclude and not info.name.startswith("_"):
+                importlib.import_module(f"{self.package}.{info.name}")
 
     def items(self) -> list[tuple[str, T]]:
         self._discover()
@@ -44,7 +56,9 @@ class Registry(Generic[T]):
     def get(self, name: str, where: str | None = None) -> T:
         self._discover()
         if name not in self._items:
-            raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of {sorted(self._items)}")
+            hint = f" {self.hint}" if self.hint else ""
+            raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of "
+                              f"{sorted(self._items)}{hint}")
         return self._items[name]
 
 
@@ -64,3 +78,17 @@ def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:
 def _type_name(annotation: Any) -> str:
     name = getattr(annotation, "__name__", None)
     return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
+
+
+def params_error(err: ValidationError, where: str, unknown: str) -> str:
+    """A component's parameters' validation errors as one line naming each key under ``where``; ``unknown`` says
+    what an unknown key is told (which parameters the component has, or where to look)."""
+    parts = []
+    for e in err.errors():
+        key = ".".join([where, *(str(p) for p in e["loc"])])
+        if e["type"] == "extra_forbidden":
+            parts.append(f"unknown key {key!r}: {unknown}")
+            continue
+        msg = e["msg"].removeprefix("Value error, ")
+        parts.append(f"{key} = {e.get('input')!r}: {msg}")
+    return "; ".join(parts)

@@ -15,8 +15,6 @@ is first asked for.
 
 from __future__ import annotations
 
-import importlib
-import pkgutil
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
@@ -25,7 +23,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
 from hetfed.interface import Capabilities
-from hetfed.registry import describe_params
+from hetfed.registry import Registry, describe_params, params_error
 
 __all__ = ["AlgorithmParams", "AlgorithmSpec", "Capabilities", "NoParams", "get", "names", "register", "specs"]
 
@@ -82,7 +80,8 @@ class AlgorithmSpec:
         try:
             return self.params(**dict(raw or {}))
         except ValidationError as err:
-            raise ConfigError(_format(err, where, self.name)) from None
+            raise ConfigError(params_error(err, where, f"algorithm {self.name!r} has no such parameter "
+                                                            "(see `hetfed algorithms`)")) from None
 
     def describe(self) -> dict[str, Any]:
         """The spec as plain data (``hetfed algorithms --json``, generated docs)."""
@@ -95,51 +94,24 @@ class AlgorithmSpec:
                 **({"model": dict(self.model)} if self.model else {})}
 
 
-def _format(err: ValidationError, where: str, name: str) -> str:
-    parts = []
-    for e in err.errors():
-        key = ".".join([where, *(str(p) for p in e["loc"])])
-        if e["type"] == "extra_forbidden":
-            parts.append(f"unknown key {key!r}: algorithm {name!r} has no such parameter "
-                         "(see `hetfed algorithms`)")
-            continue
-        msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{key} = {e.get('input')!r}: {msg}")
-    return "; ".join(parts)
-
-
-_REGISTRY: dict[str, AlgorithmSpec] = {}
-_DISCOVERED = False
-#: modules of this package that are not algorithms
-_NOT_ALGORITHMS = frozenset({"registry", "build"})
+#: every algorithm, by ``methods[i].algorithm`` (one module of this package each)
+_REGISTRY: Registry[AlgorithmSpec] = Registry("hetfed.algorithms", "algorithm", hint="(see `hetfed algorithms`)",
+                                              exclude=frozenset({"registry", "build"}))
 
 
 def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add an algorithm (called at the end of its module; tests may register toy algorithms too)."""
-    old = _REGISTRY.get(spec.name)
+    old = _REGISTRY.get_registered(spec.name)
     if old is not None and old.cls is not spec.cls and old.cls.__qualname__ != spec.cls.__qualname__:
         raise ValueError(f"algorithm {spec.name!r} is registered twice ({old.cls.__module__} and {spec.cls.__module__})")
-    _REGISTRY[spec.name] = spec
+    _REGISTRY.register(spec.name, spec)
     spec.cls.spec = spec
     return spec
 
 
-def _discover() -> None:
-    """Import every module of this package once: each registers the algorithms it defines."""
-    global _DISCOVERED
-    if _DISCOVERED:
-        return
-    _DISCOVERED = True
-    package = importlib.import_module("hetfed.algorithms")
-    for info in pkgutil.iter_modules(package.__path__):
-        if info.name not in _NOT_ALGORITHMS and not info.name.startswith("_"):
-            importlib.import_module(f"hetfed.algorithms.{info.name}")
-
-
 def specs() -> list[AlgorithmSpec]:
     """Every registered algorithm, by name."""
-    _discover()
-    return [_REGISTRY[k] for k in sorted(_REGISTRY)]
+    return [spec for _, spec in _REGISTRY.items()]
 
 
 PRIVACY_HEADER = ("| method | config | `Upload.params` | `Upload.extra` | stays on the client |\n"
@@ -158,11 +130,7 @@ def names() -> list[str]:
 
 def get(name: str, where: str = "algorithm") -> AlgorithmSpec:
     """The spec of ``name``; an unknown name is a ConfigError listing the registered ones."""
-    _discover()
-    if name not in _REGISTRY:
-        raise ConfigError(f"{where} = {name!r} is not allowed: expected one of {sorted(_REGISTRY)} "
-                          "(see `hetfed algorithms`)")
-    return _REGISTRY[name]
+    return _REGISTRY.get(name, where)
 
 
 def with_capability(test: Callable[[Capabilities], bool]) -> list[str]:

@@ -17,7 +17,7 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.engine.types import Params, Upload
 from hetfed.errors import ConfigError
-from hetfed.registry import Registry
+from hetfed.registry import Registry, params_error
 
 
 class RuleParams(BaseModel):
@@ -68,9 +68,5 @@ def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[Combi
     try:
         return rule, rule.Params(**options)
     except ValidationError as err:
-        e = err.errors()[0]
-        key = ".".join(str(p) for p in e["loc"])
-        if e["type"] == "extra_forbidden":
-            allowed = sorted(rule.Params.model_fields) or "none"
-            raise ConfigError(f"unknown key '{where}.{key}': combine rule {rule.name!r} takes {allowed}") from None
-        raise ConfigError(f"{where}.{key} = {e.get('input')!r}: {e['msg']}") from None
+        allowed = sorted(rule.Params.model_fields) or "none"
+        raise ConfigError(params_error(err, where, f"combine rule {rule.name!r} takes {allowed}")) from None
