@@ -93,7 +93,7 @@ def test_the_round_bar_shows_accuracy_counts_and_labelled_times_within_the_termi
     from rich.console import Console
 
     from hetfed.console import round_progress
-    from hetfed.runs import runner
+    from hetfed.runs import summary as runner
 
     buf = io.StringIO()
     console = Console(file=buf, force_terminal=True, width=width, color_system=None)
@@ -168,7 +168,7 @@ def test_a_quiet_sweep_prints_no_table(tmp_path, capsys):
 def test_the_results_footnote_explains_unseen_for_every_kind_of_method_and_the_global_test_set(capsys):
     from rich.console import Console
 
-    from hetfed.runs.runner import print_summary
+    from hetfed.runs.summary import print_summary
 
     summary = {"dataset": "shakespeare", "partition": "natural", "n_clients": 3, "gamma": 0.1, "wall_seconds": 1.0,
                "global_test_balanced": False, "methods": {"ditto": {

@@ -18,7 +18,7 @@ from hetfed.algorithms import registry
 from hetfed.algorithms.fedavg import FedAvg
 from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities
 from hetfed.cli import main
-from hetfed.config import build_config, migrate_legacy
+from hetfed.config import build_config, legacy_sections, migrate_legacy
 from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import ConfigError
 from hetfed.runs.runner import run_experiment
@@ -134,7 +134,7 @@ def test_algorithms_lists_every_algorithm_with_its_parameters_and_capabilities(c
 # ------------------------------------------------------------------ moved keys, bad params
 
 
-@pytest.mark.parametrize("section,algorithm", sorted(registry.legacy_sections().items()))
+@pytest.mark.parametrize("section,algorithm", sorted(legacy_sections().items()))
 def test_an_old_top_level_section_names_its_new_key(section, algorithm):
     with pytest.raises(ConfigError, match=rf"top-level section '{section}' .* move them to methods\.1\.params"):
         build_config({section: {}, "methods": [{"algorithm": "fedavg"}, {"algorithm": algorithm}]})

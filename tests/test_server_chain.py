@@ -133,7 +133,13 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
 
     assert main(["components", "--json"]) == 0
     listed = json.loads(capsys.readouterr().out)
-    assert set(listed) == {"algorithm", "partitioner", "combine", "optimizer"}
+    from hetfed.registry import KINDS
+
+    assert set(listed) == set(KINDS) and all(listed[k]["components"] for k in KINDS)  # every kind, none empty
+    executors = {c["name"]: c for c in listed["executor"]["components"]}
+    assert {"vectorised", "sequential", "flower", "deployment"} <= set(executors)
+    assert executors["vectorised"]["in_process"] and not executors["flower"]["in_process"]
+    assert not executors["deployment"]["selectable"]
     parts = {c["name"]: c for c in listed["partitioner"]["components"]}
     assert {"iid", "shards", "majority", "dirichlet", "feature_clusters", "natural"} <= set(parts)
     assert parts["natural"]["ordered"] and not parts["iid"]["ordered"]
@@ -147,9 +153,8 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
     assert combine["mean"]["streams"] and not combine["median"]["streams"]
     assert {c["name"]: c["default_lr"] for c in listed["optimizer"]["components"]} == {
         "sgd": 1.0, "avgm": 1.0, "adagrad": 0.01, "adam": 0.01, "yogi": 0.01}
-    assert main(["components", "dataset"]) == 2
-    assert "components kind 'dataset' is not allowed: expected one of ['algorithm', 'combine', 'optimizer', " \
-           "'partitioner']" in capsys.readouterr().err
+    assert main(["components", "datasets"]) == 2
+    assert f"component kind 'datasets' is not allowed: expected one of {sorted(KINDS)}" in capsys.readouterr().err
 
 
 def test_a_plugin_module_registers_a_partitioner_the_config_can_name(tmp_path, capsys):

@@ -212,7 +212,7 @@ def _method_of(cfg: Config, row: str):
     """The configured method behind a row of the results (the views of a method that has them — FedMoE's —
     are rows of their own)."""
     from hetfed.algorithms import registry
-    from hetfed.runs.runner import row_name
+    from hetfed.runs.summary import row_name
 
     for m in cfg.methods:
         views = registry.get(m.algorithm).capabilities.views

@@ -285,10 +285,10 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
         from hetfed.runs.checkpoint import read_checkpoint
-        from hetfed.runs.runner import check_flower_resumable, resumable_config
+        from hetfed.runs.runner import check_remote_resume, resumable_config
 
         config, args.out = resumable_config(Path(args.resume)), args.resume
-        check_flower_resumable(read_checkpoint(args.resume))  # refused here, before anything is submitted
+        check_remote_resume(read_checkpoint(args.resume))  # refused here, before anything is submitted
     else:
         config = load_config(args.config, args.sets)
         if args.out is None:

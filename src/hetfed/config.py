@@ -26,6 +26,7 @@ from pydantic import (
 )
 
 from hetfed.errors import ConfigError, HetfedNote
+from hetfed.registry import registry_of
 
 DatasetName = Literal[
     "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
@@ -33,7 +34,6 @@ DatasetName = Literal[
 ]
 EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
 ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm", "charlstm"]
-ExecutorKind = Literal["vectorised", "sequential", "flower"]
 
 
 class _Strict(BaseModel):
@@ -142,11 +142,7 @@ class PartitionConfig(_Strict):
     @field_validator("kind")
     @classmethod
     def _registered_kind(cls, kind: str) -> str:
-        from hetfed.partition import (
-            PARTITIONERS,  # the registered partitioners (discovered, not listed here)
-        )
-
-        PARTITIONERS.get(kind)
+        registry_of("partitioner").get(kind)  # the registered partitioners (discovered, not listed here)
         return kind
 
     @model_validator(mode="after")
@@ -258,7 +254,9 @@ class TrainConfig(_Strict):
         None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"
     )
     patience: int | None = Field(None, ge=1, description="early stop after this many evals")
-    executor: ExecutorKind = "vectorised"
+    executor: str = Field(
+        "vectorised", description="where the clients compute: a registered executor that train.executor may name "
+        "(vectorised, sequential, flower; `hetfed components executor`)")
     device: Literal["auto", "cpu", "cuda"] = "cpu"
     chunk_clients: int | None = Field(
         None, ge=1, description="at most this many clients trained at once (memory budget)"
@@ -274,6 +272,18 @@ class TrainConfig(_Strict):
     # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
     client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
+
+    @field_validator("executor")
+    @classmethod
+    def _selectable_executor(cls, name: str) -> str:
+        executors = registry_of("executor")
+        selectable = [n for n, kind in executors.items() if kind.selectable]
+        if name not in selectable:
+            raise ValueError(f"not allowed: expected one of {selectable}"
+                              + (" (a deployment is chosen by running on one: hetfed flower run)"
+                                 if name in executors.names() else ""))
+        return name
+
 
 
 class FlowerConfig(_Strict):
@@ -417,13 +427,9 @@ class ServerConfig(_Strict):
 
     @model_validator(mode="after")
     def _registered_steps(self) -> ServerConfig:
-        from hetfed.server.combine import (
-            parse,  # the registered rules and optimisers (discovered, not listed)
-        )
-        from hetfed.server.optimizers import KINDS
-
-        KINDS.get(self.optimizer)
-        parse(self.combine)
+        registry_of("optimizer").get(self.optimizer)  # the registered rules and optimisers (discovered, not listed)
+        combine = dict(self.combine)
+        registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
         return self
 
     @model_validator(mode="after")
@@ -436,11 +442,8 @@ class ServerConfig(_Strict):
     @property
     def effective_lr(self) -> float:
         """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
-        from hetfed.server.optimizers import (
-            KINDS,  # the registered optimisers (discovered, not listed here)
-        )
-
-        return self.lr if self.lr is not None else KINDS.get(self.optimizer).default_lr
+        optimizer = registry_of("optimizer").get(self.optimizer)  # discovered, not listed here
+        return self.lr if self.lr is not None else float(optimizer.default_lr)
 
 
 class MethodConfig(_Strict):
@@ -515,9 +518,7 @@ class Config(_Strict):
         context's ``scope`` = ``"data"`` (a command that only builds the federation, ``hetfed partition``), the
         checks between a method's model and the data are left out: nothing is trained."""
         scope = (info.context or {}).get("scope", "run")
-        from hetfed.algorithms import (
-            registry,  # the algorithms' own declarations (discovered, not listed here)
-        )
+        registry = registry_of("algorithm")  # the algorithms' own declarations (discovered, not listed here)
 
         _import_plugins(self.plugins)
         if not self.methods:
@@ -609,16 +610,24 @@ def _params_key(methods: list, algorithm: str) -> str:
 
 def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
     """The error for an old ``train.*`` key that is now an algorithm's parameter (None: none there)."""
-    from hetfed.algorithms import registry
-
     if not isinstance(train, dict):
         return None
-    for old, (algo, new) in registry.legacy_train_keys().items():
+    for old, (algo, new) in legacy_train_keys().items():
         if old in train:
             target = f"{_params_key(methods, algo)}.{new}"
             return (f"{where}.{old} = {train[old]!r} is no longer a train key: it is algorithm {algo!r}'s "
                     f"parameter {new!r}; set {target} instead (see `hetfed algorithms`)")
     return None
+
+
+def legacy_sections() -> dict[str, str]:
+    """Old top-level config sections → the algorithm whose ``params`` took them over."""
+    return {s.legacy_section: s.name for _, s in registry_of("algorithm").items() if s.legacy_section}
+
+
+def legacy_train_keys() -> dict[str, tuple[str, str]]:
+    """Old ``train.*`` keys → (algorithm, parameter) that took them over."""
+    return {old: (s.name, new) for _, s in registry_of("algorithm").items() for old, new in s.legacy_train.items()}
 
 
 #: ``train`` keys that moved into the ``server`` section: old key → its dotted key under ``server``
@@ -654,9 +663,8 @@ def _move_to_server(section: Any, server: dict, where: str, server_where: str, n
                           DeprecatedKey, stacklevel=3)
     combine = server.get("combine")
     if isinstance(combine, dict) and moved:
-        from hetfed.server.combine import get  # the registered rules (discovered, not listed here)
-
-        takes = get(str(combine.get("rule", "mean")), f"{server_where}.combine.rule").Params.model_fields
+        rules = registry_of("combine")  # the registered rules (discovered, not listed here)
+        takes = rules.get(str(combine.get("rule", "mean")), f"{server_where}.combine.rule").Params.model_fields
         for key in [k for k in combine if k != "rule" and k not in takes
                     and f"combine.{k}" in {MOVED_TO_SERVER[o] for o in moved}]:
             del combine[key]
@@ -666,10 +674,8 @@ def refuse_legacy(data: dict) -> None:
     """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map the ``train``
     keys that moved to ``server`` (:data:`MOVED_TO_SERVER`). ``data`` is a raw config mapping (changed in
     place)."""
-    from hetfed.algorithms import registry
-
     methods = data.get("methods") if isinstance(data.get("methods"), list) else []
-    for section, algo in registry.legacy_sections().items():
+    for section, algo in legacy_sections().items():
         if section in data:
             target = _params_key(methods, algo)
             raise ValueError(f"top-level section {section!r} is no longer allowed: algorithm {algo!r}'s settings are "
@@ -696,12 +702,12 @@ def migrate_legacy(raw: dict) -> dict:
     Old top-level sections and ``train.*`` keys become the ``params`` of the methods whose
     algorithm took them over; the ``train`` keys that moved to ``server`` go there (:data:`MOVED_TO_SERVER`).
     """
-    from hetfed.algorithms import registry
+    registry = registry_of("algorithm")
 
     raw = copy.deepcopy(raw)
     methods = raw.get("methods") if isinstance(raw.get("methods"), list) else []
-    sections = {section: raw.pop(section) for section in registry.legacy_sections() if section in raw}
-    train_keys = registry.legacy_train_keys()
+    sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
+    train_keys = legacy_train_keys()
     top_train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
     moved_top = {old: top_train.pop(old) for old in list(top_train) if old in train_keys}
     if set(top_train) & set(MOVED_TO_SERVER):
@@ -957,7 +963,7 @@ def unread_keys(config: Config) -> dict[str, str]:
     does not read it (from the schema's :func:`read_by`), or a ``server`` key where no method's algorithm has a
     server model, keyed by its dotted key. A top-level key of a section a method may override is noted when no
     method reads it."""
-    from hetfed.algorithms import registry
+    registry = registry_of("algorithm")
 
     notes: dict[str, str] = {}
     for name in Config.model_fields:
@@ -1073,6 +1079,6 @@ def _check_nodes_dataset(config: Config) -> None:
 
 
 def _needs_server_data(algorithm: str) -> bool:
-    from hetfed.algorithms import registry
+    registry = registry_of("algorithm")
 
     return registry.get(algorithm, "methods.algorithm").capabilities.server_data

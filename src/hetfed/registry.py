@@ -1,10 +1,16 @@
 """The registries' shared mechanism: components of one kind, each registered by its own module, found by
-importing the modules of the kind's package — so nothing lists them (DESIGN: every component is one file)."""
+importing the modules of the kind's package — so nothing lists them (DESIGN: every component is one file).
+
+Every kind is named in :data:`KINDS` with the module that owns its registry. A layer below a kind's package (the
+config schema validating ``partition.kind``) asks :func:`registry_of` — the owner is imported at call time, by
+name — so no module imports upwards to reach a registry (``tests/test_layers.py`` holds with no exemption).
+"""
 
 from __future__ import annotations
 
 import importlib
 import pkgutil
+from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -14,15 +20,45 @@ from hetfed.errors import ConfigError
 T = TypeVar("T")
 
 
-class Registry(Generic[T]):
-    """``package``'s components, by name; ``key`` is the config key that names one (for errors), ``hint`` what
-    an error adds (where to look), ``exclude`` the package's modules that are not components (and every
-    module whose name starts with ``_``)."""
+#: every kind of component → the module that owns its registry (imported on first use by :func:`registry_of`)
+KINDS: dict[str, str] = {
+    "partitioner": "hetfed.partition",
+    "combine": "hetfed.server.combine",
+    "optimizer": "hetfed.server.optimizers",
+    "algorithm": "hetfed.algorithms.registry",
+    "executor": "hetfed.executors.kinds",
+}
 
-    def __init__(self, package: str, key: str, hint: str = "", exclude: frozenset[str] = frozenset()):
-        self.package, self.key, self.hint, self.exclude = package, key, hint, exclude
+_REGISTRIES: dict[str, Registry[Any]] = {}
+
+
+def registry_of(kind: str) -> Registry[Any]:
+    """The registry of ``kind`` (one of :data:`KINDS`), its owner imported on first use."""
+    if kind not in KINDS:
+        raise ConfigError(f"component kind {kind!r} is not allowed: expected one of {sorted(KINDS)}")
+    if kind not in _REGISTRIES:
+        importlib.import_module(KINDS[kind])
+    return _REGISTRIES[kind]
+
+
+def _no_description(item: Any) -> dict[str, Any]:
+    return {}
+
+
+class Registry(Generic[T]):
+    """``package``'s components of ``kind``, by name; ``key`` is the config key that names one (for errors),
+    ``hint`` what an error adds (where to look), ``exclude`` the package's modules that are not components (and
+    every module whose name starts with ``_``); ``describe(item)`` a component as plain data for listings
+    (``hetfed components``)."""
+
+    def __init__(self, kind: str, package: str, key: str, hint: str = "", exclude: frozenset[str] = frozenset(),
+                 describe: Callable[[T], dict[str, Any]] = _no_description, noun: str | None = None):
+        self.kind, self.package, self.key, self.hint, self.exclude = kind, package, key, hint, exclude
+        self.noun = noun or kind  # how errors name one component: "combine rule 'median' takes …"
+        self._describe = describe
         self._items: dict[str, T] = {}
         self._discovered = False
+        _REGISTRIES[kind] = self
 
     def register(self, name: str, item: T) -> T:
         self._items[name] = item
@@ -60,6 +96,20 @@ class Registry(Generic[T]):
             raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of "
                               f"{sorted(self._items)}{hint}")
         return self._items[name]
+
+    def describe(self) -> list[dict[str, Any]]:
+        """Every component as plain data: its name and what ``describe`` says of it."""
+        return [{"name": name, **self._describe(item)} for name, item in self.items()]
+
+    def params(self, name: str, values: Mapping[str, Any], where: str) -> BaseModel:
+        """Component ``name``'s validated parameters (its ``Params`` model) from ``values``; an invalid value is a
+        one-line ConfigError naming the key under ``where``."""
+        cls: type[BaseModel] = self.get(name).Params
+        try:
+            return cls(**dict(values))
+        except ValidationError as err:
+            allowed = sorted(cls.model_fields) or "none"
+            raise ConfigError(params_error(err, where, f"{self.noun} {name!r} takes {allowed}")) from None
 
 
 def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:

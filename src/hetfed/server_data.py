@@ -19,8 +19,9 @@ def wanted(config: Config) -> str:
     """``none``, ``holdout`` or ``dataset``: what this run's server holds (``auto`` resolved)."""
     source = config.server_data.source
     if source == "auto":
-        from hetfed.algorithms import registry
+        from hetfed.registry import registry_of
 
+        registry = registry_of("algorithm")  # which methods need server data is a capability
         needs = any(registry.get(m.algorithm).capabilities.server_data for m in config.methods)
         return "holdout" if needs else "none"
     return source

@@ -95,7 +95,8 @@ class AlgorithmSpec:
 
 
 #: every algorithm, by ``methods[i].algorithm`` (one module of this package each)
-_REGISTRY: Registry[AlgorithmSpec] = Registry("hetfed.algorithms", "algorithm", hint="(see `hetfed algorithms`)",
+_REGISTRY: Registry[AlgorithmSpec] = Registry("algorithm", "hetfed.algorithms", "algorithm",
+                                              hint="(see `hetfed algorithms`)", describe=lambda spec: spec.describe(),
                                               exclude=frozenset({"registry", "build"}))
 
 
@@ -136,13 +137,3 @@ def get(name: str, where: str = "algorithm") -> AlgorithmSpec:
 def with_capability(test: Callable[[Capabilities], bool]) -> list[str]:
     """Names of the algorithms whose capabilities pass ``test``."""
     return [s.name for s in specs() if test(s.capabilities)]
-
-
-def legacy_sections() -> dict[str, str]:
-    """Old top-level config sections → the algorithm whose ``params`` took them over."""
-    return {s.legacy_section: s.name for s in specs() if s.legacy_section}
-
-
-def legacy_train_keys() -> dict[str, tuple[str, str]]:
-    """Old ``train.*`` keys → (algorithm, parameter) that took them over."""
-    return {old: (s.name, new) for s in specs() for old, new in s.legacy_train.items()}

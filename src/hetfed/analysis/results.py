@@ -17,7 +17,7 @@ def _view_pairs(config: Config | None) -> list[tuple[str, str]]:
     if config is None:
         return []
     from hetfed.algorithms import registry
-    from hetfed.runs.runner import row_name
+    from hetfed.runs.summary import row_name
 
     pairs = []
     for m in config.methods:

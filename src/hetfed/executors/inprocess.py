@@ -264,15 +264,6 @@ class VectorisedExecutor(InProcessExecutor):
     name = "vectorised"
 
 
-def build_executor(kind: str, memory_budget_mb: float | None = None, chunk_clients: int | None = None) -> Executor:
-    """An in-process executor; a Flower one is made where the Grid is (see hetfed.flower.simulation)."""
-    if kind == "flower":
-        raise RunError("train.executor = 'flower' runs through hetfed.flower.simulation (hetfed run does it)")
-    if kind == "sequential":
-        return SequentialExecutor(memory_budget_mb)
-    return VectorisedExecutor(memory_budget_mb, chunk_clients)
-
-
 def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_000) -> dict[str, int]:
     """What an in-process run will hold at its peak, in bytes, by part (a conservative estimate).
 

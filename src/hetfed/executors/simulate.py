@@ -1,6 +1,6 @@
 """The round loop: sample → broadcast → train → aggregate → evaluate; then personalise.
 
-``simulate`` is callback-driven: the runner passes ``on_eval`` to stream metrics
+``simulate`` tells its :class:`RoundObserver` s what each round did: the run driver's observers stream metrics
 to disk as they come, so an interrupted run keeps every evaluation it finished.
 It only talks to clients through an executor, so the same loop drives clients
 in this process or on Flower SuperNodes.
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import copy
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -24,7 +24,7 @@ from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import Executor, RoundSkipped, build_executor
+from hetfed.executors.inprocess import Executor, RoundSkipped
 from hetfed.interface import Algorithm
 
 
@@ -121,40 +121,84 @@ def _sample_rate(train: TrainConfig, fed) -> float:
     return min(1.0, expected_per_round(train, fed.opted_out) / max(eligible, 1))
 
 
+class RoundObserver:
+    """What watches the round loop (the run's metrics file, progress bar, checkpoints): every hook a no-op here,
+    so an observer overrides the ones it needs. The loop calls them in order of the ``observers`` it was given."""
+
+    def trained(self, rnd: int, metrics: dict[str, float]) -> None:
+        """A round's mean training loss (when any update was aggregated) and its client counts: sampled,
+        dropped, late, rejected, aggregated."""
+
+    def evaluated(self, rnd: int, ev: Evaluation) -> None:
+        """An evaluation of the global model (every ``train.eval_every`` rounds and the last)."""
+
+    def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
+        """The round's metrics (when it was evaluated) and the seconds spent so far: ``train_s``, ``eval_s``."""
+
+    def checkpoint(self, result: SimulationResult, phase: str = "federated") -> None:
+        """Every ``train.checkpoint_every`` rounds and after the last: everything a resumed run needs is in
+        ``result`` and the executor's client store."""
+
+
+@dataclass
+class _Loop:
+    """One run of the round loop: what every round reads."""
+
+    algo: Algorithm
+    fed: object
+    train: TrainConfig
+    seed: int
+    executor: Executor
+    observers: Sequence[RoundObserver]
+    faults: Faults
+    eval_ids: list[int] | None
+    xg: torch.Tensor | None
+    yg: torch.Tensor | None
+    under_attack: bool
+    min_clients: int
+
+
 def simulate(
     algo: Algorithm,
     fed,
     train: TrainConfig,
     seed: int,
     executor: Executor | None = None,
-    on_round: Callable[[int, dict[str, float] | None, dict[str, float]], None] | None = None,
-    on_eval: Callable[[int, Evaluation], None] | None = None,
-    on_train: Callable[[int, dict[str, float]], None] | None = None,
+    observers: Sequence[RoundObserver] = (),
     attack=None,
-    on_checkpoint: Callable[[SimulationResult], None] | None = None,
     resume: SimulationResult | None = None,
     resume_states: dict | None = None,
 ) -> SimulationResult:
-    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``.
+    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``; ``observers`` see every round.
 
-    ``on_train(round, metrics)`` gets every round's mean training loss (what the
-    clients report in their uploads, when any were aggregated) and its client
-    counts: sampled, dropped, late, rejected, aggregated; ``on_eval`` every
-    evaluation. ``attack`` (an ``AttackConfig``) makes some clients malicious.
-
-    ``on_checkpoint(result)`` is called every ``train.checkpoint_every`` rounds and
-    after the last one, when everything a resumed run needs is in ``result`` and the
-    executor's client store; ``resume`` (a result loaded from a checkpoint) and
-    ``resume_states`` (its client store) continue from there. Every random stream is
-    keyed by (seed, round, client), so the round number is its position: a resumed
-    run draws exactly what the uninterrupted one would have.
+    ``executor``: where the clients compute (None: the in-process kind ``train.executor`` names). ``attack``
+    (an ``AttackConfig``) makes some clients malicious. ``resume`` (a result loaded from a checkpoint) and
+    ``resume_states`` (its client store) continue from there. Every random stream is keyed by (seed, round,
+    client), so the round number is its position: a resumed run draws exactly what the uninterrupted one would.
     """
+    loop = _start(algo, fed, train, seed, executor, observers, attack)
+    result = _initial_result(loop, resume, resume_states)
+    finished = result.stopped_early or result.diverged_at is not None
+    for r in range(result.rounds_done, 0 if finished else train.rounds):
+        _one_round(loop, result, r)
+        stop = result.stopped_early or result.diverged_at is not None
+        if stop or r + 1 == train.rounds or (train.checkpoint_every and (r + 1) % train.checkpoint_every == 0):
+            for o in observers:
+                o.checkpoint(result)
+        if stop:
+            break
+    return result
+
+
+def _start(algo: Algorithm, fed, train: TrainConfig, seed: int, executor: Executor | None,
+           observers: Sequence[RoundObserver], attack) -> _Loop:
+    """The executor started, the global test set, the evaluated clients and the faults of a run."""
     device = resolve_device(train.device)
-    executor = executor or build_executor(train.executor, train.memory_budget_mb, train.chunk_clients)
+    if executor is None:
+        from hetfed.executors.kinds import executor_for
+
+        executor = executor_for(train).client_steps(train)
     executor.start(algo, fed, seed, device)
-    xg, yg = global_test(fed, train, seed, device)
-    eval_ids = eval_sample(train, fed.n_clients, seed)
-    faults = Faults(train, fed, seed, algo.schedule)
     under_attack = attack is not None and attack.kind != "none"  # divergence is then an outcome, not an error
     if under_attack:
         if not hasattr(executor, "set_adversary"):
@@ -163,93 +207,102 @@ def simulate(
             raise ConfigError(f"attack.kind = {attack.kind!r} is simulated by the in-process executors only; "
                               "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
         executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
-
     algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
+    chain = algo.context.pipeline  # the server's policy: a round with fewer accepted updates is skipped
+    xg, yg = global_test(fed, train, seed, device)
+    return _Loop(algo, fed, train, seed, executor, observers, Faults(train, fed, seed, algo.schedule),
+                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack,
+                 chain.min_clients if chain is not None else 1)
+
+
+def _initial_result(loop: _Loop, resume: SimulationResult | None, resume_states: dict | None) -> SimulationResult:
+    """A fresh result from the server's initial state, or a checkpoint's as it was (on this device)."""
+    device = resolve_device(loop.train.device)
     if resume is None:
-        server = algo.server_init(torch_gen(seed, SERVER_INIT))
-        server = ServerState({k: v.to(device) for k, v in server.params.items()}, server.round, server.extra)
-        result = SimulationResult(server, executor=executor)
+        server = loop.algo.server_init(torch_gen(loop.seed, SERVER_INIT))
+        result = SimulationResult(_to_device(server, device), executor=loop.executor)
     else:  # a checkpoint: the server, every client's state and the loop's counters as they were
         result = resume
-        result.executor = executor
+        result.executor = loop.executor
         result.server = _to_device(result.server, device)
         if result.best_server is not None:
             result.best_server = _to_device(result.best_server, device)
         if resume_states is not None:  # None on Flower: the clients' states live on the nodes
-            executor.states.load_state_dict(resume_states)
+            loop.executor.states.load_state_dict(resume_states)
     # best-model selection needs validation data on the clients that train the global model
+    fed = loop.fed
     opted_out = np.asarray(fed.opted_out, dtype=bool)
-    has_val = any(fed.has_validation(k) and not opted_out[k] for k in (eval_ids or range(fed.n_clients)))
+    has_val = any(fed.has_validation(k) and not opted_out[k] for k in (loop.eval_ids or range(fed.n_clients)))
     result.selected_by = "val_loss" if has_val else None
-    finished = result.stopped_early or result.diverged_at is not None
-    chain = algo.context.pipeline  # the server's policy: a round with fewer accepted updates is skipped
-    min_clients = chain.min_clients if chain is not None else 1
-    for r in range(result.rounds_done, 0 if finished else train.rounds):
-        t0 = time.perf_counter()
-        sampled = sample_clients(train, fed.opted_out, seed, r,
-                                 lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
-        present = faults.round(sampled, r)
-        bc = algo.broadcast(result.server, r)
-        upload = None
-        if len(present.training) >= min_clients:
-            try:
-                upload = executor.train(bc, present.training)
-            except RoundSkipped:  # too few replies (Flower): the global model stays as it was
-                upload = None
-        counts = _round_counts(sampled, present, upload)
-        if upload is not None and len(upload.client_ids) < min_clients:
-            upload = None  # too few accepted updates: skipped and logged, never averaged over one client
-        t_server = time.perf_counter()
-        if upload is not None:
-            result.server = algo.aggregate(result.server, upload)
-            result.dp_rounds += int(algo.dp)
-        else:
-            result.skipped_rounds.append(r + 1)
-        result.server_seconds += time.perf_counter() - t_server
-        counts["round_skipped"] = int(upload is None)
-        for key, value in counts.items():
-            result.faults[key] = result.faults.get(key, 0) + value
-        loss = round_train_loss(upload)
-        if loss is not None:
-            result.train_losses.append((r + 1, loss))
-        if on_train:
-            on_train(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts})
-        try:
-            _check_finite(result.server, r + 1, train)
-        except DivergedError:
-            if not under_attack:
-                raise
-            result.diverged_at = r + 1
-        result.train_seconds += time.perf_counter() - t0
-        result.rounds_done = r + 1
-        metrics = None
-        due = (r + 1) % train.eval_every == 0 or r + 1 == train.rounds
-        if due or result.diverged_at is not None:  # a diverged model is scored once: the run's final model
-            metrics = _evaluate_round(algo, executor, fed, result, r + 1, eval_ids, xg, yg, has_val, train,
-                                      under_attack, on_eval)
-        if on_round:  # the round's metrics (if evaluated) and the time spent so far: training, evaluating
-            on_round(r + 1, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
-        if train.patience is not None and result.since_best >= train.patience:
-            result.stopped_early = True
-        stop = result.stopped_early or result.diverged_at is not None
-        if on_checkpoint and (stop or r + 1 == train.rounds
-                              or (train.checkpoint_every and (r + 1) % train.checkpoint_every == 0)):
-            on_checkpoint(result)
-        if stop:
-            break
     return result
+
+
+def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
+    """Round ``r + 1``: sample, train the present clients, aggregate (or skip), check, evaluate when due."""
+    algo, train = loop.algo, loop.train
+    t0 = time.perf_counter()
+    upload, counts = _train_round(loop, result, r)
+    t_server = time.perf_counter()
+    if upload is not None:
+        result.server = algo.aggregate(result.server, upload)
+        result.dp_rounds += int(algo.dp)
+    else:
+        result.skipped_rounds.append(r + 1)
+    result.server_seconds += time.perf_counter() - t_server
+    counts["round_skipped"] = int(upload is None)
+    for key, value in counts.items():
+        result.faults[key] = result.faults.get(key, 0) + value
+    loss = round_train_loss(upload)
+    if loss is not None:
+        result.train_losses.append((r + 1, loss))
+    for o in loop.observers:
+        o.trained(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts})
+    try:
+        _check_finite(result.server, r + 1, train)
+    except DivergedError:
+        if not loop.under_attack:
+            raise
+        result.diverged_at = r + 1
+    result.train_seconds += time.perf_counter() - t0
+    result.rounds_done = r + 1
+    metrics = None
+    if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds or result.diverged_at is not None:
+        metrics = _evaluate_round(loop, result, r + 1)  # a diverged model is scored once: the run's final model
+    for o in loop.observers:
+        o.round_done(r + 1, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
+    if train.patience is not None and result.since_best >= train.patience:
+        result.stopped_early = True
+
+
+def _train_round(loop: _Loop, result: SimulationResult, r: int):
+    """The round's sampled clients, those present train; their upload (None: too few) and client counts."""
+    algo = loop.algo
+    sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
+                             lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
+    present = loop.faults.round(sampled, r)
+    bc = algo.broadcast(result.server, r)
+    upload = None
+    if len(present.training) >= loop.min_clients:
+        try:
+            upload = loop.executor.train(bc, present.training)
+        except RoundSkipped:  # too few replies (Flower): the global model stays as it was
+            upload = None
+    counts = _round_counts(sampled, present, upload)
+    if upload is not None and len(upload.client_ids) < loop.min_clients:
+        upload = None  # too few accepted updates: skipped and logged, never averaged over one client
+    return upload, counts
 
 
 def _to_device(state: ServerState, device: torch.device) -> ServerState:
     return ServerState({k: v.to(device) for k, v in state.params.items()}, state.round, state.extra)
 
 
-def _evaluate_round(algo, executor, fed, result: SimulationResult, rnd: int, eval_ids, xg, yg, has_val: bool,
-                    train: TrainConfig, under_attack: bool, on_eval) -> dict[str, float]:
+def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str, float]:
     """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
+    algo, train, fed = loop.algo, loop.train, loop.fed
     t_eval = time.perf_counter()
     server = result.server
-    ev = evaluation(algo, executor, server, fed, eval_ids, x_global=xg, y_global=yg)
+    ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     if algo.dp:
         result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds,
                                  algo.privacy.delta)
@@ -257,11 +310,12 @@ def _evaluate_round(algo, executor, fed, result: SimulationResult, rnd: int, eva
     result.eval_seconds += time.perf_counter() - t_eval
     result.evaluations += 1
     result.history.append((rnd, ev))
-    if on_eval:
-        on_eval(rnd, ev)
+    for o in loop.observers:
+        o.evaluated(rnd, ev)
+    has_val = result.selected_by is not None
     val = ev.metrics["val_loss"]
     if has_val and not np.isfinite(val):
-        if not under_attack:
+        if not loop.under_attack:
             raise DivergedError(_diverged(rnd, train, "the validation loss is not finite"))
         result.diverged_at = rnd
         return ev.metrics

@@ -20,6 +20,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     from hetfed.analysis.present import present_run
     from hetfed.config import build_config, parse_yaml_text
+    from hetfed.executors.kinds.deployment import Deployment
     from hetfed.runs.runner import run_experiment
 
     text = str(context.run_config.get("config-yaml", ""))
@@ -35,5 +36,5 @@ def main(grid: Grid, context: Context) -> None:
         from hetfed.flower.discovery import discover
 
         prepared = discover(grid, config)
-    run_experiment(config, out=out, progress=True, flower_grid=grid, present=present_run, resume=resume,
+    run_experiment(config, out=out, progress=True, executor=Deployment.on(grid), present=present_run, resume=resume,
                    prepared=prepared)

@@ -32,16 +32,6 @@ def simulation_nodes(config, n_clients: int) -> int:
     return -(-n_clients // config.flower.clients_per_node)
 
 
-def run_on_simulation(config, method: int, n_clients: int, body: Callable[[object], T],
-                      log_file: Path | None = None) -> T:
-    """Start Flower's Simulation Engine for a federation of ``n_clients``; ``body(executor)`` runs in the
-    ServerApp with the executor of ``config.methods[method]`` (see :func:`run_with_simulation_grid`)."""
-    from hetfed.flower.executor import FlowerExecutor
-
-    return run_with_simulation_grid(config, n_clients, lambda grid: body(FlowerExecutor(grid, config, method)),
-                                    log_file)
-
-
 def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T], log_file: Path | None = None,
                              status=None) -> T:
     """Start Flower's Simulation Engine with :func:`simulation_nodes` SuperNodes for a federation of

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -66,7 +67,11 @@ class Partitioner:
 
 
 #: every partitioner, by ``partition.kind`` (one module of this package each)
-PARTITIONERS: Registry[Partitioner] = Registry(__name__, "partition.kind")
+def _described(p: Partitioner) -> dict[str, Any]:
+    return {"summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered}
+
+
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", __name__, "partition.kind", describe=_described)
 
 
 def register(kind: str, split: Callable[..., Indices], ordered: bool = False) -> Callable[..., Indices]:

@@ -39,7 +39,9 @@ from hetfed.errors import RunError
 #: the files of a run directory and of a sweep directory: this module owns the layout, every other module
 #: names a file through these
 CONFIG, METRICS, SUMMARY, STATUS = "config.yaml", "metrics.csv", "summary.json", "status.json"
-FEDERATION, REPORT, FLOWER_LOG = "federation.npz", "report.html", "flower.log"
+FEDERATION, REPORT = "federation.npz", "report.html"
+#: the executor's own log (Flower's lines: the Simulation Engine's, Ray's), handed to it as ``Opening.log_file``
+EXECUTOR_LOG = "flower.log"
 CHECKPOINTS, FIGURES = "checkpoints", "figures"
 SWEEP_RECORD, SWEEP_REQUEST, SWEEP_TABLE = "sweep.json", "sweep_request.json", "sweep.csv"
 RUNS_TABLE, CURVES_TABLE, HETEROGENEITY_TABLE = "runs.csv", "curves.csv", "heterogeneity.csv"

@@ -13,11 +13,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict
 
 from hetfed.engine.types import Params, Upload
-from hetfed.errors import ConfigError
-from hetfed.registry import Registry, params_error
+from hetfed.registry import Registry
 
 
 class RuleParams(BaseModel):
@@ -38,7 +37,15 @@ class CombineRule:
     paper: str = ""
 
 
-RULES: Registry[CombineRule] = Registry(__name__, "server.combine.rule")
+def _described(rule: CombineRule) -> dict[str, Any]:
+    from hetfed.registry import describe_params
+
+    return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams,
+            "params": describe_params(rule.Params)}
+
+
+RULES: Registry[CombineRule] = Registry("combine", __name__, "server.combine.rule", describe=_described,
+                                        noun="combine rule")
 
 
 def register(rule: CombineRule) -> CombineRule:
@@ -53,20 +60,10 @@ def get(name: str, where: str = "server.combine.rule") -> CombineRule:
     return RULES.get(name, where)
 
 
-def describe() -> list[dict[str, Any]]:
-    """Every registered rule as plain data (``hetfed components combine``)."""
-    from hetfed.registry import describe_params
-
-    return [{"name": name, "summary": r.summary, "paper": r.paper, "streams": r.streams,
-             "params": describe_params(r.Params)} for name, r in RULES.items()]
-
-
 def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[CombineRule, RuleParams]:
     """``{"rule": name, **its params}`` → the rule and its validated parameters (one-line errors naming the key)."""
     options = dict(section)
-    rule = get(str(options.pop("rule", "mean")), f"{where}.rule")
-    try:
-        return rule, rule.Params(**options)
-    except ValidationError as err:
-        allowed = sorted(rule.Params.model_fields) or "none"
-        raise ConfigError(params_error(err, where, f"combine rule {rule.name!r} takes {allowed}")) from None
+    name = str(options.pop("rule", "mean"))
+    params = RULES.params(name, options, where)
+    assert isinstance(params, RuleParams)
+    return RULES.get(name), params

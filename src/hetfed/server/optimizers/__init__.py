@@ -75,7 +75,14 @@ class ServerOptimizer:
         raise NotImplementedError
 
 
-KINDS: Registry[type[ServerOptimizer]] = Registry(__name__, "server.optimizer")
+def _described(cls: type[ServerOptimizer]) -> dict[str, Any]:
+    """An optimiser as plain data (``hetfed components optimizer``): its parameters are the ``server.*`` keys
+    (lr, momentum, beta1, beta2, tau, bias_correction, variant)."""
+    doc = (importlib.import_module(cls.__module__).__doc__ or "").strip()
+    return {"summary": " ".join(doc.split("\n\n")[0].split()), "default_lr": cls.default_lr}
+
+
+KINDS: Registry[type[ServerOptimizer]] = Registry("optimizer", __name__, "server.optimizer", describe=_described)
 
 
 def register(cls: type[ServerOptimizer]) -> type[ServerOptimizer]:
@@ -90,13 +97,3 @@ def optimizer_for(server: ServerConfig) -> ServerOptimizer:
     """The optimiser ``server.optimizer`` names, with ``server.*``'s hyper-parameters."""
     return KINDS.get(server.optimizer)(server.effective_lr, server.momentum, server.beta1, server.beta2, server.tau,
                                        server.bias_correction, server.variant)
-
-
-def describe() -> list[dict[str, Any]]:
-    """Every registered optimiser as plain data (``hetfed components optimizer``): its parameters are the
-    ``server.*`` keys (lr, momentum, beta1, beta2, tau, bias_correction, variant)."""
-    out = []
-    for name, cls in KINDS.items():
-        doc = (importlib.import_module(cls.__module__).__doc__ or "").strip()
-        out.append({"name": name, "summary": " ".join(doc.split("\n\n")[0].split()), "default_lr": cls.default_lr})
-    return out

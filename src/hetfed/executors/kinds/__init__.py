@@ -1,0 +1,105 @@
+"""The executor registry: what ``train.executor`` names — where a run's clients compute, opened by the run driver.
+
+An executor kind is one module of this package that registers a :class:`ExecutorKind`. The driver
+(:mod:`hetfed.runs.runner`) never names one: it opens the kind a method's ``train.executor`` names (or the one it
+was handed: a Flower ServerApp hands its deployment) as a context manager, and the session runs the driver's
+loop over that kind's methods, giving it each method's client-step executor
+(:class:`~hetfed.executors.inprocess.Executor`). Starting what the clients need — Ray for Flower's Simulation
+Engine — and stopping it is the kind's job.
+
+Flower's Simulation Engine runs the ServerApp on a thread of its own and Ray on the caller's: the session
+therefore runs the driver's loop inside the ServerApp (:meth:`Session.run`) rather than handing a Grid out.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Protocol, TypeVar
+
+from hetfed.config import Config, TrainConfig
+from hetfed.errors import RunError
+from hetfed.executors.inprocess import Executor
+from hetfed.registry import Registry
+
+T = TypeVar("T")
+
+#: method index (in ``config.methods``) → the client-step executor that method's rounds use
+ClientSteps = Callable[[int], Executor]
+
+
+@dataclass(frozen=True)
+class Opening:
+    """What an executor is opened with: the run's config, the federation's size, the file its own engine's log
+    lines go to (None: nowhere but errors on the console)."""
+
+    config: Config
+    n_clients: int
+    log_file: Path | None = None
+    status: Any = None  # a console told what takes long (Ray's start), or None
+
+
+class Session(Protocol):
+    def run(self, loop: Callable[[ClientSteps], T]) -> T:
+        """``loop(steps)`` run where the clients are reachable; its value returned."""
+        ...
+
+
+class ExecutorKind:
+    """One registered executor. Its capabilities are data the driver reads instead of the name:
+
+    ``in_process``: the clients live in this process — their memory is checked before a run, attacks can be
+    simulated, checkpoints hold every client's state (else the clients' state lives on the nodes and a resume
+    mid-rounds is exact only for methods whose clients keep nothing); ``selectable``: ``train.executor`` may
+    name it (a deployment is handed to the driver by the ServerApp instead).
+    """
+
+    name: ClassVar[str] = ""
+    summary: ClassVar[str] = ""
+    in_process: ClassVar[bool] = True
+    selectable: ClassVar[bool] = True
+
+    def client_steps(self, train: TrainConfig) -> Executor:
+        """The client-step executor of a method trained with ``train`` in this process (in-process kinds)."""
+        raise RunError(f"train.executor = {self.name!r} runs its clients through a session: run it with hetfed run "
+                       "(hetfed.runs.runner), which opens it")
+
+    @contextmanager
+    def open(self, opening: Opening) -> Iterator[Session]:
+        """The kind's session for one run: started on entry, stopped on exit whatever happened."""
+        yield InProcessSession(self, opening.config)
+
+
+@dataclass(frozen=True)
+class InProcessSession:
+    """The clients are in this process: ``loop`` runs here, each method with a fresh executor of ``kind``."""
+
+    kind: ExecutorKind
+    config: Config
+
+    def run(self, loop: Callable[[ClientSteps], T]) -> T:
+        return loop(self.steps)
+
+    def steps(self, index: int) -> Executor:
+        return self.kind.client_steps(self.config.method_train(self.config.methods[index]))
+
+
+def _described(kind: ExecutorKind) -> dict[str, Any]:
+    return {"summary": kind.summary, "in_process": kind.in_process, "selectable": kind.selectable}
+
+
+#: every executor, by ``train.executor`` (one module of this package each)
+EXECUTORS: Registry[ExecutorKind] = Registry("executor", __name__, "train.executor", describe=_described)
+
+
+def register(kind: type[ExecutorKind]) -> type[ExecutorKind]:
+    """Register an executor kind (an instance of it is what the registry holds)."""
+    EXECUTORS.register(kind.name, kind())
+    return kind
+
+
+def executor_for(train: TrainConfig) -> ExecutorKind:
+    """The kind ``train.executor`` names."""
+    return EXECUTORS.get(train.executor)

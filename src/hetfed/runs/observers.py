@@ -1,0 +1,69 @@
+"""What the run driver watches a method's round loop with (:class:`~hetfed.executors.simulate.RoundObserver`):
+the metrics file (and the trackers it mirrors to), the progress bar and heartbeat, the checkpoints."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from hetfed.engine.evaluate import Evaluation
+from hetfed.executors.simulate import RoundObserver, SimulationResult
+from hetfed.runs.checkpoint import Checkpointer, snapshot
+from hetfed.runs.rundir import Heartbeat, MetricsWriter
+from hetfed.runs.summary import round_fields
+
+
+def write_evaluation(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation) -> None:
+    """An evaluation's rows in metrics.csv: the summary, then every client's, flushed."""
+    writer.write(label, rnd, "summary", "all", ev.metrics)
+    for metric, values in ev.per_client.items():
+        for k, v in enumerate(values):
+            writer.write(label, rnd, "client", k, {metric: v})
+    writer.flush()
+
+
+@dataclass
+class MetricsObserver(RoundObserver):
+    """Every round's training rows and every evaluation into metrics.csv, under the row ``label``."""
+
+    writer: MetricsWriter
+    label: str
+
+    def trained(self, rnd: int, metrics: dict[str, float]) -> None:
+        self.writer.write(self.label, rnd, "train", "all", metrics)
+
+    def evaluated(self, rnd: int, ev: Evaluation) -> None:
+        write_evaluation(self.writer, self.label, rnd, ev)
+
+
+@dataclass
+class ProgressObserver(RoundObserver):
+    """The progress bar's task moved on, and the heartbeat refreshed, after every round."""
+
+    bar: Any
+    task: Any
+    heartbeat: Heartbeat
+
+    def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
+        self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd))
+        self.heartbeat.beat()
+
+
+@dataclass
+class CheckpointObserver(RoundObserver):
+    """A resumable checkpoint of method ``index`` (``label``) whenever the loop offers one.
+
+    ``client_keys``: what the method's clients keep between rounds when they live off this process (a resume
+    checks it); ``personal_here``: the personalised models live in this process, so the end of personalisation
+    is checkpointed too (on Flower they live on the SuperNodes, and a resume redoes personalisation instead)."""
+
+    checkpointer: Checkpointer
+    index: int
+    label: str
+    client_keys: list[str]
+    personal_here: bool
+
+    def checkpoint(self, result: SimulationResult, phase: str = "federated") -> None:
+        if self.personal_here or phase != "personalised":
+            self.checkpointer.save({"index": self.index, "label": self.label, "phase": phase,
+                                    "client_keys": self.client_keys, **snapshot(result)})

@@ -1,0 +1,213 @@
+"""A run's numbers as ``summary.json`` and the console hold them: one row per method (or per view of a method),
+the run's summary, the final table, the progress bar's fields."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from hetfed.config import Config, MethodConfig
+from hetfed.engine.evaluate import Evaluation
+from hetfed.executors.simulate import SimulationResult
+from hetfed.runs.rundir import environment
+
+#: metrics shown in the final table and compared across methods
+HEADLINE = ("global_accuracy", "local_accuracy_mean")
+
+def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
+    """JSON-safe metrics: NaN and ±inf (ε without noise) become None."""
+    return {k: (None if (isinstance(v, float) and not np.isfinite(v)) else float(v)) for k, v in metrics.items()}
+
+
+def method_summary(result: SimulationResult, seconds: float) -> dict:
+    final = result.history[-1][1].metrics if result.history else {}
+    best = result.best.metrics if result.best else final
+    return {
+        "final": _clean(final),
+        "best": _clean(best),
+        "local_accuracy": _clean(best).get("local_accuracy_mean"),
+        "global_accuracy": _clean(best).get("global_accuracy"),
+        "selected_by": result.selected_by,
+        **({} if result.selected_by else {
+            "selection_note": "no opted-in client has validation data: nothing to select on, best = final; "
+                              "early stopping cannot fire"}),
+        "best_round": result.best_round,
+        "rounds": result.rounds_done,
+        "stopped_early": result.stopped_early,
+        "wall_seconds": seconds,
+        "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
+        "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
+        "eval_seconds": result.eval_seconds,
+        "eval_seconds_per_evaluation": result.eval_seconds / max(result.evaluations, 1),
+        **_failures(result),
+    }
+
+
+def _failures(result: SimulationResult) -> dict:
+    """Clients that did not answer (Flower), the round's client counts summed, rounds skipped, and ε."""
+    failed = list(getattr(result.executor, "failures", []))
+    out: dict = {"clients": dict(result.faults)} if result.faults else {}
+    if failed or result.skipped_rounds:
+        out.update(failed_clients=failed, skipped_rounds=list(result.skipped_rounds))
+    if result.diverged_at is not None:
+        out["diverged_at"] = result.diverged_at
+    if result.epsilon is not None:
+        out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
+        out["dp_rounds"] = result.dp_rounds
+    from_summaries = getattr(result.executor, "gamma_summaries", None)  # Flower: Γ from what the clients sent
+    if from_summaries:
+        out["gamma_from_summaries"] = from_summaries
+    return out
+
+
+def _rate(rounds: int, seconds: float) -> str:
+    """Rounds per second, or seconds per round when rounds are slow (a Flower deployment)."""
+    per_second = rounds / max(seconds, 1e-9)
+    return f"{per_second:.1f} rounds/s" if per_second >= 1 else f"{seconds / max(rounds, 1):.1f} s/round"
+
+
+def training_line(config: Config) -> str:
+    """What was trained, for the final table's title: ``fedavg · 100 rounds · E = 1``."""
+    algorithms = ", ".join(dict.fromkeys(m.algorithm for m in config.methods))
+    trains = [config.method_train(m) for m in config.methods]
+    rounds = sorted({t.rounds for t in trains})
+    work = sorted({f"τ = {t.local_steps}" if t.local_steps else f"E = {t.local_epochs:g}" for t in trains})
+    return f"{algorithms} · {'/'.join(map(str, rounds))} rounds · {', '.join(work)}"
+
+
+def row_name(method: MethodConfig, view: str) -> str:
+    """How a view of a method is named in tables: by the view's name when the method is named after its
+    algorithm (FedMoE's ``mixture``), else ``label:view``."""
+    return view if method.label == method.algorithm else f"{method.label}:{view}"
+
+
+def primary_row(method: MethodConfig) -> str:
+    """The row that is a method's headline result: its ``primary_view`` when it declares one (FedMoE's
+    mixture), else the method itself."""
+    from hetfed.algorithms import registry
+
+    view = registry.get(method.algorithm).capabilities.primary_view
+    return row_name(method, view) if view else method.label
+
+
+def round_fields(metrics: dict | None, timing: dict[str, float], rnd: int) -> dict[str, str]:
+    """The progress bar's fields after a round (:func:`hetfed.console.round_progress`): the global accuracy when
+    the round was evaluated, and the throughput."""
+    fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
+    fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
+    return fields
+
+
+def view_row(algo, view: str, result: SimulationResult, fed_seconds: float) -> tuple[dict, int]:
+    """A personalised method's row for one of its views, and the round (or epochs) its evaluation is filed
+    under: the federated view took the rounds, the others their personalisation epochs."""
+    if view == algo.federated_view:
+        seconds, extra = fed_seconds, {"rounds": result.rounds_done, "best_round": result.best_round,
+                                       "selected_by": result.selected_by, **_failures(result)}
+    else:
+        epochs = result.personal_info.get(f"epochs.{view}", [0])
+        seconds = float(sum(result.personal_info.get(f"seconds.{view}", [0.0])))
+        extra = {"epochs": int(max(epochs)), "epochs_mean": float(np.mean(epochs))}
+    return _view_summary(result.views[view], seconds, extra), extra.get("rounds") or extra.get("epochs") or 0
+
+
+def run_summary(config: Config, prep, methods: dict[str, dict], started: str, resumes: int,
+                wall_seconds: float) -> dict:
+    """``summary.json``: the run's data, federation and heterogeneity, its primary method's numbers, every
+    method's row, and where and when it ran."""
+    fed, het = prep.federation, prep.heterogeneity
+    primary = primary_row(config.methods[0])
+    return {
+        "name": config.name,
+        "seed": config.seed,
+        "dataset": config.dataset.name,
+        "embed": config.embed.kind,
+        "partition": config.partition.kind,
+        "n_clients": fed.n_clients,
+        "n_classes": fed.n_classes,
+        "input_shape": list(fed.input_shape),
+        "n_opted_out": int(fed.opted_out.sum()),
+        "global_test_balanced": bool(getattr(prep.data, "balanced_test", True)),
+        "gamma": het.gamma,
+        "heterogeneity": het.as_dict(),
+        "data_files": list(prep.sources),
+        "warnings": list(prep.warnings),
+        "primary": primary,
+        "training": training_line(config),
+        "final": methods[primary]["final"],
+        "best": methods[primary]["best"],
+        "rounds": max(m.get("rounds") or 0 for m in methods.values()),
+        "wall_seconds": wall_seconds,
+        **({"resumed": resumes} if resumes else {}),
+        "started": started,
+        "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "environment": environment(),
+        "methods": methods,
+    }
+
+
+def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
+    """A personalised view's row: one evaluation, so final = best."""
+    metrics = _clean(ev.metrics)
+    return {
+        "final": metrics,
+        "best": metrics,
+        "local_accuracy": metrics.get("local_accuracy_mean"),
+        "global_accuracy": metrics.get("global_accuracy"),
+        "wall_seconds": seconds,
+        "seconds_per_round": seconds / max(extra.get("rounds") or extra.get("epochs") or 1, 1),
+        **extra,
+    }
+
+
+def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
+    """The short table that ends a run."""
+    g = summary.get("gamma")
+    gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
+    trained = f" · {summary['training']}" if summary.get("training") else ""
+    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}"
+                  f"{trained}")
+    binary = any("global_auc" in m["best"] for m in summary["methods"].values())
+    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s"]
+    if binary:
+        cols[1:1] = ["local AUC", "global AUC"]  # noqa: RUF005
+    for col in cols:
+        table.add_column(col, justify="right")
+
+    def fmt(v):
+        return "-" if v is None else f"{v:.3f}"
+
+    for label, m in summary["methods"].items():
+        b = m["best"]
+        row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
+               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}",
+               "-" if m.get("eval_seconds_per_evaluation") is None else f"{m['eval_seconds_per_evaluation']:.4f}"]
+        if binary:
+            row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
+        table.add_row(*row)
+    global_test = ("the class-balanced global test set" if summary.get("global_test_balanced", True) else
+                   "the global test set (the dataset's own test split, not class-balanced)")
+    table.caption = ("the headline columns (local, p10, global, unseen) score the best model by validation loss; "
+                     "final global: the last round's model. local: each client's own test set, its own parameters "
+                     f"(p10: the 10th-percentile client); global: {global_test}; unseen: the server's model on it, "
+                     "as a client that took no part would get it (CGAU: zero conditioning; personalised methods: "
+                     "the shared model without a client's own parameters; - where the server holds none); s/round: "
+                     "training (server step included); eval s: one evaluation")
+    console.print(table)
+    from hetfed.heterogeneity import gamma_line
+
+    if "heterogeneity" in summary:
+        console.print(gamma_line(summary["heterogeneity"]), soft_wrap=True)
+    for method, m in summary["methods"].items():
+        if m.get("selection_note"):
+            console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
+        if (m.get("gamma_from_summaries") or {}).get("warning"):
+            console.print(f"warning ({method}): {m['gamma_from_summaries']['warning']}", style="yellow",
+                          soft_wrap=True)
+    console.print(f"run directory: {run_dir}  ({summary['wall_seconds']:.1f} s)", soft_wrap=True)
+
+
