@@ -49,9 +49,9 @@ def test_gamma_falls_with_shuffle(capsys):
     ],
 )
 def test_bad_input_exits_2_with_a_clear_message(override, expected, capsys, monkeypatch):
-    from hetfed.data import registry
+    from hetfed.registry import registry_of
 
-    monkeypatch.setitem(registry.STANDARD_PLACES, "mnist", [])
+    monkeypatch.setattr(registry_of("dataset").get("mnist"), "places", ())
     if expected == "":  # data_dir is only read for file-based datasets: digits still works
         assert main(["partition", "--json", "--set", override]) == 0
         return

@@ -8,7 +8,7 @@ from hetfed.config import DatasetConfig, EmbedConfig
 from hetfed.data import embed, load_dataset
 from hetfed.data.embed import cache_path
 from hetfed.data.formats import read_idx, write_idx
-from hetfed.data.registry import Dataset
+from hetfed.data.loading import Dataset
 from hetfed.errors import DataError, MissingExtraError
 
 
@@ -38,10 +38,10 @@ def test_idx_folder_loads(tmp_path, name, gz):
 
 
 def test_missing_files_say_where_we_looked_and_how_to_get_them(tmp_path, monkeypatch):
-    from hetfed.data import registry
+    from hetfed.registry import registry_of
 
-    monkeypatch.setitem(registry.STANDARD_PLACES, "fashion-mnist", [str(tmp_path / "std")])
-    monkeypatch.setitem(registry.STANDARD_PLACES, "mnist", [])
+    monkeypatch.setattr(registry_of("dataset").get("fashion-mnist"), "places", (str(tmp_path / "std"),))
+    monkeypatch.setattr(registry_of("dataset").get("mnist"), "places", ())
     with pytest.raises(DataError) as err:
         load_dataset(DatasetConfig(name="mnist", data_dir=str(tmp_path)))
     assert str(tmp_path) in str(err.value) and "data_dir" in str(err.value)
@@ -163,7 +163,7 @@ def test_cached_embedding_is_reused(tmp_path, monkeypatch):
         calls.append(len(x))
         return np.full((len(x), 7), 1.5, np.float32)
 
-    monkeypatch.setitem(extractors.EXTRACTORS, "efficientnet_lite0", fake)
+    monkeypatch.setattr(extractors, "efficientnet_lite0", fake)
     ds = load_dataset(DatasetConfig())
     cfg = EmbedConfig(kind="efficientnet_lite0", cache_dir=str(tmp_path))
     first = embed(ds, cfg, progress=False)

@@ -127,3 +127,44 @@ def test_the_run_directory_layout_has_one_owner():
     found = [f"{p.relative_to(SRC)}:{i}" for p in SRC.rglob("*.py") if p.name != "rundir.py"
              for i, line in enumerate(p.read_text().splitlines(), 1) if literal.search(line)]
     assert not found, found
+
+
+def test_no_import_circles():
+    """#46: no module reaches itself through imports (function-level ones included); the registries' discovery
+    imports by name at call time and is not an edge."""
+    mods = modules()
+    graph = {name: {t for t in imports(path) if t in mods and t != name} for name, path in mods.items()}
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    circles: list[list[str]] = []
+
+    def visit(v: str) -> None:  # Tarjan's strongly connected components
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        on_stack.add(v)
+        for w in graph[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in on_stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                on_stack.discard(w)
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                circles.append(sorted(component))
+
+    import sys
+
+    sys.setrecursionlimit(10_000)
+    for v in sorted(graph):
+        if v not in index:
+            visit(v)
+    assert not circles, "\n".join(" ↔ ".join(c) for c in circles)

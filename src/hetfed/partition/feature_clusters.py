@@ -59,4 +59,4 @@ def reassign_fraction(assign: np.ndarray, fraction: float, k: int, rng: np.rando
     return out
 
 
-register("feature_clusters", feature_clusters)
+register("feature_clusters", feature_clusters, reads=("shuffle", "pca_components"))

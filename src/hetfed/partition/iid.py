@@ -29,4 +29,4 @@ def iid(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Gener
     return [np.sort(p) for p in np.array_split(perm, k)]
 
 
-register("iid", iid)
+register("iid", iid, reads=("samples_per_client",))

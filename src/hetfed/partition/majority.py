@@ -37,4 +37,4 @@ def majority(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.
     return allocate_classes(y, props, rng)
 
 
-register("majority", majority)
+register("majority", majority, reads=("p", "majority_classes", "samples_per_client"))

@@ -37,4 +37,4 @@ def natural(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.G
     return [np.flatnonzero(ids == u).astype(np.int64) for u in kept]
 
 
-register("natural", natural, ordered=True)
+register("natural", natural, ordered=True, reads=("natural_min_samples",))

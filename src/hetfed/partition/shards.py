@@ -56,4 +56,4 @@ def _deal(pieces: list[np.ndarray], k: int, s: int, rng: np.random.Generator) ->
     return [np.sort(np.concatenate([pieces[j] for j in order[i * s : (i + 1) * s]])) for i in range(k)]
 
 
-register("shards", shards)
+register("shards", shards, reads=("n_shards", "shards_per_client", "shard_cut"))

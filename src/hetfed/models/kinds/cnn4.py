@@ -1,0 +1,15 @@
+"""``cnn4``: McMahan et al.'s FedAvg CNN (two 5×5 convolutions 32, 64 → fc 512 → classes), with optional batch
+normalisation (FedBN) — :class:`~hetfed.models.cnn.FedAvgCNN`."""
+
+from __future__ import annotations
+
+from hetfed.models.cnn import FedAvgCNN
+from hetfed.models.kinds import ModelKind, register
+
+
+def build(shape, n_classes, vocab_size, batch_norm):
+    return FedAvgCNN(shape, n_classes, batch_norm)
+
+
+register(ModelKind("cnn4", build, "McMahan et al.'s FedAvg CNN: conv 32 → conv 64 → fc 512 → classes",
+                   reads=("batch_norm",)))
