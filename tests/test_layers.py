@@ -168,3 +168,32 @@ def test_no_import_circles():
         if v not in index:
             visit(v)
     assert not circles, "\n".join(" ↔ ".join(c) for c in circles)
+
+
+def test_no_function_over_60_lines_where_the_driver_and_engines_live():
+    """#46: the run driver, the engines, the server and the executors stay in named steps a reader can hold."""
+    long = []
+    for name, path in modules().items():
+        if (name.split(".") + [""])[1] not in {"runs", "engine", "server", "flower", "executors"}:
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef) and node.end_lineno - node.lineno >= 60:
+                long.append(f"{name}.{node.name}: {node.end_lineno - node.lineno + 1} lines")
+    assert not long, "\n".join(long)
+
+
+def test_the_run_driver_names_no_executor():
+    """#46: runs/ opens whatever executor a method names (a registry); no executor's name or module in it."""
+    from hetfed.registry import registry_of
+
+    names = set(registry_of("executor").names())
+    found = []
+    for name, path in modules().items():
+        if not name.startswith("hetfed.runs"):
+            continue
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            if isinstance(node, ast.Constant) and node.value in names:
+                found.append(f"{name}: {node.value!r}")
+        found += [f"{name} imports {t}" for t in imports(path) if t.startswith(("hetfed.flower", "hetfed.executors.kinds."))]
+    assert not found, "\n".join(found)

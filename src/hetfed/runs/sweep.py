@@ -172,33 +172,67 @@ def run_sweep(
         raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
     if seeds < 1:
         raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
+    if resume and out is None:
+        raise ConfigError("--resume needs --out: the directory of the sweep to resume")
     from hetfed.runs.tracking import check_trackers
 
     check_trackers(config.tracking)  # before any point runs: every point would fail the same way
-    points = grid_points(grid)
+    configs = plan_sweep(config, grid, seeds)
+    sweep_dir = _open_sweep_dir(config, grid, configs, out, resume)
+    outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None)
+    summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
+    table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
+    if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
+        present(sweep_dir, table, grid, run_dirs, config, console)
+    if progress:
+        print_table(table, list(grid), console)
+    if failed:
+        console.print(f"{len(failed)} of {len(configs)} runs failed (listed in sweep.json)", style="red")
+    console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)
+    if not summaries:
+        raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
+    return sweep_dir, table
+
+
+#: one run of a sweep: its grid point, its seed's index and its validated config
+SweepRun = tuple[dict, int, Config]
+
+
+def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[SweepRun]:
+    """Every point × seed validated before anything runs; equal points refused, unread grid values noted."""
     base = config.model_dump(mode="json")
-    # validate every point before running anything
-    configs = []
-    for point in points:
-        for s in range(seeds):
-            cfg = build_config(base, {**point, "seed": config.seed + s})
-            configs.append((point, s, cfg))
+    configs = [(point, s, build_config(base, {**point, "seed": config.seed + s}))
+               for point in grid_points(grid) for s in range(seeds)]
     _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
     _note_unread_grid_keys([cfg for _p, s, cfg in configs if s == 0], list(grid))
-    if resume and out is None:
-        raise ConfigError("--resume needs --out: the directory of the sweep to resume")
+    return configs
+
+
+def _run_dir(sweep_dir: Path, point: dict, cfg: Config) -> Path:
+    return sweep_dir / point_name(point) / f"seed={cfg.seed}"
+
+
+def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[SweepRun], out: str | Path | None,
+                    resume: bool) -> Path:
+    """A new sweep directory, or the earlier one being resumed (checked to be this sweep); the request kept."""
+    base = config.model_dump(mode="json")
     request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()}}
-    if resume and Path(out).is_dir():
+    if resume and out is not None and Path(out).is_dir():
         sweep_dir = Path(out)
         _check_resumable(sweep_dir, configs, request)
     else:
         sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     write_json_atomic(sweep_dir / SWEEP_REQUEST, request)
-    total = len(configs)
+    return sweep_dir
+
+
+def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
+                   console: Console | None) -> dict[int, tuple[str, object]]:
+    """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
     todo: list[tuple[int, dict, Config, Path]] = []
     outcome: dict[int, tuple[str, object]] = {}
     for i, (point, _s, cfg) in enumerate(configs):
-        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
+        run_dir = _run_dir(sweep_dir, point, cfg)
         if resume and run_dir.exists():
             reused = _completed(run_dir, cfg)
             if reused is not None:
@@ -207,7 +241,7 @@ def run_sweep(
             if not _resumable(run_dir, cfg):
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
-    tracker = SweepProgress(total, len(outcome), console if progress else None)
+    tracker = SweepProgress(len(configs), len(outcome), console)
     if jobs > 1 and len(todo) > 1:
         outcome.update(_run_parallel(todo, jobs, tracker))
     else:
@@ -215,45 +249,49 @@ def run_sweep(
             tracker.started(point, cfg.seed)
             outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir))
             tracker.finished(point, cfg.seed, outcome[i])
+    return outcome
+
+
+def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[str, object]]):
+    """The runs' summaries and directories in grid order, however they were run, and the failed ones (one
+    impossible point must not lose the rest of the grid)."""
     summaries: list[tuple[dict, int, dict]] = []
     run_dirs: list[tuple[dict, Path]] = []
     failed: list[dict] = []
-    for i, (point, _s, cfg) in enumerate(configs):  # in grid order, however they were run
-        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
+    for i, (point, _s, cfg) in enumerate(configs):
+        run_dir = _run_dir(sweep_dir, point, cfg)
         status, value = outcome[i]
         if status == "ok":
             summaries.append((point, cfg.seed, value))
             run_dirs.append((point, run_dir))
-        else:  # one impossible point must not lose the rest of the grid
+        else:
             failed.append({"point": point, "seed": cfg.seed, "error": str(value), "run_dir": str(run_dir)})
+    return summaries, run_dirs, failed
+
+
+def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, summaries: list, run_dirs: list,
+                     failed: list[dict]) -> list[dict]:
+    """sweep.json (the runs listed before anything is aggregated: a failure below never hides them), then the
+    tables: sweep.csv, runs.csv, curves.csv, heterogeneity.csv."""
     runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
-    # the runs are listed before anything is aggregated: a failure below never hides them
     record = {"grid": grid, "seeds": seeds, "runs": runs, "failed": failed}
     write_json_atomic(sweep_dir / SWEEP_RECORD, record)
+    keys = list(grid)
     try:
-        table = aggregate(summaries, list(grid))
-        write_table(sweep_dir / SWEEP_TABLE, table, list(grid))
-        write_runs(sweep_dir / RUNS_TABLE, summaries, list(grid))
+        table = aggregate(summaries, keys)
+        write_table(sweep_dir / SWEEP_TABLE, table, keys)
+        write_runs(sweep_dir / RUNS_TABLE, summaries, keys)
         write_curves(sweep_dir / CURVES_TABLE, [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
-                     list(grid))
-        write_heterogeneity(sweep_dir / HETEROGENEITY_TABLE, table, list(grid))
+                     keys)
+        write_heterogeneity(sweep_dir / HETEROGENEITY_TABLE, table, keys)
     except Exception as err:
         write_json_atomic(sweep_dir / SWEEP_RECORD, {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
         raise RunError(
             f"aggregating the sweep failed ({type(err).__name__}: {err}); every run's results are kept in its "
-            f"run directory, listed in {sweep_dir / 'sweep.json'}"
+            f"run directory, listed in {sweep_dir / SWEEP_RECORD}"
         ) from err
     write_json_atomic(sweep_dir / SWEEP_RECORD, {**record, "rows": table})
-    if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
-        present(sweep_dir, table, grid, run_dirs, config, console)
-    if progress:
-        print_table(table, list(grid), console)
-    if failed:
-        console.print(f"{len(failed)} of {total} runs failed (listed in sweep.json)", style="red")
-    console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)
-    if not summaries:
-        raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
-    return sweep_dir, table
+    return table
 
 
 def _note_unread_grid_keys(configs: list[Config], keys: list[str]) -> None:
