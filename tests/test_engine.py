@@ -290,7 +290,7 @@ def test_binary_task_reports_auc():
 def test_scoring_unequal_clients_in_size_blocks_gives_each_its_own_models_logits():
     """predict stacks clients of similar sizes together; each client's logits are still its own model's on
     its own samples, computed here one client at a time as the reference."""
-    from hetfed.interface import predict, size_blocks
+    from hetfed.engine.evaluate import predict, size_blocks
     from hetfed.models import MLP
 
     model = MLP(6, [5], 3)

@@ -231,7 +231,7 @@ def test_mixture_loss_is_exact_for_very_unlikely_true_classes():
 
 def test_own_classes_are_those_above_a_uniform_share():
     """A client with labels 0,0,0,1 of 4 classes: class 0 (75%) is its own; class 1 (25% = 1/C) is not."""
-    from hetfed.interface import ClientEvalData, own_class_masks
+    from hetfed.engine.evaluate import ClientEvalData, own_class_masks
 
     y = torch.tensor([0, 0, 0, 1, 2, 3, 3, 3])
     y_global = torch.tensor([0, 1, 2, 3, 0])

@@ -30,9 +30,9 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetfed.config import PrivacyConfig, TrainConfig
+from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, scores
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.types import (
     Broadcast,
@@ -47,7 +47,7 @@ from hetfed.models.base import Model
 
 __all__ = [
     "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
-    "ServerState", "Upload", "client_scores", "predict",
+    "ServerState", "Upload", "client_scores",
 ]
 
 
@@ -100,38 +100,6 @@ class Context:
     build: Callable[[int], Model] | None = None
 
 
-@dataclass(frozen=True, eq=False)
-class ClientEvalData:
-    """What a stack of clients evaluates on: its own validation and test sets.
-
-    The balanced global test set is public (the dataset's own test split); a
-    personalised model is also scored on it *by the client*, since only the
-    client holds its personal parameters.
-    """
-
-    client_ids: list[int]
-    x: torch.Tensor  # the train pool on the device (clients' val/test indices point into it)
-    y: torch.Tensor
-    test: list[np.ndarray]
-    val: list[np.ndarray]
-    x_global: torch.Tensor
-    y_global: torch.Tensor
-    n_classes: int
-    #: which clients score the global test set with a personal model (None: all); the others report NaN
-    global_mask: list[bool] | None = None
-    #: per client, its training indices into the pool (methods that adapt before they predict: Per-FedAvg)
-    train: list[np.ndarray] | None = None
-
-
-@dataclass(frozen=True, eq=False)
-class Predictor:
-    """A model and the stacked parameters each client predicts with."""
-
-    model: Model
-    params: Params
-    personalised: bool  # True when the clients' parameters differ (scored on the global test set by each)
-
-
 class Algorithm:
     """Base class with FedAvg's server side; subclasses change what they need.
 
@@ -161,36 +129,6 @@ class Algorithm:
     @property
     def capabilities(self) -> Capabilities:
         return self.spec.capabilities if self.spec is not None else Capabilities()
-
-    @property
-    def has_global_model(self) -> bool:
-        """True when the server keeps a model that can be evaluated on its own."""
-        return self.capabilities.server_model
-
-    @property
-    def views(self) -> tuple[str, ...]:
-        """Named predictors a client evaluates after :meth:`personalise` (empty: only the model)."""
-        return self.capabilities.views
-
-    @property
-    def federated_view(self) -> str:
-        """The name the federated phase is reported under when there are views."""
-        return self.capabilities.federated_view
-
-    @property
-    def needs_all_updates(self) -> bool:
-        """True when the server needs every client's update of a round at once: no streaming."""
-        return self.capabilities.whole_round
-
-    @property
-    def personalised(self) -> bool:
-        """True when clients predict with parameters of their own (the model's local ones)."""
-        return bool(self.model.local_names)
-
-    @property
-    def personalises(self) -> bool:
-        """True when the algorithm has a client-side step after federated training."""
-        return type(self).personalise is not Algorithm.personalise
 
     # -- server side
     def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
@@ -250,14 +188,14 @@ class Algorithm:
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""
-        if not self.has_global_model:
+        if not self.capabilities.server_model:
             return {}
         logits = self.model.forward(self.global_params(state), x_global.unsqueeze(0), None)[0]
-        s = _scores(logits, y_global)
-        key = "server" if self.personalised else "global"
+        s = scores(logits, y_global)
+        key = "server" if own_parameters(self) else "global"
         out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
         if self.model.n_classes == 2:
-            out[f"{key}_auc"] = _auc(y_global.cpu().numpy(), logits.softmax(-1)[:, 1].cpu().numpy())
+            out[f"{key}_auc"] = auc(y_global.cpu().numpy(), logits.softmax(-1)[:, 1].cpu().numpy())
         return out
 
     # -- client side
@@ -287,7 +225,7 @@ class Algorithm:
         """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`)."""
         shared = bc.stacked(n)
         local, _ = split_state(states)
-        return Predictor(self.model, {**shared, **local}, self.personalised)
+        return Predictor(self.model, {**shared, **local}, own_parameters(self))
 
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
@@ -305,162 +243,19 @@ class Algorithm:
         return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
 
 
+def own_parameters(algo: Algorithm) -> bool:
+    """Whether the clients predict with parameters of their own: the model has local parameters (CGAU's rows,
+    FedBN's statistics), or the method declares it personalises without named views (each client ends with a
+    model of its own: Ditto, FedPer, IFCA …; FedMoE's and FedBABU's views are predictors of their own)."""
+    caps = algo.capabilities
+    return bool(algo.model.local_names) or (caps.personalises and not caps.views)
+
+
 def _device(params: Params) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
 
 
 # ------------------------------------------------------------------ scoring helpers
-
-
-def size_blocks(sizes: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
-    """Clients grouped by size so that padding each group to its largest costs at most ``waste`` × its samples.
-
-    Clients of a natural federation differ by 100× (Shakespeare's roles: 12 to 6 667 windows); padded
-    to the largest in one stack, scoring them computed ~10× the samples there are.
-    """
-    order = np.argsort(sizes, kind="stable")
-    blocks, current, total = [], [], 0
-    for k in order:
-        size = int(sizes[k])
-        if current and (len(current) + 1) * size > waste * (total + size):  # sorted: size is the block's width
-            blocks.append(np.array(current))
-            current, total = [], 0
-        current.append(int(k))
-        total += size
-    if current:
-        blocks.append(np.array(current))
-    return blocks
-
-
-@torch.no_grad()
-def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarray]) -> list[torch.Tensor]:
-    """Logits of each stacked model on its own index set → list of tensors.
-
-    Clients of similar sizes are stacked and padded together (:func:`size_blocks`), so unequal
-    clients do not all pay for the largest.
-    """
-    n = len(index)
-    if max((len(i) for i in index), default=0) == 0:
-        return [torch.zeros(0, model.n_classes) for _ in index]
-    out: list[torch.Tensor | None] = [None] * n
-    for block in size_blocks(np.array([len(i) for i in index])):
-        width = max(len(index[k]) for k in block)
-        pad = np.zeros((len(block), width), dtype=np.int64)
-        for row, k in enumerate(block):
-            pad[row, : len(index[k])] = index[k]
-        sub = params if np.array_equal(block, np.arange(n)) else {
-            name: v[torch.as_tensor(block, device=v.device)] for name, v in params.items()}
-        logits = model.forward(sub, x[torch.as_tensor(pad, device=x.device)], None)
-        for row, k in enumerate(block):
-            out[k] = logits[row, : len(index[k])]
-    return out  # type: ignore[return-value]
-
-
-def _scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    if len(y) == 0:
-        return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
-    loss = F.cross_entropy(logits, y, reduction="sum").item()
-    correct = (logits.argmax(-1) == y).sum().item()
-    return {"accuracy": correct / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
-
-
-def _auc(y: np.ndarray, score: np.ndarray) -> float:
-    from sklearn.metrics import roc_auc_score
-
-    if len(np.unique(y)) < 2:
-        return float("nan")
-    return float(roc_auc_score(y, score))
-
-
-#: at most this many input floats in one block of personal models scoring the global test set
-GLOBAL_BLOCK_FLOATS = 50_000_000
-
-
-@torch.no_grad()
-def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
-    """Per-client metrics of a stack: local test accuracy/loss, validation loss sums, AUC, global test set.
-
-    A personalised model's global-test accuracy is also split by the client's own
-    classes and the others (``global_accuracy_own`` / ``_other``, see
-    :func:`own_class_masks`). Only these numbers leave a client. ``val_loss_sum``/``val_n`` let the server
-    pool validation losses weighted by size; ``global_probs`` (binary tasks,
-    personalised models) lets it compute the AUC of the clients' mean prediction
-    on the public global test set.
-    """
-    binary = data.n_classes == 2
-    tests = predict(pred.model, pred.params, data.x, data.test)
-    vals = predict(pred.model, pred.params, data.x, data.val)
-    out: dict[str, list] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [], "val_accuracy": [],
-                            "val_loss_sum": [], "val_n": []}
-    if binary:
-        out["local_auc"] = []
-    for j in range(len(data.client_ids)):
-        yt = data.y[torch.as_tensor(data.test[j], device=data.y.device)]
-        s = _scores(tests[j], yt)
-        out["local_accuracy"].append(s["accuracy"])
-        out["local_loss"].append(s["loss"])
-        out["local_n"].append(s["n"])
-        if binary:
-            out["local_auc"].append(_auc(yt.cpu().numpy(), tests[j].softmax(-1)[:, 1].cpu().numpy()) if len(yt) else float("nan"))
-        yv = data.y[torch.as_tensor(data.val[j], device=data.y.device)]
-        v = _scores(vals[j], yv)
-        out["val_loss"].append(v["loss"])
-        out["val_accuracy"].append(v["accuracy"])
-        out["val_loss_sum"].append(v["loss_sum"])
-        out["val_n"].append(v["n"])
-    if pred.personalised:
-        n = len(data.client_ids)
-        mask = data.global_mask if data.global_mask is not None else [True] * n
-        rows = [j for j in range(n) if mask[j]]
-        out["global_accuracy"], out["global_loss"] = [float("nan")] * n, [float("nan")] * n
-        own = own_class_masks(data)
-        if own is not None:
-            out["global_accuracy_own"], out["global_accuracy_other"] = [float("nan")] * n, [float("nan")] * n
-        if binary:
-            out["global_probs"] = [None] * n
-        full = np.arange(len(data.y_global))
-        width = max(int(np.prod(data.x_global.shape[1:])), data.n_classes)
-        block = max(1, GLOBAL_BLOCK_FLOATS // max(len(full) * width, 1))
-        for start in range(0, len(rows), block):  # a full pass over the global test set per client: in blocks
-            part = rows[start : start + block]
-            sub = pred.params if len(part) == n else {
-                k: v[torch.as_tensor(part, device=v.device)] for k, v in pred.params.items()}
-            glob = predict(pred.model, sub, data.x_global, [full] * len(part))
-            for j, logits in zip(part, glob, strict=True):
-                s = _scores(logits, data.y_global)
-                out["global_accuracy"][j] = s["accuracy"]
-                out["global_loss"][j] = s["loss"]
-                if binary:
-                    out["global_probs"][j] = logits.softmax(-1)
-                if own is not None:
-                    hit = (logits.argmax(-1) == data.y_global).double()
-                    out["global_accuracy_own"][j] = masked_mean(hit, own[j])
-                    out["global_accuracy_other"][j] = masked_mean(hit, ~own[j])
-    return out
-
-
-def own_class_masks(data: ClientEvalData) -> list[torch.Tensor] | None:
-    """Per client, which global test samples are of its *own* classes: those whose share of the
-    client's training labels is above uniform (1/C). None when the training indices are not known.
-
-    Why: a personalised model is scored on the balanced global test set to see what it
-    kept of the federation's knowledge; the classes a client rarely sees are where
-    personalisation forgets (fine-tuning) or must route to the global model (FedMoE's gate).
-    """
-    if data.train is None:
-        return None
-    masks = []
-    for idx in data.train:
-        labels = data.y[torch.as_tensor(idx, device=data.y.device)]
-        share = torch.bincount(labels, minlength=data.n_classes).double() / max(len(idx), 1)
-        own = torch.nonzero(share > 1.0 / data.n_classes).flatten()
-        masks.append(torch.isin(data.y_global, own))
-    return masks
-
-
-def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:
-    """The mean of ``values`` where ``mask`` holds; NaN where it never does."""
-    return float(values[mask].mean()) if bool(mask.any()) else float("nan")
 
 
 class Stopwatch:

@@ -17,6 +17,7 @@ from __future__ import annotations
 import torch
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
+from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -27,13 +28,11 @@ from hetfed.engine.types import (
     split_state,
 )
 from hetfed.errors import ConfigError
-from hetfed.interface import ClientEvalData, Predictor, client_scores
 
 
 class ClusterModels(FedAvg):
     """Cluster models under ``PREFIX``; subclasses say how a client's cluster is chosen."""
 
-    personalised = True  # type: ignore[assignment]  # clients predict with different cluster models
     #: the key prefix of the cluster models (the algorithm's name)
     PREFIX = ""
     #: why a saved run cannot predict for a client from its state alone

@@ -68,7 +68,6 @@ class PartlyPersonal(FedAvg):
     not in the broadcast stays in the client state).
     """
 
-    personalised = True  # type: ignore[assignment]  # every client predicts with a part of its own
 
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)

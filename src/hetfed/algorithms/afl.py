@@ -40,8 +40,8 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import predict
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
-from hetfed.interface import predict
 from hetfed.models.base import Model
 
 VALUATIONS = "valuations"

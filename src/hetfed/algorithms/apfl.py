@@ -32,9 +32,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
-from hetfed.interface import Predictor
 
 LOCAL = "apfl.v."  # the local model v_i in a client's state
 ALPHA = "apfl.alpha"  # its mixing weight α_i
@@ -48,7 +48,6 @@ class APFLParams(AlgorithmParams):
 class APFL(FedAvg):
     """Local SGD on the global copy, and on the local model through the mixture; α learned."""
 
-    personalised = True  # type: ignore[assignment]
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         local, _ = split_state(super().client_init(client_id, gen))  # the model's own local params (CGAU's rows)
@@ -82,8 +81,7 @@ class APFL(FedAvg):
         params, _, loss = train_stack(self.model, params, data, self.schedule, self.train.optimizer, bc.lr,
                                       trainable=trainable, objective=objective,
                                       project=lambda p: {**p, ALPHA: p[ALPHA].clamp(0, 1)} if ALPHA in p else p)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in shared}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, shared, loss)
         return upload, {**{k: params[k] for k in local}, **{k: params[k] for k in own}}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:

@@ -30,9 +30,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
-from hetfed.interface import Predictor
 
 #: the personal model's parameters in a client's state
 PERSONAL = "ditto."
@@ -47,7 +47,6 @@ class DittoParams(AlgorithmParams):
 class Ditto(FedAvg):
     """FedAvg for the global model plus a personal model per client, proximal to the received global."""
 
-    personalised = True  # type: ignore[assignment]
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         state = super().client_init(client_id, gen)
@@ -72,8 +71,7 @@ class Ditto(FedAvg):
             self.schedule, epochs=self.params.personal_epochs, steps=None)
         personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
                                      bc.lr, regulariser=prox if lam else None)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PERSONAL + k: v for k, v in personal.items()}}
 

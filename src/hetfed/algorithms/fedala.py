@@ -41,10 +41,10 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import OptimizerConfig
+from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import LocalSchedule, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
-from hetfed.interface import Predictor
 
 OWN = "ala.model."  # the client's own model Θ_i
 WEIGHT = "ala.w."  # its aggregation weights W_i (top tensors only)
@@ -64,7 +64,6 @@ class FedALAParams(AlgorithmParams):
 class FedALA(FedAvg):
     """Element-wise adaptive merging of the global model into the client's own, then local training."""
 
-    personalised = True  # type: ignore[assignment]
 
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
@@ -159,8 +158,7 @@ class FedALA(FedAvg):
         glob = bc.stacked(n)
         merged, w, settled = self._ala(own, glob, w, local, states[SETTLED], data)
         params, _, loss = train_clients(self, {**merged, **local}, {}, data, bc.lr)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **{OWN + k: params[k] for k in bc.params},
                         **{WEIGHT + k: v for k, v in w.items()}, SETTLED: settled}
 

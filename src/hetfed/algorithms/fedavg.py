@@ -34,12 +34,7 @@ class FedAvg(Algorithm):
         shared = bc.stacked(n)
         local, kept_opt = split_state(states)
         params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc, data))
-        upload = Upload(
-            client_ids=list(data.client_ids),
-            params={k: params[k] for k in bc.params},
-            num_samples=data.sizes().to(loss.device),
-            extra={"train_loss": loss},
-        )
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state}
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
@@ -95,7 +90,6 @@ class FedProx(FedAvg):
 class Local(Algorithm):
     """Every client trains its own model from scratch on its own data; nothing is shared."""
 
-    personalised = True  # type: ignore[assignment]  # every parameter is the client's own
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params={})

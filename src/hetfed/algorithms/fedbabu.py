@@ -32,9 +32,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
-from hetfed.interface import Predictor
 
 TUNED = "babu_ft."  # a client's fine-tuned model in its state
 VIEWS = ("fedbabu", "fedbabu_ft")
@@ -60,8 +60,7 @@ class FedBABU(FedAvg):
         local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
         params, _, loss = train_stack(self.model, {**bc.stacked(n), **local}, data, self.schedule,
                                       self.train.optimizer, bc.lr, trainable=[*self._body, *local])
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {**states, **{k: params[k] for k in local}}
 
     def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict]:
@@ -75,7 +74,7 @@ class FedBABU(FedAvg):
         return {**states, **{TUNED + k: v for k, v in tuned.items()}}, info
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        if view in (None, self.federated_view):
+        if view in (None, self.capabilities.federated_view):
             local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
             return super().predictor(bc, local, n, None)
         return Predictor(self.model, {k[len(TUNED):]: v for k, v in states.items() if k.startswith(TUNED)}, True)

@@ -80,8 +80,7 @@ class FedDyn(FedAvg):
 
         params, opt_state, loss = train_clients(self, {**anchor, **local}, kept_opt, data, bc.lr, dynamic)
         new_grad = {GRAD + k: (grad[k] - alpha * (params[k] - anchor[k])).detach() for k in names}
-        upload = Upload(list(data.client_ids), {k: params[k] for k in names}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, names, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state, **new_grad}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:

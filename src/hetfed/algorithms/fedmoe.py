@@ -38,10 +38,10 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import optim
+from hetfed.engine.evaluate import ClientEvalData, Predictor, masked_mean, own_class_masks, predict
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
-from hetfed.interface import ClientEvalData, Predictor, masked_mean, own_class_masks, predict
 from hetfed.models.base import Model
 from hetfed.models.mixture import Mixture
 
@@ -232,7 +232,7 @@ class FedMoE(FedAvg):
         return out
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        if view in (None, self.federated_view):
+        if view in (None, self.capabilities.federated_view):
             return super().predictor(bc, states, n, None)
         shared = bc.stacked(n)
         if view in ("local", "finetuned"):

@@ -56,8 +56,7 @@ class FedRep(PartlyPersonal):
         body = [*self._body, *self.model.local_names]  # CGAU's rows move with the representation
         params, _, loss = train_stack(self.model, params, second_pass(data, 1), self.schedule, opt, bc.lr,
                                       trainable=body)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {k: params[k] for k in local}
 
 

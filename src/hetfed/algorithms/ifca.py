@@ -32,13 +32,13 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import predict
 from hetfed.engine.types import (
     Broadcast,
     Params,
     ServerState,
     Upload,
 )
-from hetfed.interface import predict
 
 
 class IFCAParams(AlgorithmParams):

@@ -43,9 +43,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
-from hetfed.interface import ClientEvalData, Predictor, client_scores
 
 
 class PerFedAvgParams(AlgorithmParams):
@@ -62,7 +62,6 @@ def _parts(t: torch.Tensor, size: int, k: int) -> torch.Tensor:
 class PerFedAvg(FedAvg):
     """MAML-style local steps; clients adapt the global model by one step before predicting."""
 
-    personalised = True  # type: ignore[assignment]  # each client predicts with its adapted model
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         return split_state(super().client_init(client_id, gen))[0]  # optimiser state fresh each round
@@ -96,8 +95,7 @@ class PerFedAvg(FedAvg):
         schedule = replace(self.schedule, batch_size=self._batches * b)
         params, _, loss = train_stack(model, {**bc.stacked(n), **local}, data, schedule, self.train.optimizer, bc.lr,
                                       objective=objective)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, bc.params, loss)
         return upload, {k: params[k] for k in local}
 
     def adapted(self, params: Params, x: torch.Tensor, y: torch.Tensor, train: list[np.ndarray]) -> Params:

@@ -35,9 +35,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
-from hetfed.interface import Predictor
 
 THETA = "pfedme.theta."  # the personalised model θ_i in a client's state
 
@@ -51,7 +51,6 @@ class PFedMeParams(AlgorithmParams):
 class PFedMe(FedAvg):
     """Bi-level: a personalised θ per client by an inner solver, the local w pulled towards it."""
 
-    personalised = True  # type: ignore[assignment]
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         local, _ = split_state(super().client_init(client_id, gen))  # optimiser state fresh each round
@@ -84,8 +83,7 @@ class PFedMe(FedAvg):
 
         params, _, loss = train_stack(self.model, {**bc.stacked(n), **local}, data, self.schedule,
                                       self.train.optimizer, bc.lr, objective=objective)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in shared}, data.sizes().to(loss.device),
-                        {"train_loss": loss})
+        upload = Upload.of(data, params, shared, loss)
         return upload, {**{k: params[k] for k in local}, **{THETA + k: v for k, v in theta.items()}}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:

@@ -56,6 +56,14 @@ class Upload:
     #: how many of the round's updates the server's screening rejected, by reason (not sent by clients)
     screened: dict[str, int] = field(default_factory=dict)
 
+    @classmethod
+    def of(cls, data: ClientData, params: Params, names, loss: torch.Tensor,
+           **extra: torch.Tensor) -> Upload:
+        """What most methods send: the trained ``params`` named in ``names`` (the shared ones), each client's
+        training-sample count and its training loss, and any method-specific ``extra`` statistics."""
+        return cls(list(data.client_ids), {k: params[k] for k in names}, data.sizes().to(loss.device),
+                   {"train_loss": loss, **extra})
+
 
 @dataclass(frozen=True, eq=False)
 class ClientData:

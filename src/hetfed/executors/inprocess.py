@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.client_store import ClientStore
-from hetfed.engine.evaluate import global_test
+from hetfed.engine.evaluate import ClientEvalData, global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
@@ -43,7 +43,7 @@ from hetfed.engine.types import (
     stack_states,
 )
 from hetfed.errors import RunError
-from hetfed.interface import Algorithm, ClientEvalData
+from hetfed.interface import Algorithm
 from hetfed.models.base import Model
 from hetfed.server.screen import Screen, held_for_screen, holds_round
 
@@ -136,7 +136,7 @@ def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, max_floats:
     """How many clients to score at once: their longest own evaluation set × width within ``max_floats``.
 
     The global test set is not counted: the few clients that score it do so in blocks of
-    their own (:func:`hetfed.interface.client_scores`), so a chunk of 100 000 small clients
+    their own (:func:`hetfed.engine.evaluate.client_scores`), so a chunk of 100 000 small clients
     is not cut into thousands because of a 10 000-image set most of them never see.
     """
     d = int(np.prod(x.shape[1:]))

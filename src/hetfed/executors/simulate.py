@@ -102,7 +102,7 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, cl
     if not ids:
         raise RunError(f"round {server.round}: no client answered the evaluation (see failed_clients); "
                        "expected at least one reply within flower.round_timeout")
-    own = algo.evaluate_server(server, x_global, y_global) if view is None or view == algo.federated_view else {}
+    own = algo.evaluate_server(server, x_global, y_global) if view is None or view == algo.capabilities.federated_view else {}
     return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 
 
@@ -353,6 +353,6 @@ def personalise(algo: Algorithm, fed, seed: int, result: SimulationResult, devic
     result.personal_seconds = time.perf_counter() - t0
     xg, yg = global_test(fed, algo.train, seed, device)
     ids = algo.eval_clients(fed, seed)
-    for view in algo.views:
+    for view in algo.capabilities.views:
         result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
     return result

@@ -266,7 +266,7 @@ def train_method(execution: Execution, p: MethodPlan, executor, resume: dict | N
     method's part of a checkpoint to continue from (resumed after its rounds, the loop only restores)."""
     config, fed, rec, algo = execution.config, execution.fed, execution.recording, p.algo
     label = p.method.label
-    fed_label = row_name(p.method, algo.federated_view) if algo.views else label
+    fed_label = row_name(p.method, algo.capabilities.federated_view) if algo.capabilities.views else label
     task = execution.bar.add_task(fed_label, total=p.train.rounds, acc="-", rate="")
     earlier = resume["result"].train_seconds + resume["result"].eval_seconds if resume else 0.0
     t0 = time.perf_counter() - earlier
@@ -277,7 +277,7 @@ def train_method(execution: Execution, p: MethodPlan, executor, resume: dict | N
                       resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
     execution.bar.update(task, completed=p.train.rounds)
     fed_seconds = time.perf_counter() - t0
-    if algo.views and not (resume is not None and resume["phase"] == "personalised"):
+    if algo.capabilities.views and not (resume is not None and resume["phase"] == "personalised"):
         _personalise(execution, p, result, saver)
     return method_rows(execution, p, result, fed_seconds, time.perf_counter() - t0)
 
@@ -301,7 +301,7 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
     ckpt = rec.run_dir / CHECKPOINTS
     ckpt.mkdir(exist_ok=True)
     save_client_states(result.states, ckpt / f"{label}-clients.pt")
-    if not algo.views:
+    if not algo.capabilities.views:
         torch.save({k: v.cpu() for k, v in result.server.params.items()}, ckpt / f"{label}-final.pt")
         if result.best_server is not None:
             torch.save({k: v.cpu() for k, v in result.best_server.params.items()}, ckpt / f"{label}-best.pt")
@@ -309,7 +309,7 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
     chosen = result.best_server or result.server
     torch.save({k: v.cpu() for k, v in chosen.params.items()}, ckpt / f"{label}-global-best.pt")
     rows = {}
-    for view in algo.views:
+    for view in algo.capabilities.views:
         name = row_name(method, view)
         row, rnd = view_row(algo, view, result, fed_seconds)
         write_evaluation(rec.writer, name, rnd, result.views[view])

@@ -105,7 +105,7 @@ def round_fields(metrics: dict | None, timing: dict[str, float], rnd: int) -> di
 def view_row(algo, view: str, result: SimulationResult, fed_seconds: float) -> tuple[dict, int]:
     """A personalised method's row for one of its views, and the round (or epochs) its evaluation is filed
     under: the federated view took the rounds, the others their personalisation epochs."""
-    if view == algo.federated_view:
+    if view == algo.capabilities.federated_view:
         seconds, extra = fed_seconds, {"rounds": result.rounds_done, "best_round": result.best_round,
                                        "selected_by": result.selected_by, **_failures(result)}
     else:

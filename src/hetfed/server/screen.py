@@ -111,7 +111,7 @@ def holds_round(algo: Algorithm) -> bool:
     """True when a round's updates must be held together instead of streamed: a chain step that needs every
     update (a robust combine rule), or an algorithm that does (FedDF, FedGen). The norm filter holds only its
     reference clients (:class:`Screen`)."""
-    return not algo.context.pipeline.streams or algo.needs_all_updates
+    return not algo.context.pipeline.streams or algo.capabilities.whole_round
 
 
 def held_for_screen(algo: Algorithm, per_round: int) -> int:
