@@ -548,9 +548,9 @@ class Config(_Strict):
         if spec.inputs != gives:
             readers = [name for name, m in models.items() if m.inputs == gives]
             need = f"need model.kind = {readers[0]!r}" if len(readers) == 1 else f"need model.kind in {readers}"
-            raise ValueError(f"methods.{i} model.kind = {kind!r} with dataset.name = {self.dataset.name!r} and "
-                             f"embed.kind = {self.embed.kind!r} is not allowed: the model reads {spec.inputs}, the "
-                             f"data gives {gives}, which {need}")
+            raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not allowed "
+                             f"(dataset.name = {self.dataset.name!r}): the model reads {spec.inputs}, the data gives "
+                             f"{gives}, which {need}")
         problem = spec.check({k: getattr(model, k) for k in spec.reads}) if spec.check else None
         if problem:
             raise ValueError(f"methods.{i} {problem}")
