@@ -35,7 +35,8 @@ def test_a_set_model_kind_reaches_every_method_and_charlstm_on_digits_is_refused
     err = capsys.readouterr().err
     assert "note: model.kind = 'charlstm' replaces methods.0.model.kind = 'mlp' (method 'relu')" in err
     assert "note: model.kind = 'charlstm' replaces methods.1.model.kind = 'cgau' (method 'cgau')" in err
-    assert "error: invalid config: methods.0 model.kind = 'charlstm' with dataset.name = 'digits'" in err
+    assert ("error: invalid config: methods.0 model.kind = 'charlstm' with embed.kind = 'identity' is not allowed "
+            "(dataset.name = 'digits')") in err
     assert not out.exists()
 
 

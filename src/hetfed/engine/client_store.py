@@ -12,6 +12,7 @@ tracked by a mask.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 import torch
@@ -56,11 +57,11 @@ class ClientStore(Mapping[int, ClientState]):
             self._has[name][idx] = True
 
     # -- checkpoints
-    def state_dict(self) -> dict:
+    def state_dict(self) -> dict[str, Any]:
         """Everything the store holds, for a resumable checkpoint."""
         return {"n_clients": self.n_clients, "data": dict(self._data), "has": {k: v.copy() for k, v in self._has.items()}}
 
-    def load_state_dict(self, state: dict) -> None:
+    def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["n_clients"] != self.n_clients:
             raise ValueError(f"checkpoint holds {state['n_clients']} clients, the federation {self.n_clients}")
         self._data = dict(state["data"])
@@ -87,7 +88,7 @@ class ClientStore(Mapping[int, ClientState]):
         has = {n: h for n, h in self._has.items() if keep(n)}
         if not has:
             return [], {}
-        counts = sum(h.astype(np.int64) for h in has.values())
+        counts = np.sum([h.astype(np.int64) for h in has.values()], axis=0)
         if counts.max() == 0:
             return [], {}
         ids = np.flatnonzero(counts == counts.max())

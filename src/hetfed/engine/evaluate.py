@@ -28,15 +28,22 @@ scores its own model on the balanced global test set:
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
 import torch.nn.functional as F
+from numpy.typing import ArrayLike
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
 from hetfed.engine.types import Params
 from hetfed.models.base import Model
+
+if TYPE_CHECKING:
+    from hetfed.config import TrainConfig
+    from hetfed.partition import Federation
 
 #: a client report ``mean.<name>`` (an algorithm's own diagnostic) becomes the metric ``<name>``: its mean over clients
 MEAN_PREFIX = "mean."
@@ -51,7 +58,7 @@ class Evaluation:
     per_client: dict[str, list[float]]  # metric → value per client (in the order of the evaluated ids)
 
 
-def global_test(fed, train, seed: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def global_test(fed: Federation, train: TrainConfig, seed: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """The global test set an evaluation scores, on ``device``: all of it, or a fixed class-balanced
     subset of ``train.global_test_size`` samples (the same at every evaluation)."""
     x, y = np.asarray(fed.x_global_test, dtype=np.float32), np.asarray(fed.y_global_test, dtype=np.int64)
@@ -65,7 +72,7 @@ def global_test(fed, train, seed: int, device: torch.device | str = "cpu") -> tu
     return torch.as_tensor(x, device=device), torch.as_tensor(y, device=device)
 
 
-def ci95_over(values) -> float:
+def ci95_over(values: Iterable[float | None]) -> float:
     """Half-width of the 95% CI of the mean (Student t) of the finite values (None and NaN skipped);
     NaN with fewer than 2."""
     from scipy import stats
@@ -77,14 +84,14 @@ def ci95_over(values) -> float:
     return float(stats.t.ppf(0.975, len(v) - 1) * v.std(ddof=1) / np.sqrt(len(v)))
 
 
-def _stat(values, fn, *args) -> float:
+def _stat(values: ArrayLike, fn: Callable[..., Any], *args: Any) -> float:
     """A nan-aware statistic that is NaN (not a warning) when nothing was measured."""
     v = np.asarray(values, dtype=float)
     v = v[~np.isnan(v)]
     return float(fn(v, *args)) if len(v) else float("nan")
 
 
-def weighted_mean(values, weights) -> float:
+def weighted_mean(values: ArrayLike, weights: ArrayLike | None) -> float:
     """The mean of the finite ``values`` weighted by ``weights`` (unweighted when there are none)."""
     v = np.asarray(values, dtype=float)
     w = np.ones_like(v) if weights is None else np.asarray(weights, dtype=float)
@@ -92,7 +99,7 @@ def weighted_mean(values, weights) -> float:
     return float(np.average(v[ok], weights=w[ok])) if ok.any() else float("nan")
 
 
-def worst_fraction_mean(values, fraction: float) -> float:
+def worst_fraction_mean(values: ArrayLike, fraction: float) -> float:
     """The mean of the lowest ``fraction`` of the finite values (⌈fraction · n⌉ of them, at least one)."""
     v = np.sort(np.asarray(values, dtype=float)[~np.isnan(np.asarray(values, dtype=float))])
     if not len(v):
@@ -100,7 +107,7 @@ def worst_fraction_mean(values, fraction: float) -> float:
     return float(v[: max(1, int(np.ceil(fraction * len(v))))].mean())
 
 
-def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n_classes: int,
+def summarise(reports: dict[str, list[Any]], ids: list[int], opted_out: np.ndarray, n_classes: int,
               server: dict[str, float] | None = None, y_global: torch.Tensor | None = None) -> Evaluation:
     """The run's metrics from the clients' reports (lists in the order of ``ids``) and the
     server's own scores (``server``: its model on the global test set)."""
@@ -143,9 +150,9 @@ def summarise(reports: dict[str, list], ids: list[int], opted_out: np.ndarray, n
                 metrics[key] = _stat(reports[key], np.mean)
         scored = [p for p in reports.get("global_probs", []) if p is not None]
         if binary and y_global is not None and scored:
-            probs = None
-            for p in scored:
-                probs = p if probs is None else probs + p
+            probs = scored[0]
+            for p in scored[1:]:
+                probs = probs + p
             metrics["global_auc"] = auc(y_global.cpu().numpy(), (probs / len(scored))[:, 1].cpu().numpy())
     for key in reports:  # an algorithm's own per-client diagnostics (FedMoE's gate): their mean over clients
         if key.startswith(MEAN_PREFIX):
@@ -193,7 +200,9 @@ def size_blocks(sizes: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
     to the largest in one stack, scoring them computed ~10× the samples there are.
     """
     order = np.argsort(sizes, kind="stable")
-    blocks, current, total = [], [], 0
+    blocks: list[np.ndarray] = []
+    current: list[int] = []
+    total = 0
     for k in order:
         size = int(sizes[k])
         if current and (len(current) + 1) * size > waste * (total + size):  # sorted: size is the block's width
@@ -251,7 +260,7 @@ GLOBAL_BLOCK_FLOATS = 50_000_000
 
 
 @torch.no_grad()
-def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
+def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]:
     """Per-client metrics of a stack: local test accuracy/loss, validation loss sums, AUC, global test set.
 
     A personalised model's global-test accuracy is also split by the client's own
@@ -264,7 +273,7 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list]:
     binary = data.n_classes == 2
     tests = predict(pred.model, pred.params, data.x, data.test)
     vals = predict(pred.model, pred.params, data.x, data.val)
-    out: dict[str, list] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [], "val_accuracy": [],
+    out: dict[str, list[Any]] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [], "val_accuracy": [],
                             "val_loss_sum": [], "val_n": []}
     if binary:
         out["local_auc"] = []

@@ -17,7 +17,9 @@ was), so a dropout is a failure before the client could report anything.
 from __future__ import annotations
 
 import zlib
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
@@ -26,6 +28,9 @@ from hetfed.config import AttackConfig, StragglerConfig, TrainConfig
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, STRAGGLER, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, Upload
+
+if TYPE_CHECKING:
+    from hetfed.partition import Federation
 
 
 def step_times(cfg: StragglerConfig, n_clients: int, seed: int) -> np.ndarray:
@@ -52,7 +57,7 @@ class RoundFaults:
 class Faults:
     """Dropouts and stragglers of a run (see the module docstring)."""
 
-    def __init__(self, train: TrainConfig, fed, seed: int, schedule: LocalSchedule):
+    def __init__(self, train: TrainConfig, fed: Federation, seed: int, schedule: LocalSchedule):
         self.p, self.seed, self.n_clients = train.client_dropout, seed, fed.n_clients
         self.deadline = train.stragglers.deadline if train.stragglers.distribution != "none" else None
         if self.deadline is not None:
@@ -90,7 +95,7 @@ def malicious_clients(cfg: AttackConfig, opted_out: np.ndarray, seed: int) -> np
 class Adversary:
     """The malicious clients of a run and what they do to their uploads or labels."""
 
-    def __init__(self, cfg: AttackConfig, fed, seed: int, n_classes: int):
+    def __init__(self, cfg: AttackConfig, fed: Federation, seed: int, n_classes: int):
         self.cfg, self.seed, self.n_classes = cfg, seed, n_classes
         self.malicious = malicious_clients(cfg, fed.opted_out, seed)
         self.factor = cfg.factor if cfg.factor is not None else {"sign_flip": 4.0, "scale": 10.0}.get(cfg.kind, 1.0)
@@ -99,13 +104,13 @@ class Adversary:
     def active(self) -> bool:
         return self.cfg.kind != "none" and bool(self.malicious.any())
 
-    def training_labels(self, y: torch.Tensor, train_indices) -> torch.Tensor:
+    def training_labels(self, y: torch.Tensor, train_indices: Sequence[np.ndarray]) -> torch.Tensor:
         """The pool's labels as the clients train on them: flipped ``y → C − 1 − y`` on malicious clients' samples."""
         if self.cfg.kind != "label_flip":
             return y
         out = y.clone()
         for k in np.flatnonzero(self.malicious):
-            idx = torch.as_tensor(train_indices[k], device=y.device)
+            idx = torch.as_tensor(train_indices[int(k)], device=y.device)
             out[idx] = self.n_classes - 1 - y[idx]
         return out
 

@@ -73,7 +73,8 @@ def plan_batches(n: int, schedule: LocalSchedule, rng: np.random.Generator) -> l
     return batches[:steps]
 
 
-def _plan_tensors(data: ClientData, schedule: LocalSchedule, device: torch.device):
+def _plan_tensors(data: ClientData, schedule: LocalSchedule,
+                  device: torch.device) -> tuple[torch.Tensor, torch.Tensor, np.ndarray]:
     """Pool indices [n, S, B], row masks [n, S, B], and rows per client per step."""
     plans = []
     for idx, seed in zip(data.indices, data.seeds, strict=True):
@@ -152,5 +153,5 @@ def train_stack(
                                             for i, (v, on) in enumerate(zip(values, active_np, strict=True))])
             loss_sum += reported.detach() * active
     n_steps = torch.as_tensor((rows > 0).sum(1), device=device).clamp(min=1)
-    out = {**fixed, **{k: v.detach() for k, v in current.items()}}
-    return out, state, loss_sum / n_steps
+    trained = {**fixed, **{k: v.detach() for k, v in current.items()}}
+    return trained, state, loss_sum / n_steps

@@ -58,7 +58,8 @@ def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr:
             g = g * _view(a, g)
         if cfg.momentum:
             buf = state[f"opt.mom.{k}"]
-            if every:
+            assert buf is not None
+            if keep is None:
                 buf.mul_(cfg.momentum).add_(g)
             else:
                 buf.mul_(_view(keep, buf)).add_(g)

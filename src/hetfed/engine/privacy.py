@@ -13,11 +13,12 @@ from __future__ import annotations
 import logging
 import math
 from functools import lru_cache
+from typing import Any
 
 from hetfed.errors import ConfigError
 
 
-def _library():
+def _library() -> tuple[Any, Any]:
     try:
         import dp_accounting
         from dp_accounting.rdp import rdp_privacy_accountant

@@ -6,6 +6,7 @@ its fields (e.g. that it carries no local parameters).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -57,7 +58,7 @@ class Upload:
     screened: dict[str, int] = field(default_factory=dict)
 
     @classmethod
-    def of(cls, data: ClientData, params: Params, names, loss: torch.Tensor,
+    def of(cls, data: ClientData, params: Params, names: Iterable[str], loss: torch.Tensor,
            **extra: torch.Tensor) -> Upload:
         """What most methods send: the trained ``params`` named in ``names`` (the shared ones), each client's
         training-sample count and its training loss, and any method-specific ``extra`` statistics."""
@@ -125,7 +126,7 @@ class RoundUploads:
     instead of streaming.
     """
 
-    def __init__(self, screen=None, stream: bool = True) -> None:
+    def __init__(self, screen: Any = None, stream: bool = True) -> None:
         self.screen = screen
         self.stream = stream  # False: hold every update (a Flower round's replies arrive together anyway)
         self._kept: list[Upload] = []

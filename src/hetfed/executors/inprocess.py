@@ -23,9 +23,9 @@ Flower SuperNodes, each holding its own client's state.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, replace
-from typing import Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -46,6 +46,11 @@ from hetfed.errors import RunError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model
 from hetfed.server.screen import Screen, held_for_screen, holds_round
+
+if TYPE_CHECKING:
+    from hetfed.config import TrainConfig
+    from hetfed.engine.faults import Adversary
+    from hetfed.partition import Federation
 
 
 @dataclass(frozen=True, eq=False)
@@ -76,11 +81,11 @@ class Executor(Protocol):
 
     name: str
 
-    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None: ...
+    def start(self, algo: Algorithm, fed: Federation, seed: int, device: torch.device) -> None: ...
     def train(self, bc: Broadcast, clients: list[int]) -> Upload: ...
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]: ...
-    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]: ...
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list[Any]]: ...
     def stop(self) -> None: ...
 
 
@@ -132,7 +137,7 @@ def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
     return max(1, int(memory_budget_mb * 2**20 / (4 * floats)))
 
 
-def eval_chunk(fed, ids: list[int], x: torch.Tensor, n_classes: int, max_floats: int) -> int:
+def eval_chunk(fed: Federation, ids: list[int], x: torch.Tensor, n_classes: int, max_floats: int) -> int:
     """How many clients to score at once: their longest own evaluation set × width within ``max_floats``.
 
     The global test set is not counted: the few clients that score it do so in blocks of
@@ -155,7 +160,7 @@ class InProcessExecutor:
         self.chunk_clients = chunk_clients
         self.eval_max_floats = eval_max_floats
         self.states: ClientStore = ClientStore(0)
-        self.adversary = None
+        self.adversary: Adversary | None = None
         self.y_train: torch.Tensor | None = None
 
     def chunk_size(self, model: Model, batch_size: int) -> int:
@@ -164,7 +169,7 @@ class InProcessExecutor:
         budget = self.memory_budget_mb or default_budget_mb(getattr(self, "device", None))
         return memory_chunk(model, batch_size, budget)
 
-    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
+    def start(self, algo: Algorithm, fed: Federation, seed: int, device: torch.device) -> None:
         self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
         x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
@@ -179,7 +184,7 @@ class InProcessExecutor:
             self.pool = replace(self.pool, first_id=first_id)
             self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
 
-    def _chunks(self, clients: list[int], size: int):
+    def _chunks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         for start in range(0, len(clients), size):
             yield clients[start : start + size]
 
@@ -206,7 +211,7 @@ class InProcessExecutor:
             self._keep(chunk, new)
         return round_uploads.result(reduce)
 
-    def set_adversary(self, adversary) -> None:
+    def set_adversary(self, adversary: Adversary) -> None:
         """Simulate malicious clients (:class:`hetfed.engine.faults.Adversary`) from now on."""
         self.adversary = adversary
         self.y_train = adversary.training_labels(self.pool.y, self.pool.train) if adversary.active else None
@@ -227,10 +232,10 @@ class InProcessExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
-                 among: list[int] | None = None) -> dict[str, list]:
+                 among: list[int] | None = None) -> dict[str, list[Any]]:
         """``among``: every client of this evaluation when ``clients`` are some of them (a Flower node's
         cohort), so the same clients score the global test set however the clients are spread."""
-        reports: dict[str, list] = {}
+        reports: dict[str, list[Any]] = {}
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes,
                           self.eval_max_floats)
         first = self.pool.first_id
@@ -254,7 +259,7 @@ class SequentialExecutor(InProcessExecutor):
 
     name = "sequential"
 
-    def __init__(self, memory_budget_mb: float | None = None, chunk_clients: int | None = None, **kw):
+    def __init__(self, memory_budget_mb: float | None = None, chunk_clients: int | None = None, **kw: Any) -> None:
         super().__init__(memory_budget_mb, 1, **kw)
 
 
@@ -264,7 +269,7 @@ class VectorisedExecutor(InProcessExecutor):
     name = "vectorised"
 
 
-def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_000) -> dict[str, int]:
+def estimate_memory(algo: Algorithm, fed: Federation, train: TrainConfig, eval_max_floats: int = 50_000_000) -> dict[str, int]:
     """What an in-process run will hold at its peak, in bytes, by part (a conservative estimate).
 
     ``pool``: the train pool (shared by every client, never copied); ``client_states``:
@@ -290,7 +295,7 @@ def estimate_memory(algo: Algorithm, fed, train, eval_max_floats: int = 50_000_0
     }
 
 
-def _budget(train) -> float:
+def _budget(train: TrainConfig) -> float:
     return train.memory_budget_mb or default_budget_mb(train.device if train.device != "auto" else None)
 
 
@@ -306,7 +311,7 @@ def available_memory() -> int | None:
     return None
 
 
-def check_memory(algo: Algorithm, fed, train, available: int | None = None) -> dict[str, int]:
+def check_memory(algo: Algorithm, fed: Federation, train: TrainConfig, available: int | None = None) -> dict[str, int]:
     """Refuse up front a run whose estimate exceeds the memory available, saying why and what to change."""
     parts = estimate_memory(algo, fed, train)
     total = sum(parts.values())

@@ -12,20 +12,24 @@ import copy
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
-from hetfed.config import TrainConfig
+from hetfed.config import AttackConfig, TrainConfig
 from hetfed.engine.evaluate import Evaluation, global_test, summarise
-from hetfed.engine.faults import Adversary, Faults
+from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
-from hetfed.engine.types import ServerState
+from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import Executor, RoundSkipped
+from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
 from hetfed.interface import Algorithm
+
+if TYPE_CHECKING:
+    from hetfed.partition import Federation
 
 
 def resolve_device(kind: str) -> torch.device:
@@ -70,7 +74,7 @@ class SimulationResult:
     since_best: int = 0  # evaluations since it improved (early stopping)
 
     @property
-    def states(self) -> dict:
+    def states(self) -> Any:
         """Every client's local state, when the clients live in this process."""
         return getattr(self.executor, "states", {})
 
@@ -91,7 +95,7 @@ def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
         raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
 
 
-def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, clients: list[int] | None = None,
+def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Federation, clients: list[int] | None = None,
                view: str | None = None, x_global: torch.Tensor | None = None,
                y_global: torch.Tensor | None = None) -> Evaluation:
     """Clients score their models (``view``: a personalised predictor); the server scores its own."""
@@ -102,11 +106,13 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed, cl
     if not ids:
         raise RunError(f"round {server.round}: no client answered the evaluation (see failed_clients); "
                        "expected at least one reply within flower.round_timeout")
-    own = algo.evaluate_server(server, x_global, y_global) if view is None or view == algo.capabilities.federated_view else {}
+    own: dict[str, float] = {}
+    if x_global is not None and y_global is not None and view in (None, algo.capabilities.federated_view):
+        own = algo.evaluate_server(server, x_global, y_global)
     return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 
 
-def round_train_loss(upload) -> float | None:
+def round_train_loss(upload: Upload | None) -> float | None:
     """The round's training loss: the clients' reported losses weighted by their sample counts."""
     if upload is None or "train_loss" not in upload.extra or not len(upload.client_ids):
         return None
@@ -115,7 +121,7 @@ def round_train_loss(upload) -> float | None:
     return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
 
 
-def _sample_rate(train: TrainConfig, fed) -> float:
+def _sample_rate(train: TrainConfig, fed: Federation) -> float:
     """q: the share of the eligible clients a round samples (the accountant's sampling rate)."""
     eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
     return min(1.0, expected_per_round(train, fed.opted_out) / max(eligible, 1))
@@ -145,7 +151,7 @@ class _Loop:
     """One run of the round loop: what every round reads."""
 
     algo: Algorithm
-    fed: object
+    fed: Federation
     train: TrainConfig
     seed: int
     executor: Executor
@@ -160,14 +166,14 @@ class _Loop:
 
 def simulate(
     algo: Algorithm,
-    fed,
+    fed: Federation,
     train: TrainConfig,
     seed: int,
     executor: Executor | None = None,
     observers: Sequence[RoundObserver] = (),
-    attack=None,
+    attack: AttackConfig | None = None,
     resume: SimulationResult | None = None,
-    resume_states: dict | None = None,
+    resume_states: dict[str, Any] | None = None,
 ) -> SimulationResult:
     """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``; ``observers`` see every round.
 
@@ -190,8 +196,8 @@ def simulate(
     return result
 
 
-def _start(algo: Algorithm, fed, train: TrainConfig, seed: int, executor: Executor | None,
-           observers: Sequence[RoundObserver], attack) -> _Loop:
+def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, executor: Executor | None,
+           observers: Sequence[RoundObserver], attack: AttackConfig | None) -> _Loop:
     """The executor started, the global test set, the evaluated clients and the faults of a run."""
     device = resolve_device(train.device)
     if executor is None:
@@ -200,7 +206,7 @@ def _start(algo: Algorithm, fed, train: TrainConfig, seed: int, executor: Execut
         executor = executor_for(train).client_steps(train)
     executor.start(algo, fed, seed, device)
     under_attack = attack is not None and attack.kind != "none"  # divergence is then an outcome, not an error
-    if under_attack:
+    if attack is not None and under_attack:
         if not hasattr(executor, "set_adversary"):
             from hetfed.errors import ConfigError
 
@@ -215,7 +221,8 @@ def _start(algo: Algorithm, fed, train: TrainConfig, seed: int, executor: Execut
                  chain.min_clients if chain is not None else 1)
 
 
-def _initial_result(loop: _Loop, resume: SimulationResult | None, resume_states: dict | None) -> SimulationResult:
+def _initial_result(loop: _Loop, resume: SimulationResult | None,
+                    resume_states: dict[str, Any] | None) -> SimulationResult:
     """A fresh result from the server's initial state, or a checkpoint's as it was (on this device)."""
     device = resolve_device(loop.train.device)
     if resume is None:
@@ -228,7 +235,7 @@ def _initial_result(loop: _Loop, resume: SimulationResult | None, resume_states:
         if result.best_server is not None:
             result.best_server = _to_device(result.best_server, device)
         if resume_states is not None:  # None on Flower: the clients' states live on the nodes
-            loop.executor.states.load_state_dict(resume_states)
+            cast(InProcessExecutor, loop.executor).states.load_state_dict(resume_states)
     # best-model selection needs validation data on the clients that train the global model
     fed = loop.fed
     opted_out = np.asarray(fed.opted_out, dtype=bool)
@@ -274,7 +281,7 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
         result.stopped_early = True
 
 
-def _train_round(loop: _Loop, result: SimulationResult, r: int):
+def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload | None, dict[str, int]]:
     """The round's sampled clients, those present train; their upload (None: too few) and client counts."""
     algo = loop.algo
     sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
@@ -303,7 +310,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     t_eval = time.perf_counter()
     server = result.server
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
-    if algo.dp:
+    if algo.dp and algo.privacy is not None and algo.privacy.noise_multiplier is not None:
         result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds,
                                  algo.privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
@@ -329,7 +336,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     return ev.metrics
 
 
-def _round_counts(sampled: list[int], present, upload) -> dict[str, int]:
+def _round_counts(sampled: list[int], present: RoundFaults, upload: Upload | None) -> dict[str, int]:
     """A round's client counts, as metrics.csv records them."""
     screened = dict(upload.screened) if upload is not None else {}
     return {"clients_sampled": len(sampled), "clients_dropped": len(present.dropped), "clients_late": len(present.late),
@@ -338,7 +345,7 @@ def _round_counts(sampled: list[int], present, upload) -> dict[str, int]:
             "clients_aggregated": len(upload.client_ids) if upload is not None else 0}
 
 
-def personalise(algo: Algorithm, fed, seed: int, result: SimulationResult, device: torch.device,
+def personalise(algo: Algorithm, fed: Federation, seed: int, result: SimulationResult, device: torch.device,
                 on_chunk: Callable[[int, int], object] | None = None) -> SimulationResult:
     """The client-side step after federated training, from the best global model; then every view scored.
 

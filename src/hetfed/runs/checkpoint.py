@@ -24,13 +24,17 @@ from __future__ import annotations
 import dataclasses
 import os
 import shutil
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from hetfed.errors import RunError
-from hetfed.runs.rundir import CHECKPOINTS, write_atomic
+from hetfed.runs.rundir import CHECKPOINTS, MetricsWriter, write_atomic
+
+if TYPE_CHECKING:
+    from hetfed.executors.simulate import SimulationResult
 
 RESUME = "resume.pt"
 PREVIOUS = "resume.prev.pt"
@@ -63,7 +67,7 @@ def remove_checkpoints(run_dir: str | Path) -> None:
     path.with_name(PREVIOUS).unlink(missing_ok=True)
 
 
-def read_checkpoint(run_dir: str | Path, warn=None) -> dict[str, Any] | None:
+def read_checkpoint(run_dir: str | Path, warn: Callable[[str], object] | None = None) -> dict[str, Any] | None:
     """The run's checkpoint (None when it has none yet); stale temporary files of a killed write are removed.
 
     A latest checkpoint that cannot be read falls back to the previous one (``warn(message)`` says so);
@@ -88,7 +92,7 @@ def read_checkpoint(run_dir: str | Path, warn=None) -> dict[str, Any] | None:
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        payload = torch.load(path, map_location="cpu", weights_only=False)
+        payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
     except Exception as err:
         raise RunError(f"the checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); "
                        "expected a file written by hetfed (rerun the config instead)") from None
@@ -98,23 +102,24 @@ def _load(path: Path) -> dict[str, Any]:
     return payload
 
 
-def snapshot(result) -> dict[str, Any]:
+def snapshot(result: SimulationResult) -> dict[str, Any]:
     """A :class:`~hetfed.executors.simulate.SimulationResult` without its executor and with its last evaluation only
     (every evaluation is in metrics.csv); the client store goes beside it."""
     res = dataclasses.replace(result, executor=None, history=result.history[-1:])
-    states = getattr(result.executor, "states", None)
+    states: Any = getattr(result.executor, "states", None)
     return {"result": res, "states": states.state_dict() if hasattr(states, "state_dict") else None}
 
 
 class Checkpointer:
     """Writes a run's checkpoint: the finished methods' rows and the method in progress."""
 
-    def __init__(self, run_dir: Path, writer, methods: dict, started: str, resumes: int = 0):
+    def __init__(self, run_dir: Path, writer: MetricsWriter, methods: dict[str, Any], started: str,
+                 resumes: int = 0) -> None:
         self.run_dir, self.writer, self.methods = Path(run_dir), writer, methods
         self.started, self.resumes = started, resumes
         self.done: list[str] = []  # labels of the finished methods (their rows are in ``methods``)
 
-    def save(self, current: dict | None) -> None:
+    def save(self, current: dict[str, Any] | None) -> None:
         """Checkpoint now; metrics.csv is flushed first so its length matches the state saved."""
         self.writer.flush()
         write_checkpoint(self.run_dir, {

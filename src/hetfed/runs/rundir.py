@@ -89,7 +89,7 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, write: Callable[[IO], None], binary: bool = False, sync: bool = False) -> None:
+def write_atomic(path: Path, write: Callable[[IO[Any]], None], binary: bool = False, sync: bool = False) -> None:
     """Write ``path`` through a temporary file in the same folder + rename: readers (and a run resumed
     after a kill) see the old file or the new one, never half of one. ``sync``: on disk before the rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -130,7 +130,7 @@ class MetricsWriter:
     def __init__(self, path: Path, keep_bytes: int | None = None):
         self.path = path
         #: experiment trackers (:class:`hetfed.runs.tracking.Trackers`): round-level rows mirrored as written
-        self.mirror = None
+        self.mirror: Any = None
         if keep_bytes is not None and path.is_file():
             with open(path, "r+b") as fh:
                 fh.truncate(keep_bytes)
@@ -261,7 +261,7 @@ def run_state(run_dir: str | Path) -> str:
         status = json.loads(path.read_text())
     except (OSError, ValueError):
         return "unknown"
-    state = status.get("status", "unknown")
+    state = str(status.get("status", "unknown"))
     if state != "running":
         return state
     if status.get("host") == socket.gethostname() and status.get("pid") is not None:
@@ -286,7 +286,7 @@ def process_alive(pid: int) -> bool:
         return True
 
 
-def read_summary(run_dir: str | Path) -> dict:
+def read_summary(run_dir: str | Path) -> dict[str, Any]:
     """The summary of a completed run; a clear error for an incomplete one."""
     path = Path(run_dir) / SUMMARY
     if not path.is_file():
@@ -294,4 +294,5 @@ def read_summary(run_dir: str | Path) -> dict:
         if state == "dead":
             state = "dead: marked running, but its process is gone"
         raise RunError(f"{str(run_dir)!r} is not a completed run (status: {state})")
-    return json.loads(path.read_text())
+    loaded: dict[str, Any] = json.loads(path.read_text())
+    return loaded

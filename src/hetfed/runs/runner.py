@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -28,7 +28,7 @@ from hetfed.config import Config, MethodConfig, TrainConfig, dump_config, load_r
 from hetfed.console import make_console, round_progress
 from hetfed.engine.sampling import clients_per_round
 from hetfed.errors import ConfigError, RunError, interruption_reason
-from hetfed.executors.inprocess import check_memory
+from hetfed.executors.inprocess import Executor, check_memory
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening, executor_for
 from hetfed.executors.simulate import SimulationResult, personalise, resolve_device, simulate
 from hetfed.interface import Algorithm
@@ -56,13 +56,16 @@ from hetfed.runs.rundir import (
     write_json_atomic,
 )
 from hetfed.runs.summary import method_summary, print_summary, row_name, run_summary, view_row
-from hetfed.runs.tracking import check_trackers, open_trackers
+from hetfed.runs.tracking import Trackers, check_trackers, open_trackers
+
+if TYPE_CHECKING:
+    from hetfed.partition import Federation
 
 
 @dataclass(frozen=True, eq=False)
 class RunOutput:
     run_dir: Path
-    summary: dict
+    summary: dict[str, Any]
 
 
 @dataclass(frozen=True, eq=False)
@@ -86,8 +89,8 @@ class Recording:
     writer: MetricsWriter
     heartbeat: Heartbeat
     checkpointer: Checkpointer
-    methods: dict[str, dict]
-    current: dict | None
+    methods: dict[str, dict[str, Any]]
+    current: dict[str, Any] | None
     started: str
 
 
@@ -142,7 +145,7 @@ def run_experiment(
         warn.print(f"warning: {warning}", style="yellow", soft_wrap=True)
     plans = plan(config, prep.federation, ckpt, executor)
     rec = open_run_directory(config, out, ckpt if resume else None, resume)
-    trackers = None
+    trackers: Trackers | None = None
     try:
         trackers = _start_recording(config, prep, rec, resume, warn, tracking_root, tracking_tags)
         if ckpt is None:
@@ -162,7 +165,7 @@ def run_experiment(
     return RunOutput(rec.run_dir, summary)
 
 
-def _checkpoint_to_resume(out: Path, warn: Console) -> dict | None:
+def _checkpoint_to_resume(out: Path, warn: Console) -> dict[str, Any] | None:
     """The checkpoint a resume continues from (None: the run had none yet); a refused resume marks the run
     failed, saying why, before anything is loaded."""
     try:
@@ -172,7 +175,7 @@ def _checkpoint_to_resume(out: Path, warn: Console) -> dict | None:
         raise
 
 
-def plan(config: Config, fed, ckpt: dict | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
+def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
     """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
     fit in memory or an attack on clients that are real is refused here, not mid-run."""
     n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
@@ -195,7 +198,7 @@ def plan(config: Config, fed, ckpt: dict | None, executor: ExecutorKind | None =
     return plans
 
 
-def open_run_directory(config: Config, out: str | Path | None, ckpt: dict | None, resume: bool) -> Recording:
+def open_run_directory(config: Config, out: str | Path | None, ckpt: dict[str, Any] | None, resume: bool) -> Recording:
     """A new run directory with its config.yaml, or the failed run being resumed (its metrics.csv cut back to
     what the checkpoint had written); the heartbeat started."""
     if resume:
@@ -211,7 +214,7 @@ def open_run_directory(config: Config, out: str | Path | None, ckpt: dict | None
         writer = MetricsWriter(run_dir / METRICS)
     heartbeat = Heartbeat(run_dir)
     heartbeat.start()  # refreshed from a timer while the run lives, however long a round or an evaluation takes
-    methods: dict[str, dict] = dict(ckpt["methods"]) if ckpt else {}
+    methods: dict[str, dict[str, Any]] = dict(ckpt["methods"]) if ckpt else {}
     checkpointer = Checkpointer(run_dir, writer, methods, started, resumes=ckpt["resumes"] + 1 if ckpt else int(resume))
     checkpointer.done = list(ckpt["done"]) if ckpt else []
     return Recording(run_dir, writer, heartbeat, checkpointer, methods, ckpt.get("current") if ckpt else None,
@@ -219,11 +222,12 @@ def open_run_directory(config: Config, out: str | Path | None, ckpt: dict | None
 
 
 def _start_recording(config: Config, prep: Prepared, rec: Recording, resume: bool, warn: Console,
-                     root: Path | None, tags: dict[str, str] | None):
+                     root: Path | None, tags: dict[str, str] | None) -> Trackers | None:
     """The federation's picture saved, the trackers opened and mirrored by the metrics writer."""
     from hetfed.partition import partition_view
 
-    np.savez_compressed(rec.run_dir / FEDERATION, **partition_view(prep.federation, config.seed))
+    # numpy's stub types **arrays as allow_pickle's bool; the keys are partition_view's array names
+    np.savez_compressed(rec.run_dir / FEDERATION, **partition_view(prep.federation, config.seed))  # type: ignore[arg-type]
     trackers = open_trackers(config, rec.run_dir, prep.heterogeneity.as_dict(), resumed=resume, root=root,
                              tags=tags, warn=lambda line: warn.print(line, style="yellow", soft_wrap=True))
     rec.writer.mirror = trackers
@@ -260,7 +264,7 @@ def _train_methods(execution: Execution, plans: list[MethodPlan], steps: ClientS
         rec.checkpointer.method_done(p.method.label)
 
 
-def train_method(execution: Execution, p: MethodPlan, executor, resume: dict | None) -> dict[str, dict]:
+def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """One method: its federated rounds, then (if the algorithm has one) its personalisation step; returns its
     table rows — one, or one per view (FedMoE's Local, FedAvg, Fine-tuned and Mixture). ``resume`` is this
     method's part of a checkpoint to continue from (resumed after its rounds, the loop only restores)."""
@@ -288,12 +292,17 @@ def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, 
     task = bar.add_task(f"{p.method.label}:personalise", total=len(p.algo.personalise_clients(execution.fed, seed)),
                         acc="-", rate="clients")
     personalise(p.algo, execution.fed, seed, result, resolve_device(p.train.device),
-                on_chunk=lambda done, total: (bar.update(task, completed=done), heartbeat.beat()))
+                on_chunk=partial(_personalised_so_far, bar, task, heartbeat))
     saver.checkpoint(result, "personalised")
 
 
+def _personalised_so_far(bar: Any, task: Any, heartbeat: Heartbeat, done: int, total: int) -> None:
+    bar.update(task, completed=done)
+    heartbeat.beat()
+
+
 def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, fed_seconds: float,
-                seconds: float) -> dict[str, dict]:
+                seconds: float) -> dict[str, dict[str, Any]]:
     """The method's final states saved under checkpoints/, and its rows: one, or one per view (each view's
     evaluation written to metrics.csv)."""
     method, algo, rec = p.method, p.algo, execution.recording
@@ -317,7 +326,7 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
     return rows
 
 
-def summarise(config: Config, prep: Prepared, rec: Recording, t_start: float) -> dict:
+def summarise(config: Config, prep: Prepared, rec: Recording, t_start: float) -> dict[str, Any]:
     """``summary.json`` written last, the status "complete", the resumable checkpoints removed (the final
     states are in checkpoints/)."""
     rec.writer.close()
@@ -330,7 +339,7 @@ def summarise(config: Config, prep: Prepared, rec: Recording, t_start: float) ->
     return summary
 
 
-def _mark_failed(rec: Recording, trackers, err: BaseException) -> None:
+def _mark_failed(rec: Recording, trackers: Trackers | None, err: BaseException) -> None:
     """The run directory marked failed with the reason; what was finished is kept (the reason itself is
     printed once, by whoever handles the error: the CLI)."""
     rec.heartbeat.stop()
@@ -341,7 +350,7 @@ def _mark_failed(rec: Recording, trackers, err: BaseException) -> None:
     make_console(stderr=True).print(f"run marked failed; what was finished is kept in {rec.run_dir}", soft_wrap=True)
 
 
-def save_client_states(states, path: Path) -> None:
+def save_client_states(states: Any, path: Path) -> None:
     """Every client's local parameters (no optimiser state), stacked by client id, for prediction later.
 
     Nothing is written when the clients keep no local parameters (FedAvg) or live
@@ -357,7 +366,7 @@ def save_client_states(states, path: Path) -> None:
         torch.save({"client_ids": ids, "states": stacked}, path)
 
 
-def client_state_keys(algo) -> list[str]:
+def client_state_keys(algo: Algorithm) -> list[str]:
     """What an algorithm's clients keep between rounds (CGAU's conditioning rows, SCAFFOLD's control variates,
     kept optimiser state …); empty when they keep nothing."""
     from hetfed.engine.rng import CLIENT_INIT, torch_gen
@@ -365,7 +374,7 @@ def client_state_keys(algo) -> list[str]:
     return sorted(algo.client_init(0, torch_gen(0, CLIENT_INIT, 0)))
 
 
-def check_remote_resume(checkpoint: dict | None) -> None:
+def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:
     """The checkpoint of a run whose clients live off this process (Flower) holds the server's side only: the
     clients' own state lived in the SuperNodes' run context, which ended with the killed run. Resuming mid-rounds is exact only for a method whose clients
     keep nothing between rounds; for any other the resume is refused, saying why."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 from rich.console import Console
@@ -13,6 +14,8 @@ from rich.table import Table
 from hetfed.config import Config, MethodConfig
 from hetfed.engine.evaluate import Evaluation
 from hetfed.executors.simulate import SimulationResult
+from hetfed.interface import Algorithm
+from hetfed.pipeline import Prepared
 from hetfed.runs.rundir import environment
 
 #: metrics shown in the final table and compared across methods
@@ -23,7 +26,7 @@ def _clean(metrics: dict[str, float]) -> dict[str, float | None]:
     return {k: (None if (isinstance(v, float) and not np.isfinite(v)) else float(v)) for k, v in metrics.items()}
 
 
-def method_summary(result: SimulationResult, seconds: float) -> dict:
+def method_summary(result: SimulationResult, seconds: float) -> dict[str, Any]:
     final = result.history[-1][1].metrics if result.history else {}
     best = result.best.metrics if result.best else final
     return {
@@ -47,10 +50,10 @@ def method_summary(result: SimulationResult, seconds: float) -> dict:
     }
 
 
-def _failures(result: SimulationResult) -> dict:
+def _failures(result: SimulationResult) -> dict[str, Any]:
     """Clients that did not answer (Flower), the round's client counts summed, rounds skipped, and ε."""
     failed = list(getattr(result.executor, "failures", []))
-    out: dict = {"clients": dict(result.faults)} if result.faults else {}
+    out: dict[str, Any] = {"clients": dict(result.faults)} if result.faults else {}
     if failed or result.skipped_rounds:
         out.update(failed_clients=failed, skipped_rounds=list(result.skipped_rounds))
     if result.diverged_at is not None:
@@ -94,7 +97,7 @@ def primary_row(method: MethodConfig) -> str:
     return row_name(method, view) if view else method.label
 
 
-def round_fields(metrics: dict | None, timing: dict[str, float], rnd: int) -> dict[str, str]:
+def round_fields(metrics: dict[str, Any] | None, timing: dict[str, float], rnd: int) -> dict[str, str]:
     """The progress bar's fields after a round (:func:`hetfed.console.round_progress`): the global accuracy when
     the round was evaluated, and the throughput."""
     fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
@@ -102,7 +105,7 @@ def round_fields(metrics: dict | None, timing: dict[str, float], rnd: int) -> di
     return fields
 
 
-def view_row(algo, view: str, result: SimulationResult, fed_seconds: float) -> tuple[dict, int]:
+def view_row(algo: Algorithm, view: str, result: SimulationResult, fed_seconds: float) -> tuple[dict[str, Any], int]:
     """A personalised method's row for one of its views, and the round (or epochs) its evaluation is filed
     under: the federated view took the rounds, the others their personalisation epochs."""
     if view == algo.capabilities.federated_view:
@@ -115,8 +118,8 @@ def view_row(algo, view: str, result: SimulationResult, fed_seconds: float) -> t
     return _view_summary(result.views[view], seconds, extra), extra.get("rounds") or extra.get("epochs") or 0
 
 
-def run_summary(config: Config, prep, methods: dict[str, dict], started: str, resumes: int,
-                wall_seconds: float) -> dict:
+def run_summary(config: Config, prep: Prepared, methods: dict[str, dict[str, Any]], started: str, resumes: int,
+                wall_seconds: float) -> dict[str, Any]:
     """``summary.json``: the run's data, federation and heterogeneity, its primary method's numbers, every
     method's row, and where and when it ran."""
     fed, het = prep.federation, prep.heterogeneity
@@ -150,7 +153,7 @@ def run_summary(config: Config, prep, methods: dict[str, dict], started: str, re
     }
 
 
-def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
+def _view_summary(ev: Evaluation, seconds: float, extra: dict[str, Any]) -> dict[str, Any]:
     """A personalised view's row: one evaluation, so final = best."""
     metrics = _clean(ev.metrics)
     return {
@@ -164,7 +167,7 @@ def _view_summary(ev: Evaluation, seconds: float, extra: dict) -> dict:
     }
 
 
-def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
+def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     g = summary.get("gamma")
     gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
@@ -178,7 +181,7 @@ def print_summary(summary: dict, run_dir: Path, console: Console) -> None:
     for col in cols:
         table.add_column(col, justify="right")
 
-    def fmt(v):
+    def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
     for label, m in summary["methods"].items():

@@ -16,7 +16,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -152,7 +152,7 @@ def run_sweep(
     resume: bool = False,
     jobs: int = 1,
     present: Callable[..., None] | None = None,
-) -> tuple[Path, list[dict]]:
+) -> tuple[Path, list[dict[str, Any]]]:
     """Run every grid point × seed; write sweep.csv / sweep.json; return the table.
 
     ``present(sweep_dir, table, grid, run_dirs, config, console)`` draws the figures and the
@@ -195,7 +195,7 @@ def run_sweep(
 
 
 #: one run of a sweep: its grid point, its seed's index and its validated config
-SweepRun = tuple[dict, int, Config]
+SweepRun = tuple[dict[str, Any], int, Config]
 
 
 def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[SweepRun]:
@@ -208,7 +208,7 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[S
     return configs
 
 
-def _run_dir(sweep_dir: Path, point: dict, cfg: Config) -> Path:
+def _run_dir(sweep_dir: Path, point: dict[str, Any], cfg: Config) -> Path:
     return sweep_dir / point_name(point) / f"seed={cfg.seed}"
 
 
@@ -229,7 +229,7 @@ def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[Sw
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
                    console: Console | None) -> dict[int, tuple[str, object]]:
     """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
-    todo: list[tuple[int, dict, Config, Path]] = []
+    todo: list[tuple[int, dict[str, Any], Config, Path]] = []
     outcome: dict[int, tuple[str, object]] = {}
     for i, (point, _s, cfg) in enumerate(configs):
         run_dir = _run_dir(sweep_dir, point, cfg)
@@ -252,12 +252,13 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     return outcome
 
 
-def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[str, object]]):
+def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[str, Any]]
+             ) -> tuple[list[tuple[dict[str, Any], int, dict[str, Any]]], list[tuple[dict[str, Any], Path]], list[dict[str, Any]]]:
     """The runs' summaries and directories in grid order, however they were run, and the failed ones (one
     impossible point must not lose the rest of the grid)."""
-    summaries: list[tuple[dict, int, dict]] = []
-    run_dirs: list[tuple[dict, Path]] = []
-    failed: list[dict] = []
+    summaries: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
+    run_dirs: list[tuple[dict[str, Any], Path]] = []
+    failed: list[dict[str, Any]] = []
     for i, (point, _s, cfg) in enumerate(configs):
         run_dir = _run_dir(sweep_dir, point, cfg)
         status, value = outcome[i]
@@ -269,8 +270,8 @@ def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[
     return summaries, run_dirs, failed
 
 
-def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, summaries: list, run_dirs: list,
-                     failed: list[dict]) -> list[dict]:
+def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, summaries: list[Any], run_dirs: list[Any],
+                     failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """sweep.json (the runs listed before anything is aggregated: a failure below never hides them), then the
     tables: sweep.csv, runs.csv, curves.csv, heterogeneity.csv."""
     runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
@@ -307,10 +308,10 @@ def _note_unread_grid_keys(configs: list[Config], keys: list[str]) -> None:
                 warnings.warn(f"--grid: {note}", UnreadKey, stacklevel=3)
 
 
-def _refuse_equal_points(points: list[tuple[dict, Config]]) -> None:
+def _refuse_equal_points(points: list[tuple[dict[str, Any], Config]]) -> None:
     """Two grid points that resolve to the same config (``0,0``, ``0,0.0``) would be the same runs counted twice:
     statistics over copies, not seeds."""
-    seen: dict[str, dict] = {}
+    seen: dict[str, dict[str, Any]] = {}
     for point, cfg in points:
         key = json.dumps(cfg.model_dump(mode="json"), sort_keys=True)
         if key in seen:
@@ -324,7 +325,7 @@ def _refuse_equal_points(points: list[tuple[dict, Config]]) -> None:
         seen[key] = point
 
 
-def _check_resumable(sweep_dir: Path, configs: list[tuple[dict, int, Config]], request: dict) -> None:
+def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, Config]], request: dict[str, Any]) -> None:
     """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
 
     changed = []
@@ -352,7 +353,7 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _run_one(raw: dict, run_dir: str) -> tuple[str, object]:
+def _run_one(raw: dict[str, Any], run_dir: str) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
     from hetfed.runs.runner import run_experiment
 
@@ -381,7 +382,7 @@ def worker_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def _run_parallel(todo: list[tuple[int, dict, Config, Path]], jobs: int, tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: int, tracker: SweepProgress) -> dict[int, tuple[str, object]]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -417,10 +418,10 @@ class SweepProgress:
         if console and reused:
             console.print(f"{reused} of {total} runs reused from the earlier sweep", soft_wrap=True)
 
-    def started(self, point: dict, seed: int) -> None:
+    def started(self, point: dict[str, Any], seed: int) -> None:
         return None
 
-    def finished(self, point: dict, seed: int, outcome: tuple[str, object]) -> None:
+    def finished(self, point: dict[str, Any], seed: int, outcome: tuple[str, object]) -> None:
         self.done += 1
         self.timed += 1
         status, value = outcome
@@ -442,14 +443,15 @@ def _duration(seconds: float) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
 
 
-def _completed(run_dir: Path, cfg: Config) -> dict | None:
+def _completed(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
     """The summary of a completed run made with exactly this config, else None."""
     import json
 
 
     summary, config = run_dir / SUMMARY, run_dir / CONFIG
     if summary.is_file() and config.is_file() and same_config(config, cfg):
-        return json.loads(summary.read_text())
+        loaded: dict[str, Any] = json.loads(summary.read_text())
+        return loaded
     return None
 
 
@@ -485,7 +487,7 @@ def _move_aside(run_dir: Path) -> Path:
     return target
 
 
-def write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
+def write_heterogeneity(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     """Table 1 of the CGAU paper: Γ (and label skew) per grid point, mean ± 95% CI."""
     cols = [*keys, "metric", "mean", "ci95", "n"]
     with open(path, "w", newline="") as fh:
@@ -496,7 +498,7 @@ def write_heterogeneity(path: Path, rows: list[dict], keys: list[str]) -> None:
                 w.writerow({c: row[c] for c in cols})
 
 
-def run_values(summary: dict):
+def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     """Every (method, metric, value) one run contributes to a sweep's tables: Γ as method ``(data)``, and per
     method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
     ``best_round`` and the timings."""
@@ -519,18 +521,18 @@ def run_values(summary: dict):
             yield label, "server_seconds_per_round", m["server_seconds_per_round"]
 
 
-def aggregate(summaries: list[tuple[dict, int, dict]], keys: list[str]) -> list[dict]:
+def aggregate(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys: list[str]) -> list[dict[str, Any]]:
     """Mean ± 95% CI over seeds, per grid point × method × metric."""
     return aggregate_values(((tuple(_cell(point[k]) for k in keys), method, metric, value)
                              for point, _seed, summary in summaries
                              for method, metric, value in run_values(summary)), keys)
 
 
-def aggregate_values(values: Iterable[tuple[tuple, str, str, float]], keys: list[str]) -> list[dict]:
+def aggregate_values(values: Iterable[tuple[tuple[Any, ...], str, str, float]], keys: list[str]) -> list[dict[str, Any]]:
     """Mean ± 95% CI over seeds of ``(grid point cells, method, metric, one run's value)`` items, per grid point ×
     method × metric, in the order first seen — what :func:`aggregate` computes from run summaries, and
     ``hetfed merge`` from the runs.csv of sweeps whose run directories are gone."""
-    groups: dict[tuple, dict[str, list[float]]] = {}
+    groups: dict[tuple[Any, ...], dict[str, list[float]]] = {}
     for pkey, method, metric, value in values:
         groups.setdefault((pkey, method), {}).setdefault(metric, []).append(value)
     rows = []
@@ -543,7 +545,7 @@ def aggregate_values(values: Iterable[tuple[tuple, str, str, float]], keys: list
     return rows
 
 
-def write_runs(path: Path, summaries: list[tuple[dict, int, dict]], keys: list[str]) -> None:
+def write_runs(path: Path, summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys: list[str]) -> None:
     """runs.csv: one row per grid point × seed × method × metric with the run's own value — what paired
     comparisons (:mod:`hetfed.analysis.paired`) and the reproduction table are computed from, and small enough
     to keep in ``results/`` where the run directories are not."""
@@ -560,7 +562,7 @@ def write_runs(path: Path, summaries: list[tuple[dict, int, dict]], keys: list[s
 CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "server_accuracy", "global_auc", "local_auc_mean")
 
 
-def write_curves(path: Path, runs: list[tuple[dict, int, Path]], keys: list[str]) -> None:
+def write_curves(path: Path, runs: list[tuple[dict[str, Any], int, Path]], keys: list[str]) -> None:
     """curves.csv: every run's round-by-round evaluation (grid keys, seed, method, round, metric, value) for
     :data:`CURVES` — learning curves per seed, small enough to keep where the run directories are not (which
     round a paper reports matters when a curve oscillates)."""
@@ -583,7 +585,7 @@ def _cell(value: Any) -> Any:
     return value if value is None or isinstance(value, str | int | float | bool) else value_key(value)
 
 
-def write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
+def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     cols = [*keys, "method", "metric", "mean", "ci95", "n"]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=cols)
@@ -592,7 +594,7 @@ def write_table(path: Path, rows: list[dict], keys: list[str]) -> None:
             w.writerow({c: row[c] for c in cols})
 
 
-def print_table(rows: list[dict], keys: list[str], console: Console, metrics: tuple[str, ...] = (
+def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
         "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
         "best.global_auc", "best.local_auc_mean")) -> None:
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")

@@ -92,7 +92,7 @@ def git_commit(where: Path | None = None) -> str | None:
     return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
 
 
-def summary_table(summary: dict) -> str:
+def summary_table(summary: dict[str, Any]) -> str:
     """The run's final table as Markdown (TensorBoard's text plugin renders it)."""
     metrics = ("local_accuracy_mean", "local_accuracy_weighted", "global_accuracy")
     lines = ["| method | best round | " + " | ".join(f"best {m}" for m in metrics) + " | final global_accuracy |",
@@ -111,7 +111,7 @@ def summary_table(summary: dict) -> str:
 class TensorBoardTracker:
     """``RUN/tb/``: the run's own scalars and text at the top, one sub-directory (a TensorBoard run) per method row."""
 
-    def __init__(self, run_dir: Path, config_yaml: str, heterogeneity: dict, kept: dict[str, int] | None):
+    def __init__(self, run_dir: Path, config_yaml: str, heterogeneity: dict[str, Any], kept: dict[str, int] | None):
         from torch.utils.tensorboard import SummaryWriter
 
         self._SummaryWriter = SummaryWriter
@@ -137,7 +137,7 @@ class TensorBoardTracker:
                 self.top.add_scalar(f"heterogeneity/{key}", float(value), 0)
         self.top.flush()
 
-    def _writer(self, method: str):
+    def _writer(self, method: str) -> Any:
         if method not in self._writers:
             path = str(self.root / quote(method, safe=""))
             self._writers[method] = self._SummaryWriter(path, purge_step=self._purge.get(method))
@@ -152,7 +152,7 @@ class TensorBoardTracker:
         for writer in (self.top, *self._writers.values()):
             writer.flush()
 
-    def finish(self, run_dir: Path, summary: dict | None, status: str) -> None:
+    def finish(self, run_dir: Path, summary: dict[str, Any] | None, status: str) -> None:
         if summary is not None:
             self.top.add_text("summary/table", summary_table(summary), 0)
         for png in sorted((run_dir / FIGURES).glob("*.png")) if summary is not None else []:
@@ -172,7 +172,7 @@ class MLflowTracker:
     to ``root/mlartifacts``. The ids are kept in ``RUN/tracking.json`` for a resume.
     """
 
-    def __init__(self, run_dir: Path, config: Any, heterogeneity: dict, root: Path, resumed: bool,
+    def __init__(self, run_dir: Path, config: Any, heterogeneity: dict[str, Any], root: Path, resumed: bool,
                  tags: dict[str, str]):
         import logging
 
@@ -279,7 +279,7 @@ class MLflowTracker:
             for i in range(0, len(metrics), 1000):  # log_batch takes at most 1000 metrics
                 self.client.log_batch(run_id, metrics=metrics[i:i + 1000])
 
-    def finish(self, run_dir: Path, summary: dict | None, status: str) -> None:
+    def finish(self, run_dir: Path, summary: dict[str, Any] | None, status: str) -> None:
         self.flush()
         if summary is not None:
             from mlflow.entities import Metric
@@ -322,11 +322,11 @@ class Trackers:
     def flush(self) -> None:
         self._each(lambda t: t.flush())
 
-    def finish(self, run_dir: Path, summary: dict | None, status: str) -> None:
+    def finish(self, run_dir: Path, summary: dict[str, Any] | None, status: str) -> None:
         self._each(lambda t: t.finish(run_dir, summary, status))
 
 
-def open_trackers(config: Any, run_dir: Path, heterogeneity: dict, *, resumed: bool, root: Path | None = None,
+def open_trackers(config: Any, run_dir: Path, heterogeneity: dict[str, Any], *, resumed: bool, root: Path | None = None,
                   tags: dict[str, str] | None = None, warn: Callable[[str], None] = print) -> Trackers | None:
     """The trackers ``config.tracking`` names, opened on ``run_dir`` (None when it names none).
 
