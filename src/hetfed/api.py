@@ -197,7 +197,8 @@ class Model:
                     raise ConfigError(f"client {client} is not allowed: {self.method} saved personal parameters for "
                                       f"{_ids(self.clients)}; expected one of them or client=None (the global model)")
                 row = self.clients.index(client)
-                states = {k: v[row: row + 1] for k, v in self.client_states["states"].items()}
+                saved = self.client_states or {}  # clients listed: their states were saved
+                states = {k: v[row: row + 1] for k, v in saved["states"].items()}
                 pred = algo.predictor(Broadcast(self.shared, 0, 0.0), states, 1, self.view)
                 logits = pred.model.forward(pred.params, xt.unsqueeze(0), None)[0]
         probs = logits.float().softmax(-1) if logits.shape[-1] > 1 else logits

@@ -661,7 +661,7 @@ def refuse_legacy(data: dict) -> None:
     """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map the ``train``
     keys that moved to ``server`` (:data:`MOVED_TO_SERVER`). ``data`` is a raw config mapping (changed in
     place)."""
-    methods = data.get("methods") if isinstance(data.get("methods"), list) else []
+    methods: list[Any] = data["methods"] if isinstance(data.get("methods"), list) else []
     for section, algo in legacy_sections().items():
         if section in data:
             target = _params_key(methods, algo)
@@ -692,10 +692,10 @@ def migrate_legacy(raw: dict) -> dict:
     registry = registry_of("algorithm")
 
     raw = copy.deepcopy(raw)
-    methods = raw.get("methods") if isinstance(raw.get("methods"), list) else []
+    methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
     sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
     train_keys = legacy_train_keys()
-    top_train = raw.get("train") if isinstance(raw.get("train"), dict) else {}
+    top_train: dict[str, Any] = raw["train"] if isinstance(raw.get("train"), dict) else {}
     moved_top = {old: top_train.pop(old) for old in list(top_train) if old in train_keys}
     if set(top_train) & set(MOVED_TO_SERVER):
         _move_to_server(top_train, raw.setdefault("server", {}), "train", "server", note=False)
@@ -704,7 +704,7 @@ def migrate_legacy(raw: dict) -> dict:
             continue
         spec = registry.get(str(m.get("algorithm", "fedavg")))
         params = dict(sections.get(spec.legacy_section, {}) or {}) if spec.legacy_section else {}
-        own_train = m.get("train") if isinstance(m.get("train"), dict) else {}
+        own_train: dict[str, Any] = m["train"] if isinstance(m.get("train"), dict) else {}
         for old, (algo, new) in train_keys.items():
             value = own_train.pop(old, moved_top.get(old))
             if algo == spec.name and value is not None:
@@ -896,8 +896,8 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
 
 #: the top-level sections a method may override with its own keys (``methods.<i>.model`` …)
 METHOD_SECTIONS = tuple(k for k in MethodConfig.model_fields if k in Config.model_fields
-                        and isinstance(Config.model_fields[k].annotation, type)
-                        and issubclass(Config.model_fields[k].annotation, BaseModel))
+                        and isinstance(annotation := Config.model_fields[k].annotation, type)
+                        and issubclass(annotation, BaseModel))
 
 
 def _override_methods(merged: dict[str, Any], key: str, value: Any) -> None:
@@ -1023,8 +1023,9 @@ def dump_config(config: Config) -> str:
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False) + effective_methods(config)
 
 
-def method_section(config: Config, method: MethodConfig, section: str) -> BaseModel:
-    """The ``section`` (one of :data:`METHOD_SECTIONS`) a method runs with: top-level, then its own keys."""
+def method_section(config: Config, method: MethodConfig, section: str) -> Any:
+    """The ``section`` (one of :data:`METHOD_SECTIONS`) a method runs with: top-level, then its own keys (its
+    type is the top-level section's: ``ModelConfig`` for ``model`` …)."""
     top = getattr(config, section)
     return type(top)(**_deep_merge(top.model_dump(), getattr(method, section)))
 

@@ -107,7 +107,8 @@ class Registry(Generic[T]):
     def params(self, name: str, values: Mapping[str, Any], where: str) -> BaseModel:
         """Component ``name``'s validated parameters (its ``Params`` model) from ``values``; an invalid value is a
         one-line ConfigError naming the key under ``where``."""
-        cls: type[BaseModel] = self.get(name).Params
+        component: Any = self.get(name)
+        cls: type[BaseModel] = component.Params
         try:
             return cls(**dict(values))
         except ValidationError as err:

@@ -98,6 +98,8 @@ class FedDF(FedAvg):
         """The student (from ``start``) distilled from the ensemble of ``upload``'s client models; steps run."""
         cfg = self.cfg
         device = next(iter(start.values())).device
+        if self.server_x is None:
+            raise RuntimeError("FedDF distils on the server's data: bind() the federation first")
         x = self.server_x.to(device)
         names = list(start)
         with torch.no_grad():

@@ -132,9 +132,10 @@ class FedGen(FedAvg):
         cfg = self.cfg
         device = next(iter(start.values())).device
         k = len(upload.client_ids)
+        head = self.model.head_names or ()  # FedGen's capabilities admit only models that declare their head
         unseen = {n: v.to(device).unsqueeze(0).expand(k, *v.shape)
-                  for n, v in self.model.local_for_unseen_client().items() if n in self.model.head_names}
-        heads = {**{n: upload.params[n].to(device) for n in self.model.head_names if n in upload.params}, **unseen}
+                  for n, v in self.model.local_for_unseen_client().items() if n in head}
+        heads = {**{n: upload.params[n].to(device) for n in head if n in upload.params}, **unseen}
         per_label = counts.sum(0)
         weights = (counts / per_label.clamp(min=1)).float().to(device)  # α_{k,y}
         prior = (per_label / per_label.sum()).float()

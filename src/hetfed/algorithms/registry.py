@@ -58,7 +58,7 @@ class AlgorithmSpec:
     """One registered algorithm."""
 
     name: str
-    cls: type  # the Algorithm subclass
+    cls: type[Any]  # the Algorithm subclass
     summary: str
     paper: str
     params: type[AlgorithmParams] = NoParams

@@ -126,7 +126,7 @@ class Scaffold(FedAvg):
         sizes = data.sizes().to(loss.device)
         new_c, dc = {}, {}
         for k in names:
-            if option_one:
+            if full_grad is not None:  # option I
                 new_c[k] = full_grad[k]
             else:
                 shape = (n, *([1] * (x[k].dim() - 1)))

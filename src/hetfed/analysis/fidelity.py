@@ -190,7 +190,8 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
         ma, ha = _mean_ci([a[s] for s in common])
         mb, hb = _mean_ci([b[s] for s in common])
         # a "matches" claim is about a small difference, so only the chance guard applies to it
-        verdicts[select] = _guarded(verdicts[select], r, (ma, mb), chance, negligible if direction else 0.0)
+        verdicts[select] = _guarded(verdicts[select], r, (ma, mb), chance,
+                                    (negligible or 0.0) if direction else 0.0)
         shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
                      f"{claim['b']['method']} {_fmt(mb, hb, len(common))}")
         seeds = str(len(common))

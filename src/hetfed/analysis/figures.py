@@ -19,11 +19,12 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from cycler import cycler  # noqa: E402  # matplotlib's own dependency
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
 from hetfed.analysis.plotstyle import PALETTE, key_label, metric_label, metric_range, style  # noqa: E402
 
-plt.rcParams.update({"axes.prop_cycle": matplotlib.cycler(color=PALETTE), "svg.fonttype": "none"})
+plt.rcParams.update({"axes.prop_cycle": cycler(color=PALETTE), "svg.fonttype": "none"})
 
 
 def save(fig, path: str | Path, dpi: int = 110) -> Path:
@@ -300,12 +301,12 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
         ax.grid(alpha=0.3)
     for q in range(len(panels), nrows * ncols):
         axes[q // ncols][q % ncols].set_visible(False)
-    lo, hi = metric_range(metric)
-    if lo is not None and hi is not None:
-        top = max((r["mean"] + np.nan_to_num(r["ci95"]) for r in rows), default=hi)
-        bottom = min((r["mean"] - np.nan_to_num(r["ci95"]) for r in rows), default=lo)
-        pad = 0.03 * (hi - lo)
-        axes[0][0].set_ylim(max(lo, bottom) - pad, min(hi, top) + pad)
+    low, high = metric_range(metric)
+    if low is not None and high is not None:
+        top = max((r["mean"] + np.nan_to_num(r["ci95"]) for r in rows), default=high)
+        bottom = min((r["mean"] - np.nan_to_num(r["ci95"]) for r in rows), default=low)
+        pad = 0.03 * (high - low)
+        axes[0][0].set_ylim(max(low, bottom) - pad, min(high, top) + pad)
     handles, labels = axes[0][0].get_legend_handles_labels()
     fig.legend(handles, labels, loc="upper left", bbox_to_anchor=(1.0, 0.92), fontsize=8, frameon=False)
     fig.suptitle(f"{metric_label(metric)}\n{_ci_note(rows) if rows else ''}", fontsize=10)
@@ -429,8 +430,8 @@ def plot_accuracy_vs_heterogeneity(points: dict[str, list[tuple[float, float, fl
         ax.errorbar(x, _clip(y, metric), yerr=np.nan_to_num(ci), capsize=3, label=method, markersize=5, **style(i))
         labels.update({p[0]: p[3] for p in pts})
         lowest = min(lowest, float(np.nanmin(y - np.nan_to_num(ci))))
-    for j, (x, label) in enumerate(sorted(labels.items())):  # staggered, so close partitions stay legible
-        ax.annotate(label, (x, 0), xycoords=("data", "axes fraction"), xytext=(0, 3 + 9 * (j % 2)),
+    for j, (at, label) in enumerate(sorted(labels.items())):  # staggered, so close partitions stay legible
+        ax.annotate(label, (at, 0), xycoords=("data", "axes fraction"), xytext=(0, 3 + 9 * (j % 2)),
                     textcoords="offset points", ha="center", fontsize=7, color="0.35")
     ax.set_xlabel("ΔΓ = Γ − Γ_IID (excess heterogeneity of the partition)")
     ax.set_ylabel(metric_label(metric))

@@ -119,8 +119,10 @@ class Merged:
 
 def merge_sweeps(folders: Sequence[str | Path], out: str | Path) -> Merged:
     """Combine sweeps of one config, run on other seeds or other grid values, into one sweep folder at ``out``."""
-    folders = [Path(f) for f in folders]
-    out = Path(out)
+    return _merge([Path(f) for f in folders], Path(out))
+
+
+def _merge(folders: list[Path], out: Path) -> Merged:
     if len(folders) < 2:
         raise ConfigError(f"merge: {len(folders)} sweep folder given; expected two or more to merge")
     for folder in folders:

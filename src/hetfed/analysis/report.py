@@ -16,6 +16,7 @@ import math
 import os
 import tempfile
 from collections.abc import Callable
+from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -208,7 +209,7 @@ def _files(files: list[dict]) -> str:
 
 def run_report(d: Path, keep: Path | None = None) -> str:
     """A run's page; ``keep``: the folder where the figures the run keeps are written as they are drawn."""
-    from hetfed.analysis.figures import plot_client_distribution, plot_learning_curves
+    from hetfed.analysis.figures import plot_learning_curves
     from hetfed.runs.rundir import run_state
 
     config = (d / CONFIG).read_text()
@@ -220,7 +221,7 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     title = f"hetfed run · {d.name}"
     sections: list[tuple[str, str]] = []
 
-    overview = [["status", state + (f" — {status.get('reason')}" if status.get("reason") else "")]]
+    overview: list[list[Any]] = [["status", state + (f" — {status.get('reason')}" if status.get("reason") else "")]]
     if summary:
         overview += [["dataset", summary.get("dataset")], ["embedding", summary.get("embed")],
                      ["partition", summary.get("partition")], ["clients", summary.get("n_clients")],
@@ -255,7 +256,7 @@ def run_report(d: Path, keep: Path | None = None) -> str:
         values = {m: per_client(rows, m, metric, best_of.get(m)) for m in methods}
         values = {m: v for m, v in values.items() if v}
         if values:
-            dist += figure(lambda p, v=values, mt=metric: plot_client_distribution(v, mt, p),
+            dist += figure(partial(_client_distribution, values, metric),
                            f"{metric_label(metric)} of every client (box: quartiles; dots: clients), best model")
     sections.append(("per-client results", dist or "<p class='muted'>no per-client metrics recorded</p>"))
     sections.append(("federation", _federation(d, summary, keep)))
@@ -350,7 +351,7 @@ def sweep_report(d: Path) -> str:
     name = (request.get("config") or {}).get("name", d.name)
     sections: list[tuple[str, str]] = []
     wall = sum(s.get("wall_seconds", 0.0) for _, s in summaries if s)
-    overview = [["sweep directory", str(d.resolve())], ["grid", "; ".join(f"{k} = {', '.join(map(str, v))}"
+    overview: list[list[Any]] = [["sweep directory", str(d.resolve())], ["grid", "; ".join(f"{k} = {', '.join(map(str, v))}"
                                                                         for k, v in grid.items()) or "(none)"],
                 ["seeds per point", record.get("seeds")], ["runs complete", len(runs)], ["runs failed", len(failed)],
                 ["sum of the runs' wall time (s)", wall]]
@@ -452,3 +453,9 @@ def _on_nodes(dataset: str | None) -> bool:
     registry_of("dataset").names()  # discovered, so a shipped dataset is found by get_registered
     kind = registry_of("dataset").get_registered(dataset) if dataset else None
     return bool(kind is not None and kind.on_nodes)
+
+
+def _client_distribution(values: dict[str, Any], metric: str, path: Any) -> Any:
+    from hetfed.analysis.figures import plot_client_distribution
+
+    return plot_client_distribution(values, metric, path)

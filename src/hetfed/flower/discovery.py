@@ -12,6 +12,7 @@ run goes on without it while at least ``flower.min_replies`` clients remain.
 from __future__ import annotations
 
 import time
+from typing import Any
 
 import numpy as np
 from flwr.app import Message
@@ -19,7 +20,7 @@ from flwr.app import Message
 from hetfed.config import Config, dump_config
 from hetfed.errors import RunError
 from hetfed.flower.executor import query_content, send_and_receive
-from hetfed.flower.records import records_to_summaries
+from hetfed.flower.records import listed, records_to_summaries
 from hetfed.heterogeneity import Heterogeneity
 from hetfed.partition import NodesFederation
 from hetfed.pipeline import Prepared
@@ -33,7 +34,7 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     node_ids: list[int] = []
     while time.monotonic() < deadline:
         node_ids = sorted(grid.get_node_ids())
-        if len(node_ids) >= f.nodes:
+        if len(node_ids) >= (f.nodes or 1):
             break
         time.sleep(0.2)
     if not node_ids:
@@ -42,22 +43,24 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     hello = query_content(config, dump_config(config), 0, summaries=True)
     messages = [Message(hello, dst_node_id=n, message_type="query") for n in node_ids]
     replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages, max(1.0, deadline - time.monotonic()))}
-    nodes, summaries, problems = [], [], []
+    nodes: list[tuple[int, int, int]] = []
+    summaries: list[Any] = []
+    problems: list[str] = []
     for node in node_ids:
         reply = replies.get(node)
         if reply is None or reply.has_error():
             reason = "no answer" if reply is None else str(reply.error.reason).strip().splitlines()[-1][:300]
             problems.append(f"SuperNode {node}: {reason}")
             continue
-        rec = reply.content["node"]
+        rec = reply.content.config_records["node"]
         if "error" in rec:
-            problems.append(f"SuperNode {node}: {rec['error']}")
+            problems.append(f"SuperNode {node}: {rec['error']!s}")
             continue
         if not bool(rec.get("own", False)):
             problems.append(f"SuperNode {node}: serves a simulated partition (partition-id), not its own data; "
                             "expected --node-config 'data=\"FILE\" label=\"COLUMN\"'")
             continue
-        held = len(rec["clients"])
+        held = len(listed(rec["clients"]))
         nodes.append((node, sum(m for _, _, m in nodes), held))
         summaries += records_to_summaries(reply.content)
     for line in problems:
@@ -67,11 +70,11 @@ def discover(grid, config: Config, warn=print) -> Prepared:
         raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
                        f"({n_clients} clients, flower.min_replies = {f.min_replies})"
                        + (f": {'; '.join(problems)}" if problems else ""))
-    if len(node_ids) < f.nodes:
+    if len(node_ids) < (f.nodes or 1):
         warn(f"warning: {len(node_ids)} of flower.nodes = {f.nodes} SuperNodes connected within "
              f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
     fed = skeleton(config, nodes)
-    return Prepared(None, fed, gamma_of(config, summaries), (), [])
+    return Prepared(None, fed, gamma_of(config, summaries), (), [])  # type: ignore[arg-type]  # no data here: the nodes hold it
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:

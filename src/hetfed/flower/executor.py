@@ -30,6 +30,7 @@ from hetfed.flower.records import (
     GAMMA,
     RUN,
     broadcast_to_records,
+    listed,
     records_to_reports,
     records_to_summaries,
     records_to_upload,
@@ -80,7 +81,7 @@ class FlowerExecutor:
                     if reply is None or "error" in reply.content["node"]:
                         continue
                     self.offsets[node] = own.get(node, 0)
-                    held = [self.offsets[node] + int(k) for k in reply.content["node"]["clients"]]
+                    held = [self.offsets[node] + int(k) for k in listed(reply.content.config_records["node"]["clients"])]
                     for k in held:
                         self.nodes[k] = node
                     if held and "summary" in reply.content:
@@ -110,7 +111,7 @@ class FlowerExecutor:
         if f.summary_noise is not None:
             out.update(epsilon=summary_epsilon(f.summary_noise, f.summary_delta) if f.summary_noise > 0 else None,
                        delta=f.summary_delta)
-            if f.summary_noise > 0:  # post-processed, with its interval and the client size it needs
+            if f.summary_noise > 0 and f.summary_clip is not None:  # validated: noise needs a clip
                 out.update(private_gamma_report(ordered, f.summary_clip, f.summary_noise))
         return out
 
@@ -182,8 +183,8 @@ class FlowerExecutor:
         answered = self._ask("personalise", bc, clients, "train.personalise")
         per_client: dict[int, dict[str, float]] = {}
         for held, content in answered.values():
-            for key, values in content["info"].items():
-                for k, value in zip(held, values, strict=True):
+            for key, values in content.metric_records["info"].items():
+                for k, value in zip(held, listed(values), strict=True):
                     per_client.setdefault(k, {})[key] = float(value)
         info: dict[str, list[float]] = {}
         for k in clients:

@@ -28,8 +28,9 @@ from flwr.app import ConfigRecord, Context, RecordDict
 from hetfed.config import Config, build_config, parse_yaml_text
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
-from hetfed.flower.records import CLIENTS, record_to_tensors, state_to_record
+from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
 from hetfed.interface import Algorithm
+from hetfed.partition import Federation
 from hetfed.server.screen import holds_round
 
 STATE_KEY = "hetfed.state"
@@ -41,7 +42,7 @@ class NodeSide:
 
     config: Config
     algo: Algorithm
-    fed: object
+    fed: Federation
     executor: VectorisedExecutor
     key: str  # the run's config and method, hashed
     features: object = None  # what Γ is measured on (the inputs, or a bag-of-words view of token ids)
@@ -59,7 +60,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
     """
     from hetfed.flower.node_data import DATA, own_data
 
-    text, method = str(run["config"]), int(run["method"])
+    text, method = str(run["config"]), int(number(run["method"]))
     mine = str(node_config[DATA]) if node_config is not None and own_data(node_config) else ""
     key = hashlib.sha256(f"{method}\n{mine}\n{text}".encode()).hexdigest()
     if key not in _CACHE:
@@ -116,10 +117,10 @@ def node_clients(node_config, n_clients: int) -> list[int]:
 def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None, int]:
     """The node's clients this step is for (numbered as on the node), every client the step evaluates (None:
     the node's), and the offset of the node's clients in the federation (0 but for nodes with their own data)."""
-    rec = content[CLIENTS]
-    offset = int(rec.get("offset", 0))
+    rec = content.config_records[CLIENTS]
+    offset = int(number(rec.get("offset", 0)))
     among = rec.get("among")
-    return [int(k) - offset for k in rec["ids"]], None if among is None else [int(k) for k in among], offset
+    return [int(k) - offset for k in listed(rec["ids"])], None if among is None else [int(k) for k in listed(among)], offset
 
 
 # ----------------------------------------------------------------- client state in the node's context
@@ -136,7 +137,7 @@ def load_states(side: NodeSide, clients: list[int], context: Context) -> None:
     first = side.executor.pool.first_id
     for k in clients:
         tag = _tag(side, k)
-        state = (record_to_tensors(context.state[tag]) if tag in context.state else
+        state = (record_to_tensors(context.state.array_records[tag]) if tag in context.state else
                  initial_state(side.algo, k + first, side.config.seed))
         side.executor.states.scatter([k], stack_states([state]))
 

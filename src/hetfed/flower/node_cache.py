@@ -85,7 +85,7 @@ def save(config: Config, fed: Federation, measure: np.ndarray | None, sources) -
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]  # numpy's stub: **arrays as allow_pickle
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError):
         return

@@ -14,6 +14,8 @@ moments …) in the same encoding — nothing else. Evaluation replies are
 
 from __future__ import annotations
 
+from typing import Any
+
 import numpy as np
 import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
@@ -72,7 +74,10 @@ def tree_to_records(tree: dict, name: str) -> dict:
 
     The one description of how extras travel, for broadcasts and uploads alike.
     """
-    arrays, values, absent, empty = {}, {}, [], []
+    arrays: dict[str, torch.Tensor] = {}
+    values: dict[str, Any] = {}  # what ConfigRecord takes: numbers, strings, lists of them
+    absent: list[str] = []
+    empty: list[str] = []
     for path, leaf in _flatten(tree).items():
         if isinstance(leaf, torch.Tensor):
             arrays[path] = leaf
@@ -90,13 +95,27 @@ def tree_to_records(tree: dict, name: str) -> dict:
     return {f"{name}.arrays": tensors_to_record(arrays), f"{name}.values": ConfigRecord(values)}
 
 
+def listed(value: object) -> list[Any]:
+    """A record's list value (a record's values are typed as any of its kinds)."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list in the record, found {type(value).__name__}")
+    return value
+
+
+def number(value: object) -> float:
+    """A record's numeric value."""
+    if not isinstance(value, int | float):
+        raise TypeError(f"expected a number in the record, found {type(value).__name__}")
+    return float(value)
+
+
 def records_to_tree(content: RecordDict, name: str, device: torch.device | str = "cpu") -> dict:
     """The inverse of :func:`tree_to_records`."""
-    values = dict(content[f"{name}.values"])
-    flat: dict = {p: None for p in values.pop(_ABSENT, [])}
-    flat.update({p: {} for p in values.pop(_EMPTY, [])})
+    values: dict[str, Any] = dict(content.config_records[f"{name}.values"])
+    flat: dict[str, Any] = {p: None for p in listed(values.pop(_ABSENT, []))}
+    flat.update({p: {} for p in listed(values.pop(_EMPTY, []))})
     flat.update(values)
-    flat.update(record_to_tensors(content[f"{name}.arrays"], device))
+    flat.update(record_to_tensors(content.array_records[f"{name}.arrays"], device))
     return _unflatten(flat)
 
 
@@ -107,8 +126,9 @@ def broadcast_to_records(bc: Broadcast) -> dict:
 
 
 def records_to_broadcast(content: RecordDict, device: torch.device | str = "cpu") -> Broadcast:
-    config = content["bc"]
-    return Broadcast(record_to_tensors(content["params"], device), int(config["round"]), float(config["lr"]),
+    config = content.config_records["bc"]
+    return Broadcast(record_to_tensors(content.array_records["params"], device), int(number(config["round"])),
+                     number(config["lr"]),
                      records_to_tree(content, "bc_extra", device))
 
 
@@ -130,21 +150,23 @@ def upload_to_records(upload: Upload) -> dict:
 
 def records_to_upload(content: RecordDict) -> Upload:
     """The inverse of :func:`upload_to_records`."""
-    m = content["upload"]
-    ids = [int(k) for k in m["clients"]]
-    counts = torch.tensor(list(m["num_samples"]), dtype=torch.float32)
+    m = content.metric_records["upload"]
+    ids = [int(k) for k in listed(m["clients"])]
+    counts = torch.tensor(listed(m["num_samples"]), dtype=torch.float32)
     extra = records_to_tree(content, "upload_extra")
     if "mean" in content:
-        screened = {k: int(v) for k, v in content["screened"].items()}
-        return StreamedUpload(ids, {}, counts, extra, screened, record_to_tensors(content["mean"]))
-    return Upload(ids, record_to_tensors(content["params"]), counts, extra)
+        screened = {k: int(number(v)) for k, v in content.metric_records["screened"].items()}
+        return StreamedUpload(ids, {}, counts, extra, screened, record_to_tensors(content.array_records["mean"]))
+    return Upload(ids, record_to_tensors(content.array_records["params"]), counts, extra)
 
 
-def reports_to_records(reports: dict[str, list]) -> dict:
+def reports_to_records(reports: dict[str, list[Any]]) -> dict[str, Any]:
     """A node's evaluation reports, one value per client: numbers in a MetricRecord (a value a client did not
     measure, such as the global test set's when it is not a scorer, listed in ``missing``), per-client arrays
     (a personal model's predictions) in an ArrayRecord as ``key/j``."""
-    numbers, arrays, missing = {}, {}, {}
+    numbers: dict[str, Any] = {}
+    arrays: dict[str, torch.Tensor] = {}
+    missing: dict[str, Any] = {}
     for key, values in reports.items():
         if any(isinstance(v, torch.Tensor) for v in values):
             arrays.update({f"{key}{SEP}{j}": v for j, v in enumerate(values) if v is not None})
@@ -156,14 +178,14 @@ def reports_to_records(reports: dict[str, list]) -> dict:
             "missing": ConfigRecord({k: v for k, v in missing.items() if v})}
 
 
-def records_to_reports(content: RecordDict, n: int) -> dict[str, list]:
+def records_to_reports(content: RecordDict, n: int) -> dict[str, list[Any]]:
     """The inverse of :func:`reports_to_records` for a node's ``n`` clients."""
-    missing = {k: set(v) for k, v in content["missing"].items()}
-    out: dict[str, list] = {}
-    for key, values in content["metrics"].items():
+    missing = {k: set(listed(v)) for k, v in content.config_records["missing"].items()}
+    out: dict[str, list[Any]] = {}
+    for key, values in content.metric_records["metrics"].items():
         gone = missing.get(key, set())
-        out[key] = [None if j in gone else float(v) for j, v in enumerate(values)]
-    for path, value in record_to_tensors(content["arrays"]).items():
+        out[key] = [None if j in gone else float(v) for j, v in enumerate(listed(values))]
+    for path, value in record_to_tensors(content.array_records["arrays"]).items():
         key, j = path.rsplit(SEP, 1)
         out.setdefault(key, [None] * n)[int(j)] = value
     for key in set(missing) - set(out):  # every client of the node left it unmeasured
@@ -193,5 +215,5 @@ def summary_to_records(summaries: list) -> dict:
 def records_to_summaries(content: RecordDict) -> list:
     from hetfed.gamma_summaries import ClientSummary
 
-    t = record_to_tensors(content["summary"])
+    t = record_to_tensors(content.array_records["summary"])
     return [ClientSummary(float(t["n"][j]), t["total"][j].numpy(), t["outer"][j].numpy()) for j in range(len(t["n"]))]

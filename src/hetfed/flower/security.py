@@ -90,6 +90,8 @@ def make_server_cert(directory: Path, ca_cert: Path, ca_key: Path, hosts: list[s
 
     ca = x509.load_pem_x509_certificate(ca_cert.read_bytes())
     signer = serialization.load_pem_private_key(ca_key.read_bytes(), password=None)
+    if not isinstance(signer, ec.EllipticCurvePrivateKey):  # the CA hetfed writes (make_ca) signs with EC keys
+        raise ValueError(f"{ca_key}: expected the EC private key of hetfed's CA, found {type(signer).__name__}")
     key = ec.generate_private_key(ec.SECP384R1())
     names: list[x509.GeneralName] = []
     for host in hosts:

@@ -124,9 +124,14 @@ class Model:
 
     #: the classifier head (the last layer) as parameter names, when the model declares the split
     #: ``forward = head(features(x))`` (FedGen regularises the head on generated features); None: no split
-    head_names: tuple[str, ...] | None = None
-    #: the width of ``features``' output, the head's input
-    latent_dim: int = 0
+    @property
+    def head_names(self) -> tuple[str, ...] | None:
+        return None
+
+    @property
+    def latent_dim(self) -> int:
+        """The width of ``features``' output, the head's input."""
+        return 0
 
     def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         """Latent features ``[n, batch, latent_dim]`` (everything before the head)."""

@@ -65,7 +65,9 @@ class BiLSTM(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    head_names = ("out.weight", "out.bias")
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("out.weight", "out.bias")
 
     @property
     def latent_dim(self) -> int:
@@ -93,7 +95,7 @@ class BiLSTM(Model):
             tokens = F.embedding(ids[k], per_client["embedding"][k])
             packed = pack_padded_sequence(tokens, lengths[k].clamp(min=1).cpu(), batch_first=True,
                                           enforce_sorted=False)
-            weights = {}
+            weights: dict[str, torch.Tensor] = {}
             for d, suffix in zip(DIRECTIONS, ("", "_reverse"), strict=True):
                 weights |= {f"weight_ih_l0{suffix}": per_client[f"{d}.w_ih"][k],
                             f"weight_hh_l0{suffix}": per_client[f"{d}.w_hh"][k],

@@ -15,6 +15,8 @@ of one ``bmm`` per layer and step. Windows are always full (80 characters, no pa
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 import torch.nn.functional as F
 from torch.func import functional_call
@@ -46,7 +48,9 @@ class CharLSTM(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    head_names = ("out.weight", "out.bias")
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("out.weight", "out.bias")
 
     @property
     def latent_dim(self) -> int:
@@ -61,7 +65,7 @@ class CharLSTM(Model):
             return dropout(self.fused(params, ids, noise.rows if noise is not None else None), self.p, noise)
         return dropout(self.stacked(params, ids), self.p, noise)
 
-    def fused(self, params: Params, ids: torch.Tensor, rows: list[int] | None = None) -> torch.Tensor:
+    def fused(self, params: Params, ids: torch.Tensor, rows: Sequence[int] | None = None) -> torch.Tensor:
         """torch's LSTM kernel once per client, on its real rows only (``rows``: per client, in training).
 
         A stack pads every client's batch to the largest (a FedSGD step of a Shakespeare role of 6 667
@@ -74,7 +78,7 @@ class CharLSTM(Model):
         per_client = {name: p.unbind(0) for name, p in params.items()}
         zeros = torch.zeros(4 * self.hidden, device=ids.device)
         for k in range(ids.shape[0]):
-            weights = {}
+            weights: dict[str, torch.Tensor] = {}
             for layer in range(self.layers):
                 weights |= {f"weight_ih_l{layer}": per_client[f"lstm{layer}.w_ih"][k],
                             f"weight_hh_l{layer}": per_client[f"lstm{layer}.w_hh"][k],

@@ -77,8 +77,12 @@ class LeNet(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    head_names = ("fc3.weight", "fc3.bias")
-    latent_dim = 84
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("fc3.weight", "fc3.bias")
+    @property
+    def latent_dim(self) -> int:
+        return 84
 
     pad1 = 2  # LeNet-5 pads its first convolution on MNIST
 
@@ -158,15 +162,19 @@ class FedAvgCNN(LeNet):
                                 ParamSpec(f"{name}.running_mean", (width,), zeros_init, buffer=True),
                                 ParamSpec(f"{name}.running_var", (width,), ones_init, buffer=True)]
 
-    head_names = ("fc.weight", "fc.bias")
-    latent_dim = 512
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("fc.weight", "fc.bias")
+    @property
+    def latent_dim(self) -> int:
+        return 512
 
     def _features_one(self, p: Params, x: torch.Tensor) -> torch.Tensor:
         if self.batch_norm:
-            return self._features_bn(p, x, None, None)
+            return self._features_bn(p, x, None, {})
         return F.relu(F.linear(self._convolved(p, x), p["fc1.weight"], p["fc1.bias"]))
 
-    def _bn(self, p: Params, name: str, h: torch.Tensor, rows: int | None, updates: dict | None) -> torch.Tensor:
+    def _bn(self, p: Params, name: str, h: torch.Tensor, rows: int | None, updates: dict[str, torch.Tensor]) -> torch.Tensor:
         """Batch norm of one client's batch ``h`` [b, C, …]: its real ``rows``' statistics while training
         (and the running statistics' new values into ``updates``), the running statistics at evaluation."""
         if rows is None:
@@ -183,7 +191,7 @@ class FedAvgCNN(LeNet):
         norm = (h - mean.view(shape)) / torch.sqrt(var.view(shape) + self.BN_EPS)
         return norm * p[f"{name}.weight"].view(shape) + p[f"{name}.bias"].view(shape)
 
-    def _features_bn(self, p: Params, x: torch.Tensor, rows: int | None, updates: dict | None) -> torch.Tensor:
+    def _features_bn(self, p: Params, x: torch.Tensor, rows: int | None, updates: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.c == 1:
             x = x.reshape(-1, 1, self.h, self.w)
         else:
@@ -201,10 +209,9 @@ class FedAvgCNN(LeNet):
         out = []
         for i in range(x.shape[0]):  # per client: its own batch statistics (a loop on every device)
             p = {k: v[i] for k, v in params.items()}
-            training = noise is not None
-            updates: dict = {}
-            z = self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if training else None, updates)
-            if training:
+            updates: dict[str, torch.Tensor] = {}
+            z = self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if noise is not None else None, updates)
+            if noise is not None:
                 for k, v in updates.items():
                     noise.updates.setdefault(k, [None] * x.shape[0])[i] = v if noise.rows[i] else None
             out.append(F.linear(z, p[w], p[b]))

@@ -264,9 +264,9 @@ def draw_per_client(
                     extra[np.flatnonzero(open_)[0]] = 1
                 counts += extra
         chosen = []
-        for c in np.flatnonzero(counts):
-            chosen.extend(pools[c][: counts[c]])
-            del pools[c][: counts[c]]
+        for label in np.flatnonzero(counts):
+            chosen.extend(pools[label][: counts[label]])
+            del pools[label][: counts[label]]
         out.append(np.sort(np.asarray(chosen, dtype=np.int64)))
     return out
 

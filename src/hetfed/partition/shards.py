@@ -36,8 +36,7 @@ def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Ge
         raise PartitionError(f"partition.n_shards = {n_shards} is not allowed: more shards than the {len(y)} samples")
     if cfg.shard_cut == "sorted":  # McMahan et al.: sort by label (random order within a label), cut equal shards
         by_label = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in classes])
-        pieces = np.array_split(by_label, n_shards)
-        return _deal(pieces, k, cfg.shards_per_client, rng)
+        return _deal(np.array_split(by_label, n_shards), k, cfg.shards_per_client, rng)
     sizes = np.array([(y == c).sum() for c in classes])
     per_class = 1 + apportion(n_shards - len(classes), sizes)  # every class gets ≥ 1 shard
     per_class = np.minimum(per_class, sizes)  # a shard is never empty

@@ -10,7 +10,7 @@ from hetfed.data.loading import (
     Dataset,
     file_record,
     find_folder,
-    locate,
+    found,
     require_splittable,
     split_fixed,
 )
@@ -27,13 +27,13 @@ def load_fortunes(cfg: DatasetConfig) -> Dataset:
     folder = find_folder("fortunes", cfg.data_dir, categories)
     texts, labels = [], []
     for c, name in enumerate(categories):
-        entries = read_fortune_file(locate(folder, name))
+        entries = read_fortune_file(found(folder, name))
         texts += entries
         labels += [c] * len(entries)
     x, y = np.array(texts, dtype=object), np.array(labels, dtype=np.int64)
     require_splittable(y, f"dataset.name = 'fortunes' (categories {categories})", cfg.test_fraction)
     tr, te = split_fixed(x, y, cfg.test_fraction)
-    sources = tuple(file_record(locate(folder, n)) for n in categories)
+    sources = tuple(file_record(found(folder, n)) for n in categories)
     return Dataset("fortunes", x[tr], y[tr], x[te], y[te], len(categories), "text", sources=sources)
 
 
