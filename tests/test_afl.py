@@ -16,7 +16,7 @@ from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import Pool, SequentialExecutor, VectorisedExecutor, client_data
-from hetfed.executors.simulate import simulate
+from hetfed.executors.simulate import RoundObserver, simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
 from tests.synthetic import ShiftedGaussians
@@ -89,14 +89,23 @@ def test_clients_never_valued_are_tried_first_and_then_the_high_loss_ones_more_o
     assert hits[2] == hits[3] == 0 and hits[0] > 0 and hits[1] > 0  # unknown = the highest known valuation
 
 
+class _Sampled(RoundObserver):
+    """How many clients each round sampled (a round observer)."""
+
+    def __init__(self) -> None:
+        self.sampled: list[int] = []
+
+    def trained(self, rnd: int, metrics: dict[str, float]) -> None:
+        self.sampled.append(int(metrics["clients_sampled"]))
+
+
 @pytest.mark.parametrize("kind", ["logreg", "mlp"])
 def test_executors_agree_and_the_algorithm_chooses_the_clients(kind):
     runs = []
     for executor in (VectorisedExecutor(), SequentialExecutor()):
         fed, train, algo = _setup(kind)
-        sampled = []
-        runs.append((simulate(algo, fed, train, seed=3, executor=executor,
-                              on_train=lambda r, m, s=sampled: s.append(m["clients_sampled"])), sampled))
+        watch = _Sampled()
+        runs.append((simulate(algo, fed, train, seed=3, executor=executor, observers=[watch]), watch.sampled))
     (a, _), (b, counts) = runs
     for k in a.server.params:
         torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
