@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -297,7 +298,7 @@ def test_no_noise_and_no_clipping_reproduces_fedavg_exactly(kind):
     plain_algo, cfg = _algo(fed, kind=kind)
     plain = simulate(plain_algo, fed, cfg, seed=2)
     algo, cfg = _algo(fed, kind=kind)
-    algo.privacy = PrivacyConfig(noise_multiplier=0.0, clip=None, weighting="samples")
+    algo.context = replace(algo.context, privacy=PrivacyConfig(noise_multiplier=0.0, clip=None, weighting="samples"))
     private = simulate(algo, fed, cfg, seed=2)
     for k in plain.server.params:
         assert torch.equal(plain.server.params[k], private.server.params[k]), k
@@ -315,7 +316,7 @@ def test_dp_noise_has_the_calibrated_std_and_touches_shared_parameters_only():
     assert float(noise.std()) == pytest.approx(2.0 * 0.5 / 10, rel=0.03)
     fed = _fed()
     algo, cfg = _algo(fed, kind="cgau")
-    algo.privacy = PrivacyConfig(noise_multiplier=1.0, clip=0.1)
+    algo.context = replace(algo.context, privacy=PrivacyConfig(noise_multiplier=1.0, clip=0.1))
     res = simulate(algo, fed, cfg, seed=0)
     assert set(res.server.params) == {s.name for s in algo.model.specs() if not s.local}
     assert res.epsilon is not None and res.epsilon > 0

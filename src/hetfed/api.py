@@ -179,6 +179,7 @@ class Model:
         import torch
 
         from hetfed.engine.types import Broadcast, ServerState
+        from hetfed.interface import global_params
 
         algo = self.algorithm
         xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
@@ -190,7 +191,7 @@ class Model:
                                       f"(it lacks {missing[0]!r}"
                                       f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); expected "
                                       f"client= one of {_ids(self.clients)}")
-                params = algo.global_params(ServerState(self.shared))
+                params = global_params(algo, ServerState(self.shared))
                 logits = algo.model.forward(params, xt.unsqueeze(0), None)[0]
             else:
                 if client not in self.clients:

@@ -16,9 +16,11 @@ live (in this process, or on Flower SuperNodes):
 - ``evaluate_client(broadcast, states, data, view) -> metrics`` — the client's model
   on its own validation/test data; only metrics leave the client.
 
-The server side: ``server_init``, ``broadcast``, ``aggregate``, and
-``evaluate_server`` (the server's model on the balanced global test set).
-Everything random comes from generators derived from the run seed.
+The server side: ``server_init``, ``broadcast``, ``aggregate`` (through :func:`server_step`, the server
+chain), ``evaluate_server`` (the server's model on the balanced global test set), and optionally
+``select_clients`` and ``bind``; ``predictor`` says what a client predicts with, ``personal_plan`` who takes
+part in personalisation. What an algorithm *is* (name, parameters, :class:`Capabilities`) is data in its
+registered spec. Everything random comes from generators derived from the run seed.
 """
 
 from __future__ import annotations
@@ -98,6 +100,20 @@ class Context:
     seed: int = 0
     in_features: int | None = None
     build: Callable[[int], Model] | None = None
+    #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
+    privacy: PrivacyConfig | None = None
+
+
+@dataclass(frozen=True)
+class PersonalPlan:
+    """The personalisation phase of a method with one: ``clients`` run ``personalise``, ``scored`` report every
+    view's metrics (None: every client), ``model`` and ``batch_size`` are what it trains (the executor's
+    memory budget)."""
+
+    clients: list[int]
+    scored: list[int] | None
+    model: Model
+    batch_size: int
 
 
 class Algorithm:
@@ -108,10 +124,8 @@ class Algorithm:
     the class holds only behaviour.
     """
 
-    #: set by :func:`hetfed.algorithms.registry.register`
-    spec = None
-    #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
-    privacy: PrivacyConfig | None = None
+    #: set by :func:`hetfed.algorithms.registry.register`: name, parameters, capabilities
+    spec: Any = None
 
     def __init__(self, model: Model, train: TrainConfig, params=None, context: Context | None = None):
         self.model = model
@@ -121,10 +135,6 @@ class Algorithm:
         self.schedule = LocalSchedule.from_train(train)
         self._seed = 0
         self._expected_clients = 1
-
-    @property
-    def name(self) -> str:
-        return self.spec.name if self.spec is not None else type(self).__name__.lower()
 
     @property
     def capabilities(self) -> Capabilities:
@@ -139,32 +149,6 @@ class Algorithm:
         """
         self._seed = seed
         self._expected_clients = max(1, per_round)
-
-    @property
-    def dp(self) -> bool:
-        return self.privacy is not None and self.privacy.noise_multiplier is not None
-
-    def server_step(self, state: ServerState, upload: Upload, scale: float = 1.0) -> tuple[Params, dict]:
-        """The server pipeline on a round's updates: ``(new shared params, server extra)``.
-
-        The method's server chain (:mod:`hetfed.server.chain`: combine, or DP-FedAvg's noised mean under
-        ``privacy``, then the server optimiser on the pseudo-gradient). Every algorithm whose server holds
-        a model calls this, so robust rules, DP and server optimisers serve all of them alike. The chain's
-        state goes into the returned extra (and so into checkpoints). ``scale`` multiplies the
-        pseudo-gradient before the optimiser (FedNova's τ_eff).
-        """
-        chain = self.context.pipeline
-        if chain is None:
-            raise RuntimeError(f"{self.name}: no server chain; build algorithms with "
-                               "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
-        if self.dp:  # DP-FedAvg's noised mean in the combine step's place
-            chain = chain.private(self.privacy)
-        params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
-                                         seed=self._seed, expected_clients=self._expected_clients, scale=scale)
-        extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
-        if chain_state:
-            extra[chain.STATE] = chain_state
-        return params, extra
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
@@ -182,7 +166,7 @@ class Algorithm:
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """FedAvg: the server pipeline (sample-weighted mean, or the configured robust / private rule, then
         the server optimiser)."""
-        params, extra = self.server_step(state, upload)
+        params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
     @torch.no_grad()
@@ -190,7 +174,7 @@ class Algorithm:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""
         if not self.capabilities.server_model:
             return {}
-        logits = self.model.forward(self.global_params(state), x_global.unsqueeze(0), None)[0]
+        logits = self.model.forward(global_params(self, state), x_global.unsqueeze(0), None)[0]
         s = scores(logits, y_global)
         key = "server" if own_parameters(self) else "global"
         out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
@@ -209,17 +193,10 @@ class Algorithm:
         """Client-side work after federated training; returns new states and per-client info metrics."""
         return states, {}
 
-    def personalise_clients(self, fed, seed: int) -> list[int]:
-        """Which clients run :meth:`personalise` (default: every client)."""
-        return list(range(fed.n_clients))
-
-    def eval_clients(self, fed, seed: int) -> list[int] | None:
-        """Which clients report metrics (None: every client)."""
-        return None
-
-    def personalise_footprint(self) -> tuple[Model, int]:
-        """The model and batch size :meth:`personalise` trains (for the executor's memory budget)."""
-        return self.model, self.schedule.batch_size
+    def personal_plan(self, fed: Any, seed: int) -> PersonalPlan:
+        """Who runs :meth:`personalise`, who reports the views' metrics, and what it trains (for the executor's
+        memory budget); by default every client, with the method's model and batch size."""
+        return PersonalPlan(list(range(fed.n_clients)), None, self.model, self.schedule.batch_size)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`)."""
@@ -234,13 +211,45 @@ class Algorithm:
         pred = self.predictor(bc, states, len(data.client_ids), view)
         return client_scores(pred, data)
 
-    def global_params(self, state: ServerState) -> Params:
-        """Stacked (n = 1) params of the server's model, for the global test set.
 
-        Local parameters take their value for a client never seen in training.
-        """
-        unseen = {k: v.to(_device(state.params)) for k, v in self.model.local_for_unseen_client().items()}
-        return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
+def global_params(algo: Algorithm, state: ServerState) -> Params:
+    """Stacked (n = 1) params of the server's model, for the global test set.
+
+    Local parameters take their value for a client never seen in training.
+    """
+    unseen = {k: v.to(_device(state.params)) for k, v in algo.model.local_for_unseen_client().items()}
+    return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
+
+
+def server_step(algo: Algorithm, state: ServerState, upload: Upload, scale: float = 1.0) -> tuple[Params, dict[str, Any]]:
+    """The server pipeline on a round's updates: ``(new shared params, server extra)`` — what an algorithm's
+    ``aggregate`` calls.
+
+    The method's server chain (:mod:`hetfed.server.chain`: combine, or DP-FedAvg's noised mean under
+    ``privacy``, then the server optimiser on the pseudo-gradient). Every algorithm whose server holds
+    a model calls this, so robust rules, DP and server optimisers serve all of them alike. The chain's
+    state goes into the returned extra (and so into checkpoints). ``scale`` multiplies the
+    pseudo-gradient before the optimiser (FedNova's τ_eff).
+    """
+    chain = algo.context.pipeline
+    if chain is None:
+        raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms with "
+                           "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
+    privacy = private(algo)
+    if privacy is not None:  # DP-FedAvg's noised mean in the combine step's place
+        chain = chain.private(privacy)
+    params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
+                                     seed=algo._seed, expected_clients=algo._expected_clients, scale=scale)
+    extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
+    if chain_state:
+        extra[chain.STATE] = chain_state
+    return params, extra
+
+
+def private(algo: Algorithm) -> PrivacyConfig | None:
+    """The method's client-level DP settings when DP-FedAvg is on (``privacy.noise_multiplier`` set), else None."""
+    privacy = algo.context.privacy
+    return privacy if privacy is not None and privacy.noise_multiplier is not None else None
 
 
 def own_parameters(algo: Algorithm) -> bool:

@@ -28,6 +28,7 @@ from hetfed.engine.types import (
     split_state,
 )
 from hetfed.errors import ConfigError
+from hetfed.interface import server_step
 
 
 class ClusterModels(FedAvg):
@@ -92,7 +93,7 @@ class ClusterModels(FedAvg):
                       for k in model},
                      upload.num_samples[rows.to(upload.num_samples.device)])
         mine = ServerState(model, rnd, {opt_key: extra.get(self.key(target, opt_key), {})})
-        new, new_extra = self.server_step(mine, sub)
+        new, new_extra = server_step(self, mine, sub)
         params.update({self.key(target, k): v for k, v in new.items()})
         if new_extra.get(opt_key):
             extra[self.key(target, opt_key)] = new_extra[opt_key]
@@ -104,7 +105,7 @@ class ClusterModels(FedAvg):
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Not from states alone (evaluation chooses the cluster in :meth:`evaluate_client`)."""
-        raise ConfigError(f"client predictions of a saved {self.name} run are not supported yet: "
+        raise ConfigError(f"client predictions of a saved {self.spec.name} run are not supported yet: "
                           f"{self.NO_SAVED_PREDICTION}; expected the run's metrics (metrics.csv, summary.json) instead")
 
     @torch.no_grad()

@@ -71,7 +71,7 @@ class PartlyPersonal(FedAvg):
 
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
-        self._body = body_of(model, self.name)  # every method of this family needs a body and a head
+        self._body = body_of(model, self.spec.name)  # every method of this family needs a body and a head
 
     def personal_names(self) -> tuple[str, ...]:
         raise NotImplementedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
+from dataclasses import replace
 from typing import Any
 
 import hetfed.algorithms.registry as registry
@@ -19,7 +20,7 @@ def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping
     """The registered algorithm ``name`` around ``model`` with its ``params`` (a mapping or its params model).
 
     ``server`` makes its server chain (:func:`hetfed.server.pipeline.server_chain`; DP-FedAvg's noised mean
-    takes the combine step's place while ``algo.privacy`` is set);
+    takes the combine step's place while ``algo.context.privacy`` is set);
     ``in_features`` and ``build`` are what some algorithms are built with besides the
     model (see :class:`hetfed.interface.Context`); ``where`` (``methods.0``) prefixes the
     keys named in errors.
@@ -54,8 +55,8 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
                            server=server, seed=config.seed, in_features=int(np.prod(input_shape)),
                            build=lambda n_out: build_model(model_cfg, input_shape, n_out, vocab),
                            where=f"methods.{config.methods.index(method)}")
-    if private:
-        algo.privacy = config.privacy
+    if private:  # DP-FedAvg: the server chain's combine step becomes the noised mean (hetfed.interface.private)
+        algo.context = replace(algo.context, privacy=config.privacy)
     return algo
 
 

@@ -50,7 +50,7 @@ class FedBABU(FedAvg):
 
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
-        self._body = body_of(model, self.name)
+        self._body = body_of(model, self.spec.name)
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         return split_state(super().client_init(client_id, gen))[0]  # no optimiser state: fresh each round

@@ -37,6 +37,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.interface import server_step
 
 #: client state: the client's ∇L_k(θ_k^{t−1}) per shared parameter
 GRAD = "feddyn.grad."
@@ -86,7 +87,7 @@ class FedDyn(FedAvg):
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         if not upload.client_ids:
             return ServerState(state.params, state.round + 1, state.extra)
-        average, extra = self.server_step(state, upload)
+        average, extra = server_step(self, state, upload)
         alpha = self.params.alpha
         share = len(upload.client_ids) / (self.n_clients or len(upload.client_ids))
         h = state.extra.get("h") or {k: torch.zeros_like(v) for k, v in state.params.items()}

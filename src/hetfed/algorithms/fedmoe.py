@@ -21,7 +21,7 @@ clients on their own data.
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -42,6 +42,7 @@ from hetfed.engine.evaluate import ClientEvalData, Predictor, masked_mean, own_c
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
+from hetfed.interface import PersonalPlan
 from hetfed.models.base import Model
 from hetfed.models.mixture import Mixture
 
@@ -158,22 +159,16 @@ class FedMoE(FedAvg):
         self.mixture = Mixture(self.context.build, model.n_classes, self.moe.blend)
 
     # -- which clients
-    def eval_clients(self, fed, seed: int) -> list[int] | None:
-        """A random sample of ``moe.eval_clients`` (the paper's 20), or every client."""
-        n = self.moe.eval_clients
-        if n is not None and n < fed.n_clients:
-            return sorted(numpy_rng(seed, PERSONAL, 0).choice(fed.n_clients, n, replace=False).tolist())
-        return None
-
-    def personalise_clients(self, fed, seed: int) -> list[int]:
-        """Every client (the method), or only the evaluated ones: per-client phases give them the same models."""
+    def personal_plan(self, fed: Any, seed: int) -> PersonalPlan:
+        """Scored: a random sample of ``moe.eval_clients`` (the paper's 20), or every client; personalised:
+        every client (the method), or only the scored ones (per-client phases give them the same models); it
+        trains the mixture with FedMoE's own batch size."""
         every = list(range(fed.n_clients))
-        if self.moe.personalise == "evaluated":
-            return self.eval_clients(fed, seed) or every
-        return every
-
-    def personalise_footprint(self) -> tuple[Model, int]:
-        return self.mixture, self.moe.batch_size
+        n = self.moe.eval_clients
+        scored = (sorted(numpy_rng(seed, PERSONAL, 0).choice(fed.n_clients, n, replace=False).tolist())
+                  if n is not None and n < fed.n_clients else None)
+        clients = (scored or every) if self.moe.personalise == "evaluated" else every
+        return PersonalPlan(clients, scored, self.mixture, self.moe.batch_size)
 
     # -- the client-side step after federated training
     def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:

@@ -27,6 +27,7 @@ from hetfed.algorithms.fedavg import FedAvg
 from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 from hetfed.algorithms.scaffold import effective_steps
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
+from hetfed.interface import server_step
 
 
 class FedNova(FedAvg):
@@ -48,7 +49,7 @@ class FedNova(FedAvg):
             return ServerState(state.params, state.round + 1, state.extra)
         counts = upload.num_samples.double()
         tau_eff = float((counts * upload.extra["steps"].double().cpu().to(counts.device)).sum() / counts.sum())
-        params, extra = self.server_step(state, upload, scale=tau_eff)
+        params, extra = server_step(self, state, upload, scale=tau_eff)
         return ServerState(params, state.round + 1, extra)
 
 

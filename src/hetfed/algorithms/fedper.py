@@ -19,7 +19,7 @@ class FedPer(PartlyPersonal):
 
 
     def personal_names(self) -> tuple[str, ...]:
-        return head_of(self.model, self.name)
+        return head_of(self.model, self.spec.name)
 
 
 register(AlgorithmSpec(

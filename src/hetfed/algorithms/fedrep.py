@@ -41,7 +41,7 @@ class FedRep(PartlyPersonal):
 
 
     def personal_names(self) -> tuple[str, ...]:
-        return head_of(self.model, self.name)
+        return head_of(self.model, self.spec.name)
 
     def client_init(self, client_id, gen) -> ClientState:
         return split_state(super().client_init(client_id, gen))[0]  # no optimiser state: fresh each phase

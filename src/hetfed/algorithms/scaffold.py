@@ -50,6 +50,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.interface import server_step
 
 #: client state: the client's control variate per shared parameter
 CI = "scaffold.c."
@@ -154,7 +155,7 @@ class Scaffold(FedAvg):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         names = list(state.params)
-        params, extra = self.server_step(state, upload)
+        params, extra = server_step(self, state, upload)
         total = upload.num_samples.sum()
         n_clients = self.n_clients or len(upload.client_ids)
         c = state.extra.get("c") or {k: torch.zeros_like(v) for k, v in params.items()}

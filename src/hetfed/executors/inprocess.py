@@ -219,7 +219,8 @@ class InProcessExecutor:
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:
         info: dict[str, list[float]] = {}
-        model, batch = self.algo.personalise_footprint()
+        plan = self.algo.personal_plan(self.fed, self.seed)
+        model, batch = plan.model, plan.batch_size
         done = 0
         for chunk in self._chunks(clients, self.chunk_size(model, batch)):
             new, extra = self.algo.personalise(bc, self._stacked(chunk), client_data(self.pool, chunk, bc.round, True))

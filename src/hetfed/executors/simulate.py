@@ -26,7 +26,7 @@ from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clien
 from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
-from hetfed.interface import Algorithm
+from hetfed.interface import Algorithm, private
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -252,7 +252,7 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
     t_server = time.perf_counter()
     if upload is not None:
         result.server = algo.aggregate(result.server, upload)
-        result.dp_rounds += int(algo.dp)
+        result.dp_rounds += int(private(algo) is not None)
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
@@ -310,9 +310,9 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     t_eval = time.perf_counter()
     server = result.server
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
-    if algo.dp and algo.privacy is not None and algo.privacy.noise_multiplier is not None:
-        result.epsilon = epsilon(algo.privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds,
-                                 algo.privacy.delta)
+    privacy = private(algo)
+    if privacy is not None and privacy.noise_multiplier is not None:
+        result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
     result.eval_seconds += time.perf_counter() - t_eval
     result.evaluations += 1
@@ -355,11 +355,12 @@ def personalise(algo: Algorithm, fed: Federation, seed: int, result: SimulationR
     assert executor is not None
     chosen = result.best_server or result.server
     t0 = time.perf_counter()
-    result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), algo.personalise_clients(fed, seed),
+    plan = algo.personal_plan(fed, seed)
+    result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), plan.clients,
                                                 on_chunk)
     result.personal_seconds = time.perf_counter() - t0
     xg, yg = global_test(fed, algo.train, seed, device)
-    ids = algo.eval_clients(fed, seed)
+    ids = plan.scored
     for view in algo.capabilities.views:
         result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
     return result

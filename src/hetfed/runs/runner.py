@@ -289,7 +289,7 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume
 def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, saver: CheckpointObserver) -> None:
     """The client-side step after federated training, its progress shown, then checkpointed."""
     bar, heartbeat, seed = execution.bar, execution.recording.heartbeat, execution.config.seed
-    task = bar.add_task(f"{p.method.label}:personalise", total=len(p.algo.personalise_clients(execution.fed, seed)),
+    task = bar.add_task(f"{p.method.label}:personalise", total=len(p.algo.personal_plan(execution.fed, seed).clients),
                         acc="-", rate="clients")
     personalise(p.algo, execution.fed, seed, result, resolve_device(p.train.device),
                 on_chunk=partial(_personalised_so_far, bar, task, heartbeat))

@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 import torch
 
 from hetfed.engine.types import Params, Upload, concat_uploads
-from hetfed.interface import Algorithm
+from hetfed.interface import Algorithm, private
 
 # ------------------------------------------------------------------ per-client quantities
 
@@ -104,7 +104,7 @@ class ScreenSpec:
 
 def norm_factor(algo: Algorithm) -> float | None:
     """The norm filter's factor for ``algo`` (None: off; under DP clipping bounds every update already)."""
-    return None if algo.dp else algo.context.pipeline.screen.norm_factor
+    return None if private(algo) is not None else algo.context.pipeline.screen.norm_factor
 
 
 def holds_round(algo: Algorithm) -> bool:
@@ -144,7 +144,7 @@ class Screen:
 
     @classmethod
     def for_round(cls, algo: Algorithm, reference: Params) -> Screen:
-        privacy = algo.privacy if algo.dp else None
+        privacy = private(algo)
         return cls(reference, norm_factor(algo), privacy.clip if privacy is not None else None,
                    keep_all=holds_round(algo), uniform=privacy is not None and privacy.weighting == "uniform",
                    reference_clients=algo.context.pipeline.screen.reference_clients)
