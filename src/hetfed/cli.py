@@ -207,6 +207,10 @@ def cmd_components(args: argparse.Namespace) -> int:
             extra = [f"paper: {c['paper']}"] if c.get("paper") else []
             extra += [("streams" if c["streams"] else "needs every update of a round")] if "streams" in c else []
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
+            extra += [f"reads {', '.join(c['reads'])}"] if c.get("reads") else []
+            extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
+            extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []
+            extra += ["clients elsewhere" if not c["in_process"] else "clients in this process"] if "in_process" in c else []
             console.print(Text.assemble(("  " + c["name"], "bold"), f" — {c['summary']}"), soft_wrap=True)
             if extra:
                 console.print(f"    {' · '.join(extra)}", soft_wrap=True, markup=False)
