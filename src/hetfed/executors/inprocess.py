@@ -32,6 +32,7 @@ import torch
 
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import ClientEvalData, global_test
+from hetfed.engine.local import stack_blocks
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
@@ -137,6 +138,21 @@ def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
     return max(1, int(memory_budget_mb * 2**20 / (4 * floats)))
 
 
+#: what one stacked training step costs beyond its clients' arithmetic (Python, autograd, kernel launches), in
+#: seconds, and the arithmetic rate a client-step runs at, by device type — measured on this project's 2-core CPU
+#: with benchmarks/engine.py's stacks; only the ratio matters (how many client-steps one step's overhead is worth)
+STEP_OVERHEAD_S = {"cpu": 4e-4, "cuda": 1e-4}
+FLOPS = {"cpu": 2e10, "cuda": 2e13}
+
+
+def step_overhead(model: Model, batch_size: int, device: torch.device | str | None) -> float:
+    """One stacked step's fixed cost in client-steps of this model: how much longer a stack may wait on its
+    longest client before a second stack pays off (:func:`hetfed.engine.local.stack_blocks`)."""
+    kind = torch.device(device).type if device is not None else "cpu"
+    client_step = 6.0 * model.n_params() * batch_size / FLOPS.get(kind, FLOPS["cpu"])
+    return STEP_OVERHEAD_S.get(kind, STEP_OVERHEAD_S["cpu"]) / max(client_step, 1e-12)
+
+
 def eval_chunk(fed: Federation, ids: list[int], x: torch.Tensor, n_classes: int, max_floats: int) -> int:
     """How many clients to score at once: their longest own evaluation set × width within ``max_floats``.
 
@@ -155,10 +171,13 @@ class InProcessExecutor:
     name = "in-process"
 
     def __init__(self, memory_budget_mb: float | None = None, chunk_clients: int | None = None,
-                 eval_max_floats: int = 50_000_000):
+                 eval_max_floats: int = 50_000_000, group_by_steps: bool = True):
         self.memory_budget_mb = memory_budget_mb
         self.chunk_clients = chunk_clients
         self.eval_max_floats = eval_max_floats
+        #: stack clients of similar local steps together (False: in id order, one stack per memory chunk, as
+        #: before #47; the benchmark compares the two)
+        self.group_by_steps = group_by_steps
         self.states: ClientStore = ClientStore(0)
         self.adversary: Adversary | None = None
         self.y_train: torch.Tensor | None = None
@@ -188,6 +207,18 @@ class InProcessExecutor:
         for start in range(0, len(clients), size):
             yield clients[start : start + size]
 
+    def _stacks(self, clients: list[int], size: int) -> Iterator[list[int]]:
+        """A round's clients in stacks of at most ``size`` that run similar numbers of local steps
+        (:func:`hetfed.engine.local.stack_blocks`), so a client that finished its plan is not computed while a
+        longer one goes on."""
+        if size <= 1 or len(clients) <= 1 or not self.group_by_steps:
+            yield from self._chunks(clients, size)
+            return
+        schedule = self.algo.schedule
+        steps = [schedule.n_steps(len(self.pool.train[k])) for k in clients]
+        for block in stack_blocks(steps, size, step_overhead(self.algo.model, schedule.batch_size, self.device)):
+            yield [clients[i] for i in block]
+
     def _stacked(self, chunk: list[int]) -> ClientState:
         return self.states.gather(chunk, self.device)
 
@@ -200,7 +231,7 @@ class InProcessExecutor:
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
         round_uploads = RoundUploads(Screen.for_round(self.algo, bc.params))
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
-        for chunk in self._chunks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
+        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
             if adversary is not None and self.y_train is not None:
                 data = replace(data, y=self.y_train)
