@@ -139,9 +139,11 @@ def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
 
 
 #: what one stacked training step costs beyond its clients' arithmetic (Python, autograd, kernel launches), in
-#: seconds, and the arithmetic rate a client-step runs at, by device type — measured on this project's 2-core CPU
-#: with benchmarks/engine.py's stacks; only the ratio matters (how many client-steps one step's overhead is worth)
-STEP_OVERHEAD_S = {"cpu": 4e-4, "cuda": 1e-4}
+#: seconds, and the arithmetic rate a client-step runs at, by device type; only the ratio matters (how many
+#: client-steps one step's overhead is worth). The CPU value is benchmarks/unequal.py's best on this project's
+#: 2-core machine (s/round at 2e-5 / 1e-4 / 4e-4 / 1.6e-3 / 6.4e-3: 1.07 / 0.83 / 0.65 / 0.62 / 0.89); the CUDA
+#: one is a guess until a GPU measures it
+STEP_OVERHEAD_S = {"cpu": 8e-4, "cuda": 1e-4}
 FLOPS = {"cpu": 2e10, "cuda": 2e13}
 
 
