@@ -85,3 +85,26 @@ def test_grouped_stacks_agree_with_one_stack_and_with_one_client_at_a_time(algor
     for other in results[1:]:
         for k, v in results[0].server.params.items():
             torch.testing.assert_close(other.server.params[k], v, rtol=1e-4, atol=1e-5)
+
+
+def test_a_rounds_upload_is_in_client_id_order_whatever_the_stacks():
+    """Fed-FSNet's server reads the upload's rows in order (its mixture's components): the round's upload is
+    sorted by client id, however the executor stacked the clients."""
+    from hetfed.engine.types import RoundUploads, Upload
+
+    def up(ids):
+        t = torch.tensor(ids, dtype=torch.float32)
+        return Upload(ids, {"w": t[:, None].repeat(1, 2)}, t + 1, {"m": t[:, None] * 10})
+
+    rows = RoundUploads(stream=False)
+    for ids in ([3, 7], [0, 5], [1]):
+        rows.add(up(ids))
+    whole = rows.result()
+    assert whole.client_ids == [0, 1, 3, 5, 7]
+    assert whole.params["w"][:, 0].tolist() == [0, 1, 3, 5, 7] and whole.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]
+    assert whole.num_samples.tolist() == [1, 2, 4, 6, 8]
+    streamed = RoundUploads()
+    for ids in ([3, 7], [0, 5], [1]):
+        streamed.add(up(ids))
+    reduced = streamed.result()
+    assert reduced.client_ids == [0, 1, 3, 5, 7] and reduced.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]

@@ -207,14 +207,31 @@ class RoundUploads:
         whole = concat_uploads(self._kept) if self._kept else None
         counts = dict(self.screen.counts) if self.screen is not None else {}
         if whole is not None:
-            return replace(whole, screened=counts)
+            return in_id_order(replace(whole, screened=counts))
         if self._first is not None:
-            return replace(self._first, screened=counts)
+            return in_id_order(replace(self._first, screened=counts))
         if not self._ids:
             return Upload([], {}, torch.zeros(0), {}, counts)
         mean = {k: (v / self._total).to(self._dtypes[k]) for k, v in self._sums.items()}
-        return StreamedUpload(self._ids, {}, torch.cat(self._counts),
-                              {k: torch.cat(v) for k, v in self._extra.items()}, counts, mean)
+        return in_id_order(StreamedUpload(self._ids, {}, torch.cat(self._counts),
+                                          {k: torch.cat(v) for k, v in self._extra.items()}, counts, mean))
+
+
+def in_id_order(upload: Upload) -> Upload:
+    """The upload's rows (clients, counts, params, extras) sorted by client id: a round's upload does not depend
+    on how its clients were stacked (the vectorised executor groups them by plan length), so a server that
+    reads the rows in order (Fed-FSNet's mixture components) sees the same round whatever the stacking."""
+    ids = list(upload.client_ids)
+    if all(a < b for a, b in zip(ids, ids[1:], strict=False)):
+        return upload
+    order = sorted(range(len(ids)), key=ids.__getitem__)
+    index = torch.as_tensor(order, dtype=torch.long)
+
+    def rows(v: torch.Tensor) -> torch.Tensor:
+        return v[index.to(v.device)]
+
+    return replace(upload, client_ids=[ids[i] for i in order], params={k: rows(v) for k, v in upload.params.items()},
+                   num_samples=rows(upload.num_samples), extra={k: rows(v) for k, v in upload.extra.items()})
 
 
 def concat_uploads(uploads: list[Upload]) -> Upload:
