@@ -22,8 +22,10 @@ import argparse
 import json
 import time
 
-import numpy as np
 import torch
+from engine import (
+    _Synthetic,  # benchmarks/engine.py: random inputs of a given shape (this folder is on sys.path)
+)
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -37,17 +39,6 @@ from hetfed.executors.inprocess import (
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
-
-
-class _Synthetic:
-    def __init__(self, n: int, d: int, classes: int = 10, seed: int = 0):
-        rng = np.random.default_rng(seed)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = rng.normal(size=(n, d)).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 10)
-        self.x_test = rng.normal(size=(len(self.y_test), d)).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
 
 
 def federation(n: int = 24_000, d: int = 784, clients: int = 20, alpha: float = 0.1):

@@ -15,6 +15,7 @@ from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from tests.synthetic import ShiftedGaussians
 
 
 def _cost(steps, blocks, per_step):
@@ -57,22 +58,11 @@ def test_a_large_round_is_grouped_by_runs_of_equal_steps():
     assert stack_occupancy(steps, blocks) > 0.95  # one-stack id-order chunks: about 0.5
 
 
-class _Synthetic:
-    def __init__(self, n: int, d: int, classes: int = 4):
-        rng = np.random.default_rng(0)
-        self.y_train = rng.integers(0, classes, n)
-        self.x_train = rng.normal(size=(n, d)).astype(np.float32)
-        self.y_test = np.repeat(np.arange(classes), 5)
-        self.x_test = rng.normal(size=(len(self.y_test), d)).astype(np.float32)
-        self.n_classes = classes
-        self.input_shape = (d,)
-
-
 @pytest.mark.parametrize("algorithm", ["fedavg", "ditto", "scaffold"])
 def test_grouped_stacks_agree_with_one_stack_and_with_one_client_at_a_time(algorithm):
     """Unequal clients (Dirichlet 0.1): the grouped vectorised executor, the one-stack one (before #47) and the
     sequential one give the same model to float tolerance."""
-    fed = make_federation(_Synthetic(1200, 6), PartitionConfig(kind="dirichlet", clients=8, alpha=0.1,
+    fed = make_federation(ShiftedGaussians(1200, 6, classes=4), PartitionConfig(kind="dirichlet", clients=8, alpha=0.1,
                                                                    val_fraction=0.0, test_fraction=0.0), seed=0)
     sizes = [len(t) for t in fed.train]
     assert max(sizes) > 4 * min(sizes)  # unequal enough that grouping splits the stack
