@@ -84,6 +84,12 @@ class Registry(Generic[T]):
             if info.name not in self.exclude and not info.name.startswith("_"):
                 importlib.import_module(f"{self.package}.{info.name}")
 
+    def find(self, name: str) -> T | None:
+        """The component ``name`` (the package discovered first), or None where none is registered — for a
+        name read back from an old run, which need not exist here."""
+        self._discover()
+        return self._items.get(name)
+
     def items(self) -> list[tuple[str, T]]:
         self._discover()
         return sorted(self._items.items())

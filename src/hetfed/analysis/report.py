@@ -450,8 +450,7 @@ def _on_nodes(dataset: str | None) -> bool:
     """The run's data lived on the SuperNodes (a dataset that is not registered here: not known to be)."""
     from hetfed.registry import registry_of
 
-    registry_of("dataset").names()  # discovered, so a shipped dataset is found by get_registered
-    kind = registry_of("dataset").get_registered(dataset) if dataset else None
+    kind = registry_of("dataset").find(dataset) if dataset else None
     return bool(kind is not None and kind.on_nodes)
 
 

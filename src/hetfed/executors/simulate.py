@@ -154,6 +154,7 @@ class _Loop:
     fed: Federation
     train: TrainConfig
     seed: int
+    device: torch.device
     executor: Executor
     observers: Sequence[RoundObserver]
     faults: Faults
@@ -216,7 +217,7 @@ def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, exec
     algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
     chain = algo.context.pipeline  # the server's policy: a round with fewer accepted updates is skipped
     xg, yg = global_test(fed, train, seed, device)
-    return _Loop(algo, fed, train, seed, executor, observers, Faults(train, fed, seed, algo.schedule),
+    return _Loop(algo, fed, train, seed, device, executor, observers, Faults(train, fed, seed, algo.schedule),
                  eval_sample(train, fed.n_clients, seed), xg, yg, under_attack,
                  chain.min_clients if chain is not None else 1)
 
@@ -224,7 +225,7 @@ def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, exec
 def _initial_result(loop: _Loop, resume: SimulationResult | None,
                     resume_states: dict[str, Any] | None) -> SimulationResult:
     """A fresh result from the server's initial state, or a checkpoint's as it was (on this device)."""
-    device = resolve_device(loop.train.device)
+    device = loop.device
     if resume is None:
         server = loop.algo.server_init(torch_gen(loop.seed, SERVER_INIT))
         result = SimulationResult(_to_device(server, device), executor=loop.executor)

@@ -183,7 +183,6 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
     for index, method in enumerate(config.methods):
         train = config.method_train(method)
         kind = executor or executor_for(train)
-        resolve_device(train.device)
         clients_per_round(train, n_opted_in)
         algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
         if config.attack.kind != "none" and not kind.in_process:
