@@ -265,7 +265,7 @@ def test_schedule():
     assert s.n_steps(100) == 4 and s.n_steps(1000) == 10
     assert LocalSchedule(batch_size=32, steps=10).n_steps(100) == 10
     assert LocalSchedule(batch_size=10, epochs=2).n_steps(35) == 8
-    batches = plan_batches(35, LocalSchedule(batch_size=10, epochs=1), np.random.default_rng(0))
+    batches = plan_batches(35, LocalSchedule(batch_size=10, epochs=1), 0)
     assert sorted(np.concatenate(batches).tolist()) == list(range(35)) and len(batches[-1]) == 5
 
 

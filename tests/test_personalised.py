@@ -8,6 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from hetfed import streams
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
 from hetfed.engine.evaluate import summarise
@@ -278,7 +279,9 @@ def test_per_fedavg_takes_algorithm_1s_meta_step_on_independent_batches(variant)
     x, y = torch.randn(9, 3, generator=gen), torch.tensor([0, 1, 1, 0, 1, 0, 1, 1, 0])
     server = algo.server_init(torch_gen(7, SERVER_INIT))
     upload, _ = algo.local_update(algo.broadcast(server, 0), {}, ClientData([0], x, y, [np.arange(9)], [123]))
-    perm = np.random.default_rng(123).permutation(9)  # the step's batch of 2B (3B) rows, split into D, D', D''
+    # the client's first epoch order (its round seed's counter-based permutation): the step's batch of 2B (3B)
+    # rows, split into D, D', D''
+    perm = streams.permutations(streams.keys([123], "cpu"), [9], [1]).numpy()
     d, d1, d2 = perm[:b], perm[b:2 * b], perm[2 * b:3 * b]
     w = dict(server.params)
     g = _grads(w, x[d], y[d])

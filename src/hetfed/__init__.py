@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING, Any
 
-__version__ = "0.1.0"
+__version__ = "0.2.0"
 
 _API = ("Federation", "Model", "Run", "Sweep", "build_federation", "load_config", "open_run", "open_sweep",
         "report", "run", "sweep")

@@ -31,8 +31,8 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.local import Proximal, train_stack
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 
 #: the personal model's parameters in a client's state
 PERSONAL = "ditto."
@@ -63,14 +63,10 @@ class Ditto(FedAvg):
         params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
         personal = {k[len(PERSONAL):]: v for k, v in mine.items()}
         lam = self.params.lam
-
-        def prox(v: Params) -> torch.Tensor:  # λ/2‖v − w^t‖² over the shared parameters
-            return 0.5 * lam * sum((v[k] - w_t[k]).pow(2).flatten(1).sum(1) for k in w_t)
-
         schedule = self.schedule if self.params.personal_epochs is None else replace(
             self.schedule, epochs=self.params.personal_epochs, steps=None)
         personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
-                                     bc.lr, regulariser=prox if lam else None)
+                                     bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PERSONAL + k: v for k, v in personal.items()}}

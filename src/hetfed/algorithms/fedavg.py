@@ -13,7 +13,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine import optim
-from hetfed.engine.local import train_stack
+from hetfed.engine.local import Proximal, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.interface import Algorithm
 
@@ -74,17 +74,7 @@ class FedProx(FedAvg):
     """FedAvg plus ``μ/2·‖θ − θ_global‖²`` on the shared parameters (``params.mu``)."""
 
     def _regulariser(self, bc: Broadcast, data: ClientData):
-        mu = self.params.mu
-        anchor = bc.params
-
-        def prox(params):
-            total = 0
-            for k, g in anchor.items():
-                diff = params[k] - g.unsqueeze(0)
-                total = total + diff.pow(2).flatten(1).sum(1)
-            return 0.5 * mu * total
-
-        return prox
+        return Proximal(bc.params, self.params.mu)  # μ/2·‖θ − θ_global‖², by its closed-form gradient
 
 
 class Local(Algorithm):

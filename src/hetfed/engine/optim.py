@@ -39,17 +39,23 @@ def init_state(cfg: OptimizerConfig, params: Params) -> Params:
     return state
 
 
-def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> tuple[Params, Params]:
-    """One optimiser step, in place, for every active client of the stack."""
+def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
+         every: bool | None = None) -> tuple[Params, Params]:
+    """One optimiser step, in place, for every active client of the stack.
+
+    ``every`` says whether every client is active when the caller knows it (its plan does): reading it
+    from ``active`` is a host round-trip on an accelerator.
+    """
+    every = bool(active.all()) if every is None else every
     if cfg.kind == "sgd":
-        _sgd(cfg, params, grads, state, lr, active)
+        _sgd(cfg, params, grads, state, lr, active, every)
     else:
-        _adam(cfg, params, grads, state, lr, active)
+        _adam(cfg, params, grads, state, lr, active, every)
     return params, state
 
 
-def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> None:
-    every = bool(active.all())
+def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
+         every: bool) -> None:
     a = active.to(next(iter(params.values())).dtype)
     keep = torch.where(active, cfg.momentum, 1.0) if not every else None
     for k, p in params.items():
@@ -67,9 +73,9 @@ def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr:
         p.add_(g, alpha=-lr)
 
 
-def _adam(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor) -> None:
+def _adam(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
+          every: bool) -> None:
     b1, b2 = cfg.betas
-    every = bool(active.all())
     a = active.to(next(iter(params.values())).dtype)
     state["opt.t"].add_(a)
     t = state["opt.t"].clamp(min=1)

@@ -21,6 +21,8 @@ from dataclasses import dataclass
 
 import torch
 
+from hetfed import streams
+
 Params = dict[str, torch.Tensor]
 Init = Callable[[torch.Generator, tuple[int, ...]], torch.Tensor]
 
@@ -60,42 +62,46 @@ class ParamSpec:
 
 
 class Noise:
-    """Per-client random streams for one training step (dropout masks).
+    """The random draws of one training step for a stack of clients (dropout masks), made on the device.
 
-    Each client has its own ``torch.Generator`` derived from the run seed, the
-    round and the client id, so its masks do not depend on which other clients
-    share its stack. Finished clients (``active`` False) draw nothing, so a
-    client's stream advances exactly as in a one-client run.
+    A mask entry is a pure function of (client key, step, draw, row, column) — :mod:`hetfed.streams` —
+    computed for the whole stack in tensor operations: it does not depend on which clients share the stack
+    or on its padded batch, so a client draws what it draws in a one-client run, on any device. ``rows``
+    (host ints: each client's real rows this step) serve the models that read them (batch norm's statistics).
     """
 
-    def __init__(self, gens: Sequence[torch.Generator], active: Sequence[bool], rows: Sequence[int], device: torch.device):
-        self.gens = gens
-        self.active = active
+    def __init__(self, keys: torch.Tensor, step: int, rows: Sequence[int], row_offset: int = 0,
+                 counter: list[int] | None = None):
+        self.keys = keys  # [n] int64 on the device: each client's round key
+        self.step = step
         self.rows = rows  # real (unpadded) batch rows per client
-        #: buffer name → per-client new values the forward computed in this step (batch norm's statistics)
-        self.updates: dict[str, list[torch.Tensor | None]] = {}
-        self.device = device
+        self.row_offset = row_offset
+        self._counter = counter if counter is not None else [0]  # draws so far this step (shared by columns)
+        #: buffer name → the stack's new values the forward computed in this step (batch norm's statistics;
+        #: clients without rows this step keep their old values)
+        self.updates: dict[str, torch.Tensor] = {}
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
 
     def columns(self, start: int, width: int) -> Noise:
         """The same streams for the batch columns ``start … start + width`` (a step that splits its batch into
-        several, as Per-FedAvg's D, D', D''): each client's real rows there, the same generators."""
+        several, as Per-FedAvg's D, D', D''): each client's real rows there, their own row positions."""
         rows = [max(0, min(r - start, width)) for r in self.rows]
-        part = Noise(self.gens, [a and r > 0 for a, r in zip(self.active, rows, strict=True)], rows, self.device)
+        part = Noise(self.keys, self.step, rows, self.row_offset + start, self._counter)
         part.updates = self.updates
         return part
 
     def keep_mask(self, batch: int, width: int, p: float) -> torch.Tensor:
-        """Inverted-dropout multipliers ``[n, batch, width]`` (0 or 1/(1−p)).
-
-        Each client draws exactly its own real rows, whatever the stack's padded
-        batch is, so its stream matches a one-client run.
-        """
-        masks = torch.zeros(len(self.gens), batch, width)
-        for k, (gen, on, rows) in enumerate(zip(self.gens, self.active, self.rows, strict=True)):
-            if on and rows:
-                u = torch.rand((rows, width), generator=gen)
-                masks[k, :rows] = (u >= p).float() / (1 - p)
-        return masks.to(self.device)
+        """Inverted-dropout multipliers ``[n, batch, width]`` (0 or 1/(1−p)) for this step's next draw."""
+        draw = self._counter[0]
+        self._counter[0] += 1
+        prefix = streams.bits(self.keys, streams.DROPOUT_MASK, self.step, draw)  # [n]
+        row = torch.arange(self.row_offset, self.row_offset + batch, device=self.device)
+        cell = row[:, None] * width + torch.arange(width, device=self.device)[None, :]  # [batch, width]
+        u = streams.uniform(prefix[:, None, None], cell[None])
+        return (u >= p).to(torch.float32) * (1.0 / (1 - p))
 
 
 def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:

@@ -206,15 +206,16 @@ class FedAvgCNN(LeNet):
         if not self.batch_norm:
             return super().forward(params, x, noise)
         w, b = self.head_names
-        out = []
+        out, new = [], []
         for i in range(x.shape[0]):  # per client: its own batch statistics (a loop on every device)
             p = {k: v[i] for k, v in params.items()}
             updates: dict[str, torch.Tensor] = {}
             z = self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if noise is not None else None, updates)
-            if noise is not None:
-                for k, v in updates.items():
-                    noise.updates.setdefault(k, [None] * x.shape[0])[i] = v if noise.rows[i] else None
+            # a client without rows this step keeps its running statistics
+            new.append({k: v if noise is not None and noise.rows[i] else p[k] for k, v in updates.items()})
             out.append(F.linear(z, p[w], p[b]))
+        if noise is not None and new and new[0]:
+            noise.updates.update({k: torch.stack([u[k] for u in new]) for k in new[0]})
         return torch.stack(out)
 
     def activation_floats(self, batch: int) -> int:

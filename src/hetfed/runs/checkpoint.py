@@ -38,7 +38,8 @@ if TYPE_CHECKING:
 
 RESUME = "resume.pt"
 PREVIOUS = "resume.prev.pt"
-VERSION = 1
+#: 2: clients' streams drawn by :mod:`hetfed.streams` (hetfed 0.2); 1: per-client host generators (0.1)
+VERSION = 2
 
 
 def checkpoint_path(run_dir: str | Path) -> Path:
@@ -96,6 +97,11 @@ def _load(path: Path) -> dict[str, Any]:
     except Exception as err:
         raise RunError(f"the checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); "
                        "expected a file written by hetfed (rerun the config instead)") from None
+    if payload.get("version") == 1:
+        raise RunError(f"the checkpoint {str(path)!r} was written by hetfed 0.1, whose clients drew their batches "
+                       "and dropout masks from host generators; this version draws them from counter-based streams, "
+                       "so resuming would mix two runs' numbers: expected a run made by hetfed ≥ 0.2 (rerun the "
+                       "config, or resume with hetfed 0.1)")
     if payload.get("version") != VERSION:
         raise RunError(f"the checkpoint {str(path)!r} has version {payload.get('version')}, this hetfed reads "
                        f"{VERSION}: expected a run made by this version (rerun the config instead)")

@@ -164,12 +164,16 @@ class MetricsWriter:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, machine and threads a run was made with (for its report and for reproducing it)."""
+    """Versions, machine and threads a run was made with (for its report and for reproducing it).
+
+    Imports torch (and hetfed.streams, which needs it) here: ``import hetfed`` stays light."""
     import platform
     import sys
     from importlib import metadata
 
     import torch
+
+    from hetfed import streams
 
     def version(dist: str) -> str | None:
         try:
@@ -178,7 +182,8 @@ def environment() -> dict[str, Any]:
             return None
 
     env = {
-        "hetfed": version("hetfed"), "python": sys.version.split()[0], "torch": torch.__version__,
+        "hetfed": version("hetfed"), "random_streams": streams.GENERATOR,
+        "python": sys.version.split()[0], "torch": torch.__version__,
         **{name: version(name) for name in ("numpy", "scipy", "scikit-learn", "flwr")},
         "platform": platform.platform(), "machine": platform.machine(), "host": socket.gethostname(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),

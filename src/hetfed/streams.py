@@ -1,0 +1,100 @@
+"""Counter-based random numbers computed on the device: a pure function of (key, counters).
+
+A stack of clients draws its batch orders and dropout masks as tensor operations, for every client
+at once: the value at (client seed, purpose, step, position …) is a hash of those integers, so it needs
+no per-client generator, no Python loop over the stack and no copy from the host; it does not depend
+on which clients share the stack (or on how many draws came before it), and it is the same integer on
+every device (CPU and CUDA run the same integer arithmetic; no float is involved until the last step,
+an exact scaling of 24 bits).
+
+The mixing function is Wellons' ``lowbias32`` (a 32-bit integer hash with a full avalanche), applied
+once per counter. Every value stays in [0, 2³²) and every product in [0, 2⁴⁸] ⊂ int64, so the
+arithmetic never overflows (torch leaves signed overflow to the C++ compiler) and is exact everywhere.
+
+Why not torch's own generators: ``torch.Generator`` is a sequential stream per object (one per client, in
+a Python loop, on the host for CPU generators); CUDA's Philox offsets depend on the kernel that draws.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+#: recorded in every run directory's environment: which generator drew the run's client streams
+#: (run directories without it were drawn by per-client host generators, hetfed ≤ 0.1)
+GENERATOR = "counter-lowbias32-v1"
+
+MASK32 = 0xFFFFFFFF
+_GOLDEN = 0x9E3779B9
+# purposes within one client's round stream (the key already separates rounds, clients and phases)
+BATCH_ORDER, DROPOUT_MASK = 1, 2
+
+
+def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+    """``x · c mod 2³²`` for x in [0, 2³²), without an int64 overflow (c split in 16-bit halves)."""
+    lo, hi = c & 0xFFFF, c >> 16
+    return (x * lo + (((x * hi) & 0xFFFF) << 16)) & MASK32
+
+
+def mix32(x: torch.Tensor) -> torch.Tensor:
+    """Wellons' lowbias32 of every element (int64 values in [0, 2³²))."""
+    x = x ^ (x >> 16)
+    x = _mul32(x, 0x7FEB352D)
+    x = x ^ (x >> 15)
+    x = _mul32(x, 0x846CA68B)
+    return x ^ (x >> 16)
+
+
+def keys(seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
+    """Each client's 64-bit round seed folded into a 32-bit key ``[n]`` (int64), on ``device``."""
+    folded = [((int(s) & MASK32) ^ _fold_high(int(s))) for s in seeds]
+    return torch.tensor(folded, dtype=torch.int64, device=device)
+
+
+def _fold_high(seed: int) -> int:
+    """The seed's high 32 bits, hashed (so seeds that differ only there still give unrelated keys)."""
+    h = (seed >> 32) & MASK32
+    h ^= h >> 16
+    h = (h * 0x7FEB352D) & MASK32
+    h ^= h >> 15
+    h = (h * 0x846CA68B) & MASK32
+    return h ^ (h >> 16)
+
+
+def bits(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
+    """32 random bits (int64 in [0, 2³²)) at ``counters`` of the stream ``key``; shapes broadcast."""
+    h = mix32((key & MASK32) ^ _GOLDEN)
+    for c in counters:
+        h = mix32(((h ^ (c & MASK32)) + _GOLDEN) & MASK32)
+    return h
+
+
+def uniform(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
+    """U[0, 1) float32 at ``counters`` of ``key`` (24 bits, exact on every device)."""
+    return (bits(key, *counters) >> 8).to(torch.float32) * (1.0 / (1 << 24))
+
+
+def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int]) -> torch.Tensor:
+    """Each client's shuffles of its positions, epoch after epoch, as one flat tensor.
+
+    Client ``k`` (``key[k]``, ``sizes[k]`` positions) gets ``epochs[k]`` permutations of ``0 … sizes[k]−1``;
+    the result concatenates them client by client, epoch by epoch (length Σ sizes·epochs). Permutation
+    (k, e) sorts the positions by ``bits(key[k], BATCH_ORDER, e, i)`` (ties by position): one stable sort of
+    the whole stack, every permutation independent of the others and of the stack.
+    """
+    device = key.device
+    lengths = [n * e for n, e in zip(sizes, epochs, strict=True)]
+    total = sum(lengths)
+    if total == 0:
+        return torch.zeros(0, dtype=torch.int64, device=device)
+    size = torch.tensor(sizes, dtype=torch.int64, device=device)
+    client = torch.repeat_interleave(torch.arange(len(sizes), device=device),
+                                     torch.tensor(lengths, dtype=torch.int64, device=device), output_size=total)
+    start = torch.cumsum(torch.tensor([0, *lengths[:-1]], dtype=torch.int64, device=device), 0)
+    offset = torch.arange(total, device=device) - start[client]  # e·n + i within the client's block
+    n = size[client]
+    epoch, position = offset // n, offset % n
+    segment = start[client] + epoch * n  # one segment per (client, epoch): its first flat position
+    order = torch.sort(segment * (1 << 32) + bits(key[client], BATCH_ORDER, epoch, position), stable=True).indices
+    return order - segment  # position i of the segment's permutation: order stays within its segment
