@@ -11,6 +11,10 @@ The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 �
 
 For each: seconds per round (training only), the stack occupancy (real client-steps ÷ computed client-steps)
 and the largest parameter difference from the sequential run (the executors agree to float tolerance).
+Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
+batched-matmul forward, autograd backward and SGD update per step: pre-made parameters and batch order, no
+sampling, planning, masking or aggregation) and the **GEMM limit** (the round's FLOPs on real rows at the rate
+this machine reaches on one large matmul of the same inner dimensions).
 Ratios are from one run; timings are never asserted.
 
     python benchmarks/unequal.py [--rounds 2] [--threads 2] [--json]
@@ -58,6 +62,49 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg"):
     return per_round, result.server.params, model
 
 
+def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,
+                  repeats: int = 3) -> float:
+    """The stacked ideal of ``blocks`` (each stack for its longest client's steps, full batches), fastest of ``repeats``."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4096, d, generator=gen), torch.randint(0, 10, (4096,), generator=gen)
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        for block in blocks:
+            m = len(block)
+            params = [torch.randn(m, d, hidden) * d**-0.5, torch.zeros(m, 1, hidden),
+                      torch.randn(m, hidden, 10) * hidden**-0.5, torch.zeros(m, 1, 10)]
+            for s in range(max(steps[i] for i in block)):
+                rows = torch.arange(m * batch).view(m, batch) * 7 + s * 13
+                xb, yb = x[rows % 4096], y[rows % 4096]
+                leaves = [p.requires_grad_(True) for p in params]
+                h = torch.relu(torch.baddbmm(leaves[1], xb, leaves[0]))
+                logits = torch.baddbmm(leaves[3], h, leaves[2])
+                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), yb.reshape(-1))
+                grads = torch.autograd.grad(loss * m, leaves)
+                with torch.no_grad():
+                    params = [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+        return time.perf_counter() - t0
+
+    one()
+    return min(one() for _ in range(repeats))
+
+
+def gemm_limit_seconds(samples: int, d: int, hidden: int, repeats: int = 5) -> float:
+    """The round's FLOPs (forward + backward: 6 per multiply-add, real rows only) at this machine's GEMM rate."""
+    a, w = torch.randn(8192, d), torch.randn(d, hidden)
+    a @ w
+    best = min(_timed(lambda: a @ w) for _ in range(repeats))
+    rate = 2.0 * 8192 * d * hidden / best
+    return 6.0 * samples * (d * hidden + hidden * 10) / rate
+
+
+def _timed(fn) -> float:
+    t0 = time.perf_counter()
+    fn()
+    return time.perf_counter() - t0
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
@@ -94,6 +141,16 @@ def main() -> None:
         seq = rows["sequential"]["seconds_per_round"]
         for row in rows.values():
             row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
+        if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
+            grouped = stack_blocks(steps, memory_chunk(model, 10, 128.0), step_overhead(model, 10, "cpu"))
+            ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200)
+            limit = gemm_limit_seconds(sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True)),
+                                       fed.input_shape[0], 200)
+            rows["stacked_ideal"] = {"seconds_per_round": round(ideal, 3)}
+            rows["gemm_limit"] = {"seconds_per_round": round(limit, 3)}
+            for name in ("sequential", "vectorised"):
+                rows[name]["over_stacked_ideal"] = round(rows[name]["seconds_per_round"] / ideal, 2)
+                rows[name]["over_gemm_limit"] = round(rows[name]["seconds_per_round"] / limit, 2)
         out[algorithm] = rows
     if args.json:
         print(json.dumps(out))

@@ -80,8 +80,8 @@ def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int])
 
     Client ``k`` (``key[k]``, ``sizes[k]`` positions) gets ``epochs[k]`` permutations of ``0 … sizes[k]−1``;
     the result concatenates them client by client, epoch by epoch (length Σ sizes·epochs). Permutation
-    (k, e) sorts the positions by ``bits(key[k], BATCH_ORDER, e, i)`` (ties by position): one stable sort of
-    the whole stack, every permutation independent of the others and of the stack.
+    (k, e) sorts the positions by ``bits(bits(key[k], BATCH_ORDER, e), i)`` (ties by position): one stable sort
+    of the whole stack, every permutation independent of the others and of the stack.
     """
     device = key.device
     lengths = [n * e for n, e in zip(sizes, epochs, strict=True)]
@@ -96,5 +96,9 @@ def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int])
     n = size[client]
     epoch, position = offset // n, offset % n
     segment = start[client] + epoch * n  # one segment per (client, epoch): its first flat position
-    order = torch.sort(segment * (1 << 32) + bits(key[client], BATCH_ORDER, epoch, position), stable=True).indices
+    # the (client, epoch) part of the hash on the small tensor of segments, the position's on the flat one
+    n_epochs = max(epochs)
+    epoch_keys = bits(key[:, None], BATCH_ORDER, torch.arange(n_epochs, device=device)[None, :]).flatten()
+    hashed = bits(epoch_keys[client * n_epochs + epoch], position)
+    order = torch.sort(segment * (1 << 32) + hashed, stable=True).indices
     return order - segment  # position i of the segment's permutation: order stays within its segment

@@ -195,7 +195,7 @@ def train_stack(
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
                 if k in fixed:
                     fixed[k] = values.to(fixed[k].dtype)
-            loss_sum += reported.detach() * plan.active[t]
+            loss_sum += reported.detach() if plan.every[t] else reported.detach() * plan.active[t]
     trained = {**fixed, **{k: v.detach() for k, v in current.items()}}
     return trained, state, loss_sum / plan.steps
 
