@@ -118,10 +118,12 @@ def plan_steps(data: ClientData, schedule: LocalSchedule, device: torch.device) 
     pool = torch.as_tensor(np.concatenate(data.indices) if n else np.zeros(0, np.int64), dtype=torch.int64, device=device)
     first = dev(np.cumsum([0, *sizes[:-1]]).tolist() if n else [])
     index = torch.where(real, pool[(first[:, None, None] + own).clamp(max=max(len(pool) - 1, 0))], 0) if len(pool) else own
+    trains = rows_h > 0
     return StepPlan(
-        index=index, mask=real.to(torch.float32), active=torch.as_tensor(rows_h.T > 0, device=device),
+        index=index, mask=real.to(torch.float32), active=torch.as_tensor(trains.T, device=device),
         steps=torch.tensor(n_steps, dtype=torch.float32, device=device).clamp(min=1), keys=keys,
-        rows=rows_h.T.tolist(), widths=rows_h.max(0).tolist() if n else [], every=(rows_h > 0).all(0).tolist() if n else [])
+        rows=rows_h.T.tolist(), widths=[int(w) for w in rows_h.max(0)] if n else [],
+        every=[bool(a) for a in np.all(trains, axis=0).tolist()] if n else [])
 
 
 @dataclass(frozen=True)
@@ -171,7 +173,7 @@ def train_stack(
     current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}
     state = {k: v.clone() for k, v in opt_state.items()} if opt_state is not None else optim.init_state(opt_cfg, current)
     proximal = regulariser if isinstance(regulariser, Proximal) else None
-    term = None if proximal is not None else regulariser
+    term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
     plan = plan_steps(data, schedule, device)
     loss_sum = torch.zeros(len(data.client_ids), device=device)
     for t, width in enumerate(plan.widths):  # no host round-trip: every shape and flag was planned
