@@ -153,7 +153,9 @@ def test_executors_agree_and_fedavg_learns_the_texts(path, monkeypatch):
     seq = _fedavg(fed, SequentialExecutor(), train)
     vec = _fedavg(fed, VectorisedExecutor(chunk_clients=3), train)
     for k, v in seq.server.params.items():
-        torch.testing.assert_close(vec.server.params[k], v, rtol=1e-4, atol=1e-5)
+        # Adam's m/√v amplifies summation-order roundoff where v is small: one element of forward.w_ih differs
+        # by 8e-5 after 4 rounds at 1 thread (7e-6 at 2); a wrong batch or mask would differ by O(0.1)
+        torch.testing.assert_close(vec.server.params[k], v, rtol=1e-4, atol=2e-4)
     (_, ev_seq), (_, ev_vec) = seq.history[-1], vec.history[-1]
     assert ev_vec.metrics["global_accuracy"] == pytest.approx(ev_seq.metrics["global_accuracy"], abs=1e-6)
     assert ev_seq.metrics["global_accuracy"] > 0.6  # chance is 0.25

@@ -3,6 +3,10 @@
 Every (round, client, purpose) gets its own seed from ``numpy.random.SeedSequence``
 so that a client's batches and dropout masks are the same whether it trains
 alone (sequential executor), stacked with others (vectorised) or on a device.
+Within a round, a client's seed keys the counter-based streams its local training
+draws on the device (:mod:`hetfed.streams`); the server's and the algorithms' own
+draws (initialisation, sampling, DP noise, generated samples) use these seeds on
+the host.
 """
 
 from __future__ import annotations
