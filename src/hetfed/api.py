@@ -452,8 +452,11 @@ class Sweep:
 
 
 def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]], seeds: int = 3,
-          out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False) -> Sweep:
-    """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs."""
+          out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False,
+          stack: bool = False) -> Sweep:
+    """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs.
+
+    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``)."""
     from rich.console import Console
 
     from hetfed.console import make_console
@@ -465,7 +468,8 @@ def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]],
     from hetfed.analysis.present import present_sweep
 
     sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
-                             progress=progress, console=console, resume=resume, jobs=jobs, present=present_sweep)
+                             progress=progress, console=console, resume=resume, jobs=jobs, present=present_sweep,
+                             stack=stack)
     return Sweep(Path(sweep_dir))
 
 

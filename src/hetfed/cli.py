@@ -69,6 +69,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="reuse the completed runs already in --out")
     p.add_argument("--jobs", type=int, default=1, metavar="N",
                    help="run N grid points at once, in worker processes sharing the cores (default 1)")
+    p.add_argument("--stack", action="store_true",
+                   help="train the runs in this process as one stack of clients, each round (same numbers as one by "
+                        "one, to float tolerance; methods whose client step allows it)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress and no table; print only the sweep directory (and failures)")
     p.set_defaults(func=cmd_sweep)
@@ -442,7 +445,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     grid = parse_grid(args.grid)
     run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, present=present_sweep,
               resume=args.resume,
-              jobs=args.jobs)
+              jobs=args.jobs, stack=args.stack)
     return 0
 
 

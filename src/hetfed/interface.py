@@ -69,6 +69,9 @@ class Capabilities:
     personalises: each client ends with a model of its own.
     model_kinds: the model kinds it supports (None: every kind).
     model_reason: why other kinds are refused (the error message's reason).
+    stacks_runs: its client step reads the broadcast only through ``bc.stacked(n)``, the parameters' names,
+        ``Proximal`` centres and ``bc.lr``, so clients of different runs (other global models) can share a stack
+        (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -82,6 +85,7 @@ class Capabilities:
     personalises: bool = False
     model_kinds: tuple[str, ...] | None = None
     model_reason: str = ""
+    stacks_runs: bool = False
 
 
 @dataclass(frozen=True, eq=False)

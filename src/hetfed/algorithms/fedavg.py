@@ -101,7 +101,7 @@ class Local(Algorithm):
 register(AlgorithmSpec(
     "fedavg", FedAvg, "clients train the global model locally; the server averages them, weighted by samples",
     "McMahan et al. 2017, Communication-Efficient Learning of Deep Networks from Decentralized Data",
-    capabilities=Capabilities(private=True),
+    capabilities=Capabilities(private=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedAvg",
@@ -122,7 +122,7 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "fedprox", FedProx, "FedAvg with a proximal term μ/2·‖θ − θ_global‖² in the clients' loss",
     "Li et al. 2020, Federated Optimization in Heterogeneous Networks", FedProxParams,
-    Capabilities(private=True), legacy_train={"prox_mu": "mu"},
+    Capabilities(private=True, stacks_runs=True), legacy_train={"prox_mu": "mu"},
     privacy=(
         PrivacyRow(
             method="FedProx",

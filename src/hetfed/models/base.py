@@ -98,10 +98,9 @@ class Noise:
         draw = self._counter[0]
         self._counter[0] += 1
         prefix = streams.bits(self.keys, streams.DROPOUT_MASK, self.step, draw)  # [n]
-        row = torch.arange(self.row_offset, self.row_offset + batch, device=self.device)
-        cell = row[:, None] * width + torch.arange(width, device=self.device)[None, :]  # [batch, width]
-        u = streams.uniform(prefix[:, None, None], cell[None])
-        return (u >= p).to(torch.float32) * (1.0 / (1 - p))
+        cell = torch.arange(self.row_offset * width, (self.row_offset + batch) * width, device=self.device)
+        drawn = streams.bits(prefix[:, None], cell[None]).view(-1, batch, width)  # row-major (row, column)
+        return (drawn >= streams.below(p)).to(torch.float32) * (1.0 / (1 - p))
 
 
 def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:

@@ -152,6 +152,7 @@ def run_sweep(
     resume: bool = False,
     jobs: int = 1,
     present: Callable[..., None] | None = None,
+    stack: bool = False,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run every grid point × seed; write sweep.csv / sweep.json; return the table.
 
@@ -161,6 +162,9 @@ def run_sweep(
     ``jobs`` > 1 runs the points in that many worker processes, each with
     ``cores // jobs`` torch threads (two 2-thread torch processes on 2 cores run
     ~10× slower than one), and gives the same table as running them one by one.
+
+    ``stack`` trains the runs in threads of this process, each round's client steps of every run as one stack
+    of clients (:mod:`hetfed.executors.stacked_runs`; the same numbers as one by one, to float tolerance).
 
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
     directory whose resolved config matches is reused; a failed or killed one with a
@@ -174,12 +178,17 @@ def run_sweep(
         raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
     if resume and out is None:
         raise ConfigError("--resume needs --out: the directory of the sweep to resume")
+    if stack and jobs > 1:
+        raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
+                          "run in this process, --jobs in worker processes)")
     from hetfed.runs.tracking import check_trackers
 
     check_trackers(config.tracking)  # before any point runs: every point would fail the same way
     configs = plan_sweep(config, grid, seeds)
+    if stack:
+        _check_stackable(configs)
     sweep_dir = _open_sweep_dir(config, grid, configs, out, resume)
-    outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None)
+    outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
     summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
@@ -227,7 +236,7 @@ def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[Sw
 
 
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
-                   console: Console | None) -> dict[int, tuple[str, object]]:
+                   console: Console | None, stack: bool = False) -> dict[int, tuple[str, object]]:
     """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
     todo: list[tuple[int, dict[str, Any], Config, Path]] = []
     outcome: dict[int, tuple[str, object]] = {}
@@ -242,7 +251,9 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console)
-    if jobs > 1 and len(todo) > 1:
+    if stack and todo:
+        outcome.update(_run_stacked(todo, tracker))
+    elif jobs > 1 and len(todo) > 1:
         outcome.update(_run_parallel(todo, jobs, tracker))
     else:
         for i, point, cfg, run_dir in todo:
@@ -353,14 +364,15 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _run_one(raw: dict[str, Any], run_dir: str) -> tuple[str, object]:
-    """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker too."""
+def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None) -> tuple[str, object]:
+    """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker (or a thread of
+    a stacked sweep, ``executor`` its shared kind) too."""
     from hetfed.runs.runner import run_experiment
 
     resume = (Path(run_dir) / CONFIG).is_file()  # left in place by --resume: it has a checkpoint
     try:
         run = Path(run_dir)
-        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume,
+        return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume, executor=executor,
                                     tracking_root=run.parent.parent,  # the sweep's directory: one MLflow store
                                     tracking_tags={"hetfed.sweep": run.parent.parent.name,
                                                    "hetfed.point": run.parent.name,
@@ -405,6 +417,54 @@ def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: in
             for future in pending:
                 future.cancel()
             raise
+    return out
+
+
+def _stacking_kind() -> Any:
+    from hetfed.registry import registry_of
+
+    return next(kind for _name, kind in registry_of("executor").items() if kind.stacks_runs)
+
+
+def _check_stackable(configs: list[SweepRun]) -> None:
+    """--stack trains in this process: every method's executor must be an in-process one."""
+    from hetfed.registry import registry_of
+
+    executors = registry_of("executor")
+    for _point, _s, cfg in configs:
+        for method in cfg.methods:
+            name = cfg.method_train(method).executor
+            if not executors.get(name).in_process:
+                raise ConfigError(f"train.executor = {name!r} (method {method.name!r}) cannot be stacked: expected an "
+                                  "in-process executor with --stack, or the sweep without --stack")
+
+
+def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+    """Every run on a thread of its own, their rounds' client steps computed together (the stacking kind)."""
+    import threading
+
+    kind = _stacking_kind().for_runs(len(todo))
+    out: dict[int, tuple[str, object]] = {}
+    lock = threading.Lock()
+
+    def one(i: int, point: dict[str, Any], cfg: Config, run_dir: Path) -> None:
+        kind.join()
+        try:
+            outcome: tuple[str, object] = _run_one(cfg.model_dump(mode="json"), str(run_dir), kind)
+        except BaseException as err:  # noqa: BLE001  (a bug in one run must not hang the others)
+            outcome = ("failed", f"{type(err).__name__}: {err}")
+        finally:
+            kind.leave()
+        with lock:
+            out[i] = outcome
+            tracker.finished(point, cfg.seed, outcome)
+
+    threads = [threading.Thread(target=one, args=job, name=f"run-{job[0]}", daemon=True) for job in todo]
+    for (_i, point, cfg, _d), thread in zip(todo, threads, strict=True):
+        tracker.started(point, cfg.seed)
+        thread.start()
+    for thread in threads:
+        thread.join()
     return out
 
 

@@ -53,13 +53,28 @@ class ExecutorKind:
     ``in_process``: the clients live in this process — their memory is checked before a run, attacks can be
     simulated, checkpoints hold every client's state (else the clients' state lives on the nodes and a resume
     mid-rounds is exact only for methods whose clients keep nothing); ``selectable``: ``train.executor`` may
-    name it (a deployment is handed to the driver by the ServerApp instead).
+    name it (a deployment is handed to the driver by the ServerApp instead); ``stacks_runs``: a sweep may hand
+    it to several runs at once (``--stack``).
     """
 
     name: ClassVar[str] = ""
     summary: ClassVar[str] = ""
     in_process: ClassVar[bool] = True
     selectable: ClassVar[bool] = True
+    #: runs several runs' client steps as one stack (:meth:`for_runs`, :meth:`leave`): a stacked sweep's kind
+    stacks_runs: ClassVar[bool] = False
+
+    def for_runs(self, members: int) -> ExecutorKind:
+        """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``)."""
+        raise RunError(f"executor {self.name!r} trains one run at a time")
+
+    def join(self) -> None:
+        """A run that was handed :meth:`for_runs`' kind starts (on its own thread, before anything else)."""
+        return None
+
+    def leave(self) -> None:
+        """A run that was handed :meth:`for_runs`' kind is done (finished or failed): the others stop waiting."""
+        return None
 
     def client_steps(self, train: TrainConfig) -> Executor:
         """The client-step executor of a method trained with ``train`` in this process (in-process kinds)."""
@@ -87,7 +102,8 @@ class InProcessSession:
 
 
 def _described(kind: ExecutorKind) -> dict[str, Any]:
-    return {"summary": kind.summary, "in_process": kind.in_process, "selectable": kind.selectable}
+    return {"summary": kind.summary, "in_process": kind.in_process, "selectable": kind.selectable,
+            "stacks_runs": kind.stacks_runs}
 
 
 #: every executor, by ``train.executor`` (one module of this package each)

@@ -1,0 +1,62 @@
+"""Stacked sweeps (#47 §5): a sweep of 1, 5 and 20 seeds run one by one and with ``--stack``, in one run.
+
+The default experiment (digits, 10 feature-clustered clients, FedAvg on the ReLU MLP and CGAU, dropout 0.5),
+``--rounds`` rounds. For each number of seeds: the sweep's wall time one run after another, with ``--stack``
+(every run on a thread, each round's client steps of all runs as one stack), their ratio, and the largest
+difference between the two runs.csv (the same numbers, to float tolerance). Timings are never asserted.
+
+    python benchmarks/stacked_sweep.py [--rounds 20] [--seeds 1 5 20] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+from hetfed.config import load_config
+from hetfed.runs.sweep import run_sweep
+
+DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+
+
+def _values(path: Path) -> dict[tuple, float]:
+    with open(path / "runs.csv") as fh:
+        return {(r["seed"], r["method"], r["metric"]): float(r["value"]) for r in csv.DictReader(fh)
+                if "seconds" not in r["metric"]}
+
+
+def timed_sweep(config, seeds: int, stack: bool, out: Path) -> float:
+    t0 = time.perf_counter()
+    run_sweep(config, {}, seeds=seeds, out=out, progress=False, stack=stack)
+    return time.perf_counter() - t0
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=20)
+    ap.add_argument("--seeds", type=int, nargs="+", default=[1, 5, 20])
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}"])
+    rows = {}
+    with tempfile.TemporaryDirectory() as tmp:
+        for seeds in args.seeds:
+            one = timed_sweep(config, seeds, False, Path(tmp) / f"one{seeds}")
+            stacked = timed_sweep(config, seeds, True, Path(tmp) / f"stacked{seeds}")
+            a, b = _values(Path(tmp) / f"one{seeds}"), _values(Path(tmp) / f"stacked{seeds}")
+            rows[seeds] = {"one_by_one_s": round(one, 2), "stacked_s": round(stacked, 2),
+                           "stacked_over_one_by_one": round(stacked / one, 2),
+                           "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
+    print(json.dumps({"experiment": "configs/default.yaml", "rounds": args.rounds, "threads": args.threads,
+                      "device": "cpu", "seeds": rows}, indent=2))
+
+
+if __name__ == "__main__":
+    main()

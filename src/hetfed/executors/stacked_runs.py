@@ -1,0 +1,248 @@
+"""Runs trained as one stack: the runs of a sweep (seeds, grid points) step through their rounds in threads of
+one process, and each round's client steps of every waiting run are computed as one stack of clients.
+
+Each run keeps everything that is its own — its algorithm, server state, client store, random streams (its
+clients' seeds come from its own run seed), screening, aggregation, evaluation, run directory, checkpoints and
+resume — because each run is an ordinary run of the driver (:func:`hetfed.runs.runner.run_experiment`) on its own
+thread. Only :meth:`StackedRunExecutor.train` differs: it hands its round to the :class:`Rendezvous` and waits.
+When every run still training has handed one in, the last to arrive computes them all: requests whose
+client step is the same computation (:func:`step_key`: the algorithm, its parameters, schedule, optimiser,
+model and learning rate) become one stack of clients, each client with its own run's broadcast parameters (a
+:class:`ClientBroadcast`), its own data and its own seed; the uploads and new states go back to their runs.
+A client's numbers do not depend on its stack (tested), so a stacked sweep gives the numbers of its runs one by
+one, to float tolerance.
+
+Only algorithms that declare ``Capabilities.stacks_runs`` (their client step reads the broadcast only through
+``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs; the others step alone.
+Personalisation and evaluation run on each run's own thread, one run at a time.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from hetfed.engine.local import stack_blocks
+from hetfed.engine.rng import CLIENT_ROUND, derive_seed
+from hetfed.engine.types import Broadcast, ClientData, Params, RoundUploads, Upload
+from hetfed.errors import RunError
+from hetfed.executors.inprocess import InProcessExecutor, step_overhead
+from hetfed.server.screen import Screen
+
+
+@dataclass(frozen=True, eq=False)
+class ClientBroadcast(Broadcast):
+    """A broadcast whose shared parameters are already one per client (``[n, …]``): the clients of a stack come
+    from runs with different global models."""
+
+    def stacked(self, n: int) -> Params:
+        first = next(iter(self.params.values()), None)
+        if first is not None and first.shape[0] != n:
+            raise ValueError(f"a stack of {n} clients was given a broadcast for {first.shape[0]}")
+        return self.params
+
+
+@dataclass(eq=False)
+class _Request:
+    executor: StackedRunExecutor
+    bc: Broadcast
+    clients: list[int]
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Upload | None = None
+    error: BaseException | None = None
+
+
+class Rendezvous:
+    """Where the runs of a stacked sweep meet each round; see the module docstring.
+
+    ``members`` runs take part; each calls :meth:`leave` when it is done (finished or failed), so the others
+    never wait for it. The run whose request completes the set computes the whole set, outside the lock.
+    """
+
+    def __init__(self, members: int) -> None:
+        #: held by the one run that is doing its own work (loading, server step, evaluation, checkpoints): the runs
+        #: take turns instead of contending for the cores and torch's thread pool (measured: 20 runs at once on 2
+        #: cores were 1.6× slower than one by one); a run lets go of it while it waits for its round
+        self.turn = threading.Lock()
+        self._lock = threading.Lock()
+        self._members = members
+        self._waiting: list[_Request] = []
+        self.stacks = 0  # stacked steps computed (for tests and benchmarks)
+        self.requests = 0
+
+    def submit(self, request: _Request) -> Upload:
+        with self._lock:
+            self._waiting.append(request)
+            batch = self._ready()
+        self.turn.release()
+        try:
+            if batch:
+                self._serve(batch)
+            request.done.wait()
+        finally:
+            self.turn.acquire()
+        if request.error is not None:
+            raise request.error
+        assert request.result is not None
+        return request.result
+
+    def join(self) -> None:
+        """A run starts its own work (call from its thread, before anything else)."""
+        self.turn.acquire()
+
+    def leave(self) -> None:
+        """A run is done (finished or failed; called from its thread, which holds its turn)."""
+        with self._lock:
+            self._members -= 1
+            batch = self._ready()
+        self.turn.release()
+        if batch:
+            self._serve(batch)
+
+    def _ready(self) -> list[_Request]:
+        if self._waiting and len(self._waiting) >= self._members:
+            batch, self._waiting = self._waiting, []
+            return batch
+        return []
+
+    def _serve(self, batch: list[_Request]) -> None:
+        try:
+            groups: dict[Any, list[_Request]] = {}
+            for request in batch:
+                groups.setdefault(step_key(request.executor, request.bc), []).append(request)
+            for group in groups.values():
+                self._serve_group(group)
+        except BaseException as err:  # whatever failed, no run waits forever: each unserved one fails with it
+            for request in batch:
+                if not request.done.is_set():
+                    request.error = err
+                    request.done.set()
+
+    def _serve_group(self, group: list[_Request]) -> None:
+        try:
+            uploads = train_together(group)
+            for request, upload in zip(group, uploads, strict=True):
+                request.result = upload
+            self.stacks += 1
+        except BaseException as err:  # every run of the group fails with it
+            for request in group:
+                request.error = err
+        finally:
+            self.requests += len(group)
+            for request in group:
+                request.done.set()
+
+
+def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
+    """Requests with equal keys run the same client step and may share a stack (else a key of their own)."""
+    algo = executor.algo
+    if not algo.capabilities.stacks_runs or bc.extra:
+        return ("alone", id(executor))
+    model = algo.model
+    shape = tuple((s.name, s.shape, s.local, s.buffer) for s in model.specs())
+    settings = {k: v for k, v in vars(model).items() if k != "_specs" and not isinstance(v, torch.Tensor)}
+    return (type(algo), repr(algo.params), algo.schedule, algo.train.optimizer.model_dump_json(), type(model), shape,
+            repr(settings), float(bc.lr), bc.round, str(executor.device), tuple(sorted(bc.params)))
+
+
+def train_together(group: Sequence[_Request]) -> list[Upload]:
+    """One round of every request of ``group`` (the same client step): their clients in stacks of similar
+    local steps across runs; each run's uploads screened and collected as its own round."""
+    lead = group[0].executor
+    algo = lead.algo
+    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group])
+    entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
+    rounds = [RoundUploads(Screen.for_round(r.executor.algo, r.bc.params)) for r in group]
+    schedule = algo.schedule
+    steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
+    size = lead.chunk_size(algo.model, schedule.batch_size)
+    blocks = (stack_blocks(steps, size, step_overhead(algo.model, schedule.batch_size, lead.device))
+              if lead.group_by_steps and size > 1 else [list(range(s, min(s + size, len(entries))))
+                                                        for s in range(0, len(entries), size)])
+    for block in blocks:
+        members = sorted(block, key=lambda e: entries[e])  # each run's clients together, in its own order
+        _train_block(group, [entries[e] for e in members], pool_x, pool_y, offsets, rounds)
+    return [r.result(False) for r in rounds]
+
+
+def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
+                 offsets: list[int], rounds: list[RoundUploads]) -> None:
+    algo = group[0].executor.algo
+    runs = sorted({i for i, _ in members})
+    chosen = {i: [k for j, k in members if j == i] for i in runs}
+    states = [group[i].executor.states.gather(chosen[i], group[i].executor.device) for i in runs]
+    state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
+    bc = ClientBroadcast({k: torch.cat([group[i].bc.stacked(len(chosen[i]))[k] for i in runs])
+                          for k in group[0].bc.params}, group[0].bc.round, group[0].bc.lr)
+    data = ClientData(
+        client_ids=[k + group[i].executor.pool.first_id for i, k in members], x=x, y=y,
+        indices=[group[i].executor.pool.train[k] + offsets[i] for i, k in members],
+        seeds=[derive_seed(group[i].executor.pool.seed, CLIENT_ROUND, group[i].bc.round, k + group[i].executor.pool.first_id)
+               for i, k in members])
+    upload, new = algo.local_update(bc, state, data)
+    start = 0
+    for i in runs:
+        rows = slice(start, start + len(chosen[i]))
+        start += len(chosen[i])
+        rounds[i].add(Upload(upload.client_ids[rows], {k: v[rows] for k, v in upload.params.items()},
+                             upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()}))
+        group[i].executor.states.scatter(chosen[i], {k: v[rows] for k, v in new.items()})
+
+
+_POOLS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
+
+
+def _joint_pool(executors: Sequence[StackedRunExecutor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The runs' train pools one after the other (shared when they are the very same), and each one's offset."""
+    key = tuple(id(e.pool) for e in executors)
+    cached = _POOLS.get(key)
+    if cached is not None and all(a is e.pool for a, e in zip(cached[3], executors, strict=True)):
+        return cached[0], cached[1], cached[2]
+    xs: list[torch.Tensor] = []
+    ys: list[torch.Tensor] = []
+    offsets: list[int] = []
+    seen: dict[int, int] = {}
+    total = 0
+    for e in executors:
+        same = seen.get(id(e.pool.x))
+        if same is not None:
+            offsets.append(same)
+            continue
+        seen[id(e.pool.x)] = total
+        offsets.append(total)
+        xs.append(e.pool.x)
+        ys.append(e.pool.y)
+        total += len(e.pool.x)
+    joint = (torch.cat(xs), torch.cat(ys), offsets) if len(xs) > 1 else (xs[0], ys[0], offsets)
+    _POOLS.clear()  # one sweep's pools at a time
+    _POOLS[key] = (*joint, tuple(e.pool for e in executors))
+    return joint
+
+
+class StackedRunExecutor(InProcessExecutor):
+    """One run's client steps in a stacked sweep: its rounds go to the :class:`Rendezvous`; personalisation and
+    evaluation are its own (:class:`~hetfed.executors.inprocess.InProcessExecutor`'s)."""
+
+    name = "stacked"
+
+    def __init__(self, rendezvous: Rendezvous, memory_budget_mb: float | None = None,
+                 chunk_clients: int | None = None) -> None:
+        super().__init__(memory_budget_mb, chunk_clients)
+        self.rendezvous = rendezvous
+
+    def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
+        if reduce:
+            raise RunError("a stacked sweep's runs return every client's update (no reduced cohort)")
+        return self.rendezvous.submit(_Request(self, bc, list(clients)))
+
+    def set_adversary(self, adversary: Any) -> None:
+        if adversary.active:
+            raise RunError("attack.* is not simulated in a stacked sweep (--stack): expected the sweep without "
+                           "--stack, whose runs simulate the attack one by one")
+        super().set_adversary(adversary)
+
+

@@ -1,0 +1,121 @@
+"""``hetfed sweep --stack`` (#47 §5): a sweep's runs trained in one process as one stack of clients per round.
+
+What a user relies on: the same runs.csv as running them one by one (3 seeds × 2 grid points that change the
+partition and the proximal weight), each run's own directory and checkpoints, a killed stacked sweep resumed
+to the uninterrupted numbers, and clear refusals where stacking cannot apply.
+"""
+
+from __future__ import annotations
+
+import csv
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hetfed.cli import main
+from hetfed.executors import stacked_runs
+
+REPO = Path(__file__).resolve().parents[1]
+#: FedAvg's ReLU MLP and CGAU (dropout 0.5) and FedProx: every round of a seed stacks with the other seeds'
+BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=4", "--set", "partition.clients=5",
+        "--set", "methods=[{name: relu, algorithm: fedavg, model: {kind: mlp, dropout: 0.5}}, {name: cgau, algorithm: "
+        "fedavg, model: {kind: cgau, dropout: 0.5}}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}]",
+        "--grid", "partition.shuffle=0,0.5", "--seeds", "3", "--quiet"]
+
+
+def _runs(path: Path) -> dict[tuple, float]:
+    with open(path / "runs.csv") as fh:
+        rows = list(csv.DictReader(fh))
+    return {(r["partition.shuffle"], r["seed"], r["method"], r["metric"]): float(r["value"]) for r in rows
+            if "seconds" not in r["metric"]}
+
+
+def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monkeypatch):
+    served: list[int] = []
+    original = stacked_runs.train_together
+    monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
+    assert main([*BASE, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
+    assert alone.keys() == stacked.keys() and len(alone) > 100
+    for key, value in alone.items():
+        assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert max(served) == 6  # every run's round in one stack (6 runs, same client step)
+    for run in (tmp_path / "stacked").glob("*/seed=*"):  # each run keeps its own directory
+        assert (run / "summary.json").is_file() and (run / "checkpoints" / "relu-final.pt").is_file()
+
+
+def test_stacking_refuses_jobs_and_executors_out_of_this_process(capsys):
+    assert main([*BASE, "--stack", "--jobs", "2"]) == 2
+    assert "--stack with --jobs 2 is not allowed" in capsys.readouterr().err
+    assert main([*BASE, "--stack", "--set", "train.executor=flower"]) == 2
+    err = capsys.readouterr().err
+    assert "train.executor = 'flower'" in err and "cannot be stacked" in err
+
+
+def test_a_failing_run_does_not_hang_the_others(tmp_path, monkeypatch):
+    """A run whose client step raises fails alone: the runs stacked with it fail with the error instead of waiting
+    forever, and the sweep reports them."""
+    def broken(group):
+        raise RuntimeError("injected")
+    monkeypatch.setattr(stacked_runs, "train_together", broken)
+    code = main([*BASE[:-5], "--seeds", "2", "--quiet", "--stack", "--out", str(tmp_path / "s")])
+    assert code != 0
+
+
+WRAPPER = r"""
+import os, sys, time
+from hetfed.executors import stacked_runs
+original = stacked_runs.train_together
+def slow(group):
+    out = original(group)
+    time.sleep(0.02)
+    return out
+stacked_runs.train_together = slow
+from hetfed.cli import main
+sys.exit(main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.slow
+def test_a_killed_stacked_sweep_resumes_to_the_uninterrupted_numbers(tmp_path):
+    args = [*BASE[:-5], "--grid", "partition.shuffle=0,0.5", "--seeds", "2", "--quiet", "--set", "train.rounds=12",
+            "--set", "train.checkpoint_every=2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    out = tmp_path / "killed"
+    proc = subprocess.Popen([sys.executable, "-c", WRAPPER, *args, "--stack", "--out", str(out)], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    t0 = time.monotonic()
+    while not list(out.glob("*/seed=*/checkpoints/resume.pt")):
+        assert proc.poll() is None, proc.stderr.read()
+        assert time.monotonic() - t0 < 120, "no checkpoint was written"
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert not (out / "runs.csv").exists()
+    resumed = subprocess.run([sys.executable, "-c", WRAPPER, *args, "--stack", "--resume", "--out", str(out)],
+                             env=env, capture_output=True, text=True)
+    assert resumed.returncode == 0, resumed.stderr
+    assert main([*args, "--out", str(tmp_path / "ref")]) == 0
+    ref, got = _runs(tmp_path / "ref"), _runs(out)
+    assert ref.keys() == got.keys()
+    for key, value in ref.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+
+
+def test_the_api_stacks_a_sweep_too(tmp_path):
+    import hetfed
+
+    config = {"train": {"rounds": 2}, "partition": {"clients": 4}}
+    grid = {"partition.shuffle": [0.0, 1.0]}
+    alone = hetfed.sweep(config, grid, seeds=2, out=tmp_path / "a").values()
+    stacked = hetfed.sweep(config, grid, seeds=2, out=tmp_path / "b", stack=True).values()
+    numbers = [c for c in alone.columns if c == "value"]
+    assert len(alone) == len(stacked) > 0 and numbers
+    keep = ~alone["metric"].str.contains("seconds")
+    assert (alone[keep]["value"] - stacked[keep]["value"]).abs().max() < 1e-6
