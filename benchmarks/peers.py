@@ -1,0 +1,111 @@
+"""hetfed next to PFLlib's own training loop on the same federation, measured in one run (#47 §6).
+
+The workload of ``benchmarks/unequal.py`` (24 000 × 784 synthetic samples of Fashion-MNIST's shape, Dirichlet
+α = 0.1 over 20 clients, MLP 784-200-10, E = 1, B = 10, SGD without momentum, every client every round), run by:
+
+- hetfed's sequential and vectorised executors (FedAvg, Ditto λ = 0.1, one personal epoch);
+- PFLlib's own classes, driven as its servers drive them: ``clientAVG.train()`` per client then
+  ``Server.aggregate_parameters``'s sample-weighted sum (FedAvg); ``clientDitto.ptrain()`` then ``train()`` (Ditto).
+  The clients read the federation from PFLlib's own format (``dataset/<name>/train/<id>.npz``, written here) with
+  PFLlib's ``read_client_data`` and DataLoader (``drop_last=True``, as PFLlib does), on PFLlib's ``FedAvgMLP``.
+
+PFLlib is not a package: pass the ``system`` folder of a checkout (``git clone
+https://github.com/TsingZ0/PFLlib``) as ``--pfllib``. Seconds per round are the training loop's only (no
+evaluation) and the ratios come from the same run. Timings are never asserted.
+
+    python benchmarks/peers.py --pfllib PFLlib/system [--rounds 2] [--threads 2]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+import torch
+from unequal import federation, run  # this folder is on sys.path
+
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+
+
+def write_pfllib_dataset(fed, root: Path, name: str) -> None:
+    """The federation in PFLlib's layout: one ``{'data': {'x', 'y'}}`` npz per client, train and test."""
+    for split in ("train", "test"):
+        (root / name / split).mkdir(parents=True, exist_ok=True)
+    x, y = np.asarray(fed.x, dtype=np.float32), np.asarray(fed.y, dtype=np.int64)
+    for k, idx in enumerate(fed.train):
+        for split in ("train", "test"):
+            with open(root / name / split / f"{k}.npz", "wb") as fh:
+                np.savez_compressed(fh, data={"x": x[idx], "y": y[idx]})
+
+
+def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str) -> float:
+    """Seconds per round of PFLlib's own client loop (its classes, its data loading) on ``fed``."""
+    sys.path.insert(0, str(system))
+    from flcore.clients.clientavg import clientAVG
+    from flcore.clients.clientditto import clientDitto
+    from flcore.trainmodel.models import FedAvgMLP
+
+    work = Path(tempfile.mkdtemp())
+    write_pfllib_dataset(fed, work / "dataset", "hetfed_bench")
+    (work / "system").mkdir()
+    previous = os.getcwd()
+    os.chdir(work / "system")  # PFLlib reads '../dataset/<name>/…'
+    try:
+        args = SimpleNamespace(model=FedAvgMLP(fed.input_shape[0], fed.n_classes, 200), algorithm=algorithm,
+                               dataset="hetfed_bench", device="cpu", save_folder_name="items", num_classes=fed.n_classes,
+                               batch_size=10, local_learning_rate=0.01, local_epochs=1, few_shot=0,
+                               learning_rate_decay=False, learning_rate_decay_gamma=0.99, mu=0.1, plocal_epochs=1)
+        cls = clientDitto if algorithm == "ditto" else clientAVG
+        clients = [cls(args, k, len(idx), len(idx), train_slow=False, send_slow=False)
+                   for k, idx in enumerate(fed.train)]
+        global_model = copy.deepcopy(args.model)
+        seconds = []
+        for _ in range(rounds + 1):  # the first round warms up
+            t0 = time.perf_counter()
+            for client in clients:
+                client.set_parameters(global_model)
+                if algorithm == "ditto":
+                    client.ptrain()
+                client.train()
+            total = sum(c.train_samples for c in clients)
+            global_model = copy.deepcopy(clients[0].model)  # Server.aggregate_parameters
+            for p in global_model.parameters():
+                p.data.zero_()
+            for client in clients:
+                for gp, cp in zip(global_model.parameters(), client.model.parameters(), strict=True):
+                    gp.data += cp.data.clone() * (client.train_samples / total)
+            seconds.append(time.perf_counter() - t0)
+        return float(np.mean(seconds[1:]))
+    finally:
+        os.chdir(previous)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--pfllib", type=Path, required=True, help="the 'system' folder of a PFLlib checkout")
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=2)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    fed = federation()
+    out: dict = {"workload": "24000x784 synthetic, Dirichlet 0.1, 20 clients, MLP 784-200-10, E=1, B=10",
+                 "threads": args.threads, "rounds": args.rounds, "device": "cpu"}
+    for algorithm in ("fedavg", "ditto"):
+        rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm)}
+        for name, executor in (("hetfed_sequential", SequentialExecutor()), ("hetfed_vectorised", VectorisedExecutor())):
+            rows[name] = run(fed, executor, args.rounds, algorithm)[0]
+        out[algorithm] = {k: {"seconds_per_round": round(v, 3),
+                              "speedup_vs_pfllib": round(rows["pfllib"] / v, 2)} for k, v in rows.items()}
+    print(json.dumps(out, indent=2))
+
+
+if __name__ == "__main__":
+    main()
