@@ -56,7 +56,7 @@ def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr:
 
 def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
          every: bool) -> None:
-    a = active.to(next(iter(params.values())).dtype)
+    a = active.to(next(iter(params.values())).dtype) if not every else active
     keep = torch.where(active, cfg.momentum, 1.0) if not every else None
     for k, p in params.items():
         g = grads[k].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[k]
