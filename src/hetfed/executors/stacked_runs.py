@@ -71,6 +71,8 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._members = members
         self._waiting: list[_Request] = []
+        #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
+        self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
         self.stacks = 0  # stacked steps computed (for tests and benchmarks)
         self.requests = 0
 
@@ -154,7 +156,7 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     local steps across runs; each run's uploads screened and collected as its own round."""
     lead = group[0].executor
     algo = lead.algo
-    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group])
+    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], lead.rendezvous.pools)
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
     rounds = [RoundUploads(Screen.for_round(r.executor.algo, r.bc.params)) for r in group]
     schedule = algo.schedule
@@ -193,13 +195,11 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
         group[i].executor.states.scatter(chosen[i], {k: v[rows] for k, v in new.items()})
 
 
-_POOLS: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
-
-
-def _joint_pool(executors: Sequence[StackedRunExecutor]) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+def _joint_pool(executors: Sequence[StackedRunExecutor], cache: dict[tuple[int, ...], Any]
+                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The runs' train pools one after the other (shared when they are the very same), and each one's offset."""
     key = tuple(id(e.pool) for e in executors)
-    cached = _POOLS.get(key)
+    cached = cache.get(key)
     if cached is not None and all(a is e.pool for a, e in zip(cached[3], executors, strict=True)):
         return cached[0], cached[1], cached[2]
     xs: list[torch.Tensor] = []
@@ -218,8 +218,8 @@ def _joint_pool(executors: Sequence[StackedRunExecutor]) -> tuple[torch.Tensor, 
         ys.append(e.pool.y)
         total += len(e.pool.x)
     joint = (torch.cat(xs), torch.cat(ys), offsets) if len(xs) > 1 else (xs[0], ys[0], offsets)
-    _POOLS.clear()  # one sweep's pools at a time
-    _POOLS[key] = (*joint, tuple(e.pool for e in executors))
+    cache.clear()  # the pools of one set of runs at a time
+    cache[key] = (*joint, tuple(e.pool for e in executors))
     return joint
 
 
