@@ -5,7 +5,7 @@ The default experiment (digits, 10 feature-clustered clients, FedAvg on the ReLU
 (every run on a thread, each round's client steps of all runs as one stack), their ratio, and the largest
 difference between the two runs.csv (the same numbers, to float tolerance). Timings are never asserted.
 
-    python benchmarks/stacked_sweep.py [--rounds 20] [--seeds 1 5 20] [--threads 2]
+    python benchmarks/stacked_sweep.py [--rounds 20] [--seeds 1 5 20] [--threads 2] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -42,9 +42,10 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 5, 20])
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}"])
+    config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
         for seeds in args.seeds:
@@ -55,7 +56,8 @@ def main() -> None:
                            "stacked_over_one_by_one": round(stacked / one, 2),
                            "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
     print(json.dumps({"experiment": "configs/default.yaml", "rounds": args.rounds, "threads": args.threads,
-                      "device": "cpu", "seeds": rows}, indent=2))
+                      "device": args.device,
+                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "seeds": rows}, indent=2))
 
 
 if __name__ == "__main__":

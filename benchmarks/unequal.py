@@ -17,7 +17,7 @@ sampling, planning, masking or aggregation) and the **GEMM limit** (the round's 
 this machine reaches on one large matmul of the same inner dimensions).
 Ratios are from one run; timings are never asserted.
 
-    python benchmarks/unequal.py [--rounds 2] [--threads 2] [--json]
+    python benchmarks/unequal.py [--rounds 2] [--threads 2] [--device cpu|cuda] [--json]
 """
 
 from __future__ import annotations
@@ -50,10 +50,10 @@ def federation(n: int = 24_000, d: int = 784, clients: int = 20, alpha: float = 
     return make_federation(_Synthetic(n, d), cfg, seed=0)
 
 
-def run(fed, executor, rounds: int, algorithm: str = "fedavg"):
+def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu"):
     model = build_model(ModelConfig(kind="mlp", hidden=[200]), fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, client_fraction=1.0, eval_every=10_000, local_epochs=1, batch_size=10,
-                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0))
+                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device)
     algo = build_algorithm(algorithm, model, train)
     simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
     t0 = time.perf_counter()
@@ -63,19 +63,19 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg"):
 
 
 def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,
-                  repeats: int = 3) -> float:
+                  repeats: int = 3, device: str = "cpu") -> float:
     """The stacked ideal of ``blocks`` (each stack for its longest client's steps, full batches), fastest of ``repeats``."""
     gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(4096, d, generator=gen), torch.randint(0, 10, (4096,), generator=gen)
+    x, y = torch.randn(4096, d, generator=gen).to(device), torch.randint(0, 10, (4096,), generator=gen).to(device)
 
     def one() -> float:
         t0 = time.perf_counter()
         for block in blocks:
             m = len(block)
-            params = [torch.randn(m, d, hidden) * d**-0.5, torch.zeros(m, 1, hidden),
-                      torch.randn(m, hidden, 10) * hidden**-0.5, torch.zeros(m, 1, 10)]
+            params = [torch.randn(m, d, hidden, device=device) * d**-0.5, torch.zeros(m, 1, hidden, device=device),
+                      torch.randn(m, hidden, 10, device=device) * hidden**-0.5, torch.zeros(m, 1, 10, device=device)]
             for s in range(max(steps[i] for i in block)):
-                rows = torch.arange(m * batch).view(m, batch) * 7 + s * 13
+                rows = torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13
                 xb, yb = x[rows % 4096], y[rows % 4096]
                 leaves = [p.requires_grad_(True) for p in params]
                 h = torch.relu(torch.baddbmm(leaves[1], xb, leaves[0]))
@@ -84,25 +84,33 @@ def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int
                 grads = torch.autograd.grad(loss * m, leaves)
                 with torch.no_grad():
                     params = [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+        _sync(device)
         return time.perf_counter() - t0
 
     one()
     return min(one() for _ in range(repeats))
 
 
-def gemm_limit_seconds(samples: int, d: int, hidden: int, repeats: int = 5) -> float:
+def gemm_limit_seconds(samples: int, d: int, hidden: int, repeats: int = 5, device: str = "cpu") -> float:
     """The round's FLOPs (forward + backward: 6 per multiply-add, real rows only) at this machine's GEMM rate."""
-    a, w = torch.randn(8192, d), torch.randn(d, hidden)
+    a, w = torch.randn(8192, d, device=device), torch.randn(d, hidden, device=device)
     a @ w
-    best = min(_timed(lambda: a @ w) for _ in range(repeats))
+    best = min(_timed(lambda: a @ w, device) for _ in range(repeats))
     rate = 2.0 * 8192 * d * hidden / best
     return 6.0 * samples * (d * hidden + hidden * 10) / rate
 
 
-def _timed(fn) -> float:
+def _timed(fn, device: str = "cpu") -> float:
+    _sync(device)
     t0 = time.perf_counter()
     fn()
+    _sync(device)
     return time.perf_counter() - t0
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -111,6 +119,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "ditto"])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fed = federation()
@@ -118,14 +127,15 @@ def main() -> None:
     schedule = LocalSchedule(batch_size=10)
     steps = [schedule.n_steps(s) for s in sizes]
     out: dict = {"clients": len(sizes), "samples_min": min(sizes), "samples_max": max(sizes),
-                 "threads": args.threads, "rounds": args.rounds, "device": "cpu"}
+                 "threads": args.threads, "rounds": args.rounds, "device": args.device,
+                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     for algorithm in args.algorithms:
         rows = {}
         ref = None
         for name, executor in (("sequential", SequentialExecutor()),
                                ("vectorised_one_stack", VectorisedExecutor(group_by_steps=False)),
                                ("vectorised", VectorisedExecutor())):
-            seconds, params, model = run(fed, executor, args.rounds, algorithm)
+            seconds, params, model = run(fed, executor, args.rounds, algorithm, args.device)
             if ref is None:
                 ref = params
             cap = memory_chunk(model, 10, 128.0)
@@ -142,10 +152,10 @@ def main() -> None:
         for row in rows.values():
             row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
         if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
-            grouped = stack_blocks(steps, memory_chunk(model, 10, 128.0), step_overhead(model, 10, "cpu"))
-            ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200)
+            grouped = stack_blocks(steps, memory_chunk(model, 10, 128.0), step_overhead(model, 10, args.device))
+            ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200, device=args.device)
             limit = gemm_limit_seconds(sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True)),
-                                       fed.input_shape[0], 200)
+                                       fed.input_shape[0], 200, device=args.device)
             rows["stacked_ideal"] = {"seconds_per_round": round(ideal, 3)}
             rows["gemm_limit"] = {"seconds_per_round": round(limit, 3)}
             for name in ("sequential", "vectorised"):
