@@ -27,10 +27,9 @@ from typing import Any
 import torch
 
 from hetfed.engine.local import stack_blocks
-from hetfed.engine.rng import CLIENT_ROUND, derive_seed
 from hetfed.engine.types import Broadcast, ClientData, Params, RoundUploads, Upload
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import InProcessExecutor, step_overhead
+from hetfed.executors.inprocess import InProcessExecutor, client_data, step_overhead
 from hetfed.server.screen import Screen
 
 
@@ -73,8 +72,6 @@ class Rendezvous:
         self._waiting: list[_Request] = []
         #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
         self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
-        self.stacks = 0  # stacked steps computed (for tests and benchmarks)
-        self.requests = 0
 
     def submit(self, request: _Request) -> Upload:
         with self._lock:
@@ -129,12 +126,10 @@ class Rendezvous:
             uploads = train_together(group)
             for request, upload in zip(group, uploads, strict=True):
                 request.result = upload
-            self.stacks += 1
         except BaseException as err:  # every run of the group fails with it
             for request in group:
                 request.error = err
         finally:
-            self.requests += len(group)
             for request in group:
                 request.done.set()
 
@@ -180,11 +175,10 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     bc = ClientBroadcast({k: torch.cat([group[i].bc.stacked(len(chosen[i]))[k] for i in runs])
                           for k in group[0].bc.params}, group[0].bc.round, group[0].bc.lr)
-    data = ClientData(
-        client_ids=[k + group[i].executor.pool.first_id for i, k in members], x=x, y=y,
-        indices=[group[i].executor.pool.train[k] + offsets[i] for i, k in members],
-        seeds=[derive_seed(group[i].executor.pool.seed, CLIENT_ROUND, group[i].bc.round, k + group[i].executor.pool.first_id)
-               for i, k in members])
+    parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round) for i in runs}  # as alone
+    data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
+                      [index + offsets[i] for i in runs for index in parts[i].indices],
+                      [seed for i in runs for seed in parts[i].seeds])
     upload, new = algo.local_update(bc, state, data)
     start = 0
     for i in runs:
