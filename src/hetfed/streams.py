@@ -51,19 +51,11 @@ def mix32(x: torch.Tensor) -> torch.Tensor:
 
 
 def keys(seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
-    """Each client's 64-bit round seed folded into a 32-bit key ``[n]`` (int64), on ``device``."""
-    folded = [((int(s) & MASK32) ^ _fold_high(int(s))) for s in seeds]
-    return torch.tensor(folded, dtype=torch.int64, device=device)
-
-
-def _fold_high(seed: int) -> int:
-    """The seed's high 32 bits, hashed (so seeds that differ only there still give unrelated keys)."""
-    h = (seed >> 32) & MASK32
-    h ^= h >> 16
-    h = (h * 0x7FEB352D) & MASK32
-    h ^= h >> 15
-    h = (h * 0x846CA68B) & MASK32
-    return h ^ (h >> 16)
+    """Each client's 64-bit round seed folded into a 32-bit key ``[n]`` (int64), on ``device``: its low 32 bits
+    xor the hashed high ones (so seeds that differ only there still give unrelated keys)."""
+    low = torch.tensor([int(s) & MASK32 for s in seeds], dtype=torch.int64, device=device)
+    high = torch.tensor([(int(s) >> 32) & MASK32 for s in seeds], dtype=torch.int64, device=device)
+    return low ^ mix32(high)
 
 
 def bits(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:

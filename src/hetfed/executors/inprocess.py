@@ -213,13 +213,16 @@ class InProcessExecutor:
         """A round's clients in stacks of at most ``size`` that run similar numbers of local steps
         (:func:`hetfed.engine.local.stack_blocks`), so a client that finished its plan is not computed while a
         longer one goes on."""
-        if size <= 1 or len(clients) <= 1 or not self.group_by_steps:
-            yield from self._chunks(clients, size)
-            return
-        schedule = self.algo.schedule
-        steps = [schedule.n_steps(len(self.pool.train[k])) for k in clients]
-        for block in stack_blocks(steps, size, step_overhead(self.algo.model, schedule.batch_size, self.device)):
+        steps = [self.algo.schedule.n_steps(len(self.pool.train[k])) for k in clients]
+        for block in self.blocks(steps, size):
             yield [clients[i] for i in block]
+
+    def blocks(self, steps: list[int], size: int) -> list[list[int]]:
+        """Positions into ``steps`` (each client's planned local steps) in stacks of at most ``size``: grouped by
+        steps, or in order (``group_by_steps`` off, or nothing to group)."""
+        if size <= 1 or len(steps) <= 1 or not self.group_by_steps:
+            return [list(range(start, min(start + size, len(steps)))) for start in range(0, len(steps), size)]
+        return stack_blocks(steps, size, step_overhead(self.algo.model, self.algo.schedule.batch_size, self.device))
 
     def _stacked(self, chunk: list[int]) -> ClientState:
         return self.states.gather(chunk, self.device)

@@ -26,10 +26,9 @@ from typing import Any
 
 import torch
 
-from hetfed.engine.local import stack_blocks
 from hetfed.engine.types import Broadcast, ClientData, Params, RoundUploads, Upload
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import InProcessExecutor, client_data, step_overhead
+from hetfed.executors.inprocess import InProcessExecutor, client_data
 from hetfed.server.screen import Screen
 
 
@@ -156,11 +155,7 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     rounds = [RoundUploads(Screen.for_round(r.executor.algo, r.bc.params)) for r in group]
     schedule = algo.schedule
     steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
-    size = lead.chunk_size(algo.model, schedule.batch_size)
-    blocks = (stack_blocks(steps, size, step_overhead(algo.model, schedule.batch_size, lead.device))
-              if lead.group_by_steps and size > 1 else [list(range(s, min(s + size, len(entries))))
-                                                        for s in range(0, len(entries), size)])
-    for block in blocks:
+    for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):
         members = sorted(block, key=lambda e: entries[e])  # each run's clients together, in its own order
         _train_block(group, [entries[e] for e in members], pool_x, pool_y, offsets, rounds)
     return [r.result(False) for r in rounds]
@@ -173,8 +168,9 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
     chosen = {i: [k for j, k in members if j == i] for i in runs}
     states = [group[i].executor.states.gather(chosen[i], group[i].executor.device) for i in runs]
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
-    bc = ClientBroadcast({k: torch.cat([group[i].bc.stacked(len(chosen[i]))[k] for i in runs])
-                          for k in group[0].bc.params}, group[0].bc.round, group[0].bc.lr)
+    shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
+    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
+                         group[0].bc.round, group[0].bc.lr)
     parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round) for i in runs}  # as alone
     data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
                       [index + offsets[i] for i in runs for index in parts[i].indices],
