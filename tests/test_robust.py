@@ -24,7 +24,8 @@ from hetfed.config import (
     StragglerConfig,
     TrainConfig,
 )
-from hetfed.engine.faults import Adversary, Faults, step_times
+from hetfed.engine.clock import step_times
+from hetfed.engine.faults import Adversary, Faults
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor

@@ -200,6 +200,39 @@ class StragglerConfig(_Strict):
     deadline: float | None = Field(None, gt=0, description="time units (median client steps); None: no deadline")
 
 
+class ClockConfig(_Strict):
+    """Simulated time (hetfed.engine.clock): a client's round takes its compute time (samples processed × its
+    seconds per sample) plus its network time (bytes received ÷ downlink + bytes sent ÷ uplink); a synchronous
+    round lasts as long as its slowest aggregated client (or the deadline, when a client missed it). Each client's
+    speeds are drawn once from the run seed (median ``sample_seconds``), or read from ``file``."""
+
+    latency: Literal["constant", "lognormal", "exponential", "uniform", "file"] = Field(
+        "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
+        "from a distribution with that median (lognormal: σ = spread; exponential; uniform: ±spread/2), or read "
+        "from file")
+    spread: float = Field(1.0, gt=0, description="lognormal σ; uniform: speeds in [1 − spread/2, 1 + spread/2]·median")
+    sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
+    uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "
+                                      "(None: sending takes no time)")
+    downlink_mbps: float | None = Field(None, gt=0, description="the median client's download bandwidth in Mbit/s "
+                                        "(None: receiving takes no time)")
+    network_spread: float = Field(0.0, ge=0, description="lognormal σ of each client's bandwidths around the median")
+    file: str | None = Field(None, description="latency = file: a CSV with a header and one row per client: client, "
+                             "sample_seconds, and optionally uplink_mbps, downlink_mbps")
+    slow: Literal["random", "by_label"] = Field(
+        "random", description="which client gets which speed: random, or by_label (clients sorted by their most "
+        "frequent class; the slowest speeds go to the highest classes, so slow clients hold different classes)")
+    deadline: float | None = Field(None, gt=0, description="seconds: a client whose round takes longer is dropped "
+                                   "(late); the round then lasts the deadline")
+
+    @model_validator(mode="after")
+    def _file_given(self) -> ClockConfig:
+        if (self.latency == "file") != (self.file is not None):
+            raise ValueError(f"train.clock.latency = {self.latency!r} with train.clock.file = {self.file!r} is not "
+                             "allowed: latency 'file' needs file (a CSV path), and file needs latency 'file'")
+        return self
+
+
 class TrainConfig(_Strict):
     """The federated schedule: rounds, client sampling, local work, evaluation."""
 
@@ -250,6 +283,15 @@ class TrainConfig(_Strict):
     # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
     client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
     stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
+    clock: ClockConfig = Field(default_factory=ClockConfig)
+
+    @model_validator(mode="after")
+    def _one_clock(self) -> TrainConfig:
+        if self.stragglers.distribution != "none" and self.clock != ClockConfig():
+            raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set is "
+                             "not allowed: stragglers is the clock in median-step units; expected train.clock alone "
+                             "(latency, spread, deadline in seconds) or train.stragglers alone")
+        return self
 
     @field_validator("executor")
     @classmethod
@@ -388,6 +430,11 @@ class ServerConfig(_Strict):
     min_clients: int = Field(
         1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
     )
+    compression: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "none"}, description="how each client's update Δ travels: kind none, "
+        "qsgd (bits, bucket), topk (fraction), fp16, bf16 (`hetfed components compressor`), and error_feedback "
+        "(clients keep what was not sent and add it to their next update; docs/compression.md)"
+    )
 
     optimizer: str = Field(
         "sgd", description="a registered server optimiser (hetfed.server.optimizers): sgd (FedAvg's step; lr 1: the "
@@ -415,6 +462,17 @@ class ServerConfig(_Strict):
         registry_of("optimizer").get(self.optimizer)  # the registered rules and optimisers (discovered, not listed)
         combine = dict(self.combine)
         registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
+        compression = dict(self.compression)
+        feedback = compression.pop("error_feedback", False)
+        kind = str(compression.pop("kind", "none"))
+        compressors = registry_of("compressor")
+        compressors.params(kind, compression, "server.compression")
+        if not isinstance(feedback, bool):
+            raise ValueError(f"server.compression.error_feedback = {feedback!r} is not allowed: expected true or false")
+        if feedback and not compressors.get(kind).lossy:
+            raise ValueError(f"server.compression.error_feedback = true is not allowed with server.compression.kind "
+                             f"= {kind!r}: it loses nothing to feed back; expected a lossy kind "
+                             f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
         return self
 
     @model_validator(mode="after")

@@ -28,6 +28,7 @@ KINDS: dict[str, str] = {
     "model": "hetfed.models.kinds",
     "combine": "hetfed.server.combine",
     "optimizer": "hetfed.server.optimizers",
+    "compressor": "hetfed.server.compression",
     "algorithm": "hetfed.algorithms.registry",
     "executor": "hetfed.executors.kinds",
 }

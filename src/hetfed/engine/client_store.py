@@ -29,11 +29,14 @@ class ClientStore(Mapping[int, ClientState]):
         self._has: dict[str, np.ndarray] = {}
 
     # -- stacks
-    def gather(self, ids: list[int], device: torch.device | str = "cpu") -> ClientState:
-        """The stacked state of ``ids`` (the names every one of them holds), on ``device``."""
+    def gather(self, ids: list[int], device: torch.device | str = "cpu",
+               keep: Callable[[str], bool] = lambda name: True) -> ClientState:
+        """The stacked state of ``ids`` (the names every one of them holds and ``keep`` accepts), on ``device``."""
         idx = np.asarray(ids, dtype=np.int64)
         out: ClientState = {}
         for name, has in self._has.items():
+            if not keep(name):
+                continue
             held = has[idx]
             if held.all():
                 out[name] = self._data[name][torch.as_tensor(idx)].to(device)

@@ -2,10 +2,9 @@
 
 - **dropout** (``train.client_dropout``): a sampled client fails to report with
   probability p, drawn per (round, client) — the same whichever executor runs it;
-- **stragglers** (``train.stragglers``): each client has a fixed time per local step
-  (median 1) from a chosen distribution; a round takes ``steps × time``, and a
-  client past ``deadline`` is dropped, as a synchronous server with a round
-  timeout does;
+- **stragglers** (``train.stragglers``, or ``train.clock`` in seconds: :mod:`hetfed.engine.clock`): each client
+  has a fixed speed drawn from the run seed; a client whose round would pass the ``deadline`` is dropped (late),
+  as a synchronous server with a round timeout does;
 - **attackers** (``attack.*``, :class:`Adversary`): a fixed share of the opted-in
   clients poisons what it uploads (sign flip, scaling, Gaussian noise) or the
   labels it trains on (label flipping).
@@ -24,25 +23,14 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from hetfed.config import AttackConfig, StragglerConfig, TrainConfig
+from hetfed.config import AttackConfig, TrainConfig
+from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
-from hetfed.engine.rng import ATTACKERS, DROPOUT, STRAGGLER, numpy_rng, torch_gen
+from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, Upload
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
-
-
-def step_times(cfg: StragglerConfig, n_clients: int, seed: int) -> np.ndarray:
-    """Each client's time per local step (median 1), fixed for the run."""
-    rng = numpy_rng(seed, STRAGGLER)
-    if cfg.distribution == "lognormal":
-        return np.exp(cfg.spread * rng.standard_normal(n_clients))
-    if cfg.distribution == "exponential":
-        return rng.exponential(1.0 / np.log(2.0), n_clients)  # median 1
-    if cfg.distribution == "uniform":
-        return 1.0 + cfg.spread * (rng.random(n_clients) - 0.5)
-    return np.ones(n_clients)
 
 
 @dataclass(frozen=True)
@@ -59,23 +47,17 @@ class Faults:
 
     def __init__(self, train: TrainConfig, fed: Federation, seed: int, schedule: LocalSchedule):
         self.p, self.seed, self.n_clients = train.client_dropout, seed, fed.n_clients
-        self.deadline = train.stragglers.deadline if train.stragglers.distribution != "none" else None
-        if self.deadline is not None:
-            times = step_times(train.stragglers, fed.n_clients, seed)
-            steps = np.array([schedule.n_steps(len(i)) for i in fed.train], dtype=np.float64)
-            self.round_time = steps * times
-        else:
-            self.round_time = None
+        self.clock = Clock.of(train, fed, seed, schedule)
 
-    def round(self, clients: list[int], rnd: int) -> RoundFaults:
+    def round(self, clients: list[int], rnd: int, down_bytes: float = 0.0, up_bytes: float = 0.0) -> RoundFaults:
+        """Who of ``clients`` fails (dropout) and who would pass the clock's deadline receiving ``down_bytes`` and
+        sending ``up_bytes``."""
         dropped: list[int] = []
         if self.p > 0:
             u = numpy_rng(self.seed, DROPOUT, rnd).random(self.n_clients)
             dropped = [k for k in clients if u[k] < self.p]
         gone = set(dropped)
-        late = []
-        if self.round_time is not None:
-            late = [k for k in clients if k not in gone and self.round_time[k] > self.deadline]
+        late = self.clock.late([k for k in clients if k not in gone], down_bytes, up_bytes)
         out = gone | set(late)
         return RoundFaults([k for k in clients if k not in out], dropped, late)
 

@@ -47,6 +47,7 @@ from hetfed.errors import RunError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model
 from hetfed.server.screen import Screen, held_for_screen, holds_round
+from hetfed.server.transport import RESIDUAL, Transport
 
 if TYPE_CHECKING:
     from hetfed.config import TrainConfig
@@ -196,14 +197,27 @@ class InProcessExecutor:
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
         self.x_global, self.y_global = global_test(fed, algo.train, seed, device)
         self.pool = Pool(x, y, fed.train, seed, fed.val)
-        self.states = init_states(algo, fed.n_clients, seed)
+        chain = algo.context.pipeline
+        self.transport: Transport = chain.transport if chain is not None else Transport()
+        self.states = self._init_states(0)
+
+    def _init_states(self, first_id: int) -> ClientStore:
+        """Every client's initial state, and — with error feedback — its zero residuals (client state too)."""
+        store = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+        if self.transport.error_feedback and self.fed.n_clients:
+            zero = self.transport.initial_residuals(
+                {spec.name: torch.zeros(spec.shape) for spec in self.algo.model.specs() if not spec.local})
+            ids = list(range(self.fed.n_clients))
+            store.scatter(ids, {**store.gather(ids), **{k: v.unsqueeze(0).expand(len(ids), *v.shape)
+                                                          for k, v in zero.items()}})
+        return store
 
     def number_from(self, first_id: int) -> None:
         """Name this executor's clients from ``first_id`` on, as the federation does (a Flower node with its own
         data learns its offset from the server's messages): their seeds, initial states and uploads follow."""
         if first_id != self.pool.first_id:
             self.pool = replace(self.pool, first_id=first_id)
-            self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+            self.states = self._init_states(first_id)
 
     def _chunks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         for start in range(0, len(clients), size):
@@ -225,9 +239,15 @@ class InProcessExecutor:
         return stack_blocks(steps, size, step_overhead(self.algo.model, self.algo.schedule.batch_size, self.device))
 
     def _stacked(self, chunk: list[int]) -> ClientState:
-        return self.states.gather(chunk, self.device)
+        """The stack's state as the algorithm sees it (the transport's residuals are not the algorithm's)."""
+        return self.states.gather(chunk, self.device, keep=lambda name: not name.startswith(RESIDUAL))
 
-    def _keep(self, chunk: list[int], new: ClientState) -> None:
+    def _residuals(self, chunk: list[int]) -> ClientState:
+        return self.states.gather(chunk, self.device, keep=lambda name: name.startswith(RESIDUAL))
+
+    def _keep(self, chunk: list[int], new: ClientState, residual: ClientState | None = None) -> None:
+        if self.transport.error_feedback:
+            new = {**new, **(residual if residual is not None else self._residuals(chunk))}
         self.states.scatter(chunk, new)
 
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
@@ -243,8 +263,10 @@ class InProcessExecutor:
             upload, new = self.algo.local_update(bc, self._stacked(chunk), data)
             if adversary is not None:
                 upload = adversary.poison(upload, bc)
+            residual = self._residuals(chunk) if self.transport.error_feedback else {}
+            upload, residual = self.transport.send(upload, bc.params, residual, data.seeds)
             round_uploads.add(upload)
-            self._keep(chunk, new)
+            self._keep(chunk, new, residual)
         return round_uploads.result(reduce)
 
     def set_adversary(self, adversary: Adversary) -> None:

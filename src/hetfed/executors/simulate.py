@@ -23,7 +23,7 @@ from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
-from hetfed.engine.types import ServerState, Upload
+from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
 from hetfed.interface import Algorithm, private
@@ -72,6 +72,12 @@ class SimulationResult:
     diverged_at: int | None = None
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
     since_best: int = 0  # evaluations since it improved (early stopping)
+    #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far
+    sim_time: float = 0.0
+    uplink_bytes: int = 0
+    downlink_bytes: int = 0
+    round_time: float = 0.0  # the last round's
+    round_bytes: tuple[int, int] = (0, 0)  # the last round's (downlink, uplink)
 
     @property
     def states(self) -> Any:
@@ -263,8 +269,10 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
     loss = round_train_loss(upload)
     if loss is not None:
         result.train_losses.append((r + 1, loss))
+    clock = {"round_time": result.round_time, "sim_time": result.sim_time, "downlink_bytes": result.round_bytes[0],
+             "uplink_bytes": result.round_bytes[1]}
     for o in loop.observers:
-        o.trained(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts})
+        o.trained(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
     try:
         _check_finite(result.server, r + 1, train)
     except DivergedError:
@@ -287,8 +295,9 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
     algo = loop.algo
     sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
                              lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
-    present = loop.faults.round(sampled, r)
     bc = algo.broadcast(result.server, r)
+    down, up = wire_bytes(algo, bc)
+    present = loop.faults.round(sampled, r, down, up)
     upload = None
     if len(present.training) >= loop.min_clients:
         try:
@@ -298,7 +307,32 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
     counts = _round_counts(sampled, present, upload)
     if upload is not None and len(upload.client_ids) < loop.min_clients:
         upload = None  # too few accepted updates: skipped and logged, never averaged over one client
+    _advance_clock(loop, result, sampled, present, down, up)
     return upload, counts
+
+
+def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
+    """(bytes one client receives, bytes one client sends) in a round: the broadcast's tensors, and its shared
+    parameters as ``server.compression`` encodes them (when the server holds a model) plus the sample count and
+    training loss (float32 each)."""
+    down = sum(v.numel() * v.element_size() for v in (*bc.params.values(), *bc.extra.values())
+               if isinstance(v, torch.Tensor))
+    chain = algo.context.pipeline
+    shapes = {k: tuple(v.shape) for k, v in bc.params.items()}
+    up = chain.transport.nbytes(shapes) if chain is not None and algo.capabilities.server_model and shapes else 0
+    return down, up + 8
+
+
+def _advance_clock(loop: _Loop, result: SimulationResult, sampled: list[int], present: RoundFaults, down: int,
+                   up: int) -> None:
+    """The round's simulated duration (its slowest reporting client, or the deadline) and its bytes: every sampled
+    client received the broadcast; every client that trained sent its update."""
+    clock = loop.faults.clock
+    result.round_time = clock.round_time(present.training, bool(present.late), down, up)
+    result.sim_time += result.round_time
+    result.round_bytes = (down * len(sampled), up * len(present.training))
+    result.downlink_bytes += result.round_bytes[0]
+    result.uplink_bytes += result.round_bytes[1]
 
 
 def _to_device(state: ServerState, device: torch.device) -> ServerState:
@@ -311,6 +345,8 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     t_eval = time.perf_counter()
     server = result.server
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
+    ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
+                      downlink_bytes_total=float(result.downlink_bytes))
     privacy = private(algo)
     if privacy is not None and privacy.noise_multiplier is not None:
         result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)

@@ -26,6 +26,7 @@ from hetfed.server.combine import CombineRule, RuleParams
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
 from hetfed.server.screen import ScreenSpec
+from hetfed.server.transport import Transport
 
 
 @dataclass(frozen=True)
@@ -140,6 +141,8 @@ class Chain:
     screen: ScreenSpec = ScreenSpec()
     #: a round with fewer accepted updates is skipped (``server.min_clients``)
     min_clients: int = 1
+    #: how uploads travel (``server.compression``): the executors encode and decode each stack's upload
+    transport: Transport = Transport()
 
     @property
     def streams(self) -> bool:

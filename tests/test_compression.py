@@ -1,0 +1,215 @@
+"""Update compression (#49): QSGD against its paper (Alistarh et al. 2017, §3.1 and Lemma 3.1), top-k with error
+feedback (nothing is lost over rounds), the bytes counted, and runs that use them on every in-process executor."""
+
+from __future__ import annotations
+
+import csv
+import math
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed import streams
+from hetfed.algorithms import build_algorithm
+from hetfed.cli import main
+from hetfed.config import ModelConfig, PartitionConfig, ServerConfig, TrainConfig
+from hetfed.engine.types import Upload
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+from hetfed.server.compression import parse
+from hetfed.server.compression.qsgd import pack, unpack
+from hetfed.server.transport import RESIDUAL, transport
+from tests.synthetic import ShiftedGaussians
+
+
+def qsgd_paper(v: torch.Tensor, s: int, u: torch.Tensor) -> torch.Tensor:
+    """Q_s(v) of one bucket as §3.1 writes it: ‖v‖₂·sgn(vᵢ)·ξᵢ, ξᵢ = (ℓ+1)/s with probability s|vᵢ|/‖v‖₂ − ℓ, else
+    ℓ/s, ℓ = ⌊s|vᵢ|/‖v‖₂⌋; ``u`` the uniform draws deciding each coordinate."""
+    norm = float(torch.linalg.vector_norm(v))
+    out = torch.zeros_like(v)
+    for i, vi in enumerate(v.tolist()):
+        if norm == 0:
+            continue
+        r = s * abs(vi) / norm
+        ell = math.floor(r)
+        xi = (ell + 1) / s if float(u[i]) < r - ell else ell / s
+        out[i] = norm * math.copysign(1.0, vi) * xi if vi != 0 else 0.0
+    return out
+
+
+def _qsgd(bits: int, bucket: int | None):
+    return parse({"kind": "qsgd", "bits": bits, "bucket": bucket})
+
+
+@pytest.mark.parametrize("bits", [2, 4, 8])
+def test_qsgd_is_the_papers_quantiser_draw_for_draw(bits):
+    comp, p = _qsgd(bits, 8)
+    s = 2 ** (bits - 1) - 1
+    v = torch.randn(3, 20, generator=torch.Generator().manual_seed(bits))
+    keys = streams.keys([11, 12, 13], "cpu")
+    got = comp.decode(comp.encode(v, keys, 5, p), (20,), p)
+    for c in range(3):
+        padded = torch.nn.functional.pad(v[c], (0, 4)).reshape(3, 8)
+        u = streams.uniform(keys[c], streams.QUANTISE, 5, torch.arange(24).reshape(3, 8))
+        want = torch.cat([qsgd_paper(padded[b], s, u[b]) for b in range(3)])[:20]
+        torch.testing.assert_close(got[c], want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("bits,bucket", [(2, 16), (4, 64), (8, None)])
+def test_qsgd_is_unbiased_and_within_its_variance_bound(bits, bucket):
+    comp, p = _qsgd(bits, bucket)
+    d = 64
+    v = torch.randn(1, d, generator=torch.Generator().manual_seed(0))
+    draws = 3000
+    keys = streams.keys(list(range(draws)), "cpu")
+    q = comp.decode(comp.encode(v.expand(draws, d), keys, 0, p), (d,), p)  # every client its own stream
+    mean, se = q.mean(0), q.std(0) / math.sqrt(draws)
+    assert bool(((mean - v[0]).abs() <= 4 * se + 1e-7).all())  # E Q(v) = v, within 4 standard errors
+    s, n = 2 ** (bits - 1) - 1, (bucket or d)
+    sq_norms = v.reshape(-1, n).pow(2).sum(1)  # per bucket
+    bound = float((min(n / s**2, math.sqrt(n) / s) * sq_norms).sum())  # Lemma 3.1, summed over buckets
+    assert float((q - v).pow(2).sum(1).mean()) <= bound
+
+
+@settings(max_examples=40, deadline=None)
+@given(bits=st.integers(2, 8), m=st.integers(1, 70), seed=st.integers(0, 2**16))
+def test_the_bit_packing_round_trips_exactly(bits, m, seed):
+    codes = torch.randint(0, 2**bits, (2, m), generator=torch.Generator().manual_seed(seed))
+    packed = pack(codes, bits)
+    assert packed.dtype == torch.uint8 and packed.shape[1] <= math.ceil(m / 8) * bits
+    assert torch.equal(unpack(packed, bits, m), codes)
+
+
+def test_bytes_are_the_encodings_size():
+    comp, p = _qsgd(4, 512)
+    assert comp.nbytes((200, 10), p) == 4 * math.ceil(2000 / 512) + math.ceil(2000 * 4 / 8)
+    topk, tp = parse({"kind": "topk", "fraction": 0.1})
+    assert topk.nbytes((200, 10), tp) == 8 * 200
+    for name in ("fp16", "bf16"):
+        c, cp = parse({"kind": name})
+        assert c.nbytes((200, 10), cp) == 2 * 2000
+    none, np_ = parse({"kind": "none"})
+    assert none.nbytes((200, 10), np_) == 4 * 2000
+    assert transport({"kind": "none"}).nbytes({"w": (200, 10)}) == 4 * 2000
+
+
+def test_topk_with_error_feedback_loses_nothing_over_rounds():
+    t = transport({"kind": "topk", "fraction": 0.1, "error_feedback": True})
+    ref = {"w": torch.zeros(5, 6)}
+    residual = {RESIDUAL + "w": torch.zeros(2, 5, 6)}
+    gen = torch.Generator().manual_seed(0)
+    total_update, total_sent = torch.zeros(2, 5, 6), torch.zeros(2, 5, 6)
+    for r in range(12):
+        delta = torch.randn(2, 5, 6, generator=gen)
+        total_update += delta
+        before = residual[RESIDUAL + "w"].clone()
+        upload, residual = t.send(Upload([0, 1], {"w": delta}, torch.ones(2)), ref, residual, [r, r + 100])
+        sent = upload.params["w"]
+        assert int((sent != 0).sum(dim=(1, 2)).max()) <= math.ceil(0.1 * 30)  # only k values travel
+        torch.testing.assert_close(residual[RESIDUAL + "w"], delta + before - sent)  # what was not transmitted
+        total_sent += sent
+    torch.testing.assert_close(total_sent + residual[RESIDUAL + "w"], total_update)  # nothing lost
+
+
+def test_without_error_feedback_topk_drops_what_it_does_not_send():
+    t = transport({"kind": "topk", "fraction": 0.5})
+    upload, residual = t.send(Upload([0], {"w": torch.tensor([[1.0, -3.0, 0.5, 2.0]])}, torch.ones(1)),
+                              {"w": torch.zeros(4)}, {}, [0])
+    assert residual == {} and upload.params["w"].tolist() == [[0.0, -3.0, 0.0, 2.0]]
+
+
+def _setup(compression: dict, clients: int = 8, rounds: int = 3):
+    data = ShiftedGaussians(n=240, d=6, classes=3)
+    fed = make_federation(data, PartitionConfig(kind="dirichlet", clients=clients, alpha=0.5, min_size=8), 0)
+    train = TrainConfig(rounds=rounds, local_steps=3, batch_size=8, eval_every=1,
+                        optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
+    model = build_model(ModelConfig(kind="mlp", hidden=[16]), fed.input_shape, fed.n_classes)
+    algo = build_algorithm("fedavg", model, train, server=ServerConfig(compression=compression))
+    return algo, fed, train
+
+
+@pytest.mark.parametrize("compression", [
+    {"kind": "qsgd", "bits": 4, "bucket": 32, "error_feedback": True},
+    {"kind": "topk", "fraction": 0.1, "error_feedback": True},
+    {"kind": "bf16"},
+])
+def test_compressed_runs_are_the_same_on_both_in_process_executors(compression):
+    results = []
+    for executor in (VectorisedExecutor(), SequentialExecutor()):
+        algo, fed, train = _setup(compression)
+        results.append(simulate(algo, fed, train, seed=3, executor=executor))
+    a, b = results
+    for k in a.server.params:
+        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-4, atol=1e-5)
+    assert a.uplink_bytes == b.uplink_bytes
+    if compression.get("error_feedback"):  # the residuals are client state, kept where the clients are
+        ra, rb = a.executor.states[0], b.executor.states[0]
+        assert any(k.startswith(RESIDUAL) for k in ra)
+        for k in ra:
+            torch.testing.assert_close(ra[k], rb[k], rtol=1e-4, atol=1e-5)
+
+
+def test_compression_changes_the_model_and_the_bytes_and_none_changes_nothing():
+    def run(compression):
+        algo, fed, train = _setup(compression)
+        return simulate(algo, fed, train, seed=1)
+
+    plain, none, q8 = run({"kind": "none"}), run({"kind": "none"}), run({"kind": "qsgd", "bits": 8})
+    algo, fed, train = _setup({"kind": "none"})
+    default = simulate(build_algorithm("fedavg", algo.model, train), fed, train, seed=1)
+    for k in plain.server.params:
+        assert torch.equal(plain.server.params[k], default.server.params[k])
+        assert torch.equal(plain.server.params[k], none.server.params[k])
+    assert any(not torch.equal(plain.server.params[k], q8.server.params[k]) for k in plain.server.params)
+    shapes = {k: tuple(v.shape) for k, v in plain.server.params.items()}
+    per_client_none = sum(4 * math.prod(s) for s in shapes.values()) + 8
+    per_client_q8 = transport({"kind": "qsgd", "bits": 8}).nbytes(shapes) + 8
+    assert plain.uplink_bytes == 3 * 8 * per_client_none  # 3 rounds × 8 clients
+    assert q8.uplink_bytes == 3 * 8 * per_client_q8 and q8.uplink_bytes < plain.uplink_bytes / 3
+
+
+def test_the_upload_never_carries_the_residual():
+    algo, fed, train = _setup({"kind": "topk", "fraction": 0.05, "error_feedback": True}, rounds=1)
+    executor = VectorisedExecutor()
+    executor.start(algo, fed, 0, torch.device("cpu"))
+    bc = algo.broadcast(algo.server_init(torch.Generator().manual_seed(0)), 0)
+    upload = executor.train(bc, list(range(fed.n_clients)))
+    names = set(upload.params) | set(getattr(upload, "mean", {}))
+    assert names and not any(k.startswith(RESIDUAL) for k in names | set(upload.extra))
+    residual = executor.states[0][RESIDUAL + "mlp.0.weight"] if RESIDUAL + "mlp.0.weight" in executor.states[0] \
+        else next(v for k, v in executor.states[0].items() if k.startswith(RESIDUAL))
+    assert float(residual.abs().sum()) > 0  # 95 % of the update stayed on the client
+
+
+@pytest.mark.parametrize("setting,says", [
+    (["server.compression.kind=zip"], "server.compression.kind = 'zip' is not allowed"),
+    (["server.compression.kind=qsgd", "server.compression.bits=1"], "server.compression.bits"),
+    (["server.compression.kind=topk", "server.compression.bits=4"], "unknown key 'server.compression.bits'"),
+    (["server.compression.kind=none", "server.compression.error_feedback=true"], "loses nothing to feed back"),
+    (["server.compression.kind=topk", "server.compression.error_feedback=maybe"], "error_feedback"),
+])
+def test_bad_compression_settings_are_refused_in_one_line(tmp_path, capsys, setting, says):
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "--quiet"]
+    for s in setting:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip()
+    assert says in err and "\n" not in err and not out.exists()
+
+
+def test_a_compressed_run_records_bytes_in_metrics_csv(tmp_path):
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--quiet", "--set", "train.rounds=2", "--set", "methods.0.algorithm=fedavg",
+                 "--set", "server.compression.kind=qsgd", "--set", "server.compression.bits=4"]) == 0
+    rows = list(csv.DictReader((out / "metrics.csv").read_text().splitlines()))
+    up = [float(r["value"]) for r in rows if r["split"] == "train" and r["metric"] == "uplink_bytes"
+          and r["method"] == "relu"]
+    total = [float(r["value"]) for r in rows if r["split"] == "summary" and r["metric"] == "uplink_bytes_total"
+             and r["method"] == "relu"]
+    assert len(up) == 2 and up[0] > 0 and total == list(np.cumsum(up))
