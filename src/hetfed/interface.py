@@ -72,6 +72,8 @@ class Capabilities:
     stacks_runs: its client step reads the broadcast only through ``bc.stacked(n)``, the parameters' names,
         ``Proximal`` centres and ``bc.lr``, so clients of different runs (other global models) can share a stack
         (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
+    asynchronous: its server merges arrivals as they come on the simulated clock (``merge``, FedBuff and FedAsync:
+        :mod:`hetfed.executors.asynchronous` drives it instead of synchronous rounds).
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -86,6 +88,7 @@ class Capabilities:
     model_kinds: tuple[str, ...] | None = None
     model_reason: str = ""
     stacks_runs: bool = False
+    asynchronous: bool = False
 
 
 @dataclass(frozen=True, eq=False)

@@ -78,6 +78,8 @@ class SimulationResult:
     downlink_bytes: int = 0
     round_time: float = 0.0  # the last round's
     round_bytes: tuple[int, int] = (0, 0)  # the last round's (downlink, uplink)
+    #: an asynchronous run's event queue (hetfed.executors.asynchronous.EventQueue), checkpointed with the result
+    async_state: Any = None
 
     @property
     def states(self) -> Any:
@@ -192,13 +194,13 @@ def simulate(
     loop = _start(algo, fed, train, seed, executor, observers, attack)
     result = _initial_result(loop, resume, resume_states)
     finished = result.stopped_early or result.diverged_at is not None
+    if algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds
+        from hetfed.executors.asynchronous import run_async
+
+        run_async(loop, result, finished)
+        return result
     for r in range(result.rounds_done, 0 if finished else train.rounds):
-        _one_round(loop, result, r)
-        stop = result.stopped_early or result.diverged_at is not None
-        if stop or r + 1 == train.rounds or (train.checkpoint_every and (r + 1) % train.checkpoint_every == 0):
-            for o in observers:
-                o.checkpoint(result)
-        if stop:
+        if _one_round(loop, result, r):
             break
     return result
 
@@ -251,9 +253,9 @@ def _initial_result(loop: _Loop, resume: SimulationResult | None,
     return result
 
 
-def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
-    """Round ``r + 1``: sample, train the present clients, aggregate (or skip), check, evaluate when due."""
-    algo, train = loop.algo, loop.train
+def _one_round(loop: _Loop, result: SimulationResult, r: int) -> bool:
+    """Round ``r + 1``: sample, train the present clients, aggregate (or skip), then :func:`after_update`."""
+    algo = loop.algo
     t0 = time.perf_counter()
     upload, counts = _train_round(loop, result, r)
     t_server = time.perf_counter()
@@ -264,30 +266,45 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> None:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
     counts["round_skipped"] = int(upload is None)
+    clock = {"round_time": result.round_time, "sim_time": result.sim_time, "downlink_bytes": result.round_bytes[0],
+             "uplink_bytes": result.round_bytes[1]}
+    return after_update(loop, result, upload, counts, clock, t0)
+
+
+def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, counts: dict[str, int],
+                 clock: dict[str, float], t0: float) -> bool:
+    """What follows every server update, synchronous round or asynchronous merge: the counts and training loss to
+    the observers, the divergence check, the evaluation when due, the checkpoint when due; True when the run stops
+    (early stopping, divergence under attack, the last update)."""
+    train = loop.train
+    rnd = result.rounds_done + 1
     for key, value in counts.items():
         result.faults[key] = result.faults.get(key, 0) + value
     loss = round_train_loss(upload)
     if loss is not None:
-        result.train_losses.append((r + 1, loss))
-    clock = {"round_time": result.round_time, "sim_time": result.sim_time, "downlink_bytes": result.round_bytes[0],
-             "uplink_bytes": result.round_bytes[1]}
+        result.train_losses.append((rnd, loss))
     for o in loop.observers:
-        o.trained(r + 1, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
+        o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
     try:
-        _check_finite(result.server, r + 1, train)
+        _check_finite(result.server, rnd, train)
     except DivergedError:
         if not loop.under_attack:
             raise
-        result.diverged_at = r + 1
+        result.diverged_at = rnd
     result.train_seconds += time.perf_counter() - t0
-    result.rounds_done = r + 1
+    result.rounds_done = rnd
     metrics = None
-    if (r + 1) % train.eval_every == 0 or r + 1 == train.rounds or result.diverged_at is not None:
-        metrics = _evaluate_round(loop, result, r + 1)  # a diverged model is scored once: the run's final model
+    if rnd % train.eval_every == 0 or rnd == train.rounds or result.diverged_at is not None:
+        metrics = _evaluate_round(loop, result, rnd)  # a diverged model is scored once: the run's final model
     for o in loop.observers:
-        o.round_done(r + 1, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
+        o.round_done(rnd, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
     if train.patience is not None and result.since_best >= train.patience:
         result.stopped_early = True
+    stop = result.stopped_early or result.diverged_at is not None
+    if stop or rnd == train.rounds or (train.checkpoint_every and rnd % train.checkpoint_every == 0):
+        for o in loop.observers:
+            o.checkpoint(result)
+    return stop
 
 
 def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload | None, dict[str, int]]:

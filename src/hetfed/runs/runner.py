@@ -24,6 +24,7 @@ import torch
 from rich.console import Console
 
 from hetfed.algorithms import algorithm_for
+from hetfed.algorithms.build import METHOD_KEY
 from hetfed.config import Config, MethodConfig, TrainConfig, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.sampling import clients_per_round
@@ -183,8 +184,16 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
     for index, method in enumerate(config.methods):
         train = config.method_train(method)
         kind = executor or executor_for(train)
-        clients_per_round(train, n_opted_in)
+        per_round = clients_per_round(train, n_opted_in)
         algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
+        try:
+            algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
+        except ConfigError as err:
+            raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
+        if algo.capabilities.asynchronous and not kind.in_process:
+            raise ConfigError(f"methods.{index}.algorithm = {method.algorithm!r} on executor {kind.name!r} is not "
+                              "allowed: asynchronous methods run on the simulated clock in this process; expected "
+                              "train.executor 'vectorised' or 'sequential'")
         if config.attack.kind != "none" and not kind.in_process:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
