@@ -78,8 +78,10 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     if result.async_state is None:
         q.versions[0] = result.server.params
         result.async_state = q
-        _fill(loop, result, q, wire_bytes(algo, algo.broadcast(result.server, 0)))
+    t0 = time.perf_counter()
     while not finished and result.rounds_done < train.rounds:
+        # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
+        _fill(loop, result, q, wire_bytes(algo, algo.broadcast(result.server, q.version)))
         if not q.in_flight:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
                            f"{algo.buffer} arrivals (the screening rejected the rest); expected fewer rejections "
@@ -90,7 +92,6 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
         if len(q.buffer) >= algo.buffer:
             finished = _update(loop, result, q, t0)
             t0 = time.perf_counter()
-        _fill(loop, result, q, wire_bytes(algo, algo.broadcast(result.server, q.version)))
 
 
 def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int, int]) -> None:

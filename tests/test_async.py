@@ -1,0 +1,205 @@
+"""Asynchronous FL on the simulated clock (#49): FedBuff and FedAsync against their papers' update rules (not the
+code), FedBuff = FedAvg where the paper says so, the event order deterministic and independent of stacking, and a
+run killed mid-queue resumed event for event."""
+
+from __future__ import annotations
+
+import io
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from hetfed.algorithms import build_algorithm
+from hetfed.algorithms._async import staleness_weight
+from hetfed.cli import main
+from hetfed.config import ModelConfig, PartitionConfig, ServerConfig, TrainConfig
+from hetfed.engine.types import ServerState, Upload
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import RoundObserver, simulate
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+from hetfed.runs.checkpoint import snapshot
+from tests.synthetic import ShiftedGaussians
+
+
+def _fed(clients=8, kind="iid"):
+    data = ShiftedGaussians(n=400, d=5, classes=3)
+    part = PartitionConfig(kind=kind, clients=clients, **({"alpha": 0.3, "min_size": 8} if kind == "dirichlet" else {}))
+    return make_federation(data, part, 0)
+
+
+def _train(rounds=4, **kw):
+    return TrainConfig(**{"rounds": rounds, "local_steps": 3, "batch_size": 8, "eval_every": 1,
+                          "checkpoint_every": None, "optimizer": {"kind": "sgd", "lr": 0.1, "momentum": 0.0}, **kw})
+
+
+def _model(fed):
+    return build_model(ModelConfig(kind="mlp", hidden=[8]), fed.input_shape, fed.n_classes)
+
+
+# ------------------------------------------------------------------ the papers' rules, transcribed
+
+
+@pytest.mark.parametrize("kind,expected", [
+    ("constant", lambda t: 1.0),
+    ("polynomial", lambda t: (t + 1) ** -0.5),  # FedAsync §5.2, a = 0.5; FedBuff's 1/sqrt(1 + staleness)
+    ("hinge", lambda t: 1.0 if t <= 4 else 1.0 / (10 * (t - 4) + 1)),  # a = 10, b = 4
+])
+def test_staleness_functions_are_fedasyncs(kind, expected):
+    from hetfed.algorithms._async import AsyncParams
+
+    p = AsyncParams(staleness=kind)
+    taus = np.arange(0, 12)
+    assert np.allclose(staleness_weight(taus, p), [expected(t) for t in taus])
+
+
+def _rows(n, gen):
+    return {"w": torch.randn(n, 3, 2, generator=gen), "b": torch.randn(n, 2, generator=gen)}
+
+
+def test_fedbuffs_server_step_is_algorithm_1():
+    """x ← x − η_g·Δ̄/K with Δ̄ = Σᵢ s(τᵢ)·Δᵢ and Δᵢ = y₀ − y_Q, the change a client made to the model it was sent."""
+    fed = _fed()
+    eta = 0.7
+    algo = build_algorithm("fedbuff", _model(fed), _train(), {"concurrency": 4, "buffer": 3},
+                           server=ServerConfig(lr=eta))
+    gen = torch.Generator().manual_seed(0)
+    x = {k: v[0] for k, v in _rows(1, gen).items()}
+    starts, trained = _rows(3, gen), _rows(3, gen)
+    tau = np.array([0.0, 2.0, 5.0])
+    new = algo.merge(ServerState(x, 7), Upload([3, 1, 2], trained, torch.tensor([10.0, 20.0, 30.0])), starts, tau)
+    for k in x:
+        delta_bar = sum((1 / math.sqrt(1 + tau[i])) * (starts[k][i] - trained[k][i]) for i in range(3))
+        torch.testing.assert_close(new.params[k], x[k] - eta * delta_bar / 3)
+    assert new.round == 8
+
+
+@pytest.mark.parametrize("staleness", ["constant", "polynomial", "hinge"])
+def test_fedasyncs_mixing_is_the_papers(staleness):
+    """x_t = (1 − α_t)·x_{t−1} + α_t·x_new, α_t = α·s(t − τ)."""
+    fed = _fed()
+    algo = build_algorithm("fedasync", _model(fed), _train(), {"staleness": staleness, "alpha": 0.8})
+    gen = torch.Generator().manual_seed(1)
+    x = {k: v[0] for k, v in _rows(1, gen).items()}
+    trained = _rows(1, gen)
+    for tau in (0.0, 3.0, 9.0):
+        s = {"constant": 1.0, "polynomial": (tau + 1) ** -0.5,
+             "hinge": 1.0 if tau <= 4 else 1 / (10 * (tau - 4) + 1)}[staleness]
+        new = algo.merge(ServerState(x, 0), Upload([0], trained, torch.ones(1)), trained, np.array([tau]))
+        for k in x:
+            torch.testing.assert_close(new.params[k], (1 - 0.8 * s) * x[k] + 0.8 * s * trained[k][0])
+
+
+# ------------------------------------------------------------------ runs
+
+
+def test_fedbuff_with_every_client_at_once_and_no_spread_is_fedavg():
+    """K = M = every client, equal latencies, η_g = 1: every arrival has staleness 0 and the buffer is a round."""
+    fed = _fed()
+    train = _train(rounds=4)
+    a = simulate(build_algorithm("fedavg", _model(fed), train), fed, train, seed=0)
+    b = simulate(build_algorithm("fedbuff", _model(fed), train, {"concurrency": 8, "buffer": 8,
+                                                                 "weighting": "samples"}), fed, train, seed=0)
+    for k in a.server.params:
+        torch.testing.assert_close(b.server.params[k], a.server.params[k], rtol=1e-5, atol=1e-6)
+    assert b.sim_time == pytest.approx(a.sim_time)  # the same four rounds of the slowest client
+
+
+class Trace(RoundObserver):
+    def __init__(self):
+        self.rows = []
+
+    def trained(self, rnd, metrics):
+        self.rows.append((rnd, metrics["sim_time"], metrics["staleness_mean"], metrics["staleness_max"],
+                          metrics["clients_aggregated"]))
+
+
+@pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 5, "buffer": 3}),
+                                         ("fedasync", {"concurrency": 4, "staleness": "hinge"})])
+def test_the_event_order_is_fixed_by_the_seed_and_not_by_the_stacking(name, params):
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=12, clock={"latency": "lognormal", "spread": 1.0})
+    runs = []
+    for executor in (VectorisedExecutor(), SequentialExecutor(), VectorisedExecutor(chunk_clients=2)):
+        trace = Trace()
+        r = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=5, executor=executor,
+                     observers=[trace])
+        runs.append((r, trace.rows))
+    (a, ta), *others = runs
+    assert len(ta) == 12 and max(row[3] for row in ta) > 0  # stale arrivals happened
+    for b, tb in others:
+        assert tb == ta  # the same events at the same simulated times
+        for k in a.server.params:
+            torch.testing.assert_close(b.server.params[k], a.server.params[k], rtol=1e-4, atol=1e-5)
+    other_seed = Trace()
+    simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=6, observers=[other_seed])
+    assert other_seed.rows != ta
+
+
+class KillAt(RoundObserver):
+    """Keeps the checkpoints a run offers (as bytes, like a file) and stops the run after update ``at``."""
+
+    def __init__(self, at):
+        self.at, self.saved = at, None
+
+    def checkpoint(self, result, phase="federated"):
+        buf = io.BytesIO()
+        torch.save(snapshot(result), buf)
+        self.saved = buf.getvalue()
+
+    def round_done(self, rnd, metrics, timing):
+        if rnd == self.at:
+            raise KeyboardInterrupt
+
+
+@pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 6, "buffer": 2}),
+                                         ("fedasync", {"concurrency": 5})])
+def test_a_run_killed_mid_queue_resumes_event_for_event(name, params):
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=9, clock={"latency": "exponential"}, checkpoint_every=3)
+    full = Trace()
+    ref = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, observers=[full])
+    killer, before = KillAt(5), Trace()
+    with pytest.raises(KeyboardInterrupt):
+        simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, observers=[before, killer])
+    saved = torch.load(io.BytesIO(killer.saved), weights_only=False)
+    assert saved["result"].rounds_done == 3 and saved["result"].async_state.in_flight  # clients were in flight
+    after = Trace()
+    resumed = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, observers=[after],
+                       resume=saved["result"], resume_states=saved["states"])
+    assert after.rows == full.rows[3:]
+    for k in ref.server.params:
+        assert torch.equal(resumed.server.params[k], ref.server.params[k])
+
+
+@pytest.mark.parametrize("setting,says", [
+    (["methods.0.params.concurrency=11"], "params.concurrency = 11 is not allowed"),
+    (["train.client_dropout=0.2"], "train.client_dropout = 0.2 is not allowed with methods.0.algorithm = 'fedbuff'"),
+    (["train.clock.deadline=3"], "train.clock.deadline = 3.0 is not allowed"),
+    (["train.client_fraction=0.5"], "train.client_fraction = 0.5 is not allowed"),
+    (["methods.0.params.buffer=12"], "buffer ≤ concurrency"),
+    (["train.executor=flower"], "on executor 'flower' is not allowed"),
+])
+def test_what_an_asynchronous_server_cannot_honour_is_refused_in_one_line(tmp_path, capsys, setting, says):
+    out = tmp_path / "run"
+    args = ["run", "--out", str(out), "--quiet", "--set", "methods=[{algorithm: fedbuff}]"]
+    for s in setting:
+        args += ["--set", s]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert says in err and not out.exists()
+
+
+def test_an_asynchronous_run_records_updates_on_the_clock(tmp_path):
+    import csv
+
+    out = tmp_path / "run"
+    assert main(["run", "--out", str(out), "--quiet", "--set", "methods=[{algorithm: fedbuff}, {algorithm: fedasync}]",
+                 "--set", "train.rounds=6", "--set", "train.clock.latency=lognormal"]) == 0
+    rows = list(csv.DictReader((out / "metrics.csv").read_text().splitlines()))
+    for method in ("fedbuff", "fedasync"):
+        sim = [float(r["value"]) for r in rows if r["method"] == method and r["split"] == "train"
+               and r["metric"] == "sim_time"]
+        assert len(sim) == 6 and all(b >= a for a, b in zip(sim, sim[1:], strict=False)) and sim[0] > 0
