@@ -112,7 +112,8 @@ def test_metrics_csv_holds_every_rounds_training_loss(run_dir):
         assert all(0 < float(r["value"]) < 10 for r in mine)
         counts = {r["metric"] for r in train if r["method"] == method} - {"train_loss"}
         assert counts == {"clients_sampled", "clients_dropped", "clients_late", "clients_rejected_nonfinite",
-                          "clients_rejected_norm", "clients_aggregated", "round_skipped"}  # the round's clients (#13)
+                          "clients_rejected_norm", "clients_aggregated", "round_skipped",  # the round's clients (#13)
+                          "round_time", "sim_time", "downlink_bytes", "uplink_bytes"}  # its clock (#49)
 
 
 def test_the_rounds_training_loss_weights_clients_by_their_samples():
@@ -123,7 +124,7 @@ def test_the_rounds_training_loss_weights_clients_by_their_samples():
 
 
 def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
-    from hetfed.executors import simulate as sim
+    from hetfed.executors import updates as sim
 
     real, calls = sim.evaluation, {"n": 0}
 

@@ -51,7 +51,7 @@ def test_several_methods_share_the_federation(tmp_path):
 
 
 def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatch):
-    from hetfed.executors import simulate as sim
+    from hetfed.executors import updates as sim
 
     real = sim.evaluation
     calls = {"n": 0}

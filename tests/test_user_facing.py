@@ -101,7 +101,8 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     """Best-model selection: a NaN loss (diverged, or no data) must not count as an improvement."""
     from hetfed.algorithms import build_algorithm
     from hetfed.config import TrainConfig, build_config
-    from hetfed.executors import simulate as sim
+    from hetfed.executors import updates as sim
+    from hetfed.executors.simulate import simulate
     from hetfed.models import build_model
     from hetfed.pipeline import prepare
 
@@ -122,7 +123,7 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     sim.evaluation = nan_at_round_3
     try:
         with pytest.raises(sim.DivergedError, match="round 3"):
-            sim.simulate(algo, prep.federation, train, 0)
+            simulate(algo, prep.federation, train, 0)
     finally:
         sim.evaluation = real
 

@@ -34,7 +34,7 @@ from hetfed.errors import RunError
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
-    from hetfed.executors.simulate import SimulationResult, _Loop
+    from hetfed.executors.updates import SimulationResult, _Loop
 
 
 @dataclass(order=True, frozen=True)
@@ -70,7 +70,7 @@ class EventQueue:
 
 def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     """Server updates until ``train.rounds`` of them (or early stopping), from ``result.async_state`` when resumed."""
-    from hetfed.executors.simulate import wire_bytes
+    from hetfed.executors.updates import wire_bytes
 
     algo, train = cast("Asynchronous", loop.algo), loop.train
     t0 = time.perf_counter()
@@ -145,7 +145,7 @@ def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version
 
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:
     """Merge the buffer into a new version, tell the observers, evaluate and checkpoint when due; True to stop."""
-    from hetfed.executors.simulate import after_update
+    from hetfed.executors.updates import after_update
 
     algo = cast("Asynchronous", loop.algo)
     jobs = [job for job, _ in q.buffer]

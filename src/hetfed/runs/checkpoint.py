@@ -34,7 +34,7 @@ from hetfed.errors import RunError
 from hetfed.runs.rundir import CHECKPOINTS, MetricsWriter, write_atomic
 
 if TYPE_CHECKING:
-    from hetfed.executors.simulate import SimulationResult
+    from hetfed.executors.updates import SimulationResult
 
 RESUME = "resume.pt"
 PREVIOUS = "resume.prev.pt"

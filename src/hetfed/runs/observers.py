@@ -7,7 +7,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from hetfed.engine.evaluate import Evaluation
-from hetfed.executors.simulate import RoundObserver, SimulationResult
+from hetfed.executors.updates import RoundObserver, SimulationResult
 from hetfed.runs.checkpoint import Checkpointer, snapshot
 from hetfed.runs.rundir import Heartbeat, MetricsWriter
 from hetfed.runs.summary import round_fields

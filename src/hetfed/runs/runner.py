@@ -31,7 +31,8 @@ from hetfed.engine.sampling import clients_per_round
 from hetfed.errors import ConfigError, RunError, interruption_reason
 from hetfed.executors.inprocess import Executor, check_memory
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening, executor_for
-from hetfed.executors.simulate import SimulationResult, personalise, resolve_device, simulate
+from hetfed.executors.simulate import personalise, resolve_device, simulate
+from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints

@@ -13,7 +13,7 @@ from rich.table import Table
 
 from hetfed.config import Config, MethodConfig
 from hetfed.engine.evaluate import Evaluation
-from hetfed.executors.simulate import SimulationResult
+from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared
 from hetfed.runs.rundir import environment

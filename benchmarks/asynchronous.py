@@ -1,0 +1,125 @@
+"""Asynchronous and compressed FL against synchronous FedAvg, measured in one run on the same machine (#49).
+
+1. **Async throughput**: client updates per second of training (evaluation excluded) of FedBuff and FedAsync on the
+   vectorised executor against synchronous FedAvg with as many clients per round as the async runs keep training
+   at once (``concurrency``), on the same synthetic federation; with a lognormal latency spread (clients sent the
+   same version then arrive at different times) and without one. Also the mean stack the lazy trainer formed.
+   The issue's target: async ≥ 0.8× synchronous.
+2. **Compression overhead** on W1 (100 clients × 600 × 784, MLP 784-200-200-10, E = 1, B = 50): a FedAvg round with
+   8-bit QSGD (and the other kinds) against the same round uncompressed. The target: ≤ 1.10× at 8 bits.
+
+Prints JSON. Not a test: timings are never asserted.
+
+    python benchmarks/asynchronous.py [--rounds N] [--w1-rounds N] [--threads T]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from engine import _Synthetic  # noqa: E402
+
+from hetfed.algorithms import build_algorithm  # noqa: E402
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, ServerConfig, TrainConfig  # noqa: E402
+from hetfed.executors import inprocess  # noqa: E402
+from hetfed.executors.simulate import simulate  # noqa: E402
+from hetfed.models import build_model  # noqa: E402
+from hetfed.partition import make_federation  # noqa: E402
+
+
+def _federation(clients: int, per_client: int, d: int):
+    return make_federation(_Synthetic(clients * per_client, d),
+                           PartitionConfig(kind="iid", clients=clients, val_fraction=0.0, test_fraction=0.0), seed=0)
+
+
+def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, clock: dict) -> dict:
+    """Client updates per second of training, and the stacks the executor was given."""
+    model = build_model(ModelConfig(kind="mlp", hidden=hidden), fed.input_shape, fed.n_classes)
+    per_update = params.get("buffer", 1) if name != "fedavg" else params["clients_per_round"]
+    rounds = max(1, updates // per_update)
+    train = TrainConfig(rounds=rounds, eval_every=10_000, checkpoint_every=None, local_steps=10, batch_size=32,
+                        optimizer=OptimizerConfig(lr=0.05, momentum=0.0), clock=clock,
+                        **({"clients_per_round": params["clients_per_round"]} if name == "fedavg" else {}))
+    algo_params = {k: v for k, v in params.items() if k != "clients_per_round"}
+    stacks: list[int] = []
+    original = inprocess.InProcessExecutor.train
+
+    def counting(self, bc, clients, reduce=False):
+        stacks.append(len(clients))
+        return original(self, bc, clients, reduce)
+
+    inprocess.InProcessExecutor.train = counting  # type: ignore[method-assign]
+    try:
+        simulate(build_algorithm(name, model, train.model_copy(update={"rounds": 2}), algo_params), fed,
+                 train.model_copy(update={"rounds": 2}), 0)  # warm-up
+        stacks.clear()
+        result = simulate(build_algorithm(name, model, train, algo_params), fed, train, 0)
+    finally:
+        inprocess.InProcessExecutor.train = original  # type: ignore[method-assign]
+    done = sum(stacks)
+    return {"updates": done, "train_s": round(result.train_seconds, 3),
+            "updates_per_s": round(done / result.train_seconds, 1), "mean_stack": round(float(np.mean(stacks)), 2),
+            "sim_time": round(result.sim_time, 3)}
+
+
+def compression_round(fed, kind: dict, rounds: int) -> float:
+    model = build_model(ModelConfig(kind="mlp", hidden=[200, 200]), fed.input_shape, fed.n_classes)
+    train = TrainConfig(rounds=rounds, eval_every=10_000, checkpoint_every=None, local_epochs=1, batch_size=50,
+                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0))
+    algo = build_algorithm("fedavg", model, train, server=ServerConfig(compression=kind))
+    result = simulate(algo, fed, train, 0)
+    return result.train_seconds / rounds
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--updates", type=int, default=400, help="client updates per throughput measurement")
+    ap.add_argument("--w1-rounds", type=int, default=2)
+    ap.add_argument("--threads", type=int, default=None)
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    out: dict = {"device": "cpu", "threads": torch.get_num_threads()}
+
+    fed = _federation(100, 200, 64)
+    hidden = [64, 64]
+    m = 20
+    rows = {}
+    for spread_name, clock in (("no_spread", {}), ("lognormal_1", {"latency": "lognormal", "spread": 1.0})):
+        sync = throughput("fedavg", {"clients_per_round": m}, fed, hidden, args.updates, clock)
+        buff = throughput("fedbuff", {"concurrency": m, "buffer": m // 2}, fed, hidden, args.updates, clock)
+        fasync = throughput("fedasync", {"concurrency": m}, fed, hidden, args.updates, clock)
+        rows[spread_name] = {"fedavg_sync": sync, "fedbuff": buff, "fedasync": fasync,
+                             "fedbuff_over_sync": round(buff["updates_per_s"] / sync["updates_per_s"], 3),
+                             "fedasync_over_sync": round(fasync["updates_per_s"] / sync["updates_per_s"], 3)}
+    out["async_throughput"] = {"workload": "100 clients x 200 x 64-d, MLP 64-64-64-10, 10 local steps of B=32, "
+                               f"concurrency {m} (FedBuff K={m // 2})", **rows}
+
+    w1 = _federation(100, 600, 784)
+    kinds = {"none": {"kind": "none"}, "qsgd8": {"kind": "qsgd", "bits": 8}, "qsgd4": {"kind": "qsgd", "bits": 4},
+             "topk1pct_ef": {"kind": "topk", "fraction": 0.01, "error_feedback": True}, "fp16": {"kind": "fp16"}}
+    compression_round(w1, kinds["none"], 1)  # warm-up
+    seconds = {}
+    for _ in range(2):  # interleaved twice, the faster kept: this machine's timings drift
+        for name, kind in kinds.items():
+            s = compression_round(w1, kind, args.w1_rounds)
+            seconds[name] = min(seconds.get(name, s), s)
+    out["compression_w1"] = {"workload": "W1: 100 clients x 600 x 784, MLP 784-200-200-10, E=1, B=50, FedAvg",
+                             "seconds_per_round": {k: round(v, 3) for k, v in seconds.items()},
+                             "over_uncompressed": {k: round(v / seconds["none"], 3) for k, v in seconds.items()}}
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    t0 = time.perf_counter()
+    main()
+    print(f"# {time.perf_counter() - t0:.0f} s", file=sys.stderr)

@@ -1,0 +1,250 @@
+"""What every server update is followed by, synchronous round or asynchronous merge: the run's result so far
+(:class:`SimulationResult`), the observers that watch it (:class:`RoundObserver`), the evaluation when due, the
+divergence check, the checkpoint when due (:func:`after_update`), and the bytes a client sends and receives.
+
+:mod:`hetfed.executors.simulate` (rounds) and :mod:`hetfed.executors.asynchronous` (arrivals on the simulated
+clock) both drive a run through these.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from hetfed.config import TrainConfig
+from hetfed.engine.evaluate import Evaluation, summarise
+from hetfed.engine.faults import Faults
+from hetfed.engine.privacy import epsilon
+from hetfed.engine.sampling import expected_per_round
+from hetfed.engine.types import Broadcast, ServerState, Upload
+from hetfed.errors import RunError
+from hetfed.executors.inprocess import Executor
+from hetfed.interface import Algorithm, private
+
+if TYPE_CHECKING:
+    from hetfed.partition import Federation
+
+
+@dataclass
+class SimulationResult:
+    server: ServerState
+    history: list[tuple[int, Evaluation]] = field(default_factory=list)
+    best_round: int | None = None
+    best: Evaluation | None = None
+    best_server: ServerState | None = None
+    rounds_done: int = 0
+    stopped_early: bool = False
+    selected_by: str | None = "val_loss"  # None: no validation data, so best = final
+    train_seconds: float = 0.0
+    server_seconds: float = 0.0  # the aggregate step's share of train_seconds
+    eval_seconds: float = 0.0  # every evaluation during the rounds (not part of train_seconds)
+    evaluations: int = 0
+    #: after personalisation: each view's evaluation, the per-client info and seconds
+    views: dict[str, Evaluation] = field(default_factory=dict)
+    personal_info: dict[str, list[float]] = field(default_factory=dict)
+    personal_seconds: float = 0.0
+    executor: Executor | None = None
+    skipped_rounds: list[int] = field(default_factory=list)  # too few replies: not aggregated
+    #: (round, mean training loss over the round's clients, weighted by their sample counts)
+    train_losses: list[tuple[int, float]] = field(default_factory=list)
+    #: totals over the rounds: clients sampled, dropped, late, rejected (by reason), aggregated
+    faults: dict[str, int] = field(default_factory=dict)
+    dp_rounds: int = 0  # rounds aggregated with DP noise (what ε is computed over)
+    epsilon: float | None = None  # ε after the last round (privacy.*), for privacy.delta
+    #: under attack, the round training diverged at (the attack won; the best model so far is kept)
+    diverged_at: int | None = None
+    best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
+    since_best: int = 0  # evaluations since it improved (early stopping)
+    #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far
+    sim_time: float = 0.0
+    uplink_bytes: int = 0
+    downlink_bytes: int = 0
+    round_time: float = 0.0  # the last round's
+    round_bytes: tuple[int, int] = (0, 0)  # the last round's (downlink, uplink)
+    #: an asynchronous run's event queue (hetfed.executors.asynchronous.EventQueue), checkpointed with the result
+    async_state: Any = None
+
+    @property
+    def states(self) -> Any:
+        """Every client's local state, when the clients live in this process."""
+        return getattr(self.executor, "states", {})
+
+
+class DivergedError(RunError):
+    """Training produced non-finite parameters or losses: nothing after it is meaningful."""
+
+
+def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
+    return (f"training diverged at round {rnd}: {what}; earlier evaluations are kept in "
+            f"metrics.csv. Expected a smaller train.optimizer.lr (now {train.optimizer.lr:g}) or "
+            "server.lr, or standardised features")
+
+
+
+def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
+    bad = [k for k, v in server.params.items() if v.is_floating_point() and not bool(torch.isfinite(v).all())]
+    if bad:
+        raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
+
+
+def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Federation, clients: list[int] | None = None,
+               view: str | None = None, x_global: torch.Tensor | None = None,
+               y_global: torch.Tensor | None = None) -> Evaluation:
+    """Clients score their models (``view``: a personalised predictor); the server scores its own."""
+    ids = list(range(fed.n_clients)) if clients is None else list(clients)
+    bc = algo.broadcast(server, server.round)
+    reports = executor.evaluate(bc, ids, view)
+    ids = reports.pop("client_ids", ids)  # the clients that answered (all, in this process)
+    if not ids:
+        raise RunError(f"round {server.round}: no client answered the evaluation (see failed_clients); "
+                       "expected at least one reply within flower.round_timeout")
+    own: dict[str, float] = {}
+    if x_global is not None and y_global is not None and view in (None, algo.capabilities.federated_view):
+        own = algo.evaluate_server(server, x_global, y_global)
+    return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
+
+
+def round_train_loss(upload: Upload | None) -> float | None:
+    """The round's training loss: the clients' reported losses weighted by their sample counts."""
+    if upload is None or "train_loss" not in upload.extra or not len(upload.client_ids):
+        return None
+    loss = upload.extra["train_loss"].detach().double().cpu().reshape(-1)
+    w = upload.num_samples.detach().double().cpu().reshape(-1)
+    return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
+
+
+def _sample_rate(train: TrainConfig, fed: Federation) -> float:
+    """q: the share of the eligible clients a round samples (the accountant's sampling rate)."""
+    eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
+    return min(1.0, expected_per_round(train, fed.opted_out) / max(eligible, 1))
+
+
+class RoundObserver:
+    """What watches the round loop (the run's metrics file, progress bar, checkpoints): every hook a no-op here,
+    so an observer overrides the ones it needs. The loop calls them in order of the ``observers`` it was given."""
+
+    def trained(self, rnd: int, metrics: dict[str, float]) -> None:
+        """A round's mean training loss (when any update was aggregated) and its client counts: sampled,
+        dropped, late, rejected, aggregated."""
+
+    def evaluated(self, rnd: int, ev: Evaluation) -> None:
+        """An evaluation of the global model (every ``train.eval_every`` rounds and the last)."""
+
+    def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
+        """The round's metrics (when it was evaluated) and the seconds spent so far: ``train_s``, ``eval_s``."""
+
+    def checkpoint(self, result: SimulationResult, phase: str = "federated") -> None:
+        """Every ``train.checkpoint_every`` rounds and after the last: everything a resumed run needs is in
+        ``result`` and the executor's client store."""
+
+
+@dataclass
+class _Loop:
+    """One run of the round loop: what every round reads."""
+
+    algo: Algorithm
+    fed: Federation
+    train: TrainConfig
+    seed: int
+    device: torch.device
+    executor: Executor
+    observers: Sequence[RoundObserver]
+    faults: Faults
+    eval_ids: list[int] | None
+    xg: torch.Tensor | None
+    yg: torch.Tensor | None
+    under_attack: bool
+    min_clients: int
+
+
+
+def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, counts: dict[str, int],
+                 clock: dict[str, float], t0: float) -> bool:
+    """What follows every server update, synchronous round or asynchronous merge: the counts and training loss to
+    the observers, the divergence check, the evaluation when due, the checkpoint when due; True when the run stops
+    (early stopping, divergence under attack, the last update)."""
+    train = loop.train
+    rnd = result.rounds_done + 1
+    for key, value in counts.items():
+        result.faults[key] = result.faults.get(key, 0) + value
+    loss = round_train_loss(upload)
+    if loss is not None:
+        result.train_losses.append((rnd, loss))
+    for o in loop.observers:
+        o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
+    try:
+        _check_finite(result.server, rnd, train)
+    except DivergedError:
+        if not loop.under_attack:
+            raise
+        result.diverged_at = rnd
+    result.train_seconds += time.perf_counter() - t0
+    result.rounds_done = rnd
+    metrics = None
+    if rnd % train.eval_every == 0 or rnd == train.rounds or result.diverged_at is not None:
+        metrics = _evaluate_round(loop, result, rnd)  # a diverged model is scored once: the run's final model
+    for o in loop.observers:
+        o.round_done(rnd, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
+    if train.patience is not None and result.since_best >= train.patience:
+        result.stopped_early = True
+    stop = result.stopped_early or result.diverged_at is not None
+    if stop or rnd == train.rounds or (train.checkpoint_every and rnd % train.checkpoint_every == 0):
+        for o in loop.observers:
+            o.checkpoint(result)
+    return stop
+
+
+
+def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
+    """(bytes one client receives, bytes one client sends) in a round: the broadcast's tensors, and its shared
+    parameters as ``server.compression`` encodes them (when the server holds a model) plus the sample count and
+    training loss (float32 each)."""
+    down = sum(v.numel() * v.element_size() for v in (*bc.params.values(), *bc.extra.values())
+               if isinstance(v, torch.Tensor))
+    chain = algo.context.pipeline
+    shapes = {k: tuple(v.shape) for k, v in bc.params.items()}
+    up = chain.transport.nbytes(shapes) if chain is not None and algo.capabilities.server_model and shapes else 0
+    return down, up + 8
+
+
+
+def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str, float]:
+    """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
+    algo, train, fed = loop.algo, loop.train, loop.fed
+    t_eval = time.perf_counter()
+    server = result.server
+    ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
+    ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
+                      downlink_bytes_total=float(result.downlink_bytes))
+    privacy = private(algo)
+    if privacy is not None and privacy.noise_multiplier is not None:
+        result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
+        ev.metrics["epsilon"] = result.epsilon
+    result.eval_seconds += time.perf_counter() - t_eval
+    result.evaluations += 1
+    result.history.append((rnd, ev))
+    for o in loop.observers:
+        o.evaluated(rnd, ev)
+    has_val = result.selected_by is not None
+    val = ev.metrics["val_loss"]
+    if has_val and not np.isfinite(val):
+        if not loop.under_attack:
+            raise DivergedError(_diverged(rnd, train, "the validation loss is not finite"))
+        result.diverged_at = rnd
+        return ev.metrics
+    if not has_val or val < result.best_val:  # without validation data, best = the latest
+        result.best_val = val if has_val else result.best_val
+        result.best_round, result.best = rnd, ev
+        result.best_server = ServerState(copy.deepcopy(server.params), server.round, server.extra)
+        result.since_best = 0
+    else:
+        result.since_best += 1
+    return ev.metrics
+
+
