@@ -161,7 +161,7 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     needed = {j.version for j in q.in_flight} | {q.version}
     q.versions = {v: p for v, p in q.versions.items() if v in needed}
     q.versions[q.version] = result.server.params
-    counts = {"clients_aggregated": len(jobs), **{f"clients_rejected_{r}": n for r, n in q.rejected_counts.items()}}
+    counts = {"clients_aggregated": len(jobs), **{f"clients_{r}": n for r, n in q.rejected_counts.items()}}
     clock = {"round_time": q.now - q.last_update, "sim_time": q.now, "downlink_bytes": q.down_bytes,
              "uplink_bytes": q.up_bytes, "staleness_mean": float(staleness.mean()),
              "staleness_max": float(staleness.max())}
