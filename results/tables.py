@@ -11,6 +11,12 @@
     python results/tables.py runs FOLDER BASELINE [METRIC …]   # #28: from a results folder's runs.csv (one value
         # per seed): every method's best-by-validation and last-round METRIC (default global_accuracy and
         # local_accuracy_mean), and its paired difference to BASELINE: mean [95% CI], Wilcoxon p, wins
+    python results/tables.py clock SWEEP_DIR BASELINE --time T --updates R [--figure OUT]   # #49: every method's
+        # global accuracy at simulated time T and after R server updates (the last evaluation at or before each),
+        # and its paired difference to BASELINE; --figure: mean curves against simulated time and against updates
+    python results/tables.py bytes SWEEP_DIR [--figure OUT]   # #49: every method's best and last global and local
+        # accuracy and its total uplink MB, and its paired difference to its own uncompressed row (NAME_f32 for
+        # NAME_*); --figure: mean global accuracy against cumulative uplink bytes
     python results/tables.py grid KEY METRIC SWEEP_DIR [SWEEP_DIR …]
         # one row per value of the swept KEY, one column per method (× the other swept keys),
         # cells: best METRIC (e.g. global_accuracy, local_accuracy_mean); Γ per row when KEY is a partition key
@@ -251,6 +257,121 @@ def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_
                              "the mean round the validation loss chose\n")
 
 
+def _series(run_dir: Path) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{method: {metric: [(round, value)]}}`` of a run's summary rows (``client == all``)."""
+    import csv
+
+    out: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    with open(run_dir / "metrics.csv", newline="") as fh:
+        for row in csv.DictReader(fh):
+            if row["split"] == "summary" and row["client"] == "all":
+                out[row["method"]][row["metric"]].setdefault(int(row["round"]), float(row["value"]))
+    return {m: {k: sorted(v.items()) for k, v in metrics.items()} for m, metrics in out.items()}
+
+
+def _sweep_series(sweep: Path) -> list[dict[str, dict[str, list[tuple[int, float]]]]]:
+    return [_series(Path(run["run_dir"])) for run in json.loads((sweep / "sweep.json").read_text())["runs"]]
+
+
+def _at(series: dict[str, list[tuple[int, float]]], metric: str, x_metric: str | None, limit: float) -> float | None:
+    """``metric`` at the last evaluation whose x (the round, or ``x_metric``'s value there) is ≤ ``limit``."""
+    xs = dict(series.get(x_metric, [])) if x_metric else None
+    best = None
+    for rnd, value in series.get(metric, []):
+        x = rnd if xs is None else xs.get(rnd)
+        if x is not None and x <= limit:
+            best = value
+    return best
+
+
+def _reached(series: dict[str, list[tuple[int, float]]], metric: str, target: float) -> float | None:
+    """The simulated time of the first evaluation whose ``metric`` is at least ``target`` (None: never)."""
+    times = dict(series.get("sim_time", []))
+    return next((times[r] for r, v in series.get(metric, []) if v >= target and r in times), None)
+
+
+def clock_table(sweep: Path, baseline: str, time_budget: float, updates: int, metric: str = "global_accuracy",
+                target: float | None = None) -> str:
+    """#49: each method's ``metric`` at simulated time ``time_budget`` and after ``updates`` server updates (rounds),
+    mean ± 95% CI over seeds, and the paired difference to ``baseline``; with ``target``, the simulated time it
+    first reached ``target`` (over the seeds that did)."""
+    runs = _sweep_series(sweep)
+    methods = list(runs[0])
+    reach = f" s to {metric} ≥ {target:g} (seeds) |" if target is not None else ""
+    lines = [f"| method | at {time_budget:g} s simulated | Δ vs {baseline} | at update {updates} | Δ vs {baseline} | "
+             f"simulated s at the last update | updates in the run |{reach}",
+             "|---|---|---|---|---|---|---|" + ("---|" if target is not None else "")]
+    for m in methods:
+        at_t = [_at(r[m], metric, "sim_time", time_budget) for r in runs]
+        at_r = [_at(r[m], metric, None, updates) for r in runs]
+        base_t = [_at(r[baseline], metric, "sim_time", time_budget) for r in runs]
+        base_r = [_at(r[baseline], metric, None, updates) for r in runs]
+        d_t = [a - b for a, b in zip(at_t, base_t, strict=True) if a is not None and b is not None]
+        d_r = [a - b for a, b in zip(at_r, base_r, strict=True) if a is not None and b is not None]
+        end = [r[m]["sim_time"][-1][1] for r in runs]
+        last = [r[m]["sim_time"][-1][0] for r in runs]
+        row = (f"| {m} | {_cell([v for v in at_t if v is not None])} | "
+               f"{_signed(d_t) if m != baseline else '-'} | {_cell([v for v in at_r if v is not None])} | "
+               f"{_signed(d_r) if m != baseline else '-'} | {np.mean(end):.0f} | {int(np.mean(last))} |")
+        if target is not None:
+            hit = [t for t in (_reached(r[m], metric, target) for r in runs) if t is not None]
+            row += f" {np.mean(hit):.0f} ({len(hit)}/{len(runs)}) |" if hit else f" never (0/{len(runs)}) |"
+        lines.append(row)
+    return "\n".join(lines) + (f"\n\n{metric}: the last evaluation at or before the budget; mean ± 95% CI (Student "
+                               f"t) over n = {len(runs)} seeds; Δ: paired difference on the same partition, clock "
+                               "and seed\n")
+
+
+def bytes_table(sweep: Path, metric: str = "global_accuracy") -> str:
+    """#49: each method's best and last ``metric`` and its total uplink MB; Δ: paired difference to the method's
+    own uncompressed row (``NAME_f32`` for ``NAME_*``)."""
+    summaries = [s for _p, s in _runs(sweep)]
+    runs = _sweep_series(sweep)
+    lines = ["| method | uplink MB | best | Δ best vs f32 | last | Δ last vs f32 |", "|---|---|---|---|---|---|"]
+    for m in summaries[0]["methods"]:
+        base = m.rsplit("_", 1)[0] + "_f32" if not m.endswith("_f32") else None
+        if base and base not in summaries[0]["methods"]:
+            base = m.split("_", 1)[0] + "_f32"
+        cells = []
+        for when in ("best", "final"):
+            vals = [s["methods"][m][when].get(metric) for s in summaries]
+            diffs = ([s["methods"][m][when][metric] - s["methods"][base][when][metric] for s in summaries]
+                     if base and base in summaries[0]["methods"] else [])
+            cells += [_cell(vals), _signed(diffs) if diffs else "-"]
+        mb = [r[m]["uplink_bytes_total"][-1][1] / 1e6 for r in runs]
+        lines.append(f"| {m} | {np.mean(mb):.2f} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + (f"\n\n{metric}; best: the model chosen by validation loss, last: the last round's; "
+                               f"mean ± 95% CI over n = {len(summaries)} seeds; Δ: paired difference to the same "
+                               "method uncompressed (f32) on the same partition and seed\n")
+
+
+def against_figure(sweep: Path, x_metric: str, xlabel: str, out: Path, metric: str = "global_accuracy",
+                   limit: float | None = None) -> str:
+    """Mean ``metric`` over seeds against ``x_metric`` (``sim_time``, ``uplink_bytes_total``, or ``round``),
+    each seed's curve interpolated onto one grid up to the shortest seed's end (or ``limit``)."""
+    from hetfed.analysis.figures import plot_learning_curves
+
+    runs = _sweep_series(sweep)
+    curves: dict[str, list[tuple[float, float]]] = {}
+    for m in runs[0]:
+        per_seed = []
+        for r in runs:
+            xs = dict(r[m].get(x_metric, [])) if x_metric != "round" else None
+            pts = [((rnd if xs is None else xs.get(rnd)), v) for rnd, v in r[m].get(metric, [])]
+            pts = [(float(x), v) for x, v in pts if x is not None]
+            if len(pts) >= 2:
+                per_seed.append(pts)
+        if not per_seed:
+            continue
+        end = min(p[-1][0] for p in per_seed)
+        end = min(end, limit) if limit is not None else end
+        start = max(p[0][0] for p in per_seed)
+        grid = np.linspace(start, end, 60) if end > start else np.array([start])
+        mean = np.mean([np.interp(grid, [x for x, _ in p], [v for _, v in p]) for p in per_seed], axis=0)
+        curves[m] = list(zip(grid.tolist(), mean.tolist(), strict=True))
+    return str(plot_learning_curves({metric: curves}, str(out), xlabel=xlabel))
+
+
 def main(argv: list[str] | None = None) -> int:
     """The command line above; bad arguments get argparse's usage line and exit status 2."""
     ap = argparse.ArgumentParser(prog="python results/tables.py", description=__doc__.split("\n\n")[0])
@@ -265,6 +386,16 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep", type=Path, metavar="FOLDER")
     p.add_argument("baseline")
     p.add_argument("metrics", nargs="*", default=["global_accuracy", "local_accuracy_mean"], metavar="METRIC")
+    p = sub.add_parser("clock")
+    p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p.add_argument("baseline")
+    p.add_argument("--time", type=float, required=True, help="the simulated-time budget (s)")
+    p.add_argument("--updates", type=int, required=True, help="the number of server updates (rounds)")
+    p.add_argument("--figure", type=Path, help="write OUT_time.png and OUT_updates.png")
+    p.add_argument("--target", type=float, help="also the simulated time each method first reached this accuracy")
+    p = sub.add_parser("bytes")
+    p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p.add_argument("--figure", type=Path, help="write OUT.png: global accuracy against uplink bytes")
     p = sub.add_parser("grid")
     p.add_argument("key")
     p.add_argument("metric")
@@ -283,6 +414,17 @@ def main(argv: list[str] | None = None) -> int:
         from hetfed.analysis.figures import plot_accuracy_vs_heterogeneity
 
         print(plot_accuracy_vs_heterogeneity(heterogeneity_points(args.metric, args.sweeps), args.metric, str(args.out)))
+    elif args.kind == "clock":
+        print(clock_table(args.sweep, args.baseline, args.time, args.updates, target=args.target))
+        if args.figure:
+            against_figure(args.sweep, "sim_time", "simulated time (s)", Path(f"{args.figure}_time.png"),
+                           limit=args.time)
+            against_figure(args.sweep, "round", "server updates (rounds)", Path(f"{args.figure}_updates.png"),
+                           limit=args.updates)
+    elif args.kind == "bytes":
+        print(bytes_table(args.sweep))
+        if args.figure:
+            against_figure(args.sweep, "uplink_bytes_total", "uplink bytes (cumulative)", Path(f"{args.figure}.png"))
     elif args.kind == "runs":
         print(runs_table(args.sweep, args.baseline, tuple(args.metrics)))
     elif args.kind == "paired":

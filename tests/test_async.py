@@ -203,3 +203,35 @@ def test_an_asynchronous_run_records_updates_on_the_clock(tmp_path):
         sim = [float(r["value"]) for r in rows if r["method"] == method and r["split"] == "train"
                and r["metric"] == "sim_time"]
         assert len(sim) == 6 and all(b >= a for a, b in zip(sim, sim[1:], strict=False)) and sim[0] > 0
+
+
+def test_the_results_tables_read_accuracy_at_a_time_budget_and_bytes(tmp_path, capsys):
+    """results/tables.py clock and bytes (the commands behind results/async and results/compression)."""
+    import csv
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("tables", Path(__file__).resolve().parents[1] / "results" / "tables.py")
+    tables = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(tables)
+    config = tmp_path / "c.yaml"
+    config.write_text("partition: {clients: 6}\ntrain: {rounds: 6, clock: {latency: lognormal}}\nmethods: "
+                      "[{name: a_f32, algorithm: fedavg}, {name: a_q4, algorithm: fedavg, server: {compression: "
+                      "{kind: qsgd, bits: 4}}}, {name: buff, algorithm: fedbuff, params: {concurrency: 4, buffer: 2}}]\n")
+    out = tmp_path / "sweep"
+    assert main(["sweep", str(config), "--seeds", "2", "--out", str(out), "--quiet"]) == 0
+    capsys.readouterr()
+    run = next(out.glob("**/seed=0"))
+    rows = [r for r in csv.DictReader((run / "metrics.csv").read_text().splitlines())
+            if r["method"] == "buff" and r["split"] == "summary" and r["client"] == "all"]
+    sim = {int(r["round"]): float(r["value"]) for r in rows if r["metric"] == "sim_time"}
+    acc = {int(r["round"]): float(r["value"]) for r in rows if r["metric"] == "global_accuracy"}
+    budget = sorted(sim.values())[2]
+    want = acc[max(k for k, t in sim.items() if t <= budget)]
+    assert tables._at(tables._series(run)["buff"], "global_accuracy", "sim_time", budget) == want
+    text = tables.clock_table(out, "a_f32", budget, 3)
+    assert "| buff |" in text and "n = 2 seeds" in text
+    text = tables.bytes_table(out)
+    line = next(ln for ln in text.splitlines() if ln.startswith("| a_q4 |"))
+    assert float(line.split("|")[2]) < float(next(ln for ln in text.splitlines() if ln.startswith("| a_f32 |"))
+                                               .split("|")[2]) / 5  # 4-bit codes: less than a fifth of the bytes

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import io
 import math
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -125,11 +126,12 @@ def plot_label_skew(view: dict[str, np.ndarray], path: str | Path | None):
 # ------------------------------------------------------------------ one run
 
 
-def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], path: str | Path | None,
-                         best_rounds: dict[str, int | None] | None = None):
+def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], path: str | Path | None,
+                         best_rounds: dict[str, int | None] | None = None, xlabel: str = "round"):
     """One panel per metric; one line per method; the round of the best model marked (★).
 
-    ``curves[metric][method] = [(round, value)]``; metrics without points are left out.
+    ``curves[metric][method] = [(round, value)]`` — or ``(x, value)`` against another ``xlabel`` (simulated
+    seconds, cumulative uplink bytes; no ★ then); metrics without points are left out.
     """
     metrics = [m for m in curves if any(curves[m].values())]
     if not metrics:
@@ -154,8 +156,9 @@ def plot_learning_curves(curves: dict[str, dict[str, list[tuple[int, float]]]], 
             if best is not None and best in set(r.tolist()):
                 ax.plot([best], [v[r.tolist().index(best)]], marker="*", markersize=13, color=st["color"],
                         markeredgecolor="black", linestyle="none")
-        ax.set_xlabel("round")
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers, even in short runs
+        ax.set_xlabel(xlabel)
+        if xlabel == "round":
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers, even in short runs
         ax.set_ylabel(metric_label(metric))
         ax.set_title(metric_label(metric), fontsize=10)
         ax.grid(alpha=0.3)

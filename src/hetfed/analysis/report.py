@@ -247,6 +247,13 @@ def run_report(d: Path, keep: Path | None = None) -> str:
                          "model (lowest validation loss)", keep and keep / "learning_curves.png")
                   if curves else "<p class='muted'>no learning curve: "
                   "fewer than two evaluations per method</p>")
+    from hetfed.analysis.results import CURVE_AXES, run_curves_against
+
+    for x_metric, label in CURVE_AXES.items():  # the simulated clock's time and the bytes sent (docs/async.md)
+        against = run_curves_against(d, x_metric)
+        if against:
+            curve_html += figure(partial(plot_learning_curves, against, xlabel=label), f"learning curves against "
+                                 f"{label}", keep and keep / f"curves_{x_metric}.png")
     sections.append(("learning curves", curve_html))
 
     dist = ""

@@ -115,6 +115,27 @@ def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
 RUN_CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss")
 
 
+#: what a run's curves can be drawn against besides rounds (summary rows of metrics.csv), and the axis label
+CURVE_AXES = {"sim_time": "simulated time (s)", "uplink_bytes_total": "uplink bytes (cumulative)"}
+
+
+def run_curves_against(run_dir: Path, x_metric: str, metrics: tuple[str, ...] = ("global_accuracy",
+                                                                                  "local_accuracy_mean"),
+                       min_points: int = 2) -> dict[str, dict[str, list[tuple[float, float]]]]:
+    """``{metric: {method: [(x, value)]}}``: each evaluation's value against its ``x_metric`` (``sim_time``,
+    ``uplink_bytes_total``) from the same summary row; methods whose x never moves are left out."""
+    xs = read_curves(Path(run_dir) / METRICS, x_metric)
+    out: dict[str, dict[str, list[tuple[float, float]]]] = {}
+    for metric in metrics:
+        ys = read_curves(Path(run_dir) / METRICS, metric)
+        for method, points in ys.items():
+            x_of = dict(xs.get(method, []))
+            pairs = [(x_of[r], v) for r, v in points if r in x_of and not math.isnan(v)]
+            if len(pairs) >= min_points and len({x for x, _ in pairs}) > 1:
+                out.setdefault(metric, {})[method] = pairs
+    return out
+
+
 def run_curves(run_dir: Path, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's metrics.csv, NaN points
     dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""

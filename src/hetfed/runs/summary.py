@@ -46,6 +46,9 @@ def method_summary(result: SimulationResult, seconds: float) -> dict[str, Any]:
         "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
         "eval_seconds": result.eval_seconds,
         "eval_seconds_per_evaluation": result.eval_seconds / max(result.evaluations, 1),
+        "sim_time": result.sim_time,  # the simulated clock after the last round (train.clock)
+        "uplink_bytes": result.uplink_bytes,
+        "downlink_bytes": result.downlink_bytes,
         **_failures(result),
     }
 
@@ -175,7 +178,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
     table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}"
                   f"{trained}")
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
-    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s"]
+    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s",
+            "sim s", "up MB"]
     if binary:
         cols[1:1] = ["local AUC", "global AUC"]  # noqa: RUF005
     for col in cols:
@@ -188,7 +192,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
         b = m["best"]
         row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
                fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}",
-               "-" if m.get("eval_seconds_per_evaluation") is None else f"{m['eval_seconds_per_evaluation']:.4f}"]
+               "-" if m.get("eval_seconds_per_evaluation") is None else f"{m['eval_seconds_per_evaluation']:.4f}",
+               "-" if m.get("sim_time") is None else f"{m['sim_time']:.4g}",
+               "-" if m.get("uplink_bytes") is None else f"{m['uplink_bytes'] / 1e6:.3g}"]
         if binary:
             row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
         table.add_row(*row)
@@ -199,7 +205,8 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
                      f"(p10: the 10th-percentile client); global: {global_test}; unseen: the server's model on it, "
                      "as a client that took no part would get it (CGAU: zero conditioning; personalised methods: "
                      "the shared model without a client's own parameters; - where the server holds none); s/round: "
-                     "training (server step included); eval s: one evaluation")
+                     "training (server step included); eval s: one evaluation; sim s: the simulated clock at the "
+                     "end (train.clock); up MB: what the clients sent (server.compression)")
     console.print(table)
     from hetfed.heterogeneity import gamma_line
 
