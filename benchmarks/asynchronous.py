@@ -51,13 +51,18 @@ def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, cl
                         **({"clients_per_round": params["clients_per_round"]} if name == "fedavg" else {}))
     algo_params = {k: v for k, v in params.items() if k != "clients_per_round"}
     stacks: list[int] = []
-    original = inprocess.InProcessExecutor.train
+    original, original_rows = inprocess.InProcessExecutor.train, inprocess.InProcessExecutor.train_rows
 
     def counting(self, bc, clients, reduce=False):
         stacks.append(len(clients))
         return original(self, bc, clients, reduce)
 
+    def counting_rows(self, bc, clients, rounds):  # an asynchronous server's clients of several versions at once
+        stacks.append(len(clients))
+        return original_rows(self, bc, clients, rounds)
+
     inprocess.InProcessExecutor.train = counting  # type: ignore[method-assign]
+    inprocess.InProcessExecutor.train_rows = counting_rows  # type: ignore[method-assign]
     try:
         simulate(build_algorithm(name, model, train.model_copy(update={"rounds": 2}), algo_params), fed,
                  train.model_copy(update={"rounds": 2}), 0)  # warm-up
@@ -65,6 +70,7 @@ def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, cl
         result = simulate(build_algorithm(name, model, train, algo_params), fed, train, 0)
     finally:
         inprocess.InProcessExecutor.train = original  # type: ignore[method-assign]
+        inprocess.InProcessExecutor.train_rows = original_rows  # type: ignore[method-assign]
     done = sum(stacks)
     return {"updates": done, "train_s": round(result.train_seconds, 3),
             "updates_per_s": round(done / result.train_seconds, 1), "mean_stack": round(float(np.mean(stacks)), 2),
@@ -84,6 +90,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--updates", type=int, default=400, help="client updates per throughput measurement")
     ap.add_argument("--w1-rounds", type=int, default=2)
+    ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of the W1 rounds")
     ap.add_argument("--threads", type=int, default=None)
     args = ap.parse_args()
     if args.threads:
@@ -108,14 +115,16 @@ def main() -> None:
     kinds = {"none": {"kind": "none"}, "qsgd8": {"kind": "qsgd", "bits": 8}, "qsgd4": {"kind": "qsgd", "bits": 4},
              "topk1pct_ef": {"kind": "topk", "fraction": 0.01, "error_feedback": True}, "fp16": {"kind": "fp16"}}
     compression_round(w1, kinds["none"], 1)  # warm-up
-    seconds = {}
-    for _ in range(2):  # interleaved twice, the faster kept: this machine's timings drift
+    samples: dict[str, list[float]] = {name: [] for name in kinds}
+    for _ in range(args.repeats):  # interleaved: this machine's timings drift by ±30 % between minutes
         for name, kind in kinds.items():
-            s = compression_round(w1, kind, args.w1_rounds)
-            seconds[name] = min(seconds.get(name, s), s)
+            samples[name].append(compression_round(w1, kind, args.w1_rounds))
+    best = {k: min(v) for k, v in samples.items()}
+    median = {k: float(np.median(v)) for k, v in samples.items()}
     out["compression_w1"] = {"workload": "W1: 100 clients x 600 x 784, MLP 784-200-200-10, E=1, B=50, FedAvg",
-                             "seconds_per_round": {k: round(v, 3) for k, v in seconds.items()},
-                             "over_uncompressed": {k: round(v / seconds["none"], 3) for k, v in seconds.items()}}
+                             "repeats": args.repeats, "seconds_per_round_best": {k: round(v, 3) for k, v in best.items()},
+                             "over_uncompressed_best": {k: round(v / best["none"], 3) for k, v in best.items()},
+                             "over_uncompressed_median": {k: round(v / median["none"], 3) for k, v in median.items()}}
     print(json.dumps(out, indent=1))
 
 

@@ -322,38 +322,47 @@ def clock_table(sweep: Path, baseline: str, time_budget: float, updates: int, me
                                "and seed\n")
 
 
-def bytes_table(sweep: Path, metric: str = "global_accuracy") -> str:
-    """#49: each method's best and last ``metric`` and its total uplink MB; Δ: paired difference to the method's
-    own uncompressed row (``NAME_f32`` for ``NAME_*``)."""
+def bytes_table(sweep: Path, when: str = "best",
+                metrics: tuple[str, ...] = ("global_accuracy", "local_accuracy_mean", "server_accuracy")) -> str:
+    """#49: each method's total uplink MB and its ``metrics`` (``when``: ``best`` by validation or ``final``), each
+    with its paired difference to the method's own uncompressed row (``NAME_f32`` for ``NAME_*``)."""
     summaries = [s for _p, s in _runs(sweep)]
     runs = _sweep_series(sweep)
-    lines = ["| method | uplink MB | best | Δ best vs f32 | last | Δ last vs f32 |", "|---|---|---|---|---|---|"]
-    for m in summaries[0]["methods"]:
-        base = m.rsplit("_", 1)[0] + "_f32" if not m.endswith("_f32") else None
-        if base and base not in summaries[0]["methods"]:
-            base = m.split("_", 1)[0] + "_f32"
+    methods = summaries[0]["methods"]
+    head = " | ".join(f"{m} | Δ vs f32" for m in metrics)
+    lines = [f"| method | uplink MB | {head} |", "|---|---|" + "---|---|" * len(metrics)]
+    for m in methods:
+        base = None if m.endswith("_f32") else m.split("_", 1)[0] + "_f32"
         cells = []
-        for when in ("best", "final"):
+        for metric in metrics:
             vals = [s["methods"][m][when].get(metric) for s in summaries]
             diffs = ([s["methods"][m][when][metric] - s["methods"][base][when][metric] for s in summaries]
-                     if base and base in summaries[0]["methods"] else [])
-            cells += [_cell(vals), _signed(diffs) if diffs else "-"]
+                     if base in methods and None not in vals else [])
+            cells += [_cell([v for v in vals if v is not None]) if None not in vals else "-",
+                      _signed(diffs) if diffs else "-"]
         mb = [r[m]["uplink_bytes_total"][-1][1] / 1e6 for r in runs]
         lines.append(f"| {m} | {np.mean(mb):.2f} | " + " | ".join(cells) + " |")
-    return "\n".join(lines) + (f"\n\n{metric}; best: the model chosen by validation loss, last: the last round's; "
-                               f"mean ± 95% CI over n = {len(summaries)} seeds; Δ: paired difference to the same "
-                               "method uncompressed (f32) on the same partition and seed\n")
+    chosen = "the model chosen by validation loss" if when == "best" else "the last round's model"
+    return "\n".join(lines) + (f"\n\n{chosen}; mean ± 95% CI over n = {len(summaries)} seeds; Δ: paired difference "
+                               "to the same method uncompressed (f32) on the same partition and seed\n")
 
 
-def against_figure(sweep: Path, x_metric: str, xlabel: str, out: Path, metric: str = "global_accuracy",
-                   limit: float | None = None) -> str:
-    """Mean ``metric`` over seeds against ``x_metric`` (``sim_time``, ``uplink_bytes_total``, or ``round``),
-    each seed's curve interpolated onto one grid up to the shortest seed's end (or ``limit``)."""
+def against_figure(sweep: Path, x_metric: str, xlabel: str, out: Path, metrics: tuple[str, ...] = ("global_accuracy",),
+                   limit: float | None = None, prefix: str = "", log_x: bool = False) -> str:
+    """Mean ``metrics`` over seeds (one panel each) against ``x_metric`` (``sim_time``, ``uplink_bytes_total``, or
+    ``round``) for the methods named ``prefix…``, each seed's curve interpolated onto one grid up to the shortest
+    seed's end (or ``limit``)."""
     from hetfed.analysis.figures import plot_learning_curves
 
     runs = _sweep_series(sweep)
+    panels = {metric: _mean_against(runs, metric, x_metric, limit, prefix) for metric in metrics}
+    return str(plot_learning_curves(panels, str(out), xlabel=xlabel, log_x=log_x))
+
+
+def _mean_against(runs: list, metric: str, x_metric: str, limit: float | None, prefix: str
+                  ) -> dict[str, list[tuple[float, float]]]:
     curves: dict[str, list[tuple[float, float]]] = {}
-    for m in runs[0]:
+    for m in (m for m in runs[0] if m.startswith(prefix)):
         per_seed = []
         for r in runs:
             xs = dict(r[m].get(x_metric, [])) if x_metric != "round" else None
@@ -367,9 +376,11 @@ def against_figure(sweep: Path, x_metric: str, xlabel: str, out: Path, metric: s
         end = min(end, limit) if limit is not None else end
         start = max(p[0][0] for p in per_seed)
         grid = np.linspace(start, end, 60) if end > start else np.array([start])
+        if x_metric == "uplink_bytes_total" and 0 < start < end:  # bytes span decades: a log grid
+            grid = np.geomspace(start, end, 60)
         mean = np.mean([np.interp(grid, [x for x, _ in p], [v for _, v in p]) for p in per_seed], axis=0)
         curves[m] = list(zip(grid.tolist(), mean.tolist(), strict=True))
-    return str(plot_learning_curves({metric: curves}, str(out), xlabel=xlabel))
+    return curves
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -395,6 +406,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--target", type=float, help="also the simulated time each method first reached this accuracy")
     p = sub.add_parser("bytes")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p.add_argument("--final", action="store_true", help="the last round's values, not the best by validation")
     p.add_argument("--figure", type=Path, help="write OUT.png: global accuracy against uplink bytes")
     p = sub.add_parser("grid")
     p.add_argument("key")
@@ -422,9 +434,12 @@ def main(argv: list[str] | None = None) -> int:
             against_figure(args.sweep, "round", "server updates (rounds)", Path(f"{args.figure}_updates.png"),
                            limit=args.updates)
     elif args.kind == "bytes":
-        print(bytes_table(args.sweep))
-        if args.figure:
-            against_figure(args.sweep, "uplink_bytes_total", "uplink bytes (cumulative)", Path(f"{args.figure}.png"))
+        print(bytes_table(args.sweep, "final" if args.final else "best"))
+        if args.figure:  # one figure per algorithm (the name before its first _), x on a log scale
+            for prefix in dict.fromkeys(m.split("_", 1)[0] for m in _sweep_series(args.sweep)[0]):
+                against_figure(args.sweep, "uplink_bytes_total", "uplink bytes (cumulative)",
+                               Path(f"{args.figure}_{prefix}.png"), ("global_accuracy", "local_accuracy_mean"),
+                               prefix=prefix + "_", log_x=True)
     elif args.kind == "runs":
         print(runs_table(args.sweep, args.baseline, tuple(args.metrics)))
     elif args.kind == "paired":

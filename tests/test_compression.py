@@ -12,7 +12,6 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed import streams
 from hetfed.algorithms import build_algorithm
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, ServerConfig, TrainConfig
@@ -21,7 +20,7 @@ from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
-from hetfed.server.compression import parse
+from hetfed.server.compression import parse, uniforms
 from hetfed.server.compression.qsgd import pack, unpack
 from hetfed.server.transport import RESIDUAL, transport
 from tests.synthetic import ShiftedGaussians
@@ -51,11 +50,13 @@ def test_qsgd_is_the_papers_quantiser_draw_for_draw(bits):
     comp, p = _qsgd(bits, 8)
     s = 2 ** (bits - 1) - 1
     v = torch.randn(3, 20, generator=torch.Generator().manual_seed(bits))
-    keys = streams.keys([11, 12, 13], "cpu")
-    got = comp.decode(comp.encode(v, keys, 5, p), (20,), p)
+    seeds = [11, 12, 13]
+    got = comp.decode(comp.encode(v, seeds, 5, p), (20,), p)
+    draws = uniforms(seeds, 5, 24, "cpu")  # each client's own: the same alone as in a stack
+    assert torch.equal(uniforms([12], 5, 24, "cpu")[0], draws[1])
     for c in range(3):
         padded = torch.nn.functional.pad(v[c], (0, 4)).reshape(3, 8)
-        u = streams.uniform(keys[c], streams.QUANTISE, 5, torch.arange(24).reshape(3, 8))
+        u = draws[c].reshape(3, 8)
         want = torch.cat([qsgd_paper(padded[b], s, u[b]) for b in range(3)])[:20]
         torch.testing.assert_close(got[c], want, rtol=1e-6, atol=1e-6)
 
@@ -66,8 +67,7 @@ def test_qsgd_is_unbiased_and_within_its_variance_bound(bits, bucket):
     d = 64
     v = torch.randn(1, d, generator=torch.Generator().manual_seed(0))
     draws = 3000
-    keys = streams.keys(list(range(draws)), "cpu")
-    q = comp.decode(comp.encode(v.expand(draws, d), keys, 0, p), (d,), p)  # every client its own stream
+    q = comp.decode(comp.encode(v.expand(draws, d), list(range(draws)), 0, p), (d,), p)  # every client its own stream
     mean, se = q.mean(0), q.std(0) / math.sqrt(draws)
     assert bool(((mean - v[0]).abs() <= 4 * se + 1e-7).all())  # E Q(v) = v, within 4 standard errors
     s, n = 2 ** (bits - 1) - 1, (bucket or d)
@@ -82,7 +82,7 @@ def test_the_bit_packing_round_trips_exactly(bits, m, seed):
     codes = torch.randint(0, 2**bits, (2, m), generator=torch.Generator().manual_seed(seed))
     packed = pack(codes, bits)
     assert packed.dtype == torch.uint8 and packed.shape[1] <= math.ceil(m / 8) * bits
-    assert torch.equal(unpack(packed, bits, m), codes)
+    assert torch.equal(unpack(packed, bits, m).long(), codes)
 
 
 def test_bytes_are_the_encodings_size():
@@ -213,3 +213,18 @@ def test_a_compressed_run_records_bytes_in_metrics_csv(tmp_path):
     total = [float(r["value"]) for r in rows if r["split"] == "summary" and r["metric"] == "uplink_bytes_total"
              and r["method"] == "relu"]
     assert len(up) == 2 and up[0] > 0 and total == list(np.cumsum(up))
+
+
+def test_compression_with_error_feedback_gives_the_in_process_numbers_on_flower(tmp_path):
+    """The nodes encode and keep their residuals between rounds as the in-process executors do."""
+    pytest.importorskip("flwr")
+    import json
+
+    common = ["--quiet", "--set", "partition.clients=3", "--set", "train.rounds=3", "--set",
+              "methods=[{algorithm: fedavg}]", "--set", "server.compression.kind=topk", "--set",
+              "server.compression.fraction=0.1", "--set", "server.compression.error_feedback=true"]
+    assert main(["run", "--out", str(tmp_path / "f"), "--set", "train.executor=flower", *common]) == 0
+    assert main(["run", "--out", str(tmp_path / "v"), *common]) == 0
+    f, v = (json.loads((tmp_path / d / "summary.json").read_text())["methods"]["fedavg"]["final"] for d in "fv")
+    for key in ("global_accuracy", "local_accuracy_mean", "val_loss", "uplink_bytes_total"):
+        assert f[key] == pytest.approx(v[key], rel=1e-5), key

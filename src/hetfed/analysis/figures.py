@@ -127,7 +127,8 @@ def plot_label_skew(view: dict[str, np.ndarray], path: str | Path | None):
 
 
 def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], path: str | Path | None,
-                         best_rounds: dict[str, int | None] | None = None, xlabel: str = "round"):
+                         best_rounds: dict[str, int | None] | None = None, xlabel: str = "round",
+                         log_x: bool = False):
     """One panel per metric; one line per method; the round of the best model marked (★).
 
     ``curves[metric][method] = [(round, value)]`` — or ``(x, value)`` against another ``xlabel`` (simulated
@@ -157,7 +158,9 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float,
                 ax.plot([best], [v[r.tolist().index(best)]], marker="*", markersize=13, color=st["color"],
                         markeredgecolor="black", linestyle="none")
         ax.set_xlabel(xlabel)
-        if xlabel == "round":
+        if log_x:
+            ax.set_xscale("log")
+        elif xlabel == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers, even in short runs
         ax.set_ylabel(metric_label(metric))
         ax.set_title(metric_label(metric), fontsize=10)

@@ -19,6 +19,7 @@ SAMPLING, CLIENT_ROUND, CLIENT_INIT, SERVER_INIT, SERVER_ROUND = 1, 2, 3, 4, 5
 EVAL_SAMPLE, GLOBAL_TEST = 21, 22  # which clients / global test samples an evaluation scores
 DROPOUT, STRAGGLER, ATTACKERS, DP_NOISE = 31, 32, 33, 34  # faults, malicious clients, privacy noise
 CLOCK, ASYNC_DISPATCH = 35, 36  # the simulated clock's client speeds; which idle client an async server starts
+QUANTISE = 42  # a compressor's stochastic rounding of a client's update (hetfed.server.compression)
 LOCAL_PHASE = 41  # a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
 
 

@@ -42,6 +42,24 @@ class Broadcast:
 
 
 @dataclass(frozen=True, eq=False)
+class ClientBroadcast(Broadcast):
+    """A broadcast whose shared parameters are already one per client (``[n, …]``): the clients of a stack come
+    from runs with different global models (a stacked sweep), or were sent different model versions (an
+    asynchronous server)."""
+
+    def rows(self, index: list[int]) -> ClientBroadcast:
+        """The broadcast of the clients at positions ``index``."""
+        at = torch.as_tensor(index, dtype=torch.long)
+        return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()})
+
+    def stacked(self, n: int) -> Params:
+        first = next(iter(self.params.values()), None)
+        if first is not None and first.shape[0] != n:
+            raise ValueError(f"a stack of {n} clients was given a broadcast for {first.shape[0]}")
+        return self.params
+
+
+@dataclass(frozen=True, eq=False)
 class Upload:
     """Everything a stack of clients sends back: shared params and sample counts.
 

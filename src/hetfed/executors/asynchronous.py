@@ -23,14 +23,23 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import torch
 
-from hetfed.engine.rng import ASYNC_DISPATCH, numpy_rng
-from hetfed.engine.types import Params, ServerState, Upload, concat_uploads
+from hetfed.engine.rng import ASYNC_DISPATCH
+from hetfed.engine.types import (
+    ClientBroadcast,
+    Params,
+    RoundUploads,
+    ServerState,
+    Upload,
+    concat_uploads,
+)
 from hetfed.errors import RunError
+from hetfed.executors.updates import after_update, wire_bytes
+from hetfed.server.screen import Screen
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
@@ -58,7 +67,8 @@ class EventQueue:
     sent: int = 0  # jobs sent so far (each client's draw and the tie-break)
     in_flight: list[Job] = field(default_factory=list)  # a heap by (arrival, seq)
     buffer: list[tuple[Job, float]] = field(default_factory=list)  # arrivals not merged yet, with their staleness
-    trained: dict[tuple[int, int], Upload] = field(default_factory=dict)  # (version, client) → its one-row update
+    #: (version, client) → its update: a row of a stack's screened upload (materialised when merged)
+    trained: dict[tuple[int, int], tuple[Upload, int]] = field(default_factory=dict)
     rejected: set[tuple[int, int]] = field(default_factory=set)  # updates the screening dropped
     versions: dict[int, Params] = field(default_factory=dict)  # the models in-flight or buffered clients need
     on_version: set[int] = field(default_factory=set)  # clients sent the current version
@@ -70,18 +80,18 @@ class EventQueue:
 
 def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     """Server updates until ``train.rounds`` of them (or early stopping), from ``result.async_state`` when resumed."""
-    from hetfed.executors.updates import wire_bytes
-
     algo, train = cast("Asynchronous", loop.algo), loop.train
-    t0 = time.perf_counter()
     q: EventQueue = result.async_state if result.async_state is not None else EventQueue()
     if result.async_state is None:
         q.versions[0] = result.server.params
         result.async_state = q
     t0 = time.perf_counter()
+    wire: tuple[int, tuple[int, int]] | None = None  # (version, its bytes down and up per client)
     while not finished and result.rounds_done < train.rounds:
         # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
-        _fill(loop, result, q, wire_bytes(algo, algo.broadcast(result.server, q.version)))
+        if wire is None or wire[0] != q.version:
+            wire = (q.version, wire_bytes(algo, algo.broadcast(result.server, q.version)))
+        _fill(loop, result, q, wire[1])
         if not q.in_flight:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
                            f"{algo.buffer} arrivals (the screening rejected the rest); expected fewer rejections "
@@ -99,17 +109,26 @@ def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int,
     algo, clock = cast("Asynchronous", loop.algo), loop.faults.clock
     busy = {j.client for j in q.in_flight}
     eligible = np.flatnonzero(~np.asarray(loop.fed.opted_out, dtype=bool))
-    while len(q.in_flight) < algo.params.concurrency:
-        idle = [int(k) for k in eligible if int(k) not in busy and int(k) not in q.on_version]
-        if not idle:
-            return
-        k = idle[int(numpy_rng(loop.seed, ASYNC_DISPATCH, q.sent).integers(len(idle)))]
+    idle = [int(k) for k in eligible if int(k) not in busy and int(k) not in q.on_version]  # in id order
+    while len(q.in_flight) < algo.params.concurrency and idle:
+        k = idle.pop(_draw(loop.seed, q.sent, len(idle)))
         took = float(clock.times([k], *wire)[0])
         heapq.heappush(q.in_flight, Job(q.now + took, q.sent, k, q.version, q.now, wire[1]))
         q.sent += 1
         q.down_bytes += wire[0]
         q.on_version.add(k)
-        busy.add(k)
+
+
+def _draw(seed: int, sent: int, n: int) -> int:
+    """Which of ``n`` idle clients the ``sent``-th send goes to: splitmix64 of (run seed, ASYNC_DISPATCH, sent) —
+    a pure function of them (a NumPy generator per send cost more than the rest of the event loop)."""
+    mask = (1 << 64) - 1
+    z = (seed * 0x9E3779B97F4A7C15 + ASYNC_DISPATCH * 0xBF58476D1CE4E5B9 + sent * 0x94D049BB133111EB) & mask
+    for _ in range(2):
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+    return z % n
 
 
 def _arrive(loop: _Loop, result: SimulationResult, q: EventQueue, job: Job) -> None:
@@ -117,11 +136,63 @@ def _arrive(loop: _Loop, result: SimulationResult, q: EventQueue, job: Job) -> N
     key = (job.version, job.client)
     q.up_bytes += job.up_bytes
     if key not in q.trained and key not in q.rejected:
-        _train_version(loop, result, q, job.version, job.client)
+        _train_pending(loop, result, q, job)
     if key in q.rejected:
         q.rejected.discard(key)
         return
     q.buffer.append((job, float(q.version - job.version)))
+
+
+def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arriving: Job) -> None:
+    """Every client whose update is not computed yet — ``arriving``, just taken off the queue, and all still in
+    flight, whatever version each was sent — as one stack, when the algorithm's client step allows clients of
+    different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else the
+    arriving client's version alone (:func:`_train_version`). Each client's update is screened against the model
+    it was sent."""
+    algo, executor = loop.algo, loop.executor
+    pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
+                      and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
+    sent = {j.version: algo.broadcast(ServerState(q.versions[j.version], j.version, result.server.extra), j.version)
+            for j in pending}
+    adversary = getattr(executor, "adversary", None)
+    if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
+            or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
+        _train_version(loop, result, q, arriving.version, arriving.client)
+        return
+    bc = ClientBroadcast({name: torch.stack([q.versions[j.version][name] for j in pending])
+                          for name in q.versions[arriving.version]}, arriving.version, sent[arriving.version].lr)
+    upload = executor.train_rows(bc, [j.client for j in pending], [j.version for j in pending])
+    row_of = {k: i for i, k in enumerate(upload.client_ids)}
+    for version in sorted(sent):
+        clients = [j.client for j in pending if j.version == version]
+        screened = RoundUploads(Screen.for_round(algo, q.versions[version]), stream=False)
+        screened.add(_rows(upload, [row_of[k] for k in clients]))
+        _keep_rows(q, version, clients, screened.result())
+
+
+def _rows(upload: Upload, index: list[int]) -> Upload:
+    at = torch.as_tensor(index, dtype=torch.long)
+    return Upload([upload.client_ids[i] for i in index], {k: v[at.to(v.device)] for k, v in upload.params.items()},
+                  upload.num_samples[at.to(upload.num_samples.device)],
+                  {k: v[at.to(v.device)] for k, v in upload.extra.items()})
+
+
+def _row(entry: tuple[Upload, int]) -> Upload:
+    """One client's update out of the screened stack it was computed in."""
+    upload, j = entry
+    return _rows(upload, [j])
+
+
+def _keep_rows(q: EventQueue, version: int, clients: list[int], upload: Upload) -> None:
+    """Each of ``clients``' one-row update (sent ``version``), or its rejection by the screening."""
+    for reason, n in upload.screened.items():
+        q.rejected_counts[reason] = q.rejected_counts.get(reason, 0) + n
+    rows = {k: j for j, k in enumerate(upload.client_ids)}
+    for k in clients:
+        if k not in rows:
+            q.rejected.add((version, k))
+            continue
+        q.trained[(version, k)] = (upload, rows[k])
 
 
 def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, arriving: int) -> None:
@@ -130,27 +201,15 @@ def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version
     waiting = {j.client for j in q.in_flight if j.version == version} | {arriving}
     clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected)
     bc = loop.algo.broadcast(ServerState(q.versions[version], version, result.server.extra), version)
-    upload = loop.executor.train(bc, clients)
-    for reason, n in upload.screened.items():
-        q.rejected_counts[reason] = q.rejected_counts.get(reason, 0) + n
-    rows = {k: j for j, k in enumerate(upload.client_ids)}
-    for k in clients:
-        if k not in rows:
-            q.rejected.add((version, k))
-            continue
-        j = rows[k]
-        q.trained[(version, k)] = Upload([k], {n: v[j : j + 1] for n, v in upload.params.items()},
-                                         upload.num_samples[j : j + 1], {n: v[j : j + 1] for n, v in upload.extra.items()})
+    _keep_rows(q, version, clients, loop.executor.train(bc, clients))
 
 
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:
     """Merge the buffer into a new version, tell the observers, evaluate and checkpoint when due; True to stop."""
-    from hetfed.executors.updates import after_update
-
     algo = cast("Asynchronous", loop.algo)
     jobs = [job for job, _ in q.buffer]
     staleness = np.array([s for _, s in q.buffer])
-    arrivals = concat_uploads([q.trained.pop((job.version, job.client)) for job in jobs])
+    arrivals = concat_uploads([_row(q.trained.pop((job.version, job.client))) for job in jobs])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
     t_server = time.perf_counter()
     result.server = algo.merge(result.server, arrivals, starts, staleness)
@@ -171,8 +230,3 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     result.uplink_bytes += q.up_bytes
     q.last_update, q.down_bytes, q.up_bytes, q.rejected_counts = q.now, 0, 0, {}
     return after_update(loop, result, arrivals, counts, clock, t0)
-
-
-def describe(q: Any) -> dict[str, Any]:
-    """The queue's state in numbers (tests, the progress line)."""
-    return {"now": q.now, "version": q.version, "in_flight": len(q.in_flight), "buffered": len(q.buffer)}

@@ -37,10 +37,13 @@ from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
+    ClientBroadcast,
     ClientData,
     ClientState,
     RoundUploads,
     Upload,
+    concat_uploads,
+    in_id_order,
     stack_states,
 )
 from hetfed.errors import RunError
@@ -268,6 +271,26 @@ class InProcessExecutor:
             round_uploads.add(upload)
             self._keep(chunk, new, residual)
         return round_uploads.result(reduce)
+
+    def train_rows(self, bc: ClientBroadcast, clients: list[int], rounds: list[int]) -> Upload:
+        """Each client's update from its own broadcast row (``bc.params[j]`` for ``clients[j]``) with the random
+        streams of its own round (``rounds[j]``), every client's row kept and none screened (the caller screens
+        each client against the model it was sent): an asynchronous server's clients of several model versions in
+        one stack. The algorithm must read the broadcast only as ``bc.stacked(n)`` (``Capabilities.stacks_runs``)."""
+        position = {k: j for j, k in enumerate(clients)}
+        uploads = []
+        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
+            rows = bc.rows([position[k] for k in chunk])
+            data = client_data(self.pool, chunk, 0)
+            first = self.pool.first_id
+            data = replace(data, seeds=[derive_seed(self.pool.seed, CLIENT_ROUND, rounds[position[k]], k + first)
+                                        for k in chunk])
+            upload, new = self.algo.local_update(rows, self._stacked(chunk), data)
+            residual = self._residuals(chunk) if self.transport.error_feedback else {}
+            upload, residual = self.transport.send(upload, rows.params, residual, data.seeds)
+            uploads.append(upload)
+            self._keep(chunk, new, residual)
+        return in_id_order(concat_uploads(uploads))
 
     def set_adversary(self, adversary: Adversary) -> None:
         """Simulate malicious clients (:class:`hetfed.engine.faults.Adversary`) from now on."""

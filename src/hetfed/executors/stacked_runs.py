@@ -26,22 +26,10 @@ from typing import Any
 
 import torch
 
-from hetfed.engine.types import Broadcast, ClientData, Params, RoundUploads, Upload
+from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, RoundUploads, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import InProcessExecutor, client_data
 from hetfed.server.screen import Screen
-
-
-@dataclass(frozen=True, eq=False)
-class ClientBroadcast(Broadcast):
-    """A broadcast whose shared parameters are already one per client (``[n, …]``): the clients of a stack come
-    from runs with different global models."""
-
-    def stacked(self, n: int) -> Params:
-        first = next(iter(self.params.values()), None)
-        if first is not None and first.shape[0] != n:
-            raise ValueError(f"a stack of {n} clients was given a broadcast for {first.shape[0]}")
-        return self.params
 
 
 @dataclass(eq=False)

@@ -437,6 +437,10 @@ def _check_stackable(configs: list[SweepRun]) -> None:
             if not executors.get(name).in_process:
                 raise ConfigError(f"train.executor = {name!r} (method {method.name!r}) cannot be stacked: expected an "
                                   "in-process executor with --stack, or the sweep without --stack")
+            if registry_of("algorithm").get(method.algorithm).capabilities.asynchronous:
+                raise ConfigError(f"methods algorithm = {method.algorithm!r} (method {method.label!r}) cannot be "
+                                  "stacked across runs: its server works on its own clock; expected the sweep without "
+                                  "--stack")
             compression = cfg.method_server(method).compression
             if compression != ServerConfig().compression:
                 raise ConfigError(f"server.compression = {compression} (method {method.name!r}) cannot be stacked "

@@ -16,7 +16,6 @@ from typing import Any
 
 import torch
 
-from hetfed import streams
 from hetfed.engine.types import ClientState, Params, Upload
 from hetfed.server.compression import Compressor, CompressorParams
 
@@ -57,8 +56,9 @@ class Transport:
                                                                                                           ClientState]:
         """The upload as the server decodes it, and the stack's new residuals ({} without error feedback).
 
-        ``reference``: the broadcast's shared parameters; ``residual``: the stack's residuals (``RESIDUAL``
-        names, stacked); ``seeds``: the clients' round seeds (their streams' keys)."""
+        ``reference``: the broadcast's shared parameters (or one per client, ``[n, …]``: clients sent different
+        versions); ``residual``: the stack's residuals (``RESIDUAL``
+        names, stacked); ``seeds``: the clients' round seeds (their draws' keys)."""
         if not self.active or not upload.params:
             return upload, residual
         assert self.compressor is not None
@@ -66,7 +66,6 @@ class Transport:
         if not names:
             return upload, residual
         first = upload.params[names[0]]
-        keys = streams.keys(seeds, first.device)
         params = dict(upload.params)
         kept: ClientState = {}
         for counter, name in enumerate(names):
@@ -74,8 +73,8 @@ class Transport:
             delta = params[name].to(torch.float32) - ref
             if self.error_feedback and RESIDUAL + name in residual:
                 delta = delta + residual[RESIDUAL + name].to(delta.device)
-            shape = tuple(ref.shape)
-            sent = self.compressor.decode(self.compressor.encode(delta, keys, counter, self.params), shape,
+            shape = tuple(params[name].shape[1:])
+            sent = self.compressor.decode(self.compressor.encode(delta, seeds, counter, self.params), shape,
                                           self.params).to(delta.dtype)
             params[name] = (ref + sent).to(upload.params[name].dtype)
             if self.error_feedback:

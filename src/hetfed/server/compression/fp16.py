@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 
 from hetfed.server.compression import Compressor, CompressorParams, Encoded, register
 
 
-def _encode(delta: torch.Tensor, keys: torch.Tensor, counter: int, params: CompressorParams) -> Encoded:
+def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, params: CompressorParams) -> Encoded:
     return {"value": delta.to(torch.float16)}
 
 

@@ -8,6 +8,7 @@ over rounds nothing is lost. Each kept value costs 8 bytes (float32 value + int3
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from pydantic import Field
@@ -23,7 +24,7 @@ def kept(n: int, p: TopKParams) -> int:
     return max(1, math.ceil(p.fraction * n))
 
 
-def _encode(delta: torch.Tensor, keys: torch.Tensor, counter: int, p: TopKParams) -> Encoded:
+def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: TopKParams) -> Encoded:
     flat = delta.reshape(delta.shape[0], -1)
     index = flat.abs().topk(kept(flat.shape[1], p), dim=1).indices
     return {"index": index.to(torch.int32), "value": flat.gather(1, index).to(torch.float32)}
