@@ -103,7 +103,8 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     pytest.importorskip("flwr")
     root = str(Path(__file__).resolve().parents[1])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    # asynchronous methods are refused on Flower (tests/test_async.py checks the refusal)
+    # asynchronous methods refuse client sampling (their concurrency says who trains); tests/test_async.py runs
+    # them on Flower
     names = [n for n in registry.names() if not registry.get(n).capabilities.asynchronous]
     assert TOY in names
     # half the clients per round: server state that depends on who took part (SCAFFOLD's c, AFL's valuations)

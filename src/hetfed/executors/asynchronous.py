@@ -38,6 +38,7 @@ from hetfed.engine.types import (
     concat_uploads,
 )
 from hetfed.errors import RunError
+from hetfed.executors.inprocess import RoundSkipped
 from hetfed.executors.updates import after_update, wire_bytes
 from hetfed.server.screen import Screen
 
@@ -201,7 +202,11 @@ def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version
     waiting = {j.client for j in q.in_flight if j.version == version} | {arriving}
     clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected)
     bc = loop.algo.broadcast(ServerState(q.versions[version], version, result.server.extra), version)
-    _keep_rows(q, version, clients, loop.executor.train(bc, clients))
+    try:
+        upload = loop.executor.train(bc, clients)
+    except RoundSkipped:  # Flower: too few of them replied; they count as lost, like screened-out updates
+        upload = Upload([], {}, torch.zeros(0))
+    _keep_rows(q, version, clients, upload)
 
 
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:

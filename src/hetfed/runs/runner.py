@@ -191,10 +191,6 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
             algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
         except ConfigError as err:
             raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
-        if algo.capabilities.asynchronous and not kind.in_process:
-            raise ConfigError(f"methods.{index}.algorithm = {method.algorithm!r} on executor {kind.name!r} is not "
-                              "allowed: asynchronous methods run on the simulated clock in this process; expected "
-                              "train.executor 'vectorised' or 'sequential'")
         if config.attack.kind != "none" and not kind.in_process:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
