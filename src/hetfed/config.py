@@ -586,6 +586,11 @@ class Config(_Strict):
             if clash:  # a method named after its algorithm reports its views unprefixed
                 raise ValueError(f"methods names {clash} clash with the rows of the method named {m.label!r} "
                                  f"(its views {sorted(caps.views)}): rename them")
+            server = _deep_merge(self.server.model_dump(), m.server)
+            if not caps.server_model and server.get("compression") != ServerConfig().compression:
+                raise ValueError(f"server.compression = {server.get('compression')} is not allowed with methods.{i}"
+                                 f".algorithm = {m.algorithm!r}: it uploads no model to compress; expected the default "
+                                 f"{ServerConfig().compression} for this method (methods.{i}.server.compression)")
             _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
             _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
             _validate_override(ServerConfig, self.server, m.server, f"methods.{i}.server")

@@ -123,8 +123,13 @@ def run_curves_against(run_dir: Path, x_metric: str, metrics: tuple[str, ...] = 
                                                                                   "local_accuracy_mean"),
                        min_points: int = 2) -> dict[str, dict[str, list[tuple[float, float]]]]:
     """``{metric: {method: [(x, value)]}}``: each evaluation's value against its ``x_metric`` (``sim_time``,
-    ``uplink_bytes_total``) from the same summary row; methods whose x never moves are left out."""
+    ``uplink_bytes_total``) from the same summary row; methods whose x never moves are left out, and nothing is
+    returned when x is the round times one constant for every method (equal clients on a constant clock, no
+    compression: the round axis already says it)."""
     xs = read_curves(Path(run_dir) / METRICS, x_metric)
+    per_round = {x / r for points in xs.values() for r, x in points if r > 0}
+    if len(per_round) <= 1 or max(per_round) - min(per_round) <= 1e-9 * max(abs(v) for v in per_round):
+        return {}
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for metric in metrics:
         ys = read_curves(Path(run_dir) / METRICS, metric)

@@ -59,6 +59,22 @@ class ClientStore(Mapping[int, ClientState]):
             self._data[name][torch.as_tensor(idx)] = value.to("cpu")
             self._has[name][idx] = True
 
+    def held_by_all(self) -> set[str]:
+        """The state names every client holds."""
+        return {name for name, has in self._has.items() if has.all()}
+
+    def fill(self, values: dict[str, torch.Tensor]) -> None:
+        """Give every client that does not hold a name of ``values`` that value (one client's, unstacked); the
+        clients that hold it keep theirs."""
+        for name, value in values.items():
+            if name not in self._data:
+                self._data[name] = torch.zeros((self.n_clients, *value.shape), dtype=value.dtype)
+                self._has[name] = np.zeros(self.n_clients, dtype=bool)
+            lacking = np.flatnonzero(~self._has[name])
+            if len(lacking):
+                self._data[name][torch.as_tensor(lacking)] = value.detach().to("cpu", self._data[name].dtype)
+                self._has[name][lacking] = True
+
     # -- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything the store holds, for a resumable checkpoint."""

@@ -40,6 +40,7 @@ from hetfed.engine.types import (
     ClientBroadcast,
     ClientData,
     ClientState,
+    Params,
     RoundUploads,
     Upload,
     concat_uploads,
@@ -205,15 +206,19 @@ class InProcessExecutor:
         self.states = self._init_states(0)
 
     def _init_states(self, first_id: int) -> ClientStore:
-        """Every client's initial state, and — with error feedback — its zero residuals (client state too)."""
-        store = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
-        if self.transport.error_feedback and self.fed.n_clients:
-            zero = self.transport.initial_residuals(
-                {spec.name: torch.zeros(spec.shape) for spec in self.algo.model.specs() if not spec.local})
-            ids = list(range(self.fed.n_clients))
-            store.scatter(ids, {**store.gather(ids), **{k: v.unsqueeze(0).expand(len(ids), *v.shape)
-                                                          for k, v in zero.items()}})
-        return store
+        """Every client's initial state (error feedback's zero residuals join it at the first round:
+        :meth:`_ensure_residuals`)."""
+        return init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+
+    def _ensure_residuals(self, reference: Params) -> None:
+        """With error feedback, every client holds a residual for each parameter the broadcast sends (zero until it
+        first trains; a resumed store holds them already): client state, so every stack holds the same names."""
+        if not self.transport.error_feedback or not self.fed.n_clients:
+            return
+        held = self.states.held_by_all()
+        missing = {k: v for k, v in reference.items() if RESIDUAL + k not in held}
+        if missing:  # (a Flower node loads some clients' states, residuals included, from its context)
+            self.states.fill(self.transport.initial_residuals(missing))
 
     def number_from(self, first_id: int) -> None:
         """Name this executor's clients from ``first_id`` on, as the federation does (a Flower node with its own
@@ -258,6 +263,7 @@ class InProcessExecutor:
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
         round_uploads = RoundUploads(Screen.for_round(self.algo, bc.params))
+        self._ensure_residuals(bc.params)
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
@@ -278,6 +284,7 @@ class InProcessExecutor:
         each client against the model it was sent): an asynchronous server's clients of several model versions in
         one stack. The algorithm must read the broadcast only as ``bc.stacked(n)`` (``Capabilities.stacks_runs``)."""
         position = {k: j for j, k in enumerate(clients)}
+        self._ensure_residuals({k: v[0] for k, v in bc.params.items()})  # one client's shapes
         uploads = []
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
             rows = bc.rows([position[k] for k in chunk])

@@ -71,7 +71,7 @@ class Transport:
         for counter, name in enumerate(names):
             ref = reference[name].to(first.device)
             delta = params[name].to(torch.float32) - ref
-            if self.error_feedback and RESIDUAL + name in residual:
+            if self.error_feedback:
                 delta = delta + residual[RESIDUAL + name].to(delta.device)
             shape = tuple(params[name].shape[1:])
             sent = self.compressor.decode(self.compressor.encode(delta, seeds, counter, self.params), shape,
