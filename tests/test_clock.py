@@ -116,6 +116,7 @@ def test_stragglers_are_the_clock_in_median_steps():
     ({"clock": {"latency": "file"}}, "latency 'file' needs file"),
     ({"clock": {"file": "x.csv"}}, "file needs latency 'file'"),
     ({"clock": {"sample_seconds": 0}}, "sample_seconds"),
+    ({"stragglers": {"deadline": 3.0}}, "nobody would be late"),
 ])
 def test_clock_settings_that_cannot_both_hold_are_refused(train, says):
     with pytest.raises(ValueError, match=says.replace("(", r"\(").replace(")", r"\)")):

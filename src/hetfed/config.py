@@ -287,6 +287,10 @@ class TrainConfig(_Strict):
 
     @model_validator(mode="after")
     def _one_clock(self) -> TrainConfig:
+        if self.stragglers.distribution == "none" and self.stragglers.deadline is not None:
+            raise ValueError(f"train.stragglers.deadline = {self.stragglers.deadline:g} is not allowed with "
+                             "train.stragglers.distribution = 'none': nobody would be late; expected a distribution "
+                             "(lognormal, exponential, uniform) or train.clock.deadline (seconds)")
         if self.stragglers.distribution != "none" and self.clock != ClockConfig():
             raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set is "
                              "not allowed: stragglers is the clock in median-step units; expected train.clock alone "

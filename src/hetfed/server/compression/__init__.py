@@ -69,6 +69,20 @@ def register(c: Compressor) -> Compressor:
     return COMPRESSORS.register(c.name, c)
 
 
+def casting(name: str, dtype: torch.dtype, summary: str) -> Compressor:
+    """A compressor that sends the update cast to a narrower float ``dtype`` (rounded to nearest) and back."""
+    import math
+
+    def encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, params: CompressorParams) -> Encoded:
+        return {"value": delta.to(dtype)}
+
+    def decode(enc: Encoded, shape: tuple[int, ...], params: CompressorParams) -> torch.Tensor:
+        return enc["value"].to(torch.float32)
+
+    size = torch.empty((), dtype=dtype).element_size()
+    return Compressor(name, encode, decode, lambda shape, _p: size * math.prod(shape), CompressorParams, summary)
+
+
 def parse(section: dict[str, Any], where: str = "server.compression") -> tuple[Compressor, CompressorParams]:
     """``{"kind": name, **its params}`` → the compressor and its validated parameters (one-line errors naming the
     key)."""

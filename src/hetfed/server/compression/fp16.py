@@ -2,21 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from collections.abc import Sequence
-
 import torch
 
-from hetfed.server.compression import Compressor, CompressorParams, Encoded, register
+from hetfed.server.compression import casting, register
 
-
-def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, params: CompressorParams) -> Encoded:
-    return {"value": delta.to(torch.float16)}
-
-
-def _decode(enc: Encoded, shape: tuple[int, ...], params: CompressorParams) -> torch.Tensor:
-    return enc["value"].to(torch.float32)
-
-
-register(Compressor("fp16", _encode, _decode, lambda shape, _p: 2 * math.prod(shape), CompressorParams,
-                    summary="the update in float16 (round to nearest; 2 bytes a value)"))
+register(casting("fp16", torch.float16, "the update in float16 (round to nearest; 2 bytes a value)"))
