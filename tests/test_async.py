@@ -252,3 +252,23 @@ def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_proce
         for key in ("global_accuracy", "local_accuracy_mean", "val_loss", "sim_time", "uplink_bytes_total"):
             assert f[method]["final"][key] == pytest.approx(v[method]["final"][key], rel=1e-5), (method, key)
 
+
+
+@pytest.mark.slow
+def test_hetfed_run_killed_mid_queue_and_resumed_writes_the_uninterrupted_metrics(tmp_path):
+    """SIGKILL an asynchronous run while it writes its second checkpoint; `--resume` continues from the event queue
+    it saved, and metrics.csv ends byte for byte as the run that was never killed."""
+    from tests.test_resume import _kill_when, _start
+
+    args = ["--quiet", "--set", "partition.clients=6", "--set", "train.rounds=12", "--set", "train.checkpoint_every=3",
+            "--set", "train.clock.latency=lognormal", "--set", "methods=[{algorithm: fedbuff, params: "
+            "{concurrency: 4, buffer: 2}}, {algorithm: fedasync, params: {concurrency: 4}}]"]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    proc = _start(["run", *args, "--out", str(ref)], tmp_path / "ref.progress")
+    assert proc.wait() == 0, proc.stderr.read()
+    progress = tmp_path / "kill.progress"
+    assert _kill_when(_start(["run", *args, "--out", str(run)], progress), progress,
+                      lambda lines: lines.count("checkpoint-write") >= 2)
+    last = _start(["run", "--quiet", "--resume", str(run)], tmp_path / "resume.progress")
+    assert last.wait() == 0, last.stderr.read()
+    assert (run / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
