@@ -164,7 +164,9 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
         flags = [name for name, on in (("DP-FedAvg", caps["private"]), ("needs server data", caps["server_data"]),
                                        ("whole round at once", caps["whole_round"]),
                                        ("server model", caps["server_model"]),
-                                       ("personalised", caps["personalises"])) if on]
+                                       ("personalised", caps["personalises"]),
+                                       ("asynchronous (simulated clock)", caps["asynchronous"]),
+                                       ("stacks across runs and versions", caps["stacks_runs"])) if on]
         from rich.text import Text
 
         console.print(Text.assemble((d["name"], "bold"), f" — {d['summary']}"), soft_wrap=True)
