@@ -180,6 +180,8 @@ def test_a_run_killed_mid_queue_resumes_event_for_event(name, params):
     (["train.clock.deadline=3"], "train.clock.deadline = 3.0 is not allowed"),
     (["train.client_fraction=0.5"], "train.client_fraction = 0.5 is not allowed"),
     (["methods.0.params.buffer=12"], "buffer ≤ concurrency"),
+    (["server.min_clients=8"], "server.min_clients = 8 is not allowed"),
+    (["privacy.noise_multiplier=1.0"], "privacy.noise_multiplier = 1 with methods.0.algorithm = 'fedbuff' is not"),
 ])
 def test_what_an_asynchronous_server_cannot_honour_is_refused_in_one_line(tmp_path, capsys, setting, says):
     out = tmp_path / "run"

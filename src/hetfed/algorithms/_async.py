@@ -1,6 +1,7 @@
 """What the asynchronous algorithms share (FedBuff, FedAsync): clients train FedAvg's local update from whatever
 model version they were sent, and the server merges their arrivals — weighted by how stale they are — through
-the method's server chain (:mod:`hetfed.server.chain`), so robust rules, DP and server optimisers serve them too.
+the method's server chain (:mod:`hetfed.server.chain`), so robust rules and server optimisers serve them too
+(DP-FedAvg does not: its accountant assumes synchronous rounds of sampled clients, so it is refused).
 
 The event loop that sends, times and collects them is :mod:`hetfed.executors.asynchronous`: it keeps
 ``concurrency`` clients training at once on the simulated clock (:mod:`hetfed.engine.clock`) and calls
@@ -65,6 +66,11 @@ class Asynchronous(FedAvg):
         if self.params.concurrency > eligible:
             raise ConfigError(f"{METHOD_KEY}params.concurrency = {self.params.concurrency} is not allowed: the "
                               f"federation has {eligible} clients that take part; expected at most {eligible}")
+        chain = self.context.pipeline
+        if chain is not None and chain.min_clients > self.buffer:
+            raise ConfigError(f"server.min_clients = {chain.min_clients} is not allowed with {METHOD_KEY}algorithm = "
+                              f"{self.spec.name!r}: every merge takes {self.buffer} arrivals (params.buffer); "
+                              f"expected server.min_clients ≤ {self.buffer}")
         t = self.train
         synchronous = {"train.client_fraction": (t.client_fraction, 1.0), "train.clients_per_round":
                        (t.clients_per_round, None), "train.client_dropout": (t.client_dropout, 0.0),

@@ -46,7 +46,7 @@ class FedAsync(Asynchronous):
 register(AlgorithmSpec(
     "fedasync", FedAsync, "asynchronous: every arrival is mixed into the server's model with weight α·s(staleness)",
     "Xie et al. 2019, Asynchronous Federated Optimization (OPT2020 workshop)", FedAsyncParams,
-    Capabilities(private=True, whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3},
+    Capabilities(whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3},
     privacy=(
         PrivacyRow(
             method="FedAsync",

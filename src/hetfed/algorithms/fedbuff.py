@@ -61,7 +61,7 @@ register(AlgorithmSpec(
     "fedbuff", FedBuff, "asynchronous: M clients train at once; the server steps along the staleness-weighted mean "
     "change of every K arrivals",
     "Nguyen et al. 2022, Federated Learning with Buffered Asynchronous Aggregation (AISTATS)", FedBuffParams,
-    Capabilities(private=True, whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3, "buffer": 2},
+    Capabilities(whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3, "buffer": 2},
     privacy=(
         PrivacyRow(
             method="FedBuff",
