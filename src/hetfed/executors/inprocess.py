@@ -95,16 +95,19 @@ class Executor(Protocol):
     def stop(self) -> None: ...
 
 
-def client_data(pool: Pool, chunk: list[int], round: int, with_val: bool = False) -> ClientData:
+def client_data(pool: Pool, chunk: list[int], round: int = 0, with_val: bool = False,
+                rounds: list[int] | None = None) -> ClientData:
     """A stack's training data, its clients named as the federation numbers them (``pool.first_id`` on); every
-    client's seed comes from (run seed, round, client id)."""
+    client's seed comes from (run seed, round, client id) — each client's own round in ``rounds`` when given (an
+    asynchronous server's clients, sent different model versions)."""
     ids = [k + pool.first_id for k in chunk]
+    per_client = rounds if rounds is not None else [round] * len(ids)
     return ClientData(
         client_ids=ids,
         x=pool.x,
         y=pool.y,
         indices=[pool.train[k] for k in chunk],
-        seeds=[derive_seed(pool.seed, CLIENT_ROUND, round, k) for k in ids],
+        seeds=[derive_seed(pool.seed, CLIENT_ROUND, r, k) for r, k in zip(per_client, ids, strict=True)],
         val_indices=[pool.val[k] for k in chunk] if with_val else None,
     )
 
@@ -203,12 +206,7 @@ class InProcessExecutor:
         self.pool = Pool(x, y, fed.train, seed, fed.val)
         chain = algo.context.pipeline
         self.transport: Transport = chain.transport if chain is not None else Transport()
-        self.states = self._init_states(0)
-
-    def _init_states(self, first_id: int) -> ClientStore:
-        """Every client's initial state (error feedback's zero residuals join it at the first round:
-        :meth:`_ensure_residuals`)."""
-        return init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+        self.states = init_states(algo, fed.n_clients, seed)  # error feedback's residuals join at the first round
 
     def _ensure_residuals(self, reference: Params) -> None:
         """With error feedback, every client holds a residual for each parameter the broadcast sends (zero until it
@@ -225,7 +223,7 @@ class InProcessExecutor:
         data learns its offset from the server's messages): their seeds, initial states and uploads follow."""
         if first_id != self.pool.first_id:
             self.pool = replace(self.pool, first_id=first_id)
-            self.states = self._init_states(first_id)
+            self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
 
     def _chunks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         for start in range(0, len(clients), size):
@@ -269,14 +267,20 @@ class InProcessExecutor:
             data = client_data(self.pool, chunk, bc.round)
             if adversary is not None and self.y_train is not None:
                 data = replace(data, y=self.y_train)
-            upload, new = self.algo.local_update(bc, self._stacked(chunk), data)
-            if adversary is not None:
-                upload = adversary.poison(upload, bc)
-            residual = self._residuals(chunk) if self.transport.error_feedback else {}
-            upload, residual = self.transport.send(upload, bc.params, residual, data.seeds)
-            round_uploads.add(upload)
-            self._keep(chunk, new, residual)
+            round_uploads.add(self._client_step(bc, chunk, data, adversary))
         return round_uploads.result(reduce)
+
+    def _client_step(self, bc: Broadcast, chunk: list[int], data: ClientData, adversary: Adversary | None = None
+                     ) -> Upload:
+        """A stack's ``local_update``, a simulated attacker's change to its own upload, the upload's transport
+        (compression; the residuals kept); the new states stored. What the stack sends, as the server reads it."""
+        upload, new = self.algo.local_update(bc, self._stacked(chunk), data)
+        if adversary is not None:
+            upload = adversary.poison(upload, bc)
+        residual = self._residuals(chunk) if self.transport.error_feedback else {}
+        upload, residual = self.transport.send(upload, bc.params, residual, data.seeds)
+        self._keep(chunk, new, residual)
+        return upload
 
     def train_rows(self, bc: ClientBroadcast, clients: list[int], rounds: list[int]) -> Upload:
         """Each client's update from its own broadcast row (``bc.params[j]`` for ``clients[j]``) with the random
@@ -287,16 +291,9 @@ class InProcessExecutor:
         self._ensure_residuals({k: v[0] for k, v in bc.params.items()})  # one client's shapes
         uploads = []
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
-            rows = bc.rows([position[k] for k in chunk])
-            data = client_data(self.pool, chunk, 0)
-            first = self.pool.first_id
-            data = replace(data, seeds=[derive_seed(self.pool.seed, CLIENT_ROUND, rounds[position[k]], k + first)
-                                        for k in chunk])
-            upload, new = self.algo.local_update(rows, self._stacked(chunk), data)
-            residual = self._residuals(chunk) if self.transport.error_feedback else {}
-            upload, residual = self.transport.send(upload, rows.params, residual, data.seeds)
-            uploads.append(upload)
-            self._keep(chunk, new, residual)
+            at = [position[k] for k in chunk]
+            data = client_data(self.pool, chunk, rounds=[rounds[j] for j in at])
+            uploads.append(self._client_step(bc.rows(at), chunk, data))
         return in_id_order(concat_uploads(uploads))
 
     def set_adversary(self, adversary: Adversary) -> None:
