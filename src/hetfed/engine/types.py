@@ -75,6 +75,17 @@ class Upload:
     #: how many of the round's updates the server's screening rejected, by reason (not sent by clients)
     screened: dict[str, int] = field(default_factory=dict)
 
+    def take(self, index: list[int]) -> Upload:
+        """The rows at positions ``index`` (clients, counts, params, extras), in that order."""
+        at = torch.as_tensor(index, dtype=torch.long)
+
+        def rows(v: torch.Tensor) -> torch.Tensor:
+            return v[at.to(v.device)]
+
+        return replace(self, client_ids=[self.client_ids[i] for i in index],
+                       params={k: rows(v) for k, v in self.params.items()}, num_samples=rows(self.num_samples),
+                       extra={k: rows(v) for k, v in self.extra.items()})
+
     @classmethod
     def of(cls, data: ClientData, params: Params, names: Iterable[str], loss: torch.Tensor,
            **extra: torch.Tensor) -> Upload:
@@ -242,14 +253,7 @@ def in_id_order(upload: Upload) -> Upload:
     ids = list(upload.client_ids)
     if all(a < b for a, b in zip(ids, ids[1:], strict=False)):
         return upload
-    order = sorted(range(len(ids)), key=ids.__getitem__)
-    index = torch.as_tensor(order, dtype=torch.long)
-
-    def rows(v: torch.Tensor) -> torch.Tensor:
-        return v[index.to(v.device)]
-
-    return replace(upload, client_ids=[ids[i] for i in order], params={k: rows(v) for k, v in upload.params.items()},
-                   num_samples=rows(upload.num_samples), extra={k: rows(v) for k, v in upload.extra.items()})
+    return upload.take(sorted(range(len(ids)), key=ids.__getitem__))
 
 
 def concat_uploads(uploads: list[Upload]) -> Upload:

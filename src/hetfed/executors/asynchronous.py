@@ -167,21 +167,8 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     for version in sorted(sent):
         clients = [j.client for j in pending if j.version == version]
         screened = RoundUploads(Screen.for_round(algo, q.versions[version]), stream=False)
-        screened.add(_rows(upload, [row_of[k] for k in clients]))
+        screened.add(upload.take([row_of[k] for k in clients]))
         _keep_rows(q, version, clients, screened.result())
-
-
-def _rows(upload: Upload, index: list[int]) -> Upload:
-    at = torch.as_tensor(index, dtype=torch.long)
-    return Upload([upload.client_ids[i] for i in index], {k: v[at.to(v.device)] for k, v in upload.params.items()},
-                  upload.num_samples[at.to(upload.num_samples.device)],
-                  {k: v[at.to(v.device)] for k, v in upload.extra.items()})
-
-
-def _row(entry: tuple[Upload, int]) -> Upload:
-    """One client's update out of the screened stack it was computed in."""
-    upload, j = entry
-    return _rows(upload, [j])
 
 
 def _keep_rows(q: EventQueue, version: int, clients: list[int], upload: Upload) -> None:
@@ -214,7 +201,8 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     algo = cast("Asynchronous", loop.algo)
     jobs = [job for job, _ in q.buffer]
     staleness = np.array([s for _, s in q.buffer])
-    arrivals = concat_uploads([_row(q.trained.pop((job.version, job.client))) for job in jobs])
+    arrivals = concat_uploads([upload.take([j]) for upload, j in  # each out of the screened stack it came in
+                               (q.trained.pop((job.version, job.client)) for job in jobs)])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
     t_server = time.perf_counter()
     result.server = algo.merge(result.server, arrivals, starts, staleness)
