@@ -31,15 +31,6 @@ class Transport:
     params: CompressorParams | None = None
     error_feedback: bool = False
 
-    @property
-    def active(self) -> bool:
-        """Whether uploads are changed at all (no compressor and no residuals: they pass as they are)."""
-        return self.compressor is not None
-
-    @property
-    def name(self) -> str:
-        return self.compressor.name if self.compressor is not None else "none"
-
     def nbytes(self, shapes: dict[str, tuple[int, ...]]) -> int:
         """The bytes one client sends for shared parameters of these shapes (float32 when uncompressed)."""
         if self.compressor is None:
@@ -59,9 +50,8 @@ class Transport:
         ``reference``: the broadcast's shared parameters (or one per client, ``[n, …]``: clients sent different
         versions); ``residual``: the stack's residuals (``RESIDUAL``
         names, stacked); ``seeds``: the clients' round seeds (their draws' keys)."""
-        if not self.active or not upload.params:
+        if self.compressor is None or not upload.params:  # no compression: the upload passes as it is
             return upload, residual
-        assert self.compressor is not None
         names = [k for k in reference if k in upload.params]
         if not names:
             return upload, residual
