@@ -4,7 +4,9 @@ Cases (from the engine issue):
   1. compute-bound: 100 clients × 600 samples × 784-d, MLP 784-200-200-10,
      E = 1, B = 50, all 100 clients per round (≈ 72 GFLOP per round);
   2. overhead-bound (the CGAU setting): 10 clients × ~150 samples × 64-d,
-     MLP 64-64-64-10, 10 local steps of batch 32.
+     MLP 64-64-64-10, 10 local steps of batch 32;
+  3. ``fsnet_protocol`` (not run unless named in ``--cases``): Fed-FSNet's MNIST protocol with f = 1 on
+     synthetic data of its shape, 100 clients × 480 samples × 784-d, MLP 784-200-200-10, E = 10, B = 60.
 
 Prints seconds per round of each executor and the ratio (sequential / vectorised);
 ``--json`` prints one JSON object instead. Not a test: timings are never asserted.
@@ -15,7 +17,11 @@ the stack (pre-made parameters and batch order, no sampling, seeding, screening 
 aggregation), so ``vectorised / ideal`` is what hetfed's round costs above the work
 it cannot avoid (issue #26 §2 asks for ≤ 1.2×).
 
-    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25]
+On CUDA the stacked ideal is also timed **captured**: one step recorded as a CUDA graph and replayed
+(``captured_ideal_s_per_round``), the floor a captured step loop (#47 §4) could reach.
+
+    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda]
+                                [--cases compute_bound overhead_bound fsnet_protocol]
 """
 
 from __future__ import annotations
@@ -55,6 +61,10 @@ CASES = {
         clients=10, per_client=150, d=64, hidden=[64, 64],
         train=dict(local_steps=10, batch_size=32),
     ),
+    "fsnet_protocol": dict(
+        clients=100, per_client=480, d=784, hidden=[200, 200],
+        train=dict(local_epochs=10, batch_size=60),
+    ),
 }
 
 
@@ -63,11 +73,12 @@ def flops_per_round(case: dict) -> float:
     widths = [case["d"], *case["hidden"], 10]
     macs = sum(a * b for a, b in zip(widths[:-1], widths[1:], strict=False))
     t = case["train"]
-    samples = case["clients"] * (case["per_client"] if "local_epochs" in t else t["local_steps"] * t["batch_size"])
+    samples = case["clients"] * (case["per_client"] * t["local_epochs"] if "local_epochs" in t
+                                 else t["local_steps"] * t["batch_size"])
     return 6.0 * macs * samples
 
 
-def seconds_per_round(case: dict, executor, rounds: int) -> float:
+def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu") -> float:
     n = case["clients"] * case["per_client"]
     # all samples train: no validation/test split taken out of the clients
     fed = make_federation(
@@ -78,7 +89,7 @@ def seconds_per_round(case: dict, executor, rounds: int) -> float:
     model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
     train = TrainConfig(
         rounds=rounds, client_fraction=1.0, eval_every=10_000,
-        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), **case["train"],
+        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, **case["train"],
     )
     algo = build_algorithm("fedavg", model, train)
     simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
@@ -89,38 +100,76 @@ def seconds_per_round(case: dict, executor, rounds: int) -> float:
     return result.train_seconds / rounds if result.train_seconds else total / rounds
 
 
-def ideal_seconds_per_round(case: dict, repeats: int = 3) -> float:
-    """The stacked ideal of ``case`` (the fastest of ``repeats``), on synthetic data of the same shapes."""
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", captured: bool = False) -> float:
+    """The stacked ideal of ``case`` (the fastest of ``repeats``), on synthetic data of the same shapes.
+
+    ``captured`` (CUDA only): one step is recorded as a CUDA graph once and replayed for every step, its
+    batch rows copied into the graph's static index first: what the step costs without launching kernels
+    one by one from Python."""
     torch.manual_seed(0)
     n, m, widths = case["clients"], case["per_client"], [case["d"], *case["hidden"], 10]
     t = case["train"]
     batch = t["batch_size"]
-    steps = -(-m // batch) if "local_epochs" in t else t["local_steps"]
-    x = torch.randn(n * m, case["d"])
-    y = torch.randint(0, 10, (n * m,))
-    order = torch.stack([torch.randperm(m) + k * m for k in range(n)]).repeat(1, -(-steps * batch // m) + 1)
+    steps = -(-m // batch) * t["local_epochs"] if "local_epochs" in t else t["local_steps"]
+    x = torch.randn(n * m, case["d"], device=device)
+    y = torch.randint(0, 10, (n * m,), device=device)
+    order = torch.stack([torch.randperm(m) + k * m for k in range(n)]).repeat(1, -(-steps * batch // m) + 1).to(device)
 
-    def one_round() -> float:
+    def fresh() -> list[torch.Tensor]:
         params = []
         for a, b in zip(widths[:-1], widths[1:], strict=False):
-            params += [torch.randn(n, a, b) * a**-0.5, torch.zeros(n, 1, b)]
+            params += [torch.randn(n, a, b, device=device) * a**-0.5, torch.zeros(n, 1, b, device=device)]
+        return params
+
+    def step(params: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+        h, yb = x[rows], y[rows]
+        leaves = [p.requires_grad_(True) for p in params]
+        for i in range(0, len(leaves), 2):
+            h = torch.baddbmm(leaves[i + 1], h, leaves[i])
+            if i + 2 < len(leaves):
+                h = torch.relu(h)
+        loss = torch.nn.functional.cross_entropy(h.reshape(-1, 10), yb.reshape(-1), reduction="none")
+        grads = torch.autograd.grad(loss.view(n, -1).mean(1).sum(), leaves)
+        with torch.no_grad():
+            return [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+
+    def one_round() -> float:
+        params = fresh()
+        _sync(device)
         t0 = time.perf_counter()
         for s in range(steps):
-            rows = order[:, s * batch:(s + 1) * batch]
-            h, yb = x[rows], y[rows]
-            leaves = [p.requires_grad_(True) for p in params]
-            for i in range(0, len(leaves), 2):
-                h = torch.baddbmm(leaves[i + 1], h, leaves[i])
-                if i + 2 < len(leaves):
-                    h = torch.relu(h)
-            loss = torch.nn.functional.cross_entropy(h.reshape(-1, 10), yb.reshape(-1), reduction="none")
-            grads = torch.autograd.grad(loss.view(n, -1).mean(1).sum(), leaves)
-            with torch.no_grad():
-                params = [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+            params = step(params, order[:, s * batch:(s + 1) * batch])
+        _sync(device)
         return time.perf_counter() - t0
 
-    one_round()  # warm-up
-    return min(one_round() for _ in range(repeats))
+    def one_captured_round() -> float:
+        params = [p.requires_grad_(True) for p in fresh()]
+        rows = order[:, :batch].clone()
+        side = torch.cuda.Stream()
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            for _ in range(3):  # warm-up on a side stream, as torch.cuda.graphs asks
+                step(params, rows)
+        torch.cuda.current_stream().wait_stream(side)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step(params, rows)
+        _sync(device)
+        t0 = time.perf_counter()
+        for s in range(steps):
+            rows.copy_(order[:, s * batch:(s + 1) * batch])
+            graph.replay()
+        _sync(device)
+        return time.perf_counter() - t0
+
+    timed = one_captured_round if captured else one_round
+    timed()  # warm-up
+    return min(timed() for _ in range(repeats))
 
 
 def main() -> None:
@@ -129,14 +178,18 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--chunks", type=int, nargs="*", default=[], help="also time the vectorised executor with these chunk sizes")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--cases", nargs="+", default=["compute_bound", "overhead_bound"], choices=list(CASES))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "cases": {}}
-    for name, case in CASES.items():
-        seq = seconds_per_round(case, SequentialExecutor(), args.rounds)
-        vec = seconds_per_round(case, VectorisedExecutor(), args.rounds)
-        ideal = ideal_seconds_per_round(case)
+    report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cases": {}}
+    for name in args.cases:
+        case = CASES[name]
+        seq = seconds_per_round(case, SequentialExecutor(), args.rounds, args.device)
+        vec = seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device)
+        ideal = ideal_seconds_per_round(case, device=args.device)
         report["cases"][name] = {
             "ideal_s_per_round": ideal,
             "vectorised_over_ideal": vec / ideal,
@@ -146,8 +199,12 @@ def main() -> None:
             "gflop_per_round": flops_per_round(case) / 1e9,
             "vectorised_gflops": flops_per_round(case) / 1e9 / vec,
         }
+        if args.device == "cuda":
+            captured = ideal_seconds_per_round(case, device="cuda", captured=True)
+            report["cases"][name]["captured_ideal_s_per_round"] = captured
+            report["cases"][name]["vectorised_over_captured_ideal"] = vec / captured
         for size in args.chunks:
-            t = seconds_per_round(case, VectorisedExecutor(chunk_clients=size), args.rounds)
+            t = seconds_per_round(case, VectorisedExecutor(chunk_clients=size), args.rounds, args.device)
             report["cases"][name][f"vectorised_chunk{size}_s_per_round"] = t
             report["cases"][name][f"ratio_chunk{size}"] = seq / t
     if args.json:

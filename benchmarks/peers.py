@@ -13,7 +13,7 @@ PFLlib is not a package: pass the ``system`` folder of a checkout (``git clone
 https://github.com/TsingZ0/PFLlib``) as ``--pfllib``. Seconds per round are the training loop's only (no
 evaluation) and the ratios come from the same run. Timings are never asserted.
 
-    python benchmarks/peers.py --pfllib PFLlib/system [--rounds 2] [--threads 2]
+    python benchmarks/peers.py --pfllib PFLlib/system [--rounds 2] [--threads 2] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ def write_pfllib_dataset(fed, root: Path, name: str) -> None:
                 np.savez_compressed(fh, data={"x": x[idx], "y": y[idx]})
 
 
-def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str) -> float:
+def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str, device: str = "cpu") -> float:
     """Seconds per round of PFLlib's own client loop (its classes, its data loading) on ``fed``."""
     sys.path.insert(0, str(system))
     from flcore.clients.clientavg import clientAVG
@@ -59,8 +59,8 @@ def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str) -> floa
     previous = os.getcwd()
     os.chdir(work / "system")  # PFLlib reads '../dataset/<name>/…'
     try:
-        args = SimpleNamespace(model=FedAvgMLP(fed.input_shape[0], fed.n_classes, 200), algorithm=algorithm,
-                               dataset="hetfed_bench", device="cpu", save_folder_name="items", num_classes=fed.n_classes,
+        args = SimpleNamespace(model=FedAvgMLP(fed.input_shape[0], fed.n_classes, 200).to(device), algorithm=algorithm,
+                               dataset="hetfed_bench", device=device, save_folder_name="items", num_classes=fed.n_classes,
                                batch_size=10, local_learning_rate=0.01, local_epochs=1, few_shot=0,
                                learning_rate_decay=False, learning_rate_decay_gamma=0.99, mu=0.1, plocal_epochs=1)
         cls = clientDitto if algorithm == "ditto" else clientAVG
@@ -82,6 +82,8 @@ def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str) -> floa
             for client in clients:
                 for gp, cp in zip(global_model.parameters(), client.model.parameters(), strict=True):
                     gp.data += cp.data.clone() * (client.train_samples / total)
+            if device == "cuda":
+                torch.cuda.synchronize()
             seconds.append(time.perf_counter() - t0)
         return float(np.mean(seconds[1:]))
     finally:
@@ -93,15 +95,17 @@ def main() -> None:
     ap.add_argument("--pfllib", type=Path, required=True, help="the 'system' folder of a PFLlib checkout")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fed = federation()
     out: dict = {"workload": "24000x784 synthetic, Dirichlet 0.1, 20 clients, MLP 784-200-10, E=1, B=10",
-                 "threads": args.threads, "rounds": args.rounds, "device": "cpu"}
+                 "threads": args.threads, "rounds": args.rounds, "device": args.device,
+                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     for algorithm in ("fedavg", "ditto"):
-        rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm)}
+        rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm, args.device)}
         for name, executor in (("hetfed_sequential", SequentialExecutor()), ("hetfed_vectorised", VectorisedExecutor())):
-            rows[name] = run(fed, executor, args.rounds, algorithm)[0]
+            rows[name] = run(fed, executor, args.rounds, algorithm, args.device)[0]
         out[algorithm] = {k: {"seconds_per_round": round(v, 3),
                               "speedup_vs_pfllib": round(rows["pfllib"] / v, 2)} for k, v in rows.items()}
     print(json.dumps(out, indent=2))

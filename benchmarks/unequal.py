@@ -144,7 +144,7 @@ def main() -> None:
             elif name == "vectorised_one_stack":
                 blocks = [list(range(i, min(i + cap, len(steps)))) for i in range(0, len(steps), cap)]
             else:
-                blocks = stack_blocks(steps, cap, step_overhead(model, 10, "cpu"))
+                blocks = stack_blocks(steps, cap, step_overhead(model, 10, args.device))
             rows[name] = {"seconds_per_round": round(seconds, 3), "occupancy": round(stack_occupancy(steps, blocks), 3),
                           "stacks": len(blocks),
                           "max_abs_diff_vs_sequential": float(max((params[k] - ref[k]).abs().max() for k in ref))}
