@@ -17,7 +17,8 @@ the stack (pre-made parameters and batch order, no sampling, seeding, screening 
 aggregation), so ``vectorised / ideal`` is what hetfed's round costs above the work
 it cannot avoid (issue #26 §2 asks for ≤ 1.2×).
 
-On CUDA the stacked ideal is also timed **captured**: one step recorded as a CUDA graph and replayed
+On CUDA the vectorised executor is timed with ``train.capture`` auto (steps replayed from CUDA graphs) and off
+(eager), and the stacked ideal is also timed **captured**: one step recorded as a CUDA graph and replayed
 (``captured_ideal_s_per_round``), the floor a captured step loop (#47 §4) could reach.
 
     python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda]
@@ -78,7 +79,7 @@ def flops_per_round(case: dict) -> float:
     return 6.0 * macs * samples
 
 
-def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu") -> float:
+def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu", capture: str = "auto") -> float:
     n = case["clients"] * case["per_client"]
     # all samples train: no validation/test split taken out of the clients
     fed = make_federation(
@@ -89,7 +90,7 @@ def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu") ->
     model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
     train = TrainConfig(
         rounds=rounds, client_fraction=1.0, eval_every=10_000,
-        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, **case["train"],
+        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture, **case["train"],
     )
     algo = build_algorithm("fedavg", model, train)
     simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
@@ -199,7 +200,10 @@ def main() -> None:
             "gflop_per_round": flops_per_round(case) / 1e9,
             "vectorised_gflops": flops_per_round(case) / 1e9 / vec,
         }
-        if args.device == "cuda":
+        if args.device == "cuda":  # the same executor with every step launched eagerly (train.capture = off)
+            eager = seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device, capture="off")
+            report["cases"][name]["vectorised_eager_s_per_round"] = eager
+            report["cases"][name]["eager_over_captured"] = eager / vec
             captured = ideal_seconds_per_round(case, device="cuda", captured=True)
             report["cases"][name]["captured_ideal_s_per_round"] = captured
             report["cases"][name]["vectorised_over_captured_ideal"] = vec / captured

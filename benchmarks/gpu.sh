@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # Every GPU measurement #47 asks for, in one go, for a session that is lent a GPU (~7 minutes on an H100):
-# the CUDA tests (streams bit-identical to the CPU's, a round's step loop that never synchronises), the
-# equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with their stacked ideal eager and
-# captured as a CUDA graph, the unequal workload's round with its stacked ideal and GEMM limit, PFLlib's own loop
+# the CUDA tests (streams bit-identical to the CPU's, a round's step loop that never synchronises, CUDA-graph
+# replays = eager steps), the
+# equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with train.capture on and off and
+# their stacked ideal eager and captured as a CUDA graph, the unequal workload's round with its stacked ideal and GEMM limit, PFLlib's own loop
 # on the same federation and device, and stacked sweeps of 1, 5 and 20 seeds. JSON per step, steps.txt and errors.log go to $OUT (default
 # ./gpu-results); each step has a time limit, its failure is recorded and the next one still runs.
 #
@@ -25,7 +26,7 @@ step() {  # name, seconds, command…
     if timeout "$limit" "$@" > "$out/$name.json" 2>> "$out/errors.log"; then status=ok; else status="failed ($?)"; fi
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
-step cuda_tests 90 $py -m pytest -q -n0 -p no:cacheprovider tests/test_streams.py -k "cuda or bit_identical or synchronises"
+step cuda_tests 120 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py -k "cuda or bit_identical or synchronises"
 step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 if [ -n "${PFLLIB:-}" ]; then

@@ -50,10 +50,10 @@ def federation(n: int = 24_000, d: int = 784, clients: int = 20, alpha: float = 
     return make_federation(_Synthetic(n, d), cfg, seed=0)
 
 
-def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu"):
+def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu", capture: str = "auto"):
     model = build_model(ModelConfig(kind="mlp", hidden=[200]), fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, client_fraction=1.0, eval_every=10_000, local_epochs=1, batch_size=10,
-                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device)
+                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture)
     algo = build_algorithm(algorithm, model, train)
     simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
     t0 = time.perf_counter()
@@ -148,6 +148,9 @@ def main() -> None:
             rows[name] = {"seconds_per_round": round(seconds, 3), "occupancy": round(stack_occupancy(steps, blocks), 3),
                           "stacks": len(blocks),
                           "max_abs_diff_vs_sequential": float(max((params[k] - ref[k]).abs().max() for k in ref))}
+        if args.device == "cuda":  # the grouped stacks with every step launched eagerly (train.capture = off)
+            rows["vectorised"]["eager_seconds_per_round"] = round(
+                run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off")[0], 3)
         seq = rows["sequential"]["seconds_per_round"]
         for row in rows.values():
             row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)

@@ -42,7 +42,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.config import OptimizerConfig
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import LocalSchedule, cross_entropy, train_stack
+from hetfed.engine.local import cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 
@@ -93,7 +93,7 @@ class FedALA(FedAvg):
                        epochs: int) -> tuple[Params, torch.Tensor]:
         """``epochs`` epochs of W's descent on ``data``; returns W and each client's loss per epoch [n, epochs]."""
         sgd = OptimizerConfig(kind="sgd", lr=self.params.eta, momentum=0.0)
-        schedule = LocalSchedule(batch_size=self.schedule.batch_size, epochs=1.0)
+        schedule = self.schedule.one_epoch()
         losses = []
 
         def objective(p: Params, xb, yb, mask, noise):

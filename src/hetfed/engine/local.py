@@ -10,10 +10,12 @@ padded with masked rows. The loss of each client is the mean over its real rows.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
+from typing import Any
 
 import numpy as np
 import torch
@@ -21,7 +23,7 @@ import torch.nn.functional as F
 
 from hetfed import streams
 from hetfed.config import OptimizerConfig, TrainConfig
-from hetfed.engine import optim
+from hetfed.engine import capture, optim
 from hetfed.engine.types import ClientData
 from hetfed.models.base import Model, Noise, Params
 
@@ -51,10 +53,16 @@ class LocalSchedule:
     epochs: float | None = 1.0
     steps: int | None = None
     cap_one_pass: bool = False
+    #: replay the stacked step from a recording where the device and the step allow it (train.capture)
+    capture: bool = True
 
     @classmethod
     def from_train(cls, cfg: TrainConfig) -> LocalSchedule:
-        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass)
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture == "auto")
+
+    def one_epoch(self) -> LocalSchedule:
+        """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
+        return dataclasses.replace(self, epochs=1.0, steps=None, cap_one_pass=False)
 
     def n_steps(self, n: int) -> int:
         per_epoch = max(1, math.ceil(n / self.batch_size))
@@ -176,14 +184,17 @@ def train_stack(
     term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
     plan = plan_steps(data, schedule, device)
     loss_sum = torch.zeros(len(data.client_ids), device=device)
-    for t, width in enumerate(plan.widths):  # no host round-trip: every shape and flag was planned
-        if width == 0:
-            break
-        idx_t, m_t = plan.index[:, t, :width], plan.mask[:, t, :width]
-        xb, yb = data.x[idx_t], data.y[idx_t]
-        noise = Noise(plan.keys, t, plan.rows[t])
+
+    def step(inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any], rows: list[int]) -> None:
+        """One step of the stack; its effects are in place (parameters, optimiser state, loss sum, buffers),
+        so that :mod:`hetfed.engine.capture` can replay it from static ``inputs`` (index, row mask, active)."""
+        nonlocal current
+        index, mask, active = inputs
+        every = key[1]
+        xb, yb = data.x[index], data.y[index]
+        noise = Noise(plan.keys, t, rows)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        out = (objective or partial(cross_entropy, model))({**fixed, **leaves}, xb, yb, m_t, noise)
+        out = (objective or partial(cross_entropy, model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
         total = per_client if term is None else per_client + term({**fixed, **leaves})
         grads = dict(zip(leaves, torch.autograd.grad(total.sum(), list(leaves.values())), strict=True))
@@ -191,13 +202,27 @@ def train_stack(
             current = {k: v.detach() for k, v in leaves.items()}
             if proximal is not None:
                 grads = proximal.add_gradient(grads, current)
-            optim.step(opt_cfg, current, grads, state, lr, plan.active[t], every=plan.every[t])
+            optim.step(opt_cfg, current, grads, state, lr, active, every=every)
             if project is not None:
                 current = project(current)
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
                 if k in fixed:
                     fixed[k] = values.to(fixed[k].dtype)
-            loss_sum += reported.detach() if plan.every[t] else reported.detach() * plan.active[t]
+            loss_sum.add_(reported.detach() if every else reported.detach() * active)
+
+    # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
+    capturing = (schedule.capture and capture.available(device) and objective is None and term is None
+                 and project is None and not buffers)
+    # no host round-trip in the loop: every shape and flag was planned; a step's key is all it takes from the
+    # host. Recorded steps always take the masked path (with every client active its factors are exact ones:
+    # the same numbers), so one recording serves the steps before and after the first client finishes.
+    keys = [(w, every and not capturing, tuple(rows) if model.reads_rows else None)
+            for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True) if w]
+    graphs = capture.StepGraphs(step, keys, device) if capturing else None
+    for t, key in enumerate(keys):
+        inputs = (plan.index[:, t, :key[0]], plan.mask[:, t, :key[0]], plan.active[t])
+        if graphs is None or not graphs.run(key, t, inputs, plan.rows[t]):
+            step(inputs, t, key, plan.rows[t])
     trained = {**fixed, **{k: v.detach() for k, v in current.items()}}
     return trained, state, loss_sum / plan.steps
 

@@ -70,10 +70,10 @@ class Noise:
     (host ints: each client's real rows this step) serve the models that read them (batch norm's statistics).
     """
 
-    def __init__(self, keys: torch.Tensor, step: int, rows: Sequence[int], row_offset: int = 0,
+    def __init__(self, keys: torch.Tensor, step: int | torch.Tensor, rows: Sequence[int], row_offset: int = 0,
                  counter: list[int] | None = None):
         self.keys = keys  # [n] int64 on the device: each client's round key
-        self.step = step
+        self.step = step  # an int, or a 0-d int64 device tensor in a recorded step (the same bits)
         self.rows = rows  # real (unpadded) batch rows per client
         self.row_offset = row_offset
         self._counter = counter if counter is not None else [0]  # draws so far this step (shared by columns)
@@ -119,6 +119,9 @@ class Model:
     """Base class: subclasses list their :class:`ParamSpec` and implement ``forward``."""
 
     n_classes: int
+    #: the forward reads each client's real rows of the step on the host (``Noise.rows``): a step recorded for
+    #: replay (:mod:`hetfed.engine.capture`) is then recorded per pattern of rows, not only per batch width
+    reads_rows: bool = False
 
     def specs(self) -> list[ParamSpec]:
         raise NotImplementedError

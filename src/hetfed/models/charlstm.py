@@ -26,6 +26,8 @@ from hetfed.models.bilstm import _normal_init
 
 
 class CharLSTM(Model):
+    reads_rows = True  # packs each client's real rows
+
     def __init__(self, window: int, vocab_size: int, n_classes: int, embedding_dim: int = 8, hidden: int = 256,
                  layers: int = 2, dropout: float = 0.0):
         self.window, self.vocab_size, self.n_classes = window, vocab_size, n_classes

@@ -131,6 +131,8 @@ class FedAvgCNN(LeNet):
     padded by 2 where a valid convolution would not fit (8×8 digits: fc input 256).
     """
 
+    reads_rows = True  # batch norm's statistics over each client's real rows
+
     KIND = "cnn4"
 
     #: batch norm's momentum and epsilon (PyTorch's defaults)

@@ -41,6 +41,10 @@ class Mixture(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
+    @property
+    def reads_rows(self) -> bool:  # type: ignore[override]
+        return self.expert.reads_rows or self.gate.reads_rows
+
     @staticmethod
     def part(params: Params, prefix: str) -> Params:
         cut = len(prefix) + 1

@@ -1,0 +1,137 @@
+"""A stacked training step recorded once and replayed (#47 §4): on CUDA, a CUDA graph.
+
+A round's step loop launches the same kernels, on tensors of the same shapes, step after step; on a GPU the
+launches (dozens per step, each a few microseconds of Python and driver work) cost more than the arithmetic of
+an overhead-bound round (the CGAU setting: 23× its captured floor on an H100, ``results/gpu_h100_2026-11-26``).
+A CUDA graph records one step's kernels and replays them with one launch.
+
+What a graph can replay is narrow, so the caller guarantees it: the step reads its per-step inputs only from
+the static tensors it is given (batch indices, row mask, active flags, the step number as a device scalar), every
+other tensor it reads keeps its storage for the whole loop, its effects are in-place writes to tensors that
+outlive the loop (parameters, optimiser state, loss sum), and it makes no host round-trip. Everything else a step
+depends on (the batch width, whether every client trains, each client's real rows) is the step's *key*: one
+graph per key, captured on the key's second occurrence (its first runs eagerly as the warm-up CUDA asks for),
+replayed from then on; a key met fewer than ``min_repeats`` times in the plan runs eagerly.
+
+The backend is looked up by device type in :data:`BACKENDS` (only CUDA here; tests register a CPU stand-in that
+calls the step again from its static inputs, which checks the static-input discipline without a GPU).
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Hashable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import torch
+
+#: a step: (static inputs, the step number as a 0-d int64 tensor, its key, host values) → None; effects in place
+Step = Callable[[Sequence[torch.Tensor], torch.Tensor, Any, Any], None]
+
+
+class Recorder(Protocol):
+    """One recorded step: ``record`` captures it (without running it), ``replay`` runs what was captured."""
+
+    def record(self, step: Callable[[], None]) -> None: ...
+    def replay(self) -> None: ...
+
+
+class CudaGraph:
+    """:class:`torch.cuda.CUDAGraph` as a :class:`Recorder`.
+
+    Recorded with ``capture_begin``/``capture_end`` on a side stream rather than the ``torch.cuda.graph``
+    context, which synchronises the device and empties the allocator's cache at every capture: a round records
+    a step or two per stack, and an emptied cache makes the rest of the round allocate from the driver again.
+    """
+
+    def __init__(self) -> None:
+        self._graph = torch.cuda.CUDAGraph()
+
+    def record(self, step: Callable[[], None]) -> None:
+        side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        side.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(side):
+            self._graph.capture_begin()
+            try:
+                step()
+            finally:
+                self._graph.capture_end()
+        torch.cuda.current_stream().wait_stream(side)
+
+    def replay(self) -> None:
+        self._graph.replay()
+
+    @staticmethod
+    def warm_up() -> AbstractContextManager[object]:
+        """A side stream for the first, eager run of a key (lazy initialisations must not land in a capture)."""
+        return _SideStream()
+
+
+class _SideStream:
+    def __enter__(self) -> object:
+        self._side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
+        self._side.wait_stream(torch.cuda.current_stream())
+        self._ctx = torch.cuda.stream(self._side)
+        return self._ctx.__enter__()  # type: ignore[no-untyped-call]
+
+    def __exit__(self, *exc: object) -> None:
+        self._ctx.__exit__(*exc)
+        torch.cuda.current_stream().wait_stream(self._side)
+
+
+#: device type → the recorder class that captures steps there
+BACKENDS: dict[str, type] = {"cuda": CudaGraph}
+
+
+def available(device: torch.device) -> bool:
+    return device.type in BACKENDS
+
+
+@dataclass
+class _Slot:
+    inputs: list[torch.Tensor]  # the static inputs the recorded step reads
+    step: torch.Tensor  # 0-d int64: the step number
+    recorder: Recorder | None = None
+
+
+class StepGraphs:
+    """The step loop's recorded steps, one per key that recurs enough in the plan to pay for its capture."""
+
+    def __init__(self, step: Step, keys: Sequence[Hashable], device: torch.device, min_repeats: int = 3,
+                 max_graphs: int = 8):
+        self._step = step
+        self._device = device
+        self._backend = BACKENDS[device.type]
+        counts = Counter(keys)
+        frequent = [k for k, c in counts.most_common(max_graphs) if c >= min_repeats]
+        self._eligible = set(frequent)
+        self._slots: dict[Hashable, _Slot] = {}
+        self.replays = 0  # steps run from a recording (for tests and benchmarks)
+
+    def run(self, key: Hashable, t: int, inputs: Sequence[torch.Tensor], host: Any = None) -> bool:
+        """Run step ``t`` (its per-step ``inputs``) from a recording if its key has one or gets one now;
+        False: the caller runs it eagerly. ``host``: host values the step is given; a recording keeps those of
+        the step it was recorded at, so the key must determine every one the step's kernels depend on."""
+        if key not in self._eligible:
+            return False
+        slot = self._slots.get(key)
+        if slot is None:  # first time: static copies of the inputs, one eager run as the warm-up
+            slot = _Slot([x.clone() for x in inputs], torch.zeros((), dtype=torch.int64, device=self._device))
+            slot.step.fill_(t)  # a kernel with a scalar argument: no host-to-device copy
+            self._slots[key] = slot
+            warm = getattr(self._backend, "warm_up", nullcontext)
+            with warm():
+                self._step(slot.inputs, slot.step, key, host)
+            return True
+        for static, x in zip(slot.inputs, inputs, strict=True):
+            static.copy_(x)
+        slot.step.fill_(t)
+        if slot.recorder is None:
+            recorder: Recorder = self._backend()
+            recorder.record(lambda: self._step(slot.inputs, slot.step, key, host))
+            slot.recorder = recorder
+        slot.recorder.replay()
+        self.replays += 1
+        return True

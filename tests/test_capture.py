@@ -1,0 +1,193 @@
+"""A stacked step recorded once and replayed (train.capture, #47 §4): captured = eager.
+
+On CUDA the recording is a CUDA graph (the tests marked ``cuda``, run wherever a GPU is present). On a CPU a
+stand-in recorder (registered for the test) runs the step again from the recording's static inputs: it checks
+that every per-step input reaches a replay through the static tensors and the step's key (batch rows, masks,
+active flags, the step number of the dropout streams), and that the keys, warm-up and capture order give the
+eager loop's numbers bit for bit. It cannot check what only a real graph enforces (that every effect is an
+in-place write): the CUDA tests do.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import pytest
+import torch
+
+from hetfed.config import OptimizerConfig, build_config
+from hetfed.engine import capture
+from hetfed.engine.local import LocalSchedule, Proximal, train_stack
+from hetfed.engine.types import ClientData
+from hetfed.models import MLP
+
+CUDA = torch.cuda.is_available()
+
+
+class Replay:
+    """A CPU recorder: recording keeps the step (without running it, as a capture does); a replay runs it."""
+
+    replays = 0
+
+    def record(self, step: Callable[[], None]) -> None:
+        self._step = step
+
+    def replay(self) -> None:
+        Replay.replays += 1
+        self._step()
+
+
+@pytest.fixture
+def recorded_on_cpu(monkeypatch):
+    monkeypatch.setitem(capture.BACKENDS, "cpu", Replay)
+    Replay.replays = 0
+    return Replay
+
+
+def _data(sizes: list[int], d: int = 6, device: str = "cpu") -> ClientData:
+    gen = torch.Generator().manual_seed(0)
+    total = sum(sizes)
+    x, y = torch.randn(total, d, generator=gen), torch.randint(0, 4, (total,), generator=gen)
+    bounds = np.cumsum([0, *sizes])
+    idx = [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))]
+    return ClientData(list(range(len(sizes))), x.to(device), y.to(device), idx, [11 * k + 3 for k in range(len(sizes))])
+
+
+def _stack(model: MLP, n: int, device: str = "cpu") -> dict[str, torch.Tensor]:
+    gen = torch.Generator().manual_seed(1)
+    return {s.name: torch.stack([s.init(gen, s.shape) for _ in range(n)]).to(device) for s in model.specs()}
+
+
+CASES = {
+    "sgd momentum, dropout, unequal clients": (OptimizerConfig(lr=0.1, momentum=0.9), None),
+    "adam": (OptimizerConfig(kind="adam", lr=0.01), None),
+    "proximal term (FedProx, Ditto)": (OptimizerConfig(lr=0.1, momentum=0.0), 0.5),
+}
+
+
+def _train(sizes, opt, mu, capture_on: bool, device: str = "cpu", epochs: float = 3):
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    params = _stack(model, len(sizes), device)
+    centre = {k: v[0] for k, v in params.items()}
+    reg = Proximal(centre, mu) if mu else None
+    sched = LocalSchedule(batch_size=8, epochs=epochs, capture=capture_on)
+    return train_stack(model, params, _data(sizes, device=device), sched, opt, opt.lr, regulariser=reg)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_replayed_steps_give_the_eager_loops_numbers_bit_for_bit(recorded_on_cpu, case):
+    opt, mu = CASES[case]
+    sizes = [37, 12, 50, 3, 24]  # partial last batches, clients that finish early: several keys per round
+    eager = _train(sizes, opt, mu, capture_on=False)
+    assert recorded_on_cpu.replays == 0
+    replayed = _train(sizes, opt, mu, capture_on=True)
+    assert recorded_on_cpu.replays > 10  # most steps came from a recording
+    for a, b in zip(eager, replayed, strict=True):
+        if isinstance(a, dict):
+            assert a.keys() == b.keys()
+            for k in a:
+                assert torch.equal(a[k], b[k]), k
+        else:
+            assert torch.equal(a, b)
+
+
+def test_a_key_met_fewer_times_than_a_capture_pays_for_runs_eagerly(recorded_on_cpu):
+    calls: list[int] = []
+
+    def step(inputs, t, key, host):
+        calls.append(int(t))
+
+    x = torch.zeros(2)
+    graphs = capture.StepGraphs(step, ["a", "a", "a", "b", "b"], torch.device("cpu"), min_repeats=3)
+    ran = [graphs.run(k, t, [x]) for t, k in enumerate(["a", "a", "a", "b", "b"])]
+    assert ran == [True, True, True, False, False]
+    # "a": an eager warm-up (step 0), then recorded (not run) and replayed for steps 1 and 2
+    assert calls == [0, 1, 2] and graphs.replays == 2
+
+
+def test_the_step_number_and_inputs_reach_a_replay_through_the_static_tensors(recorded_on_cpu):
+    seen: list[tuple[int, float]] = []
+
+    def step(inputs, t, key, host):
+        seen.append((int(t), float(inputs[0].sum())))
+
+    graphs = capture.StepGraphs(step, ["k"] * 4, torch.device("cpu"))
+    for t in range(4):
+        graphs.run("k", t, [torch.full((3,), float(t))])
+    assert seen == [(0, 0.0), (1, 3.0), (2, 6.0), (3, 9.0)]
+
+
+def test_capture_off_and_cpu_runs_never_record():
+    """Without a recorder for the device (a CPU here), or with train.capture = off, every step is eager."""
+    assert not capture.available(torch.device("cpu"))
+    assert build_config({}, {"train": {"capture": "off"}}).train.capture == "off"
+    assert LocalSchedule.from_train(build_config({}, {"train": {"capture": "off"}}).train).capture is False
+    assert LocalSchedule.from_train(build_config({}, {}).train).capture is True
+
+
+def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path):
+    """The default experiment (CGAU and ReLU MLPs with dropout 0.5), three rounds, both ways: the same metrics."""
+    from hetfed.runs.runner import run_experiment
+
+    finals = {}
+    for mode in ("off", "auto"):
+        cfg = build_config({}, {"train": {"rounds": 3, "capture": mode}})
+        summary = run_experiment(cfg, out=tmp_path / mode, progress=False).summary
+        finals[mode] = {m: v["final"] for m, v in summary["methods"].items()}
+    assert recorded_on_cpu.replays > 0
+    assert finals["auto"] == finals["off"]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("case", list(CASES))
+def test_cuda_graph_replays_give_the_eager_loops_numbers(monkeypatch, case):
+    made: list[capture.StepGraphs] = []
+    real = capture.StepGraphs
+    monkeypatch.setattr(capture, "StepGraphs", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    opt, mu = CASES[case]
+    sizes = [37, 12, 50, 3, 24]
+    eager = _train(sizes, opt, mu, capture_on=False, device="cuda")
+    assert not made
+    replayed = _train(sizes, opt, mu, capture_on=True, device="cuda")
+    assert made and made[0].replays > 10
+    for a, b in zip(eager, replayed, strict=True):
+        if isinstance(a, dict):
+            for k in a:
+                torch.testing.assert_close(a[k], b[k], rtol=1e-6, atol=1e-6)
+        else:
+            torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_cuda_run_with_graphs_matches_an_eager_cuda_run(tmp_path):
+    from hetfed.runs.runner import run_experiment
+
+    finals = {}
+    for mode in ("off", "auto"):
+        cfg = build_config({}, {"train": {"rounds": 5, "capture": mode, "device": "cuda"}})
+        summary = run_experiment(cfg, out=tmp_path / mode, progress=False).summary
+        finals[mode] = {m: v["final"] for m, v in summary["methods"].items()}
+    for m, metrics in finals["off"].items():
+        for k, v in metrics.items():
+            if v is not None:
+                assert finals["auto"][m][k] == pytest.approx(v, abs=1e-5), (m, k)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
+    """Recording and replaying add no host round-trip to the step loop (the eager loop's own check: test_streams)."""
+    from hetfed.engine import local
+
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    params = _stack(model, 5, "cuda")
+    data = _data([37, 12, 50, 3, 24], device="cuda")
+    sched = LocalSchedule(batch_size=8, epochs=3, capture=True)
+    planned = local.plan_steps(data, sched, torch.device("cuda"))
+    monkeypatch.setattr(local, "plan_steps", lambda *a, **k: planned)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        train_stack(model, params, data, sched, OptimizerConfig(lr=0.1, momentum=0.9), 0.1)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
