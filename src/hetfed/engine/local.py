@@ -183,33 +183,8 @@ def train_stack(
     proximal = regulariser if isinstance(regulariser, Proximal) else None
     term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
     plan = plan_steps(data, schedule, device)
-    loss_sum = torch.zeros(len(data.client_ids), device=device)
-
-    def step(inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any], rows: list[int]) -> None:
-        """One step of the stack; its effects are in place (parameters, optimiser state, loss sum, buffers),
-        so that :mod:`hetfed.engine.capture` can replay it from static ``inputs`` (index, row mask, active)."""
-        nonlocal current
-        index, mask, active = inputs
-        every = key[1]
-        xb, yb = data.x[index], data.y[index]
-        noise = Noise(plan.keys, t, rows)
-        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        out = (objective or partial(cross_entropy, model))({**fixed, **leaves}, xb, yb, mask, noise)
-        per_client, reported = out if isinstance(out, tuple) else (out, out)
-        total = per_client if term is None else per_client + term({**fixed, **leaves})
-        grads = dict(zip(leaves, torch.autograd.grad(total.sum(), list(leaves.values())), strict=True))
-        with torch.no_grad():
-            current = {k: v.detach() for k, v in leaves.items()}
-            if proximal is not None:
-                grads = proximal.add_gradient(grads, current)
-            optim.step(opt_cfg, current, grads, state, lr, active, every=every)
-            if project is not None:
-                current = project(current)
-            for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
-                if k in fixed:
-                    fixed[k] = values.to(fixed[k].dtype)
-            loss_sum.add_(reported.detach() if every else reported.detach() * active)
-
+    step = _Step(model, data, plan, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
+                 opt_cfg, lr, objective, term, proximal, project)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     capturing = (schedule.capture and capture.available(device) and objective is None and term is None
                  and project is None and not buffers)
@@ -223,8 +198,52 @@ def train_stack(
         inputs = (plan.index[:, t, :key[0]], plan.mask[:, t, :key[0]], plan.active[t])
         if graphs is None or not graphs.run(key, t, inputs, plan.rows[t]):
             step(inputs, t, key, plan.rows[t])
-    trained = {**fixed, **{k: v.detach() for k, v in current.items()}}
-    return trained, state, loss_sum / plan.steps
+    trained = {**step.fixed, **{k: v.detach() for k, v in step.current.items()}}
+    return trained, state, step.loss_sum / plan.steps
+
+
+@dataclass
+class _Step:
+    """One step of :func:`train_stack`'s stack. Its effects are in place (parameters, optimiser state, loss
+    sum; buffers are replaced, which keeps such steps eager), so :mod:`hetfed.engine.capture` can replay it from
+    static ``inputs`` (batch index, row mask, active flags) and the step number as a device scalar."""
+
+    model: Model
+    data: ClientData
+    plan: StepPlan
+    fixed: Params
+    current: Params
+    state: Params
+    loss_sum: torch.Tensor
+    opt_cfg: OptimizerConfig
+    lr: float
+    objective: Objective | None
+    term: Regulariser | None
+    proximal: Proximal | None
+    project: Projection | None
+
+    def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any],
+                 rows: list[int]) -> None:
+        index, mask, active = inputs
+        every = key[1]
+        xb, yb = self.data.x[index], self.data.y[index]
+        noise = Noise(self.plan.keys, t, rows)
+        fixed = self.fixed
+        leaves = {k: v.detach().requires_grad_(True) for k, v in self.current.items()}
+        out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
+        per_client, reported = out if isinstance(out, tuple) else (out, out)
+        total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
+        grads = dict(zip(leaves, torch.autograd.grad(total.sum(), list(leaves.values())), strict=True))
+        with torch.no_grad():
+            current = {k: v.detach() for k, v in leaves.items()}
+            if self.proximal is not None:
+                grads = self.proximal.add_gradient(grads, current)
+            optim.step(self.opt_cfg, current, grads, self.state, self.lr, active, every=every)
+            self.current = current if self.project is None else self.project(current)
+            for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
+                if k in fixed:
+                    fixed[k] = values.to(fixed[k].dtype)
+            self.loss_sum.add_(reported.detach() if every else reported.detach() * active)
 
 
 def stack_blocks(steps: Sequence[int], cap: int, per_step: float) -> list[list[int]]:

@@ -1,0 +1,100 @@
+"""Where a training round's time goes: one case of ``benchmarks/engine.py`` under cProfile and torch.profiler.
+
+Prints (as JSON) the round's seconds, the share of them inside the local steps (``train_stack``), the Python
+functions with the most own time (cProfile), and the torch operators with the most host time and device time
+(torch.profiler), with how many times the host waited on the device. For finding the work around the steps
+that a GPU round is bound by; nothing is asserted.
+
+    python benchmarks/profile_round.py [--case overhead_bound] [--device cpu|cuda] [--rounds 3] [--top 25]
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import io
+import json
+import pstats
+import time
+
+import torch
+from engine import CASES, _Synthetic  # this folder is on sys.path
+
+from hetfed.algorithms import build_algorithm
+from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
+from hetfed.engine import local
+from hetfed.executors.inprocess import VectorisedExecutor
+from hetfed.executors.simulate import simulate
+from hetfed.models import build_model
+from hetfed.partition import make_federation
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--case", default="overhead_bound", choices=list(CASES))
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--capture", default="auto", choices=["auto", "off"])
+    args = ap.parse_args()
+    case = CASES[args.case]
+    fed = make_federation(_Synthetic(case["clients"] * case["per_client"], case["d"]),
+                          PartitionConfig(kind="iid", clients=case["clients"], val_fraction=0.0, test_fraction=0.0),
+                          seed=0)
+    model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
+    train = TrainConfig(rounds=args.rounds, client_fraction=1.0, eval_every=10_000, device=args.device,
+                        capture=args.capture, optimizer=OptimizerConfig(lr=0.01, momentum=0.0), **case["train"])
+    algo = build_algorithm("fedavg", model, train)
+    simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=VectorisedExecutor())  # warm-up
+
+    inside = [0.0]
+    real = local.train_stack
+
+    def timed_stack(*a, **k):
+        t0 = time.perf_counter()
+        out = real(*a, **k)
+        if args.device == "cuda":
+            torch.cuda.synchronize()
+        inside[0] += time.perf_counter() - t0
+        return out
+
+    local.train_stack = timed_stack
+    import hetfed.algorithms.fedavg as fedavg
+    fedavg.train_stack = timed_stack
+    result = simulate(algo, fed, train, 0, executor=VectorisedExecutor())
+    per_round = result.train_seconds / args.rounds
+
+    profiler = cProfile.Profile()
+    profiler.enable()
+    simulate(algo, fed, train, 0, executor=VectorisedExecutor())
+    profiler.disable()
+    text = io.StringIO()
+    pstats.Stats(profiler, stream=text).sort_stats("tottime").print_stats(args.top)
+    python_top = [line.strip() for line in text.getvalue().splitlines() if line.strip()[:1].isdigit()]
+
+    activities = [torch.profiler.ProfilerActivity.CPU]
+    if args.device == "cuda":
+        activities.append(torch.profiler.ProfilerActivity.CUDA)
+    with torch.profiler.profile(activities=activities) as prof:
+        simulate(algo, fed, train, 0, executor=VectorisedExecutor())
+    events = prof.key_averages()
+    host = sorted(events, key=lambda e: e.self_cpu_time_total, reverse=True)[:args.top]
+    waits = {e.key: e.count for e in events if "Synchronize" in e.key or "Memcpy" in e.key or "item" in e.key
+             or "_local_scalar_dense" in e.key}
+    out = {
+        "case": args.case, "device": args.device, "capture": args.capture,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+        "seconds_per_round": per_round, "local_steps_share": inside[0] / result.train_seconds,
+        "host_waits_and_copies": waits,
+        "torch_ops_by_host_ms": [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 3)) for e in host],
+        "python_by_own_time": python_top,
+    }
+    if args.device == "cuda":
+        dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:args.top]
+        out["torch_ops_by_device_ms"] = [(e.key, e.count, round(getattr(e, "self_device_time_total", 0) / 1e3, 3))
+                                         for e in dev]
+    print(json.dumps(out, indent=1))
+
+
+if __name__ == "__main__":
+    main()
