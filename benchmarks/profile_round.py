@@ -63,6 +63,7 @@ def main() -> None:
     fedavg.train_stack = timed_stack
     result = simulate(algo, fed, train, 0, executor=VectorisedExecutor())
     per_round = result.train_seconds / args.rounds
+    steps_share = inside[0] / result.train_seconds
 
     profiler = cProfile.Profile()
     profiler.enable()
@@ -84,7 +85,7 @@ def main() -> None:
     out = {
         "case": args.case, "device": args.device, "capture": args.capture,
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-        "seconds_per_round": per_round, "local_steps_share": inside[0] / result.train_seconds,
+        "seconds_per_round": per_round, "local_steps_share": steps_share,
         "host_waits_and_copies": waits,
         "torch_ops_by_host_ms": [(e.key, e.count, round(e.self_cpu_time_total / 1e3, 3)) for e in host],
         "python_by_own_time": python_top,

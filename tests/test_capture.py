@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from hetfed.config import OptimizerConfig, build_config
-from hetfed.engine import capture
+from hetfed.engine import capture, local
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
 from hetfed.engine.types import ClientData
 from hetfed.models import MLP
@@ -29,8 +29,10 @@ class Replay:
     """A CPU recorder: recording keeps the step (without running it, as a capture does); a replay runs it."""
 
     replays = 0
+    records = 0
 
     def record(self, step: Callable[[], None]) -> None:
+        Replay.records += 1
         self._step = step
 
     def replay(self) -> None:
@@ -41,7 +43,8 @@ class Replay:
 @pytest.fixture
 def recorded_on_cpu(monkeypatch):
     monkeypatch.setitem(capture.BACKENDS, "cpu", Replay)
-    Replay.replays = 0
+    monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())
+    Replay.replays = Replay.records = 0
     return Replay
 
 
@@ -90,6 +93,70 @@ def test_replayed_steps_give_the_eager_loops_numbers_bit_for_bit(recorded_on_cpu
                 assert torch.equal(a[k], b[k]), k
         else:
             assert torch.equal(a, b)
+
+
+def _three_rounds(device: str, records: Callable[[], int]) -> None:
+    """Round after round (new parameters, proximal centre, client seeds; the same model, data and shapes), the
+    steps recorded in the first call are replayed with the new values: the eager numbers, no new recording."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    data = _data([37, 12, 50, 3, 24], device=device)
+    opt = OptimizerConfig(lr=0.1, momentum=0.9)
+    results = {}
+    first = 0
+    for on in (False, True):
+        params = _stack(model, 5, device)
+        out = []
+        for rnd in range(3):
+            sched = LocalSchedule(batch_size=8, epochs=2, capture=on)
+            round_data = ClientData(data.client_ids, data.x, data.y, data.indices, [s + 7 * rnd for s in data.seeds])
+            centre = {k: v.mean(0) for k, v in params.items()}
+            params, state, loss = train_stack(model, params, round_data, sched, opt, 0.1,
+                                              regulariser=Proximal(centre, 0.3))
+            out.append((params, state, loss))
+            if on and rnd == 0:
+                first = records()
+        results[on] = out
+    assert first > 0 and records() == first  # later rounds recorded nothing
+    close = torch.equal if device == "cpu" else (lambda a, b: torch.allclose(a, b, rtol=1e-6, atol=1e-6))
+    for (pa, sa, la), (pb, sb, lb) in zip(results[False], results[True], strict=True):
+        assert all(close(pa[k], pb[k]) for k in pa) and all(close(sa[k], sb[k]) for k in sa)
+        assert close(la, lb)
+
+
+def test_recordings_are_kept_for_the_next_rounds_and_give_their_numbers(recorded_on_cpu):
+    _three_rounds("cpu", lambda: recorded_on_cpu.records)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_cuda_graphs_are_kept_for_the_next_rounds_and_give_their_numbers(monkeypatch):
+    recorded = [0]
+    real = capture.CudaGraph.record
+
+    def counting(self, step):
+        recorded[0] += 1
+        real(self, step)
+
+    monkeypatch.setattr(capture.CudaGraph, "record", counting)
+    _three_rounds("cuda", lambda: recorded[0])
+
+
+def test_a_recording_is_not_reused_for_other_data_or_another_model(recorded_on_cpu):
+    opt = OptimizerConfig(lr=0.1)
+    sched = LocalSchedule(batch_size=8, epochs=2, capture=True)
+    model = MLP(6, [16, 8], 4)
+    train_stack(model, _stack(model, 5), _data([37, 12, 50, 3, 24]), sched, opt, 0.1)
+    made = recorded_on_cpu.records
+    train_stack(model, _stack(model, 5), _data([37, 12, 50, 3, 24]), sched, opt, 0.1)  # a new data tensor
+    assert recorded_on_cpu.records > made
+    made = recorded_on_cpu.records
+    other = MLP(6, [16, 8], 4)
+    data = _data([37, 12, 50, 3, 24])
+    train_stack(other, _stack(other, 5), data, sched, opt, 0.1)
+    assert recorded_on_cpu.records > made
+    # only the latest data's recordings are kept (an earlier run's pool is not held alive)
+    assert local._RECORDED and all(step.data.x is data.x for step, _ in local._RECORDED.values())
+    local.forget_recorded()
+    assert not local._RECORDED
 
 
 def test_a_key_met_fewer_times_than_a_capture_pays_for_runs_eagerly(recorded_on_cpu):

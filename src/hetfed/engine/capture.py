@@ -104,11 +104,17 @@ class StepGraphs:
         self._step = step
         self._device = device
         self._backend = BACKENDS[device.type]
-        counts = Counter(keys)
-        frequent = [k for k, c in counts.most_common(max_graphs) if c >= min_repeats]
-        self._eligible = set(frequent)
+        self._min_repeats, self._max_graphs = min_repeats, max_graphs
         self._slots: dict[Hashable, _Slot] = {}
         self.replays = 0  # steps run from a recording (for tests and benchmarks)
+        self.plan(keys)
+
+    def plan(self, keys: Sequence[Hashable]) -> None:
+        """The keys of the steps to come (a later call's): which are worth recording; recordings already made
+        are replayed whenever their key comes up."""
+        counts = Counter(keys)
+        frequent = [k for k, c in counts.most_common(self._max_graphs) if c >= self._min_repeats]
+        self._eligible = set(frequent) | {k for k in self._slots if k in counts}
 
     def run(self, key: Hashable, t: int, inputs: Sequence[torch.Tensor], host: Any = None) -> bool:
         """Run step ``t`` (its per-step ``inputs``) from a recording if its key has one or gets one now;

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from functools import partial
@@ -183,8 +184,6 @@ def train_stack(
     proximal = regulariser if isinstance(regulariser, Proximal) else None
     term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
     plan = plan_steps(data, schedule, device)
-    step = _Step(model, data, plan, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
-                 opt_cfg, lr, objective, term, proximal, project)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     capturing = (schedule.capture and capture.available(device) and objective is None and term is None
                  and project is None and not buffers)
@@ -193,13 +192,52 @@ def train_stack(
     # the same numbers), so one recording serves the steps before and after the first client finishes.
     keys = [(w, every and not capturing, tuple(rows) if model.reads_rows else None)
             for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True) if w]
-    graphs = capture.StepGraphs(step, keys, device) if capturing else None
+    step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
+                 opt_cfg, lr, objective, term, proximal, project)
+    graphs = None
+    if capturing:
+        step, graphs = _recorded(step, keys)
     for t, key in enumerate(keys):
         inputs = (plan.index[:, t, :key[0]], plan.mask[:, t, :key[0]], plan.active[t])
         if graphs is None or not graphs.run(key, t, inputs, plan.rows[t]):
             step(inputs, t, key, plan.rows[t])
-    trained = {**step.fixed, **{k: v.detach() for k, v in step.current.items()}}
-    return trained, state, step.loss_sum / plan.steps
+    kept = graphs is not None  # a kept step's tensors are overwritten by the next call: hand out copies
+    trained = {k: v.clone() if kept else v for k, v in {**step.fixed, **step.current}.items()}
+    return trained, {k: v.clone() if kept else v for k, v in step.state.items()}, step.loss_sum / plan.steps
+
+
+#: how many recorded steps (with their static tensors) are kept for the calls that follow
+KEEP_RECORDED = 8
+_RECORDED: OrderedDict[tuple[Any, ...], tuple[_Step, capture.StepGraphs]] = OrderedDict()
+
+
+def forget_recorded() -> None:
+    """Drop every kept recording and the tensors it holds (they are otherwise dropped when a step with other data
+    is recorded, e.g. by the next run)."""
+    _RECORDED.clear()
+
+
+def _recorded(step: _Step, keys: list[tuple[int, bool, Any]]) -> tuple[_Step, capture.StepGraphs]:
+    """``step`` with its recordings: those of an earlier call whose step had the same signature (the next round
+    of a run has the same stack shapes), its tensors loaded with this call's values; or new ones, kept.
+
+    Recording a step costs about an eager step plus the graph's instantiation (~3 ms of a ten-step round on an
+    H100, ``benchmarks/profile_round.py``): once per run instead of once per round."""
+    signature = step.signature()
+    kept = _RECORDED.get(signature)
+    if kept is not None and kept[0].same_sources(step):
+        _RECORDED.move_to_end(signature)
+        kept[0].load(step)
+        kept[1].plan(keys)
+        return kept
+    step = step.owning()
+    graphs = capture.StepGraphs(step, keys, step.keys.device)
+    for other in [k for k, (s, _) in _RECORDED.items() if s.data.x is not step.data.x]:
+        del _RECORDED[other]  # another run's or phase's data: it is done, and its pool need not stay alive
+    _RECORDED[signature] = (step, graphs)
+    while len(_RECORDED) > KEEP_RECORDED:
+        _RECORDED.popitem(last=False)
+    return step, graphs
 
 
 @dataclass
@@ -210,7 +248,7 @@ class _Step:
 
     model: Model
     data: ClientData
-    plan: StepPlan
+    keys: torch.Tensor  # [n] each client's round key (its dropout streams)
     fixed: Params
     current: Params
     state: Params
@@ -227,7 +265,7 @@ class _Step:
         index, mask, active = inputs
         every = key[1]
         xb, yb = self.data.x[index], self.data.y[index]
-        noise = Noise(self.plan.keys, t, rows)
+        noise = Noise(self.keys, t, rows)
         fixed = self.fixed
         leaves = {k: v.detach().requires_grad_(True) for k, v in self.current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
@@ -244,6 +282,35 @@ class _Step:
                 if k in fixed:
                     fixed[k] = values.to(fixed[k].dtype)
             self.loss_sum.add_(reported.detach() if every else reported.detach() * active)
+
+    # -- kept across calls (recorded steps): what the recorded kernels read lives in this step's tensors
+    def signature(self) -> tuple[Any, ...]:
+        """What a recording of this step was made for, besides the tensors' values."""
+        shapes = [tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
+                  for d in (self.current, self.state, self.fixed, self.proximal.centre if self.proximal else {})]
+        return (id(self.model), id(self.data.x), id(self.data.y), len(self.keys), self.lr,
+                self.opt_cfg.model_dump_json(), self.proximal.weight if self.proximal else None, *shapes)
+
+    def same_sources(self, other: _Step) -> bool:
+        """The same model and data tensors (held here, so an id in the signature cannot be reused meanwhile)."""
+        return self.model is other.model and self.data.x is other.data.x and self.data.y is other.data.y
+
+    def owning(self) -> _Step:
+        """This step with its own copies of the caller's tensors that later calls will overwrite."""
+        centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight) \
+            if self.proximal else None
+        return dataclasses.replace(self, keys=self.keys.clone(), fixed={k: v.clone() for k, v in self.fixed.items()},
+                                   proximal=centre)
+
+    def load(self, other: _Step) -> None:
+        """Another call's values into this step's tensors (same signature)."""
+        for mine, theirs in ((self.current, other.current), (self.state, other.state), (self.fixed, other.fixed),
+                             (self.proximal.centre if self.proximal else {},
+                              other.proximal.centre if other.proximal else {})):
+            for k, v in mine.items():
+                v.copy_(theirs[k])
+        self.keys.copy_(other.keys)
+        self.loss_sum.zero_()
 
 
 def stack_blocks(steps: Sequence[int], cap: int, per_step: float) -> list[list[int]]:
