@@ -29,7 +29,7 @@ step() {  # name, seconds, command…
 step cuda_tests 120 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py -k "cuda or bit_identical or synchronises"
 step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
-if [ -n "${PFLLIB:-}" ]; then
-    step peers 90 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4"
-fi
 step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
+if [ -n "${PFLLIB:-}" ]; then
+    step peers 100 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4"
+fi
