@@ -13,7 +13,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine import optim
-from hetfed.engine.local import Proximal, train_stack
+from hetfed.engine.local import Objective, Proximal, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.interface import Algorithm
 
@@ -29,11 +29,17 @@ class FedAvg(Algorithm):
         """An extra per-client training loss ``f(params) -> [n]`` for this stack, or None (FedAvg)."""
         return None
 
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective | None:
+        """The clients' training loss in place of the model's cross-entropy (``engine.local.Objective``) for
+        this stack, or None (FedAvg)."""
+        return None
+
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         shared = bc.stacked(n)
         local, kept_opt = split_state(states)
-        params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr, self._regulariser(bc, data))
+        params, opt_state, loss = train_clients(self, {**shared, **local}, kept_opt, data, bc.lr,
+                                                self._regulariser(bc, data), self._objective(bc, data, states))
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state}
 
@@ -42,7 +48,8 @@ class FedAvg(Algorithm):
         return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
 
 
-def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None):
+def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None,
+                  objective: Objective | None = None):
     """Train a stack from its kept optimiser state (fresh when reset each round).
 
     Returns the trained params, the optimiser state the clients keep ({} when
@@ -50,7 +57,8 @@ def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientDa
     """
     opt_cfg = algo.train.optimizer
     start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
-    params, opt_state, loss = train_stack(algo.model, params, data, algo.schedule, opt_cfg, lr, start, regulariser)
+    params, opt_state, loss = train_stack(algo.model, params, data, algo.schedule, opt_cfg, lr, start, regulariser,
+                                          objective=objective)
     return params, ({} if opt_cfg.reset_each_round else opt_state), loss
 
 

@@ -186,8 +186,7 @@ class FedGen(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         upload, new = super().local_update(bc, states, data)
-        counts = torch.stack([torch.bincount(data.y[torch.as_tensor(i, device=data.y.device)].long(),
-                                             minlength=self.model.n_classes) for i in data.indices]).float()
+        counts = data.label_counts(self.model.n_classes)
         return replace(upload, extra={**upload.extra, "label_counts": counts.to(upload.num_samples.device)}), new
 
 

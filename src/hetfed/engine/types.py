@@ -109,6 +109,11 @@ class ClientData:
     def sizes(self) -> torch.Tensor:
         return torch.tensor([len(i) for i in self.indices], dtype=torch.float32)
 
+    def label_counts(self, n_classes: int) -> torch.Tensor:
+        """Each client's training samples per class ``[n, n_classes]`` (float32, on the pool's device)."""
+        return torch.stack([torch.bincount(self.y[torch.as_tensor(i, device=self.y.device)].long(),
+                                           minlength=n_classes) for i in self.indices]).float()
+
 
 OPT_PREFIX = "opt."
 

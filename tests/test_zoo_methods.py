@@ -1,0 +1,153 @@
+"""The zoos' methods (#48): each one's distinctive step against its paper's equations written in plain tensors.
+
+The setting of tests/test_personalised.py: a one-hidden-layer MLP, one client with six samples, plain SGD and
+one full-batch step, so a round's update can be computed by hand.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hetfed.algorithms.fedlc import calibrated_loss
+from hetfed.algorithms.moon import PREVIOUS, contrastive_loss
+from tests.test_personalised import BODY, HEAD, LR, _logits, _setup
+
+# ----------------------------------------------------------------------------------------------- FedLC
+
+
+def _fedlc_by_hand(z: list[float], y: int, counts: list[float], tau: float, others: bool) -> float:
+    """−log( exp(z_y − τ n_y^{−1/4}) / Σ_c exp(z_c − τ n_c^{−1/4}) ), the sum over c ≠ y when ``others``."""
+    shifted = [zc - tau * max(n, 1e-8) ** -0.25 for zc, n in zip(z, counts, strict=True)]
+    below = sum(math.exp(s) for c, s in enumerate(shifted) if not (others and c == y))
+    return -math.log(math.exp(shifted[y]) / below)
+
+
+@pytest.mark.parametrize("denominator", ["all", "others"])
+def test_fedlc_calibrates_each_logit_by_the_clients_own_count_of_its_class(denominator):
+    gen = torch.Generator().manual_seed(3)
+    logits = torch.randn(2, 5, 4, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, 4, (2, 5), generator=gen)
+    counts = torch.tensor([[10.0, 3.0, 0.0, 1.0], [0.0, 0.0, 7.0, 2.0]], dtype=torch.float64)
+    got = calibrated_loss(logits, y, counts, tau=0.7, denominator=denominator)
+    for k in range(2):
+        for i in range(5):
+            want = _fedlc_by_hand(logits[k, i].tolist(), int(y[k, i]), counts[k].tolist(), 0.7, denominator == "others")
+            assert got[k, i].item() == pytest.approx(want, rel=1e-9)
+
+
+def test_fedlcs_paper_denominator_is_unbounded_below_where_the_cross_entropy_is_not():
+    """With the label left out of the denominator, the loss falls without end as the label's logit grows (its
+    gradient there is −1 whatever the margin): why the default is the cross-entropy of the calibrated logits."""
+    counts = torch.tensor([[5.0, 5.0, 5.0]])
+    y = torch.tensor([[0]])
+    for big in (10.0, 100.0):
+        z = torch.tensor([[[big, 0.0, 0.0]]], requires_grad=True)
+        others = calibrated_loss(z, y, counts, 1.0, "others")
+        assert others.item() < -big + 1
+        (grad,) = torch.autograd.grad(others.sum(), z)
+        assert grad[0, 0, 0].item() == pytest.approx(-1.0)
+        assert calibrated_loss(z.detach(), y, counts, 1.0, "all").item() >= 0
+
+
+def test_fedlc_descends_the_calibrated_loss_of_its_own_counts_and_reports_the_cross_entropy():
+    tau = 0.5
+    algo, server, state, data, x, y = _setup("fedlc", {"tau": tau})
+    upload, _ = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = server.params
+    counts = torch.bincount(y, minlength=2).float()  # this client's own: 3 and 3
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    logits = _logits(leaves, x)
+    shifted = logits - tau * counts.pow(-0.25)
+    loss = F.cross_entropy(shifted, y)  # denominator "all": the cross-entropy of the calibrated logits
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    for (k, v), g in zip(w.items(), grads, strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * g)
+    torch.testing.assert_close(upload.extra["train_loss"][0], F.cross_entropy(logits, y).detach())
+
+
+# ------------------------------------------------------------------------------------------------ MOON
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    return (a * b).sum(-1) / (a.norm(dim=-1) * b.norm(dim=-1))
+
+
+def test_moons_contrastive_loss_is_the_papers():
+    gen = torch.Generator().manual_seed(5)
+    z, zg, zp = (torch.randn(3, 4, 6, generator=gen, dtype=torch.float64) for _ in range(3))
+    tau = 0.5
+    want = -torch.log(torch.exp(_cos(z, zg) / tau) / (torch.exp(_cos(z, zg) / tau) + torch.exp(_cos(z, zp) / tau)))
+    torch.testing.assert_close(contrastive_loss(z, zg, zp, tau), want)
+
+
+def test_moon_adds_mu_times_the_contrastive_loss_and_keeps_its_trained_model_as_the_next_previous():
+    mu, tau = 2.0, 0.5
+    algo, server, state, data, x, y = _setup("moon", {"mu": mu, "tau": tau})
+    w = server.params
+    # the previous model starts as the server's initial draw (the authors' code); move it so both terms act
+    prev = {k: state[PREVIOUS + k] + 0.2 for k in w}
+    state = {**state, **{PREVIOUS + k: v for k, v in prev.items()}}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+
+    def rep(p, inputs):  # the representation: the hidden layer's output, before the head
+        return torch.relu(inputs @ p[BODY[0]] + p[BODY[1]])
+
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    z = rep(leaves, x)
+    logits = z @ leaves[HEAD[0]] + leaves[HEAD[1]]
+    pos, neg = _cos(z, rep(w, x)) / tau, _cos(z, rep(prev, x)) / tau
+    con = -torch.log(torch.exp(pos) / (torch.exp(pos) + torch.exp(neg)))
+    loss = F.cross_entropy(logits, y) + mu * con.mean()
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    for (k, v), g in zip(w.items(), grads, strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * g)
+        torch.testing.assert_close(new[PREVIOUS + k][0], upload.params[k][0])  # the next round's z_prev
+    torch.testing.assert_close(upload.extra["train_loss"][0], F.cross_entropy(logits, y).detach())
+
+
+def test_moon_starts_every_clients_previous_model_at_the_servers_initial_model():
+    algo, server, state, *_ = _setup("moon")
+    for k, v in server.params.items():
+        assert torch.equal(state[PREVIOUS + k], v)
+
+
+def test_moon_with_mu_zero_is_fedavg():
+    a = _setup("moon", {"mu": 0.0})
+    b = _setup("fedavg")
+    up_a, _ = a[0].local_update(a[0].broadcast(a[1], 0), {k: v.unsqueeze(0) for k, v in a[2].items()}, a[3])
+    up_b, _ = b[0].local_update(b[0].broadcast(b[1], 0), {k: v.unsqueeze(0) for k, v in b[2].items()}, b[3])
+    for k in up_b.params:
+        torch.testing.assert_close(up_a.params[k], up_b.params[k])
+
+
+def test_moon_refuses_a_model_without_a_representation_in_one_line():
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import ModelConfig, TrainConfig
+    from hetfed.errors import ConfigError
+    from hetfed.models import build_model
+
+    model = build_model(ModelConfig(kind="mlp", hidden=[]), (3,), 2)
+    with pytest.raises(ConfigError, match="moon"):
+        build_algorithm("moon", model, TrainConfig())
+
+
+def test_the_new_methods_stack_clients_independently():
+    """A client's update does not depend on who shares its stack (the registry's executor parity tests check
+    whole runs; this checks one stack of two clients against each alone)."""
+    from hetfed.engine.types import ClientData
+
+    for name in ("fedlc", "moon"):
+        algo, server, state, data, x, y = _setup(name)
+        two = ClientData([0, 1], x, y, [np.arange(6), np.arange(3, 6)], [123, 456])
+        states = {k: torch.stack([v, v + 0.1]) for k, v in state.items()}
+        both, _ = algo.local_update(algo.broadcast(server, 0), states, two)
+        for i in range(2):
+            one = ClientData([i], x, y, [two.indices[i]], [two.seeds[i]])
+            alone, _ = algo.local_update(algo.broadcast(server, 0), {k: v[i:i + 1] for k, v in states.items()}, one)
+            for k in alone.params:
+                torch.testing.assert_close(both.params[k][i], alone.params[k][0])
