@@ -151,3 +151,46 @@ def test_the_new_methods_stack_clients_independently():
             alone, _ = algo.local_update(algo.broadcast(server, 0), {k: v[i:i + 1] for k, v in states.items()}, one)
             for k in alone.params:
                 torch.testing.assert_close(both.params[k][i], alone.params[k][0])
+
+
+# ---------------------------------------------------------------------------------------------- FedRoD
+
+
+def test_fedrod_trains_body_and_generic_head_on_the_balanced_softmax_and_its_personal_head_on_the_sum():
+    from hetfed.algorithms.fedrod import PERSONAL
+    from hetfed.engine.types import ClientData
+
+    algo, server, state, data, x, y = _setup("fedrod")
+    picked = np.array([0, 1, 2, 4])  # labels 0, 1, 1, 1: counts 1 and 3, so the balanced softmax differs from CE
+    data = ClientData([0], x, y, [picked], [123])
+    w = server.params
+    personal = {k: state[PERSONAL + k] + 0.1 for k in HEAD}  # the personal head starts as the initial head; move it
+    state = {**state, **{PERSONAL + k: v for k, v in personal.items()}}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    xs, ys = x[picked], y[picked]
+    counts = torch.tensor([1.0, 3.0])
+
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    z = torch.relu(xs @ leaves[BODY[0]] + leaves[BODY[1]])
+    generic = z @ leaves[HEAD[0]] + leaves[HEAD[1]]
+    bsm = F.cross_entropy(generic + counts.log(), ys)  # Ren et al.'s balanced softmax: logits + log n_c
+    grads = torch.autograd.grad(bsm, list(leaves.values()))
+    for (k, v), g in zip(w.items(), grads, strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * g)
+
+    p = {k: v.clone().requires_grad_(True) for k, v in personal.items()}
+    out = generic.detach() + z.detach() @ p[HEAD[0]] + p[HEAD[1]]
+    ce = F.cross_entropy(out, ys)
+    grads = torch.autograd.grad(ce, list(p.values()))
+    for (k, v), g in zip(personal.items(), grads, strict=True):
+        torch.testing.assert_close(new[PERSONAL + k][0], v - LR * g)
+    torch.testing.assert_close(upload.extra["train_loss"][0], ce.detach())
+
+    # a client predicts with the generic logits plus its personal head's
+    pred = algo.predictor(algo.broadcast(server, 1), new, 1)
+    got = pred.model.forward(pred.params, x.unsqueeze(0))[0]
+    held = pred.params
+    z2 = torch.relu(x @ held[BODY[0]][0] + held[BODY[1]][0])
+    want = z2 @ held[HEAD[0]][0] + held[HEAD[1]][0] + z2 @ held[PERSONAL + HEAD[0]][0] + held[PERSONAL + HEAD[1]][0]
+    torch.testing.assert_close(got, want)
+    assert pred.personalised
