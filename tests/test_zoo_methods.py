@@ -194,3 +194,63 @@ def test_fedrod_trains_body_and_generic_head_on_the_balanced_softmax_and_its_per
     want = z2 @ held[HEAD[0]][0] + held[HEAD[1]][0] + z2 @ held[PERSONAL + HEAD[0]][0] + held[PERSONAL + HEAD[1]][0]
     torch.testing.assert_close(got, want)
     assert pred.personalised
+
+
+# -------------------------------------------------------------------------------------------- FedProto
+
+
+def test_fedproto_regularises_towards_the_global_prototype_of_each_samples_class_and_uploads_its_own():
+    from hetfed.engine.types import Broadcast
+
+    lam = 0.7
+    algo, server, state, data, x, y = _setup("fedproto", {"lam": lam})
+    d = 4  # the hidden width: the representation
+    prototypes = torch.randn(2, d, generator=torch.Generator().manual_seed(9))
+    known = torch.tensor([1.0, 0.0])  # class 1 has no global prototype yet: no term for its samples
+    bc = Broadcast({}, 0, LR, {"prototypes": prototypes, "known": known})
+    upload, new = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = {k: state[k] for k in (*BODY, *HEAD)}
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    z = torch.relu(x @ leaves[BODY[0]] + leaves[BODY[1]])
+    ce = F.cross_entropy(z @ leaves[HEAD[0]] + leaves[HEAD[1]], y)
+    rows = torch.stack([((z[i] - prototypes[y[i]]) ** 2).mean() * known[y[i]] for i in range(len(y))])
+    grads = torch.autograd.grad(ce + lam * rows.mean(), list(leaves.values()))
+    trained = {k: (v - LR * g).detach() for (k, v), g in zip(w.items(), grads, strict=True)}
+    for k in w:
+        torch.testing.assert_close(new[k][0], trained[k])
+    assert upload.params == {}
+    z1 = torch.relu(x @ trained[BODY[0]] + trained[BODY[1]])  # the prototypes of the trained model
+    for c in (0, 1):
+        torch.testing.assert_close(upload.extra["prototypes"][0, c], z1[y == c].mean(0))
+    assert upload.extra["label_counts"][0].tolist() == [3.0, 3.0]
+
+
+def test_fedprotos_server_weights_each_clients_prototype_by_its_count_and_keeps_unreported_classes():
+    from hetfed.engine.types import ServerState, Upload
+
+    algo, server, *_ = _setup("fedproto")
+    old = torch.full((2, 4), 5.0)
+    state = ServerState({}, 3, {"prototypes": old, "known": torch.tensor([1.0, 1.0])})
+    protos = torch.tensor([[[1.0, 1, 1, 1], [0, 0, 0, 0]], [[3.0, 3, 3, 3], [0, 0, 0, 0]]])
+    counts = torch.tensor([[1.0, 0.0], [3.0, 0.0]])  # nobody holds class 1 this round
+    up = Upload([0, 1], {}, torch.tensor([1.0, 3.0]), {"prototypes": protos, "label_counts": counts,
+                                                       "train_loss": torch.zeros(2)})
+    new = algo.aggregate(state, up)
+    torch.testing.assert_close(new.extra["prototypes"][0], torch.full((4,), (1 * 1 + 3 * 3) / 4))
+    torch.testing.assert_close(new.extra["prototypes"][1], old[1])
+    assert new.round == 4
+
+
+def test_fedproto_predicts_the_class_of_the_nearest_global_prototype():
+    from hetfed.engine.types import Broadcast
+
+    algo, server, state, data, x, y = _setup("fedproto")
+    params = {k: v.unsqueeze(0) for k, v in state.items() if not k.startswith("opt.")}
+    z = torch.relu(x @ state[BODY[0]] + state[BODY[1]])
+    prototypes = torch.stack([z[0], z[1] + 10])  # sample 0 sits on class 0's prototype
+    bc = Broadcast({}, 1, LR, {"prototypes": prototypes, "known": torch.tensor([1.0, 1.0])})
+    pred = algo.predictor(bc, params, 1)
+    logits = pred.model.forward(pred.params, x.unsqueeze(0))[0]
+    want = -torch.stack([((z - p) ** 2).mean(-1) for p in prototypes], -1)
+    torch.testing.assert_close(logits, want)
+    assert logits[0].argmax() == 0
