@@ -221,3 +221,17 @@ def test_the_algorithm_interface_stays_small():
     algo = FedAvg(build_model(ModelConfig(hidden=[4]), (3,), 2), TrainConfig())
     given = {n for n in vars(algo) if not n.startswith("_")}
     assert given == {"model", "train", "params", "context", "schedule"}
+
+
+def test_algorithms_says_each_methods_family_and_venue(capsys):
+    """#48 §5: the leaderboard and the docs group methods by family; each names where its paper appeared."""
+    from hetfed.algorithms.registry import FAMILIES, AlgorithmSpec
+
+    assert main(["algorithms", "--json"]) == 0
+    listed = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
+    assert {d["family"] for d in listed.values()} == set(FAMILIES)
+    assert listed["moon"]["family"] == "prototype/contrastive" and listed["moon"]["venue"] == "CVPR 2021"
+    assert listed["ifca"]["family"] == "clustered" and listed["ditto"]["family"] == "personalised"
+    assert all(d["venue"] for n, d in listed.items() if n != "local" and not n.startswith("toy"))
+    with pytest.raises(ValueError, match=r"family = 'zoo'; expected one of global"):
+        AlgorithmSpec("x", FedAvg, "", "", family="zoo")

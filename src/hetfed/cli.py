@@ -170,7 +170,8 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
         from rich.text import Text
 
         console.print(Text.assemble((d["name"], "bold"), f" — {d['summary']}"), soft_wrap=True)
-        console.print(f"  paper: {d['paper']}", soft_wrap=True, markup=False)
+        venue = f" ({d['venue']})" if d["venue"] and d["venue"] not in d["paper"] else ""
+        console.print(f"  {d['family']} · paper: {d['paper']}{venue}", soft_wrap=True, markup=False)
         console.print(f"  uploads: {caps['uploads']}", soft_wrap=True, markup=False)
         extra = [f"views: {', '.join(caps['views'])}"] if caps["views"] else []
         if caps["model_kinds"]:

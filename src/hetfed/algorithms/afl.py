@@ -146,4 +146,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="global", venue="arXiv 2019",
 ))

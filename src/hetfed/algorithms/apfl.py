@@ -104,4 +104,5 @@ register(AlgorithmSpec(
             stays="data; its local model v_i (`apfl.v.<name>`) and mixing weight α_i (`apfl.alpha`)",
         ),
     ),
+    family="personalised", venue="arXiv 2020",
 ))

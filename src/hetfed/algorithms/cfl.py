@@ -139,4 +139,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="clustered", venue="IEEE TNNLS 2021",
 ))

@@ -89,4 +89,5 @@ register(AlgorithmSpec(
             stays="data; its personal model v_k (`ditto.<name>`); optimiser state when kept",
         ),
     ),
+    family="personalised", venue="ICML 2021",
 ))

@@ -184,4 +184,5 @@ register(AlgorithmSpec(
             stays="data; its own model Θ_i (`ala.model.<name>`), its aggregation weights W_i (`ala.w.<name>`)",
         ),
     ),
+    family="personalised", venue="AAAI 2023",
 ))

@@ -45,7 +45,7 @@ class FedAsync(Asynchronous):
 
 register(AlgorithmSpec(
     "fedasync", FedAsync, "asynchronous: every arrival is mixed into the server's model with weight α·s(staleness)",
-    "Xie et al. 2019, Asynchronous Federated Optimization (OPT2020 workshop)", FedAsyncParams,
+    "Xie et al. 2019, Asynchronous Federated Optimization", FedAsyncParams,
     Capabilities(whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3},
     privacy=(
         PrivacyRow(
@@ -56,4 +56,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="global", venue="OPT workshop 2020",
 ))

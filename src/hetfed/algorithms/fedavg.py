@@ -126,6 +126,7 @@ register(AlgorithmSpec(
             stays="conditioning rows `V_f h`, `V_g h` (and `out.cond` if enabled)",
         ),
     ),
+    family="global", venue="AISTATS 2017",
 ))
 register(AlgorithmSpec(
     "fedprox", FedProx, "FedAvg with a proximal term μ/2·‖θ − θ_global‖² in the clients' loss",
@@ -140,6 +141,7 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="MLSys 2020",
 ))
 register(AlgorithmSpec(
     "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
@@ -154,4 +156,5 @@ register(AlgorithmSpec(
             stays="every parameter",
         ),
     ),
+    family="personalised", venue="",
 ))

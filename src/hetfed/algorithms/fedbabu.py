@@ -98,4 +98,5 @@ register(AlgorithmSpec(
             stays="data; after the rounds, its fine-tuned model (`babu_ft.<name>`)",
         ),
     ),
+    family="personalised", venue="ICLR 2022",
 ))

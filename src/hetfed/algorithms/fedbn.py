@@ -52,4 +52,5 @@ register(AlgorithmSpec(
             stays="data; its batch-norm layers: scale γ, shift β, running mean and variance (`bn*`)",
         ),
     ),
+    family="personalised", venue="ICLR 2021",
 ))

@@ -60,7 +60,7 @@ class FedBuff(Asynchronous):
 register(AlgorithmSpec(
     "fedbuff", FedBuff, "asynchronous: M clients train at once; the server steps along the staleness-weighted mean "
     "change of every K arrivals",
-    "Nguyen et al. 2022, Federated Learning with Buffered Asynchronous Aggregation (AISTATS)", FedBuffParams,
+    "Nguyen et al. 2022, Federated Learning with Buffered Asynchronous Aggregation", FedBuffParams,
     Capabilities(whole_round=True, asynchronous=True, stacks_runs=True), quick={"concurrency": 3, "buffer": 2},
     privacy=(
         PrivacyRow(
@@ -71,4 +71,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="global", venue="AISTATS 2022",
 ))

@@ -162,4 +162,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="NeurIPS 2020",
 ))

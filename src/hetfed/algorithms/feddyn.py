@@ -110,4 +110,5 @@ register(AlgorithmSpec(
             stays="data; its gradient state ∇L_k(θ_k) (`feddyn.grad.<name>`); optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="ICLR 2021",
 ))

@@ -205,4 +205,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="ICML 2021",
 ))

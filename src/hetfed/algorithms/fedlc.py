@@ -80,7 +80,7 @@ class FedLC(FedAvg):
 
 register(AlgorithmSpec(
     "fedlc", FedLC, "FedAvg whose clients calibrate their logits by their own label counts (z_c − τ·n_c^(−1/4))",
-    "Zhang et al. 2022, Federated Learning with Label Distribution Skew via Logits Calibration (ICML)", FedLCParams,
+    "Zhang et al. 2022, Federated Learning with Label Distribution Skew via Logits Calibration", FedLCParams,
     Capabilities(private=True),
     privacy=(
         PrivacyRow(
@@ -91,4 +91,5 @@ register(AlgorithmSpec(
             stays="data; its label counts; optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="ICML 2022",
 ))

@@ -257,4 +257,5 @@ register(AlgorithmSpec(
             stays="specialist, gate, the client's copy of the global model",
         ),
     ),
+    family="personalised", venue="arXiv 2020",
 ))

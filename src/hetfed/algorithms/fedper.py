@@ -36,4 +36,5 @@ register(AlgorithmSpec(
             stays="data; its head (the last layer); optimiser state when kept",
         ),
     ),
+    family="personalised", venue="arXiv 2019",
 ))

@@ -151,7 +151,7 @@ def client_prototypes(model: Model, params: Params, data: ClientData) -> tuple[t
 register(AlgorithmSpec(
     "fedproto", FedProto, "clients keep their models and share class prototypes (mean representations), which "
                           "regularise their training and classify by the nearest one",
-    "Tan et al. 2022, FedProto: Federated Prototype Learning across Heterogeneous Clients (AAAI)", FedProtoParams,
+    "Tan et al. 2022, FedProto: Federated Prototype Learning across Heterogeneous Clients", FedProtoParams,
     Capabilities(uploads="per-class prototypes (mean representations), class counts, sample count, training loss",
                  whole_round=True, server_model=False, personalises=True),
     privacy=(
@@ -163,4 +163,5 @@ register(AlgorithmSpec(
             stays="data; every model parameter; optimiser state when kept",
         ),
     ),
+    family="prototype/contrastive", venue="AAAI 2022",
 ))

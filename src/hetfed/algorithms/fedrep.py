@@ -75,4 +75,5 @@ register(AlgorithmSpec(
             stays="data; its head (the last layer)",
         ),
     ),
+    family="personalised", venue="ICML 2021",
 ))

@@ -116,7 +116,7 @@ class FedRoD(FedAvg):
 register(AlgorithmSpec(
     "fedrod", FedRoD, "a shared body and generic head trained on the balanced-softmax loss, and a personal head per "
                       "client added to the generic logits",
-    "Chen & Chao 2022, On Bridging Generic and Personalized Federated Learning for Image Classification (ICLR)",
+    "Chen & Chao 2022, On Bridging Generic and Personalized Federated Learning for Image Classification",
     capabilities=Capabilities(private=True, personalises=True),
     privacy=(
         PrivacyRow(
@@ -127,4 +127,5 @@ register(AlgorithmSpec(
             stays="data; its label counts; its personal head (`rod.<head name>`); optimiser state when kept",
         ),
     ),
+    family="personalised", venue="ICLR 2022",
 ))

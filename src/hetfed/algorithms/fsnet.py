@@ -194,4 +194,5 @@ register(AlgorithmSpec(
             stays="data",
         ),
     ),
+    family="heterogeneity-specific", venue="arXiv 2022",
 ))

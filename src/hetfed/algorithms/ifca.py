@@ -96,4 +96,5 @@ register(AlgorithmSpec(
             stays="data; optimiser state when kept",
         ),
     ),
+    family="clustered", venue="NeurIPS 2020",
 ))

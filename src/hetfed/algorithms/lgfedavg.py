@@ -38,4 +38,5 @@ register(AlgorithmSpec(
             stays="data; its representation (every layer but the head); optimiser state when kept",
         ),
     ),
+    family="personalised", venue="arXiv 2020",
 ))

@@ -95,7 +95,7 @@ class MOON(FedAvg):
 register(AlgorithmSpec(
     "moon", MOON, "FedAvg plus a contrastive loss pulling the local representation towards the global model's "
                   "and away from the client's previous model's",
-    "Li, He, Song 2021, Model-Contrastive Federated Learning (CVPR)", MOONParams,
+    "Li, He, Song 2021, Model-Contrastive Federated Learning", MOONParams,
     Capabilities(private=True),
     privacy=(
         PrivacyRow(
@@ -106,4 +106,5 @@ register(AlgorithmSpec(
             stays="data; its previous local model (`moon.prev.<name>`); optimiser state when kept",
         ),
     ),
+    family="prototype/contrastive", venue="CVPR 2021",
 ))

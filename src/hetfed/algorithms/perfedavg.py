@@ -139,4 +139,5 @@ register(AlgorithmSpec(
             stays="data",
         ),
     ),
+    family="personalised", venue="NeurIPS 2020",
 ))

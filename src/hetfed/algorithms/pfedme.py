@@ -108,4 +108,5 @@ register(AlgorithmSpec(
             stays="data; its personalised model θ_i (`pfedme.theta.<name>`)",
         ),
     ),
+    family="personalised", venue="NeurIPS 2020",
 ))

@@ -53,6 +53,10 @@ class PrivacyRow(NamedTuple):
     stays: str  # what never leaves the client
 
 
+#: the kinds of method, as the leaderboard and the docs group them
+FAMILIES = ("global", "heterogeneity-specific", "personalised", "clustered", "prototype/contrastive")
+
+
 @dataclass(frozen=True)
 class AlgorithmSpec:
     """One registered algorithm."""
@@ -72,6 +76,14 @@ class AlgorithmSpec:
     model: Mapping[str, Any] = field(default_factory=dict)
     #: its rows of the privacy table (docs/methods.md), written by :func:`privacy_table`
     privacy: tuple[PrivacyRow, ...] = ()
+    #: what kind of method it is (one of :data:`FAMILIES`): how the leaderboard and the docs group methods
+    family: str = "global"
+    #: where its paper appeared ("ICML 2021", "arXiv 2020"; "" for a baseline of no paper)
+    venue: str = ""
+
+    def __post_init__(self) -> None:
+        if self.family not in FAMILIES:
+            raise ValueError(f"algorithm {self.name!r}: family = {self.family!r}; expected one of {', '.join(FAMILIES)}")
 
     def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
         """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
@@ -89,7 +101,8 @@ class AlgorithmSpec:
         caps = asdict(self.capabilities)
         caps["views"] = list(caps["views"])
         caps["model_kinds"] = list(caps["model_kinds"]) if caps["model_kinds"] is not None else None
-        return {"name": self.name, "summary": self.summary, "paper": self.paper, "params": params,
+        return {"name": self.name, "summary": self.summary, "paper": self.paper, "family": self.family,
+                "venue": self.venue, "params": params,
                 "capabilities": caps, "quick": dict(self.quick),
                 **({"model": dict(self.model)} if self.model else {})}
 

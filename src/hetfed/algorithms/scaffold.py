@@ -183,4 +183,5 @@ register(AlgorithmSpec(
             stays="data; its control variate c_i; optimiser state when kept",
         ),
     ),
+    family="heterogeneity-specific", venue="ICML 2020",
 ))
