@@ -167,6 +167,7 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
                                        ("personalised", caps["personalises"]),
                                        ("asynchronous (simulated clock)", caps["asynchronous"]),
                                        ("stacks across runs and versions", caps["stacks_runs"])) if on]
+        flags.append(f"batch-norm statistics: {caps['buffers']}")
         from rich.text import Text
 
         console.print(Text.assemble((d["name"], "bold"), f" — {d['summary']}"), soft_wrap=True)

@@ -53,6 +53,10 @@ __all__ = [
 ]
 
 
+#: what an algorithm may do with a model's buffers (``Capabilities.buffers``)
+BUFFER_HANDLING = ("aggregated", "local", "reset")
+
+
 @dataclass(frozen=True)
 class Capabilities:
     """What an algorithm does that the rest of hetfed must know — declared in its registry entry
@@ -74,6 +78,9 @@ class Capabilities:
         (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
     asynchronous: its server merges arrivals as they come on the simulated clock (``merge``, FedBuff and FedAsync:
         :mod:`hetfed.executors.asynchronous` drives it instead of synchronous rounds).
+    buffers: what happens to a model's buffers (batch norm's running statistics) of its shared part: ``aggregated``
+        (uploaded and combined with the parameters, FedAvg), ``local`` (each client keeps its own, FedBN), or
+        ``reset`` (they start afresh each round). Tested against each method's real upload with a batch-norm CNN.
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -89,6 +96,11 @@ class Capabilities:
     model_reason: str = ""
     stacks_runs: bool = False
     asynchronous: bool = False
+    buffers: str = "aggregated"
+
+    def __post_init__(self) -> None:
+        if self.buffers not in BUFFER_HANDLING:
+            raise ValueError(f"Capabilities.buffers = {self.buffers!r}; expected one of {', '.join(BUFFER_HANDLING)}")
 
 
 @dataclass(frozen=True, eq=False)

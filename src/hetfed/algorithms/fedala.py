@@ -67,7 +67,7 @@ class FedALA(FedAvg):
 
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
-        shared = [s.name for s in model.specs() if not s.local]
+        shared = [s.name for s in model.specs() if not s.local and not s.buffer]  # no weights on running statistics
         self._top = shared[-self.params.layers:]
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:

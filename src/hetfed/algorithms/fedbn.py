@@ -38,7 +38,7 @@ class FedBN(PartlyPersonal):
 register(AlgorithmSpec(
     "fedbn", FedBN, "FedAvg, but every batch-norm layer (scale, shift, running statistics) stays on its client",
     "Li et al. 2021, FedBN: Federated Learning on Non-IID Features via Local Batch Normalization",
-    capabilities=Capabilities(uploads="every parameter but the batch-norm layers', sample count, training loss",
+    capabilities=Capabilities(uploads="every parameter but the batch-norm layers', sample count, training loss", buffers="local",
                               private=True, personalises=True, model_kinds=("cnn4",),
                               model_reason="it keeps batch-norm layers local: use model.kind cnn4 with "
                                            "model.batch_norm: true"),

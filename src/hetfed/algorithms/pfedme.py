@@ -62,18 +62,20 @@ class PFedMe(FedAvg):
         shared = list(bc.params)
         lam, eta_p, steps = self.params.lam, self.params.personal_lr, self.params.inner_steps
         theta = {k: v.clone() for k, v in bc.stacked(n).items()}  # θ starts at the received global model
+        buffers = set(self.model.buffer_names)
 
         def objective(p: Params, xb, yb, mask, noise):
             active = mask.sum(1) > 0
             w = {k: p[k].detach() for k in shared}
             current = dict(theta)
             for _ in range(steps):
-                with torch.enable_grad():
-                    leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-                    f = cross_entropy(self.model, {**leaves, **{k: p[k].detach() for k in local}}, xb, yb, mask, noise)
+                with torch.enable_grad():  # batch norm's running statistics are no unknown of the inner problem
+                    leaves = {k: v.detach().requires_grad_(True) for k, v in current.items() if k not in buffers}
+                    f = cross_entropy(self.model, {**current, **leaves, **{k: p[k].detach() for k in local}}, xb, yb,
+                                      mask, noise)
                     grads = torch.autograd.grad(f.sum(), list(leaves.values()))
-                current = {k: (v - eta_p * (g + lam * (v - w[k]))).detach()
-                           for (k, v), g in zip(leaves.items(), grads, strict=True)}
+                current = {**current, **{k: (v - eta_p * (g + lam * (v - w[k]))).detach()
+                                         for (k, v), g in zip(leaves.items(), grads, strict=True)}}
             for k, v in current.items():  # a client without data in this step keeps its θ
                 theta[k] = torch.where(active.view(-1, *([1] * (v.dim() - 1))), v, theta[k])
             with torch.no_grad():

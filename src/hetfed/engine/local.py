@@ -176,7 +176,9 @@ def train_stack(
     """
     device = data.x.device
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
-    names = [k for k in (trainable if trainable is not None else list(params)) if k not in buffers]
+    # a method's copy of the model (APFL's local model ``apfl.local.<name>``) has the model's buffers under a prefix
+    names = [k for k in (trainable if trainable is not None else list(params))
+             if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
     fixed = {k: v for k, v in params.items() if k not in names}
     # own copies: the optimiser updates in place, the caller's tensors stay untouched
     current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}

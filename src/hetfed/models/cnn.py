@@ -204,21 +204,27 @@ class FedAvgCNN(LeNet):
         x = F.relu(_pool(self._bn(p, "bn2", x, rows, updates))).flatten(1)
         return F.relu(self._bn(p, "bn3", F.linear(x, p["fc1.weight"], p["fc1.bias"]), rows, updates))
 
-    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        """With batch norm, the training forward's own (each client's batch statistics, the running statistics'
+        new values into ``noise.updates``) when ``noise`` is given: a method that trains through ``features``
+        and ``head`` (MOON, FedRoD, FedProto, FedGen) trains the same network as the plain forward."""
         if not self.batch_norm:
-            return super().forward(params, x, noise)
-        w, b = self.head_names
+            return super().features(params, x, noise)
         out, new = [], []
         for i in range(x.shape[0]):  # per client: its own batch statistics (a loop on every device)
             p = {k: v[i] for k, v in params.items()}
             updates: dict[str, torch.Tensor] = {}
-            z = self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if noise is not None else None, updates)
+            out.append(self._features_bn(p, x[i], max(int(noise.rows[i]), 1) if noise is not None else None, updates))
             # a client without rows this step keeps its running statistics
             new.append({k: v if noise is not None and noise.rows[i] else p[k] for k, v in updates.items()})
-            out.append(F.linear(z, p[w], p[b]))
         if noise is not None and new and new[0]:
             noise.updates.update({k: torch.stack([u[k] for u in new]) for k in new[0]})
         return torch.stack(out)
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        if not self.batch_norm:
+            return super().forward(params, x, noise)
+        return self.head(params, self.features(params, x, noise))
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (32 * self.h * self.w + 64 * self.h * self.w // 4 + 512)

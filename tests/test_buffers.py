@@ -1,0 +1,81 @@
+"""Batch-norm state, explicitly (#48 §3): what each algorithm does with a model's buffers is declared
+(``Capabilities.buffers``) and checked against what it really uploads and keeps, with PFLlib's 4-layer CNN and
+batch normalisation — the zoos' most reported baseline bug is FedAvg averaging these statistics or not."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from hetfed.algorithms import algorithm_for, registry
+from hetfed.config import build_config
+from hetfed.engine.rng import CLIENT_INIT, SERVER_INIT, torch_gen
+from hetfed.engine.types import stack_states
+from hetfed.executors.inprocess import Pool, client_data
+from hetfed.pipeline import prepare
+
+
+def _round(name: str, clients=(0, 1)):
+    spec = registry.get(name)
+    method = {"name": "m", "algorithm": name, "model": {"kind": "cnn4", "batch_norm": True}, "params": dict(spec.quick)}
+    cfg = build_config({"partition": {"clients": 3}, "train": {"rounds": 1, "local_steps": 2}, "methods": [method]})
+    fed = prepare(cfg, progress=False).federation
+    algo = algorithm_for(cfg, cfg.methods[0], fed.input_shape, fed.n_classes)
+    server = algo.server_init(torch_gen(0, SERVER_INIT))
+    states = stack_states([algo.client_init(k, torch_gen(0, CLIENT_INIT, k)) for k in clients])
+    pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
+    upload, new = algo.local_update(algo.broadcast(server, 0), states, client_data(pool, list(clients), 0))
+    return algo, server, states, upload, new
+
+
+def _carried(names, buffer: str) -> bool:
+    """``buffer`` among ``names``, as itself or as a method's copy of the model (``cluster.1.bn1.running_mean``)."""
+    return any(n == buffer or n.endswith("." + buffer) for n in names)
+
+
+@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).cls.__module__.startswith("hetfed.")])
+def test_every_algorithm_does_with_batch_norm_statistics_what_it_declares(name):
+    algo, _, _, upload, new = _round(name)
+    buffers = algo.model.buffer_names
+    assert buffers
+    declared = algo.capabilities.buffers
+    uploaded = [b for b in buffers if _carried(upload.params, b)]
+    kept = [b for b in buffers if _carried(new, b)]
+    if declared == "aggregated":
+        assert uploaded == buffers, f"{name} declares aggregated statistics but uploads only {uploaded}"
+    elif declared == "local":
+        assert not uploaded and kept == buffers, f"{name} declares local statistics: uploads {uploaded}, keeps {kept}"
+
+
+def test_fedavg_averages_the_running_statistics_weighted_by_samples():
+    algo, server, _, upload, _ = _round("fedavg")
+    new = algo.aggregate(server, upload)
+    w = upload.num_samples / upload.num_samples.sum()
+    for b in algo.model.buffer_names:
+        want = (upload.params[b] * w.view(-1, *([1] * (upload.params[b].dim() - 1)))).sum(0)
+        torch.testing.assert_close(new.params[b], want)
+        assert not torch.equal(new.params[b], server.params[b])  # the clients' statistics moved
+
+
+def test_fedbn_keeps_each_clients_statistics_and_starts_its_next_round_from_them():
+    algo, server, states, upload, new = _round("fedbn")
+    for b in algo.model.buffer_names:
+        assert b not in upload.params and b not in server.params
+        assert not torch.equal(new[b][0], states[b][0])  # updated by the client's own batches
+        assert not torch.equal(new[b][0], new[b][1])  # two clients, two sets of statistics
+
+
+def test_ditto_aggregates_the_global_models_statistics_and_keeps_the_personal_models_own():
+    algo, server, states, upload, new = _round("ditto")
+    for b in algo.model.buffer_names:
+        assert b in upload.params
+        personal = "ditto." + b
+        assert not torch.equal(new[personal][0], states[personal][0])  # the personal pass updates its own
+        assert not torch.equal(new[personal][0], upload.params[b][0])  # and they are not the global model's
+
+
+def test_an_unknown_buffer_handling_is_refused():
+    from hetfed.interface import Capabilities
+
+    with pytest.raises(ValueError, match=r"buffers = 'averaged'; expected one of aggregated, local, reset"):
+        Capabilities(buffers="averaged")
