@@ -254,3 +254,61 @@ def test_fedproto_predicts_the_class_of_the_nearest_global_prototype():
     want = -torch.stack([((z - p) ** 2).mean(-1) for p in prototypes], -1)
     torch.testing.assert_close(logits, want)
     assert logits[0].argmax() == 0
+
+
+# ---------------------------------------------------------------------------------------------- FedDBE
+
+
+def test_feddbe_first_round_trains_plainly_and_fixes_the_global_mean_from_the_running_means():
+    from hetfed.algorithms.feddbe import MEMORY
+
+    m = 0.1
+    algo, server, state, data, x, y = _setup("feddbe", {"kappa": 2.0, "momentum": m})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = server.params
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    z = torch.relu(x @ leaves[BODY[0]] + leaves[BODY[1]])
+    loss = F.cross_entropy(z @ leaves[HEAD[0]] + leaves[HEAD[1]], y)  # no memory, no regulariser yet
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    for (k, v), g in zip(w.items(), grads, strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * g)
+    torch.testing.assert_close(upload.extra["running_mean"][0], m * z.detach().mean(0))  # r = (1 − m)·0 + m·mean z
+    assert torch.equal(new[MEMORY][0], state[MEMORY])  # untouched
+    # the server: the sample-weighted mean of the running means, once
+    from hetfed.engine.types import Upload
+
+    two = Upload([0, 1], {k: torch.stack([v[0], v[0]]) for k, v in upload.params.items()}, torch.tensor([1.0, 3.0]),
+                 {"train_loss": torch.zeros(2), "running_mean": torch.stack([torch.ones(4), torch.full((4,), 5.0)])})
+    after = algo.aggregate(server, two)
+    torch.testing.assert_close(after.extra["global_mean"], torch.full((4,), (1 * 1 + 3 * 5) / 4))
+    assert after.extra["known"] == 1
+    again = algo.aggregate(after, Upload([0], {k: v[:1] for k, v in two.params.items()}, torch.tensor([1.0]),
+                                         {"train_loss": torch.zeros(1), "running_mean": torch.zeros(1, 4)}))
+    torch.testing.assert_close(again.extra["global_mean"], after.extra["global_mean"])  # fixed from then on
+
+
+def test_feddbe_adds_the_clients_memory_before_the_head_and_regularises_the_running_mean():
+    from hetfed.algorithms.feddbe import MEMORY
+
+    kappa, m = 2.0, 0.1
+    algo, server, state, data, x, y = _setup("feddbe", {"kappa": kappa, "momentum": m})
+    g = torch.linspace(-0.5, 0.5, 4)
+    server = type(server)(server.params, 1, {"global_mean": g, "known": torch.tensor(1.0)})
+    memory = torch.tensor([0.2, -0.1, 0.3, 0.0])
+    state = {**state, MEMORY: memory}
+    upload, new = algo.local_update(algo.broadcast(server, 1), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = server.params
+    leaves = {k: v.clone().requires_grad_(True) for k, v in w.items()}
+    mem = memory.clone().requires_grad_(True)
+    z = torch.relu(x @ leaves[BODY[0]] + leaves[BODY[1]])
+    r = m * z.mean(0)  # the running mean after one step from 0
+    loss = F.cross_entropy((z + mem) @ leaves[HEAD[0]] + leaves[HEAD[1]], y) + kappa * (0.5 * (r - g) ** 2).mean()
+    grads = torch.autograd.grad(loss, [*leaves.values(), mem])
+    for (k, v), gr in zip(w.items(), grads[:-1], strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * gr)
+    torch.testing.assert_close(new[MEMORY][0], memory - LR * grads[-1])
+    pred = algo.predictor(algo.broadcast(server, 2), new, 1)
+    held = pred.params
+    z2 = torch.relu(x @ held[BODY[0]][0] + held[BODY[1]][0])
+    torch.testing.assert_close(pred.model.forward(held, x.unsqueeze(0))[0],
+                               (z2 + held[MEMORY][0]) @ held[HEAD[0]][0] + held[HEAD[1]][0])
