@@ -21,7 +21,6 @@ applies. The server averages the model as FedAvg; ``z̄_k`` never leaves its cli
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms._personal import body_of
@@ -34,7 +33,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 
@@ -104,8 +103,7 @@ class FedDBE(FedAvg):
             r = torch.where(real[:, None] > 0, (1 - m) * running["r"] + m * batch_mean, running["r"])
             running["r"] = r.detach()  # the next step's r: this batch's term carries no gradient there
             logits = model.head(params, z + params[MEMORY][:, None, :] if dbe else z)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
-            ce = (ce * mask).sum(1) / real.clamp(min=1)
+            ce = client_mean(row_cross_entropy(logits, yb), mask)
             if not dbe or kappa == 0:
                 return ce, ce
             return ce + kappa * (0.5 * (r - global_mean.to(r.device)) ** 2).mean(1), ce

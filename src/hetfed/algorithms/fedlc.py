@@ -33,7 +33,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import Objective
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState
 from hetfed.models.base import Noise, Params
 
@@ -69,11 +69,9 @@ class FedLC(FedAvg):
 
         def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
             logits = model.forward(params, xb, noise)
-            real = mask.sum(1).clamp(min=1)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
             # it descends the calibrated loss and reports the plain cross-entropy (comparable across methods)
             calibrated = calibrated_loss(logits, yb, counts, tau, denominator)
-            return (calibrated * mask).sum(1) / real, (ce * mask).sum(1) / real
+            return client_mean(calibrated, mask), client_mean(row_cross_entropy(logits, yb), mask)
 
         return objective
 

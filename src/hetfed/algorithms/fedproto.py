@@ -20,7 +20,6 @@ client's model starts as the server's initial draw. The server holds no model (`
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms._personal import body_of, initial_model
@@ -33,7 +32,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, predict
-from hetfed.engine.local import Objective
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model, Noise, Params, ParamSpec
@@ -102,11 +101,10 @@ class FedProto(Algorithm):
         def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
             z = model.features(params, xb, noise)
             logits = model.head(params, z)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
+            ce = row_cross_entropy(logits, yb)
             target = prototypes.to(z.device)[yb]  # [n, b, d]
             regulariser = (z - target).pow(2).mean(-1) * known.to(z.device)[yb]
-            real = mask.sum(1).clamp(min=1)
-            return ((ce + lam * regulariser) * mask).sum(1) / real, (ce * mask).sum(1) / real
+            return client_mean(ce + lam * regulariser, mask), client_mean(ce, mask)
 
         return objective
 

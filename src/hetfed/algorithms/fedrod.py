@@ -19,7 +19,6 @@ the model's head). The class counts never leave the client.
 from __future__ import annotations
 
 import torch
-import torch.nn.functional as F
 
 from hetfed.algorithms._personal import head_of, initial_model
 from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state, train_clients
@@ -30,7 +29,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 
@@ -41,8 +40,7 @@ PERSONAL = "rod."
 def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor) -> torch.Tensor:
     """Each row's ``CE(logits + log n, y)`` ``[n, batch]`` for stacked logits [n, batch, C] and each client's
     class counts [n, C] (a class the client does not hold gets logit −∞: out of its softmax)."""
-    shifted = logits + counts.log()[:, None, :]
-    return F.cross_entropy(shifted.reshape(-1, shifted.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+    return row_cross_entropy(logits + counts.log()[:, None, :], y)
 
 
 class TwoHeads(Model):
@@ -91,11 +89,9 @@ class FedRoD(FedAvg):
             generic = model.head(params, z)
             fixed = {k: v.detach() for k, v in params.items()}
             personal = model.head({**fixed, **both.personal(params)}, z.detach())
-            ce = F.cross_entropy((generic.detach() + personal).reshape(-1, generic.shape[-1]), yb.reshape(-1),
-                                 reduction="none").view(yb.shape)
-            real = mask.sum(1).clamp(min=1)
-            rows = balanced_softmax_loss(generic, yb, counts) + ce
-            return (rows * mask).sum(1) / real, (ce * mask).sum(1) / real  # reports the personalised model's CE
+            ce = row_cross_entropy(generic.detach() + personal, yb)
+            # it reports the personalised model's cross-entropy
+            return client_mean(balanced_softmax_loss(generic, yb, counts) + ce, mask), client_mean(ce, mask)
 
         return objective
 

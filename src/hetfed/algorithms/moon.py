@@ -29,7 +29,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import Objective
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 from hetfed.models.base import Model, Noise, Params
 
@@ -57,14 +57,12 @@ def moon_objective(model: Model, glob: Params, prev: Params, mu: float, tau: flo
     def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
         z = model.features(params, xb, noise)
         logits = model.head(params, z)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
+        ce = row_cross_entropy(logits, yb)
         with torch.no_grad():  # the global and previous models are frozen; the client's own rows (CGAU) are kept
             own = {k: v.detach() for k, v in params.items()}
             z_glob = model.features({**own, **glob}, xb, None)
             z_prev = model.features({**own, **prev}, xb, None)
-        rows = ce + mu * contrastive_loss(z, z_glob, z_prev, tau)
-        real = mask.sum(1).clamp(min=1)
-        return (rows * mask).sum(1) / real, (ce * mask).sum(1) / real
+        return client_mean(ce + mu * contrastive_loss(z, z_glob, z_prev, tau), mask), client_mean(ce, mask)
 
     return objective
 

@@ -38,12 +38,21 @@ Objective = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, Noise], 
 Projection = Callable[[Params], Params]
 
 
+def row_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Each row's cross-entropy ``[n, batch]`` of stacked logits ``[n, batch, C]`` and labels ``[n, batch]``."""
+    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+
+
+def client_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Each client's mean ``[n]`` of a per-row quantity ``[n, batch]`` over its real rows (``mask``: 1 real, 0
+    padding; a client without rows gets 0): the loss an objective returns."""
+    return (rows * mask).sum(1) / mask.sum(1).clamp(min=1)
+
+
 def cross_entropy(model: Model, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor,
                   noise: Noise | None = None) -> torch.Tensor:
     """Each client's mean cross-entropy ``[n]`` over its real rows (``mask`` [n, batch]: 1 real, 0 padding)."""
-    logits = model.forward(params, xb, noise)
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
-    return (ce * mask).sum(1) / mask.sum(1).clamp(min=1)
+    return client_mean(row_cross_entropy(model.forward(params, xb, noise), yb), mask)
 
 
 @dataclass(frozen=True)
