@@ -312,3 +312,56 @@ def test_feddbe_adds_the_clients_memory_before_the_head_and_regularises_the_runn
     z2 = torch.relu(x @ held[BODY[0]][0] + held[BODY[1]][0])
     torch.testing.assert_close(pred.model.forward(held, x.unsqueeze(0))[0],
                                (z2 + held[MEMORY][0]) @ held[HEAD[0]][0] + held[HEAD[1]][0])
+
+
+# ---------------------------------------------------------------------------------------------- kNN-Per
+
+
+def test_knnper_mixes_the_models_distribution_with_its_k_nearest_neighbours_in_the_clients_datastore():
+    from hetfed.algorithms.knnper import KEYS, LABELS, NearestNeighbours
+
+    algo, server, state, data, x, y = _setup("knnper")
+    k, lam, scale = 3, 0.4, 2.0
+    w = server.params
+    z = torch.relu(x @ w[BODY[0]] + w[BODY[1]])  # the representations (d = 4)
+    store = torch.randn(5, 4, generator=torch.Generator().manual_seed(2)).abs()
+    store_y = torch.tensor([0, 1, 1, 0, 1])
+    params = {**{n: v.unsqueeze(0) for n, v in w.items()}, KEYS: torch.cat([store, torch.zeros(2, 4)]).unsqueeze(0),
+              LABELS: torch.cat([store_y, torch.tensor([-1, -1])]).unsqueeze(0)}  # two empty slots
+    got = NearestNeighbours(algo.model, k, lam, scale).forward(params, x.unsqueeze(0))[0]
+    for i in range(len(x)):
+        d2 = ((store - z[i]) ** 2).sum(1)
+        near = d2.argsort()[:k]
+        sim = torch.exp(-d2[near] / (4 * scale))
+        p_knn = torch.stack([(sim * (store_y[near] == c)).sum() for c in range(2)]) / sim.sum()
+        p_model = torch.softmax(z[i] @ w[HEAD[0]] + w[HEAD[1]], -1)
+        torch.testing.assert_close(got[i], torch.log(lam * p_knn + (1 - lam) * p_model), rtol=1e-5, atol=1e-6)
+
+
+def test_knnpers_datastore_holds_the_clients_training_representations_up_to_its_capacity():
+    from hetfed.engine.evaluate import ClientEvalData
+
+    algo, server, state, data, x, y = _setup("knnper", {"capacity": 4})
+    train = [np.arange(6), np.array([1, 3])]
+    ev = ClientEvalData([0, 1], x, y, [np.arange(0)] * 2, [np.arange(0)] * 2, x, y, 2, None, train)
+    params = {n: v.unsqueeze(0).expand(2, *v.shape) for n, v in server.params.items()}
+    keys, labels = algo.datastores(params, ev)
+    assert keys.shape == (2, 4, 4) and labels.shape == (2, 4)
+    assert (labels[0] >= 0).all() and labels[1].tolist()[2:] == [-1, -1]  # client 1 holds two samples
+    z = torch.relu(x @ server.params[BODY[0]] + server.params[BODY[1]])
+    torch.testing.assert_close(keys[1, :2], z[[1, 3]])
+    # client 0 holds six: four of them, the same four every time (its own stream)
+    again, _ = algo.datastores(params, ev)
+    assert torch.equal(keys, again)
+    picked = [int(((z - row) ** 2).sum(1).argmin()) for row in keys[0]]
+    assert len(set(picked)) == 4 and labels[0].tolist() == y[picked].tolist()
+
+
+def test_knnper_with_no_weight_on_the_neighbours_predicts_as_fedavg():
+    from hetfed.algorithms.knnper import KEYS, LABELS, NearestNeighbours
+
+    algo, server, state, data, x, y = _setup("knnper")
+    w = {n: v.unsqueeze(0) for n, v in server.params.items()}
+    params = {**w, KEYS: torch.rand(1, 3, 4), LABELS: torch.tensor([[0, 1, 1]])}
+    got = NearestNeighbours(algo.model, 5, 0.0, 1.0).forward(params, x.unsqueeze(0))
+    torch.testing.assert_close(got, torch.log_softmax(algo.model.forward(w, x.unsqueeze(0)), -1))

@@ -21,6 +21,7 @@ DROPOUT, STRAGGLER, ATTACKERS, DP_NOISE = 31, 32, 33, 34  # faults, malicious cl
 CLOCK, ASYNC_DISPATCH = 35, 36  # the simulated clock's client speeds; which idle client an async server starts
 QUANTISE = 42  # a compressor's stochastic rounding of a client's update (hetfed.server.compression)
 LOCAL_PHASE = 41  # a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
+DATASTORE = 43  # which training samples a client keeps in its kNN-Per datastore when it holds more than its capacity
 
 
 def derive_seed(*parts: int) -> int:
