@@ -1,16 +1,20 @@
 #!/usr/bin/env bash
-# Every GPU measurement #47 asks for, in one go, for a session that is lent a GPU (~7 minutes on an H100):
-# the CUDA tests (streams bit-identical to the CPU's, a round's step loop that never synchronises, CUDA-graph
-# replays = eager steps), the
-# equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with train.capture on and off and
-# their stacked ideal eager and captured as a CUDA graph, the unequal workload's round with its stacked ideal and GEMM limit, PFLlib's own loop
-# on the same federation and device, and stacked sweeps of 1, 5 and 20 seeds. JSON per step, steps.txt and errors.log go to $OUT (default
-# ./gpu-results); each step has a time limit, its failure is recorded and the next one still runs.
+# Every GPU measurement #47 asks for, in one go, for a session that is lent a GPU (~3 minutes on an H100):
+# - the CUDA tests: streams bit-identical to the CPU's, an eager step loop that never synchronises, CUDA-graph
+#   replays = eager steps (tests/test_capture.py);
+# - the equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with train.capture on and off,
+#   and their stacked ideal eager and captured as a CUDA graph (engine.py);
+# - the unequal workload's round with its stacked ideal and GEMM limit (unequal.py);
+# - stacked sweeps of 1, 5 and 20 seeds (stacked_sweep.py);
+# - with PFLLIB set, PFLlib's own loop on the same federation and device (peers.py).
+# One JSON per step, steps.txt and errors.log go to $OUT (default ./gpu-results): at most 8 files, what the device
+# tool brings back. Each step has a time limit; a failure is recorded and the next step still runs.
 #
 #     OUT=/path PFLLIB=/path/to/PFLlib/system bash benchmarks/gpu.sh
 #
-# The device machine has no hetfed install and no network: the source is read from src/ (PYTHONPATH), and a
-# missing package travels as wheels (see docs/scale.md).
+# The device machine has no hetfed install and no network: the source is read from src/ (PYTHONPATH). Its image
+# lacks pydantic: carry pydantic, pydantic_core, annotated-types and typing-inspection as cp312 wheels and put
+# them on PYTHONPATH first (results/gpu_h100_2026-11-26/README.md has the commands that ran).
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
