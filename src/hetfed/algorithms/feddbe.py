@@ -35,7 +35,7 @@ from hetfed.algorithms.registry import (
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
-from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
 
 #: the client's representation bias memory z̄_k in its state
 MEMORY = "dbe.memory"
@@ -47,19 +47,11 @@ class FedDBEParams(AlgorithmParams):
     momentum: float = Field(0.1, gt=0, le=1, description="m, the running mean's momentum (PFLlib's default 0.1)")
 
 
-class WithMemory(Model):
+class WithMemory(Derived):
     """The model with each client's representation bias memory added before the head: ``h(z + z̄_k)``."""
 
     def __init__(self, base: Model):
-        self.base, self.n_classes = base, base.n_classes
-        self._specs = [*base.specs(), ParamSpec(MEMORY, (base.latent_dim,), lambda g, s: torch.zeros(s), local=True)]
-
-    def specs(self) -> list[ParamSpec]:
-        return self._specs
-
-    @property
-    def reads_rows(self) -> bool:  # type: ignore[override]
-        return self.base.reads_rows
+        super().__init__(base, [ParamSpec(MEMORY, (base.latent_dim,), lambda g, s: torch.zeros(s), local=True)])
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         return self.base.head(params, self.base.features(params, x, noise) + params[MEMORY][:, None, :])
@@ -128,13 +120,12 @@ class FedDBE(FedAvg):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         new = super().aggregate(state, upload)
-        if state.extra["known"] > 0 or not upload.client_ids:
-            return ServerState(new.params, new.round, {**new.extra, "global_mean": state.extra["global_mean"],
-                                                        "known": state.extra["known"]})
-        w = upload.num_samples.to(torch.float64) / upload.num_samples.to(torch.float64).sum()
-        global_mean = (upload.extra["running_mean"].to(torch.float64) * w[:, None]).sum(0).float()
-        return ServerState(new.params, new.round, {**new.extra, "global_mean": global_mean.cpu(),
-                                                    "known": torch.tensor(1.0)})
+        mean, known = state.extra["global_mean"], state.extra["known"]
+        if not known > 0 and upload.client_ids:  # the first round's running means fix the global mean, once
+            w = upload.num_samples.to(torch.float64) / upload.num_samples.to(torch.float64).sum()
+            mean = (upload.extra["running_mean"].to(torch.float64) * w[:, None]).sum(0).float().cpu()
+            known = torch.tensor(1.0)
+        return ServerState(new.params, new.round, {**new.extra, "global_mean": mean, "known": known})
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with ``h(z + z̄_k)``."""

@@ -35,7 +35,7 @@ from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.interface import Algorithm
-from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.models.base import Derived, Model, Noise, Params, Representation
 
 #: a class without a prototype: its logit
 FAR = -1e9
@@ -46,28 +46,12 @@ class FedProtoParams(AlgorithmParams):
                                               "(PFLlib's default 1.0)")
 
 
-class _Features(Model):
-    """The representation as a model's output (to compute it with the evaluation's batched ``predict``)."""
-
-    def __init__(self, base: Model):
-        self.base, self.n_classes = base, base.latent_dim
-
-    def specs(self) -> list[ParamSpec]:
-        return self.base.specs()
-
-    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
-        return self.base.features(params, x, noise)
-
-
-class NearestPrototype(Model):
+class NearestPrototype(Derived):
     """Logits ``−‖z − C̄_j‖²/d``: the class of the nearest global prototype wins."""
 
     def __init__(self, base: Model, prototypes: torch.Tensor, known: torch.Tensor):
-        self.base, self.n_classes = base, base.n_classes
+        super().__init__(base)
         self.prototypes, self.known = prototypes, known.bool()
-
-    def specs(self) -> list[ParamSpec]:
-        return self.base.specs()
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         z = self.base.features(params, x, noise)  # [n, b, d]
@@ -138,7 +122,7 @@ def client_prototypes(model: Model, params: Params, data: ClientData) -> tuple[t
     """Each client's mean representation per class ``[n, C, d]`` on its training data (no dropout) and its
     class counts ``[n, C]``."""
     counts = data.label_counts(model.n_classes)
-    reps = predict(_Features(model), params, data.x, data.indices)
+    reps = predict(Representation(model), params, data.x, data.indices)
     out = torch.zeros(len(reps), model.n_classes, model.latent_dim, device=counts.device)
     for k, (z, index) in enumerate(zip(reps, data.indices, strict=True)):
         labels = data.y[torch.as_tensor(index, device=data.y.device)].long()

@@ -21,7 +21,7 @@ from __future__ import annotations
 import torch
 
 from hetfed.algorithms._personal import head_of, initial_model
-from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state, train_clients
+from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state
 from hetfed.algorithms.registry import (
     AlgorithmSpec,
     Capabilities,
@@ -30,8 +30,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
-from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state
+from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
 
 #: the personal head's parameters in a client's state
 PERSONAL = "rod."
@@ -43,21 +43,13 @@ def balanced_softmax_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.T
     return row_cross_entropy(logits + counts.log()[:, None, :], y)
 
 
-class TwoHeads(Model):
+class TwoHeads(Derived):
     """A model whose logits are its generic head's plus a personal head's (``rod.<head name>``) on one body."""
 
     def __init__(self, base: Model):
-        self.base, self.n_classes = base, base.n_classes
         head = set(head_of(base, "fedrod"))
-        self._specs = [*base.specs(), *(ParamSpec(PERSONAL + s.name, s.shape, s.init, local=True)
-                                        for s in base.specs() if s.name in head)]
-
-    def specs(self) -> list[ParamSpec]:
-        return self._specs
-
-    @property
-    def reads_rows(self) -> bool:  # type: ignore[override]
-        return self.base.reads_rows
+        super().__init__(base, [ParamSpec(PERSONAL + s.name, s.shape, s.init, local=True)
+                                for s in base.specs() if s.name in head])
 
     def personal(self, params: Params) -> Params:
         return {k[len(PERSONAL):]: v for k, v in params.items() if k.startswith(PERSONAL)}
@@ -94,14 +86,6 @@ class FedRoD(FedAvg):
             return client_mean(balanced_softmax_loss(generic, yb, counts) + ce, mask), client_mean(ce, mask)
 
         return objective
-
-    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        n = len(data.client_ids)
-        local, kept_opt = split_state(states)  # local: the model's own parameters and the personal head
-        objective = self._objective(bc, data, states)
-        params, opt_state, loss = train_clients(self, {**bc.stacked(n), **local}, kept_opt, data, bc.lr,
-                                                objective=objective)
-        return Upload.of(data, params, bc.params, loss), {**{k: params[k] for k in local}, **opt_state}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with the generic head's logits plus its personal head's."""

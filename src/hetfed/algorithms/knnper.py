@@ -23,7 +23,6 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import body_of
 from hetfed.algorithms.fedavg import FedAvg
-from hetfed.algorithms.fedproto import _Features
 from hetfed.algorithms.registry import (
     AlgorithmParams,
     AlgorithmSpec,
@@ -34,7 +33,7 @@ from hetfed.algorithms.registry import (
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict
 from hetfed.engine.rng import DATASTORE, derive_seed
 from hetfed.engine.types import Broadcast, ClientState, split_state
-from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.models.base import Derived, Model, Noise, Params, Representation
 
 KEYS, LABELS = "knn.keys", "knn.labels"
 
@@ -46,15 +45,12 @@ class KNNPerParams(AlgorithmParams):
     capacity: int = Field(500, ge=1, description="at most this many training samples in a client's datastore")
 
 
-class NearestNeighbours(Model):
+class NearestNeighbours(Derived):
     """The model mixed with each client's kNN distribution over its datastore (``knn.keys``, ``knn.labels``)."""
 
     def __init__(self, base: Model, k: int, weight: float, scale: float):
-        self.base, self.n_classes = base, base.n_classes
+        super().__init__(base)
         self.k, self.weight, self.scale = k, weight, scale
-
-    def specs(self) -> list[ParamSpec]:
-        return self.base.specs()
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         z = self.base.features(params, x, None)  # [n, b, d]
@@ -86,7 +82,7 @@ class KNNPer(FedAvg):
         kept = [idx if len(idx) <= cap else np.sort(np.random.default_rng(derive_seed(self.context.seed, DATASTORE, c))
                                                       .choice(idx, cap, replace=False))
                 for c, idx in zip(data.client_ids, data.train, strict=True)]
-        reps = predict(_Features(self.model), params, data.x, kept)
+        reps = predict(Representation(self.model), params, data.x, kept)
         n, width = len(kept), max((len(i) for i in kept), default=0)
         keys = torch.zeros(n, max(width, 1), self.model.latent_dim, device=data.x.device)
         labels = torch.full((n, max(width, 1)), -1, dtype=torch.long, device=data.x.device)

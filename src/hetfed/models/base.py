@@ -183,3 +183,31 @@ class Model:
     def activation_floats(self, batch: int) -> int:
         """Rough activations per client per step (for the memory budget)."""
         return batch * 4 * sum(math.prod(s.shape) ** 0.5 for s in self.specs())
+
+
+class Derived(Model):
+    """A model computed from another's parameters (a method's way to predict: FedRoD's two heads, kNN-Per's
+    neighbours): the base's parameters plus ``extra`` ones, its classes, its reading of rows."""
+
+    def __init__(self, base: Model, extra: Sequence[ParamSpec] = ()):
+        self.base, self.n_classes = base, base.n_classes
+        self._specs = [*base.specs(), *extra]
+
+    def specs(self) -> list[ParamSpec]:
+        return self._specs
+
+    @property
+    def reads_rows(self) -> bool:  # type: ignore[override]
+        return self.base.reads_rows
+
+
+class Representation(Derived):
+    """The base's representation (``features``, before its head) as the output: ``[n, batch, latent_dim]``, for
+    what methods compute from it with the evaluation's batched ``predict`` (prototypes, datastores)."""
+
+    def __init__(self, base: Model):
+        super().__init__(base)
+        self.n_classes = base.latent_dim
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        return self.base.features(params, x, noise)
