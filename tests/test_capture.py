@@ -244,17 +244,8 @@ def test_a_cuda_run_with_graphs_matches_an_eager_cuda_run(tmp_path):
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
     """Recording and replaying add no host round-trip to the step loop (the eager loop's own check: test_streams)."""
-    from hetfed.engine import local
+    from tests.test_streams import train_without_synchronising
 
     model = MLP(6, [16, 8], 4, dropout=0.3)
-    params = _stack(model, 5, "cuda")
-    data = _data([37, 12, 50, 3, 24], device="cuda")
-    sched = LocalSchedule(batch_size=8, epochs=3, capture=True)
-    planned = local.plan_steps(data, sched, torch.device("cuda"))
-    monkeypatch.setattr(local, "plan_steps", lambda *a, **k: planned)
-    torch.cuda.synchronize()
-    torch.cuda.set_sync_debug_mode("error")
-    try:
-        train_stack(model, params, data, sched, OptimizerConfig(lr=0.1, momentum=0.9), 0.1)
-    finally:
-        torch.cuda.set_sync_debug_mode("default")
+    train_without_synchronising(monkeypatch, model, _stack(model, 5, "cuda"), _data([37, 12, 50, 3, 24], device="cuda"),
+                                LocalSchedule(batch_size=8, epochs=3, capture=True))

@@ -213,15 +213,9 @@ def test_streams_and_plans_are_bit_identical_on_cuda_and_cpu():
                        Noise(gpu_k, 3, [4, 4, 4]).keep_mask(4, 9, 0.5).cpu())
 
 
-@pytest.mark.skipif(not CUDA, reason="needs CUDA (run on the GPU machine)")
-def test_a_cuda_round_step_loop_never_synchronises(monkeypatch):
-    model = MLP(5, [8], 3, dropout=0.2)
-    gen = torch.Generator().manual_seed(0)
-    params = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(3)]).cuda() for s in model.specs()}
-    data = _data([9, 4, 13], [1, 2, 3], device="cuda")
-    # eager steps: recording a step (train.capture) synchronises once per recorded key (torch.cuda.graph does),
-    # which tests/test_capture.py covers; here every step launches its kernels
-    sched = LocalSchedule(batch_size=4, epochs=1, capture=False)
+def train_without_synchronising(monkeypatch, model, params, data: ClientData, sched: LocalSchedule) -> None:
+    """``train_stack`` on CUDA with the round planned beforehand, under ``set_sync_debug_mode("error")``: any host
+    round-trip in the step loop raises (tests/test_capture.py runs it on recorded steps too)."""
     planned = plan_steps(data, sched, torch.device("cuda"))
     monkeypatch.setattr(local, "plan_steps", lambda *a, **k: planned)
     torch.cuda.synchronize()
@@ -230,6 +224,16 @@ def test_a_cuda_round_step_loop_never_synchronises(monkeypatch):
         train_stack(model, params, data, sched, OptimizerConfig(lr=0.1, momentum=0.9), 0.1)
     finally:
         torch.cuda.set_sync_debug_mode("default")
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (run on the GPU machine)")
+def test_a_cuda_round_step_loop_never_synchronises(monkeypatch):
+    model = MLP(5, [8], 3, dropout=0.2)
+    gen = torch.Generator().manual_seed(0)
+    params = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(3)]).cuda() for s in model.specs()}
+    data = _data([9, 4, 13], [1, 2, 3], device="cuda")
+    # every step launches its kernels (train.capture off)
+    train_without_synchronising(monkeypatch, model, params, data, LocalSchedule(batch_size=4, epochs=1, capture=False))
 
 
 def test_a_run_records_its_generator_and_a_checkpoint_from_the_host_generators_is_refused(tmp_path):
