@@ -297,3 +297,50 @@ def test_the_residuals_survive_a_resume(tmp_path):
     resumed = simulate(algo, fed, train, seed=4, resume=saved["result"], resume_states=saved["states"])
     for k in ref.server.params:
         assert torch.equal(resumed.server.params[k], ref.server.params[k])
+
+
+@settings(max_examples=30, deadline=None)
+@given(bits=st.integers(2, 8), bucket=st.sampled_from([None, 1, 5, 8, 512]), n=st.integers(1, 40),
+       clients=st.integers(1, 4), seed=st.integers(0, 2**16))
+def test_the_in_process_round_trip_is_the_wire_encodings_decode_bit_for_bit(bits, bucket, n, clients, seed):
+    """In process nothing travels: the compressor's shortcut must be decode(encode(Δ)) exactly, short last bucket,
+    zeros and all."""
+    comp, p = _qsgd(bits, bucket)
+    delta = torch.randn(clients, n, generator=torch.Generator().manual_seed(seed))
+    delta[:, ::3] = 0.0
+    seeds = list(range(seed, seed + clients))
+    wire = comp.decode(comp.encode(delta, seeds, 2, p), (n,), p)
+    assert torch.equal(comp.received(delta, seeds, 2, p), wire)
+
+
+def test_compressing_in_blocks_and_in_place_changes_no_number_and_spares_what_the_caller_still_reads(monkeypatch):
+    """The transport overwrites an upload's own tensors block by block, never a tensor that is also the clients'
+    new state or the broadcast; the result is the one-block, out-of-place result."""
+    from hetfed.engine.types import Upload
+    from hetfed.server import transport as tr
+
+    send = transport({"kind": "qsgd", "bits": 4, "error_feedback": True})
+    g = torch.Generator().manual_seed(0)
+    ref = {"w": torch.randn(6, 7, generator=g), "b": torch.randn(6, generator=g)}
+    theta = {k: v + 0.1 * torch.randn(5, *v.shape, generator=g) for k, v in ref.items()}
+    residual = {RESIDUAL + k: 0.01 * torch.randn(5, *v.shape, generator=g) for k, v in ref.items()}
+    seeds = [3, 1, 4, 1, 5]
+
+    def upload():
+        return Upload(client_ids=list(range(5)), params={k: v.clone() for k, v in theta.items()},
+                      num_samples=[1] * 5, extra={})
+
+    monkeypatch.setattr(tr, "BLOCK_VALUES", 10**9)
+    one, kept_one = send.send(upload(), ref, residual, seeds)
+    monkeypatch.setattr(tr, "BLOCK_VALUES", 7)  # one client per block
+    up = upload()
+    state_b = up.params["b"]  # the clients' new state is the uploaded tensor itself
+    blocks, kept_blocks = send.send(up, ref, residual, seeds, still_read=(state_b,))
+    for k in ref:
+        assert torch.equal(blocks.params[k], one.params[k]) and torch.equal(kept_blocks[RESIDUAL + k],
+                                                                           kept_one[RESIDUAL + k])
+    assert blocks.params["w"] is up.params["w"]  # overwritten where it lives
+    assert torch.equal(state_b, theta["b"]) and blocks.params["b"] is not state_b  # spared
+    kept = upload()
+    assert send.send(kept, ref, residual, seeds)[0].params["w"] is not kept.params["w"]  # not handed over: left
+    assert torch.equal(kept.params["w"], theta["w"])

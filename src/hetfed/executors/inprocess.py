@@ -278,7 +278,8 @@ class InProcessExecutor:
         if adversary is not None:
             upload = adversary.poison(upload, bc)
         residual = self._residuals(chunk) if self.transport.error_feedback else {}
-        upload, residual = self.transport.send(upload, bc.params, residual, data.seeds)
+        upload, residual = self.transport.send(upload, bc.params, residual, data.seeds,
+                                               still_read=tuple(new.values()))
         self._keep(chunk, new, residual)
         return upload
 

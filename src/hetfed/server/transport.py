@@ -43,13 +43,17 @@ class Transport:
             return {}
         return {RESIDUAL + k: torch.zeros_like(v, device="cpu") for k, v in reference.items()}
 
-    def send(self, upload: Upload, reference: Params, residual: ClientState, seeds: list[int]) -> tuple[Upload,
-                                                                                                          ClientState]:
+    def send(self, upload: Upload, reference: Params, residual: ClientState, seeds: list[int],
+             still_read: tuple[torch.Tensor, ...] | None = None) -> tuple[Upload, ClientState]:
         """The upload as the server decodes it, and the stack's new residuals ({} without error feedback).
 
         ``reference``: the broadcast's shared parameters (or one per client, ``[n, …]``: clients sent different
         versions); ``residual``: the stack's residuals (``RESIDUAL``
-        names, stacked); ``seeds``: the clients' round seeds (their draws' keys)."""
+        names, stacked); ``seeds``: the clients' round seeds (their draws' keys). ``still_read``: given, the caller
+        hands the upload's tensors over and the decoded parameters overwrite them (a fresh 60 MB tensor costs as
+        much in page faults as the arithmetic) — except a tensor that shares memory with ``reference``, with
+        another uploaded tensor or with one of ``still_read`` (what the caller reads afterwards: the clients' new
+        state), or is not contiguous; None: the upload's tensors are left as they are."""
         if self.compressor is None or not upload.params:  # no compression: the upload passes as it is
             return upload, residual
         names = [k for k in reference if k in upload.params]
@@ -58,18 +62,47 @@ class Transport:
         first = upload.params[names[0]]
         params = dict(upload.params)
         kept: ClientState = {}
+        shared = {_memory(t) for t in (*reference.values(), *(still_read or ()))}
+        uploaded = [_memory(t) for t in params.values()]
+        shared |= {m for m in uploaded if uploaded.count(m) > 1}  # tied parameters: written once would change both
         for counter, name in enumerate(names):
             ref = reference[name].to(first.device)
-            delta = params[name].to(torch.float32) - ref
+            theta = params[name]
+            own = (still_read is not None and theta.is_contiguous() and theta.dtype == torch.float32
+                   and not theta.requires_grad and _memory(theta) not in shared)
+            received = theta if own else torch.empty_like(theta)
             if self.error_feedback:
-                delta = delta + residual[RESIDUAL + name].to(delta.device)
-            shape = tuple(params[name].shape[1:])
-            sent = self.compressor.decode(self.compressor.encode(delta, seeds, counter, self.params), shape,
-                                          self.params).to(delta.dtype)
-            params[name] = (ref + sent).to(upload.params[name].dtype)
-            if self.error_feedback:
-                kept[RESIDUAL + name] = delta - sent
+                before = residual[RESIDUAL + name]
+                kept[RESIDUAL + name] = left = torch.empty(theta.shape, dtype=torch.float32, device=theta.device)
+            for a, b in _blocks(theta):
+                ref_b = ref if ref.dim() < theta.dim() else ref[a:b]  # one reference, or one per client
+                delta = theta[a:b].to(torch.float32) - ref_b
+                if self.error_feedback:
+                    delta.add_(before[a:b].to(delta.device))
+                sent = self.compressor.received(delta, seeds[a:b], counter, self.params).to(delta.dtype)
+                if self.error_feedback:
+                    torch.sub(delta, sent, out=left[a:b])
+                torch.add(sent, ref_b, out=received[a:b])
+            params[name] = received
         return replace(upload, params=params), kept
+
+
+#: values per block of clients a parameter is compressed in: a block's temporaries stay in cache and reuse the
+#: allocator's memory, where a W1 layer's stack at once (60 MB) is a fresh mapping whose page faults cost as much as
+#: the arithmetic (blocks change no number: each client's encoding and draws are its own)
+BLOCK_VALUES = 1 << 20
+
+
+def _memory(t: torch.Tensor) -> int:
+    """Where a tensor's storage starts (views of one tensor share it)."""
+    return t.untyped_storage().data_ptr()
+
+
+def _blocks(stacked: torch.Tensor) -> list[tuple[int, int]]:
+    """[a, b) ranges of clients of a stacked tensor, each ~:data:`BLOCK_VALUES` values."""
+    n = stacked.shape[0]
+    per = max(1, BLOCK_VALUES // max(1, stacked[0].numel()))
+    return [(a, min(n, a + per)) for a in range(0, n, per)]
 
 
 def transport(section: dict[str, Any], where: str = "server.compression") -> Transport:

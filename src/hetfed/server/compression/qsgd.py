@@ -68,21 +68,56 @@ def unpack(packed: torch.Tensor, bits: int, m: int) -> torch.Tensor:
     return (planes << weights).sum(-1, dtype=torch.int32).to(torch.uint8)[:, :m]
 
 
-def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> Encoded:
-    s_levels = levels(p)
+def _levels(v: torch.Tensor, u: torch.Tensor, s_levels: int, out: torch.Tensor) -> torch.Tensor:
+    """Buckets ``v`` [S, B, d] → their norms [S, B]; ``out`` [S, B, d] gets each value's signed level ±ℓ or
+    ±(ℓ + 1) (as floats). ``u`` (the draws, [S, B, d]) is overwritten; the other passes work in place on ``out``
+    and one temporary."""
+    norms = torch.linalg.vector_norm(v, dim=-1)
+    scale = torch.where(norms > 0, s_levels / norms, torch.zeros_like(norms)).unsqueeze(-1)
+    r = torch.abs(v).mul_(scale)  # s·|vᵢ|/‖v‖ in [0, s]
+    level = torch.floor(r, out=out)
+    up = u.lt_(r.sub_(level))  # 1 with probability s|vᵢ|/‖v‖ − ℓ (u < the fraction, as the paper's test reads)
+    level.add_(up).clamp_(max=s_levels).copysign_(v)  # a zero value has level 0 (its sign does not matter)
+    return norms
+
+
+def _parts(n: int, d: int) -> list[tuple[int, int, int]]:
+    """[a, b) column ranges of a flat tensor of n values, each cut in buckets of w values: the full buckets of d,
+    then the short last one (when n is not a multiple of d) on its own — padding it with zeros (the encoding's
+    layout) changes neither its norm nor its values, and copying the whole tensor to pad it would cost a pass."""
+    full = n - n % d
+    return [(a, b, w) for a, b, w in ((0, full, d), (full, n, n - full)) if b > a]
+
+
+def _quantised(delta: torch.Tensor, seeds: Sequence[int], counter: int,
+               p: QSGDParams) -> tuple[list[torch.Tensor], torch.Tensor, list[tuple[int, int, int]]]:
+    """(each part's bucket norms [S, buckets], the signed levels [S, n], the parts: :func:`_parts`)."""
     stack = delta.shape[0]
     flat = delta.reshape(stack, -1).to(torch.float32)
     n = flat.shape[1]
-    d, nb = _buckets(n, p)
-    v = torch.nn.functional.pad(flat, (0, nb * d - n)).reshape(stack, nb, d)
-    norms = torch.linalg.vector_norm(v, dim=-1)  # [S, nb]
-    scale = torch.where(norms > 0, s_levels / norms, torch.zeros_like(norms)).unsqueeze(-1)
-    r = v.abs().mul_(scale)  # s·|vᵢ|/‖v‖ in [0, s]
-    low = torch.floor(r)
-    u = uniforms(seeds, counter, nb * d, delta.device).reshape(stack, nb, d)
-    level = low.add_(u < r.sub_(low)).clamp_(max=s_levels)  # ℓ, or ℓ + 1 with probability s|vᵢ|/‖v‖ − ℓ
-    code = level.mul_(torch.sign(v)).add_(s_levels)  # sgn·level + s, in [0, 2s] (a zero value has level 0)
-    return {"norms": norms, "codes": pack(code.reshape(stack, -1), p.bits)}
+    u = uniforms(seeds, counter, n, delta.device)  # a client's first n draws: the same as a padded stream's
+    signed = torch.empty_like(flat)
+    parts = _parts(n, _buckets(n, p)[0])
+    norms = [_levels(flat[:, a:b].reshape(stack, -1, w), u[:, a:b].reshape(stack, -1, w), levels(p),
+                     signed[:, a:b].view(stack, -1, w)) for a, b, w in parts]
+    return norms, signed, parts
+
+
+def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> Encoded:
+    norms, signed, _parts_ = _quantised(delta, seeds, counter, p)
+    n = signed.shape[1]
+    pad = (-n) % _buckets(n, p)[0]  # the last bucket's zeros: code s
+    code = torch.nn.functional.pad(signed.add_(levels(p)), (0, pad), value=levels(p))  # sgn·level + s
+    return {"norms": torch.cat(norms, dim=1), "codes": pack(code, p.bits)}
+
+
+def _roundtrip(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> torch.Tensor:
+    """``_decode(_encode(…))`` without the codes: ±level·‖v‖/s (the same floats: small integers are exact)."""
+    norms, signed, parts = _quantised(delta, seeds, counter, p)
+    stack = signed.shape[0]
+    for (a, b, w), norm in zip(parts, norms, strict=True):
+        signed[:, a:b].view(stack, -1, w).mul_((norm / levels(p)).unsqueeze(-1))
+    return signed.reshape(delta.shape)
 
 
 def _decode(enc: Encoded, shape: tuple[int, ...], p: QSGDParams) -> torch.Tensor:
@@ -102,7 +137,7 @@ def _nbytes(shape: tuple[int, ...], p: QSGDParams) -> int:
     return 4 * nb + math.ceil(n * p.bits / 8)
 
 
-register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams,
+register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip,
                     summary="stochastic uniform quantisation to `bits` bits per value, a norm per bucket (unbiased)",
                     paper="Alistarh et al. 2017, QSGD: Communication-Efficient SGD via Gradient Quantization and "
                           "Encoding"))
