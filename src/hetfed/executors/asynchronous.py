@@ -40,7 +40,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.executors.updates import after_update, wire_bytes
-from hetfed.server.screen import Screen
+from hetfed.server.screen import Screen, finite_clients
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
@@ -108,9 +108,10 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
 def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int, int]) -> None:
     """Send the current version to idle clients until ``concurrency`` are training (or none is left)."""
     algo, clock = cast("Asynchronous", loop.algo), loop.faults.clock
-    busy = {j.client for j in q.in_flight}
-    eligible = np.flatnonzero(~np.asarray(loop.fed.opted_out, dtype=bool))
-    idle = [int(k) for k in eligible if int(k) not in busy and int(k) not in q.on_version]  # in id order
+    if len(q.in_flight) >= algo.params.concurrency:
+        return
+    busy = {j.client for j in q.in_flight} | q.on_version
+    idle = [k for k, out in enumerate(np.asarray(loop.fed.opted_out).tolist()) if not out and k not in busy]
     while len(q.in_flight) < algo.params.concurrency and idle:
         k = idle.pop(_draw(loop.seed, q.sent, len(idle)))
         took = float(clock.times([k], *wire)[0])
@@ -164,17 +165,31 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
                           for name in q.versions[arriving.version]}, arriving.version, sent[arriving.version].lr)
     upload = executor.train_rows(bc, [j.client for j in pending], [j.version for j in pending])
     row_of = {k: i for i, k in enumerate(upload.client_ids)}
+    finite: torch.Tensor | None = None  # every row's finite check, made once for the groups that need no more
     for version in sorted(sent):
         clients = [j.client for j in pending if j.version == version]
-        screened = RoundUploads(Screen.for_round(algo, q.versions[version]), stream=False)
+        screen = Screen.for_round(algo, q.versions[version])
+        if screen.only_finite(len(clients)):
+            finite = finite_clients(upload) if finite is None else finite
+            passed = [k for k in clients if bool(finite[row_of[k]])]
+            screen.counts["rejected_nonfinite"] += len(clients) - len(passed)
+            _count(q, screen.counts)
+            q.rejected.update((version, k) for k in clients if k not in passed)
+            q.trained.update({(version, k): (upload, row_of[k]) for k in passed})
+            continue
+        screened = RoundUploads(screen, stream=False)
         screened.add(upload.take([row_of[k] for k in clients]))
         _keep_rows(q, version, clients, screened.result())
 
 
+def _count(q: EventQueue, screened: dict[str, int]) -> None:
+    for reason, n in screened.items():
+        q.rejected_counts[reason] = q.rejected_counts.get(reason, 0) + n
+
+
 def _keep_rows(q: EventQueue, version: int, clients: list[int], upload: Upload) -> None:
     """Each of ``clients``' one-row update (sent ``version``), or its rejection by the screening."""
-    for reason, n in upload.screened.items():
-        q.rejected_counts[reason] = q.rejected_counts.get(reason, 0) + n
+    _count(q, upload.screened)
     rows = {k: j for j, k in enumerate(upload.client_ids)}
     for k in clients:
         if k not in rows:
@@ -196,13 +211,26 @@ def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version
     _keep_rows(q, version, clients, upload)
 
 
+def _rows(at: list[tuple[Upload, int]]) -> Upload:
+    """The updates at (screened stack, row), in that order: one selection per stack they came in."""
+    stacks: dict[int, tuple[Upload, list[int], list[int]]] = {}  # id(stack) → (stack, its rows, their positions)
+    for i, (upload, row) in enumerate(at):
+        stacks.setdefault(id(upload), (upload, [], []))[1].append(row)
+        stacks[id(upload)][2].append(i)
+    parts = [upload.take(rows) for upload, rows, _ in stacks.values()]
+    joined = concat_uploads(parts)
+    order = [i for _, _, positions in stacks.values() for i in positions]
+    if order == sorted(order):
+        return joined
+    return joined.take(sorted(range(len(order)), key=order.__getitem__))
+
+
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:
     """Merge the buffer into a new version, tell the observers, evaluate and checkpoint when due; True to stop."""
     algo = cast("Asynchronous", loop.algo)
     jobs = [job for job, _ in q.buffer]
     staleness = np.array([s for _, s in q.buffer])
-    arrivals = concat_uploads([upload.take([j]) for upload, j in  # each out of the screened stack it came in
-                               (q.trained.pop((job.version, job.client)) for job in jobs)])
+    arrivals = _rows([q.trained.pop((job.version, job.client)) for job in jobs])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
     t_server = time.perf_counter()
     result.server = algo.merge(result.server, arrivals, starts, staleness)

@@ -149,6 +149,12 @@ class Screen:
                    keep_all=holds_round(algo), uniform=privacy is not None and privacy.weighting == "uniform",
                    reference_clients=algo.context.pipeline.screen.reference_clients)
 
+    def only_finite(self, n: int) -> bool:
+        """True when screening ``n`` updates at once is only the finite check (:func:`finite_clients`): no DP
+        clipping, and too few updates for the norm filter's median — so a caller may check many such groups in
+        one pass."""
+        return self.clip is None and (self.norm_factor is None or n < 3)
+
     def chunk(self, upload: Upload) -> Upload:
         """What can be decided client by client: non-finite updates out, DP clipping."""
         ok = finite_clients(upload)
