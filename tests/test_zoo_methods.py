@@ -365,3 +365,49 @@ def test_knnper_with_no_weight_on_the_neighbours_predicts_as_fedavg():
     params = {**w, KEYS: torch.rand(1, 3, 4), LABELS: torch.tensor([[0, 1, 1]])}
     got = NearestNeighbours(algo.model, 5, 0.0, 1.0).forward(params, x.unsqueeze(0))
     torch.testing.assert_close(got, torch.log_softmax(algo.model.forward(w, x.unsqueeze(0)), -1))
+
+
+# ----------------------------------------------------------------------------------------------- FedEM
+
+
+def _component(server: dict, m: int) -> dict:
+    return {name: server[f"fedem.{m}.{name}"] for name in (*BODY, *HEAD)}
+
+
+def test_fedems_e_step_is_the_papers_responsibilities_and_its_m_step_descends_their_weighted_losses():
+    """Algorithm 1: q_i(m) = π_m e^{−ℓ(θ_m; x_i, y_i)} / Σ_m' π_m' e^{−ℓ(θ_m'; x_i, y_i)}, π ← mean_i q_i; then each
+    component descends (1/b) Σ_i q_i(m) ℓ(θ_m; x_i, y_i) (one full-batch SGD step here)."""
+    from hetfed.algorithms.fedem import WEIGHTS
+
+    algo, server, state, data, x, y = _setup("fedem", {"components": 2})
+    pi = torch.tensor([0.3, 0.7])
+    state = {**state, WEIGHTS: pi}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    comps = [_component(server.params, m) for m in range(2)]
+    assert not torch.equal(comps[0][BODY[0]], comps[1][BODY[0]])  # independent draws
+    ell = [[F.cross_entropy(_logits(c, x[i:i + 1]), y[i:i + 1]).item() for i in range(6)] for c in comps]
+    q = []
+    for i in range(6):
+        num = [pi[m].item() * math.exp(-ell[m][i]) for m in range(2)]
+        q.append([v / sum(num) for v in num])
+    q_t = torch.tensor(q)
+    torch.testing.assert_close(new[WEIGHTS][0], q_t.mean(0))
+    for m, c in enumerate(comps):
+        leaves = {k: v.clone().requires_grad_(True) for k, v in c.items()}
+        loss = (q_t[:, m] * F.cross_entropy(_logits(leaves, x), y, reduction="none")).mean()
+        grads = torch.autograd.grad(loss, list(leaves.values()))
+        for (k, v), g in zip(c.items(), grads, strict=True):
+            torch.testing.assert_close(upload.params[f"fedem.{m}.{k}"][0], v - LR * g)
+
+
+def test_a_fedem_client_predicts_with_its_mixture_of_the_components():
+    from hetfed.algorithms.fedem import WEIGHTS
+
+    algo, server, state, data, x, y = _setup("fedem", {"components": 3})
+    pi = torch.tensor([0.2, 0.5, 0.3])
+    pred = algo.predictor(algo.broadcast(server, 0), {WEIGHTS: pi.unsqueeze(0)}, 1)
+    got = pred.model.forward(pred.params, x.unsqueeze(0))[0]
+    want = sum(pi[m] * torch.softmax(_logits(_component(server.params, m), x), -1) for m in range(3))
+    torch.testing.assert_close(got, torch.log(want))
+    with torch.no_grad():
+        assert algo.evaluate_server(server, x, y) == {}  # no single global model
