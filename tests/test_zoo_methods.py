@@ -411,3 +411,122 @@ def test_a_fedem_client_predicts_with_its_mixture_of_the_components():
     torch.testing.assert_close(got, torch.log(want))
     with torch.no_grad():
         assert algo.evaluate_server(server, x, y) == {}  # no single global model
+
+
+# ---------------------------------------------------------------------------------------------- FedCAC
+
+
+def _pfllib_critical(prev: torch.Tensor, param: torch.Tensor, tau: float) -> torch.Tensor:
+    """PFLlib's clientCAC.evaluate_critical_parameter for one tensor of one client, transcribed."""
+    c = torch.abs((param - prev) * param)
+    metric = c.view(-1)
+    nz = int(tau * metric.size(0))
+    top_values, _ = torch.topk(metric, nz)
+    thresh = top_values[-1] if len(top_values) > 0 else np.inf
+    if thresh <= 1e-10:
+        new_metric = metric[metric > 1e-20]
+        if len(new_metric):
+            thresh = new_metric.sort()[0][0]
+    return (c >= thresh).float()
+
+
+@pytest.mark.parametrize("tau", [0.0, 0.3, 0.5, 1.0])
+def test_fedcacs_critical_parameters_are_the_largest_update_times_value(tau):
+    from hetfed.algorithms.fedcac import critical_mask
+
+    gen = torch.Generator().manual_seed(5)
+    start = torch.randn(3, 4, 5, generator=gen)
+    trained = start + 0.1 * torch.randn(3, 4, 5, generator=gen)
+    trained[1] = start[1]  # a client whose update is zero: every sensitivity 0
+    trained[2, :2] = start[2, :2]  # zeros among the sensitivities
+    got = critical_mask(start, trained, tau)
+    for k in range(3):
+        assert torch.equal(got[k], _pfllib_critical(start[k], trained[k], tau)), k
+
+
+def test_fedcacs_customised_models_average_the_clients_whose_critical_parameters_overlap():
+    """servercac.get_customized_global_models, transcribed: o(i, j) = 1 − Σ|m_i − m_j| / (2 Σ m_i), threshold
+    ō + (t + 1)/β (max − ō), each client's mean over itself and the j with o(i, j) ≥ the threshold."""
+    from hetfed.algorithms.fedcac import collaborators, overlaps
+
+    gen = torch.Generator().manual_seed(2)
+    masks = (torch.rand(5, 40, generator=gen) < 0.5).float()
+    masks[1] = masks[0]
+    masks[1, :3] = 1 - masks[1, :3]  # client 1 nearly client 0
+    counts = []
+    for rnd, beta in ((0, 100.0), (30, 100.0), (3, 4.0)):
+        o = overlaps(masks)
+        buffer = [[1 - float(torch.sum(torch.abs(masks[i] - masks[j]))) / float(torch.sum(masks[i]) * 2)
+                   for j in range(5) if j != i] for i in range(5)]
+        flat = torch.tensor(buffer, dtype=torch.float64)
+        threshold = flat.sum() / 20 + (rnd + 1) / beta * (flat.max() - flat.sum() / 20)
+        together = collaborators(o, rnd, beta)
+        for i in range(5):
+            others = [j for j in range(5) if j != i]
+            want = [i] + [j for idx, j in enumerate(others) if buffer[i][idx] >= threshold]
+            assert sorted(torch.nonzero(together[i]).flatten().tolist()) == sorted(want)
+            torch.testing.assert_close(o[i, others], flat[i])
+        counts.append(int(together.sum()))
+    assert counts[0] > counts[1] > counts[2] >= 6  # bold early, cautious late: at t + 1 = β only the closest pair
+
+
+def test_a_fedcac_client_starts_from_its_customised_critical_and_the_global_other_parameters():
+    from hetfed.algorithms.fedcac import CUSTOM, HAS_MASK, KNOWN, MASK
+
+    algo, server, state, data, x, y = _setup("fedcac", {"tau": 0.5})
+    algo.bind(type("Fed", (), {"n_clients": 3})())
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    assert new[HAS_MASK].tolist() == [1.0] and upload.extra["critical"].shape[1] == sum(
+        v.numel() for v in server.params.values())
+    up = replace_upload(upload, [2])
+    after = algo.aggregate(server, up)
+    assert after.extra["known"].tolist() == [0.0, 0.0, 1.0]  # the lone client's customised model is its own
+    for k in (*BODY, *HEAD):
+        torch.testing.assert_close(after.extra["customised"][k][2], upload.params[k][0])
+    bc = algo.broadcast(after, 1).for_clients([2])
+    assert set(bc.personal) == {CUSTOM + k for k in (*BODY, *HEAD)} | {KNOWN}
+    states = {k: v for k, v in new.items()}
+    start = algo._start(bc, states, 1)
+    for k in (*BODY, *HEAD):
+        m = new[MASK + k].bool()
+        torch.testing.assert_close(start[k], torch.where(m, upload.params[k], after.params[k].unsqueeze(0)))
+
+
+def replace_upload(upload, ids):
+    from dataclasses import replace
+
+    return replace(upload, client_ids=list(ids))
+
+
+def test_what_a_server_holds_per_client_reaches_each_stack_in_its_order():
+    from hetfed.engine.types import Broadcast
+
+    table = torch.arange(5.0)[:, None].repeat(1, 2)
+    bc = Broadcast({}, 0, 0.1, personal={"t": table})
+    node = bc.for_clients([4, 1, 3])  # a node's clients, as the server numbers them
+    assert node.personal["t"][:, 0].tolist() == [4.0, 1.0, 3.0] and node.personal_ids == (4, 1, 3)
+    assert node.for_clients([3, 4]).personal["t"][:, 0].tolist() == [3.0, 4.0]  # a stack within the node
+    assert Broadcast({}, 0, 0.1).for_clients([1]).personal == {}
+
+
+def test_fedcacs_server_keeps_each_clients_mean_over_its_collaborators_and_averages_the_global_model():
+    from hetfed.algorithms.fedcac import collaborators, overlaps
+    from hetfed.engine.types import Upload
+
+    algo, server, state, data, x, y = _setup("fedcac")
+    algo.bind(type("Fed", (), {"n_clients": 6})())
+    gen = torch.Generator().manual_seed(4)
+    ids = [5, 0, 3, 1]
+    params = {k: v + torch.randn(4, *v.shape, generator=gen) for k, v in server.params.items()}
+    size = sum(v.numel() for v in server.params.values())
+    masks = (torch.rand(4, size, generator=gen) < 0.5).float()
+    up = Upload(ids, params, torch.tensor([1.0, 2.0, 3.0, 4.0]), {"critical": masks, "train_loss": torch.zeros(4)})
+    after = algo.aggregate(server, up)
+    together = collaborators(overlaps(masks), 0, algo.params.beta)
+    for i, k in enumerate(ids):
+        group = torch.nonzero(together[i]).flatten()
+        for name, v in params.items():
+            torch.testing.assert_close(after.extra["customised"][name][k], v[group].mean(0))
+    assert after.extra["known"].tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
+    for name, v in params.items():  # the global model: FedAvg's sample-weighted mean
+        torch.testing.assert_close(after.params[name], (v * torch.tensor([1.0, 2, 3, 4]).view(-1, *[1] * (v.dim() - 1))).sum(0) / 10)

@@ -35,10 +35,28 @@ class Broadcast:
     round: int
     lr: float
     extra: dict[str, Any] = field(default_factory=dict)
+    #: what the server holds for each client and sends to that client alone (FedCAC's customised models), a row
+    #: per client: row j is client ``personal_ids[j]`` (None: row k is client k, the server's whole table).
+    #: Executors hand a stack only its clients' rows (:meth:`for_clients`); a Flower node gets only its own.
+    personal: Params = field(default_factory=dict)
+    personal_ids: tuple[int, ...] | None = None
 
     def stacked(self, n: int) -> Params:
         """The shared parameters as a stack of ``n`` clients (views along a new leading axis, no copy)."""
         return {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in self.params.items()}
+
+    def for_clients(self, ids: Iterable[int]) -> Broadcast:
+        """The broadcast a stack of clients ``ids`` receives: only their ``personal`` rows, in that order."""
+        if not self.personal:
+            return self
+        ids = tuple(int(k) for k in ids)
+        if self.personal_ids is None:
+            at = list(ids)
+        else:
+            row = {k: j for j, k in enumerate(self.personal_ids)}
+            at = [row[k] for k in ids]
+        index = torch.as_tensor(at, dtype=torch.long)
+        return replace(self, personal={k: v[index.to(v.device)] for k, v in self.personal.items()}, personal_ids=ids)
 
 
 @dataclass(frozen=True, eq=False)
@@ -50,7 +68,9 @@ class ClientBroadcast(Broadcast):
     def rows(self, index: list[int]) -> ClientBroadcast:
         """The broadcast of the clients at positions ``index``."""
         at = torch.as_tensor(index, dtype=torch.long)
-        return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()})
+        personal_ids = None if self.personal_ids is None else tuple(self.personal_ids[i] for i in index)
+        return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()},
+                       personal={k: v[at.to(v.device)] for k, v in self.personal.items()}, personal_ids=personal_ids)
 
     def stacked(self, n: int) -> Params:
         first = next(iter(self.params.values()), None)

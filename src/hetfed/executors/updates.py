@@ -203,11 +203,13 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
 
 
 def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
-    """(bytes one client receives, bytes one client sends) in a round: the broadcast's tensors, and its shared
+    """(bytes one client receives, bytes one client sends) in a round: the broadcast's tensors (of its
+    ``personal`` table, one row), and its shared
     parameters as ``server.compression`` encodes them (when the server holds a model) plus the sample count and
     training loss (float32 each)."""
     down = sum(v.numel() * v.element_size() for v in (*bc.params.values(), *bc.extra.values())
                if isinstance(v, torch.Tensor))
+    down += sum(v[0].numel() * v.element_size() for v in bc.personal.values() if len(v))  # its own row
     chain = algo.context.pipeline
     shapes = {k: tuple(v.shape) for k, v in bc.params.items()}
     up = chain.transport.nbytes(shapes) if chain is not None and algo.capabilities.server_model and shapes else 0

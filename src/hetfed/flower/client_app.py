@@ -95,18 +95,18 @@ def summary_step(side: NodeSide, clients: list[int], request: ConfigRecord) -> d
 def train_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
     """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor;
     the upload names the clients as the federation numbers them: :meth:`VectorisedExecutor.number_from`)."""
-    bc = records_to_broadcast(content, side.executor.device)
+    bc = records_to_broadcast(content, side.executor.device, clients)
     return upload_to_records(side.executor.train(bc, clients, reduce=reduces(side, clients)))
 
 
 def personalise_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
-    bc = records_to_broadcast(content, side.executor.device)
+    bc = records_to_broadcast(content, side.executor.device, clients)
     info = side.executor.personalise(bc, clients)
     return {"info": MetricRecord({key: [float(v) for v in values] for key, values in info.items()})}
 
 
 def evaluate_step(side: NodeSide, clients: list[int], among: list[int] | None, content: RecordDict) -> dict:
-    bc = records_to_broadcast(content, side.executor.device)
+    bc = records_to_broadcast(content, side.executor.device, clients)
     view = str(content.config_records["bc"].get("view") or "") or None
     return reports_to_records(side.executor.evaluate(bc, clients, view, among=among))
 

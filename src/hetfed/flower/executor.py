@@ -143,7 +143,8 @@ class FlowerExecutor:
             by_node.setdefault(self.nodes[k], []).append(k)
         targets = []
         for node, held in by_node.items():
-            message = RecordDict(dict(content))
+            # what the server holds for each client goes to its node alone
+            message = RecordDict(dict(self._content(bc.for_clients(held), **extra) if bc.personal else content))
             message[CLIENTS] = ConfigRecord({"ids": held, "offset": self.offsets.get(node, 0),
                                              **({"among": among} if among is not None and not self.own else {})})
             targets.append((node, message, kind))

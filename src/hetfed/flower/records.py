@@ -120,16 +120,24 @@ def records_to_tree(content: RecordDict, name: str, device: torch.device | str =
 
 
 def broadcast_to_records(bc: Broadcast) -> dict:
-    """``params``, the extras (:func:`tree_to_records` as ``bc_extra``) and ``bc`` (round, lr)."""
+    """``params``, the extras (:func:`tree_to_records` as ``bc_extra``), ``bc`` (round, lr) and — a server that
+    holds something for each client — the ``personal`` rows of the clients the message is for, in their order
+    (the sender slices them: :meth:`Broadcast.for_clients`)."""
+    personal = {"personal": tensors_to_record(bc.personal)} if bc.personal else {}
     return {"params": tensors_to_record(bc.params), **tree_to_records(bc.extra, "bc_extra"),
-            "bc": ConfigRecord({"round": bc.round, "lr": float(bc.lr)})}
+            "bc": ConfigRecord({"round": bc.round, "lr": float(bc.lr)}), **personal}
 
 
-def records_to_broadcast(content: RecordDict, device: torch.device | str = "cpu") -> Broadcast:
+def records_to_broadcast(content: RecordDict, device: torch.device | str = "cpu",
+                         clients: list[int] | None = None) -> Broadcast:
+    """The broadcast; its ``personal`` rows (if any) belong to ``clients``, the message's, in order."""
     config = content.config_records["bc"]
+    personal = (record_to_tensors(content.array_records["personal"], device)
+                if "personal" in content.array_records else {})
     return Broadcast(record_to_tensors(content.array_records["params"], device), int(number(config["round"])),
                      number(config["lr"]),
-                     records_to_tree(content, "bc_extra", device))
+                     records_to_tree(content, "bc_extra", device), personal,
+                     tuple(clients) if personal and clients is not None else None)
 
 
 def upload_to_records(upload: Upload) -> dict:
