@@ -21,10 +21,12 @@ def _round(name: str, clients=(0, 1)):
     cfg = build_config({"partition": {"clients": 3}, "train": {"rounds": 1, "local_steps": 2}, "methods": [method]})
     fed = prepare(cfg, progress=False).federation
     algo = algorithm_for(cfg, cfg.methods[0], fed.input_shape, fed.n_classes)
+    algo.bind(fed, 0, len(clients))  # as the driver does, then the executor hands the stack its clients' broadcast
     server = algo.server_init(torch_gen(0, SERVER_INIT))
     states = stack_states([algo.client_init(k, torch_gen(0, CLIENT_INIT, k)) for k in clients])
     pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
-    upload, new = algo.local_update(algo.broadcast(server, 0), states, client_data(pool, list(clients), 0))
+    upload, new = algo.local_update(algo.broadcast(server, 0).for_clients(clients), states,
+                                    client_data(pool, list(clients), 0))
     return algo, server, states, upload, new
 
 

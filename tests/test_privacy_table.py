@@ -38,15 +38,19 @@ def upload_of(config_row: dict):
              if k.startswith("model.")}
     if model:
         method["model"] = model
+    from hetfed.algorithms import registry
+
+    method["params"] = dict(registry.get(method["algorithm"]).quick)  # a federation of 3 (FedBuff's concurrency)
     if method["algorithm"] == "fsnet":
         method["params"] = {"server_steps": 1}
     cfg = build_config({"partition": {"clients": 3}, "train": {"rounds": 1, "local_steps": 2}, "methods": [method]})
     fed = prepare(cfg, progress=False).federation
     algo = algorithm_for(cfg, cfg.methods[0], fed.input_shape, fed.n_classes)
+    algo.bind(fed, 0, 2)  # as the driver does, then the executor hands the stack its clients' broadcast
     server = algo.server_init(torch_gen(0, SERVER_INIT))
     states = stack_states([algo.client_init(k, torch_gen(0, CLIENT_INIT, k)) for k in (0, 1)])
     pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
-    upload, _ = algo.local_update(algo.broadcast(server, 0), states, client_data(pool, [0, 1], 0))
+    upload, _ = algo.local_update(algo.broadcast(server, 0).for_clients([0, 1]), states, client_data(pool, [0, 1], 0))
     return upload, algo
 
 

@@ -530,3 +530,63 @@ def test_fedcacs_server_keeps_each_clients_mean_over_its_collaborators_and_avera
     assert after.extra["known"].tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     for name, v in params.items():  # the global model: FedAvg's sample-weighted mean
         torch.testing.assert_close(after.params[name], (v * torch.tensor([1.0, 2, 3, 4]).view(-1, *[1] * (v.dim() - 1))).sum(0) / 10)
+
+
+# --------------------------------------------------------------------------------------------- FedFomo
+
+
+def test_fedfomos_client_weighs_each_received_model_by_its_held_out_gain_per_distance():
+    """Eq. 5: w_n = (L_i(θ_i) − L_i(θ_n)) / ‖θ_n − θ_i‖ on the client's held-out samples; it starts from
+    Σ w⁺_n θ_n / Σ w⁺ and trains on the rest; the server stores its model and adds w to P[i]."""
+    from hetfed.algorithms.fedfomo import SENDERS
+
+    algo, server, state, data, x, y = _setup("fedfomo", {"models": 2})
+    algo.bind(type("Fed", (), {"n_clients": 3})())
+    gen = torch.Generator().manual_seed(8)
+    first = server.extra["first"]
+    models = {k: v.unsqueeze(0) + 0.5 * torch.randn(3, *v.shape, generator=gen) for k, v in first.items()}
+    affinity = torch.tensor([[1.0, 0.2, 0.7], [0.0, 1.0, 0.0], [0.0, 0.0, 1.0]], dtype=torch.float64)
+    server = type(server)({}, 4, {**server.extra, "models": models, "affinity": affinity, "uploaded": 3})
+    bc = algo.broadcast(server, 4).for_clients([0])
+    assert bc.personal[SENDERS][0].tolist() == [0.0, 2.0]  # the top-2 of P[0]
+    upload, _ = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    mine = {k: v[0] for k, v in models.items()}
+    held, rest = slice(5, 6), slice(0, 5)  # int(0.2 · 6) = 1 held out: the last sample
+
+    def loss(p):
+        return F.cross_entropy(_logits(p, x[held]), y[held]).item()
+
+    w = []
+    for j in (0, 2):
+        theirs = {k: v[j] for k, v in models.items()}
+        distance = math.sqrt(sum(float(((theirs[k] - mine[k]) ** 2).sum()) for k in mine))
+        w.append((loss(mine) - loss(theirs)) / (distance + 1e-5))
+    torch.testing.assert_close(upload.extra["fomo_weights"][0], torch.tensor(w, dtype=torch.float32))
+    positive = [max(v, 0.0) for v in w]
+    if sum(positive) > 0:
+        start = {k: sum(p / sum(positive) * models[k][j] for p, j in zip(positive, (0, 2), strict=True)) for k in mine}
+    else:
+        start = mine
+    leaves = {k: v.clone().requires_grad_(True) for k, v in start.items()}
+    grads = torch.autograd.grad(F.cross_entropy(_logits(leaves, x[rest]), y[rest]), list(leaves.values()))
+    for (k, v), g in zip(start.items(), grads, strict=True):
+        torch.testing.assert_close(upload.params[k][0], v - LR * g)
+    after = algo.aggregate(server, upload)
+    for k in mine:
+        torch.testing.assert_close(after.extra["models"][k][0], upload.params[k][0])
+        torch.testing.assert_close(after.extra["models"][k][1], models[k][1])
+    want = affinity.clone()
+    want[0, 0] += w[0]
+    want[0, 2] += w[1]
+    torch.testing.assert_close(after.extra["affinity"], want)
+
+
+def test_fedfomo_sends_no_model_before_anyone_uploaded_and_a_client_then_trains_its_first_draw():
+    from hetfed.algorithms.fedfomo import OWN, SENDERS
+
+    algo, server, state, data, x, y = _setup("fedfomo")
+    algo.bind(type("Fed", (), {"n_clients": 2})())
+    bc = algo.broadcast(server, 0).for_clients([1])
+    assert bc.personal[SENDERS].shape == (1, 0)
+    for k, v in server.extra["first"].items():
+        assert torch.equal(bc.personal[OWN + k][0], v)
