@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from hetfed.algorithms.fedlc import calibrated_loss
 from hetfed.algorithms.moon import PREVIOUS, contrastive_loss
-from tests.test_personalised import BODY, HEAD, LR, _logits, _setup
+from tests.test_personalised import BODY, HEAD, LR, _logits, _setup, _sgd
 
 # ----------------------------------------------------------------------------------------------- FedLC
 
@@ -590,3 +590,65 @@ def test_fedfomo_sends_no_model_before_anyone_uploaded_and_a_client_then_trains_
     assert bc.personal[SENDERS].shape == (1, 0)
     for k, v in server.extra["first"].items():
         assert torch.equal(bc.personal[OWN + k][0], v)
+
+
+# ---------------------------------------------------------------------------------------------- pFedHN
+
+
+def test_pfedhns_server_step_is_the_authors_hypernetwork_update():
+    """AvivSham/pFedHN trainer.py with a CNNHyper-shaped MLP hypernetwork written with torch.nn: the client trains
+    the generated model; the server sets φ's gradient to the VJP of the generated weights with (generated −
+    trained), clips it to norm 50 and steps SGD(lr, momentum 0.9, weight decay 1e-3)."""
+    from torch import nn
+
+    from hetfed.algorithms.pfedhn import GENERATED
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+
+    algo, _, state, data, x, y = _setup("pfedhn", {"hidden": 5, "layers": 1, "embedding": 3})
+    algo.bind(type("Fed", (), {"n_clients": 3})())
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    phi = server.extra["hypernetwork"]
+    names = {**{k: (3, 4) if k == BODY[0] else (4,) for k in BODY}, HEAD[0]: (4, 2), HEAD[1]: (2,)}
+
+    class Hyper(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embeddings = nn.Embedding(3, 3)
+            self.mlp = nn.Sequential(nn.Linear(3, 5), nn.ReLU(inplace=True), nn.Linear(5, 5))
+            self.heads = nn.ModuleDict({k.replace(".", "_"): nn.Linear(5, math.prod(s)) for k, s in names.items()})
+
+        def forward(self, idx):
+            features = self.mlp(self.embeddings(idx))
+            return {k: self.heads[k.replace(".", "_")](features).view(s) for k, s in names.items()}
+
+    hnet = Hyper()
+    with torch.no_grad():
+        hnet.embeddings.weight.copy_(phi["embeddings"])
+        for j, layer in ((0, hnet.mlp[0]), (1, hnet.mlp[2])):
+            layer.weight.copy_(phi[f"mlp.{j}.weight"])
+            layer.bias.copy_(phi[f"mlp.{j}.bias"])
+        for k in names:
+            hnet.heads[k.replace(".", "_")].weight.copy_(phi[f"head.{k}.weight"])
+            hnet.heads[k.replace(".", "_")].bias.copy_(phi[f"head.{k}.bias"])
+    weights = hnet(torch.tensor([0]))
+    bc = algo.broadcast(server, 0).for_clients([0])
+    for k, w in weights.items():
+        torch.testing.assert_close(bc.personal[GENERATED + k][0], w.detach())
+    upload, _ = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    trained = _sgd({k: w.detach() for k, w in weights.items()}, list(names), x, y)  # one full-batch step
+    for k in names:
+        torch.testing.assert_close(upload.params[k][0], trained[k])
+    after = algo.aggregate(server, upload).extra["hypernetwork"]
+    optimizer = torch.optim.SGD(hnet.parameters(), lr=0.01, momentum=0.9, weight_decay=1e-3)
+    optimizer.zero_grad()
+    delta = [weights[k].detach() - upload.params[k][0] for k in names]
+    grads = torch.autograd.grad(list(weights.values()), hnet.parameters(), grad_outputs=delta, allow_unused=True)
+    for p, g in zip(hnet.parameters(), grads, strict=True):
+        p.grad = torch.zeros_like(p) if g is None else g
+    torch.nn.utils.clip_grad_norm_(hnet.parameters(), 50)
+    optimizer.step()
+    torch.testing.assert_close(after["embeddings"], hnet.embeddings.weight.detach())
+    torch.testing.assert_close(after["mlp.1.weight"], hnet.mlp[2].weight.detach())
+    for k in names:
+        torch.testing.assert_close(after[f"head.{k}.weight"], hnet.heads[k.replace(".", "_")].weight.detach())
+    torch.testing.assert_close(after["embeddings"][1], phi["embeddings"][1] * (1 - 0.01 * 1e-3))  # decay only
