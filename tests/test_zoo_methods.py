@@ -652,3 +652,49 @@ def test_pfedhns_server_step_is_the_authors_hypernetwork_update():
     for k in names:
         torch.testing.assert_close(after[f"head.{k}.weight"], hnet.heads[k.replace(".", "_")].weight.detach())
     torch.testing.assert_close(after["embeddings"][1], phi["embeddings"][1] * (1 - 0.01 * 1e-3))  # decay only
+
+
+# ----------------------------------------------------------------------------------------------- FedAS
+
+
+def test_fedas_aligns_the_global_body_to_its_prototypes_trains_and_reports_its_fisher_trace():
+    """clientas.set_parameters: prototypes from the client's own model, one SGD pass (lr 0.01) of Σ_c MSE(z_c, p_c)
+    on the global body; train with its own head; Σ_batches Σ_θ ‖∇ NLL‖² of the trained model (one batch here)."""
+    from hetfed.algorithms.fedas import PREVIOUS
+
+    algo, server, state, data, x, y = _setup("fedas")
+    gen = torch.Generator().manual_seed(6)
+    own_body = {k: server.params[k] + 0.3 * torch.randn(server.params[k].shape, generator=gen) for k in BODY}
+    state = {**state, **{PREVIOUS + k: v for k, v in own_body.items()}}
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    head = {k: state[k] for k in HEAD}
+    z_own = torch.relu(x @ own_body[BODY[0]] + own_body[BODY[1]])
+    protos = {c: z_own[y == c].mean(0) for c in (0, 1)}
+    leaves = {k: server.params[k].clone().requires_grad_(True) for k in BODY}
+    z = torch.relu(x @ leaves[BODY[0]] + leaves[BODY[1]])
+    loss = sum(torch.nn.MSELoss()(z[y == c], protos[c].expand_as(z[y == c])) for c in (0, 1))  # PFLlib broadcasts
+    grads = torch.autograd.grad(loss, list(leaves.values()))
+    aligned = {k: (leaves[k] - 0.01 * g).detach() for (k, _), g in zip(leaves.items(), grads, strict=True)}
+    trained = _sgd({**aligned, **head}, [*BODY, *HEAD], x, y)
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], trained[k])
+        torch.testing.assert_close(new[PREVIOUS + k][0], trained[k])
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], trained[k])
+    leaves = {k: v.clone().requires_grad_(True) for k, v in trained.items()}
+    nll = -torch.log_softmax(_logits(leaves, x), 1)[range(6), y].mean()
+    trace = sum(float((g ** 2).sum()) for g in torch.autograd.grad(nll, list(leaves.values())))
+    assert upload.extra["fisher_trace"][0].item() == pytest.approx(trace, rel=1e-5)
+
+
+def test_fedas_averages_the_bodies_weighted_by_fisher_trace():
+    from hetfed.engine.types import Upload
+
+    algo, server, _, _, _, _ = _setup("fedas")
+    gen = torch.Generator().manual_seed(1)
+    params = {k: torch.randn(3, *server.params[k].shape, generator=gen) for k in BODY}
+    trace = torch.tensor([1.0, 3.0, 0.0])
+    after = algo.aggregate(server, Upload([0, 1, 2], params, torch.tensor([5.0, 5.0, 90.0]),
+                                          {"fisher_trace": trace, "train_loss": torch.zeros(3)}))
+    for k in BODY:
+        torch.testing.assert_close(after.params[k], 0.25 * params[k][0] + 0.75 * params[k][1])

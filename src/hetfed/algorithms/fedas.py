@@ -1,0 +1,170 @@
+"""FedAS (Yang, Huang, Ye 2024, "FedAS: Bridging Inconsistency in Personalized Federated Learning", CVPR), as
+PFLlib's ``clientas`` / ``serveras``.
+
+Each client keeps its classifier head; the body (every other layer) is shared. Two steps against the
+inconsistency between the global body and a client's own:
+
+- **Parameter alignment**: before training, the client computes its class prototypes — the mean representation
+  of each class under *its own* previous model — and fits the received global body to them: one pass of plain SGD
+  (``params.align_lr`` 0.01, batches of ``params.align_batch`` 16, PFLlib's fixed values) on
+  ``Σ_c MSE(z_c, p_c)``, z_c the global body's representations of the batch's samples of class c and p_c the
+  client's prototype (the mean squared error over those rows and the representation's width, summed over the
+  batch's classes). The aligned body with the client's own head is what it trains, with the run's local SGD.
+- **Client synchronisation**: after training, the client measures how much its data says about its parameters —
+  the trace of the empirical Fisher information, ``Σ_batches Σ_θ ‖∇_θ NLL(batch)‖²`` (mean NLL of a batch of B of
+  its training samples, the model in evaluation mode) — and the server averages the bodies weighted by those
+  traces instead of by sample counts (through the server pipeline).
+
+Differences from PFLlib: the Fisher trace runs over the client's samples in order, its last short batch included
+(PFLlib's loader shuffles and drops it), and a client that never trained aligns to the prototypes of the initial
+model (PFLlib's too: its clients start from one copy of the global model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+
+from hetfed.algorithms._personal import PartlyPersonal, head_of, initial_model, second_pass
+from hetfed.algorithms.fedavg import train_clients
+from hetfed.algorithms.fedproto import client_prototypes
+from hetfed.algorithms.registry import (
+    AlgorithmParams,
+    AlgorithmSpec,
+    Capabilities,
+    PrivacyRow,
+    register,
+)
+from hetfed.config import OptimizerConfig
+from hetfed.engine.local import LocalSchedule, Objective, train_stack
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    ServerState,
+    Upload,
+    split_state,
+)
+from hetfed.interface import server_step
+from hetfed.models.base import Model, Noise
+
+#: the client's body after its last round (its prototypes' model) ``fedas.body.<name>``
+PREVIOUS = "fedas.body."
+
+
+class FedASParams(AlgorithmParams):
+    align_lr: float = Field(0.01, gt=0, description="the alignment pass's SGD learning rate (PFLlib's 0.01)")
+    align_batch: int = Field(16, ge=1, description="the alignment pass's batch size (PFLlib's 16)")
+
+
+def alignment_loss(z: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, prototypes: torch.Tensor,
+                   known: torch.Tensor) -> torch.Tensor:
+    """Each client's ``Σ_c mean_{i: y_i = c} mean_d (z_i − p_c)²`` [n] over the batch's classes that have a
+    prototype (``z`` [n, b, d], ``y``/``mask`` [n, b], ``prototypes`` [n, C, d], ``known`` [n, C])."""
+    n_classes = prototypes.shape[1]
+    target = torch.gather(prototypes, 1, y[..., None].expand(*y.shape, prototypes.shape[-1]))  # [n, b, d]
+    rows = ((z - target) ** 2).mean(-1)  # [n, b]
+    onehot = F.one_hot(y, n_classes).to(z.dtype) * mask[..., None]  # [n, b, C]
+    counts = onehot.sum(1)  # [n, C]
+    per_class = (onehot * rows[..., None]).sum(1) / counts.clamp(min=1)
+    return (per_class * ((counts > 0) & known).to(z.dtype)).sum(1)
+
+
+def _rows(data: ClientData, batch: int) -> list[list[torch.Tensor]]:
+    """Each client's training indices in batches of ``batch``, in order."""
+    return [[torch.as_tensor(i[a:a + batch], dtype=torch.long) for a in range(0, len(i), batch)]
+            for i in data.indices]
+
+
+def fisher_trace(model: Model, params: Params, data: ClientData, batch: int) -> torch.Tensor:
+    """Each client's ``Σ_batches Σ_θ ‖∇_θ mean NLL(batch)‖²`` [n] over its training samples (no dropout)."""
+    n = len(data.client_ids)
+    leaves = {k: v.detach().clone().requires_grad_(True) for k, v in params.items() if v.is_floating_point()}
+    fixed = {k: v for k, v in params.items() if k not in leaves}
+    batches = _rows(data, batch)
+    out = torch.zeros(n, device=data.x.device)
+    for t in range(max((len(b) for b in batches), default=0)):
+        width = max(len(b[t]) if t < len(b) else 0 for b in batches)
+        index = torch.zeros(n, width, dtype=torch.long)
+        mask = torch.zeros(n, width)
+        for k, b in enumerate(batches):
+            if t < len(b):
+                index[k, : len(b[t])] = b[t]
+                mask[k, : len(b[t])] = 1.0
+        index, mask = index.to(data.x.device), mask.to(data.x.device)
+        xb, yb = data.x[index], data.y[index].long()
+        with torch.enable_grad():
+            logits = model.forward({**fixed, **leaves}, xb, None)
+            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
+            per_client = (nll * mask).sum(1) / mask.sum(1).clamp(min=1)  # each client's batch mean
+            grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
+        out += sum(g.reshape(n, -1).pow(2).sum(1) for g in grads if g is not None)
+    return out
+
+
+class FedAS(PartlyPersonal):
+    """Personal heads; the global body aligned to each client's prototypes; bodies averaged by Fisher trace."""
+
+    def personal_names(self) -> tuple[str, ...]:
+        return head_of(self.model, self.spec.name)
+
+    def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
+        start = initial_model(self)
+        return {**super().client_init(client_id, gen), **{PREVIOUS + k: start[k].clone() for k in self._body}}
+
+    def _alignment(self, prototypes: torch.Tensor, known: torch.Tensor) -> Objective:
+        model = self.model
+
+        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
+            return alignment_loss(model.features(params, xb, noise), yb.long(), mask, prototypes, known)
+
+        return objective
+
+    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
+        n = len(data.client_ids)
+        local, kept_opt = split_state(states)
+        previous = {k: local.pop(PREVIOUS + k) for k in self._body}
+        prototypes, counts = client_prototypes(self.model, {**previous, **local}, data)
+        p = self.params
+        align = LocalSchedule(p.align_batch, 1.0, capture=self.schedule.capture)
+        plain = OptimizerConfig(kind="sgd", lr=p.align_lr, momentum=0.0)
+        aligned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 1), align, plain,
+                                    p.align_lr, trainable=list(self._body),
+                                    objective=self._alignment(prototypes, counts > 0))
+        params, opt_state, loss = train_clients(self, {**{k: aligned[k] for k in self._body}, **local}, kept_opt,
+                                                data, bc.lr)
+        trace = fisher_trace(self.model, params, data, self.schedule.batch_size)
+        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
+                        {"train_loss": loss, "fisher_trace": trace.to(loss.device)})
+        kept = {**{k: params[k] for k in local}, **{PREVIOUS + k: params[k] for k in self._body}}
+        return upload, {**kept, **opt_state}
+
+    def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
+        """The bodies weighted by the clients' Fisher traces (by sample counts if every trace is 0)."""
+        if upload.client_ids and float(upload.extra["fisher_trace"].sum()) > 0:
+            upload = replace(upload, num_samples=upload.extra["fisher_trace"].to(upload.num_samples))
+        params, extra = server_step(self, state, upload)
+        return ServerState(params, state.round + 1, extra)
+
+
+register(AlgorithmSpec(
+    "fedas", FedAS, "personal heads; each client aligns the global body to its own class prototypes before "
+                    "training, and the server averages bodies weighted by the clients' Fisher information",
+    "Yang et al. 2024, FedAS: Bridging Inconsistency in Personalized Federated Learning", FedASParams,
+    Capabilities(uploads="shared parameters of the body, sample count, training loss, the trace of its Fisher "
+                         "information", personalises=True),
+    privacy=(
+        PrivacyRow(
+            method="FedAS",
+            config="`algorithm: fedas`",
+            params="the body: every layer but the classifier head",
+            extra="`train_loss`, `fisher_trace` (the trace of its empirical Fisher information)",
+            stays="data; its head; its class prototypes and last body; optimiser state when kept",
+        ),
+    ),
+    family="personalised", venue="CVPR 2024",
+))
