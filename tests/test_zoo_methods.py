@@ -698,3 +698,109 @@ def test_fedas_averages_the_bodies_weighted_by_fisher_trace():
                                           {"fisher_trace": trace, "train_loss": torch.zeros(3)}))
     for k in BODY:
         torch.testing.assert_close(after.params[k], 0.25 * params[k][0] + 0.75 * params[k][1])
+
+
+# ---------------------------------------------------------------------------------------------- FedPAC
+
+
+def _pfllib_statistics(z: torch.Tensor, y: torch.Tensor, n_classes: int):
+    """clientpac.statistics_extraction, transcribed (features and labels given)."""
+    feature_dict = {}
+    for i in range(len(y)):
+        feature_dict.setdefault(int(y[i]), []).append(z[i])
+    py = torch.zeros(n_classes)
+    for yy in y:
+        py[int(yy)] += 1
+    py = py / torch.sum(py)
+    py2 = py.mul(py)
+    v = 0.0
+    h_ref = torch.zeros((n_classes, z.shape[1]))
+    for k in range(n_classes):
+        if k in feature_dict:
+            feat_k = torch.stack(feature_dict[k])
+            feat_k_mu = feat_k.mean(dim=0)
+            h_ref[k] = py[k] * feat_k_mu
+            v += (py[k] * torch.trace(torch.mm(torch.t(feat_k), feat_k) / feat_k.shape[0])).item()
+            v -= (py2[k] * (torch.mul(feat_k_mu, feat_k_mu))).sum().item()
+    return h_ref, v / len(y)
+
+
+def test_fedpacs_feature_statistics_are_pfllibs():
+    from hetfed.algorithms.fedpac import feature_statistics
+
+    gen = torch.Generator().manual_seed(3)
+    z = torch.randn(11, 4, generator=gen)
+    y = torch.tensor([0, 2, 2, 1, 0, 2, 2, 0, 1, 2, 2])
+    h, v = feature_statistics(z, y, 4)
+    want_h, want_v = _pfllib_statistics(z, y, 4)
+    torch.testing.assert_close(h.float(), want_h)
+    assert v == pytest.approx(want_v, rel=1e-6)
+
+
+def test_fedpacs_combination_weights_solve_the_papers_quadratic_program():
+    """min αᵀ(diag(V) + D_i)α on the simplex, D_i[j, l] = Σ_k ⟨h_i,k − h_j,k, h_i,k − h_l,k⟩: no point of a fine
+    grid over the simplex does better, and weights below 1e-3 are zeroed."""
+    from hetfed.algorithms.fedpac import combination_weights
+
+    gen = torch.Generator().manual_seed(9)
+    h = torch.randn(3, 2, 4, generator=gen, dtype=torch.float64)
+    h[1] = h[0] + 0.05 * torch.randn(2, 4, generator=gen, dtype=torch.float64)  # client 1 looks like client 0
+    v = torch.tensor([0.5, 0.4, 0.3], dtype=torch.float64)
+    for i in range(3):
+        p = np.diag(v.numpy()) + np.array([[float(sum((h[i, k] - h[j, k]) @ (h[i, k] - h[m, k]) for k in range(2)))
+                                            for m in range(3)] for j in range(3)])
+        alpha = combination_weights(i, v, h)
+        best = min(float(a @ p @ a) for a in (np.array([x, yy, 1 - x - yy]) for x in np.linspace(0, 1, 101)
+                                                for yy in np.linspace(0, 1, 101) if x + yy <= 1))
+        assert float(alpha @ p @ alpha) <= best + 1e-6 and abs(alpha.sum() - 1) < 1e-3
+        assert all(a == 0 or a > 1e-3 for a in alpha)
+    assert combination_weights(0, v, h)[2] < combination_weights(0, v, h)[1]  # the look-alike weighs more
+
+
+def test_a_fedpac_client_trains_its_head_then_its_body_aligned_to_the_global_centroids():
+    algo, server, state, data, x, y = _setup("fedpac", {"lam": 0.5})
+    centroids = torch.tensor([[0.5, -0.2, 0.1, 0.3], [0.0, 0.0, 0.0, 0.0]])
+    server = type(server)(server.params, 0, {"centroids": centroids, "known": torch.tensor([1.0, 0.0])})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    start = {**server.params, **{k: state[k] for k in HEAD}}
+    after_head = _sgd(start, list(HEAD), x, y)  # one pass on the head, the body frozen
+
+    def align(p):
+        z = torch.relu(x @ p[BODY[0]] + p[BODY[1]])
+        target = torch.where((y == 0)[:, None], centroids[y], z.detach())  # class 1 has no global centroid
+        return 0.5 * ((z - target) ** 2).mean()
+
+    trained = _sgd(after_head, list(BODY), x, y, extra=align)
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], trained[k])
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], trained[k])
+    torch.testing.assert_close(upload.extra["head"][0], torch.cat([trained[k].reshape(-1) for k in HEAD]))
+
+
+def test_fedpacs_server_averages_centroids_over_the_clients_with_the_class_and_combines_each_clients_head():
+    from hetfed.algorithms.fedpac import HEAD as PAC
+    from hetfed.algorithms.fedpac import KNOWN, combination_weights
+    from hetfed.engine.types import Upload
+
+    algo, server, _, _, _, _ = _setup("fedpac")
+    algo.bind(type("Fed", (), {"n_clients": 5})())
+    server = algo.server_init(torch.Generator().manual_seed(0))
+    gen = torch.Generator().manual_seed(2)
+    heads = {k: torch.randn(3, *s, generator=gen) for k, s in ((HEAD[0], (4, 2)), (HEAD[1], (2,)))}
+    body = {k: torch.randn(3, *server.params[k].shape, generator=gen) for k in BODY}
+    cents = torch.randn(3, 2, 4, generator=gen)
+    counts = torch.tensor([[3.0, 0.0], [1.0, 2.0], [0.0, 4.0]])
+    h, v = torch.randn(3, 2, 4, generator=gen), torch.tensor([0.2, 0.3, 0.1])
+    up = Upload([4, 0, 2], body, torch.ones(3), {"centroids": cents, "label_counts": counts, "pac_h": h, "pac_v": v,
+                                                 "train_loss": torch.zeros(3),
+                                                 "head": torch.cat([t.reshape(3, -1) for t in heads.values()], 1)})
+    after = algo.aggregate(server, up)
+    torch.testing.assert_close(after.extra["centroids"][0], (cents[0, 0] + cents[1, 0]) / 2)
+    torch.testing.assert_close(after.extra["centroids"][1], (cents[1, 1] + cents[2, 1]) / 2)
+    for i, cid in enumerate([4, 0, 2]):
+        alpha = torch.as_tensor(combination_weights(i, v, h), dtype=torch.float32)
+        for k, t in heads.items():
+            torch.testing.assert_close(after.extra["heads"][k][cid], torch.tensordot(alpha, t, dims=1))
+    bc = algo.broadcast(after, 1).for_clients([2, 3])
+    assert bc.personal[KNOWN].tolist() == [1.0, 0.0] and set(bc.personal) == {PAC + k for k in heads} | {KNOWN}
