@@ -804,3 +804,65 @@ def test_fedpacs_server_averages_centroids_over_the_clients_with_the_class_and_c
             torch.testing.assert_close(after.extra["heads"][k][cid], torch.tensordot(alpha, t, dims=1))
     bc = algo.broadcast(after, 1).for_clients([2, 3])
     assert bc.personal[KNOWN].tolist() == [1.0, 0.0] and set(bc.personal) == {PAC + k for k in heads} | {KNOWN}
+
+
+# ------------------------------------------------------------------------------------------------ GPFL
+
+
+def test_gpfls_step_is_pfllibs_with_its_category_embeddings_and_conditional_valve():
+    """clientGPFL.train for one full-batch step, written with PFLlib's GCE and CoV modules (torch.nn): CE of the
+    head on CoV(z, p) + GCE's angle softmax on CoV(z, g) + λ‖CoV(z, g) − ē_y‖; SGD on the model, SGD with weight
+    decay μ on GCE and CoV."""
+    from torch import nn
+
+    from hetfed.algorithms.gpfl import COV, GCE
+
+    lam, mu = 0.5, 0.1
+    algo, server, state, data, x, y = _setup("gpfl", {"lam": lam, "mu": mu})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    w = server.params
+    d, n_classes = 4, 2
+
+    class CoV(nn.Module):  # servergpfl.CoV
+        def __init__(self):
+            super().__init__()
+            self.Conditional_gamma = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.LayerNorm([d]))
+            self.Conditional_beta = nn.Sequential(nn.Linear(d, d), nn.ReLU(), nn.LayerNorm([d]))
+            self.act = nn.ReLU()
+
+        def forward(self, x, context):
+            out = torch.multiply(x, self.Conditional_gamma(context) + 1)
+            return self.act(torch.add(out, self.Conditional_beta(context)))
+
+    cov = CoV()
+    embedding = nn.Embedding(n_classes, d)
+    with torch.no_grad():
+        embedding.weight.copy_(w[GCE])
+        for branch, seq in (("gamma", cov.Conditional_gamma), ("beta", cov.Conditional_beta)):
+            seq[0].weight.copy_(w[f"{COV}{branch}.weight"])
+            seq[0].bias.copy_(w[f"{COV}{branch}.bias"])
+            seq[2].weight.copy_(w[f"{COV}{branch}.norm_weight"])
+            seq[2].bias.copy_(w[f"{COV}{branch}.norm_bias"])
+    frozen = w[GCE].clone()
+    prior = torch.tensor([0.5, 0.5])  # y holds three of each class
+    generic = frozen.mean(0, keepdim=True)
+    personal = (frozen * prior[:, None]).sum(0, keepdim=True)
+    model = {k: (w[k] if k in BODY else state[k]).clone().requires_grad_(True) for k in (*BODY, *HEAD)}
+    feat = torch.relu(x @ model[BODY[0]] + model[BODY[1]])
+    output = cov(feat, personal) @ model[HEAD[0]] + model[HEAD[1]]
+    feat_g = cov(feat, generic)
+    embeddings = embedding(torch.arange(n_classes))
+    cosine = F.linear(F.normalize(feat_g), F.normalize(embeddings))
+    softmax_loss = -torch.mean(torch.sum(F.one_hot(y, n_classes) * F.log_softmax(cosine, dim=1), dim=1))
+    loss = F.cross_entropy(output, y) + softmax_loss + torch.norm(feat_g - frozen[y], 2) * lam
+    loss.backward()
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], (model[k] - LR * model[k].grad).detach())
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], (model[k] - LR * model[k].grad).detach())
+    torch.testing.assert_close(upload.params[GCE][0], embedding.weight - LR * (embedding.weight.grad + mu * embedding.weight))
+    for branch, seq in (("gamma", cov.Conditional_gamma), ("beta", cov.Conditional_beta)):
+        lin, norm = seq[0], seq[2]
+        for name, p in ((f"{COV}{branch}.weight", lin.weight), (f"{COV}{branch}.bias", lin.bias),
+                        (f"{COV}{branch}.norm_weight", norm.weight), (f"{COV}{branch}.norm_bias", norm.bias)):
+            torch.testing.assert_close(upload.params[name][0], (p - LR * (p.grad + mu * p)).detach())
