@@ -866,3 +866,66 @@ def test_gpfls_step_is_pfllibs_with_its_category_embeddings_and_conditional_valv
         for name, p in ((f"{COV}{branch}.weight", lin.weight), (f"{COV}{branch}.bias", lin.bias),
                         (f"{COV}{branch}.norm_weight", norm.weight), (f"{COV}{branch}.norm_bias", norm.bias)):
             torch.testing.assert_close(upload.params[name][0], (p - LR * (p.grad + mu * p)).detach())
+
+
+# ----------------------------------------------------------------------------------------------- FedCP
+
+
+def _pfllib_mmd(x, y):
+    """clientcp.MMD(x, y, 'rbf'), transcribed."""
+    xx, yy, zz = torch.mm(x, x.t()), torch.mm(y, y.t()), torch.mm(x, y.t())
+    rx = (xx.diag().unsqueeze(0).expand_as(xx))
+    ry = (yy.diag().unsqueeze(0).expand_as(yy))
+    dxx, dyy, dxy = rx.t() + rx - 2. * xx, ry.t() + ry - 2. * yy, rx.t() + ry - 2. * zz
+    XX, YY, XY = torch.zeros(xx.shape), torch.zeros(xx.shape), torch.zeros(xx.shape)
+    for a in [10, 15, 20, 50]:
+        XX += torch.exp(-0.5 * dxx / a)
+        YY += torch.exp(-0.5 * dyy / a)
+        XY += torch.exp(-0.5 * dxy / a)
+    return torch.mean(XX + YY - 2. * XY)
+
+
+def test_fedcps_step_is_pfllibs_conditional_policy_with_the_same_gumbel_draws():
+    """clientCP.train_cs_model for one full-batch step: rep, gate input rep ⊙ normalised context, CS (Linear,
+    LayerNorm, ReLU) and a Gumbel softmax over each feature's two entries, head_p(rep ⊙ p) + head_g(rep ⊙ g),
+    CE + λ·MMD(rep, frozen base's rep); then the uploaded global head ½(head_p + head_g) and the new context."""
+    from torch import nn
+
+    from hetfed import streams
+    from hetfed.algorithms.fedcp import CONTEXT, CS, HEAD_G
+    from hetfed.engine.local import plan_batches
+    from hetfed.models.base import Noise
+
+    lam = 0.7
+    algo, server, state, data, x, y = _setup("fedcp", {"lam": lam})
+    upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    order = torch.as_tensor(plan_batches(6, algo.schedule, 123)[0])
+    xb, yb = x[order], y[order]
+    u = Noise(streams.keys([123], "cpu"), 0, [6]).uniforms(6, 8)[0]  # the step's first (and only) draw
+    w = server.params
+    d = 4
+    fc = nn.Sequential(nn.Linear(d, 2 * d), nn.LayerNorm([2 * d]), nn.ReLU())
+    with torch.no_grad():
+        fc[0].weight.copy_(w[CS + "weight"])
+        fc[0].bias.copy_(w[CS + "bias"])
+        fc[1].weight.copy_(w[CS + "norm_weight"])
+        fc[1].bias.copy_(w[CS + "norm_bias"])
+    model = {k: (w[k] if k in BODY else state[k]).clone().requires_grad_(True) for k in (*BODY, *HEAD)}
+    rep = torch.relu(xb @ model[BODY[0]] + model[BODY[1]])
+    rep_base = torch.relu(xb @ w[BODY[0]] + w[BODY[1]])
+    context = F.normalize(state[CONTEXT].unsqueeze(0), p=2, dim=1)
+    h = fc(rep * context).view(6, 2, -1)
+    gumbels = -torch.log(-torch.log(u)).view(6, 2, -1)
+    shares = torch.softmax(h + gumbels, dim=1)  # F.gumbel_softmax(h, dim=1, tau=1) with these draws
+    p, g = shares[:, 0, :], shares[:, 1, :]
+    out = (rep * p) @ model[HEAD[0]] + model[HEAD[1]] + (rep * g) @ w[HEAD_G + HEAD[0]] + w[HEAD_G + HEAD[1]]
+    loss = F.cross_entropy(out, yb) + _pfllib_mmd(rep, rep_base) * lam
+    loss.backward()
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], (model[k] - LR * model[k].grad).detach())
+    head_p = {k: (model[k] - LR * model[k].grad).detach() for k in HEAD}
+    for k in HEAD:
+        torch.testing.assert_close(new[k][0], head_p[k])
+        torch.testing.assert_close(upload.params[HEAD_G + k][0], 0.5 * head_p[k] + 0.5 * w[HEAD_G + k])
+    torch.testing.assert_close(upload.params[CS + "weight"][0], (fc[0].weight - LR * fc[0].weight.grad).detach())
+    torch.testing.assert_close(new[CONTEXT][0], head_p[HEAD[0]].sum(1))  # W is [d, C] here: summed over classes

@@ -28,7 +28,7 @@ GENERATOR = "counter-lowbias32-v1"
 MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 # purposes within one client's round stream (the key already separates rounds, clients and phases)
-BATCH_ORDER, DROPOUT_MASK = 1, 2
+BATCH_ORDER, DROPOUT_MASK, MODEL_DRAW = 1, 2, 3
 
 
 def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:

@@ -103,6 +103,17 @@ class Noise:
         return (drawn >= streams.below(p)).to(torch.float32) * (1.0 / (1 - p))
 
 
+    def uniforms(self, batch: int, width: int) -> torch.Tensor:
+        """U[0, 1) draws ``[n, batch, width]`` for this step's next draw (a model's own noise: FedCP's Gumbel
+        selection), from the same per-client stream as the dropout masks: the same for a client whatever its
+        stack, on every device."""
+        draw = self._counter[0]
+        self._counter[0] += 1
+        prefix = streams.bits(self.keys, streams.MODEL_DRAW, self.step, draw)  # [n]
+        cell = torch.arange(self.row_offset * width, (self.row_offset + batch) * width, device=self.device)
+        return streams.uniform(prefix[:, None], cell[None]).view(-1, batch, width)
+
+
 def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:
     """Dropout over a stack; identity at evaluation (``noise is None``) or p = 0."""
     if noise is None or p <= 0:
