@@ -929,3 +929,69 @@ def test_fedcps_step_is_pfllibs_conditional_policy_with_the_same_gumbel_draws():
         torch.testing.assert_close(upload.params[HEAD_G + k][0], 0.5 * head_p[k] + 0.5 * w[HEAD_G + k])
     torch.testing.assert_close(upload.params[CS + "weight"][0], (fc[0].weight - LR * fc[0].weight.grad).detach())
     torch.testing.assert_close(new[CONTEXT][0], head_p[HEAD[0]].sum(1))  # W is [d, C] here: summed over classes
+
+
+# ---------------------------------------------------------------------------------------------- pFedLA
+
+
+def test_pfedlas_layer_wise_aggregate_and_hypernetwork_step_are_fl_benchs_with_the_descent_sign():
+    """FL-bench's HyperNetwork (torch.nn) and get_client_model_params: α^l = ReLU(fc_l(MLP(emb_i))), θ̄^l = Σ_j
+    α^l[j]/Σα^l θ_j^l; after training, SGD on the hypernetwork with the VJP of θ̄ along θ̄ − θ̃ (FL-bench passes
+    −(θ̄ − θ̃): see the module's docstring) and θ_i ← θ_i − (θ̄ − θ̃)."""
+    from torch import nn
+
+    from hetfed.algorithms.pfedla import AGGREGATE
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+
+    algo, _, state, data, x, y = _setup("pfedla", {"hidden": 5, "embedding": 3})
+    algo.bind(type("Fed", (), {"n_clients": 3})())
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    gen = torch.Generator().manual_seed(4)
+    layers = [*BODY, *HEAD]
+    personal = {k: torch.randn(3, *v.shape[1:], generator=gen) for k, v in server.extra["personal"].items()}
+    server = type(server)({}, 0, {**server.extra, "personal": personal})
+    phi = {k: v[0] for k, v in server.extra["hypernetworks"].items()}  # client 0's hypernetwork
+
+    class HyperNetwork(nn.Module):  # FL-bench's, k = 0
+        def __init__(self):
+            super().__init__()
+            self.embedding = nn.Embedding(3, 3)
+            self.mlp = nn.Sequential(nn.Linear(3, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU(), nn.Linear(5, 5), nn.ReLU())
+            self.fc_layers = nn.ModuleList(nn.Linear(5, 3) for _ in layers)
+
+        def forward(self, client_id):
+            feature = self.mlp(self.embedding(torch.tensor(client_id, dtype=torch.long)))
+            return [F.relu(fc(feature)) for fc in self.fc_layers]
+
+    hnet = HyperNetwork()
+    with torch.no_grad():
+        hnet.embedding.weight.copy_(phi["embeddings"])
+        for j, m in enumerate((hnet.mlp[0], hnet.mlp[2], hnet.mlp[4])):
+            m.weight.copy_(phi[f"mlp.{j}.weight"])
+            m.bias.copy_(phi[f"mlp.{j}.bias"])
+        for name, fc in zip(layers, hnet.fc_layers, strict=True):
+            fc.weight.copy_(phi[f"out.{name}.weight"])
+            fc.bias.copy_(phi[f"out.{name}.bias"])
+    alpha = hnet(0)
+    aggregated = {name: torch.sum((a / a.sum()) * torch.stack([personal[name][j] for j in range(3)], dim=-1), dim=-1)
+                  for name, a in zip(layers, alpha, strict=True)}
+    bc = algo.broadcast(server, 0).for_clients([0])
+    for k in layers:
+        torch.testing.assert_close(bc.personal[AGGREGATE + k][0], aggregated[k].detach())
+    upload, _ = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    after = algo.aggregate(server, upload)
+    diff = [aggregated[k].detach() - upload.params[k][0] for k in layers]
+    optimizer = torch.optim.SGD(hnet.parameters(), lr=5e-3, momentum=0.0)
+    grads = torch.autograd.grad(list(aggregated.values()), list(hnet.parameters()), grad_outputs=diff,
+                                allow_unused=True)
+    for p, g in zip(hnet.parameters(), grads, strict=True):
+        p.grad = torch.zeros_like(p) if g is None else g
+    optimizer.step()
+    got = {k: v[0] for k, v in after.extra["hypernetworks"].items()}
+    torch.testing.assert_close(got["embeddings"], hnet.embedding.weight.detach())
+    torch.testing.assert_close(got["mlp.2.weight"], hnet.mlp[4].weight.detach())
+    for name, fc in zip(layers, hnet.fc_layers, strict=True):
+        torch.testing.assert_close(got[f"out.{name}.weight"], fc.weight.detach())
+    for k, d in zip(layers, diff, strict=True):
+        torch.testing.assert_close(after.extra["personal"][k][0], personal[k][0] - d)
+        torch.testing.assert_close(after.extra["personal"][k][1], personal[k][1])  # others untouched
