@@ -154,6 +154,7 @@ class Algorithm:
         self.schedule = LocalSchedule.from_train(train)
         self._seed = 0
         self._expected_clients = 1
+        self._clients = 0  # the federation's size, once bound (servers that hold something per client)
 
     @property
     def capabilities(self) -> Capabilities:
@@ -168,6 +169,7 @@ class Algorithm:
         """
         self._seed = seed
         self._expected_clients = max(1, per_round)
+        self._clients = int(fed.n_clients)
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))

@@ -101,11 +101,6 @@ def collaborators(o: torch.Tensor, round: int, beta: float) -> torch.Tensor:
 class FedCAC(FedAvg):
     """FedAvg for the non-critical parameters; per-client customised models for the critical ones."""
 
-    n_clients: int = 0
-
-    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
-        super().bind(fed, seed, per_round)
-        self.n_clients = fed.n_clients  # the server's table holds a customised model per client
 
     def _shared(self) -> list[str]:
         return [s.name for s in self.model.specs() if not s.local and not s.buffer]
@@ -151,9 +146,9 @@ class FedCAC(FedAvg):
         new = super().aggregate(state, upload)
         if not upload.client_ids:
             return new
-        table = state.extra.get("customised") or {k: torch.zeros(self.n_clients, *v.shape, dtype=v.dtype)
+        table = state.extra.get("customised") or {k: torch.zeros(self._clients, *v.shape, dtype=v.dtype)
                                                   for k, v in state.params.items() if k in self._shared()}
-        known = state.extra.get("known", torch.zeros(self.n_clients))
+        known = state.extra.get("known", torch.zeros(self._clients))
         together = collaborators(overlaps(upload.extra["critical"].cpu()), state.round, self.params.beta)
         weights = together.to(torch.float64) / together.sum(1, keepdim=True)  # a plain mean over each group
         ids = torch.as_tensor(upload.client_ids, dtype=torch.long)

@@ -21,8 +21,6 @@ draws noise at test time too, so its predictions are random).
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -48,7 +46,7 @@ from hetfed.engine.types import (
     split_state,
 )
 from hetfed.errors import ConfigError
-from hetfed.models.base import Derived, Model, Noise
+from hetfed.models.base import Derived, Model, Noise, linear_init
 
 CS = "cp.cs."
 HEAD_G = "cp.head_g."
@@ -64,10 +62,9 @@ class FedCPParams(AlgorithmParams):
 
 def cs_init(gen: torch.Generator, d: int) -> Params:
     """``nn.Linear(d, 2d)`` and ``nn.LayerNorm(2d)`` initialisation, from ``gen``."""
-    bound = 1 / math.sqrt(d)
-    return {CS + "weight": torch.empty(2 * d, d).uniform_(-bound, bound, generator=gen),
-            CS + "bias": torch.empty(2 * d).uniform_(-bound, bound, generator=gen),
-            CS + "norm_weight": torch.ones(2 * d), CS + "norm_bias": torch.zeros(2 * d)}
+    weight, bias = linear_init(gen, d, 2 * d)
+    return {CS + "weight": weight, CS + "bias": bias, CS + "norm_weight": torch.ones(2 * d),
+            CS + "norm_bias": torch.zeros(2 * d)}
 
 
 def policy(params: Params, gate_in: torch.Tensor, u: torch.Tensor | None, tau: float) -> tuple[torch.Tensor,

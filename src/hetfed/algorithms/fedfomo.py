@@ -80,11 +80,6 @@ def combined(own: Params, candidates: Params, weights: torch.Tensor) -> Params:
 class FedFomo(FedAvg):
     """Each client combines the models that beat its own on its held-out data, weighted by their gain."""
 
-    n_clients: int = 0
-
-    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
-        super().bind(fed, seed, per_round)
-        self.n_clients = fed.n_clients
 
     def _names(self) -> list[str]:
         return [s.name for s in self.model.specs() if not s.local]
@@ -96,7 +91,7 @@ class FedFomo(FedAvg):
         """Every client's latest model [N, …] and the affinities P [N, N] (every client at the first draw, P = I)."""
         if "models" in state.extra:
             return state.extra["models"], state.extra["affinity"]
-        n = self.n_clients
+        n = self._clients
         first = state.extra["first"]
         return ({k: v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in first.items()},
                 torch.eye(n, dtype=torch.float64))
@@ -104,8 +99,8 @@ class FedFomo(FedAvg):
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
         models, affinity = self._table(state)
-        m = min(self.params.models, int(state.extra.get("uploaded", 0)), self.n_clients)
-        senders = affinity.topk(m, dim=1).indices if m else torch.zeros(self.n_clients, 0, dtype=torch.long)
+        m = min(self.params.models, int(state.extra.get("uploaded", 0)), self._clients)
+        senders = affinity.topk(m, dim=1).indices if m else torch.zeros(self._clients, 0, dtype=torch.long)
         personal = {**{OWN + k: v for k, v in models.items()},
                     **{CANDIDATE + k: v[senders] for k, v in models.items()}, SENDERS: senders.to(torch.float32)}
         return Broadcast({}, bc.round, bc.lr, bc.extra, personal=personal)

@@ -103,11 +103,6 @@ def combination_weights(i: int, variances: torch.Tensor, h: torch.Tensor) -> np.
 class FedPAC(PartlyPersonal):
     """A shared body aligned to global class centroids; each client's head combined with similar clients'."""
 
-    n_clients: int = 0
-
-    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
-        super().bind(fed, seed, per_round)
-        self.n_clients = fed.n_clients
 
     def personal_names(self) -> tuple[str, ...]:
         return head_of(self.model, self.spec.name)
@@ -213,11 +208,11 @@ class FedPAC(PartlyPersonal):
             new_extra["centroids"] = mean.float()
             new_extra["known"] = (total > 0).float()
             heads = dict(state.extra.get("heads") or {})
-            has = state.extra.get("has_head", torch.zeros(self.n_clients)).clone()
+            has = state.extra.get("has_head", torch.zeros(self._clients)).clone()
             names = self.personal_names()
             uploaded = self._unflat_head(upload.extra["head"].cpu().double())
             for k in names:
-                heads[k] = heads[k].clone() if k in heads else torch.zeros(self.n_clients, *uploaded[k].shape[1:])
+                heads[k] = heads[k].clone() if k in heads else torch.zeros(self._clients, *uploaded[k].shape[1:])
             h, v = upload.extra["pac_h"].cpu(), upload.extra["pac_v"].cpu()
             for i, cid in enumerate(upload.client_ids):
                 alpha = combination_weights(i, v, h)

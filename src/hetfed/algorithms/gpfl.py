@@ -27,8 +27,6 @@ its first round a client's π is unknown and p is 0, as PFLlib's initial conditi
 
 from __future__ import annotations
 
-import math
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -53,7 +51,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
-from hetfed.models.base import Derived, Model, Noise
+from hetfed.models.base import Derived, Model, Noise, linear_init
 
 GCE = "gpfl.gce"
 #: the CoV's parameters: ``gpfl.cov.<gamma|beta>.<weight|bias|norm_weight|norm_bias>``
@@ -79,10 +77,8 @@ def extra_shapes(n_classes: int, d: int) -> dict[str, tuple[int, ...]]:
 def init_extra(gen: torch.Generator, n_classes: int, d: int) -> Params:
     """``nn.Embedding`` (N(0, 1)) and ``nn.Linear`` / ``nn.LayerNorm`` initialisation, from ``gen``."""
     out = {GCE: torch.randn(n_classes, d, generator=gen)}
-    bound = 1 / math.sqrt(d)
     for branch in ("gamma", "beta"):
-        out[f"{COV}{branch}.weight"] = torch.empty(d, d).uniform_(-bound, bound, generator=gen)
-        out[f"{COV}{branch}.bias"] = torch.empty(d).uniform_(-bound, bound, generator=gen)
+        out[f"{COV}{branch}.weight"], out[f"{COV}{branch}.bias"] = linear_init(gen, d, d)
         out[f"{COV}{branch}.norm_weight"] = torch.ones(d)
         out[f"{COV}{branch}.norm_bias"] = torch.zeros(d)
     return out

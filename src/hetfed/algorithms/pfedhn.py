@@ -42,6 +42,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.models.base import linear_init
 
 #: the client's generated model ``pfedhn.<name>`` in its personal row
 GENERATED = "pfedhn."
@@ -58,22 +59,15 @@ class PFedHNParams(AlgorithmParams):
     clip: float = Field(50.0, gt=0, description="the gradient's norm clip (50)")
 
 
-def _linear(gen: torch.Generator, n_in: int, n_out: int) -> tuple[torch.Tensor, torch.Tensor]:
-    """``torch.nn.Linear``'s default initialisation (uniform ±1/√n_in for weight and bias), from ``gen``."""
-    bound = 1 / math.sqrt(n_in)
-    return (torch.empty(n_out, n_in).uniform_(-bound, bound, generator=gen),
-            torch.empty(n_out).uniform_(-bound, bound, generator=gen))
-
-
 def hypernetwork(gen: torch.Generator, clients: int, embedding: int, hidden: int, layers: int,
                  targets: dict[str, tuple[int, ...]]) -> Params:
     """φ: ``embeddings`` [N, e] (N(0, 1), as ``nn.Embedding``), ``mlp.<j>.weight/bias``, ``head.<name>.weight/bias``."""
     phi = {"embeddings": torch.randn(clients, embedding, generator=gen)}
     sizes = [embedding] + [hidden] * (layers + 1)
     for j, (a, b) in enumerate(zip(sizes, sizes[1:], strict=False)):
-        phi[f"mlp.{j}.weight"], phi[f"mlp.{j}.bias"] = _linear(gen, a, b)
+        phi[f"mlp.{j}.weight"], phi[f"mlp.{j}.bias"] = linear_init(gen, a, b)
     for name, shape in targets.items():
-        phi[f"head.{name}.weight"], phi[f"head.{name}.bias"] = _linear(gen, hidden, math.prod(shape))
+        phi[f"head.{name}.weight"], phi[f"head.{name}.bias"] = linear_init(gen, hidden, math.prod(shape))
     return phi
 
 
@@ -93,26 +87,21 @@ def generate(phi: Params, ids: torch.Tensor, targets: dict[str, tuple[int, ...]]
 class PFedHN(FedAvg):
     """A server hypernetwork generates each client's model from its embedding."""
 
-    n_clients: int = 0
-
-    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
-        super().bind(fed, seed, per_round)
-        self.n_clients = fed.n_clients
 
     def _targets(self) -> dict[str, tuple[int, ...]]:
         return {s.name: tuple(s.shape) for s in self.model.specs() if not s.local}
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         p = self.params
-        embedding = p.embedding or int(1 + self.n_clients / 4)
-        phi = hypernetwork(gen, max(self.n_clients, 1), embedding, p.hidden, p.layers, self._targets())
+        embedding = p.embedding or int(1 + self._clients / 4)
+        phi = hypernetwork(gen, max(self._clients, 1), embedding, p.hidden, p.layers, self._targets())
         return ServerState({}, 0, {"hypernetwork": phi, "momentum": {}})
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
         with torch.no_grad():
             phi = state.extra["hypernetwork"]
-            models = generate(phi, torch.arange(self.n_clients, device=phi["embeddings"].device), self._targets())
+            models = generate(phi, torch.arange(self._clients, device=phi["embeddings"].device), self._targets())
         return Broadcast({}, bc.round, bc.lr, bc.extra, personal={GENERATED + k: v for k, v in models.items()})
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:

@@ -22,8 +22,6 @@ steps SGD, which by our reading moves θ̄_i *away* from the trained model (an a
 
 from __future__ import annotations
 
-import math
-
 import torch
 from pydantic import Field
 
@@ -45,6 +43,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.models.base import linear_init
 
 #: a client's aggregate of parameter ``name`` in its personal row
 AGGREGATE = "la."
@@ -56,17 +55,11 @@ class PFedLAParams(AlgorithmParams):
     server_lr: float = Field(5e-3, gt=0, description="the hypernetworks' SGD learning rate (FL-bench's --hn_lr)")
 
 
-def _linear(gen: torch.Generator, n_in: int, n_out: int) -> tuple[torch.Tensor, torch.Tensor]:
-    bound = 1 / math.sqrt(n_in)
-    return (torch.empty(n_out, n_in).uniform_(-bound, bound, generator=gen),
-            torch.empty(n_out).uniform_(-bound, bound, generator=gen))
-
-
 def hypernetwork(gen: torch.Generator, clients: int, embedding: int, hidden: int, layers: list[str]) -> Params:
     """One client's hypernetwork: ``embeddings`` [N, e], ``mlp.<j>.*`` (3 layers), ``out.<layer>.*`` [N, h]."""
     phi = {"embeddings": torch.randn(clients, embedding, generator=gen)}
     for j, (a, b) in enumerate(((embedding, hidden), (hidden, hidden), (hidden, hidden))):
-        phi[f"mlp.{j}.weight"], phi[f"mlp.{j}.bias"] = _linear(gen, a, b)
+        phi[f"mlp.{j}.weight"], phi[f"mlp.{j}.bias"] = linear_init(gen, a, b)
     for name in layers:
         phi[f"out.{name}.weight"] = torch.rand(clients, hidden, generator=gen)  # torch.nn.init.uniform_
         phi[f"out.{name}.bias"] = torch.zeros(clients)
@@ -96,18 +89,13 @@ def aggregate_layers(alpha: dict[str, torch.Tensor], personal: Params, client: t
 class PFedLA(FedAvg):
     """A hypernetwork per client learns how much of each other client's layers its model takes."""
 
-    n_clients: int = 0
-
-    def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
-        super().bind(fed, seed, per_round)
-        self.n_clients = fed.n_clients
 
     def _layers(self) -> list[str]:
         return [s.name for s in self.model.specs() if not s.local]
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         first = self.model.init_shared(gen)
-        n, p = max(self.n_clients, 1), self.params
+        n, p = max(self._clients, 1), self.params
         one = hypernetwork(gen, n, p.embedding, p.hidden, self._layers())  # every client's starts the same
         phi = {k: v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in one.items()}
         personal = {k: v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in first.items()}
@@ -121,7 +109,7 @@ class PFedLA(FedAvg):
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
         with torch.no_grad():
-            models = self._aggregates(state, torch.arange(self.n_clients))
+            models = self._aggregates(state, torch.arange(self._clients))
         return Broadcast({}, bc.round, bc.lr, bc.extra, personal={AGGREGATE + k: v for k, v in models.items()})
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:

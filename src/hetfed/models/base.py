@@ -61,6 +61,17 @@ class ParamSpec:
     buffer: bool = False
 
 
+def linear_init(gen: torch.Generator, n_in: int, n_out: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``torch.nn.Linear``'s default initialisation (weight ``[n_out, n_in]`` and bias uniform in ±1/√n_in), drawn
+    from ``gen``: the auxiliary networks some methods add (hypernetworks, GPFL's valve, FedCP's policy) start as
+    their authors' ``nn.Linear`` layers do."""
+    import math
+
+    bound = 1 / math.sqrt(n_in)
+    return (torch.empty(n_out, n_in).uniform_(-bound, bound, generator=gen),
+            torch.empty(n_out).uniform_(-bound, bound, generator=gen))
+
+
 class Noise:
     """The random draws of one training step for a stack of clients (dropout masks), made on the device.
 
