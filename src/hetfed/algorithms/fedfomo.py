@@ -159,11 +159,6 @@ class FedFomo(FedAvg):
         extra = {**state.extra, "models": models, "affinity": affinity, "uploaded": len(upload.client_ids)}
         return ServerState({}, state.round + 1, extra)
 
-    @torch.no_grad()
-    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
-        """No global model."""
-        return {}
-
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its own latest model."""
         local, _ = split_state(states)

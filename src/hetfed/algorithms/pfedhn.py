@@ -145,11 +145,6 @@ class PFedHN(FedAvg):
         new = {k: v.detach() for k, v in phi.items()}
         return ServerState({}, state.round + 1, {**state.extra, "hypernetwork": new, "momentum": momentum})
 
-    @torch.no_grad()
-    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
-        """No global model."""
-        return {}
-
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with the model the hypernetwork generates for it."""
         local, _ = split_state(states)

@@ -140,11 +140,6 @@ class PFedLA(FedAvg):
                 personal[k][cid] -= change[k][0].to(personal[k])
         return ServerState({}, state.round + 1, {**state.extra, "hypernetworks": phis, "personal": personal})
 
-    @torch.no_grad()
-    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
-        """No global model."""
-        return {}
-
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its layer-wise aggregate."""
         local, _ = split_state(states)
