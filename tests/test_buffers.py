@@ -81,3 +81,12 @@ def test_an_unknown_buffer_handling_is_refused():
 
     with pytest.raises(ValueError, match=r"buffers = 'averaged'; expected one of aggregated, local, reset"):
         Capabilities(buffers="averaged")
+
+
+@pytest.mark.parametrize("name", [n for n in registry.names() if registry.get(n).cls.__module__.startswith("hetfed.")])
+def test_every_algorithm_declares_whether_its_server_keeps_a_row_per_client(name):
+    """``Capabilities.per_client`` against the broadcast after a round: rows per client (Broadcast.personal) exactly
+    when declared — what the memory notes in docs/scale.md and the saved-run predictions rely on."""
+    algo, server, _, upload, _ = _round(name)
+    after = algo.aggregate(server, upload)
+    assert bool(algo.broadcast(after, 1).personal) == algo.capabilities.per_client

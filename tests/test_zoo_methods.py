@@ -995,3 +995,15 @@ def test_pfedlas_layer_wise_aggregate_and_hypernetwork_step_are_fl_benchs_with_t
     for k, d in zip(layers, diff, strict=True):
         torch.testing.assert_close(after.extra["personal"][k][0], personal[k][0] - d)
         torch.testing.assert_close(after.extra["personal"][k][1], personal[k][1])  # others untouched
+
+
+def test_a_saved_run_of_a_method_whose_server_keeps_a_row_per_client_refuses_client_predictions(tmp_path):
+    from hetfed.api import Run
+    from hetfed.cli import main
+    from hetfed.errors import ConfigError
+
+    assert main(["run", "--quiet", "--out", str(tmp_path / "r"), "--set", "train.rounds=1", "--set",
+                 "methods=[{name: fedcac, algorithm: fedcac}]"]) == 0
+    model = Run(tmp_path / "r").model("fedcac")
+    with pytest.raises(ConfigError, match="keeps a row per client"):
+        model.predict(np.zeros((2, 64), dtype=np.float32), client=0)

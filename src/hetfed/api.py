@@ -194,6 +194,11 @@ class Model:
                 params = global_params(algo, ServerState(self.shared))
                 logits = algo.model.forward(params, xt.unsqueeze(0), None)[0]
             else:
+                if algo.capabilities.per_client:
+                    raise ConfigError(f"client predictions of a saved {self.method} run are not supported yet: its "
+                                      "server keeps a row per client (Broadcast.personal) that the run does not "
+                                      "save; expected client=None where it has a global model, or the run's "
+                                      "metrics (metrics.csv, summary.json)")
                 if client not in self.clients:
                     raise ConfigError(f"client {client} is not allowed: {self.method} saved personal parameters for "
                                       f"{_ids(self.clients)}; expected one of them or client=None (the global model)")

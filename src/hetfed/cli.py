@@ -166,7 +166,8 @@ def cmd_algorithms(args: argparse.Namespace) -> int:
                                        ("server model", caps["server_model"]),
                                        ("personalised", caps["personalises"]),
                                        ("asynchronous (simulated clock)", caps["asynchronous"]),
-                                       ("stacks across runs and versions", caps["stacks_runs"])) if on]
+                                       ("stacks across runs and versions", caps["stacks_runs"]),
+                                       ("server keeps a row per client", caps["per_client"])) if on]
         flags.append(f"batch-norm statistics: {caps['buffers']}")
         from rich.text import Text
 

@@ -78,6 +78,9 @@ class Capabilities:
         (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
     asynchronous: its server merges arrivals as they come on the simulated clock (``merge``, FedBuff and FedAsync:
         :mod:`hetfed.executors.asynchronous` drives it instead of synchronous rounds).
+    per_client: its server keeps something for each client (a model, a head, a hypernetwork's output) and sends each
+        client only its own row (:attr:`hetfed.engine.types.Broadcast.personal`): server memory grows with the
+        federation (docs/scale.md), and a saved run's client predictions need that server state.
     buffers: what happens to a model's buffers (batch norm's running statistics) of its shared part: ``aggregated``
         (uploaded and combined with the parameters, FedAvg), ``local`` (each client keeps its own, FedBN), or
         ``reset`` (they start afresh each round). Tested against each method's real upload with a batch-norm CNN.
@@ -96,6 +99,7 @@ class Capabilities:
     model_reason: str = ""
     stacks_runs: bool = False
     asynchronous: bool = False
+    per_client: bool = False
     buffers: str = "aggregated"
 
     def __post_init__(self) -> None:
