@@ -1007,3 +1007,14 @@ def test_a_saved_run_of_a_method_whose_server_keeps_a_row_per_client_refuses_cli
     model = Run(tmp_path / "r").model("fedcac")
     with pytest.raises(ConfigError, match="keeps a row per client"):
         model.predict(np.zeros((2, 64), dtype=np.float32), client=0)
+
+
+def test_a_saved_fedproto_run_refuses_client_predictions_in_one_line(tmp_path):
+    from hetfed.api import Run
+    from hetfed.cli import main
+    from hetfed.errors import ConfigError
+
+    assert main(["run", "--quiet", "--out", str(tmp_path / "r"), "--set", "train.rounds=1", "--set",
+                 "methods=[{name: fedproto, algorithm: fedproto}]"]) == 0
+    with pytest.raises(ConfigError, match="global prototypes"):
+        Run(tmp_path / "r").model("fedproto").predict(np.zeros((2, 64), dtype=np.float32), client=0)

@@ -34,6 +34,7 @@ from hetfed.algorithms.registry import (
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Derived, Model, Noise, Params, Representation
 
@@ -113,6 +114,10 @@ class FedProto(Algorithm):
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client's representation against the global prototypes."""
+        if "prototypes" not in bc.extra:  # a saved run's model: its parameters only
+            raise ConfigError("client predictions of a saved fedproto run are not supported yet: a client classifies "
+                              "by the server's global prototypes, which the run does not save; expected the run's "
+                              "metrics (metrics.csv, summary.json) instead")
         params, _ = split_state(states)
         return Predictor(NearestPrototype(self.model, bc.extra["prototypes"], bc.extra["known"]), params, True)
 
