@@ -149,3 +149,18 @@ def test_every_run_records_sim_time_beside_rounds(tmp_path):
 
 def test_clock_defaults_validate():
     assert ClockConfig().latency == "constant"
+
+
+def test_uplink_bytes_count_what_an_upload_carries_besides_its_parameters(tmp_path):
+    """FedProto sends no parameters but its prototypes and class counts: each client's uplink is its sample count
+    and training loss (8 bytes) plus 10 classes × 64 features and 10 counts, float32."""
+    import csv
+
+    from hetfed.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--out", str(out), "--set", "train.rounds=2", "--set",
+                 "methods=[{name: fedproto, algorithm: fedproto}]"]) == 0
+    rows = list(csv.DictReader((out / "metrics.csv").read_text().splitlines()))
+    up = [float(r["value"]) for r in rows if r["split"] == "train" and r["metric"] == "uplink_bytes"]
+    assert up == [10 * (8 + 4 * 10 * 64 + 4 * 10)] * 2

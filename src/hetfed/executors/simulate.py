@@ -30,6 +30,7 @@ from hetfed.executors.updates import (
     after_update,
     evaluation,
     round_train_loss,
+    uploaded_bytes,
     wire_bytes,
 )
 from hetfed.interface import Algorithm, private
@@ -166,6 +167,8 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
         except RoundSkipped:  # too few replies (Flower): the global model stays as it was
             upload = None
     counts = _round_counts(sampled, present, upload)
+    if upload is not None and upload.client_ids:
+        up = uploaded_bytes(upload, up)  # what the clients' uploads carried besides their parameters
     if upload is not None and len(upload.client_ids) < loop.min_clients:
         upload = None  # too few accepted updates: skipped and logged, never averaged over one client
     _advance_clock(loop, result, sampled, present, down, up)

@@ -217,6 +217,14 @@ def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
 
 
 
+def uploaded_bytes(upload: Upload, up: int) -> int:
+    """The bytes one client of ``upload`` sent: ``up`` (:func:`wire_bytes`: its parameters as encoded, its sample
+    count and training loss) plus every other documented extra it carried (one row each: FedProto's prototypes,
+    FedCAC's mask, FedPAC's head and statistics)."""
+    return up + sum(v[0].numel() * v.element_size() for k, v in upload.extra.items()
+                    if k != "train_loss" and isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v))
+
+
 def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str, float]:
     """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
     algo, train, fed = loop.algo, loop.train, loop.fed
