@@ -138,7 +138,7 @@ class FedCAC(FedAvg):
         mine = {k: v for k, v in local.items() if not k.startswith("cac.")}  # the model's own local parameters
         params, opt_state, loss = train_clients(self, {**start, **mine}, kept_opt, data, bc.lr)
         masks = {MASK + k: critical_mask(start[k].to(params[k]), params[k], self.params.tau) for k in self._shared()}
-        flat = torch.cat([masks[MASK + k].reshape(n, -1) for k in self._shared()], dim=1)
+        flat = torch.cat([masks[MASK + k].reshape(n, -1) for k in self._shared()], dim=1).to(torch.uint8)  # 0/1
         upload = Upload.of(data, params, bc.params, loss, critical=flat)
         return upload, {**{k: params[k] for k in mine}, **masks, HAS_MASK: torch.ones(n), **opt_state}
 
@@ -178,7 +178,7 @@ register(AlgorithmSpec(
             method="FedCAC",
             config="`algorithm: fedcac`",
             params="shared model parameters",
-            extra="`train_loss`, `critical` (which of its parameters it marked critical: a 0/1 mask)",
+            extra="`train_loss`, `critical` (which of its parameters it marked critical: a 0/1 mask, a byte each)",
             stays="data; its mask between rounds; optimiser state when kept (the server holds a customised "
                   "model per client and sends each its own)",
         ),
