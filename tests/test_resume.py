@@ -215,3 +215,24 @@ def test_a_sweep_resumed_after_an_upgrade_reuses_runs_that_lack_a_new_setting(tm
     config.write_text(text.replace("shard_cut: within_class", "shard_cut: sorted"))  # a real change is refused
     assert main([*args, "--resume"]) != 0
     assert "partition.shard_cut: 'sorted' → 'within_class'" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_methods_whose_server_keeps_a_row_per_client_resume_to_the_uninterrupted_numbers(tmp_path):
+    """FedCAC's customised models, FedFomo's models and affinities, pFedHN's hypernetwork and momentum, FedPAC's
+    heads and pFedLA's hypernetworks live in the server state: a run SIGKILLed mid-rounds and resumed writes the
+    uninterrupted metrics.csv."""
+    methods = ("methods=[{name: cac, algorithm: fedcac}, {name: fomo, algorithm: fedfomo}, "
+               "{name: hn, algorithm: pfedhn}, {name: pac, algorithm: fedpac}, {name: la, algorithm: pfedla}]")
+    args = ["--set", "train.rounds=6", "--set", "train.checkpoint_every=2", "--set", "train.eval_every=2",
+            "--set", "partition.clients=6", "--set", methods]
+    ref, run = tmp_path / "ref", tmp_path / "run"
+    proc = _start(["run", "--quiet", *args, "--out", str(ref)], tmp_path / "ref.progress")
+    assert proc.wait() == 0, proc.stderr.read()
+    progress = tmp_path / "kill.progress"
+    killed = _kill_when(_start(["run", "--quiet", *args, "--out", str(run)], progress),
+                        progress, lambda lines: sum(ln.startswith("train") for ln in lines) >= 15)
+    assert killed
+    last = _start(["run", "--quiet", "--resume", str(run)], tmp_path / "final.progress")
+    assert last.wait() == 0, last.stderr.read()
+    assert (run / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()

@@ -98,13 +98,13 @@ class Selected(Derived):
     def __init__(self, base: Model, tau: float):
         super().__init__(base)
         self.tau = tau
-        self.head = head_of(base, "fedcp")
+        self.own_head = head_of(base, "fedcp")
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         z = self.base.features(params, x, noise)
         ctx = F.normalize(params[CONTEXT], dim=-1)[:, None, :]
         p, g = policy(params, z * ctx, None, self.tau)
-        global_head = {**params, **{k: params[HEAD_G + k] for k in self.head}}
+        global_head = {**params, **{k: params[HEAD_G + k] for k in self.own_head}}
         return self.base.head(params, z * p) + self.base.head(global_head, z * g)
 
 

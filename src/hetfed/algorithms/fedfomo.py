@@ -154,8 +154,8 @@ class FedFomo(FedAvg):
                 v[ids] = upload.params[k].detach().cpu().to(v.dtype)
             senders = upload.extra["fomo_senders"].long().cpu()
             weights = upload.extra["fomo_weights"].cpu().to(torch.float64)
-            for row, k in enumerate(upload.client_ids):  # P[i] += w at the senders' positions
-                affinity[k].index_add_(0, senders[row], weights[row])
+            for row, cid in enumerate(upload.client_ids):  # P[i] += w at the senders' positions
+                affinity[cid].index_add_(0, senders[row], weights[row])
         extra = {**state.extra, "models": models, "affinity": affinity, "uploaded": len(upload.client_ids)}
         return ServerState({}, state.round + 1, extra)
 

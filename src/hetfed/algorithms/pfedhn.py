@@ -127,10 +127,10 @@ class PFedHN(FedAvg):
                 changes = {k: (v - upload.params[k].detach().to(v)).detach() for k, v in generated.items()}
                 grads = []
                 for row in range(len(ids)):  # each client's vector-Jacobian product
-                    g = torch.autograd.grad([v[row] for v in generated.values()], leaves,
-                                            grad_outputs=[c[row] for c in changes.values()], allow_unused=True,
-                                            retain_graph=row + 1 < len(ids))
-                    grads.append([torch.zeros_like(leaf) if gi is None else gi for leaf, gi in zip(leaves, g,
+                    vjp = torch.autograd.grad([v[row] for v in generated.values()], leaves,
+                                              grad_outputs=[c[row] for c in changes.values()], allow_unused=True,
+                                              retain_graph=row + 1 < len(ids))
+                    grads.append([torch.zeros_like(leaf) if gi is None else gi for leaf, gi in zip(leaves, vjp,
                                                                                                     strict=True)])
             optimizer = torch.optim.SGD(leaves, lr=p.server_lr, momentum=p.momentum, weight_decay=p.weight_decay)
             for name, leaf in phi.items():

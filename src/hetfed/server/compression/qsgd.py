@@ -72,7 +72,7 @@ def _levels(v: torch.Tensor, u: torch.Tensor, s_levels: int, out: torch.Tensor) 
     """Buckets ``v`` [S, B, d] → their norms [S, B]; ``out`` [S, B, d] gets each value's signed level ±ℓ or
     ±(ℓ + 1) (as floats). ``u`` (the draws, [S, B, d]) is overwritten; the other passes work in place on ``out``
     and one temporary."""
-    norms = torch.linalg.vector_norm(v, dim=-1)
+    norms: torch.Tensor = torch.linalg.vector_norm(v, dim=-1)
     scale = torch.where(norms > 0, s_levels / norms, torch.zeros_like(norms)).unsqueeze(-1)
     r = torch.abs(v).mul_(scale)  # s·|vᵢ|/‖v‖ in [0, s]
     level = torch.floor(r, out=out)
