@@ -215,14 +215,18 @@ def test_a_compressed_run_records_bytes_in_metrics_csv(tmp_path):
     assert len(up) == 2 and up[0] > 0 and total == list(np.cumsum(up))
 
 
-def test_compression_with_error_feedback_gives_the_in_process_numbers_on_flower(tmp_path):
-    """The nodes encode and keep their residuals between rounds as the in-process executors do."""
+@pytest.mark.parametrize("setting", [["server.compression.kind=topk", "server.compression.fraction=0.1",
+                                      "server.compression.error_feedback=true"],
+                                     ["server.compression.kind=qsgd", "server.compression.bits=4"]],
+                         ids=["topk-ef", "qsgd4"])
+def test_compression_with_error_feedback_gives_the_in_process_numbers_on_flower(tmp_path, setting):
+    """The nodes encode (their records carry the encodings) and keep their residuals between rounds; the server
+    decodes: the in-process numbers."""
     pytest.importorskip("flwr")
     import json
 
     common = ["--quiet", "--set", "partition.clients=3", "--set", "train.rounds=3", "--set",
-              "methods=[{algorithm: fedavg}]", "--set", "server.compression.kind=topk", "--set",
-              "server.compression.fraction=0.1", "--set", "server.compression.error_feedback=true"]
+              "methods=[{algorithm: fedavg}]", *[a for kv in setting for a in ("--set", kv)]]
     assert main(["run", "--out", str(tmp_path / "f"), "--set", "train.executor=flower", *common]) == 0
     assert main(["run", "--out", str(tmp_path / "v"), *common]) == 0
     f, v = (json.loads((tmp_path / d / "summary.json").read_text())["methods"]["fedavg"]["final"] for d in "fv")
@@ -344,3 +348,33 @@ def test_compressing_in_blocks_and_in_place_changes_no_number_and_spares_what_th
     kept = upload()
     assert send.send(kept, ref, residual, seeds)[0].params["w"] is not kept.params["w"]  # not handed over: left
     assert torch.equal(kept.params["w"], theta["w"])
+
+
+@pytest.mark.parametrize("compression", [{"kind": "qsgd", "bits": 4, "error_feedback": True},
+                                         {"kind": "topk", "fraction": 0.2, "error_feedback": True},
+                                         {"kind": "fp16"}])
+def test_what_a_flower_node_sends_is_the_encoding_and_the_server_decodes_the_in_process_update(compression):
+    """A node's upload carries each parameter's encoding (``<name>|<field>``: QSGD's packed bytes and norms, top-k's
+    values and positions) — what a real client sends, no float32 copy of the update — and the server's decoding
+    is the in-process transport's result bit for bit, residuals included."""
+    from hetfed.engine.types import Upload
+    from hetfed.server.transport import FIELD
+
+    t = transport(compression)
+    g = torch.Generator().manual_seed(1)
+    ref = {"w": torch.randn(5, 7, generator=g), "b": torch.randn(5, generator=g)}
+    theta = {k: v + 0.1 * torch.randn(3, *v.shape, generator=g) for k, v in ref.items()}
+    residual = {RESIDUAL + k: 0.01 * torch.randn(3, *v.shape, generator=g) for k, v in ref.items()}
+    seeds = [5, 6, 7]
+    up = Upload([0, 1, 2], {k: v.clone() for k, v in theta.items()}, torch.ones(3), {"train_loss": torch.zeros(3)})
+    wire, kept_wire = t.encode(up, ref, residual if t.error_feedback else {}, seeds)
+    assert all(FIELD in k for k in wire.params) and "w" not in wire.params
+    sent_bytes = sum(v[0].numel() * v.element_size() for v in wire.params.values())
+    exact = t.nbytes({k: tuple(v.shape) for k, v in ref.items()})
+    assert exact <= sent_bytes <= exact + 2 * 8  # the codes pad to whole groups of 8 values (≤ bits bytes each)
+    local, kept_local = t.send(Upload([0, 1, 2], {k: v.clone() for k, v in theta.items()}, torch.ones(3)), ref,
+                               residual if t.error_feedback else {}, seeds)
+    decoded = t.decode(wire, ref)
+    for k in ref:
+        assert torch.equal(decoded.params[k], local.params[k]), k
+    assert set(kept_wire) == set(kept_local) and all(torch.equal(kept_wire[k], kept_local[k]) for k in kept_wire)

@@ -206,6 +206,9 @@ class InProcessExecutor:
         self.pool = Pool(x, y, fed.train, seed, fed.val)
         chain = algo.context.pipeline
         self.transport: Transport = chain.transport if chain is not None else Transport()
+        #: send the transport's encodings rather than decoding them here (a Flower node with compression: what
+        #: its records carry is what a real client would send); set by the node, never for an in-process run
+        self.wire = False
         self.states = init_states(algo, fed.n_clients, seed)  # error feedback's residuals join at the first round
 
     def _ensure_residuals(self, reference: Params) -> None:
@@ -260,7 +263,9 @@ class InProcessExecutor:
         """Every chosen client's update, screened; chunks are folded into running sums, so memory does not
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
-        round_uploads = RoundUploads(Screen.for_round(self.algo, bc.params))
+        # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
+        round_uploads = RoundUploads(None, stream=False) if self.wire else RoundUploads(Screen.for_round(self.algo,
+                                                                                                         bc.params))
         self._ensure_residuals(bc.params)
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
@@ -278,8 +283,11 @@ class InProcessExecutor:
         if adversary is not None:
             upload = adversary.poison(upload, bc)
         residual = self._residuals(chunk) if self.transport.error_feedback else {}
-        upload, residual = self.transport.send(upload, bc.params, residual, data.seeds,
-                                               still_read=tuple(new.values()))
+        if self.wire:  # a Flower node: the encoding itself leaves, the server decodes it
+            upload, residual = self.transport.encode(upload, bc.params, residual, data.seeds)
+        else:
+            upload, residual = self.transport.send(upload, bc.params, residual, data.seeds,
+                                                   still_read=tuple(new.values()))
         self._keep(chunk, new, residual)
         return upload
 

@@ -176,8 +176,11 @@ class FlowerExecutor:
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
         uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
+        chain = self.algo.context.pipeline
         for node in sorted(answered, key=lambda n: answered[n][0][0]):
-            uploads.add(records_to_upload(answered[node][1]))
+            upload = records_to_upload(answered[node][1])
+            # compressed updates arrive encoded (what travelled); decoded here, then screened
+            uploads.add(chain.transport.decode(upload, bc.params) if chain is not None else upload)
         return uploads.result()
 
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:

@@ -90,6 +90,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
         train = config.method_train(method_cfg)
         executor = VectorisedExecutor(train.memory_budget_mb, train.chunk_clients)
         executor.start(algo, fed, config.seed, resolve_device(train.device))
+        executor.wire = executor.transport.compressor is not None  # compressed updates travel encoded
         _CACHE.clear()  # one run at a time per process
         _CACHE[key] = NodeSide(config, algo, fed, executor, key[:16], fed.x if measure_on is None else measure_on)
     return _CACHE[key]
@@ -148,5 +149,6 @@ def keep_states(side: NodeSide, clients: list[int], context: Context) -> None:
 
 
 def reduces(side: NodeSide, clients: list[int]) -> bool:
-    """Whether the node sends its cohort's updates summed: more than one client and a round that may stream."""
-    return len(clients) > 1 and not holds_round(side.algo)
+    """Whether the node sends its cohort's updates summed: more than one client, a round that may stream, and
+    updates that travel uncompressed."""
+    return len(clients) > 1 and not holds_round(side.algo) and not side.executor.wire  # encodings do not sum

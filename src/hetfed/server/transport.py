@@ -86,6 +86,51 @@ class Transport:
             params[name] = received
         return replace(upload, params=params), kept
 
+    def encode(self, upload: Upload, reference: Params, residual: ClientState,
+               seeds: list[int]) -> tuple[Upload, ClientState]:
+        """What really travels from a stack of clients (a Flower node): each shared parameter's encoding — the
+        compressor's fields, ``<name>|<field>``, one row per client (QSGD's packed codes and norms, top-k's values
+        and positions) — in place of the parameter, and the stack's new residuals. :meth:`decode` on the server
+        gives what :meth:`send` gives in process, bit for bit."""
+        if self.compressor is None or not upload.params:
+            return upload, residual
+        names = [k for k in reference if k in upload.params]
+        params = {k: v for k, v in upload.params.items() if k not in names}
+        kept: ClientState = {}
+        for counter, name in enumerate(names):
+            theta = upload.params[name]
+            ref = reference[name].to(theta.device)
+            delta = theta.to(torch.float32) - (ref if ref.dim() == theta.dim() else ref.unsqueeze(0))
+            if self.error_feedback:
+                delta = delta + residual[RESIDUAL + name].to(delta.device)
+            encoded = self.compressor.encode(delta, seeds, counter, self.params)
+            if self.error_feedback:
+                sent = self.compressor.decode(encoded, tuple(theta.shape[1:]), self.params).to(delta.dtype)
+                kept[RESIDUAL + name] = delta - sent
+            params.update({_encoded_name(name, f): v for f, v in encoded.items()})
+        return replace(upload, params=params), kept
+
+    def decode(self, upload: Upload, reference: Params) -> Upload:
+        """The server's reading of an encoded upload (:meth:`encode`): θ_global + Δ̂ for each parameter."""
+        if self.compressor is None:
+            return upload
+        params = {k: v for k, v in upload.params.items() if FIELD not in k}
+        for name, ref in reference.items():
+            fields = {k.split(FIELD, 1)[1]: v for k, v in upload.params.items() if k.startswith(name + FIELD)}
+            if not fields:
+                continue
+            delta = self.compressor.decode(fields, tuple(ref.shape), self.params)
+            params[name] = (delta.to(ref.device) + ref.unsqueeze(0)).to(ref.dtype)
+        return replace(upload, params=params)
+
+
+#: separates a parameter's name from its encoding's fields in a wire upload (``fc1.weight|codes``)
+FIELD = "|"
+
+
+def _encoded_name(name: str, field: str) -> str:
+    return f"{name}{FIELD}{field}"
+
 
 #: values per block of clients a parameter is compressed in: a block's temporaries stay in cache and reuse the
 #: allocator's memory, where a W1 layer's stack at once (60 MB) is a fresh mapping whose page faults cost as much as
