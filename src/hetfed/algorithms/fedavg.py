@@ -49,16 +49,17 @@ class FedAvg(Algorithm):
 
 
 def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None,
-                  objective: Objective | None = None):
+                  objective: Objective | None = None, trainable: list[str] | None = None):
     """Train a stack from its kept optimiser state (fresh when reset each round).
 
     Returns the trained params, the optimiser state the clients keep ({} when
-    it is reset each round) and each client's mean training loss.
+    it is reset each round) and each client's mean training loss. ``trainable``: the parameters that move
+    (default: all; the others are inputs held fixed).
     """
     opt_cfg = algo.train.optimizer
     start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
     params, opt_state, loss = train_stack(algo.model, params, data, algo.schedule, opt_cfg, lr, start, regulariser,
-                                          objective=objective)
+                                          trainable=trainable, objective=objective)
     return params, ({} if opt_cfg.reset_each_round else opt_state), loss
 
 

@@ -26,7 +26,7 @@ import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms._personal import PartlyPersonal, head_of, initial_model
-from hetfed.algorithms.fedavg import kept_optimizer_state
+from hetfed.algorithms.fedavg import kept_optimizer_state, train_clients
 from hetfed.algorithms.registry import (
     AlgorithmParams,
     AlgorithmSpec,
@@ -35,7 +35,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy, train_stack
+from hetfed.engine.local import Objective, client_mean, row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -165,18 +165,15 @@ class FedCP(PartlyPersonal):
         names = self.personal_names()
         frozen = {BASE + k: received[k] for k in self._body}
         trainable = [*self._body, *[k for k in received if k.startswith(CS)], *names]
-        opt_cfg = self.train.optimizer
-        start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
-        params, opt_state, loss = train_stack(self.model, {**received, **local, **frozen}, data, self.schedule,
-                                              opt_cfg, bc.lr, start, trainable=trainable,
-                                              objective=self._objective(bc, data, states))
+        params, opt_state, loss = train_clients(self, {**received, **local, **frozen}, kept_opt, data, bc.lr,
+                                                objective=self._objective(bc, data, states), trainable=trainable)
         sent = {k: params[k] for k in bc.params}
         for k in names:  # its global head: the mean of its own and the one it received (generate_upload_head)
             sent[HEAD_G + k] = 0.5 * params[k] + 0.5 * received[HEAD_G + k]
         upload = Upload(list(data.client_ids), sent, data.sizes().to(loss.device), {"train_loss": loss})
         kept = {k: params[k] for k in local if k != CONTEXT}
         ctx = context_of({k: params[k] for k in names}, names, self.model.latent_dim).to(local[CONTEXT])
-        return upload, {**kept, CONTEXT: ctx, **({} if opt_cfg.reset_each_round else opt_state)}
+        return upload, {**kept, CONTEXT: ctx, **opt_state}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """``head_p(z ⊙ p) + head_g(z ⊙ g)`` with the received body, CS and global head, its own head and

@@ -27,7 +27,6 @@ from dataclasses import replace
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
@@ -38,7 +37,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.evaluate import Predictor, predict
+from hetfed.engine.evaluate import Predictor, client_losses
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -113,15 +112,6 @@ class FedFomo(FedAvg):
         held = [i[len(i) - c:] for i, c in zip(data.indices, cut, strict=True)]
         return replace(data, indices=train), held
 
-    @torch.no_grad()
-    def _loss(self, params: Params, data: ClientData, held: list[np.ndarray]) -> torch.Tensor:
-        """Each client's mean cross-entropy on its held-out samples [n] (0 without any)."""
-        out = torch.zeros(len(held))
-        for k, (logits, index) in enumerate(zip(predict(self.model, params, data.x, held), held, strict=True)):
-            if len(index):
-                out[k] = F.cross_entropy(logits, data.y[torch.as_tensor(index, device=data.y.device)]).cpu()
-        return out
-
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
@@ -132,9 +122,9 @@ class FedFomo(FedAvg):
         train, held = self._held_out(data, self.params.val_share)
         weights = torch.zeros(n, m)
         if m:
-            own_loss = self._loss({**own, **local}, data, held)
-            losses = torch.stack([self._loss({**{k: v[:, j] for k, v in candidates.items()}, **local}, data, held)
-                                  for j in range(m)], dim=1)
+            own_loss = client_losses(self.model, {**own, **local}, data.x, data.y, held).cpu()
+            losses = torch.stack([client_losses(self.model, {**{k: v[:, j] for k, v in candidates.items()}, **local},
+                                                data.x, data.y, held).cpu() for j in range(m)], dim=1)
             weights = fomo_weights(own_loss, losses, {k: v.cpu() for k, v in own.items()},
                                    {k: v.cpu() for k, v in candidates.items()})
             weights[torch.tensor([len(h) == 0 for h in held])] = 0.0  # nothing held out: its own model

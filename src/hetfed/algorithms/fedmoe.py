@@ -25,7 +25,6 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg
@@ -38,7 +37,13 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import optim
-from hetfed.engine.evaluate import ClientEvalData, Predictor, masked_mean, own_class_masks, predict
+from hetfed.engine.evaluate import (
+    ClientEvalData,
+    Predictor,
+    client_losses,
+    masked_mean,
+    own_class_masks,
+)
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
@@ -79,17 +84,6 @@ def _stack(params: Params, n: int) -> Params:
     return {k: v.unsqueeze(0).expand(n, *v.shape).contiguous() for k, v in params.items()}
 
 
-@torch.no_grad()
-def client_val_loss(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, val: list[np.ndarray]) -> torch.Tensor:
-    """Mean validation cross-entropy of each stacked client model on its own val set."""
-    logits = predict(model, params, x, val)
-    out = []
-    for idx_np, lg in zip(val, logits, strict=True):
-        idx = torch.as_tensor(idx_np, device=y.device)
-        out.append(F.cross_entropy(lg, y[idx]) if len(idx) else torch.tensor(0.0, device=y.device))
-    return torch.stack(out)
-
-
 def train_until_stopped(
     model: Model,
     params: Params,
@@ -115,7 +109,7 @@ def train_until_stopped(
     schedule = LocalSchedule(batch_size=cfg.batch_size, epochs=1.0, capture=capture)
     n = len(clients)
     best = {k: v.clone() for k, v in params.items()}
-    best_val = client_val_loss(model, params, x, y, val)
+    best_val = client_losses(model, params, x, y, val)
     since = torch.zeros(n, dtype=torch.long, device=x.device)
     epochs = [0] * n
     state = optim.init_state(cfg.optimizer, {k: params[k] for k in names})
@@ -135,7 +129,7 @@ def train_until_stopped(
         state = {k: v.index_copy(0, rows, s_out[k]) for k, v in state.items()}
         for i in running:
             epochs[i] = epoch + 1
-        v_now = client_val_loss(model, p_out, x, y, [val[i] for i in running])
+        v_now = client_losses(model, p_out, x, y, [val[i] for i in running])
         improved = v_now < best_val[rows]
         for k in best:
             mask = improved.view(-1, *([1] * (best[k].ndim - 1)))

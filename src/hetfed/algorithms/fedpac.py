@@ -31,6 +31,7 @@ from pydantic import Field
 from scipy.optimize import minimize
 
 from hetfed.algorithms._personal import PartlyPersonal, head_of, second_pass
+from hetfed.algorithms.fedavg import train_clients
 from hetfed.algorithms.fedproto import client_prototypes
 from hetfed.algorithms.registry import (
     AlgorithmParams,
@@ -153,7 +154,8 @@ class FedPAC(PartlyPersonal):
         body = list(bc.params)
         params, _, _ = train_stack(self.model, params, second_pass(data, 1), self.schedule.one_epoch(),  # the head
                                    self.train.optimizer, bc.lr, trainable=list(self.personal_names()))
-        params, opt_state, loss = self._train_body(params, kept_opt, data, bc, body)
+        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc),
+                                                trainable=body)  # the body, the head frozen
         centroids, counts = client_prototypes(self.model, params, data)
         upload = Upload(list(data.client_ids), {k: params[k] for k in body}, data.sizes().to(loss.device),
                         {"train_loss": loss, "centroids": centroids.to(loss.device),
@@ -173,14 +175,6 @@ class FedPAC(PartlyPersonal):
             out[k] = flat[:, at:at + size].reshape(len(flat), *shapes[k])
             at += size
         return out
-
-    def _train_body(self, params: Params, kept_opt: ClientState, data: ClientData, bc: Broadcast,
-                    body: list[str]) -> tuple[Params, ClientState, torch.Tensor]:
-        opt_cfg = self.train.optimizer
-        start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
-        trained, state, loss = train_stack(self.model, params, data, self.schedule, opt_cfg, bc.lr, start,
-                                           trainable=body, objective=self._aligned(bc))
-        return trained, ({} if opt_cfg.reset_each_round else state), loss
 
     @torch.no_grad()
     def _statistics(self, params: Params, data: ClientData) -> dict[str, torch.Tensor]:

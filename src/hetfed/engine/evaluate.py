@@ -239,6 +239,19 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
     return out  # type: ignore[return-value]
 
 
+@torch.no_grad()
+def client_losses(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor,
+                  index: list[np.ndarray]) -> torch.Tensor:
+    """Each stacked client model's mean cross-entropy ``[n]`` on its own index set (0 for a client without one):
+    FedMoE's validation loss for early stopping, FedFomo's held-out loss."""
+    logits = predict(model, params, x, index)
+    out = []
+    for idx_np, lg in zip(index, logits, strict=True):
+        idx = torch.as_tensor(idx_np, device=y.device)
+        out.append(F.cross_entropy(lg, y[idx]) if len(idx) else torch.tensor(0.0, device=y.device))
+    return torch.stack(out)
+
+
 def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     if len(y) == 0:
         return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
