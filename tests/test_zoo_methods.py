@@ -1018,3 +1018,244 @@ def test_a_saved_fedproto_run_refuses_client_predictions_in_one_line(tmp_path):
                  "methods=[{name: fedproto, algorithm: fedproto}]"]) == 0
     with pytest.raises(ConfigError, match="global prototypes"):
         Run(tmp_path / "r").model("fedproto").predict(np.zeros((2, 64), dtype=np.float32), client=0)
+
+
+# --------------------------------------------------------------------------------------------- pFedFDA
+
+
+def test_pfedfdas_lda_head_is_the_gaussian_posterior_with_the_clients_priors():
+    """logit_c(z) = log N(z; μ_c, Σ̃) + log π_c up to one constant per sample: the softmax is the Bayes posterior of
+    class-conditional Gaussians with the shrunk shared covariance Σ̃ = (1 − ε)Σ + ε·tr(Σ)/d·I (the paper's
+    generative classifier; the authors' ``lda_classify``)."""
+    from hetfed.algorithms.pfedfda import lda_head
+
+    gen = torch.Generator().manual_seed(3)
+    d, c, eps = 4, 3, 0.05
+    means = torch.randn(c, d, generator=gen, dtype=torch.float64)
+    a = torch.randn(d, d, generator=gen, dtype=torch.float64)
+    cov = a @ a.T + 0.5 * torch.eye(d, dtype=torch.float64)
+    priors = torch.tensor([0.2, 0.5, 0.3], dtype=torch.float64)
+    z = torch.randn(7, d, generator=gen, dtype=torch.float64)
+    coef, bias = lda_head(means, cov, priors, eps)
+    shrunk = (1 - eps) * cov + eps * torch.trace(cov) / d * torch.eye(d, dtype=torch.float64)
+    log_joint = torch.stack([torch.distributions.MultivariateNormal(means[k], shrunk).log_prob(z) for k in range(c)],
+                            1) + priors.log()
+    torch.testing.assert_close(torch.softmax(z @ coef.T + bias, 1), torch.softmax(log_joint, 1))
+
+
+def _authors_mle(z: torch.Tensor, y: np.ndarray, global_means: torch.Tensor, eps: float, min_samples: int):
+    """The authors' ``compute_mle_statistics`` and covariance: per-class means where a class has more than
+    ``min_samples`` samples, the within-class scatter, ``S/(N − 1) + ε + I``."""
+    means = [None] * len(global_means)
+    for k in np.unique(y):
+        if (y == k).sum() > min_samples:
+            means[k] = z[torch.as_tensor(y == k)].mean(0)
+    centred = torch.cat([z[torch.as_tensor(y == k)] - (means[k] if means[k] is not None else global_means[k])
+                         for k in np.unique(y)])
+    cov = centred.T @ centred / (len(y) - 1) + eps + torch.eye(z.shape[1], dtype=z.dtype)
+    return torch.stack([m if m is not None else global_means[k] for k, m in enumerate(means)]), cov
+
+
+def test_pfedfdas_local_statistics_are_the_authors():
+    from hetfed.algorithms.pfedfda import mle_statistics
+
+    gen = torch.Generator().manual_seed(4)
+    z = torch.randn(11, 3, generator=gen, dtype=torch.float64)
+    y = np.array([0, 0, 0, 0, 1, 1, 2, 2, 2, 0, 1])  # class 1 has three samples, class 3 none
+    global_means = torch.randn(4, 3, generator=gen, dtype=torch.float64)
+    want_means, want_cov = _authors_mle(z, y, global_means, 1e-4, 2)
+    means, cov = mle_statistics(z, torch.as_tensor(y), global_means, 1e-4, 2)
+    torch.testing.assert_close(means, want_means)
+    torch.testing.assert_close(cov, want_cov)
+    assert torch.linalg.eigvalsh(cov).min() >= 1 - 1e-9  # positive definite: the authors' PSD clip is the identity
+    means3, _ = mle_statistics(z, torch.as_tensor(y), global_means, 1e-4, 3)  # class 1 now at its minimum
+    torch.testing.assert_close(means3[1], global_means[1])
+
+
+def test_pfedfdas_beta_minimises_the_cross_validated_loss_of_the_interpolated_head():
+    """β = argmin over [0, 1]² of Σ_folds CE(LDA(β·local + (1 − β)·global) on the held-out fold), the folds the
+    authors' (two stratified folds, seed 0): no point of a 21 × 21 grid does better than the solver's."""
+    from sklearn.model_selection import StratifiedKFold
+
+    from hetfed.algorithms.pfedfda import PFedFDAParams, lda_head, solve_beta
+
+    gen = torch.Generator().manual_seed(5)
+    y = np.array([0] * 8 + [1] * 8 + [2] * 6 + [3])  # class 3 has one sample: left out of the folds
+    centres = torch.tensor([[2.0, 0, 0], [0, 2.0, 0], [0, 0, 2.0], [1.0, 1, 1]], dtype=torch.float64)
+    z = centres[y] + 0.7 * torch.randn(len(y), 3, generator=gen, dtype=torch.float64)
+    gm = centres + torch.tensor([0.8, -0.5, 0.3], dtype=torch.float64)  # the global means: shifted
+    gc = 2.0 * torch.eye(3, dtype=torch.float64)
+    priors = torch.tensor([0.3, 0.3, 0.3, 0.1], dtype=torch.float64)
+    p = PFedFDAParams()
+    keep = y != 3
+    folds = []
+    for tr, te in StratifiedKFold(2, shuffle=True, random_state=0).split(np.zeros(keep.sum()), y[keep]):
+        zk, yk = z[torch.as_tensor(keep)], y[keep]
+        folds.append((*_authors_mle(zk[tr], yk[tr], gm, 1e-4, 2), zk[te], torch.as_tensor(yk[te])))
+
+    def cv_loss(bm: float, bc: float) -> float:
+        return sum(float(F.cross_entropy(zt @ w.T + b, yt)) for m, c, zt, yt in folds
+                   for w, b in [lda_head(bm * m + (1 - bm) * gm, bc * c + (1 - bc) * gc, priors, p.eps)])
+
+    b_mean, b_cov = solve_beta(z, torch.as_tensor(y), gm, gc, priors, p)
+    assert 0 <= b_mean <= 1 and 0 <= b_cov <= 1
+    grid = min(cv_loss(a, b) for a in np.linspace(0, 1, 21) for b in np.linspace(0, 1, 21))
+    assert cv_loss(b_mean, b_cov) <= grid + 1e-3
+    assert solve_beta(z, torch.as_tensor(y), gm, gc, priors, p.model_copy(update={"local_beta": True})) == (1.0, 1.0)
+    one = solve_beta(z[:1], torch.as_tensor(y[:1]), gm, gc, priors, p)  # no fold can be built: the global ones
+    assert one == (0.0, 0.0)
+
+
+def test_a_pfedfda_client_trains_its_body_through_the_global_lda_head_and_uploads_its_adaptive_statistics():
+    from hetfed.algorithms.pfedfda import COV, MEANS, adaptive_statistics, class_priors, lda_head
+
+    algo, server, state, data, x, y = _setup("pfedfda")
+    assert set(server.params) == set(BODY)  # the head is no parameter: it is built from the statistics
+    bc = algo.broadcast(server, 0)
+    priors = class_priors(y, 2, algo.params.eps)  # 3 of each class
+    coef, bias = lda_head(server.extra[MEANS].double(), server.extra[COV].double(), priors, algo.params.eps)
+
+    def logits(p, x):
+        return torch.relu(x @ p[BODY[0]] + p[BODY[1]]) @ coef.float().T + bias.float()
+
+    leaves = {k: v.clone().requires_grad_() for k, v in server.params.items()}
+    grads = torch.autograd.grad(F.cross_entropy(logits(leaves, x), y), [leaves[k] for k in BODY])
+    want = {k: server.params[k] - LR * g for k, g in zip(BODY, grads, strict=True)}
+    upload, _ = algo.local_update(bc, {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    for k in BODY:
+        torch.testing.assert_close(upload.params[k][0], want[k], rtol=1e-5, atol=1e-6)
+    z = torch.relu(x @ want[BODY[0]] + want[BODY[1]])
+    means, cov = adaptive_statistics(z, y, server.extra[MEANS], server.extra[COV], priors, algo.params)
+    torch.testing.assert_close(upload.extra[MEANS][0], means.float(), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(upload.extra[COV][0], cov.float(), rtol=1e-4, atol=1e-5)
+
+
+def test_pfedfdas_server_averages_the_adaptive_statistics_by_training_samples():
+    from dataclasses import replace
+
+    from hetfed.algorithms.pfedfda import COV, MEANS
+
+    algo, server, state, data, x, y = _setup("pfedfda")
+    upload, _ = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    two = replace(upload, client_ids=[0, 1], params={k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in upload.params.items()},
+                  num_samples=torch.tensor([6.0, 2.0]),
+                  extra={**upload.extra, MEANS: torch.stack([upload.extra[MEANS][0], torch.zeros(2, 4)]),
+                         COV: torch.stack([upload.extra[COV][0], torch.eye(4)])})
+    after = algo.aggregate(server, two)
+    torch.testing.assert_close(after.extra[MEANS], 0.75 * upload.extra[MEANS][0])
+    torch.testing.assert_close(after.extra[COV], 0.75 * upload.extra[COV][0] + 0.25 * torch.eye(4))
+
+
+# ----------------------------------------------------------------------------------------------- Floco
+
+
+def test_flocos_simplex_projection_is_the_euclidean_projection():
+    """Each row's projection onto {β ≥ 0, Σβ = z} (Duchi et al. 2008) against SciPy's SLSQP on the same problem."""
+    from scipy.optimize import minimize
+
+    from hetfed.algorithms.floco import simplex_projection
+
+    rng = np.random.default_rng(0)
+    v = rng.normal(size=(5, 4))
+    for z in (1.0, 0.3):
+        got = simplex_projection(v, z)
+        for row, p in zip(v, got, strict=True):
+            ref = minimize(lambda b, row=row: ((b - row) ** 2).sum(), np.full(4, z / 4), method="SLSQP",
+                           bounds=[(0, None)] * 4, constraints={"type": "eq", "fun": lambda b, z=z: b.sum() - z},
+                           options={"ftol": 1e-12}).x
+            np.testing.assert_allclose(p, ref, atol=1e-5)
+
+
+def test_flocos_subregion_centres_are_the_least_riesz_energy_projection_of_the_pca_signals():
+    """PCA to M dimensions, then for z on the authors' grid the projection renormalised; the centres are the one of
+    least log Riesz s-energy (s = 2) — recomputed here with the authors' formula written out."""
+    from sklearn.decomposition import PCA
+
+    from hetfed.algorithms.floco import project_clients, simplex_projection
+
+    rng = np.random.default_rng(1)
+    signals = rng.normal(size=(6, 20))
+    centres = project_clients(signals, 3)
+    assert centres.shape == (6, 3) and np.all(centres >= 0)
+    np.testing.assert_allclose(centres.sum(1), 1.0)
+    kappa = PCA(3, svd_solver="full").fit_transform(signals)
+
+    def energy(b):
+        d = [max(np.linalg.norm(b[i] - b[j]), 1e-4) for i in range(6) for j in range(i + 1, 6)]
+        return np.log(sum(1 / x**2 for x in d)) - np.log(len(d))
+
+    cands = [simplex_projection(kappa, z) for z in np.linspace(1e-4, 1, 1000)]
+    best = min((b / b.sum(1, keepdims=True) for b in cands), key=energy)
+    np.testing.assert_allclose(centres, best)
+
+
+def test_flocos_step_points_are_uniform_on_the_simplex_then_in_the_clients_l1_ball():
+    from hetfed.algorithms.floco import simplex_alphas
+
+    u = torch.rand(20000, 7, generator=torch.Generator().manual_seed(2), dtype=torch.float64)
+    before = simplex_alphas(u, None, 0.3)
+    assert (before >= 0).all() and torch.allclose(before.sum(1), torch.ones(20000, dtype=torch.float64))
+    torch.testing.assert_close(before.mean(0), torch.full((3,), 1 / 3, dtype=torch.float64), atol=0.01, rtol=0)
+    assert abs(float(before[:, 0].var()) - 1 / 18) < 0.003  # Dirichlet(1, 1, 1): Var = (1·2)/(3²·4)
+    centre = torch.tensor([0.6, 0.3, 0.1], dtype=torch.float64)
+    after = simplex_alphas(u, centre.expand(20000, 3), 0.3)
+    v = 2 * u[:, 3:6] - 1
+    point = centre + 0.3 * u[:, 6:] * v / v.abs().sum(1, keepdim=True)
+    torch.testing.assert_close(after, point / point.sum(1, keepdim=True))
+    assert ((point - centre).abs().sum(1) <= 0.3 + 1e-12).all()
+    assert (point - centre).abs().sum(1).max() > 0.29  # the whole ball, not only its centre
+
+
+def test_a_floco_client_moves_each_endpoint_by_its_share_of_one_gradient_step_at_one_point():
+    """One full-batch SGD step at the drawn point α: endpoint m moves by −lr·α_m·∇_W, so the endpoints' updates are
+    proportional, and their ratios recover an α on the simplex; the body and bias take the plain step at W(α)."""
+    from hetfed.algorithms.floco import ENDPOINT
+
+    algo, server, state, data, x, y = _setup("floco", {"endpoints": 3})
+    w = HEAD[0]
+    names = [ENDPOINT.format(m=m, name=w) for m in range(3)]
+    assert set(server.params) == {*BODY, HEAD[1], *names}
+    upload, _ = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    moves = [server.params[k] - upload.params[k][0] for k in names]
+    flat = torch.stack([m.flatten() for m in moves])  # [3, P], each α_m·lr·G
+    alpha = flat.abs().sum(1) / flat.abs().sum()
+    assert (alpha > 0).all()
+    torch.testing.assert_close(flat, alpha[:, None] * flat.sum(0), rtol=1e-4, atol=1e-7)
+    start = {**{k: server.params[k] for k in (*BODY, HEAD[1])},
+             w: sum(a * server.params[k] for a, k in zip(alpha, names, strict=True))}
+    want = _sgd(start, [*BODY, HEAD[1], w], x, y)
+    for k in (*BODY, HEAD[1]):
+        torch.testing.assert_close(upload.params[k][0], want[k], rtol=1e-4, atol=1e-6)
+    torch.testing.assert_close(sum(moves), start[w] - want[w], rtol=1e-4, atol=1e-6)  # Σ_m α_m·lr·G = lr·G
+
+
+def test_floco_collects_every_client_in_round_tau_minus_one_and_places_them_by_their_endpoint_updates():
+    from dataclasses import replace
+
+    from hetfed.algorithms.floco import CENTRE, ENDPOINT, project_clients
+    from hetfed.engine.types import ServerState
+
+    algo, server, state, data, x, y = _setup("floco", {"endpoints": 2, "tau": 4})
+    algo._clients = 4
+    eligible = np.array([0, 1, 2, 3])
+    rng = np.random.default_rng(0)
+    assert algo.select_clients(server, eligible, 2, rng) is None  # round 1: the engine's sampling
+    at = ServerState(server.params, 2, server.extra)  # two rounds done: the coming one is τ − 1 = 3
+    assert algo.select_clients(at, eligible, 2, rng) == [0, 1, 2, 3]
+    upload, _ = algo.local_update(algo.broadcast(at, 2), {k: v.unsqueeze(0) for k, v in state.items()}, data)
+    gen = torch.Generator().manual_seed(3)
+    three = replace(upload, client_ids=[0, 2, 3], num_samples=torch.ones(3),
+                    params={k: v + 0.1 * torch.randn(3, *v.shape[1:], generator=gen) for k, v in upload.params.items()})
+    after = algo.aggregate(at, three)
+    names = [ENDPOINT.format(m=m, name=HEAD[0]) for m in range(2)]
+    signals = torch.cat([(at.params[k] - three.params[k]).flatten(1) for k in names], 1).double().numpy()
+    table = after.extra[CENTRE]
+    np.testing.assert_allclose(table[[0, 2, 3]].numpy(), project_clients(signals, 2), rtol=1e-5)
+    assert table[1].tolist() == [0.5, 0.5]  # a client that did not report: the simplex's centre
+    bc = algo.broadcast(after, 3).for_clients([2])
+    pred = algo.predictor(bc, {k: v.unsqueeze(0) for k, v in state.items()}, 1)
+    centre = table[2]
+    w = {**{k: after.params[k] for k in (*BODY, HEAD[1])},
+         HEAD[0]: sum(centre[m] * after.params[names[m]] for m in range(2))}
+    torch.testing.assert_close(pred.model.forward(pred.params, x.unsqueeze(0))[0], _logits(w, x))
+    assert algo.aggregate(after, three).extra[CENTRE] is table  # placed once
