@@ -94,6 +94,8 @@ def test_a_grid_over_a_top_level_key_a_method_sets_changes_the_numbers(tmp_path)
     (["methods=[{algorithm: local}]", "server.lr=0.3"], "server.lr = 0.3 is not read by any method"),
     (["methods=[{algorithm: local}]", "methods.0.server.optimizer=adam"],
      "methods.0.server.optimizer = 'adam' is not read: algorithm 'local' has no server model"),
+    (["flower.ray_address=auto"], "flower.ray_address = 'auto' is not read with train.executor = 'vectorised': it "
+                                  "applies to the Flower executors"),
 ])
 def test_a_key_the_chosen_kind_does_not_read_is_noted_on_stderr(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 0
@@ -106,6 +108,7 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
     # cgau reads condition_output: a top-level value is read by one of the methods
     assert unread_keys(build_config({}, {"model": {"condition_output": True}})) == {}
     assert unread_keys(build_config({"partition": {"kind": "dirichlet", "alpha": 0.1}})) == {}
+    assert unread_keys(build_config({"train": {"executor": "flower"}, "flower": {"clients_per_node": 5}})) == {}
 
 
 def test_every_component_declares_keys_its_section_has():

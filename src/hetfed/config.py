@@ -327,6 +327,10 @@ class FlowerConfig(_Strict):
     nodes: int | None = Field(
         None, ge=1, description="dataset.name = nodes: how many SuperNodes with their own data to wait for at set-up "
         "(within connect_timeout); the federation is the clients of those that answer without an error")
+    ray_address: str | None = Field(
+        None, description="Simulation Engine: join the running Ray cluster at this address (`auto`, or the "
+        "host:port that `ray start --head` prints) instead of starting Ray here; its nodes host the ClientApps, "
+        "each with hetfed and the data installed (docs/flower.md)")
     clients_per_node: int = Field(
         1, ge=1, description="Simulation Engine: clients per SuperNode; a node trains its cohort stacked (the "
         "vectorised executor) and sends one combined upload — ceil(clients / this) nodes")
@@ -1018,6 +1022,19 @@ def _unread(section: _Strict) -> dict[str, list[str]]:
             and getattr(section, key) != fields[key].get_default(call_default_factory=True)}
 
 
+def _unread_flower(config: Config) -> dict[str, str]:
+    """A note per ``flower.*`` key set away from its default where the run's clients live in this process (the
+    Flower executors read that section; the others never do)."""
+    kind = registry_of("executor").get(config.train.executor)
+    if not kind.in_process:
+        return {}
+    fields = FlowerConfig.model_fields
+    return {f"flower.{key}": (f"flower.{key} = {value!r} is not read with train.executor = "
+                              f"{config.train.executor!r}: it applies to the Flower executors (flower, deployment)")
+            for key, value in config.flower.model_dump().items()
+            if value != fields[key].get_default(call_default_factory=True)}
+
+
 def unread_keys(config: Config) -> dict[str, str]:
     """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
     does not read it (each component declares the keys it reads), or a ``server`` key where no method's algorithm has a
@@ -1033,6 +1050,7 @@ def unread_keys(config: Config) -> dict[str, str]:
                 notes[f"{name}.{key}"] = (f"{name}.{key} = {getattr(section, key)!r} is not read with "
                                           f"{name}.{section.chooser} = {getattr(section, section.chooser)!r}: it "
                                           f"applies to {section.chooser} {' / '.join(readers)}")
+    notes.update(_unread_flower(config))
     for section_name in METHOD_SECTIONS:
         top_unread: list[set[str]] = []
         for i, m in enumerate(config.methods):

@@ -59,14 +59,12 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
             status.print(f"Flower's Simulation Engine started in {time.perf_counter() - t0:.0f} s", soft_wrap=True)
 
     server_app = _server_app(body, holder, log_file, started)
-    backend = {
-        "client_resources": {"num_cpus": config.flower.client_cpus, "num_gpus": 0.0},
-        "init_args": {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False},
-    }
+    backend = ray_backend(config)
     where = f" (Flower's log: {log_file})" if log_file else ""
     if status is not None:
-        status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on Ray; "
-                     "~30 s on 2 cores) …", soft_wrap=True)
+        on = f"the Ray cluster at {config.flower.ray_address}" if config.flower.ray_address else "Ray; ~30 s on 2 cores"
+        status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
+                     "…", soft_wrap=True)
     try:
         start_with_retries(lambda: run_simulation(server_app, client_app, num_supernodes=simulation_nodes(config, n_clients),
                                                   backend_config=backend),
@@ -84,6 +82,17 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
             signal.signal(signal.SIGTERM, on_term)
         _stop_ray()
     return _outcome(holder, where)
+
+
+def ray_backend(config) -> dict:
+    """Flower's backend config: each ClientApp's CPUs, and a Ray of the run's own started here — or, with
+    ``flower.ray_address``, the running cluster at that address joined (its nodes host the ClientApps; hetfed and
+    the data must be installed on each: ``docs/flower.md``)."""
+    init_args: dict = {"logging_level": "ERROR", "log_to_driver": False, "include_dashboard": False,
+                       # "local": a Ray of this run's own, even where `ray start` or RAY_ADDRESS left a cluster that
+                       # a plain ray.init() would join unasked
+                       "address": config.flower.ray_address or "local"}
+    return {"client_resources": {"num_cpus": config.flower.client_cpus, "num_gpus": 0.0}, "init_args": init_args}
 
 
 def _prepare_ray():
