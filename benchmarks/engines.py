@@ -21,7 +21,11 @@ from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluat
 are excluded and reported apart. Not a test: nothing is asserted.
 
     python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm]
-        [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes flower-1nodes ...]
+        [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes floor-4nodes ...]
+
+``floor-Knodes`` (after ``deployment-Knodes`` in the same run): Flower's own minimal ServerApp + ClientApp, no ML,
+the same message per node per round with the payload the deployment row sent (benchmarks/flower_floor.py);
+``ratio_to_floor`` gives the deployment's and the simulation's round over it.
 """
 
 from __future__ import annotations
@@ -134,7 +138,29 @@ def measure(case: str, engine: str, tmp: Path) -> dict:
     wall = time.perf_counter() - t0
     method = next(iter(summary["methods"].values()))
     return {"seconds_per_round": method["seconds_per_round"], "rounds": rounds, "wall_seconds": wall,
-            "global_accuracy": method["final"].get("global_accuracy")}
+            "global_accuracy": method["final"].get("global_accuracy"),
+            "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients)}
+
+
+def _uplink_per_node(out: Path, nodes: int) -> float:
+    """The mean bytes a node sent per training round (metrics.csv's ``uplink_bytes``): the floor's payload."""
+    import csv
+
+    with open(out / "metrics.csv") as fh:
+        sent = [float(r["value"]) for r in csv.DictReader(fh) if r["metric"] == "uplink_bytes"]
+    return sum(sent) / max(len(sent), 1) / nodes
+
+
+def measure_floor(engine: str, results: dict, tmp: Path) -> dict:
+    """``floor-Knodes``: Flower's own minimal App on a K-node loopback deployment with the payload of this case's
+    ``deployment-Knodes`` row (measured before it in the same run); benchmarks/flower_floor.py."""
+    from flower_floor import floor_rounds
+
+    k = cohort_nodes(engine)
+    twin = results.get(f"deployment-{k}nodes", {})
+    if not k or "uplink_bytes_per_node" not in twin:
+        raise RuntimeError(f"{engine} needs deployment-{k}nodes measured first in the same run (its payload size)")
+    return floor_rounds(k, max(1, round(twin["uplink_bytes_per_node"] / 4)), ROUNDS["deployment-nodes"], tmp)
 
 
 def main() -> None:
@@ -155,7 +181,8 @@ def main() -> None:
                                                         "a 2-core machine; measured on the 10-client setting"}
                     continue
                 try:
-                    results[case][engine] = measure(case, engine, tmp)
+                    results[case][engine] = (measure_floor(engine, results[case], tmp) if engine.startswith("floor")
+                                             else measure(case, engine, tmp))
                 except Exception as err:  # one case that cannot run here must not lose the others
                     results[case][engine] = {"skipped": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
                 # one line per measurement as it finishes: a long benchmark killed midway keeps what it measured
@@ -166,6 +193,13 @@ def main() -> None:
                 results[case]["ratio_to_vectorised"] = {
                     e: r["seconds_per_round"] / base for e, r in results[case].items()
                     if isinstance(r, dict) and "seconds_per_round" in r}
+            floors = {e: r for e, r in results[case].items() if e.startswith("floor") and "seconds_per_round" in r}
+            for e, floor in floors.items():
+                k = cohort_nodes(e)
+                results[case].setdefault("ratio_to_floor", {}).update({
+                    name: results[case][name]["seconds_per_round"] / floor["seconds_per_round"]
+                    for name in (f"deployment-{k}nodes", f"flower-{k}nodes")
+                    if "seconds_per_round" in results[case].get(name, {})})
     meta = {"fashion_mnist": _fmnist_available(), "note": "seconds per training round; ratios within this run"}
     print(json.dumps({"meta": meta, "results": results}, indent=None if args.json else 2))
 

@@ -1,0 +1,150 @@
+"""Flower's own floor: a minimal ServerApp + ClientApp with no ML on the same loopback deployment, exchanging per
+round what a hetfed round exchanges (one training message per SuperNode carrying the model, one reply carrying an
+update of the same size), so that hetfed's deployment round can be read as a multiple of what Flower itself costs.
+
+The App is written to a temporary directory and submitted with ``flwr run`` to a :class:`LocalDeployment` (a
+SuperLink and K SuperNodes, as ``benchmarks/engines.py``'s ``deployment-Knodes``). Its ClientApp imports only Flower
+and NumPy and echoes the arrays it receives; its ServerApp polls for replies from 10 ms, backing off to 0.5 s, as
+hetfed's does (Flower's ``Grid.send_and_receive`` sleeps 3 s between polls on a deployment: that would be a floor of
+Flower's defaults, not of Flower). Each round's seconds are written by the ServerApp to a JSON file.
+
+    python benchmarks/flower_floor.py --nodes 4 --floats 8970 --rounds 3 [--json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import tempfile
+from pathlib import Path
+
+PYPROJECT = """\
+[build-system]
+requires = ["hatchling"]
+build-backend = "hatchling.build"
+
+[project]
+name = "flower-floor"
+version = "1.0.0"
+description = "Flower's floor: no ML, hetfed's message pattern"
+license = "Apache-2.0"
+dependencies = []
+
+[tool.hatch.build.targets.wheel]
+packages = ["."]
+
+[tool.flwr.app]
+publisher = "hetfed"
+
+[tool.flwr.app.components]
+serverapp = "floorapp.apps:server"
+clientapp = "floorapp.apps:client"
+
+[tool.flwr.app.config]
+nodes = 1
+rounds = 1
+floats = 1
+out = ""
+"""
+
+APPS = '''\
+"""The floor's ServerApp and ClientApp (written by benchmarks/flower_floor.py)."""
+
+import json
+import time
+
+import numpy as np
+from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+from flwr.serverapp import Grid, ServerApp
+
+client = ClientApp()
+server = ServerApp()
+
+
+@client.train()
+def train(msg: Message, context: Context) -> Message:
+    """Echo the arrays (an update of the model's size) with a sample count."""
+    return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
+                   reply_to=msg)
+
+
+def exchange(grid: Grid, messages: list) -> list:
+    pending = set(grid.push_messages(messages))
+    replies, wait = [], 0.01
+    while pending:
+        got = list(grid.pull_messages(pending))
+        replies.extend(got)
+        pending.difference_update(m.metadata.reply_to_message_id for m in got)
+        if pending:
+            time.sleep(wait)
+            wait = 0.01 if got else min(2 * wait, 0.5)
+    return replies
+
+
+@server.main()
+def main(grid: Grid, context: Context) -> None:
+    cfg = context.run_config
+    nodes, rounds, floats = int(cfg["nodes"]), int(cfg["rounds"]), int(cfg["floats"])
+    t0 = time.perf_counter()
+    while len(list(grid.get_node_ids())) < nodes:
+        time.sleep(0.05)
+    ids = sorted(grid.get_node_ids())[:nodes]
+    connect = time.perf_counter() - t0
+    model = ArrayRecord([np.zeros(floats, dtype=np.float32)])
+    seconds = []
+    for _ in range(rounds):
+        t = time.perf_counter()
+        replies = exchange(grid, [Message(RecordDict({"arrays": model}), dst_node_id=n, message_type="train")
+                                  for n in ids])
+        assert len(replies) == nodes and not any(r.has_error() for r in replies)
+        seconds.append(time.perf_counter() - t)
+    with open(cfg["out"], "w") as fh:
+        json.dump({"seconds_per_round": seconds, "connect_seconds": connect}, fh)
+'''
+
+
+def write_floor_app(directory: Path) -> Path:
+    (directory / "floorapp").mkdir(parents=True, exist_ok=True)
+    (directory / "pyproject.toml").write_text(PYPROJECT)
+    (directory / "floorapp" / "__init__.py").write_text("")
+    (directory / "floorapp" / "apps.py").write_text(APPS)
+    return directory
+
+
+def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path) -> dict:
+    """Seconds of each floor round on a fresh loopback deployment of ``nodes`` SuperNodes (the first round
+    included: like hetfed's, it pays the ClientApps' first start)."""
+    from hetfed.flower.deploy import CONNECTION, LocalDeployment, _bin
+
+    app = write_floor_app(tmp / f"floor-app-{nodes}")
+    out = tmp / f"floor-{nodes}.json"
+    overrides = app / "run-config.toml"
+    overrides.write_text(f"nodes = {nodes}\nrounds = {rounds}\nfloats = {floats}\nout = {json.dumps(str(out))}\n")
+    with LocalDeployment(tmp / f"floor-dep-{nodes}", nodes) as dep:
+        done = subprocess.run([_bin("flwr"), "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"],
+                              env=dep.env(), capture_output=True, text=True, timeout=1800)
+        if done.returncode != 0 or not out.exists():
+            raise RuntimeError((done.stdout + done.stderr)[-2000:])
+    measured = json.loads(out.read_text())
+    per_round = measured["seconds_per_round"]
+    return {"seconds_per_round": sum(per_round) / len(per_round), "rounds": rounds, "each": per_round,
+            "connect_seconds": measured["connect_seconds"], "floats": floats}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--nodes", type=int, default=4)
+    parser.add_argument("--floats", type=int, default=8970, help="the model's parameter count (default: the "
+                        "default experiment's MLP 64-64 on digits)")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--json", action="store_true")
+    args = parser.parse_args()
+    with tempfile.TemporaryDirectory() as d:
+        result = floor_rounds(args.nodes, args.floats, args.rounds, Path(d))
+    print(json.dumps(result) if args.json else json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
