@@ -1022,17 +1022,20 @@ def _unread(section: _Strict) -> dict[str, list[str]]:
             and getattr(section, key) != fields[key].get_default(call_default_factory=True)}
 
 
+def _away_from_default(section: _Strict) -> dict[str, Any]:
+    """The section's keys whose (dumped) value differs from their default, with that value."""
+    fields = type(section).model_fields
+    return {k: v for k, v in section.model_dump().items() if v != fields[k].get_default(call_default_factory=True)}
+
+
 def _unread_flower(config: Config) -> dict[str, str]:
     """A note per ``flower.*`` key set away from its default where the run's clients live in this process (the
     Flower executors read that section; the others never do)."""
-    kind = registry_of("executor").get(config.train.executor)
-    if not kind.in_process:
+    if not registry_of("executor").get(config.train.executor).in_process:
         return {}
-    fields = FlowerConfig.model_fields
     return {f"flower.{key}": (f"flower.{key} = {value!r} is not read with train.executor = "
                               f"{config.train.executor!r}: it applies to the Flower executors (flower, deployment)")
-            for key, value in config.flower.model_dump().items()
-            if value != fields[key].get_default(call_default_factory=True)}
+            for key, value in _away_from_default(config.flower).items()}
 
 
 def unread_keys(config: Config) -> dict[str, str]:
@@ -1057,8 +1060,7 @@ def unread_keys(config: Config) -> dict[str, str]:
             section = method_section(config, m, section_name)
             unread = dict(_unread(section))
             if section_name == "server" and not registry.get(m.algorithm).capabilities.server_model:
-                unread.update({k: [] for k, v in section.model_dump().items()
-                               if v != ServerConfig.model_fields[k].get_default(call_default_factory=True)})
+                unread.update({k: [] for k in _away_from_default(section)})
             own = getattr(m, section_name)
             for key, readers in unread.items():
                 if key not in own:

@@ -35,7 +35,7 @@ from pydantic import Field
 from sklearn.decomposition import PCA
 
 from hetfed.algorithms._personal import head_of
-from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state, train_clients
+from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state
 from hetfed.algorithms.registry import (
     AlgorithmParams,
     AlgorithmSpec,
@@ -54,6 +54,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.interface import global_params
 from hetfed.models.base import Derived, Model, Noise, ParamSpec
 
 #: endpoint m of head weight ``name``: shared parameter ``floco.<m>.<name>``
@@ -200,28 +201,23 @@ class Floco(FedAvg):
 
         return objective
 
-    def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        n = len(data.client_ids)
-        local, kept_opt = split_state(states)
-        params, opt_state, loss = train_clients(self, {**bc.stacked(n), **local}, kept_opt, data, bc.lr,
-                                                objective=self._objective(bc, data, states))
-        return Upload.of(data, params, bc.params, loss), {**{k: params[k] for k in local}, **opt_state}
-
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         new = super().aggregate(state, upload)
         if not (self._collects(state) and upload.client_ids):
             return new
         names = self.simplex.endpoints()
         signals = torch.cat([(state.params[k].to(upload.params[k]) - upload.params[k]).flatten(1) for k in names], 1)
-        table = torch.full((self._clients, self.params.endpoints), 1.0 / self.params.endpoints)
+        table = self._centre(self._clients)
         placed = project_clients(signals.detach().cpu().double().numpy(), self.params.endpoints)
         table[torch.as_tensor(upload.client_ids, dtype=torch.long)] = torch.as_tensor(placed, dtype=table.dtype)
         return ServerState(new.params, new.round, {**new.extra, CENTRE: table})
 
-    def _alpha(self, bc: Broadcast, n: int) -> torch.Tensor:
-        if CENTRE in bc.personal:
-            return bc.personal[CENTRE]
+    def _centre(self, n: int) -> torch.Tensor:
+        """The simplex's centre ``1/M`` for ``n`` clients: every point before the subregions, the server's model."""
         return torch.full((n, self.params.endpoints), 1.0 / self.params.endpoints)
+
+    def _alpha(self, bc: Broadcast, n: int) -> torch.Tensor:
+        return bc.personal[CENTRE] if CENTRE in bc.personal else self._centre(n)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts at its subregion's centre (the simplex's centre before round τ; a saved run's
@@ -234,10 +230,8 @@ class Floco(FedAvg):
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
         """The simplex's centre on the balanced global test set."""
-        unseen = self.model.local_for_unseen_client()
-        params = {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
-        device = next(iter(params.values())).device
-        centre = torch.full((1, self.params.endpoints), 1.0 / self.params.endpoints, device=device)
+        params = global_params(self, state)
+        centre = self._centre(1).to(next(iter(params.values())).device)
         s = scores(self.simplex.logits(params, x_global.unsqueeze(0), None, centre)[0], y_global)
         return {"server_accuracy": s["accuracy"], "server_loss": s["loss"]}
 

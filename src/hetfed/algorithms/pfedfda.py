@@ -83,11 +83,17 @@ def lda_head(means: torch.Tensor, cov: torch.Tensor, priors: torch.Tensor, eps: 
     return coef, bias
 
 
+def smoothed_priors(counts: torch.Tensor, eps: float) -> torch.Tensor:
+    """Class frequencies ``[.., C]`` from class counts, plus ε, normalised (never a zero prior: its log is
+    finite)."""
+    counts = counts.double()
+    p = counts / counts.sum(-1, keepdim=True).clamp(min=1) + eps
+    return p / p.sum(-1, keepdim=True)
+
+
 def class_priors(labels: torch.Tensor, n_classes: int, eps: float) -> torch.Tensor:
-    """The client's class frequencies plus ε, normalised (never a zero prior: its log is finite)."""
-    counts = torch.bincount(labels.long(), minlength=n_classes).double()
-    p = counts / counts.sum().clamp(min=1) + eps
-    return p / p.sum()
+    """One client's :func:`smoothed_priors` from its labels."""
+    return smoothed_priors(torch.bincount(labels.long(), minlength=n_classes), eps)
 
 
 def mle_statistics(z: torch.Tensor, labels: torch.Tensor, global_means: torch.Tensor, eps: float,
@@ -122,7 +128,7 @@ def solve_beta(z: torch.Tensor, labels: torch.Tensor, global_means: torch.Tensor
     folds = []
     for train, test in splits:
         ytr = torch.as_tensor(yk[train], device=z.device)
-        means, cov = mle_statistics(zk[train], ytr, global_means, 1e-4, p.folds)
+        means, cov = mle_statistics(zk[train], ytr, global_means, p.eps, p.folds)
         folds.append((means, cov, zk[test], torch.as_tensor(yk[test], device=z.device)))
 
     def loss(beta: np.ndarray) -> tuple[float, np.ndarray]:
@@ -150,7 +156,7 @@ def adaptive_statistics(z: torch.Tensor, labels: torch.Tensor, global_means: tor
     z, labels = z.double(), labels.long()
     gm, gc = global_means.double().to(z.device), global_cov.double().to(z.device)
     b_mean, b_cov = solve_beta(z, labels, gm, gc, priors, p)
-    means, cov = mle_statistics(z, labels, gm, 1e-4, p.folds)
+    means, cov = mle_statistics(z, labels, gm, p.eps, p.folds)
     return b_mean * means + (1 - b_mean) * gm, b_cov * cov + (1 - b_cov) * gc
 
 
@@ -193,11 +199,16 @@ class PFedFDA(FedAvg):
         shapes = {k: torch.zeros(s.shape) for s in self.model.specs() if (k := s.name) in self._body}
         return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
 
-    def _heads(self, bc: Broadcast, priors: torch.Tensor) -> Params:
-        """Each client's LDA head from the global statistics and its priors ``[n, C]``."""
-        coef, bias = lda_head(bc.extra[MEANS].double().to(priors.device), bc.extra[COV].double().to(priors.device),
+    def _heads(self, extra: dict, priors: torch.Tensor) -> Params:
+        """Each client's LDA head from the global statistics (in a broadcast's or the server's ``extra``) and its
+        priors ``[n, C]``."""
+        coef, bias = lda_head(extra[MEANS].double().to(priors.device), extra[COV].double().to(priors.device),
                               priors, self.params.eps)
         return {COEF: coef.expand(len(priors), *coef.shape[-2:]).float(), BIAS: bias.float()}
+
+    def _uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
+        """Uniform priors for ``n`` clients: the head of a client that has not adapted, and the server's."""
+        return torch.full((n, self.model.n_classes), 1.0 / self.model.n_classes, dtype=torch.float64, device=device)
 
     def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective:
         lda = self.lda
@@ -226,10 +237,8 @@ class PFedFDA(FedAvg):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
-        counts = data.label_counts(self.model.n_classes).double()
-        priors = counts / counts.sum(-1, keepdim=True).clamp(min=1) + self.params.eps
-        priors = priors / priors.sum(-1, keepdim=True)
-        params = {**bc.stacked(n), **local, **self._heads(bc, priors)}
+        priors = smoothed_priors(data.label_counts(self.model.n_classes), self.params.eps)
+        params = {**bc.stacked(n), **local, **self._heads(bc.extra, priors)}
         trainable = [k for k in params if k in self._body or k in local]
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
                                                 objective=self._objective(bc, data, states), trainable=trainable)
@@ -254,8 +263,7 @@ class PFedFDA(FedAvg):
                               "built from the server's Gaussian statistics, which the run does not save; expected "
                               "the run's metrics (metrics.csv, summary.json) instead")
         local, _ = split_state(states)
-        uniform = torch.full((n, self.model.n_classes), 1.0 / self.model.n_classes, dtype=torch.float64)
-        return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(bc, uniform)}, True)
+        return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(bc.extra, self._uniform(n))}, True)
 
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
@@ -277,10 +285,7 @@ class PFedFDA(FedAvg):
         """The global body with the global statistics and uniform priors on the balanced global test set."""
         params = global_params(self, state)
         device = next(iter(params.values())).device
-        uniform = torch.full((1, self.model.n_classes), 1.0 / self.model.n_classes, dtype=torch.float64,
-                             device=device)
-        bc = Broadcast(state.params, state.round, 0.0, dict(state.extra))
-        heads = {k: v.to(device) for k, v in self._heads(bc, uniform).items()}
+        heads = {k: v.to(device) for k, v in self._heads(state.extra, self._uniform(1, device)).items()}
         s = scores(self.lda.forward({**params, **heads}, x_global.unsqueeze(0), None)[0], y_global)
         return {"server_accuracy": s["accuracy"], "server_loss": s["loss"]}
 
