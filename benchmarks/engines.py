@@ -25,7 +25,9 @@ are excluded and reported apart. Not a test: nothing is asserted.
 
 ``floor-Knodes`` (after ``deployment-Knodes`` in the same run): Flower's own minimal ServerApp + ClientApp, no ML,
 the same message per node per round with the payload the deployment row sent (benchmarks/flower_floor.py);
-``ratio_to_floor`` gives the deployment's and the simulation's round over it.
+``ratio_to_floor`` gives the deployment's and the simulation's round over it. An engine name ending in
+``-secagg`` (``flower-4nodes-secagg``, ``deployment-4nodes-secagg``) runs the same rounds under Flower's SecAgg+
+(``flower.secure_aggregation: secaggplus``: four exchanges per round).
 """
 
 from __future__ import annotations
@@ -44,15 +46,19 @@ from hetfed.runs.runner import run_experiment
 ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-nodes": 8, "deployment-nodes": 3}
 
 
+#: an engine name ending in this runs its rounds under Flower's SecAgg+ (``flower-4nodes-secagg``)
+SECURE = "-secagg"
+
+
 def cohort_nodes(engine: str) -> int | None:
     """K of a ``flower-Knodes`` / ``deployment-Knodes`` engine (clients spread over K cohort nodes), else None."""
-    tail = engine.partition("-")[2]
+    tail = engine.removesuffix(SECURE).partition("-")[2]
     return int(tail[: -len("nodes")]) if tail.endswith("nodes") and tail[: -len("nodes")].isdigit() else None
 
 
 def engine_rounds(engine: str) -> int:
     head = engine.partition("-")[0]
-    return ROUNDS[f"{head}-nodes"] if cohort_nodes(engine) else ROUNDS[engine]
+    return ROUNDS[f"{head}-nodes"] if cohort_nodes(engine) else ROUNDS[engine.removesuffix(SECURE)]
 
 
 def _fmnist_available() -> bool:
@@ -121,6 +127,8 @@ def measure(case: str, engine: str, tmp: Path) -> dict:
     raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if on_flower else engine)
     if k:
         raw.setdefault("flower", {})["clients_per_node"] = -(-raw["partition"]["clients"] // k)
+    if engine.endswith(SECURE):
+        raw.setdefault("flower", {})["secure_aggregation"] = "secaggplus"
     config = build_config(raw)
     out = tmp / f"{case}-{engine}-{time.time_ns()}"
     t0 = time.perf_counter()

@@ -314,6 +314,51 @@ class TrainConfig(_Strict):
 
 
 
+class SecAggPlusConfig(_Strict):
+    """Flower's SecAgg+ (Bell et al. 2020) for a round's training (``flower.secure_aggregation: secaggplus``):
+    the server learns only the sample-weighted mean of the nodes' updates. The parameters are Flower's
+    ``SecAggPlusWorkflow``'s (an int is a count, a float a share) — :mod:`hetfed.flower.secure`."""
+
+    num_shares: int | float = Field(
+        1.0, gt=0, description="shares each node's secrets are split into: an int > 2 (a count), or a float (a share "
+        "of the round's nodes; 1.0: every node is every node's neighbour, plain SecAgg)")
+    reconstruction_threshold: int | float = Field(
+        0.5, gt=0, description="shares needed to rebuild a secret: an int < num_shares, or a float in (0, 1] (a share "
+        "of num_shares); the round survives nodes dropping as long as each keeps this many live neighbours")
+    clipping_range: float = Field(
+        8.0, gt=0, description="each weighted update coordinate is clipped to [-this, this] before quantisation "
+        "(hetfed sends the update θ − θ_global, so 8 clips nothing in practice)")
+    quantization_bits: int = Field(22, ge=1, le=30, description="updates are quantised to 2**this levels")
+    modulus_bits: int = Field(32, ge=2, le=32, description="masks are drawn modulo 2**this (> quantization_bits)")
+    max_weight: float | None = Field(
+        None, gt=0, description="the largest weight (training samples) a node may send; None: the largest node's "
+        "training samples when the server knows the partition, else 10 000")
+
+    @field_validator("num_shares", "reconstruction_threshold")
+    @classmethod
+    def _one_is_all(cls, value: int | float) -> int | float:
+        """1 means all of them, as in Flower (``1`` and ``1.0`` alike)."""
+        return 1.0 if value == 1 else value
+
+    @model_validator(mode="after")
+    def _consistent(self) -> SecAggPlusConfig:
+        if self.modulus_bits <= self.quantization_bits:
+            raise ValueError(f"flower.secaggplus.modulus_bits = {self.modulus_bits} is not allowed with "
+                             f"quantization_bits = {self.quantization_bits}: expected more modulus bits than "
+                             "quantisation bits (the masked sums must not wrap)")
+        shares, threshold = self.num_shares, self.reconstruction_threshold
+        if isinstance(shares, int) and shares <= 2:
+            raise ValueError(f"flower.secaggplus.num_shares = {shares} is not allowed: expected an int > 2 or a "
+                             "share of the nodes as a float (e.g. 1.0)")
+        if isinstance(threshold, float) and threshold > 1:
+            raise ValueError(f"flower.secaggplus.reconstruction_threshold = {threshold} is not allowed: a float is a "
+                             "share of num_shares, expected one in (0, 1]")
+        if isinstance(threshold, int) and isinstance(shares, int) and threshold >= shares:
+            raise ValueError(f"flower.secaggplus.reconstruction_threshold = {threshold} is not allowed with "
+                             f"num_shares = {shares}: expected fewer")
+        return self
+
+
 class FlowerConfig(_Strict):
     """How the server talks to clients on Flower (``train.executor: flower``)."""
 
@@ -342,6 +387,10 @@ class FlowerConfig(_Strict):
         "the (ε, δ) is reported")
     summary_clip: float | None = Field(None, gt=0, description="rows are scaled to this L2 norm before summarising")
     summary_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the summaries' (ε, δ)")
+    secure_aggregation: Literal["none", "secaggplus"] = Field(
+        "none", description="secaggplus: a round's updates are summed under Flower's SecAgg+ — the server sees only "
+        "their weighted mean (methods whose upload is shared parameters and the training loss; docs/flower.md)")
+    secaggplus: SecAggPlusConfig = Field(default_factory=SecAggPlusConfig)
 
     @model_validator(mode="after")
     def _noise_needs_clip(self):
@@ -1023,16 +1072,29 @@ def _unread(section: _Strict) -> dict[str, list[str]]:
 
 
 def _away_from_default(section: _Strict) -> dict[str, Any]:
-    """The section's keys whose (dumped) value differs from their default, with that value."""
+    """The section's keys whose (dumped) value differs from their default, with that value (a nested section's
+    keys dotted: ``secaggplus.num_shares``)."""
     fields = type(section).model_fields
-    return {k: v for k, v in section.model_dump().items() if v != fields[k].get_default(call_default_factory=True)}
+    out: dict[str, Any] = {}
+    for k, v in section.model_dump().items():
+        value = getattr(section, k)
+        if isinstance(value, _Strict):
+            out.update({f"{k}.{key}": inner for key, inner in _away_from_default(value).items()})
+        elif v != fields[k].get_default(call_default_factory=True):
+            out[k] = v
+    return out
 
 
 def _unread_flower(config: Config) -> dict[str, str]:
     """A note per ``flower.*`` key set away from its default where the run's clients live in this process (the
-    Flower executors read that section; the others never do)."""
+    Flower executors read that section; the others never do), and per ``flower.secaggplus.*`` key set without
+    secure aggregation."""
     if not registry_of("executor").get(config.train.executor).in_process:
-        return {}
+        if config.flower.secure_aggregation != "none":
+            return {}
+        return {f"flower.secaggplus.{key}": (f"flower.secaggplus.{key} = {value!r} is not read with "
+                                             "flower.secure_aggregation = 'none': it applies to 'secaggplus'")
+                for key, value in _away_from_default(config.flower.secaggplus).items()}
     return {f"flower.{key}": (f"flower.{key} = {value!r} is not read with train.executor = "
                               f"{config.train.executor!r}: it applies to the Flower executors (flower, deployment)")
             for key, value in _away_from_default(config.flower).items()}

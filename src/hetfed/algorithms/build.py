@@ -51,6 +51,7 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     private = config.privacy.noise_multiplier is not None
     if private:
         _check_private(config, method, server)
+    _check_secure(config, method, server)
     algo = build_algorithm(method.algorithm, model, config.method_train(method), method.params,
                            server=server, seed=config.seed, in_features=int(np.prod(input_shape)),
                            build=lambda n_out: build_model(model_cfg, input_shape, n_out, vocab),
@@ -74,3 +75,34 @@ def _check_private(config: Config, method: MethodConfig, server: ServerConfig) -
         raise ConfigError(f"{where}.server.combine.rule = {rule!r} is not allowed: the noise is "
                           f"calibrated to the clipped mean; expected {plain!r}")
     check_available()
+
+
+def _check_secure(config: Config, method: MethodConfig, server: ServerConfig) -> None:
+    """Secure aggregation (``flower.secure_aggregation``) is refused, before any training, for a method whose server
+    would need more than the weighted mean of the updates SecAgg+ reveals: individual updates (a robust rule, the norm
+    filter, DP-FedAvg's per-update clipping), statistics besides the model, or an encoding that does not sum."""
+    from hetfed.registry import registry_of
+
+    if config.flower.secure_aggregation == "none" or registry_of("executor").get(config.train.executor).in_process:
+        return  # in-process executors do not read the flower section (noted: config.unread_keys)
+    i = config.methods.index(method)
+    where = f"flower.secure_aggregation = {config.flower.secure_aggregation!r} with methods.{i}"
+    if not registry.get(method.algorithm).capabilities.private:
+        allowed = registry.with_capability(lambda c: c.private)
+        raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: its server needs more than the "
+                          f"weighted mean of the clients' parameters; expected one of {allowed}")
+    plain = ServerConfig()
+    if server.combine.get("rule") != plain.combine["rule"]:
+        raise ConfigError(f"{where}.server.combine.rule = {server.combine.get('rule')!r} is not allowed: a robust rule "
+                          f"needs every update and the server sees only their sum; expected {plain.combine['rule']!r}")
+    if server.screen.norm_factor != plain.screen.norm_factor:
+        raise ConfigError(f"{where}.server.screen.norm_factor = {server.screen.norm_factor!r} is not allowed: the "
+                          "norm filter compares individual updates, which the server does not see (each node screens "
+                          f"its own cohort); expected the default {plain.screen.norm_factor!r}")
+    if server.compression.get("kind", "none") != "none":
+        raise ConfigError(f"{where}.server.compression.kind = {server.compression.get('kind')!r} is not allowed: "
+                          "SecAgg+ quantises the updates itself and encodings do not sum; expected 'none'")
+    if config.privacy.noise_multiplier is not None:
+        raise ConfigError(f"{where} and privacy.noise_multiplier = {config.privacy.noise_multiplier:g} is not "
+                          "allowed: DP-FedAvg clips each update on the server, which sees only their sum; expected "
+                          "privacy.noise_multiplier: null")

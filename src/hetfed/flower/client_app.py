@@ -30,6 +30,7 @@ import os
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
+from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS as SECAGG
 
 from hetfed.flower.node import (
     NodeSide,
@@ -41,8 +42,10 @@ from hetfed.flower.node import (
     step_clients,
 )
 from hetfed.flower.records import (
+    CLIENTS,
     GAMMA,
     RUN,
+    listed,
     number,
     records_to_broadcast,
     reports_to_records,
@@ -92,6 +95,15 @@ def summary_step(side: NodeSide, clients: list[int], request: ConfigRecord) -> d
     return summary_to_records(out)
 
 
+def secure_train_step(side: NodeSide, clients: list[int], content: RecordDict, context: Context) -> dict:
+    """The training step of a SecAgg+ round (``flower.secure_aggregation``): the cohort's update reduced on the
+    node, in the form Flower's ``secaggplus_mod`` masks (:func:`hetfed.flower.secure.node_reply`)."""
+    from hetfed.flower.secure import node_max_weight, node_reply
+
+    bc = records_to_broadcast(content, side.executor.device, clients)
+    return node_reply(side.executor.train(bc, clients, reduce=True), bc.params, node_max_weight(context))
+
+
 def train_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
     """A round's ``local_update`` for the node's ``clients`` → the reply's records (states stay in the executor;
     the upload names the clients as the federation numbers them: :meth:`VectorisedExecutor.number_from`)."""
@@ -137,9 +149,10 @@ def query(message: Message, context: Context) -> Message:
     return _reply(message, records, clients)
 
 
-def _step(message: Message, context: Context, run, changes_state: bool = True) -> Message:
+def _step(message: Message, context: Context, run, changes_state: bool = True, logged: bool = True) -> Message:
     """Load the step's clients' states from the node's context, run the step, keep their new states (a step
-    that only reads them, evaluation, writes nothing back)."""
+    that only reads them, evaluation, writes nothing back). ``logged``: False when a mod changes the reply before
+    it leaves (and logs what does)."""
     side = node_side(message.content.config_records[RUN], context.node_config)
     clients, among, offset = step_clients(message.content)
     side.executor.number_from(offset)  # a node with its own data: its clients' seeds and ids are the federation's
@@ -147,11 +160,30 @@ def _step(message: Message, context: Context, run, changes_state: bool = True) -
     records = run(side, clients, among)
     if changes_state:
         keep_states(side, clients, context)
+    if not logged:
+        return Message(RecordDict(records), reply_to=message)
     return _reply(message, records, [k + offset for k in clients])
 
 
-@app.train()
+def secure_aggregation(message: Message, context: Context, call_next) -> Message:
+    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ round (they carry its config record; the server
+    sends them only with ``flower.secure_aggregation``); every other message passes untouched. The wire log gets
+    what really leaves: the masked vector, never the update."""
+    if SECAGG not in message.content.config_records:
+        return call_next(message, context)
+    from flwr.client.mod import secaggplus_mod
+
+    reply = secaggplus_mod(message, context, call_next)
+    held = [int(k) for k in listed(message.content.config_records[CLIENTS]["ids"])] if CLIENTS in message.content else []
+    _log_wire(f"{message.metadata.message_type}.secaggplus", dict(reply.content.items()), held)
+    return reply
+
+
+@app.train(mods=[secure_aggregation])
 def train(message: Message, context: Context) -> Message:
+    if SECAGG in message.content.config_records:  # the training step of a SecAgg+ round: the mod masks the reply
+        return _step(message, context, lambda side, clients, _: secure_train_step(side, clients, message.content,
+                                                                                  context), logged=False)
     return _step(message, context, lambda side, clients, _: train_step(side, clients, message.content))
 
 

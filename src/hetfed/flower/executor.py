@@ -133,44 +133,59 @@ class FlowerExecutor:
         return {node: (r if r is not None and not r.has_error() else None)
                 for node, r in ((node, replies.get(node)) for node, _, _ in targets)}
 
-    def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, among: list[int] | None = None,
-             **extra) -> dict[int, tuple[list[int], RecordDict]]:
-        """One message per node holding some of ``clients``, naming them → node → (its clients, its reply);
-        a node that fails fails all its clients of the step."""
+    def _contents(self, bc: Broadcast, clients: list[int], among: list[int] | None = None,
+                  **extra) -> tuple[dict[int, list[int]], dict[int, RecordDict]]:
+        """Which of ``clients`` each node holds, and the node's message content naming them."""
         content = self._content(bc, **extra)
         by_node: dict[int, list[int]] = {}
         for k in clients:
             by_node.setdefault(self.nodes[k], []).append(k)
-        targets = []
+        contents = {}
         for node, held in by_node.items():
             # what the server holds for each client goes to its node alone
             message = RecordDict(dict(self._content(bc.for_clients(held), **extra) if bc.personal else content))
             message[CLIENTS] = ConfigRecord({"ids": held, "offset": self.offsets.get(node, 0),
                                              **({"among": among} if among is not None and not self.own else {})})
-            targets.append((node, message, kind))
-        replies = self._send(targets, self.flower.round_timeout, str(bc.round))
+            contents[node] = message
+        return by_node, contents
+
+    def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, among: list[int] | None = None,
+             **extra) -> dict[int, tuple[list[int], RecordDict]]:
+        """One message per node holding some of ``clients``, naming them → node → (its clients, its reply);
+        a node that fails fails all its clients of the step."""
+        by_node, contents = self._contents(bc, clients, among, **extra)
+        replies = self._send([(node, c, kind) for node, c in contents.items()], self.flower.round_timeout,
+                             str(bc.round))
         answered = {node: (by_node[node], r.content) for node, r in replies.items() if r is not None}
+        self._failed(step, bc.round, by_node, set(answered))
+        return answered
+
+    def _failed(self, step: str, round: int, by_node: dict[int, list[int]], answered: set[int]) -> None:
+        """Record the clients of the nodes that did not answer (:attr:`errors` says which failed and why); stop
+        the run when every ClientApp failed, warn when some did."""
         failed = sorted(k for node, held in by_node.items() if node not in answered for k in held)
         if failed:
             errors = {by_node[n][0]: reason for n, reason in self.errors.items() if n in by_node}
-            self.failures.append({"step": step, "round": bc.round, "clients": failed, "errors": errors})
+            self.failures.append({"step": step, "round": round, "clients": failed, "errors": errors})
             if errors and len(errors) == len(by_node):  # not slow or dead nodes: the ClientApp itself fails
                 k, reason = next(iter(sorted(errors.items())))
-                raise RunError(f"Flower: every ClientApp failed in step {step!r}, round {bc.round} (client {k}: "
+                raise RunError(f"Flower: every ClientApp failed in step {step!r}, round {round} (client {k}: "
                                f"{_last_line(reason)}); nothing was trained, so the run stops")
             if errors:
                 from hetfed.console import make_console
 
                 k, reason = next(iter(sorted(errors.items())))
                 make_console(stderr=True).print(
-                    f"warning: {len(errors)} ClientApp(s) failed in step {step!r}, round {bc.round} (client {k}: "
+                    f"warning: {len(errors)} ClientApp(s) failed in step {step!r}, round {round} (client {k}: "
                     f"{_last_line(reason)}); counted as failed clients", style="yellow", soft_wrap=True)
-        return answered
 
     # -- the executor protocol
     def train(self, bc: Broadcast, clients: list[int]) -> Upload:
         """The nodes' uploads, screened and summed as in-process: a node's per-client updates go through the
-        round's screen; a cohort the node reduced (screened there) is added to the sums as it is."""
+        round's screen; a cohort the node reduced (screened there) is added to the sums as it is. Under secure
+        aggregation only their weighted mean reaches the server (:meth:`_train_secure`)."""
+        if self.flower.secure_aggregation == "secaggplus":
+            return self._train_secure(bc, clients)
         answered = self._ask("train", bc, clients, "train")
         got = sum(len(held) for held, _ in answered.values())
         if got < min(self.flower.min_replies, len(clients)):
@@ -182,6 +197,53 @@ class FlowerExecutor:
             # compressed updates arrive encoded (what travelled); decoded here, then screened
             uploads.add(chain.transport.decode(upload, bc.params) if chain is not None else upload)
         return uploads.result()
+
+    def _train_secure(self, bc: Broadcast, clients: list[int]) -> Upload:
+        """A round's training under Flower's SecAgg+ (:mod:`hetfed.flower.secure`): four exchanges, at the end of
+        which the server holds the nodes' weighted mean update and their clients' counts — no node's update."""
+        from hetfed.flower import secure
+
+        by_node, contents = self._contents(bc, clients)
+        if len(by_node) < 2:
+            raise RunError(f"flower.secure_aggregation = 'secaggplus' needs the clients of a round on 2 nodes or more; "
+                           f"round {bc.round}'s {len(clients)} clients are all on one (a sum of one update hides "
+                           "nothing): expected more nodes (flower.clients_per_node) or more clients per round")
+        sizes = self.fed.train_sizes()  # empty for nodes with their own data: the server does not know them
+        known = ([float(sizes[held].sum()) for held in self._held_by_node().values()]
+                 if len(sizes) == self.fed.n_clients else [])
+        max_weight = secure.max_weight_for(self.flower.secaggplus, known)
+        self.errors = {}
+        counted = {"n": 0}
+
+        def send(grid, messages, timeout):
+            counted["n"] += len(messages)
+            return send_and_receive(grid, messages, timeout)
+
+        upload, summed, seen = secure.secure_round(self.grid, contents, bc.params, bc.round, self.flower.secaggplus,
+                                                   max_weight, self.flower.round_timeout, send)
+        self.messages += counted["n"]
+        self.errors = dict(seen["errors"])
+        self._failed("train", bc.round, by_node, set(summed))
+        if upload is None:
+            raise RoundSkipped(bc.round, 0, self.flower.min_replies)
+        if len(upload.client_ids) < min(self.flower.min_replies, len(clients)):
+            raise RoundSkipped(bc.round, len(upload.client_ids), self.flower.min_replies)
+        if seen["largest"] > self.flower.secaggplus.clipping_range:
+            from hetfed.console import make_console
+
+            make_console(stderr=True).print(
+                f"warning: round {bc.round}: a node's weighted update reached {seen['largest']:.3g}, beyond "
+                f"flower.secaggplus.clipping_range = {self.flower.secaggplus.clipping_range:g}: SecAgg+ clipped it",
+                style="yellow", soft_wrap=True)
+        uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
+        uploads.add(upload)
+        return uploads.result()
+
+    def _held_by_node(self) -> dict[int, list[int]]:
+        by_node: dict[int, list[int]] = {}
+        for k, node in self.nodes.items():
+            by_node.setdefault(node, []).append(k)
+        return by_node
 
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
         answered = self._ask("personalise", bc, clients, "train.personalise")
