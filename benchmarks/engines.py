@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -132,22 +133,52 @@ def measure(case: str, engine: str, tmp: Path) -> dict:
     config = build_config(raw)
     out = tmp / f"{case}-{engine}-{time.time_ns()}"
     t0 = time.perf_counter()
+    timing = tmp / f"timing-{case}-{engine}-{time.time_ns()}.jsonl"
     if engine.startswith("deployment"):
         from hetfed.flower.deploy import LocalDeployment, run_on_deployment
 
         nodes = -(-config.partition.clients // config.flower.clients_per_node) if k else config.partition.clients
-        with LocalDeployment(tmp / f"dep-{case}-{engine}", nodes) as dep:
-            done = run_on_deployment(config, out, dep.env(), timeout=3600)
-            if done.returncode != 0:
-                raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+        os.environ["HETFED_FLOWER_TIMING"] = str(timing)  # every ClientApp process says where its time went
+        try:
+            with LocalDeployment(tmp / f"dep-{case}-{engine}", nodes) as dep:
+                done = run_on_deployment(config, out, dep.env(), timeout=3600)
+                if done.returncode != 0:
+                    raise RuntimeError(done.stdout[-2000:] + done.stderr[-2000:])
+        finally:
+            os.environ.pop("HETFED_FLOWER_TIMING", None)
         summary = json.loads((out / "summary.json").read_text())
     else:
         summary = run_experiment(config, out=out, progress=False).summary
     wall = time.perf_counter() - t0
     method = next(iter(summary["methods"].values()))
-    return {"seconds_per_round": method["seconds_per_round"], "rounds": rounds, "wall_seconds": wall,
-            "global_accuracy": method["final"].get("global_accuracy"),
-            "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients)}
+    row = {"seconds_per_round": method["seconds_per_round"], "rounds": rounds, "wall_seconds": wall,
+           "global_accuracy": method["final"].get("global_accuracy"),
+           "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients)}
+    if timing.exists():
+        row["breakdown"] = breakdown(timing, method["seconds_per_round"])
+    return row
+
+
+def breakdown(path: Path, seconds_per_round: float) -> dict:
+    """Where a deployment's training round went, from the ClientApp processes' own clocks
+    (``HETFED_FLOWER_TIMING``, :mod:`hetfed.flower.client_app`), mean seconds per training message: the process's
+    start to the end of its imports (Python, Flower, torch, hetfed), Flower's ClientApp set-up until hetfed's
+    handler runs (the message and context pulled from the SuperNode), the node's data (the federation from the
+    node cache) and its clients' states, the compute (training), the reply built; and what the round spent
+    outside any ClientApp process (the SuperNode's polling and process start, the messages' travel, the server's
+    polling): the round less the mean message's life from its process's start to its reply."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    trains = [r for r in rows if r["type"] == "train" and r.get("process_start") is not None]
+    if not trains:
+        return {}
+    parts = {"imports": ("process_start", "imported"), "flower_setup": ("imported", "handler"),
+             "data_and_states": ("handler", "ready"), "compute": ("ready", "computed"),
+             "reply": ("computed", "replied")}
+    out = {name: sum(r[b] - r[a] for r in trains) / len(trains) for name, (a, b) in parts.items()}
+    life = sum(r["replied"] - r["process_start"] for r in trains) / len(trains)
+    out["outside_the_clientapp"] = seconds_per_round - life
+    out["messages"] = len(trains)
+    return out
 
 
 def _uplink_per_node(out: Path, nodes: int) -> float:

@@ -163,6 +163,41 @@ def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tm
     assert any("mean" in e["records"] for e in trains) and any("params" in e["records"] for e in trains)
 
 
+@pytest.mark.parametrize("early_stopping", [False, True])
+def test_a_round_is_one_exchange_per_node_its_evaluation_riding_on_the_next_training(tmp_path, monkeypatch,
+                                                                                     early_stopping):
+    """Round r's evaluation rides on round r + 1's training message: 2 nodes × (set-up query, round 1's training,
+    one exchange per evaluated round) instead of 2 × (1 + 2 per round); the numbers stay the in-process ones. With
+    early stopping a round goes out with an evaluation only when that evaluation cannot stop the run: no node
+    trains a round the run then drops (the wire log counts the training replies)."""
+    import hetfed.flower.executor as ex
+
+    executors: list = []
+    real_start = ex.FlowerExecutor.start
+
+    def start(self, *args, **kwargs):
+        executors.append(self)
+        return real_start(self, *args, **kwargs)
+
+    monkeypatch.setattr(ex.FlowerExecutor, "start", start)
+    wire = tmp_path / "wire.jsonl"
+    monkeypatch.setenv("HETFED_FLOWER_WIRE_LOG", str(wire))
+    if early_stopping:  # Ditto at this lr: its best round is the first, it stops after the third of 8
+        cfg = {"methods": [{"name": "m", "algorithm": "ditto"}],
+               "train": {**SMALL["train"], "rounds": 8, "patience": 2, "optimizer": {"lr": 1.0}}}
+    else:
+        cfg = {"methods": [{"name": "m", "algorithm": "fedavg", "model": {"kind": "cgau"}}],
+               "train": {**SMALL["train"], "rounds": 4}}
+    flower = _run(_config({**cfg, "flower": {"clients_per_node": 2}}, "flower"), tmp_path / "f")
+    _compare(flower, _run(_config(cfg, "vectorised"), tmp_path / "v"))
+    (executor,) = executors
+    rounds = flower["methods"]["m"]["rounds"]
+    assert flower["methods"]["m"]["stopped_early"] == early_stopping and rounds == (3 if early_stopping else 4)
+    assert executor.messages == 2 * (1 + 1 + rounds)  # vs 2 × (1 + 2 × rounds) before
+    trained = [e for e in map(json.loads, wire.read_text().splitlines()) if e["type"] == "train"]
+    assert len(trained) == 2 * rounds
+
+
 def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path, capfd):
     from hetfed.cli import main
     from hetfed.config import dump_config
@@ -187,9 +222,10 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         # Γ from the summaries the SuperNodes sent equals the in-process Γ of the same federation
         assert deployed["methods"]["cgau"]["gamma_from_summaries"]["gamma"] == pytest.approx(deployed["gamma"], rel=1e-6)
 
-        # a SuperNode dies after round 1: the run goes on with the others and says who failed
-        # (the timeout leaves healthy nodes ample time: each message starts a fresh ClientApp process)
-        failing = {**cgau, "train": {**cgau["train"], "rounds": 2},
+        # a SuperNode dies after round 1 (whose evaluation carried round 2's training): the run goes on with the
+        # others and says who failed (the timeout leaves healthy nodes ample time: each message starts a fresh
+        # ClientApp process)
+        failing = {**cgau, "train": {**cgau["train"], "rounds": 3},
                    "flower": {"round_timeout": 25, "min_replies": 1}}
         import subprocess
 
@@ -215,7 +251,7 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         summary = json.loads((tmp_path / "run2" / "summary.json").read_text())
         failed = summary["methods"]["cgau"]["failed_clients"]
         assert failed and all(f["clients"] == [2] for f in failed), failed
-        assert summary["methods"]["cgau"]["rounds"] == 2
+        assert summary["methods"]["cgau"]["rounds"] == 3
         assert {f["step"] for f in failed} == {"train", "evaluate"}
     for pid in started:  # every process the deployment started is gone
         assert not _exists(pid), pid

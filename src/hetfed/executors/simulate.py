@@ -19,7 +19,7 @@ from hetfed.config import AttackConfig, TrainConfig
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.sampling import eval_sample, expected_per_round, sample_clients
+from hetfed.engine.sampling import eval_sample, expected_per_round
 from hetfed.engine.types import ServerState, Upload
 from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
 from hetfed.executors.updates import (
@@ -29,9 +29,9 @@ from hetfed.executors.updates import (
     _Loop,
     after_update,
     evaluation,
+    plan_round,
     round_train_loss,
     uploaded_bytes,
-    wire_bytes,
 )
 from hetfed.interface import Algorithm, private
 
@@ -154,12 +154,8 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> bool:
 
 def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload | None, dict[str, int]]:
     """The round's sampled clients, those present train; their upload (None: too few) and client counts."""
-    algo = loop.algo
-    sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
-                             lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
-    bc = algo.broadcast(result.server, r)
-    down, up = wire_bytes(algo, bc)
-    present = loop.faults.round(sampled, r, down, up)
+    plan = loop.planned.pop(r, None) or plan_round(loop, result, r)  # decided early when it rode an evaluation
+    sampled, bc, down, up, present = plan.sampled, plan.bc, plan.down, plan.up, plan.present
     upload = None
     if len(present.training) >= loop.min_clients:
         try:

@@ -19,9 +19,9 @@ import torch
 
 from hetfed.config import TrainConfig
 from hetfed.engine.evaluate import Evaluation, summarise
-from hetfed.engine.faults import Faults
+from hetfed.engine.faults import Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
-from hetfed.engine.sampling import expected_per_round
+from hetfed.engine.sampling import expected_per_round, sample_clients
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor
@@ -162,6 +162,50 @@ class _Loop:
     yg: torch.Tensor | None
     under_attack: bool
     min_clients: int
+    #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
+    planned: dict[int, RoundPlan] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class RoundPlan:
+    """A synchronous round decided before it runs: whom it sampled, what they are sent (and its bytes each way per
+    client), and who of them is present to train (dropouts and deadline)."""
+
+    r: int
+    sampled: list[int]
+    bc: Broadcast
+    down: int
+    up: int
+    present: RoundFaults
+
+
+def plan_round(loop: _Loop, result: SimulationResult, r: int) -> RoundPlan:
+    """Round ``r`` (0-based) decided from the server's state: the same whenever it is asked between the update
+    before it and its training (sampling, broadcast and faults are functions of the seed, the round and that
+    state)."""
+    algo = loop.algo
+    sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
+                             lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
+    bc = algo.broadcast(result.server, r)
+    down, up = wire_bytes(algo, bc)
+    return RoundPlan(r, sampled, bc, down, up, loop.faults.round(sampled, r, down, up))
+
+
+def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> None:
+    """Before evaluating the model of ``rnd`` rounds, hand an executor that can (``ride``: Flower's, one exchange
+    per node for both) the next round's training to send with the evaluation — when that round surely comes next:
+    not past the last, no divergence, early stopping unable to fire on this evaluation, and the model scored the
+    one that round broadcasts (no round was skipped). The plan is kept for the round to run as decided."""
+    ride = getattr(loop.executor, "ride", None)
+    train = loop.train
+    if (ride is None or loop.algo.capabilities.asynchronous or rnd >= train.rounds or result.diverged_at is not None
+            or result.server.round != rnd):
+        return
+    if train.patience is not None and result.since_best + 1 >= train.patience:
+        return
+    plan = loop.planned[rnd] = plan_round(loop, result, rnd)
+    if len(plan.present.training) >= loop.min_clients:
+        ride(plan.bc, plan.present.training)
 
 
 
@@ -230,6 +274,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     algo, train, fed = loop.algo, loop.train, loop.fed
     t_eval = time.perf_counter()
     server = result.server
+    ride_next_round(loop, result, rnd)
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))

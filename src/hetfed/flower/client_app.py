@@ -19,7 +19,8 @@ client scores its own model; only metrics leave). Every message but the query
 names the node's clients it is for (:data:`hetfed.flower.node.CLIENTS`).
 
 Set ``HETFED_FLOWER_WIRE_LOG`` to a file to have every reply's record and key
-names appended to it (one JSON line per reply): an audit of what left a node.
+names appended to it (one JSON line per reply, or per step of a reply that carries two): an audit of what left
+a node.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ from hetfed.flower.node import (
 )
 from hetfed.flower.records import (
     CLIENTS,
+    EVALUATE_FIRST,
     GAMMA,
     RUN,
     listed,
@@ -184,7 +186,35 @@ def train(message: Message, context: Context) -> Message:
     if SECAGG in message.content.config_records:  # the training step of a SecAgg+ round: the mod masks the reply
         return _step(message, context, lambda side, clients, _: secure_train_step(side, clients, message.content,
                                                                                   context), logged=False)
+    if EVALUATE_FIRST in message.content.config_records:  # the last round's evaluation rides on this training
+        return evaluate_then_train(message, context)
     return _step(message, context, lambda side, clients, _: train_step(side, clients, message.content))
+
+
+def evaluate_then_train(message: Message, context: Context) -> Message:
+    """One exchange for two steps: the node's ``EVALUATE_FIRST`` clients score the model the message brings (the
+    last round's evaluation), then its training clients train from it (this round's training); the reply carries
+    both — the evaluation's records and the upload's, whose names never collide. Logged as the two steps."""
+    content = message.content
+    side = node_side(content.config_records[RUN], context.node_config)
+    trained, _, offset = step_clients(content)
+    asked = content.config_records[EVALUATE_FIRST]
+    scored = [int(k) - offset for k in listed(asked["ids"])]
+    among = [int(k) for k in listed(asked["among"])] if "among" in asked else None
+    side.executor.number_from(offset)
+    held = trained + [k for k in scored if k not in trained]  # the order the server sent their personal rows in
+    bc = records_to_broadcast(content, side.executor.device, held)
+    load_states(side, held, context)
+    records: dict = {}
+    if scored:
+        records.update(reports_to_records(side.executor.evaluate(bc, scored, None, among=among)))
+        _log_wire("evaluate", records, [k + offset for k in scored])
+    if trained:
+        upload = upload_to_records(side.executor.train(bc, trained, reduce=reduces(side, trained)))
+        keep_states(side, trained, context)
+        _log_wire("train", upload, [k + offset for k in trained])
+        records.update(upload)
+    return Message(RecordDict(records), reply_to=message)
 
 
 @app.train("personalise")

@@ -16,6 +16,7 @@ round is aggregated over the others if at least ``flower.min_replies`` replied
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -27,6 +28,7 @@ from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.flower.records import (
     CLIENTS,
+    EVALUATE_FIRST,
     GAMMA,
     RUN,
     broadcast_to_records,
@@ -59,6 +61,8 @@ class FlowerExecutor:
         self.measured_on = config.heterogeneity.on
         #: Γ from the summaries the clients sent at set-up (flower.gamma_summaries), with its (ε, δ) when noised
         self.gamma_summaries: dict | None = None
+        self._riding: tuple[Broadcast, list[int]] | None = None  # the next round's training, to send with an evaluation
+        self._ridden: _Ridden | None = None  # its replies, for the driver's train() call
 
     # -- set-up: which node holds which clients
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
@@ -137,9 +141,7 @@ class FlowerExecutor:
                   **extra) -> tuple[dict[int, list[int]], dict[int, RecordDict]]:
         """Which of ``clients`` each node holds, and the node's message content naming them."""
         content = self._content(bc, **extra)
-        by_node: dict[int, list[int]] = {}
-        for k in clients:
-            by_node.setdefault(self.nodes[k], []).append(k)
+        by_node = self._by_node(clients)
         contents = {}
         for node, held in by_node.items():
             # what the server holds for each client goes to its node alone
@@ -180,13 +182,30 @@ class FlowerExecutor:
                     f"{_last_line(reason)}); counted as failed clients", style="yellow", soft_wrap=True)
 
     # -- the executor protocol
+    def ride(self, bc: Broadcast, clients: list[int]) -> None:
+        """The driver's next round (its broadcast and training clients), to send with the evaluation it asks for
+        next: one exchange per node for round r's evaluation and round r + 1's training (the node scores the model
+        it receives, then trains on it). A SecAgg+ round is four exchanges of its own and rides nothing."""
+        if self.flower.secure_aggregation == "none":
+            self._riding = (bc, list(clients))
+
     def train(self, bc: Broadcast, clients: list[int]) -> Upload:
         """The nodes' uploads, screened and summed as in-process: a node's per-client updates go through the
         round's screen; a cohort the node reduced (screened there) is added to the sums as it is. Under secure
-        aggregation only their weighted mean reaches the server (:meth:`_train_secure`)."""
-        if self.flower.secure_aggregation == "secaggplus":
+        aggregation only their weighted mean reaches the server (:meth:`_train_secure`). A round that rode on the
+        evaluation before it (:meth:`ride`) has its replies already."""
+        ridden, self._ridden = self._ridden, None
+        if ridden is not None:
+            if (ridden.round, ridden.clients) != (bc.round, list(clients)):
+                raise RuntimeError(f"round {bc.round}'s training was sent with the evaluation before it for round "
+                                   f"{ridden.round} and other clients: the driver must run the round it handed over")
+            self.errors = ridden.errors
+            self._failed("train", bc.round, ridden.by_node, set(ridden.answered))
+            answered = ridden.answered
+        elif self.flower.secure_aggregation == "secaggplus":
             return self._train_secure(bc, clients)
-        answered = self._ask("train", bc, clients, "train")
+        else:
+            answered = self._ask("train", bc, clients, "train")
         got = sum(len(held) for held, _ in answered.values())
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
@@ -209,7 +228,7 @@ class FlowerExecutor:
                            f"round {bc.round}'s {len(clients)} clients are all on one (a sum of one update hides "
                            "nothing): expected more nodes (flower.clients_per_node) or more clients per round")
         sizes = self.fed.train_sizes()  # empty for nodes with their own data: the server does not know them
-        known = ([float(sizes[held].sum()) for held in self._held_by_node().values()]
+        known = ([float(sizes[held].sum()) for held in self._by_node(sorted(self.nodes)).values()]
                  if len(sizes) == self.fed.n_clients else [])
         max_weight = secure.max_weight_for(self.flower.secaggplus, known)
         self.errors = {}
@@ -239,12 +258,6 @@ class FlowerExecutor:
         uploads.add(upload)
         return uploads.result()
 
-    def _held_by_node(self) -> dict[int, list[int]]:
-        by_node: dict[int, list[int]] = {}
-        for k, node in self.nodes.items():
-            by_node.setdefault(node, []).append(k)
-        return by_node
-
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
         answered = self._ask("personalise", bc, clients, "train.personalise")
         per_client: dict[int, dict[str, float]] = {}
@@ -261,8 +274,44 @@ class FlowerExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
+        riding, self._riding = self._riding, None
+        if riding is not None and view is None:
+            return self._evaluate_and_train(bc, clients, *riding)
         answered = self._ask("evaluate", bc, clients, "evaluate", among=None if view else list(clients),
                              **({"view": view} if view else {}))
+        return self._reports(clients, answered)
+
+    def _evaluate_and_train(self, bc: Broadcast, clients: list[int], next_bc: Broadcast,
+                            trained: list[int]) -> dict[str, list]:
+        """The evaluation of ``bc``'s model by ``clients`` and the next round's training of ``trained`` from
+        ``next_bc`` (the same model: the driver hands it over only then) in one ``train`` message per node; the
+        training replies are kept for :meth:`train`."""
+        by_eval = self._by_node(clients)
+        by_train = self._by_node(trained)
+        content = self._content(next_bc)
+        targets = []
+        for node in dict.fromkeys([*by_train, *by_eval]):
+            fit, score = by_train.get(node, []), by_eval.get(node, [])
+            held = fit + [k for k in score if k not in fit]  # the node rebuilds this order for the personal rows
+            message = RecordDict(dict(self._content(next_bc.for_clients(held)) if next_bc.personal else content))
+            message[CLIENTS] = ConfigRecord({"ids": fit, "offset": self.offsets.get(node, 0)})
+            message[EVALUATE_FIRST] = ConfigRecord({"ids": score, **({} if self.own else {"among": list(clients)})})
+            targets.append((node, message, "train"))
+        replies = self._send(targets, self.flower.round_timeout, str(next_bc.round))
+        answered = {node: r.content for node, r in replies.items() if r is not None}
+        self._ridden = _Ridden(next_bc.round, list(trained), {n: (by_train[n], answered[n]) for n in by_train
+                                                               if n in answered}, by_train, dict(self.errors))
+        self._failed("evaluate", bc.round, by_eval, set(answered))
+        return self._reports(clients, {n: (by_eval[n], answered[n]) for n in by_eval if n in answered})
+
+    def _by_node(self, clients: list[int]) -> dict[int, list[int]]:
+        by_node: dict[int, list[int]] = {}
+        for k in clients:
+            by_node.setdefault(self.nodes[k], []).append(k)
+        return by_node
+
+    def _reports(self, clients: list[int], answered: dict[int, tuple[list[int], RecordDict]]) -> dict[str, list]:
+        """Each client's evaluation reports from its node's reply, in ``clients``' order (those that answered)."""
         per_client: dict[int, dict[str, object]] = {}
         for held, content in answered.values():
             for key, values in records_to_reports(content, len(held)).items():
@@ -276,6 +325,18 @@ class FlowerExecutor:
 
     def stop(self) -> None:
         return None
+
+
+@dataclass(frozen=True)
+class _Ridden:
+    """A round's training replies that came with the evaluation before it: the round, its clients, node → (its
+    clients, its reply), every node it asked, and the errors the exchange saw."""
+
+    round: int
+    clients: list[int]
+    answered: dict[int, tuple[list[int], RecordDict]]
+    by_node: dict[int, list[int]]
+    errors: dict[int, str]
 
 
 def query_content(config, config_text: str, method: int, summaries: bool) -> RecordDict:

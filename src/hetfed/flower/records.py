@@ -26,6 +26,9 @@ from hetfed.engine.types import Broadcast, StreamedUpload, Upload
 RUN = "hetfed.run"
 #: the ConfigRecord naming the node's clients a step is for (``ids``) and every client the step evaluates (``among``)
 CLIENTS = "hetfed.clients"
+#: in a training message, the node's clients to score the received model first, before training on it (``ids``; and
+#: ``among``: every client the evaluation scores) — round r's evaluation riding on round r + 1's training
+EVALUATE_FIRST = "hetfed.evaluate_first"
 #: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
 GAMMA = "hetfed.gamma"
 
