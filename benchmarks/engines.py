@@ -7,6 +7,8 @@ clients spread over K SuperNodes that each train their cohort vectorised (``flow
 ``deployment-Knodes``, e.g. ``flower-4nodes``: ``flower.clients_per_node`` = ⌈clients / K⌉).
 
 Settings (from the Flower issue):
+  0. default: the bundled default experiment (``hetfed run``: digits, feature clusters, MLP with dropout, FedAvg,
+             all clients per round, E = 1, B = 32) with 100 clients — 4 nodes × 25 clients on ``*-4nodes``;
   a. cgau:   10 feature-cluster clients on digits, all per round, 10 steps of 32 (CGAU model);
   b. fedmoe: FedMoE's FedAvg phase — 5 of 100 clients × 100 Fashion-MNIST images per round,
              LeNet-style CNN, E = 1, B = 32, Adam 1e-3 (digits with the CNN if Fashion-MNIST is absent);
@@ -67,6 +69,10 @@ def _fmnist_available() -> bool:
 
 
 def case_config(case: str, tmp: Path) -> dict:
+    if case == "default":  # the bundled default experiment (`hetfed run`) with 100 clients, its first method
+        return {"partition": {"clients": 100}, "methods": [{"name": "relu", "algorithm": "fedavg",
+                                                            "model": {"kind": "mlp", "dropout": 0.5}}],
+                "train": {}}
     if case == "cgau":
         return {"dataset": {"name": "digits"}, "partition": {"kind": "feature_clusters", "clients": 10},
                 "model": {"kind": "cgau", "hidden": [64, 64]},
@@ -153,7 +159,7 @@ def measure(case: str, engine: str, tmp: Path) -> dict:
     method = next(iter(summary["methods"].values()))
     row = {"seconds_per_round": method["seconds_per_round"], "rounds": rounds, "wall_seconds": wall,
            "global_accuracy": method["final"].get("global_accuracy"),
-           "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients)}
+           "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients, bool(k))}
     if timing.exists():
         row["breakdown"] = breakdown(timing, method["seconds_per_round"])
     return row
@@ -181,13 +187,20 @@ def breakdown(path: Path, seconds_per_round: float) -> dict:
     return out
 
 
-def _uplink_per_node(out: Path, nodes: int) -> float:
-    """The mean bytes a node sent per training round (metrics.csv's ``uplink_bytes``): the floor's payload."""
+def _uplink_per_node(out: Path, nodes: int, cohorts: bool = False) -> float:
+    """The mean bytes a node sent per training round: the floor's payload. metrics.csv's ``uplink_bytes`` counts
+    every client's update; a cohort node sends one, its clients' mean (the cases here stream), so it sends one
+    client's bytes."""
     import csv
 
     with open(out / "metrics.csv") as fh:
-        sent = [float(r["value"]) for r in csv.DictReader(fh) if r["metric"] == "uplink_bytes"]
-    return sum(sent) / max(len(sent), 1) / nodes
+        rows = list(csv.DictReader(fh))
+    sent = sum(float(r["value"]) for r in rows if r["metric"] == "uplink_bytes")
+    rounds = max(1, sum(1 for r in rows if r["metric"] == "uplink_bytes"))
+    if cohorts:
+        aggregated = sum(float(r["value"]) for r in rows if r["metric"] == "clients_aggregated")
+        return sent / max(aggregated, 1)
+    return sent / rounds / nodes
 
 
 def measure_floor(engine: str, results: dict, tmp: Path) -> dict:

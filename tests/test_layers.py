@@ -197,3 +197,18 @@ def test_the_run_driver_names_no_executor():
                 found.append(f"{name}: {node.value!r}")
         found += [f"{name} imports {t}" for t in imports(path) if t.startswith(("hetfed.flower", "hetfed.executors.kinds."))]
     assert not found, "\n".join(found)
+
+
+def test_a_flower_clientapp_process_imports_no_heavy_library_before_it_needs_one():
+    """#50 §2: a deployment starts a fresh ClientApp process per message; what it imports before training — the
+    app, every registry's components (the config names them), a method built — is paid every message. SciPy,
+    scikit-learn, pandas and matplotlib (~1.5 s together here) load only where a method's step uses them."""
+    import subprocess
+    import sys
+
+    script = ("import sys, hetfed.flower.client_app\n"
+              "from hetfed.config import build_config\n"
+              "build_config({'methods': [{'algorithm': a} for a in ('fedavg', 'pfedfda', 'floco', 'fedpac')]})\n"
+              "print(sorted(m for m in ('scipy', 'sklearn', 'pandas', 'matplotlib') if m in sys.modules))\n")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]", out.stdout + out.stderr

@@ -99,9 +99,9 @@ def _check_secure(config: Config, method: MethodConfig, server: ServerConfig) ->
         raise ConfigError(f"{where}.server.screen.norm_factor = {server.screen.norm_factor!r} is not allowed: the "
                           "norm filter compares individual updates, which the server does not see (each node screens "
                           f"its own cohort); expected the default {plain.screen.norm_factor!r}")
-    if server.compression.get("kind", "none") != "none":
-        raise ConfigError(f"{where}.server.compression.kind = {server.compression.get('kind')!r} is not allowed: "
-                          "SecAgg+ quantises the updates itself and encodings do not sum; expected 'none'")
+    if server.compression != plain.compression:
+        raise ConfigError(f"{where}.server.compression = {server.compression} is not allowed: SecAgg+ quantises the "
+                          f"updates itself and encodings do not sum; expected the default {plain.compression}")
     if config.privacy.noise_multiplier is not None:
         raise ConfigError(f"{where} and privacy.noise_multiplier = {config.privacy.noise_multiplier:g} is not "
                           "allowed: DP-FedAvg clips each update on the server, which sees only their sum; expected "

@@ -32,7 +32,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from pydantic import Field
-from sklearn.decomposition import PCA
 
 from hetfed.algorithms._personal import head_of
 from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state
@@ -97,6 +96,9 @@ def project_clients(signals: np.ndarray, endpoints: int) -> np.ndarray:
     dimensions, then the z-scaled simplex projection whose renormalised points have the least Riesz energy."""
     k = min(endpoints, *signals.shape)
     kappa = np.zeros((len(signals), endpoints))
+    # here: scikit-learn costs ~1 s to import, in every ClientApp process
+    from sklearn.decomposition import PCA
+
     kappa[:, :k] = PCA(n_components=k, svd_solver="full").fit_transform(signals.astype(np.float64))
     best, lowest = np.full((len(signals), endpoints), 1.0 / endpoints), np.inf
     for z in np.linspace(1e-4, 1, 1000):

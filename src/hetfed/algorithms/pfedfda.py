@@ -38,8 +38,6 @@ from __future__ import annotations
 import numpy as np
 import torch
 from pydantic import Field
-from scipy.optimize import minimize
-from sklearn.model_selection import StratifiedKFold
 
 from hetfed.algorithms._personal import body_of, head_of
 from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state, train_clients
@@ -121,6 +119,9 @@ def solve_beta(z: torch.Tensor, labels: torch.Tensor, global_means: torch.Tensor
     values, counts = np.unique(labels_np, return_counts=True)
     keep = ~np.isin(labels_np, values[counts < p.folds])
     zk, yk = z[torch.as_tensor(keep, device=z.device)], labels_np[keep]
+    # here: importing scikit-learn costs ~1 s per process
+    from sklearn.model_selection import StratifiedKFold
+
     try:
         splits = list(StratifiedKFold(n_splits=p.folds, shuffle=True, random_state=0).split(np.zeros(len(yk)), yk))
     except ValueError:  # fewer samples than folds: the global statistics
@@ -142,6 +143,9 @@ def solve_beta(z: torch.Tensor, labels: torch.Tensor, global_means: torch.Tensor
         total.backward()
         assert b.grad is not None
         return float(total.detach()), b.grad.cpu().numpy().astype(np.float64)
+
+    # here: SciPy's optimisers cost ~0.4 s to import, in every ClientApp
+    from scipy.optimize import minimize
 
     n = 1 if p.single_beta else 2
     result = minimize(loss, np.full(n, 0.5), jac=True, method="L-BFGS-B", bounds=[(0.0, 1.0)] * n,

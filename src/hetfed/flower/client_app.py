@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -54,6 +55,34 @@ from hetfed.flower.records import (
     summary_to_records,
     upload_to_records,
 )
+
+#: when this process had imported hetfed's ClientApp (a deployment starts one process per message)
+_IMPORTED = time.time()
+
+
+def _process_start() -> float | None:
+    """When this process started (Linux: /proc), or None."""
+    try:
+        with open("/proc/self/stat") as fh:
+            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+        with open("/proc/stat") as fh:
+            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime"))
+        return boot + ticks / os.sysconf("SC_CLK_TCK")
+    except (OSError, ValueError, IndexError, StopIteration):
+        return None
+
+
+def _log_timing(kind: str, handler: float, ready: float, computed: float) -> None:
+    """With ``HETFED_FLOWER_TIMING`` set to a file: where this message's time went in this process (its start, the
+    end of its imports, hetfed's handler entered, the node's data and states ready, the step computed, the reply
+    built; wall-clock seconds) — one JSON line per message (``benchmarks/engines.py`` reads it)."""
+    path = os.environ.get("HETFED_FLOWER_TIMING")
+    if not path:
+        return
+    entry = {"type": kind, "pid": os.getpid(), "process_start": _process_start(), "imported": _IMPORTED,
+             "handler": handler, "ready": ready, "computed": computed, "replied": time.time()}
+    with open(path, "a") as fh:
+        fh.write(json.dumps(entry) + "\n")
 
 
 def _reply(message: Message, records: dict, clients: list[int]) -> Message:
@@ -155,13 +184,16 @@ def _step(message: Message, context: Context, run, changes_state: bool = True, l
     """Load the step's clients' states from the node's context, run the step, keep their new states (a step
     that only reads them, evaluation, writes nothing back). ``logged``: False when a mod changes the reply before
     it leaves (and logs what does)."""
+    handler = time.time()
     side = node_side(message.content.config_records[RUN], context.node_config)
     clients, among, offset = step_clients(message.content)
     side.executor.number_from(offset)  # a node with its own data: its clients' seeds and ids are the federation's
     load_states(side, clients, context)
+    ready = time.time()
     records = run(side, clients, among)
     if changes_state:
         keep_states(side, clients, context)
+    _log_timing(message.metadata.message_type, handler, ready, time.time())
     if not logged:
         return Message(RecordDict(records), reply_to=message)
     return _reply(message, records, [k + offset for k in clients])
@@ -195,6 +227,7 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
     """One exchange for two steps: the node's ``EVALUATE_FIRST`` clients score the model the message brings (the
     last round's evaluation), then its training clients train from it (this round's training); the reply carries
     both — the evaluation's records and the upload's, whose names never collide. Logged as the two steps."""
+    handler = time.time()
     content = message.content
     side = node_side(content.config_records[RUN], context.node_config)
     trained, _, offset = step_clients(content)
@@ -205,6 +238,7 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
     held = trained + [k for k in scored if k not in trained]  # the order the server sent their personal rows in
     bc = records_to_broadcast(content, side.executor.device, held)
     load_states(side, held, context)
+    ready = time.time()
     records: dict = {}
     if scored:
         records.update(reports_to_records(side.executor.evaluate(bc, scored, None, among=among)))
@@ -214,6 +248,7 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
         keep_states(side, trained, context)
         _log_wire("train", upload, [k + offset for k in trained])
         records.update(upload)
+    _log_timing("train", handler, ready, time.time())
     return Message(RecordDict(records), reply_to=message)
 
 

@@ -231,16 +231,13 @@ class FlowerExecutor:
         known = ([float(sizes[held].sum()) for held in self._by_node(sorted(self.nodes)).values()]
                  if len(sizes) == self.fed.n_clients else [])
         max_weight = secure.max_weight_for(self.flower.secaggplus, known)
-        self.errors = {}
-        counted = {"n": 0}
 
         def send(grid, messages, timeout):
-            counted["n"] += len(messages)
+            self.messages += len(messages)
             return send_and_receive(grid, messages, timeout)
 
         upload, summed, seen = secure.secure_round(self.grid, contents, bc.params, bc.round, self.flower.secaggplus,
                                                    max_weight, self.flower.round_timeout, send)
-        self.messages += counted["n"]
         self.errors = dict(seen["errors"])
         self._failed("train", bc.round, by_node, set(summed))
         if upload is None:
