@@ -16,7 +16,10 @@ their Γ summaries: count, Σx, Σxxᵀ of each client's own rows, optionally cl
 and noised), ``train`` (a round's ``local_update`` for the node's sampled clients),
 ``train.personalise`` (the step after federated training), ``evaluate`` (each
 client scores its own model; only metrics leave). Every message but the query
-names the node's clients it is for (:data:`hetfed.flower.node.CLIENTS`).
+names the node's clients it is for (:data:`hetfed.flower.node.CLIENTS`). A ``train``
+message may also carry the last round's evaluation (``EVALUATE_FIRST``: score the
+model, then train on it — one exchange per round), or be one of a SecAgg+ round's
+four (:mod:`hetfed.flower.secure`: Flower's ``secaggplus_mod`` masks the update).
 
 Set ``HETFED_FLOWER_WIRE_LOG`` to a file to have every reply's record and key
 names appended to it (one JSON line per reply, or per step of a reply that carries two): an audit of what left
