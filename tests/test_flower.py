@@ -192,6 +192,9 @@ def test_a_round_is_one_exchange_per_node_its_evaluation_riding_on_the_next_trai
     assert executor.messages == 2 * (1 + 1 + rounds)  # vs 2 × (1 + 2 × rounds) before
     trained = [e for e in map(json.loads, wire.read_text().splitlines()) if e["type"] == "train"]
     assert len(trained) == 2 * rounds
+    # the exchange that carried a round counts as that round's time, not as the evaluation's
+    m = flower["methods"]["m"]
+    assert m["seconds_per_round"] > m["eval_seconds_per_evaluation"], m
 
 
 def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path, capfd):

@@ -191,21 +191,24 @@ def plan_round(loop: _Loop, result: SimulationResult, r: int) -> RoundPlan:
     return RoundPlan(r, sampled, bc, down, up, loop.faults.round(sampled, r, down, up))
 
 
-def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> None:
+def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> bool:
     """Before evaluating the model of ``rnd`` rounds, hand an executor that can (``ride``: Flower's, one exchange
     per node for both) the next round's training to send with the evaluation — when that round surely comes next:
     not past the last, no divergence, early stopping unable to fire on this evaluation, and the model scored the
-    one that round broadcasts (no round was skipped). The plan is kept for the round to run as decided."""
+    one that round broadcasts (no round was skipped). The plan is kept for the round to run as decided. True when
+    the round was handed over (the evaluation's exchange is then that round's time: ``ride_seconds``)."""
     ride = getattr(loop.executor, "ride", None)
     train = loop.train
     if (ride is None or loop.algo.capabilities.asynchronous or rnd >= train.rounds or result.diverged_at is not None
             or result.server.round != rnd):
-        return
+        return False
     if train.patience is not None and result.since_best + 1 >= train.patience:
-        return
+        return False
     plan = loop.planned[rnd] = plan_round(loop, result, rnd)
-    if len(plan.present.training) >= loop.min_clients:
-        ride(plan.bc, plan.present.training)
+    if len(plan.present.training) < loop.min_clients:
+        return False
+    ride(plan.bc, plan.present.training)
+    return True
 
 
 
@@ -274,7 +277,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     algo, train, fed = loop.algo, loop.train, loop.fed
     t_eval = time.perf_counter()
     server = result.server
-    ride_next_round(loop, result, rnd)
+    rode = ride_next_round(loop, result, rnd)
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
@@ -282,7 +285,10 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     if privacy is not None and privacy.noise_multiplier is not None:
         result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
-    result.eval_seconds += time.perf_counter() - t_eval
+    # an exchange that carried the next round's training is that round's time (the round is the exchange)
+    carried = float(getattr(loop.executor, "ride_seconds", 0.0)) if rode else 0.0
+    result.eval_seconds += time.perf_counter() - t_eval - carried
+    result.train_seconds += carried
     result.evaluations += 1
     result.history.append((rnd, ev))
     for o in loop.observers:

@@ -63,6 +63,9 @@ class FlowerExecutor:
         self.gamma_summaries: dict | None = None
         self._riding: tuple[Broadcast, list[int]] | None = None  # the next round's training, to send with an evaluation
         self._ridden: _Ridden | None = None  # its replies, for the driver's train() call
+        #: seconds of the last evaluation exchange that carried the next round's training (the driver counts them
+        #: as training: :func:`hetfed.executors.updates.ride_next_round`)
+        self.ride_seconds = 0.0
 
     # -- set-up: which node holds which clients
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
@@ -294,7 +297,9 @@ class FlowerExecutor:
             message[CLIENTS] = ConfigRecord({"ids": fit, "offset": self.offsets.get(node, 0)})
             message[EVALUATE_FIRST] = ConfigRecord({"ids": score, **({} if self.own else {"among": list(clients)})})
             targets.append((node, message, "train"))
+        t0 = time.perf_counter()
         replies = self._send(targets, self.flower.round_timeout, str(next_bc.round))
+        self.ride_seconds = time.perf_counter() - t0
         answered = {node: r.content for node, r in replies.items() if r is not None}
         self._ridden = _Ridden(next_bc.round, list(trained), {n: (by_train[n], answered[n]) for n in by_train
                                                                if n in answered}, by_train, dict(self.errors))
