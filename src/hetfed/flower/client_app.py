@@ -79,13 +79,18 @@ def _log_timing(kind: str, handler: float, ready: float, computed: float) -> Non
     """With ``HETFED_FLOWER_TIMING`` set to a file: where this message's time went in this process (its start, the
     end of its imports, hetfed's handler entered, the node's data and states ready, the step computed, the reply
     built; wall-clock seconds) — one JSON line per message (``benchmarks/engines.py`` reads it)."""
-    path = os.environ.get("HETFED_FLOWER_TIMING")
-    if not path:
-        return
-    entry = {"type": kind, "pid": os.getpid(), "process_start": _process_start(), "imported": _IMPORTED,
-             "handler": handler, "ready": ready, "computed": computed, "replied": time.time()}
-    with open(path, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
+    if os.environ.get("HETFED_FLOWER_TIMING"):
+        _append("HETFED_FLOWER_TIMING", {"type": kind, "pid": os.getpid(), "process_start": _process_start(),
+                                         "imported": _IMPORTED, "handler": handler, "ready": ready,
+                                         "computed": computed, "replied": time.time()})
+
+
+def _append(variable: str, entry: dict) -> None:
+    """One JSON line appended to the file the environment ``variable`` names (the node's audit logs), if set."""
+    path = os.environ.get(variable)
+    if path:
+        with open(path, "a") as fh:
+            fh.write(json.dumps(entry) + "\n")
 
 
 def _reply(message: Message, records: dict, clients: list[int]) -> Message:
@@ -94,13 +99,8 @@ def _reply(message: Message, records: dict, clients: list[int]) -> Message:
 
 
 def _log_wire(kind: str, records: dict, clients: list[int]) -> None:
-    path = os.environ.get("HETFED_FLOWER_WIRE_LOG")
-    if not path:
-        return
-    entry = {"type": kind, "clients": clients,
-             "records": {name: sorted(rec.keys()) for name, rec in records.items()}}
-    with open(path, "a") as fh:
-        fh.write(json.dumps(entry) + "\n")
+    _append("HETFED_FLOWER_WIRE_LOG", {"type": kind, "clients": clients,
+                                       "records": {name: sorted(rec.keys()) for name, rec in records.items()}})
 
 
 # ------------------------------------------------------------------------- pure steps

@@ -288,12 +288,12 @@ class FlowerExecutor:
         training replies are kept for :meth:`train`."""
         by_eval = self._by_node(clients)
         by_train = self._by_node(trained)
-        content = self._content(next_bc)
+        content = None if next_bc.personal else self._content(next_bc)  # one content for all, unless rows per node
         targets = []
         for node in dict.fromkeys([*by_train, *by_eval]):
             fit, score = by_train.get(node, []), by_eval.get(node, [])
             held = fit + [k for k in score if k not in fit]  # the node rebuilds this order for the personal rows
-            message = RecordDict(dict(self._content(next_bc.for_clients(held)) if next_bc.personal else content))
+            message = RecordDict(dict(content if content is not None else self._content(next_bc.for_clients(held))))
             message[CLIENTS] = ConfigRecord({"ids": fit, "offset": self.offsets.get(node, 0)})
             message[EVALUATE_FIRST] = ConfigRecord({"ids": score, **({} if self.own else {"among": list(clients)})})
             targets.append((node, message, "train"))
