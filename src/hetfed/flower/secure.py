@@ -87,7 +87,8 @@ def node_reply(upload: Upload, reference: Params, max_weight: float) -> dict:
     if weight > max_weight:
         raise ValueError(f"flower.secaggplus.max_weight = {max_weight:g} is below this node's {weight:g} training "
                          "samples (SecAgg+ would overflow); expected at least the largest node's samples")
-    mean = upload.mean if isinstance(upload, StreamedUpload) else _weighted_mean(upload, weights)
+    # reduced on the node (train(reduce=True)); a plain upload only when the screening left no client: nothing
+    mean = upload.mean if isinstance(upload, StreamedUpload) else {}
     vector = [(mean[k].detach().double().cpu() - v.detach().double().cpu()).numpy() if k in mean
               else np.zeros(tuple(v.shape)) for k, v in reference.items()]
     loss = upload.extra.get(LOSS)
@@ -98,15 +99,6 @@ def node_reply(upload: Upload, reference: Params, max_weight: float) -> dict:
             "largest": max((float(np.abs(a).max()) for a in vector if a.size), default=0.0) * weight / max_weight}
     fitres = FitRes(Status(Code.OK, ""), ndarrays_to_parameters(vector), int(round(weight)), {META: json.dumps(meta)})
     return dict(compat.fitres_to_recorddict(fitres, keep_input=False))
-
-
-def _weighted_mean(upload: Upload, weights: torch.Tensor) -> Params:
-    """The sample-weighted mean of an upload's per-client parameters (a node that trained one client)."""
-    total = float(weights.sum())
-    if total <= 0:
-        return {}
-    return {k: torch.tensordot(weights.to(torch.float64), v.detach().double().cpu(), dims=1) / total
-            for k, v in upload.params.items()}
 
 
 def node_max_weight(context) -> float:
