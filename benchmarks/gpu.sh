@@ -6,9 +6,12 @@
 #   and their stacked ideal eager and captured as a CUDA graph (engine.py);
 # - the unequal workload's round with its stacked ideal and GEMM limit (unequal.py);
 # - stacked sweeps of 1, 5 and 20 seeds (stacked_sweep.py);
-# - with PFLLIB set, PFLlib's own loop on the same federation and device (peers.py).
-# One JSON per step, steps.txt and errors.log go to $OUT (default ./gpu-results): at most 8 files, what the device
-# tool brings back. Each step has a time limit; a failure is recorded and the next step still runs.
+# - the unequal workload on PFLlib's CNN (cnn4) with its stacked ideal and conv limit (unequal.py --model cnn4);
+# - with PFLLIB set, PFLlib's own loop on the same federation and device, MLP and cnn4 (peers.py);
+# - the papers' protocols on real data, a few rounds each (protocols.py: Fed-FSNet MNIST f = 1, FedMoE FMNIST,
+#   PFLlib's cnn4 leaderboard protocol), and a profile of W1's round (profile_round.py).
+# STEPS="engine protocols …" runs only the steps named.
+# One JSON per step, steps.txt and errors.log go to $OUT (default ./gpu-results). Each step has a time limit; a failure is recorded and the next step still runs.
 #
 #     OUT=/path PFLLIB=/path/to/PFLlib/system bash benchmarks/gpu.sh
 #
@@ -30,10 +33,16 @@ step() {  # name, seconds, command…
     if timeout "$limit" "$@" > "$out/$name.json" 2>> "$out/errors.log"; then status=ok; else status="failed ($?)"; fi
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
-step cuda_tests 120 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py -k "cuda or bit_identical or synchronises"
-step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
-step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
-step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
+want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
+want cuda_tests && step cuda_tests 120 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py -k "cuda or bit_identical or synchronises"
+want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
+want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
+want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
+# the papers' protocols on real data: MNIST and Fashion-MNIST where hetfed finds them ($HETFED_DATA/<name>)
+want protocols && step protocols 200 bash -c "cd benchmarks && $py protocols.py --device cuda --rounds 3 --threads 4"
+want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
 if [ -n "${PFLLIB:-}" ]; then
-    step peers 100 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4"
+    want peers && step peers 100 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4"
+    want peers_cnn4 && step peers_cnn4 120 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4 --model cnn4 --algorithms fedavg"
 fi
+want profile_w1 && step profile_w1 60 bash -c "cd benchmarks && $py profile_round.py --device cuda --case compute_bound --rounds 5"

@@ -7,13 +7,15 @@ The workload of ``benchmarks/unequal.py`` (24 000 × 784 synthetic samples of Fa
 - PFLlib's own classes, driven as its servers drive them: ``clientAVG.train()`` per client then
   ``Server.aggregate_parameters``'s sample-weighted sum (FedAvg); ``clientDitto.ptrain()`` then ``train()`` (Ditto).
   The clients read the federation from PFLlib's own format (``dataset/<name>/train/<id>.npz``, written here) with
-  PFLlib's ``read_client_data`` and DataLoader (``drop_last=True``, as PFLlib does), on PFLlib's ``FedAvgMLP``.
+  PFLlib's ``read_client_data`` and DataLoader (``drop_last=True``, as PFLlib does), on PFLlib's ``FedAvgMLP``
+  (``--model cnn4``: its ``FedAvgCNN``, the leaderboard's model, on the same samples as 1 × 28 × 28 images).
 
 PFLlib is not a package: pass the ``system`` folder of a checkout (``git clone
 https://github.com/TsingZ0/PFLlib``) as ``--pfllib``. Seconds per round are the training loop's only (no
 evaluation) and the ratios come from the same run. Timings are never asserted.
 
     python benchmarks/peers.py --pfllib PFLlib/system [--rounds 2] [--threads 2] [--device cpu|cuda]
+                               [--model mlp|cnn4] [--samples 24000] [--algorithms fedavg ditto]
 """
 
 from __future__ import annotations
@@ -35,33 +37,39 @@ from unequal import federation, run  # this folder is on sys.path
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 
 
-def write_pfllib_dataset(fed, root: Path, name: str) -> None:
-    """The federation in PFLlib's layout: one ``{'data': {'x', 'y'}}`` npz per client, train and test."""
+def write_pfllib_dataset(fed, root: Path, name: str, images: bool = False) -> None:
+    """The federation in PFLlib's layout: one ``{'data': {'x', 'y'}}`` npz per client, train and test
+    (``images``: x as [n, 1, 28, 28], as PFLlib's image datasets store it)."""
     for split in ("train", "test"):
         (root / name / split).mkdir(parents=True, exist_ok=True)
     x, y = np.asarray(fed.x, dtype=np.float32), np.asarray(fed.y, dtype=np.int64)
+    if images:
+        x = x.reshape(-1, 1, 28, 28)
     for k, idx in enumerate(fed.train):
         for split in ("train", "test"):
             with open(root / name / split / f"{k}.npz", "wb") as fh:
                 np.savez_compressed(fh, data={"x": x[idx], "y": y[idx]})
 
 
-def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str, device: str = "cpu") -> float:
+def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str, device: str = "cpu",
+                         model_kind: str = "mlp") -> float:
     """Seconds per round of PFLlib's own client loop (its classes, its data loading) on ``fed``."""
     sys.path.insert(0, str(system))
     from flcore.clients.clientavg import clientAVG
     from flcore.clients.clientditto import clientDitto
-    from flcore.trainmodel.models import FedAvgMLP
+    from flcore.trainmodel.models import FedAvgCNN, FedAvgMLP
 
     work = Path(tempfile.mkdtemp())
-    write_pfllib_dataset(fed, work / "dataset", "hetfed_bench")
+    write_pfllib_dataset(fed, work / "dataset", "hetfed_bench", images=model_kind == "cnn4")
+    model = (FedAvgCNN(1, fed.n_classes, 1024) if model_kind == "cnn4"
+             else FedAvgMLP(fed.input_shape[0], fed.n_classes, 200))
     (work / "system").mkdir()
     previous = os.getcwd()
     os.chdir(work / "system")  # PFLlib reads '../dataset/<name>/…'
     try:
-        args = SimpleNamespace(model=FedAvgMLP(fed.input_shape[0], fed.n_classes, 200).to(device), algorithm=algorithm,
+        args = SimpleNamespace(model=model.to(device), algorithm=algorithm,
                                dataset="hetfed_bench", device=device, save_folder_name="items", num_classes=fed.n_classes,
-                               batch_size=10, local_learning_rate=0.01, local_epochs=1, few_shot=0,
+                               batch_size=10, local_learning_rate=0.005 if model_kind == "cnn4" else 0.01, local_epochs=1, few_shot=0,
                                learning_rate_decay=False, learning_rate_decay_gamma=0.99, mu=0.1, plocal_epochs=1)
         cls = clientDitto if algorithm == "ditto" else clientAVG
         clients = [cls(args, k, len(idx), len(idx), train_slow=False, send_slow=False)
@@ -96,16 +104,20 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--model", default="mlp", choices=["mlp", "cnn4"])
+    ap.add_argument("--samples", type=int, default=24_000)
+    ap.add_argument("--algorithms", nargs="+", default=["fedavg", "ditto"], choices=["fedavg", "ditto"])
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    fed = federation()
-    out: dict = {"workload": "24000x784 synthetic, Dirichlet 0.1, 20 clients, MLP 784-200-10, E=1, B=10",
+    fed = federation(n=args.samples, images=args.model == "cnn4")
+    model = "MLP 784-200-10" if args.model == "mlp" else "PFLlib's FedAvgCNN (cnn4)"
+    out: dict = {"workload": f"{args.samples}x784 synthetic, Dirichlet 0.1, 20 clients, {model}, E=1, B=10",
                  "threads": args.threads, "rounds": args.rounds, "device": args.device,
                  "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
-    for algorithm in ("fedavg", "ditto"):
-        rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm, args.device)}
+    for algorithm in args.algorithms:
+        rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm, args.device, args.model)}
         for name, executor in (("hetfed_sequential", SequentialExecutor()), ("hetfed_vectorised", VectorisedExecutor())):
-            rows[name] = run(fed, executor, args.rounds, algorithm, args.device)[0]
+            rows[name] = run(fed, executor, args.rounds, algorithm, args.device, model_kind=args.model)[0]
         out[algorithm] = {k: {"seconds_per_round": round(v, 3),
                               "speedup_vs_pfllib": round(rows["pfllib"] / v, 2)} for k, v in rows.items()}
     print(json.dumps(out, indent=2))

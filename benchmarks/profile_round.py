@@ -6,6 +6,7 @@ functions with the most own time (cProfile), and the torch operators with the mo
 that a GPU round is bound by; nothing is asserted.
 
     python benchmarks/profile_round.py [--case overhead_bound] [--device cpu|cuda] [--rounds 3] [--top 25]
+                                       [--algorithm fedavg|fsnet|…]
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--capture", default="auto", choices=["auto", "off"])
+    ap.add_argument("--algorithm", default="fedavg", help="a registered algorithm with its default parameters")
     args = ap.parse_args()
     case = CASES[args.case]
     fed = make_federation(_Synthetic(case["clients"] * case["per_client"], case["d"]),
@@ -44,7 +46,7 @@ def main() -> None:
     model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=args.rounds, client_fraction=1.0, eval_every=10_000, device=args.device,
                         capture=args.capture, optimizer=OptimizerConfig(lr=0.01, momentum=0.0), **case["train"])
-    algo = build_algorithm("fedavg", model, train)
+    algo = build_algorithm(args.algorithm, model, train, in_features=case["d"])
     simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=VectorisedExecutor())  # warm-up
 
     inside = [0.0]
@@ -83,7 +85,7 @@ def main() -> None:
     waits = {e.key: e.count for e in events if "Synchronize" in e.key or "Memcpy" in e.key or "item" in e.key
              or "_local_scalar_dense" in e.key}
     out = {
-        "case": args.case, "device": args.device, "capture": args.capture,
+        "case": args.case, "algorithm": args.algorithm, "device": args.device, "capture": args.capture,
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
         "seconds_per_round": per_round, "local_steps_share": steps_share,
         "host_waits_and_copies": waits,

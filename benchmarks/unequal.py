@@ -2,7 +2,8 @@
 
 The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 … thousands of samples), an MLP
 784-200-10, E = 1, B = 10, every client every round, FedAvg — here on synthetic data of Fashion-MNIST's shape
-(24 000 × 784, 10 classes), so it runs offline. Three executors on the same federation:
+(24 000 × 784, 10 classes), so it runs offline. ``--model cnn4``: PFLlib's leaderboard model on the same split
+(28 × 28 images; ``--samples`` shrinks the pool for a CPU). Three executors on the same federation:
 
 - ``sequential``: one client at a time (no padding, no stacking);
 - ``vectorised_one_stack``: the round's clients in one stack, in id order (hetfed before #47: clients that
@@ -14,10 +15,12 @@ and the largest parameter difference from the sequential run (the executors agre
 Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
 batched-matmul forward, autograd backward and SGD update per step: pre-made parameters and batch order, no
 sampling, planning, masking or aggregation) and the **GEMM limit** (the round's FLOPs on real rows at the rate
-this machine reaches on one large matmul of the same inner dimensions).
+this machine reaches on one large matmul of the same inner dimensions; for ``cnn4``, on one large batch through
+its second convolution, where most of its FLOPs are).
 Ratios are from one run; timings are never asserted.
 
     python benchmarks/unequal.py [--rounds 2] [--threads 2] [--device cpu|cuda] [--json]
+                                 [--model mlp|cnn4] [--samples 24000] [--executors sequential vectorised …]
 """
 
 from __future__ import annotations
@@ -27,9 +30,11 @@ import json
 import time
 
 import torch
+import torch.nn.functional as F
 from engine import (
     _Synthetic,  # benchmarks/engine.py: random inputs of a given shape (this folder is on sys.path)
 )
+from torch.func import vmap
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -45,13 +50,27 @@ from hetfed.models import build_model
 from hetfed.partition import make_federation
 
 
-def federation(n: int = 24_000, d: int = 784, clients: int = 20, alpha: float = 0.1):
+def federation(n: int = 24_000, d: int = 784, clients: int = 20, alpha: float = 0.1, images: bool = False):
+    """The Dirichlet split of ``n`` synthetic samples; ``images``: 28 × 28 (``d`` = 784) for the CNN."""
     cfg = PartitionConfig(kind="dirichlet", clients=clients, alpha=alpha, val_fraction=0.0, test_fraction=0.0)
-    return make_federation(_Synthetic(n, d), cfg, seed=0)
+    data = _Synthetic(n, d)
+    if images:
+        data.input_shape = (28, 28)
+    return make_federation(data, cfg, seed=0)
 
 
-def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu", capture: str = "auto"):
-    model = build_model(ModelConfig(kind="mlp", hidden=[200]), fed.input_shape, fed.n_classes)
+MODELS = {"mlp": ModelConfig(kind="mlp", hidden=[200]), "cnn4": ModelConfig(kind="cnn4")}
+
+
+#: the executors timed, by name: one client at a time; one stack in id order (hetfed 0.1); stacks of similar plans
+EXECUTORS = {"sequential": SequentialExecutor,
+             "vectorised_one_stack": lambda: VectorisedExecutor(group_by_steps=False),
+             "vectorised": VectorisedExecutor}
+
+
+def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu", capture: str = "auto",
+        model_kind: str = "mlp"):
+    model = build_model(MODELS[model_kind], fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, client_fraction=1.0, eval_every=10_000, local_epochs=1, batch_size=10,
                         optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture)
     algo = build_algorithm(algorithm, model, train)
@@ -91,6 +110,64 @@ def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int
     return min(one() for _ in range(repeats))
 
 
+#: PFLlib's FedAvgCNN on 28 × 28 × 1: (shape of each parameter), and multiply-adds per image
+CNN4_SHAPES = [(32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (512, 1024), (512,), (10, 512), (10,)]
+CNN4_MACS = 24 * 24 * 32 * 25 + 8 * 8 * 64 * 32 * 25 + 1024 * 512 + 512 * 10
+
+
+def _cnn4_one(params: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+    """One client's batch through PFLlib's CNN (conv 32 → pool → conv 64 → pool → fc 512 → fc 10)."""
+    h = F.relu(F.max_pool2d(F.conv2d(xb, params[0], params[1]), 2))
+    h = F.relu(F.max_pool2d(F.conv2d(h, params[2], params[3]), 2))
+    return F.linear(F.relu(F.linear(h.flatten(1), params[4], params[5])), params[6], params[7])
+
+
+def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 10, repeats: int = 2,
+                       device: str = "cpu") -> float:
+    """The stacked ideal of the CNN round over ``blocks``: per step, each stack's forward in the form each device
+    runs fastest (grouped convolutions through ``torch.func.vmap`` on CUDA, a loop of plain convolutions on a CPU,
+    as hetfed's model chooses), autograd backward and an SGD update; pre-made parameters and batch rows."""
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randn(4096, 1, 28, 28, generator=gen).to(device)
+    y = torch.randint(0, 10, (4096,), generator=gen).to(device)
+    stacked = vmap(_cnn4_one)
+
+    def forward(leaves: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+        if device == "cpu":
+            per = [p.unbind(0) for p in leaves]
+            return torch.stack([_cnn4_one([p[i] for p in per], xb[i]) for i in range(xb.shape[0])])
+        return stacked(leaves, xb)
+
+    def one() -> float:
+        t0 = time.perf_counter()
+        for block in blocks:
+            m = len(block)
+            params = [torch.randn(m, *shape, device=device) * 0.05 for shape in CNN4_SHAPES]
+            for s in range(max(steps[i] for i in block)):
+                rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % 4096
+                leaves = [p.requires_grad_(True) for p in params]
+                logits = forward(leaves, x[rows])
+                loss = F.cross_entropy(logits.reshape(-1, 10), y[rows].reshape(-1))
+                grads = torch.autograd.grad(loss * m, leaves)
+                with torch.no_grad():
+                    params = [p.detach().sub_(g, alpha=0.005) for p, g in zip(leaves, grads, strict=True)]
+        _sync(device)
+        return time.perf_counter() - t0
+
+    one()
+    return min(one() for _ in range(repeats))
+
+
+def conv_limit_seconds(samples: int, repeats: int = 5, device: str = "cpu") -> float:
+    """The CNN round's FLOPs (forward + backward: 6 per multiply-add, real rows only) at the rate this machine
+    reaches on one large batch through the CNN's second convolution (most of its multiply-adds)."""
+    a, w = torch.randn(2048, 32, 12, 12, device=device), torch.randn(64, 32, 5, 5, device=device)
+    F.conv2d(a, w)
+    best = min(_timed(lambda: F.conv2d(a, w), device) for _ in range(repeats))
+    rate = 2.0 * 2048 * 8 * 8 * 64 * 32 * 25 / best
+    return 6.0 * samples * CNN4_MACS / rate
+
+
 def gemm_limit_seconds(samples: int, d: int, hidden: int, repeats: int = 5, device: str = "cpu") -> float:
     """The round's FLOPs (forward + backward: 6 per multiply-add, real rows only) at this machine's GEMM rate."""
     a, w = torch.randn(8192, d, device=device), torch.randn(d, hidden, device=device)
@@ -120,22 +197,24 @@ def main() -> None:
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "ditto"])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--model", default="mlp", choices=list(MODELS))
+    ap.add_argument("--samples", type=int, default=24_000, help="the synthetic pool split over the 20 clients")
+    ap.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=list(EXECUTORS))
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    fed = federation()
+    fed = federation(n=args.samples, images=args.model == "cnn4")
     sizes = [len(t) for t in fed.train]
     schedule = LocalSchedule(batch_size=10)
     steps = [schedule.n_steps(s) for s in sizes]
-    out: dict = {"clients": len(sizes), "samples_min": min(sizes), "samples_max": max(sizes),
-                 "threads": args.threads, "rounds": args.rounds, "device": args.device,
+    out: dict = {"model": args.model, "clients": len(sizes), "samples": args.samples, "samples_min": min(sizes),
+                 "samples_max": max(sizes), "threads": args.threads, "rounds": args.rounds, "device": args.device,
                  "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     for algorithm in args.algorithms:
         rows = {}
         ref = None
-        for name, executor in (("sequential", SequentialExecutor()),
-                               ("vectorised_one_stack", VectorisedExecutor(group_by_steps=False)),
-                               ("vectorised", VectorisedExecutor())):
-            seconds, params, model = run(fed, executor, args.rounds, algorithm, args.device)
+        for name in args.executors:
+            seconds, params, model = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,
+                                         model_kind=args.model)
             if ref is None:
                 ref = params
             cap = memory_chunk(model, 10, 128.0)
@@ -147,23 +226,30 @@ def main() -> None:
                 blocks = stack_blocks(steps, cap, step_overhead(model, 10, args.device))
             rows[name] = {"seconds_per_round": round(seconds, 3), "occupancy": round(stack_occupancy(steps, blocks), 3),
                           "stacks": len(blocks),
-                          "max_abs_diff_vs_sequential": float(max((params[k] - ref[k]).abs().max() for k in ref))}
-        if args.device == "cuda":  # the grouped stacks with every step launched eagerly (train.capture = off)
+                          f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref))}
+        if args.device == "cuda" and "vectorised" in rows:  # the grouped stacks, every step launched eagerly
             rows["vectorised"]["eager_seconds_per_round"] = round(
-                run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off")[0], 3)
-        seq = rows["sequential"]["seconds_per_round"]
-        for row in rows.values():
-            row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
+                run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off",
+                    model_kind=args.model)[0], 3)
+        if "sequential" in rows:
+            seq = rows["sequential"]["seconds_per_round"]
+            for row in rows.values():
+                row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
         if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
             grouped = stack_blocks(steps, memory_chunk(model, 10, 128.0), step_overhead(model, 10, args.device))
-            ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200, device=args.device)
-            limit = gemm_limit_seconds(sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True)),
-                                       fed.input_shape[0], 200, device=args.device)
+            real = sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True))
+            if args.model == "cnn4":
+                ideal = cnn4_ideal_seconds(grouped, steps, device=args.device)
+                limit = conv_limit_seconds(real, device=args.device)
+            else:
+                ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200, device=args.device)
+                limit = gemm_limit_seconds(real, fed.input_shape[0], 200, device=args.device)
             rows["stacked_ideal"] = {"seconds_per_round": round(ideal, 3)}
             rows["gemm_limit"] = {"seconds_per_round": round(limit, 3)}
             for name in ("sequential", "vectorised"):
-                rows[name]["over_stacked_ideal"] = round(rows[name]["seconds_per_round"] / ideal, 2)
-                rows[name]["over_gemm_limit"] = round(rows[name]["seconds_per_round"] / limit, 2)
+                if name in rows:
+                    rows[name]["over_stacked_ideal"] = round(rows[name]["seconds_per_round"] / ideal, 2)
+                    rows[name]["over_gemm_limit"] = round(rows[name]["seconds_per_round"] / limit, 2)
         out[algorithm] = rows
     if args.json:
         print(json.dumps(out))

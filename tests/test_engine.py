@@ -179,12 +179,16 @@ def test_lenet_shapes(shape):
 
 @pytest.mark.parametrize("size", [(28, 28), (7, 9)])
 def test_cnn_pooling_equals_max_pool2d_in_value_and_gradient(size):
+    """The CNNs' pooling is max_pool2d in both of its forms: elementwise maxima without autograd (evaluation),
+    max_pool2d's own backward under autograd (training) — odd edges dropped in both."""
     from hetfed.models.cnn import _pool
 
     x = torch.randn(3, 6, *size, dtype=torch.float64, requires_grad=True)
     w = torch.randn(3, 6, size[0] // 2, size[1] // 2, dtype=torch.float64)
-    ours = _pool(x)
     ref = torch.nn.functional.max_pool2d(x, 2)
+    with torch.no_grad():
+        torch.testing.assert_close(_pool(x), ref.detach(), rtol=0, atol=0)
+    ours = _pool(x)
     torch.testing.assert_close(ours, ref)
     torch.testing.assert_close(torch.autograd.grad((ours * w).sum(), x)[0], torch.autograd.grad((ref * w).sum(), x)[0])
 

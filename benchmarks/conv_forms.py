@@ -1,0 +1,115 @@
+"""Which form of a stack of clients' convolutions is fastest on this device: one training step (forward +
+backward) of PFLlib's CNN (``cnn4``) for ``m`` clients with their own weights, batch ``B``, in each form.
+
+- ``vmap``: ``torch.func.vmap`` over the clients (PyTorch turns it into one grouped convolution; hetfed's form
+  on accelerators);
+- ``vmap_benchmark``: the same with ``torch.backends.cudnn.benchmark`` on (cuDNN times its algorithms first);
+- ``unfold_bmm``: im2col (``F.unfold``) and one batched matmul per layer over the clients;
+- ``loop``: one plain convolution per client (hetfed's form on a CPU).
+
+Milliseconds per step, the fastest of a few repeats after a warm-up; the forms' outputs are checked equal first.
+Nothing is asserted.
+
+    python benchmarks/conv_forms.py [--device cpu|cuda] [--clients 1 7 20] [--batch 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+from torch.func import vmap
+
+SHAPES = [(32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (512, 1024), (512,), (10, 512), (10,)]
+
+
+def _one(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    h = F.relu(F.max_pool2d(F.conv2d(x, p[0], p[1]), 2))
+    h = F.relu(F.max_pool2d(F.conv2d(h, p[2], p[3]), 2))
+    return F.linear(F.relu(F.linear(h.flatten(1), p[4], p[5])), p[6], p[7])
+
+
+def _conv_bmm(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """x [m, B, C, H, W], w [m, O, C, k, k], b [m, O] → [m, B, O, H−k+1, W−k+1] as im2col + bmm."""
+    m, batch, c, h, width = x.shape
+    o, k = w.shape[1], w.shape[-1]
+    cols = F.unfold(x.reshape(m * batch, c, h, width), k)  # [m·B, C·k², L]
+    length = cols.shape[-1]
+    cols = cols.view(m, batch, c * k * k, length).transpose(2, 3).reshape(m, batch * length, c * k * k)
+    out = torch.baddbmm(b.unsqueeze(1), cols, w.reshape(m, o, c * k * k).transpose(1, 2))  # [m, B·L, O]
+    side = h - k + 1
+    return out.view(m, batch, side, side, o).permute(0, 1, 4, 2, 3)
+
+
+def _pool(x: torch.Tensor) -> torch.Tensor:
+    m, batch = x.shape[:2]
+    return F.max_pool2d(x.flatten(0, 1), 2).unflatten(0, (m, batch))
+
+
+def unfold_bmm(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    h = F.relu(_pool(_conv_bmm(x, p[0], p[1])))
+    h = F.relu(_pool(_conv_bmm(h, p[2], p[3]))).flatten(2)
+    h = F.relu(torch.baddbmm(p[5].unsqueeze(1), h, p[4].transpose(1, 2)))
+    return torch.baddbmm(p[7].unsqueeze(1), h, p[6].transpose(1, 2))
+
+
+def loop(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
+    per = [t.unbind(0) for t in p]
+    return torch.stack([_one([t[i] for t in per], x[i]) for i in range(x.shape[0])])
+
+
+FORMS = {"vmap": vmap(_one), "vmap_benchmark": vmap(_one), "unfold_bmm": unfold_bmm, "loop": loop}
+
+
+def step_ms(form: str, m: int, batch: int, device: str, repeats: int = 5, steps: int = 20) -> float:
+    torch.backends.cudnn.benchmark = form == "vmap_benchmark"
+    gen = torch.Generator().manual_seed(0)
+    params = [(torch.randn(m, *s, generator=gen) * 0.05).to(device) for s in SHAPES]
+    x = torch.randn(m, batch, 1, 28, 28, generator=gen).to(device)
+    y = torch.randint(0, 10, (m, batch), generator=gen).to(device)
+    fn = FORMS[form]
+
+    def one() -> None:
+        nonlocal params
+        leaves = [p.requires_grad_(True) for p in params]
+        loss = F.cross_entropy(fn(leaves, x).reshape(-1, 10), y.reshape(-1))
+        grads = torch.autograd.grad(loss, leaves)
+        with torch.no_grad():
+            params = [p.detach().sub_(g, alpha=1e-3) for p, g in zip(leaves, grads, strict=True)]
+
+    for _ in range(3):
+        one()
+    best = float("inf")
+    for _ in range(repeats):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        for _ in range(steps):
+            one()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        best = min(best, (time.perf_counter() - t0) / steps)
+    return best * 1e3
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--clients", type=int, nargs="+", default=[1, 7, 20])
+    ap.add_argument("--batch", type=int, default=10)
+    args = ap.parse_args()
+    gen = torch.Generator().manual_seed(1)
+    p = [(torch.randn(3, *s, generator=gen) * 0.05).to(args.device) for s in SHAPES]
+    x = torch.randn(3, 4, 1, 28, 28, generator=gen).to(args.device)
+    ref = loop(p, x)
+    check = {f: float((FORMS[f](p, x) - ref).abs().max()) for f in FORMS}
+    rows = {m: {f: round(step_ms(f, m, args.batch, args.device), 3) for f in FORMS} for m in args.clients}
+    print(json.dumps({"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+                      "batch": args.batch, "max_abs_diff_vs_loop": check, "ms_per_step": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
