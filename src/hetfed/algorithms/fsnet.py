@@ -73,10 +73,28 @@ def beta_schedule(cfg: FSNetParams, round: int) -> float:
 
 def sample_mixture(means: torch.Tensor, variances: torch.Tensor, weights: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
     """n draws from ``Σ_k π_k N(μ_k, diag σ²_k)`` (π = weights / Σ weights)."""
-    pi = weights / weights.sum()
-    comp = torch.multinomial(pi.cpu(), n, replacement=True, generator=gen).to(means.device)
-    noise = torch.randn((n, means.shape[1]), generator=gen).to(means.device)
+    comp, noise = mixture_draws(weights, n, means.shape[1], 1, gen)
+    return _from_draws(means, variances, comp[0].to(means.device), noise[0].to(means.device))
+
+
+def mixture_draws(weights: torch.Tensor, n: int, d: int, steps: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """The host generator's draws for ``steps`` calls of :func:`sample_mixture`, in its order (a component index
+    per sample, then d standard normals per sample, step after step): [steps, n] and [steps, n, d] on the CPU."""
+    pi = (weights / weights.sum()).cpu()
+    comps, noises = [], []
+    for _ in range(steps):
+        comps.append(torch.multinomial(pi, n, replacement=True, generator=gen))
+        noises.append(torch.randn((n, d), generator=gen))
+    return torch.stack(comps), torch.stack(noises)
+
+
+def _from_draws(means: torch.Tensor, variances: torch.Tensor, comp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
     return means[comp] + variances[comp].clamp_min(0).sqrt() * noise
+
+
+#: server steps whose mixture draws are made on the host and moved to the device at once (a copy from the host
+#: waits for the device's queue: one per step made the hidden model's fit host-bound on a GPU)
+DRAW_CHUNK = 10
 
 
 def near_one_hot(n: int, n_classes: int, epsilon: float, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
@@ -132,9 +150,13 @@ class FedFSNet(FedAvg):
         params = {k: v.detach().clone().unsqueeze(0).to(device).requires_grad_(True) for k, v in hidden_params.items()}
         opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
         means, variances = upload.extra["input_mean"], upload.extra["input_var"]
-        losses = []
-        for _ in range(cfg.server_steps):
-            z = sample_mixture(means, variances, upload.num_samples, cfg.server_batch, gen)
+        losses = []  # kept on the device and read once after the loop: a read per step would wait for the device
+        for step in range(cfg.server_steps):
+            if step % DRAW_CHUNK == 0:
+                chunk = min(DRAW_CHUNK, cfg.server_steps - step)
+                comps, noises = (t.to(device) for t in mixture_draws(upload.num_samples, cfg.server_batch,
+                                                                    means.shape[1], chunk, gen))
+            z = _from_draws(means, variances, comps[step % DRAW_CHUNK], noises[step % DRAW_CHUNK])
             with torch.no_grad():
                 probs = torch.softmax(self.model.forward(g1, z.unsqueeze(0), None), -1)
             recon = self.hidden.forward(params, probs, None)[0]
@@ -142,8 +164,8 @@ class FedFSNet(FedAvg):
             opt.zero_grad()
             loss.backward()
             opt.step()
-            losses.append(float(loss.detach()))
-        return {k: v.detach()[0] for k, v in params.items()}, losses
+            losses.append(loss.detach())
+        return {k: v.detach()[0] for k, v in params.items()}, torch.stack(losses).tolist() if losses else []
 
     def synthesise(self, hidden_params, gen: torch.Generator) -> torch.Tensor:
         """D′: H_ω of near-one-hot probability vectors, classes covered evenly."""
