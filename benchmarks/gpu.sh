@@ -7,9 +7,10 @@
 # - the unequal workload's round with its stacked ideal and GEMM limit (unequal.py);
 # - stacked sweeps of 1, 5 and 20 seeds (stacked_sweep.py);
 # - the unequal workload on PFLlib's CNN (cnn4) with its stacked ideal and conv limit (unequal.py --model cnn4);
-# - with PFLLIB set, PFLlib's own loop on the same federation and device, MLP and cnn4 (peers.py);
+# - with PFLLIB set, PFLlib's own loop on the same federation and device, MLP and cnn4 (peers.py); with PFL=1 also
+#   pfl-research's simulation (its wheels and theirs installed: see peers.py);
 # - the papers' protocols on real data, a few rounds each (protocols.py: Fed-FSNet MNIST f = 1, FedMoE FMNIST,
-#   PFLlib's cnn4 leaderboard protocol), and a profile of W1's round (profile_round.py).
+#   PFLlib's cnn4 leaderboard protocol), and profiles of W1's and Fed-FSNet's rounds (profile_round.py).
 # STEPS="engine protocols …" runs only the steps named.
 # One JSON per step, steps.txt and errors.log go to $OUT (default ./gpu-results). Each step has a time limit; a failure is recorded and the next step still runs.
 #
@@ -39,10 +40,11 @@ want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device 
 want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
 # the papers' protocols on real data: MNIST and Fashion-MNIST where hetfed finds them ($HETFED_DATA/<name>)
-want protocols && step protocols 200 bash -c "cd benchmarks && $py protocols.py --device cuda --rounds 3 --threads 4"
-want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
+want protocols && step protocols 200 bash -c "cd benchmarks && $py protocols.py --device cuda --rounds 5 --threads 4"
 if [ -n "${PFLLIB:-}" ]; then
-    want peers && step peers 100 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4"
+    want peers && step peers 100 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4 ${PFL:+--pfl}"
     want peers_cnn4 && step peers_cnn4 120 bash -c "cd benchmarks && $py peers.py --pfllib '$PFLLIB' --device cuda --rounds 2 --threads 4 --model cnn4 --algorithms fedavg"
 fi
 want profile_w1 && step profile_w1 60 bash -c "cd benchmarks && $py profile_round.py --device cuda --case compute_bound --rounds 5"
+want profile_fsnet && step profile_fsnet 60 bash -c "cd benchmarks && $py profile_round.py --device cuda --case fsnet_protocol --algorithm fsnet --rounds 2"
+want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
