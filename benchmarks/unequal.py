@@ -217,7 +217,7 @@ def main() -> None:
                                          model_kind=args.model)
             if ref is None:
                 ref = params
-            cap = memory_chunk(model, 10, 128.0)
+            cap = memory_chunk(model, 10, 128.0) if model.stacks_clients(args.device) else 1  # as the executor
             if name == "sequential":
                 blocks = [[i] for i in range(len(steps))]
             elif name == "vectorised_one_stack":
@@ -236,7 +236,8 @@ def main() -> None:
             for row in rows.values():
                 row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
         if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
-            grouped = stack_blocks(steps, memory_chunk(model, 10, 128.0), step_overhead(model, 10, args.device))
+            cap = memory_chunk(model, 10, 128.0) if model.stacks_clients(args.device) else 1
+            grouped = stack_blocks(steps, cap, step_overhead(model, 10, args.device))  # the executor's stacks
             real = sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True))
             if args.model == "cnn4":
                 ideal = cnn4_ideal_seconds(grouped, steps, device=args.device)

@@ -193,6 +193,21 @@ def test_cnn_pooling_equals_max_pool2d_in_value_and_gradient(size):
     torch.testing.assert_close(torch.autograd.grad((ours * w).sum(), x)[0], torch.autograd.grad((ref * w).sum(), x)[0])
 
 
+def test_cnns_train_one_client_at_a_time_on_a_cpu_and_in_stacks_elsewhere():
+    """The CNNs' CPU forward is a loop over the stack's clients, so the vectorised executor does not stack them
+    there (a stack only added padding: docs/scale.md); other models, and the CNNs on CUDA, keep their stacks."""
+    from hetfed.models.base import Derived
+    from hetfed.models.mixture import Mixture
+
+    cnn, mlp = LeNet((28, 28), 10), MLP(784, [64], 10)
+    executor = VectorisedExecutor()
+    executor.device = torch.device("cpu")
+    assert executor.chunk_size(cnn, 10) == 1 and executor.chunk_size(mlp, 10) > 1
+    assert executor.chunk_size(Derived(cnn), 10) == 1  # a method's derived model of a CNN loops too
+    assert executor.chunk_size(Mixture(lambda c: LeNet((28, 28), c), 10), 10) == 1
+    assert cnn.stacks_clients("cuda") and not cnn.stacks_clients("cpu") and mlp.stacks_clients("cpu")
+
+
 def test_lenet_cpu_loop_equals_vmap():
     from torch.func import vmap
 

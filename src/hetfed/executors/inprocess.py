@@ -193,6 +193,9 @@ class InProcessExecutor:
         self.y_train: torch.Tensor | None = None
 
     def chunk_size(self, model: Model, batch_size: int) -> int:
+        device = getattr(self, "device", None)
+        if not model.stacks_clients(torch.device(device).type if device is not None else "cpu"):
+            return 1  # its forward loops over a stack's clients on this device: stacking buys nothing
         if self.chunk_clients is not None:
             return self.chunk_clients
         budget = self.memory_budget_mb or default_budget_mb(getattr(self, "device", None))

@@ -145,6 +145,12 @@ class Model:
     #: replay (:mod:`hetfed.engine.capture`) is then recorded per pattern of rows, not only per batch width
     reads_rows: bool = False
 
+    def stacks_clients(self, device: str) -> bool:
+        """Whether a stack of clients runs as one batched computation on ``device`` (a device type: 'cpu',
+        'cuda'). False where the forward loops over the stack's clients: a stack of several then costs what they
+        cost one by one plus its padding and stacking, so the in-process executors train them one at a time."""
+        return True
+
     def specs(self) -> list[ParamSpec]:
         raise NotImplementedError
 
@@ -221,6 +227,9 @@ class Derived(Model):
     @property
     def reads_rows(self) -> bool:  # type: ignore[override]
         return self.base.reads_rows
+
+    def stacks_clients(self, device: str) -> bool:
+        return self.base.stacks_clients(device)
 
 
 class Representation(Derived):

@@ -45,6 +45,9 @@ class Mixture(Model):
     def reads_rows(self) -> bool:  # type: ignore[override]
         return self.expert.reads_rows or self.gate.reads_rows
 
+    def stacks_clients(self, device: str) -> bool:
+        return self.expert.stacks_clients(device) and self.gate.stacks_clients(device)
+
     @staticmethod
     def part(params: Params, prefix: str) -> Params:
         cut = len(prefix) + 1
