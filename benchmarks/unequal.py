@@ -81,33 +81,45 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
     return per_round, result.server.params, model
 
 
-def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,
-                  repeats: int = 3, device: str = "cpu") -> float:
-    """The stacked ideal of ``blocks`` (each stack for its longest client's steps, full batches), fastest of ``repeats``."""
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(4096, d, generator=gen).to(device), torch.randint(0, 10, (4096,), generator=gen).to(device)
+def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: torch.Tensor,
+                   fresh, forward, lr: float, batch: int, repeats: int, device: str) -> float:
+    """Each stack of ``blocks`` for its longest client's steps (full batches of pre-made rows of ``x``): ``forward``
+    over ``fresh(m)`` stacked parameters, autograd backward, an SGD update; the fastest of ``repeats``."""
 
     def one() -> float:
         t0 = time.perf_counter()
         for block in blocks:
             m = len(block)
-            params = [torch.randn(m, d, hidden, device=device) * d**-0.5, torch.zeros(m, 1, hidden, device=device),
-                      torch.randn(m, hidden, 10, device=device) * hidden**-0.5, torch.zeros(m, 1, 10, device=device)]
+            params = fresh(m)
             for s in range(max(steps[i] for i in block)):
-                rows = torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13
-                xb, yb = x[rows % 4096], y[rows % 4096]
+                rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % len(x)
                 leaves = [p.requires_grad_(True) for p in params]
-                h = torch.relu(torch.baddbmm(leaves[1], xb, leaves[0]))
-                logits = torch.baddbmm(leaves[3], h, leaves[2])
-                loss = torch.nn.functional.cross_entropy(logits.reshape(-1, 10), yb.reshape(-1))
+                logits = forward(leaves, x[rows])
+                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[rows].reshape(-1))
                 grads = torch.autograd.grad(loss * m, leaves)
                 with torch.no_grad():
-                    params = [p.detach().sub_(g, alpha=0.01) for p, g in zip(leaves, grads, strict=True)]
+                    params = [p.detach().sub_(g, alpha=lr) for p, g in zip(leaves, grads, strict=True)]
         _sync(device)
         return time.perf_counter() - t0
 
     one()
     return min(one() for _ in range(repeats))
+
+
+def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,
+                  repeats: int = 3, device: str = "cpu") -> float:
+    """The stacked ideal of the MLP d-hidden-10 over ``blocks``: batched matmuls."""
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(4096, d, generator=gen).to(device), torch.randint(0, 10, (4096,), generator=gen).to(device)
+
+    def fresh(m: int) -> list[torch.Tensor]:
+        return [torch.randn(m, d, hidden, device=device) * d**-0.5, torch.zeros(m, 1, hidden, device=device),
+                torch.randn(m, hidden, 10, device=device) * hidden**-0.5, torch.zeros(m, 1, 10, device=device)]
+
+    def forward(leaves: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
+        return torch.baddbmm(leaves[3], torch.relu(torch.baddbmm(leaves[1], xb, leaves[0])), leaves[2])
+
+    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.01, batch, repeats, device)
 
 
 #: PFLlib's FedAvgCNN on 28 × 28 × 1: (shape of each parameter), and multiply-adds per image
@@ -124,13 +136,16 @@ def _cnn4_one(params: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
 
 def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 10, repeats: int = 2,
                        device: str = "cpu") -> float:
-    """The stacked ideal of the CNN round over ``blocks``: per step, each stack's forward in the form each device
-    runs fastest (grouped convolutions through ``torch.func.vmap`` on CUDA, a loop of plain convolutions on a CPU,
-    as hetfed's model chooses), autograd backward and an SGD update; pre-made parameters and batch rows."""
+    """The stacked ideal of the CNN round over ``blocks``, each stack's forward in the form each device runs
+    fastest (grouped convolutions through ``torch.func.vmap`` on CUDA, a loop of plain convolutions on a CPU, as
+    hetfed's model chooses)."""
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4096, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (4096,), generator=gen).to(device)
     stacked = vmap(_cnn4_one)
+
+    def fresh(m: int) -> list[torch.Tensor]:
+        return [torch.randn(m, *shape, device=device) * 0.05 for shape in CNN4_SHAPES]
 
     def forward(leaves: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
         if device == "cpu":
@@ -138,24 +153,7 @@ def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 1
             return torch.stack([_cnn4_one([p[i] for p in per], xb[i]) for i in range(xb.shape[0])])
         return stacked(leaves, xb)
 
-    def one() -> float:
-        t0 = time.perf_counter()
-        for block in blocks:
-            m = len(block)
-            params = [torch.randn(m, *shape, device=device) * 0.05 for shape in CNN4_SHAPES]
-            for s in range(max(steps[i] for i in block)):
-                rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % 4096
-                leaves = [p.requires_grad_(True) for p in params]
-                logits = forward(leaves, x[rows])
-                loss = F.cross_entropy(logits.reshape(-1, 10), y[rows].reshape(-1))
-                grads = torch.autograd.grad(loss * m, leaves)
-                with torch.no_grad():
-                    params = [p.detach().sub_(g, alpha=0.005) for p, g in zip(leaves, grads, strict=True)]
-        _sync(device)
-        return time.perf_counter() - t0
-
-    one()
-    return min(one() for _ in range(repeats))
+    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.005, batch, repeats, device)
 
 
 def conv_limit_seconds(samples: int, repeats: int = 5, device: str = "cpu") -> float:
