@@ -198,7 +198,7 @@ class InProcessExecutor:
             return 1  # its forward loops over a stack's clients on this device: stacking buys nothing
         if self.chunk_clients is not None:
             return self.chunk_clients
-        budget = self.memory_budget_mb or default_budget_mb(getattr(self, "device", None))
+        budget = self.memory_budget_mb or default_budget_mb(device)
         return memory_chunk(model, batch_size, budget)
 
     def start(self, algo: Algorithm, fed: Federation, seed: int, device: torch.device) -> None:
