@@ -29,12 +29,12 @@ import argparse
 import json
 import time
 
+import conv_forms  # benchmarks/conv_forms.py: the CNN's forms over a stack of clients (this folder is on sys.path)
 import torch
 import torch.nn.functional as F
 from engine import (
     _Synthetic,  # benchmarks/engine.py: random inputs of a given shape (this folder is on sys.path)
 )
-from torch.func import vmap
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -122,18 +122,6 @@ def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int
     return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.01, batch, repeats, device)
 
 
-#: PFLlib's FedAvgCNN on 28 × 28 × 1: (shape of each parameter), and multiply-adds per image
-CNN4_SHAPES = [(32, 1, 5, 5), (32,), (64, 32, 5, 5), (64,), (512, 1024), (512,), (10, 512), (10,)]
-CNN4_MACS = 24 * 24 * 32 * 25 + 8 * 8 * 64 * 32 * 25 + 1024 * 512 + 512 * 10
-
-
-def _cnn4_one(params: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
-    """One client's batch through PFLlib's CNN (conv 32 → pool → conv 64 → pool → fc 512 → fc 10)."""
-    h = F.relu(F.max_pool2d(F.conv2d(xb, params[0], params[1]), 2))
-    h = F.relu(F.max_pool2d(F.conv2d(h, params[2], params[3]), 2))
-    return F.linear(F.relu(F.linear(h.flatten(1), params[4], params[5])), params[6], params[7])
-
-
 def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 10, repeats: int = 2,
                        device: str = "cpu") -> float:
     """The stacked ideal of the CNN round over ``blocks``, each stack's forward in the form each device runs
@@ -142,16 +130,11 @@ def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 1
     gen = torch.Generator().manual_seed(0)
     x = torch.randn(4096, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (4096,), generator=gen).to(device)
-    stacked = vmap(_cnn4_one)
 
     def fresh(m: int) -> list[torch.Tensor]:
-        return [torch.randn(m, *shape, device=device) * 0.05 for shape in CNN4_SHAPES]
+        return [torch.randn(m, *shape, device=device) * 0.05 for shape in conv_forms.SHAPES]
 
-    def forward(leaves: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
-        if device == "cpu":
-            per = [p.unbind(0) for p in leaves]
-            return torch.stack([_cnn4_one([p[i] for p in per], xb[i]) for i in range(xb.shape[0])])
-        return stacked(leaves, xb)
+    forward = conv_forms.loop if device == "cpu" else conv_forms.FORMS["vmap"]
 
     return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.005, batch, repeats, device)
 
@@ -163,7 +146,7 @@ def conv_limit_seconds(samples: int, repeats: int = 5, device: str = "cpu") -> f
     F.conv2d(a, w)
     best = min(_timed(lambda: F.conv2d(a, w), device) for _ in range(repeats))
     rate = 2.0 * 2048 * 8 * 8 * 64 * 32 * 25 / best
-    return 6.0 * samples * CNN4_MACS / rate
+    return 6.0 * samples * conv_forms.MACS / rate
 
 
 def gemm_limit_seconds(samples: int, d: int, hidden: int, repeats: int = 5, device: str = "cpu") -> float:
@@ -234,7 +217,6 @@ def main() -> None:
             for row in rows.values():
                 row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
         if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
-            cap = memory_chunk(model, 10, 128.0) if model.stacks_clients(args.device) else 1
             grouped = stack_blocks(steps, cap, step_overhead(model, 10, args.device))  # the executor's stacks
             real = sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True))
             if args.model == "cnn4":

@@ -151,20 +151,19 @@ class FedFSNet(FedAvg):
         opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
         means, variances = upload.extra["input_mean"], upload.extra["input_var"]
         losses = []  # kept on the device and read once after the loop: a read per step would wait for the device
-        for step in range(cfg.server_steps):
-            if step % DRAW_CHUNK == 0:
-                chunk = min(DRAW_CHUNK, cfg.server_steps - step)
-                comps, noises = (t.to(device) for t in mixture_draws(upload.num_samples, cfg.server_batch,
-                                                                    means.shape[1], chunk, gen))
-            z = _from_draws(means, variances, comps[step % DRAW_CHUNK], noises[step % DRAW_CHUNK])
-            with torch.no_grad():
-                probs = torch.softmax(self.model.forward(g1, z.unsqueeze(0), None), -1)
-            recon = self.hidden.forward(params, probs, None)[0]
-            loss = (recon - z).pow(2).sum(-1).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(loss.detach())
+        for start in range(0, cfg.server_steps, DRAW_CHUNK):
+            draws = mixture_draws(upload.num_samples, cfg.server_batch, means.shape[1],
+                                  min(DRAW_CHUNK, cfg.server_steps - start), gen)
+            for comp, noise in zip(*(t.to(device) for t in draws), strict=True):
+                z = _from_draws(means, variances, comp, noise)
+                with torch.no_grad():
+                    probs = torch.softmax(self.model.forward(g1, z.unsqueeze(0), None), -1)
+                recon = self.hidden.forward(params, probs, None)[0]
+                loss = (recon - z).pow(2).sum(-1).mean()
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                losses.append(loss.detach())
         return {k: v.detach()[0] for k, v in params.items()}, torch.stack(losses).tolist() if losses else []
 
     def synthesise(self, hidden_params, gen: torch.Generator) -> torch.Tensor:
