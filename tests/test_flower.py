@@ -252,7 +252,15 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         assert failed and all(f["clients"] == [2] for f in failed), failed
         assert summary["methods"]["cgau"]["rounds"] == 3
         assert {f["step"] for f in failed} == {"train", "evaluate"}
-    for pid in started:  # every process the deployment started is gone
+        # each node's steps ran in its persistent worker (#50 §3), one per node over both runs; the dead node's
+        # worker left with it
+        workers = [int(f.read_text()) for f in dep.workers_dir.glob("*.pid")]
+        assert len(workers) == 3, workers
+        deadline = time.time() + 10
+        while sum(map(_exists, workers)) > 2 and time.time() < deadline:
+            time.sleep(0.2)
+        assert sum(map(_exists, workers)) == 2
+    for pid in started + workers:  # every process the deployment started is gone, its nodes' workers too
         assert not _exists(pid), pid
 
 

@@ -28,8 +28,6 @@ a node.
 
 from __future__ import annotations
 
-import json
-import os
 import time
 
 import numpy as np
@@ -37,6 +35,7 @@ from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.common.secure_aggregation.secaggplus_constants import RECORD_KEY_CONFIGS as SECAGG
 
+from hetfed.flower.audit import log_timing, log_wire, secure_aggregation
 from hetfed.flower.node import (
     NodeSide,
     keep_states,
@@ -47,7 +46,6 @@ from hetfed.flower.node import (
     step_clients,
 )
 from hetfed.flower.records import (
-    CLIENTS,
     EVALUATE_FIRST,
     GAMMA,
     RUN,
@@ -59,48 +57,14 @@ from hetfed.flower.records import (
     upload_to_records,
 )
 
-#: when this process had imported hetfed's ClientApp (a deployment starts one process per message)
-_IMPORTED = time.time()
-
-
-def _process_start() -> float | None:
-    """When this process started (Linux: /proc), or None."""
-    try:
-        with open("/proc/self/stat") as fh:
-            ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
-        with open("/proc/stat") as fh:
-            boot = next(float(line.split()[1]) for line in fh if line.startswith("btime"))
-        return boot + ticks / os.sysconf("SC_CLK_TCK")
-    except (OSError, ValueError, IndexError, StopIteration):
-        return None
-
-
-def _log_timing(kind: str, handler: float, ready: float, computed: float) -> None:
-    """With ``HETFED_FLOWER_TIMING`` set to a file: where this message's time went in this process (its start, the
-    end of its imports, hetfed's handler entered, the node's data and states ready, the step computed, the reply
-    built; wall-clock seconds) — one JSON line per message (``benchmarks/engines.py`` reads it)."""
-    if os.environ.get("HETFED_FLOWER_TIMING"):
-        _append("HETFED_FLOWER_TIMING", {"type": kind, "pid": os.getpid(), "process_start": _process_start(),
-                                         "imported": _IMPORTED, "handler": handler, "ready": ready,
-                                         "computed": computed, "replied": time.time()})
-
-
-def _append(variable: str, entry: dict) -> None:
-    """One JSON line appended to the file the environment ``variable`` names (the node's audit logs), if set."""
-    path = os.environ.get(variable)
-    if path:
-        with open(path, "a") as fh:
-            fh.write(json.dumps(entry) + "\n")
+#: set by the node's worker (:mod:`hetfed.flower.worker`) while it runs a step for a ClientApp process: that
+#: process's start and imports (its timing line reports them, not the worker's)
+CALLER: dict | None = None
 
 
 def _reply(message: Message, records: dict, clients: list[int]) -> Message:
-    _log_wire(message.metadata.message_type, records, clients)
+    log_wire(message.metadata.message_type, records, clients)
     return Message(RecordDict(records), reply_to=message)
-
-
-def _log_wire(kind: str, records: dict, clients: list[int]) -> None:
-    _append("HETFED_FLOWER_WIRE_LOG", {"type": kind, "clients": clients,
-                                       "records": {name: sorted(rec.keys()) for name, rec in records.items()}})
 
 
 # ------------------------------------------------------------------------- pure steps
@@ -196,24 +160,10 @@ def _step(message: Message, context: Context, run, changes_state: bool = True, l
     records = run(side, clients, among)
     if changes_state:
         keep_states(side, clients, context)
-    _log_timing(message.metadata.message_type, handler, ready, time.time())
+    log_timing(message.metadata.message_type, handler, ready, time.time(), CALLER)
     if not logged:
         return Message(RecordDict(records), reply_to=message)
     return _reply(message, records, [k + offset for k in clients])
-
-
-def secure_aggregation(message: Message, context: Context, call_next) -> Message:
-    """Flower's ``secaggplus_mod`` for the messages of a SecAgg+ round (they carry its config record; the server
-    sends them only with ``flower.secure_aggregation``); every other message passes untouched. The wire log gets
-    what really leaves: the masked vector, never the update."""
-    if SECAGG not in message.content.config_records:
-        return call_next(message, context)
-    from flwr.client.mod import secaggplus_mod
-
-    reply = secaggplus_mod(message, context, call_next)
-    held = [int(k) for k in listed(message.content.config_records[CLIENTS]["ids"])] if CLIENTS in message.content else []
-    _log_wire(f"{message.metadata.message_type}.secaggplus", dict(reply.content.items()), held)
-    return reply
 
 
 @app.train(mods=[secure_aggregation])
@@ -245,13 +195,13 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
     records: dict = {}
     if scored:
         records.update(reports_to_records(side.executor.evaluate(bc, scored, None, among=among)))
-        _log_wire("evaluate", records, [k + offset for k in scored])
+        log_wire("evaluate", records, [k + offset for k in scored])
     if trained:
         upload = upload_to_records(side.executor.train(bc, trained, reduce=reduces(side, trained)))
         keep_states(side, trained, context)
-        _log_wire("train", upload, [k + offset for k in trained])
+        log_wire("train", upload, [k + offset for k in trained])
         records.update(upload)
-    _log_timing("train", handler, ready, time.time())
+    log_timing("train", handler, ready, time.time(), CALLER)
     return Message(RecordDict(records), reply_to=message)
 
 

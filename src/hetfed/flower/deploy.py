@@ -68,7 +68,7 @@ publisher = "hetfed"
 
 [tool.flwr.app.components]
 serverapp = "hetfed.flower.server_app:app"
-clientapp = "hetfed.flower.client_app:app"
+clientapp = "hetfed.flower.lean_app:app"
 
 [tool.flwr.app.config]
 config-yaml = ""
@@ -155,7 +155,12 @@ class LocalDeployment:
         executables on PATH — the SuperLink and SuperNodes start ``flower-superexec`` and
         ``flwr-clientapp`` by name, which fails when the venv is used without being activated."""
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {**os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path}
+        return {**os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path, "HETFED_WORKER_DIR": str(self.workers_dir)}
+
+    @property
+    def workers_dir(self) -> Path:
+        """Where this deployment's SuperNodes keep their persistent workers (:mod:`hetfed.flower.worker`)."""
+        return self.directory / "workers"
 
     def _spawn(self, name: str, args: list[str]) -> subprocess.Popen:
         log = self.directory / f"{name}.log"
@@ -183,6 +188,7 @@ class LocalDeployment:
         self.check()
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(exist_ok=True)
+        self.workers_dir.mkdir(mode=0o700, exist_ok=True)
         self.port = self.port or free_port()
         creds = None
         if self.secure:
@@ -245,6 +251,10 @@ class LocalDeployment:
             _kill_group(pid, signal.SIGKILL)
             _reap(pid)
         self.pids.clear()
+        if self.workers_dir.is_dir():  # the nodes' workers leave with their nodes anyway; this is not left to chance
+            from hetfed.flower.worker import stop_workers
+
+            stop_workers(self.workers_dir, grace)
         meta = self.directory / "deployment.json"
         if meta.exists():
             meta.unlink()

@@ -21,16 +21,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from hetfed.engine.types import Broadcast, StreamedUpload, Upload
-
-#: the ConfigRecord that says which run and method a message belongs to
-RUN = "hetfed.run"
-#: the ConfigRecord naming the node's clients a step is for (``ids``) and every client the step evaluates (``among``)
-CLIENTS = "hetfed.clients"
-#: in a training message, the node's clients to score the received model first, before training on it (``ids``; and
-#: ``among``: every client the evaluation scores) — round r's evaluation riding on round r + 1's training
-EVALUATE_FIRST = "hetfed.evaluate_first"
-#: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
-GAMMA = "hetfed.gamma"
+from hetfed.flower.names import CLIENTS, EVALUATE_FIRST, GAMMA, RUN, listed  # noqa: F401 (re-exported)
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
@@ -96,13 +87,6 @@ def tree_to_records(tree: dict, name: str) -> dict:
                             "expected tensors, numbers, strings, lists of them, None, or dicts of these")
     values[_ABSENT], values[_EMPTY] = absent, empty
     return {f"{name}.arrays": tensors_to_record(arrays), f"{name}.values": ConfigRecord(values)}
-
-
-def listed(value: object) -> list[Any]:
-    """A record's list value (a record's values are typed as any of its kinds)."""
-    if not isinstance(value, list):
-        raise TypeError(f"expected a list in the record, found {type(value).__name__}")
-    return value
 
 
 def number(value: object) -> float:

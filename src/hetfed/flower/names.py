@@ -1,0 +1,24 @@
+"""The names of hetfed's own records in a Flower message, and reading a record's list — kept apart from
+:mod:`hetfed.flower.records` (which converts tensors) so that the deployments' ClientApp process
+(:mod:`hetfed.flower.lean_app`) reads them without importing torch."""
+
+from __future__ import annotations
+
+from typing import Any
+
+#: the ConfigRecord that says which run and method a message belongs to
+RUN = "hetfed.run"
+#: the ConfigRecord naming the node's clients a step is for (``ids``) and every client the step evaluates (``among``)
+CLIENTS = "hetfed.clients"
+#: in a training message, the node's clients to score the received model first, before training on it (``ids``; and
+#: ``among``: every client the evaluation scores) — round r's evaluation riding on round r + 1's training
+EVALUATE_FIRST = "hetfed.evaluate_first"
+#: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
+GAMMA = "hetfed.gamma"
+
+
+def listed(value: object) -> list[Any]:
+    """A record's list value (a record's values are typed as any of its kinds)."""
+    if not isinstance(value, list):
+        raise TypeError(f"expected a list in the record, found {type(value).__name__}")
+    return value
