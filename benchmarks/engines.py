@@ -46,7 +46,7 @@ import numpy as np
 from hetfed.config import build_config
 from hetfed.runs.runner import run_experiment
 
-ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-nodes": 8, "deployment-nodes": 3}
+ROUNDS = {"vectorised": 20, "sequential": 20, "flower": 8, "deployment": 2, "flower-nodes": 8, "deployment-nodes": 5}
 
 
 #: an engine name ending in this runs its rounds under Flower's SecAgg+ (``flower-4nodes-secagg``)
@@ -169,8 +169,9 @@ def breakdown(path: Path, seconds_per_round: float) -> dict:
     """Where a deployment's training round went, from the ClientApp processes' own clocks
     (``HETFED_FLOWER_TIMING``, :mod:`hetfed.flower.client_app`), mean seconds per training message: the process's
     start to the end of its imports (Python, Flower, torch, hetfed), Flower's ClientApp set-up until hetfed's
-    handler runs (the message and context pulled from the SuperNode), the node's data (the federation from the
-    node cache) and its clients' states, the compute (training), the reply built; and what the round spent
+    handler runs (the message and context pulled from the SuperNode; with a worker, until the ClientApp handed
+    the message over, then the hand-over until the worker's handler runs), the node's data (the federation from
+    the node cache) and its clients' states, the compute (training), the reply built; and what the round spent
     outside any ClientApp process (the SuperNode's polling and process start, the messages' travel, the server's
     polling): the round less the mean message's life from its process's start to its reply."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
@@ -180,6 +181,8 @@ def breakdown(path: Path, seconds_per_round: float) -> dict:
     parts = {"imports": ("process_start", "imported"), "flower_setup": ("imported", "handler"),
              "data_and_states": ("handler", "ready"), "compute": ("ready", "computed"),
              "reply": ("computed", "replied")}
+    if all("forwarded" in r for r in trains):  # the steps ran in the node's worker (hetfed.flower.worker)
+        parts.update(flower_setup=("imported", "forwarded"), to_the_worker=("forwarded", "handler"))
     out = {name: sum(r[b] - r[a] for r in trains) / len(trains) for name, (a, b) in parts.items()}
     life = sum(r["replied"] - r["process_start"] for r in trains) / len(trains)
     out["outside_the_clientapp"] = seconds_per_round - life

@@ -39,15 +39,16 @@ def caller() -> dict:
 
 def log_timing(kind: str, handler: float, ready: float, computed: float, came_from: dict | None = None) -> None:
     """With ``HETFED_FLOWER_TIMING`` set to a file: where this message's time went (the ClientApp process's start,
-    the end of its imports — ``came_from``'s when a worker ran the step for it —, hetfed's handler entered, the
-    node's data and states ready, the step computed, the reply built; wall-clock seconds) — one JSON line per
-    message (``benchmarks/engines.py`` reads it)."""
+    the end of its imports — ``came_from``'s when a worker ran the step for it, with the time that process handed
+    the message over (``forwarded``) —, hetfed's handler entered, the node's data and states ready, the step
+    computed, the reply built; wall-clock seconds) — one JSON line per message (``benchmarks/engines.py`` reads
+    it)."""
     if os.environ.get("HETFED_FLOWER_TIMING"):
         start = came_from or caller()
         append("HETFED_FLOWER_TIMING", {"type": kind, "pid": os.getpid(), "process_start": start["process_start"],
                                         "imported": start["imported"], "handler": handler, "ready": ready,
                                         "computed": computed, "replied": time.time(),
-                                        "worker": came_from is not None})
+                                        **({"forwarded": came_from["forwarded"]} if came_from else {})})
 
 
 def append(variable: str, entry: dict) -> None:
