@@ -22,12 +22,13 @@ Seconds per round are training rounds only (sample → broadcast → train → a
 from each run's own clock; set-up (Ray start, SuperNodes connecting) and evaluation
 are excluded and reported apart. Not a test: nothing is asserted.
 
-    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm]
+    python benchmarks/engines.py [--json] [--cases cgau fedmoe mlp bilstm] [--repeats N]
         [--engines vectorised sequential flower deployment flower-4nodes deployment-4nodes floor-4nodes ...]
 
 ``floor-Knodes`` (after ``deployment-Knodes`` in the same run): Flower's own minimal ServerApp + ClientApp, no ML,
 the same message per node per round with the payload the deployment row sent (benchmarks/flower_floor.py);
-``ratio_to_floor`` gives the deployment's and the simulation's round over it. An engine name ending in
+``ratio_to_floor`` gives the deployment's and the simulation's round over it (with ``--repeats N``, the engines run
+N times interleaved and each row is their mean). The floor's row has its ClientApps' life too. An engine name ending in
 ``-secagg`` (``flower-4nodes-secagg``, ``deployment-4nodes-secagg``) runs the same rounds under Flower's SecAgg+
 (``flower.secure_aggregation: secaggplus``: four exchanges per round).
 """
@@ -175,6 +176,7 @@ def breakdown(path: Path, seconds_per_round: float) -> dict:
     outside any ClientApp process (the SuperNode's polling and process start, the messages' travel, the server's
     polling): the round less the mean message's life from its process's start to its reply."""
     rows = [json.loads(line) for line in path.read_text().splitlines()]
+    exchanges = [r for r in rows if r["type"] == "server"]
     trains = [r for r in rows if r["type"] == "train" and r.get("process_start") is not None]
     if not trains:
         return {}
@@ -187,6 +189,10 @@ def breakdown(path: Path, seconds_per_round: float) -> dict:
     life = sum(r["replied"] - r["process_start"] for r in trains) / len(trains)
     out["outside_the_clientapp"] = seconds_per_round - life
     out["messages"] = len(trains)
+    # after the set-up query: the gaps between one exchange's last reply and the next push
+    gaps = [b["pushed"] - a["replied"] for a, b in zip(exchanges[1:], exchanges[2:], strict=False)]
+    if gaps:  # the server's own work between an exchange's last reply and the next push (its step, the plan)
+        out["server_between_exchanges"] = sum(gaps) / len(gaps)
     return out
 
 
@@ -218,31 +224,52 @@ def measure_floor(engine: str, results: dict, tmp: Path) -> dict:
     return floor_rounds(k, max(1, round(twin["uplink_bytes_per_node"] / 4)), ROUNDS["deployment-nodes"], tmp)
 
 
+def _mean_of(rows: list[dict]) -> dict:
+    """One engine's repeated measurements as one row: the last run's fields, with the mean seconds per round (and
+    mean breakdown) over the runs that measured, and each run's seconds (``runs``) when there were several."""
+    measured = [r for r in rows if "seconds_per_round" in r]
+    if len(measured) < 2:
+        return measured[-1] if measured else rows[-1]
+    out = dict(measured[-1])
+    out["seconds_per_round"] = sum(r["seconds_per_round"] for r in measured) / len(measured)
+    out["runs"] = [r["seconds_per_round"] for r in measured]
+    parts = [r["breakdown"] for r in measured if r.get("breakdown")]
+    if parts:
+        out["breakdown"] = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if all(k in p for p in parts)}
+    return out
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--cases", nargs="+", default=["cgau", "fedmoe", "mlp"])
     parser.add_argument("--engines", nargs="+", default=["vectorised", "sequential", "flower", "deployment",
                                                           "flower-4nodes", "deployment-4nodes"])
+    parser.add_argument("--repeats", type=int, default=1, help="run the engines this many times, interleaved, and "
+                        "report each engine's mean (a loopback deployment's round varies by ±20 %% between runs here)")
     args = parser.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
         tmp = Path(d)
         for case in args.cases:
             results[case] = {}
-            for engine in args.engines:
-                if engine == "deployment" and case != "cgau":  # the 4-node deployment runs every case
-                    results[case][engine] = {"skipped": "one SuperNode process per client (100 here) does not fit "
-                                                        "a 2-core machine; measured on the 10-client setting"}
-                    continue
-                try:
-                    results[case][engine] = (measure_floor(engine, results[case], tmp) if engine.startswith("floor")
-                                             else measure(case, engine, tmp))
-                except Exception as err:  # one case that cannot run here must not lose the others
-                    results[case][engine] = {"skipped": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
-                # one line per measurement as it finishes: a long benchmark killed midway keeps what it measured
-                line = {"case": case, "engine": engine, **results[case][engine]}
-                print(json.dumps(line) if args.json else f"{case} {engine} {results[case][engine]}", flush=True)
+            runs: dict[str, list[dict]] = {}
+            for _ in range(args.repeats):
+                for engine in args.engines:
+                    if engine == "deployment" and case != "cgau":  # the 4-node deployment runs every case
+                        runs[engine] = [{"skipped": "one SuperNode process per client (100 here) does not fit a "
+                                                    "2-core machine; measured on the 10-client setting"}]
+                        continue
+                    try:
+                        results[case][engine] = (measure_floor(engine, results[case], tmp)
+                                                 if engine.startswith("floor") else measure(case, engine, tmp))
+                    except Exception as err:  # one case that cannot run here must not lose the others
+                        results[case][engine] = {"skipped": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
+                    runs.setdefault(engine, []).append(results[case][engine])
+                    # one line per measurement as it finishes: a long benchmark killed midway keeps what it measured
+                    line = {"case": case, "engine": engine, **results[case][engine]}
+                    print(json.dumps(line) if args.json else f"{case} {engine} {results[case][engine]}", flush=True)
+            results[case] = {engine: _mean_of(rows) for engine, rows in runs.items()}
             base = results[case].get("vectorised", {}).get("seconds_per_round")
             if base:
                 results[case]["ratio_to_vectorised"] = {
@@ -255,7 +282,8 @@ def main() -> None:
                     name: results[case][name]["seconds_per_round"] / floor["seconds_per_round"]
                     for name in (f"deployment-{k}nodes", f"flower-{k}nodes")
                     if "seconds_per_round" in results[case].get(name, {})})
-    meta = {"fashion_mnist": _fmnist_available(), "note": "seconds per training round; ratios within this run"}
+    meta = {"fashion_mnist": _fmnist_available(), "repeats": args.repeats,
+            "note": "seconds per training round (the mean over the repeats, interleaved); ratios within this run"}
     print(json.dumps({"meta": meta, "results": results}, indent=None if args.json else 2))
 
 

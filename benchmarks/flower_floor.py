@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import tempfile
 from pathlib import Path
@@ -52,6 +53,7 @@ APPS = '''\
 """The floor's ServerApp and ClientApp (written by benchmarks/flower_floor.py)."""
 
 import json
+import os
 import time
 
 import numpy as np
@@ -59,13 +61,28 @@ from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
+IMPORTED = time.time()
+
+
+def _process_start():
+    with open("/proc/self/stat") as fh:
+        ticks = int(fh.read().rsplit(")", 1)[1].split()[19])
+    with open("/proc/stat") as fh:
+        boot = next(float(line.split()[1]) for line in fh if line.startswith("btime"))
+    return boot + ticks / os.sysconf("SC_CLK_TCK")
+
 client = ClientApp()
 server = ServerApp()
 
 
 @client.train()
 def train(msg: Message, context: Context) -> Message:
-    """Echo the arrays (an update of the model's size) with a sample count."""
+    """Echo the arrays (an update of the model's size) with a sample count; with HETFED_FLOWER_TIMING set, this
+    process's start, the end of its imports and its reply go there (as hetfed's ClientApp writes them)."""
+    if os.environ.get("HETFED_FLOWER_TIMING"):
+        with open(os.environ["HETFED_FLOWER_TIMING"], "a") as fh:
+            fh.write(json.dumps({"type": "train", "process_start": _process_start(), "imported": IMPORTED,
+                                 "replied": time.time()}) + "\\n")
     return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
                    reply_to=msg)
 
@@ -122,15 +139,27 @@ def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path) -> dict:
     out = tmp / f"floor-{nodes}.json"
     overrides = app / "run-config.toml"
     overrides.write_text(f"nodes = {nodes}\nrounds = {rounds}\nfloats = {floats}\nout = {json.dumps(str(out))}\n")
-    with LocalDeployment(tmp / f"floor-dep-{nodes}", nodes) as dep:
-        done = subprocess.run([_bin("flwr"), "run", str(app), CONNECTION, "--run-config", str(overrides), "--stream"],
-                              env=dep.env(), capture_output=True, text=True, timeout=1800)
-        if done.returncode != 0 or not out.exists():
-            raise RuntimeError((done.stdout + done.stderr)[-2000:])
+    timing = tmp / f"floor-timing-{nodes}.jsonl"
+    os.environ["HETFED_FLOWER_TIMING"] = str(timing)  # the SuperNodes' ClientApps inherit it
+    try:
+        with LocalDeployment(tmp / f"floor-dep-{nodes}", nodes) as dep:
+            done = subprocess.run([_bin("flwr"), "run", str(app), CONNECTION, "--run-config", str(overrides),
+                                   "--stream"], env=dep.env(), capture_output=True, text=True, timeout=1800)
+            if done.returncode != 0 or not out.exists():
+                raise RuntimeError((done.stdout + done.stderr)[-2000:])
+    finally:
+        os.environ.pop("HETFED_FLOWER_TIMING", None)
     measured = json.loads(out.read_text())
     per_round = measured["seconds_per_round"]
-    return {"seconds_per_round": sum(per_round) / len(per_round), "rounds": rounds, "each": per_round,
-            "connect_seconds": measured["connect_seconds"], "floats": floats}
+    mean = sum(per_round) / len(per_round)
+    row = {"seconds_per_round": mean, "rounds": rounds, "each": per_round,
+           "connect_seconds": measured["connect_seconds"], "floats": floats}
+    lines = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
+    if lines:  # the same split as hetfed's deployment rows: its ClientApp processes' life and the rest
+        life = sum(r["replied"] - r["process_start"] for r in lines) / len(lines)
+        row["breakdown"] = {"imports": sum(r["imported"] - r["process_start"] for r in lines) / len(lines),
+                            "clientapp_life": life, "outside_the_clientapp": mean - life, "messages": len(lines)}
+    return row
 
 
 def main() -> None:

@@ -26,6 +26,7 @@ from hetfed.config import FlowerConfig, dump_config
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
+from hetfed.flower.audit import append
 from hetfed.flower.records import (
     CLIENTS,
     EVALUATE_FIRST,
@@ -370,7 +371,9 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
     ``Grid.send_and_receive``, but polling from 10 ms and backing off to 0.5 s: a deployment's grid
     (``GrpcGrid``) sleeps 3 s between polls, which made every round of a loopback deployment cost
     several seconds of waiting however fast the clients answered. Only Flower's public
-    ``push_messages`` / ``pull_messages`` are used."""
+    ``push_messages`` / ``pull_messages`` are used. With ``HETFED_FLOWER_TIMING`` set, the exchange's push and
+    last reply are logged there (``benchmarks/engines.py``: the server's time between exchanges)."""
+    pushed = time.time()
     pending = set(grid.push_messages(messages))
     end = None if timeout is None else time.monotonic() + timeout
     replies: list[Message] = []
@@ -383,6 +386,8 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
             break
         time.sleep(wait if end is None else max(0.0, min(wait, end - time.monotonic())))
         wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
+    append("HETFED_FLOWER_TIMING", {"type": "server", "pushed": pushed, "replied": time.time(),
+                                    "kinds": sorted({m.metadata.message_type for m in messages})})
     return replies
 
 
