@@ -161,7 +161,7 @@ def _start(path: Path) -> None:
     log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 (the worker's, kept open by it)
     proc = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(os.getppid())],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            close_fds=True)
+                            close_fds=True, cwd=path.parent)  # not the ClientApp's directory: nothing there shadows
     log.close()
     path.with_suffix(".pid").write_text(str(proc.pid))
 
@@ -275,14 +275,27 @@ def stop_workers(directory: Path, grace: float = 5.0) -> None:
     pids = []
     for pid_file in directory.glob("*.pid"):
         with contextlib.suppress(ValueError, OSError):
-            pids.append(int(pid_file.read_text()))
-            os.kill(pids[-1], signal.SIGTERM)
+            pid = int(pid_file.read_text())
+            if _is_worker(pid):  # a pid file outlives its worker, and a pid can be reused by another process
+                pids.append(pid)
+                os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
     while time.monotonic() < deadline and any(_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
-        with contextlib.suppress(ProcessLookupError, PermissionError):
-            os.kill(pid, signal.SIGKILL)
+        if _is_worker(pid):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.kill(pid, signal.SIGKILL)
+
+
+def _is_worker(pid: int) -> bool:
+    """Whether ``pid`` is a live hetfed worker (its command line), on Linux; elsewhere whether it is alive."""
+    if not Path("/proc/self").exists():
+        return _alive(pid)
+    try:
+        return b"hetfed.flower.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return False
 
 
 if __name__ == "__main__":
