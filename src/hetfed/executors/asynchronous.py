@@ -88,11 +88,12 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
         result.async_state = q
     t0 = time.perf_counter()
     wire: tuple[int, tuple[int, int]] | None = None  # (version, its bytes down and up per client)
+    taking_part = [k for k, out in enumerate(np.asarray(loop.fed.opted_out).tolist()) if not out]
     while not finished and result.rounds_done < train.rounds:
         # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
         if wire is None or wire[0] != q.version:
             wire = (q.version, wire_bytes(algo, algo.broadcast(result.server, q.version)))
-        _fill(loop, result, q, wire[1])
+        _fill(loop, q, wire[1], taking_part)
         if not q.in_flight:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
                            f"{algo.buffer} arrivals (the screening rejected the rest); expected fewer rejections "
@@ -105,13 +106,14 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
             t0 = time.perf_counter()
 
 
-def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int, int]) -> None:
-    """Send the current version to idle clients until ``concurrency`` are training (or none is left)."""
+def _fill(loop: _Loop, q: EventQueue, wire: tuple[int, int], taking_part: list[int]) -> None:
+    """Send the current version to idle clients (of ``taking_part``: those not opted out) until ``concurrency``
+    are training (or none is left)."""
     algo, clock = cast("Asynchronous", loop.algo), loop.faults.clock
     if len(q.in_flight) >= algo.params.concurrency:
         return
     busy = {j.client for j in q.in_flight} | q.on_version
-    idle = [k for k, out in enumerate(np.asarray(loop.fed.opted_out).tolist()) if not out and k not in busy]
+    idle = [k for k in taking_part if k not in busy]
     while len(q.in_flight) < algo.params.concurrency and idle:
         k = idle.pop(_draw(loop.seed, q.sent, len(idle)))
         took = float(clock.times([k], *wire)[0])
@@ -154,8 +156,7 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     algo, executor = loop.algo, loop.executor
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
                       and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
-    sent = {j.version: algo.broadcast(ServerState(q.versions[j.version], j.version, result.server.extra), j.version)
-            for j in pending}
+    sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in {j.version for j in pending}}
     adversary = getattr(executor, "adversary", None)
     if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
             or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
