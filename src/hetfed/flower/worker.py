@@ -37,6 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from hetfed.runs.rundir import process_alive
+
 #: the handlers of :mod:`hetfed.flower.client_app` a message may be forwarded to
 HANDLERS = ("query", "train", "personalise", "evaluate")
 #: how long a ClientApp waits for a worker it started to listen (its imports: torch, hetfed's registries)
@@ -200,7 +202,7 @@ def serve(path: Path, parent: int) -> None:
     listener.settimeout(0.5)
     mine = path.stat().st_ino
     last = time.monotonic()
-    while _alive(parent) and time.monotonic() - last < idle and _ours(path, mine):
+    while process_alive(parent) and time.monotonic() - last < idle and _ours(path, mine):
         try:
             conn, _ = listener.accept()
         except TimeoutError:
@@ -246,16 +248,6 @@ def _answer(conn: socket.socket, client_app) -> None:
     _send(conn, {}, *blobs)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def _ours(path: Path, inode: int) -> bool:
     try:
         return path.stat().st_ino == inode
@@ -280,7 +272,7 @@ def stop_workers(directory: Path, grace: float = 5.0) -> None:
                 pids.append(pid)
                 os.kill(pid, signal.SIGTERM)
     deadline = time.monotonic() + grace
-    while time.monotonic() < deadline and any(_alive(p) for p in pids):
+    while time.monotonic() < deadline and any(process_alive(p) for p in pids):
         time.sleep(0.05)
     for pid in pids:
         if _is_worker(pid):
@@ -291,7 +283,7 @@ def stop_workers(directory: Path, grace: float = 5.0) -> None:
 def _is_worker(pid: int) -> bool:
     """Whether ``pid`` is a live hetfed worker (its command line), on Linux; elsewhere whether it is alive."""
     if not Path("/proc/self").exists():
-        return _alive(pid)
+        return process_alive(pid)
     try:
         return b"hetfed.flower.worker" in Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
