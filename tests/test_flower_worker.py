@@ -33,8 +33,9 @@ NODE = {"partition-id": 1, "num-partitions": 2}
 
 @pytest.fixture
 def workers(tmp_path, monkeypatch):
-    """A private worker directory for the test, its workers stopped after it."""
-    directory = tmp_path / "workers"
+    """A private worker directory for the test — deep, as a deployment's in a project can be (a Unix socket's path
+    is limited to ~104 bytes: the sockets live elsewhere) —, its workers stopped after it."""
+    directory = tmp_path / ("deep-" * 25) / "workers"
     monkeypatch.setenv("HETFED_WORKER_DIR", str(directory))
     monkeypatch.setenv("HETFED_CACHE", str(tmp_path / "cache"))
     from flwr.supercore.task_identity import TaskIdentity
@@ -140,29 +141,33 @@ def _serving(path, proc: subprocess.Popen, timeout: float = 120) -> None:
     raise AssertionError("the worker never listened")
 
 
-def test_a_worker_leaves_with_the_process_that_starts_the_clientapps_and_when_idle(workers):
-    workers.mkdir(mode=0o700)
-    parent = subprocess.Popen(["sleep", "120"])
-    path = workers / "w.sock"
-    proc = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(parent.pid)],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
+def test_a_worker_leaves_with_the_process_that_starts_the_clientapps_when_idle_or_stopped(workers):
+    workers.mkdir(mode=0o700, parents=True)
+    path = worker.socket_dir() / f"test-{os.getpid()}.sock"
+
+    def start(parent: int, **env: str) -> subprocess.Popen:
+        proc = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(parent)],
+                                env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         _serving(path, proc)
+        return proc
+
+    parent = subprocess.Popen(["sleep", "120"])
+    proc = start(parent.pid)
+    try:
         parent.kill()
         parent.wait()
         assert proc.wait(timeout=10) == 0
         assert not path.exists()  # it took its socket with it
+        idle = start(os.getpid(), HETFED_WORKER_IDLE="0.5")
+        assert idle.wait(timeout=10) == 0  # its parent lives on; a second without a message was enough
+        stopped = start(os.getpid())
+        stopped.terminate()  # what stop_workers sends
+        assert stopped.wait(timeout=10) == 0 and not path.exists()
     finally:
         parent.kill()
-        proc.kill()
-    env = {**os.environ, "HETFED_WORKER_IDLE": "0.5"}
-    idle = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(os.getpid())], env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    try:
-        _serving(path, idle)
-        assert idle.wait(timeout=10) == 0  # its parent lives on; a second without a message was enough
-    finally:
-        idle.kill()
+        for p in (proc, locals().get("idle"), locals().get("stopped")):
+            if p is not None:
+                p.kill()
 
 
 def test_a_worker_directory_others_can_reach_is_refused(tmp_path, monkeypatch):

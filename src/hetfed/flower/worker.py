@@ -29,6 +29,7 @@ import fcntl
 import hashlib
 import json
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -56,12 +57,24 @@ def enabled() -> bool:
 
 
 def worker_dir() -> Path:
-    """The directory of this user's workers, made 0700 if missing; refused when another user could reach it."""
-    path = Path(os.environ.get("HETFED_WORKER_DIR") or Path(tempfile.gettempdir()) / f"hetfed-workers-{os.getuid()}")
+    """The directory of this user's workers' pid, lock and log files, made 0700 if missing; refused when another
+    user could reach it."""
+    return _private(Path(os.environ.get("HETFED_WORKER_DIR") or
+                         Path(tempfile.gettempdir()) / f"hetfed-workers-{os.getuid()}"), "HETFED_WORKER_DIR")
+
+
+def socket_dir() -> Path:
+    """Where the workers' sockets are: a short path (a Unix socket's is at most ~104 bytes, which a deployment
+    directory deep in a project or a test's temporary directory passes), private like :func:`worker_dir`."""
+    base = Path("/tmp") if Path("/tmp").is_dir() else Path(tempfile.gettempdir())
+    return _private(base / f"hetfed-sockets-{os.getuid()}", "the workers' socket directory")
+
+
+def _private(path: Path, what: str) -> Path:
     path.mkdir(mode=0o700, parents=True, exist_ok=True)
     st = path.stat()
     if st.st_uid != os.getuid() or st.st_mode & 0o077:
-        raise WorkerError(f"HETFED_WORKER_DIR={str(path)!r} must belong to this user and be closed to others "
+        raise WorkerError(f"{what}={str(path)!r} must belong to this user and be closed to others "
                           f"(owner uid {st.st_uid}, mode {oct(st.st_mode & 0o777)}); expected uid {os.getuid()}, "
                           "mode 0700")
     return path
@@ -117,10 +130,11 @@ def forward(handler: str, message, context, timing: dict | None = None):
     from flwr.common.serde import context_to_proto, message_to_proto, recorddict_from_proto
     from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
-    path = _socket_path(context.node_config)
+    key = worker_key(dict(context.node_config), os.getppid())
+    path, files = socket_dir() / f"{key}.sock", worker_dir() / key
     header = {"handler": handler, "timing": timing or {}}
     blobs = (message_to_proto(message).SerializeToString(), context_to_proto(context).SerializeToString())
-    with _connect(path) as conn:
+    with _connect(path, files) as conn:
         _send(conn, header, *blobs)
         reply, (content, written) = _receive(conn)
     if "error" in reply:
@@ -131,21 +145,18 @@ def forward(handler: str, message, context, timing: dict | None = None):
     return recorddict_from_proto(RecordDictProto.FromString(content))
 
 
-def _socket_path(node_config) -> Path:
-    return worker_dir() / f"{worker_key(dict(node_config), os.getppid())}.sock"
-
-
-def _connect(path: Path) -> socket.socket:
-    """A connection to the worker at ``path``, starting it first when none listens (one starter at a time)."""
+def _connect(path: Path, files: Path) -> socket.socket:
+    """A connection to the worker at socket ``path``, starting it first when none listens (one starter at a time;
+    ``files``: where its lock, pid and log files are, less their suffixes)."""
     conn = _try(path)
     if conn is not None:
         return conn
-    with open(path.with_suffix(".lock"), "w") as lock:
+    with open(files.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         conn = _try(path)
         if conn is None:
-            _start(path)
-            conn = _wait(path)
+            _start(path, files)
+            conn = _wait(path, files)
     return conn
 
 
@@ -159,17 +170,17 @@ def _try(path: Path) -> socket.socket | None:
     return conn
 
 
-def _start(path: Path) -> None:
-    log = open(path.with_suffix(".log"), "ab")  # noqa: SIM115 (the worker's, kept open by it)
+def _start(path: Path, files: Path) -> None:
+    log = open(files.with_suffix(".log"), "ab")  # noqa: SIM115 (the worker's, kept open by it)
     proc = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(os.getppid())],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
-                            close_fds=True, cwd=path.parent)  # not the ClientApp's directory: nothing there shadows
+                            close_fds=True, cwd=files.parent)  # not the ClientApp's directory: nothing there shadows
     log.close()
-    path.with_suffix(".pid").write_text(str(proc.pid))
+    files.with_suffix(".pid").write_text(str(proc.pid))
 
 
-def _wait(path: Path) -> socket.socket:
-    pid = int(path.with_suffix(".pid").read_text())
+def _wait(path: Path, files: Path) -> socket.socket:
+    pid = int(files.with_suffix(".pid").read_text())
     deadline = time.monotonic() + START_TIMEOUT
     while time.monotonic() < deadline:
         conn = _try(path)
@@ -177,9 +188,9 @@ def _wait(path: Path) -> socket.socket:
             return conn
         finished, status = os.waitpid(pid, os.WNOHANG)
         if finished:
-            tail = path.with_suffix(".log").read_text(errors="replace")[-2000:]
+            log = files.with_suffix(".log")
             raise WorkerError(f"hetfed's worker exited with status {status >> 8} before it listened; its log "
-                              f"({path.with_suffix('.log')}) ends:\n{tail}")
+                              f"({log}) ends:\n{log.read_text(errors='replace')[-2000:]}")
         time.sleep(0.02)
     raise WorkerError(f"hetfed's worker did not listen at {path} within {START_TIMEOUT:g} s")
 
@@ -192,6 +203,7 @@ def serve(path: Path, parent: int) -> None:
     # torch, the registries: imported once, before the socket listens
     from hetfed.flower import client_app
 
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped: leave through the clean-up below
     idle = float(os.environ.get("HETFED_WORKER_IDLE", "600"))
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
@@ -202,20 +214,22 @@ def serve(path: Path, parent: int) -> None:
     listener.settimeout(0.5)
     mine = path.stat().st_ino
     last = time.monotonic()
-    while process_alive(parent) and time.monotonic() - last < idle and _ours(path, mine):
-        try:
-            conn, _ = listener.accept()
-        except TimeoutError:
-            continue
-        with conn:
-            if _peer_uid(conn) == os.getuid():
-                with contextlib.suppress(OSError):  # a ClientApp that left (Flower's timeout) gets no answer
-                    _answer(conn, client_app)
-        last = time.monotonic()
-    listener.close()
-    if _ours(path, mine):
-        with contextlib.suppress(FileNotFoundError):
-            path.unlink()
+    try:
+        while process_alive(parent) and time.monotonic() - last < idle and _ours(path, mine):
+            try:
+                conn, _ = listener.accept()
+            except TimeoutError:
+                continue
+            with conn:
+                if _peer_uid(conn) == os.getuid():
+                    with contextlib.suppress(OSError):  # a ClientApp that left (Flower's timeout) gets no answer
+                        _answer(conn, client_app)
+            last = time.monotonic()
+    finally:
+        listener.close()
+        if _ours(path, mine):
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()
 
 
 def _answer(conn: socket.socket, client_app) -> None:
@@ -262,8 +276,6 @@ def _peer_uid(conn: socket.socket) -> int:
 
 def stop_workers(directory: Path, grace: float = 5.0) -> None:
     """Stop the workers whose pid files are in ``directory`` (a deployment's own) and wait for them."""
-    import signal
-
     pids = []
     for pid_file in directory.glob("*.pid"):
         with contextlib.suppress(ValueError, OSError):
