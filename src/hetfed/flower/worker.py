@@ -15,10 +15,11 @@ starts the ClientApps, hetfed's ``HETFED_*`` environment), one message at a time
 gone (the SuperNode stopped), after ``HETFED_WORKER_IDLE`` seconds without a message (default 600), or when
 another worker took its socket.
 
-Where: ``$HETFED_WORKER_DIR`` (a :class:`~hetfed.flower.deploy.LocalDeployment` sets its own, and stops the
-workers in it with its nodes), else ``hetfed-workers-<uid>`` in the temporary directory. The directory must belong
-to this user and be closed to others (0700), and the worker serves only connections from its own user (the peer's
-credentials); nothing is unpickled: the messages are Flower's protobufs. ``HETFED_FLOWER_WORKER=0`` runs every
+Where: its pid, lock and log files in ``$HETFED_WORKER_DIR`` (a :class:`~hetfed.flower.deploy.LocalDeployment`
+sets its own, and stops the workers in it with its nodes), else ``hetfed-workers-<uid>`` in the temporary directory;
+its socket in ``/tmp/hetfed-sockets-<uid>`` (:func:`socket_dir`: short, as a socket's path must be). Both must
+belong to this user and be closed to others (0700), and the worker serves only connections from its own user (the
+peer's credentials); nothing is unpickled: the messages are Flower's protobufs. ``HETFED_FLOWER_WORKER=0`` runs every
 message in the ClientApp's own process instead (what the Simulation Engine always does: its workers persist).
 """
 
