@@ -44,7 +44,7 @@ from pathlib import Path
 
 from hetfed.errors import ConfigError, RunError
 from hetfed.flower.security import WILDCARD, ensure_credentials
-from hetfed.runs.rundir import process_alive
+from hetfed.processes import process_alive
 
 APP_PYPROJECT = """\
 [build-system]

@@ -39,7 +39,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from hetfed.runs.rundir import process_alive
+from hetfed.processes import process_alive
 
 #: the handlers of :mod:`hetfed.flower.client_app` a message may be forwarded to
 HANDLERS = ("query", "train", "personalise", "evaluate")

@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hetfed.errors import RunError
+from hetfed.processes import process_alive
 
 #: the files of a run directory and of a sweep directory: this module owns the layout, every other module
 #: names a file through these
@@ -273,22 +274,6 @@ def run_state(run_dir: str | Path) -> str:
         return "running" if process_alive(int(status["pid"])) else "dead"
     beat = status.get("heartbeat")
     return "running" if beat is not None and time.time() - float(beat) < STALE_AFTER_S else "dead"
-
-
-def process_alive(pid: int) -> bool:
-    """Whether the process runs: a zombie (killed, not yet reaped by its parent — a ServerApp killed under
-    Flower's SuperExec stays one) is dead."""
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat") as fh:
-            return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
-    except OSError:  # no /proc (not Linux): the signal answered
-        return True
 
 
 def read_summary(run_dir: str | Path) -> dict[str, Any]:
