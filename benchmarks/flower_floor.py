@@ -8,7 +8,7 @@ and NumPy and echoes the arrays it receives; its ServerApp polls for replies fro
 hetfed's does (Flower's ``Grid.send_and_receive`` sleeps 3 s between polls on a deployment: that would be a floor of
 Flower's defaults, not of Flower). Each round's seconds are written by the ServerApp to a JSON file.
 
-    python benchmarks/flower_floor.py --nodes 4 --floats 8970 --rounds 3 [--json]
+    python benchmarks/flower_floor.py --nodes 4 --floats 8970 --rounds 3 [--shape records|state] [--json]
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ nodes = 1
 rounds = 1
 floats = 1
 out = ""
+shape = ""
 """
 
 APPS = '''\
@@ -57,7 +58,7 @@ import os
 import time
 
 import numpy as np
-from flwr.app import ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 from flwr.serverapp import Grid, ServerApp
 
@@ -83,6 +84,12 @@ def train(msg: Message, context: Context) -> Message:
         with open(os.environ["HETFED_FLOWER_TIMING"], "a") as fh:
             fh.write(json.dumps({"type": "train", "process_start": _process_start(), "imported": IMPORTED,
                                  "replied": time.time()}) + "\\n")
+    if "hetfed.run" in msg.content:  # shaped as hetfed's: its parameters and metrics back, states kept
+        if msg.content.config_records["hetfed.run"].get("state"):
+            for k in range(3):
+                context.state[f"hetfed.state.node.{k}"] = ArrayRecord([np.zeros(64, dtype=np.float32)] * 4)
+        return Message(RecordDict({"params": msg.content["params"],
+                                   "metrics": MetricRecord({"num-examples": 1, "train_loss": 0.5})}), reply_to=msg)
     return Message(RecordDict({"arrays": msg.content["arrays"], "metrics": MetricRecord({"num-examples": 1})}),
                    reply_to=msg)
 
@@ -110,11 +117,23 @@ def main(grid: Grid, context: Context) -> None:
     ids = sorted(grid.get_node_ids())[:nodes]
     connect = time.perf_counter() - t0
     model = ArrayRecord([np.zeros(floats, dtype=np.float32)])
+    shape = str(cfg.get("shape", ""))
+    sizes = [floats // 10] * 9 + [floats - 9 * (floats // 10)]
+    params = ArrayRecord([np.zeros(n, dtype=np.float32) for n in sizes])
+
+    def content():
+        """The floor's one array, or (``shape``) the same floats in hetfed's six records and ten arrays."""
+        if not shape:
+            return RecordDict({"arrays": model})
+        return RecordDict({"params": params, "bc_extra.arrays": ArrayRecord([]),
+                           "bc_extra.values": ConfigRecord({"a": 1, "b": 2}), "bc": ConfigRecord({"round": 1, "lr": 0.1}),
+                           "hetfed.run": ConfigRecord({"config": "x" * 3000, "method": 0, "state": shape == "state"}),
+                           "hetfed.clients": ConfigRecord({"ids": [1, 2, 3], "offset": 0})})
+
     seconds = []
     for _ in range(rounds):
         t = time.perf_counter()
-        replies = exchange(grid, [Message(RecordDict({"arrays": model}), dst_node_id=n, message_type="train")
-                                  for n in ids])
+        replies = exchange(grid, [Message(content(), dst_node_id=n, message_type="train") for n in ids])
         assert len(replies) == nodes and not any(r.has_error() for r in replies)
         seconds.append(time.perf_counter() - t)
     with open(cfg["out"], "w") as fh:
@@ -130,15 +149,19 @@ def write_floor_app(directory: Path) -> Path:
     return directory
 
 
-def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path) -> dict:
+def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path, shape: str = "") -> dict:
     """Seconds of each floor round on a fresh loopback deployment of ``nodes`` SuperNodes (the first round
-    included: like hetfed's, it pays the ClientApps' first start)."""
+    included: like hetfed's, it pays the ClientApps' first start). ``shape``: "records" sends the same floats in
+    hetfed's record layout (six records, ten arrays, a 3 KB config text) and gets hetfed's reply layout back;
+    "state" also keeps three clients' states in each node's context — what Flower's own work costs for
+    hetfed-shaped messages, with no hetfed code running."""
     from hetfed.flower.deploy import CONNECTION, LocalDeployment, _bin
 
     app = write_floor_app(tmp / f"floor-app-{nodes}")
     out = tmp / f"floor-{nodes}.json"
     overrides = app / "run-config.toml"
-    overrides.write_text(f"nodes = {nodes}\nrounds = {rounds}\nfloats = {floats}\nout = {json.dumps(str(out))}\n")
+    overrides.write_text(f"nodes = {nodes}\nrounds = {rounds}\nfloats = {floats}\nout = {json.dumps(str(out))}\n"
+                         f"shape = {json.dumps(shape)}\n")
     timing = tmp / f"floor-timing-{nodes}.jsonl"
     os.environ["HETFED_FLOWER_TIMING"] = str(timing)  # the SuperNodes' ClientApps inherit it
     try:
@@ -152,7 +175,7 @@ def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path) -> dict:
     measured = json.loads(out.read_text())
     per_round = measured["seconds_per_round"]
     mean = sum(per_round) / len(per_round)
-    row = {"seconds_per_round": mean, "rounds": rounds, "each": per_round,
+    row = {"seconds_per_round": mean, "rounds": rounds, "each": per_round, "shape": shape or "floor",
            "connect_seconds": measured["connect_seconds"], "floats": floats}
     lines = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
     if lines:  # the same split as hetfed's deployment rows: its ClientApp processes' life and the rest
@@ -168,10 +191,12 @@ def main() -> None:
     parser.add_argument("--floats", type=int, default=8970, help="the model's parameter count (default: the "
                         "default experiment's MLP 64-64 on digits)")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--shape", choices=["", "records", "state"], default="",
+                        help="hetfed's record layout (records), and clients' states in the context too (state)")
     parser.add_argument("--json", action="store_true")
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as d:
-        result = floor_rounds(args.nodes, args.floats, args.rounds, Path(d))
+        result = floor_rounds(args.nodes, args.floats, args.rounds, Path(d), args.shape)
     print(json.dumps(result) if args.json else json.dumps(result, indent=2))
 
 
