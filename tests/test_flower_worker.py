@@ -117,6 +117,8 @@ def test_an_error_in_the_step_fails_the_message_and_the_worker_serves_the_next(w
     broken = RecordDict({k: v for k, v in trains[0].content.items() if k != RUN})
     with pytest.raises(worker.WorkerError, match=r"failed on a 'train' message(.|\n)*KeyError"):
         lean_app.train(Message(broken, dst_node_id=7, message_type="train"), _context())
+    with pytest.raises(worker.WorkerError, match=r"handler = '_step' is not allowed; expected one of query"):
+        worker.forward("_step", query, _context())  # only the steps can be called, nothing else of the module
     assert "node" in lean_app.query(query, _context()).content  # the same worker answers
     assert len(list(workers.glob("*.pid"))) == 1
 

@@ -13,6 +13,7 @@ process instead (importing hetfed's ClientApp: torch and all).
 
 from __future__ import annotations
 
+import os
 import time
 
 from flwr.app import Context, Message
@@ -30,8 +31,9 @@ def _handled(name: str, message: Message, context: Context) -> Message:
         from hetfed.flower import client_app
 
         return getattr(client_app, name)(message, context)
-    sent = time.time()
-    content = worker.forward(name, message, context, {**caller(), "forwarded": sent})
+    # this process's clock for the timing log, read only when one is kept
+    timing = {**caller(), "forwarded": time.time()} if os.environ.get("HETFED_FLOWER_TIMING") else None
+    content = worker.forward(name, message, context, timing)
     return Message(content, reply_to=message)
 
 

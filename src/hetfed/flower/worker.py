@@ -251,6 +251,8 @@ def _answer(conn: socket.socket, client_app) -> None:
         context = context_from_proto(ContextProto.FromString(context_blob))
         before = {name: id(record) for name, record in context.state.items()}
         client_app.CALLER = header.get("timing") or None
+        if header["handler"] not in HANDLERS:  # the peer names a step; nothing else of the module is callable
+            raise WorkerError(f"handler = {header['handler']!r} is not allowed; expected one of {', '.join(HANDLERS)}")
         reply = getattr(client_app, header["handler"])(message, context)
         written = {name: record for name, record in context.state.items() if before.get(name) != id(record)}
         blobs = (recorddict_to_proto(reply.content).SerializeToString(),
