@@ -28,7 +28,9 @@ a node.
 
 from __future__ import annotations
 
+import functools
 import time
+from collections.abc import Callable
 
 import numpy as np
 from flwr.app import ConfigRecord, Context, Message, MetricRecord, RecordDict
@@ -45,6 +47,7 @@ from hetfed.flower.node import (
     reduces,
     step_clients,
 )
+from hetfed.flower.packing import is_packed, pack, unpack
 from hetfed.flower.records import (
     EVALUATE_FIRST,
     GAMMA,
@@ -126,7 +129,25 @@ def evaluate_step(side: NodeSide, clients: list[int], among: list[int] | None, c
 app = ClientApp()
 
 
+def as_asked(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """``handler`` on the message's records, unpacked when they came packed (:mod:`hetfed.flower.packing`), and its
+    reply packed then: a node answers in the form it was asked."""
+
+    @functools.wraps(handler)
+    def handled(message: Message, context: Context) -> Message:
+        packed = message.has_content() and is_packed(message.content)
+        if packed:
+            message.content = unpack(message.content)
+        reply = handler(message, context)
+        if packed and reply.has_content():
+            reply.content = pack(reply.content)
+        return reply
+
+    return handled
+
+
 @app.query()
+@as_asked
 def query(message: Message, context: Context) -> Message:
     """Which clients this node holds (the server maps client ids to nodes once per run).
 
@@ -167,6 +188,7 @@ def _step(message: Message, context: Context, run, changes_state: bool = True, l
 
 
 @app.train(mods=[secure_aggregation])
+@as_asked
 def train(message: Message, context: Context) -> Message:
     if SECAGG in message.content.config_records:  # the training step of a SecAgg+ round: the mod masks the reply
         return _step(message, context, lambda side, clients, _: secure_train_step(side, clients, message.content,
@@ -206,11 +228,13 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
 
 
 @app.train("personalise")
+@as_asked
 def personalise(message: Message, context: Context) -> Message:
     return _step(message, context, lambda side, clients, _: personalise_step(side, clients, message.content))
 
 
 @app.evaluate()
+@as_asked
 def evaluate(message: Message, context: Context) -> Message:
     return _step(message, context, lambda side, clients, among: evaluate_step(side, clients, among, message.content),
                  changes_state=False)
