@@ -163,7 +163,22 @@ def measure(case: str, engine: str, tmp: Path) -> dict:
            "uplink_bytes_per_node": _uplink_per_node(out, k or config.partition.clients, bool(k))}
     if timing.exists():
         row["breakdown"] = breakdown(timing, method["seconds_per_round"])
+        row.update(round_split(timing))
     return row
+
+
+def round_split(path: Path) -> dict:
+    """The first training round and the mean of the others, from the ServerApp's exchange log: round r (r ≥ 2)
+    lasts from round r − 1's last reply to its own (the server's step included). The first round also pays what a
+    run pays once — the set-up question rides on it, so the nodes' workers start and build their data in it — as
+    the floor's first round pays its SuperNodes' first ClientApps."""
+    rows = [json.loads(line) for line in path.read_text().splitlines()]
+    trains = sorted((r for r in rows if r["type"] == "server" and "train" in r["kinds"]), key=lambda r: r["pushed"])
+    if len(trains) < 2:
+        return {}
+    later = [b["replied"] - a["replied"] for a, b in zip(trains, trains[1:], strict=False)]
+    return {"first_round_seconds": trains[0]["replied"] - trains[0]["pushed"],
+            "steady_seconds_per_round": sum(later) / len(later)}
 
 
 def breakdown(path: Path, seconds_per_round: float) -> dict:
@@ -233,6 +248,10 @@ def _mean_of(rows: list[dict]) -> dict:
     out = dict(measured[-1])
     out["seconds_per_round"] = sum(r["seconds_per_round"] for r in measured) / len(measured)
     out["runs"] = [r["seconds_per_round"] for r in measured]
+    for key in ("steady_seconds_per_round", "first_round_seconds"):
+        if all(key in r for r in measured):
+            out[key] = sum(r[key] for r in measured) / len(measured)
+            out[f"{key}_runs"] = [r[key] for r in measured]
     parts = [r["breakdown"] for r in measured if r.get("breakdown")]
     if parts:
         out["breakdown"] = {k: sum(p[k] for p in parts) / len(parts) for k in parts[0] if all(k in p for p in parts)}
@@ -282,6 +301,11 @@ def main() -> None:
                     name: results[case][name]["seconds_per_round"] / floor["seconds_per_round"]
                     for name in (f"deployment-{k}nodes", f"flower-{k}nodes")
                     if "seconds_per_round" in results[case].get(name, {})})
+                if "steady_seconds_per_round" in floor:  # the rounds after the first (the first pays the run's start)
+                    results[case].setdefault("steady_ratio_to_floor", {}).update({
+                        name: results[case][name]["steady_seconds_per_round"] / floor["steady_seconds_per_round"]
+                        for name in (f"deployment-{k}nodes",)
+                        if "steady_seconds_per_round" in results[case].get(name, {})})
     meta = {"fashion_mnist": _fmnist_available(), "repeats": args.repeats,
             "note": "seconds per training round (the mean over the repeats, interleaved); ratios within this run"}
     print(json.dumps({"meta": meta, "results": results}, indent=None if args.json else 2))

@@ -176,6 +176,8 @@ def floor_rounds(nodes: int, floats: int, rounds: int, tmp: Path, shape: str = "
     per_round = measured["seconds_per_round"]
     mean = sum(per_round) / len(per_round)
     row = {"seconds_per_round": mean, "rounds": rounds, "each": per_round, "shape": shape or "floor",
+           "first_round_seconds": per_round[0],
+           **({"steady_seconds_per_round": sum(per_round[1:]) / (len(per_round) - 1)} if len(per_round) > 1 else {}),
            "connect_seconds": measured["connect_seconds"], "floats": floats}
     lines = [json.loads(line) for line in timing.read_text().splitlines()] if timing.exists() else []
     if lines:  # the same split as hetfed's deployment rows: its ClientApp processes' life and the rest

@@ -164,8 +164,8 @@ def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tm
 
 
 def test_a_round_is_one_exchange_per_node_its_evaluation_riding_on_the_next_training(tmp_path, monkeypatch):
-    """Round r's evaluation rides on round r + 1's training message: 2 nodes × (set-up query, round 1's training,
-    one exchange per evaluated round) instead of 2 × (1 + 2 per round); the numbers stay the in-process ones
+    """Round r's evaluation rides on round r + 1's training message, and the set-up query on round 1's: 2 nodes ×
+    (round 1's training, one exchange per evaluated round) instead of 2 × (1 + 2 per round); the numbers stay the in-process ones
     (Ditto: its clients keep their personal models on the nodes). With early stopping a round goes out with an
     evaluation only when that evaluation cannot stop the run: no node trains a round the run then drops (the wire
     log counts the training replies; without the rule this run trains a 4th round on the nodes)."""
@@ -189,12 +189,41 @@ def test_a_round_is_one_exchange_per_node_its_evaluation_riding_on_the_next_trai
     (executor,) = executors
     rounds = flower["methods"]["m"]["rounds"]
     assert flower["methods"]["m"]["stopped_early"] and rounds == 3
-    assert executor.messages == 2 * (1 + 1 + rounds)  # vs 2 × (1 + 2 × rounds) before
+    assert executor.messages == 2 * (1 + rounds)  # vs 2 × (1 + 2 × rounds) before
     trained = [e for e in map(json.loads, wire.read_text().splitlines()) if e["type"] == "train"]
     assert len(trained) == 2 * rounds
     # the exchange that carried a round counts as that round's time, not as the evaluation's
     m = flower["methods"]["m"]
     assert m["seconds_per_round"] > m["eval_seconds_per_evaluation"], m
+
+
+def test_the_set_up_question_rides_on_the_first_step_and_reaches_nodes_that_train_nobody_then(tmp_path, monkeypatch):
+    """No ``query`` exchange: the run's first step carries the set-up question to every node — packed, one Flower
+    array per message — and a node holding none of round 1's two sampled clients still answers it (its clients
+    train later); Γ from the summaries and every number are the in-process ones. A method whose server holds rows
+    per client (pFedHN: the nodes' messages differ) asks the question alone first, and matches too."""
+    import hetfed.flower.executor as ex
+    from hetfed.flower.packing import is_packed, unpack
+    from hetfed.flower.records import SETUP
+
+    sent: list[list] = []
+    real = ex.send_and_receive
+
+    def spy(grid, messages, timeout):
+        sent.append([(m.metadata.message_type, is_packed(m.content), SETUP in unpack(m.content)) for m in messages])
+        return real(grid, messages, timeout)
+
+    monkeypatch.setattr(ex, "send_and_receive", spy)
+    cfg = {"methods": [{"name": "avg", "algorithm": "fedavg"}, {"name": "hn", "algorithm": "pfedhn"}],
+           "train": {**SMALL["train"], "clients_per_round": 2}}
+    flower = _run(_config(cfg, "flower"), tmp_path / "f")
+    _compare(flower, _run(_config(cfg, "vectorised"), tmp_path / "v"))
+    assert flower["methods"]["avg"]["gamma_from_summaries"]["gamma"] == pytest.approx(flower["gamma"], rel=1e-6)
+    first_hn = next(i for i, exchange in enumerate(sent) if exchange[0][0] == "query")  # the methods run in turn
+    avg, hn = sent[:first_hn], sent[first_hn:]
+    assert avg[0] == [("train", True, True)] * 4  # every node asked with round 1's training, 2 of them train
+    assert all(kind != "query" and not setup for exchange in avg[1:] for kind, _, setup in exchange)
+    assert hn[0] == [("query", True, False)] * 4 and all(packed for e in sent for _, packed, _ in e)
 
 
 def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path, capfd):

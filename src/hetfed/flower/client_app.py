@@ -13,13 +13,17 @@ documented extras; metrics).
 
 Message types: ``query`` (which clients does this node hold? — and, once per run,
 their Γ summaries: count, Σx, Σxxᵀ of each client's own rows, optionally clipped
-and noised), ``train`` (a round's ``local_update`` for the node's sampled clients),
+and noised; the question usually rides on the run's first step instead, ``SETUP``:
+:func:`with_set_up`), ``train`` (a round's ``local_update`` for the node's sampled clients),
 ``train.personalise`` (the step after federated training), ``evaluate`` (each
 client scores its own model; only metrics leave). Every message but the query
 names the node's clients it is for (:data:`hetfed.flower.node.CLIENTS`). A ``train``
 message may also carry the last round's evaluation (``EVALUATE_FIRST``: score the
 model, then train on it — one exchange per round), or be one of a SecAgg+ round's
 four (:mod:`hetfed.flower.secure`: Flower's ``secaggplus_mod`` masks the update).
+
+Messages usually travel packed (one Flower array: :mod:`hetfed.flower.packing`); every handler reads and writes
+the records themselves, and a node answers in the form it was asked (:func:`as_asked`).
 
 Set ``HETFED_FLOWER_WIRE_LOG`` to a file to have every reply's record and key
 names appended to it (one JSON line per reply, or per step of a reply that carries two): an audit of what left
@@ -49,9 +53,11 @@ from hetfed.flower.node import (
 )
 from hetfed.flower.packing import is_packed, pack, unpack
 from hetfed.flower.records import (
+    CLIENTS,
     EVALUATE_FIRST,
     GAMMA,
     RUN,
+    SETUP,
     listed,
     number,
     records_to_broadcast,
@@ -146,26 +152,55 @@ def as_asked(handler: Callable[[Message, Context], Message]) -> Callable[[Messag
     return handled
 
 
-@app.query()
-@as_asked
-def query(message: Message, context: Context) -> Message:
-    """Which clients this node holds (the server maps client ids to nodes once per run).
-
-    The node also builds its clients' data now, during set-up, rather than in the first round.
-    """
+def set_up(content: RecordDict, node_config) -> tuple[dict, list[int]]:
+    """The set-up question's answer — which clients this node holds (and, when asked, their Γ summaries) — and
+    those clients. The node also builds its clients' data now (the question comes first, or with the first step)."""
     from hetfed.errors import HetfedError
     from hetfed.flower.node_data import own_data
 
-    own = own_data(context.node_config)
+    own = own_data(node_config)
     try:
-        side = node_side(message.content.config_records[RUN], context.node_config)
+        side = node_side(content.config_records[RUN], node_config)
     except HetfedError as err:  # the node's own file does not fit the run: the server's user reads why
-        return _reply(message, {"node": ConfigRecord({"error": str(err), "own": own})}, [])
-    clients = node_clients(context.node_config, side.fed.n_clients)
+        return {"node": ConfigRecord({"error": str(err), "own": own})}, []
+    clients = node_clients(node_config, side.fed.n_clients)
     records: dict = {"node": ConfigRecord({"clients": clients, "own": own})}
-    if GAMMA in message.content and clients:
-        records.update(summary_step(side, clients, message.content.config_records[GAMMA]))
+    if GAMMA in content and clients:
+        records.update(summary_step(side, clients, content.config_records[GAMMA]))
+    return records, clients
+
+
+@app.query()
+@as_asked
+def query(message: Message, context: Context) -> Message:
+    """Which clients this node holds (the server maps client ids to nodes once per run)."""
+    records, clients = set_up(message.content, context.node_config)
     return _reply(message, records, clients)
+
+
+def with_set_up(handler: Callable[[Message, Context], Message]) -> Callable[[Message, Context], Message]:
+    """``handler``, and the set-up question when it rides on the message (:data:`SETUP`: the run's first step,
+    naming the step's clients wherever they are held): the answer, then the step for the named clients this node
+    holds (none: the answer alone), in one reply."""
+
+    @functools.wraps(handler)
+    def handled(message: Message, context: Context) -> Message:
+        content = message.content
+        if SETUP not in content.config_records:
+            return handler(message, context)
+        records, held = set_up(content, context.node_config)
+        log_wire("query", records, held)
+        asked = content.config_records[CLIENTS]
+        mine = [int(k) for k in listed(asked["ids"]) if int(k) in set(held)]
+        if not mine:
+            return Message(RecordDict(records), reply_to=message)
+        content[CLIENTS] = ConfigRecord({**dict(asked), "ids": mine})
+        reply = handler(message, context)
+        if reply.has_content():
+            reply.content = RecordDict({**records, **dict(reply.content)})  # the names never collide
+        return reply
+
+    return handled
 
 
 def _step(message: Message, context: Context, run, changes_state: bool = True, logged: bool = True) -> Message:
@@ -189,6 +224,7 @@ def _step(message: Message, context: Context, run, changes_state: bool = True, l
 
 @app.train(mods=[secure_aggregation])
 @as_asked
+@with_set_up
 def train(message: Message, context: Context) -> Message:
     if SECAGG in message.content.config_records:  # the training step of a SecAgg+ round: the mod masks the reply
         return _step(message, context, lambda side, clients, _: secure_train_step(side, clients, message.content,
@@ -229,12 +265,14 @@ def evaluate_then_train(message: Message, context: Context) -> Message:
 
 @app.train("personalise")
 @as_asked
+@with_set_up
 def personalise(message: Message, context: Context) -> Message:
     return _step(message, context, lambda side, clients, _: personalise_step(side, clients, message.content))
 
 
 @app.evaluate()
 @as_asked
+@with_set_up
 def evaluate(message: Message, context: Context) -> Message:
     return _step(message, context, lambda side, clients, among: evaluate_step(side, clients, among, message.content),
                  changes_state=False)

@@ -33,6 +33,7 @@ from hetfed.flower.records import (
     EVALUATE_FIRST,
     GAMMA,
     RUN,
+    SETUP,
     broadcast_to_records,
     listed,
     records_to_reports,
@@ -63,6 +64,8 @@ class FlowerExecutor:
         self.measured_on = config.heterogeneity.on
         #: Γ from the summaries the clients sent at set-up (flower.gamma_summaries), with its (ε, δ) when noised
         self.gamma_summaries: dict | None = None
+        self._pending = False  # the set-up question is still to be asked (:meth:`start`)
+        self._own_offsets: dict[int, int] = {}
         self._riding: tuple[Broadcast, list[int]] | None = None  # the next round's training, to send with an evaluation
         self._ridden: _Ridden | None = None  # its replies, for the driver's train() call
         #: seconds of the last evaluation exchange that carried the next round's training (the driver counts them
@@ -71,39 +74,71 @@ class FlowerExecutor:
 
     # -- set-up: which node holds which clients
     def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
-        """Ask every SuperNode that connects which clients it holds, until every client of the federation is
-        held (or ``flower.connect_timeout`` passes); the nodes build their data meanwhile."""
+        """Get ready to ask every SuperNode that connects which clients it holds. The question rides on the run's
+        first step (:meth:`_ask`: one exchange fewer per run) when that step's message is the same for every node;
+        nodes with their own data (already found by discovery) and SecAgg+ runs are asked now, on their own."""
         self.algo, self.fed, self.seed = algo, fed, seed
+        self._own_offsets = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # own data: discovery's
+        self.own = bool(self._own_offsets)
+        self._hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
+        self._pending = True
+        if self.own or self.flower.secure_aggregation != "none":
+            self._set_up()
+
+    def _set_up(self, riding: tuple[str, RecordDict, list[int]] | None = None) -> tuple[dict, dict[int, str]]:
+        """Ask every SuperNode that connects which clients it holds, until every client of the federation is
+        held (or ``flower.connect_timeout`` passes); the nodes build their data meanwhile. ``riding``: (message
+        type, content, the step's clients) — the run's first step, sent with the question; then → node → (its
+        clients of the step, its reply), and the errors of the nodes whose ClientApp failed the step (they are
+        asked the question alone, so that their clients are known and counted as failed)."""
+        self._pending = False
         t0 = time.monotonic()
         deadline = t0 + self.flower.connect_timeout
-        hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
+        kind, hello = ("query", self._hello) if riding is None else riding[:2]
+        step = set(riding[2]) if riding is not None else set()
         asked: set[int] = set()
         summaries: dict[int, object] = {}
-        own = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # the nodes set-up found (own data)
-        self.own = bool(own)
+        answered: dict[int, tuple[list[int], RecordDict]] = {}
+        errors: dict[int, str] = {}
+        own = self._own_offsets
         while True:
             new = sorted(n for n in set(self.grid.get_node_ids()) - asked if not own or n in own)
             if new:
                 asked.update(new)
-                replies = self._send([(n, hello, "query") for n in new], timeout=max(1.0, deadline - time.monotonic()))
+                wait = max(1.0, deadline - time.monotonic())
+                replies = self._send([(n, hello, kind) for n in new],
+                                     wait if riding is None or self.flower.round_timeout is None
+                                     else max(wait, self.flower.round_timeout))
+                if riding is not None and self.errors:  # the step failed there: ask which clients it holds
+                    errors.update(self.errors)
+                    replies.update(self._send([(n, self._hello, "query") for n in self.errors], wait))
                 for node, reply in replies.items():
-                    if reply is None or "error" in reply.content["node"]:
-                        continue
-                    self.offsets[node] = own.get(node, 0)
-                    held = [self.offsets[node] + int(k) for k in listed(reply.content.config_records["node"]["clients"])]
-                    for k in held:
-                        self.nodes[k] = node
-                    if held and "summary" in reply.content:
-                        summaries.update(zip(held, records_to_summaries(reply.content), strict=True))
-            if len(self.nodes) >= fed.n_clients or time.monotonic() >= deadline:
+                    held = self._held(node, reply, summaries)
+                    if riding is not None and node not in errors and held:
+                        answered[node] = ([k for k in held if k in step], reply.content)  # type: ignore[union-attr]
+            if len(self.nodes) >= self.fed.n_clients or time.monotonic() >= deadline:
                 break
             time.sleep(0.2)
-        missing = sorted(set(range(fed.n_clients)) - set(self.nodes))
+        missing = sorted(set(range(self.fed.n_clients)) - set(self.nodes))
         if missing:
-            raise RunError(missing_nodes_message(missing, len(asked), fed.n_clients, self.flower.connect_timeout,
+            raise RunError(missing_nodes_message(missing, len(asked), self.fed.n_clients, self.flower.connect_timeout,
                                                  time.monotonic() - t0))
-        if self.flower.gamma_summaries and len(summaries) == fed.n_clients:
+        if self.flower.gamma_summaries and len(summaries) == self.fed.n_clients:
             self.gamma_summaries = self._gamma(summaries)
+        return {node: got for node, got in answered.items() if got[0]}, errors
+
+    def _held(self, node: int, reply: Message | None, summaries: dict) -> list[int]:
+        """The clients ``node``'s answer to the set-up question says it holds (recorded; none when it did not
+        answer or its own file does not fit the run), and their Γ summaries when it sent them."""
+        if reply is None or "error" in reply.content["node"]:
+            return []
+        self.offsets[node] = self._own_offsets.get(node, 0)
+        held = [self.offsets[node] + int(k) for k in listed(reply.content.config_records["node"]["clients"])]
+        for k in held:
+            self.nodes[k] = node
+        if held and "summary" in reply.content:
+            summaries.update(zip(held, records_to_summaries(reply.content), strict=True))
+        return held
 
     def _gamma(self, summaries: dict) -> dict:
         """Γ of the federation from its clients' summaries alone (and the summaries' (ε, δ) when noised)."""
@@ -165,6 +200,16 @@ class FlowerExecutor:
              **extra) -> dict[int, tuple[list[int], RecordDict]]:
         """One message per node holding some of ``clients``, naming them → node → (its clients, its reply);
         a node that fails fails all its clients of the step."""
+        if self._pending and not bc.personal:  # the run's first step: the set-up question rides on it
+            content = self._content(bc, **extra)
+            content[CLIENTS] = ConfigRecord({"ids": list(clients), "offset": 0,
+                                             **({"among": among} if among is not None else {})})
+            content[SETUP] = ConfigRecord({})
+            if GAMMA in self._hello:
+                content[GAMMA] = self._hello.config_records[GAMMA]
+            answered, self.errors = self._set_up((kind, content, list(clients)))
+            self._failed(step, bc.round, self._by_node(clients), set(answered))
+            return answered
         by_node, contents = self._contents(bc, clients, among, **extra)
         replies = self._send([(node, c, kind) for node, c in contents.items()], self.flower.round_timeout,
                              str(bc.round))
@@ -314,6 +359,8 @@ class FlowerExecutor:
         return self._reports(clients, {n: (by_eval[n], answered[n]) for n in by_eval if n in answered})
 
     def _by_node(self, clients: list[int]) -> dict[int, list[int]]:
+        if self._pending:  # a first step the set-up question could not ride on (the nodes' messages differ)
+            self._set_up()
         by_node: dict[int, list[int]] = {}
         for k in clients:
             by_node.setdefault(self.nodes[k], []).append(k)

@@ -15,6 +15,9 @@ CLIENTS = "hetfed.clients"
 EVALUATE_FIRST = "hetfed.evaluate_first"
 #: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
 GAMMA = "hetfed.gamma"
+#: in the run's first step message: the set-up query rides on it (the node says which clients it holds, then runs
+#: the step for those of them the message names — the message names the step's clients, wherever they are held)
+SETUP = "hetfed.setup"
 
 
 def listed(value: object) -> list[Any]:

@@ -21,7 +21,7 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from hetfed.engine.types import Broadcast, StreamedUpload, Upload
-from hetfed.flower.names import CLIENTS, EVALUATE_FIRST, GAMMA, RUN, listed  # noqa: F401 (re-exported)
+from hetfed.flower.names import CLIENTS, EVALUATE_FIRST, GAMMA, RUN, SETUP, listed  # noqa: F401 (re-exported)
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:

@@ -6,7 +6,7 @@ ClientApp: flwr#3670). hetfed's steps need torch, whose import alone is most of 
 (:mod:`hetfed.flower.lean_app`) imports only Flower and this module, and hands each message — its content and the
 node's context, in Flower's own protobuf encoding — over a Unix socket to this worker, which runs hetfed's
 ClientApp handlers (:mod:`hetfed.flower.client_app`) on them and hands back the reply and the records of the
-context the step wrote. The first message of a node (the set-up query) starts it.
+context the step wrote. The first message of a node (the run's first step, with the set-up question) starts it.
 
 The worker is a cache, never the keeper of anything: the clients' states stay in Flower's ``context.state``,
 which travels with every message both ways, so a worker that dies, or is stopped, loses nothing — the next

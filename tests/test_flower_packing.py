@@ -1,0 +1,127 @@
+"""A message's records packed into one Flower array (``flower.packed_messages``): lossless through Flower's own
+object transfer, a handful of objects whatever the records, and a node answers in the form it was asked."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
+
+from flwr.app import Array, ArrayRecord, ConfigRecord, Context, Message, MetricRecord, RecordDict  # noqa: E402
+from flwr.supercore.inflatable.inflatable_object import get_all_nested_objects  # noqa: E402
+from flwr.supercore.inflatable.inflatable_utils import inflate_object_from_contents  # noqa: E402
+
+from hetfed.flower.packing import PACKED, is_packed, pack, unpack  # noqa: E402
+
+
+def _over_the_wire(content: RecordDict) -> RecordDict:
+    """``content`` as Flower moves it: every object deflated to bytes, then inflated from those bytes alone."""
+    objects = get_all_nested_objects(content)
+    contents = {oid: obj.deflate() for oid, obj in objects.items()}
+    return inflate_object_from_contents(content.object_id, contents)  # type: ignore[return-value]
+
+
+def _same(a: RecordDict, b: RecordDict) -> None:
+    assert list(a.keys()) == list(b.keys())
+    for name, record in a.items():
+        other = b[name]
+        assert type(record) is type(other), name
+        if isinstance(record, ArrayRecord):
+            assert list(record.keys()) == list(other.keys())
+            for key, arr in record.items():
+                got = other[key]
+                assert (arr.dtype, tuple(arr.shape), arr.stype, arr.data) == (got.dtype, tuple(got.shape), got.stype,
+                                                                              got.data), (name, key)
+        else:
+            assert dict(record) == dict(other), name
+            for key, value in dict(record).items():  # an int stays an int, bytes stay bytes
+                assert type(dict(other)[key]) is type(value), (name, key)
+
+
+def _training_message() -> RecordDict:
+    """What hetfed's server sends a node in a round (a model's tensors, the broadcast, the run, the clients, the
+    last round's evaluation riding along) — built by hetfed's own record functions."""
+    import torch
+
+    from hetfed.engine.types import Broadcast
+    from hetfed.flower.records import CLIENTS, EVALUATE_FIRST, RUN, broadcast_to_records
+
+    torch.manual_seed(0)
+    params = {f"layer{i}.{kind}": torch.randn(16, 8) if kind == "weight" else torch.randn(16)
+              for i in range(3) for kind in ("weight", "bias")}
+    content = broadcast_to_records(Broadcast(params, 3, 0.05, {"beta": 0.5, "synthetic": torch.randn(4, 8)}))
+    content[RUN] = ConfigRecord({"config": "x" * 3000, "method": 0})
+    content[CLIENTS] = ConfigRecord({"ids": [0, 1, 2], "offset": 0})
+    content[EVALUATE_FIRST] = ConfigRecord({"ids": [0, 1], "among": [0, 1, 2, 3]})
+    return RecordDict(content)
+
+
+def test_a_training_message_packs_into_four_objects_and_comes_back_bit_for_bit_through_flowers_transfer():
+    content = _training_message()
+    packed = pack(content)
+    # Flower's own object tree: one per record, array and chunk unpacked (+ the Message around either)
+    assert len(get_all_nested_objects(content)) == 1 + len(content) + 2 * sum(len(r) for r in content.array_records.values())
+    assert len(get_all_nested_objects(packed)) == 4  # RecordDict, ArrayRecord, Array, ArrayChunk
+    assert is_packed(packed) and not is_packed(content)
+    _same(content, unpack(_over_the_wire(packed)))
+    assert unpack(content) is content  # what is not packed is read as it is
+
+
+@st.composite
+def _records(draw) -> RecordDict:
+    scalars = st.one_of(st.integers(-2**62, 2**62), st.floats(allow_nan=False), st.text(max_size=20),
+                        st.binary(max_size=20), st.booleans())
+    out: dict = {}
+    for i in range(draw(st.integers(0, 4))):
+        kind = draw(st.sampled_from(["arrays", "config", "metric"]))
+        if kind == "arrays":
+            dtype = draw(st.sampled_from(["float32", "float64", "int64", "uint8", "float16"]))
+            shapes = draw(st.lists(st.lists(st.integers(0, 5), max_size=3), max_size=3))
+            out[f"a{i}"] = ArrayRecord({f"t{j}": Array(np.arange(int(np.prod(s)), dtype=dtype).reshape(s))
+                                        for j, s in enumerate(shapes)})
+        elif kind == "config":
+            out[f"c{i}"] = ConfigRecord(draw(st.dictionaries(st.text(min_size=1, max_size=8), scalars, max_size=4)))
+        else:
+            numbers = st.one_of(st.integers(-2**62, 2**62), st.floats(allow_nan=False),
+                                st.lists(st.floats(allow_nan=False), max_size=4))
+            out[f"m{i}"] = MetricRecord(draw(st.dictionaries(st.text(min_size=1, max_size=8), numbers, max_size=4)))
+    return RecordDict(out)
+
+
+@settings(max_examples=60, deadline=None)
+@given(_records())
+def test_any_records_come_back_as_they_were_packed(content):
+    _same(content, unpack(_over_the_wire(pack(content))))
+
+
+def test_a_node_answers_in_the_form_it_was_asked():
+    from hetfed.flower.client_app import as_asked
+
+    seen: list[RecordDict] = []
+
+    @as_asked
+    def echo(message: Message, context: Context) -> Message:
+        seen.append(message.content)
+        return Message(RecordDict({"reply": ConfigRecord({"got": sorted(message.content.keys())})}), reply_to=message)
+
+    import flwr.app.message as flwr_message
+
+    context = Context(run_id=1, node_id=7, node_config={}, state=RecordDict(), run_config={})
+    records = RecordDict({"x": ConfigRecord({"a": 1}), "y": ArrayRecord({"t": Array(np.ones(3, dtype=np.float32))})})
+    for packed in (True, False):
+        message = flwr_message.make_message(metadata=_metadata(), content=pack(records) if packed else records)
+        reply = echo(message, context)
+        assert list(seen[-1].keys()) == ["x", "y"]  # the handler reads the records themselves
+        assert is_packed(reply.content) is packed
+        assert dict(unpack(reply.content)["reply"]) == {"got": ["x", "y"]}
+        assert (PACKED in reply.content) is packed
+
+
+def _metadata():
+    from flwr.app import Metadata
+
+    return Metadata(run_id=1, message_id="m1", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
+                    created_at=0.0, ttl=3600.0, message_type="train")
