@@ -74,7 +74,8 @@ def _recorded(monkeypatch, drop_client: int | None = None):
     ``drop_client`` — lose the round-0 training reply of the node that holds it (a node that drops out after the
     key exchange, in the secure run)."""
     import hetfed.flower.executor as ex
-    from hetfed.flower.records import CLIENTS
+    from hetfed.flower.packing import unpack
+    from hetfed.flower.records import CLIENTS, SETUP, records_to_upload
 
     seen: dict = {"replies": [], "uploads": {}, "executor": None}
     real_send, real_train = ex.send_and_receive, ex.FlowerExecutor.train
@@ -82,11 +83,18 @@ def _recorded(monkeypatch, drop_client: int | None = None):
     def send(grid, messages, timeout):
         replies = real_send(grid, messages, timeout)
         lost = set()
-        for m in messages:
-            c = m.content
-            if (drop_client is not None and m.metadata.message_type == "train" and m.metadata.group_id == "0"
-                    and CLIENTS in c and drop_client in list(c.config_records[CLIENTS]["ids"])):
+        round_0 = [m for m in messages if m.metadata.message_type == "train" and m.metadata.group_id == "0"]
+        for m in round_0 if drop_client is not None else []:
+            c = unpack(m.content)
+            if SETUP in c:  # the set-up question rides on round 0: the message names every client of the round,
+                continue    # and the reply of the node holding drop_client says it (below)
+            if CLIENTS in c and drop_client in list(c.config_records[CLIENTS]["ids"]):
                 lost.add(m.metadata.dst_node_id)
+        riding = {m.metadata.dst_node_id for m in round_0 if SETUP in unpack(m.content)}
+        for r in replies:
+            c = unpack(r.content) if r.metadata.src_node_id in riding and r.has_content() else None
+            if c is not None and "upload" in c and drop_client in records_to_upload(c).client_ids:
+                lost.add(r.metadata.src_node_id)
         kept = [r for r in replies if r.metadata.src_node_id not in lost]
         seen["replies"] += kept
         return kept

@@ -85,36 +85,40 @@ class FlowerExecutor:
         if self.own or self.flower.secure_aggregation != "none":
             self._set_up()
 
-    def _set_up(self, riding: tuple[str, RecordDict, list[int]] | None = None) -> tuple[dict, dict[int, str]]:
+    def _set_up(self, riding: tuple[str, RecordDict, list[int], str] | None = None) -> tuple[dict, dict[int, str]]:
         """Ask every SuperNode that connects which clients it holds, until every client of the federation is
         held (or ``flower.connect_timeout`` passes); the nodes build their data meanwhile. ``riding``: (message
-        type, content, the step's clients) — the run's first step, sent with the question; then → node → (its
-        clients of the step, its reply), and the errors of the nodes whose ClientApp failed the step (they are
-        asked the question alone, so that their clients are known and counted as failed)."""
+        type, content, the step's clients, its group: the round) — the run's first step, sent with the question; then → node → (its
+        clients of the step, its reply), and the errors of the nodes whose ClientApp failed the step. A node that
+        failed the step or did not answer it in time is asked the question alone, so that its clients are known
+        and counted as failed in the step (as they would be in any later step)."""
         self._pending = False
         t0 = time.monotonic()
         deadline = t0 + self.flower.connect_timeout
-        kind, hello = ("query", self._hello) if riding is None else riding[:2]
+        kind, hello, group = ("query", self._hello, "") if riding is None else (riding[0], riding[1], riding[3])
         step = set(riding[2]) if riding is not None else set()
         asked: set[int] = set()
         summaries: dict[int, object] = {}
         answered: dict[int, tuple[list[int], RecordDict]] = {}
         errors: dict[int, str] = {}
+        failed: set[int] = set()
         own = self._own_offsets
         while True:
             new = sorted(n for n in set(self.grid.get_node_ids()) - asked if not own or n in own)
             if new:
                 asked.update(new)
                 wait = max(1.0, deadline - time.monotonic())
-                replies = self._send([(n, hello, kind) for n in new],
-                                     wait if riding is None or self.flower.round_timeout is None
-                                     else max(wait, self.flower.round_timeout))
-                if riding is not None and self.errors:  # the step failed there: ask which clients it holds
-                    errors.update(self.errors)
-                    replies.update(self._send([(n, self._hello, "query") for n in self.errors], wait))
+                step_wait = self.flower.round_timeout  # the step's own (None: for all); the question's at least
+                replies = self._send([(n, hello, kind) for n in new], wait if riding is None else
+                                     (None if step_wait is None else max(wait, step_wait)), group)
+                silent = [n for n in new if replies.get(n) is None] if riding is not None else []
+                if silent:  # the step failed there or no answer came: ask the question alone, so that the node's
+                    errors.update(self.errors)  # clients are known, and counted as failed in the step
+                    replies.update(self._send([(n, self._hello, "query") for n in silent], wait))
+                    failed.update(silent)
                 for node, reply in replies.items():
                     held = self._held(node, reply, summaries)
-                    if riding is not None and node not in errors and held:
+                    if riding is not None and node not in failed and held:
                         answered[node] = ([k for k in held if k in step], reply.content)  # type: ignore[union-attr]
             if len(self.nodes) >= self.fed.n_clients or time.monotonic() >= deadline:
                 break
@@ -207,7 +211,7 @@ class FlowerExecutor:
             content[SETUP] = ConfigRecord({})
             if GAMMA in self._hello:
                 content[GAMMA] = self._hello.config_records[GAMMA]
-            answered, self.errors = self._set_up((kind, content, list(clients)))
+            answered, self.errors = self._set_up((kind, content, list(clients), str(bc.round)))
             self._failed(step, bc.round, self._by_node(clients), set(answered))
             return answered
         by_node, contents = self._contents(bc, clients, among, **extra)
