@@ -151,14 +151,16 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     """Every client whose update is not computed yet — ``arriving``, just taken off the queue, and all still in
     flight, whatever version each was sent — as one stack, when the algorithm's client step allows clients of
     different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else the
-    arriving client's version alone (:func:`_train_version`). Each client's update is screened against the model
-    it was sent."""
+    arriving client's version alone (:func:`_train_version`) — which is also how the clients pending on one version
+    train (a synchronous round's path: no model copied per client, the stack screened as it is). Each client's
+    update is screened against the model it was sent."""
     algo, executor = loop.algo, loop.executor
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
                       and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
     sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in {j.version for j in pending}}
     adversary = getattr(executor, "adversary", None)
-    if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
+    if (len(sent) == 1 or not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows")
+            or len({b.lr for b in sent.values()}) > 1
             or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
         _train_version(loop, result, q, arriving.version, arriving.client)
         return

@@ -20,6 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any, ClassVar, Protocol, cast
 
+import torch
+
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.types import Params, Upload
 from hetfed.server.combine import CombineRule, RuleParams
@@ -102,8 +104,8 @@ class Rescale(Stateless):
     def update(self, r: Round, state: State) -> tuple[Round, State]:
         if r.scale == 1.0:
             return r, state
-        value = _combined(r)
-        return replace(r, value={k: v + r.scale * (value[k] - v) for k, v in r.reference.items()}), state
+        value = _combined(r)  # v + scale·(value − v), its three operations in that order, into one new tensor
+        return replace(r, value={k: torch.sub(value[k], v).mul_(r.scale).add_(v) for k, v in r.reference.items()}), state
 
 
 @dataclass(frozen=True)

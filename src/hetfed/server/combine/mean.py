@@ -12,6 +12,8 @@ def weighted_mean(old: Params, upload: Upload, uniform: bool = False) -> Params:
     """The (sample-weighted, or uniform) mean of the uploaded shared parameters."""
     if isinstance(upload, StreamedUpload):
         return {k: upload.mean[k].to(v.dtype) for k, v in old.items()}
+    if len(upload.client_ids) == 1:  # w / Σw = 1 exactly: the row itself (an asynchronous server's every arrival)
+        return {k: upload.params[k][0].clone() for k in old}
     w = torch.ones_like(upload.num_samples) if uniform else upload.num_samples
     w = w / w.sum()
     return {k: torch.tensordot(w.to(upload.params[k].dtype), upload.params[k], dims=1) for k in old}
