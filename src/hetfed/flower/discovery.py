@@ -20,6 +20,7 @@ from flwr.app import Message
 from hetfed.config import Config, dump_config
 from hetfed.errors import RunError
 from hetfed.flower.executor import query_content, send_and_receive
+from hetfed.flower.packing import pack, unpack_replies
 from hetfed.flower.records import listed, records_to_summaries
 from hetfed.heterogeneity import Heterogeneity
 from hetfed.partition import NodesFederation
@@ -41,8 +42,10 @@ def discover(grid, config: Config, warn=print) -> Prepared:
         raise RunError(f"Flower: no SuperNode connected within flower.connect_timeout = {f.connect_timeout:g} s; "
                        f"expected flower.nodes = {f.nodes} nodes started with --node-config 'data=\"FILE\" ...'")
     hello = query_content(config, dump_config(config), 0, summaries=True)
-    messages = [Message(hello, dst_node_id=n, message_type="query") for n in node_ids]
+    messages = [Message(pack(hello) if f.packed_messages else hello, dst_node_id=n, message_type="query")
+                for n in node_ids]
     replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages, max(1.0, deadline - time.monotonic()))}
+    unpack_replies(replies.values())
     nodes: list[tuple[int, int, int]] = []
     summaries: list[Any] = []
     problems: list[str] = []

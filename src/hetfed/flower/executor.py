@@ -27,7 +27,7 @@ from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.flower.audit import append
-from hetfed.flower.packing import pack, unpack
+from hetfed.flower.packing import pack, unpack_replies
 from hetfed.flower.records import (
     CLIENTS,
     EVALUATE_FIRST,
@@ -178,9 +178,7 @@ class FlowerExecutor:
                     for node, content, kind in targets]
         self.messages += len(messages)
         replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, timeout)}
-        for reply in replies.values():
-            if reply.has_content():  # a node answers in the form it was asked
-                reply.content = unpack(reply.content)
+        unpack_replies(replies.values())
         self.errors = {node: str(r.error.reason or f"error code {r.error.code}")
                        for node, r in replies.items() if r is not None and r.has_error()}
         return {node: (r if r is not None and not r.has_error() else None)

@@ -17,10 +17,10 @@ the records themselves; ``flower.packed_messages = false``) gets them back as th
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any
 
-from flwr.app import Array, ArrayRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Message, RecordDict
 from flwr.common.serde import recorddict_from_proto, recorddict_to_proto
 from flwr.proto.recorddict_pb2 import RecordDict as RecordDictProto
 
@@ -47,3 +47,10 @@ def unpack(content: RecordDict) -> RecordDict:
         raise ValueError(f"a packed hetfed message holds stype {array.stype!r}; expected {STYPE!r}")
     return recorddict_from_proto(RecordDictProto.FromString(array.data))
 
+
+
+def unpack_replies(replies: Iterable[Message]) -> None:
+    """Each reply's records, unpacked in place (a node answers in the form it was asked: packed or not)."""
+    for reply in replies:
+        if reply.has_content():
+            reply.content = unpack(reply.content)
