@@ -125,3 +125,66 @@ def _metadata():
 
     return Metadata(run_id=1, message_id="m1", src_node_id=0, dst_node_id=7, reply_to_message_id="", group_id="",
                     created_at=0.0, ttl=3600.0, message_type="train")
+
+
+def test_a_model_over_flowers_chunk_size_travels_in_chunks_and_comes_back_whole():
+    from flwr.common.constant import FLWR_PRIVATE_MAX_ARRAY_CHUNK_SIZE as chunk
+
+    big = np.random.default_rng(0).standard_normal(3 * chunk // 8).astype(np.float32)  # 1.5 chunks of floats
+    content = RecordDict({"params": ArrayRecord({"w": Array(big)}), "bc": ConfigRecord({"round": 1})})
+    packed = pack(content)
+    data = len(packed.array_records[PACKED]["recorddict"].data)
+    assert len(get_all_nested_objects(packed)) == 3 + -(-data // chunk)  # RecordDict, ArrayRecord, Array, chunks
+    got = unpack(_over_the_wire(packed))
+    _same(content, got)
+    np.testing.assert_array_equal(got.array_records["params"]["w"].numpy(), big)
+
+
+class _EchoGrid:
+    """A grid whose every node answers each message with its content (as a ClientApp handler wrapped by
+    :func:`hetfed.flower.client_app.as_asked` would: in the form it was asked)."""
+
+    def __init__(self) -> None:
+        self.pushed: list[bool] = []  # each message's content packed, as it was pushed
+        self.replies: list[Message] = []
+
+    def push_messages(self, messages):
+        from hetfed.flower.client_app import as_asked
+
+        @as_asked
+        def echo(message: Message, context: Context) -> Message:
+            return Message(RecordDict(dict(message.content)), reply_to=message)
+
+        ids = []
+        for i, m in enumerate(messages):
+            m.metadata.__dict__["_message_id"] = f"m{i}"
+            self.pushed.append(is_packed(m.content))
+            reply = echo(m, Context(run_id=1, node_id=m.metadata.dst_node_id, node_config={}, state=RecordDict(),
+                                    run_config={}))
+            reply.metadata.__dict__["_src_node_id"] = m.metadata.dst_node_id
+            self.replies.append(reply)
+            ids.append(f"m{i}")
+        return ids
+
+    def pull_messages(self, ids):
+        return [r for r in self.replies if r.metadata.reply_to_message_id in set(ids)]
+
+
+@pytest.mark.parametrize("packed", [True, False])
+def test_the_server_sends_packed_or_as_records_as_configured_and_reads_the_records_back(monkeypatch, packed):
+    from flwr.supercore.task_identity import TaskIdentity
+
+    from hetfed.config import build_config
+    from hetfed.flower.executor import FlowerExecutor
+
+    for name, value in (("_run_id", 1), ("_node_id", 0), ("_task_id", 1)):
+        monkeypatch.setattr(TaskIdentity, name, value)
+    grid = _EchoGrid()
+    executor = FlowerExecutor(grid, build_config({"flower": {"packed_messages": packed}}), 0)
+    content = _training_message()
+    replies = executor._send([(3, content, "train"), (4, content, "train")], timeout=5.0)
+    assert grid.pushed == [packed, packed]
+    for node in (3, 4):
+        reply = replies[node]
+        assert reply is not None and not is_packed(reply.content)
+        _same(content, reply.content)  # what the node got and echoed is what the server meant to send
