@@ -249,6 +249,10 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
         # Γ from the summaries the SuperNodes sent equals the in-process Γ of the same federation
         assert deployed["methods"]["cgau"]["gamma_from_summaries"]["gamma"] == pytest.approx(deployed["gamma"], rel=1e-6)
+        # Flower's SuperExecs, which start a process per message, look for messages every 10 ms (their default: 1 s)
+        execs = [p for pid in dep.pids.values() for p in _descendants(pid) if b"superexec" in _proc(p, "cmdline")]
+        assert len(execs) >= 3, execs  # one per SuperNode (and the SuperLink's)
+        assert all(b"FLWR_SUPEREXEC_TASK_POLL_INTERVAL=0.01" in _proc(p, "environ").split(b"\0") for p in execs)
 
         # a SuperNode dies after round 1 (whose evaluation carried round 2's training): the run goes on with the
         # others and says who failed (the timeout leaves healthy nodes ample time: each message starts a fresh
@@ -291,6 +295,14 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         assert sum(map(_exists, workers)) == 2
     for pid in started + workers:  # every process the deployment started is gone, its nodes' workers too
         assert not _exists(pid), pid
+
+
+def _proc(pid: int, what: str) -> bytes:
+    """/proc/PID/<what> (cmdline, environ), or nothing once the process is gone."""
+    try:
+        return Path(f"/proc/{pid}/{what}").read_bytes()
+    except OSError:
+        return b""
 
 
 def _exists(pid: int) -> bool:

@@ -77,6 +77,11 @@ resume = false
 """
 
 CONNECTION = "hetfed-local"
+#: Flower's SuperExec (which starts a ClientApp or ServerApp process for each task) looks for new tasks every 1 s
+#: unless this says otherwise (0.01–60 s, ``flwr/supercore/superexec/run_superexec.py``): on a deployment every
+#: message waited ~0.5 s for it. The SuperLink and SuperNodes a deployment starts get 0.01 s unless the
+#: environment sets it already.
+SUPEREXEC_POLL, SUPEREXEC_POLL_SECONDS = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.01"
 
 
 def write_app(directory: str | Path) -> Path:
@@ -153,9 +158,12 @@ class LocalDeployment:
     def env(self) -> dict[str, str]:
         """The environment ``flwr`` commands need: this deployment (``FLWR_HOME``), and Flower's own
         executables on PATH — the SuperLink and SuperNodes start ``flower-superexec`` and
-        ``flwr-clientapp`` by name, which fails when the venv is used without being activated."""
+        ``flwr-clientapp`` by name, which fails when the venv is used without being activated — and how often
+        their SuperExecs look for a message to start a process for (:data:`SUPEREXEC_POLL`; the environment's own
+        value wins)."""
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {**os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path, "HETFED_WORKER_DIR": str(self.workers_dir)}
+        return {SUPEREXEC_POLL: SUPEREXEC_POLL_SECONDS, **os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path,
+                "HETFED_WORKER_DIR": str(self.workers_dir)}
 
     @property
     def workers_dir(self) -> Path:
