@@ -111,3 +111,14 @@ def test_insecure_on_a_network_address_is_refused(tmp_path, capsys):
     assert "--insecure with --host '0.0.0.0' is not allowed" in err and "--allow-insecure-remote" in err
     assert len(err.strip().splitlines()) == 1
     assert not target.exists()  # nothing half-written
+
+
+def test_a_superexec_poll_flower_would_refuse_is_refused_before_anything_starts(tmp_path, capsys):
+    from hetfed.cli import main
+
+    target = tmp_path / "dep"
+    assert main(["flower", "start", str(target), "--nodes", "1", "--superexec-poll", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "--superexec-poll 0 is not allowed: expected seconds between 0.01 and 60" in err
+    assert len(err.strip().splitlines()) == 1
+    assert not target.exists()  # nothing half-written

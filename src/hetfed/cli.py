@@ -110,6 +110,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="no TLS and no SuperNode keys (default: a CA, certificates and keys are made in DIR/credentials)")
     q.add_argument("--allow-insecure-remote", action="store_true",
                    help="allow --insecure on a non-loopback --host (a trusted network only)")
+    q.add_argument("--superexec-poll", type=float, default=None, metavar="SECONDS",
+                   help="how often Flower's SuperExecs look for messages to start a process for (0.01–60; "
+                        "default: $FLWR_SUPEREXEC_TASK_POLL_INTERVAL, else Flower's 1 s — faster polling slowed "
+                        "rounds on 2 cores: docs/flower.md)")
     q.set_defaults(func=cmd_flower_start)
     q = fsub.add_parser("stop", help="stop every process of a local deployment (by the PIDs it recorded)")
     q.add_argument("dir")
@@ -263,7 +267,8 @@ def cmd_flower_start(args: argparse.Namespace) -> int:
     if args.nodes < 1:
         raise ConfigError(f"--nodes {args.nodes} is not allowed: expected ≥ 1")
     dep = LocalDeployment(Path(args.dir), args.nodes, args.port, secure=not args.insecure, host=args.host,
-                          allow_insecure_remote=args.allow_insecure_remote).start()
+                          allow_insecure_remote=args.allow_insecure_remote,
+                          superexec_poll=args.superexec_poll).start()
     how = (f"TLS (CA: {dep.credentials_dir / 'ca.crt'}), only registered SuperNode keys admitted" if dep.secure
            else "INSECURE: no TLS, any SuperNode admitted")
     console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {args.nodes} SuperNodes; PIDs in "

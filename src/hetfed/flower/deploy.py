@@ -77,11 +77,13 @@ resume = false
 """
 
 CONNECTION = "hetfed-local"
-#: Flower's SuperExec (which starts a ClientApp or ServerApp process for each task) looks for new tasks every 1 s
-#: unless this says otherwise (0.01–60 s, ``flwr/supercore/superexec/run_superexec.py``): on a deployment every
-#: message waited ~0.5 s for it. The SuperLink and SuperNodes a deployment starts get 0.01 s unless the
-#: environment sets it already.
-SUPEREXEC_POLL, SUPEREXEC_POLL_SECONDS = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", "0.01"
+#: how often Flower's SuperExec — the process a SuperLink or SuperNode starts to launch a ServerApp or ClientApp
+#: process per task — looks for new tasks, in seconds (``flwr/supercore/superexec/run_superexec.py``: 1 s unless
+#: this environment variable says otherwise) and the range Flower accepts. A deployment passes
+#: :attr:`LocalDeployment.superexec_poll` when given; left to Flower's 1 s otherwise, the fastest measured on a
+#: 2-core machine (4 SuperNodes: Flower's own minimal round 5.2 s at 1 s, 6.3 s at 0.1 s, 7.9 s at 0.01 s — the
+#: polling processes take the cores the ClientApps need; docs/flower.md).
+SUPEREXEC_POLL, SUPEREXEC_POLL_RANGE = "FLWR_SUPEREXEC_TASK_POLL_INTERVAL", (0.01, 60.0)
 
 
 def write_app(directory: str | Path) -> Path:
@@ -135,6 +137,9 @@ class LocalDeployment:
     allow_insecure_remote: bool = False
     #: each node's ``--node-config`` (default: ``partition-id=P num-partitions=K``)
     node_configs: list[str] | None = None
+    #: seconds between the SuperExecs' looks for new tasks (:data:`SUPEREXEC_POLL`; None: the environment's
+    #: value, else Flower's 1 s)
+    superexec_poll: float | None = None
 
     @property
     def flwr_home(self) -> Path:
@@ -158,11 +163,11 @@ class LocalDeployment:
     def env(self) -> dict[str, str]:
         """The environment ``flwr`` commands need: this deployment (``FLWR_HOME``), and Flower's own
         executables on PATH — the SuperLink and SuperNodes start ``flower-superexec`` and
-        ``flwr-clientapp`` by name, which fails when the venv is used without being activated — and how often
-        their SuperExecs look for a message to start a process for (:data:`SUPEREXEC_POLL`; the environment's own
-        value wins)."""
+        ``flwr-clientapp`` by name, which fails when the venv is used without being activated — and, when
+        given, how often their SuperExecs look for a message to start a process for (:data:`SUPEREXEC_POLL`)."""
         path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
-        return {SUPEREXEC_POLL: SUPEREXEC_POLL_SECONDS, **os.environ, "FLWR_HOME": str(self.flwr_home), "PATH": path,
+        poll = {} if self.superexec_poll is None else {SUPEREXEC_POLL: f"{self.superexec_poll:g}"}
+        return {**os.environ, **poll, "FLWR_HOME": str(self.flwr_home), "PATH": path,
                 "HETFED_WORKER_DIR": str(self.workers_dir)}
 
     @property
@@ -184,7 +189,12 @@ class LocalDeployment:
              "secure": self.secure, "host": self.host}, indent=2))
 
     def check(self) -> None:
-        """Refuse an unencrypted SuperLink that other machines can reach, unless asked for explicitly."""
+        """Refuse an unencrypted SuperLink that other machines can reach, unless asked for explicitly, and a
+        SuperExec poll Flower would refuse."""
+        low, high = SUPEREXEC_POLL_RANGE
+        if self.superexec_poll is not None and not low <= self.superexec_poll <= high:
+            raise ConfigError(f"--superexec-poll {self.superexec_poll:g} is not allowed: expected seconds between "
+                              f"{low:g} and {high:g} (Flower's {SUPEREXEC_POLL})")
         if not self.secure and self.host not in LOOPBACK and not self.allow_insecure_remote:
             raise ConfigError(
                 f"--insecure with --host {self.host!r} is not allowed: every model update would cross the network "
