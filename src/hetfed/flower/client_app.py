@@ -191,7 +191,8 @@ def with_set_up(handler: Callable[[Message, Context], Message]) -> Callable[[Mes
         records, held = set_up(content, context.node_config)
         log_wire("query", records, held)
         asked = content.config_records[CLIENTS]
-        mine = [int(k) for k in listed(asked["ids"]) if int(k) in set(held)]
+        holds = set(held)
+        mine = [int(k) for k in listed(asked["ids"]) if int(k) in holds]
         if not mine:
             return Message(RecordDict(records), reply_to=message)
         content[CLIENTS] = ConfigRecord({**dict(asked), "ids": mine})
