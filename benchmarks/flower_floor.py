@@ -119,7 +119,8 @@ def main(grid: Grid, context: Context) -> None:
     model = ArrayRecord([np.zeros(floats, dtype=np.float32)])
     shape = str(cfg.get("shape", ""))
     sizes = [floats // 10] * 9 + [floats - 9 * (floats // 10)]
-    params = ArrayRecord([np.zeros(n, dtype=np.float32) for n in sizes])
+    # distinct values: Flower stores content-addressed objects once, so ten equal arrays would travel as one
+    params = ArrayRecord([np.full(n, i, dtype=np.float32) for i, n in enumerate(sizes)])
 
     def content():
         """The floor's one array, or (``shape``) the same floats in hetfed's six records and ten arrays."""
