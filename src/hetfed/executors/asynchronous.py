@@ -157,10 +157,13 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     algo, executor = loop.algo, loop.executor
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
                       and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
-    sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in {j.version for j in pending}}
+    versions = {j.version for j in pending}
+    if len(versions) == 1:
+        _train_version(loop, result, q, arriving.version, arriving.client)
+        return
+    sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in versions}
     adversary = getattr(executor, "adversary", None)
-    if (len(sent) == 1 or not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows")
-            or len({b.lr for b in sent.values()}) > 1
+    if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
             or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
         _train_version(loop, result, q, arriving.version, arriving.client)
         return

@@ -173,8 +173,11 @@ class FlowerExecutor:
 
     def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> dict[int, Message | None]:
         """node → its reply (None when it failed or did not answer in time)."""
-        packed = self.flower.packed_messages
-        messages = [Message(pack(content) if packed else content, dst_node_id=node, message_type=kind, group_id=group)
+        wire: dict[int, RecordDict] = {}  # each content as it travels, made once (the set-up's goes to every node)
+        for _, content, _ in targets:
+            if id(content) not in wire:
+                wire[id(content)] = pack(content) if self.flower.packed_messages else content
+        messages = [Message(wire[id(content)], dst_node_id=node, message_type=kind, group_id=group)
                     for node, content, kind in targets]
         self.messages += len(messages)
         replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, timeout)}
