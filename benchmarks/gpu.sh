@@ -5,7 +5,8 @@
 # - the equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with train.capture on and off,
 #   and their stacked ideal eager and captured as a CUDA graph (engine.py);
 # - the unequal workload's round with its stacked ideal and GEMM limit (unequal.py);
-# - stacked sweeps of 1, 5 and 20 seeds (stacked_sweep.py);
+# - stacked sweeps of 1, 5 and 20 seeds (stacked_sweep.py; with BASE_SRC also another commit's), and where a sweep's time
+#   goes on every thread (profile_sweep.py);
 # - the unequal workload on PFLlib's CNN (cnn4) with its stacked ideal and conv limit (unequal.py --model cnn4);
 # - with PFLLIB set, PFLlib's own loop on the same federation and device, MLP and cnn4 (peers.py); with PFL=1 also
 #   pfl-research's simulation (its wheels and theirs installed: see peers.py);
@@ -48,3 +49,10 @@ fi
 want profile_w1 && step profile_w1 60 bash -c "cd benchmarks && $py profile_round.py --device cuda --case compute_bound --rounds 5"
 want profile_fsnet && step profile_fsnet 60 bash -c "cd benchmarks && $py profile_round.py --device cuda --case fsnet_protocol --algorithm fsnet --rounds 2"
 want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
+# with BASE_SRC (another commit's src/), the same sweeps with that code on the same machine, for a before/after
+if [ -n "${BASE_SRC:-}" ]; then
+    want stacked_sweep_base && step stacked_sweep_base 120 bash -c "cd benchmarks && PYTHONPATH='$BASE_SRC':\$PYTHONPATH $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
+fi
+# where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
+want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
+want profile_sweep_one && step profile_sweep_one 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 5 --rounds 10 --threads 4"

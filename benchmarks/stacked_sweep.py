@@ -48,6 +48,8 @@ def main() -> None:
     config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
+        for stack in (False, True):  # the process's first sweeps pay its imports and first device use
+            timed_sweep(config, 1, stack, Path(tmp) / f"warm{stack}")
         for seeds in args.seeds:
             one = timed_sweep(config, seeds, False, Path(tmp) / f"one{seeds}")
             stacked = timed_sweep(config, seeds, True, Path(tmp) / f"stacked{seeds}")

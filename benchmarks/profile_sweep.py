@@ -1,0 +1,105 @@
+"""Where a sweep's time goes, on every thread: the default experiment's sweep (one by one or ``--stack``) under a
+sampling profiler that reads every thread's stack each millisecond (``sys._current_frames``; cProfile sees only
+the thread that started it, and a stacked sweep's runs are threads).
+
+Prints JSON: the sweep's wall seconds, the samples taken, and for the functions seen most, the share of the
+samples whose stack holds them (inclusive) and of those that end in them (own), over threads that were working
+(a thread waiting on a lock, an event or a sleep is not counted). Needs nothing but the standard library and
+hetfed, so it runs on a bare GPU machine; nothing is asserted.
+
+    python benchmarks/profile_sweep.py [--seeds 5] [--rounds 10] [--stack] [--device cpu|cuda] [--top 40]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from types import FrameType
+
+import torch
+
+from hetfed.config import load_config
+from hetfed.runs.sweep import run_sweep
+
+DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+#: frames a thread sits in while it waits (not working)
+WAITING = {"wait", "acquire", "_wait_for_tstate_lock", "sleep", "join", "select", "poll"}
+
+
+def _name(frame: FrameType) -> str:
+    code = frame.f_code
+    return f"{Path(code.co_filename).name}:{code.co_name}"
+
+
+class Sampler:
+    """Every thread's stack but its own, every ``interval`` seconds, while running."""
+
+    def __init__(self, interval: float = 0.001) -> None:
+        self.interval = interval
+        self.inclusive: collections.Counter[str] = collections.Counter()
+        self.own: collections.Counter[str] = collections.Counter()
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, daemon=True)
+
+    def __enter__(self) -> Sampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _loop(self) -> None:
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            for ident, frame in sys._current_frames().items():
+                if ident == me or frame.f_code.co_name in WAITING:
+                    continue
+                self.samples += 1
+                self.own[_name(frame)] += 1
+                seen = set()
+                f: FrameType | None = frame
+                while f is not None:
+                    name = _name(f)
+                    if name not in seen:
+                        seen.add(name)
+                        self.inclusive[name] += 1
+                    f = f.f_back
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--rounds", type=int, default=10)
+    ap.add_argument("--stack", action="store_true")
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--top", type=int, default=40)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+    config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
+    with tempfile.TemporaryDirectory() as tmp:
+        run_sweep(config, {}, seeds=1, out=Path(tmp) / "warm", progress=False, stack=args.stack)  # imports, CUDA
+        t0 = time.perf_counter()
+        with Sampler() as sampler:
+            run_sweep(config, {}, seeds=args.seeds, out=Path(tmp) / "sweep", progress=False, stack=args.stack)
+        wall = time.perf_counter() - t0
+    n = max(sampler.samples, 1)
+    print(json.dumps({
+        "seeds": args.seeds, "rounds": args.rounds, "stack": args.stack, "device": args.device,
+        "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "wall_s": round(wall, 3),
+        "samples": sampler.samples,
+        "inclusive": {k: round(v / n, 4) for k, v in sampler.inclusive.most_common(args.top)},
+        "own": {k: round(v / n, 4) for k, v in sampler.own.most_common(args.top)},
+    }, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,78 @@
+"""A stack's per-client scores (``client_scores``, computed for the whole stack and read back once) equal each
+client's scores computed alone with :func:`hetfed.engine.evaluate.scores` — the per-client form it replaced."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, masked_mean, own_class_masks, scores
+from hetfed.models.mlp import MLP
+
+
+def _reference(pred: Predictor, data: ClientEvalData) -> dict[str, list[float]]:
+    """Each client alone: its logits, then ``scores`` on its own test, validation and the global set."""
+    out: dict[str, list[float]] = {}
+    own = own_class_masks(data)
+    for j in range(len(data.client_ids)):
+        params = {k: v[j : j + 1] for k, v in pred.params.items()}
+        for split, index in (("local", data.test[j]), ("val", data.val[j])):
+            x = data.x[torch.as_tensor(index, dtype=torch.long)]
+            s = scores(pred.model.forward(params, x.unsqueeze(0), None)[0], data.y[torch.as_tensor(index, dtype=torch.long)])
+            out.setdefault(f"{split}_accuracy", []).append(s["accuracy"])
+            out.setdefault(f"{split}_loss", []).append(s["loss"])
+            if split == "val":
+                out.setdefault("val_loss_sum", []).append(s["loss_sum"])
+                out.setdefault("val_n", []).append(s["n"])
+            else:
+                out.setdefault("local_n", []).append(s["n"])
+        if data.n_classes == 2:
+            yt = data.y[torch.as_tensor(data.test[j], dtype=torch.long)]
+            lg = pred.model.forward(params, data.x[torch.as_tensor(data.test[j], dtype=torch.long)].unsqueeze(0), None)[0]
+            out.setdefault("local_auc", []).append(auc(yt.numpy(), lg.softmax(-1)[:, 1].numpy()) if len(yt) else float("nan"))
+        glob = pred.model.forward(params, data.x_global.unsqueeze(0), None)[0]
+        g = scores(glob, data.y_global)
+        masked = data.global_mask is not None and not data.global_mask[j]
+        out.setdefault("global_accuracy", []).append(float("nan") if masked else g["accuracy"])
+        out.setdefault("global_loss", []).append(float("nan") if masked else g["loss"])
+        hit = (glob.argmax(-1) == data.y_global).double()
+        assert own is not None
+        out.setdefault("global_accuracy_own", []).append(float("nan") if masked else masked_mean(hit, own[j]))
+        out.setdefault("global_accuracy_other", []).append(float("nan") if masked else masked_mean(hit, ~own[j]))
+    return out
+
+
+@pytest.mark.parametrize("classes", [2, 5])
+def test_a_stacks_scores_equal_each_clients_scores_alone(classes: int) -> None:
+    torch.manual_seed(0)
+    rng = np.random.default_rng(0)
+    n, dim = 6, 7
+    x, y = torch.randn(300, dim), torch.randint(0, classes, (300,))
+    sizes = [0, 1, 13, 40, 7, 90]  # an empty client and clients of very different sizes
+    test = [rng.choice(300, size=s, replace=False) for s in sizes]
+    val = [rng.choice(300, size=s, replace=False) for s in reversed(sizes)]
+    train = [rng.choice(300, size=30, replace=False) for _ in range(n)]
+    model = MLP(dim, [8], classes)
+    params = {k: v.expand(n, *v.shape) + 0.3 * torch.randn(n, *v.shape)
+              for k, v in model.init_shared(torch.Generator().manual_seed(1)).items()}
+    pred = Predictor(model, params, personalised=True)
+    data = ClientEvalData(list(range(n)), x, y, test, val, torch.randn(50, dim), torch.randint(0, classes, (50,)), classes,
+                          [True, True, False, True, True, True], train)
+    got, ref = client_scores(pred, data), _reference(pred, data)
+    for key, values in ref.items():
+        np.testing.assert_allclose(np.asarray(got[key], dtype=float), np.asarray(values, dtype=float), rtol=1e-6,
+                                   atol=1e-7, err_msg=key)
+    assert got["local_n"] == sizes and got["val_n"] == sizes[::-1]
+    assert np.isnan(got["local_accuracy"][0]) and got["val_loss_sum"][5] == 0.0  # empty: NaN scores, zero sums
+    assert ("global_probs" in got) == (classes == 2)
+
+
+def test_a_stack_of_clients_without_any_samples_scores_nan() -> None:
+    model = MLP(3, [5], 4)
+    params = {k: v.expand(2, *v.shape) for k, v in model.init_shared(torch.Generator().manual_seed(0)).items()}
+    empty = [np.zeros(0, dtype=np.int64)] * 2
+    data = ClientEvalData([0, 1], torch.randn(10, 3), torch.randint(0, 4, (10,)), empty, empty, torch.randn(5, 3),
+                          torch.randint(0, 4, (5,)), 4)
+    got = client_scores(Predictor(model, params, personalised=False), data)
+    assert np.isnan(got["local_accuracy"]).all() and got["val_n"] == [0, 0] and got["val_loss_sum"] == [0.0, 0.0]
