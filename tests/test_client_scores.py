@@ -7,7 +7,15 @@ import numpy as np
 import pytest
 import torch
 
-from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, masked_mean, own_class_masks, scores
+from hetfed.engine.evaluate import (
+    ClientEvalData,
+    Predictor,
+    auc,
+    client_scores,
+    masked_mean,
+    own_class_masks,
+    scores,
+)
 from hetfed.models.mlp import MLP
 
 
