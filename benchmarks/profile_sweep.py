@@ -28,8 +28,9 @@ from hetfed.config import load_config
 from hetfed.runs.sweep import run_sweep
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
-#: frames a thread sits in while it waits (not working)
-WAITING = {"wait", "acquire", "_wait_for_tstate_lock", "sleep", "join", "select", "poll"}
+#: frames a thread sits in while it waits (not working); ``submit``: a stacked run waiting for its turn (a lock
+#: acquired in C, so no frame of its own)
+WAITING = {"wait", "acquire", "_wait_for_tstate_lock", "sleep", "join", "select", "poll", "submit"}
 
 
 def _name(frame: FrameType) -> str:

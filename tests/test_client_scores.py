@@ -84,3 +84,30 @@ def test_a_stack_of_clients_without_any_samples_scores_nan() -> None:
                           torch.randint(0, 4, (5,)), 4)
     got = client_scores(Predictor(model, params, personalised=False), data)
     assert np.isnan(got["local_accuracy"]).all() and got["val_n"] == [0, 0] and got["val_loss_sum"] == [0.0, 0.0]
+
+
+def test_clients_of_several_runs_score_their_own_runs_global_test_sets() -> None:
+    """A joined evaluation (a stacked sweep): clients scored on their own run's global set, picked from the runs'
+    sets joined by ``global_index``, get the scores they get with their run's set alone."""
+    torch.manual_seed(1)
+    rng = np.random.default_rng(1)
+    n, dim, classes = 4, 5, 3
+    x, y = torch.randn(120, dim), torch.randint(0, classes, (120,))
+    test = [rng.choice(120, size=10, replace=False) for _ in range(n)]
+    train = [rng.choice(120, size=25, replace=False) for _ in range(n)]
+    model = MLP(dim, [6], classes)
+    params = {k: v.expand(n, *v.shape) + 0.3 * torch.randn(n, *v.shape)
+              for k, v in model.init_shared(torch.Generator().manual_seed(2)).items()}
+    pred = Predictor(model, params, personalised=True)
+    sets = [(torch.randn(30, dim), torch.randint(0, classes, (30,))) for _ in range(2)]  # two runs' global sets
+    joined = ClientEvalData(list(range(n)), x, y, test, test, torch.cat([s[0] for s in sets]),
+                            torch.cat([s[1] for s in sets]), classes, None, train,
+                            [np.arange(30) + 30 * (j // 2) for j in range(n)])  # clients 0, 1: run 0; 2, 3: run 1
+    got = client_scores(pred, joined)
+    for run, (xg, yg) in enumerate(sets):
+        rows = [2 * run, 2 * run + 1]
+        alone = client_scores(Predictor(model, {k: v[rows] for k, v in params.items()}, True),
+                              ClientEvalData(rows, x, y, [test[j] for j in rows], [test[j] for j in rows], xg, yg,
+                                             classes, None, [train[j] for j in rows]))
+        for key in ("global_accuracy", "global_loss", "global_accuracy_own", "global_accuracy_other", "local_loss"):
+            np.testing.assert_allclose([got[key][j] for j in rows], alone[key], rtol=1e-6, err_msg=key)

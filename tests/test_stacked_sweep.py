@@ -1,7 +1,7 @@
 """``hetfed sweep --stack`` (#47 §5): a sweep's runs trained in one process as one stack of clients per round.
 
 What a user relies on: the same runs.csv as running them one by one (3 seeds × 2 grid points that change the
-partition and the proximal weight), each run's own directory and checkpoints, a killed stacked sweep resumed
+partition and the proximal weight; the runs' rounds and evaluations each in one stack), each run's own directory and checkpoints, a killed stacked sweep resumed
 to the uninterrupted numbers, and clear refusals where stacking cannot apply.
 """
 
@@ -38,8 +38,10 @@ def _runs(path: Path) -> dict[tuple, float]:
 
 def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monkeypatch):
     served: list[int] = []
-    original = stacked_runs.train_together
+    scored: list[int] = []
+    original, scoring = stacked_runs.train_together, stacked_runs.evaluate_together
     monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
+    monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(len(group)) or scoring(group))
     assert main([*BASE, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
@@ -47,6 +49,7 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     for key, value in alone.items():
         assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert max(served) == 6  # every run's round in one stack (6 runs, same client step)
+    assert max(scored) == 6  # and every run's evaluation: each client on its own run's sets (the numbers above)
     for run in (tmp_path / "stacked").glob("*/seed=*"):  # each run keeps its own directory
         assert (run / "summary.json").is_file() and (run / "checkpoints" / "relu-final.pt").is_file()
 

@@ -182,6 +182,9 @@ class ClientEvalData:
     global_mask: list[bool] | None = None
     #: per client, its training indices into the pool (methods that adapt before they predict: Per-FedAvg)
     train: list[np.ndarray] | None = None
+    #: per client, the rows of ``x_global``/``y_global`` that are its global test set, all of one length (None: all
+    #: of them): clients of several runs scored together, each on its own run's set (a stacked sweep)
+    global_index: list[np.ndarray] | None = None
 
 
 @dataclass(frozen=True, eq=False)
@@ -220,23 +223,64 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
     """Logits of each stacked model on its own index set → list of tensors.
 
     Clients of similar sizes are stacked and padded together (:func:`size_blocks`), so unequal
-    clients do not all pay for the largest.
+    clients do not all pay for the largest. The blocks' padded indices are built once per set of index arrays
+    and device (:func:`device_index`): an evaluation scores the same sets every round.
     """
     n = len(index)
     if max((len(i) for i in index), default=0) == 0:
         return [torch.zeros(0, model.n_classes) for _ in index]
     out: list[torch.Tensor | None] = [None] * n
-    for block in size_blocks(np.array([len(i) for i in index])):
-        width = max(len(index[k]) for k in block)
-        pad = np.zeros((len(block), width), dtype=np.int64)
-        for row, k in enumerate(block):
-            pad[row, : len(index[k])] = index[k]
-        sub = params if np.array_equal(block, np.arange(n)) else {
-            name: v[torch.as_tensor(block, device=v.device)] for name, v in params.items()}
-        logits = model.forward(sub, x[torch.as_tensor(pad, device=x.device)], None)
+    for block, pad, rows in _padded_blocks(index, x.device):
+        sub = params if rows is None else {name: v[rows.to(v.device)] for name, v in params.items()}
+        logits = model.forward(sub, x[pad], None)
         for row, k in enumerate(block):
             out[k] = logits[row, : len(index[k])]
     return out  # type: ignore[return-value]
+
+
+#: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value)
+_INDEX_CACHE: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], Any]] = {}
+_INDEX_CACHE_SIZE = 512
+
+
+def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Callable[[], Any]) -> Any:
+    """``build()`` once per (kind, device, the very same index arrays): an evaluation scores the same clients'
+    sets every round, and each copy of indices to a GPU waits for the device."""
+    key = (kind, str(device), tuple(id(a) for a in index))
+    hit = _INDEX_CACHE.get(key)
+    if hit is not None and len(hit[0]) == len(index) and all(a is b for a, b in zip(hit[0], index, strict=True)):
+        return hit[1]
+    value = build()
+    if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:
+        _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))  # the oldest
+    _INDEX_CACHE[key] = (tuple(index), value)  # the arrays held: their ids cannot be reused while cached
+    return value
+
+
+def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """The index arrays concatenated, as one int64 tensor on ``device`` (cached: :func:`_cached`)."""
+    def build() -> torch.Tensor:
+        flat = np.concatenate([np.asarray(i, dtype=np.int64) for i in index]) if index else np.zeros(0, np.int64)
+        return torch.as_tensor(flat, device=device)
+    return _cached("flat", index, device, build)
+
+
+def _padded_blocks(index: list[np.ndarray], device: torch.device
+                   ) -> list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]]:
+    """:func:`predict`'s blocks: (clients, their indices padded to the block's widest ``[b, width]``, the block's
+    rows of the stack or None for all of it), on ``device`` (cached)."""
+    def build() -> list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]]:
+        blocks = []
+        n = len(index)
+        for block in size_blocks(np.array([len(i) for i in index])):
+            width = max(len(index[k]) for k in block)
+            pad = np.zeros((len(block), width), dtype=np.int64)
+            for row, k in enumerate(block):
+                pad[row, : len(index[k])] = index[k]
+            rows = None if np.array_equal(block, np.arange(n)) else torch.as_tensor(block, device=device)
+            blocks.append((block, torch.as_tensor(pad, device=device), rows))
+        return blocks
+    return _cached("blocks", index, device, build)
 
 
 @torch.no_grad()
@@ -322,8 +366,8 @@ def segment_scores(logits: list[torch.Tensor], y: torch.Tensor, index: list[np.n
         return [0.0] * len(index), [0.0] * len(index)
     device = y.device
     rows = torch.cat([lg for lg, size in zip(logits, sizes, strict=True) if size])
-    labels = y[torch.as_tensor(np.concatenate([i for i in index if len(i)]), device=device)]
-    segment = torch.repeat_interleave(torch.arange(len(index), device=device), torch.as_tensor(sizes, device=device))
+    labels = y[device_index(index, device)]
+    segment = _segments(index, device)
     loss = F.cross_entropy(rows, labels, reduction="none").double()
     hit = (rows.argmax(-1) == labels).double()
     sums = torch.zeros(2, len(index), dtype=torch.float64, device=device)
@@ -331,6 +375,13 @@ def segment_scores(logits: list[torch.Tensor], y: torch.Tensor, index: list[np.n
     sums[1].index_add_(0, segment, hit)
     loss_sum, correct = sums.cpu().tolist()
     return loss_sum, correct
+
+
+def _segments(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """Which index array each position of :func:`device_index`'s concatenation came from (cached)."""
+    sizes = [len(i) for i in index]
+    return _cached("segments", index, device, lambda: torch.repeat_interleave(
+        torch.arange(len(index), device=device), torch.as_tensor(sizes, device=device), output_size=sum(sizes)))
 
 
 def _scores_of(loss_sum: float, correct: float, n: int) -> dict[str, float]:
@@ -353,7 +404,8 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
         out["global_accuracy_own"], out["global_accuracy_other"] = [float("nan")] * n, [float("nan")] * n
     if binary:
         out["global_probs"] = [None] * n
-    n_global = len(data.y_global)
+    index = data.global_index
+    n_global = len(data.y_global) if index is None else len(index[0]) if index else 0
     if not n_global:
         return
     full = np.arange(n_global)
@@ -361,14 +413,17 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
     block = max(1, GLOBAL_BLOCK_FLOATS // max(n_global * width, 1))
     for start in range(0, len(rows), block):  # a full pass over the global test set per client: in blocks
         part = rows[start : start + block]
-        sub = pred.params if len(part) == n else {
-            k: v[torch.as_tensor(part, device=v.device)] for k, v in pred.params.items()}
-        logits = torch.stack(predict(pred.model, sub, data.x_global, [full] * len(part)))  # [p, n_global, C]
-        loss = F.cross_entropy(logits.flatten(0, 1), data.y_global.repeat(len(part)), reduction="none")
-        hit = (logits.argmax(-1) == data.y_global).double()
+        every = len(part) == n
+        sub = pred.params if every else {k: v[torch.as_tensor(part, device=v.device)] for k, v in pred.params.items()}
+        sets = [full] * len(part) if index is None else [index[j] for j in part]
+        logits = torch.stack(predict(pred.model, sub, data.x_global, sets))  # [p, n_global, C]
+        labels = (data.y_global.expand(len(part), n_global) if index is None
+                  else data.y_global[device_index(sets, data.y_global.device)].view(len(part), n_global))
+        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+        hit = (logits.argmax(-1) == labels).double()
         columns = [loss.view(len(part), n_global).double().sum(1) / n_global, hit.mean(1)]
         if own is not None:
-            mine = torch.stack([own[j] for j in part]).double()
+            mine = (own if every else own[torch.as_tensor(part, device=own.device)]).double()
             columns += [(hit * mine).sum(1) / mine.sum(1), (hit * (1 - mine)).sum(1) / (1 - mine).sum(1)]
         values = torch.stack(columns).cpu().tolist()
         for col, j in enumerate(part):
@@ -379,9 +434,9 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
                 out["global_probs"][j] = logits[col].softmax(-1)
 
 
-def own_class_masks(data: ClientEvalData) -> list[torch.Tensor] | None:
-    """Per client, which global test samples are of its *own* classes: those whose share of the
-    client's training labels is above uniform (1/C). None when the training indices are not known.
+def own_class_masks(data: ClientEvalData) -> torch.Tensor | None:
+    """Per client, which global test samples are of its *own* classes ``[n, n_global]`` (bool): those whose share
+    of the client's training labels is above uniform (1/C). None when the training indices are not known.
 
     Why: a personalised model is scored on the balanced global test set to see what it
     kept of the federation's knowledge; the classes a client rarely sees are where
@@ -389,13 +444,16 @@ def own_class_masks(data: ClientEvalData) -> list[torch.Tensor] | None:
     """
     if data.train is None:
         return None
-    masks = []
-    for idx in data.train:
-        labels = data.y[torch.as_tensor(idx, device=data.y.device)]
-        share = torch.bincount(labels, minlength=data.n_classes).double() / max(len(idx), 1)
-        own = torch.nonzero(share > 1.0 / data.n_classes).flatten()
-        masks.append(torch.isin(data.y_global, own))
-    return masks
+    n, c = len(data.train), data.n_classes
+    device = data.y.device
+    sizes = torch.tensor([len(i) for i in data.train], dtype=torch.float64, device=device)
+    labels = data.y[device_index(data.train, device)]
+    counts = torch.bincount(_segments(data.train, device) * c + labels, minlength=n * c).view(n, c)
+    own = counts.double() / sizes.clamp(min=1)[:, None] > 1.0 / c  # [n, C]
+    if data.global_index is None:
+        return own[:, data.y_global]
+    labels = data.y_global[device_index(data.global_index, device)].view(n, -1)  # each client's own global set
+    return own.gather(1, labels)
 
 
 def masked_mean(values: torch.Tensor, mask: torch.Tensor) -> float:

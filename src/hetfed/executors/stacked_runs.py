@@ -12,9 +12,13 @@ model and learning rate) become one stack of clients, each client with its own r
 A client's numbers do not depend on its stack (tested), so a stacked sweep gives the numbers of its runs one by
 one, to float tolerance.
 
-Only algorithms that declare ``Capabilities.stacks_runs`` (their client step reads the broadcast only through
-``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs; the others step alone.
-Personalisation and evaluation run on each run's own thread, one run at a time.
+Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
+each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and
+each run gets its clients' reports as if it had evaluated alone; its server scores its own model on its own thread.
+
+Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
+through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs; the others step
+and evaluate alone. Personalisation runs on each run's own thread, one run at a time.
 """
 
 from __future__ import annotations
@@ -24,11 +28,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import numpy as np
 import torch
 
-from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, RoundUploads, Upload
+from hetfed.engine.evaluate import ClientEvalData
+from hetfed.engine.sampling import global_scorers
+from hetfed.engine.types import (
+    Broadcast,
+    ClientBroadcast,
+    ClientData,
+    ClientState,
+    RoundUploads,
+    Upload,
+)
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import InProcessExecutor, client_data
+from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk
 from hetfed.server.screen import Screen
 
 
@@ -37,8 +51,11 @@ class _Request:
     executor: StackedRunExecutor
     bc: Broadcast
     clients: list[int]
+    #: what it asks: a round's client steps ("train") or its clients' scores ("evaluate", of ``view``)
+    kind: str = "train"
+    view: str | None = None
     done: threading.Event = field(default_factory=threading.Event)
-    result: Upload | None = None
+    result: Any = None
     error: BaseException | None = None
 
 
@@ -59,8 +76,12 @@ class Rendezvous:
         self._waiting: list[_Request] = []
         #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
         self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
+        #: the same for their global test sets (a joined evaluation)
+        self.global_sets: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
+        #: a run's clients' evaluation index arrays moved to its offset in a joined pool: (run, offsets) → arrays
+        self.shifted: dict[tuple[int, int, int], tuple[Any, ...]] = {}
 
-    def submit(self, request: _Request) -> Upload:
+    def submit(self, request: _Request) -> Any:
         with self._lock:
             self._waiting.append(request)
             batch = self._ready()
@@ -99,20 +120,22 @@ class Rendezvous:
         try:
             groups: dict[Any, list[_Request]] = {}
             for request in batch:
-                groups.setdefault(step_key(request.executor, request.bc), []).append(request)
-            for group in groups.values():
-                self._serve_group(group)
+                key = (step_key(request.executor, request.bc) if request.kind == "train"
+                       else evaluation_key(request.executor, request.bc, request.view))
+                groups.setdefault((request.kind, key), []).append(request)
+            for (kind, _key), group in groups.items():
+                self._serve_group(group, train_together if kind == "train" else evaluate_together)
         except BaseException as err:  # whatever failed, no run waits forever: each unserved one fails with it
             for request in batch:
                 if not request.done.is_set():
                     request.error = err
                     request.done.set()
 
-    def _serve_group(self, group: list[_Request]) -> None:
+    def _serve_group(self, group: list[_Request], serve: Any) -> None:
         try:
-            uploads = train_together(group)
-            for request, upload in zip(group, uploads, strict=True):
-                request.result = upload
+            results = serve(group)
+            for request, result in zip(group, results, strict=True):
+                request.result = result
         except BaseException as err:  # every run of the group fails with it
             for request in group:
                 request.error = err
@@ -126,11 +149,26 @@ def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
     algo = executor.algo
     if not algo.capabilities.stacks_runs or bc.extra:
         return ("alone", id(executor))
+    return (_method_key(executor, bc), algo.schedule, algo.train.optimizer.model_dump_json(), float(bc.lr), bc.round)
+
+
+def evaluation_key(executor: StackedRunExecutor, bc: Broadcast, view: str | None) -> Any:
+    """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
+    method and model, view, number of classes and global test set size (each client scores its own run's)."""
+    algo = executor.algo
+    if not algo.capabilities.stacks_runs or bc.extra or bc.personal:
+        return ("alone", id(executor))
+    return (_method_key(executor, bc), view, executor.fed.n_classes, len(executor.y_global),
+            tuple(executor.x_global.shape[1:]), executor.eval_max_floats)
+
+
+def _method_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
+    algo = executor.algo
     model = algo.model
     shape = tuple((s.name, s.shape, s.local, s.buffer) for s in model.specs())
     settings = {k: v for k, v in vars(model).items() if k != "_specs" and not isinstance(v, torch.Tensor)}
-    return (type(algo), repr(algo.params), algo.schedule, algo.train.optimizer.model_dump_json(), type(model), shape,
-            repr(settings), float(bc.lr), bc.round, str(executor.device), tuple(sorted(bc.params)))
+    return (type(algo), repr(algo.params), type(model), shape, repr(settings), str(executor.device),
+            tuple(sorted(bc.params)))
 
 
 def train_together(group: Sequence[_Request]) -> list[Upload]:
@@ -149,16 +187,25 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     return [r.result(False) for r in rounds]
 
 
+def _joined_state(group: Sequence[_Request], runs: list[int], chosen: dict[int, list[int]], scoring: bool = False
+                  ) -> tuple[ClientState, ClientBroadcast]:
+    """The chosen clients' states (``scoring``: as the algorithm sees them, without the transport's residuals) and
+    broadcast parameters, run after run, as one stack."""
+    states = [group[i].executor._stacked(chosen[i]) if scoring else
+              group[i].executor.states.gather(chosen[i], group[i].executor.device) for i in runs]
+    state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
+    shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
+    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
+                         group[0].bc.round, group[0].bc.lr)
+    return state, bc
+
+
 def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
                  offsets: list[int], rounds: list[RoundUploads]) -> None:
     algo = group[0].executor.algo
     runs = sorted({i for i, _ in members})
     chosen = {i: [k for j, k in members if j == i] for i in runs}
-    states = [group[i].executor.states.gather(chosen[i], group[i].executor.device) for i in runs]
-    state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
-    shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
-    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
-                         group[0].bc.round, group[0].bc.lr)
+    state, bc = _joined_state(group, runs, chosen)
     parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round) for i in runs}  # as alone
     data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
                       [index + offsets[i] for i in runs for index in parts[i].indices],
@@ -173,31 +220,95 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
         group[i].executor.states.scatter(chosen[i], {k: v[rows] for k, v in new.items()})
 
 
-def _joint_pool(executors: Sequence[StackedRunExecutor], cache: dict[tuple[int, ...], Any]
-                ) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The runs' train pools one after the other (shared when they are the very same), and each one's offset."""
-    key = tuple(id(e.pool) for e in executors)
+def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
+    """Every request's evaluation (the same method, model and view) in stacks of clients across runs: each client
+    with its own run's model, states, validation, test and global test sets; each run's reports in its clients'
+    order, as :meth:`~hetfed.executors.inprocess.InProcessExecutor.evaluate` gives them alone."""
+    lead = group[0].executor
+    rendezvous = lead.rendezvous
+    executors = [r.executor for r in group]
+    pool_x, pool_y, offsets = _joint_pool(executors, rendezvous.pools)
+    global_x, global_y, global_offsets = _joint_pool(executors, rendezvous.global_sets,
+                                                     lambda e: (e.x_global, e.y_global))
+    entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
+    size = min(eval_chunk(r.executor.fed, r.clients, r.executor.pool.x, r.executor.fed.n_classes,
+                          r.executor.eval_max_floats) for r in group)
+    reports: list[dict[str, list[Any]]] = [{} for _ in group]
+    scorers = [_global_scorers(r) for r in group]
+    for start in range(0, len(entries), size):
+        members = entries[start : start + size]
+        runs = sorted({i for i, _ in members})
+        chosen = {i: [k for j, k in members if j == i] for i in runs}
+        state, bc = _joined_state(group, runs, chosen, scoring=True)
+        sets = {i: _shifted(group[i].executor, offsets[i], global_offsets[i], rendezvous.shifted) for i in runs}
+        data = ClientEvalData(
+            [k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], pool_x, pool_y,
+            [sets[i][0][k] for i in runs for k in chosen[i]], [sets[i][1][k] for i in runs for k in chosen[i]],
+            global_x, global_y, lead.fed.n_classes,
+            None if all(scorers[i] is None for i in runs) else
+            [True if scorers[i] is None else scorers[i][k] for i in runs for k in chosen[i]],
+            [sets[i][2][k] for i in runs for k in chosen[i]], [sets[i][3] for i in runs for _k in chosen[i]])
+        out = lead.algo.evaluate_client(bc, state, data, group[0].view)
+        at = 0
+        for i in runs:
+            rows = slice(at, at + len(chosen[i]))
+            at += len(chosen[i])
+            for key, values in out.items():
+                reports[i].setdefault(key, []).extend(values[rows])
+    return reports
+
+
+def _global_scorers(request: _Request) -> dict[int, bool] | None:
+    """Which of a request's clients score the global test set with a personal model (None: all), as alone."""
+    executor = request.executor
+    if request.view:
+        return None
+    ids = [k + executor.pool.first_id for k in request.clients]
+    mask = global_scorers(executor.algo.train, ids, executor.seed)
+    return None if mask is None else dict(zip(request.clients, mask, strict=True))
+
+
+def _shifted(executor: StackedRunExecutor, offset: int, global_offset: int,
+             cache: dict[tuple[int, int, int], tuple[Any, ...]]) -> tuple[Any, ...]:
+    """A run's clients' test, validation and training index arrays moved by ``offset`` (its place in the joined
+    pool) and its global test set's rows in the joined global sets (kept: the same arrays every evaluation)."""
+    key = (id(executor), offset, global_offset)
     cached = cache.get(key)
-    if cached is not None and all(a is e.pool for a, e in zip(cached[3], executors, strict=True)):
+    if cached is None or cached[4] is not executor:
+        fed = executor.fed
+        cached = (tuple(t + offset for t in fed.test), tuple(v + offset for v in fed.val),
+                  tuple(t + offset for t in fed.train), np.arange(len(executor.y_global)) + global_offset, executor)
+        cache[key] = cached
+    return cached
+
+
+def _joint_pool(executors: Sequence[StackedRunExecutor], cache: dict[tuple[int, ...], Any],
+                part: Any = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
+    """The runs' train pools (or ``part(executor)``'s tensors: their global test sets) one after the other (shared
+    when they are the very same), and each one's offset."""
+    tensors = [(e.pool.x, e.pool.y) if part is None else part(e) for e in executors]
+    key = tuple(id(x) for x, _y in tensors)
+    cached = cache.get(key)
+    if cached is not None and all(a is x for a, (x, _y) in zip(cached[3], tensors, strict=True)):
         return cached[0], cached[1], cached[2]
     xs: list[torch.Tensor] = []
     ys: list[torch.Tensor] = []
     offsets: list[int] = []
     seen: dict[int, int] = {}
     total = 0
-    for e in executors:
-        same = seen.get(id(e.pool.x))
+    for x, y in tensors:
+        same = seen.get(id(x))
         if same is not None:
             offsets.append(same)
             continue
-        seen[id(e.pool.x)] = total
+        seen[id(x)] = total
         offsets.append(total)
-        xs.append(e.pool.x)
-        ys.append(e.pool.y)
-        total += len(e.pool.x)
+        xs.append(x)
+        ys.append(y)
+        total += len(x)
     joint = (torch.cat(xs), torch.cat(ys), offsets) if len(xs) > 1 else (xs[0], ys[0], offsets)
     cache.clear()  # the pools of one set of runs at a time
-    cache[key] = (*joint, tuple(e.pool for e in executors))
+    cache[key] = (*joint, tuple(x for x, _y in tensors))
     return joint
 
 
@@ -215,7 +326,15 @@ class StackedRunExecutor(InProcessExecutor):
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
         if reduce:
             raise RunError("a stacked sweep's runs return every client's update (no reduced cohort)")
-        return self.rendezvous.submit(_Request(self, bc, list(clients)))
+        result: Upload = self.rendezvous.submit(_Request(self, bc, list(clients)))
+        return result
+
+    def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
+                 among: list[int] | None = None) -> dict[str, list[Any]]:
+        if among is not None or not clients:
+            return super().evaluate(bc, clients, view, among)
+        result: dict[str, list[Any]] = self.rendezvous.submit(_Request(self, bc, list(clients), "evaluate", view))
+        return result
 
     def set_adversary(self, adversary: Any) -> None:
         if adversary.active:
