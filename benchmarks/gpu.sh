@@ -53,6 +53,10 @@ want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stack
 if [ -n "${BASE_SRC:-}" ]; then
     want stacked_sweep_base && step stacked_sweep_base 120 bash -c "cd benchmarks && PYTHONPATH='$BASE_SRC':\$PYTHONPATH $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
 fi
+# 20 stacked seeds against one at the default experiment's full length (100 rounds), stacked sweeps only
+want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
+# a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU
+want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/test_stacked_sweep.py tests/test_client_scores.py -k "one_by_one or scores"
 # where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
 want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
 want profile_sweep_one && step profile_sweep_one 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 5 --rounds 10 --threads 4"

@@ -27,6 +27,8 @@ BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=
         "fedavg, model: {kind: cgau, dropout: 0.5}}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}, "
         "{name: ditto, algorithm: ditto, params: {lam: 0.5}}]",
         "--grid", "partition.shuffle=0,0.5", "--seeds", "3", "--quiet"]
+if os.environ.get("HETFED_TEST_DEVICE"):  # benchmarks/gpu.sh runs these on a lent GPU (HETFED_TEST_DEVICE=cuda)
+    BASE[2:2] = ["--set", f"train.device={os.environ['HETFED_TEST_DEVICE']}"]
 
 
 def _runs(path: Path) -> dict[tuple, float]:

@@ -28,6 +28,7 @@ scores its own model on the balanced global test set:
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -241,19 +242,22 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
 #: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value)
 _INDEX_CACHE: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], Any]] = {}
 _INDEX_CACHE_SIZE = 512
+_INDEX_LOCK = threading.Lock()
 
 
 def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Callable[[], Any]) -> Any:
     """``build()`` once per (kind, device, the very same index arrays): an evaluation scores the same clients'
     sets every round, and each copy of indices to a GPU waits for the device."""
     key = (kind, str(device), tuple(id(a) for a in index))
-    hit = _INDEX_CACHE.get(key)
+    with _INDEX_LOCK:  # the runs of a stacked sweep evaluate on threads
+        hit = _INDEX_CACHE.get(key)
     if hit is not None and len(hit[0]) == len(index) and all(a is b for a, b in zip(hit[0], index, strict=True)):
         return hit[1]
     value = build()
-    if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:
-        _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))  # the oldest
-    _INDEX_CACHE[key] = (tuple(index), value)  # the arrays held: their ids cannot be reused while cached
+    with _INDEX_LOCK:
+        if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:
+            _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))  # the oldest
+        _INDEX_CACHE[key] = (tuple(index), value)  # the arrays held: their ids cannot be reused while cached
     return value
 
 
