@@ -242,7 +242,7 @@ def global_params(algo: Algorithm, state: ServerState) -> Params:
 
     Local parameters take their value for a client never seen in training.
     """
-    unseen = {k: v.to(_device(state.params)) for k, v in algo.model.local_for_unseen_client().items()}
+    unseen = algo.model.local_for_unseen_client(_device(state.params))
     return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
 
 

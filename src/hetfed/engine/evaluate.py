@@ -303,9 +303,10 @@ def client_losses(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor
 def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     if len(y) == 0:
         return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
-    loss = F.cross_entropy(logits, y, reduction="sum").item()
-    correct = (logits.argmax(-1) == y).sum().item()
-    return {"accuracy": correct / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
+    loss_sum = F.cross_entropy(logits, y, reduction="sum")
+    hits = (logits.argmax(-1) == y).sum().to(loss_sum.dtype)  # a count < 2²⁴: exact in float32
+    loss, correct = torch.stack([loss_sum, hits]).tolist()  # one read from the device
+    return {"accuracy": int(correct) / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
 
 
 def auc(y: np.ndarray, score: np.ndarray) -> float:

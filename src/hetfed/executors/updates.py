@@ -118,8 +118,8 @@ def round_train_loss(upload: Upload | None) -> float | None:
     """The round's training loss: the clients' reported losses weighted by their sample counts."""
     if upload is None or "train_loss" not in upload.extra or not len(upload.client_ids):
         return None
-    loss = upload.extra["train_loss"].detach().double().cpu().reshape(-1)
-    w = upload.num_samples.detach().double().cpu().reshape(-1)
+    loss, w = torch.stack([upload.extra["train_loss"].detach().double().reshape(-1),  # one read from the device
+                           upload.num_samples.detach().to(upload.extra["train_loss"].device).double().reshape(-1)]).cpu()
     return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
 
 

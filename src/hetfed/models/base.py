@@ -201,9 +201,10 @@ class Model:
         """A client's own parameters (unstacked); empty for plain models."""
         return self._init(gen, local=True)
 
-    def local_for_unseen_client(self) -> Params:
-        """Local params for a client never seen in training (default: zeros)."""
-        return {s.name: torch.zeros(s.shape) for s in self.specs() if s.local}
+    def local_for_unseen_client(self, device: torch.device | str | None = None) -> Params:
+        """Local params for a client never seen in training (default: zeros), made on ``device`` (a copy to a GPU
+        would wait for it at every evaluation of the server's model)."""
+        return {s.name: torch.zeros(s.shape, device=device) for s in self.specs() if s.local}
 
     def n_params(self) -> int:
         return sum(math.prod(s.shape) for s in self.specs())
