@@ -53,8 +53,6 @@ want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stack
 if [ -n "${BASE_SRC:-}" ]; then
     want stacked_sweep_base && step stacked_sweep_base 120 bash -c "cd benchmarks && PYTHONPATH='$BASE_SRC':\$PYTHONPATH $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
 fi
-# the same with one run at a time doing its own work (the turn-taking before own_work_slots)
-want stacked_sweep_slots1 && step stacked_sweep_slots1 120 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4 --slots 1"
 # 20 stacked seeds against one at the default experiment's full length (100 rounds), stacked sweeps only
 want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
 # a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU

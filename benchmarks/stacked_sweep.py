@@ -6,12 +6,11 @@ The default experiment (digits, 10 feature-clustered clients, FedAvg on the ReLU
 difference between the two runs.csv (the same numbers, to float tolerance). Timings are never asserted.
 
     python benchmarks/stacked_sweep.py [--rounds 20] [--seeds 1 5 20] [--threads 2] [--device cpu|cuda]
-                                       [--stacked-only] [--slots N]
+                                       [--stacked-only]
 
 ``--stacked-only`` times only the stacked sweeps (for #47's "20 stacked seeds ≤ 3× one seed's time" at a run's
 full length, where running the seeds one by one as well would double the time): ``over_one_seed`` is each
-sweep's time over the 1-seed stacked sweep's. ``--slots N``: at most N runs do their own work at once (default:
-:func:`hetfed.executors.stacked_runs.own_work_slots`, the cores over torch's threads).
+sweep's time over the 1-seed stacked sweep's.
 """
 
 from __future__ import annotations
@@ -50,12 +49,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--stacked-only", action="store_true")
-    ap.add_argument("--slots", type=int, default=None)
     args = ap.parse_args()
-    if args.slots is not None:
-        from hetfed.executors import stacked_runs
-
-        stacked_runs.own_work_slots = lambda: args.slots
     torch.set_num_threads(args.threads)
     config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
     rows = {}
@@ -74,7 +68,6 @@ def main() -> None:
                            "stacked_over_one_by_one": round(stacked / one, 2),
                            "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
     print(json.dumps({"experiment": "configs/default.yaml", "rounds": args.rounds, "threads": args.threads,
-                      "slots": args.slots,
                       "device": args.device,
                       "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "seeds": rows}, indent=2))
 

@@ -23,7 +23,6 @@ and evaluate alone. Personalisation runs on each run's own thread, one run at a 
 
 from __future__ import annotations
 
-import os
 import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -67,13 +66,12 @@ class Rendezvous:
     never wait for it. The run whose request completes the set computes the whole set, outside the lock.
     """
 
-    def __init__(self, members: int, slots: int | None = None) -> None:
-        #: held by the runs that are doing their own work (loading, k-means, server step, checkpoints): at most
-        #: ``slots`` at once — as many as torch's thread pools fit in the cores (:func:`own_work_slots`) — instead
-        #: of all contending for the cores (measured: 20 runs at once on 2 cores were 1.6× slower than one by
-        #: one); a run lets go of its slot while it waits for its round
-        self.slots = own_work_slots() if slots is None else max(1, slots)
-        self.turn = threading.BoundedSemaphore(self.slots)
+    def __init__(self, members: int) -> None:
+        #: held by the one run that is doing its own work (loading, server step, checkpoints): the runs take turns
+        #: instead of contending for the cores and torch's thread pool (measured: 20 runs at once on 2 cores were
+        #: 1.6× slower than one by one; on a 16-core H200 host, 4 runs at once gave the same sweep time as turns,
+        #: 7.66 vs 7.58 s for 20 seeds); a run lets go of it while it waits for its round
+        self.turn = threading.Lock()
         self._lock = threading.Lock()
         self._members = members
         self._waiting: list[_Request] = []
@@ -145,13 +143,6 @@ class Rendezvous:
         finally:
             for request in group:
                 request.done.set()
-
-
-def own_work_slots() -> int:
-    """How many runs of a stacked sweep do their own work at once: the cores over torch's threads per process (1
-    on a 2-core machine at 2 threads; 4 on a 16-core GPU host at 4), so the runs' preparations (their k-means
-    and Γ on the host) overlap where there are cores for them and take turns where there are not."""
-    return max(1, (os.cpu_count() or 1) // max(1, torch.get_num_threads()))
 
 
 def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
