@@ -31,7 +31,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -243,16 +243,17 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
 _INDEX_CACHE: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], Any]] = {}
 _INDEX_CACHE_SIZE = 512
 _INDEX_LOCK = threading.Lock()
+_T = TypeVar("_T")
 
 
-def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Callable[[], Any]) -> Any:
+def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Callable[[], _T]) -> _T:
     """``build()`` once per (kind, device, the very same index arrays): an evaluation scores the same clients'
     sets every round, and each copy of indices to a GPU waits for the device."""
     key = (kind, str(device), tuple(id(a) for a in index))
     with _INDEX_LOCK:  # the runs of a stacked sweep evaluate on threads
         hit = _INDEX_CACHE.get(key)
     if hit is not None and len(hit[0]) == len(index) and all(a is b for a, b in zip(hit[0], index, strict=True)):
-        return hit[1]
+        return cast(_T, hit[1])
     value = build()
     with _INDEX_LOCK:
         if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:

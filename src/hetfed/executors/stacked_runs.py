@@ -247,7 +247,7 @@ def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
             [sets[i][0][k] for i in runs for k in chosen[i]], [sets[i][1][k] for i in runs for k in chosen[i]],
             global_x, global_y, lead.fed.n_classes,
             None if all(scorers[i] is None for i in runs) else
-            [True if scorers[i] is None else scorers[i][k] for i in runs for k in chosen[i]],
+            [(scorers[i] or {}).get(k, True) for i in runs for k in chosen[i]],
             [sets[i][2][k] for i in runs for k in chosen[i]], [sets[i][3] for i in runs for _k in chosen[i]])
         out = lead.algo.evaluate_client(bc, state, data, group[0].view)
         at = 0
