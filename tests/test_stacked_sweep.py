@@ -21,11 +21,12 @@ from hetfed.cli import main
 from hetfed.executors import stacked_runs
 
 REPO = Path(__file__).resolve().parents[1]
-#: FedAvg's ReLU MLP and CGAU (dropout 0.5), FedProx and Ditto: every round of a seed stacks with the others'
+#: FedAvg's ReLU MLP and CGAU (dropout 0.5), FedProx, Ditto and kNN-Per: every round (and evaluation) of a seed
+#: stacks with the others'
 BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=4", "--set", "partition.clients=5",
         "--set", "methods=[{name: relu, algorithm: fedavg, model: {kind: mlp, dropout: 0.5}}, {name: cgau, algorithm: "
         "fedavg, model: {kind: cgau, dropout: 0.5}}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}, "
-        "{name: ditto, algorithm: ditto, params: {lam: 0.5}}]",
+        "{name: ditto, algorithm: ditto, params: {lam: 0.5}}, {name: knn, algorithm: knnper}]",
         "--grid", "partition.shuffle=0,0.5", "--seeds", "3", "--quiet"]
 if os.environ.get("HETFED_TEST_DEVICE"):  # benchmarks/gpu.sh runs these on a lent GPU (HETFED_TEST_DEVICE=cuda)
     BASE[2:2] = ["--set", f"train.device={os.environ['HETFED_TEST_DEVICE']}"]

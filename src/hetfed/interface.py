@@ -73,9 +73,10 @@ class Capabilities:
     personalises: each client ends with a model of its own.
     model_kinds: the model kinds it supports (None: every kind).
     model_reason: why other kinds are refused (the error message's reason).
-    stacks_runs: its client step reads the broadcast only through ``bc.stacked(n)``, the parameters' names,
-        ``Proximal`` centres and ``bc.lr``, so clients of different runs (other global models) can share a stack
-        (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
+    stacks_runs: its client step and its clients' evaluation read the broadcast only through ``bc.stacked(n)``,
+        the parameters' names, ``Proximal`` centres and ``bc.lr``, and its evaluation reads the global test set only
+        through ``client_scores`` (``ClientEvalData.global_index``), so clients of different runs (other global
+        models) can share a stack (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
     asynchronous: its server merges arrivals as they come on the simulated clock (``merge``, FedBuff and FedAsync:
         :mod:`hetfed.executors.asynchronous` drives it instead of synchronous rounds).
     per_client: its server keeps something for each client (a model, a head, a hypernetwork's output) and sends each
