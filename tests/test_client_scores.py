@@ -111,3 +111,18 @@ def test_clients_of_several_runs_score_their_own_runs_global_test_sets() -> None
                                              classes, None, [train[j] for j in rows]))
         for key in ("global_accuracy", "global_loss", "global_accuracy_own", "global_accuracy_other", "local_loss"):
             np.testing.assert_allclose([got[key][j] for j in rows], alone[key], rtol=1e-6, err_msg=key)
+
+
+def test_the_evaluations_index_cache_stays_within_its_bytes() -> None:
+    """Index tensors are kept for the next evaluation of the same arrays, but never more than the cache's bytes: an
+    evaluation of a newly sampled subset of clients every round names new arrays each time."""
+    from hetfed.engine import evaluate
+
+    evaluate._INDEX_CACHE.clear()
+    first = [np.arange(10)]
+    assert evaluate.device_index(first, torch.device("cpu")) is evaluate.device_index(first, torch.device("cpu"))
+    for _ in range(200):  # 200 × ~2 × 800 KB ≫ 64 MB
+        evaluate.device_index([np.arange(100_000)], torch.device("cpu"))
+    held = sum(entry[2] for entry in evaluate._INDEX_CACHE.values())
+    assert 0 < held <= evaluate._INDEX_CACHE_BYTES
+    assert ("flat", "cpu", (id(first[0]),)) not in evaluate._INDEX_CACHE  # the oldest went first

@@ -239,9 +239,11 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
     return out  # type: ignore[return-value]
 
 
-#: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value)
-_INDEX_CACHE: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], Any]] = {}
-_INDEX_CACHE_SIZE = 512
+#: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value,
+#: bytes held), oldest first; at most ``_INDEX_CACHE_BYTES`` of arrays and tensors (an evaluation of a sampled subset
+#: of clients names new arrays every round: the oldest go)
+_INDEX_CACHE: dict[tuple[Any, ...], tuple[tuple[np.ndarray, ...], Any, int]] = {}
+_INDEX_CACHE_BYTES = 64 * 2**20
 _INDEX_LOCK = threading.Lock()
 _T = TypeVar("_T")
 
@@ -255,11 +257,24 @@ def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Cal
     if hit is not None and len(hit[0]) == len(index) and all(a is b for a, b in zip(hit[0], index, strict=True)):
         return cast(_T, hit[1])
     value = build()
+    size = sum(np.asarray(a).nbytes for a in index) + _tensor_bytes(value)
+    if size > _INDEX_CACHE_BYTES:
+        return value
     with _INDEX_LOCK:
-        if len(_INDEX_CACHE) >= _INDEX_CACHE_SIZE:
-            _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))  # the oldest
-        _INDEX_CACHE[key] = (tuple(index), value)  # the arrays held: their ids cannot be reused while cached
+        held = sum(entry[2] for entry in _INDEX_CACHE.values())
+        while _INDEX_CACHE and held + size > _INDEX_CACHE_BYTES:
+            held -= _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))[2]  # the oldest
+        _INDEX_CACHE[key] = (tuple(index), value, size)  # the arrays held: their ids cannot be reused while cached
     return value
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (a tensor, or tuples and lists of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    return 0
 
 
 def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
