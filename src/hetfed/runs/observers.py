@@ -14,12 +14,13 @@ from hetfed.runs.summary import round_fields
 
 
 def write_evaluation(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation) -> None:
-    """An evaluation's rows in metrics.csv: the summary, then every client's, flushed."""
+    """An evaluation's rows in metrics.csv: the summary, then every client's, handed to the OS (a checkpoint makes
+    them durable)."""
     writer.write(label, rnd, "summary", "all", ev.metrics)
     for metric, values in ev.per_client.items():
         for k, v in enumerate(values):
             writer.write(label, rnd, "client", k, {metric: v})
-    writer.flush()
+    writer.flush(durable=False)
 
 
 @dataclass

@@ -149,9 +149,13 @@ class MetricsWriter:
         if self.mirror is not None and client == "all":
             self.mirror.log(method, round, split, metrics)
 
-    def flush(self) -> None:
+    def flush(self, durable: bool = True) -> None:
+        """Hand the rows to the OS (other processes, and a run killed after this, see them); ``durable``: also to
+        the disk (fsync), what a checkpoint needs — its recorded offset must survive the machine, not only the
+        process. An evaluation's rows need not wait for the disk (an fsync a round: up to milliseconds each)."""
         self._fh.flush()
-        os.fsync(self._fh.fileno())
+        if durable:
+            os.fsync(self._fh.fileno())
         if self.mirror is not None:
             self.mirror.flush()
 
@@ -161,6 +165,8 @@ class MetricsWriter:
 
     def close(self) -> None:
         if not self._fh.closed:
+            self._fh.flush()
+            os.fsync(self._fh.fileno())  # a finished run's rows on disk before its summary says it is complete
             self._fh.close()
 
 
