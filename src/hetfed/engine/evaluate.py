@@ -28,6 +28,7 @@ scores its own model on the balanced global test set:
 
 from __future__ import annotations
 
+import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
@@ -322,7 +323,7 @@ def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
     loss_sum = F.cross_entropy(logits, y, reduction="sum")
     hits = (logits.argmax(-1) == y).sum().to(loss_sum.dtype)  # a count < 2²⁴: exact in float32
     loss, correct = torch.stack([loss_sum, hits]).tolist()  # one read from the device
-    return {"accuracy": int(correct) / len(y), "loss_sum": loss, "loss": loss / len(y), "n": len(y)}
+    return _scores_of(loss, correct, len(y))
 
 
 def auc(y: np.ndarray, score: np.ndarray) -> float:
@@ -429,7 +430,7 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
     n_global = len(data.y_global) if index is None else len(index[0]) if index else 0
     if not n_global:
         return
-    full = np.arange(n_global)
+    full = _all_rows(n_global)
     width = max(int(np.prod(data.x_global.shape[1:])), data.n_classes)
     block = max(1, GLOBAL_BLOCK_FLOATS // max(n_global * width, 1))
     for start in range(0, len(rows), block):  # a full pass over the global test set per client: in blocks
@@ -453,6 +454,12 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
                 out["global_accuracy_own"][j], out["global_accuracy_other"][j] = values[2][col], values[3][col]
             if binary:
                 out["global_probs"][j] = logits[col].softmax(-1)
+
+
+@functools.lru_cache(maxsize=16)
+def _all_rows(n: int) -> np.ndarray:
+    """``0 … n−1``, the same array every evaluation (so its device copies are cached: :func:`_cached`)."""
+    return np.arange(n)
 
 
 def own_class_masks(data: ClientEvalData) -> torch.Tensor | None:
