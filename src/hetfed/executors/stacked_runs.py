@@ -24,6 +24,7 @@ and evaluate alone. Personalisation runs on each run's own thread, one run at a 
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -79,8 +80,10 @@ class Rendezvous:
         self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
         #: the same for their global test sets (a joined evaluation)
         self.global_sets: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
-        #: a run's clients' evaluation index arrays moved to its offset in a joined pool: (run, offsets) → arrays
-        self.shifted: dict[tuple[int, int, int], tuple[Any, ...]] = {}
+        #: a run's clients' evaluation index arrays moved to its offsets in the joined pools: executor → offsets →
+        #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
+        self.shifted: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]] = (
+            weakref.WeakKeyDictionary())
 
     def submit(self, request: _Request) -> Any:
         with self._lock:
@@ -270,16 +273,17 @@ def _global_scorers(request: _Request) -> dict[int, bool] | None:
 
 
 def _shifted(executor: StackedRunExecutor, offset: int, global_offset: int,
-             cache: dict[tuple[int, int, int], tuple[Any, ...]]) -> tuple[Any, ...]:
+             cache: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]]
+             ) -> tuple[Any, ...]:
     """A run's clients' test, validation and training index arrays moved by ``offset`` (its place in the joined
     pool) and its global test set's rows in the joined global sets (kept: the same arrays every evaluation)."""
-    key = (id(executor), offset, global_offset)
-    cached = cache.get(key)
-    if cached is None or cached[4] is not executor:
+    mine = cache.setdefault(executor, {})
+    cached = mine.get((offset, global_offset))
+    if cached is None:
         fed = executor.fed
         cached = (tuple(t + offset for t in fed.test), tuple(v + offset for v in fed.val),
-                  tuple(t + offset for t in fed.train), np.arange(len(executor.y_global)) + global_offset, executor)
-        cache[key] = cached
+                  tuple(t + offset for t in fed.train), np.arange(len(executor.y_global)) + global_offset)
+        mine[(offset, global_offset)] = cached
     return cached
 
 
