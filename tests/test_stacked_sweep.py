@@ -126,3 +126,44 @@ def test_the_api_stacks_a_sweep_too(tmp_path):
     assert len(alone) == len(stacked) > 0 and numbers
     keep = ~alone["metric"].str.contains("seconds")
     assert (alone[keep]["value"] - stacked[keep]["value"]).abs().max() < 1e-6
+
+
+def test_every_client_computation_runs_on_the_stack_thread_and_the_process_keeps_its_threads(tmp_path, monkeypatch):
+    """The joined steps, evaluations and a run's personal phase run on the one stack thread with the process's torch
+    threads; the runs' own threads compute on one (torch's CPU pool is per calling thread: runs that each drove a
+    pool of their own left it spinning on the others' cores). Afterwards no stack thread is left and a new thread
+    gets the process's number of torch threads."""
+    import threading
+
+    import torch
+
+    from hetfed.executors.inprocess import InProcessExecutor
+
+    seen: dict[str, set[tuple[str, int]]] = {"train": set(), "evaluate": set(), "personalise": set(), "run": set()}
+
+    def where(kind):
+        seen[kind].add((threading.current_thread().name, torch.get_num_threads()))
+
+    original, scoring = stacked_runs.train_together, stacked_runs.evaluate_together
+    personalise, join = InProcessExecutor.personalise, stacked_runs.Rendezvous.join
+    monkeypatch.setattr(stacked_runs, "train_together", lambda group: where("train") or original(group))
+    monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: where("evaluate") or scoring(group))
+    monkeypatch.setattr(InProcessExecutor, "personalise",
+                        lambda self, *a, **k: where("personalise") or personalise(self, *a, **k))
+    monkeypatch.setattr(stacked_runs.Rendezvous, "join", lambda self: join(self) or where("run"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        args = [*BASE[:-5], "--seeds", "2", "--quiet", "--stack", "--out", str(tmp_path / "s"), "--set",
+                "methods=[{name: relu, algorithm: fedavg}, {name: babu, algorithm: fedbabu}]"]
+        assert main(args) == 0
+        assert seen["train"] == seen["evaluate"] == seen["personalise"] == {("hetfed-stack", 2)}
+        assert {n for _name, n in seen["run"]} == {1} and len(seen["run"]) == 2
+        assert not [t for t in threading.enumerate() if t.name == "hetfed-stack"]
+        later: list[int] = []
+        fresh = threading.Thread(target=lambda: later.append(torch.get_num_threads()))
+        fresh.start()
+        fresh.join()
+        assert later == [2]
+    finally:
+        torch.set_num_threads(threads)
