@@ -110,8 +110,8 @@ class Noise:
         self._counter[0] += 1
         prefix = streams.bits(self.keys, streams.DROPOUT_MASK, self.step, draw)  # [n]
         cell = torch.arange(self.row_offset * width, (self.row_offset + batch) * width, device=self.device)
-        drawn = streams.bits(prefix[:, None], cell[None]).view(-1, batch, width)  # row-major (row, column)
-        return (drawn >= streams.below(p)).to(torch.float32) * (1.0 / (1 - p))
+        drawn = streams.bits32(prefix[:, None], cell[None]).view(-1, batch, width)  # row-major (row, column)
+        return streams.at_least(drawn, streams.below(p)).to(torch.float32).mul_(1.0 / (1 - p))
 
 
     def uniforms(self, batch: int, width: int) -> torch.Tensor:
