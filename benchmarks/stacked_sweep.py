@@ -6,7 +6,12 @@ The default experiment (digits, 10 feature-clustered clients, FedAvg on the ReLU
 difference between the two runs.csv (the same numbers, to float tolerance). Timings are never asserted.
 
     python benchmarks/stacked_sweep.py [--rounds 20] [--seeds 1 5 20] [--threads 2] [--device cpu|cuda]
-                                       [--stacked-only]
+                                       [--stacked-only | --separate]
+
+``--separate`` times what a user does without a sweep against the sweep, each as its own ``hetfed`` processes
+(their starts and imports included, ``--rounds`` rounds, ``--threads`` as ``OMP_NUM_THREADS``): for each number
+of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed sweep --seeds N --stack`` and
+``hetfed sweep --seeds N`` (#47's CPU target: 5 stacked seeds ≤ 0.5× five separate runs).
 
 ``--stacked-only`` times only the stacked sweeps (for #47's "20 stacked seeds ≤ 3× one seed's time" at a run's
 full length, where running the seeds one by one as well would double the time): ``over_one_seed`` is each
@@ -18,6 +23,9 @@ from __future__ import annotations
 import argparse
 import csv
 import json
+import os
+import subprocess
+import sys
 import tempfile
 import time
 from pathlib import Path
@@ -42,15 +50,47 @@ def timed_sweep(config, seeds: int, stack: bool, out: Path) -> float:
     return time.perf_counter() - t0
 
 
+def timed_command(args: list[str], threads: int) -> float:
+    """Wall seconds of one ``hetfed`` process (this interpreter's), its output discarded."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    t0 = time.perf_counter()
+    subprocess.run([sys.executable, "-c", "from hetfed.cli import entry; entry()", *args], env=env, check=True,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    return time.perf_counter() - t0
+
+
+def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, tmp: Path) -> dict[str, float]:
+    """N separate runs, one after another, against the stacked and the one-by-one sweep of N seeds: processes."""
+    common = ["--set", f"train.rounds={rounds}", "--set", f"train.device={device}"]
+    separate = sum(timed_command(["run", "--quiet", *common, "--set", f"seed={s}", "--out", str(tmp / f"run{s}")],
+                                 threads) for s in range(seeds))
+    sweep = ["sweep", str(DEFAULT), *common, "--seeds", str(seeds), "--quiet"]
+    stacked = timed_command([*sweep, "--stack", "--out", str(tmp / "stacked")], threads)
+    one = timed_command([*sweep, "--out", str(tmp / "one")], threads)
+    a, b = _values(tmp / "one"), _values(tmp / "stacked")
+    return {"separate_runs_s": round(separate, 2), "stacked_sweep_s": round(stacked, 2),
+            "one_by_one_sweep_s": round(one, 2), "stacked_over_separate": round(stacked / separate, 3),
+            "one_by_one_over_separate": round(one / separate, 3), "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
     ap.add_argument("--seeds", type=int, nargs="+", default=[1, 5, 20])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
-    ap.add_argument("--stacked-only", action="store_true")
+    mode = ap.add_mutually_exclusive_group()
+    mode.add_argument("--stacked-only", action="store_true")
+    mode.add_argument("--separate", action="store_true")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.separate:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = {n: separate_against_sweeps(n, args.rounds, args.device, args.threads, Path(tmp) / str(n))
+                    for n in args.seeds}
+        print(json.dumps({"experiment": "configs/default.yaml", "rounds": args.rounds, "threads": args.threads,
+                          "device": args.device, "processes": True, "seeds": rows}, indent=2))
+        return
     config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
     rows = {}
     with tempfile.TemporaryDirectory() as tmp:
