@@ -21,8 +21,8 @@ through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacke
 and evaluate alone. Personalisation is each run's own, one run at a time.
 
 Every client computation — joined stacks, a run's lone steps, evaluations and personal phases — runs on one
-thread, the meeting point's stack thread, on the process's torch threads; each run's thread does its own server
-work on one torch thread (:class:`Rendezvous` says why).
+thread, the sweep's own, on its torch threads; each run's thread does its own server work on one torch thread
+(:meth:`Rendezvous.serve` says why).
 """
 
 from __future__ import annotations
@@ -78,7 +78,7 @@ def _set_threads(n: int) -> None:
 
 @dataclass(eq=False)
 class _Call:
-    """A run's own work handed to the stack thread (:meth:`Rendezvous.call`)."""
+    """A run's own work handed to the sweep's thread (:meth:`Rendezvous.call`)."""
 
     fn: Callable[[], Any]
     done: threading.Event = field(default_factory=threading.Event)
@@ -118,26 +118,32 @@ class Rendezvous:
         #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
         self.shifted: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]] = (
             weakref.WeakKeyDictionary())
-        #: the intra-op threads of the process that made this meeting point: the stack thread's (below)
+        #: the torch threads of the thread that made this meeting point, which computes for the runs (:meth:`serve`)
         self.threads = torch.get_num_threads()
-        #: what the stack thread computes, in order: a batch of requests, or a call (``None``: stop)
+        #: what :meth:`serve` computes, in order: a batch of requests, or a call (``None``: every run has left)
         self._work: queue.SimpleQueue[list[_Request] | _Call | None] = queue.SimpleQueue()
-        #: the one thread that computes every joined stack and every call (:meth:`call`). Why one: torch's CPU
-        #: thread pool (OpenMP) is per calling thread, so runs that each computed on a pool of their own left the
-        #: others' pools spinning on the cores — a stacked sweep of 5 default runs on 2 cores took 20.2 s (2 torch
-        #: threads) against 13.4 s (1 thread) and 14.7 s one by one. The runs' own threads compute on one thread
-        #: each (:meth:`join`), so only this thread's pool ever spins.
-        self._worker = threading.Thread(target=self._compute, name="hetfed-stack", daemon=True)
-        if members > 0:
-            self._worker.start()
 
-    def _compute(self) -> None:
-        _set_threads(self.threads)
-        while (work := self._work.get()) is not None:
-            if isinstance(work, _Call):
-                work.run()
-            else:
-                self._serve(work)
+    def serve(self) -> None:
+        """Compute every joined stack and every :meth:`call` of the runs, until the last one leaves — on the thread
+        that made this meeting point (the sweep's), with its torch threads, while the runs' own threads compute on
+        one each (:meth:`join`).
+
+        Why one thread, and that one: torch's CPU thread pool is OpenMP's, which belongs to the thread that calls
+        it. Runs that each computed on a pool of their own left it spinning on the cores the next run's pool
+        needed (5 default runs × 30 rounds on 2 cores: 20.2 s stacked on 2 threads, 13.4 s on one, 14.7 s one by
+        one); and once a thread's pool has worked, another thread's pool runs several times slower beside it
+        (a stacked sweep after a sweep one by one in the same process: 5.3 s instead of 2.6 s, 60 rounds) — so the
+        thread whose pool the process already has does the work."""
+        try:
+            if self._members <= 0:
+                return
+            while (work := self._work.get()) is not None:
+                if isinstance(work, _Call):
+                    work.run()
+                else:
+                    self._serve(work)
+        finally:
+            torch.set_num_threads(self.threads)  # the process's number again, for threads started later
 
     def submit(self, request: _Request) -> Any:
         with self._lock:
@@ -156,8 +162,8 @@ class Rendezvous:
         return request.result
 
     def call(self, fn: Callable[[], T]) -> T:
-        """``fn()`` computed on the stack thread (a run's own heavy tensor work: its personal phase), its result
-        or error returned here; the caller keeps its turn."""
+        """``fn()`` computed by :meth:`serve` (a run's own heavy tensor work: its personal phase), its result or
+        error returned here; the caller keeps its turn."""
         work = _Call(fn)
         self._work.put(work)
         work.done.wait()
@@ -171,8 +177,8 @@ class Rendezvous:
         self.turn.acquire()
 
     def leave(self) -> None:
-        """A run is done (finished or failed; called from its thread, which holds its turn). The last one stops
-        the stack thread and gives the process back its number of torch threads (for threads started later)."""
+        """A run is done (finished or failed; called from its thread, which holds its turn). The last one ends
+        :meth:`serve`."""
         with self._lock:
             self._members -= 1
             batch = self._ready()
@@ -181,8 +187,6 @@ class Rendezvous:
             self._work.put(batch)
         if last:
             self._work.put(None)
-            self._worker.join()
-            torch.set_num_threads(self.threads)
         self.turn.release()
 
     def _ready(self) -> list[_Request]:
@@ -390,8 +394,8 @@ def _joint_pool(executors: Sequence[StackedRunExecutor], cache: dict[tuple[int, 
 
 class StackedRunExecutor(InProcessExecutor):
     """One run's client steps in a stacked sweep: its rounds and evaluations go to the :class:`Rendezvous`; its
-    personalisation is its own (:class:`~hetfed.executors.inprocess.InProcessExecutor`'s), computed on the stack
-    thread."""
+    personalisation is its own (:class:`~hetfed.executors.inprocess.InProcessExecutor`'s), computed by
+    :meth:`Rendezvous.serve`."""
 
     name = "stacked"
 
@@ -415,8 +419,8 @@ class StackedRunExecutor(InProcessExecutor):
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:
-        """The run's personal phase, alone, on the stack thread (its clients' tensor work on the process's torch
-        threads, like every client step of the sweep)."""
+        """The run's personal phase, alone, computed by :meth:`Rendezvous.serve` (on the sweep's thread and its
+        torch threads, like every client step of the sweep)."""
         return self.rendezvous.call(lambda: super(StackedRunExecutor, self).personalise(bc, clients, on_chunk))
 
     def set_adversary(self, adversary: Any) -> None:

@@ -472,6 +472,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: 
     for (_i, point, cfg, _d), thread in zip(todo, threads, strict=True):
         tracker.started(point, cfg.seed)
         thread.start()
+    kind.serve()  # this thread computes the runs' client work until the last one leaves
     for thread in threads:
         thread.join()
     return out

@@ -76,6 +76,11 @@ class ExecutorKind:
         """A run that was handed :meth:`for_runs`' kind is done (finished or failed): the others stop waiting."""
         return None
 
+    def serve(self) -> None:
+        """Called by the thread that handed :meth:`for_runs`' kind to the runs, once they are started: it computes
+        for them until every run has left (kinds that ``stacks_runs``; the others return at once)."""
+        return None
+
     def client_steps(self, train: TrainConfig) -> Executor:
         """The client-step executor of a method trained with ``train`` in this process (in-process kinds)."""
         raise RunError(f"train.executor = {self.name!r} runs its clients through a session: run it with hetfed run "

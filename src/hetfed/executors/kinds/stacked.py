@@ -35,6 +35,10 @@ class Stacked(ExecutorKind):
         if self.rendezvous is not None:
             self.rendezvous.leave()
 
+    def serve(self) -> None:
+        if self.rendezvous is not None:
+            self.rendezvous.serve()
+
     def client_steps(self, train: TrainConfig) -> Executor:
         if self.rendezvous is None:
             raise RunError("executor 'stacked' is handed to the runs of a stacked sweep (hetfed sweep --stack); "
