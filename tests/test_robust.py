@@ -145,6 +145,37 @@ def test_finite_clients_is_the_element_wise_check_even_where_finite_values_overf
     assert finite_clients(_upload(v)).tolist() == expected
 
 
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(_SPECIAL, _SPECIAL, _SPECIAL, _SPECIAL), min_size=1, max_size=5))
+def test_finite_clients_checks_every_tensor_of_an_upload(rows):
+    """A client is finite when every one of its tensors is — parameters (of any shape) and statistics alike."""
+    from hetfed.server.screen import finite_clients
+
+    v = torch.tensor(rows, dtype=torch.float32)
+    upload = Upload(list(range(len(rows))), {"a": v[:, :1], "b": v[:, 1:3].reshape(-1, 2, 1)}, torch.ones(len(rows)),
+                    {"train_loss": v[:, 3]})
+    assert finite_clients(upload).tolist() == [all(math.isfinite(x) for x in row) for row in rows]
+
+
+def test_screening_reads_the_device_as_often_whatever_the_number_of_parameters():
+    """The finite check and the norm filter read their per-client numbers back once for the whole upload, not once
+    per parameter (each read makes the host wait for the device)."""
+    from tests.test_streams import _HostReads
+
+    def reads(n_params: int) -> int:
+        g = torch.Generator().manual_seed(1)
+        ref = {f"p{i}": torch.randn(3, 4, generator=g) for i in range(n_params)}
+        upload = Upload(list(range(6)), {k: v + torch.randn(6, 3, 4, generator=g) for k, v in ref.items()},
+                        torch.ones(6), {"train_loss": torch.zeros(6)})
+        mode = _HostReads()
+        with mode:
+            passed = Screen(ref, norm_factor=10.0, reference_clients=4).admit(upload)
+        assert sum(len(u.client_ids) for u in passed) == 6
+        return mode.seen.count("cpu")
+
+    assert reads(2) == reads(12) <= 2
+
+
 def test_update_norms_are_the_float64_euclidean_norms_of_the_updates():
     from hetfed.server.screen import update_norms
 

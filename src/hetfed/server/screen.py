@@ -33,32 +33,40 @@ def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
 
 
 def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
-    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64).
+    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
 
     Accumulated in float64 by ``vector_norm`` without a float64 copy of every update (that
-    copy and its square were ~7 % of a compute-bound round: ``benchmarks/engine.py``, docs/scale.md).
+    copy and its square were ~7 % of a compute-bound round: ``benchmarks/engine.py``, docs/scale.md),
+    parameter after parameter on the device, and read back once (a read per parameter made the host wait for
+    the device as often).
     """
     n = len(upload.client_ids)
-    total = torch.zeros(n, dtype=torch.float64)
+    total: torch.Tensor | None = None
     for d in deltas(upload, reference).values():
-        total += torch.linalg.vector_norm(d.reshape(n, -1), dim=1, dtype=torch.float64).cpu().pow(2)
-    return total.sqrt()
+        square = torch.linalg.vector_norm(d.reshape(n, -1), dim=1, dtype=torch.float64).pow(2)
+        total = square if total is None else total + square.to(total.device)
+    return torch.zeros(n, dtype=torch.float64) if total is None else total.sqrt().cpu()
 
 
 def finite_clients(upload: Upload) -> torch.Tensor:
-    """Per client: True when every uploaded value (parameters and statistics) is finite.
+    """Per client: True when every uploaded value (parameters and statistics) is finite (on the host).
 
     A client's finite sum proves its values finite (a NaN or ±inf makes the sum non-finite),
     so only clients whose sum is not finite (a non-finite value, or finite values whose sum
     overflows) are checked value by value: one pass of reading instead of a boolean copy of
-    every update.
+    every update. Every tensor's sums are read back at once.
     """
     n = len(upload.client_ids)
     ok = torch.ones(n, dtype=torch.bool)
-    for v in [*upload.params.values(), *upload.extra.values()]:
-        if v.is_floating_point() and v.shape[:1] == (n,):
-            flat = v.reshape(n, -1)
-            suspect = ~torch.isfinite(flat.sum(1)).cpu()
+    flats = [v.reshape(n, -1) for v in [*upload.params.values(), *upload.extra.values()]
+             if v.is_floating_point() and v.shape[:1] == (n,)]
+    if not flats or not n:
+        return ok
+    device = flats[0].device
+    sums = torch.stack([flat.sum(1).to(device, torch.float64) for flat in flats])  # a float's ±inf and NaN kept
+    suspects = ~torch.isfinite(sums).cpu()  # [tensors, n]
+    if bool(suspects.any()):
+        for flat, suspect in zip(flats, suspects, strict=True):
             if bool(suspect.any()):
                 rows = torch.nonzero(suspect, as_tuple=True)[0]
                 suspect[rows] = ~torch.isfinite(flat[rows.to(flat.device)]).all(1).cpu()
