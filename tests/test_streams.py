@@ -69,6 +69,23 @@ def test_the_int32_form_draws_the_same_bits_and_compares_them_unsigned(seeds, st
         assert torch.equal(streams.at_least(narrow.clone(), edge), wide >= edge)
 
 
+def test_a_rounds_draw_table_gives_each_draw_its_own_hash():
+    """The round's table of dropout stream states (hashed for every step at once) is the per-draw hash at every
+    step and draw — past its width, and for a step given as a device scalar (a recorded step), too — and masks
+    drawn through it are the masks drawn without it."""
+    keys = streams.keys([5, 2**33 + 7, 91], "cpu")
+    table = streams.RoundDraws(keys, steps=6, purpose=streams.DROPOUT_MASK, draws=3)
+    for step in (0, 3, 5, 6, torch.tensor(2)):
+        for draw in range(5):
+            want = streams.seeded32(streams.bits(keys, streams.DROPOUT_MASK, step, draw))
+            assert torch.equal(table.state(step, draw), want), (step, draw)
+    with_table, without = Noise(keys, 4, [3, 3, 1], masks=table), Noise(keys, 4, [3, 3, 1])
+    for _ in range(5):  # past the table's 3 draws
+        assert torch.equal(with_table.keep_mask(3, 7, 0.3), without.keep_mask(3, 7, 0.3))
+    wide, narrow = with_table.columns(1, 2), without.columns(1, 2)
+    assert torch.equal(wide.keep_mask(2, 7, 0.5), narrow.keep_mask(2, 7, 0.5))
+
+
 def test_seeds_that_differ_only_in_their_high_bits_get_different_keys():
     low = 987654321
     keys = streams.keys([low, low + (1 << 32), low + (5 << 40)], "cpu").tolist()

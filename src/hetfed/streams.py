@@ -90,6 +90,18 @@ def _mix32_int32_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def seeded32(key: torch.Tensor) -> torch.Tensor:
+    """The state of stream ``key`` before its first counter, as int32: what :func:`next32` hashes counters with."""
+    return _to_int32(mix32((key & MASK32) ^ _GOLDEN))
+
+
+def next32(state: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
+    """The 32 bits (int32) at ``counter`` (values in [0, 2³¹)) of the stream in ``state`` (:func:`seeded32`)."""
+    x = state ^ counter.to(torch.int32)
+    x += _GOLDEN_I32
+    return _mix32_int32_(x)
+
+
 def bits32(key: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     """``bits(key, counter)`` (one counter, values in [0, 2³¹)) as int32: the same 32 bits, two's complement.
 
@@ -97,10 +109,32 @@ def bits32(key: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
     this project's CPU — CPUs multiply int32 lanes in SIMD where int64 products are scalar without AVX-512, and
     the arrays are half the size. Compare with :func:`at_least`; tested equal to :func:`bits`.
     """
-    h = _to_int32(mix32((key & MASK32) ^ _GOLDEN))
-    x = h ^ counter.to(torch.int32)
-    x += _GOLDEN_I32
-    return _mix32_int32_(x)
+    return next32(seeded32(key), counter)
+
+
+class RoundDraws:
+    """The states (:func:`seeded32`) of each client's draws of ``purpose`` at every step of a round, ``[n]`` per
+    (step, draw): ``seeded32(bits(keys, purpose, step, draw))``.
+
+    Why a table: a state is five hashes of a few values — about fifty tensor operations too small to cost
+    anything but their launch. A step's first ``draws`` draws are read from a table hashed for every step of the
+    round at once, on first use; other draws, and a step given as a device tensor (a recorded step), are hashed
+    when asked. The same numbers either way.
+    """
+
+    def __init__(self, keys: torch.Tensor, steps: int, purpose: int, draws: int = 4) -> None:
+        self.keys, self.steps, self.purpose, self.draws = keys, steps, purpose, draws
+        self._table: torch.Tensor | None = None
+
+    def state(self, step: int | torch.Tensor, draw: int) -> torch.Tensor:
+        if isinstance(step, int) and 0 <= step < self.steps and draw < self.draws:
+            if self._table is None:
+                device = self.keys.device
+                self._table = seeded32(bits(self.keys[:, None, None], self.purpose,
+                                            torch.arange(self.steps, device=device)[None, :, None],
+                                            torch.arange(self.draws, device=device)[None, None, :]))
+            return self._table[:, step, draw]
+        return seeded32(bits(self.keys, self.purpose, step, draw))
 
 
 def at_least(drawn: torch.Tensor, threshold: int) -> torch.Tensor:

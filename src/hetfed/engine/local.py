@@ -204,7 +204,8 @@ def train_stack(
     keys = [(w, every and not capturing, tuple(rows) if model.reads_rows else None)
             for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True) if w]
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
-                 opt_cfg, lr, objective, term, proximal, project)
+                 opt_cfg, lr, objective, term, proximal, project,
+                 streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK))
     graphs = None
     if capturing:
         step, graphs = _recorded(step, keys)
@@ -270,13 +271,15 @@ class _Step:
     term: Regulariser | None
     proximal: Proximal | None
     project: Projection | None
+    #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
+    masks: streams.RoundDraws | None = None
 
     def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any],
                  rows: list[int]) -> None:
         index, mask, active = inputs
         every = key[1]
         xb, yb = self.data.x[index], self.data.y[index]
-        noise = Noise(self.keys, t, rows)
+        noise = Noise(self.keys, t, rows, masks=self.masks)
         fixed = self.fixed
         leaves = {k: v.detach().requires_grad_(True) for k, v in self.current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
@@ -321,6 +324,7 @@ class _Step:
             for k, v in mine.items():
                 v.copy_(theirs[k])
         self.keys.copy_(other.keys)
+        self.masks = other.masks  # the call's own round (its keys): a step run eagerly reads its table
         self.loss_sum.zero_()
 
 
