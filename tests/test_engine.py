@@ -155,6 +155,25 @@ def test_functional_optimisers_match_torch(cfg):
     assert torch.equal(frozen["p"], params["p"])
 
 
+@pytest.mark.parametrize("momentum,decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 0.01), (0.0, 0.01)])
+def test_sgds_every_client_path_is_its_masked_path_when_every_client_trains(momentum, decay):
+    """The all-active step (one foreach call per operation over every parameter) moves parameters and momentum
+    exactly as the masked step with every client active."""
+    cfg = OptimizerConfig(kind="sgd", lr=0.1, momentum=momentum, weight_decay=decay)
+    gen = torch.Generator().manual_seed(3)
+    start = {"a": torch.randn(4, 3, 2, generator=gen), "b": torch.randn(4, 5, generator=gen)}
+    grads = [{k: torch.randn(v.shape, generator=gen) for k, v in start.items()} for _ in range(3)]
+    runs = []
+    for every in (True, False):
+        params = {k: v.clone() for k, v in start.items()}
+        state = optim.init_state(cfg, params)
+        for g in grads:
+            params, state = optim.step(cfg, params, g, state, cfg.lr, torch.ones(4, dtype=torch.bool), every=every)
+        runs.append((params, state))
+    for got, want in zip(runs[0], runs[1], strict=True):
+        assert got.keys() == want.keys() and all(torch.equal(got[k], want[k]) for k in got)
+
+
 def test_mlp_matches_torch_module():
     model = MLP(5, [7], 3)
     params = model.init_shared(torch.Generator().manual_seed(0))

@@ -56,6 +56,9 @@ def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr:
 
 def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
          every: bool) -> None:
+    if every:
+        _sgd_every(cfg, params, grads, state, lr)
+        return
     a = active.to(next(iter(params.values())).dtype) if not every else active
     keep = torch.where(active, cfg.momentum, 1.0) if not every else None
     for k, p in params.items():
@@ -71,6 +74,23 @@ def _sgd(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr:
                 buf.mul_(_view(keep, buf)).add_(g)
             g = buf if every else buf * _view(a, buf)
         p.add_(g, alpha=-lr)
+
+
+def _sgd_every(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float) -> None:
+    """:func:`_sgd` when every client is active: the same operations, in order, as one call per operation over
+    all parameters (``torch._foreach_*``) instead of one per parameter — a step of a small model (the CGAU
+    setting's) is launch-bound, and the per-parameter loop was ~0.1 ms of it."""
+    names = list(params)
+    ps = [params[k] for k in names]
+    gs = [grads[k] for k in names]
+    if cfg.weight_decay:
+        gs = list(torch._foreach_add(gs, ps, alpha=cfg.weight_decay))
+    if cfg.momentum:
+        bufs = [state[f"opt.mom.{k}"] for k in names]
+        torch._foreach_mul_(bufs, cfg.momentum)
+        torch._foreach_add_(bufs, gs)
+        gs = bufs
+    torch._foreach_add_(ps, gs, alpha=-lr)
 
 
 def _adam(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
