@@ -168,3 +168,34 @@ def test_every_client_computation_runs_on_the_sweeps_thread_and_the_process_keep
         assert later == [2] and torch.get_num_threads() == 2
     finally:
         torch.set_num_threads(threads)
+
+
+def test_a_stacked_sweep_compresses_each_runs_uploads_as_alone(tmp_path, monkeypatch):
+    """Compression in a stacked sweep: each run's clients' uploads go through the run's own transport (QSGD's draws
+    from each client's seed, top-k's error-feedback residuals kept in the run's own client states), so runs.csv is
+    the one-by-one sweep's, bytes included; the runs still step as one stack."""
+    served: list[int] = []
+    original = stacked_runs.train_together
+    monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
+    methods = ("methods=[{name: q4, algorithm: fedavg, server: {compression: {kind: qsgd, bits: 4}}}, "
+               "{name: top_ef, algorithm: fedavg, server: {compression: {kind: topk, fraction: 0.1, "
+               "error_feedback: true}}}, {name: ditto_q8, algorithm: ditto, server: {compression: {kind: qsgd, "
+               "bits: 8, bucket: 64}}}]")
+    args = [*BASE[:-5], "--grid", "partition.shuffle=0.5", "--seeds", "3", "--quiet", "--set", methods]
+    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
+    assert alone.keys() == stacked.keys()
+    for key, value in alone.items():
+        assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert max(served) == 3
+    for run in (tmp_path / "one_by_one").glob("*/seed=*"):  # the compressed bytes each round sent
+        sent = [_bytes(run / "metrics.csv"), _bytes(tmp_path / "stacked" / run.parent.name / run.name / "metrics.csv")]
+        assert sent[0] == sent[1] and len(sent[0]) > 10 and len({v for (m, *_), v in sent[0].items()
+                                                                 if m == "q4"} - {0.0}) > 0
+
+
+def _bytes(path: Path) -> dict[tuple, float]:
+    with open(path) as fh:
+        return {(r["method"], r["round"], r["metric"]): float(r["value"]) for r in csv.DictReader(fh)
+                if "bytes" in r["metric"]}

@@ -9,8 +9,9 @@ When every run still training has handed one in, the last to arrive computes the
 client step is the same computation (:func:`step_key`: the algorithm, its parameters, schedule, optimiser,
 model and learning rate) become one stack of clients, each client with its own run's broadcast parameters (a
 :class:`ClientBroadcast`), its own data and its own seed; the uploads and new states go back to their runs.
-A client's numbers do not depend on its stack (tested), so a stacked sweep gives the numbers of its runs one by
-one, to float tolerance.
+Each run's part of the stack's uploads then goes through the run's own transport (compression, its clients'
+error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on its
+stack (tested), so a stacked sweep gives the numbers of its runs one by one, to float tolerance.
 
 Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
 each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and
@@ -258,6 +259,8 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], lead.rendezvous.pools)
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
     rounds = [RoundUploads(Screen.for_round(r.executor.algo, r.bc.params)) for r in group]
+    for r in group:
+        r.executor._ensure_residuals(r.bc.params)
     schedule = algo.schedule
     steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
     for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):
@@ -266,12 +269,11 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     return [r.result(False) for r in rounds]
 
 
-def _joined_state(group: Sequence[_Request], runs: list[int], chosen: dict[int, list[int]], scoring: bool = False
+def _joined_state(group: Sequence[_Request], runs: list[int], chosen: dict[int, list[int]]
                   ) -> tuple[ClientState, ClientBroadcast]:
-    """The chosen clients' states (``scoring``: as the algorithm sees them, without the transport's residuals) and
-    broadcast parameters, run after run, as one stack."""
-    states = [group[i].executor._stacked(chosen[i]) if scoring else
-              group[i].executor.states.gather(chosen[i], group[i].executor.device) for i in runs]
+    """The chosen clients' states as the algorithm sees them (without the transport's residuals) and broadcast
+    parameters, run after run, as one stack."""
+    states = [group[i].executor._stacked(chosen[i]) for i in runs]
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
     bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
@@ -292,11 +294,18 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
     upload, new = algo.local_update(bc, state, data)
     start = 0
     for i in runs:
+        executor = group[i].executor
         rows = slice(start, start + len(chosen[i]))
         start += len(chosen[i])
-        rounds[i].add(Upload(upload.client_ids[rows], {k: v[rows] for k, v in upload.params.items()},
-                             upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()}))
-        group[i].executor.states.scatter(chosen[i], {k: v[rows] for k, v in new.items()})
+        mine = {k: v[rows] for k, v in new.items()}
+        part = Upload(upload.client_ids[rows], {k: v[rows] for k, v in upload.params.items()},
+                      upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()})
+        # the run's own transport (compression, its clients' residuals), as its executor applies it alone
+        residual = executor._residuals(chosen[i]) if executor.transport.error_feedback else {}
+        part, residual = executor.transport.send(part, group[i].bc.params, residual, parts[i].seeds,
+                                                 still_read=tuple(mine.values()))
+        executor._keep(chosen[i], mine, residual)
+        rounds[i].add(part)
 
 
 def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
@@ -318,7 +327,7 @@ def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
         members = entries[start : start + size]
         runs = sorted({i for i, _ in members})
         chosen = {i: [k for j, k in members if j == i] for i in runs}
-        state, bc = _joined_state(group, runs, chosen, scoring=True)
+        state, bc = _joined_state(group, runs, chosen)
         sets = {i: _shifted(group[i].executor, offsets[i], global_offsets[i], rendezvous.shifted) for i in runs}
         data = ClientEvalData(
             [k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], pool_x, pool_y,

@@ -25,7 +25,7 @@ import yaml
 from rich.console import Console
 from rich.table import Table
 
-from hetfed.config import Config, ServerConfig, build_config
+from hetfed.config import Config, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.runs.rundir import (
@@ -441,11 +441,6 @@ def _check_stackable(configs: list[SweepRun]) -> None:
                 raise ConfigError(f"methods algorithm = {method.algorithm!r} (method {method.label!r}) cannot be "
                                   "stacked across runs: its server works on its own clock; expected the sweep without "
                                   "--stack")
-            compression = cfg.method_server(method).compression
-            if compression != ServerConfig().compression:
-                raise ConfigError(f"server.compression = {compression} (method {method.name!r}) cannot be stacked "
-                                  "yet: stacked runs send their updates uncompressed; expected the sweep without "
-                                  "--stack, or server.compression.kind: none")
 
 
 def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: SweepProgress) -> dict[int, tuple[str, object]]:
