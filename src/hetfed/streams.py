@@ -66,7 +66,7 @@ def bits(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
     return h
 
 
-#: the int32 two's-complement forms of the constants (:func:`bits32`)
+#: the int32 two's-complement forms of the constants (:func:`next32`)
 _I32 = 1 << 32
 _GOLDEN_I32 = _GOLDEN - _I32
 _MUL1_I32, _MUL2_I32 = 0x7FEB352D, 0x846CA68B - _I32
@@ -96,20 +96,16 @@ def seeded32(key: torch.Tensor) -> torch.Tensor:
 
 
 def next32(state: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """The 32 bits (int32) at ``counter`` (values in [0, 2³¹)) of the stream in ``state`` (:func:`seeded32`)."""
-    x = state ^ counter.to(torch.int32)
-    x += _GOLDEN_I32
-    return _mix32_int32_(x)
-
-
-def bits32(key: torch.Tensor, counter: torch.Tensor) -> torch.Tensor:
-    """``bits(key, counter)`` (one counter, values in [0, 2³¹)) as int32: the same 32 bits, two's complement.
+    """The 32 bits (int32) at ``counter`` (values in [0, 2³¹)) of the stream in ``state`` (:func:`seeded32`):
+    ``next32(seeded32(key), counter)`` is ``bits(key, counter)``, the same 32 bits in two's complement.
 
     The form for a large draw (a stack's dropout masks): int32 arithmetic in place costs ~0.4× the int64 form on
     this project's CPU — CPUs multiply int32 lanes in SIMD where int64 products are scalar without AVX-512, and
     the arrays are half the size. Compare with :func:`at_least`; tested equal to :func:`bits`.
     """
-    return next32(seeded32(key), counter)
+    x = state ^ counter.to(torch.int32)
+    x += _GOLDEN_I32
+    return _mix32_int32_(x)
 
 
 class RoundDraws:
@@ -138,7 +134,7 @@ class RoundDraws:
 
 
 def at_least(drawn: torch.Tensor, threshold: int) -> torch.Tensor:
-    """Whether each of :func:`bits32`'s draws, read as an unsigned 32-bit integer, is ≥ ``threshold`` (in
+    """Whether each of :func:`next32`'s draws, read as an unsigned 32-bit integer, is ≥ ``threshold`` (in
     [0, 2³²]); ``drawn`` is overwritten (its sign bit flipped, so a signed comparison orders it as unsigned)."""
     if threshold > MASK32:
         return torch.zeros_like(drawn, dtype=torch.bool)

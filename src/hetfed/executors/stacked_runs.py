@@ -53,17 +53,29 @@ from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chun
 from hetfed.server.screen import Screen
 
 
+@dataclass(eq=False, kw_only=True)
+class _Answered:
+    """Work a run hands to :meth:`Rendezvous.serve`: set ``result`` or ``error``, then ``done``."""
+
+    done: threading.Event = field(default_factory=threading.Event)
+    result: Any = None
+    error: BaseException | None = None
+
+    def answer(self) -> Any:
+        """The result, once ``done`` (the error raised in the run that asked)."""
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
 @dataclass(eq=False)
-class _Request:
+class _Request(_Answered):
     executor: StackedRunExecutor
     bc: Broadcast
     clients: list[int]
     #: what it asks: a round's client steps ("train") or its clients' scores ("evaluate", of ``view``)
     kind: str = "train"
     view: str | None = None
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
-    error: BaseException | None = None
 
 
 T = TypeVar("T")
@@ -78,13 +90,10 @@ def _set_threads(n: int) -> None:
 
 
 @dataclass(eq=False)
-class _Call:
+class _Call(_Answered):
     """A run's own work handed to the sweep's thread (:meth:`Rendezvous.call`)."""
 
     fn: Callable[[], Any]
-    done: threading.Event = field(default_factory=threading.Event)
-    result: Any = None
-    error: BaseException | None = None
 
     def run(self) -> None:
         try:
@@ -99,7 +108,7 @@ class Rendezvous:
     """Where the runs of a stacked sweep meet each round; see the module docstring.
 
     ``members`` runs take part; each calls :meth:`leave` when it is done (finished or failed), so the others
-    never wait for it. The run whose request completes the set computes the whole set, outside the lock.
+    never wait for it. The run whose request completes the set hands it to :meth:`serve`, which computes it.
     """
 
     def __init__(self, members: int) -> None:
@@ -157,10 +166,9 @@ class Rendezvous:
             request.done.wait()
         finally:
             self.turn.acquire()
-        if request.error is not None:
-            raise request.error
-        assert request.result is not None
-        return request.result
+        result = request.answer()
+        assert result is not None
+        return result
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` computed by :meth:`serve` (a run's own heavy tensor work: its personal phase), its result or
@@ -168,9 +176,7 @@ class Rendezvous:
         work = _Call(fn)
         self._work.put(work)
         work.done.wait()
-        if work.error is not None:
-            raise work.error
-        return cast(T, work.result)
+        return cast(T, work.answer())
 
     def join(self) -> None:
         """A run starts its own work (call from its thread, before anything else): on one torch thread."""

@@ -85,8 +85,9 @@ class Noise:
                  counter: list[int] | None = None, masks: streams.RoundDraws | None = None):
         self.keys = keys  # [n] int64 on the device: each client's round key
         self.step = step  # an int, or a 0-d int64 device tensor in a recorded step (the same bits)
-        #: the round's dropout streams hashed for every step at once (None: each draw's hashed when made)
-        self.masks = masks
+        #: the round's dropout streams (hashed for every step at once; without a round's table, each draw's hashed
+        #: when made)
+        self.masks = masks if masks is not None else streams.RoundDraws(keys, 0, streams.DROPOUT_MASK)
         self.rows = rows  # real (unpadded) batch rows per client
         self.row_offset = row_offset
         self._counter = counter if counter is not None else [0]  # draws so far this step (shared by columns)
@@ -110,8 +111,7 @@ class Noise:
         """Inverted-dropout multipliers ``[n, batch, width]`` (0 or 1/(1−p)) for this step's next draw."""
         draw = self._counter[0]
         self._counter[0] += 1
-        state = (self.masks.state(self.step, draw) if self.masks is not None
-                 else streams.seeded32(streams.bits(self.keys, streams.DROPOUT_MASK, self.step, draw)))  # [n]
+        state = self.masks.state(self.step, draw)  # [n]
         cell = torch.arange(self.row_offset * width, (self.row_offset + batch) * width, device=self.device)
         drawn = streams.next32(state[:, None], cell[None]).view(-1, batch, width)  # row-major (row, column)
         return streams.at_least(drawn, streams.below(p)).to(torch.float32).mul_(1.0 / (1 - p))
