@@ -4,6 +4,7 @@ run killed mid-queue resumed event for event."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import math
 
@@ -109,11 +110,12 @@ def test_fedbuff_with_every_client_at_once_and_no_spread_is_fedavg():
 
 class Trace(RoundObserver):
     def __init__(self):
-        self.rows = []
+        self.rows, self.rejected = [], []
 
     def trained(self, rnd, metrics):
         self.rows.append((rnd, metrics["sim_time"], metrics["staleness_mean"], metrics["staleness_max"],
                           metrics["clients_aggregated"]))
+        self.rejected.append(metrics.get("clients_rejected_norm", 0))
 
 
 @pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 5, "buffer": 3}),
@@ -136,6 +138,55 @@ def test_the_event_order_is_fixed_by_the_seed_and_not_by_the_stacking(name, para
     other_seed = Trace()
     simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=6, observers=[other_seed])
     assert other_seed.rows != ta
+
+
+def test_a_stack_of_several_versions_is_screened_as_each_version_alone():
+    """Clients sent different versions train as one stack and are screened per version from norms computed once
+    for the stack: with a norm filter tight enough to reject, the same updates are rejected (and counted) as when
+    each version's clients train and are screened on their own."""
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=10, clock={"latency": "lognormal", "spread": 1.0})
+    server = ServerConfig(screen={"norm_factor": 1.02, "reference_clients": 4})
+    params = {"concurrency": 7, "buffer": 3}
+    runs = []
+    for stacks_runs in (True, False):
+        algo = build_algorithm("fedbuff", _model(fed), train, params, server=server)
+        algo.spec = dataclasses.replace(algo.spec, capabilities=dataclasses.replace(algo.capabilities,
+                                                                                      stacks_runs=stacks_runs))
+        trace, seen = Trace(), []
+        original = VectorisedExecutor.train_rows
+
+        def counting(self, bc, clients, rounds, seen=seen, original=original):
+            seen.append(len(set(rounds)))
+            return original(self, bc, clients, rounds)
+
+        VectorisedExecutor.train_rows = counting
+        try:
+            r = simulate(algo, fed, train, seed=3, observers=[trace])
+        finally:
+            VectorisedExecutor.train_rows = original
+        runs.append((r, trace, seen))
+    (a, ta, mixed), (b, tb, none) = runs
+    assert max(mixed) > 1 and not none  # one run stacked several versions, the other never did
+    assert sum(ta.rejected) > 0  # the filter rejected updates
+    assert ta.rows == tb.rows and ta.rejected == tb.rejected
+    for k in a.server.params:
+        torch.testing.assert_close(b.server.params[k], a.server.params[k], rtol=1e-5, atol=1e-6)
+
+
+def test_a_buffer_the_norm_filter_leaves_too_few_of_is_skipped_like_a_round():
+    """``server.min_clients`` counts a merge's accepted arrivals: a buffer with fewer left after the norm filter
+    moves no model, and metrics.csv says so (``round_skipped``, ``clients_aggregated`` 0, the rejections counted)."""
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=10, clock={"latency": "lognormal", "spread": 1.0})
+    server = ServerConfig(screen={"norm_factor": 1.02, "reference_clients": 4}, min_clients=3)
+    trace = Trace()
+    r = simulate(build_algorithm("fedbuff", _model(fed), train, {"concurrency": 7, "buffer": 3}, server=server),
+                 fed, train, seed=3, observers=[trace])
+    skipped = [row for row, rejected in zip(trace.rows, trace.rejected, strict=True) if row[4] == 0]
+    assert skipped and all(rejected > 0 for row, rejected in zip(trace.rows, trace.rejected, strict=True)
+                           if row[4] == 0)
+    assert r.server.round == 10 - len(skipped) and r.skipped_rounds == [row[0] for row in skipped]
 
 
 class KillAt(RoundObserver):

@@ -188,6 +188,36 @@ def test_update_norms_are_the_float64_euclidean_norms_of_the_updates():
     np.testing.assert_allclose(update_norms(upload, ref).numpy(), want, rtol=1e-6)
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.sampled_from([0.1, 0.5, 1.0, 2.0, 40.0, 500.0, float("nan")]), min_size=1, max_size=9),
+       st.integers(1, 6), st.sampled_from([None, 10.0, 2.0]))
+def test_a_groups_verdict_is_what_admitting_it_as_one_chunk_decides(scales, reference_clients, factor):
+    """An asynchronous server screens each version's group of a mixed stack from norms computed once
+    (:meth:`Screen.verdict`): the same updates pass, and the same rejections are counted, as when the group is
+    admitted and flushed on its own."""
+    from hetfed.server.screen import finite_clients, update_norms
+
+    ref = {"w": torch.tensor([1.0, -2.0])}
+    upload = _upload([[1.0 + s, -2.0] for s in scales])
+    admitting = Screen(ref, norm_factor=factor, reference_clients=reference_clients)
+    admitted = [*admitting.admit(upload), *admitting.flush()]
+    judging = Screen(ref, norm_factor=factor, reference_clients=reference_clients)
+    passed = judging.verdict(finite_clients(upload), update_norms(upload, ref))
+    assert [k for k, ok in enumerate(passed.tolist()) if ok] == [k for u in admitted for k in u.client_ids]
+    assert judging.counts == admitting.counts
+
+
+def test_update_norms_take_one_reference_per_client_as_well():
+    """Clients sent different model versions (an asynchronous stack) are measured each against its own."""
+    from hetfed.server.screen import update_norms
+
+    g = torch.Generator().manual_seed(2)
+    refs = torch.randn(3, 5, generator=g)
+    upload = Upload([0, 1, 2], {"w": torch.randn(3, 5, generator=g)}, torch.ones(3), {})
+    want = [float(update_norms(upload.take([i]), {"w": refs[i]})[0]) for i in range(3)]
+    np.testing.assert_allclose(update_norms(upload, {"w": refs}).numpy(), want, rtol=1e-12)
+
+
 def test_screen_clips_each_update_to_the_bound():
     ref = {"w": torch.tensor([1.0, 1.0])}
     screen = Screen(ref, clip=1.0)

@@ -40,7 +40,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.executors.updates import after_update, wire_bytes
-from hetfed.server.screen import Screen, finite_clients
+from hetfed.server.screen import Screen, buffer_screen, finite_clients, update_norms
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
@@ -152,8 +152,8 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     flight, whatever version each was sent — as one stack, when the algorithm's client step allows clients of
     different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else the
     arriving client's version alone (:func:`_train_version`) — which is also how the clients pending on one version
-    train (a synchronous round's path: no model copied per client, the stack screened as it is). Each client's
-    update is screened against the model it was sent."""
+    train (a synchronous round's path: no model copied per client). Updates holding NaN/inf are dropped here; the
+    norm filter judges the buffer at the merge (:func:`_update`)."""
     algo, executor = loop.algo, loop.executor
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
                       and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
@@ -232,22 +232,39 @@ def _rows(at: list[tuple[Upload, int]]) -> Upload:
 
 
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:
-    """Merge the buffer into a new version, tell the observers, evaluate and checkpoint when due; True to stop."""
+    """Screen the buffer (the norm filter: :func:`hetfed.server.screen.buffer_screen`) and merge what passed into
+    a new version (a merge left with fewer than ``server.min_clients`` is skipped: the model stays), tell the
+    observers, evaluate and checkpoint when due; True to stop."""
     algo = cast("Asynchronous", loop.algo)
     jobs = [job for job, _ in q.buffer]
     staleness = np.array([s for _, s in q.buffer])
     arrivals = _rows([q.trained.pop((job.version, job.client)) for job in jobs])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
-    t_server = time.perf_counter()
-    result.server = algo.merge(result.server, arrivals, starts, staleness)
-    result.server_seconds += time.perf_counter() - t_server
+    screen = buffer_screen(algo)  # the norm filter over the buffer, each arrival against the model it was sent
+    if not screen.only_finite(len(jobs)):
+        passed = screen.verdict(torch.ones(len(jobs), dtype=torch.bool), update_norms(arrivals, starts))
+        _count(q, screen.counts)
+        if not bool(passed.all()):
+            keep = torch.nonzero(passed).flatten().tolist()
+            jobs, arrivals = [jobs[i] for i in keep], arrivals.take(keep)
+            starts, staleness = {k: v[keep] for k, v in starts.items()}, staleness[keep]
+    # too few accepted arrivals: the model stays, as a round's would, but the version moves on (clients are sent
+    # it again with the next version's streams)
+    merged = len(jobs) >= loop.min_clients
+    if merged:
+        t_server = time.perf_counter()
+        result.server = algo.merge(result.server, arrivals, starts, staleness)
+        result.server_seconds += time.perf_counter() - t_server
+    else:
+        result.skipped_rounds.append(result.rounds_done + 1)
     q.version += 1
-    q.buffer = []
     q.on_version = set()
+    q.buffer = []
     needed = {j.version for j in q.in_flight} | {q.version}
     q.versions = {v: p for v, p in q.versions.items() if v in needed}
     q.versions[q.version] = result.server.params
-    counts = {"clients_aggregated": len(jobs), **{f"clients_{r}": n for r, n in q.rejected_counts.items()}}
+    counts = {"clients_aggregated": len(jobs) if merged else 0, "round_skipped": int(not merged),
+              **{f"clients_{r}": n for r, n in q.rejected_counts.items()}}
     clock = {"round_time": q.now - q.last_update, "sim_time": q.now, "downlink_bytes": q.down_bytes,
              "uplink_bytes": q.up_bytes, "staleness_mean": float(staleness.mean()),
              "staleness_max": float(staleness.max())}
@@ -256,4 +273,4 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     result.downlink_bytes += q.down_bytes
     result.uplink_bytes += q.up_bytes
     q.last_update, q.down_bytes, q.up_bytes, q.rejected_counts = q.now, 0, 0, {}
-    return after_update(loop, result, arrivals, counts, clock, t0)
+    return after_update(loop, result, arrivals if merged else None, counts, clock, t0)

@@ -28,8 +28,15 @@ from hetfed.interface import Algorithm, private
 
 
 def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
-    """Each client's update ``θ_k − θ_global`` of the shared parameters, stacked ``[n, …]``."""
-    return {k: upload.params[k] - ref.to(upload.params[k].device).unsqueeze(0) for k, ref in reference.items()}
+    """Each client's update ``θ_k − θ_global`` of the shared parameters, stacked ``[n, …]``. A reference tensor
+    is one model's (``[…]``, every client was sent it) or one per client (``[n, …]``, as stacked as the upload:
+    an asynchronous server's clients were sent different versions)."""
+    out = {}
+    for k, ref in reference.items():
+        theta = upload.params[k]
+        ref = ref.to(theta.device)
+        out[k] = theta - (ref if ref.dim() == theta.dim() else ref.unsqueeze(0))
+    return out
 
 
 def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
@@ -102,6 +109,18 @@ def clip_updates(upload: Upload, reference: Params, bound: float) -> Upload:
 # ------------------------------------------------------------------ screening
 
 
+def reference_median(norms: torch.Tensor, reference_clients: int) -> float:
+    """The norm filter's reference: the median norm of the first ``reference_clients`` updates (an even count:
+    the mean of the two middle norms)."""
+    return float(torch.quantile(norms[:reference_clients].double(), 0.5))
+
+
+def within(norms: torch.Tensor, median: float, factor: float | None) -> torch.Tensor:
+    """The updates whose norm is at most ``factor`` × the reference median (True: passes)."""
+    assert factor is not None
+    return norms <= factor * max(median, 1e-12)
+
+
 @dataclass(frozen=True)
 class ScreenSpec:
     """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
@@ -111,8 +130,21 @@ class ScreenSpec:
 
 
 def norm_factor(algo: Algorithm) -> float | None:
-    """The norm filter's factor for ``algo`` (None: off; under DP clipping bounds every update already)."""
-    return None if private(algo) is not None else algo.context.pipeline.screen.norm_factor
+    """The norm filter's factor for a round of ``algo``'s updates (None: off; under DP clipping bounds every update
+    already). An asynchronous server's executors screen for non-finite updates only: its norm filter judges each
+    buffer of arrivals when it is merged (:func:`buffer_screen`), the one group its events define — the clients an
+    executor happens to train together depend on how it stacks them."""
+    if private(algo) is not None or algo.capabilities.asynchronous:
+        return None
+    factor: float | None = algo.context.pipeline.screen.norm_factor
+    return factor
+
+
+def buffer_screen(algo: Algorithm) -> Screen:
+    """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
+    norm against the model it was sent); off under DP, as for rounds."""
+    spec = algo.context.pipeline.screen
+    return Screen({}, None if private(algo) is not None else spec.norm_factor, reference_clients=spec.reference_clients)
 
 
 def holds_round(algo: Algorithm) -> bool:
@@ -163,6 +195,25 @@ class Screen:
         one pass."""
         return self.clip is None and (self.norm_factor is None or n < 3)
 
+    def verdict(self, finite: torch.Tensor, norms: torch.Tensor | None) -> torch.Tensor:
+        """Which of a group's updates pass (bool ``[n]``), from their finite flags and update norms computed
+        beforehand, the group in order; the rejections counted. What :meth:`admit` of the whole group as one chunk
+        and :meth:`flush` decide, from numbers alone — an asynchronous server's buffer (:func:`buffer_screen`),
+        whose arrivals were each sent their own model version. Not under DP clipping, which changes the updates
+        themselves. ``norms`` may be None when :meth:`only_finite` holds for the group."""
+        if self.clip is not None:
+            raise ValueError("a clipping screen changes the updates: admit them instead")
+        self.counts["rejected_nonfinite"] += int((~finite).sum())
+        if self.only_finite(int(finite.sum())):
+            return finite.clone()
+        assert norms is not None
+        kept = norms[finite]
+        self.median = reference_median(kept, self.reference_clients)
+        passed = finite.clone()
+        passed[finite] = within(kept, self.median, self.norm_factor)
+        self.counts["rejected_norm"] += int(finite.sum()) - int(passed.sum())
+        return passed
+
     def chunk(self, upload: Upload) -> Upload:
         """What can be decided client by client: non-finite updates out, DP clipping."""
         ok = finite_clients(upload)
@@ -197,13 +248,12 @@ class Screen:
         if self.median is None:
             if len(norms) < 3:
                 return [held]
-            # even count: the mean of the two middle norms
-            self.median = float(torch.quantile(norms[: self.reference_clients].double(), 0.5))
+            self.median = reference_median(norms, self.reference_clients)
         return self._judged(held, norms)
 
     def _judged(self, upload: Upload, norms: torch.Tensor) -> list[Upload]:
         assert self.norm_factor is not None and self.median is not None
-        ok = norms <= self.norm_factor * max(self.median, 1e-12)
+        ok = within(norms, self.median, self.norm_factor)
         self.counts["rejected_norm"] += int((~ok).sum())
         upload = select(upload, ok)
         return [upload] if upload.client_ids else []
