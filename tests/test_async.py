@@ -225,6 +225,62 @@ def test_a_run_killed_mid_queue_resumes_event_for_event(name, params):
         assert torch.equal(resumed.server.params[k], ref.server.params[k])
 
 
+class Dispatching(VectorisedExecutor):
+    """An executor that, like Flower's, is handed each client's training when the server sends it the model
+    (``dispatch``: it computes then, as a node does when the message comes) and asked for the update when it
+    arrives (``collect``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.dispatched = self.collected = 0
+        self.trained: list[tuple[int, int]] = []  # (version, client) of every update computed
+
+    def train(self, bc, clients, reduce=False):
+        self.trained += [(bc.round, k) for k in clients]
+        return super().train(bc, clients, reduce)
+
+    def train_rows(self, bc, clients, rounds):
+        self.trained += list(zip(rounds, clients, strict=True))
+        return super().train_rows(bc, clients, rounds)
+
+    def dispatch(self, bc, clients):
+        self.dispatched += 1
+        return type("Sent", (), {"bc": bc, "clients": list(clients), "upload": self.train(bc, clients)})()
+
+    def collect(self, sent):
+        self.collected += 1
+        return sent.upload
+
+
+@pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 6, "buffer": 2}),
+                                         ("fedasync", {"concurrency": 5})])
+def test_clients_dispatched_when_sent_give_the_lazy_stacks_numbers_and_resume_event_for_event(name, params):
+    """Pushing a client its training when it is sent (Flower) gives the numbers of training it lazily in a stack:
+    a client's update depends on its version and its own streams only. A resumed run's messages in flight are
+    gone: the clients sent before the checkpoint train lazily, those sent after are dispatched — the same events."""
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=9, clock={"latency": "exponential"}, checkpoint_every=3)
+    full = Trace()
+    ref = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, observers=[full])
+    pushed, trace = Dispatching(), Trace()
+    got = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, executor=pushed,
+                   observers=[trace])
+    assert pushed.dispatched > 1 and pushed.collected > 1 and trace.rows == full.rows
+    killer = KillAt(5)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, executor=Dispatching(),
+                 observers=[killer])
+    saved = torch.load(io.BytesIO(killer.saved), weights_only=False)
+    after, resuming = Trace(), Dispatching()
+    resumed = simulate(build_algorithm(name, _model(fed), train, params), fed, train, seed=2, executor=resuming,
+                       observers=[after], resume=saved["result"], resume_states=saved["states"])
+    assert after.rows == full.rows[3:] and resuming.dispatched > 0
+    assert len(set(resuming.trained)) == len(resuming.trained)  # none trained twice (lazily and dispatched)
+    for k in ref.server.params:
+        torch.testing.assert_close(got.server.params[k], ref.server.params[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(resumed.server.params[k], ref.server.params[k], rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("setting,says", [
     (["methods.0.params.concurrency=11"], "params.concurrency = 11 is not allowed"),
     (["train.client_dropout=0.2"], "train.client_dropout = 0.2 is not allowed with methods.0.algorithm = 'fedbuff'"),
@@ -289,16 +345,37 @@ def test_the_results_tables_read_accuracy_at_a_time_budget_and_bytes(tmp_path, c
                                                .split("|")[2]) / 5  # 4-bit codes: less than a fifth of the bytes
 
 
-def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_process_numbers(tmp_path):
-    """The event loop sends each model version's clients their messages when the first of them is due on the clock
-    and takes their replies; the clock decides the order, so a deterministic latency model gives the same events."""
+def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_process_numbers(tmp_path, monkeypatch):
+    """The event loop pushes each client its training message when it sends it the model and pulls the replies when
+    the arrival is due, so the nodes train while other messages are out; the clock decides the order in which
+    arrivals are merged, so a deterministic latency model gives the in-process events and numbers."""
     pytest.importorskip("flwr")
     import json
 
+    from hetfed.flower.executor import FlowerExecutor
+
+    events: list[tuple[str, int]] = []
+    dispatch, collect = FlowerExecutor.dispatch, FlowerExecutor.collect
+
+    def dispatching(self, bc, clients):
+        events.append(("push", id(sent := dispatch(self, bc, clients))))
+        return sent
+
+    def collecting(self, sent):
+        events.append(("pull", id(sent)))
+        return collect(self, sent)
+
+    monkeypatch.setattr(FlowerExecutor, "dispatch", dispatching)
+    monkeypatch.setattr(FlowerExecutor, "collect", collecting)
     common = ["--quiet", "--set", "partition.clients=5", "--set", "train.rounds=5", "--set",
               "train.clock.latency=lognormal", "--set", "methods=[{algorithm: fedbuff, params: {concurrency: 3, "
               "buffer: 2}}, {algorithm: fedasync, params: {concurrency: 3}}]"]
     assert main(["run", "--out", str(tmp_path / "f"), "--set", "train.executor=flower", *common]) == 0
+    out, most = set(), 0  # pushes whose replies were not pulled yet
+    for kind, sent in events:
+        out.add(sent) if kind == "push" else out.discard(sent)
+        most = max(most, len(out))
+    assert most >= 2 and sum(kind == "pull" for kind, _ in events) >= 5
     assert main(["run", "--out", str(tmp_path / "v"), *common]) == 0
     f, v = (json.loads((tmp_path / d / "summary.json").read_text())["methods"] for d in "fv")
     for method in ("fedbuff", "fedasync"):

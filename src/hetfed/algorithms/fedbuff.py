@@ -48,10 +48,12 @@ class FedBuff(Asynchronous):
 
     def merge(self, state: ServerState, arrivals: Upload, starts: Params, staleness: np.ndarray) -> ServerState:
         rows = {}
+        w = weights(staleness, self.params, arrivals.num_samples)  # [K]: s(τᵢ) per arrival
         for k, current in state.params.items():
             theta = arrivals.params[k]
             start = starts[k].to(theta.device)
-            rows[k] = current.to(theta.device).unsqueeze(0) + weights(staleness, self.params, theta) * (theta - start)
+            scale = w.to(theta.device, theta.dtype).view(-1, *([1] * (theta.dim() - 1)))
+            rows[k] = (theta - start).mul_(scale).add_(current.to(theta.device).unsqueeze(0))
         counts = arrivals.num_samples if self.params.weighting == "samples" else torch.ones_like(arrivals.num_samples)
         params, extra = server_step(self, state, replace(arrivals, params=rows, num_samples=counts))
         return ServerState(params=params, round=state.round + 1, extra=extra)

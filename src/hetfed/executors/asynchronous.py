@@ -23,13 +23,14 @@ from __future__ import annotations
 import heapq
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
 
 from hetfed.engine.rng import ASYNC_DISPATCH
 from hetfed.engine.types import (
+    Broadcast,
     ClientBroadcast,
     Params,
     RoundUploads,
@@ -45,6 +46,14 @@ from hetfed.server.screen import Screen, buffer_screen, finite_clients, update_n
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
     from hetfed.executors.updates import SimulationResult, _Loop
+
+
+class Dispatching(Protocol):
+    """An executor that sends clients their training messages when the server sends them the model, and takes the
+    replies later (Flower: :meth:`hetfed.flower.executor.FlowerExecutor.dispatch`)."""
+
+    def dispatch(self, bc: Broadcast, clients: list[int]) -> Any: ...
+    def collect(self, sent: Any) -> Upload: ...
 
 
 @dataclass(order=True, frozen=True)
@@ -89,31 +98,35 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     t0 = time.perf_counter()
     wire: tuple[int, tuple[int, int]] | None = None  # (version, its bytes down and up per client)
     taking_part = [k for k, out in enumerate(np.asarray(loop.fed.opted_out).tolist()) if not out]
+    pushed: dict[tuple[int, int], Any] = {}  # (version, client) → its training messages in flight (not checkpointed)
     while not finished and result.rounds_done < train.rounds:
         # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
         if wire is None or wire[0] != q.version:
             wire = (q.version, wire_bytes(algo, algo.broadcast(result.server, q.version)))
-        _fill(loop, q, wire[1], taking_part)
+        _fill(loop, result, q, wire[1], taking_part, pushed)
         if not q.in_flight:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
                            f"{algo.buffer} arrivals (the screening rejected the rest); expected fewer rejections "
                            "or a smaller params.buffer")
         job = heapq.heappop(q.in_flight)
         q.now = job.arrival
-        _arrive(loop, result, q, job)
+        _arrive(loop, result, q, job, pushed)
         if len(q.buffer) >= algo.buffer:
             finished = _update(loop, result, q, t0)
             t0 = time.perf_counter()
 
 
-def _fill(loop: _Loop, q: EventQueue, wire: tuple[int, int], taking_part: list[int]) -> None:
+def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int, int], taking_part: list[int],
+          pushed: dict[tuple[int, int], Any]) -> None:
     """Send the current version to idle clients (of ``taking_part``: those not opted out) until ``concurrency``
-    are training (or none is left)."""
+    are training (or none is left). An executor that can (Flower: ``dispatch``) gets their training messages now,
+    so they train while the loop goes on (``pushed``); others train them when the first arrives (:func:`_arrive`)."""
     algo, clock = cast("Asynchronous", loop.algo), loop.faults.clock
     if len(q.in_flight) >= algo.params.concurrency:
         return
     busy = {j.client for j in q.in_flight} | q.on_version
     idle = [k for k in taking_part if k not in busy]
+    sent = []
     while len(q.in_flight) < algo.params.concurrency and idle:
         k = idle.pop(_draw(loop.seed, q.sent, len(idle)))
         took = float(clock.times([k], *wire)[0])
@@ -121,6 +134,16 @@ def _fill(loop: _Loop, q: EventQueue, wire: tuple[int, int], taking_part: list[i
         q.sent += 1
         q.down_bytes += wire[0]
         q.on_version.add(k)
+        sent.append(k)
+    dispatch = getattr(loop.executor, "dispatch", None)
+    if dispatch is not None and sent:
+        messages = dispatch(_broadcast(loop, result, q, q.version), sorted(sent))
+        pushed.update({(q.version, k): messages for k in sent})
+
+
+def _broadcast(loop: _Loop, result: SimulationResult, q: EventQueue, version: int) -> Broadcast:
+    """What the clients sent ``version`` receive."""
+    return loop.algo.broadcast(ServerState(q.versions[version], version, result.server.extra), version)
 
 
 def _draw(seed: int, sent: int, n: int) -> int:
@@ -135,19 +158,38 @@ def _draw(seed: int, sent: int, n: int) -> int:
     return z % n
 
 
-def _arrive(loop: _Loop, result: SimulationResult, q: EventQueue, job: Job) -> None:
-    """Train the arrival's version stack if it has not been, and put the arrival in the buffer (or drop it)."""
+def _arrive(loop: _Loop, result: SimulationResult, q: EventQueue, job: Job, pushed: dict[tuple[int, int], Any]
+            ) -> None:
+    """Take the arrival's update — its messages' replies when it was pushed, else trained now with the others
+    pending — and put it in the buffer (or drop it)."""
     key = (job.version, job.client)
     q.up_bytes += job.up_bytes
     if key not in q.trained and key not in q.rejected:
-        _train_pending(loop, result, q, job)
+        if key in pushed:
+            _collect(loop, q, pushed[key], pushed)
+        else:
+            _train_pending(loop, result, q, job, pushed)
     if key in q.rejected:
         q.rejected.discard(key)
         return
     q.buffer.append((job, float(q.version - job.version)))
 
 
-def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arriving: Job) -> None:
+def _collect(loop: _Loop, q: EventQueue, messages: Any, pushed: dict[tuple[int, int], Any]) -> None:
+    """The replies to a dispatch (every client it named, all sent one version), screened, kept for their
+    arrivals."""
+    version = messages.bc.round
+    try:
+        upload = cast(Dispatching, loop.executor).collect(messages)
+    except RoundSkipped:  # too few of them replied: they count as lost, like screened-out updates
+        upload = Upload([], {}, torch.zeros(0))
+    for k in messages.clients:
+        pushed.pop((version, k), None)
+    _keep_rows(q, version, messages.clients, upload)
+
+
+def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arriving: Job,
+                   pushed: dict[tuple[int, int], Any]) -> None:
     """Every client whose update is not computed yet — ``arriving``, just taken off the queue, and all still in
     flight, whatever version each was sent — as one stack, when the algorithm's client step allows clients of
     different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else the
@@ -156,16 +198,17 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     norm filter judges the buffer at the merge (:func:`_update`)."""
     algo, executor = loop.algo, loop.executor
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
-                      and (j.version, j.client) not in q.rejected] + [arriving], key=lambda j: j.client)
+                      and (j.version, j.client) not in q.rejected and (j.version, j.client) not in pushed]
+                     + [arriving], key=lambda j: j.client)
     versions = {j.version for j in pending}
     if len(versions) == 1:
-        _train_version(loop, result, q, arriving.version, arriving.client)
+        _train_version(loop, result, q, arriving.version, arriving.client, pushed)
         return
     sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in versions}
     adversary = getattr(executor, "adversary", None)
     if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
             or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
-        _train_version(loop, result, q, arriving.version, arriving.client)
+        _train_version(loop, result, q, arriving.version, arriving.client, pushed)
         return
     bc = ClientBroadcast({name: torch.stack([q.versions[j.version][name] for j in pending])
                           for name in q.versions[arriving.version]}, arriving.version, sent[arriving.version].lr)
@@ -204,12 +247,14 @@ def _keep_rows(q: EventQueue, version: int, clients: list[int], upload: Upload) 
         q.trained[(version, k)] = (upload, rows[k])
 
 
-def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, arriving: int) -> None:
-    """Every client sent ``version`` whose update is not computed yet (``arriving``, just taken off the queue, and
-    those still in flight), as one stack through the executor."""
+def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, arriving: int,
+                   pushed: dict[tuple[int, int], Any]) -> None:
+    """Every client sent ``version`` whose update is not computed yet nor on its way (``arriving``, just taken off
+    the queue, and those still in flight), as one stack through the executor."""
     waiting = {j.client for j in q.in_flight if j.version == version} | {arriving}
-    clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected)
-    bc = loop.algo.broadcast(ServerState(q.versions[version], version, result.server.extra), version)
+    clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected
+                     and (version, k) not in pushed)
+    bc = _broadcast(loop, result, q, version)
     try:
         upload = loop.executor.train(bc, clients)
     except RoundSkipped:  # Flower: too few of them replied; they count as lost, like screened-out updates

@@ -173,6 +173,10 @@ class FlowerExecutor:
 
     def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> dict[int, Message | None]:
         """node → its reply (None when it failed or did not answer in time)."""
+        return self._receive(self._push(targets, timeout, group), [node for node, _, _ in targets])
+
+    def _push(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> Pushed:
+        """One message per (node, content, message type), pushed now; :meth:`_receive` takes the replies."""
         wire: dict[int, RecordDict] = {}  # each content as it travels, made once (the set-up's goes to every node)
         for _, content, _ in targets:
             if id(content) not in wire:
@@ -180,12 +184,16 @@ class FlowerExecutor:
         messages = [Message(wire[id(content)], dst_node_id=node, message_type=kind, group_id=group)
                     for node, content, kind in targets]
         self.messages += len(messages)
-        replies = {m.metadata.src_node_id: m for m in send_and_receive(self.grid, messages, timeout)}
+        return push(self.grid, messages, timeout)
+
+    def _receive(self, pushed: Pushed, nodes: list[int]) -> dict[int, Message | None]:
+        """node (of ``nodes``, those pushed to) → its reply (None when it failed or did not answer in time)."""
+        replies = {m.metadata.src_node_id: m for m in receive(self.grid, pushed)}
         unpack_replies(replies.values())
         self.errors = {node: str(r.error.reason or f"error code {r.error.code}")
                        for node, r in replies.items() if r is not None and r.has_error()}
         return {node: (r if r is not None and not r.has_error() else None)
-                for node, r in ((node, replies.get(node)) for node, _, _ in targets)}
+                for node, r in ((node, replies.get(node)) for node in nodes)}
 
     def _contents(self, bc: Broadcast, clients: list[int], among: list[int] | None = None,
                   **extra) -> tuple[dict[int, list[int]], dict[int, RecordDict]]:
@@ -266,6 +274,29 @@ class FlowerExecutor:
             return self._train_secure(bc, clients)
         else:
             answered = self._ask("train", bc, clients, "train")
+        return self._uploads(bc, clients, answered)
+
+    def dispatch(self, bc: Broadcast, clients: list[int]) -> Dispatched:
+        """Push ``clients`` their training messages now and return at once: an asynchronous server sends a client
+        its model version when it sends it, so the nodes train while the server goes on with other arrivals;
+        :meth:`collect` pulls the replies. One message per node holding some of ``clients``."""
+        by_node, contents = self._contents(bc, clients)
+        pushed = self._push([(node, c, "train") for node, c in contents.items()], self.flower.round_timeout,
+                            str(bc.round))
+        return Dispatched(bc, list(clients), by_node, pushed)
+
+    def collect(self, sent: Dispatched) -> Upload:
+        """The screened upload of a :meth:`dispatch`'s clients, as :meth:`train` returns it: their replies are
+        pulled until all came or ``flower.round_timeout`` (from the push) passed."""
+        replies = self._receive(sent.pushed, list(sent.by_node))
+        answered = {node: (sent.by_node[node], r.content) for node, r in replies.items() if r is not None}
+        self._failed("train", sent.bc.round, sent.by_node, set(answered))
+        return self._uploads(sent.bc, sent.clients, answered)
+
+    def _uploads(self, bc: Broadcast, clients: list[int], answered: dict[int, tuple[list[int], RecordDict]]
+                 ) -> Upload:
+        """The nodes' training replies as one upload, screened as in process: a node's per-client updates go
+        through the round's screen; compressed ones are decoded first."""
         got = sum(len(held) for held, _ in answered.values())
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
@@ -389,6 +420,17 @@ class FlowerExecutor:
 
 
 @dataclass(frozen=True)
+class Dispatched:
+    """Training messages an asynchronous server pushed (:meth:`FlowerExecutor.dispatch`): the broadcast, its
+    clients, node → its clients of them, and the push whose replies :meth:`FlowerExecutor.collect` pulls."""
+
+    bc: Broadcast
+    clients: list[int]
+    by_node: dict[int, list[int]]
+    pushed: Pushed
+
+
+@dataclass(frozen=True)
 class _Ridden:
     """A round's training replies that came with the evaluation before it: the round, its clients, node → (its
     clients, its reply), every node it asked, and the errors the exchange saw."""
@@ -431,9 +473,29 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
     several seconds of waiting however fast the clients answered. Only Flower's public
     ``push_messages`` / ``pull_messages`` are used. With ``HETFED_FLOWER_TIMING`` set, the exchange's push and
     last reply are logged there (``benchmarks/engines.py``: the server's time between exchanges)."""
-    pushed = time.time()
-    pending = set(grid.push_messages(messages))
-    end = None if timeout is None else time.monotonic() + timeout
+    return receive(grid, push(grid, messages, timeout))
+
+
+@dataclass
+class Pushed:
+    """Messages pushed to the grid whose replies are still to be pulled (:func:`receive`)."""
+
+    pending: set[str]  # the messages' ids
+    pushed: float  # time.time() of the push
+    end: float | None  # time.monotonic() after which their replies are no longer awaited
+    kinds: list[str]
+
+
+def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
+    """Push ``messages`` now; their replies are awaited until ``timeout`` seconds from now."""
+    return Pushed(set(grid.push_messages(messages)), time.time(),
+                  None if timeout is None else time.monotonic() + timeout,
+                  sorted({m.metadata.message_type for m in messages}))
+
+
+def receive(grid, pushed: Pushed) -> list[Message]:
+    """Pull the replies to ``pushed`` until all came or its time passed (:func:`send_and_receive`'s polling)."""
+    pending, end = set(pushed.pending), pushed.end
     replies: list[Message] = []
     wait = POLL_FIRST
     while pending:
@@ -444,8 +506,8 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
             break
         time.sleep(wait if end is None else max(0.0, min(wait, end - time.monotonic())))
         wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
-    append("HETFED_FLOWER_TIMING", {"type": "server", "pushed": pushed, "replied": time.time(),
-                                    "kinds": sorted({m.metadata.message_type for m in messages})})
+    append("HETFED_FLOWER_TIMING", {"type": "server", "pushed": pushed.pushed, "replied": time.time(),
+                                    "kinds": pushed.kinds})
     return replies
 
 
