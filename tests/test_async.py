@@ -245,11 +245,14 @@ class Dispatching(VectorisedExecutor):
 
     def dispatch(self, bc, clients):
         self.dispatched += 1
-        return type("Sent", (), {"bc": bc, "clients": list(clients), "upload": self.train(bc, clients)})()
+        return [type("Sent", (), {"bc": bc, "clients": list(clients), "upload": self.train(bc, clients)})()]
 
     def collect(self, sent):
         self.collected += 1
         return sent.upload
+
+    def first_replied(self, sent):  # train.clock.latency = 'wall': here, the one pushed first
+        return sent[0]
 
 
 @pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 6, "buffer": 2}),
@@ -281,6 +284,28 @@ def test_clients_dispatched_when_sent_give_the_lazy_stacks_numbers_and_resume_ev
         torch.testing.assert_close(resumed.server.params[k], ref.server.params[k], rtol=1e-5, atol=1e-6)
 
 
+def test_a_wall_clock_run_resumed_sends_its_lost_messages_again():
+    """Without a latency model a run's order is the replies'; a resumed run's messages in flight were lost with
+    the server, so the clients in flight are sent theirs again (else nothing would ever arrive)."""
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=9, clock={"latency": "wall"}, checkpoint_every=3)
+    params = {"concurrency": 6, "buffer": 2}
+    killer = KillAt(5)
+    with pytest.raises(KeyboardInterrupt):
+        simulate(build_algorithm("fedbuff", _model(fed), train, params), fed, train, seed=2, executor=Dispatching(),
+                 observers=[killer])
+    saved = torch.load(io.BytesIO(killer.saved), weights_only=False)
+    lost = [j for j in saved["result"].async_state.in_flight if j.arrival == math.inf]
+    assert lost
+    after, resuming = Trace(), Dispatching()
+    simulate(build_algorithm("fedbuff", _model(fed), train, params), fed, train, seed=2, executor=resuming,
+             observers=[after], resume=saved["result"], resume_states=saved["states"])
+    assert [row[0] for row in after.rows] == list(range(4, 10))
+    assert {(bc_round, k) for bc_round, k in resuming.trained} >= {(j.version, j.client) for j in lost}
+    times = [row[1] for row in after.rows]
+    assert times == sorted(times)  # the run's seconds go on
+
+
 @pytest.mark.parametrize("setting,says", [
     (["methods.0.params.concurrency=11"], "params.concurrency = 11 is not allowed"),
     (["train.client_dropout=0.2"], "train.client_dropout = 0.2 is not allowed with methods.0.algorithm = 'fedbuff'"),
@@ -289,6 +314,10 @@ def test_clients_dispatched_when_sent_give_the_lazy_stacks_numbers_and_resume_ev
     (["methods.0.params.buffer=12"], "buffer ≤ concurrency"),
     (["server.min_clients=8"], "server.min_clients = 8 is not allowed"),
     (["privacy.noise_multiplier=1.0"], "privacy.noise_multiplier = 1 with methods.0.algorithm = 'fedbuff' is not"),
+    (["train.clock.latency=wall"], "train.clock.latency = 'wall' is not allowed with methods.0.algorithm = 'fedbuff' "
+                                   "on train.executor = 'vectorised'"),
+    (["train.clock.latency=wall", "train.executor=flower", "methods=[{algorithm: fedavg}]"],
+     "train.clock.latency = 'wall' is not allowed with methods.0.algorithm = 'fedavg' on train.executor = 'flower'"),
 ])
 def test_what_an_asynchronous_server_cannot_honour_is_refused_in_one_line(tmp_path, capsys, setting, says):
     out = tmp_path / "run"
@@ -358,7 +387,8 @@ def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_proce
     dispatch, collect = FlowerExecutor.dispatch, FlowerExecutor.collect
 
     def dispatching(self, bc, clients):
-        events.append(("push", id(sent := dispatch(self, bc, clients))))
+        sent = dispatch(self, bc, clients)
+        events.extend(("push", id(s)) for s in sent)
         return sent
 
     def collecting(self, sent):
@@ -382,6 +412,35 @@ def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_proce
         for key in ("global_accuracy", "local_accuracy_mean", "val_loss", "sim_time", "uplink_bytes_total"):
             assert f[method]["final"][key] == pytest.approx(v[method]["final"][key], rel=1e-5), (method, key)
 
+
+
+
+def test_on_flower_without_a_latency_model_replies_are_merged_as_they_really_come(tmp_path, monkeypatch):
+    """``train.clock.latency: wall``: the server waits for whichever pushed message replies first, its clients
+    arrive then, and ``sim_time`` is the run's seconds (nothing to compare with in process: the order is real)."""
+    pytest.importorskip("flwr")
+    import pandas as pd
+
+    from hetfed.flower.executor import FlowerExecutor
+
+    waited = []
+    first_replied = FlowerExecutor.first_replied
+
+    def recording(self, sent):
+        waited.append(len(sent))
+        return first_replied(self, sent)
+
+    monkeypatch.setattr(FlowerExecutor, "first_replied", recording)
+    out = tmp_path / "w"
+    assert main(["run", "--quiet", "--out", str(out), "--set", "partition.clients=5", "--set", "train.rounds=6",
+                 "--set", "train.clock.latency=wall", "--set", "train.executor=flower", "--set",
+                 "methods=[{algorithm: fedbuff, params: {concurrency: 3, buffer: 2}}]"]) == 0
+    m = pd.read_csv(out / "metrics.csv")
+    train = m[(m.split == "train")].pivot_table(index="round", columns="metric", values="value")
+    assert list(train.index) == [1, 2, 3, 4, 5, 6] and (train.clients_aggregated == 2).all()
+    assert train.sim_time.is_monotonic_increasing and train.sim_time.iloc[0] > 0
+    assert train.staleness_max.max() >= 1 and (train.uplink_bytes > 0).all()
+    assert waited and max(waited) >= 2  # it waited on several messages at once, for whichever came first
 
 
 @pytest.mark.slow

@@ -206,10 +206,11 @@ class ClockConfig(_Strict):
     round lasts as long as its slowest aggregated client (or the deadline, when a client missed it). Each client's
     speeds are drawn once from the run seed (median ``sample_seconds``), or read from ``file``."""
 
-    latency: Literal["constant", "lognormal", "exponential", "uniform", "file"] = Field(
+    latency: Literal["constant", "lognormal", "exponential", "uniform", "file", "wall"] = Field(
         "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
         "from a distribution with that median (lognormal: σ = spread; exponential; uniform: ±spread/2), or read "
-        "from file")
+        "from file; wall: no model — an asynchronous server on Flower merges replies in the order they really come "
+        "and sim_time is the run's seconds")
     spread: float = Field(1.0, gt=0, description="lognormal σ; uniform: speeds in [1 − spread/2, 1 + spread/2]·median")
     sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
     uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "

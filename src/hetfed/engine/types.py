@@ -66,7 +66,11 @@ class ClientBroadcast(Broadcast):
     asynchronous server)."""
 
     def rows(self, index: list[int]) -> ClientBroadcast:
-        """The broadcast of the clients at positions ``index``."""
+        """The broadcast of the clients at positions ``index`` (itself when that is every row in order: a
+        broadcast is read, never written)."""
+        first = next(iter(self.params.values()), None)
+        if first is not None and index == list(range(first.shape[0])):
+            return self
         at = torch.as_tensor(index, dtype=torch.long)
         personal_ids = None if self.personal_ids is None else tuple(self.personal_ids[i] for i in index)
         return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()},

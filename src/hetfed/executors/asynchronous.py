@@ -21,8 +21,9 @@ updates not merged yet and the model versions they need), so a resumed run conti
 from __future__ import annotations
 
 import heapq
+import math
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
@@ -52,8 +53,9 @@ class Dispatching(Protocol):
     """An executor that sends clients their training messages when the server sends them the model, and takes the
     replies later (Flower: :meth:`hetfed.flower.executor.FlowerExecutor.dispatch`)."""
 
-    def dispatch(self, bc: Broadcast, clients: list[int]) -> Any: ...
+    def dispatch(self, bc: Broadcast, clients: list[int]) -> list[Any]: ...
     def collect(self, sent: Any) -> Upload: ...
+    def first_replied(self, sent: list[Any]) -> Any: ...
 
 
 @dataclass(order=True, frozen=True)
@@ -99,6 +101,11 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     wire: tuple[int, tuple[int, int]] | None = None  # (version, its bytes down and up per client)
     taking_part = [k for k, out in enumerate(np.asarray(loop.fed.opted_out).tolist()) if not out]
     pushed: dict[tuple[int, int], Any] = {}  # (version, client) → its training messages in flight (not checkpointed)
+    origin = time.monotonic() - q.now  # wall: the run's seconds go on from a checkpoint's
+    if _wall(loop):  # a resumed run's messages in flight are gone: sent again
+        lost = [j for j in q.in_flight if j.arrival == math.inf]
+        for version in sorted({j.version for j in lost}):
+            _dispatch(loop, result, q, version, [j.client for j in lost if j.version == version], pushed)
     while not finished and result.rounds_done < train.rounds:
         # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
         if wire is None or wire[0] != q.version:
@@ -108,6 +115,8 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
                            f"{algo.buffer} arrivals (the screening rejected the rest); expected fewer rejections "
                            "or a smaller params.buffer")
+        if q.in_flight[0].arrival == math.inf:  # wall: the next arrivals are the next messages to reply
+            _replied(loop, q, pushed, origin)
         job = heapq.heappop(q.in_flight)
         q.now = job.arrival
         _arrive(loop, result, q, job, pushed)
@@ -129,16 +138,41 @@ def _fill(loop: _Loop, result: SimulationResult, q: EventQueue, wire: tuple[int,
     sent = []
     while len(q.in_flight) < algo.params.concurrency and idle:
         k = idle.pop(_draw(loop.seed, q.sent, len(idle)))
-        took = float(clock.times([k], *wire)[0])
+        took = math.inf if _wall(loop) else float(clock.times([k], *wire)[0])  # wall: known when its reply comes
         heapq.heappush(q.in_flight, Job(q.now + took, q.sent, k, q.version, q.now, wire[1]))
         q.sent += 1
         q.down_bytes += wire[0]
         q.on_version.add(k)
         sent.append(k)
+    if sent:
+        _dispatch(loop, result, q, q.version, sent, pushed)
+
+
+def _dispatch(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, clients: list[int],
+              pushed: dict[tuple[int, int], Any]) -> None:
+    """Hand ``clients`` (sent ``version``) their training now where the executor takes it so (``dispatch``)."""
     dispatch = getattr(loop.executor, "dispatch", None)
-    if dispatch is not None and sent:
-        messages = dispatch(_broadcast(loop, result, q, q.version), sorted(sent))
-        pushed.update({(q.version, k): messages for k in sent})
+    if dispatch is not None:
+        for messages in dispatch(_broadcast(loop, result, q, version), sorted(clients)):
+            pushed.update({(version, k): messages for k in messages.clients})
+
+
+def _wall(loop: _Loop) -> bool:
+    """Arrivals in the order replies really come (``train.clock.latency = 'wall'``), not by a latency model."""
+    return loop.train.clock.latency == "wall"
+
+
+def _replied(loop: _Loop, q: EventQueue, pushed: dict[tuple[int, int], Any], origin: float) -> None:
+    """Wall clock: wait for the next message in flight to reply; its clients arrive now (the run's seconds since
+    ``origin``, a ``time.monotonic()``), the others' arrivals stay unknown."""
+    waiting = list({id(m): m for m in pushed.values()}.values())
+    if not waiting:
+        raise RunError("train.clock.latency = 'wall': clients are in flight but no message was pushed to them")
+    first = cast(Dispatching, loop.executor).first_replied(waiting)
+    now = time.monotonic() - origin
+    arrived = {(first.bc.round, k) for k in first.clients}
+    q.in_flight = [replace(j, arrival=now) if (j.version, j.client) in arrived else j for j in q.in_flight]
+    heapq.heapify(q.in_flight)
 
 
 def _broadcast(loop: _Loop, result: SimulationResult, q: EventQueue, version: int) -> Broadcast:

@@ -16,7 +16,7 @@ round is aggregated over the others if at least ``flower.min_replies`` replied
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -276,14 +276,14 @@ class FlowerExecutor:
             answered = self._ask("train", bc, clients, "train")
         return self._uploads(bc, clients, answered)
 
-    def dispatch(self, bc: Broadcast, clients: list[int]) -> Dispatched:
-        """Push ``clients`` their training messages now and return at once: an asynchronous server sends a client
-        its model version when it sends it, so the nodes train while the server goes on with other arrivals;
-        :meth:`collect` pulls the replies. One message per node holding some of ``clients``."""
+    def dispatch(self, bc: Broadcast, clients: list[int]) -> list[Dispatched]:
+        """Push ``clients`` their training messages now and return at once, one :class:`Dispatched` per node
+        holding some of them: an asynchronous server sends a client its model version when it sends it, so the
+        nodes train while the server goes on with other arrivals; :meth:`collect` pulls a node's reply."""
         by_node, contents = self._contents(bc, clients)
-        pushed = self._push([(node, c, "train") for node, c in contents.items()], self.flower.round_timeout,
-                            str(bc.round))
-        return Dispatched(bc, list(clients), by_node, pushed)
+        return [Dispatched(bc, held, {node: held}, self._push([(node, contents[node], "train")],
+                                                              self.flower.round_timeout, str(bc.round)))
+                for node, held in by_node.items()]
 
     def collect(self, sent: Dispatched) -> Upload:
         """The screened upload of a :meth:`dispatch`'s clients, as :meth:`train` returns it: their replies are
@@ -292,6 +292,27 @@ class FlowerExecutor:
         answered = {node: (sent.by_node[node], r.content) for node, r in replies.items() if r is not None}
         self._failed("train", sent.bc.round, sent.by_node, set(answered))
         return self._uploads(sent.bc, sent.clients, answered)
+
+    def first_replied(self, sent: list[Dispatched]) -> Dispatched:
+        """Of messages pushed (:meth:`dispatch`), the first whose replies all came back — or whose
+        ``flower.round_timeout`` passed — in the order they really come (an asynchronous server without a latency
+        model: ``train.clock.latency = 'wall'``); its replies are kept for :meth:`collect`."""
+        wait = POLL_FIRST
+        while True:
+            now = time.monotonic()
+            for d in sent:
+                if not d.pushed.pending or (d.pushed.end is not None and now >= d.pushed.end):
+                    return d
+            waiting = set().union(*(d.pushed.pending for d in sent))
+            got = list(self.grid.pull_messages(waiting))
+            for m in got:
+                for d in sent:
+                    if m.metadata.reply_to_message_id in d.pushed.pending:
+                        d.pushed.pending.discard(m.metadata.reply_to_message_id)
+                        d.pushed.got.append(m)
+            if not got:
+                time.sleep(wait)
+            wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
 
     def _uploads(self, bc: Broadcast, clients: list[int], answered: dict[int, tuple[list[int], RecordDict]]
                  ) -> Upload:
@@ -478,12 +499,13 @@ def send_and_receive(grid, messages: list[Message], timeout: float | None) -> li
 
 @dataclass
 class Pushed:
-    """Messages pushed to the grid whose replies are still to be pulled (:func:`receive`)."""
+    """Messages pushed to the grid and their replies pulled so far (:func:`receive`)."""
 
-    pending: set[str]  # the messages' ids
+    pending: set[str]  # the ids of the messages whose replies are still to be pulled
     pushed: float  # time.time() of the push
     end: float | None  # time.monotonic() after which their replies are no longer awaited
     kinds: list[str]
+    got: list[Message] = field(default_factory=list)  # replies already pulled
 
 
 def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
@@ -494,9 +516,10 @@ def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
 
 
 def receive(grid, pushed: Pushed) -> list[Message]:
-    """Pull the replies to ``pushed`` until all came or its time passed (:func:`send_and_receive`'s polling)."""
+    """Pull the replies to ``pushed`` until all came or its time passed (:func:`send_and_receive`'s polling),
+    those pulled before included."""
     pending, end = set(pushed.pending), pushed.end
-    replies: list[Message] = []
+    replies: list[Message] = list(pushed.got)
     wait = POLL_FIRST
     while pending:
         got = list(grid.pull_messages(pending))

@@ -25,6 +25,7 @@ from rich.console import Console
 
 from hetfed.algorithms import algorithm_for
 from hetfed.algorithms.build import METHOD_KEY
+from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, TrainConfig, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.sampling import clients_per_round
@@ -195,6 +196,12 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
                               f"executor {kind.name!r} the clients are real)")
+        if train.clock.latency == "wall" and (kind.in_process or not algo.capabilities.asynchronous):
+            raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
+                              f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
+                              "server's arrivals by when the replies really come; expected an asynchronous algorithm "
+                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
+                              "(flower, deployment)")
         if kind.in_process:
             check_memory(algo, fed, train)
         elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
