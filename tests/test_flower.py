@@ -297,6 +297,29 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         assert not _exists(pid), pid
 
 
+def test_an_asynchronous_server_on_a_real_superlink_merges_replies_as_they_come(tmp_path):
+    """FedBuff with ``train.clock.latency: wall`` on a loopback deployment (a SuperLink, three SuperNodes): the
+    server pushes each client its message when it sends it and merges the replies in the order they come; every
+    update merges its buffer, the staleness is real and ``sim_time`` is the run's seconds."""
+    import pandas as pd
+
+    from hetfed.cli import main
+    from hetfed.config import dump_config
+    from hetfed.flower.deploy import LocalDeployment
+
+    cfg = {"partition": {"clients": 6}, "methods": [{"name": "fedbuff", "algorithm": "fedbuff",
+                                                     "params": {"concurrency": 4, "buffer": 2}}],
+           "train": {"rounds": 4, "clock": {"latency": "wall"}}}
+    with LocalDeployment(tmp_path / "dep", 3, superexec_poll=0.5) as dep:
+        (tmp_path / "a.yaml").write_text(dump_config(_config(cfg, "flower")))
+        assert main(["flower", "run", str(tmp_path / "a.yaml"), "--deployment", str(dep.directory),
+                     "--out", str(tmp_path / "run")]) == 0
+    m = pd.read_csv(tmp_path / "run" / "metrics.csv")
+    train = m[m.split == "train"].pivot_table(index="round", columns="metric", values="value")
+    assert list(train.index) == [1, 2, 3, 4] and (train.clients_aggregated == 2).all()
+    assert train.sim_time.is_monotonic_increasing and train.staleness_max.max() >= 1
+
+
 def _proc(pid: int, what: str) -> bytes:
     """/proc/PID/<what> (cmdline, environ), or nothing once the process is gone."""
     try:
