@@ -110,6 +110,14 @@ class Upload:
                        params={k: rows(v) for k, v in self.params.items()}, num_samples=rows(self.num_samples),
                        extra={k: rows(v) for k, v in self.extra.items()})
 
+    def rows_between(self, start: int, stop: int) -> Upload:
+        """The rows ``start … stop − 1`` as views of this upload's tensors (no copy: read them, never write):
+        what :meth:`take` gives for a run of consecutive rows, without an indexing kernel per tensor."""
+        return replace(self, client_ids=self.client_ids[start:stop],
+                       params={k: v[start:stop] for k, v in self.params.items()},
+                       num_samples=self.num_samples[start:stop],
+                       extra={k: v[start:stop] for k, v in self.extra.items()})
+
     @classmethod
     def of(cls, data: ClientData, params: Params, names: Iterable[str], loss: torch.Tensor,
            **extra: torch.Tensor) -> Upload:

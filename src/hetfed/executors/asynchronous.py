@@ -302,7 +302,8 @@ def _rows(at: list[tuple[Upload, int]]) -> Upload:
     for i, (upload, row) in enumerate(at):
         stacks.setdefault(id(upload), (upload, [], []))[1].append(row)
         stacks[id(upload)][2].append(i)
-    parts = [upload.take(rows) for upload, rows, _ in stacks.values()]
+    parts = [upload.rows_between(rows[0], rows[-1] + 1) if rows == list(range(rows[0], rows[-1] + 1))
+             else upload.take(rows) for upload, rows, _ in stacks.values()]  # read only: views where they can be
     joined = concat_uploads(parts)
     order = [i for _, _, positions in stacks.values() for i in positions]
     if order == sorted(order):
