@@ -173,10 +173,11 @@ class FlowerExecutor:
 
     def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> dict[int, Message | None]:
         """node → its reply (None when it failed or did not answer in time)."""
-        return self._receive(self._push(targets, timeout, group), [node for node, _, _ in targets])
+        replies = send_and_receive(self.grid, self._messages(targets, group), timeout)
+        return self._replies(replies, [node for node, _, _ in targets])
 
-    def _push(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> Pushed:
-        """One message per (node, content, message type), pushed now; :meth:`_receive` takes the replies."""
+    def _messages(self, targets: list[tuple[int, RecordDict, str]], group: str) -> list[Message]:
+        """One message per (node, content, message type)."""
         wire: dict[int, RecordDict] = {}  # each content as it travels, made once (the set-up's goes to every node)
         for _, content, _ in targets:
             if id(content) not in wire:
@@ -184,11 +185,20 @@ class FlowerExecutor:
         messages = [Message(wire[id(content)], dst_node_id=node, message_type=kind, group_id=group)
                     for node, content, kind in targets]
         self.messages += len(messages)
-        return push(self.grid, messages, timeout)
+        return messages
+
+    def _push(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> Pushed:
+        """The messages of :meth:`_send`, pushed now; :meth:`_receive` takes the replies."""
+        return push(self.grid, self._messages(targets, group), timeout)
 
     def _receive(self, pushed: Pushed, nodes: list[int]) -> dict[int, Message | None]:
         """node (of ``nodes``, those pushed to) → its reply (None when it failed or did not answer in time)."""
-        replies = {m.metadata.src_node_id: m for m in receive(self.grid, pushed)}
+        return self._replies(receive(self.grid, pushed), nodes)
+
+    def _replies(self, messages: list[Message], nodes: list[int]) -> dict[int, Message | None]:
+        """node (of ``nodes``) → its reply among ``messages``, unpacked (None when it failed or did not come); the
+        nodes whose ClientApp failed are kept in :attr:`errors`."""
+        replies = {m.metadata.src_node_id: m for m in messages}
         unpack_replies(replies.values())
         self.errors = {node: str(r.error.reason or f"error code {r.error.code}")
                        for node, r in replies.items() if r is not None and r.has_error()}
