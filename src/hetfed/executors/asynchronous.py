@@ -34,7 +34,6 @@ from hetfed.engine.types import (
     Broadcast,
     ClientBroadcast,
     Params,
-    RoundUploads,
     ServerState,
     Upload,
     concat_uploads,
@@ -42,7 +41,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.executors.updates import after_update, wire_bytes
-from hetfed.server.screen import Screen, buffer_screen, finite_clients, update_norms
+from hetfed.server.screen import buffer_screen, finite_clients, update_norms
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
@@ -247,22 +246,15 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     bc = ClientBroadcast({name: torch.stack([q.versions[j.version][name] for j in pending])
                           for name in q.versions[arriving.version]}, arriving.version, sent[arriving.version].lr)
     upload = executor.train_rows(bc, [j.client for j in pending], [j.version for j in pending])
-    row_of = {k: i for i, k in enumerate(upload.client_ids)}
-    finite: torch.Tensor | None = None  # every row's finite check, made once for the groups that need no more
-    for version in sorted(sent):
-        clients = [j.client for j in pending if j.version == version]
-        screen = Screen.for_round(algo, q.versions[version])
-        if screen.only_finite(len(clients)):
-            finite = finite_clients(upload) if finite is None else finite
-            passed = [k for k in clients if bool(finite[row_of[k]])]
-            screen.counts["rejected_nonfinite"] += len(clients) - len(passed)
-            _count(q, screen.counts)
-            q.rejected.update((version, k) for k in clients if k not in passed)
-            q.trained.update({(version, k): (upload, row_of[k]) for k in passed})
-            continue
-        screened = RoundUploads(screen, stream=False)
-        screened.add(upload.take([row_of[k] for k in clients]))
-        _keep_rows(q, version, clients, screened.result())
+    # an asynchronous server's executors only drop non-finite updates (DP is refused; the norm filter judges the
+    # buffer at the merge): one check of the whole stack
+    finite, row_of = finite_clients(upload).tolist(), {k: i for i, k in enumerate(upload.client_ids)}
+    _count(q, {"rejected_nonfinite": sum(not finite[row_of[j.client]] for j in pending)})
+    for j in pending:
+        if finite[row_of[j.client]]:
+            q.trained[(j.version, j.client)] = (upload, row_of[j.client])
+        else:
+            q.rejected.add((j.version, j.client))
 
 
 def _count(q: EventQueue, screened: dict[str, int]) -> None:
