@@ -23,6 +23,7 @@ from __future__ import annotations
 import heapq
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Protocol, cast
 
@@ -212,10 +213,7 @@ def _collect(loop: _Loop, q: EventQueue, messages: Any, pushed: dict[tuple[int, 
     """The replies to a dispatch (every client it named, all sent one version), screened, kept for their
     arrivals."""
     version = messages.bc.round
-    try:
-        upload = cast(Dispatching, loop.executor).collect(messages)
-    except RoundSkipped:  # too few of them replied: they count as lost, like screened-out updates
-        upload = Upload([], {}, torch.zeros(0))
+    upload = _or_lost(lambda: cast(Dispatching, loop.executor).collect(messages))
     for k in messages.clients:
         pushed.pop((version, k), None)
     _keep_rows(q, version, messages.clients, upload)
@@ -237,7 +235,7 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arrivin
     if len(versions) == 1:
         _train_version(loop, result, q, arriving.version, arriving.client, pushed)
         return
-    sent = {v: algo.broadcast(ServerState(q.versions[v], v, result.server.extra), v) for v in versions}
+    sent = {v: _broadcast(loop, result, q, v) for v in versions}
     adversary = getattr(executor, "adversary", None)
     if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
             or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
@@ -281,11 +279,17 @@ def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version
     clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected
                      and (version, k) not in pushed)
     bc = _broadcast(loop, result, q, version)
-    try:
-        upload = loop.executor.train(bc, clients)
-    except RoundSkipped:  # Flower: too few of them replied; they count as lost, like screened-out updates
-        upload = Upload([], {}, torch.zeros(0))
+    upload = _or_lost(lambda: loop.executor.train(bc, clients))
     _keep_rows(q, version, clients, upload)
+
+
+def _or_lost(replies: Callable[[], Upload]) -> Upload:
+    """The clients' upload, or none when too few of them replied (Flower: ``RoundSkipped``): they count as lost,
+    like screened-out updates."""
+    try:
+        return replies()
+    except RoundSkipped:
+        return Upload([], {}, torch.zeros(0))
 
 
 def _rows(at: list[tuple[Upload, int]]) -> Upload:

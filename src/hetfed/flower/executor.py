@@ -16,6 +16,7 @@ round is aggregated over the others if at least ``flower.min_replies`` replied
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import torch
@@ -291,38 +292,25 @@ class FlowerExecutor:
         holding some of them: an asynchronous server sends a client its model version when it sends it, so the
         nodes train while the server goes on with other arrivals; :meth:`collect` pulls a node's reply."""
         by_node, contents = self._contents(bc, clients)
-        return [Dispatched(bc, held, {node: held}, self._push([(node, contents[node], "train")],
-                                                              self.flower.round_timeout, str(bc.round)))
+        return [Dispatched(bc, node, held, self._push([(node, contents[node], "train")], self.flower.round_timeout,
+                                                      str(bc.round)))
                 for node, held in by_node.items()]
 
     def collect(self, sent: Dispatched) -> Upload:
         """The screened upload of a :meth:`dispatch`'s clients, as :meth:`train` returns it: their replies are
         pulled until all came or ``flower.round_timeout`` (from the push) passed."""
-        replies = self._receive(sent.pushed, list(sent.by_node))
-        answered = {node: (sent.by_node[node], r.content) for node, r in replies.items() if r is not None}
-        self._failed("train", sent.bc.round, sent.by_node, set(answered))
+        replies = self._receive(sent.pushed, [sent.node])
+        answered = {node: (sent.clients, r.content) for node, r in replies.items() if r is not None}
+        self._failed("train", sent.bc.round, {sent.node: sent.clients}, set(answered))
         return self._uploads(sent.bc, sent.clients, answered)
 
     def first_replied(self, sent: list[Dispatched]) -> Dispatched:
         """Of messages pushed (:meth:`dispatch`), the first whose replies all came back — or whose
         ``flower.round_timeout`` passed — in the order they really come (an asynchronous server without a latency
         model: ``train.clock.latency = 'wall'``); its replies are kept for :meth:`collect`."""
-        wait = POLL_FIRST
-        while True:
-            now = time.monotonic()
-            for d in sent:
-                if not d.pushed.pending or (d.pushed.end is not None and now >= d.pushed.end):
-                    return d
-            waiting = set().union(*(d.pushed.pending for d in sent))
-            got = list(self.grid.pull_messages(waiting))
-            for m in got:
-                for d in sent:
-                    if m.metadata.reply_to_message_id in d.pushed.pending:
-                        d.pushed.pending.discard(m.metadata.reply_to_message_id)
-                        d.pushed.got.append(m)
-            if not got:
-                time.sleep(wait)
-            wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
+        pushes = [d.pushed for d in sent]
+        poll(self.grid, pushes, lambda: any(p.done() for p in pushes))
+        return next(d for d in sent if d.pushed.done())
 
     def _uploads(self, bc: Broadcast, clients: list[int], answered: dict[int, tuple[list[int], RecordDict]]
                  ) -> Upload:
@@ -452,12 +440,12 @@ class FlowerExecutor:
 
 @dataclass(frozen=True)
 class Dispatched:
-    """Training messages an asynchronous server pushed (:meth:`FlowerExecutor.dispatch`): the broadcast, its
-    clients, node → its clients of them, and the push whose replies :meth:`FlowerExecutor.collect` pulls."""
+    """A training message an asynchronous server pushed (:meth:`FlowerExecutor.dispatch`): the broadcast, the node
+    it went to and its clients there, and the push whose reply :meth:`FlowerExecutor.collect` pulls."""
 
     bc: Broadcast
+    node: int
     clients: list[int]
-    by_node: dict[int, list[int]]
     pushed: Pushed
 
 
@@ -517,6 +505,10 @@ class Pushed:
     kinds: list[str]
     got: list[Message] = field(default_factory=list)  # replies already pulled
 
+    def done(self) -> bool:
+        """Every reply came, or their time passed."""
+        return not self.pending or (self.end is not None and time.monotonic() >= self.end)
+
 
 def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
     """Push ``messages`` now; their replies are awaited until ``timeout`` seconds from now."""
@@ -528,20 +520,29 @@ def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
 def receive(grid, pushed: Pushed) -> list[Message]:
     """Pull the replies to ``pushed`` until all came or its time passed (:func:`send_and_receive`'s polling),
     those pulled before included."""
-    pending, end = set(pushed.pending), pushed.end
-    replies: list[Message] = list(pushed.got)
-    wait = POLL_FIRST
-    while pending:
-        got = list(grid.pull_messages(pending))
-        replies.extend(got)
-        pending.difference_update(m.metadata.reply_to_message_id for m in got)
-        if not pending or (end is not None and time.monotonic() >= end):
-            break
-        time.sleep(wait if end is None else max(0.0, min(wait, end - time.monotonic())))
-        wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
+    poll(grid, [pushed], pushed.done)
     append("HETFED_FLOWER_TIMING", {"type": "server", "pushed": pushed.pushed, "replied": time.time(),
                                     "kinds": pushed.kinds})
-    return replies
+    return list(pushed.got)
+
+
+def poll(grid, pushes: list[Pushed], done: Callable[[], bool]) -> None:
+    """Pull the replies to ``pushes`` (each into its own ``got``) until ``done()`` after a pull: polling from
+    :data:`POLL_FIRST`, the wait doubling to :data:`POLL_LONGEST` while nothing comes, never past a push's end."""
+    wait = POLL_FIRST
+    while True:  # pulled at least once: a push whose time passed still gets what already came
+        waiting = set().union(*(p.pending for p in pushes))
+        got = list(grid.pull_messages(waiting)) if waiting else []
+        for m in got:
+            for p in pushes:
+                if m.metadata.reply_to_message_id in p.pending:
+                    p.pending.discard(m.metadata.reply_to_message_id)
+                    p.got.append(m)
+        if done():
+            return
+        ends = [p.end for p in pushes if p.end is not None]
+        time.sleep(wait if not ends else max(0.0, min(wait, min(ends) - time.monotonic())))
+        wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
 
 
 def missing_nodes_message(missing: list[int], asked: int, n_clients: int, timeout: float, waited: float) -> str:

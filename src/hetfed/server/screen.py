@@ -134,17 +134,19 @@ def norm_factor(algo: Algorithm) -> float | None:
     already). An asynchronous server's executors screen for non-finite updates only: its norm filter judges each
     buffer of arrivals when it is merged (:func:`buffer_screen`), the one group its events define — the clients an
     executor happens to train together depend on how it stacks them."""
-    if private(algo) is not None or algo.capabilities.asynchronous:
-        return None
-    factor: float | None = algo.context.pipeline.screen.norm_factor
+    return None if algo.capabilities.asynchronous else _factor(algo)
+
+
+def _factor(algo: Algorithm) -> float | None:
+    """``server.screen.norm_factor``, or None under DP."""
+    factor: float | None = None if private(algo) is not None else algo.context.pipeline.screen.norm_factor
     return factor
 
 
 def buffer_screen(algo: Algorithm) -> Screen:
     """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
     norm against the model it was sent); off under DP, as for rounds."""
-    spec = algo.context.pipeline.screen
-    return Screen({}, None if private(algo) is not None else spec.norm_factor, reference_clients=spec.reference_clients)
+    return Screen({}, _factor(algo), reference_clients=algo.context.pipeline.screen.reference_clients)
 
 
 def holds_round(algo: Algorithm) -> bool:
