@@ -78,13 +78,35 @@ def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, cl
             "sim_time": round(result.sim_time, 3)}
 
 
-def compression_round(fed, kind: dict, rounds: int) -> float:
+_SENDING = [0.0]  # seconds in Transport.send (the compressor's whole cost in process), over every call
+
+
+def _timed_send() -> None:
+    """Count the seconds the transport takes: what compression adds to a round, measured apart from the round's
+    own time (which drifts by ±15 % between runs on this machine)."""
+    from hetfed.server.transport import Transport
+
+    send = Transport.send
+
+    def timed(self, *a, **k):
+        t0 = time.perf_counter()
+        try:
+            return send(self, *a, **k)
+        finally:
+            _SENDING[0] += time.perf_counter() - t0
+
+    Transport.send = timed
+
+
+def compression_round(fed, kind: dict, rounds: int) -> tuple[float, float]:
+    """(train seconds per round, of which in the transport)."""
+    _SENDING[0] = 0.0
     model = build_model(ModelConfig(kind="mlp", hidden=[200, 200]), fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, eval_every=10_000, checkpoint_every=None, local_epochs=1, batch_size=50,
                         optimizer=OptimizerConfig(lr=0.01, momentum=0.0))
     algo = build_algorithm("fedavg", model, train, server=ServerConfig(compression=kind))
     result = simulate(algo, fed, train, 0)
-    return result.train_seconds / rounds
+    return result.train_seconds / rounds, _SENDING[0] / rounds
 
 
 def main() -> None:
@@ -93,6 +115,7 @@ def main() -> None:
     ap.add_argument("--w1-rounds", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (throughput, W1 rounds)")
     ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--parts", nargs="+", default=["throughput", "compression"], choices=["throughput", "compression"])
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -105,7 +128,7 @@ def main() -> None:
     }
     out["async_throughput"] = {"setting": f"100 clients x 200 samples, 10 local steps of B=32, concurrency {m} "
                                f"(FedBuff K={m // 2}); {args.repeats} interleaved repeats, medians"}
-    for label, (d, hidden) in workloads.items():
+    for label, (d, hidden) in workloads.items() if "throughput" in args.parts else ():
         fed = _federation(100, 200, d)
         rows = {}
         for spread_name, clock in (("no_spread", {}), ("lognormal_1", {"latency": "lognormal", "spread": 1.0})):
@@ -126,20 +149,35 @@ def main() -> None:
             rows[spread_name] = row
         out["async_throughput"][label] = rows
 
+    if "compression" not in args.parts:
+        print(json.dumps(out, indent=1))
+        return
     w1 = _federation(100, 600, 784)
     kinds = {"none": {"kind": "none"}, "qsgd8": {"kind": "qsgd", "bits": 8}, "qsgd4": {"kind": "qsgd", "bits": 4},
              "topk1pct_ef": {"kind": "topk", "fraction": 0.01, "error_feedback": True}, "fp16": {"kind": "fp16"}}
-    compression_round(w1, kinds["none"], 1)  # warm-up
+    for kind in kinds.values():  # warm-up (QSGD's first call in a process loads its compiled kernel, ~0.5 s)
+        compression_round(w1, kind, 1)
+    _timed_send()
     samples: dict[str, list[float]] = {name: [] for name in kinds}
+    sending: dict[str, list[float]] = {name: [] for name in kinds}
     for _ in range(args.repeats):  # interleaved: this machine's timings drift by ±30 % between minutes
         for name, kind in kinds.items():
-            samples[name].append(compression_round(w1, kind, args.w1_rounds))
+            total, send = compression_round(w1, kind, args.w1_rounds)
+            samples[name].append(total)
+            sending[name].append(send)
     best = {k: min(v) for k, v in samples.items()}
     median = {k: float(np.median(v)) for k, v in samples.items()}
+    none = median["none"] - float(np.median(sending["none"]))  # the round without its transport
     out["compression_w1"] = {"workload": "W1: 100 clients x 600 x 784, MLP 784-200-200-10, E=1, B=50, FedAvg",
                              "repeats": args.repeats, "seconds_per_round_best": {k: round(v, 3) for k, v in best.items()},
                              "over_uncompressed_best": {k: round(v / best["none"], 3) for k, v in best.items()},
-                             "over_uncompressed_median": {k: round(v / median["none"], 3) for k, v in median.items()}}
+                             "over_uncompressed_median": {k: round(v / median["none"], 3) for k, v in median.items()},
+                             "transport_s_per_round_median": {k: round(float(np.median(v)), 4)
+                                                              for k, v in sending.items()},
+                             # what the transport adds, over the uncompressed round without it: the issue's ratio
+                             # measured on the work itself rather than as a difference of two noisy round times
+                             "added_by_transport_median": {k: round(1 + float(np.median(v)) / none, 3)
+                                                           for k, v in sending.items()}}
     print(json.dumps(out, indent=1))
 
 

@@ -378,3 +378,115 @@ def test_what_a_flower_node_sends_is_the_encoding_and_the_server_decodes_the_in_
     for k in ref:
         assert torch.equal(decoded.params[k], local.params[k]), k
     assert set(kept_wire) == set(kept_local) and all(torch.equal(kept_wire[k], kept_local[k]) for k in kept_wire)
+
+
+def test_the_rounding_draws_are_the_clients_counter_based_streams():
+    """QSGD's draws are hetfed.streams' hash (the int64 form, :func:`hetfed.streams.uniform`) at the client's key for
+    (QUANTISE, the parameter): a function of the client alone, computed where the update is — no host generator."""
+    from hetfed import streams
+    from hetfed.engine.rng import QUANTISE
+
+    seeds = [5, 2**40 + 7, 2**62 + 11]  # high bits matter (streams.keys folds them)
+    got = uniforms(seeds, 3, 1000, "cpu")
+    key = streams.bits(streams.keys(seeds, "cpu"), QUANTISE, 3)
+    want = streams.uniform(key[:, None], torch.arange(1000)[None])
+    assert torch.equal(got, want)
+    assert torch.equal(uniforms(seeds[1:2], 3, 1000, "cpu")[0], got[1])  # alone as in a stack
+    assert not torch.equal(uniforms(seeds, 4, 1000, "cpu"), got)  # another parameter, other draws
+
+
+def _special_values(clients: int, n: int, seed: int) -> torch.Tensor:
+    g = torch.Generator().manual_seed(seed)
+    delta = torch.randn(clients, n, generator=g) * 0.01
+    delta[0, : n // 2] = 0.0  # a zero bucket (scale 0)
+    delta[-1, 1] = -0.0
+    delta[-1, 2] = 1e-30  # levels of a value far below its bucket's norm
+    return delta
+
+
+@pytest.mark.parametrize("bits,bucket,n", [(2, 512, 1003), (4, 7, 50), (8, None, 333), (8, 512, 2048), (3, 64, 700)])
+def test_the_fused_kernel_gives_the_torch_paths_numbers(monkeypatch, bits, bucket, n):
+    """On a CPU QSGD rounds in one compiled pass (Numba); the torch path (GPUs, small tensors) must give the same
+    floats — encodings, round trips, and the transport's parameters and residuals — or a client's numbers would
+    depend on its stack's size (which picks the path) and on the device."""
+    from hetfed.engine.types import Upload
+    from hetfed.server.compression import fused
+
+    comp, p = _qsgd(bits, bucket)
+    delta = _special_values(4, n, bits)
+    seeds = [9, 8, 7, 2**50]
+    ref = torch.randn(n, generator=torch.Generator().manual_seed(1))
+    residual = {RESIDUAL + "w": 0.001 * torch.randn(4, n, generator=torch.Generator().manual_seed(2))}
+    send = transport({"kind": "qsgd", "bits": bits, "bucket": bucket, "error_feedback": True})
+    calls = {"fused": 0}
+    levels = fused.levels
+
+    def counted(*a, **k):
+        calls["fused"] += 1
+        return levels(*a, **k)
+
+    monkeypatch.setattr(fused, "levels", counted)
+
+    def everything():
+        up = Upload(client_ids=[0, 1, 2, 3], params={"w": (ref + delta).clone()}, num_samples=[1] * 4, extra={})
+        sent, left = send.send(up, {"w": ref}, residual, seeds, still_read=())
+        return (comp.encode(delta, seeds, 2, p), comp.received(delta, seeds, 2, p), sent.params["w"],
+                left[RESIDUAL + "w"])
+
+    monkeypatch.setattr(fused, "FUSED_FROM", 1 << 60)
+    slow = everything()
+    assert calls["fused"] == 0
+    monkeypatch.setattr(fused, "FUSED_FROM", 0)
+    fast = everything()
+    assert calls["fused"] == 3  # encode, round trip, and the transport's one pass (parameters and residuals at once)
+    for field in slow[0]:
+        assert torch.equal(slow[0][field], fast[0][field]), field
+    for a, b in zip(slow[1:], fast[1:], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_the_fused_kernel_shares_a_large_update_among_threads_with_the_same_numbers(monkeypatch):
+    from hetfed.server.compression import fused
+
+    comp, p = _qsgd(8, 512)
+    delta = _special_values(3, 100_003, 0)
+    seeds = [1, 2, 3]
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
+    one = comp.received(delta, seeds, 0, p)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
+    monkeypatch.setattr(fused, "VALUES_PER_THREAD", 1000)
+    assert torch.equal(comp.received(delta, seeds, 0, p), one)
+
+
+def test_resuming_a_qsgd_run_whose_draws_came_from_the_old_generator_is_refused(tmp_path, monkeypatch, capsys):
+    """A checkpoint written before QSGD's draws were counter-based (``random_streams`` v1, or none recorded) cannot
+    continue with today's draws; a run without a drawing compressor can."""
+    from hetfed.executors import inprocess as executors
+    from hetfed.runs.checkpoint import checkpoint_path
+
+    real = executors.InProcessExecutor.train
+    for name, compression, refused in (("q", "{kind: qsgd, bits: 4}", True), ("t", "{kind: topk, fraction: 0.1}", False)):
+        calls = {"n": 0}
+
+        def train(self, bc, clients, *a, calls=calls, **k):
+            calls["n"] += 1
+            if calls["n"] > 2:
+                raise KeyboardInterrupt
+            return real(self, bc, clients, *a, **k)
+
+        monkeypatch.setattr(executors.InProcessExecutor, "train", train)
+        out = tmp_path / name
+        assert main(["run", "--quiet", "--set", "train.rounds=4", "--set", "train.checkpoint_every=1", "--set",
+                     "train.eval_every=2", "--set", "partition.clients=4",
+                     "--set", f"methods=[{{algorithm: fedavg, server: {{compression: {compression}}}}}]",
+                     "--out", str(out)]) == 130
+        monkeypatch.setattr(executors.InProcessExecutor, "train", real)
+        path = checkpoint_path(out)
+        payload = torch.load(path, weights_only=False)
+        assert payload.pop("random_streams") == "counter-lowbias32-v2"
+        torch.save(payload, path)  # as the version before wrote it
+        capsys.readouterr()
+        assert main(["run", "--quiet", "--resume", str(out)]) == (2 if refused else 0)
+        err = capsys.readouterr().err
+        if refused:
+            assert "counter-lowbias32-v1" in err and "qsgd" in err and len(err.strip().splitlines()) == 1

@@ -21,9 +21,12 @@ from collections.abc import Sequence
 
 import torch
 
-#: recorded in every run directory's environment: which generator drew the run's client streams
-#: (run directories without it were drawn by per-client host generators, hetfed ≤ 0.1)
-GENERATOR = "counter-lowbias32-v1"
+#: recorded in every run directory's environment and checkpoint: which generator drew the run's client streams
+#: (run directories without it were drawn by per-client host generators, hetfed ≤ 0.1). v2: a compressor's draws
+#: (QSGD's stochastic rounding) are counter-based too.
+GENERATOR = "counter-lowbias32-v2"
+#: earlier generators whose compressors drew otherwise: a resume of a run with such a compressor is refused
+COMPRESSOR_DRAWS_CHANGED = {"counter-lowbias32-v1": "QSGD's rounding drawn from a PCG64 host generator per client"}
 
 MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9

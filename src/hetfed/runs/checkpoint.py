@@ -30,11 +30,13 @@ from typing import TYPE_CHECKING, Any
 
 import torch
 
+from hetfed import streams
 from hetfed.errors import RunError
 from hetfed.runs.rundir import CHECKPOINTS, MetricsWriter, write_atomic
 
 if TYPE_CHECKING:
     from hetfed.executors.updates import SimulationResult
+    from hetfed.server.transport import Transport
 
 RESUME = "resume.pt"
 PREVIOUS = "resume.prev.pt"
@@ -57,7 +59,8 @@ def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
         except OSError:  # a file system without hard links
             shutil.copyfile(path, link)
         os.replace(link, path.with_name(PREVIOUS))
-    write_atomic(path, lambda fh: torch.save({"version": VERSION, **payload}, fh), binary=True, sync=True)
+    write_atomic(path, lambda fh: torch.save({"version": VERSION, "random_streams": streams.GENERATOR, **payload}, fh),
+                 binary=True, sync=True)
     return path
 
 
@@ -106,6 +109,19 @@ def _load(path: Path) -> dict[str, Any]:
         raise RunError(f"the checkpoint {str(path)!r} has version {payload.get('version')}, this hetfed reads "
                        f"{VERSION}: expected a run made by this version (rerun the config instead)")
     return payload
+
+
+def check_streams(payload: dict[str, Any], transports: list[Transport]) -> None:
+    """Refuse to continue a checkpoint whose clients drew a compressor's numbers from another generator than this
+    hetfed's (``random_streams``; a checkpoint without it was written by ``counter-lowbias32-v1``, whose QSGD drew
+    its rounding from PCG64 host generators): the resumed rounds would not be the run's."""
+    made = payload.get("random_streams", "counter-lowbias32-v1")
+    drawing = sorted({t.compressor.name for t in transports if t.compressor is not None and t.compressor.draws})
+    if made != streams.GENERATOR and drawing and made in streams.COMPRESSOR_DRAWS_CHANGED:
+        raise RunError(f"the checkpoint's clients drew {', '.join(drawing)}'s numbers with random streams {made!r} "
+                       f"({streams.COMPRESSOR_DRAWS_CHANGED[made]}); this hetfed draws them with {streams.GENERATOR!r}, "
+                       "so resuming would mix two runs' numbers: expected a run started by this version (rerun "
+                       "the config, or resume with the hetfed that started it)")
 
 
 def snapshot(result: SimulationResult) -> dict[str, Any]:

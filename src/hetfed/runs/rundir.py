@@ -191,7 +191,7 @@ def environment() -> dict[str, Any]:
     env = {
         "hetfed": version("hetfed"), "random_streams": streams.GENERATOR,
         "python": sys.version.split()[0], "torch": torch.__version__,
-        **{name: version(name) for name in ("numpy", "scipy", "scikit-learn", "flwr")},
+        **{name: version(name) for name in ("numpy", "scipy", "scikit-learn", "numba", "flwr")},
         "platform": platform.platform(), "machine": platform.machine(), "host": socket.gethostname(),
         "cpu_count": os.cpu_count(), "torch_threads": torch.get_num_threads(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,

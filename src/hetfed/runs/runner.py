@@ -36,7 +36,7 @@ from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
-from hetfed.runs.checkpoint import Checkpointer, read_checkpoint, remove_checkpoints
+from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
 from hetfed.runs.observers import (
     CheckpointObserver,
     MetricsObserver,
@@ -60,6 +60,7 @@ from hetfed.runs.rundir import (
 )
 from hetfed.runs.summary import method_summary, print_summary, row_name, run_summary, view_row
 from hetfed.runs.tracking import Trackers, check_trackers, open_trackers
+from hetfed.server.transport import transport
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -136,7 +137,7 @@ def run_experiment(
     check_trackers(config.tracking)  # a tracker that is not installed is refused before anything is written
     ckpt = None
     if resume:
-        ckpt = _checkpoint_to_resume(Path(out), warn)  # type: ignore[arg-type]  # a resume names its directory
+        ckpt = _checkpoint_to_resume(Path(out), warn, config)  # type: ignore[arg-type]  # a resume names its directory
     else:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     for method in config.methods:
@@ -168,11 +169,14 @@ def run_experiment(
     return RunOutput(rec.run_dir, summary)
 
 
-def _checkpoint_to_resume(out: Path, warn: Console) -> dict[str, Any] | None:
+def _checkpoint_to_resume(out: Path, warn: Console, config: Config) -> dict[str, Any] | None:
     """The checkpoint a resume continues from (None: the run had none yet); a refused resume marks the run
     failed, saying why, before anything is loaded."""
     try:
-        return read_checkpoint(out, warn=lambda message: warn.print(message, style="yellow", soft_wrap=True))
+        ckpt = read_checkpoint(out, warn=lambda message: warn.print(message, style="yellow", soft_wrap=True))
+        if ckpt is not None:
+            check_streams(ckpt, [transport(config.method_server(m).compression) for m in config.methods])
+        return ckpt
     except RunError as err:  # refused: the run is not running any more, and says why
         set_status(out, "failed", reason=f"resume refused: {err}")
         raise

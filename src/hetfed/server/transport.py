@@ -79,10 +79,8 @@ class Transport:
                 delta = theta[a:b].to(torch.float32) - ref_b
                 if self.error_feedback:
                     delta.add_(before[a:b].to(delta.device))
-                sent = self.compressor.received(delta, seeds[a:b], counter, self.params).to(delta.dtype)
-                if self.error_feedback:
-                    torch.sub(delta, sent, out=left[a:b])
-                torch.add(sent, ref_b, out=received[a:b])
+                self.compressor.received_into(delta, seeds[a:b], counter, self.params, ref_b, received[a:b],
+                                              left[a:b] if self.error_feedback else None)
             params[name] = received
         return replace(upload, params=params), kept
 

@@ -8,8 +8,9 @@ A compressor that loses information may keep what it did not send in the client'
 the residual is added to the next round's update, never sent). Compressors are found by importing this
 package's modules; nothing lists them.
 
-Every draw a compressor makes (QSGD's stochastic rounding) comes from the client's own stream, keyed by its round
-seed and the parameter (:func:`uniforms`), so it does not depend on how clients are stacked or on the executor.
+Every draw a compressor makes (QSGD's stochastic rounding) comes from the client's own counter-based stream, keyed
+by its round seed and the parameter (:func:`uniforms`), so it does not depend on how clients are stacked, on the
+executor or on the device.
 """
 
 from __future__ import annotations
@@ -56,12 +57,28 @@ class Compressor:
     paper: str = ""
     lossy: bool = True
     roundtrip: Callable[[torch.Tensor, Sequence[int], int, Any], torch.Tensor] | None = None
+    #: the encoding draws random numbers (each client's own stream): a change of generator changes its numbers
+    draws: bool = False
+    #: :meth:`received_into` in one pass where it can (returns False where it cannot: the generic path runs)
+    fused_into: Callable[..., bool] | None = None
 
     def received(self, delta: torch.Tensor, seeds: Sequence[int], counter: int, params: Any) -> torch.Tensor:
         """Δ̂ [S, …], what the server decodes from the stack's encoded ``delta``."""
         if self.roundtrip is not None:
             return self.roundtrip(delta, seeds, counter, params)
         return self.decode(self.encode(delta, seeds, counter, params), tuple(delta.shape[1:]), params)
+
+    def received_into(self, delta: torch.Tensor, seeds: Sequence[int], counter: int, params: Any,
+                      base: torch.Tensor, out: torch.Tensor, left: torch.Tensor | None = None) -> None:
+        """``out`` ← ``base`` + Δ̂ (the parameters the server reads; ``base`` the reference, one for every client or
+        one per client) and, given, ``left`` ← ``delta`` − Δ̂ (error feedback's residual): what the in-process
+        transport computes, without a tensor for Δ̂ where the compressor fuses it (:attr:`fused_into`)."""
+        if self.fused_into is not None and self.fused_into(delta, seeds, counter, params, base, out, left):
+            return
+        sent = self.received(delta, seeds, counter, params).to(delta.dtype)
+        if left is not None:
+            torch.sub(delta, sent, out=left)
+        torch.add(sent, base, out=out)
 
 
 def _described(c: Compressor) -> dict[str, Any]:
@@ -102,48 +119,41 @@ def parse(section: dict[str, Any], where: str = "server.compression") -> tuple[C
     return COMPRESSORS.get(name), params
 
 
-#: draws a thread must have to be worth waking: right after torch work its own threads still hold the cores a
-#: while (a 6-client block drew 1.7× slower on two threads than on one there)
-DRAWS_PER_THREAD = 1 << 22
-
 _POOL: tuple[int, int, Any] | None = None  # (process id, workers, ThreadPoolExecutor): kept, threads cost ~0.1 ms
 
 
-def _pool(workers: int) -> Any:
-    """A thread pool of at least ``workers`` threads for this process (a forked child makes its own)."""
+def pool(workers: int) -> Any:
+    """A thread pool of at least ``workers`` threads for this process (a forked child makes its own): what a
+    compressor's kernels that release the GIL (:mod:`hetfed.server.compression.fused`) run on."""
     import os
     from concurrent.futures import ThreadPoolExecutor
 
     global _POOL
     if _POOL is None or _POOL[0] != os.getpid() or _POOL[1] < workers:
-        _POOL = (os.getpid(), workers, ThreadPoolExecutor(max(1, workers), thread_name_prefix="hetfed-draws"))
+        _POOL = (os.getpid(), workers, ThreadPoolExecutor(max(1, workers), thread_name_prefix="hetfed-compress"))
     return _POOL[2]
 
 
+def stream_states(seeds: Sequence[int], counter: int, device: torch.device | str) -> torch.Tensor:
+    """Each client's rounding stream for the parameter at position ``counter``: the states ``[S]`` (int32,
+    :func:`hetfed.streams.seeded32`) of ``bits(key, QUANTISE, counter)``, ``key`` the client's round seed folded
+    (:func:`hetfed.streams.keys`); its draw ``i`` is ``next32(state, i)``. Hashed for the whole stack at once."""
+    from hetfed import streams
+    from hetfed.engine.rng import QUANTISE
+
+    return streams.seeded32(streams.bits(streams.keys(seeds, device), QUANTISE, counter))
+
+
 def uniforms(seeds: Sequence[int], counter: int, n: int, device: torch.device | str) -> torch.Tensor:
-    """U[0, 1) float32 [S, n]: row j from client j's own generator (NumPy's PCG64), keyed by (its round seed,
-    QUANTISE, counter).
+    """U[0, 1) float32 [S, n]: value i of row j is the top 24 bits of draw i of client j's stream
+    (:func:`stream_states`), times 2⁻²⁴ — exact, and the same on every device.
 
-    Per-client host generators rather than :mod:`hetfed.streams`' counter hash: a compressor draws once per value of
-    every upload (20 M values a round on W1), where the hash costs ~11× a PCG64 stream on this project's CPU; the
-    draws are made on the CPU whatever the device (the same numbers everywhere) and moved once per parameter and
-    round. NumPy releases the GIL while it fills an array, so the clients' rows are drawn on as many threads as
-    torch computes with (each row is its client's whatever the thread)."""
-    import numpy as np
+    Counter-based like every other client draw (:mod:`hetfed.streams`), computed where the update is: a client's
+    numbers do not depend on its stack, and nothing is drawn on the host. (hetfed ≤ 0.2 drew them from a PCG64
+    generator per client on the host: ``random_streams`` ``counter-lowbias32-v1``.) On a CPU, QSGD hashes them
+    inside its fused kernel instead (:mod:`hetfed.server.compression.fused`): the same bits."""
+    from hetfed import streams
 
-    from hetfed.engine.rng import QUANTISE, derive_seed
-
-    out = np.empty((len(seeds), n), dtype=np.float32)
-    keys = [derive_seed(seed, QUANTISE, counter) for seed in seeds]
-
-    def fill(rows: range) -> None:
-        for j in rows:
-            np.random.Generator(np.random.PCG64(keys[j])).random(dtype=np.float32, out=out[j])
-
-    workers = max(1, min(torch.get_num_threads(), len(keys), len(keys) * n // DRAWS_PER_THREAD))
-    shares = [range(w, len(keys), workers) for w in range(workers)]
-    others = [_pool(workers - 1).submit(fill, rows) for rows in shares[1:]]
-    fill(shares[0])
-    for f in others:
-        f.result()
-    return torch.from_numpy(out).to(device)
+    states = stream_states(seeds, counter, device)
+    drawn = streams.next32(states[:, None], torch.arange(n, dtype=torch.int32, device=states.device)[None])
+    return ((drawn >> 8) & 0xFFFFFF).to(torch.float32).mul_(1.0 / (1 << 24))

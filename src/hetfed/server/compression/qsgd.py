@@ -4,7 +4,8 @@ A bucket v becomes ``‖v‖₂ · sgn(vᵢ) · ξᵢ(v, s)``, where ξᵢ is �
 level with probability ``s·|vᵢ|/‖v‖₂ − ℓ``: unbiased (E Q(v) = v) with variance
 ``E‖Q(v) − v‖² ≤ min(d/s², √d/s)·‖v‖²`` (the paper's Lemma 3.1). With ``bits`` b per value (a sign and a level),
 s = 2^(b−1) − 1 and each value is the b-bit code ``sgn·level + s`` packed into bytes; each bucket adds its norm
-(float32). The rounding draws are each client's own (:func:`hetfed.server.compression.uniforms`).
+(float32). The rounding draws are each client's own counter-based stream (:func:`hetfed.server.compression.uniforms`);
+on a CPU with Numba the rounding is one fused pass (:mod:`hetfed.server.compression.fused`), with the same numbers.
 """
 
 from __future__ import annotations
@@ -15,7 +16,15 @@ from collections.abc import Sequence
 import torch
 from pydantic import Field
 
-from hetfed.server.compression import Compressor, CompressorParams, Encoded, register, uniforms
+from hetfed.engine.rng import QUANTISE
+from hetfed.server.compression import (
+    Compressor,
+    CompressorParams,
+    Encoded,
+    fused,
+    register,
+    uniforms,
+)
 
 
 class QSGDParams(CompressorParams):
@@ -68,17 +77,15 @@ def unpack(packed: torch.Tensor, bits: int, m: int) -> torch.Tensor:
     return (planes << weights).sum(-1, dtype=torch.int32).to(torch.uint8)[:, :m]
 
 
-def _levels(v: torch.Tensor, u: torch.Tensor, s_levels: int, out: torch.Tensor) -> torch.Tensor:
-    """Buckets ``v`` [S, B, d] → their norms [S, B]; ``out`` [S, B, d] gets each value's signed level ±ℓ or
-    ±(ℓ + 1) (as floats). ``u`` (the draws, [S, B, d]) is overwritten; the other passes work in place on ``out``
-    and one temporary."""
-    norms: torch.Tensor = torch.linalg.vector_norm(v, dim=-1)
+def _levels(v: torch.Tensor, norms: torch.Tensor, u: torch.Tensor, s_levels: int, out: torch.Tensor) -> None:
+    """Buckets ``v`` [S, B, d] of norms [S, B]: ``out`` [S, B, d] gets each value's signed level ±ℓ or ±(ℓ + 1) (as
+    floats). ``u`` (the draws, [S, B, d]) is overwritten; the other passes work in place on ``out`` and one
+    temporary."""
     scale = torch.where(norms > 0, s_levels / norms, torch.zeros_like(norms)).unsqueeze(-1)
     r = torch.abs(v).mul_(scale)  # s·|vᵢ|/‖v‖ in [0, s]
     level = torch.floor(r, out=out)
     up = u.lt_(r.sub_(level))  # 1 with probability s|vᵢ|/‖v‖ − ℓ (u < the fraction, as the paper's test reads)
     level.add_(up).clamp_(max=s_levels).copysign_(v)  # a zero value has level 0 (its sign does not matter)
-    return norms
 
 
 def _parts(n: int, d: int) -> list[tuple[int, int, int]]:
@@ -89,35 +96,63 @@ def _parts(n: int, d: int) -> list[tuple[int, int, int]]:
     return [(a, b, w) for a, b, w in ((0, full, d), (full, n, n - full)) if b > a]
 
 
-def _quantised(delta: torch.Tensor, seeds: Sequence[int], counter: int,
-               p: QSGDParams) -> tuple[list[torch.Tensor], torch.Tensor, list[tuple[int, int, int]]]:
-    """(each part's bucket norms [S, buckets], the signed levels [S, n], the parts: :func:`_parts`)."""
+def _norms(flat: torch.Tensor, parts: list[tuple[int, int, int]]) -> torch.Tensor:
+    """Each bucket's ℓ2 norm [S, buckets] of the rows of ``flat`` [S, n], part by part (:func:`_parts`)."""
+    stack = flat.shape[0]
+    return torch.cat([torch.linalg.vector_norm(flat[:, a:b].reshape(stack, -1, w), dim=-1) for a, b, w in parts], dim=1)
+
+
+def _quantised(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams,
+               dequantise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the bucket norms [S, buckets], the signed levels [S, n]; or, when ``dequantise``, the decoded values
+    ±level·‖v‖/s). On a CPU with Numba, one fused pass (:mod:`hetfed.server.compression.fused`: the same numbers)."""
     stack = delta.shape[0]
     flat = delta.reshape(stack, -1).to(torch.float32)
     n = flat.shape[1]
+    d = _buckets(n, p)[0]
+    parts = _parts(n, d)
+    norms = _norms(flat, parts)
+    if fused.usable(flat):
+        return norms, fused.levels(flat, norms, seeds, (QUANTISE, counter), d, levels(p), dequantise)
     u = uniforms(seeds, counter, n, delta.device)  # a client's first n draws: the same as a padded stream's
     signed = torch.empty_like(flat)
-    parts = _parts(n, _buckets(n, p)[0])
-    norms = [_levels(flat[:, a:b].reshape(stack, -1, w), u[:, a:b].reshape(stack, -1, w), levels(p),
-                     signed[:, a:b].view(stack, -1, w)) for a, b, w in parts]
-    return norms, signed, parts
+    at = 0
+    for a, b, w in parts:
+        cols = slice(at, at + (b - a) // w)
+        _levels(flat[:, a:b].reshape(stack, -1, w), norms[:, cols], u[:, a:b].reshape(stack, -1, w), levels(p),
+                signed[:, a:b].view(stack, -1, w))
+        if dequantise:
+            signed[:, a:b].view(stack, -1, w).mul_((norms[:, cols] / levels(p)).unsqueeze(-1))
+        at = cols.stop
+    return norms, signed
 
 
 def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> Encoded:
-    norms, signed, _parts_ = _quantised(delta, seeds, counter, p)
+    norms, signed = _quantised(delta, seeds, counter, p)
     n = signed.shape[1]
     pad = (-n) % _buckets(n, p)[0]  # the last bucket's zeros: code s
     code = torch.nn.functional.pad(signed.add_(levels(p)), (0, pad), value=levels(p))  # sgn·level + s
-    return {"norms": torch.cat(norms, dim=1), "codes": pack(code, p.bits)}
+    return {"norms": norms, "codes": pack(code, p.bits)}
 
 
 def _roundtrip(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> torch.Tensor:
     """``_decode(_encode(…))`` without the codes: ±level·‖v‖/s (the same floats: small integers are exact)."""
-    norms, signed, parts = _quantised(delta, seeds, counter, p)
-    stack = signed.shape[0]
-    for (a, b, w), norm in zip(parts, norms, strict=True):
-        signed[:, a:b].view(stack, -1, w).mul_((norm / levels(p)).unsqueeze(-1))
-    return signed.reshape(delta.shape)
+    return _quantised(delta, seeds, counter, p, dequantise=True)[1].reshape(delta.shape)
+
+
+def _roundtrip_into(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams, base: torch.Tensor,
+                    out: torch.Tensor, left: torch.Tensor | None) -> bool:
+    """``out`` ← base + :func:`_roundtrip` and ``left`` ← delta − it, in the fused kernel's one pass where it applies
+    (False: it does not; the caller computes them from :func:`_roundtrip`)."""
+    stack = delta.shape[0]
+    flat = delta.reshape(stack, -1)
+    if not (fused.usable(flat) and fused.takes(flat, base, out, left)):
+        return False
+    n = flat.shape[1]
+    d = _buckets(n, p)[0]
+    norms = _norms(flat, _parts(n, d))
+    fused.levels(flat, norms, seeds, (QUANTISE, counter), d, levels(p), True, base=base, out=out, left=left)
+    return True
 
 
 def _decode(enc: Encoded, shape: tuple[int, ...], p: QSGDParams) -> torch.Tensor:
@@ -137,7 +172,7 @@ def _nbytes(shape: tuple[int, ...], p: QSGDParams) -> int:
     return 4 * nb + math.ceil(n * p.bits / 8)
 
 
-register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip,
+register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip, fused_into=_roundtrip_into, draws=True,
                     summary="stochastic uniform quantisation to `bits` bits per value, a norm per bucket (unbiased)",
                     paper="Alistarh et al. 2017, QSGD: Communication-Efficient SGD via Gradient Quantization and "
                           "Encoding"))
