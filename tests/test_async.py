@@ -110,12 +110,13 @@ def test_fedbuff_with_every_client_at_once_and_no_spread_is_fedavg():
 
 class Trace(RoundObserver):
     def __init__(self):
-        self.rows, self.rejected = [], []
+        self.rows, self.rejected, self.nonfinite = [], [], []
 
     def trained(self, rnd, metrics):
         self.rows.append((rnd, metrics["sim_time"], metrics["staleness_mean"], metrics["staleness_max"],
                           metrics["clients_aggregated"]))
         self.rejected.append(metrics.get("clients_rejected_norm", 0))
+        self.nonfinite.append(metrics.get("clients_rejected_nonfinite", 0))
 
 
 @pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 5, "buffer": 3}),
@@ -282,6 +283,53 @@ def test_clients_dispatched_when_sent_give_the_lazy_stacks_numbers_and_resume_ev
     for k in ref.server.params:
         torch.testing.assert_close(got.server.params[k], ref.server.params[k], rtol=1e-5, atol=1e-6)
         torch.testing.assert_close(resumed.server.params[k], ref.server.params[k], rtol=1e-5, atol=1e-6)
+
+
+def test_updates_computed_when_the_buffer_is_full_give_the_numbers_of_updates_computed_as_they_arrive(monkeypatch):
+    """Lazy updates are computed when a full buffer needs them, every client pending in one stack. Some updates here
+    are non-finite, so a full buffer comes up short and the loop takes more arrivals first: the merges, their
+    rejections and the model must be those of computing each update when its client is sent (Dispatching, as a
+    Flower node does) and reading it when it arrives."""
+    from hetfed.executors import asynchronous as loop_module
+
+    fed = _fed(clients=10, kind="dirichlet")
+    train = _train(rounds=12, clock={"latency": "lognormal", "spread": 1.0})
+    params = {"concurrency": 6, "buffer": 3}
+    short, stacks, settled = [], [], loop_module._settled
+
+    def spy(*a, **k):
+        full = settled(*a, **k)
+        short.append(not full)
+        return full
+
+    monkeypatch.setattr(loop_module, "_settled", spy)
+    runs = []
+    for executor in (VectorisedExecutor(), Dispatching()):
+        algo = build_algorithm("fedbuff", _model(fed), train, params)
+        local = algo.local_update
+
+        def poisoned(bc, states, data, local=local):
+            upload, new = local(bc, states, data)
+            stacks.append(len(data.seeds))
+            bad = [i for i, seed in enumerate(data.seeds) if seed % 4 == 0]  # a pure function of the client's round
+            if bad:
+                name = next(iter(upload.params))
+                values = upload.params[name].clone()
+                values[bad] = float("nan")
+                upload = dataclasses.replace(upload, params={**upload.params, name: values})
+            return upload, new
+
+        algo.local_update = poisoned
+        trace = Trace()
+        runs.append((simulate(algo, fed, train, seed=3, executor=executor, observers=[trace]), trace))
+        stacks.append(None)
+    (a, ta), (b, tb) = runs
+    assert any(short) and sum(ta.nonfinite) > 0  # a full buffer came up short
+    assert ta.rows == tb.rows and ta.nonfinite == tb.nonfinite
+    for k in a.server.params:
+        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
+    lazy = stacks[:stacks.index(None)]
+    assert sum(lazy) / len(lazy) >= params["buffer"]  # a stack holds about a buffer's clients, or more
 
 
 def test_a_wall_clock_run_resumed_sends_its_lost_messages_again():

@@ -8,9 +8,10 @@ new version. Each arrival frees its slot, and a client that is idle and has not 
 is drawn (uniformly, from the run seed and the send counter) to fill it.
 
 Vectorised: training is lazy. A client's update depends only on the version it was sent and its own streams
-(keyed by run seed, version and client id, like a synchronous round's), not on when it runs, so the clients sent
-the same version are trained as one stack (through the executor, like a round) when the first of them arrives —
-the event order, and so every number, is the same however they are stacked.
+(keyed by run seed, version and client id, like a synchronous round's), not on when it runs, so updates are
+computed when a merge needs them — when the buffer holds K arrivals — every client pending then in one stack (the
+clients sent over about a buffer's arrivals, of whatever versions) — the event order, and so every number, is the
+same however they are stacked.
 
 A server update is what a synchronous run calls a round: metrics.csv has one training row per update (its
 staleness, the bytes since the last one, ``sim_time``) and evaluations every ``train.eval_every`` updates. A
@@ -81,13 +82,18 @@ class EventQueue:
     buffer: list[tuple[Job, float]] = field(default_factory=list)  # arrivals not merged yet, with their staleness
     #: (version, client) → its update: a row of a stack's screened upload (materialised when merged)
     trained: dict[tuple[int, int], tuple[Upload, int]] = field(default_factory=dict)
-    rejected: set[tuple[int, int]] = field(default_factory=set)  # updates the screening dropped
+    rejected: set[tuple[int, int]] = field(default_factory=set)  # updates dropped: screened out, or lost
+    lost: set[tuple[int, int]] = field(default_factory=set)  # of those, the ones whose replies never came
     versions: dict[int, Params] = field(default_factory=dict)  # the models in-flight or buffered clients need
     on_version: set[int] = field(default_factory=set)  # clients sent the current version
     last_update: float = 0.0
     up_bytes: int = 0  # since the last update
     down_bytes: int = 0
     rejected_counts: dict[str, int] = field(default_factory=dict)
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A checkpoint's queue; one written before ``lost`` existed counted its losses when they happened."""
+        self.__dict__.update({"lost": set(), **state})
 
 
 def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
@@ -120,7 +126,7 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
         job = heapq.heappop(q.in_flight)
         q.now = job.arrival
         _arrive(loop, result, q, job, pushed)
-        if len(q.buffer) >= algo.buffer:
+        if len(q.buffer) >= algo.buffer and _settled(loop, result, q, pushed):
             finished = _update(loop, result, q, t0)
             t0 = time.perf_counter()
 
@@ -194,19 +200,47 @@ def _draw(seed: int, sent: int, n: int) -> int:
 
 def _arrive(loop: _Loop, result: SimulationResult, q: EventQueue, job: Job, pushed: dict[tuple[int, int], Any]
             ) -> None:
-    """Take the arrival's update — its messages' replies when it was pushed, else trained now with the others
-    pending — and put it in the buffer (or drop it)."""
+    """Put the arrival in the buffer (or drop it): its update is its messages' replies when it was pushed; else it
+    is computed when the buffer is full (:func:`_settled`), with every other client pending — or now, where the
+    executor computes at dispatch (its clients sent before a resume)."""
     key = (job.version, job.client)
     q.up_bytes += job.up_bytes
     if key not in q.trained and key not in q.rejected:
         if key in pushed:
             _collect(loop, q, pushed[key], pushed)
-        else:
-            _train_pending(loop, result, q, job, pushed)
+        elif hasattr(loop.executor, "dispatch"):
+            _train_pending(loop, result, q, [job], pushed)
     if key in q.rejected:
-        q.rejected.discard(key)
+        _drop(q, key)
         return
     q.buffer.append((job, float(q.version - job.version)))
+
+
+def _drop(q: EventQueue, key: tuple[int, int]) -> None:
+    """An arrival whose update was dropped, counted now — when it arrives, whenever it was computed — so each
+    merge's row counts the arrivals it saw, on every executor (computed lazily, or when sent as on Flower)."""
+    q.rejected.discard(key)
+    lost = key in q.lost
+    q.lost.discard(key)
+    _count(q, {"lost" if lost else "rejected_nonfinite": 1})
+
+
+def _settled(loop: _Loop, result: SimulationResult, q: EventQueue, pushed: dict[tuple[int, int], Any]) -> bool:
+    """A full buffer's updates, every one computed: those not computed yet train now, in one stack with every
+    client pending (:func:`_train_pending`); those the screening drops (non-finite) leave the buffer. True when it
+    is still full: merge. Else the loop takes the next arrivals — the merge comes at the arrival it came at when
+    each update was computed as it arrived, so no number depends on when they are computed; but a stack holds the
+    clients sent over a whole buffer (about K), not over the arrivals since the last one that needed training."""
+    waiting = [job for job, _ in q.buffer if (job.version, job.client) not in q.trained]
+    if not waiting:
+        return True
+    _train_pending(loop, result, q, waiting, pushed)
+    kept = [(job, s) for job, s in q.buffer if (job.version, job.client) not in q.rejected]
+    for job, _ in q.buffer:
+        if (job.version, job.client) in q.rejected:
+            _drop(q, (job.version, job.client))
+    q.buffer = kept
+    return len(q.buffer) >= cast("Asynchronous", loop.algo).buffer
 
 
 def _collect(loop: _Loop, q: EventQueue, messages: Any, pushed: dict[tuple[int, int], Any]) -> None:
@@ -219,35 +253,37 @@ def _collect(loop: _Loop, q: EventQueue, messages: Any, pushed: dict[tuple[int, 
     _keep_rows(q, version, messages.clients, upload)
 
 
-def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, arriving: Job,
+def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, needed: list[Job],
                    pushed: dict[tuple[int, int], Any]) -> None:
-    """Every client whose update is not computed yet — ``arriving``, just taken off the queue, and all still in
-    flight, whatever version each was sent — as one stack, when the algorithm's client step allows clients of
-    different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else the
-    arriving client's version alone (:func:`_train_version`) — which is also how the clients pending on one version
-    train (a synchronous round's path: no model copied per client). Updates holding NaN/inf are dropped here; the
-    norm filter judges the buffer at the merge (:func:`_update`)."""
+    """The ``needed`` updates (arrived, not computed yet) and every client still in flight whose update is not
+    computed yet, whatever version each was sent, as one stack, when the algorithm's client step allows clients of
+    different broadcasts in one stack (``Capabilities.stacks_runs``) and they share a learning rate; else version
+    by version (:func:`_train_version`) — which is also how the clients pending on one version train (a
+    synchronous round's path: no model copied per client). A client in flight that also has a needed update (sent
+    again since it arrived) waits for its next training: a client's updates are computed in the order it was sent
+    them. Updates holding NaN/inf are dropped here; the norm filter judges the buffer at the merge (:func:`_update`)."""
     algo, executor = loop.algo, loop.executor
+    again = {j.client for j in needed}
     pending = sorted([j for j in q.in_flight if (j.version, j.client) not in q.trained
-                      and (j.version, j.client) not in q.rejected and (j.version, j.client) not in pushed]
-                     + [arriving], key=lambda j: j.client)
+                      and (j.version, j.client) not in q.rejected and (j.version, j.client) not in pushed
+                      and j.client not in again] + needed, key=lambda j: j.client)
     versions = {j.version for j in pending}
-    if len(versions) == 1:
-        _train_version(loop, result, q, arriving.version, arriving.client, pushed)
-        return
     sent = {v: _broadcast(loop, result, q, v) for v in versions}
     adversary = getattr(executor, "adversary", None)
-    if (not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows") or len({b.lr for b in sent.values()}) > 1
-            or any(b.extra for b in sent.values()) or (adversary is not None and adversary.active)):
-        _train_version(loop, result, q, arriving.version, arriving.client, pushed)
+    if (len(versions) == 1 or not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows")
+            or len({b.lr for b in sent.values()}) > 1 or any(b.extra for b in sent.values())
+            or (adversary is not None and adversary.active)):
+        for version in sorted({j.version for j in needed}):
+            _train_version(loop, result, q, version, {j.client for j in needed if j.version == version}, again,
+                           pushed)
         return
+    first = pending[0].version
     bc = ClientBroadcast({name: torch.stack([q.versions[j.version][name] for j in pending])
-                          for name in q.versions[arriving.version]}, arriving.version, sent[arriving.version].lr)
+                          for name in q.versions[first]}, first, sent[first].lr)
     upload = executor.train_rows(bc, [j.client for j in pending], [j.version for j in pending])
     # an asynchronous server's executors only drop non-finite updates (DP is refused; the norm filter judges the
     # buffer at the merge): one check of the whole stack
     finite, row_of = finite_clients(upload).tolist(), {k: i for i, k in enumerate(upload.client_ids)}
-    _count(q, {"rejected_nonfinite": sum(not finite[row_of[j.client]] for j in pending)})
     for j in pending:
         if finite[row_of[j.client]]:
             q.trained[(j.version, j.client)] = (upload, row_of[j.client])
@@ -261,21 +297,25 @@ def _count(q: EventQueue, screened: dict[str, int]) -> None:
 
 
 def _keep_rows(q: EventQueue, version: int, clients: list[int], upload: Upload) -> None:
-    """Each of ``clients``' one-row update (sent ``version``), or its rejection by the screening."""
-    _count(q, upload.screened)
+    """Each of ``clients``' one-row update (sent ``version``), or its rejection by the screening (counted when it
+    arrives: :func:`_drop`) — or its loss, when the upload is :func:`_or_lost`'s."""
     rows = {k: j for j, k in enumerate(upload.client_ids)}
+    lost = upload.screened.get("lost", 0) > 0
     for k in clients:
         if k not in rows:
             q.rejected.add((version, k))
+            if lost:
+                q.lost.add((version, k))
             continue
         q.trained[(version, k)] = (upload, rows[k])
 
 
-def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, arriving: int,
-                   pushed: dict[tuple[int, int], Any]) -> None:
-    """Every client sent ``version`` whose update is not computed yet nor on its way (``arriving``, just taken off
-    the queue, and those still in flight), as one stack through the executor."""
-    waiting = {j.client for j in q.in_flight if j.version == version} | {arriving}
+def _train_version(loop: _Loop, result: SimulationResult, q: EventQueue, version: int, needed: set[int],
+                   again: set[int], pushed: dict[tuple[int, int], Any]) -> None:
+    """Every client sent ``version`` whose update is not computed yet nor on its way — ``needed`` (arrived) and
+    those still in flight, but for those of ``again`` (a needed update of theirs from another version comes
+    first) — as one stack through the executor."""
+    waiting = {j.client for j in q.in_flight if j.version == version and j.client not in again} | needed
     clients = sorted(k for k in waiting if (version, k) not in q.trained and (version, k) not in q.rejected
                      and (version, k) not in pushed)
     bc = _broadcast(loop, result, q, version)
@@ -289,7 +329,7 @@ def _or_lost(replies: Callable[[], Upload]) -> Upload:
     try:
         return replies()
     except RoundSkipped:
-        return Upload([], {}, torch.zeros(0))
+        return Upload([], {}, torch.zeros(0), screened={"lost": 1})
 
 
 def _rows(at: list[tuple[Upload, int]]) -> Upload:
