@@ -490,3 +490,30 @@ def test_resuming_a_qsgd_run_whose_draws_came_from_the_old_generator_is_refused(
         err = capsys.readouterr().err
         if refused:
             assert "counter-lowbias32-v1" in err and "qsgd" in err and len(err.strip().splitlines()) == 1
+
+
+def test_without_a_writable_cache_the_kernel_compiles_in_memory(monkeypatch):
+    """Numba refuses ``cache=True`` where it finds no writable place (a read-only install and home): the kernel is
+    then compiled in the process, with the same numbers."""
+    import numba
+
+    from hetfed.server.compression import fused
+
+    real = numba.njit
+
+    def njit(**options):
+        if options.get("cache"):
+            raise RuntimeError("cannot cache function '_levels_py': no locator available for file")
+        return real(**options)
+
+    comp, p = _qsgd(8, 64)
+    delta = _special_values(3, 5000, 1)
+    want = comp.received(delta, [1, 2, 3], 0, p)
+    monkeypatch.setattr(numba, "njit", njit)
+    monkeypatch.setattr(fused, "_mix32", fused._mix32_py)
+    monkeypatch.setattr(fused, "_rounded", fused._rounded_py)
+    fused._kernel.cache_clear()
+    try:
+        torch.testing.assert_close(comp.received(delta, [1, 2, 3], 0, p), want, rtol=0, atol=0)
+    finally:
+        fused._kernel.cache_clear()

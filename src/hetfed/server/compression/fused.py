@@ -63,10 +63,10 @@ def _levels_py(v: Any, scale: Any, unscale: Any, seeds: Any, counters: Any, d: i
         if j != row:  # streams.keys, then bits(key, *counters), then seeded32
             row = j
             seed = seeds[j]
-            h = _mix32_py(((seed & mask) ^ _mix32_py((seed >> np.uint64(32)) & mask)) ^ golden)
+            h = _mix32(((seed & mask) ^ _mix32((seed >> np.uint64(32)) & mask)) ^ golden)
             for c in counters:
-                h = _mix32_py(((h ^ (np.uint64(c) & mask)) + golden) & mask)
-            state = _mix32_py(h ^ golden)
+                h = _mix32(((h ^ (np.uint64(c) & mask)) + golden) & mask)
+            state = _mix32(h ^ golden)
         lo, hi = b * d, min(b * d + d, n)
         sc, un = scale[j, b], unscale[j, b] if dequantise else np.float32(1.0)
         values, into = v[j, lo:hi], out[j, lo:hi]
@@ -90,7 +90,7 @@ def _rounded_py(value: Any, state: Any, i: int, sc: Any, un: Any, s: int) -> Any
     """One value's signed level (times ``un``: 1, or ‖v‖/s to decode it) — :func:`hetfed.streams.next32`'s draw
     ``i`` of ``state`` as U[0, 1) (its top 24 bits), then the operations of
     :func:`hetfed.server.compression.qsgd._levels`, in float32 and in the same order."""
-    drawn = _mix32_py(((state ^ np.uint64(i)) + np.uint64(_GOLDEN)) & np.uint64(_MASK))
+    drawn = _mix32(((state ^ np.uint64(i)) + np.uint64(_GOLDEN)) & np.uint64(_MASK))
     u = np.float32(drawn >> np.uint64(8)) * np.float32(1.0 / (1 << 24))
     r = abs(value) * sc
     level = np.floor(r)
@@ -98,7 +98,8 @@ def _rounded_py(value: Any, state: Any, i: int, sc: Any, un: Any, s: int) -> Any
     return np.copysign(level * un, value)
 
 
-_rounded = _rounded_py  # compiled in place by _kernel(), as _mix32_py is
+# what the kernels call: the Python functions until _kernel() binds their compiled forms
+_mix32, _rounded = _mix32_py, _rounded_py
 
 
 @cache
@@ -106,16 +107,20 @@ def _kernel() -> Any:
     """The compiled kernel (imported on first use: Numba takes ~0.5 s to import; compiled once, then cached on disk)."""
     from numba import njit
 
-    jit = njit(nogil=True, cache=True, fastmath=False)
-    global _mix32_py, _rounded
-    _mix32_py = jit(_mix32_py)
-    _rounded = jit(_rounded_py)
-    return jit(_levels_py)
+    global _mix32, _rounded
+    try:
+        jit = njit(nogil=True, cache=True, fastmath=False)
+        mix, rounded, levels_ = jit(_mix32_py), jit(_rounded_py), jit(_levels_py)
+    except RuntimeError:  # no writable place for Numba's cache (a read-only install and home): compile each process
+        jit = njit(nogil=True, cache=False, fastmath=False)
+        mix, rounded, levels_ = jit(_mix32_py), jit(_rounded_py), jit(_levels_py)
+    _mix32, _rounded = mix, rounded
+    return levels_
 
 
 @cache
 def available() -> bool:
-    """Numba is installed (the optional ``fast`` extra)."""
+    """Numba is installed (a dependency of hetfed; without it, the torch path computes the same numbers)."""
     return importlib.util.find_spec("numba") is not None
 
 
