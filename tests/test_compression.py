@@ -434,9 +434,11 @@ def test_the_fused_kernel_gives_the_torch_paths_numbers(monkeypatch, bits, bucke
                 left[RESIDUAL + "w"])
 
     monkeypatch.setattr(fused, "FUSED_FROM", 1 << 60)
+    monkeypatch.setattr(fused, "LOADED_FROM", 1 << 60)
     slow = everything()
     assert calls["fused"] == 0
     monkeypatch.setattr(fused, "FUSED_FROM", 0)
+    monkeypatch.setattr(fused, "LOADED_FROM", 0)
     fast = everything()
     assert calls["fused"] == 3  # encode, round trip, and the transport's one pass (parameters and residuals at once)
     for field in slow[0]:
@@ -451,6 +453,7 @@ def test_the_fused_kernel_shares_a_large_update_among_threads_with_the_same_numb
     comp, p = _qsgd(8, 512)
     delta = _special_values(3, 100_003, 0)
     seeds = [1, 2, 3]
+    monkeypatch.setattr(fused, "FUSED_FROM", 0)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 1)
     one = comp.received(delta, seeds, 0, p)
     monkeypatch.setattr(torch, "get_num_threads", lambda: 3)
@@ -510,10 +513,30 @@ def test_without_a_writable_cache_the_kernel_compiles_in_memory(monkeypatch):
     delta = _special_values(3, 5000, 1)
     want = comp.received(delta, [1, 2, 3], 0, p)
     monkeypatch.setattr(numba, "njit", njit)
+    monkeypatch.setattr(fused, "FUSED_FROM", 0)
     monkeypatch.setattr(fused, "_mix32", fused._mix32_py)
     monkeypatch.setattr(fused, "_rounded", fused._rounded_py)
     fused._kernel.cache_clear()
     try:
         torch.testing.assert_close(comp.received(delta, [1, 2, 3], 0, p), want, rtol=0, atol=0)
+    finally:
+        fused._kernel.cache_clear()
+
+
+def test_only_a_large_update_loads_the_kernel_and_once_loaded_it_serves_smaller_ones(monkeypatch):
+    """Loading the kernel costs ~0.5 s a process: a small model's run (digits) never pays it; a large update does,
+    and then updates from LOADED_FROM values use it too."""
+    from hetfed.server.compression import fused
+
+    monkeypatch.setattr(fused, "_mix32", fused._mix32_py)
+    monkeypatch.setattr(fused, "_rounded", fused._rounded_py)
+    fused._kernel.cache_clear()
+    try:
+        small, large = torch.zeros(4, fused.LOADED_FROM), torch.zeros(1, fused.FUSED_FROM)
+        assert not fused.usable(small) and fused.usable(large)
+        comp, p = _qsgd(8, 512)
+        comp.received(large, [1], 0, p)  # loads it
+        assert fused._kernel.cache_info().currsize == 1 and fused.usable(small)
+        assert not fused.usable(torch.zeros(1, fused.LOADED_FROM - 1))
     finally:
         fused._kernel.cache_clear()

@@ -23,8 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-#: values in a call below which the torch path is used (the kernel's first call in a process compiles or loads it)
-FUSED_FROM = 1 << 12
+#: values in a call below which the torch path is used: the kernel's first call in a process imports Numba and
+#: loads (or compiles) the kernel, ~0.5 s, which a small model's whole run would not win back (a digits MLP's stack
+#: of 40 k values saves ~0.5 ms a call); from 2¹⁸ values each call saves ≥ 3 ms
+FUSED_FROM = 1 << 18
+#: once the kernel is loaded (by a large call), the values from which it is used: below, torch's fixed cost per
+#: call is less than the kernel's
+LOADED_FROM = 1 << 12
 #: values a thread must have to be worth waking
 VALUES_PER_THREAD = 1 << 18
 
@@ -125,8 +130,11 @@ def available() -> bool:
 
 
 def usable(v: torch.Tensor) -> bool:
-    """Whether :func:`levels` takes ``v`` [S, n]: Numba is installed, the tensor is a large float32 CPU one."""
-    return v.device.type == "cpu" and v.dtype == torch.float32 and v.numel() >= FUSED_FROM and available()
+    """Whether :func:`levels` takes ``v`` [S, n]: Numba is installed, the tensor is a float32 CPU one, and large
+    (:data:`FUSED_FROM`; :data:`LOADED_FROM` once the kernel is loaded). The numbers are the same either way."""
+    if v.device.type != "cpu" or v.dtype != torch.float32 or not available():
+        return False
+    return v.numel() >= (LOADED_FROM if _kernel.cache_info().currsize else FUSED_FROM)
 
 
 def levels(v: torch.Tensor, norms: torch.Tensor, seeds: Sequence[int], counters: tuple[int, ...], d: int, s: int,
