@@ -390,3 +390,31 @@ def test_a_node_numbering_its_clients_from_an_offset_trains_them_as_the_federati
     assert reports.keys() == reference.keys()
     for key, values in reference.items():  # NaN: the client that does not score the global test set
         np.testing.assert_array_equal(np.asarray(reports[key], dtype=float), np.asarray(values, dtype=float), key)
+
+
+def test_a_kept_plan_layout_gives_the_plans_of_a_fresh_one(monkeypatch):
+    """What a round's plan takes from the clients' sizes alone is kept for the next rounds: a later round of the same
+    sizes (other clients, other seeds) gets exactly the plan built from scratch."""
+    import numpy as np
+
+    from hetfed.engine import local
+    from hetfed.engine.local import LocalSchedule, plan_steps
+    from hetfed.engine.types import ClientData
+
+    schedule = LocalSchedule(batch_size=4, epochs=1.5)
+    x, y = torch.zeros(60, 1), torch.zeros(60)
+    sizes = [7, 0, 13, 3]
+    starts = np.cumsum([0, *sizes[:-1]])
+
+    def data(seeds, shift):
+        return ClientData([0, 1, 2, 3], x, y, [np.arange(s, s + m) + shift for s, m in zip(starts, sizes, strict=True)], seeds)
+
+    first = plan_steps(data([1, 2, 3, 4], 0), schedule, torch.device("cpu"))
+    kept = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
+    monkeypatch.setattr(local, "KEEP_LAYOUT_UP_TO", -1)  # built from scratch
+    fresh = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
+    for field in ("index", "mask", "active", "steps", "keys"):
+        assert torch.equal(getattr(kept, field), getattr(fresh, field)), field
+    assert (kept.rows, kept.widths, kept.every) == (fresh.rows, fresh.widths, fresh.every)
+    assert not torch.equal(first.index, kept.index)  # other seeds and pool positions: another plan
+    assert int(kept.index[2][kept.mask[2] > 0].min()) >= 30  # each client's own pool positions

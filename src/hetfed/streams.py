@@ -18,6 +18,7 @@ a Python loop, on the host for CPU generators); CUDA's Philox offsets depend on 
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import torch
 
@@ -155,19 +156,25 @@ def uniform(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
     return (bits(key, *counters) >> 8).to(torch.float32) * (1.0 / (1 << 24))
 
 
-def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int]) -> torch.Tensor:
-    """Each client's shuffles of its positions, epoch after epoch, as one flat tensor.
+class PermutationLayout(NamedTuple):
+    """What :func:`permutations` takes from the sizes and epochs alone (the next round of a run has the same):
+    for every flat position, its (client, epoch) segment's index, its position within the segment, and the segment's
+    first flat position."""
 
-    Client ``k`` (``key[k]``, ``sizes[k]`` positions) gets ``epochs[k]`` permutations of ``0 … sizes[k]−1``;
-    the result concatenates them client by client, epoch by epoch (length Σ sizes·epochs). Permutation
-    (k, e) sorts the positions by ``bits(bits(key[k], BATCH_ORDER, e), i)`` (ties by position): one stable sort
-    of the whole stack, every permutation independent of the others and of the stack.
-    """
-    device = key.device
+    client: torch.Tensor
+    epoch: torch.Tensor
+    position: torch.Tensor
+    segment: torch.Tensor
+    n_epochs: int
+
+
+def permutation_layout(sizes: Sequence[int], epochs: Sequence[int], device: torch.device | str) -> PermutationLayout | None:
+    """:class:`PermutationLayout` of clients of ``sizes`` positions shuffled ``epochs`` times (None: nothing to
+    shuffle)."""
     lengths = [n * e for n, e in zip(sizes, epochs, strict=True)]
     total = sum(lengths)
     if total == 0:
-        return torch.zeros(0, dtype=torch.int64, device=device)
+        return None
     size = torch.tensor(sizes, dtype=torch.int64, device=device)
     client = torch.repeat_interleave(torch.arange(len(sizes), device=device),
                                      torch.tensor(lengths, dtype=torch.int64, device=device), output_size=total)
@@ -176,9 +183,26 @@ def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int])
     n = size[client]
     epoch, position = offset // n, offset % n
     segment = start[client] + epoch * n  # one segment per (client, epoch): its first flat position
+    return PermutationLayout(client, epoch, position, segment, max(epochs))
+
+
+def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int],
+                 layout: PermutationLayout | None = None) -> torch.Tensor:
+    """Each client's shuffles of its positions, epoch after epoch, as one flat tensor.
+
+    Client ``k`` (``key[k]``, ``sizes[k]`` positions) gets ``epochs[k]`` permutations of ``0 … sizes[k]−1``;
+    the result concatenates them client by client, epoch by epoch (length Σ sizes·epochs). Permutation
+    (k, e) sorts the positions by ``bits(bits(key[k], BATCH_ORDER, e), i)`` (ties by position): one stable sort
+    of the whole stack, every permutation independent of the others and of the stack. ``layout``: the sizes'
+    :func:`permutation_layout`, when the caller kept it.
+    """
+    device = key.device
+    layout = layout if layout is not None else permutation_layout(sizes, epochs, device)
+    if layout is None:
+        return torch.zeros(0, dtype=torch.int64, device=device)
     # the (client, epoch) part of the hash on the small tensor of segments, the position's on the flat one
-    n_epochs = max(epochs)
+    n_epochs = layout.n_epochs
     epoch_keys = bits(key[:, None], BATCH_ORDER, torch.arange(n_epochs, device=device)[None, :]).flatten()
-    hashed = bits(epoch_keys[client * n_epochs + epoch], position)
-    order = torch.sort(segment * (1 << 32) + hashed, stable=True).indices
-    return order - segment  # position i of the segment's permutation: order stays within its segment
+    hashed = bits(epoch_keys[layout.client * n_epochs + layout.epoch], layout.position)
+    order = torch.sort(layout.segment * (1 << 32) + hashed, stable=True).indices
+    return order - layout.segment  # position i of the segment's permutation: order stays within its segment
