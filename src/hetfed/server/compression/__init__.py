@@ -149,8 +149,8 @@ def uniforms(seeds: Sequence[int], counter: int, n: int, device: torch.device | 
     (:func:`stream_states`), times 2⁻²⁴ — exact, and the same on every device.
 
     Counter-based like every other client draw (:mod:`hetfed.streams`), computed where the update is: a client's
-    numbers do not depend on its stack, and nothing is drawn on the host. (hetfed ≤ 0.2 drew them from a PCG64
-    generator per client on the host: ``random_streams`` ``counter-lowbias32-v1``.) On a CPU, QSGD hashes them
+    numbers do not depend on its stack, and nothing is drawn on the host. (Runs of ``random_streams``
+    ``counter-lowbias32-v1`` drew them from a PCG64 generator per client on the host.) On a CPU, QSGD hashes them
     inside its fused kernel instead (:mod:`hetfed.server.compression.fused`): the same bits."""
     from hetfed import streams
 
