@@ -293,9 +293,16 @@ def test_updates_computed_when_the_buffer_is_full_give_the_numbers_of_updates_co
     from hetfed.executors import asynchronous as loop_module
 
     fed = _fed(clients=10, kind="dirichlet")
-    train = _train(rounds=12, clock={"latency": "lognormal", "spread": 1.0})
-    params = {"concurrency": 6, "buffer": 3}
-    short, stacks, settled = [], [], loop_module._settled
+    train = _train(rounds=30, clock={"latency": "lognormal", "spread": 1.0})
+    params = {"concurrency": 7, "buffer": 5}  # here a fast client arrives twice (two versions) in one buffer
+    short, stacks, settled, twice = [], [], loop_module._settled, []
+    rows = VectorisedExecutor.train_rows
+
+    def once_each(self, bc, clients, rounds):
+        twice.append(len(set(clients)) < len(clients))
+        return rows(self, bc, clients, rounds)
+
+    monkeypatch.setattr(VectorisedExecutor, "train_rows", once_each)
 
     def spy(*a, **k):
         full = settled(*a, **k)
@@ -311,7 +318,7 @@ def test_updates_computed_when_the_buffer_is_full_give_the_numbers_of_updates_co
         def poisoned(bc, states, data, local=local):
             upload, new = local(bc, states, data)
             stacks.append(len(data.seeds))
-            bad = [i for i, seed in enumerate(data.seeds) if seed % 4 == 0]  # a pure function of the client's round
+            bad = [i for i, seed in enumerate(data.seeds) if seed % 9 == 0]  # a pure function of the client's round
             if bad:
                 name = next(iter(upload.params))
                 values = upload.params[name].clone()
@@ -325,6 +332,7 @@ def test_updates_computed_when_the_buffer_is_full_give_the_numbers_of_updates_co
         stacks.append(None)
     (a, ta), (b, tb) = runs
     assert any(short) and sum(ta.nonfinite) > 0  # a full buffer came up short
+    assert twice and not any(twice)  # a client's two updates in one buffer trained one after the other
     assert ta.rows == tb.rows and ta.nonfinite == tb.nonfinite
     for k in a.server.params:
         torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)

@@ -230,11 +230,19 @@ def _settled(loop: _Loop, result: SimulationResult, q: EventQueue, pushed: dict[
     client pending (:func:`_train_pending`); those the screening drops (non-finite) leave the buffer. True when it
     is still full: merge. Else the loop takes the next arrivals — the merge comes at the arrival it came at when
     each update was computed as it arrived, so no number depends on when they are computed; but a stack holds the
-    clients sent over a whole buffer (about K), not over the arrivals since the last one that needed training."""
-    waiting = [job for job, _ in q.buffer if (job.version, job.client) not in q.trained]
+    clients sent over a whole buffer (about K), not over the arrivals since the last one that needed training. A
+    client whose updates from two versions wait trains them in version order, in two stacks: one stack holds a
+    client once (its state, and its row in the upload)."""
+    waiting = sorted((job for job, _ in q.buffer if (job.version, job.client) not in q.trained),
+                     key=lambda j: j.version)
     if not waiting:
         return True
-    _train_pending(loop, result, q, waiting, pushed)
+    while waiting:  # a client that arrived twice (from two versions) trains its updates one after the other
+        first: dict[int, Job] = {}
+        for job in waiting:
+            first.setdefault(job.client, job)
+        _train_pending(loop, result, q, list(first.values()), pushed)
+        waiting = [job for job in waiting if first[job.client] is not job]
     kept = [(job, s) for job, s in q.buffer if (job.version, job.client) not in q.rejected]
     for job, _ in q.buffer:
         if (job.version, job.client) in q.rejected:
