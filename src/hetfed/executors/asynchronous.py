@@ -276,11 +276,11 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, needed:
                       and (j.version, j.client) not in q.rejected and (j.version, j.client) not in pushed
                       and j.client not in again] + needed, key=lambda j: j.client)
     versions = {j.version for j in pending}
-    sent = {v: _broadcast(loop, result, q, v) for v in versions}
-    adversary = getattr(executor, "adversary", None)
-    if (len(versions) == 1 or not algo.capabilities.stacks_runs or not hasattr(executor, "train_rows")
-            or len({b.lr for b in sent.values()}) > 1 or any(b.extra for b in sent.values())
-            or (adversary is not None and adversary.active)):
+    adversary, train_rows = getattr(executor, "adversary", None), getattr(executor, "train_rows", None)
+    mixed = (len(versions) > 1 and algo.capabilities.stacks_runs and train_rows is not None
+             and not (adversary is not None and adversary.active))
+    sent = {v: _broadcast(loop, result, q, v) for v in versions} if mixed else {}
+    if not mixed or len({b.lr for b in sent.values()}) > 1 or any(b.extra for b in sent.values()):
         for version in sorted({j.version for j in needed}):
             _train_version(loop, result, q, version, {j.client for j in needed if j.version == version}, again,
                            pushed)
@@ -288,7 +288,8 @@ def _train_pending(loop: _Loop, result: SimulationResult, q: EventQueue, needed:
     first = pending[0].version
     bc = ClientBroadcast({name: torch.stack([q.versions[j.version][name] for j in pending])
                           for name in q.versions[first]}, first, sent[first].lr)
-    upload = executor.train_rows(bc, [j.client for j in pending], [j.version for j in pending])
+    assert train_rows is not None
+    upload = train_rows(bc, [j.client for j in pending], [j.version for j in pending])
     # an asynchronous server's executors only drop non-finite updates (DP is refused; the norm filter judges the
     # buffer at the merge): one check of the whole stack
     finite, row_of = finite_clients(upload).tolist(), {k: i for i, k in enumerate(upload.client_ids)}
