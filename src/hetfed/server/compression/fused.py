@@ -1,10 +1,10 @@
 """QSGD's stochastic rounding as one pass over a CPU update: draws, levels and (optionally) decoded values in one
-loop, compiled by Numba (``pip install 'hetfed[fast]'``).
+loop, compiled by Numba (a dependency of hetfed).
 
 Why a kernel: the rounding is a dozen elementwise operations over every value a round uploads (20 M on W1). As
 torch operations each is a pass through memory, and on a CPU the passes — with the counter-based draw hashed in
 its own passes — cost ~40 % of a W1 round. Fused, each value is read once, hashed in registers and written once:
-~10× less (``benchmarks/asynchronous.py --compression``). Numba rather than ``torch.compile``: inductor compiled
+~10× less (``benchmarks/asynchronous.py --parts compression``). Numba rather than ``torch.compile``: inductor compiled
 the same loop for ~18 s per shape and process, and reduced the norms in another order than eager torch.
 
 The kernel computes exactly what :func:`hetfed.server.compression.qsgd._levels` does in torch, bit for bit (tested):
@@ -113,13 +113,15 @@ def _kernel() -> Any:
     from numba import njit
 
     global _mix32, _rounded
+
+    def compiled(cache: bool) -> list[Any]:
+        jit = njit(nogil=True, cache=cache, fastmath=False)
+        return [jit(f) for f in (_mix32_py, _rounded_py, _levels_py)]
+
     try:
-        jit = njit(nogil=True, cache=True, fastmath=False)
-        mix, rounded, levels_ = jit(_mix32_py), jit(_rounded_py), jit(_levels_py)
+        _mix32, _rounded, levels_ = compiled(cache=True)
     except RuntimeError:  # no writable place for Numba's cache (a read-only install and home): compile each process
-        jit = njit(nogil=True, cache=False, fastmath=False)
-        mix, rounded, levels_ = jit(_mix32_py), jit(_rounded_py), jit(_levels_py)
-    _mix32, _rounded = mix, rounded
+        _mix32, _rounded, levels_ = compiled(cache=False)
     return levels_
 
 

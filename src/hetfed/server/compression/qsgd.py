@@ -96,6 +96,13 @@ def _parts(n: int, d: int) -> list[tuple[int, int, int]]:
     return [(a, b, w) for a, b, w in ((0, full, d), (full, n, n - full)) if b > a]
 
 
+def _bucketed(delta: torch.Tensor, p: QSGDParams) -> tuple[torch.Tensor, int, list[tuple[int, int, int]]]:
+    """``delta`` as rows [S, n] (float32), the bucket size d and the parts (:func:`_parts`)."""
+    flat = delta.reshape(delta.shape[0], -1).to(torch.float32)
+    d = _buckets(flat.shape[1], p)[0]
+    return flat, d, _parts(flat.shape[1], d)
+
+
 def _norms(flat: torch.Tensor, parts: list[tuple[int, int, int]]) -> torch.Tensor:
     """Each bucket's ℓ2 norm [S, buckets] of the rows of ``flat`` [S, n], part by part (:func:`_parts`)."""
     stack = flat.shape[0]
@@ -106,11 +113,8 @@ def _quantised(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDP
                dequantise: bool = False) -> tuple[torch.Tensor, torch.Tensor]:
     """(the bucket norms [S, buckets], the signed levels [S, n]; or, when ``dequantise``, the decoded values
     ±level·‖v‖/s). On a CPU with Numba, one fused pass (:mod:`hetfed.server.compression.fused`: the same numbers)."""
-    stack = delta.shape[0]
-    flat = delta.reshape(stack, -1).to(torch.float32)
-    n = flat.shape[1]
-    d = _buckets(n, p)[0]
-    parts = _parts(n, d)
+    flat, d, parts = _bucketed(delta, p)
+    stack, n = flat.shape
     norms = _norms(flat, parts)
     if fused.usable(flat):
         return norms, fused.levels(flat, norms, seeds, (QUANTISE, counter), d, levels(p), dequantise)
@@ -144,14 +148,11 @@ def _roundtrip_into(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: 
                     out: torch.Tensor, left: torch.Tensor | None) -> bool:
     """``out`` ← base + :func:`_roundtrip` and ``left`` ← delta − it, in the fused kernel's one pass where it applies
     (False: it does not; the caller computes them from :func:`_roundtrip`)."""
-    stack = delta.shape[0]
-    flat = delta.reshape(stack, -1)
-    if not (fused.usable(flat) and fused.takes(flat, base, out, left)):
+    flat, d, parts = _bucketed(delta, p)
+    if not (fused.usable(flat) and fused.takes(delta, base, out, left)):  # a float32 update: no copy made
         return False
-    n = flat.shape[1]
-    d = _buckets(n, p)[0]
-    norms = _norms(flat, _parts(n, d))
-    fused.levels(flat, norms, seeds, (QUANTISE, counter), d, levels(p), True, base=base, out=out, left=left)
+    fused.levels(flat, _norms(flat, parts), seeds, (QUANTISE, counter), d, levels(p), True, base=base, out=out,
+                 left=left)
     return True
 
 
