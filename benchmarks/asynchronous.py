@@ -11,7 +11,7 @@
 
 Prints JSON. Not a test: timings are never asserted.
 
-    python benchmarks/asynchronous.py [--updates N] [--w1-rounds N] [--repeats R] [--threads T]
+    python benchmarks/asynchronous.py [--updates N] [--w1-rounds N] [--repeats R] [--threads T] [--device cpu|cuda]
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, cl
     per_update = params.get("buffer", 1) if name != "fedavg" else params["clients_per_round"]
     rounds = max(1, updates // per_update)
     train = TrainConfig(rounds=rounds, eval_every=10_000, checkpoint_every=None, local_steps=10, batch_size=32,
-                        optimizer=OptimizerConfig(lr=0.05, momentum=0.0), clock=clock,
+                        optimizer=OptimizerConfig(lr=0.05, momentum=0.0), clock=clock, device=_DEVICE[0],
                         **({"clients_per_round": params["clients_per_round"]} if name == "fedavg" else {}))
     algo_params = {k: v for k, v in params.items() if k != "clients_per_round"}
     stacks: list[int] = []
@@ -78,6 +78,16 @@ def throughput(name: str, params: dict, fed, hidden: list[int], updates: int, cl
             "sim_time": round(result.sim_time, 3)}
 
 
+#: train.device of every run (``--device``)
+_DEVICE = ["cpu"]
+
+
+def _synchronised() -> None:
+    """Wait for the device, so a timer around queued GPU work reads the work, not its launch."""
+    if _DEVICE[0] == "cuda":
+        torch.cuda.synchronize()
+
+
 _SENDING = [0.0]  # seconds in Transport.send (the compressor's whole cost in process), over every call
 
 
@@ -89,10 +99,12 @@ def _timed_send() -> None:
     send = Transport.send
 
     def timed(self, *a, **k):
+        _synchronised()
         t0 = time.perf_counter()
         try:
             return send(self, *a, **k)
         finally:
+            _synchronised()
             _SENDING[0] += time.perf_counter() - t0
 
     Transport.send = timed
@@ -103,7 +115,7 @@ def compression_round(fed, kind: dict, rounds: int) -> tuple[float, float]:
     _SENDING[0] = 0.0
     model = build_model(ModelConfig(kind="mlp", hidden=[200, 200]), fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, eval_every=10_000, checkpoint_every=None, local_epochs=1, batch_size=50,
-                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0))
+                        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=_DEVICE[0])
     algo = build_algorithm("fedavg", model, train, server=ServerConfig(compression=kind))
     result = simulate(algo, fed, train, 0)
     return result.train_seconds / rounds, _SENDING[0] / rounds
@@ -116,10 +128,13 @@ def main() -> None:
     ap.add_argument("--repeats", type=int, default=3, help="interleaved repetitions (throughput, W1 rounds)")
     ap.add_argument("--threads", type=int, default=None)
     ap.add_argument("--parts", nargs="+", default=["throughput", "compression"], choices=["throughput", "compression"])
+    ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
-    out: dict = {"device": "cpu", "threads": torch.get_num_threads()}
+    _DEVICE[0] = args.device
+    out: dict = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+                 "threads": torch.get_num_threads()}
 
     m = 20
     workloads = {  # (inputs, hidden): the digits-sized model the async results use, and an MNIST-sized one

@@ -43,6 +43,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from hetfed.config import build_config
 from hetfed.runs.runner import run_experiment
@@ -127,8 +128,9 @@ def case_config(case: str, tmp: Path) -> dict:
     raise ValueError(case)
 
 
-def measure(case: str, engine: str, tmp: Path) -> dict:
+def measure(case: str, engine: str, tmp: Path, device: str = "cpu") -> dict:
     raw = case_config(case, tmp)
+    raw["train"]["device"] = device
     rounds = engine_rounds(engine)
     k = cohort_nodes(engine)
     on_flower = engine.startswith(("flower", "deployment"))
@@ -266,6 +268,8 @@ def main() -> None:
                                                           "flower-4nodes", "deployment-4nodes"])
     parser.add_argument("--repeats", type=int, default=1, help="run the engines this many times, interleaved, and "
                         "report each engine's mean (a loopback deployment's round varies by ±20 %% between runs here)")
+    parser.add_argument("--device", default="cpu", help="train.device of every engine (cuda: the ClientApps of "
+                        "Flower's simulation share the one GPU, each in its own Ray process)")
     args = parser.parse_args()
     results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as d:
@@ -281,7 +285,7 @@ def main() -> None:
                         continue
                     try:
                         results[case][engine] = (measure_floor(engine, results[case], tmp)
-                                                 if engine.startswith("floor") else measure(case, engine, tmp))
+                                                 if engine.startswith("floor") else measure(case, engine, tmp, args.device))
                     except Exception as err:  # one case that cannot run here must not lose the others
                         results[case][engine] = {"skipped": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
                     runs.setdefault(engine, []).append(results[case][engine])
@@ -306,7 +310,8 @@ def main() -> None:
                         name: results[case][name]["steady_seconds_per_round"] / floor["steady_seconds_per_round"]
                         for name in (f"deployment-{k}nodes",)
                         if "steady_seconds_per_round" in results[case].get(name, {})})
-    meta = {"fashion_mnist": _fmnist_available(), "repeats": args.repeats,
+    meta = {"fashion_mnist": _fmnist_available(), "repeats": args.repeats, "device": args.device,
+            "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
             "note": "seconds per training round (the mean over the repeats, interleaved); ratios within this run"}
     print(json.dumps({"meta": meta, "results": results}, indent=None if args.json else 2))
 

@@ -10,6 +10,8 @@
 # - the unequal workload on PFLlib's CNN (cnn4) with its stacked ideal and conv limit (unequal.py --model cnn4);
 # - with PFLLIB set, PFLlib's own loop on the same federation and device, MLP and cnn4 (peers.py); with PFL=1 also
 #   pfl-research's simulation (its wheels and theirs installed: see peers.py);
+# - asynchronous FedBuff/FedAsync throughput and QSGD's cost on W1 (asynchronous.py); Flower's Simulation Engine on
+#   the same workloads as hetfed's executors (engines.py: needs flwr and a Ray carried, see flower_sim below);
 # - the papers' protocols on real data, a few rounds each (protocols.py: Fed-FSNet MNIST f = 1, FedMoE FMNIST,
 #   PFLlib's cnn4 leaderboard protocol), and profiles of W1's and Fed-FSNet's rounds (profile_round.py).
 # STEPS="engine protocols …" runs only the steps named.
@@ -36,7 +38,7 @@ step() {  # name, seconds, command…
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
-want cuda_tests && step cuda_tests 120 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py -k "cuda or bit_identical or synchronises"
+want cuda_tests && step cuda_tests 150 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py tests/test_compression.py tests/test_async.py -k "cuda or bit_identical or synchronises"
 want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
@@ -57,6 +59,11 @@ fi
 want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
 # a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU
 want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/test_stacked_sweep.py tests/test_client_scores.py -k "one_by_one or scores"
+# asynchronous FedBuff / FedAsync against synchronous FedAvg, and QSGD's cost on W1, on the GPU (the torch path)
+want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
+# Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's
+# executors on the same workloads: needs flwr and Ray on PYTHONPATH (a stripped Ray: results/gpu_h100_2026-11-28)
+want flower_sim && step flower_sim 300 bash -c "cd benchmarks && $py engines.py --device cuda --cases cgau mlp --engines vectorised sequential flower --json"
 # where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
 want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
 want profile_sweep_one && step profile_sweep_one 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 5 --rounds 10 --threads 4"

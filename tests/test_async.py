@@ -517,3 +517,26 @@ def test_hetfed_run_killed_mid_queue_and_resumed_writes_the_uninterrupted_metric
     last = _start(["run", "--quiet", "--resume", str(run)], tmp_path / "resume.progress")
     assert last.wait() == 0, last.stderr.read()
     assert (run / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+@pytest.mark.parametrize("name,params", [("fedbuff", {"concurrency": 5, "buffer": 3}),
+                                         ("fedasync", {"concurrency": 4, "staleness": "hinge"})])
+def test_an_asynchronous_run_on_cuda_gives_the_cpus_events_and_numbers(name, params):
+    """The clock, the lazy stacks and QSGD's draws (the clients' counter-based streams) do not depend on the
+    device: a GPU run merges the same arrivals at the same simulated times as a CPU run, to float tolerance."""
+    from hetfed.config import ServerConfig
+
+    fed = _fed(clients=10, kind="dirichlet")
+    server = ServerConfig(compression={"kind": "qsgd", "bits": 4, "bucket": 16, "error_feedback": True})
+    runs = []
+    for device in ("cpu", "cuda"):
+        train = _train(rounds=12, device=device, clock={"latency": "lognormal", "spread": 1.0})
+        trace = Trace()
+        r = simulate(build_algorithm(name, _model(fed), train, params, server=server), fed, train, seed=5,
+                     executor=VectorisedExecutor(), observers=[trace])
+        runs.append((r, trace.rows))
+    (a, ta), (b, tb) = runs
+    assert len(ta) == 12 and max(row[3] for row in ta) > 0 and tb == ta
+    for k in a.server.params:
+        torch.testing.assert_close(b.server.params[k].cpu(), a.server.params[k].cpu(), rtol=1e-4, atol=1e-5)

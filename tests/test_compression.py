@@ -540,3 +540,22 @@ def test_only_a_large_update_loads_the_kernel_and_once_loaded_it_serves_smaller_
         assert not fused.usable(torch.zeros(1, fused.LOADED_FROM - 1))
     finally:
         fused._kernel.cache_clear()
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+def test_qsgds_draws_are_bit_identical_on_cuda_and_its_round_trip_matches_the_cpus():
+    """The rounding draws are computed where the update is, from the clients' counter-based streams: the same bits
+    on a GPU. The GPU's round trip (the torch path) then equals the CPU's (the compiled kernel, for an update this
+    large) wherever the bucket norms agree; a GPU's reduction may round a norm in its last bit, which can move a
+    value whose draw sits on a level's edge by one level — so all but a handful of values must be equal."""
+    seeds = [5, 2**40 + 7, 2**62 + 11]
+    assert torch.equal(uniforms(seeds, 3, 100_003, "cuda").cpu(), uniforms(seeds, 3, 100_003, "cpu"))
+    comp, p = _qsgd(8, 512)
+    delta = _special_values(3, 300_001, 0)
+    cpu, gpu = comp.encode(delta, seeds, 2, p), comp.encode(delta.cuda(), seeds, 2, p)
+    torch.testing.assert_close(gpu["norms"].cpu(), cpu["norms"], rtol=1e-6, atol=0)
+    codes_c, codes_g = unpack(cpu["codes"], 8, 300_001), unpack(gpu["codes"].cpu(), 8, 300_001)
+    assert (codes_c != codes_g).sum() <= 10
+    back_c, back_g = comp.received(delta, seeds, 2, p), comp.received(delta.cuda(), seeds, 2, p).cpu()
+    step = float(cpu["norms"].max()) / 127
+    assert (back_c != back_g).float().mean() < 1e-4 and float((back_c - back_g).abs().max()) <= 1.001 * step
