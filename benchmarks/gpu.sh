@@ -38,7 +38,7 @@ step() {  # name, seconds, command…
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
-want cuda_tests && step cuda_tests 150 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py tests/test_compression.py tests/test_async.py -k "cuda or bit_identical or synchronises"
+want cuda_tests && step cuda_tests 240 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py tests/test_compression.py tests/test_async.py tests/test_flower.py -k "cuda or bit_identical or synchronises"
 want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
@@ -63,7 +63,7 @@ want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m 
 want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
 # Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's
 # executors on the same workloads: needs flwr and Ray on PYTHONPATH (a stripped Ray: results/gpu_h100_2026-11-28)
-want flower_sim && step flower_sim 300 bash -c "cd benchmarks && $py engines.py --device cuda --cases cgau mlp --engines vectorised sequential flower --json"
+want flower_sim && step flower_sim 300 bash -c "cd benchmarks && $py engines.py --device cuda --cases cgau mlp --engines vectorised flower --json"
 # where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
 want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
 want profile_sweep_one && step profile_sweep_one 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 5 --rounds 10 --threads 4"

@@ -10,6 +10,8 @@ in-place write): the CUDA tests do.
 
 from __future__ import annotations
 
+import copy
+import functools
 from collections.abc import Callable
 
 import numpy as np
@@ -26,14 +28,20 @@ CUDA = torch.cuda.is_available()
 
 
 class Replay:
-    """A CPU recorder: recording keeps the step (without running it, as a capture does); a replay runs it."""
+    """A CPU recorder: recording keeps the step (without running it, as a capture does); a replay runs it.
+
+    A CUDA graph reads the tensors its step read when it was recorded, whatever the step's attributes point to
+    later: the stand-in keeps a shallow copy of the step as it was then (its tensors, not their values), so a later
+    call that replaces a tensor the step reads, instead of writing into it, is not seen by a replay here either.
+    """
 
     replays = 0
     records = 0
 
     def record(self, step: Callable[[], None]) -> None:
         Replay.records += 1
-        self._step = step
+        assert isinstance(step, functools.partial)
+        self._step = functools.partial(copy.copy(step.func), *step.args, **step.keywords)
 
     def replay(self) -> None:
         Replay.replays += 1

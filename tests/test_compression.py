@@ -546,8 +546,9 @@ def test_only_a_large_update_loads_the_kernel_and_once_loaded_it_serves_smaller_
 def test_qsgds_draws_are_bit_identical_on_cuda_and_its_round_trip_matches_the_cpus():
     """The rounding draws are computed where the update is, from the clients' counter-based streams: the same bits
     on a GPU. The GPU's round trip (the torch path) then equals the CPU's (the compiled kernel, for an update this
-    large) wherever the bucket norms agree; a GPU's reduction may round a norm in its last bit, which can move a
-    value whose draw sits on a level's edge by one level — so all but a handful of values must be equal."""
+    large) up to the bucket norms: a GPU's reduction rounds them in their last bits (measured on an H100: 26 % of
+    the decoded values differed by that), which can also move a value whose draw sits on a level's edge by one
+    level — so all but a handful of codes must be equal, and the values to the norms' precision."""
     seeds = [5, 2**40 + 7, 2**62 + 11]
     assert torch.equal(uniforms(seeds, 3, 100_003, "cuda").cpu(), uniforms(seeds, 3, 100_003, "cpu"))
     comp, p = _qsgd(8, 512)
@@ -557,5 +558,7 @@ def test_qsgds_draws_are_bit_identical_on_cuda_and_its_round_trip_matches_the_cp
     codes_c, codes_g = unpack(cpu["codes"], 8, 300_001), unpack(gpu["codes"].cpu(), 8, 300_001)
     assert (codes_c != codes_g).sum() <= 10
     back_c, back_g = comp.received(delta, seeds, 2, p), comp.received(delta.cuda(), seeds, 2, p).cpu()
-    step = float(cpu["norms"].max()) / 127
-    assert (back_c != back_g).float().mean() < 1e-4 and float((back_c - back_g).abs().max()) <= 1.001 * step
+    same = codes_c == codes_g  # the same level: the values differ by their bucket norm's last bits at most
+    torch.testing.assert_close(back_g[same], back_c[same], rtol=1e-5, atol=0)
+    step = float(cpu["norms"].max()) / 127  # a level apart at most elsewhere
+    assert all(abs(float(d)) <= 1.001 * step for d in (back_c - back_g)[~same])

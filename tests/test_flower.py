@@ -98,6 +98,16 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
     assert any("mean" in e["records"] for e in trains)
 
 
+@pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+def test_on_cuda_the_simulation_engine_gives_the_vectorised_numbers(tmp_path):
+    """``train.device: cuda`` on Flower: the ClientApps train on the GPU and the server screens, sums and scores
+    the nodes' uploads there (they arrived on the CPU once, and its first evaluation failed on mixed devices)."""
+    methods = {"methods": [WIRE_METHODS["methods"][0], WIRE_METHODS["methods"][2]],
+               "train": {**SMALL["train"], "device": "cuda"}}
+    flower = _run(_config({**methods, "flower": {"clients_per_node": 2}}, "flower"), tmp_path / "f")
+    _compare(flower, _run(_config(methods, "vectorised"), tmp_path / "v"))
+
+
 def _cgau_shared(cfg) -> set[str]:
     from hetfed.models import build_model
 

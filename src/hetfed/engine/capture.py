@@ -23,6 +23,7 @@ from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
+from functools import partial
 from typing import Any, Protocol
 
 import torch
@@ -136,7 +137,8 @@ class StepGraphs:
         slot.step.fill_(t)
         if slot.recorder is None:
             recorder: Recorder = self._backend()
-            recorder.record(lambda: self._step(slot.inputs, slot.step, key, host))
+            # a partial (not a lambda): a stand-in recorder can see which step, and with what, it records
+            recorder.record(partial(self._step, slot.inputs, slot.step, key, host))
             slot.recorder = recorder
         slot.recorder.replay()
         self.replays += 1

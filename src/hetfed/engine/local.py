@@ -349,8 +349,15 @@ class _Step:
         """This step with its own copies of the caller's tensors that later calls will overwrite."""
         centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight) \
             if self.proximal else None
-        return dataclasses.replace(self, keys=self.keys.clone(), fixed={k: v.clone() for k, v in self.fixed.items()},
-                                   proximal=centre)
+        keys = self.keys.clone()
+        return dataclasses.replace(self, keys=keys, fixed={k: v.clone() for k, v in self.fixed.items()},
+                                   proximal=centre, masks=self._draws_of(keys, self.masks))
+
+    @staticmethod
+    def _draws_of(keys: torch.Tensor, like: streams.RoundDraws | None) -> streams.RoundDraws | None:
+        """``like``'s dropout streams hashed from ``keys``: a recorded step hashes its draws from the key tensor it
+        read when it was recorded, so that must be the step's own (loaded in place each call), never a call's."""
+        return None if like is None else streams.RoundDraws(keys, like.steps, like.purpose, like.draws)
 
     def load(self, other: _Step) -> None:
         """Another call's values into this step's tensors (same signature)."""
@@ -360,7 +367,8 @@ class _Step:
             for k, v in mine.items():
                 v.copy_(theirs[k])
         self.keys.copy_(other.keys)
-        self.masks = other.masks  # the call's own round (its keys): a step run eagerly reads its table
+        # this call's round: a step run eagerly reads its table, hashed anew from the keys just loaded
+        self.masks = self._draws_of(self.keys, other.masks)
         self.loss_sum.zero_()
 
 

@@ -62,6 +62,7 @@ class FlowerExecutor:
         self.failures: list[dict] = []  # {"step", "round", "clients", "errors"}
         self.errors: dict[int, str] = {}  # node → the error its ClientApp raised (this step)
         self.messages = 0
+        self.device = torch.device("cpu")  # the server's (start's): where the nodes' uploads are screened and summed
         self.measured_on = config.heterogeneity.on
         #: Γ from the summaries the clients sent at set-up (flower.gamma_summaries), with its (ε, δ) when noised
         self.gamma_summaries: dict | None = None
@@ -78,7 +79,7 @@ class FlowerExecutor:
         """Get ready to ask every SuperNode that connects which clients it holds. The question rides on the run's
         first step (:meth:`_ask`: one exchange fewer per run) when that step's message is the same for every node;
         nodes with their own data (already found by discovery) and SecAgg+ runs are asked now, on their own."""
-        self.algo, self.fed, self.seed = algo, fed, seed
+        self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
         self._own_offsets = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # own data: discovery's
         self.own = bool(self._own_offsets)
         self._hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
@@ -322,7 +323,7 @@ class FlowerExecutor:
         uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
         chain = self.algo.context.pipeline
         for node in sorted(answered, key=lambda n: answered[n][0][0]):
-            upload = records_to_upload(answered[node][1])
+            upload = records_to_upload(answered[node][1], self.device)
             # compressed updates arrive encoded (what travelled); decoded here, then screened
             uploads.add(chain.transport.decode(upload, bc.params) if chain is not None else upload)
         return uploads.result()

@@ -143,16 +143,18 @@ def upload_to_records(upload: Upload) -> dict:
     return out
 
 
-def records_to_upload(content: RecordDict) -> Upload:
-    """The inverse of :func:`upload_to_records`."""
+def records_to_upload(content: RecordDict, device: torch.device | str = "cpu") -> Upload:
+    """The inverse of :func:`upload_to_records`, its tensors on ``device`` (the server's: it screens and sums them
+    against its own parameters there, as it does an in-process executor's uploads)."""
     m = content.metric_records["upload"]
     ids = [int(k) for k in listed(m["clients"])]
     counts = torch.tensor(listed(m["num_samples"]), dtype=torch.float32)
-    extra = records_to_tree(content, "upload_extra")
+    extra = records_to_tree(content, "upload_extra", device)
     if "mean" in content:
         screened = {k: int(number(v)) for k, v in content.metric_records["screened"].items()}
-        return StreamedUpload(ids, {}, counts, extra, screened, record_to_tensors(content.array_records["mean"]))
-    return Upload(ids, record_to_tensors(content.array_records["params"]), counts, extra)
+        return StreamedUpload(ids, {}, counts, extra, screened,
+                              record_to_tensors(content.array_records["mean"], device))
+    return Upload(ids, record_to_tensors(content.array_records["params"], device), counts, extra)
 
 
 def reports_to_records(reports: dict[str, list[Any]]) -> dict[str, Any]:

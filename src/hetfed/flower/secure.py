@@ -161,7 +161,7 @@ def secure_round(grid: Any, contents: dict[int, RecordDict], reference: Params, 
     for k, delta in zip(names, strategy.aggregate, strict=False):
         ref = reference[k]
         value = ref.detach().double().cpu() + torch.as_tensor(np.asarray(delta, dtype=np.float64)).reshape(ref.shape)
-        mean[k] = (value if ref.is_floating_point() else value.round()).to(ref.dtype)
+        mean[k] = (value if ref.is_floating_point() else value.round()).to(ref.device, ref.dtype)
     loss = float(np.asarray(strategy.aggregate[-1]).reshape(-1)[0])
     order = sorted(range(len(ids)), key=ids.__getitem__)
     upload = StreamedUpload([ids[i] for i in order], {}, torch.tensor([counts[i] for i in order]),
