@@ -99,12 +99,14 @@ def test_simulation_engine_gives_the_vectorised_numbers_and_sends_only_what_is_d
 
 
 @pytest.mark.skipif(not __import__("torch").cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
-def test_on_cuda_the_simulation_engine_gives_the_vectorised_numbers(tmp_path):
+@pytest.mark.parametrize("per_node", [1, 2])  # each client's update, or a node's cohort reduced there
+def test_on_cuda_the_simulation_engine_gives_the_vectorised_numbers(tmp_path, per_node):
     """``train.device: cuda`` on Flower: the ClientApps train on the GPU and the server screens, sums and scores
-    the nodes' uploads there (they arrived on the CPU once, and its first evaluation failed on mixed devices)."""
+    the nodes' uploads there (they arrived on the CPU once, and the server's mean or its evaluation failed on mixed
+    devices)."""
     methods = {"methods": [WIRE_METHODS["methods"][0], WIRE_METHODS["methods"][2]],
                "train": {**SMALL["train"], "device": "cuda"}}
-    flower = _run(_config({**methods, "flower": {"clients_per_node": 2}}, "flower"), tmp_path / "f")
+    flower = _run(_config({**methods, "flower": {"clients_per_node": per_node}}, "flower"), tmp_path / "f")
     _compare(flower, _run(_config(methods, "vectorised"), tmp_path / "v"))
 
 

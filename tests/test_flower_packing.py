@@ -193,7 +193,8 @@ def test_the_server_sends_packed_or_as_records_as_configured_and_reads_the_recor
 @pytest.mark.parametrize("streamed", [False, True])
 def test_an_upload_read_back_on_the_servers_device_holds_every_tensor_there(streamed):
     """The server screens and sums the nodes' uploads against its own parameters: on a GPU run they must come back
-    on its device (``meta`` stands for one here), updates and per-client extras alike."""
+    on its device (``meta`` stands for one here), updates, sample counts (the weights of its mean) and per-client
+    extras alike."""
     import torch
 
     from hetfed.engine.types import StreamedUpload, Upload
@@ -204,6 +205,6 @@ def test_an_upload_read_back_on_the_servers_device_holds_every_tensor_there(stre
     up = (StreamedUpload([0, 1], {}, torch.tensor([3.0, 4.0]), extra, {"norm": 0}, {"w": torch.ones(3)}) if streamed
           else Upload([0, 1], params, torch.tensor([3.0, 4.0]), extra))
     back = records_to_upload(RecordDict(upload_to_records(up)), "meta")
-    tensors = [*back.params.values(), *back.extra.values(), *(back.mean.values() if streamed else ())]
+    tensors = [back.num_samples, *back.params.values(), *back.extra.values(), *(back.mean.values() if streamed else ())]
     assert tensors and all(t.device.type == "meta" for t in tensors)
     assert back.client_ids == [0, 1]

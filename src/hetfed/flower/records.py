@@ -148,7 +148,7 @@ def records_to_upload(content: RecordDict, device: torch.device | str = "cpu") -
     against its own parameters there, as it does an in-process executor's uploads)."""
     m = content.metric_records["upload"]
     ids = [int(k) for k in listed(m["clients"])]
-    counts = torch.tensor(listed(m["num_samples"]), dtype=torch.float32)
+    counts = torch.tensor(listed(m["num_samples"]), dtype=torch.float32, device=device)
     extra = records_to_tree(content, "upload_extra", device)
     if "mean" in content:
         screened = {k: int(number(v)) for k, v in content.metric_records["screened"].items()}

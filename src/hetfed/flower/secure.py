@@ -164,8 +164,9 @@ def secure_round(grid: Any, contents: dict[int, RecordDict], reference: Params, 
         mean[k] = (value if ref.is_floating_point() else value.round()).to(ref.device, ref.dtype)
     loss = float(np.asarray(strategy.aggregate[-1]).reshape(-1)[0])
     order = sorted(range(len(ids)), key=ids.__getitem__)
-    upload = StreamedUpload([ids[i] for i in order], {}, torch.tensor([counts[i] for i in order]),
-                            {LOSS: torch.full((len(ids),), loss)}, screened, mean)
+    device = next(iter(reference.values())).device  # the server's: its uploads are summed there
+    upload = StreamedUpload([ids[i] for i in order], {}, torch.tensor([counts[i] for i in order], device=device),
+                            {LOSS: torch.full((len(ids),), loss, device=device)}, screened, mean)
     return upload, strategy.summed, seen
 
 
