@@ -62,7 +62,7 @@ want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m 
 # asynchronous FedBuff / FedAsync against synchronous FedAvg, and QSGD's cost on W1, on the GPU (the torch path)
 want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
 # Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's
-# executors on the same workloads: needs flwr and Ray on PYTHONPATH (a stripped Ray: results/gpu_h100_2026-11-28)
+# executors on the same workloads: needs flwr and Ray on PYTHONPATH (a stripped Ray: results/gpu_h100_2026-11-27b/README.md)
 want flower_sim && step flower_sim 300 bash -c "cd benchmarks && $py engines.py --device cuda --cases cgau mlp --engines vectorised flower --json"
 # where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
 want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
