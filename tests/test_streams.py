@@ -284,3 +284,33 @@ def test_a_run_records_its_generator_and_a_checkpoint_from_the_host_generators_i
     torch.save({"version": 1, "result": None}, path)
     with pytest.raises(RunError, match=r"hetfed 0\.1.*rerun the config"):
         read_checkpoint(tmp_path)
+
+
+_PART = st.one_of(st.integers(0, 40), st.integers(0, 2**32 - 1), st.integers(2**32, 2**64 - 1),
+                  st.integers(2**64, 2**100))
+
+
+@given(st.lists(st.lists(_PART, min_size=1, max_size=7), min_size=1, max_size=6))
+@settings(max_examples=300, deadline=None)
+def test_a_rounds_seeds_hashed_at_once_are_numpys_seed_sequences(rows):
+    """``derive_seeds`` reimplements NumPy's SeedSequence on arrays (a round's clients at once): every row's seed
+    must be what NumPy's own class gives, for rows of any length and parts of one, two or more 32-bit words mixed
+    in one call (fewer than the pool's four words, and more)."""
+    from hetfed.engine import rng
+
+    want = [int(np.random.SeedSequence(row).generate_state(2, np.uint64)[0] >> 1) for row in rows]
+    assert [rng.derive_seed(*row) for row in rows] == want
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rng, "AT_ONCE_FROM", 0)  # the arrays, however few the rows
+        assert rng.derive_seeds(rows) == want
+
+
+def test_a_negative_seed_part_is_refused_as_numpy_refuses_it():
+    from hetfed.engine import rng
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rng, "AT_ONCE_FROM", 0)
+        with pytest.raises(ValueError, match="non-negative"):
+            rng.derive_seeds([(1, -2)])
+    with pytest.raises(ValueError):
+        np.random.SeedSequence([1, -2])

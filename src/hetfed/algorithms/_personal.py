@@ -19,7 +19,7 @@ import torch
 
 from hetfed.algorithms.build import METHOD_KEY
 from hetfed.algorithms.fedavg import FedAvg, kept_optimizer_state
-from hetfed.engine.rng import LOCAL_PHASE, SERVER_INIT, derive_seed, torch_gen
+from hetfed.engine.rng import LOCAL_PHASE, SERVER_INIT, derive_seeds, torch_gen
 from hetfed.engine.types import ClientData, ClientState, Params, ServerState
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
@@ -57,7 +57,7 @@ def initial_model(algo) -> Params:
 def second_pass(data: ClientData, phase: int) -> ClientData:
     """The same clients' data with seeds of their own for another pass in the same round (its own batch
     order and dropout masks, still independent of which clients share the stack)."""
-    return replace(data, seeds=[derive_seed(s, LOCAL_PHASE, phase) for s in data.seeds])
+    return replace(data, seeds=derive_seeds([(s, LOCAL_PHASE, phase) for s in data.seeds]))
 
 
 class PartlyPersonal(FedAvg):

@@ -11,6 +11,8 @@ the host.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 import torch
 
@@ -27,6 +29,83 @@ DATASTORE = 43  # which training samples a client keeps in its kNN-Per datastore
 def derive_seed(*parts: int) -> int:
     """A 63-bit seed from integer parts (order matters)."""
     return int(np.random.SeedSequence([int(p) for p in parts]).generate_state(2, np.uint64)[0] >> 1)
+
+
+# NumPy's SeedSequence (numpy/random/bit_generator.pyx): its hash constants and entropy pool size
+_INIT_A, _MULT_A, _INIT_B, _MULT_B = 0x43B0D7E5, 0x931E8875, 0x8B51F9DD, 0x58F38DED
+_MIX_L, _MIX_R, _POOL = 0xCA01F9DD, 0x4973F715, 4
+_M32, _SHIFT = np.uint64(0xFFFFFFFF), np.uint64(16)
+
+
+def _words(value: int) -> list[int]:
+    """SeedSequence's 32-bit words of a non-negative int (little end first; 0 is one word)."""
+    if value < 0:
+        raise ValueError(f"a seed part must be non-negative, got {value}")
+    out = [value & 0xFFFFFFFF]
+    while value >> 32:
+        value >>= 32
+        out.append(value & 0xFFFFFFFF)
+    return out
+
+
+#: from this many rows :func:`derive_seeds` hashes them at once (where the arrays' fixed cost is paid back)
+AT_ONCE_FROM = 16
+
+
+def derive_seeds(rows: Sequence[Sequence[int]]) -> list[int]:
+    """:func:`derive_seed` of every row of parts, hashed for all rows at once: NumPy's SeedSequence algorithm
+    (``SeedSequence(parts).generate_state(2, np.uint64)[0] >> 1``) on arrays of uint32 words, the same seeds
+    (tested against NumPy's class). One by one a seed costs ~10 µs on this project's CPU (1.0 ms for a 100-client
+    round, against a W1 round of 15 ms on an H100); at once, ~0.12 ms plus ~1.7 µs a row, so below
+    :data:`AT_ONCE_FROM` rows the rows go one by one. Rows with as many 32-bit words share one pass."""
+    if len(rows) < AT_ONCE_FROM:
+        return [derive_seed(*row) for row in rows]
+    out = [0] * len(rows)
+    groups: dict[int, list[tuple[int, list[int]]]] = {}
+    for i, row in enumerate(rows):
+        words = [w for p in row for w in _words(int(p))]
+        groups.setdefault(len(words), []).append((i, words))
+    for n, members in groups.items():
+        entropy = np.array([w for _, w in members], dtype=np.uint64).T  # [words, rows]
+        pool = _mixed_pool(entropy, n)
+        state, h = [], _INIT_B
+        for i in range(2):  # the first uint64 of generate_state: its two low-end uint32 words
+            v = pool[i] ^ np.uint64(h)
+            h = (h * _MULT_B) & 0xFFFFFFFF
+            v = (v * np.uint64(h)) & _M32
+            state.append(v ^ (v >> _SHIFT))
+        seeds = (state[0] | (state[1] << np.uint64(32))) >> np.uint64(1)
+        for (i, _), seed in zip(members, seeds.tolist(), strict=True):
+            out[i] = seed
+    return out
+
+
+def _mixed_pool(entropy: np.ndarray, n: int) -> list[np.ndarray]:
+    """SeedSequence's ``mix_entropy`` of ``n`` words per row (``entropy`` [n, rows]): its four pool words. The hash
+    constant's sequence does not depend on the data, so it is a scalar for every row."""
+    h = _INIT_A
+
+    def hashmix(value: np.ndarray) -> np.ndarray:
+        nonlocal h
+        value = value ^ np.uint64(h)
+        h = (h * _MULT_A) & 0xFFFFFFFF
+        value = (value * np.uint64(h)) & _M32
+        return value ^ (value >> _SHIFT)
+
+    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
+        r = (np.uint64(_MIX_L) * x - np.uint64(_MIX_R) * y) & _M32
+        return r ^ (r >> _SHIFT)
+
+    zeros = np.zeros(entropy.shape[1], np.uint64)
+    pool = [hashmix(entropy[i] if i < n else zeros) for i in range(_POOL)]
+    for src in range(_POOL):
+        for dst in range(_POOL):
+            if src != dst:
+                pool[dst] = mix(pool[dst], hashmix(pool[src]))
+    for src in range(_POOL, n):
+        for dst in range(_POOL):
+            pool[dst] = mix(pool[dst], hashmix(entropy[src]))
+    return pool
 
 
 def numpy_rng(*parts: int) -> np.random.Generator:

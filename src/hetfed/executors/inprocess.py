@@ -33,7 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import ClientEvalData, global_test
 from hetfed.engine.local import stack_blocks
-from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seed, torch_gen
+from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seeds, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -107,7 +107,7 @@ def client_data(pool: Pool, chunk: list[int], round: int = 0, with_val: bool = F
         x=pool.x,
         y=pool.y,
         indices=[pool.train[k] for k in chunk],
-        seeds=[derive_seed(pool.seed, CLIENT_ROUND, r, k) for r, k in zip(per_client, ids, strict=True)],
+        seeds=derive_seeds([(pool.seed, CLIENT_ROUND, r, k) for r, k in zip(per_client, ids, strict=True)]),
         val_indices=[pool.val[k] for k in chunk] if with_val else None,
     )
 
