@@ -20,8 +20,8 @@
 #     OUT=/path PFLLIB=/path/to/PFLlib/system bash benchmarks/gpu.sh
 #
 # The device machine has no hetfed install and no network: the source is read from src/ (PYTHONPATH). Its image
-# lacks pydantic: carry pydantic, pydantic_core, annotated-types and typing-inspection as cp312 wheels and put
-# them on PYTHONPATH first (results/gpu_h100_2026-11-26/README.md has the commands that ran).
+# lacks pydantic, flwr and Ray: `bash benchmarks/gpu_carry.sh` packs them for it (.carry/site312.tar.xz, ~34 MB);
+# carry .carry and begin the call with `tar xJf .carry/site312.tar.xz -C /tmp && export PYTHONPATH=/tmp/site312`.
 set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-gpu-results}
@@ -62,7 +62,7 @@ want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m 
 # asynchronous FedBuff / FedAsync against synchronous FedAvg, and QSGD's cost on W1, on the GPU (the torch path)
 want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
 # Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's
-# executors on the same workloads: needs flwr and Ray on PYTHONPATH (a stripped Ray: results/gpu_h100_2026-11-27b/README.md)
+# executors on the same workloads: needs flwr and Ray on PYTHONPATH (benchmarks/gpu_carry.sh)
 want flower_sim && step flower_sim 300 bash -c "cd benchmarks && $py engines.py --device cuda --cases cgau mlp --engines vectorised flower --json"
 # where a sweep's time goes on every thread (a sampling profiler), stacked and one by one
 want profile_sweep && step profile_sweep 90 bash -c "cd benchmarks && $py profile_sweep.py --device cuda --seeds 20 --rounds 10 --stack --threads 4"
