@@ -100,6 +100,35 @@ def test_client_store_gathers_what_it_scattered_and_tracks_who_holds_what():
     assert store.nbytes() == 5 * 2 * 4  # one [K, 2] float32 tensor, whatever the number of holders
 
 
+def test_a_gpu_runs_client_states_live_on_its_device_while_they_fit_and_on_the_cpu_beyond():
+    """On a GPU run a name of client state lives on the device while the names there fit the store's budget, so a
+    stack is gathered and scattered there without the host; the rest stays on the CPU. ``meta`` stands for the GPU
+    (its tensors have no values: what is checked is where each one lives and goes)."""
+    store = ClientStore(10)
+    store.scatter(list(range(10)), {"rows": torch.ones(10, 4)})  # an initial state, made before the run is placed
+    store.place("meta", budget_bytes=10 * 4 * 4 + 10 * 8 * 4)
+    assert store.devices() == {"rows": torch.device("meta")}
+    # (a meta tensor cannot be copied to the CPU: the stack that goes there is a CPU one here, a GPU one in a run)
+    store.scatter([1, 3], {"rows": torch.ones(2, 4, device="meta"), "control": torch.ones(2, 8, device="meta"),
+                           "big": torch.ones(2, 100)})
+    assert store.devices() == {"rows": torch.device("meta"), "control": torch.device("meta"), "big": torch.device("cpu")}
+    got = store.gather([3, 1], "meta")
+    assert {k: v.device.type for k, v in got.items()} == {"rows": "meta", "control": "meta", "big": "meta"}
+    assert got["big"].shape == (2, 100) and got["control"].shape == (2, 8)
+    store.fill({"residual": torch.zeros(3)})  # error feedback's residuals, 120 bytes: over the budget left
+    assert store.devices()["residual"] == torch.device("cpu") and store.held_by_all() >= {"rows", "residual"}
+    again = ClientStore(10)
+    again.place("meta", budget_bytes=10 * 4 * 4)
+    saved = store.state_dict()  # a checkpoint, read back onto the CPU (map_location), goes back where it fits
+    again.load_state_dict({**saved, "data": {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in saved["data"].items()}})
+    assert again.devices() == {"rows": torch.device("meta"), "control": torch.device("cpu"),
+                               "big": torch.device("cpu"), "residual": torch.device("cpu")}
+    cpu = ClientStore(10)
+    cpu.place("cpu", 0)  # a CPU run: everything on the CPU, as before
+    cpu.scatter([0], {"a": torch.ones(1, 3)})
+    assert cpu.devices() == {"a": torch.device("cpu")}
+
+
 # ------------------------------------------------------------------ evaluation at scale
 
 
@@ -179,3 +208,27 @@ def test_defaults_keep_the_small_runs_unchanged():
     cfg = build_config({})
     assert cfg.train.eval_clients is None and cfg.train.global_test_size is None  # every client, all the test set
     assert cfg.train.eval_global_clients == 10  # ≥ the default 10 clients: the default run scores them all
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+@pytest.mark.parametrize("algorithm,compression", [
+    ("scaffold", None),  # control variates: a model's size per client
+    ("ditto", None),  # personal models
+    ("fedavg", {"kind": "topk", "fraction": 0.1, "error_feedback": True}),  # the transport's residuals
+])
+def test_on_cuda_client_states_live_on_the_device_and_give_the_cpus_numbers(algorithm, compression):
+    from hetfed.config import ServerConfig
+
+    fed = _fed(clients=6)
+    results = {}
+    for device in ("cpu", "cuda"):
+        train = TrainConfig(rounds=3, device=device, local_steps=4, batch_size=8,
+                            optimizer=OptimizerConfig(lr=0.05, momentum=0.0))
+        model = build_model(ModelConfig(kind="mlp", hidden=[16]), fed.input_shape, fed.n_classes)
+        algo = build_algorithm(algorithm, model, train,
+                               server=ServerConfig(compression=compression) if compression else None)
+        results[device] = simulate(algo, fed, train, 1, executor=VectorisedExecutor())
+    states = results["cuda"].executor.states
+    assert states.devices() and all(d.type == "cuda" for d in states.devices().values())
+    for k, v in results["cpu"].server.params.items():
+        torch.testing.assert_close(results["cuda"].server.params[k].cpu(), v, rtol=1e-4, atol=1e-5)

@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+import numpy.typing as npt
 import torch
 
 # purposes, so streams for different jobs never coincide
@@ -80,20 +81,23 @@ def derive_seeds(rows: Sequence[Sequence[int]]) -> list[int]:
     return out
 
 
-def _mixed_pool(entropy: np.ndarray, n: int) -> list[np.ndarray]:
+_U64 = npt.NDArray[np.uint64]
+
+
+def _mixed_pool(entropy: _U64, n: int) -> list[_U64]:
     """SeedSequence's ``mix_entropy`` of ``n`` words per row (``entropy`` [n, rows]): its four pool words. The hash
     constant's sequence does not depend on the data, so it is a scalar for every row."""
     h = _INIT_A
 
-    def hashmix(value: np.ndarray) -> np.ndarray:
+    def hashmix(value: _U64) -> _U64:
         nonlocal h
         value = value ^ np.uint64(h)
         h = (h * _MULT_A) & 0xFFFFFFFF
         value = (value * np.uint64(h)) & _M32
         return value ^ (value >> _SHIFT)
 
-    def mix(x: np.ndarray, y: np.ndarray) -> np.ndarray:
-        r = (np.uint64(_MIX_L) * x - np.uint64(_MIX_R) * y) & _M32
+    def mix(x: _U64, y: _U64) -> _U64:
+        r: _U64 = (x * np.uint64(_MIX_L) - y * np.uint64(_MIX_R)) & _M32
         return r ^ (r >> _SHIFT)
 
     zeros = np.zeros(entropy.shape[1], np.uint64)

@@ -140,6 +140,16 @@ def default_budget_mb(device: torch.device | str | None) -> float:
     return CPU_BUDGET_MB
 
 
+def state_budget_bytes(device: torch.device | str) -> int:
+    """How much of a device the clients' stored states may take (:meth:`ClientStore.place`): a quarter of a GPU's
+    free memory (the stacks' working set takes another, :func:`default_budget_mb`); none of a CPU's (they are
+    there already)."""
+    if torch.device(device).type == "cuda":
+        free, _total = torch.cuda.mem_get_info(torch.device(device))
+        return free // 4
+    return 0
+
+
 def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
     """How many clients' training fits the budget: params, grads, optimiser buffers, activations."""
     floats = 5 * model.n_params() + model.activation_floats(batch_size)
@@ -213,6 +223,7 @@ class InProcessExecutor:
         #: its records carry is what a real client would send); set by the node, never for an in-process run
         self.wire = False
         self.states = init_states(algo, fed.n_clients, seed)  # error feedback's residuals join at the first round
+        self.states.place(device, state_budget_bytes(device))
 
     def _ensure_residuals(self, reference: Params) -> None:
         """With error feedback, every client holds a residual for each parameter the broadcast sends (zero until it
@@ -230,6 +241,7 @@ class InProcessExecutor:
         if first_id != self.pool.first_id:
             self.pool = replace(self.pool, first_id=first_id)
             self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
+            self.states.place(self.device, state_budget_bytes(self.device))
 
     def _chunks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         for start in range(0, len(clients), size):
