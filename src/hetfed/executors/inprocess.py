@@ -117,9 +117,12 @@ def initial_state(algo: Algorithm, client_id: int, seed: int) -> ClientState:
     return algo.client_init(client_id, torch_gen(seed, CLIENT_INIT, client_id))
 
 
-def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096, first_id: int = 0) -> ClientStore:
-    """Every client's initial local state, each from its own generator, stored compactly (on the CPU)."""
+def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096, first_id: int = 0,
+                device: torch.device | str = "cpu") -> ClientStore:
+    """Every client's initial local state, each from its own generator, stored compactly: on a GPU ``device``
+    while the states fit :func:`state_budget_bytes`, else on the CPU."""
     store = ClientStore(n_clients)
+    store.place(device, state_budget_bytes(device))
     for start in range(0, n_clients, block):
         ids = list(range(start, min(start + block, n_clients)))
         states = [initial_state(algo, k + first_id, seed) for k in ids]
@@ -141,13 +144,10 @@ def default_budget_mb(device: torch.device | str | None) -> float:
 
 
 def state_budget_bytes(device: torch.device | str) -> int:
-    """How much of a device the clients' stored states may take (:meth:`ClientStore.place`): a quarter of a GPU's
-    free memory (the stacks' working set takes another, :func:`default_budget_mb`); none of a CPU's (they are
+    """How much of a device the clients' stored states may take (:meth:`ClientStore.place`): on a GPU what a
+    chunk's working set may (:func:`default_budget_mb`, a quarter of its free memory); none of a CPU (they are
     there already)."""
-    if torch.device(device).type == "cuda":
-        free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return free // 4
-    return 0
+    return int(default_budget_mb(device) * 2**20) if torch.device(device).type == "cuda" else 0
 
 
 def memory_chunk(model: Model, batch_size: int, memory_budget_mb: float) -> int:
@@ -222,8 +222,8 @@ class InProcessExecutor:
         #: send the transport's encodings rather than decoding them here (a Flower node with compression: what
         #: its records carry is what a real client would send); set by the node, never for an in-process run
         self.wire = False
-        self.states = init_states(algo, fed.n_clients, seed)  # error feedback's residuals join at the first round
-        self.states.place(device, state_budget_bytes(device))
+        # error feedback's residuals join at the first round
+        self.states = init_states(algo, fed.n_clients, seed, device=device)
 
     def _ensure_residuals(self, reference: Params) -> None:
         """With error feedback, every client holds a residual for each parameter the broadcast sends (zero until it
@@ -240,8 +240,7 @@ class InProcessExecutor:
         data learns its offset from the server's messages): their seeds, initial states and uploads follow."""
         if first_id != self.pool.first_id:
             self.pool = replace(self.pool, first_id=first_id)
-            self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id)
-            self.states.place(self.device, state_budget_bytes(self.device))
+            self.states = init_states(self.algo, self.fed.n_clients, self.seed, first_id=first_id, device=self.device)
 
     def _chunks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         for start in range(0, len(clients), size):
