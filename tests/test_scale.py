@@ -104,9 +104,8 @@ def test_a_gpu_runs_client_states_live_on_its_device_while_they_fit_and_on_the_c
     """On a GPU run a name of client state lives on the device while the names there fit the store's budget, so a
     stack is gathered and scattered there without the host; the rest stays on the CPU. ``meta`` stands for the GPU
     (its tensors have no values: what is checked is where each one lives and goes)."""
-    store = ClientStore(10)
-    store.scatter(list(range(10)), {"rows": torch.ones(10, 4)})  # an initial state, made before the run is placed
-    store.place("meta", budget_bytes=10 * 4 * 4 + 10 * 8 * 4)
+    store = ClientStore(10, "meta", budget_bytes=10 * 4 * 4 + 10 * 8 * 4)
+    store.scatter(list(range(10)), {"rows": torch.ones(10, 4)})  # an initial state, made on the host
     assert store.devices() == {"rows": torch.device("meta")}
     # (a meta tensor cannot be copied to the CPU: the stack that goes there is a CPU one here, a GPU one in a run)
     store.scatter([1, 3], {"rows": torch.ones(2, 4, device="meta"), "control": torch.ones(2, 8, device="meta"),
@@ -117,14 +116,12 @@ def test_a_gpu_runs_client_states_live_on_its_device_while_they_fit_and_on_the_c
     assert got["big"].shape == (2, 100) and got["control"].shape == (2, 8)
     store.fill({"residual": torch.zeros(3)})  # error feedback's residuals, 120 bytes: over the budget left
     assert store.devices()["residual"] == torch.device("cpu") and store.held_by_all() >= {"rows", "residual"}
-    again = ClientStore(10)
-    again.place("meta", budget_bytes=10 * 4 * 4)
+    again = ClientStore(10, "meta", budget_bytes=10 * 4 * 4)
     saved = store.state_dict()  # a checkpoint, read back onto the CPU (map_location), goes back where it fits
     again.load_state_dict({**saved, "data": {k: torch.zeros(v.shape, dtype=v.dtype) for k, v in saved["data"].items()}})
     assert again.devices() == {"rows": torch.device("meta"), "control": torch.device("cpu"),
                                "big": torch.device("cpu"), "residual": torch.device("cpu")}
-    cpu = ClientStore(10)
-    cpu.place("cpu", 0)  # a CPU run: everything on the CPU, as before
+    cpu = ClientStore(10)  # a CPU run: everything on the CPU, as before
     cpu.scatter([0], {"a": torch.ones(1, 3)})
     assert cpu.devices() == {"a": torch.device("cpu")}
 

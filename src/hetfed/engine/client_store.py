@@ -4,8 +4,8 @@ A dict of small per-client tensors costs ~1 KB of Python and allocator overhead
 per tensor; at 100 000 clients that is more than the states themselves. Here a
 state name (``cgau.0.filter.cond``, ``opt.m.fc1.weight``, a FedMoE specialist's
 weights) is one ``[K, …]`` tensor. On a GPU run a name lives on the device while
-the store's names there fit its budget (:meth:`ClientStore.place`: the executor
-gives it a quarter of the GPU's free memory), so a round's stacks are gathered and
+the store's names there fit its budget (:class:`ClientStore`'s ``budget_bytes``:
+the executor gives it a quarter of the GPU's free memory), so a round's stacks are gathered and
 scattered there — model-sized states (error feedback's residuals, SCAFFOLD's
 control variates, personal models) went through the host every round, ~0.1 s of
 a 0.14 s W1 round with top-k and error feedback on an H100; the names that do not
@@ -29,18 +29,13 @@ from hetfed.engine.types import ClientState
 class ClientStore(Mapping[int, ClientState]):
     """``store[k]`` is client k's state (views into the store); ``gather``/``scatter`` move stacks."""
 
-    def __init__(self, n_clients: int):
+    def __init__(self, n_clients: int, device: torch.device | str = "cpu", budget_bytes: int = 0):
+        """``device``: where names live (not the CPU) while all the names there take at most ``budget_bytes``; the
+        others live on the CPU. Where a name lives changes no number."""
         self.n_clients = n_clients
         self._data: dict[str, torch.Tensor] = {}
         self._has: dict[str, np.ndarray] = {}
-        self._device = torch.device("cpu")  # where names go while they fit ``_budget`` bytes there
-        self._budget = 0
-
-    def place(self, device: torch.device | str, budget_bytes: int) -> None:
-        """Keep names on ``device`` (not the CPU) while all the names there take at most ``budget_bytes``: the
-        names held now, in order, and every name made later. Where a name lives changes no number."""
         self._device, self._budget = torch.device(device), int(budget_bytes)
-        self._data = {name: t.to(self._home(_nbytes(t), name)) for name, t in self._data.items()}
 
     def _home(self, nbytes: int, name: str) -> torch.device:
         """Where name ``name`` of ``nbytes`` lives: the store's device if it still fits there, else the CPU."""

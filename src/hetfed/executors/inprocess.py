@@ -121,8 +121,7 @@ def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096, f
                 device: torch.device | str = "cpu") -> ClientStore:
     """Every client's initial local state, each from its own generator, stored compactly: on a GPU ``device``
     while the states fit :func:`state_budget_bytes`, else on the CPU."""
-    store = ClientStore(n_clients)
-    store.place(device, state_budget_bytes(device))
+    store = ClientStore(n_clients, device, state_budget_bytes(device))
     for start in range(0, n_clients, block):
         ids = list(range(start, min(start + block, n_clients)))
         states = [initial_state(algo, k + first_id, seed) for k in ids]
@@ -144,7 +143,7 @@ def default_budget_mb(device: torch.device | str | None) -> float:
 
 
 def state_budget_bytes(device: torch.device | str) -> int:
-    """How much of a device the clients' stored states may take (:meth:`ClientStore.place`): on a GPU what a
+    """How much of a device the clients' stored states may take (:class:`~hetfed.engine.client_store.ClientStore`): on a GPU what a
     chunk's working set may (:func:`default_budget_mb`, a quarter of its free memory); none of a CPU (they are
     there already)."""
     return int(default_budget_mb(device) * 2**20) if torch.device(device).type == "cuda" else 0
