@@ -19,9 +19,11 @@ it cannot avoid (issue #26 §2 asks for ≤ 1.2×).
 
 On CUDA the vectorised executor is timed with ``train.capture`` auto (steps replayed from CUDA graphs) and off
 (eager), and the stacked ideal is also timed **captured**: one step recorded as a CUDA graph and replayed
-(``captured_ideal_s_per_round``), the floor a captured step loop (#47 §4) could reach.
+(``captured_ideal_s_per_round``), the floor a captured step loop (#47 §4) could reach. On a CPU, ``--compile``
+also times it with ``train.capture`` compile (steps compiled by ``torch.compile``; the compiling is in the
+warm-up rounds, not in the time per round).
 
-    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda]
+    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile] [--repeats R]
                                 [--cases compute_bound overhead_bound fsnet_protocol]
 """
 
@@ -93,7 +95,9 @@ def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu", ca
         optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture, **case["train"],
     )
     algo = build_algorithm("fedavg", model, train)
-    simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
+    # warm-up; a compiled step (train.capture compile) compiles a key once it has come up in enough rounds' plans
+    warm = 12 if capture == "compile" else 1
+    simulate(algo, fed, train.model_copy(update={"rounds": warm}), 0, executor=executor)
     t0 = time.perf_counter()
     result = simulate(algo, fed, train, 0, executor=executor)
     total = time.perf_counter() - t0
@@ -180,6 +184,10 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     parser.add_argument("--chunks", type=int, nargs="*", default=[], help="also time the vectorised executor with these chunk sizes")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
+    parser.add_argument("--repeats", type=int, default=1,
+                        help="time the vectorised round and its ideal (and --compile's) this many times in turn; medians")
+    parser.add_argument("--compile", action="store_true",
+                        help="on a CPU, also time the vectorised executor with train.capture compile (torch.compile)")
     parser.add_argument("--cases", nargs="+", default=["compute_bound", "overhead_bound"], choices=list(CASES))
     args = parser.parse_args()
     if args.threads:
@@ -189,8 +197,18 @@ def main() -> None:
     for name in args.cases:
         case = CASES[name]
         seq = seconds_per_round(case, SequentialExecutor(), args.rounds, args.device)
-        vec = seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device)
-        ideal = ideal_seconds_per_round(case, device=args.device)
+        # the vectorised round and its ideal (and the compiled round) timed in turn, --repeats times, medians: on a
+        # shared machine the speed drifts by tens of percent within minutes, which a ratio of two far-apart
+        # timings would take for the framework's
+        compiling = args.compile and args.device == "cpu"
+        timed: dict[str, list[float]] = {"vec": [], "ideal": [], "compiled": []}
+        for _ in range(args.repeats):
+            timed["vec"].append(seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device))
+            timed["ideal"].append(ideal_seconds_per_round(case, device=args.device))
+            if compiling:
+                timed["compiled"].append(seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device,
+                                                           capture="compile"))
+        vec, ideal = float(np.median(timed["vec"])), float(np.median(timed["ideal"]))
         report["cases"][name] = {
             "ideal_s_per_round": ideal,
             "vectorised_over_ideal": vec / ideal,
@@ -207,6 +225,11 @@ def main() -> None:
             captured = ideal_seconds_per_round(case, device="cuda", captured=True)
             report["cases"][name]["captured_ideal_s_per_round"] = captured
             report["cases"][name]["vectorised_over_captured_ideal"] = vec / captured
+        if compiling:  # the same executor with its steps compiled (train.capture)
+            compiled = float(np.median(timed["compiled"]))
+            report["cases"][name]["vectorised_compiled_s_per_round"] = compiled
+            report["cases"][name]["compiled_over_ideal"] = compiled / ideal
+            report["cases"][name]["eager_over_compiled"] = vec / compiled
         for size in args.chunks:
             t = seconds_per_round(case, VectorisedExecutor(chunk_clients=size), args.rounds, args.device)
             report["cases"][name][f"vectorised_chunk{size}_s_per_round"] = t

@@ -36,7 +36,7 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--top", type=int, default=25)
-    ap.add_argument("--capture", default="auto", choices=["auto", "off"])
+    ap.add_argument("--capture", default="auto", choices=["auto", "off", "compile"])
     ap.add_argument("--algorithm", default="fedavg", help="a registered algorithm with its default parameters")
     args = ap.parse_args()
     case = CASES[args.case]
@@ -47,7 +47,8 @@ def main() -> None:
     train = TrainConfig(rounds=args.rounds, client_fraction=1.0, eval_every=10_000, device=args.device,
                         capture=args.capture, optimizer=OptimizerConfig(lr=0.01, momentum=0.0), **case["train"])
     algo = build_algorithm(args.algorithm, model, train, in_features=case["d"])
-    simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=VectorisedExecutor())  # warm-up
+    warm = 12 if args.capture == "compile" else 1  # a compiled key compiles once enough rounds planned it
+    simulate(algo, fed, train.model_copy(update={"rounds": warm}), 0, executor=VectorisedExecutor())  # warm-up
 
     inside = [0.0]
     real = local.train_stack

@@ -50,7 +50,7 @@ class Replay:
 
 @pytest.fixture
 def recorded_on_cpu(monkeypatch):
-    monkeypatch.setitem(capture.BACKENDS, "cpu", Replay)
+    monkeypatch.setitem(capture.BACKENDS["auto"], "cpu", Replay)
     monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())
     Replay.replays = Replay.records = 0
     return Replay
@@ -77,12 +77,13 @@ CASES = {
 }
 
 
-def _train(sizes, opt, mu, capture_on: bool, device: str = "cpu", epochs: float = 3):
+def _train(sizes, opt, mu, capture_on: bool | str, device: str = "cpu", epochs: float = 3):
     model = MLP(6, [16, 8], 4, dropout=0.3)
     params = _stack(model, len(sizes), device)
     centre = {k: v[0] for k, v in params.items()}
     reg = Proximal(centre, mu) if mu else None
-    sched = LocalSchedule(batch_size=8, epochs=epochs, capture=capture_on)
+    mode = capture_on if isinstance(capture_on, str) else ("auto" if capture_on else "off")
+    sched = LocalSchedule(batch_size=8, epochs=epochs, capture=mode)
     return train_stack(model, params, _data(sizes, device=device), sched, opt, opt.lr, regulariser=reg)
 
 
@@ -115,7 +116,7 @@ def _three_rounds(device: str, records: Callable[[], int]) -> None:
         params = _stack(model, 5, device)
         out = []
         for rnd in range(3):
-            sched = LocalSchedule(batch_size=8, epochs=2, capture=on)
+            sched = LocalSchedule(batch_size=8, epochs=2, capture="auto" if on else "off")
             round_data = ClientData(data.client_ids, data.x, data.y, data.indices, [s + 7 * rnd for s in data.seeds])
             centre = {k: v.mean(0) for k, v in params.items()}
             params, state, loss = train_stack(model, params, round_data, sched, opt, 0.1,
@@ -150,7 +151,7 @@ def test_cuda_graphs_are_kept_for_the_next_rounds_and_give_their_numbers(monkeyp
 
 def test_a_recording_is_not_reused_for_other_data_or_another_model(recorded_on_cpu):
     opt = OptimizerConfig(lr=0.1)
-    sched = LocalSchedule(batch_size=8, epochs=2, capture=True)
+    sched = LocalSchedule(batch_size=8, epochs=2, capture="auto")
     model = MLP(6, [16, 8], 4)
     train_stack(model, _stack(model, 5), _data([37, 12, 50, 3, 24]), sched, opt, 0.1)
     made = recorded_on_cpu.records
@@ -181,6 +182,23 @@ def test_a_key_met_fewer_times_than_a_capture_pays_for_runs_eagerly(recorded_on_
     assert calls == [0, 1, 2] and graphs.replays == 2
 
 
+def test_a_key_is_counted_over_the_calls_a_recording_serves(recorded_on_cpu):
+    """A round's last, shorter batch comes up once or twice a round: it is recorded once the rounds together have
+    met it ``min_repeats`` times (the steps recorded so far are replayed whenever they come up)."""
+    calls: list[str] = []
+
+    def step(inputs, t, key, host):
+        calls.append(key)
+
+    x = torch.zeros(2)
+    round_keys = ["a", "a", "a", "b", "b"]
+    graphs = capture.StepGraphs(step, round_keys, torch.device("cpu"), min_repeats=3)
+    assert [graphs.run(k, t, [x]) for t, k in enumerate(round_keys)] == [True, True, True, False, False]
+    graphs.plan(round_keys)  # the next round: "b" has now come up 4 times
+    assert [graphs.run(k, t, [x]) for t, k in enumerate(round_keys)] == [True] * 5
+    assert graphs.replays == 2 + 3 + 1  # "b": a warm-up, then recorded and replayed once
+
+
 def test_the_step_number_and_inputs_reach_a_replay_through_the_static_tensors(recorded_on_cpu):
     seen: list[tuple[int, float]] = []
 
@@ -197,8 +215,8 @@ def test_capture_off_and_cpu_runs_never_record():
     """Without a recorder for the device (a CPU here), or with train.capture = off, every step is eager."""
     assert not capture.available(torch.device("cpu"))
     assert build_config({}, {"train": {"capture": "off"}}).train.capture == "off"
-    assert LocalSchedule.from_train(build_config({}, {"train": {"capture": "off"}}).train).capture is False
-    assert LocalSchedule.from_train(build_config({}, {}).train).capture is True
+    assert LocalSchedule.from_train(build_config({}, {"train": {"capture": "off"}}).train).capture == "off"
+    assert LocalSchedule.from_train(build_config({}, {}).train).capture == "auto"
 
 
 def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path):
@@ -256,4 +274,4 @@ def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
 
     model = MLP(6, [16, 8], 4, dropout=0.3)
     train_without_synchronising(monkeypatch, model, _stack(model, 5, "cuda"), _data([37, 12, 50, 3, 24], device="cuda"),
-                                LocalSchedule(batch_size=8, epochs=3, capture=True))
+                                LocalSchedule(batch_size=8, epochs=3, capture="auto"))

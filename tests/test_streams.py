@@ -268,7 +268,7 @@ def test_a_cuda_round_step_loop_never_synchronises(monkeypatch):
     params = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(3)]).cuda() for s in model.specs()}
     data = _data([9, 4, 13], [1, 2, 3], device="cuda")
     # every step launches its kernels (train.capture off)
-    train_without_synchronising(monkeypatch, model, params, data, LocalSchedule(batch_size=4, epochs=1, capture=False))
+    train_without_synchronising(monkeypatch, model, params, data, LocalSchedule(batch_size=4, epochs=1, capture="off"))
 
 
 def test_a_run_records_its_generator_and_a_checkpoint_from_the_host_generators_is_refused(tmp_path):

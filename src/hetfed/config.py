@@ -270,10 +270,11 @@ class TrainConfig(_Strict):
         "vectorised", description="where the clients compute: a registered executor that train.executor may name "
         "(vectorised, sequential, flower; `hetfed components executor`)")
     device: Literal["auto", "cpu", "cuda"] = "cpu"
-    capture: Literal["auto", "off"] = Field(
+    capture: Literal["auto", "off", "compile"] = Field(
         "auto", description="auto: on CUDA, a stacked training step is recorded once as a CUDA graph and replayed "
         "(steps of methods with their own objective, constraint or extra loss term, and models with buffers, run "
-        "eagerly); off: every step launches its kernels (eager). No effect on a CPU")
+        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile, ~2x faster "
+        "for small models but seconds of compiling per batch shape, for long runs; off: every step eager")
     chunk_clients: int | None = Field(
         None, ge=1, description="at most this many clients trained at once (memory budget)"
     )

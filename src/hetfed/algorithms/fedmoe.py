@@ -92,7 +92,7 @@ def train_until_stopped(
     seed: int,
     phase: int,
     trainable: list[str] | None = None,
-    capture: bool = True,
+    capture: str = "auto",
 ) -> tuple[Params, list[int]]:
     """Train stacked per-client params epoch by epoch, each client with its own early stopping.
 

@@ -11,10 +11,12 @@ other tensor it reads keeps its storage for the whole loop, its effects are in-p
 outlive the loop (parameters, optimiser state, loss sum), and it makes no host round-trip. Everything else a step
 depends on (the batch width, whether every client trains, each client's real rows) is the step's *key*: one
 graph per key, captured on the key's second occurrence (its first runs eagerly as the warm-up CUDA asks for),
-replayed from then on; a key met fewer than ``min_repeats`` times in the plan runs eagerly.
+replayed from then on; a key met fewer than ``min_repeats`` times in the plans so far runs eagerly.
 
-The backend is looked up by device type in :data:`BACKENDS` (only CUDA here; tests register a CPU stand-in that
-calls the step again from its static inputs, which checks the static-input discipline without a GPU).
+The backend is looked up by ``train.capture`` mode and device type in :data:`BACKENDS`: ``auto`` records CUDA
+graphs; ``compile`` compiles the step with ``torch.compile`` on a CPU (:class:`Compiled`). Tests register a CPU
+stand-in for ``auto`` that calls the step again from its static inputs, which checks the static-input discipline
+without a GPU.
 """
 
 from __future__ import annotations
@@ -46,6 +48,9 @@ class CudaGraph:
     context, which synchronises the device and empties the allocator's cache at every capture: a round records
     a step or two per stack, and an emptied cache makes the rest of the round allocate from the driver again.
     """
+
+    #: a key is recorded once it has come up this many times (its first run is the eager warm-up CUDA asks for)
+    min_repeats = 3
 
     def __init__(self) -> None:
         self._graph = torch.cuda.CUDAGraph()
@@ -82,12 +87,67 @@ class _SideStream:
         torch.cuda.current_stream().wait_stream(self._side)
 
 
-#: device type → the recorder class that captures steps there
-BACKENDS: dict[str, type] = {"cuda": CudaGraph}
+class Compiled:
+    """A step compiled by ``torch.compile`` (inductor: C++ kernels on a CPU) as a :class:`Recorder`: one graph of
+    the forward, ``torch.autograd.grad``'s backward and the optimiser's update, with its elementwise work fused.
+
+    Why on a CPU: a small model's step (the CGAU setting: 10 clients × 32 rows of a 64-64-64 MLP) is ~60 operator
+    calls, each a few microseconds of dispatch and autograd bookkeeping around microseconds of arithmetic; compiled,
+    the same step costs ~0.45× the eager one (``benchmarks/engine.py --compile``). Compiling a key costs ~45 s the
+    first time on a machine (inductor builds C++ with the system's compiler; this project's 2-core CPU) and ~1 s
+    once torch's cache holds it (``/tmp/torchinductor_<user>``, across processes), so this is
+    ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, never ``auto``. The numbers are the eager step's to float tolerance (inductor
+    fuses and reorders float arithmetic), not bit for bit; the dropout streams' integer hashing is exact.
+
+    Every recording compiles the same function (:class:`hetfed.engine.local._Step`'s call), so torch keeps their
+    graphs on one code object. Compiling needs two of dynamo's settings other than the process's: tracing
+    ``torch.autograd.grad`` into the graph, and a recompile limit of :data:`RECOMPILE_LIMIT` (one per key of the
+    kept steps). They are set for a call that compiles and put back after it; a replay whose graph is made runs
+    without them (setting them costs ~30 µs, a tenth of a step), and one that finds it must compile after all
+    (dynamo refuses before running anything: ``fullgraph``) is run again with them.
+    """
+
+    #: a key is compiled once it has come up this many times in the rounds' plans (a round's few steps of a rare
+    #: shape are not worth seconds of compiling)
+    min_repeats = 20
+
+    def record(self, step: Callable[[], None]) -> None:
+        assert isinstance(step, partial)
+        self._args, self._kwargs = step.args, step.keywords
+        self._compiled = torch.compile(step.func, fullgraph=True, dynamic=False)
+        self._made = False
+
+    def replay(self) -> None:
+        if self._made:
+            try:
+                self._compiled(*self._args, **self._kwargs)
+                return
+            except torch._dynamo.exc.TorchDynamoException:  # a guard failed and tracing anew needs the settings
+                pass
+        config = torch._dynamo.config
+        before = config.trace_autograd_ops, config.recompile_limit
+        config.trace_autograd_ops, config.recompile_limit = True, max(before[1], RECOMPILE_LIMIT)
+        try:
+            self._compiled(*self._args, **self._kwargs)
+        finally:
+            config.trace_autograd_ops, config.recompile_limit = before
+        self._made = True
 
 
-def available(device: torch.device) -> bool:
-    return device.type in BACKENDS
+#: graphs kept per step function by :class:`Compiled` (hetfed.engine.local keeps 8 steps of up to 8 keys each)
+RECOMPILE_LIMIT = 64
+
+#: ``train.capture`` mode → device type → the recorder class that captures steps there
+BACKENDS: dict[str, dict[str, type]] = {"auto": {"cuda": CudaGraph}, "compile": {"cpu": Compiled}}
+
+
+def backend(mode: str, device: torch.device) -> type | None:
+    """The recorder for ``train.capture`` ``mode`` on ``device`` (None: its steps run eagerly)."""
+    return BACKENDS.get(mode, {}).get(device.type)
+
+
+def available(device: torch.device, mode: str = "auto") -> bool:
+    return backend(mode, device) is not None
 
 
 @dataclass
@@ -100,21 +160,27 @@ class _Slot:
 class StepGraphs:
     """The step loop's recorded steps, one per key that recurs enough in the plan to pay for its capture."""
 
-    def __init__(self, step: Step, keys: Sequence[Hashable], device: torch.device, min_repeats: int = 3,
-                 max_graphs: int = 8):
+    def __init__(self, step: Step, keys: Sequence[Hashable], device: torch.device, min_repeats: int | None = None,
+                 max_graphs: int = 8, recorder: type | None = None):
         self._step = step
         self._device = device
-        self._backend = BACKENDS[device.type]
-        self._min_repeats, self._max_graphs = min_repeats, max_graphs
+        self._backend = recorder if recorder is not None else BACKENDS["auto"][device.type]
+        self._min_repeats = min_repeats if min_repeats is not None else getattr(self._backend, "min_repeats", 3)
+        self._max_graphs = max_graphs
         self._slots: dict[Hashable, _Slot] = {}
+        self._seen: Counter[Hashable] = Counter()
         self.replays = 0  # steps run from a recording (for tests and benchmarks)
         self.plan(keys)
 
     def plan(self, keys: Sequence[Hashable]) -> None:
         """The keys of the steps to come (a later call's): which are worth recording; recordings already made
-        are replayed whenever their key comes up."""
+        are replayed whenever their key comes up. A key is counted over every call this recording served (the
+        rounds of a run): a round's last, shorter batch comes up once or twice a round, and a run's rounds
+        together pay for its recording."""
         counts = Counter(keys)
-        frequent = [k for k, c in counts.most_common(self._max_graphs) if c >= self._min_repeats]
+        self._seen.update(counts)
+        ranked = sorted(counts, key=lambda k: -self._seen[k])[:self._max_graphs]
+        frequent = [k for k in ranked if self._seen[k] >= self._min_repeats]
         self._eligible = set(frequent) | {k for k in self._slots if k in counts}
 
     def run(self, key: Hashable, t: int, inputs: Sequence[torch.Tensor], host: Any = None) -> bool:

@@ -63,12 +63,13 @@ class LocalSchedule:
     epochs: float | None = 1.0
     steps: int | None = None
     cap_one_pass: bool = False
-    #: replay the stacked step from a recording where the device and the step allow it (train.capture)
-    capture: bool = True
+    #: ``train.capture``: replay the stacked step from a recording where the device and the step allow it (auto: a
+    #: CUDA graph; compile: ``torch.compile`` on a CPU; off: eager)
+    capture: str = "auto"
 
     @classmethod
     def from_train(cls, cfg: TrainConfig) -> LocalSchedule:
-        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture == "auto")
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture)
 
     def one_epoch(self) -> LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
@@ -232,8 +233,8 @@ def train_stack(
     term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
     plan = plan_steps(data, schedule, device)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
-    capturing = (schedule.capture and capture.available(device) and objective is None and term is None
-                 and project is None and not buffers)
+    recorder = capture.backend(schedule.capture, device)
+    capturing = recorder is not None and objective is None and term is None and project is None and not buffers
     # no host round-trip in the loop: every shape and flag was planned; a step's key is all it takes from the
     # host. Recorded steps always take the masked path (with every client active its factors are exact ones:
     # the same numbers), so one recording serves the steps before and after the first client finishes.
@@ -244,7 +245,7 @@ def train_stack(
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK))
     graphs = None
     if capturing:
-        step, graphs = _recorded(step, keys)
+        step, graphs = _recorded(step, keys, recorder)
     for t, key in enumerate(keys):
         inputs = (plan.index[:, t, :key[0]], plan.mask[:, t, :key[0]], plan.active[t])
         if graphs is None or not graphs.run(key, t, inputs, plan.rows[t]):
@@ -265,13 +266,14 @@ def forget_recorded() -> None:
     _RECORDED.clear()
 
 
-def _recorded(step: _Step, keys: list[tuple[int, bool, Any]]) -> tuple[_Step, capture.StepGraphs]:
+def _recorded(step: _Step, keys: list[tuple[int, bool, Any]], recorder: type | None = None
+              ) -> tuple[_Step, capture.StepGraphs]:
     """``step`` with its recordings: those of an earlier call whose step had the same signature (the next round
     of a run has the same stack shapes), its tensors loaded with this call's values; or new ones, kept.
 
     Recording a step costs about an eager step plus the graph's instantiation (~3 ms of a ten-step round on an
     H100, ``benchmarks/profile_round.py``): once per run instead of once per round."""
-    signature = step.signature()
+    signature = (recorder, *step.signature())
     kept = _RECORDED.get(signature)
     if kept is not None and kept[0].same_sources(step):
         _RECORDED.move_to_end(signature)
@@ -279,7 +281,7 @@ def _recorded(step: _Step, keys: list[tuple[int, bool, Any]]) -> tuple[_Step, ca
         kept[1].plan(keys)
         return kept
     step = step.owning()
-    graphs = capture.StepGraphs(step, keys, step.keys.device)
+    graphs = capture.StepGraphs(step, keys, step.keys.device, recorder=recorder)
     for other in [k for k, (s, _) in _RECORDED.items() if s.data.x is not step.data.x]:
         del _RECORDED[other]  # another run's or phase's data: it is done, and its pool need not stay alive
     _RECORDED[signature] = (step, graphs)
@@ -327,7 +329,8 @@ class _Step:
             if self.proximal is not None:
                 grads = self.proximal.add_gradient(grads, current)
             optim.step(self.opt_cfg, current, grads, self.state, self.lr, active, every=every)
-            self.current = current if self.project is None else self.project(current)
+            if self.project is not None:  # else ``current`` is this step's tensors, updated in place
+                self.current = self.project(current)
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
                 if k in fixed:
                     fixed[k] = values.to(fixed[k].dtype)

@@ -44,14 +44,20 @@ __all__ = ["DivergedError", "RoundObserver", "SimulationResult", "evaluation", "
            "round_train_loss", "simulate"]
 
 
-def resolve_device(kind: str) -> torch.device:
-    if kind == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if kind == "cuda" and not torch.cuda.is_available():
-        from hetfed.errors import ConfigError
+def resolve_device(kind: str, capture: str = "auto") -> torch.device:
+    """``train.device`` as a device; refuses one this machine lacks, and a ``train.capture`` with no recorder there
+    (``compile`` is the CPU's: a CUDA run records graphs with ``auto``)."""
+    from hetfed.engine import capture as recording
+    from hetfed.errors import ConfigError
 
+    if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device = 'cuda' is not allowed here: no CUDA device; expected 'cpu' or 'auto'")
-    return torch.device(kind)
+    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind)
+    if capture not in ("auto", "off") and not recording.available(device, capture):
+        where = [d for d, _ in recording.BACKENDS.get(capture, {}).items()]
+        raise ConfigError(f"train.capture = {capture!r} is not allowed on a {device.type} device (train.device = "
+                          f"{kind!r}): it records steps on {where}; expected 'auto' or 'off' there")
+    return device
 
 
 def simulate(
@@ -89,7 +95,7 @@ def simulate(
 def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, executor: Executor | None,
            observers: Sequence[RoundObserver], attack: AttackConfig | None) -> _Loop:
     """The executor started, the global test set, the evaluated clients and the faults of a run."""
-    device = resolve_device(train.device)
+    device = resolve_device(train.device, train.capture)
     if executor is None:
         from hetfed.executors.kinds import executor_for
 

@@ -89,7 +89,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
         algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
         train = config.method_train(method_cfg)
         executor = VectorisedExecutor(train.memory_budget_mb, train.chunk_clients)
-        executor.start(algo, fed, config.seed, resolve_device(train.device))
+        executor.start(algo, fed, config.seed, resolve_device(train.device, train.capture))
         executor.wire = executor.transport.compressor is not None  # compressed updates travel encoded
         _CACHE.clear()  # one run at a time per process
         _CACHE[key] = NodeSide(config, algo, fed, executor, key[:16], fed.x if measure_on is None else measure_on)

@@ -141,7 +141,7 @@ def run_experiment(
     else:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     for method in config.methods:
-        resolve_device(config.method_train(method).device)  # "cuda" without a GPU, before loading any data
+        resolve_device(config.method_train(method).device, config.method_train(method).capture)  # "cuda" without a GPU, before loading any data
     prep = prepared or prepare(config, progress=progress, status=status)
     for note in getattr(prep.data, "notes", ()):  # what loading kept (Shakespeare: roles, windows, sizes)
         warn.print(note, soft_wrap=True, markup=False)
@@ -307,7 +307,7 @@ def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, 
     bar, heartbeat, seed = execution.bar, execution.recording.heartbeat, execution.config.seed
     task = bar.add_task(f"{p.method.label}:personalise", total=len(p.algo.personal_plan(execution.fed, seed).clients),
                         acc="-", rate="clients")
-    personalise(p.algo, execution.fed, seed, result, resolve_device(p.train.device),
+    personalise(p.algo, execution.fed, seed, result, resolve_device(p.train.device, p.train.capture),
                 on_chunk=partial(_personalised_so_far, bar, task, heartbeat))
     saver.checkpoint(result, "personalised")
 

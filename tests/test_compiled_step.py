@@ -1,0 +1,147 @@
+"""``train.capture: compile``: the stacked step compiled by ``torch.compile`` on a CPU (#47 §4).
+
+Compiled steps give the eager loop's numbers to float tolerance (inductor fuses and reorders float arithmetic;
+the dropout streams' integer hashing must be exact, or a unit dropped in one and kept in the other would move the
+numbers by far more than the tolerance); a recording is kept for the next rounds; a setting that cannot apply is
+refused. Compiling takes seconds per step shape (~45 s for the first in a process on this project's CPU, cold), so
+these tests are few and marked slow.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from hetfed.config import OptimizerConfig, build_config
+from hetfed.engine import capture, local
+from hetfed.engine.local import LocalSchedule, Proximal, train_stack
+from hetfed.errors import ConfigError
+from hetfed.executors.simulate import resolve_device
+from hetfed.models import MLP
+from tests.test_capture import _data, _stack
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(autouse=True)
+def fresh_recordings(monkeypatch):
+    monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())
+    # compile a key as soon as it recurs, so that a few short rounds exercise the compiled path
+    monkeypatch.setattr(capture.Compiled, "min_repeats", 3)
+    compiled = []
+    real = capture.Compiled.record
+
+    def counting(self, step):
+        compiled.append(step)
+        real(self, step)
+
+    monkeypatch.setattr(capture.Compiled, "record", counting)
+    return compiled
+
+
+def _rounds(mode: str, opt: OptimizerConfig, mu: float, rounds: int = 3):
+    """Three rounds of a stack of unequal clients (clients that finish early), each round
+    with new seeds and a new proximal centre: what a run's rounds give the kept recordings."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    data = _data([16, 8, 24, 13, 40])  # one batch width (8) whatever the step: one graph to compile
+    params = _stack(model, 5)
+    out = []
+    for rnd in range(rounds):
+        round_data = dataclasses.replace(data, seeds=[s + 7 * rnd for s in data.seeds])
+        reg = Proximal({k: v.mean(0) for k, v in params.items()}, mu) if mu else None
+        params, state, loss = train_stack(model, params, round_data, LocalSchedule(8, 3.0, capture=mode), opt,
+                                          opt.lr, regulariser=reg)
+        out.append((params, state, loss))
+    return out
+
+
+CASES = {
+    "sgd momentum, dropout": (OptimizerConfig(lr=0.1, momentum=0.9), 0.0),
+    "adam, proximal term (FedProx, Ditto)": (OptimizerConfig(kind="adam", lr=0.01), 0.5),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recordings, case):
+    opt, mu = CASES[case]
+    eager = _rounds("off", opt, mu)
+    assert not fresh_recordings
+    compiled = _rounds("compile", opt, mu)
+    assert fresh_recordings, "no step was compiled"
+    made = len(fresh_recordings)
+    for (pa, sa, la), (pb, sb, lb) in zip(eager, compiled, strict=True):
+        for k in pa:
+            torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6)
+        for k in sa:
+            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+    # the rounds reused one kept step, and each of its keys was compiled once
+    assert len(local._RECORDED) == 1
+    keys = [step.args[2] for step in fresh_recordings]
+    assert len(set(keys)) == len(keys) == made
+
+
+def test_a_replay_that_must_compile_again_is_given_the_settings_and_leaves_them_as_they_were():
+    """A compiled graph whose guard fails (an attribute the step reads changed) is traced again, which needs
+    dynamo's ``torch.autograd.grad`` tracing: the replay runs it with the settings and puts them back."""
+
+    class Step:
+        scale = 1.0
+
+        def __call__(self, w: torch.Tensor, out: torch.Tensor) -> None:
+            leaf = w.detach().requires_grad_(True)
+            (grad,) = torch.autograd.grad((leaf * leaf).sum() * self.scale, [leaf])
+            out.copy_(grad)
+
+    from functools import partial
+
+    step, w, out = Step(), torch.arange(4.0), torch.zeros(4)
+    config = torch._dynamo.config
+    before = config.trace_autograd_ops, config.recompile_limit
+    recorder = capture.Compiled()
+    recorder.record(partial(step, w, out))
+    recorder.replay()
+    assert torch.equal(out, 2 * w)
+    step.scale = 3.0
+    recorder.replay()
+    assert torch.equal(out, 6 * w)
+    assert (config.trace_autograd_ops, config.recompile_limit) == before
+
+
+def test_compile_on_a_device_without_a_compiled_recorder_is_refused(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with pytest.raises(ConfigError) as err:
+        resolve_device("cuda", "compile")
+    message = str(err.value)
+    assert "train.capture = 'compile'" in message and "cuda" in message and "'auto' or 'off'" in message
+    assert resolve_device("cpu", "compile") == torch.device("cpu")
+    assert build_config({}, {"train": {"capture": "compile"}}).train.capture == "compile"
+
+
+def test_the_cli_refuses_compile_on_cuda_in_one_line_before_making_a_run_directory(tmp_path, monkeypatch, capsys):
+    from hetfed.cli import main
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    out = tmp_path / "run"
+    assert main(["run", "--set", "train.capture=compile", "--set", "train.device=cuda", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "train.capture = 'compile'" in err
+    assert not out.exists()
+
+
+def test_a_run_with_compiled_steps_matches_an_eager_run(tmp_path):
+    """The default experiment's ReLU MLP (dropout 0.5, unequal clients, a sampled cohort), three rounds both ways:
+    the same metrics to float tolerance."""
+    from hetfed.runs.runner import run_experiment
+
+    finals = {}
+    for mode in ("off", "compile"):
+        cfg = build_config({}, {"train": {"rounds": 3, "capture": mode}, "methods": [
+            {"name": "relu", "algorithm": "fedavg", "model": {"kind": "mlp", "dropout": 0.5}}]})
+        summary = run_experiment(cfg, out=tmp_path / mode, progress=False).summary
+        finals[mode] = summary["methods"]["relu"]["final"]
+    for k, v in finals["off"].items():
+        if isinstance(v, float):
+            assert finals["compile"][k] == pytest.approx(v, abs=1e-5), k
