@@ -20,7 +20,7 @@ https://github.com/TsingZ0/PFLlib``) as ``--pfllib``. Seconds per round are the 
 evaluation) and the ratios come from the same run. Timings are never asserted.
 
     python benchmarks/peers.py --pfllib PFLlib/system [--pfl] [--rounds 2] [--threads 2] [--device cpu|cuda]
-                               [--model mlp|cnn4] [--samples 24000] [--algorithms fedavg ditto]
+                               [--model mlp|cnn4] [--samples 24000] [--algorithms fedavg ditto] [--compile]
 """
 
 from __future__ import annotations
@@ -179,6 +179,8 @@ def main() -> None:
     ap.add_argument("--samples", type=int, default=24_000)
     ap.add_argument("--algorithms", nargs="+", default=["fedavg", "ditto"], choices=["fedavg", "ditto"])
     ap.add_argument("--pfl", action="store_true", help="also pfl-research's simulation (FedAvg, MLP)")
+    ap.add_argument("--compile", action="store_true",
+                    help="on a CPU, also hetfed's executors with train.capture compile (torch.compile)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fed = federation(n=args.samples, images=args.model == "cnn4")
@@ -192,6 +194,9 @@ def main() -> None:
             rows["pfl_research"] = pfl_round_seconds(fed, args.rounds, args.device)
         for name, executor in (("hetfed_sequential", SequentialExecutor()), ("hetfed_vectorised", VectorisedExecutor())):
             rows[name] = run(fed, executor, args.rounds, algorithm, args.device, model_kind=args.model)[0]
+            if args.compile and args.device == "cpu":  # its steps compiled (train.capture: compile)
+                rows[f"{name}_compiled"] = run(fed, executor, args.rounds, algorithm, args.device, capture="compile",
+                                               model_kind=args.model)[0]
         out[algorithm] = {k: {"seconds_per_round": round(v, 3),
                               "speedup_vs_pfllib": round(rows["pfllib"] / v, 2)} for k, v in rows.items()}
     print(json.dumps(out, indent=2))

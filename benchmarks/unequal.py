@@ -10,7 +10,8 @@ The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 �
   finished their plan still compute, masked, until the longest is done);
 - ``vectorised``: stacks of clients with similar numbers of steps (:func:`hetfed.engine.local.stack_blocks`).
 
-For each: seconds per round (training only), the stack occupancy (real client-steps ÷ computed client-steps)
+``--compile`` (CPU) adds the sequential and vectorised executors with ``train.capture: compile`` (their steps
+compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only), the stack occupancy (real client-steps ÷ computed client-steps)
 and the largest parameter difference from the sequential run (the executors agree to float tolerance).
 Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
 batched-matmul forward, autograd backward and SGD update per step: pre-made parameters and batch order, no
@@ -20,7 +21,7 @@ its second convolution, where most of its FLOPs are).
 Ratios are from one run; timings are never asserted.
 
     python benchmarks/unequal.py [--rounds 2] [--threads 2] [--device cpu|cuda] [--json]
-                                 [--model mlp|cnn4] [--samples 24000] [--executors sequential vectorised …]
+                                 [--model mlp|cnn4] [--samples 24000] [--executors sequential vectorised …] [--compile]
 """
 
 from __future__ import annotations
@@ -74,7 +75,9 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
     train = TrainConfig(rounds=rounds, client_fraction=1.0, eval_every=10_000, local_epochs=1, batch_size=10,
                         optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture)
     algo = build_algorithm(algorithm, model, train)
-    simulate(algo, fed, train.model_copy(update={"rounds": 1}), 0, executor=executor)  # warm-up
+    # warm-up (train.capture compile: its shapes are compiled there, once they have come up often enough)
+    warm = 2 if capture == "compile" else 1
+    simulate(algo, fed, train.model_copy(update={"rounds": warm}), 0, executor=executor)
     t0 = time.perf_counter()
     result = simulate(algo, fed, train, 0, executor=executor)
     per_round = result.train_seconds / rounds if result.train_seconds else (time.perf_counter() - t0) / rounds
@@ -181,6 +184,8 @@ def main() -> None:
     ap.add_argument("--model", default="mlp", choices=list(MODELS))
     ap.add_argument("--samples", type=int, default=24_000, help="the synthetic pool split over the 20 clients")
     ap.add_argument("--executors", nargs="+", default=list(EXECUTORS), choices=list(EXECUTORS))
+    ap.add_argument("--compile", action="store_true",
+                    help="on a CPU, also time the sequential and vectorised executors with train.capture compile")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     fed = federation(n=args.samples, images=args.model == "cnn4")
@@ -208,6 +213,13 @@ def main() -> None:
             rows[name] = {"seconds_per_round": round(seconds, 3), "occupancy": round(stack_occupancy(steps, blocks), 3),
                           "stacks": len(blocks),
                           f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref))}
+        if args.compile and args.device == "cpu":  # the same executors with their steps compiled (train.capture)
+            for name in [n for n in ("sequential", "vectorised") if n in args.executors]:
+                seconds, params, _ = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,
+                                         capture="compile", model_kind=args.model)
+                rows[f"{name}_compiled"] = {"seconds_per_round": round(seconds, 3),
+                                            f"max_abs_diff_vs_{args.executors[0]}":
+                                                float(max((params[k] - ref[k]).abs().max() for k in ref))}
         if args.device == "cuda" and "vectorised" in rows:  # the grouped stacks, every step launched eagerly
             rows["vectorised"]["eager_seconds_per_round"] = round(
                 run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off",
@@ -227,7 +239,7 @@ def main() -> None:
                 limit = gemm_limit_seconds(real, fed.input_shape[0], 200, device=args.device)
             rows["stacked_ideal"] = {"seconds_per_round": round(ideal, 3)}
             rows["gemm_limit"] = {"seconds_per_round": round(limit, 3)}
-            for name in ("sequential", "vectorised"):
+            for name in ("sequential", "vectorised", "sequential_compiled", "vectorised_compiled"):
                 if name in rows:
                     rows[name]["over_stacked_ideal"] = round(rows[name]["seconds_per_round"] / ideal, 2)
                     rows[name]["over_gemm_limit"] = round(rows[name]["seconds_per_round"] / limit, 2)
