@@ -110,6 +110,33 @@ def test_a_replay_that_must_compile_again_is_given_the_settings_and_leaves_them_
     assert (config.trace_autograd_ops, config.recompile_limit) == before
 
 
+def test_past_torchs_limit_of_graphs_a_new_shape_runs_eagerly_with_one_note(monkeypatch):
+    """torch keeps every recording's graphs on the one step function, up to a limit per process (a long sweep of
+    changing shapes could reach it): a shape beyond it runs eagerly, said once, instead of failing the run."""
+    from functools import partial
+
+    from hetfed.errors import HetfedNote
+
+    monkeypatch.setattr(capture, "RECOMPILE_LIMIT", 1)
+    monkeypatch.setattr(capture.Compiled, "limit_noted", False)
+
+    def square_grad(w: torch.Tensor, out: torch.Tensor) -> None:
+        leaf = w.detach().requires_grad_(True)
+        (grad,) = torch.autograd.grad((leaf * leaf).sum(), [leaf])
+        out.copy_(grad)
+
+    torch._dynamo.reset()  # this test's function starts with no graphs
+    with torch._dynamo.config.patch(recompile_limit=1), \
+            pytest.warns(HetfedNote, match="steps of new shapes run eagerly") as noted:
+        for n in (3, 4, 5):  # one graph, then two shapes past the limit
+            w, out = torch.arange(float(n)), torch.zeros(n)
+            recorder = capture.Compiled()
+            recorder.record(partial(square_grad, w, out))
+            recorder.replay()
+            assert torch.equal(out, 2 * w)
+    assert len([w for w in noted if issubclass(w.category, HetfedNote)]) == 1
+
+
 def test_compile_on_a_device_without_a_compiled_recorder_is_refused(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     with pytest.raises(ConfigError) as err:

@@ -21,6 +21,7 @@ without a GPU.
 
 from __future__ import annotations
 
+import warnings
 from collections import Counter
 from collections.abc import Callable, Hashable, Sequence
 from contextlib import AbstractContextManager, nullcontext
@@ -29,6 +30,8 @@ from functools import partial
 from typing import Any, Protocol
 
 import torch
+
+from hetfed.errors import HetfedNote
 
 #: a step: (static inputs, the step number as a 0-d int64 tensor, its key, host values) → None; effects in place
 Step = Callable[[Sequence[torch.Tensor], torch.Tensor, Any, Any], None]
@@ -111,16 +114,24 @@ class Compiled:
     #: shape are not worth seconds of compiling)
     min_repeats = 20
 
+    #: torch's graphs of the step function reached :data:`RECOMPILE_LIMIT` in this process: said once
+    limit_noted = False
+
     def record(self, step: Callable[[], None]) -> None:
         assert isinstance(step, partial)
-        self._args, self._kwargs = step.args, step.keywords
+        self._step = step
         self._compiled = torch.compile(step.func, fullgraph=True, dynamic=False)
         self._made = False
+        self._eager = False
 
     def replay(self) -> None:
+        step = self._step
+        if self._eager:
+            step()
+            return
         if self._made:
             try:
-                self._compiled(*self._args, **self._kwargs)
+                self._compiled(*step.args, **step.keywords)
                 return
             except torch._dynamo.exc.TorchDynamoException:  # a guard failed and tracing anew needs the settings
                 pass
@@ -128,7 +139,17 @@ class Compiled:
         before = config.trace_autograd_ops, config.recompile_limit
         config.trace_autograd_ops, config.recompile_limit = True, max(before[1], RECOMPILE_LIMIT)
         try:
-            self._compiled(*self._args, **self._kwargs)
+            self._compiled(*step.args, **step.keywords)
+        except torch._dynamo.exc.FailOnRecompileLimitHit:
+            # the process has compiled the step function's limit of graphs (a long sweep of changing shapes): this
+            # shape runs eagerly (dynamo refused before running anything)
+            self._eager = True
+            if not Compiled.limit_noted:
+                Compiled.limit_noted = True
+                warnings.warn(f"train.capture = 'compile': this process has compiled {RECOMPILE_LIMIT} step shapes "
+                              "(torch's limit for one function); steps of new shapes run eagerly", HetfedNote,
+                              stacklevel=2)
+            step()
         finally:
             config.trace_autograd_ops, config.recompile_limit = before
         self._made = True
