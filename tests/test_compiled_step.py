@@ -22,7 +22,8 @@ from hetfed.executors.simulate import resolve_device
 from hetfed.models import MLP
 from tests.test_capture import _data, _stack
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(capture.compiler_missing(), reason="torch.compile needs a C++ compiler (g++)")]
 
 
 @pytest.fixture(autouse=True)
@@ -145,6 +146,19 @@ def test_compile_on_a_device_without_a_compiled_recorder_is_refused(monkeypatch)
     assert "train.capture = 'compile'" in message and "cuda" in message and "'auto' or 'off'" in message
     assert resolve_device("cpu", "compile") == torch.device("cpu")
     assert build_config({}, {"train": {"capture": "compile"}}).train.capture == "compile"
+
+
+def test_compile_without_a_cpp_compiler_is_refused_up_front(monkeypatch):
+    from torch._inductor import cpp_builder
+
+    def missing() -> str:
+        raise FileNotFoundError("g++")
+
+    monkeypatch.setattr(cpp_builder, "get_cpp_compiler", missing)
+    assert capture.compiler_missing()
+    with pytest.raises(ConfigError, match=r"train.capture = 'compile' is not allowed here: .*C\+\+ compiler"):
+        resolve_device("cpu", "compile")
+    assert resolve_device("cpu", "auto") == torch.device("cpu")
 
 
 def test_the_cli_refuses_compile_on_cuda_in_one_line_before_making_a_run_directory(tmp_path, monkeypatch, capsys):

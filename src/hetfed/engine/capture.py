@@ -162,6 +162,18 @@ RECOMPILE_LIMIT = 64
 BACKENDS: dict[str, dict[str, type]] = {"auto": {"cuda": CudaGraph}, "compile": {"cpu": Compiled}}
 
 
+def compiler_missing() -> bool:
+    """Whether ``torch.compile`` lacks the C++ compiler it builds a CPU graph's kernels with (``g++``, or ``$CXX``
+    as torch's inductor looks for it): without one, ``train.capture: compile`` would fail at its first graph."""
+    from torch._inductor import cpp_builder
+
+    try:
+        cpp_builder.get_cpp_compiler()
+    except Exception:  # inductor's InvalidCxxCompiler, or any failure to run the compiler
+        return True
+    return False
+
+
 def backend(mode: str, device: torch.device) -> type | None:
     """The recorder for ``train.capture`` ``mode`` on ``device`` (None: its steps run eagerly)."""
     return BACKENDS.get(mode, {}).get(device.type)

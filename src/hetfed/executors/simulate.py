@@ -57,6 +57,10 @@ def resolve_device(kind: str, capture: str = "auto") -> torch.device:
         where = [d for d, _ in recording.BACKENDS.get(capture, {}).items()]
         raise ConfigError(f"train.capture = {capture!r} is not allowed on a {device.type} device (train.device = "
                           f"{kind!r}): it records steps on {where}; expected 'auto' or 'off' there")
+    if capture == "compile" and recording.compiler_missing():
+        raise ConfigError("train.capture = 'compile' is not allowed here: torch.compile builds a CPU step's kernels "
+                          "with a C++ compiler and none was found (g++, or $CXX); expected 'auto' or 'off', or install "
+                          "one")
     return device
 
 
