@@ -273,8 +273,9 @@ class TrainConfig(_Strict):
     capture: Literal["auto", "off", "compile"] = Field(
         "auto", description="auto: on CUDA, a stacked training step is recorded once as a CUDA graph and replayed "
         "(steps of methods with their own objective, constraint or extra loss term, and models with buffers, run "
-        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile, ~2x faster "
-        "for small models but seconds of compiling per batch shape, for long runs; off: every step eager")
+        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile once a batch "
+        "shape has come up 20 times, ~2x faster for small models but ~45 s of compiling per shape the first time on "
+        "a machine (~1 s from torch's cache after), for long runs; off: every step eager")
     chunk_clients: int | None = Field(
         None, ge=1, description="at most this many clients trained at once (memory budget)"
     )
