@@ -4,7 +4,7 @@ the thread that started it, and a stacked sweep's runs are threads).
 
 Prints JSON: the sweep's wall seconds, the samples taken, and for the functions seen most, the share of the
 samples whose stack holds them (inclusive) and of those that end in them (own), over threads that were working
-(a thread waiting on a lock, an event or a sleep is not counted). Needs nothing but the standard library and
+(a thread waiting on a lock, an event, a sleep or a C queue's ``get`` is not counted). Needs nothing but the standard library and
 hetfed, so it runs on a bare GPU machine; nothing is asserted.
 
     python benchmarks/profile_sweep.py [--seeds 5] [--rounds 10] [--stack] [--device cpu|cuda] [--top 40]
@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import collections
 import json
+import linecache
 import sys
 import tempfile
 import threading
@@ -36,6 +37,17 @@ WAITING = {"wait", "acquire", "_wait_for_tstate_lock", "sleep", "join", "select"
 def _name(frame: FrameType) -> str:
     code = frame.f_code
     return f"{Path(code.co_filename).name}:{code.co_name}"
+
+
+#: source lines whose call waits inside C, with no frame of its own: the innermost frame is the caller's, on that
+#: line (a stacked sweep's thread waiting for work: ``SimpleQueue.get`` is C)
+BLOCKING_CALLS = ("_work.get()",)
+
+
+def _blocked_in_c(frame: FrameType) -> bool:
+    lineno = frame.f_lineno  # None for a frame that has not started its first line
+    line = linecache.getline(frame.f_code.co_filename, lineno) if lineno is not None else ""
+    return any(call in line for call in BLOCKING_CALLS)
 
 
 class Sampler:
@@ -61,7 +73,7 @@ class Sampler:
         me = threading.get_ident()
         while not self._stop.wait(self.interval):
             for ident, frame in sys._current_frames().items():
-                if ident == me or frame.f_code.co_name in WAITING:
+                if ident == me or frame.f_code.co_name in WAITING or _blocked_in_c(frame):
                     continue
                 self.samples += 1
                 self.own[_name(frame)] += 1
