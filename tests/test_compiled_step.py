@@ -109,6 +109,12 @@ def test_a_replay_that_must_compile_again_is_given_the_settings_and_leaves_them_
     recorder.replay()
     assert torch.equal(out, 6 * w)
     assert (config.trace_autograd_ops, config.recompile_limit) == before
+    # the same when the process's own recompile limit is below the graphs the function already has
+    step.scale = 5.0
+    with torch._dynamo.config.patch(recompile_limit=1):
+        recorder.replay()
+        assert config.recompile_limit == 1
+    assert torch.equal(out, 10 * w)
 
 
 def test_past_torchs_limit_of_graphs_a_new_shape_runs_eagerly_with_one_note(monkeypatch):

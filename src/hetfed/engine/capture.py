@@ -99,8 +99,9 @@ class Compiled:
     the same step costs ~0.45× the eager one (``benchmarks/engine.py --compile``). Compiling a key costs ~45 s the
     first time on a machine (inductor builds C++ with the system's compiler; this project's 2-core CPU) and ~1 s
     once torch's cache holds it (``/tmp/torchinductor_<user>``, across processes), so this is
-    ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, never ``auto``. The numbers are the eager step's to float tolerance (inductor
-    fuses and reorders float arithmetic), not bit for bit; the dropout streams' integer hashing is exact.
+    ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, never ``auto``. The
+    numbers are the eager step's to float tolerance (inductor fuses and reorders float arithmetic), not bit for
+    bit; the dropout streams' integer hashing is exact.
 
     Every recording compiles the same function (:class:`hetfed.engine.local._Step`'s call), so torch keeps their
     graphs on one code object. Compiling needs two of dynamo's settings other than the process's: tracing
@@ -133,7 +134,9 @@ class Compiled:
             try:
                 self._compiled(*step.args, **step.keywords)
                 return
-            except torch._dynamo.exc.TorchDynamoException:  # a guard failed and tracing anew needs the settings
+            # a guard failed, and tracing anew needs the settings (the process's recompile limit may be below the
+            # graphs the step function has)
+            except (torch._dynamo.exc.TorchDynamoException, torch._dynamo.exc.FailOnRecompileLimitHit):
                 pass
         config = torch._dynamo.config
         before = config.trace_autograd_ops, config.recompile_limit
