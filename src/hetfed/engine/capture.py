@@ -118,6 +118,13 @@ class Compiled:
     #: torch's graphs of the step function reached :data:`RECOMPILE_LIMIT` in this process: said once
     limit_noted = False
 
+    @staticmethod
+    def missing() -> str | None:
+        """What compiling lacks on this machine (None: nothing)."""
+        if compiler_missing():
+            return "torch.compile builds a CPU step's kernels with a C++ compiler and none was found (g++, or $CXX)"
+        return None
+
     def record(self, step: Callable[[], None]) -> None:
         assert isinstance(step, partial)
         self._step = step
@@ -177,9 +184,26 @@ def compiler_missing() -> bool:
     return False
 
 
+#: ``train.capture`` modes that leave a device without a recorder to eager steps (``auto`` records where it can);
+#: any other mode asks for its recorder and is refused where there is none
+WHERE_AVAILABLE = {"auto", "off"}
+
+
 def backend(mode: str, device: torch.device) -> type | None:
     """The recorder for ``train.capture`` ``mode`` on ``device`` (None: its steps run eagerly)."""
     return BACKENDS.get(mode, {}).get(device.type)
+
+
+def refusal(mode: str, device: torch.device) -> str | None:
+    """Why ``train.capture`` ``mode`` cannot apply on ``device`` (None: it can): a mode that asks for a recorder the
+    device lacks, or one whose recorder lacks what it needs there (``missing()``: compile's C++ compiler)."""
+    recorder = backend(mode, device)
+    if recorder is None:
+        if mode in WHERE_AVAILABLE:
+            return None
+        return f"it records steps on {sorted(BACKENDS.get(mode, {}))} only, not on a {device.type} device"
+    missing = getattr(recorder, "missing", None)
+    return missing() if missing is not None else None
 
 
 def available(device: torch.device, mode: str = "auto") -> bool:

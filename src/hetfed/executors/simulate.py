@@ -53,14 +53,10 @@ def resolve_device(kind: str, capture: str = "auto") -> torch.device:
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device = 'cuda' is not allowed here: no CUDA device; expected 'cpu' or 'auto'")
     device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind)
-    if capture not in ("auto", "off") and not recording.available(device, capture):
-        where = [d for d, _ in recording.BACKENDS.get(capture, {}).items()]
-        raise ConfigError(f"train.capture = {capture!r} is not allowed on a {device.type} device (train.device = "
-                          f"{kind!r}): it records steps on {where}; expected 'auto' or 'off' there")
-    if capture == "compile" and recording.compiler_missing():
-        raise ConfigError("train.capture = 'compile' is not allowed here: torch.compile builds a CPU step's kernels "
-                          "with a C++ compiler and none was found (g++, or $CXX); expected 'auto' or 'off', or install "
-                          "one")
+    refused = recording.refusal(capture, device)
+    if refused is not None:
+        raise ConfigError(f"train.capture = {capture!r} is not allowed here (train.device = {kind!r}): {refused}; "
+                          f"expected one of {sorted(recording.WHERE_AVAILABLE)}")
     return device
 
 
