@@ -213,7 +213,7 @@ def test_the_step_number_and_inputs_reach_a_replay_through_the_static_tensors(re
 
 def test_capture_off_and_cpu_runs_never_record():
     """Without a recorder for the device (a CPU here), or with train.capture = off, every step is eager."""
-    assert not capture.available(torch.device("cpu"))
+    assert capture.backend("auto", torch.device("cpu")) is None
     assert build_config({}, {"train": {"capture": "off"}}).train.capture == "off"
     assert LocalSchedule.from_train(build_config({}, {"train": {"capture": "off"}}).train).capture == "off"
     assert LocalSchedule.from_train(build_config({}, {}).train).capture == "auto"

@@ -206,10 +206,6 @@ def refusal(mode: str, device: torch.device) -> str | None:
     return missing() if missing is not None else None
 
 
-def available(device: torch.device, mode: str = "auto") -> bool:
-    return backend(mode, device) is not None
-
-
 @dataclass
 class _Slot:
     inputs: list[torch.Tensor]  # the static inputs the recorded step reads
