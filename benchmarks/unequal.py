@@ -43,7 +43,6 @@ from hetfed.engine.local import LocalSchedule, stack_blocks, stack_occupancy
 from hetfed.executors.inprocess import (
     SequentialExecutor,
     VectorisedExecutor,
-    memory_chunk,
     step_overhead,
 )
 from hetfed.executors.simulate import simulate
@@ -76,7 +75,7 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
                         optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture)
     algo = build_algorithm(algorithm, model, train)
     # warm-up (train.capture compile: its shapes are compiled there, once they have come up often enough)
-    warm = 2 if capture == "compile" else 1
+    warm = 4 if capture == "compile" else 1
     simulate(algo, fed, train.model_copy(update={"rounds": warm}), 0, executor=executor)
     t0 = time.perf_counter()
     result = simulate(algo, fed, train, 0, executor=executor)
@@ -85,23 +84,25 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
 
 
 def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: torch.Tensor,
-                   fresh, forward, lr: float, batch: int, repeats: int, device: str) -> float:
+                   fresh, forward, lr: float, batch: int, repeats: int, device: str, plain: bool = False) -> float:
     """Each stack of ``blocks`` for its longest client's steps (full batches of pre-made rows of ``x``): ``forward``
-    over ``fresh(m)`` stacked parameters, autograd backward, an SGD update; the fastest of ``repeats``."""
+    over ``fresh(m)`` stacked parameters, autograd backward, an SGD update; the fastest of ``repeats``. ``plain``:
+    each step computes only the stack's clients that still train (the first ones of a longest-first stack)."""
 
     def one() -> float:
         t0 = time.perf_counter()
         for block in blocks:
-            m = len(block)
-            params = fresh(m)
+            whole = fresh(len(block))
             for s in range(max(steps[i] for i in block)):
+                m = sum(1 for i in block if steps[i] > s) if plain else len(block)
                 rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % len(x)
-                leaves = [p.requires_grad_(True) for p in params]
+                leaves = [p[:m].requires_grad_(True) for p in whole]
                 logits = forward(leaves, x[rows])
                 loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[rows].reshape(-1))
                 grads = torch.autograd.grad(loss * m, leaves)
                 with torch.no_grad():
-                    params = [p.detach().sub_(g, alpha=lr) for p, g in zip(leaves, grads, strict=True)]
+                    for p, g in zip(leaves, grads, strict=True):
+                        p.detach().sub_(g, alpha=lr)
         _sync(device)
         return time.perf_counter() - t0
 
@@ -110,7 +111,7 @@ def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y
 
 
 def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,
-                  repeats: int = 3, device: str = "cpu") -> float:
+                  repeats: int = 3, device: str = "cpu", plain: bool = False) -> float:
     """The stacked ideal of the MLP d-hidden-10 over ``blocks``: batched matmuls."""
     gen = torch.Generator().manual_seed(0)
     x, y = torch.randn(4096, d, generator=gen).to(device), torch.randint(0, 10, (4096,), generator=gen).to(device)
@@ -122,11 +123,11 @@ def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int
     def forward(leaves: list[torch.Tensor], xb: torch.Tensor) -> torch.Tensor:
         return torch.baddbmm(leaves[3], torch.relu(torch.baddbmm(leaves[1], xb, leaves[0])), leaves[2])
 
-    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.01, batch, repeats, device)
+    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.01, batch, repeats, device, plain)
 
 
 def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 10, repeats: int = 2,
-                       device: str = "cpu") -> float:
+                       device: str = "cpu", plain: bool = False) -> float:
     """The stacked ideal of the CNN round over ``blocks``, each stack's forward in the form each device runs
     fastest (grouped convolutions through ``torch.func.vmap`` on CUDA, a loop of plain convolutions on a CPU, as
     hetfed's model chooses)."""
@@ -139,7 +140,7 @@ def cnn4_ideal_seconds(blocks: list[list[int]], steps: list[int], batch: int = 1
 
     forward = conv_forms.loop if device == "cpu" else conv_forms.FORMS["vmap"]
 
-    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.005, batch, repeats, device)
+    return _stacked_ideal(blocks, steps, x, y, fresh, forward, 0.005, batch, repeats, device, plain)
 
 
 def conv_limit_seconds(samples: int, repeats: int = 5, device: str = "cpu") -> float:
@@ -198,20 +199,20 @@ def main() -> None:
     for algorithm in args.algorithms:
         rows = {}
         ref = None
+        grouped: list[list[int]] = []  # the vectorised executor's stacks
+        plain = False  # whether its steps compute only the clients still training
         for name in args.executors:
-            seconds, params, model = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,
-                                         model_kind=args.model)
+            executor = EXECUTORS[name]()
+            seconds, params, model = run(fed, executor, args.rounds, algorithm, args.device, model_kind=args.model)
             if ref is None:
                 ref = params
-            cap = memory_chunk(model, 10, 128.0) if model.stacks_clients(args.device) else 1  # as the executor
-            if name == "sequential":
-                blocks = [[i] for i in range(len(steps))]
-            elif name == "vectorised_one_stack":
-                blocks = [list(range(i, min(i + cap, len(steps)))) for i in range(0, len(steps), cap)]
-            else:
-                blocks = stack_blocks(steps, cap, step_overhead(model, 10, args.device))
-            rows[name] = {"seconds_per_round": round(seconds, 3), "occupancy": round(stack_occupancy(steps, blocks), 3),
-                          "stacks": len(blocks),
+            cap = executor.chunk_size(model, 10)
+            blocks = [[i] for i in range(len(steps))] if name == "sequential" else executor.blocks(steps, cap)
+            plain = executor.algo.capabilities.plain_steps and not model.buffer_names
+            if name == "vectorised":
+                grouped = blocks
+            rows[name] = {"seconds_per_round": round(seconds, 3),
+                          "occupancy": round(stack_occupancy(steps, blocks, plain), 3), "stacks": len(blocks),
                           f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref))}
         if args.compile and args.device == "cpu":  # the same executors with their steps compiled (train.capture)
             for name in [n for n in ("sequential", "vectorised") if n in args.executors]:
@@ -220,6 +221,8 @@ def main() -> None:
                 rows[f"{name}_compiled"] = {"seconds_per_round": round(seconds, 3),
                                             f"max_abs_diff_vs_{args.executors[0]}":
                                                 float(max((params[k] - ref[k]).abs().max() for k in ref))}
+                if name == "vectorised":
+                    rows[f"{name}_compiled"]["occupancy"] = round(stack_occupancy(steps, grouped, plain, True), 3)
         if args.device == "cuda" and "vectorised" in rows:  # the grouped stacks, every step launched eagerly
             rows["vectorised"]["eager_seconds_per_round"] = round(
                 run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off",
@@ -229,13 +232,13 @@ def main() -> None:
             for row in rows.values():
                 row["speedup_vs_sequential"] = round(seq / row["seconds_per_round"], 2)
         if algorithm == "fedavg":  # the floors of a FedAvg round (one pass of every client's steps)
-            grouped = stack_blocks(steps, cap, step_overhead(model, 10, args.device))  # the executor's stacks
+            grouped = grouped or stack_blocks(steps, cap, step_overhead(model, 10, args.device))
             real = sum(min(s, 10 * n) for s, n in zip(sizes, steps, strict=True))
             if args.model == "cnn4":
-                ideal = cnn4_ideal_seconds(grouped, steps, device=args.device)
+                ideal = cnn4_ideal_seconds(grouped, steps, device=args.device, plain=plain)
                 limit = conv_limit_seconds(real, device=args.device)
             else:
-                ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200, device=args.device)
+                ideal = ideal_seconds(grouped, steps, fed.input_shape[0], 200, device=args.device, plain=plain)
                 limit = gemm_limit_seconds(real, fed.input_shape[0], 200, device=args.device)
             rows["stacked_ideal"] = {"seconds_per_round": round(ideal, 3)}
             rows["gemm_limit"] = {"seconds_per_round": round(limit, 3)}

@@ -98,3 +98,134 @@ def test_a_rounds_upload_is_in_client_id_order_whatever_the_stacks():
         streamed.add(up(ids))
     reduced = streamed.result()
     assert reduced.client_ids == [0, 1, 3, 5, 7] and reduced.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]
+
+
+def _widths(monkeypatch, model):
+    """The number of clients each forward of ``model`` computes."""
+    seen: list[int] = []
+    real = model.forward
+
+    def forward(params, x, noise=None):
+        seen.append(x.shape[0])
+        return real(params, x, noise)
+
+    monkeypatch.setattr(model, "forward", forward)
+    return seen
+
+
+def _stack_data(sizes, d=6):
+    from hetfed.engine.types import ClientData
+
+    gen = torch.Generator().manual_seed(0)
+    x, y = torch.randn(sum(sizes), d, generator=gen), torch.randint(0, 4, (sum(sizes),), generator=gen)
+    bounds = np.cumsum([0, *sizes])
+    return ClientData(list(range(len(sizes))), x, y, [np.arange(bounds[i], bounds[i + 1]) for i in range(len(sizes))],
+                      [11 * k + 3 for k in range(len(sizes))])
+
+
+def _params(model, n):
+    gen = torch.Generator().manual_seed(1)
+    return {s.name: torch.stack([s.init(gen, s.shape) for _ in range(n)]) for s in model.specs()}
+
+
+@pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9), None),
+                                    (OptimizerConfig(kind="adam", lr=0.01), None),
+                                    (OptimizerConfig(lr=0.1), 0.5)])
+def test_a_plain_step_computes_only_the_clients_still_training_and_gives_each_its_own_numbers(monkeypatch, opt, mu):
+    """A stack in any order (here: id order, the longest client in the middle): every step computes exactly the
+    clients that still train — the real client-steps, no masked ones — and each client ends where it would alone
+    (its dropout masks and batches are its own), returned in the order it came."""
+    from dataclasses import replace
+
+    from hetfed.engine.local import LocalSchedule, Proximal, train_stack
+    from hetfed.models import MLP
+
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    sizes = [37, 12, 50, 3, 24, 0]
+    data, params = _stack_data(sizes), _params(model, len(sizes))
+    sched = LocalSchedule(batch_size=8, epochs=2)
+    centre = {k: v[0] for k, v in params.items()}
+
+    def reg():
+        return Proximal(centre, mu) if mu else None
+
+    alone = []
+    for k in range(len(sizes)):
+        one = replace(data, client_ids=[k], indices=[data.indices[k]], seeds=[data.seeds[k]])
+        alone.append(train_stack(model, {n: v[k:k + 1] for n, v in params.items()}, one, sched, opt, opt.lr,
+                                 regulariser=reg()))
+    widths = _widths(monkeypatch, model)
+    trained, state, loss = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg())
+    steps = [sched.n_steps(m) if m else 0 for m in sizes]
+    assert widths == [sum(1 for s in steps if s > t) for t in range(max(steps))]
+    assert sum(widths) == sum(steps)
+    for k, (p, s, lo) in enumerate(alone):
+        for name in p:
+            torch.testing.assert_close(trained[name][k:k + 1], p[name], rtol=1e-6, atol=1e-6)
+        for name in s:
+            torch.testing.assert_close(state[name][k:k + 1], s[name], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(loss[k:k + 1], lo, rtol=1e-6, atol=1e-6)
+
+
+def test_a_recorded_plain_step_computes_a_few_widths_and_a_step_with_a_term_the_whole_stack(monkeypatch):
+    """Replayed from recordings, a step computes the clients still training rounded up to a power of two (at most the
+    stack): one recording serves several steps. A step with a loss term of the caller's (which may hold tensors of
+    the whole stack) computes every client, masked."""
+    from hetfed.engine import capture, local
+    from hetfed.engine.local import LocalSchedule, computed_clients, train_stack
+    from hetfed.models import MLP
+    from tests.test_capture import Replay
+
+    monkeypatch.setitem(capture.BACKENDS["auto"], "cpu", Replay)
+    monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())
+    model = MLP(6, [16, 8], 4)
+    sizes = [37, 12, 50, 3, 24]
+    opt = OptimizerConfig(lr=0.1)
+    sched = LocalSchedule(batch_size=8, epochs=2, capture="auto")
+    widths = _widths(monkeypatch, model)
+    train_stack(model, _params(model, 5), _stack_data(sizes), sched, opt, 0.1)
+    steps = sorted((sched.n_steps(m) for m in sizes), reverse=True)
+    training = [sum(1 for s in steps if s > t) for t in range(steps[0])]
+    assert widths == [computed_clients(a, 5, True) for a in training]  # eager warm-ups and replays alike
+    assert set(widths) == {5, 4, 2, 1}
+    widths.clear()
+    train_stack(model, _params(model, 5), _stack_data(sizes), replace_capture(sched, "off"), opt, 0.1,
+                regulariser=lambda p: sum((v ** 2).flatten(1).sum(1) for v in p.values()))
+    assert widths == [5] * steps[0]
+
+
+def replace_capture(sched, mode):
+    from dataclasses import replace
+
+    return replace(sched, capture=mode)
+
+
+@settings(max_examples=100, deadline=None)
+@given(steps=st.lists(st.integers(0, 700), min_size=1, max_size=60), cap=st.integers(1, 25))
+def test_longest_first_blocks_cover_every_client_once_longest_first_within_the_cap(steps, cap):
+    from hetfed.engine.local import longest_first_blocks
+
+    blocks = longest_first_blocks(steps, cap)
+    flat = [i for b in blocks for i in b]
+    assert sorted(flat) == list(range(len(steps)))
+    assert [steps[i] for i in flat] == sorted(steps, reverse=True)
+    assert all(len(b) == cap for b in blocks[:-1]) and 1 <= len(blocks[-1]) <= cap
+    assert stack_occupancy(steps, blocks, plain=True) == 1.0 or sum(steps) == 0
+
+
+def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length():
+    """A method whose steps are plain (FedAvg) is stacked longest first, as large as memory allows; one whose
+    step has a term of its own (SCAFFOLD's correction) keeps the stacks grouped by plan length."""
+    from hetfed.engine.local import longest_first_blocks
+    from hetfed.executors.inprocess import step_overhead
+
+    steps = [642, 7, 9, 640, 8, 10]
+    blocks = {}
+    for algorithm in ("fedavg", "scaffold"):
+        model = build_model(ModelConfig(kind="mlp", hidden=[8]), (6,), 4)
+        ex = VectorisedExecutor()
+        ex.algo, ex.device = build_algorithm(algorithm, model, TrainConfig()), torch.device("cpu")
+        blocks[algorithm] = ex.blocks(steps, 10)
+    assert blocks["fedavg"] == longest_first_blocks(steps, 10) == [[0, 3, 5, 2, 4, 1]]
+    assert blocks["scaffold"] == stack_blocks(steps, 10, step_overhead(model, 32, "cpu"))
+    assert blocks["scaffold"] != blocks["fedavg"]  # (a model this small: one stack in id order)

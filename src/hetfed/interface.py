@@ -85,6 +85,12 @@ class Capabilities:
     buffers: what happens to a model's buffers (batch norm's running statistics) of its shared part: ``aggregated``
         (uploaded and combined with the parameters, FedAvg), ``local`` (each client keeps its own, FedBN), or
         ``reset`` (they start afresh each round). Tested against each method's real upload with a batch-norm CNN.
+    plain_steps: its clients train with :func:`hetfed.engine.local.train_stack`'s plain step (the model's
+        cross-entropy, at most a ``Proximal`` term; no objective, term or projection of its own), which computes
+        only the clients of a stack that still train: the executor stacks a round's clients longest plan first in
+        stacks as large as memory allows, instead of grouping them by plan length
+        (:func:`hetfed.engine.local.stack_blocks`). Only the stacking follows it: a step that is not plain after
+        all still gives its numbers.
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -102,6 +108,7 @@ class Capabilities:
     asynchronous: bool = False
     per_client: bool = False
     buffers: str = "aggregated"
+    plain_steps: bool = False
 
     def __post_init__(self) -> None:
         if self.buffers not in BUFFER_HANDLING:

@@ -125,9 +125,19 @@ class RoundDraws:
     def __init__(self, keys: torch.Tensor, steps: int, purpose: int, draws: int = 4) -> None:
         self.keys, self.steps, self.purpose, self.draws = keys, steps, purpose, draws
         self._table: torch.Tensor | None = None
+        self._whole: RoundDraws | None = None  # the stack this is the first clients of (its table is shared)
+
+    def head(self, clients: int) -> RoundDraws:
+        """The draws of the stack's first ``clients`` clients (a step that computes only those): the same numbers,
+        read from this stack's table."""
+        part = RoundDraws(self.keys[:clients], self.steps, self.purpose, self.draws)
+        part._whole = self
+        return part
 
     def state(self, step: int | torch.Tensor, draw: int) -> torch.Tensor:
         if isinstance(step, int) and 0 <= step < self.steps and draw < self.draws:
+            if self._whole is not None:
+                return self._whole.state(step, draw)[: len(self.keys)]
             if self._table is None:
                 device = self.keys.device
                 self._table = seeded32(bits(self.keys[:, None, None], self.purpose,

@@ -79,7 +79,7 @@ class Ditto(FedAvg):
 register(AlgorithmSpec(
     "ditto", Ditto, "FedAvg's global model plus a personal model per client, tied to it by λ/2·‖v − w‖²",
     "Li et al. 2021, Ditto: Fair and Robust Federated Learning Through Personalization", DittoParams,
-    Capabilities(private=True, personalises=True, stacks_runs=True),
+    Capabilities(private=True, personalises=True, stacks_runs=True, plain_steps=True),
     privacy=(
         PrivacyRow(
             method="Ditto",

@@ -110,7 +110,7 @@ class Local(Algorithm):
 register(AlgorithmSpec(
     "fedavg", FedAvg, "clients train the global model locally; the server averages them, weighted by samples",
     "McMahan et al. 2017, Communication-Efficient Learning of Deep Networks from Decentralized Data",
-    capabilities=Capabilities(private=True, stacks_runs=True),
+    capabilities=Capabilities(private=True, stacks_runs=True, plain_steps=True),
     privacy=(
         PrivacyRow(
             method="FedAvg",
@@ -132,7 +132,7 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "fedprox", FedProx, "FedAvg with a proximal term μ/2·‖θ − θ_global‖² in the clients' loss",
     "Li et al. 2020, Federated Optimization in Heterogeneous Networks", FedProxParams,
-    Capabilities(private=True, stacks_runs=True), legacy_train={"prox_mu": "mu"},
+    Capabilities(private=True, stacks_runs=True, plain_steps=True), legacy_train={"prox_mu": "mu"},
     privacy=(
         PrivacyRow(
             method="FedProx",
@@ -147,7 +147,7 @@ register(AlgorithmSpec(
 register(AlgorithmSpec(
     "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
     "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False, buffers="local",
-                                   personalises=True),
+                                   personalises=True, plain_steps=True),
     privacy=(
         PrivacyRow(
             method="Local",

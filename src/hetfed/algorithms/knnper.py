@@ -107,7 +107,7 @@ register(AlgorithmSpec(
     "knnper", KNNPer, "FedAvg's global model mixed, on each client, with a k-nearest-neighbour distribution over a "
                       "datastore of its own training representations",
     "Marfoq, Neglia, Vidal, Kameni 2022, Personalized Federated Learning through Local Memorization", KNNPerParams,
-    Capabilities(private=True, personalises=True, stacks_runs=True),
+    Capabilities(private=True, personalises=True, stacks_runs=True, plain_steps=True),
     privacy=(
         PrivacyRow(
             method="kNN-Per",

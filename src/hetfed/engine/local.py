@@ -3,9 +3,12 @@
 Each client's batches come from its own counter-based stream (keyed by its round
 seed, drawn on the device for the whole stack: :mod:`hetfed.streams`), so the plan
 is the same whatever it is stacked with and on whatever device. Clients of unequal size do
-unequal numbers of steps: the stack runs the longest plan and masks the others
-(their parameters and optimiser state stand still), and a short last batch is
-padded with masked rows. The loss of each client is the mean over its real rows.
+unequal numbers of steps: the stack runs the longest plan. A plain step (the model's cross-entropy, at most a
+proximal term) puts the stack's clients longest plan first and computes, at each step, only the first ones, those
+still training (views of the stack's tensors, updated in place): the round's client-steps are the sequential
+ones, batched. Any other step computes the whole stack and masks the clients that finished (their parameters and
+optimiser state stand still). A short last batch is padded with masked rows. The loss of each client is the mean
+over its real rows.
 """
 
 from __future__ import annotations
@@ -222,6 +225,13 @@ def train_stack(
     """
     device = data.x.device
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
+    # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
+    # hold tensors of the whole stack; no buffers) computes only the clients that still train: longest plans first
+    simple = objective is None and term_of(regulariser) is None and project is None and not buffers
+    compacts = simple and len(data.client_ids) > 1
+    order = longest_first(data, schedule) if compacts else None
+    if order is not None:
+        params, opt_state, regulariser, data = _reordered(order, params, opt_state, regulariser, data)
     # a method's copy of the model (APFL's local model ``apfl.local.<name>``) has the model's buffers under a prefix
     names = [k for k in (trainable if trainable is not None else list(params))
              if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
@@ -230,16 +240,27 @@ def train_stack(
     current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}
     state = {k: v.clone() for k, v in opt_state.items()} if opt_state is not None else optim.init_state(opt_cfg, current)
     proximal = regulariser if isinstance(regulariser, Proximal) else None
-    term: Regulariser | None = None if isinstance(regulariser, Proximal) else regulariser
+    term = term_of(regulariser)
     plan = plan_steps(data, schedule, device)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     recorder = capture.backend(schedule.capture, device)
-    capturing = recorder is not None and objective is None and term is None and project is None and not buffers
+    capturing = recorder is not None and simple
     # no host round-trip in the loop: every shape and flag was planned; a step's key is all it takes from the
-    # host. Recorded steps always take the masked path (with every client active its factors are exact ones:
-    # the same numbers), so one recording serves the steps before and after the first client finishes.
-    keys = [(w, every and not capturing, tuple(rows) if model.reads_rows else None)
-            for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True) if w]
+    # host. A step computes its first ``clients`` (those that still train, when the stack is longest first; a
+    # recorded step a few more, so that few shapes serve the round). Recorded steps always take the masked path
+    # (with every client active its factors are exact ones: the same numbers), so one recording serves the steps
+    # before and after a client finishes.
+    n = len(data.client_ids)
+    keys = []
+    for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True):
+        if not w:
+            continue
+        clients = n
+        if compacts:
+            training = sum(1 for r in rows if r)
+            clients = computed_clients(training, n, capturing)
+            every = training == clients
+        keys.append((w, every and not capturing, tuple(rows[:clients]) if model.reads_rows else None, clients))
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK))
@@ -247,12 +268,57 @@ def train_stack(
     if capturing:
         step, graphs = _recorded(step, keys, recorder)
     for t, key in enumerate(keys):
-        inputs = (plan.index[:, t, :key[0]], plan.mask[:, t, :key[0]], plan.active[t])
-        if graphs is None or not graphs.run(key, t, inputs, plan.rows[t]):
-            step(inputs, t, key, plan.rows[t])
-    kept = graphs is not None  # a kept step's tensors are overwritten by the next call: hand out copies
-    trained = {k: v.clone() if kept else v for k, v in {**step.fixed, **step.current}.items()}
-    return trained, {k: v.clone() if kept else v for k, v in step.state.items()}, step.loss_sum / plan.steps
+        w, c = key[0], key[3]
+        inputs = (plan.index[:c, t, :w], plan.mask[:c, t, :w], plan.active[t, :c])
+        rows = plan.rows[t][:c]
+        if graphs is None or not graphs.run(key, t, inputs, rows):
+            step(inputs, t, key, rows)
+    # a kept step's tensors are overwritten by the next call, and a reordered stack is put back: hand out copies
+    back = None if order is None else torch.as_tensor(sorted(range(len(order)), key=order.__getitem__), device=device)
+    kept = graphs is not None or back is not None
+
+    def out(v: torch.Tensor) -> torch.Tensor:
+        return v if not kept else v.clone() if back is None else v.index_select(0, back)
+
+    trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
+    return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def computed_clients(training: int, n: int, recorded: bool) -> int:
+    """How many of a longest-first stack of ``n`` a step computes when its first ``training`` still train: those, or,
+    for a recorded step, the next power of two (at most ``n``) — a few shapes, each recorded once, serve the round."""
+    return min(n, 1 << (training - 1).bit_length()) if recorded else training
+
+
+def term_of(regulariser: Regulariser | Proximal | None) -> Regulariser | None:
+    """A regulariser that is a loss term of its own (a :class:`Proximal` term is added by its gradient)."""
+    return None if isinstance(regulariser, Proximal) else regulariser
+
+
+def longest_first(data: ClientData, schedule: LocalSchedule) -> list[int] | None:
+    """The stack's positions by planned steps, longest first (ties in order), so that the clients still training
+    at any step are the first ones; None when the stack is in that order already."""
+    steps = [schedule.n_steps(len(i)) if len(i) else 0 for i in data.indices]
+    order = sorted(range(len(steps)), key=lambda i: -steps[i])
+    return None if order == list(range(len(steps))) else order
+
+
+def _reordered(order: list[int], params: Params, opt_state: Params | None, regulariser: Regulariser | Proximal | None,
+               data: ClientData) -> tuple[Params, Params | None, Regulariser | Proximal | None, ClientData]:
+    """A stack's inputs with its clients in ``order`` (a stacked tensor is ``[n, ...]``; a proximal centre may be
+    one model for all, one dimension less)."""
+    at = torch.as_tensor(order, device=data.x.device)
+    params = {k: v.index_select(0, at) for k, v in params.items()}
+    if opt_state is not None:
+        opt_state = {k: v.index_select(0, at) for k, v in opt_state.items()}
+    if isinstance(regulariser, Proximal):
+        regulariser = Proximal({k: v.index_select(0, at) if k in params and v.ndim == params[k].ndim else v
+                                for k, v in regulariser.centre.items()}, regulariser.weight)
+    data = dataclasses.replace(
+        data, client_ids=[data.client_ids[i] for i in order], indices=[data.indices[i] for i in order],
+        seeds=[data.seeds[i] for i in order],
+        val_indices=None if data.val_indices is None else [data.val_indices[i] for i in order])
+    return params, opt_state, regulariser, data
 
 
 #: how many recorded steps (with their static tensors) are kept for the calls that follow
@@ -266,7 +332,7 @@ def forget_recorded() -> None:
     _RECORDED.clear()
 
 
-def _recorded(step: _Step, keys: list[tuple[int, bool, Any]], recorder: type | None = None
+def _recorded(step: _Step, keys: list[tuple[int, bool, Any, int]], recorder: type | None = None
               ) -> tuple[_Step, capture.StepGraphs]:
     """``step`` with its recordings: those of an earlier call whose step had the same signature (the next round
     of a run has the same stack shapes), its tensors loaded with this call's values; or new ones, kept.
@@ -312,29 +378,40 @@ class _Step:
     #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
     masks: streams.RoundDraws | None = None
 
-    def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any],
+    def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any, int],
                  rows: list[int]) -> None:
         index, mask, active = inputs
         every = key[1]
         xb, yb = self.data.x[index], self.data.y[index]
+        # the stack's first ``clients`` compute (the others finished their plans): views, updated in place
+        clients = index.shape[0]
+        whole = clients == self.keys.shape[0]
+        fixed, state, proximal, loss_sum = self.fixed, self.state, self.proximal, self.loss_sum
+        current = self.current
         noise = Noise(self.keys, t, rows, masks=self.masks)
-        fixed = self.fixed
-        leaves = {k: v.detach().requires_grad_(True) for k, v in self.current.items()}
+        if not whole:
+            fixed, state, current = ({k: v[:clients] for k, v in d.items()} for d in (fixed, state, current))
+            loss_sum = loss_sum[:clients]
+            if proximal is not None:
+                proximal = Proximal({k: v[:clients] if k in current and v.ndim == current[k].ndim else v
+                                     for k, v in proximal.centre.items()}, proximal.weight)
+            noise = Noise(self.keys[:clients], t, rows, masks=self.masks.head(clients) if self.masks else None)
+        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
         total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
         grads = dict(zip(leaves, torch.autograd.grad(total.sum(), list(leaves.values())), strict=True))
         with torch.no_grad():
             current = {k: v.detach() for k, v in leaves.items()}
-            if self.proximal is not None:
-                grads = self.proximal.add_gradient(grads, current)
-            optim.step(self.opt_cfg, current, grads, self.state, self.lr, active, every=every)
+            if proximal is not None:
+                grads = proximal.add_gradient(grads, current)
+            optim.step(self.opt_cfg, current, grads, state, self.lr, active, every=every)
             if self.project is not None:  # else ``current`` is this step's tensors, updated in place
                 self.current = self.project(current)
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
                 if k in fixed:
                     fixed[k] = values.to(fixed[k].dtype)
-            self.loss_sum.add_(reported.detach() if every else reported.detach() * active)
+            loss_sum.add_(reported.detach() if every else reported.detach() * active)
 
     # -- kept across calls (recorded steps): what the recorded kernels read lives in this step's tensors
     def signature(self) -> tuple[Any, ...]:
@@ -419,12 +496,31 @@ def stack_blocks(steps: Sequence[int], cap: int, per_step: float) -> list[list[i
     return blocks
 
 
+def longest_first_blocks(steps: Sequence[int], cap: int) -> list[list[int]]:
+    """Positions into ``steps`` (each client's planned local steps) longest first, in stacks of ``cap``: the stacks of
+    a plain step (:func:`train_stack` computes only a stack's clients that still train), whose cost is a fixed cost
+    per step for its longest client's steps plus its clients' own steps — so as few stacks as memory allows, each of
+    clients of similar length. Each stack is in the order its step computes (no reordering there)."""
+    order = sorted(range(len(steps)), key=lambda i: -steps[i])
+    return [order[i:i + cap] for i in range(0, len(order), cap)]
+
+
 #: rounds of at most this many clients get the exact programme (O(clients × cap)); larger ones the one over
 #: runs of equal step counts
 EXACT_UP_TO = 4096
 
 
-def stack_occupancy(steps: Sequence[int], blocks: Sequence[Sequence[int]]) -> float:
-    """The real client-steps ÷ the client-steps the stacks compute (1: no client waits on a longer one)."""
-    computed = sum(len(b) * max(steps[i] for i in b) for b in blocks)
+def stack_occupancy(steps: Sequence[int], blocks: Sequence[Sequence[int]], plain: bool = False,
+                    recorded: bool = False) -> float:
+    """The real client-steps ÷ the client-steps the stacks compute (1: no client waits on a longer one). ``plain``:
+    the stacks' steps compute only the clients still training (:func:`computed_clients`; ``recorded``: replayed
+    from recordings)."""
+    computed = 0
+    for b in blocks:
+        longest = max(steps[i] for i in b)
+        if plain:
+            computed += sum(computed_clients(sum(1 for i in b if steps[i] > t), len(b), recorded)
+                            for t in range(longest))
+        else:
+            computed += len(b) * longest
     return float(sum(steps)) / computed if computed else 1.0

@@ -32,7 +32,7 @@ import torch
 
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import ClientEvalData, global_test
-from hetfed.engine.local import stack_blocks
+from hetfed.engine.local import longest_first_blocks, stack_blocks
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seeds, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.types import (
@@ -258,6 +258,8 @@ class InProcessExecutor:
         steps, or in order (``group_by_steps`` off, or nothing to group)."""
         if size <= 1 or len(steps) <= 1 or not self.group_by_steps:
             return [list(range(start, min(start + size, len(steps)))) for start in range(0, len(steps), size)]
+        if self.algo.capabilities.plain_steps and not self.algo.model.buffer_names:
+            return longest_first_blocks(steps, size)  # a plain step computes only the clients still training
         return stack_blocks(steps, size, step_overhead(self.algo.model, self.algo.schedule.batch_size, self.device))
 
     def _stacked(self, chunk: list[int]) -> ClientState:
