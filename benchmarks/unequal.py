@@ -6,16 +6,19 @@ The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 �
 (28 × 28 images; ``--samples`` shrinks the pool for a CPU). Three executors on the same federation:
 
 - ``sequential``: one client at a time (no padding, no stacking);
-- ``vectorised_one_stack``: the round's clients in one stack, in id order (hetfed before #47: clients that
-  finished their plan still compute, masked, until the longest is done);
-- ``vectorised``: stacks of clients with similar numbers of steps (:func:`hetfed.engine.local.stack_blocks`).
+- ``vectorised_one_stack``: the round's clients in one stack, in id order (``group_by_steps`` off; with a
+  method of plain steps, FedAvg and Ditto, the step still computes only the clients that train, reordering the
+  stack longest first itself; other methods compute the finished clients masked until the longest is done);
+- ``vectorised``: the executor's stacks (:meth:`hetfed.executors.inprocess.InProcessExecutor.blocks`: longest
+  first for plain steps, else grouped by plan length by :func:`hetfed.engine.local.stack_blocks`).
 
 ``--compile`` (CPU) adds the sequential and vectorised executors with ``train.capture: compile`` (their steps
 compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only), the stack occupancy (real client-steps ÷ computed client-steps)
 and the largest parameter difference from the sequential run (the executors agree to float tolerance).
 Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
-batched-matmul forward, autograd backward and SGD update per step: pre-made parameters and batch order, no
-sampling, planning, masking or aggregation) and the **GEMM limit** (the round's FLOPs on real rows at the rate
+batched-matmul forward, autograd backward and SGD update per step, over the clients still training where the
+executor's step computes only those: pre-made parameters and batch order, no sampling, planning, masking or
+aggregation) and the **GEMM limit** (the round's FLOPs on real rows at the rate
 this machine reaches on one large matmul of the same inner dimensions; for ``cnn4``, on one large batch through
 its second convolution, where most of its FLOPs are).
 Ratios are from one run; timings are never asserted.

@@ -246,16 +246,18 @@ class InProcessExecutor:
             yield clients[start : start + size]
 
     def _stacks(self, clients: list[int], size: int) -> Iterator[list[int]]:
-        """A round's clients in stacks of at most ``size`` that run similar numbers of local steps
-        (:func:`hetfed.engine.local.stack_blocks`), so a client that finished its plan is not computed while a
-        longer one goes on."""
+        """A round's clients in stacks of at most ``size`` (:meth:`blocks`), so that a client that finished its
+        plan is not computed while a longer one goes on."""
         steps = [self.algo.schedule.n_steps(len(self.pool.train[k])) for k in clients]
         for block in self.blocks(steps, size):
             yield [clients[i] for i in block]
 
     def blocks(self, steps: list[int], size: int) -> list[list[int]]:
-        """Positions into ``steps`` (each client's planned local steps) in stacks of at most ``size``: grouped by
-        steps, or in order (``group_by_steps`` off, or nothing to group)."""
+        """Positions into ``steps`` (each client's planned local steps) in stacks of at most ``size``: longest first
+        for a method of plain steps (``Capabilities.plain_steps``: its step computes only the clients still
+        training, so one stack serves clients of any lengths), grouped by steps for the others (a stack computes
+        every client, masked, until its longest is done), or in order (``group_by_steps`` off, or nothing to
+        group)."""
         if size <= 1 or len(steps) <= 1 or not self.group_by_steps:
             return [list(range(start, min(start + size, len(steps)))) for start in range(0, len(steps), size)]
         if self.algo.capabilities.plain_steps and not self.algo.model.buffer_names:
