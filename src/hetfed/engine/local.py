@@ -271,22 +271,7 @@ def train_stack(
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     recorder = capture.backend(schedule.capture, device)
     capturing = recorder is not None and simple
-    # no host round-trip in the loop: every shape and flag was planned; a step's key is all it takes from the
-    # host. A step computes its first ``clients`` (those that still train, when the stack is longest first; a
-    # recorded step a few more, so that few shapes serve the round). Recorded steps always take the masked path
-    # (with every client active its factors are exact ones: the same numbers), so one recording serves the steps
-    # before and after a client finishes.
-    n = len(data.client_ids)
-    keys = []
-    for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True):
-        if not w:
-            continue
-        clients = n
-        if compacts:
-            training = sum(1 for r in rows if r)
-            clients = computed_clients(training, n, capturing)
-            every = training == clients
-        keys.append((w, every and not capturing, tuple(rows[:clients]) if model.reads_rows else None, clients))
+    keys = _step_keys(plan, model.reads_rows, compacts, capturing)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK))
@@ -299,15 +284,41 @@ def train_stack(
         rows = plan.rows[t][:c]
         if graphs is None or not graphs.run(key, t, inputs, rows):
             step(inputs, t, key, rows)
-    # a kept step's tensors are overwritten by the next call, and a reordered stack is put back: hand out copies
-    back = None if order is None else torch.as_tensor(sorted(range(len(order)), key=order.__getitem__), device=device)
-    kept = graphs is not None or back is not None
-
-    def out(v: torch.Tensor) -> torch.Tensor:
-        return v if not kept else v.clone() if back is None else v.index_select(0, back)
-
+    out = _handed_out(order, graphs is not None, device)
     trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def _step_keys(plan: StepPlan, reads_rows: bool, compacts: bool, recorded: bool
+               ) -> list[tuple[int, bool, Any, int]]:
+    """Each step's key ``(batch width, every client computed trains, rows if the model reads them, clients)``.
+
+    No host round-trip in the loop: every shape and flag was planned; a step's key is all it takes from the host. A
+    step computes its first ``clients`` (with ``compacts``, those that still train, the stack being longest first;
+    a recorded step a few more, so that few shapes serve the round). Recorded steps always take the masked path
+    (with every client active its factors are exact ones: the same numbers), so one recording serves the steps
+    before and after a client finishes."""
+    n = len(plan.steps)
+    keys = []
+    for w, every, rows in zip(plan.widths, plan.every, plan.rows, strict=True):
+        if not w:
+            continue
+        clients = n
+        if compacts:
+            training = sum(1 for r in rows if r)
+            clients = computed_clients(training, n, recorded)
+            every = training == clients
+        keys.append((w, every and not recorded, tuple(rows[:clients]) if reads_rows else None, clients))
+    return keys
+
+
+def _handed_out(order: list[int] | None, kept: bool, device: torch.device) -> Callable[[torch.Tensor], torch.Tensor]:
+    """What the caller gets of a trained stack's tensor: a kept step's tensors are overwritten by the next call, and
+    a reordered stack is put back in the caller's order (copies, both); else the tensor itself."""
+    if order is not None:
+        back = torch.as_tensor(sorted(range(len(order)), key=order.__getitem__), device=device)
+        return lambda v: v.index_select(0, back)
+    return (lambda v: v.clone()) if kept else (lambda v: v)
 
 
 def computed_clients(training: int, n: int, recorded: bool) -> int:
