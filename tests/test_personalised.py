@@ -113,40 +113,6 @@ def test_ditto_updates_the_personal_model_proximal_to_the_received_global():
     assert pred.personalised and all(torch.equal(pred.params[k], new["ditto." + k]) for k in w)
 
 
-@pytest.mark.parametrize("opt,lam", [(OptimizerConfig(lr=0.1, momentum=0.9, reset_each_round=False), 0.5),
-                                     (OptimizerConfig(kind="adam", lr=0.01), 0.1),
-                                     (OptimizerConfig(lr=0.1), 0.0)])
-def test_dittos_two_passes_in_one_stack_give_each_pass_its_own_numbers(opt, lam):
-    """Ditto trains its global and personal passes as one stack of 2n when they have the same plans: the same
-    uploads, personal models, kept optimiser state and losses as the two passes one after the other (asked for by
-    ``personal_epochs`` equal to the local epochs), over unequal clients with dropout."""
-    from hetfed.engine.types import stack_states
-
-    train = TrainConfig(rounds=1, batch_size=8, local_epochs=2.0, optimizer=opt)
-    model = build_model(ModelConfig(kind="mlp", hidden=[8], dropout=0.3), (3,), 2)
-    sizes = [37, 12, 50, 3]
-    gen = torch.Generator().manual_seed(0)
-    x, y = torch.randn(sum(sizes), 3, generator=gen), torch.randint(0, 2, (sum(sizes),), generator=gen)
-    bounds = np.cumsum([0, *sizes])
-    data = ClientData(list(range(4)), x, y, [np.arange(bounds[i], bounds[i + 1]) for i in range(4)], [5, 6, 7, 8])
-    out = []
-    for personal_epochs in (None, 2.0):
-        algo = build_algorithm("ditto", model, train, {"lam": lam, "personal_epochs": personal_epochs}, seed=7)
-        server = algo.server_init(torch_gen(7, SERVER_INIT))
-        states = stack_states([algo.client_init(c, torch.Generator().manual_seed(c)) for c in range(4)])
-        moved = torch.Generator().manual_seed(3)  # v ≠ w^t, the same in both runs
-        states = {k: v + 0.1 * torch.randn(v.shape, generator=moved) if k.startswith("ditto.") else v
-                  for k, v in states.items()}
-        out.append(algo.local_update(algo.broadcast(server, 0), states, data))
-    (joined, joined_state), (apart, apart_state) = out
-    assert joined_state.keys() == apart_state.keys()
-    for k in apart_state:
-        torch.testing.assert_close(joined_state[k], apart_state[k], rtol=1e-5, atol=1e-6, msg=k)
-    for k in apart.params:
-        torch.testing.assert_close(joined.params[k], apart.params[k], rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(joined.extra["train_loss"], apart.extra["train_loss"])
-
-
 @pytest.mark.parametrize("name", ["fedper", "fedrep", "lg_fedavg"])
 def test_a_body_head_method_without_hidden_layers_is_refused_in_one_line(name, capsys, tmp_path):
     from hetfed.cli import main

@@ -30,10 +30,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine import optim
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import Proximal, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 
 #: the personal model's parameters in a client's state
 PERSONAL = "ditto."
@@ -61,42 +60,16 @@ class Ditto(FedAvg):
         rest = {k: v for k, v in states.items() if not k.startswith(PERSONAL)}
         local, kept_opt = split_state(rest)
         w_t = bc.stacked(n)
+        params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
         personal = {k[len(PERSONAL):]: v for k, v in mine.items()}
         lam = self.params.lam
-        if self.params.personal_epochs is None:  # both passes have the same plans: one stack of 2n
-            params, opt_state, loss, personal = self._both_passes({**w_t, **local}, kept_opt, personal, bc, data)
-        else:
-            params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
-            schedule = replace(self.schedule, epochs=self.params.personal_epochs, steps=None)
-            personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
-                                         bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
+        schedule = self.schedule if self.params.personal_epochs is None else replace(
+            self.schedule, epochs=self.params.personal_epochs, steps=None)
+        personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
+                                     bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PERSONAL + k: v for k, v in personal.items()}}
-
-    def _both_passes(self, params: Params, kept_opt: ClientState, personal: Params, bc: Broadcast, data: ClientData
-                     ) -> tuple[Params, ClientState, torch.Tensor, Params]:
-        """The global pass (as FedAvg's) and the personal pass (its own batches, proximal to ``w^t``, from fresh
-        optimiser state) of the same clients as one stack: the personal pass does not read the global pass's result,
-        so together they take the steps of one pass. Each member's numbers are those of its pass alone."""
-        n = len(data.client_ids)
-        opt_cfg = self.train.optimizer
-        start = kept_opt if kept_opt and not opt_cfg.reset_each_round else None
-        if start is not None:  # the personal pass starts afresh
-            fresh = optim.init_state(opt_cfg, {k: v for k, v in personal.items()})
-            start = {k: torch.cat([v, fresh[k]]) for k, v in start.items()}
-        joined = {k: torch.cat([params[k], personal[k]]) for k in params}
-        second = second_pass(data, 1)
-        both = replace(data, client_ids=data.client_ids * 2, indices=[*data.indices, *second.indices],
-                       seeds=[*data.seeds, *second.seeds],
-                       val_indices=None if data.val_indices is None else data.val_indices * 2)
-        device = next(iter(joined.values())).device
-        members = torch.cat([torch.zeros(n, device=device), torch.ones(n, device=device)])
-        twice = Proximal({k: torch.cat([v, v]) if v.ndim == joined[k].ndim else v for k, v in bc.params.items()},
-                         self.params.lam, members) if self.params.lam else None
-        trained, opt_state, loss = train_stack(self.model, joined, both, self.schedule, opt_cfg, bc.lr, start, twice)
-        kept = {} if opt_cfg.reset_each_round else {k: v[:n] for k, v in opt_state.items()}
-        return ({k: v[:n] for k, v in trained.items()}, kept, loss[:n], {k: v[n:] for k, v in trained.items()})
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its personal model ``v_k``."""

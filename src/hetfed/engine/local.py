@@ -196,36 +196,10 @@ class Proximal:
 
     centre: Params
     weight: float
-    #: ``[n]``: 1.0 for a client the term applies to, 0.0 for one it does not (a stack that joins a pass with the
-    #: term and one without: Ditto's global and personal passes); None: every client
-    members: torch.Tensor | None = None
 
     def add_gradient(self, grads: Params, params: Params) -> Params:
-        if self.members is None:
-            return {k: g.add(params[k] - self.centre[k], alpha=self.weight) if k in self.centre else g
-                    for k, g in grads.items()}
-        out = {}
-        for k, g in grads.items():
-            if k in self.centre:
-                diff = params[k] - self.centre[k]
-                g = g.add(diff.mul_(self.members.view(-1, *[1] * (diff.ndim - 1))), alpha=self.weight)
-            out[k] = g
-        return out
-
-    def per_client(self, fn: Callable[[torch.Tensor], torch.Tensor], like: Params) -> Proximal:
-        """This term with ``fn`` applied to its per-client tensors: ``members`` and the centres stacked like ``like``
-        (``[n, ...]``; a centre one dimension less is one model for every client and stays)."""
-        return Proximal({k: fn(v) if k in like and v.ndim == like[k].ndim else v for k, v in self.centre.items()},
-                        self.weight, None if self.members is None else fn(self.members))
-
-    def tensors(self) -> Params:
-        """Every tensor the term reads (a recorded step's own copies, loaded each call)."""
-        return {**self.centre, **({"": self.members} if self.members is not None else {})}
-
-    def copied(self) -> Proximal:
-        """The term on copies of its tensors."""
-        return Proximal({k: v.clone() for k, v in self.centre.items()}, self.weight,
-                        None if self.members is None else self.members.clone())
+        return {k: g.add(params[k] - self.centre[k], alpha=self.weight) if k in self.centre else g
+                for k, g in grads.items()}
 
 
 def train_stack(
@@ -349,7 +323,8 @@ def _reordered(order: list[int], params: Params, opt_state: Params | None, regul
     if opt_state is not None:
         opt_state = {k: v.index_select(0, at) for k, v in opt_state.items()}
     if isinstance(regulariser, Proximal):
-        regulariser = regulariser.per_client(lambda v: v.index_select(0, at), params)
+        regulariser = Proximal({k: v.index_select(0, at) if k in params and v.ndim == params[k].ndim else v
+                                for k, v in regulariser.centre.items()}, regulariser.weight)
     data = dataclasses.replace(
         data, client_ids=[data.client_ids[i] for i in order], indices=[data.indices[i] for i in order],
         seeds=[data.seeds[i] for i in order],
@@ -429,7 +404,8 @@ class _Step:
             fixed, state, current = ({k: v[:clients] for k, v in d.items()} for d in (fixed, state, current))
             loss_sum = loss_sum[:clients]
             if proximal is not None:
-                proximal = proximal.per_client(lambda v: v[:clients], current)
+                proximal = Proximal({k: v[:clients] if k in current and v.ndim == current[k].ndim else v
+                                     for k, v in proximal.centre.items()}, proximal.weight)
             noise = Noise(self.keys[:clients], t, rows, masks=self.masks.head(clients) if self.masks else None)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
@@ -452,7 +428,7 @@ class _Step:
     def signature(self) -> tuple[Any, ...]:
         """What a recording of this step was made for, besides the tensors' values."""
         shapes = [tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
-                  for d in (self.current, self.state, self.fixed, self.proximal.tensors() if self.proximal else {})]
+                  for d in (self.current, self.state, self.fixed, self.proximal.centre if self.proximal else {})]
         return (id(self.model), id(self.data.x), id(self.data.y), len(self.keys), self.lr,
                 self.opt_cfg.model_dump_json(), self.proximal.weight if self.proximal else None, *shapes)
 
@@ -462,10 +438,11 @@ class _Step:
 
     def owning(self) -> _Step:
         """This step with its own copies of the caller's tensors that later calls will overwrite."""
+        centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight) \
+            if self.proximal else None
         keys = self.keys.clone()
         return dataclasses.replace(self, keys=keys, fixed={k: v.clone() for k, v in self.fixed.items()},
-                                   proximal=self.proximal.copied() if self.proximal else None,
-                                   masks=self._draws_of(keys, self.masks))
+                                   proximal=centre, masks=self._draws_of(keys, self.masks))
 
     @staticmethod
     def _draws_of(keys: torch.Tensor, like: streams.RoundDraws | None) -> streams.RoundDraws | None:
@@ -476,8 +453,8 @@ class _Step:
     def load(self, other: _Step) -> None:
         """Another call's values into this step's tensors (same signature)."""
         for mine, theirs in ((self.current, other.current), (self.state, other.state), (self.fixed, other.fixed),
-                             (self.proximal.tensors() if self.proximal else {},
-                              other.proximal.tensors() if other.proximal else {})):
+                             (self.proximal.centre if self.proximal else {},
+                              other.proximal.centre if other.proximal else {})):
             for k, v in mine.items():
                 v.copy_(theirs[k])
         self.keys.copy_(other.keys)
