@@ -130,11 +130,13 @@ def _params(model, n):
 
 @pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9), None),
                                     (OptimizerConfig(kind="adam", lr=0.01), None),
-                                    (OptimizerConfig(lr=0.1), 0.5)])
+                                    (OptimizerConfig(lr=0.1), 0.5),
+                                    (OptimizerConfig(lr=0.1), "own centres")])
 def test_a_plain_step_computes_only_the_clients_still_training_and_gives_each_its_own_numbers(monkeypatch, opt, mu):
     """A stack in any order (here: id order, the longest client in the middle): every step computes exactly the
     clients that still train — the real client-steps, no masked ones — and each client ends where it would alone
-    (its dropout masks and batches are its own), returned in the order it came."""
+    (its dropout masks and batches are its own), returned in the order it came. A proximal term's centre may be
+    one model for all or each client's own (a stacked sweep's clients of several runs)."""
     from dataclasses import replace
 
     from hetfed.engine.local import LocalSchedule, Proximal, train_stack
@@ -144,16 +146,20 @@ def test_a_plain_step_computes_only_the_clients_still_training_and_gives_each_it
     sizes = [37, 12, 50, 3, 24, 0]
     data, params = _stack_data(sizes), _params(model, len(sizes))
     sched = LocalSchedule(batch_size=8, epochs=2)
-    centre = {k: v[0] for k, v in params.items()}
+    own = mu == "own centres"
+    centre = {k: v + 0.1 * (v + 1) if own else v[0] for k, v in params.items()}
 
-    def reg():
-        return Proximal(centre, mu) if mu else None
+    def reg(k=None):
+        if not mu:
+            return None
+        return Proximal({n: v[k:k + 1] for n, v in centre.items()} if own and k is not None else centre,
+                        0.3 if own else mu)
 
     alone = []
     for k in range(len(sizes)):
         one = replace(data, client_ids=[k], indices=[data.indices[k]], seeds=[data.seeds[k]])
         alone.append(train_stack(model, {n: v[k:k + 1] for n, v in params.items()}, one, sched, opt, opt.lr,
-                                 regulariser=reg()))
+                                 regulariser=reg(k)))
     widths = _widths(monkeypatch, model)
     trained, state, loss = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg())
     steps = [sched.n_steps(m) if m else 0 for m in sizes]

@@ -201,6 +201,12 @@ class Proximal:
         return {k: g.add(params[k] - self.centre[k], alpha=self.weight) if k in self.centre else g
                 for k, g in grads.items()}
 
+    def per_client(self, fn: Callable[[torch.Tensor], torch.Tensor], like: Params) -> Proximal:
+        """This term with ``fn`` applied to its centres stacked like ``like`` (``[n, ...]``: a client's own centre);
+        a centre one dimension less is one model for every client and stays."""
+        return Proximal({k: fn(v) if k in like and v.ndim == like[k].ndim else v for k, v in self.centre.items()},
+                        self.weight)
+
 
 def train_stack(
     model: Model,
@@ -323,8 +329,7 @@ def _reordered(order: list[int], params: Params, opt_state: Params | None, regul
     if opt_state is not None:
         opt_state = {k: v.index_select(0, at) for k, v in opt_state.items()}
     if isinstance(regulariser, Proximal):
-        regulariser = Proximal({k: v.index_select(0, at) if k in params and v.ndim == params[k].ndim else v
-                                for k, v in regulariser.centre.items()}, regulariser.weight)
+        regulariser = regulariser.per_client(lambda v: v.index_select(0, at), params)
     data = dataclasses.replace(
         data, client_ids=[data.client_ids[i] for i in order], indices=[data.indices[i] for i in order],
         seeds=[data.seeds[i] for i in order],
@@ -404,8 +409,7 @@ class _Step:
             fixed, state, current = ({k: v[:clients] for k, v in d.items()} for d in (fixed, state, current))
             loss_sum = loss_sum[:clients]
             if proximal is not None:
-                proximal = Proximal({k: v[:clients] if k in current and v.ndim == current[k].ndim else v
-                                     for k, v in proximal.centre.items()}, proximal.weight)
+                proximal = proximal.per_client(lambda v: v[:clients], current)
             noise = Noise(self.keys[:clients], t, rows, masks=self.masks.head(clients) if self.masks else None)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
