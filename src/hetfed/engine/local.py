@@ -242,9 +242,7 @@ def train_stack(
     names = [k for k in (trainable if trainable is not None else list(params))
              if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
     fixed = {k: v for k, v in params.items() if k not in names}
-    # own copies: the optimiser updates in place, the caller's tensors stay untouched
-    current = {k: params[k].detach().clone(memory_format=torch.contiguous_format) for k in names}
-    state = {k: v.clone() for k, v in opt_state.items()} if opt_state is not None else optim.init_state(opt_cfg, current)
+    current, state = _own(params, names, opt_state, opt_cfg, copied=order is not None)
     proximal = regulariser if isinstance(regulariser, Proximal) else None
     term = term_of(regulariser)
     plan = plan_steps(data, schedule, device)
@@ -267,6 +265,17 @@ def train_stack(
     out = _handed_out(order, graphs is not None, device)
     trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def _own(params: Params, names: list[str], opt_state: Params | None, opt_cfg: OptimizerConfig, copied: bool
+         ) -> tuple[Params, Params]:
+    """The trained parameters and optimiser state as the step's own tensors: the optimiser updates them in place, and
+    the caller's stay untouched (``copied``: they are copies already, a reordered stack's)."""
+    current = {k: params[k] if copied else params[k].detach().clone(memory_format=torch.contiguous_format)
+               for k in names}
+    if opt_state is None:
+        return current, optim.init_state(opt_cfg, current)
+    return current, {k: v if copied else v.clone() for k, v in opt_state.items()}
 
 
 def _step_keys(plan: StepPlan, reads_rows: bool, compacts: bool, recorded: bool
@@ -325,9 +334,9 @@ def _reordered(order: list[int], params: Params, opt_state: Params | None, regul
     """A stack's inputs with its clients in ``order`` (a stacked tensor is ``[n, ...]``; a proximal centre may be
     one model for all, one dimension less)."""
     at = torch.as_tensor(order, device=data.x.device)
-    params = {k: v.index_select(0, at) for k, v in params.items()}
+    params = {k: v.detach().index_select(0, at) for k, v in params.items()}
     if opt_state is not None:
-        opt_state = {k: v.index_select(0, at) for k, v in opt_state.items()}
+        opt_state = {k: v.detach().index_select(0, at) for k, v in opt_state.items()}
     if isinstance(regulariser, Proximal):
         regulariser = regulariser.per_client(lambda v: v.index_select(0, at), params)
     data = dataclasses.replace(
