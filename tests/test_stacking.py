@@ -235,3 +235,31 @@ def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length
     assert blocks["fedavg"] == longest_first_blocks(steps, 10) == [[0, 3, 5, 2, 4, 1]]
     assert blocks["scaffold"] == stack_blocks(steps, 10, step_overhead(model, 32, "cpu"))
     assert blocks["scaffold"] != blocks["fedavg"]  # (a model this small: one stack in id order)
+
+
+@settings(max_examples=25, deadline=None)
+@given(sizes=st.lists(st.sampled_from([0, 1, 3, 8, 9, 17, 40]), min_size=2, max_size=7),
+       batch=st.sampled_from([4, 8]), epochs=st.sampled_from([0.5, 1.0, 1.7, None]), steps=st.integers(1, 9),
+       cap=st.booleans(), kind=st.sampled_from(["sgd", "momentum", "adam"]), dropout=st.sampled_from([0.0, 0.3]))
+def test_a_plain_stacks_clients_end_where_each_would_alone(sizes, batch, epochs, steps, cap, kind, dropout):
+    """Whatever the clients' sizes (empty ones too) and the schedule (epochs, fractional ones, or steps with or
+    without the one-pass cap), a plain stack computing only its clients still training gives each client its own
+    numbers."""
+    from dataclasses import replace
+
+    from hetfed.engine.local import LocalSchedule, train_stack
+    from hetfed.models import MLP
+
+    sched = LocalSchedule(batch_size=batch, epochs=epochs, steps=None if epochs else steps, cap_one_pass=cap)
+    opt = {"sgd": OptimizerConfig(lr=0.05), "momentum": OptimizerConfig(lr=0.05, momentum=0.9),
+           "adam": OptimizerConfig(kind="adam", lr=0.01)}[kind]
+    model = MLP(6, [8], 4, dropout=dropout)
+    data, params = _stack_data(sizes), _params(model, len(sizes))
+    trained, state, loss = train_stack(model, params, data, sched, opt, opt.lr)
+    for k in range(len(sizes)):
+        one = replace(data, client_ids=[k], indices=[data.indices[k]], seeds=[data.seeds[k]])
+        p, s, lo = train_stack(model, {n: v[k:k + 1] for n, v in params.items()}, one, sched, opt, opt.lr)
+        for got, alone in ((trained, p), (state, s)):
+            for name in alone:
+                torch.testing.assert_close(got[name][k:k + 1], alone[name], rtol=1e-6, atol=1e-6)
+        torch.testing.assert_close(loss[k:k + 1], lo, rtol=1e-6, atol=1e-6)
