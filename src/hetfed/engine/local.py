@@ -412,14 +412,14 @@ class _Step:
         clients = index.shape[0]
         whole = clients == self.keys.shape[0]
         fixed, state, proximal, loss_sum = self.fixed, self.state, self.proximal, self.loss_sum
-        current = self.current
-        noise = Noise(self.keys, t, rows, masks=self.masks)
+        current, keys, masks = self.current, self.keys, self.masks
         if not whole:
             fixed, state, current = ({k: v[:clients] for k, v in d.items()} for d in (fixed, state, current))
-            loss_sum = loss_sum[:clients]
+            loss_sum, keys = loss_sum[:clients], keys[:clients]
+            masks = masks.head(clients) if masks is not None else None
             if proximal is not None:
                 proximal = proximal.per_client(lambda v: v[:clients], current)
-            noise = Noise(self.keys[:clients], t, rows, masks=self.masks.head(clients) if self.masks else None)
+        noise = Noise(keys, t, rows, masks=masks)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
