@@ -211,7 +211,7 @@ def main() -> None:
                 ref = params
             cap = executor.chunk_size(model, 10)
             blocks = [[i] for i in range(len(steps))] if name == "sequential" else executor.blocks(steps, cap)
-            plain = executor.algo.capabilities.plain_steps and not model.buffer_names
+            plain = executor.plain_steps()
             if name == "vectorised":
                 grouped = blocks
             rows[name] = {"seconds_per_round": round(seconds, 3),

@@ -78,6 +78,10 @@ class LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
         return dataclasses.replace(self, epochs=1.0, steps=None, cap_one_pass=False)
 
+    def planned_steps(self, sizes: Sequence[int]) -> list[int]:
+        """Each client's local steps this round by its size (0 for a client without data: it does not train)."""
+        return [self.n_steps(m) if m else 0 for m in sizes]
+
     def n_steps(self, n: int) -> int:
         per_epoch = max(1, math.ceil(n / self.batch_size))
         if self.steps is not None:
@@ -132,7 +136,7 @@ class _Layout:
 
 def _layout(sizes: tuple[int, ...], schedule: LocalSchedule, device: torch.device) -> _Layout:
     b = schedule.batch_size
-    n_steps = [schedule.n_steps(m) if m else 0 for m in sizes]
+    n_steps = schedule.planned_steps(sizes)
     per_epoch = [max(1, -(-m // b)) for m in sizes]
     epochs = [-(-s // e) for s, e in zip(n_steps, per_epoch, strict=True)]
     n, steps = len(sizes), max(n_steps, default=0)
@@ -324,7 +328,7 @@ def term_of(regulariser: Regulariser | Proximal | None) -> Regulariser | None:
 def longest_first(data: ClientData, schedule: LocalSchedule) -> list[int] | None:
     """The stack's positions by planned steps, longest first (ties in order), so that the clients still training
     at any step are the first ones; None when the stack is in that order already."""
-    steps = [schedule.n_steps(len(i)) if len(i) else 0 for i in data.indices]
+    steps = schedule.planned_steps([len(i) for i in data.indices])
     order = sorted(range(len(steps)), key=lambda i: -steps[i])
     return None if order == list(range(len(steps))) else order
 

@@ -260,9 +260,14 @@ class InProcessExecutor:
         group)."""
         if size <= 1 or len(steps) <= 1 or not self.group_by_steps:
             return [list(range(start, min(start + size, len(steps)))) for start in range(0, len(steps), size)]
-        if self.algo.capabilities.plain_steps and not self.algo.model.buffer_names:
+        if self.plain_steps():
             return longest_first_blocks(steps, size)  # a plain step computes only the clients still training
         return stack_blocks(steps, size, step_overhead(self.algo.model, self.algo.schedule.batch_size, self.device))
+
+    def plain_steps(self) -> bool:
+        """Whether the run's steps are plain (``Capabilities.plain_steps``, a model without buffers): a stack computes
+        only its clients still training."""
+        return self.algo.capabilities.plain_steps and not self.algo.model.buffer_names
 
     def _stacked(self, chunk: list[int]) -> ClientState:
         """The stack's state as the algorithm sees it (the transport's residuals are not the algorithm's)."""
