@@ -17,6 +17,7 @@ import dataclasses
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 from functools import lru_cache, partial
 from typing import Any
@@ -29,6 +30,7 @@ from hetfed import streams
 from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import capture, optim
 from hetfed.engine.types import ClientData
+from hetfed.models import sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
@@ -256,7 +258,8 @@ def train_stack(
     keys = _step_keys(plan, model.reads_rows, compacts, capturing)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
-                 streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK))
+                 streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK),
+                 moves=simple and opt_cfg.kind == "sgd" and not opt_cfg.momentum)
     graphs = None
     if capturing:
         step, graphs = _recorded(step, keys, recorder)
@@ -323,6 +326,23 @@ def computed_clients(training: int, n: int, recorded: bool) -> int:
 def term_of(regulariser: Regulariser | Proximal | None) -> Regulariser | None:
     """A regulariser that is a loss term of its own (a :class:`Proximal` term is added by its gradient)."""
     return None if isinstance(regulariser, Proximal) else regulariser
+
+
+def _gradients(total: torch.Tensor, leaves: Params, moving: sgd_in_backward.SGDInBackward | None) -> Params:
+    """The gradients of ``total`` for the leaves the backward did not move (all of them without ``moving``)."""
+    grads = torch.autograd.grad(total, list(leaves.values()), allow_unused=moving is not None)
+    if moving is None:
+        return dict(zip(leaves, grads, strict=True))
+    out = {}
+    for k, g in zip(leaves, grads, strict=True):
+        held = moving.held.get(k)
+        if held is not None:  # a weight used more than once: its uses' gradients
+            g = held if g is None else g + held
+        if g is None and k not in moving.moved:
+            raise RuntimeError(f"the parameter {k!r} was not used in the step's loss")
+        if g is not None:
+            out[k] = g
+    return out
 
 
 def longest_first(data: ClientData, schedule: LocalSchedule) -> list[int] | None:
@@ -406,6 +426,18 @@ class _Step:
     project: Projection | None
     #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
     masks: streams.RoundDraws | None = None
+    #: a step with every computed client training moves its linear layers' weights in the backward
+    #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD without momentum)
+    moves: bool = False
+
+    def _moving(self, leaves: Params, proximal: Proximal | None) -> sgd_in_backward.SGDInBackward:
+        """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay and the
+        proximal term folded in."""
+        mu = proximal.weight if proximal is not None else 0.0
+        weights = {k: v for k, v in leaves.items() if v.ndim == 3}
+        centres = {k: proximal.centre[k] for k in weights if k in proximal.centre} if proximal is not None else {}
+        return sgd_in_backward.SGDInBackward(weights, self.lr, 1.0 - self.lr * (self.opt_cfg.weight_decay + mu),
+                                             centres, mu)
 
     def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any, int],
                  rows: list[int]) -> None:
@@ -425,15 +457,18 @@ class _Step:
                 proximal = proximal.per_client(lambda v: v[:clients], current)
         noise = Noise(keys, t, rows, masks=masks)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
+        moving = self._moving(leaves, proximal) if self.moves and every else None
+        with sgd_in_backward.updating(moving) if moving is not None else nullcontext():
+            out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
         total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
-        grads = dict(zip(leaves, torch.autograd.grad(total.sum(), list(leaves.values())), strict=True))
+        grads = _gradients(total.sum(), leaves, moving)
         with torch.no_grad():
             current = {k: v.detach() for k, v in leaves.items()}
             if proximal is not None:
                 grads = proximal.add_gradient(grads, current)
-            optim.step(self.opt_cfg, current, grads, state, self.lr, active, every=every)
+            optim.step(self.opt_cfg, {k: current[k] for k in grads} if moving is not None else current, grads, state,
+                       self.lr, active, every=every)
             if self.project is not None:  # else ``current`` is this step's tensors, updated in place
                 self.current = self.project(current)
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)

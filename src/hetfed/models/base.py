@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 
 from hetfed import streams
+from hetfed.models import sgd_in_backward
 
 Params = dict[str, torch.Tensor]
 Init = Callable[[torch.Generator, tuple[int, ...]], torch.Tensor]
@@ -136,8 +137,9 @@ def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ W + b`` for every client at once: x [n,b,i], W [n,i,o], b [n,o]."""
-    return torch.baddbmm(bias.unsqueeze(1), x, weight)
+    """``x @ W + b`` for every client at once: x [n,b,i], W [n,i,o], b [n,o] (its weight moved by plain SGD in the
+    backward when the step asks: :mod:`hetfed.models.sgd_in_backward`)."""
+    return sgd_in_backward.linear(x, weight, bias)
 
 
 class Model:

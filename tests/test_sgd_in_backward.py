@@ -1,0 +1,158 @@
+"""#47: a plain SGD step moves its linear layers' weights in the backward (one ``baddbmm_`` instead of a weight
+gradient written and read back): the same numbers as the optimiser's update, to float tolerance."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from hetfed.config import OptimizerConfig
+from hetfed.engine.local import LocalSchedule, Proximal, train_stack
+from hetfed.models import MLP, sgd_in_backward
+from hetfed.models.sgd_in_backward import SGDInBackward, linear, updating
+from tests.test_stacking import _params, _stack_data
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(n=st.integers(1, 4), rows=st.integers(1, 6), d_in=st.integers(1, 7), d_out=st.integers(1, 5),
+       lr=st.floats(1e-3, 1.0), decay=st.sampled_from([0.0, 0.01]), mu=st.sampled_from([0.0, 0.3]),
+       own=st.booleans())
+def test_a_moved_weight_is_the_optimisers_update_of_its_gradient(monkeypatch, n, rows, d_in, d_out, lr, decay, mu, own):
+    """``W ← W − lr·(∂L/∂W + decay·W + μ·(W − c))`` whether the backward moves W or the optimiser does; the input's
+    and the bias's gradients are autograd's. (The same setting for every example: the fixture is not reset.)"""
+    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    gen = torch.Generator().manual_seed(n * 100 + rows)
+    x = torch.randn(n, rows, d_in, generator=gen, dtype=torch.float64)
+    w0, b0 = torch.randn(n, d_in, d_out, generator=gen, dtype=torch.float64), torch.randn(n, d_out, dtype=torch.float64)
+    centre = torch.randn(n, d_in, d_out, generator=gen, dtype=torch.float64) if own else torch.randn(d_in, d_out, dtype=torch.float64)
+
+    def loss(out):
+        return (out.tanh() ** 2).sum()
+
+    xr, w, b = x.clone().requires_grad_(True), w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
+    gx, gw, gb = torch.autograd.grad(loss(torch.baddbmm(b.unsqueeze(1), xr, w)), [xr, w, b])
+    expected = w0 - lr * (gw + decay * w0 + mu * (w0 - centre))
+
+    xm, wm, bm = x.clone().requires_grad_(True), w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
+    spec = SGDInBackward({"w": wm}, lr, 1 - lr * (decay + mu), {"w": centre} if mu else {}, mu)
+    with updating(spec):
+        out = linear(xm, wm, bm)
+    hx, hw, hb = torch.autograd.grad(loss(out), [xm, wm, bm], allow_unused=True)
+    assert hw is None and spec.moved == {"w"}
+    torch.testing.assert_close(wm.detach(), expected)
+    torch.testing.assert_close(hx, gx)
+    torch.testing.assert_close(hb, gb)
+
+
+def test_a_weight_used_twice_keeps_its_gradient_and_one_used_elsewhere_gets_the_other_uses_gradient(monkeypatch):
+    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    gen = torch.Generator().manual_seed(0)
+    x, w0 = torch.randn(2, 3, 4, generator=gen), torch.randn(2, 4, 4, generator=gen)
+
+    def forward(w, b, twice):
+        h = linear(x, w, b)
+        return linear(h, w, b).sum() if twice else h.sum() + (w ** 2).sum()
+
+    def reference_grad(twice):
+        w, b = w0.clone().requires_grad_(True), torch.zeros(2, 4, requires_grad=True)
+        return torch.autograd.grad(forward(w, b, twice), [w])[0]
+
+    def under_spec(twice, bias_trains=True):
+        w, b = w0.clone().requires_grad_(True), torch.zeros(2, 4, requires_grad=bias_trains)
+        spec = SGDInBackward({"w": w}, 0.1)
+        with updating(spec):
+            total = forward(w, b, twice)
+        return w, spec, torch.autograd.grad(total, [w, b] if bias_trains else [w], allow_unused=True)[0]
+
+    w, spec, g = under_spec(twice=True)  # not moved: its uses' gradients held for the optimiser
+    assert g is None and spec.moved == set() and torch.equal(w.detach(), w0)
+    torch.testing.assert_close(spec.held["w"], reference_grad(twice=True))
+    w, spec, g = under_spec(twice=False, bias_trains=False)  # the bias does not train: autograd's gradient
+    assert spec.moved == set() and spec.held == {}
+    torch.testing.assert_close(g, reference_grad(twice=False))
+    w, spec, g = under_spec(twice=False)  # moved by its layer's part; the square's part for the optimiser
+    assert spec.moved == {"w"}
+    torch.testing.assert_close(g, 2 * w0)
+    torch.testing.assert_close(w.detach() - 0.1 * g, w0 - 0.1 * reference_grad(twice=False))
+
+
+@pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.0), None),
+                                    (OptimizerConfig(lr=0.1, momentum=0.0, weight_decay=0.01), 0.5),
+                                    (OptimizerConfig(lr=0.1, momentum=0.0), "own centres")])
+def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the_optimiser_would(monkeypatch, opt, mu):
+    """Unequal clients with dropout (a plain, compacted stack): moving the weights in the backward gives each client
+    the parameters and loss of the optimiser's update, with weight decay and a proximal term (one centre for all, or
+    each client's own)."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    sizes = [37, 12, 50, 3, 24, 0]
+    data, params = _stack_data(sizes), _params(model, len(sizes))
+    sched = LocalSchedule(batch_size=8, epochs=2)
+    own = mu == "own centres"
+    centre = {k: v + 0.1 * (v + 1) if own else v[0] for k, v in params.items()}
+    reg = Proximal(centre, 0.3 if own else mu) if mu else None
+    moved: list[str] = []
+    real_move = SGDInBackward.move
+
+    def move(self, name, *a):
+        real_move(self, name, *a)
+        if name in self.moved:
+            moved.append(name)
+
+    monkeypatch.setattr(SGDInBackward, "move", move)
+    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 1 << 40)  # the optimiser's update
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    assert moved == []
+    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    assert set(moved) == {"layers.0.weight", "layers.1.weight", "layers.2.weight"}
+    for name in reference[0]:
+        torch.testing.assert_close(trained[0][name], reference[0][name], rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("opt", [OptimizerConfig(lr=0.1, momentum=0.9), OptimizerConfig(kind="adam", lr=0.01)])
+def test_momentum_adam_and_a_loss_term_keep_the_optimisers_update(monkeypatch, opt):
+    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    called: list[str] = []
+    monkeypatch.setattr(SGDInBackward, "move", lambda self, name, *a: called.append(name))
+    model = MLP(6, [16], 4)
+    data, params = _stack_data([20, 9]), _params(model, 2)
+    train_stack(model, params, data, LocalSchedule(batch_size=8), opt, opt.lr)
+    train_stack(model, params, data, LocalSchedule(batch_size=8), OptimizerConfig(lr=0.1, momentum=0.0), 0.1,
+                regulariser=lambda p: sum((v ** 2).flatten(1).sum(1) for v in p.values()))
+    assert called == []
+
+
+@pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "ditto"])
+def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorithm):
+    """Sequential (one client a stack) and vectorised (compacted stacks) executors, every weight moved in the
+    backward: the same model, to float tolerance, as with the optimiser's update."""
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
+    from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+    from hetfed.executors.simulate import simulate
+    from hetfed.models import build_model
+    from hetfed.partition import make_federation
+    from tests.synthetic import ShiftedGaussians
+
+    fed = make_federation(ShiftedGaussians(900, 6, classes=4), PartitionConfig(kind="dirichlet", clients=6, alpha=0.3,
+                                                                               val_fraction=0.0, test_fraction=0.0), seed=0)
+    moves = []
+    real_move = SGDInBackward.move
+    monkeypatch.setattr(SGDInBackward, "move", lambda self, *a: moves.append(a[0]) or real_move(self, *a))
+    results = {}
+    for move_from, executor in ((1 << 40, SequentialExecutor()), (0, SequentialExecutor()), (0, VectorisedExecutor())):
+        monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", move_from)
+        model = build_model(ModelConfig(kind="mlp", hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
+        train = TrainConfig(rounds=2, client_fraction=1.0, eval_every=2, local_epochs=1, batch_size=10,
+                            optimizer=OptimizerConfig(lr=0.05, momentum=0.0, weight_decay=1e-3))
+        results[(move_from, type(executor).__name__)] = simulate(build_algorithm(algorithm, model, train), fed, train, 1,
+                                                                 executor=executor).server.params
+        assert bool(moves) == (move_from == 0)
+        moves.clear()
+    reference = results[(1 << 40, "SequentialExecutor")]
+    for other in list(results.values())[1:]:
+        for k, v in reference.items():
+            torch.testing.assert_close(other[k], v, rtol=1e-4, atol=1e-5)
