@@ -26,6 +26,7 @@ also times it with ``train.capture`` compile (steps compiled by ``torch.compile`
 warm-up rounds, not in the time per round).
 
     python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile] [--repeats R]
+                                [--compare-moves]
                                 [--cases compute_bound overhead_bound fsnet_protocol]
 """
 
@@ -105,6 +106,19 @@ def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu", ca
     total = time.perf_counter() - t0
     # the one final evaluation is not training: report the training time per round
     return result.train_seconds / rounds if result.train_seconds else total / rounds
+
+
+def _unmoved_seconds_per_round(case: dict, rounds: int, device: str) -> float:
+    """:func:`seconds_per_round` of the vectorised executor with no weight moved in the backward: every weight
+    updated by the optimiser from its gradient (the step before hetfed moved large weights)."""
+    from hetfed.models import sgd_in_backward
+
+    before = sgd_in_backward.MOVE_FROM
+    sgd_in_backward.MOVE_FROM = 1 << 62
+    try:
+        return seconds_per_round(case, VectorisedExecutor(), rounds, device)
+    finally:
+        sgd_in_backward.MOVE_FROM = before
 
 
 def _sync(device: str) -> None:
@@ -212,6 +226,9 @@ def main() -> None:
                         help="time the vectorised round and its ideal (and --compile's) this many times in turn; medians")
     parser.add_argument("--compile", action="store_true",
                         help="on a CPU, also time the vectorised executor with train.capture compile (torch.compile)")
+    parser.add_argument("--compare-moves", action="store_true",
+                        help="also time the vectorised round with every weight updated by the optimiser (no weight "
+                             "moved in the backward: hetfed.models.sgd_in_backward), in turn with the others")
     parser.add_argument("--cases", nargs="+", default=["compute_bound", "overhead_bound"], choices=list(CASES))
     args = parser.parse_args()
     if args.threads:
@@ -225,9 +242,11 @@ def main() -> None:
         # shared machine the speed drifts by tens of percent within minutes, which a ratio of two far-apart
         # timings would take for the framework's
         compiling = args.compile and args.device == "cpu"
-        timed: dict[str, list[float]] = {"vec": [], "ideal": [], "ideal_moved": [], "compiled": []}
+        timed: dict[str, list[float]] = {"vec": [], "ideal": [], "ideal_moved": [], "compiled": [], "unmoved": []}
         for _ in range(args.repeats):
             timed["vec"].append(seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device))
+            if args.compare_moves:
+                timed["unmoved"].append(_unmoved_seconds_per_round(case, args.rounds, args.device))
             timed["ideal"].append(ideal_seconds_per_round(case, device=args.device))
             timed["ideal_moved"].append(ideal_seconds_per_round(case, device=args.device, moved=True))
             if compiling:
@@ -246,6 +265,10 @@ def main() -> None:
             "gflop_per_round": flops_per_round(case) / 1e9,
             "vectorised_gflops": flops_per_round(case) / 1e9 / vec,
         }
+        if args.compare_moves:
+            unmoved = float(np.median(timed["unmoved"]))
+            report["cases"][name]["vectorised_unmoved_s_per_round"] = unmoved
+            report["cases"][name]["unmoved_over_moved"] = unmoved / vec
         if args.device == "cuda":  # the same executor with every step launched eagerly (train.capture = off)
             eager = seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device, capture="off")
             report["cases"][name]["vectorised_eager_s_per_round"] = eager
