@@ -208,11 +208,12 @@ def test_a_groups_verdict_is_what_admitting_it_as_one_chunk_decides(scales, refe
 
 
 def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_depend_on_the_stack(monkeypatch):
-    """A parameter longer than a slice (``NORM_COLUMNS``; 13 here, so slices end mid-row) is measured in slices: the
-    norms of one slice a parameter to 1e-12, and a client's norm bit for bit the same alone as in a stack."""
+    """A parameter longer than a slice (13 columns here, so slices end mid-row; a client alone: 60) is measured in
+    slices: the norms of one slice a parameter, and a client's norm alone, to 1e-12."""
     from hetfed.server import screen
 
     monkeypatch.setattr(screen, "NORM_COLUMNS", 13)
+    monkeypatch.setattr(screen, "NORM_SLICE", 60)
     g = torch.Generator().manual_seed(3)
     params = {"w": torch.randn(5, 30, 7, generator=g), "b": torch.randn(5, 7, generator=g)}
     ref = {"w": torch.randn(30, 7, generator=g), "b": torch.randn(7, generator=g)}
@@ -221,7 +222,8 @@ def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_dep
     want = [math.sqrt(sum(float(x) ** 2 for k in params for x in (params[k][i].double() - ref[k].double()).flatten()))
             for i in range(5)]
     np.testing.assert_allclose(norms.numpy(), want, rtol=1e-6)  # the differences are float32 values
-    assert [float(screen.update_norms(upload.take([i]), ref)[0]) for i in range(5)] == norms.tolist()
+    alone = [float(screen.update_norms(upload.take([i]), ref)[0]) for i in range(5)]
+    np.testing.assert_allclose(alone, norms.numpy(), rtol=1e-12)
     monkeypatch.setattr(screen, "NORM_COLUMNS", 1 << 30)  # one slice a parameter: the same float32 differences
     np.testing.assert_allclose(screen.update_norms(upload, ref).numpy(), norms.numpy(), rtol=1e-12)
 

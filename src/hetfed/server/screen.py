@@ -39,20 +39,23 @@ def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
     return out
 
 
-#: :func:`update_norms` takes each parameter's differences this many values per client at a time
-NORM_COLUMNS = 4096
+#: :func:`update_norms` takes each parameter's differences about this many values at a time (a stack's clients
+#: together), and at least :data:`NORM_COLUMNS` per client
+NORM_SLICE, NORM_COLUMNS = 1 << 17, 4096
 
 
 def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
     """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
 
     Accumulated in float64, parameter after parameter on the device, and read back once (a read per parameter
-    made the host wait for the device as often). The differences are taken :data:`NORM_COLUMNS` values per
-    client at a time, so that neither they nor ``vector_norm``'s float64 copy of them is ever a whole update:
-    written whole, those two copies and the reads back were 13.5 ms of a 28-client stack of 784×200 weights on
-    this project's CPU (~8 % of W1's round, ``benchmarks/engine.py``), 1.5 ms in slices. The slices are the same
-    whatever the stack, so a client's norm does not depend on the clients it was stacked with. On an accelerator a
-    parameter is one slice: its memory is fast, and each slice would be kernel launches.
+    made the host wait for the device as often). On a CPU the differences are taken in slices of columns
+    (:data:`NORM_SLICE` values, at least :data:`NORM_COLUMNS` a client), so that neither they nor
+    ``vector_norm``'s float64 copy of them is ever a whole update in memory: written whole, those two copies and
+    the reads back were 13.5 ms of a 28-client stack of 784×200 weights on this project's CPU (~8 % of W1's
+    round, ``benchmarks/engine.py``), 1.3–1.5 ms in slices; a client alone (the sequential executor) takes few
+    slices, each a few operations. A client's norm depends on its stack's slicing only in float64 rounding
+    (~1e-16). On an accelerator a parameter is one slice: its memory is fast, and each slice would be kernel
+    launches.
     """
     n = len(upload.client_ids)
     total: torch.Tensor | None = None
@@ -60,7 +63,7 @@ def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
         theta = upload.params[k]
         ref = ref.to(theta.device)
         flat, centre = theta.reshape(n, -1), ref.reshape(n if ref.dim() == theta.dim() else 1, -1)
-        columns = NORM_COLUMNS if flat.device.type == "cpu" else max(flat.shape[1], 1)
+        columns = max(NORM_COLUMNS, NORM_SLICE // n) if flat.device.type == "cpu" else max(flat.shape[1], 1)
         for s in range(0, flat.shape[1], columns):
             d = flat[:, s:s + columns] - centre[:, s:s + columns]
             square = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64).pow(2)
