@@ -259,7 +259,8 @@ def train_stack(
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK),
-                 moves=simple and opt_cfg.kind == "sgd" and not opt_cfg.momentum)
+                 moves=sgd_in_backward.fewest_clients([v[0].numel() for v in current.values() if v.ndim == 3])
+                 if simple and opt_cfg.kind == "sgd" and not opt_cfg.momentum else 0)
     graphs = None
     if capturing:
         step, graphs = _recorded(step, keys, recorder)
@@ -426,9 +427,9 @@ class _Step:
     project: Projection | None
     #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
     masks: streams.RoundDraws | None = None
-    #: a step with every computed client training moves its linear layers' weights in the backward
-    #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD without momentum)
-    moves: bool = False
+    #: a step of at least this many clients, every one training, moves its linear layers' weights in the backward
+    #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD without momentum; 0: never)
+    moves: int = 0
 
     def _moving(self, leaves: Params, proximal: Proximal | None) -> sgd_in_backward.SGDInBackward:
         """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay and the
@@ -457,7 +458,7 @@ class _Step:
                 proximal = proximal.per_client(lambda v: v[:clients], current)
         noise = Noise(keys, t, rows, masks=masks)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        moving = self._moving(leaves, proximal) if self.moves and every else None
+        moving = self._moving(leaves, proximal) if every and 0 < self.moves <= clients else None
         with sgd_in_backward.updating(moving) if moving is not None else nullcontext():
             out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
