@@ -88,11 +88,11 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
     return per_round, result.server.params, model
 
 
-def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: torch.Tensor,
-                   fresh, forward, lr: float, batch: int, repeats: int, device: str, plain: bool = False) -> float:
-    """Each stack of ``blocks`` for its longest client's steps (full batches of pre-made rows of ``x``): ``forward``
-    over ``fresh(m)`` stacked parameters, autograd backward, an SGD update; the fastest of ``repeats``. ``plain``:
-    each step computes only the stack's clients that still train (the first ones of a longest-first stack)."""
+def _timed_stacks(blocks: list[list[int]], steps: list[int], n_rows: int, fresh, step, batch: int, repeats: int,
+                  device: str, plain: bool) -> float:
+    """Each stack of ``blocks`` for its longest client's steps: ``step(whole, m, rows)`` over ``fresh(len(block))``
+    stacked parameters, its first ``m`` clients (``plain``: those still training, the first ones of a longest-first
+    stack; else all) on full batches of pre-made rows; the fastest of ``repeats``."""
 
     def one() -> float:
         t0 = time.perf_counter()
@@ -100,19 +100,28 @@ def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y
             whole = fresh(len(block))
             for s in range(max(steps[i] for i in block)):
                 m = sum(1 for i in block if steps[i] > s) if plain else len(block)
-                rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % len(x)
-                leaves = [p[:m].requires_grad_(True) for p in whole]
-                logits = forward(leaves, x[rows])
-                loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[rows].reshape(-1))
-                grads = torch.autograd.grad(loss * m, leaves)
-                with torch.no_grad():
-                    for p, g in zip(leaves, grads, strict=True):
-                        p.detach().sub_(g, alpha=lr)
+                step(whole, m, (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % n_rows)
         _sync(device)
         return time.perf_counter() - t0
 
     one()
     return min(one() for _ in range(repeats))
+
+
+def _stacked_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: torch.Tensor,
+                   fresh, forward, lr: float, batch: int, repeats: int, device: str, plain: bool = False) -> float:
+    """:func:`_timed_stacks` of ``forward`` over the stacked parameters, autograd backward and an SGD update."""
+
+    def step(whole: list[torch.Tensor], m: int, rows: torch.Tensor) -> None:
+        leaves = [p[:m].requires_grad_(True) for p in whole]
+        logits = forward(leaves, x[rows])
+        loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[rows].reshape(-1))
+        grads = torch.autograd.grad(loss * m, leaves)
+        with torch.no_grad():
+            for p, g in zip(leaves, grads, strict=True):
+                p.detach().sub_(g, alpha=lr)
+
+    return _timed_stacks(blocks, steps, len(x), fresh, step, batch, repeats, device, plain)
 
 
 def _moved_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: torch.Tensor, fresh, lr: float,
@@ -121,30 +130,21 @@ def _moved_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tensor, y: 
     autograd computes the gradients of the layers' outputs only, and each weight is moved by one ``baddbmm_`` from
     its layer's input and output gradient (no weight gradient written and read back)."""
 
-    def one() -> float:
-        t0 = time.perf_counter()
-        for block in blocks:
-            whole = fresh(len(block))
-            for s in range(max(steps[i] for i in block)):
-                m = sum(1 for i in block if steps[i] > s) if plain else len(block)
-                rows = (torch.arange(m * batch, device=device).view(m, batch) * 7 + s * 13) % len(x)
-                h, inputs, outputs = x[rows], [], []
-                biases = [b[:m].requires_grad_(True) for b in whole[1::2]]
-                for i, (w, b) in enumerate(zip(whole[0::2], biases, strict=True)):
-                    inputs.append(h)
-                    outputs.append(torch.baddbmm(b, h, w[:m]))
-                    h = torch.relu(outputs[-1]) if i + 1 < len(biases) else outputs[-1]
-                loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y[rows].reshape(-1))
-                grads = torch.autograd.grad(loss * m, outputs)
-                with torch.no_grad():
-                    for w, b, hin, g in zip(whole[0::2], biases, inputs, grads, strict=True):
-                        w[:m].baddbmm_(hin.transpose(1, 2), g, alpha=-lr)
-                        b.detach().sub_(g.sum(1, keepdim=True), alpha=lr)
-        _sync(device)
-        return time.perf_counter() - t0
+    def step(whole: list[torch.Tensor], m: int, rows: torch.Tensor) -> None:
+        h, inputs, outputs = x[rows], [], []
+        biases = [b[:m].requires_grad_(True) for b in whole[1::2]]
+        for i, (w, b) in enumerate(zip(whole[0::2], biases, strict=True)):
+            inputs.append(h)
+            outputs.append(torch.baddbmm(b, h, w[:m]))
+            h = torch.relu(outputs[-1]) if i + 1 < len(biases) else outputs[-1]
+        loss = F.cross_entropy(h.reshape(-1, h.shape[-1]), y[rows].reshape(-1))
+        grads = torch.autograd.grad(loss * m, outputs)
+        with torch.no_grad():
+            for w, b, hin, g in zip(whole[0::2], biases, inputs, grads, strict=True):
+                w[:m].baddbmm_(hin.transpose(1, 2), g, alpha=-lr)
+                b.detach().sub_(g.sum(1, keepdim=True), alpha=lr)
 
-    one()
-    return min(one() for _ in range(repeats))
+    return _timed_stacks(blocks, steps, len(x), fresh, step, batch, repeats, device, plain)
 
 
 def ideal_seconds(blocks: list[list[int]], steps: list[int], d: int, hidden: int, batch: int = 10,

@@ -12,7 +12,7 @@ from hetfed.config import OptimizerConfig
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
 from hetfed.models import MLP, sgd_in_backward
 from hetfed.models.sgd_in_backward import SGDInBackward, linear, updating
-from tests.test_stacking import _params, _stack_data
+from tests.test_stacking import _params, _stack_data, unequal_stack
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -85,13 +85,8 @@ def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the
     """Unequal clients with dropout (a plain, compacted stack): moving the weights in the backward gives each client
     the parameters and loss of the optimiser's update, with weight decay and a proximal term (one centre for all, or
     each client's own)."""
-    model = MLP(6, [16, 8], 4, dropout=0.3)
-    sizes = [37, 12, 50, 3, 24, 0]
-    data, params = _stack_data(sizes), _params(model, len(sizes))
-    sched = LocalSchedule(batch_size=8, epochs=2)
-    own = mu == "own centres"
-    centre = {k: v + 0.1 * (v + 1) if own else v[0] for k, v in params.items()}
-    reg = Proximal(centre, 0.3 if own else mu) if mu else None
+    model, _, data, params, sched, centre = unequal_stack(mu)
+    reg = Proximal(centre, 0.3 if mu == "own centres" else mu) if mu else None
     moved: list[str] = []
     real_move = SGDInBackward.move
 

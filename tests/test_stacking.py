@@ -128,6 +128,21 @@ def _params(model, n):
     return {s.name: torch.stack([s.init(gen, s.shape) for _ in range(n)]) for s in model.specs()}
 
 
+def unequal_stack(mu):
+    """A stack of unequal clients in id order (the longest in the middle, one without data) on an MLP with dropout:
+    (model, sizes, data, params, schedule, the proximal centres: each client's own when ``mu`` is "own centres",
+    else one model for all)."""
+    from hetfed.engine.local import LocalSchedule
+    from hetfed.models import MLP
+
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    sizes = [37, 12, 50, 3, 24, 0]
+    params = _params(model, len(sizes))
+    own = mu == "own centres"
+    centre = {k: v + 0.1 * (v + 1) if own else v[0] for k, v in params.items()}
+    return model, sizes, _stack_data(sizes), params, LocalSchedule(batch_size=8, epochs=2), centre
+
+
 @pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9), None),
                                     (OptimizerConfig(kind="adam", lr=0.01), None),
                                     (OptimizerConfig(lr=0.1), 0.5),
@@ -139,15 +154,10 @@ def test_a_plain_step_computes_only_the_clients_still_training_and_gives_each_it
     one model for all or each client's own (a stacked sweep's clients of several runs)."""
     from dataclasses import replace
 
-    from hetfed.engine.local import LocalSchedule, Proximal, train_stack
-    from hetfed.models import MLP
+    from hetfed.engine.local import Proximal, train_stack
 
-    model = MLP(6, [16, 8], 4, dropout=0.3)
-    sizes = [37, 12, 50, 3, 24, 0]
-    data, params = _stack_data(sizes), _params(model, len(sizes))
-    sched = LocalSchedule(batch_size=8, epochs=2)
+    model, sizes, data, params, sched, centre = unequal_stack(mu)
     own = mu == "own centres"
-    centre = {k: v + 0.1 * (v + 1) if own else v[0] for k, v in params.items()}
 
     def reg(k=None):
         if not mu:

@@ -35,7 +35,8 @@ MOVE_FROM = 1 << 18
 def fewest_clients(per_client: list[int]) -> int:
     """The fewest clients a stack needs for one of its weights (``per_client``: each weight's elements for one
     client) to be moved (at least :data:`MOVE_FROM` elements); 0 when there is no weight."""
-    return max(1, -(-MOVE_FROM // max(per_client))) if per_client and max(per_client) else 0
+    largest = max(per_client, default=0)
+    return max(1, -(-MOVE_FROM // largest)) if largest else 0
 
 
 @dataclass
