@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import time
 
 import numpy as np
@@ -119,6 +120,16 @@ def _unmoved_seconds_per_round(case: dict, rounds: int, device: str) -> float:
         return seconds_per_round(case, VectorisedExecutor(), rounds, device)
     finally:
         sgd_in_backward.MOVE_FROM = before
+
+
+def cpu_name() -> str | None:
+    """The host CPU's model (Linux's ``/proc/cpuinfo``), recorded with every timing: sessions run on separate
+    machines, whose speeds differ."""
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+    except OSError:
+        return None
 
 
 def _sync(device: str) -> None:
@@ -234,7 +245,8 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
-              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cases": {}}
+              "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cpu": cpu_name(),
+              "cpus": os.cpu_count(), "cases": {}}
     for name in args.cases:
         case = CASES[name]
         seq = seconds_per_round(case, SequentialExecutor(), args.rounds, args.device)

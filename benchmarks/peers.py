@@ -37,7 +37,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import torch
-from unequal import federation, run  # this folder is on sys.path
+from engine import cpu_name  # this folder is on sys.path
+from unequal import federation, run
 
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 
@@ -187,7 +188,7 @@ def main() -> None:
     model = "MLP 784-200-10" if args.model == "mlp" else "PFLlib's FedAvgCNN (cnn4)"
     out: dict = {"workload": f"{args.samples}x784 synthetic, Dirichlet 0.1, 20 clients, {model}, E=1, B=10",
                  "threads": args.threads, "rounds": args.rounds, "device": args.device,
-                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
+                 "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cpu": cpu_name()}
     for algorithm in args.algorithms:
         rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm, args.device, args.model)}
         if args.pfl and algorithm == "fedavg" and args.model == "mlp":

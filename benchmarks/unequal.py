@@ -38,8 +38,9 @@ import time
 import conv_forms  # benchmarks/conv_forms.py: the CNN's forms over a stack of clients (this folder is on sys.path)
 import torch
 import torch.nn.functional as F
-from engine import (
-    _Synthetic,  # benchmarks/engine.py: random inputs of a given shape (this folder is on sys.path)
+from engine import (  # benchmarks/engine.py (this folder is on sys.path)
+    _Synthetic,  # random inputs of a given shape
+    cpu_name,
 )
 
 from hetfed.algorithms import build_algorithm
@@ -234,7 +235,7 @@ def main() -> None:
     schedule = LocalSchedule(batch_size=10)
     steps = [schedule.n_steps(s) for s in sizes]
     out: dict = {"model": args.model, "clients": len(sizes), "samples": args.samples, "samples_min": min(sizes),
-                 "samples_max": max(sizes), "threads": args.threads, "rounds": args.rounds, "device": args.device,
+                 "samples_max": max(sizes), "threads": args.threads, "rounds": args.rounds, "device": args.device, "cpu": cpu_name(),
                  "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     for algorithm in args.algorithms:
         rows = {}
