@@ -233,7 +233,9 @@ def train_stack(
     the others are inputs held fixed (e.g. a frozen global model in a mixture).
     ``regulariser`` adds a loss term per client (a :class:`Proximal` term by its closed-form gradient).
     ``objective`` replaces the model's cross-entropy per row (APFL trains two models on
-    one batch); ``project`` constrains the parameters after every step.
+    one batch); ``project`` constrains the parameters after every step. A plain step under SGD without momentum
+    moves its large linear weights in the backward instead of handing their gradients to the optimiser
+    (:mod:`hetfed.models.sgd_in_backward`: the same update, to float rounding, without a weight gradient in memory).
     """
     device = data.x.device
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
