@@ -234,8 +234,7 @@ def train_stack(
     ``regulariser`` adds a loss term per client (a :class:`Proximal` term by its closed-form gradient).
     ``objective`` replaces the model's cross-entropy per row (APFL trains two models on
     one batch); ``project`` constrains the parameters after every step. A plain step under SGD without momentum
-    moves its large linear weights in the backward instead of handing their gradients to the optimiser
-    (:mod:`hetfed.models.sgd_in_backward`: the same update, to float rounding, without a weight gradient in memory).
+    moves its large linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
     """
     device = data.x.device
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
