@@ -18,10 +18,12 @@ from tests.test_stacking import _params, _stack_data, unequal_stack
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(n=st.integers(1, 4), rows=st.integers(1, 6), d_in=st.integers(1, 7), d_out=st.integers(1, 5),
        lr=st.floats(1e-3, 1.0), decay=st.sampled_from([0.0, 0.01]), mu=st.sampled_from([0.0, 0.3]),
-       own=st.booleans())
-def test_a_moved_weight_is_the_optimisers_update_of_its_gradient(monkeypatch, n, rows, d_in, d_out, lr, decay, mu, own):
-    """``W ← W − lr·(∂L/∂W + decay·W + μ·(W − c))`` whether the backward moves W or the optimiser does; the input's
-    and the bias's gradients are autograd's. (The same setting for every example: the fixture is not reset.)"""
+       own=st.booleans(), momentum=st.sampled_from([0.0, 0.9]))
+def test_a_moved_weight_is_the_optimisers_update_of_its_gradient(monkeypatch, n, rows, d_in, d_out, lr, decay, mu, own,
+                                                                 momentum):
+    """``W ← W − lr·(∂L/∂W + decay·W + μ·(W − c))`` (with momentum: through ``v ← m·v + …``, ``W ← W − lr·v``)
+    whether the backward moves W or the optimiser does; the input's and the bias's gradients are autograd's. (The same
+    setting for every example: the fixture is not reset.)"""
     monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
     gen = torch.Generator().manual_seed(n * 100 + rows)
     x = torch.randn(n, rows, d_in, generator=gen, dtype=torch.float64)
@@ -33,15 +35,21 @@ def test_a_moved_weight_is_the_optimisers_update_of_its_gradient(monkeypatch, n,
 
     xr, w, b = x.clone().requires_grad_(True), w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
     gx, gw, gb = torch.autograd.grad(loss(torch.baddbmm(b.unsqueeze(1), xr, w)), [xr, w, b])
-    expected = w0 - lr * (gw + decay * w0 + mu * (w0 - centre))
+    v0 = torch.randn(n, d_in, d_out, generator=gen, dtype=torch.float64)
+    velocity = momentum * v0 + gw + decay * w0 + mu * (w0 - centre)
+    expected = w0 - lr * (velocity if momentum else gw + decay * w0 + mu * (w0 - centre))
 
     xm, wm, bm = x.clone().requires_grad_(True), w0.clone().requires_grad_(True), b0.clone().requires_grad_(True)
-    spec = SGDInBackward({"w": wm}, lr, 1 - lr * (decay + mu), {"w": centre} if mu else {}, mu)
+    buffer = v0.clone()
+    spec = SGDInBackward({"w": wm}, lr, decay + mu, {"w": centre} if mu else {}, mu, momentum,
+                         {"w": buffer} if momentum else {})
     with updating(spec):
         out = linear(xm, wm, bm)
     hx, hw, hb = torch.autograd.grad(loss(out), [xm, wm, bm], allow_unused=True)
     assert hw is None and spec.moved == {"w"}
     torch.testing.assert_close(wm.detach(), expected)
+    if momentum:
+        torch.testing.assert_close(buffer, velocity)
     torch.testing.assert_close(hx, gx)
     torch.testing.assert_close(hb, gb)
 
@@ -80,11 +88,13 @@ def test_a_weight_used_twice_keeps_its_gradient_and_one_used_elsewhere_gets_the_
 
 @pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.0), None),
                                     (OptimizerConfig(lr=0.1, momentum=0.0, weight_decay=0.01), 0.5),
-                                    (OptimizerConfig(lr=0.1, momentum=0.0), "own centres")])
+                                    (OptimizerConfig(lr=0.1, momentum=0.0), "own centres"),
+                                    (OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=0.01), None),
+                                    (OptimizerConfig(lr=0.05, momentum=0.9), "own centres")])
 def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the_optimiser_would(monkeypatch, opt, mu):
     """Unequal clients with dropout (a plain, compacted stack): moving the weights in the backward gives each client
-    the parameters and loss of the optimiser's update, with weight decay and a proximal term (one centre for all, or
-    each client's own)."""
+    the parameters, momentum buffers and loss of the optimiser's update, with weight decay, momentum and a proximal
+    term (one centre for all, or each client's own)."""
     model, _, data, params, sched, centre = unequal_stack(mu)
     reg = Proximal(centre, 0.3 if mu == "own centres" else mu) if mu else None
     moved: list[str] = []
@@ -102,13 +112,15 @@ def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the
     monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
     trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
     assert set(moved) == {"layers.0.weight", "layers.1.weight", "layers.2.weight"}
-    for name in reference[0]:
-        torch.testing.assert_close(trained[0][name], reference[0][name], rtol=1e-5, atol=1e-6)
+    for i in (0, 1):  # parameters, optimiser state
+        assert set(trained[i]) == set(reference[i])
+        for name in reference[i]:
+            torch.testing.assert_close(trained[i][name], reference[i][name], rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
 
 
-@pytest.mark.parametrize("opt", [OptimizerConfig(lr=0.1, momentum=0.9), OptimizerConfig(kind="adam", lr=0.01)])
-def test_momentum_adam_and_a_loss_term_keep_the_optimisers_update(monkeypatch, opt):
+def test_adam_and_a_loss_term_keep_the_optimisers_update(monkeypatch):
+    opt = OptimizerConfig(kind="adam", lr=0.01)
     monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
     called: list[str] = []
     monkeypatch.setattr(SGDInBackward, "move", lambda self, name, *a: called.append(name))
@@ -142,7 +154,7 @@ def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorith
         monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", move_from)
         model = build_model(ModelConfig(kind="mlp", hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
         train = TrainConfig(rounds=2, client_fraction=1.0, eval_every=2, local_epochs=1, batch_size=10,
-                            optimizer=OptimizerConfig(lr=0.05, momentum=0.0, weight_decay=1e-3))
+                            optimizer=OptimizerConfig(lr=0.05, momentum=0.5, weight_decay=1e-3))
         results[(move_from, type(executor).__name__)] = simulate(build_algorithm(algorithm, model, train), fed, train, 1,
                                                                  executor=executor).server.params
         assert bool(moves) == (move_from == 0)

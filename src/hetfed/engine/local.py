@@ -233,8 +233,8 @@ def train_stack(
     the others are inputs held fixed (e.g. a frozen global model in a mixture).
     ``regulariser`` adds a loss term per client (a :class:`Proximal` term by its closed-form gradient).
     ``objective`` replaces the model's cross-entropy per row (APFL trains two models on
-    one batch); ``project`` constrains the parameters after every step. A plain step under SGD without momentum
-    moves its large linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
+    one batch); ``project`` constrains the parameters after every step. A plain step under SGD moves its large
+    linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
     """
     device = data.x.device
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
@@ -261,7 +261,7 @@ def train_stack(
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK),
                  moves=sgd_in_backward.fewest_clients([v[0].numel() for v in current.values() if v.ndim == 3])
-                 if simple and opt_cfg.kind == "sgd" and not opt_cfg.momentum else 0)
+                 if simple and opt_cfg.kind == "sgd" else 0)
     graphs = None
     if capturing:
         step, graphs = _recorded(step, keys, recorder)
@@ -429,17 +429,18 @@ class _Step:
     #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
     masks: streams.RoundDraws | None = None
     #: a step of at least this many clients, every one training, moves its linear layers' weights in the backward
-    #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD without momentum; 0: never)
+    #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD; 0: never)
     moves: int = 0
 
-    def _moving(self, leaves: Params, proximal: Proximal | None) -> sgd_in_backward.SGDInBackward:
-        """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay and the
-        proximal term folded in."""
+    def _moving(self, leaves: Params, proximal: Proximal | None, state: Params) -> sgd_in_backward.SGDInBackward:
+        """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay, momentum
+        (``state``: this step's buffers) and the proximal term folded in."""
         mu = proximal.weight if proximal is not None else 0.0
         weights = {k: v for k, v in leaves.items() if v.ndim == 3}
         centres = {k: proximal.centre[k] for k in weights if k in proximal.centre} if proximal is not None else {}
-        return sgd_in_backward.SGDInBackward(weights, self.lr, 1.0 - self.lr * (self.opt_cfg.weight_decay + mu),
-                                             centres, mu)
+        return sgd_in_backward.SGDInBackward(weights, self.lr, self.opt_cfg.weight_decay + mu, centres, mu,
+                                             self.opt_cfg.momentum,
+                                             optim.momentum_buffers(self.opt_cfg, state, list(weights)))
 
     def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any, int],
                  rows: list[int]) -> None:
@@ -459,7 +460,7 @@ class _Step:
                 proximal = proximal.per_client(lambda v: v[:clients], current)
         noise = Noise(keys, t, rows, masks=masks)
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        moving = self._moving(leaves, proximal) if every and 0 < self.moves <= clients else None
+        moving = self._moving(leaves, proximal, state) if every and 0 < self.moves <= clients else None
         with sgd_in_backward.updating(moving) if moving is not None else nullcontext():
             out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)

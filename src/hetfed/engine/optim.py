@@ -39,6 +39,11 @@ def init_state(cfg: OptimizerConfig, params: Params) -> Params:
     return state
 
 
+def momentum_buffers(cfg: OptimizerConfig, state: Params, names: list[str]) -> Params:
+    """SGD's momentum buffers of ``names`` in ``state`` (none without momentum), by parameter name."""
+    return {k: state[f"opt.mom.{k}"] for k in names} if cfg.kind == "sgd" and cfg.momentum else {}
+
+
 def step(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr: float, active: torch.Tensor,
          every: bool | None = None) -> tuple[Params, Params]:
     """One optimiser step, in place, for every active client of the stack.

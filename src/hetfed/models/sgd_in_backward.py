@@ -1,16 +1,17 @@
 """A linear layer's plain-SGD update applied inside its backward, where its weight gradient is made.
 
-With plain SGD (no momentum), a stacked linear layer's weight gradient ``xᵀg`` ``[n, in, out]`` is written only to
-be read back once by the optimiser: ``W ← W − lr·(xᵀg + decay·W + μ·(W − c))``. On a CPU, where a stacked step is
-memory-bound, those are two of the step's five passes over each weight stack. Here the backward of :func:`linear`
-instead moves the weight itself, ``W ← β·W − lr·xᵀg (+ lr·μ·c)`` with ``β = 1 − lr·(decay + μ)``, as one
-``baddbmm_`` into ``W`` — after the layer's backward has used ``W`` for the input's gradient — and autograd computes
+With SGD, a stacked linear layer's weight gradient ``xᵀg`` ``[n, in, out]`` is written only to be read back once by
+the optimiser: ``W ← W − lr·(xᵀg + decay·W + μ·(W − c))``, or through a momentum buffer. On a CPU, where a stacked
+step is memory-bound, those are two of the step's five passes over each weight stack (more with momentum). Here the
+backward of :func:`linear` instead moves the weight itself, ``W ← β·W − lr·xᵀg (+ lr·μ·c)`` with
+``β = 1 − lr·(decay + μ)``, as one ``baddbmm_`` into ``W`` (with momentum: one ``baddbmm_`` into the buffer, then
+the weight's update) — after the layer's backward has used ``W`` for the input's gradient — and autograd computes
 no gradient for it.
 Measured on this project's 2-core CPU, 20 clients' 784×200 weights at B = 10: 1.17 ms for the gradient and the
 update, 0.29 ms as one ``baddbmm_``; W1's round (``benchmarks/engine.py``) is 14 % shorter (docs/scale.md).
 
-Only the step that knows its optimiser can ask for it (:func:`hetfed.engine.local.train_stack`: plain steps, SGD
-without momentum, every computed client training): it names the weights that may move (:class:`SGDInBackward`)
+Only the step that knows its optimiser can ask for it (:func:`hetfed.engine.local.train_stack`: plain steps under
+SGD, every computed client training): it names the weights that may move (:class:`SGDInBackward`)
 for the forward it runs (:func:`updating`). A weight a forward uses more than once keeps its ordinary gradient
 (its other uses' backwards read it after this one would have moved it): its uses' gradients are held for the
 caller's optimiser (``SGDInBackward.held``). A weight used elsewhere as well gets the other uses' gradient from
@@ -45,11 +46,14 @@ class SGDInBackward:
 
     weights: dict[str, torch.Tensor]
     lr: float
-    #: the factor on the weight: ``1 − lr·(weight decay + proximal weight)``
-    beta: float = 1.0
+    #: the weight's own gradient term: weight decay + the proximal weight μ
+    decay: float = 0.0
     #: a proximal term's centre per weight (``[n, in, out]`` or one model's ``[in, out]``) and its weight μ
     centres: dict[str, torch.Tensor] = field(default_factory=dict)
     mu: float = 0.0
+    #: SGD's momentum and its buffers by weight name (``v ← m·v + ∇``, ``W ← W − lr·v``)
+    momentum: float = 0.0
+    buffers: dict[str, torch.Tensor] = field(default_factory=dict)
     #: the weights whose update was applied in the backward (autograd hands back no gradient for them)
     moved: set[str] = field(default_factory=set)
     #: the gradients of the weights that were not moved (used more than once), by name
@@ -79,9 +83,18 @@ class SGDInBackward:
                 grad = x.transpose(1, 2).bmm(g)
                 self.held[name] = grad if name not in self.held else self.held[name] + grad
                 return
-            weight.baddbmm_(x.transpose(1, 2), g, beta=self.beta, alpha=-self.lr)
-            if name in self.centres:
-                weight.add_(self.centres[name], alpha=self.lr * self.mu)
+            if self.momentum:  # v ← m·v + xᵀg + decay·W − μ·c, then W ← W − lr·v
+                buffer = self.buffers[name]
+                buffer.baddbmm_(x.transpose(1, 2), g, beta=self.momentum)
+                if self.decay:
+                    buffer.add_(weight, alpha=self.decay)
+                if name in self.centres:
+                    buffer.add_(self.centres[name], alpha=-self.mu)
+                weight.add_(buffer, alpha=-self.lr)
+            else:  # W ← (1 − lr·decay)·W − lr·xᵀg + lr·μ·c
+                weight.baddbmm_(x.transpose(1, 2), g, beta=1.0 - self.lr * self.decay, alpha=-self.lr)
+                if name in self.centres:
+                    weight.add_(self.centres[name], alpha=self.lr * self.mu)
         self.moved.add(name)
 
 
