@@ -26,7 +26,7 @@ also times it with ``train.capture`` compile (steps compiled by ``torch.compile`
 warm-up rounds, not in the time per round).
 
     python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile] [--repeats R]
-                                [--compare-moves]
+                                [--compare-moves] [--momentum 0.9]
                                 [--cases compute_bound overhead_bound fsnet_protocol]
 """
 
@@ -96,7 +96,8 @@ def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu", ca
     model = build_model(ModelConfig(kind="mlp", hidden=case["hidden"]), fed.input_shape, fed.n_classes)
     train = TrainConfig(
         rounds=rounds, client_fraction=1.0, eval_every=10_000,
-        optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture, **case["train"],
+        optimizer=OptimizerConfig(lr=0.01, momentum=case.get("momentum", 0.0)), device=device, capture=capture,
+        **case["train"],
     )
     algo = build_algorithm("fedavg", model, train)
     # warm-up; a compiled step (train.capture compile) compiles a key once it has come up in enough rounds' plans
@@ -240,15 +241,17 @@ def main() -> None:
     parser.add_argument("--compare-moves", action="store_true",
                         help="also time the vectorised round with every weight updated by the optimiser (no weight "
                              "moved in the backward: hetfed.models.sgd_in_backward), in turn with the others")
+    parser.add_argument("--momentum", type=float, default=0.0,
+                        help="hetfed's executors train with this SGD momentum (the stacked ideals stay plain SGD)")
     parser.add_argument("--cases", nargs="+", default=["compute_bound", "overhead_bound"], choices=list(CASES))
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cpu": cpu_name(),
-              "cpus": os.cpu_count(), "cases": {}}
+              "cpus": os.cpu_count(), "momentum": args.momentum, "cases": {}}
     for name in args.cases:
-        case = CASES[name]
+        case = {**CASES[name], "momentum": args.momentum}
         seq = seconds_per_round(case, SequentialExecutor(), args.rounds, args.device)
         # the vectorised round and its ideal (and the compiled round) timed in turn, --repeats times, medians: on a
         # shared machine the speed drifts by tens of percent within minutes, which a ratio of two far-apart
