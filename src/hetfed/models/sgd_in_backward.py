@@ -1,4 +1,4 @@
-"""A linear layer's plain-SGD update applied inside its backward, where its weight gradient is made.
+"""A linear layer's SGD update applied inside its backward, where its weight gradient is made.
 
 With SGD, a stacked linear layer's weight gradient ``xᵀg`` ``[n, in, out]`` is written only to be read back once by
 the optimiser: ``W ← W − lr·(xᵀg + decay·W + μ·(W − c))``, or through a momentum buffer. On a CPU, where a stacked
@@ -8,7 +8,8 @@ backward of :func:`linear` instead moves the weight itself, ``W ← β·W − lr
 the weight's update) — after the layer's backward has used ``W`` for the input's gradient — and autograd computes
 no gradient for it.
 Measured on this project's 2-core CPU, 20 clients' 784×200 weights at B = 10: 1.17 ms for the gradient and the
-update, 0.29 ms as one ``baddbmm_``; W1's round (``benchmarks/engine.py``) is 14 % shorter (docs/scale.md).
+update, 0.29 ms as one ``baddbmm_``; W1's round (``benchmarks/engine.py --compare-moves``) 0.538 → 0.433 s
+(docs/scale.md).
 
 Only the step that knows its optimiser can ask for it (:func:`hetfed.engine.local.train_stack`: plain steps under
 SGD, every computed client training): it names the weights that may move (:class:`SGDInBackward`)
