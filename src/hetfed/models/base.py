@@ -137,8 +137,8 @@ def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:
 
 
 def dense(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
-    """``x @ W + b`` for every client at once: x [n,b,i], W [n,i,o], b [n,o] (its weight moved by plain SGD in the
-    backward when the step asks: :mod:`hetfed.models.sgd_in_backward`)."""
+    """``x @ W + b`` for every client at once: x [n,b,i], W [n,i,o], b [n,o] (its weight moved by SGD in the backward
+    when the step asks: :mod:`hetfed.models.sgd_in_backward`)."""
     return sgd_in_backward.linear(x, weight, bias)
 
 

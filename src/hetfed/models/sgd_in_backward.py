@@ -73,7 +73,8 @@ class SGDInBackward:
         return name
 
     def release(self, weight: torch.Tensor) -> None:
-        """Undo a :meth:`claim`: the use keeps autograd's gradient (and the weight is then used twice or more)."""
+        """Count one more use, one that keeps autograd's gradient (after a :meth:`claim` whose use cannot be moved):
+        the weight then counts as used twice or more, so none of its uses moves it."""
         self._uses[id(weight)] = self._uses.get(id(weight), 0) + 1
 
     def move(self, name: str, weight: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
