@@ -31,12 +31,13 @@ def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
     """Each client's update ``θ_k − θ_global`` of the shared parameters, stacked ``[n, …]``. A reference tensor
     is one model's (``[…]``, every client was sent it) or one per client (``[n, …]``, as stacked as the upload:
     an asynchronous server's clients were sent different versions)."""
-    out = {}
-    for k, ref in reference.items():
-        theta = upload.params[k]
-        ref = ref.to(theta.device)
-        out[k] = theta - (ref if ref.dim() == theta.dim() else ref.unsqueeze(0))
-    return out
+    return {k: upload.params[k] - _stacked_reference(upload.params[k], ref) for k, ref in reference.items()}
+
+
+def _stacked_reference(theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
+    """``ref`` on ``theta``'s device with a client axis: one model's ``[1, …]``, or one per client ``[n, …]``."""
+    ref = ref.to(theta.device)
+    return ref if ref.dim() == theta.dim() else ref.unsqueeze(0)
 
 
 #: :func:`update_norms` takes each parameter's differences about this many values at a time (a stack's clients
@@ -61,8 +62,8 @@ def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
     total: torch.Tensor | None = None
     for k, ref in reference.items():
         theta = upload.params[k]
-        ref = ref.to(theta.device)
-        flat, centre = theta.reshape(n, -1), ref.reshape(n if ref.dim() == theta.dim() else 1, -1)
+        centre = _stacked_reference(theta, ref)
+        flat, centre = theta.reshape(n, -1), centre.reshape(len(centre), -1)
         columns = max(NORM_COLUMNS, NORM_SLICE // n) if flat.device.type == "cpu" else max(flat.shape[1], 1)
         for s in range(0, flat.shape[1], columns):
             d = flat[:, s:s + columns] - centre[:, s:s + columns]
