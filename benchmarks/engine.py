@@ -36,6 +36,8 @@ import argparse
 import json
 import os
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import numpy as np
 import torch
@@ -110,17 +112,39 @@ def seconds_per_round(case: dict, executor, rounds: int, device: str = "cpu", ca
     return result.train_seconds / rounds if result.train_seconds else total / rounds
 
 
-def _unmoved_seconds_per_round(case: dict, rounds: int, device: str) -> float:
-    """:func:`seconds_per_round` of the vectorised executor with no weight moved in the backward: every weight
-    updated by the optimiser from its gradient (the step before hetfed moved large weights)."""
+@contextmanager
+def step_without(moves: bool = False, closed_form: bool = False) -> Iterator[None]:
+    """hetfed's plain steps with a part of their update path turned off, to time what it buys: ``moves``, every
+    weight updated by the optimiser from its gradient (none moved in the backward); ``closed_form``, autograd's
+    backward for every model (the steps before :mod:`hetfed.models.closed_form`)."""
+    from hetfed.models import closed_form as written_out
     from hetfed.models import sgd_in_backward
+    from hetfed.models.base import Model
 
-    before = sgd_in_backward.MOVE_FROM
-    sgd_in_backward.MOVE_FROM = 1 << 62
+    kept = sgd_in_backward.MOVE_FROM, written_out.MOVE_FROM
+    overridden = {cls: vars(cls)["closed_form"] for cls in _subclasses(Model) if "closed_form" in vars(cls)} \
+        if closed_form else {}
+    if moves:
+        sgd_in_backward.MOVE_FROM = written_out.MOVE_FROM = 1 << 62
+    for cls in overridden:
+        cls.closed_form = Model.closed_form  # type: ignore[method-assign]
     try:
-        return seconds_per_round(case, VectorisedExecutor(), rounds, device)
+        yield
     finally:
-        sgd_in_backward.MOVE_FROM = before
+        sgd_in_backward.MOVE_FROM, written_out.MOVE_FROM = kept
+        for cls, own in overridden.items():
+            cls.closed_form = own  # type: ignore[method-assign]
+
+
+def _subclasses(cls: type) -> list[type]:
+    return [c for sub in cls.__subclasses__() for c in (sub, *_subclasses(sub))]
+
+
+def variant_seconds_per_round(case: dict, rounds: int, device: str, moves: bool = False,
+                              closed_form: bool = False) -> float:
+    """:func:`seconds_per_round` of the vectorised executor under :func:`step_without`."""
+    with step_without(moves=moves, closed_form=closed_form):
+        return seconds_per_round(case, VectorisedExecutor(), rounds, device)
 
 
 def cpu_name() -> str | None:
@@ -139,14 +163,17 @@ def _sync(device: str) -> None:
 
 
 def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", captured: bool = False,
-                            moved: bool = False) -> float:
+                            form: str = "autograd") -> float:
     """The stacked ideal of ``case`` (the fastest of ``repeats``), on synthetic data of the same shapes.
 
     ``captured`` (CUDA only): one step is recorded as a CUDA graph once and replayed for every step, its
     batch rows copied into the graph's static index first: what the step costs without launching kernels
-    one by one from Python. ``moved``: autograd computes the gradients of the layers' outputs only, and each
-    weight is moved by one ``baddbmm_`` from its layer's input and output gradient (no weight gradient written
-    and read back: what hetfed's plain SGD steps do for large weight stacks, :mod:`hetfed.models.sgd_in_backward`)."""
+    one by one from Python. ``form``: ``autograd`` (the forward, autograd's backward, an SGD update); ``moved``:
+    autograd computes the gradients of the layers' outputs only, and each weight is moved by one ``baddbmm_`` from
+    its layer's input and output gradient (no weight gradient written and read back: what hetfed's plain SGD steps
+    do through autograd, :mod:`hetfed.models.sgd_in_backward`); ``written_out``: no autograd, the backward as
+    tensor operations and each weight moved (what hetfed's plain steps of an MLP do,
+    :mod:`hetfed.models.closed_form`)."""
     torch.manual_seed(0)
     n, m, widths = case["clients"], case["per_client"], [case["d"], *case["hidden"], 10]
     t = case["train"]
@@ -190,8 +217,29 @@ def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", c
                 b.detach().sub_(g.sum(1, keepdim=True), alpha=0.01)
         return [t.detach() for pair in zip(params[0::2], biases, strict=True) for t in pair]
 
-    if moved:
-        step = step_moved  # noqa: F811  (the ideal's other form)
+    @torch.no_grad()
+    def step_written_out(params: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
+        h, yb = x[rows], y[rows]
+        inputs = []
+        for i in range(0, len(params), 2):
+            inputs.append(h)
+            h = torch.baddbmm(params[i + 1], h, params[i])
+            if i + 2 < len(params):
+                h = h.relu_()
+        g = torch.softmax(h, -1)  # ∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / batch
+        g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(yb.unsqueeze(-1), -1.0, dtype=g.dtype)).div_(yb.shape[1])
+        for i in range(len(params) - 2, -1, -2):
+            g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None
+            params[i].baddbmm_(inputs[i // 2].transpose(1, 2), g, alpha=-0.01)
+            params[i + 1].sub_(g.sum(1, keepdim=True), alpha=0.01)
+            if g_in is not None:
+                g = g_in.mul_(inputs[i // 2] > 0)
+        return params
+
+    if form == "moved":
+        step = step_moved  # noqa: F811  (the ideal's other forms)
+    elif form == "written_out":
+        step = step_written_out  # noqa: F811
 
     def one_round() -> float:
         params = fresh()
@@ -241,6 +289,9 @@ def main() -> None:
     parser.add_argument("--compare-moves", action="store_true",
                         help="also time the vectorised round with every weight updated by the optimiser (no weight "
                              "moved in the backward: hetfed.models.sgd_in_backward), in turn with the others")
+    parser.add_argument("--compare-autograd", action="store_true",
+                        help="also time the vectorised round with autograd's backward for every model (no step "
+                             "written out: hetfed.models.closed_form), in turn with the others")
     parser.add_argument("--momentum", type=float, default=0.0,
                         help="hetfed's executors train with this SGD momentum (the stacked ideals stay plain SGD)")
     parser.add_argument("--cases", nargs="+", default=["compute_bound", "overhead_bound"], choices=list(CASES))
@@ -257,23 +308,30 @@ def main() -> None:
         # shared machine the speed drifts by tens of percent within minutes, which a ratio of two far-apart
         # timings would take for the framework's
         compiling = args.compile and args.device == "cpu"
-        timed: dict[str, list[float]] = {"vec": [], "ideal": [], "ideal_moved": [], "compiled": [], "unmoved": []}
+        timed: dict[str, list[float]] = {"vec": [], "ideal": [], "ideal_moved": [], "ideal_written_out": [],
+                                         "compiled": [], "unmoved": [], "autograd": []}
         for _ in range(args.repeats):
             timed["vec"].append(seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device))
             if args.compare_moves:
-                timed["unmoved"].append(_unmoved_seconds_per_round(case, args.rounds, args.device))
+                timed["unmoved"].append(variant_seconds_per_round(case, args.rounds, args.device, moves=True))
+            if args.compare_autograd:
+                timed["autograd"].append(variant_seconds_per_round(case, args.rounds, args.device, closed_form=True))
             timed["ideal"].append(ideal_seconds_per_round(case, device=args.device))
-            timed["ideal_moved"].append(ideal_seconds_per_round(case, device=args.device, moved=True))
+            timed["ideal_moved"].append(ideal_seconds_per_round(case, device=args.device, form="moved"))
+            timed["ideal_written_out"].append(ideal_seconds_per_round(case, device=args.device, form="written_out"))
             if compiling:
                 timed["compiled"].append(seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device,
                                                            capture="compile"))
         vec, ideal = float(np.median(timed["vec"])), float(np.median(timed["ideal"]))
         moved = float(np.median(timed["ideal_moved"]))
+        written = float(np.median(timed["ideal_written_out"]))
         report["cases"][name] = {
             "ideal_s_per_round": ideal,
             "vectorised_over_ideal": vec / ideal,
             "ideal_moved_s_per_round": moved,
             "vectorised_over_ideal_moved": vec / moved,
+            "ideal_written_out_s_per_round": written,
+            "vectorised_over_ideal_written_out": vec / written,
             "sequential_s_per_round": seq,
             "vectorised_s_per_round": vec,
             "ratio": seq / vec,
@@ -284,6 +342,10 @@ def main() -> None:
             unmoved = float(np.median(timed["unmoved"]))
             report["cases"][name]["vectorised_unmoved_s_per_round"] = unmoved
             report["cases"][name]["unmoved_over_moved"] = unmoved / vec
+        if args.compare_autograd:
+            by_autograd = float(np.median(timed["autograd"]))
+            report["cases"][name]["vectorised_autograd_s_per_round"] = by_autograd
+            report["cases"][name]["autograd_over_written_out"] = by_autograd / vec
         if args.device == "cuda":  # the same executor with every step launched eagerly (train.capture = off)
             eager = seconds_per_round(case, VectorisedExecutor(), args.rounds, args.device, capture="off")
             report["cases"][name]["vectorised_eager_s_per_round"] = eager
@@ -309,7 +371,9 @@ def main() -> None:
             f"{name:>15}: sequential {r['sequential_s_per_round']:.4f} s/round, "
             f"vectorised {r['vectorised_s_per_round']:.4f} s/round, ratio {r['ratio']:.2f}×, "
             f"stacked ideal {r['ideal_s_per_round']:.4f} s/round (vectorised {r['vectorised_over_ideal']:.2f}× it; "
-            f"{r['vectorised_over_ideal_moved']:.2f}× its weights-moved form, {r['ideal_moved_s_per_round']:.4f}) "
+            f"{r['vectorised_over_ideal_moved']:.2f}× its weights-moved form, {r['ideal_moved_s_per_round']:.4f}; "
+            f"{r['vectorised_over_ideal_written_out']:.2f}× its written-out form, "
+            f"{r['ideal_written_out_s_per_round']:.4f}) "
             f"({r['gflop_per_round']:.1f} GFLOP/round, {r['vectorised_gflops']:.1f} GFLOP/s vectorised)"
         )
         for key, value in r.items():

@@ -1,5 +1,7 @@
 """#47: a plain SGD step moves its linear layers' weights in the backward (one ``baddbmm_`` instead of a weight
-gradient written and read back): the same numbers as the optimiser's update, to float tolerance."""
+gradient written and read back): the same numbers as the optimiser's update, to float tolerance. Two paths do it:
+autograd's hook (:func:`hetfed.models.sgd_in_backward.linear`) and a model's step written out in closed form
+(:mod:`hetfed.models.closed_form`: the MLP's)."""
 
 from __future__ import annotations
 
@@ -10,9 +12,19 @@ from hypothesis import strategies as st
 
 from hetfed.config import OptimizerConfig
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
-from hetfed.models import MLP, sgd_in_backward
+from hetfed.models import MLP, closed_form, sgd_in_backward
 from hetfed.models.sgd_in_backward import SGDInBackward, linear, updating
 from tests.test_stacking import _params, _stack_data, unequal_stack
+
+#: the two ways a step moves its weights: autograd's hook (the MLP's closed form turned off) and the closed form
+PATHS = ["hook", "closed form"]
+
+
+def moves(monkeypatch, path: str, on: bool) -> None:
+    """Weights of every size moved in the backward by ``path`` (``on``), or none (the optimiser's update)."""
+    if path == "hook":
+        monkeypatch.setattr(MLP, "closed_form", lambda self, names: None)
+    monkeypatch.setattr(sgd_in_backward if path == "hook" else closed_form, "MOVE_FROM", 0 if on else 1 << 40)
 
 
 @settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -91,7 +103,9 @@ def test_a_weight_used_twice_keeps_its_gradient_and_one_used_elsewhere_gets_the_
                                     (OptimizerConfig(lr=0.1, momentum=0.0), "own centres"),
                                     (OptimizerConfig(lr=0.05, momentum=0.9, weight_decay=0.01), None),
                                     (OptimizerConfig(lr=0.05, momentum=0.9), "own centres")])
-def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the_optimiser_would(monkeypatch, opt, mu):
+@pytest.mark.parametrize("path", PATHS)
+def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the_optimiser_would(monkeypatch, opt, mu,
+                                                                                                 path):
     """Unequal clients with dropout (a plain, compacted stack): moving the weights in the backward gives each client
     the parameters, momentum buffers and loss of the optimiser's update, with weight decay, momentum and a proximal
     term (one centre for all, or each client's own)."""
@@ -106,10 +120,10 @@ def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the
             moved.append(name)
 
     monkeypatch.setattr(SGDInBackward, "move", move)
-    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 1 << 40)  # the optimiser's update
+    moves(monkeypatch, path, on=False)  # the optimiser's update
     reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
     assert moved == []
-    monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    moves(monkeypatch, path, on=True)
     trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
     assert set(moved) == {"layers.0.weight", "layers.1.weight", "layers.2.weight"}
     for i in (0, 1):  # parameters, optimiser state
@@ -122,6 +136,7 @@ def test_a_plain_sgd_stack_moves_its_weights_in_the_backward_and_lands_where_the
 def test_adam_and_a_loss_term_keep_the_optimisers_update(monkeypatch):
     opt = OptimizerConfig(kind="adam", lr=0.01)
     monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", 0)
+    monkeypatch.setattr(closed_form, "MOVE_FROM", 0)
     called: list[str] = []
     monkeypatch.setattr(SGDInBackward, "move", lambda self, name, *a: called.append(name))
     model = MLP(6, [16], 4)
@@ -132,8 +147,9 @@ def test_adam_and_a_loss_term_keep_the_optimisers_update(monkeypatch):
     assert called == []
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("algorithm", ["fedavg", "fedprox", "ditto"])
-def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorithm):
+def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorithm, path):
     """Sequential (one client a stack) and vectorised (compacted stacks) executors, every weight moved in the
     backward: the same model, to float tolerance, as with the optimiser's update."""
     from hetfed.algorithms import build_algorithm
@@ -146,19 +162,19 @@ def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorith
 
     fed = make_federation(ShiftedGaussians(900, 6, classes=4), PartitionConfig(kind="dirichlet", clients=6, alpha=0.3,
                                                                                val_fraction=0.0, test_fraction=0.0), seed=0)
-    moves = []
+    made = []
     real_move = SGDInBackward.move
-    monkeypatch.setattr(SGDInBackward, "move", lambda self, *a: moves.append(a[0]) or real_move(self, *a))
+    monkeypatch.setattr(SGDInBackward, "move", lambda self, *a: made.append(a[0]) or real_move(self, *a))
     results = {}
     for move_from, executor in ((1 << 40, SequentialExecutor()), (0, SequentialExecutor()), (0, VectorisedExecutor())):
-        monkeypatch.setattr(sgd_in_backward, "MOVE_FROM", move_from)
+        moves(monkeypatch, path, on=move_from == 0)
         model = build_model(ModelConfig(kind="mlp", hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
         train = TrainConfig(rounds=2, client_fraction=1.0, eval_every=2, local_epochs=1, batch_size=10,
                             optimizer=OptimizerConfig(lr=0.05, momentum=0.5, weight_decay=1e-3))
         results[(move_from, type(executor).__name__)] = simulate(build_algorithm(algorithm, model, train), fed, train, 1,
                                                                  executor=executor).server.params
-        assert bool(moves) == (move_from == 0)
-        moves.clear()
+        assert bool(made) == (move_from == 0)
+        made.clear()
     reference = results[(1 << 40, "SequentialExecutor")]
     for other in list(results.values())[1:]:
         for k, v in reference.items():

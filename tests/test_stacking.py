@@ -100,16 +100,19 @@ def test_a_rounds_upload_is_in_client_id_order_whatever_the_stacks():
     assert reduced.client_ids == [0, 1, 3, 5, 7] and reduced.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]
 
 
-def _widths(monkeypatch, model):
-    """The number of clients each forward of ``model`` computes."""
+def _widths(monkeypatch):
+    """The number of clients each training step computes (the clients its step's noise draws for: every
+    step makes one, by autograd or in closed form)."""
+    from hetfed.engine import local
+
     seen: list[int] = []
-    real = model.forward
+    real = local.Noise
 
-    def forward(params, x, noise=None):
-        seen.append(x.shape[0])
-        return real(params, x, noise)
+    def noise(keys, *a, **k):
+        seen.append(keys.shape[0])
+        return real(keys, *a, **k)
 
-    monkeypatch.setattr(model, "forward", forward)
+    monkeypatch.setattr(local, "Noise", noise)
     return seen
 
 
@@ -170,7 +173,7 @@ def test_a_plain_step_computes_only_the_clients_still_training_and_gives_each_it
         one = replace(data, client_ids=[k], indices=[data.indices[k]], seeds=[data.seeds[k]])
         alone.append(train_stack(model, {n: v[k:k + 1] for n, v in params.items()}, one, sched, opt, opt.lr,
                                  regulariser=reg(k)))
-    widths = _widths(monkeypatch, model)
+    widths = _widths(monkeypatch)
     trained, state, loss = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg())
     steps = [sched.n_steps(m) if m else 0 for m in sizes]
     assert widths == [sum(1 for s in steps if s > t) for t in range(max(steps))]
@@ -198,7 +201,7 @@ def test_a_recorded_plain_step_computes_a_few_widths_and_a_step_with_a_term_the_
     sizes = [37, 12, 50, 3, 24]
     opt = OptimizerConfig(lr=0.1)
     sched = LocalSchedule(batch_size=8, epochs=2, capture="auto")
-    widths = _widths(monkeypatch, model)
+    widths = _widths(monkeypatch)
     train_stack(model, _params(model, 5), _stack_data(sizes), sched, opt, 0.1)
     steps = sorted((sched.n_steps(m) for m in sizes), reverse=True)
     training = [sum(1 for s in steps if s > t) for t in range(steps[0])]

@@ -30,7 +30,7 @@ from hetfed import streams
 from hetfed.config import OptimizerConfig, TrainConfig
 from hetfed.engine import capture, optim
 from hetfed.engine.types import ClientData
-from hetfed.models import sgd_in_backward
+from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
@@ -257,11 +257,10 @@ def train_stack(
     recorder = capture.backend(schedule.capture, device)
     capturing = recorder is not None and simple
     keys = _step_keys(plan, model.reads_rows, compacts, capturing)
+    closed, moves = _update_path(model, current, opt_cfg) if simple else (None, 0)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
-                 streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK),
-                 moves=sgd_in_backward.fewest_clients([v[0].numel() for v in current.values() if v.ndim == 3])
-                 if simple and opt_cfg.kind == "sgd" else 0)
+                 streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK), moves=moves, closed=closed)
     graphs = None
     if capturing:
         step, graphs = _recorded(step, keys, recorder)
@@ -274,6 +273,19 @@ def train_stack(
     out = _handed_out(order, graphs is not None, device)
     trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def _update_path(model: Model, current: Params, opt_cfg: OptimizerConfig) -> tuple[closed_form.ClosedForm | None, int]:
+    """How a plain step training ``current`` (every parameter of the step) computes and applies its update: the
+    model's gradients written out where it has them (no autograd, whose fixed cost is most of a small step), and the
+    fewest clients for its SGD to move weights in the backward (the closed form moves every weight; autograd's hook
+    only large ones, for its own cost; 0: never)."""
+    closed = model.closed_form(set(current))
+    if opt_cfg.kind != "sgd":
+        return closed, 0
+    if closed is not None:
+        return closed, 1
+    return None, sgd_in_backward.fewest_clients([v[0].numel() for v in current.values() if v.ndim == 3])
 
 
 def _own(params: Params, names: list[str], opt_state: Params | None, opt_cfg: OptimizerConfig, copied: bool
@@ -431,6 +443,9 @@ class _Step:
     #: a step of at least this many clients, every one training, moves its linear layers' weights in the backward
     #: (:mod:`hetfed.models.sgd_in_backward`: plain steps under SGD; 0: never)
     moves: int = 0
+    #: the model's loss and gradients in closed form for this step (:meth:`hetfed.models.base.Model.closed_form`, a
+    #: plain step), else None: autograd's
+    closed: closed_form.ClosedForm | None = None
 
     def _moving(self, leaves: Params, proximal: Proximal | None, state: Params) -> sgd_in_backward.SGDInBackward:
         """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay, momentum
@@ -440,7 +455,22 @@ class _Step:
         centres = {k: proximal.centre[k] for k in weights if k in proximal.centre} if proximal is not None else {}
         return sgd_in_backward.SGDInBackward(weights, self.lr, self.opt_cfg.weight_decay + mu, centres, mu,
                                              self.opt_cfg.momentum,
-                                             optim.momentum_buffers(self.opt_cfg, state, list(weights)))
+                                             optim.momentum_buffers(self.opt_cfg, state, list(weights)),
+                                             smallest=closed_form.MOVE_FROM if self.closed is not None else None)
+
+    def _autograd(self, fixed: Params, current: Params, inputs: tuple[torch.Tensor, ...], noise: Noise,
+                  moving: Callable[[Params], sgd_in_backward.SGDInBackward | None]
+                  ) -> tuple[torch.Tensor, Params, Params, sgd_in_backward.SGDInBackward | None]:
+        """The step's loss per client (as reported), gradients, trained leaves and what the backward moved, by
+        autograd over the objective (the model's cross-entropy by default) and any loss term."""
+        xb, yb, mask = inputs
+        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
+        spec = moving(leaves)
+        with sgd_in_backward.updating(spec) if spec is not None else nullcontext():
+            out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
+        per_client, reported = out if isinstance(out, tuple) else (out, out)
+        total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
+        return reported, _gradients(total.sum(), leaves, spec), {k: v.detach() for k, v in leaves.items()}, spec
 
     def __call__(self, inputs: Sequence[torch.Tensor], t: int | torch.Tensor, key: tuple[int, bool, Any, int],
                  rows: list[int]) -> None:
@@ -459,18 +489,21 @@ class _Step:
             if proximal is not None:
                 proximal = proximal.per_client(lambda v: v[:clients], current)
         noise = Noise(keys, t, rows, masks=masks)
-        leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
-        moving = self._moving(leaves, proximal, state) if every and 0 < self.moves <= clients else None
-        with sgd_in_backward.updating(moving) if moving is not None else nullcontext():
-            out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
-        per_client, reported = out if isinstance(out, tuple) else (out, out)
-        total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
-        grads = _gradients(total.sum(), leaves, moving)
+        moves = every and 0 < self.moves <= clients
+
+        def moving(leaves: Params) -> sgd_in_backward.SGDInBackward | None:
+            return self._moving(leaves, proximal, state) if moves else None
+
+        if self.closed is not None:
+            with torch.no_grad():
+                spec = moving(current)
+                reported, grads = self.closed(current, xb, yb, mask, noise, spec)
+        else:
+            reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving)
         with torch.no_grad():
-            current = {k: v.detach() for k, v in leaves.items()}
             if proximal is not None:
                 grads = proximal.add_gradient(grads, current)
-            optim.step(self.opt_cfg, {k: current[k] for k in grads} if moving is not None else current, grads, state,
+            optim.step(self.opt_cfg, {k: current[k] for k in grads} if spec is not None else current, grads, state,
                        self.lr, active, every=every)
             if self.project is not None:  # else ``current`` is this step's tensors, updated in place
                 self.current = self.project(current)

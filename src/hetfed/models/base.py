@@ -23,6 +23,7 @@ import torch
 
 from hetfed import streams
 from hetfed.models import sgd_in_backward
+from hetfed.models.closed_form import ClosedForm
 
 Params = dict[str, torch.Tensor]
 Init = Callable[[torch.Generator, tuple[int, ...]], torch.Tensor]
@@ -158,6 +159,12 @@ class Model:
 
     def specs(self) -> list[ParamSpec]:
         raise NotImplementedError
+
+    def closed_form(self, names: set[str]) -> ClosedForm | None:
+        """A plain training step's loss and gradients without autograd (:mod:`hetfed.models.closed_form`: a step of a
+        small stack is bound by autograd's fixed cost) when the step trains the parameters named ``names`` and only
+        those (it is handed those); None where the model writes none out (autograd computes them)."""
+        return None
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         """Logits ``[n, batch, n_classes]`` for stacked params and inputs."""

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 
 import torch
 
+from hetfed.models import closed_form
 from hetfed.models.base import (
     Model,
     Noise,
@@ -31,6 +32,7 @@ from hetfed.models.base import (
     fan_in_init,
     zeros_init,
 )
+from hetfed.models.sgd_in_backward import SGDInBackward
 
 
 class CGAUNet(Model):
@@ -110,3 +112,38 @@ class CGAUNet(Model):
 
     def activation_floats(self, batch: int) -> int:
         return 6 * batch * (self.in_features + 2 * sum(self.hidden) + self.n_classes)
+
+    def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
+        """This network's step written out (all its parameters trained, its own forward)."""
+        if names != {s.name for s in self._specs} or not closed_form.declared_by(
+                self, CGAUNet, ("forward", "features", "head", "_pre")):
+            return None
+        return self._loss_and_gradients
+
+    def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                            moving: SGDInBackward | None) -> tuple[torch.Tensor, Params]:
+        """:meth:`forward`'s cross-entropy per client and its gradients. A unit ``z = tanh(f)·σ(g)``: ``∂f = ∂z·σ(g)·(1 −
+        tanh²f)``, ``∂g = ∂z·tanh f·σ(g)·(1 − σ(g))``; a conditioning row's gradient is its pre-activation's summed
+        over the batch, as its bias's."""
+        h, kept = x.flatten(2), []
+        for i in range(len(self.hidden)):
+            f, g = self._pre(params, h, i)
+            t, s = f.tanh_(), g.sigmoid_()
+            keep = noise.keep_mask(t.shape[1], t.shape[2], self.p) if self.p > 0 else None
+            kept.append((h, t, s, keep))
+            h = t * s if keep is None else (t * s).mul_(keep)
+        loss, g_out = closed_form.cross_entropy(self.head(params, h), y, mask)
+        grads: Params = {"out.cond": g_out.sum(1)} if self.condition_output else {}
+        g_in = closed_form.dense_backward("out", h, params["out.weight"], g_out, grads, moving, input_grad=bool(kept))
+        for i in range(len(self.hidden) - 1, -1, -1):
+            h_in, t, s, keep = kept[i]
+            dz = g_in if keep is None else g_in.mul_(keep)
+            df = (dz * s).mul_(1 - t * t)
+            dg = dz.mul_(t).mul_(s * (1 - s))
+            grads[f"cgau.{i}.filter.cond"], grads[f"cgau.{i}.gate.cond"] = df.sum(1), dg.sum(1)
+            through_f = closed_form.dense_backward(f"cgau.{i}.filter", h_in, params[f"cgau.{i}.filter.weight"], df,
+                                                   grads, moving, input_grad=i > 0)
+            through_g = closed_form.dense_backward(f"cgau.{i}.gate", h_in, params[f"cgau.{i}.gate.weight"], dg, grads,
+                                                   moving, input_grad=i > 0)
+            g_in = through_f.add_(through_g) if through_f is not None and through_g is not None else None
+        return loss, grads

@@ -7,7 +7,9 @@ from collections.abc import Sequence
 
 import torch
 
+from hetfed.models import closed_form
 from hetfed.models.base import Model, Noise, Params, ParamSpec, dense, dropout, fan_in_init
+from hetfed.models.sgd_in_backward import SGDInBackward
 
 
 def _linear_specs(prefix: str, fan_in: int, fan_out: int, local: bool = False) -> list[ParamSpec]:
@@ -59,6 +61,35 @@ class MLP(Model):
 
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (self.in_features + sum(self.hidden) + self.n_classes)
+
+    def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
+        """This MLP's step written out (all its parameters trained; a subclass that changes the forward has none)."""
+        if names != {s.name for s in self._specs} or not closed_form.declared_by(self, MLP):
+            return None
+        return self._loss_and_gradients
+
+    def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                            moving: SGDInBackward | None) -> tuple[torch.Tensor, Params]:
+        """:meth:`forward`'s cross-entropy per client and its gradients: each layer's input, ReLU output and dropout
+        multipliers kept from the forward, then the layers' backwards from the last."""
+        h, kept = x.flatten(2), []
+        for i in range(len(self.hidden)):
+            a = torch.baddbmm(params[f"layers.{i}.bias"].unsqueeze(1), h, params[f"layers.{i}.weight"]).relu_()
+            keep = noise.keep_mask(a.shape[1], a.shape[2], self.p) if self.p > 0 else None
+            kept.append((h, a, keep))
+            h = a if keep is None else a * keep
+        last = len(self.hidden)
+        logits = torch.baddbmm(params[f"layers.{last}.bias"].unsqueeze(1), h, params[f"layers.{last}.weight"])
+        loss, g = closed_form.cross_entropy(logits, y, mask)
+        grads: Params = {}
+        for i in range(last, -1, -1):
+            h_in = h if i == last else kept[i][0]
+            g_in = closed_form.dense_backward(f"layers.{i}", h_in, params[f"layers.{i}.weight"], g, grads, moving,
+                                              input_grad=i > 0)
+            if g_in is not None:
+                _, a, keep = kept[i - 1]
+                g = (g_in if keep is None else g_in.mul_(keep)).mul_(a > 0)
+        return loss, grads
 
 
 class LogisticRegression(MLP):

@@ -59,11 +59,15 @@ class SGDInBackward:
     moved: set[str] = field(default_factory=set)
     #: the gradients of the weights that were not moved (used more than once), by name
     held: dict[str, torch.Tensor] = field(default_factory=dict)
+    #: the fewest elements a weight stack needs to be moved (:data:`MOVE_FROM` through the hook; a step written out
+    #: in closed form, :mod:`hetfed.models.closed_form`, moves every weight)
+    smallest: int | None = None
     _names: dict[int, str] = field(default_factory=dict, init=False)
     _uses: dict[int, int] = field(default_factory=dict, init=False)
 
     def __post_init__(self) -> None:
-        self._names = {id(w): k for k, w in self.weights.items() if w.numel() >= MOVE_FROM}
+        smallest = MOVE_FROM if self.smallest is None else self.smallest
+        self._names = {id(w): k for k, w in self.weights.items() if w.numel() >= smallest}
 
     def claim(self, weight: torch.Tensor) -> str | None:
         """The weight's name if this step may move it (a use counted), else None."""

@@ -1,0 +1,120 @@
+"""#47: a plain step's loss and gradients written out (:mod:`hetfed.models.closed_form`, the MLP's): autograd's numbers,
+without autograd's fixed cost, and only where the step is the model's own forward."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from hetfed.config import ModelConfig, OptimizerConfig
+from hetfed.engine import local
+from hetfed.engine.local import LocalSchedule, Proximal, cross_entropy, train_stack
+from hetfed.models import MLP, build_model
+from hetfed.models.base import Noise
+from hetfed.models.cgau import CGAUNet
+from hetfed.models.mlp import LogisticRegression
+from tests.test_stacking import _params, _stack_data
+
+
+def _noise(n: int, seed: int) -> Noise:
+    return Noise(torch.arange(n, dtype=torch.int64) * 7919 + seed, 3, [0] * n)
+
+
+def _model(kind: str, d: int, hidden: list[int], classes: int, p: float, condition_output: bool):
+    return MLP(d, hidden, classes, dropout=p) if kind == "mlp" else \
+        CGAUNet(d, hidden, classes, dropout=p, condition_output=condition_output)
+
+
+@settings(max_examples=80, deadline=None)
+@given(kind=st.sampled_from(["mlp", "cgau"]), n=st.integers(1, 4), batch=st.integers(1, 6), d=st.integers(1, 7),
+       hidden=st.lists(st.integers(1, 6), max_size=3), classes=st.integers(2, 5), p=st.sampled_from([0.0, 0.4]),
+       condition_output=st.booleans(), seed=st.integers(0, 1000))
+def test_a_closed_form_is_autograds_loss_and_gradients(kind, n, batch, d, hidden, classes, p, condition_output, seed):
+    """MLP and CGAU, any depth (logistic regression too), dropout, padding rows and clients without a real row, CGAU's
+    conditioned output or not: each client's mean cross-entropy and every gradient equal autograd's over the model's
+    forward, in float64."""
+    gen = torch.Generator().manual_seed(seed)
+    model = _model(kind, d, hidden, classes, p, condition_output)
+    params = {s.name: (torch.randn((n, *s.shape), generator=gen, dtype=torch.float64) * 0.7) for s in model.specs()}
+    x = torch.randn(n, batch, d, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, classes, (n, batch), generator=gen)
+    real = torch.randint(0, batch + 1, (n,), generator=gen)
+    mask = (torch.arange(batch)[None] < real[:, None]).to(torch.float64)
+
+    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    loss = cross_entropy(model, leaves, x, y, mask, _noise(n, seed))
+    expected = torch.autograd.grad(loss.sum(), list(leaves.values()))
+
+    closed = model.closed_form(set(params))
+    assert closed is not None
+    got_loss, grads = closed(params, x, y, mask, _noise(n, seed), None)  # the same draws as the autograd forward
+    torch.testing.assert_close(got_loss, loss.detach())
+    assert set(grads) == set(params)
+    for k, g in zip(leaves, expected, strict=True):
+        torch.testing.assert_close(grads[k], g, msg=k)
+
+
+def test_a_forward_of_its_own_or_a_part_of_the_parameters_keeps_autograd():
+    """Only the model's own forward over all its parameters is written out: a subclass or an instance that replaces
+    the forward, a step that trains part of the parameters (CGAU's shared part alone), and models without one (a CNN)
+    go through autograd."""
+
+    class Scaled(MLP):
+        def forward(self, params, x, noise=None):
+            return 2 * super().forward(params, x, noise)
+
+    mlp = MLP(4, [3], 2)
+    names = {s.name for s in mlp.specs()}
+    assert mlp.closed_form(names) is not None
+    assert LogisticRegression(4, 2).closed_form({"layers.0.weight", "layers.0.bias"}) is not None
+    assert Scaled(4, [3], 2).closed_form(names) is None
+    assert mlp.closed_form(names - {"layers.0.bias"}) is None
+    patched = MLP(4, [3], 2)
+    patched.forward = lambda params, x, noise=None: mlp.forward(params, x, noise)  # type: ignore[method-assign]
+    assert patched.closed_form(names) is None
+    cgau = CGAUNet(4, [3], 2)
+    assert cgau.closed_form({s.name for s in cgau.specs()}) is not None
+    assert cgau.closed_form(set(cgau.shared_names)) is None
+    cnn = build_model(ModelConfig(kind="cnn4"), (28, 28), 10)
+    assert cnn.closed_form({s.name for s in cnn.specs()}) is None
+
+
+@pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01), None),
+                                    (OptimizerConfig(kind="adam", lr=0.01), None),
+                                    (OptimizerConfig(lr=0.1), 0.5)])
+def test_train_stack_writes_out_plain_steps_and_gives_autograds_numbers(monkeypatch, opt, mu):
+    """A plain step of an MLP runs its closed form, not autograd's cross-entropy, and trains unequal clients with
+    dropout to autograd's parameters, optimiser state and loss; a step with a loss term of the caller's runs
+    autograd."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    params, data = _params(model, 5), _stack_data([37, 12, 50, 3, 24])
+    sched = LocalSchedule(batch_size=8, epochs=2)
+    reg = Proximal({k: v[0] for k, v in params.items()}, mu) if mu else None
+    by_autograd: list[int] = []
+    monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
+    written_out = MLP.closed_form
+    monkeypatch.setattr(MLP, "closed_form", lambda self, names: None)
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    assert by_autograd
+    by_autograd.clear()
+    monkeypatch.setattr(MLP, "closed_form", written_out)
+    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    assert by_autograd == []
+    for i in (0, 1):
+        assert set(trained[i]) == set(reference[i])
+        for k in reference[i]:
+            torch.testing.assert_close(trained[i][k], reference[i][k], rtol=1e-5, atol=1e-6, msg=k)
+    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
+    train_stack(model, params, data, sched, opt, opt.lr,
+                regulariser=lambda p: sum((v ** 2).flatten(1).sum(1) for v in p.values()))
+    assert by_autograd
+
+
+def test_the_registrys_mlp_declares_it_and_moves_every_weight_under_sgd():
+    model = build_model(ModelConfig(kind="mlp", hidden=[8]), (5,), 3)
+    current = {s.name: torch.zeros(1, *s.shape) for s in model.specs()}
+    closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1))
+    assert closed is not None and fewest == 1  # a stack of any size moves its weights
+    assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1))[1] == 0
