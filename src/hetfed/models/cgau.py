@@ -137,6 +137,7 @@ class CGAUNet(Model):
         g_in = closed_form.dense_backward("out", h, params["out.weight"], g_out, grads, moving, input_grad=bool(kept))
         for i in range(len(self.hidden) - 1, -1, -1):
             h_in, t, s, keep = kept[i]
+            assert g_in is not None  # the layer above handed its input's gradient down
             dz = g_in if keep is None else g_in.mul_(keep)
             df = (dz * s).mul_(1 - t * t)
             dg = dz.mul_(t).mul_(s * (1 - s))
