@@ -17,7 +17,11 @@ the stack (pre-made parameters and batch order, no sampling, seeding, screening 
 aggregation), so ``vectorised / ideal`` is what hetfed's round costs above the work
 it cannot avoid (issue #26 §2 asks for ≤ 1.2×). Its weights-moved form (``ideal_moved_s_per_round``) moves each
 weight by one ``baddbmm_`` from its layer's input and output gradient instead of writing a weight gradient and
-reading it back, as hetfed's plain SGD steps do for large weight stacks.
+reading it back, as hetfed's plain SGD steps do for large weight stacks; its written-out form
+(``ideal_written_out_s_per_round``) has no autograd at all (the backward as tensor operations, each weight moved), as
+hetfed's plain steps of an MLP do (:mod:`hetfed.models.closed_form`). ``--compare-moves`` and ``--compare-autograd``
+time the vectorised round again with no weight moved, or with autograd's backward for every model, in turn with
+the others.
 
 On CUDA the vectorised executor is timed with ``train.capture`` auto (steps replayed from CUDA graphs) and off
 (eager), and the stacked ideal is also timed **captured**: one step recorded as a CUDA graph and replayed
@@ -26,7 +30,7 @@ also times it with ``train.capture`` compile (steps compiled by ``torch.compile`
 warm-up rounds, not in the time per round).
 
     python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile] [--repeats R]
-                                [--compare-moves] [--momentum 0.9]
+                                [--compare-moves] [--compare-autograd] [--momentum 0.9]
                                 [--cases compute_bound overhead_bound fsnet_protocol]
 """
 

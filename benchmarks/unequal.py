@@ -19,7 +19,8 @@ Two floors, timed in the same run: the **stacked ideal** (the vectorised executo
 batched-matmul forward, autograd backward and SGD update per step, over the clients still training where the
 executor's step computes only those: pre-made parameters and batch order, no sampling, planning, masking or
 aggregation; for the MLP also in its weights-moved form, each weight moved by one ``baddbmm_`` from its layer's
-input and output gradient, as hetfed's plain SGD steps do for large weight stacks) and the **GEMM limit** (the
+input and output gradient, as hetfed's plain SGD steps do for large weight stacks, and in its written-out form,
+no autograd at all, as hetfed's plain steps of an MLP do) and the **GEMM limit** (the
 round's FLOPs on real rows at the rate
 this machine reaches on one large matmul of the same inner dimensions; for ``cnn4``, on one large batch through
 its second convolution, where most of its FLOPs are).

@@ -1,10 +1,11 @@
 """A plain step's gradients written out, for models whose forward is dense layers and elementwise activations.
 
 Why: a training step of a small stack is bound by its fixed cost, not its arithmetic. Measured on this project's
-2-core CPU (2026-11-28), one client of an MLP 784-200-10 at B = 10: the step's kernels take ~85 µs, a bare autograd
-step ~180 µs (recording the graph as the forward runs, then the engine's walk over ~10 nodes), and hetfed's step
-~260 µs; a one-client MLP 8-8-10 step, nearly all fixed cost, 88 µs bare. The same gradients as ~15 tensor
-operations under ``no_grad`` cost 47 µs for the small MLP and 114 µs for the large one. A model whose gradients
+2-core CPU (2026-11-28, ``benchmarks/step_cost.py``), one client of an MLP 784-200-10 at B = 10: the step's kernels
+take ~85 µs, a bare autograd step 186 µs (recording the graph as the forward runs, then the engine's walk over ~10
+nodes), and hetfed's step through autograd 249 µs; a one-client MLP 8-8-10, nearly all fixed cost, 86 µs bare. The
+same gradients as ~15 tensor operations under ``no_grad`` cost 44 µs bare for the small MLP and 116 µs for the large
+one, and hetfed's step with them 71 and 148 µs. A model whose gradients
 are written here declares them (:meth:`hetfed.models.base.Model.closed_form`); :func:`hetfed.engine.local.train_stack`
 uses them for its plain steps (the model's cross-entropy, at most a proximal term, which is added by its gradient)
 and autograd for every other step. The numbers are autograd's to float rounding (tested against it).

@@ -11,6 +11,9 @@ Measured on this project's 2-core CPU, 20 clients' 784×200 weights at B = 10: 1
 update, 0.29 ms as one ``baddbmm_``; W1's round (``benchmarks/engine.py --compare-moves``) 0.538 → 0.433 s
 (docs/scale.md).
 
+A model whose step is written out in closed form (:mod:`hetfed.models.closed_form`: MLP, CGAU) has no autograd
+backward to hook: its backward calls :meth:`SGDInBackward.move` itself, for every weight whatever its size.
+
 Only the step that knows its optimiser can ask for it (:func:`hetfed.engine.local.train_stack`: plain steps under
 SGD, every computed client training): it names the weights that may move (:class:`SGDInBackward`)
 for the forward it runs (:func:`updating`). A weight a forward uses more than once keeps its ordinary gradient
