@@ -166,6 +166,27 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+@torch.no_grad()
+def written_out_step(params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, lr: float) -> None:
+    """One SGD step of stacked ReLU MLPs (``params``: weight ``[n, in, out]``, bias ``[n, 1, out]``, … updated in
+    place) on a batch ``xb`` ``[n, B, in]`` with labels ``yb`` ``[n, B]``, with no autograd: the backward as tensor
+    operations (∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / B, each layer's input gradient, the
+    ReLU's mask) and each weight moved by one ``baddbmm_`` — the bare form of :mod:`hetfed.models.closed_form`."""
+    h, inputs = xb, []
+    for i in range(0, len(params), 2):
+        inputs.append(h)
+        h = torch.baddbmm(params[i + 1], h, params[i])
+        h = h.relu_() if i + 2 < len(params) else h
+    g = torch.softmax(h, -1)
+    g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(g[..., :1], -1.0)).div_(yb.shape[1])
+    for i in range(len(params) - 2, -1, -2):
+        g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None
+        params[i].baddbmm_(inputs[i // 2].transpose(1, 2), g, alpha=-lr)
+        params[i + 1].sub_(g.sum(1, keepdim=True), alpha=lr)
+        if g_in is not None:
+            g = g_in.mul_(inputs[i // 2] > 0)
+
+
 def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", captured: bool = False,
                             form: str = "autograd") -> float:
     """The stacked ideal of ``case`` (the fastest of ``repeats``), on synthetic data of the same shapes.
@@ -221,23 +242,8 @@ def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", c
                 b.detach().sub_(g.sum(1, keepdim=True), alpha=0.01)
         return [t.detach() for pair in zip(params[0::2], biases, strict=True) for t in pair]
 
-    @torch.no_grad()
     def step_written_out(params: list[torch.Tensor], rows: torch.Tensor) -> list[torch.Tensor]:
-        h, yb = x[rows], y[rows]
-        inputs = []
-        for i in range(0, len(params), 2):
-            inputs.append(h)
-            h = torch.baddbmm(params[i + 1], h, params[i])
-            if i + 2 < len(params):
-                h = h.relu_()
-        g = torch.softmax(h, -1)  # ∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / batch
-        g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(yb.unsqueeze(-1), -1.0, dtype=g.dtype)).div_(yb.shape[1])
-        for i in range(len(params) - 2, -1, -2):
-            g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None
-            params[i].baddbmm_(inputs[i // 2].transpose(1, 2), g, alpha=-0.01)
-            params[i + 1].sub_(g.sum(1, keepdim=True), alpha=0.01)
-            if g_in is not None:
-                g = g_in.mul_(inputs[i // 2] > 0)
+        written_out_step(params, x[rows], y[rows], 0.01)
         return params
 
     if form == "moved":

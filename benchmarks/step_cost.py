@@ -23,7 +23,12 @@ import time
 
 import torch
 import torch.nn.functional as F
-from engine import _Synthetic, cpu_name, step_without  # this folder is on sys.path
+from engine import (  # this folder is on sys.path
+    _Synthetic,
+    cpu_name,
+    step_without,
+    written_out_step,
+)
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -82,24 +87,11 @@ def bare_us(widths: list[int], n: int, batch: int, written_out: bool, steps: int
         with torch.no_grad():
             torch._foreach_add_([p.detach() for p in leaves], list(grads), alpha=-0.01)
 
-    @torch.no_grad()
-    def written_out_step(s: int) -> None:
+    def bare_written_out_step(s: int) -> None:
         rows = (torch.arange(n * batch).view(n, batch) * 7 + s * 13) % len(x)
-        h, yb, inputs = x[rows], y[rows], []
-        for i in range(0, len(params), 2):
-            inputs.append(h)
-            h = torch.baddbmm(params[i + 1], h, params[i])
-            h = h.relu_() if i + 2 < len(params) else h
-        g = torch.softmax(h, -1)
-        g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(g[..., :1], -1.0)).div_(batch)
-        for i in range(len(params) - 2, -1, -2):
-            g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None
-            params[i].baddbmm_(inputs[i // 2].transpose(1, 2), g, alpha=-0.01)
-            params[i + 1].sub_(g.sum(1, keepdim=True), alpha=0.01)
-            if g_in is not None:
-                g = g_in.mul_(inputs[i // 2] > 0)
+        written_out_step(params, x[rows], y[rows], 0.01)
 
-    step = written_out_step if written_out else autograd_step
+    step = bare_written_out_step if written_out else autograd_step
     best = float("inf")
     for _ in range(3):
         t0 = time.perf_counter()

@@ -42,6 +42,7 @@ import torch.nn.functional as F
 from engine import (  # benchmarks/engine.py (this folder is on sys.path)
     _Synthetic,  # random inputs of a given shape
     cpu_name,
+    written_out_step,
 )
 
 from hetfed.algorithms import build_algorithm
@@ -154,24 +155,8 @@ def _written_out_ideal(blocks: list[list[int]], steps: list[int], x: torch.Tenso
     """:func:`_stacked_ideal` of an MLP with no autograd: the backward as tensor operations (the cross-entropy's
     ``softmax − onehot``, each layer's input gradient, the ReLU's mask) and each weight moved by one ``baddbmm_``."""
 
-    @torch.no_grad()
     def step(whole: list[torch.Tensor], m: int, rows: torch.Tensor) -> None:
-        h, yb, inputs = x[rows], y[rows], []
-        layers = [(w[:m], b[:m]) for w, b in zip(whole[0::2], whole[1::2], strict=True)]
-        for i, (w, b) in enumerate(layers):
-            inputs.append(h)
-            h = torch.baddbmm(b, h, w)
-            if i + 1 < len(layers):
-                h = h.relu_()
-        g = torch.softmax(h, -1)
-        g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(g[..., :1], -1.0)).div_(rows.shape[1])
-        for i in range(len(layers) - 1, -1, -1):
-            w, b = layers[i]
-            g_in = torch.bmm(g, w.transpose(1, 2)) if i else None
-            w.baddbmm_(inputs[i].transpose(1, 2), g, alpha=-lr)
-            b.sub_(g.sum(1, keepdim=True), alpha=lr)
-            if g_in is not None:
-                g = g_in.mul_(inputs[i] > 0)
+        written_out_step([p[:m] for p in whole], x[rows], y[rows], lr)
 
     return _timed_stacks(blocks, steps, len(x), fresh, step, batch, repeats, device, plain)
 
