@@ -27,39 +27,42 @@ def _model(kind: str, d: int, hidden: list[int], classes: int, p: float, conditi
         CGAUNet(d, hidden, classes, dropout=p, condition_output=condition_output)
 
 
-@settings(max_examples=80, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(kind=st.sampled_from(["mlp", "cgau"]), n=st.integers(1, 4), batch=st.integers(1, 6), d=st.integers(1, 7),
        hidden=st.lists(st.integers(1, 6), max_size=3), classes=st.integers(2, 5), p=st.sampled_from([0.0, 0.4]),
-       condition_output=st.booleans(), seed=st.integers(0, 1000))
-def test_a_closed_form_is_autograds_loss_and_gradients(kind, n, batch, d, hidden, classes, p, condition_output, seed):
+       condition_output=st.booleans(), seed=st.integers(0, 1000), part=st.integers(0, 1 << 20))
+def test_a_closed_form_is_autograds_loss_and_gradients(kind, n, batch, d, hidden, classes, p, condition_output, seed,
+                                                       part):
     """MLP and CGAU, any depth (logistic regression too), dropout, padding rows and clients without a real row, CGAU's
-    conditioned output or not: each client's mean cross-entropy and every gradient equal autograd's over the model's
-    forward, in float64."""
+    conditioned output or not, every parameter trained or any part of them (the others held fixed, as FedRep's
+    head or body): each client's mean cross-entropy and the trained parameters' gradients equal autograd's over the
+    model's forward, in float64."""
     gen = torch.Generator().manual_seed(seed)
     model = _model(kind, d, hidden, classes, p, condition_output)
     params = {s.name: (torch.randn((n, *s.shape), generator=gen, dtype=torch.float64) * 0.7) for s in model.specs()}
+    names = sorted(params)
+    trained = {k for i, k in enumerate(names) if part >> i & 1} or set(names)  # a subset (by the bits of ``part``)
     x = torch.randn(n, batch, d, generator=gen, dtype=torch.float64)
     y = torch.randint(0, classes, (n, batch), generator=gen)
     real = torch.randint(0, batch + 1, (n,), generator=gen)
     mask = (torch.arange(batch)[None] < real[:, None]).to(torch.float64)
 
-    leaves = {k: v.clone().requires_grad_(True) for k, v in params.items()}
+    leaves = {k: v.clone().requires_grad_(k in trained) for k, v in params.items()}
     loss = cross_entropy(model, leaves, x, y, mask, _noise(n, seed))
-    expected = torch.autograd.grad(loss.sum(), list(leaves.values()))
+    expected = torch.autograd.grad(loss.sum(), [leaves[k] for k in sorted(trained)])
 
-    closed = model.closed_form(set(params))
+    closed = model.closed_form(trained)
     assert closed is not None
     got_loss, grads = closed(params, x, y, mask, _noise(n, seed), None)  # the same draws as the autograd forward
     torch.testing.assert_close(got_loss, loss.detach())
-    assert set(grads) == set(params)
-    for k, g in zip(leaves, expected, strict=True):
+    assert set(grads) == trained
+    for k, g in zip(sorted(trained), expected, strict=True):
         torch.testing.assert_close(grads[k], g, msg=k)
 
 
 def test_a_forward_of_its_own_or_a_part_of_the_parameters_keeps_autograd():
-    """Only the model's own forward over all its parameters is written out: a subclass or an instance that replaces
-    the forward, a step that trains part of the parameters (CGAU's shared part alone), and models without one (a CNN)
-    go through autograd."""
+    """Only the model's own forward is written out: a subclass or an instance that replaces the forward, a step that
+    trains names the model does not have, and models without one (a CNN) go through autograd."""
 
     class Scaled(MLP):
         def forward(self, params, x, noise=None):
@@ -70,24 +73,27 @@ def test_a_forward_of_its_own_or_a_part_of_the_parameters_keeps_autograd():
     assert mlp.closed_form(names) is not None
     assert LogisticRegression(4, 2).closed_form({"layers.0.weight", "layers.0.bias"}) is not None
     assert Scaled(4, [3], 2).closed_form(names) is None
-    assert mlp.closed_form(names - {"layers.0.bias"}) is None
+    assert mlp.closed_form(names - {"layers.0.bias"}) is not None  # the bias held fixed
+    assert mlp.closed_form(names | {"apfl.local.layers.0.bias"}) is None and mlp.closed_form(set()) is None
     patched = MLP(4, [3], 2)
     patched.forward = lambda params, x, noise=None: mlp.forward(params, x, noise)  # type: ignore[method-assign]
     assert patched.closed_form(names) is None
     cgau = CGAUNet(4, [3], 2)
     assert cgau.closed_form({s.name for s in cgau.specs()}) is not None
-    assert cgau.closed_form(set(cgau.shared_names)) is None
+    assert cgau.closed_form(set(cgau.shared_names)) is not None
     cnn = build_model(ModelConfig(kind="cnn4"), (28, 28), 10)
     assert cnn.closed_form({s.name for s in cnn.specs()}) is None
 
 
+@pytest.mark.parametrize("trainable", [None, ["layers.2.weight", "layers.2.bias"],
+                                       ["layers.0.weight", "layers.0.bias", "layers.1.weight"]])
 @pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01), None),
                                     (OptimizerConfig(kind="adam", lr=0.01), None),
                                     (OptimizerConfig(lr=0.1), 0.5)])
-def test_train_stack_writes_out_plain_steps_and_gives_autograds_numbers(monkeypatch, opt, mu):
+def test_train_stack_writes_out_plain_steps_and_gives_autograds_numbers(monkeypatch, opt, mu, trainable):
     """A plain step of an MLP runs its closed form, not autograd's cross-entropy, and trains unequal clients with
-    dropout to autograd's parameters, optimiser state and loss; a step with a loss term of the caller's runs
-    autograd."""
+    dropout to autograd's parameters, optimiser state and loss — all its parameters, or a part with the others held
+    fixed (FedRep's head, a body); a step with a loss term of the caller's runs autograd."""
     model = MLP(6, [16, 8], 4, dropout=0.3)
     params, data = _params(model, 5), _stack_data([37, 12, 50, 3, 24])
     sched = LocalSchedule(batch_size=8, epochs=2)
@@ -96,11 +102,11 @@ def test_train_stack_writes_out_plain_steps_and_gives_autograds_numbers(monkeypa
     monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
     written_out = MLP.closed_form
     monkeypatch.setattr(MLP, "closed_form", lambda self, names: None)
-    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
     assert by_autograd
     by_autograd.clear()
     monkeypatch.setattr(MLP, "closed_form", written_out)
-    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg)
+    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
     assert by_autograd == []
     for i in (0, 1):
         assert set(trained[i]) == set(reference[i])

@@ -276,7 +276,7 @@ def train_stack(
 
 
 def _update_path(model: Model, current: Params, opt_cfg: OptimizerConfig) -> tuple[closed_form.ClosedForm | None, int]:
-    """How a plain step training ``current`` (every parameter of the step) computes and applies its update: the
+    """How a plain step training ``current`` (any others held fixed) computes and applies its update: the
     model's gradients written out where it has them (no autograd, whose fixed cost is most of a small step), and the
     fewest clients for its SGD to move weights in the backward (the closed form moves every weight; autograd's hook
     only large ones, for its own cost; 0: never)."""
@@ -497,7 +497,7 @@ class _Step:
         if self.closed is not None:
             with torch.no_grad():
                 spec = moving(current)
-                reported, grads = self.closed(current, xb, yb, mask, noise, spec)
+                reported, grads = self.closed({**fixed, **current} if fixed else current, xb, yb, mask, noise, spec)
         else:
             reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving)
         with torch.no_grad():

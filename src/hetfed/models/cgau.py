@@ -18,6 +18,7 @@ hidden units).
 from __future__ import annotations
 
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -114,17 +115,20 @@ class CGAUNet(Model):
         return 6 * batch * (self.in_features + 2 * sum(self.hidden) + self.n_classes)
 
     def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
-        """This network's step written out (all its parameters trained, its own forward)."""
-        if names != {s.name for s in self._specs} or not closed_form.declared_by(
+        """This network's step written out, training ``names`` (any of its parameters, the others held fixed: the
+        conditioning rows alone, say), with its own forward."""
+        own = {s.name for s in self._specs}
+        if not names or not names <= own or not closed_form.declared_by(
                 self, CGAUNet, ("forward", "features", "head", "_pre")):
             return None
-        return self._loss_and_gradients
+        return self._loss_and_gradients if names == own else partial(self._loss_and_gradients, trained=frozenset(names))
 
     def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
-                            moving: SGDInBackward | None) -> tuple[torch.Tensor, Params]:
-        """:meth:`forward`'s cross-entropy per client and its gradients. A unit ``z = tanh(f)·σ(g)``: ``∂f = ∂z·σ(g)·(1 −
-        tanh²f)``, ``∂g = ∂z·tanh f·σ(g)·(1 − σ(g))``; a conditioning row's gradient is its pre-activation's summed
-        over the batch, as its bias's."""
+                            moving: SGDInBackward | None, trained: frozenset[str] | None = None
+                            ) -> tuple[torch.Tensor, Params]:
+        """:meth:`forward`'s cross-entropy per client and its gradients (``trained``: of those parameters; None: all).
+        A unit ``z = tanh(f)·σ(g)``: ``∂f = ∂z·σ(g)·(1 − tanh²f)``, ``∂g = ∂z·tanh f·σ(g)·(1 − σ(g))``; a
+        conditioning row's gradient is its pre-activation's summed over the batch, as its bias's."""
         h, kept = x.flatten(2), []
         for i in range(len(self.hidden)):
             f, g = self._pre(params, h, i)
@@ -133,18 +137,26 @@ class CGAUNet(Model):
             kept.append((h, t, s, keep))
             h = t * s if keep is None else (t * s).mul_(keep)
         loss, g_out = closed_form.cross_entropy(self.head(params, h), y, mask)
-        grads: Params = {"out.cond": g_out.sum(1)} if self.condition_output else {}
-        g_in = closed_form.dense_backward("out", h, params["out.weight"], g_out, grads, moving, input_grad=bool(kept))
-        for i in range(len(self.hidden) - 1, -1, -1):
+        grads: Params = {}
+        if self.condition_output and (trained is None or "out.cond" in trained):
+            grads["out.cond"] = g_out.sum(1)
+        layers = [tuple(f"cgau.{i}.{u}.{k}" for u in ("filter", "gate") for k in ("weight", "bias", "cond"))
+                  for i in range(len(self.hidden))]
+        lowest = closed_form.lowest_trained([*layers, ("out.weight", "out.bias", "out.cond")], trained)
+        g_in = closed_form.dense_backward("out", h, params["out.weight"], g_out, grads, moving,
+                                          input_grad=len(kept) > lowest, trained=trained)
+        for i in range(len(self.hidden) - 1, lowest - 1, -1):
             h_in, t, s, keep = kept[i]
             assert g_in is not None  # the layer above handed its input's gradient down
             dz = g_in if keep is None else g_in.mul_(keep)
             df = (dz * s).mul_(1 - t * t)
             dg = dz.mul_(t).mul_(s * (1 - s))
-            grads[f"cgau.{i}.filter.cond"], grads[f"cgau.{i}.gate.cond"] = df.sum(1), dg.sum(1)
+            for unit, d in (("filter", df), ("gate", dg)):
+                if trained is None or f"cgau.{i}.{unit}.cond" in trained:
+                    grads[f"cgau.{i}.{unit}.cond"] = d.sum(1)
             through_f = closed_form.dense_backward(f"cgau.{i}.filter", h_in, params[f"cgau.{i}.filter.weight"], df,
-                                                   grads, moving, input_grad=i > 0)
+                                                   grads, moving, input_grad=i > lowest, trained=trained)
             through_g = closed_form.dense_backward(f"cgau.{i}.gate", h_in, params[f"cgau.{i}.gate.weight"], dg, grads,
-                                                   moving, input_grad=i > 0)
+                                                   moving, input_grad=i > lowest, trained=trained)
             g_in = through_f.add_(through_g) if through_f is not None and through_g is not None else None
         return loss, grads

@@ -18,7 +18,7 @@ here).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Container
 
 import torch
 
@@ -28,8 +28,9 @@ from hetfed.models.sgd_in_backward import SGDInBackward
 #: gradient's product, where the hook's Python sets :data:`hetfed.models.sgd_in_backward.MOVE_FROM`)
 MOVE_FROM = 0
 
-#: (parameters, inputs ``[n, b, …]``, labels ``[n, b]``, row mask ``[n, b]``, the step's noise, the weights the step
-#: moves) → (each client's mean cross-entropy ``[n]`` over its real rows, the gradients of the parameters not moved)
+#: (parameters — the trained ones and any held fixed —, inputs ``[n, b, …]``, labels ``[n, b]``, row mask ``[n, b]``,
+#: the step's noise, the weights the step moves) → (each client's mean cross-entropy ``[n]`` over its real rows, the
+#: gradients of the trained parameters not moved)
 ClosedForm = Callable[..., tuple[torch.Tensor, dict[str, torch.Tensor]]]
 
 
@@ -53,16 +54,28 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> 
 
 
 def dense_backward(prefix: str, x: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor],
-                   moving: SGDInBackward | None, input_grad: bool) -> torch.Tensor | None:
+                   moving: SGDInBackward | None, input_grad: bool, trained: Container[str] | None = None
+                   ) -> torch.Tensor | None:
     """The backward of :func:`hetfed.models.base.dense` (``x @ W + b`` over a stack) for its output's gradient ``g``:
     the bias's gradient into ``grads`` (``prefix.bias``), the weight's there too or, when ``moving`` claims it, its
-    update applied; returns the input's gradient (``input_grad``), computed before the weight moves."""
+    update applied — each only if it trains (``trained``: the names that do; None: all); returns the input's
+    gradient (``input_grad``), computed before the weight moves."""
     g_in = torch.bmm(g, weight.transpose(1, 2)) if input_grad else None
-    name = moving.claim(weight) if moving is not None else None
-    if name is None:
-        grads[f"{prefix}.weight"] = torch.bmm(x.transpose(1, 2), g)
-    else:
-        assert moving is not None
-        moving.move(name, weight, x, g)
-    grads[f"{prefix}.bias"] = g.sum(1)
+    if trained is None or f"{prefix}.weight" in trained:
+        name = moving.claim(weight) if moving is not None else None
+        if name is None:
+            grads[f"{prefix}.weight"] = torch.bmm(x.transpose(1, 2), g)
+        else:
+            assert moving is not None
+            moving.move(name, weight, x, g)
+    if trained is None or f"{prefix}.bias" in trained:
+        grads[f"{prefix}.bias"] = g.sum(1)
     return g_in
+
+
+def lowest_trained(layers: list[tuple[str, ...]], trained: Container[str] | None) -> int:
+    """The first of ``layers`` (each its parameters' names, input side first) with a parameter that trains: the
+    backward stops there (no gradient of the layers below or of the input is needed). 0 when all train."""
+    if trained is None:
+        return 0
+    return next((i for i, names in enumerate(layers) if any(k in trained for k in names)), len(layers))

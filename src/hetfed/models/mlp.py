@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 
@@ -63,15 +64,19 @@ class MLP(Model):
         return 3 * batch * (self.in_features + sum(self.hidden) + self.n_classes)
 
     def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
-        """This MLP's step written out (all its parameters trained; a subclass that changes the forward has none)."""
-        if names != {s.name for s in self._specs} or not closed_form.declared_by(self, MLP):
+        """This MLP's step written out, training ``names`` (any of its parameters, the others held fixed); a
+        subclass or instance that changes the forward has none."""
+        own = {s.name for s in self._specs}
+        if not names or not names <= own or not closed_form.declared_by(self, MLP):
             return None
-        return self._loss_and_gradients
+        return self._loss_and_gradients if names == own else partial(self._loss_and_gradients, trained=frozenset(names))
 
     def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
-                            moving: SGDInBackward | None) -> tuple[torch.Tensor, Params]:
-        """:meth:`forward`'s cross-entropy per client and its gradients: each layer's input, ReLU output and dropout
-        multipliers kept from the forward, then the layers' backwards from the last."""
+                            moving: SGDInBackward | None, trained: frozenset[str] | None = None
+                            ) -> tuple[torch.Tensor, Params]:
+        """:meth:`forward`'s cross-entropy per client and its gradients (``trained``: of those parameters; None: all):
+        each layer's input, ReLU output and dropout multipliers kept from the forward, then the layers' backwards
+        from the last down to the lowest that trains."""
         h, kept = x.flatten(2), []
         for i in range(len(self.hidden)):
             a = torch.baddbmm(params[f"layers.{i}.bias"].unsqueeze(1), h, params[f"layers.{i}.weight"]).relu_()
@@ -82,10 +87,12 @@ class MLP(Model):
         logits = torch.baddbmm(params[f"layers.{last}.bias"].unsqueeze(1), h, params[f"layers.{last}.weight"])
         loss, g = closed_form.cross_entropy(logits, y, mask)
         grads: Params = {}
-        for i in range(last, -1, -1):
+        lowest = closed_form.lowest_trained([(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(last + 1)],
+                                            trained)
+        for i in range(last, lowest - 1, -1):
             h_in = h if i == last else kept[i][0]
             g_in = closed_form.dense_backward(f"layers.{i}", h_in, params[f"layers.{i}.weight"], g, grads, moving,
-                                              input_grad=i > 0)
+                                              input_grad=i > lowest, trained=trained)
             if g_in is not None:
                 _, a, keep = kept[i - 1]
                 g = (g_in if keep is None else g_in.mul_(keep)).mul_(a > 0)
