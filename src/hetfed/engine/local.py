@@ -18,7 +18,7 @@ import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import lru_cache, partial
 from typing import Any
 
@@ -446,6 +446,8 @@ class _Step:
     #: the model's loss and gradients in closed form for this step (:meth:`hetfed.models.base.Model.closed_form`, a
     #: plain step), else None: autograd's
     closed: closed_form.ClosedForm | None = None
+    #: the moves of a closed-form step over the whole stack, kept for its next steps (the same tensors, in place)
+    _whole_moves: sgd_in_backward.SGDInBackward | None = field(default=None, init=False, repr=False)
 
     def _moving(self, leaves: Params, proximal: Proximal | None, state: Params) -> sgd_in_backward.SGDInBackward:
         """What this step's backward may move: its stacked weights, by SGD with the optimiser's weight decay, momentum
@@ -492,15 +494,20 @@ class _Step:
         moves = every and 0 < self.moves <= clients
 
         def moving(leaves: Params) -> sgd_in_backward.SGDInBackward | None:
-            return self._moving(leaves, proximal, state) if moves else None
+            if not moves:
+                return None
+            if whole and self.closed is not None:  # the step's own tensors: the same spec serves every such step
+                if self._whole_moves is None:
+                    self._whole_moves = self._moving(leaves, proximal, state)
+                return self._whole_moves.again()
+            return self._moving(leaves, proximal, state)
 
-        if self.closed is not None:
-            with torch.no_grad():
-                spec = moving(current)
-                reported, grads = self.closed({**fixed, **current} if fixed else current, xb, yb, mask, noise, spec)
-        else:
+        if self.closed is None:
             reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving)
         with torch.no_grad():
+            if self.closed is not None:
+                spec = moving(current)
+                reported, grads = self.closed({**fixed, **current} if fixed else current, xb, yb, mask, noise, spec)
             if proximal is not None:
                 grads = proximal.add_gradient(grads, current)
             optim.step(self.opt_cfg, {k: current[k] for k in grads} if spec is not None else current, grads, state,

@@ -18,7 +18,7 @@ hidden units).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 
@@ -140,10 +140,10 @@ class CGAUNet(Model):
         grads: Params = {}
         if self.condition_output and (trained is None or "out.cond" in trained):
             grads["out.cond"] = g_out.sum(1)
-        layers = [tuple(f"cgau.{i}.{u}.{k}" for u in ("filter", "gate") for k in ("weight", "bias", "cond"))
-                  for i in range(len(self.hidden))]
-        lowest = closed_form.lowest_trained([*layers, ("out.weight", "out.bias", "out.cond")], trained)
-        g_in = closed_form.dense_backward("out", h, params["out.weight"], g_out, grads, moving,
+        units = self._units
+        lowest = closed_form.lowest_trained([(*f, *g) for f, g in units] + [("out.weight", "out.bias", "out.cond")],
+                                            trained)
+        g_in = closed_form.dense_backward(("out.weight", "out.bias"), h, params["out.weight"], g_out, grads, moving,
                                           input_grad=len(kept) > lowest, trained=trained)
         for i in range(len(self.hidden) - 1, lowest - 1, -1):
             h_in, t, s, keep = kept[i]
@@ -151,12 +151,17 @@ class CGAUNet(Model):
             dz = g_in if keep is None else g_in.mul_(keep)
             df = (dz * s).mul_(1 - t * t)
             dg = dz.mul_(t).mul_(s * (1 - s))
-            for unit, d in (("filter", df), ("gate", dg)):
-                if trained is None or f"cgau.{i}.{unit}.cond" in trained:
-                    grads[f"cgau.{i}.{unit}.cond"] = d.sum(1)
-            through_f = closed_form.dense_backward(f"cgau.{i}.filter", h_in, params[f"cgau.{i}.filter.weight"], df,
-                                                   grads, moving, input_grad=i > lowest, trained=trained)
-            through_g = closed_form.dense_backward(f"cgau.{i}.gate", h_in, params[f"cgau.{i}.gate.weight"], dg, grads,
-                                                   moving, input_grad=i > lowest, trained=trained)
-            g_in = through_f.add_(through_g) if through_f is not None and through_g is not None else None
+            through = []
+            for (weight, bias, cond), d in zip(units[i], (df, dg), strict=True):
+                if trained is None or cond in trained:
+                    grads[cond] = d.sum(1)
+                through.append(closed_form.dense_backward((weight, bias), h_in, params[weight], d, grads, moving,
+                                                          input_grad=i > lowest, trained=trained))
+            g_in = through[0].add_(through[1]) if through[0] is not None and through[1] is not None else None
         return loss, grads
+
+    @cached_property
+    def _units(self) -> list[tuple[tuple[str, str, str], tuple[str, str, str]]]:
+        """Each layer's filter and gate (weight, bias, conditioning row) names, input side first."""
+        return [tuple((f"cgau.{i}.{u}.weight", f"cgau.{i}.{u}.bias", f"cgau.{i}.{u}.cond")  # type: ignore[misc]
+                      for u in ("filter", "gate")) for i in range(len(self.hidden))]

@@ -18,7 +18,7 @@ here).
 
 from __future__ import annotations
 
-from collections.abc import Callable, Container
+from collections.abc import Callable, Container, Sequence
 
 import torch
 
@@ -53,27 +53,28 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> 
     return loss, grad.mul_(weight)
 
 
-def dense_backward(prefix: str, x: torch.Tensor, weight: torch.Tensor, g: torch.Tensor, grads: dict[str, torch.Tensor],
-                   moving: SGDInBackward | None, input_grad: bool, trained: Container[str] | None = None
-                   ) -> torch.Tensor | None:
-    """The backward of :func:`hetfed.models.base.dense` (``x @ W + b`` over a stack) for its output's gradient ``g``:
-    the bias's gradient into ``grads`` (``prefix.bias``), the weight's there too or, when ``moving`` claims it, its
-    update applied — each only if it trains (``trained``: the names that do; None: all); returns the input's
-    gradient (``input_grad``), computed before the weight moves."""
+def dense_backward(names: tuple[str, str], x: torch.Tensor, weight: torch.Tensor, g: torch.Tensor,
+                   grads: dict[str, torch.Tensor], moving: SGDInBackward | None, input_grad: bool,
+                   trained: Container[str] | None = None) -> torch.Tensor | None:
+    """The backward of :func:`hetfed.models.base.dense` (``x @ W + b`` over a stack, its weight and bias named
+    ``names``) for its output's gradient ``g``: the bias's gradient into ``grads``, the weight's there too or, when
+    ``moving`` claims it, its update applied — each only if it trains (``trained``: the names that do; None: all);
+    returns the input's gradient (``input_grad``), computed before the weight moves."""
     g_in = torch.bmm(g, weight.transpose(1, 2)) if input_grad else None
-    if trained is None or f"{prefix}.weight" in trained:
+    weight_name, bias_name = names
+    if trained is None or weight_name in trained:
         name = moving.claim(weight) if moving is not None else None
         if name is None:
-            grads[f"{prefix}.weight"] = torch.bmm(x.transpose(1, 2), g)
+            grads[weight_name] = torch.bmm(x.transpose(1, 2), g)
         else:
             assert moving is not None
             moving.move(name, weight, x, g)
-    if trained is None or f"{prefix}.bias" in trained:
-        grads[f"{prefix}.bias"] = g.sum(1)
+    if trained is None or bias_name in trained:
+        grads[bias_name] = g.sum(1)
     return g_in
 
 
-def lowest_trained(layers: list[tuple[str, ...]], trained: Container[str] | None) -> int:
+def lowest_trained(layers: Sequence[tuple[str, ...]], trained: Container[str] | None) -> int:
     """The first of ``layers`` (each its parameters' names, input side first) with a parameter that trains: the
     backward stops there (no gradient of the layers below or of the input is needed). 0 when all train."""
     if trained is None:

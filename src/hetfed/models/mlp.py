@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
+from functools import cached_property, partial
 
 import torch
 
@@ -37,6 +37,11 @@ class MLP(Model):
 
     def specs(self) -> list[ParamSpec]:
         return self._specs
+
+    @cached_property
+    def _layers(self) -> list[tuple[str, str]]:
+        """Each layer's (weight, bias) names, input side first."""
+        return [(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(len(self.hidden) + 1)]
 
     @property
     def head_names(self) -> tuple[str, ...]:
@@ -77,21 +82,20 @@ class MLP(Model):
         """:meth:`forward`'s cross-entropy per client and its gradients (``trained``: of those parameters; None: all):
         each layer's input, ReLU output and dropout multipliers kept from the forward, then the layers' backwards
         from the last down to the lowest that trains."""
-        h, kept = x.flatten(2), []
-        for i in range(len(self.hidden)):
-            a = torch.baddbmm(params[f"layers.{i}.bias"].unsqueeze(1), h, params[f"layers.{i}.weight"]).relu_()
+        h, kept, layers = x.flatten(2), [], self._layers
+        for weight, bias in layers[:-1]:
+            a = torch.baddbmm(params[bias].unsqueeze(1), h, params[weight]).relu_()
             keep = noise.keep_mask(a.shape[1], a.shape[2], self.p) if self.p > 0 else None
             kept.append((h, a, keep))
             h = a if keep is None else a * keep
         last = len(self.hidden)
-        logits = torch.baddbmm(params[f"layers.{last}.bias"].unsqueeze(1), h, params[f"layers.{last}.weight"])
+        logits = torch.baddbmm(params[layers[last][1]].unsqueeze(1), h, params[layers[last][0]])
         loss, g = closed_form.cross_entropy(logits, y, mask)
         grads: Params = {}
-        lowest = closed_form.lowest_trained([(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(last + 1)],
-                                            trained)
+        lowest = closed_form.lowest_trained(layers, trained)
         for i in range(last, lowest - 1, -1):
             h_in = h if i == last else kept[i][0]
-            g_in = closed_form.dense_backward(f"layers.{i}", h_in, params[f"layers.{i}.weight"], g, grads, moving,
+            g_in = closed_form.dense_backward(layers[i], h_in, params[layers[i][0]], g, grads, moving,
                                               input_grad=i > lowest, trained=trained)
             if g_in is not None:
                 _, a, keep = kept[i - 1]

@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field
 
 import torch
@@ -72,6 +72,13 @@ class SGDInBackward:
         smallest = MOVE_FROM if self.smallest is None else self.smallest
         self._names = {id(w): k for k, w in self.weights.items() if w.numel() >= smallest}
 
+    def again(self) -> SGDInBackward:
+        """This spec for another step over the same tensors (what the last one moved, held and counted forgotten)."""
+        self.moved.clear()
+        self.held.clear()
+        self._uses.clear()
+        return self
+
     def claim(self, weight: torch.Tensor) -> str | None:
         """The weight's name if this step may move it (a use counted), else None."""
         name = self._names.get(id(weight))
@@ -87,7 +94,7 @@ class SGDInBackward:
     def move(self, name: str, weight: torch.Tensor, x: torch.Tensor, g: torch.Tensor) -> None:
         """Apply the weight's update from its layer's input ``x`` and output gradient ``g``. A weight the forward
         used more than once is not moved: each use's gradient is added to :attr:`held`, for the optimiser."""
-        with torch.no_grad():
+        with torch.no_grad() if torch.is_grad_enabled() else nullcontext():  # a backward or a closed form: off
             if self._uses.get(id(weight), 0) != 1:
                 grad = x.transpose(1, 2).bmm(g)
                 self.held[name] = grad if name not in self.held else self.held[name] + grad
