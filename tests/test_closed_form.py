@@ -124,3 +124,32 @@ def test_the_registrys_mlp_declares_it_and_moves_every_weight_under_sgd():
     closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1))
     assert closed is not None and fewest == 1  # a stack of any size moves its weights
     assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1))[1] == 0
+
+
+@pytest.mark.parametrize("trainable", [None, ["cgau.0.filter.cond", "cgau.0.gate.cond", "cgau.1.filter.cond",
+                                              "cgau.1.gate.cond"]])
+def test_a_cgau_stack_trains_to_autograds_numbers(monkeypatch, trainable):
+    """CGAU (dropout, conditioned output) on unequal clients under SGD with momentum, weight decay and a proximal term,
+    all its parameters or its conditioning rows alone: the closed form's parameters, optimiser state and loss are
+    autograd's."""
+    model = CGAUNet(6, [16, 8], 4, dropout=0.3, condition_output=True)
+    params, data = _params(model, 5), _stack_data([37, 12, 50, 3, 24])
+    params = {k: v + 0.1 for k, v in params.items()}  # conditioning rows away from their zero start
+    opt = OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01)
+    reg = Proximal({k: v[0] for k, v in params.items()}, 0.3)
+    sched = LocalSchedule(batch_size=8, epochs=2)
+    by_autograd: list[int] = []
+    monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
+    written_out = CGAUNet.closed_form
+    monkeypatch.setattr(CGAUNet, "closed_form", lambda self, names: None)
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
+    assert by_autograd
+    by_autograd.clear()
+    monkeypatch.setattr(CGAUNet, "closed_form", written_out)
+    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
+    assert by_autograd == []
+    for i in (0, 1):
+        assert set(trained[i]) == set(reference[i])
+        for k in reference[i]:
+            torch.testing.assert_close(trained[i][k], reference[i][k], rtol=1e-5, atol=1e-6, msg=k)
+    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
