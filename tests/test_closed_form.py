@@ -85,6 +85,30 @@ def test_a_forward_of_its_own_or_a_part_of_the_parameters_keeps_autograd():
     assert cnn.closed_form({s.name for s in cnn.specs()}) is None
 
 
+def _closed_against_autograd(monkeypatch, model, params, opt, reg, trainable) -> list[int]:
+    """``train_stack`` on unequal clients (the 5-client stack of :mod:`tests.test_stacking`), first with the model's
+    closed form turned off, then on: autograd's cross-entropy runs in the first and never in the second, and the
+    parameters, optimiser state and loss agree. Returns the counter of autograd's steps (patched for the test)."""
+    data, sched = _stack_data([37, 12, 50, 3, 24]), LocalSchedule(batch_size=8, epochs=2)
+    by_autograd: list[int] = []
+    monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
+    cls = type(model)
+    written_out = cls.closed_form
+    monkeypatch.setattr(cls, "closed_form", lambda self, names: None)
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
+    assert by_autograd
+    by_autograd.clear()
+    monkeypatch.setattr(cls, "closed_form", written_out)
+    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
+    assert by_autograd == []
+    for i in (0, 1):
+        assert set(trained[i]) == set(reference[i])
+        for k in reference[i]:
+            torch.testing.assert_close(trained[i][k], reference[i][k], rtol=1e-5, atol=1e-6, msg=k)
+    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
+    return by_autograd
+
+
 @pytest.mark.parametrize("trainable", [None, ["layers.2.weight", "layers.2.bias"],
                                        ["layers.0.weight", "layers.0.bias", "layers.1.weight"]])
 @pytest.mark.parametrize("opt,mu", [(OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01), None),
@@ -95,35 +119,12 @@ def test_train_stack_writes_out_plain_steps_and_gives_autograds_numbers(monkeypa
     dropout to autograd's parameters, optimiser state and loss — all its parameters, or a part with the others held
     fixed (FedRep's head, a body); a step with a loss term of the caller's runs autograd."""
     model = MLP(6, [16, 8], 4, dropout=0.3)
-    params, data = _params(model, 5), _stack_data([37, 12, 50, 3, 24])
-    sched = LocalSchedule(batch_size=8, epochs=2)
+    params = _params(model, 5)
     reg = Proximal({k: v[0] for k, v in params.items()}, mu) if mu else None
-    by_autograd: list[int] = []
-    monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
-    written_out = MLP.closed_form
-    monkeypatch.setattr(MLP, "closed_form", lambda self, names: None)
-    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
-    assert by_autograd
-    by_autograd.clear()
-    monkeypatch.setattr(MLP, "closed_form", written_out)
-    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
-    assert by_autograd == []
-    for i in (0, 1):
-        assert set(trained[i]) == set(reference[i])
-        for k in reference[i]:
-            torch.testing.assert_close(trained[i][k], reference[i][k], rtol=1e-5, atol=1e-6, msg=k)
-    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
-    train_stack(model, params, data, sched, opt, opt.lr,
+    by_autograd = _closed_against_autograd(monkeypatch, model, params, opt, reg, trainable)
+    train_stack(model, params, _stack_data([37, 12, 50, 3, 24]), LocalSchedule(batch_size=8, epochs=2), opt, opt.lr,
                 regulariser=lambda p: sum((v ** 2).flatten(1).sum(1) for v in p.values()))
     assert by_autograd
-
-
-def test_the_registrys_mlp_declares_it_and_moves_every_weight_under_sgd():
-    model = build_model(ModelConfig(kind="mlp", hidden=[8]), (5,), 3)
-    current = {s.name: torch.zeros(1, *s.shape) for s in model.specs()}
-    closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1))
-    assert closed is not None and fewest == 1  # a stack of any size moves its weights
-    assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1))[1] == 0
 
 
 @pytest.mark.parametrize("trainable", [None, ["cgau.0.filter.cond", "cgau.0.gate.cond", "cgau.1.filter.cond",
@@ -133,23 +134,14 @@ def test_a_cgau_stack_trains_to_autograds_numbers(monkeypatch, trainable):
     all its parameters or its conditioning rows alone: the closed form's parameters, optimiser state and loss are
     autograd's."""
     model = CGAUNet(6, [16, 8], 4, dropout=0.3, condition_output=True)
-    params, data = _params(model, 5), _stack_data([37, 12, 50, 3, 24])
-    params = {k: v + 0.1 for k, v in params.items()}  # conditioning rows away from their zero start
-    opt = OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01)
-    reg = Proximal({k: v[0] for k, v in params.items()}, 0.3)
-    sched = LocalSchedule(batch_size=8, epochs=2)
-    by_autograd: list[int] = []
-    monkeypatch.setattr(local, "cross_entropy", lambda *a: by_autograd.append(1) or cross_entropy(*a))
-    written_out = CGAUNet.closed_form
-    monkeypatch.setattr(CGAUNet, "closed_form", lambda self, names: None)
-    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
-    assert by_autograd
-    by_autograd.clear()
-    monkeypatch.setattr(CGAUNet, "closed_form", written_out)
-    trained = train_stack(model, params, data, sched, opt, opt.lr, regulariser=reg, trainable=trainable)
-    assert by_autograd == []
-    for i in (0, 1):
-        assert set(trained[i]) == set(reference[i])
-        for k in reference[i]:
-            torch.testing.assert_close(trained[i][k], reference[i][k], rtol=1e-5, atol=1e-6, msg=k)
-    torch.testing.assert_close(trained[2], reference[2], rtol=1e-5, atol=1e-6)
+    params = {k: v + 0.1 for k, v in _params(model, 5).items()}  # conditioning rows away from their zero start
+    _closed_against_autograd(monkeypatch, model, params, OptimizerConfig(lr=0.1, momentum=0.9, weight_decay=0.01),
+                             Proximal({k: v[0] for k, v in params.items()}, 0.3), trainable)
+
+
+def test_the_registrys_mlp_declares_it_and_moves_every_weight_under_sgd():
+    model = build_model(ModelConfig(kind="mlp", hidden=[8]), (5,), 3)
+    current = {s.name: torch.zeros(1, *s.shape) for s in model.specs()}
+    closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1))
+    assert closed is not None and fewest == 1  # a stack of any size moves its weights
+    assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1))[1] == 0
