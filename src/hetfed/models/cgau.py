@@ -18,7 +18,7 @@ hidden units).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import cached_property, partial
+from functools import partial
 
 import torch
 
@@ -63,6 +63,11 @@ class CGAUNet(Model):
         if condition_output:
             specs.append(ParamSpec("out.cond", (n_classes,), zeros_init, local=True))
         self._specs = specs
+        #: each layer's filter and gate (weight, bias, conditioning row) names, input side first (set here, with the
+        #: specs: a model's attributes are part of what a stacked sweep compares)
+        self._units: list[tuple[tuple[str, str, str], ...]] = [
+            tuple((f"cgau.{i}.{u}.weight", f"cgau.{i}.{u}.bias", f"cgau.{i}.{u}.cond") for u in ("filter", "gate"))
+            for i in range(len(self.hidden))]
 
     def specs(self) -> list[ParamSpec]:
         return self._specs
@@ -160,8 +165,3 @@ class CGAUNet(Model):
             g_in = through[0].add_(through[1]) if through[0] is not None and through[1] is not None else None
         return loss, grads
 
-    @cached_property
-    def _units(self) -> list[tuple[tuple[str, str, str], tuple[str, str, str]]]:
-        """Each layer's filter and gate (weight, bias, conditioning row) names, input side first."""
-        return [tuple((f"cgau.{i}.{u}.weight", f"cgau.{i}.{u}.bias", f"cgau.{i}.{u}.cond")  # type: ignore[misc]
-                      for u in ("filter", "gate")) for i in range(len(self.hidden))]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import cached_property, partial
+from functools import partial
 
 import torch
 
@@ -34,14 +34,13 @@ class MLP(Model):
             spec for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True))
             for spec in _linear_specs(f"layers.{i}", a, b)
         ]
+        #: each layer's (weight, bias) names, input side first (set here, with the specs: a model's attributes are
+        #: part of what a stacked sweep compares, :func:`hetfed.executors.stacked_runs._method_key`)
+        self._layers = [(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(len(self.hidden) + 1)]
 
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    @cached_property
-    def _layers(self) -> list[tuple[str, str]]:
-        """Each layer's (weight, bias) names, input side first."""
-        return [(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(len(self.hidden) + 1)]
 
     @property
     def head_names(self) -> tuple[str, ...]:
