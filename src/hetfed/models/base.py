@@ -162,8 +162,8 @@ class Model:
 
     def closed_form(self, names: set[str]) -> ClosedForm | None:
         """A plain training step's loss and gradients without autograd (:mod:`hetfed.models.closed_form`: a step of a
-        small stack is bound by autograd's fixed cost) when the step trains the parameters named ``names`` and only
-        those (it is handed those); None where the model writes none out (autograd computes them)."""
+        small stack is bound by autograd's fixed cost) when the step trains the parameters named ``names`` (the others
+        it is handed are held fixed); None where the model writes none out (autograd computes them)."""
         return None
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:

@@ -164,4 +164,3 @@ class CGAUNet(Model):
                                                           input_grad=i > lowest, trained=trained))
             g_in = through[0].add_(through[1]) if through[0] is not None and through[1] is not None else None
         return loss, grads
-

@@ -41,7 +41,6 @@ class MLP(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-
     @property
     def head_names(self) -> tuple[str, ...]:
         last = len(self.hidden)
