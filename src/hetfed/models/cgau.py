@@ -18,7 +18,6 @@ hidden units).
 from __future__ import annotations
 
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 
@@ -122,11 +121,8 @@ class CGAUNet(Model):
     def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
         """This network's step written out, training ``names`` (any of its parameters, the others held fixed: the
         conditioning rows alone, say), with its own forward."""
-        own = {s.name for s in self._specs}
-        if not names or not names <= own or not closed_form.declared_by(
-                self, CGAUNet, ("forward", "features", "head", "_pre")):
-            return None
-        return self._loss_and_gradients if names == own else partial(self._loss_and_gradients, trained=frozenset(names))
+        return closed_form.for_names(self, CGAUNet, names, self._loss_and_gradients,
+                                     ("forward", "features", "head", "_pre"))
 
     def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
                             moving: SGDInBackward | None, trained: frozenset[str] | None = None

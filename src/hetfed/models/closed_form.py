@@ -19,6 +19,8 @@ here).
 from __future__ import annotations
 
 from collections.abc import Callable, Container, Sequence
+from functools import partial
+from typing import Any
 
 import torch
 
@@ -38,6 +40,17 @@ def declared_by(model: object, cls: type, methods: tuple[str, ...] = ("forward",
     """Whether ``model`` computes with ``cls``'s own ``methods`` (none replaced on a subclass or on the instance): a
     closed form written for ``cls``'s forward holds only then."""
     return all(getattr(getattr(model, m), "__func__", None) is getattr(cls, m) for m in methods)
+
+
+def for_names(model: Any, cls: type, names: set[str], fn: ClosedForm,
+              methods: tuple[str, ...] = ("forward", "features", "head")) -> ClosedForm | None:
+    """A model's closed form ``fn`` (taking ``trained``: the names that train, None for all) for a step training
+    ``names``: None when there are none, when one is not the model's (``model.specs()``), or when ``cls``'s
+    ``methods`` are replaced (:func:`declared_by`)."""
+    own = {s.name for s in model.specs()}
+    if not names or not names <= own or not declared_by(model, cls, methods):
+        return None
+    return fn if names == own else partial(fn, trained=frozenset(names))
 
 
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:

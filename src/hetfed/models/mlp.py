@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
-from functools import partial
 
 import torch
 
@@ -69,10 +68,7 @@ class MLP(Model):
     def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
         """This MLP's step written out, training ``names`` (any of its parameters, the others held fixed); a
         subclass or instance that changes the forward has none."""
-        own = {s.name for s in self._specs}
-        if not names or not names <= own or not closed_form.declared_by(self, MLP):
-            return None
-        return self._loss_and_gradients if names == own else partial(self._loss_and_gradients, trained=frozenset(names))
+        return closed_form.for_names(self, MLP, names, self._loss_and_gradients)
 
     def _loss_and_gradients(self, params: Params, x: torch.Tensor, y: torch.Tensor, mask: torch.Tensor, noise: Noise,
                             moving: SGDInBackward | None, trained: frozenset[str] | None = None
