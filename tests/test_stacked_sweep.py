@@ -35,7 +35,7 @@ if os.environ.get("HETFED_TEST_DEVICE"):  # benchmarks/gpu.sh runs these on a le
 def _runs(path: Path) -> dict[tuple, float]:
     with open(path / "runs.csv") as fh:
         rows = list(csv.DictReader(fh))
-    return {(r["partition.shuffle"], r["seed"], r["method"], r["metric"]): float(r["value"]) for r in rows
+    return {(r.get("partition.shuffle"), r["seed"], r["method"], r["metric"]): float(r["value"]) for r in rows
             if "seconds" not in r["metric"]}
 
 
@@ -199,3 +199,40 @@ def _bytes(path: Path) -> dict[tuple, float]:
     with open(path) as fh:
         return {(r["method"], r["round"], r["metric"]): float(r["value"]) for r in csv.DictReader(fh)
                 if "bytes" in r["metric"]}
+
+
+@pytest.mark.slow
+def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_sweep_without_it(tmp_path, capsys):
+    """#72 §4: every algorithm either stacks with the other runs or steps alone — never a crash — and runs.csv is
+    the sweep's without --stack; an asynchronous one is refused in one line."""
+    import json
+
+    from hetfed.registry import registry_of
+
+    ALGORITHMS = registry_of("algorithm")
+
+    names = [n for n, spec in ALGORITHMS.items() if not spec.capabilities.asynchronous]
+    assert len(names) >= 38
+    methods = [{"name": f"{n}_", "algorithm": n, "params": dict(ALGORITHMS.get(n).quick),
+                **({"model": dict(ALGORITHMS.get(n).model)} if ALGORITHMS.get(n).model else {})} for n in names]
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set",
+            "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0",
+            "--set", f"methods={json.dumps(methods)}", "--seeds", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
+    assert {k[2].split("_")[0] for k in alone} >= {n.split("_")[0] for n in names}
+    assert alone.keys() == stacked.keys()
+    for key, value in alone.items():
+        assert stacked[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+    asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)
+    capsys.readouterr()
+    assert main([*args[:-5], "--set", f"methods=[{{algorithm: {asynchronous}}}]", "--seeds", "2", "--stack"]) == 2
+    assert "cannot be stacked across runs" in capsys.readouterr().err
+
+
+def test_stack_refuses_an_executor_it_would_replace(capsys):
+    """#72 §4: --stack never replaces a chosen executor silently (each run's config.yaml would say sequential)."""
+    assert main([*BASE, "--stack", "--set", "train.executor=sequential"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "train.executor = 'sequential'" in err and "'vectorised'" in err and len(err.splitlines()) == 1

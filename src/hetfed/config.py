@@ -501,7 +501,7 @@ class ServerConfig(_Strict):
     compression: dict[str, Any] = Field(
         default_factory=lambda: {"kind": "none"}, description="how each client's update Δ travels: kind none, "
         "qsgd (bits, bucket), topk (fraction), fp16, bf16 (`hetfed components compressor`), and error_feedback "
-        "(clients keep what was not sent and add it to their next update; docs/compression.md)"
+        "(clients keep what was not sent and add it to their next update; docs/async.md, 'Compression of what clients send')"
     )
 
     optimizer: str = Field(

@@ -18,8 +18,9 @@ each client on its own run's validation, test and global test sets (the runs' po
 each run gets its clients' reports as if it had evaluated alone; its server scores its own model on its own thread.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
-through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs; the others step
-and evaluate alone. Personalisation is each run's own, one run at a time.
+through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs (:func:`joins`); the
+others step and evaluate alone, through the in-process executor's own round, so they give the numbers of the run
+without ``--stack``. Personalisation is each run's own, one run at a time.
 
 Every client computation — joined stacks, a run's lone steps, evaluations and personal phases — runs on one
 thread, the sweep's own, on its torch threads; each run's thread does its own server work on one torch thread
@@ -230,20 +231,23 @@ class Rendezvous:
                 request.done.set()
 
 
+def joins(executor: StackedRunExecutor, bc: Broadcast, evaluation: bool = False) -> bool:
+    """Whether this run's round (or evaluation) may share a stack with other runs: its algorithm reads the broadcast
+    only as ``bc.stacked(n)`` (``Capabilities.stacks_runs``) and this broadcast carries nothing else (no
+    ``extra``; for an evaluation, no personal rows). The others step alone: their executor's own round."""
+    return (executor.algo.capabilities.stacks_runs and not bc.extra
+            and not (evaluation and bc.personal))
+
+
 def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
-    """Requests with equal keys run the same client step and may share a stack (else a key of their own)."""
+    """Requests with equal keys run the same client step and share a stack (every request :func:`joins`)."""
     algo = executor.algo
-    if not algo.capabilities.stacks_runs or bc.extra:
-        return ("alone", id(executor))
     return (_method_key(executor, bc), algo.schedule, algo.train.optimizer.model_dump_json(), float(bc.lr), bc.round)
 
 
 def evaluation_key(executor: StackedRunExecutor, bc: Broadcast, view: str | None) -> Any:
     """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
     method and model, view, number of classes and global test set size (each client scores its own run's)."""
-    algo = executor.algo
-    if not algo.capabilities.stacks_runs or bc.extra or bc.personal:
-        return ("alone", id(executor))
     return (_method_key(executor, bc), view, executor.fed.n_classes, len(executor.y_global),
             tuple(executor.x_global.shape[1:]), executor.eval_max_floats)
 
@@ -420,6 +424,10 @@ class StackedRunExecutor(InProcessExecutor):
         self.rendezvous = rendezvous
 
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
+        """The round's client steps: joined with the other runs' where it :func:`joins`, else this run's own round
+        (the in-process executor's, computed by :meth:`Rendezvous.serve`) — the numbers of the run alone."""
+        if not joins(self, bc):
+            return self.rendezvous.call(lambda: super(StackedRunExecutor, self).train(bc, clients, reduce))
         if reduce:
             raise RunError("a stacked sweep's runs return every client's update (no reduced cohort)")
         result: Upload = self.rendezvous.submit(_Request(self, bc, list(clients)))
@@ -427,7 +435,7 @@ class StackedRunExecutor(InProcessExecutor):
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
                  among: list[int] | None = None) -> dict[str, list[Any]]:
-        if among is not None or not clients:
+        if among is not None or not clients or not joins(self, bc, evaluation=True):
             return self.rendezvous.call(lambda: super(StackedRunExecutor, self).evaluate(bc, clients, view, among))
         result: dict[str, list[Any]] = self.rendezvous.submit(_Request(self, bc, list(clients), "evaluate", view))
         return result

@@ -427,16 +427,19 @@ def _stacking_kind() -> Any:
 
 
 def _check_stackable(configs: list[SweepRun]) -> None:
-    """--stack trains in this process: every method's executor must be an in-process one."""
+    """--stack trains every run with the stacking kind: a method must be configured with an executor it may stand
+    in for (``stackable``: the vectorised one), never another silently replaced."""
     from hetfed.registry import registry_of
 
     executors = registry_of("executor")
+    usable = sorted(name for name, kind in executors.items() if kind.stackable)
     for _point, _s, cfg in configs:
         for method in cfg.methods:
             name = cfg.method_train(method).executor
-            if not executors.get(name).in_process:
-                raise ConfigError(f"train.executor = {name!r} (method {method.name!r}) cannot be stacked: expected an "
-                                  "in-process executor with --stack, or the sweep without --stack")
+            if not executors.get(name).stackable:
+                raise ConfigError(f"train.executor = {name!r} (method {method.name!r}) cannot be stacked: --stack "
+                                  f"trains every run's clients as one stack; expected train.executor "
+                                  f"{' or '.join(map(repr, usable))} with --stack, or the sweep without --stack")
             if registry_of("algorithm").get(method.algorithm).capabilities.asynchronous:
                 raise ConfigError(f"methods algorithm = {method.algorithm!r} (method {method.label!r}) cannot be "
                                   "stacked across runs: its server works on its own clock; expected the sweep without "

@@ -54,7 +54,9 @@ class ExecutorKind:
     simulated, checkpoints hold every client's state (else the clients' state lives on the nodes and a resume
     mid-rounds is exact only for methods whose clients keep nothing); ``selectable``: ``train.executor`` may
     name it (a deployment is handed to the driver by the ServerApp instead); ``stacks_runs``: a sweep may hand
-    it to several runs at once (``--stack``).
+    it to several runs at once (``--stack``); ``stackable``: a run configured with this kind computes what the
+    stacking kind computes for it, so ``--stack`` may take its place (the others are refused with ``--stack``, never
+    replaced silently).
     """
 
     name: ClassVar[str] = ""
@@ -63,6 +65,8 @@ class ExecutorKind:
     selectable: ClassVar[bool] = True
     #: runs several runs' client steps as one stack (:meth:`for_runs`, :meth:`leave`): a stacked sweep's kind
     stacks_runs: ClassVar[bool] = False
+    #: ``--stack`` may run a method configured with this kind (it computes the same stacks the stacking kind does)
+    stackable: ClassVar[bool] = False
 
     def for_runs(self, members: int) -> ExecutorKind:
         """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``)."""
@@ -108,7 +112,7 @@ class InProcessSession:
 
 def _described(kind: ExecutorKind) -> dict[str, Any]:
     return {"summary": kind.summary, "in_process": kind.in_process, "selectable": kind.selectable,
-            "stacks_runs": kind.stacks_runs}
+            "stacks_runs": kind.stacks_runs, "stackable": kind.stackable}
 
 
 #: every executor, by ``train.executor`` (one module of this package each)

@@ -12,6 +12,7 @@ from hetfed.executors.kinds import ExecutorKind, register
 class Vectorised(ExecutorKind):
     name = "vectorised"
     summary = "in this process: the clients' parameters stacked and trained together, chunked to a memory budget"
+    stackable = True
 
     def client_steps(self, train: TrainConfig) -> Executor:
         return VectorisedExecutor(train.memory_budget_mb, train.chunk_clients)

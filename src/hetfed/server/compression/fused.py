@@ -127,7 +127,7 @@ def _kernel() -> Any:
 
 @cache
 def available() -> bool:
-    """Numba is installed (a dependency of hetfed; without it, the torch path computes the same numbers)."""
+    """Numba is installed (the ``numba`` extra; without it, the torch path computes the same numbers)."""
     return importlib.util.find_spec("numba") is not None
 
 

@@ -44,10 +44,16 @@ def _buckets(n: int, p: QSGDParams) -> tuple[int, int]:
     return d, math.ceil(n / d)
 
 
+def packed_size(m: int, bits: int) -> int:
+    """Bytes of m codes of ``bits`` bits packed tight: ⌈m·bits/8⌉ (what :func:`pack` returns and :func:`_nbytes`
+    counts)."""
+    return math.ceil(m * bits / 8)
+
+
 def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
-    """Codes [S, M] in [0, 2^bits) as bytes [S, ⌈M/8⌉·bits] (uint8), least significant bit first (the last byte
-    padded: a tight encoder sends ⌈M·bits/8⌉, what :func:`_nbytes` counts). 8, 4 and 2 bits pack by shifts (a byte
-    holds 1, 2 or 4 codes); other widths go through bit planes."""
+    """Codes [S, M] in [0, 2^bits) as bytes [S, ⌈M·bits/8⌉] (uint8), one bit stream, least significant bit first:
+    nothing is sent beyond the last code's byte. 8, 4 and 2 bits pack by shifts (a byte holds 1, 2 or 4 codes);
+    other widths go through bit planes."""
     s, m = codes.shape
     codes = torch.nn.functional.pad(codes.to(torch.uint8), (0, (-m) % 8))  # a multiple of 8 codes fills whole bytes
     if 8 % bits == 0:
@@ -56,17 +62,19 @@ def pack(codes: torch.Tensor, bits: int) -> torch.Tensor:
         out = parts[:, :, 0].clone()
         for i in range(1, per):
             out |= parts[:, :, i] << (bits * i)
-        return out
-    shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
-    planes = (codes.unsqueeze(-1) >> shifts) & 1  # [S, M', bits]
-    octets = planes.reshape(s, -1, 8)
-    weights = torch.arange(8, device=codes.device, dtype=torch.uint8)
-    return (octets << weights).sum(-1, dtype=torch.int32).to(torch.uint8)
+    else:
+        shifts = torch.arange(bits, device=codes.device, dtype=torch.uint8)
+        planes = (codes.unsqueeze(-1) >> shifts) & 1  # [S, M', bits]
+        octets = planes.reshape(s, -1, 8)
+        weights = torch.arange(8, device=codes.device, dtype=torch.uint8)
+        out = (octets << weights).sum(-1, dtype=torch.int32).to(torch.uint8)
+    return out[:, :packed_size(m, bits)].contiguous()  # the padding codes' bytes past the last real bit are dropped
 
 
 def unpack(packed: torch.Tensor, bits: int, m: int) -> torch.Tensor:
     """The first m codes of :func:`pack`'s bytes (uint8 [S, m])."""
     s = packed.shape[0]
+    packed = torch.nn.functional.pad(packed, (0, math.ceil(m / 8) * bits - packed.shape[1]))  # whole groups of 8
     if 8 % bits == 0:
         per, mask = 8 // bits, (1 << bits) - 1
         parts = torch.stack([(packed >> (bits * i)) & mask for i in range(per)], dim=-1)
@@ -132,11 +140,10 @@ def _quantised(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDP
 
 
 def _encode(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> Encoded:
+    """The bucket norms (float32) and the n codes ``sgn·level + s`` packed tight: the short last bucket is not
+    padded on the wire (its missing values are not sent; :func:`_decode` restores its shape)."""
     norms, signed = _quantised(delta, seeds, counter, p)
-    n = signed.shape[1]
-    pad = (-n) % _buckets(n, p)[0]  # the last bucket's zeros: code s
-    code = torch.nn.functional.pad(signed.add_(levels(p)), (0, pad), value=levels(p))  # sgn·level + s
-    return {"norms": norms, "codes": pack(code, p.bits)}
+    return {"norms": norms, "codes": pack(signed.add_(levels(p)), p.bits)}
 
 
 def _roundtrip(delta: torch.Tensor, seeds: Sequence[int], counter: int, p: QSGDParams) -> torch.Tensor:
@@ -162,15 +169,17 @@ def _decode(enc: Encoded, shape: tuple[int, ...], p: QSGDParams) -> torch.Tensor
     d, nb = _buckets(n, p)
     norms = enc["norms"]
     stack = norms.shape[0]
-    signed = unpack(enc["codes"], p.bits, nb * d).to(torch.float32).sub_(s_levels)
+    signed = unpack(enc["codes"], p.bits, n).to(torch.float32).sub_(s_levels)
+    signed = torch.nn.functional.pad(signed, (0, nb * d - n))  # the short last bucket as a whole one (zeros)
     values = signed.reshape(stack, nb, d).mul_((norms / s_levels).unsqueeze(-1))
     return values.reshape(stack, -1)[:, :n].reshape(stack, *shape)
 
 
 def _nbytes(shape: tuple[int, ...], p: QSGDParams) -> int:
+    """What :func:`_encode` sends for one client: a float32 norm per bucket and the codes packed tight."""
     n = math.prod(shape)
     _d, nb = _buckets(n, p)
-    return 4 * nb + math.ceil(n * p.bits / 8)
+    return 4 * nb + packed_size(n, p.bits)
 
 
 register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip, fused_into=_roundtrip_into, draws=True,
