@@ -188,10 +188,10 @@ def leaderboard_table(sweep: Path) -> str:
     and last-round value, and PFLlib's number (the best test accuracy over rounds), mean ± 95% CI over seeds; Γ
     and ΔΓ of the partition above the table."""
     cells: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
-    gammas, excess, seeds = [], [], 0
+    gammas, excess, seen = [], [], set()
     for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
         summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
-        seeds += 1
+        seen.add(run.get("seed"))  # a grid over methods: several runs share a seed
         het = summary.get("heterogeneity") or {}
         gammas.append(summary.get("gamma", het.get("gamma")))
         excess.append(het.get("gamma_excess"))
@@ -210,7 +210,7 @@ def leaderboard_table(sweep: Path) -> str:
     return "\n".join(lines) + (
         "\n\nPFLlib's rule: the best personal (weighted) accuracy on the *test* splits over the evaluated rounds, "
         "what PFLlib's leaderboard reports (`max(rs_test_acc)`); an upper bound that chooses the round by test. "
-        f"mean ± 95% CI (Student t) over {seeds} seeds. best: the round whose model has the lowest validation "
+        f"mean ± 95% CI (Student t) over {len(seen)} seeds. best: the round whose model has the lowest validation "
         "loss on the clients' validation splits (PFLlib reports the best round by *test* accuracy, which flatters "
         "every method); last: the final round. personal: each client's own model on its own test split, weighted by "
         "test size (what PFLlib reports) or unweighted; worst 10%: the mean of the worst tenth of clients; global: "
