@@ -427,3 +427,24 @@ def test_fedbn_keeps_every_batch_norm_layer_on_the_client():
     upload, new = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
     assert set(upload.params) == set(server.params)  # no γ, β or running statistic leaves
     assert bn <= set(new) and not torch.equal(new["bn1.running_mean"][0], state["bn1.running_mean"])
+
+
+def test_per_fedavgs_adaptation_in_blocks_of_samples_is_the_whole_splits_step(monkeypatch):
+    """#72 (found on a GPU): the evaluation's adaptation step went through every client's whole split at once —
+    past 2³¹ elements for PFLlib's CNN on Fashion-MNIST, which CUDA refuses. In blocks it is the same step, for
+    clients of unequal sizes."""
+    from hetfed.algorithms import perfedavg
+
+    algo, server, _state, _data, _x, _y = _setup("perfedavg", {"inner_lr": 0.2})
+    g = torch.Generator().manual_seed(3)
+    x, y = torch.randn(40, _x.shape[1], generator=g), torch.randint(0, 2, (40,), generator=g)
+    stacked = {k: v.unsqueeze(0).repeat(3, *([1] * v.dim())) for k, v in server.params.items()}
+    splits = [np.arange(0, 17), np.arange(17, 22), np.arange(22, 40)]
+    whole = algo.adapted(stacked, x, y, splits)
+    monkeypatch.setattr(perfedavg, "ADAPT_BLOCK_FLOATS", 3 * x.shape[1] * 4)  # blocks of 4 samples per client
+    blocked = algo.adapted(stacked, x, y, splits)
+    for j, split in enumerate(splits):
+        grads = _grads(dict(server.params), x[split], y[split])
+        for k in server.params:
+            torch.testing.assert_close(blocked[k][j], whole[k][j])
+            torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])

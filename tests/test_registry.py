@@ -235,3 +235,19 @@ def test_algorithms_says_each_methods_family_and_venue(capsys):
     assert all(d["venue"] for n, d in listed.items() if n != "local" and not n.startswith("toy"))
     with pytest.raises(ValueError, match=r"family = 'zoo'; expected one of global"):
         AlgorithmSpec("x", FedAvg, "", "", family="zoo")
+
+
+def test_components_help_names_every_kind_and_each_kinds_parameters_where_a_config_writes_them(capsys):
+    """#72 §4: the help listed 4 of the 9 kinds; algorithms' parameters were shown as `algorithm.<name>`, where a
+    config writes `methods[i].params.<name>`."""
+    from hetfed.registry import KINDS
+
+    with pytest.raises(SystemExit):
+        main(["components", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert all(kind in text for kind in KINDS)
+    assert main(["components", "algorithm"]) == 0
+    out = capsys.readouterr().out
+    assert "methods[i].params." in out and "algorithm." not in out.replace("algorithm ", "")
+    assert main(["components", "compressor"]) == 0
+    assert "server.compression." in capsys.readouterr().out

@@ -22,6 +22,7 @@ from hetfed import __version__
 from hetfed.config import Config, dump_config, load_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
+from hetfed.registry import KINDS
 from hetfed.runs.rundir import SUMMARY
 
 console: Console = make_console()
@@ -133,9 +134,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_config_args(p)
     p.set_defaults(func=cmd_config)
 
-    p = sub.add_parser("components", help="every registered component of every kind (algorithms, partitioners, combine rules, "
-                                          "server optimisers): what names it and its parameters")
-    p.add_argument("kind", nargs="?", help="one kind: algorithm, partitioner, combine or optimizer")
+    p = sub.add_parser("components", help="every registered component of every kind (" + ", ".join(sorted(KINDS))
+                       + "): what names it and its parameters")
+    p.add_argument("kind", nargs="?", help="one kind: " + ", ".join(sorted(KINDS)))
     p.add_argument("--json", action="store_true", help="machine-readable: every field of every component")
     p.set_defaults(func=cmd_components)
 
@@ -227,7 +228,7 @@ def cmd_components(args: argparse.Namespace) -> int:
             if extra:
                 console.print(f"    {' · '.join(extra)}", soft_wrap=True, markup=False)
             if c.get("params"):
-                console.print(params_table(c["params"], f"{entry['key'].rsplit('.', 1)[0]}."))
+                console.print(params_table(c["params"], f"{entry['params_key']}."))
         console.print()
     return 0
 

@@ -12,10 +12,11 @@ from hetfed.registry import KINDS, registry_of
 
 
 def components(kind: str | None = None) -> dict[str, dict[str, Any]]:
-    """``{kind: {"key": config key, "components": [...]}}`` for one kind or all of them."""
+    """``{kind: {"key": the config key that names one, "params_key": where its parameters are written,
+    "components": [...]}}`` for one kind or all of them."""
     chosen = [kind] if kind is not None else sorted(KINDS)
     out = {}
     for k in chosen:
         registry = registry_of(k)  # an unknown kind: a ConfigError naming the kinds
-        out[k] = {"key": registry.key, "components": registry.describe()}
+        out[k] = {"key": registry.key, "params_key": registry.params_key, "components": registry.describe()}
     return out

@@ -53,11 +53,14 @@ class Registry(Generic[T]):
     """``package``'s components of ``kind``, by name; ``key`` is the config key that names one (for errors),
     ``hint`` what an error adds (where to look), ``exclude`` the package's modules that are not components (and
     every module whose name starts with ``_``); ``describe(item)`` a component as plain data for listings
-    (``hetfed components``)."""
+    (``hetfed components``); ``params_key`` where a config writes a component's own parameters (default: the
+    section of ``key``, e.g. ``server.compression`` for ``server.compression.kind``)."""
 
     def __init__(self, kind: str, package: str, key: str, hint: str = "", exclude: frozenset[str] = frozenset(),
-                 describe: Callable[[T], dict[str, Any]] = _no_description, noun: str | None = None):
+                 describe: Callable[[T], dict[str, Any]] = _no_description, noun: str | None = None,
+                 params_key: str | None = None):
         self.kind, self.package, self.key, self.hint, self.exclude = kind, package, key, hint, exclude
+        self.params_key = params_key or key.rsplit(".", 1)[0]
         self.noun = noun or kind  # how errors name one component: "combine rule 'median' takes …"
         self._describe = describe
         self._items: dict[str, T] = {}

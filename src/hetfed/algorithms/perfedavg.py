@@ -44,7 +44,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores
-from hetfed.engine.local import cross_entropy, train_stack
+from hetfed.engine.local import cross_entropy, row_cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
 
 
@@ -52,6 +52,11 @@ class PerFedAvgParams(AlgorithmParams):
     inner_lr: float = Field(0.01, gt=0, description="α, the step of the one-step adaptation (inner step)")
     variant: Literal["fo", "hf"] = Field("fo", description="fo: first-order MAML; hf: Hessian-free (exact "
                                                             "Hessian-vector product on a third batch)")
+
+
+#: input floats of one block of the evaluation's adaptation step, for the whole stack (its activations are larger:
+#: ~24x for PFLlib's CNN on 28x28 images)
+ADAPT_BLOCK_FLOATS = 2**23
 
 
 def _parts(t: torch.Tensor, size: int, k: int) -> torch.Tensor:
@@ -99,7 +104,10 @@ class PerFedAvg(FedAvg):
         return upload, {k: params[k] for k in local}
 
     def adapted(self, params: Params, x: torch.Tensor, y: torch.Tensor, train: list[np.ndarray]) -> Params:
-        """Each client's one-step adaptation ``w − α∇f_i(w; its training split)``."""
+        """Each client's one-step adaptation ``w − α∇f_i(w; its training split)``. The gradient of each client's
+        mean loss is summed over blocks of its samples (:data:`ADAPT_BLOCK_FLOATS` input floats for the stack at
+        a time): one forward over every client's whole split built tensors past 2³¹ elements on a CNN (refused by
+        CUDA's kernels) and past memory."""
         width = max((len(i) for i in train), default=0)
         if width == 0:
             return params
@@ -108,10 +116,18 @@ class PerFedAvg(FedAvg):
         for k, i in enumerate(train):
             index[k, :len(i)], mask[k, :len(i)] = i, 1.0
         idx = torch.as_tensor(index, device=x.device)
+        weights = torch.as_tensor(mask, device=x.device)
+        count = weights.sum(1, keepdim=True).clamp(min=1)
+        block = max(1, ADAPT_BLOCK_FLOATS // max(1, len(train) * x[0].numel()))
+        leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
+        grads = [torch.zeros_like(v) for v in leaves.values()]
         with torch.enable_grad():
-            leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}
-            loss = cross_entropy(self.model, leaves, x[idx], y[idx], torch.as_tensor(mask, device=x.device))
-            grads = torch.autograd.grad(loss.sum(), list(leaves.values()))
+            for a in range(0, width, block):
+                rows = idx[:, a:a + block]
+                loss = row_cross_entropy(self.model.forward(leaves, x[rows], None), y[rows])
+                part = torch.autograd.grad((loss * weights[:, a:a + block] / count).sum(), list(leaves.values()))
+                for g, p in zip(grads, part, strict=True):
+                    g.add_(p)
         return {k: (v - self.params.inner_lr * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)}
 
     @torch.no_grad()

@@ -110,6 +110,7 @@ class AlgorithmSpec:
 #: every algorithm, by ``methods[i].algorithm`` (one module of this package each)
 _REGISTRY: Registry[AlgorithmSpec] = Registry("algorithm", "hetfed.algorithms", "algorithm",
                                               hint="(see `hetfed algorithms`)", describe=lambda spec: spec.describe(),
+                                              params_key="methods[i].params",
                                               exclude=frozenset({"registry", "build"}))
 
 

@@ -45,8 +45,10 @@ class Broadcast:
         """The shared parameters as a stack of ``n`` clients (views along a new leading axis, no copy)."""
         return {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in self.params.items()}
 
-    def for_clients(self, ids: Iterable[int]) -> Broadcast:
-        """The broadcast a stack of clients ``ids`` receives: only their ``personal`` rows, in that order."""
+    def for_clients(self, ids: Iterable[int], device: torch.device | None = None) -> Broadcast:
+        """The broadcast a stack of clients ``ids`` receives: only their ``personal`` rows, in that order — on
+        ``device`` when given, where the clients compute (a server may keep its table of personal rows on the host:
+        what travels to a client is its own rows)."""
         if not self.personal:
             return self
         ids = tuple(int(k) for k in ids)
@@ -56,7 +58,10 @@ class Broadcast:
             row = {k: j for j, k in enumerate(self.personal_ids)}
             at = [row[k] for k in ids]
         index = torch.as_tensor(at, dtype=torch.long)
-        return replace(self, personal={k: v[index.to(v.device)] for k, v in self.personal.items()}, personal_ids=ids)
+        rows = {k: v[index.to(v.device)] for k, v in self.personal.items()}
+        if device is not None:
+            rows = {k: v.to(device, non_blocking=True) for k, v in rows.items()}
+        return replace(self, personal=rows, personal_ids=ids)
 
 
 @dataclass(frozen=True, eq=False)

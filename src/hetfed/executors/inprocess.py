@@ -301,7 +301,7 @@ class InProcessExecutor:
                      ) -> Upload:
         """A stack's ``local_update``, a simulated attacker's change to its own upload, the upload's transport
         (compression; the residuals kept); the new states stored. What the stack sends, as the server reads it."""
-        upload, new = self.algo.local_update(bc.for_clients(chunk), self._stacked(chunk), data)
+        upload, new = self.algo.local_update(bc.for_clients(chunk, self.device), self._stacked(chunk), data)
         if adversary is not None:
             upload = adversary.poison(upload, bc)
         residual = self._residuals(chunk) if self.transport.error_feedback else {}
@@ -339,7 +339,7 @@ class InProcessExecutor:
         model, batch = plan.model, plan.batch_size
         done = 0
         for chunk in self._chunks(clients, self.chunk_size(model, batch)):
-            new, extra = self.algo.personalise(bc.for_clients(chunk), self._stacked(chunk),
+            new, extra = self.algo.personalise(bc.for_clients(chunk, self.device), self._stacked(chunk),
                                                client_data(self.pool, chunk, bc.round, True))
             self._keep(chunk, new)
             for key, values in extra.items():
@@ -364,7 +364,7 @@ class InProcessExecutor:
                                   [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
                                   None if view else global_scorers(self.algo.train, ids, self.seed, among=named),
                                   [self.fed.train[k] for k in chunk])
-            for key, values in self.algo.evaluate_client(bc.for_clients(chunk), self._stacked(chunk), data,
+            for key, values in self.algo.evaluate_client(bc.for_clients(chunk, self.device), self._stacked(chunk), data,
                                                          view).items():
                 reports.setdefault(key, []).extend(values)
         return reports
