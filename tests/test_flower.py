@@ -14,6 +14,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow
 
@@ -475,3 +476,24 @@ def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_pat
     while (alive := _alive(ray)) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive, f"Ray processes left behind: {sorted(alive)}"
+
+
+@pytest.mark.slow
+def test_a_deployment_with_a_dead_supernode_fails_in_one_line_that_names_the_clients_no_node_holds(tmp_path, capfd):
+    """#72 §4: it printed the ServerApp's traceback, "did not complete (flwr run exit 0)", a Ray hint on a
+    deployment without Ray, and a note that flower.connect_timeout — the setting that fired — "is not read"."""
+    from hetfed.cli import main
+    from hetfed.flower.deploy import LocalDeployment
+
+    with LocalDeployment(tmp_path / "dep", 2, superexec_poll=0.5) as dep:
+        dep.kill_node(1)
+        capfd.readouterr()
+        code = main(["flower", "run", str(REPO / "configs" / "default.yaml"), "--deployment", str(dep.directory),
+                     "--out", str(tmp_path / "run"), "--set", "flower.connect_timeout=8", "--set", "train.rounds=1"])
+        out, err = capfd.readouterr()
+    assert code == 2
+    errors = [line for line in err.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and "no node holds clients 5, 6, 7, 8, 9" in errors[0], err
+    assert "every SuperNode is running" in errors[0] and "Ray" not in errors[0]
+    assert "Traceback" not in out + err and "did not complete" not in err and "is not read" not in err
+    assert json.loads((tmp_path / "run" / "status.json").read_text())["status"] == "failed"

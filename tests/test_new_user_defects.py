@@ -83,8 +83,11 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(tmp_path):
 def test_the_connect_timeout_says_it_passed_its_value_and_how_many_nodes_answered():
     from hetfed.flower.executor import missing_nodes_message
 
-    msg = missing_nodes_message([2, 3, 4], asked=5, n_clients=5, timeout=120, waited=120.0)
+    msg = missing_nodes_message([2, 3, 4], asked=5, n_clients=5, timeout=120, waited=120.0, simulated=True)
     assert "flower.connect_timeout = 120 s passed with 2 of 5 clients" in msg and "raise flower.connect_timeout" in msg
+    assert "Ray" in msg
+    deployed = missing_nodes_message([2, 3, 4], asked=5, n_clients=5, timeout=30, waited=30.0)
+    assert "every SuperNode is running" in deployed and "Ray" not in deployed  # #72: no Ray on a deployment
     other = missing_nodes_message([4], asked=4, n_clients=5, timeout=120, waited=3.0)
     assert "none holds clients 4" in other and "partition-id=P num-partitions=K" in other and "passed" not in other
 
@@ -389,3 +392,40 @@ def test_a_yaml_key_named_on_is_the_setting_not_a_boolean():
 
     cfg = build_config(parse_yaml_text("heterogeneity: {on: all}\ntrain: {optimizer: {reset_each_round: no}}", "test"))
     assert cfg.heterogeneity.on == "all" and cfg.train.optimizer.reset_each_round is False
+
+
+# ------------------------------------------------------------------ #72 §4: bad input found after the run directory
+
+
+def test_a_clock_file_without_a_row_per_client_is_refused_before_any_run_directory(tmp_path, capsys):
+    clock = tmp_path / "clock.csv"
+    clock.write_text("client,sample_seconds\n0,1\n1,2\n")
+    out = tmp_path / "run"
+    assert main(["run", *FAST, "--set", "train.clock.latency=file", "--set", f"train.clock.file={clock}",
+                 "--set", "train.rounds=1", "--out", str(out), "--quiet"]) == 2
+    line = _one_line_error(capsys)
+    assert "train.clock.file" in line and "one row for each client 0 … 3" in line and "(2 rows read)" in line
+    assert not out.exists()
+
+
+def test_flower_missing_is_refused_before_any_run_directory(tmp_path, capsys, monkeypatch):
+    """Without Flower installed, `train.executor: flower` is refused in one line and writes nothing."""
+    import builtins
+
+    real = builtins.__import__
+
+    def no_flower(name, *args, **kwargs):
+        if name == "flwr" or name.startswith("flwr."):
+            raise ModuleNotFoundError(f"No module named {name!r}", name=name)
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_flower)
+    from hetfed import flower
+
+    if hasattr(flower.require_flwr, "cache_clear"):
+        flower.require_flwr.cache_clear()
+    out = tmp_path / "run"
+    assert main(["run", *FAST, "--set", "train.executor=flower", "--set", "train.rounds=1", "--out", str(out),
+                 "--quiet"]) == 2
+    assert "needs Flower" in _one_line_error(capsys)
+    assert not out.exists()

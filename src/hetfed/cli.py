@@ -292,7 +292,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 
     from hetfed.errors import RunError
     from hetfed.flower import require_flwr
-    from hetfed.flower.deploy import CONNECTION, LocalDeployment, run_on_deployment, shown
+    from hetfed.flower.deploy import CONNECTION, LocalDeployment, flower_level, run_on_deployment, shown
+    from hetfed.runs.rundir import failure_reason
 
     require_flwr()
     if bool(args.deployment) == bool(args.connection):
@@ -308,7 +309,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         config, args.out = resumable_config(Path(args.resume)), args.resume
         check_remote_resume(read_checkpoint(args.resume))  # refused here, before anything is submitted
     else:
-        config = load_config(args.config, args.sets)
+        config = load_config(args.config, args.sets, executor="deployment")  # flower.* is read there
         if args.out is None:
             raise ConfigError("hetfed flower run needs --out DIR (the run directory), or --resume RUN_DIR")
         if Path(args.out).exists():
@@ -318,13 +319,25 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         env, connection = dep.env(), CONNECTION
     else:
         env, connection = dict(os.environ), args.connection
-    def relay(line: str) -> None:  # hetfed's lines and Flower's errors; Flower's INFO chatter only in the log
-        if shown(line):
-            sys.stdout.write(line)
-            sys.stdout.flush()
+    held: list[str] = []
+
+    def relay(line: str) -> None:
+        """hetfed's lines as they come; Flower's INFO chatter only in the log; from Flower's first error on, the
+        lines are held: shown at the end only when the run itself does not say why it failed."""
+        if not shown(line):
+            return
+        if held or flower_level(line) in ("ERROR", "CRITICAL") or line.startswith("Traceback"):
+            held.append(line)
+            return
+        sys.stdout.write(line)
+        sys.stdout.flush()
 
     done = run_on_deployment(config, args.out, env, connection, on_line=relay, resume=args.resume is not None)
     if done.returncode != 0 or not (Path(args.out) / SUMMARY).is_file():
+        reason = failure_reason(Path(args.out))
+        if reason:  # the ServerApp's own one-line error (its traceback is in the log)
+            raise RunError(f"{reason} (run marked failed in {args.out}; Flower's output: {done.log})")
+        sys.stdout.writelines(held)
         tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
         raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: {done.log})")
     return 0

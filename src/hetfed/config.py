@@ -1092,11 +1092,12 @@ def _away_from_default(section: _Strict) -> dict[str, Any]:
     return out
 
 
-def _unread_flower(config: Config) -> dict[str, str]:
+def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str]:
     """A note per ``flower.*`` key set away from its default where the run's clients live in this process (the
     Flower executors read that section; the others never do), and per ``flower.secaggplus.*`` key set without
-    secure aggregation."""
-    if not registry_of("executor").get(config.train.executor).in_process:
+    secure aggregation. ``executor``: where the run really goes when not ``train.executor`` (``hetfed flower run``
+    hands its run to a deployment)."""
+    if not registry_of("executor").get(executor or config.train.executor).in_process:
         if config.flower.secure_aggregation != "none":
             return {}
         return {f"flower.secaggplus.{key}": (f"flower.secaggplus.{key} = {value!r} is not read with "
@@ -1107,7 +1108,7 @@ def _unread_flower(config: Config) -> dict[str, str]:
             for key, value in _away_from_default(config.flower).items()}
 
 
-def unread_keys(config: Config) -> dict[str, str]:
+def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
     """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
     does not read it (each component declares the keys it reads), or a ``server`` key where no method's algorithm has a
     server model, keyed by its dotted key. A top-level key of a section a method may override is noted when no
@@ -1122,7 +1123,7 @@ def unread_keys(config: Config) -> dict[str, str]:
                 notes[f"{name}.{key}"] = (f"{name}.{key} = {getattr(section, key)!r} is not read with "
                                           f"{name}.{section.chooser} = {getattr(section, section.chooser)!r}: it "
                                           f"applies to {section.chooser} {' / '.join(readers)}")
-    notes.update(_unread_flower(config))
+    notes.update(_unread_flower(config, executor))
     for section_name in METHOD_SECTIONS:
         top_unread: list[set[str]] = []
         for i, m in enumerate(config.methods):
@@ -1159,20 +1160,21 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None,
-                scope: Literal["run", "data"] = "run") -> Config:
+                scope: Literal["run", "data"] = "run", executor: str | None = None) -> Config:
     """The config a command runs with: the file (or defaults), then ``--set`` items; a note for each
-    setting nothing reads (:func:`warn_unread`)."""
+    setting nothing reads (:func:`warn_unread`; ``executor``: where the run goes when the command, not
+    ``train.executor``, decides)."""
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
-    return warn_unread(build_config(raw, overrides, scope))
+    return warn_unread(build_config(raw, overrides, scope), executor)
 
 
-def warn_unread(config: Config) -> Config:
+def warn_unread(config: Config, executor: str | None = None) -> Config:
     """Warn (:class:`UnreadKey`, a ``note:`` line on the command line) for every setting of ``config`` that
     nothing reads (:func:`unread_keys`); called where a user's config is read, not where a saved one is."""
     import warnings
 
-    for note in unread_keys(config).values():
+    for note in unread_keys(config, executor).values():
         warnings.warn(note, UnreadKey, stacklevel=2)
     return config
 

@@ -83,6 +83,14 @@ def read_speeds(path: str, n: int) -> tuple[np.ndarray, np.ndarray | None, np.nd
     return sample, column("uplink_mbps"), column("downlink_mbps")
 
 
+def check_clock(cfg: ClockConfig, n_clients: int) -> None:
+    """Refuse a clock that cannot be built for ``n_clients`` (a file without a row for every client, or with bad
+    numbers) — what the run plan calls before any run directory is made."""
+    if cfg.latency == "file":
+        assert cfg.file is not None
+        read_speeds(cfg.file, n_clients)
+
+
 def step_times(cfg: StragglerConfig, n_clients: int, seed: int) -> np.ndarray:
     """``train.stragglers``: each client's time per local step (median 1), fixed for the run."""
     return speeds(cfg.distribution, cfg.spread, n_clients, numpy_rng(seed, STRAGGLER))

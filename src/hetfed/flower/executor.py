@@ -50,8 +50,9 @@ class FlowerExecutor:
 
     name = "flower"
 
-    def __init__(self, grid: Grid, config, method: int, flower: FlowerConfig | None = None):
+    def __init__(self, grid: Grid, config, method: int, flower: FlowerConfig | None = None, simulated: bool = False):
         self.grid = grid
+        self.simulated = simulated  # the nodes are the Simulation Engine's (Ray's workers), not SuperNodes
         self.config = config
         self.config_text = dump_config(config)
         self.method = method
@@ -128,7 +129,7 @@ class FlowerExecutor:
         missing = sorted(set(range(self.fed.n_clients)) - set(self.nodes))
         if missing:
             raise RunError(missing_nodes_message(missing, len(asked), self.fed.n_clients, self.flower.connect_timeout,
-                                                 time.monotonic() - t0))
+                                                 time.monotonic() - t0, self.simulated))
         if self.flower.gamma_summaries and len(summaries) == self.fed.n_clients:
             self.gamma_summaries = self._gamma(summaries)
         return {node: got for node, got in answered.items() if got[0]}, errors
@@ -546,14 +547,18 @@ def poll(grid, pushes: list[Pushed], done: Callable[[], bool]) -> None:
         wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
 
 
-def missing_nodes_message(missing: list[int], asked: int, n_clients: int, timeout: float, waited: float) -> str:
-    """Why set-up failed, in one line: the timeout and its value when it passed, how many nodes answered."""
+def missing_nodes_message(missing: list[int], asked: int, n_clients: int, timeout: float, waited: float,
+                          simulated: bool = False) -> str:
+    """Why set-up failed, in one line: the timeout and its value when it passed, how many nodes answered, and what
+    to do where the nodes are (the Simulation Engine's workers, or a deployment's SuperNodes)."""
     held = n_clients - len(missing)
     shown = ", ".join(map(str, missing[:10])) + (" …" if len(missing) > 10 else "")
     if waited >= timeout * 0.99:
+        todo = ("raise flower.connect_timeout (a loaded machine starts Ray's workers slowly)" if simulated else
+                "check that every SuperNode is running (`hetfed flower start` restarts a local deployment), or raise "
+                "flower.connect_timeout")
         return (f"Flower: flower.connect_timeout = {timeout:g} s passed with {held} of {n_clients} clients held by the "
-                f"{asked} SuperNodes that connected (no node holds clients {shown}): raise flower.connect_timeout "
-                "(a loaded machine starts Ray's workers slowly) or check the SuperNodes")
+                f"{asked} SuperNodes that connected (no node holds clients {shown}): {todo}")
     return (f"Flower: the {asked} SuperNodes that answered hold {held} of {n_clients} clients; none holds clients "
             f"{shown}: expected nodes started with --node-config 'partition-id=P num-partitions=K' for every P in "
             "0..K-1 (node P holds the P-th of K blocks of clients)")

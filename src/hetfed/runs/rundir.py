@@ -212,6 +212,20 @@ def set_status(run_dir: Path, status: str, **info: Any) -> None:
     write_json_atomic(run_dir / STATUS, {**record, **info})
 
 
+def failure_reason(run_dir: Path) -> str | None:
+    """Why a failed run stopped, as its status.json says (the error's own message, without its type), or None
+    (no status, or not failed): what a command that ran the run elsewhere (a ServerApp) reports."""
+    try:
+        record = json.loads((run_dir / STATUS).read_text())
+    except (OSError, ValueError):
+        return None
+    reason = record.get("reason") if record.get("status") == "failed" else None
+    if not isinstance(reason, str) or not reason:
+        return None
+    kind, _, message = reason.partition(": ")
+    return message if message and kind.isidentifier() and kind[0].isupper() else reason
+
+
 class Heartbeat:
     """Refresh a running run's status.json every ``every_s`` seconds while the run lives.
 

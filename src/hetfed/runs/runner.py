@@ -28,6 +28,7 @@ from hetfed.algorithms.build import METHOD_KEY
 from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, TrainConfig, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
+from hetfed.engine.clock import check_clock
 from hetfed.engine.sampling import clients_per_round
 from hetfed.errors import ConfigError, RunError, interruption_reason
 from hetfed.executors.inprocess import Executor, check_memory
@@ -190,6 +191,8 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
     for index, method in enumerate(config.methods):
         train = config.method_train(method)
         kind = executor or executor_for(train)
+        kind.check()  # a missing extra (Flower), before any file
+        check_clock(train.clock, fed.n_clients)  # a clock file that does not fit the federation, likewise
         per_round = clients_per_round(train, n_opted_in)
         algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
         try:

@@ -68,6 +68,11 @@ class ExecutorKind:
     #: ``--stack`` may run a method configured with this kind (it computes the same stacks the stacking kind does)
     stackable: ClassVar[bool] = False
 
+    def check(self) -> None:
+        """Refuse, in one line, what this kind needs that this machine lacks (a missing extra): called by the plan,
+        before any run directory is made."""
+        return None
+
     def for_runs(self, members: int) -> ExecutorKind:
         """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``)."""
         raise RunError(f"executor {self.name!r} trains one run at a time")

@@ -21,11 +21,14 @@ class FlowerSimulation(ExecutorKind):
     summary = "Flower's Simulation Engine: the clients are ClientApps on virtual SuperNodes (Ray), sent messages"
     in_process = False
 
-    @contextmanager
-    def open(self, opening: Opening) -> Iterator[Session]:
+    def check(self) -> None:
         from hetfed.flower import require_flwr
 
-        require_flwr()  # refused before anything starts when Flower is not installed
+        require_flwr()  # refused before any run directory when Flower is not installed
+
+    @contextmanager
+    def open(self, opening: Opening) -> Iterator[Session]:
+        self.check()
         yield SimulationSession(opening)
 
 
@@ -47,4 +50,4 @@ def _grid_steps(opening: Opening, grid: Any) -> ClientSteps:
 
     from hetfed.flower.executor import FlowerExecutor
 
-    return partial(FlowerExecutor, grid, opening.config)
+    return partial(FlowerExecutor, grid, opening.config, simulated=True)
