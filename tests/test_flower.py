@@ -14,6 +14,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
+
 REPO = Path(__file__).resolve().parents[1]
 
 pytestmark = pytest.mark.slow

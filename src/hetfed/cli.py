@@ -292,7 +292,13 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 
     from hetfed.errors import RunError
     from hetfed.flower import require_flwr
-    from hetfed.flower.deploy import CONNECTION, LocalDeployment, flower_level, run_on_deployment, shown
+    from hetfed.flower.deploy import (
+        CONNECTION,
+        LocalDeployment,
+        flower_level,
+        run_on_deployment,
+        shown,
+    )
     from hetfed.runs.rundir import failure_reason
 
     require_flwr()
