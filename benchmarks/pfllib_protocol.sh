@@ -9,7 +9,7 @@
 # method, every seed) is timed; the second runs R = R0 · (BUDGET − elapsed) / its time · 0.8 rounds (at most 2 000),
 # its preparation counted as if it were rounds, so R is an underestimate of what fits. Both sweeps' tables come back.
 #
-#     OUT=/path BUDGET=480 JOBS=12 bash benchmarks/pfllib_protocol.sh
+#     OUT=/path BUDGET=480 JOBS=6 bash benchmarks/pfllib_protocol.sh
 #
 # On the device machine: hetfed read from src/ (PYTHONPATH), pydantic carried as wheels (.whl), Fashion-MNIST's
 # four IDX files carried in .data/fashion-mnist (HETFED_DATA). On a CPU, `DATASET=digits DEVICE=cpu R0=1 BUDGET=60
@@ -18,7 +18,7 @@ set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-pfllib-results}
 budget=${BUDGET:-480}
-jobs=${JOBS:-12}
+jobs=${JOBS:-6}  # processes share one GPU by time-slicing: beyond ~6 none is gained (results/gpu_h200_2026-11-28)
 r0=${R0:-3}
 device=${DEVICE:-cuda}
 mkdir -p "$out"
@@ -26,8 +26,9 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HETFE
 py=${PYTHON:-python3}
 hetfed() { $py -c "import sys; from hetfed.cli import entry; sys.argv[0] = 'hetfed'; entry()" "$@"; }
 # PFLlib's Fashion-MNIST table's methods that hetfed has, with the parameters of configs/leaderboard_pfllib_fmnist.yaml
+# (pFedMe: PFLlib's λ 1, η_p 0.01; the pFedMe paper's λ 15, η_p 0.09 diverge on this CNN)
 methods='[{name: fedavg, algorithm: fedavg}],[{name: fedprox, algorithm: fedprox, params: {mu: 0.01}}],'\
-'[{name: fedgen, algorithm: fedgen}],[{name: perfedavg, algorithm: perfedavg}],[{name: pfedme, algorithm: pfedme}],'\
+'[{name: fedgen, algorithm: fedgen}],[{name: perfedavg, algorithm: perfedavg}],[{name: pfedme, algorithm: pfedme, params: {lam: 1.0, personal_lr: 0.01}}],'\
 '[{name: ditto, algorithm: ditto, params: {lam: 0.1}}],[{name: apfl, algorithm: apfl}],'\
 '[{name: fedfomo, algorithm: fedfomo}],[{name: fedala, algorithm: fedala}],[{name: fedper, algorithm: fedper}],'\
 '[{name: fedrep, algorithm: fedrep}],[{name: fedrod, algorithm: fedrod}],[{name: fedbabu, algorithm: fedbabu}],'\
