@@ -198,3 +198,25 @@ def test_no_personal_test_sets_asked_for_is_not_warned_about():
         return any("no test data" in w for w in federation_warnings(fed))
 
     assert not warned(0.0) and warned(0.1)
+
+
+def test_the_final_table_and_the_gamma_line_fit_80_columns_without_cutting_a_value(tmp_path):
+    """#72 §4: at 80 columns the table cut values (`0.00…`) and headers (`meth…`) and the Γ line broke mid-figure."""
+    import json
+
+    from rich.console import Console
+
+    from hetfed.cli import main
+    from hetfed.runs.summary import print_summary
+
+    assert main(["run", "--set", "train.rounds=2", "--set", "partition.clients=4", "--out", str(tmp_path / "r"),
+                 "--quiet"]) == 0
+    summary = json.loads((tmp_path / "r" / "summary.json").read_text())
+    console = Console(width=80, record=True, force_terminal=False)
+    print_summary(summary, tmp_path / "r", console)
+    text = console.export_text()
+    assert max(len(line.rstrip()) for line in text.splitlines() if not line.startswith("run directory")) <= 80
+    assert "…" not in text and "method" in text
+    lines = text.splitlines()
+    assert any(line.startswith("Γ = ") for line in lines)
+    assert any(line.startswith("ΔΓ = Γ − Γ_IID = ") and line.split("= ")[-1][0].isdigit() for line in lines)

@@ -236,3 +236,18 @@ def test_stack_refuses_an_executor_it_would_replace(capsys):
     assert main([*BASE, "--stack", "--set", "train.executor=sequential"]) == 2
     err = capsys.readouterr().err.strip()
     assert "train.executor = 'sequential'" in err and "'vectorised'" in err and len(err.splitlines()) == 1
+
+
+def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_together(capsys, monkeypatch):
+    """#72 §4: a stacked sweep was silent until its runs finished together, then printed an ETA made of runs done."""
+    from hetfed.runs import sweep
+
+    seen: list[tuple[int, int]] = []
+    original = sweep.SweepProgress.stacked_round
+    monkeypatch.setattr(sweep.SweepProgress, "stacked_round",
+                        lambda self, done, total: seen.append((done, total)) or original(self, done, total))
+    assert main([*BASE[:-5], "--seeds", "2", "--stack"]) == 0
+    assert seen and seen[-1] == (4, 4) and [d for d, _ in seen[:4]] == [1, 2, 3, 4]
+    out = capsys.readouterr().out
+    finished = [line for line in out.splitlines() if " done, " in line]
+    assert finished and all("ETA" not in line for line in finished[1:]), finished

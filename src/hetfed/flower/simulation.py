@@ -56,7 +56,9 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
 
     def started() -> None:
         if status is not None:
-            status.print(f"Flower's Simulation Engine started in {time.perf_counter() - t0:.0f} s", soft_wrap=True)
+            status.print(f"Flower's ServerApp runs ({time.perf_counter() - t0:.0f} s); the SuperNodes' ClientApps start "
+                         "with the first round's messages, so the first method's first round includes Ray's start",
+                         soft_wrap=True)
 
     server_app = _server_app(body, holder, log_file, started)
     backend = ray_backend(config)

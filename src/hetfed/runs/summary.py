@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from rich import box
 from rich.console import Console
 from rich.table import Table
 
@@ -176,42 +177,54 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
     gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
     trained = f" · {summary['training']}" if summary.get("training") else ""
     table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}"
-                  f"{trained}")
+                  f"{trained}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
-    cols = ["method", "local acc", "local p10", "global acc", "unseen acc", "final global", "s/round", "eval s",
-            "sim s", "up MB"]
-    if binary:
-        cols[1:1] = ["local AUC", "global AUC"]  # noqa: RUF005
-    for col in cols:
-        table.add_column(col, justify="right")
 
     def fmt(v: float | None) -> str:
         return "-" if v is None else f"{v:.3f}"
 
+    def short(v: float | None, scale: float = 1.0) -> str:  # sizes: 3 significant digits
+        return "-" if v is None else f"{v / scale:.3g}"
+
+    def ms(v: float | None) -> str:  # seconds as whole milliseconds (two digits below 10 ms)
+        return "-" if v is None else (f"{v * 1e3:.0f}" if v >= 0.01 else f"{v * 1e3:.2g}")
+
+    # two-line headers and 3-digit values: the table fits an 80-column terminal without cutting a number
+    cols = ["method", "local\nacc", "local\np10", "global\nacc", "unseen\nacc", "final\nglobal", "ms/\nround",
+            "eval\nms", "sim\ns", "up\nMB"]
+    if binary:
+        cols[1:1] = ["local\nAUC", "global\nAUC"]  # noqa: RUF005
+    rows = []
     for label, m in summary["methods"].items():
         b = m["best"]
         row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
-               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), f"{m['seconds_per_round']:.4f}",
-               "-" if m.get("eval_seconds_per_evaluation") is None else f"{m['eval_seconds_per_evaluation']:.4f}",
-               "-" if m.get("sim_time") is None else f"{m['sim_time']:.4g}",
-               "-" if m.get("uplink_bytes") is None else f"{m['uplink_bytes'] / 1e6:.3g}"]
+               fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), ms(m["seconds_per_round"]),
+               ms(m.get("eval_seconds_per_evaluation")), short(m.get("sim_time")),
+               short(m.get("uplink_bytes"), 1e6)]
         if binary:
             row[1:1] = [fmt(b.get("local_auc_mean")), fmt(b.get("global_auc"))]
-        table.add_row(*row)
+        rows.append(row)
+    shown = [j for j in range(len(cols)) if j == 0 or any(r[j] != "-" for r in rows)]  # a column of dashes says nothing
+    for j in shown:
+        table.add_column(cols[j], justify="left" if j == 0 else "right", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[j] for j in shown))
     global_test = ("the class-balanced global test set" if summary.get("global_test_balanced", True) else
                    "the global test set (the dataset's own test split, not class-balanced)")
     table.caption = ("the headline columns (local, p10, global, unseen) score the best model by validation loss; "
                      "final global: the last round's model. local: each client's own test set, its own parameters "
                      f"(p10: the 10th-percentile client); global: {global_test}; unseen: the server's model on it, "
                      "as a client that took no part would get it (CGAU: zero conditioning; personalised methods: "
-                     "the shared model without a client's own parameters; - where the server holds none); s/round: "
-                     "training (server step included); eval s: one evaluation; sim s: the simulated clock at the "
+                     "the shared model without a client's own parameters; - where the server holds none); ms/round: "
+                     "training (server step included); eval ms: one evaluation; sim s: the simulated clock at the "
                      "end (train.clock); up MB: what the clients sent (server.compression)")
     console.print(table)
     from hetfed.heterogeneity import gamma_line
 
-    if "heterogeneity" in summary:
-        console.print(gamma_line(summary["heterogeneity"]), soft_wrap=True)
+    if "heterogeneity" in summary:  # one line, or on a narrow terminal one line per figure (no figure split)
+        line = gamma_line(summary["heterogeneity"])
+        for part in [line] if len(line) <= console.width else line.split("   "):
+            console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)

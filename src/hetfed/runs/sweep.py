@@ -250,7 +250,7 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
             if not _resumable(run_dir, cfg):
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
-    tracker = SweepProgress(len(configs), len(outcome), console)
+    tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack)
     if stack and todo:
         outcome.update(_run_stacked(todo, tracker))
     elif jobs > 1 and len(todo) > 1:
@@ -450,7 +450,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: 
     """Every run on a thread of its own, their rounds' client steps computed together (the stacking kind)."""
     import threading
 
-    kind = _stacking_kind().for_runs(len(todo))
+    kind = _stacking_kind().for_runs(len(todo), on_round=tracker.stacked_round)
     out: dict[int, tuple[str, object]] = {}
     lock = threading.Lock()
 
@@ -477,17 +477,40 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: 
 
 
 class SweepProgress:
-    """One display over the whole grid: runs done, failed and remaining, and an ETA."""
+    """One display over the whole grid: runs done, failed and remaining, and an ETA. A stacked sweep's runs finish
+    together, so its ETA comes from the rounds the stack has trained (:meth:`stacked_round`), not from runs done."""
 
-    def __init__(self, total: int, reused: int, console: Console | None):
+    def __init__(self, total: int, reused: int, console: Console | None, stacked: bool = False):
         self.total, self.done, self.failed, self.console = total, reused, 0, console
         self.t0 = time.perf_counter()
         self.timed = 0  # runs finished in this session (the ETA's basis)
+        self.stacked = stacked
+        self.rounds: tuple[int, int] | None = None  # a stacked sweep's (round trained, rounds of its longest run)
+        self._shown = self.t0
         if console and reused:
             console.print(f"{reused} of {total} runs reused from the earlier sweep", soft_wrap=True)
 
     def started(self, point: dict[str, Any], seed: int) -> None:
         return None
+
+    def stacked_round(self, done: int, total: int) -> None:
+        """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""
+        self.rounds = (done, total)
+        now = time.perf_counter()
+        if self.console is None or now - self._shown < 10 or done <= 0:
+            return
+        self._shown = now
+        eta = (now - self.t0) / done * max(total - done, 0)
+        self.console.print(f"{time.strftime('%H:%M:%S')} [stacked, {self.total - self.done} runs: round {done}/{total} "
+                           f"of the method training now, its ETA {_duration(eta)}]", soft_wrap=True)
+
+    def _eta(self, remaining: int) -> str:
+        if not self.stacked:
+            return f"ETA {_duration((time.perf_counter() - self.t0) / self.timed * remaining)}"
+        if remaining and self.rounds and self.rounds[0] < self.rounds[1]:
+            done, total = self.rounds
+            return f"this method's ETA {_duration((time.perf_counter() - self.t0) / done * (total - done))}"
+        return "the rest finish with it" if remaining else "done"
 
     def finished(self, point: dict[str, Any], seed: int, outcome: tuple[str, object]) -> None:
         self.done += 1
@@ -498,10 +521,8 @@ class SweepProgress:
         if self.console is None:
             return
         remaining = self.total - self.done
-        elapsed = time.perf_counter() - self.t0
-        eta = elapsed / self.timed * remaining
         line = (f"{time.strftime('%H:%M:%S')} [{self.done}/{self.total} done, {self.failed} failed, {remaining} left, "
-                f"ETA {_duration(eta)}] {point_name(point)} seed={seed}: {status}")
+                f"{self._eta(remaining)}] {point_name(point)} seed={seed}: {status}")
         self.console.print(line + (f" — {value}" if status != "ok" else ""), style=None if status == "ok" else "red",
                            soft_wrap=True)
 

@@ -73,8 +73,9 @@ class ExecutorKind:
         before any run directory is made."""
         return None
 
-    def for_runs(self, members: int) -> ExecutorKind:
-        """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``)."""
+    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None) -> ExecutorKind:
+        """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``);
+        ``on_round(round, rounds)`` is told each round the stack trains (progress)."""
         raise RunError(f"executor {self.name!r} trains one run at a time")
 
     def join(self) -> None:

@@ -5,6 +5,8 @@ config."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hetfed.config import TrainConfig
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor
@@ -21,10 +23,10 @@ class Stacked(ExecutorKind):
     stacks_runs = True
     rendezvous: Rendezvous | None = None
 
-    def for_runs(self, members: int) -> Stacked:
+    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None) -> Stacked:
         """This kind bound to a new meeting point of ``members`` runs (each hands it to its run, then leaves)."""
         bound = Stacked()
-        bound.rendezvous = Rendezvous(members)
+        bound.rendezvous = Rendezvous(members, on_round)
         return bound
 
     def join(self) -> None:
