@@ -6,6 +6,7 @@ import csv
 import itertools
 import json
 import math
+import re
 from pathlib import Path
 
 import pytest
@@ -205,8 +206,10 @@ def _fixture(tmp_path: Path) -> Path:
 
 
 def _row(text: str, claim: str) -> list[str]:
+    """A row's cells without the deviations column (the fifth)."""
     line = next(line for line in text.splitlines() if line.startswith(f"| {claim} |"))
-    return [c.strip() for c in line.strip("|").split("|")]
+    cells = [c.strip() for c in line.strip("|").split("|")]
+    return cells[:4] + cells[5:]
 
 
 def test_fidelity_table_is_generated_from_the_runs(tmp_path):
@@ -456,3 +459,87 @@ def test_fedmoe_table1_groups_by_the_key_it_is_given(tmp_path):
     assert rows[0][6] == "0.680" and rows[0][7].endswith("], 2/2")  # q = 0.9: +0.05, +0.01 → +0.03, both won
     assert rows[0][7].startswith("+0.030 [")
     assert rows[2][6] == "0.610" and rows[2][7].startswith("−0.040 [") and rows[2][7].endswith("], 0/2")
+
+
+def test_every_verdict_of_the_committed_table_follows_the_written_rules():
+    """#72 §1: re-derive each paper claim's verdict head from its own statistics (the CI, the paper's difference,
+    the Holm-adjusted p) and compare; hetfed's own comparisons are listed apart and not counted."""
+    import math
+
+    from hetfed.analysis import fidelity as f
+
+    claims = f.load_claims(REPO / "results" / "claims.yaml")
+    judged = f._holm([f.judge(REPO / "results", c) for c in claims])
+    text = (REPO / "results" / "FIDELITY.md").read_text()
+    counted = text.split("## Count (the papers' claims)")[1]
+    assert sum(int(n) for n in re.findall(r": (\d+)", counted)) == sum(1 for j in judged if not j.own)
+    holm_p = {}
+    for j in judged:
+        m = re.search(r"Holm p = ([0-9.e+-]+)", j.statistic)
+        if m:
+            holm_p[j.claim["id"]] = float(m.group(1))
+    checked = 0
+    for j in judged:
+        c = j.claim
+        if c["kind"] != "paired" or j.own or c.get("chance") is not None and j.verdict.startswith("at chance"):
+            continue
+        direction = int(c.get("direction", 1))
+        r = j.stats[c.get("select", "best")]
+        head = j.verdict.split(" (")[0]
+        if direction == 0:
+            assert head in ("reproduced", "not reproduced", "inconclusive", "too few seeds"), (c["id"], head)
+            continue
+        lo, hi = sorted((r.ci_low * direction, r.ci_high * direction))
+        size = c.get("paper_value")
+        outside = size is not None and not r.ci_low <= float(size) <= r.ci_high
+        significant = holm_p[c["id"]] < f.FAMILY_ALPHA
+        if lo > 0:
+            expected = ({"reproduced in sign, not in size"} if outside else
+                        {"reproduced", "reproduced in sign, negligible in size"}) if significant else {f.NOT_AFTER_HOLM}
+        elif hi < 0:
+            expected = {"opposite"} if significant else {f.NOT_OPPOSITE_AFTER_HOLM}
+        elif r.mean * direction > 0:
+            expected = {f.OUTSIDE} if outside else {"trend"}
+        else:
+            expected = {"not reproduced"}
+        assert head in expected, (c["id"], head, expected, r)
+        assert not (head == "trend" and outside)  # a CI that excludes the paper's difference is no trend
+        checked += 1
+    assert checked >= 35
+    # the claims the papers do not make are apart: Fed-FSNet against FedProx / SCAFFOLD, FedMoE's Local rows
+    own = {j.claim["id"] for j in judged if j.own}
+    assert {"fsnet-t2-mnist-vs-fedprox", "fsnet-t2-fmnist-vs-scaffold", "fedmoe-fig5-alpha001-global",
+            "fedmoe-fig6-optout-q09-p08-local"} <= own
+    assert all(not math.isnan(j.stats["best"].t_p) for j in judged if j.claim["kind"] == "paired" and j.stats)
+
+
+def test_holms_adjustment_against_its_definition():
+    from hetfed.analysis.paired import holm
+
+    assert holm([0.01, 0.04, 0.03, 0.005]) == pytest.approx([0.03, 0.06, 0.06, 0.02])
+    assert holm([0.5, float("nan")])[0] == 0.5 and math.isnan(holm([0.5, float("nan")])[1])
+
+
+def test_a_reproduced_claim_is_downgraded_when_holms_correction_takes_its_significance(tmp_path):
+    """One claim significant alone (t p ≈ 0.03) but not in a family of ten where the others say nothing."""
+    from hetfed.analysis import fidelity as f
+
+    rows = {}
+    specs = []
+    for k in range(10):
+        b = [0.70, 0.71, 0.72, 0.73, 0.74]
+        diff = [0.02, 0.001, 0.015, 0.006, 0.012] if k == 0 else [0.02, -0.02, 0.01, -0.01, 0.0]
+        for s in range(5):
+            for w in ("best", "final"):
+                rows[(f"a{k}", f"{w}.global_accuracy", s)] = b[s] + diff[s]
+                rows[(f"b{k}", f"{w}.global_accuracy", s)] = b[s]
+        specs.append({"id": f"c{k}", "paper": "P", "claim": f"a{k} beats b{k}", "where": "-", "dataset": "-",
+                      "protocol": "-", "kind": "paired", "folder": "r", "metric": "global_accuracy",
+                      "a": {"method": f"a{k}"}, "b": {"method": f"b{k}"}})
+    _write_runs(tmp_path / "r", rows)
+    (tmp_path / "claims.yaml").write_text(yaml.safe_dump({"claims": specs}))
+    alone = f._holm([f.judge(tmp_path, specs[0])])[0]
+    assert alone.verdict == "reproduced"
+    text = render(tmp_path, tmp_path / "claims.yaml")
+    assert _row(text, "a0 beats b0")[8] == f"**{f.NOT_AFTER_HOLM}**"
+    assert "Family: the papers' 10 directional comparisons" in text

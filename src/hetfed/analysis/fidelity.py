@@ -37,14 +37,14 @@ from __future__ import annotations
 import csv
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 import yaml
 
-from hetfed.analysis.paired import MIN_SEEDS, Paired, equivalence, paired, verdict
+from hetfed.analysis.paired import MIN_SEEDS, Paired, equivalence, holm, paired, verdict
 from hetfed.errors import ConfigError
 from hetfed.runs.rundir import RUNS_TABLE
 
@@ -54,6 +54,14 @@ SELECTS = ("best", "final")
 CHANCE_MARGIN = 0.05
 #: the smallest mean difference that counts as a size, not only a sign (half a point of accuracy)
 NEGLIGIBLE = 0.005
+#: the family-wise level of the papers' directional comparisons, after Holm's correction
+FAMILY_ALPHA = 0.05
+#: the verdict of a claim whose CI has the right sign but excludes the paper's own difference
+OUTSIDE = "not reproduced: the paper's difference lies outside the CI"
+#: the verdict of a claim whose CI excludes zero but not after Holm's correction over the family
+NOT_AFTER_HOLM = "trend: not significant after Holm's correction"
+#: the verdict of a claim whose CI excludes zero against the paper, but not after Holm's correction
+NOT_OPPOSITE_AFTER_HOLM = "not reproduced: against the paper, not significant after Holm's correction"
 
 
 @dataclass(frozen=True)
@@ -65,6 +73,13 @@ class Judged:
     statistic: str
     seeds: str
     verdict: str
+    #: the paired statistics under each round-selection rule (paired claims)
+    stats: dict[str, Paired] = field(default_factory=dict)
+
+    @property
+    def own(self) -> bool:
+        """hetfed's own comparison, not a claim the paper makes (shown apart, never counted)."""
+        return bool(self.claim.get("own"))
 
 
 def load_runs(folder: Path) -> list[dict]:
@@ -120,7 +135,9 @@ def _fmt(mean: float, half: float, n: int) -> str:
 
 def _side(results: Path, claim: dict, side: dict, select: str) -> dict[int, float]:
     folder = results / (side.get("folder") or claim["folder"])
-    metric = f"{select}.{side.get('metric') or claim['metric']}"
+    metric = side.get("metric") or claim["metric"]
+    if not claim.get("plain"):  # a model's metric, kept per round-selection rule (a plain one: the data's, e.g. Γ)
+        metric = f"{select}.{metric}"
     point = {**claim.get("point", {}), **side.get("point", {})}
     values = per_seed(load_runs(folder), side["method"], metric, point)
     if not values:
@@ -166,7 +183,7 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
     chance = _number(claim, "chance", None, 0.0, 1.0)
     negligible = _number(claim, "negligible", NEGLIGIBLE, 0.0, math.inf)
     shown, verdicts, stats, seeds = [], {}, {}, ""
-    for select in SELECTS:
+    for select in ("best",) if claim.get("plain") else SELECTS:
         try:
             a = _side(results, claim, claim["a"], select)
             b = _side(results, claim, claim["b"], select)
@@ -184,20 +201,24 @@ def _judge_paired(results: Path, claim: dict) -> Judged:
         stats[select] = r
         size = claim.get("paper_value")
         # a size is the claim of a direction; a "matches" claim is about a margin, which the paper's own value meets
-        if (direction and verdicts[select] == "reproduced" and size is not None
-                and not r.ci_low <= float(size) <= r.ci_high):
+        outside = size is not None and not r.ci_low <= float(size) <= r.ci_high
+        if direction and verdicts[select] == "reproduced" and outside:
             verdicts[select] = "reproduced in sign, not in size"  # the paper's difference lies outside the CI
+        if direction and verdicts[select] == "trend" and outside:
+            verdicts[select] = OUTSIDE  # a CI that excludes the paper's difference is no trend towards it
         ma, ha = _mean_ci([a[s] for s in common])
         mb, hb = _mean_ci([b[s] for s in common])
         # a "matches" claim is about a small difference, so only the chance guard applies to it
         verdicts[select] = _guarded(verdicts[select], r, (ma, mb), chance,
                                     (negligible or 0.0) if direction else 0.0)
-        shown.append(f"{select}: {claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
+        label = "" if claim.get("plain") else f"{select}: "
+        shown.append(f"{label}{claim['a']['method']} {_fmt(ma, ha, len(common))} vs "
                      f"{claim['b']['method']} {_fmt(mb, hb, len(common))}")
         seeds = str(len(common))
     main = _combined(verdicts, claim.get("select", "best"))
-    statistic = "; ".join(f"{s}: Δ = {stats[s].text()}" for s in verdicts)
-    return Judged(claim, "<br>".join(shown), statistic, seeds, main)
+    statistic = "; ".join(("Δ = " if claim.get("plain") else f"{s}: Δ = ") + stats[s].text(direction=direction or 1)
+                          for s in verdicts)
+    return Judged(claim, "<br>".join(shown), statistic, seeds, main, stats)
 
 
 def _judge_value(results: Path, claim: dict) -> Judged:
@@ -283,29 +304,75 @@ def render(results: Path, claims_path: Path) -> str:
         "with 5 seeds it cannot go below 0.0625), seeds where the claimed winner won.",
         "",
     ]
+    judged = _holm([judge(results, claim) for claim in claims])
+    family = sum(1 for j in judged if _in_family(j))
+    lines.insert(len(lines) - 1, f"Family: the papers' {family} directional comparisons (hetfed's own comparisons "
+                 "excluded); a comparison is *reproduced* only when its paired t-test p, Holm-adjusted over the family, "
+                 f"is below {FAMILY_ALPHA:g} ({NOT_AFTER_HOLM!r} otherwise), and *opposite* likewise "
+                 f"({NOT_OPPOSITE_AFTER_HOLM!r} otherwise). *{OUTSIDE}* — the right sign, but the CI "
+                 "excludes the paper's own difference (no trend towards it). *deviations*: what the protocol changes.")
     papers: dict[str, list[Judged]] = {}
-    for claim in claims:
-        papers.setdefault(claim["paper"], []).append(judge(results, claim))
+    for j in judged:
+        papers.setdefault(j.claim["paper"], []).append(j)
+    head = ["| claim | where | dataset | protocol | deviations | paper | hetfed | paired statistic | seeds | verdict |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for paper, rows in papers.items():
-        lines += [f"## {paper}", "",
-                  "| claim | where | dataset | protocol | paper | hetfed | paired statistic | seeds | verdict |",
-                  "|---|---|---|---|---|---|---|---|---|"]
-        for j in rows:
-            c = j.claim
-            value = c.get("paper_value")
-            if value is None:
-                shown = ("-" if c["kind"] == "not_run" else f"none: {c['paper_none']}" if c.get("paper_none")
-                         else "not recorded")
-            else:
-                shown = f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}"
-            lines.append(f"| {c['claim']} | {c['where']} | {c['dataset']} | {c['protocol']} | {shown} | {j.hetfed} "
-                         f"| {j.statistic} | {j.seeds} | **{j.verdict}** |")
-        notes = [f"- `{j.claim['id']}`: {j.claim['note'].strip()}" for j in rows if j.claim.get("note")]
+        lines += [f"## {paper}", "", *head]
+        lines += [_row(j) for j in rows if not j.own]
+        notes = [f"- `{j.claim['id']}`: {j.claim['note'].strip()}" for j in rows if j.claim.get("note") and not j.own]
         lines += ["", *notes, ""] if notes else [""]
+        own = [j for j in rows if j.own]
+        if own:
+            lines += [f"### hetfed's own comparisons beside {paper.split(' (')[0]} (not claims of the paper; not counted)",
+                      "", *head, *(_row(j) for j in own), ""]
+            lines += [f"- `{j.claim['id']}`: {j.claim['note'].strip()}" for j in own if j.claim.get("note")]
+            lines += [""]
     counts: dict[str, int] = {}
-    for rows in papers.values():
-        for j in rows:
-            head = j.verdict.split(" (")[0].split(":")[0]
-            counts[head] = counts.get(head, 0) + 1
-    lines += ["## Count", "", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), ""]
+    for j in judged:
+        if not j.own:
+            verdict_head = _head(j.verdict)
+            counts[verdict_head] = counts.get(verdict_head, 0) + 1
+    lines += ["## Count (the papers' claims)", "", ", ".join(f"{k}: {v}" for k, v in sorted(counts.items())), ""]
     return "\n".join(lines)
+
+
+def _head(verdict_: str) -> str:
+    """A verdict without its parenthesis (the other rule's verdict) or its reason (``not run: …``)."""
+    main = verdict_.split(" (")[0]
+    return main if main in (OUTSIDE, NOT_AFTER_HOLM, NOT_OPPOSITE_AFTER_HOLM) else main.split(":")[0]
+
+
+def _row(j: Judged) -> str:
+    c = j.claim
+    value = c.get("paper_value")
+    if value is None:
+        shown = "-" if c["kind"] == "not_run" else f"none: {c['paper_none']}" if c.get("paper_none") else "not recorded"
+    else:
+        shown = f"{value:+.3f}" if c["kind"] == "paired" else f"{value:.3f}"
+    return (f"| {c['claim']} | {c['where']} | {c['dataset']} | {c['protocol']} | {c.get('deviations', '-')} | {shown} "
+            f"| {j.hetfed} | {j.statistic} | {j.seeds} | **{j.verdict}** |")
+
+
+def _in_family(j: Judged) -> bool:
+    """A directional comparison the paper makes, with a t-test under its round-selection rule."""
+    stats = j.stats.get(j.claim.get("select", "best"))
+    return (not j.own and j.claim["kind"] == "paired" and int(j.claim.get("direction", 1)) != 0
+            and stats is not None and not math.isnan(stats.t_p))
+
+
+def _holm(judged: list[Judged]) -> list[Judged]:
+    """Each directional comparison's t-test p Holm-adjusted over the family (:func:`_in_family`) in its statistic;
+    a "reproduced" whose adjusted p is not below :data:`FAMILY_ALPHA` becomes :data:`NOT_AFTER_HOLM`."""
+    members = [i for i, j in enumerate(judged) if _in_family(j)]
+    raw = [judged[i].stats[judged[i].claim.get("select", "best")].t_p for i in members]
+    out = list(judged)
+    for i, p, adjusted in zip(members, raw, holm(raw), strict=True):
+        j = judged[i]
+        verdict_ = j.verdict
+        rest = verdict_[verdict_.index(" ("):] if " (" in verdict_ else ""
+        if verdict_.startswith("reproduced") and adjusted >= FAMILY_ALPHA:
+            verdict_ = NOT_AFTER_HOLM + rest
+        elif verdict_.startswith("opposite") and adjusted >= FAMILY_ALPHA:  # significant against the paper only
+            verdict_ = NOT_OPPOSITE_AFTER_HOLM + rest  # after the same correction
+        out[i] = replace(j, statistic=f"{j.statistic}; t-test p = {p:.2g}, Holm p = {adjusted:.2g}", verdict=verdict_)
+    return out

@@ -46,19 +46,23 @@ class Paired:
     #: seeds where a > b, and where a < b
     wins: int
     losses: int
+    #: two-sided paired t-test p-value (the test the CI inverts); NaN when undefined
+    t_p: float = math.nan
 
     @property
     def half_width(self) -> float:
         return (self.ci_high - self.ci_low) / 2
 
-    def text(self, scale: float = 1.0, digits: int = 3) -> str:
-        """``+0.054 [+0.012, +0.096], p = 0.06, 5/5`` (``scale=100`` for points)."""
+    def text(self, scale: float = 1.0, digits: int = 3, direction: int = 1) -> str:
+        """``+0.054 [+0.012, +0.096], p = 0.06, 5/5`` (``scale=100`` for points): the Wilcoxon p and the seeds
+        where the claimed winner won (a > b; a < b for a claim of ``direction`` −1)."""
         if self.n == 0:
             return "-"
         lo, hi = self.ci_low * scale, self.ci_high * scale
         ci = f" [{lo:+.{digits}f}, {hi:+.{digits}f}]" if self.n > 1 else ""
         p = "" if math.isnan(self.wilcoxon_p) else f", p = {self.wilcoxon_p:.2g}"
-        return f"{self.mean * scale:+.{digits}f}{ci}{p}, {self.wins}/{self.n} seeds"
+        won = self.losses if direction < 0 else self.wins
+        return f"{self.mean * scale:+.{digits}f}{ci}{p}, {won}/{self.n} seeds"
 
 
 def paired_by_seed(a: dict[int, float], b: dict[int, float]) -> Paired:
@@ -86,10 +90,22 @@ def paired(a: Sequence[float], b: Sequence[float]) -> Paired:
     else:
         half = float(stats.t.ppf(0.975, n - 1) * d.std(ddof=1) / math.sqrt(n))
         lo, hi = mean - half, mean + half
-    p = math.nan
+    p = t_p = math.nan
     if n >= 2 and np.any(d != 0):
         p = float(stats.wilcoxon(d, zero_method="wilcox", alternative="two-sided").pvalue)
-    return Paired(n, mean, lo, hi, p, int((d > 0).sum()), int((d < 0).sum()))
+        t_p = float(stats.ttest_1samp(d, 0.0).pvalue) if d.std(ddof=1) > 0 else 0.0
+    return Paired(n, mean, lo, hi, p, int((d > 0).sum()), int((d < 0).sum()), t_p)
+
+
+def holm(pvalues: Sequence[float]) -> list[float]:
+    """Holm's step-down adjustment of a family of p-values (same order; NaN stays NaN): controls the chance of
+    any false "reproduced" among the family at the level it is read at."""
+    order = sorted((p, i) for i, p in enumerate(pvalues) if not math.isnan(p))
+    m, out, running = len(order), [math.nan] * len(pvalues), 0.0
+    for rank, (p, i) in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p))
+        out[i] = running
+    return out
 
 
 def verdict(result: Paired, direction: int = 1, min_seeds: int = MIN_SEEDS) -> str:
