@@ -543,3 +543,12 @@ def test_a_reproduced_claim_is_downgraded_when_holms_correction_takes_its_signif
     text = render(tmp_path, tmp_path / "claims.yaml")
     assert _row(text, "a0 beats b0")[8] == f"**{f.NOT_AFTER_HOLM}**"
     assert "Family: the papers' 10 directional comparisons" in text
+
+
+def test_every_paper_claim_cites_the_sentence_or_table_cell_it_comes_from():
+    """#72 §1: a judged claim names where the paper says it — a quoted sentence or a table cell with its number."""
+    claims = yaml.safe_load((REPO / "results" / "claims.yaml").read_text())["claims"]
+    bare = [c["id"] for c in claims if not c.get("own") and c["kind"] != "not_run"
+            and '"' not in c["where"] and not re.search(r":\s*[\d.]+", c["where"])
+            and not re.search(r"\d+\.\d", c["where"]) and "plotted only" not in c["where"]]
+    assert bare == []
