@@ -213,3 +213,14 @@ def test_a_flower_clientapp_process_imports_no_heavy_library_before_it_needs_one
               "print(sorted(m for m in ('scipy', 'sklearn', 'pandas', 'matplotlib') if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_the_in_process_executors_never_import_flower():
+    """#73 §5: Flower's executor kinds live in flower/ and register themselves (hetfed.registry.PROVIDERS); the
+    in-process executors work without it."""
+    offenders = {name: sorted(m for m in imports(path) if m == "hetfed.flower" or m.startswith("hetfed.flower."))
+                 for name, path in modules().items() if name.startswith("hetfed.executors")}
+    assert {k: v for k, v in offenders.items() if v} == {}
+    from hetfed.registry import registry_of
+
+    assert {"flower", "deployment"} <= set(registry_of("executor").names())

@@ -33,6 +33,12 @@ KINDS: dict[str, str] = {
     "executor": "hetfed.executors.kinds",
 }
 
+#: modules outside a kind's package that register components of it, imported when the kind is discovered:
+#: Flower's executor kinds live with Flower, so that ``executors/`` never imports ``flower/``
+PROVIDERS: dict[str, tuple[str, ...]] = {
+    "executor": ("hetfed.flower.kinds",),
+}
+
 _REGISTRIES: dict[str, Registry[Any]] = {}
 
 
@@ -87,6 +93,8 @@ class Registry(Generic[T]):
         for info in pkgutil.iter_modules(module.__path__):
             if info.name not in self.exclude and not info.name.startswith("_"):
                 importlib.import_module(f"{self.package}.{info.name}")
+        for provider in PROVIDERS.get(self.kind, ()):
+            importlib.import_module(provider)
 
     def find(self, name: str) -> T | None:
         """The component ``name`` (the package discovered first), or None where none is registered — for a

@@ -20,7 +20,7 @@ app = ServerApp()
 def main(grid: Grid, context: Context) -> None:
     from hetfed.analysis.present import present_run
     from hetfed.config import build_config, parse_yaml_text
-    from hetfed.executors.kinds.deployment import Deployment
+    from hetfed.flower.kinds import Deployment
     from hetfed.registry import registry_of
     from hetfed.runs.runner import run_experiment
 

@@ -171,8 +171,9 @@ def _view_summary(ev: Evaluation, seconds: float, extra: dict[str, Any]) -> dict
     }
 
 
-def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
-    """The short table that ends a run."""
+def _summary_table(summary: dict[str, Any]) -> Table:
+    """Each method's headline numbers, in a table that fits 80 columns (two-line headers, 3-digit values, no column
+    that holds only dashes)."""
     g = summary.get("gamma")
     gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
     trained = f" · {summary['training']}" if summary.get("training") else ""
@@ -218,7 +219,12 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
                      "the shared model without a client's own parameters; - where the server holds none); ms/round: "
                      "training (server step included); eval ms: one evaluation; sim s: the simulated clock at the "
                      "end (train.clock); up MB: what the clients sent (server.compression)")
-    console.print(table)
+    return table
+
+
+def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
+    """The short table that ends a run."""
+    console.print(_summary_table(summary))
     from hetfed.heterogeneity import gamma_line
 
     if "heterogeneity" in summary:  # one line, or on a narrow terminal one line per figure (no figure split)
