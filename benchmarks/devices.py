@@ -19,7 +19,8 @@ from pathlib import Path
 
 import torch
 
-from hetfed.config import build_config, read_yaml
+from hetfed.config import build_config
+from hetfed.config_io import read_yaml
 from hetfed.runs.runner import run_experiment
 
 ROOT = Path(__file__).resolve().parents[1]

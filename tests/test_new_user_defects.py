@@ -388,7 +388,7 @@ def test_replies_are_collected_as_soon_as_they_come_and_the_timeout_is_kept():
 
 def test_a_yaml_key_named_on_is_the_setting_not_a_boolean():
     """`heterogeneity: {on: all}` read as YAML 1.1 made the key True ("Keys should be strings")."""
-    from hetfed.config import parse_yaml_text
+    from hetfed.config_io import parse_yaml_text
 
     cfg = build_config(parse_yaml_text("heterogeneity: {on: all}\ntrain: {optimizer: {reset_each_round: no}}", "test"))
     assert cfg.heterogeneity.on == "all" and cfg.train.optimizer.reset_each_round is False

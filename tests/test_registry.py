@@ -18,7 +18,8 @@ from hetfed.algorithms import registry
 from hetfed.algorithms.fedavg import FedAvg
 from hetfed.algorithms.registry import AlgorithmParams, AlgorithmSpec, Capabilities
 from hetfed.cli import main
-from hetfed.config import build_config, legacy_sections, migrate_legacy
+from hetfed.config import build_config, migrate_legacy
+from hetfed.config_legacy import legacy_sections
 from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import ConfigError
 from hetfed.interface import server_step

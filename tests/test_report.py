@@ -38,7 +38,8 @@ def run_dir(tmp_path_factory) -> Path:
 def sweep_dir(tmp_path_factory) -> Path:
     from rich.console import Console
 
-    from hetfed.runs.sweep import parse_grid, run_sweep
+    from hetfed.config_io import parse_grid
+    from hetfed.runs.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("report") / "sweep"
     grid = parse_grid(["partition.shuffle=0,1", "partition.kind=feature_clusters,iid"])

@@ -10,7 +10,8 @@ from __future__ import annotations
 import csv
 from pathlib import Path
 
-from hetfed.config import build_config, read_yaml
+from hetfed.config import build_config
+from hetfed.config_io import read_yaml
 from hetfed.pipeline import prepare
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,7 +27,7 @@ SWEEPS = [  # (results folder, config, swept key, values, extra settings)
 
 
 def main() -> None:
-    from hetfed.config import set_dotted
+    from hetfed.config_io import set_dotted
 
     rows = []
     for folder, config, key, values, extra in SWEEPS:

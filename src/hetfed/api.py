@@ -24,7 +24,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetfed.config import Config, build_config, parse_overrides, read_yaml, warn_unread
+from hetfed.config import Config, build_config, warn_unread
+from hetfed.config_io import parse_overrides, read_yaml
 from hetfed.errors import ConfigError, RunError
 from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
 

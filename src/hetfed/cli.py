@@ -469,7 +469,8 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hetfed.analysis.present import present_sweep
-    from hetfed.runs.sweep import parse_grid, run_sweep
+    from hetfed.config_io import parse_grid
+    from hetfed.runs.sweep import run_sweep
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)

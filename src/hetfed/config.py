@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import copy
 import json
-import re
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -25,6 +24,8 @@ from pydantic import (
     model_validator,
 )
 
+from hetfed import config_legacy
+from hetfed.config_io import parse_overrides, read_yaml, set_dotted
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of
 
@@ -620,7 +621,7 @@ class Config(_Strict):
             plugins = data.get("plugins")
             if isinstance(plugins, list) and all(isinstance(m, str) for m in plugins):
                 _import_plugins(plugins)
-            refuse_legacy(data)
+            config_legacy.refuse_legacy(data, ServerConfig().model_dump(mode="json"))
         return data
 
     @model_validator(mode="after")
@@ -716,135 +717,10 @@ def _import_plugins(modules: list[str]) -> None:
                              "path (PYTHONPATH) that registers components") from None
 
 
-class DeprecatedKey(HetfedNote):
-    """A config key that still works but has a new name (shown once on stderr)."""
-
-
-def _params_key(methods: list, algorithm: str) -> str:
-    """``methods.<i>.params`` of the first method running ``algorithm`` (``<i>`` when none does)."""
-    users = [i for i, m in enumerate(methods) if isinstance(m, dict) and m.get("algorithm") == algorithm]
-    return f"methods.{users[0] if users else '<i>'}.params"
-
-
-def _moved_train_keys(train: Any, where: str, methods: list) -> str | None:
-    """The error for an old ``train.*`` key that is now an algorithm's parameter (None: none there)."""
-    if not isinstance(train, dict):
-        return None
-    for old, (algo, new) in legacy_train_keys().items():
-        if old in train:
-            target = f"{_params_key(methods, algo)}.{new}"
-            return (f"{where}.{old} = {train[old]!r} is no longer a train key: it is algorithm {algo!r}'s "
-                    f"parameter {new!r}; set {target} instead (see `hetfed algorithms`)")
-    return None
-
-
-def legacy_sections() -> dict[str, str]:
-    """Old top-level config sections → the algorithm whose ``params`` took them over."""
-    return {s.legacy_section: s.name for _, s in registry_of("algorithm").items() if s.legacy_section}
-
-
-def legacy_train_keys() -> dict[str, tuple[str, str]]:
-    """Old ``train.*`` keys → (algorithm, parameter) that took them over."""
-    return {old: (s.name, new) for _, s in registry_of("algorithm").items() for old, new in s.legacy_train.items()}
-
-
-#: ``train`` keys that moved into the ``server`` section: old key → its dotted key under ``server``
-MOVED_TO_SERVER = {
-    "server_lr": "lr", "aggregator": "combine.rule", "trim_fraction": "combine.fraction",
-    "byzantine_fraction": "combine.byzantine_fraction", "multi_krum_keep": "combine.keep",
-    "multi_krum_weighted": "combine.weighted", "reject_norm_factor": "screen.norm_factor",
-    "norm_reference_clients": "screen.reference_clients", "min_clients": "min_clients",
-}
-
-
-def _move_to_server(section: Any, server: dict, where: str, server_where: str, note: bool = True) -> None:
-    """The old ``train`` keys of :data:`MOVED_TO_SERVER` still work: each is put where it now lives (with a
-    one-line deprecation note when ``note``). A combine option the chosen rule does not take was ignored before
-    the rules had their own parameters (``trim_fraction`` beside the mean): it is dropped, as it was."""
-    import warnings
-
-    if not isinstance(section, dict):
-        return
-    defaults = ServerConfig().model_dump(mode="json")
-    moved = {old: section.pop(old) for old in list(section) if old in MOVED_TO_SERVER}
-    for old, value in moved.items():
-        new = MOVED_TO_SERVER[old]
-        head, _, leaf = new.rpartition(".")
-        node = server.setdefault(head, {}) if head else server
-        default = defaults[head][leaf] if head and leaf in defaults.get(head, {}) else defaults.get(new)
-        if node.get(leaf, default) not in (default, value):
-            raise ConfigError(f"{where}.{old} = {value!r} and {server_where}.{new} = {node[leaf]!r} are both set: "
-                              f"{where}.{old} is the old name of {server_where}.{new}; keep {server_where}.{new}")
-        node[leaf] = value
-        if note:
-            warnings.warn(f"{where}.{old} is deprecated: it is now {server_where}.{new} (set to {value!r})",
-                          DeprecatedKey, stacklevel=3)
-    combine = server.get("combine")
-    if isinstance(combine, dict) and moved:
-        rules = registry_of("combine")  # the registered rules (discovered, not listed here)
-        takes = rules.get(str(combine.get("rule", "mean")), f"{server_where}.combine.rule").Params.model_fields
-        for key in [k for k in combine if k != "rule" and k not in takes
-                    and f"combine.{k}" in {MOVED_TO_SERVER[o] for o in moved}]:
-            del combine[key]
-
-
-def refuse_legacy(data: dict) -> None:
-    """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map the ``train``
-    keys that moved to ``server`` (:data:`MOVED_TO_SERVER`). ``data`` is a raw config mapping (changed in
-    place)."""
-    methods: list[Any] = data["methods"] if isinstance(data.get("methods"), list) else []
-    for section, algo in legacy_sections().items():
-        if section in data:
-            target = _params_key(methods, algo)
-            raise ValueError(f"top-level section {section!r} is no longer allowed: algorithm {algo!r}'s settings are "
-                             f"its parameters now; move them to {target} (see `hetfed algorithms`)")
-    problem = _moved_train_keys(data.get("train"), "train", methods)
-    if isinstance(data.get("train"), dict):
-        data.setdefault("server", {})
-        if isinstance(data["server"], dict):
-            _move_to_server(data["train"], data["server"], "train", "server")
-    for i, m in enumerate(methods):
-        if not isinstance(m, dict):
-            continue
-        problem = problem or _moved_train_keys(m.get("train"), f"methods.{i}.train", methods)
-        if isinstance(m.get("train"), dict) and set(m["train"]) & set(MOVED_TO_SERVER):
-            m["server"] = dict(m.get("server") or {})
-            _move_to_server(m["train"], m["server"], f"methods.{i}.train", f"methods.{i}.server")
-    if problem:
-        raise ValueError(problem)
-
-
 def migrate_legacy(raw: dict) -> dict:
-    """A config written by an older hetfed (a run directory's config.yaml) in today's keys.
-
-    Old top-level sections and ``train.*`` keys become the ``params`` of the methods whose
-    algorithm took them over; the ``train`` keys that moved to ``server`` go there (:data:`MOVED_TO_SERVER`).
-    """
-    registry = registry_of("algorithm")
-
-    raw = copy.deepcopy(raw)
-    methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
-    sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
-    train_keys = legacy_train_keys()
-    top_train: dict[str, Any] = raw["train"] if isinstance(raw.get("train"), dict) else {}
-    moved_top = {old: top_train.pop(old) for old in list(top_train) if old in train_keys}
-    if set(top_train) & set(MOVED_TO_SERVER):
-        _move_to_server(top_train, raw.setdefault("server", {}), "train", "server", note=False)
-    for m in methods:
-        if not isinstance(m, dict):
-            continue
-        spec = registry.get(str(m.get("algorithm", "fedavg")))
-        params = dict(sections.get(spec.legacy_section, {}) or {}) if spec.legacy_section else {}
-        own_train: dict[str, Any] = m["train"] if isinstance(m.get("train"), dict) else {}
-        for old, (algo, new) in train_keys.items():
-            value = own_train.pop(old, moved_top.get(old))
-            if algo == spec.name and value is not None:
-                params[new] = value
-        if set(own_train) & set(MOVED_TO_SERVER):
-            m["server"] = dict(m.get("server") or {})
-            _move_to_server(own_train, m["server"], "train", "server", note=False)
-        m["params"] = {**params, **(m.get("params") or {})}
-    return raw
+    """A config written by an older hetfed (a run directory's config.yaml) in today's keys
+    (:func:`hetfed.config_legacy.migrate_legacy`)."""
+    return config_legacy.migrate_legacy(raw, ServerConfig().model_dump(mode="json"))
 
 
 def load_run_config(path: str | Path) -> Config:
@@ -884,116 +760,6 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
         names_itself = key and (msg.startswith((f"{key}.", f"{key} ")) or f"'{key}." in msg)  # a step's own message
         lines.append(f"{key}{shown}: {msg}" if key and not names_itself else msg)
     return "; ".join(lines)
-
-
-def parse_overrides(items: list[str] | None) -> dict[str, Any]:
-    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values parsed as YAML."""
-    out: dict[str, Any] = {}
-    for item in items or []:
-        if "=" not in item:
-            raise ConfigError(f"--set {item!r} is not allowed: expected key=value with '=' (not a space), e.g. "
-                              f"--set {item.strip() or 'seed'}=3")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        if not key:
-            raise ConfigError(f"--set {item!r} is not allowed: the key is empty")
-        try:
-            value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
-        except yaml.YAMLError:
-            value = raw
-        set_dotted(out, key, value)
-    return out
-
-
-def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
-    """Set ``tree["a"]["b"] = value`` for ``key = "a.b"``, creating levels as needed.
-
-    A numeric part indexes a list (``methods.0.algorithm``).
-    """
-    parts = key.split(".")
-    node: Any = tree
-    for part in parts[:-1]:
-        if isinstance(node, list):
-            node = node[_list_index(node, part, key)]
-            continue
-        if not isinstance(node.get(part), dict | list):
-            node[part] = {}
-        node = node[part]
-    last = parts[-1]
-    if isinstance(node, list):
-        node[_list_index(node, last, key)] = value
-    else:
-        node[last] = value
-
-
-def _list_index(node: list, part: str, key: str) -> int:
-    if not part.isdigit() or int(part) >= len(node):
-        raise ConfigError(f"--set {key}: {part!r} is not an index of a list of {len(node)}")
-    return int(part)
-
-
-class _UniqueKeyLoader(yaml.SafeLoader):
-    """A SafeLoader that refuses duplicate keys: with plain YAML the last one wins silently."""
-
-
-def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
-    seen: dict[Any, int] = {}
-    for key_node, _value in node.value:
-        key = loader.construct_object(key_node, deep=deep)
-        line = key_node.start_mark.line + 1
-        if key in seen:
-            raise ConfigError(
-                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {line}): "
-                "keep one (YAML would silently use the last)"
-            )
-        seen[key] = line
-    return loader.construct_mapping(node, deep=deep)
-
-
-_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
-# YAML 1.2 booleans: only true/false. YAML 1.1's on/off/yes/no made `heterogeneity: {on: all}` a key True;
-# a setting that is a bool still accepts them (pydantic reads "on"/"yes" as true)
-_BOOL = "tag:yaml.org,2002:bool"
-_UniqueKeyLoader.yaml_implicit_resolvers = {
-    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
-    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
-_UniqueKeyLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
-
-
-def parse_yaml_text(text: str, where: str) -> Any:
-    """YAML text → Python values; duplicate keys and syntax errors are ConfigErrors naming ``where``."""
-    try:
-        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
-    except ConfigError as err:
-        raise ConfigError(f"{where}: {err}") from None
-    except yaml.YAMLError as err:
-        detail = " ".join(str(err).split())
-        raise ConfigError(f"{where} is not valid YAML: {detail}") from None
-
-
-def read_yaml(path: str | Path) -> dict[str, Any]:
-    """Read a config file; a missing, empty or malformed file is a ConfigError."""
-    p = Path(path)
-    where = f"config file {str(p)!r}"
-    if p.is_dir():
-        raise ConfigError(f"{where} is a directory: expected a YAML file (e.g. configs/default.yaml)")
-    if not p.is_file():
-        raise ConfigError(f"{where} does not exist: expected a YAML file (e.g. configs/default.yaml)")
-    try:
-        text = p.read_bytes().decode("utf-8")
-    except UnicodeDecodeError as err:
-        raise ConfigError(f"{where} is not UTF-8 text (byte {err.start}): expected a YAML file") from None
-    except OSError as err:
-        raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
-    data = parse_yaml_text(text, where)
-    if data is None:
-        raise ConfigError(
-            f"{where} is empty: expected a mapping of keys (run without a file for the defaults, "
-            "or see `hetfed config`)"
-        )
-    if not isinstance(data, dict):
-        raise ConfigError(f"{where} must hold a mapping of keys, not {type(data).__name__}")
-    return data
 
 
 def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,

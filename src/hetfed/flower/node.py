@@ -25,7 +25,8 @@ import numpy as np
 import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 
-from hetfed.config import Config, build_config, parse_yaml_text
+from hetfed.config import Config, build_config
+from hetfed.config_io import parse_yaml_text
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record

@@ -19,7 +19,8 @@ app = ServerApp()
 @app.main()
 def main(grid: Grid, context: Context) -> None:
     from hetfed.analysis.present import present_run
-    from hetfed.config import build_config, parse_yaml_text
+    from hetfed.config import build_config
+    from hetfed.config_io import parse_yaml_text
     from hetfed.flower.kinds import Deployment
     from hetfed.registry import registry_of
     from hetfed.runs.runner import run_experiment

@@ -49,63 +49,6 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted
               "global_accuracy_other", "gate_own", "gate_other")
 
 
-def parse_grid(items: list[str]) -> dict[str, list[Any]]:
-    """``["a.b=1,2", "c=x,y", "h=[32,32],[64]"]`` → ``{"a.b": [1, 2], "c": ["x", "y"], "h": [[32, 32], [64]]}``.
-
-    Values are parsed as YAML and split on the commas *between* them, so list and
-    dict values (``[32,32]``, ``{kind: adam}``) keep their own commas.
-    """
-    grid: dict[str, list[Any]] = {}
-    for item in items:
-        if "=" not in item:
-            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,… e.g. partition.shuffle=0,0.5,1")
-        key, raw = item.split("=", 1)
-        key = key.strip()
-        values = []
-        for part in split_top_level(raw, item):
-            if part.strip() == "":
-                continue
-            try:
-                values.append(yaml.safe_load(part))
-            except yaml.YAMLError:
-                raise ConfigError(
-                    f"--grid {item!r} is not allowed: value {part.strip()!r} is not valid YAML; "
-                    "expected key=v1,v2,… with lists written [a,b] and mappings {k: v}"
-                ) from None
-        if not key or not values:
-            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,…")
-        if key in grid:
-            raise ConfigError(f"--grid {key} is given twice: expected each key once (list all its values together)")
-        if key == "seed":  # every grid point runs the seeds seed, seed + 1, …: a grid value would be overwritten
-            raise ConfigError(f"--grid {item!r} is not allowed: the seeds are --seeds N (seed, seed + 1, …, seed + "
-                              "N − 1; the first set with --set seed=S)")
-        grid[key] = values
-    return grid
-
-
-def split_top_level(raw: str, item: str) -> list[str]:
-    """Split on commas outside brackets, braces and quotes."""
-    parts, depth, quote, start = [], 0, "", 0
-    for i, ch in enumerate(raw):
-        if quote:
-            quote = "" if ch == quote else quote
-        elif ch in "'\"":
-            quote = ch
-        elif ch in "[{":
-            depth += 1
-        elif ch in "]}":
-            depth -= 1
-            if depth < 0:
-                break
-        elif ch == "," and depth == 0:
-            parts.append(raw[start:i])
-            start = i + 1
-    if depth != 0 or quote:
-        raise ConfigError(f"--grid {item!r} is not allowed: unbalanced brackets or quotes in the values")
-    parts.append(raw[start:])
-    return parts
-
-
 def value_key(value: Any) -> str:
     """A hashable, stable, compact spelling of a grid value (lists and dicts included)."""
     if isinstance(value, str):

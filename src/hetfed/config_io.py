@@ -1,0 +1,179 @@
+"""A config's text: YAML files (duplicate keys refused, YAML 1.2 booleans), ``--set key=value`` items and
+``--grid key=v1,v2,…`` items, each value parsed as YAML. Every bad input is a one-line ConfigError naming it."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from hetfed.errors import ConfigError
+
+
+def parse_overrides(items: list[str] | None) -> dict[str, Any]:
+    """Turn ``["a.b=1", "c=[1,2]"]`` into a nested dict; values parsed as YAML."""
+    out: dict[str, Any] = {}
+    for item in items or []:
+        if "=" not in item:
+            raise ConfigError(f"--set {item!r} is not allowed: expected key=value with '=' (not a space), e.g. "
+                              f"--set {item.strip() or 'seed'}=3")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        if not key:
+            raise ConfigError(f"--set {item!r} is not allowed: the key is empty")
+        try:
+            value = yaml.load(raw, Loader=_UniqueKeyLoader) if raw.strip() else None  # noqa: S506
+        except yaml.YAMLError:
+            value = raw
+        set_dotted(out, key, value)
+    return out
+
+
+def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
+    """Set ``tree["a"]["b"] = value`` for ``key = "a.b"``, creating levels as needed.
+
+    A numeric part indexes a list (``methods.0.algorithm``).
+    """
+    parts = key.split(".")
+    node: Any = tree
+    for part in parts[:-1]:
+        if isinstance(node, list):
+            node = node[_list_index(node, part, key)]
+            continue
+        if not isinstance(node.get(part), dict | list):
+            node[part] = {}
+        node = node[part]
+    last = parts[-1]
+    if isinstance(node, list):
+        node[_list_index(node, last, key)] = value
+    else:
+        node[last] = value
+
+
+def _list_index(node: list, part: str, key: str) -> int:
+    if not part.isdigit() or int(part) >= len(node):
+        raise ConfigError(f"--set {key}: {part!r} is not an index of a list of {len(node)}")
+    return int(part)
+
+
+class _UniqueKeyLoader(yaml.SafeLoader):
+    """A SafeLoader that refuses duplicate keys: with plain YAML the last one wins silently."""
+
+
+def _construct_unique_mapping(loader: _UniqueKeyLoader, node: yaml.MappingNode, deep: bool = False) -> dict:
+    seen: dict[Any, int] = {}
+    for key_node, _value in node.value:
+        key = loader.construct_object(key_node, deep=deep)
+        line = key_node.start_mark.line + 1
+        if key in seen:
+            raise ConfigError(
+                f"key {key!r} appears twice in one mapping (lines {seen[key]} and {line}): "
+                "keep one (YAML would silently use the last)"
+            )
+        seen[key] = line
+    return loader.construct_mapping(node, deep=deep)
+
+
+_UniqueKeyLoader.add_constructor(yaml.resolver.BaseResolver.DEFAULT_MAPPING_TAG, _construct_unique_mapping)
+# YAML 1.2 booleans: only true/false. YAML 1.1's on/off/yes/no made `heterogeneity: {on: all}` a key True;
+# a setting that is a bool still accepts them (pydantic reads "on"/"yes" as true)
+_BOOL = "tag:yaml.org,2002:bool"
+_UniqueKeyLoader.yaml_implicit_resolvers = {
+    first: [(tag, rx) for tag, rx in resolvers if tag != _BOOL]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_UniqueKeyLoader.add_implicit_resolver(_BOOL, re.compile(r"^(?:true|True|TRUE|false|False|FALSE)$"), list("tTfF"))
+
+
+def parse_yaml_text(text: str, where: str) -> Any:
+    """YAML text → Python values; duplicate keys and syntax errors are ConfigErrors naming ``where``."""
+    try:
+        return yaml.load(text, Loader=_UniqueKeyLoader)  # noqa: S506 - a SafeLoader subclass
+    except ConfigError as err:
+        raise ConfigError(f"{where}: {err}") from None
+    except yaml.YAMLError as err:
+        detail = " ".join(str(err).split())
+        raise ConfigError(f"{where} is not valid YAML: {detail}") from None
+
+
+def read_yaml(path: str | Path) -> dict[str, Any]:
+    """Read a config file; a missing, empty or malformed file is a ConfigError."""
+    p = Path(path)
+    where = f"config file {str(p)!r}"
+    if p.is_dir():
+        raise ConfigError(f"{where} is a directory: expected a YAML file (e.g. configs/default.yaml)")
+    if not p.is_file():
+        raise ConfigError(f"{where} does not exist: expected a YAML file (e.g. configs/default.yaml)")
+    try:
+        text = p.read_bytes().decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ConfigError(f"{where} is not UTF-8 text (byte {err.start}): expected a YAML file") from None
+    except OSError as err:
+        raise ConfigError(f"{where} cannot be read: {err.strerror}") from None
+    data = parse_yaml_text(text, where)
+    if data is None:
+        raise ConfigError(
+            f"{where} is empty: expected a mapping of keys (run without a file for the defaults, "
+            "or see `hetfed config`)"
+        )
+    if not isinstance(data, dict):
+        raise ConfigError(f"{where} must hold a mapping of keys, not {type(data).__name__}")
+    return data
+
+
+def parse_grid(items: list[str]) -> dict[str, list[Any]]:
+    """``["a.b=1,2", "c=x,y", "h=[32,32],[64]"]`` → ``{"a.b": [1, 2], "c": ["x", "y"], "h": [[32, 32], [64]]}``.
+
+    Values are parsed as YAML and split on the commas *between* them, so list and
+    dict values (``[32,32]``, ``{kind: adam}``) keep their own commas.
+    """
+    grid: dict[str, list[Any]] = {}
+    for item in items:
+        if "=" not in item:
+            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,… e.g. partition.shuffle=0,0.5,1")
+        key, raw = item.split("=", 1)
+        key = key.strip()
+        values = []
+        for part in split_top_level(raw, item):
+            if part.strip() == "":
+                continue
+            try:
+                values.append(yaml.safe_load(part))
+            except yaml.YAMLError:
+                raise ConfigError(
+                    f"--grid {item!r} is not allowed: value {part.strip()!r} is not valid YAML; "
+                    "expected key=v1,v2,… with lists written [a,b] and mappings {k: v}"
+                ) from None
+        if not key or not values:
+            raise ConfigError(f"--grid {item!r} is not allowed: expected key=v1,v2,…")
+        if key in grid:
+            raise ConfigError(f"--grid {key} is given twice: expected each key once (list all its values together)")
+        if key == "seed":  # every grid point runs the seeds seed, seed + 1, …: a grid value would be overwritten
+            raise ConfigError(f"--grid {item!r} is not allowed: the seeds are --seeds N (seed, seed + 1, …, seed + "
+                              "N − 1; the first set with --set seed=S)")
+        grid[key] = values
+    return grid
+
+
+def split_top_level(raw: str, item: str) -> list[str]:
+    """Split on commas outside brackets, braces and quotes."""
+    parts, depth, quote, start = [], 0, "", 0
+    for i, ch in enumerate(raw):
+        if quote:
+            quote = "" if ch == quote else quote
+        elif ch in "'\"":
+            quote = ch
+        elif ch in "[{":
+            depth += 1
+        elif ch in "]}":
+            depth -= 1
+            if depth < 0:
+                break
+        elif ch == "," and depth == 0:
+            parts.append(raw[start:i])
+            start = i + 1
+    if depth != 0 or quote:
+        raise ConfigError(f"--grid {item!r} is not allowed: unbalanced brackets or quotes in the values")
+    parts.append(raw[start:])
+    return parts
