@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import csv
 from pathlib import Path
 
@@ -41,3 +42,30 @@ def test_parallel_sweep_gives_the_serial_table_and_resumes(tmp_path, capsys):
 def test_jobs_must_be_positive(capsys):
     assert main([*BASE, "--jobs", "0"]) == 2
     assert "--jobs 0 is not allowed" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("stack", [False, True])
+def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_path, monkeypatch, stack):
+    """#74 §2: a grid over a training setting computes each seed's data, partition and Γ once (2 here, not 4), and
+    the numbers are those of runs that prepared their own."""
+    import csv
+
+    from hetfed import pipeline
+    from hetfed.runs import sweep
+
+    calls: list[int] = []
+    original = pipeline._prepare
+    monkeypatch.setattr(pipeline, "_prepare", lambda *a: calls.append(1) or original(*a))
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=4", "--set",
+            "train.local_steps=2", "--grid", "train.rounds=2,3", "--seeds", "2", "--quiet",
+            *(["--stack"] if stack else [])]
+    assert main([*args, "--out", str(tmp_path / "shared")]) == 0
+    assert len(calls) == 2
+    monkeypatch.setattr(sweep, "sharing", contextlib.nullcontext)  # every run prepares its own
+    assert main([*args, "--out", str(tmp_path / "own")]) == 0
+    assert len(calls) == 6
+
+    def rows(name):
+        with open(tmp_path / name / "runs.csv") as fh:
+            return [r for r in csv.DictReader(fh) if "seconds" not in r["metric"]]
+    assert rows("shared") == rows("own")

@@ -5,6 +5,10 @@ Kept separate from the CLI so scripts and the engine call the same code.
 
 from __future__ import annotations
 
+import json
+import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from rich.console import Console
@@ -59,11 +63,80 @@ def build_federation(config: Config, *, progress: bool = True, status: Console |
     return Built(data, clients_data, fed, ds.sources)
 
 
+class _Shared:
+    """Preparations kept while a sweep runs (:func:`sharing`): one per distinct (data, embedding, server holdout,
+    partition, Γ settings, seed), computed once however many of the sweep's runs ask — runs that differ only in
+    methods, training or server settings share their clients and Γ. A run's thread waits for a preparation another
+    thread is computing (a stacked sweep's runs start together)."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.entries: dict[str, tuple[threading.Event, list[Prepared]]] = {}
+        self.computed = 0  # preparations computed (the rest were shared)
+
+
+_SHARED: _Shared | None = None
+
+
+@contextmanager
+def sharing() -> Iterator[_Shared]:
+    """Within the block, :func:`prepare` computes each distinct preparation once (a sweep's runs share them); the
+    preparations are dropped at its end. Nested blocks share the outer one's."""
+    global _SHARED
+    if _SHARED is not None:
+        yield _SHARED
+        return
+    _SHARED = _Shared()
+    try:
+        yield _SHARED
+    finally:
+        _SHARED = None
+
+
+def preparation_key(config: Config) -> str:
+    """What a preparation depends on: the data, its embedding, the server's holdout (as resolved), the partition,
+    how Γ is measured, the seed and the plugins that may register a dataset or partitioner."""
+    from hetfed.server_data import wanted
+
+    c = config.model_dump(mode="json")
+    parts = {k: c[k] for k in ("dataset", "embed", "server_data", "partition", "heterogeneity", "seed", "plugins")
+             if k in c}
+    return json.dumps({**parts, "server_holds": wanted(config)}, sort_keys=True)
+
+
 def prepare(config: Config, *, progress: bool = True, status: Console | None = None) -> Prepared:
-    """Load, embed and partition the data as configured (:func:`build_federation`), and measure the clients.
+    """Load, embed and partition the data as configured (:func:`build_federation`), and measure the clients —
+    or, inside :func:`sharing`, the same preparation another run of the block already made.
 
     ``status`` (a console, usually stderr) shows each step while it runs.
     """
+    shared = _SHARED
+    if shared is None:
+        return _prepare(config, progress, status)
+    key = preparation_key(config)
+    with shared.lock:
+        entry = shared.entries.get(key)
+        mine = entry is None
+        if mine:
+            entry = shared.entries[key] = (threading.Event(), [])
+    done, slot = entry  # type: ignore[misc]
+    if not mine:
+        done.wait()
+        if slot:
+            return slot[0]
+        return _prepare(config, progress, status)  # the first attempt failed: this run meets the error itself
+    try:
+        slot.append(_prepare(config, progress, status))
+        shared.computed += 1
+    finally:
+        if not slot:
+            with shared.lock:
+                shared.entries.pop(key, None)
+        done.set()
+    return slot[0]
+
+
+def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared:
     built = build_federation(config, progress=progress, status=status)
     data, clients_data, fed = built.data, built.clients_data, built.federation
     h = config.heterogeneity

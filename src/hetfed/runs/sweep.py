@@ -28,6 +28,7 @@ from rich.table import Table
 from hetfed.config import Config, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
+from hetfed.pipeline import sharing
 from hetfed.runs.rundir import (
     CONFIG,
     CURVES_TABLE,
@@ -131,7 +132,8 @@ def run_sweep(
     if stack:
         _check_stackable(configs)
     sweep_dir = _open_sweep_dir(config, grid, configs, out, resume)
-    outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
+    with sharing():  # runs that differ only in methods, training or server settings share their preparation
+        outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
     summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
