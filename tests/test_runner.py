@@ -7,10 +7,11 @@ import pytest
 from hetfed.analysis.present import present_run
 from hetfed.cli import main
 from hetfed.config import build_config
+from hetfed.config_io import parse_grid
 from hetfed.errors import RunError
 from hetfed.runs.rundir import read_summary
 from hetfed.runs.runner import run_experiment
-from hetfed.runs.sweep import aggregate, ci95, parse_grid
+from hetfed.runs.sweep import aggregate, ci95
 
 
 def test_main_job_reaches_high_accuracy(tmp_path, capsys):
