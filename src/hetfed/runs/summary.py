@@ -176,8 +176,10 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     that holds only dashes)."""
     g = summary.get("gamma")
     gamma = f"{g:.3f}" if isinstance(g, float) and not np.isnan(g) else "— (one client)"
+    # Γ has a line of its own below the table (with its IID reference); an older summary without it: in the title
+    shown_gamma = "" if "heterogeneity" in summary else f" · Γ = {gamma}"
     trained = f" · {summary['training']}" if summary.get("training") else ""
-    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients · Γ = {gamma}"
+    table = Table(title=f"{summary['dataset']} · {summary['partition']} · {summary['n_clients']} clients{shown_gamma}"
                   f"{trained}", box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False)
     binary = any("global_auc" in m["best"] for m in summary["methods"].values())
 
