@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Every GPU measurement #47 asks for, in one go, for a session that is lent a GPU (~3 minutes on an H100):
 # - the CUDA tests: streams bit-identical to the CPU's, an eager step loop that never synchronises, CUDA-graph
-#   replays = eager steps (tests/test_capture.py);
+#   replays = eager steps (tests/engine/test_capture.py);
 # - the equal-client workloads (W1, the CGAU setting, Fed-FSNet's MNIST protocol) with train.capture on and off,
 #   and their stacked ideal eager and captured as a CUDA graph (engine.py);
 # - the unequal workload's round with its stacked ideal and GEMM limit (unequal.py);
@@ -38,7 +38,7 @@ step() {  # name, seconds, command…
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
-want cuda_tests && step cuda_tests 240 $py -m pytest -q -n0 -p no:cacheprovider tests/test_capture.py tests/test_streams.py tests/test_compression.py tests/test_async.py tests/test_flower.py tests/test_scale.py -k "cuda or bit_identical or synchronises"
+want cuda_tests && step cuda_tests 240 $py -m pytest -q -n0 -p no:cacheprovider tests/engine/test_capture.py tests/engine/test_streams.py tests/server/test_compression.py tests/executors/test_async.py tests/flower/test_flower.py tests/executors/test_scale.py -k "cuda or bit_identical or synchronises"
 want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
@@ -58,7 +58,7 @@ fi
 # 20 stacked seeds against one at the default experiment's full length (100 rounds), stacked sweeps only
 want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
 # a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU
-want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/test_stacked_sweep.py tests/test_client_scores.py -k "one_by_one or scores"
+want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/runs/test_stacked_sweep.py tests/engine/test_client_scores.py -k "one_by_one or scores"
 # asynchronous FedBuff / FedAsync against synchronous FedAvg, and QSGD's cost on W1, on the GPU (the torch path)
 want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
 # Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's

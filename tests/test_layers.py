@@ -225,3 +225,12 @@ def test_the_in_process_executors_never_import_flower():
     from hetfed.registry import registry_of
 
     assert {"flower", "deployment"} <= set(registry_of("executor").names())
+
+
+def test_the_tests_mirror_the_package():
+    """#73 §5: a package's tests live in tests/<package>/ (top-level modules' in tests/), shared fixtures in
+    tests/conftest.py."""
+    tests = Path(__file__).resolve().parent
+    folders = sorted(d.name for d in tests.iterdir() if d.is_dir() and not d.name.startswith((".", "_")))
+    assert folders and all((SRC / name / "__init__.py").is_file() for name in folders), folders
+    assert all(p.name.startswith("test_") for d in folders for p in (tests / d).glob("*.py"))

@@ -220,7 +220,7 @@ def test_global_standardisation_uses_the_training_split_only():
 
 
 def test_standardising_text_is_refused(tmp_path):
-    from tests.test_text_data import write_fortunes
+    from tests.data.test_text_data import write_fortunes
 
     write_fortunes(tmp_path / "f")
     with pytest.raises(DataError, match="dataset.standardise = 'global' cannot be used on text dataset 'fortunes'"):

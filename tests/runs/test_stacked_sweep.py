@@ -20,7 +20,7 @@ import pytest
 from hetfed.cli import main
 from hetfed.executors import stacked_runs
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 #: FedAvg's ReLU MLP and CGAU (dropout 0.5), FedProx, Ditto and kNN-Per: every round (and evaluation) of a seed
 #: stacks with the others'
 BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=4", "--set", "partition.clients=5",

@@ -19,7 +19,7 @@ from hetfed.analysis.paired import Paired, equivalence, paired, verdict
 from hetfed.cli import main
 from hetfed.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 # --- paired statistics against computations written from their definitions ---------------------------------

@@ -14,7 +14,7 @@ from hetfed.analysis.merge import merge_sweeps
 from hetfed.cli import main
 from hetfed.errors import ConfigError
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _write(path: Path, rows: list[list]) -> None:

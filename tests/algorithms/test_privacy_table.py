@@ -15,7 +15,7 @@ from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import Pool, client_data
 from hetfed.pipeline import prepare
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "methods.md"
+DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 
 
 def table_rows() -> list[dict]:

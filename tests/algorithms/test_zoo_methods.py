@@ -1,6 +1,6 @@
 """The zoos' methods (#48): each one's distinctive step against its paper's equations written in plain tensors.
 
-The setting of tests/test_personalised.py: a one-hidden-layer MLP, one client with six samples, plain SGD and
+The setting of tests/algorithms/test_personalised.py: a one-hidden-layer MLP, one client with six samples, plain SGD and
 one full-batch step, so a round's update can be computed by hand.
 """
 
@@ -15,7 +15,7 @@ import torch.nn.functional as F
 
 from hetfed.algorithms.fedlc import calibrated_loss
 from hetfed.algorithms.moon import PREVIOUS, contrastive_loss
-from tests.test_personalised import BODY, HEAD, LR, _logits, _setup, _sgd
+from tests.algorithms.test_personalised import BODY, HEAD, LR, _logits, _setup, _sgd
 
 # ----------------------------------------------------------------------------------------------- FedLC
 

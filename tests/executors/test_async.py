@@ -404,7 +404,7 @@ def test_the_results_tables_read_accuracy_at_a_time_budget_and_bytes(tmp_path, c
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("tables", Path(__file__).resolve().parents[1] / "results" / "tables.py")
+    spec = importlib.util.spec_from_file_location("tables", Path(__file__).resolve().parents[2] / "results" / "tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     config = tmp_path / "c.yaml"
@@ -503,7 +503,7 @@ def test_on_flower_without_a_latency_model_replies_are_merged_as_they_really_com
 def test_hetfed_run_killed_mid_queue_and_resumed_writes_the_uninterrupted_metrics(tmp_path):
     """SIGKILL an asynchronous run while it writes its second checkpoint; `--resume` continues from the event queue
     it saved, and metrics.csv ends byte for byte as the run that was never killed."""
-    from tests.test_resume import _kill_when, _start
+    from tests.runs.test_resume import _kill_when, _start
 
     args = ["--quiet", "--set", "partition.clients=6", "--set", "train.rounds=12", "--set", "train.checkpoint_every=3",
             "--set", "train.clock.latency=lognormal", "--set", "methods=[{algorithm: fedbuff, params: "

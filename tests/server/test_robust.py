@@ -160,7 +160,7 @@ def test_finite_clients_checks_every_tensor_of_an_upload(rows):
 def test_screening_reads_the_device_as_often_whatever_the_number_of_parameters():
     """The finite check and the norm filter read their per-client numbers back once for the whole upload, not once
     per parameter (each read makes the host wait for the device)."""
-    from tests.test_streams import _HostReads
+    from tests.engine.test_streams import _HostReads
 
     def reads(n_params: int) -> int:
         g = torch.Generator().manual_seed(1)

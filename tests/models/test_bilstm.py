@@ -185,7 +185,7 @@ def test_every_algorithm_but_fsnet_trains_the_bilstm(tmp_path, algorithm):
     """Through the runner on fortune-format files: the head split (FedGen), server data (FedDF), client sampling
     (AFL) and control variates (SCAFFOLD) all work on token ids."""
     from hetfed.runs.runner import run_experiment
-    from tests.test_text_data import write_fortunes
+    from tests.data.test_text_data import write_fortunes
 
     write_fortunes(tmp_path / "f", per_category=20)
     config = build_config({

@@ -11,7 +11,7 @@ import pytest
 
 from hetfed.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--set", "train.rounds=1", "--set", "partition.clients=4", "--set", "train.local_steps=2"]
 
 

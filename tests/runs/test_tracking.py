@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from hetfed.cli import main
-from tests.test_resume import _kill_when, _start
+from tests.runs.test_resume import _kill_when, _start
 
 SMALL = ["--set", "train.rounds=4", "--set", "train.eval_every=2",
          "--set", "methods=[{name: relu, algorithm: fedavg}, {name: cgau, algorithm: fedavg, model: {kind: cgau}}]"]
@@ -147,7 +147,7 @@ def test_a_sweep_shares_one_mlflow_store_with_a_run_per_point(tmp_path):
     from mlflow import MlflowClient
 
     sweep = tmp_path / "sweep"
-    default = str(Path(__file__).parents[1] / "configs" / "default.yaml")
+    default = str(Path(__file__).parents[2] / "configs" / "default.yaml")
     assert main(["sweep", "--quiet", default, *SMALL, "--set", "tracking=[mlflow]", "--seeds", "2",
                  "--grid", "partition.shuffle=0,1", "--out", str(sweep)]) == 0
     client = MlflowClient(f"sqlite:///{(sweep / 'mlflow.db').resolve()}")

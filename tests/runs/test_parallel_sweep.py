@@ -10,7 +10,7 @@ import pytest
 
 from hetfed.cli import main
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=3",
         "--grid", "partition.shuffle=0,0.5,1", "--seeds", "2"]
 

@@ -282,7 +282,7 @@ def test_a_cuda_run_with_graphs_matches_an_eager_cuda_run(monkeypatch, tmp_path)
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
     """Recording and replaying add no host round-trip to the step loop (the eager loop's own check: test_streams)."""
-    from tests.test_streams import train_without_synchronising
+    from tests.engine.test_streams import train_without_synchronising
 
     model = MLP(6, [16, 8], 4, dropout=0.3)
     train_without_synchronising(monkeypatch, model, _stack(model, 5, "cuda"), _data([37, 12, 50, 3, 24], device="cuda"),

@@ -15,7 +15,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 from hetfed.config import build_config  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 pytestmark = pytest.mark.slow
 
@@ -363,7 +363,7 @@ def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
 
 def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path):
     """FedMoE's text model travels as Flower records like any other: same numbers as in process."""
-    from tests.test_text_data import write_fortunes
+    from tests.data.test_text_data import write_fortunes
 
     write_fortunes(tmp_path / "f", per_category=20)
     text = {"dataset": {"name": "fortunes", "data_dir": str(tmp_path / "f")},

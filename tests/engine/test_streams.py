@@ -250,7 +250,7 @@ def test_streams_and_plans_are_bit_identical_on_cuda_and_cpu():
 
 def train_without_synchronising(monkeypatch, model, params, data: ClientData, sched: LocalSchedule) -> None:
     """``train_stack`` on CUDA with the round planned beforehand, under ``set_sync_debug_mode("error")``: any host
-    round-trip in the step loop raises (tests/test_capture.py runs it on recorded steps too)."""
+    round-trip in the step loop raises (tests/engine/test_capture.py runs it on recorded steps too)."""
     planned = plan_steps(data, sched, torch.device("cuda"))
     monkeypatch.setattr(local, "plan_steps", lambda *a, **k: planned)
     torch.cuda.synchronize()

@@ -14,7 +14,7 @@ from hetfed.config import OptimizerConfig
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
 from hetfed.models import MLP, closed_form, sgd_in_backward
 from hetfed.models.sgd_in_backward import SGDInBackward, linear, updating
-from tests.test_stacking import _params, _stack_data, unequal_stack
+from tests.engine.test_stacking import _params, _stack_data, unequal_stack
 
 #: the two ways a step moves its weights: autograd's hook (the MLP's closed form turned off) and the closed form
 PATHS = ["hook", "closed form"]

@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 ray = pytest.importorskip("ray")
 
-from tests.test_flower import SMALL, _compare, _config, _run  # noqa: E402
+from tests.flower.test_flower import SMALL, _compare, _config, _run  # noqa: E402
 
 pytestmark = pytest.mark.slow
 

@@ -175,7 +175,7 @@ def test_a_killed_runs_checkpoint_loads_in_one_call_and_predicts_per_client(tmp_
 @pytest.mark.slow
 def test_sweep_resume_continues_a_killed_run_from_its_checkpoint(tmp_path):
     """`hetfed sweep --resume`: the run killed mid-way continues in place (not moved aside, not restarted)."""
-    repo = Path(__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[2]
     args = ["sweep", str(repo / "configs" / "default.yaml"), "--quiet", "--grid", "partition.shuffle=0,0.5",
             "--seeds", "1", "--set", "train.rounds=6", "--set", "train.checkpoint_every=2"]
     ref = subprocess.run([sys.executable, "-m", "hetfed.cli", *args, "--out", str(tmp_path / "ref")], cwd=repo,

@@ -184,7 +184,7 @@ def test_the_shipped_cough_config_runs_as_is_on_the_files(tmp_path, capsys):
 
     write_fsd(tmp_path / "fsd", per_class=8)
     torch.save(net.random_weights(), tmp_path / "yamnet.pt")
-    config = Path(__file__).resolve().parents[1] / "configs" / "cgau_fsd_cough.yaml"
+    config = Path(__file__).resolve().parents[2] / "configs" / "cgau_fsd_cough.yaml"
     code = main(["run", str(config), "--out", str(tmp_path / "run"), "--set", f"dataset.data_dir={tmp_path / 'fsd'}",
                  "--set", f"embed.weights={tmp_path / 'yamnet.pt'}", "--set", f"embed.cache_dir={tmp_path / 'c'}",
                  "--set", "partition.clients=3", "--set", "train.rounds=10"])

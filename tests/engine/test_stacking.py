@@ -193,7 +193,7 @@ def test_a_recorded_plain_step_computes_a_few_widths_and_a_step_with_a_term_the_
     from hetfed.engine import capture, local
     from hetfed.engine.local import LocalSchedule, computed_clients, train_stack
     from hetfed.models import MLP
-    from tests.test_capture import Replay
+    from tests.engine.test_capture import Replay
 
     monkeypatch.setitem(capture.BACKENDS["auto"], "cpu", Replay)
     monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())

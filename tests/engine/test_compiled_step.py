@@ -20,7 +20,7 @@ from hetfed.engine.local import LocalSchedule, Proximal, train_stack
 from hetfed.errors import ConfigError
 from hetfed.executors.simulate import resolve_device
 from hetfed.models import MLP
-from tests.test_capture import _data, _stack
+from tests.engine.test_capture import _data, _stack
 
 pytestmark = [pytest.mark.slow,
               pytest.mark.skipif(capture.compiler_missing(), reason="torch.compile needs a C++ compiler (g++)")]

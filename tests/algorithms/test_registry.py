@@ -102,14 +102,14 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     """One Flower run holds every registered algorithm (one Ray start), so the test costs one simulation —
     this file's toy algorithm included: Flower's ClientApps import this module as a plugin."""
     pytest.importorskip("flwr")
-    root = str(Path(__file__).resolve().parents[1])
+    root = str(Path(__file__).resolve().parents[2])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    # asynchronous methods refuse client sampling (their concurrency says who trains); tests/test_async.py runs
+    # asynchronous methods refuse client sampling (their concurrency says who trains); tests/executors/test_async.py runs
     # them on Flower
     names = [n for n in registry.names() if not registry.get(n).capabilities.asynchronous]
     assert TOY in names
     # half the clients per round: server state that depends on who took part (SCAFFOLD's c, AFL's valuations)
-    extra = {"plugins": ["tests.test_registry"], "train": {**SMALL["train"], "client_fraction": 0.5}}
+    extra = {"plugins": ["tests.algorithms.test_registry"], "train": {**SMALL["train"], "client_fraction": 0.5}}
     flower = run_experiment(_config(names, "flower", **extra), out=tmp_path / "f", progress=False).summary
     vec = run_experiment(_config(names, "vectorised", **extra), out=tmp_path / "v", progress=False).summary
     _same(vec, flower)
