@@ -72,7 +72,6 @@ class _Shared:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.entries: dict[str, tuple[threading.Event, list[Prepared]]] = {}
-        self.computed = 0  # preparations computed (the rest were shared)
 
 
 _SHARED: _Shared | None = None
@@ -127,7 +126,6 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
         return _prepare(config, progress, status)  # the first attempt failed: this run meets the error itself
     try:
         slot.append(_prepare(config, progress, status))
-        shared.computed += 1
     finally:
         if not slot:
             with shared.lock:

@@ -445,16 +445,20 @@ class SweepProgress:
         if self.console is None or now - self._shown < 10 or done <= 0:
             return
         self._shown = now
-        eta = (now - self.t0) / done * max(total - done, 0)
         self.console.print(f"{time.strftime('%H:%M:%S')} [stacked, {self.total - self.done} runs: round {done}/{total} "
-                           f"of the method training now, its ETA {_duration(eta)}]", soft_wrap=True)
+                           f"of the method training now, its {self._rounds_eta()}]", soft_wrap=True)
+
+    def _rounds_eta(self) -> str:
+        """A stacked sweep's ETA for the method training now, from the rounds its stack has trained."""
+        assert self.rounds is not None
+        done, total = self.rounds
+        return f"ETA {_duration((time.perf_counter() - self.t0) / done * max(total - done, 0))}"
 
     def _eta(self, remaining: int) -> str:
         if not self.stacked:
             return f"ETA {_duration((time.perf_counter() - self.t0) / self.timed * remaining)}"
         if remaining and self.rounds and self.rounds[0] < self.rounds[1]:
-            done, total = self.rounds
-            return f"this method's ETA {_duration((time.perf_counter() - self.t0) / done * (total - done))}"
+            return f"this method's {self._rounds_eta()}"
         return "the rest finish with it" if remaining else "done"
 
     def finished(self, point: dict[str, Any], seed: int, outcome: tuple[str, object]) -> None:
