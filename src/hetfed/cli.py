@@ -482,7 +482,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 def cmd_merge(args: argparse.Namespace) -> int:
     from hetfed.analysis.merge import merge_sweeps
-    from hetfed.runs.sweep import print_table
+    from hetfed.runs.sweep_tables import print_table
 
     merged = merge_sweeps(args.dirs, args.out)
     for problem in merged.figure_problems:

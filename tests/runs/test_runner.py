@@ -11,7 +11,7 @@ from hetfed.config_io import parse_grid
 from hetfed.errors import RunError
 from hetfed.runs.rundir import read_summary
 from hetfed.runs.runner import run_experiment
-from hetfed.runs.sweep import aggregate, ci95
+from hetfed.runs.sweep_tables import aggregate, ci95
 
 
 def test_main_job_reaches_high_accuracy(tmp_path, capsys):

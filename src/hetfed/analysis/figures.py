@@ -241,7 +241,7 @@ def _log_scale(values: list[Any]) -> bool:
 
 
 def _ci_note(rows: list[dict]) -> str:
-    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI
+    from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI
 
     ns = sorted({int(r["n"]) for r in rows})
     n = str(ns[0]) if len(ns) == 1 else f"{ns[0]}–{ns[-1]}"
@@ -261,9 +261,9 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
     if isinstance(grid, str):  # one key, values from the table
         grid = {grid: sorted({r[grid] for r in table}, key=grid_order)}
     keys = list(grid)
-    from hetfed.runs.sweep import _cell
+    from hetfed.runs.sweep_tables import cell
 
-    order = {k: [_cell(v) for v in grid[k]] for k in keys}
+    order = {k: [cell(v) for v in grid[k]] for k in keys}
     xkey = next((k for k in keys if _numeric(order[k]) and len(order[k]) > 1), keys[0])
     others = [k for k in keys if k != xkey]
     panels = [dict(zip(others, combo, strict=True)) for combo in _product([order[k] for k in others])]
@@ -336,7 +336,7 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
 
     ``curves[method][grid point] = [run's [(round, value)], …]``.
     """
-    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI, ci95
+    from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI, ci95
 
     methods = sorted(curves)
     ncols = min(3, len(methods))

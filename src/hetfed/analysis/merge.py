@@ -40,13 +40,8 @@ from hetfed.runs.rundir import (
     SWEEP_TABLE,
     write_json_atomic,
 )
-from hetfed.runs.sweep import (
-    aggregate_values,
-    config_diff,
-    point_name,
-    write_heterogeneity,
-    write_table,
-)
+from hetfed.runs.sweep import config_diff
+from hetfed.runs.sweep_tables import aggregate_values, point_name, write_heterogeneity, write_table
 
 RUNS, CURVES = RUNS_TABLE, CURVES_TABLE
 

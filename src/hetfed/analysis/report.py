@@ -105,7 +105,7 @@ def per_client(rows: list[dict], method: str, metric: str, rnd: int | None) -> l
 
 def mean_ci(values: list[float]) -> tuple[float, float, int]:
     """Mean, 95% CI half-width (Student t) and n of the finite values."""
-    from hetfed.runs.sweep import ci95
+    from hetfed.runs.sweep_tables import ci95
 
     v = [x for x in values if x is not None and not math.isnan(x)]
     return (float(np.mean(v)) if v else math.nan), ci95(v), len(v)
@@ -344,7 +344,7 @@ def base_config(request: dict):
 def sweep_report(d: Path) -> str:
     from hetfed.analysis.figures import plot_client_distributions
     from hetfed.analysis.results import sweep_figures
-    from hetfed.runs.sweep import MIN_SEEDS_FOR_CI, point_name
+    from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI, point_name
 
     record = _json(d / SWEEP_RECORD) or {}
     request = _json(d / SWEEP_REQUEST) or {}

@@ -9,7 +9,7 @@ from typing import Any
 
 from hetfed.config import Config
 from hetfed.runs.rundir import METRICS
-from hetfed.runs.sweep import point_name
+from hetfed.runs.sweep_tables import point_name
 
 
 def _view_pairs(config: Config | None) -> list[tuple[str, str]]:

@@ -1,0 +1,174 @@
+"""A sweep's tables: what each run contributes (``runs.csv``, one value per seed), the aggregate over seeds with
+95% CIs (``sweep.csv``, ``heterogeneity.csv``), the learning curves (``curves.csv``), and the console's table. Read
+back by ``hetfed merge``, the report and the figures, so they live apart from the driver that runs the sweep."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from rich.console import Console
+from rich.table import Table
+
+from hetfed.runs.rundir import METRICS
+
+#: the metrics aggregated per method (final and best-by-validation)
+AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
+              "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
+              "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
+              "global_accuracy_other", "gate_own", "gate_other")
+
+
+def value_key(value: Any) -> str:
+    """A hashable, stable, compact spelling of a grid value (lists and dicts included)."""
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, sort_keys=True, separators=(",", ":"))
+
+
+#: fewer seeds than this get no confidence interval anywhere — the console table, sweep.csv, report.html and
+#: the figures: Student t on one degree of freedom (n = 2) makes the 95% CI 12.7 × the standard error
+MIN_SEEDS_FOR_CI = 3
+
+
+def ci95(values: list[float]) -> float:
+    """Half-width of the 95% confidence interval of the mean over seeds (Student t); NaN with fewer than
+    :data:`MIN_SEEDS_FOR_CI` finite values (no interval, not a zero-width one)."""
+    from hetfed.engine.evaluate import ci95_over
+
+    finite = [v for v in values if v is not None and not math.isnan(v)]
+    return ci95_over(finite) if len(finite) >= MIN_SEEDS_FOR_CI else math.nan
+
+
+def mean_ci_text(mean: float, ci: float) -> str:
+    """``0.8123 ± 0.0100``, or ``0.8123 ± –`` where there is no CI (too few seeds)."""
+    return f"{mean:.4f} ± {ci:.4f}" if not math.isnan(ci) else f"{mean:.4f} ± –"
+
+
+def point_name(point: dict[str, Any]) -> str:
+    """The folder name of a grid point (no path separators, whatever the values)."""
+    return ",".join(f"{k}={value_key(v)}" for k, v in point.items()).replace("/", "%2F") or "base"
+
+
+def write_heterogeneity(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    """Table 1 of the CGAU paper: Γ (and label skew) per grid point, mean ± 95% CI."""
+    cols = [*keys, "metric", "mean", "ci95", "n"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for row in rows:
+            if row["method"] == "(data)":
+                w.writerow({c: row[c] for c in cols})
+
+
+def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
+    """Every (method, metric, value) one run contributes to a sweep's tables: Γ as method ``(data)``, and per
+    method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
+    ``best_round`` and the timings."""
+    yield "(data)", "gamma", summary["gamma"]
+    for key in ("gamma_iid", "gamma_excess"):  # runs made before the IID reference have none
+        value = summary["heterogeneity"].get(key)
+        if value is not None and not math.isnan(value):
+            yield "(data)", key, value
+    yield "(data)", "label_emd_mean", summary["heterogeneity"]["label_emd_mean"]
+    for label, m in summary["methods"].items():
+        for when in ("final", "best"):
+            for metric in AGGREGATED:
+                value = m[when].get(metric)
+                if value is not None:
+                    yield label, f"{when}.{metric}", value
+        if m.get("best_round") is not None:
+            yield label, "best_round", m["best_round"]
+        yield label, "seconds_per_round", m["seconds_per_round"]
+        if m.get("server_seconds_per_round") is not None:
+            yield label, "server_seconds_per_round", m["server_seconds_per_round"]
+
+
+def aggregate(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys: list[str]) -> list[dict[str, Any]]:
+    """Mean ± 95% CI over seeds, per grid point × method × metric."""
+    return aggregate_values(((tuple(cell(point[k]) for k in keys), method, metric, value)
+                             for point, _seed, summary in summaries
+                             for method, metric, value in run_values(summary)), keys)
+
+
+def aggregate_values(values: Iterable[tuple[tuple[Any, ...], str, str, float]], keys: list[str]) -> list[dict[str, Any]]:
+    """Mean ± 95% CI over seeds of ``(grid point cells, method, metric, one run's value)`` items, per grid point ×
+    method × metric, in the order first seen — what :func:`aggregate` computes from run summaries, and
+    ``hetfed merge`` from the runs.csv of sweeps whose run directories are gone."""
+    groups: dict[tuple[Any, ...], dict[str, list[float]]] = {}
+    for pkey, method, metric, value in values:
+        groups.setdefault((pkey, method), {}).setdefault(metric, []).append(value)
+    rows = []
+    for (pkey, method), metrics in groups.items():
+        for metric, vals in metrics.items():
+            row = dict(zip(keys, pkey, strict=True))
+            row.update(method=method, metric=metric, mean=float(np.mean(vals)), ci95=ci95(vals), n=len(vals),
+                       min=float(np.min(vals)), max=float(np.max(vals)))
+            rows.append(row)
+    return rows
+
+
+def write_runs(path: Path, summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys: list[str]) -> None:
+    """runs.csv: one row per grid point × seed × method × metric with the run's own value — what paired
+    comparisons (:mod:`hetfed.analysis.paired`) and the reproduction table are computed from, and small enough
+    to keep in ``results/`` where the run directories are not."""
+    with open(path, "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([*keys, "seed", "method", "metric", "value"])
+        for point, seed, summary in summaries:
+            cells = [cell(point[k]) for k in keys]
+            for method, metric, value in run_values(summary):
+                w.writerow([*cells, seed, method, metric, repr(float(value))])
+
+
+#: the per-round series curves.csv keeps (the rest stay in each run's metrics.csv)
+CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "server_accuracy", "global_auc", "local_auc_mean")
+
+
+def write_curves(path: Path, runs: list[tuple[dict[str, Any], int, Path]], keys: list[str]) -> None:
+    """curves.csv: every run's round-by-round evaluation (grid keys, seed, method, round, metric, value) for
+    :data:`CURVES` — learning curves per seed, small enough to keep where the run directories are not (which
+    round a paper reports matters when a curve oscillates)."""
+    with open(path, "w", newline="") as out:
+        w = csv.writer(out)
+        w.writerow([*keys, "seed", "method", "round", "metric", "value"])
+        for point, seed, run_dir in runs:
+            cells = [cell(point[k]) for k in keys]
+            metrics = Path(run_dir) / METRICS
+            if not metrics.is_file():
+                continue
+            with open(metrics, newline="") as fh:
+                for row in csv.DictReader(fh):
+                    if row["split"] == "summary" and row["metric"] in CURVES:
+                        w.writerow([*cells, seed, row["method"], row["round"], row["metric"], row["value"]])
+
+
+def cell(value: Any) -> Any:
+    """A grid value as a table cell: scalars as they are, lists and dicts as compact JSON."""
+    return value if value is None or isinstance(value, str | int | float | bool) else value_key(value)
+
+
+def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
+    cols = [*keys, "method", "metric", "mean", "ci95", "n"]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=cols)
+        w.writeheader()
+        for row in rows:
+            w.writerow({c: row[c] for c in cols})
+
+
+def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
+        "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
+        "best.global_auc", "best.local_auc_mean")) -> None:
+    table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
+    for col in [*keys, "method", "metric", "mean ± CI", "n"]:
+        table.add_column(col, justify="right")
+    for row in rows:
+        if row["metric"] in metrics:
+            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"], mean_ci_text(row["mean"], row["ci95"]), str(row["n"]))
+    console.print(table)
