@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetfed.config import Config, build_config, warn_unread
+from hetfed.config import Config, as_given, build_config, warn_unread
 from hetfed.config_io import parse_overrides, read_yaml
 from hetfed.errors import ConfigError, RunError
 from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
@@ -58,7 +58,7 @@ def load_config(source: str | Path | dict | Config | None = None,
     """
     extra = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
     if isinstance(source, Config):
-        raw = source.model_dump(mode="json")
+        raw = as_given(source)
     elif isinstance(source, dict):
         raw = source
     elif source is None or isinstance(source, str | Path):

@@ -137,6 +137,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("components", help="every registered component of every kind (" + ", ".join(sorted(KINDS))
                        + "): what names it and its parameters")
     p.add_argument("kind", nargs="?", help="one kind: " + ", ".join(sorted(KINDS)))
+    p.add_argument("name", nargs="?", help="one component of that kind (its parameters: the keys beside its name)")
     p.add_argument("--json", action="store_true", help="machine-readable: every field of every component")
     p.set_defaults(func=cmd_components)
 
@@ -210,7 +211,7 @@ def cmd_components(args: argparse.Namespace) -> int:
 
     from hetfed.components import components
 
-    listed = components(args.kind)
+    listed = components(args.kind, args.name)
     if args.json:
         console.print_json(json.dumps(listed))
         return 0
@@ -220,7 +221,6 @@ def cmd_components(args: argparse.Namespace) -> int:
             extra = [f"paper: {c['paper']}"] if c.get("paper") else []
             extra += [("streams" if c["streams"] else "needs every update of a round")] if "streams" in c else []
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
-            extra += [f"reads {', '.join(c['reads'])}"] if c.get("reads") else []
             extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
             extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []
             extra += ["clients elsewhere" if not c["in_process"] else "clients in this process"] if "in_process" in c else []

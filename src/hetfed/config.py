@@ -18,114 +18,123 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    PrivateAttr,
+    SerializationInfo,
+    SerializerFunctionWrapHandler,
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_serializer,
     model_validator,
 )
 
 from hetfed import config_legacy
 from hetfed.config_io import parse_overrides, read_yaml, set_dotted
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import registry_of
+from hetfed.registry import ComponentParams, registry_of
 
 
 class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default.
-
-    ``chosen_by`` = (kind of component, field): the field that picks a registered component (``kind``, a
-    dataset's ``name``) and the registry it names one of. Each component declares the keys of the section only it
-    reads (``reads``); a value other than the default of a key the chosen one does not read is noted
-    (:func:`unread_keys`).
-    """
+    """Unknown keys are errors: a typo must not silently fall back to a default."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
-    chosen_by: ClassVar[tuple[str, str] | None] = None
 
-    @property
-    def chooser(self) -> str | None:
-        return self.chosen_by[1] if self.chosen_by else None
+
+class _Chosen(_Strict):
+    """A section that names one registered component and carries that component's own parameters beside the
+    choice: ``partition: {kind: dirichlet, alpha: 0.1}``.
+
+    ``chosen_by`` = (kind of component, field that names one). The section's fields are what every component of
+    the kind shares; any other key is the chosen component's, validated by the ``Params`` its file declares, so a
+    key it does not have is refused with the keys it takes. :attr:`params` is the validated model; a dump writes
+    it in full (every parameter, defaults filled), :func:`as_given` only what was given."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
+    chosen_by: ClassVar[tuple[str, str]]
+    _params: ComponentParams = PrivateAttr(default_factory=ComponentParams)
 
     @model_validator(mode="after")
-    def _registered_choice(self) -> _Strict:
-        """The chooser names a registered component (discovered, not listed here)."""
-        if self.chosen_by is not None:
-            kind, field = self.chosen_by
-            registry_of(kind).get(getattr(self, field))
+    def _component_params(self, info: ValidationInfo) -> _Chosen:
+        kind, field = self.chosen_by
+        registry = registry_of(kind)  # the component's own declaration (discovered, not listed here)
+        where = (info.context or {}).get("where", registry.params_key)
+        registry.get(getattr(self, field), f"{where}.{field}")
+        self._params = registry.params(getattr(self, field), self.model_extra or {}, where)
         return self
 
+    @model_serializer(mode="wrap")
+    def _with_params(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
+        data = handler(self)
+        if not (info.context or {}).get("as_given"):
+            data.update(self._params.model_dump(mode=info.mode))
+        return data
 
-class DatasetConfig(_Strict):
-    """Which data to load. ``data_dir`` is searched first, then standard places."""
+    @property
+    def chooser(self) -> str:
+        return self.chosen_by[1]
 
-    chosen_by: ClassVar[tuple[str, str] | None] = ("dataset", "name")
+    @property
+    def choice(self) -> str:
+        return str(getattr(self, self.chosen_by[1]))
+
+    @property
+    def params(self) -> Any:
+        """The chosen component's validated parameters (its ``Params`` model, frozen)."""
+        return self._params
+
+    def given_for(self, name: str) -> dict[str, Any]:
+        """This section as given, for a method that chooses component ``name`` instead: the shared keys, and the
+        given parameters that ``name`` takes too (a top-level ``model.hidden`` reaches a method's ``cgau``, not
+        its ``cnn4``)."""
+        shared = {k: v for k, v in self.model_dump(mode="json", context={"as_given": True}).items()
+                  if k in type(self).model_fields}
+        takes = registry_of(self.chosen_by[0]).get(name).Params.model_fields
+        return {**shared, **{k: v for k, v in (self.model_extra or {}).items() if k in takes}}
+
+
+class DatasetConfig(_Chosen):
+    """Which data to load. ``data_dir`` is searched first, then standard places; a dataset's own keys (arrays:
+    ``path``; fortunes: ``categories``; shakespeare: ``plays``, ``window_stride``; nodes: ``features``,
+    ``classes``) sit beside ``name`` (`hetfed components dataset NAME`)."""
+
+    chosen_by: ClassVar[tuple[str, str]] = ("dataset", "name")
 
     name: str = Field("digits", description="a registered dataset (`hetfed components dataset`)")
     data_dir: str | None = None
-    path: str | None = Field(None, description="file for name=arrays (.npz or .parquet)")
     test_fraction: float = Field(
         0.2, gt=0, lt=1, description="held-out share when the data has no test split"
     )
     positive_class: int | str | None = Field(
         None, description="make a binary task: this class (an id, or a label name such as Cough) against all others"
     )
-    categories: list[str] | None = Field(
-        None, description="fortunes: the category files, one class each (default: people, definitions, cookie, "
-        "computers — the four largest)")
-    plays: list[str] | None = Field(
-        None, description="shakespeare: the plays to load, by file stem (tempest, hamlet, …); null: all of them")
-    window_stride: int = Field(
-        1, ge=1, description="shakespeare: every n-th 80-character window (LEAF: 1, every window)")
-    features: int | None = Field(
-        None, ge=1, description="nodes: the number of feature columns every node's file has (checked on the node)")
-    classes: list[int | str] | None = Field(
-        None, description="nodes: the label values of the nodes' label columns, in class order (class id = position)")
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
     )
 
 
-class EmbedConfig(_Strict):
-    """The frozen feature extractor between loading and partitioning."""
+class EmbedConfig(_Chosen):
+    """The frozen feature extractor between loading and partitioning; an extractor's own keys (pca:
+    ``components``; tokens: ``max_length``, ``vocab_size``, ``min_count`` …) sit beside ``kind``."""
 
-    chosen_by: ClassVar[tuple[str, str] | None] = ("embedding", "kind")
+    chosen_by: ClassVar[tuple[str, str]] = ("embedding", "kind")
 
     kind: str = Field("identity", description="a registered extractor (`hetfed components embedding`)")
-    components: int = Field(32, ge=1, description="output size for kind=pca")
-    image_size: int = Field(224, ge=32, description="input side for efficientnet_lite0")
     batch_size: int = Field(64, ge=1)
     cache_dir: str | None = None
     device: Literal["auto", "cpu", "cuda"] = "auto"
-    max_length: int = Field(64, ge=1, description="tokens: every text padded or truncated to this many tokens")
-    vocab_size: int = Field(10_000, ge=3, description="tokens: the vocabulary's size, padding and unknown included")
-    min_count: int = Field(1, ge=1, description="tokens: a word needs this many training occurrences to get an id")
-    weights: str | None = Field(None, description="yamnet: the converted weights file (see the README's Data section)")
 
 
-class PartitionConfig(_Strict):
-    """How the data is split over simulated clients (see hetfed.partition)."""
+class PartitionConfig(_Chosen):
+    """How the data is split over simulated clients (see hetfed.partition); a partitioner's own keys (dirichlet:
+    ``alpha`` …; `hetfed components partitioner NAME`) sit beside ``kind``."""
 
-    chosen_by: ClassVar[tuple[str, str] | None] = ("partitioner", "kind")
+    chosen_by: ClassVar[tuple[str, str]] = ("partitioner", "kind")
 
     kind: str = Field("feature_clusters", description="a registered partitioner (hetfed.partition): iid, shards, "
                       "majority, dirichlet, feature_clusters, natural, or a plugin's")
     clients: int | None = Field(10, ge=1)
-    shuffle: float = Field(0.0, ge=0, le=1)
-    alpha: float = Field(0.5, gt=0)
-    p: float = Field(0.8, ge=0, le=1)
-    majority_classes: int = Field(2, ge=1)
-    n_shards: int | None = Field(None, ge=1)
-    shards_per_client: int = Field(2, ge=1)
-    shard_cut: Literal["within_class", "sorted"] = Field(
-        "within_class", description="shards: cut within each class (no shard straddles two labels), or McMahan et "
-        "al.'s sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)")
     opt_out: float = Field(0.0, ge=0, le=1)
-    min_size: int = Field(10, ge=0)
-    natural_min_samples: int = Field(
-        1, ge=1, description="natural: clients holding fewer training samples are left out (their data unused)")
-    samples_per_client: int | None = Field(None, ge=1)
-    pca_components: int = Field(2, ge=1)
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
 
@@ -152,28 +161,13 @@ class HeterogeneityConfig(_Strict):
     )
 
 
-class ModelConfig(_Strict):
-    """The network every client trains. ``hidden`` are the MLP widths."""
+class ModelConfig(_Chosen):
+    """The network every client trains: ``kind`` and that kind's own keys (mlp: ``hidden``, ``dropout`` …;
+    `hetfed components model NAME`)."""
 
-    chosen_by: ClassVar[tuple[str, str] | None] = ("model", "kind")
+    chosen_by: ClassVar[tuple[str, str]] = ("model", "kind")
 
     kind: str = Field("mlp", description="a registered model (`hetfed components model`)")
-    hidden: list[int] = Field(default_factory=lambda: [64, 64])
-    dropout: float = Field(0.0, ge=0, lt=1)
-    condition_output: bool = Field(False, description="cgau: also condition the logits on the client")
-    batch_norm: bool = Field(False, description="cnn4: batch normalisation after each convolution and the hidden "
-                                                "fully connected layer (running statistics kept per client: FedBN)")
-    embedding_dim: int = Field(100, ge=1, description="bilstm, charlstm: the token (character) embedding's width "
-                               "(McMahan et al.'s character LSTM: 8)")
-    lstm_hidden: int = Field(64, ge=1, description="bilstm: the LSTM's width in each direction; charlstm: each "
-                             "layer's width (McMahan et al.: 256)")
-    lstm_layers: int = Field(2, ge=1, le=4, description="charlstm: stacked LSTM layers (McMahan et al.: 2)")
-
-    @model_validator(mode="after")
-    def _positive_widths(self) -> ModelConfig:
-        if any(h < 1 for h in self.hidden):
-            raise ValueError(f"model.hidden = {self.hidden}: every width must be ≥ 1")
-        return self
 
 
 class OptimizerConfig(_Strict):
@@ -660,19 +654,16 @@ class Config(_Strict):
                 raise ValueError(f"server.compression = {server.get('compression')} is not allowed with methods.{i}"
                                  f".algorithm = {m.algorithm!r}: it uploads no model to compress; expected the default "
                                  f"{ServerConfig().compression} for this method (methods.{i}.server.compression)")
-            _validate_override(ModelConfig, self.model, m.model, f"methods.{i}.model")
-            _validate_override(TrainConfig, self.train, m.train, f"methods.{i}.train")
-            _validate_override(ServerConfig, self.server, m.server, f"methods.{i}.server")
+            for section in METHOD_SECTIONS:
+                method_section(self, m, section, f"methods.{i}.{section}")
             if scope == "run":
                 self._check_model(i, m, caps)
         return self
 
     def _check_model(self, i: int, method: MethodConfig, caps) -> None:
         """The model reads what the data gives (feature vectors, token ids, character windows: each model kind
-        declares its inputs, each dataset and extractor what it gives), passes its kind's own check, and the
-        algorithm supports it."""
-        model = self.method_model(method)
-        kind = model.kind
+        declares its inputs, each dataset and extractor what it gives), and the algorithm supports it."""
+        kind = self.method_model(method).kind
         models = registry_of("model")
         spec = models.get(kind)
         gives = registry_of("embedding").get(self.embed.kind).gives or registry_of("dataset").get(
@@ -683,9 +674,6 @@ class Config(_Strict):
             raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not allowed "
                              f"(dataset.name = {self.dataset.name!r}): the model reads {spec.inputs}, the data gives "
                              f"{gives}, which {need}")
-        problem = spec.check({k: getattr(model, k) for k in spec.reads}) if spec.check else None
-        if problem:
-            raise ValueError(f"methods.{i} {problem}")
         if caps.model_kinds is not None and kind not in caps.model_kinds:
             raise ValueError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = "
                              f"{kind!r}: {caps.model_reason or 'unsupported'}; expected model.kind in "
@@ -720,19 +708,14 @@ def _import_plugins(modules: list[str]) -> None:
 def migrate_legacy(raw: dict) -> dict:
     """A config written by an older hetfed (a run directory's config.yaml) in today's keys
     (:func:`hetfed.config_legacy.migrate_legacy`)."""
-    return config_legacy.migrate_legacy(raw, ServerConfig().model_dump(mode="json"))
+    chosen = {name: (*section.chosen_by, frozenset(section.model_fields)) for name, f in Config.model_fields.items()
+              if isinstance(section := f.annotation, type) and issubclass(section, _Chosen)}
+    return config_legacy.migrate_legacy(raw, ServerConfig().model_dump(mode="json"), chosen)
 
 
 def load_run_config(path: str | Path) -> Config:
     """The config of a run directory (``config.yaml``), written by this or an older hetfed."""
     return build_config(migrate_legacy(read_yaml(path)))
-
-
-def _validate_override(schema: type[BaseModel], base: BaseModel, override: dict, where: str) -> None:
-    try:
-        schema(**_deep_merge(base.model_dump(), override))
-    except ValidationError as err:
-        raise ValueError(f"in {where}: {_format_errors(err, prefix='')}") from None
 
 
 def _deep_merge(base: dict, override: dict) -> dict:
@@ -770,7 +753,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     method's model need not suit the data)."""
     # start from the defaults so --set can reach into default lists (methods.0.…)
     try:
-        merged = _deep_merge(Config().model_dump(mode="json"), raw or {})
+        merged = _deep_merge(as_given(Config()), raw or {})
     except AttributeError:
         raise ConfigError("invalid config: every section must be a mapping of keys") from None
     items = _flatten(overrides or {})
@@ -778,12 +761,14 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     # top-level keys, which replace the file's per-method values of the same key; then the per-method overrides
     typed_methods = any(key == "methods" for key, _ in items)
 
-    def rank(item: tuple[str, Any]) -> int:
-        return 0 if item[0] == "methods" else 2 if item[0].startswith("methods.") else 1
+    def rank(item: tuple[str, Any]) -> tuple[int, bool]:  # a choice of component before its parameters
+        level = 0 if item[0] == "methods" else 2 if item[0].startswith("methods.") else 1
+        return level, not item[0].endswith((".kind", ".name"))
 
     for key, value in sorted(items, key=rank):
         if not typed_methods and key.split(".")[0] != "methods":
             _override_methods(merged, key, value)
+        _rechoose(merged, key, value)
         set_dotted(merged, key, value)
     try:
         return Config.model_validate(merged, context={"scope": scope})
@@ -820,28 +805,38 @@ def _override_methods(merged: dict[str, Any], key: str, value: Any) -> None:
                       OverriddenKey, stacklevel=3)
 
 
+def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
+    """An override that chooses another component (``--set partition.kind=dirichlet``) drops the file's parameters
+    of the one it replaces that the new one does not take (``partition.p`` of ``majority``), with a note naming
+    each: they were written for the other choice. (A parameter typed with the override itself is kept.)"""
+    import warnings
+
+    *path, leaf = key.split(".")
+    if not path or path[0] not in Config.model_fields or (path[0] == "methods" and len(path) != 3):
+        return
+    schema = Config.model_fields[path[-1] if path[0] == "methods" else path[0]].annotation
+    node: Any = merged
+    for part in path:
+        node = node[int(part)] if isinstance(node, list) and part.isdigit() and int(part) < len(node) else (
+            node.get(part) if isinstance(node, dict) else None)
+    if not (isinstance(schema, type) and issubclass(schema, _Chosen) and leaf == schema.chosen_by[1]
+            and isinstance(node, dict)) or node.get(leaf) == value:
+        return
+    component = registry_of(schema.chosen_by[0]).find(str(value))
+    if component is None:
+        return  # validation names the choice that is not registered
+    where = ".".join(path)
+    for param in [k for k in node if k not in schema.model_fields and k not in component.Params.model_fields]:
+        warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} chose a "
+                      f"{registry_of(schema.chosen_by[0]).noun} that does not take it", OverriddenKey, stacklevel=4)
+
+
 class OverriddenKey(HetfedNote):
     """A method's own value of a key was replaced by a top-level override of that key."""
 
 
 class UnreadKey(HetfedNote):
     """A key set to a value other than its default that nothing the config chose reads."""
-
-
-def _unread(section: _Strict) -> dict[str, list[str]]:
-    """The fields of ``section`` set to a value other than their default that its chosen component does not read,
-    each with the registered components that do read it (each declares its ``reads``)."""
-    if section.chosen_by is None:
-        return {}
-    kind, chooser = section.chosen_by
-    readers: dict[str, list[str]] = {}
-    for name, component in registry_of(kind).items():
-        for key in component.reads:
-            readers.setdefault(key, []).append(name)
-    choice = getattr(section, chooser)
-    fields = type(section).model_fields
-    return {key: names for key, names in readers.items() if key in fields and choice not in names
-            and getattr(section, key) != fields[key].get_default(call_default_factory=True)}
 
 
 def _away_from_default(section: _Strict) -> dict[str, Any]:
@@ -875,42 +870,26 @@ def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str
 
 
 def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
-    """One note per setting that is applied to nothing: a key of a section whose ``kind`` (or dataset ``name``)
-    does not read it (each component declares the keys it reads), or a ``server`` key where no method's algorithm has a
-    server model, keyed by its dotted key. A top-level key of a section a method may override is noted when no
-    method reads it."""
-    registry = registry_of("algorithm")
-
-    notes: dict[str, str] = {}
-    for name in Config.model_fields:
-        section = getattr(config, name)
-        if isinstance(section, _Strict) and section.chooser and name not in METHOD_SECTIONS:
-            for key, readers in _unread(section).items():
-                notes[f"{name}.{key}"] = (f"{name}.{key} = {getattr(section, key)!r} is not read with "
-                                          f"{name}.{section.chooser} = {getattr(section, section.chooser)!r}: it "
-                                          f"applies to {section.chooser} {' / '.join(readers)}")
-    notes.update(_unread_flower(config, executor))
-    for section_name in METHOD_SECTIONS:
-        top_unread: list[set[str]] = []
-        for i, m in enumerate(config.methods):
-            section = method_section(config, m, section_name)
-            unread = dict(_unread(section))
-            if section_name == "server" and not registry.get(m.algorithm).capabilities.server_model:
-                unread.update({k: [] for k in _away_from_default(section)})
-            own = getattr(m, section_name)
-            for key, readers in unread.items():
-                if key not in own:
-                    continue
-                why = (f"it applies to {section.chooser} {' / '.join(readers)}" if readers else
-                       f"algorithm {m.algorithm!r} has no server model")
-                chosen = f" with {section.chooser} = {getattr(section, section.chooser)!r}" if readers else ""
-                where = f"methods.{i}.{section_name}.{key}"
-                notes[where] = f"{where} = {own[key]!r} is not read{chosen}: {why}"
-            top_unread.append({k for k in unread if k not in own})
-        for key in sorted(set.intersection(*top_unread)) if top_unread else ():
-            value = getattr(getattr(config, section_name), key)
-            notes[f"{section_name}.{key}"] = (f"{section_name}.{key} = {value!r} is not read by any method (see "
-                                              "`hetfed config` for each method's settings)")
+    """One note per setting that is applied to nothing, keyed by its dotted key: a ``flower`` key where the run's
+    clients are in this process, a ``server`` key where the method's algorithm has no server model, a top-level
+    ``model`` parameter that no method's model kind takes. (A key the chosen component does not have at all is
+    refused by its ``Params``, not noted.)"""
+    algorithms = registry_of("algorithm")
+    notes = _unread_flower(config, executor)
+    serves = [algorithms.get(m.algorithm).capabilities.server_model for m in config.methods]
+    for i, (m, server_model) in enumerate(zip(config.methods, serves, strict=True)):
+        for key, value in ([] if server_model else _flatten(m.server)):
+            notes[f"methods.{i}.server.{key}"] = (f"methods.{i}.server.{key} = {value!r} is not read: algorithm "
+                                                  f"{m.algorithm!r} has no server model")
+    for key, value in ({} if any(serves) else _away_from_default(config.server)).items():
+        notes[f"server.{key}"] = (f"server.{key} = {value!r} is not read by any method: no method's algorithm has a "
+                                  "server model")
+    models = registry_of("model")
+    kinds = {method_section(config, m, "model").kind for m in config.methods}
+    for key, value in (config.model.model_extra or {}).items():
+        if not any(key in models.get(kind).Params.model_fields for kind in kinds):
+            notes[f"model.{key}"] = (f"model.{key} = {value!r} is not read by any method: their model kinds "
+                                     f"{sorted(kinds)} do not take it (see `hetfed config` for each method's settings)")
     return notes
 
 
@@ -945,17 +924,33 @@ def warn_unread(config: Config, executor: str | None = None) -> Config:
     return config
 
 
+def as_given(config: Config) -> dict[str, Any]:
+    """``config`` as plain data the way it was given: each chosen component's parameters only where they were set
+    (a dump fills them all in), so another choice can be merged onto it (``--set partition.kind=iid``)."""
+    return config.model_dump(mode="json", context={"as_given": True})
+
+
 def dump_config(config: Config) -> str:
     """The resolved config as YAML, as written into every run directory, ending with comment lines that say
     what each method runs with where it differs from the top-level sections."""
     return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False) + effective_methods(config)
 
 
-def method_section(config: Config, method: MethodConfig, section: str) -> Any:
+def method_section(config: Config, method: MethodConfig, section: str, where: str | None = None) -> Any:
     """The ``section`` (one of :data:`METHOD_SECTIONS`) a method runs with: top-level, then its own keys (its
-    type is the top-level section's: ``ModelConfig`` for ``model`` …)."""
+    type is the top-level section's: ``ModelConfig`` for ``model`` …). A method that chooses another component
+    than the top-level section (``methods[i].model.kind``) gets the top-level parameters that component takes.
+    ``where``: the key errors name (``methods.0.model``)."""
     top = getattr(config, section)
-    return type(top)(**_deep_merge(top.model_dump(), getattr(method, section)))
+    own = getattr(method, section)
+    base = top.given_for(str(own.get(top.chooser, top.choice))) if isinstance(top, _Chosen) else top.model_dump()
+    if where is None:
+        return type(top).model_validate(_deep_merge(base, own))
+    try:
+        return type(top).model_validate(_deep_merge(base, own), context={"where": where})
+    except ValidationError as err:
+        message = _format_errors(err, prefix="")
+        raise ValueError(message if f"'{where}." in message else f"in {where}: {message}") from None
 
 
 def effective_methods(config: Config) -> str:
@@ -974,13 +969,6 @@ def effective_methods(config: Config) -> str:
 def _check_nodes_dataset(config: Config) -> None:
     """``dataset.name = nodes``: the data is on the SuperNodes, so the run states its schema, runs on Flower and
     needs no server data cut from a dataset."""
-    ds = config.dataset
-    if ds.features is None or not ds.classes or len(ds.classes) < 2:
-        raise ValueError(f"dataset.name = 'nodes' needs dataset.features (now {ds.features}) and dataset.classes "
-                         f"(now {ds.classes}): expected the feature-column count and ≥ 2 label values every node's "
-                         "file uses, e.g. features: 30, classes: [benign, malignant]")
-    if len({str(c) for c in ds.classes}) != len(ds.classes):
-        raise ValueError(f"dataset.classes = {ds.classes} repeats a label: expected each class once")
     if config.flower.nodes is None:
         raise ValueError("dataset.name = 'nodes' needs flower.nodes: how many SuperNodes with their own data to wait "
                          "for at set-up, e.g. 3")

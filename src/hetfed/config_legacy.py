@@ -113,15 +113,36 @@ def refuse_legacy(data: dict, server_defaults: dict[str, Any]) -> None:
         raise ValueError(problem)
 
 
-def migrate_legacy(raw: dict, server_defaults: dict[str, Any]) -> dict:
+#: a section that names a component: (kind of component, the key that names one, the section's shared keys)
+Chosen = tuple[str, str, frozenset[str]]
+
+
+def _keep_taken(section: Any, chosen: Chosen, choice: str | None) -> None:
+    """Drop the keys of a component section that its chosen component does not take: an older hetfed wrote every
+    component's keys into one flat section (``partition.alpha`` beside ``kind: feature_clusters``), unread."""
+    kind, chooser, shared = chosen
+    if not isinstance(section, dict):
+        return
+    component = registry_of(kind).find(str(section.get(chooser, choice)))
+    if component is None:
+        return  # not registered here: validation names it
+    for key in [k for k in section if k not in shared and k not in component.Params.model_fields]:
+        del section[key]
+
+
+def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str, Chosen]) -> dict:
     """A config written by an older hetfed (a run directory's config.yaml) in today's keys.
 
     Old top-level sections and ``train.*`` keys become the ``params`` of the methods whose
-    algorithm took them over; the ``train`` keys that moved to ``server`` go there (:data:`MOVED_TO_SERVER`).
+    algorithm took them over; the ``train`` keys that moved to ``server`` go there (:data:`MOVED_TO_SERVER`);
+    a component section keeps the keys its component takes (``chosen``: section → what names its component).
     """
     registry = registry_of("algorithm")
 
     raw = copy.deepcopy(raw)
+    for name, how in chosen.items():
+        _keep_taken(raw.get(name), how, None)
+    top_model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
     methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
     sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
     train_keys = legacy_train_keys()
@@ -143,4 +164,6 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any]) -> dict:
             m["server"] = dict(m.get("server") or {})
             _move_to_server(own_train, m["server"], "train", "server", server_defaults, note=False)
         m["params"] = {**params, **(m.get("params") or {})}
+        if "model" in chosen:
+            _keep_taken(m.get("model"), chosen["model"], str(top_model.get(chosen["model"][1])))
     return raw

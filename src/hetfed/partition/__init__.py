@@ -50,7 +50,7 @@ import numpy as np
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
-from hetfed.registry import Registry
+from hetfed.registry import ComponentParams, Registry, describe_params
 
 Indices = list[np.ndarray]
 
@@ -64,21 +64,23 @@ class Partitioner:
 
     split: Callable[..., Indices]
     ordered: bool = False
-    reads: tuple[str, ...] = ()  # the partition.* keys only it reads (another kind's are noted as unread)
+    Params: type[ComponentParams] = ComponentParams  # its own keys, beside partition.kind
 
 
 #: every partitioner, by ``partition.kind`` (one module of this package each)
 def _described(p: Partitioner) -> dict[str, Any]:
-    return {"summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered, "reads": list(p.reads)}
+    return {"summary": " ".join((p.split.__doc__ or "").split()), "ordered": p.ordered,
+            "params": describe_params(p.Params)}
 
 
 PARTITIONERS: Registry[Partitioner] = Registry("partitioner", __name__, "partition.kind", describe=_described)
 
 
 def register(kind: str, split: Callable[..., Indices], ordered: bool = False,
-             reads: tuple[str, ...] = ()) -> Callable[..., Indices]:
-    """Register ``split(x, y, cfg, rng, client_ids)`` as ``partition.kind = kind``."""
-    PARTITIONERS.register(kind, Partitioner(split, ordered, reads))
+             Params: type[ComponentParams] = ComponentParams) -> Callable[..., Indices]:  # noqa: N803
+    """Register ``split(x, y, cfg, rng, client_ids)`` as ``partition.kind = kind``; ``Params``: its own keys
+    (``cfg.params``)."""
+    PARTITIONERS.register(kind, Partitioner(split, ordered, Params))
     return split
 
 

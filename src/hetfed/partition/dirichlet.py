@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
@@ -15,7 +16,14 @@ from hetfed.partition import (
     register,
     require_clients,
 )
+from hetfed.registry import ComponentParams
 
+
+
+class DirichletParams(ComponentParams):
+    alpha: float = Field(0.5, gt=0, description="the Dirichlet concentration α: small is skewed, large near IID")
+    min_size: int = Field(10, ge=0, description="clients short of this many samples are topped up from the largest (one pass)")
+    samples_per_client: int | None = Field(None, ge=1, description="each client draws its class shares from Dir(α) and this many samples (FedMoE: 100)")
 
 def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
               client_ids: np.ndarray | None = None) -> Indices:
@@ -29,19 +37,19 @@ def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random
     """
     k = require_clients(cfg, len(y))
     n_classes = int(y.max()) + 1
-    if cfg.min_size * k > len(y):
+    if cfg.params.min_size * k > len(y):
         raise PartitionError(
-            f"partition.min_size = {cfg.min_size} is not allowed with {k} clients: it needs "
-            f"{cfg.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
+            f"partition.min_size = {cfg.params.min_size} is not allowed with {k} clients: it needs "
+            f"{cfg.params.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
         )
-    if cfg.samples_per_client is not None:
-        props = rng.dirichlet(np.full(n_classes, cfg.alpha), size=k)
-        return draw_per_client(y, props, cfg.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
-    weights = rng.dirichlet(np.full(k, cfg.alpha), size=n_classes).T  # K × C
+    if cfg.params.samples_per_client is not None:
+        props = rng.dirichlet(np.full(n_classes, cfg.params.alpha), size=k)
+        return draw_per_client(y, props, cfg.params.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
+    weights = rng.dirichlet(np.full(k, cfg.params.alpha), size=n_classes).T  # K × C
     counts = class_counts(y, weights)
-    if cfg.min_size:
-        counts = meet_min_size(counts, cfg.min_size, rng)
+    if cfg.params.min_size:
+        counts = meet_min_size(counts, cfg.params.min_size, rng)
     return allocate_counts(y, counts, rng)
 
 
-register("dirichlet", dirichlet, reads=("alpha", "min_size", "samples_per_client"))
+register("dirichlet", dirichlet, Params=DirichletParams)

@@ -3,18 +3,25 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
 from hetfed.partition import Indices, classes_present, pca_view, register, require_clients
+from hetfed.registry import ComponentParams
 
+
+
+class FeatureClustersParams(ComponentParams):
+    shuffle: float = Field(0.0, ge=0, le=1, description="the fraction of samples reassigned to uniformly random clients (1: IID)")
+    pca_components: int = Field(2, ge=1, description="the PCA plane the per-class k-means clusters are found in")
 
 def feature_clusters(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
                      client_ids: np.ndarray | None = None) -> Indices:
     """The CGAU simulation: clients are regions of the (PCA'd) embedding space."""
     k = require_clients(cfg, len(y))
-    assign = cluster_assignment(x, y, k, cfg.pca_components, rng)
-    assign = reassign_fraction(assign, cfg.shuffle, k, rng)
+    assign = cluster_assignment(x, y, k, cfg.params.pca_components, rng)
+    assign = reassign_fraction(assign, cfg.params.shuffle, k, rng)
     return [np.flatnonzero(assign == c).astype(np.int64) for c in range(k)]
 
 
@@ -59,4 +66,4 @@ def reassign_fraction(assign: np.ndarray, fraction: float, k: int, rng: np.rando
     return out
 
 
-register("feature_clusters", feature_clusters, reads=("shuffle", "pca_components"))
+register("feature_clusters", feature_clusters, Params=FeatureClustersParams)

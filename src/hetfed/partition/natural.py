@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
@@ -10,7 +11,12 @@ from hetfed.partition import (
     Indices,
     register,
 )
+from hetfed.registry import ComponentParams
 
+
+
+class NaturalParams(ComponentParams):
+    natural_min_samples: int = Field(1, ge=1, description="clients holding fewer training samples are left out (their data unused)")
 
 def natural(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator | None = None,
             client_ids: np.ndarray | None = None) -> Indices:
@@ -22,19 +28,19 @@ def natural(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.G
             "with a 'client' array/column"
         )
     uniq, counts = np.unique(ids, return_counts=True)
-    kept = uniq[counts >= cfg.natural_min_samples]  # e.g. movies with too few reviews to split or learn from
+    kept = uniq[counts >= cfg.params.natural_min_samples]  # e.g. movies with too few reviews to split or learn from
     if len(kept) == 0:
         raise PartitionError(
-            f"partition.natural_min_samples = {cfg.natural_min_samples} leaves no client: the largest holds "
+            f"partition.natural_min_samples = {cfg.params.natural_min_samples} leaves no client: the largest holds "
             f"{counts.max()} samples; expected at most {counts.max()}"
         )
     if cfg.clients is not None and cfg.clients != len(kept):
         raise PartitionError(
             f"partition.clients = {cfg.clients} is not allowed with partition.kind = 'natural': "
-            f"the data names {len(kept)} clients (with ≥ {cfg.natural_min_samples} samples); "
+            f"the data names {len(kept)} clients (with ≥ {cfg.params.natural_min_samples} samples); "
             f"expected {len(kept)} or null"
         )
     return [np.flatnonzero(ids == u).astype(np.int64) for u in kept]
 
 
-register("natural", natural, ordered=True, reads=("natural_min_samples",))
+register("natural", natural, ordered=True, Params=NaturalParams)

@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from hetfed.config import Config, build_config
+from hetfed.config import Config, as_given, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
@@ -122,7 +122,7 @@ SweepRun = tuple[dict[str, Any], int, Config]
 
 def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[SweepRun]:
     """Every point × seed validated before anything runs; equal points refused, unread grid values noted."""
-    base = config.model_dump(mode="json")
+    base = as_given(config)
     configs = [(point, s, build_config(base, {**point, "seed": config.seed + s}))
                for point in grid_points(grid) for s in range(seeds)]
     _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+from pydantic import Field
 
 from hetfed.config import DatasetConfig
 from hetfed.data.datasets import DatasetKind, register
@@ -18,14 +19,20 @@ from hetfed.data.loading import (
     split_fixed,
 )
 from hetfed.errors import DataError
+from hetfed.registry import ComponentParams
+
+
+class ArraysParams(ComponentParams):
+    path: str | None = Field(None, description="the file: .npz or .parquet")
 
 
 def load_arrays(cfg: DatasetConfig) -> Dataset:
     """User data (.npz/.parquet): x, y, optional client ids and train/test split."""
-    if not cfg.path:
+    path = cfg.params.path
+    if not path:
         raise DataError("dataset.name = 'arrays' needs dataset.path: a .npz or .parquet file")
-    d = read_arrays(cfg.path)
-    where = f"dataset.path = {cfg.path!r}"
+    d = read_arrays(path)
+    where = f"dataset.path = {path!r}"
     x = np.asarray(d["x"])
     y = integer_labels(np.asarray(d["y"]), where)
     if x.ndim == 0 or len(x) != len(y):
@@ -52,8 +59,8 @@ def load_arrays(cfg: DatasetConfig) -> Dataset:
     n_classes = int(y.max()) + 1 if len(y) else 0
     modality = "text" if x.dtype == object else "vector"
     return Dataset("arrays", x[tr], y[tr], x[te], y[te], n_classes, modality, client_train,
-                   sources=(file_record(Path(cfg.path)),))
+                   sources=(file_record(Path(path)),))
 
 
 register(DatasetKind("arrays", load_arrays, "your own data: x, y and optional client / split arrays in a .npz or "
-                     ".parquet file (dataset.path)", "vector", reads=("path",)))
+                     ".parquet file (dataset.path)", "vector", Params=ArraysParams))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import numpy as np
+from pydantic import Field
 
 from hetfed.config import DatasetConfig
 from hetfed.data.datasets import DatasetKind, register
@@ -14,16 +15,23 @@ from hetfed.data.loading import (
     require_splittable,
     split_fixed,
 )
+from hetfed.registry import ComponentParams
 
 #: the four largest categories of Debian's fortunes (1 251, 1 204, 1 134 and 1 051 texts): a 4-class task
 FORTUNE_CATEGORIES = ("people", "definitions", "cookie", "computers")
+
+
+class FortunesParams(ComponentParams):
+    categories: list[str] | None = Field(
+        None, description="the category files, one class each (default: people, definitions, cookie, computers — "
+        "the four largest)")
 
 
 def load_fortunes(cfg: DatasetConfig) -> Dataset:
     """Debian's fortune files, one class per category (``dataset.categories``); split stratified."""
     from hetfed.data.formats import read_fortune_file
 
-    categories = list(cfg.categories or FORTUNE_CATEGORIES)
+    categories = list(cfg.params.categories or FORTUNE_CATEGORIES)
     folder = find_folder("fortunes", cfg.data_dir, categories)
     texts, labels = [], []
     for c, name in enumerate(categories):
@@ -39,6 +47,6 @@ def load_fortunes(cfg: DatasetConfig) -> Dataset:
 
 register(DatasetKind(
     "fortunes", load_fortunes, "Debian's fortunes: one class per category file (text)", "text",
-    reads=("categories",), places=("/usr/share/games/fortunes", "~/.cache/hetfed/datasets/fortunes"),
+    Params=FortunesParams, places=("/usr/share/games/fortunes", "~/.cache/hetfed/datasets/fortunes"),
     how_to_get="on Debian/Ubuntu: apt-get install fortunes (the files land in /usr/share/games/fortunes)",
 ))

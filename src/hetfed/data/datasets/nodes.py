@@ -2,10 +2,31 @@
 
 from __future__ import annotations
 
+from pydantic import Field, model_validator
+
 from hetfed.config import DatasetConfig
 from hetfed.data.datasets import DatasetKind, register
 from hetfed.data.loading import Dataset
 from hetfed.errors import DataError
+from hetfed.registry import ComponentParams
+
+
+class NodesParams(ComponentParams):
+    """The schema every node's file has: stated by the run, checked on each node."""
+
+    features: int | None = Field(None, ge=1, description="the number of feature columns every node's file has")
+    classes: list[int | str] | None = Field(
+        None, description="the label values of the nodes' label columns, in class order (class id = position)")
+
+    @model_validator(mode="after")
+    def _schema_given(self) -> NodesParams:
+        if self.features is None or not self.classes or len(self.classes) < 2:
+            raise ValueError(f"dataset.name = 'nodes' needs dataset.features (now {self.features}) and "
+                             f"dataset.classes (now {self.classes}): expected the feature-column count and ≥ 2 label "
+                             "values every node's file uses, e.g. features: 30, classes: [benign, malignant]")
+        if len({str(c) for c in self.classes}) != len(self.classes):
+            raise ValueError(f"dataset.classes = {self.classes} repeats a label: expected each class once")
+        return self
 
 
 def load_nodes(cfg: DatasetConfig) -> Dataset:
@@ -16,4 +37,4 @@ def load_nodes(cfg: DatasetConfig) -> Dataset:
 
 
 register(DatasetKind("nodes", load_nodes, "the SuperNodes' own files: nothing is loaded here (hetfed flower run "
-                     "--deployment)", "vector", reads=("features", "classes"), on_nodes=True))
+                     "--deployment)", "vector", Params=NodesParams, on_nodes=True))

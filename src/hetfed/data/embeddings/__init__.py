@@ -4,7 +4,7 @@ one module of this package each.
 An embedding module registers an :class:`EmbeddingKind`: ``embed(ds, cfg, progress) -> Embedded`` (the shared
 machinery — the disk cache, wrapping — is :mod:`hetfed.data.embed`), the kinds of samples it takes
 (``accepts``: a dataset's modality), what it gives the model (``gives``: feature vectors, or token ids only a
-sequence model reads), and the ``embed.*`` keys only it reads.
+sequence model reads), and its own parameters (``Params``: the keys that sit beside ``embed.kind``).
 """
 
 from __future__ import annotations
@@ -16,7 +16,7 @@ from typing import Any
 from hetfed.config import EmbedConfig
 from hetfed.data.embed import Embedded
 from hetfed.data.loading import Dataset
-from hetfed.registry import Registry
+from hetfed.registry import ComponentParams, Registry, describe_params
 
 
 @dataclass(frozen=True)
@@ -29,12 +29,13 @@ class EmbeddingKind:
     summary: str
     accepts: tuple[str, ...]
     gives: str | None = "features"
-    reads: tuple[str, ...] = ()
+    Params: type[ComponentParams] = ComponentParams
     extra: str = ""  # the optional extra it needs (pip install 'hetfed[extra]'), if any
 
 
 def _described(kind: EmbeddingKind) -> dict[str, Any]:
-    return {"summary": kind.summary, "accepts": list(kind.accepts), "gives": kind.gives, "reads": list(kind.reads),
+    return {"summary": kind.summary, "accepts": list(kind.accepts), "gives": kind.gives,
+            "params": describe_params(kind.Params),
             **({"extra": kind.extra} if kind.extra else {})}
 
 

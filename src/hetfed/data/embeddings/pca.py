@@ -2,11 +2,18 @@
 
 from __future__ import annotations
 
+from pydantic import Field
+
 from hetfed.config import EmbedConfig
 from hetfed.data.embed import Embedded, flat, wrap
 from hetfed.data.embeddings import EmbeddingKind, register
 from hetfed.data.loading import Dataset
 from hetfed.errors import DataError
+from hetfed.registry import ComponentParams
+
+
+class PCAParams(ComponentParams):
+    components: int = Field(32, ge=1, description="output size: the principal components kept")
 
 
 def pca(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
@@ -15,14 +22,15 @@ def pca(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
 
     tr, te = flat(ds.x_train), flat(ds.x_test)
     limit = min(tr.shape)
-    if cfg.components > limit:
+    components = cfg.params.components
+    if components > limit:
         raise DataError(
-            f"embed.components = {cfg.components} is not allowed for {ds.name}: "
+            f"embed.components = {components} is not allowed for {ds.name}: "
             f"expected at most {limit} (min of samples and features)"
         )
-    pca = PCA(n_components=cfg.components, random_state=0).fit(tr)
-    return wrap(ds, pca.transform(tr), pca.transform(te), (cfg.components,), "pca")
+    pca = PCA(n_components=components, random_state=0).fit(tr)
+    return wrap(ds, pca.transform(tr), pca.transform(te), (components,), "pca")
 
 
 register(EmbeddingKind("pca", pca, "principal components of the training split", ("image", "vector"),
-                       reads=("components",)))
+                       Params=PCAParams))

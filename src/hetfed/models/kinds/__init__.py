@@ -1,10 +1,9 @@
 """The model registry: what ``model.kind`` names — one module of this package per kind of network.
 
 A model module registers a :class:`ModelKind`: ``build(input_shape, n_classes, vocab_size, **params)`` (the
-network over a client axis, :mod:`hetfed.models.base`), the ``model.*`` keys it reads (its parameters: only those
-are passed to ``build``; a value set for a key it does not read is noted as unread), what inputs it reads
-(``"features"``: vectors or images; ``"tokens"``: token ids; ``"characters"``: character windows) and an optional
-``check(params)`` of its own (a message when they cannot make this network).
+network over a client axis, :mod:`hetfed.models.base`), its own parameters (``Params``: the keys beside
+``model.kind``, passed to ``build``, with the checks of their own; another kind's keys are refused) and what inputs
+it reads (``"features"``: vectors or images; ``"tokens"``: token ids; ``"characters"``: character windows).
 """
 
 from __future__ import annotations
@@ -13,9 +12,11 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from pydantic import Field, model_validator
+
 from hetfed.config import ModelConfig
 from hetfed.models.base import Model
-from hetfed.registry import Registry, registry_of
+from hetfed.registry import ComponentParams, Registry, describe_params, registry_of
 
 
 @dataclass(frozen=True)
@@ -23,16 +24,25 @@ class ModelKind:
     name: str
     build: Callable[..., Model]
     summary: str
-    reads: tuple[str, ...] = ()
+    Params: type[ComponentParams] = ComponentParams
     inputs: str = "features"
-    check: Callable[[dict[str, Any]], str | None] | None = None
+
+
+class WidthsParams(ComponentParams):
+    """The parameters of a network of fully connected hidden layers (mlp, cgau)."""
+
+    hidden: list[int] = Field(default_factory=lambda: [64, 64], description="the hidden layers' widths")
+    dropout: float = Field(0.0, ge=0, lt=1, description="dropout after every hidden layer")
+
+    @model_validator(mode="after")
+    def _positive_widths(self) -> WidthsParams:
+        if any(h < 1 for h in self.hidden):
+            raise ValueError(f"model.hidden = {self.hidden}: every width must be ≥ 1")
+        return self
 
 
 def _described(kind: ModelKind) -> dict[str, Any]:
-    from hetfed.registry import describe_params
-
-    params = [p for p in describe_params(ModelConfig) if p["name"] in kind.reads]
-    return {"summary": kind.summary, "inputs": kind.inputs, "params": params}
+    return {"summary": kind.summary, "inputs": kind.inputs, "params": describe_params(kind.Params)}
 
 
 #: every model, by ``model.kind`` (one module of this package each)
@@ -45,6 +55,6 @@ def register(kind: ModelKind) -> ModelKind:
 
 def build_model(cfg: ModelConfig, input_shape: Sequence[int], n_classes: int, vocab_size: int | None = None) -> Model:
     """The model a config names, sized for the data (``vocab_size``: the token ids' range, for token models),
-    built from the parameters its kind reads."""
+    built from its kind's own parameters."""
     kind = registry_of("model").get(cfg.kind, "model.kind")
-    return kind.build(tuple(input_shape), n_classes, vocab_size, **{k: getattr(cfg, k) for k in kind.reads})
+    return kind.build(tuple(input_shape), n_classes, vocab_size, **dict(cfg.params))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from hetfed.models.kinds import ModelKind, register
+from hetfed.models.kinds import ModelKind, WidthsParams, register
 from hetfed.models.mlp import MLP, flat_size
 
 
@@ -11,4 +11,4 @@ def build(shape, n_classes, vocab_size, hidden, dropout):
 
 
 register(ModelKind("mlp", build, "a multilayer perceptron: ReLU, dropout after every hidden layer",
-                   reads=("hidden", "dropout")))
+                   Params=WidthsParams))
