@@ -62,7 +62,7 @@ def test_bad_input_exits_2_with_a_clear_message(override, expected, capsys, monk
 
 def test_config_errors_name_key_and_value():
     with pytest.raises(ConfigError, match=r"partition.p = 1.5"):
-        load_config(None, ["partition.p=1.5"])
+        load_config(None, ["partition.kind=majority", "partition.p=1.5"])
     with pytest.raises(ConfigError, match="does not exist"):
         load_config("/nonexistent.yaml")
     with pytest.raises(ConfigError, match="key=value"):

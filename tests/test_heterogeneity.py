@@ -88,7 +88,8 @@ def _het(partition: dict, **heterogeneity):
     from hetfed.config import build_config
     from hetfed.pipeline import prepare
 
-    cfg = build_config({"partition": {"min_size": 1, **partition}, "heterogeneity": heterogeneity})
+    floor = {"min_size": 1} if partition.get("kind") == "dirichlet" else {}  # the only partitioner with a floor
+    cfg = build_config({"partition": {**floor, **partition}, "heterogeneity": heterogeneity})
     return prepare(cfg, progress=False).heterogeneity
 
 

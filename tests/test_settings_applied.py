@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from hetfed.cli import main
-from hetfed.config import build_config, load_config, unread_keys
+from hetfed.config import build_config, load_config, method_section, unread_keys
 from hetfed.errors import ConfigError, HetfedNote
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -85,19 +85,31 @@ def test_a_grid_over_a_top_level_key_a_method_sets_changes_the_numbers(tmp_path)
 
 
 @pytest.mark.parametrize("sets,expected", [
-    (["partition.alpha=0.1"], "partition.alpha = 0.1 is not read with partition.kind = 'feature_clusters': it "
-                              "applies to kind dirichlet"),
-    (["embed.components=8"], "embed.components = 8 is not read with embed.kind = 'identity': it applies to kind pca"),
-    (["dataset.plays=[tempest]"], "dataset.plays = ['tempest'] is not read with dataset.name = 'digits'"),
-    (["methods.0.model.condition_output=true"], "methods.0.model.condition_output = True is not read with kind = "
-                                                "'mlp': it applies to kind cgau"),
+    (["partition.alpha=0.1"], "unknown key 'partition.alpha': partitioner 'feature_clusters' takes ['pca_components', "
+                              "'shuffle']"),
+    (["embed.components=8"], "unknown key 'embed.components': embedding 'identity' has no parameters of its own"),
+    (["dataset.plays=[tempest]"], "unknown key 'dataset.plays': dataset 'digits' has no parameters of its own"),
+    (["methods.0.model.condition_output=true"], "unknown key 'methods.0.model.condition_output': model 'mlp' takes "
+                                                "['dropout', 'hidden']"),
+    (["model.batch_norm=true"], "model.batch_norm = True is not allowed: neither model.kind = 'mlp' nor a method's "
+                                "model takes it"),
+])
+def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_takes(capsys, sets, expected):
+    assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 2
+    err = capsys.readouterr().err
+    assert expected in err and len(err.strip().splitlines()) == 1, err
+
+
+@pytest.mark.parametrize("sets,expected", [
     (["methods=[{algorithm: local}]", "server.lr=0.3"], "server.lr = 0.3 is not read by any method"),
     (["methods=[{algorithm: local}]", "methods.0.server.optimizer=adam"],
      "methods.0.server.optimizer = 'adam' is not read: algorithm 'local' has no server model"),
     (["flower.ray_address=auto"], "flower.ray_address = 'auto' is not read with train.executor = 'vectorised': it "
                                   "applies to the Flower executors"),
+    (["methods.0.model.kind=cnn4"], "methods.0.model.dropout = 0.5 is dropped: methods.0.model.kind = 'cnn4' chose a "
+                                    "model that does not take it"),
 ])
-def test_a_key_the_chosen_kind_does_not_read_is_noted_on_stderr(capsys, sets, expected):
+def test_a_key_nothing_reads_is_noted_on_stderr(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 0
     notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note:")]
     assert any(expected in line for line in notes), notes
@@ -105,27 +117,40 @@ def test_a_key_the_chosen_kind_does_not_read_is_noted_on_stderr(capsys, sets, ex
 
 def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
     assert unread_keys(build_config()) == {}
-    # cgau reads condition_output: a top-level value is read by one of the methods
-    assert unread_keys(build_config({}, {"model": {"condition_output": True}})) == {}
+    # cgau takes condition_output: a top-level value reaches the method whose model takes it
+    config = build_config({}, {"model": {"condition_output": True}})
+    assert unread_keys(config) == {}
+    assert [method_section(config, m, "model").params.model_dump() for m in config.methods] == [
+        {"hidden": [64, 64], "dropout": 0.5}, {"hidden": [64, 64], "dropout": 0.5, "condition_output": True}]
     assert unread_keys(build_config({"partition": {"kind": "dirichlet", "alpha": 0.1}})) == {}
     assert unread_keys(build_config({"train": {"executor": "flower"}, "flower": {"clients_per_node": 5}})) == {}
 
 
-def test_every_component_declares_keys_its_section_has():
-    """The note is generic: every section chosen from a registry (dataset, embed, partition, model) lists, per
-    key, the registered components that read it — each component declares its ``reads`` in its own file, and
-    every key it names is a key of its section."""
-    from hetfed.config import Config, _Strict
-    from hetfed.registry import registry_of
+def test_switching_the_component_drops_the_files_parameters_of_the_old_one_with_a_note(tmp_path):
+    """`--set partition.kind=dirichlet` on a majority config: the file's p was written for majority."""
+    path = tmp_path / "c.yaml"
+    path.write_text("partition: {kind: majority, p: 0.9, clients: 6}\n")
+    with pytest.warns(HetfedNote, match="partition.p = 0.9 is dropped"):
+        config = load_config(path, ["partition.alpha=0.2", "partition.kind=dirichlet"])
+    assert config.partition.params.alpha == 0.2 and config.partition.clients == 6
+    with pytest.raises(ConfigError, match="unknown key 'partition.shuffle'"):  # typed with the choice: refused
+        load_config(path, ["partition.shuffle=0.2", "partition.kind=dirichlet"])
+
+
+def test_every_component_declares_its_own_parameters_apart_from_its_sections_shared_keys():
+    """Every section chosen from a registry (dataset, embed, partition, model) holds only what the kind shares;
+    each component's own keys are its ``Params``, declared in its file, and never shadow a shared key."""
+    from hetfed.config import Config, _Chosen
+    from hetfed.registry import ComponentParams, registry_of
 
     chosen = 0
     for name, field in Config.model_fields.items():
         section = field.annotation
-        if isinstance(section, type) and issubclass(section, _Strict) and section.chosen_by:
+        if isinstance(section, type) and issubclass(section, _Chosen):
             chosen += 1
-            kind, chooser = section.chosen_by
-            for component, item in registry_of(kind).items():
-                assert set(item.reads) <= set(section.model_fields) - {chooser}, (name, component, item.reads)
+            for component, item in registry_of(section.chosen_by[0]).items():
+                assert issubclass(item.Params, ComponentParams), (name, component)
+                assert not set(item.Params.model_fields) & set(section.model_fields), (name, component)
     assert chosen == 4
 
 
@@ -198,7 +223,7 @@ def test_a_node_keeps_no_federation_of_another_runs_server_data_resolution():
 
 
 def test_notes_are_one_line_each_and_not_python_warnings(capsys):
-    assert main(["config", "--set", "partition.alpha=0.1", "--set", "model.dropout=0.1"]) == 0
+    assert main(["config", "--set", "flower.ray_address=auto", "--set", "model.dropout=0.1"]) == 0
     err = capsys.readouterr().err.splitlines()
     assert len(err) == 3 and all(line.startswith("note: ") for line in err), err
     assert issubclass(__import__("hetfed.config", fromlist=["UnreadKey"]).UnreadKey, HetfedNote)
@@ -250,12 +275,10 @@ def test_a_methods_list_typed_with_a_top_level_key_keeps_its_own_values_and_says
     assert not [w for w in caught if issubclass(w.category, HetfedNote)]
 
 
-def test_a_grid_over_a_key_the_partition_does_not_read_is_noted(tmp_path, capsys, monkeypatch):
-    """`--grid partition.alpha=0.1,1` with feature_clusters runs the same training twice under two names."""
-    from hetfed.runs import sweep
-
-    monkeypatch.setattr(sweep, "_run_one", lambda raw, run_dir: ("failed", "not run in this test"))
-    main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", "partition.alpha=0.1,1", "--seeds", "1",
-          "--out", str(tmp_path / "s"), "--quiet"])
-    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: --grid:")]
-    assert len(notes) == 2 and all("is not read with partition.kind = 'feature_clusters'" in n for n in notes)
+def test_a_grid_over_a_key_the_partition_does_not_take_is_refused_before_anything_runs(tmp_path, capsys):
+    """`--grid partition.alpha=0.1,1` with feature_clusters would run the same training twice under two names."""
+    code = main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", "partition.alpha=0.1,1", "--seeds", "1",
+                 "--out", str(tmp_path / "s"), "--quiet"])
+    err = capsys.readouterr().err
+    assert code == 2 and "unknown key 'partition.alpha': partitioner 'feature_clusters' takes" in err, err
+    assert not (tmp_path / "s").exists()

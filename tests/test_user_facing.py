@@ -144,7 +144,7 @@ def test_without_validation_data_the_summary_says_there_was_nothing_to_select_on
 
 def test_one_sample_clients_are_warned_about(tmp_path, capsys):
     code, out, err = run_cli(["partition", "--set", "partition.kind=iid", "--set", "partition.clients=700",
-                              "--set", "partition.min_size=1", "--json"], capsys)
+                              "--json"], capsys)
     assert code == 0, err
     warnings = json.loads(out)["warnings"]
     assert any("no test data" in w for w in warnings) and any("validation" in w for w in warnings)

@@ -51,16 +51,28 @@ class _Chosen(_Strict):
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
     chosen_by: ClassVar[tuple[str, str]]
+    #: the top-level section is the methods' defaults (``model``): in a whole config, a key its own choice does not
+    #: take is left for the methods whose choice does (refused when none does: :meth:`Config._methods_resolve`)
+    for_methods: ClassVar[bool] = False
     _params: ComponentParams = PrivateAttr(default_factory=ComponentParams)
 
     @model_validator(mode="after")
     def _component_params(self, info: ValidationInfo) -> _Chosen:
         kind, field = self.chosen_by
         registry = registry_of(kind)  # the component's own declaration (discovered, not listed here)
-        where = (info.context or {}).get("where", registry.params_key)
-        registry.get(getattr(self, field), f"{where}.{field}")
-        self._params = registry.params(getattr(self, field), self.model_extra or {}, where)
+        context = info.context or {}
+        where = context.get("where", registry.params_key)
+        component = registry.get(getattr(self, field), f"{where}.{field}")
+        given = self.model_extra or {}
+        if self.for_methods and context.get("whole"):
+            given = {k: v for k, v in given.items() if k in component.Params.model_fields}
+        self._params = registry.params(getattr(self, field), given, where)
         return self
+
+    def not_taken(self) -> dict[str, Any]:
+        """The given keys that this section's own choice does not take (a methods' default, ``for_methods``)."""
+        takes = registry_of(self.chosen_by[0]).get(self.choice).Params.model_fields
+        return {k: v for k, v in (self.model_extra or {}).items() if k not in takes}
 
     @model_serializer(mode="wrap")
     def _with_params(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
@@ -166,6 +178,7 @@ class ModelConfig(_Chosen):
     `hetfed components model NAME`)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("model", "kind")
+    for_methods: ClassVar[bool] = True
 
     kind: str = Field("mlp", description="a registered model (`hetfed components model`)")
 
@@ -658,7 +671,24 @@ class Config(_Strict):
                 method_section(self, m, section, f"methods.{i}.{section}")
             if scope == "run":
                 self._check_model(i, m, caps)
+        self._refuse_untaken()
         return self
+
+    def _refuse_untaken(self) -> None:
+        """A top-level key of a methods' default section (``model.condition_output``) that neither its own choice
+        nor any method's takes is refused, naming what the methods' choices take."""
+        for name in METHOD_SECTIONS:
+            top = getattr(self, name)
+            if not isinstance(top, _Chosen):
+                continue
+            untaken = top.not_taken()
+            chosen = {method_section(self, m, name).choice for m in self.methods}
+            registry = registry_of(top.chosen_by[0])
+            takes = {c: sorted(registry.get(c).Params.model_fields) for c in sorted(chosen | {top.choice})}
+            for key, value in untaken.items():
+                if not any(key in fields for fields in takes.values()):
+                    raise ValueError(f"{name}.{key} = {value!r} is not allowed: neither {name}.{top.chooser} = "
+                                     f"{top.choice!r} nor a method's {registry.noun} takes it; they take {takes}")
 
     def _check_model(self, i: int, method: MethodConfig, caps) -> None:
         """The model reads what the data gives (feature vectors, token ids, character windows: each model kind
@@ -771,7 +801,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
         _rechoose(merged, key, value)
         set_dotted(merged, key, value)
     try:
-        return Config.model_validate(merged, context={"scope": scope})
+        return Config.model_validate(merged, context={"scope": scope, "whole": True})
     except ValidationError as err:
         raise ConfigError("invalid config: " + _format_errors(err)) from None
 
@@ -806,29 +836,33 @@ def _override_methods(merged: dict[str, Any], key: str, value: Any) -> None:
 
 
 def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
-    """An override that chooses another component (``--set partition.kind=dirichlet``) drops the file's parameters
-    of the one it replaces that the new one does not take (``partition.p`` of ``majority``), with a note naming
-    each: they were written for the other choice. (A parameter typed with the override itself is kept.)"""
+    """An override that chooses a component (``--set partition.kind=dirichlet``) drops the parameters written for
+    the choice it replaces that the new one does not take (``partition.p`` of ``majority``; for a top-level
+    ``model.kind``, also the methods' own ``model`` parameters), with a note naming each. A parameter typed as an
+    override itself is applied after the choice, so it is kept or refused, never dropped."""
     import warnings
 
     *path, leaf = key.split(".")
-    if not path or path[0] not in Config.model_fields or (path[0] == "methods" and len(path) != 3):
+    methods = merged.get("methods") if isinstance(merged.get("methods"), list) else []
+    if len(path) == 1 and path[0] in Config.model_fields:
+        section, nodes = path[0], [(path[0], merged.get(path[0]))]
+        if section in METHOD_SECTIONS:
+            nodes += [(f"methods.{i}.{section}", m.get(section)) for i, m in enumerate(methods) if isinstance(m, dict)]
+    elif len(path) == 3 and path[0] == "methods" and path[1].isdigit() and int(path[1]) < len(methods):
+        section, nodes = path[2], [(key.rpartition(".")[0], (methods[int(path[1])] or {}).get(path[2]))]
+    else:
         return
-    schema = Config.model_fields[path[-1] if path[0] == "methods" else path[0]].annotation
-    node: Any = merged
-    for part in path:
-        node = node[int(part)] if isinstance(node, list) and part.isdigit() and int(part) < len(node) else (
-            node.get(part) if isinstance(node, dict) else None)
-    if not (isinstance(schema, type) and issubclass(schema, _Chosen) and leaf == schema.chosen_by[1]
-            and isinstance(node, dict)) or node.get(leaf) == value:
+    schema = Config.model_fields[section].annotation if section in Config.model_fields else None
+    if not (isinstance(schema, type) and issubclass(schema, _Chosen) and leaf == schema.chosen_by[1]):
         return
-    component = registry_of(schema.chosen_by[0]).find(str(value))
+    registry = registry_of(schema.chosen_by[0])
+    component = registry.find(str(value))
     if component is None:
         return  # validation names the choice that is not registered
-    where = ".".join(path)
-    for param in [k for k in node if k not in schema.model_fields and k not in component.Params.model_fields]:
-        warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} chose a "
-                      f"{registry_of(schema.chosen_by[0]).noun} that does not take it", OverriddenKey, stacklevel=4)
+    for where, node in nodes:
+        for param in [k for k in node or {} if k not in schema.model_fields and k not in component.Params.model_fields]:
+            warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} chose a "
+                          f"{registry.noun} that does not take it", OverriddenKey, stacklevel=4)
 
 
 class OverriddenKey(HetfedNote):

@@ -137,8 +137,8 @@ class Registry(Generic[T]):
         try:
             return cls(**dict(values))
         except ValidationError as err:
-            allowed = sorted(cls.model_fields) or "none"
-            raise ConfigError(params_error(err, where, f"{self.noun} {name!r} takes {allowed}")) from None
+            takes = (f"takes {sorted(cls.model_fields)}" if cls.model_fields else "has no parameters of its own")
+            raise ConfigError(params_error(err, where, f"{self.noun} {name!r} {takes}")) from None
 
 
 def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:

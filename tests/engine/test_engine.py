@@ -33,7 +33,8 @@ def _dataset(n: int = 500, d: int = 12) -> ShiftedGaussians:
 
 
 def _fed(kind="dirichlet", clients=7, opt_out=0.0, seed=0):
-    return make_federation(_dataset(), PartitionConfig(kind=kind, clients=clients, alpha=0.5, min_size=5, opt_out=opt_out), seed)
+    own = {"alpha": 0.5, "min_size": 5} if kind == "dirichlet" else {}
+    return make_federation(_dataset(), PartitionConfig(kind=kind, clients=clients, opt_out=opt_out, **own), seed)
 
 
 def _run(fed, train: TrainConfig, executor, algorithm="fedavg", model_cfg=None, seed=3, server=None):

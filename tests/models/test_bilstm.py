@@ -163,7 +163,7 @@ def test_executors_agree_and_fedavg_learns_the_texts(path, monkeypatch):
 
 def test_the_mixture_on_the_bilstm_agrees_across_executors():
     """FedMoE's gate is the same network with one output; its per-client phases agree too."""
-    fed = make_federation(_Texts(300), PartitionConfig(kind="majority", clients=6, p=0.9, min_size=5), 0)
+    fed = make_federation(_Texts(300), PartitionConfig(kind="majority", clients=6, p=0.9), 0)
     config = build_config({"train": {"rounds": 2, "clients_per_round": 3, "optimizer": {"kind": "adam", "lr": 0.02}},
                            "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2}}]})
     out = []

@@ -90,11 +90,11 @@ def test_sorted_shards_are_mcmahans_recipe(k, spc, n, seed):
 def test_sorted_shards_straddle_classes_where_the_cut_falls():
     y = np.repeat(np.arange(3), [5, 7, 6])  # 18 samples, 6 shards of 3: [000][001][111][111][222][222]
     x = np.zeros((18, 2), np.float32)
-    parts = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1, shard_cut="sorted",
-                                                    min_size=0), 0)
+    parts = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1, shard_cut="sorted"),
+                          0)
     held = sorted(tuple(np.bincount(y[p], minlength=3)) for p in parts)
     assert held == sorted([(3, 0, 0), (2, 1, 0), (0, 3, 0), (0, 3, 0), (0, 0, 3), (0, 0, 3)])
-    within = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1, min_size=0), 0)
+    within = partition_indices(x, y, PartitionConfig(kind="shards", clients=6, shards_per_client=1), 0)
     assert all(len(np.unique(y[p])) == 1 for p in within)  # the default never straddles
 
 
@@ -240,7 +240,8 @@ class _Data:
        q=st.floats(0, 1), seed=st.integers(0, 50))
 def test_federation_invariants(kind, q, seed):
     data = _Data(seed=seed)
-    cfg = PartitionConfig(kind=kind, clients=8, opt_out=q, min_size=5, n_shards=None, shards_per_client=2)
+    own = {"dirichlet": {"min_size": 5}, "shards": {"n_shards": None, "shards_per_client": 2}}.get(kind, {})
+    cfg = PartitionConfig(kind=kind, clients=8, opt_out=q, **own)
     if round(q * 8) == 8:  # everyone opting out is refused with the value, before any training
         with pytest.raises(PartitionError, match=f"partition.opt_out = {q}"):
             make_federation(data, cfg, seed)

@@ -25,7 +25,7 @@ def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams(
 
 
 @pytest.mark.parametrize("section,expected", [
-    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' takes none"),
+    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' has no parameters of its own"),
     ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
     ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: expected one of ['krum', 'mean'"),
 ])
