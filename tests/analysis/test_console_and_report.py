@@ -193,7 +193,7 @@ def test_no_personal_test_sets_asked_for_is_not_warned_about():
     from tests.synthetic import ShiftedGaussians
 
     def warned(fraction: float) -> bool:
-        fed = make_federation(ShiftedGaussians(n=9), PartitionConfig(kind="iid", clients=3, min_size=0,
+        fed = make_federation(ShiftedGaussians(n=9), PartitionConfig(kind="iid", clients=3,
                                                                      test_fraction=fraction), 0)
         return any("no test data" in w for w in federation_warnings(fed))
 

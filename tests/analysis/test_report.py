@@ -42,7 +42,7 @@ def sweep_dir(tmp_path_factory) -> Path:
     from hetfed.runs.sweep import run_sweep
 
     out = tmp_path_factory.mktemp("report") / "sweep"
-    grid = parse_grid(["partition.shuffle=0,1", "partition.kind=feature_clusters,iid"])
+    grid = parse_grid(["partition.opt_out=0,0.2", "partition.kind=feature_clusters,iid"])
     run_sweep(build_config(FAST), grid, seeds=2, out=out, progress=False, console=Console(quiet=True),
               present=present_sweep)
     return out
@@ -157,7 +157,7 @@ def test_report_of_something_else_is_one_line_exit_2(tmp_path, capsys):
 def test_a_sweep_writes_a_report_with_every_figure(sweep_dir, tmp_path):
     page = (sweep_dir / "report.html").read_text()
     assert "mean ± 95% CI (Student t over seeds" in page and "heterogeneity of the clients" in page
-    assert "partition.shuffle=0,partition.kind=iid" in page  # every run listed
+    assert "partition.opt_out=0,partition.kind=iid" in page  # every run listed
     assert_renders(sweep_dir / "report.html", tmp_path, min_figures=8, min_tables=4)
 
 

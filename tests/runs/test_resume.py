@@ -207,14 +207,14 @@ def test_a_sweep_resumed_after_an_upgrade_reuses_runs_that_lack_a_new_setting(tm
     assert main(args) == 0
     config = next((tmp_path / "s").glob("*/seed=*/config.yaml"))
     text = config.read_text()
-    assert "shard_cut: within_class\n" in text
-    config.write_text(text.replace("  shard_cut: within_class\n", ""))  # as written before the setting existed
+    assert "  pca_components: 2\n" in text
+    config.write_text(text.replace("  pca_components: 2\n", ""))  # as written before the setting existed
     capsys.readouterr()
     assert main([*args, "--resume"]) == 0
     assert "1 of 1 runs reused" in capsys.readouterr().out
-    config.write_text(text.replace("shard_cut: within_class", "shard_cut: sorted"))  # a real change is refused
+    config.write_text(text.replace("pca_components: 2", "pca_components: 3"))  # a real change is refused
     assert main([*args, "--resume"]) != 0
-    assert "partition.shard_cut: 'sorted' → 'within_class'" in capsys.readouterr().err
+    assert "partition.pca_components: 3 → 2" in capsys.readouterr().err
 
 
 @pytest.mark.slow
