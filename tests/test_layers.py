@@ -17,7 +17,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hetfed"
 #: (module prefix, layer), most specific first; a module may import its own layer and those below
 LAYERS = [
     ("hetfed.errors", 0), ("hetfed.registry", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0), ("hetfed.streams", 0),
-    ("hetfed.config_io", 0), ("hetfed.config_legacy", 0),
+    ("hetfed.config_io", 0), ("hetfed.config_legacy", 0), ("hetfed.config_base", 0), ("hetfed.config_train", 0),
+    ("hetfed.config_server", 0), ("hetfed.config_flower", 0),
     ("hetfed.processes", 0),
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.models", 2),

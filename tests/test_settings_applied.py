@@ -140,13 +140,14 @@ def test_switching_the_component_drops_the_files_parameters_of_the_old_one_with_
 def test_every_component_declares_its_own_parameters_apart_from_its_sections_shared_keys():
     """Every section chosen from a registry (dataset, embed, partition, model) holds only what the kind shares;
     each component's own keys are its ``Params``, declared in its file, and never shadow a shared key."""
-    from hetfed.config import Config, _Chosen
+    from hetfed.config import Config
+    from hetfed.config_base import Chosen
     from hetfed.registry import ComponentParams, registry_of
 
     chosen = 0
     for name, field in Config.model_fields.items():
         section = field.annotation
-        if isinstance(section, type) and issubclass(section, _Chosen):
+        if isinstance(section, type) and issubclass(section, Chosen):
             chosen += 1
             for component, item in registry_of(section.chosen_by[0]).items():
                 assert issubclass(item.Params, ComponentParams), (name, component)

@@ -1,4 +1,7 @@
-"""The config schema: the one place that says what can be set, and to what.
+"""The config schema: what can be set, and to what — the whole run (:class:`Config`), the component sections
+(dataset, embed, partition, model: each names a registered component, whose own parameters its file declares),
+and how a config is built from a file and ``--set`` overrides. The schedule's, the server's and Flower's sections
+are in :mod:`hetfed.config_train`, :mod:`hetfed.config_server` and :mod:`hetfed.config_flower`.
 
 A config is YAML with the nesting below; ``--set key=value`` overrides any key
 (values are parsed as YAML, so ``--set model.hidden=[128,128]`` works). The whole
@@ -14,97 +17,31 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import (
-    BaseModel,
-    ConfigDict,
-    Field,
-    PrivateAttr,
-    SerializationInfo,
-    SerializerFunctionWrapHandler,
-    ValidationError,
-    ValidationInfo,
-    field_validator,
-    model_serializer,
-    model_validator,
-)
+from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
 
 from hetfed import config_legacy
+from hetfed.config_base import Chosen, Strict
+from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
 from hetfed.config_io import parse_overrides, read_yaml, set_dotted
+from hetfed.config_server import (
+    AttackConfig,
+    PrivacyConfig,
+    ScreenConfig,
+    ServerConfig,
+    ServerDataConfig,
+)
+from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import ComponentParams, registry_of
+from hetfed.registry import registry_of
+
+__all__ = ["AttackConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
+           "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
+           "ScreenConfig", "SecAggPlusConfig", "ServerConfig", "ServerDataConfig", "StragglerConfig", "TrainConfig",
+           "as_given", "build_config", "dump_config", "load_config", "load_run_config", "method_section",
+           "unread_keys", "warn_unread"]
 
 
-class _Strict(BaseModel):
-    """Unknown keys are errors: a typo must not silently fall back to a default."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
-
-
-class _Chosen(_Strict):
-    """A section that names one registered component and carries that component's own parameters beside the
-    choice: ``partition: {kind: dirichlet, alpha: 0.1}``.
-
-    ``chosen_by`` = (kind of component, field that names one). The section's fields are what every component of
-    the kind shares; any other key is the chosen component's, validated by the ``Params`` its file declares, so a
-    key it does not have is refused with the keys it takes. :attr:`params` is the validated model; a dump writes
-    it in full (every parameter, defaults filled), :func:`as_given` only what was given."""
-
-    model_config = ConfigDict(extra="allow", validate_assignment=True)
-    chosen_by: ClassVar[tuple[str, str]]
-    #: the top-level section is the methods' defaults (``model``): in a whole config, a key its own choice does not
-    #: take is left for the methods whose choice does (refused when none does: :meth:`Config._methods_resolve`)
-    for_methods: ClassVar[bool] = False
-    _params: ComponentParams = PrivateAttr(default_factory=ComponentParams)
-
-    @model_validator(mode="after")
-    def _component_params(self, info: ValidationInfo) -> _Chosen:
-        kind, field = self.chosen_by
-        registry = registry_of(kind)  # the component's own declaration (discovered, not listed here)
-        context = info.context or {}
-        where = context.get("where", registry.params_key)
-        component = registry.get(getattr(self, field), f"{where}.{field}")
-        given = self.model_extra or {}
-        if self.for_methods and context.get("whole"):
-            given = {k: v for k, v in given.items() if k in component.Params.model_fields}
-        self._params = registry.params(getattr(self, field), given, where)
-        return self
-
-    def not_taken(self) -> dict[str, Any]:
-        """The given keys that this section's own choice does not take (a methods' default, ``for_methods``)."""
-        takes = registry_of(self.chosen_by[0]).get(self.choice).Params.model_fields
-        return {k: v for k, v in (self.model_extra or {}).items() if k not in takes}
-
-    @model_serializer(mode="wrap")
-    def _with_params(self, handler: SerializerFunctionWrapHandler, info: SerializationInfo) -> dict[str, Any]:
-        data = handler(self)
-        if not (info.context or {}).get("as_given"):
-            data.update(self._params.model_dump(mode=info.mode))
-        return data
-
-    @property
-    def chooser(self) -> str:
-        return self.chosen_by[1]
-
-    @property
-    def choice(self) -> str:
-        return str(getattr(self, self.chosen_by[1]))
-
-    @property
-    def params(self) -> Any:
-        """The chosen component's validated parameters (its ``Params`` model, frozen)."""
-        return self._params
-
-    def given_for(self, name: str) -> dict[str, Any]:
-        """This section as given, for a method that chooses component ``name`` instead: the shared keys, and the
-        given parameters that ``name`` takes too (a top-level ``model.hidden`` reaches a method's ``cgau``, not
-        its ``cnn4``)."""
-        shared = {k: v for k, v in self.model_dump(mode="json", context={"as_given": True}).items()
-                  if k in type(self).model_fields}
-        takes = registry_of(self.chosen_by[0]).get(name).Params.model_fields
-        return {**shared, **{k: v for k, v in (self.model_extra or {}).items() if k in takes}}
-
-
-class DatasetConfig(_Chosen):
+class DatasetConfig(Chosen):
     """Which data to load. ``data_dir`` is searched first, then standard places; a dataset's own keys (arrays:
     ``path``; fortunes: ``categories``; shakespeare: ``plays``, ``window_stride``; nodes: ``features``,
     ``classes``) sit beside ``name`` (`hetfed components dataset NAME`)."""
@@ -125,7 +62,7 @@ class DatasetConfig(_Chosen):
     )
 
 
-class EmbedConfig(_Chosen):
+class EmbedConfig(Chosen):
     """The frozen feature extractor between loading and partitioning; an extractor's own keys (pca:
     ``components``; tokens: ``max_length``, ``vocab_size``, ``min_count`` …) sit beside ``kind``."""
 
@@ -137,7 +74,7 @@ class EmbedConfig(_Chosen):
     device: Literal["auto", "cpu", "cuda"] = "auto"
 
 
-class PartitionConfig(_Chosen):
+class PartitionConfig(Chosen):
     """How the data is split over simulated clients (see hetfed.partition); a partitioner's own keys (dirichlet:
     ``alpha`` …; `hetfed components partitioner NAME`) sit beside ``kind``."""
 
@@ -160,7 +97,7 @@ class PartitionConfig(_Chosen):
         return self
 
 
-class HeterogeneityConfig(_Strict):
+class HeterogeneityConfig(Strict):
     """How Γ is measured (see hetfed.heterogeneity)."""
 
     on: Literal["train", "all"] = Field(
@@ -173,7 +110,7 @@ class HeterogeneityConfig(_Strict):
     )
 
 
-class ModelConfig(_Chosen):
+class ModelConfig(Chosen):
     """The network every client trains: ``kind`` and that kind's own keys (mlp: ``hidden``, ``dropout`` …;
     `hetfed components model NAME`)."""
 
@@ -183,389 +120,7 @@ class ModelConfig(_Chosen):
     kind: str = Field("mlp", description="a registered model (`hetfed components model`)")
 
 
-class OptimizerConfig(_Strict):
-    """The client optimiser. ``reset_each_round: false`` keeps its state on the client."""
-
-    kind: Literal["sgd", "adam"] = "sgd"
-    lr: float = Field(0.1, gt=0)
-    momentum: float = Field(0.9, ge=0, lt=1)
-    weight_decay: float = Field(0.0, ge=0)
-    betas: tuple[float, float] = (0.9, 0.999)
-    eps: float = Field(1e-8, gt=0)
-    reset_each_round: bool = True
-
-
-class StragglerConfig(_Strict):
-    """Slow clients and a round deadline: a client whose round takes longer than ``deadline`` is dropped.
-
-    Each client gets a fixed time per local step, drawn once from the run seed
-    (median 1: the deadline is in "median client steps"); a round takes
-    ``steps × time_per_step``.
-    """
-
-    distribution: Literal["none", "lognormal", "exponential", "uniform"] = "none"
-    spread: float = Field(0.5, gt=0, description="lognormal σ; uniform: times in [1 − spread/2, 1 + spread/2]·median")
-    deadline: float | None = Field(None, gt=0, description="time units (median client steps); None: no deadline")
-
-
-class ClockConfig(_Strict):
-    """Simulated time (hetfed.engine.clock): a client's round takes its compute time (samples processed × its
-    seconds per sample) plus its network time (bytes received ÷ downlink + bytes sent ÷ uplink); a synchronous
-    round lasts as long as its slowest aggregated client (or the deadline, when a client missed it). Each client's
-    speeds are drawn once from the run seed (median ``sample_seconds``), or read from ``file``."""
-
-    latency: Literal["constant", "lognormal", "exponential", "uniform", "file", "wall"] = Field(
-        "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
-        "from a distribution with that median (lognormal: σ = spread; exponential; uniform: ±spread/2), or read "
-        "from file; wall: no model — an asynchronous server on Flower merges replies in the order they really come "
-        "and sim_time is the run's seconds")
-    spread: float = Field(1.0, gt=0, description="lognormal σ; uniform: speeds in [1 − spread/2, 1 + spread/2]·median")
-    sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
-    uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "
-                                      "(None: sending takes no time)")
-    downlink_mbps: float | None = Field(None, gt=0, description="the median client's download bandwidth in Mbit/s "
-                                        "(None: receiving takes no time)")
-    network_spread: float = Field(0.0, ge=0, description="lognormal σ of each client's bandwidths around the median")
-    file: str | None = Field(None, description="latency = file: a CSV with a header and one row per client: client, "
-                             "sample_seconds, and optionally uplink_mbps, downlink_mbps")
-    slow: Literal["random", "by_label"] = Field(
-        "random", description="which client gets which speed: random, or by_label (clients sorted by their most "
-        "frequent class; the slowest speeds go to the highest classes, so slow clients hold different classes)")
-    deadline: float | None = Field(None, gt=0, description="seconds: a client whose round takes longer is dropped "
-                                   "(late); the round then lasts the deadline")
-
-    @model_validator(mode="after")
-    def _file_given(self) -> ClockConfig:
-        if (self.latency == "file") != (self.file is not None):
-            raise ValueError(f"train.clock.latency = {self.latency!r} with train.clock.file = {self.file!r} is not "
-                             "allowed: latency 'file' needs file (a CSV path), and file needs latency 'file'")
-        return self
-
-
-class TrainConfig(_Strict):
-    """The federated schedule: rounds, client sampling, local work, evaluation."""
-
-    rounds: int = Field(100, ge=1)
-    client_fraction: float | None = Field(
-        1.0, gt=0, le=1, description="C: share of the opted-in clients sampled per round"
-    )
-    clients_per_round: int | None = Field(
-        None, ge=1, description="m: a fixed count per round (wins over client_fraction)"
-    )
-    local_epochs: float | None = Field(1.0, gt=0)
-    local_steps: int | None = Field(None, ge=1, description="τ: wins over local_epochs")
-    steps_cap_one_pass: bool = Field(
-        False, description="with local_steps: stop early once all client data was seen once"
-    )
-    batch_size: int = Field(32, ge=1)
-    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
-    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by this every round")
-    eval_every: int = Field(1, ge=1)
-    eval_clients: int | None = Field(
-        None, ge=2, description="score a fixed random sample of this many clients at each evaluation (None: all); "
-        "local metrics then come with a 95%% CI over the sampled clients"
-    )
-    eval_global_clients: int | None = Field(
-        10, ge=1, description="during the rounds, personalised models of at most this many of the evaluated clients "
-        "also score the global test set (a fixed random subset; None: all): each is a full pass over the global "
-        "test set, ~10× a client's training round on FMNIST. The final personalised views are scored by all"
-    )
-    global_test_size: int | None = Field(
-        None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"
-    )
-    patience: int | None = Field(None, ge=1, description="early stop after this many evals")
-    executor: str = Field(
-        "vectorised", description="where the clients compute: a registered executor that train.executor may name "
-        "(vectorised, sequential, flower; `hetfed components executor`)")
-    device: Literal["auto", "cpu", "cuda"] = "cpu"
-    capture: Literal["auto", "off", "compile"] = Field(
-        "auto", description="auto: on CUDA, a stacked training step is recorded once as a CUDA graph and replayed "
-        "(steps of methods with their own objective, constraint or extra loss term, and models with buffers, run "
-        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile once a batch "
-        "shape has come up 20 times, ~2x faster for small models but ~45 s of compiling per shape the first time on "
-        "a machine (~1 s from torch's cache after), for long runs; off: every step eager")
-    chunk_clients: int | None = Field(
-        None, ge=1, description="at most this many clients trained at once (memory budget)"
-    )
-    memory_budget_mb: float | None = Field(
-        None, gt=0, description="working set of one chunk of clients; None: 128 MB on a CPU (cache-friendly), "
-        "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy)"
-    )
-    checkpoint_every: int | None = Field(
-        10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "
-        "federated phase and of personalisation); None: only at the end. `hetfed run --resume DIR` continues"
-    )
-    # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
-    client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
-    stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
-    clock: ClockConfig = Field(default_factory=ClockConfig)
-
-    @model_validator(mode="after")
-    def _one_clock(self) -> TrainConfig:
-        if self.stragglers.distribution == "none" and self.stragglers.deadline is not None:
-            raise ValueError(f"train.stragglers.deadline = {self.stragglers.deadline:g} is not allowed with "
-                             "train.stragglers.distribution = 'none': nobody would be late; expected a distribution "
-                             "(lognormal, exponential, uniform) or train.clock.deadline (seconds)")
-        if self.stragglers.distribution != "none" and self.clock != ClockConfig():
-            raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set is "
-                             "not allowed: stragglers is the clock in median-step units; expected train.clock alone "
-                             "(latency, spread, deadline in seconds) or train.stragglers alone")
-        return self
-
-    @field_validator("executor")
-    @classmethod
-    def _selectable_executor(cls, name: str) -> str:
-        executors = registry_of("executor")
-        selectable = [n for n, kind in executors.items() if kind.selectable]
-        if name not in selectable:
-            raise ValueError(f"not allowed: expected one of {selectable}"
-                              + (" (a deployment is chosen by running on one: hetfed flower run)"
-                                 if name in executors.names() else ""))
-        return name
-
-
-
-class SecAggPlusConfig(_Strict):
-    """Flower's SecAgg+ (Bell et al. 2020) for a round's training (``flower.secure_aggregation: secaggplus``):
-    the server learns only the sample-weighted mean of the nodes' updates. The parameters are Flower's
-    ``SecAggPlusWorkflow``'s (an int is a count, a float a share) — :mod:`hetfed.flower.secure`."""
-
-    num_shares: int | float = Field(
-        1.0, gt=0, description="shares each node's secrets are split into: an int > 2 (a count), or a float (a share "
-        "of the round's nodes; 1.0: every node is every node's neighbour, plain SecAgg)")
-    reconstruction_threshold: int | float = Field(
-        0.5, gt=0, description="shares needed to rebuild a secret: an int < num_shares, or a float in (0, 1] (a share "
-        "of num_shares); the round survives nodes dropping as long as each keeps this many live neighbours")
-    clipping_range: float = Field(
-        8.0, gt=0, description="each weighted update coordinate is clipped to [-this, this] before quantisation "
-        "(hetfed sends the update θ − θ_global, so 8 clips nothing in practice)")
-    quantization_bits: int = Field(22, ge=1, le=30, description="updates are quantised to 2**this levels")
-    modulus_bits: int = Field(32, ge=2, le=32, description="masks are drawn modulo 2**this (> quantization_bits)")
-    max_weight: float | None = Field(
-        None, gt=0, description="the largest weight (training samples) a node may send; None: the largest node's "
-        "training samples when the server knows the partition, else 10 000")
-
-    @field_validator("num_shares", "reconstruction_threshold")
-    @classmethod
-    def _one_is_all(cls, value: int | float) -> int | float:
-        """1 means all of them, as in Flower (``1`` and ``1.0`` alike)."""
-        return 1.0 if value == 1 else value
-
-    @model_validator(mode="after")
-    def _consistent(self) -> SecAggPlusConfig:
-        if self.modulus_bits <= self.quantization_bits:
-            raise ValueError(f"flower.secaggplus.modulus_bits = {self.modulus_bits} is not allowed with "
-                             f"quantization_bits = {self.quantization_bits}: expected more modulus bits than "
-                             "quantisation bits (the masked sums must not wrap)")
-        shares, threshold = self.num_shares, self.reconstruction_threshold
-        if isinstance(shares, int) and shares <= 2:
-            raise ValueError(f"flower.secaggplus.num_shares = {shares} is not allowed: expected an int > 2 or a "
-                             "share of the nodes as a float (e.g. 1.0)")
-        if isinstance(threshold, float) and threshold > 1:
-            raise ValueError(f"flower.secaggplus.reconstruction_threshold = {threshold} is not allowed: a float is a "
-                             "share of num_shares, expected one in (0, 1]")
-        if isinstance(threshold, int) and isinstance(shares, int) and threshold >= shares:
-            raise ValueError(f"flower.secaggplus.reconstruction_threshold = {threshold} is not allowed with "
-                             f"num_shares = {shares}: expected fewer")
-        return self
-
-
-class FlowerConfig(_Strict):
-    """How the server talks to clients on Flower (``train.executor: flower``)."""
-
-    round_timeout: float | None = Field(
-        600, gt=0, description="seconds to wait for a step's replies; clients that miss it count as failed "
-        "(None waits for all: a dead SuperNode then hangs the run)"
-    )
-    min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
-    connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
-    client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
-    nodes: int | None = Field(
-        None, ge=1, description="dataset.name = nodes: how many SuperNodes with their own data to wait for at set-up "
-        "(within connect_timeout); the federation is the clients of those that answer without an error")
-    ray_address: str | None = Field(
-        None, description="Simulation Engine: join the running Ray cluster at this address (`auto`, or the "
-        "host:port that `ray start --head` prints) instead of starting Ray here; its nodes host the ClientApps, "
-        "each with hetfed and the data installed (docs/flower.md)")
-    clients_per_node: int = Field(
-        1, ge=1, description="Simulation Engine: clients per SuperNode; a node trains its cohort stacked (the "
-        "vectorised executor) and sends one combined upload — ceil(clients / this) nodes")
-    gamma_summaries: bool = Field(
-        True, description="at set-up each client sends its feature count, sum and sum of outer products once; the "
-        "server computes Γ from them (hetfed.gamma_summaries) — what a real federation's Γ is made of")
-    summary_noise: float | None = Field(
-        None, ge=0, description="Gaussian noise multiplier on those summaries (record-level DP; needs summary_clip); "
-        "the (ε, δ) is reported")
-    summary_clip: float | None = Field(None, gt=0, description="rows are scaled to this L2 norm before summarising")
-    summary_delta: float = Field(1e-5, gt=0, lt=1, description="δ of the summaries' (ε, δ)")
-    secure_aggregation: Literal["none", "secaggplus"] = Field(
-        "none", description="secaggplus: a round's updates are summed under Flower's SecAgg+ — the server sees only "
-        "their weighted mean (methods whose upload is shared parameters and the training loss; docs/flower.md)")
-    secaggplus: SecAggPlusConfig = Field(default_factory=SecAggPlusConfig)
-    packed_messages: bool = Field(
-        True, description="a message's records travel as one Flower array (their protobuf bytes: "
-        "hetfed.flower.packing), so Flower moves ~5 objects per message instead of one per record and tensor; false: "
-        "as Flower records (SecAgg+ rounds always are)")
-
-    @model_validator(mode="after")
-    def _noise_needs_clip(self):
-        if self.summary_noise is not None and self.summary_clip is None:
-            raise ValueError(f"flower.summary_noise = {self.summary_noise} is not allowed without flower.summary_clip: "
-                             "the noise is calibrated to the rows' norm bound; expected a clip (e.g. 10)")
-        return self
-
-
-class ServerDataConfig(_Strict):
-    """Unlabeled data the server holds (FedDF distils on it). Labels are never used.
-
-    ``auto``: a ``holdout`` when a method needs server data, else none. ``holdout``:
-    a random ``fraction`` of the training pool is taken out *before* partitioning
-    (every method of the run then trains on the same smaller pool). ``dataset``:
-    the training images of another dataset (``name``), e.g. Fashion-MNIST for an
-    MNIST federation; its inputs must have the federation's shape.
-    """
-
-    source: Literal["auto", "none", "holdout", "dataset"] = "auto"
-    fraction: float = Field(0.1, gt=0, lt=1, description="holdout: share of the training pool the server keeps")
-    name: str | None = Field(None, description="dataset: which dataset's training inputs")
-    data_dir: str | None = None
-    max_samples: int | None = Field(10_000, ge=10, description="at most this many server samples (random)")
-
-    @field_validator("name")
-    @classmethod
-    def _registered_dataset(cls, name: str | None) -> str | None:
-        if name is not None:
-            registry_of("dataset").get(name, "server_data.name")
-        return name
-
-
-class AttackConfig(_Strict):
-    """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed.
-
-    Model poisoning changes what they upload (Δ = θ_k − θ_global): ``sign_flip`` sends
-    −factor·Δ (default factor 4), ``scale`` sends factor·Δ (default 10), ``gaussian`` sends
-    noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on labels
-    y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real).
-    """
-
-    kind: Literal["none", "sign_flip", "scale", "gaussian", "label_flip"] = "none"
-    fraction: float = Field(0.1, ge=0, le=1)
-    factor: float | None = Field(None, gt=0, description="sign_flip: 4, scale: 10 when unset")
-    noise_std: float = Field(1.0, gt=0)
-
-
-class PrivacyConfig(_Strict):
-    """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
-
-    On when ``noise_multiplier`` is set. ε for ``delta`` is computed by Google's
-    dp-accounting (RDP, Poisson-subsampled Gaussian, q = clients per round / eligible clients).
-    """
-
-    noise_multiplier: float | None = Field(None, ge=0, description="z: noise std = z·clip / m (None: no DP)")
-    clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no clipping, "
-                               "only with noise_multiplier 0)")
-    delta: float = Field(1e-5, gt=0, lt=1)
-    weighting: Literal["uniform", "samples"] = Field(
-        "uniform", description="uniform: every clipped update counts 1/m (the sensitivity is S/m, so ε holds); "
-        "samples: FedAvg's weights n_k/Σn, noise std z·S·max n_k/Σn (ε then assumes the weights are public)"
-    )
-
-    @model_validator(mode="after")
-    def _noise_needs_clip(self) -> PrivacyConfig:
-        if self.noise_multiplier and self.clip is None:
-            raise ValueError(f"privacy.clip = None with privacy.noise_multiplier = {self.noise_multiplier}: "
-                             "noise is only meaningful relative to a clip bound; expected a positive clip")
-        return self
-
-
-class ScreenConfig(_Strict):
-    """The server chain's first step: which updates are kept (hetfed.server.screen)."""
-
-    norm_factor: float | None = Field(
-        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the reference median "
-        "(the median norm of the round's first server.screen.reference_clients updates; None: off); NaN/inf "
-        "updates are always rejected"
-    )
-    reference_clients: int = Field(
-        32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
-        "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
-    )
-
-
-class ServerConfig(_Strict):
-    """The server pipeline of every algorithm whose server holds a model (hetfed.server.chain): screen →
-    combine (a registered rule, or DP-FedAvg's noised mean under ``privacy``) → server optimiser on the
-    pseudo-gradient (see hetfed.server.optimizers for the update equations)."""
-
-    screen: ScreenConfig = Field(default_factory=ScreenConfig)
-    combine: dict[str, Any] = Field(
-        default_factory=lambda: {"rule": "mean"}, description="rule: mean (FedAvg's sample-weighted mean), or a "
-        "robust rule (unweighted: median, trimmed_mean, krum, multi_krum), with the rule's own keys (trimmed_mean: "
-        "fraction; krum: byzantine_fraction; multi_krum: byzantine_fraction, keep, weighted; docs/robustness.md)"
-    )
-    min_clients: int = Field(
-        1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
-    )
-    compression: dict[str, Any] = Field(
-        default_factory=lambda: {"kind": "none"}, description="how each client's update Δ travels: kind none, "
-        "qsgd (bits, bucket), topk (fraction), fp16, bf16 (`hetfed components compressor`), and error_feedback "
-        "(clients keep what was not sent and add it to their next update; docs/async.md, 'Compression of what clients send')"
-    )
-
-    optimizer: str = Field(
-        "sgd", description="a registered server optimiser (hetfed.server.optimizers): sgd (FedAvg's step; lr 1: the "
-        "average itself), avgm (FedAvgM, Hsu et al. 2019), adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, "
-        "Reddi et al. 2021, Algorithm 2)"
-    )
-    lr: float | None = Field(None, gt=0, description="server learning rate η (None: 1 for sgd and avgm, 0.01 for "
-                             "the adaptive ones)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="avgm: server momentum β")
-    beta1: float = Field(0.9, ge=0, lt=1, description="adaptive: first-moment decay β₁")
-    beta2: float = Field(0.99, ge=0, lt=1, description="adam / yogi: second-moment decay β₂")
-    tau: float = Field(1e-3, gt=0, description="adaptive: τ, the adaptivity (and v₋₁ = τ²)")
-    bias_correction: bool = Field(
-        False, description="adaptive: Kingma & Ba's bias correction η·√(1−β₂ᵗ)/(1−β₁ᵗ) at step t = 1, 2, … and "
-        "v₋₁ = 0 (the paper has neither; Flower's is variant 'flower')"
-    )
-    variant: Literal["paper", "flower"] = Field(
-        "paper", description="paper: Reddi et al.'s Algorithm 2 and Hsu et al.'s FedAvgM; flower: Flower's own "
-        "FedAdagrad / FedAdam / FedYogi / FedAvgM (flwr.serverapp.strategy): v₋₁ = 0, FedAdam's η scaled by "
-        "√(1−β₂^(t+1))/(1−β₁^(t+1)) at round t, FedAdagrad without β₁ (hetfed.server.optimizers)"
-    )
-
-    @model_validator(mode="after")
-    def _registered_steps(self) -> ServerConfig:
-        registry_of("optimizer").get(self.optimizer)  # the registered rules and optimisers (discovered, not listed)
-        combine = dict(self.combine)
-        registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
-        compression = dict(self.compression)
-        feedback = compression.pop("error_feedback", False)
-        kind = str(compression.pop("kind", "none"))
-        compressors = registry_of("compressor")
-        compressors.params(kind, compression, "server.compression")
-        if not isinstance(feedback, bool):
-            raise ValueError(f"server.compression.error_feedback = {feedback!r} is not allowed: expected true or false")
-        if feedback and not compressors.get(kind).lossy:
-            raise ValueError(f"server.compression.error_feedback = true is not allowed with server.compression.kind "
-                             f"= {kind!r}: it loses nothing to feed back; expected a lossy kind "
-                             f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
-        return self
-
-    @model_validator(mode="after")
-    def _one_correction(self) -> ServerConfig:
-        if self.variant == "flower" and self.bias_correction:
-            raise ValueError("server.bias_correction = true is not allowed with server.variant = 'flower': Flower's "
-                             "strategies have their own correction; expected one of the two")
-        return self
-
-    @property
-    def effective_lr(self) -> float:
-        """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
-        optimizer = registry_of("optimizer").get(self.optimizer)  # discovered, not listed here
-        return self.lr if self.lr is not None else float(optimizer.default_lr)
-
-
-class MethodConfig(_Strict):
+class MethodConfig(Strict):
     """One method of a comparison: its algorithm and that algorithm's own ``params`` (see
     ``hetfed algorithms``); ``model``/``train``/``server`` override the top-level sections.
 
@@ -587,7 +142,7 @@ class MethodConfig(_Strict):
         return self.name or self.algorithm
 
 
-class Config(_Strict):
+class Config(Strict):
     """A whole run: data, embedding, partition, and the methods to compare."""
 
     seed: int = Field(0, ge=0, lt=2**32, description="every random choice derives from it (< 2³², the range "
@@ -679,7 +234,7 @@ class Config(_Strict):
         nor any method's takes is refused, naming what the methods' choices take."""
         for name in METHOD_SECTIONS:
             top = getattr(self, name)
-            if not isinstance(top, _Chosen):
+            if not isinstance(top, Chosen):
                 continue
             untaken = top.not_taken()
             chosen = {method_section(self, m, name).choice for m in self.methods}
@@ -739,7 +294,7 @@ def migrate_legacy(raw: dict) -> dict:
     """A config written by an older hetfed (a run directory's config.yaml) in today's keys
     (:func:`hetfed.config_legacy.migrate_legacy`)."""
     chosen = {name: (*section.chosen_by, frozenset(section.model_fields)) for name, f in Config.model_fields.items()
-              if isinstance(section := f.annotation, type) and issubclass(section, _Chosen)}
+              if isinstance(section := f.annotation, type) and issubclass(section, Chosen)}
     return config_legacy.migrate_legacy(raw, ServerConfig().model_dump(mode="json"), chosen)
 
 
@@ -843,7 +398,8 @@ def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
     import warnings
 
     *path, leaf = key.split(".")
-    methods = merged.get("methods") if isinstance(merged.get("methods"), list) else []
+    nodes: list[tuple[str, Any]]
+    methods: list[Any] = merged["methods"] if isinstance(merged.get("methods"), list) else []
     if len(path) == 1 and path[0] in Config.model_fields:
         section, nodes = path[0], [(path[0], merged.get(path[0]))]
         if section in METHOD_SECTIONS:
@@ -853,14 +409,16 @@ def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
     else:
         return
     schema = Config.model_fields[section].annotation if section in Config.model_fields else None
-    if not (isinstance(schema, type) and issubclass(schema, _Chosen) and leaf == schema.chosen_by[1]):
+    if not (isinstance(schema, type) and issubclass(schema, Chosen) and leaf == schema.chosen_by[1]):
         return
     registry = registry_of(schema.chosen_by[0])
     component = registry.find(str(value))
     if component is None:
         return  # validation names the choice that is not registered
     for where, node in nodes:
-        for param in [k for k in node or {} if k not in schema.model_fields and k not in component.Params.model_fields]:
+        if not isinstance(node, dict):
+            continue
+        for param in [k for k in node if k not in schema.model_fields and k not in component.Params.model_fields]:
             warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} chose a "
                           f"{registry.noun} that does not take it", OverriddenKey, stacklevel=4)
 
@@ -873,14 +431,14 @@ class UnreadKey(HetfedNote):
     """A key set to a value other than its default that nothing the config chose reads."""
 
 
-def _away_from_default(section: _Strict) -> dict[str, Any]:
+def _away_from_default(section: Strict) -> dict[str, Any]:
     """The section's keys whose (dumped) value differs from their default, with that value (a nested section's
     keys dotted: ``secaggplus.num_shares``)."""
     fields = type(section).model_fields
     out: dict[str, Any] = {}
     for k, v in section.model_dump().items():
         value = getattr(section, k)
-        if isinstance(value, _Strict):
+        if isinstance(value, Strict):
             out.update({f"{k}.{key}": inner for key, inner in _away_from_default(value).items()})
         elif v != fields[k].get_default(call_default_factory=True):
             out[k] = v
@@ -977,7 +535,7 @@ def method_section(config: Config, method: MethodConfig, section: str, where: st
     ``where``: the key errors name (``methods.0.model``)."""
     top = getattr(config, section)
     own = getattr(method, section)
-    base = top.given_for(str(own.get(top.chooser, top.choice))) if isinstance(top, _Chosen) else top.model_dump()
+    base = top.given_for(str(own.get(top.chooser, top.choice))) if isinstance(top, Chosen) else top.model_dump()
     if where is None:
         return type(top).model_validate(_deep_merge(base, own))
     try:

@@ -142,7 +142,7 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
     raw = copy.deepcopy(raw)
     for name, how in chosen.items():
         _keep_taken(raw.get(name), how, None)
-    top_model = raw.get("model") if isinstance(raw.get("model"), dict) else {}
+    top_model: dict[str, Any] = raw["model"] if isinstance(raw.get("model"), dict) else {}
     methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
     sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
     train_keys = legacy_train_keys()

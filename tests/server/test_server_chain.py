@@ -157,33 +157,71 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
     assert f"component kind 'datasets' is not allowed: expected one of {sorted(KINDS)}" in capsys.readouterr().err
 
 
-def test_a_plugin_module_registers_a_partitioner_the_config_can_name(tmp_path, capsys):
-    """#46: a toy partitioner in a plugin, one file, named by partition.kind and run end to end."""
+def test_a_plugin_module_registers_a_partitioner_with_a_parameter_of_its_own(tmp_path, capsys):
+    """#46, #73: a toy partitioner in a plugin, one file with its own parameter, named by partition.kind and run end
+    to end; its parameter is applied, listed by `hetfed components`, and a key it does not take is refused."""
     from hetfed.cli import main
 
     out = tmp_path / "r"
-    assert main(["run", "--set", "plugins=[tests.plugin_partitioner]", "--set", "partition.kind=plugin_label_parity",
-                 "--set", "partition.clients=4", "--set", "train.rounds=1", "--set", "train.local_steps=2",
-                 "--out", str(out), "--quiet"]) == 0
+    plugin = ["--set", "plugins=[tests.plugin_partitioner]", "--set", "partition.kind=plugin_label_parity"]
+    assert main(["run", *plugin, "--set", "partition.odd_share=0.75", "--set", "partition.clients=4",
+                 "--set", "train.rounds=1", "--set", "train.local_steps=2", "--out", str(out), "--quiet"]) == 0
     import numpy as np
 
     with np.load(out / "federation.npz") as z:  # the run's own record of who holds which classes
         counts = z["counts"]
-    assert all(sum(row[c] for c in range(1 - k % 2, 10, 2)) == 0 for k, row in enumerate(counts))  # one parity each
+    odd = [bool(row[1::2].sum()) for row in counts]
+    assert odd == [False, True, True, True]  # 3 of 4 clients hold the odd labels: odd_share 0.75 was applied
+    assert all(not (row[0::2].sum() and row[1::2].sum()) for row in counts)  # one parity each
+    capsys.readouterr()
+    assert main(["config", *plugin, "--set", "partition.alpha=0.1"]) == 2
+    assert ("unknown key 'partition.alpha': partitioner 'plugin_label_parity' takes ['odd_share']"
+            in capsys.readouterr().err)
 
 
-def test_a_plugin_module_registers_a_dataset_the_config_can_name(tmp_path):
-    """#46: a toy dataset in a plugin, one file, named by dataset.name and run end to end."""
+def test_a_plugin_module_registers_a_dataset_with_a_parameter_of_its_own(tmp_path):
+    """#46, #73: a toy dataset in a plugin, one file with its own parameter, named by dataset.name and run end to
+    end."""
     import json
 
     from hetfed.cli import main
 
     out = tmp_path / "r"
     assert main(["run", "--set", "plugins=[tests.plugin_dataset]", "--set", "dataset.name=plugin_blobs",
-                 "--set", "partition.clients=3", "--set", "train.rounds=2", "--out", str(out), "--quiet"]) == 0
+                 "--set", "dataset.centers=4", "--set", "partition.clients=3", "--set", "train.rounds=2",
+                 "--out", str(out), "--quiet"]) == 0
     summary = json.loads((out / "summary.json").read_text())
-    assert summary["dataset"] == "plugin_blobs" and summary["n_classes"] == 3 and summary["input_shape"] == [5]
-    assert summary["methods"]["relu"]["best"]["global_accuracy"] > 0.5  # three well-separated blobs
+    assert summary["dataset"] == "plugin_blobs" and summary["n_classes"] == 4 and summary["input_shape"] == [5]
+    assert summary["methods"]["relu"]["best"]["global_accuracy"] > 0.5  # four well-separated blobs
+
+
+def test_a_plugin_module_registers_a_model_with_a_parameter_of_its_own(tmp_path):
+    """#73: a toy model in a plugin, one file with its own parameter, named by model.kind: the parameter reaches
+    its build (the checkpoint's weights have its width)."""
+    import torch
+
+    from hetfed.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "--set", "plugins=[tests.plugin_model]", "--set", "model.kind=plugin_wide",
+                 "--set", "model.width=12", "--set", "partition.clients=3", "--set", "train.rounds=1",
+                 "--set", "methods=[{algorithm: fedavg}]", "--out", str(out), "--quiet"]) == 0
+    state = torch.load(next((out / "checkpoints").glob("**/*.pt")), weights_only=False)
+    shapes = [tuple(v.shape) for v in _tensors(state)]
+    assert (12, 64) in shapes or (64, 12) in shapes, shapes
+
+
+def _tensors(tree):
+    import torch
+
+    if isinstance(tree, torch.Tensor):
+        yield tree
+    elif isinstance(tree, dict):
+        for v in tree.values():
+            yield from _tensors(v)
+    elif isinstance(tree, list | tuple):
+        for v in tree:
+            yield from _tensors(v)
 
 
 def test_a_plugin_module_registers_an_executor_the_driver_opens_around_its_methods(tmp_path):

@@ -9,9 +9,9 @@ from typing import Any
 import hetfed.algorithms.registry as registry
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
-from hetfed.registry import registry_of
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model
+from hetfed.registry import registry_of
 from hetfed.server.pipeline import server_chain
 
 

@@ -19,11 +19,11 @@ from hetfed.partition import (
 from hetfed.registry import ComponentParams
 
 
-
 class DirichletParams(ComponentParams):
     alpha: float = Field(0.5, gt=0, description="the Dirichlet concentration α: small is skewed, large near IID")
     min_size: int = Field(10, ge=0, description="clients short of this many samples are topped up from the largest (one pass)")
     samples_per_client: int | None = Field(None, ge=1, description="each client draws its class shares from Dir(α) and this many samples (FedMoE: 100)")
+
 
 def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
               client_ids: np.ndarray | None = None) -> Indices:

@@ -11,10 +11,10 @@ from hetfed.partition import Indices, classes_present, pca_view, register, requi
 from hetfed.registry import ComponentParams
 
 
-
 class FeatureClustersParams(ComponentParams):
     shuffle: float = Field(0.0, ge=0, le=1, description="the fraction of samples reassigned to uniformly random clients (1: IID)")
     pca_components: int = Field(2, ge=1, description="the PCA plane the per-class k-means clusters are found in")
+
 
 def feature_clusters(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
                      client_ids: np.ndarray | None = None) -> Indices:

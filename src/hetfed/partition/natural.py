@@ -14,9 +14,9 @@ from hetfed.partition import (
 from hetfed.registry import ComponentParams
 
 
-
 class NaturalParams(ComponentParams):
     natural_min_samples: int = Field(1, ge=1, description="clients holding fewer training samples are left out (their data unused)")
+
 
 def natural(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator | None = None,
             client_ids: np.ndarray | None = None) -> Indices:

@@ -19,13 +19,13 @@ from hetfed.partition import (
 from hetfed.registry import ComponentParams
 
 
-
 class ShardsParams(ComponentParams):
     n_shards: int | None = Field(None, ge=1, description="shards in all (None: clients × shards_per_client)")
     shards_per_client: int = Field(2, ge=1, description="shards each client is dealt")
     shard_cut: Literal["within_class", "sorted"] = Field(
         "within_class", description="cut within each class (no shard straddles two labels), or McMahan et al.'s "
         "sort-by-label-and-cut into equal shards (a shard at a class boundary holds two labels)")
+
 
 def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
            client_ids: np.ndarray | None = None) -> Indices:

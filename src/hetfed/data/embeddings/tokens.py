@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
-
 from pydantic import Field
 
 from hetfed.config import EmbedConfig

@@ -1,0 +1,160 @@
+"""The server's sections: its data, simulated attackers, client-level DP and the server chain (``server.*``)."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hetfed.config_base import Strict
+from hetfed.registry import registry_of
+
+
+class ServerDataConfig(Strict):
+    """Unlabeled data the server holds (FedDF distils on it). Labels are never used.
+
+    ``auto``: a ``holdout`` when a method needs server data, else none. ``holdout``:
+    a random ``fraction`` of the training pool is taken out *before* partitioning
+    (every method of the run then trains on the same smaller pool). ``dataset``:
+    the training images of another dataset (``name``), e.g. Fashion-MNIST for an
+    MNIST federation; its inputs must have the federation's shape.
+    """
+
+    source: Literal["auto", "none", "holdout", "dataset"] = "auto"
+    fraction: float = Field(0.1, gt=0, lt=1, description="holdout: share of the training pool the server keeps")
+    name: str | None = Field(None, description="dataset: which dataset's training inputs")
+    data_dir: str | None = None
+    max_samples: int | None = Field(10_000, ge=10, description="at most this many server samples (random)")
+
+    @field_validator("name")
+    @classmethod
+    def _registered_dataset(cls, name: str | None) -> str | None:
+        if name is not None:
+            registry_of("dataset").get(name, "server_data.name")
+        return name
+
+
+class AttackConfig(Strict):
+    """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed.
+
+    Model poisoning changes what they upload (Δ = θ_k − θ_global): ``sign_flip`` sends
+    −factor·Δ (default factor 4), ``scale`` sends factor·Δ (default 10), ``gaussian`` sends
+    noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on labels
+    y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real).
+    """
+
+    kind: Literal["none", "sign_flip", "scale", "gaussian", "label_flip"] = "none"
+    fraction: float = Field(0.1, ge=0, le=1)
+    factor: float | None = Field(None, gt=0, description="sign_flip: 4, scale: 10 when unset")
+    noise_std: float = Field(1.0, gt=0)
+
+
+class PrivacyConfig(Strict):
+    """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
+
+    On when ``noise_multiplier`` is set. ε for ``delta`` is computed by Google's
+    dp-accounting (RDP, Poisson-subsampled Gaussian, q = clients per round / eligible clients).
+    """
+
+    noise_multiplier: float | None = Field(None, ge=0, description="z: noise std = z·clip / m (None: no DP)")
+    clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no clipping, "
+                               "only with noise_multiplier 0)")
+    delta: float = Field(1e-5, gt=0, lt=1)
+    weighting: Literal["uniform", "samples"] = Field(
+        "uniform", description="uniform: every clipped update counts 1/m (the sensitivity is S/m, so ε holds); "
+        "samples: FedAvg's weights n_k/Σn, noise std z·S·max n_k/Σn (ε then assumes the weights are public)"
+    )
+
+    @model_validator(mode="after")
+    def _noise_needs_clip(self) -> PrivacyConfig:
+        if self.noise_multiplier and self.clip is None:
+            raise ValueError(f"privacy.clip = None with privacy.noise_multiplier = {self.noise_multiplier}: "
+                             "noise is only meaningful relative to a clip bound; expected a positive clip")
+        return self
+
+
+class ScreenConfig(Strict):
+    """The server chain's first step: which updates are kept (hetfed.server.screen)."""
+
+    norm_factor: float | None = Field(
+        10.0, gt=1, description="reject updates whose norm ‖θ_k − θ_global‖ exceeds this × the reference median "
+        "(the median norm of the round's first server.screen.reference_clients updates; None: off); NaN/inf "
+        "updates are always rejected"
+    )
+    reference_clients: int = Field(
+        32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
+        "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
+    )
+
+
+class ServerConfig(Strict):
+    """The server pipeline of every algorithm whose server holds a model (hetfed.server.chain): screen →
+    combine (a registered rule, or DP-FedAvg's noised mean under ``privacy``) → server optimiser on the
+    pseudo-gradient (see hetfed.server.optimizers for the update equations)."""
+
+    screen: ScreenConfig = Field(default_factory=ScreenConfig)
+    combine: dict[str, Any] = Field(
+        default_factory=lambda: {"rule": "mean"}, description="rule: mean (FedAvg's sample-weighted mean), or a "
+        "robust rule (unweighted: median, trimmed_mean, krum, multi_krum), with the rule's own keys (trimmed_mean: "
+        "fraction; krum: byzantine_fraction; multi_krum: byzantine_fraction, keep, weighted; docs/robustness.md)"
+    )
+    min_clients: int = Field(
+        1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
+    )
+    compression: dict[str, Any] = Field(
+        default_factory=lambda: {"kind": "none"}, description="how each client's update Δ travels: kind none, "
+        "qsgd (bits, bucket), topk (fraction), fp16, bf16 (`hetfed components compressor`), and error_feedback "
+        "(clients keep what was not sent and add it to their next update; docs/async.md, 'Compression of what clients send')"
+    )
+
+    optimizer: str = Field(
+        "sgd", description="a registered server optimiser (hetfed.server.optimizers): sgd (FedAvg's step; lr 1: the "
+        "average itself), avgm (FedAvgM, Hsu et al. 2019), adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, "
+        "Reddi et al. 2021, Algorithm 2)"
+    )
+    lr: float | None = Field(None, gt=0, description="server learning rate η (None: 1 for sgd and avgm, 0.01 for "
+                             "the adaptive ones)")
+    momentum: float = Field(0.9, ge=0, lt=1, description="avgm: server momentum β")
+    beta1: float = Field(0.9, ge=0, lt=1, description="adaptive: first-moment decay β₁")
+    beta2: float = Field(0.99, ge=0, lt=1, description="adam / yogi: second-moment decay β₂")
+    tau: float = Field(1e-3, gt=0, description="adaptive: τ, the adaptivity (and v₋₁ = τ²)")
+    bias_correction: bool = Field(
+        False, description="adaptive: Kingma & Ba's bias correction η·√(1−β₂ᵗ)/(1−β₁ᵗ) at step t = 1, 2, … and "
+        "v₋₁ = 0 (the paper has neither; Flower's is variant 'flower')"
+    )
+    variant: Literal["paper", "flower"] = Field(
+        "paper", description="paper: Reddi et al.'s Algorithm 2 and Hsu et al.'s FedAvgM; flower: Flower's own "
+        "FedAdagrad / FedAdam / FedYogi / FedAvgM (flwr.serverapp.strategy): v₋₁ = 0, FedAdam's η scaled by "
+        "√(1−β₂^(t+1))/(1−β₁^(t+1)) at round t, FedAdagrad without β₁ (hetfed.server.optimizers)"
+    )
+
+    @model_validator(mode="after")
+    def _registered_steps(self) -> ServerConfig:
+        registry_of("optimizer").get(self.optimizer)  # the registered rules and optimisers (discovered, not listed)
+        combine = dict(self.combine)
+        registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
+        compression = dict(self.compression)
+        feedback = compression.pop("error_feedback", False)
+        kind = str(compression.pop("kind", "none"))
+        compressors = registry_of("compressor")
+        compressors.params(kind, compression, "server.compression")
+        if not isinstance(feedback, bool):
+            raise ValueError(f"server.compression.error_feedback = {feedback!r} is not allowed: expected true or false")
+        if feedback and not compressors.get(kind).lossy:
+            raise ValueError(f"server.compression.error_feedback = true is not allowed with server.compression.kind "
+                             f"= {kind!r}: it loses nothing to feed back; expected a lossy kind "
+                             f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
+        return self
+
+    @model_validator(mode="after")
+    def _one_correction(self) -> ServerConfig:
+        if self.variant == "flower" and self.bias_correction:
+            raise ValueError("server.bias_correction = true is not allowed with server.variant = 'flower': Flower's "
+                             "strategies have their own correction; expected one of the two")
+        return self
+
+    @property
+    def effective_lr(self) -> float:
+        """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
+        optimizer = registry_of("optimizer").get(self.optimizer)  # discovered, not listed here
+        return self.lr if self.lr is not None else float(optimizer.default_lr)

@@ -1,0 +1,152 @@
+"""The schedule's sections: rounds, client sampling, local work, evaluation, the client optimiser and the clocks
+(``train.*``)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, field_validator, model_validator
+
+from hetfed.config_base import Strict
+from hetfed.registry import registry_of
+
+
+class OptimizerConfig(Strict):
+    """The client optimiser. ``reset_each_round: false`` keeps its state on the client."""
+
+    kind: Literal["sgd", "adam"] = "sgd"
+    lr: float = Field(0.1, gt=0)
+    momentum: float = Field(0.9, ge=0, lt=1)
+    weight_decay: float = Field(0.0, ge=0)
+    betas: tuple[float, float] = (0.9, 0.999)
+    eps: float = Field(1e-8, gt=0)
+    reset_each_round: bool = True
+
+
+class StragglerConfig(Strict):
+    """Slow clients and a round deadline: a client whose round takes longer than ``deadline`` is dropped.
+
+    Each client gets a fixed time per local step, drawn once from the run seed
+    (median 1: the deadline is in "median client steps"); a round takes
+    ``steps × time_per_step``.
+    """
+
+    distribution: Literal["none", "lognormal", "exponential", "uniform"] = "none"
+    spread: float = Field(0.5, gt=0, description="lognormal σ; uniform: times in [1 − spread/2, 1 + spread/2]·median")
+    deadline: float | None = Field(None, gt=0, description="time units (median client steps); None: no deadline")
+
+
+class ClockConfig(Strict):
+    """Simulated time (hetfed.engine.clock): a client's round takes its compute time (samples processed × its
+    seconds per sample) plus its network time (bytes received ÷ downlink + bytes sent ÷ uplink); a synchronous
+    round lasts as long as its slowest aggregated client (or the deadline, when a client missed it). Each client's
+    speeds are drawn once from the run seed (median ``sample_seconds``), or read from ``file``."""
+
+    latency: Literal["constant", "lognormal", "exponential", "uniform", "file", "wall"] = Field(
+        "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
+        "from a distribution with that median (lognormal: σ = spread; exponential; uniform: ±spread/2), or read "
+        "from file; wall: no model — an asynchronous server on Flower merges replies in the order they really come "
+        "and sim_time is the run's seconds")
+    spread: float = Field(1.0, gt=0, description="lognormal σ; uniform: speeds in [1 − spread/2, 1 + spread/2]·median")
+    sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
+    uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "
+                                      "(None: sending takes no time)")
+    downlink_mbps: float | None = Field(None, gt=0, description="the median client's download bandwidth in Mbit/s "
+                                        "(None: receiving takes no time)")
+    network_spread: float = Field(0.0, ge=0, description="lognormal σ of each client's bandwidths around the median")
+    file: str | None = Field(None, description="latency = file: a CSV with a header and one row per client: client, "
+                             "sample_seconds, and optionally uplink_mbps, downlink_mbps")
+    slow: Literal["random", "by_label"] = Field(
+        "random", description="which client gets which speed: random, or by_label (clients sorted by their most "
+        "frequent class; the slowest speeds go to the highest classes, so slow clients hold different classes)")
+    deadline: float | None = Field(None, gt=0, description="seconds: a client whose round takes longer is dropped "
+                                   "(late); the round then lasts the deadline")
+
+    @model_validator(mode="after")
+    def _file_given(self) -> ClockConfig:
+        if (self.latency == "file") != (self.file is not None):
+            raise ValueError(f"train.clock.latency = {self.latency!r} with train.clock.file = {self.file!r} is not "
+                             "allowed: latency 'file' needs file (a CSV path), and file needs latency 'file'")
+        return self
+
+
+class TrainConfig(Strict):
+    """The federated schedule: rounds, client sampling, local work, evaluation."""
+
+    rounds: int = Field(100, ge=1)
+    client_fraction: float | None = Field(
+        1.0, gt=0, le=1, description="C: share of the opted-in clients sampled per round"
+    )
+    clients_per_round: int | None = Field(
+        None, ge=1, description="m: a fixed count per round (wins over client_fraction)"
+    )
+    local_epochs: float | None = Field(1.0, gt=0)
+    local_steps: int | None = Field(None, ge=1, description="τ: wins over local_epochs")
+    steps_cap_one_pass: bool = Field(
+        False, description="with local_steps: stop early once all client data was seen once"
+    )
+    batch_size: int = Field(32, ge=1)
+    optimizer: OptimizerConfig = Field(default_factory=OptimizerConfig)
+    lr_decay: float = Field(1.0, gt=0, le=1, description="lr multiplied by this every round")
+    eval_every: int = Field(1, ge=1)
+    eval_clients: int | None = Field(
+        None, ge=2, description="score a fixed random sample of this many clients at each evaluation (None: all); "
+        "local metrics then come with a 95%% CI over the sampled clients"
+    )
+    eval_global_clients: int | None = Field(
+        10, ge=1, description="during the rounds, personalised models of at most this many of the evaluated clients "
+        "also score the global test set (a fixed random subset; None: all): each is a full pass over the global "
+        "test set, ~10× a client's training round on FMNIST. The final personalised views are scored by all"
+    )
+    global_test_size: int | None = Field(
+        None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"
+    )
+    patience: int | None = Field(None, ge=1, description="early stop after this many evals")
+    executor: str = Field(
+        "vectorised", description="where the clients compute: a registered executor that train.executor may name "
+        "(vectorised, sequential, flower; `hetfed components executor`)")
+    device: Literal["auto", "cpu", "cuda"] = "cpu"
+    capture: Literal["auto", "off", "compile"] = Field(
+        "auto", description="auto: on CUDA, a stacked training step is recorded once as a CUDA graph and replayed "
+        "(steps of methods with their own objective, constraint or extra loss term, and models with buffers, run "
+        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile once a batch "
+        "shape has come up 20 times, ~2x faster for small models but ~45 s of compiling per shape the first time on "
+        "a machine (~1 s from torch's cache after), for long runs; off: every step eager")
+    chunk_clients: int | None = Field(
+        None, ge=1, description="at most this many clients trained at once (memory budget)"
+    )
+    memory_budget_mb: float | None = Field(
+        None, gt=0, description="working set of one chunk of clients; None: 128 MB on a CPU (cache-friendly), "
+        "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy)"
+    )
+    checkpoint_every: int | None = Field(
+        10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "
+        "federated phase and of personalisation); None: only at the end. `hetfed run --resume DIR` continues"
+    )
+    # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
+    client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
+    stragglers: StragglerConfig = Field(default_factory=StragglerConfig)
+    clock: ClockConfig = Field(default_factory=ClockConfig)
+
+    @model_validator(mode="after")
+    def _one_clock(self) -> TrainConfig:
+        if self.stragglers.distribution == "none" and self.stragglers.deadline is not None:
+            raise ValueError(f"train.stragglers.deadline = {self.stragglers.deadline:g} is not allowed with "
+                             "train.stragglers.distribution = 'none': nobody would be late; expected a distribution "
+                             "(lognormal, exponential, uniform) or train.clock.deadline (seconds)")
+        if self.stragglers.distribution != "none" and self.clock != ClockConfig():
+            raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set is "
+                             "not allowed: stragglers is the clock in median-step units; expected train.clock alone "
+                             "(latency, spread, deadline in seconds) or train.stragglers alone")
+        return self
+
+    @field_validator("executor")
+    @classmethod
+    def _selectable_executor(cls, name: str) -> str:
+        executors = registry_of("executor")
+        selectable = [n for n, kind in executors.items() if kind.selectable]
+        if name not in selectable:
+            raise ValueError(f"not allowed: expected one of {selectable}"
+                              + (" (a deployment is chosen by running on one: hetfed flower run)"
+                                 if name in executors.names() else ""))
+        return name
