@@ -22,6 +22,7 @@ KEYS = ["seed", "name", "dataset", "dataset.name", "dataset.test_fraction", "dat
         "model.hidden", "model.dropout", "train.rounds", "train.client_fraction", "train.clients_per_round",
         "train.optimizer.lr", "train.optimizer.kind", "train.batch_size", "train.executor", "methods",
         "methods.0.algorithm", "methods.0.model", "methods.0.params", "methods.0.params.mu", "server.optimizer",
+        "server.optimizer.kind", "server.optimizer.lr", "server.optimizer.beta1",
         "server.lr", "moe", "fsnet.hidden", "typo", "train.typo"]
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True),

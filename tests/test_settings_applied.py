@@ -35,7 +35,7 @@ def test_a_set_model_kind_reaches_every_method_and_charlstm_on_digits_is_refused
     err = capsys.readouterr().err
     assert "note: model.kind = 'charlstm' replaces methods.0.model.kind = 'mlp' (method 'relu')" in err
     assert "note: model.kind = 'charlstm' replaces methods.1.model.kind = 'cgau' (method 'cgau')" in err
-    assert ("error: invalid config: methods.0 model.kind = 'charlstm' with embed.kind = 'identity' is not allowed "
+    assert ("error: methods.0 model.kind = 'charlstm' with embed.kind = 'identity' is not allowed "
             "(dataset.name = 'digits')") in err
     assert not out.exists()
 
@@ -101,13 +101,13 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
 
 
 @pytest.mark.parametrize("sets,expected", [
-    (["methods=[{algorithm: local}]", "server.lr=0.3"], "server.lr = 0.3 is not read by any method"),
-    (["methods=[{algorithm: local}]", "methods.0.server.optimizer=adam"],
-     "methods.0.server.optimizer = 'adam' is not read: algorithm 'local' has no server model"),
+    (["methods=[{algorithm: local}]", "server.optimizer.lr=0.3"], "server.optimizer.lr = 0.3 is not read by any method"),
+    (["methods=[{algorithm: local}]", "methods.0.server.optimizer.kind=adam"],
+     "methods.0.server.optimizer.kind = 'adam' is not read: algorithm 'local' has no server model"),
     (["flower.ray_address=auto"], "flower.ray_address = 'auto' is not read with train.executor = 'vectorised': it "
                                   "applies to the Flower executors"),
-    (["methods.0.model.kind=cnn4"], "methods.0.model.dropout = 0.5 is dropped: methods.0.model.kind = 'cnn4' chose a "
-                                    "model that does not take it"),
+    (["methods.0.model.kind=cnn4"], "methods.0.model.dropout = 0.5 is dropped: methods.0.model.kind = 'cnn4' does "
+                                    "not take it"),
 ])
 def test_a_key_nothing_reads_is_noted_on_stderr(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 0
@@ -194,10 +194,13 @@ def test_texts_saved_as_a_string_array_still_load(tmp_path):
 def test_partition_does_not_check_the_methods_models_but_run_does():
     """`hetfed partition --set dataset.name=shakespeare --set partition.kind=natural` was refused for the
     default methods' MLP."""
+    from hetfed.runs.plan import check_config
+
     sets = ["dataset.name=shakespeare", "partition.kind=natural", "partition.clients=null"]
-    assert load_config(None, sets, scope="data").dataset.name == "shakespeare"
+    config = load_config(None, sets)
+    check_config(config, train=False)  # hetfed partition's plan: no method is trained
     with pytest.raises(ConfigError, match="need model.kind = 'charlstm'"):
-        load_config(None, sets)
+        check_config(config)  # hetfed run's
 
 
 # ------------------------------------------------------------------ 11. FedDF's holdout on Flower after a FedAvg run

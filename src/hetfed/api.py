@@ -54,8 +54,10 @@ def load_config(source: str | Path | dict | Config | None = None,
 
     ``overrides`` are dotted keys, as ``--set`` takes them: ``{"train.rounds": 5}``
     or ``["train.rounds=5"]``. Bad keys or values raise :class:`hetfed.ConfigError`
-    naming the key, the value and what is allowed.
+    naming the key, the value and what is allowed — a key of one component, or two that do not go together.
     """
+    from hetfed.runs.plan import check_config
+
     extra = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
     if isinstance(source, Config):
         raw = as_given(source)
@@ -65,7 +67,9 @@ def load_config(source: str | Path | dict | Config | None = None,
         raw = read_yaml(source) if source is not None else {}
     else:
         raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or None")
-    return warn_unread(build_config(raw, extra))
+    config = warn_unread(build_config(raw, extra))
+    check_config(config)  # the checks between components (hetfed.runs.plan), as `hetfed run` makes them
+    return config
 
 
 def _config(config: str | Path | dict | Config | None) -> Config:

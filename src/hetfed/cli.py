@@ -299,6 +299,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         run_on_deployment,
         shown,
     )
+    from hetfed.runs.plan import check_config, check_remote_resume
     from hetfed.runs.rundir import failure_reason
 
     require_flwr()
@@ -310,12 +311,13 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
         from hetfed.runs.checkpoint import read_checkpoint
-        from hetfed.runs.runner import check_remote_resume, resumable_config
+        from hetfed.runs.runner import resumable_config
 
         config, args.out = resumable_config(Path(args.resume)), args.resume
         check_remote_resume(read_checkpoint(args.resume))  # refused here, before anything is submitted
     else:
         config = load_config(args.config, args.sets, executor="deployment")  # flower.* is read there
+        check_config(config)  # refused here, before anything is submitted
         if args.out is None:
             raise ConfigError("hetfed flower run needs --out DIR (the run directory), or --resume RUN_DIR")
         if Path(args.out).exists():
@@ -350,7 +352,11 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 
 
 def cmd_config(args: argparse.Namespace) -> int:
-    console.print(dump_config(load_config(args.config, args.sets)), markup=False, highlight=False)
+    from hetfed.runs.plan import check_config
+
+    config = load_config(args.config, args.sets)
+    check_config(config)  # what would be refused at the plan, refused here
+    console.print(dump_config(config), markup=False, highlight=False)
     return 0
 
 
@@ -411,7 +417,10 @@ def check_figure_path(path: str, key: str = "--plot") -> None:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
-    config = load_config(args.config, args.sets, scope="data")  # partitioning trains no method's model
+    from hetfed.runs.plan import check_config
+
+    config = load_config(args.config, args.sets)
+    check_config(config, train=False)  # partitioning trains no method's model
     if args.plot:
         check_figure_path(args.plot)
     report = partition_report(config)

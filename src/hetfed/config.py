@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, ValidationInfo, model_validator
+from pydantic import BaseModel, Field, ValidationError, model_validator
 
 from hetfed import config_legacy
 from hetfed.config_base import Chosen, Strict
@@ -183,15 +183,15 @@ class Config(Strict):
             plugins = data.get("plugins")
             if isinstance(plugins, list) and all(isinstance(m, str) for m in plugins):
                 _import_plugins(plugins)
-            config_legacy.refuse_legacy(data, ServerConfig().model_dump(mode="json"))
+            known = {"": frozenset(Config.model_fields), "train": frozenset(TrainConfig.model_fields)}
+            config_legacy.refuse_legacy(data, ServerConfig().model_dump(mode="json"), known)
         return data
 
     @model_validator(mode="after")
-    def _methods_resolve(self, info: ValidationInfo) -> Config:
-        """The methods resolve to registered algorithms with valid params and overrides; with the validation
-        context's ``scope`` = ``"data"`` (a command that only builds the federation, ``hetfed partition``), the
-        checks between a method's model and the data are left out: nothing is trained."""
-        scope = (info.context or {}).get("scope", "run")
+    def _methods_resolve(self) -> Config:
+        """The methods resolve to registered algorithms with valid params and overrides, under unique names. (The
+        checks between components — a model and the data, an algorithm and the server data — are the plan's:
+        :func:`hetfed.runs.plan.check_config`.)"""
         registry = registry_of("algorithm")  # the algorithms' own declarations (discovered, not listed here)
 
         _import_plugins(self.plugins)
@@ -200,32 +200,16 @@ class Config(Strict):
         labels = [m.label for m in self.methods]
         if len(set(labels)) != len(labels):
             raise ValueError(f"methods have repeated names {labels}: give each a unique name")
-        if registry_of("dataset").get(self.dataset.name).on_nodes:
-            _check_nodes_dataset(self)
-        if self.server_data.source == "dataset" and self.server_data.name is None:
-            raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
-                             "e.g. fashion-mnist")
         for i, m in enumerate(self.methods):
             spec = registry.get(m.algorithm, f"methods.{i}.algorithm")
             spec.make_params(m.params, f"methods.{i}.params")
-            caps = spec.capabilities
-            if caps.server_data and self.server_data.source == "none":
-                raise ValueError(f"server_data.source = 'none' is not allowed with methods.{i}.algorithm = "
-                                 f"{m.algorithm!r}: it needs unlabeled server data; expected 'auto', 'holdout' or "
-                                 "'dataset'")
-            clash = sorted(set(caps.views) & (set(labels) - {m.label})) if m.label == m.algorithm else []
+            views = spec.capabilities.views
+            clash = sorted(set(views) & (set(labels) - {m.label})) if m.label == m.algorithm else []
             if clash:  # a method named after its algorithm reports its views unprefixed
                 raise ValueError(f"methods names {clash} clash with the rows of the method named {m.label!r} "
-                                 f"(its views {sorted(caps.views)}): rename them")
-            server = _deep_merge(self.server.model_dump(), m.server)
-            if not caps.server_model and server.get("compression") != ServerConfig().compression:
-                raise ValueError(f"server.compression = {server.get('compression')} is not allowed with methods.{i}"
-                                 f".algorithm = {m.algorithm!r}: it uploads no model to compress; expected the default "
-                                 f"{ServerConfig().compression} for this method (methods.{i}.server.compression)")
+                                 f"(its views {sorted(views)}): rename them")
             for section in METHOD_SECTIONS:
                 method_section(self, m, section, f"methods.{i}.{section}")
-            if scope == "run":
-                self._check_model(i, m, caps)
         self._refuse_untaken()
         return self
 
@@ -244,25 +228,6 @@ class Config(Strict):
                 if not any(key in fields for fields in takes.values()):
                     raise ValueError(f"{name}.{key} = {value!r} is not allowed: neither {name}.{top.chooser} = "
                                      f"{top.choice!r} nor a method's {registry.noun} takes it; they take {takes}")
-
-    def _check_model(self, i: int, method: MethodConfig, caps) -> None:
-        """The model reads what the data gives (feature vectors, token ids, character windows: each model kind
-        declares its inputs, each dataset and extractor what it gives), and the algorithm supports it."""
-        kind = self.method_model(method).kind
-        models = registry_of("model")
-        spec = models.get(kind)
-        gives = registry_of("embedding").get(self.embed.kind).gives or registry_of("dataset").get(
-            self.dataset.name).gives
-        if spec.inputs != gives:
-            readers = [name for name, m in models.items() if m.inputs == gives]
-            need = f"need model.kind = {readers[0]!r}" if len(readers) == 1 else f"need model.kind in {readers}"
-            raise ValueError(f"methods.{i} model.kind = {kind!r} with embed.kind = {self.embed.kind!r} is not allowed "
-                             f"(dataset.name = {self.dataset.name!r}): the model reads {spec.inputs}, the data gives "
-                             f"{gives}, which {need}")
-        if caps.model_kinds is not None and kind not in caps.model_kinds:
-            raise ValueError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = "
-                             f"{kind!r}: {caps.model_reason or 'unsupported'}; expected model.kind in "
-                             f"{list(caps.model_kinds)}")
 
     def method_server(self, method: MethodConfig) -> ServerConfig:
         """The server config a method runs with: top-level, then its overrides."""
@@ -330,12 +295,9 @@ def _format_errors(err: ValidationError, prefix: str = "") -> str:
     return "; ".join(lines)
 
 
-def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
-                 scope: Literal["run", "data"] = "run") -> Config:
-    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError.
-
-    ``scope = "data"``: for commands that only build the federation (no method is trained, so a
-    method's model need not suit the data)."""
+def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
+    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError (each section and component
+    checked on its own; the checks between components are the plan's, :func:`hetfed.runs.plan.check_config`)."""
     # start from the defaults so --set can reach into default lists (methods.0.…)
     try:
         merged = _deep_merge(as_given(Config()), raw or {})
@@ -356,7 +318,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
         _rechoose(merged, key, value)
         set_dotted(merged, key, value)
     try:
-        return Config.model_validate(merged, context={"scope": scope, "whole": True})
+        return Config.model_validate(merged, context={"whole": True})
     except ValidationError as err:
         raise ConfigError("invalid config: " + _format_errors(err)) from None
 
@@ -398,19 +360,21 @@ def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
     import warnings
 
     *path, leaf = key.split(".")
-    nodes: list[tuple[str, Any]]
     methods: list[Any] = merged["methods"] if isinstance(merged.get("methods"), list) else []
-    if len(path) == 1 and path[0] in Config.model_fields:
-        section, nodes = path[0], [(path[0], merged.get(path[0]))]
-        if section in METHOD_SECTIONS:
-            nodes += [(f"methods.{i}.{section}", m.get(section)) for i, m in enumerate(methods) if isinstance(m, dict)]
-    elif len(path) == 3 and path[0] == "methods" and path[1].isdigit() and int(path[1]) < len(methods):
-        section, nodes = path[2], [(key.rpartition(".")[0], (methods[int(path[1])] or {}).get(path[2]))]
-    else:
+    own = path[:2] if path[:1] == ["methods"] and len(path) > 2 and path[1].isdigit() else []
+    inner = path[len(own):]
+    schema: Any = Config
+    for part in inner:  # the section the key names a component of (model; server.optimizer)
+        schema = schema.model_fields[part].annotation if part in getattr(schema, "model_fields", {}) else None
+    if not inner or not (isinstance(schema, type) and issubclass(schema, Chosen) and leaf == schema.chosen_by[1]):
         return
-    schema = Config.model_fields[section].annotation if section in Config.model_fields else None
-    if not (isinstance(schema, type) and issubclass(schema, Chosen) and leaf == schema.chosen_by[1]):
-        return
+    homes = [(".".join(own), methods[int(own[1])])] if own and int(own[1]) < len(methods) else [] if own else [
+        ("", merged), *((f"methods.{i}", m) for i, m in enumerate(methods) if inner[0] in METHOD_SECTIONS)]
+    nodes: list[tuple[str, Any]] = []
+    for home, node in homes:
+        for part in inner:
+            node = node.get(part) if isinstance(node, dict) else None
+        nodes.append((".".join(p for p in (home, *inner) if p), node))
     registry = registry_of(schema.chosen_by[0])
     component = registry.find(str(value))
     if component is None:
@@ -419,8 +383,8 @@ def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict):
             continue
         for param in [k for k in node if k not in schema.model_fields and k not in component.Params.model_fields]:
-            warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} chose a "
-                          f"{registry.noun} that does not take it", OverriddenKey, stacklevel=4)
+            warnings.warn(f"{where}.{param} = {node.pop(param)!r} is dropped: {key} = {value!r} does not take it",
+                          OverriddenKey, stacklevel=4)
 
 
 class OverriddenKey(HetfedNote):
@@ -436,7 +400,12 @@ def _away_from_default(section: Strict) -> dict[str, Any]:
     keys dotted: ``secaggplus.num_shares``)."""
     fields = type(section).model_fields
     out: dict[str, Any] = {}
-    for k, v in section.model_dump().items():
+    if isinstance(section, Chosen):  # its component's own parameters, against their defaults
+        defaults = type(section.params)().model_dump()
+        out.update({k: v for k, v in section.params.model_dump().items() if v != defaults[k]})
+    for k, v in section.model_dump(context={"as_given": True}).items():
+        if k not in fields:
+            continue
         value = getattr(section, k)
         if isinstance(value, Strict):
             out.update({f"{k}.{key}": inner for key, inner in _away_from_default(value).items()})
@@ -497,13 +466,13 @@ def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None,
-                scope: Literal["run", "data"] = "run", executor: str | None = None) -> Config:
+                executor: str | None = None) -> Config:
     """The config a command runs with: the file (or defaults), then ``--set`` items; a note for each
     setting nothing reads (:func:`warn_unread`; ``executor``: where the run goes when the command, not
     ``train.executor``, decides)."""
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
-    return warn_unread(build_config(raw, overrides, scope), executor)
+    return warn_unread(build_config(raw, overrides), executor)
 
 
 def warn_unread(config: Config, executor: str | None = None) -> Config:
@@ -535,14 +504,27 @@ def method_section(config: Config, method: MethodConfig, section: str, where: st
     ``where``: the key errors name (``methods.0.model``)."""
     top = getattr(config, section)
     own = getattr(method, section)
-    base = top.given_for(str(own.get(top.chooser, top.choice))) if isinstance(top, Chosen) else top.model_dump()
+    base = _base_for(top, own)
     if where is None:
         return type(top).model_validate(_deep_merge(base, own))
     try:
-        return type(top).model_validate(_deep_merge(base, own), context={"where": where})
+        return type(top).model_validate(_deep_merge(base, own), context={"prefix": where.rpartition(".")[0] + "."})
     except ValidationError as err:
         message = _format_errors(err, prefix="")
         raise ValueError(message if f"'{where}." in message else f"in {where}: {message}") from None
+
+
+def _base_for(top: Strict, own: dict[str, Any]) -> dict[str, Any]:
+    """What a method's own keys ``own`` are merged onto: the top-level section as given, where a component section
+    (this one, or one inside it: ``server.optimizer``) keeps only the parameters of the component ``own`` chooses."""
+    if isinstance(top, Chosen):
+        return top.given_for(str(own.get(top.chooser, top.choice)))
+    base = top.model_dump(mode="json", context={"as_given": True})
+    for name in type(top).model_fields:
+        inner = getattr(top, name)
+        if isinstance(inner, Strict) and isinstance(own.get(name), dict):
+            base[name] = _base_for(inner, own[name])
+    return base
 
 
 def effective_methods(config: Config) -> str:
@@ -556,27 +538,3 @@ def effective_methods(config: Config) -> str:
             differ += [f"{k} = {json.dumps(v)}" for k, v in own if top.get(k) != v]
         lines.append(f"#   methods.{i} {m.label} ({m.algorithm}): {', '.join(differ) or 'none'}")
     return "\n".join(lines) + "\n"
-
-
-def _check_nodes_dataset(config: Config) -> None:
-    """``dataset.name = nodes``: the data is on the SuperNodes, so the run states its schema, runs on Flower and
-    needs no server data cut from a dataset."""
-    if config.flower.nodes is None:
-        raise ValueError("dataset.name = 'nodes' needs flower.nodes: how many SuperNodes with their own data to wait "
-                         "for at set-up, e.g. 3")
-    if config.embed.kind != "identity":
-        raise ValueError(f"embed.kind = {config.embed.kind!r} is not allowed with dataset.name = 'nodes': nodes read "
-                         "feature tables; expected 'identity'")
-    if config.server_data.source in ("holdout", "dataset") or any(
-            _needs_server_data(m.algorithm) for m in config.methods):
-        raise ValueError("server_data is not available with dataset.name = 'nodes' (the server holds no data): "
-                         "expected methods that need no server data and server_data.source 'auto' or 'none'")
-    if config.partition.opt_out:
-        raise ValueError(f"partition.opt_out = {config.partition.opt_out} is not allowed with dataset.name = 'nodes': "
-                         "a node's clients opt out by not joining; expected 0")
-
-
-def _needs_server_data(algorithm: str) -> bool:
-    registry = registry_of("algorithm")
-
-    return registry.get(algorithm, "methods.algorithm").capabilities.server_data

@@ -46,7 +46,7 @@ class Chosen(Strict):
         kind, field = self.chosen_by
         registry = registry_of(kind)  # the component's own declaration (discovered, not listed here)
         context = info.context or {}
-        where = context.get("where", registry.params_key)
+        where = context.get("prefix", "") + registry.params_key  # a method's own: methods.0.model
         component = registry.get(getattr(self, field), f"{where}.{field}")
         given = self.model_extra or {}
         if self.for_methods and context.get("whole"):

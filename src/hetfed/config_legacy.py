@@ -49,7 +49,7 @@ def legacy_train_keys() -> dict[str, tuple[str, str]]:
 
 #: ``train`` keys that moved into the ``server`` section: old key → its dotted key under ``server``
 MOVED_TO_SERVER = {
-    "server_lr": "lr", "aggregator": "combine.rule", "trim_fraction": "combine.fraction",
+    "server_lr": "optimizer.lr", "aggregator": "combine.rule", "trim_fraction": "combine.fraction",
     "byzantine_fraction": "combine.byzantine_fraction", "multi_krum_keep": "combine.keep",
     "multi_krum_weighted": "combine.weighted", "reject_norm_factor": "screen.norm_factor",
     "norm_reference_clients": "screen.reference_clients", "min_clients": "min_clients",
@@ -87,11 +87,52 @@ def _move_to_server(section: Any, server: dict, where: str, server_where: str, d
             del combine[key]
 
 
-def refuse_legacy(data: dict, server_defaults: dict[str, Any]) -> None:
+#: flat ``server`` keys that became the server optimiser's block (``server.optimizer: {kind, lr, …}``)
+OPTIMIZER_KEYS = ("lr", "momentum", "beta1", "beta2", "tau", "bias_correction", "variant")
+
+
+def _nest_optimizer(server: Any, where: str, note: bool, kind: str = "sgd") -> None:
+    """``server.optimizer: adam`` and the flat ``server.lr``, ``server.momentum`` … in today's block
+    ``server.optimizer: {kind: adam, lr: …, …}``. With ``note`` (a user's config) each moved key gets a deprecation
+    note and a key the kind does not take is left for its ``Params`` to refuse; without (a run directory's config,
+    which held every key at its default) such keys are dropped: they were never read. ``kind``: the optimiser
+    when the section does not name one (a method's own ``server`` keys: the top-level's)."""
+    import warnings
+
+    if not isinstance(server, dict):
+        return
+    flat = {k: server.pop(k) for k in OPTIMIZER_KEYS if k in server}
+    named = server.get("optimizer")
+    if not flat and not isinstance(named, str):
+        return
+    block = dict(named) if isinstance(named, dict) else ({"kind": named} if named is not None else {})
+    takes = registry_of("optimizer").find(str(block.get("kind", kind)))
+    for key, value in flat.items():
+        if note:
+            warnings.warn(f"{where}.{key} is deprecated: it is now {where}.optimizer.{key} (set to {value!r})",
+                          DeprecatedKey, stacklevel=4)
+        elif key != "lr" and (takes is None or key not in takes.Params.model_fields):
+            continue
+        block[key] = value
+    if note and isinstance(named, str):
+        warnings.warn(f"{where}.optimizer = {named!r} is deprecated: it is now {where}.optimizer.kind",
+                      DeprecatedKey, stacklevel=4)
+    server["optimizer"] = block
+
+
+def refuse_legacy(data: dict, server_defaults: dict[str, Any], known: dict[str, frozenset[str]]) -> None:
     """Refuse the top-level sections and ``train.*`` keys that became algorithms' ``params``; map the ``train``
     keys that moved to ``server`` (:data:`MOVED_TO_SERVER`). ``data`` is a raw config mapping (changed in
-    place)."""
+    place); ``known``: today's keys of the top level (``""``) and of ``train`` — only other keys are looked up
+    among the algorithms' old names (so a config of today's keys imports no algorithm it does not name)."""
     methods: list[Any] = data["methods"] if isinstance(data.get("methods"), list) else []
+    _nest_optimizer(data.get("server"), "server", note=True)
+    for i, m in enumerate(methods):
+        _nest_optimizer(m.get("server") if isinstance(m, dict) else None, f"methods.{i}.server", note=True)
+    unknown = set(data) - known[""]
+    trains = [data.get("train"), *(m.get("train") for m in methods if isinstance(m, dict))]
+    if not unknown and not any(isinstance(t, dict) and set(t) - known["train"] for t in trains):
+        return
     for section, algo in legacy_sections().items():
         if section in data:
             target = _params_key(methods, algo)
@@ -140,6 +181,9 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
     registry = registry_of("algorithm")
 
     raw = copy.deepcopy(raw)
+    _nest_optimizer(raw.get("server"), "server", note=False)
+    top_server: dict[str, Any] = raw["server"] if isinstance(raw.get("server"), dict) else {}
+    top_optimizer = str((top_server.get("optimizer") or {}).get("kind", "sgd"))
     for name, how in chosen.items():
         _keep_taken(raw.get(name), how, None)
     top_model: dict[str, Any] = raw["model"] if isinstance(raw.get("model"), dict) else {}
@@ -164,6 +208,7 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
             m["server"] = dict(m.get("server") or {})
             _move_to_server(own_train, m["server"], "train", "server", server_defaults, note=False)
         m["params"] = {**params, **(m.get("params") or {})}
+        _nest_optimizer(m.get("server"), "server", note=False, kind=top_optimizer)
         if "model" in chosen:
             _keep_taken(m.get("model"), chosen["model"], str(top_model.get(chosen["model"][1])))
     return raw

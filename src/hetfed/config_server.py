@@ -2,11 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hetfed.config_base import Strict
+from hetfed.config_base import Chosen, Strict
 from hetfed.registry import registry_of
 
 
@@ -32,6 +32,13 @@ class ServerDataConfig(Strict):
         if name is not None:
             registry_of("dataset").get(name, "server_data.name")
         return name
+
+    @model_validator(mode="after")
+    def _dataset_named(self) -> ServerDataConfig:
+        if self.source == "dataset" and self.name is None:
+            raise ValueError("server_data.source = 'dataset' needs server_data.name: expected a dataset name, "
+                             "e.g. fashion-mnist")
+        return self
 
 
 class AttackConfig(Strict):
@@ -87,6 +94,26 @@ class ScreenConfig(Strict):
     )
 
 
+class ServerOptimizerConfig(Chosen):
+    """The server optimiser on the pseudo-gradient (hetfed.server.optimizers): ``kind``, the step size η every one
+    has, and the kind's own keys beside them (avgm: ``momentum``; adam, yogi: ``beta1``, ``beta2``, ``tau``,
+    ``bias_correction``, ``variant`` …; `hetfed components optimizer NAME`)."""
+
+    chosen_by: ClassVar[tuple[str, str]] = ("optimizer", "kind")
+
+    kind: str = Field(
+        "sgd", description="a registered server optimiser: sgd (FedAvg's step; lr 1: the average itself), avgm "
+        "(FedAvgM, Hsu et al. 2019), adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, Reddi et al. 2021, "
+        "Algorithm 2)")
+    lr: float | None = Field(None, gt=0, description="server learning rate η (None: the kind's default, 1 for sgd "
+                             "and avgm, 0.01 for the adaptive ones)")
+
+    @property
+    def effective_lr(self) -> float:
+        """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
+        return self.lr if self.lr is not None else float(registry_of("optimizer").get(self.kind).default_lr)
+
+
 class ServerConfig(Strict):
     """The server pipeline of every algorithm whose server holds a model (hetfed.server.chain): screen →
     combine (a registered rule, or DP-FedAvg's noised mean under ``privacy``) → server optimiser on the
@@ -107,30 +134,12 @@ class ServerConfig(Strict):
         "(clients keep what was not sent and add it to their next update; docs/async.md, 'Compression of what clients send')"
     )
 
-    optimizer: str = Field(
-        "sgd", description="a registered server optimiser (hetfed.server.optimizers): sgd (FedAvg's step; lr 1: the "
-        "average itself), avgm (FedAvgM, Hsu et al. 2019), adagrad / adam / yogi (FedAdagrad / FedAdam / FedYogi, "
-        "Reddi et al. 2021, Algorithm 2)"
-    )
-    lr: float | None = Field(None, gt=0, description="server learning rate η (None: 1 for sgd and avgm, 0.01 for "
-                             "the adaptive ones)")
-    momentum: float = Field(0.9, ge=0, lt=1, description="avgm: server momentum β")
-    beta1: float = Field(0.9, ge=0, lt=1, description="adaptive: first-moment decay β₁")
-    beta2: float = Field(0.99, ge=0, lt=1, description="adam / yogi: second-moment decay β₂")
-    tau: float = Field(1e-3, gt=0, description="adaptive: τ, the adaptivity (and v₋₁ = τ²)")
-    bias_correction: bool = Field(
-        False, description="adaptive: Kingma & Ba's bias correction η·√(1−β₂ᵗ)/(1−β₁ᵗ) at step t = 1, 2, … and "
-        "v₋₁ = 0 (the paper has neither; Flower's is variant 'flower')"
-    )
-    variant: Literal["paper", "flower"] = Field(
-        "paper", description="paper: Reddi et al.'s Algorithm 2 and Hsu et al.'s FedAvgM; flower: Flower's own "
-        "FedAdagrad / FedAdam / FedYogi / FedAvgM (flwr.serverapp.strategy): v₋₁ = 0, FedAdam's η scaled by "
-        "√(1−β₂^(t+1))/(1−β₁^(t+1)) at round t, FedAdagrad without β₁ (hetfed.server.optimizers)"
-    )
+    optimizer: ServerOptimizerConfig = Field(
+        default_factory=lambda: ServerOptimizerConfig(), description="the server optimiser on the pseudo-gradient: "
+        "{kind, lr, …its own keys} (`hetfed components optimizer NAME`)")
 
     @model_validator(mode="after")
     def _registered_steps(self) -> ServerConfig:
-        registry_of("optimizer").get(self.optimizer)  # the registered rules and optimisers (discovered, not listed)
         combine = dict(self.combine)
         registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
         compression = dict(self.compression)
@@ -145,16 +154,3 @@ class ServerConfig(Strict):
                              f"= {kind!r}: it loses nothing to feed back; expected a lossy kind "
                              f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
         return self
-
-    @model_validator(mode="after")
-    def _one_correction(self) -> ServerConfig:
-        if self.variant == "flower" and self.bias_correction:
-            raise ValueError("server.bias_correction = true is not allowed with server.variant = 'flower': Flower's "
-                             "strategies have their own correction; expected one of the two")
-        return self
-
-    @property
-    def effective_lr(self) -> float:
-        """``lr``, or the optimiser's own default (1 for sgd and avgm, 0.01 for the adaptive ones)."""
-        optimizer = registry_of("optimizer").get(self.optimizer)  # discovered, not listed here
-        return self.lr if self.lr is not None else float(optimizer.default_lr)

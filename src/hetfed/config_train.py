@@ -144,8 +144,8 @@ class TrainConfig(Strict):
     @classmethod
     def _selectable_executor(cls, name: str) -> str:
         executors = registry_of("executor")
-        selectable = [n for n, kind in executors.items() if kind.selectable]
-        if name not in selectable:
+        if executors.find(name) is None or not executors.get(name).selectable:
+            selectable = [n for n, kind in executors.items() if kind.selectable]
             raise ValueError(f"not allowed: expected one of {selectable}"
                               + (" (a deployment is chosen by running on one: hetfed flower run)"
                                  if name in executors.names() else ""))

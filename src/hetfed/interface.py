@@ -89,7 +89,7 @@ class Capabilities:
         cross-entropy, at most a ``Proximal`` term; no objective, term or projection of its own), which computes
         only the clients of a stack that still train: the executor stacks a round's clients longest plan first in
         stacks as large as memory allows, instead of grouping them by plan length
-        (:func:`hetfed.engine.local.stack_blocks`). Only the stacking follows it: a step that is not plain after
+        (:func:`hetfed.engine.stacks.stack_blocks`). Only the stacking follows it: a step that is not plain after
         all still gives its numbers.
     """
 

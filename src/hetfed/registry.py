@@ -9,6 +9,7 @@ name — so no module imports upwards to reach a registry (``tests/test_layers.p
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import pkgutil
 from collections.abc import Callable, Mapping
 from typing import Any, Generic, TypeVar
@@ -88,7 +89,7 @@ class Registry(Generic[T]):
         self._items.pop(name, None)
 
     def get_registered(self, name: str) -> T | None:
-        """What is registered under ``name`` so far, without discovering the package (None: nothing)."""
+        """What is registered under ``name`` so far, without importing anything (None: nothing)."""
         return self._items.get(name)
 
     def _discover(self) -> None:
@@ -103,10 +104,24 @@ class Registry(Generic[T]):
         for provider in PROVIDERS.get(self.kind, ()):
             importlib.import_module(provider)
 
+    def _import_own(self, name: str) -> None:
+        """Import only the module named after ``name`` (``partition.kind: dirichlet`` →
+        ``hetfed.partition.dirichlet``; ``fashion-mnist`` → ``fashion_mnist``), if the package has one: validating a
+        config imports the components it names, not every component of every kind."""
+        stem = name.replace("-", "_")
+        if self._discovered or name in self._items or not stem.isidentifier() or stem.startswith("_") \
+                or stem in self.exclude:
+            return
+        module = f"{self.package}.{stem}"
+        if importlib.util.find_spec(module) is not None:
+            importlib.import_module(module)
+
     def find(self, name: str) -> T | None:
-        """The component ``name`` (the package discovered first), or None where none is registered — for a
-        name read back from an old run, which need not exist here."""
-        self._discover()
+        """The component ``name`` (its own module imported, else the package discovered), or None where none is
+        registered — for a name read back from an old run, which need not exist here."""
+        self._import_own(name)
+        if name not in self._items:
+            self._discover()
         return self._items.get(name)
 
     def items(self) -> list[tuple[str, T]]:
@@ -118,8 +133,9 @@ class Registry(Generic[T]):
         return sorted(self._items)
 
     def get(self, name: str, where: str | None = None) -> T:
-        self._discover()
-        if name not in self._items:
+        """The component ``name`` (its own module imported: :meth:`_import_own`), or a one-line ConfigError
+        naming ``where`` (default: the config key that names one) and every registered name."""
+        if self.find(name) is None:
             hint = f" {self.hint}" if self.hint else ""
             raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of "
                               f"{sorted(self._items)}{hint}")

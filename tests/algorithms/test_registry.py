@@ -174,12 +174,14 @@ def test_a_run_directory_written_before_the_registry_still_reads():
     cfg = build_config(migrate_legacy(old))
     assert [m.params for m in cfg.methods] == [{"mu": 0.3}, {"option": 1}, {"max_epochs": 7}, {"server_steps": 9},
                                               {}]
-    assert cfg.server.lr == 0.5
+    assert cfg.server.optimizer.lr == 0.5
 
 
 def test_capabilities_not_names_decide_what_is_refused():
-    with pytest.raises(ConfigError, match=r"needs unlabeled server data"):
-        build_config({"server_data": {"source": "none"}, "methods": [{"algorithm": "feddf"}]})
+    from hetfed.runs.plan import check_config
+
+    with pytest.raises(ConfigError, match=r"needs unlabeled server data"):  # the plan's check between components
+        check_config(build_config({"server_data": {"source": "none"}, "methods": [{"algorithm": "feddf"}]}))
     with pytest.raises(ConfigError, match=r"DP-FedAvg does not privatise; expected one of \[.*'feddyn'"):
         from hetfed.algorithms import algorithm_for
 

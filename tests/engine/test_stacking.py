@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.local import stack_blocks, stack_occupancy
+from hetfed.engine.stacks import stack_blocks, stack_occupancy
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
@@ -191,7 +191,8 @@ def test_a_recorded_plain_step_computes_a_few_widths_and_a_step_with_a_term_the_
     stack): one recording serves several steps. A step with a loss term of the caller's (which may hold tensors of
     the whole stack) computes every client, masked."""
     from hetfed.engine import capture, local
-    from hetfed.engine.local import LocalSchedule, computed_clients, train_stack
+    from hetfed.engine.local import LocalSchedule, train_stack
+    from hetfed.engine.stacks import computed_clients
     from hetfed.models import MLP
     from tests.engine.test_capture import Replay
 

@@ -101,7 +101,7 @@ def test_a_run_directory_written_before_the_chain_reads_without_notes(tmp_path):
 
 
 def test_a_checkpoint_written_before_the_chain_resumes_with_its_optimiser_state():
-    chain = server_chain(ServerConfig(optimizer="avgm", lr=0.5, momentum=0.9))
+    chain = server_chain(ServerConfig(optimizer={"kind": "avgm", "lr": 0.5, "momentum": 0.9}))
     momentum = {"t": 3, "v": {"w": torch.tensor([1.0])}}
     assert chain.state_of({"server_optimizer": momentum}) == {"optimizer": momentum}
     up = Upload([0], {"w": torch.tensor([[2.0]])}, torch.tensor([1.0]))

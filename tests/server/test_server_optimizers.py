@@ -62,7 +62,7 @@ def test_each_optimiser_follows_its_papers_equations_over_three_rounds(kind, lr)
     x0 = np.random.default_rng(1).normal(size=5)
     rounds = _rounds(2)
     expected = reference(kind, x0, rounds, lr)
-    pipe = server_chain(ServerConfig(optimizer=kind, lr=lr))
+    pipe = server_chain(ServerConfig(optimizer={"kind": kind, "lr": lr}))
     params, state = {"w": torch.tensor(x0, dtype=torch.float64)}, {}
     for (models, counts), want in zip(rounds, expected, strict=True):
         up = Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts))
@@ -74,7 +74,7 @@ def test_kingmas_bias_corrected_fedadam_is_the_option():
     x0 = np.zeros(5)
     rounds = _rounds(3)
     expected = reference("adam", x0, rounds, 0.1, flower=True)
-    pipe = server_chain(ServerConfig(optimizer="adam", lr=0.1, bias_correction=True))
+    pipe = server_chain(ServerConfig(optimizer={"kind": "adam", "lr": 0.1, "bias_correction": True}))
     params, state = {"w": torch.tensor(x0)}, {}
     for (models, counts), want in zip(rounds, expected, strict=True):
         params, state = pipe.step(params, Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts)),
@@ -94,15 +94,15 @@ def test_sgd_at_lr_one_is_the_average_itself_bit_for_bit():
 def test_the_optimiser_moves_the_robust_aggregate_not_the_mean():
     """combine → optimiser: with the median, Δ is the coordinate-wise median minus the global model."""
     models = torch.tensor([[0.0], [1.0], [100.0]], dtype=torch.float64)
-    pipe = server_chain(ServerConfig(combine={"rule": "median"}, optimizer="avgm", lr=0.5, momentum=0.0))
+    pipe = server_chain(ServerConfig(combine={"rule": "median"}, optimizer={"kind": "avgm", "lr": 0.5, "momentum": 0.0}))
     new, _ = pipe.step({"w": torch.zeros(1, dtype=torch.float64)}, Upload([0, 1, 2], {"w": models}, torch.ones(3)), {})
     assert new["w"].item() == pytest.approx(0.5)  # 0 + 0.5 · (median 1 − 0)
 
 
 def test_old_server_lr_still_works_with_a_note_and_means_server_lr():
-    with pytest.warns(UserWarning, match=r"train.server_lr is deprecated: it is now server.lr"):
+    with pytest.warns(UserWarning, match=r"train.server_lr is deprecated: it is now server.optimizer.lr"):
         cfg = build_config({"train": {"server_lr": 0.5}})
-    assert cfg.server.lr == 0.5 and cfg.server.effective_lr == 0.5
+    assert cfg.server.optimizer.lr == 0.5 and cfg.server.optimizer.effective_lr == 0.5
 
 
 @pytest.mark.parametrize("algorithm,model", [("fedavg", "mlp"), ("fedprox", "mlp"), ("scaffold", "mlp"),
@@ -118,7 +118,7 @@ def test_fedadam_runs_with_every_algorithm_with_a_server_model(tmp_path, algorit
                                                             else {}}]})
         return run_experiment(cfg, out=tmp_path / out, progress=False).summary["methods"][algorithm]
 
-    adam, plain = run({"optimizer": "adam", "lr": 0.05}, "adam"), run({}, "sgd")
+    adam, plain = run({"optimizer": {"kind": "adam", "lr": 0.05}}, "adam"), run({}, "sgd")
     key = "server_loss" if model == "cgau" else "global_loss"  # CGAU's server model: zero conditioning
     assert np.isfinite(adam["final"][key])
     assert adam["final"][key] != plain["final"][key]
@@ -182,7 +182,7 @@ def _flower_rounds(kind: str, lr: float, x0: np.ndarray, rounds) -> list[np.ndar
 @pytest.mark.parametrize("kind", ["adagrad", "adam", "yogi", "avgm"])
 def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kind, lr):
     """Fed the same replies for 4 rounds, Flower 1.42's FedAdagrad / FedAdam / FedYogi / FedAvgM and hetfed's
-    ``server.variant: flower`` give the same global model. hetfed's default (the papers) differs for the
+    ``server.optimizer.variant: flower`` give the same global model. hetfed's default (the papers) differs for the
     adaptive three: that is what the variant is for."""
     rng = np.random.default_rng(7)
     x0 = rng.normal(size=6)
@@ -191,7 +191,7 @@ def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kin
     want = _flower_rounds(kind, lr, x0, rounds)
 
     def hetfed_rounds(**server) -> list[np.ndarray]:
-        pipe = server_chain(ServerConfig(optimizer=kind, lr=lr, **server))
+        pipe = server_chain(ServerConfig(optimizer={"kind": kind, "lr": lr, **server}))
         params, state, out = {"w": torch.tensor(x0)}, {}, []
         for models, counts in rounds:
             params, state = pipe.step(params, Upload([0, 1, 2, 3], {"w": torch.tensor(models)}, torch.tensor(counts)),
@@ -212,7 +212,7 @@ def test_flowers_fedadam_takes_0_742_of_eta_in_its_first_round():
     """√(1 − 0.99²)/(1 − 0.9²) = 0.7425…: Flower counts rounds from 1 and raises β to the round + 1."""
     from hetfed.server.optimizers import optimizer_for
 
-    opt = optimizer_for(ServerConfig(optimizer="adam", lr=1.0, variant="flower"))
+    opt = optimizer_for(ServerConfig(optimizer={"kind": "adam", "lr": 1.0, "variant": "flower"}))
     delta = torch.tensor([0.5])
     new, _ = opt.update({"w": torch.zeros(1, dtype=torch.float64)}, {"w": delta.double()}, {})
     m, v = 0.1 * 0.5, 0.01 * 0.25  # (1 − β₁)Δ and (1 − β₂)Δ² from zero moments
@@ -221,5 +221,5 @@ def test_flowers_fedadam_takes_0_742_of_eta_in_its_first_round():
 
 
 def test_flowers_variant_and_kingmas_bias_correction_are_refused_together():
-    with pytest.raises(ConfigError, match=r"server.bias_correction = true is not allowed with server.variant"):
-        build_config({"server": {"optimizer": "adam", "variant": "flower", "bias_correction": True}})
+    with pytest.raises(ConfigError, match=r"server.optimizer.bias_correction = true is not allowed with server.optimizer.variant"):
+        build_config({"server": {"optimizer": {"kind": "adam", "variant": "flower", "bias_correction": True}}})

@@ -7,7 +7,7 @@ With ``rho`` > 0 clients train the paper's regularised objective f(x) + ρ/2‖x
 gradient, as FedProx's term).
 
 Here the mix is the method's server chain: the combine step takes the arrival's model, the rescale step
-x + α_t(θ_new − x), and the optimiser (``server.lr`` 1: nothing more).
+x + α_t(θ_new − x), and the optimiser (``server.optimizer.lr`` 1: nothing more).
 """
 
 from __future__ import annotations

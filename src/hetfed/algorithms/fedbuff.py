@@ -3,7 +3,7 @@
 ``concurrency`` M clients train at once; each sends Δᵢ = θᵢ − θ_start(i), the change it made to the model version
 it was sent. The server adds each arrival, scaled by its staleness weight s(τᵢ) (1/√(1 + τᵢ) by default, the
 paper's §5), to a buffer; after K = ``buffer`` arrivals it takes a step of its server learning rate η_g
-(``server.lr``) along the buffer's mean: θ ← θ + η_g·(1/K)Σ s(τᵢ)Δᵢ, and the buffer empties.
+(``server.optimizer.lr``) along the buffer's mean: θ ← θ + η_g·(1/K)Σ s(τᵢ)Δᵢ, and the buffer empties.
 
 Here the step is the method's server chain: each arrival becomes the row θ + s(τᵢ)Δᵢ (its change rebased onto the
 server's current model), the chain's combine step averages the K rows — uniformly, as Algorithm 1 does, or by

@@ -10,7 +10,7 @@ the Moreau-envelope problem min_θ f_i(θ) + λ/2‖θ − w‖². Each local st
 2. w ← w − ηλ(w − θ̃), η the run's optimiser lr.
 
 The client uploads w; the server moves the global model by β towards the average,
-w ← (1 − β)w + β·avg(w_i) — hetfed's server step ``server.lr`` = β (1: FedAvg's
+w ← (1 − β)w + β·avg(w_i) — hetfed's server step ``server.optimizer.lr`` = β (1: FedAvg's
 average; the paper also uses β = 2). A client predicts with its last θ̃.
 
 Vectorised exactly: the outer step is the engine's optimiser on the loss λ/2‖w − θ̃‖²

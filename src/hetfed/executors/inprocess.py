@@ -32,9 +32,9 @@ import torch
 
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import ClientEvalData, global_test
-from hetfed.engine.local import longest_first_blocks, stack_blocks
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seeds, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
+from hetfed.engine.stacks import longest_first_blocks, stack_blocks
 from hetfed.engine.types import (
     Broadcast,
     ClientBroadcast,
@@ -166,7 +166,7 @@ FLOPS = {"cpu": 2e10, "cuda": 2e13}
 
 def step_overhead(model: Model, batch_size: int, device: torch.device | str | None) -> float:
     """One stacked step's fixed cost in client-steps of this model: how much longer a stack may wait on its
-    longest client before a second stack pays off (:func:`hetfed.engine.local.stack_blocks`)."""
+    longest client before a second stack pays off (:func:`hetfed.engine.stacks.stack_blocks`)."""
     kind = torch.device(device).type if device is not None else "cpu"
     client_step = 6.0 * model.n_params() * batch_size / FLOPS.get(kind, FLOPS["cpu"])
     return STEP_OVERHEAD_S.get(kind, STEP_OVERHEAD_S["cpu"]) / max(client_step, 1e-12)

@@ -83,7 +83,7 @@ class DivergedError(RunError):
 def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
     return (f"training diverged at round {rnd}: {what}; earlier evaluations are kept in "
             f"metrics.csv. Expected a smaller train.optimizer.lr (now {train.optimizer.lr:g}) or "
-            "server.lr, or standardised features")
+            "server.optimizer.lr, or standardised features")
 
 
 

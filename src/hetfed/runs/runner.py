@@ -23,16 +23,11 @@ import numpy as np
 import torch
 from rich.console import Console
 
-from hetfed.algorithms import algorithm_for
-from hetfed.algorithms.build import METHOD_KEY
-from hetfed.algorithms.registry import with_capability
-from hetfed.config import Config, MethodConfig, TrainConfig, dump_config, load_run_config
+from hetfed.config import Config, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
-from hetfed.engine.clock import check_clock
-from hetfed.engine.sampling import clients_per_round
-from hetfed.errors import ConfigError, RunError, interruption_reason
-from hetfed.executors.inprocess import Executor, check_memory
-from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening, executor_for
+from hetfed.errors import RunError, interruption_reason
+from hetfed.executors.inprocess import Executor
+from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
 from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
@@ -44,6 +39,7 @@ from hetfed.runs.observers import (
     ProgressObserver,
     write_evaluation,
 )
+from hetfed.runs.plan import MethodPlan, check_config, plan
 from hetfed.runs.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -64,25 +60,13 @@ from hetfed.runs.tracking import Trackers, check_trackers, open_trackers
 from hetfed.server.transport import transport
 
 if TYPE_CHECKING:
-    from hetfed.partition import Federation
+    pass
 
 
 @dataclass(frozen=True, eq=False)
 class RunOutput:
     run_dir: Path
     summary: dict[str, Any]
-
-
-@dataclass(frozen=True, eq=False)
-class MethodPlan:
-    """One method as it will run: ``config.methods[index]`` with its effective training settings, its
-    algorithm (built) and the executor kind its clients compute on."""
-
-    index: int
-    method: MethodConfig
-    train: TrainConfig
-    algo: Algorithm
-    executor: ExecutorKind
 
 
 @dataclass
@@ -136,6 +120,7 @@ def run_experiment(
     warn = status or make_console(stderr=True)
     t_start = time.perf_counter()
     check_trackers(config.tracking)  # a tracker that is not installed is refused before anything is written
+    check_config(config)  # the checks between components, before any data is loaded
     ckpt = None
     if resume:
         ckpt = _checkpoint_to_resume(Path(out), warn, config)  # type: ignore[arg-type]  # a resume names its directory
@@ -181,40 +166,6 @@ def _checkpoint_to_resume(out: Path, warn: Console, config: Config) -> dict[str,
     except RunError as err:  # refused: the run is not running any more, and says why
         set_status(out, "failed", reason=f"resume refused: {err}")
         raise
-
-
-def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
-    """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
-    fit in memory or an attack on clients that are real is refused here, not mid-run."""
-    n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
-    plans = []
-    for index, method in enumerate(config.methods):
-        train = config.method_train(method)
-        kind = executor or executor_for(train)
-        kind.check()  # a missing extra (Flower), before any file
-        check_clock(train.clock, fed.n_clients)  # a clock file that does not fit the federation, likewise
-        per_round = clients_per_round(train, n_opted_in)
-        algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
-        try:
-            algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
-        except ConfigError as err:
-            raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
-        if config.attack.kind != "none" and not kind.in_process:
-            raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
-                              f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
-                              f"executor {kind.name!r} the clients are real)")
-        if train.clock.latency == "wall" and (kind.in_process or not algo.capabilities.asynchronous):
-            raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
-                              f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
-                              "server's arrivals by when the replies really come; expected an asynchronous algorithm "
-                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
-                              "(flower, deployment)")
-        if kind.in_process:
-            check_memory(algo, fed, train)
-        elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
-            check_remote_resume(ckpt)
-        plans.append(MethodPlan(index, method, train, algo, kind))
-    return plans
 
 
 def open_run_directory(config: Config, out: str | Path | None, ckpt: dict[str, Any] | None, resume: bool) -> Recording:
@@ -391,23 +342,6 @@ def client_state_keys(algo: Algorithm) -> list[str]:
     from hetfed.engine.rng import CLIENT_INIT, torch_gen
 
     return sorted(algo.client_init(0, torch_gen(0, CLIENT_INIT, 0)))
-
-
-def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:
-    """The checkpoint of a run whose clients live off this process (Flower) holds the server's side only: the
-    clients' own state lived in the SuperNodes' run context, which ended with the killed run. Resuming mid-rounds is exact only for a method whose clients
-    keep nothing between rounds; for any other the resume is refused, saying why."""
-    current = (checkpoint or {}).get("current")
-    if not current or current["result"].rounds_done == 0:
-        return
-    kept = current.get("client_keys", [])
-    if kept:
-        shown = ", ".join(kept[:4]) + (" …" if len(kept) > 4 else "")
-        raise RunError(
-            f"cannot resume method {current['label']!r} on Flower after round {current['result'].rounds_done}: its "
-            f"clients keep state across rounds ({shown}) in the SuperNodes' run context, which ended with the killed "
-            "run, and a new run cannot re-establish it (the server never held it); rerun it from the start, or run "
-            "it with train.executor vectorised, whose checkpoints hold every client's state")
 
 
 def resume_experiment(run_dir: str | Path, progress: bool = True, console: Console | None = None,

@@ -25,6 +25,7 @@ from hetfed.config import Config, as_given, build_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
+from hetfed.runs.plan import check_config
 from hetfed.runs.rundir import (
     CONFIG,
     CURVES_TABLE,
@@ -125,6 +126,9 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[S
     base = as_given(config)
     configs = [(point, s, build_config(base, {**point, "seed": config.seed + s}))
                for point in grid_points(grid) for s in range(seeds)]
+    for _point, s, cfg in configs:
+        if s == 0:
+            check_config(cfg)  # the checks between components, for every point before anything runs
     _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
     _note_unread_grid_keys([cfg for _p, s, cfg in configs if s == 0], list(grid))
     return configs

@@ -4,7 +4,7 @@
       → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum)
         or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
       → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
-      → server optimiser on the pseudo-gradient (``server.optimizer``: sgd, avgm, adagrad, adam, yogi)
+      → server optimiser on the pseudo-gradient (``server.optimizer.kind``: sgd, avgm, adagrad, adam, yogi)
 
 Each step is a value with ``init(params) -> state`` and ``update(round, state) -> (round, state)``
 over a :class:`Round` (the reference model, the screened upload and what the steps before made of

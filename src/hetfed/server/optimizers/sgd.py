@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from hetfed.server.optimizers import Params, ServerOptimizer, State, register
+from hetfed.server.optimizers import ServerOptimizer, State, Weights, register
 
 
 @register
@@ -12,7 +12,7 @@ from hetfed.server.optimizers import Params, ServerOptimizer, State, register
 class SGD(ServerOptimizer):
     name = "sgd"
 
-    def update(self, params: Params, combined: Params, state: State) -> tuple[Params, State]:
+    def update(self, params: Weights, combined: Weights, state: State) -> tuple[Weights, State]:
         if self.lr == 1.0:
             return {k: combined[k] for k in params}, state
         return {k: v + self.lr * (combined[k] - v) for k, v in params.items()}, state

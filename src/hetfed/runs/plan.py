@@ -1,0 +1,153 @@
+"""The plan step of a run: a validated config resolved into the methods to train.
+
+First the checks between components, each resolved from its registry (:func:`check_config`: a model reads what
+the data gives, an algorithm runs on the model and the server data it needs, compression only where a model is
+uploaded, SuperNodes' own data with what it allows) — before any data is loaded; then, on the federation, each
+method built with its effective settings and the executor its clients compute on (:func:`plan`) — before any
+file is written. A config is validated section by section (:mod:`hetfed.config`); what needs two components is
+here.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from hetfed.algorithms import algorithm_for
+from hetfed.algorithms.build import METHOD_KEY
+from hetfed.algorithms.registry import with_capability
+from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
+from hetfed.engine.clock import check_clock
+from hetfed.engine.sampling import clients_per_round
+from hetfed.errors import ConfigError, RunError
+from hetfed.executors.inprocess import check_memory
+from hetfed.executors.kinds import ExecutorKind, executor_for
+from hetfed.interface import Algorithm
+from hetfed.registry import registry_of
+
+if TYPE_CHECKING:
+    from hetfed.partition import Federation
+
+
+def check_config(config: Config, train: bool = True) -> None:
+    """The checks between components (one-line ConfigErrors naming both keys). ``train``: False for a command that
+    only builds the federation (``hetfed partition``): no method is trained, so a model need not suit the data."""
+    if registry_of("dataset").get(config.dataset.name).on_nodes:
+        _check_nodes_dataset(config)
+    algorithms = registry_of("algorithm")
+    for i, method in enumerate(config.methods):
+        caps = algorithms.get(method.algorithm).capabilities
+        if caps.server_data and config.server_data.source == "none":
+            raise ConfigError(f"server_data.source = 'none' is not allowed with methods.{i}.algorithm = "
+                              f"{method.algorithm!r}: it needs unlabeled server data; expected 'auto', 'holdout' or "
+                              "'dataset'")
+        compression = config.method_server(method).compression
+        if not caps.server_model and compression != ServerConfig().compression:
+            raise ConfigError(f"server.compression = {compression} is not allowed with methods.{i}.algorithm = "
+                              f"{method.algorithm!r}: it uploads no model to compress; expected the default "
+                              f"{ServerConfig().compression} for this method (methods.{i}.server.compression)")
+        if train:
+            _check_model(config, i, method, caps)
+
+
+def _check_model(config: Config, i: int, method: MethodConfig, caps: Any) -> None:
+    """The model reads what the data gives (feature vectors, token ids, character windows: each model kind declares
+    its inputs, each dataset and extractor what it gives), and the algorithm supports it."""
+    kind = config.method_model(method).kind
+    models = registry_of("model")
+    gives = (registry_of("embedding").get(config.embed.kind).gives
+             or registry_of("dataset").get(config.dataset.name).gives)
+    if models.get(kind).inputs != gives:
+        readers = [name for name, m in models.items() if m.inputs == gives]
+        need = f"need model.kind = {readers[0]!r}" if len(readers) == 1 else f"need model.kind in {readers}"
+        raise ConfigError(f"methods.{i} model.kind = {kind!r} with embed.kind = {config.embed.kind!r} is not allowed "
+                          f"(dataset.name = {config.dataset.name!r}): the model reads {models.get(kind).inputs}, the "
+                          f"data gives {gives}, which {need}")
+    if caps.model_kinds is not None and kind not in caps.model_kinds:
+        raise ConfigError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = {kind!r}: "
+                          f"{caps.model_reason or 'unsupported'}; expected model.kind in {list(caps.model_kinds)}")
+
+
+def _check_nodes_dataset(config: Config) -> None:
+    """A dataset on the SuperNodes (``on_nodes``): the run waits for its nodes, and neither an extractor, server
+    data cut from a dataset nor simulated opt-out can be applied to data the server never holds."""
+    name = config.dataset.name
+    if config.flower.nodes is None:
+        raise ConfigError(f"dataset.name = {name!r} needs flower.nodes: how many SuperNodes with their own data to "
+                          "wait for at set-up, e.g. 3")
+    if config.embed.kind != "identity":
+        raise ConfigError(f"embed.kind = {config.embed.kind!r} is not allowed with dataset.name = {name!r}: nodes "
+                          "read feature tables; expected 'identity'")
+    algorithms = registry_of("algorithm")
+    if config.server_data.source in ("holdout", "dataset") or any(
+            algorithms.get(m.algorithm).capabilities.server_data for m in config.methods):
+        raise ConfigError(f"server_data is not available with dataset.name = {name!r} (the server holds no data): "
+                          "expected methods that need no server data and server_data.source 'auto' or 'none'")
+    if config.partition.opt_out:
+        raise ConfigError(f"partition.opt_out = {config.partition.opt_out} is not allowed with dataset.name = "
+                          f"{name!r}: a node's clients opt out by not joining; expected 0")
+
+
+@dataclass(frozen=True, eq=False)
+class MethodPlan:
+    """One method as it will run: ``config.methods[index]`` with its effective training settings, its
+    algorithm (built) and the executor kind its clients compute on."""
+
+    index: int
+    method: MethodConfig
+    train: TrainConfig
+    algo: Algorithm
+    executor: ExecutorKind
+
+
+def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
+    """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
+    fit in memory or an attack on clients that are real is refused here, not mid-run."""
+    n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
+    plans = []
+    for index, method in enumerate(config.methods):
+        train = config.method_train(method)
+        kind = executor or executor_for(train)
+        kind.check()  # a missing extra (Flower), before any file
+        check_clock(train.clock, fed.n_clients)  # a clock file that does not fit the federation, likewise
+        per_round = clients_per_round(train, n_opted_in)
+        algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
+        try:
+            algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
+        except ConfigError as err:
+            raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
+        if config.attack.kind != "none" and not kind.in_process:
+            raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
+                              f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
+                              f"executor {kind.name!r} the clients are real)")
+        if train.clock.latency == "wall" and (kind.in_process or not algo.capabilities.asynchronous):
+            raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
+                              f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
+                              "server's arrivals by when the replies really come; expected an asynchronous algorithm "
+                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
+                              "(flower, deployment)")
+        if kind.in_process:
+            check_memory(algo, fed, train)
+        elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
+            check_remote_resume(ckpt)
+        plans.append(MethodPlan(index, method, train, algo, kind))
+    return plans
+
+
+def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:
+    """The checkpoint of a run whose clients live off this process (Flower) holds the server's side only: the
+    clients' own state lived in the SuperNodes' run context, which ended with the killed run. Resuming mid-rounds is exact only for a method whose clients
+    keep nothing between rounds; for any other the resume is refused, saying why."""
+    current = (checkpoint or {}).get("current")
+    if not current or current["result"].rounds_done == 0:
+        return
+    kept = current.get("client_keys", [])
+    if kept:
+        shown = ", ".join(kept[:4]) + (" …" if len(kept) > 4 else "")
+        raise RunError(
+            f"cannot resume method {current['label']!r} on Flower after round {current['result'].rounds_done}: its "
+            f"clients keep state across rounds ({shown}) in the SuperNodes' run context, which ended with the killed "
+            "run, and a new run cannot re-establish it (the server never held it); rerun it from the start, or run "
+            "it with train.executor vectorised, whose checkpoints hold every client's state")
