@@ -79,6 +79,10 @@ class Chosen(Strict):
         """The chosen component's validated parameters (its ``Params`` model, frozen)."""
         return self._params
 
+    def shown(self) -> dict[str, Any]:
+        """The section as a message shows it: what differs from the defaults (``{'kind': 'qsgd', 'bits': 8}``)."""
+        return self.model_dump(mode="json", exclude_defaults=True, context={"as_given": True})
+
     def given_for(self, name: str) -> dict[str, Any]:
         """This section as given, for a method that chooses component ``name`` instead: the shared keys, and the
         given parameters that ``name`` takes too (a top-level ``model.hidden`` reaches a method's ``cgau``, not

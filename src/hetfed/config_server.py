@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -94,6 +94,37 @@ class ScreenConfig(Strict):
     )
 
 
+class CombineConfig(Chosen):
+    """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
+    (trimmed_mean: ``fraction``; krum: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
+    ``weighted``; `hetfed components combine NAME`; docs/robustness.md)."""
+
+    chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
+
+    rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule (unweighted: "
+                      "median, trimmed_mean, krum, multi_krum), or a plugin's")
+
+
+class CompressionConfig(Chosen):
+    """How each client's update Δ travels (hetfed.server.compression): ``kind`` and its own keys (qsgd: ``bits``,
+    ``bucket``; topk: ``fraction``; `hetfed components compressor NAME`; docs/async.md)."""
+
+    chosen_by: ClassVar[tuple[str, str]] = ("compressor", "kind")
+
+    kind: str = Field("none", description="none, qsgd, topk, fp16, bf16, or a plugin's")
+    error_feedback: bool = Field(
+        False, description="clients keep what was not sent and add it to their next update (a lossy kind only)")
+
+    @model_validator(mode="after")
+    def _feedback_needs_loss(self) -> CompressionConfig:
+        compressors = registry_of("compressor")
+        if self.error_feedback and not compressors.get(self.kind).lossy:
+            raise ValueError(f"server.compression.error_feedback = true is not allowed with server.compression.kind "
+                             f"= {self.kind!r}: it loses nothing to feed back; expected a lossy kind "
+                             f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
+        return self
+
+
 class ServerOptimizerConfig(Chosen):
     """The server optimiser on the pseudo-gradient (hetfed.server.optimizers): ``kind``, the step size η every one
     has, and the kind's own keys beside them (avgm: ``momentum``; adam, yogi: ``beta1``, ``beta2``, ``tau``,
@@ -120,37 +151,12 @@ class ServerConfig(Strict):
     pseudo-gradient (see hetfed.server.optimizers for the update equations)."""
 
     screen: ScreenConfig = Field(default_factory=ScreenConfig)
-    combine: dict[str, Any] = Field(
-        default_factory=lambda: {"rule": "mean"}, description="rule: mean (FedAvg's sample-weighted mean), or a "
-        "robust rule (unweighted: median, trimmed_mean, krum, multi_krum), with the rule's own keys (trimmed_mean: "
-        "fraction; krum: byzantine_fraction; multi_krum: byzantine_fraction, keep, weighted; docs/robustness.md)"
-    )
+    combine: CombineConfig = Field(default_factory=lambda: CombineConfig())
     min_clients: int = Field(
         1, ge=1, description="a round with fewer accepted updates is skipped (logged in metrics.csv), not averaged"
     )
-    compression: dict[str, Any] = Field(
-        default_factory=lambda: {"kind": "none"}, description="how each client's update Δ travels: kind none, "
-        "qsgd (bits, bucket), topk (fraction), fp16, bf16 (`hetfed components compressor`), and error_feedback "
-        "(clients keep what was not sent and add it to their next update; docs/async.md, 'Compression of what clients send')"
-    )
+    compression: CompressionConfig = Field(default_factory=lambda: CompressionConfig())
 
     optimizer: ServerOptimizerConfig = Field(
         default_factory=lambda: ServerOptimizerConfig(), description="the server optimiser on the pseudo-gradient: "
         "{kind, lr, …its own keys} (`hetfed components optimizer NAME`)")
-
-    @model_validator(mode="after")
-    def _registered_steps(self) -> ServerConfig:
-        combine = dict(self.combine)
-        registry_of("combine").params(str(combine.pop("rule", "mean")), combine, "server.combine")
-        compression = dict(self.compression)
-        feedback = compression.pop("error_feedback", False)
-        kind = str(compression.pop("kind", "none"))
-        compressors = registry_of("compressor")
-        compressors.params(kind, compression, "server.compression")
-        if not isinstance(feedback, bool):
-            raise ValueError(f"server.compression.error_feedback = {feedback!r} is not allowed: expected true or false")
-        if feedback and not compressors.get(kind).lossy:
-            raise ValueError(f"server.compression.error_feedback = true is not allowed with server.compression.kind "
-                             f"= {kind!r}: it loses nothing to feed back; expected a lossy kind "
-                             f"{[n for n, c in compressors.items() if c.lossy]} or error_feedback: false")
-        return self

@@ -49,7 +49,8 @@ EQUIV_TRAINS = [
     TrainConfig(rounds=2, local_epochs=1, batch_size=10, optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False), lr_decay=0.9),
 ]
 #: the server step of each EQUIV_TRAINS case (the last one moves by a server lr and with FedAvgM)
-EQUIV_SERVERS = [ServerConfig(), ServerConfig(optimizer="adam", lr=0.05), ServerConfig(optimizer="avgm", lr=0.7)]
+EQUIV_SERVERS = [ServerConfig(), ServerConfig(optimizer={"kind": "adam", "lr": 0.05}),
+                 ServerConfig(optimizer={"kind": "avgm", "lr": 0.7})]
 
 
 @pytest.mark.parametrize("case", range(len(EQUIV_TRAINS)))

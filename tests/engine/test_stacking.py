@@ -48,7 +48,7 @@ def test_equal_plans_are_the_old_id_order_chunks_and_unequal_ones_fill_their_sta
 
 
 def test_a_large_round_is_grouped_by_runs_of_equal_steps():
-    from hetfed.engine.local import EXACT_UP_TO
+    from hetfed.engine.stacks import EXACT_UP_TO
 
     rng = np.random.default_rng(0)
     steps = rng.integers(1, 50, EXACT_UP_TO + 500).tolist()
@@ -223,7 +223,7 @@ def replace_capture(sched, mode):
 @settings(max_examples=100, deadline=None)
 @given(steps=st.lists(st.integers(0, 700), min_size=1, max_size=60), cap=st.integers(1, 25))
 def test_longest_first_blocks_cover_every_client_once_longest_first_within_the_cap(steps, cap):
-    from hetfed.engine.local import longest_first_blocks
+    from hetfed.engine.stacks import longest_first_blocks
 
     blocks = longest_first_blocks(steps, cap)
     flat = [i for b in blocks for i in b]
@@ -236,7 +236,7 @@ def test_longest_first_blocks_cover_every_client_once_longest_first_within_the_c
 def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length():
     """A method whose steps are plain (FedAvg) is stacked longest first, as large as memory allows; one whose
     step has a term of its own (SCAFFOLD's correction) keeps the stacks grouped by plan length."""
-    from hetfed.engine.local import longest_first_blocks
+    from hetfed.engine.stacks import longest_first_blocks
     from hetfed.executors.inprocess import step_overhead
 
     steps = [642, 7, 9, 640, 8, 10]

@@ -65,7 +65,7 @@ def test_fedbuffs_server_step_is_algorithm_1():
     fed = _fed()
     eta = 0.7
     algo = build_algorithm("fedbuff", _model(fed), _train(), {"concurrency": 4, "buffer": 3},
-                           server=ServerConfig(lr=eta))
+                           server=ServerConfig(optimizer={"lr": eta}))
     gen = torch.Generator().manual_seed(0)
     x = {k: v[0] for k, v in _rows(1, gen).items()}
     starts, trained = _rows(3, gen), _rows(3, gen)

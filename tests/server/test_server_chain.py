@@ -95,8 +95,8 @@ def test_a_run_directory_written_before_the_chain_reads_without_notes(tmp_path):
         warnings.simplefilter("always")
         cfg = load_run_config(tmp_path / "config.yaml")
     assert not [w for w in caught if issubclass(w.category, HetfedNote)]
-    assert cfg.server.combine == {"rule": "mean"} and cfg.server.screen.norm_factor == 10.0
-    assert cfg.method_server(cfg.methods[1]).combine == {"rule": "trimmed_mean", "fraction": 0.3}
+    assert cfg.server.combine.shown() == {} and cfg.server.screen.norm_factor == 10.0  # the default: mean
+    assert cfg.method_server(cfg.methods[1]).combine.shown() == {"rule": "trimmed_mean", "fraction": 0.3}
     assert migrate_legacy(old)["train"] == {"rounds": 3}
 
 

@@ -72,7 +72,7 @@ def _check_private(config: Config, method: MethodConfig, server: ServerConfig) -
         allowed = registry.with_capability(lambda c: c.private)
         raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: it uploads statistics "
                           f"(or nothing) that DP-FedAvg does not privatise; expected one of {allowed}")
-    rule, plain = server.combine.get("rule"), ServerConfig().combine["rule"]  # DP's noised mean replaces the rule
+    rule, plain = server.combine.rule, ServerConfig().combine.rule  # DP's noised mean replaces the rule
     if rule != plain:
         raise ConfigError(f"{where}.server.combine.rule = {rule!r} is not allowed: the noise is "
                           f"calibrated to the clipped mean; expected {plain!r}")
@@ -94,16 +94,17 @@ def _check_secure(config: Config, method: MethodConfig, server: ServerConfig) ->
         raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: its server needs more than the "
                           f"weighted mean of the clients' parameters; expected one of {allowed}")
     plain = ServerConfig()
-    if server.combine.get("rule") != plain.combine["rule"]:
-        raise ConfigError(f"{where}.server.combine.rule = {server.combine.get('rule')!r} is not allowed: a robust rule "
-                          f"needs every update and the server sees only their sum; expected {plain.combine['rule']!r}")
+    if server.combine.rule != plain.combine.rule:
+        raise ConfigError(f"{where}.server.combine.rule = {server.combine.rule!r} is not allowed: a robust rule "
+                          f"needs every update and the server sees only their sum; expected {plain.combine.rule!r}")
     if server.screen.norm_factor != plain.screen.norm_factor:
         raise ConfigError(f"{where}.server.screen.norm_factor = {server.screen.norm_factor!r} is not allowed: the "
                           "norm filter compares individual updates, which the server does not see (each node screens "
                           f"its own cohort); expected the default {plain.screen.norm_factor!r}")
     if server.compression != plain.compression:
-        raise ConfigError(f"{where}.server.compression = {server.compression} is not allowed: SecAgg+ quantises the "
-                          f"updates itself and encodings do not sum; expected the default {plain.compression}")
+        raise ConfigError(f"{where}.server.compression = {server.compression.shown()} is not allowed: SecAgg+ "
+                          f"quantises the updates itself and encodings do not sum; expected the default "
+                          f"{plain.compression.shown()}")
     if config.privacy.noise_multiplier is not None:
         raise ConfigError(f"{where} and privacy.noise_multiplier = {config.privacy.noise_multiplier:g} is not "
                           "allowed: DP-FedAvg clips each update on the server, which sees only their sum; expected "

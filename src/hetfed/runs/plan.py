@@ -43,11 +43,11 @@ def check_config(config: Config, train: bool = True) -> None:
             raise ConfigError(f"server_data.source = 'none' is not allowed with methods.{i}.algorithm = "
                               f"{method.algorithm!r}: it needs unlabeled server data; expected 'auto', 'holdout' or "
                               "'dataset'")
-        compression = config.method_server(method).compression
-        if not caps.server_model and compression != ServerConfig().compression:
-            raise ConfigError(f"server.compression = {compression} is not allowed with methods.{i}.algorithm = "
-                              f"{method.algorithm!r}: it uploads no model to compress; expected the default "
-                              f"{ServerConfig().compression} for this method (methods.{i}.server.compression)")
+        compression, plain = config.method_server(method).compression, ServerConfig().compression
+        if not caps.server_model and compression != plain:
+            raise ConfigError(f"server.compression = {compression.shown()} is not allowed with methods.{i}.algorithm "
+                              f"= {method.algorithm!r}: it uploads no model to compress; expected the default "
+                              f"{plain.shown()} for this method (methods.{i}.server.compression)")
         if train:
             _check_model(config, i, method, caps)
 

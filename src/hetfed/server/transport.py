@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from hetfed.config_server import CompressionConfig
 from hetfed.engine.types import ClientState, Params, Upload
 from hetfed.server.compression import Compressor, CompressorParams
 
@@ -152,13 +153,13 @@ def _blocks(stacked: torch.Tensor) -> list[tuple[int, int]]:
     return [(a, min(n, a + per)) for a in range(0, n, per)]
 
 
-def transport(section: dict[str, Any], where: str = "server.compression") -> Transport:
-    """``server.compression`` (``{"kind": …, "error_feedback": …, **the compressor's params}``) as a Transport."""
+def transport(section: CompressionConfig | dict[str, Any]) -> Transport:
+    """``server.compression`` (or a plain ``{"kind": …, "error_feedback": …, **the compressor's params}``) as a
+    Transport."""
     from hetfed.server.compression import parse
 
-    options = dict(section)
-    feedback = bool(options.pop("error_feedback", False))
-    compressor, params = parse(options, where)
+    chosen = section if isinstance(section, CompressionConfig) else CompressionConfig.model_validate(section)
+    compressor, params = parse(chosen)
     if not compressor.lossy:  # the config refuses error feedback here (nothing is lost)
         return Transport()
-    return Transport(compressor, params, feedback)
+    return Transport(compressor, params, chosen.error_feedback)

@@ -15,6 +15,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from hetfed.config_server import CombineConfig
 from hetfed.engine.types import Params, Upload
 from hetfed.registry import Registry
 
@@ -60,10 +61,7 @@ def get(name: str, where: str = "server.combine.rule") -> CombineRule:
     return RULES.get(name, where)
 
 
-def parse(section: dict[str, Any], where: str = "server.combine") -> tuple[CombineRule, RuleParams]:
-    """``{"rule": name, **its params}`` → the rule and its validated parameters (one-line errors naming the key)."""
-    options = dict(section)
-    name = str(options.pop("rule", "mean"))
-    params = RULES.params(name, options, where)
-    assert isinstance(params, RuleParams)
-    return RULES.get(name), params
+def parse(section: CombineConfig | dict[str, Any]) -> tuple[CombineRule, RuleParams]:
+    """``server.combine`` (or a plain ``{"rule": name, **its params}``) → the rule and its validated parameters."""
+    chosen = section if isinstance(section, CombineConfig) else CombineConfig.model_validate(section)
+    return RULES.get(chosen.rule), chosen.params

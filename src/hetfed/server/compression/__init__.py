@@ -22,6 +22,7 @@ from typing import Any
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from hetfed.config_server import CompressionConfig
 from hetfed.registry import Registry
 
 
@@ -109,14 +110,11 @@ def casting(name: str, dtype: torch.dtype, summary: str) -> Compressor:
     return Compressor(name, encode, decode, lambda shape, _p: size * math.prod(shape), CompressorParams, summary)
 
 
-def parse(section: dict[str, Any], where: str = "server.compression") -> tuple[Compressor, CompressorParams]:
-    """``{"kind": name, **its params}`` → the compressor and its validated parameters (one-line errors naming the
-    key)."""
-    options = dict(section)
-    name = str(options.pop("kind", "none"))
-    params = COMPRESSORS.params(name, options, where)
-    assert isinstance(params, CompressorParams)
-    return COMPRESSORS.get(name), params
+def parse(section: CompressionConfig | dict[str, Any]) -> tuple[Compressor, CompressorParams]:
+    """``server.compression`` (or a plain ``{"kind": name, **its params}``) → the compressor and its validated
+    parameters."""
+    chosen = section if isinstance(section, CompressionConfig) else CompressionConfig.model_validate(section)
+    return COMPRESSORS.get(chosen.kind), chosen.params
 
 
 _POOL: tuple[int, int, Any] | None = None  # (process id, workers, ThreadPoolExecutor): kept, threads cost ~0.1 ms
