@@ -54,10 +54,6 @@ def _other_dataset(data, config: Config) -> np.ndarray:
     from hetfed.data import embed, load_dataset
 
     cfg = config.server_data
-    if config.embed.kind in ("pca", "tokens"):
-        raise ConfigError(f"server_data.source = 'dataset' is not allowed with embed.kind = {config.embed.kind!r}: "
-                          "it is fitted on the federation's data; expected embed.kind 'identity' or a pre-trained "
-                          "extractor, or server_data.source = 'holdout'")
     other = embed(load_dataset(DatasetConfig(name=cfg.name, data_dir=cfg.data_dir)), config.embed, progress=False)
     if other.x_train.shape[1:] != data.x_train.shape[1:]:
         raise ConfigError(f"server_data.name = {cfg.name!r} is not allowed here: its inputs have "

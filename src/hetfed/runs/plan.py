@@ -36,6 +36,10 @@ def check_config(config: Config, train: bool = True) -> None:
     only builds the federation (``hetfed partition``): no method is trained, so a model need not suit the data."""
     if registry_of("dataset").get(config.dataset.name).on_nodes:
         _check_nodes_dataset(config)
+    if config.server_data.source == "dataset" and registry_of("embedding").get(config.embed.kind).fitted:
+        raise ConfigError(f"server_data.source = 'dataset' is not allowed with embed.kind = {config.embed.kind!r}: "
+                          "it is fitted on the federation's data; expected embed.kind 'identity' or a pre-trained "
+                          "extractor, or server_data.source = 'holdout'")
     algorithms = registry_of("algorithm")
     for i, method in enumerate(config.methods):
         caps = algorithms.get(method.algorithm).capabilities
@@ -77,7 +81,7 @@ def _check_nodes_dataset(config: Config) -> None:
     if config.flower.nodes is None:
         raise ConfigError(f"dataset.name = {name!r} needs flower.nodes: how many SuperNodes with their own data to "
                           "wait for at set-up, e.g. 3")
-    if config.embed.kind != "identity":
+    if registry_of("embedding").get(config.embed.kind).gives is not None:  # an extractor, not the samples as they are
         raise ConfigError(f"embed.kind = {config.embed.kind!r} is not allowed with dataset.name = {name!r}: nodes "
                           "read feature tables; expected 'identity'")
     algorithms = registry_of("algorithm")

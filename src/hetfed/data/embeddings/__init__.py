@@ -22,7 +22,8 @@ from hetfed.registry import ComponentParams, Registry, describe_params
 @dataclass(frozen=True)
 class EmbeddingKind:
     """One registered extractor. ``gives``: ``"features"`` (vectors any classifier reads), ``"tokens"`` (token
-    ids), or ``None``: the dataset's own samples, whatever they are (``identity``)."""
+    ids), or ``None``: the dataset's own samples, whatever they are (``identity``). ``fitted``: fitted on the
+    federation's training split (PCA, a vocabulary), so it cannot embed another dataset the same way."""
 
     name: str
     embed: Callable[[Dataset, EmbedConfig, bool], Embedded]
@@ -30,6 +31,7 @@ class EmbeddingKind:
     accepts: tuple[str, ...]
     gives: str | None = "features"
     Params: type[ComponentParams] = ComponentParams
+    fitted: bool = False
     extra: str = ""  # the optional extra it needs (pip install 'hetfed[extra]'), if any
 
 

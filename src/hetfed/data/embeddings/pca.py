@@ -33,4 +33,4 @@ def pca(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
 
 
 register(EmbeddingKind("pca", pca, "principal components of the training split", ("image", "vector"),
-                       Params=PCAParams))
+                       Params=PCAParams, fitted=True))

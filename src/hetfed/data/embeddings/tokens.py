@@ -43,4 +43,4 @@ def token_ids(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
 
 register(EmbeddingKind("tokens", token_ids, "token ids of a vocabulary fitted on the training texts (for a "
                        "sequence model: model.kind bilstm)", ("text",), gives="tokens",
-                       Params=TokensParams))
+                       Params=TokensParams, fitted=True))
