@@ -23,7 +23,7 @@ LAYERS = [
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.models", 2),
     ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
-    ("hetfed.server", 4),
+    ("hetfed.server", 4), ("hetfed.leakage", 4),
     ("hetfed.algorithms", 5),
     ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6), ("hetfed.executors", 6),
     ("hetfed.runs", 7),

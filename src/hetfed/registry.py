@@ -32,6 +32,7 @@ KINDS: dict[str, str] = {
     "compressor": "hetfed.server.compression",
     "algorithm": "hetfed.algorithms.registry",
     "executor": "hetfed.executors.kinds",
+    "leakage": "hetfed.leakage",
 }
 
 #: modules outside a kind's package that register components of it, imported when the kind is discovered:
