@@ -268,9 +268,6 @@ def server_step(algo: Algorithm, state: ServerState, upload: Upload, scale: floa
     if chain is None:
         raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms with "
                            "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
-    privacy = private(algo)
-    if privacy is not None:  # DP-FedAvg's noised mean in the combine step's place
-        chain = chain.private(privacy)
     params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
                                      seed=algo._seed, expected_clients=algo._expected_clients, scale=scale)
     extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}

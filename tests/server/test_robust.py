@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -46,11 +45,12 @@ def _fed(clients=10):
     return make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=clients, alpha=1.0, min_size=5), 0)
 
 
-def _algo(fed, kind="mlp", algorithm="fedavg", combine=None, **train):
+def _algo(fed, kind="mlp", algorithm="fedavg", combine=None, privacy=None, **train):
     cfg = TrainConfig(**{"rounds": 4, "local_steps": 3, "batch_size": 16, "eval_every": 2,
                          "optimizer": {"kind": "sgd", "lr": 0.05, "momentum": 0.0}, **train})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return build_algorithm(algorithm, model, cfg, server=ServerConfig(combine=combine or {"rule": "mean"})), cfg
+    return build_algorithm(algorithm, model, cfg, server=ServerConfig(combine=combine or {"rule": "mean"}),
+                           privacy=privacy), cfg
 
 
 def combine(old, upload, rule="mean", **params):
@@ -380,8 +380,7 @@ def test_no_noise_and_no_clipping_reproduces_fedavg_exactly(kind):
     fed = _fed()
     plain_algo, cfg = _algo(fed, kind=kind)
     plain = simulate(plain_algo, fed, cfg, seed=2)
-    algo, cfg = _algo(fed, kind=kind)
-    algo.context = replace(algo.context, privacy=PrivacyConfig(noise_multiplier=0.0, clip=None, weighting="samples"))
+    algo, cfg = _algo(fed, kind=kind, privacy=PrivacyConfig(noise_multiplier=0.0, clip=None, weighting="samples"))
     private = simulate(algo, fed, cfg, seed=2)
     for k in plain.server.params:
         assert torch.equal(plain.server.params[k], private.server.params[k]), k
@@ -398,8 +397,7 @@ def test_dp_noise_has_the_calibrated_std_and_touches_shared_parameters_only():
     assert float(noise.mean()) == pytest.approx(0.0, abs=0.005)
     assert float(noise.std()) == pytest.approx(2.0 * 0.5 / 10, rel=0.03)
     fed = _fed()
-    algo, cfg = _algo(fed, kind="cgau")
-    algo.context = replace(algo.context, privacy=PrivacyConfig(noise_multiplier=1.0, clip=0.1))
+    algo, cfg = _algo(fed, kind="cgau", privacy=PrivacyConfig(noise_multiplier=1.0, clip=0.1))
     res = simulate(algo, fed, cfg, seed=0)
     assert set(res.server.params) == {s.name for s in algo.model.specs() if not s.local}
     assert res.epsilon is not None and res.epsilon > 0

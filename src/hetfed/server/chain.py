@@ -150,11 +150,6 @@ class Chain:
     def streams(self) -> bool:
         return all(s.streams for s in self.steps)
 
-    def private(self, privacy: Any) -> Chain:
-        """This chain with DP-FedAvg's noised mean (``privacy.*``) in the combine step's place."""
-        noise = DPNoise(privacy.noise_multiplier, privacy.clip, privacy.weighting == "uniform")
-        return replace(self, steps=tuple(PrivateMean(noise) if s.name == "combine" else s for s in self.steps))
-
     def state_of(self, extra: dict[str, Any]) -> dict[str, State]:
         """The chain's state kept in a server state's ``extra`` ({} before round 1)."""
         if self.STATE in extra:
