@@ -201,6 +201,8 @@ def test_sweep_resume_continues_a_killed_run_from_its_checkpoint(tmp_path):
 def test_a_sweep_resumed_after_an_upgrade_reuses_runs_that_lack_a_new_setting(tmp_path, capsys):
     """A setting added to hetfed since a run was made is absent from its config.yaml: read with its default, the
     behaviour the run had, it is the same config — resuming reuses the run instead of refusing or redoing it."""
+    import yaml
+
     from hetfed.cli import main
 
     args = ["sweep", "configs/default.yaml", "--set", "train.rounds=2", "--seeds", "1", "--out", str(tmp_path / "s")]
@@ -215,6 +217,16 @@ def test_a_sweep_resumed_after_an_upgrade_reuses_runs_that_lack_a_new_setting(tm
     config.write_text(text.replace("pca_components: 2", "pca_components: 3"))  # a real change is refused
     assert main([*args, "--resume"]) != 0
     assert "partition.pca_components: 3 → 2" in capsys.readouterr().err
+    # as written before components owned their parameters: every partitioner's keys in one flat section, the server
+    # optimiser's beside the others — read back with their migration, the same config: reused
+    raw = yaml.safe_load(text)
+    raw["partition"].update({"alpha": 0.5, "p": 0.8, "min_size": 10, "shard_cut": "within_class"})
+    opt = raw["server"].pop("optimizer")
+    raw["server"].update({"optimizer": opt["kind"], "lr": opt["lr"], "momentum": 0.9, "beta1": 0.9, "tau": 0.001})
+    config.write_text(yaml.safe_dump(raw, sort_keys=False))
+    capsys.readouterr()
+    assert main([*args, "--resume"]) == 0
+    assert "1 of 1 runs reused" in capsys.readouterr().out
 
 
 @pytest.mark.slow

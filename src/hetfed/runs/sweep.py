@@ -21,7 +21,7 @@ from typing import Any
 import yaml
 from rich.console import Console
 
-from hetfed.config import Config, as_given, build_config
+from hetfed.config import Config, as_given, build_config, migrate_legacy
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
@@ -261,7 +261,8 @@ def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, C
         run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
         done = run_dir / CONFIG
         if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, cfg):
-            changed.append((run_dir, config_diff(yaml.safe_load(done.read_text()), cfg.model_dump(mode="json"))))
+            old = migrate_legacy(yaml.safe_load(done.read_text()))  # an older hetfed's keys where they are now
+            changed.append((run_dir, config_diff(old, cfg.model_dump(mode="json"))))
     if changed:
         run_dir, diff = changed[0]
         raise RunError(
@@ -466,15 +467,15 @@ def _completed(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
 
 
 def same_config(path: Path, cfg: Config) -> bool:
-    """Whether a run's config.yaml is ``cfg``: read with this hetfed, so a setting added since the run was made
-    (absent from its file) counts as its default — the behaviour the run had — and not as a change."""
-    from hetfed.config import dump_config
+    """Whether a run's config.yaml is ``cfg``: read with this hetfed (an older one's keys migrated), so a setting
+    added since the run was made (absent from its file) counts as its default — the behaviour the run had — and not
+    as a change."""
+    from hetfed.config import dump_config, load_run_config
 
-    text = path.read_text()
-    if text == dump_config(cfg):
+    if path.read_text() == dump_config(cfg):
         return True
     try:
-        return build_config(yaml.safe_load(text)).model_dump(mode="json") == cfg.model_dump(mode="json")
+        return load_run_config(path).model_dump(mode="json") == cfg.model_dump(mode="json")
     except Exception:  # a file this hetfed cannot read is not the same config
         return False
 
