@@ -167,8 +167,10 @@ def _keep_taken(section: Any, chosen: Chosen, choice: str | None) -> None:
     component = registry_of(kind).find(str(section.get(chooser, choice)))
     if component is None:
         return  # not registered here: validation names it
-    for key in [k for k in section if k not in shared and k not in component.Params.model_fields]:
-        del section[key]
+    fields = component.Params.model_fields
+    for key in [k for k in section if k not in shared and (k not in fields or section[k] is None
+                                                            and fields[k].default is not None)]:
+        del section[key]  # another component's key, or None where an older hetfed meant "the default"
 
 
 def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str, Chosen]) -> dict:

@@ -41,19 +41,17 @@ class ServerDataConfig(Strict):
         return self
 
 
-class AttackConfig(Strict):
-    """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed.
+class AttackConfig(Chosen):
+    """Malicious clients, for testing defences: a fixed ``fraction`` of the opted-in clients, drawn from the seed,
+    doing what ``kind`` does (hetfed.engine.attacks; `hetfed components attack NAME`): model poisoning changes what
+    they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
+    (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
+    labels y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real)."""
 
-    Model poisoning changes what they upload (Δ = θ_k − θ_global): ``sign_flip`` sends
-    −factor·Δ (default factor 4), ``scale`` sends factor·Δ (default 10), ``gaussian`` sends
-    noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on labels
-    y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real).
-    """
+    chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
-    kind: Literal["none", "sign_flip", "scale", "gaussian", "label_flip"] = "none"
-    fraction: float = Field(0.1, ge=0, le=1)
-    factor: float | None = Field(None, gt=0, description="sign_flip: 4, scale: 10 when unset")
-    noise_std: float = Field(1.0, gt=0)
+    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, or a plugin's")
+    fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
 
 class PrivacyConfig(Strict):

@@ -33,6 +33,7 @@ KINDS: dict[str, str] = {
     "algorithm": "hetfed.algorithms.registry",
     "executor": "hetfed.executors.kinds",
     "leakage": "hetfed.leakage",
+    "attack": "hetfed.engine.attacks",
 }
 
 #: modules outside a kind's package that register components of it, imported when the kind is discovered:

@@ -18,12 +18,14 @@ from __future__ import annotations
 import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import partial
 from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 
 from hetfed.config import AttackConfig, TrainConfig
+from hetfed.engine.attacks import ATTACKS
 from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
@@ -65,7 +67,7 @@ class Faults:
 def malicious_clients(cfg: AttackConfig, opted_out: np.ndarray, seed: int) -> np.ndarray:
     """A boolean mask: ``round(fraction × opted-in clients)`` of them, fixed for the run."""
     mask = np.zeros(len(opted_out), dtype=bool)
-    if cfg.kind == "none":
+    if not ATTACKS.get(cfg.kind).acts:
         return mask
     eligible = np.flatnonzero(~np.asarray(opted_out, dtype=bool))
     m = int(round(cfg.fraction * len(eligible)))
@@ -79,16 +81,16 @@ class Adversary:
 
     def __init__(self, cfg: AttackConfig, fed: Federation, seed: int, n_classes: int):
         self.cfg, self.seed, self.n_classes = cfg, seed, n_classes
+        self.attack = ATTACKS.get(cfg.kind)
         self.malicious = malicious_clients(cfg, fed.opted_out, seed)
-        self.factor = cfg.factor if cfg.factor is not None else {"sign_flip": 4.0, "scale": 10.0}.get(cfg.kind, 1.0)
 
     @property
     def active(self) -> bool:
-        return self.cfg.kind != "none" and bool(self.malicious.any())
+        return self.attack.acts and bool(self.malicious.any())
 
     def training_labels(self, y: torch.Tensor, train_indices: Sequence[np.ndarray]) -> torch.Tensor:
         """The pool's labels as the clients train on them: flipped ``y → C − 1 − y`` on malicious clients' samples."""
-        if self.cfg.kind != "label_flip":
+        if not self.attack.flips_labels:
             return y
         out = y.clone()
         for k in np.flatnonzero(self.malicious):
@@ -98,7 +100,8 @@ class Adversary:
 
     def poison(self, upload: Upload, bc: Broadcast) -> Upload:
         """Model poisoning: malicious clients replace their update Δ (shared parameters only)."""
-        if self.cfg.kind not in ("sign_flip", "scale", "gaussian"):
+        poison = self.attack.poison
+        if poison is None:
             return upload
         rows = [j for j, k in enumerate(upload.client_ids) if self.malicious[k]]
         if not rows:
@@ -107,16 +110,16 @@ class Adversary:
         for name, ref in bc.params.items():
             ref = ref.to(params[name].device)
             for j in rows:
-                delta = params[name][j] - ref
-                if self.cfg.kind == "sign_flip":
-                    delta = -self.factor * delta
-                elif self.cfg.kind == "scale":
-                    delta = self.factor * delta
-                else:
-                    gen = torch_gen(self.seed, ATTACKERS, bc.round, upload.client_ids[j], _name_seed(name))
-                    delta = (torch.randn(ref.shape, generator=gen) * self.cfg.noise_std).to(ref.device, ref.dtype)
-                params[name][j] = ref + delta
+                gen = partial(_client_noise, torch_gen(self.seed, ATTACKERS, bc.round, upload.client_ids[j],
+                                                       _name_seed(name)))
+                params[name][j] = ref + poison(params[name][j] - ref, self.cfg.params, gen)
         return Upload(upload.client_ids, params, upload.num_samples, upload.extra, dict(upload.screened))
+
+
+def _client_noise(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """Standard normal draws of ``shape`` from a malicious client's own generator (on the CPU: the same numbers on
+    every device)."""
+    return torch.randn(shape, generator=gen)
 
 
 def _name_seed(name: str) -> int:

@@ -16,6 +16,7 @@ import numpy as np
 import torch
 
 from hetfed.config import AttackConfig, TrainConfig
+from hetfed.engine.attacks import ATTACKS
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.rng import SERVER_INIT, torch_gen
@@ -101,7 +102,7 @@ def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, exec
 
         executor = executor_for(train).client_steps(train)
     executor.start(algo, fed, seed, device)
-    under_attack = attack is not None and attack.kind != "none"  # divergence is then an outcome, not an error
+    under_attack = attack is not None and ATTACKS.get(attack.kind).acts  # divergence is then an outcome, not an error
     if attack is not None and under_attack:
         if not hasattr(executor, "set_adversary"):
             from hetfed.errors import ConfigError

@@ -122,7 +122,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
             algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
         except ConfigError as err:
             raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
-        if config.attack.kind != "none" and not kind.in_process:
+        if registry_of("attack").get(config.attack.kind).acts and not kind.in_process:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
                               f"executor {kind.name!r} the clients are real)")

@@ -1,0 +1,47 @@
+"""Simulated malicious clients, for testing defences (``attack: {kind, fraction, …its own keys}``).
+
+Each kind is one module of this package registering a :class:`ClientAttack` with its own parameters (``Params``):
+model poisoning changes what a malicious client uploads — ``poison(delta, params, noise)`` maps its update
+Δ = θ_k − θ_global of one parameter to what it sends (``noise(shape)``: that client's own Gaussian draws for the
+parameter, from the run seed) — and data poisoning changes the labels it trains on (``flips_labels``). ``none``
+does neither. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from hetfed.registry import ComponentParams, Registry, describe_params
+
+
+@dataclass(frozen=True)
+class ClientAttack:
+    """One registered attack: ``poison`` (None: the update is sent as it is) and whether the labels are flipped
+    ``y → C − 1 − y``."""
+
+    name: str
+    summary: str
+    Params: type[ComponentParams] = ComponentParams
+    poison: Callable[[torch.Tensor, Any, Callable[[tuple[int, ...]], torch.Tensor]], torch.Tensor] | None = None
+    flips_labels: bool = False
+
+    @property
+    def acts(self) -> bool:
+        """Whether malicious clients do anything (``none`` does not)."""
+        return self.poison is not None or self.flips_labels
+
+
+def _described(attack: ClientAttack) -> dict[str, Any]:
+    return {"summary": attack.summary, "params": describe_params(attack.Params)}
+
+
+ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", describe=_described,
+                                           noun="client attack")
+
+
+def register(attack: ClientAttack) -> ClientAttack:
+    return ATTACKS.register(attack.name, attack)

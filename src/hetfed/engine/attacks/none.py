@@ -1,0 +1,5 @@
+"""``none``: every client is honest."""
+
+from hetfed.engine.attacks import ClientAttack, register
+
+register(ClientAttack("none", "every client is honest"))
