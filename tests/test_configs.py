@@ -65,6 +65,8 @@ def test_a_run_directory_written_before_components_owned_their_parameters_still_
            "model": {"kind": "mlp", "hidden": [32], "dropout": 0.1, "batch_norm": False, "lstm_layers": 2},
            "embed": {"kind": "identity", "components": 32, "image_size": 224, "batch_size": 64},
            "dataset": {"name": "digits", "plays": None, "categories": None, "path": None},
+           "train": {"rounds": 2, "clock": {"latency": "constant", "spread": 1.0, "file": None, "sample_seconds": 0.002}},
+           "attack": {"kind": "scale", "fraction": 0.2, "factor": None, "noise_std": 1.0},
            "server": {"optimizer": "adam", "lr": 0.02, "momentum": 0.9, "beta1": 0.8, "beta2": 0.99, "tau": 0.001,
                       "bias_correction": False, "variant": "paper"},
            "methods": [{"name": "a", "algorithm": "fedavg"},
@@ -74,6 +76,8 @@ def test_a_run_directory_written_before_components_owned_their_parameters_still_
     path.write_text(yaml.safe_dump(old))
     config = load_run_config(path)
     assert config.partition.params.model_dump() == {"alpha": 0.2, "min_size": 5, "samples_per_client": None}
+    assert config.train.clock.latency == "constant" and config.train.clock.sample_seconds == 0.002
+    assert config.attack.params.factor == 10.0  # None was "the kind's default" then
     assert config.model.params.model_dump() == {"hidden": [32], "dropout": 0.1}
     assert config.server.optimizer.kind == "adam" and config.server.optimizer.lr == 0.02
     assert config.server.optimizer.params.beta1 == 0.8

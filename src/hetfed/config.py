@@ -258,8 +258,15 @@ def _import_plugins(modules: list[str]) -> None:
 def migrate_legacy(raw: dict) -> dict:
     """A config written by an older hetfed (a run directory's config.yaml) in today's keys
     (:func:`hetfed.config_legacy.migrate_legacy`)."""
-    chosen = {name: (*section.chosen_by, frozenset(section.model_fields)) for name, f in Config.model_fields.items()
-              if isinstance(section := f.annotation, type) and issubclass(section, Chosen)}
+    chosen: dict[str, tuple[str, str, frozenset[str]]] = {}
+    for name, f in Config.model_fields.items():  # the component sections, and those one level inside a section
+        section = f.annotation
+        if isinstance(section, type) and issubclass(section, Chosen):
+            chosen[name] = (*section.chosen_by, frozenset(section.model_fields))
+        elif isinstance(section, type) and issubclass(section, Strict):
+            chosen.update({f"{name}.{inner}": (*t.chosen_by, frozenset(t.model_fields))
+                           for inner, g in section.model_fields.items()
+                           if isinstance(t := g.annotation, type) and issubclass(t, Chosen)})
     return config_legacy.migrate_legacy(raw, ServerConfig().model_dump(mode="json"), chosen)
 
 

@@ -187,8 +187,7 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
     top_server: dict[str, Any] = raw["server"] if isinstance(raw.get("server"), dict) else {}
     top_optimizer = str((top_server.get("optimizer") or {}).get("kind", "sgd"))
     for name, how in chosen.items():
-        _keep_taken(raw.get(name), how, None)
-    top_model: dict[str, Any] = raw["model"] if isinstance(raw.get("model"), dict) else {}
+        _keep_taken(_at(raw, name), how, None)
     methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
     sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
     train_keys = legacy_train_keys()
@@ -211,6 +210,14 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
             _move_to_server(own_train, m["server"], "train", "server", server_defaults, note=False)
         m["params"] = {**params, **(m.get("params") or {})}
         _nest_optimizer(m.get("server"), "server", note=False, kind=top_optimizer)
-        if "model" in chosen:
-            _keep_taken(m.get("model"), chosen["model"], str(top_model.get(chosen["model"][1])))
+        for name, how in chosen.items():  # a method's own keys of a section it may override (model, train.clock …)
+            top = _at(raw, name)
+            _keep_taken(_at(m, name), how, str(top.get(how[1])) if isinstance(top, dict) else None)
     return raw
+
+
+def _at(tree: Any, dotted: str) -> Any:
+    """The mapping at ``dotted`` inside ``tree`` (None where there is none)."""
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree

@@ -3,11 +3,11 @@
 
 from __future__ import annotations
 
-from typing import Literal
+from typing import ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
-from hetfed.config_base import Strict
+from hetfed.config_base import Chosen, Strict
 from hetfed.registry import registry_of
 
 
@@ -36,38 +36,30 @@ class StragglerConfig(Strict):
     deadline: float | None = Field(None, gt=0, description="time units (median client steps); None: no deadline")
 
 
-class ClockConfig(Strict):
+class ClockConfig(Chosen):
     """Simulated time (hetfed.engine.clock): a client's round takes its compute time (samples processed × its
     seconds per sample) plus its network time (bytes received ÷ downlink + bytes sent ÷ uplink); a synchronous
     round lasts as long as its slowest aggregated client (or the deadline, when a client missed it). Each client's
-    speeds are drawn once from the run seed (median ``sample_seconds``), or read from ``file``."""
+    speeds are drawn once from the run seed by the latency model (median ``sample_seconds``), or read from a file;
+    a model's own keys sit beside it (lognormal, uniform: ``spread``; file: ``file``; `hetfed components latency`)."""
 
-    latency: Literal["constant", "lognormal", "exponential", "uniform", "file", "wall"] = Field(
+    chosen_by: ClassVar[tuple[str, str]] = ("latency", "latency")
+
+    latency: str = Field(
         "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
-        "from a distribution with that median (lognormal: σ = spread; exponential; uniform: ±spread/2), or read "
-        "from file; wall: no model — an asynchronous server on Flower merges replies in the order they really come "
-        "and sim_time is the run's seconds")
-    spread: float = Field(1.0, gt=0, description="lognormal σ; uniform: speeds in [1 − spread/2, 1 + spread/2]·median")
+        "from a distribution with that median (lognormal, exponential, uniform), or read from a file; wall: no "
+        "model — an asynchronous server on Flower merges replies in the order they really come")
     sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
     uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "
                                       "(None: sending takes no time)")
     downlink_mbps: float | None = Field(None, gt=0, description="the median client's download bandwidth in Mbit/s "
                                         "(None: receiving takes no time)")
     network_spread: float = Field(0.0, ge=0, description="lognormal σ of each client's bandwidths around the median")
-    file: str | None = Field(None, description="latency = file: a CSV with a header and one row per client: client, "
-                             "sample_seconds, and optionally uplink_mbps, downlink_mbps")
     slow: Literal["random", "by_label"] = Field(
         "random", description="which client gets which speed: random, or by_label (clients sorted by their most "
         "frequent class; the slowest speeds go to the highest classes, so slow clients hold different classes)")
     deadline: float | None = Field(None, gt=0, description="seconds: a client whose round takes longer is dropped "
                                    "(late); the round then lasts the deadline")
-
-    @model_validator(mode="after")
-    def _file_given(self) -> ClockConfig:
-        if (self.latency == "file") != (self.file is not None):
-            raise ValueError(f"train.clock.latency = {self.latency!r} with train.clock.file = {self.file!r} is not "
-                             "allowed: latency 'file' needs file (a CSV path), and file needs latency 'file'")
-        return self
 
 
 class TrainConfig(Strict):

@@ -34,6 +34,7 @@ KINDS: dict[str, str] = {
     "executor": "hetfed.executors.kinds",
     "leakage": "hetfed.leakage",
     "attack": "hetfed.engine.attacks",
+    "latency": "hetfed.engine.latency",
 }
 
 #: modules outside a kind's package that register components of it, imported when the kind is discovered:
@@ -163,7 +164,7 @@ def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:
     """A component's parameters as plain data: name, default, type, bounds, description (``--json`` listings)."""
     params = []
     for key, f in model.model_fields.items():
-        default = f.get_default(call_default_factory=True)
+        default = None if f.is_required() else f.get_default(call_default_factory=True)
         if isinstance(default, BaseModel):
             default = default.model_dump(mode="json")
         bounds = {k: getattr(m, k) for m in f.metadata for k in ("gt", "ge", "lt", "le") if hasattr(m, k)}
@@ -185,6 +186,9 @@ def params_error(err: ValidationError, where: str, unknown: str) -> str:
         key = ".".join([where, *(str(p) for p in e["loc"])])
         if e["type"] == "extra_forbidden":
             parts.append(f"unknown key {key!r}: {unknown}")
+            continue
+        if e["type"] == "missing":
+            parts.append(f"{key} is required: it has no default")
             continue
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{key} = {e.get('input')!r}: {msg}" if e["loc"] else msg)  # a check of the whole: its own words

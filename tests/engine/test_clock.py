@@ -113,8 +113,8 @@ def test_stragglers_are_the_clock_in_median_steps():
 
 @pytest.mark.parametrize("train,says", [
     ({"stragglers": {"distribution": "lognormal"}, "clock": {"deadline": 2.0}}, "train.stragglers.distribution"),
-    ({"clock": {"latency": "file"}}, "latency 'file' needs file"),
-    ({"clock": {"file": "x.csv"}}, "file needs latency 'file'"),
+    ({"clock": {"latency": "file"}}, "train.clock.file is required"),
+    ({"clock": {"file": "x.csv"}}, "unknown key 'train.clock.file': latency model 'constant' has no parameters"),
     ({"clock": {"sample_seconds": 0}}, "sample_seconds"),
     ({"stragglers": {"deadline": 3.0}}, "nobody would be late"),
 ])

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from hetfed.config import ClockConfig, StragglerConfig, TrainConfig
+from hetfed.engine.latency import LATENCY
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import CLOCK, STRAGGLER, numpy_rng
 from hetfed.errors import ConfigError
@@ -34,14 +35,11 @@ BITS_PER_MBIT = 1e6
 
 
 def speeds(distribution: str, spread: float, n: int, rng: np.random.Generator) -> np.ndarray:
-    """n multipliers of the median (median 1) from ``distribution``."""
-    if distribution == "lognormal":
-        return np.exp(spread * rng.standard_normal(n))
-    if distribution == "exponential":
-        return rng.exponential(1.0 / np.log(2.0), n)  # median 1
-    if distribution == "uniform":
-        return 1.0 + spread * (rng.random(n) - 0.5)
-    return np.ones(n)
+    """n multipliers of the median (median 1) drawn by the latency model ``distribution`` (``none``: constant)
+    with its ``spread`` where it takes one (``train.stragglers``' form of the clock)."""
+    model = LATENCY.get("constant" if distribution == "none" else distribution, "train.stragglers.distribution")
+    return model.multipliers(model.Params(**({"spread": spread} if "spread" in model.Params.model_fields else {})),
+                             n, rng)
 
 
 def by_label(values: np.ndarray, fed: Federation) -> np.ndarray:
@@ -86,9 +84,8 @@ def read_speeds(path: str, n: int) -> tuple[np.ndarray, np.ndarray | None, np.nd
 def check_clock(cfg: ClockConfig, n_clients: int) -> None:
     """Refuse a clock that cannot be built for ``n_clients`` (a file without a row for every client, or with bad
     numbers) — what the run plan calls before any run directory is made."""
-    if cfg.latency == "file":
-        assert cfg.file is not None
-        read_speeds(cfg.file, n_clients)
+    if LATENCY.get(cfg.latency).reads_file:
+        read_speeds(cfg.params.file, n_clients)
 
 
 def step_times(cfg: StragglerConfig, n_clients: int, seed: int) -> np.ndarray:
@@ -143,11 +140,11 @@ def _client_speeds(cfg: ClockConfig, fed: Federation, seed: int
                    ) -> tuple[np.ndarray, np.ndarray | None, np.ndarray | None]:
     """Seconds per sample, uplink and downlink Mbit/s (None: instant) of every client."""
     n = fed.n_clients
-    if cfg.latency == "file":
-        assert cfg.file is not None
-        return read_speeds(cfg.file, n)
+    model = LATENCY.get(cfg.latency)
+    if model.reads_file:
+        return read_speeds(cfg.params.file, n)
     rng = numpy_rng(seed, CLOCK)
-    sample = cfg.sample_seconds * speeds(cfg.latency, cfg.spread, n, rng)
+    sample = cfg.sample_seconds * model.multipliers(cfg.params, n, rng)
     net = np.exp(cfg.network_spread * rng.standard_normal(n)) if cfg.network_spread > 0 else np.ones(n)
     if cfg.slow == "by_label":
         sample = by_label(sample, fed)

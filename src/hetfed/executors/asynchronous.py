@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, Protocol, cast
 import numpy as np
 import torch
 
+from hetfed.engine.latency import LATENCY
 from hetfed.engine.rng import ASYNC_DISPATCH
 from hetfed.engine.types import (
     Broadcast,
@@ -165,7 +166,7 @@ def _dispatch(loop: _Loop, result: SimulationResult, q: EventQueue, version: int
 
 def _wall(loop: _Loop) -> bool:
     """Arrivals in the order replies really come (``train.clock.latency = 'wall'``), not by a latency model."""
-    return loop.train.clock.latency == "wall"
+    return LATENCY.get(loop.train.clock.latency).wall
 
 
 def _replied(loop: _Loop, q: EventQueue, pushed: dict[tuple[int, int], Any], origin: float) -> None:

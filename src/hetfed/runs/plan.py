@@ -126,7 +126,8 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
                               f"executor {kind.name!r} the clients are real)")
-        if train.clock.latency == "wall" and (kind.in_process or not algo.capabilities.asynchronous):
+        if registry_of("latency").get(train.clock.latency).wall and (kind.in_process
+                                                                     or not algo.capabilities.asynchronous):
             raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
                               f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
                               "server's arrivals by when the replies really come; expected an asynchronous algorithm "
