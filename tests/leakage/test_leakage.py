@@ -165,3 +165,17 @@ def test_an_update_of_several_local_steps_is_the_sum_of_its_steps():
     second = observe_step(model, moved, x[2:4], y[2:4], lr=0.1)
     for k in params:
         torch.testing.assert_close(two.update[k], first.update[k] + second.update[k])
+
+
+def test_label_counts_reads_a_batchs_labels_from_the_bias_gradient_of_an_early_model():
+    """Label-distribution inference: the multiset of a batch of 16's labels from one FedSGD update of a freshly
+    initialised MLP (whose softmax is near the random inputs' mean, as the estimator assumes)."""
+    x, y = _digits()
+    recovered = []
+    for seed in range(5):
+        model, params = _model(seed)
+        idx = torch.randperm(len(y), generator=torch.Generator().manual_seed(seed))[:16]
+        found = run("label_counts", observe_step(model, params, x[idx], y[idx]), seed=seed)
+        assert len(found.y) == 16 and found.x.shape[0] == 0
+        recovered.append(labels_recovered(y[idx].numpy(), found.y.numpy()))
+    assert np.mean(recovered) > 0.8, recovered
