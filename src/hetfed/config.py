@@ -22,7 +22,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from hetfed import config_legacy
 from hetfed.config_base import Chosen, Strict
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
-from hetfed.config_io import parse_overrides, read_yaml, set_dotted
+from hetfed.config_io import get_dotted, parse_overrides, read_yaml, set_dotted
 from hetfed.config_server import (
     AttackConfig,
     PrivacyConfig,
@@ -377,11 +377,7 @@ def _rechoose(merged: dict[str, Any], key: str, value: Any) -> None:
         return
     homes = [(".".join(own), methods[int(own[1])])] if own and int(own[1]) < len(methods) else [] if own else [
         ("", merged), *((f"methods.{i}", m) for i, m in enumerate(methods) if inner[0] in METHOD_SECTIONS)]
-    nodes: list[tuple[str, Any]] = []
-    for home, node in homes:
-        for part in inner:
-            node = node.get(part) if isinstance(node, dict) else None
-        nodes.append((".".join(p for p in (home, *inner) if p), node))
+    nodes = [(".".join(p for p in (home, *inner) if p), get_dotted(node, ".".join(inner))) for home, node in homes]
     registry = registry_of(schema.chosen_by[0])
     component = registry.find(str(value))
     if component is None:

@@ -31,6 +31,13 @@ def parse_overrides(items: list[str] | None) -> dict[str, Any]:
     return out
 
 
+def get_dotted(tree: Any, dotted: str) -> Any:
+    """The value at the dotted ``key`` of mappings nested in ``tree`` (None where a part is missing)."""
+    for part in dotted.split("."):
+        tree = tree.get(part) if isinstance(tree, dict) else None
+    return tree
+
+
 def set_dotted(tree: dict[str, Any], key: str, value: Any) -> None:
     """Set ``tree["a"]["b"] = value`` for ``key = "a.b"``, creating levels as needed.
 

@@ -11,6 +11,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
+from hetfed.config_io import get_dotted
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of
 
@@ -91,12 +92,11 @@ def _move_to_server(section: Any, server: dict, where: str, server_where: str, d
 OPTIMIZER_KEYS = ("lr", "momentum", "beta1", "beta2", "tau", "bias_correction", "variant")
 
 
-def _nest_optimizer(server: Any, where: str, note: bool, kind: str = "sgd") -> None:
+def _nest_optimizer(server: Any, where: str, note: bool) -> None:
     """``server.optimizer: adam`` and the flat ``server.lr``, ``server.momentum`` … in today's block
-    ``server.optimizer: {kind: adam, lr: …, …}``. With ``note`` (a user's config) each moved key gets a deprecation
-    note and a key the kind does not take is left for its ``Params`` to refuse; without (a run directory's config,
-    which held every key at its default) such keys are dropped: they were never read. ``kind``: the optimiser
-    when the section does not name one (a method's own ``server`` keys: the top-level's)."""
+    ``server.optimizer: {kind: adam, lr: …, …}``; with ``note`` (a user's config) each moved key gets a deprecation
+    note. A key the kind does not take is then refused by its ``Params`` (a user's config) or dropped by
+    :func:`_keep_taken` (a run directory's config, which held every key at its default: it was never read)."""
     import warnings
 
     if not isinstance(server, dict):
@@ -106,13 +106,10 @@ def _nest_optimizer(server: Any, where: str, note: bool, kind: str = "sgd") -> N
     if not flat and not isinstance(named, str):
         return
     block = dict(named) if isinstance(named, dict) else ({"kind": named} if named is not None else {})
-    takes = registry_of("optimizer").find(str(block.get("kind", kind)))
     for key, value in flat.items():
         if note:
             warnings.warn(f"{where}.{key} is deprecated: it is now {where}.optimizer.{key} (set to {value!r})",
                           DeprecatedKey, stacklevel=4)
-        elif key != "lr" and (takes is None or key not in takes.Params.model_fields):
-            continue
         block[key] = value
     if note and isinstance(named, str):
         warnings.warn(f"{where}.optimizer = {named!r} is deprecated: it is now {where}.optimizer.kind",
@@ -184,10 +181,8 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
 
     raw = copy.deepcopy(raw)
     _nest_optimizer(raw.get("server"), "server", note=False)
-    top_server: dict[str, Any] = raw["server"] if isinstance(raw.get("server"), dict) else {}
-    top_optimizer = str((top_server.get("optimizer") or {}).get("kind", "sgd"))
     for name, how in chosen.items():
-        _keep_taken(_at(raw, name), how, None)
+        _keep_taken(get_dotted(raw, name), how, None)
     methods: list[Any] = raw["methods"] if isinstance(raw.get("methods"), list) else []
     sections = {section: raw.pop(section) for section in legacy_sections() if section in raw}
     train_keys = legacy_train_keys()
@@ -209,15 +204,8 @@ def migrate_legacy(raw: dict, server_defaults: dict[str, Any], chosen: dict[str,
             m["server"] = dict(m.get("server") or {})
             _move_to_server(own_train, m["server"], "train", "server", server_defaults, note=False)
         m["params"] = {**params, **(m.get("params") or {})}
-        _nest_optimizer(m.get("server"), "server", note=False, kind=top_optimizer)
+        _nest_optimizer(m.get("server"), "server", note=False)
         for name, how in chosen.items():  # a method's own keys of a section it may override (model, train.clock …)
-            top = _at(raw, name)
-            _keep_taken(_at(m, name), how, str(top.get(how[1])) if isinstance(top, dict) else None)
+            top = get_dotted(raw, name)
+            _keep_taken(get_dotted(m, name), how, str(top.get(how[1])) if isinstance(top, dict) else None)
     return raw
-
-
-def _at(tree: Any, dotted: str) -> Any:
-    """The mapping at ``dotted`` inside ``tree`` (None where there is none)."""
-    for part in dotted.split("."):
-        tree = tree.get(part) if isinstance(tree, dict) else None
-    return tree
