@@ -19,9 +19,9 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, Literal
 
-import numpy as np
 import torch
 import torch.nn.functional as F
 
@@ -43,9 +43,20 @@ class Observed:
     steps: int = 1
     batch: int = 1
 
+    @cached_property
     def gradient(self) -> Params:
-        """The update read as one step of plain SGD: g = −Δ / lr (exact for FedSGD; a direction otherwise)."""
+        """The update read as one step of plain SGD: g = −Δ / lr (exact for FedSGD; a direction otherwise) —
+        computed once, not at every evaluation of an attack's objective."""
         return {k: -v / self.lr for k, v in self.update.items()}
+
+    def last_bias_gradient(self, attack: str) -> torch.Tensor:
+        """The gradient of the last layer's bias (``[n_classes]``), which iDLG and label_counts read; ``attack``
+        names the one asking, for the error on a model without a declared head."""
+        head = self.model.head_names
+        if head is None:
+            raise ValueError(f"model {type(self.model).__name__} declares no head: {attack} reads the last layer's "
+                             "bias")
+        return self.gradient[head[1]]
 
 
 @dataclass(frozen=True)
@@ -170,12 +181,4 @@ def summed(observed: list[Observed]) -> Observed:
 def label_from_last_layer(observed: Observed) -> torch.Tensor:
     """iDLG's rule (Zhao et al. 2020) for a batch of one: the gradient of the cross-entropy with respect to the
     last layer's bias is softmax − onehot, negative only at the true label."""
-    head = observed.model.head_names
-    if head is None:
-        raise ValueError(f"model {type(observed.model).__name__} declares no head: iDLG reads the last layer's bias")
-    bias = observed.gradient()[head[1]]
-    return torch.argmin(bias).reshape(1)
-
-
-def as_numpy(t: torch.Tensor) -> np.ndarray:
-    return t.detach().cpu().numpy()
+    return torch.argmin(observed.last_bias_gradient("iDLG")).reshape(1)

@@ -20,7 +20,7 @@ class DLGParams(ComponentParams):
 
 def distance(observed: Observed, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
     """Σ over the shared parameters of ‖∇(x, labels) − g‖², g the observed gradient (the paper's objective)."""
-    target = observed.gradient()
+    target = observed.gradient
     g = gradient(observed.model, observed.params, x, labels, create_graph=True)
     return torch.stack([((g[k] - target[k]) ** 2).sum() for k in target]).sum()
 

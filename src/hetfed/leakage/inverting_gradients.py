@@ -26,7 +26,7 @@ class InvertingParams(ComponentParams):
 
 
 def cosine(observed: Observed, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-    target = observed.gradient()
+    target = observed.gradient
     g = gradient(observed.model, observed.params, x, labels, create_graph=True)
     dot = torch.stack([(g[k] * target[k]).sum() for k in target]).sum()
     norms = (torch.stack([(g[k] ** 2).sum() for k in target]).sum().sqrt()

@@ -20,11 +20,7 @@ class LabelCountsParams(ComponentParams):
 
 
 def label_counts(observed: Observed, params: LabelCountsParams, gen: torch.Generator) -> Reconstruction:
-    head = observed.model.head_names
-    if head is None:
-        raise ValueError(f"model {type(observed.model).__name__} declares no head: label_counts reads the last "
-                         "layer's bias")
-    g = observed.gradient()[head[1]].double()
+    g = observed.last_bias_gradient("label_counts").double()
     probes = torch.rand((params.probes, *observed.input_shape), generator=gen)
     with torch.no_grad():
         p = F.softmax(observed.model.forward(stacked(observed.params), probes.unsqueeze(0))[0], -1).mean(0).double()
