@@ -138,7 +138,7 @@ def test_switching_the_component_drops_the_files_parameters_of_the_old_one_with_
 
 
 def test_every_component_declares_its_own_parameters_apart_from_its_sections_shared_keys():
-    """Every section chosen from a registry (dataset, embed, partition, model, attack; the server's combine,
+    """Every section chosen from a registry (dataset, embed, partition, model, attack, leakage; the server's combine,
     compression and optimizer inside it) holds only what the kind shares;
     each component's own keys are its ``Params``, declared in its file, and never shadow a shared key."""
     from hetfed.config import Config
@@ -153,7 +153,7 @@ def test_every_component_declares_its_own_parameters_apart_from_its_sections_sha
             for component, item in registry_of(section.chosen_by[0]).items():
                 assert issubclass(item.Params, ComponentParams), (name, component)
                 assert not set(item.Params.model_fields) & set(section.model_fields), (name, component)
-    assert chosen == 5
+    assert chosen == 6
 
 
 # ------------------------------------------------------------------ 3. duplicate grid values

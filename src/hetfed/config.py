@@ -25,6 +25,7 @@ from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
 from hetfed.config_io import get_dotted, parse_overrides, read_yaml, set_dotted
 from hetfed.config_server import (
     AttackConfig,
+    LeakageConfig,
     PrivacyConfig,
     ScreenConfig,
     ServerConfig,
@@ -34,7 +35,7 @@ from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, T
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of
 
-__all__ = ["AttackConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
+__all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
            "ScreenConfig", "SecAggPlusConfig", "ServerConfig", "ServerDataConfig", "StragglerConfig", "TrainConfig",
            "as_given", "build_config", "dump_config", "load_config", "load_run_config", "method_section",
@@ -158,6 +159,7 @@ class Config(Strict):
     flower: FlowerConfig = Field(default_factory=FlowerConfig)
     server_data: ServerDataConfig = Field(default_factory=ServerDataConfig)
     attack: AttackConfig = Field(default_factory=AttackConfig)
+    leakage: LeakageConfig = Field(default_factory=LeakageConfig)
     privacy: PrivacyConfig = Field(default_factory=PrivacyConfig)
     methods: list[MethodConfig] = Field(default_factory=lambda: [
         MethodConfig(name="relu", algorithm="fedavg", model={"kind": "mlp", "dropout": 0.5}),

@@ -54,6 +54,24 @@ class AttackConfig(Chosen):
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
 
+class LeakageConfig(Chosen):
+    """What an honest-but-curious server attacks in a run (hetfed.leakage; `hetfed components leakage NAME`), its
+    numbers written beside the method's accuracy (``summary.json``'s ``leakage``, ``runs.csv``'s ``leakage.*``).
+    A membership attack (``loss_threshold``) scores the model the run reports — the server's, and each client's own
+    where the method has one — on up to ``samples`` training samples (members) and as many held-out test samples;
+    an inversion attack (``dlg``, ``idlg``, ``inverting_gradients``, ``label_counts``) reads what client ``client``
+    uploads in round ``round``. Simulated by the in-process executors (they hold every client's data to score
+    the attack against)."""
+
+    chosen_by: ClassVar[tuple[str, str]] = ("leakage", "kind")
+
+    kind: str = Field("none", description="none, loss_threshold, dlg, idlg, inverting_gradients, label_counts, or a "
+                                          "plugin's")
+    samples: int = Field(1000, ge=10, description="membership: members scored, and as many non-members, at most")
+    client: int = Field(0, ge=0, description="inversion: the client whose upload the server attacks")
+    round: int = Field(1, ge=1, description="inversion: the round whose upload the server attacks")
+
+
 class PrivacyConfig(Strict):
     """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
 

@@ -25,6 +25,7 @@ CLOCK, ASYNC_DISPATCH = 35, 36  # the simulated clock's client speeds; which idl
 QUANTISE = 42  # a compressor's stochastic rounding of a client's update (hetfed.server.compression)
 LOCAL_PHASE = 41  # a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
 DATASTORE = 43  # which training samples a client keeps in its kNN-Per datastore when it holds more than its capacity
+LEAKAGE = 44  # which samples a membership attack queries, and an inversion's random start (hetfed.runs.leakage)
 
 
 def derive_seed(*parts: int) -> int:

@@ -31,7 +31,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.client_store import ClientStore
-from hetfed.engine.evaluate import ClientEvalData, global_test
+from hetfed.engine.evaluate import ClientEvalData, Predictor, global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seeds, torch_gen
 from hetfed.engine.sampling import clients_per_round, global_scorers
 from hetfed.engine.stacks import longest_first_blocks, stack_blocks
@@ -312,6 +312,27 @@ class InProcessExecutor:
                                                    still_read=tuple(new.values()))
         self._keep(chunk, new, residual)
         return upload
+
+    def upload_of(self, bc: Broadcast, client: int) -> Upload:
+        """What ``client`` sends for ``bc`` as the server decodes it (its round's random streams, compression
+        applied), its stored state left as it is: the upload an attack on one client reads, computed beside the
+        round's own training (which it does not change)."""
+        self._ensure_residuals(bc.params)
+        chunk = [client]
+        data = client_data(self.pool, chunk, bc.round)
+        upload, new = self.algo.local_update(bc.for_clients(chunk, self.device), self._stacked(chunk), data)
+        residual = self._residuals(chunk) if self.transport.error_feedback else {}
+        upload, _ = self.transport.send(upload, bc.params, residual, data.seeds, still_read=tuple(new.values()))
+        return upload
+
+    def predictors(self, bc: Broadcast, clients: list[int], view: str | None = None
+                   ) -> Iterator[tuple[list[int], Predictor]]:
+        """What each of ``clients`` predicts with (``view``: one of the method's views), a stack at a time: what a
+        membership attack on the clients' own models queries."""
+        size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes, self.eval_max_floats)
+        for chunk in self._chunks(clients, size):
+            yield chunk, self.algo.predictor(bc.for_clients(chunk, self.device), self._stacked(chunk), len(chunk),
+                                             view)
 
     def train_rows(self, bc: ClientBroadcast, clients: list[int], rounds: list[int]) -> Upload:
         """Each client's update from its own broadcast row (``bc.params[j]`` for ``clients[j]``) with the random

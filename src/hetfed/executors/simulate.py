@@ -164,6 +164,8 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
     plan = loop.planned.pop(r, None) or plan_round(loop, result, r)  # decided early when it rode an evaluation
     sampled, bc, down, up, present = plan.sampled, plan.bc, plan.down, plan.up, plan.present
     upload = None
+    for o in loop.observers:
+        o.sending(r + 1, bc, present.training, loop.executor)
     if len(present.training) >= loop.min_clients:
         try:
             upload = loop.executor.train(bc, present.training)

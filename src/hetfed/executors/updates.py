@@ -143,6 +143,10 @@ class RoundObserver:
     def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
         """The round's metrics (when it was evaluated) and the seconds spent so far: ``train_s``, ``eval_s``."""
 
+    def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
+        """Round ``rnd``'s broadcast, about to be trained on by ``clients`` (those present) on ``executor``: what
+        an attack on one client's upload (:mod:`hetfed.runs.leakage`) asks the executor about."""
+
     def checkpoint(self, result: SimulationResult, phase: str = "federated") -> None:
         """Every ``train.checkpoint_every`` rounds and after the last: everything a resumed run needs is in
         ``result`` and the executor's client store."""

@@ -82,15 +82,23 @@ class Reconstruction:
 
 @dataclass(frozen=True)
 class LeakageAttack:
-    """One registered attack. ``reads``: ``"update"`` (``attack(Observed, params, gen) -> Reconstruction``) or
-    ``"model"`` (``attack(Queried, params, gen) -> scores [samples]``, higher = more likely a member)."""
+    """One registered attack. ``reads``: ``"update"`` (``attack(Observed, params, gen) -> Reconstruction``),
+    ``"model"`` (``attack(Queried, params, gen) -> scores [samples]``, higher = more likely a member) or
+    ``"nothing"`` (``none``: a run's default, no attack)."""
 
     name: str
-    reads: Literal["update", "model"]
+    reads: Literal["update", "model", "nothing"]
     attack: Callable[..., Any]
     Params: type[ComponentParams]
     summary: str
     paper: str = ""
+    #: the most samples an update it reads may have been trained on (iDLG: one); None: any
+    most_samples: int | None = None
+
+    @property
+    def acts(self) -> bool:
+        """Whether a run that names it attacks anything (``leakage.kind: none`` does not)."""
+        return self.reads != "nothing"
 
 
 def _described(attack: LeakageAttack) -> dict[str, Any]:

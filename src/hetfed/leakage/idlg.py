@@ -20,4 +20,4 @@ def idlg(observed: Observed, params: DLGParams, gen: torch.Generator) -> Reconst
 
 
 register(LeakageAttack("idlg", "update", idlg, DLGParams, "gradient inversion with the label read from the last "
-                       "layer's bias gradient (a batch of one)", "Zhao et al. 2020, iDLG"))
+                       "layer's bias gradient (a batch of one)", "Zhao et al. 2020, iDLG", most_samples=1))

@@ -133,12 +133,45 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
                               "server's arrivals by when the replies really come; expected an asynchronous algorithm "
                               f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
                               "(flower, deployment)")
+        _check_leakage(config, index, method, train, algo, kind, fed)
         if kind.in_process:
             check_memory(algo, fed, train)
         elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
             check_remote_resume(ckpt)
         plans.append(MethodPlan(index, method, train, algo, kind))
     return plans
+
+
+def _check_leakage(config: Config, index: int, method: MethodConfig, train: TrainConfig, algo: Algorithm,
+                   kind: ExecutorKind, fed: Federation) -> None:
+    """An attack by the server (``leakage``) needs every client's data to be scored against (in process), and an
+    inversion a model update, sent in a round that comes, by a client that joins, of samples the attack can read."""
+    leakage = config.leakage
+    attack = registry_of("leakage").get(leakage.kind)
+    if not attack.acts:
+        return
+    if not kind.in_process:
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} is measured by the in-process executors only; expected "
+                          f"methods.{index}.train.executor 'vectorised' or 'sequential' (on executor {kind.name!r} "
+                          "the clients' data, which scores the attack, is elsewhere)")
+    if attack.reads != "update":
+        return
+    caps, k = algo.capabilities, leakage.client
+    if caps.asynchronous or not caps.server_model:
+        why = "it merges updates as they arrive, not in rounds" if caps.asynchronous else "it uploads no model"
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} is not allowed with methods.{index}.algorithm = "
+                          f"{method.algorithm!r}: {why}; expected a membership attack (loss_threshold)")
+    if k >= fed.n_clients or fed.opted_out[k]:
+        why = f"the federation has {fed.n_clients} clients" if k >= fed.n_clients else "that client opted out"
+        raise ConfigError(f"leakage.client = {k} is not allowed: {why}; expected an opted-in client id")
+    if leakage.round > train.rounds:
+        raise ConfigError(f"leakage.round = {leakage.round} is not allowed: methods.{index} trains {train.rounds} "
+                          f"rounds; expected 1 … {train.rounds}")
+    seen = min(len(fed.train[k]), algo.schedule.n_steps(len(fed.train[k])) * algo.schedule.batch_size)
+    if attack.most_samples is not None and seen > attack.most_samples:
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
+                          f"sample(s); client {k}'s update goes over {seen}; expected dlg, inverting_gradients or "
+                          "label_counts")
 
 
 def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:

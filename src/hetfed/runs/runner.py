@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
@@ -26,13 +26,14 @@ from rich.console import Console
 from hetfed.config import Config, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
 from hetfed.errors import RunError, interruption_reason
-from hetfed.executors.inprocess import Executor
+from hetfed.executors.inprocess import Executor, InProcessExecutor
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
 from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
+from hetfed.runs.leakage import InversionObserver, membership, reads
 from hetfed.runs.observers import (
     CheckpointObserver,
     MetricsObserver,
@@ -247,13 +248,35 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume
     kept = [] if p.executor.in_process else client_state_keys(algo)  # what a remote resume could not re-establish
     saver = CheckpointObserver(rec.checkpointer, p.index, label, kept, p.executor.in_process)
     observers = [MetricsObserver(rec.writer, fed_label), ProgressObserver(execution.bar, task, rec.heartbeat), saver]
+    inversion = (InversionObserver(algo, fed, config.leakage, config.seed) if reads(config.leakage) == "update"
+                 else None)
+    observers += [inversion] if inversion is not None else []
     result = simulate(algo, fed, p.train, config.seed, executor=executor, observers=observers, attack=config.attack,
                       resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
     execution.bar.update(task, completed=p.train.rounds)
     fed_seconds = time.perf_counter() - t0
     if algo.capabilities.views and not (resume is not None and resume["phase"] == "personalised"):
         _personalise(execution, p, result, saver)
-    return method_rows(execution, p, result, fed_seconds, time.perf_counter() - t0)
+    rows = method_rows(execution, p, result, fed_seconds, time.perf_counter() - t0)
+    if inversion is not None:
+        rows[fed_label]["leakage"] = {"attack": config.leakage.kind, "client": config.leakage.client,
+                                      "round": config.leakage.round, **inversion.found}
+    elif reads(config.leakage) == "model":
+        _membership_rows(execution, p, result, executor, rows)
+    return rows
+
+
+def _membership_rows(execution: Execution, p: MethodPlan, result: SimulationResult, executor: Executor,
+                     rows: dict[str, dict[str, Any]]) -> None:
+    """The membership attack on the model each row reports (a method's, or each of its views'), beside it."""
+    config, algo = execution.config, p.algo
+    chosen = result.best_server or result.server
+    views: list[str | None] = list(algo.capabilities.views) or [None]
+    for view in views:
+        name = row_name(p.method, view) if view is not None else p.method.label
+        found = membership(algo, cast(InProcessExecutor, executor), execution.fed, chosen, config.leakage,
+                           config.seed, view)
+        rows[name]["leakage"] = {"attack": config.leakage.kind, **found}
 
 
 def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, saver: CheckpointObserver) -> None:

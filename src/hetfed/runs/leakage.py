@@ -1,0 +1,157 @@
+"""What the server learns in a run (#76): the attack ``leakage.kind`` names, run by an honest-but-curious server on
+what it really holds, scored against the clients' data that only the simulation knows.
+
+- **Membership** (an attack that reads a model: ``loss_threshold``): the model the run reports (the best by
+  validation) is queried on up to ``leakage.samples`` of the clients' training samples (members) and as many of
+  their held-out test samples (non-members): the server's own model (``global_*``), and the model each client
+  predicts with where the method gives it one of its own (``personal_*``: personal parameters, or each of the
+  method's views) — members and non-members of each client scored by that client's model.
+- **Inversion** (an attack that reads an update: ``dlg``, ``inverting_gradients``, ``label_counts``): what client
+  ``leakage.client`` uploads in round ``leakage.round``, as the server decodes it — compression applied, but not the
+  chain's clipping and DP noise, which the server itself applies (central DP protects the released model, not the
+  update from the server). The attack reads it with the parameters the server sent; what the client never sends
+  (CGAU's rows, a personal head) it takes as for an unseen client. Scored by PSNR (each reconstruction against the
+  client's sample closest to it), SSIM for images, and the share of the labels of the samples the update was
+  trained on that the reconstruction recovered.
+
+Every number is one line of ``summary.json``'s ``leakage`` (and ``runs.csv``'s ``leakage.*``) beside the accuracy.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import torch
+
+from hetfed.engine.rng import LEAKAGE, derive_seed
+from hetfed.engine.types import Broadcast, ServerState
+from hetfed.executors.updates import RoundObserver
+from hetfed.interface import Algorithm, global_params, own_parameters
+from hetfed.leakage import ATTACKS, Observed, Queried, run
+from hetfed.leakage import metrics as scored
+
+if TYPE_CHECKING:
+    from hetfed.config import LeakageConfig
+    from hetfed.executors.inprocess import Executor, InProcessExecutor
+    from hetfed.partition import Federation
+
+
+def reads(leakage: LeakageConfig) -> str:
+    """What the configured attack reads: ``"model"``, ``"update"`` or ``"nothing"``."""
+    return ATTACKS.get(leakage.kind).reads
+
+
+def _sample(pool: list[np.ndarray], most: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``most`` of the indices in ``pool`` (all of them when fewer), drawn without replacement."""
+    every = np.concatenate(pool) if pool else np.zeros(0, dtype=np.int64)
+    return np.sort(rng.choice(every, size=most, replace=False)) if len(every) > most else every
+
+
+def _scores(leakage: LeakageConfig, model: Any, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
+            index: np.ndarray, seed: int) -> np.ndarray:
+    if not len(index):
+        return np.zeros(0)
+    at = torch.as_tensor(index, device=x.device)
+    return np.asarray(run(leakage.kind, Queried(model, params, x[at], y[at]), leakage.params.model_dump(), seed))
+
+
+def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str) -> dict[str, float]:
+    got = scored.membership(np.concatenate(members), np.concatenate(others))
+    return {f"{prefix}_auc": got["auc"], f"{prefix}_tpr_at_1pct_fpr": got["tpr_at_0.01_fpr"]}
+
+
+def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, server: ServerState,
+               leakage: LeakageConfig, seed: int, view: str | None = None) -> dict[str, float]:
+    """The membership attack on the server's model (when the method has one and ``view`` is its federated one) and
+    on each client's own model (a method with personal parameters, or ``view``): AUC and TPR at 1 % FPR."""
+    x, y = executor.pool.x, executor.pool.y
+    clients = [k for k in range(fed.n_clients) if not fed.opted_out[k] and len(fed.train[k]) and len(fed.test[k])]
+    rng = np.random.default_rng(derive_seed(seed, LEAKAGE))
+    out: dict[str, float] = {}
+    caps = algo.capabilities
+    if caps.server_model and view in (None, caps.federated_view):
+        params = {k: v[0] for k, v in global_params(algo, server).items()}
+        members = _sample([fed.train[k] for k in clients], leakage.samples, rng)
+        others = _sample([fed.test[k] for k in clients], leakage.samples, rng)
+        out.update(_membership([_scores(leakage, algo.model, params, x, y, members, seed)],
+                               [_scores(leakage, algo.model, params, x, y, others, seed)], "global"))
+    if clients and (view is not None or own_parameters(algo)):
+        each = max(1, math.ceil(leakage.samples / len(clients)))
+        bc = algo.broadcast(server, server.round)
+        ins, outs = [], []
+        for chunk, pred in executor.predictors(bc, clients, view):
+            for j, k in enumerate(chunk):
+                params = {name: v[j] for name, v in pred.params.items()}
+                ins.append(_scores(leakage, pred.model, params, x, y, _sample([fed.train[k]], each, rng), seed))
+                outs.append(_scores(leakage, pred.model, params, x, y, _sample([fed.test[k]], each, rng), seed))
+        out.update(_membership(ins, outs, "personal"))
+    return out
+
+
+class InversionObserver(RoundObserver):
+    """Takes client ``leakage.client``'s upload in round ``leakage.round`` as the server decodes it, and attacks it
+    there (the round's model is gone after it); :attr:`found` is what the attack learnt."""
+
+    def __init__(self, algo: Algorithm, fed: Federation, leakage: LeakageConfig, seed: int):
+        self.algo, self.fed, self.leakage, self.seed = algo, fed, leakage, seed
+        self.found: dict[str, float] = {}
+
+    def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
+        k = self.leakage.client
+        if rnd != self.leakage.round:
+            return
+        if k not in clients:  # not sampled, dropped or late that round: the server received nothing of it
+            self.found = {"sent": 0.0}
+            return
+        upload = executor.upload_of(bc, k)  # type: ignore[attr-defined]
+        self.found = {"sent": 1.0, **attack_upload(self.algo, self.fed, executor, bc, upload, self.leakage,
+                                                   self.seed)}
+
+
+def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int) -> Observed:
+    """The client's upload as the attack reads it: the parameters the server sent (what the client keeps to
+    itself taken as for an unseen client), the update on the names it sent, and the protocol (step size, steps,
+    the samples they went over)."""
+    unseen = algo.model.local_for_unseen_client(next(iter(bc.params.values())).device)
+    params = {**{k: v.detach() for k, v in bc.params.items()}, **unseen}
+    update = {k: (v[0] - bc.params[k]).detach() for k, v in sent.items()}
+    n = len(fed.train[client])
+    steps = algo.schedule.n_steps(n)
+    seen = min(n, steps * algo.schedule.batch_size)
+    return Observed(algo.model, params, update, float(bc.lr), tuple(fed.input_shape), steps=1, batch=seen)
+
+
+def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broadcast, upload: Any,
+                  leakage: LeakageConfig, seed: int) -> dict[str, float]:
+    """The inversion attack on one client's upload, scored against the samples it trained on."""
+    k = leakage.client
+    target = observed(algo, fed, bc, upload.params, k)
+    got = run(leakage.kind, target, leakage.params.model_dump(), derive_seed(seed, LEAKAGE, k))
+    pool = executor.pool  # type: ignore[attr-defined]
+    at = torch.as_tensor(fed.train[k], device=pool.x.device)
+    truth_x = pool.x[at].reshape(len(at), *fed.input_shape).cpu().numpy()
+    truth_y = pool.y[at].cpu().numpy()
+    out = {"labels_recovered": scored.labels_recovered(truth_y, got.y.cpu().numpy()) if len(got.y) else math.nan,
+           "reconstructed": float(len(got.x))}
+    if len(got.x):
+        guess = got.x.detach().reshape(len(got.x), *fed.input_shape).cpu().numpy()
+        out.update(_image_scores(truth_x, guess))
+    return out
+
+
+def _image_scores(truth: np.ndarray, guess: np.ndarray) -> dict[str, float]:
+    """Each reconstruction against the client's sample closest to it (a batch's order is not recoverable): mean
+    PSNR in dB over the data's range, and SSIM where the samples are images."""
+    low, high = float(truth.min()), float(truth.max())
+    span = max(high - low, 1e-12)
+    flat_t, flat_g = truth.reshape(len(truth), -1), np.clip(guess, low, high).reshape(len(guess), -1)
+    mse = ((flat_g[:, None, :] - flat_t[None, :, :]) ** 2).mean(-1)
+    nearest = mse.argmin(1)
+    out = {"psnr": float(np.mean(10 * np.log10(span**2 / np.maximum(mse.min(1), 1e-12))))}
+    if truth.ndim == 3 and min(truth.shape[1:]) >= 3:
+        with contextlib.suppress(ImportError):  # scikit-image (hetfed[privacy]) absent: PSNR alone
+            out["ssim"] = scored.ssim((truth[nearest] - low) / span, (np.clip(guess, low, high) - low) / span)
+    return out

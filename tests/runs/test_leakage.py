@@ -1,0 +1,119 @@
+"""What the server learns inside a run (#76): ``leakage.kind`` attacks what the server really holds — the reported
+model (membership) or one client's upload in one round (inversion) — without changing the run, and is refused where
+it cannot be measured."""
+
+from __future__ import annotations
+
+import csv
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from hetfed.config import build_config
+from hetfed.errors import ConfigError
+from hetfed.leakage import gradient
+from hetfed.runs.leakage import InversionObserver, observed
+from hetfed.runs.rundir import read_summary
+from hetfed.runs.runner import run_experiment
+from hetfed.runs.sweep import run_sweep
+
+
+def _config(**over):
+    base = {
+        "dataset": {"name": "digits"}, "partition": {"kind": "dirichlet", "clients": 4, "alpha": 1.0},
+        "model": {"kind": "mlp", "hidden": [16]},
+        "train": {"rounds": 2, "batch_size": 16, "optimizer": {"kind": "sgd", "lr": 0.1}},
+        "methods": [{"name": "fedavg", "algorithm": "fedavg"},
+                    {"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau", "hidden": [16]}}],
+    }
+    for key, value in over.items():
+        base[key] = value
+    return build_config(base)
+
+
+def _run(tmp_path, name, **over):
+    return run_experiment(_config(**over), out=tmp_path / name, progress=False).run_dir
+
+
+def test_membership_is_reported_beside_accuracy_and_leaves_the_run_as_it_was(tmp_path):
+    plain = _run(tmp_path, "plain")
+    attacked = _run(tmp_path, "mi", leakage={"kind": "loss_threshold", "samples": 200})
+    assert (plain / "metrics.csv").read_bytes() == (attacked / "metrics.csv").read_bytes()
+    methods = read_summary(attacked)["methods"]
+    fedavg, cgau = methods["fedavg"]["leakage"], methods["cgau"]["leakage"]
+    assert fedavg["attack"] == "loss_threshold" and 0 <= fedavg["global_auc"] <= 1
+    assert "personal_auc" not in fedavg  # every FedAvg client predicts with the server's model: nothing of its own
+    assert 0 <= cgau["personal_auc"] <= 1 and 0 <= cgau["personal_tpr_at_1pct_fpr"] <= 1  # CGAU's own rows
+    assert "leakage" not in read_summary(plain)["methods"]["fedavg"]
+
+
+def test_a_personalised_methods_views_are_each_attacked(tmp_path):
+    out = _run(tmp_path, "moe", methods=[{"name": "fedmoe", "algorithm": "fedmoe"}],
+               leakage={"kind": "loss_threshold", "samples": 100})
+    rows = read_summary(out)["methods"]
+    assert all("personal_auc" in row["leakage"] for row in rows.values()), rows.keys()
+    assert sum("global_auc" in row["leakage"] for row in rows.values()) == 1  # the federated view's server model
+
+
+def test_the_inverted_upload_is_the_one_the_client_sent(tmp_path):
+    """FedSGD (one step over the client's whole data, plain SGD): the update the attack reads is exactly −lr·∇ of
+    the client's loss at the model the server sent."""
+    cfg = _config(train={"rounds": 1, "batch_size": 10_000, "local_steps": 1, "optimizer": {"kind": "sgd", "lr": 0.1}},
+                  methods=[{"name": "fedavg", "algorithm": "fedavg"}], leakage={"kind": "label_counts", "client": 2})
+    seen = {}
+
+    def spy(self, rnd, bc, clients, executor):
+        upload = executor.upload_of(bc, 2)
+        seen.update(obs=observed(self.algo, self.fed, bc, upload.params, 2), pool=executor.pool, fed=self.fed)
+        original(self, rnd, bc, clients, executor)
+
+    original = InversionObserver.sending
+    try:
+        InversionObserver.sending = spy
+        out = run_experiment(cfg, out=tmp_path / "fedsgd", progress=False).run_dir
+    finally:
+        InversionObserver.sending = original
+    obs, pool, fed = seen["obs"], seen["pool"], seen["fed"]
+    at = torch.as_tensor(fed.train[2])
+    x, y = pool.x[at], pool.y[at]
+    truth = gradient(obs.model, obs.params, x, F.one_hot(y, 10).float())
+    for name, g in obs.gradient.items():
+        torch.testing.assert_close(g, truth[name], rtol=1e-4, atol=1e-5)
+    assert obs.batch == len(at)
+    found = read_summary(out)["methods"]["fedavg"]["leakage"]
+    assert found["attack"] == "label_counts" and found["sent"] == 1
+    assert found["labels_recovered"] > 0.9  # a fresh model's one-step update gives the batch's labels away
+
+
+def test_an_inversion_is_scored_by_psnr_and_ssim_and_a_client_left_out_sent_nothing(tmp_path):
+    found = read_summary(_run(tmp_path, "dlg", methods=[{"name": "fedavg", "algorithm": "fedavg"}],
+                              leakage={"kind": "dlg", "iterations": 2}))["methods"]["fedavg"]["leakage"]
+    assert found["sent"] == 1 and found["psnr"] > 0 and -1 <= found["ssim"] <= 1 and found["reconstructed"] > 1
+    absent = read_summary(_run(tmp_path, "absent", methods=[{"name": "fedavg", "algorithm": "fedavg"}],
+                               train={"rounds": 1, "client_fraction": 0.25, "batch_size": 16,
+                                      "optimizer": {"kind": "sgd", "lr": 0.1}},
+                               leakage={"kind": "dlg", "client": 3, "iterations": 1}))["methods"]["fedavg"]["leakage"]
+    assert absent["sent"] in (0, 1) and ("psnr" in absent) == (absent["sent"] == 1)
+
+
+@pytest.mark.parametrize(("over", "message"), [
+    ({"leakage": {"kind": "idlg"}}, "leakage.kind = 'idlg' reads an update of at most 1 sample"),
+    ({"leakage": {"kind": "dlg", "client": 9}}, "leakage.client = 9 is not allowed: the federation has 4 clients"),
+    ({"leakage": {"kind": "dlg", "round": 3}}, "leakage.round = 3 is not allowed: methods.0 trains 2 rounds"),
+    ({"leakage": {"kind": "dlg"}, "methods": [{"name": "a", "algorithm": "fedasync", "params": {"concurrency": 2}}]},
+     "leakage.kind = 'dlg' is not allowed with methods.0.algorithm = 'fedasync'"),
+    ({"leakage": {"kind": "loss_threshold", "iterations": 3}}, "unknown key 'leakage.iterations'"),
+])
+def test_an_attack_that_cannot_be_measured_is_refused_before_any_file(tmp_path, over, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(")):
+        _run(tmp_path, "bad", **over)
+    assert not (tmp_path / "bad").exists()
+
+
+def test_a_sweeps_runs_csv_carries_the_leakage_beside_the_accuracy(tmp_path):
+    cfg = _config(methods=[{"name": "fedavg", "algorithm": "fedavg"}], leakage={"kind": "loss_threshold"})
+    run_sweep(cfg, {}, seeds=2, out=tmp_path / "sweep", progress=False)
+    with open(tmp_path / "sweep" / "runs.csv") as fh:
+        metrics = {r["metric"] for r in csv.DictReader(fh)}
+    assert {"leakage.global_auc", "leakage.global_tpr_at_1pct_fpr", "final.global_accuracy"} <= metrics
