@@ -67,7 +67,8 @@ class LeakageConfig(Chosen):
 
     kind: str = Field("none", description="none, loss_threshold, dlg, idlg, inverting_gradients, label_counts, or a "
                                           "plugin's")
-    samples: int = Field(1000, ge=10, description="membership: members scored, and as many non-members, at most")
+    samples: int = Field(1000, ge=10, description="membership: members scored, at most (each client as many of its "
+                                                 "training samples as of its test samples)")
     client: int = Field(0, ge=0, description="inversion: the client whose upload the server attacks")
     round: int = Field(1, ge=1, description="inversion: the round whose upload the server attacks")
 

@@ -108,6 +108,29 @@ def test_membership_auc_is_chance_against_a_model_that_never_saw_the_members_and
     assert seen["auc"] > 0.75 and 0 <= seen["tpr_at_0.01_fpr"] <= 1, seen
 
 
+def test_lira_is_chance_on_samples_nobody_trained_on_and_finds_an_overfit_models_members():
+    """Offline LiRA (Carlini et al. 2022): shadows trained on the attacker's own reference samples calibrate each
+    sample's difficulty. On digits it does as well as the loss threshold, not better (every digit is about as easy
+    as another; the paper's gain is on data of varied difficulty): both are asserted, neither is claimed to win."""
+    x, y = _digits()
+    x = x.reshape(len(x), -1)
+    order = torch.randperm(len(y), generator=torch.Generator().manual_seed(0))
+    members, others, reference = order[:40], order[700:1000], (x[order[1000:1400]], y[order[1000:1400]])
+    model, params = _model(4)
+
+    def attack(kind, weights, idx):
+        return run(kind, Queried(model, weights, x[idx], y[idx], reference), {"shadows": 8} if kind == "lira" else None)
+
+    fresh = membership(attack("lira", params, members), attack("lira", params, others))
+    assert 0.3 < fresh["auc"] < 0.7, fresh  # an untrained model: nothing to tell members by
+    overfit = _train(model, params, x[members], y[members], steps=400)
+    lira = membership(attack("lira", overfit, members), attack("lira", overfit, others))
+    loss = membership(attack("loss_threshold", overfit, members), attack("loss_threshold", overfit, others))
+    assert lira["auc"] > 0.8 and abs(lira["auc"] - loss["auc"]) < 0.05, (lira, loss)
+    with pytest.raises(ValueError, match="Queried.reference is None"):
+        run("lira", Queried(model, overfit, x[members], y[members]))
+
+
 def test_labels_recovered_counts_the_multiset():
     assert labels_recovered(np.array([1, 1, 2]), np.array([1, 2, 2])) == pytest.approx(2 / 3)
 

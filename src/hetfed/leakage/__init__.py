@@ -62,12 +62,14 @@ class Observed:
 @dataclass(frozen=True)
 class Queried:
     """A model the server can query (``model`` at ``params``, one client's) and the samples whose membership it
-    asks about."""
+    asks about; ``reference``: samples of the population the attacker holds itself, none of them the target's
+    (what a calibrated attack trains its shadow models on)."""
 
     model: Model
     params: Params
     x: torch.Tensor
     y: torch.Tensor
+    reference: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)

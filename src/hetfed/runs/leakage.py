@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import torch
 
-from hetfed.engine.rng import LEAKAGE, derive_seed
+from hetfed.engine.rng import LEAKAGE, derive_seed, torch_gen
 from hetfed.engine.types import Broadcast, ServerState
 from hetfed.executors.updates import RoundObserver
 from hetfed.interface import Algorithm, global_params, own_parameters
@@ -44,18 +44,27 @@ def reads(leakage: LeakageConfig) -> str:
     return ATTACKS.get(leakage.kind).reads
 
 
-def _sample(pool: list[np.ndarray], most: int, rng: np.random.Generator) -> np.ndarray:
-    """At most ``most`` of the indices in ``pool`` (all of them when fewer), drawn without replacement."""
-    every = np.concatenate(pool) if pool else np.zeros(0, dtype=np.int64)
-    return np.sort(rng.choice(every, size=most, replace=False)) if len(every) > most else every
+def _balanced(fed: Federation, clients: list[int], most: int, rng: np.random.Generator
+              ) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Per client as many of its training samples (members) as of its test samples (non-members), at most ``most``
+    in all of each: a pooled AUC is then not a comparison of clients (a client with more test than training samples
+    drawn, and a better model, would make non-members look like members)."""
+    each = max(1, math.ceil(most / max(len(clients), 1)))
+    members, others = [], []
+    for k in clients:
+        n = min(len(fed.train[k]), len(fed.test[k]), each)
+        members.append(np.sort(rng.choice(fed.train[k], size=n, replace=False)))
+        others.append(np.sort(rng.choice(fed.test[k], size=n, replace=False)))
+    return members, others
 
 
 def _scores(leakage: LeakageConfig, model: Any, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-            index: np.ndarray, seed: int) -> np.ndarray:
+            index: np.ndarray, seed: int, reference: tuple[torch.Tensor, torch.Tensor] | None) -> np.ndarray:
     if not len(index):
         return np.zeros(0)
     at = torch.as_tensor(index, device=x.device)
-    return np.asarray(run(leakage.kind, Queried(model, params, x[at], y[at]), leakage.params.model_dump(), seed))
+    return np.asarray(run(leakage.kind, Queried(model, params, x[at], y[at], reference), leakage.params.model_dump(),
+                          seed))
 
 
 def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str) -> dict[str, float]:
@@ -65,28 +74,31 @@ def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str
 
 def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, server: ServerState,
                leakage: LeakageConfig, seed: int, view: str | None = None) -> dict[str, float]:
-    """The membership attack on the server's model (when the method has one and ``view`` is its federated one) and
-    on each client's own model (a method with personal parameters, or ``view``): AUC and TPR at 1 % FPR."""
+    """The membership attack on the server's model (when the method's server holds a whole one and ``view`` is its
+    federated one) and on each client's own model (a method with personal parameters, or ``view``): AUC and TPR at
+    1 % FPR."""
     x, y = executor.pool.x, executor.pool.y
+    reference = (executor.x_global, executor.y_global)  # public, no client's: what a calibrated attack trains on
     clients = [k for k in range(fed.n_clients) if not fed.opted_out[k] and len(fed.train[k]) and len(fed.test[k])]
     rng = np.random.default_rng(derive_seed(seed, LEAKAGE))
     out: dict[str, float] = {}
     caps = algo.capabilities
-    if caps.server_model and view in (None, caps.federated_view):
-        params = {k: v[0] for k, v in global_params(algo, server).items()}
-        members = _sample([fed.train[k] for k in clients], leakage.samples, rng)
-        others = _sample([fed.test[k] for k in clients], leakage.samples, rng)
-        out.update(_membership([_scores(leakage, algo.model, params, x, y, members, seed)],
-                               [_scores(leakage, algo.model, params, x, y, others, seed)], "global"))
+    params = {k: v[0] for k, v in global_params(algo, server).items()} if caps.server_model else {}
+    whole = bool(params) and {s.name for s in algo.model.specs()} <= set(params)  # FedRep's server: a body alone
+    members, others = _balanced(fed, clients, leakage.samples, rng)
+    if whole and view in (None, caps.federated_view):
+        out.update(_membership([_scores(leakage, algo.model, params, x, y, np.concatenate(members), seed, reference)],
+                               [_scores(leakage, algo.model, params, x, y, np.concatenate(others), seed, reference)],
+                               "global"))
     if clients and (view is not None or own_parameters(algo)):
-        each = max(1, math.ceil(leakage.samples / len(clients)))
         bc = algo.broadcast(server, server.round)
         ins, outs = [], []
+        at = {k: i for i, k in enumerate(clients)}
         for chunk, pred in executor.predictors(bc, clients, view):
             for j, k in enumerate(chunk):
                 params = {name: v[j] for name, v in pred.params.items()}
-                ins.append(_scores(leakage, pred.model, params, x, y, _sample([fed.train[k]], each, rng), seed))
-                outs.append(_scores(leakage, pred.model, params, x, y, _sample([fed.test[k]], each, rng), seed))
+                ins.append(_scores(leakage, pred.model, params, x, y, members[at[k]], seed, reference))
+                outs.append(_scores(leakage, pred.model, params, x, y, others[at[k]], seed, reference))
         out.update(_membership(ins, outs, "personal"))
     return out
 
@@ -111,12 +123,16 @@ class InversionObserver(RoundObserver):
                                                    self.seed)}
 
 
-def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int) -> Observed:
+def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int,
+             seed: int = 0) -> Observed:
     """The client's upload as the attack reads it: the parameters the server sent (what the client keeps to
-    itself taken as for an unseen client), the update on the names it sent, and the protocol (step size, steps,
+    itself taken as for an unseen client, or freshly initialised from ``seed``), the update on the names it sent, and the protocol (step size, steps,
     the samples they went over)."""
-    unseen = algo.model.local_for_unseen_client(next(iter(bc.params.values())).device)
-    params = {**{k: v.detach() for k, v in bc.params.items()}, **unseen}
+    device = next(iter(bc.params.values())).device
+    unseen = algo.model.local_for_unseen_client(device)
+    guessed = {k: v.to(device) for k, v in algo.model.init_shared(torch_gen(seed, LEAKAGE)).items()
+               if k not in bc.params}  # a part the server never holds (FedRep's head): a fresh initialisation
+    params = {**guessed, **{k: v.detach() for k, v in bc.params.items()}, **unseen}
     update = {k: (v[0] - bc.params[k]).detach() for k, v in sent.items()}
     n = len(fed.train[client])
     steps = algo.schedule.n_steps(n)
@@ -128,7 +144,7 @@ def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broa
                   leakage: LeakageConfig, seed: int) -> dict[str, float]:
     """The inversion attack on one client's upload, scored against the samples it trained on."""
     k = leakage.client
-    target = observed(algo, fed, bc, upload.params, k)
+    target = observed(algo, fed, bc, upload.params, k, seed)
     got = run(leakage.kind, target, leakage.params.model_dump(), derive_seed(seed, LEAKAGE, k))
     pool = executor.pool  # type: ignore[attr-defined]
     at = torch.as_tensor(fed.train[k], device=pool.x.device)

@@ -1,0 +1,59 @@
+"""The table of leakage against accuracy (#76) from the sweeps of ``leakage_digits.sh`` (and ``leakage_fmnist.sh``):
+one sweep per defence (its folder), each over ``leakage.kind``; every cell the mean ± 95 % CI over the sweep's seeds
+(Student t).
+
+    python results/privacy/leakage_table.py results/privacy/leakage_digits > results/privacy/leakage_digits.md
+"""
+
+from __future__ import annotations
+
+import csv
+import math
+import sys
+from pathlib import Path
+
+#: (column title, grid point's leakage.kind, metric in sweep.csv)
+COLUMNS = [
+    ("personal acc.", "loss_threshold", "best.local_accuracy_mean"),
+    ("server acc.", "loss_threshold", "best.global_accuracy"),
+    ("MI AUC server", "loss_threshold", "leakage.global_auc"),
+    ("MI AUC personal", "loss_threshold", "leakage.personal_auc"),
+    ("MI TPR@1%FPR personal", "loss_threshold", "leakage.personal_tpr_at_1pct_fpr"),
+    ("LiRA AUC server", "lira", "leakage.global_auc"),
+    ("LiRA AUC personal", "lira", "leakage.personal_auc"),
+    ("LiRA TPR@1%FPR personal", "lira", "leakage.personal_tpr_at_1pct_fpr"),
+    ("DLG PSNR dB", "dlg", "leakage.psnr"),
+    ("DLG SSIM", "dlg", "leakage.ssim"),
+    ("DLG labels", "dlg", "leakage.labels_recovered"),
+]
+ORDER = ["none", "dp_z0.5", "qsgd_2bit", "topk_10pct", "local_epochs_5"]
+
+
+def cells(folder: Path) -> dict[tuple[str, str, str], str]:
+    out = {}
+    with open(folder / "sweep.csv") as fh:
+        for row in csv.DictReader(fh):
+            mean, ci = float(row["mean"]), float(row["ci95"]) if row["ci95"] else math.nan
+            text = f"{mean:.3f}" if math.isnan(ci) else f"{mean:.3f} ± {ci:.3f}"
+            out[(row["leakage.kind"], row["method"], row["metric"])] = text
+    return out
+
+
+def main(root: Path) -> None:
+    defences = [d for d in ORDER if (root / d / "sweep.csv").exists()]
+    print(f"# Leakage against accuracy ({root.name})\n")
+    print("Mean ± 95 % CI over 3 seeds; accuracy and membership of the model chosen by validation; DLG on client 0's "
+          "round-1 upload. `–`: not measured for that row (no whole server model, or no model of the client's "
+          "own; DLG's numbers sit on a method's federated row).\n")
+    print("| defence | method | " + " | ".join(c[0] for c in COLUMNS) + " |")
+    print("|" + "---|" * (len(COLUMNS) + 2))
+    for defence in defences:
+        found = cells(root / defence)
+        methods = list(dict.fromkeys(m for _, m, _ in found if m != "(data)"))
+        for method in methods:
+            row = [found.get((kind, method, metric), "–") for _, kind, metric in COLUMNS]
+            print(f"| {defence} | {method} | " + " | ".join(row) + " |")
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]))

@@ -1,0 +1,95 @@
+"""``lira``: the Likelihood Ratio Attack, offline (Carlini, Chien, Nasr, Song, Terzis, Tramèr, S&P 2022, § VI-C):
+membership scored against what models that never saw a sample make of it, so that a sample that is easy for every
+model no longer looks like a member.
+
+``shadows`` models of the target's architecture are trained, each on a random half of the attacker's own data from
+the population (``Queried.reference``: in a run, the public global test set, which no client trains on), by plain
+SGD; none of them saw the queried samples. For each sample the attack fits a Gaussian to the shadows' logit-scaled
+confidence in its label, φ = log p_y − log(1 − p_y), and scores the target's φ by how far above that Gaussian it
+lies (the one-sided test of the paper's offline variant). The shadows are trained once per reference set, model and
+parameters and reused for every model queried against them (each client's own, in a run).
+"""
+
+from __future__ import annotations
+
+import weakref
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from pydantic import Field
+from scipy.stats import norm
+
+from hetfed.leakage import LeakageAttack, Queried, register, stacked
+from hetfed.models.base import Model, Params
+from hetfed.registry import ComponentParams
+
+
+class LiRAParams(ComponentParams):
+    shadows: int = Field(8, ge=2, description="shadow models (none saw the queried samples)")
+    epochs: int = Field(50, ge=1, description="each shadow's epochs over its half of the reference data")
+    lr: float = Field(0.1, gt=0, description="the shadows' SGD step size")
+    batch_size: int = Field(32, ge=1, description="the shadows' minibatch size")
+
+
+#: shadows kept per reference set (by identity, weakly: they go with it), then by model and parameters
+_SHADOWS: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[int, str], Params]]] = {}
+
+
+def phi(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """log p_y − log(1 − p_y) of each stacked model's prediction (``params`` ``[n, …]``) on ``x`` → ``[n, samples]``
+    (computed from the logits, stable for confident predictions)."""
+    with torch.no_grad():
+        logits = model.forward(params, x.unsqueeze(0).expand(len(next(iter(params.values()))), *x.shape))
+        own = logits.gather(-1, y.view(1, -1, 1).expand(logits.shape[0], -1, 1)).squeeze(-1)
+        others = logits.scatter(-1, y.view(1, -1, 1).expand(logits.shape[0], -1, 1), float("-inf"))
+        return own - torch.logsumexp(others, -1)
+
+
+def train_shadows(model: Model, x: torch.Tensor, y: torch.Tensor, params: LiRAParams, gen: torch.Generator) -> Params:
+    """``params.shadows`` models, stacked, each trained on its own random half of ``(x, y)`` by plain SGD."""
+    k, half = params.shadows, max(1, len(y) // 2)
+    inits = [{**model.init_shared(gen), **model.init_local(gen)} for _ in range(k)]  # a shadow trains all of it
+    weights = {name: torch.stack([s[name] for s in inits]).to(x.device).requires_grad_(True) for name in inits[0]}
+    halves = torch.stack([torch.randperm(len(y), generator=gen)[:half] for _ in range(k)]).to(x.device)
+    steps = max(1, half // params.batch_size)
+    for _ in range(params.epochs):
+        order = torch.stack([row[torch.randperm(half, generator=gen).to(x.device)] for row in halves])
+        for s in range(steps):
+            idx = order[:, s * params.batch_size:(s + 1) * params.batch_size]
+            logits = model.forward(weights, x[idx])
+            loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y[idx].reshape(-1)) * k
+            grads = torch.autograd.grad(loss, list(weights.values()))
+            with torch.no_grad():
+                for w, g in zip(weights.values(), grads, strict=True):
+                    w.sub_(params.lr * g)
+    return {name: w.detach() for name, w in weights.items()}
+
+
+def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Params:
+    if queried.reference is None:
+        raise ValueError("lira trains shadow models on the attacker's own data from the population: "
+                         "Queried.reference is None; expected (x, y) the target never trained on")
+    x, y = queried.reference
+    at = id(x)
+    held = _SHADOWS.get(at)
+    if held is None or held[0]() is not x:  # a new reference set (a tensor's id may be reused once it is gone)
+        held = _SHADOWS[at] = (weakref.ref(x, lambda _: _SHADOWS.pop(at, None)), {})
+    kept = held[1]
+    key = (id(queried.model), params.model_dump_json())
+    if key not in kept:
+        kept[key] = train_shadows(queried.model, x, y, params, gen)
+    return kept[key]
+
+
+def lira(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.ndarray:
+    shadows = _shadows(queried, params, gen)
+    out = phi(queried.model, shadows, queried.x, queried.y).double()  # [shadows, samples]
+    mean, std = out.mean(0), out.std(0).clamp(min=1e-3)
+    target = phi(queried.model, stacked(queried.params), queried.x, queried.y)[0].double()
+    return norm.logcdf(((target - mean) / std).cpu().numpy())  # higher: further above what unseen samples get
+
+
+register(LeakageAttack("lira", "model", lira, LiRAParams,
+                       "membership inference calibrated per sample by shadow models that never saw it (offline "
+                       "LiRA)", "Carlini et al., S&P 2022"))
