@@ -6,10 +6,12 @@ from __future__ import annotations
 
 import csv
 
+import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from hetfed.analysis.report import write_report
 from hetfed.config import build_config
 from hetfed.errors import ConfigError
 from hetfed.leakage import gradient
@@ -46,6 +48,10 @@ def test_membership_is_reported_beside_accuracy_and_leaves_the_run_as_it_was(tmp
     assert "personal_auc" not in fedavg  # every FedAvg client predicts with the server's model: nothing of its own
     assert 0 <= cgau["personal_auc"] <= 1 and 0 <= cgau["personal_tpr_at_1pct_fpr"] <= 1  # CGAU's own rows
     assert "leakage" not in read_summary(plain)["methods"]["fedavg"]
+    with np.load(attacked / "leakage" / "cgau.npz") as arrays:  # the scores the ROC curves are drawn from
+        assert len(arrays["personal_members"]) == len(arrays["personal_others"]) > 0
+    assert "membership inference on the reported models" in write_report(attacked).read_text()
+    assert "what the server learnt" not in write_report(plain).read_text()
 
 
 def test_a_personalised_methods_views_are_each_attacked(tmp_path):
@@ -90,6 +96,11 @@ def test_an_inversion_is_scored_by_psnr_and_ssim_and_a_client_left_out_sent_noth
     found = read_summary(_run(tmp_path, "dlg", methods=[{"name": "fedavg", "algorithm": "fedavg"}],
                               leakage={"kind": "dlg", "iterations": 2}))["methods"]["fedavg"]["leakage"]
     assert found["sent"] == 1 and found["psnr"] > 0 and -1 <= found["ssim"] <= 1 and found["reconstructed"] > 1
+    run_dir = tmp_path / "dlg"
+    with np.load(run_dir / "leakage" / "fedavg.npz") as arrays:  # what report.html draws
+        assert arrays["guess"].shape == arrays["truth"].shape == (found["reconstructed"], 8, 8)
+    page = write_report(run_dir).read_text()
+    assert "what the server learnt" in page and "gradient inversion of one client" in page
     absent = read_summary(_run(tmp_path, "absent", methods=[{"name": "fedavg", "algorithm": "fedavg"}],
                                train={"rounds": 1, "client_fraction": 0.25, "batch_size": 16,
                                       "optimizer": {"kind": "sgd", "lr": 0.1}},

@@ -448,3 +448,44 @@ def plot_accuracy_vs_heterogeneity(points: dict[str, list[tuple[float, float, fl
     ax.grid(alpha=0.3)
     _legend(ax, len(points))
     return finish(fig, path)
+
+
+def plot_membership_roc(scores: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path | None):
+    """ROC curves of membership attacks on log-log axes (Carlini et al. 2022: what matters is the true-positive rate
+    at a low false-positive rate); ``scores``: per curve, (members' scores, non-members' scores)."""
+    from sklearn.metrics import roc_curve
+
+    fig, ax = plt.subplots(figsize=(6.4, 4.4))
+    for name, (members, others) in scores.items():
+        fpr, tpr, _ = roc_curve(np.r_[np.ones(len(members)), np.zeros(len(others))], np.r_[members, others])
+        ax.plot(np.maximum(fpr, 1e-4), np.maximum(tpr, 1e-4), label=name)
+    ax.plot([1e-4, 1], [1e-4, 1], color="0.6", linestyle=":", label="chance")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("false-positive rate")
+    ax.set_ylabel("true-positive rate")
+    ax.set_title("membership inference")
+    _legend(ax, len(scores) + 1)
+    return finish(fig, path)
+
+
+def plot_reconstructions(pairs: Mapping[str, tuple[np.ndarray, np.ndarray]], path: str | Path | None, most: int = 8):
+    """Per method, a gradient inversion's first ``most`` reconstructions (lower row) under the client's samples
+    nearest them (upper row); images ``[n, H, W]``."""
+    rows = [(name, truth[:most], guess[:most]) for name, (truth, guess) in pairs.items()]
+    cols = max(len(t) for _, t, _ in rows)
+    fig, axes = plt.subplots(2 * len(rows), cols, figsize=(1.1 * cols, 2.4 * len(rows)), squeeze=False)
+    for r, (name, truth, guess) in enumerate(rows):
+        for c in range(cols):
+            for i, images in enumerate((truth, guess)):
+                ax = axes[2 * r + i, c]
+                ax.set_xticks([])
+                ax.set_yticks([])
+                if c < len(images):
+                    ax.imshow(images[c], cmap="gray", vmin=float(truth.min()), vmax=float(truth.max()))
+                else:
+                    ax.axis("off")
+        axes[2 * r, 0].set_ylabel(f"{name}\nclient", fontsize=8)
+        axes[2 * r + 1, 0].set_ylabel("server", fontsize=8)
+    fig.suptitle("gradient inversion: the client's samples and what the server reconstructed")
+    return finish(fig, path)

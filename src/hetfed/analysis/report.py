@@ -239,6 +239,9 @@ def run_report(d: Path, keep: Path | None = None) -> str:
 
     if summary:
         sections.append(("results", _run_table(summary, rows)))
+    leaked = _leakage(d, summary)
+    if leaked:
+        sections.append(("what the server learnt", leaked))
     from hetfed.analysis.results import run_curves
 
     curves = run_curves(d, min_points=2)
@@ -271,6 +274,38 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     sections.append(("environment", _environment((summary or {}).get("environment"), {"run directory": str(d.resolve())})
                      + _files((summary or {}).get("data_files", []))))
     return page(title, sections)
+
+
+def _leakage(d: Path, summary: dict | None) -> str:
+    """The attack of ``leakage.kind`` (docs/privacy.md): its numbers per method row, the membership ROC curves
+    and the reconstructed samples (from ``leakage/<row>.npz``); empty when the run attacked nothing."""
+    from hetfed.analysis.figures import plot_membership_roc, plot_reconstructions
+    from hetfed.runs.rundir import LEAKAGE
+
+    found = {row: m["leakage"] for row, m in (summary or {}).get("methods", {}).items() if m.get("leakage")}
+    if not found:
+        return ""
+    keys = list(dict.fromkeys(k for numbers in found.values() for k in numbers if k != "attack"))
+    html = table(["method", "attack", *keys], [[row, n["attack"], *[n.get(k) for k in keys]]
+                                              for row, n in found.items()])
+    roc, images = {}, {}
+    for row in found:
+        path = d / LEAKAGE / f"{row}.npz"
+        if not path.exists():
+            continue
+        with np.load(path) as arrays:
+            for model in ("global", "personal"):
+                if f"{model}_members" in arrays:
+                    roc[f"{row} · {model}"] = (arrays[f"{model}_members"], arrays[f"{model}_others"])
+            if "guess" in arrays and arrays["guess"].ndim == 3:
+                images[row] = (arrays["truth"], arrays["guess"])
+    if roc:
+        html += figure(partial(plot_membership_roc, roc), "membership inference on the reported models (log-log: "
+                       "the true-positive rate at a low false-positive rate)")
+    if images:
+        html += figure(partial(plot_reconstructions, images), "gradient inversion of one client's upload: its "
+                       "samples nearest each reconstruction (upper rows) and the reconstructions (lower rows)")
+    return html
 
 
 def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:

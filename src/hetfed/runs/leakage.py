@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -37,6 +38,21 @@ if TYPE_CHECKING:
     from hetfed.config import LeakageConfig
     from hetfed.executors.inprocess import Executor, InProcessExecutor
     from hetfed.partition import Federation
+
+
+@dataclass
+class Found:
+    """What an attack learnt: its numbers (``summary.json``'s ``leakage``) and the arrays report.html draws
+    (``leakage/<row>.npz`` in the run: the membership scores of members and non-members, ``<model>_members`` and
+    ``<model>_others``; an inversion's reconstructions ``guess`` beside the client's samples nearest them,
+    ``truth``)."""
+
+    numbers: dict[str, float] = field(default_factory=dict)
+    arrays: dict[str, np.ndarray] = field(default_factory=dict)
+
+    def add(self, other: Found) -> None:
+        self.numbers.update(other.numbers)
+        self.arrays.update(other.arrays)
 
 
 def reads(leakage: LeakageConfig) -> str:
@@ -67,13 +83,15 @@ def _scores(leakage: LeakageConfig, model: Any, params: dict[str, torch.Tensor],
                           seed))
 
 
-def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str) -> dict[str, float]:
-    got = scored.membership(np.concatenate(members), np.concatenate(others))
-    return {f"{prefix}_auc": got["auc"], f"{prefix}_tpr_at_1pct_fpr": got["tpr_at_0.01_fpr"]}
+def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str) -> Found:
+    ins, outs = np.concatenate(members), np.concatenate(others)
+    got = scored.membership(ins, outs)
+    return Found({f"{prefix}_auc": got["auc"], f"{prefix}_tpr_at_1pct_fpr": got["tpr_at_0.01_fpr"]},
+                 {f"{prefix}_members": ins, f"{prefix}_others": outs})
 
 
 def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, server: ServerState,
-               leakage: LeakageConfig, seed: int, view: str | None = None) -> dict[str, float]:
+               leakage: LeakageConfig, seed: int, view: str | None = None) -> Found:
     """The membership attack on the server's model (when the method's server holds a whole one and ``view`` is its
     federated one) and on each client's own model (a method with personal parameters, or ``view``): AUC and TPR at
     1 % FPR."""
@@ -81,13 +99,13 @@ def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, se
     reference = (executor.x_global, executor.y_global)  # public, no client's: what a calibrated attack trains on
     clients = [k for k in range(fed.n_clients) if not fed.opted_out[k] and len(fed.train[k]) and len(fed.test[k])]
     rng = np.random.default_rng(derive_seed(seed, LEAKAGE))
-    out: dict[str, float] = {}
+    out = Found()
     caps = algo.capabilities
     params = {k: v[0] for k, v in global_params(algo, server).items()} if caps.server_model else {}
     whole = bool(params) and {s.name for s in algo.model.specs()} <= set(params)  # FedRep's server: a body alone
     members, others = _balanced(fed, clients, leakage.samples, rng)
     if whole and view in (None, caps.federated_view):
-        out.update(_membership([_scores(leakage, algo.model, params, x, y, np.concatenate(members), seed, reference)],
+        out.add(_membership([_scores(leakage, algo.model, params, x, y, np.concatenate(members), seed, reference)],
                                [_scores(leakage, algo.model, params, x, y, np.concatenate(others), seed, reference)],
                                "global"))
     if clients and (view is not None or own_parameters(algo)):
@@ -99,7 +117,7 @@ def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, se
                 params = {name: v[j] for name, v in pred.params.items()}
                 ins.append(_scores(leakage, pred.model, params, x, y, members[at[k]], seed, reference))
                 outs.append(_scores(leakage, pred.model, params, x, y, others[at[k]], seed, reference))
-        out.update(_membership(ins, outs, "personal"))
+        out.add(_membership(ins, outs, "personal"))
     return out
 
 
@@ -109,18 +127,18 @@ class InversionObserver(RoundObserver):
 
     def __init__(self, algo: Algorithm, fed: Federation, leakage: LeakageConfig, seed: int):
         self.algo, self.fed, self.leakage, self.seed = algo, fed, leakage, seed
-        self.found: dict[str, float] = {}
+        self.found = Found()
 
     def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
         k = self.leakage.client
         if rnd != self.leakage.round:
             return
         if k not in clients:  # not sampled, dropped or late that round: the server received nothing of it
-            self.found = {"sent": 0.0}
+            self.found = Found({"sent": 0.0})
             return
         upload = executor.upload_of(bc, k)  # type: ignore[attr-defined]
-        self.found = {"sent": 1.0, **attack_upload(self.algo, self.fed, executor, bc, upload, self.leakage,
-                                                   self.seed)}
+        self.found = Found({"sent": 1.0})
+        self.found.add(attack_upload(self.algo, self.fed, executor, bc, upload, self.leakage, self.seed))
 
 
 def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int,
@@ -141,7 +159,7 @@ def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, to
 
 
 def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broadcast, upload: Any,
-                  leakage: LeakageConfig, seed: int) -> dict[str, float]:
+                  leakage: LeakageConfig, seed: int) -> Found:
     """The inversion attack on one client's upload, scored against the samples it trained on."""
     k = leakage.client
     target = observed(algo, fed, bc, upload.params, k, seed)
@@ -150,24 +168,25 @@ def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broa
     at = torch.as_tensor(fed.train[k], device=pool.x.device)
     truth_x = pool.x[at].reshape(len(at), *fed.input_shape).cpu().numpy()
     truth_y = pool.y[at].cpu().numpy()
-    out = {"labels_recovered": scored.labels_recovered(truth_y, got.y.cpu().numpy()) if len(got.y) else math.nan,
-           "reconstructed": float(len(got.x))}
+    out = Found({"labels_recovered": scored.labels_recovered(truth_y, got.y.cpu().numpy()) if len(got.y)
+                 else math.nan, "reconstructed": float(len(got.x))})
     if len(got.x):
-        guess = got.x.detach().reshape(len(got.x), *fed.input_shape).cpu().numpy()
-        out.update(_image_scores(truth_x, guess))
+        out.add(_image_scores(truth_x, got.x.detach().reshape(len(got.x), *fed.input_shape).cpu().numpy()))
     return out
 
 
-def _image_scores(truth: np.ndarray, guess: np.ndarray) -> dict[str, float]:
+def _image_scores(truth: np.ndarray, guess: np.ndarray) -> Found:
     """Each reconstruction against the client's sample closest to it (a batch's order is not recoverable): mean
     PSNR in dB over the data's range, and SSIM where the samples are images."""
     low, high = float(truth.min()), float(truth.max())
     span = max(high - low, 1e-12)
-    flat_t, flat_g = truth.reshape(len(truth), -1), np.clip(guess, low, high).reshape(len(guess), -1)
+    guess = np.clip(guess, low, high)
+    flat_t, flat_g = truth.reshape(len(truth), -1), guess.reshape(len(guess), -1)
     mse = ((flat_g[:, None, :] - flat_t[None, :, :]) ** 2).mean(-1)
     nearest = mse.argmin(1)
-    out = {"psnr": float(np.mean(10 * np.log10(span**2 / np.maximum(mse.min(1), 1e-12))))}
+    out = Found({"psnr": float(np.mean(10 * np.log10(span**2 / np.maximum(mse.min(1), 1e-12))))},
+                {"truth": truth[nearest], "guess": guess})
     if truth.ndim == 3 and min(truth.shape[1:]) >= 3:
         with contextlib.suppress(ImportError):  # scikit-image (hetfed[privacy]) absent: PSNR alone
-            out["ssim"] = scored.ssim((truth[nearest] - low) / span, (np.clip(guess, low, high) - low) / span)
+            out.numbers["ssim"] = scored.ssim((truth[nearest] - low) / span, (guess - low) / span)
     return out

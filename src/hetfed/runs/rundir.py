@@ -44,6 +44,8 @@ FEDERATION, REPORT = "federation.npz", "report.html"
 #: the executor's own log (Flower's lines: the Simulation Engine's, Ray's), handed to it as ``Opening.log_file``
 EXECUTOR_LOG = "flower.log"
 CHECKPOINTS, FIGURES = "checkpoints", "figures"
+#: what the server learnt (leakage.kind): one file of arrays per method row, drawn by report.html
+LEAKAGE = "leakage"
 SWEEP_RECORD, SWEEP_REQUEST, SWEEP_TABLE = "sweep.json", "sweep_request.json", "sweep.csv"
 RUNS_TABLE, CURVES_TABLE, HETEROGENEITY_TABLE = "runs.csv", "curves.csv", "heterogeneity.csv"
 

@@ -33,7 +33,7 @@ from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
-from hetfed.runs.leakage import InversionObserver, membership, reads
+from hetfed.runs.leakage import Found, InversionObserver, membership, reads
 from hetfed.runs.observers import (
     CheckpointObserver,
     MetricsObserver,
@@ -46,6 +46,7 @@ from hetfed.runs.rundir import (
     CONFIG,
     EXECUTOR_LOG,
     FEDERATION,
+    LEAKAGE,
     METRICS,
     SUMMARY,
     Heartbeat,
@@ -259,24 +260,24 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume
         _personalise(execution, p, result, saver)
     rows = method_rows(execution, p, result, fed_seconds, time.perf_counter() - t0)
     if inversion is not None:
-        rows[fed_label]["leakage"] = {"attack": config.leakage.kind, "client": config.leakage.client,
-                                      "round": config.leakage.round, **inversion.found}
+        _leaked(rec.run_dir, rows, fed_label, inversion.found,
+                {"attack": config.leakage.kind, "client": config.leakage.client, "round": config.leakage.round})
     elif reads(config.leakage) == "model":
-        _membership_rows(execution, p, result, executor, rows)
+        chosen = result.best_server or result.server
+        views: list[str | None] = list(algo.capabilities.views) or [None]
+        for view in views:  # the model each row reports: a method's, or a view's
+            found = membership(algo, cast(InProcessExecutor, executor), fed, chosen, config.leakage, config.seed, view)
+            _leaked(rec.run_dir, rows, row_name(p.method, view) if view is not None else label, found,
+                    {"attack": config.leakage.kind})
     return rows
 
 
-def _membership_rows(execution: Execution, p: MethodPlan, result: SimulationResult, executor: Executor,
-                     rows: dict[str, dict[str, Any]]) -> None:
-    """The membership attack on the model each row reports (a method's, or each of its views'), beside it."""
-    config, algo = execution.config, p.algo
-    chosen = result.best_server or result.server
-    views: list[str | None] = list(algo.capabilities.views) or [None]
-    for view in views:
-        name = row_name(p.method, view) if view is not None else p.method.label
-        found = membership(algo, cast(InProcessExecutor, executor), execution.fed, chosen, config.leakage,
-                           config.seed, view)
-        rows[name]["leakage"] = {"attack": config.leakage.kind, **found}
+def _leaked(run_dir: Path, rows: dict[str, dict[str, Any]], row: str, found: Found, about: dict[str, Any]) -> None:
+    """What the server learnt about a row's method: its numbers beside the accuracy, its arrays in leakage/."""
+    rows[row]["leakage"] = {**about, **found.numbers}
+    if found.arrays:
+        (run_dir / LEAKAGE).mkdir(exist_ok=True)
+        np.savez_compressed(run_dir / LEAKAGE / f"{row}.npz", **found.arrays)  # type: ignore[arg-type]  # numpy's stub
 
 
 def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, saver: CheckpointObserver) -> None:
