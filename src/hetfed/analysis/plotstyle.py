@@ -44,6 +44,15 @@ _BASE = {
     "js_mean": "label skew (mean Jensen–Shannon divergence)",
 }
 _WHEN = {"best": "best model", "final": "final round"}
+_LEAKED = {
+    "global_auc": "membership AUC against the server's model",
+    "global_tpr_at_1pct_fpr": "membership TPR at 1% FPR, server's model",
+    "personal_auc": "membership AUC against the clients' own models",
+    "personal_tpr_at_1pct_fpr": "membership TPR at 1% FPR, clients' own models",
+    "psnr": "inversion PSNR (dB)",
+    "ssim": "inversion SSIM",
+    "labels_recovered": "labels recovered by inversion",
+}
 
 _KEYS = {
     "partition.shuffle": "fraction of samples reassigned at random",
@@ -63,6 +72,8 @@ _KEYS = {
 def metric_label(key: str) -> str:
     """``best.local_accuracy_mean`` → "local test accuracy (mean over clients), best model"."""
     when, _, base = key.rpartition(".")
+    if when == "leakage":  # what the server learnt: an attack's score, not the model's
+        return _LEAKED.get(base) or f"leakage: {base.replace('_', ' ')}"
     words = _BASE.get(base) or base.replace("_", " ")
     return f"{words}, {_WHEN[when]}" if when in _WHEN else words
 

@@ -167,7 +167,8 @@ def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None
 
 def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
         "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
-        "best.global_auc", "best.local_auc_mean")) -> None:
+        "best.global_auc", "best.local_auc_mean", "leakage.global_auc", "leakage.personal_auc", "leakage.psnr")
+        ) -> None:
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
