@@ -19,4 +19,9 @@ sweep dp_z0.5 --set privacy.noise_multiplier=0.5
 sweep qsgd_2bit --set server.compression.kind=qsgd --set server.compression.bits=2
 sweep topk_10pct --set server.compression.kind=topk --set server.compression.fraction=0.1
 sweep local_epochs_5 --set train.local_epochs=5
+sweep fedsgd_1_step --set train.local_steps=1      # the reference: an upload of one step over B = 10 samples
+# record-level DP-SGD in every local step: the methods of plain steps (FedRep's and FedMoE's phases are refused)
+sweep dp_sgd_s1 --set privacy.record.noise_multiplier=1.0 --set 'methods=[{name: fedavg, algorithm: fedavg},
+    {name: fedprox, algorithm: fedprox, params: {mu: 0.01}}, {name: ditto, algorithm: ditto, params: {lam: 0.1}},
+    {name: cgau, algorithm: fedavg, model: {kind: cgau, hidden: [64, 64]}}]'
 python results/privacy/leakage_table.py "$out" > "$out.md"

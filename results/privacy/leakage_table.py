@@ -26,7 +26,7 @@ COLUMNS = [
     ("DLG SSIM", "dlg", "leakage.ssim"),
     ("DLG labels", "dlg", "leakage.labels_recovered"),
 ]
-ORDER = ["fedsgd_1_step", "none", "dp_z0.5", "qsgd_2bit", "topk_10pct", "local_epochs_5"]
+ORDER = ["fedsgd_1_step", "none", "dp_z0.5", "dp_sgd_s1", "qsgd_2bit", "topk_10pct", "local_epochs_5"]
 
 
 def cells(folder: Path) -> dict[tuple[str, str, str], str]:

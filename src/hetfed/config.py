@@ -27,6 +27,7 @@ from hetfed.config_server import (
     AttackConfig,
     LeakageConfig,
     PrivacyConfig,
+    RecordPrivacyConfig,
     ScreenConfig,
     ServerConfig,
     ServerDataConfig,
@@ -37,6 +38,7 @@ from hetfed.registry import registry_of
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
+           "RecordPrivacyConfig",
            "ScreenConfig", "SecAggPlusConfig", "ServerConfig", "ServerDataConfig", "StragglerConfig", "TrainConfig",
            "as_given", "build_config", "dump_config", "load_config", "load_run_config", "method_section",
            "unread_keys", "warn_unread"]

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import ClassVar, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import ConfigDict, Field, field_validator, model_validator
 
 from hetfed.config_base import Chosen, Strict
 from hetfed.registry import registry_of
@@ -73,6 +73,18 @@ class LeakageConfig(Chosen):
     round: int = Field(1, ge=1, description="inversion: the round whose upload the server attacks")
 
 
+class RecordPrivacyConfig(Strict):
+    """Record-level DP in each client's own training (DP-SGD, Abadi et al., CCS 2016): every local step clips each
+    sample's gradient to norm ≤ ``clip`` and adds Gaussian noise of std ``noise_multiplier``·``clip`` to their sum,
+    divided by the batch size. On when ``noise_multiplier`` is set; each client's ε for ``privacy.delta`` is
+    computed by dp-accounting (RDP, q = B / n_k per step, over the steps it took) and the run reports the largest."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)  # a local step's schedule holds it (hashed)
+
+    noise_multiplier: float | None = Field(None, ge=0, description="σ: noise std = σ·clip per step (None: off)")
+    clip: float = Field(1.0, gt=0, description="C: each sample's gradient is scaled to norm ≤ C")
+
+
 class PrivacyConfig(Strict):
     """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
 
@@ -84,6 +96,8 @@ class PrivacyConfig(Strict):
     clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no clipping, "
                                "only with noise_multiplier 0)")
     delta: float = Field(1e-5, gt=0, lt=1)
+    #: DP-SGD in the clients' local training, beside (or without) the client-level noise above
+    record: RecordPrivacyConfig = Field(default_factory=RecordPrivacyConfig)
     weighting: Literal["uniform", "samples"] = Field(
         "uniform", description="uniform: every clipped update counts 1/m (the sensitivity is S/m, so ε holds); "
         "samples: FedAvg's weights n_k/Σn, noise std z·S·max n_k/Σn (ε then assumes the weights are public)"

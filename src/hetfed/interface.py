@@ -133,6 +133,8 @@ class Context:
     build: Callable[[int], Model] | None = None
     #: client-level differential privacy (``privacy.*``; None or noise_multiplier None: off)
     privacy: PrivacyConfig | None = None
+    #: the privacy section when record-level DP is on in the local steps (``privacy.record``, DP-SGD; None: off)
+    records: PrivacyConfig | None = None
 
 
 @dataclass(frozen=True)
@@ -163,7 +165,7 @@ class Algorithm:
         self.train = train
         self.params = params if params is not None or self.spec is None else self.spec.make_params(None)
         self.context = context or Context()
-        self.schedule = LocalSchedule.from_train(train)
+        self.schedule = LocalSchedule.from_train(train, self.context.records.record if self.context.records else None)
         self._seed = 0
         self._expected_clients = 1
         self._clients = 0  # the federation's size, once bound (servers that hold something per client)

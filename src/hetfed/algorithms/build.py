@@ -6,7 +6,13 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import hetfed.algorithms.registry as registry
-from hetfed.config import Config, MethodConfig, PrivacyConfig, ServerConfig, TrainConfig
+from hetfed.config import (
+    Config,
+    MethodConfig,
+    PrivacyConfig,
+    ServerConfig,
+    TrainConfig,
+)
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model
@@ -17,18 +23,19 @@ from hetfed.server.pipeline import server_chain
 def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping[str, Any] | Any = None, *,
                     server: ServerConfig | None = None, seed: int = 0, in_features: int | None = None,
                     build: Callable[[int], Model] | None = None, where: str = "",
-                    privacy: PrivacyConfig | None = None) -> Algorithm:
+                    privacy: PrivacyConfig | None = None, records: PrivacyConfig | None = None) -> Algorithm:
     """The registered algorithm ``name`` around ``model`` with its ``params`` (a mapping or its params model).
 
     ``server`` and ``privacy`` make its server chain (:func:`hetfed.server.pipeline.server_chain`; DP-FedAvg's
-    noised mean is the combine step when ``privacy.noise_multiplier`` is set);
+    noised mean is the combine step when ``privacy.noise_multiplier`` is set); ``records`` (the privacy section, when
+    ``privacy.record`` is on) makes every local step DP-SGD;
     ``in_features`` and ``build`` are what some algorithms are built with besides the
     model (see :class:`hetfed.interface.Context`); ``where`` (``methods.0``) prefixes the
     keys named in errors.
     """
     prefix = f"{where}." if where else ""
     spec = registry.get(name, f"{prefix}algorithm")
-    context = Context(server_chain(server or ServerConfig(), privacy), seed, in_features, build, privacy)
+    context = Context(server_chain(server or ServerConfig(), privacy), seed, in_features, build, privacy, records)
     try:
         return spec.cls(model, train, spec.make_params(params, f"{prefix}params"), context)
     except ConfigError as err:  # an algorithm names its key as "methods.*.…": say which method
@@ -58,7 +65,8 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
                            server=server, seed=config.seed, in_features=int(np.prod(input_shape)),
                            build=lambda n_out: build_model(model_cfg, input_shape, n_out, vocab),
                            where=f"methods.{config.methods.index(method)}",
-                           privacy=config.privacy if private else None)
+                           privacy=config.privacy if private else None,
+                           records=config.privacy if config.privacy.record.noise_multiplier is not None else None)
     return algo
 
 

@@ -27,10 +27,11 @@ import torch
 import torch.nn.functional as F
 
 from hetfed import streams
-from hetfed.config import OptimizerConfig, TrainConfig
-from hetfed.engine import capture, optim
+from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
+from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.types import ClientData
+from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
 
@@ -72,10 +73,12 @@ class LocalSchedule:
     #: ``train.capture``: replay the stacked step from a recording where the device and the step allow it (auto: a
     #: CUDA graph; compile: ``torch.compile`` on a CPU; off: eager)
     capture: str = "auto"
+    #: record-level DP in every step (``privacy.record``: DP-SGD, :mod:`hetfed.engine.record_dp`), or None
+    records: RecordPrivacyConfig | None = None
 
     @classmethod
-    def from_train(cls, cfg: TrainConfig) -> LocalSchedule:
-        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture)
+    def from_train(cls, cfg: TrainConfig, records: RecordPrivacyConfig | None = None) -> LocalSchedule:
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture, records)
 
     def one_epoch(self) -> LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
@@ -238,6 +241,12 @@ def train_stack(
     linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
     """
     device = data.x.device
+    if schedule.records is not None:  # DP-SGD: the cross-entropy clipped per sample and noised
+        if objective is not None:  # the plan admits record-level DP only for methods of plain steps
+            raise RunError("privacy.record: DP-SGD clips the model's cross-entropy per sample; this step has an "
+                           "objective of its own")
+        objective = record_dp.private_objective(model, schedule.records.noise_multiplier or 0.0,
+                                                schedule.records.clip, schedule.batch_size)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
     # hold tensors of the whole stack; no buffers) computes only the clients that still train: longest plans first

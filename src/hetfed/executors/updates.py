@@ -21,6 +21,7 @@ from hetfed.config import TrainConfig
 from hetfed.engine.evaluate import Evaluation, summarise
 from hetfed.engine.faults import Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
+from hetfed.engine.record_dp import record_epsilon
 from hetfed.engine.sampling import expected_per_round, sample_clients
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
@@ -57,6 +58,9 @@ class SimulationResult:
     faults: dict[str, int] = field(default_factory=dict)
     dp_rounds: int = 0  # rounds aggregated with DP noise (what ε is computed over)
     epsilon: float | None = None  # ε after the last round (privacy.*), for privacy.delta
+    #: record-level DP (privacy.record): each client's DP-SGD steps so far, and the largest ε over clients
+    record_steps: dict[int, int] = field(default_factory=dict)
+    record_epsilon: float | None = None
     #: under attack, the round training diverged at (the attack won; the best model so far is kept)
     diverged_at: int | None = None
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
@@ -292,6 +296,13 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     if privacy is not None and privacy.noise_multiplier is not None:
         result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
+    records = algo.schedule.records
+    if records is not None and records.noise_multiplier is not None and algo.context.records is not None:
+        clients = sorted(result.record_steps)
+        result.record_epsilon = record_epsilon(records.noise_multiplier, algo.schedule.batch_size,
+                                               [len(fed.train[k]) for k in clients],
+                                               [result.record_steps[k] for k in clients], algo.context.records.delta)
+        ev.metrics["record_epsilon"] = result.record_epsilon
     # an exchange that carried the next round's training is that round's time (the round is the exchange)
     carried = float(getattr(loop.executor, "ride_seconds", 0.0)) if rode else 0.0
     result.eval_seconds += time.perf_counter() - t_eval - carried

@@ -20,6 +20,8 @@ from hetfed.algorithms.build import METHOD_KEY
 from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.engine.clock import check_clock
+from hetfed.engine.privacy import check_available
+from hetfed.engine.record_dp import draws_noise
 from hetfed.engine.sampling import clients_per_round
 from hetfed.errors import ConfigError, RunError
 from hetfed.executors.inprocess import check_memory
@@ -134,6 +136,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
                               f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
                               "(flower, deployment)")
         _check_leakage(config, index, method, train, algo, kind, fed)
+        _check_records(config, index, method, algo, fed)
         if kind.in_process:
             check_memory(algo, fed, train)
         elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
@@ -172,6 +175,28 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, train: Trai
         raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
                           f"sample(s); client {k}'s update goes over {seen}; expected dlg, inverting_gradients or "
                           "label_counts")
+
+
+def _check_records(config: Config, index: int, method: MethodConfig, algo: Algorithm, fed: Federation) -> None:
+    """DP-SGD (``privacy.record``) clips the model's cross-entropy per sample: a method whose steps descend that
+    alone (plain steps), a model whose per-sample gradients are the ones taken (no dropout, no batch statistics)."""
+    sigma = config.privacy.record.noise_multiplier
+    if sigma is None:
+        return
+    where = f"privacy.record.noise_multiplier = {sigma:g} with methods.{index}"
+    if not algo.capabilities.plain_steps:
+        allowed = with_capability(lambda c: c.plain_steps)
+        raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: its local steps descend an "
+                          f"objective of their own, which DP-SGD does not clip per sample; expected one of {allowed}")
+    kind = config.method_model(method).kind
+    if algo.model.buffer_names:
+        raise ConfigError(f"{where} (model.kind = {kind!r}) is not allowed with batch statistics: a sample's "
+                          "gradient then depends on the rest of its batch; expected model.batch_norm: false")
+    if draws_noise(algo.model, fed.input_shape):
+        raise ConfigError(f"{where} (model.kind = {kind!r}) is not allowed with dropout: the per-sample norms are "
+                          "computed without its masks, so the clip bound would not hold for the gradient taken; "
+                          "expected model.dropout: 0")
+    check_available()
 
 
 def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:

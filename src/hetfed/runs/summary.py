@@ -65,6 +65,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds
+    if result.record_epsilon is not None:  # DP-SGD's: the largest over clients
+        out["record_epsilon"] = result.record_epsilon if np.isfinite(result.record_epsilon) else None
     from_summaries = getattr(result.executor, "gamma_summaries", None)  # Flower: Γ from what the clients sent
     if from_summaries:
         out["gamma_from_summaries"] = from_summaries
