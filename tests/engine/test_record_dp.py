@@ -133,3 +133,16 @@ def test_what_dp_sgd_cannot_clip_per_sample_is_refused_before_any_file(tmp_path,
 
 def test_the_probe_sees_dropout():
     assert draws_noise(MLP(4, [8], 2, dropout=0.5), (4,)) and not draws_noise(MLP(4, [8], 2), (4,))
+
+
+def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default():
+    """A SimulationResult pickled before ``record_steps`` existed (an older hetfed's checkpoint) loads with it empty."""
+    import pickle
+
+    from hetfed.engine.types import ServerState
+    from hetfed.executors.updates import SimulationResult
+
+    old = SimulationResult(ServerState({}))
+    del old.__dict__["record_steps"], old.__dict__["record_epsilon"]
+    loaded = pickle.loads(pickle.dumps(old))
+    assert loaded.record_steps == {} and loaded.record_epsilon is None and loaded.rounds_done == 0

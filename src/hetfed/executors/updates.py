@@ -9,6 +9,7 @@ clock) both drive a run through these.
 from __future__ import annotations
 
 import copy
+import dataclasses
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -73,6 +74,13 @@ class SimulationResult:
     round_bytes: tuple[int, int] = (0, 0)  # the last round's (downlink, uplink)
     #: an asynchronous run's event queue (hetfed.executors.asynchronous.EventQueue), checkpointed with the result
     async_state: Any = None
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        """A checkpoint written before a field existed resumes with that field's default."""
+        for f in dataclasses.fields(self):
+            if f.name not in state:
+                state[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
+        self.__dict__.update(state)
 
     @property
     def states(self) -> Any:
