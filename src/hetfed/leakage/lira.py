@@ -6,13 +6,15 @@ model no longer looks like a member.
 the population (``Queried.reference``: in a run, the public global test set, which no client trains on), by plain
 SGD; none of them saw the queried samples. For each sample the attack fits a Gaussian to the shadows' logit-scaled
 confidence in its label, φ = log p_y − log(1 − p_y), and scores the target's φ by how far above that Gaussian it
-lies (the one-sided test of the paper's offline variant). The shadows are trained once per reference set, model and
-parameters and reused for every model queried against them (each client's own, in a run).
+lies (the one-sided test of the paper's offline variant). The shadows are trained once per reference set, architecture
+and parameters and reused for every model of that architecture queried against them (each client's own, in a
+run). The shadows see at most ``references`` of the reference samples (their cost grows with it).
 """
 
 from __future__ import annotations
 
 import weakref
+from typing import Any
 
 import numpy as np
 import torch
@@ -30,10 +32,11 @@ class LiRAParams(ComponentParams):
     epochs: int = Field(50, ge=1, description="each shadow's epochs over its half of the reference data")
     lr: float = Field(0.1, gt=0, description="the shadows' SGD step size")
     batch_size: int = Field(32, ge=1, description="the shadows' minibatch size")
+    references: int = Field(2000, ge=2, description="the attacker's reference samples the shadows draw from, at most")
 
 
-#: shadows kept per reference set (by identity, weakly: they go with it), then by model and parameters
-_SHADOWS: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[int, str], Params]]] = {}
+#: shadows kept per reference set (by identity, weakly: they go with it), then by architecture and parameters
+_SHADOWS: dict[int, tuple[weakref.ref[torch.Tensor], dict[tuple[str, tuple[Any, ...], str], Params]]] = {}
 
 
 def phi(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
@@ -76,8 +79,13 @@ def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Para
     if held is None or held[0]() is not x:  # a new reference set (a tensor's id may be reused once it is gone)
         held = _SHADOWS[at] = (weakref.ref(x, lambda _: _SHADOWS.pop(at, None)), {})
     kept = held[1]
-    key = (id(queried.model), params.model_dump_json())
+    model = queried.model  # shadows depend on the architecture alone: methods of one architecture share them
+    key = (f"{type(model).__module__}.{type(model).__qualname__}",
+           tuple((s.name, tuple(s.shape), s.local) for s in model.specs()), params.model_dump_json())
     if key not in kept:
+        if len(y) > params.references:  # the shadows' cost grows with the reference set: a random part of it
+            part = torch.randperm(len(y), generator=gen)[:params.references].to(x.device)
+            x, y = x[part], y[part]
         kept[key] = train_shadows(queried.model, x, y, params, gen)
     return kept[key]
 
