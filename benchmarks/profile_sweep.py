@@ -95,9 +95,10 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)
+    ap.add_argument("--config", default=str(DEFAULT), help="the experiment (default: configs/default.yaml)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    config = load_config(str(DEFAULT), [f"train.rounds={args.rounds}", f"train.device={args.device}"])
+    config = load_config(args.config, [f"train.rounds={args.rounds}", f"train.device={args.device}"])
     with tempfile.TemporaryDirectory() as tmp:
         run_sweep(config, {}, seeds=1, out=Path(tmp) / "warm", progress=False, stack=args.stack)  # imports, CUDA
         t0 = time.perf_counter()

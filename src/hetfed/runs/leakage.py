@@ -1,16 +1,17 @@
 """What the server learns in a run (#76): the attack ``leakage.kind`` names, run by an honest-but-curious server on
 what it really holds, scored against the clients' data that only the simulation knows.
 
-- **Membership** (an attack that reads a model: ``loss_threshold``): the model the run reports (the best by
-  validation) is queried on up to ``leakage.samples`` of the clients' training samples (members) and as many of
-  their held-out test samples (non-members): the server's own model (``global_*``), and the model each client
-  predicts with where the method gives it one of its own (``personal_*``: personal parameters, or each of the
-  method's views) — members and non-members of each client scored by that client's model.
+- **Membership** (an attack that reads a model: ``loss_threshold``, ``lira``): the model the run reports (the best
+  by validation) is queried on up to ``leakage.samples`` of the clients' training samples (members) and as many of
+  their held-out test samples (non-members), each client contributing as many of one as of the other: the server's
+  whole model (``global_*``), and the model each client predicts with where the method gives it one of its own
+  (``personal_*``: personal parameters, or each of the method's views) — each client's samples scored by its model.
+  A calibrated attack's reference samples are the public global test set, which no client trains on.
 - **Inversion** (an attack that reads an update: ``dlg``, ``inverting_gradients``, ``label_counts``): what client
   ``leakage.client`` uploads in round ``leakage.round``, as the server decodes it — compression applied, but not the
   chain's clipping and DP noise, which the server itself applies (central DP protects the released model, not the
   update from the server). The attack reads it with the parameters the server sent; what the client never sends
-  (CGAU's rows, a personal head) it takes as for an unseen client. Scored by PSNR (each reconstruction against the
+  it does not know: CGAU's rows are taken as for an unseen client, a personal head (FedRep's) freshly initialised. Scored by PSNR (each reconstruction against the
   client's sample closest to it), SSIM for images, and the share of the labels of the samples the update was
   trained on that the reconstruction recovered.
 
