@@ -57,7 +57,7 @@ class AttackConfig(Chosen):
 class LeakageConfig(Chosen):
     """What an honest-but-curious server attacks in a run (hetfed.leakage; `hetfed components leakage NAME`), its
     numbers written beside the method's accuracy (``summary.json``'s ``leakage``, ``runs.csv``'s ``leakage.*``).
-    A membership attack (``loss_threshold``) scores the model the run reports — the server's, and each client's own
+    A membership attack (``loss_threshold``, ``lira``) scores the model the run reports — the server's, and each client's own
     where the method has one — on up to ``samples`` training samples (members) and as many held-out test samples;
     an inversion attack (``dlg``, ``idlg``, ``inverting_gradients``, ``label_counts``) reads what client ``client``
     uploads in round ``round``. Simulated by the in-process executors (they hold every client's data to score
@@ -65,8 +65,8 @@ class LeakageConfig(Chosen):
 
     chosen_by: ClassVar[tuple[str, str]] = ("leakage", "kind")
 
-    kind: str = Field("none", description="none, loss_threshold, dlg, idlg, inverting_gradients, label_counts, or a "
-                                          "plugin's")
+    kind: str = Field("none", description="none, loss_threshold, lira, dlg, idlg, inverting_gradients, label_counts, "
+                                          "or a plugin's")
     samples: int = Field(1000, ge=10, description="membership: members scored, at most (each client as many of its "
                                                  "training samples as of its test samples)")
     client: int = Field(0, ge=0, description="inversion: the client whose upload the server attacks")
