@@ -57,11 +57,11 @@ class AttackConfig(Chosen):
 class LeakageConfig(Chosen):
     """What an honest-but-curious server attacks in a run (hetfed.leakage; `hetfed components leakage NAME`), its
     numbers written beside the method's accuracy (``summary.json``'s ``leakage``, ``runs.csv``'s ``leakage.*``).
-    A membership attack (``loss_threshold``, ``lira``) scores the model the run reports — the server's, and each client's own
-    where the method has one — on up to ``samples`` training samples (members) and as many held-out test samples;
-    an inversion attack (``dlg``, ``idlg``, ``inverting_gradients``, ``label_counts``) reads what client ``client``
-    uploads in round ``round``. Simulated by the in-process executors (they hold every client's data to score
-    the attack against)."""
+    A membership attack (``loss_threshold``, ``lira``) scores the model the run reports — the server's, and each
+    client's own where the method has one — on up to ``samples`` training samples (members) and as many held-out
+    test samples; an inversion attack (``dlg``, ``idlg``, ``inverting_gradients``, ``label_counts``) reads what
+    client ``client`` uploads in round ``round``. Simulated by the in-process executors (they hold every client's
+    data to score the attack against)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("leakage", "kind")
 
