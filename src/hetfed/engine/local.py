@@ -241,12 +241,7 @@ def train_stack(
     linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
     """
     device = data.x.device
-    if schedule.records is not None:  # DP-SGD: the cross-entropy clipped per sample and noised
-        if objective is not None:  # the plan admits record-level DP only for methods of plain steps
-            raise RunError("privacy.record: DP-SGD clips the model's cross-entropy per sample; this step has an "
-                           "objective of its own")
-        objective = record_dp.private_objective(model, schedule.records.noise_multiplier or 0.0,
-                                                schedule.records.clip, schedule.batch_size)
+    objective = _private(model, schedule, objective)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
     # hold tensors of the whole stack; no buffers) computes only the clients that still train: longest plans first
@@ -283,6 +278,18 @@ def train_stack(
     out = _handed_out(order, graphs is not None, device)
     trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def _private(model: Model, schedule: LocalSchedule, objective: Objective | None) -> Objective | None:
+    """Under record-level DP (``schedule.records``) the step's objective is DP-SGD's: the model's cross-entropy
+    clipped per sample and noised; otherwise ``objective`` as it is."""
+    if schedule.records is None:
+        return objective
+    if objective is not None:  # the plan admits record-level DP only for methods of plain steps
+        raise RunError("privacy.record: DP-SGD clips the model's cross-entropy per sample; this step has an "
+                       "objective of its own")
+    return record_dp.private_objective(model, schedule.records.noise_multiplier or 0.0, schedule.records.clip,
+                                       schedule.batch_size)
 
 
 def _update_path(model: Model, current: Params, opt_cfg: OptimizerConfig) -> tuple[closed_form.ClosedForm | None, int]:
