@@ -130,3 +130,12 @@ def test_a_sweeps_runs_csv_carries_the_leakage_beside_the_accuracy(tmp_path):
     assert {"leakage.global_auc", "leakage.global_tpr_at_1pct_fpr", "final.global_accuracy"} <= metrics
     page = write_report(tmp_path / "sweep").read_text()  # the leakage column beside the accuracy
     assert "membership AUC against the server&#x27;s model" in page or "membership AUC against the server's model" in page
+
+
+def test_labels_recovered_counts_against_what_the_update_went_over(tmp_path):
+    """One step of B = 4 out of a client's dozens of samples: 4 labels to recover, not all of the client's."""
+    found = read_summary(_run(tmp_path, "few", methods=[{"name": "fedavg", "algorithm": "fedavg"}],
+                              train={"rounds": 1, "batch_size": 4, "local_steps": 1,
+                                     "optimizer": {"kind": "sgd", "lr": 0.1}},
+                              leakage={"kind": "label_counts", "client": 1}))["methods"]["fedavg"]["leakage"]
+    assert found["reconstructed"] == 0 and found["labels_recovered"] == 1.0  # a fresh model's step: every label

@@ -12,8 +12,8 @@ what it really holds, scored against the clients' data that only the simulation 
   chain's clipping and DP noise, which the server itself applies (central DP protects the released model, not the
   update from the server). The attack reads it with the parameters the server sent; what the client never sends
   it does not know: CGAU's rows are taken as for an unseen client, a personal head (FedRep's) freshly initialised. Scored by PSNR (each reconstruction against the
-  client's sample closest to it), SSIM for images, and the share of the labels of the samples the update was
-  trained on that the reconstruction recovered.
+  client's sample closest to it), SSIM for images, and the labels recovered: the reconstruction's labels found among
+  the client's (as a multiset), over as many as the update went over.
 
 Every number is one line of ``summary.json``'s ``leakage`` (and ``runs.csv``'s ``leakage.*``) beside the accuracy.
 """
@@ -169,8 +169,11 @@ def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broa
     at = torch.as_tensor(fed.train[k], device=pool.x.device)
     truth_x = pool.x[at].reshape(len(at), *fed.input_shape).cpu().numpy()
     truth_y = pool.y[at].cpu().numpy()
-    out = Found({"labels_recovered": scored.labels_recovered(truth_y, got.y.cpu().numpy()) if len(got.y)
-                 else math.nan, "reconstructed": float(len(got.x))})
+    guess_y = got.y.cpu().numpy()
+    # of the labels it could have recovered — the update went over min(n_k, its steps × B) of the client's samples
+    matched = scored.labels_recovered(truth_y, guess_y) * len(truth_y)
+    out = Found({"labels_recovered": matched / min(len(truth_y), len(guess_y)) if len(guess_y) else math.nan,
+                 "reconstructed": float(len(got.x))})
     if len(got.x):
         out.add(_image_scores(truth_x, got.x.detach().reshape(len(got.x), *fed.input_shape).cpu().numpy()))
     return out
