@@ -14,6 +14,8 @@ from pathlib import Path
 
 #: (column title, grid point's leakage.kind, metric in sweep.csv)
 COLUMNS = [
+    ("ε client", "loss_threshold", "epsilon"),
+    ("ε record (worst)", "loss_threshold", "record_epsilon"),
     ("personal acc.", "loss_threshold", "best.local_accuracy_mean"),
     ("server acc.", "loss_threshold", "best.global_accuracy"),
     ("MI AUC server", "loss_threshold", "leakage.global_auc"),

@@ -113,6 +113,9 @@ def test_a_run_reports_the_record_level_epsilon_and_the_executors_agree(tmp_path
         runs[executor] = run_experiment(cfg, out=tmp_path / executor, progress=False).run_dir
     summary = read_summary(runs["vectorised"])["methods"]["fedavg"]
     assert 0 < summary["record_epsilon"] < float("inf")
+    from hetfed.runs.sweep_tables import run_values
+
+    assert ("fedavg", "record_epsilon", summary["record_epsilon"]) in set(run_values(read_summary(runs["vectorised"])))
     a, b = ((d / "metrics.csv").read_text().splitlines() for d in runs.values())
     assert len(a) == len(b)
     for left, right in zip(a[1:], b[1:], strict=True):

@@ -82,6 +82,9 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
                 value = m[when].get(metric)
                 if value is not None:
                     yield label, f"{when}.{metric}", value
+        for key in ("epsilon", "record_epsilon"):  # the DP guarantees (client level; record level, worst client)
+            if m.get(key) is not None:
+                yield label, key, m[key]
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
