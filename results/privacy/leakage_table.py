@@ -12,12 +12,12 @@ import math
 import sys
 from pathlib import Path
 
-#: (column title, grid point's leakage.kind, metric in sweep.csv)
+#: (column title, grid point's leakage.kind — None: any, the runs train alike whatever the attack —, metric)
 COLUMNS = [
-    ("ε client", "loss_threshold", "epsilon"),
-    ("ε record (worst)", "loss_threshold", "record_epsilon"),
-    ("personal acc.", "loss_threshold", "best.local_accuracy_mean"),
-    ("server acc.", "loss_threshold", "best.global_accuracy"),
+    ("ε client", None, "epsilon"),
+    ("ε record (worst)", None, "record_epsilon"),
+    ("personal acc.", None, "best.local_accuracy_mean"),
+    ("server acc.", None, "best.global_accuracy"),
     ("MI AUC server", "loss_threshold", "leakage.global_auc"),
     ("MI AUC personal", "loss_threshold", "leakage.personal_auc"),
     ("MI TPR@1%FPR personal", "loss_threshold", "leakage.personal_tpr_at_1pct_fpr"),
@@ -53,7 +53,9 @@ def main(root: Path) -> None:
         found = cells(root / defence)
         methods = list(dict.fromkeys(m for _, m, _ in found if m != "(data)"))
         for method in methods:
-            row = [found.get((kind, method, metric), "–") for _, kind, metric in COLUMNS]
+            row = [found.get((kind, method, metric), "–") if kind is not None else
+                   next((found[(k, method, metric)] for k in ("loss_threshold", "lira", "dlg")
+                         if (k, method, metric) in found), "–") for _, kind, metric in COLUMNS]
             print(f"| {defence} | {method} | " + " | ".join(row) + " |")
 
 
