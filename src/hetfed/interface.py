@@ -228,6 +228,12 @@ class Algorithm:
         """Client-side work after federated training; returns new states and per-client info metrics."""
         return states, {}
 
+    def private_steps(self, n: int) -> int:
+        """The local steps over its data a client of ``n`` samples takes in a round (each a DP-SGD step under
+        ``privacy.record``, which its ε composes): one pass of the schedule; a method that trains more on the data in
+        a round (Ditto's personal model) counts those too."""
+        return self.schedule.n_steps(n)
+
     def personal_plan(self, fed: Any, seed: int) -> PersonalPlan:
         """Who runs :meth:`personalise`, who reports the views' metrics, and what it trains (for the executor's
         memory budget); by default every client, with the method's model and batch size."""

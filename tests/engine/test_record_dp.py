@@ -149,3 +149,16 @@ def test_a_checkpoint_from_before_a_field_existed_resumes_with_its_default():
     del old.__dict__["record_steps"], old.__dict__["record_epsilon"]
     loaded = pickle.loads(pickle.dumps(old))
     assert loaded.record_steps == {} and loaded.record_epsilon is None and loaded.rounds_done == 0
+
+
+def test_a_method_that_trains_twice_on_the_data_a_round_pays_for_both_passes(tmp_path):
+    """Ditto trains its global and its personal model on the client's data every round: both passes are DP-SGD
+    steps, and its ε composes them (twice FedAvg's steps here)."""
+    cfg = _config(methods=[{"name": "fedavg", "algorithm": "fedavg"},
+                           {"name": "ditto", "algorithm": "ditto", "params": {"lam": 0.1}}])
+    methods = read_summary(run_experiment(cfg, out=tmp_path / "r", progress=False).run_dir)["methods"]
+    assert methods["ditto"]["record_epsilon"] > methods["fedavg"]["record_epsilon"]
+    view = np.load(tmp_path / "r" / "federation.npz")
+    sizes = [int(n) for n in view["train"]]
+    steps = [2 * 2 * max(1, -(-n // 16)) for n in sizes]  # 2 rounds × 2 passes × ⌈n / B⌉
+    assert methods["ditto"]["record_epsilon"] == pytest.approx(record_epsilon(1.0, 16, sizes, steps, 1e-5))

@@ -31,7 +31,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Proximal, train_stack
+from hetfed.engine.local import LocalSchedule, Proximal, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
 
 #: the personal model's parameters in a client's state
@@ -63,13 +63,20 @@ class Ditto(FedAvg):
         params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
         personal = {k[len(PERSONAL):]: v for k, v in mine.items()}
         lam = self.params.lam
-        schedule = self.schedule if self.params.personal_epochs is None else replace(
-            self.schedule, epochs=self.params.personal_epochs, steps=None)
-        personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), schedule, self.train.optimizer,
-                                     bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
+        personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), self._personal_schedule(),
+                                     self.train.optimizer, bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PERSONAL + k: v for k, v in personal.items()}}
+
+    def _personal_schedule(self) -> LocalSchedule:
+        """The personal model's local work: the method's, or ``personal_epochs`` of it."""
+        return self.schedule if self.params.personal_epochs is None else replace(
+            self.schedule, epochs=self.params.personal_epochs, steps=None)
+
+    def private_steps(self, n: int) -> int:
+        """The global model's steps and the personal model's: both go over the client's data every round."""
+        return super().private_steps(n) + self._personal_schedule().n_steps(n)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its personal model ``v_k``."""

@@ -172,9 +172,9 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
         except RoundSkipped:  # too few replies (Flower): the global model stays as it was
             upload = None
     if len(present.training) >= loop.min_clients and loop.algo.schedule.records is not None:
-        schedule, steps = loop.algo.schedule, result.record_steps  # each client's DP-SGD steps (its ε): all
-        for k in present.training:  # that trained, whatever the server then accepted
-            steps[k] = steps.get(k, 0) + schedule.n_steps(len(loop.fed.train[k]))
+        steps = result.record_steps  # each client's DP-SGD steps (its ε): all that trained, whatever the server
+        for k in present.training:  # then accepted
+            steps[k] = steps.get(k, 0) + loop.algo.private_steps(len(loop.fed.train[k]))
     counts = _round_counts(sampled, present, upload)
     if upload is not None and upload.client_ids:
         up = uploaded_bytes(upload, up)  # what the clients' uploads carried besides their parameters
