@@ -139,3 +139,20 @@ def test_labels_recovered_counts_against_what_the_update_went_over(tmp_path):
                                      "optimizer": {"kind": "sgd", "lr": 0.1}},
                               leakage={"kind": "label_counts", "client": 1}))["methods"]["fedavg"]["leakage"]
     assert found["reconstructed"] == 0 and found["labels_recovered"] == 1.0  # a fresh model's step: every label
+
+
+def test_a_stacked_sweep_measures_what_the_one_by_one_sweep_does(tmp_path):
+    """The attack reads each run's own executor (its pool, its clients' states) also when its runs are stacked."""
+    cfg = _config(methods=[{"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau", "hidden": [16]}}],
+                  leakage={"kind": "loss_threshold", "samples": 200})
+    for name, stack in (("one", False), ("stacked", True)):
+        run_sweep(cfg, {}, seeds=2, out=tmp_path / name, progress=False, stack=stack)
+
+    def values(name):
+        with open(tmp_path / name / "runs.csv") as fh:
+            return {(r["seed"], r["method"], r["metric"]): float(r["value"]) for r in csv.DictReader(fh)
+                    if r["metric"].startswith("leakage.")}
+
+    one, stacked = values("one"), values("stacked")
+    assert one and one.keys() == stacked.keys()
+    assert all(one[k] == pytest.approx(stacked[k], abs=1e-9) for k in one)
