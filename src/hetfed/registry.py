@@ -62,8 +62,10 @@ def registry_of(kind: str) -> Registry[Any]:
     return _REGISTRIES[kind]
 
 
-def _no_description(item: Any) -> dict[str, Any]:
-    return {}
+def summary_and_params(item: Any) -> dict[str, Any]:
+    """A component as ``hetfed components`` lists it when it has nothing more to say: its one-line summary and its
+    own parameters (the default ``describe`` of a :class:`Registry`)."""
+    return {"summary": item.summary, "params": describe_params(item.Params)}
 
 
 class Registry(Generic[T]):
@@ -74,7 +76,7 @@ class Registry(Generic[T]):
     section of ``key``, e.g. ``server.compression`` for ``server.compression.kind``)."""
 
     def __init__(self, kind: str, package: str, key: str, hint: str = "", exclude: frozenset[str] = frozenset(),
-                 describe: Callable[[T], dict[str, Any]] = _no_description, noun: str | None = None,
+                 describe: Callable[[T], dict[str, Any]] = summary_and_params, noun: str | None = None,
                  params_key: str | None = None):
         self.kind, self.package, self.key, self.hint, self.exclude = kind, package, key, hint, exclude
         self.params_key = params_key or key.rsplit(".", 1)[0]

@@ -6,13 +6,7 @@ from collections.abc import Callable, Mapping
 from typing import Any
 
 import hetfed.algorithms.registry as registry
-from hetfed.config import (
-    Config,
-    MethodConfig,
-    PrivacyConfig,
-    ServerConfig,
-    TrainConfig,
-)
+from hetfed.config import Config, MethodConfig, PrivacyConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context
 from hetfed.models.base import Model

@@ -35,14 +35,12 @@ from hetfed.runs.rundir import (
     SWEEP_RECORD,
     SWEEP_REQUEST,
 )
+from hetfed.runs.sweep_tables import LEAKED
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
                ("global_accuracy", "global acc"), ("server_accuracy", "unseen acc"), ("local_auc_mean", "local AUC"),
                ("global_auc", "global AUC"))
-#: what the server learnt (``leakage.kind``), beside the accuracy where a sweep attacked
-LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
-          "leakage.labels_recovered")
 #: the metrics of a sweep's table, as columns
 SWEEP_COLUMNS = ("best.local_accuracy_mean", "best.local_accuracy_p10", "best.global_accuracy", "final.global_accuracy",
                  "best.server_accuracy", "best.local_auc_mean", "best.global_auc", *LEAKED, "seconds_per_round")

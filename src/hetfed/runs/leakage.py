@@ -186,9 +186,8 @@ def _image_scores(truth: np.ndarray, guess: np.ndarray) -> Found:
     span = max(high - low, 1e-12)
     guess = np.clip(guess, low, high)
     flat_t, flat_g = truth.reshape(len(truth), -1), guess.reshape(len(guess), -1)
-    mse = ((flat_g[:, None, :] - flat_t[None, :, :]) ** 2).mean(-1)
-    nearest = mse.argmin(1)
-    out = Found({"psnr": float(np.mean(10 * np.log10(span**2 / np.maximum(mse.min(1), 1e-12))))},
+    nearest = ((flat_g[:, None, :] - flat_t[None, :, :]) ** 2).mean(-1).argmin(1)
+    out = Found({"psnr": scored.psnr(truth[nearest] - low, guess - low, data_range=span)},
                 {"truth": truth[nearest], "guess": guess})
     if truth.ndim == 3 and min(truth.shape[1:]) >= 3:
         with contextlib.suppress(ImportError):  # scikit-image (hetfed[privacy]) absent: PSNR alone

@@ -23,6 +23,10 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted
               "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
               "global_accuracy_other", "gate_own", "gate_other")
 
+#: what the server learnt (``leakage.kind``), shown beside the accuracy where a sweep attacked
+LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
+          "leakage.labels_recovered")
+
 
 def value_key(value: Any) -> str:
     """A hashable, stable, compact spelling of a grid value (lists and dicts included)."""
@@ -170,8 +174,7 @@ def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None
 
 def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
         "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
-        "best.global_auc", "best.local_auc_mean", "leakage.global_auc", "leakage.personal_auc", "leakage.psnr")
-        ) -> None:
+        "best.global_auc", "best.local_auc_mean", *LEAKED)) -> None:
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")

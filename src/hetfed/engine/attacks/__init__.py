@@ -15,7 +15,7 @@ from typing import Any
 
 import torch
 
-from hetfed.registry import ComponentParams, Registry, describe_params
+from hetfed.registry import ComponentParams, Registry
 
 
 @dataclass(frozen=True)
@@ -35,12 +35,7 @@ class ClientAttack:
         return self.poison is not None or self.flips_labels
 
 
-def _described(attack: ClientAttack) -> dict[str, Any]:
-    return {"summary": attack.summary, "params": describe_params(attack.Params)}
-
-
-ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", describe=_described,
-                                           noun="client attack")
+ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", noun="client attack")
 
 
 def register(attack: ClientAttack) -> ClientAttack:

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 from pydantic import Field
 
-from hetfed.registry import ComponentParams, Registry, describe_params
+from hetfed.registry import ComponentParams, Registry
 
 
 @dataclass(frozen=True)
@@ -32,11 +32,7 @@ class SpreadParams(ComponentParams):
     spread: float = Field(1.0, gt=0, description="how far the speeds spread around the median")
 
 
-def _described(model: LatencyModel) -> dict[str, Any]:
-    return {"summary": model.summary, "params": describe_params(model.Params)}
-
-
-LATENCY: Registry[LatencyModel] = Registry("latency", __name__, "train.clock.latency", describe=_described,
+LATENCY: Registry[LatencyModel] = Registry("latency", __name__, "train.clock.latency",
                                            noun="latency model")
 
 
