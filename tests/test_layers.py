@@ -23,7 +23,7 @@ LAYERS = [
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.models", 2),
     ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
-    ("hetfed.server", 4), ("hetfed.leakage", 4),
+    ("hetfed.server", 4), ("hetfed.leakage", 4), ("hetfed.run_spec", 4),
     ("hetfed.algorithms", 5),
     ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6), ("hetfed.executors", 6),
     ("hetfed.runs", 7),
@@ -115,6 +115,20 @@ def test_no_algorithm_name_is_compared_outside_its_module():
         for i, line in enumerate(path.read_text().splitlines(), 1):
             if pattern.search(line):
                 offenders.append(f"{path.relative_to(SRC)}:{i}: {line.strip()}")
+    assert not offenders, "\n".join(offenders)
+
+
+def test_no_setting_is_read_through_the_algorithm_outside_algorithms():
+    """#73: the loop, executors, server, attacks and driver read a method's settings from its RunSpec (resolved once
+    by the plan), never from the algorithm object (``algo.train``, ``algo.context``, ``algo.schedule``), and only
+    the resolution binds an algorithm to a federation."""
+    import re
+
+    pattern = re.compile(r"\balgo\w*\.(train|context|schedule)\b|\.algo\.(train|context|schedule)\b|\balgo\w*\.bind\(")
+    outside = [(name, path) for name, path in modules().items()
+               if not name.startswith("hetfed.algorithms") and name != "hetfed.interface"]
+    offenders = [f"{path.relative_to(SRC)}:{i}: {line.strip()}" for name, path in outside
+                 for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
     assert not offenders, "\n".join(offenders)
 
 

@@ -282,7 +282,7 @@ def test_a_round_within_the_reference_set_is_screened_against_its_own_median_wha
 
 
 def test_the_memory_estimate_of_the_default_config_does_not_grow_with_the_clients_per_round():
-    from hetfed.algorithms import build_algorithm
+    from hetfed.algorithms import build_algorithm, resolve_run
     from hetfed.config import ModelConfig, PartitionConfig, TrainConfig
     from hetfed.executors.inprocess import estimate_memory
     from hetfed.models import build_model
@@ -292,8 +292,8 @@ def test_the_memory_estimate_of_the_default_config_does_not_grow_with_the_client
     train = TrainConfig(rounds=1)
     data = ShiftedGaussians(4000, 4, classes=3, test_per_class=10)
     algo = build_algorithm("fedavg", build_model(ModelConfig(kind="mlp", hidden=[8]), (4,), 3), train)
-    held = [estimate_memory(algo, make_federation(data, PartitionConfig(kind="iid", clients=k), 0), train)
-            ["round_updates"] for k in (40, 400)]
+    feds = [make_federation(data, PartitionConfig(kind="iid", clients=k), 0) for k in (40, 400)]
+    held = [estimate_memory(resolve_run(algo, fed, train, 0), fed)["round_updates"] for fed in feds]
     assert held[0] == held[1] > 0  # the 32 reference clients' updates, whatever the round's size
 
 

@@ -105,7 +105,7 @@ def repersonalise(run, fed, fedavg: hetfed.Model, lr: float) -> tuple[hetfed.Mod
     """The run's evaluated clients' personal phases again, from its saved global model, at ``lr``."""
     from dataclasses import replace
 
-    from hetfed.algorithms import algorithm_for
+    from hetfed.algorithms import run_for
     from hetfed.config import build_config
     from hetfed.engine.types import OPT_PREFIX, ServerState
     from hetfed.executors.inprocess import VectorisedExecutor
@@ -115,11 +115,12 @@ def repersonalise(run, fed, fedavg: hetfed.Model, lr: float) -> tuple[hetfed.Mod
     method["params"]["optimizer"]["lr"] = lr
     cfg = build_config(raw)
     inner = fed._prepared.federation
-    algo = algorithm_for(cfg, cfg.methods[raw["methods"].index(method)], tuple(inner.input_shape), inner.n_classes)
+    spec = run_for(cfg, cfg.methods[raw["methods"].index(method)], inner)
+    algo = spec.algo
     executor = VectorisedExecutor()
-    executor.start(algo, inner, cfg.seed, torch.device("cpu"))
+    executor.start(spec, inner, torch.device("cpu"))
     best_round = int(run.summary["methods"]["fedavg"].get("best_round") or 0)
-    clients = algo.personalise_clients(inner, cfg.seed)
+    clients = algo.personal_plan(inner, cfg.seed).clients
     executor.personalise(algo.broadcast(ServerState(fedavg.shared, best_round), best_round), clients)
     ids, stacked = executor.states.stacked(keep=lambda name: not name.startswith(OPT_PREFIX))
     states = {"client_ids": ids, "states": stacked}

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 import torch
 
-from hetfed.algorithms import build_algorithm
+from hetfed.algorithms import build_algorithm, resolve_run
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, build_config
 from hetfed.models import build_model
@@ -42,7 +42,8 @@ def _run(config, fed):
 
     algo = build_algorithm("fedmoe", build(fed.n_classes), config.train, config.methods[0].params, build=build,
                            seed=config.seed)
-    res = personalise(algo, fed, config.seed, simulate(algo, fed, config.train, config.seed), torch.device("cpu"))
+    run = resolve_run(algo, fed, config.train, config.seed)
+    res = personalise(run, fed, simulate(run, fed), torch.device("cpu"))
     out = {}
     for view, ev in res.views.items():
         epochs = res.personal_info.get(f"epochs.{view}")

@@ -4,7 +4,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed.algorithms import build_algorithm, weighted_average
+from hetfed.algorithms import build_algorithm, resolve_run, weighted_average
 from hetfed.config import (
     ModelConfig,
     OptimizerConfig,
@@ -373,8 +373,8 @@ def test_a_node_numbering_its_clients_from_an_offset_trains_them_as_the_federati
     algo = build_algorithm(algorithm, model, train)
     cpu = torch.device("cpu")
     whole, node = VectorisedExecutor(), VectorisedExecutor()
-    whole.start(algo, fed, 3, cpu)
-    node.start(algo, node_fed, 3, cpu)
+    whole.start(resolve_run(algo, fed, train, 3), fed, cpu)
+    node.start(resolve_run(algo, node_fed, train, 3, server=False), node_fed, cpu)
     bc = algo.broadcast(algo.server_init(torch.Generator().manual_seed(0)), 2)
     theirs = list(range(first, 7))
     unnumbered = node.train(bc, [0, 1, 2])

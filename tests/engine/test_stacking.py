@@ -15,6 +15,7 @@ from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.partition import make_federation
+from hetfed.run_spec import RunSpec
 from tests.synthetic import ShiftedGaussians
 
 
@@ -244,7 +245,8 @@ def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length
     for algorithm in ("fedavg", "scaffold"):
         model = build_model(ModelConfig(kind="mlp", hidden=[8]), (6,), 4)
         ex = VectorisedExecutor()
-        ex.algo, ex.device = build_algorithm(algorithm, model, TrainConfig()), torch.device("cpu")
+        algo = build_algorithm(algorithm, model, TrainConfig())
+        ex.run, ex.algo, ex.device = RunSpec(algo, TrainConfig(), 0, algo.schedule, None), algo, torch.device("cpu")
         blocks[algorithm] = ex.blocks(steps, 10)
     assert blocks["fedavg"] == longest_first_blocks(steps, 10) == [[0, 3, 5, 2, 4, 1]]
     assert blocks["scaffold"] == stack_blocks(steps, 10, step_overhead(model, 32, "cpu"))

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from scipy import stats
 
-from hetfed.algorithms import build_algorithm, weighted_average
+from hetfed.algorithms import build_algorithm, resolve_run, weighted_average
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig, build_config
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.types import RoundUploads, StreamedUpload, Upload, concat_uploads
@@ -183,11 +183,11 @@ def test_a_run_that_cannot_fit_is_refused_with_an_estimate_by_part():
     train = TrainConfig(rounds=1, optimizer=OptimizerConfig(kind="adam", reset_each_round=False))
     model = build_model(ModelConfig(hidden=[16, 16]), fed.input_shape, fed.n_classes)
     algo = build_algorithm("local", model, train)
-    parts = check_memory(algo, fed, train, available=2**40)
+    parts = check_memory(resolve_run(algo, fed, train, 0), fed, available=2**40)
     one_client = 3 * 4 * sum(p.numel() for p in model.init_shared(torch.Generator()).values())  # params, m, v
     assert parts["client_states"] >= fed.n_clients * one_client
     with pytest.raises(RunError, match=r"needs about .* GB \(pool .*client states .*\) but 0.0 GB are available"):
-        check_memory(algo, fed, train, available=1000)
+        check_memory(resolve_run(algo, fed, train, 0), fed, available=1000)
 
 
 def test_the_cli_refuses_before_making_a_run_directory(tmp_path, capsys):

@@ -88,10 +88,10 @@ def _messages():
     side = node_side(query.content.config_records[RUN], NODE)
     held = [2, 3]
     server.nodes, server.offsets = {k: 7 for k in held}, {7: 0}
-    state = side.algo.server_init(torch_gen(config.seed, SERVER_INIT))
+    state = side.run.algo.server_init(torch_gen(config.seed, SERVER_INIT))
     trains = []
     for r in range(2):
-        _, contents = server._contents(side.algo.broadcast(state, r), held)
+        _, contents = server._contents(side.run.algo.broadcast(state, r), held)
         trains.append(Message(contents[7], dst_node_id=7, message_type="train"))
     return query, trains
 

@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed.algorithms import build_algorithm
+from hetfed.algorithms import build_algorithm, resolve_run
 from hetfed.config import ModelConfig, PartitionConfig, TrainConfig, build_config
 from hetfed.data import tokens
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
@@ -170,7 +170,8 @@ def test_the_mixture_on_the_bilstm_agrees_across_executors():
     for executor in ("sequential", "vectorised"):
         train = config.train.model_copy(update={"executor": executor})
         algo = build_algorithm("fedmoe", _build(4), train, config.methods[0].params, build=_build, seed=0)
-        res = personalise(algo, fed, 0, simulate(algo, fed, train, 0), torch.device("cpu"))
+        run = resolve_run(algo, fed, train, 0)
+        res = personalise(run, fed, simulate(run, fed), torch.device("cpu"))
         out.append({view: ev.metrics["local_accuracy_mean"] for view, ev in res.views.items()})
     assert out[0].keys() == {"local", "fedavg", "finetuned", "mixture"}
     for view, acc in out[0].items():

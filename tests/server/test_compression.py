@@ -12,7 +12,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed.algorithms import build_algorithm
+from hetfed.algorithms import build_algorithm, resolve_run
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, ServerConfig, TrainConfig
 from hetfed.engine.types import Upload
@@ -198,7 +198,7 @@ def test_compression_changes_the_model_and_the_bytes_and_none_changes_nothing():
 def test_the_upload_never_carries_the_residual():
     algo, fed, train = _setup({"kind": "topk", "fraction": 0.05, "error_feedback": True}, rounds=1)
     executor = VectorisedExecutor()
-    executor.start(algo, fed, 0, torch.device("cpu"))
+    executor.start(resolve_run(algo, fed, train, 0), fed, torch.device("cpu"))
     bc = algo.broadcast(algo.server_init(torch.Generator().manual_seed(0)), 0)
     upload = executor.train(bc, list(range(fed.n_clients)))
     names = set(upload.params) | set(getattr(upload, "mean", {}))

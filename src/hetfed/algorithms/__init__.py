@@ -5,7 +5,7 @@ Nothing here lists them: ``registry.specs()`` finds every module of this package
 
 from __future__ import annotations
 
-from hetfed.algorithms.build import algorithm_for, build_algorithm
+from hetfed.algorithms.build import algorithm_for, build_algorithm, resolve_run, run_for
 from hetfed.engine.types import Params, Upload
 from hetfed.interface import Algorithm
 from hetfed.server.combine.mean import weighted_mean
@@ -20,4 +20,4 @@ def weighted_average(old: Params, upload: Upload, server_lr: float = 1.0) -> Par
     return {k: avg[k] if server_lr == 1.0 else v + server_lr * (avg[k] - v) for k, v in old.items()}
 
 
-__all__ = ["Algorithm", "algorithm_for", "build_algorithm", "weighted_average"]
+__all__ = ["Algorithm", "algorithm_for", "build_algorithm", "resolve_run", "run_for", "weighted_average"]

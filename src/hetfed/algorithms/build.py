@@ -5,12 +5,16 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+import numpy as np
+
 import hetfed.algorithms.registry as registry
 from hetfed.config import Config, MethodConfig, PrivacyConfig, ServerConfig, TrainConfig
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm, Context
+from hetfed.interface import private as algo_private
 from hetfed.models.base import Model
 from hetfed.registry import registry_of
+from hetfed.run_spec import RunSpec
 from hetfed.server.pipeline import server_chain
 
 
@@ -40,15 +44,43 @@ def build_algorithm(name: str, model: Model, train: TrainConfig, params: Mapping
 METHOD_KEY = "methods.*."
 
 
+def resolve_run(algo: Algorithm, fed: Any, train: TrainConfig, seed: int, architecture: Any = None,
+                where: str = "", server: bool = True) -> RunSpec:
+    """The run of ``algo`` on the federation ``fed``, resolved once: the settings the loop, the executors and the
+    server read (:class:`~hetfed.run_spec.RunSpec`). The algorithm learns here, once, what its server may know
+    before round 1 (:meth:`~hetfed.interface.Algorithm.bind`: the federation's size, the seed, how many clients a
+    round expects) and refuses what the federation cannot give it; ``where`` (``methods.0``) names the method in
+    that refusal. ``server`` False: the clients' side only (a Flower node, whose algorithm serves no round)."""
+    from hetfed.engine.sampling import clients_per_round
+
+    per_round = clients_per_round(train, int((~np.asarray(fed.opted_out, dtype=bool)).sum()))
+    try:
+        if server:
+            algo.bind(fed, seed, per_round)
+    except ConfigError as err:
+        raise ConfigError(str(err).replace(METHOD_KEY, f"{where}." if where else "")) from None
+    context = algo.context
+    return RunSpec(algo, train, seed, algo.schedule, context.pipeline, algo_private(algo), context.records,
+                   int(fed.n_clients), per_round, architecture)
+
+
+def run_for(config: Config, method: MethodConfig, fed: Any, server: bool = True) -> RunSpec:
+    """The run of one configured method on the federation ``fed``: its algorithm built and resolved (``server``:
+    see :func:`resolve_run`)."""
+    i = config.methods.index(method)
+    model = config.method_model(method)
+    algo = algorithm_for(config, method, tuple(fed.input_shape), fed.n_classes)
+    return resolve_run(algo, fed, config.method_train(method), config.seed,
+                       (model.model_dump_json(), tuple(fed.input_shape), fed.n_classes, _vocab(config)), f"methods.{i}",
+                       server)
+
+
 def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, ...], n_classes: int) -> Algorithm:
     """The algorithm object of one configured method."""
-    import numpy as np
-
     from hetfed.models import build_model
 
     model_cfg = config.method_model(method)
-    gives_tokens = registry_of("embedding").get(config.embed.kind).gives == "tokens"  # its Params has vocab_size
-    vocab = config.embed.params.vocab_size if gives_tokens else None
+    vocab = _vocab(config)
     model = build_model(model_cfg, input_shape, n_classes, vocab)
     server = config.method_server(method)
     private = config.privacy.noise_multiplier is not None
@@ -62,6 +94,12 @@ def algorithm_for(config: Config, method: MethodConfig, input_shape: tuple[int, 
                            privacy=config.privacy if private else None,
                            records=config.privacy if config.privacy.record.noise_multiplier is not None else None)
     return algo
+
+
+def _vocab(config: Config) -> int | None:
+    """The token ids' range when the extractor gives tokens (its Params has vocab_size), else None."""
+    gives_tokens = registry_of("embedding").get(config.embed.kind).gives == "tokens"
+    return config.embed.params.vocab_size if gives_tokens else None
 
 
 def _check_private(config: Config, method: MethodConfig, server: ServerConfig) -> None:

@@ -116,7 +116,7 @@ def run_async(loop: _Loop, result: SimulationResult, finished: bool) -> None:
     while not finished and result.rounds_done < train.rounds:
         # every freed slot is filled before the next arrival (and first thing after a resume: the same draws)
         if wire is None or wire[0] != q.version:
-            wire = (q.version, wire_bytes(algo, algo.broadcast(result.server, q.version)))
+            wire = (q.version, wire_bytes(loop.run, algo.broadcast(result.server, q.version)))
         _fill(loop, result, q, wire[1], taking_part, pushed)
         if not q.in_flight:
             raise RunError(f"no client is training and the buffer holds {len(q.buffer)} of "
@@ -366,7 +366,7 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     staleness = np.array([s for _, s in q.buffer])
     arrivals = _rows([q.trained.pop((job.version, job.client)) for job in jobs])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
-    screen = buffer_screen(algo)  # the norm filter over the buffer, each arrival against the model it was sent
+    screen = buffer_screen(loop.run)  # the norm filter over the buffer, each arrival against the model it was sent
     if not screen.only_finite(len(jobs)):
         passed = screen.verdict(torch.ones(len(jobs), dtype=torch.bool), update_norms(arrivals, starts))
         _count(q, screen.counts)

@@ -50,6 +50,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model
+from hetfed.run_spec import RunSpec
 from hetfed.server.screen import Screen, held_for_screen, holds_round
 from hetfed.server.transport import RESIDUAL, Transport
 
@@ -87,7 +88,7 @@ class Executor(Protocol):
 
     name: str
 
-    def start(self, algo: Algorithm, fed: Federation, seed: int, device: torch.device) -> None: ...
+    def start(self, run: RunSpec, fed: Federation, device: torch.device) -> None: ...
     def train(self, bc: Broadcast, clients: list[int]) -> Upload: ...
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]: ...
@@ -210,14 +211,15 @@ class InProcessExecutor:
         budget = self.memory_budget_mb or default_budget_mb(device)
         return memory_chunk(model, batch_size, budget)
 
-    def start(self, algo: Algorithm, fed: Federation, seed: int, device: torch.device) -> None:
-        self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
+    def start(self, run: RunSpec, fed: Federation, device: torch.device) -> None:
+        """Hold the run's clients on ``device``: the data pool, the global test set and every client's state."""
+        algo, seed = run.algo, run.seed
+        self.run, self.algo, self.fed, self.seed, self.device = run, algo, fed, seed, device
         x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
-        self.x_global, self.y_global = global_test(fed, algo.train, seed, device)
+        self.x_global, self.y_global = global_test(fed, run.train, seed, device)
         self.pool = Pool(x, y, fed.train, seed, fed.val)
-        chain = algo.context.pipeline
-        self.transport: Transport = chain.transport if chain is not None else Transport()
+        self.transport: Transport = run.chain.transport if run.chain is not None else Transport()
         #: send the transport's encodings rather than decoding them here (a Flower node with compression: what
         #: its records carry is what a real client would send); set by the node, never for an in-process run
         self.wire = False
@@ -248,7 +250,7 @@ class InProcessExecutor:
     def _stacks(self, clients: list[int], size: int) -> Iterator[list[int]]:
         """A round's clients in stacks of at most ``size`` (:meth:`blocks`), so that a client that finished its
         plan is not computed while a longer one goes on."""
-        steps = [self.algo.schedule.n_steps(len(self.pool.train[k])) for k in clients]
+        steps = [self.run.schedule.n_steps(len(self.pool.train[k])) for k in clients]
         for block in self.blocks(steps, size):
             yield [clients[i] for i in block]
 
@@ -262,7 +264,7 @@ class InProcessExecutor:
             return [list(range(start, min(start + size, len(steps)))) for start in range(0, len(steps), size)]
         if self.plain_steps():
             return longest_first_blocks(steps, size)  # a plain step computes only the clients still training
-        return stack_blocks(steps, size, step_overhead(self.algo.model, self.algo.schedule.batch_size, self.device))
+        return stack_blocks(steps, size, step_overhead(self.algo.model, self.run.schedule.batch_size, self.device))
 
     def plain_steps(self) -> bool:
         """Whether the run's steps are plain (``Capabilities.plain_steps``, a model without buffers): a stack computes
@@ -286,11 +288,11 @@ class InProcessExecutor:
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
         # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
-        round_uploads = RoundUploads(None, stream=False) if self.wire else RoundUploads(Screen.for_round(self.algo,
+        round_uploads = RoundUploads(None, stream=False) if self.wire else RoundUploads(Screen.for_round(self.run,
                                                                                                          bc.params))
         self._ensure_residuals(bc.params)
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
-        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
+        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
             if adversary is not None and self.y_train is not None:
                 data = replace(data, y=self.y_train)
@@ -342,7 +344,7 @@ class InProcessExecutor:
         position = {k: j for j, k in enumerate(clients)}
         self._ensure_residuals({k: v[0] for k, v in bc.params.items()})  # one client's shapes
         uploads = []
-        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.algo.schedule.batch_size)):
+        for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             at = [position[k] for k in chunk]
             data = client_data(self.pool, chunk, rounds=[rounds[j] for j in at])
             uploads.append(self._client_step(bc.rows(at), chunk, data))
@@ -383,7 +385,7 @@ class InProcessExecutor:
             ids = [k + first for k in chunk]
             data = ClientEvalData(ids, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
                                   [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
-                                  None if view else global_scorers(self.algo.train, ids, self.seed, among=named),
+                                  None if view else global_scorers(self.run.train, ids, self.seed, among=named),
                                   [self.fed.train[k] for k in chunk])
             for key, values in self.algo.evaluate_client(bc.for_clients(chunk, self.device), self._stacked(chunk), data,
                                                          view).items():
@@ -409,7 +411,7 @@ class VectorisedExecutor(InProcessExecutor):
     name = "vectorised"
 
 
-def estimate_memory(algo: Algorithm, fed: Federation, train: TrainConfig, eval_max_floats: int = 50_000_000) -> dict[str, int]:
+def estimate_memory(run: RunSpec, fed: Federation, eval_max_floats: int = 50_000_000) -> dict[str, int]:
     """What an in-process run will hold at its peak, in bytes, by part (a conservative estimate).
 
     ``pool``: the train pool (shared by every client, never copied); ``client_states``:
@@ -420,17 +422,18 @@ def estimate_memory(algo: Algorithm, fed: Federation, train: TrainConfig, eval_m
     (the rest stream); ``evaluation``:
     one chunk of clients scoring.
     """
+    algo, train = run.algo, run.train
     one = algo.client_init(0, torch_gen(0, CLIENT_INIT, 0))
     per_client = sum(v.numel() * v.element_size() for v in one.values())
     shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if not s.local)
     budget = _budget(train)
-    training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(algo.schedule.batch_size))
+    training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(run.schedule.batch_size))
     per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
         "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
-        "round_updates": 4 * shared * (per_round if holds_round(algo) else held_for_screen(algo, per_round)),
+        "round_updates": 4 * shared * (per_round if holds_round(run) else held_for_screen(run, per_round)),
         "evaluation": 4 * eval_max_floats,
     }
 
@@ -451,9 +454,9 @@ def available_memory() -> int | None:
     return None
 
 
-def check_memory(algo: Algorithm, fed: Federation, train: TrainConfig, available: int | None = None) -> dict[str, int]:
+def check_memory(run: RunSpec, fed: Federation, available: int | None = None) -> dict[str, int]:
     """Refuse up front a run whose estimate exceeds the memory available, saying why and what to change."""
-    parts = estimate_memory(algo, fed, train)
+    parts = estimate_memory(run, fed)
     total = sum(parts.values())
     available = available_memory() if available is None else available
     if available is not None and total > available:
@@ -462,8 +465,8 @@ def check_memory(algo: Algorithm, fed: Federation, train: TrainConfig, available
         raise RunError(
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
-            f"train.memory_budget_mb (now {_budget(train):g})"
-            + (", or server.combine.rule: mean (the round's updates then stream)" if holds_round(algo) else "")
+            f"train.memory_budget_mb (now {_budget(run.train):g})"
+            + (", or server.combine.rule: mean (the round's updates then stream)" if holds_round(run) else "")
         )
     return parts
 

@@ -15,12 +15,13 @@ from typing import TYPE_CHECKING, Any, cast
 import numpy as np
 import torch
 
+from hetfed.algorithms.build import resolve_run
 from hetfed.config import AttackConfig, TrainConfig
 from hetfed.engine.attacks import ATTACKS
 from hetfed.engine.evaluate import global_test
 from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.rng import SERVER_INIT, torch_gen
-from hetfed.engine.sampling import eval_sample, expected_per_round
+from hetfed.engine.sampling import eval_sample
 from hetfed.engine.types import ServerState, Upload
 from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
 from hetfed.executors.updates import (
@@ -34,7 +35,8 @@ from hetfed.executors.updates import (
     round_train_loss,
     uploaded_bytes,
 )
-from hetfed.interface import Algorithm, private
+from hetfed.interface import Algorithm
+from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -62,46 +64,54 @@ def resolve_device(kind: str, capture: str = "auto") -> torch.device:
 
 
 def simulate(
-    algo: Algorithm,
+    run: RunSpec | Algorithm,
     fed: Federation,
-    train: TrainConfig,
-    seed: int,
+    train: TrainConfig | None = None,
+    seed: int | None = None,
     executor: Executor | None = None,
     observers: Sequence[RoundObserver] = (),
     attack: AttackConfig | None = None,
     resume: SimulationResult | None = None,
     resume_states: dict[str, Any] | None = None,
 ) -> SimulationResult:
-    """Run ``train.rounds`` rounds of ``algo`` on the federation ``fed``; ``observers`` see every round.
+    """Run a method's rounds on the federation ``fed``; ``observers`` see every round.
 
+    ``run``: the method's run as the plan resolved it (:class:`~hetfed.run_spec.RunSpec`), or an algorithm with
+    the ``train`` section and ``seed`` to resolve it with (:func:`~hetfed.algorithms.build.resolve_run`).
     ``executor``: where the clients compute (None: the in-process kind ``train.executor`` names). ``attack``
     (an ``AttackConfig``) makes some clients malicious. ``resume`` (a result loaded from a checkpoint) and
     ``resume_states`` (its client store) continue from there. Every random stream is keyed by (seed, round,
     client), so the round number is its position: a resumed run draws exactly what the uninterrupted one would.
     """
-    loop = _start(algo, fed, train, seed, executor, observers, attack)
+    if not isinstance(run, RunSpec):
+        if train is None or seed is None:
+            raise TypeError("simulate(algorithm, fed, train, seed): an algorithm needs the train section and the seed "
+                            "to run with (or pass the RunSpec the plan resolved)")
+        run = resolve_run(run, fed, train, seed)
+    loop = _start(run, fed, executor, observers, attack)
     result = _initial_result(loop, resume, resume_states)
     finished = result.stopped_early or result.diverged_at is not None
-    if algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds
+    if run.algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds
         from hetfed.executors.asynchronous import run_async
 
         run_async(loop, result, finished)
         return result
-    for r in range(result.rounds_done, 0 if finished else train.rounds):
+    for r in range(result.rounds_done, 0 if finished else run.train.rounds):
         if _one_round(loop, result, r):
             break
     return result
 
 
-def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, executor: Executor | None,
-           observers: Sequence[RoundObserver], attack: AttackConfig | None) -> _Loop:
+def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: Sequence[RoundObserver],
+           attack: AttackConfig | None) -> _Loop:
     """The executor started, the global test set, the evaluated clients and the faults of a run."""
+    train, seed = run.train, run.seed
     device = resolve_device(train.device, train.capture)
     if executor is None:
         from hetfed.executors.kinds import executor_for
 
         executor = executor_for(train).client_steps(train)
-    executor.start(algo, fed, seed, device)
+    executor.start(run, fed, device)
     under_attack = attack is not None and ATTACKS.get(attack.kind).acts  # divergence is then an outcome, not an error
     if attack is not None and under_attack:
         if not hasattr(executor, "set_adversary"):
@@ -110,12 +120,9 @@ def _start(algo: Algorithm, fed: Federation, train: TrainConfig, seed: int, exec
             raise ConfigError(f"attack.kind = {attack.kind!r} is simulated by the in-process executors only; "
                               "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
         executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
-    algo.bind(fed, seed, expected_per_round(train, fed.opted_out))
-    chain = algo.context.pipeline  # the server's policy: a round with fewer accepted updates is skipped
     xg, yg = global_test(fed, train, seed, device)
-    return _Loop(algo, fed, train, seed, device, executor, observers, Faults(train, fed, seed, algo.schedule),
-                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack,
-                 chain.min_clients if chain is not None else 1)
+    return _Loop(run, fed, device, executor, observers, Faults(train, fed, seed, run.schedule),
+                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack)
 
 
 def _initial_result(loop: _Loop, resume: SimulationResult | None,
@@ -149,7 +156,7 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> bool:
     t_server = time.perf_counter()
     if upload is not None:
         result.server = algo.aggregate(result.server, upload)
-        result.dp_rounds += int(private(algo) is not None)
+        result.dp_rounds += int(loop.run.privacy is not None)
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
@@ -171,7 +178,7 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
             upload = loop.executor.train(bc, present.training)
         except RoundSkipped:  # too few replies (Flower): the global model stays as it was
             upload = None
-    if len(present.training) >= loop.min_clients and loop.algo.schedule.records is not None:
+    if len(present.training) >= loop.min_clients and loop.run.schedule.records is not None:
         steps = result.record_steps  # each client's DP-SGD steps (its ε): all that trained, whatever the server
         for k in present.training:  # then accepted
             steps[k] = steps.get(k, 0) + loop.algo.private_steps(len(loop.fed.train[k]))
@@ -209,13 +216,13 @@ def _round_counts(sampled: list[int], present: RoundFaults, upload: Upload | Non
             "clients_aggregated": len(upload.client_ids) if upload is not None else 0}
 
 
-def personalise(algo: Algorithm, fed: Federation, seed: int, result: SimulationResult, device: torch.device,
+def personalise(run: RunSpec, fed: Federation, result: SimulationResult, device: torch.device,
                 on_chunk: Callable[[int, int], object] | None = None) -> SimulationResult:
     """The client-side step after federated training, from the best global model; then every view scored.
 
     ``on_chunk(done, total)`` reports how many clients have finished.
     """
-    executor = result.executor
+    executor, algo, seed = result.executor, run.algo, run.seed
     assert executor is not None
     chosen = result.best_server or result.server
     t0 = time.perf_counter()
@@ -223,7 +230,7 @@ def personalise(algo: Algorithm, fed: Federation, seed: int, result: SimulationR
     result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), plan.clients,
                                                 on_chunk)
     result.personal_seconds = time.perf_counter() - t0
-    xg, yg = global_test(fed, algo.train, seed, device)
+    xg, yg = global_test(fed, run.train, seed, device)
     ids = plan.scored
     for view in algo.capabilities.views:
         result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)

@@ -217,7 +217,7 @@ class Rendezvous:
             trained = [r for r in batch if r.kind == "train"]
             if self.on_round is not None and trained:
                 self.on_round(max(r.bc.round for r in trained) + 1,
-                              max(r.executor.algo.train.rounds for r in trained))
+                              max(r.executor.run.train.rounds for r in trained))
         except BaseException as err:  # whatever failed, no run waits forever: each unserved one fails with it
             for request in batch:
                 if not request.done.is_set():
@@ -246,25 +246,18 @@ def joins(executor: StackedRunExecutor, bc: Broadcast, evaluation: bool = False)
 
 
 def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
-    """Requests with equal keys run the same client step and share a stack (every request :func:`joins`)."""
-    algo = executor.algo
-    return (_method_key(executor, bc), algo.schedule, algo.train.optimizer.model_dump_json(), float(bc.lr), bc.round)
+    """Requests with equal keys run the same client step and share a stack (every request :func:`joins`): their
+    runs' specifications agree on the client step (:meth:`~hetfed.run_spec.RunSpec.step_identity`), on this device,
+    for the same broadcast names, learning rate and round."""
+    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)), float(bc.lr), bc.round)
 
 
 def evaluation_key(executor: StackedRunExecutor, bc: Broadcast, view: str | None) -> Any:
     """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
     method and model, view, number of classes and global test set size (each client scores its own run's)."""
-    return (_method_key(executor, bc), view, executor.fed.n_classes, len(executor.y_global),
-            tuple(executor.x_global.shape[1:]), executor.eval_max_floats)
-
-
-def _method_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
-    algo = executor.algo
-    model = algo.model
-    shape = tuple((s.name, s.shape, s.local, s.buffer) for s in model.specs())
-    settings = {k: v for k, v in vars(model).items() if k != "_specs" and not isinstance(v, torch.Tensor)}
-    return (type(algo), repr(algo.params), type(model), shape, repr(settings), str(executor.device),
-            tuple(sorted(bc.params)))
+    return (executor.run.model_identity(), str(executor.device), tuple(sorted(bc.params)), view,
+            executor.fed.n_classes, len(executor.y_global), tuple(executor.x_global.shape[1:]),
+            executor.eval_max_floats)
 
 
 def train_together(group: Sequence[_Request]) -> list[Upload]:
@@ -274,10 +267,10 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     algo = lead.algo
     pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], lead.rendezvous.pools)
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    rounds = [RoundUploads(Screen.for_round(r.executor.algo, r.bc.params)) for r in group]
+    rounds = [RoundUploads(Screen.for_round(r.executor.run, r.bc.params)) for r in group]
     for r in group:
         r.executor._ensure_residuals(r.bc.params)
-    schedule = algo.schedule
+    schedule = lead.run.schedule
     steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
     for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):
         members = sorted(block, key=lambda e: entries[e])  # each run's clients together, in its own order
@@ -368,7 +361,7 @@ def _global_scorers(request: _Request) -> dict[int, bool] | None:
     if request.view:
         return None
     ids = [k + executor.pool.first_id for k in request.clients]
-    mask = global_scorers(executor.algo.train, ids, executor.seed)
+    mask = global_scorers(executor.run.train, ids, executor.seed)
     return None if mask is None else dict(zip(request.clients, mask, strict=True))
 
 

@@ -27,7 +27,8 @@ from hetfed.engine.sampling import expected_per_round, sample_clients
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor
-from hetfed.interface import Algorithm, private
+from hetfed.interface import Algorithm
+from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -168,10 +169,8 @@ class RoundObserver:
 class _Loop:
     """One run of the round loop: what every round reads."""
 
-    algo: Algorithm
+    run: RunSpec
     fed: Federation
-    train: TrainConfig
-    seed: int
     device: torch.device
     executor: Executor
     observers: Sequence[RoundObserver]
@@ -180,9 +179,25 @@ class _Loop:
     xg: torch.Tensor | None
     yg: torch.Tensor | None
     under_attack: bool
-    min_clients: int
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
     planned: dict[int, RoundPlan] = field(default_factory=dict)
+
+    @property
+    def algo(self) -> Algorithm:
+        return self.run.algo
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.run.train
+
+    @property
+    def seed(self) -> int:
+        return self.run.seed
+
+    @property
+    def min_clients(self) -> int:
+        """A round with fewer accepted updates is skipped (the server's policy, ``server.min_clients``)."""
+        return self.run.min_clients
 
 
 @dataclass(frozen=True)
@@ -206,7 +221,7 @@ def plan_round(loop: _Loop, result: SimulationResult, r: int) -> RoundPlan:
     sampled = sample_clients(loop.train, loop.fed.opted_out, loop.seed, r,
                              lambda eligible, m, rng: algo.select_clients(result.server, eligible, m, rng))
     bc = algo.broadcast(result.server, r)
-    down, up = wire_bytes(algo, bc)
+    down, up = wire_bytes(loop.run, bc)
     return RoundPlan(r, sampled, bc, down, up, loop.faults.round(sampled, r, down, up))
 
 
@@ -268,7 +283,7 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
 
 
 
-def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
+def wire_bytes(run: RunSpec, bc: Broadcast) -> tuple[int, int]:
     """(bytes one client receives, bytes one client sends) in a round: the broadcast's tensors (of its
     ``personal`` table, one row), and its shared
     parameters as ``server.compression`` encodes them (when the server holds a model) plus the sample count and
@@ -276,9 +291,9 @@ def wire_bytes(algo: Algorithm, bc: Broadcast) -> tuple[int, int]:
     down = sum(v.numel() * v.element_size() for v in (*bc.params.values(), *bc.extra.values())
                if isinstance(v, torch.Tensor))
     down += sum(v[0].numel() * v.element_size() for v in bc.personal.values() if len(v))  # its own row
-    chain = algo.context.pipeline
+    chain = run.chain
     shapes = {k: tuple(v.shape) for k, v in bc.params.items()}
-    up = chain.transport.nbytes(shapes) if chain is not None and algo.capabilities.server_model and shapes else 0
+    up = chain.transport.nbytes(shapes) if chain is not None and run.algo.capabilities.server_model and shapes else 0
     return down, up + 8
 
 
@@ -300,16 +315,16 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
-    privacy = private(algo)
+    privacy, run = loop.run.privacy, loop.run
     if privacy is not None and privacy.noise_multiplier is not None:
         result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
-    records = algo.schedule.records
-    if records is not None and records.noise_multiplier is not None and algo.context.records is not None:
+    records = run.schedule.records
+    if records is not None and records.noise_multiplier is not None and run.records is not None:
         clients = sorted(result.record_steps)
-        result.record_epsilon = record_epsilon(records.noise_multiplier, algo.schedule.batch_size,
+        result.record_epsilon = record_epsilon(records.noise_multiplier, run.schedule.batch_size,
                                                [len(fed.train[k]) for k in clients],
-                                               [result.record_steps[k] for k in clients], algo.context.records.delta)
+                                               [result.record_steps[k] for k in clients], run.records.delta)
         ev.metrics["record_epsilon"] = result.record_epsilon
     # an exchange that carried the next round's training is that round's time (the round is the exchange)
     carried = float(getattr(loop.executor, "ride_seconds", 0.0)) if rode else 0.0

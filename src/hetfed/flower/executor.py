@@ -41,7 +41,7 @@ from hetfed.flower.records import (
     records_to_summaries,
     records_to_upload,
 )
-from hetfed.interface import Algorithm
+from hetfed.run_spec import RunSpec
 from hetfed.server.screen import Screen
 
 
@@ -76,11 +76,11 @@ class FlowerExecutor:
         self.ride_seconds = 0.0
 
     # -- set-up: which node holds which clients
-    def start(self, algo: Algorithm, fed, seed: int, device: torch.device) -> None:
+    def start(self, run: RunSpec, fed, device: torch.device) -> None:
         """Get ready to ask every SuperNode that connects which clients it holds. The question rides on the run's
         first step (:meth:`_ask`: one exchange fewer per run) when that step's message is the same for every node;
         nodes with their own data (already found by discovery) and SecAgg+ runs are asked now, on their own."""
-        self.algo, self.fed, self.seed, self.device = algo, fed, seed, device
+        self.run, self.algo, self.fed, self.seed, self.device = run, run.algo, fed, run.seed, device
         self._own_offsets = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # own data: discovery's
         self.own = bool(self._own_offsets)
         self._hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
@@ -321,8 +321,8 @@ class FlowerExecutor:
         got = sum(len(held) for held, _ in answered.values())
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
-        uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
-        chain = self.algo.context.pipeline
+        uploads = RoundUploads(Screen.for_round(self.run, bc.params), stream=False)
+        chain = self.run.chain
         for node in sorted(answered, key=lambda n: answered[n][0][0]):
             upload = records_to_upload(answered[node][1], self.device)
             # compressed updates arrive encoded (what travelled); decoded here, then screened
@@ -363,7 +363,7 @@ class FlowerExecutor:
                 f"warning: round {bc.round}: a node's weighted update reached {seen['largest']:.3g}, beyond "
                 f"flower.secaggplus.clipping_range = {self.flower.secaggplus.clipping_range:g}: SecAgg+ clipped it",
                 style="yellow", soft_wrap=True)
-        uploads = RoundUploads(Screen.for_round(self.algo, bc.params), stream=False)
+        uploads = RoundUploads(Screen.for_round(self.run, bc.params), stream=False)
         uploads.add(upload)
         return uploads.result()
 

@@ -30,8 +30,8 @@ from hetfed.config_io import parse_yaml_text
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
-from hetfed.interface import Algorithm
 from hetfed.partition import Federation
+from hetfed.run_spec import RunSpec
 from hetfed.server.screen import holds_round
 
 STATE_KEY = "hetfed.state"
@@ -39,10 +39,11 @@ STATE_KEY = "hetfed.state"
 
 @dataclass(frozen=True, eq=False)
 class NodeSide:
-    """What a node builds once per run and method: the config, the algorithm, the data and its executor."""
+    """What a node builds once per run and method: the config, the method's run (its algorithm), the data and its
+    executor."""
 
     config: Config
-    algo: Algorithm
+    run: RunSpec
     fed: Federation
     executor: VectorisedExecutor
     key: str  # the run's config and method, hashed
@@ -65,7 +66,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
     mine = str(node_config[DATA]) if node_config is not None and own_data(node_config) else ""
     key = hashlib.sha256(f"{method}\n{mine}\n{text}".encode()).hexdigest()
     if key not in _CACHE:
-        from hetfed.algorithms import algorithm_for
+        from hetfed.algorithms import run_for
         from hetfed.executors.simulate import resolve_device
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
@@ -87,13 +88,13 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
             else:
                 fed, measure_on = cached
         method_cfg = config.methods[method]
-        algo = algorithm_for(config, method_cfg, fed.input_shape, fed.n_classes)
-        train = config.method_train(method_cfg)
+        spec = run_for(config, method_cfg, fed, server=False)  # a node serves no round: the clients' side
+        train = spec.train
         executor = VectorisedExecutor(train.memory_budget_mb, train.chunk_clients)
-        executor.start(algo, fed, config.seed, resolve_device(train.device, train.capture))
+        executor.start(spec, fed, resolve_device(train.device, train.capture))
         executor.wire = executor.transport.compressor is not None  # compressed updates travel encoded
         _CACHE.clear()  # one run at a time per process
-        _CACHE[key] = NodeSide(config, algo, fed, executor, key[:16], fed.x if measure_on is None else measure_on)
+        _CACHE[key] = NodeSide(config, spec, fed, executor, key[:16], fed.x if measure_on is None else measure_on)
     return _CACHE[key]
 
 
@@ -140,7 +141,7 @@ def load_states(side: NodeSide, clients: list[int], context: Context) -> None:
     for k in clients:
         tag = _tag(side, k)
         state = (record_to_tensors(context.state.array_records[tag]) if tag in context.state else
-                 initial_state(side.algo, k + first, side.config.seed))
+                 initial_state(side.run.algo, k + first, side.run.seed))
         side.executor.states.scatter([k], stack_states([state]))
 
 
@@ -152,4 +153,4 @@ def keep_states(side: NodeSide, clients: list[int], context: Context) -> None:
 def reduces(side: NodeSide, clients: list[int]) -> bool:
     """Whether the node sends its cohort's updates summed: more than one client, a round that may stream, and
     updates that travel uncompressed."""
-    return len(clients) > 1 and not holds_round(side.algo) and not side.executor.wire  # encodings do not sum
+    return len(clients) > 1 and not holds_round(side.run) and not side.executor.wire  # encodings do not sum

@@ -34,6 +34,7 @@ from hetfed.executors.updates import RoundObserver
 from hetfed.interface import Algorithm, global_params, own_parameters
 from hetfed.leakage import ATTACKS, Observed, Queried, run
 from hetfed.leakage import metrics as scored
+from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from hetfed.config import LeakageConfig
@@ -126,8 +127,8 @@ class InversionObserver(RoundObserver):
     """Takes client ``leakage.client``'s upload in round ``leakage.round`` as the server decodes it, and attacks it
     there (the round's model is gone after it); :attr:`found` is what the attack learnt."""
 
-    def __init__(self, algo: Algorithm, fed: Federation, leakage: LeakageConfig, seed: int):
-        self.algo, self.fed, self.leakage, self.seed = algo, fed, leakage, seed
+    def __init__(self, spec: RunSpec, fed: Federation, leakage: LeakageConfig):
+        self.spec, self.fed, self.leakage = spec, fed, leakage
         self.found = Found()
 
     def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
@@ -139,31 +140,30 @@ class InversionObserver(RoundObserver):
             return
         upload = executor.upload_of(bc, k)  # type: ignore[attr-defined]
         self.found = Found({"sent": 1.0})
-        self.found.add(attack_upload(self.algo, self.fed, executor, bc, upload, self.leakage, self.seed))
+        self.found.add(attack_upload(self.spec, self.fed, executor, bc, upload, self.leakage))
 
 
-def observed(algo: Algorithm, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int,
-             seed: int = 0) -> Observed:
+def observed(spec: RunSpec, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int) -> Observed:
     """The client's upload as the attack reads it: the parameters the server sent (what the client keeps to
-    itself taken as for an unseen client, or freshly initialised from ``seed``), the update on the names it sent, and the protocol (step size, steps,
+    itself taken as for an unseen client, or freshly initialised from the run's seed), the update on the names it sent, and the protocol (step size, steps,
     the samples they went over)."""
-    device = next(iter(bc.params.values())).device
+    device, algo, seed = next(iter(bc.params.values())).device, spec.algo, spec.seed
     unseen = algo.model.local_for_unseen_client(device)
     guessed = {k: v.to(device) for k, v in algo.model.init_shared(torch_gen(seed, LEAKAGE)).items()
                if k not in bc.params}  # a part the server never holds (FedRep's head): a fresh initialisation
     params = {**guessed, **{k: v.detach() for k, v in bc.params.items()}, **unseen}
     update = {k: (v[0] - bc.params[k]).detach() for k, v in sent.items()}
     n = len(fed.train[client])
-    steps = algo.schedule.n_steps(n)
-    seen = min(n, steps * algo.schedule.batch_size)
+    steps = spec.schedule.n_steps(n)
+    seen = min(n, steps * spec.schedule.batch_size)
     return Observed(algo.model, params, update, float(bc.lr), tuple(fed.input_shape), steps=1, batch=seen)
 
 
-def attack_upload(algo: Algorithm, fed: Federation, executor: Executor, bc: Broadcast, upload: Any,
-                  leakage: LeakageConfig, seed: int) -> Found:
+def attack_upload(spec: RunSpec, fed: Federation, executor: Executor, bc: Broadcast, upload: Any,
+                  leakage: LeakageConfig) -> Found:
     """The inversion attack on one client's upload, scored against the samples it trained on."""
-    k = leakage.client
-    target = observed(algo, fed, bc, upload.params, k, seed)
+    k, seed = leakage.client, spec.seed
+    target = observed(spec, fed, bc, upload.params, k)
     got = run(leakage.kind, target, leakage.params.model_dump(), derive_seed(seed, LEAKAGE, k))
     pool = executor.pool  # type: ignore[attr-defined]
     at = torch.as_tensor(fed.train[k], device=pool.x.device)

@@ -13,21 +13,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-import numpy as np
-
-from hetfed.algorithms import algorithm_for
-from hetfed.algorithms.build import METHOD_KEY
+from hetfed.algorithms import run_for
 from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.engine.clock import check_clock
 from hetfed.engine.privacy import check_available
 from hetfed.engine.record_dp import draws_noise
-from hetfed.engine.sampling import clients_per_round
 from hetfed.errors import ConfigError, RunError
 from hetfed.executors.inprocess import check_memory
 from hetfed.executors.kinds import ExecutorKind, executor_for
 from hetfed.interface import Algorithm
 from hetfed.registry import registry_of
+from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -98,32 +95,34 @@ def _check_nodes_dataset(config: Config) -> None:
 
 @dataclass(frozen=True, eq=False)
 class MethodPlan:
-    """One method as it will run: ``config.methods[index]`` with its effective training settings, its
-    algorithm (built) and the executor kind its clients compute on."""
+    """One method as it will run: ``config.methods[index]``, its run as resolved once (its effective settings and
+    its algorithm: :class:`~hetfed.run_spec.RunSpec`) and the executor kind its clients compute on."""
 
     index: int
     method: MethodConfig
-    train: TrainConfig
-    algo: Algorithm
+    run: RunSpec
     executor: ExecutorKind
+
+    @property
+    def train(self) -> TrainConfig:
+        return self.run.train
+
+    @property
+    def algo(self) -> Algorithm:
+        return self.run.algo
 
 
 def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
     """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
     fit in memory or an attack on clients that are real is refused here, not mid-run."""
-    n_opted_in = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
     plans = []
     for index, method in enumerate(config.methods):
         train = config.method_train(method)
         kind = executor or executor_for(train)
         kind.check()  # a missing extra (Flower), before any file
         check_clock(train.clock, fed.n_clients)  # a clock file that does not fit the federation, likewise
-        per_round = clients_per_round(train, n_opted_in)
-        algo = algorithm_for(config, method, fed.input_shape, fed.n_classes)
-        try:
-            algo.bind(fed, config.seed, per_round)  # what the method checks against the federation, before any file
-        except ConfigError as err:
-            raise ConfigError(str(err).replace(METHOD_KEY, f"methods.{index}.")) from None
+        run = run_for(config, method, fed)  # what the method checks against the federation, before any file
+        algo = run.algo
         if registry_of("attack").get(config.attack.kind).acts and not kind.in_process:
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
@@ -135,18 +134,18 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
                               "server's arrivals by when the replies really come; expected an asynchronous algorithm "
                               f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
                               "(flower, deployment)")
-        _check_leakage(config, index, method, train, algo, kind, fed)
+        _check_leakage(config, index, method, run, kind, fed)
         _check_records(config, index, method, algo, fed)
         if kind.in_process:
-            check_memory(algo, fed, train)
+            check_memory(run, fed)
         elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
             check_remote_resume(ckpt)
-        plans.append(MethodPlan(index, method, train, algo, kind))
+        plans.append(MethodPlan(index, method, run, kind))
     return plans
 
 
-def _check_leakage(config: Config, index: int, method: MethodConfig, train: TrainConfig, algo: Algorithm,
-                   kind: ExecutorKind, fed: Federation) -> None:
+def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpec, kind: ExecutorKind,
+                   fed: Federation) -> None:
     """An attack by the server (``leakage``) needs every client's data to be scored against (in process), and an
     inversion a model update, sent in a round that comes, by a client that joins, of samples the attack can read."""
     leakage = config.leakage
@@ -159,7 +158,7 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, train: Trai
                           "the clients' data, which scores the attack, is elsewhere)")
     if attack.reads != "update":
         return
-    caps, k = algo.capabilities, leakage.client
+    caps, k, train, schedule = run.algo.capabilities, leakage.client, run.train, run.schedule
     if caps.asynchronous or not caps.server_model:
         why = "it merges updates as they arrive, not in rounds" if caps.asynchronous else "it uploads no model"
         raise ConfigError(f"leakage.kind = {leakage.kind!r} is not allowed with methods.{index}.algorithm = "
@@ -170,7 +169,7 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, train: Trai
     if leakage.round > train.rounds:
         raise ConfigError(f"leakage.round = {leakage.round} is not allowed: methods.{index} trains {train.rounds} "
                           f"rounds; expected 1 … {train.rounds}")
-    seen = min(len(fed.train[k]), algo.schedule.n_steps(len(fed.train[k])) * algo.schedule.batch_size)
+    seen = min(len(fed.train[k]), schedule.n_steps(len(fed.train[k])) * schedule.batch_size)
     if attack.most_samples is not None and seen > attack.most_samples:
         raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
                           f"sample(s); client {k}'s update goes over {seen}; expected dlg, inverting_gradients or "

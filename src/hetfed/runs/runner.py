@@ -249,10 +249,10 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume
     kept = [] if p.executor.in_process else client_state_keys(algo)  # what a remote resume could not re-establish
     saver = CheckpointObserver(rec.checkpointer, p.index, label, kept, p.executor.in_process)
     observers = [MetricsObserver(rec.writer, fed_label), ProgressObserver(execution.bar, task, rec.heartbeat), saver]
-    inversion = (InversionObserver(algo, fed, config.leakage, config.seed) if reads(config.leakage) == "update"
+    inversion = (InversionObserver(p.run, fed, config.leakage) if reads(config.leakage) == "update"
                  else None)
     observers += [inversion] if inversion is not None else []
-    result = simulate(algo, fed, p.train, config.seed, executor=executor, observers=observers, attack=config.attack,
+    result = simulate(p.run, fed, executor=executor, observers=observers, attack=config.attack,
                       resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
     execution.bar.update(task, completed=p.train.rounds)
     fed_seconds = time.perf_counter() - t0
@@ -285,7 +285,7 @@ def _personalise(execution: Execution, p: MethodPlan, result: SimulationResult, 
     bar, heartbeat, seed = execution.bar, execution.recording.heartbeat, execution.config.seed
     task = bar.add_task(f"{p.method.label}:personalise", total=len(p.algo.personal_plan(execution.fed, seed).clients),
                         acc="-", rate="clients")
-    personalise(p.algo, execution.fed, seed, result, resolve_device(p.train.device, p.train.capture),
+    personalise(p.run, execution.fed, result, resolve_device(p.train.device, p.train.capture),
                 on_chunk=partial(_personalised_so_far, bar, task, heartbeat))
     saver.checkpoint(result, "personalised")
 

@@ -27,8 +27,15 @@ from hetfed.engine.types import Params, Upload
 from hetfed.server.combine import CombineRule, RuleParams
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
-from hetfed.server.screen import ScreenSpec
 from hetfed.server.transport import Transport
+
+
+@dataclass(frozen=True)
+class ScreenSpec:
+    """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
+
+    norm_factor: float | None = 10.0
+    reference_clients: int = 32
 
 
 @dataclass(frozen=True)

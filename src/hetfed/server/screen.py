@@ -22,7 +22,8 @@ from dataclasses import dataclass, field
 import torch
 
 from hetfed.engine.types import Params, Upload, concat_uploads
-from hetfed.interface import Algorithm, private
+from hetfed.run_spec import RunSpec
+from hetfed.server.chain import ScreenSpec
 
 # ------------------------------------------------------------------ per-client quantities
 
@@ -138,44 +139,39 @@ def within(norms: torch.Tensor, median: float, factor: float | None) -> torch.Te
     return norms <= factor * max(median, 1e-12)
 
 
-@dataclass(frozen=True)
-class ScreenSpec:
-    """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
-
-    norm_factor: float | None = 10.0
-    reference_clients: int = 32
-
-
-def norm_factor(algo: Algorithm) -> float | None:
-    """The norm filter's factor for a round of ``algo``'s updates (None: off; under DP clipping bounds every update
+def norm_factor(run: RunSpec) -> float | None:
+    """The norm filter's factor for a round of the run's updates (None: off; under DP clipping bounds every update
     already). An asynchronous server's executors screen for non-finite updates only: its norm filter judges each
     buffer of arrivals when it is merged (:func:`buffer_screen`), the one group its events define — the clients an
     executor happens to train together depend on how it stacks them."""
-    return None if algo.capabilities.asynchronous else _factor(algo)
+    return None if run.algo.capabilities.asynchronous else _factor(run)
 
 
-def _factor(algo: Algorithm) -> float | None:
-    """``server.screen.norm_factor``, or None under DP."""
-    factor: float | None = None if private(algo) is not None else algo.context.pipeline.screen.norm_factor
-    return factor
+def _factor(run: RunSpec) -> float | None:
+    """``server.screen.norm_factor``, or None under DP (or without a chain)."""
+    return None if run.privacy is not None or run.chain is None else run.chain.screen.norm_factor
 
 
-def buffer_screen(algo: Algorithm) -> Screen:
+def _reference_clients(run: RunSpec) -> int:
+    return run.chain.screen.reference_clients if run.chain is not None else ScreenSpec().reference_clients
+
+
+def buffer_screen(run: RunSpec) -> Screen:
     """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
     norm against the model it was sent); off under DP, as for rounds."""
-    return Screen({}, _factor(algo), reference_clients=algo.context.pipeline.screen.reference_clients)
+    return Screen({}, _factor(run), reference_clients=_reference_clients(run))
 
 
-def holds_round(algo: Algorithm) -> bool:
+def holds_round(run: RunSpec) -> bool:
     """True when a round's updates must be held together instead of streamed: a chain step that needs every
     update (a robust combine rule), or an algorithm that does (FedDF, FedGen). The norm filter holds only its
     reference clients (:class:`Screen`)."""
-    return not algo.context.pipeline.streams or algo.capabilities.whole_round
+    return (run.chain is not None and not run.chain.streams) or run.algo.capabilities.whole_round
 
 
-def held_for_screen(algo: Algorithm, per_round: int) -> int:
+def held_for_screen(run: RunSpec, per_round: int) -> int:
     """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
-    return 0 if norm_factor(algo) is None else min(per_round, algo.context.pipeline.screen.reference_clients)
+    return 0 if norm_factor(run) is None else min(per_round, _reference_clients(run))
 
 
 @dataclass
@@ -202,11 +198,11 @@ class Screen:
     _held_norms: list[torch.Tensor] = field(default_factory=list)
 
     @classmethod
-    def for_round(cls, algo: Algorithm, reference: Params) -> Screen:
-        privacy = private(algo)
-        return cls(reference, norm_factor(algo), privacy.clip if privacy is not None else None,
-                   keep_all=holds_round(algo), uniform=privacy is not None and privacy.weighting == "uniform",
-                   reference_clients=algo.context.pipeline.screen.reference_clients)
+    def for_round(cls, run: RunSpec, reference: Params) -> Screen:
+        privacy = run.privacy
+        return cls(reference, norm_factor(run), privacy.clip if privacy is not None else None,
+                   keep_all=holds_round(run), uniform=privacy is not None and privacy.weighting == "uniform",
+                   reference_clients=_reference_clients(run))
 
     def only_finite(self, n: int) -> bool:
         """True when screening ``n`` updates at once is only the finite check (:func:`finite_clients`): no DP

@@ -1,0 +1,64 @@
+"""One method's run as it is resolved once: the settings every part of the loop reads, in one frozen value.
+
+The plan (:func:`hetfed.runs.plan.plan`) resolves each configured method into a :class:`RunSpec` before any
+file is written — :func:`hetfed.algorithms.build.resolve_run` builds it from the algorithm it built — and the
+round loop, the executors (in process, stacked, Flower), the server's screen and the attacks read their settings
+from it: the training schedule, the seed, the server chain, DP and how many clients a round expects. None of them
+reaches into the algorithm object for a setting; the algorithm is the behaviour (``spec.algo``). Two runs whose
+specifications agree on :meth:`RunSpec.step_identity` run the same client step, so a stacked sweep trains their
+clients as one stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from hetfed.config import PrivacyConfig, TrainConfig
+    from hetfed.engine.local import LocalSchedule
+    from hetfed.interface import Algorithm
+    from hetfed.server.chain import Chain
+
+
+@dataclass(frozen=True, eq=False)
+class RunSpec:
+    """One method's run: its algorithm (the behaviour) and the settings it was resolved with.
+
+    ``train``: the method's effective ``train`` section; ``schedule``: its local work per round (DP-SGD's
+    ``privacy.record`` in it when on); ``chain``: the server chain (screen spec, combine or DP-FedAvg's noised mean,
+    optimiser, transport); ``privacy``: client-level DP when on (None: off); ``records``: the privacy section when
+    record-level DP-SGD is on (None: off); ``n_clients`` and ``per_round``: the federation's size and how many clients
+    a round expects (DP's fixed denominator); ``architecture``: what identifies the model's kind and size beyond its
+    class (the model's config, input shape, classes, vocabulary), when the plan knows it.
+    """
+
+    algo: Algorithm
+    train: TrainConfig
+    seed: int
+    schedule: LocalSchedule
+    chain: Chain | None
+    privacy: PrivacyConfig | None = None
+    records: PrivacyConfig | None = None
+    n_clients: int = 0
+    per_round: int = 1
+    architecture: Any = None
+
+    @property
+    def min_clients(self) -> int:
+        """A round with fewer accepted updates is skipped (``server.min_clients``)."""
+        return self.chain.min_clients if self.chain is not None else 1
+
+    def model_identity(self) -> tuple[Any, ...]:
+        """What makes two runs' models the same computation when scored: the algorithm and its parameters and the
+        model's architecture (a model built by hand, which no config names, is its own)."""
+        algo = self.algo
+        params = algo.params.model_dump_json() if hasattr(algo.params, "model_dump_json") else repr(algo.params)
+        architecture = self.architecture if self.architecture is not None else ("built by hand", id(algo.model))
+        return (algo.spec.name if algo.spec is not None else type(algo).__name__, params, type(algo.model),
+                architecture)
+
+    def step_identity(self) -> tuple[Any, ...]:
+        """What makes two runs' client steps the same computation (stacked sweeps group by it): the model's identity,
+        the local schedule and the client optimiser. The seed, the rounds and the server side may differ."""
+        return (*self.model_identity(), self.schedule, self.train.optimizer.model_dump_json())
