@@ -184,7 +184,8 @@ def main() -> None:
     median = {k: float(np.median(v)) for k, v in samples.items()}
     none = median["none"] - float(np.median(sending["none"]))  # the round without its transport
     out["compression_w1"] = {"workload": "W1: 100 clients x 600 x 784, MLP 784-200-200-10, E=1, B=50, FedAvg",
-                             "repeats": args.repeats, "seconds_per_round_best": {k: round(v, 3) for k, v in best.items()},
+                             "repeats": args.repeats,
+                             "seconds_per_round_best": {k: round(v, 3) for k, v in best.items()},
                              "over_uncompressed_best": {k: round(v / best["none"], 3) for k, v in best.items()},
                              "over_uncompressed_median": {k: round(v / median["none"], 3) for k, v in median.items()},
                              "transport_s_per_round_median": {k: round(float(np.median(v)), 4)

@@ -29,7 +29,8 @@ On CUDA the vectorised executor is timed with ``train.capture`` auto (steps repl
 also times it with ``train.capture`` compile (steps compiled by ``torch.compile``; the compiling is in the
 warm-up rounds, not in the time per round).
 
-    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile] [--repeats R]
+    python benchmarks/engine.py [--json] [--rounds N] [--threads T] [--chunks 10 25] [--device cpu|cuda] [--compile]
+    [--repeats R]
                                 [--compare-moves] [--compare-autograd] [--momentum 0.9]
                                 [--cases compute_bound overhead_bound fsnet_protocol]
 """
@@ -290,10 +291,12 @@ def main() -> None:
     parser.add_argument("--json", action="store_true")
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
-    parser.add_argument("--chunks", type=int, nargs="*", default=[], help="also time the vectorised executor with these chunk sizes")
+    parser.add_argument("--chunks", type=int, nargs="*", default=[], help="also time the vectorised executor with "
+                                                                          "these chunk sizes")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--repeats", type=int, default=1,
-                        help="time the vectorised round and its ideal (and --compile's) this many times in turn; medians")
+                        help="time the vectorised round and its ideal (and --compile's) this many times in turn; "
+                             "medians")
     parser.add_argument("--compile", action="store_true",
                         help="on a CPU, also time the vectorised executor with train.capture compile (torch.compile)")
     parser.add_argument("--compare-moves", action="store_true",

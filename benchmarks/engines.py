@@ -284,8 +284,11 @@ def main() -> None:
                                                     "2-core machine; measured on the 10-client setting"}]
                         continue
                     try:
-                        results[case][engine] = (measure_floor(engine, results[case], tmp)
-                                                 if engine.startswith("floor") else measure(case, engine, tmp, args.device))
+                        results[case][engine] = (
+                            measure_floor(engine, results[case], tmp)
+                            if engine.startswith("floor")
+                            else measure(case, engine, tmp, args.device)
+                        )
                     except Exception as err:  # one case that cannot run here must not lose the others
                         results[case][engine] = {"skipped": f"{type(err).__name__}: {' '.join(str(err).split())[:300]}"}
                     runs.setdefault(engine, []).append(results[case][engine])

@@ -127,7 +127,8 @@ def main(grid: Grid, context: Context) -> None:
         if not shape:
             return RecordDict({"arrays": model})
         return RecordDict({"params": params, "bc_extra.arrays": ArrayRecord([]),
-                           "bc_extra.values": ConfigRecord({"a": 1, "b": 2}), "bc": ConfigRecord({"round": 1, "lr": 0.1}),
+                           "bc_extra.values": ConfigRecord({"a": 1, "b": 2}),
+                           "bc": ConfigRecord({"round": 1, "lr": 0.1}),
                            "hetfed.run": ConfigRecord({"config": "x" * 3000, "method": 0, "state": shape == "state"}),
                            "hetfed.clients": ConfigRecord({"ids": [1, 2, 3], "offset": 0})})
 

@@ -74,8 +74,10 @@ def pfllib_round_seconds(system: Path, fed, rounds: int, algorithm: str, device:
     os.chdir(work / "system")  # PFLlib reads '../dataset/<name>/…'
     try:
         args = SimpleNamespace(model=model.to(device), algorithm=algorithm,
-                               dataset="hetfed_bench", device=device, save_folder_name="items", num_classes=fed.n_classes,
-                               batch_size=10, local_learning_rate=0.005 if model_kind == "cnn4" else 0.01, local_epochs=1, few_shot=0,
+                               dataset="hetfed_bench", device=device, save_folder_name="items",
+                               num_classes=fed.n_classes,
+                               batch_size=10, local_learning_rate=0.005 if model_kind == "cnn4" else 0.01,
+                               local_epochs=1, few_shot=0,
                                learning_rate_decay=False, learning_rate_decay_gamma=0.99, mu=0.1, plocal_epochs=1)
         cls = clientDitto if algorithm == "ditto" else clientAVG
         clients = [cls(args, k, len(idx), len(idx), train_slow=False, send_slow=False)
@@ -193,7 +195,8 @@ def main() -> None:
         rows = {"pfllib": pfllib_round_seconds(args.pfllib, fed, args.rounds, algorithm, args.device, args.model)}
         if args.pfl and algorithm == "fedavg" and args.model == "mlp":
             rows["pfl_research"] = pfl_round_seconds(fed, args.rounds, args.device)
-        for name, executor in (("hetfed_sequential", SequentialExecutor()), ("hetfed_vectorised", VectorisedExecutor())):
+        for name, executor in (("hetfed_sequential", SequentialExecutor()),
+                               ("hetfed_vectorised", VectorisedExecutor())):
             rows[name] = run(fed, executor, args.rounds, algorithm, args.device, model_kind=args.model)[0]
             if args.compile and args.device == "cpu":  # its steps compiled (train.capture: compile)
                 rows[f"{name}_compiled"] = run(fed, executor, args.rounds, algorithm, args.device, capture="compile",

@@ -4,7 +4,8 @@ the thread that started it, and a stacked sweep's runs are threads).
 
 Prints JSON: the sweep's wall seconds, the samples taken, and for the functions seen most, the share of the
 samples whose stack holds them (inclusive) and of those that end in them (own), over threads that were working
-(a thread waiting on a lock, an event, a sleep or a C queue's ``get`` is not counted). Needs nothing but the standard library and
+(a thread waiting on a lock, an event, a sleep or a C queue's ``get`` is not counted). Needs nothing but the standard
+library and
 hetfed, so it runs on a bare GPU machine; nothing is asserted.
 
     python benchmarks/profile_sweep.py [--seeds 5] [--rounds 10] [--stack] [--device cpu|cuda] [--top 40]

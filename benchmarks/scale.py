@@ -114,12 +114,14 @@ def main() -> None:
                                           if args.mmap_threshold else {}))
                 proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
                 if proc.returncode != 0:
-                    row = {"clients": k, "fraction": f, "method": method, "error": proc.stderr.strip().splitlines()[-1:]}
+                    row = {"clients": k, "fraction": f, "method": method,
+                           "error": proc.stderr.strip().splitlines()[-1:]}
                 else:
                     row = {**json.loads(proc.stdout.strip().splitlines()[-1]),
                            "mmap_threshold": args.mmap_threshold}
                 rows.append(row)
-                print(json.dumps(row), flush=True)  # a line per case as it finishes (--json: the whole table at the end)
+                # a line per case as it finishes (--json: the whole table at the end)
+                print(json.dumps(row), flush=True)
     base = {(r["method"], r["fraction"]): r for r in rows if r.get("clients") == min(args.clients) and "error" not in r}
     for r in rows:
         b = base.get((r["method"], r["fraction"]))

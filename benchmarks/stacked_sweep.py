@@ -109,7 +109,8 @@ def main() -> None:
                            "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
     print(json.dumps({"experiment": "configs/default.yaml", "rounds": args.rounds, "threads": args.threads,
                       "device": args.device,
-                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "seeds": rows}, indent=2))
+                      "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "seeds": rows},
+                      indent=2))
 
 
 if __name__ == "__main__":

@@ -13,7 +13,8 @@ The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 �
   first for plain steps, else grouped by plan length by :func:`hetfed.engine.local.stack_blocks`).
 
 ``--compile`` (CPU) adds the sequential and vectorised executors with ``train.capture: compile`` (their steps
-compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only), the stack occupancy (real client-steps ÷ computed client-steps)
+compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only),
+the stack occupancy (real client-steps ÷ computed client-steps)
 and the largest parameter difference from the sequential run (the executors agree to float tolerance).
 Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
 batched-matmul forward, autograd backward and SGD update per step, over the clients still training where the
@@ -249,7 +250,8 @@ def main() -> None:
     schedule = LocalSchedule(batch_size=10)
     steps = [schedule.n_steps(s) for s in sizes]
     out: dict = {"model": args.model, "clients": len(sizes), "samples": args.samples, "samples_min": min(sizes),
-                 "samples_max": max(sizes), "threads": args.threads, "rounds": args.rounds, "device": args.device, "cpu": cpu_name(),
+                 "samples_max": max(sizes), "threads": args.threads, "rounds": args.rounds, "device": args.device,
+                 "cpu": cpu_name(),
                  "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None}
     for algorithm in args.algorithms:
         rows = {}
@@ -266,9 +268,12 @@ def main() -> None:
             plain = executor.plain_steps()
             if name == "vectorised":
                 grouped = blocks
-            rows[name] = {"seconds_per_round": round(seconds, 3),
-                          "occupancy": round(stack_occupancy(steps, blocks, plain), 3), "stacks": len(blocks),
-                          f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref))}
+            rows[name] = {
+                "seconds_per_round": round(seconds, 3),
+                "occupancy": round(stack_occupancy(steps, blocks, plain), 3),
+                "stacks": len(blocks),
+                f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref)),
+            }
         if args.compile and args.device == "cpu":  # the same executors with their steps compiled (train.capture)
             for name in [n for n in ("sequential", "vectorised") if n in args.executors]:
                 seconds, params, _ = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,

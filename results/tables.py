@@ -69,7 +69,9 @@ def attack_table(sweep: Path) -> str:
         shown = [_cell(row[m]) + (f" ({diverged[(kind, frac)][m]}✗)" if diverged[(kind, frac)][m] else "")
                  for m in methods]
         lines.append(f"| {kind} | {'-' if kind == 'none' else f'{frac:.0%}'} | " + " | ".join(shown) + " |")
-    return "\n".join(lines) + "\n\nfinal global accuracy, mean ± 95% CI over seeds (Student t); (k✗): runs that diverged\n"
+    return (
+        "\n".join(lines) + "\n\nfinal global accuracy, mean ± 95% CI over seeds (Student t); (k✗): runs that diverged\n"
+    )
 
 
 def dp_table(sweep: Path) -> str:
@@ -80,7 +82,8 @@ def dp_table(sweep: Path) -> str:
             rows[z]["global"].append(m["final"].get("global_accuracy"))
             rows[z]["local"].append(m["final"].get("local_accuracy_mean"))
             rows[z]["eps"].append(m.get("epsilon"))
-    lines = ["| noise multiplier z | ε (δ = 1e-5) | final global accuracy | final local accuracy |", "|---|---|---|---|"]
+    lines = ["| noise multiplier z | ε (δ = 1e-5) | final global accuracy | final local accuracy |",
+             "|---|---|---|---|"]
     for z, row in rows.items():
         eps = [e for e in row["eps"] if e is not None]
         shown_eps = "no DP" if z is None else ("∞ (clip only)" if not eps else f"{np.mean(eps):.2f}")
@@ -110,7 +113,8 @@ def paired_table(sweep: Path, baseline: str = "fedavg", when: str = "best") -> s
                     diffs[row][short].append(v - b)
             timing[row]["s"].append(m.get("seconds_per_round"))
             timing[row]["server"].append(m.get("server_seconds_per_round"))
-    lines = [f"| method | global acc | Δ global vs {baseline} | local acc | Δ local vs {baseline} | s/round | server s/round |",
+    lines = [f"| method | global acc | Δ global vs {baseline} | local acc | Δ local vs {baseline} | s/round | server "
+             "s/round |",
              "|---|---|---|---|---|---|---|"]
     for row in rows:
         d = [_signed(diffs[row][s]) if diffs[row][s] else "-" for s, _ in metrics]
@@ -163,7 +167,10 @@ def grid_table(key: str, metric: str, sweeps: list[Path]) -> str:
         gamma = f"{_cell(gammas[value])} | " if with_gamma else ""
         lines.append(f"| {value} | {gamma}" + " | ".join(_cell(row[c]) for c in columns) + " |")
     n = max(len(v) for row in cells.values() for v in row.values())
-    return "\n".join(lines) + f"\n\nbest {metric} (model chosen by validation loss); mean ± 95% CI (Student t) over {n} seeds\n"
+    return (
+        "\n".join(lines)
+        + f"\n\nbest {metric} (model chosen by validation loss); mean ± 95% CI (Student t) over {n} seeds\n"
+    )
 
 
 LEADERBOARD = (("local_accuracy_weighted", "personal (weighted)"), ("local_accuracy_mean", "personal (mean)"),
@@ -235,7 +242,8 @@ def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tupl
     return dict(points)
 
 
-def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_accuracy", "local_accuracy_mean")) -> str:
+def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_accuracy",
+                                                                        "local_accuracy_mean")) -> str:
     """Per grid point and method: mean ± CI of each metric (best by validation / last round) and the paired
     difference to ``baseline`` on the same seeds (:mod:`hetfed.analysis.paired`), from runs.csv."""
     import csv
@@ -255,7 +263,8 @@ def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_
         where = ", ".join(f"{k}={v}" for k, v in zip(keys, point, strict=True))
         for metric in metrics:
             out += [f"**{metric}**" + (f" ({where})" if where else ""), "",
-                    f"| method | best (by validation) | Δ vs {baseline}, best | last round | Δ vs {baseline}, last | best round |",
+                    f"| method | best (by validation) | Δ vs {baseline}, best | last round | Δ vs {baseline}, last | "
+                    "best round |",
                     "|---|---|---|---|---|---|"]
             for method in methods:
                 cells = []
@@ -272,7 +281,8 @@ def runs_table(folder: Path, baseline: str, metrics: tuple[str, ...] = ("global_
             out.append("")
     n = len({r["seed"] for r in rows})
     return "\n".join(out) + (f"\nmean ± 95% CI (Student t) over {n} seeds; Δ: paired difference on the same federation "
-                             "and seed, [95% CI], two-sided Wilcoxon signed-rank p, seeds where the method won; best round: "
+                             "and seed, [95% CI], two-sided Wilcoxon signed-rank p, seeds where the method won; best "
+                             "round: "
                              "the mean round the validation loss chose\n")
 
 
@@ -444,7 +454,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "heterogeneity-figure":
         from hetfed.analysis.figures import plot_accuracy_vs_heterogeneity
 
-        print(plot_accuracy_vs_heterogeneity(heterogeneity_points(args.metric, args.sweeps), args.metric, str(args.out)))
+        print(plot_accuracy_vs_heterogeneity(heterogeneity_points(args.metric, args.sweeps), args.metric,
+                                             str(args.out)))
     elif args.kind == "clock":
         print(clock_table(args.sweep, args.baseline, args.time, args.updates, target=args.target))
         if args.figure:

@@ -26,7 +26,8 @@ KEYS = ["seed", "name", "dataset", "dataset.name", "dataset.test_fraction", "dat
         "server.lr", "moe", "fsnet.hidden", "typo", "train.typo"]
 VALUES = st.one_of(
     st.none(), st.booleans(), st.integers(-5, 10**6), st.floats(allow_nan=True, allow_infinity=True),
-    st.text(max_size=8), st.lists(st.integers(-3, 5), max_size=3), st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
+    st.text(max_size=8), st.lists(st.integers(-3, 5), max_size=3),
+    st.dictionaries(st.text(max_size=3), st.integers(), max_size=2),
 )
 
 

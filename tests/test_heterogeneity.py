@@ -106,7 +106,8 @@ def test_the_excess_grows_with_skew_at_fixed_size_while_raw_gamma_confuses_size_
     excess = [_het({"kind": "feature_clusters", "clients": 10, "shuffle": s}).gamma_excess for s in (1.0, 0.5, 0.0)]
     assert excess[0] < excess[1] < excess[2]
     assert abs(excess[0]) < 0.1 and excess[2] > 0.5
-    dirichlet = [_het({"kind": "dirichlet", "clients": 10, "alpha": a, "min_size": 5}).gamma_excess for a in (100, 1.0, 0.1)]
+    dirichlet = [_het({"kind": "dirichlet", "clients": 10, "alpha": a,
+                       "min_size": 5}).gamma_excess for a in (100, 1.0, 0.1)]
     assert dirichlet[0] < dirichlet[1] < dirichlet[2]
     # an IID split into 80 small clients has a larger raw Γ than the most skewed split into 10 …
     iid_small = _het({"kind": "iid", "clients": 80})

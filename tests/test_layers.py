@@ -16,7 +16,8 @@ SRC = Path(__file__).resolve().parents[1] / "src" / "hetfed"
 
 #: (module prefix, layer), most specific first; a module may import its own layer and those below
 LAYERS = [
-    ("hetfed.errors", 0), ("hetfed.registry", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0), ("hetfed.config", 0), ("hetfed.streams", 0),
+    ("hetfed.errors", 0), ("hetfed.registry", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0),
+    ("hetfed.config", 0), ("hetfed.streams", 0),
     ("hetfed.config_io", 0), ("hetfed.config_legacy", 0), ("hetfed.config_base", 0), ("hetfed.config_train", 0),
     ("hetfed.config_server", 0), ("hetfed.config_flower", 0),
     ("hetfed.processes", 0),
@@ -132,6 +133,18 @@ def test_no_setting_is_read_through_the_algorithm_outside_algorithms():
     assert not offenders, "\n".join(offenders)
 
 
+def test_the_server_chain_owns_the_screen():
+    """#73 §4: the executors feed a round's updates to the chain's receiving side (decode, screen, clip); none of
+    them builds a screen or decodes an upload itself."""
+    import re
+
+    pattern = re.compile(r"\bScreen\(|\bScreen\.for_round|transport\.decode\(")
+    owners = {"hetfed.server.chain", "hetfed.server.screen", "hetfed.server.transport"}
+    found = [f"{path.relative_to(SRC)}:{i}" for name, path in modules().items() if name not in owners
+             for i, line in enumerate(path.read_text().splitlines(), 1) if pattern.search(line)]
+    assert not found, found
+
+
 def test_the_run_directory_layout_has_one_owner():
     """Every file name of a run or sweep directory lives in runs/rundir.py; other modules import the name."""
     import re
@@ -212,7 +225,9 @@ def test_the_run_driver_names_no_executor():
         for node in ast.walk(tree):
             if isinstance(node, ast.Constant) and node.value in names:
                 found.append(f"{name}: {node.value!r}")
-        found += [f"{name} imports {t}" for t in imports(path) if t.startswith(("hetfed.flower", "hetfed.executors.kinds."))]
+        found += [
+            f"{name} imports {t}" for t in imports(path) if t.startswith(("hetfed.flower", "hetfed.executors.kinds."))
+        ]
     assert not found, "\n".join(found)
 
 

@@ -60,7 +60,8 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(tmp_path):
     """`hetfed sweep … &` from a script inherits SIGINT as ignored; `kill -INT` must still stop it."""
     out = tmp_path / "r"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "hetfed.cli", "run", "--quiet", "--set", "train.rounds=100000", *FAST, "--out", str(out)],
+        [sys.executable, "-m", "hetfed.cli", "run", "--quiet", "--set", "train.rounds=100000", *FAST, "--out",
+         str(out)],
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN), env={**os.environ, "OMP_NUM_THREADS": "1"},
         stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     try:

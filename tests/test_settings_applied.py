@@ -101,7 +101,8 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
 
 
 @pytest.mark.parametrize("sets,expected", [
-    (["methods=[{algorithm: local}]", "server.optimizer.lr=0.3"], "server.optimizer.lr = 0.3 is not read by any method"),
+    (["methods=[{algorithm: local}]", "server.optimizer.lr=0.3"],
+     "server.optimizer.lr = 0.3 is not read by any method"),
     (["methods=[{algorithm: local}]", "methods.0.server.optimizer.kind=adam"],
      "methods.0.server.optimizer.kind = 'adam' is not read: algorithm 'local' has no server model"),
     (["flower.ray_address=auto"], "flower.ray_address = 'auto' is not read with train.executor = 'vectorised': it "

@@ -72,7 +72,8 @@ def test_a_data_dir_missing_a_file_names_the_file(tmp_path, capsys):
 
 def test_the_run_records_which_files_it_read(tmp_path, capsys):
     write_mnist_like(tmp_path / "data")
-    code, _, err = run_cli(["run", *FAST, "--set", "dataset.name=mnist", "--set", f"dataset.data_dir={tmp_path / 'data'}",
+    code, _, err = run_cli(["run", *FAST, "--set", "dataset.name=mnist", "--set",
+                            f"dataset.data_dir={tmp_path / 'data'}",
                             "--set", "partition.kind=iid", "--set", "partition.clients=4", "--quiet",
                             "--out", str(tmp_path / "r")], capsys)
     assert code == 0, err
@@ -90,7 +91,8 @@ def test_a_diverged_run_fails_instead_of_reporting_success(tmp_path, capsys):
     """lr = 1e38: the first step overflows float32 whatever the batch order (1e6 diverged under the old streams and
     only by luck: under the counter-based ones its ReLUs die first and the losses stay finite)."""
     run = tmp_path / "r"
-    code, _, err = run_cli(["run", "--set", "train.optimizer.lr=1e38", "--set", "train.rounds=20", "--out", str(run)], capsys)
+    code, _, err = run_cli(["run", "--set", "train.optimizer.lr=1e38", "--set", "train.rounds=20", "--out", str(run)],
+                           capsys)
     assert_one_line_error(code, err, "diverged", "train.optimizer.lr")
     status = json.loads((run / "status.json").read_text())
     assert status["status"] == "failed" and "diverged" in status["reason"]
@@ -139,7 +141,10 @@ def test_without_validation_data_the_summary_says_there_was_nothing_to_select_on
     assert "warning:" in err and "nothing to select on" in out
     # with validation data the summary says what chose the best model
     code, _, _ = run_cli(["run", *FAST, "--quiet", "--out", str(tmp_path / "v")], capsys)
-    assert all(m["selected_by"] == "val_loss" for m in json.loads((tmp_path / "v" / "summary.json").read_text())["methods"].values())
+    assert all(
+        m["selected_by"] == "val_loss"
+        for m in json.loads((tmp_path / "v" / "summary.json").read_text())["methods"].values()
+    )
 
 
 def test_one_sample_clients_are_warned_about(tmp_path, capsys):
@@ -263,7 +268,8 @@ def test_a_corrupt_gzip_idx_file_gets_one_line(tmp_path, capsys):
     start = raw.index(b"\x00", 10) + 1  # after the gzip header and its file name: the deflate stream
     raw[start + 2 : start + 10] = b"\xff" * 8  # zlib.error, not a CRC mismatch
     target.write_bytes(bytes(raw))
-    code, _, err = run_cli(["partition", "--set", "dataset.name=mnist", "--set", f"dataset.data_dir={tmp_path / 'data'}"], capsys)
+    code, _, err = run_cli(["partition", "--set", "dataset.name=mnist", "--set",
+                            f"dataset.data_dir={tmp_path / 'data'}"], capsys)
     assert_one_line_error(code, err, "train-images-idx3-ubyte.gz")
 
 

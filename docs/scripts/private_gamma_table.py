@@ -44,7 +44,8 @@ def row(name: str, clients: list[np.ndarray], sigma: float, clip: float, release
     size = f"{sizes[0]}" if sizes[0] == sizes[-1] else f"{sizes[0]}–{sizes[-1]}"
     return (f"| {name} | {size} | {sigma:g} | {clip:g} | {gs.summary_epsilon(sigma, 1e-5):.2f} | {truth:.4f} | "
             f"{np.mean(raw):.4f} ({100 * (np.mean(raw) / truth - 1):+.0f}%) | "
-            f"{np.mean(est):.4f} ({100 * (np.mean(est) / truth - 1):+.0f}%) | {np.mean([g.high - g.low for g in got]):.4f} | "
+            f"{np.mean(est):.4f} ({100 * (np.mean(est) / truth - 1):+.0f}%) | "
+            f"{np.mean([g.high - g.low for g in got]):.4f} | "
             f"{100 * cover:.0f}% | {got[0].min_client_size} | {got[0].clients_below} |")
 
 

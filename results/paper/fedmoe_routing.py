@@ -10,7 +10,8 @@ labels above 1/C — the majority classes of a ``majority`` split) and the
 **other** classes, then reports:
 
 - each personal model's accuracy on the client's own test data (``*_local``, the
-  paper's local metric) and, on the global test set, on own / other classes of FedAvg, the fine-tuned model and the mixture;
+  paper's local metric) and, on the global test set, on own / other classes of FedAvg, the fine-tuned model and the
+  mixture;
 - the gate's mean ``h`` (the specialist's weight) on own / other classes, and the
   AUC of ``h`` as a detector of own-class samples (0.5: the gate does not tell them apart);
 - ``mixture_minus_finetuned``: the paired difference on the whole global test set
@@ -48,8 +49,10 @@ from scipy import stats
 import hetfed
 from hetfed.engine.types import Broadcast
 
-COLUMNS = ("finetuned_local", "mixture_local", "fedavg_own", "fedavg_other", "finetuned_own", "finetuned_other", "mixture_own", "mixture_other",
-           "routed_all", "mixture_all", "finetuned_all", "mixture_minus_finetuned", "gate_own", "gate_other", "gate_auc")
+COLUMNS = ("finetuned_local", "mixture_local", "fedavg_own", "fedavg_other", "finetuned_own", "finetuned_other",
+           "mixture_own", "mixture_other",
+           "routed_all", "mixture_all", "finetuned_all", "mixture_minus_finetuned", "gate_own", "gate_other",
+           "gate_auc")
 
 
 def own_classes(y_train: np.ndarray, n_classes: int) -> np.ndarray:

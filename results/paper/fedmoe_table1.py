@@ -46,7 +46,8 @@ LABELS = {"partition.p": "p", "partition.opt_out": "q", "partition.alpha": "α"}
 
 def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
     folders = [f.parent for f in FOLDERS] if folders is None else folders
-    lines = [f"| {LABELS.get(key, key)} | test set | seeds | FedAvg | Local | fine-tuned | mixture | mixture − fine-tuned "
+    lines = [f"| {LABELS.get(key, key)} | test set | seeds | FedAvg | Local | fine-tuned | mixture | mixture − "
+             "fine-tuned "
              "| mixture − Local |",
              "|---|---|---|---|---|---|---|---|---|"]
     points = []
@@ -67,7 +68,8 @@ def table(folders: list[Path] | None = None, key: str = "partition.p") -> str:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python results/paper/fedmoe_table1.py", description=__doc__.split("\n\n")[0])
-    ap.add_argument("folders", nargs="*", type=Path, metavar="FOLDER", help="results folders (default: fedmoe_fmnist/p*)")
+    ap.add_argument("folders", nargs="*", type=Path, metavar="FOLDER", help="results folders (default: "
+                                                                            "fedmoe_fmnist/p*)")
     ap.add_argument("--key", default="partition.p", help="the swept key, one row per value (default partition.p)")
     args = ap.parse_args(argv)
     for folder in args.folders:

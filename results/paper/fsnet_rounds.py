@@ -45,10 +45,12 @@ def round_table(folder: Path, a: str = "fsnet", b: str = "fedavg", after: int = 
                np.mean([ca[r] < 0.5 for r in rounds]), np.mean(d), max(d)]
         for i, v in enumerate(row):
             stats[i].append(v)
-        lines.append(f"| {s} | {row[0]:.3f} | {row[1]:.3f} (round {worst}) | {row[2]:.3f} | {row[3]:.0%} | {row[4]:.0%} "
+        lines.append(f"| {s} | {row[0]:.3f} | {row[1]:.3f} (round {worst}) | {row[2]:.3f} | {row[3]:.0%} | "
+                     f"{row[4]:.0%} "
                      f"| {row[5]:+.3f} | {row[6]:+.3f} |")
     m = [np.mean(stats[i]) for i in range(7)]
-    lines.append(f"| mean | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.0%} | {m[4]:.0%} | {m[5]:+.3f} | {m[6]:+.3f} |")
+    lines.append(f"| mean | {m[0]:.3f} | {m[1]:.3f} | {m[2]:.3f} | {m[3]:.0%} | {m[4]:.0%} | {m[5]:+.3f} | {m[6]:+.3f} "
+                 "|")
     return "\n".join(lines) + "\n"
 
 

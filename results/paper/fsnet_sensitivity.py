@@ -24,7 +24,8 @@ PAPER_LOWER, PAPER_GAIN = 0.371, 0.444
 
 #: (label, IID folder and point, shards folder) — None where the setting has no such run
 ROWS = [
-    ("the paper's, as stated (lr 0.01, 2 shards per client)", (HERE / "fsnet_mnist/iid", None), HERE / "fsnet_mnist/shards"),
+    ("the paper's, as stated (lr 0.01, 2 shards per client)", (HERE / "fsnet_mnist/iid", None),
+     HERE / "fsnet_mnist/shards"),
     ("lr 0.05", (S / "iid_lr", ("train.optimizer.lr", 0.05)), None),
     ("lr 0.1", (S / "iid_lr", ("train.optimizer.lr", 0.1)), S / "lr_0.1"),
     ("SGD momentum 0.9", (S / "iid_momentum_0.9", None), S / "momentum_0.9"),
@@ -84,7 +85,8 @@ def gain_vs_bound() -> str:
             gain.append(a[s] - b[s])
     rho = spearmanr(bound, gain)
     fit = linregress(bound, gain)
-    return (f"Over the {len(bound)} (setting, seed) pairs of the shard rows: Spearman ρ(FedAvg accuracy, Fed-FSNet − FedAvg) "
+    return (f"Over the {len(bound)} (setting, seed) pairs of the shard rows: Spearman ρ(FedAvg accuracy, Fed-FSNet − "
+            "FedAvg) "
             f"= {rho.statistic:+.2f} (p = {rho.pvalue:.2g}); least-squares gain = {fit.intercept:+.3f} "
             f"{fit.slope:+.3f} × FedAvg accuracy, which at the paper's lower bound ({PAPER_LOWER}) predicts a gain of "
             f"{fit.intercept + fit.slope * PAPER_LOWER:+.3f} (the paper's: {PAPER_GAIN:+.3f}).\n")

@@ -42,7 +42,8 @@ def main(out_dir: str, plot_only: bool = False) -> None:
     out.mkdir(parents=True, exist_ok=True)
     if plot_only:  # redraw gamma.png from gamma.csv
         with open(out / "gamma.csv", newline="") as fh:
-            plot([{k: (v if k in ("data", "partition") else float(v)) for k, v in r.items()} for r in csv.DictReader(fh)],
+            plot([{k: (v if k in ("data", "partition") else float(v)) for k,
+                   v in r.items()} for r in csv.DictReader(fh)],
                  out)
         return
     rows = []
@@ -60,7 +61,8 @@ def main(out_dir: str, plot_only: bool = False) -> None:
         w = csv.DictWriter(fh, fieldnames=list(rows[0]))
         w.writeheader()
         w.writerows(rows)
-    lines = ["| data | partition | clients | Γ | Γ_IID | ΔΓ | Γ / Γ_IID | label EMD |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["| data | partition | clients | Γ | Γ_IID | ΔΓ | Γ / Γ_IID | label EMD |",
+             "|---|---|---|---|---|---|---|---|"]
     lines += [f"| {r['data']} | {r['partition']} | {r['clients']} | {r['gamma']:.3g} | {r['gamma_iid']:.3g} | "
               f"{r['delta_gamma']:.3g} | {r['ratio']:.2f} | {r['label_emd']:.3f} |" for r in rows]
     (out / "gamma.md").write_text("\n".join(lines) + "\n")

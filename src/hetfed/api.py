@@ -66,7 +66,8 @@ def load_config(source: str | Path | dict | Config | None = None,
     elif source is None or isinstance(source, str | Path):
         raw = read_yaml(source) if source is not None else {}
     else:
-        raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or None")
+        raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or "
+                          "None")
     config = warn_unread(build_config(raw, extra))
     check_config(config)  # the checks between components (hetfed.runs.plan), as `hetfed run` makes them
     return config
@@ -237,7 +238,8 @@ def _method_of(cfg: Config, row: str):
 
 
 def _ids(ids: list[int]) -> str:
-    return "no client" if not ids else (f"clients {ids}" if len(ids) <= 8 else f"{len(ids)} clients ({ids[0]} … {ids[-1]})")
+    return "no client" if not ids else (f"clients {ids}" if len(ids) <= 8 else f"{len(ids)} clients ({ids[0]} … "
+                                                                               f"{ids[-1]})")
 
 
 @dataclass(eq=False)
@@ -414,7 +416,9 @@ class Sweep:
         keys = list(self.record["grid"])
         sel = df[df["metric"] == metric]
         if sel.empty:
-            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}")
+            raise ConfigError(
+                f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}"
+            )
         return sel.pivot_table(index=keys or None, columns="method", values="mean") if keys else \
             sel.set_index("method")[["mean", "ci95", "n"]]
 
@@ -440,7 +444,9 @@ class Sweep:
                 raise ConfigError(f"method {name!r} is not in this sweep: expected one of {known}")
         sel = df[df["metric"] == metric]
         if sel.empty:
-            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}")
+            raise ConfigError(
+                f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}"
+            )
         keys = list(self.record["grid"])
         wide = sel.pivot_table(index=[*keys, "seed"], columns="method", values="value")
         rows = []

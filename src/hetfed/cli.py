@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on other seeds or grid "
                                      "values (from their runs.csv and curves.csv; the run directories are not needed)")
-    p.add_argument("dirs", nargs="+", metavar="SWEEP_DIR", help="sweep directories, or results folders that kept runs.csv")
+    p.add_argument("dirs", nargs="+", metavar="SWEEP_DIR",
+                   help="sweep directories, or results folders that kept runs.csv")
     p.add_argument("--out", metavar="DIR", required=True, help="the merged sweep folder (new or empty)")
     p.set_defaults(func=cmd_merge)
 
@@ -108,7 +109,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     q.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (default: loopback only)")
     q.add_argument("--insecure", action="store_true",
-                   help="no TLS and no SuperNode keys (default: a CA, certificates and keys are made in DIR/credentials)")
+                   help="no TLS and no SuperNode keys (default: a CA, certificates and keys are made in "
+                        "DIR/credentials)")
     q.add_argument("--allow-insecure-remote", action="store_true",
                    help="allow --insecure on a non-loopback --host (a trusted network only)")
     q.add_argument("--superexec-poll", type=float, default=None, metavar="SECONDS",
@@ -119,7 +121,8 @@ def build_parser() -> argparse.ArgumentParser:
     q = fsub.add_parser("stop", help="stop every process of a local deployment (by the PIDs it recorded)")
     q.add_argument("dir")
     q.set_defaults(func=cmd_flower_stop)
-    q = fsub.add_parser("run", help="submit a config to a SuperLink with `flwr run`; the ServerApp writes the run directory")
+    q = fsub.add_parser("run", help="submit a config to a SuperLink with `flwr run`; the ServerApp writes the run "
+                                    "directory")
     _add_config_args(q)
     q.add_argument("--deployment", metavar="DIR", help="a local deployment started with `hetfed flower start`")
     q.add_argument("--connection", default=None,
@@ -223,7 +226,9 @@ def cmd_components(args: argparse.Namespace) -> int:
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
             extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
             extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []
-            extra += ["clients elsewhere" if not c["in_process"] else "clients in this process"] if "in_process" in c else []
+            extra += (
+                ["clients elsewhere" if not c["in_process"] else "clients in this process"] if "in_process" in c else []
+            )
             console.print(Text.assemble(("  " + c["name"], "bold"), f" — {c['summary']}"), soft_wrap=True)
             if extra:
                 console.print(f"    {' · '.join(extra)}", soft_wrap=True, markup=False)
@@ -244,7 +249,8 @@ def cmd_demo(args: argparse.Namespace) -> int:
     for name, entry in summary["models"].items():
         for client in CLIENTS:
             row = entry[client]
-            cells = [row.get(k) for k in ("accuracy", "accuracy_no_filter_cond", "accuracy_no_gate_cond", "accuracy_no_cond")]
+            cells = [row.get(k) for k in ("accuracy", "accuracy_no_filter_cond", "accuracy_no_gate_cond",
+                                          "accuracy_no_cond")]
             table.add_row(name, client, *("-" if c is None else f"{c:.3f}" for c in cells))
     console.print(table)
     console.print(f"figures and summary.json in {out_dir}", soft_wrap=True)
@@ -304,7 +310,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 
     require_flwr()
     if bool(args.deployment) == bool(args.connection):
-        raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME (remote)")
+        raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME "
+                          "(remote)")
     if args.resume is not None:
         given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--out", args.out)) if v]
         if given:
@@ -321,7 +328,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         if args.out is None:
             raise ConfigError("hetfed flower run needs --out DIR (the run directory), or --resume RUN_DIR")
         if Path(args.out).exists():
-            raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a run)")
+            raise ConfigError(f"--out {args.out!r} already exists: choose a new directory (hetfed never overwrites a "
+                              "run)")
     if args.deployment:
         dep = LocalDeployment.load(args.deployment)
         env, connection = dep.env(), CONNECTION
@@ -347,7 +355,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
             raise RunError(f"{reason} (run marked failed in {args.out}; Flower's output: {done.log})")
         sys.stdout.writelines(held)
         tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
-        raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: {done.log})")
+        raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: "
+                       f"{done.log})")
     return 0
 
 
@@ -483,7 +492,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
-    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console, present=present_sweep,
+    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
+              present=present_sweep,
               resume=args.resume,
               jobs=args.jobs, stack=args.stack)
     return 0

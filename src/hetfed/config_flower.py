@@ -63,7 +63,8 @@ class FlowerConfig(Strict):
     )
     min_replies: int = Field(1, ge=1, description="a round with fewer training replies is skipped and logged")
     connect_timeout: float = Field(120, gt=0, description="seconds to wait for one SuperNode per client")
-    client_cpus: float = Field(1, gt=0, description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
+    client_cpus: float = Field(1, gt=0,
+                               description="Simulation Engine: CPUs per ClientApp (2 on 2 cores = 1 at a time)")
     nodes: int | None = Field(
         None, ge=1, description="dataset.name = nodes: how many SuperNodes with their own data to wait for at set-up "
         "(within connect_timeout); the federation is the clients of those that answer without an error")

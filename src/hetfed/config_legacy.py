@@ -60,7 +60,8 @@ MOVED_TO_SERVER = {
 def _move_to_server(section: Any, server: dict, where: str, server_where: str, defaults: dict[str, Any],
                     note: bool = True) -> None:
     """The old ``train`` keys of :data:`MOVED_TO_SERVER` still work: each is put where it now lives (with a
-    one-line deprecation note when ``note``; ``defaults``: the ``server`` section's defaults). A combine option the chosen rule does not take was ignored before
+    one-line deprecation note when ``note``; ``defaults``: the ``server`` section's defaults). A combine option the
+    chosen rule does not take was ignored before
     the rules had their own parameters (``trim_fraction`` beside the mean): it is dropped, as it was."""
     import warnings
 

@@ -93,7 +93,8 @@ class PrivacyConfig(Strict):
     """
 
     noise_multiplier: float | None = Field(None, ge=0, description="z: noise std = z·clip / m (None: no DP)")
-    clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no clipping, "
+    clip: float | None = Field(1.0, gt=0, description="S: each client's update is scaled to norm ≤ S (None: no "
+                                                      "clipping, "
                                "only with noise_multiplier 0)")
     delta: float = Field(1e-5, gt=0, lt=1)
     #: DP-SGD in the clients' local training, beside (or without) the client-level noise above

@@ -127,7 +127,8 @@ class TrainConfig(Strict):
                              "train.stragglers.distribution = 'none': nobody would be late; expected a distribution "
                              "(lognormal, exponential, uniform) or train.clock.deadline (seconds)")
         if self.stragglers.distribution != "none" and self.clock != ClockConfig():
-            raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set is "
+            raise ValueError(f"train.stragglers.distribution = {self.stragglers.distribution!r} with train.clock set "
+                             "is "
                              "not allowed: stragglers is the clock in median-step units; expected train.clock alone "
                              "(latency, spread, deadline in seconds) or train.stragglers alone")
         return self

@@ -84,7 +84,8 @@ class LogProgress:
         unit = self.unit
         if fields.get("rate") in ("clients", "epochs"):  # a task counting clients, not rounds
             unit = fields.pop("rate")
-        extra = " · ".join(f"{k} {str(v).strip()}" for k, v in fields.items() if str(v).strip() and str(v).strip() != "-")
+        extra = " · ".join(f"{k} {str(v).strip()}" for k,
+                           v in fields.items() if str(v).strip() and str(v).strip() != "-")
         line = (f"{time.strftime('%H:%M:%S')} {task['description']}: {unit} {task['completed']:g}{total}"
                 f" · {now - task['start']:.0f} s" + (f" · {extra}" if extra else ""))
         self.console.print(line, soft_wrap=True)

@@ -245,7 +245,8 @@ def gaussian_summary(n: int, mu: np.ndarray, cov: np.ndarray, rng: np.random.Gen
 def gamma_iid_from_summaries(summaries: Sequence[ClientSummary], draws: int = 3, max_clients: int = 100,
                              seed: int = 0) -> tuple[float, float]:
     """The parametric size-matched reference: Γ of clients of the same sizes drawn from the pooled Gaussian
-    (mean, sd over ``draws``; each draw scores at most ``max_clients`` clients, as :func:`hetfed.heterogeneity.gamma_iid`)."""
+    (mean, sd over ``draws``; each draw scores at most ``max_clients`` clients, as
+    :func:`hetfed.heterogeneity.gamma_iid`)."""
     if len(summaries) < 2 or draws < 1:
         return float("nan"), float("nan")
     rng = np.random.default_rng([seed, 0x61E])

@@ -115,7 +115,8 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
     for k in range(len(clients)) if which is None else which:
         idx = clients[k]
         if estimator == "extrapolated" and len(idx) >= 8:
-            out.append(_extrapolated(flat, idx, centre, total_sum, total_xx, len(every), rng or np.random.default_rng(k)))
+            out.append(_extrapolated(flat, idx, centre, total_sum, total_xx, len(every),
+                                     rng or np.random.default_rng(k)))
         else:
             out.append(_client_distance(flat, idx, centre, total_sum, total_xx, len(every)))
     return out
@@ -267,7 +268,8 @@ def gamma_line(h: dict) -> str:
     if h.get("gamma_iid_sd") is not None and ref != "-":
         ref += f" ± {h['gamma_iid_sd']:.4f}"
     return (f"Γ = {f(h.get('gamma'))}   Γ_IID (same client sizes) = {ref}   ΔΓ = Γ − Γ_IID = {f(h.get('gamma_excess'))}"
-            f"   (measured on each client's {h.get('gamma_measured_on', 'train')} data, {h.get('gamma_estimator', 'plain')})")
+            f"   (measured on each client's {h.get('gamma_measured_on', 'train')} data, "
+            f"{h.get('gamma_estimator', 'plain')})")
 
 
 def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, *,

@@ -48,7 +48,8 @@ from hetfed.engine.types import (
 from hetfed.models.base import Model
 
 __all__ = [
-    "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params", "Predictor",
+    "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params",
+    "Predictor",
     "ServerState", "Upload", "client_scores",
 ]
 
@@ -224,7 +225,8 @@ class Algorithm:
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         raise NotImplementedError
 
-    def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:
+    def personalise(self, bc: Broadcast, states: ClientState,
+                    data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:
         """Client-side work after federated training; returns new states and per-client info metrics."""
         return states, {}
 
@@ -262,7 +264,8 @@ def global_params(algo: Algorithm, state: ServerState) -> Params:
     return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
 
 
-def server_step(algo: Algorithm, state: ServerState, upload: Upload, scale: float = 1.0) -> tuple[Params, dict[str, Any]]:
+def server_step(algo: Algorithm, state: ServerState, upload: Upload,
+                scale: float = 1.0) -> tuple[Params, dict[str, Any]]:
     """The server pipeline on a round's updates: ``(new shared params, server extra)`` — what an algorithm's
     ``aggregate`` calls.
 
@@ -274,7 +277,8 @@ def server_step(algo: Algorithm, state: ServerState, upload: Upload, scale: floa
     """
     chain = algo.context.pipeline
     if chain is None:
-        raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms with "
+        raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms "
+                           "with "
                            "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
     params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
                                      seed=algo._seed, expected_clients=algo._expected_clients, scale=scale)

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from hetfed.config import PrivacyConfig, TrainConfig
     from hetfed.engine.local import LocalSchedule
+    from hetfed.engine.types import Params, RoundUploads, Upload
     from hetfed.interface import Algorithm
     from hetfed.server.chain import Chain
 
@@ -37,7 +38,7 @@ class RunSpec:
     train: TrainConfig
     seed: int
     schedule: LocalSchedule
-    chain: Chain | None
+    chain: Chain
     privacy: PrivacyConfig | None = None
     records: PrivacyConfig | None = None
     n_clients: int = 0
@@ -47,7 +48,25 @@ class RunSpec:
     @property
     def min_clients(self) -> int:
         """A round with fewer accepted updates is skipped (``server.min_clients``)."""
-        return self.chain.min_clients if self.chain is not None else 1
+        return self.chain.min_clients
+
+    def holds_round(self) -> bool:
+        """Whether a round's updates must be held together (:meth:`~hetfed.server.chain.Chain.holds_round`)."""
+        return self.chain.holds_round(self.algo.capabilities.whole_round)
+
+    def receiving(self, reference: Params, stream: bool = True) -> RoundUploads:
+        """The server chain's receiving side of a round of this method's updates
+        (:meth:`~hetfed.server.chain.Chain.receiving`)."""
+        caps = self.algo.capabilities
+        return self.chain.receiving(reference, asynchronous=caps.asynchronous, whole_round=caps.whole_round,
+                                    stream=stream)
+
+    def receiving_encoded(self, reference: Params, uploads: list[Upload]) -> Upload:
+        """A round of this method's updates that travelled encoded, decoded and received
+        (:meth:`~hetfed.server.chain.Chain.receiving_encoded`)."""
+        caps = self.algo.capabilities
+        return self.chain.receiving_encoded(reference, uploads, asynchronous=caps.asynchronous,
+                                            whole_round=caps.whole_round)
 
     def model_identity(self) -> tuple[Any, ...]:
         """What makes two runs' models the same computation when scored: the algorithm and its parameters and the

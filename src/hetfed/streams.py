@@ -178,7 +178,8 @@ class PermutationLayout(NamedTuple):
     n_epochs: int
 
 
-def permutation_layout(sizes: Sequence[int], epochs: Sequence[int], device: torch.device | str) -> PermutationLayout | None:
+def permutation_layout(sizes: Sequence[int], epochs: Sequence[int],
+                       device: torch.device | str) -> PermutationLayout | None:
     """:class:`PermutationLayout` of clients of ``sizes`` positions shuffled ``epochs`` times (None: nothing to
     shuffle)."""
     lengths = [n * e for n, e in zip(sizes, epochs, strict=True)]

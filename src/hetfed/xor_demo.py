@@ -81,7 +81,8 @@ def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150
     out_dir = new_run_dir(out, "runs", "demo-xor")
     summary: dict = {"seed": seed, "rounds": rounds, "models": {}}
     trained = {}
-    for name, cfg in (("mlp_2_hidden", ModelConfig(kind="mlp", hidden=[2])), ("cgau_1_unit", ModelConfig(kind="cgau", hidden=[1], dropout=0.0))):
+    for name, cfg in (("mlp_2_hidden", ModelConfig(kind="mlp", hidden=[2])),
+                      ("cgau_1_unit", ModelConfig(kind="cgau", hidden=[1], dropout=0.0))):
         model, algo, result = _train(cfg, fed, seed, rounds)
         trained[name] = (model, algo, result)
         entry: dict = {}
@@ -89,8 +90,10 @@ def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150
             test = fed.test[k]
             row = {"accuracy": _accuracy(model, _client_params(algo, result, k), fed.x[test], fed.y[test])}
             if isinstance(model, CGAUNet):
-                for label, f, g in (("no_filter_cond", False, True), ("no_gate_cond", True, False), ("no_cond", False, False)):
-                    row[f"accuracy_{label}"] = _accuracy(model, _client_params(algo, result, k, f, g), fed.x[test], fed.y[test])
+                for label, f, g in (("no_filter_cond", False, True), ("no_gate_cond", True, False),
+                                    ("no_cond", False, False)):
+                    row[f"accuracy_{label}"] = _accuracy(model, _client_params(algo, result, k, f, g), fed.x[test],
+                                                         fed.y[test])
             entry[client] = row
         summary["models"][name] = entry
     _figures(fed, trained, out_dir)
@@ -127,7 +130,8 @@ def _figures(fed: Federation, trained: dict, out_dir: Path) -> None:
 
     model, algo, result = trained["cgau_1_unit"]
     # boundaries with each kind of conditioning turned off
-    variants = (("conditioned", True, True), ("filter cond off", False, True), ("gate cond off", True, False), ("all cond off", False, False))
+    variants = (("conditioned", True, True), ("filter cond off", False, True), ("gate cond off", True, False),
+                ("all cond off", False, False))
     fig, axes = plt.subplots(2, 4, figsize=(16, 8))
     for k, client in enumerate(CLIENTS):
         for j, (label, f, g) in enumerate(variants):

@@ -30,7 +30,8 @@ def _setup(kind="logreg", fraction=0.4, **afl):
     fed = make_federation(_dataset(), PartitionConfig(kind="dirichlet", clients=10, alpha=0.5, min_size=8), 0)
     train = TrainConfig(rounds=6, client_fraction=fraction, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
-    model = build_model(ModelConfig(kind=kind, **({"hidden": [8]} if kind == "mlp" else {})), fed.input_shape, fed.n_classes)
+    model = build_model(ModelConfig(kind=kind, **({"hidden": [8]} if kind == "mlp" else {})), fed.input_shape,
+                        fed.n_classes)
     return fed, train, build_algorithm("afl", model, train, AFLConfig(**afl))
 
 

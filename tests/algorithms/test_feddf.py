@@ -38,7 +38,8 @@ def _algo(kind="logreg", **cfg):
     fed = _fed()
     train = TrainConfig(rounds=3, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
-    model = build_model(ModelConfig(kind=kind, **({"hidden": [8]} if kind == "mlp" else {})), fed.input_shape, fed.n_classes)
+    model = build_model(ModelConfig(kind=kind, **({"hidden": [8]} if kind == "mlp" else {})), fed.input_shape,
+                        fed.n_classes)
     return fed, train, build_algorithm("feddf", model, train, FedDFConfig(**cfg))
 
 

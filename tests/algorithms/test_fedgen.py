@@ -32,7 +32,8 @@ def _setup(kind="mlp", algorithm="fedgen", **cfg):
     train = TrainConfig(rounds=3, local_steps=3, batch_size=8, eval_every=3,
                         optimizer={"kind": "sgd", "lr": 0.1, "momentum": 0.0})
     model = build_model(ModelConfig(kind=kind, hidden=[8]), fed.input_shape, fed.n_classes)
-    return fed, train, build_algorithm(algorithm, model, train, FedGenConfig(**{"server_steps": 5, **cfg}) if algorithm == "fedgen" else None)
+    return fed, train, build_algorithm(algorithm, model, train,
+                                       FedGenConfig(**{"server_steps": 5, **cfg}) if algorithm == "fedgen" else None)
 
 
 def test_generator_loss_is_the_label_weighted_ensemble_of_heads():

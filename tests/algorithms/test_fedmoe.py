@@ -28,7 +28,8 @@ class _Data:
 def _config(**train):
     return build_config({
         "partition": {"kind": "majority", "clients": 10, "p": 0.9, "samples_per_client": 60, "opt_out": 0.5},
-        "train": {"rounds": 6, "clients_per_round": 3, "optimizer": {"kind": "adam", "lr": 0.01}, "eval_every": 2, **train},
+        "train": {"rounds": 6, "clients_per_round": 3, "optimizer": {"kind": "adam", "lr": 0.01}, "eval_every": 2,
+                  **train},
         "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 4, "patience": 2}}],
     })
 
@@ -66,7 +67,8 @@ def test_mixture_blends_in_probability_space():
     torch.testing.assert_close(mix.forward(p, x).exp(), expected)
     p["gate.layers.1.bias"] = torch.full_like(p["gate.layers.1.bias"], 50.0)  # h → 1: the specialist alone
     torch.testing.assert_close(mix.forward(p, x).exp(), f_s.softmax(-1), atol=1e-5, rtol=1e-5)
-    log_mix = Mixture(mix.expert.__class__ and (lambda n: build_model(ModelConfig(hidden=[5]), (3,), n)), 4, blend="log")
+    log_mix = Mixture(mix.expert.__class__ and (lambda n: build_model(ModelConfig(hidden=[5]), (3,), n)), 4,
+                      blend="log")
     torch.testing.assert_close(log_mix.forward(p, x), f_s, atol=1e-4, rtol=1e-4)
     assert all(s.local for s in mix.specs())  # specialist, gate and the global copy stay on the client
 
@@ -108,7 +110,11 @@ def test_personalisation_executors_agree():
         for key in ("local_accuracy", "global_accuracy"):
             assert seq[m][key] == pytest.approx(vec[m][key], abs=1e-6), (m, key)
         for key in ("global_accuracy_own", "global_accuracy_other", "gate_own", "gate_other"):
-            assert (key in seq[m]["best"]) == (key in vec[m]["best"]) == (m == "mixture" or "gate" not in key and m != "fedavg")
+            assert (
+                (key in seq[m]["best"])
+                == (key in vec[m]["best"])
+                == (m == "mixture" or "gate" not in key and m != "fedavg")
+            )
             if key in seq[m]["best"]:
                 assert seq[m]["best"][key] == pytest.approx(vec[m]["best"][key], abs=1e-6), (m, key)
         assert seq[m]["best"]["local_loss_mean"] == pytest.approx(vec[m]["best"]["local_loss_mean"], rel=1e-4)
@@ -127,7 +133,8 @@ def test_local_optimizer_trains_only_the_local_baseline():
         assert same[m]["local_accuracy"] == base[m]["local_accuracy"], m
     for m in ("fedavg", "finetuned", "mixture"):
         assert other[m]["local_accuracy"] == base[m]["local_accuracy"], m
-    assert other["local"]["best"]["local_loss_mean"] != pytest.approx(base["local"]["best"]["local_loss_mean"], rel=1e-3)
+    assert other["local"]["best"]["local_loss_mean"] != pytest.approx(base["local"]["best"]["local_loss_mean"],
+                                                                      rel=1e-3)
 
 
 def test_personalising_only_the_evaluated_clients_gives_them_the_same_models():
@@ -137,7 +144,8 @@ def test_personalising_only_the_evaluated_clients_gives_them_the_same_models():
     for m in ("local", "finetuned", "mixture"):
         a, b = every[m]["evaluation"].per_client, sample[m]["evaluation"].per_client
         for key in ("local_accuracy", "local_loss", "global_accuracy"):
-            np.testing.assert_allclose(np.asarray(a[key]), np.asarray(b[key]), rtol=1e-4, atol=1e-6, err_msg=f"{m} {key}")
+            np.testing.assert_allclose(np.asarray(a[key]), np.asarray(b[key]), rtol=1e-4, atol=1e-6, err_msg=f"{m} "
+                                                                                                             f"{key}")
 
 
 def test_fedmoe_run_prints_four_methods_and_writes_them(tmp_path, capsys):
@@ -168,7 +176,8 @@ def _check_own_class_split(run_dir, summary):
         model = run.model(view)
         for k in model.clients:
             labels = fed.client_data(k, "train")[1]
-            own = np.isin(y, np.flatnonzero(np.bincount(labels, minlength=fed.n_classes) / len(labels) > 1 / fed.n_classes))
+            own = np.isin(y, np.flatnonzero(np.bincount(labels,
+                                                        minlength=fed.n_classes) / len(labels) > 1 / fed.n_classes))
             hit = model.predict(x, client=k) == y
             ref.setdefault(view, {}).setdefault("own", []).append(hit[own].mean())
             ref[view].setdefault("other", []).append(hit[~own].mean())
@@ -176,7 +185,9 @@ def _check_own_class_split(run_dir, summary):
                 states = {n: v[k : k + 1] for n, v in model.client_states["states"].items()}
                 gate = Mixture.part(states, "mixture.gate")
                 with torch.no_grad():
-                    h = torch.sigmoid(model.algorithm.mixture.gate.forward(gate, torch.as_tensor(x)[None], None))[0, :, 0]
+                    h = torch.sigmoid(model.algorithm.mixture.gate.forward(gate, torch.as_tensor(x)[None], None))[
+                        0, :, 0
+                    ]
                 ref[view].setdefault("gate_own", []).append(h.numpy()[own].mean())
                 ref[view].setdefault("gate_other", []).append(h.numpy()[~own].mean())
         best = summary["methods"][view]["best"]

@@ -65,7 +65,8 @@ class _Data:
 def _algo(train, cfg=None):
     fed = make_federation(_Data(), PartitionConfig(kind="shards", clients=4, shards_per_client=1), 0)
     model = build_model(ModelConfig(hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
-    return fed, build_algorithm("fsnet", model, train, cfg or FSNetConfig(server_steps=60, server_batch=64, n_synthetic=12),
+    return fed, build_algorithm("fsnet", model, train,
+                                cfg or FSNetConfig(server_steps=60, server_batch=64, n_synthetic=12),
                                 in_features=6)
 
 

@@ -272,7 +272,8 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_the_whole_mod
 @pytest.mark.parametrize("variant", ["fo", "hf"])
 def test_per_fedavg_takes_algorithm_1s_meta_step_on_independent_batches(variant):
     inner, b = 0.05, 3
-    train = TrainConfig(rounds=1, batch_size=b, local_steps=1, optimizer=OptimizerConfig(kind="sgd", lr=LR, momentum=0.0))
+    train = TrainConfig(rounds=1, batch_size=b, local_steps=1,
+                        optimizer=OptimizerConfig(kind="sgd", lr=LR, momentum=0.0))
     model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
     algo = build_algorithm("perfedavg", model, train, {"inner_lr": inner, "variant": variant}, seed=7)
     gen = torch.Generator().manual_seed(0)

@@ -21,7 +21,8 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "methods.md"
 def table_rows() -> list[dict]:
     """The rows of the Upload table: config column and the backticked Upload.extra fields."""
     lines = DOC.read_text().splitlines()
-    start = next(i for i, ln in enumerate(lines) if ln.startswith("| method | config | `Upload.params` | `Upload.extra`"))
+    start = next(i for i,
+                 ln in enumerate(lines) if ln.startswith("| method | config | `Upload.params` | `Upload.extra`"))
     rows = []
     for line in lines[start + 2:]:
         if not line.startswith("|"):

@@ -104,7 +104,8 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     pytest.importorskip("flwr")
     root = str(Path(__file__).resolve().parents[2])
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
-    # asynchronous methods refuse client sampling (their concurrency says who trains); tests/executors/test_async.py runs
+    # asynchronous methods refuse client sampling (their concurrency says who trains); tests/executors/test_async.py
+    # runs
     # them on Flower
     names = [n for n in registry.names() if not registry.get(n).capabilities.asynchronous]
     assert TOY in names

@@ -529,7 +529,8 @@ def test_fedcacs_server_keeps_each_clients_mean_over_its_collaborators_and_avera
             torch.testing.assert_close(after.extra["customised"][name][k], v[group].mean(0))
     assert after.extra["known"].tolist() == [1.0, 1.0, 0.0, 1.0, 0.0, 1.0]
     for name, v in params.items():  # the global model: FedAvg's sample-weighted mean
-        torch.testing.assert_close(after.params[name], (v * torch.tensor([1.0, 2, 3, 4]).view(-1, *[1] * (v.dim() - 1))).sum(0) / 10)
+        torch.testing.assert_close(after.params[name],
+                                   (v * torch.tensor([1.0, 2, 3, 4]).view(-1, *[1] * (v.dim() - 1))).sum(0) / 10)
 
 
 # --------------------------------------------------------------------------------------------- FedFomo
@@ -860,7 +861,8 @@ def test_gpfls_step_is_pfllibs_with_its_category_embeddings_and_conditional_valv
         torch.testing.assert_close(upload.params[k][0], (model[k] - LR * model[k].grad).detach())
     for k in HEAD:
         torch.testing.assert_close(new[k][0], (model[k] - LR * model[k].grad).detach())
-    torch.testing.assert_close(upload.params[GCE][0], embedding.weight - LR * (embedding.weight.grad + mu * embedding.weight))
+    torch.testing.assert_close(upload.params[GCE][0],
+                               embedding.weight - LR * (embedding.weight.grad + mu * embedding.weight))
     for branch, seq in (("gamma", cov.Conditional_gamma), ("beta", cov.Conditional_beta)):
         lin, norm = seq[0], seq[2]
         for name, p in ((f"{COV}{branch}.weight", lin.weight), (f"{COV}{branch}.bias", lin.bias),
@@ -1137,7 +1139,8 @@ def test_pfedfdas_server_averages_the_adaptive_statistics_by_training_samples():
 
     algo, server, state, data, x, y = _setup("pfedfda")
     upload, _ = algo.local_update(algo.broadcast(server, 0), {k: v.unsqueeze(0) for k, v in state.items()}, data)
-    two = replace(upload, client_ids=[0, 1], params={k: v.repeat(2, *[1] * (v.dim() - 1)) for k, v in upload.params.items()},
+    two = replace(upload, client_ids=[0, 1], params={k: v.repeat(2, *[1] * (v.dim() - 1)) for k,
+                                                     v in upload.params.items()},
                   num_samples=torch.tensor([6.0, 2.0]),
                   extra={**upload.extra, MEANS: torch.stack([upload.extra[MEANS][0], torch.zeros(2, 4)]),
                          COV: torch.stack([upload.extra[COV][0], torch.eye(4)])})

@@ -97,7 +97,8 @@ def test_swapping_the_sides_mirrors_everything(pairs):
 @pytest.mark.slow
 def test_a_sweep_writes_every_runs_values_and_pairs_them(tmp_path, capsys):
     out = tmp_path / "sweep"
-    assert main(["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set", "train.eval_every=1",
+    assert main(["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set",
+                 "train.eval_every=1",
                  "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(out)]) == 0
     capsys.readouterr()
     with open(out / "runs.csv") as fh:
@@ -164,7 +165,8 @@ def _fixture(tmp_path: Path) -> Path:
         for when, shift in (("best", 0.0), ("final", -0.01)):
             shards[("fedavg", f"{when}.global_accuracy", s)] = 0.70 + 0.02 * s + shift
             shards[("fsnet", f"{when}.global_accuracy", s)] = 0.75 + 0.02 * s + shift + (0.001 * s)
-            shards[("fedprox", f"{when}.global_accuracy", s)] = 0.70 + 0.02 * s + shift + (0.012 if s % 2 == 0 else -0.01)
+            shards[("fedprox", f"{when}.global_accuracy",
+                    s)] = 0.70 + 0.02 * s + shift + (0.012 if s % 2 == 0 else -0.01)
     _write_runs(tmp_path / "paper" / "shards", shards)
     _write_runs(tmp_path / "paper" / "iid", {("fedavg", f"{w}.global_accuracy", s): 0.96 + 0.001 * s
                                               for s in seeds for w in ("best", "final")})
@@ -173,8 +175,10 @@ def _fixture(tmp_path: Path) -> Path:
          "protocol": "paper's", "kind": "paired", "folder": "paper/shards", "metric": "global_accuracy",
          "point": {"train.client_fraction": 0.1}, "a": {"method": "fsnet"}, "b": {"method": "fedavg"},
          "paper_value": 0.444, "note": "the gain is 5 points here"},
-        {"id": "gain-size", "paper": "Fed-FSNet", "claim": "Fed-FSNet beats FedAvg by about 5 points", "where": "Table 1",
-         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards", "metric": "global_accuracy",
+        {"id": "gain-size", "paper": "Fed-FSNet", "claim": "Fed-FSNet beats FedAvg by about 5 points",
+         "where": "Table 1",
+         "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
+         "metric": "global_accuracy",
          "a": {"method": "fsnet"}, "b": {"method": "fedavg"}, "paper_value": 0.051},
         {"id": "prox", "paper": "Fed-FSNet", "claim": "Fed-FSNet is beaten by FedProx", "where": "Table 2",
          "dataset": "MNIST", "protocol": "paper's", "kind": "paired", "folder": "paper/shards",
@@ -312,7 +316,8 @@ def test_bad_claims_are_refused_with_the_key_and_what_is_allowed(tmp_path):
     claims = yaml.safe_load((root / "claims.yaml").read_text())
     claims["claims"][0]["kind"] = "ranked"
     (root / "claims.yaml").write_text(yaml.safe_dump(claims))
-    with pytest.raises(ConfigError, match=r"kind 'ranked' is not allowed: expected one of \['paired', 'value', 'not_run'\]"):
+    with pytest.raises(ConfigError, match=r"kind 'ranked' is not allowed: expected one of \['paired', 'value', "
+                                          r"'not_run'\]"):
         render(root, root / "claims.yaml")
     claims["claims"][0].update(kind="paired", a={"method": "fedgen"})
     (root / "claims.yaml").write_text(yaml.safe_dump(claims))
@@ -366,7 +371,8 @@ def test_the_runs_table_command_prints_the_table(tmp_path, capsys):
     root = _fixture(tmp_path)
     tables = _script("tables", "results")
     assert tables.main(["runs", str(root / "paper" / "shards"), "fedavg", "global_accuracy"]) == 0
-    assert capsys.readouterr().out == tables.runs_table(root / "paper" / "shards", "fedavg", ("global_accuracy",)) + "\n"
+    assert capsys.readouterr().out == tables.runs_table(root / "paper" / "shards", "fedavg",
+                                                        ("global_accuracy",)) + "\n"
 
 
 def test_the_paper_readme_tables_are_what_the_results_give():
@@ -380,7 +386,8 @@ def test_the_paper_readme_tables_are_what_the_results_give():
     assert _script("fedmoe_table1").table() in readme
     for folder, key in (("optout_p0.8", "partition.opt_out"), ("optout_p0.2", "partition.opt_out"),
                         ("alpha", "partition.alpha")):
-        assert _script("fedmoe_table1").table([REPO / "results" / "paper" / "fedmoe_fmnist" / folder], key=key) in readme
+        assert _script("fedmoe_table1").table([REPO / "results" / "paper" / "fedmoe_fmnist" / folder],
+                                              key=key) in readme
     assert _script("fsnet_rounds").round_table(REPO / "results" / "paper" / "fsnet_mnist" / "shards") in readme
 
 

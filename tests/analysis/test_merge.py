@@ -29,7 +29,8 @@ def _runs(folder: Path, seeds: dict[int, dict[str, float]]) -> Path:
     rows: list[list] = [["partition.p", "seed", "method", "metric", "value"]]
     for seed, per_point in seeds.items():
         for p, acc in per_point.items():
-            rows += [[p, seed, "(data)", "gamma", repr(10 * acc)], [p, seed, "fedavg", "best.global_accuracy", repr(acc)]]
+            rows += [[p, seed, "(data)", "gamma", repr(10 * acc)], [p, seed, "fedavg", "best.global_accuracy",
+                                                                    repr(acc)]]
     _write(folder / "runs.csv", rows)
     curves: list[list] = [["partition.p", "seed", "method", "round", "metric", "value"]]
     for seed, per_point in seeds.items():

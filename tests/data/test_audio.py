@@ -35,7 +35,8 @@ def _tone(seconds: float, hz: float, rate: int = 44_100) -> np.ndarray:
 def write_fsd(folder: Path, per_class: int = 3) -> None:
     """The Zenodo layout: FSDKaggle2018.meta/*.csv and the two audio folders, 44.1 kHz 16-bit PCM."""
     (folder / "FSDKaggle2018.meta").mkdir(parents=True)
-    for split, csv_name in (("train", "train_post_competition.csv"), ("test", "test_post_competition_scoring_clips.csv")):
+    for split, csv_name in (("train", "train_post_competition.csv"), ("test",
+                                                                      "test_post_competition_scoring_clips.csv")):
         audio = folder / f"FSDKaggle2018.audio_{split}"
         audio.mkdir()
         rows = []
@@ -65,7 +66,8 @@ def test_fsd_layout_is_read_and_cough_against_the_rest_by_name(tmp_path):
 
 
 def test_missing_fsd_files_say_where_hetfed_looked_and_how_to_get_them(tmp_path):
-    with pytest.raises(DataError, match=r"FSDKaggle2018.meta/train_post_competition.csv.*looked in .*zenodo.org/record/2552860"):
+    with pytest.raises(DataError, match=r"FSDKaggle2018.meta/train_post_competition.csv.*looked in "
+                                        r".*zenodo.org/record/2552860"):
         load_dataset(DatasetConfig(name="fsd_kaggle2018", data_dir=str(tmp_path)))
     write_fsd(tmp_path / "fsd")
     (tmp_path / "fsd" / "FSDKaggle2018.audio_test" / "test10.wav").unlink()

@@ -27,7 +27,8 @@ def _reference(pred: Predictor, data: ClientEvalData) -> dict[str, list[float]]:
         params = {k: v[j : j + 1] for k, v in pred.params.items()}
         for split, index in (("local", data.test[j]), ("val", data.val[j])):
             x = data.x[torch.as_tensor(index, dtype=torch.long)]
-            s = scores(pred.model.forward(params, x.unsqueeze(0), None)[0], data.y[torch.as_tensor(index, dtype=torch.long)])
+            s = scores(pred.model.forward(params, x.unsqueeze(0), None)[0],
+                       data.y[torch.as_tensor(index, dtype=torch.long)])
             out.setdefault(f"{split}_accuracy", []).append(s["accuracy"])
             out.setdefault(f"{split}_loss", []).append(s["loss"])
             if split == "val":
@@ -37,8 +38,10 @@ def _reference(pred: Predictor, data: ClientEvalData) -> dict[str, list[float]]:
                 out.setdefault("local_n", []).append(s["n"])
         if data.n_classes == 2:
             yt = data.y[torch.as_tensor(data.test[j], dtype=torch.long)]
-            lg = pred.model.forward(params, data.x[torch.as_tensor(data.test[j], dtype=torch.long)].unsqueeze(0), None)[0]
-            out.setdefault("local_auc", []).append(auc(yt.numpy(), lg.softmax(-1)[:, 1].numpy()) if len(yt) else float("nan"))
+            lg = pred.model.forward(params, data.x[torch.as_tensor(data.test[j], dtype=torch.long)].unsqueeze(0),
+                                    None)[0]
+            out.setdefault("local_auc", []).append(auc(yt.numpy(),
+                                                       lg.softmax(-1)[:, 1].numpy()) if len(yt) else float("nan"))
         glob = pred.model.forward(params, data.x_global.unsqueeze(0), None)[0]
         g = scores(glob, data.y_global)
         masked = data.global_mask is not None and not data.global_mask[j]
@@ -65,7 +68,8 @@ def test_a_stacks_scores_equal_each_clients_scores_alone(classes: int) -> None:
     params = {k: v.expand(n, *v.shape) + 0.3 * torch.randn(n, *v.shape)
               for k, v in model.init_shared(torch.Generator().manual_seed(1)).items()}
     pred = Predictor(model, params, personalised=True)
-    data = ClientEvalData(list(range(n)), x, y, test, val, torch.randn(50, dim), torch.randint(0, classes, (50,)), classes,
+    data = ClientEvalData(list(range(n)), x, y, test, val, torch.randn(50, dim), torch.randint(0, classes, (50,)),
+                          classes,
                           [True, True, False, True, True, True], train)
     got, ref = client_scores(pred, data), _reference(pred, data)
     for key, values in ref.items():

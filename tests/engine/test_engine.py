@@ -46,7 +46,9 @@ EQUIV_TRAINS = [
     TrainConfig(rounds=3, local_epochs=2, batch_size=8, optimizer=OptimizerConfig(lr=0.05, momentum=0.9)),
     TrainConfig(rounds=3, local_steps=5, batch_size=16, steps_cap_one_pass=True, client_fraction=0.5,
                 optimizer=OptimizerConfig(kind="adam", lr=0.01, reset_each_round=False)),
-    TrainConfig(rounds=2, local_epochs=1, batch_size=10, optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False), lr_decay=0.9),
+    TrainConfig(rounds=2, local_epochs=1, batch_size=10,
+                optimizer=OptimizerConfig(lr=0.1, momentum=0.5, weight_decay=1e-3, reset_each_round=False),
+                lr_decay=0.9),
 ]
 #: the server step of each EQUIV_TRAINS case (the last one moves by a server lr and with FedAvgM)
 EQUIV_SERVERS = [ServerConfig(), ServerConfig(optimizer={"kind": "adam", "lr": 0.05}),
@@ -192,7 +194,8 @@ def test_mlp_matches_torch_module():
 @pytest.mark.parametrize("shape", [(28, 28), (32, 32, 3), (8, 8)])
 def test_lenet_shapes(shape):
     model = LeNet(shape, 10)
-    params = {k: v.unsqueeze(0).repeat(2, *[1] * v.ndim) for k, v in model.init_shared(torch.Generator().manual_seed(0)).items()}
+    params = {k: v.unsqueeze(0).repeat(2, *[1] * v.ndim) for k,
+              v in model.init_shared(torch.Generator().manual_seed(0)).items()}
     x = torch.rand(2, 5, int(np.prod(shape)))
     assert model.forward(params, x).shape == (2, 5, 10)
     assert model.local_names == []
@@ -409,7 +412,8 @@ def test_a_kept_plan_layout_gives_the_plans_of_a_fresh_one(monkeypatch):
     starts = np.cumsum([0, *sizes[:-1]])
 
     def data(seeds, shift):
-        return ClientData([0, 1, 2, 3], x, y, [np.arange(s, s + m) + shift for s, m in zip(starts, sizes, strict=True)], seeds)
+        return ClientData([0, 1, 2, 3], x, y, [np.arange(s, s + m) + shift for s, m in zip(starts, sizes, strict=True)],
+                          seeds)
 
     first = plan_steps(data([1, 2, 3, 4], 0), schedule, torch.device("cpu"))
     kept = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))

@@ -50,7 +50,8 @@ def test_a_noiseless_step_is_the_mean_of_per_sample_clipped_gradients():
         total = {k: torch.zeros_like(v[j]) for k, v in params.items()}
         for i in idx:
             leaves = {k: v[j].clone().requires_grad_(True) for k, v in params.items()}
-            loss = F.cross_entropy(model.forward({k: v[None] for k, v in leaves.items()}, data.x[i].reshape(1, 1, -1))[0],
+            loss = F.cross_entropy(model.forward({k: v[None] for k, v in leaves.items()},
+                                                 data.x[i].reshape(1, 1, -1))[0],
                                    data.y[i].reshape(1))
             g = dict(zip(leaves, torch.autograd.grad(loss, list(leaves.values())), strict=True))
             norm = torch.sqrt(sum((v ** 2).sum() for v in g.values()))

@@ -92,7 +92,8 @@ def test_a_rounds_upload_is_in_client_id_order_whatever_the_stacks():
         rows.add(up(ids))
     whole = rows.result()
     assert whole.client_ids == [0, 1, 3, 5, 7]
-    assert whole.params["w"][:, 0].tolist() == [0, 1, 3, 5, 7] and whole.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]
+    assert whole.params["w"][:, 0].tolist() == [0, 1, 3, 5,
+                                                7] and whole.extra["m"][:, 0].tolist() == [0, 10, 30, 50, 70]
     assert whole.num_samples.tolist() == [1, 2, 4, 6, 8]
     streamed = RoundUploads()
     for ids in ([3, 7], [0, 5], [1]):

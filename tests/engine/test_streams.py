@@ -55,7 +55,8 @@ def test_uniform_bits_pass_a_chi_square_and_neighbouring_counters_are_uncorrelat
 @given(seeds=st.lists(st.integers(0, 2**64 - 1), min_size=1, max_size=5), start=st.integers(0, 2**31 - 5000),
        length=st.integers(1, 4099), p=st.sampled_from([0.0, 0.1, 0.5, 0.9, 1.0]))
 def test_the_int32_form_draws_the_same_bits_and_compares_them_unsigned(seeds, start, length, p):
-    """The dropout masks' int32 form (``seeded32``/``next32``, ``at_least``) is the int64 form's numbers: every bit of every
+    """The dropout masks' int32 form (``seeded32``/``next32``, ``at_least``) is the int64 form's numbers: every bit of
+    every
     draw, at any counter (lengths that leave a vectorised loop's scalar tail included), and the unsigned threshold."""
     key = streams.keys(seeds, "cpu")[:, None]
     counters = torch.arange(start, start + length)[None]

@@ -404,13 +404,15 @@ def test_the_results_tables_read_accuracy_at_a_time_budget_and_bytes(tmp_path, c
     import importlib.util
     from pathlib import Path
 
-    spec = importlib.util.spec_from_file_location("tables", Path(__file__).resolve().parents[2] / "results" / "tables.py")
+    spec = importlib.util.spec_from_file_location("tables",
+                                                  Path(__file__).resolve().parents[2] / "results" / "tables.py")
     tables = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(tables)
     config = tmp_path / "c.yaml"
     config.write_text("partition: {clients: 6}\ntrain: {rounds: 6, clock: {latency: lognormal}}\nmethods: "
                       "[{name: a_f32, algorithm: fedavg}, {name: a_q4, algorithm: fedavg, server: {compression: "
-                      "{kind: qsgd, bits: 4}}}, {name: buff, algorithm: fedbuff, params: {concurrency: 4, buffer: 2}}]\n")
+                      "{kind: qsgd, bits: 4}}}, {name: buff, algorithm: fedbuff, params: {concurrency: 4, buffer: "
+                      "2}}]\n")
     out = tmp_path / "sweep"
     assert main(["sweep", str(config), "--seeds", "2", "--out", str(out), "--quiet"]) == 0
     capsys.readouterr()

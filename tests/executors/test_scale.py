@@ -51,7 +51,8 @@ def test_streamed_aggregation_equals_the_stacked_one(sizes, seed, server_lr):
         ids = list(range(start, start + n))
         start += n
         uploads.append(Upload(ids, {k: torch.randn(n, *v.shape, generator=g) for k, v in old.items()},
-                              torch.randint(1, 50, (n,), generator=g).float(), {"train_loss": torch.rand(n, generator=g)}))
+                              torch.randint(1, 50, (n,), generator=g).float(),
+                              {"train_loss": torch.rand(n, generator=g)}))
     acc = RoundUploads()
     for u in uploads:
         acc.add(u)
@@ -110,7 +111,8 @@ def test_a_gpu_runs_client_states_live_on_its_device_while_they_fit_and_on_the_c
     # (a meta tensor cannot be copied to the CPU: the stack that goes there is a CPU one here, a GPU one in a run)
     store.scatter([1, 3], {"rows": torch.ones(2, 4, device="meta"), "control": torch.ones(2, 8, device="meta"),
                            "big": torch.ones(2, 100)})
-    assert store.devices() == {"rows": torch.device("meta"), "control": torch.device("meta"), "big": torch.device("cpu")}
+    assert store.devices() == {"rows": torch.device("meta"), "control": torch.device("meta"),
+                               "big": torch.device("cpu")}
     got = store.gather([3, 1], "meta")
     assert {k: v.device.type for k, v in got.items()} == {"rows": "meta", "control": "meta", "big": "meta"}
     assert got["big"].shape == (2, 100) and got["control"].shape == (2, 8)

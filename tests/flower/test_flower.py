@@ -179,7 +179,8 @@ def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tm
 
 def test_a_round_is_one_exchange_per_node_its_evaluation_riding_on_the_next_training(tmp_path, monkeypatch):
     """Round r's evaluation rides on round r + 1's training message, and the set-up query on round 1's: 2 nodes ×
-    (round 1's training, one exchange per evaluated round) instead of 2 × (1 + 2 per round); the numbers stay the in-process ones
+    (round 1's training, one exchange per evaluated round) instead of 2 × (1 + 2 per round); the numbers stay the
+    in-process ones
     (Ditto: its clients keep their personal models on the nodes). With early stopping a round goes out with an
     evaluation only when that evaluation cannot stop the run: no node trains a round the run then drops (the wire
     log counts the training replies; without the rule this run trains a 4th round on the nodes)."""
@@ -262,7 +263,9 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         deployed = json.loads((tmp_path / "run" / "summary.json").read_text())
         _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
         # Γ from the summaries the SuperNodes sent equals the in-process Γ of the same federation
-        assert deployed["methods"]["cgau"]["gamma_from_summaries"]["gamma"] == pytest.approx(deployed["gamma"], rel=1e-6)
+        assert deployed["methods"]["cgau"]["gamma_from_summaries"]["gamma"] == pytest.approx(
+            deployed["gamma"], rel=1e-6
+        )
         # Flower's SuperExecs, which start a process per message, look for messages as often as the deployment says
         execs = [p for pid in dep.pids.values() for p in _descendants(pid) if b"superexec" in _proc(p, "cmdline")]
         assert len(execs) >= 3, execs  # one per SuperNode (and the SuperLink's)
@@ -378,20 +381,24 @@ def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path
 
 _PATCH = {
     "server step": "import hetfed.flower.executor as e\nreal = e.FlowerExecutor.train\n"
-                   "def train(self, bc, clients):\n    if bc.round >= 1:\n        raise RuntimeError('injected server failure')\n"
+                   "def train(self, bc, clients):\n    if bc.round >= 1:\n        raise RuntimeError('injected server "
+                   "failure')\n"
                    "    return real(self, bc, clients)\ne.FlowerExecutor.train = train\n",
     "record conversion": "import hetfed.flower.executor as e\n"
-                         "def boom(bc):\n    raise TypeError('injected: extras cannot travel')\ne.broadcast_to_records = boom\n",
+                         "def boom(bc):\n    raise TypeError('injected: extras cannot travel')\ne.broadcast_to_records "
+                         "= boom\n",
     "client step": "",  # patched in every process (the ClientApps run in Ray's workers) by sitecustomize
 }
 _CLIENT_HOOK = ("try:\n    import hetfed.flower.client_app as c\n    def boom(*a, **k):\n"
-                "        raise RuntimeError('injected ClientApp failure')\n    c.train_step = boom\nexcept ImportError:\n    pass\n")
+                "        raise RuntimeError('injected ClientApp failure')\n    c.train_step = boom\nexcept "
+                "ImportError:\n    pass\n")
 
 
 @pytest.mark.parametrize("where,expected", [
     ("server step", "Flower's ServerApp failed: RuntimeError: injected server failure"),
     ("record conversion", "Flower's ServerApp failed: TypeError: injected: extras cannot travel"),
-    ("client step", "every ClientApp failed in step 'train', round 0 (client 0: RuntimeError: injected ClientApp failure)"),
+    ("client step", "every ClientApp failed in step 'train', round 0 (client 0: RuntimeError: injected ClientApp "
+                    "failure)"),
 ])
 def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, where, expected):
     import subprocess
@@ -405,7 +412,8 @@ def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, wher
     out = tmp_path / "r"
     script = _PATCH[where] + "import sys\nfrom hetfed.cli import main\nsys.exit(main(sys.argv[1:]))\n"
     proc = subprocess.run(
-        [sys.executable, "-c", script, "run", "--quiet", "--set", "train.executor=flower", "--set", "partition.clients=3",
+        [sys.executable, "-c", script, "run", "--quiet", "--set", "train.executor=flower", "--set",
+         "partition.clients=3",
          "--set", "train.rounds=3", "--set", "methods=[{algorithm: fedavg}]", "--set", "flower.connect_timeout=300",
          "--out", str(out)], env=env, capture_output=True, text=True, timeout=400)  # a guard against hanging
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]

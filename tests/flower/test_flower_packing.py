@@ -63,7 +63,9 @@ def test_a_training_message_packs_into_four_objects_and_comes_back_bit_for_bit_t
     content = _training_message()
     packed = pack(content)
     # Flower's own object tree: one per record, array and chunk unpacked (+ the Message around either)
-    assert len(get_all_nested_objects(content)) == 1 + len(content) + 2 * sum(len(r) for r in content.array_records.values())
+    assert len(get_all_nested_objects(content)) == 1 + len(content) + 2 * sum(
+        len(r) for r in content.array_records.values()
+    )
     assert len(get_all_nested_objects(packed)) == 4  # RecordDict, ArrayRecord, Array, ArrayChunk
     assert is_packed(packed) and not is_packed(content)
     _same(content, unpack(_over_the_wire(packed)))

@@ -61,7 +61,9 @@ def _submit(dep, cfg, out: Path, app: Path) -> subprocess.Popen:
     from hetfed.flower.deploy import CONNECTION, _bin, write_app
 
     write_app(app)
-    (app / "run-config.toml").write_text(f"config-yaml = {json.dumps(dump_config(cfg))}\nout = {json.dumps(str(out))}\n")
+    (app / "run-config.toml").write_text(
+        f"config-yaml = {json.dumps(dump_config(cfg))}\nout = {json.dumps(str(out))}\n"
+    )
     return subprocess.Popen([_bin("flwr"), "run", str(app), CONNECTION, "--run-config", str(app / "run-config.toml"),
                              "--stream"], env=dep.env(), stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
 
@@ -99,7 +101,8 @@ def test_a_killed_serverapp_resumes_to_the_uninterrupted_numbers(tmp_path, capfd
     with LocalDeployment(tmp_path / "dep", 2) as dep:
         out = tmp_path / "run"
         # killed after FedAvg's round 2: its clients keep nothing between rounds, so the resume is exact
-        _kill_after(dep, _submit(dep, _config(methods, "flower"), out, tmp_path / "app"), out / "metrics.csv", "fedavg", 2)
+        _kill_after(dep, _submit(dep, _config(methods, "flower"), out, tmp_path / "app"), out / "metrics.csv", "fedavg",
+                    2)
         current = read_checkpoint(out)["current"]
         assert current["label"] == "fedavg" and current["client_keys"] == [] and current["result"].rounds_done >= 1
         capfd.readouterr()
@@ -156,7 +159,8 @@ def test_resuming_a_method_whose_clients_keep_state_is_refused_before_anything_i
 def test_resume_takes_no_config_and_a_new_run_needs_out(tmp_path, capsys):
     from hetfed.cli import main
 
-    assert main(["flower", "run", "configs/default.yaml", "--resume", str(tmp_path), "--deployment", str(tmp_path)]) == 2
+    assert main(["flower", "run", "configs/default.yaml", "--resume", str(tmp_path), "--deployment",
+                 str(tmp_path)]) == 2
     assert "is not allowed with CONFIG" in capsys.readouterr().err
     assert main(["flower", "run", "configs/default.yaml", "--deployment", str(tmp_path)]) == 2
     assert "needs --out DIR" in capsys.readouterr().err

@@ -37,7 +37,8 @@ def _config(executor: str, secure: bool, **extra) -> object:
     ({"methods": [{"algorithm": "scaffold"}]}, "methods.0.algorithm = 'scaffold' is not allowed"),
     ({"server": {"combine": {"rule": "median"}}}, "server.combine.rule = 'median' is not allowed"),
     ({"server": {"screen": {"norm_factor": 3}}}, "server.screen.norm_factor = 3.0 is not allowed"),
-    ({"server": {"compression": {"kind": "qsgd", "bits": 8}}}, "server.compression = {'kind': 'qsgd', 'bits': 8} is not allowed"),
+    ({"server": {"compression": {"kind": "qsgd", "bits": 8}}}, "server.compression = {'kind': 'qsgd', 'bits': 8} is "
+                                                               "not allowed"),
     ({"privacy": {"noise_multiplier": 1.0, "clip": 1.0}}, "privacy.noise_multiplier = 1 is not allowed"),
 ])
 def test_methods_and_settings_that_need_individual_updates_are_refused_before_training(tmp_path, change, expected):

@@ -73,7 +73,8 @@ def test_secure_deployment_speaks_tls_and_refuses_an_unregistered_node(tmp_path)
                 ctx.wrap_socket(raw, server_hostname="127.0.0.1") as tls:
             assert tls.version() in ("TLSv1.2", "TLSv1.3")
         # … which nobody else trusts, and it does not answer plain HTTP
-        with socket.create_connection(("127.0.0.1", dep.port), timeout=10) as raw, pytest.raises(ssl.SSLCertVerificationError):
+        with socket.create_connection(("127.0.0.1", dep.port),
+                                      timeout=10) as raw, pytest.raises(ssl.SSLCertVerificationError):
             ssl.create_default_context().wrap_socket(raw, server_hostname="127.0.0.1")
         with socket.create_connection(("127.0.0.1", dep.port), timeout=10) as plain:
             plain.sendall(b"GET / HTTP/1.0\r\n\r\n")
@@ -92,7 +93,8 @@ def _assert_refused(dep, log_path, security: list[str]) -> None:
     from hetfed.flower.deploy import _bin, free_port
 
     with open(log_path, "w") as log:
-        node = subprocess.Popen([_bin("flower-supernode"), *security, "--superlink", dep.address, "--port", str(free_port())],
+        node = subprocess.Popen([_bin("flower-supernode"), *security, "--superlink", dep.address, "--port",
+                                 str(free_port())],
                                 env=dep.env(), stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         assert node.wait(timeout=120) != 0

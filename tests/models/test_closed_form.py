@@ -86,7 +86,8 @@ def test_a_forward_of_its_own_or_a_part_of_the_parameters_keeps_autograd():
 
 
 def _closed_against_autograd(monkeypatch, model, params, opt, reg, trainable) -> list[int]:
-    """``train_stack`` on unequal clients (the 5-client stack of :mod:`tests.engine.test_stacking`), first with the model's
+    """``train_stack`` on unequal clients (the 5-client stack of :mod:`tests.engine.test_stacking`), first with the
+    model's
     closed form turned off, then on: autograd's cross-entropy runs in the first and never in the second, and the
     parameters, optimiser state and loss agree. Returns the counter of autograd's steps (patched for the test)."""
     data, sched = _stack_data([37, 12, 50, 3, 24]), LocalSchedule(batch_size=8, epochs=2)

@@ -40,7 +40,8 @@ def test_a_moved_weight_is_the_optimisers_update_of_its_gradient(monkeypatch, n,
     gen = torch.Generator().manual_seed(n * 100 + rows)
     x = torch.randn(n, rows, d_in, generator=gen, dtype=torch.float64)
     w0, b0 = torch.randn(n, d_in, d_out, generator=gen, dtype=torch.float64), torch.randn(n, d_out, dtype=torch.float64)
-    centre = torch.randn(n, d_in, d_out, generator=gen, dtype=torch.float64) if own else torch.randn(d_in, d_out, dtype=torch.float64)
+    centre = torch.randn(n, d_in, d_out, generator=gen,
+                         dtype=torch.float64) if own else torch.randn(d_in, d_out, dtype=torch.float64)
 
     def loss(out):
         return (out.tanh() ** 2).sum()
@@ -160,8 +161,11 @@ def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorith
     from hetfed.partition import make_federation
     from tests.synthetic import ShiftedGaussians
 
-    fed = make_federation(ShiftedGaussians(900, 6, classes=4), PartitionConfig(kind="dirichlet", clients=6, alpha=0.3,
-                                                                               val_fraction=0.0, test_fraction=0.0), seed=0)
+    fed = make_federation(
+        ShiftedGaussians(900, 6, classes=4),
+        PartitionConfig(kind="dirichlet", clients=6, alpha=0.3, val_fraction=0.0, test_fraction=0.0),
+        seed=0,
+    )
     made = []
     real_move = SGDInBackward.move
     monkeypatch.setattr(SGDInBackward, "move", lambda self, *a: made.append(a[0]) or real_move(self, *a))
@@ -171,7 +175,8 @@ def test_executors_agree_when_weights_move_in_the_backward(monkeypatch, algorith
         model = build_model(ModelConfig(kind="mlp", hidden=[16], dropout=0.2), fed.input_shape, fed.n_classes)
         train = TrainConfig(rounds=2, client_fraction=1.0, eval_every=2, local_epochs=1, batch_size=10,
                             optimizer=OptimizerConfig(lr=0.05, momentum=0.5, weight_decay=1e-3))
-        results[(move_from, type(executor).__name__)] = simulate(build_algorithm(algorithm, model, train), fed, train, 1,
+        results[(move_from, type(executor).__name__)] = simulate(build_algorithm(algorithm, model, train), fed, train,
+                                                                 1,
                                                                  executor=executor).server.params
         assert bool(made) == (move_from == 0)
         made.clear()

@@ -20,7 +20,8 @@ from hetfed.cli import main
 #: every method the issue names, small enough to run in seconds on digits
 ARGS = [
     "--set", "train.rounds=8", "--set", "train.checkpoint_every=2", "--set", "train.eval_every=2",
-        "--set", "methods=[{name: avg, algorithm: fedavg, model: {kind: mlp}, server: {optimizer: {kind: yogi, lr: 0.05}}}, {name: cgau, algorithm: fedavg, "
+        "--set", "methods=[{name: avg, algorithm: fedavg, model: {kind: mlp}, server: {optimizer: {kind: yogi, lr: "
+                 "0.05}}}, {name: cgau, algorithm: fedavg, "
     "model: {kind: cgau}}, {name: fsnet, algorithm: fsnet, model: {kind: mlp}, params: {server_steps: 5}}, "
     "{name: fedmoe, algorithm: fedmoe, model: {kind: mlp}, params: {max_epochs: 4, patience: 2}}]",
 ]

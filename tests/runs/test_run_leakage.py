@@ -129,7 +129,9 @@ def test_a_sweeps_runs_csv_carries_the_leakage_beside_the_accuracy(tmp_path):
         metrics = {r["metric"] for r in csv.DictReader(fh)}
     assert {"leakage.global_auc", "leakage.global_tpr_at_1pct_fpr", "final.global_accuracy"} <= metrics
     page = write_report(tmp_path / "sweep").read_text()  # the leakage column beside the accuracy
-    assert "membership AUC against the server&#x27;s model" in page or "membership AUC against the server's model" in page
+    assert (
+        "membership AUC against the server&#x27;s model" in page or "membership AUC against the server's model" in page
+    )
 
 
 def test_labels_recovered_counts_against_what_the_update_went_over(tmp_path):

@@ -115,7 +115,8 @@ def test_method_override_errors_name_the_method():
 def test_sweep_aggregates_over_seeds(tmp_path, capsys):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text("train:\n  rounds: 3\npartition:\n  clients: 4\n")
-    assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(tmp_path / "s"), "--quiet"]) == 0
+    assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out",
+                 str(tmp_path / "s"), "--quiet"]) == 0
     rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
     acc = [r for r in rows if r["metric"] == "best.global_accuracy" and r["method"] == "relu"]
     assert len(acc) == 2 and all(r["n"] == "2" for r in acc)

@@ -1,7 +1,8 @@
 """``hetfed sweep --stack`` (#47 §5): a sweep's runs trained in one process as one stack of clients per round.
 
 What a user relies on: the same runs.csv as running them one by one (3 seeds × 2 grid points that change the
-partition and the proximal weight; the runs' rounds and evaluations each in one stack), each run's own directory and checkpoints, a killed stacked sweep resumed
+partition and the proximal weight; the runs' rounds and evaluations each in one stack), each run's own directory and
+checkpoints, a killed stacked sweep resumed
 to the uninterrupted numbers, and clear refusals where stacking cannot apply.
 """
 

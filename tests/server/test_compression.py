@@ -490,7 +490,8 @@ def test_resuming_a_qsgd_run_whose_draws_came_from_the_old_generator_is_refused(
     from hetfed.runs.checkpoint import checkpoint_path
 
     real = executors.InProcessExecutor.train
-    for name, compression, refused in (("q", "{kind: qsgd, bits: 4}", True), ("t", "{kind: topk, fraction: 0.1}", False)):
+    for name, compression, refused in (("q", "{kind: qsgd, bits: 4}", True),
+                                       ("t", "{kind: topk, fraction: 0.1}", False)):
         calls = {"n": 0}
 
         def train(self, bc, clients, *a, calls=calls, **k):

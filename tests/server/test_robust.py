@@ -342,7 +342,8 @@ def test_too_few_clients_skips_the_round_and_logs_it(tmp_path):
 def test_an_attack_that_makes_training_diverge_is_a_result_not_a_crash(tmp_path):
     out = tmp_path / "r"
     code = main(["run", "--quiet", "--set", "train.rounds=30", "--set", "attack.kind=scale",
-                 "--set", "attack.factor=1e30", "--set", "attack.fraction=0.3", "--set", "server.screen.norm_factor=null",
+                 "--set", "attack.factor=1e30", "--set", "attack.fraction=0.3", "--set",
+                 "server.screen.norm_factor=null",
                  "--set", "methods.1.server.combine.rule=median", "--out", str(out)])
     assert code == 0
     methods = json.loads((out / "summary.json").read_text())["methods"]
@@ -405,7 +406,8 @@ def test_dp_noise_has_the_calibrated_std_and_touches_shared_parameters_only():
 
 def test_dp_with_an_algorithm_it_cannot_privatise_fails_before_training(tmp_path, capsys):
     out = tmp_path / "r"
-    code = main(["run", "--set", "privacy.noise_multiplier=1", "--set", "methods.0.algorithm=scaffold", "--out", str(out)])
+    code = main(["run", "--set", "privacy.noise_multiplier=1", "--set", "methods.0.algorithm=scaffold", "--out",
+                 str(out)])
     err = capsys.readouterr().err
     assert code == 2 and "privacy.noise_multiplier" in err and "scaffold" in err
     assert not out.exists()

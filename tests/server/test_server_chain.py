@@ -25,7 +25,8 @@ def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams(
 
 
 @pytest.mark.parametrize("section,expected", [
-    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' has no parameters of its own"),
+    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' has no parameters "
+                                        "of its own"),
     ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
     ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: expected one of ['krum', 'mean'"),
 ])
@@ -89,7 +90,8 @@ def test_a_run_directory_written_before_the_chain_reads_without_notes(tmp_path):
                      "multi_krum_keep": None, "multi_krum_weighted": False, "reject_norm_factor": 10.0,
                      "norm_reference_clients": 32, "min_clients": 1},
            "methods": [{"name": "a", "algorithm": "fedavg"},
-                       {"name": "b", "algorithm": "fedavg", "train": {"aggregator": "trimmed_mean", "trim_fraction": 0.3}}]}
+                       {"name": "b", "algorithm": "fedavg", "train": {"aggregator": "trimmed_mean",
+                                                                      "trim_fraction": 0.3}}]}
     (tmp_path / "config.yaml").write_text(yaml.safe_dump(old))
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
@@ -241,3 +243,41 @@ def test_a_plugin_module_registers_an_executor_the_driver_opens_around_its_metho
     assert [e for e in EVENTS if e[0] == "open"] == [("open", 4)]  # one session for both methods
     assert main(["run", *common, "--out", str(tmp_path / "vectorised")]) == 0
     assert (tmp_path / "plugin" / "metrics.csv").read_bytes() == (tmp_path / "vectorised" / "metrics.csv").read_bytes()
+
+
+@pytest.mark.parametrize(("server", "privacy", "stages"), [
+    ({}, None, ("screen", "combine", "rescale", "optimizer")),
+    ({"compression": {"kind": "qsgd", "bits": 4}}, None, ("decode", "screen", "combine", "rescale", "optimizer")),
+    ({}, {"noise_multiplier": 0.5, "clip": 1.0}, ("screen", "clip", "combine", "rescale", "optimizer")),
+])
+def test_the_chain_names_its_stages_in_the_order_a_rounds_updates_go_through_them(server, privacy, stages):
+    from hetfed.config import PrivacyConfig, ServerConfig
+    from hetfed.server.pipeline import server_chain
+
+    chain = server_chain(ServerConfig(**server), PrivacyConfig(**privacy) if privacy else None)
+    assert chain.stages() == stages
+    assert (chain.private is not None) == (privacy is not None)
+    assert chain.norm_factor() == (None if privacy else 10.0)  # DP's clip bounds every update: no norm filter
+
+
+def test_the_chain_receives_a_round_screening_and_clipping_as_configured():
+    """The receiving side the executors feed: non-finite updates and (with the filter on) outliers out, each update
+    clipped under DP, the rejections counted."""
+    import torch
+
+    from hetfed.config import PrivacyConfig, ServerConfig
+    from hetfed.engine.types import Upload
+    from hetfed.server.pipeline import server_chain
+
+    ref = {"w": torch.zeros(3)}
+    deltas = torch.tensor([[1.0, 0, 0], [0, 1.0, 0], [0, 0, 1.0], [50.0, 0, 0], [float("nan"), 0, 0]])
+    upload = Upload(list(range(5)), {"w": deltas}, torch.ones(5), {})
+    plain = server_chain(ServerConfig()).receiving(ref)
+    plain.add(upload)
+    got = plain.result()
+    assert got.client_ids == [0, 1, 2] and got.screened == {"rejected_nonfinite": 1, "rejected_norm": 1}
+    private = server_chain(ServerConfig(), PrivacyConfig(noise_multiplier=0.5, clip=2.0)).receiving(ref, stream=False)
+    private.add(upload)
+    got = private.result()
+    assert got.client_ids == [0, 1, 2, 3]  # no norm filter under DP: the outlier is clipped instead
+    assert torch.allclose(got.params["w"][3], torch.tensor([2.0, 0, 0]))

@@ -94,7 +94,8 @@ def test_sgd_at_lr_one_is_the_average_itself_bit_for_bit():
 def test_the_optimiser_moves_the_robust_aggregate_not_the_mean():
     """combine → optimiser: with the median, Δ is the coordinate-wise median minus the global model."""
     models = torch.tensor([[0.0], [1.0], [100.0]], dtype=torch.float64)
-    pipe = server_chain(ServerConfig(combine={"rule": "median"}, optimizer={"kind": "avgm", "lr": 0.5, "momentum": 0.0}))
+    pipe = server_chain(ServerConfig(combine={"rule": "median"},
+                                     optimizer={"kind": "avgm", "lr": 0.5, "momentum": 0.0}))
     new, _ = pipe.step({"w": torch.zeros(1, dtype=torch.float64)}, Upload([0, 1, 2], {"w": models}, torch.ones(3)), {})
     assert new["w"].item() == pytest.approx(0.5)  # 0 + 0.5 · (median 1 − 0)
 
@@ -221,5 +222,6 @@ def test_flowers_fedadam_takes_0_742_of_eta_in_its_first_round():
 
 
 def test_flowers_variant_and_kingmas_bias_correction_are_refused_together():
-    with pytest.raises(ConfigError, match=r"server.optimizer.bias_correction = true is not allowed with server.optimizer.variant"):
+    with pytest.raises(ConfigError, match=r"server.optimizer.bias_correction = true is not allowed with "
+                                          r"server.optimizer.variant"):
         build_config({"server": {"optimizer": {"kind": "adam", "variant": "flower", "bias_correction": True}}})

@@ -107,7 +107,8 @@ class Afl(FedAvg):
     def server_init(self, gen: torch.Generator) -> ServerState:
         state = super().server_init(gen)
         return ServerState(state.params, state.round,
-                           {**state.extra, VALUATIONS: torch.full((self.n_clients,), float("nan"), dtype=torch.float64)})
+                           {**state.extra, VALUATIONS: torch.full((self.n_clients,), float("nan"),
+                                                                  dtype=torch.float64)})
 
     def select_clients(self, state: ServerState, eligible: np.ndarray, m: int, rng: np.random.Generator) -> list[int]:
         return afl_sample(state.extra[VALUATIONS].numpy(), eligible, m, self.cfg, rng)
@@ -142,7 +143,8 @@ register(AlgorithmSpec(
             method="AFL",
             config="`algorithm: afl`",
             params="shared model parameters",
-            extra="`train_loss`; `valuation`: its loss under the received model, (1/√n_k)·Σ loss over its training data (one number)",
+            extra="`train_loss`; `valuation`: its loss under the received model, (1/√n_k)·Σ loss over its training "
+                  "data (one number)",
             stays="data; optimiser state when kept",
         ),
     ),

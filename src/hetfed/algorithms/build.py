@@ -60,7 +60,8 @@ def resolve_run(algo: Algorithm, fed: Any, train: TrainConfig, seed: int, archit
     except ConfigError as err:
         raise ConfigError(str(err).replace(METHOD_KEY, f"{where}." if where else "")) from None
     context = algo.context
-    return RunSpec(algo, train, seed, algo.schedule, context.pipeline, algo_private(algo), context.records,
+    chain = context.pipeline if context.pipeline is not None else server_chain(ServerConfig())
+    return RunSpec(algo, train, seed, algo.schedule, chain, algo_private(algo), context.records,
                    int(fed.n_clients), per_round, architecture)
 
 
@@ -106,7 +107,9 @@ def _check_private(config: Config, method: MethodConfig, server: ServerConfig) -
     """DP is refused, before any training, where its guarantee would not hold."""
     from hetfed.engine.privacy import check_available
 
-    where = f"privacy.noise_multiplier = {config.privacy.noise_multiplier:g} with methods.{config.methods.index(method)}"
+    where = (
+        f"privacy.noise_multiplier = {config.privacy.noise_multiplier:g} with methods.{config.methods.index(method)}"
+    )
     if not registry.get(method.algorithm).capabilities.private:
         allowed = registry.with_capability(lambda c: c.private)
         raise ConfigError(f"{where}.algorithm = {method.algorithm!r} is not allowed: it uploads statistics "

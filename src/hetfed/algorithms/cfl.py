@@ -134,7 +134,8 @@ register(AlgorithmSpec(
         PrivacyRow(
             method="CFL",
             config="`algorithm: cfl`",
-            params="every cluster model's parameters (`cfl.<c>.<name>`: its own cluster's trained, the others exactly as received)",
+            params="every cluster model's parameters (`cfl.<c>.<name>`: its own cluster's trained, the others exactly "
+                   "as received)",
             extra="`train_loss`",
             stays="data; optimiser state when kept",
         ),

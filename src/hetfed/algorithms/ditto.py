@@ -51,7 +51,8 @@ class Ditto(FedAvg):
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         state = super().client_init(client_id, gen)
         local, _ = split_state(state)
-        personal = {**{k: v.clone() for k, v in initial_model(self).items()}, **{k: v.clone() for k, v in local.items()}}
+        personal = {**{k: v.clone() for k, v in initial_model(self).items()},
+                    **{k: v.clone() for k, v in local.items()}}
         return {**state, **{PERSONAL + k: v for k, v in personal.items()}}
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:

@@ -132,8 +132,10 @@ class FedALA(FedAvg):
                 step = replace(sub, client_ids=[sub.client_ids[i] for i in running],
                                indices=[sub.indices[i] for i in running],
                                seeds=[derive_seed(sub.seeds[i], LOCAL_PHASE, 5, epoch) for i in running])
-                w_r, loss = self._learn_weights({k: v[r] for k, v in own_r.items()}, {k: v[r] for k, v in glob_r.items()},
-                                                {k: v[r] for k, v in w_first.items()}, {k: v[r] for k, v in local_r.items()},
+                w_r, loss = self._learn_weights({k: v[r] for k, v in own_r.items()},
+                                                {k: v[r] for k, v in glob_r.items()},
+                                                {k: v[r] for k, v in w_first.items()},
+                                                {k: v[r] for k, v in local_r.items()},
                                                 step, 1)
                 w_first = {k: v.index_copy(0, r, w_r[k]) for k, v in w_first.items()}
                 full = torch.full((len(pick),), float("nan"))

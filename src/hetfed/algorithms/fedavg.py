@@ -146,7 +146,8 @@ register(AlgorithmSpec(
 ))
 register(AlgorithmSpec(
     "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
-    "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False, buffers="local",
+    "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False,
+                                   buffers="local",
                                    personalises=True, plain_steps=True),
     privacy=(
         PrivacyRow(

@@ -28,7 +28,8 @@ class FedBN(PartlyPersonal):
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
         if not self.personal_names():
-            raise ConfigError(f"{METHOD_KEY}algorithm = 'fedbn' is not allowed with a model without batch normalisation: "
+            raise ConfigError(f"{METHOD_KEY}algorithm = 'fedbn' is not allowed with a model without batch "
+                              "normalisation: "
                               "expected model: {kind: cnn4, batch_norm: true}")
 
     def personal_names(self) -> tuple[str, ...]:
@@ -38,7 +39,8 @@ class FedBN(PartlyPersonal):
 register(AlgorithmSpec(
     "fedbn", FedBN, "FedAvg, but every batch-norm layer (scale, shift, running statistics) stays on its client",
     "Li et al. 2021, FedBN: Federated Learning on Non-IID Features via Local Batch Normalization",
-    capabilities=Capabilities(uploads="every parameter but the batch-norm layers', sample count, training loss", buffers="local",
+    capabilities=Capabilities(uploads="every parameter but the batch-norm layers', sample count, training loss",
+                              buffers="local",
                               private=True, personalises=True, model_kinds=("cnn4",),
                               model_reason="it keeps batch-norm layers local: use model.kind cnn4 with "
                                            "model.batch_norm: true"),

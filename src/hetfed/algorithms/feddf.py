@@ -88,7 +88,8 @@ class FedDF(FedAvg):
         return ServerState(params, averaged.round, {**averaged.extra, "distill_steps": steps})
 
     def _logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        """Logits of stacked models ``[n, …]`` on ``x``: ``[n, len(x), C]`` (local parameters as for an unseen client)."""
+        """Logits of stacked models ``[n, …]`` on ``x``: ``[n, len(x), C]`` (local parameters as for an unseen
+        client)."""
         n = next(iter(params.values())).shape[0]
         unseen = {k: v.to(x.device).unsqueeze(0).expand(n, *v.shape)
                   for k, v in self.model.local_for_unseen_client().items()}
@@ -141,7 +142,8 @@ class FedDF(FedAvg):
 
 
 def _batches(n: int, size: int, gen: torch.Generator):
-    """Batches of ``size`` indices in ``range(n)``: passes over a fresh random order each (a full batch when size ≥ n)."""
+    """Batches of ``size`` indices in ``range(n)``: passes over a fresh random order each (a full batch when size ≥
+    n)."""
     size = min(size, n)
     while True:
         order = torch.randperm(n, generator=gen)

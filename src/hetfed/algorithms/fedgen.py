@@ -50,7 +50,8 @@ GENERATE = 42  # rng purpose: the server's generator training
 
 
 class FedGenParams(AlgorithmParams):
-    """FedGen's generator and regulariser (Zhu et al. 2021; defaults from the authors' code where the paper is silent)."""
+    """FedGen's generator and regulariser (Zhu et al. 2021; defaults from the authors' code where the paper is
+    silent)."""
 
     noise_dim: int = Field(32, ge=1, description="ε's size")
     hidden: list[int] = Field(default_factory=lambda: [256], description="the generator MLP's hidden widths")
@@ -79,7 +80,8 @@ class Generator:
         return self.net.forward(params, h, None)
 
 
-def generator_loss(model: Model, heads: Params, z: torch.Tensor, y: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+def generator_loss(model: Model, heads: Params, z: torch.Tensor, y: torch.Tensor,
+                   weights: torch.Tensor) -> torch.Tensor:
     """The paper's eq. 4: ``mean_b Σ_k α_{k,y_b} · CE(h_k(z_b), y_b)``; ``heads`` stacked over K clients,
     ``weights`` [K, C] = α_{k,y}."""
     k = weights.shape[0]

@@ -166,7 +166,8 @@ class FedMoE(FedAvg):
         return PersonalPlan(clients, scored, self.mixture, self.moe.batch_size)
 
     # -- the client-side step after federated training
-    def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:
+    def personalise(self, bc: Broadcast, states: ClientState,
+                    data: ClientData) -> tuple[ClientState, dict[str, torch.Tensor]]:
         clients = data.client_ids
         n = len(clients)
         device = data.x.device

@@ -233,7 +233,8 @@ register(AlgorithmSpec(
     "Xu et al. 2023, Personalized Federated Learning with Feature Alignment and Classifier Collaboration",
     FedPACParams,
     Capabilities(uploads="shared parameters of the body, its head, class centroids and counts, feature "
-                         "statistics, sample count, training loss", whole_round=True, personalises=True, per_client=True),
+                         "statistics, sample count, training loss", whole_round=True, personalises=True,
+                         per_client=True),
     privacy=(
         PrivacyRow(
             method="FedPAC",

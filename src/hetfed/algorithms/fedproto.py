@@ -139,7 +139,8 @@ register(AlgorithmSpec(
     "fedproto", FedProto, "clients keep their models and share class prototypes (mean representations), which "
                           "regularise their training and classify by the nearest one",
     "Tan et al. 2022, FedProto: Federated Prototype Learning across Heterogeneous Clients", FedProtoParams,
-    Capabilities(uploads="per-class prototypes (mean representations), class counts, sample count, training loss", buffers="local",
+    Capabilities(uploads="per-class prototypes (mean representations), class counts, sample count, training loss",
+                 buffers="local",
                  whole_round=True, server_model=False, personalises=True),
     privacy=(
         PrivacyRow(

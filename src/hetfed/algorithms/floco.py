@@ -22,7 +22,8 @@ and τ at half the run (250 of its 500 rounds; ``params.tau`` sets a round). The
 client's own stream (:meth:`hetfed.models.base.Noise.uniforms`: the same numbers on every executor). The server
 model (unseen clients, the global test set) is the simplex's centre. The endpoints start as independent
 Xavier-normal draws, as the authors' code (an average of M draws of the model's own, smaller, head initialisation
-trains visibly slower). Departures: PCA is exact (``svd_solver="full"``; scikit-learn's default is randomised at this size); in round τ − 1 every
+trains visibly slower). Departures: PCA is exact (``svd_solver="full"``; scikit-learn's default is randomised at this
+size); in round τ − 1 every
 client's update is averaged (the authors' code averages only the clients sampled for that round; the same with
 every client in every round); Floco+'s personal fine-tuning (``pers_epoch`` > 0) is not built.
 """

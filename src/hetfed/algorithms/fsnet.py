@@ -71,13 +71,15 @@ def beta_schedule(cfg: FSNetParams, round: int) -> float:
     return cfg.beta0 * cfg.beta_decay ** (round // cfg.beta_every)
 
 
-def sample_mixture(means: torch.Tensor, variances: torch.Tensor, weights: torch.Tensor, n: int, gen: torch.Generator) -> torch.Tensor:
+def sample_mixture(means: torch.Tensor, variances: torch.Tensor, weights: torch.Tensor, n: int,
+                   gen: torch.Generator) -> torch.Tensor:
     """n draws from ``Σ_k π_k N(μ_k, diag σ²_k)`` (π = weights / Σ weights)."""
     comp, noise = mixture_draws(weights, n, means.shape[1], 1, gen)
     return _from_draws(means, variances, comp[0].to(means.device), noise[0].to(means.device))
 
 
-def mixture_draws(weights: torch.Tensor, n: int, d: int, steps: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+def mixture_draws(weights: torch.Tensor, n: int, d: int, steps: int,
+                  gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """The host generator's draws for ``steps`` calls of :func:`sample_mixture`, in its order (a component index
     per sample, then d standard normals per sample, step after step): [steps, n] and [steps, n, d] on the CPU."""
     pi = (weights / weights.sum()).cpu()
@@ -128,11 +130,13 @@ class FedFSNet(FedAvg):
     def server_init(self, gen: torch.Generator) -> ServerState:
         state = super().server_init(gen)
         seed = int(torch.randint(0, 2**62, (1,), generator=gen))
-        return ServerState(state.params, 0, {"seed": seed, "hidden": self.hidden.init_shared(gen), "synthetic": None, "hidden_loss": []})
+        return ServerState(state.params, 0, {"seed": seed, "hidden": self.hidden.init_shared(gen), "synthetic": None,
+                                             "hidden_loss": []})
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
-        return Broadcast(bc.params, round, bc.lr, {"synthetic": state.extra.get("synthetic"), "beta": beta_schedule(self.cfg, round)})
+        return Broadcast(bc.params, round, bc.lr, {"synthetic": state.extra.get("synthetic"),
+                                                   "beta": beta_schedule(self.cfg, round)})
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         new = super().aggregate(state, upload)
@@ -211,7 +215,8 @@ register(AlgorithmSpec(
             method="Fed-FSNet",
             config="`algorithm: fsnet`",
             params="shared model parameters",
-            extra="`train_loss`; **`input_mean`, `input_var`: per-feature mean and variance of the client's training inputs**",
+            extra="`train_loss`; **`input_mean`, `input_var`: per-feature mean and variance of the client's training "
+                  "inputs**",
             stays="data",
         ),
     ),

@@ -91,7 +91,8 @@ register(AlgorithmSpec(
         PrivacyRow(
             method="IFCA",
             config="`algorithm: ifca`",
-            params="every cluster model's parameters (`ifca.<j>.<name>`: the chosen one trained, the k − 1 others exactly as received)",
+            params="every cluster model's parameters (`ifca.<j>.<name>`: the chosen one trained, the k − 1 others "
+                   "exactly as received)",
             extra="`train_loss`; **`cluster`: the index of the cluster model it chose (one number)**",
             stays="data; optimiser state when kept",
         ),

@@ -6,7 +6,8 @@ client keeps a datastore of its training samples' representations under the glob
 and predicts the paper's mixture
 
     p(y | x) = λ·p_kNN(y | x) + (1 − λ)·p_model(y | x),
-    p_kNN(y | x) = Σ_{i ∈ N_k(x)} 1[y_i = y]·exp(−‖φ(x) − φ(x_i)‖² / (d·s)) / Σ_{i ∈ N_k(x)} exp(−‖φ(x) − φ(x_i)‖² / (d·s))
+    p_kNN(y | x) = Σ_{i ∈ N_k(x)} 1[y_i = y]·exp(−‖φ(x) − φ(x_i)‖² / (d·s)) / Σ_{i ∈ N_k(x)} exp(−‖φ(x) − φ(x_i)‖² /
+    (d·s))
 
 over its ``k`` nearest neighbours ``N_k(x)``, ``d`` the representation's width and ``s`` the scale. Defaults are
 FL-bench's (``k`` = 5, λ = 0.5, ``s`` = 1, at most 500 samples in a datastore, drawn from the client's training

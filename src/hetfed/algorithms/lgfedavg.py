@@ -27,7 +27,8 @@ class LGFedAvg(PartlyPersonal):
 register(AlgorithmSpec(
     "lg_fedavg", LGFedAvg, "personal representation (body), shared head: clients upload the head only",
     "Liang et al. 2020, Think Locally, Act Globally: Federated Learning with Local and Global Representations",
-    capabilities=Capabilities(uploads="the head's parameters (the last layer), sample count, training loss", buffers="local",
+    capabilities=Capabilities(uploads="the head's parameters (the last layer), sample count, training loss",
+                              buffers="local",
                               private=True, personalises=True),
     privacy=(
         PrivacyRow(

@@ -76,7 +76,12 @@ class PerFedAvg(FedAvg):
         return 3 if self.params.variant == "hf" else 2
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        n, b, alpha, hf = len(data.client_ids), self.schedule.batch_size, self.params.inner_lr, self.params.variant == "hf"
+        n, b, alpha, hf = (
+            len(data.client_ids),
+            self.schedule.batch_size,
+            self.params.inner_lr,
+            self.params.variant == "hf",
+        )
         local, _ = split_state(states)
         model = self.model
 

@@ -83,7 +83,9 @@ class AlgorithmSpec:
 
     def __post_init__(self) -> None:
         if self.family not in FAMILIES:
-            raise ValueError(f"algorithm {self.name!r}: family = {self.family!r}; expected one of {', '.join(FAMILIES)}")
+            raise ValueError(
+                f"algorithm {self.name!r}: family = {self.family!r}; expected one of {', '.join(FAMILIES)}"
+            )
 
     def make_params(self, raw: Mapping[str, Any] | AlgorithmParams | None, where: str = "params") -> AlgorithmParams:
         """Validated parameters; an invalid value is a one-line ConfigError naming ``where``.key."""
@@ -118,7 +120,9 @@ def register(spec: AlgorithmSpec) -> AlgorithmSpec:
     """Add an algorithm (called at the end of its module; tests may register toy algorithms too)."""
     old = _REGISTRY.get_registered(spec.name)
     if old is not None and old.cls is not spec.cls and old.cls.__qualname__ != spec.cls.__qualname__:
-        raise ValueError(f"algorithm {spec.name!r} is registered twice ({old.cls.__module__} and {spec.cls.__module__})")
+        raise ValueError(
+            f"algorithm {spec.name!r} is registered twice ({old.cls.__module__} and {spec.cls.__module__})"
+        )
     _REGISTRY.register(spec.name, spec)
     spec.cls.spec = spec
     return spec

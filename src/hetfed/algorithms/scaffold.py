@@ -164,7 +164,8 @@ class Scaffold(FedAvg):
             if isinstance(upload, StreamedUpload):
                 summed = upload.mean[DC + k] * total
             else:
-                summed = torch.tensordot(upload.num_samples.to(upload.params[DC + k].dtype), upload.params[DC + k], dims=1)
+                summed = torch.tensordot(upload.num_samples.to(upload.params[DC + k].dtype), upload.params[DC + k],
+                                         dims=1)
             new_c[k] = c[k] + summed / n_clients
         return ServerState(params, state.round + 1, {**extra, "c": new_c})
 
@@ -178,7 +179,8 @@ register(AlgorithmSpec(
         PrivacyRow(
             method="SCAFFOLD",
             config="`algorithm: scaffold`",
-            params="shared model parameters, and `scaffold.dc.<name>`: the change of the client's control variate Δc_i = c_i⁺ − c_i (divided by its sample count, so the server's sum streams)",
+            params="shared model parameters, and `scaffold.dc.<name>`: the change of the client's control variate Δc_i "
+                   "= c_i⁺ − c_i (divided by its sample count, so the server's sum streams)",
             extra="`train_loss`",
             stays="data; its control variate c_i; optimiser state when kept",
         ),

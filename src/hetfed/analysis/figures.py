@@ -291,7 +291,9 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
                         markersize=5, alpha=0.9)
                 ax.fill_between(xs, lo, hi, color=st["color"], alpha=0.12, linewidth=0)
             else:
-                pos = np.array([xs_all.index(x) for x in xs]) + (i - (len(methods) - 1) / 2) * 0.7 / max(len(methods), 1)
+                pos = np.array([xs_all.index(x) for x in xs]) + (i - (len(methods) - 1) / 2) * 0.7 / max(
+                    len(methods), 1
+                )
                 ax.errorbar(pos, mean, yerr=[mean - lo, hi - mean], color=st["color"], marker=st["marker"],
                             linestyle="none", capsize=3, label=method)
         if numeric and _log_scale(xs_all):
@@ -381,7 +383,9 @@ def plot_global_vs_local(table: list[dict], key: str, path: str | Path | None):
     fig, ax = plt.subplots(figsize=(7, 5))
     methods = sorted({r["method"] for r in table if r["method"] != "(data)"})
     for i, method in enumerate(methods):
-        local = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.local_accuracy_mean"}
+        local = {
+            r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.local_accuracy_mean"
+        }
         glob = {r[key]: r["mean"] for r in table if r["method"] == method and r["metric"] == "best.global_accuracy"}
         keys = sorted(set(local) & set(glob), key=grid_order)
         st = style(i)

@@ -272,7 +272,8 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     sections.append(("per-client results", dist or "<p class='muted'>no per-client metrics recorded</p>"))
     sections.append(("federation", _federation(d, summary, keep)))
     sections.append(("config", f"<pre>{_esc(config)}</pre>"))
-    sections.append(("environment", _environment((summary or {}).get("environment"), {"run directory": str(d.resolve())})
+    sections.append(("environment", _environment((summary or {}).get("environment"),
+                                                 {"run directory": str(d.resolve())})
                      + _files((summary or {}).get("data_files", []))))
     return page(title, sections)
 
@@ -394,7 +395,8 @@ def sweep_report(d: Path) -> str:
     name = (request.get("config") or {}).get("name", d.name)
     sections: list[tuple[str, str]] = []
     wall = sum(s.get("wall_seconds", 0.0) for _, s in summaries if s)
-    overview: list[list[Any]] = [["sweep directory", str(d.resolve())], ["grid", "; ".join(f"{k} = {', '.join(map(str, v))}"
+    overview: list[list[Any]] = [["sweep directory", str(d.resolve())], ["grid", "; ".join(f"{k} = "
+                                                                                           f"{', '.join(map(str, v))}"
                                                                         for k, v in grid.items()) or "(none)"],
                 ["seeds per point", record.get("seeds")], ["runs complete", len(runs)], ["runs failed", len(failed)],
                 ["sum of the runs' wall time (s)", wall]]

@@ -82,7 +82,8 @@ def efficientnet_lite0(x: np.ndarray, cfg: EmbedConfig, *, progress: bool = True
         for start in range(0, len(x), cfg.batch_size):
             batch = torch.as_tensor(np.asarray(x[start : start + cfg.batch_size], dtype=np.float32))
             batch = batch.unsqueeze(1).repeat(1, 3, 1, 1) if batch.ndim == 3 else batch.permute(0, 3, 1, 2)
-            batch = F.interpolate(batch.to(dev), size=(cfg.params.image_size, cfg.params.image_size), mode="bilinear", align_corners=False)
+            batch = F.interpolate(batch.to(dev), size=(cfg.params.image_size, cfg.params.image_size), mode="bilinear",
+                                  align_corners=False)
             batch = (batch - 0.5) / 0.5
             feats = model.extract_features(batch).mean(dim=(2, 3))
             out[start : start + len(feats)] = feats.cpu().numpy()

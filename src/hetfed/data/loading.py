@@ -209,7 +209,8 @@ def numeric_features(x: np.ndarray, where: str) -> np.ndarray:
     peak = float(np.abs(finite).max()) if finite.size else 0.0
     if peak > MAX_ABS_FEATURE:  # checked before float32, where it would turn into inf
         raise DataError(
-            f"{where}: features reach {peak:.3g}: expected magnitudes ≤ {MAX_ABS_FEATURE:.0e} (standardise the features first)"
+            f"{where}: features reach {peak:.3g}: expected magnitudes ≤ {MAX_ABS_FEATURE:.0e} (standardise the "
+            "features first)"
         )
     return x.astype(np.float32)
 

@@ -54,7 +54,8 @@ def encode(texts: Sequence[str] | np.ndarray, vocabulary: Sequence[str], max_len
     return out
 
 
-def bag_of_words(train: Sequence[str] | np.ndarray, vocabulary: Sequence[str], components: int = LSA_COMPONENTS) -> np.ndarray:
+def bag_of_words(train: Sequence[str] | np.ndarray, vocabulary: Sequence[str],
+                 components: int = LSA_COMPONENTS) -> np.ndarray:
     """The training texts' TF-IDF over the vocabulary, reduced by an SVD fitted on them (float32)."""
     from sklearn.decomposition import TruncatedSVD
     from sklearn.feature_extraction.text import TfidfVectorizer

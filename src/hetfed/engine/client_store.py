@@ -106,7 +106,8 @@ class ClientStore(Mapping[int, ClientState]):
     # -- checkpoints
     def state_dict(self) -> dict[str, Any]:
         """Everything the store holds, for a resumable checkpoint."""
-        return {"n_clients": self.n_clients, "data": dict(self._data), "has": {k: v.copy() for k, v in self._has.items()}}
+        return {"n_clients": self.n_clients, "data": dict(self._data),
+                "has": {k: v.copy() for k, v in self._has.items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         if state["n_clients"] != self.n_clients:

@@ -60,7 +60,8 @@ class Evaluation:
     per_client: dict[str, list[float]]  # metric → value per client (in the order of the evaluated ids)
 
 
-def global_test(fed: Federation, train: TrainConfig, seed: int, device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
+def global_test(fed: Federation, train: TrainConfig, seed: int,
+                device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """The global test set an evaluation scores, on ``device``: all of it, or a fixed class-balanced
     subset of ``train.global_test_size`` samples (the same at every evaluation)."""
     x, y = np.asarray(fed.x_global_test, dtype=np.float32), np.asarray(fed.y_global_test, dtype=np.int64)
@@ -358,7 +359,8 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
     vals = predict(pred.model, pred.params, data.x, data.val)
     loss_sum, correct = segment_scores([*tests, *vals], data.y, [*data.test, *data.val])
     sizes = [len(i) for i in (*data.test, *data.val)]
-    out: dict[str, list[Any]] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [], "val_accuracy": [],
+    out: dict[str, list[Any]] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [],
+                                 "val_accuracy": [],
                                  "val_loss_sum": [], "val_n": []}
     for j in range(n):
         s = _scores_of(loss_sum[j], correct[j], sizes[j])

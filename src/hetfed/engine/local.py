@@ -152,7 +152,11 @@ def _layout(sizes: tuple[int, ...], schedule: LocalSchedule, device: torch.devic
     rows_h = np.where(t < np.asarray(n_steps)[:, None], np.clip(size_h - (t % pe_h) * b, 0, b), 0)
     # device: the positions, in each client's permutations' flat order
     dev = partial(torch.tensor, dtype=torch.int64, device=device)
-    size, pe, block = dev(list(sizes))[:, None, None], dev(per_epoch)[:, None, None], dev([m * e for m, e in zip(sizes, epochs, strict=True)])
+    size, pe, block = (
+        dev(list(sizes))[:, None, None],
+        dev(per_epoch)[:, None, None],
+        dev([m * e for m, e in zip(sizes, epochs, strict=True)]),
+    )
     t_d, col = torch.arange(steps, device=device)[None, :, None], torch.arange(b, device=device)[None, None, :]
     pos = (t_d % pe) * b + col
     real = (t_d < dev(n_steps)[:, None, None]) & (pos < size)

@@ -14,7 +14,9 @@ stack and on any device.
 Accounting (:func:`record_epsilon`): a client's steps sample B of its n_k records, so each step is a subsampled
 Gaussian mechanism with q = B / n_k, composed over every step it took (dp-accounting's RDP). hetfed's batches are
 shuffled epochs, not Poisson samples: the accountant models them as Poisson sampling, the approximation Opacus and
-TensorFlow Privacy make too. Only the data term is private: a method's own regulariser (FedProx's, Ditto's
+TensorFlow Privacy make too. It is not a proven bound for shuffled batches, whose true ε can be larger (Chua et al.,
+"How Private are DP-SGD Implementations?", ICML 2024): the ε reported is the Poisson-sampling one. Only the data term
+is private: a method's own regulariser (FedProx's, Ditto's
 proximal term) reads no sample and is added outside.
 """
 

@@ -23,7 +23,8 @@ EVAL_SAMPLE, GLOBAL_TEST = 21, 22  # which clients / global test samples an eval
 DROPOUT, STRAGGLER, ATTACKERS, DP_NOISE = 31, 32, 33, 34  # faults, malicious clients, privacy noise
 CLOCK, ASYNC_DISPATCH = 35, 36  # the simulated clock's client speeds; which idle client an async server starts
 QUANTISE = 42  # a compressor's stochastic rounding of a client's update (hetfed.server.compression)
-LOCAL_PHASE = 41  # a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
+# a second pass over a client's data in one round (FedRep's body after its head, Ditto's personal model)
+LOCAL_PHASE = 41
 DATASTORE = 43  # which training samples a client keeps in its kNN-Per datastore when it holds more than its capacity
 LEAKAGE = 44  # which samples a membership attack queries, and an inversion's random start (hetfed.runs.leakage)
 

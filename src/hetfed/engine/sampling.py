@@ -38,7 +38,8 @@ def expected_per_round(cfg: TrainConfig, opted_out: np.ndarray) -> int:
 
 
 def sample_clients(cfg: TrainConfig, opted_out: np.ndarray, seed: int, round: int,
-                   select: Callable[[np.ndarray, int, np.random.Generator], list[int] | None] | None = None) -> list[int]:
+                   select: Callable[[np.ndarray, int, np.random.Generator],
+                                    list[int] | None] | None = None) -> list[int]:
     """Sorted ids of this round's clients, from a stream of (seed, round).
 
     ``select(eligible, m, rng)``: the algorithm's own choice (AFL's valuations); when it

@@ -33,10 +33,8 @@ def stack_blocks(steps: Sequence[int], cap: int, per_step: float) -> list[list[i
     if len(set(steps)) == 1:
         return [sorted(order[i:i + cap]) for i in range(0, n, cap)]
     s = np.asarray([steps[i] for i in order], dtype=np.float64)
-    if n <= EXACT_UP_TO:
-        starts = np.arange(n + 1)
-    else:  # breakpoints only where the step count changes; a run longer than cap is cut in stacks of cap
-        starts = np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1], [True]]))
+    # beyond EXACT_UP_TO, breakpoints only where the step count changes; a run longer than cap is cut in stacks of cap
+    starts = np.arange(n + 1) if n <= EXACT_UP_TO else np.flatnonzero(np.concatenate([[True], s[1:] != s[:-1], [True]]))
     best = np.full(len(starts), np.inf)
     best[0] = 0.0
     cut = np.zeros(len(starts), dtype=np.int64)
@@ -60,7 +58,8 @@ def stack_blocks(steps: Sequence[int], cap: int, per_step: float) -> list[list[i
 
 def longest_first_blocks(steps: Sequence[int], cap: int) -> list[list[int]]:
     """Positions into ``steps`` (each client's planned local steps) longest first, in stacks of ``cap``: the stacks of
-    a plain step (:func:`hetfed.engine.local.train_stack` computes only a stack's clients that still train), whose cost is a fixed cost
+    a plain step (:func:`hetfed.engine.local.train_stack` computes only a stack's clients that still train), whose cost
+    is a fixed cost
     per step for its longest client's steps plus its clients' own steps — so as few stacks as memory allows, each of
     clients of similar length. Each stack is in the order its step computes (no reordering there)."""
     order = sorted(range(len(steps)), key=lambda i: -steps[i])

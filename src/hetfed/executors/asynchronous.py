@@ -44,7 +44,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.executors.updates import after_update, wire_bytes
-from hetfed.server.screen import buffer_screen, finite_clients, update_norms
+from hetfed.server.screen import finite_clients, update_norms
 
 if TYPE_CHECKING:
     from hetfed.algorithms._async import Asynchronous
@@ -358,7 +358,7 @@ def _rows(at: list[tuple[Upload, int]]) -> Upload:
 
 
 def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> bool:
-    """Screen the buffer (the norm filter: :func:`hetfed.server.screen.buffer_screen`) and merge what passed into
+    """Screen the buffer (the norm filter: :meth:`hetfed.server.chain.Chain.buffer_screen`) and merge what passed into
     a new version (a merge left with fewer than ``server.min_clients`` is skipped: the model stays), tell the
     observers, evaluate and checkpoint when due; True to stop."""
     algo = cast("Asynchronous", loop.algo)
@@ -366,7 +366,8 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     staleness = np.array([s for _, s in q.buffer])
     arrivals = _rows([q.trained.pop((job.version, job.client)) for job in jobs])
     starts = {name: torch.stack([q.versions[job.version][name] for job in jobs]) for name in result.server.params}
-    screen = buffer_screen(loop.run)  # the norm filter over the buffer, each arrival against the model it was sent
+    # the norm filter over the buffer, each arrival against the model it was sent
+    screen = loop.run.chain.buffer_screen()
     if not screen.only_finite(len(jobs)):
         passed = screen.verdict(torch.ones(len(jobs), dtype=torch.bool), update_norms(arrivals, starts))
         _count(q, screen.counts)

@@ -51,7 +51,6 @@ from hetfed.errors import RunError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model
 from hetfed.run_spec import RunSpec
-from hetfed.server.screen import Screen, held_for_screen, holds_round
 from hetfed.server.transport import RESIDUAL, Transport
 
 if TYPE_CHECKING:
@@ -144,7 +143,8 @@ def default_budget_mb(device: torch.device | str | None) -> float:
 
 
 def state_budget_bytes(device: torch.device | str) -> int:
-    """How much of a device the clients' stored states may take (:class:`~hetfed.engine.client_store.ClientStore`): on a GPU what a
+    """How much of a device the clients' stored states may take (:class:`~hetfed.engine.client_store.ClientStore`): on
+    a GPU what a
     chunk's working set may (:func:`default_budget_mb`, a quarter of its free memory); none of a CPU (they are
     there already)."""
     return int(default_budget_mb(device) * 2**20) if torch.device(device).type == "cuda" else 0
@@ -219,7 +219,7 @@ class InProcessExecutor:
         y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
         self.x_global, self.y_global = global_test(fed, run.train, seed, device)
         self.pool = Pool(x, y, fed.train, seed, fed.val)
-        self.transport: Transport = run.chain.transport if run.chain is not None else Transport()
+        self.transport: Transport = run.chain.transport
         #: send the transport's encodings rather than decoding them here (a Flower node with compression: what
         #: its records carry is what a real client would send); set by the node, never for an in-process run
         self.wire = False
@@ -288,8 +288,7 @@ class InProcessExecutor:
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
         # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
-        round_uploads = RoundUploads(None, stream=False) if self.wire else RoundUploads(Screen.for_round(self.run,
-                                                                                                         bc.params))
+        round_uploads = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
         self._ensure_residuals(bc.params)
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
@@ -433,7 +432,8 @@ def estimate_memory(run: RunSpec, fed: Federation, eval_max_floats: int = 50_000
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,
         "working_set": min(int(budget * 2**20), per_round * training) + 16 * shared,
-        "round_updates": 4 * shared * (per_round if holds_round(run) else held_for_screen(run, per_round)),
+        "round_updates": 4 * shared * (per_round if run.holds_round()
+                                       else run.chain.held_for_screen(per_round, algo.capabilities.asynchronous)),
         "evaluation": 4 * eval_max_floats,
     }
 
@@ -466,7 +466,7 @@ def check_memory(run: RunSpec, fed: Federation, available: int | None = None) ->
             f"this run needs about {total / gb:.1f} GB ({detail} GB) but {available / gb:.1f} GB are available; "
             f"expected fewer clients (partition.clients = {fed.n_clients}), a smaller model, or a smaller "
             f"train.memory_budget_mb (now {_budget(run.train):g})"
-            + (", or server.combine.rule: mean (the round's updates then stream)" if holds_round(run) else "")
+            + (", or server.combine.rule: mean (the round's updates then stream)" if run.holds_round() else "")
         )
     return parts
 

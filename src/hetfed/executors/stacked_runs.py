@@ -51,7 +51,6 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk
-from hetfed.server.screen import Screen
 
 
 @dataclass(eq=False, kw_only=True)
@@ -267,7 +266,7 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     algo = lead.algo
     pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], lead.rendezvous.pools)
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    rounds = [RoundUploads(Screen.for_round(r.executor.run, r.bc.params)) for r in group]
+    rounds = [r.executor.run.receiving(r.bc.params) for r in group]
     for r in group:
         r.executor._ensure_residuals(r.bc.params)
     schedule = lead.run.schedule

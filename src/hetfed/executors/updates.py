@@ -110,7 +110,8 @@ def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
         raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
 
 
-def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Federation, clients: list[int] | None = None,
+def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Federation,
+               clients: list[int] | None = None,
                view: str | None = None, x_global: torch.Tensor | None = None,
                y_global: torch.Tensor | None = None) -> Evaluation:
     """Clients score their models (``view``: a personalised predictor); the server scores its own."""

@@ -73,6 +73,8 @@ def secure_aggregation(message: Message, context: Context, call_next) -> Message
     from flwr.client.mod import secaggplus_mod
 
     reply = secaggplus_mod(message, context, call_next)
-    held = [int(k) for k in listed(message.content.config_records[CLIENTS]["ids"])] if CLIENTS in message.content else []
+    held = (
+        [int(k) for k in listed(message.content.config_records[CLIENTS]["ids"])] if CLIENTS in message.content else []
+    )
     log_wire(f"{message.metadata.message_type}.secaggplus", dict(reply.content.items()), held)
     return reply

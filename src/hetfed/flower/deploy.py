@@ -221,8 +221,10 @@ class LocalDeployment:
             f'[superlink]\ndefault = "{CONNECTION}"\n\n[superlink.{CONNECTION}]\naddress = "{self.address}"\n{trust}')
         try:
             security = (["--ssl-ca-certfile", str(creds.ca_cert), "--ssl-certfile", str(creds.server_cert),
-                         "--ssl-keyfile", str(creds.server_key), "--enable-supernode-auth"] if creds else ["--insecure"])
-            link = self._spawn("superlink", [_bin("flower-superlink"), *security, "--disable-runtime-dependency-installation",
+                         "--ssl-keyfile", str(creds.server_key),
+                         "--enable-supernode-auth"] if creds else ["--insecure"])
+            link = self._spawn("superlink", [_bin("flower-superlink"), *security,
+                                             "--disable-runtime-dependency-installation",
                                              "--host", self.host, "--port", str(self.port)])
             _wait_for_port(self.port, timeout, link, "flower-superlink", self.directory / "superlink.log", self.reach)
             if self.node_configs is not None and len(self.node_configs) != self.n_nodes:
@@ -236,7 +238,8 @@ class LocalDeployment:
                     node_security = ["--insecure"]
                 self._spawn(f"supernode-{k}", [
                     _bin("flower-supernode"), *node_security, "--superlink", self.address, "--port", str(free_port()),
-                    "--node-config", self.node_configs[k] if self.node_configs else f"partition-id={k} num-partitions={self.n_nodes}",
+                    "--node-config", self.node_configs[k] if self.node_configs else f"partition-id={k} "
+                                                                                    f"num-partitions={self.n_nodes}",
                 ])
         except BaseException:
             self.stop()
@@ -249,7 +252,8 @@ class LocalDeployment:
                               capture_output=True, text=True, timeout=60)
         if done.returncode != 0 or "registered successfully" not in done.stdout:
             tail = " ".join((done.stdout + done.stderr).strip().splitlines()[-2:])
-            raise RunError(f"registering SuperNode key {public_key} with the SuperLink failed (exit {done.returncode}): {tail}")
+            raise RunError(f"registering SuperNode key {public_key} with the SuperLink failed (exit "
+                           f"{done.returncode}): {tail}")
 
     def kill_node(self, k: int) -> None:
         """Kill one SuperNode (and its ClientApp processes) — to test failures."""
@@ -284,7 +288,8 @@ class LocalDeployment:
             raise RunError(f"{str(directory)!r} holds no running deployment (no deployment.json): start one with "
                            "`hetfed flower start DIR --nodes K`")
         data = json.loads(meta.read_text())
-        return cls(Path(directory), int(data.get("n_nodes", data.get("n_clients", 0))), int(data["port"]), {k: int(v) for k, v in data["pids"].items()},
+        return cls(Path(directory), int(data.get("n_nodes", data.get("n_clients", 0))), int(data["port"]),
+                   {k: int(v) for k, v in data["pids"].items()},
                    secure=bool(data.get("secure", False)), host=data.get("host", "127.0.0.1"))
 
     def __enter__(self) -> LocalDeployment:
@@ -361,7 +366,8 @@ def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: 
     workdir = Path(app_dir) if app_dir else Path(out).parent / ".hetfed-flower-app"
     write_app(workdir)
     overrides = workdir / "run-config.toml"
-    overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = {json.dumps(str(Path(out).resolve()))}\n"
+    overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = "
+                         f"{json.dumps(str(Path(out).resolve()))}\n"
                          f"resume = {'true' if resume else 'false'}\n")
     cmd = [_bin("flwr"), "run", str(workdir), connection, "--run-config", str(overrides), "--stream"]
     log_path = run_log(out, workdir) if not resume else Path(out) / "flwr-run.resumed.log"

@@ -44,7 +44,8 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     hello = query_content(config, dump_config(config), 0, summaries=True)
     messages = [Message(pack(hello) if f.packed_messages else hello, dst_node_id=n, message_type="query")
                 for n in node_ids]
-    replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages, max(1.0, deadline - time.monotonic()))}
+    replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages,
+                                                                   max(1.0, deadline - time.monotonic()))}
     unpack_replies(replies.values())
     nodes: list[tuple[int, int, int]] = []
     summaries: list[Any] = []
@@ -77,7 +78,8 @@ def discover(grid, config: Config, warn=print) -> Prepared:
         warn(f"warning: {len(node_ids)} of flower.nodes = {f.nodes} SuperNodes connected within "
              f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
     fed = skeleton(config, nodes)
-    return Prepared(None, fed, gamma_of(config, summaries), (), [])  # type: ignore[arg-type]  # no data here: the nodes hold it
+    # no data here: the nodes hold it
+    return Prepared(None, fed, gamma_of(config, summaries), (), [])  # type: ignore[arg-type]
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:

@@ -24,7 +24,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from hetfed.config import FlowerConfig, dump_config
-from hetfed.engine.types import Broadcast, RoundUploads, Upload
+from hetfed.engine.types import Broadcast, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.flower.audit import append
@@ -42,7 +42,6 @@ from hetfed.flower.records import (
     records_to_upload,
 )
 from hetfed.run_spec import RunSpec
-from hetfed.server.screen import Screen
 
 
 class FlowerExecutor:
@@ -59,7 +58,8 @@ class FlowerExecutor:
         self.flower = flower or config.flower
         self.nodes: dict[int, int] = {}  # client id → node id
         self.own = False  # the nodes serve their own data (no global test set: nobody scores one)
-        self.offsets: dict[int, int] = {}  # node id → its first client's id (nodes with their own data number theirs from 0)
+        # node id → its first client's id (nodes with their own data number theirs from 0)
+        self.offsets: dict[int, int] = {}
         self.failures: list[dict] = []  # {"step", "round", "clients", "errors"}
         self.errors: dict[int, str] = {}  # node → the error its ClientApp raised (this step)
         self.messages = 0
@@ -91,7 +91,8 @@ class FlowerExecutor:
     def _set_up(self, riding: tuple[str, RecordDict, list[int], str] | None = None) -> tuple[dict, dict[int, str]]:
         """Ask every SuperNode that connects which clients it holds, until every client of the federation is
         held (or ``flower.connect_timeout`` passes); the nodes build their data meanwhile. ``riding``: (message
-        type, content, the step's clients, its group: the round) — the run's first step, sent with the question; then → node → (its
+        type, content, the step's clients, its group: the round) — the run's first step, sent with the question; then →
+        node → (its
         clients of the step, its reply), and the errors of the nodes whose ClientApp failed the step. A node that
         failed the step or did not answer it in time is asked the question alone, so that its clients are known
         and counted as failed in the step (as they would be in any later step)."""
@@ -174,7 +175,8 @@ class FlowerExecutor:
         records[RUN] = ConfigRecord({"config": self.config_text, "method": self.method})
         return RecordDict(records)
 
-    def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None, group: str = "") -> dict[int, Message | None]:
+    def _send(self, targets: list[tuple[int, RecordDict, str]], timeout: float | None,
+              group: str = "") -> dict[int, Message | None]:
         """node → its reply (None when it failed or did not answer in time)."""
         replies = send_and_receive(self.grid, self._messages(targets, group), timeout)
         return self._replies(replies, [node for node, _, _ in targets])
@@ -321,13 +323,9 @@ class FlowerExecutor:
         got = sum(len(held) for held, _ in answered.values())
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
-        uploads = RoundUploads(Screen.for_round(self.run, bc.params), stream=False)
-        chain = self.run.chain
-        for node in sorted(answered, key=lambda n: answered[n][0][0]):
-            upload = records_to_upload(answered[node][1], self.device)
-            # compressed updates arrive encoded (what travelled); decoded here, then screened
-            uploads.add(chain.transport.decode(upload, bc.params) if chain is not None else upload)
-        return uploads.result()
+        # compressed updates arrive encoded (what travelled): the chain decodes them, then screens
+        return self.run.receiving_encoded(bc.params, [records_to_upload(answered[node][1], self.device)
+                                                      for node in sorted(answered, key=lambda n: answered[n][0][0])])
 
     def _train_secure(self, bc: Broadcast, clients: list[int]) -> Upload:
         """A round's training under Flower's SecAgg+ (:mod:`hetfed.flower.secure`): four exchanges, at the end of
@@ -363,7 +361,7 @@ class FlowerExecutor:
                 f"warning: round {bc.round}: a node's weighted update reached {seen['largest']:.3g}, beyond "
                 f"flower.secaggplus.clipping_range = {self.flower.secaggplus.clipping_range:g}: SecAgg+ clipped it",
                 style="yellow", soft_wrap=True)
-        uploads = RoundUploads(Screen.for_round(self.run, bc.params), stream=False)
+        uploads = self.run.receiving(bc.params, stream=False)
         uploads.add(upload)
         return uploads.result()
 

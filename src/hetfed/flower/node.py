@@ -32,7 +32,6 @@ from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
 from hetfed.partition import Federation
 from hetfed.run_spec import RunSpec
-from hetfed.server.screen import holds_round
 
 STATE_KEY = "hetfed.state"
 
@@ -123,7 +122,11 @@ def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None, int]
     rec = content.config_records[CLIENTS]
     offset = int(number(rec.get("offset", 0)))
     among = rec.get("among")
-    return [int(k) - offset for k in listed(rec["ids"])], None if among is None else [int(k) for k in listed(among)], offset
+    return (
+        [int(k) - offset for k in listed(rec["ids"])],
+        None if among is None else [int(k) for k in listed(among)],
+        offset,
+    )
 
 
 # ----------------------------------------------------------------- client state in the node's context
@@ -153,4 +156,4 @@ def keep_states(side: NodeSide, clients: list[int], context: Context) -> None:
 def reduces(side: NodeSide, clients: list[int]) -> bool:
     """Whether the node sends its cohort's updates summed: more than one client, a round that may stream, and
     updates that travel uncompressed."""
-    return len(clients) > 1 and not holds_round(side.run) and not side.executor.wire  # encodings do not sum
+    return len(clients) > 1 and not side.run.holds_round() and not side.executor.wire  # encodings do not sum

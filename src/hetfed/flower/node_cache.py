@@ -6,7 +6,8 @@ k-means for ``feature_clusters``) costs more than a round of training on small
 clients (~1.4 s for the default experiment). The first message of a run builds it
 and writes it here; the others read it back (~10 ms). The entry is keyed by
 everything that decides the federation (``dataset``, ``embed``, ``partition``,
-``server_data`` with ``auto`` resolved by the run's methods, the seed, the code that builds it) and is used only while the data files
+``server_data`` with ``auto`` resolved by the run's methods, the seed, the code that builds it) and is used only while
+the data files
 it was built from keep their size and modification time; anything else rebuilds.
 
 ``$HETFED_CACHE/federations`` (default ``~/.cache/hetfed/federations``); one
@@ -85,7 +86,8 @@ def save(config: Config, fed: Federation, measure: np.ndarray | None, sources) -
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(f".{os.getpid()}.tmp.npz")
-        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]  # numpy's stub: **arrays as allow_pickle
+        # numpy's stub types **arrays as allow_pickle
+        np.savez(tmp, meta=np.array(json.dumps(meta)), **arrays)  # type: ignore[arg-type]
         os.replace(tmp, path)
     except (OSError, TypeError, ValueError):
         return

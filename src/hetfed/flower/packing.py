@@ -11,7 +11,8 @@ Packed, the same ``RecordDict`` travels in Flower's own protobuf encoding (``flw
 of one array in one ``ArrayRecord`` (:data:`PACKED`): five objects for a message of any shape, more chunks only
 for models over Flower's chunk size. Nothing is lost or converted — :func:`unpack` gives back the records
 :func:`pack` was given, bit for bit — so every reader of a message is unchanged. A node answers in the form it was
-asked (:func:`hetfed.flower.client_app.as_asked`), so a server that sends records as they are (SecAgg+'s rounds, whose mod reads and masks
+asked (:func:`hetfed.flower.client_app.as_asked`), so a server that sends records as they are (SecAgg+'s rounds, whose
+mod reads and masks
 the records themselves; ``flower.packed_messages = false``) gets them back as they are.
 """
 

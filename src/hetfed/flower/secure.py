@@ -80,7 +80,8 @@ def node_reply(upload: Upload, reference: Params, max_weight: float) -> dict:
     """A node's reply to the SecAgg+ round's training message, in the form Flower's ``secaggplus_mod`` reads (a
     legacy ``FitRes``): the vector to be summed (the cohort's weighted mean update per shared parameter, then its
     mean training loss), its weight (training samples), and in the clear its clients, their counts, how many
-    updates it screened out and its largest weighted coordinate (the server warns when the clipping range cut it). The mod masks the vector and drops it
+    updates it screened out and its largest weighted coordinate (the server warns when the clipping range cut it). The
+    mod masks the vector and drops it
     from the reply before anything leaves the node."""
     weights = upload.num_samples.detach().double().cpu()
     weight = float(weights.sum())

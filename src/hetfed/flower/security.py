@@ -50,7 +50,8 @@ def _name(common: str):
     from cryptography import x509
     from cryptography.x509.oid import NameOID
 
-    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hetfed"), x509.NameAttribute(NameOID.COMMON_NAME, common)])
+    return x509.Name([x509.NameAttribute(NameOID.ORGANIZATION_NAME, "hetfed"),
+                      x509.NameAttribute(NameOID.COMMON_NAME, common)])
 
 
 def make_ca(directory: Path) -> tuple[Path, Path]:
@@ -67,11 +68,13 @@ def make_ca(directory: Path) -> tuple[Path, Path]:
                        "have a new CA made)")
     key = ec.generate_private_key(ec.SECP384R1())
     now = dt.datetime.now(dt.UTC)
-    cert = (x509.CertificateBuilder().subject_name(_name("hetfed deployment CA")).issuer_name(_name("hetfed deployment CA"))
+    cert = (x509.CertificateBuilder().subject_name(_name("hetfed deployment CA")).issuer_name(_name("hetfed deployment "
+                                                                                                    "CA"))
             .public_key(key.public_key()).serial_number(x509.random_serial_number())
             .not_valid_before(now - dt.timedelta(minutes=5)).not_valid_after(now + dt.timedelta(days=VALID_DAYS))
             .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True, content_commitment=False,
+            .add_extension(x509.KeyUsage(digital_signature=True, key_cert_sign=True, crl_sign=True,
+                                         content_commitment=False,
                                          key_encipherment=False, data_encipherment=False, key_agreement=False,
                                          encipher_only=False, decipher_only=False), critical=True)
             .sign(key, hashes.SHA256()))

@@ -56,7 +56,8 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
 
     def started() -> None:
         if status is not None:
-            status.print(f"Flower's ServerApp runs ({time.perf_counter() - t0:.0f} s); the SuperNodes' ClientApps start "
+            status.print(f"Flower's ServerApp runs ({time.perf_counter() - t0:.0f} s); the SuperNodes' ClientApps "
+                         "start "
                          "with the first round's messages, so the first method's first round includes Ray's start",
                          soft_wrap=True)
 
@@ -68,7 +69,8 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
                      "…", soft_wrap=True)
     try:
-        start_with_retries(lambda: run_simulation(server_app, client_app, num_supernodes=simulation_nodes(config, n_clients),
+        start_with_retries(lambda: run_simulation(server_app, client_app,
+                                                  num_supernodes=simulation_nodes(config, n_clients),
                                                   backend_config=backend),
                            lambda: "started" in holder, log_file)
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)

@@ -10,4 +10,5 @@ from hetfed.models.cnn import FedAvgCNN, LeNet
 from hetfed.models.kinds import build_model
 from hetfed.models.mlp import MLP, LogisticRegression
 
-__all__ = ["BiLSTM", "CGAUNet", "CharLSTM", "FedAvgCNN", "MLP", "LeNet", "LogisticRegression", "Model", "Noise", "ParamSpec", "Params", "build_model"]
+__all__ = ["BiLSTM", "CGAUNet", "CharLSTM", "FedAvgCNN", "MLP", "LeNet", "LogisticRegression", "Model", "Noise",
+           "ParamSpec", "Params", "build_model"]

@@ -38,7 +38,8 @@ from hetfed.models.sgd_in_backward import SGDInBackward
 class CGAUNet(Model):
     """in → CGAU(hidden[0]) → dropout → CGAU(hidden[1]) → … → dropout → linear → classes."""
 
-    def __init__(self, in_features: int, hidden: Sequence[int], n_classes: int, dropout: float = 0.5, condition_output: bool = False):
+    def __init__(self, in_features: int, hidden: Sequence[int], n_classes: int, dropout: float = 0.5,
+                 condition_output: bool = False):
         self.in_features = in_features
         self.hidden = list(hidden)
         self.n_classes = n_classes
@@ -71,7 +72,8 @@ class CGAUNet(Model):
     def specs(self) -> list[ParamSpec]:
         return self._specs
 
-    def units(self, params: Params, x: torch.Tensor, use_filter_cond: bool = True, use_gate_cond: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    def units(self, params: Params, x: torch.Tensor, use_filter_cond: bool = True,
+              use_gate_cond: bool = True) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """(filter, gate) activations of every layer, without dropout (for analysis/plots)."""
         out = []
         h = x.flatten(2)

@@ -196,7 +196,8 @@ class FedAvgCNN(LeNet):
             return self._features_bn(p, x, None, {})
         return F.relu(F.linear(self._convolved(p, x), p["fc1.weight"], p["fc1.bias"]))
 
-    def _bn(self, p: Params, name: str, h: torch.Tensor, rows: int | None, updates: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _bn(self, p: Params, name: str, h: torch.Tensor, rows: int | None,
+            updates: dict[str, torch.Tensor]) -> torch.Tensor:
         """Batch norm of one client's batch ``h`` [b, C, …]: its real ``rows``' statistics while training
         (and the running statistics' new values into ``updates``), the running statistics at evaluation."""
         if rows is None:
@@ -213,7 +214,8 @@ class FedAvgCNN(LeNet):
         norm = (h - mean.view(shape)) / torch.sqrt(var.view(shape) + self.BN_EPS)
         return norm * p[f"{name}.weight"].view(shape) + p[f"{name}.bias"].view(shape)
 
-    def _features_bn(self, p: Params, x: torch.Tensor, rows: int | None, updates: dict[str, torch.Tensor]) -> torch.Tensor:
+    def _features_bn(self, p: Params, x: torch.Tensor, rows: int | None,
+                     updates: dict[str, torch.Tensor]) -> torch.Tensor:
         if self.c == 1:
             x = x.reshape(-1, 1, self.h, self.w)
         else:

@@ -21,8 +21,10 @@ from hetfed.registry import ComponentParams
 
 class DirichletParams(ComponentParams):
     alpha: float = Field(0.5, gt=0, description="the Dirichlet concentration α: small is skewed, large near IID")
-    min_size: int = Field(10, ge=0, description="clients short of this many samples are topped up from the largest (one pass)")
-    samples_per_client: int | None = Field(None, ge=1, description="each client draws its class shares from Dir(α) and this many samples (FedMoE: 100)")
+    min_size: int = Field(10, ge=0, description="clients short of this many samples are topped up from the largest "
+                                                "(one pass)")
+    samples_per_client: int | None = Field(None, ge=1, description="each client draws its class shares from Dir(α) and "
+                                                                   "this many samples (FedMoE: 100)")
 
 
 def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,
@@ -44,7 +46,8 @@ def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random
         )
     if cfg.params.samples_per_client is not None:
         props = rng.dirichlet(np.full(n_classes, cfg.params.alpha), size=k)
-        return draw_per_client(y, props, cfg.params.samples_per_client, rng, "partition.kind = 'dirichlet'", fallback=True)
+        return draw_per_client(y, props, cfg.params.samples_per_client, rng, "partition.kind = 'dirichlet'",
+                               fallback=True)
     weights = rng.dirichlet(np.full(k, cfg.params.alpha), size=n_classes).T  # K × C
     counts = class_counts(y, weights)
     if cfg.params.min_size:

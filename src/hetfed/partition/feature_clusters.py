@@ -1,4 +1,5 @@
-"""``feature_clusters`` [CGAU]: clients are regions of the (PCA-reduced) feature space, with a ``shuffle`` fraction reassigned."""
+"""``feature_clusters`` [CGAU]: clients are regions of the (PCA-reduced) feature space, with a ``shuffle`` fraction
+reassigned."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ from hetfed.registry import ComponentParams
 
 
 class FeatureClustersParams(ComponentParams):
-    shuffle: float = Field(0.0, ge=0, le=1, description="the fraction of samples reassigned to uniformly random clients (1: IID)")
+    shuffle: float = Field(0.0, ge=0, le=1, description="the fraction of samples reassigned to uniformly random "
+                                                        "clients (1: IID)")
     pca_components: int = Field(2, ge=1, description="the PCA plane the per-class k-means clusters are found in")
 
 

@@ -16,7 +16,8 @@ from hetfed.registry import ComponentParams
 
 
 class IIDParams(ComponentParams):
-    samples_per_client: int | None = Field(None, ge=1, description="every client draws this many samples (None: the whole pool split evenly)")
+    samples_per_client: int | None = Field(None, ge=1, description="every client draws this many samples (None: the "
+                                                                   "whole pool split evenly)")
 
 
 def iid(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,

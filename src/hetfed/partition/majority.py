@@ -20,7 +20,8 @@ from hetfed.registry import ComponentParams
 class MajorityParams(ComponentParams):
     p: float = Field(0.8, ge=0, le=1, description="the share of a client's data in its majority classes (2/C: IID)")
     majority_classes: int = Field(2, ge=1, description="majority classes per client")
-    samples_per_client: int | None = Field(None, ge=1, description="every client draws this many samples (None: the pool split)")
+    samples_per_client: int | None = Field(None, ge=1, description="every client draws this many samples (None: the "
+                                                                   "pool split)")
 
 
 def majority(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator,

@@ -1,4 +1,5 @@
-"""``natural``: clients given by ids in the data (``dataset.name = 'arrays'`` with a client column, Shakespeare's roles)."""
+"""``natural``: clients given by ids in the data (``dataset.name = 'arrays'`` with a client column, Shakespeare's
+roles)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,8 @@ from hetfed.registry import ComponentParams
 
 
 class NaturalParams(ComponentParams):
-    natural_min_samples: int = Field(1, ge=1, description="clients holding fewer training samples are left out (their data unused)")
+    natural_min_samples: int = Field(1, ge=1, description="clients holding fewer training samples are left out (their "
+                                                          "data unused)")
 
 
 def natural(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Generator | None = None,

@@ -1,4 +1,5 @@
-"""``shards`` [Fed-FSNet, after McMahan et al.]: label-sorted shards, ``shards_per_client`` each (see the package's docstring)."""
+"""``shards`` [Fed-FSNet, after McMahan et al.]: label-sorted shards, ``shards_per_client`` each (see the package's
+docstring)."""
 
 from __future__ import annotations
 
@@ -46,7 +47,8 @@ def shards(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.Ge
         )
     if n_shards > len(y):
         raise PartitionError(f"partition.n_shards = {n_shards} is not allowed: more shards than the {len(y)} samples")
-    if cfg.params.shard_cut == "sorted":  # McMahan et al.: sort by label (random order within a label), cut equal shards
+    # McMahan et al.: sort by label (random order within a label), cut equal shards
+    if cfg.params.shard_cut == "sorted":
         by_label = np.concatenate([rng.permutation(np.flatnonzero(y == c)) for c in classes])
         return _deal(np.array_split(by_label, n_shards), k, cfg.params.shards_per_client, rng)
     sizes = np.array([(y == c).sum() for c in classes])

@@ -119,7 +119,8 @@ def check_streams(payload: dict[str, Any], transports: list[Transport]) -> None:
     drawing = sorted({t.compressor.name for t in transports if t.compressor is not None and t.compressor.draws})
     if made != streams.GENERATOR and drawing and made in streams.COMPRESSOR_DRAWS_CHANGED:
         raise RunError(f"the checkpoint's clients drew {', '.join(drawing)}'s numbers with random streams {made!r} "
-                       f"({streams.COMPRESSOR_DRAWS_CHANGED[made]}); this hetfed draws them with {streams.GENERATOR!r}, "
+                       f"({streams.COMPRESSOR_DRAWS_CHANGED[made]}); this hetfed draws them with "
+                       f"{streams.GENERATOR!r}, "
                        "so resuming would mix two runs' numbers: expected a run started by this version (rerun "
                        "the config, or resume with the hetfed that started it)")
 

@@ -11,7 +11,8 @@ what it really holds, scored against the clients' data that only the simulation 
   ``leakage.client`` uploads in round ``leakage.round``, as the server decodes it — compression applied, but not the
   chain's clipping and DP noise, which the server itself applies (central DP protects the released model, not the
   update from the server). The attack reads it with the parameters the server sent; what the client never sends
-  it does not know: CGAU's rows are taken as for an unseen client, a personal head (FedRep's) freshly initialised. Scored by PSNR (each reconstruction against the
+  it does not know: CGAU's rows are taken as for an unseen client, a personal head (FedRep's) freshly initialised.
+  Scored by PSNR (each reconstruction against the
   client's sample closest to it), SSIM for images, and the labels recovered: the reconstruction's labels found among
   the client's (as a multiset), over as many as the update went over.
 
@@ -145,7 +146,8 @@ class InversionObserver(RoundObserver):
 
 def observed(spec: RunSpec, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int) -> Observed:
     """The client's upload as the attack reads it: the parameters the server sent (what the client keeps to
-    itself taken as for an unseen client, or freshly initialised from the run's seed), the update on the names it sent, and the protocol (step size, steps,
+    itself taken as for an unseen client, or freshly initialised from the run's seed), the update on the names it sent,
+    and the protocol (step size, steps,
     the samples they went over)."""
     device, algo, seed = next(iter(bc.params.values())).device, spec.algo, spec.seed
     unseen = algo.model.local_for_unseen_client(device)

@@ -112,7 +112,8 @@ class MethodPlan:
         return self.run.algo
 
 
-def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor: ExecutorKind | None = None) -> list[MethodPlan]:
+def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
+         executor: ExecutorKind | None = None) -> list[MethodPlan]:
     """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
     fit in memory or an attack on clients that are real is refused here, not mid-run."""
     plans = []
@@ -132,7 +133,8 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None, executor:
             raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
                               f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
                               "server's arrivals by when the replies really come; expected an asynchronous algorithm "
-                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients are elsewhere "
+                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients "
+                              "are elsewhere "
                               "(flower, deployment)")
         _check_leakage(config, index, method, run, kind, fed)
         _check_records(config, index, method, algo, fed)
@@ -200,7 +202,8 @@ def _check_records(config: Config, index: int, method: MethodConfig, algo: Algor
 
 def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:
     """The checkpoint of a run whose clients live off this process (Flower) holds the server's side only: the
-    clients' own state lived in the SuperNodes' run context, which ended with the killed run. Resuming mid-rounds is exact only for a method whose clients
+    clients' own state lived in the SuperNodes' run context, which ended with the killed run. Resuming mid-rounds is
+    exact only for a method whose clients
     keep nothing between rounds; for any other the resume is refused, saying why."""
     current = (checkpoint or {}).get("current")
     if not current or current["result"].rounds_done == 0:

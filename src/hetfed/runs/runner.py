@@ -128,8 +128,8 @@ def run_experiment(
         ckpt = _checkpoint_to_resume(Path(out), warn, config)  # type: ignore[arg-type]  # a resume names its directory
     else:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
-    for method in config.methods:
-        resolve_device(config.method_train(method).device, config.method_train(method).capture)  # "cuda" without a GPU, before loading any data
+    for method in config.methods:  # "cuda" without a GPU, before loading any data
+        resolve_device(config.method_train(method).device, config.method_train(method).capture)
     prep = prepared or prepare(config, progress=progress, status=status)
     for note in getattr(prep.data, "notes", ()):  # what loading kept (Shakespeare: roles, windows, sizes)
         warn.print(note, soft_wrap=True, markup=False)
@@ -199,7 +199,8 @@ def _start_recording(config: Config, prep: Prepared, rec: Recording, resume: boo
     from hetfed.partition import partition_view
 
     # numpy's stub types **arrays as allow_pickle's bool; the keys are partition_view's array names
-    np.savez_compressed(rec.run_dir / FEDERATION, **partition_view(prep.federation, config.seed))  # type: ignore[arg-type]
+    view = partition_view(prep.federation, config.seed)
+    np.savez_compressed(rec.run_dir / FEDERATION, **view)  # type: ignore[arg-type]
     trackers = open_trackers(config, rec.run_dir, prep.heterogeneity.as_dict(), resumed=resume, root=root,
                              tags=tags, warn=lambda line: warn.print(line, style="yellow", soft_wrap=True))
     rec.writer.mirror = trackers
@@ -236,7 +237,8 @@ def _train_methods(execution: Execution, plans: list[MethodPlan], steps: ClientS
         rec.checkpointer.method_done(p.method.label)
 
 
-def train_method(execution: Execution, p: MethodPlan, executor: Executor, resume: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
+def train_method(execution: Execution, p: MethodPlan, executor: Executor,
+                 resume: dict[str, Any] | None) -> dict[str, dict[str, Any]]:
     """One method: its federated rounds, then (if the algorithm has one) its personalisation step; returns its
     table rows — one, or one per view (FedMoE's Local, FedAvg, Fine-tuned and Mixture). ``resume`` is this
     method's part of a checkpoint to continue from (resumed after its rounds, the loop only restores)."""

@@ -202,7 +202,8 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     rows = []
     for label, m in summary["methods"].items():
         b = m["best"]
-        row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")), fmt(b.get("global_accuracy")),
+        row = [label, fmt(b.get("local_accuracy_mean")), fmt(b.get("local_accuracy_p10")),
+               fmt(b.get("global_accuracy")),
                fmt(b.get("server_accuracy")), fmt(m["final"].get("global_accuracy")), ms(m["seconds_per_round"]),
                ms(m.get("eval_seconds_per_evaluation")), short(m.get("sim_time")),
                short(m.get("uplink_bytes"), 1e6)]

@@ -181,7 +181,8 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
 
 
 def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[str, Any]]
-             ) -> tuple[list[tuple[dict[str, Any], int, dict[str, Any]]], list[tuple[dict[str, Any], Path]], list[dict[str, Any]]]:
+             ) -> tuple[list[tuple[dict[str, Any], int, dict[str, Any]]], list[tuple[dict[str, Any], Path]],
+                        list[dict[str, Any]]]:
     """The runs' summaries and directories in grid order, however they were run, and the failed ones (one
     impossible point must not lose the rest of the grid)."""
     summaries: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
@@ -210,7 +211,8 @@ def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, su
         table = aggregate(summaries, keys)
         write_table(sweep_dir / SWEEP_TABLE, table, keys)
         write_runs(sweep_dir / RUNS_TABLE, summaries, keys)
-        write_curves(sweep_dir / CURVES_TABLE, [(p, s, d) for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)],
+        write_curves(sweep_dir / CURVES_TABLE, [(p, s, d) for (p, s, _),
+                                                (_, d) in zip(summaries, run_dirs, strict=True)],
                      keys)
         write_heterogeneity(sweep_dir / HETEROGENEITY_TABLE, table, keys)
     except Exception as err:
@@ -253,7 +255,8 @@ def _refuse_equal_points(points: list[tuple[dict[str, Any], Config]]) -> None:
         seen[key] = point
 
 
-def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, Config]], request: dict[str, Any]) -> None:
+def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, Config]],
+                     request: dict[str, Any]) -> None:
     """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
 
     changed = []
@@ -312,7 +315,8 @@ def worker_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // jobs)
 
 
-def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: int, tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: int,
+                  tracker: SweepProgress) -> dict[int, tuple[str, object]]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -364,7 +368,8 @@ def _check_stackable(configs: list[SweepRun]) -> None:
                                   "--stack")
 
 
-def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]], tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
+                 tracker: SweepProgress) -> dict[int, tuple[str, object]]:
     """Every run on a thread of its own, their rounds' client steps computed together (the stacking kind)."""
     import threading
 
@@ -451,7 +456,9 @@ class SweepProgress:
 
 def _duration(seconds: float) -> str:
     seconds = int(round(seconds))
-    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    return (
+        f"{seconds // 3600}h{seconds % 3600 // 60:02d}m" if seconds >= 3600 else f"{seconds // 60}m{seconds % 60:02d}s"
+    )
 
 
 def _completed(run_dir: Path, cfg: Config) -> dict[str, Any] | None:

@@ -106,7 +106,8 @@ def aggregate(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys:
                              for method, metric, value in run_values(summary)), keys)
 
 
-def aggregate_values(values: Iterable[tuple[tuple[Any, ...], str, str, float]], keys: list[str]) -> list[dict[str, Any]]:
+def aggregate_values(values: Iterable[tuple[tuple[Any, ...], str, str, float]],
+                     keys: list[str]) -> list[dict[str, Any]]:
     """Mean ± 95% CI over seeds of ``(grid point cells, method, metric, one run's value)`` items, per grid point ×
     method × metric, in the order first seen — what :func:`aggregate` computes from run summaries, and
     ``hetfed merge`` from the runs.csv of sweeps whose run directories are gone."""
@@ -173,12 +174,14 @@ def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None
 
 
 def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
-        "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy", "best.local_accuracy_mean", "best.server_accuracy",
+        "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy",
+        "best.local_accuracy_mean", "best.server_accuracy",
         "best.global_auc", "best.local_auc_mean", *LEAKED)) -> None:
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
     for row in rows:
         if row["metric"] in metrics:
-            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"], mean_ci_text(row["mean"], row["ci95"]), str(row["n"]))
+            table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"],
+                          mean_ci_text(row["mean"], row["ci95"]), str(row["n"]))
     console.print(table)

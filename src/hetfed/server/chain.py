@@ -1,6 +1,7 @@
 """One server pipeline for every algorithm whose server holds a model, composed like optax's ``chain``.
 
-    screen (as updates arrive: :class:`hetfed.server.screen.Screen`, fed by the executors)
+    decode (updates that travel encoded) → screen → DP's clip (as updates arrive: :meth:`Chain.receiving`, fed by
+    the executors)
       → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum)
         or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
       → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
@@ -23,19 +24,12 @@ from typing import Any, ClassVar, Protocol, cast
 import torch
 
 from hetfed.engine.rng import DP_NOISE, derive_seed
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, RoundUploads, Upload
 from hetfed.server.combine import CombineRule, RuleParams
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
+from hetfed.server.screen import Screen, ScreenSpec
 from hetfed.server.transport import Transport
-
-
-@dataclass(frozen=True)
-class ScreenSpec:
-    """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
-
-    norm_factor: float | None = 10.0
-    reference_clients: int = 32
 
 
 @dataclass(frozen=True)
@@ -112,7 +106,8 @@ class Rescale(Stateless):
         if r.scale == 1.0:
             return r, state
         value = _combined(r)  # v + scale·(value − v), its three operations in that order, into one new tensor
-        return replace(r, value={k: torch.sub(value[k], v).mul_(r.scale).add_(v) for k, v in r.reference.items()}), state
+        return replace(r, value={k: torch.sub(value[k], v).mul_(r.scale).add_(v) for k,
+                                 v in r.reference.items()}), state
 
 
 @dataclass(frozen=True)
@@ -156,6 +151,63 @@ class Chain:
     @property
     def streams(self) -> bool:
         return all(s.streams for s in self.steps)
+
+    @property
+    def private(self) -> DPNoise | None:
+        """DP-FedAvg's noise, clip and weighting when its noised mean is the combine step (client-level DP on)."""
+        return next((s.noise for s in self.steps if isinstance(s, PrivateMean)), None)
+
+    def stages(self) -> tuple[str, ...]:
+        """The chain in the order a round's updates go through it: ``decode`` (updates that travel encoded: a
+        compressor), ``screen`` (non-finite updates out; the norm filter when on), ``clip`` (DP-FedAvg's, per update),
+        then its steps (``combine`` — a rule or DP's noised mean —, ``rescale``, ``optimizer``). The order is the only
+        one that makes sense (a filter reads decoded updates, DP's noise is calibrated to clipped ones, the optimiser
+        reads the combined pseudo-gradient), so it is fixed; which stages run is what ``server.*`` and ``privacy``
+        choose."""
+        receive = (("decode",) if self.transport.compressor is not None else ()) + ("screen",)
+        return receive + (("clip",) if self.private is not None else ()) + tuple(s.name for s in self.steps)
+
+    def norm_factor(self, asynchronous: bool = False) -> float | None:
+        """The norm filter's factor for a round's updates (None: off; under DP clipping bounds every update
+        already). An asynchronous server's executors screen for non-finite updates only: its norm filter judges each
+        buffer of arrivals when it is merged (:meth:`buffer_screen`), the one group its events define — the clients
+        an executor happens to train together depend on how it stacks them."""
+        return None if asynchronous or self.private is not None else self.screen.norm_factor
+
+    def holds_round(self, whole_round: bool = False) -> bool:
+        """True when a round's updates must be held together instead of streamed: a step that needs every update (a
+        robust combine rule), or an algorithm that does (``whole_round``: FedDF, FedGen). The norm filter holds only
+        its reference clients (:class:`~hetfed.server.screen.Screen`)."""
+        return not self.streams or whole_round
+
+    def held_for_screen(self, per_round: int, asynchronous: bool = False) -> int:
+        """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
+        return 0 if self.norm_factor(asynchronous) is None else min(per_round, self.screen.reference_clients)
+
+    def receiving(self, reference: Params, *, asynchronous: bool = False, whole_round: bool = False,
+                  stream: bool = True) -> RoundUploads:
+        """A round's receiving side, against the broadcast ``reference``: every chunk of updates fed to it is
+        screened (and clipped under DP) as it comes, what passes is summed — or held, when the round must be
+        (:meth:`holds_round`; ``stream`` False: held anyway, as a Flower round's replies come together)."""
+        private = self.private
+        screen = Screen(reference, self.norm_factor(asynchronous), private.clip if private is not None else None,
+                        keep_all=self.holds_round(whole_round), uniform=private is not None and private.uniform,
+                        reference_clients=self.screen.reference_clients)
+        return RoundUploads(screen, stream)
+
+    def receiving_encoded(self, reference: Params, uploads: list[Upload], *, asynchronous: bool = False,
+                          whole_round: bool = False) -> Upload:
+        """A round of updates that travelled encoded (a Flower round's replies): decoded, then received as above,
+        held together."""
+        round_uploads = self.receiving(reference, asynchronous=asynchronous, whole_round=whole_round, stream=False)
+        for upload in uploads:
+            round_uploads.add(self.transport.decode(upload, reference))
+        return round_uploads.result()
+
+    def buffer_screen(self) -> Screen:
+        """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
+        norm against the model it was sent); off under DP, as for rounds."""
+        return Screen({}, self.norm_factor(), reference_clients=self.screen.reference_clients)
 
     def state_of(self, extra: dict[str, Any]) -> dict[str, State]:
         """The chain's state kept in a server state's ``extra`` ({} before round 1)."""

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 from hetfed.config import PrivacyConfig, ServerConfig
-from hetfed.server.chain import Chain, Combine, Optimize, PrivateMean, Rescale, ScreenSpec
+from hetfed.server.chain import Chain, Combine, Optimize, PrivateMean, Rescale
 from hetfed.server.combine import parse
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import optimizer_for
+from hetfed.server.screen import ScreenSpec
 from hetfed.server.transport import transport
 
 

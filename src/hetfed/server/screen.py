@@ -10,9 +10,9 @@ so the default screen streams a round of any size with a bounded memory, and eve
 takes the same decisions whatever its chunks. For an even count the median is the mean of the
 two middle norms, the same convention as the coordinate-wise median rule.
 
-The executors feed it (:class:`Screen`, one per round); what passes goes to the rest of the chain
-(:mod:`hetfed.server.chain`). Pure functions over stacked tensors, so every executor (a chunk, one
-client at a time, Flower replies) gets the same numbers for the same updates.
+The chain makes one per round (:meth:`hetfed.server.chain.Chain.receiving`) and the executors feed it the updates
+as they come; what passes goes to the rest of the chain. Pure functions over stacked tensors, so every executor (a
+chunk, one client at a time, Flower replies) gets the same numbers for the same updates.
 """
 
 from __future__ import annotations
@@ -22,8 +22,6 @@ from dataclasses import dataclass, field
 import torch
 
 from hetfed.engine.types import Params, Upload, concat_uploads
-from hetfed.run_spec import RunSpec
-from hetfed.server.chain import ScreenSpec
 
 # ------------------------------------------------------------------ per-client quantities
 
@@ -139,39 +137,12 @@ def within(norms: torch.Tensor, median: float, factor: float | None) -> torch.Te
     return norms <= factor * max(median, 1e-12)
 
 
-def norm_factor(run: RunSpec) -> float | None:
-    """The norm filter's factor for a round of the run's updates (None: off; under DP clipping bounds every update
-    already). An asynchronous server's executors screen for non-finite updates only: its norm filter judges each
-    buffer of arrivals when it is merged (:func:`buffer_screen`), the one group its events define — the clients an
-    executor happens to train together depend on how it stacks them."""
-    return None if run.algo.capabilities.asynchronous else _factor(run)
+@dataclass(frozen=True)
+class ScreenSpec:
+    """``server.screen``: the norm filter's factor (None: off) and how many first updates set its median."""
 
-
-def _factor(run: RunSpec) -> float | None:
-    """``server.screen.norm_factor``, or None under DP (or without a chain)."""
-    return None if run.privacy is not None or run.chain is None else run.chain.screen.norm_factor
-
-
-def _reference_clients(run: RunSpec) -> int:
-    return run.chain.screen.reference_clients if run.chain is not None else ScreenSpec().reference_clients
-
-
-def buffer_screen(run: RunSpec) -> Screen:
-    """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
-    norm against the model it was sent); off under DP, as for rounds."""
-    return Screen({}, _factor(run), reference_clients=_reference_clients(run))
-
-
-def holds_round(run: RunSpec) -> bool:
-    """True when a round's updates must be held together instead of streamed: a chain step that needs every
-    update (a robust combine rule), or an algorithm that does (FedDF, FedGen). The norm filter holds only its
-    reference clients (:class:`Screen`)."""
-    return (run.chain is not None and not run.chain.streams) or run.algo.capabilities.whole_round
-
-
-def held_for_screen(run: RunSpec, per_round: int) -> int:
-    """How many updates of a round the norm filter holds at most (its reference clients; 0 when off)."""
-    return 0 if norm_factor(run) is None else min(per_round, _reference_clients(run))
+    norm_factor: float | None = 10.0
+    reference_clients: int = 32
 
 
 @dataclass
@@ -197,13 +168,6 @@ class Screen:
     _held: list[Upload] = field(default_factory=list)
     _held_norms: list[torch.Tensor] = field(default_factory=list)
 
-    @classmethod
-    def for_round(cls, run: RunSpec, reference: Params) -> Screen:
-        privacy = run.privacy
-        return cls(reference, norm_factor(run), privacy.clip if privacy is not None else None,
-                   keep_all=holds_round(run), uniform=privacy is not None and privacy.weighting == "uniform",
-                   reference_clients=_reference_clients(run))
-
     def only_finite(self, n: int) -> bool:
         """True when screening ``n`` updates at once is only the finite check (:func:`finite_clients`): no DP
         clipping, and too few updates for the norm filter's median — so a caller may check many such groups in
@@ -213,7 +177,7 @@ class Screen:
     def verdict(self, finite: torch.Tensor, norms: torch.Tensor | None) -> torch.Tensor:
         """Which of a group's updates pass (bool ``[n]``), from their finite flags and update norms computed
         beforehand, the group in order; the rejections counted. What :meth:`admit` of the whole group as one chunk
-        and :meth:`flush` decide, from numbers alone — an asynchronous server's buffer (:func:`buffer_screen`),
+        and :meth:`flush` decide, from numbers alone — an asynchronous server's buffer (`Chain.buffer_screen`),
         whose arrivals were each sent their own model version. Not under DP clipping, which changes the updates
         themselves. ``norms`` may be None when :meth:`only_finite` holds for the group."""
         if self.clip is not None:

@@ -36,7 +36,8 @@ def load_arrays(cfg: DatasetConfig) -> Dataset:
     x = np.asarray(d["x"])
     y = integer_labels(np.asarray(d["y"]), where)
     if x.ndim == 0 or len(x) != len(y):
-        raise DataError(f"{where}: x has {x.shape[0] if x.ndim else 0} rows but y has {len(y)}: expected one label per row")
+        raise DataError(f"{where}: x has {x.shape[0] if x.ndim else 0} rows but y has {len(y)}: expected one label per "
+                        "row")
     x = numeric_features(x, where)
     _, y = np.unique(y, return_inverse=True)
     y = y.astype(np.int64)

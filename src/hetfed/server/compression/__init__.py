@@ -41,7 +41,8 @@ class Compressor:
     """One registered compressor.
 
     ``encode(delta [S, …], seeds, counter, params)`` → the parameter's encoding (``seeds``: the clients' round
-    seeds, ``counter``: the parameter's position, so each parameter draws its own numbers: :func:`uniforms`); ``decode(encoded,
+    seeds, ``counter``: the parameter's position, so each parameter draws its own numbers: :func:`uniforms`);
+    ``decode(encoded,
     shape, params)`` → Δ̂ [S, …] as the server reads it; ``nbytes(shape, params)`` → the bytes one client sends
     for a parameter of that shape (what metrics.csv counts). ``lossy``: Δ̂ may differ from Δ, so error feedback
     means something. ``roundtrip(delta, seeds, counter, params)``, where given, is ``decode(encode(…))`` bit for bit

@@ -182,7 +182,8 @@ def _nbytes(shape: tuple[int, ...], p: QSGDParams) -> int:
     return 4 * nb + packed_size(n, p.bits)
 
 
-register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip, fused_into=_roundtrip_into, draws=True,
+register(Compressor("qsgd", _encode, _decode, _nbytes, QSGDParams, roundtrip=_roundtrip, fused_into=_roundtrip_into,
+                    draws=True,
                     summary="stochastic uniform quantisation to `bits` bits per value, a norm per bucket (unbiased)",
                     paper="Alistarh et al. 2017, QSGD: Communication-Efficient SGD via Gradient Quantization and "
                           "Encoding"))
