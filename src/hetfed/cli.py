@@ -226,9 +226,8 @@ def cmd_components(args: argparse.Namespace) -> int:
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
             extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
             extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []
-            extra += (
-                ["clients elsewhere" if not c["in_process"] else "clients in this process"] if "in_process" in c else []
-            )
+            where = "clients in this process" if c.get("in_process") else "clients elsewhere"
+            extra += [where] if "in_process" in c else []
             console.print(Text.assemble(("  " + c["name"], "bold"), f" — {c['summary']}"), soft_wrap=True)
             if extra:
                 console.print(f"    {' · '.join(extra)}", soft_wrap=True, markup=False)
@@ -493,9 +492,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
     run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
-              present=present_sweep,
-              resume=args.resume,
-              jobs=args.jobs, stack=args.stack)
+              present=present_sweep, resume=args.resume, jobs=args.jobs, stack=args.stack)
     return 0
 
 
