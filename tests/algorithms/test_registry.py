@@ -29,6 +29,18 @@ SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_siz
          "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1}}
 
 
+def _reads_features(name: str) -> bool:
+    """Whether the algorithm runs on a model of the default data's inputs (feature vectors): the LoRA methods run on
+    a pretrained encoder's token ids only, and are run against each other in tests/models/test_lora.py."""
+    from hetfed.registry import registry_of
+
+    kinds = registry.get(name).capabilities.model_kinds
+    return kinds is None or any(registry_of("model").get(k).inputs == "features" for k in kinds)
+
+
+ON_FEATURES = [n for n in registry.names() if _reads_features(n)]
+
+
 def _config(algorithms: list[str], executor: str, **extra) -> object:
     methods = [{"name": f"{a}_", "algorithm": a, "params": dict(registry.get(a).quick),
                 **({"model": dict(registry.get(a).model)} if registry.get(a).model else {})} for a in algorithms]
@@ -90,7 +102,7 @@ def test_a_toy_algorithm_registered_in_a_test_runs_on_both_executors_and_is_list
 # ------------------------------------------------------------------ every registered algorithm
 
 
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", ON_FEATURES)
 def test_every_registered_algorithm_gives_the_same_numbers_on_both_in_process_executors(tmp_path, name):
     a = run_experiment(_config([name], "vectorised"), out=tmp_path / "v", progress=False).summary
     b = run_experiment(_config([name], "sequential"), out=tmp_path / "s", progress=False).summary
@@ -107,7 +119,7 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     # asynchronous methods refuse client sampling (their concurrency says who trains); tests/executors/test_async.py
     # runs
     # them on Flower
-    names = [n for n in registry.names() if not registry.get(n).capabilities.asynchronous]
+    names = [n for n in ON_FEATURES if not registry.get(n).capabilities.asynchronous]
     assert TOY in names
     # half the clients per round: server state that depends on who took part (SCAFFOLD's c, AFL's valuations)
     extra = {"plugins": ["tests.algorithms.test_registry"], "train": {**SMALL["train"], "client_fraction": 0.5}}
@@ -190,7 +202,7 @@ def test_capabilities_not_names_decide_what_is_refused():
         algorithm_for(cfg, cfg.methods[0], (64,), 10)
 
 
-@pytest.mark.parametrize("name", registry.names())
+@pytest.mark.parametrize("name", ON_FEATURES)
 def test_every_registered_algorithm_runs_as_the_default_configs_first_method_with_dropout(tmp_path, name):
     """``hetfed run --set methods.0.algorithm=NAME`` on the default data: its first method has dropout 0.5,
     which the parity runs above do not (Per-FedAvg once split its batch without splitting the dropout masks)."""

@@ -68,6 +68,11 @@ def _check_model(config: Config, i: int, method: MethodConfig, caps: Any) -> Non
         raise ConfigError(f"methods.{i} model.kind = {kind!r} with embed.kind = {config.embed.kind!r} is not allowed "
                           f"(dataset.name = {config.dataset.name!r}): the model reads {models.get(kind).inputs}, the "
                           f"data gives {gives}, which {need}")
+    model_params, embed_params = config.method_model(method).params, config.embed.params
+    if "path" in type(model_params).model_fields and "path" in type(embed_params).model_fields \
+            and model_params.path != embed_params.path:  # a model reading a tokenizer's ids names the same folder
+        raise ConfigError(f"methods.{i} model.path = {model_params.path!r} with embed.path = {embed_params.path!r} "
+                          "is not allowed: the model reads its own tokenizer's ids; expected the same folder for both")
     if caps.model_kinds is not None and kind not in caps.model_kinds:
         raise ConfigError(f"methods.{i}.algorithm = {method.algorithm!r} is not allowed with model.kind = {kind!r}: "
                           f"{caps.model_reason or 'unsupported'}; expected model.kind in {list(caps.model_kinds)}")

@@ -1,0 +1,157 @@
+"""LoRA adapters of many clients over one frozen encoder: hetfed's stack against peft's per-client loop, one run.
+
+One training step = forward + cross-entropy + backward + an Adam update of the adapters and head, for ``n`` clients,
+each with its own adapters and a batch of token ids (lengths drawn 8…L, padding at the end):
+
+- ``stacked``: :class:`hetfed.models.lora.LoRAEncoder` — the base once over the stack's ``n·B`` texts, each client's
+  adapters applied to its own rows by batched matmuls (what the vectorised executor runs);
+- ``peft_loop``: one ``peft`` LoRA model per client (the same frozen base shared, its own adapters and head), the
+  clients one after another — what a per-client PEFT loop (FlowerTune's ClientApp, one client at a time) computes.
+
+Both get the same weights; the losses are checked to agree. Prints seconds per step, the ratio, and the peak memory
+of the adapters (what a stack holds beside the base) as JSON. Not a test.
+
+    python benchmarks/lora_clients.py [--clients 1 5 20] [--batch 16] [--length 64] [--rank 8] [--threads 1] \
+        [--path DIR]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+
+import torch
+import torch.nn.functional as F
+
+
+def _data(n: int, batch: int, length: int, vocab: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    ids = torch.randint(1000, vocab, (n, batch, length), generator=gen)
+    ids[..., 0] = 101  # [CLS]
+    lengths = torch.randint(8, length + 1, (n, batch), generator=gen)
+    ids[torch.arange(length) >= lengths[..., None]] = 0
+    return ids.float(), torch.randint(0, 2, (n, batch), generator=gen)
+
+
+def stacked_step(model, params, opt, x, y) -> float:
+    logits = model.forward(params, x)
+    loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+    loss = loss.view(y.shape).mean(1).sum()  # each client's mean, summed: each client's own gradient
+    opt.zero_grad()
+    loss.backward()
+    opt.step()
+    return float(loss)
+
+
+def peft_models(path: str, model, params, n: int, rank: int, alpha: float):
+    """n peft LoRA models over one shared base, each given client k's adapters and head."""
+    import peft
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(path)
+    base.requires_grad_(False)
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(model.targets))
+    wrapped = peft.get_peft_model(base, config)
+    clients = []
+    for k in range(n):
+        name = f"client{k}"
+        wrapped.add_adapter(name, config)
+        modules = dict(wrapped.named_modules())
+        with torch.no_grad():
+            for i, layer_name in enumerate(model.adapted):
+                layer = modules[f"base_model.model.{layer_name}"]
+                layer.lora_A[name].weight.copy_(params[f"lora{i}.A"][k])
+                layer.lora_B[name].weight.copy_(params[f"lora{i}.B"][k])
+        head = torch.nn.Linear(model.hidden, model.n_classes)
+        with torch.no_grad():
+            head.weight.copy_(params["head.weight"][k].T)
+            head.bias.copy_(params["head.bias"][k])
+        clients.append((name, head))
+    return wrapped, clients
+
+
+def peft_step(wrapped, clients, optimizers, x, y) -> float:
+    total = 0.0
+    for k, (name, head) in enumerate(clients):
+        wrapped.set_adapter(name)
+        ids = x[k].long()
+        mask = (ids != 0).long()
+        hidden = wrapped(input_ids=ids, attention_mask=mask).last_hidden_state
+        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+        loss = F.cross_entropy(head(pooled), y[k])
+        optimizers[k].zero_grad()
+        loss.backward()
+        optimizers[k].step()
+        total += float(loss)
+    return total
+
+
+def _first_peft_loss(wrapped, clients, x, y) -> float:
+    total = 0.0
+    with torch.no_grad():
+        for k, (name, head) in enumerate(clients):
+            wrapped.set_adapter(name)
+            ids = x[k].long()
+            mask = (ids != 0).long()
+            hidden = wrapped(input_ids=ids, attention_mask=mask).last_hidden_state
+            pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+            total += float(F.cross_entropy(head(pooled), y[k]))
+    return total
+
+
+def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> dict:
+    """One row: n clients' step, stacked and in peft's loop, from the same weights and batches."""
+    gen = torch.Generator().manual_seed(n)
+    params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
+    x, y = _data(n, args.batch, args.length, vocab, gen)
+    wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank)
+    with torch.no_grad():
+        first_stacked = float(F.cross_entropy(model.forward(params, x).reshape(-1, 2), y.reshape(-1),
+                                              reduction="none").view(y.shape).mean(1).sum())
+    first_peft = _first_peft_loss(wrapped, clients, x, y)
+    optimizers = []
+    for name, head in clients:
+        wrapped.set_adapter(name)
+        trainable = [p for p in wrapped.parameters() if p.requires_grad] + list(head.parameters())
+        optimizers.append(torch.optim.Adam(trainable, lr=1e-3))
+    stacked_opt = torch.optim.Adam(list(params.values()), lr=1e-3)
+    s_stacked = _timed(lambda: stacked_step(model, params, stacked_opt, x, y), args.repeats)
+    s_peft = _timed(lambda: peft_step(wrapped, clients, optimizers, x, y), args.repeats)
+    return {"clients": n, "stacked_s_per_step": s_stacked, "peft_loop_s_per_step": s_peft,
+            "peft_loop_over_stacked": s_peft / s_stacked,
+            "first_loss_stacked": first_stacked, "first_loss_peft_loop": first_peft,
+            "adapter_and_head_bytes": sum(v.numel() * v.element_size() for v in params.values())}
+
+
+def _timed(step, repeats: int) -> float:
+    step()  # warm-up
+    t0 = time.perf_counter()
+    for _ in range(repeats):
+        step()
+    return (time.perf_counter() - t0) / repeats
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 5, 20])
+    parser.add_argument("--batch", type=int, default=16)
+    parser.add_argument("--length", type=int, default=64)
+    parser.add_argument("--rank", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--path", default=None, help="an encoder's folder (default: all-MiniLM-L6-v2, the peft extra)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    from hetfed.data.embeddings.wordpiece import encoder_path
+    from hetfed.models.lora import LoRAEncoder
+
+    path = encoder_path(args.path)
+    model = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank)
+    vocab = int(model.base.config.vocab_size)
+    rows = [measure(n, args, model, path, vocab) for n in args.clients]
+    print(json.dumps({"encoder": path, "batch": args.batch, "length": args.length, "rank": args.rank,
+                      "threads": args.threads, "rows": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,159 @@
+"""A frozen pretrained encoder with LoRA adapters, stacked over a client axis (multi-LoRA batching).
+
+The base — a Hugging Face encoder (BERT-like: all-MiniLM-L6-v2 by default) read from a local folder — is loaded
+once per process and never trained. Every client owns low-rank adapters on the chosen linear layers (Hu et al.
+2022: ``y = W x + b + (α/r)·B A x``, A ``[r, in]``, B ``[out, r]``, as ``peft``'s ``LoraLayer`` lays them out and
+initialises them: A Kaiming-uniform, B zero) and a classification head on the mean-pooled last hidden states
+(all-MiniLM-L6-v2's own pooling). The adapters and the head are the shared parameters: the server holds and averages
+them, the base never travels.
+
+A stack of clients runs the base once over all their batches (``[n·b, L]`` token ids); each adapted layer adds each
+client's own low-rank update to its rows with two batched matmuls over the client axis, so n clients train for about
+the cost of one n·b batch and the memory holds the base once plus the stack's adapters. The adapted layers read the
+adapters of the forward that is running (a thread-local slot: a stacked sweep's runs score on threads of their own).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import torch
+from torch import nn
+
+from hetfed.models.base import Model, Noise, Params, ParamSpec, dense, dropout, fan_in_init, zeros_init
+
+_ACTIVE = threading.local()  # .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise)
+
+
+def kaiming_a(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
+    """``peft``'s initialisation of A: ``nn.init.kaiming_uniform_(a=√5)``, i.e. U(±1/√in), drawn from ``gen``."""
+    return fan_in_init(shape[-1])(gen, shape)
+
+
+class _Adapted(nn.Module):
+    """A frozen linear layer that adds the running forward's adapters (if it has some for this layer)."""
+
+    def __init__(self, base: nn.Linear, name: str):
+        super().__init__()
+        self.base, self.name = base, name
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        y = self.base(x)
+        adapter = getattr(_ACTIVE, "adapters", {}).get(self.name)
+        if adapter is None:
+            return y
+        a, b, scaling, p, noise = adapter
+        n = a.shape[0]
+        rows = x.reshape(n, -1, x.shape[-1])  # each client's tokens: [n, b·L, in]
+        low = torch.bmm(dropout(rows, p, noise), a.transpose(1, 2))  # [n, b·L, r]
+        return y + (torch.bmm(low, b.transpose(1, 2)) * scaling).reshape(y.shape)
+
+
+@functools.lru_cache(maxsize=4)
+def load_base(path: str) -> tuple[Any, tuple[str, ...], int]:
+    """The pretrained encoder at ``path`` (a folder with ``config.json`` and its weights), frozen, in evaluation mode,
+    every linear layer of its encoder wrapped so that a forward may adapt it; its adaptable layers' names and its pad
+    token id. Loaded once per process and path."""
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(path)
+    base.eval()
+    base.requires_grad_(False)
+    names = []
+    for name, module in list(base.named_modules()):
+        for child_name, child in list(module.named_children()):
+            full = f"{name}.{child_name}" if name else child_name
+            if isinstance(child, nn.Linear) and full.startswith("encoder."):
+                setattr(module, child_name, _Adapted(child, full))
+                names.append(full)
+    return base, tuple(names), int(base.config.pad_token_id or 0)
+
+
+@contextmanager
+def adapting(adapters: dict[str, tuple[Any, ...]]) -> Iterator[None]:
+    """The adapters the adapted layers add during the block (this thread only)."""
+    before = getattr(_ACTIVE, "adapters", {})
+    _ACTIVE.adapters = adapters
+    try:
+        yield
+    finally:
+        _ACTIVE.adapters = before
+
+
+class LoRAEncoder(Model):
+    """A frozen pretrained encoder with LoRA adapters on the layers ``targets`` names (the last part of a layer's
+    name: ``query``, ``value`` …) and a linear head on its mean-pooled last hidden states. Inputs: token ids of its
+    own tokenizer, ``[n, batch, length]`` (padding: the tokenizer's pad id)."""
+
+    def __init__(self, path: str, max_length: int, n_classes: int, rank: int = 8, alpha: float = 16.0,
+                 dropout: float = 0.0, targets: Sequence[str] = ("query", "value")):
+        self.path, self.max_length, self.n_classes = path, max_length, n_classes
+        self.rank, self.alpha, self.p, self.targets = rank, alpha, dropout, tuple(targets)
+        self.scaling = alpha / rank
+        base, names, self.pad_id = load_base(path)
+        self.adapted = tuple(n for n in names if n.rsplit(".", 1)[-1] in self.targets)
+        if not self.adapted:
+            raise ValueError(f"no linear layer of the encoder at {path} is named one of {list(self.targets)}")
+        self.hidden = int(base.config.hidden_size)
+        modules = dict(base.named_modules())
+        self._specs = []
+        for i, name in enumerate(self.adapted):
+            layer = modules[name].base
+            self._specs += [ParamSpec(f"lora{i}.A", (rank, layer.in_features), kaiming_a),
+                            ParamSpec(f"lora{i}.B", (layer.out_features, rank), zeros_init)]
+        self._specs += [ParamSpec("head.weight", (self.hidden, n_classes), fan_in_init(self.hidden)),
+                        ParamSpec("head.bias", (n_classes,), fan_in_init(self.hidden))]
+
+    @property
+    def base(self) -> Any:
+        return load_base(self.path)[0]
+
+    def specs(self) -> list[ParamSpec]:
+        return self._specs
+
+    @property
+    def head_names(self) -> tuple[str, ...]:
+        return ("head.weight", "head.bias")
+
+    @property
+    def latent_dim(self) -> int:
+        return self.hidden
+
+    def features(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        """The mean of each text's last hidden states over its real tokens, ``[n, batch, hidden]``."""
+        n, batch, length = x.shape
+        ids = x.reshape(n * batch, length).long()
+        mask = ids != self.pad_id
+        adapters = {name: (params[f"lora{i}.A"], params[f"lora{i}.B"], self.scaling, self.p, noise)
+                    for i, name in enumerate(self.adapted)}
+        with adapting(adapters):
+            hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
+        weights = mask.unsqueeze(-1).to(hidden.dtype)
+        pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
+        return pooled.reshape(n, batch, -1)
+
+    def head(self, params: Params, z: torch.Tensor) -> torch.Tensor:
+        return dense(z, params["head.weight"], params["head.bias"])
+
+    def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
+        return self.head(params, self.features(params, x, noise))
+
+    def activation_floats(self, batch: int) -> int:
+        """The base's activations for a batch (hidden states, attention scores and the feed-forward's, per layer)."""
+        config = self.base.config
+        per_token = config.hidden_size * 4 + config.intermediate_size + config.num_attention_heads * self.max_length
+        return batch * self.max_length * per_token * config.num_hidden_layers
+
+    def lora_names(self, matrix: str) -> tuple[str, ...]:
+        """Every adapter's ``"A"`` (down-projection) or ``"B"`` (up-projection) parameter: what the LoRA methods
+        share, keep or freeze."""
+        return tuple(f"lora{i}.{matrix}" for i in range(len(self.adapted)))
+
+    def adapter_floats(self) -> int:
+        """One client's adapters (what travels), in floats."""
+        return sum(math.prod(s.shape) for s in self._specs if s.name.startswith("lora"))

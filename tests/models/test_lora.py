@@ -1,0 +1,193 @@
+"""#75: a frozen pretrained encoder with LoRA adapters, stacked over clients — against ``peft``'s own LoRA layers,
+one client against a stack, and a federated run end to end (a tiny BERT written by the test: nothing downloads)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+transformers = pytest.importorskip("transformers")
+peft = pytest.importorskip("peft")
+
+WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "log", "big", "small", "red", "blue", "fast", "slow",
+         "happy", "sad", "good", "bad", "film", "movie", "plot", "actor", "scene"]
+
+
+@pytest.fixture(scope="module")
+def tiny_encoder(tmp_path_factory) -> Path:
+    """A BERT of 2 layers and width 16 with its WordPiece tokenizer, saved as a Hugging Face folder."""
+    folder = tmp_path_factory.mktemp("tiny_bert")
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
+    transformers.BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(folder)
+    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
+                                     num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
+    torch.manual_seed(0)
+    transformers.BertModel(config).save_pretrained(folder)
+    return folder
+
+
+def _ids(folder: Path, texts: list[str], length: int = 12) -> torch.Tensor:
+    from hetfed.data.embeddings.wordpiece import encode
+
+    return torch.as_tensor(encode(texts, str(folder), length), dtype=torch.float32)
+
+
+def _random_adapters(model, n: int, seed: int = 1) -> dict[str, torch.Tensor]:
+    """Every shared parameter for n clients, B not zero (a trained adapter), drawn from ``seed``."""
+    gen = torch.Generator().manual_seed(seed)
+    return {s.name: torch.randn((n, *s.shape), generator=gen) * 0.3 for s in model.specs()}
+
+
+def test_the_adapted_encoder_computes_what_peft_computes_with_the_same_weights(tiny_encoder):
+    """Hidden states, and the gradients of the adapters, equal peft's LoraModel's (1e-5)."""
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 3, rank=4, alpha=8.0, targets=("query", "value"))
+    params = {k: v.requires_grad_() for k, v in _random_adapters(model, 1).items()}
+    x = _ids(tiny_encoder, ["the cat sat on the mat", "a big red dog ran", "good film"])[None]
+    ours = model.features(params, x)[0]
+
+    base = transformers.BertModel.from_pretrained(tiny_encoder)
+    reference = peft.get_peft_model(base, peft.LoraConfig(r=4, lora_alpha=8, lora_dropout=0.0,
+                                                          target_modules=["query", "value"]))
+    reference.eval()
+    modules = dict(reference.named_modules())
+    for i, name in enumerate(model.adapted):
+        layer = modules[f"base_model.model.{name}"]
+        with torch.no_grad():
+            layer.lora_A["default"].weight.copy_(params[f"lora{i}.A"][0])
+            layer.lora_B["default"].weight.copy_(params[f"lora{i}.B"][0])
+    ids = x[0].long()
+    mask = (ids != 0).long()
+    hidden = reference(input_ids=ids, attention_mask=mask).last_hidden_state
+    theirs = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True)
+    assert torch.allclose(ours, theirs, atol=1e-5)
+
+    weights = torch.randn(theirs.shape, generator=torch.Generator().manual_seed(2))
+    ours_grads = torch.autograd.grad((ours * weights).sum(), [params[f"lora{i}.{p}"] for i in range(len(model.adapted))
+                                                              for p in "AB"])
+    (theirs * weights).sum().backward()
+    for j, name in enumerate(model.adapted):
+        layer = modules[f"base_model.model.{name}"]
+        assert torch.allclose(ours_grads[2 * j][0], layer.lora_A["default"].weight.grad, atol=1e-5)
+        assert torch.allclose(ours_grads[2 * j + 1][0], layer.lora_B["default"].weight.grad, atol=1e-5)
+
+
+def test_a_stack_of_clients_computes_what_each_client_does_alone(tiny_encoder):
+    """One base forward over the stack, each client's adapters on its own rows: the logits of each client alone."""
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 4, rank=2, targets=("query", "key", "value", "dense"))
+    params = _random_adapters(model, 3)
+    texts = [["the cat sat", "dog ran fast"], ["a happy movie", "bad plot"], ["red log", "slow small actor"]]
+    x = torch.stack([_ids(tiny_encoder, t) for t in texts])
+    stacked = model.forward(params, x)
+    for k in range(3):
+        alone = model.forward({name: v[k:k + 1] for name, v in params.items()}, x[k:k + 1])
+        assert torch.allclose(stacked[k], alone[0], atol=1e-5)
+    assert not torch.allclose(stacked[0], stacked[1])
+
+
+def test_zero_adapters_leave_the_pretrained_encoder_as_it_was(tiny_encoder):
+    """B starts at zero (peft's initialisation): round 0's model is the frozen base with a fresh head."""
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 2)
+    params = {k: v[None] for k, v in model.init_shared(torch.Generator().manual_seed(0)).items()}
+    x = _ids(tiny_encoder, ["the cat sat on the mat"])
+    hidden = transformers.BertModel.from_pretrained(tiny_encoder)(input_ids=x.long(),
+                                                                  attention_mask=(x != 0).long()).last_hidden_state
+    mask = (x != 0).float()[..., None]
+    assert torch.allclose(model.features(params, x[None])[0], (hidden * mask).sum(1) / mask.sum(1), atol=1e-5)
+
+
+def _texts(n: int = 240) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, n)
+    good, bad = ["good", "happy", "fast", "big"], ["bad", "sad", "slow", "small"]
+    x = np.array([" ".join(rng.choice(good if c else bad, 3).tolist() + rng.choice(WORDS, 3).tolist()) for c in y])
+    return x, y
+
+
+def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict]) -> dict:
+    from hetfed.config import build_config
+    from hetfed.runs.runner import run_experiment
+
+    x, y = _texts()
+    path = tmp_path / "texts.npz"
+    np.savez(path, x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
+    cfg = build_config({
+        "dataset": {"name": "arrays", "path": str(path)},
+        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
+        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
+        "train": {"rounds": 6, "batch_size": 16, "local_epochs": 1, "executor": executor,
+                  "optimizer": {"kind": "adam", "lr": 0.02}},
+        "methods": methods})
+    return run_experiment(cfg, out=tmp_path / executor, progress=False).summary["methods"]
+
+
+def test_the_lora_methods_train_and_send_only_what_they_share(tiny_encoder, tmp_path):
+    """A federated run end to end from a config: the adapters learn the task. FedIT sends every adapter and the
+    head, FFA-LoRA the B matrices and the head (its A frozen), FedSA-LoRA the A matrices and the head (its B kept):
+    never the encoder. The vectorised and the sequential executor agree."""
+    from hetfed.models.lora import LoRAEncoder
+
+    methods = [{"name": m, "algorithm": m} for m in ("fedit", "ffa_lora", "fedsa_lora")]
+    rows = _run(tiny_encoder, tmp_path, "vectorised", methods)
+    model = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    half, head = model.adapter_floats() // 2, 16 * 2 + 2
+    for name, shared in (("fedit", 2 * half + head), ("ffa_lora", half + head), ("fedsa_lora", half + head)):
+        # 6 rounds × 4 clients, each sending its shared parameters in float32, its sample count and its loss
+        assert rows[name]["uplink_bytes"] == 6 * 4 * (4 * shared + 8), name
+    assert rows["fedit"]["final"]["global_accuracy"] > 0.8, rows["fedit"]["final"]
+    assert rows["ffa_lora"]["final"]["global_accuracy"] > 0.8, rows["ffa_lora"]["final"]
+    assert rows["fedsa_lora"]["final"]["local_accuracy_mean"] > 0.8, rows["fedsa_lora"]["final"]
+    assert "global_accuracy" not in rows["fedsa_lora"]["final"] or rows["fedsa_lora"]["final"]["global_accuracy"] > 0.5
+    alone = _run(tiny_encoder, tmp_path, "sequential", methods[:1])["fedit"]
+    # one base forward over the stack or one per client: the same run up to float rounding
+    assert rows["fedit"]["final"]["global_loss"] == pytest.approx(alone["final"]["global_loss"], rel=1e-4)
+
+
+def test_ffa_lora_keeps_every_clients_a_at_the_servers_first_draw(tiny_encoder):
+    """FFA-LoRA's A matrices are one draw (the run seed's server initialisation) on every client and never move."""
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import TrainConfig
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    algo = build_algorithm("ffa_lora", model, TrainConfig(), seed=3)
+    first = model.init_shared(torch_gen(3, SERVER_INIT))
+    server = algo.server_init(torch_gen(3, SERVER_INIT))
+    assert not set(model.lora_names("A")) & set(server.params)  # the server holds B and the head only
+    for k in (0, 5):
+        state = algo.client_init(k, torch.Generator())
+        assert all(torch.equal(state[name], first[name]) for name in model.lora_names("A"))
+
+
+def test_a_model_and_a_tokenizer_of_different_folders_are_refused(tiny_encoder, tmp_path):
+    from hetfed.config import build_config
+    from hetfed.errors import ConfigError
+    from hetfed.runs.plan import check_config
+
+    cfg = build_config({"dataset": {"name": "arrays", "path": str(tmp_path / "t.npz")},
+                        "embed": {"kind": "wordpiece", "path": str(tiny_encoder)},
+                        "model": {"kind": "lora_encoder", "path": str(tmp_path)},
+                        "methods": [{"name": "fedit", "algorithm": "fedit"}]})
+    with pytest.raises(ConfigError, match=r"model.path = .* with embed.path = .* is not allowed: the model reads its "
+                                          r"own tokenizer's ids"):
+        check_config(cfg)
+
+
+def test_fedit_refuses_a_model_without_adapters():
+    from hetfed.config import build_config
+    from hetfed.errors import ConfigError
+    from hetfed.runs.plan import check_config
+
+    cfg = build_config({"methods": [{"name": "fedit", "algorithm": "fedit", "model": {"kind": "mlp"}}]})
+    with pytest.raises(ConfigError, match="is not allowed with model.kind = 'mlp'"):
+        check_config(cfg)
