@@ -24,21 +24,12 @@ from hetfed.engine.types import ServerState, Upload
 from hetfed.errors import ConfigError
 from hetfed.interface import server_step
 from hetfed.runs.runner import run_experiment
+from tests.feature_methods import reads_features
 
 SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
          "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1}}
 
 
-def _reads_features(name: str) -> bool:
-    """Whether the algorithm runs on a model of the default data's inputs (feature vectors): the LoRA methods run on
-    a pretrained encoder's token ids only, and are run against each other in tests/models/test_lora.py."""
-    from hetfed.registry import registry_of
-
-    kinds = registry.get(name).capabilities.model_kinds
-    return kinds is None or any(registry_of("model").get(k).inputs == "features" for k in kinds)
-
-
-ON_FEATURES = [n for n in registry.names() if _reads_features(n)]
 
 
 def _config(algorithms: list[str], executor: str, **extra) -> object:
@@ -82,6 +73,9 @@ TOY = "toy_sign"
 #: registered when this module is imported — by pytest here, and by Flower's ClientApps through ``plugins``
 registry.register(AlgorithmSpec(TOY, SignAverage, "a test's toy", "—", SignParams, Capabilities()))
 
+#: the algorithms the default data's models can run, the toy included (the LoRA methods read a tokenizer's ids)
+ON_FEATURES = [n for n in registry.names() if reads_features(n)]
+
 
 @pytest.fixture
 def toy():
@@ -119,7 +113,7 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     # asynchronous methods refuse client sampling (their concurrency says who trains); tests/executors/test_async.py
     # runs
     # them on Flower
-    names = [n for n in ON_FEATURES if not registry.get(n).capabilities.asynchronous]
+    names = [n for n in registry.names() if reads_features(n) and not registry.get(n).capabilities.asynchronous]
     assert TOY in names
     # half the clients per round: server state that depends on who took part (SCAFFOLD's c, AFL's valuations)
     extra = {"plugins": ["tests.algorithms.test_registry"], "train": {**SMALL["train"], "client_fraction": 0.5}}

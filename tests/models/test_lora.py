@@ -191,3 +191,24 @@ def test_fedit_refuses_a_model_without_adapters():
     cfg = build_config({"methods": [{"name": "fedit", "algorithm": "fedit", "model": {"kind": "mlp"}}]})
     with pytest.raises(ConfigError, match="is not allowed with model.kind = 'mlp'"):
         check_config(cfg)
+
+
+def test_dp_sgd_is_refused_on_the_adapted_encoder(tiny_encoder, tmp_path):
+    """privacy.record's per-sample gradients through a Hugging Face module are unchecked: refused before any file."""
+    from hetfed.config import build_config
+    from hetfed.errors import ConfigError
+    from hetfed.runs.runner import run_experiment
+
+    x, y = _texts()
+    path = tmp_path / "texts.npz"
+    np.savez(path, x=x.astype(str), y=y)
+    cfg = build_config({"dataset": {"name": "arrays", "path": str(path)},
+                        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+                        "partition": {"kind": "iid", "clients": 2},
+                        "model": {"kind": "lora_encoder", "path": str(tiny_encoder)},
+                        "privacy": {"record": {"noise_multiplier": 1.0}},
+                        "methods": [{"name": "fedit", "algorithm": "fedit"}]})
+    with pytest.raises(ConfigError, match=r"privacy.record.noise_multiplier = 1 with methods.0 \(model.kind = "
+                                          r"'lora_encoder'\) is not allowed: its frozen encoder's forward"):
+        run_experiment(cfg, out=tmp_path / "dp", progress=False)
+    assert not (tmp_path / "dp").exists()

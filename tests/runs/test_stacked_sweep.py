@@ -212,7 +212,9 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
 
     ALGORITHMS = registry_of("algorithm")
 
-    names = [n for n, spec in ALGORITHMS.items() if not spec.capabilities.asynchronous]
+    from tests.feature_methods import reads_features
+
+    names = [n for n, spec in ALGORITHMS.items() if not spec.capabilities.asynchronous and reads_features(n)]
     assert len(names) >= 38
     methods = [{"name": f"{n}_", "algorithm": n, "params": dict(ALGORITHMS.get(n).quick),
                 **({"model": dict(ALGORITHMS.get(n).model)} if ALGORITHMS.get(n).model else {})} for n in names]

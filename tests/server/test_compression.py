@@ -258,13 +258,9 @@ def test_compression_with_error_feedback_gives_the_in_process_numbers_on_flower(
 
 def _model_uploaders():
     from hetfed.algorithms import registry
-    from hetfed.registry import registry_of
+    from tests.feature_methods import reads_features
 
-    def on_features(kinds) -> bool:  # the default data's inputs (the LoRA methods read a tokenizer's ids)
-        return kinds is None or any(registry_of("model").get(k).inputs == "features" for k in kinds)
-
-    return [n for n in registry.names() if registry.get(n).capabilities.server_model
-            and on_features(registry.get(n).capabilities.model_kinds)]
+    return [n for n in registry.names() if registry.get(n).capabilities.server_model and reads_features(n)]
 
 
 @pytest.mark.parametrize("name", _model_uploaders())

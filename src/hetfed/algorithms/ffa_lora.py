@@ -5,8 +5,8 @@ server initialisation) — and only the B matrices (and here the classification 
 averaged. With A fixed, the average of the clients' updates B_k A is the update of the averaged B, so aggregation is
 exact, and half of the adapters' parameters never travel. The server's model is complete (the broadcast B and head
 with the shared A), so it is scored on the global test set as FedAvg's is. The paper's other point, FFA-LoRA under
-DP-SGD, is not reachable yet: ``privacy.record`` clips every parameter's per-sample gradient and is refused for a
-step that trains only some of them.
+DP-SGD, is not reachable yet: ``privacy.record`` is refused for the adapted encoder (per-sample gradients through
+its Hugging Face module are unchecked) and for a step that trains only some of the parameters.
 """
 
 from __future__ import annotations

@@ -150,6 +150,9 @@ class Model:
     #: the forward reads each client's real rows of the step on the host (``Noise.rows``): a step recorded for
     #: replay (:mod:`hetfed.engine.capture`) is then recorded per pattern of rows, not only per batch width
     reads_rows: bool = False
+    #: why DP-SGD's per-sample gradients (``torch.func.vmap`` of the gradient through :meth:`forward`) are not
+    #: available for this model, or "" where they are
+    no_per_sample_gradients: str = ""
 
     def stacks_clients(self, device: str) -> bool:
         """Whether a stack of clients runs as one batched computation on ``device`` (a device type: 'cpu',

@@ -90,6 +90,9 @@ class LoRAEncoder(Model):
     name: ``query``, ``value`` …) and a linear head on its mean-pooled last hidden states. Inputs: token ids of its
     own tokenizer, ``[n, batch, length]`` (padding: the tokenizer's pad id)."""
 
+    no_per_sample_gradients = ("its frozen encoder's forward is a Hugging Face module, through which per-sample "
+                               "gradients (torch.func.vmap) have not been checked")
+
     def __init__(self, path: str, max_length: int, n_classes: int, rank: int = 8, alpha: float = 16.0,
                  dropout: float = 0.0, targets: Sequence[str] = ("query", "value")):
         self.path, self.max_length, self.n_classes = path, max_length, n_classes

@@ -198,6 +198,9 @@ def _check_records(config: Config, index: int, method: MethodConfig, algo: Algor
     if algo.model.buffer_names:
         raise ConfigError(f"{where} (model.kind = {kind!r}) is not allowed with batch statistics: a sample's "
                           "gradient then depends on the rest of its batch; expected model.batch_norm: false")
+    if algo.model.no_per_sample_gradients:
+        raise ConfigError(f"{where} (model.kind = {kind!r}) is not allowed: {algo.model.no_per_sample_gradients}; "
+                          "expected a model of hetfed's own (mlp, cnn, cnn4, logreg, cgau, bilstm)")
     if draws_noise(algo.model, fed.input_shape):
         raise ConfigError(f"{where} (model.kind = {kind!r}) is not allowed with dropout: the per-sample norms are "
                           "computed without its masks, so the clip bound would not hold for the gradient taken; "
