@@ -112,11 +112,12 @@ def _texts(n: int = 240) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict]) -> dict:
+def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict], rounds: int = 6) -> dict:
     from hetfed.config import build_config
     from hetfed.runs.runner import run_experiment
 
     x, y = _texts()
+    tmp_path.mkdir(parents=True, exist_ok=True)
     path = tmp_path / "texts.npz"
     np.savez(path, x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
     cfg = build_config({
@@ -124,8 +125,9 @@ def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict]) -> dict:
         "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
         "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
         "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
-        "train": {"rounds": 6, "batch_size": 16, "local_epochs": 1, "executor": executor,
+        "train": {"rounds": rounds, "batch_size": 16, "local_epochs": 1, "executor": executor,
                   "optimizer": {"kind": "adam", "lr": 0.02}},
+        **({"flower": {"connect_timeout": 300}} if executor == "flower" else {}),
         "methods": methods})
     return run_experiment(cfg, out=tmp_path / executor, progress=False).summary["methods"]
 
@@ -212,3 +214,16 @@ def test_dp_sgd_is_refused_on_the_adapted_encoder(tiny_encoder, tmp_path):
                                           r"'lora_encoder'\) is not allowed: its frozen encoder's forward"):
         run_experiment(cfg, out=tmp_path / "dp", progress=False)
     assert not (tmp_path / "dp").exists()
+
+
+@pytest.mark.slow
+def test_fedit_on_flowers_simulation_engine_gives_the_in_process_numbers(tiny_encoder, tmp_path):
+    """The same FedIT run on Flower's Simulation Engine: every node rebuilds the encoder from model.path, only the
+    adapters and the head travel (the same uplink bytes), and the numbers are the vectorised executor's."""
+    pytest.importorskip("flwr")
+    methods = [{"name": "fedit", "algorithm": "fedit"}]
+    vec = _run(tiny_encoder, tmp_path / "v", "vectorised", methods, rounds=2)["fedit"]
+    flower = _run(tiny_encoder, tmp_path / "f", "flower", methods, rounds=2)["fedit"]
+    assert flower["uplink_bytes"] == vec["uplink_bytes"] == 2 * 4 * (4 * 546 + 8)  # 512 adapter floats + 34 head
+    for key in ("global_loss", "global_accuracy", "val_loss"):
+        assert flower["final"][key] == pytest.approx(vec["final"][key], rel=1e-4, abs=1e-5), key
