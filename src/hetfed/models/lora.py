@@ -60,7 +60,9 @@ def load_base(path: str) -> tuple[Any, tuple[str, ...], int]:
     every linear layer of its encoder wrapped so that a forward may adapt it; its adaptable layers' names and its pad
     token id. Loaded once per process and path."""
     from transformers import AutoModel
+    from transformers.utils import logging as hf_logging
 
+    hf_logging.disable_progress_bar()  # its per-file loading bars would interleave with hetfed's own progress
     base = AutoModel.from_pretrained(path)
     base.eval()
     base.requires_grad_(False)
