@@ -70,15 +70,19 @@ def peft_models(path: str, model, params, n: int, rank: int, alpha: float):
     return wrapped, clients
 
 
+def _peft_loss(wrapped, name: str, head, ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """Client ``name``'s loss through peft: its adapter, the mean of the real tokens' states, its head."""
+    wrapped.set_adapter(name)
+    mask = (ids != 0).long()
+    hidden = wrapped(input_ids=ids.long(), attention_mask=mask).last_hidden_state
+    pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
+    return F.cross_entropy(head(pooled), y)
+
+
 def peft_step(wrapped, clients, optimizers, x, y) -> float:
     total = 0.0
     for k, (name, head) in enumerate(clients):
-        wrapped.set_adapter(name)
-        ids = x[k].long()
-        mask = (ids != 0).long()
-        hidden = wrapped(input_ids=ids, attention_mask=mask).last_hidden_state
-        pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-        loss = F.cross_entropy(head(pooled), y[k])
+        loss = _peft_loss(wrapped, name, head, x[k], y[k])
         optimizers[k].zero_grad()
         loss.backward()
         optimizers[k].step()
@@ -87,16 +91,8 @@ def peft_step(wrapped, clients, optimizers, x, y) -> float:
 
 
 def _first_peft_loss(wrapped, clients, x, y) -> float:
-    total = 0.0
     with torch.no_grad():
-        for k, (name, head) in enumerate(clients):
-            wrapped.set_adapter(name)
-            ids = x[k].long()
-            mask = (ids != 0).long()
-            hidden = wrapped(input_ids=ids, attention_mask=mask).last_hidden_state
-            pooled = (hidden * mask[..., None]).sum(1) / mask.sum(1, keepdim=True).clamp(min=1)
-            total += float(F.cross_entropy(head(pooled), y[k]))
-    return total
+        return sum(float(_peft_loss(wrapped, name, head, x[k], y[k])) for k, (name, head) in enumerate(clients))
 
 
 def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> dict:

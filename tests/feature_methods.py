@@ -4,9 +4,16 @@ reads a pretrained encoder's token ids (they are run against each other in tests
 from __future__ import annotations
 
 
+def model_reads_features(kind: str) -> bool:
+    """Whether model kind ``kind`` reads feature vectors (the default data's inputs)."""
+    from hetfed.registry import registry_of
+
+    return registry_of("model").get(kind).inputs == "features"
+
+
 def reads_features(name: str) -> bool:
     """Whether algorithm ``name`` runs on a model of feature vectors (its ``model_kinds`` allow one, or any)."""
     from hetfed.registry import registry_of
 
     kinds = registry_of("algorithm").get(name).capabilities.model_kinds
-    return kinds is None or any(registry_of("model").get(k).inputs == "features" for k in kinds)
+    return kinds is None or any(model_reads_features(k) for k in kinds)

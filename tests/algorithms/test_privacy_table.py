@@ -77,10 +77,10 @@ def test_the_table_covers_every_algorithm():
 def _on_features(row: dict) -> bool:
     """A row whose model reads the default data's feature vectors (the LoRA methods' encoder reads a tokenizer's
     ids: their uploads are checked on a tiny encoder in tests/models/test_lora.py)."""
-    from hetfed.registry import registry_of
+    from tests.feature_methods import model_reads_features
 
     kind = row["config"].get("model.kind")
-    return kind is None or registry_of("model").get(kind).inputs == "features"
+    return kind is None or model_reads_features(kind)
 
 
 @pytest.mark.parametrize("row", [r for r in table_rows() if _on_features(r)], ids=lambda r: r["method"])

@@ -31,12 +31,6 @@ def clients_per_round(cfg: TrainConfig, n_eligible: int) -> int:
     return max(1, int(round((cfg.client_fraction or 1.0) * n_eligible)))
 
 
-def expected_per_round(cfg: TrainConfig, opted_out: np.ndarray) -> int:
-    """How many clients every round samples (before dropouts), for the server's plans (DP's denominator)."""
-    eligible = int((~np.asarray(opted_out, dtype=bool)).sum())
-    return clients_per_round(cfg, eligible) if eligible else 1
-
-
 def sample_clients(cfg: TrainConfig, opted_out: np.ndarray, seed: int, round: int,
                    select: Callable[[np.ndarray, int, np.random.Generator],
                                     list[int] | None] | None = None) -> list[int]:

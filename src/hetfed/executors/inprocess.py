@@ -33,7 +33,7 @@ import torch
 from hetfed.engine.client_store import ClientStore
 from hetfed.engine.evaluate import ClientEvalData, Predictor, global_test
 from hetfed.engine.rng import CLIENT_INIT, CLIENT_ROUND, derive_seeds, torch_gen
-from hetfed.engine.sampling import clients_per_round, global_scorers
+from hetfed.engine.sampling import global_scorers
 from hetfed.engine.stacks import longest_first_blocks, stack_blocks
 from hetfed.engine.types import (
     Broadcast,
@@ -427,7 +427,7 @@ def estimate_memory(run: RunSpec, fed: Federation, eval_max_floats: int = 50_000
     shared = sum(int(np.prod(s.shape)) for s in algo.model.specs() if not s.local)
     budget = _budget(train)
     training = 4 * (5 * algo.model.n_params() + algo.model.activation_floats(run.schedule.batch_size))
-    per_round = clients_per_round(train, max(1, int((~np.asarray(fed.opted_out, dtype=bool)).sum())))
+    per_round = run.per_round
     return {
         "pool": int(np.asarray(fed.x).nbytes + np.asarray(fed.y).nbytes),
         "client_states": per_client * fed.n_clients,

@@ -23,7 +23,7 @@ from hetfed.engine.evaluate import Evaluation, summarise
 from hetfed.engine.faults import Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.record_dp import record_epsilon
-from hetfed.engine.sampling import expected_per_round, sample_clients
+from hetfed.engine.sampling import sample_clients
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor
@@ -137,10 +137,10 @@ def round_train_loss(upload: Upload | None) -> float | None:
     return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
 
 
-def _sample_rate(train: TrainConfig, fed: Federation) -> float:
+def _sample_rate(run: RunSpec, fed: Federation) -> float:
     """q: the share of the eligible clients a round samples (the accountant's sampling rate)."""
     eligible = int((~np.asarray(fed.opted_out, dtype=bool)).sum())
-    return min(1.0, expected_per_round(train, fed.opted_out) / max(eligible, 1))
+    return min(1.0, run.per_round / max(eligible, 1))
 
 
 class RoundObserver:
@@ -318,7 +318,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run
     if privacy is not None and privacy.noise_multiplier is not None:
-        result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(train, fed), result.dp_rounds, privacy.delta)
+        result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(run, fed), result.dp_rounds, privacy.delta)
         ev.metrics["epsilon"] = result.epsilon
     records = run.schedule.records
     if records is not None and records.noise_multiplier is not None and run.records is not None:

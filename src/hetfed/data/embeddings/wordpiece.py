@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import replace
+from typing import Any
 
 import numpy as np
 from pydantic import Field
@@ -36,14 +38,20 @@ def encoder_path(path: str | None) -> str:
     return str(Path(spec.origin).parent / "model")
 
 
-def encode(texts, path: str, max_length: int) -> np.ndarray:
-    """Each text's ids ``[len(texts), max_length]`` (int64): the tokenizer's, padded with its pad id."""
+@functools.lru_cache(maxsize=4)
+def _tokenizer(path: str) -> Any:
+    """The tokenizer in the encoder's folder, read once per process and path (a run encodes its train and test
+    texts with it)."""
     try:
         from transformers import AutoTokenizer
     except ImportError:
         raise MissingExtraError("embed.kind = 'wordpiece' needs transformers: pip install 'hetfed[peft]'") from None
-    tokenizer = AutoTokenizer.from_pretrained(path)
-    out = tokenizer([str(t) for t in texts], padding="max_length", truncation=True, max_length=max_length,
+    return AutoTokenizer.from_pretrained(path)
+
+
+def encode(texts, path: str, max_length: int) -> np.ndarray:
+    """Each text's ids ``[len(texts), max_length]`` (int64): the tokenizer's, padded with its pad id."""
+    out = _tokenizer(path)([str(t) for t in texts], padding="max_length", truncation=True, max_length=max_length,
                     return_tensors="np")
     return np.asarray(out["input_ids"], dtype=np.int64)
 
