@@ -46,8 +46,19 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     original, scoring = stacked_runs.train_together, stacked_runs.evaluate_together
     monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
     monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(len(group)) or scoring(group))
+    built: list[bool] = []  # whether each joined pool was built anew (not kept): once per set of runs, not per round
+    joining = stacked_runs._joint_pool
+
+    def joint_pool(executors, cache, part=None):
+        before = dict(cache)
+        out = joining(executors, cache, part)
+        built.append(cache != before)
+        return out
+
+    monkeypatch.setattr(stacked_runs, "_joint_pool", joint_pool)
     assert main([*BASE, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    assert len(built) > 40 and sum(built) <= 5 * 3  # per method (5): its train pools and global sets, and the group
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert alone.keys() == stacked.keys() and len(alone) > 100
     for key, value in alone.items():

@@ -29,6 +29,7 @@ thread, the sweep's own, on its torch threads; each run's thread does its own se
 
 from __future__ import annotations
 
+import itertools
 import queue
 import threading
 import weakref
@@ -134,6 +135,8 @@ class Rendezvous:
         self.threads = torch.get_num_threads()
         #: what :meth:`serve` computes, in order: a batch of requests, or a call (``None``: every run has left)
         self._work: queue.SimpleQueue[list[_Request] | _Call | None] = queue.SimpleQueue()
+        #: how many runs' executors have joined: each one's place, which orders every batch (:meth:`_serve`)
+        self.places = itertools.count()
 
     def serve(self) -> None:
         """Compute every joined stack and every :meth:`call` of the runs, until the last one leaves — on the thread
@@ -207,7 +210,9 @@ class Rendezvous:
     def _serve(self, batch: list[_Request]) -> None:
         try:
             groups: dict[Any, list[_Request]] = {}
-            for request in batch:
+            # in the runs' places, not in the order their threads arrived: the same set of runs gives the same
+            # joined pools, kept between rounds (in arrival order, the pools were joined again almost every round)
+            for request in sorted(batch, key=lambda r: r.executor.place):
                 key = (step_key(request.executor, request.bc) if request.kind == "train"
                        else evaluation_key(request.executor, request.bc, request.view))
                 groups.setdefault((request.kind, key), []).append(request)
@@ -420,6 +425,7 @@ class StackedRunExecutor(InProcessExecutor):
                  chunk_clients: int | None = None) -> None:
         super().__init__(memory_budget_mb, chunk_clients)
         self.rendezvous = rendezvous
+        self.place = next(rendezvous.places)
 
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
         """The round's client steps: joined with the other runs' where it :func:`joins`, else this run's own round
