@@ -227,3 +227,78 @@ def test_fedit_on_flowers_simulation_engine_gives_the_in_process_numbers(tiny_en
     assert flower["uplink_bytes"] == vec["uplink_bytes"] == 2 * 4 * (4 * 546 + 8)  # 512 adapter floats + 34 head
     for key in ("global_loss", "global_accuracy", "val_loss"):
         assert flower["final"][key] == pytest.approx(vec["final"][key], rel=1e-4, abs=1e-5), key
+
+
+def _hetlora(tiny_encoder, **params):
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import TrainConfig
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    train = TrainConfig(batch_size=8, optimizer={"kind": "adam", "lr": 0.05})
+    return model, build_algorithm("hetlora", model, train, seed=0, params=params)
+
+
+def _stack(algo, tiny_encoder, ranks: list[int]):
+    """Three clients of ``ranks`` holding the server's first model, and their data."""
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+    from hetfed.engine.types import Broadcast, ClientData, stack_states
+
+    x, y = _texts(48)
+    ids = _ids(tiny_encoder, list(x))
+    states = stack_states([algo.client_init(k, torch.Generator().manual_seed(k)) for k in range(3)])
+    states["hetlora.rank"] = torch.tensor([float(r) for r in ranks])
+    server = algo.server_init(torch_gen(0, SERVER_INIT))
+    server.params["lora0.B"] += 0.1  # a trained global model: every component of every adapter in use
+    data = ClientData([0, 1, 2], ids, torch.as_tensor(y), [np.arange(k * 16, k * 16 + 16) for k in range(3)],
+                      [11, 12, 13])
+    return server, Broadcast(server.params, 0, 0.05), states, data
+
+
+def test_hetlora_clients_train_their_own_rank_and_the_server_weights_them_by_their_update(tiny_encoder):
+    """Each client trains the global adapters cut to its rank (zero beyond it, in what it uploads); the server
+    averages the zero-padded adapters weighted by each client's Σ‖B A‖_F (Cho et al. 2024, sparsity weights)."""
+    model, algo = _hetlora(tiny_encoder, lam=0.0)
+    server, bc, states, data = _stack(algo, tiny_encoder, [1, 2, 4])
+    upload, new = algo.local_update(bc, states, data)
+    for k, rank in enumerate((1, 2, 4)):
+        for a, b in zip(model.lora_names("A"), model.lora_names("B"), strict=True):
+            assert torch.count_nonzero(upload.params[a][k, rank:]) == 0
+            assert torch.count_nonzero(upload.params[a][k, :rank]) > 0
+            assert torch.count_nonzero(upload.params[b][k, :, rank:]) == 0
+    assert torch.equal(new["hetlora.rank"], torch.tensor([1.0, 2.0, 4.0]))  # λ = 0: nobody prunes
+    norms = sum(torch.linalg.matrix_norm(upload.params[b] @ upload.params[a])
+                for a, b in zip(model.lora_names("A"), model.lora_names("B"), strict=True))
+    assert torch.allclose(upload.extra["sparsity"], norms)
+    weights = norms / norms.sum()
+    merged = algo.aggregate(server, upload)
+    for name in upload.params:
+        assert torch.allclose(merged.params[name], torch.tensordot(weights, upload.params[name], dims=1), atol=1e-6)
+
+
+def test_hetlora_self_prunes_a_rank_only_when_its_last_components_shrink(tiny_encoder):
+    """A strong self-pruning term shrinks each client's last components, so its rank falls to ⌊γ·r⌋ (never below
+    min_rank); without the term the ranks stay. The rank never leaves the client: not in the upload."""
+    model, algo = _hetlora(tiny_encoder, lam=10.0, gamma=0.5, min_rank=1)
+    _server, bc, states, data = _stack(algo, tiny_encoder, [1, 2, 4])
+    upload, new = algo.local_update(bc, states, data)
+    assert torch.equal(new["hetlora.rank"], torch.tensor([1.0, 1.0, 2.0]))
+    assert "hetlora.rank" not in upload.params and "hetlora.rank" not in upload.extra
+
+
+def test_hetlora_draws_ranks_or_takes_them_and_refuses_ranks_that_do_not_fit(tiny_encoder, tmp_path):
+    from hetfed.errors import ConfigError
+
+    _model, algo = _hetlora(tiny_encoder, min_rank=2)
+    drawn = {int(algo.client_init(k, torch.Generator().manual_seed(k))["hetlora.rank"]) for k in range(40)}
+    assert drawn == {2, 3, 4}  # uniformly from min_rank … model.rank
+    rows = _run(tiny_encoder, tmp_path, "vectorised", [{"name": "het", "algorithm": "hetlora",
+                                                         "params": {"ranks": [1, 2, 3, 4]}}])
+    assert rows["het"]["final"]["global_accuracy"] > 0.8, rows["het"]["final"]
+    from hetfed.models.lora import LoRAEncoder
+
+    shared = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4).adapter_floats() + 16 * 2 + 2
+    assert rows["het"]["uplink_bytes"] == 6 * 4 * (4 * shared + 8 + 4)  # padded adapters, the head, count, loss, ‖BA‖
+    with pytest.raises(ConfigError, match=r"params.ranks = \[1, 2\] is not allowed: expected one rank per client"):
+        _run(tiny_encoder, tmp_path / "bad", "vectorised", [{"name": "het", "algorithm": "hetlora",
+                                                             "params": {"ranks": [1, 2]}}])
