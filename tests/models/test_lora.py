@@ -302,3 +302,42 @@ def test_hetlora_draws_ranks_or_takes_them_and_refuses_ranks_that_do_not_fit(tin
     with pytest.raises(ConfigError, match=r"params.ranks = \[1, 2\] is not allowed: expected one rank per client"):
         _run(tiny_encoder, tmp_path / "bad", "vectorised", [{"name": "het", "algorithm": "hetlora",
                                                              "params": {"ranks": [1, 2]}}])
+
+
+def test_client_gates_are_each_clients_own_and_leave_the_shared_adapter_at_zero(tiny_encoder, tmp_path):
+    """model.client_gates (CGAU's manner on the adapters): a row per adapter that each client keeps (never uploaded:
+    FedIT sends exactly what it sends without them), trained on the client; at zero (a client never seen) the
+    adapted encoder computes the plain shared adapters."""
+    from hetfed.models.lora import LoRAEncoder
+
+    gated = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4, client_gates=True)
+    plain = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    params = _random_adapters(plain, 2)
+    x = _ids(tiny_encoder, ["the cat sat on the mat", "a big red dog ran"]).expand(2, 2, 12)
+    zero = {**params, **{k: torch.zeros(2, 4) for k in gated.lora_names("gate")}}
+    assert torch.allclose(gated.forward(zero, x), plain.forward(params, x), atol=1e-6)
+    moved = {**zero, "lora0.gate": torch.tensor([[0.0] * 4, [3.0] * 4])}
+    out = gated.forward(moved, x)
+    assert torch.allclose(out[0], plain.forward(params, x)[0], atol=1e-6) and not torch.allclose(out[1], out[0])
+
+    rows = _run(tiny_encoder, tmp_path, "vectorised", [{"name": "gated", "algorithm": "fedit",
+                                                         "model": {"client_gates": True}}])
+    shared = plain.adapter_floats() + 16 * 2 + 2
+    assert rows["gated"]["uplink_bytes"] == 6 * 4 * (4 * shared + 8)  # the gates never travel
+    assert rows["gated"]["final"]["global_accuracy"] > 0.8, rows["gated"]["final"]
+
+
+def test_fedmoe_ditto_and_fedrep_run_on_the_adapters(tiny_encoder, tmp_path):
+    """The seeds' and the personalised methods through their own machinery on the adapted encoder: FedMoE mixes the
+    frozen global adapters and a client's specialist adapters by a per-client gate (itself adapters over the same
+    frozen base, with a one-output head) and reports its four views; FedRep shares the adapters and keeps the head
+    (its upload: the adapters only); Ditto keeps a personal model of its own."""
+    from hetfed.models.lora import LoRAEncoder
+
+    methods = [{"name": m, "algorithm": m} for m in ("fedmoe", "fedrep", "ditto")]
+    rows = _run(tiny_encoder, tmp_path, "vectorised", methods)
+    assert {"local", "fedavg", "finetuned", "mixture"} <= set(rows)
+    assert rows["mixture"]["local_accuracy"] > 0.8, rows["mixture"]
+    adapters = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4).adapter_floats()
+    assert rows["fedrep"]["uplink_bytes"] == 6 * 4 * (4 * adapters + 8)
+    assert rows["fedrep"]["final"]["local_accuracy_mean"] > 0.8 and rows["ditto"]["final"]["local_accuracy_mean"] > 0.8

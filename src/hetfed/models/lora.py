@@ -27,7 +27,7 @@ from torch import nn
 
 from hetfed.models.base import Model, Noise, Params, ParamSpec, dense, dropout, fan_in_init, zeros_init
 
-_ACTIVE = threading.local()  # .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise)
+_ACTIVE = threading.local()  # .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise, gate [n, r])
 
 
 def kaiming_a(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -47,10 +47,12 @@ class _Adapted(nn.Module):
         adapter = getattr(_ACTIVE, "adapters", {}).get(self.name)
         if adapter is None:
             return y
-        a, b, scaling, p, noise = adapter
+        a, b, scaling, p, noise, gate = adapter
         n = a.shape[0]
         rows = x.reshape(n, -1, x.shape[-1])  # each client's tokens: [n, b·L, in]
         low = torch.bmm(dropout(rows, p, noise), a.transpose(1, 2))  # [n, b·L, r]
+        if gate is not None:  # each client's own weight on each rank component: 2σ(v_k), 1 at v_k = 0
+            low = low * (2 * torch.sigmoid(gate)).unsqueeze(1)
         return y + (torch.bmm(low, b.transpose(1, 2)) * scaling).reshape(y.shape)
 
 
@@ -90,14 +92,21 @@ def adapting(adapters: dict[str, tuple[Any, ...]]) -> Iterator[None]:
 class LoRAEncoder(Model):
     """A frozen pretrained encoder with LoRA adapters on the layers ``targets`` names (the last part of a layer's
     name: ``query``, ``value`` …) and a linear head on its mean-pooled last hidden states. Inputs: token ids of its
-    own tokenizer, ``[n, batch, length]`` (padding: the tokenizer's pad id)."""
+    own tokenizer, ``[n, batch, length]`` (padding: the tokenizer's pad id).
+
+    ``client_gates``: every adapter's update is gated per client in CGAU's manner (Rieger et al. 2020): each client
+    holds a row ``v`` of its own per adapter (local: created on the client at zero, trained there, never uploaded)
+    and its adapter adds ``B diag(2σ(v)) A x`` — at ``v = 0`` (a client never seen in training) the shared adapter
+    itself. Unlike CGAU's ``σ(W_g x + b_g + V_g h)`` the gate does not depend on the input: it chooses how much of
+    each shared rank component a client uses."""
 
     no_per_sample_gradients = ("its frozen encoder's forward is a Hugging Face module, through which per-sample "
                                "gradients (torch.func.vmap) have not been checked")
 
     def __init__(self, path: str, max_length: int, n_classes: int, rank: int = 8, alpha: float = 16.0,
-                 dropout: float = 0.0, targets: Sequence[str] = ("query", "value")):
+                 dropout: float = 0.0, targets: Sequence[str] = ("query", "value"), client_gates: bool = False):
         self.path, self.max_length, self.n_classes = path, max_length, n_classes
+        self.client_gates = client_gates
         self.rank, self.alpha, self.p, self.targets = rank, alpha, dropout, tuple(targets)
         self.scaling = alpha / rank
         base, names, self.pad_id = load_base(path)
@@ -111,6 +120,8 @@ class LoRAEncoder(Model):
             layer = modules[name].base
             self._specs += [ParamSpec(f"lora{i}.A", (rank, layer.in_features), kaiming_a),
                             ParamSpec(f"lora{i}.B", (layer.out_features, rank), zeros_init)]
+            if client_gates:
+                self._specs.append(ParamSpec(f"lora{i}.gate", (rank,), zeros_init, local=True))
         self._specs += [ParamSpec("head.weight", (self.hidden, n_classes), fan_in_init(self.hidden)),
                         ParamSpec("head.bias", (n_classes,), fan_in_init(self.hidden))]
 
@@ -134,8 +145,8 @@ class LoRAEncoder(Model):
         n, batch, length = x.shape
         ids = x.reshape(n * batch, length).long()
         mask = ids != self.pad_id
-        adapters = {name: (params[f"lora{i}.A"], params[f"lora{i}.B"], self.scaling, self.p, noise)
-                    for i, name in enumerate(self.adapted)}
+        adapters = {name: (params[f"lora{i}.A"], params[f"lora{i}.B"], self.scaling, self.p, noise,
+                           params.get(f"lora{i}.gate")) for i, name in enumerate(self.adapted)}
         with adapting(adapters):
             hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
         weights = mask.unsqueeze(-1).to(hidden.dtype)
@@ -155,10 +166,10 @@ class LoRAEncoder(Model):
         return batch * self.max_length * per_token * config.num_hidden_layers
 
     def lora_names(self, matrix: str) -> tuple[str, ...]:
-        """Every adapter's ``"A"`` (down-projection) or ``"B"`` (up-projection) parameter: what the LoRA methods
-        share, keep or freeze."""
+        """Every adapter's ``"A"`` (down-projection), ``"B"`` (up-projection) or ``"gate"`` (a client's own row,
+        with ``client_gates``) parameter: what the LoRA methods share, keep or freeze."""
         return tuple(f"lora{i}.{matrix}" for i in range(len(self.adapted)))
 
     def adapter_floats(self) -> int:
         """One client's adapters (what travels), in floats."""
-        return sum(math.prod(s.shape) for s in self._specs if s.name.startswith("lora"))
+        return sum(math.prod(s.shape) for s in self._specs if s.name.startswith("lora") and not s.local)

@@ -19,6 +19,8 @@ class LoRAEncoderParams(ComponentParams):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on each adapter's input (peft's lora_dropout)")
     targets: list[str] = Field(default_factory=lambda: ["query", "value"],
                                description="the encoder's linear layers to adapt, by the last part of their name")
+    client_gates: bool = Field(False, description="gate each adapter's rank components per client in CGAU's manner: "
+                                                  "a row of the client's own (never uploaded), B diag(2σ(v)) A x")
 
     @field_validator("targets")
     @classmethod
@@ -28,7 +30,7 @@ class LoRAEncoderParams(ComponentParams):
         return v
 
 
-def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets):
+def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets, client_gates):
     try:
         from hetfed.models.lora import LoRAEncoder
     except ImportError:  # pragma: no cover - the extra is missing
@@ -37,7 +39,7 @@ def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets):
         raise ConfigError(f"model.kind = 'lora_encoder' is not allowed for inputs of shape {tuple(shape)}: expected "
                           "its tokenizer's ids (embed.kind = 'wordpiece')")
     try:
-        return LoRAEncoder(encoder_path(path), int(shape[0]), n_classes, rank, alpha, dropout, targets)
+        return LoRAEncoder(encoder_path(path), int(shape[0]), n_classes, rank, alpha, dropout, targets, client_gates)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.path = {path!r} is not allowed: {err}") from None
 
