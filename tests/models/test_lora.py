@@ -341,3 +341,59 @@ def test_fedmoe_ditto_and_fedrep_run_on_the_adapters(tiny_encoder, tmp_path):
     adapters = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4).adapter_floats()
     assert rows["fedrep"]["uplink_bytes"] == 6 * 4 * (4 * adapters + 8)
     assert rows["fedrep"]["final"]["local_accuracy_mean"] > 0.8 and rows["ditto"]["final"]["local_accuracy_mean"] > 0.8
+
+
+def test_a_merged_update_is_the_adapters_it_was_made_of(tiny_encoder):
+    """An adapted layer given its merged update W (FLoRA) computes W₀x + W x: with W = (α/r)·B A and zero adapters, the
+    encoder of the adapters B, A."""
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4, alpha=8.0)
+    params = _random_adapters(model, 2)
+    x = _ids(tiny_encoder, ["the cat sat on the mat", "a big red dog ran"]).expand(2, 2, 12)
+    merged = {**params, **{f"lora{i}.W": model.scaling * params[f"lora{i}.B"] @ params[f"lora{i}.A"]
+                           for i in range(len(model.adapted))}}
+    merged.update({k: torch.zeros_like(params[k]) for k in model.lora_names("B")})
+    assert torch.allclose(model.forward(merged, x), model.forward(params, x), atol=1e-5)
+    assert [tuple(s) for s in model.adapted_shapes()] == [(16, 16)] * len(model.adapted)
+
+
+def test_flora_stacks_the_clients_adapters_into_the_exact_weighted_sum_of_their_products(tiny_encoder):
+    """FLoRA's server adds (α/r)·Σ_k p_k B_k A_k to each layer's merged update — whatever the clients' ranks —, and
+    starts the next round from a fresh A and a zero B; the server's model is the base, the merged update and the
+    head."""
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import TrainConfig
+    from hetfed.models.lora import LoRAEncoder
+
+    model = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    algo = build_algorithm("flora", model, TrainConfig(batch_size=8, optimizer={"kind": "adam", "lr": 0.05}), seed=0)
+    server, bc, states, data = _stack(algo, tiny_encoder, [1, 2, 4])
+    server = algo.server_init(torch.Generator().manual_seed(0))
+    bc = algo.broadcast(server, 0)
+    upload, new = algo.local_update(bc, states, data)
+    assert not any(k.endswith(".W") for k in upload.params)  # the merged update never travels up
+    assert torch.count_nonzero(upload.params["lora0.A"][0, 1:]) == 0  # client 0 trained rank 1
+    merged = algo.aggregate(server, upload)
+    p = upload.num_samples / upload.num_samples.sum()
+    for i in range(len(model.adapted)):
+        a, b = upload.params[f"lora{i}.A"], upload.params[f"lora{i}.B"]
+        expected = model.scaling * sum(p[k] * b[k] @ a[k] for k in range(3))
+        assert torch.allclose(merged.extra["flora.merged"][f"lora{i}.W"], expected, atol=1e-6)
+        assert torch.count_nonzero(merged.params[f"lora{i}.B"]) == 0
+        assert not torch.equal(merged.params[f"lora{i}.A"], server.params[f"lora{i}.A"])
+    assert torch.allclose(merged.params["head.bias"], torch.tensordot(p, upload.params["head.bias"], dims=1))
+
+
+def test_flora_trains_from_a_config_sends_its_adapters_and_refuses_another_server_rule(tiny_encoder, tmp_path):
+    from hetfed.errors import ConfigError
+    from hetfed.models.lora import LoRAEncoder
+
+    rows = _run(tiny_encoder, tmp_path, "vectorised", [{"name": "flora", "algorithm": "flora",
+                                                         "params": {"ranks": [1, 2, 3, 4]}}])
+    assert rows["flora"]["final"]["global_accuracy"] > 0.8, rows["flora"]["final"]
+    shared = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4).adapter_floats() + 16 * 2 + 2
+    assert rows["flora"]["uplink_bytes"] == 6 * 4 * (4 * shared + 8)
+    with pytest.raises(ConfigError, match="algorithm = 'flora' is not allowed with the server chain"):
+        _run(tiny_encoder, tmp_path / "median", "vectorised", [{"name": "flora", "algorithm": "flora",
+                                                                "server": {"combine": {"rule": "median"}}}])

@@ -39,10 +39,13 @@ RANK = "hetlora.rank"
 SPARSITY = "sparsity"
 
 
-class HetLoRAParams(AlgorithmParams):
+class RanksParams(AlgorithmParams):
     ranks: list[int] | None = Field(None, description="each client's initial rank, in client order (null: drawn "
                                                        "uniformly from min_rank … model.rank, each client's own draw)")
     min_rank: int = Field(1, ge=1, description="the smallest rank a client is drawn or prunes to")
+
+
+class HetLoRAParams(RanksParams):
     gamma: float = Field(0.99, gt=0, lt=1, description="γ: self-pruning keeps a client's first ⌊γ·r_k⌋ rank components")
     lam: float = Field(1e-3, ge=0, description="λ: the self-pruning term λ·‖A[⌊γr_k⌋:r_k]‖·‖B[:, ⌊γr_k⌋:r_k]‖ per "
                                                "adapter (0: no self-pruning)")
@@ -57,9 +60,9 @@ def rank_mask(ranks: torch.Tensor, r: int, start: torch.Tensor | None = None) ->
     return inside.to(torch.float32)
 
 
-class HetLoRA(FedAvg):
-    """FedAvg on LoRA adapters whose clients train ranks of their own, prune them, and are averaged by how much
-    their adapters moved the model."""
+class ClientRanks(FedAvg):
+    """Clients that train the global adapters cut to ranks of their own (client state ``RANK``: ``params.ranks``,
+    or drawn from ``min_rank … model.rank``): what HetLoRA and FLoRA share."""
 
     def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
         super().bind(fed, seed, per_round)
@@ -91,6 +94,25 @@ class HetLoRA(FedAvg):
             out[b] = params[b] * mask.unsqueeze(1).to(params[b].dtype)
         return out
 
+    def _cut(self, bc: Broadcast, states: ClientState, n: int) -> tuple[Params, ClientState, torch.Tensor]:
+        """The broadcast and the clients' local parameters with the adapters cut to each client's rank; the rest of
+        the clients' states (optimiser state) and their ranks."""
+        states = dict(states)
+        ranks = states.pop(RANK)
+        local, kept_opt = split_state(states)
+        top = self.model.rank  # type: ignore[attr-defined]
+        return self._truncated({**bc.stacked(n), **local}, rank_mask(ranks, top)), kept_opt, ranks
+
+    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
+        """A client scores the global adapters cut to its own rank (what it trains from)."""
+        params, _opt, _ranks = self._cut(bc, states, n)
+        return Predictor(self.model, params, own_parameters(self))
+
+
+class HetLoRA(ClientRanks):
+    """FedAvg on LoRA adapters whose clients train ranks of their own, prune them, and are averaged by how much
+    their adapters moved the model."""
+
     def _tail_norms(self, params: Params, tail: torch.Tensor) -> torch.Tensor:
         """``[n]``: Σ over adapters of ‖A tail‖·‖B tail‖ (the self-pruning term without λ)."""
         total = torch.zeros(tail.shape[0], device=tail.device)
@@ -101,14 +123,9 @@ class HetLoRA(FedAvg):
         return total
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        n = len(data.client_ids)
-        states = dict(states)
-        ranks = states.pop(RANK)
-        top = self.model.rank  # type: ignore[attr-defined]
+        start, kept_opt, ranks = self._cut(bc, states, len(data.client_ids))
         kept = torch.floor(ranks * self.params.gamma).clamp(min=self.params.min_rank)
-        tail = rank_mask(ranks, top, kept)
-        local, kept_opt = split_state(states)
-        start = self._truncated({**bc.stacked(n), **local}, rank_mask(ranks, top))
+        tail = rank_mask(ranks, self.model.rank, kept)  # type: ignore[attr-defined]
         lam = self.params.lam
         term = (lambda p: lam * self._tail_norms(p, tail)) if lam > 0 else None
         params, opt_state, loss = train_clients(self, start, kept_opt, data, bc.lr, term)
@@ -118,6 +135,7 @@ class HetLoRA(FedAvg):
             ranks = torch.where(pruned & (kept < ranks), kept, ranks)
         upload = Upload.of(data, params, bc.params, loss)
         upload = replace(upload, extra={**upload.extra, SPARSITY: self._sparsity(params).to(loss.device)})
+        local = [k for k in start if k not in bc.params]
         return upload, {**{k: params[k] for k in local}, **opt_state, RANK: ranks}
 
     def _sparsity(self, params: Params) -> torch.Tensor:
@@ -132,14 +150,6 @@ class HetLoRA(FedAvg):
             upload = replace(upload, num_samples=upload.extra[SPARSITY].to(upload.num_samples))
         params, extra = server_step(self, state, upload)
         return ServerState(params, state.round + 1, extra)
-
-    def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        """A client scores the global adapters cut to its own rank (what it trains from)."""
-        states = dict(states)
-        ranks = states.pop(RANK)
-        local, _ = split_state(states)
-        params = self._truncated({**bc.stacked(n), **local}, rank_mask(ranks, self.model.rank))  # type: ignore[attr-defined]
-        return Predictor(self.model, params, own_parameters(self))
 
 
 register(AlgorithmSpec(

@@ -27,7 +27,9 @@ from torch import nn
 
 from hetfed.models.base import Model, Noise, Params, ParamSpec, dense, dropout, fan_in_init, zeros_init
 
-_ACTIVE = threading.local()  # .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise, gate [n, r])
+#: .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise, gate [n, r] or None, merged [n, out, in]
+#: or None)
+_ACTIVE = threading.local()
 
 
 def kaiming_a(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -47,13 +49,16 @@ class _Adapted(nn.Module):
         adapter = getattr(_ACTIVE, "adapters", {}).get(self.name)
         if adapter is None:
             return y
-        a, b, scaling, p, noise, gate = adapter
+        a, b, scaling, p, noise, gate, merged = adapter
         n = a.shape[0]
         rows = x.reshape(n, -1, x.shape[-1])  # each client's tokens: [n, b·L, in]
         low = torch.bmm(dropout(rows, p, noise), a.transpose(1, 2))  # [n, b·L, r]
         if gate is not None:  # each client's own weight on each rank component: 2σ(v_k), 1 at v_k = 0
             low = low * (2 * torch.sigmoid(gate)).unsqueeze(1)
-        return y + (torch.bmm(low, b.transpose(1, 2)) * scaling).reshape(y.shape)
+        update = torch.bmm(low, b.transpose(1, 2)) * scaling
+        if merged is not None:  # updates merged into the layer's weight (FLoRA): W + ΔW, ΔW held beside W
+            update = update + torch.bmm(rows, merged.transpose(1, 2))
+        return y + update.reshape(y.shape)
 
 
 @functools.lru_cache(maxsize=4)
@@ -146,7 +151,8 @@ class LoRAEncoder(Model):
         ids = x.reshape(n * batch, length).long()
         mask = ids != self.pad_id
         adapters = {name: (params[f"lora{i}.A"], params[f"lora{i}.B"], self.scaling, self.p, noise,
-                           params.get(f"lora{i}.gate")) for i, name in enumerate(self.adapted)}
+                           params.get(f"lora{i}.gate"), params.get(f"lora{i}.W"))
+                    for i, name in enumerate(self.adapted)}
         with adapting(adapters):
             hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
         weights = mask.unsqueeze(-1).to(hidden.dtype)
@@ -167,8 +173,14 @@ class LoRAEncoder(Model):
 
     def lora_names(self, matrix: str) -> tuple[str, ...]:
         """Every adapter's ``"A"`` (down-projection), ``"B"`` (up-projection) or ``"gate"`` (a client's own row,
-        with ``client_gates``) parameter: what the LoRA methods share, keep or freeze."""
+        with ``client_gates``) parameter: what the LoRA methods share, keep or freeze. ``"W"``: the update merged
+        into each adapted layer's weight, ``[out, in]``, an input the forward adds when a method passes it (FLoRA's
+        merged adapters: no parameter of the model's own)."""
         return tuple(f"lora{i}.{matrix}" for i in range(len(self.adapted)))
+
+    def adapted_shapes(self) -> list[tuple[int, int]]:
+        """Each adapted layer's weight shape ``(out, in)``."""
+        return [(s.shape[0], self._specs[j - 1].shape[1]) for j, s in enumerate(self._specs) if s.name.endswith(".B")]
 
     def adapter_floats(self) -> int:
         """One client's adapters (what travels), in floats."""
