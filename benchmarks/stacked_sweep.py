@@ -13,6 +13,16 @@ difference between the two runs.csv (the same numbers, to float tolerance). Timi
 of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed sweep --seeds N --stack`` and
 ``hetfed sweep --seeds N`` (#47's CPU target: 5 stacked seeds ≤ 0.5× five separate runs).
 
+``--per-round`` measures what a round costs in stacked sweeps of each number of seeds: the marginal time of a round
+(a sweep of ``--rounds`` rounds minus one of ``--rounds`` / 4, over the rounds between: preparation and start-up cancel
+out), its ratio to one seed's, and how much of it the sweep's thread spends computing the runs' joined client steps
+and evaluations (the rest: each run's own server, evaluation summary, metrics and checkpoints). ``--set`` overrides the
+experiment, e.g. #74's CPU setting (logistic regression, 10 Dirichlet clients, evaluation every round)::
+
+    python benchmarks/stacked_sweep.py --per-round --rounds 80 --seeds 1 5 20 --set model.kind=logreg \
+        --set partition.kind=dirichlet --set partition.alpha=0.5 --set train.eval_every=1 \
+        --set 'methods=[{name: fedavg, algorithm: fedavg}]'
+
 ``--stacked-only`` times only the stacked sweeps (for #47's "20 stacked seeds ≤ 3× one seed's time" at a run's
 full length, where running the seeds one by one as well would double the time): ``over_one_seed`` is each
 sweep's time over the 1-seed stacked sweep's.
@@ -73,6 +83,43 @@ def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, 
             "one_by_one_over_separate": round(one / separate, 3), "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
 
 
+def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path) -> dict[int, dict[str, float]]:
+    """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and the joined share."""
+    from hetfed.executors import stacked_runs
+
+    inside = [0.0]
+    originals = stacked_runs.train_together, stacked_runs.evaluate_together
+
+    def timed(fn):
+        def call(group):
+            t0 = time.perf_counter()
+            try:
+                return fn(group)
+            finally:
+                inside[0] += time.perf_counter() - t0
+        return call
+
+    stacked_runs.train_together, stacked_runs.evaluate_together = (timed(f) for f in originals)
+    short = max(1, rounds // 4)
+    out: dict[int, dict[str, float]] = {}
+    try:
+        for i, n in enumerate([seeds[0], *seeds]):  # the first sweep twice: the first time warms up (imports …)
+            measured = {}
+            for r in (short, rounds):
+                config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
+                inside[0] = 0.0
+                wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(2))
+                measured[r] = (wall, inside[0] / 2)
+            ms = (measured[rounds][0] - measured[short][0]) / (rounds - short) * 1000
+            joined = (measured[rounds][1] - measured[short][1]) / (rounds - short) * 1000
+            out[n] = {"ms_per_round": round(ms, 2), "joined_client_work_ms": round(joined, 2)}
+        for row in out.values():
+            row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
+    finally:
+        stacked_runs.train_together, stacked_runs.evaluate_together = originals
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -82,8 +129,16 @@ def main() -> None:
     mode = ap.add_mutually_exclusive_group()
     mode.add_argument("--stacked-only", action="store_true")
     mode.add_argument("--separate", action="store_true")
+    mode.add_argument("--per-round", action="store_true")
+    ap.add_argument("--set", action="append", default=[], help="a config override (with --per-round)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    if args.per_round:
+        with tempfile.TemporaryDirectory() as tmp:
+            rows = per_round(args.set, args.seeds, args.rounds, Path(tmp))
+        print(json.dumps({"experiment": "configs/default.yaml", "overrides": args.set, "rounds": args.rounds,
+                          "threads": args.threads, "device": args.device, "seeds": rows}, indent=2))
+        return
     if args.separate:
         with tempfile.TemporaryDirectory() as tmp:
             rows = {n: separate_against_sweeps(n, args.rounds, args.device, args.threads, Path(tmp) / str(n))
