@@ -8,11 +8,14 @@ each with its own adapters and a batch of token ids (lengths drawn 8…L, paddin
 - ``peft_loop``: one ``peft`` LoRA model per client (the same frozen base shared, its own adapters and head), the
   clients one after another — what a per-client PEFT loop (FlowerTune's ClientApp, one client at a time) computes.
 
+- ``--from-layer K``: also the stack adapting only the layers from K up (``model.from_layer``), the layers below run
+  once per distinct text and kept — the steady state of every epoch after the first, which revisits the same texts.
+
 Both get the same weights; the losses are checked to agree. Prints seconds per step, the ratio, and the peak memory
 of the adapters (what a stack holds beside the base) as JSON. Not a test.
 
     python benchmarks/lora_clients.py [--clients 1 5 20] [--batch 16] [--length 64] [--rank 8] [--threads 1] \
-        [--path DIR]
+        [--path DIR] [--from-layer K]
 """
 
 from __future__ import annotations
@@ -113,8 +116,18 @@ def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> d
     stacked_opt = torch.optim.Adam(list(params.values()), lr=1e-3)
     s_stacked = _timed(lambda: stacked_step(model, params, stacked_opt, x, y), args.repeats)
     s_peft = _timed(lambda: peft_step(wrapped, clients, optimizers, x, y), args.repeats)
+    upper = {}
+    if args.from_layer:
+        from hetfed.models.lora import LoRAEncoder
+
+        top = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=args.from_layer)
+        mine = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in top.specs()}
+        mine_opt = torch.optim.Adam(list(mine.values()), lr=1e-3)
+        s_top = _timed(lambda: stacked_step(top, mine, mine_opt, x, y), args.repeats)  # the warm-up fills its store
+        upper = {f"stacked_from_layer_{args.from_layer}_s_per_step": s_top,
+                 "stacked_over_from_layer": s_stacked / s_top}
     return {"clients": n, "stacked_s_per_step": s_stacked, "peft_loop_s_per_step": s_peft,
-            "peft_loop_over_stacked": s_peft / s_stacked,
+            "peft_loop_over_stacked": s_peft / s_stacked, **upper,
             "first_loss_stacked": first_stacked, "first_loss_peft_loop": first_peft,
             "adapter_and_head_bytes": sum(v.numel() * v.element_size() for v in params.values())}
 
@@ -135,6 +148,7 @@ def main() -> None:
     parser.add_argument("--rank", type=int, default=8)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--from-layer", type=int, default=0, help="also time adapters from this layer up only")
     parser.add_argument("--path", default=None, help="an encoder's folder (default: all-MiniLM-L6-v2, the peft extra)")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -146,7 +160,7 @@ def main() -> None:
     vocab = int(model.base.config.vocab_size)
     rows = [measure(n, args, model, path, vocab) for n in args.clients]
     print(json.dumps({"encoder": path, "batch": args.batch, "length": args.length, "rank": args.rank,
-                      "threads": args.threads, "rows": rows}, indent=1))
+                      "threads": args.threads, "from_layer": args.from_layer, "rows": rows}, indent=1))
 
 
 if __name__ == "__main__":

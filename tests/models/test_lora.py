@@ -397,3 +397,37 @@ def test_flora_trains_from_a_config_sends_its_adapters_and_refuses_another_serve
     with pytest.raises(ConfigError, match="algorithm = 'flora' is not allowed with the server chain"):
         _run(tiny_encoder, tmp_path / "median", "vectorised", [{"name": "flora", "algorithm": "flora",
                                                                 "server": {"combine": {"rule": "median"}}}])
+
+
+def test_the_layers_below_the_lowest_adapter_run_once_per_text_and_give_the_whole_forward(tiny_encoder, tmp_path):
+    """model.from_layer: adapters only from that layer up; what the frozen layers below make of a text is computed
+    once and kept, and the split forward gives the whole encoder's numbers (features and the adapters' gradients)."""
+    from hetfed.errors import ConfigError
+    from hetfed.models.lora import LoRAEncoder
+
+    whole = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4)
+    split = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4, from_layer=1)
+    assert all(".layer.1." in name for name in split.adapted) and len(split.adapted) == len(whole.adapted) // 2
+    params = _random_adapters(split, 2)
+    # the whole encoder with the same adapters on layer 1 and none (zero) on layer 0
+    full = {**{k: torch.zeros(v.shape) for k, v in _random_adapters(whole, 2).items()}, "head.weight":
+            params["head.weight"], "head.bias": params["head.bias"]}
+    for i, name in enumerate(whole.adapted):
+        if name in split.adapted:
+            j = split.adapted.index(name)
+            full[f"lora{i}.A"], full[f"lora{i}.B"] = params[f"lora{j}.A"], params[f"lora{j}.B"]
+    x = _ids(tiny_encoder, ["the cat sat on the mat", "a big red dog ran", "the cat sat on the mat"]).expand(2, 3, 12)
+    ours = split.features({k: v.requires_grad_() for k, v in params.items()}, x)
+    assert torch.allclose(ours, whole.features(full, x), atol=1e-5)
+    assert len(split.below.kept) == 2  # two distinct texts, each computed once
+    split.features(params, x)
+    assert len(split.below.kept) == 2
+    grads = torch.autograd.grad(ours.sum(), [params["lora0.A"], params["lora0.B"]])
+    assert all(torch.count_nonzero(g) for g in grads)
+
+    rows = _run(tiny_encoder, tmp_path, "vectorised", [{"name": "top", "algorithm": "fedit",
+                                                         "model": {"from_layer": 1}}])
+    assert rows["top"]["final"]["global_accuracy"] > 0.8, rows["top"]["final"]
+    with pytest.raises(ConfigError, match=r"model.from_layer = 2 is not allowed: expected 0 .* or 1 to 1"):
+        _run(tiny_encoder, tmp_path / "bad", "vectorised", [{"name": "top", "algorithm": "fedit",
+                                                             "model": {"from_layer": 2}}])

@@ -94,6 +94,66 @@ def adapting(adapters: dict[str, tuple[Any, ...]]) -> Iterator[None]:
         _ACTIVE.adapters = before
 
 
+def _layer_of(name: str) -> int:
+    """The encoder layer a linear layer belongs to (``encoder.layer.3.attention.self.query`` → 3)."""
+    parts = name.split(".")
+    return int(parts[2]) if len(parts) > 2 and parts[1] == "layer" and parts[2].isdigit() else 0
+
+
+class FrozenBelow:
+    """An encoder split at layer ``k``: what its embeddings and first ``k`` layers make of each text (frozen and never
+    adapted, so the same every time) computed once per distinct text of ids and kept on its device, keyed by the ids'
+    bytes; the layers from ``k`` up run on every forward. Memory: texts × length × width floats.
+
+    Runs the encoder's parts as its own forward does (embeddings, its attention mask, its layers in order), through
+    BERT-like modules' attributes (``embeddings``, ``encoder.layer``, ``_create_attention_masks``):
+    ``tests/models/test_lora.py`` checks the split forward against the whole one."""
+
+    def __init__(self, base: Any, k: int) -> None:
+        for needed in ("embeddings", "encoder", "_create_attention_masks"):
+            if not hasattr(base, needed):
+                raise ValueError(f"from_layer needs a BERT-like encoder (embeddings, encoder.layer); "
+                                 f"{type(base).__name__} has no {needed!r}")
+        layers = base.encoder.layer
+        if not 0 < k < len(layers):
+            raise ValueError(f"from_layer = {k}: expected 1 to {len(layers) - 1} ({len(layers)} layers)")
+        self.base, self.k = base, k
+        self.kept: dict[bytes, torch.Tensor] = {}
+        self._lock = threading.Lock()
+
+    def _mask(self, mask: torch.Tensor, hidden: torch.Tensor) -> Any:
+        return self.base._create_attention_masks(attention_mask=mask.long(), encoder_attention_mask=None,
+                                                 embedding_output=hidden, encoder_hidden_states=None, cache=None)[0]
+
+    def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[texts, L, d]``: the hidden states after the first ``k`` layers (computed for texts not seen yet), and
+        the mask."""
+        keys = [row.tobytes() for row in ids.cpu().numpy()]
+        with self._lock:
+            first: dict[bytes, int] = {}
+            for j, key in enumerate(keys):
+                if key not in self.kept:
+                    first.setdefault(key, j)
+            new = list(first.values())
+            if new:
+                at = torch.as_tensor(new, device=ids.device)
+                with torch.no_grad():
+                    hidden = self.base.embeddings(input_ids=ids[at])
+                    extended = self._mask(mask[at], hidden)
+                    for layer in self.base.encoder.layer[: self.k]:
+                        hidden = layer(hidden, extended)
+                for j, h in zip(new, hidden, strict=True):
+                    self.kept[keys[j]] = h
+            return torch.stack([self.kept[key] for key in keys]), mask
+
+    def upper(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """The layers from ``k`` up on the kept hidden states (with the adapters of the running forward)."""
+        extended = self._mask(mask, hidden)
+        for layer in self.base.encoder.layer[self.k :]:
+            hidden = layer(hidden, extended)
+        return hidden
+
+
 class LoRAEncoder(Model):
     """A frozen pretrained encoder with LoRA adapters on the layers ``targets`` names (the last part of a layer's
     name: ``query``, ``value`` …) and a linear head on its mean-pooled last hidden states. Inputs: token ids of its
@@ -103,21 +163,28 @@ class LoRAEncoder(Model):
     holds a row ``v`` of its own per adapter (local: created on the client at zero, trained there, never uploaded)
     and its adapter adds ``B diag(2σ(v)) A x`` — at ``v = 0`` (a client never seen in training) the shared adapter
     itself. Unlike CGAU's ``σ(W_g x + b_g + V_g h)`` the gate does not depend on the input: it chooses how much of
-    each shared rank component a client uses."""
+    each shared rank component a client uses.
+
+    ``from_layer``: only the encoder's layers from this one up are adapted; the layers below are frozen and unadapted,
+    so what they make of a text never changes: it is computed once per distinct text and kept (:class:`FrozenBelow`),
+    and every later forward runs the upper layers only."""
 
     no_per_sample_gradients = ("its frozen encoder's forward is a Hugging Face module, through which per-sample "
                                "gradients (torch.func.vmap) have not been checked")
 
     def __init__(self, path: str, max_length: int, n_classes: int, rank: int = 8, alpha: float = 16.0,
-                 dropout: float = 0.0, targets: Sequence[str] = ("query", "value"), client_gates: bool = False):
+                 dropout: float = 0.0, targets: Sequence[str] = ("query", "value"), client_gates: bool = False,
+                 from_layer: int = 0):
         self.path, self.max_length, self.n_classes = path, max_length, n_classes
         self.client_gates = client_gates
         self.rank, self.alpha, self.p, self.targets = rank, alpha, dropout, tuple(targets)
         self.scaling = alpha / rank
         base, names, self.pad_id = load_base(path)
-        self.adapted = tuple(n for n in names if n.rsplit(".", 1)[-1] in self.targets)
+        self.adapted = tuple(n for n in names if n.rsplit(".", 1)[-1] in self.targets and _layer_of(n) >= from_layer)
         if not self.adapted:
-            raise ValueError(f"no linear layer of the encoder at {path} is named one of {list(self.targets)}")
+            raise ValueError(f"no linear layer of the encoder at {path} from layer {from_layer} up is named one of "
+                             f"{list(self.targets)}")
+        self.below = FrozenBelow(base, from_layer) if from_layer > 0 else None
         self.hidden = int(base.config.hidden_size)
         modules = dict(base.named_modules())
         self._specs = []
@@ -154,7 +221,10 @@ class LoRAEncoder(Model):
                            params.get(f"lora{i}.gate"), params.get(f"lora{i}.W"))
                     for i, name in enumerate(self.adapted)}
         with adapting(adapters):
-            hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
+            if self.below is None:
+                hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
+            else:
+                hidden = self.below.upper(*self.below.lower(ids, mask))
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         return pooled.reshape(n, batch, -1)

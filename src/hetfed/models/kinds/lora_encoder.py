@@ -19,6 +19,9 @@ class LoRAEncoderParams(ComponentParams):
     dropout: float = Field(0.0, ge=0, lt=1, description="dropout on each adapter's input (peft's lora_dropout)")
     targets: list[str] = Field(default_factory=lambda: ["query", "value"],
                                description="the encoder's linear layers to adapt, by the last part of their name")
+    from_layer: int = Field(0, ge=0, description="adapt only the encoder's layers from this one up (0: all); the "
+                                                  "frozen layers below run once per distinct text, their output kept "
+                                                  "(memory: texts × length × width floats)")
     client_gates: bool = Field(False, description="gate each adapter's rank components per client in CGAU's manner: "
                                                   "a row of the client's own (never uploaded), B diag(2σ(v)) A x")
 
@@ -30,16 +33,26 @@ class LoRAEncoderParams(ComponentParams):
         return v
 
 
-def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets, client_gates):
+def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets, from_layer, client_gates):
     try:
-        from hetfed.models.lora import LoRAEncoder
+        from hetfed.models.lora import LoRAEncoder, load_base
     except ImportError:  # pragma: no cover - the extra is missing
         raise MissingExtraError("model.kind = 'lora_encoder' needs transformers: pip install 'hetfed[peft]'") from None
     if len(shape) != 1:
         raise ConfigError(f"model.kind = 'lora_encoder' is not allowed for inputs of shape {tuple(shape)}: expected "
                           "its tokenizer's ids (embed.kind = 'wordpiece')")
+    folder = encoder_path(path)
+    if from_layer:
+        try:
+            layers = int(getattr(load_base(folder)[0].config, "num_hidden_layers", 0))
+        except OSError as err:
+            raise ConfigError(f"model.path = {path!r} is not allowed: {err}") from None
+        if not 0 < from_layer < layers:
+            raise ConfigError(f"model.from_layer = {from_layer} is not allowed: expected 0 (every layer adapted) or 1 "
+                              f"to {layers - 1} (the encoder at {folder} has {layers} layers)")
     try:
-        return LoRAEncoder(encoder_path(path), int(shape[0]), n_classes, rank, alpha, dropout, targets, client_gates)
+        return LoRAEncoder(folder, int(shape[0]), n_classes, rank, alpha, dropout, targets, client_gates,
+                           from_layer)
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.path = {path!r} is not allowed: {err}") from None
 
