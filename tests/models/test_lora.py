@@ -217,16 +217,22 @@ def test_dp_sgd_is_refused_on_the_adapted_encoder(tiny_encoder, tmp_path):
 
 
 @pytest.mark.slow
-def test_fedit_on_flowers_simulation_engine_gives_the_in_process_numbers(tiny_encoder, tmp_path):
-    """The same FedIT run on Flower's Simulation Engine: every node rebuilds the encoder from model.path, only the
-    adapters and the head travel (the same uplink bytes), and the numbers are the vectorised executor's."""
+def test_the_lora_methods_on_flowers_simulation_engine_give_the_in_process_numbers(tiny_encoder, tmp_path):
+    """The same runs on Flower's Simulation Engine: every node rebuilds the encoder from model.path, only what each
+    method shares travels (the same uplink bytes: FedIT's adapters and head; HetLoRA's with its weight; FLoRA's merged
+    update goes down in the broadcast, never up), the clients' own parts (FedSA-LoRA's B, the ranks) stay on the
+    nodes, and the numbers are the vectorised executor's."""
     pytest.importorskip("flwr")
-    methods = [{"name": "fedit", "algorithm": "fedit"}]
-    vec = _run(tiny_encoder, tmp_path / "v", "vectorised", methods, rounds=2)["fedit"]
-    flower = _run(tiny_encoder, tmp_path / "f", "flower", methods, rounds=2)["fedit"]
-    assert flower["uplink_bytes"] == vec["uplink_bytes"] == 2 * 4 * (4 * 546 + 8)  # 512 adapter floats + 34 head
-    for key in ("global_loss", "global_accuracy", "val_loss"):
-        assert flower["final"][key] == pytest.approx(vec["final"][key], rel=1e-4, abs=1e-5), key
+    methods = [{"name": m, "algorithm": m} for m in ("fedit", "ffa_lora", "fedsa_lora", "hetlora", "flora")]
+    vec = _run(tiny_encoder, tmp_path / "v", "vectorised", methods, rounds=2)
+    flower = _run(tiny_encoder, tmp_path / "f", "flower", methods, rounds=2)
+    assert flower["fedit"]["uplink_bytes"] == 2 * 4 * (4 * 546 + 8)  # 512 adapter floats + 34 head
+    for name in ("fedit", "ffa_lora", "fedsa_lora", "hetlora", "flora"):
+        assert flower[name]["uplink_bytes"] == vec[name]["uplink_bytes"], name
+        for key in ("global_loss", "global_accuracy", "val_loss", "local_accuracy_mean"):
+            if key in vec[name]["final"]:
+                assert flower[name]["final"][key] == pytest.approx(vec[name]["final"][key], rel=1e-4, abs=1e-5), (
+                    name, key)
 
 
 def _hetlora(tiny_encoder, **params):
