@@ -1,6 +1,7 @@
-"""``lira``: the Likelihood Ratio Attack, offline (Carlini, Chien, Nasr, Song, Terzis, Tramèr, S&P 2022, § VI-C):
-membership scored against what models that never saw a sample make of it, so that a sample that is easy for every
-model no longer looks like a member.
+"""``lira``: the Likelihood Ratio Attack (Carlini, Chien, Nasr, Song, Terzis, Tramèr, S&P 2022): membership scored
+against what models that never saw a sample make of it (offline, § VI-C) — or, ``online``, against both what models
+that saw it and models that did not make of it (§ IV) —, so that a sample that is easy for every model no longer looks
+like a member.
 
 ``shadows`` models of the target's architecture are trained, each on a random half of the attacker's own data from
 the population (``Queried.reference``: in a run, the public global test set, which no client trains on), by plain
@@ -33,6 +34,9 @@ class LiRAParams(ComponentParams):
     lr: float = Field(0.1, gt=0, description="the shadows' SGD step size")
     batch_size: int = Field(32, ge=1, description="the shadows' minibatch size")
     references: int = Field(2000, ge=2, description="the attacker's reference samples the shadows draw from, at most")
+    online: bool = Field(False, description="shadows trained with half of the queried samples too, each sample "
+                                            "scored against those that saw it and those that did not (needs an even "
+                                            "number of shadows, at least 4)")
 
 
 #: shadows kept per reference set (by identity, weakly: they go with it), then by architecture and parameters
@@ -49,12 +53,35 @@ def phi(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor) -> torch
         return own - torch.logsumexp(others, -1)
 
 
-def train_shadows(model: Model, x: torch.Tensor, y: torch.Tensor, params: LiRAParams, gen: torch.Generator) -> Params:
-    """``params.shadows`` models, stacked, each trained on its own random half of ``(x, y)`` by plain SGD."""
-    k, half = params.shadows, max(1, len(y) // 2)
+def random_halves(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """``[k, n // 2]``: each of ``k`` shadows' own random half of ``n`` samples."""
+    return torch.stack([torch.randperm(n, generator=gen)[: max(1, n // 2)] for _ in range(k)])
+
+
+def balanced_halves(n: int, k: int, gen: torch.Generator) -> torch.Tensor:
+    """``[k, n // 2]``: for each of ``k`` (even) shadows the samples of ``n`` it trains on, in complementary pairs
+    (shadow 2t a random half, 2t + 1 the other half), so every sample is in ``k / 2`` shadows; when ``n`` is odd each
+    pair leaves out one sample — a different one per pair while ``n ≥ k / 2`` — so that every shadow trains on as many
+    samples, and those are in one shadow fewer."""
+    half = n // 2
+    left_out = torch.randperm(n, generator=gen)[torch.arange(k // 2) % n]
+    rows = []
+    for t in range(k // 2):
+        pool = torch.arange(n) if n % 2 == 0 else torch.arange(n)[torch.arange(n) != left_out[t]]
+        order = pool[torch.randperm(len(pool), generator=gen)]
+        rows += [order[:half], order[half : 2 * half]]
+    return torch.stack(rows)
+
+
+def train_shadows(model: Model, x: torch.Tensor, y: torch.Tensor, params: LiRAParams, gen: torch.Generator,
+                  subsets: torch.Tensor | None = None) -> Params:
+    """``params.shadows`` models, stacked, each trained by plain SGD on its row of ``subsets`` (indices into
+    ``(x, y)``; default: its own random half)."""
+    k = params.shadows
     inits = [{**model.init_shared(gen), **model.init_local(gen)} for _ in range(k)]  # a shadow trains all of it
     weights = {name: torch.stack([s[name] for s in inits]).to(x.device).requires_grad_(True) for name in inits[0]}
-    halves = torch.stack([torch.randperm(len(y), generator=gen)[:half] for _ in range(k)]).to(x.device)
+    halves = (random_halves(len(y), k, gen) if subsets is None else subsets).to(x.device)
+    half = halves.shape[1]
     steps = max(1, half // params.batch_size)
     for _ in range(params.epochs):
         order = torch.stack([row[torch.randperm(half, generator=gen).to(x.device)] for row in halves])
@@ -91,6 +118,8 @@ def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Para
 
 
 def lira(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.ndarray:
+    if params.online:
+        return _online(queried, params, gen)
     shadows = _shadows(queried, params, gen)
     out = phi(queried.model, shadows, queried.x, queried.y).double()  # [shadows, samples]
     mean, std = out.mean(0), out.std(0).clamp(min=1e-3)
@@ -98,6 +127,37 @@ def lira(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.ndarr
     return norm.logcdf(((target - mean) / std).cpu().numpy())  # higher: further above what unseen samples get
 
 
+def _online(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.ndarray:
+    """Online LiRA: shadows trained with half of the queried samples each; log N(φ; μ_in, σ) − log N(φ; μ_out, σ)
+    per sample, σ pooled over the samples and both sides."""
+    k = params.shadows
+    if k < 4 or k % 2:
+        raise ValueError(f"lira with online = true needs an even number of shadows, at least 4: shadows = {k}")
+    if queried.reference is None:
+        raise ValueError("lira trains shadow models on the attacker's own data from the population: "
+                         "Queried.reference is None; expected (x, y) the target never trained on")
+    rx, ry = queried.reference
+    if len(ry) > params.references:
+        part = torch.randperm(len(ry), generator=gen)[: params.references].to(rx.device)
+        rx, ry = rx[part], ry[part]
+    m = len(queried.y)
+    held = balanced_halves(m, k, gen)  # [k, size]: the queried samples each shadow trains on
+    subsets = torch.cat([random_halves(len(ry), k, gen), held + len(ry)], 1)
+    shadows = train_shadows(queried.model, torch.cat([rx, queried.x]), torch.cat([ry, queried.y]), params, gen, subsets)
+    seen = torch.zeros(k, m, dtype=torch.bool)
+    seen[torch.arange(k).unsqueeze(1), held] = True
+    scores = phi(queried.model, shadows, queried.x, queried.y).double().cpu()  # [shadows, samples]
+    target = phi(queried.model, stacked(queried.params), queried.x, queried.y)[0].double().cpu()
+    means, residuals = [], []
+    for mask in (seen, ~seen):
+        mean = torch.where(mask, scores, 0.0).sum(0) / mask.sum(0).clamp(min=1)
+        means.append(mean.numpy())
+        residuals.append(torch.where(mask, scores - mean, 0.0).pow(2).sum())
+    sd = float((sum(residuals) / max(1, k * m - 2 * m)).sqrt().clamp(min=1e-3))  # one σ for in and out (pooled)
+    t = target.numpy()
+    return norm.logpdf(t, means[0], sd) - norm.logpdf(t, means[1], sd)
+
+
 register(LeakageAttack("lira", "model", lira, LiRAParams,
                        "membership inference calibrated per sample by shadow models that never saw it (offline "
-                       "LiRA)", "Carlini et al., S&P 2022"))
+                       "LiRA), or that saw it and did not (online)", "Carlini et al., S&P 2022"))

@@ -78,12 +78,17 @@ def _balanced(fed: Federation, clients: list[int], most: int, rng: np.random.Gen
 
 
 def _scores(leakage: LeakageConfig, model: Any, params: dict[str, torch.Tensor], x: torch.Tensor, y: torch.Tensor,
-            index: np.ndarray, seed: int, reference: tuple[torch.Tensor, torch.Tensor] | None) -> np.ndarray:
+            members: np.ndarray, others: np.ndarray, seed: int, reference: tuple[torch.Tensor, torch.Tensor] | None
+            ) -> tuple[np.ndarray, np.ndarray]:
+    """The attack's scores of the members and of the others, asked in one query (an online attack trains its shadows
+    on the candidates it is asked about: all of them at once, as the membership game poses them)."""
+    index = np.concatenate([members, others]).astype(np.int64)
     if not len(index):
-        return np.zeros(0)
+        return np.zeros(0), np.zeros(0)
     at = torch.as_tensor(index, device=x.device)
-    return np.asarray(run(leakage.kind, Queried(model, params, x[at], y[at], reference), leakage.params.model_dump(),
-                          seed))
+    scores = np.asarray(run(leakage.kind, Queried(model, params, x[at], y[at], reference),
+                            leakage.params.model_dump(), seed))
+    return scores[: len(members)], scores[len(members):]
 
 
 def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str) -> Found:
@@ -108,19 +113,20 @@ def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, se
     whole = bool(params) and {s.name for s in algo.model.specs()} <= set(params)  # FedRep's server: a body alone
     members, others = _balanced(fed, clients, leakage.samples, rng)
     if whole and view in (None, caps.federated_view):
-        out.add(_membership([_scores(leakage, algo.model, params, x, y, np.concatenate(members), seed, reference)],
-                               [_scores(leakage, algo.model, params, x, y, np.concatenate(others), seed, reference)],
-                               "global"))
+        ins, outs = _scores(leakage, algo.model, params, x, y, np.concatenate(members), np.concatenate(others), seed,
+                            reference)
+        out.add(_membership([ins], [outs], "global"))
     if clients and (view is not None or own_parameters(algo)):
         bc = algo.broadcast(server, server.round)
-        ins, outs = [], []
+        mine, theirs = [], []
         at = {k: i for i, k in enumerate(clients)}
         for chunk, pred in executor.predictors(bc, clients, view):
             for j, k in enumerate(chunk):
                 params = {name: v[j] for name, v in pred.params.items()}
-                ins.append(_scores(leakage, pred.model, params, x, y, members[at[k]], seed, reference))
-                outs.append(_scores(leakage, pred.model, params, x, y, others[at[k]], seed, reference))
-        out.add(_membership(ins, outs, "personal"))
+                ins, outs = _scores(leakage, pred.model, params, x, y, members[at[k]], others[at[k]], seed, reference)
+                mine.append(ins)
+                theirs.append(outs)
+        out.add(_membership(mine, theirs, "personal"))
     return out
 
 
