@@ -163,3 +163,29 @@ def test_a_method_that_trains_twice_on_the_data_a_round_pays_for_both_passes(tmp
     sizes = [int(n) for n in view["train"]]
     steps = [2 * 2 * max(1, -(-n // 16)) for n in sizes]  # 2 rounds × 2 passes × ⌈n / B⌉
     assert methods["ditto"]["record_epsilon"] == pytest.approx(record_epsilon(1.0, 16, sizes, steps, 1e-5))
+
+
+def test_per_sample_norms_from_the_layers_equal_torch_funcs_and_serve_only_where_they_do():
+    """Every trained parameter a dense layer's weight or bias: the norms from the layers' inputs and output gradients
+    (one forward and one backward) equal torch.func's per-sample gradients' — the first step checks it, then they
+    serve the model. A trained parameter outside the dense layers (CGAU's client rows) or used twice: not them."""
+    from hetfed.engine import record_dp
+    from hetfed.models.cgau import CGAUNet
+
+    model, params, data = _stack(sizes=(5, 7, 4))
+    xb = torch.rand(3, 6, 12, generator=torch.Generator().manual_seed(3))
+    yb = torch.randint(0, 3, (3, 6), generator=torch.Generator().manual_seed(4))
+    params = {k: v + 0.1 * torch.randn(v.shape, generator=torch.Generator().manual_seed(5)) for k, v in params.items()}
+    leaves = {k: v for k, v in params.items() if k != "layers.0.bias"}  # one held fixed: no gradient of its own
+    fixed = {"layers.0.bias": params["layers.0.bias"]}
+    ghost = record_dp.ghost_norms(model, leaves, fixed, xb, yb)
+    assert ghost is not None
+    assert torch.allclose(ghost, record_dp.vmap_norms(model, leaves, fixed, xb, yb), rtol=1e-5, atol=1e-7)
+    assert torch.equal(record_dp.per_sample_norms(model, leaves, fixed, xb, yb), ghost) and record_dp._GHOST[model]
+
+    cgau = CGAUNet(12, [8], 3, dropout=0.0)
+    gen = torch.Generator().manual_seed(6)
+    cparams = {k: torch.stack([v] * 3) for k, v in {**cgau.init_shared(gen), **cgau.init_local(gen)}.items()}
+    assert record_dp.ghost_norms(cgau, cparams, {}, xb, yb) is None  # its client rows are no dense layer's
+    tied = {**params, "tied": params[sorted(params)[0]]}
+    assert record_dp.ghost_norms(model, tied, {}, xb, yb) is None  # a trained tensor no layer reads

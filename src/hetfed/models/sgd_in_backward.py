@@ -129,6 +129,19 @@ def updating(spec: SGDInBackward) -> Iterator[SGDInBackward]:
         _ACTIVE.spec = before
 
 
+@contextmanager
+def recording() -> Iterator[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]]:
+    """Within: every :func:`linear` layer's ``(x, W, b, output)`` is appended to the list yielded (this thread): what
+    DP-SGD's per-sample gradient norms read (:func:`hetfed.engine.record_dp.ghost_norms`)."""
+    before = getattr(_ACTIVE, "recorded", None)
+    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    _ACTIVE.recorded = layers
+    try:
+        yield layers
+    finally:
+        _ACTIVE.recorded = before
+
+
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
     """``x @ W + b`` over a stack (x ``[n, b, in]``, W ``[n, in, out]``, b ``[n, out]``), its weight moved in the
     backward when a step asked for it (:func:`updating`).
@@ -137,6 +150,11 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     backward node, which runs once that node has used the weight for the input's gradient, moves it (a hook, not
     a custom ``autograd.Function``: the Function's Python forward and backward cost ~35 µs a layer and a step,
     more than the update saves on one client)."""
+    recorded = getattr(_ACTIVE, "recorded", None)
+    if recorded is not None:
+        out = torch.baddbmm(bias.unsqueeze(1), x, weight)
+        recorded.append((x, weight, bias, out))
+        return out
     spec: SGDInBackward | None = getattr(_ACTIVE, "spec", None)
     name = spec.claim(weight) if spec is not None and torch.is_grad_enabled() else None
     if name is None:
