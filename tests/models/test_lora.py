@@ -389,6 +389,13 @@ def test_flora_stacks_the_clients_adapters_into_the_exact_weighted_sum_of_their_
         assert torch.count_nonzero(merged.params[f"lora{i}.B"]) == 0
         assert not torch.equal(merged.params[f"lora{i}.A"], server.params[f"lora{i}.A"])
     assert torch.allclose(merged.params["head.bias"], torch.tensordot(p, upload.params["head.bias"], dims=1))
+    gated = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4, client_gates=True)  # the clients' own rows train and stay
+    algo = build_algorithm("flora", gated, TrainConfig(batch_size=8, optimizer={"kind": "adam", "lr": 0.05}), seed=0)
+    _server, _bc, states, data = _stack(algo, tiny_encoder, [4, 4, 4])
+    bc = algo.broadcast(algo.server_init(torch.Generator().manual_seed(0)), 0)
+    bc.params["lora0.B"] += 0.1
+    upload, new = algo.local_update(bc, states, data)
+    assert torch.count_nonzero(new["lora0.gate"]) and "lora0.gate" not in upload.params
 
 
 def test_flora_trains_from_a_config_sends_its_adapters_and_refuses_another_server_rule(tiny_encoder, tmp_path):
@@ -396,7 +403,8 @@ def test_flora_trains_from_a_config_sends_its_adapters_and_refuses_another_serve
     from hetfed.models.lora import LoRAEncoder
 
     rows = _run(tiny_encoder, tmp_path, "vectorised", [{"name": "flora", "algorithm": "flora",
-                                                         "params": {"ranks": [1, 2, 3, 4]}}])
+                                                         "params": {"ranks": [1, 2, 3, 4]}},
+                                                        ])
     assert rows["flora"]["final"]["global_accuracy"] > 0.8, rows["flora"]["final"]
     shared = LoRAEncoder(str(tiny_encoder), 12, 2, rank=4).adapter_floats() + 16 * 2 + 2
     assert rows["flora"]["uplink_bytes"] == 6 * 4 * (4 * shared + 8)

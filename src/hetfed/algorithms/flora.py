@@ -81,7 +81,8 @@ class FLoRA(ClientRanks):
         start, kept_opt, ranks = self._cut(bc, states, n)
         params, opt_state, loss = train_clients(self, self._with_merged(start, bc, n), kept_opt, data, bc.lr,
                                                 trainable=list(start))  # the merged update held fixed
-        return Upload.of(data, params, bc.params, loss), {**opt_state, RANK: ranks}
+        local = {k: params[k] for k in start if k not in bc.params}  # a model's own local parameters (client gates)
+        return Upload.of(data, params, bc.params, loss), {**local, **opt_state, RANK: ranks}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         params, _opt, _ranks = self._cut(bc, states, n)
