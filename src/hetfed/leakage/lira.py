@@ -153,7 +153,7 @@ def _online(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.nd
         mean = torch.where(mask, scores, 0.0).sum(0) / mask.sum(0).clamp(min=1)
         means.append(mean.numpy())
         residuals.append(torch.where(mask, scores - mean, 0.0).pow(2).sum())
-    sd = float((sum(residuals) / max(1, k * m - 2 * m)).sqrt().clamp(min=1e-3))  # one σ for in and out (pooled)
+    sd = max(1e-3, float(((residuals[0] + residuals[1]) / max(1, k * m - 2 * m)).sqrt()))  # one σ, in and out
     t = target.numpy()
     return norm.logpdf(t, means[0], sd) - norm.logpdf(t, means[1], sd)
 
