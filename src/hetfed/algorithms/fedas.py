@@ -22,8 +22,6 @@ model (PFLlib's too: its clients start from one copy of the global model).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -145,9 +143,7 @@ class FedAS(PartlyPersonal):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """The bodies weighted by the clients' Fisher traces (by sample counts if every trace is 0)."""
-        if upload.client_ids and float(upload.extra["fisher_trace"].sum()) > 0:
-            upload = replace(upload, num_samples=upload.extra["fisher_trace"].to(upload.num_samples))
-        params, extra = server_step(self, state, upload)
+        params, extra = server_step(self, state, upload.weighted_by("fisher_trace"))
         return ServerState(params, state.round + 1, extra)
 
 

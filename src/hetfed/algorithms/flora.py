@@ -25,7 +25,7 @@ import torch
 
 from hetfed.algorithms.build import METHOD_KEY
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.algorithms.hetlora import RANK, ClientRanks, RanksParams
+from hetfed.algorithms.hetlora import ClientRanks, RanksParams
 from hetfed.algorithms.registry import AlgorithmSpec, Capabilities, PrivacyRow, register
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.rng import SERVER_ROUND, torch_gen
@@ -81,8 +81,7 @@ class FLoRA(ClientRanks):
         start, kept_opt, ranks = self._cut(bc, states, n)
         params, opt_state, loss = train_clients(self, self._with_merged(start, bc, n), kept_opt, data, bc.lr,
                                                 trainable=list(start))  # the merged update held fixed
-        local = {k: params[k] for k in start if k not in bc.params}  # a model's own local parameters (client gates)
-        return Upload.of(data, params, bc.params, loss), {**local, **opt_state, RANK: ranks}
+        return Upload.of(data, params, bc.params, loss), self._kept(bc, start, params, opt_state, ranks)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         params, _opt, _ranks = self._cut(bc, states, n)

@@ -20,8 +20,6 @@ a client of rank ``r_k`` must send (``r_k / r`` of its adapters).
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import torch
 from pydantic import Field
 
@@ -103,6 +101,13 @@ class ClientRanks(FedAvg):
         top = self.model.rank  # type: ignore[attr-defined]
         return self._truncated({**bc.stacked(n), **local}, rank_mask(ranks, top)), kept_opt, ranks
 
+    @staticmethod
+    def _kept(bc: Broadcast, start: Params, params: Params, opt_state: ClientState, ranks: torch.Tensor
+              ) -> ClientState:
+        """What the clients keep after a step: the trained values of the parameters of their own (the model's local
+        ones: client gates), their optimiser state and their ranks — every name the store held for them."""
+        return {**{k: params[k] for k in start if k not in bc.params}, **opt_state, RANK: ranks}
+
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """A client scores the global adapters cut to its own rank (what it trains from)."""
         params, _opt, _ranks = self._cut(bc, states, n)
@@ -133,10 +138,8 @@ class HetLoRA(ClientRanks):
             with torch.no_grad():
                 pruned = self._tail_norms(params, tail) < self._tail_norms(start, tail)
             ranks = torch.where(pruned & (kept < ranks), kept, ranks)
-        upload = Upload.of(data, params, bc.params, loss)
-        upload = replace(upload, extra={**upload.extra, SPARSITY: self._sparsity(params).to(loss.device)})
-        local = [k for k in start if k not in bc.params]
-        return upload, {**{k: params[k] for k in local}, **opt_state, RANK: ranks}
+        upload = Upload.of(data, params, bc.params, loss, **{SPARSITY: self._sparsity(params).to(loss.device)})
+        return upload, self._kept(bc, start, params, opt_state, ranks)
 
     def _sparsity(self, params: Params) -> torch.Tensor:
         """``[n]``: each client's ``Σ_layers ‖B_k A_k‖_F``, its update's size (the aggregation's weight)."""
@@ -146,9 +149,7 @@ class HetLoRA(ClientRanks):
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """The chain's weighted mean by the sparsity weights (by sample counts while every adapter is zero)."""
-        if upload.client_ids and float(upload.extra[SPARSITY].sum()) > 0:
-            upload = replace(upload, num_samples=upload.extra[SPARSITY].to(upload.num_samples))
-        params, extra = server_step(self, state, upload)
+        params, extra = server_step(self, state, upload.weighted_by(SPARSITY))
         return ServerState(params, state.round + 1, extra)
 
 

@@ -49,17 +49,15 @@ _GHOST: weakref.WeakKeyDictionary[Model, bool] = weakref.WeakKeyDictionary()
 def per_sample_norms(model: Model, leaves: Params, fixed: Params, xb: torch.Tensor, yb: torch.Tensor) -> torch.Tensor:
     """‖∇_θ ℓ(θ_j; x_ji, y_ji)‖ over the trained parameters, for every client j and row i → ``[n, batch]``: from the
     dense layers' inputs and output gradients where they give ``torch.func``'s numbers (checked on the model's first
-    step, to 1e-4), else by ``torch.func``."""
+    step, to 1e-4, and whenever the step's trained parameters are all dense layers'), else by ``torch.func``."""
     ok = _GHOST.get(model)
-    if ok is False:
-        return vmap_norms(model, leaves, fixed, xb, yb)
-    ghost = ghost_norms(model, leaves, fixed, xb, yb)
+    ghost = None if ok is False else ghost_norms(model, leaves, fixed, xb, yb)
+    if ghost is not None and ok:
+        return ghost
+    reference = vmap_norms(model, leaves, fixed, xb, yb)
     if ok is None:
-        reference = vmap_norms(model, leaves, fixed, xb, yb)
         ok = _GHOST[model] = ghost is not None and torch.allclose(ghost, reference, rtol=1e-4, atol=1e-6)
-        return ghost if ghost is not None and ok else reference
-    assert ghost is not None
-    return ghost
+    return ghost if ghost is not None and ok else reference
 
 
 def ghost_norms(model: Model, leaves: Params, fixed: Params, xb: torch.Tensor, yb: torch.Tensor

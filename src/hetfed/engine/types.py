@@ -123,6 +123,13 @@ class Upload:
                        num_samples=self.num_samples[start:stop],
                        extra={k: v[start:stop] for k, v in self.extra.items()})
 
+    def weighted_by(self, key: str) -> Upload:
+        """This upload with each client's weight in the server's mean read from its extra ``key`` (FedAS's Fisher
+        traces, HetLoRA's ‖B A‖) instead of its sample count — unless every one of them is 0: the counts then stay."""
+        if self.client_ids and float(self.extra[key].sum()) > 0:
+            return replace(self, num_samples=self.extra[key].to(self.num_samples))
+        return self
+
     @classmethod
     def of(cls, data: ClientData, params: Params, names: Iterable[str], loss: torch.Tensor,
            **extra: torch.Tensor) -> Upload:

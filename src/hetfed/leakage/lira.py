@@ -96,11 +96,25 @@ def train_shadows(model: Model, x: torch.Tensor, y: torch.Tensor, params: LiRAPa
     return {name: w.detach() for name, w in weights.items()}
 
 
-def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Params:
+def _reference(queried: Queried) -> tuple[torch.Tensor, torch.Tensor]:
+    """The attacker's own samples from the population, which the shadows train on."""
     if queried.reference is None:
         raise ValueError("lira trains shadow models on the attacker's own data from the population: "
                          "Queried.reference is None; expected (x, y) the target never trained on")
-    x, y = queried.reference
+    return queried.reference
+
+
+def _at_most(x: torch.Tensor, y: torch.Tensor, params: LiRAParams, gen: torch.Generator
+             ) -> tuple[torch.Tensor, torch.Tensor]:
+    """At most ``params.references`` of the reference samples, drawn at random (the shadows' cost grows with them)."""
+    if len(y) <= params.references:
+        return x, y
+    part = torch.randperm(len(y), generator=gen)[: params.references].to(x.device)
+    return x[part], y[part]
+
+
+def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Params:
+    x, y = _reference(queried)
     at = id(x)
     held = _SHADOWS.get(at)
     if held is None or held[0]() is not x:  # a new reference set (a tensor's id may be reused once it is gone)
@@ -110,10 +124,7 @@ def _shadows(queried: Queried, params: LiRAParams, gen: torch.Generator) -> Para
     key = (f"{type(model).__module__}.{type(model).__qualname__}",
            tuple((s.name, tuple(s.shape), s.local) for s in model.specs()), params.model_dump_json())
     if key not in kept:
-        if len(y) > params.references:  # the shadows' cost grows with the reference set: a random part of it
-            part = torch.randperm(len(y), generator=gen)[:params.references].to(x.device)
-            x, y = x[part], y[part]
-        kept[key] = train_shadows(queried.model, x, y, params, gen)
+        kept[key] = train_shadows(queried.model, *_at_most(x, y, params, gen), params, gen)
     return kept[key]
 
 
@@ -133,13 +144,7 @@ def _online(queried: Queried, params: LiRAParams, gen: torch.Generator) -> np.nd
     k = params.shadows
     if k < 4 or k % 2:
         raise ValueError(f"lira with online = true needs an even number of shadows, at least 4: shadows = {k}")
-    if queried.reference is None:
-        raise ValueError("lira trains shadow models on the attacker's own data from the population: "
-                         "Queried.reference is None; expected (x, y) the target never trained on")
-    rx, ry = queried.reference
-    if len(ry) > params.references:
-        part = torch.randperm(len(ry), generator=gen)[: params.references].to(rx.device)
-        rx, ry = rx[part], ry[part]
+    rx, ry = _at_most(*_reference(queried), params, gen)
     m = len(queried.y)
     held = balanced_halves(m, k, gen)  # [k, size]: the queried samples each shadow trains on
     subsets = torch.cat([random_halves(len(ry), k, gen), held + len(ry)], 1)

@@ -100,6 +100,10 @@ def _layer_of(name: str) -> int:
     return int(parts[2]) if len(parts) > 2 and parts[1] == "layer" and parts[2].isdigit() else 0
 
 
+class FromLayerError(ValueError):
+    """``from_layer`` does not fit the encoder (not BERT-like, or no layer of that number above layer 0)."""
+
+
 class FrozenBelow:
     """An encoder split at layer ``k``: what its embeddings and first ``k`` layers make of each text (frozen and never
     adapted, so the same every time) computed once per distinct text of ids and kept on its device, keyed by the ids'
@@ -112,11 +116,12 @@ class FrozenBelow:
     def __init__(self, base: Any, k: int) -> None:
         for needed in ("embeddings", "encoder", "_create_attention_masks"):
             if not hasattr(base, needed):
-                raise ValueError(f"from_layer needs a BERT-like encoder (embeddings, encoder.layer); "
-                                 f"{type(base).__name__} has no {needed!r}")
-        layers = base.encoder.layer
-        if not 0 < k < len(layers):
-            raise ValueError(f"from_layer = {k}: expected 1 to {len(layers) - 1} ({len(layers)} layers)")
+                raise FromLayerError(f"expected a BERT-like encoder (embeddings, encoder.layer); "
+                                     f"{type(base).__name__} has no {needed!r}")
+        layers = len(base.encoder.layer)
+        if not 0 < k < layers:
+            raise FromLayerError(f"expected 0 (every layer adapted) or 1 to {layers - 1} (the encoder has {layers} "
+                                 "layers)")
         self.base, self.k = base, k
         self.kept: dict[bytes, torch.Tensor] = {}
         self._lock = threading.Lock()
@@ -125,9 +130,8 @@ class FrozenBelow:
         return self.base._create_attention_masks(attention_mask=mask.long(), encoder_attention_mask=None,
                                                  embedding_output=hidden, encoder_hidden_states=None, cache=None)[0]
 
-    def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """``[texts, L, d]``: the hidden states after the first ``k`` layers (computed for texts not seen yet), and
-        the mask."""
+    def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """``[texts, L, d]``: the hidden states after the first ``k`` layers (computed for texts not seen yet)."""
         keys = [row.tobytes() for row in ids.cpu().numpy()]
         with self._lock:
             first: dict[bytes, int] = {}
@@ -144,7 +148,7 @@ class FrozenBelow:
                         hidden = layer(hidden, extended)
                 for j, h in zip(new, hidden, strict=True):
                     self.kept[keys[j]] = h
-            return torch.stack([self.kept[key] for key in keys]), mask
+            return torch.stack([self.kept[key] for key in keys])
 
     def upper(self, hidden: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """The layers from ``k`` up on the kept hidden states (with the adapters of the running forward)."""
@@ -180,14 +184,16 @@ class LoRAEncoder(Model):
         self.rank, self.alpha, self.p, self.targets = rank, alpha, dropout, tuple(targets)
         self.scaling = alpha / rank
         base, names, self.pad_id = load_base(path)
+        self.below = FrozenBelow(base, from_layer) if from_layer > 0 else None
         self.adapted = tuple(n for n in names if n.rsplit(".", 1)[-1] in self.targets and _layer_of(n) >= from_layer)
         if not self.adapted:
             raise ValueError(f"no linear layer of the encoder at {path} from layer {from_layer} up is named one of "
                              f"{list(self.targets)}")
-        self.below = FrozenBelow(base, from_layer) if from_layer > 0 else None
         self.hidden = int(base.config.hidden_size)
         modules = dict(base.named_modules())
         self._specs = []
+        #: each adapted layer's weight shape (out, in)
+        self._shapes = [(modules[name].base.out_features, modules[name].base.in_features) for name in self.adapted]
         for i, name in enumerate(self.adapted):
             layer = modules[name].base
             self._specs += [ParamSpec(f"lora{i}.A", (rank, layer.in_features), kaiming_a),
@@ -224,7 +230,7 @@ class LoRAEncoder(Model):
             if self.below is None:
                 hidden = self.base(input_ids=ids, attention_mask=mask.long()).last_hidden_state  # [n·b, L, d]
             else:
-                hidden = self.below.upper(*self.below.lower(ids, mask))
+                hidden = self.below.upper(self.below.lower(ids, mask), mask)
         weights = mask.unsqueeze(-1).to(hidden.dtype)
         pooled = (hidden * weights).sum(1) / weights.sum(1).clamp(min=1.0)
         return pooled.reshape(n, batch, -1)
@@ -250,7 +256,7 @@ class LoRAEncoder(Model):
 
     def adapted_shapes(self) -> list[tuple[int, int]]:
         """Each adapted layer's weight shape ``(out, in)``."""
-        return [(s.shape[0], self._specs[j - 1].shape[1]) for j, s in enumerate(self._specs) if s.name.endswith(".B")]
+        return list(self._shapes)
 
     def adapter_floats(self) -> int:
         """One client's adapters (what travels), in floats."""

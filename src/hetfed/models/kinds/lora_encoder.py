@@ -35,24 +35,17 @@ class LoRAEncoderParams(ComponentParams):
 
 def build(shape, n_classes, vocab_size, path, rank, alpha, dropout, targets, from_layer, client_gates):
     try:
-        from hetfed.models.lora import LoRAEncoder, load_base
+        from hetfed.models.lora import FromLayerError, LoRAEncoder
     except ImportError:  # pragma: no cover - the extra is missing
         raise MissingExtraError("model.kind = 'lora_encoder' needs transformers: pip install 'hetfed[peft]'") from None
     if len(shape) != 1:
         raise ConfigError(f"model.kind = 'lora_encoder' is not allowed for inputs of shape {tuple(shape)}: expected "
                           "its tokenizer's ids (embed.kind = 'wordpiece')")
-    folder = encoder_path(path)
-    if from_layer:
-        try:
-            layers = int(getattr(load_base(folder)[0].config, "num_hidden_layers", 0))
-        except OSError as err:
-            raise ConfigError(f"model.path = {path!r} is not allowed: {err}") from None
-        if not 0 < from_layer < layers:
-            raise ConfigError(f"model.from_layer = {from_layer} is not allowed: expected 0 (every layer adapted) or 1 "
-                              f"to {layers - 1} (the encoder at {folder} has {layers} layers)")
     try:
-        return LoRAEncoder(folder, int(shape[0]), n_classes, rank, alpha, dropout, targets, client_gates,
+        return LoRAEncoder(encoder_path(path), int(shape[0]), n_classes, rank, alpha, dropout, targets, client_gates,
                            from_layer)
+    except FromLayerError as err:
+        raise ConfigError(f"model.from_layer = {from_layer} is not allowed: {err}") from None
     except (OSError, ValueError) as err:
         raise ConfigError(f"model.path = {path!r} is not allowed: {err}") from None
 
