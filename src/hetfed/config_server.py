@@ -60,8 +60,9 @@ class LeakageConfig(Chosen):
     A membership attack (``loss_threshold``, ``lira``) scores the model the run reports — the server's, and each
     client's own where the method has one — on up to ``samples`` training samples (members) and as many held-out
     test samples; an inversion attack (``dlg``, ``idlg``, ``inverting_gradients``, ``label_counts``) reads what
-    client ``client`` uploads in round ``round``. Simulated by the in-process executors (they hold every client's
-    data to score the attack against)."""
+    client ``client`` uploads in round ``round`` — on Flower what the server receives of it: the node's reply, its
+    cohort's mean where the node summed it, the round's mean under SecAgg+. Scored against the clients' samples the
+    server's process drew the federation from (SuperNodes' own data is refused)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("leakage", "kind")
 

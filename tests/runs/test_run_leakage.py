@@ -70,8 +70,7 @@ def test_the_inverted_upload_is_the_one_the_client_sent(tmp_path):
     seen = {}
 
     def spy(self, rnd, bc, clients, executor):
-        upload = executor.upload_of(bc, 2)
-        seen.update(obs=observed(self.spec, self.fed, bc, upload.params, 2), pool=executor.pool, fed=self.fed)
+        seen.update(obs=observed(self.spec, self.fed, bc, executor.watch(bc, 2)), pool=executor.pool, fed=self.fed)
         original(self, rnd, bc, clients, executor)
 
     original = InversionObserver.sending

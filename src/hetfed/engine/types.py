@@ -190,6 +190,25 @@ class StreamedUpload(Upload):
     mean: Params = field(default_factory=dict)
 
 
+@dataclass(frozen=True, eq=False)
+class Seen:
+    """What the server holds of one client's update in a round, decoded: what an attack on that update reads.
+
+    ``params`` (one row) are the client's own uploaded parameters — or, where the update reached the server only
+    summed with others' (a Flower node's cohort, SecAgg+'s round), the sum's sample-weighted mean; ``clients`` are
+    the clients whose training samples it went over (the client alone, or everyone in the sum)."""
+
+    params: Params
+    clients: list[int]
+
+    @classmethod
+    def of(cls, upload: Upload, client: int) -> Seen:
+        """``client``'s part of a decoded upload: its own row, or the mean of a reduced upload it is summed in."""
+        if isinstance(upload, StreamedUpload):
+            return cls({k: v.unsqueeze(0) for k, v in upload.mean.items()}, list(upload.client_ids))
+        return cls(upload.take([upload.client_ids.index(client)]).params, [client])
+
+
 class RoundUploads:
     """Collects the uploads of a round's chunks with memory independent of the client count.
 

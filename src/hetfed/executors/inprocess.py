@@ -42,6 +42,7 @@ from hetfed.engine.types import (
     ClientState,
     Params,
     RoundUploads,
+    Seen,
     Upload,
     concat_uploads,
     in_id_order,
@@ -314,17 +315,22 @@ class InProcessExecutor:
         self._keep(chunk, new, residual)
         return upload
 
-    def upload_of(self, bc: Broadcast, client: int) -> Upload:
-        """What ``client`` sends for ``bc`` as the server decodes it (its round's random streams, compression
-        applied), its stored state left as it is: the upload an attack on one client reads, computed beside the
-        round's own training (which it does not change)."""
+    def watch(self, bc: Broadcast, client: int) -> Seen | None:
+        """What the server will hold of ``client``'s update for ``bc`` (an attack on one client reads it): here, what
+        it sends as the server decodes it (its round's random streams, compression applied), computed now beside
+        the round's own training, which it does not change (the client's stored state is left as it is). An
+        executor that learns it only from the round's replies returns None and hands it over in :meth:`watched`."""
         self._ensure_residuals(bc.params)
         chunk = [client]
         data = client_data(self.pool, chunk, bc.round)
         upload, new = self.algo.local_update(bc.for_clients(chunk, self.device), self._stacked(chunk), data)
         residual = self._residuals(chunk) if self.transport.error_feedback else {}
         upload, _ = self.transport.send(upload, bc.params, residual, data.seeds, still_read=tuple(new.values()))
-        return upload
+        return Seen(upload.params, [client])
+
+    def watched(self) -> Seen | None:
+        """Nothing: :meth:`watch` gave it at once."""
+        return None
 
     def predictors(self, bc: Broadcast, clients: list[int], view: str | None = None
                    ) -> Iterator[tuple[list[int], Predictor]]:

@@ -24,7 +24,7 @@ from flwr.app import ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
 from hetfed.config import FlowerConfig, dump_config
-from hetfed.engine.types import Broadcast, Upload
+from hetfed.engine.types import Broadcast, Seen, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
 from hetfed.flower.audit import append
@@ -74,6 +74,8 @@ class FlowerExecutor:
         #: seconds of the last evaluation exchange that carried the next round's training (the driver counts them
         #: as training: :func:`hetfed.executors.updates.ride_next_round`)
         self.ride_seconds = 0.0
+        self._watching: tuple[int, int] | None = None  # (round, client) whose update an attack reads
+        self._seen: Seen | None = None
 
     # -- set-up: which node holds which clients
     def start(self, run: RunSpec, fed, device: torch.device) -> None:
@@ -324,8 +326,31 @@ class FlowerExecutor:
         if got < min(self.flower.min_replies, len(clients)):
             raise RoundSkipped(bc.round, got, self.flower.min_replies)
         # compressed updates arrive encoded (what travelled): the chain decodes them, then screens
-        return self.run.receiving_encoded(bc.params, [records_to_upload(answered[node][1], self.device)
-                                                      for node in sorted(answered, key=lambda n: answered[n][0][0])])
+        uploads = [records_to_upload(answered[node][1], self.device)
+                   for node in sorted(answered, key=lambda n: answered[n][0][0])]
+        self._note_seen(bc, uploads, decode=True)
+        return self.run.receiving_encoded(bc.params, uploads)
+
+    def watch(self, bc: Broadcast, client: int) -> Seen | None:
+        """Keep what the server receives of ``client``'s update in round ``bc.round`` (an attack reads it): its
+        node's reply decoded — its own row, or its cohort's mean where the node summed them — or, under SecAgg+, the
+        round's mean. Known only once the replies are in: :meth:`watched` hands it over after :meth:`train`."""
+        self._watching, self._seen = (bc.round, client), None
+        return None
+
+    def watched(self) -> Seen | None:
+        """What :meth:`watch` asked for (None: the client's node did not reply in time)."""
+        seen, self._seen, self._watching = self._seen, None, None
+        return seen
+
+    def _note_seen(self, bc: Broadcast, uploads: list[Upload], decode: bool) -> None:
+        if self._watching is None or self._watching[0] != bc.round:
+            return
+        client = self._watching[1]
+        for upload in uploads:
+            if client in upload.client_ids:
+                got = self.run.chain.transport.decode(upload, bc.params) if decode else upload
+                self._seen = Seen.of(got, client)
 
     def _train_secure(self, bc: Broadcast, clients: list[int]) -> Upload:
         """A round's training under Flower's SecAgg+ (:mod:`hetfed.flower.secure`): four exchanges, at the end of
@@ -361,6 +386,7 @@ class FlowerExecutor:
                 f"warning: round {bc.round}: a node's weighted update reached {seen['largest']:.3g}, beyond "
                 f"flower.secaggplus.clipping_range = {self.flower.secaggplus.clipping_range:g}: SecAgg+ clipped it",
                 style="yellow", soft_wrap=True)
+        self._note_seen(bc, [upload], decode=False)  # the round's mean: all the server ever holds of a client
         uploads = self.run.receiving(bc.params, stream=False)
         uploads.add(upload)
         return uploads.result()

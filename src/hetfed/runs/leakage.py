@@ -23,16 +23,17 @@ from __future__ import annotations
 
 import contextlib
 import math
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING, Any, cast
 
 import numpy as np
 import torch
 
+from hetfed.engine.evaluate import global_test
 from hetfed.engine.rng import LEAKAGE, derive_seed, torch_gen
-from hetfed.engine.types import Broadcast, ServerState
+from hetfed.engine.types import Broadcast, Seen, ServerState
 from hetfed.executors.updates import RoundObserver
-from hetfed.interface import Algorithm, global_params, own_parameters
+from hetfed.interface import global_params, own_parameters
 from hetfed.leakage import ATTACKS, Observed, Queried, run
 from hetfed.leakage import metrics as scored
 from hetfed.run_spec import RunSpec
@@ -98,13 +99,23 @@ def _membership(members: list[np.ndarray], others: list[np.ndarray], prefix: str
                  {f"{prefix}_members": ins, f"{prefix}_others": outs})
 
 
-def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, server: ServerState,
-               leakage: LeakageConfig, seed: int, view: str | None = None) -> Found:
+def membership(spec: RunSpec, executor: Executor, fed: Federation, server: ServerState, leakage: LeakageConfig,
+               view: str | None = None) -> Found:
     """The membership attack on the server's model (when the method's server holds a whole one and ``view`` is its
-    federated one) and on each client's own model (a method with personal parameters, or ``view``): AUC and TPR at
-    1 % FPR."""
-    x, y = executor.pool.x, executor.pool.y
-    reference = (executor.x_global, executor.y_global)  # public, no client's: what a calibrated attack trains on
+    federated one) and on each client's own model (a method with personal parameters, or ``view``) where the
+    clients' models are in process: AUC and TPR at 1 % FPR. On Flower the personal models stay on the nodes, where
+    the server cannot query them: the server's own model alone."""
+    algo, seed = spec.algo, spec.seed
+    pool = getattr(executor, "pool", None)
+    if pool is not None:
+        x, y = pool.x, pool.y
+        reference = (executor.x_global, executor.y_global)  # type: ignore[attr-defined]
+    else:  # the samples the server's process drew the federation from (the simulation's, to score the attack)
+        device = next(iter(server.params.values())).device
+        x = torch.as_tensor(np.asarray(fed.x, dtype=np.float32), device=device)
+        y = torch.as_tensor(np.asarray(fed.y, dtype=np.int64), device=device)
+        reference = global_test(fed, spec.train, seed, device)
+    # reference: public, no client's — what a calibrated attack trains on
     clients = [k for k in range(fed.n_clients) if not fed.opted_out[k] and len(fed.train[k]) and len(fed.test[k])]
     rng = np.random.default_rng(derive_seed(seed, LEAKAGE))
     out = Found()
@@ -116,11 +127,11 @@ def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, se
         ins, outs = _scores(leakage, algo.model, params, x, y, np.concatenate(members), np.concatenate(others), seed,
                             reference)
         out.add(_membership([ins], [outs], "global"))
-    if clients and (view is not None or own_parameters(algo)):
+    if clients and pool is not None and (view is not None or own_parameters(algo)):
         bc = algo.broadcast(server, server.round)
         mine, theirs = [], []
         at = {k: i for i, k in enumerate(clients)}
-        for chunk, pred in executor.predictors(bc, clients, view):
+        for chunk, pred in cast("InProcessExecutor", executor).predictors(bc, clients, view):
             for j, k in enumerate(chunk):
                 params = {name: v[j] for name, v in pred.params.items()}
                 ins, outs = _scores(leakage, pred.model, params, x, y, members[at[k]], others[at[k]], seed, reference)
@@ -131,12 +142,14 @@ def membership(algo: Algorithm, executor: InProcessExecutor, fed: Federation, se
 
 
 class InversionObserver(RoundObserver):
-    """Takes client ``leakage.client``'s upload in round ``leakage.round`` as the server decodes it, and attacks it
-    there (the round's model is gone after it); :attr:`found` is what the attack learnt."""
+    """Takes what the server holds of client ``leakage.client``'s update in round ``leakage.round``
+    (:meth:`~hetfed.executors.inprocess.InProcessExecutor.watch`: in process at once, on Flower from the round's
+    replies) and attacks it against the parameters the round sent; :attr:`found` is what the attack learnt."""
 
     def __init__(self, spec: RunSpec, fed: Federation, leakage: LeakageConfig):
         self.spec, self.fed, self.leakage = spec, fed, leakage
         self.found = Found()
+        self._waiting: tuple[Broadcast, Any] | None = None  # the round's broadcast and the executor to ask
 
     def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
         k = self.leakage.client
@@ -145,40 +158,58 @@ class InversionObserver(RoundObserver):
         if k not in clients:  # not sampled, dropped or late that round: the server received nothing of it
             self.found = Found({"sent": 0.0})
             return
-        upload = executor.upload_of(bc, k)  # type: ignore[attr-defined]
-        self.found = Found({"sent": 1.0})
-        self.found.add(attack_upload(self.spec, self.fed, executor, bc, upload, self.leakage))
+        seen = executor.watch(bc, k)  # type: ignore[attr-defined]
+        if seen is not None:
+            self._attack(bc, seen)
+        else:  # the round's model is replaced before the replies are read: keep what was sent
+            self._waiting = (replace(bc, params={n: v.detach().clone() for n, v in bc.params.items()}), executor)
+
+    def trained(self, rnd: int, metrics: dict[str, float]) -> None:
+        if self._waiting is None or rnd != self.leakage.round:
+            return
+        (bc, executor), self._waiting = self._waiting, None
+        seen = executor.watched()
+        if seen is None:  # its node failed or did not reply in time
+            self.found = Found({"sent": 0.0})
+        else:
+            self._attack(bc, seen)
+
+    def _attack(self, bc: Broadcast, seen: Seen) -> None:
+        self.found = Found({"sent": 1.0, "clients_in_update": float(len(seen.clients))})
+        self.found.add(attack_upload(self.spec, self.fed, bc, seen, self.leakage))
 
 
-def observed(spec: RunSpec, fed: Federation, bc: Broadcast, sent: dict[str, torch.Tensor], client: int) -> Observed:
-    """The client's upload as the attack reads it: the parameters the server sent (what the client keeps to
-    itself taken as for an unseen client, or freshly initialised from the run's seed), the update on the names it sent,
-    and the protocol (step size, steps,
-    the samples they went over)."""
+def observed(spec: RunSpec, fed: Federation, bc: Broadcast, seen: Seen) -> Observed:
+    """What the server holds of a client's update as the attack reads it: the parameters the server sent (what the
+    client keeps to itself taken as for an unseen client, or freshly initialised from the run's seed), the update
+    on the names it sent, and the protocol (step size, steps, the samples they went over — of every client in the
+    update where it came summed with others')."""
     device, algo, seed = next(iter(bc.params.values())).device, spec.algo, spec.seed
     unseen = algo.model.local_for_unseen_client(device)
     guessed = {k: v.to(device) for k, v in algo.model.init_shared(torch_gen(seed, LEAKAGE)).items()
                if k not in bc.params}  # a part the server never holds (FedRep's head): a fresh initialisation
     params = {**guessed, **{k: v.detach() for k, v in bc.params.items()}, **unseen}
-    update = {k: (v[0] - bc.params[k]).detach() for k, v in sent.items()}
+    update = {k: (v[0].to(device) - bc.params[k]).detach() for k, v in seen.params.items()}
+    return Observed(algo.model, params, update, float(bc.lr), tuple(fed.input_shape), steps=1,
+                    batch=sum(_samples_seen(spec, fed, k) for k in seen.clients))
+
+
+def _samples_seen(spec: RunSpec, fed: Federation, client: int) -> int:
+    """How many of its samples a client's update goes over: all of them for an epoch, its steps × B else."""
     n = len(fed.train[client])
-    steps = spec.schedule.n_steps(n)
-    seen = min(n, steps * spec.schedule.batch_size)
-    return Observed(algo.model, params, update, float(bc.lr), tuple(fed.input_shape), steps=1, batch=seen)
+    return min(n, spec.schedule.n_steps(n) * spec.schedule.batch_size)
 
 
-def attack_upload(spec: RunSpec, fed: Federation, executor: Executor, bc: Broadcast, upload: Any,
-                  leakage: LeakageConfig) -> Found:
-    """The inversion attack on one client's upload, scored against the samples it trained on."""
-    k, seed = leakage.client, spec.seed
-    target = observed(spec, fed, bc, upload.params, k)
-    got = run(leakage.kind, target, leakage.params.model_dump(), derive_seed(seed, LEAKAGE, k))
-    pool = executor.pool  # type: ignore[attr-defined]
-    at = torch.as_tensor(fed.train[k], device=pool.x.device)
-    truth_x = pool.x[at].reshape(len(at), *fed.input_shape).cpu().numpy()
-    truth_y = pool.y[at].cpu().numpy()
+def attack_upload(spec: RunSpec, fed: Federation, bc: Broadcast, seen: Seen, leakage: LeakageConfig) -> Found:
+    """The inversion attack on what the server holds of a client's update, scored against the samples it went over
+    (the client's, or those of everyone summed with it)."""
+    target = observed(spec, fed, bc, seen)
+    got = run(leakage.kind, target, leakage.params.model_dump(), derive_seed(spec.seed, LEAKAGE, leakage.client))
+    at = np.concatenate([fed.train[k] for k in seen.clients])
+    truth_x = np.asarray(fed.x[at], dtype=np.float32).reshape(len(at), *fed.input_shape)
+    truth_y = np.asarray(fed.y[at])
     guess_y = got.y.cpu().numpy()
-    # of the labels it could have recovered — the update went over min(n_k, its steps × B) of the client's samples
+    # of the labels it could have recovered — the update went over min(n_k, its steps × B) samples of each client
     matched = scored.labels_recovered(truth_y, guess_y) * len(truth_y)
     out = Found({"labels_recovered": matched / min(len(truth_y), len(guess_y)) if len(guess_y) else math.nan,
                  "reconstructed": float(len(got.x))})

@@ -23,6 +23,7 @@ from hetfed.errors import ConfigError, RunError
 from hetfed.executors.inprocess import check_memory
 from hetfed.executors.kinds import ExecutorKind, executor_for
 from hetfed.interface import Algorithm
+from hetfed.partition import NodesFederation
 from hetfed.registry import registry_of
 from hetfed.run_spec import RunSpec
 
@@ -153,16 +154,18 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
 
 def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpec, kind: ExecutorKind,
                    fed: Federation) -> None:
-    """An attack by the server (``leakage``) needs every client's data to be scored against (in process), and an
-    inversion a model update, sent in a round that comes, by a client that joins, of samples the attack can read."""
+    """An attack by the server (``leakage``) needs the clients' data to be scored against (the simulation's: not
+    SuperNodes' own), and an inversion a model update, sent in a round that comes, by a client that joins, of samples
+    the attack can read — on Flower, where a node may send its cohort summed and SecAgg+ sends the round's sum, of as
+    many samples as the sum went over."""
     leakage = config.leakage
     attack = registry_of("leakage").get(leakage.kind)
     if not attack.acts:
         return
-    if not kind.in_process:
-        raise ConfigError(f"leakage.kind = {leakage.kind!r} is measured by the in-process executors only; expected "
-                          f"methods.{index}.train.executor 'vectorised' or 'sequential' (on executor {kind.name!r} "
-                          "the clients' data, which scores the attack, is elsewhere)")
+    if isinstance(fed, NodesFederation):
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} is not allowed with SuperNodes' own data (dataset.name = "
+                          f"{config.dataset.name!r}): the attack is scored against the clients' samples, which stay on "
+                          "the nodes; expected leakage.kind 'none', or a federation the server draws")
     if attack.reads != "update":
         return
     caps, k, train, schedule = run.algo.capabilities, leakage.client, run.train, run.schedule
@@ -177,6 +180,13 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpe
         raise ConfigError(f"leakage.round = {leakage.round} is not allowed: methods.{index} trains {train.rounds} "
                           f"rounds; expected 1 … {train.rounds}")
     seen = min(len(fed.train[k]), schedule.n_steps(len(fed.train[k])) * schedule.batch_size)
+    if attack.most_samples is not None and not kind.in_process and (
+            config.flower.secure_aggregation != "none" or config.flower.clients_per_node > 1):
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
+                          f"sample(s); on executor {kind.name!r} client {k}'s update may reach the server summed with "
+                          f"others' (flower.secure_aggregation = {config.flower.secure_aggregation!r}, "
+                          f"flower.clients_per_node = {config.flower.clients_per_node}); expected dlg, "
+                          "inverting_gradients or label_counts, or one client per node without secure aggregation")
     if attack.most_samples is not None and seen > attack.most_samples:
         raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
                           f"sample(s); client {k}'s update goes over {seen}; expected dlg, inverting_gradients or "

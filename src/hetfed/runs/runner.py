@@ -17,7 +17,7 @@ from dataclasses import dataclass
 from functools import partial
 from itertools import groupby
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -26,7 +26,7 @@ from rich.console import Console
 from hetfed.config import Config, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
 from hetfed.errors import RunError, interruption_reason
-from hetfed.executors.inprocess import Executor, InProcessExecutor
+from hetfed.executors.inprocess import Executor
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
 from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
@@ -268,7 +268,7 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor,
         chosen = result.best_server or result.server
         views: list[str | None] = list(algo.capabilities.views) or [None]
         for view in views:  # the model each row reports: a method's, or a view's
-            found = membership(algo, cast(InProcessExecutor, executor), fed, chosen, config.leakage, config.seed, view)
+            found = membership(p.run, executor, fed, chosen, config.leakage, view)
             _leaked(rec.run_dir, rows, row_name(p.method, view) if view is not None else label, found,
                     {"attack": config.leakage.kind})
     return rows
