@@ -11,17 +11,26 @@ each with its own adapters and a batch of token ids (lengths drawn 8…L, paddin
 - ``--from-layer K``: also the stack adapting only the layers from K up (``model.from_layer``), the layers below run
   once per distinct text and kept — the steady state of every epoch after the first, which revisits the same texts.
 
-Both get the same weights; the losses are checked to agree. Prints seconds per step, the ratio, and the peak memory
-of the adapters (what a stack holds beside the base) as JSON. Not a test.
+Both get the same weights; the losses are checked to agree. Prints seconds per step, the ratio, and the bytes of
+the adapters and heads (what a stack holds beside the base) as JSON. Not a test.
+
+- ``--memory``: instead of timing, each way's first step in a process of its own — the resident memory it adds to
+  the process (the highest RSS sampled during the step, less the RSS before it: the step's working set, activations
+  and gradients and the optimiser's state, beside the base loaded before), against the base's and the adapters'
+  bytes.
 
     python benchmarks/lora_clients.py [--clients 1 5 20] [--batch 16] [--length 64] [--rank 8] [--threads 1] \
-        [--path DIR] [--from-layer K]
+        [--path DIR] [--from-layer K] [--memory]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import subprocess
+import sys
+import threading
 import time
 
 import torch
@@ -140,6 +149,82 @@ def _timed(step, repeats: int) -> float:
     return (time.perf_counter() - t0) / repeats
 
 
+def _rss() -> int:
+    """This process's resident memory now, bytes (Linux)."""
+    with open("/proc/self/statm") as fh:
+        return int(fh.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+
+def _added_by(step) -> int:
+    """The most resident memory ``step()`` adds while it runs: RSS sampled every millisecond, less the RSS before."""
+    before, peak, done = _rss(), [0], threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], _rss())
+            time.sleep(0.001)
+
+    watcher = threading.Thread(target=sample)
+    watcher.start()
+    try:
+        step()
+    finally:
+        done.set()
+        watcher.join()
+    return max(peak[0], _rss()) - before
+
+
+def _resident(tensors) -> None:
+    """Read every weight once: a base loaded from safetensors is mapped from its file, and its pages become resident
+    when first read — in the first step, which would count the base as the step's."""
+    with torch.no_grad():
+        for t in tensors:
+            float(t.sum())
+
+
+def one_memory(way: str, n: int, args: argparse.Namespace, path: str) -> dict:
+    """One way's first step of ``n`` clients, alone in this process: what it adds to the resident memory."""
+    from hetfed.models.lora import LoRAEncoder
+
+    top = args.from_layer if way == "stacked_from_layer" else 0
+    model = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=top)
+    gen = torch.Generator().manual_seed(n)
+    params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
+    x, y = _data(n, args.batch, args.length, int(model.base.config.vocab_size), gen)
+    if way == "peft_loop":
+        wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank)
+        optimizers = []
+        for name, head in clients:
+            wrapped.set_adapter(name)
+            trainable = [p for p in wrapped.parameters() if p.requires_grad] + list(head.parameters())
+            optimizers.append(torch.optim.Adam(trainable, lr=1e-3))
+        _resident(wrapped.parameters())
+        added = _added_by(lambda: peft_step(wrapped, clients, optimizers, x, y))
+    else:
+        opt = torch.optim.Adam(list(params.values()), lr=1e-3)
+        _resident(model.base.parameters())
+        added = _added_by(lambda: stacked_step(model, params, opt, x, y))
+    return {"way": way, "clients": n, "step_adds_bytes": added,
+            "base_bytes": sum(p.numel() * p.element_size() for p in model.base.parameters()),
+            "adapter_and_head_bytes": sum(v.numel() * v.element_size() for v in params.values())}
+
+
+def memory_rows(args: argparse.Namespace) -> list[dict]:
+    """Every way and client count in a fresh process each (a process's allocator keeps what it once held)."""
+    ways = ["stacked", "peft_loop"] + (["stacked_from_layer"] if args.from_layer else [])
+    rows = []
+    for n in args.clients:
+        for way in ways:
+            command = [sys.executable, __file__, "--one", way, "--clients", str(n), "--batch", str(args.batch),
+                       "--length", str(args.length), "--rank", str(args.rank), "--threads", str(args.threads),
+                       "--from-layer", str(args.from_layer)] + (["--path", args.path] if args.path else [])
+            done = subprocess.run(command, check=True, capture_output=True, text=True)
+            row = json.loads(done.stdout)
+            row["step_adds_over_adapters"] = row["step_adds_bytes"] / row["adapter_and_head_bytes"]
+            rows.append(row)
+    return rows
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 5, 20])
@@ -150,12 +235,22 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--from-layer", type=int, default=0, help="also time adapters from this layer up only")
     parser.add_argument("--path", default=None, help="an encoder's folder (default: all-MiniLM-L6-v2, the peft extra)")
+    parser.add_argument("--memory", action="store_true", help="each way's first step's added memory, not its time")
+    parser.add_argument("--one", choices=["stacked", "peft_loop", "stacked_from_layer"], help=argparse.SUPPRESS)
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
     from hetfed.data.embeddings.wordpiece import encoder_path
     from hetfed.models.lora import LoRAEncoder
 
     path = encoder_path(args.path)
+    if args.one:
+        print(json.dumps(one_memory(args.one, args.clients[0], args, path)))
+        return
+    if args.memory:
+        print(json.dumps({"encoder": path, "batch": args.batch, "length": args.length, "rank": args.rank,
+                          "threads": args.threads, "from_layer": args.from_layer, "memory": memory_rows(args)},
+                         indent=1))
+        return
     model = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank)
     vocab = int(model.base.config.vocab_size)
     rows = [measure(n, args, model, path, vocab) for n in args.clients]
