@@ -528,10 +528,10 @@ def test_without_a_writable_cache_the_kernel_compiles_in_memory(monkeypatch):
 
     real = numba.njit
 
-    def njit(**options):
+    def njit(*args, **options):  # numba's own modules call it too (numba.typed, imported on first use)
         if options.get("cache"):
             raise RuntimeError("cannot cache function '_levels_py': no locator available for file")
-        return real(**options)
+        return real(*args, **options)
 
     comp, p = _qsgd(8, 64)
     delta = _special_values(3, 5000, 1)
