@@ -18,18 +18,19 @@ from __future__ import annotations
 import functools
 import math
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
+from contextlib import AbstractContextManager
+from contextvars import ContextVar
 from typing import Any
 
 import torch
 from torch import nn
 
 from hetfed.models.base import Model, Noise, Params, ParamSpec, dense, dropout, fan_in_init, zeros_init
+from hetfed.models.scoped import bound
 
-#: .adapters: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise, gate [n, r] or None, merged [n, out, in]
-#: or None)
-_ACTIVE = threading.local()
+#: layer name → (A [n, r, in], B [n, out, r], scaling, p, noise, gate [n, r] or None, merged [n, out, in] or None)
+_ADAPTERS: ContextVar[dict[str, tuple[Any, ...]] | None] = ContextVar("hetfed_lora_adapters", default=None)
 
 
 def kaiming_a(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
@@ -46,7 +47,7 @@ class _Adapted(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         y = self.base(x)
-        adapter = getattr(_ACTIVE, "adapters", {}).get(self.name)
+        adapter = (_ADAPTERS.get() or {}).get(self.name)
         if adapter is None:
             return y
         a, b, scaling, p, noise, gate, merged = adapter
@@ -83,15 +84,9 @@ def load_base(path: str) -> tuple[Any, tuple[str, ...], int]:
     return base, tuple(names), int(base.config.pad_token_id or 0)
 
 
-@contextmanager
-def adapting(adapters: dict[str, tuple[Any, ...]]) -> Iterator[None]:
+def adapting(adapters: dict[str, tuple[Any, ...]]) -> AbstractContextManager[dict[str, tuple[Any, ...]]]:
     """The adapters the adapted layers add during the block (this thread only)."""
-    before = getattr(_ACTIVE, "adapters", {})
-    _ACTIVE.adapters = adapters
-    try:
-        yield
-    finally:
-        _ACTIVE.adapters = before
+    return bound(_ADAPTERS, adapters)
 
 
 def _layer_of(name: str) -> int:

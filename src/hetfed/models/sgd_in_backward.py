@@ -24,12 +24,13 @@ autograd, which the caller's optimiser applies. ``SGDInBackward.moved`` says whi
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, nullcontext
+from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
+
+from hetfed.models.scoped import bound
 
 #: a weight stack of fewer elements keeps its ordinary gradient: the passes over memory it would save cost less than
 #: the hook's Python (~11 µs a layer and step). On this project's CPU, a 784×200 stack at B = 10 saves 14 µs for one
@@ -114,32 +115,22 @@ class SGDInBackward:
         self.moved.add(name)
 
 
-_ACTIVE = threading.local()
+Layer = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]
+_SPEC: ContextVar[SGDInBackward | None] = ContextVar("hetfed_sgd_in_backward", default=None)
+_RECORDED: ContextVar[list[Layer] | None] = ContextVar("hetfed_recorded_layers", default=None)
 
 
-@contextmanager
-def updating(spec: SGDInBackward) -> Iterator[SGDInBackward]:
+def updating(spec: SGDInBackward) -> AbstractContextManager[SGDInBackward]:
     """Within: :func:`linear` layers over ``spec``'s weights move them in their backward (the forward must run
     here; the backward, which autograd may run on another thread, reads the spec its forward saved)."""
-    before = getattr(_ACTIVE, "spec", None)
-    _ACTIVE.spec = spec
-    try:
-        yield spec
-    finally:
-        _ACTIVE.spec = before
+    return bound(_SPEC, spec)
 
 
-@contextmanager
-def recording() -> Iterator[list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]]]:
+def recording() -> AbstractContextManager[list[Layer]]:
     """Within: every :func:`linear` layer's ``(x, W, b, output)`` is appended to the list yielded (this thread): what
     DP-SGD's per-sample gradient norms read (:func:`hetfed.engine.record_dp.ghost_norms`)."""
-    before = getattr(_ACTIVE, "recorded", None)
-    layers: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]] = []
-    _ACTIVE.recorded = layers
-    try:
-        yield layers
-    finally:
-        _ACTIVE.recorded = before
+    layers: list[Layer] = []
+    return bound(_RECORDED, layers)
 
 
 def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
@@ -150,12 +141,12 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     backward node, which runs once that node has used the weight for the input's gradient, moves it (a hook, not
     a custom ``autograd.Function``: the Function's Python forward and backward cost ~35 µs a layer and a step,
     more than the update saves on one client)."""
-    recorded = getattr(_ACTIVE, "recorded", None)
+    recorded = _RECORDED.get()
     if recorded is not None:
         out = torch.baddbmm(bias.unsqueeze(1), x, weight)
         recorded.append((x, weight, bias, out))
         return out
-    spec: SGDInBackward | None = getattr(_ACTIVE, "spec", None)
+    spec = _SPEC.get()
     name = spec.claim(weight) if spec is not None and torch.is_grad_enabled() else None
     if name is None:
         return torch.baddbmm(bias.unsqueeze(1), x, weight)
