@@ -96,7 +96,10 @@ def test_client_store_gathers_what_it_scattered_and_tracks_who_holds_what():
         store.gather([0, 1])
     store[0]["a"] += 10  # the Mapping view is a view: tests and the XOR demo edit states in place
     assert torch.equal(store.gather([0])["a"], torch.tensor([[11.0, 12.0]]))
-    store.scatter([0], {})  # a client that returns no state no longer holds one
+    with pytest.raises(RuntimeError, match=r"clients \[0\] returned no state 'a', which they hold"):
+        store.scatter([0], {})  # a step that left out a state its client holds (it would be lost silently)
+    assert set(store[0]) == {"a"}
+    store.scatter([0], {}, whole=True)  # a client's whole state, loaded: it holds nothing now
     assert store[0] == {} and set(store[2]) == {"a"}
     assert store.nbytes() == 5 * 2 * 4  # one [K, 2] float32 tensor, whatever the number of holders
 

@@ -73,11 +73,19 @@ class ClientStore(Mapping[int, ClientState]):
                                  "a stack's clients must hold the same state names")
         return out
 
-    def scatter(self, ids: list[int], new: ClientState) -> None:
-        """Store the stacked ``new`` state of ``ids``; names they no longer return are dropped for them."""
+    def scatter(self, ids: list[int], new: ClientState, *, whole: bool = False) -> None:
+        """Store the stacked ``new`` state of ``ids``. A step returns its clients' whole state: a name they hold that
+        ``new`` lacks is refused (left out, it would be dropped, and the next step would run without it — as FLoRA's
+        once ran without the model's client gates, and nothing failed). ``whole``: ``new`` is their entire state,
+        as loaded (a Flower node's, from its context): the names it lacks are dropped for them."""
         idx = np.asarray(ids, dtype=np.int64)
         for name in list(self._has):
-            if name not in new:
+            if name not in new and self._has[name][idx].any():
+                if not whole:
+                    held = [ids[i] for i in np.flatnonzero(self._has[name][idx])]
+                    raise RuntimeError(f"the step of clients {held[:5]}{' …' if len(held) > 5 else ''} returned no "
+                                       f"state {name!r}, which they hold: a method's step returns each client's "
+                                       "whole state (a part it does not change, as it received it)")
                 self._has[name][idx] = False
         for name, value in new.items():
             value = value.detach()

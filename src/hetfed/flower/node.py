@@ -145,7 +145,7 @@ def load_states(side: NodeSide, clients: list[int], context: Context) -> None:
         tag = _tag(side, k)
         state = (record_to_tensors(context.state.array_records[tag]) if tag in context.state else
                  initial_state(side.run.algo, k + first, side.run.seed))
-        side.executor.states.scatter([k], stack_states([state]))
+        side.executor.states.scatter([k], stack_states([state]), whole=True)
 
 
 def keep_states(side: NodeSide, clients: list[int], context: Context) -> None:
