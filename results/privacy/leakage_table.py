@@ -52,7 +52,7 @@ def main(root: Path, kind: str | None = None) -> None:
     found = {d: cells(root / d, kind) for d in defences}
     columns = [c for c in COLUMNS if any(_cell(f, m, c) != "–" for f in found.values() for _, m, _ in f)]
     print(f"# Leakage against accuracy ({root.name})\n")
-    print(f"Mean ± 95 % CI over 3 seeds; accuracy and membership of the model chosen by validation; DLG on client 0's "
+    print("Mean ± 95 % CI over 3 seeds; accuracy and membership of the model chosen by validation; DLG on client 0's "
           "round-1 upload. `–`: not measured for that row (no whole server model, or no model of the client's "
           "own; DLG's numbers sit on a method's federated row).\n")
     print("| defence | method | " + " | ".join(c[0] for c in columns) + " |")
