@@ -349,7 +349,7 @@ class FlowerExecutor:
         client = self._watching[1]
         for upload in uploads:
             if client in upload.client_ids:
-                got = self.run.chain.transport.decode(upload, bc.params) if decode else upload
+                got = self.run.chain.decode(upload, bc.params) if decode else upload
                 self._seen = Seen.of(got, client)
 
     def _train_secure(self, bc: Broadcast, clients: list[int]) -> Upload:

@@ -201,8 +201,12 @@ class Chain:
         held together."""
         round_uploads = self.receiving(reference, asynchronous=asynchronous, whole_round=whole_round, stream=False)
         for upload in uploads:
-            round_uploads.add(self.transport.decode(upload, reference))
+            round_uploads.add(self.decode(upload, reference))
         return round_uploads.result()
+
+    def decode(self, upload: Upload, reference: Params) -> Upload:
+        """An upload that travelled encoded, as the server reads it (what an attack on it is handed, too)."""
+        return self.transport.decode(upload, reference)
 
     def buffer_screen(self) -> Screen:
         """The norm filter over an asynchronous server's buffer of arrivals (:meth:`Screen.verdict`, each arrival's
