@@ -30,6 +30,9 @@ are excluded and reported apart. Not a test: nothing is asserted.
 
 ``floor-Knodes`` (after ``deployment-Knodes`` in the same run): Flower's own minimal ServerApp + ClientApp, no ML,
 the same message per node per round with the payload the deployment row sent (benchmarks/flower_floor.py);
+``peft-loop`` (the lora case): the same clients' step as a per-client PEFT loop runs it, one peft adapter after
+another over one base (what FlowerTune's ClientApp computes), without Flower — with ``vectorised`` and ``flower`` in
+the same run, #75's three-way comparison (``--cases lora --engines vectorised peft-loop flower``).
 ``ratio_to_floor`` gives the deployment's and the simulation's round over it (with ``--repeats N``, the engines run
 N times interleaved and each row is their mean). The floor's row has its ClientApps' life too. An engine name ending in
 ``-secagg`` (``flower-4nodes-secagg``, ``deployment-4nodes-secagg``) runs the same rounds under Flower's SecAgg+
@@ -266,6 +269,39 @@ def measure_floor(engine: str, results: dict, tmp: Path) -> dict:
     return floor_rounds(k, max(1, round(twin["uplink_bytes_per_node"] / 4)), ROUNDS["deployment-nodes"], tmp)
 
 
+def measure_peft_loop(case: str) -> dict:
+    """``peft-loop`` (the lora case only): the case's round as a per-client PEFT loop runs it — FlowerTune's ClientApp
+    is one — one client after another, each its own peft adapter and head over one shared base, one Adam step of 16
+    texts of 64 tokens (padded, as the wordpiece ids are), without Flower or aggregation: the work of the vectorised
+    row's round on the same machine in the same run (benchmarks/lora_clients.py's loop)."""
+    if case != "lora":
+        raise ValueError("peft-loop measures the lora case only")
+    from lora_clients import _data, peft_models, peft_step
+
+    from hetfed.data.embeddings.wordpiece import encoder_path
+    from hetfed.models.lora import LoRAEncoder
+
+    raw = case_config(case, Path(tempfile.gettempdir()))
+    clients, batch, length = raw["partition"]["clients"], raw["train"]["batch_size"], raw["embed"]["max_length"]
+    path = encoder_path(None)
+    model = LoRAEncoder(path, length, 2, rank=raw["model"]["rank"], alpha=2.0 * raw["model"]["rank"])
+    gen = torch.Generator().manual_seed(0)
+    params = {s.name: torch.randn((clients, *s.shape), generator=gen) * 0.02 for s in model.specs()}
+    x, y = _data(clients, batch, length, int(model.base.config.vocab_size), gen)
+    wrapped, heads = peft_models(path, model, params, clients, model.rank, 2.0 * model.rank)
+    optimizers = []
+    for name, head in heads:
+        wrapped.set_adapter(name)
+        optimizers.append(torch.optim.Adam([p for p in wrapped.parameters() if p.requires_grad]
+                                           + list(head.parameters()), lr=1e-3))
+    rounds = CASE_ROUNDS[case]
+    peft_step(wrapped, heads, optimizers, x, y)  # warm-up, as a run's first round pays its start
+    t0 = time.perf_counter()
+    for _ in range(rounds):
+        peft_step(wrapped, heads, optimizers, x, y)
+    return {"seconds_per_round": (time.perf_counter() - t0) / rounds, "rounds": rounds}
+
+
 def _mean_of(rows: list[dict]) -> dict:
     """One engine's repeated measurements as one row: the last run's fields, with the mean seconds per round (and
     mean breakdown) over the runs that measured, and each run's seconds (``runs``) when there were several."""
@@ -310,8 +346,8 @@ def main() -> None:
                         continue
                     try:
                         results[case][engine] = (
-                            measure_floor(engine, results[case], tmp)
-                            if engine.startswith("floor")
+                            measure_floor(engine, results[case], tmp) if engine.startswith("floor")
+                            else measure_peft_loop(case) if engine == "peft-loop"
                             else measure(case, engine, tmp, args.device)
                         )
                     except Exception as err:  # one case that cannot run here must not lose the others
