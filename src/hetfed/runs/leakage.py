@@ -150,7 +150,7 @@ class InversionObserver(RoundObserver):
     def __init__(self, spec: RunSpec, fed: Federation, leakage: LeakageConfig):
         self.spec, self.fed, self.leakage = spec, fed, leakage
         self.found = Found()
-        self._waiting: tuple[Broadcast, Any] | None = None  # the round's broadcast and the executor to ask
+        self._waiting: tuple[Broadcast, Executor] | None = None  # the round's broadcast and the executor to ask
 
     def sending(self, rnd: int, bc: Broadcast, clients: list[int], executor: Executor) -> None:
         k = self.leakage.client
@@ -159,7 +159,7 @@ class InversionObserver(RoundObserver):
         if k not in clients:  # not sampled, dropped or late that round: the server received nothing of it
             self.found = Found({"sent": 0.0})
             return
-        seen = executor.watch(bc, k)  # type: ignore[attr-defined]
+        seen = executor.watch(bc, k)
         if seen is not None:
             self._attack(bc, seen)
         else:  # the round's model is replaced before the replies are read: keep what was sent
