@@ -276,7 +276,7 @@ def measure_peft_loop(case: str) -> dict:
     row's round on the same machine in the same run (benchmarks/lora_clients.py's loop)."""
     if case != "lora":
         raise ValueError("peft-loop measures the lora case only")
-    from lora_clients import _data, peft_models, peft_step
+    from lora_clients import _data, peft_models, peft_optimizers, peft_step
 
     from hetfed.data.embeddings.wordpiece import encoder_path
     from hetfed.models.lora import LoRAEncoder
@@ -289,11 +289,7 @@ def measure_peft_loop(case: str) -> dict:
     params = {s.name: torch.randn((clients, *s.shape), generator=gen) * 0.02 for s in model.specs()}
     x, y = _data(clients, batch, length, int(model.base.config.vocab_size), gen)
     wrapped, heads = peft_models(path, model, params, clients, model.rank, 2.0 * model.rank)
-    optimizers = []
-    for name, head in heads:
-        wrapped.set_adapter(name)
-        optimizers.append(torch.optim.Adam([p for p in wrapped.parameters() if p.requires_grad]
-                                           + list(head.parameters()), lr=1e-3))
+    optimizers = peft_optimizers(wrapped, heads)
     rounds = CASE_ROUNDS[case]
     peft_step(wrapped, heads, optimizers, x, y)  # warm-up, as a run's first round pays its start
     t0 = time.perf_counter()

@@ -82,6 +82,16 @@ def peft_models(path: str, model, params, n: int, rank: int, alpha: float):
     return wrapped, clients
 
 
+def peft_optimizers(wrapped, clients) -> list[torch.optim.Adam]:
+    """One Adam per client over its own adapter (the trainable parameters while it is the active one) and head."""
+    optimizers = []
+    for name, head in clients:
+        wrapped.set_adapter(name)
+        trainable = [p for p in wrapped.parameters() if p.requires_grad] + list(head.parameters())
+        optimizers.append(torch.optim.Adam(trainable, lr=1e-3))
+    return optimizers
+
+
 def _peft_loss(wrapped, name: str, head, ids: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Client ``name``'s loss through peft: its adapter, the mean of the real tokens' states, its head."""
     wrapped.set_adapter(name)
@@ -117,11 +127,7 @@ def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> d
         first_stacked = float(F.cross_entropy(model.forward(params, x).reshape(-1, 2), y.reshape(-1),
                                               reduction="none").view(y.shape).mean(1).sum())
     first_peft = _first_peft_loss(wrapped, clients, x, y)
-    optimizers = []
-    for name, head in clients:
-        wrapped.set_adapter(name)
-        trainable = [p for p in wrapped.parameters() if p.requires_grad] + list(head.parameters())
-        optimizers.append(torch.optim.Adam(trainable, lr=1e-3))
+    optimizers = peft_optimizers(wrapped, clients)
     stacked_opt = torch.optim.Adam(list(params.values()), lr=1e-3)
     s_stacked = _timed(lambda: stacked_step(model, params, stacked_opt, x, y), args.repeats)
     s_peft = _timed(lambda: peft_step(wrapped, clients, optimizers, x, y), args.repeats)
@@ -193,11 +199,7 @@ def one_memory(way: str, n: int, args: argparse.Namespace, path: str) -> dict:
     x, y = _data(n, args.batch, args.length, int(model.base.config.vocab_size), gen)
     if way == "peft_loop":
         wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank)
-        optimizers = []
-        for name, head in clients:
-            wrapped.set_adapter(name)
-            trainable = [p for p in wrapped.parameters() if p.requires_grad] + list(head.parameters())
-            optimizers.append(torch.optim.Adam(trainable, lr=1e-3))
+        optimizers = peft_optimizers(wrapped, clients)
         _resident(wrapped.parameters())
         added = _added_by(lambda: peft_step(wrapped, clients, optimizers, x, y))
     else:
