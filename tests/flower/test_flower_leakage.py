@@ -40,7 +40,7 @@ def test_a_clients_part_of_an_upload_is_its_row_or_the_mean_it_was_summed_in():
     assert both.clients == [4, 7] and both.params["w"].tolist() == [[2.0, 3.0]]
 
 
-def test_an_attack_on_supernodes_own_data_is_refused(tmp_path):
+def test_an_attack_on_supernodes_own_data_is_refused():
     from hetfed.partition import NodesFederation
     from hetfed.runs import plan
 
