@@ -40,6 +40,7 @@ import tempfile
 import time
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from hetfed.config import load_config
@@ -120,6 +121,46 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     return out
 
 
+def client_floor_ms(config_overrides: list[str], seeds: int, repeats: int = 20) -> float | None:
+    """The floor of a stacked round's client work for ``seeds`` runs of a linear model (``model.kind: logreg``;
+    None for any other): every client's steps of its own federation (the seeds' partitions, its plan's number of
+    steps of batch B) written out as one stack per step over the clients still training (no autograd, each weight
+    moved by one ``baddbmm_``: :func:`engine.written_out_step`), and one stacked forward over every run's pool
+    (the evaluation's arithmetic). Synthetic values of the data's shapes; the fastest of ``repeats`` rounds."""
+    from engine import written_out_step
+
+    from hetfed.pipeline import build_federation
+
+    config = load_config(str(DEFAULT), config_overrides)
+    if config.model.kind != "logreg":
+        return None
+    train = config.train
+    sizes, pool = [], 0
+    for s in range(seeds):
+        fed = build_federation(config.model_copy(update={"seed": s}), progress=False).federation
+        sizes += [len(t) for t in fed.train]
+        # what an evaluation scores: every client's train, validation and test rows, and the global test set
+        pool = len(fed.x) + len(fed.x_global_test)
+        d, k = int(np.prod(fed.input_shape)), fed.n_classes
+    b = train.batch_size
+    steps = sorted((max(1, round(train.local_epochs * -(-m // b))) for m in sizes if m), reverse=True)
+    n = len(steps)
+    params = [torch.zeros(n, d, k), torch.zeros(n, 1, k)]
+    xb, yb = torch.randn(n, b, d), torch.randint(0, k, (n, b))
+    xe = torch.randn(seeds, pool, d)
+    active = [sum(1 for s in steps if s > t) for t in range(steps[0])]
+
+    def one_round() -> float:
+        t0 = time.perf_counter()
+        for c in active:
+            written_out_step([p[:c] for p in params], xb[:c], yb[:c], 0.01)
+        torch.baddbmm(params[1][:seeds], xe, params[0][:seeds]).argmax(-1)
+        return time.perf_counter() - t0
+
+    one_round()
+    return round(min(one_round() for _ in range(repeats)) * 1000, 2)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=20)
@@ -136,6 +177,11 @@ def main() -> None:
     if args.per_round:
         with tempfile.TemporaryDirectory() as tmp:
             rows = per_round(args.set, args.seeds, args.rounds, Path(tmp))
+        for n, row in rows.items():
+            floor = client_floor_ms(args.set, n)
+            if floor is not None:
+                row["client_floor_ms"] = floor
+                row["client_floor_over_one_seed_round"] = round(floor / rows[args.seeds[0]]["ms_per_round"], 2)
         print(json.dumps({"experiment": "configs/default.yaml", "overrides": args.set, "rounds": args.rounds,
                           "threads": args.threads, "device": args.device, "seeds": rows}, indent=2))
         return

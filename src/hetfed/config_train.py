@@ -101,9 +101,11 @@ class TrainConfig(Strict):
     capture: Literal["auto", "off", "compile"] = Field(
         "auto", description="auto: on CUDA, a stacked training step is recorded once as a CUDA graph and replayed "
         "(steps of methods with their own objective, constraint or extra loss term, and models with buffers, run "
-        "eagerly; no effect on a CPU); compile (CPU only): the same steps compiled with torch.compile once a batch "
-        "shape has come up 20 times, ~2x faster for small models but ~45 s of compiling per shape the first time on "
-        "a machine (~1 s from torch's cache after), for long runs; off: every step eager")
+        "eagerly); on a CPU, compile for runs of 30 000 rounds or more when a C++ compiler is found (what "
+        "compiling pays back after), eager otherwise; compile (CPU only): the same steps compiled with "
+        "torch.compile once a batch shape has come up 20 times, 1.07-1.7x faster a round for small models but "
+        "~45 s of compiling per shape the first time on a machine (~1 s from torch's cache after), for long runs; "
+        "off: every step eager")
     chunk_clients: int | None = Field(
         None, ge=1, description="at most this many clients trained at once (memory budget)"
     )

@@ -287,3 +287,19 @@ def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
     model = MLP(6, [16, 8], 4, dropout=0.3)
     train_without_synchronising(monkeypatch, model, _stack(model, 5, "cuda"), _data([37, 12, 50, 3, 24], device="cuda"),
                                 LocalSchedule(batch_size=8, epochs=3, capture="auto"))
+
+
+@pytest.mark.parametrize(("rounds", "device", "compiler", "expected"), [
+    (capture.COMPILE_PAYS_AFTER_ROUNDS, "cpu", True, "compile"),   # long enough, a compiler: compiled
+    (capture.COMPILE_PAYS_AFTER_ROUNDS - 1, "cpu", True, "auto"),  # too short to win the compiling back: eager
+    (capture.COMPILE_PAYS_AFTER_ROUNDS, "cpu", False, "auto"),     # no C++ compiler: eager, not a failure
+    (capture.COMPILE_PAYS_AFTER_ROUNDS, "cuda", True, "auto"),     # CUDA graphs on a GPU, whatever the length
+])
+def test_auto_compiles_a_cpu_run_only_when_it_is_long_enough_to_pay(monkeypatch, rounds, device, compiler, expected):
+    """#74 §4: ``train.capture: auto`` on a CPU picks ``compile`` when a C++ compiler is present and the run is long
+    enough to pay for compiling; the schedule every executor reads carries the resolved mode."""
+    monkeypatch.setattr(capture, "compiler_missing", lambda: not compiler)
+    train = build_config({"train": {"rounds": rounds, "device": device}}).train
+    assert LocalSchedule.from_train(train).capture == expected
+    off = build_config({"train": {"rounds": rounds, "device": device, "capture": "off"}}).train
+    assert LocalSchedule.from_train(off).capture == "off"  # a mode the user set is applied as set

@@ -99,7 +99,8 @@ class Compiled:
     the same step costs ~0.45× the eager one (``benchmarks/engine.py --compile``). Compiling a key costs ~45 s the
     first time on a machine (inductor builds C++ with the system's compiler; this project's 2-core CPU) and ~1 s
     once torch's cache holds it (``/tmp/torchinductor_<user>``, across processes), so this is
-    ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, never ``auto``. The
+    ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, and ``auto`` only for runs
+    of :data:`COMPILE_PAYS_AFTER_ROUNDS` rounds or more (:func:`resolve`). The
     numbers are the eager step's to float tolerance (inductor fuses and reorders float arithmetic), not bit for
     bit; the dropout streams' integer hashing is exact.
 
@@ -182,6 +183,24 @@ def compiler_missing() -> bool:
     except Exception:  # inductor's InvalidCxxCompiler, or any failure to run the compiler
         return True
     return False
+
+
+#: the rounds from which ``train.capture: auto`` compiles a CPU run's steps (#74 §4). Measured on this project's
+#: 2-core CPU (docs/scale.md § compiled steps): compiling costs ~45 s a graph the first time on a machine (~95 s for a
+#: method of the default experiment, two graphs), and saves 0.35–0.6 ms a round of the overhead-bound CGAU setting
+#: (``benchmarks/engine.py --compile``: eager / compiled 1.07–1.12) and ~2–4 ms of the default experiment's: it
+#: pays after ~25 000–45 000 rounds. Below this, and where no C++ compiler is found, ``auto`` runs eagerly on a CPU.
+COMPILE_PAYS_AFTER_ROUNDS = 30_000
+
+
+def resolve(mode: str, device: str, rounds: int) -> str:
+    """``train.capture`` as a run of ``rounds`` rounds on ``train.device`` ``device`` applies it: ``auto`` becomes
+    ``compile`` for a CPU run long enough to win its compiling back (:data:`COMPILE_PAYS_AFTER_ROUNDS`) when a C++
+    compiler is there; every other case is the mode as set (``auto``: CUDA graphs on a GPU, eager on a CPU)."""
+    if mode != "auto" or rounds < COMPILE_PAYS_AFTER_ROUNDS:
+        return mode
+    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
+    return "compile" if on_cpu and not compiler_missing() else mode
 
 
 #: ``train.capture`` modes that leave a device without a recorder to eager steps (``auto`` records where it can);

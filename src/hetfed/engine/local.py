@@ -70,15 +70,17 @@ class LocalSchedule:
     epochs: float | None = 1.0
     steps: int | None = None
     cap_one_pass: bool = False
-    #: ``train.capture``: replay the stacked step from a recording where the device and the step allow it (auto: a
-    #: CUDA graph; compile: ``torch.compile`` on a CPU; off: eager)
+    #: ``train.capture`` as the run applies it (:func:`hetfed.engine.capture.resolve`): replay the stacked step from a
+    #: recording where the device and the step allow it (auto: a CUDA graph; compile: ``torch.compile`` on a CPU,
+    #: what ``auto`` becomes for a CPU run long enough to pay for it; off: eager)
     capture: str = "auto"
     #: record-level DP in every step (``privacy.record``: DP-SGD, :mod:`hetfed.engine.record_dp`), or None
     records: RecordPrivacyConfig | None = None
 
     @classmethod
     def from_train(cls, cfg: TrainConfig, records: RecordPrivacyConfig | None = None) -> LocalSchedule:
-        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, cfg.capture, records)
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass,
+                   capture.resolve(cfg.capture, cfg.device, cfg.rounds), records)
 
     def one_epoch(self) -> LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""

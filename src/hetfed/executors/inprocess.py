@@ -100,20 +100,24 @@ class Executor(Protocol):
 
 
 def client_data(pool: Pool, chunk: list[int], round: int = 0, with_val: bool = False,
-                rounds: list[int] | None = None) -> ClientData:
+                rounds: list[int] | None = None, seeds: list[int] | None = None) -> ClientData:
     """A stack's training data, its clients named as the federation numbers them (``pool.first_id`` on); every
     client's seed comes from (run seed, round, client id) — each client's own round in ``rounds`` when given (an
-    asynchronous server's clients, sent different model versions)."""
-    ids = [k + pool.first_id for k in chunk]
-    per_client = rounds if rounds is not None else [round] * len(ids)
+    asynchronous server's clients, sent different model versions); ``seeds``: those seeds, already derived."""
     return ClientData(
-        client_ids=ids,
+        client_ids=[k + pool.first_id for k in chunk],
         x=pool.x,
         y=pool.y,
         indices=[pool.train[k] for k in chunk],
-        seeds=derive_seeds([(pool.seed, CLIENT_ROUND, r, k) for r, k in zip(per_client, ids, strict=True)]),
+        seeds=seeds if seeds is not None else derive_seeds(seed_rows(pool, chunk, round, rounds)),
         val_indices=[pool.val[k] for k in chunk] if with_val else None,
     )
+
+
+def seed_rows(pool: Pool, chunk: list[int], round: int = 0, rounds: list[int] | None = None) -> list[tuple[int, ...]]:
+    """What each client's training seed of a round is derived from: (run seed, purpose, round, client id)."""
+    per_client = rounds if rounds is not None else [round] * len(chunk)
+    return [(pool.seed, CLIENT_ROUND, r, k + pool.first_id) for r, k in zip(per_client, chunk, strict=True)]
 
 
 def initial_state(algo: Algorithm, client_id: int, seed: int) -> ClientState:

@@ -41,6 +41,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.evaluate import ClientEvalData
+from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import (
     Broadcast,
@@ -51,7 +52,7 @@ from hetfed.engine.types import (
     Upload,
 )
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk
+from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk, seed_rows
 
 
 @dataclass(eq=False, kw_only=True)
@@ -300,7 +301,11 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
     runs = sorted({i for i, _ in members})
     chosen = {i: [k for j, k in members if j == i] for i in runs}
     state, bc = _joined_state(group, runs, chosen)
-    parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round) for i in runs}  # as alone
+    # as alone, every run's clients' seeds hashed at once (a run's ten clients alone go one by one)
+    seeds = iter(derive_seeds([row for i in runs
+                               for row in seed_rows(group[i].executor.pool, chosen[i], group[i].bc.round)]))
+    parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round,
+                            seeds=[next(seeds) for _ in chosen[i]]) for i in runs}
     data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
                       [index + offsets[i] for i in runs for index in parts[i].indices],
                       [seed for i in runs for seed in parts[i].seeds])
