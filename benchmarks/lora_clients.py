@@ -9,7 +9,8 @@ each with its own adapters and a batch of token ids (lengths drawn 8…L, paddin
   clients one after another — what a per-client PEFT loop (FlowerTune's ClientApp, one client at a time) computes.
 
 - ``--from-layer K``: also the stack adapting only the layers from K up (``model.from_layer``), the layers below run
-  once per distinct text and kept — the steady state of every epoch after the first, which revisits the same texts.
+  once per distinct text and kept — the steady state of every epoch after the first, which revisits the same texts —
+  against peft's loop adapting the same layers (``layers_to_transform``), which runs the whole base every step.
 
 Both get the same weights; the losses are checked to agree. Prints seconds per step, the ratio, and the bytes of
 the adapters and heads (what a stack holds beside the base) as JSON. Not a test.
@@ -55,14 +56,17 @@ def stacked_step(model, params, opt, x, y) -> float:
     return float(loss)
 
 
-def peft_models(path: str, model, params, n: int, rank: int, alpha: float):
-    """n peft LoRA models over one shared base, each given client k's adapters and head."""
+def peft_models(path: str, model, params, n: int, rank: int, alpha: float, from_layer: int = 0):
+    """n peft LoRA models over one shared base, each given client k's adapters and head; ``from_layer``: adapters on
+    the encoder's layers from this one up only (peft's ``layers_to_transform``), as ``model.from_layer``."""
     import peft
     from transformers import AutoModel
 
     base = AutoModel.from_pretrained(path)
     base.requires_grad_(False)
-    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(model.targets))
+    layers = list(range(from_layer, base.config.num_hidden_layers)) if from_layer else None
+    config = peft.LoraConfig(r=rank, lora_alpha=alpha, lora_dropout=0.0, target_modules=list(model.targets),
+                             layers_to_transform=layers)
     wrapped = peft.get_peft_model(base, config)
     clients = []
     for k in range(n):
@@ -138,9 +142,20 @@ def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> d
         top = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=args.from_layer)
         mine = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in top.specs()}
         mine_opt = torch.optim.Adam(list(mine.values()), lr=1e-3)
+        # peft's loop adapting the same layers, from the same weights: it runs the whole base every step
+        wrapped_top, clients_top = peft_models(path, top, mine, n, args.rank, 2.0 * args.rank, args.from_layer)
+        with torch.no_grad():
+            first_top = float(F.cross_entropy(top.forward(mine, x).reshape(-1, 2), y.reshape(-1),
+                                              reduction="none").view(y.shape).mean(1).sum())
+        first_peft_top = _first_peft_loss(wrapped_top, clients_top, x, y)
+        optimizers_top = peft_optimizers(wrapped_top, clients_top)
         s_top = _timed(lambda: stacked_step(top, mine, mine_opt, x, y), args.repeats)  # the warm-up fills its store
+        s_peft_top = _timed(lambda: peft_step(wrapped_top, clients_top, optimizers_top, x, y), args.repeats)
         upper = {f"stacked_from_layer_{args.from_layer}_s_per_step": s_top,
-                 "stacked_over_from_layer": s_stacked / s_top}
+                 "stacked_over_from_layer": s_stacked / s_top,
+                 f"peft_loop_from_layer_{args.from_layer}_s_per_step": s_peft_top,
+                 "peft_loop_over_stacked_from_layer": s_peft_top / s_top,
+                 "first_loss_stacked_from_layer": first_top, "first_loss_peft_loop_from_layer": first_peft_top}
     return {"clients": n, "stacked_s_per_step": s_stacked, "peft_loop_s_per_step": s_peft,
             "peft_loop_over_stacked": s_peft / s_stacked, **upper,
             "first_loss_stacked": first_stacked, "first_loss_peft_loop": first_peft,
