@@ -63,7 +63,7 @@ def _config(tmp_path: Path) -> Path:
         "partition": {"kind": "natural", "clients": None},
         "heterogeneity": {"on": "all"},
         "model": {"hidden": [8]},
-        "train": {"executor": "flower", "rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 2},
+        "train": {"executor": "flower", "rounds": 1, "local_steps": 3, "batch_size": 16, "eval_every": 1},
         "flower": {"nodes": 4, "connect_timeout": 300},
         "methods": [{"name": "cgau", "algorithm": "fedavg", "model": {"kind": "cgau"}},
                     {"algorithm": "fedmoe", "params": {"max_epochs": 2, "patience": 1}}],
