@@ -38,3 +38,25 @@ class CountingKind(ExecutorKind):
             yield InProcessSession(self, opening.config)
         finally:
             EVENTS.append(("close", None))
+
+
+class _Unwatched:
+    """A client-step executor written without ``watch``/``watched`` (what an attack on a client's update reads): the
+    vectorised executor's every other method."""
+
+    def __init__(self, inner: Executor):
+        self._inner = inner
+
+    def __getattr__(self, name: str):
+        if name in ("watch", "watched"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+
+@register
+class UnwatchedKind(ExecutorKind):
+    name = "plugin_unwatched"
+    summary = "vectorised, without watch and watched (a test plugin)"
+
+    def client_steps(self, train: TrainConfig) -> Executor:
+        return _Unwatched(VectorisedExecutor(train.memory_budget_mb, train.chunk_clients))  # type: ignore[return-value]

@@ -121,6 +121,19 @@ def test_an_attack_that_cannot_be_measured_is_refused_before_any_file(tmp_path, 
     assert not (tmp_path / "bad").exists()
 
 
+def test_an_executor_that_cannot_hand_over_a_clients_update_is_refused_before_any_file(tmp_path):
+    """A plugin executor without ``watch``/``watched`` fails an inversion at planning, in one line naming the executors
+    that can run it — not mid-run with an AttributeError; a membership attack, which reads no update, runs on it."""
+    over = {"plugins": ["tests.plugin_executor"], "methods": [{"name": "fedavg", "algorithm": "fedavg"}],
+            "train": {"rounds": 1, "batch_size": 16, "executor": "plugin_unwatched"}}
+    with pytest.raises(ConfigError, match=r"leakage.kind = 'dlg' is not allowed with train.executor = "
+                       r"'plugin_unwatched': .* expected train.executor in \[.*'vectorised'"):
+        _run(tmp_path, "bad", leakage={"kind": "dlg"}, **over)
+    assert not (tmp_path / "bad").exists()
+    assert "global_auc" in read_summary(_run(tmp_path, "ok", leakage={"kind": "loss_threshold"}, **over))[
+        "methods"]["fedavg"]["leakage"]
+
+
 def test_a_sweeps_runs_csv_carries_the_leakage_beside_the_accuracy(tmp_path):
     cfg = _config(methods=[{"name": "fedavg", "algorithm": "fedavg"}], leakage={"kind": "loss_threshold"})
     run_sweep(cfg, {}, seeds=2, out=tmp_path / "sweep", progress=False)

@@ -169,6 +169,12 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpe
     if attack.reads != "update":
         return
     caps, k, train, schedule = run.algo.capabilities, leakage.client, run.train, run.schedule
+    if not _watches(kind, train):
+        allowed = [name for name, other in registry_of("executor").items()
+                   if other.selectable and _watches(other, train)]
+        raise ConfigError(f"leakage.kind = {leakage.kind!r} is not allowed with train.executor = {kind.name!r}: its "
+                          "executor does not say what the server receives of a client's update (it lacks watch and "
+                          f"watched, hetfed.executors.inprocess.Executor); expected train.executor in {allowed}")
     if caps.asynchronous or not caps.server_model:
         why = "it merges updates as they arrive, not in rounds" if caps.asynchronous else "it uploads no model"
         raise ConfigError(f"leakage.kind = {leakage.kind!r} is not allowed with methods.{index}.algorithm = "
@@ -191,6 +197,15 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpe
         raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
                           f"sample(s); client {k}'s update goes over {seen}; expected dlg, inverting_gradients or "
                           "label_counts")
+
+
+def _watches(kind: ExecutorKind, train: TrainConfig) -> bool:
+    """Whether ``kind``'s executor hands an inversion what the server receives of a client's update: in process,
+    its client-step executor's ``watch``/``watched``; elsewhere (Flower) its session's, which has them."""
+    if not kind.in_process:
+        return True
+    executor = kind.client_steps(train)
+    return callable(getattr(executor, "watch", None)) and callable(getattr(executor, "watched", None))
 
 
 def _check_records(config: Config, index: int, method: MethodConfig, algo: Algorithm, fed: Federation) -> None:
