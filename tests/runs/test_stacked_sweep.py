@@ -9,6 +9,7 @@ to the uninterrupted numbers, and clear refusals where stacking cannot apply.
 from __future__ import annotations
 
 import csv
+import math
 import os
 import signal
 import subprocess
@@ -61,8 +62,11 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     assert len(built) > 40 and sum(built) <= 5 * 3  # per method (5): its train pools and global sets, and the group
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert alone.keys() == stacked.keys() and len(alone) > 100
-    for key, value in alone.items():
-        assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    for key, value in alone.items():  # #74: exactly on a CPU, to float tolerance on a GPU
+        if os.environ.get("HETFED_TEST_DEVICE", "cpu") == "cpu":
+            assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
+        else:
+            assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert max(served) == 6  # every run's round in one stack (6 runs, same client step)
     assert max(scored) == 6  # and every run's evaluation: each client on its own run's sets (the numbers above)
     for run in (tmp_path / "stacked").glob("*/seed=*"):  # each run keeps its own directory
