@@ -121,44 +121,46 @@ def _first_peft_loss(wrapped, clients, x, y) -> float:
         return sum(float(_peft_loss(wrapped, name, head, x[k], y[k])) for k, (name, head) in enumerate(clients))
 
 
-def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> dict:
-    """One row: n clients' step, stacked and in peft's loop, from the same weights and batches."""
-    gen = torch.Generator().manual_seed(n)
-    params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
-    x, y = _data(n, args.batch, args.length, vocab, gen)
-    wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank)
+def _both_ways(model, params, n: int, x, y, path: str, args: argparse.Namespace, from_layer: int = 0) -> dict:
+    """One step of ``model``'s stack and of peft's per-client loop adapting the same layers (``from_layer`` up),
+    from the same weights and batches: their first losses (to check they agree) and seconds a step."""
+    wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank, from_layer)
     with torch.no_grad():
         first_stacked = float(F.cross_entropy(model.forward(params, x).reshape(-1, 2), y.reshape(-1),
                                               reduction="none").view(y.shape).mean(1).sum())
     first_peft = _first_peft_loss(wrapped, clients, x, y)
     optimizers = peft_optimizers(wrapped, clients)
     stacked_opt = torch.optim.Adam(list(params.values()), lr=1e-3)
+    # the warm-up of a stack with ``from_layer`` fills its store of the lower layers' outputs
     s_stacked = _timed(lambda: stacked_step(model, params, stacked_opt, x, y), args.repeats)
     s_peft = _timed(lambda: peft_step(wrapped, clients, optimizers, x, y), args.repeats)
+    return {"stacked_s": s_stacked, "peft_s": s_peft, "first_stacked": first_stacked, "first_peft": first_peft}
+
+
+def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> dict:
+    """One row: n clients' step, stacked and in peft's loop, from the same weights and batches."""
+    gen = torch.Generator().manual_seed(n)
+    params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
+    x, y = _data(n, args.batch, args.length, vocab, gen)
+    every = _both_ways(model, params, n, x, y, path, args)
     upper = {}
     if args.from_layer:
         from hetfed.models.lora import LoRAEncoder
 
-        top = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=args.from_layer)
+        k = args.from_layer
+        top = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=k)
         mine = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in top.specs()}
-        mine_opt = torch.optim.Adam(list(mine.values()), lr=1e-3)
-        # peft's loop adapting the same layers, from the same weights: it runs the whole base every step
-        wrapped_top, clients_top = peft_models(path, top, mine, n, args.rank, 2.0 * args.rank, args.from_layer)
-        with torch.no_grad():
-            first_top = float(F.cross_entropy(top.forward(mine, x).reshape(-1, 2), y.reshape(-1),
-                                              reduction="none").view(y.shape).mean(1).sum())
-        first_peft_top = _first_peft_loss(wrapped_top, clients_top, x, y)
-        optimizers_top = peft_optimizers(wrapped_top, clients_top)
-        s_top = _timed(lambda: stacked_step(top, mine, mine_opt, x, y), args.repeats)  # the warm-up fills its store
-        s_peft_top = _timed(lambda: peft_step(wrapped_top, clients_top, optimizers_top, x, y), args.repeats)
-        upper = {f"stacked_from_layer_{args.from_layer}_s_per_step": s_top,
-                 "stacked_over_from_layer": s_stacked / s_top,
-                 f"peft_loop_from_layer_{args.from_layer}_s_per_step": s_peft_top,
-                 "peft_loop_over_stacked_from_layer": s_peft_top / s_top,
-                 "first_loss_stacked_from_layer": first_top, "first_loss_peft_loop_from_layer": first_peft_top}
-    return {"clients": n, "stacked_s_per_step": s_stacked, "peft_loop_s_per_step": s_peft,
-            "peft_loop_over_stacked": s_peft / s_stacked, **upper,
-            "first_loss_stacked": first_stacked, "first_loss_peft_loop": first_peft,
+        # peft's loop adapting the same layers runs the whole base every step
+        upper_ways = _both_ways(top, mine, n, x, y, path, args, k)
+        upper = {f"stacked_from_layer_{k}_s_per_step": upper_ways["stacked_s"],
+                 "stacked_over_from_layer": every["stacked_s"] / upper_ways["stacked_s"],
+                 f"peft_loop_from_layer_{k}_s_per_step": upper_ways["peft_s"],
+                 "peft_loop_over_stacked_from_layer": upper_ways["peft_s"] / upper_ways["stacked_s"],
+                 "first_loss_stacked_from_layer": upper_ways["first_stacked"],
+                 "first_loss_peft_loop_from_layer": upper_ways["first_peft"]}
+    return {"clients": n, "stacked_s_per_step": every["stacked_s"], "peft_loop_s_per_step": every["peft_s"],
+            "peft_loop_over_stacked": every["peft_s"] / every["stacked_s"], **upper,
+            "first_loss_stacked": every["first_stacked"], "first_loss_peft_loop": every["first_peft"],
             "adapter_and_head_bytes": sum(v.numel() * v.element_size() for v in params.values())}
 
 
