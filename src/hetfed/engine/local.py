@@ -90,6 +90,11 @@ class LocalSchedule:
         """Each client's local steps this round by its size (0 for a client without data: it does not train)."""
         return [self.n_steps(m) if m else 0 for m in sizes]
 
+    def samples_seen(self, n: int) -> int:
+        """How many of its ``n`` samples a client's round goes over: all of them for an epoch or more, else its steps'
+        batches (what an attack on its update is scored against)."""
+        return min(n, self.n_steps(n) * self.batch_size)
+
     def n_steps(self, n: int) -> int:
         per_epoch = max(1, math.ceil(n / self.batch_size))
         if self.steps is not None:

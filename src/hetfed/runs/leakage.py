@@ -192,13 +192,7 @@ def observed(spec: RunSpec, fed: Federation, bc: Broadcast, seen: Seen) -> Obser
     params = {**guessed, **{k: v.detach() for k, v in bc.params.items()}, **unseen}
     update = {k: (v[0].to(device) - bc.params[k]).detach() for k, v in seen.params.items()}
     return Observed(algo.model, params, update, float(bc.lr), tuple(fed.input_shape), steps=1,
-                    batch=sum(_samples_seen(spec, fed, k) for k in seen.clients))
-
-
-def _samples_seen(spec: RunSpec, fed: Federation, client: int) -> int:
-    """How many of its samples a client's update goes over: all of them for an epoch, its steps × B else."""
-    n = len(fed.train[client])
-    return min(n, spec.schedule.n_steps(n) * spec.schedule.batch_size)
+                    batch=sum(spec.schedule.samples_seen(len(fed.train[k])) for k in seen.clients))
 
 
 def attack_upload(spec: RunSpec, fed: Federation, bc: Broadcast, seen: Seen, leakage: LeakageConfig) -> Found:

@@ -185,7 +185,7 @@ def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpe
     if leakage.round > train.rounds:
         raise ConfigError(f"leakage.round = {leakage.round} is not allowed: methods.{index} trains {train.rounds} "
                           f"rounds; expected 1 … {train.rounds}")
-    seen = min(len(fed.train[k]), schedule.n_steps(len(fed.train[k])) * schedule.batch_size)
+    seen = schedule.samples_seen(len(fed.train[k]))
     if attack.most_samples is not None and not kind.in_process and (
             config.flower.secure_aggregation != "none" or config.flower.clients_per_node > 1):
         raise ConfigError(f"leakage.kind = {leakage.kind!r} reads an update of at most {attack.most_samples} "
