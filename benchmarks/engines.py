@@ -276,7 +276,7 @@ def measure_peft_loop(case: str) -> dict:
     row's round on the same machine in the same run (benchmarks/lora_clients.py's loop)."""
     if case != "lora":
         raise ValueError("peft-loop measures the lora case only")
-    from lora_clients import _data, peft_models, peft_optimizers, peft_step
+    from lora_clients import _data, _timed, peft_models, peft_optimizers, peft_step
 
     from hetfed.data.embeddings.wordpiece import encoder_path
     from hetfed.models.lora import LoRAEncoder
@@ -291,11 +291,8 @@ def measure_peft_loop(case: str) -> dict:
     wrapped, heads = peft_models(path, model, params, clients, model.rank, 2.0 * model.rank)
     optimizers = peft_optimizers(wrapped, heads)
     rounds = CASE_ROUNDS[case]
-    peft_step(wrapped, heads, optimizers, x, y)  # warm-up, as a run's first round pays its start
-    t0 = time.perf_counter()
-    for _ in range(rounds):
-        peft_step(wrapped, heads, optimizers, x, y)
-    return {"seconds_per_round": (time.perf_counter() - t0) / rounds, "rounds": rounds}
+    # after a warm-up step, as a run's first round pays its start
+    return {"seconds_per_round": _timed(lambda: peft_step(wrapped, heads, optimizers, x, y), rounds), "rounds": rounds}
 
 
 def _mean_of(rows: list[dict]) -> dict:
