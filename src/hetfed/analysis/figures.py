@@ -348,8 +348,12 @@ def plot_mean_curves(curves: dict[str, dict[str, list[list[tuple[int, float]]]]]
     for m, method in enumerate(methods):
         ax = axes[m // ncols][m % ncols]
         for i, (label, runs) in enumerate(curves[method].items()):
-            rounds = sorted({r for run in runs for r, _ in run})
-            by_round = [[v for run in runs for r2, v in run if r2 == r] for r in rounds]
+            values: dict[int, list[float]] = {}
+            for run in runs:
+                for r, v in run:
+                    values.setdefault(r, []).append(v)
+            rounds = sorted(values)
+            by_round = [values[r] for r in rounds]
             ns.update(len(v) for v in by_round)
             mean = np.array([np.mean(v) for v in by_round])
             band = np.array([ci95(v) for v in by_round])

@@ -41,7 +41,13 @@ from hetfed.runs.rundir import (
     write_json_atomic,
 )
 from hetfed.runs.sweep import config_diff
-from hetfed.runs.sweep_tables import aggregate_values, point_name, write_heterogeneity, write_table
+from hetfed.runs.sweep_tables import (
+    Curves,
+    aggregate_values,
+    read_curves_table,
+    write_heterogeneity,
+    write_table,
+)
 
 RUNS, CURVES = RUNS_TABLE, CURVES_TABLE
 
@@ -157,7 +163,7 @@ def _merge(folders: list[Path], out: Path) -> Merged:
             csv.writer(fh).writerows([header, *rows])
         write_table(tmp / SWEEP_TABLE, table, keys)
         write_heterogeneity(tmp / HETEROGENEITY_TABLE, table, keys)
-        curves = _merge_curves(folders, tmp / CURVES, keys) if have_curves else None
+        curves = _merge_curves(folders, tmp / CURVES) if have_curves else None
         grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in order)) for i, k in enumerate(keys)}
         seeds = sorted({int(r[n]) for r in rows})
         write_json_atomic(tmp / SWEEP_RECORD, {
@@ -181,8 +187,8 @@ def _merge(folders: list[Path], out: Path) -> Merged:
     return Merged(out, seeds, have_curves, problems, table, keys)
 
 
-def _merge_curves(folders: Sequence[Path], path: Path, keys: list[str]) -> dict[str, dict]:
-    """Concatenate the curves.csv files; return ``{metric: {method: {grid point: [each seed's curve]}}}``."""
+def _merge_curves(folders: Sequence[Path], path: Path) -> Curves:
+    """Concatenate the curves.csv files; return their curves (:func:`~hetfed.runs.sweep_tables.read_curves_table`)."""
     header: list[str] | None = None
     body: list[list[str]] = []
     for folder in folders:
@@ -194,22 +200,13 @@ def _merge_curves(folders: Sequence[Path], path: Path, keys: list[str]) -> dict[
     assert header is not None
     with open(path, "w", newline="") as fh:
         csv.writer(fh).writerows([header, *body])
-    n = len(keys)
-    runs: dict[tuple[str, str, str, str], list[tuple[int, float]]] = {}
-    for r in body:  # keys…, seed, method, round, metric, value
-        point = point_name(dict(zip(keys, r[:n], strict=True)))
-        runs.setdefault((r[n + 3], r[n + 1], point, r[n]), []).append((int(r[n + 2]), float(r[n + 4])))
-    out: dict[str, dict] = {}
-    for (metric, method, point, _seed), curve in runs.items():
-        if len(curve) > 1:
-            out.setdefault(metric, {}).setdefault(method, {}).setdefault(point, []).append(sorted(curve))
-    return out
+    return read_curves_table(path)
 
 
 def _figures(folder: Path, table: list[dict], grid: dict[str, list[Any]], request: dict | None,
-             curves: dict[str, dict] | None) -> list[str]:
+             curves: Curves | None) -> list[str]:
     from hetfed.analysis.report import base_config
     from hetfed.analysis.results import write_sweep_figures
 
     config = base_config(request) if request is not None else None
-    return write_sweep_figures(table, grid, [], folder / FIGURES, config, curves_by_metric=curves or {})
+    return write_sweep_figures(table, grid, curves or {}, folder / FIGURES, config)

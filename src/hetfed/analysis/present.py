@@ -14,7 +14,8 @@ from rich.console import Console
 
 from hetfed.config import Config
 from hetfed.console import make_console
-from hetfed.runs.rundir import FIGURES, REPORT
+from hetfed.runs.rundir import CURVES_TABLE, FIGURES, REPORT
+from hetfed.runs.sweep_tables import read_curves_table
 
 
 def _warn(console: Console | None, what: str, err: Exception, directory: Path) -> None:
@@ -38,13 +39,14 @@ def present_run(run_dir: Path, status: Console | None = None) -> None:
             _warn(status, REPORT, err, run_dir)
 
 
-def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                  config: Config | None, console: Console | None) -> None:
-    """The sweep's figures (``figures/``) and ``report.html``."""
+def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], config: Config | None,
+                  console: Console | None) -> None:
+    """The sweep's figures (``figures/``) and ``report.html``, its learning curves read from its curves.csv."""
     from hetfed.analysis.report import write_report
     from hetfed.analysis.results import write_sweep_figures
 
-    for problem in write_sweep_figures(table, grid, run_dirs, Path(sweep_dir) / FIGURES, config):
+    curves = read_curves_table(Path(sweep_dir) / CURVES_TABLE)
+    for problem in write_sweep_figures(table, grid, curves, Path(sweep_dir) / FIGURES, config):
         (console or make_console()).print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
     try:
         write_report(sweep_dir)

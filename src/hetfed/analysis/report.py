@@ -26,6 +26,7 @@ from hetfed.analysis.plotstyle import key_label, metric_label, metric_range
 from hetfed.errors import RunError
 from hetfed.runs.rundir import (
     CONFIG,
+    CURVES_TABLE,
     FEDERATION,
     FIGURES,
     METRICS,
@@ -35,7 +36,7 @@ from hetfed.runs.rundir import (
     SWEEP_RECORD,
     SWEEP_REQUEST,
 )
-from hetfed.runs.sweep_tables import LEAKED
+from hetfed.runs.sweep_tables import LEAKED, read_curves_table
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -390,7 +391,6 @@ def sweep_report(d: Path) -> str:
     table_rows = record.get("rows") or []
     runs = record.get("runs", [])
     failed = record.get("failed", [])
-    run_dirs = [(r["point"], Path(r["run_dir"])) for r in runs]
     summaries = [(r, _json(Path(r["run_dir"]) / SUMMARY)) for r in runs]
     name = (request.get("config") or {}).get("name", d.name)
     sections: list[tuple[str, str]] = []
@@ -441,7 +441,7 @@ def sweep_report(d: Path) -> str:
 
     figs = ""
     try:
-        drawn = sweep_figures(table_rows, grid, run_dirs, base_config(request))
+        drawn = sweep_figures(table_rows, grid, read_curves_table(d / CURVES_TABLE), base_config(request))
     except Exception as err:
         drawn = []
         figs += f"<p class='warn'>figures not drawn: {_esc(type(err).__name__)}: {_esc(err)}</p>"

@@ -9,7 +9,7 @@ from typing import Any
 
 from hetfed.config import Config
 from hetfed.runs.rundir import METRICS
-from hetfed.runs.sweep_tables import point_name
+from hetfed.runs.sweep_tables import Curves
 
 
 def _view_pairs(config: Config | None) -> list[tuple[str, str]]:
@@ -37,21 +37,18 @@ SWEEP_FIGURES = ("final.global_accuracy", "best.global_accuracy", "best.local_ac
 SWEEP_CURVES = ("global_accuracy", "local_accuracy_mean")
 
 
-def sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                  config: Config | None = None, curves_by_metric: dict[str, dict] | None = None,
+def sweep_figures(table: list[dict], grid: dict[str, list[Any]], curves: Curves, config: Config | None = None,
                   ) -> list[tuple[str, Any]]:
     """The sweep's figures as ``(file stem, draw)`` pairs; ``draw(path)`` saves, ``draw(None)`` returns the figure.
 
-    The learning curves come from the run directories' metrics.csv, or from ``curves_by_metric``
-    (``{metric: {method: {grid point: [each seed's [(round, value)]]}}}``) where those directories are gone
-    (``hetfed merge`` reads them from the sweeps' curves.csv)."""
+    The learning curves are the sweep's curves.csv (:func:`~hetfed.runs.sweep_tables.read_curves_table`), so a
+    merged sweep whose run directories are gone draws them as the sweep did."""
     from hetfed.analysis.figures import plot_global_vs_local, plot_relative, plot_sweep
 
     out: list[tuple[str, Any]] = []
     for metric in SWEEP_CURVES:
-        curves = _mean_curves(run_dirs, metric) if curves_by_metric is None else curves_by_metric.get(metric, {})
-        if curves:
-            out.append((f"curves_{metric}", lambda path, c=curves, m=metric: _plot_curves(c, m, path)))
+        if curves.get(metric):
+            out.append((f"curves_{metric}", lambda path, c=curves[metric], m=metric: _plot_curves(c, m, path)))
     rows = {r["method"] for r in table}
     for fed_row, primary in _view_pairs(config):  # a method with views (FedMoE): its figures 3 and 5
         if len(grid) == 1 and {fed_row, primary} <= rows:
@@ -73,13 +70,12 @@ def _plot_curves(curves, metric: str, path):
     return plot_mean_curves(curves, metric, path)
 
 
-def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs: list[tuple[dict, Path]],
-                        fig_dir: Path, config: Config | None = None,
-                        curves_by_metric: dict[str, dict] | None = None) -> list[str]:
+def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], curves: Curves, fig_dir: Path,
+                        config: Config | None = None) -> list[str]:
     """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
     problems: list[str] = []
     try:
-        figures = sweep_figures(table, grid, run_dirs, config, curves_by_metric)
+        figures = sweep_figures(table, grid, curves, config)
     except Exception as err:  # a figure must never cost the sweep its tables
         return [f"learning curves: {type(err).__name__}: {err}"]
     for name, draw in figures:
@@ -88,16 +84,6 @@ def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], run_dirs:
         except Exception as err:
             problems.append(f"{name}: {type(err).__name__}: {err}")
     return problems
-
-
-def _mean_curves(run_dirs: list[tuple[dict, Path]], metric: str) -> dict[str, dict[str, list[list[tuple[int, float]]]]]:
-    """``{method: {grid point: [each seed's [(round, value)]]}}`` for the sweep's learning curves."""
-    curves: dict[str, dict[str, list[list[tuple[int, float]]]]] = {}
-    for point, run_dir in run_dirs:
-        for method, points in read_curves(run_dir / METRICS, metric).items():
-            if len(points) > 1:
-                curves.setdefault(method, {}).setdefault(point_name(point), []).append(points)
-    return curves
 
 
 def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:

@@ -106,7 +106,7 @@ def run_sweep(
     summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
-        present(sweep_dir, table, grid, run_dirs, config, console)
+        present(sweep_dir, table, grid, config, console)
     if progress:
         print_table(table, list(grid), console)
     if failed:

@@ -15,7 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hetfed.runs.rundir import METRICS
+from hetfed.runs.rundir import METRIC_COLUMNS, METRICS
 
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
@@ -144,7 +144,8 @@ CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "server_accuracy
 def write_curves(path: Path, runs: list[tuple[dict[str, Any], int, Path]], keys: list[str]) -> None:
     """curves.csv: every run's round-by-round evaluation (grid keys, seed, method, round, metric, value) for
     :data:`CURVES` — learning curves per seed, small enough to keep where the run directories are not (which
-    round a paper reports matters when a curve oscillates)."""
+    round a paper reports matters when a curve oscillates). The sweep's figures and report read them from here
+    (:func:`read_curves_table`), each run's metrics.csv read once."""
     with open(path, "w", newline="") as out:
         w = csv.writer(out)
         w.writerow([*keys, "seed", "method", "round", "metric", "value"])
@@ -154,9 +155,39 @@ def write_curves(path: Path, runs: list[tuple[dict[str, Any], int, Path]], keys:
             if not metrics.is_file():
                 continue
             with open(metrics, newline="") as fh:
-                for row in csv.DictReader(fh):
-                    if row["split"] == "summary" and row["metric"] in CURVES:
-                        w.writerow([*cells, seed, row["method"], row["round"], row["metric"], row["value"]])
+                at = {column: i for i, column in enumerate(next(csv.reader([fh.readline()]), METRIC_COLUMNS))}
+                split, metric = at["split"], at["metric"]
+                picked = (at["method"], at["round"], metric, at["value"])
+                # most rows are the clients' own: a line without ",summary," is not parsed at all
+                rows = csv.reader(line for line in fh if ",summary," in line)
+                w.writerows([*cells, seed, *(row[i] for i in picked)] for row in rows
+                            if row[split] == "summary" and row[metric] in CURVES)
+
+
+#: ``{metric: {method: {grid point: [each seed's [(round, value)]]}}}``: the learning curves a sweep draws
+Curves = dict[str, dict[str, dict[str, list[list[tuple[int, float]]]]]]
+
+
+def read_curves_table(path: Path) -> Curves:
+    """curves.csv (:func:`write_curves`, or ``hetfed merge``'s concatenation) as each seed's curve of each metric,
+    method and grid point; a curve of one point is left out, and a round met twice keeps its first value (FedMoE's
+    final scoring of its federated view repeats the last round's row). Empty when the file is not there."""
+    if not Path(path).is_file():
+        return {}
+    with open(path, newline="") as fh:
+        rows = csv.reader(fh)
+        header = next(rows, [])
+        n = header.index("seed") if "seed" in header else 0
+        keys = header[:n]
+        runs: dict[tuple[str, str, str, str], dict[int, float]] = {}
+        for r in rows:  # keys…, seed, method, round, metric, value
+            point = point_name(dict(zip(keys, r[:n], strict=True)))
+            runs.setdefault((r[n + 3], r[n + 1], point, r[n]), {}).setdefault(int(r[n + 2]), float(r[n + 4]))
+    out: Curves = {}
+    for (metric, method, point, _seed), curve in runs.items():
+        if len(curve) > 1:
+            out.setdefault(metric, {}).setdefault(method, {}).setdefault(point, []).append(sorted(curve.items()))
+    return out
 
 
 def cell(value: Any) -> Any:
