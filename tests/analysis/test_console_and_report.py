@@ -134,6 +134,32 @@ def test_a_run_says_it_is_writing_the_figures_and_draws_each_kept_figure_once(tm
     assert "data:image/png;base64," in (out / "report.html").read_text()
 
 
+def test_a_sweep_draws_each_figure_once_and_warns_of_one_it_cannot_draw(tmp_path, capsys, monkeypatch):
+    """A sweep's figures were drawn twice (once for figures/, once for report.html), and its learning curves read
+    every run's metrics.csv once per metric: 3.5 s of a 20-seed, 300-round sweep's 4 s of presenting. Now each is
+    drawn once, from curves.csv; one that fails is a warning on the console and in the page, the others are kept."""
+    from hetfed.analysis import figures
+
+    drawn: list[str] = []
+    real_curves = figures.plot_mean_curves
+    monkeypatch.setattr(figures, "plot_mean_curves", lambda *a, **k: (drawn.append("curves"), real_curves(*a, **k))[1])
+
+    def broken(*_a, **_k):
+        raise RuntimeError("no ink")
+
+    monkeypatch.setattr(figures, "plot_sweep", broken)
+    out = tmp_path / "s"
+    config = str(Path(__file__).resolve().parents[2] / "configs" / "default.yaml")
+    assert main(["sweep", config, *TINY, "--set", "train.rounds=2", "--grid", "train.optimizer.lr=0.05,0.1",
+                 "--seeds", "1", "--out", str(out)]) == 0
+    kept = sorted(p.name for p in (out / "figures").glob("curves_*.png"))
+    assert kept == ["curves_global_accuracy.png", "curves_local_accuracy_mean.png"] and len(drawn) == len(kept)
+    assert not list((out / "figures").glob("best.*"))  # the broken ones: not drawn, said
+    err = capsys.readouterr()
+    assert "warning: figure not drawn: best.global_accuracy: RuntimeError: no ink" in err.out + err.err
+    assert "no ink" in (out / "report.html").read_text()
+
+
 def test_the_python_api_shows_progress_by_default():
     import inspect
 

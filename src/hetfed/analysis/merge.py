@@ -32,7 +32,6 @@ import yaml
 from hetfed.errors import ConfigError
 from hetfed.runs.rundir import (
     CURVES_TABLE,
-    FIGURES,
     HETEROGENEITY_TABLE,
     RUNS_TABLE,
     SWEEP_RECORD,
@@ -42,9 +41,7 @@ from hetfed.runs.rundir import (
 )
 from hetfed.runs.sweep import config_diff
 from hetfed.runs.sweep_tables import (
-    Curves,
     aggregate_values,
-    read_curves_table,
     write_heterogeneity,
     write_table,
 )
@@ -163,7 +160,8 @@ def _merge(folders: list[Path], out: Path) -> Merged:
             csv.writer(fh).writerows([header, *rows])
         write_table(tmp / SWEEP_TABLE, table, keys)
         write_heterogeneity(tmp / HETEROGENEITY_TABLE, table, keys)
-        curves = _merge_curves(folders, tmp / CURVES) if have_curves else None
+        if have_curves:
+            _merge_curves(folders, tmp / CURVES)
         grid = {k: list(dict.fromkeys(_cell_value(p[i]) for p in order)) for i, k in enumerate(keys)}
         seeds = sorted({int(r[n]) for r in rows})
         write_json_atomic(tmp / SWEEP_RECORD, {
@@ -171,24 +169,24 @@ def _merge(folders: list[Path], out: Path) -> Merged:
             "merged_from": [str(f) for f in folders], "curves": have_curves})
         if request is not None:
             write_json_atomic(tmp / SWEEP_REQUEST, request)
-        problems = _figures(tmp, table, grid, request, curves)
         if out.exists():
             out.rmdir()
         tmp.rename(out)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
-    try:  # the page is a view of the tables: a failure is reported, the merged tables stay
+    problems: list[str] = []
+    try:  # the page (and the figures it keeps) is a view of the tables: a failure is reported, the tables stay
         from hetfed.analysis.report import write_report
 
-        write_report(out)
+        write_report(out, problems=problems)
     except Exception as err:
         problems.append(f"report.html: {type(err).__name__}: {err} (try: hetfed report {out})")
     return Merged(out, seeds, have_curves, problems, table, keys)
 
 
-def _merge_curves(folders: Sequence[Path], path: Path) -> Curves:
-    """Concatenate the curves.csv files; return their curves (:func:`~hetfed.runs.sweep_tables.read_curves_table`)."""
+def _merge_curves(folders: Sequence[Path], path: Path) -> None:
+    """Concatenate the curves.csv files (the merged sweep's figures read them back from there)."""
     header: list[str] | None = None
     body: list[list[str]] = []
     for folder in folders:
@@ -200,13 +198,3 @@ def _merge_curves(folders: Sequence[Path], path: Path) -> Curves:
     assert header is not None
     with open(path, "w", newline="") as fh:
         csv.writer(fh).writerows([header, *body])
-    return read_curves_table(path)
-
-
-def _figures(folder: Path, table: list[dict], grid: dict[str, list[Any]], request: dict | None,
-             curves: Curves | None) -> list[str]:
-    from hetfed.analysis.report import base_config
-    from hetfed.analysis.results import write_sweep_figures
-
-    config = base_config(request) if request is not None else None
-    return write_sweep_figures(table, grid, curves or {}, folder / FIGURES, config)

@@ -14,8 +14,7 @@ from rich.console import Console
 
 from hetfed.config import Config
 from hetfed.console import make_console
-from hetfed.runs.rundir import CURVES_TABLE, FIGURES, REPORT
-from hetfed.runs.sweep_tables import read_curves_table
+from hetfed.runs.rundir import REPORT
 
 
 def _warn(console: Console | None, what: str, err: Exception, directory: Path) -> None:
@@ -41,14 +40,14 @@ def present_run(run_dir: Path, status: Console | None = None) -> None:
 
 def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], config: Config | None,
                   console: Console | None) -> None:
-    """The sweep's figures (``figures/``) and ``report.html``, its learning curves read from its curves.csv."""
+    """The sweep's ``report.html`` and the figures it keeps (``figures/``), each drawn once, its learning curves
+    read from its curves.csv; a figure that cannot be drawn is a warning."""
     from hetfed.analysis.report import write_report
-    from hetfed.analysis.results import write_sweep_figures
 
-    curves = read_curves_table(Path(sweep_dir) / CURVES_TABLE)
-    for problem in write_sweep_figures(table, grid, curves, Path(sweep_dir) / FIGURES, config):
-        (console or make_console()).print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)
+    problems: list[str] = []
     try:
-        write_report(sweep_dir)
+        write_report(sweep_dir, problems=problems)
     except Exception as err:
         _warn(console, REPORT, err, Path(sweep_dir))
+    for problem in problems:
+        (console or make_console()).print(f"warning: figure not drawn: {problem}", style="yellow", soft_wrap=True)

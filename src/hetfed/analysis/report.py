@@ -50,16 +50,17 @@ MAX_PANELS = 12
 DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean")
 
 
-def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
+def write_report(directory: str | Path, out: str | Path | None = None, problems: list[str] | None = None) -> Path:
     """Write the report of a run or sweep directory (default ``DIR/report.html``); returns its path.
 
-    A run's report written in place also (re)writes the figures the run directory keeps
-    (``figures/learning_curves.png``, ``figures/clients.png`` and their SVGs), from the same drawing."""
+    A report written in place also (re)writes the figures the directory keeps (a run's
+    ``figures/learning_curves.png`` and ``figures/clients.png``, a sweep's learning curves and metrics against its
+    keys; PNG and SVG), from the same drawing. A sweep's figures that could not be drawn are added to ``problems``."""
     d = Path(directory)
     if not d.is_dir():
         raise RunError(f"report: {str(d)!r} is not a directory; expected a run or sweep directory")
     if (d / SWEEP_RECORD).is_file():
-        page = sweep_report(d)
+        page = sweep_report(d, keep=d / FIGURES if out is None else None, problems=problems)
     elif (d / CONFIG).is_file() and (d / METRICS).is_file():
         page = run_report(d, keep=d / FIGURES if out is None else None)
     else:
@@ -79,10 +80,13 @@ def write_report(directory: str | Path, out: str | Path | None = None) -> Path:
 # ------------------------------------------------------------------ reading a run
 
 
-def read_metrics(path: Path) -> list[dict]:
-    """metrics.csv as rows with typed round and value."""
+def read_metrics(path: Path, keep: str | None = None) -> list[dict]:
+    """metrics.csv as rows with typed round and value; ``keep``: only the lines that hold this text (a sweep's
+    report reads one per-client metric of every run: its lines are found before any is parsed)."""
     with open(path, newline="") as fh:
-        rows = list(csv.DictReader(fh))
+        header = fh.readline()
+        lines = fh if keep is None else (line for line in fh if keep in line)
+        rows = list(csv.DictReader(lines, fieldnames=next(csv.reader([header]))))
     for row in rows:
         row["round"] = int(row["round"])
         row["value"] = float(row["value"]) if row["value"] not in ("", "nan", "None") else math.nan
@@ -142,10 +146,12 @@ class Markup(str):
     """A table cell that is already HTML."""
 
 
-def figure(draw: Callable[[None], Any], caption: str, keep: Path | None = None) -> str:
-    """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal.
+def figure(draw: Callable[[None], Any], caption: str, keep: Path | None = None,
+           problems: list[str] | None = None) -> str:
+    """Render a figure function (``draw(None)`` → figure) as an embedded PNG; a failure is shown, not fatal (and
+    said in ``problems``, for the console).
 
-    ``keep``: also write it there (PNG, and SVG beside it) and embed that PNG: a figure the run directory
+    ``keep``: also write it there (PNG, and SVG beside it) and embed that PNG: a figure the run or sweep directory
     keeps is drawn once, not once for the file and again for the page."""
     from hetfed.analysis.figures import png_bytes, save
 
@@ -153,6 +159,8 @@ def figure(draw: Callable[[None], Any], caption: str, keep: Path | None = None) 
         fig = draw(None)
         data = base64.b64encode(save(fig, keep).read_bytes() if keep is not None else png_bytes(fig)).decode()
     except Exception as err:  # one broken figure must not cost the page
+        if problems is not None:
+            problems.append(f"{keep.stem if keep is not None else caption}: {type(err).__name__}: {err}")
         return f'<p class="warn">figure not drawn ({_esc(caption)}): {_esc(type(err).__name__)}: {_esc(err)}</p>'
     return (f'<figure><img alt="{_esc(caption)}" src="data:image/png;base64,{data}">'
             f"<figcaption>{_esc(caption)}</figcaption></figure>")
@@ -379,7 +387,9 @@ def base_config(request: dict):
         return None
 
 
-def sweep_report(d: Path) -> str:
+def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None = None) -> str:
+    """A sweep's page; ``keep``: the folder where its figures are written as they are drawn (``problems``: those
+    that could not be)."""
     from hetfed.analysis.figures import plot_client_distributions
     from hetfed.analysis.results import sweep_figures
     from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI, point_name
@@ -445,6 +455,8 @@ def sweep_report(d: Path) -> str:
     except Exception as err:
         drawn = []
         figs += f"<p class='warn'>figures not drawn: {_esc(type(err).__name__)}: {_esc(err)}</p>"
+        if problems is not None:
+            problems.append(f"learning curves: {type(err).__name__}: {err}")
     for stem, draw in drawn:
         if stem.startswith("curves_"):
             caption = f"learning curves: {metric_label(stem[len('curves_'):])}, mean over seeds per grid point"
@@ -453,14 +465,14 @@ def sweep_report(d: Path) -> str:
                        "global_relative_to_fedavg": "global accuracy relative to FedAvg (FedMoE paper, Fig. 5)"}[stem]
         else:
             caption = f"{metric_label(stem)} against {', '.join(key_label(k) for k in keys)}"
-        figs += figure(draw, caption)
+        figs += figure(draw, caption, keep / f"{stem}.png" if keep is not None else None, problems)
     sections.append(("figures", figs or "<p class='muted'>no figures</p>"))
 
     by_point: dict[str, dict[str, list[float]]] = {}
     for r, s in summaries:
         if not s:
             continue
-        rows = read_metrics(Path(r["run_dir"]) / METRICS)
+        rows = read_metrics(Path(r["run_dir"]) / METRICS, keep=",local_accuracy,")
         for label, m in s.get("methods", {}).items():
             by_point.setdefault(point_name(r["point"]), {}).setdefault(label, []).extend(
                 per_client(rows, label, "local_accuracy", m.get("best_round")))

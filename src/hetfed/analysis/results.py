@@ -70,22 +70,6 @@ def _plot_curves(curves, metric: str, path):
     return plot_mean_curves(curves, metric, path)
 
 
-def write_sweep_figures(table: list[dict], grid: dict[str, list[Any]], curves: Curves, fig_dir: Path,
-                        config: Config | None = None) -> list[str]:
-    """Draw the sweep's figures; a figure that fails is reported, never fatal (the tables are written)."""
-    problems: list[str] = []
-    try:
-        figures = sweep_figures(table, grid, curves, config)
-    except Exception as err:  # a figure must never cost the sweep its tables
-        return [f"learning curves: {type(err).__name__}: {err}"]
-    for name, draw in figures:
-        try:
-            draw(fig_dir / f"{name}.png")
-        except Exception as err:
-            problems.append(f"{name}: {type(err).__name__}: {err}")
-    return problems
-
-
 def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
     """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
     per_method: dict[str, dict[int, float]] = {}
