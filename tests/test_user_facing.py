@@ -112,22 +112,22 @@ def test_a_nan_validation_loss_is_never_the_best_model():
     train = TrainConfig(rounds=4, local_steps=2)
     model = build_model(build_config({}).model, prep.federation.input_shape, prep.federation.n_classes)
     algo = build_algorithm("fedavg", model, train)
-    real = sim.evaluation
+    real = sim.evaluation_steps
     calls = {"n": 0}
 
     def nan_at_round_3(*a, **k):
-        ev = real(*a, **k)
+        ev = yield from real(*a, **k)
         calls["n"] += 1
         if calls["n"] == 3:
             ev.metrics["val_loss"] = float("nan")
         return ev
 
-    sim.evaluation = nan_at_round_3
+    sim.evaluation_steps = nan_at_round_3
     try:
         with pytest.raises(sim.DivergedError, match="round 3"):
             simulate(algo, prep.federation, train, 0)
     finally:
-        sim.evaluation = real
+        sim.evaluation_steps = real
 
 
 def test_without_validation_data_the_summary_says_there_was_nothing_to_select_on(tmp_path, capsys):

@@ -127,7 +127,7 @@ def test_the_rounds_training_loss_weights_clients_by_their_samples():
 def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
     from hetfed.executors import updates as sim
 
-    real, calls = sim.evaluation, {"n": 0}
+    real, calls = sim.evaluation_steps, {"n": 0}
 
     def interrupt_third(*a, **k):
         calls["n"] += 1
@@ -135,7 +135,7 @@ def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(sim, "evaluation", interrupt_third)
+    monkeypatch.setattr(sim, "evaluation_steps", interrupt_third)
     with pytest.raises(KeyboardInterrupt):
         run_experiment(build_config({"train": {"rounds": 5}}), out=tmp_path / "r", progress=False, present=present_run)
     assert main(["report", str(tmp_path / "r")]) == 0

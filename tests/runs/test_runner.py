@@ -54,7 +54,7 @@ def test_several_methods_share_the_federation(tmp_path):
 def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatch):
     from hetfed.executors import updates as sim
 
-    real = sim.evaluation
+    real = sim.evaluation_steps
     calls = {"n": 0}
 
     def flaky(*a, **k):
@@ -63,7 +63,7 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
             raise KeyboardInterrupt
         return real(*a, **k)
 
-    monkeypatch.setattr(sim, "evaluation", flaky)
+    monkeypatch.setattr(sim, "evaluation_steps", flaky)
     cfg = build_config({"train": {"rounds": 5}})
     with pytest.raises(KeyboardInterrupt):
         run_experiment(cfg, out=tmp_path / "r", progress=False)

@@ -43,7 +43,7 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
-from hetfed.executors.updates import after_update, wire_bytes
+from hetfed.executors.updates import after_update, drive, wire_bytes
 from hetfed.server.screen import finite_clients, update_norms
 
 if TYPE_CHECKING:
@@ -400,4 +400,4 @@ def _update(loop: _Loop, result: SimulationResult, q: EventQueue, t0: float) -> 
     result.downlink_bytes += q.down_bytes
     result.uplink_bytes += q.up_bytes
     q.last_update, q.down_bytes, q.up_bytes, q.rejected_counts = q.now, 0, 0, {}
-    return after_update(loop, result, arrivals if merged else None, counts, clock, t0)
+    return drive(after_update(loop, result, arrivals if merged else None, counts, clock, t0), loop.executor)

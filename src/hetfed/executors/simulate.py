@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, cast
+from typing import TYPE_CHECKING, Any, Protocol, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -23,13 +23,16 @@ from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.rng import SERVER_INIT, torch_gen
 from hetfed.engine.sampling import eval_sample
 from hetfed.engine.types import ServerState, Upload
-from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
+from hetfed.executors.inprocess import Executor, InProcessExecutor
 from hetfed.executors.updates import (
     DivergedError,
     RoundObserver,
     SimulationResult,
+    Steps,
+    Train,
     _Loop,
     after_update,
+    drive,
     evaluation,
     plan_round,
     round_train_loss,
@@ -96,10 +99,23 @@ def simulate(
 
         run_async(loop, result, finished)
         return result
-    for r in range(result.rounds_done, 0 if finished else run.train.rounds):
-        if _one_round(loop, result, r):
+    rounds = range(result.rounds_done, 0 if finished else run.train.rounds)
+    if isinstance(loop.executor, DrivesRounds):  # a stacked sweep: its runs' rounds answered together
+        loop.executor.drive_rounds(lambda r: _one_round(loop, result, r), rounds)
+        return result
+    for r in rounds:
+        if drive(_one_round(loop, result, r), loop.executor):
             break
     return result
+
+
+@runtime_checkable
+class DrivesRounds(Protocol):
+    """An executor that runs a loop's rounds itself: ``steps(r)`` is round ``r`` (0-based) as steps (:func:`drive`,
+    ending True when the run stops), for each ``r`` of ``rounds`` until one stops it. A stacked sweep's executor
+    (:mod:`hetfed.executors.stacked_runs`) answers the requests of all its runs' rounds together."""
+
+    def drive_rounds(self, steps: Callable[[int], Steps[bool]], rounds: range) -> None: ...
 
 
 def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: Sequence[RoundObserver],
@@ -148,11 +164,11 @@ def _initial_result(loop: _Loop, resume: SimulationResult | None,
     return result
 
 
-def _one_round(loop: _Loop, result: SimulationResult, r: int) -> bool:
+def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     """Round ``r + 1``: sample, train the present clients, aggregate (or skip), then :func:`after_update`."""
     algo = loop.algo
     t0 = time.perf_counter()
-    upload, counts = _train_round(loop, result, r)
+    upload, counts = yield from _train_round(loop, result, r)
     t_server = time.perf_counter()
     if upload is not None:
         result.server = algo.aggregate(result.server, upload)
@@ -163,10 +179,10 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> bool:
     counts["round_skipped"] = int(upload is None)
     clock = {"round_time": result.round_time, "sim_time": result.sim_time, "downlink_bytes": result.round_bytes[0],
              "uplink_bytes": result.round_bytes[1]}
-    return after_update(loop, result, upload, counts, clock, t0)
+    return (yield from after_update(loop, result, upload, counts, clock, t0))
 
 
-def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload | None, dict[str, int]]:
+def _train_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[tuple[Upload | None, dict[str, int]]]:
     """The round's sampled clients, those present train; their upload (None: too few) and client counts."""
     plan = loop.planned.pop(r, None) or plan_round(loop, result, r)  # decided early when it rode an evaluation
     sampled, bc, down, up, present = plan.sampled, plan.bc, plan.down, plan.up, plan.present
@@ -174,10 +190,7 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> tuple[Upload 
     for o in loop.observers:
         o.sending(r + 1, bc, present.training, loop.executor)
     if len(present.training) >= loop.min_clients:
-        try:
-            upload = loop.executor.train(bc, present.training)
-        except RoundSkipped:  # too few replies (Flower): the global model stays as it was
-            upload = None
+        upload = yield Train(bc, present.training)
     if len(present.training) >= loop.min_clients and loop.run.schedule.records is not None:
         steps = result.record_steps  # each client's DP-SGD steps (its ε): all that trained, whatever the server
         for k in present.training:  # then accepted

@@ -1,30 +1,32 @@
-"""Runs trained as one stack: the runs of a sweep (seeds, grid points) step through their rounds in threads of
-one process, and each round's client steps of every waiting run are computed as one stack of clients.
+"""Runs trained as one stack: the runs of a sweep (seeds, grid points) step through their rounds together, in one
+thread, and each round's client steps of every run are computed as one stack of clients.
 
 Each run keeps everything that is its own — its algorithm, server state, client store, random streams (its
 clients' seeds come from its own run seed), screening, aggregation, evaluation, run directory, checkpoints and
 resume — because each run is an ordinary run of the driver (:func:`hetfed.runs.runner.run_experiment`) on its own
-thread. Only :meth:`StackedRunExecutor.train` differs: it hands its round to the :class:`Rendezvous` and waits.
-When every run still training has handed one in, the last to arrive computes them all: requests whose
-client step is the same computation (:func:`step_key`: the algorithm, its parameters, schedule, optimiser,
-model and learning rate) become one stack of clients, each client with its own run's broadcast parameters (a
-:class:`ClientBroadcast`), its own data and its own seed; the uploads and new states go back to their runs.
-Each run's part of the stack's uploads then goes through the run's own transport (compression, its clients'
+thread. Only its round loop differs: the loop is written as steps that ask their executor for the clients' work
+(:func:`hetfed.executors.updates.drive`), and :meth:`StackedRunExecutor.drive_rounds` hands a run's rounds to the
+:class:`Rendezvous` instead of answering them one by one. When every run still training has handed its rounds
+over, the sweep's thread runs them in lockstep (:meth:`Rendezvous.lockstep`): each run's round goes as far as its
+next request, and the requests of all runs are answered together — those whose client step is the same computation
+(:func:`step_key`: the algorithm, its parameters, schedule, optimiser, model and learning rate) as one stack of
+clients, each client with its own run's broadcast parameters (a :class:`ClientBroadcast`), its own data and its
+own seed; each run's part of the stack's uploads goes through the run's own transport (compression, its clients'
 error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on its
 stack (tested), so a stacked sweep gives the numbers of its runs one by one, to float tolerance.
 
 Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
 each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and
-each run gets its clients' reports as if it had evaluated alone; its server scores its own model on its own thread.
+each run gets its clients' reports as if it had evaluated alone.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
 through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs (:func:`joins`); the
 others step and evaluate alone, through the in-process executor's own round, so they give the numbers of the run
-without ``--stack``. Personalisation is each run's own, one run at a time.
+without ``--stack``. Personalisation, and an asynchronous run's arrivals, are each run's own, one run at a time.
 
-Every client computation — joined stacks, a run's lone steps, evaluations and personal phases — runs on one
-thread, the sweep's own, on its torch threads; each run's thread does its own server work on one torch thread
-(:meth:`Rendezvous.serve` says why).
+Every round of every run — its server work and its clients' — runs on one thread, the sweep's own, on its torch
+threads (:meth:`Rendezvous.serve` says why); each run's thread does the rest of its run (loading, its rows and
+summary) on one torch thread.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ import itertools
 import queue
 import threading
 import weakref
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
@@ -53,6 +55,7 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk, seed_rows
+from hetfed.executors.updates import Evaluate, Steps, Train
 
 
 @dataclass(eq=False, kw_only=True)
@@ -71,13 +74,61 @@ class _Answered:
 
 
 @dataclass(eq=False)
-class _Request(_Answered):
+class _Rounds(_Answered):
+    """A run's rounds handed to the sweep's thread (:meth:`StackedRunExecutor.drive_rounds`): ``steps(r)`` is round
+    ``r`` as steps, for each round of ``rounds`` until one ends the run; ``asked`` is what its round in progress
+    (``current``) asks now."""
+
     executor: StackedRunExecutor
-    bc: Broadcast
-    clients: list[int]
-    #: what it asks: a round's client steps ("train") or its clients' scores ("evaluate", of ``view``)
-    kind: str = "train"
-    view: str | None = None
+    steps: Callable[[int], Steps[bool]]
+    rounds: Iterator[int]
+    current: Steps[bool] | None = None
+    asked: Train | Evaluate | None = None
+
+    # what the joined computations read of a request
+    @property
+    def bc(self) -> Broadcast:
+        assert self.asked is not None
+        return self.asked.bc
+
+    @property
+    def clients(self) -> list[int]:
+        assert self.asked is not None
+        return self.asked.clients
+
+    @property
+    def view(self) -> str | None:
+        return self.asked.view if isinstance(self.asked, Evaluate) else None
+
+    def advance(self, answer: Any = None) -> None:
+        """On to the run's next request: its round in progress sent ``answer``, or its next round started; done
+        when a round ends the run or none is left. An error of the run's own ends it (its thread raises it)."""
+        try:
+            while True:
+                try:
+                    if self.current is None:
+                        r = next(self.rounds, None)
+                        if r is None:
+                            break
+                        self.current = self.steps(r)
+                        self.asked = next(self.current)
+                    else:
+                        self.asked = self.current.send(answer)
+                    return
+                except StopIteration as end:
+                    self.current, answer = None, None
+                    if end.value:
+                        break
+        except BaseException as err:  # noqa: BLE001  (handed back to the run it belongs to)
+            self.error = err
+        self.fail(None)
+
+    def fail(self, error: BaseException | None) -> None:
+        """The run's rounds are over (``error``: a joined computation it was part of failed)."""
+        if error is not None:
+            self.error = error
+        self.current = self.asked = None
+        self.done.set()
 
 
 T = TypeVar("T")
@@ -107,23 +158,24 @@ class _Call(_Answered):
 
 
 class Rendezvous:
-    """Where the runs of a stacked sweep meet each round; see the module docstring.
+    """Where the runs of a stacked sweep meet; see the module docstring.
 
     ``members`` runs take part; each calls :meth:`leave` when it is done (finished or failed), so the others
-    never wait for it. The run whose request completes the set hands it to :meth:`serve`, which computes it.
+    never wait for it. The run whose rounds complete the set (:meth:`hand_over`) hands them all to :meth:`serve`,
+    which runs them in lockstep.
     """
 
     def __init__(self, members: int, on_round: Callable[[int, int], object] | None = None) -> None:
         #: told (round trained, rounds of the longest run) after each joined round (a sweep's progress)
         self.on_round = on_round
-        #: held by the one run that is doing its own work (loading, server step, checkpoints): the runs take turns
+        #: held by the one run that is doing its own work (loading, rows, summary): the runs take turns
         #: instead of contending for the cores and torch's thread pool (measured: 20 runs at once on 2 cores were
         #: 1.6× slower than one by one; on a 16-core H200 host, 4 runs at once gave the same sweep time as turns,
-        #: 7.66 vs 7.58 s for 20 seeds); a run lets go of it while it waits for its round
+        #: 7.66 vs 7.58 s for 20 seeds); a run lets go of it while its rounds are run
         self.turn = threading.Lock()
         self._lock = threading.Lock()
         self._members = members
-        self._waiting: list[_Request] = []
+        self._waiting: list[_Rounds] = []
         #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
         self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
         #: the same for their global test sets (a joined evaluation)
@@ -134,15 +186,15 @@ class Rendezvous:
             weakref.WeakKeyDictionary())
         #: the torch threads of the thread that made this meeting point, which computes for the runs (:meth:`serve`)
         self.threads = torch.get_num_threads()
-        #: what :meth:`serve` computes, in order: a batch of requests, or a call (``None``: every run has left)
-        self._work: queue.SimpleQueue[list[_Request] | _Call | None] = queue.SimpleQueue()
-        #: how many runs' executors have joined: each one's place, which orders every batch (:meth:`_serve`)
+        #: what :meth:`serve` computes, in order: the runs' rounds, or a call (``None``: every run has left)
+        self._work: queue.SimpleQueue[list[_Rounds] | _Call | None] = queue.SimpleQueue()
+        #: how many runs' executors have joined: each one's place, which orders every batch (:meth:`lockstep`)
         self.places = itertools.count()
 
     def serve(self) -> None:
-        """Compute every joined stack and every :meth:`call` of the runs, until the last one leaves — on the thread
-        that made this meeting point (the sweep's), with its torch threads, while the runs' own threads compute on
-        one each (:meth:`join`).
+        """Run the runs' rounds in lockstep and every :meth:`call` of theirs, until the last one leaves — on the
+        thread that made this meeting point (the sweep's), with its torch threads, while the runs' own threads
+        compute on one each (:meth:`join`).
 
         Why one thread, and that one: torch's CPU thread pool is OpenMP's, which belongs to the thread that calls
         it. Runs that each computed on a pool of their own left it spinning on the cores the next run's pool
@@ -157,24 +209,24 @@ class Rendezvous:
                 if isinstance(work, _Call):
                     work.run()
                 else:
-                    self._serve(work)
+                    self.lockstep(work)
         finally:
             torch.set_num_threads(self.threads)  # the process's number again, for threads started later
 
-    def submit(self, request: _Request) -> Any:
+    def hand_over(self, rounds: _Rounds) -> None:
+        """A run's rounds, run in lockstep with the others' (:meth:`lockstep`) once every run still training has
+        handed its own over; returns when they are done (raises the run's error)."""
         with self._lock:
-            self._waiting.append(request)
+            self._waiting.append(rounds)
             batch = self._ready()
         if batch:
             self._work.put(batch)
         self.turn.release()
         try:
-            request.done.wait()
+            rounds.done.wait()
         finally:
             self.turn.acquire()
-        result = request.answer()
-        assert result is not None
-        return result
+        rounds.answer()
 
     def call(self, fn: Callable[[], T]) -> T:
         """``fn()`` computed by :meth:`serve` (a run's own heavy tensor work: its personal phase), its result or
@@ -202,44 +254,64 @@ class Rendezvous:
             self._work.put(None)
         self.turn.release()
 
-    def _ready(self) -> list[_Request]:
+    def _ready(self) -> list[_Rounds]:
         if self._waiting and len(self._waiting) >= self._members:
             batch, self._waiting = self._waiting, []
             return batch
         return []
 
-    def _serve(self, batch: list[_Request]) -> None:
+    def lockstep(self, batch: list[_Rounds]) -> None:
+        """The runs' rounds, each run's next request answered together with the others' (:func:`train_together`,
+        :func:`evaluate_together`, or the run's own executor where it does not join), until every run is done."""
+        # in the runs' places, not in the order their threads arrived: the same set of runs gives the same joined
+        # pools, kept between rounds (in arrival order, the pools were joined again almost every round)
+        running = sorted(batch, key=lambda r: r.executor.place)
         try:
-            groups: dict[Any, list[_Request]] = {}
-            # in the runs' places, not in the order their threads arrived: the same set of runs gives the same
-            # joined pools, kept between rounds (in arrival order, the pools were joined again almost every round)
-            for request in sorted(batch, key=lambda r: r.executor.place):
-                key = (step_key(request.executor, request.bc) if request.kind == "train"
-                       else evaluation_key(request.executor, request.bc, request.view))
-                groups.setdefault((request.kind, key), []).append(request)
-            for (kind, _key), group in groups.items():
-                self._serve_group(group, train_together if kind == "train" else evaluate_together)
-            trained = [r for r in batch if r.kind == "train"]
-            if self.on_round is not None and trained:
-                self.on_round(max(r.bc.round for r in trained) + 1,
-                              max(r.executor.run.train.rounds for r in trained))
-        except BaseException as err:  # whatever failed, no run waits forever: each unserved one fails with it
-            for request in batch:
-                if not request.done.is_set():
-                    request.error = err
-                    request.done.set()
+            for run in running:
+                run.advance()
+            while running := [r for r in running if not r.done.is_set()]:
+                trained = [r for r in running if isinstance(r.asked, Train)]
+                reached = max((r.bc.round + 1 for r in trained), default=0)
+                longest = max((r.executor.run.train.rounds for r in trained), default=0)
+                self._answer(trained, train_together)
+                self._answer([r for r in running if isinstance(r.asked, Evaluate)], evaluate_together)
+                if self.on_round is not None and trained:
+                    self.on_round(reached, longest)
+        except BaseException as err:  # whatever failed, no run waits forever: each unfinished one fails with it
+            for run in running:
+                if not run.done.is_set():
+                    run.fail(err)
 
-    def _serve_group(self, group: list[_Request], serve: Any) -> None:
-        try:
-            results = serve(group)
-            for request, result in zip(group, results, strict=True):
-                request.result = result
-        except BaseException as err:  # every run of the group fails with it
-            for request in group:
-                request.error = err
-        finally:
-            for request in group:
-                request.done.set()
+    @staticmethod
+    def _answer(asking: list[_Rounds], together: Callable[[list[_Rounds]], list[Any]]) -> None:
+        """The requests of one kind: those that may share a stack in groups of equal keys, the others alone."""
+        groups: dict[Any, list[_Rounds]] = {}
+        for run in asking:
+            evaluation = isinstance(run.asked, Evaluate)
+            if not joins(run.executor, run.bc, evaluation) or (evaluation and not run.clients):
+                groups[("alone", run.executor.place)] = [run]
+            else:
+                key = (evaluation_key(run.executor, run.bc, run.view) if evaluation
+                       else step_key(run.executor, run.bc))
+                groups.setdefault(key, []).append(run)
+        for key, group in groups.items():
+            try:
+                answers = [_alone(group[0])] if key[0] == "alone" else together(group)
+            except BaseException as err:  # noqa: BLE001  (every run of the group fails with it)
+                for run in group:
+                    run.fail(err)
+                continue
+            for run, answer in zip(group, answers, strict=True):
+                run.advance(answer)
+
+
+def _alone(run: _Rounds) -> Any:
+    """A request of a run that shares no stack, answered by the in-process executor's own round or evaluation."""
+    executor, asked = run.executor, run.asked
+    if isinstance(asked, Train):
+        return InProcessExecutor.train(executor, asked.bc, asked.clients)
+    assert isinstance(asked, Evaluate)
+    return InProcessExecutor.evaluate(executor, asked.bc, asked.clients, asked.view)
 
 
 def joins(executor: StackedRunExecutor, bc: Broadcast, evaluation: bool = False) -> bool:
@@ -265,7 +337,7 @@ def evaluation_key(executor: StackedRunExecutor, bc: Broadcast, view: str | None
             executor.eval_max_floats)
 
 
-def train_together(group: Sequence[_Request]) -> list[Upload]:
+def train_together(group: Sequence[_Rounds]) -> list[Upload]:
     """One round of every request of ``group`` (the same client step): their clients in stacks of similar
     local steps across runs; each run's uploads screened and collected as its own round."""
     lead = group[0].executor
@@ -283,7 +355,7 @@ def train_together(group: Sequence[_Request]) -> list[Upload]:
     return [r.result(False) for r in rounds]
 
 
-def _joined_state(group: Sequence[_Request], runs: list[int], chosen: dict[int, list[int]]
+def _joined_state(group: Sequence[_Rounds], runs: list[int], chosen: dict[int, list[int]]
                   ) -> tuple[ClientState, ClientBroadcast]:
     """The chosen clients' states as the algorithm sees them (without the transport's residuals) and broadcast
     parameters, run after run, as one stack."""
@@ -295,7 +367,7 @@ def _joined_state(group: Sequence[_Request], runs: list[int], chosen: dict[int, 
     return state, bc
 
 
-def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
+def _train_block(group: Sequence[_Rounds], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
                  offsets: list[int], rounds: list[RoundUploads]) -> None:
     algo = group[0].executor.algo
     runs = sorted({i for i, _ in members})
@@ -326,7 +398,7 @@ def _train_block(group: Sequence[_Request], members: list[tuple[int, int]], x: t
         rounds[i].add(part)
 
 
-def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
+def evaluate_together(group: Sequence[_Rounds]) -> list[dict[str, list[Any]]]:
     """Every request's evaluation (the same method, model and view) in stacks of clients across runs: each client
     with its own run's model, states, validation, test and global test sets; each run's reports in its clients'
     order, as :meth:`~hetfed.executors.inprocess.InProcessExecutor.evaluate` gives them alone."""
@@ -364,7 +436,7 @@ def evaluate_together(group: Sequence[_Request]) -> list[dict[str, list[Any]]]:
     return reports
 
 
-def _global_scorers(request: _Request) -> dict[int, bool] | None:
+def _global_scorers(request: _Rounds) -> dict[int, bool] | None:
     """Which of a request's clients score the global test set with a personal model (None: all), as alone."""
     executor = request.executor
     if request.view:
@@ -432,22 +504,19 @@ class StackedRunExecutor(InProcessExecutor):
         self.rendezvous = rendezvous
         self.place = next(rendezvous.places)
 
+    def drive_rounds(self, steps: Callable[[int], Steps[bool]], rounds: range) -> None:
+        """The run's rounds, in lockstep with the other runs' on the sweep's thread (:meth:`Rendezvous.lockstep`)."""
+        self.rendezvous.hand_over(_Rounds(self, steps, iter(rounds)))
+
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
-        """The round's client steps: joined with the other runs' where it :func:`joins`, else this run's own round
-        (the in-process executor's, computed by :meth:`Rendezvous.serve`) — the numbers of the run alone."""
-        if not joins(self, bc):
-            return self.rendezvous.call(lambda: super(StackedRunExecutor, self).train(bc, clients, reduce))
-        if reduce:
-            raise RunError("a stacked sweep's runs return every client's update (no reduced cohort)")
-        result: Upload = self.rendezvous.submit(_Request(self, bc, list(clients)))
-        return result
+        """A round outside the lockstep (an asynchronous run's arrivals): this run's own, computed by the sweep's
+        thread — the numbers of the run alone."""
+        return self.rendezvous.call(lambda: super(StackedRunExecutor, self).train(bc, clients, reduce))
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
                  among: list[int] | None = None) -> dict[str, list[Any]]:
-        if among is not None or not clients or not joins(self, bc, evaluation=True):
-            return self.rendezvous.call(lambda: super(StackedRunExecutor, self).evaluate(bc, clients, view, among))
-        result: dict[str, list[Any]] = self.rendezvous.submit(_Request(self, bc, list(clients), "evaluate", view))
-        return result
+        """An evaluation outside the lockstep (a personalised view's): this run's own, on the sweep's thread."""
+        return self.rendezvous.call(lambda: super(StackedRunExecutor, self).evaluate(bc, clients, view, among))
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:

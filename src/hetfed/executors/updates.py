@@ -8,12 +8,11 @@ clock) both drive a run through these.
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import time
-from collections.abc import Sequence
+from collections.abc import Generator, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 import numpy as np
 import torch
@@ -26,12 +25,58 @@ from hetfed.engine.record_dp import record_epsilon
 from hetfed.engine.sampling import sample_clients
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import Executor
+from hetfed.executors.inprocess import Executor, RoundSkipped
 from hetfed.interface import Algorithm
 from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True, eq=False)
+class Train:
+    """What a round asks of its executor: ``clients`` train on ``bc``. A loop's steps (:func:`drive`) yield it and
+    get the round's upload back (None: too few replies, Flower's :class:`RoundSkipped`)."""
+
+    bc: Broadcast
+    clients: list[int]
+
+    def answer(self, executor: Executor) -> Upload | None:
+        try:
+            return executor.train(self.bc, self.clients)
+        except RoundSkipped:  # too few replies (Flower): the global model stays as it was
+            return None
+
+
+@dataclass(frozen=True, eq=False)
+class Evaluate:
+    """What an evaluation asks of its executor: ``clients`` score ``bc``'s model (``view``: a personalised
+    predictor); the steps get the clients' reports back."""
+
+    bc: Broadcast
+    clients: list[int]
+    view: str | None = None
+
+    def answer(self, executor: Executor) -> dict[str, list[Any]]:
+        return executor.evaluate(self.bc, self.clients, self.view)
+
+
+#: a loop's work between what it asks of the clients: it yields each request and is sent its answer
+Steps = Generator[Train | Evaluate, Any, T]
+
+
+def drive(steps: Steps[T], executor: Executor) -> T:
+    """``steps`` run to the end, each request answered by ``executor`` as it comes. The loop is written as steps so
+    that whoever holds many runs' loops may answer their requests together instead (a stacked sweep:
+    :mod:`hetfed.executors.stacked_runs`)."""
+    try:
+        request = next(steps)
+        while True:
+            request = steps.send(request.answer(executor))
+    except StopIteration as end:
+        return cast(T, end.value)
 
 
 @dataclass
@@ -115,9 +160,16 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Fe
                view: str | None = None, x_global: torch.Tensor | None = None,
                y_global: torch.Tensor | None = None) -> Evaluation:
     """Clients score their models (``view``: a personalised predictor); the server scores its own."""
+    return drive(evaluation_steps(algo, server, fed, clients, view, x_global, y_global), executor)
+
+
+def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clients: list[int] | None = None,
+                     view: str | None = None, x_global: torch.Tensor | None = None,
+                     y_global: torch.Tensor | None = None) -> Steps[Evaluation]:
+    """:func:`evaluation` as steps: the clients' scores asked for (:class:`Evaluate`), then summarised."""
     ids = list(range(fed.n_clients)) if clients is None else list(clients)
     bc = algo.broadcast(server, server.round)
-    reports = executor.evaluate(bc, ids, view)
+    reports = yield Evaluate(bc, ids, view)
     ids = reports.pop("client_ids", ids)  # the clients that answered (all, in this process)
     if not ids:
         raise RunError(f"round {server.round}: no client answered the evaluation (see failed_clients); "
@@ -248,10 +300,10 @@ def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> bool:
 
 
 def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, counts: dict[str, int],
-                 clock: dict[str, float], t0: float) -> bool:
+                 clock: dict[str, float], t0: float) -> Steps[bool]:
     """What follows every server update, synchronous round or asynchronous merge: the counts and training loss to
     the observers, the divergence check, the evaluation when due, the checkpoint when due; True when the run stops
-    (early stopping, divergence under attack, the last update)."""
+    (early stopping, divergence under attack, the last update). As steps: the evaluation asks its clients."""
     train = loop.train
     rnd = result.rounds_done + 1
     for key, value in counts.items():
@@ -271,7 +323,7 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
     result.rounds_done = rnd
     metrics = None
     if rnd % train.eval_every == 0 or rnd == train.rounds or result.diverged_at is not None:
-        metrics = _evaluate_round(loop, result, rnd)  # a diverged model is scored once: the run's final model
+        metrics = yield from _evaluate_round(loop, result, rnd)  # a diverged model is scored once: its final model
     for o in loop.observers:
         o.round_done(rnd, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
     if train.patience is not None and result.since_best >= train.patience:
@@ -307,13 +359,13 @@ def uploaded_bytes(upload: Upload, up: int) -> int:
                     if k != "train_loss" and isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v))
 
 
-def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str, float]:
+def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[dict[str, float]]:
     """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
     algo, train, fed = loop.algo, loop.train, loop.fed
     t_eval = time.perf_counter()
     server = result.server
     rode = ride_next_round(loop, result, rnd)
-    ev = evaluation(algo, loop.executor, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
+    ev = yield from evaluation_steps(algo, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run
@@ -345,7 +397,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> dict[str
     if not has_val or val < result.best_val:  # without validation data, best = the latest
         result.best_val = val if has_val else result.best_val
         result.best_round, result.best = rnd, ev
-        result.best_server = ServerState(copy.deepcopy(server.params), server.round, server.extra)
+        result.best_server = ServerState({k: v.clone() for k, v in server.params.items()}, server.round, server.extra)
         result.since_best = 0
     else:
         result.since_best += 1
