@@ -17,9 +17,7 @@ def write_evaluation(writer: MetricsWriter, label: str, rnd: int, ev: Evaluation
     """An evaluation's rows in metrics.csv: the summary, then every client's, handed to the OS (a checkpoint makes
     them durable)."""
     writer.write(label, rnd, "summary", "all", ev.metrics)
-    for metric, values in ev.per_client.items():
-        for k, v in enumerate(values):
-            writer.write(label, rnd, "client", k, {metric: v})
+    writer.write_clients(label, rnd, ev.per_client)
     writer.flush(durable=False)
 
 
