@@ -9,6 +9,7 @@ to the uninterrupted numbers, and clear refusals where stacking cannot apply.
 from __future__ import annotations
 
 import csv
+import json
 import math
 import os
 import signal
@@ -89,6 +90,41 @@ def test_a_failing_run_does_not_hang_the_others(tmp_path, monkeypatch):
     monkeypatch.setattr(stacked_runs, "train_together", broken)
     code = main([*BASE[:-5], "--seeds", "2", "--quiet", "--stack", "--out", str(tmp_path / "s")])
     assert code != 0
+
+
+def _grid_runs(path: Path) -> dict[tuple, float]:
+    """runs.csv keyed by every column but the value (the grid's keys, seed, method, metric)."""
+    with open(path / "runs.csv") as fh:
+        return {tuple(v for k, v in r.items() if k != "value"): float(r["value"]) for r in csv.DictReader(fh)
+                if "seconds" not in r["metric"]}
+
+
+def test_runs_that_stop_at_different_rounds_step_together_while_they_last(tmp_path):
+    """The lockstep goes on with the runs still training: runs of different lengths, and runs that stop early
+    (patience) at different evaluations, give the numbers of the sweep without --stack, to the bit."""
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=4", "--set",
+            "train.patience=1", "--set", "train.local_steps=2", "--grid", "train.rounds=3,9", "--grid",
+            "train.optimizer.lr=0.05,3.0", "--seeds", "2", "--quiet", "--set",
+            "methods=[{name: fedavg, algorithm: fedavg}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}]"]
+    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
+    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    alone = _grid_runs(tmp_path / "alone")
+    assert {v for k, v in alone.items() if k[-1] == "best_round"} >= {1.0, 3.0, 9.0}  # lr 3.0: stopped at 2, 4, 5
+    assert _grid_runs(tmp_path / "stacked") == alone
+
+
+def test_a_run_that_diverges_fails_alone_and_the_others_finish_as_without_stack(tmp_path):
+    """A run's own error (its training diverges) ends that run only: the others' rounds go on in the lockstep, and
+    their numbers are those of the sweep without --stack."""
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=4", "--set",
+            "train.rounds=4", "--grid", "train.optimizer.lr=0.05,1e38", "--seeds", "2", "--quiet"]
+    for out in ("alone", "stacked"):
+        main([*args, *(["--stack"] if out == "stacked" else []), "--out", str(tmp_path / out)])
+        failed = json.loads((tmp_path / out / "sweep.json").read_text())["failed"]
+        assert len(failed) == 2 and all("diverged" in f["error"] for f in failed), failed
+    alone = _grid_runs(tmp_path / "alone")
+    assert alone and {k[0] for k in alone} == {"0.05"}
+    assert _grid_runs(tmp_path / "stacked") == alone
 
 
 WRAPPER = r"""
