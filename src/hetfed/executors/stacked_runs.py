@@ -119,7 +119,7 @@ class _Rounds(_Answered):
                     self.current, answer = None, None
                     if end.value:
                         break
-        except BaseException as err:  # noqa: BLE001  (handed back to the run it belongs to)
+        except Exception as err:  # handed back to the run it belongs to (Ctrl-C stops every run: the lockstep's)
             self.error = err
         self.fail(None)
 
@@ -297,7 +297,7 @@ class Rendezvous:
         for key, group in groups.items():
             try:
                 answers = [_alone(group[0])] if key[0] == "alone" else together(group)
-            except BaseException as err:  # noqa: BLE001  (every run of the group fails with it)
+            except Exception as err:  # every run of the group fails with it (Ctrl-C: every run, the lockstep's)
                 for run in group:
                     run.fail(err)
                 continue
