@@ -13,7 +13,7 @@ next request, and the requests of all runs are answered together — those whose
 clients, each client with its own run's broadcast parameters (a :class:`ClientBroadcast`), its own data and its
 own seed; each run's part of the stack's uploads goes through the run's own transport (compression, its clients'
 error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on its
-stack (tested), so a stacked sweep gives the numbers of its runs one by one, to float tolerance.
+stack, so a stacked sweep gives the numbers of its runs one by one (equal to the bit on a CPU, tested).
 
 Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
 each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and

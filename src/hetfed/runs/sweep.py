@@ -77,7 +77,7 @@ def run_sweep(
     ~10× slower than one), and gives the same table as running them one by one.
 
     ``stack`` trains the runs in threads of this process, each round's client steps of every run as one stack
-    of clients (:mod:`hetfed.executors.stacked_runs`; the same numbers as one by one, to float tolerance).
+    of clients (:mod:`hetfed.executors.stacked_runs`; the same numbers as one by one: equal to the bit on a CPU).
 
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
     directory whose resolved config matches is reused; a failed or killed one with a
