@@ -32,7 +32,7 @@ import functools
 import threading
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, TypeVar, cast
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
@@ -247,12 +247,42 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
     if max((len(i) for i in index), default=0) == 0:
         return [torch.zeros(0, model.n_classes) for _ in index]
     out: list[torch.Tensor | None] = [None] * n
-    for block, pad, rows in _padded_blocks(index, x.device):
-        sub = params if rows is None else {name: v[rows.to(v.device)] for name, v in params.items()}
-        logits = model.forward(sub, x[pad], None)
-        for row, k in enumerate(block):
+    for block in _padded_blocks(index, x.device):
+        logits = model.forward(_rows(params, block.rows), x[block.pad], None)
+        for row, k in enumerate(block.clients):
             out[k] = logits[row, : len(index[k])]
     return out  # type: ignore[return-value]
+
+
+def _rows(params: Params, rows: torch.Tensor | None) -> Params:
+    """A block's models of the stack (all of it when ``rows`` is None)."""
+    return params if rows is None else {name: v[rows.to(v.device)] for name, v in params.items()}
+
+
+@torch.no_grad()
+def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, sets: list[list[np.ndarray]]
+               ) -> tuple[list[float], list[float]]:
+    """Each stacked model's cross-entropy sum and correct predictions on each of its index sets (``sets[s][k]``:
+    model k's s-th set, its validation or test samples), as ``[s · n + k]``: computed in one pass over every set and
+    read back once. What :func:`predict` and a sum over its per-model slices give, without the slices (an
+    evaluation of 200 clients cut its logits into 400 slices and joined them again); each set's samples are summed
+    in their order, as there."""
+    n = len(sets[0]) if sets else 0
+    logits, labels, owners = [], [], []
+    for s, index in enumerate(sets):
+        for block in _padded_blocks(index, x.device):
+            if block.pad.shape[1]:
+                logits.append(model.forward(_rows(params, block.rows), x[block.pad], None)[block.valid])
+                labels.append(y[block.pad[block.valid]])
+                owners.append(block.owner + s * n)
+    sums = torch.zeros(2, len(sets) * n, dtype=torch.float64, device=y.device)
+    if logits:
+        rows, label = torch.cat(logits), torch.cat(labels)
+        owner = torch.cat(owners)
+        sums[0].index_add_(0, owner, F.cross_entropy(rows, label, reduction="none").double())
+        sums[1].index_add_(0, owner, (rows.argmax(-1) == label).double())
+    loss_sum, correct = sums.cpu().tolist()
+    return loss_sum, correct
 
 
 #: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value,
@@ -301,20 +331,35 @@ def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
     return _cached("flat", index, device, build)
 
 
-def _padded_blocks(index: list[np.ndarray], device: torch.device
-                   ) -> list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]]:
-    """:func:`predict`'s blocks: (clients, their indices padded to the block's widest ``[b, width]``, the block's
-    rows of the stack or None for all of it), on ``device`` (cached)."""
-    def build() -> list[tuple[np.ndarray, torch.Tensor, torch.Tensor | None]]:
+class _Block(NamedTuple):
+    """A block of :func:`predict`'s stack: its models (``clients``), their indices padded to the block's widest
+    (``pad`` ``[b, width]``), its rows of the stack (None: all of it), which padded positions are samples
+    (``valid``) and whose each of them is (``owner``, the model's place in the stack)."""
+
+    clients: np.ndarray
+    pad: torch.Tensor
+    rows: torch.Tensor | None
+    valid: torch.Tensor
+    owner: torch.Tensor
+
+
+def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block]:
+    """:func:`predict`'s blocks of clients of similar sizes (:func:`size_blocks`), on ``device`` (cached)."""
+    def build() -> list[_Block]:
         blocks = []
         n = len(index)
         for block in size_blocks(np.array([len(i) for i in index])):
             width = max(len(index[k]) for k in block)
             pad = np.zeros((len(block), width), dtype=np.int64)
+            valid = np.zeros((len(block), width), dtype=bool)
             for row, k in enumerate(block):
                 pad[row, : len(index[k])] = index[k]
+                valid[row, : len(index[k])] = True
             rows = None if np.array_equal(block, np.arange(n)) else torch.as_tensor(block, device=device)
-            blocks.append((block, torch.as_tensor(pad, device=device), rows))
+            owner = np.broadcast_to(block[:, None], pad.shape)[valid]
+            blocks.append(_Block(block, torch.as_tensor(pad, device=device), rows,
+                                 torch.as_tensor(valid, device=device),
+                                 torch.as_tensor(owner, dtype=torch.int64, device=device)))
         return blocks
     return _cached("blocks", index, device, build)
 
@@ -369,9 +414,7 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
     """
     binary = data.n_classes == 2
     n = len(data.client_ids)
-    tests = predict(pred.model, pred.params, data.x, data.test)
-    vals = predict(pred.model, pred.params, data.x, data.val)
-    loss_sum, correct = segment_scores([*tests, *vals], data.y, [*data.test, *data.val])
+    loss_sum, correct = set_scores(pred.model, pred.params, data.x, data.y, [data.test, data.val])
     sizes = [len(i) for i in (*data.test, *data.val)]
     out: dict[str, list[Any]] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [],
                                  "val_accuracy": [],
@@ -387,32 +430,13 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
         out["val_loss_sum"].append(v["loss_sum"])
         out["val_n"].append(v["n"])
     if binary:
+        tests = predict(pred.model, pred.params, data.x, data.test)
         out["local_auc"] = [auc(data.y[torch.as_tensor(idx, device=data.y.device)].cpu().numpy(),
                                 logits.softmax(-1)[:, 1].cpu().numpy()) if len(idx) else float("nan")
                             for idx, logits in zip(data.test, tests, strict=True)]
     if pred.personalised:
         _global_scores(pred, data, out)
     return out
-
-
-def segment_scores(logits: list[torch.Tensor], y: torch.Tensor, index: list[np.ndarray]
-                   ) -> tuple[list[float], list[float]]:
-    """Per segment ``j`` (``logits[j]`` predicting ``y[index[j]]``): the sum of its cross-entropies and its number
-    of correct predictions, computed in one pass over every segment and read back once."""
-    sizes = [len(i) for i in index]
-    if not sum(sizes):
-        return [0.0] * len(index), [0.0] * len(index)
-    device = y.device
-    rows = torch.cat([lg for lg, size in zip(logits, sizes, strict=True) if size])
-    labels = y[device_index(index, device)]
-    segment = _segments(index, device)
-    loss = F.cross_entropy(rows, labels, reduction="none").double()
-    hit = (rows.argmax(-1) == labels).double()
-    sums = torch.zeros(2, len(index), dtype=torch.float64, device=device)
-    sums[0].index_add_(0, segment, loss)
-    sums[1].index_add_(0, segment, hit)
-    loss_sum, correct = sums.cpu().tolist()
-    return loss_sum, correct
 
 
 def _segments(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
