@@ -4,6 +4,10 @@ divergence check, the checkpoint when due (:func:`after_update`), and the bytes 
 
 :mod:`hetfed.executors.simulate` (rounds) and :mod:`hetfed.executors.asynchronous` (arrivals on the simulated
 clock) both drive a run through these.
+
+The loop's work is written as steps (generators) that yield what they ask of the clients — a :class:`Train` or an
+:class:`Evaluate` request — and are sent the answer: :func:`drive` answers each as it comes from one executor, and a
+stacked sweep answers the requests of all its runs together (:mod:`hetfed.executors.stacked_runs`).
 """
 
 from __future__ import annotations
