@@ -22,7 +22,7 @@ each run gets its clients' reports as if it had evaluated alone.
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
 through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs (:func:`joins`); the
 others step and evaluate alone, through the in-process executor's own round, so they give the numbers of the run
-without ``--stack``. Personalisation, and an asynchronous run's arrivals, are each run's own, one run at a time.
+without ``--stack``. Personalisation is each run's own, one run at a time (asynchronous methods are refused).
 
 Every round of every run — its server work and its clients' — runs on one thread, the sweep's own, on its torch
 threads (:meth:`Rendezvous.serve` says why); each run's thread does the rest of its run (loading, its rows and
@@ -509,8 +509,8 @@ class StackedRunExecutor(InProcessExecutor):
         self.rendezvous.hand_over(_Rounds(self, steps, iter(rounds)))
 
     def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
-        """A round outside the lockstep (an asynchronous run's arrivals): this run's own, computed by the sweep's
-        thread — the numbers of the run alone."""
+        """Client steps asked outside the lockstep (a sweep's loop asks none: it hands its rounds over): this run's
+        own, computed by the sweep's thread — the numbers of the run alone."""
         return self.rendezvous.call(lambda: super(StackedRunExecutor, self).train(bc, clients, reduce))
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
