@@ -9,7 +9,6 @@ Figures are embedded as PNG data URIs: the page opens offline, alone, anywhere.
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import json
 import math
@@ -35,6 +34,7 @@ from hetfed.runs.rundir import (
     SUMMARY,
     SWEEP_RECORD,
     SWEEP_REQUEST,
+    read_metric_rows,
 )
 from hetfed.runs.sweep_tables import LEAKED, read_curves_table
 
@@ -81,12 +81,9 @@ def write_report(directory: str | Path, out: str | Path | None = None, problems:
 
 
 def read_metrics(path: Path, keep: str | None = None) -> list[dict]:
-    """metrics.csv as rows with typed round and value; ``keep``: only the lines that hold this text (a sweep's
-    report reads one per-client metric of every run: its lines are found before any is parsed)."""
-    with open(path, newline="") as fh:
-        header = fh.readline()
-        lines = fh if keep is None else (line for line in fh if keep in line)
-        rows = list(csv.DictReader(lines, fieldnames=next(csv.reader([header]))))
+    """metrics.csv as rows with typed round and value; ``keep``: only the lines that hold this text
+    (:func:`~hetfed.runs.rundir.read_metric_rows`: a sweep's report reads one per-client metric of every run)."""
+    rows: list[dict] = list(read_metric_rows(path, keep))
     for row in rows:
         row["round"] = int(row["round"])
         row["value"] = float(row["value"]) if row["value"] not in ("", "nan", "None") else math.nan

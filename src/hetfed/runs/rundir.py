@@ -30,7 +30,7 @@ import socket
 import tempfile
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO, Any
 
@@ -121,6 +121,16 @@ def _jsonable(value: Any) -> Any:
     if hasattr(value, "item"):
         return value.item()
     return str(value)
+
+
+def read_metric_rows(path: Path, holding: str | None = None) -> Iterator[dict[str, str]]:
+    """metrics.csv's rows as its header names them; ``holding``: only the rows whose line holds this text, found
+    before any line is parsed (most of a run's rows are its clients' own: a reader of a few metrics or of the summary
+    rows skips them unparsed)."""
+    with open(path, newline="") as fh:
+        fields = next(csv.reader([fh.readline()]), METRIC_COLUMNS)
+        lines = fh if holding is None else (line for line in fh if holding in line)
+        yield from csv.DictReader(lines, fieldnames=fields)
 
 
 class MetricsWriter:

@@ -15,7 +15,7 @@ import numpy as np
 from rich.console import Console
 from rich.table import Table
 
-from hetfed.runs.rundir import METRIC_COLUMNS, METRICS
+from hetfed.runs.rundir import METRICS, read_metric_rows
 
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
@@ -154,14 +154,9 @@ def write_curves(path: Path, runs: list[tuple[dict[str, Any], int, Path]], keys:
             metrics = Path(run_dir) / METRICS
             if not metrics.is_file():
                 continue
-            with open(metrics, newline="") as fh:
-                at = {column: i for i, column in enumerate(next(csv.reader([fh.readline()]), METRIC_COLUMNS))}
-                split, metric = at["split"], at["metric"]
-                picked = (at["method"], at["round"], metric, at["value"])
-                # most rows are the clients' own: a line without ",summary," is not parsed at all
-                rows = csv.reader(line for line in fh if ",summary," in line)
-                w.writerows([*cells, seed, *(row[i] for i in picked)] for row in rows
-                            if row[split] == "summary" and row[metric] in CURVES)
+            w.writerows([*cells, seed, row["method"], row["round"], row["metric"], row["value"]]
+                        for row in read_metric_rows(metrics, ",summary,")
+                        if row["split"] == "summary" and row["metric"] in CURVES)
 
 
 #: ``{metric: {method: {grid point: [each seed's [(round, value)]]}}}``: the learning curves a sweep draws
