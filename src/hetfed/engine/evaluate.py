@@ -273,7 +273,7 @@ def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, s
         for block in _padded_blocks(index, x.device):
             if block.pad.shape[1]:
                 logits.append(model.forward(_rows(params, block.rows), x[block.pad], None)[block.valid])
-                labels.append(y[block.pad[block.valid]])
+                labels.append(y[block.samples])
                 owners.append(block.owner + s * n)
     sums = torch.zeros(2, len(sets) * n, dtype=torch.float64, device=y.device)
     if logits:
@@ -334,12 +334,14 @@ def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
 class _Block(NamedTuple):
     """A block of :func:`predict`'s stack: its models (``clients``), their indices padded to the block's widest
     (``pad`` ``[b, width]``), its rows of the stack (None: all of it), which padded positions are samples
-    (``valid``) and whose each of them is (``owner``, the model's place in the stack)."""
+    (``valid``), their rows of the pool in that order (``samples``) and whose each of them is (``owner``, the
+    model's place in the stack)."""
 
     clients: np.ndarray
     pad: torch.Tensor
     rows: torch.Tensor | None
     valid: torch.Tensor
+    samples: torch.Tensor
     owner: torch.Tensor
 
 
@@ -358,7 +360,7 @@ def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block
             rows = None if np.array_equal(block, np.arange(n)) else torch.as_tensor(block, device=device)
             owner = np.broadcast_to(block[:, None], pad.shape)[valid]
             blocks.append(_Block(block, torch.as_tensor(pad, device=device), rows,
-                                 torch.as_tensor(valid, device=device),
+                                 torch.as_tensor(valid, device=device), torch.as_tensor(pad[valid], device=device),
                                  torch.as_tensor(owner, dtype=torch.int64, device=device)))
         return blocks
     return _cached("blocks", index, device, build)

@@ -54,7 +54,7 @@ from hetfed.engine.types import (
     Upload,
 )
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk, seed_rows
+from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
 from hetfed.executors.updates import Evaluate, Steps, Train
 
 
@@ -306,12 +306,10 @@ class Rendezvous:
 
 
 def _alone(run: _Rounds) -> Any:
-    """A request of a run that shares no stack, answered by the in-process executor's own round or evaluation."""
-    executor, asked = run.executor, run.asked
-    if isinstance(asked, Train):
-        return InProcessExecutor.train(executor, asked.bc, asked.clients)
-    assert isinstance(asked, Evaluate)
-    return InProcessExecutor.evaluate(executor, asked.bc, asked.clients, asked.view)
+    """A request of a run that shares no stack, answered by the in-process executor's own round or evaluation (the
+    run's executor seen as its base class: its own ``train``/``evaluate`` would hand the work back to this thread)."""
+    assert run.asked is not None
+    return run.asked.answer(cast(Executor, super(StackedRunExecutor, run.executor)))
 
 
 def joins(executor: StackedRunExecutor, bc: Broadcast, evaluation: bool = False) -> bool:
