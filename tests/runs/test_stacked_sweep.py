@@ -35,10 +35,11 @@ if os.environ.get("HETFED_TEST_DEVICE"):  # benchmarks/gpu.sh runs these on a le
     BASE[2:2] = ["--set", f"train.device={os.environ['HETFED_TEST_DEVICE']}"]
 
 
-def _runs(path: Path) -> dict[tuple, float]:
+def _runs(path: Path, grid: tuple[str, ...] = ("partition.shuffle",)) -> dict[tuple, float]:
+    """runs.csv keyed by the ``grid`` keys' values, seed, method and metric (timings left out)."""
     with open(path / "runs.csv") as fh:
         rows = list(csv.DictReader(fh))
-    return {(r.get("partition.shuffle"), r["seed"], r["method"], r["metric"]): float(r["value"]) for r in rows
+    return {(*(r.get(k) for k in grid), r["seed"], r["method"], r["metric"]): float(r["value"]) for r in rows
             if "seconds" not in r["metric"]}
 
 
@@ -92,13 +93,6 @@ def test_a_failing_run_does_not_hang_the_others(tmp_path, monkeypatch):
     assert code != 0
 
 
-def _grid_runs(path: Path) -> dict[tuple, float]:
-    """runs.csv keyed by every column but the value (the grid's keys, seed, method, metric)."""
-    with open(path / "runs.csv") as fh:
-        return {tuple(v for k, v in r.items() if k != "value"): float(r["value"]) for r in csv.DictReader(fh)
-                if "seconds" not in r["metric"]}
-
-
 def test_runs_that_stop_at_different_rounds_step_together_while_they_last(tmp_path):
     """The lockstep goes on with the runs still training: runs of different lengths, and runs that stop early
     (patience) at different evaluations, give the numbers of the sweep without --stack, to the bit."""
@@ -108,9 +102,10 @@ def test_runs_that_stop_at_different_rounds_step_together_while_they_last(tmp_pa
             "methods=[{name: fedavg, algorithm: fedavg}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}]"]
     assert main([*args, "--out", str(tmp_path / "alone")]) == 0
     assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
-    alone = _grid_runs(tmp_path / "alone")
+    grid = ("train.rounds", "train.optimizer.lr")
+    alone = _runs(tmp_path / "alone", grid)
     assert {v for k, v in alone.items() if k[-1] == "best_round"} >= {1.0, 3.0, 9.0}  # lr 3.0: stopped at 2, 4, 5
-    assert _grid_runs(tmp_path / "stacked") == alone
+    assert _runs(tmp_path / "stacked", grid) == alone
 
 
 def test_a_run_that_diverges_fails_alone_and_the_others_finish_as_without_stack(tmp_path):
@@ -122,9 +117,9 @@ def test_a_run_that_diverges_fails_alone_and_the_others_finish_as_without_stack(
         main([*args, *(["--stack"] if out == "stacked" else []), "--out", str(tmp_path / out)])
         failed = json.loads((tmp_path / out / "sweep.json").read_text())["failed"]
         assert len(failed) == 2 and all("diverged" in f["error"] for f in failed), failed
-    alone = _grid_runs(tmp_path / "alone")
+    alone = _runs(tmp_path / "alone", ("train.optimizer.lr",))
     assert alone and {k[0] for k in alone} == {"0.05"}
-    assert _grid_runs(tmp_path / "stacked") == alone
+    assert _runs(tmp_path / "stacked", ("train.optimizer.lr",)) == alone
 
 
 WRAPPER = r"""
