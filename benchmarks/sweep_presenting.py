@@ -49,13 +49,15 @@ def main() -> None:
     t0 = time.perf_counter()
     write_curves(sweep / "curves.csv", runs, list(record["grid"]))
     curves_s = time.perf_counter() - t0
-    # an older present_sweep also took the run directories
-    extra = ([[(r["point"], Path(r["run_dir"])) for r in record["runs"]]]
-             if "run_dirs" in inspect.signature(present_sweep).parameters else [])
+    # an older present_sweep took the sweep's table, grid, config (and before that its run directories) too
+    parameters = inspect.signature(present_sweep).parameters
+    extra = ([record["rows"], record["grid"], *([[(r["point"], Path(r["run_dir"])) for r in record["runs"]]]
+                                               if "run_dirs" in parameters else []), config]
+             if "table" in parameters else [])
     times = []
     for _ in range(2):
         t0 = time.perf_counter()
-        present_sweep(sweep, record["rows"], record["grid"], *extra, config, None)
+        present_sweep(sweep, *extra, None)
         times.append(time.perf_counter() - t0)
     rows = sum(len((d / "metrics.csv").read_text().splitlines()) - 1 for _p, _s, d in runs)
     print(json.dumps({"sweep": str(sweep), "runs": len(runs), "metrics_rows": rows,

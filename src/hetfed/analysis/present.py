@@ -8,11 +8,9 @@ report that fails is a warning: the results are written, the page is a view of t
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 from rich.console import Console
 
-from hetfed.config import Config
 from hetfed.console import make_console
 from hetfed.runs.rundir import REPORT
 
@@ -38,10 +36,9 @@ def present_run(run_dir: Path, status: Console | None = None) -> None:
             _warn(status, REPORT, err, run_dir)
 
 
-def present_sweep(sweep_dir: Path, table: list[dict], grid: dict[str, list[Any]], config: Config | None,
-                  console: Console | None) -> None:
-    """The sweep's ``report.html`` and the figures it keeps (``figures/``), each drawn once, its learning curves
-    read from its curves.csv; a figure that cannot be drawn is a warning."""
+def present_sweep(sweep_dir: Path, console: Console | None = None) -> None:
+    """The sweep's ``report.html`` and the figures it keeps (``figures/``), each drawn once from what the sweep
+    wrote (sweep.json, curves.csv); a figure that cannot be drawn is a warning."""
     from hetfed.analysis.report import write_report
 
     problems: list[str] = []

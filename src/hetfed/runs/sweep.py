@@ -64,13 +64,13 @@ def run_sweep(
     console: Console | None = None,
     resume: bool = False,
     jobs: int = 1,
-    present: Callable[..., None] | None = None,
+    present: Callable[[Path, Console | None], None] | None = None,
     stack: bool = False,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run every grid point × seed; write sweep.csv / sweep.json; return the table.
 
-    ``present(sweep_dir, table, grid, run_dirs, config, console)`` draws the figures and the
-    report (:func:`hetfed.analysis.present.present_sweep`; the entry points pass it).
+    ``present(sweep_dir, console)`` draws the figures and the report from what the sweep wrote
+    (:func:`hetfed.analysis.present.present_sweep`; the entry points pass it).
 
     ``jobs`` > 1 runs the points in that many worker processes, each with
     ``cores // jobs`` torch threads (two 2-thread torch processes on 2 cores run
@@ -106,7 +106,7 @@ def run_sweep(
     summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
-        present(sweep_dir, table, grid, config, console)
+        present(sweep_dir, console)
     if progress:
         print_table(table, list(grid), console)
     if failed:
