@@ -249,18 +249,17 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     leaked = _leakage(d, summary)
     if leaked:
         sections.append(("what the server learnt", leaked))
-    from hetfed.analysis.results import run_curves
+    from hetfed.analysis.results import CURVE_AXES, run_curves, run_curves_against, run_level
 
-    curves = run_curves(d, min_points=2)
+    series = run_level(rows)  # the rows read above: metrics.csv was read again for every curve drawn
+    curves = run_curves(series, min_points=2)
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
     curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
                          "model (lowest validation loss)", keep and keep / "learning_curves.png")
                   if curves else "<p class='muted'>no learning curve: "
                   "fewer than two evaluations per method</p>")
-    from hetfed.analysis.results import CURVE_AXES, run_curves_against
-
     for x_metric, label in CURVE_AXES.items():  # the simulated clock's time and the bytes sent (docs/async.md)
-        against = run_curves_against(d, x_metric)
+        against = run_curves_against(series, x_metric)
         if against:
             curve_html += figure(partial(plot_learning_curves, against, xlabel=label), f"learning curves against "
                                  f"{label}", keep and keep / f"curves_{x_metric}.png")

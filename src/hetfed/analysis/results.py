@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
-import csv
 import math
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from hetfed.config import Config
-from hetfed.runs.rundir import METRICS
+from hetfed.runs.rundir import read_metric_rows
 from hetfed.runs.sweep_tables import Curves
+
+#: a run's run-level series: ``{metric: {method: [(round, value)]}}`` (:func:`run_level`)
+RunCurves = dict[str, dict[str, list[tuple[int, float]]]]
 
 
 def _view_pairs(config: Config | None) -> list[tuple[str, str]]:
@@ -70,15 +73,21 @@ def _plot_curves(curves, metric: str, path):
     return plot_mean_curves(curves, metric, path)
 
 
+def run_level(rows: Iterable[dict[str, Any]]) -> RunCurves:
+    """``{metric: {method: [(round, value)]}}`` of metrics.csv's run-level rows (split summary or train, client
+    all), from its rows as read (:func:`~hetfed.runs.rundir.read_metric_rows`, or the report's typed ones)."""
+    per: dict[str, dict[str, dict[int, float]]] = {}
+    for row in rows:
+        if row["split"] in ("summary", "train") and row["client"] == "all":
+            # first wins: FedMoE's final scoring of its federated view repeats the last round's row
+            per.setdefault(row["metric"], {}).setdefault(row["method"], {}).setdefault(int(row["round"]),
+                                                                                       float(row["value"]))
+    return {metric: {m: sorted(points.items()) for m, points in methods.items()} for metric, methods in per.items()}
+
+
 def read_curves(path: Path, metric: str) -> dict[str, list[tuple[int, float]]]:
-    """``{method: [(round, value)]}`` of one summary metric from a run's metrics.csv."""
-    per_method: dict[str, dict[int, float]] = {}
-    with open(path, newline="") as fh:
-        for row in csv.DictReader(fh):
-            if row["split"] in ("summary", "train") and row["client"] == "all" and row["metric"] == metric:
-                # first wins: FedMoE's final scoring of its federated view repeats the last round's row
-                per_method.setdefault(row["method"], {}).setdefault(int(row["round"]), float(row["value"]))
-    return {m: sorted(points.items()) for m, points in per_method.items()}
+    """``{method: [(round, value)]}`` of one run-level metric from a run's metrics.csv."""
+    return run_level(read_metric_rows(path, ",all,")).get(metric, {})
 
 
 #: the metrics a run's learning-curve figure draws
@@ -89,21 +98,20 @@ RUN_CURVES = ("global_accuracy", "local_accuracy_mean", "val_loss", "train_loss"
 CURVE_AXES = {"sim_time": "simulated time (s)", "uplink_bytes_total": "uplink bytes (cumulative)"}
 
 
-def run_curves_against(run_dir: Path, x_metric: str, metrics: tuple[str, ...] = ("global_accuracy",
-                                                                                  "local_accuracy_mean"),
+def run_curves_against(table: RunCurves, x_metric: str, metrics: tuple[str, ...] = ("global_accuracy",
+                                                                                     "local_accuracy_mean"),
                        min_points: int = 2) -> dict[str, dict[str, list[tuple[float, float]]]]:
-    """``{metric: {method: [(x, value)]}}``: each evaluation's value against its ``x_metric`` (``sim_time``,
-    ``uplink_bytes_total``) from the same summary row; methods whose x never moves are left out, and nothing is
-    returned when x is the round times one constant for every method (equal clients on a constant clock, no
-    compression: the round axis already says it)."""
-    xs = read_curves(Path(run_dir) / METRICS, x_metric)
+    """``{metric: {method: [(x, value)]}}`` of a run's curves (:func:`run_level`): each evaluation's value against
+    its ``x_metric`` (``sim_time``, ``uplink_bytes_total``) from the same summary row; methods whose x never moves
+    are left out, and nothing is returned when x is the round times one constant for every method (equal clients on
+    a constant clock, no compression: the round axis already says it)."""
+    xs = table.get(x_metric, {})
     per_round = {x / r for points in xs.values() for r, x in points if r > 0}
     if len(per_round) <= 1 or max(per_round) - min(per_round) <= 1e-9 * max(abs(v) for v in per_round):
         return {}
     out: dict[str, dict[str, list[tuple[float, float]]]] = {}
     for metric in metrics:
-        ys = read_curves(Path(run_dir) / METRICS, metric)
-        for method, points in ys.items():
+        for method, points in table.get(metric, {}).items():
             x_of = dict(xs.get(method, []))
             pairs = [(x_of[r], v) for r, v in points if r in x_of and not math.isnan(v)]
             if len(pairs) >= min_points and len({x for x, _ in pairs}) > 1:
@@ -111,10 +119,10 @@ def run_curves_against(run_dir: Path, x_metric: str, metrics: tuple[str, ...] = 
     return out
 
 
-def run_curves(run_dir: Path, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
-    """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's metrics.csv, NaN points
-    dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""
-    curves = {m: read_curves(Path(run_dir) / METRICS, m) for m in RUN_CURVES}
+def run_curves(table: RunCurves, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's curves (:func:`run_level`), NaN
+    points dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""
+    curves = {m: table.get(m, {}) for m in RUN_CURVES}
     curves = {m: {k: [p for p in v if not math.isnan(p[1])] for k, v in c.items()} for m, c in curves.items()}
     curves = {m: {k: v for k, v in c.items() if len(v) >= max(min_points, 1)} for m, c in curves.items()}
     return {m: c for m, c in curves.items() if c}
