@@ -26,7 +26,7 @@ registered spec. Everything random comes from generators derived from the run se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -210,13 +210,8 @@ class Algorithm:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""
         if not self.capabilities.server_model:
             return {}
-        logits = self.model.forward(global_params(self, state), x_global.unsqueeze(0), None)[0]
-        s = scores(logits, y_global)
-        key = "server" if own_parameters(self) else "global"
-        out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
-        if self.model.n_classes == 2:
-            out[f"{key}_auc"] = auc(y_global.cpu().numpy(), logits.softmax(-1)[:, 1].cpu().numpy())
-        return out
+        return server_metrics(self, self.model.forward(global_params(self, state), x_global.unsqueeze(0), None)[0],
+                              y_global)
 
     # -- client side
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
@@ -262,6 +257,35 @@ def global_params(algo: Algorithm, state: ServerState) -> Params:
     """
     unseen = algo.model.local_for_unseen_client(_device(state.params))
     return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
+
+
+def server_metrics(algo: Algorithm, logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """What :meth:`Algorithm.evaluate_server` reports of the server's model's ``logits`` on the global test set."""
+    s = scores(logits, y)
+    key = "server" if own_parameters(algo) else "global"
+    out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
+    if algo.model.n_classes == 2:
+        out[f"{key}_auc"] = auc(y.cpu().numpy(), logits.softmax(-1)[:, 1].cpu().numpy())
+    return out
+
+
+def scores_servers_together(algo: Algorithm) -> bool:
+    """Whether runs of ``algo``'s method may score their servers' models in one forward (:func:`evaluate_servers`):
+    its server holds a model, scored the base way (a method that scores its server its own way — a mixture, a
+    cluster's model — scores it alone)."""
+    return algo.capabilities.server_model and type(algo).evaluate_server is Algorithm.evaluate_server
+
+
+@torch.no_grad()
+def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], x: torch.Tensor,
+                     ys: Sequence[torch.Tensor]) -> list[dict[str, float]]:
+    """:meth:`Algorithm.evaluate_server` of runs of one method and model (:func:`scores_servers_together`), their
+    models in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
+    model's row is its own computation, so each run gets its numbers alone (a stacked sweep's runs:
+    :mod:`hetfed.executors.stacked_runs`)."""
+    params = [global_params(a, s) for a, s in zip(algos, states, strict=True)]
+    logits = algos[0].model.forward({k: torch.cat([p[k] for p in params]) for k in params[0]}, x, None)
+    return [server_metrics(a, lg, y) for a, lg, y in zip(algos, logits, ys, strict=True)]
 
 
 def server_step(algo: Algorithm, state: ServerState, upload: Upload,

@@ -12,6 +12,7 @@ clients as one stack.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -70,7 +71,12 @@ class RunSpec:
 
     def model_identity(self) -> tuple[Any, ...]:
         """What makes two runs' models the same computation when scored: the algorithm and its parameters and the
-        model's architecture (a model built by hand, which no config names, is its own)."""
+        model's architecture (a model built by hand, which no config names, is its own). Computed once: a stacked
+        sweep asks it of every run at every request."""
+        return self._model_identity
+
+    @cached_property
+    def _model_identity(self) -> tuple[Any, ...]:
         algo = self.algo
         params = algo.params.model_dump_json() if hasattr(algo.params, "model_dump_json") else repr(algo.params)
         architecture = self.architecture if self.architecture is not None else ("built by hand", id(algo.model))
@@ -80,4 +86,8 @@ class RunSpec:
     def step_identity(self) -> tuple[Any, ...]:
         """What makes two runs' client steps the same computation (stacked sweeps group by it): the model's identity,
         the local schedule and the client optimiser. The seed, the rounds and the server side may differ."""
+        return self._step_identity
+
+    @cached_property
+    def _step_identity(self) -> tuple[Any, ...]:
         return (*self.model_identity(), self.schedule, self.train.optimizer.model_dump_json())

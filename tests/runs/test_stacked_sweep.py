@@ -49,6 +49,10 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     original, scoring = stacked_runs.train_together, stacked_runs.evaluate_together
     monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
     monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(len(group)) or scoring(group))
+    servers: list[int] = []  # the runs whose servers' models were scored in one forward
+    forward = stacked_runs.evaluate_servers
+    monkeypatch.setattr(stacked_runs, "evaluate_servers",
+                        lambda algos, *a: servers.append(len(algos)) or forward(algos, *a))
     built: list[bool] = []  # whether each joined pool was built anew (not kept): once per set of runs, not per round
     joining = stacked_runs._joint_pool
 
@@ -71,6 +75,7 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
             assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     assert max(served) == 6  # every run's round in one stack (6 runs, same client step)
     assert max(scored) == 6  # and every run's evaluation: each client on its own run's sets (the numbers above)
+    assert max(servers) == 6  # and every run's server model on its global test set
     for run in (tmp_path / "stacked").glob("*/seed=*"):  # each run keeps its own directory
         assert (run / "summary.json").is_file() and (run / "checkpoints" / "relu-final.pt").is_file()
 

@@ -55,7 +55,8 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
-from hetfed.executors.updates import Evaluate, Steps, Train
+from hetfed.executors.updates import Evaluate, Request, ScoreServer, Steps, Train
+from hetfed.interface import evaluate_servers, scores_servers_together
 
 
 @dataclass(eq=False, kw_only=True)
@@ -83,17 +84,17 @@ class _Rounds(_Answered):
     steps: Callable[[int], Steps[bool]]
     rounds: Iterator[int]
     current: Steps[bool] | None = None
-    asked: Train | Evaluate | None = None
+    asked: Request | None = None
 
     # what the joined computations read of a request
     @property
     def bc(self) -> Broadcast:
-        assert self.asked is not None
+        assert isinstance(self.asked, Train | Evaluate)
         return self.asked.bc
 
     @property
     def clients(self) -> list[int]:
-        assert self.asked is not None
+        assert isinstance(self.asked, Train | Evaluate)
         return self.asked.clients
 
     @property
@@ -184,6 +185,8 @@ class Rendezvous:
         #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
         self.shifted: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]] = (
             weakref.WeakKeyDictionary())
+        #: the global test sets of the runs whose servers were last scored together, stacked (:meth:`score_together`)
+        self.server_sets: dict[tuple[int, ...], tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         #: the torch threads of the thread that made this meeting point, which computes for the runs (:meth:`serve`)
         self.threads = torch.get_num_threads()
         #: what :meth:`serve` computes, in order: the runs' rounds, or a call (``None``: every run has left)
@@ -273,8 +276,9 @@ class Rendezvous:
                 trained = [r for r in running if isinstance(r.asked, Train)]
                 reached = max((r.bc.round + 1 for r in trained), default=0)
                 longest = max((r.executor.run.train.rounds for r in trained), default=0)
-                self._answer(trained, train_together)
-                self._answer([r for r in running if isinstance(r.asked, Evaluate)], evaluate_together)
+                self._answer(trained, train_together, _train_key)
+                self._answer([r for r in running if isinstance(r.asked, Evaluate)], evaluate_together, _evaluation_key)
+                self._answer([r for r in running if isinstance(r.asked, ScoreServer)], self.score_together, _score_key)
                 if self.on_round is not None and trained:
                     self.on_round(reached, longest)
         except BaseException as err:  # whatever failed, no run waits forever: each unfinished one fails with it
@@ -282,18 +286,27 @@ class Rendezvous:
                 if not run.done.is_set():
                     run.fail(err)
 
+    def score_together(self, group: Sequence[_Rounds]) -> list[dict[str, float]]:
+        """Every request's server model (the same method and model) scored on its run's global test set, in one
+        stacked forward (:func:`hetfed.interface.evaluate_servers`)."""
+        asked = [cast(ScoreServer, r.asked) for r in group]
+        xs = tuple(a.x for a in asked)
+        key = tuple(id(x) for x in xs)
+        kept = self.server_sets.get(key)
+        if kept is None or any(a is not b for a, b in zip(kept[1], xs, strict=True)):
+            kept = (torch.stack(xs), xs)
+            self.server_sets = {key: kept}  # the sets of one group of runs at a time
+        return evaluate_servers([a.algo for a in asked], [a.server for a in asked], kept[0], [a.y for a in asked])
+
     @staticmethod
-    def _answer(asking: list[_Rounds], together: Callable[[list[_Rounds]], list[Any]]) -> None:
-        """The requests of one kind: those that may share a stack in groups of equal keys, the others alone."""
+    def _answer(asking: list[_Rounds], together: Callable[[list[_Rounds]], list[Any]],
+                key_of: Callable[[_Rounds], Any]) -> None:
+        """The requests of one kind: those that may share a computation in groups of equal keys (``key_of``), the
+        others (key None) alone."""
         groups: dict[Any, list[_Rounds]] = {}
         for run in asking:
-            evaluation = isinstance(run.asked, Evaluate)
-            if not joins(run.executor, run.bc, evaluation) or (evaluation and not run.clients):
-                groups[("alone", run.executor.place)] = [run]
-            else:
-                key = (evaluation_key(run.executor, run.bc, run.view) if evaluation
-                       else step_key(run.executor, run.bc))
-                groups.setdefault(key, []).append(run)
+            key = key_of(run)
+            groups.setdefault(("alone", run.executor.place) if key is None else key, []).append(run)
         for key, group in groups.items():
             try:
                 answers = [_alone(group[0])] if key[0] == "alone" else together(group)
@@ -303,6 +316,24 @@ class Rendezvous:
                 continue
             for run, answer in zip(group, answers, strict=True):
                 run.advance(answer)
+
+
+def _train_key(run: _Rounds) -> Any:
+    return step_key(run.executor, run.bc) if joins(run.executor, run.bc) else None
+
+
+def _evaluation_key(run: _Rounds) -> Any:
+    return (evaluation_key(run.executor, run.bc, run.view) if run.clients and joins(run.executor, run.bc, True)
+            else None)
+
+
+def _score_key(run: _Rounds) -> Any:
+    """Servers' models scored in one forward: the same method and model, on this device, global test sets of one
+    shape (each run scores its own)."""
+    asked = cast(ScoreServer, run.asked)
+    if not scores_servers_together(asked.algo):
+        return None
+    return ("score", run.executor.run.model_identity(), str(asked.x.device), tuple(asked.x.shape), asked.x.dtype)
 
 
 def _alone(run: _Rounds) -> Any:

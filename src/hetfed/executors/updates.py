@@ -67,8 +67,25 @@ class Evaluate:
         return executor.evaluate(self.bc, self.clients, self.view)
 
 
-#: a loop's work between what it asks of the clients: it yields each request and is sent its answer
-Steps = Generator[Train | Evaluate, Any, T]
+@dataclass(frozen=True, eq=False)
+class ScoreServer:
+    """What an evaluation asks of the server: its model (``server``'s state of ``algo``'s method) scored on the
+    global test set ``x``, ``y``; the steps get the metrics back. Asked like the clients' work so that a stacked
+    sweep scores its runs' servers in one forward (:func:`hetfed.interface.evaluate_servers`)."""
+
+    algo: Algorithm
+    server: ServerState
+    x: torch.Tensor
+    y: torch.Tensor
+
+    def answer(self, executor: Executor) -> dict[str, float]:
+        return self.algo.evaluate_server(self.server, self.x, self.y)
+
+
+#: what a loop asks while it runs
+Request = Train | Evaluate | ScoreServer
+#: a loop's work between what it asks of the clients and the server: it yields each request and is sent its answer
+Steps = Generator[Request, Any, T]
 
 
 def drive(steps: Steps[T], executor: Executor) -> T:
@@ -170,7 +187,8 @@ def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Fe
 def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clients: list[int] | None = None,
                      view: str | None = None, x_global: torch.Tensor | None = None,
                      y_global: torch.Tensor | None = None) -> Steps[Evaluation]:
-    """:func:`evaluation` as steps: the clients' scores asked for (:class:`Evaluate`), then summarised."""
+    """:func:`evaluation` as steps: the clients' scores asked for (:class:`Evaluate`), the server's model's
+    (:class:`ScoreServer`), then summarised."""
     ids = list(range(fed.n_clients)) if clients is None else list(clients)
     bc = algo.broadcast(server, server.round)
     reports = yield Evaluate(bc, ids, view)
@@ -180,7 +198,7 @@ def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clie
                        "expected at least one reply within flower.round_timeout")
     own: dict[str, float] = {}
     if x_global is not None and y_global is not None and view in (None, algo.capabilities.federated_view):
-        own = algo.evaluate_server(server, x_global, y_global)
+        own = yield ScoreServer(algo, server, x_global, y_global)
     return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
 
 

@@ -22,11 +22,13 @@ round number is the position of every stream; nothing else needs saving.
 from __future__ import annotations
 
 import dataclasses
+import io
 import os
 import shutil
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any
 
 import torch
 
@@ -50,6 +52,15 @@ def checkpoint_path(run_dir: str | Path) -> Path:
 
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
+    return _replace_checkpoint(Path(run_dir), lambda fh: torch.save(_versioned(payload), fh))
+
+
+def _versioned(payload: dict[str, Any]) -> dict[str, Any]:
+    return {"version": VERSION, "random_streams": streams.GENERATOR, **payload}
+
+
+def _replace_checkpoint(run_dir: Path, write: Callable[[IO[bytes]], object]) -> Path:
+    """The latest checkpoint kept as the previous one, and ``write`` the new one, atomically and on disk."""
     path = checkpoint_path(run_dir)
     if path.is_file():  # the latest becomes the previous one (a hard link: resume.pt never goes missing)
         link = path.with_name(f".{PREVIOUS}.tmp")
@@ -59,9 +70,38 @@ def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
         except OSError:  # a file system without hard links
             shutil.copyfile(path, link)
         os.replace(link, path.with_name(PREVIOUS))
-    write_atomic(path, lambda fh: torch.save({"version": VERSION, "random_streams": streams.GENERATOR, **payload}, fh),
-                 binary=True, sync=True)
+    write_atomic(path, write, binary=True, sync=True)
     return path
+
+
+#: a checkpoint whose tensors hold at most this many bytes is serialised by the loop and written to disk by a
+#: background thread; a larger one is written by the loop itself (in memory it would be held twice)
+BACKGROUND_UP_TO = 64 << 20
+#: the threads that write checkpoints to disk (a run's next checkpoint waits for its last: each run's stay in order)
+_WRITERS = ThreadPoolExecutor(max_workers=4, thread_name_prefix="hetfed-checkpoint")
+
+
+def _tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value`` (dicts, lists, tuples and dataclasses of them)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(_tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(_tensor_bytes(v) for v in value)
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return sum(_tensor_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
+    return 0
+
+
+def _write_serialised(run_dir: Path, data: bytes, metrics_fd: int) -> None:
+    """A checkpoint serialised by :meth:`Checkpointer.save`, written on a background thread: metrics.csv (the
+    duplicate ``metrics_fd`` of its file, closed here) on disk first, then the checkpoint that records its length."""
+    try:
+        os.fsync(metrics_fd)
+    finally:
+        os.close(metrics_fd)
+    _replace_checkpoint(run_dir, lambda fh: fh.write(data))
 
 
 def remove_checkpoints(run_dir: str | Path) -> None:
@@ -141,15 +181,34 @@ class Checkpointer:
         self.run_dir, self.writer, self.methods = Path(run_dir), writer, methods
         self.started, self.resumes = started, resumes
         self.done: list[str] = []  # labels of the finished methods (their rows are in ``methods``)
+        self._writing: Future[None] | None = None  # the last checkpoint, while a background thread writes it
 
     def save(self, current: dict[str, Any] | None) -> None:
-        """Checkpoint now; metrics.csv is flushed first so its length matches the state saved."""
-        self.writer.flush()
-        write_checkpoint(self.run_dir, {
-            "methods": self.methods, "done": list(self.done), "current": current,
-            "metrics_offset": self.writer.size(), "torch_rng": torch.get_rng_state(), "started": self.started,
-            "resumes": self.resumes,
-        })
+        """Checkpoint now; metrics.csv is flushed first so its length matches the state saved.
+
+        The state is serialised here, as it is now; its files (metrics.csv's fsync, the previous checkpoint's
+        link, the new one's write, fsync and rename) are written by a background thread, which the loop does not
+        wait for (in a stacked sweep every run checkpoints in the same round: ~1 ms each, mostly the disk's). A
+        kill before that write is done leaves the previous checkpoint, as a kill during any write does."""
+        self.wait()
+        self.writer.flush(durable=False)
+        payload = {"methods": self.methods, "done": list(self.done), "current": current,
+                   "metrics_offset": self.writer.size(), "torch_rng": torch.get_rng_state(), "started": self.started,
+                   "resumes": self.resumes}
+        if _tensor_bytes(current) > BACKGROUND_UP_TO:
+            self.writer.flush()
+            write_checkpoint(self.run_dir, payload)
+            return
+        buffer = io.BytesIO()
+        torch.save(_versioned(payload), buffer)
+        self._writing = _WRITERS.submit(_write_serialised, self.run_dir, buffer.getvalue(), self.writer.duplicate())
+
+    def wait(self) -> None:
+        """The checkpoint being written in the background on disk (its error raised here): before the next one,
+        and before the run's end removes them."""
+        writing, self._writing = self._writing, None
+        if writing is not None:
+            writing.result()
 
     def method_done(self, label: str) -> None:
         self.done.append(label)

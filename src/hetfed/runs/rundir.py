@@ -92,7 +92,7 @@ def _umask() -> int:
     return mask
 
 
-def write_atomic(path: Path, write: Callable[[IO[Any]], None], binary: bool = False, sync: bool = False) -> None:
+def write_atomic(path: Path, write: Callable[[IO[Any]], object], binary: bool = False, sync: bool = False) -> None:
     """Write ``path`` through a temporary file in the same folder + rename: readers (and a run resumed
     after a kill) see the old file or the new one, never half of one. ``sync``: on disk before the rename."""
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -176,6 +176,11 @@ class MetricsWriter:
             os.fsync(self._fh.fileno())
         if self.mirror is not None:
             self.mirror.flush()
+
+    def duplicate(self) -> int:
+        """A duplicate of the file's descriptor (the caller closes it): for syncing it to disk from another thread,
+        whatever this writer does meanwhile (:meth:`hetfed.runs.checkpoint.Checkpointer.save`)."""
+        return os.dup(self._fh.fileno())
 
     def size(self) -> int:
         """Bytes written so far (after :meth:`flush`)."""

@@ -11,6 +11,7 @@ Ctrl-C included — and keeps what was finished.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
@@ -325,6 +326,7 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
 def summarise(config: Config, prep: Prepared, rec: Recording, t_start: float) -> dict[str, Any]:
     """``summary.json`` written last, the status "complete", the resumable checkpoints removed (the final
     states are in checkpoints/)."""
+    rec.checkpointer.wait()
     rec.writer.close()
     summary = run_summary(config, prep, rec.methods, rec.started, rec.checkpointer.resumes,
                           time.perf_counter() - t_start)
@@ -339,6 +341,8 @@ def _mark_failed(rec: Recording, trackers: Trackers | None, err: BaseException) 
     """The run directory marked failed with the reason; what was finished is kept (the reason itself is
     printed once, by whoever handles the error: the CLI)."""
     rec.heartbeat.stop()
+    with contextlib.suppress(Exception):  # the run fails with its own error; the previous checkpoint stays
+        rec.checkpointer.wait()  # the last checkpoint on disk before the run is marked failed
     rec.writer.close()
     set_status(rec.run_dir, "failed", reason=interruption_reason(err), methods_done=list(rec.methods))
     if trackers is not None:
