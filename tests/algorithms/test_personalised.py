@@ -11,8 +11,8 @@ import torch.nn.functional as F
 from hetfed import streams
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
-from hetfed.engine.evaluate import summarise
 from hetfed.engine.rng import SERVER_INIT, torch_gen
+from hetfed.engine.summary import summarise
 from hetfed.engine.types import ClientData
 from hetfed.models import build_model
 

@@ -123,7 +123,7 @@ def per_seed(rows: list[dict], method: str, metric: str, point: dict[str, Any]) 
 
 
 def _mean_ci(values: list[float]) -> tuple[float, float]:
-    from hetfed.engine.evaluate import ci95_over
+    from hetfed.engine.summary import ci95_over
 
     half = ci95_over(values) if len(values) > 1 else math.nan
     return float(np.mean(values)), half

@@ -45,6 +45,7 @@ import torch
 from hetfed.engine.evaluate import ClientEvalData
 from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
+from hetfed.engine.summary import summaries
 from hetfed.engine.types import (
     Broadcast,
     ClientBroadcast,
@@ -55,7 +56,7 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
-from hetfed.executors.updates import Evaluate, Request, ScoreServer, Steps, Train
+from hetfed.executors.updates import Evaluate, Request, ScoreServer, Steps, Summarise, Train
 from hetfed.interface import evaluate_servers, scores_servers_together
 
 
@@ -279,6 +280,7 @@ class Rendezvous:
                 self._answer(trained, train_together, _train_key)
                 self._answer([r for r in running if isinstance(r.asked, Evaluate)], evaluate_together, _evaluation_key)
                 self._answer([r for r in running if isinstance(r.asked, ScoreServer)], self.score_together, _score_key)
+                self._answer([r for r in running if isinstance(r.asked, Summarise)], _summarise_together, _summary_key)
                 if self.on_round is not None and trained:
                     self.on_round(reached, longest)
         except BaseException as err:  # whatever failed, no run waits forever: each unfinished one fails with it
@@ -334,6 +336,16 @@ def _score_key(run: _Rounds) -> Any:
     if not scores_servers_together(asked.algo):
         return None
     return ("score", run.executor.run.model_identity(), str(asked.x.device), tuple(asked.x.shape), asked.x.dtype)
+
+
+def _summary_key(run: _Rounds) -> Any:
+    """Evaluations summarised at once: of one shape (as many clients, the same reports)."""
+    shape = cast(Summarise, run.asked).reports.shape()
+    return None if shape is None else ("summary", *shape)
+
+
+def _summarise_together(group: Sequence[_Rounds]) -> list[Any]:
+    return summaries([cast(Summarise, r.asked).reports for r in group])
 
 
 def _alone(run: _Rounds) -> Any:

@@ -22,11 +22,12 @@ import numpy as np
 import torch
 
 from hetfed.config import TrainConfig
-from hetfed.engine.evaluate import Evaluation, summarise
+from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.faults import Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.record_dp import record_epsilon
 from hetfed.engine.sampling import sample_clients
+from hetfed.engine.summary import Reports
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, RoundSkipped
@@ -82,8 +83,20 @@ class ScoreServer:
         return self.algo.evaluate_server(self.server, self.x, self.y)
 
 
+@dataclass(frozen=True, eq=False)
+class Summarise:
+    """What an evaluation asks last: the clients' reports and the server's scores made the run's metrics
+    (:meth:`~hetfed.engine.summary.Reports.summary`). Asked so that a stacked sweep summarises its runs' evaluations
+    at once (:func:`hetfed.engine.summary.summaries`)."""
+
+    reports: Reports
+
+    def answer(self, executor: Executor) -> Evaluation:
+        return self.reports.summary()
+
+
 #: what a loop asks while it runs
-Request = Train | Evaluate | ScoreServer
+Request = Train | Evaluate | ScoreServer | Summarise
 #: a loop's work between what it asks of the clients and the server: it yields each request and is sent its answer
 Steps = Generator[Request, Any, T]
 
@@ -188,7 +201,7 @@ def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clie
                      view: str | None = None, x_global: torch.Tensor | None = None,
                      y_global: torch.Tensor | None = None) -> Steps[Evaluation]:
     """:func:`evaluation` as steps: the clients' scores asked for (:class:`Evaluate`), the server's model's
-    (:class:`ScoreServer`), then summarised."""
+    (:class:`ScoreServer`), then summarised (:class:`Summarise`)."""
     ids = list(range(fed.n_clients)) if clients is None else list(clients)
     bc = algo.broadcast(server, server.round)
     reports = yield Evaluate(bc, ids, view)
@@ -199,7 +212,8 @@ def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clie
     own: dict[str, float] = {}
     if x_global is not None and y_global is not None and view in (None, algo.capabilities.federated_view):
         own = yield ScoreServer(algo, server, x_global, y_global)
-    return summarise(reports, ids, fed.opted_out, fed.n_classes, own, y_global)
+    summary: Evaluation = yield Summarise(Reports(reports, ids, fed.opted_out, fed.n_classes, own, y_global))
+    return summary
 
 
 def round_train_loss(upload: Upload | None) -> float | None:

@@ -43,7 +43,7 @@ MIN_SEEDS_FOR_CI = 3
 def ci95(values: list[float]) -> float:
     """Half-width of the 95% confidence interval of the mean over seeds (Student t); NaN with fewer than
     :data:`MIN_SEEDS_FOR_CI` finite values (no interval, not a zero-width one)."""
-    from hetfed.engine.evaluate import ci95_over
+    from hetfed.engine.summary import ci95_over
 
     finite = [v for v in values if v is not None and not math.isnan(v)]
     return ci95_over(finite) if len(finite) >= MIN_SEEDS_FOR_CI else math.nan
