@@ -113,6 +113,31 @@ def test_runs_that_stop_at_different_rounds_step_together_while_they_last(tmp_pa
     assert _runs(tmp_path / "stacked", grid) == alone
 
 
+def _rejected(path: Path) -> list[tuple[str, str, str]]:
+    """Every run's rounds' rejected-by-norm counts, from its metrics.csv."""
+    return sorted((run.parent.name + run.name, r["round"], r["value"]) for run in path.glob("*/seed=*")
+                  for r in csv.DictReader(open(run / "metrics.csv")) if r["metric"] == "clients_rejected_norm")
+
+
+def test_the_runs_screens_measured_in_one_pass_reject_the_clients_each_rejects_alone(tmp_path, monkeypatch):
+    """A stacked round measures every run's updates (finite, norm against its own broadcast) in one pass; a tight
+    norm filter then rejects, round by round, the clients the runs reject one by one, with the same numbers."""
+    measured: list[int] = []
+    real = stacked_runs.measure
+    monkeypatch.setattr(stacked_runs, "measure",
+                        lambda upload, *a, **k: measured.append(len(upload.client_ids)) or real(upload, *a, **k))
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=6", "--set",
+            "train.rounds=4", "--set", "server.screen.norm_factor=1.1", "--set", "partition.kind=dirichlet",
+            "--seeds", "3", "--quiet", "--set", "methods=[{name: fedavg, algorithm: fedavg}]"]
+    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
+    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    assert measured and max(measured) == 18  # three runs' six clients at once
+    rejected = _rejected(tmp_path / "alone")
+    assert sum(int(float(v)) for *_, v in rejected) > 0  # the filter bites
+    assert _rejected(tmp_path / "stacked") == rejected
+    assert _runs(tmp_path / "stacked", ()) == _runs(tmp_path / "alone", ())
+
+
 def test_a_run_that_diverges_fails_alone_and_the_others_finish_as_without_stack(tmp_path):
     """A run's own error (its training diverges) ends that run only: the others' rounds go on in the lockstep, and
     their numbers are those of the sweep without --stack."""

@@ -235,13 +235,14 @@ class RoundUploads:
         self._counts: list[torch.Tensor] = []
         self._extra: dict[str, list[torch.Tensor]] = {}
 
-    def add(self, upload: Upload) -> None:
+    def add(self, upload: Upload, measured: Any = None) -> None:
         """A chunk's updates; a :class:`StreamedUpload` (a Flower node's cohort, reduced and screened where it
-        was trained) is folded into the sums as it is — its clients' updates are not here to screen again."""
+        was trained) is folded into the sums as it is — its clients' updates are not here to screen again.
+        ``measured``: their finite flags and norms, computed beforehand (:class:`hetfed.server.screen.Measured`)."""
         if isinstance(upload, StreamedUpload):
             self._fold_reduced(upload)
             return
-        for passed in self.screen.admit(upload) if self.screen is not None else [upload]:
+        for passed in self.screen.admit(upload, measured) if self.screen is not None else [upload]:
             self._take(passed)
 
     def _fold_reduced(self, upload: StreamedUpload) -> None:

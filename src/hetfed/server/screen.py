@@ -44,7 +44,13 @@ def _stacked_reference(theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 NORM_SLICE, NORM_COLUMNS = 1 << 17, 4096
 
 
-def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
+def norm_columns(n: int, device: torch.device) -> int | None:
+    """How many columns of a parameter :func:`update_norms` takes at a time for a stack of ``n`` clients on
+    ``device`` (None: all of them)."""
+    return max(NORM_COLUMNS, NORM_SLICE // max(n, 1)) if device.type == "cpu" else None
+
+
+def update_norms(upload: Upload, reference: Params, columns: int | None = -1) -> torch.Tensor:
     """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
 
     Accumulated in float64, parameter after parameter on the device, and read back once (a read per parameter
@@ -55,7 +61,8 @@ def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
     round, ``benchmarks/engine.py``), 1.3–1.5 ms in slices; a client alone (the sequential executor) takes few
     slices, each a few operations. A client's norm depends on its stack's slicing only in float64 rounding
     (~1e-16). On an accelerator a parameter is one slice: its memory is fast, and each slice would be kernel
-    launches.
+    launches. ``columns``: the slices' width (None: whole parameters) instead of the stack's own
+    (:func:`norm_columns`): a larger stack measured in the slices of its parts' gives each part's norms to the bit.
     """
     n = len(upload.client_ids)
     total: torch.Tensor | None = None
@@ -63,9 +70,10 @@ def update_norms(upload: Upload, reference: Params) -> torch.Tensor:
         theta = upload.params[k]
         centre = _stacked_reference(theta, ref)
         flat, centre = theta.reshape(n, -1), centre.reshape(len(centre), -1)
-        columns = max(NORM_COLUMNS, NORM_SLICE // n) if flat.device.type == "cpu" else max(flat.shape[1], 1)
-        for s in range(0, flat.shape[1], columns):
-            d = flat[:, s:s + columns] - centre[:, s:s + columns]
+        width = norm_columns(n, flat.device) if columns == -1 else columns
+        width = max(flat.shape[1], 1) if width is None else width
+        for s in range(0, flat.shape[1], width):
+            d = flat[:, s:s + width] - centre[:, s:s + width]
             square = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64).pow(2)
             total = square if total is None else total + square.to(total.device)
     return torch.zeros(n, dtype=torch.float64) if total is None else total.sqrt().cpu()
@@ -95,6 +103,25 @@ def finite_clients(upload: Upload) -> torch.Tensor:
                 suspect[rows] = ~torch.isfinite(flat[rows.to(flat.device)]).all(1).cpu()
                 ok &= ~suspect
     return ok
+
+
+@dataclass(frozen=True)
+class Measured:
+    """A chunk's updates measured beforehand (:meth:`Screen.admit`): each client's finite flag (bool ``[n]``) and
+    update norm (float64 ``[n]``; None when the screen has no norm filter), on the host."""
+
+    finite: torch.Tensor
+    norms: torch.Tensor | None
+
+    def rows(self, rows: slice) -> Measured:
+        return Measured(self.finite[rows], None if self.norms is None else self.norms[rows])
+
+
+def measure(upload: Upload, reference: Params, columns: int | None, norms: bool = True) -> Measured:
+    """The finite flags and, with ``norms``, the update norms of a stack that holds several chunks' updates (each
+    client against its own row of ``reference``), in the slices of ``columns`` columns (what each chunk alone would
+    take, :func:`norm_columns`): every chunk's numbers as :meth:`Screen.admit` computes them for the chunk alone."""
+    return Measured(finite_clients(upload), update_norms(upload, reference, columns) if norms else None)
 
 
 def select(upload: Upload, keep: torch.Tensor) -> Upload:
@@ -193,23 +220,29 @@ class Screen:
         self.counts["rejected_norm"] += int(finite.sum()) - int(passed.sum())
         return passed
 
-    def chunk(self, upload: Upload) -> Upload:
-        """What can be decided client by client: non-finite updates out, DP clipping."""
-        ok = finite_clients(upload)
+    def chunk(self, upload: Upload, finite: torch.Tensor | None = None) -> Upload:
+        """What can be decided client by client: non-finite updates out (``finite``: the clients' flags, when
+        known), DP clipping."""
+        ok = finite_clients(upload) if finite is None else finite
         self.counts["rejected_nonfinite"] += int((~ok).sum())
         upload = select(upload, ok)
         if self.clip is not None and upload.client_ids:
             upload = clip_updates(upload, self.reference, self.clip)
         return upload
 
-    def admit(self, upload: Upload) -> list[Upload]:
-        """A chunk's updates that may be aggregated now (none while the reference clients are still coming)."""
-        upload = self.chunk(upload)
+    def admit(self, upload: Upload, measured: Measured | None = None) -> list[Upload]:
+        """A chunk's updates that may be aggregated now (none while the reference clients are still coming).
+        ``measured``: their finite flags and update norms, computed beforehand with those of other rounds' updates
+        (:func:`measure`: a stacked sweep's runs, one pass over their joined stack)."""
+        if measured is not None and self.clip is not None:
+            raise ValueError("a clipping screen changes the updates: admit them unmeasured")
+        upload = self.chunk(upload, None if measured is None else measured.finite)
         if not upload.client_ids:
             return []
         if self.norm_factor is None:
             return [upload]
-        norms = update_norms(upload, self.reference)
+        norms = (update_norms(upload, self.reference) if measured is None or measured.norms is None
+                 else measured.norms[measured.finite])
         if self.median is not None:
             return self._judged(upload, norms)
         self._held.append(upload)
