@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from hetfed.config import PrivacyConfig, TrainConfig
-from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, scores
+from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, score_sums, scores, scores_of
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.types import (
     Broadcast,
@@ -259,9 +259,11 @@ def global_params(algo: Algorithm, state: ServerState) -> Params:
     return {k: v.unsqueeze(0) for k, v in {**state.params, **unseen}.items()}
 
 
-def server_metrics(algo: Algorithm, logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
-    """What :meth:`Algorithm.evaluate_server` reports of the server's model's ``logits`` on the global test set."""
-    s = scores(logits, y)
+def server_metrics(algo: Algorithm, logits: torch.Tensor, y: torch.Tensor,
+                   s: dict[str, float] | None = None) -> dict[str, float]:
+    """What :meth:`Algorithm.evaluate_server` reports of the server's model's ``logits`` on the global test set
+    (``s``: their :func:`~hetfed.engine.evaluate.scores`, when read already)."""
+    s = scores(logits, y) if s is None else s
     key = "server" if own_parameters(algo) else "global"
     out = {f"{key}_accuracy": s["accuracy"], f"{key}_loss": s["loss"]}
     if algo.model.n_classes == 2:
@@ -285,7 +287,10 @@ def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], 
     :mod:`hetfed.executors.stacked_runs`)."""
     params = [global_params(a, s) for a, s in zip(algos, states, strict=True)]
     logits = algos[0].model.forward({k: torch.cat([p[k] for p in params]) for k in params[0]}, x, None)
-    return [server_metrics(a, lg, y) for a, lg, y in zip(algos, logits, ys, strict=True)]
+    # each run's sums as alone, read back from the device once for all (a read each made a GPU wait as often)
+    sums = torch.stack([score_sums(lg, y) for lg, y in zip(logits, ys, strict=True)]).tolist() if len(ys[0]) else []
+    read = [scores_of(sums[r][0], sums[r][1], len(y)) if sums else None for r, y in enumerate(ys)]
+    return [server_metrics(a, lg, y, s) for a, lg, y, s in zip(algos, logits, ys, read, strict=True)]
 
 
 def server_step(algo: Algorithm, state: ServerState, upload: Upload,

@@ -247,12 +247,19 @@ def client_losses(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor
 
 
 def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
+    """Accuracy and mean cross-entropy of ``logits`` ``[N, C]`` on labels ``y`` (and their sum and N)."""
     if len(y) == 0:
-        return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
+        return scores_of(0.0, 0.0, 0)
+    loss, correct = score_sums(logits, y).tolist()  # one read from the device
+    return scores_of(loss, correct, len(y))
+
+
+def score_sums(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`scores`'s cross-entropy sum and correct count, ``[2]`` on the device: many models' read back at
+    once (a stacked sweep's servers: :func:`hetfed.interface.evaluate_servers`)."""
     loss_sum = F.cross_entropy(logits, y, reduction="sum")
     hits = (logits.argmax(-1) == y).sum().to(loss_sum.dtype)  # a count < 2²⁴: exact in float32
-    loss, correct = torch.stack([loss_sum, hits]).tolist()  # one read from the device
-    return _scores_of(loss, correct, len(y))
+    return torch.stack([loss_sum, hits])
 
 
 def auc(y: np.ndarray, score: np.ndarray) -> float:
@@ -289,8 +296,8 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
                                  "val_accuracy": [],
                                  "val_loss_sum": [], "val_n": []}
     for j in range(n):
-        s = _scores_of(loss_sum[j], correct[j], sizes[j])
-        v = _scores_of(loss_sum[n + j], correct[n + j], sizes[n + j])
+        s = scores_of(loss_sum[j], correct[j], sizes[j])
+        v = scores_of(loss_sum[n + j], correct[n + j], sizes[n + j])
         out["local_accuracy"].append(s["accuracy"])
         out["local_loss"].append(s["loss"])
         out["local_n"].append(s["n"])
@@ -315,8 +322,8 @@ def _segments(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
         torch.arange(len(index), device=device), torch.as_tensor(sizes, device=device), output_size=sum(sizes)))
 
 
-def _scores_of(loss_sum: float, correct: float, n: int) -> dict[str, float]:
-    """:func:`scores` from a segment's sums."""
+def scores_of(loss_sum: float, correct: float, n: int) -> dict[str, float]:
+    """:func:`scores` from a segment's sums (:func:`score_sums`) of ``n`` samples."""
     if n == 0:
         return {"accuracy": float("nan"), "loss": float("nan"), "loss_sum": 0.0, "n": 0}
     return {"accuracy": int(correct) / n, "loss_sum": loss_sum, "loss": loss_sum / n, "n": n}
