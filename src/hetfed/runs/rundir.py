@@ -156,8 +156,7 @@ class MetricsWriter:
         self._fh.flush()
 
     def write(self, method: str, round: int, split: str, client: int | str, metrics: dict[str, float]) -> None:
-        for metric, value in metrics.items():
-            self._w.writerow([method, round, split, client, metric, value])
+        self._w.writerows([method, round, split, client, metric, value] for metric, value in metrics.items())
         if self.mirror is not None and client == "all":
             self.mirror.log(method, round, split, metrics)
 
