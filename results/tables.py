@@ -36,7 +36,7 @@ from pathlib import Path
 
 import numpy as np
 
-from hetfed.engine.evaluate import ci95_over
+from hetfed.engine.summary import ci95_over
 
 
 def _runs(sweep: Path):

@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
-from hetfed.engine.types import Params
+from hetfed.engine.types import Params, tensor_bytes
 from hetfed.models.base import Model
 
 if TYPE_CHECKING:
@@ -170,7 +170,7 @@ def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Cal
     if hit is not None and len(hit[0]) == len(index) and all(a is b for a, b in zip(hit[0], index, strict=True)):
         return cast(_T, hit[1])
     value = build()
-    size = sum(np.asarray(a).nbytes for a in index) + _tensor_bytes(value)
+    size = sum(np.asarray(a).nbytes for a in index) + tensor_bytes(value)
     if size > _INDEX_CACHE_BYTES:
         return value
     with _INDEX_LOCK:
@@ -179,15 +179,6 @@ def _cached(kind: str, index: list[np.ndarray], device: torch.device, build: Cal
             held -= _INDEX_CACHE.pop(next(iter(_INDEX_CACHE)))[2]  # the oldest
         _INDEX_CACHE[key] = (tuple(index), value, size)  # the arrays held: their ids cannot be reused while cached
     return value
-
-
-def _tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in ``value`` (a tensor, or tuples and lists of them)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(v) for v in value)
-    return 0
 
 
 def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:

@@ -7,7 +7,7 @@ its fields (e.g. that it carries no local parameters).
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -337,3 +337,17 @@ def concat_uploads(uploads: list[Upload]) -> Upload:
         num_samples=torch.cat([u.num_samples for u in uploads]),
         extra={k: torch.cat([u.extra[k] for u in uploads]) for k in extra_keys},
     )
+
+
+def tensor_bytes(value: Any) -> int:
+    """The bytes of the tensors in ``value``: a tensor, or dicts, lists, tuples and dataclasses of them (anything
+    else counts 0)."""
+    if isinstance(value, torch.Tensor):
+        return value.numel() * value.element_size()
+    if isinstance(value, dict):
+        return sum(tensor_bytes(v) for v in value.values())
+    if isinstance(value, list | tuple):
+        return sum(tensor_bytes(v) for v in value)
+    if is_dataclass(value) and not isinstance(value, type):
+        return sum(tensor_bytes(getattr(value, f.name)) for f in fields(value))
+    return 0

@@ -17,7 +17,10 @@ stack, so a stacked sweep gives the numbers of its runs one by one (equal to the
 
 Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
 each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and
-each run gets its clients' reports as if it had evaluated alone.
+each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along the run
+axis: the runs' servers' models in one forward (:meth:`Rendezvous.score_together`), their evaluations summarised as
+arrays (:func:`hetfed.engine.summary.summaries`), and a block's updates measured for every run's screen in one pass
+(:func:`_measured`) — each run's numbers as alone.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
 through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs (:func:`joins`); the

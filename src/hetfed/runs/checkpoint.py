@@ -33,6 +33,7 @@ from typing import IO, TYPE_CHECKING, Any
 import torch
 
 from hetfed import streams
+from hetfed.engine.types import tensor_bytes
 from hetfed.errors import RunError
 from hetfed.runs.rundir import CHECKPOINTS, MetricsWriter, write_atomic
 
@@ -82,20 +83,7 @@ BACKGROUND_UP_TO = 64 << 20
 _WRITERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetfed-checkpoint")
 
 
-def _tensor_bytes(value: Any) -> int:
-    """The bytes of the tensors in ``value`` (dicts, lists, tuples and dataclasses of them)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(_tensor_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(_tensor_bytes(v) for v in value)
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return sum(_tensor_bytes(getattr(value, f.name)) for f in dataclasses.fields(value))
-    return 0
-
-
-def _write_serialised(run_dir: Path, data: bytes, metrics_fd: int) -> None:
+def _write_serialised(run_dir: Path, data: memoryview, metrics_fd: int) -> None:
     """A checkpoint serialised by :meth:`Checkpointer.save`, written on a background thread: metrics.csv (the
     duplicate ``metrics_fd`` of its file, closed here) on disk first, then the checkpoint that records its length."""
     try:
@@ -196,13 +184,13 @@ class Checkpointer:
         payload = {"methods": self.methods, "done": list(self.done), "current": current,
                    "metrics_offset": self.writer.size(), "torch_rng": torch.get_rng_state(), "started": self.started,
                    "resumes": self.resumes}
-        if _tensor_bytes(current) > BACKGROUND_UP_TO:
+        if tensor_bytes(current) > BACKGROUND_UP_TO:
             self.writer.flush()
             write_checkpoint(self.run_dir, payload)
             return
         buffer = io.BytesIO()
         torch.save(_versioned(payload), buffer)
-        self._writing = _WRITERS.submit(_write_serialised, self.run_dir, buffer.getvalue(), self.writer.duplicate())
+        self._writing = _WRITERS.submit(_write_serialised, self.run_dir, buffer.getbuffer(), self.writer.duplicate())
 
     def wait(self) -> None:
         """The checkpoint being written in the background on disk (its error raised here): before the next one,
