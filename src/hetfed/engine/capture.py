@@ -193,14 +193,19 @@ def compiler_missing() -> bool:
 COMPILE_PAYS_AFTER_ROUNDS = 30_000
 
 
+def device_of(kind: str) -> torch.device:
+    """``train.device`` as a device: ``auto`` is CUDA where there is one, else the CPU (what every part of a run that
+    asks reads: the loop's device, and whether ``train.capture: auto`` compiles)."""
+    return torch.device(("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind)
+
+
 def resolve(mode: str, device: str, rounds: int) -> str:
     """``train.capture`` as a run of ``rounds`` rounds on ``train.device`` ``device`` applies it: ``auto`` becomes
     ``compile`` for a CPU run long enough to win its compiling back (:data:`COMPILE_PAYS_AFTER_ROUNDS`) when a C++
     compiler is there; every other case is the mode as set (``auto``: CUDA graphs on a GPU, eager on a CPU)."""
     if mode != "auto" or rounds < COMPILE_PAYS_AFTER_ROUNDS:
         return mode
-    on_cpu = device == "cpu" or (device == "auto" and not torch.cuda.is_available())
-    return "compile" if on_cpu and not compiler_missing() else mode
+    return "compile" if device_of(device).type == "cpu" and not compiler_missing() else mode
 
 
 #: ``train.capture`` modes that leave a device without a recorder to eager steps (``auto`` records where it can);

@@ -58,7 +58,7 @@ def resolve_device(kind: str, capture: str = "auto") -> torch.device:
 
     if kind == "cuda" and not torch.cuda.is_available():
         raise ConfigError("train.device = 'cuda' is not allowed here: no CUDA device; expected 'cpu' or 'auto'")
-    device = torch.device(("cuda" if torch.cuda.is_available() else "cpu") if kind == "auto" else kind)
+    device = recording.device_of(kind)
     refused = recording.refusal(capture, device)
     if refused is not None:
         raise ConfigError(f"train.capture = {capture!r} is not allowed here (train.device = {kind!r}): {refused}; "
