@@ -330,3 +330,15 @@ def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_tog
     out = capsys.readouterr().out
     finished = [line for line in out.splitlines() if " done, " in line]
     assert finished and all("ETA" not in line for line in finished[1:]), finished
+
+
+def test_a_binary_task_stacked_gives_its_aucs_as_without_stack(tmp_path):
+    """The servers' models scored in one forward keep each run's AUC on the global test set (a binary task, whose
+    evaluations are summarised one run at a time)."""
+    args = ["sweep", str(REPO / "configs" / "cgau_digits_binary.yaml"), "--set", "train.rounds=4", "--set",
+            "train.eval_every=2", "--seeds", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
+    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    alone = _runs(tmp_path / "alone", ())
+    assert any("global_auc" in k[-1] for k in alone)
+    assert _runs(tmp_path / "stacked", ()) == alone

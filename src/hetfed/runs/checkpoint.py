@@ -190,7 +190,11 @@ class Checkpointer:
             return
         buffer = io.BytesIO()
         torch.save(_versioned(payload), buffer)
-        self._writing = _WRITERS.submit(_write_serialised, self.run_dir, buffer.getbuffer(), self.writer.duplicate())
+        job = (self.run_dir, buffer.getbuffer(), self.writer.duplicate())
+        try:
+            self._writing = _WRITERS.submit(_write_serialised, *job)
+        except RuntimeError:  # the interpreter is shutting down (a run's thread outliving Ctrl-C): written here
+            _write_serialised(*job)
 
     def wait(self) -> None:
         """The checkpoint being written in the background on disk (its error raised here): before the next one,
