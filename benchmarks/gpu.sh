@@ -55,6 +55,9 @@ want stacked_sweep && step stacked_sweep 120 bash -c "cd benchmarks && $py stack
 if [ -n "${BASE_SRC:-}" ]; then
     want stacked_sweep_base && step stacked_sweep_base 120 bash -c "cd benchmarks && PYTHONPATH='$BASE_SRC':\$PYTHONPATH $py stacked_sweep.py --device cuda --rounds 10 --seeds 1 5 20 --threads 4"
 fi
+# #74's setting (logistic regression, 10 Dirichlet clients, evaluation every round): a stacked round of 1, 5 and 20
+# seeds, its marginal ms and the floor of its client work
+want stacked_per_round && step stacked_per_round 150 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --per-round --rounds 40 --seeds 1 5 20 --threads 4 --set model.kind=logreg --set partition.kind=dirichlet --set partition.alpha=0.5 --set train.eval_every=1 --set 'methods=[{name: fedavg, algorithm: fedavg}]'"
 # 20 stacked seeds against one at the default experiment's full length (100 rounds), stacked sweeps only
 want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
 # a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU

@@ -121,7 +121,7 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     return out
 
 
-def client_floor_ms(config_overrides: list[str], seeds: int, repeats: int = 20) -> float | None:
+def client_floor_ms(config_overrides: list[str], seeds: int, repeats: int = 20, device: str = "cpu") -> float | None:
     """The floor of a stacked round's client work for ``seeds`` runs of a linear model (``model.kind: logreg``;
     None for any other): every client's steps of its own federation (the seeds' partitions, its plan's number of
     steps of batch B) written out as one stack per step over the clients still training (no autograd, each weight
@@ -145,9 +145,9 @@ def client_floor_ms(config_overrides: list[str], seeds: int, repeats: int = 20) 
     b = train.batch_size
     steps = sorted((max(1, round(train.local_epochs * -(-m // b))) for m in sizes if m), reverse=True)
     n = len(steps)
-    params = [torch.zeros(n, d, k), torch.zeros(n, 1, k)]
-    xb, yb = torch.randn(n, b, d), torch.randint(0, k, (n, b))
-    xe = torch.randn(seeds, pool, d)
+    params = [torch.zeros(n, d, k, device=device), torch.zeros(n, 1, k, device=device)]
+    xb, yb = torch.randn(n, b, d, device=device), torch.randint(0, k, (n, b), device=device)
+    xe = torch.randn(seeds, pool, d, device=device)
     active = [sum(1 for s in steps if s > t) for t in range(steps[0])]
 
     def one_round() -> float:
@@ -155,6 +155,8 @@ def client_floor_ms(config_overrides: list[str], seeds: int, repeats: int = 20) 
         for c in active:
             written_out_step([p[:c] for p in params], xb[:c], yb[:c], 0.01)
         torch.baddbmm(params[1][:seeds], xe, params[0][:seeds]).argmax(-1)
+        if device == "cuda":
+            torch.cuda.synchronize()
         return time.perf_counter() - t0
 
     one_round()
@@ -176,9 +178,9 @@ def main() -> None:
     torch.set_num_threads(args.threads)
     if args.per_round:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = per_round(args.set, args.seeds, args.rounds, Path(tmp))
+            rows = per_round([*args.set, f"train.device={args.device}"], args.seeds, args.rounds, Path(tmp))
         for n, row in rows.items():
-            floor = client_floor_ms(args.set, n)
+            floor = client_floor_ms(args.set, n, device=args.device)
             if floor is not None:
                 row["client_floor_ms"] = floor
                 row["client_floor_over_one_seed_round"] = round(floor / rows[args.seeds[0]]["ms_per_round"], 2)
