@@ -5,6 +5,7 @@ checkpoint too large to hold in memory twice is written by the loop itself."""
 from __future__ import annotations
 
 import threading
+from pathlib import Path
 
 import pytest
 import torch
@@ -84,3 +85,32 @@ def test_a_run_ends_without_a_checkpoint_left_when_its_last_write_is_slow(tmp_pa
                  "--set", "methods=[{algorithm: fedavg}]", "--out", str(out)]) == 0
     time.sleep(0.5)  # a write still under way would have landed by now
     assert not checkpoint_path(out).exists() and not list((out / "checkpoints").glob(".*tmp"))
+
+
+def _checkpoint_in_child(path: str, queue) -> None:
+    Path(path).mkdir()
+    ckpt, writer = _checkpointer(Path(path))
+    ckpt.save(None)
+    ckpt.wait()
+    writer.close()
+    queue.put(checkpoint_path(path).is_file())
+
+
+def test_a_process_forked_after_a_checkpoint_writes_its_own(tmp_path):
+    """The writer thread started in this process is not in a forked child: the child's checkpoints get a thread of
+    their own (else its run would wait for them forever)."""
+    import multiprocessing
+
+    ckpt, writer = _checkpointer(tmp_path)
+    ckpt.save(None)
+    ckpt.wait()  # this process's writer thread is running now
+    writer.close()
+    context = multiprocessing.get_context("fork")
+    queue = context.Queue()
+    child = context.Process(target=_checkpoint_in_child, args=(str(tmp_path / "child"), queue))
+    child.start()
+    child.join(30)
+    alive = child.is_alive()
+    if alive:
+        child.kill()
+    assert not alive and queue.get(timeout=5)

@@ -83,6 +83,16 @@ BACKGROUND_UP_TO = 64 << 20
 _WRITERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetfed-checkpoint")
 
 
+def _writers_of_this_process() -> None:
+    """A forked process has none of its parent's threads: a pool that had started its writer there would queue
+    the child's checkpoints for a thread that does not exist, and the run would wait for them forever."""
+    global _WRITERS
+    _WRITERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetfed-checkpoint")
+
+
+os.register_at_fork(after_in_child=_writers_of_this_process)
+
+
 def _write_serialised(run_dir: Path, data: memoryview, metrics_fd: int) -> None:
     """A checkpoint serialised by :meth:`Checkpointer.save`, written on a background thread: metrics.csv (the
     duplicate ``metrics_fd`` of its file, closed here) on disk first, then the checkpoint that records its length."""
