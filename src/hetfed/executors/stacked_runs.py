@@ -61,7 +61,7 @@ from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
 from hetfed.executors.updates import Evaluate, Request, ScoreServer, Steps, Summarise, Train
 from hetfed.interface import evaluate_servers, scores_servers_together
-from hetfed.server.screen import Measured, measure, norm_columns
+from hetfed.server.screen import Measured, measure
 
 
 @dataclass(eq=False, kw_only=True)
@@ -449,16 +449,15 @@ def _measured(group: Sequence[_Rounds], runs: list[int], chosen: dict[int, list[
     """The block's updates' finite flags and update norms, each client against its own run's broadcast, in one pass
     for all its runs (each run's screen measured its own part: ~0.1 ms a run) — when every part reaches its screen
     as uploaded (no compression), no screen clips (DP) and the parts are of one size, so that the norms are taken in
-    each part's own slices (:func:`~hetfed.server.screen.norm_columns`): every number as the run's screen measures
-    it alone. None: each run's screen measures its part."""
+    each part's own slices: every number as the run's screen measures it alone. None: each run's screen measures its
+    part."""
     screens = [rounds[i].screen for i in runs]
     sizes = {len(chosen[i]) for i in runs}
     if (len(sizes) != 1 or any(s is None or s.clip is not None for s in screens)
             or any(group[i].executor.transport.compressor is not None for i in runs)):
         return None
     reference = {k: bc.params[k] for k in screens[0].reference}
-    return measure(upload, reference, norm_columns(sizes.pop(), group[0].executor.device),
-                   norms=any(s.norm_factor is not None for s in screens))
+    return measure(upload, reference, sizes.pop(), norms=any(s.norm_factor is not None for s in screens))
 
 
 def evaluate_together(group: Sequence[_Rounds]) -> list[dict[str, list[Any]]]:

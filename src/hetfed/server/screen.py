@@ -44,13 +44,7 @@ def _stacked_reference(theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
 NORM_SLICE, NORM_COLUMNS = 1 << 17, 4096
 
 
-def norm_columns(n: int, device: torch.device) -> int | None:
-    """How many columns of a parameter :func:`update_norms` takes at a time for a stack of ``n`` clients on
-    ``device`` (None: all of them)."""
-    return max(NORM_COLUMNS, NORM_SLICE // max(n, 1)) if device.type == "cpu" else None
-
-
-def update_norms(upload: Upload, reference: Params, columns: int | None = -1) -> torch.Tensor:
+def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = None) -> torch.Tensor:
     """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
 
     Accumulated in float64, parameter after parameter on the device, and read back once (a read per parameter
@@ -61,8 +55,8 @@ def update_norms(upload: Upload, reference: Params, columns: int | None = -1) ->
     round, ``benchmarks/engine.py``), 1.3–1.5 ms in slices; a client alone (the sequential executor) takes few
     slices, each a few operations. A client's norm depends on its stack's slicing only in float64 rounding
     (~1e-16). On an accelerator a parameter is one slice: its memory is fast, and each slice would be kernel
-    launches. ``columns``: the slices' width (None: whole parameters) instead of the stack's own
-    (:func:`norm_columns`): a larger stack measured in the slices of its parts' gives each part's norms to the bit.
+    launches. ``as_stack_of``: slice as a stack of this many clients would (None: this stack's own number) — a
+    stack of several parts, each of that many clients, then gives each part's norms to the bit.
     """
     n = len(upload.client_ids)
     total: torch.Tensor | None = None
@@ -70,8 +64,8 @@ def update_norms(upload: Upload, reference: Params, columns: int | None = -1) ->
         theta = upload.params[k]
         centre = _stacked_reference(theta, ref)
         flat, centre = theta.reshape(n, -1), centre.reshape(len(centre), -1)
-        width = norm_columns(n, flat.device) if columns == -1 else columns
-        width = max(flat.shape[1], 1) if width is None else width
+        clients = max(n if as_stack_of is None else as_stack_of, 1)
+        width = max(NORM_COLUMNS, NORM_SLICE // clients) if flat.device.type == "cpu" else max(flat.shape[1], 1)
         for s in range(0, flat.shape[1], width):
             d = flat[:, s:s + width] - centre[:, s:s + width]
             square = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64).pow(2)
@@ -117,11 +111,11 @@ class Measured:
         return Measured(self.finite[rows], None if self.norms is None else self.norms[rows])
 
 
-def measure(upload: Upload, reference: Params, columns: int | None, norms: bool = True) -> Measured:
-    """The finite flags and, with ``norms``, the update norms of a stack that holds several chunks' updates (each
-    client against its own row of ``reference``), in the slices of ``columns`` columns (what each chunk alone would
-    take, :func:`norm_columns`): every chunk's numbers as :meth:`Screen.admit` computes them for the chunk alone."""
-    return Measured(finite_clients(upload), update_norms(upload, reference, columns) if norms else None)
+def measure(upload: Upload, reference: Params, chunk_size: int, norms: bool = True) -> Measured:
+    """The finite flags and, with ``norms``, the update norms of a stack that holds several chunks' updates of
+    ``chunk_size`` clients each (each client against its own row of ``reference``), sliced as each chunk alone would
+    be: every chunk's numbers as :meth:`Screen.admit` computes them for the chunk alone."""
+    return Measured(finite_clients(upload), update_norms(upload, reference, chunk_size) if norms else None)
 
 
 def select(upload: Upload, keep: torch.Tensor) -> Upload:
@@ -232,7 +226,7 @@ class Screen:
 
     def admit(self, upload: Upload, measured: Measured | None = None) -> list[Upload]:
         """A chunk's updates that may be aggregated now (none while the reference clients are still coming).
-        ``measured``: their finite flags and update norms, computed beforehand with those of other rounds' updates
+        ``measured``: their finite flags and update norms, computed beforehand with those of other runs' updates
         (:func:`measure`: a stacked sweep's runs, one pass over their joined stack)."""
         if measured is not None and self.clip is not None:
             raise ValueError("a clipping screen changes the updates: admit them unmeasured")
