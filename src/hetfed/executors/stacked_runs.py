@@ -281,10 +281,12 @@ class Rendezvous:
                 trained = [r for r in running if isinstance(r.asked, Train)]
                 reached = max((r.bc.round + 1 for r in trained), default=0)
                 longest = max((r.executor.run.train.rounds for r in trained), default=0)
-                self._answer(trained, train_together, _train_key)
-                self._answer([r for r in running if isinstance(r.asked, Evaluate)], evaluate_together, _evaluation_key)
-                self._answer([r for r in running if isinstance(r.asked, ScoreServer)], self.score_together, _score_key)
-                self._answer([r for r in running if isinstance(r.asked, Summarise)], _summarise_together, _summary_key)
+                # each kind in turn: a run answered here may ask the next kind at once (trained, then evaluated)
+                for kind, together, key_of in ((Train, train_together, _train_key),
+                                               (Evaluate, evaluate_together, _evaluation_key),
+                                               (ScoreServer, self.score_together, _score_key),
+                                               (Summarise, _summarise_together, _summary_key)):
+                    self._answer([r for r in running if isinstance(r.asked, kind)], together, key_of)
                 if self.on_round is not None and trained:
                     self.on_round(reached, longest)
         except BaseException as err:  # whatever failed, no run waits forever: each unfinished one fails with it
