@@ -80,16 +80,18 @@ def _replace_checkpoint(run_dir: Path, write: Callable[[IO[bytes]], object]) -> 
 BACKGROUND_UP_TO = 64 << 20
 #: the thread that writes checkpoints to disk, one after the other (more threads, measured with 20 runs of a stacked
 #: sweep, contended for the interpreter with the loop: each save took 0.84 ms instead of 0.66)
-_WRITERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetfed-checkpoint")
+_WRITERS: ThreadPoolExecutor
 
 
 def _writers_of_this_process() -> None:
-    """A forked process has none of its parent's threads: a pool that had started its writer there would queue
-    the child's checkpoints for a thread that does not exist, and the run would wait for them forever."""
+    """This process's writer, made at import and again in a forked child: a child has none of its parent's
+    threads, and a pool that had started its writer there would queue the child's checkpoints for a thread that
+    does not exist (the run would wait for them forever)."""
     global _WRITERS
     _WRITERS = ThreadPoolExecutor(max_workers=1, thread_name_prefix="hetfed-checkpoint")
 
 
+_writers_of_this_process()
 os.register_at_fork(after_in_child=_writers_of_this_process)
 
 
