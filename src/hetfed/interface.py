@@ -287,10 +287,12 @@ def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], 
     :mod:`hetfed.executors.stacked_runs`)."""
     params = [global_params(a, s) for a, s in zip(algos, states, strict=True)]
     logits = algos[0].model.forward({k: torch.cat([p[k] for p in params]) for k in params[0]}, x, None)
+    if not len(ys[0]):  # an empty global test set: nothing to read back (its scores say so)
+        return [server_metrics(a, lg, y) for a, lg, y in zip(algos, logits, ys, strict=True)]
     # each run's sums as alone, read back from the device once for all (a read each made a GPU wait as often)
-    sums = torch.stack([score_sums(lg, y) for lg, y in zip(logits, ys, strict=True)]).tolist() if len(ys[0]) else []
-    read = [scores_of(sums[r][0], sums[r][1], len(y)) if sums else None for r, y in enumerate(ys)]
-    return [server_metrics(a, lg, y, s) for a, lg, y, s in zip(algos, logits, ys, read, strict=True)]
+    sums = torch.stack([score_sums(lg, y) for lg, y in zip(logits, ys, strict=True)]).tolist()
+    return [server_metrics(a, lg, y, scores_of(loss, correct, len(y)))
+            for a, lg, y, (loss, correct) in zip(algos, logits, ys, sums, strict=True)]
 
 
 def server_step(algo: Algorithm, state: ServerState, upload: Upload,
