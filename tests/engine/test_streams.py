@@ -108,6 +108,24 @@ def test_permutations_are_permutations_and_each_is_the_same_alone_as_in_a_stack(
         at += n * e
 
 
+
+@settings(max_examples=30, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 30), st.integers(1, 3), st.integers(0, 2**64 - 1)), min_size=1, max_size=5))
+def test_a_cpu_permutation_is_its_definition_hashed_by_torch(clients):
+    """On a CPU the hashing and the sort run in numpy: each permutation must still be the stable sort of its positions
+    by ``bits(bits(key, BATCH_ORDER, e), i)`` with every hash computed by torch (the form CUDA runs), and the keys
+    torch's :func:`mix32` of the seeds' halves."""
+    sizes, epochs, seeds = (list(c) for c in zip(*clients, strict=True))
+    key = streams.keys(seeds, "cpu")
+    halves = torch.tensor([[s & streams.MASK32, s >> 32] for s in seeds], dtype=torch.int64)
+    assert torch.equal(key, halves[:, 0] ^ streams.mix32(halves[:, 1]))
+    expected: list[int] = []
+    for k, (n, e) in enumerate(zip(sizes, epochs, strict=True)):
+        for j in range(e):
+            hashed = streams.bits(streams.bits(key[k], streams.BATCH_ORDER, j), torch.arange(n))
+            expected += torch.sort(hashed, stable=True).indices.tolist()
+    assert streams.permutations(key, sizes, epochs).tolist() == expected
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, 37), min_size=1, max_size=5), st.integers(1, 8), st.sampled_from([1.0, 2.5]),
        st.integers(0, 2**40))
