@@ -208,8 +208,9 @@ def test_a_groups_verdict_is_what_admitting_it_as_one_chunk_decides(scales, refe
 
 
 def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_depend_on_the_stack(monkeypatch):
-    """A parameter longer than a slice (13 columns here, so slices end mid-row; a client alone: 60) is measured in
-    slices: the norms of one slice a parameter, and a client's norm alone, to 1e-12."""
+    """A client's parameters, joined, longer than a slice (13 columns here, so slices end mid-row and one spans both
+    parameters; a client alone: 60) are measured in slices: the norms of one slice, and a client's norm alone, to
+    1e-12 — with one reference for all, or one per client for a parameter and one for all for the other."""
     from hetfed.server import screen
 
     monkeypatch.setattr(screen, "NORM_COLUMNS", 13)
@@ -224,8 +225,47 @@ def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_dep
     np.testing.assert_allclose(norms.numpy(), want, rtol=1e-6)  # the differences are float32 values
     alone = [float(screen.update_norms(upload.take([i]), ref)[0]) for i in range(5)]
     np.testing.assert_allclose(alone, norms.numpy(), rtol=1e-12)
-    monkeypatch.setattr(screen, "NORM_COLUMNS", 1 << 30)  # one slice a parameter: the same float32 differences
+    per_client = {"w": torch.randn(5, 30, 7, generator=g), "b": ref["b"]}
+    mixed = screen.update_norms(upload, per_client)
+    alone = [float(screen.update_norms(upload.take([i]), {"w": per_client["w"][i], "b": ref["b"]})[0])
+             for i in range(5)]
+    np.testing.assert_allclose(mixed.numpy(), alone, rtol=1e-12)
+    monkeypatch.setattr(screen, "NORM_COLUMNS", 1 << 30)  # one slice: the same float32 differences
     np.testing.assert_allclose(screen.update_norms(upload, ref).numpy(), norms.numpy(), rtol=1e-12)
+    np.testing.assert_allclose(screen.update_norms(upload, per_client).numpy(), mixed.numpy(), rtol=1e-12)
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.5, 3e38, -3e38, float("nan"), float("inf")]),
+                          st.sampled_from([0.0, float("nan"), float("-inf")]),
+                          st.sampled_from([0.1, float("nan")])), min_size=1, max_size=6),
+       st.sampled_from([0.0, 3e38, float("inf"), float("nan")]))
+def test_the_finite_flags_taken_from_the_norms_are_every_values_check(clients, centre):
+    """A stack's finite flags come from its update norms where those are finite (:func:`measure`): they must be the
+    check of every value — non-finite parameters, shared or not, non-finite statistics, differences that overflow
+    float32, a non-finite reference."""
+    from hetfed.server.screen import finite_clients, measure
+
+    shared, own, loss = (torch.tensor(c, dtype=torch.float32) for c in zip(*clients, strict=True))
+    n = len(clients)
+    upload = Upload(list(range(n)), {"w": torch.stack([shared, torch.ones(n)], 1), "head": own[:, None]},
+                    torch.ones(n), {"train_loss": loss})
+    measured = measure(upload, {"w": torch.tensor([centre, 1.0])})
+    assert measured.finite.tolist() == finite_clients(upload).tolist()
+
+
+def test_the_norm_filters_median_is_torchs_quantile_to_the_bit():
+    """The reference median is taken in Python floats (a few values): it must be ``torch.quantile``'s, bit for bit,
+    whatever the order and count (an even count interpolates the two middle norms; their plain mean differs from it in
+    the last bit for ~1 % of random pairs, so 3 000 random groups catch that)."""
+    from hetfed.server.screen import reference_median
+
+    rng = np.random.default_rng(0)
+    for _ in range(3000):
+        n = int(rng.integers(1, 13))
+        values = torch.from_numpy(rng.uniform(0, 10, n) * 10.0 ** rng.integers(-3, 4, n))
+        reference_clients = int(rng.integers(1, 15))
+        assert reference_median(values, reference_clients) == float(torch.quantile(values[:reference_clients], 0.5))
 
 
 def test_update_norms_take_one_reference_per_client_as_well():

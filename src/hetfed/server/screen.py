@@ -17,6 +17,7 @@ chunk, one client at a time, Flower replies) gets the same numbers for the same 
 
 from __future__ import annotations
 
+from collections.abc import Container, Iterator
 from dataclasses import dataclass, field
 
 import torch
@@ -35,46 +36,70 @@ def deltas(upload: Upload, reference: Params) -> dict[str, torch.Tensor]:
 
 def _stacked_reference(theta: torch.Tensor, ref: torch.Tensor) -> torch.Tensor:
     """``ref`` on ``theta``'s device with a client axis: one model's ``[1, …]``, or one per client ``[n, …]``."""
-    ref = ref.to(theta.device)
+    ref = ref if ref.device == theta.device else ref.to(theta.device)
     return ref if ref.dim() == theta.dim() else ref.unsqueeze(0)
 
 
-#: :func:`update_norms` takes each parameter's differences about this many values at a time (a stack's clients
-#: together), and at least :data:`NORM_COLUMNS` per client
+#: :func:`update_norms` takes the differences about this many values at a time (a stack's clients together), and at
+#: least :data:`NORM_COLUMNS` per client
 NORM_SLICE, NORM_COLUMNS = 1 << 17, 4096
 
 
 def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = None) -> torch.Tensor:
     """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
 
-    Accumulated in float64, parameter after parameter on the device, and read back once (a read per parameter
-    made the host wait for the device as often). On a CPU the differences are taken in slices of columns
-    (:data:`NORM_SLICE` values, at least :data:`NORM_COLUMNS` a client), so that neither they nor
-    ``vector_norm``'s float64 copy of them is ever a whole update in memory: written whole, those two copies and
-    the reads back were 13.5 ms of a 28-client stack of 784×200 weights on this project's CPU (~8 % of W1's
-    round, ``benchmarks/engine.py``), 1.3–1.5 ms in slices; a client alone (the sequential executor) takes few
-    slices, each a few operations. A client's norm depends on its stack's slicing only in float64 rounding
-    (~1e-16). On an accelerator a parameter is one slice: its memory is fast, and each slice would be kernel
-    launches. ``as_stack_of``: slice as a stack of this many clients would (None: this stack's own number) — a
-    stack of several parts, each of that many clients, then gives each part's norms to the bit.
+    Each client's parameters are read as one row, the parameters' columns one after another, and the row is taken in
+    slices of columns: on a CPU of :data:`NORM_SLICE` values a stack (at least :data:`NORM_COLUMNS` a client), so that
+    neither the differences nor ``vector_norm``'s float64 copy of them is ever a whole update in memory (written
+    whole, those two copies were 13.5 ms of a 28-client stack of 784×200 weights on this project's CPU, ~8 % of W1's
+    round, ``benchmarks/engine.py``; 1.3–1.5 ms in slices); on an accelerator as wide as the widest parameter (its
+    memory is fast, and each slice is kernel launches). A small model is then one slice: its parameters' columns
+    joined, one subtraction and one norm (a parameter at a time, a 10-client stack of an MLP 64-64-64-10 was ~36 torch
+    calls, 0.16 ms a round, #74). The slices' squared norms are summed in float64 and read back once. A client's norm
+    depends on its stack's slicing only in float64 rounding (~1e-16). ``as_stack_of``: slice as a stack of this many
+    clients would (None: this stack's own number) — a stack of several parts, each of that many clients, then gives
+    each part's norms to the bit.
     """
     n = len(upload.client_ids)
+    params = upload.params
+    pairs = ((params[k].reshape(n, -1), _stacked_reference(params[k], ref)) for k, ref in reference.items())
+    rows = [(theta, centre.reshape(len(centre), -1)) for theta, centre in pairs if theta.shape[1]]
+    if not rows:
+        return torch.zeros(n, dtype=torch.float64)
+    columns = sum(theta.shape[1] for theta, _ in rows)
+    clients = max(n if as_stack_of is None else as_stack_of, 1)
+    width = max(NORM_COLUMNS, NORM_SLICE // clients) if rows[0][0].device.type == "cpu" else \
+        max(theta.shape[1] for theta, _ in rows)
     total: torch.Tensor | None = None
-    for k, ref in reference.items():
-        theta = upload.params[k]
-        centre = _stacked_reference(theta, ref)
-        flat, centre = theta.reshape(n, -1), centre.reshape(len(centre), -1)
-        clients = max(n if as_stack_of is None else as_stack_of, 1)
-        width = max(NORM_COLUMNS, NORM_SLICE // clients) if flat.device.type == "cpu" else max(flat.shape[1], 1)
-        for s in range(0, flat.shape[1], width):
-            d = flat[:, s:s + width] - centre[:, s:s + width]
-            square = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64).pow(2)
-            total = square if total is None else total + square.to(total.device)
-    return torch.zeros(n, dtype=torch.float64) if total is None else total.sqrt().cpu()
+    for d in _column_slices(rows, width, columns):
+        norm = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64)
+        total = norm if columns <= width else norm.pow_(2) if total is None else total.add_(norm.pow_(2))
+    assert total is not None
+    return (total if columns <= width else total.sqrt_()).cpu()
 
 
-def finite_clients(upload: Upload) -> torch.Tensor:
-    """Per client: True when every uploaded value (parameters and statistics) is finite (on the host).
+def _column_slices(rows: list[tuple[torch.Tensor, torch.Tensor]], width: int, columns: int) -> Iterator[torch.Tensor]:
+    """The differences ``θ − centre`` of ``rows`` (each parameter's ``[n, c]`` and its centre's ``[1 or n, c]``),
+    their columns joined, in slices of ``width`` columns (the last narrower)."""
+    for start in range(0, columns, width):
+        stop, pieces, centres, offset = start + width, [], [], 0
+        for theta, centre in rows:
+            a, b = max(start - offset, 0), min(stop - offset, theta.shape[1])
+            if a < b:
+                whole = a == 0 and b == theta.shape[1]
+                pieces.append(theta if whole else theta[:, a:b])
+                centres.append(centre if whole else centre[:, a:b])
+            offset += theta.shape[1]
+        if len(pieces) == 1:
+            yield pieces[0] - centres[0]
+        else:
+            many = max(len(c) for c in centres)
+            yield torch.cat(pieces, 1) - torch.cat([c if len(c) == many else c.expand(many, -1) for c in centres], 1)
+
+
+def finite_clients(upload: Upload, skip: Container[str] = ()) -> torch.Tensor:
+    """Per client: True when every uploaded value (parameters and statistics) is finite (on the host); ``skip``: the
+    parameters already known finite (:func:`measure`).
 
     A client's finite sum proves its values finite (a NaN or ±inf makes the sum non-finite),
     so only clients whose sum is not finite (a non-finite value, or finite values whose sum
@@ -83,7 +108,8 @@ def finite_clients(upload: Upload) -> torch.Tensor:
     """
     n = len(upload.client_ids)
     ok = torch.ones(n, dtype=torch.bool)
-    flats = [v.reshape(n, -1) for v in [*upload.params.values(), *upload.extra.values()]
+    flats = [v.reshape(n, -1) for v in [*(v for k, v in upload.params.items() if k not in skip),
+                                        *upload.extra.values()]
              if v.is_floating_point() and v.shape[:1] == (n,)]
     if not flats or not n:
         return ok
@@ -111,11 +137,21 @@ class Measured:
         return Measured(self.finite[rows], None if self.norms is None else self.norms[rows])
 
 
-def measure(upload: Upload, reference: Params, chunk_size: int, norms: bool = True) -> Measured:
-    """The finite flags and, with ``norms``, the update norms of a stack that holds several chunks' updates of
-    ``chunk_size`` clients each (each client against its own row of ``reference``), sliced as each chunk alone would
-    be: every chunk's numbers as :meth:`Screen.admit` computes them for the chunk alone."""
-    return Measured(finite_clients(upload), update_norms(upload, reference, chunk_size) if norms else None)
+def measure(upload: Upload, reference: Params, chunk_size: int | None = None, norms: bool = True) -> Measured:
+    """The finite flags and, with ``norms``, the update norms of a stack (each client against its row of
+    ``reference``), sliced as a stack of ``chunk_size`` clients would be (None: its own size) — a stack that holds
+    several chunks' updates gets every chunk's numbers as :meth:`Screen.admit` computes them for the chunk alone.
+
+    The norms read every shared value: a client's float64 norm is finite only when its values and the reference's
+    are (a NaN or ±inf there makes it NaN or ±inf; float32 squares summed in float64 cannot overflow), so the finite
+    check reads only what they did not (the statistics, any parameter not shared) — one pass over the update, not
+    two (~60 µs of a 10-client round of an MLP 64-64-64-10, #74). A norm that is not finite (a non-finite value, a
+    difference that overflowed, a non-finite reference) sends the stack to the check of every value."""
+    if not norms:
+        return Measured(finite_clients(upload), None)
+    measured = update_norms(upload, reference, chunk_size)
+    exact = not bool(torch.isfinite(measured).all())
+    return Measured(finite_clients(upload, () if exact else reference.keys()), measured)
 
 
 def select(upload: Upload, keep: torch.Tensor) -> Upload:
@@ -148,8 +184,14 @@ def clip_updates(upload: Upload, reference: Params, bound: float) -> Upload:
 
 def reference_median(norms: torch.Tensor, reference_clients: int) -> float:
     """The norm filter's reference: the median norm of the first ``reference_clients`` updates (an even count:
-    the mean of the two middle norms)."""
-    return float(torch.quantile(norms[:reference_clients].double(), 0.5))
+    the mean of the two middle norms, as ``torch.quantile(·, 0.5)`` interpolates it: ``b − (b − a)·0.5``). Taken in
+    Python floats (a few values: ``torch.quantile`` cost ~50 µs a round; the same float64 arithmetic, tested)."""
+    values = sorted(norms[:reference_clients].tolist())
+    mid = len(values) // 2
+    if len(values) % 2:
+        return values[mid]
+    low, high = values[mid - 1], values[mid]
+    return high - (high - low) * 0.5
 
 
 def within(norms: torch.Tensor, median: float, factor: float | None) -> torch.Tensor:
@@ -230,6 +272,8 @@ class Screen:
         (:func:`measure`: a stacked sweep's runs, one pass over their joined stack)."""
         if measured is not None and self.clip is not None:
             raise ValueError("a clipping screen changes the updates: admit them unmeasured")
+        if measured is None and self.clip is None and self.norm_factor is not None:
+            measured = measure(upload, self.reference)  # flags and norms in one pass
         upload = self.chunk(upload, None if measured is None else measured.finite)
         if not upload.client_ids:
             return []
