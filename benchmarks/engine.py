@@ -52,6 +52,7 @@ from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainCo
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
+from hetfed.models.closed_form import relu_backward_
 from hetfed.partition import make_federation
 
 
@@ -172,7 +173,8 @@ def written_out_step(params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Ten
     """One SGD step of stacked ReLU MLPs (``params``: weight ``[n, in, out]``, bias ``[n, 1, out]``, … updated in
     place) on a batch ``xb`` ``[n, B, in]`` with labels ``yb`` ``[n, B]``, with no autograd: the backward as tensor
     operations (∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / B, each layer's input gradient, the
-    ReLU's mask) and each weight moved by one ``baddbmm_`` — the bare form of :mod:`hetfed.models.closed_form`."""
+    ReLU's backward as hetfed's MLP takes it) and each weight moved by one ``baddbmm_`` — the bare form of
+    :mod:`hetfed.models.closed_form`."""
     h, inputs = xb, []
     for i in range(0, len(params), 2):
         inputs.append(h)
@@ -185,7 +187,7 @@ def written_out_step(params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Ten
         params[i].baddbmm_(inputs[i // 2].transpose(1, 2), g, alpha=-lr)
         params[i + 1].sub_(g.sum(1, keepdim=True), alpha=lr)
         if g_in is not None:
-            g = g_in.mul_(inputs[i // 2] > 0)
+            g = relu_backward_(g_in, inputs[i // 2])
 
 
 def ideal_seconds_per_round(case: dict, repeats: int = 3, device: str = "cpu", captured: bool = False,

@@ -66,6 +66,14 @@ def cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> 
     return loss, grad.mul_(weight)
 
 
+def relu_backward_(g: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """``g`` zeroed, in place, where the ReLU's output ``out`` is 0: the ReLU's backward as autograd computes it
+    (``threshold_backward``, one pass). ``g.mul_(out > 0)`` is the same numbers but makes a boolean tensor and a float
+    copy of it first: 17.5 against 3.0 µs on a ``[10, 32, 64]`` stack, ~0.3 ms of a 10-step round of the CGAU setting
+    on this project's CPU (#74)."""
+    return torch.ops.aten.threshold_backward.grad_input(g, out, 0, grad_input=g)
+
+
 def dense_backward(names: tuple[str, str], x: torch.Tensor, weight: torch.Tensor, g: torch.Tensor,
                    grads: dict[str, torch.Tensor], moving: SGDInBackward | None, input_grad: bool,
                    trained: Container[str] | None = None) -> torch.Tensor | None:

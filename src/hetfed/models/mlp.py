@@ -93,7 +93,7 @@ class MLP(Model):
                                               input_grad=i > lowest, trained=trained)
             if g_in is not None:
                 _, a, keep = kept[i - 1]
-                g = (g_in if keep is None else g_in.mul_(keep)).mul_(a > 0)
+                g = closed_form.relu_backward_(g_in if keep is None else g_in.mul_(keep), a)
         return loss, grads
 
 
