@@ -172,11 +172,10 @@ def uniform(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
 
 class PermutationLayout(NamedTuple):
     """What :func:`permutations` takes from the sizes and epochs alone (the next round of a run has the same):
-    for every flat position, its (client, epoch) segment's index, its position within the segment, and the segment's
-    first flat position."""
+    for every flat position, its (client, epoch) segment's slot ``client · n_epochs + epoch``, its position within
+    the segment, and the segment's first flat position."""
 
-    client: torch.Tensor
-    epoch: torch.Tensor
+    slot: torch.Tensor
     position: torch.Tensor
     segment: torch.Tensor
     n_epochs: int
@@ -198,7 +197,7 @@ def permutation_layout(sizes: Sequence[int], epochs: Sequence[int],
     n = size[client]
     epoch, position = offset // n, offset % n
     segment = start[client] + epoch * n  # one segment per (client, epoch): its first flat position
-    return PermutationLayout(client, epoch, position, segment, max(epochs))
+    return PermutationLayout(client * max(epochs) + epoch, position, segment, max(epochs))
 
 
 def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int],
@@ -209,21 +208,42 @@ def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int],
     the result concatenates them client by client, epoch by epoch (length Σ sizes·epochs). Permutation
     (k, e) sorts the positions by ``bits(bits(key[k], BATCH_ORDER, e), i)`` (ties by position): one stable sort
     of the whole stack, every permutation independent of the others and of the stack. ``layout``: the sizes'
-    :func:`permutation_layout`, when the caller kept it. On a CPU the hashing and the sort run in numpy on the
-    tensors' memory (the same integers and the same stable order: ~40 operations on a few thousand values, which
-    cost 60 µs there against 150 µs as torch calls for a 10-client round, #74).
+    :func:`permutation_layout`, when the caller kept it. On a CPU the hashing and the sort run in numpy
+    (:func:`_positions_hashed`: the same integers and the same stable order, ~25 operations on a few thousand values,
+    which cost ~40 µs there against 150 µs as torch calls for a 10-client round, #74).
     """
     device = key.device
     layout = layout if layout is not None else permutation_layout(sizes, epochs, device)
     if layout is None:
         return torch.zeros(0, dtype=torch.int64, device=device)
-    on_host = device.type == "cpu"
-    keys, client, epoch, position, segment = (t.numpy() if on_host else t for t in (key, *layout[:4]))
-    # the (client, epoch) part of the hash on the small tensor of segments, the position's on the flat one
-    n_epochs = layout.n_epochs
-    each_epoch = np.arange(n_epochs) if on_host else torch.arange(n_epochs, device=device)
-    epoch_keys = bits(keys[:, None], BATCH_ORDER, each_epoch[None, :]).reshape(-1)
-    hashed = bits(epoch_keys[client * n_epochs + epoch], position)
-    flat = segment * (1 << 32) + hashed
-    order = torch.from_numpy(np.argsort(flat, kind="stable")) if on_host else torch.sort(flat, stable=True).indices
+    if device.type == "cpu":
+        hashed = _positions_hashed(key.numpy(), layout.slot.numpy(), layout.position.numpy(), layout.n_epochs)
+        flat = layout.segment.numpy() * (1 << 32) + hashed
+        order = torch.from_numpy(np.argsort(flat, kind="stable"))
+    else:
+        # the (client, epoch) part of the hash on the small tensor of segments, the position's on the flat one
+        each_epoch = torch.arange(layout.n_epochs, device=device)
+        epoch_keys = bits(key[:, None], BATCH_ORDER, each_epoch[None, :]).reshape(-1)
+        hashed = bits(epoch_keys[layout.slot], layout.position)
+        order = torch.sort(layout.segment * (1 << 32) + hashed, stable=True).indices
     return order - layout.segment  # position i of the segment's permutation: order stays within its segment
+
+
+_U32 = np.uint32
+
+
+def _positions_hashed(key: np.ndarray, slot: np.ndarray, position: np.ndarray, n_epochs: int) -> np.ndarray:
+    """``bits(bits(key[k], BATCH_ORDER, e), i)`` at every flat position (``slot`` ``k · n_epochs + e``, ``position``
+    ``i``), in numpy: the segments' part in the int64 form of :func:`bits`, the positions' last hash in uint32 arrays
+    updated in place (their products wrap modulo 2³², the bits the int64 form keeps with ``& MASK32``)."""
+    epoch_keys = bits(key[:, None], BATCH_ORDER, np.arange(n_epochs)[None, :]).reshape(-1)
+    state = mix32((epoch_keys & MASK32) ^ _GOLDEN).astype(_U32)  # bits' first hash of each segment's key
+    x = state[slot]
+    x ^= position.astype(_U32)
+    x += _U32(_GOLDEN)
+    x ^= x >> _U32(16)
+    x *= _U32(0x7FEB352D)
+    x ^= x >> _U32(15)
+    x *= _U32(0x846CA68B)
+    x ^= x >> _U32(16)
+    return x
