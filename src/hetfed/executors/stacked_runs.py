@@ -59,7 +59,16 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
-from hetfed.executors.updates import Evaluate, Request, ScoreServer, Steps, Summarise, Train
+from hetfed.executors.updates import (
+    Evaluate,
+    ReadBack,
+    Request,
+    ScoreServer,
+    Steps,
+    Summarise,
+    Train,
+    read_back,
+)
 from hetfed.interface import evaluate_servers, scores_servers_together
 from hetfed.server.screen import Measured, measure
 
@@ -283,6 +292,7 @@ class Rendezvous:
                 longest = max((r.executor.run.train.rounds for r in trained), default=0)
                 # each kind in turn: a run answered here may ask the next kind at once (trained, then evaluated)
                 for kind, together, key_of in ((Train, train_together, _train_key),
+                                               (ReadBack, _read_back_together, _read_back_key),
                                                (Evaluate, evaluate_together, _evaluation_key),
                                                (ScoreServer, self.score_together, _score_key),
                                                (Summarise, _summarise_together, _summary_key)):
@@ -352,6 +362,15 @@ def _summary_key(run: _Rounds) -> Any:
 
 def _summarise_together(group: Sequence[_Rounds]) -> list[Any]:
     return summaries([cast(Summarise, r.asked).reports for r in group])
+
+
+def _read_back_key(run: _Rounds) -> Any:
+    """Rounds' training losses and finite checks read back at once: the runs' tensors on one device."""
+    return ("read back", str(run.executor.device))
+
+
+def _read_back_together(group: Sequence[_Rounds]) -> list[Any]:
+    return read_back([cast(ReadBack, r.asked) for r in group])
 
 
 def _alone(run: _Rounds) -> Any:

@@ -5,8 +5,9 @@ divergence check, the checkpoint when due (:func:`after_update`), and the bytes 
 :mod:`hetfed.executors.simulate` (rounds) and :mod:`hetfed.executors.asynchronous` (arrivals on the simulated
 clock) both drive a run through these.
 
-The loop's work is written as steps (generators) that yield what they ask of the clients — a :class:`Train` or an
-:class:`Evaluate` request — and are sent the answer: :func:`drive` answers each as it comes from one executor, and a
+The loop's work is written as steps (generators) that yield what they ask of the clients and the server — a
+:class:`Train`, :class:`ReadBack`, :class:`Evaluate`, :class:`ScoreServer` or :class:`Summarise` request — and are
+sent the answer: :func:`drive` answers each as it comes from one executor, and a
 stacked sweep answers the requests of all its runs together (:mod:`hetfed.executors.stacked_runs`).
 """
 
@@ -95,8 +96,21 @@ class Summarise:
         return self.reports.summary()
 
 
+@dataclass(frozen=True, eq=False)
+class ReadBack:
+    """What a round reads back after its server update: the clients' reported training loss and the server's
+    parameters that are not finite (empty: none). Asked so that a stacked sweep reads every run's at once, one
+    transfer from the device for all of them (:func:`read_back`), not two a run."""
+
+    upload: Upload | None
+    server: ServerState
+
+    def answer(self, executor: Executor) -> tuple[float | None, list[str]]:
+        return read_back([self])[0]
+
+
 #: what a loop asks while it runs
-Request = Train | Evaluate | ScoreServer | Summarise
+Request = Train | Evaluate | ScoreServer | Summarise | ReadBack
 #: a loop's work between what it asks of the clients and the server: it yields each request and is sent its answer
 Steps = Generator[Request, Any, T]
 
@@ -179,16 +193,6 @@ def _diverged(rnd: int, train: TrainConfig, what: str) -> str:
 
 
 
-def _check_finite(server: ServerState, rnd: int, train: TrainConfig) -> None:
-    floating = {k: v for k, v in server.params.items() if v.is_floating_point()}
-    # a finite sum proves every value finite: the sums of all parameters read back at once (one wait for a GPU)
-    if not floating or bool(torch.isfinite(torch.stack([v.sum().double() for v in floating.values()])).all()):
-        return
-    bad = [k for k, v in floating.items() if not bool(torch.isfinite(v.sum())) and not bool(torch.isfinite(v).all())]
-    if bad:
-        raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
-
-
 def evaluation(algo: Algorithm, executor: Executor, server: ServerState, fed: Federation,
                clients: list[int] | None = None,
                view: str | None = None, x_global: torch.Tensor | None = None,
@@ -218,11 +222,46 @@ def evaluation_steps(algo: Algorithm, server: ServerState, fed: Federation, clie
 
 def round_train_loss(upload: Upload | None) -> float | None:
     """The round's training loss: the clients' reported losses weighted by their sample counts."""
-    if upload is None or "train_loss" not in upload.extra or not len(upload.client_ids):
-        return None
-    loss, w = torch.stack([upload.extra["train_loss"].detach().double().reshape(-1),  # one read from the device
-                           upload.num_samples.detach().to(upload.extra["train_loss"].device).double().reshape(-1)]).cpu()
-    return float((loss * w).sum() / w.sum()) if float(w.sum()) > 0 else float(loss.mean())
+    return read_back([ReadBack(upload, ServerState({}, 0))])[0][0]
+
+
+def read_back(asked: Sequence[ReadBack]) -> list[tuple[float | None, list[str]]]:
+    """Each request's round training loss (the clients' reported losses weighted by their sample counts; None when
+    none reported) and the names of its server's floating parameters that hold a NaN or ±inf, from one read of the
+    device for all of them (their tensors on one device).
+
+    A parameter's norm is finite when its values are (a NaN or ±inf makes it NaN or inf), so only the parameters of
+    a server with a norm that is not finite (a non-finite value, or finite values whose norm overflows) are checked
+    value by value. Every request's numbers are computed from its own values alone, the same whichever requests it
+    is read with."""
+    parts: list[torch.Tensor] = []
+    shapes: list[tuple[int, list[str]]] = []  # per request: its clients (-1: no loss reported), its parameters read
+    for a in asked:
+        upload, n = a.upload, -1
+        if upload is not None and "train_loss" in upload.extra and len(upload.client_ids):
+            loss = upload.extra["train_loss"].detach().reshape(-1)
+            n = len(loss)
+            parts += [loss.double(), upload.num_samples.detach().to(loss.device).double().reshape(-1)]
+        floating = [k for k, v in a.server.params.items() if v.is_floating_point()]
+        if floating:
+            parts.append(torch.stack(torch._foreach_norm([a.server.params[k].detach() for k in floating])).double())
+        shapes.append((n, floating))
+    values = torch.cat([p.to(parts[0].device) for p in parts]).cpu().numpy() if parts else np.zeros(0)
+    out, at = [], 0
+    for a, (n, floating) in zip(asked, shapes, strict=True):
+        loss_value = None
+        if n >= 0:
+            losses, weights = values[at:at + n], values[at + n:at + 2 * n]
+            total = weights.sum()
+            loss_value = float((losses * weights).sum() / total) if total > 0 else float(losses.mean())
+            at += 2 * n
+        bad: list[str] = []
+        if floating:
+            if not np.isfinite(values[at:at + len(floating)]).all():
+                bad = [k for k in floating if not bool(torch.isfinite(a.server.params[k]).all())]
+            at += len(floating)
+        out.append((loss_value, bad))
+    return out
 
 
 def _sample_rate(run: RunSpec, fed: Federation) -> float:
@@ -344,16 +383,14 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
     rnd = result.rounds_done + 1
     for key, value in counts.items():
         result.faults[key] = result.faults.get(key, 0) + value
-    loss = round_train_loss(upload)
+    loss, bad = yield ReadBack(upload, result.server)
     if loss is not None:
         result.train_losses.append((rnd, loss))
     for o in loop.observers:
         o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
-    try:
-        _check_finite(result.server, rnd, train)
-    except DivergedError:
+    if bad:
         if not loop.under_attack:
-            raise
+            raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))
         result.diverged_at = rnd
     result.train_seconds += time.perf_counter() - t0
     result.rounds_done = rnd
