@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetfed.engine.types import ServerState, Upload
-from hetfed.executors.updates import ReadBack, read_back, round_train_loss
+from hetfed.executors.updates import ReadBack, read_back
 
 SPECIAL = [0.0, 1.5, -2.0, 3e38, float("nan"), float("inf"), float("-inf")]
 
@@ -48,13 +48,6 @@ def test_each_runs_reads_are_its_own_whichever_runs_are_read_with_it(runs):
         values = upload.extra["train_loss"].double().numpy()
         want = (values * w).sum() / w.sum() if w.sum() > 0 else values.mean()
         assert loss == float(want)
-
-
-def test_a_rounds_loss_is_weighted_by_samples_and_absent_when_none_reported():
-    upload = Upload([0, 1, 2], {}, torch.tensor([10.0, 30.0, 60.0]), {"train_loss": torch.tensor([1.0, 2.0, 4.0])})
-    assert round_train_loss(upload) == (10 * 1 + 30 * 2 + 60 * 4) / 100
-    assert round_train_loss(Upload([0], {}, torch.tensor([5.0]), {})) is None
-    assert round_train_loss(None) is None
 
 
 def test_a_server_of_huge_finite_values_has_not_diverged():
