@@ -46,6 +46,7 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
+import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -53,6 +54,7 @@ from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.closed_form import relu_backward_
+from hetfed.models.softmax import PAD_TO
 from hetfed.partition import make_federation
 
 
@@ -172,15 +174,17 @@ def _sync(device: str) -> None:
 def written_out_step(params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Tensor, lr: float) -> None:
     """One SGD step of stacked ReLU MLPs (``params``: weight ``[n, in, out]``, bias ``[n, 1, out]``, … updated in
     place) on a batch ``xb`` ``[n, B, in]`` with labels ``yb`` ``[n, B]``, with no autograd: the backward as tensor
-    operations (∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / B, each layer's input gradient, the
-    ReLU's backward as hetfed's MLP takes it) and each weight moved by one ``baddbmm_`` — the bare form of
-    :mod:`hetfed.models.closed_form`."""
+    operations (∂(Σ_clients mean cross-entropy)/∂logits = (softmax − onehot) / B — the softmax over padded rows on a
+    CPU, as hetfed's step takes it —, each layer's input gradient, the ReLU's backward as hetfed's MLP takes it) and
+    each weight moved by one ``baddbmm_`` — the bare form of :mod:`hetfed.models.closed_form`."""
     h, inputs = xb, []
     for i in range(0, len(params), 2):
         inputs.append(h)
         h = torch.baddbmm(params[i + 1], h, params[i])
         h = h.relu_() if i + 2 < len(params) else h
-    g = torch.softmax(h, -1)
+    classes = h.shape[-1]  # few classes on a CPU: padded, as hetfed's step (hetfed.models.softmax) does
+    g = torch.softmax(F.pad(h, (0, PAD_TO - classes), value=float("-inf")), -1)[..., :classes] \
+        if h.device.type == "cpu" and classes < PAD_TO else torch.softmax(h, -1)
     g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(g[..., :1], -1.0)).div_(yb.shape[1])
     for i in range(len(params) - 2, -1, -2):
         g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None

@@ -14,11 +14,11 @@ from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
 from hetfed.engine.types import Params, tensor_bytes
 from hetfed.models.base import Model
+from hetfed.models.softmax import row_cross_entropy
 
 if TYPE_CHECKING:
     from hetfed.config import TrainConfig
@@ -146,7 +146,7 @@ def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, s
     if logits:
         rows, label = torch.cat(logits), torch.cat(labels)
         owner = torch.cat(owners)
-        sums[0].index_add_(0, owner, F.cross_entropy(rows, label, reduction="none").double())
+        sums[0].index_add_(0, owner, row_cross_entropy(rows, label).double())
         sums[1].index_add_(0, owner, (rows.argmax(-1) == label).double())
     loss_sum, correct = sums.cpu().tolist()
     return loss_sum, correct
@@ -233,7 +233,7 @@ def client_losses(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor
     out = []
     for idx_np, lg in zip(index, logits, strict=True):
         idx = torch.as_tensor(idx_np, device=y.device)
-        out.append(F.cross_entropy(lg, y[idx]) if len(idx) else torch.tensor(0.0, device=y.device))
+        out.append(row_cross_entropy(lg, y[idx]).mean() if len(idx) else torch.tensor(0.0, device=y.device))
     return torch.stack(out)
 
 
@@ -248,7 +248,7 @@ def scores(logits: torch.Tensor, y: torch.Tensor) -> dict[str, float]:
 def score_sums(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """:func:`scores`'s cross-entropy sum and correct count, ``[2]`` on the device: many models' read back at
     once (a stacked sweep's servers: :func:`hetfed.interface.evaluate_servers`)."""
-    loss_sum = F.cross_entropy(logits, y, reduction="sum")
+    loss_sum = row_cross_entropy(logits, y).sum()
     hits = (logits.argmax(-1) == y).sum().to(loss_sum.dtype)  # a count < 2²⁴: exact in float32
     return torch.stack([loss_sum, hits])
 
@@ -348,9 +348,9 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
         logits = torch.stack(predict(pred.model, sub, data.x_global, sets))  # [p, n_global, C]
         labels = (data.y_global.expand(len(part), n_global) if index is None
                   else data.y_global[device_index(sets, data.y_global.device)].view(len(part), n_global))
-        loss = F.cross_entropy(logits.flatten(0, 1), labels.flatten(), reduction="none")
+        loss = row_cross_entropy(logits, labels)
         hit = (logits.argmax(-1) == labels).double()
-        columns = [loss.view(len(part), n_global).double().sum(1) / n_global, hit.mean(1)]
+        columns = [loss.double().sum(1) / n_global, hit.mean(1)]
         if own is not None:
             mine = (own if every else own[torch.as_tensor(part, device=own.device)]).double()
             columns += [(hit * mine).sum(1) / mine.sum(1), (hit * (1 - mine)).sum(1) / (1 - mine).sum(1)]

@@ -24,7 +24,6 @@ from typing import Any
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetfed import streams
 from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
@@ -32,7 +31,7 @@ from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.types import ClientData
 from hetfed.errors import RunError
-from hetfed.models import closed_form, sgd_in_backward
+from hetfed.models import closed_form, sgd_in_backward, softmax
 from hetfed.models.base import Model, Noise, Params
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
@@ -47,7 +46,7 @@ Projection = Callable[[Params], Params]
 
 def row_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     """Each row's cross-entropy ``[n, batch]`` of stacked logits ``[n, batch, C]`` and labels ``[n, batch]``."""
-    return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none").view(y.shape)
+    return softmax.row_cross_entropy(logits, y)
 
 
 def client_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

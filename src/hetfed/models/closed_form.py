@@ -24,6 +24,7 @@ from typing import Any
 
 import torch
 
+from hetfed.models import softmax
 from hetfed.models.sgd_in_backward import SGDInBackward
 
 #: the fewest elements a weight stack needs for a step written out here to move it (every one: the move replaces the
@@ -56,12 +57,11 @@ def for_names(model: Any, cls: type, names: set[str], fn: ClosedForm,
 def cross_entropy(logits: torch.Tensor, y: torch.Tensor, mask: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Each client's mean cross-entropy ``[n]`` over its real rows (``mask``: 1 real, 0 padding), and the gradient of
     their sum with respect to the logits ``[n, b, C]``: ``(softmax − onehot) · mask / rows``."""
-    logp = torch.log_softmax(logits, -1)
+    logp, grad = softmax.log_softmax_and_softmax(logits)
     at = y.unsqueeze(-1)
     picked = logp.gather(-1, at)  # [n, b, 1]
     weight = (mask / mask.sum(1, keepdim=True).clamp(min=1)).unsqueeze(-1)  # [n, b, 1]
     loss = -(picked * weight).sum((1, 2))
-    grad = logp.exp_()  # the softmax, in the log-probabilities' storage
     grad.scatter_add_(-1, at, torch.full_like(picked, -1.0))
     return loss, grad.mul_(weight)
 
