@@ -18,7 +18,7 @@ a Python loop, on the host for CPU generators); CUDA's Philox offsets depend on 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import numpy as np
 import torch
@@ -34,9 +34,11 @@ MASK32 = 0xFFFFFFFF
 _GOLDEN = 0x9E3779B9
 # purposes within one client's round stream (the key already separates rounds, clients and phases)
 BATCH_ORDER, DROPOUT_MASK, MODEL_DRAW = 1, 2, 3
+#: integer arrays the hashes take: torch tensors on any device, or numpy arrays (a CPU round's batch orders)
+Ints = TypeVar("Ints", torch.Tensor, np.ndarray)
 
 
-def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
+def _mul32(x: Ints, c: int) -> Ints:
     """``x · c mod 2³²`` for x, c in [0, 2³²): the int64 product's low 32 bits.
 
     The product can pass 2⁶³: int64 multiplication wraps modulo 2⁶⁴ on every device torch runs on (x86/ARM
@@ -46,7 +48,7 @@ def _mul32(x: torch.Tensor, c: int) -> torch.Tensor:
     return (x * c) & MASK32
 
 
-def mix32(x: torch.Tensor) -> torch.Tensor:
+def mix32(x: Ints) -> Ints:
     """Wellons' lowbias32 of every element (int64 values in [0, 2³²)): a torch tensor, or a numpy array (whose int64
     products wrap as torch's do)."""
     x = x ^ (x >> 16)
@@ -66,7 +68,7 @@ def keys(seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
     return torch.from_numpy(low ^ mix32(high)).to(device)
 
 
-def bits(key: torch.Tensor, *counters: torch.Tensor | int) -> torch.Tensor:
+def bits(key: Ints, *counters: Ints | int) -> Ints:
     """32 random bits (int64 in [0, 2³²)) at ``counters`` of the stream ``key``; shapes broadcast."""
     h = mix32((key & MASK32) ^ _GOLDEN)
     for c in counters:
@@ -217,9 +219,8 @@ def permutations(key: torch.Tensor, sizes: Sequence[int], epochs: Sequence[int],
     if layout is None:
         return torch.zeros(0, dtype=torch.int64, device=device)
     if device.type == "cpu":
-        hashed = _positions_hashed(key.numpy(), layout.slot.numpy(), layout.position.numpy(), layout.n_epochs)
-        flat = layout.segment.numpy() * (1 << 32) + hashed
-        order = torch.from_numpy(np.argsort(flat, kind="stable"))
+        on_host = _positions_hashed(key.numpy(), layout.slot.numpy(), layout.position.numpy(), layout.n_epochs)
+        order = torch.from_numpy(np.argsort(layout.segment.numpy() * (1 << 32) + on_host, kind="stable"))
     else:
         # the (client, epoch) part of the hash on the small tensor of segments, the position's on the flat one
         each_epoch = torch.arange(layout.n_epochs, device=device)

@@ -186,7 +186,7 @@ def reference_median(norms: torch.Tensor, reference_clients: int) -> float:
     """The norm filter's reference: the median norm of the first ``reference_clients`` updates (an even count:
     the mean of the two middle norms, as ``torch.quantile(·, 0.5)`` interpolates it: ``b − (b − a)·0.5``). Taken in
     Python floats (a few values: ``torch.quantile`` cost ~50 µs a round; the same float64 arithmetic, tested)."""
-    values = sorted(norms[:reference_clients].tolist())
+    values: list[float] = sorted(norms[:reference_clients].tolist())
     mid = len(values) // 2
     if len(values) % 2:
         return values[mid]
