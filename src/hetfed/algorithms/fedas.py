@@ -49,6 +49,7 @@ from hetfed.engine.types import (
 )
 from hetfed.interface import server_step
 from hetfed.models.base import Model, Noise
+from hetfed.models.softmax import row_cross_entropy
 
 #: the client's body after its last round (its prototypes' model) ``fedas.body.<name>``
 PREVIOUS = "fedas.body."
@@ -97,7 +98,7 @@ def fisher_trace(model: Model, params: Params, data: ClientData, batch: int) -> 
         xb, yb = data.x[index], data.y[index].long()
         with torch.enable_grad():
             logits = model.forward({**fixed, **leaves}, xb, None)
-            nll = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), yb.reshape(-1), reduction="none").view(yb.shape)
+            nll = row_cross_entropy(logits, yb)
             per_client = (nll * mask).sum(1) / mask.sum(1).clamp(min=1)  # each client's batch mean
             grads = torch.autograd.grad(per_client.sum(), list(leaves.values()), allow_unused=True)
         out += sum(g.reshape(n, -1).pow(2).sum(1) for g in grads if g is not None)

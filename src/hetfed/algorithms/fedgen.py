@@ -45,6 +45,7 @@ from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Serv
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
+from hetfed.models.softmax import row_cross_entropy
 
 GENERATE = 42  # rng purpose: the server's generator training
 
@@ -86,7 +87,7 @@ def generator_loss(model: Model, heads: Params, z: torch.Tensor, y: torch.Tensor
     ``weights`` [K, C] = α_{k,y}."""
     k = weights.shape[0]
     logits = model.head(heads, z.unsqueeze(0).expand(k, *z.shape))  # [K, b, C]
-    ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.repeat(k), reduction="none").view(k, -1)
+    ce = row_cross_entropy(logits, y.expand(k, -1))  # [K, b]
     return (weights[:, y] * ce).sum(0).mean()
 
 
@@ -181,7 +182,7 @@ class FedGen(FedAvg):
 
         def teacher(params):
             logits = self.model.head(params, z)
-            ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), y.reshape(-1), reduction="none")
+            ce = row_cross_entropy(logits, y)
             return alpha * ce.view(len(data.client_ids), -1).mean(1)
 
         return teacher

@@ -30,7 +30,6 @@ from __future__ import annotations
 from typing import Literal
 
 import torch
-import torch.nn.functional as F
 from pydantic import Field
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
@@ -51,6 +50,7 @@ from hetfed.engine.types import (
     split_state,
 )
 from hetfed.interface import server_step
+from hetfed.models.softmax import row_cross_entropy
 
 #: client state: the client's control variate per shared parameter
 CI = "scaffold.c."
@@ -148,7 +148,7 @@ class Scaffold(FedAvg):
             mask[j, : len(idx)] = 1.0
         leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
         logits = self.model.forward(leaves, data.x[index], None)
-        ce = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), data.y[index].reshape(-1), reduction="none")
+        ce = row_cross_entropy(logits, data.y[index])
         per_client = (ce.view(n, -1) * mask).sum(1) / mask.sum(1).clamp(min=1)
         grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
         return {k: g.detach() for k, g in zip(names, grads, strict=True)}
