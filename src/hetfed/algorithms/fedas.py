@@ -37,7 +37,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import OptimizerConfig
-from hetfed.engine.local import LocalSchedule, Objective, train_stack
+from hetfed.engine.local import LocalSchedule, Objective, row_cross_entropy, train_stack
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -49,7 +49,6 @@ from hetfed.engine.types import (
 )
 from hetfed.interface import server_step
 from hetfed.models.base import Model, Noise
-from hetfed.models.softmax import row_cross_entropy
 
 #: the client's body after its last round (its prototypes' model) ``fedas.body.<name>``
 PREVIOUS = "fedas.body."

@@ -40,12 +40,12 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.local import row_cross_entropy
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
-from hetfed.models.softmax import row_cross_entropy
 
 GENERATE = 42  # rng purpose: the server's generator training
 

@@ -40,6 +40,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.local import row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -50,7 +51,6 @@ from hetfed.engine.types import (
     split_state,
 )
 from hetfed.interface import server_step
-from hetfed.models.softmax import row_cross_entropy
 
 #: client state: the client's control variate per shared parameter
 CI = "scaffold.c."

@@ -31,8 +31,11 @@ from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.types import ClientData
 from hetfed.errors import RunError
-from hetfed.models import closed_form, sgd_in_backward, softmax
+from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
+
+# each row's cross-entropy: the name the methods' objectives import from here
+from hetfed.models.softmax import row_cross_entropy as row_cross_entropy
 
 #: An extra loss term per client ``[n]``, e.g. FedProx's proximal term.
 Regulariser = Callable[[Params], torch.Tensor]
@@ -42,11 +45,6 @@ Regulariser = Callable[[Params], torch.Tensor]
 Objective = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
 #: a map applied to the trained parameters after every step (a constraint: APFL keeps α in [0, 1])
 Projection = Callable[[Params], Params]
-
-
-def row_cross_entropy(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """Each row's cross-entropy ``[n, batch]`` of stacked logits ``[n, batch, C]`` and labels ``[n, batch]``."""
-    return softmax.row_cross_entropy(logits, y)
 
 
 def client_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
