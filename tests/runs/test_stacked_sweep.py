@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hetfed.cli import main
-from hetfed.executors import stacked_runs
+from hetfed.executors import stacked_runs, stacked_work
 
 REPO = Path(__file__).resolve().parents[2]
 #: FedAvg's ReLU MLP and CGAU (dropout 0.5), FedProx, Ditto and kNN-Per: every round (and evaluation) of a seed
@@ -54,7 +54,7 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     monkeypatch.setattr(stacked_runs, "evaluate_servers",
                         lambda algos, *a: servers.append(len(algos)) or forward(algos, *a))
     built: list[bool] = []  # whether each joined pool was built anew (not kept): once per set of runs, not per round
-    joining = stacked_runs._joint_pool
+    joining = stacked_work._joint_pool
 
     def joint_pool(executors, cache, part=None):
         before = dict(cache)
@@ -62,7 +62,7 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
         built.append(cache != before)
         return out
 
-    monkeypatch.setattr(stacked_runs, "_joint_pool", joint_pool)
+    monkeypatch.setattr(stacked_work, "_joint_pool", joint_pool)
     assert main([*BASE, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
     assert len(built) > 40 and sum(built) <= 5 * 3  # per method (5): its train pools and global sets, and the group
@@ -123,8 +123,8 @@ def test_the_runs_screens_measured_in_one_pass_reject_the_clients_each_rejects_a
     """A stacked round measures every run's updates (finite, norm against its own broadcast) in one pass; a tight
     norm filter then rejects, round by round, the clients the runs reject one by one, with the same numbers."""
     measured: list[int] = []
-    real = stacked_runs.measure
-    monkeypatch.setattr(stacked_runs, "measure",
+    real = stacked_work.measure
+    monkeypatch.setattr(stacked_work, "measure",
                         lambda upload, *a, **k: measured.append(len(upload.client_ids)) or real(upload, *a, **k))
     args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=6", "--set",
             "train.rounds=4", "--set", "server.screen.norm_factor=1.1", "--set", "partition.kind=dirichlet",

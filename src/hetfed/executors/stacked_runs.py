@@ -1,35 +1,37 @@
 """Runs trained as one stack: the runs of a sweep (seeds, grid points) step through their rounds together, in one
 thread, and each round's client steps of every run are computed as one stack of clients.
 
-Each run keeps everything that is its own — its algorithm, server state, client store, random streams (its
-clients' seeds come from its own run seed), screening, aggregation, evaluation, run directory, checkpoints and
-resume — because each run is an ordinary run of the driver (:func:`hetfed.runs.runner.run_experiment`) on its own
-thread. Only its round loop differs: the loop is written as steps that ask their executor for the clients' work
+Each run keeps everything that is its own — its algorithm, server state, client store, random streams (its clients'
+seeds come from its own run seed), screening, aggregation, evaluation, run directory, checkpoints and resume — because
+each run is an ordinary run of the driver (:func:`hetfed.runs.runner.run_experiment`) on its own thread. Only its round
+loop differs: the loop is written as steps that ask their executor for the clients' work
 (:func:`hetfed.executors.updates.drive`), and :meth:`StackedRunExecutor.drive_rounds` hands a run's rounds to the
-:class:`Rendezvous` instead of answering them one by one. When every run still training has handed its rounds
-over, the sweep's thread runs them in lockstep (:meth:`Rendezvous.lockstep`): each run's round goes as far as its
-next request, and the requests of all runs are answered together — those whose client step is the same computation
-(:func:`step_key`: the algorithm, its parameters, schedule, optimiser, model and learning rate) as one stack of
-clients, each client with its own run's broadcast parameters (a :class:`ClientBroadcast`), its own data and its
-own seed; each run's part of the stack's uploads goes through the run's own transport (compression, its clients'
-error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on its
-stack, so a stacked sweep gives the numbers of its runs one by one (equal to the bit on a CPU, tested).
+:class:`Rendezvous` instead of answering them one by one. When every run still training has handed its rounds over, the
+sweep's thread runs them in lockstep (:meth:`Rendezvous.lockstep`): each run's round goes as far as its next request,
+and the requests of all runs are answered together — those whose client step is the same computation
+(:func:`~hetfed.executors.stacked_work.step_key`: the algorithm, its parameters, schedule, optimiser, model and learning
+rate) as one stack of clients, each client with its own run's broadcast parameters (a :class:`ClientBroadcast`), its own
+data and its own seed; each run's part of the stack's uploads goes through the run's own transport (compression, its
+clients' error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on
+its stack, so a stacked sweep gives the numbers of its runs one by one (equal to the bit on a CPU, tested).
 
-Evaluations meet the same way (:func:`evaluate_together`): the runs' clients score their models in one stack,
-each client on its own run's validation, test and global test sets (the runs' pools and global sets joined), and
-each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along the run
-axis: the runs' servers' models in one forward (:meth:`Rendezvous.score_together`), their evaluations summarised as
-arrays (:func:`hetfed.engine.summary.summaries`), and a block's updates measured for every run's screen in one pass
-(:func:`_measured`) — each run's numbers as alone.
+Evaluations meet the same way (:func:`~hetfed.executors.stacked_work.evaluate_together`): the runs' clients score their
+models in one stack, each client on its own run's validation, test and global test sets (the runs' pools and global sets
+joined), and each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along
+the run axis: the runs' servers' models in one forward (:meth:`Rendezvous.score_together`), their evaluations summarised
+as arrays (:func:`hetfed.engine.summary.summaries`), and a block's updates measured for every run's screen in one pass
+(:func:`hetfed.executors.stacked_work._measured`) — each run's numbers as alone. The joined computations are
+:mod:`hetfed.executors.stacked_work`'s; this module holds the runs and their lockstep.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
-through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs (:func:`joins`); the
-others step and evaluate alone, through the in-process executor's own round, so they give the numbers of the run
-without ``--stack``. Personalisation is each run's own, one run at a time (asynchronous methods are refused).
+through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs
+(:func:`~hetfed.executors.stacked_work.joins`); the others step and evaluate alone, through the in-process executor's
+own round, so they give the numbers of the run without ``--stack``. Personalisation is each run's own, one run at a time
+(asynchronous methods are refused).
 
-Every round of every run — its server work and its clients' — runs on one thread, the sweep's own, on its torch
-threads (:meth:`Rendezvous.serve` says why); each run's thread does the rest of its run (loading, its rows and
-summary) on one torch thread.
+Every round of every run — its server work and its clients' — runs on one thread, the sweep's own, on its torch threads
+(:meth:`Rendezvous.serve` says why); each run's thread does the rest of its run (loading, its rows and summary) on one
+torch thread.
 """
 
 from __future__ import annotations
@@ -37,28 +39,27 @@ from __future__ import annotations
 import itertools
 import queue
 import threading
-import weakref
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar, cast
 
-import numpy as np
 import torch
 
-from hetfed.engine.evaluate import ClientEvalData
-from hetfed.engine.rng import derive_seeds
-from hetfed.engine.sampling import global_scorers
 from hetfed.engine.summary import summaries
 from hetfed.engine.types import (
     Broadcast,
-    ClientBroadcast,
-    ClientData,
-    ClientState,
-    RoundUploads,
     Upload,
 )
 from hetfed.errors import RunError
-from hetfed.executors.inprocess import Executor, InProcessExecutor, client_data, eval_chunk, seed_rows
+from hetfed.executors.inprocess import Executor, InProcessExecutor
+from hetfed.executors.stacked_work import (
+    Joined,
+    evaluate_together,
+    evaluation_key,
+    joins,
+    step_key,
+    train_together,
+)
 from hetfed.executors.updates import (
     Evaluate,
     ReadBack,
@@ -70,7 +71,6 @@ from hetfed.executors.updates import (
     read_back,
 )
 from hetfed.interface import evaluate_servers, scores_servers_together
-from hetfed.server.screen import Measured, measure
 
 
 @dataclass(eq=False, kw_only=True)
@@ -114,6 +114,10 @@ class _Rounds(_Answered):
     @property
     def view(self) -> str | None:
         return self.asked.view if isinstance(self.asked, Evaluate) else None
+
+    @property
+    def joined(self) -> Joined:
+        return self.executor.rendezvous.joined
 
     def advance(self, answer: Any = None) -> None:
         """On to the run's next request: its round in progress sent ``answer``, or its next round started; done
@@ -191,14 +195,8 @@ class Rendezvous:
         self._lock = threading.Lock()
         self._members = members
         self._waiting: list[_Rounds] = []
-        #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
-        self.pools: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
-        #: the same for their global test sets (a joined evaluation)
-        self.global_sets: dict[tuple[int, ...], tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]] = {}
-        #: a run's clients' evaluation index arrays moved to its offsets in the joined pools: executor → offsets →
-        #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
-        self.shifted: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]] = (
-            weakref.WeakKeyDictionary())
+        #: what the joined client steps and evaluations keep between rounds (the runs' joined pools and sets)
+        self.joined = Joined()
         #: the global test sets of the runs whose servers were last scored together, stacked (:meth:`score_together`)
         self.server_sets: dict[tuple[int, ...], tuple[torch.Tensor, tuple[torch.Tensor, ...]]] = {}
         #: the torch threads of the thread that made this meeting point, which computes for the runs (:meth:`serve`)
@@ -378,200 +376,6 @@ def _alone(run: _Rounds) -> Any:
     run's executor seen as its base class: its own ``train``/``evaluate`` would hand the work back to this thread)."""
     assert run.asked is not None
     return run.asked.answer(cast(Executor, super(StackedRunExecutor, run.executor)))
-
-
-def joins(executor: StackedRunExecutor, bc: Broadcast, evaluation: bool = False) -> bool:
-    """Whether this run's round (or evaluation) may share a stack with other runs: its algorithm reads the broadcast
-    only as ``bc.stacked(n)`` (``Capabilities.stacks_runs``) and this broadcast carries nothing else (no
-    ``extra``; for an evaluation, no personal rows). The others step alone: their executor's own round."""
-    return (executor.algo.capabilities.stacks_runs and not bc.extra
-            and not (evaluation and bc.personal))
-
-
-def step_key(executor: StackedRunExecutor, bc: Broadcast) -> Any:
-    """Requests with equal keys run the same client step and share a stack (every request :func:`joins`): their
-    runs' specifications agree on the client step (:meth:`~hetfed.run_spec.RunSpec.step_identity`), on this device,
-    for the same broadcast names, learning rate and round."""
-    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)), float(bc.lr), bc.round)
-
-
-def evaluation_key(executor: StackedRunExecutor, bc: Broadcast, view: str | None) -> Any:
-    """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
-    method and model, view, number of classes and global test set size (each client scores its own run's)."""
-    return (executor.run.model_identity(), str(executor.device), tuple(sorted(bc.params)), view,
-            executor.fed.n_classes, len(executor.y_global), tuple(executor.x_global.shape[1:]),
-            executor.eval_max_floats)
-
-
-def train_together(group: Sequence[_Rounds]) -> list[Upload]:
-    """One round of every request of ``group`` (the same client step): their clients in stacks of similar
-    local steps across runs; each run's uploads screened and collected as its own round."""
-    lead = group[0].executor
-    algo = lead.algo
-    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], lead.rendezvous.pools)
-    entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    rounds = [r.executor.run.receiving(r.bc.params) for r in group]
-    for r in group:
-        r.executor._ensure_residuals(r.bc.params)
-    schedule = lead.run.schedule
-    steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
-    for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):
-        members = sorted(block, key=lambda e: entries[e])  # each run's clients together, in its own order
-        _train_block(group, [entries[e] for e in members], pool_x, pool_y, offsets, rounds)
-    return [r.result(False) for r in rounds]
-
-
-def _joined_state(group: Sequence[_Rounds], runs: list[int], chosen: dict[int, list[int]]
-                  ) -> tuple[ClientState, ClientBroadcast]:
-    """The chosen clients' states as the algorithm sees them (without the transport's residuals) and broadcast
-    parameters, run after run, as one stack."""
-    states = [group[i].executor._stacked(chosen[i]) for i in runs]
-    state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
-    shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
-    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
-                         group[0].bc.round, group[0].bc.lr)
-    return state, bc
-
-
-def _train_block(group: Sequence[_Rounds], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
-                 offsets: list[int], rounds: list[RoundUploads]) -> None:
-    algo = group[0].executor.algo
-    runs = sorted({i for i, _ in members})
-    chosen = {i: [k for j, k in members if j == i] for i in runs}
-    state, bc = _joined_state(group, runs, chosen)
-    # as alone, every run's clients' seeds hashed at once (a run's ten clients alone go one by one)
-    seeds = iter(derive_seeds([row for i in runs
-                               for row in seed_rows(group[i].executor.pool, chosen[i], group[i].bc.round)]))
-    parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round,
-                            seeds=[next(seeds) for _ in chosen[i]]) for i in runs}
-    data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
-                      [index + offsets[i] for i in runs for index in parts[i].indices],
-                      [seed for i in runs for seed in parts[i].seeds])
-    upload, new = algo.local_update(bc, state, data)
-    measured = _measured(group, runs, chosen, upload, bc, rounds)
-    start = 0
-    for i in runs:
-        executor = group[i].executor
-        rows = slice(start, start + len(chosen[i]))
-        start += len(chosen[i])
-        mine = {k: v[rows] for k, v in new.items()}
-        part = Upload(upload.client_ids[rows], {k: v[rows] for k, v in upload.params.items()},
-                      upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()})
-        # the run's own transport (compression, its clients' residuals), as its executor applies it alone
-        residual = executor._residuals(chosen[i]) if executor.transport.error_feedback else {}
-        part, residual = executor.transport.send(part, group[i].bc.params, residual, parts[i].seeds,
-                                                 still_read=tuple(mine.values()))
-        executor._keep(chosen[i], mine, residual)
-        rounds[i].add(part, measured.rows(rows) if measured is not None else None)
-
-
-def _measured(group: Sequence[_Rounds], runs: list[int], chosen: dict[int, list[int]], upload: Upload,
-              bc: ClientBroadcast, rounds: list[RoundUploads]) -> Measured | None:
-    """The block's updates' finite flags and update norms, each client against its own run's broadcast, in one pass
-    for all its runs (each run's screen measured its own part: ~0.1 ms a run) — when every part reaches its screen
-    as uploaded (no compression), no screen clips (DP) and the parts are of one size, so that the norms are taken in
-    each part's own slices: every number as the run's screen measures it alone. None: each run's screen measures its
-    part."""
-    screens = [rounds[i].screen for i in runs]
-    sizes = {len(chosen[i]) for i in runs}
-    if (len(sizes) != 1 or any(s is None or s.clip is not None for s in screens)
-            or any(group[i].executor.transport.compressor is not None for i in runs)):
-        return None
-    reference = {k: bc.params[k] for k in screens[0].reference}
-    return measure(upload, reference, sizes.pop(), norms=any(s.norm_factor is not None for s in screens))
-
-
-def evaluate_together(group: Sequence[_Rounds]) -> list[dict[str, list[Any]]]:
-    """Every request's evaluation (the same method, model and view) in stacks of clients across runs: each client
-    with its own run's model, states, validation, test and global test sets; each run's reports in its clients'
-    order, as :meth:`~hetfed.executors.inprocess.InProcessExecutor.evaluate` gives them alone."""
-    lead = group[0].executor
-    rendezvous = lead.rendezvous
-    executors = [r.executor for r in group]
-    pool_x, pool_y, offsets = _joint_pool(executors, rendezvous.pools)
-    global_x, global_y, global_offsets = _joint_pool(executors, rendezvous.global_sets,
-                                                     lambda e: (e.x_global, e.y_global))
-    entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    size = min(eval_chunk(r.executor.fed, r.clients, r.executor.pool.x, r.executor.fed.n_classes,
-                          r.executor.eval_max_floats) for r in group)
-    reports: list[dict[str, list[Any]]] = [{} for _ in group]
-    scorers = [_global_scorers(r) for r in group]
-    for start in range(0, len(entries), size):
-        members = entries[start : start + size]
-        runs = sorted({i for i, _ in members})
-        chosen = {i: [k for j, k in members if j == i] for i in runs}
-        state, bc = _joined_state(group, runs, chosen)
-        sets = {i: _shifted(group[i].executor, offsets[i], global_offsets[i], rendezvous.shifted) for i in runs}
-        data = ClientEvalData(
-            [k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], pool_x, pool_y,
-            [sets[i][0][k] for i in runs for k in chosen[i]], [sets[i][1][k] for i in runs for k in chosen[i]],
-            global_x, global_y, lead.fed.n_classes,
-            None if all(scorers[i] is None for i in runs) else
-            [(scorers[i] or {}).get(k, True) for i in runs for k in chosen[i]],
-            [sets[i][2][k] for i in runs for k in chosen[i]], [sets[i][3] for i in runs for _k in chosen[i]])
-        out = lead.algo.evaluate_client(bc, state, data, group[0].view)
-        at = 0
-        for i in runs:
-            rows = slice(at, at + len(chosen[i]))
-            at += len(chosen[i])
-            for key, values in out.items():
-                reports[i].setdefault(key, []).extend(values[rows])
-    return reports
-
-
-def _global_scorers(request: _Rounds) -> dict[int, bool] | None:
-    """Which of a request's clients score the global test set with a personal model (None: all), as alone."""
-    executor = request.executor
-    if request.view:
-        return None
-    ids = [k + executor.pool.first_id for k in request.clients]
-    mask = global_scorers(executor.run.train, ids, executor.seed)
-    return None if mask is None else dict(zip(request.clients, mask, strict=True))
-
-
-def _shifted(executor: StackedRunExecutor, offset: int, global_offset: int,
-             cache: weakref.WeakKeyDictionary[StackedRunExecutor, dict[tuple[int, int], tuple[Any, ...]]]
-             ) -> tuple[Any, ...]:
-    """A run's clients' test, validation and training index arrays moved by ``offset`` (its place in the joined
-    pool) and its global test set's rows in the joined global sets (kept: the same arrays every evaluation)."""
-    mine = cache.setdefault(executor, {})
-    cached = mine.get((offset, global_offset))
-    if cached is None:
-        fed = executor.fed
-        cached = (tuple(t + offset for t in fed.test), tuple(v + offset for v in fed.val),
-                  tuple(t + offset for t in fed.train), np.arange(len(executor.y_global)) + global_offset)
-        mine[(offset, global_offset)] = cached
-    return cached
-
-
-def _joint_pool(executors: Sequence[StackedRunExecutor], cache: dict[tuple[int, ...], Any],
-                part: Any = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
-    """The runs' train pools (or ``part(executor)``'s tensors: their global test sets) one after the other (shared
-    when they are the very same), and each one's offset."""
-    tensors = [(e.pool.x, e.pool.y) if part is None else part(e) for e in executors]
-    key = tuple(id(x) for x, _y in tensors)
-    cached = cache.get(key)
-    if cached is not None and all(a is x for a, (x, _y) in zip(cached[3], tensors, strict=True)):
-        return cached[0], cached[1], cached[2]
-    xs: list[torch.Tensor] = []
-    ys: list[torch.Tensor] = []
-    offsets: list[int] = []
-    seen: dict[int, int] = {}
-    total = 0
-    for x, y in tensors:
-        same = seen.get(id(x))
-        if same is not None:
-            offsets.append(same)
-            continue
-        seen[id(x)] = total
-        offsets.append(total)
-        xs.append(x)
-        ys.append(y)
-        total += len(x)
-    joint = (torch.cat(xs), torch.cat(ys), offsets) if len(xs) > 1 else (xs[0], ys[0], offsets)
-    cache.clear()  # the pools of one set of runs at a time
-    cache[key] = (*joint, tuple(x for x, _y in tensors))
-    return joint
 
 
 class StackedRunExecutor(InProcessExecutor):
