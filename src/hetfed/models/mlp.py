@@ -33,8 +33,7 @@ class MLP(Model):
             spec for i, (a, b) in enumerate(zip(widths[:-1], widths[1:], strict=True))
             for spec in _linear_specs(f"layers.{i}", a, b)
         ]
-        #: each layer's (weight, bias) names, input side first (set here, with the specs: a model's attributes are
-        #: part of what a stacked sweep compares, :func:`hetfed.executors.stacked_runs._method_key`)
+        #: each layer's (weight, bias) names, input side first (set here, with the specs)
         self._layers = [(f"layers.{i}.weight", f"layers.{i}.bias") for i in range(len(self.hidden) + 1)]
 
     def specs(self) -> list[ParamSpec]:
