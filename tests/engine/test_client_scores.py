@@ -117,6 +117,33 @@ def test_clients_of_several_runs_score_their_own_runs_global_test_sets() -> None
             np.testing.assert_allclose([got[key][j] for j in rows], alone[key], rtol=1e-6, err_msg=key)
 
 
+@pytest.mark.parametrize("kind", ["mlp", "cgau", "cnn"])
+def test_the_whole_global_set_scored_as_one_view_gives_the_numbers_of_each_clients_gathered_set(kind: str) -> None:
+    """A run alone scores its clients' personal models on the whole global set as one view for all of them; a
+    stacked sweep's clients pick their run's set out of the runs' sets joined (``global_index``, gathered per
+    client). The two give the same numbers to the bit (a stacked sweep's runs.csv equals the sweep one by one)."""
+    from hetfed.models.cgau import CGAUNet
+    from hetfed.models.cnn import FedAvgCNN
+
+    torch.manual_seed(3)
+    n, classes = 5, 4
+    model = {"mlp": lambda: MLP(16, [12, 8], classes), "cgau": lambda: CGAUNet(16, [12, 8], classes),
+             "cnn": lambda: FedAvgCNN((12, 12), classes)}[kind]()
+    shape = (12, 12) if kind == "cnn" else (16,)
+    gen = torch.Generator().manual_seed(4)
+    params = {k: v.expand(n, *v.shape) + 0.3 * torch.randn(n, *v.shape)
+              for k, v in {**model.init_shared(gen), **model.init_local(gen)}.items()}
+    pred = Predictor(model, params, personalised=True)
+    x, y = torch.randn(60, *shape), torch.randint(0, classes, (60,))
+    test = [np.arange(5) + 5 * j for j in range(n)]
+    xg, yg = torch.randn(37, *shape), torch.randint(0, classes, (37,))
+    whole = client_scores(pred, ClientEvalData(list(range(n)), x, y, test, test, xg, yg, classes, None, test))
+    picked = client_scores(pred, ClientEvalData(list(range(n)), x, y, test, test, xg, yg, classes, None, test,
+                                                [np.arange(37)] * n))
+    for key in ("global_accuracy", "global_loss", "global_accuracy_own", "global_accuracy_other"):
+        assert whole[key] == picked[key], key
+
+
 def test_the_evaluations_index_cache_stays_within_its_bytes() -> None:
     """Index tensors are kept for the next evaluation of the same arrays, but never more than the cache's bytes: an
     evaluation of a newly sampled subset of clients every round names new arrays each time."""

@@ -468,3 +468,16 @@ def test_dp_covers_fedmoes_federated_phase_and_its_personal_models_stay_local(tm
     methods = json.loads((out / "summary.json").read_text())["methods"]
     assert methods["fedavg"]["epsilon"] > 0 and methods["fedavg"]["dp_rounds"] == 3  # the federated view
     assert {"local", "finetuned", "mixture"} <= set(methods)
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.integers(1, 12), st.integers(1, 300), st.sampled_from([1e-30, 1e-3, 1.0, 1e3, 1e30]), st.integers(0, 99))
+def test_update_norms_are_vector_norms_cast_to_float64_as_they_read_to_the_bit(n, columns, scale, seed):
+    """One slice's norms equal ``vector_norm(d, dtype=float64)`` (the cast while reading, which the CPU path replaces
+    by a float64 copy for speed) bit for bit, at scales whose squares leave float32's range."""
+    from hetfed.server.screen import update_norms
+
+    g = torch.Generator().manual_seed(seed)
+    theta, centre = torch.randn(n, columns, generator=g) * scale, torch.randn(columns, generator=g) * scale
+    want = torch.linalg.vector_norm(theta - centre, dim=1, dtype=torch.float64)
+    assert torch.equal(update_norms(Upload(list(range(n)), {"w": theta}, torch.ones(n), {}), {"w": centre}), want)

@@ -353,9 +353,8 @@ def _score_key(run: _Rounds) -> Any:
 
 
 def _summary_key(run: _Rounds) -> Any:
-    """Evaluations summarised at once: of one shape (as many clients, the same reports)."""
-    shape = cast(Summarise, run.asked).reports.shape()
-    return None if shape is None else ("summary", *shape)
+    """Every evaluation summarised in one call: :func:`~hetfed.engine.summary.summaries` groups them by shape."""
+    return ("summary",)
 
 
 def _summarise_together(group: Sequence[_Rounds]) -> list[Any]:

@@ -58,7 +58,9 @@ def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = No
     calls, 0.16 ms a round, #74). The slices' squared norms are summed in float64 and read back once. A client's norm
     depends on its stack's slicing only in float64 rounding (~1e-16). ``as_stack_of``: slice as a stack of this many
     clients would (None: this stack's own number) — a stack of several parts, each of that many clients, then gives
-    each part's norms to the bit.
+    each part's norms to the bit. On a CPU a slice is made float64 before its norm: the same numbers (tested), and
+    torch 2.13's CPU ``vector_norm`` casting as it reads took 3.3× as long (200 × 13 107 values: 3.4 ms, against
+    1.0 ms for the copy and the norm, #74); a GPU casts as it reads at no cost and keeps no copy.
     """
     n = len(upload.client_ids)
     params = upload.params
@@ -72,7 +74,7 @@ def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = No
         max(theta.shape[1] for theta, _ in rows)
     total: torch.Tensor | None = None
     for d in _column_slices(rows, width, columns):
-        norm = torch.linalg.vector_norm(d, dim=1, dtype=torch.float64)
+        norm = torch.linalg.vector_norm(d.double() if d.device.type == "cpu" else d, dim=1, dtype=torch.float64)
         total = norm if columns <= width else norm.pow_(2) if total is None else total.add_(norm.pow_(2))
     assert total is not None
     return (total if columns <= width else total.sqrt_()).cpu()
