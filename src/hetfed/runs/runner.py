@@ -26,6 +26,7 @@ from rich.console import Console
 
 from hetfed.config import Config, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
+from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import RunError, interruption_reason
 from hetfed.executors.inprocess import Executor
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
@@ -122,6 +123,7 @@ def run_experiment(
     status = make_console(stderr=True) if progress else None
     warn = status or make_console(stderr=True)
     t_start = time.perf_counter()
+    keep_freed_memory()  # before anything is written: HETFED_MALLOC's value may be refused
     check_trackers(config.tracking)  # a tracker that is not installed is refused before anything is written
     check_config(config)  # the checks between components, before any data is loaded
     ckpt = None

@@ -23,6 +23,7 @@ from rich.console import Console
 
 from hetfed.config import Config, as_given, build_config, migrate_legacy
 from hetfed.console import make_console
+from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
 from hetfed.runs.plan import check_config
@@ -85,6 +86,7 @@ def run_sweep(
     moved aside (``<dir>.incomplete-<n>``, never deleted) and run again.
     """
     console = console or make_console()
+    keep_freed_memory()  # before anything is written: HETFED_MALLOC's value may be refused
     if jobs < 1:
         raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
     if seeds < 1:
