@@ -50,6 +50,7 @@ import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
+from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
@@ -317,9 +318,11 @@ def main() -> None:
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    # as in a hetfed run (the round and its ideal alike): freed memory kept for the next round (HETFED_MALLOC=off: not)
+    kept = keep_freed_memory()
     report = {"torch": torch.__version__, "threads": torch.get_num_threads(), "device": args.device,
               "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "cpu": cpu_name(),
-              "cpus": os.cpu_count(), "momentum": args.momentum, "cases": {}}
+              "cpus": os.cpu_count(), "momentum": args.momentum, "malloc_kept": kept, "cases": {}}
     for name in args.cases:
         case = {**CASES[name], "momentum": args.momentum}
         seq = seconds_per_round(case, SequentialExecutor(), args.rounds, args.device)

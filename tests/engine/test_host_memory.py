@@ -35,8 +35,9 @@ print(applied, fell, (resource.getrusage(resource.RUSAGE_SELF).ru_minflt - befor
 """
 
 
-def _round(setting: str) -> tuple[str, float, float]:
-    env = {**os.environ, "HETFED_MALLOC": setting, "OMP_NUM_THREADS": "1"}
+def _round(setting: str, **given: str) -> tuple[str, float, float]:
+    env = {**{k: v for k, v in os.environ.items() if k != "GLIBC_TUNABLES" and not k.startswith("MALLOC_")},
+           "HETFED_MALLOC": setting, "OMP_NUM_THREADS": "1", **given}
     out = subprocess.run([sys.executable, "-c", ROUNDS], env=env, capture_output=True, text=True, check=True)
     applied, fell, faults = out.stdout.split()
     return applied, float(fell), float(faults)
@@ -48,6 +49,8 @@ def test_a_rounds_freed_memory_is_kept_and_reused_without_page_faults():
     assert applied == "True" and fell < 1 and faults < 1500  # 60 MB a round: ~15 000 pages
     applied, fell, _ = _round("off")
     assert applied == "False" and fell > 50  # glibc's own settings: mapped afresh, and handed back when freed
+    applied, fell, _ = _round("on", MALLOC_MMAP_THRESHOLD_="1048576")  # a setting of the user's: kept
+    assert applied == "False" and fell > 50
 
 
 def test_a_value_of_hetfed_malloc_that_is_not_allowed_is_refused_before_anything_is_written(tmp_path, monkeypatch,

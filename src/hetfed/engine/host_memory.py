@@ -11,7 +11,9 @@ memory comes from.
 What it costs: freed memory up to :data:`TRIM_THRESHOLD` stays with the process until it exits (its resident size
 is its peak, up to that much more); blocks of more than :data:`MMAP_THRESHOLD` are still mapped and unmapped each
 time. Only glibc's ``mallopt`` is set (Linux; elsewhere nothing is done). ``HETFED_MALLOC=off`` (or ``0``, ``false``,
-``no``) keeps the C library's own settings.
+``no``) keeps the C library's own settings, and so does any of glibc's own malloc settings in the environment
+(:data:`GLIBC_SETTINGS`, or ``GLIBC_TUNABLES`` naming ``glibc.malloc``): a setting the user gave is never overridden
+(``MALLOC_MMAP_THRESHOLD_=1048576`` keeps a very large federation's peak memory flat, ``docs/scale.md``).
 """
 
 from __future__ import annotations
@@ -33,6 +35,9 @@ TRIM_THRESHOLD = 1 << 30
 #: glibc's ``mallopt`` parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
 _ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+#: glibc's malloc settings read from the environment at start-up (any of them set: the user's, kept)
+GLIBC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
+                  "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST")
 _applied: bool | None = None
 
 
@@ -48,12 +53,17 @@ def wanted() -> bool:
 def keep_freed_memory() -> bool:
     """Set glibc's allocator to keep what a round frees, once a process (``HETFED_MALLOC`` is read, and refused
     when it is not allowed, at every call). True when the settings are in force; False with ``HETFED_MALLOC=off``
-    at the first call, or another C library."""
+    at the first call, glibc settings of the user's (:func:`users_own`), or another C library."""
     global _applied
     on = wanted()
     if _applied is None:
-        _applied = on and platform.libc_ver()[0] == "glibc" and _set()
+        _applied = on and not users_own() and platform.libc_ver()[0] == "glibc" and _set()
     return _applied
+
+
+def users_own() -> bool:
+    """Whether the environment gives glibc malloc settings of its own."""
+    return any(k in os.environ for k in GLIBC_SETTINGS) or "glibc.malloc" in os.environ.get("GLIBC_TUNABLES", "")
 
 
 def _set() -> bool:
