@@ -56,6 +56,7 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str, 
 
     from hetfed.algorithms import build_algorithm
     from hetfed.config import ModelConfig, ServerConfig, TrainConfig
+    from hetfed.engine.host_memory import keep_freed_memory
     from hetfed.executors.simulate import simulate
     from hetfed.models import build_model
 
@@ -68,6 +69,7 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str, 
     server = ServerConfig(screen={"norm_factor": 10.0 if norm_filter else None})
     algo = build_algorithm("fedavg", model, train, server=server)
     build_s = time.perf_counter() - t0
+    kept = keep_freed_memory()  # as a hetfed run does (HETFED_MALLOC=off, or --mmap-threshold: glibc's settings)
     result = simulate(algo, fed, train, seed=0)
     ev = result.history[-1][1].metrics
     return {
@@ -82,6 +84,7 @@ def one(n_clients: int, fraction: float, method: str, rounds: int, device: str, 
         "global_accuracy": ev.get("global_accuracy"),
         "torch_threads": torch.get_num_threads(),
         "norm_filter": norm_filter,
+        "malloc_kept": kept,
     }
 
 
