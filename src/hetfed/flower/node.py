@@ -27,6 +27,7 @@ from flwr.app import ConfigRecord, Context, RecordDict
 
 from hetfed.config import Config, build_config
 from hetfed.config_io import parse_yaml_text
+from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
@@ -69,6 +70,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
         from hetfed.executors.simulate import resolve_device
 
         torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
+        keep_freed_memory()  # as a simulation's process (HETFED_MALLOC of the node's environment)
         config = build_config(parse_yaml_text(text, "the run's config"))
         if mine:
             from hetfed.flower.node_data import node_federation
