@@ -123,16 +123,12 @@ def run_experiment(
     status = make_console(stderr=True) if progress else None
     warn = status or make_console(stderr=True)
     t_start = time.perf_counter()
-    keep_freed_memory()  # before anything is written: HETFED_MALLOC's value may be refused
-    check_trackers(config.tracking)  # a tracker that is not installed is refused before anything is written
-    check_config(config)  # the checks between components, before any data is loaded
+    _check_before_loading(config)
     ckpt = None
     if resume:
         ckpt = _checkpoint_to_resume(Path(out), warn, config)  # type: ignore[arg-type]  # a resume names its directory
     else:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
-    for method in config.methods:  # "cuda" without a GPU, before loading any data
-        resolve_device(config.method_train(method).device, config.method_train(method).capture)
     prep = prepared or prepare(config, progress=progress, status=status)
     for note in getattr(prep.data, "notes", ()):  # what loading kept (Shakespeare: roles, windows, sizes)
         warn.print(note, soft_wrap=True, markup=False)
@@ -158,6 +154,17 @@ def run_experiment(
     if progress:
         print_summary(summary, rec.run_dir, console)
     return RunOutput(rec.run_dir, summary)
+
+
+def _check_before_loading(config: Config) -> None:
+    """What is refused before any data is loaded or any file written: a tracker that is not installed, the
+    components' settings against each other, ``cuda`` without a GPU, a value of ``HETFED_MALLOC`` (whose allocator
+    setting is made here, once a process)."""
+    keep_freed_memory()
+    check_trackers(config.tracking)
+    check_config(config)
+    for method in config.methods:
+        resolve_device(config.method_train(method).device, config.method_train(method).capture)
 
 
 def _checkpoint_to_resume(out: Path, warn: Console, config: Config) -> dict[str, Any] | None:

@@ -86,19 +86,7 @@ def run_sweep(
     moved aside (``<dir>.incomplete-<n>``, never deleted) and run again.
     """
     console = console or make_console()
-    keep_freed_memory()  # before anything is written: HETFED_MALLOC's value may be refused
-    if jobs < 1:
-        raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
-    if seeds < 1:
-        raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
-    if resume and out is None:
-        raise ConfigError("--resume needs --out: the directory of the sweep to resume")
-    if stack and jobs > 1:
-        raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
-                          "run in this process, --jobs in worker processes)")
-    from hetfed.runs.tracking import check_trackers
-
-    check_trackers(config.tracking)  # before any point runs: every point would fail the same way
+    _check_arguments(config, seeds, out, resume, jobs, stack)
     configs = plan_sweep(config, grid, seeds)
     if stack:
         _check_stackable(configs)
@@ -117,6 +105,25 @@ def run_sweep(
     if not summaries:
         raise RunError(f"every run of the sweep failed; see {sweep_dir / 'sweep.json'}")
     return sweep_dir, table
+
+
+def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume: bool, jobs: int, stack: bool) -> None:
+    """What is refused before any point runs or any file is written (every point would fail the same way): the
+    sweep's own arguments, a tracker that is not installed, a value of ``HETFED_MALLOC`` (whose allocator setting is
+    made here, once a process)."""
+    from hetfed.runs.tracking import check_trackers
+
+    if jobs < 1:
+        raise ConfigError(f"--jobs {jobs} is not allowed: expected ≥ 1 (worker processes)")
+    if seeds < 1:
+        raise ConfigError(f"--seeds {seeds} is not allowed: expected ≥ 1")
+    if resume and out is None:
+        raise ConfigError("--resume needs --out: the directory of the sweep to resume")
+    if stack and jobs > 1:
+        raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
+                          "run in this process, --jobs in worker processes)")
+    keep_freed_memory()
+    check_trackers(config.tracking)
 
 
 #: one run of a sweep: its grid point, its seed's index and its validated config
