@@ -46,7 +46,6 @@ from contextlib import contextmanager
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
@@ -55,7 +54,7 @@ from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.closed_form import relu_backward_
-from hetfed.models.softmax import PAD_TO
+from hetfed.models.softmax import padded
 from hetfed.partition import make_federation
 
 
@@ -183,9 +182,8 @@ def written_out_step(params: list[torch.Tensor], xb: torch.Tensor, yb: torch.Ten
         inputs.append(h)
         h = torch.baddbmm(params[i + 1], h, params[i])
         h = h.relu_() if i + 2 < len(params) else h
-    classes = h.shape[-1]  # few classes on a CPU: padded, as hetfed's step (hetfed.models.softmax) does
-    g = torch.softmax(F.pad(h, (0, PAD_TO - classes), value=float("-inf")), -1)[..., :classes] \
-        if h.device.type == "cpu" and classes < PAD_TO else torch.softmax(h, -1)
+    wide = padded(h)  # few classes on a CPU: padded, as hetfed's step does
+    g = torch.softmax(h, -1) if wide is None else torch.softmax(wide, -1)[..., : h.shape[-1]]
     g.scatter_add_(-1, yb.unsqueeze(-1), torch.full_like(g[..., :1], -1.0)).div_(yb.shape[1])
     for i in range(len(params) - 2, -1, -2):
         g_in = torch.bmm(g, params[i].transpose(1, 2)) if i else None

@@ -18,8 +18,9 @@ import torch.nn.functional as F
 PAD_TO = 16
 
 
-def _padded(logits: torch.Tensor) -> torch.Tensor | None:
-    """``logits`` with −inf columns up to :data:`PAD_TO`, where torch's own log-softmax would be slow; else None."""
+def padded(logits: torch.Tensor) -> torch.Tensor | None:
+    """``logits`` with −inf columns up to :data:`PAD_TO`, where torch's own (log-)softmax would be slow; else None
+    (``benchmarks/engine.py``'s written-out ideal pads where hetfed's step does through this)."""
     classes = logits.shape[-1]
     if logits.device.type != "cpu" or classes >= PAD_TO:
         return None
@@ -28,20 +29,20 @@ def _padded(logits: torch.Tensor) -> torch.Tensor | None:
 
 def log_softmax(logits: torch.Tensor) -> torch.Tensor:
     """``log_softmax(logits, -1)`` (differentiable); on a CPU with few classes, a view of a padded result."""
-    padded = _padded(logits)
-    if padded is None:
+    wide = padded(logits)
+    if wide is None:
         return torch.log_softmax(logits, -1)
-    return torch.log_softmax(padded, -1)[..., : logits.shape[-1]]
+    return torch.log_softmax(wide, -1)[..., : logits.shape[-1]]
 
 
 def log_softmax_and_softmax(logits: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """``(log_softmax(logits), softmax(logits))``, the second the exponential of the first (a new tensor the caller
     may change in place): what a written-out cross-entropy's loss and gradient need."""
-    padded = _padded(logits)
-    if padded is None:
+    wide = padded(logits)
+    if wide is None:
         logp = torch.log_softmax(logits, -1)
         return logp, logp.exp()
-    logp = torch.log_softmax(padded, -1)
+    logp = torch.log_softmax(wide, -1)
     classes = logits.shape[-1]
     return logp[..., :classes], logp.exp()[..., :classes]  # the exponential of the contiguous rows, then the view
 
