@@ -158,3 +158,28 @@ def test_every_output_says_what_gamma_was_measured_on(tmp_path, capsys):
     assert summary["heterogeneity"]["gamma_measured_on"] == "train"
     assert summary["heterogeneity"]["gamma_excess"] == pytest.approx(
         summary["heterogeneity"]["gamma"] - summary["heterogeneity"]["gamma_iid"])
+
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 2**31 - 1), st.integers(2, 6), st.integers(1, 12), st.sampled_from(["plain", "extrapolated"]))
+def test_gamma_reads_rows_as_float64_without_copying_the_data_and_the_iid_draws_share_one_pool(seed, k, d, estimator):
+    """#74 §2: Γ of float32 data is Γ of the same data made float64 first, to the bit (each client's rows are read as
+    float64 when used, not the whole array copied), and the IID reference's draws, which re-deal the same samples,
+    share one pool: the same as each draw pooling its own (as they did), to float rounding."""
+    from hetfed import heterogeneity as het
+
+    rng = np.random.default_rng(seed)
+    x = (rng.normal(size=(40 * k, d)) * rng.uniform(0.1, 10, size=d)).astype(np.float32)
+    clients = np.array_split(rng.permutation(len(x))[: 35 * k], k)
+    assert gamma(x, clients, estimator) == gamma(x.astype(np.float64), clients, estimator)
+    draws = np.random.default_rng([seed, 0x61D])  # gamma_iid's draws, each pooling its own samples
+    sizes, samples, own = [len(c) for c in clients], np.concatenate(clients), []
+    for _ in range(3):
+        shuffled = np.split(draws.permutation(samples), np.cumsum(sizes)[:-1])
+        which = sorted(draws.choice(k, k, replace=False).tolist())
+        own.append(np.mean(het.client_distances(x, shuffled, which, estimator, draws)))
+    mean, sd = het.gamma_iid(x, clients, draws=3, seed=seed, estimator=estimator)
+    # to rounding, amplified in the extrapolated estimator: its subsamples' factors have more columns than
+    # dimensions, and the square roots of their zero eigenvalues (computed as ±1e-15) add ~1e-7 each
+    assert (mean, sd) == pytest.approx((np.mean(own), np.std(own, ddof=1)), rel=1e-4, abs=1e-6)

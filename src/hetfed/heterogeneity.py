@@ -94,31 +94,53 @@ def _client_distance(flat: np.ndarray, idx: np.ndarray, centre: np.ndarray, tota
     return frechet_distance(mu_k, s_k, mu_o, s_o)
 
 
-def _pool(x: np.ndarray, clients: list[np.ndarray]):
-    flat = np.asarray(x, np.float64).reshape(len(x), -1)
+@dataclass(frozen=True, eq=False)
+class Pool:
+    """The pooled clients' sufficient statistics, centred on their mean: what every client's "all the others" is
+    computed from (total minus the client's own).
+
+    One pool serves Γ and every size-matched IID draw of :func:`gamma_iid`: a draw re-deals the same samples, so its
+    pool is the same multiset (its statistics equal up to the order floats were summed in). ``flat`` is the data as
+    given, rows as vectors, never copied whole: each client's rows are read as float64 when they are used (a
+    Fashion-MNIST train split in float64 is 280 MB, and was made afresh for Γ and each draw).
+    """
+
+    flat: np.ndarray
+    centre: np.ndarray
+    total_sum: np.ndarray
+    total_xx: np.ndarray
+    n_total: int
+
+
+def pool(x: np.ndarray, clients: list[np.ndarray]) -> Pool:
+    """The pooled statistics of ``clients``' rows of ``x``, centred on their mean (float64)."""
+    flat = np.asarray(x).reshape(len(x), -1)
     every = np.concatenate(clients)
-    centre = flat[every].mean(axis=0)
-    centred = flat[every] - centre
-    return flat, every, centre, centred.sum(axis=0), centred.T @ centred
+    centred = flat[every].astype(np.float64)
+    centre = centred.mean(axis=0)
+    centred -= centre
+    return Pool(flat, centre, centred.sum(axis=0), centred.T @ centred, len(every))
 
 
 def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] | None = None,
-                     estimator: str = "plain", rng: np.random.Generator | None = None) -> list[float]:
+                     estimator: str = "plain", rng: np.random.Generator | None = None,
+                     pooled: Pool | None = None) -> list[float]:
     """Per client (all, or ``which``): FD(client's Gaussian, all other clients' pooled Gaussian).
 
     The pooled "others" moments come from sufficient statistics (total minus the
     client's), so the cost does not grow with K × N × d²; features are centred
-    on the pooled mean first for numerical stability.
+    on the pooled mean first for numerical stability. ``pooled``: the statistics of
+    the same samples, already computed (:func:`pool`).
     """
-    flat, every, centre, total_sum, total_xx = _pool(x, clients)
+    p = pooled or pool(x, clients)
     out = []
     for k in range(len(clients)) if which is None else which:
         idx = clients[k]
         if estimator == "extrapolated" and len(idx) >= 8:
-            out.append(_extrapolated(flat, idx, centre, total_sum, total_xx, len(every),
+            out.append(_extrapolated(p.flat, idx, p.centre, p.total_sum, p.total_xx, p.n_total,
                                      rng or np.random.default_rng(k)))
         else:
-            out.append(_client_distance(flat, idx, centre, total_sum, total_xx, len(every)))
+            out.append(_client_distance(p.flat, idx, p.centre, p.total_sum, p.total_xx, p.n_total))
     return out
 
 
@@ -145,34 +167,36 @@ def _extrapolated(flat, idx, centre, total_sum, total_xx, n_total, rng) -> float
     return max(float(intercept), 0.0)
 
 
-def gamma(x: np.ndarray, clients: list[np.ndarray], estimator: str = "plain") -> float:
+def gamma(x: np.ndarray, clients: list[np.ndarray], estimator: str = "plain", pooled: Pool | None = None) -> float:
     """Γ: mean over clients of FD(client's Gaussian, all other clients' pooled Gaussian).
 
     NaN for fewer than two clients: each client is compared with the others, so Γ is undefined.
     """
     if len(clients) < 2:
         return float("nan")
-    return float(np.mean(client_distances(x, clients, estimator=estimator)))
+    return float(np.mean(client_distances(x, clients, estimator=estimator, pooled=pooled)))
 
 
 def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clients: int = 100,
-              seed: int = 0, estimator: str = "plain") -> tuple[float, float]:
+              seed: int = 0, estimator: str = "plain", pooled: Pool | None = None) -> tuple[float, float]:
     """Γ of random partitions of the same pool into clients of the same sizes: (mean, sd over draws).
 
     Each draw scores at most ``max_clients`` randomly chosen clients (an unbiased
     estimate of the mean over all), so the reference costs ``draws × max_clients``
-    distances whatever the client count.
+    distances whatever the client count. Every draw re-deals the same samples, so all share one :func:`pool`
+    (``pooled``, or computed here once).
     """
     if len(clients) < 2 or draws < 1:
         return float("nan"), float("nan")
+    pooled = pooled or pool(x, clients)
     rng = np.random.default_rng([seed, 0x61D])
     sizes = np.array([len(c) for c in clients])
-    pool = np.concatenate(clients)
+    samples = np.concatenate(clients)
     values = []
     for _ in range(draws):
-        shuffled = np.split(rng.permutation(pool), np.cumsum(sizes)[:-1])
+        shuffled = np.split(rng.permutation(samples), np.cumsum(sizes)[:-1])
         which = sorted(rng.choice(len(clients), min(max_clients, len(clients)), replace=False).tolist())
-        values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng))))
+        values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng, pooled))))
     return float(np.mean(values)), float(np.std(values, ddof=1)) if draws > 1 else 0.0
 
 
@@ -280,9 +304,10 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
     emd = label_emd(counts)
     p, q = _distributions(counts)
     js = [js_divergence(row, q) for row in p]
-    ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator)
+    pooled = pool(x, clients) if len(clients) >= 2 else None
+    ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
     return Heterogeneity(
-        gamma=gamma(x, clients, estimator),
+        gamma=gamma(x, clients, estimator, pooled),
         label_emd=[float(v) for v in emd],
         label_emd_mean=float(emd.mean()),
         js_mean=float(np.mean(js)),

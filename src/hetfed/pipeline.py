@@ -7,17 +7,20 @@ from __future__ import annotations
 
 import json
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
+from typing import Any, TypeVar
 
 from rich.console import Console
 
 from hetfed.config import Config
 from hetfed.console import stage
-from hetfed.data import Embedded, embed, load_dataset
+from hetfed.data import Dataset, Embedded, embed, load_dataset
 from hetfed.heterogeneity import Heterogeneity, measure
 from hetfed.partition import Federation, federation_warnings, make_federation
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True, eq=False)
@@ -51,10 +54,7 @@ def build_federation(config: Config, *, progress: bool = True, status: Console |
 
     from hetfed.server_data import split_off
 
-    with stage(status, f"loading {config.dataset.name}"):
-        ds = load_dataset(config.dataset)
-    with stage(status if config.embed.kind != "identity" else None, f"embedding ({config.embed.kind})"):
-        data = embed(ds, config.embed, progress=progress)
+    ds, data = _once(_data_key(config), lambda: _load(config, progress, status))
     clients_data, server_x = split_off(data, config)  # the server's unlabeled share is cut before partitioning
     with stage(status, f"partitioning ({config.partition.kind})"):
         fed = make_federation(clients_data, config.partition, config.seed)
@@ -63,15 +63,24 @@ def build_federation(config: Config, *, progress: bool = True, status: Console |
     return Built(data, clients_data, fed, ds.sources)
 
 
+def _load(config: Config, progress: bool, status: Console | None) -> tuple[Dataset, Embedded]:
+    with stage(status, f"loading {config.dataset.name}"):
+        ds = load_dataset(config.dataset)
+    with stage(status if config.embed.kind != "identity" else None, f"embedding ({config.embed.kind})"):
+        return ds, embed(ds, config.embed, progress=progress)
+
+
 class _Shared:
-    """Preparations kept while a sweep runs (:func:`sharing`): one per distinct (data, embedding, server holdout,
-    partition, Γ settings, seed), computed once however many of the sweep's runs ask — runs that differ only in
-    methods, training or server settings share their clients and Γ. A run's thread waits for a preparation another
-    thread is computing (a stacked sweep's runs start together)."""
+    """What a sweep's runs share while it runs (:func:`sharing`), each computed once however many runs ask: the
+    loaded and embedded data, one per distinct (dataset, embedding) — every seed of a sweep reads the same data —,
+    and the preparations, one per distinct (data, embedding, server holdout, partition, Γ settings, seed) — runs
+    that differ only in methods, training or server settings share their clients and Γ. A run's thread waits for
+    what another thread is computing (a stacked sweep's runs start together). Shared arrays are shared as a
+    preparation's always were between the methods of a run: nothing in a run writes into its data."""
 
     def __init__(self) -> None:
         self.lock = threading.Lock()
-        self.entries: dict[str, tuple[threading.Event, list[Prepared]]] = {}
+        self.entries: dict[str, tuple[threading.Event, list[Any]]] = {}
 
 
 _SHARED: _Shared | None = None
@@ -109,10 +118,15 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
 
     ``status`` (a console, usually stderr) shows each step while it runs.
     """
+    return _once(preparation_key(config), lambda: _prepare(config, progress, status))
+
+
+def _once(key: str, make: Callable[[], T]) -> T:
+    """``make()`` — inside :func:`sharing`, computed once per ``key`` however many threads ask (the others wait for
+    the first; if it fails, each meets the error itself)."""
     shared = _SHARED
     if shared is None:
-        return _prepare(config, progress, status)
-    key = preparation_key(config)
+        return make()
     with shared.lock:
         entry = shared.entries.get(key)
         mine = entry is None
@@ -121,17 +135,21 @@ def prepare(config: Config, *, progress: bool = True, status: Console | None = N
     done, slot = entry  # type: ignore[misc]
     if not mine:
         done.wait()
-        if slot:
-            return slot[0]
-        return _prepare(config, progress, status)  # the first attempt failed: this run meets the error itself
+        return slot[0] if slot else make()
     try:
-        slot.append(_prepare(config, progress, status))
+        slot.append(make())
     finally:
         if not slot:
             with shared.lock:
                 shared.entries.pop(key, None)
         done.set()
     return slot[0]
+
+
+def _data_key(config: Config) -> str:
+    """What loading and embedding depend on: the dataset, its embedding and the plugins that may register either."""
+    c = config.model_dump(mode="json")
+    return json.dumps({"data": {k: c[k] for k in ("dataset", "embed", "plugins") if k in c}}, sort_keys=True)
 
 
 def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared:

@@ -46,24 +46,26 @@ def test_jobs_must_be_positive(capsys):
 
 @pytest.mark.parametrize("stack", [False, True])
 def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_path, monkeypatch, stack):
-    """#74 §2: a grid over a training setting computes each seed's data, partition and Γ once (2 here, not 4), and
-    the numbers are those of runs that prepared their own."""
+    """#74 §2: a grid over a training setting computes each seed's partition and Γ once (2 here, not 4) and loads
+    the data once for all its seeds (1, not 4), and the numbers are those of runs that prepared their own."""
     import csv
 
     from hetfed import pipeline
     from hetfed.runs import sweep
 
     calls: list[int] = []
-    original = pipeline._prepare
+    loads: list[int] = []
+    original, load = pipeline._prepare, pipeline.load_dataset
     monkeypatch.setattr(pipeline, "_prepare", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr(pipeline, "load_dataset", lambda *a: loads.append(1) or load(*a))
     args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=4", "--set",
             "train.local_steps=2", "--grid", "train.rounds=2,3", "--seeds", "2", "--quiet",
             *(["--stack"] if stack else [])]
     assert main([*args, "--out", str(tmp_path / "shared")]) == 0
-    assert len(calls) == 2
+    assert (len(calls), len(loads)) == (2, 1)
     monkeypatch.setattr(sweep, "sharing", contextlib.nullcontext)  # every run prepares its own
     assert main([*args, "--out", str(tmp_path / "own")]) == 0
-    assert len(calls) == 6
+    assert (len(calls), len(loads)) == (6, 5)
 
     def rows(name):
         with open(tmp_path / name / "runs.csv") as fh:
