@@ -101,6 +101,14 @@ def sharing() -> Iterator[_Shared]:
         _SHARED = None
 
 
+def share_in_this_process() -> None:
+    """From now on, :func:`prepare` in this process computes each distinct preparation once, as inside
+    :func:`sharing`: a sweep's worker process, whose runs share what they can as a one-process sweep's runs do.
+    They are kept until the process exits (a worker lives as long as its sweep)."""
+    global _SHARED
+    _SHARED = _SHARED or _Shared()
+
+
 def preparation_key(config: Config) -> str:
     """What a preparation depends on: the data, its embedding, the server's holdout (as resolved), the partition,
     how Γ is measured, the seed and the plugins that may register a dataset or partitioner."""

@@ -71,3 +71,27 @@ def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_p
         with open(tmp_path / name / "runs.csv") as fh:
             return [r for r in csv.DictReader(fh) if "seconds" not in r["metric"]]
     assert rows("shared") == rows("own")
+
+
+def test_a_sweeps_worker_shares_the_preparations_of_the_runs_it_is_given(tmp_path, monkeypatch):
+    """#74 §2 with ``--jobs``: a worker process prepares each seed once for all the runs it is given (it shares as a
+    one-process sweep does) — here two grid points of one seed, run one after the other as a worker runs them."""
+    from hetfed import pipeline
+    from hetfed.config import load_config
+    from hetfed.runs import sweep
+
+    monkeypatch.setattr(pipeline, "_SHARED", None)  # put back after the test: the process's sharing ends with it
+    calls: list[int] = []
+    original = pipeline._prepare
+    monkeypatch.setattr(pipeline, "_prepare", lambda *a: calls.append(1) or original(*a))
+    monkeypatch.setattr("torch.set_num_threads", lambda n: None)
+    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+        monkeypatch.delenv(var, raising=False)  # _init_worker sets them; monkeypatch puts back what was there
+        monkeypatch.setenv(var, "1")
+    sweep._init_worker(1)
+    for rounds in (1, 2):
+        cfg = load_config(REPO / "configs" / "default.yaml", ["partition.clients=4", "train.local_steps=2",
+                                                               f"train.rounds={rounds}"])
+        status, _ = sweep._run_one(cfg.model_dump(mode="json"), str(tmp_path / f"r{rounds}"))
+        assert status == "ok"
+    assert len(calls) == 1
