@@ -12,6 +12,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+import numpy as np
 from rich.console import Console
 
 from hetfed.config import Config
@@ -32,6 +33,16 @@ class Prepared:
     heterogeneity: Heterogeneity
     sources: tuple[dict, ...] = ()  # the data files read (path, bytes, sha256)
     warnings: list[str] = field(default_factory=list)  # what makes parts of the report meaningless
+    _views: dict[int, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    def view(self, seed: int) -> dict[str, np.ndarray]:
+        """The federation's picture a run keeps (:func:`hetfed.partition.partition_view`): made once for every run
+        that shares this preparation (a PCA of up to 5 000 samples: ~0.25 s on Fashion-MNIST)."""
+        if seed not in self._views:
+            from hetfed.partition import partition_view
+
+            self._views[seed] = partition_view(self.federation, seed)
+        return self._views[seed]
 
 
 @dataclass(frozen=True, eq=False)

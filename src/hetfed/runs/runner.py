@@ -206,11 +206,8 @@ def open_run_directory(config: Config, out: str | Path | None, ckpt: dict[str, A
 def _start_recording(config: Config, prep: Prepared, rec: Recording, resume: bool, warn: Console,
                      root: Path | None, tags: dict[str, str] | None) -> Trackers | None:
     """The federation's picture saved, the trackers opened and mirrored by the metrics writer."""
-    from hetfed.partition import partition_view
-
     # numpy's stub types **arrays as allow_pickle's bool; the keys are partition_view's array names
-    view = partition_view(prep.federation, config.seed)
-    np.savez_compressed(rec.run_dir / FEDERATION, **view)  # type: ignore[arg-type]
+    np.savez_compressed(rec.run_dir / FEDERATION, **prep.view(config.seed))  # type: ignore[arg-type]
     trackers = open_trackers(config, rec.run_dir, prep.heterogeneity.as_dict(), resumed=resume, root=root,
                              tags=tags, warn=lambda line: warn.print(line, style="yellow", soft_wrap=True))
     rec.writer.mirror = trackers
