@@ -84,10 +84,7 @@ def test_a_sweeps_worker_shares_the_preparations_of_the_runs_it_is_given(tmp_pat
     calls: list[int] = []
     original = pipeline._prepare
     monkeypatch.setattr(pipeline, "_prepare", lambda *a: calls.append(1) or original(*a))
-    monkeypatch.setattr("torch.set_num_threads", lambda n: None)
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        monkeypatch.delenv(var, raising=False)  # _init_worker sets them; monkeypatch puts back what was there
-        monkeypatch.setenv(var, "1")
+    monkeypatch.setattr("hetfed.engine.host_threads.limit_threads", lambda n: None)  # this process keeps its own
     sweep._init_worker(1)
     for rounds in (1, 2):
         cfg = load_config(REPO / "configs" / "default.yaml", ["partition.clients=4", "train.local_steps=2",
@@ -95,3 +92,25 @@ def test_a_sweeps_worker_shares_the_preparations_of_the_runs_it_is_given(tmp_pat
         status, _ = sweep._run_one(cfg.model_dump(mode="json"), str(tmp_path / f"r{rounds}"))
         assert status == "ok"
     assert len(calls) == 1
+
+
+def _pools() -> tuple[list[tuple[str, int]], int]:
+    import torch
+    from threadpoolctl import threadpool_info
+
+    return [(pool["internal_api"], pool["num_threads"]) for pool in threadpool_info()], torch.get_num_threads()
+
+
+def test_a_sweeps_worker_computes_with_its_share_of_the_cores_in_every_library():
+    """``--jobs``: a worker's share of the cores holds for numpy's and scipy's BLAS and OpenMP as for torch (numpy,
+    loaded before the worker's initialiser ran, kept one OpenBLAS thread per core: two workers thrashed)."""
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor
+
+    from hetfed.runs import sweep
+
+    with ProcessPoolExecutor(1, mp_context=multiprocessing.get_context("spawn"), initializer=sweep._init_worker,
+                             initargs=(1,)) as pool:
+        pools, torch_threads = pool.submit(_pools).result(timeout=120)
+    assert torch_threads == 1 and {"openblas", "openmp"} <= {api for api, _ in pools}
+    assert all(n == 1 for _, n in pools), pools

@@ -312,15 +312,13 @@ def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None) -> tuple[s
 
 
 def _init_worker(threads: int) -> None:
-    """Each worker gets its share of the cores, before torch makes its thread pool, and shares the data and
-    preparations of the runs it is given (each seed's partition and Γ once in a worker, not once a run)."""
-    for var in ("OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
-        os.environ[var] = str(threads)
-    import torch
-
+    """Each worker gets its share of the cores — torch's threads and numpy's and scipy's BLAS alike
+    (:func:`~hetfed.engine.host_threads.limit_threads`) —, and shares the data and preparations of the runs it is
+    given (each seed's partition and Γ once in a worker, not once a run)."""
+    from hetfed.engine.host_threads import limit_threads
     from hetfed.pipeline import share_in_this_process
 
-    torch.set_num_threads(threads)
+    limit_threads(threads)
     share_in_this_process()
 
 
