@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import contextlib
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -114,3 +115,39 @@ def test_a_sweeps_worker_computes_with_its_share_of_the_cores_in_every_library()
         pools, torch_threads = pool.submit(_pools).result(timeout=120)
     assert torch_threads == 1 and {"openblas", "openmp"} <= {api for api, _ in pools}
     assert all(n == 1 for _, n in pools), pools
+
+
+def test_runs_never_write_into_the_data_a_sweep_shares(tmp_path, monkeypatch):
+    """A sweep's runs share their loaded data and preparations (threads of a stacked sweep included), so no run may
+    write into them: here every array of a preparation is read-only — the data as loaded and the federation's,
+    a server holdout's copy included — and methods of every kind train on it (numpy refuses a write into a
+    read-only array, and the run fails)."""
+    import dataclasses
+
+    import numpy as np
+
+    from hetfed import pipeline
+
+    prepare = pipeline._prepare
+
+    def read_only(*a):
+        prepared = prepare(*a)
+        for part in (prepared.data, prepared.federation):  # the data as loaded, the clients' (with a server holdout)
+            for f in dataclasses.fields(part):
+                value = getattr(part, f.name)
+                for array in value if isinstance(value, tuple) else (value,):
+                    if isinstance(array, np.ndarray):
+                        array.flags.writeable = False
+        assert not prepared.federation.x.flags.writeable
+        return prepared
+
+    monkeypatch.setattr(pipeline, "_prepare", read_only)
+    methods = ("[{name: avg, algorithm: fedavg}, {name: ditto, algorithm: ditto}, {name: fsnet, algorithm: fsnet}, "
+               "{name: feddf, algorithm: feddf}, {name: scaffold, algorithm: scaffold}, {name: moe, algorithm: fedmoe},"
+               " {name: cgau, algorithm: fedavg, model: {kind: cgau}}]")
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=4", "--set",
+            "train.local_steps=2", "--set", "train.rounds=1", "--set", f"methods={methods}", "--seeds", "2", "--quiet",
+            "--stack", "--out", str(tmp_path / "s")]
+    assert main(args) == 0
+    with open(tmp_path / "s" / "sweep.json") as fh:
+        assert json.load(fh)["failed"] == []
