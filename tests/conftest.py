@@ -8,10 +8,9 @@ import numpy as np
 import pytest
 
 if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each (and in their subprocesses),
-    os.environ["OMP_NUM_THREADS"] = "1"  # or both slow down ~10×
-    import torch
+    from hetfed.engine.host_threads import limit_threads  # or both slow down ~10× — numpy's and scipy's BLAS
 
-    torch.set_num_threads(1)
+    limit_threads(1)  # included: numpy, imported above, had one OpenBLAS thread per core whatever the variables said
 
 
 @pytest.fixture(autouse=True)
