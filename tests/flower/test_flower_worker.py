@@ -187,3 +187,24 @@ def test_the_deployments_clientapp_process_imports_no_torch():
               "if m in sys.modules))\n")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]", out.stdout + out.stderr
+
+
+def test_a_nodes_process_computes_with_its_client_threads_in_every_library(tmp_path):
+    """A node's process (a simulation runs one per worker on the machine's cores) computes with
+    ``HETFED_CLIENT_THREADS`` threads in torch and in numpy's and scipy's BLAS and OpenMP alike — numpy's OpenBLAS
+    used to keep one thread per core."""
+    code = (
+        "from flwr.app import ConfigRecord\n"
+        "from threadpoolctl import threadpool_info\n"
+        "import torch\n"
+        "from hetfed.config import build_config, dump_config\n"
+        "from hetfed.flower.node import node_side\n"
+        "cfg = build_config({'partition': {'clients': 4}, 'methods': [{'algorithm': 'fedavg'}]})\n"
+        "node_side(ConfigRecord({'config': dump_config(cfg), 'method': 0}))\n"
+        "print(sorted({p['num_threads'] for p in threadpool_info()}), torch.get_num_threads())\n"
+    )
+    env = {k: v for k, v in os.environ.items() if not k.endswith("_NUM_THREADS")}
+    done = subprocess.run([sys.executable, "-c", code], env={**env, "HETFED_CLIENT_THREADS": "1"},
+                          capture_output=True, text=True, timeout=300, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.split("\n")[-2] == "[1] 1"

@@ -22,12 +22,12 @@ import os
 from dataclasses import dataclass
 
 import numpy as np
-import torch
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from hetfed.config import Config, build_config
 from hetfed.config_io import parse_yaml_text
 from hetfed.engine.host_memory import keep_freed_memory
+from hetfed.engine.host_threads import limit_threads
 from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
@@ -69,7 +69,9 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
         from hetfed.algorithms import run_for
         from hetfed.executors.simulate import resolve_device
 
-        torch.set_num_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
+        # a node's process computes with HETFED_CLIENT_THREADS threads (1): torch's, and numpy's, scipy's and
+        # scikit-learn's pools alike (a simulation runs a process per worker on the machine's cores)
+        limit_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
         keep_freed_memory()  # as a simulation's process (HETFED_MALLOC of the node's environment)
         config = build_config(parse_yaml_text(text, "the run's config"))
         if mine:
