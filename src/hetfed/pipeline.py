@@ -65,7 +65,7 @@ def build_federation(config: Config, *, progress: bool = True, status: Console |
 
     from hetfed.server_data import split_off
 
-    ds, data = _once(_data_key(config), lambda: _load(config, progress, status))
+    ds, data = _once(_key(config, "data", DATA_SECTIONS), lambda: _load(config, progress, status))
     clients_data, server_x = split_off(data, config)  # the server's unlabeled share is cut before partitioning
     with stage(status, f"partitioning ({config.partition.kind})"):
         fed = make_federation(clients_data, config.partition, config.seed)
@@ -120,15 +120,25 @@ def share_in_this_process() -> None:
     _SHARED = _SHARED or _Shared()
 
 
+#: the config's sections loading and embedding depend on (the plugins may register a dataset or an embedding)
+DATA_SECTIONS = ("dataset", "embed", "plugins")
+#: and those a preparation depends on besides: the server's holdout, the partition, how Γ is measured, the seed
+PREPARATION_SECTIONS = (*DATA_SECTIONS, "server_data", "partition", "heterogeneity", "seed")
+
+
+def _key(config: Config, what: str, sections: tuple[str, ...], **resolved: Any) -> str:
+    """What ``what`` (data, preparation) depends on, as one string: the config's ``sections`` and values resolved
+    from it."""
+    c = config.model_dump(mode="json")
+    return json.dumps({"what": what, **{k: c[k] for k in sections if k in c}, **resolved}, sort_keys=True)
+
+
 def preparation_key(config: Config) -> str:
-    """What a preparation depends on: the data, its embedding, the server's holdout (as resolved), the partition,
-    how Γ is measured, the seed and the plugins that may register a dataset or partitioner."""
+    """What a preparation depends on: :data:`PREPARATION_SECTIONS` and whether the server holds data (as
+    resolved)."""
     from hetfed.server_data import wanted
 
-    c = config.model_dump(mode="json")
-    parts = {k: c[k] for k in ("dataset", "embed", "server_data", "partition", "heterogeneity", "seed", "plugins")
-             if k in c}
-    return json.dumps({**parts, "server_holds": wanted(config)}, sort_keys=True)
+    return _key(config, "preparation", PREPARATION_SECTIONS, server_holds=wanted(config))
 
 
 def prepare(config: Config, *, progress: bool = True, status: Console | None = None) -> Prepared:
@@ -163,12 +173,6 @@ def _once(key: str, make: Callable[[], T]) -> T:
                 shared.entries.pop(key, None)
         done.set()
     return slot[0]
-
-
-def _data_key(config: Config) -> str:
-    """What loading and embedding depend on: the dataset, its embedding and the plugins that may register either."""
-    c = config.model_dump(mode="json")
-    return json.dumps({"data": {k: c[k] for k in ("dataset", "embed", "plugins") if k in c}}, sort_keys=True)
 
 
 def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared:
