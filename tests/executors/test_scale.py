@@ -161,14 +161,17 @@ def test_personal_models_score_the_global_test_set_on_a_capped_fixed_subset():
     assert np.array_equal(np.isfinite(a), np.isfinite(b))  # the same clients however they are chunked
 
 
-def test_the_global_test_subset_is_class_balanced_and_scored_by_the_server():
+def test_the_global_test_subset_is_class_balanced_made_once_and_scored_by_the_server():
     from hetfed.engine.evaluate import global_test
 
     fed = _fed()
     train = TrainConfig(rounds=1, global_test_size=40)
-    x, y = global_test(fed, train, 0)
+    x, y = global_test(fed, train, 1)  # the run's seed (``_run``'s)
     assert len(y) == 40 and np.bincount(y.numpy()).tolist() == [10, 10, 10, 10]
-    result = _run(fed, train, VectorisedExecutor())
+    assert not torch.equal(global_test(fed, train, 2)[0], x)  # another seed's subset
+    executor = VectorisedExecutor()
+    result = _run(fed, train, executor)
+    assert executor.x_global is x and executor.y_global is y  # made once: the loop's, the executor's, other runs'
     model = build_model(ModelConfig(hidden=[16, 16]), fed.input_shape, fed.n_classes)
     params = {k: v.unsqueeze(0) for k, v in result.server.params.items()}
     reference = (model.forward(params, x.unsqueeze(0), None)[0].argmax(-1) == y).float().mean().item()

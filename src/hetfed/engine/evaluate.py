@@ -7,6 +7,7 @@ turns them into the run's metrics: :mod:`hetfed.engine.summary`.
 from __future__ import annotations
 
 import threading
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar, cast
@@ -29,12 +30,30 @@ class Evaluation:
     per_client: dict[str, list[float]]  # metric → value per client (in the order of the evaluated ids)
 
 
+#: each federation's global test sets as made (:func:`global_test`), by (size, seed, device); a federation's
+#: go with it
+_GLOBAL_TESTS: weakref.WeakKeyDictionary[Federation, dict[tuple[Any, ...], tuple[torch.Tensor, torch.Tensor]]] = \
+    weakref.WeakKeyDictionary()
+
+
 def global_test(fed: Federation, train: TrainConfig, seed: int,
                 device: torch.device | str = "cpu") -> tuple[torch.Tensor, torch.Tensor]:
     """The global test set an evaluation scores, on ``device``: all of it, or a fixed class-balanced
-    subset of ``train.global_test_size`` samples (the same at every evaluation)."""
+    subset of ``train.global_test_size`` samples (the same at every evaluation).
+
+    Made once per federation, size, seed and device and then shared, read-only: by the loop (the server's
+    scores), the executor (the clients') and the personalised views, and by every run of a sweep on the same
+    federation (on a GPU, one copy instead of three per run)."""
+    key = (train.global_test_size, seed, str(torch.device(device)))
+    made = _GLOBAL_TESTS.setdefault(fed, {})
+    if key not in made:
+        made[key] = _global_test(fed, train.global_test_size, seed, device)
+    return made[key]
+
+
+def _global_test(fed: Federation, n: int | None, seed: int,
+                 device: torch.device | str) -> tuple[torch.Tensor, torch.Tensor]:
     x, y = np.asarray(fed.x_global_test, dtype=np.float32), np.asarray(fed.y_global_test, dtype=np.int64)
-    n = train.global_test_size
     if n is not None and n < len(y):
         classes = np.unique(y)
         per = max(1, n // len(classes))

@@ -23,7 +23,7 @@ import ctypes.util
 import os
 import platform
 
-from hetfed.errors import ConfigError
+from hetfed.environment import switch
 
 #: the environment variable that turns it off
 ENV = "HETFED_MALLOC"
@@ -34,7 +34,6 @@ MMAP_THRESHOLD = 32 << 20
 TRIM_THRESHOLD = 1 << 30
 #: glibc's ``mallopt`` parameters (malloc.h)
 _M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
-_ON, _OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 #: glibc's malloc settings read from the environment at start-up (any of them set: the user's, kept)
 GLIBC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "MALLOC_TOP_PAD_", "MALLOC_MMAP_MAX_",
                   "MALLOC_ARENA_MAX", "MALLOC_ARENA_TEST")
@@ -43,11 +42,7 @@ _applied: bool | None = None
 
 def wanted() -> bool:
     """Whether ``HETFED_MALLOC`` asks for the settings (unset: yes); any other value is refused."""
-    value = os.environ.get(ENV, "on").strip().lower()
-    if value not in _ON + _OFF:
-        raise ConfigError(f"{ENV} = {os.environ[ENV]!r} is not allowed: expected one of "
-                          f"{', '.join(_ON + _OFF)} (off keeps the C library's own allocator settings)")
-    return value in _ON
+    return switch(ENV, True, "off keeps the C library's own allocator settings")
 
 
 def keep_freed_memory() -> bool:

@@ -46,10 +46,7 @@ from typing import Any, TypeVar, cast
 import torch
 
 from hetfed.engine.summary import summaries
-from hetfed.engine.types import (
-    Broadcast,
-    Upload,
-)
+from hetfed.engine.types import Broadcast
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor
 from hetfed.executors.stacked_work import (
@@ -393,11 +390,6 @@ class StackedRunExecutor(InProcessExecutor):
     def drive_rounds(self, steps: Callable[[int], Steps[bool]], rounds: range) -> None:
         """The run's rounds, in lockstep with the other runs' on the sweep's thread (:meth:`Rendezvous.lockstep`)."""
         self.rendezvous.hand_over(_Rounds(self, steps, iter(rounds)))
-
-    def train(self, bc: Broadcast, clients: list[int], reduce: bool = False) -> Upload:
-        """Client steps asked outside the lockstep (a sweep's loop asks none: it hands its rounds over): this run's
-        own, computed by the sweep's thread — the numbers of the run alone."""
-        return self.rendezvous.call(lambda: super(StackedRunExecutor, self).train(bc, clients, reduce))
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
                  among: list[int] | None = None) -> dict[str, list[Any]]:

@@ -18,7 +18,6 @@ after it: it never appears in a reply.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 
 import numpy as np
@@ -29,6 +28,7 @@ from hetfed.config_io import parse_yaml_text
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.engine.host_threads import limit_threads
 from hetfed.engine.types import stack_states
+from hetfed.environment import count
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
 from hetfed.partition import Federation
@@ -71,7 +71,7 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
 
         # a node's process computes with HETFED_CLIENT_THREADS threads (1): torch's, and numpy's, scipy's and
         # scikit-learn's pools alike (a simulation runs a process per worker on the machine's cores)
-        limit_threads(max(1, int(os.environ.get("HETFED_CLIENT_THREADS", "1"))))
+        limit_threads(count("HETFED_CLIENT_THREADS", 1))
         keep_freed_memory()  # as a simulation's process (HETFED_MALLOC of the node's environment)
         config = build_config(parse_yaml_text(text, "the run's config"))
         if mine:

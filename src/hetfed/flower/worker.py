@@ -39,12 +39,15 @@ import tempfile
 import time
 from pathlib import Path
 
+from hetfed.environment import positive, switch
 from hetfed.processes import process_alive
 
 #: the handlers of :mod:`hetfed.flower.client_app` a message may be forwarded to
 HANDLERS = ("query", "train", "personalise", "evaluate")
 #: how long a ClientApp waits for a worker it started to listen (its imports: torch, hetfed's registries)
 START_TIMEOUT = 300.0
+#: seconds a worker waits for a message before it exits
+IDLE = "HETFED_WORKER_IDLE"
 _HEADER = struct.Struct("!Q")
 
 
@@ -54,7 +57,7 @@ class WorkerError(RuntimeError):
 
 def enabled() -> bool:
     """Whether messages go to the node's worker (``HETFED_FLOWER_WORKER``, default on)."""
-    return os.environ.get("HETFED_FLOWER_WORKER", "1").strip().lower() not in ("0", "false", "no", "off")
+    return switch("HETFED_FLOWER_WORKER", True, "off: every step in the ClientApp's own process")
 
 
 def worker_dir() -> Path:
@@ -172,6 +175,7 @@ def _try(path: Path) -> socket.socket | None:
 
 
 def _start(path: Path, files: Path) -> None:
+    positive(IDLE, 600.0)  # refused here, in the ClientApp's process, rather than in the worker's log
     log = open(files.with_suffix(".log"), "ab")  # noqa: SIM115 (the worker's, kept open by it)
     proc = subprocess.Popen([sys.executable, "-m", "hetfed.flower.worker", str(path), str(os.getppid())],
                             stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
@@ -205,7 +209,7 @@ def serve(path: Path, parent: int) -> None:
     from hetfed.flower import client_app
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(0))  # stopped: leave through the clean-up below
-    idle = float(os.environ.get("HETFED_WORKER_IDLE", "600"))
+    idle = positive(IDLE, 600.0)
     listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     with contextlib.suppress(FileNotFoundError):
         path.unlink()  # a dead worker's socket (the starter holds the lock: no live worker is there)
