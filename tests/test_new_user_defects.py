@@ -355,7 +355,7 @@ def test_the_simulation_engine_is_started_again_only_when_it_failed_before_the_s
 def test_replies_are_collected_as_soon_as_they_come_and_the_timeout_is_kept():
     from types import SimpleNamespace
 
-    from hetfed.flower.executor import send_and_receive
+    from hetfed.flower.exchange import send_and_receive
 
     class Grid:  # replies become available 0.05 s and 0.1 s after the push
         def __init__(self):

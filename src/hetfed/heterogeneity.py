@@ -66,8 +66,12 @@ def frechet_from_factor(mu1: np.ndarray, u1: np.ndarray, mu2: np.ndarray, s2: np
     """Fréchet distance when ``Σ1 = U1 U1ᵀ`` is given by a thin factor ``U1`` (d × r).
 
     The non-zero eigenvalues of ``Σ1Σ2`` are those of ``U1ᵀ Σ2 U1`` (r × r), so a
-    client with r < d samples costs an r × r eigenproblem instead of d × d.
+    client with r < d samples costs an r × r eigenproblem instead of d × d. With more columns than dimensions
+    (r > d: the extrapolated estimator's subsamples) the d × d form is used: it is smaller, and the r × r one has
+    r − d zero eigenvalues, computed as ±1e-15, whose square roots added ~1e-7 each.
     """
+    if u1.shape[1] > u1.shape[0]:
+        return frechet_distance(mu1, u1 @ u1.T, mu2, s2)
     inner = u1.T @ s2 @ u1
     cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
     diff = np.asarray(mu1, np.float64) - np.asarray(mu2, np.float64)

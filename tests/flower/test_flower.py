@@ -139,10 +139,23 @@ def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(t
     personalised = {k for e in entries if e["type"] == "train.personalise" for k in e["clients"]}
     assert not trained & opted_out
     assert personalised == set(range(fed.n_clients))  # opted-out clients still get their own models
+    # the views' evaluations ride on the personalisation: one exchange per node, no evaluation message after it
+    last = max(i for i, e in enumerate(entries) if e["type"] == "train.personalise")
+    assert [e["type"] for e in entries[last + 1:]] == []
+    from hetfed.flower.names import VIEW_RECORDS
+
+    names = ("local", "fedavg", "finetuned", "mixture")
+    views = {VIEW_RECORDS.format(view=v, name=n) for v in names for n in ("metrics", "arrays", "missing")}
     for e in entries:
-        if e["type"] == "train.personalise":  # only the epochs and seconds leave: no specialist, no gate
-            assert set(e["records"]) == {"info"}
+        if e["type"] == "train.personalise":  # only the epochs and seconds leave, and the views' scores: no
+            # specialist, no gate
+            assert set(e["records"]) == {"info"} | views
             assert all(k.split(".")[0] in ("epochs", "seconds") for k in e["records"]["info"])
+            for v in names:  # a view's scores: each client's numbers, no tensor (no model, no prediction)
+                scores = e["records"][VIEW_RECORDS.format(view=v, name="metrics")]
+                assert scores and all(k.split("_")[0] in ("global", "local", "val") or k.startswith("mean.gate")
+                                      for k in scores), scores
+                assert e["records"][VIEW_RECORDS.format(view=v, name="arrays")] == []
 
 
 COHORT_METHODS = {

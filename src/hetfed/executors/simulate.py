@@ -240,11 +240,14 @@ def personalise(run: RunSpec, fed: Federation, result: SimulationResult, device:
     chosen = result.best_server or result.server
     t0 = time.perf_counter()
     plan = algo.personal_plan(fed, seed)
+    ids = plan.scored
+    ride = getattr(executor, "ride_views", None)  # Flower's: the views scored in the personalisation's exchange
+    if ride is not None and algo.capabilities.views:
+        ride(list(algo.capabilities.views), list(range(fed.n_clients)) if ids is None else ids)
     result.personal_info = executor.personalise(algo.broadcast(chosen, chosen.round), plan.clients,
                                                 on_chunk)
     result.personal_seconds = time.perf_counter() - t0
     xg, yg = global_test(fed, run.train, seed, device)
-    ids = plan.scored
     for view in algo.capabilities.views:
         result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
     return result

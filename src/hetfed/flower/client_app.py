@@ -58,6 +58,8 @@ from hetfed.flower.records import (
     GAMMA,
     RUN,
     SETUP,
+    VIEW_RECORDS,
+    VIEWS_AFTER,
     listed,
     number,
     records_to_broadcast,
@@ -119,9 +121,19 @@ def train_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
 
 
 def personalise_step(side: NodeSide, clients: list[int], content: RecordDict) -> dict:
+    """The clients' personalisation; then, when the message asks (``VIEWS_AFTER``), each view scored by the
+    clients it names, from the same model — the views' evaluations in the same exchange (each view's records
+    named ``VIEW_RECORDS``)."""
     bc = records_to_broadcast(content, side.executor.device, clients)
     info = side.executor.personalise(bc, clients)
-    return {"info": MetricRecord({key: [float(v) for v in values] for key, values in info.items()})}
+    records = {"info": MetricRecord({key: [float(v) for v in values] for key, values in info.items()})}
+    if VIEWS_AFTER in content.config_records:
+        asked = content.config_records[VIEWS_AFTER]
+        scored = [clients[int(j)] for j in listed(asked["at"])]
+        for view in listed(asked["views"]):
+            reports = reports_to_records(side.executor.evaluate(bc, scored, str(view)))
+            records.update({VIEW_RECORDS.format(view=view, name=name): r for name, r in reports.items()})
+    return records
 
 
 def evaluate_step(side: NodeSide, clients: list[int], among: list[int] | None, content: RecordDict) -> dict:

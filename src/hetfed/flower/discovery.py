@@ -19,7 +19,8 @@ from flwr.app import Message
 
 from hetfed.config import Config, dump_config
 from hetfed.errors import RunError
-from hetfed.flower.executor import query_content, send_and_receive
+from hetfed.flower.exchange import send_and_receive
+from hetfed.flower.executor import query_content
 from hetfed.flower.packing import pack, unpack_replies
 from hetfed.flower.records import listed, records_to_summaries
 from hetfed.heterogeneity import Heterogeneity

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -27,7 +27,7 @@ from hetfed.config import FlowerConfig, dump_config
 from hetfed.engine.types import Broadcast, Seen, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import RoundSkipped
-from hetfed.flower.audit import append
+from hetfed.flower.exchange import Pushed, poll, push, receive, send_and_receive
 from hetfed.flower.packing import pack, unpack_replies
 from hetfed.flower.records import (
     CLIENTS,
@@ -35,6 +35,8 @@ from hetfed.flower.records import (
     GAMMA,
     RUN,
     SETUP,
+    VIEW_RECORDS,
+    VIEWS_AFTER,
     broadcast_to_records,
     listed,
     records_to_reports,
@@ -71,6 +73,9 @@ class FlowerExecutor:
         self._own_offsets: dict[int, int] = {}
         self._riding: tuple[Broadcast, list[int]] | None = None  # the next round's training, to send with an evaluation
         self._ridden: _Ridden | None = None  # its replies, for the driver's train() call
+        self._views: tuple[list[str], list[int]] | None = None  # views to score with the personalisation, by whom
+        #: view → (its clients, node → (its clients, the view's records)): replies for the driver's evaluate()
+        self._viewed: dict[str, tuple[list[int], dict[int, tuple[list[int], RecordDict]]]] = {}
         #: seconds of the last evaluation exchange that carried the next round's training (the driver counts them
         #: as training: :func:`hetfed.executors.updates.ride_next_round`)
         self.ride_seconds = 0.0
@@ -213,8 +218,10 @@ class FlowerExecutor:
                 for node, r in ((node, replies.get(node)) for node in nodes)}
 
     def _contents(self, bc: Broadcast, clients: list[int], among: list[int] | None = None,
+                  decorate: Callable[[list[int], RecordDict], None] | None = None,
                   **extra) -> tuple[dict[int, list[int]], dict[int, RecordDict]]:
-        """Which of ``clients`` each node holds, and the node's message content naming them."""
+        """Which of ``clients`` each node holds, and the node's message content naming them (``decorate``: adds
+        what a node's message carries besides, given its clients)."""
         content = self._content(bc, **extra)
         by_node = self._by_node(clients)
         contents = {}
@@ -223,10 +230,13 @@ class FlowerExecutor:
             message = RecordDict(dict(self._content(bc.for_clients(held), **extra) if bc.personal else content))
             message[CLIENTS] = ConfigRecord({"ids": held, "offset": self.offsets.get(node, 0),
                                              **({"among": among} if among is not None and not self.own else {})})
+            if decorate is not None:
+                decorate(held, message)
             contents[node] = message
         return by_node, contents
 
     def _ask(self, step: str, bc: Broadcast, clients: list[int], kind: str, among: list[int] | None = None,
+             decorate: Callable[[list[int], RecordDict], None] | None = None,
              **extra) -> dict[int, tuple[list[int], RecordDict]]:
         """One message per node holding some of ``clients``, naming them → node → (its clients, its reply);
         a node that fails fails all its clients of the step."""
@@ -240,7 +250,7 @@ class FlowerExecutor:
             answered, self.errors = self._set_up((kind, content, list(clients), str(bc.round)))
             self._failed(step, bc.round, self._by_node(clients), set(answered))
             return answered
-        by_node, contents = self._contents(bc, clients, among, **extra)
+        by_node, contents = self._contents(bc, clients, among, decorate, **extra)
         replies = self._send([(node, c, kind) for node, c in contents.items()], self.flower.round_timeout,
                              str(bc.round))
         answered = {node: (by_node[node], r.content) for node, r in replies.items() if r is not None}
@@ -391,8 +401,28 @@ class FlowerExecutor:
         uploads.add(upload)
         return uploads.result()
 
+    def ride_views(self, views: list[str], clients: list[int]) -> None:
+        """The views the driver scores next, by ``clients``, from the model it personalises: asked in the
+        personalisation's exchange (one exchange per node instead of one per view, :meth:`personalise`); their
+        replies are kept for :meth:`evaluate`."""
+        self._views = (list(views), list(clients))
+
     def personalise(self, bc: Broadcast, clients: list[int], on_chunk=None) -> dict[str, list[float]]:
-        answered = self._ask("personalise", bc, clients, "train.personalise")
+        views, self._views = self._views, None
+        if views is None or self._pending or bc.personal or not set(views[1]) <= set(clients):
+            views = None  # asked on their own (:meth:`evaluate`)
+        names, scoring = (views[0], set(views[1])) if views is not None else ([], set())
+
+        def decorate(held: list[int], message: RecordDict) -> None:
+            at = [j for j, k in enumerate(held) if k in scoring]
+            if at:
+                message[VIEWS_AFTER] = ConfigRecord({"views": names, "at": at})
+
+        answered = self._ask("personalise", bc, clients, "train.personalise", decorate=decorate if views else None)
+        if views is not None:
+            scored = {node: ([k for k in held if k in scoring], content) for node, (held, content) in answered.items()}
+            self._viewed = {view: (views[1], {node: (ks, view_records(content, view))
+                                              for node, (ks, content) in scored.items() if ks}) for view in names}
         per_client: dict[int, dict[str, float]] = {}
         for held, content in answered.values():
             for key, values in content.metric_records["info"].items():
@@ -407,6 +437,9 @@ class FlowerExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None) -> dict[str, list]:
+        viewed = self._viewed.pop(view, None) if view is not None else None
+        if viewed is not None and viewed[0] == list(clients):  # scored in the personalisation's exchange
+            return self._reports(clients, viewed[1])
         riding, self._riding = self._riding, None
         if riding is not None and view is None:
             return self._evaluate_and_train(bc, clients, *riding)
@@ -487,6 +520,13 @@ class _Ridden:
     errors: dict[int, str]
 
 
+def view_records(content: RecordDict, view: str) -> RecordDict:
+    """A view's evaluation records in a personalisation reply (:data:`VIEW_RECORDS`), under the names an
+    evaluation reply gives them."""
+    return RecordDict({name: content[VIEW_RECORDS.format(view=view, name=name)]
+                       for name in ("metrics", "arrays", "missing")})
+
+
 def query_content(config, config_text: str, method: int, summaries: bool) -> RecordDict:
     """A ``query`` message's content: the run (its config and method) and, when asked, the request for each
     client's Γ summary. The server's set-up (:meth:`FlowerExecutor.start`) and own-data discovery
@@ -505,70 +545,6 @@ def summary_request(config) -> ConfigRecord:
     if f.summary_noise is not None:
         request["noise"] = float(f.summary_noise)
     return ConfigRecord(request)
-
-
-#: first and longest wait between two polls for replies (seconds); the wait doubles while nothing comes
-POLL_FIRST, POLL_LONGEST = 0.01, 0.5
-
-
-def send_and_receive(grid, messages: list[Message], timeout: float | None) -> list[Message]:
-    """Push ``messages`` and pull their replies until all came or ``timeout`` passed — Flower's own
-    ``Grid.send_and_receive``, but polling from 10 ms and backing off to 0.5 s: a deployment's grid
-    (``GrpcGrid``) sleeps 3 s between polls, which made every round of a loopback deployment cost
-    several seconds of waiting however fast the clients answered. Only Flower's public
-    ``push_messages`` / ``pull_messages`` are used. With ``HETFED_FLOWER_TIMING`` set, the exchange's push and
-    last reply are logged there (``benchmarks/engines.py``: the server's time between exchanges)."""
-    return receive(grid, push(grid, messages, timeout))
-
-
-@dataclass
-class Pushed:
-    """Messages pushed to the grid and their replies pulled so far (:func:`receive`)."""
-
-    pending: set[str]  # the ids of the messages whose replies are still to be pulled
-    pushed: float  # time.time() of the push
-    end: float | None  # time.monotonic() after which their replies are no longer awaited
-    kinds: list[str]
-    got: list[Message] = field(default_factory=list)  # replies already pulled
-
-    def done(self) -> bool:
-        """Every reply came, or their time passed."""
-        return not self.pending or (self.end is not None and time.monotonic() >= self.end)
-
-
-def push(grid, messages: list[Message], timeout: float | None) -> Pushed:
-    """Push ``messages`` now; their replies are awaited until ``timeout`` seconds from now."""
-    return Pushed(set(grid.push_messages(messages)), time.time(),
-                  None if timeout is None else time.monotonic() + timeout,
-                  sorted({m.metadata.message_type for m in messages}))
-
-
-def receive(grid, pushed: Pushed) -> list[Message]:
-    """Pull the replies to ``pushed`` until all came or its time passed (:func:`send_and_receive`'s polling),
-    those pulled before included."""
-    poll(grid, [pushed], pushed.done)
-    append("HETFED_FLOWER_TIMING", {"type": "server", "pushed": pushed.pushed, "replied": time.time(),
-                                    "kinds": pushed.kinds})
-    return list(pushed.got)
-
-
-def poll(grid, pushes: list[Pushed], done: Callable[[], bool]) -> None:
-    """Pull the replies to ``pushes`` (each into its own ``got``) until ``done()`` after a pull: polling from
-    :data:`POLL_FIRST`, the wait doubling to :data:`POLL_LONGEST` while nothing comes, never past a push's end."""
-    wait = POLL_FIRST
-    while True:  # pulled at least once: a push whose time passed still gets what already came
-        waiting = set().union(*(p.pending for p in pushes))
-        got = list(grid.pull_messages(waiting)) if waiting else []
-        for m in got:
-            for p in pushes:
-                if m.metadata.reply_to_message_id in p.pending:
-                    p.pending.discard(m.metadata.reply_to_message_id)
-                    p.got.append(m)
-        if done():
-            return
-        ends = [p.end for p in pushes if p.end is not None]
-        time.sleep(wait if not ends else max(0.0, min(wait, min(ends) - time.monotonic())))
-        wait = POLL_FIRST if got else min(2 * wait, POLL_LONGEST)
 
 
 def missing_nodes_message(missing: list[int], asked: int, n_clients: int, timeout: float, waited: float,

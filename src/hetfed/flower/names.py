@@ -13,6 +13,11 @@ CLIENTS = "hetfed.clients"
 #: in a training message, the node's clients to score the received model first, before training on it (``ids``; and
 #: ``among``: every client the evaluation scores) — round r's evaluation riding on round r + 1's training
 EVALUATE_FIRST = "hetfed.evaluate_first"
+#: in a personalisation message, the views to score after personalising (``views``) and which of the node's clients
+#: score them (``at``: their places in the message's ``ids``) — the views' evaluations riding on personalisation
+VIEWS_AFTER = "hetfed.views_after"
+#: the records of a view's evaluation in a personalisation reply are named ``VIEW_RECORDS.format(view=…, name=…)``
+VIEW_RECORDS = "hetfed.view.{view}.{name}"
 #: the set-up query's request for the client's Γ summary (and the reply's record is "summary")
 GAMMA = "hetfed.gamma"
 #: in the run's first step message: the set-up query rides on it (the node says which clients it holds, then runs

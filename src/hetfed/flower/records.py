@@ -21,7 +21,16 @@ import torch
 from flwr.app import ArrayRecord, ConfigRecord, MetricRecord, RecordDict
 
 from hetfed.engine.types import Broadcast, StreamedUpload, Upload
-from hetfed.flower.names import CLIENTS, EVALUATE_FIRST, GAMMA, RUN, SETUP, listed  # noqa: F401 (re-exported)
+from hetfed.flower.names import (  # noqa: F401 (re-exported)
+    CLIENTS,
+    EVALUATE_FIRST,
+    GAMMA,
+    RUN,
+    SETUP,
+    VIEW_RECORDS,
+    VIEWS_AFTER,
+    listed,
+)
 
 
 def tensors_to_record(tensors: dict[str, torch.Tensor]) -> ArrayRecord:
