@@ -18,6 +18,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 from flwr.app import ConfigRecord, Message, RecordDict
@@ -443,8 +444,8 @@ class FlowerExecutor:
         riding, self._riding = self._riding, None
         if riding is not None and view is None:
             return self._evaluate_and_train(bc, clients, *riding)
-        answered = self._ask("evaluate", bc, clients, "evaluate", among=None if view else list(clients),
-                             **({"view": view} if view else {}))
+        extra: dict[str, Any] = {"view": view} if view else {}
+        answered = self._ask("evaluate", bc, clients, "evaluate", among=None if view else list(clients), **extra)
         return self._reports(clients, answered)
 
     def _evaluate_and_train(self, bc: Broadcast, clients: list[int], next_bc: Broadcast,
