@@ -124,7 +124,8 @@ def test_fedmoe_on_flower_matches_and_opted_out_clients_send_no_training_reply(t
     moe = {
         "partition": {"kind": "majority", "clients": 6, "p": 0.8, "samples_per_client": 60, "opt_out": 0.34},
         "train": {"rounds": 3, "clients_per_round": 2, "local_epochs": 1, "batch_size": 16, "eval_every": 1},
-        "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2}}],
+        # the views scored by 4 of the 6 clients (all personalised): each node names which of its clients score
+        "methods": [{"algorithm": "fedmoe", "params": {"max_epochs": 3, "patience": 2, "eval_clients": 4}}],
     }
     flower = _run(_config({**moe, "flower": {"clients_per_node": 3}}, "flower"), tmp_path / "f")  # 2 nodes × 3
     vec = _run(_config(moe, "vectorised"), tmp_path / "v")
