@@ -523,9 +523,9 @@ class _Ridden:
 
 def view_records(content: RecordDict, view: str) -> RecordDict:
     """A view's evaluation records in a personalisation reply (:data:`VIEW_RECORDS`), under the names an
-    evaluation reply gives them."""
-    return RecordDict({name: content[VIEW_RECORDS.format(view=view, name=name)]
-                       for name in ("metrics", "arrays", "missing")})
+    evaluation reply gives them (whatever :func:`~hetfed.flower.records.reports_to_records` names them)."""
+    prefix = VIEW_RECORDS.format(view=view, name="")
+    return RecordDict({key[len(prefix):]: record for key, record in content.items() if key.startswith(prefix)})
 
 
 def query_content(config, config_text: str, method: int, summaries: bool) -> RecordDict:
