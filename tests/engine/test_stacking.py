@@ -280,3 +280,16 @@ def test_a_plain_stacks_clients_end_where_each_would_alone(sizes, batch, epochs,
             for name in alone:
                 torch.testing.assert_close(got[name][k:k + 1], alone[name], rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(loss[k:k + 1], lo, rtol=1e-6, atol=1e-6)
+
+
+def test_tensor_bytes_counts_every_tensor_however_nested() -> None:
+    """What a checkpoint weighs (:func:`hetfed.engine.types.tensor_bytes`, which decides whether it is written in
+    the background): every tensor in dicts, lists, tuples and dataclasses, numbers and other objects counted 0."""
+    from hetfed.engine.types import ServerState, tensor_bytes
+
+    state = ServerState({"w": torch.zeros(64, 10), "b": torch.zeros(10, dtype=torch.float64)},
+                        extra={"m": [torch.zeros(3, dtype=torch.int8), (1, 2.5, "x", None)]})
+    value = {"result": state, "losses": [(r, 0.5) for r in range(50)], "n": np.float64(1.0),
+             "deep": [[{"t": (torch.zeros(2, 2),)}]], "cls": ServerState, "obj": object()}
+    assert tensor_bytes(value) == 64 * 10 * 4 + 10 * 8 + 3 + 4 * 4
+    assert tensor_bytes(torch.zeros(5)) == 20 and tensor_bytes(3) == 0 and tensor_bytes([]) == 0

@@ -339,15 +339,28 @@ def concat_uploads(uploads: list[Upload]) -> Upload:
     )
 
 
+#: what holds no tensor: skipped without a look inside (a checkpoint's lists of numbers grow with its rounds)
+_NO_TENSOR = frozenset({bool, int, float, complex, str, bytes, type(None), np.float64, np.float32, np.int64})
+
+
 def tensor_bytes(value: Any) -> int:
     """The bytes of the tensors in ``value``: a tensor, or dicts, lists, tuples and dataclasses of them (anything
-    else counts 0)."""
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, dict):
-        return sum(tensor_bytes(v) for v in value.values())
-    if isinstance(value, list | tuple):
-        return sum(tensor_bytes(v) for v in value)
-    if is_dataclass(value) and not isinstance(value, type):
-        return sum(tensor_bytes(getattr(value, f.name)) for f in fields(value))
-    return 0
+    else counts 0). Level by level, numbers skipped by their type: a checkpoint's result (its rounds' training
+    losses, its last evaluation's per-client lists) was ~0.3 ms a round's checkpoint at 10 rounds and 6.8 ms at
+    2 000, one recursive call per number."""
+    total, level = 0, [value]
+    while level:
+        inner: list[Any] = []
+        for v in level:
+            if type(v) in _NO_TENSOR:
+                continue
+            if isinstance(v, torch.Tensor):
+                total += v.numel() * v.element_size()
+            elif isinstance(v, dict):
+                inner.extend(v.values())
+            elif isinstance(v, list | tuple):
+                inner.extend(v)
+            elif is_dataclass(v) and not isinstance(v, type):
+                inner.extend(getattr(v, f.name) for f in fields(v))
+        level = inner
+    return total

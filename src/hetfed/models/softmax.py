@@ -1,12 +1,15 @@
 """The log-softmax over a model's classes and the cross-entropy of each row, fast on a CPU for few classes.
 
-Why: torch's CPU log-softmax (2.13) along a last dimension of fewer than 16 values takes a slow path — measured on
-this project's 2-core CPU, 2 threads: 7 200 rows of 10 classes 364 µs, the same rows padded to 16 columns 37 µs (2
-classes 60 → 38 µs, 8 classes 287 → 37 µs; 16 or more classes are not slow). Every training step and every
-evaluation takes one (the MLP's written-out step, autograd's steps, the clients' and the server's scores), and the
-steps of a 200-client stack of a 10-class model spent more in it than in their matmuls. Padded with −inf, the rows
-give the same function: ``exp(−inf) = 0`` adds nothing to a row's sum (its rounding may differ from the unpadded
-kernel's in the last bit). On other devices, and for 16 or more classes, torch's own.
+Why: torch's CPU log-softmax (2.13) along a last dimension narrower than its vector of floats takes a slow path —
+16 floats where the CPU has AVX-512, 8 with AVX2. Measured with 2 threads: on an AVX-512 2-core CPU, 7 200 rows of
+10 classes 364 µs, the same rows padded to 16 columns 37 µs (2 classes 60 → 38 µs, 8 classes 287 → 37 µs); on an
+AVX2 2-core AMD EPYC, 7 classes 380 µs, padded to 8 76 µs, while 10 classes are not slow there and padding them to
+16 made a step's log-softmax and softmax 1.8× slower (134 → 239 µs for 200 × 32 rows: the exponential of the
+−inf columns is slow). Every training step and every evaluation takes one (the MLP's written-out step, autograd's
+steps, the clients' and the server's scores), and the steps of a 200-client stack of a 10-class model spent more in
+it than in their matmuls. Padded with −inf, the rows give the same function: ``exp(−inf) = 0`` adds nothing to a
+row's sum (its rounding may differ from the unpadded kernel's in the last bit). On other devices, and for classes
+as wide as the vector, torch's own.
 """
 
 from __future__ import annotations
@@ -14,8 +17,15 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+
+def pad_width(capability: str) -> int:
+    """The floats in one of torch's CPU vectors for ``torch.backends.cpu.get_cpu_capability()``: the width its
+    vectorised log-softmax serves (16 with AVX-512, else 8: AVX2, and the 256-bit default of other CPUs)."""
+    return 16 if capability.startswith("AVX512") else 8
+
+
 #: rows of fewer classes than this are padded to it on a CPU (the width torch's vectorised log-softmax serves)
-PAD_TO = 16
+PAD_TO = pad_width(torch.backends.cpu.get_cpu_capability())
 
 
 def padded(logits: torch.Tensor) -> torch.Tensor | None:

