@@ -14,6 +14,7 @@ over its real rows.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -93,10 +94,17 @@ class LocalSchedule:
         return min(n, self.n_steps(n) * self.batch_size)
 
     def n_steps(self, n: int) -> int:
-        per_epoch = max(1, math.ceil(n / self.batch_size))
-        if self.steps is not None:
-            return min(self.steps, per_epoch) if self.cap_one_pass else self.steps
-        return max(1, round((self.epochs or 1.0) * per_epoch))
+        """A client's local steps for ``n`` samples (remembered: a stacked sweep asks for every client of every run
+        several times a round)."""
+        return _n_steps(self.batch_size, self.epochs, self.steps, self.cap_one_pass, n)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _n_steps(batch_size: int, epochs: float | None, steps: int | None, cap_one_pass: bool, n: int) -> int:
+    per_epoch = max(1, math.ceil(n / batch_size))
+    if steps is not None:
+        return min(steps, per_epoch) if cap_one_pass else steps
+    return max(1, round((epochs or 1.0) * per_epoch))
 
 
 def plan_batches(n: int, schedule: LocalSchedule, seed: int) -> list[np.ndarray]:

@@ -137,6 +137,7 @@ def read_metric_rows(path: Path, holding: str | None = None) -> Iterator[dict[st
 _FLOAT = {float}
 
 
+@functools.lru_cache(maxsize=4096)  # a run's labels and metric names, the same every round
 def _csv_field(text: str) -> str:
     """``text`` as the csv module's default dialect writes a field of a row of several: quoted, its quotes doubled,
     where it holds a comma, a quote or a line break."""
