@@ -333,3 +333,21 @@ def test_a_negative_seed_part_is_refused_as_numpy_refuses_it():
             rng.derive_seeds([(1, -2)])
     with pytest.raises(ValueError):
         np.random.SeedSequence([1, -2])
+
+
+_ONE_WORD = st.one_of(st.integers(0, 40), st.integers(0, 2**32 - 1))
+
+
+@given(st.integers(1, 6).flatmap(lambda n: st.lists(st.lists(_ONE_WORD, min_size=n, max_size=n), min_size=1,
+                                                    max_size=40)))
+@settings(max_examples=200, deadline=None)
+def test_a_rounds_rows_of_one_word_parts_hash_to_numpys_seeds_in_one_conversion(rows):
+    """Rows of as many parts, each one 32-bit word (a round's clients), take ``derive_seeds``' array path: still
+    NumPy's seeds, a part at 2³² − 1 included."""
+    from hetfed.engine import rng
+
+    want = [int(np.random.SeedSequence(row).generate_state(2, np.uint64)[0] >> 1) for row in rows]
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(rng, "AT_ONCE_FROM", 0)
+        assert rng._one_word_parts(rows) is not None
+        assert rng.derive_seeds(rows) == want
