@@ -68,6 +68,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         on = f"the Ray cluster at {config.flower.ray_address}" if config.flower.ray_address else "Ray; ~30 s on 2 cores"
         status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
                      "…", soft_wrap=True)
+    before = set(threading.enumerate())
     try:
         start_with_retries(lambda: run_simulation(server_app, client_app,
                                                   num_supernodes=simulation_nodes(config, n_clients),
@@ -75,6 +76,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
                            lambda: "started" in holder, log_file)
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
         if err.code == signal.SIGTERM:
+            _let_workers_leave(before)
             raise Terminated(signal.SIGTERM) from None
         raise
     except Exception as err:
@@ -195,6 +197,23 @@ def _log_to_file(path: Path | None) -> Callable[[], None]:
             h.setLevel(level)
 
     return restore
+
+
+#: how long a SIGTERM waits for the Simulation Engine's workers to leave before Ray is shut down
+WORKERS_LEAVE_S = 15.0
+
+
+def _let_workers_leave(before: set[threading.Thread], timeout: float = WORKERS_LEAVE_S) -> None:
+    """Wait (at most ``timeout``) for the threads the simulation started to run ClientApps on Ray's actors —
+    Flower's workers (a ``ThreadPoolExecutor``'s), which leave within a second of Flower's stop event, set when
+    Ray's SIGTERM handler interrupted Flower's wait for them. Why: a thread that calls Ray after ``ray.shutdown()``
+    makes Ray end the whole process with exit status 1 ("The core worker has already been shutdown"), before hetfed
+    exits with 143 — seen once in CI, on a loaded 2-core machine. The ServerApp's thread (hetfed's loop, waiting on
+    Flower's in-memory grid, which never calls Ray) is not waited for."""
+    deadline = time.monotonic() + timeout
+    for thread in threading.enumerate():
+        if thread not in before and thread.name.startswith("ThreadPoolExecutor") and thread.is_alive():
+            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop_ray() -> None:
