@@ -206,6 +206,32 @@ def test_feature_clusters_unshuffled_clients_are_compact_regions():
     assert all(len(np.unique(y[p])) == 3 for p in parts)
 
 
+def test_feature_clusters_give_every_machine_the_same_clients_whatever_its_openmp_threads(monkeypatch):
+    """sklearn's k-means sums chunks of 256 samples in per-thread buffers: on more OpenMP threads its centroids'
+    last bits differ, and near a tie a sample's client with them (Fashion-MNIST's default split, seed 0: 30 samples
+    between 1 and 2 threads). The partition runs it on one thread whatever the machine, a sweep worker's limit or a
+    Flower node's cores."""
+    from sklearn.cluster import KMeans
+    from threadpoolctl import threadpool_info, threadpool_limits
+
+    fit = KMeans.fit
+    seen: list[int] = []
+
+    def watched(self, *args, **kwargs):
+        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp")
+        return fit(self, *args, **kwargs)
+
+    monkeypatch.setattr(KMeans, "fit", watched)
+    x, y = _data(3000, 3, d=2)  # > 256 samples a class: several chunks
+    cfg = PartitionConfig(kind="feature_clusters", clients=4)
+    parts = {}
+    for threads in (1, 3):
+        with threadpool_limits(threads, user_api="openmp"):
+            parts[threads] = partition_indices(x, y, cfg, 0)
+    assert seen and set(seen) == {1}
+    assert _same(parts[1], parts[3])
+
+
 def test_natural_uses_ids():
     from hetfed.partition.natural import natural as by_ids
 
