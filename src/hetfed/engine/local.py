@@ -348,7 +348,7 @@ def _step_keys(plan: StepPlan, reads_rows: bool, compacts: bool, recorded: bool
             continue
         clients = n
         if compacts:
-            training = sum(1 for r in rows if r)
+            training = len(rows) - rows.count(0)
             clients = computed_clients(training, n, recorded)
             every = training == clients
         keys.append((w, every and not recorded, tuple(rows[:clients]) if reads_rows else None, clients))
