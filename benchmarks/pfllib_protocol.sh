@@ -45,6 +45,7 @@ sweep() {  # rounds, folder
 }
 report() {  # folder, name: the tables and the runs' own values, without checkpoints
     $py results/tables.py leaderboard "$1" > "$out/$2_table.md" 2>> "$out/log.txt"
+    $py results/tables.py pfllib "$1" > "$out/$2_against_pfllib.md" 2>> "$out/log.txt"  # each published number
     tar cf - --exclude=checkpoints --exclude=figures --exclude=report.html -C "$(dirname "$1")" "$(basename "$1")" \
         | xz -6 > "$out/$2.tar.xz"
 }

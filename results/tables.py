@@ -6,6 +6,8 @@
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
     python results/tables.py leaderboard SWEEP_DIR   # #25: personal accuracy (weighted, mean, worst 10%) and
                                           # global accuracy per method, best round by validation and last round
+    python results/tables.py pfllib SWEEP_DIR   # #74: every method of PFLlib's published Fashion-MNIST table
+                                          # (pfllib_published.json, with its source) against the sweep's runs of it
     python results/tables.py heterogeneity-figure OUT.png METRIC SWEEP_DIR [SWEEP_DIR …]
         # #25: every method's best METRIC against each sweep's (partition's) ΔΓ, one line per method
     python results/tables.py runs FOLDER BASELINE [METRIC …]   # #28: from a results folder's runs.csv (one value
@@ -224,6 +226,55 @@ def leaderboard_table(sweep: Path) -> str:
         "the balanced global test set (a personalised model: the mean over clients of their own models)\n")
 
 
+#: PFLlib's published Fashion-MNIST numbers (practical label skew), each method's mean ± sd, with their source
+PUBLISHED = Path(__file__).with_name("pfllib_published.json")
+
+
+def pfllib_table(sweep: Path, published: Path = PUBLISHED) -> str:
+    """Every method of PFLlib's published table against the sweep's runs of it (#74 §5): PFLlib's rule
+    (:func:`pfllib_rule`, the best test accuracy over the evaluated rounds) in points, mean ± sd over seeds (numpy's
+    sd, ddof 0, as PFLlib prints it), the published mean ± sd, the difference, and whether it is within one point.
+    A method is matched by its algorithm (each of its views, e.g. FedBABU's global and fine-tuned models, a row
+    of its own); PFLlib's methods that hetfed lacks or the sweep did not run, and the
+    sweep's methods PFLlib has no number for, are listed as such."""
+    ref = json.loads(published.read_text())
+    ours: dict[str, list[float]] = defaultdict(list)
+    algorithm: dict[str, str] = {}
+    for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
+        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+        rule = pfllib_rule(Path(run["run_dir"]))
+        for name, m in summary["methods"].items():
+            algorithm[name] = m.get("algorithm", name).split(":")[0]  # a view's row: "algorithm:view"
+            if name in rule:
+                ours[name].append(100 * rule[name])
+    lines = ["| PFLlib's method | hetfed method | hetfed, PFLlib's rule (%) | published (%) | difference | verdict |",
+             "|---|---|---|---|---|---|"]
+    matched = set()
+    for m in ref["methods"]:
+        pub = f"{m['mean']:.2f} ± {m['sd']:.2f}"
+        names = [n for n in ours if algorithm[n] == m["algorithm"]] if m["algorithm"] else []
+        matched.update(names)
+        if not names:
+            why = "not in hetfed" if m["algorithm"] is None else f"not run (hetfed's `{m['algorithm']}`)"
+            lines.append(f"| {m['pfllib']} | — | — | {pub} | — | {why} |")
+        for name in names:
+            values = np.asarray(ours[name])
+            diff = values.mean() - m["mean"]
+            verdict = "within 1 point" if abs(diff) <= 1 else "differs by more than 1 point: a finding"
+            lines.append(f"| {m['pfllib']} | {name} | {values.mean():.2f} ± {values.std():.2f} ({len(values)} seeds) "
+                         f"| {pub} | {diff:+.2f} | {verdict} |")
+    for name in [n for n in ours if n not in matched]:
+        values = np.asarray(ours[name])
+        lines.append(f"| — | {name} | {values.mean():.2f} ± {values.std():.2f} ({len(values)} seeds) | — | — | "
+                     "no published number |")
+    src = ref["source"]
+    return "\n".join(lines) + (
+        f"\n\nPublished: {ref['what']}; {src['repository']} `{src['path']}` at {src['commit'][:12]} "
+        f"({src['committed']}), {src['table']}. Its settings: {ref['settings']}. hetfed's number is PFLlib's rule on "
+        "the sweep's own runs, whatever their settings: compare only a sweep of PFLlib's protocol "
+        "(configs/leaderboard_pfllib_fmnist.yaml at its 2000 rounds).\n")
+
+
 def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tuple[float, float, float, str]]]:
     """Per method, one point per sweep (a partition): (mean ΔΓ, mean best ``metric``, its 95% CI, partition)."""
     points: dict[str, list[tuple[float, float, float, str]]] = defaultdict(list)
@@ -416,7 +467,7 @@ def main(argv: list[str] | None = None) -> int:
     """The command line above; bad arguments get argparse's usage line and exit status 2."""
     ap = argparse.ArgumentParser(prog="python results/tables.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
-    for kind in ("attack", "dp", "leaderboard"):
+    for kind in ("attack", "dp", "leaderboard", "pfllib"):
         sub.add_parser(kind).add_argument("sweep", type=Path, metavar="SWEEP_DIR")
     p = sub.add_parser("paired")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
@@ -475,7 +526,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "paired":
         print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
+        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table,
+               "pfllib": pfllib_table}[args.kind](args.sweep))
     return 0
 
 
