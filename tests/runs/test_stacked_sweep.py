@@ -279,14 +279,26 @@ def _bytes(path: Path) -> dict[tuple, float]:
 
 
 @pytest.mark.slow
-def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_sweep_without_it(tmp_path, capsys):
+def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_sweep_without_it(tmp_path, capsys,
+                                                                                                 monkeypatch):
     """#72 §4: every algorithm either stacks with the other runs or steps alone — never a crash — and runs.csv is
-    the sweep's without --stack; an asynchronous one is refused in one line."""
+    the sweep's without --stack, to the bit on a CPU, evaluated every round; every algorithm that declares
+    ``stacks_runs`` trains and evaluates its seeds' clients in one stack (#74); an asynchronous one is refused in one
+    line."""
     import json
 
     from hetfed.registry import registry_of
 
     ALGORITHMS = registry_of("algorithm")
+    joined: dict[str, set[tuple[str, int]]] = {}
+    for name in ("train_together", "evaluate_together"):
+        computed = getattr(stacked_runs, name)
+
+        def together(group, computed=computed, name=name):
+            joined.setdefault(group[0].executor.algo.spec.name, set()).add((name, len(group)))
+            return computed(group)
+
+        monkeypatch.setattr(stacked_runs, name, together)
 
     from tests.feature_methods import reads_features
 
@@ -296,6 +308,7 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
                 **({"model": dict(ALGORITHMS.get(n).model)} if ALGORITHMS.get(n).model else {})} for n in names]
     args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set",
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0",
+            "--set", "train.eval_every=1",
             "--set", f"methods={json.dumps(methods)}", "--seeds", "2", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
@@ -303,7 +316,11 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     assert {k[2].split("_")[0] for k in alone} >= {n.split("_")[0] for n in names}
     assert alone.keys() == stacked.keys()
     for key, value in alone.items():
-        assert stacked[key] == pytest.approx(value, rel=1e-4, abs=1e-5), key
+        assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
+    stacking = {n for n in names if ALGORITHMS.get(n).capabilities.stacks_runs}
+    assert len(stacking) >= 20
+    assert {n for n in stacking if joined.get(n) != {("train_together", 2), ("evaluate_together", 2)}} == set()
+    assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)
     capsys.readouterr()
     assert main([*args[:-5], "--set", f"methods=[{{algorithm: {asynchronous}}}]", "--seeds", "2", "--stack"]) == 2

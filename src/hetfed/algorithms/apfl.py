@@ -94,7 +94,7 @@ class APFL(FedAvg):
 register(AlgorithmSpec(
     "apfl", APFL, "a local model per client mixed with the global one, α·v + (1 − α)·w, α learned on local data",
     "Deng, Kamani, Mahdavi 2020, Adaptive Personalized Federated Learning", APFLParams,
-    Capabilities(private=True, personalises=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True),
     privacy=(
         PrivacyRow(
             method="APFL",

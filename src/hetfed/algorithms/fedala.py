@@ -175,7 +175,7 @@ register(AlgorithmSpec(
     "fedala", FedALA, "each client merges the global model into its own element-wise, with weights it learns on "
     "its data, then trains",
     "Zhang et al. 2023, FedALA: Adaptive Local Aggregation for Personalized Federated Learning", FedALAParams,
-    Capabilities(private=True, personalises=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True),
     quick={"max_settle_epochs": 3, "settle_epochs": 2},
     privacy=(
         PrivacyRow(

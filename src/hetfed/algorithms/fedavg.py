@@ -148,7 +148,7 @@ register(AlgorithmSpec(
     "local", Local, "every client trains its own model on its own data; nothing is shared (a baseline)",
     "—", capabilities=Capabilities(uploads="nothing but the sample count and training loss", server_model=False,
                                    buffers="local",
-                                   personalises=True, plain_steps=True),
+                                   personalises=True, plain_steps=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="Local",

@@ -87,7 +87,8 @@ register(AlgorithmSpec(
     FedBABUParams,
     Capabilities(uploads="shared parameters (the head unchanged), sample count, training loss; after the rounds, "
                          "only the fine-tuning's epochs and seconds",
-                 private=True, views=VIEWS, federated_view="fedbabu", primary_view="fedbabu_ft", personalises=True),
+                 private=True, views=VIEWS, federated_view="fedbabu", primary_view="fedbabu_ft", personalises=True,
+                 stacks_runs=True),
     quick={"finetune_epochs": 1.0},
     privacy=(
         PrivacyRow(

@@ -41,7 +41,7 @@ register(AlgorithmSpec(
     "Li et al. 2021, FedBN: Federated Learning on Non-IID Features via Local Batch Normalization",
     capabilities=Capabilities(uploads="every parameter but the batch-norm layers', sample count, training loss",
                               buffers="local",
-                              private=True, personalises=True, model_kinds=("cnn4",),
+                              private=True, personalises=True, model_kinds=("cnn4",), stacks_runs=True,
                               model_reason="it keeps batch-norm layers local: use model.kind cnn4 with "
                                            "model.batch_norm: true"),
     model={"kind": "cnn4", "batch_norm": True},

@@ -188,7 +188,7 @@ register(AlgorithmSpec(
     "Zhang et al. 2023, FedCP: Separating Feature Information for Personalized Federated Learning via "
     "Conditional Policy", FedCPParams,
     Capabilities(uploads="shared parameters of the body, the conditional selection module and a global head "
-                         "(half its own head), sample count, training loss", personalises=True),
+                         "(half its own head), sample count, training loss", personalises=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedCP",

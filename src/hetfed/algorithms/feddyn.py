@@ -100,7 +100,7 @@ register(AlgorithmSpec(
     "feddyn", FedDyn, "FedAvg with a dynamic regulariser per client (its own gradient state) and a server "
     "correction h, so that the clients' stationary points agree with the global one",
     "Acar et al. 2021, Federated Learning Based on Dynamic Regularization", FedDynParams,
-    Capabilities(private=True),
+    Capabilities(stacks_runs=True, private=True),
     privacy=(
         PrivacyRow(
             method="FedDyn",

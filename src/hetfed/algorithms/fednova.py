@@ -39,8 +39,9 @@ class FedNova(FedAvg):
         steps = torch.tensor([effective_steps(self.schedule.n_steps(len(i)), self.train.optimizer)
                               for i in data.indices], dtype=torch.float32, device=device).clamp(min=1e-12)
         normalised = {}
+        received = bc.stacked(len(data.client_ids))  # each client's own global model (a stacked sweep: its run's)
         for k, y in upload.params.items():
-            x = bc.params[k].unsqueeze(0)
+            x = received[k]
             normalised[k] = x - (x - y) / steps.view(-1, *([1] * (y.dim() - 1)))
         return replace(upload, params=normalised, extra={**upload.extra, "steps": steps}), new_states
 
@@ -58,7 +59,7 @@ register(AlgorithmSpec(
     "clients that train longer do not pull the model to their own objective",
     "Wang et al. 2020, Tackling the Objective Inconsistency Problem in Heterogeneous Federated Optimization",
     capabilities=Capabilities(uploads="normalised shared parameters, sample count, training loss, the number of "
-                              "local steps ‖a_i‖₁"),
+                              "local steps ‖a_i‖₁", stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedNova",

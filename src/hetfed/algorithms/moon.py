@@ -94,7 +94,7 @@ register(AlgorithmSpec(
     "moon", MOON, "FedAvg plus a contrastive loss pulling the local representation towards the global model's "
                   "and away from the client's previous model's",
     "Li, He, Song 2021, Model-Contrastive Federated Learning", MOONParams,
-    Capabilities(private=True),
+    Capabilities(stacks_runs=True, private=True),
     privacy=(
         PrivacyRow(
             method="MOON",

@@ -150,7 +150,7 @@ register(AlgorithmSpec(
     "perfedavg", PerFedAvg, "a MAML-style global model that each client adapts by one local gradient step",
     "Fallah, Mokhtari, Ozdaglar 2020, Personalized Federated Learning with Theoretical Guarantees: "
     "A Model-Agnostic Meta-Learning Approach", PerFedAvgParams,
-    Capabilities(private=True, personalises=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True),
     privacy=(
         PrivacyRow(
             method="Per-FedAvg",
