@@ -136,7 +136,8 @@ class Afl(FedAvg):
 register(AlgorithmSpec(
     "afl", Afl, "FedAvg whose server samples clients by the loss valuations they report",
     "Goetz et al. 2019, Active Federated Learning", AFLParams,
-    Capabilities(uploads="shared parameters, sample count, training loss, the loss valuation v_k"),
+    Capabilities(uploads="shared parameters, sample count, training loss, the loss valuation v_k",
+                 stacks_runs=True),
     legacy_section="afl",
     privacy=(
         PrivacyRow(

@@ -154,7 +154,8 @@ def _batches(n: int, size: int, gen: torch.Generator):
 register(AlgorithmSpec(
     "feddf", FedDF, "FedAvg, then the server distils the clients' ensemble into the global model on unlabeled data",
     "Lin et al. 2020, Ensemble Distillation for Robust Model Fusion in Federated Learning", FedDFParams,
-    Capabilities(server_data=True, whole_round=True), legacy_section="feddf", quick={"max_steps": 10, "eval_every": 5},
+    Capabilities(server_data=True, whole_round=True, stacks_runs=True), legacy_section="feddf",
+    quick={"max_steps": 10, "eval_every": 5},
     privacy=(
         PrivacyRow(
             method="FedDF",

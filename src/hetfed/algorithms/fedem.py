@@ -161,7 +161,8 @@ register(AlgorithmSpec(
     "fedem", FedEM, "M shared component models; each client fits its mixture weights by EM and predicts with its "
                     "mixture",
     "Marfoq et al. 2021, Federated Multi-Task Learning under a Mixture of Distributions", FedEMParams,
-    Capabilities(uploads="every component's shared parameters, sample count, training loss", personalises=True),
+    Capabilities(uploads="every component's shared parameters, sample count, training loss", personalises=True,
+                 stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedEM",
