@@ -13,7 +13,9 @@ and the requests of all runs are answered together — those whose client step i
 rate) as one stack of clients, each client with its own run's broadcast parameters (a :class:`ClientBroadcast`), its own
 data and its own seed; each run's part of the stack's uploads goes through the run's own transport (compression, its
 clients' error-feedback residuals) before its screening, as its executor does alone. A client's numbers do not depend on
-its stack, so a stacked sweep gives the numbers of its runs one by one (equal to the bit on a CPU, tested).
+its stack, so a stacked sweep gives the numbers of its runs one by one (tested on a CPU: runs.csv to the bit, every
+value of metrics.csv to float tolerance — a joined stack pads its batches and evaluation blocks to other widths, and
+its per-round losses have differed in the 7th–9th digit).
 
 Evaluations meet the same way (:func:`~hetfed.executors.stacked_work.evaluate_together`): the runs' clients score their
 models in one stack, each client on its own run's validation, test and global test sets (the runs' pools and global sets
