@@ -41,9 +41,15 @@ import numpy as np
 from hetfed.engine.summary import ci95_over
 
 
-def _runs(sweep: Path):
+def _sweep_runs(sweep: Path):
+    """Each run of the sweep as sweep.json lists it (its point, seed, run_dir), with its summary.json."""
     for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
-        yield run["point"], json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+        yield run, json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+
+
+def _runs(sweep: Path):
+    for run, summary in _sweep_runs(sweep):
+        yield run["point"], summary
 
 
 def _cell(values: list[float]) -> str:
@@ -198,8 +204,7 @@ def leaderboard_table(sweep: Path) -> str:
     and ΔΓ of the partition above the table."""
     cells: dict[str, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     gammas, excess, seen = [], [], set()
-    for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
-        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+    for run, summary in _sweep_runs(sweep):
         seen.add(run.get("seed"))  # a grid over methods: several runs share a seed
         het = summary.get("heterogeneity") or {}
         gammas.append(summary.get("gamma", het.get("gamma")))
@@ -240,8 +245,7 @@ def pfllib_table(sweep: Path, published: Path = PUBLISHED) -> str:
     ref = json.loads(published.read_text())
     ours: dict[str, list[float]] = defaultdict(list)
     algorithm: dict[str, str] = {}
-    for run in json.loads((sweep / "sweep.json").read_text())["runs"]:
-        summary = json.loads((Path(run["run_dir"]) / "summary.json").read_text())
+    for run, summary in _sweep_runs(sweep):
         rule = pfllib_rule(Path(run["run_dir"]))
         for name, m in summary["methods"].items():
             algorithm[name] = m.get("algorithm", name).split(":")[0]  # a view's row: "algorithm:view"

@@ -22,7 +22,7 @@ from hetfed.engine.evaluate import ClientEvalData
 from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, ClientState, RoundUploads, Upload
-from hetfed.executors.inprocess import InProcessExecutor, client_data, eval_chunk, seed_rows
+from hetfed.executors.inprocess import InProcessExecutor, eval_chunk, seed_rows
 from hetfed.server.screen import Measured, measure
 
 #: a joined pool: (x, y, each run's offset, the runs' own tensors it was joined from)
@@ -125,12 +125,11 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
     # as alone, every run's clients' seeds hashed at once (a run's ten clients alone go one by one)
     seeds = iter(derive_seeds([row for i in runs
                                for row in seed_rows(group[i].executor.pool, chosen[i], group[i].bc.round)]))
-    parts = {i: client_data(group[i].executor.pool, chosen[i], group[i].bc.round,
-                            seeds=[next(seeds) for _ in chosen[i]]) for i in runs}
+    own_seeds = {i: [next(seeds) for _ in chosen[i]] for i in runs}
     shifted = {i: _shifted_train(group[i].executor, offsets[i], group[i].joined.shifted) for i in runs}
-    data = ClientData([k for i in runs for k in parts[i].client_ids], x, y,
+    data = ClientData([k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], x, y,
                       [shifted[i][k] for i in runs for k in chosen[i]],
-                      [seed for i in runs for seed in parts[i].seeds])
+                      [seed for i in runs for seed in own_seeds[i]])
     upload, new = algo.local_update(bc, state, data)
     measured = _measured(group, runs, chosen, upload, bc, rounds)
     start = 0
@@ -143,7 +142,7 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
                       upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()})
         # the run's own transport (compression, its clients' residuals), as its executor applies it alone
         residual = executor._residuals(chosen[i]) if executor.transport.error_feedback else {}
-        part, residual = executor.transport.send(part, group[i].bc.params, residual, parts[i].seeds,
+        part, residual = executor.transport.send(part, group[i].bc.params, residual, own_seeds[i],
                                                  still_read=tuple(mine.values()))
         executor._keep(chosen[i], mine, residual)
         rounds[i].add(part, measured.rows(rows) if measured is not None else None)
@@ -162,7 +161,7 @@ def _shifted_train(executor: InProcessExecutor, offset: int,
                    cache: weakref.WeakKeyDictionary[InProcessExecutor, dict[Any, tuple[Any, ...]]]
                    ) -> tuple[Any, ...]:
     """A run's clients' training index arrays (its pool's) moved by ``offset``, its place in the joined pool: the
-    same arrays every round, kept (as :func:`_shifted` keeps an evaluation's)."""
+    same arrays every round, kept (and shared with its evaluations, :func:`_shifted`)."""
     mine = cache.setdefault(executor, {})
     key = ("train", offset)
     if key not in mine:
@@ -237,13 +236,14 @@ def _shifted(executor: InProcessExecutor, offset: int, global_offset: int,
              cache: weakref.WeakKeyDictionary[InProcessExecutor, dict[Any, tuple[Any, ...]]]
              ) -> tuple[Any, ...]:
     """A run's clients' test, validation and training index arrays moved by ``offset`` (its place in the joined
-    pool) and its global test set's rows in the joined global sets (kept: the same arrays every evaluation)."""
+    pool) and its global test set's rows in the joined global sets (kept: the same arrays every evaluation; the
+    training arrays are the ones its joined steps read, :func:`_shifted_train`)."""
     mine = cache.setdefault(executor, {})
     cached = mine.get((offset, global_offset))
     if cached is None:
         fed = executor.fed
         cached = (tuple(t + offset for t in fed.test), tuple(v + offset for v in fed.val),
-                  tuple(t + offset for t in fed.train), np.arange(len(executor.y_global)) + global_offset)
+                  _shifted_train(executor, offset, cache), np.arange(len(executor.y_global)) + global_offset)
         mine[(offset, global_offset)] = cached
     return cached
 
