@@ -75,7 +75,9 @@ class Capabilities:
     model_kinds: the model kinds it supports (None: every kind).
     model_reason: why other kinds are refused (the error message's reason).
     stacks_runs: its client step and its clients' evaluation read the broadcast only through ``bc.stacked(n)``,
-        the parameters' names, ``Proximal`` centres and ``bc.lr``, and its evaluation reads the global test set only
+        ``bc.extra_rows(key, n)`` (a tensor extra, each client its own run's), ``bc.personal``'s rows, the numbers
+        among ``bc.extra``, the parameters' names, ``Proximal`` centres and ``bc.lr``, keep nothing of one run on the
+        algorithm object that the step reads, and its evaluation reads the global test set only
         through ``client_scores`` (``ClientEvalData.global_index``), so clients of different runs (other global
         models) can share a stack (a stacked sweep: :mod:`hetfed.executors.stacked_runs`).
     asynchronous: its server merges arrivals as they come on the simulated clock (``merge``, FedBuff and FedAsync:

@@ -84,7 +84,7 @@ def test_uploads_carry_input_moments_and_the_server_synthesises():
     algo.local_update = spy
     result = simulate(algo, fed, train, 0, executor=VectorisedExecutor())
     bc, up, data = seen[0]
-    assert bc.extra["synthetic"] is None  # round 0: plain FedAvg
+    assert "synthetic" not in bc.extra  # round 0: plain FedAvg
     for i, k in enumerate(up.client_ids):
         xk = torch.as_tensor(fed.x[fed.train[k]])
         torch.testing.assert_close(up.extra["input_mean"][i], xk.mean(0))

@@ -335,13 +335,35 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     for key, value in per_round.items():
         assert joined_rounds[key] == pytest.approx(value, rel=1e-5, abs=1e-8, nan_ok=True), key
     stacking = {n for n in names if ALGORITHMS.get(n).capabilities.stacks_runs}
-    assert len(stacking) >= 20
+    assert len(stacking) >= 36 and {"scaffold", "fedgen", "fsnet", "cfl", "ifca", "fedcac"} <= stacking
     assert {n for n in stacking if joined.get(n) != {("train_together", 2), ("evaluate_together", 2)}} == set()
     assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)
     capsys.readouterr()
     assert main([*args[:-5], "--set", f"methods=[{{algorithm: {asynchronous}}}]", "--seeds", "2", "--stack"]) == 2
     assert "cannot be stacked across runs" in capsys.readouterr().err
+
+
+def test_methods_whose_server_sends_more_than_a_model_join_with_each_clients_own_runs_part(tmp_path, monkeypatch):
+    """#74 §1: SCAFFOLD's control variate, FedProto's prototypes (a tensor and a per-class flag), FedDBE's number
+    "known" with its global mean, and FedFomo's personal rows are each run's own; stacked, each client trains and is
+    scored with its own run's (the seeds differ in them), in one stack per round, and runs.csv and every value of
+    metrics.csv are the one-by-one sweep's to the bit."""
+    served: list[tuple[str, str, int]] = []
+    for name in ("train_together", "evaluate_together"):
+        computed = getattr(stacked_runs, name)
+        monkeypatch.setattr(stacked_runs, name, lambda group, computed=computed, name=name: served.append(
+            (group[0].executor.algo.spec.name, name, len(group))) or computed(group))
+    methods = "methods=[{algorithm: scaffold}, {algorithm: fedproto}, {algorithm: feddbe}, {algorithm: fedfomo}]"
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=3", "--set",
+            "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
+            "train.eval_every=1", "--set", methods, "--seeds", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    assert _runs(tmp_path / "stacked", ()) == _runs(tmp_path / "one_by_one", ())
+    assert _metrics(tmp_path / "stacked") == _metrics(tmp_path / "one_by_one")
+    for method in ("scaffold", "fedproto", "feddbe", "fedfomo"):  # 3 rounds, 3 evaluations: each of two runs
+        assert [n for m, n, size in served if m == method and size == 2] == ["train_together", "evaluate_together"] * 3
 
 
 def test_stack_refuses_an_executor_it_would_replace(capsys):

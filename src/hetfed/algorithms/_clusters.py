@@ -54,12 +54,13 @@ class ClusterModels(FedAvg):
 
     @staticmethod
     def _gather(models: list[Params], chosen: torch.Tensor) -> Params:
-        """Each client's cluster model, stacked."""
-        return {k: torch.stack([models[int(c)][k] for c in chosen]) for k in models[0]}
+        """Each client's cluster model, stacked (``models``: each cluster's, a row per client — its own run's)."""
+        return {k: torch.stack([models[int(c)][k][i] for i, c in enumerate(chosen)]) for k in models[0]}
 
     def choose(self, bc: Broadcast, models: list[Params], local: Params, x: torch.Tensor, y: torch.Tensor,
                index: list, ids: list[int]) -> torch.Tensor:
-        """Each client's cluster (``index``: its training data when training, its validation data when evaluated)."""
+        """Each client's cluster (``models``: each cluster's, a row per client; ``index``: its training data when
+        training, its validation data when evaluated)."""
         raise NotImplementedError
 
     def upload_extra(self, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -69,16 +70,15 @@ class ClusterModels(FedAvg):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
-        models = self._models(bc.params)
+        models = self._models(bc.stacked(n))
         chosen = self.choose(bc, models, local, data.x, data.y, data.indices, data.client_ids)
         params, opt_state, loss = train_clients(self, {**self._gather(models, chosen), **local}, kept_opt, data, bc.lr)
         mine = chosen.to(loss.device)
         upload = {}
         for c, model in enumerate(models):
             for name, received in model.items():
-                picked = (mine == c).view(-1, *([1] * received.dim()))
-                upload[self.key(c, name)] = torch.where(picked, params[name],
-                                                        received.unsqueeze(0).expand(n, *received.shape))
+                picked = (mine == c).view(-1, *([1] * (received.dim() - 1)))
+                upload[self.key(c, name)] = torch.where(picked, params[name], received)
         extra = {"train_loss": loss, **self.upload_extra(mine)}
         return (Upload(list(data.client_ids), upload, data.sizes().to(loss.device), extra),
                 {**{k: params[k] for k in local}, **opt_state})
@@ -112,6 +112,6 @@ class ClusterModels(FedAvg):
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
                         view: str | None = None) -> dict[str, list[float]]:
         local, _ = split_state(states)
-        models = self._models(bc.params)
+        models = self._models(bc.stacked(len(data.client_ids)))
         chosen = self.choose(bc, models, local, data.x, data.y, data.val, data.client_ids)
         return client_scores(Predictor(self.model, {**self._gather(models, chosen), **local}, True), data)

@@ -87,9 +87,13 @@ class CFL(ClusterModels):
 
     def choose(self, bc: Broadcast, models: list[Params], local: Params, x: torch.Tensor, y: torch.Tensor,
                index: list, ids: list[int]) -> torch.Tensor:
-        """The cluster the server assigned each client (sent in the broadcast)."""
-        of = padded(bc.extra.get(ASSIGNMENT, torch.zeros(0)).long().cpu(), max(ids, default=-1) + 1)
-        return of[torch.as_tensor(ids, dtype=torch.long)]
+        """The cluster the server assigned each client (sent in the broadcast: each client reads its own run's
+        table, a stacked sweep's clients coming from several runs)."""
+        if not bc.has_extra(ASSIGNMENT):
+            return torch.zeros(len(ids), dtype=torch.long)
+        tables = bc.extra_rows(ASSIGNMENT, len(ids)).long().cpu()
+        return torch.stack([padded(table, k + 1)[k] for table, k in zip(tables, ids, strict=True)]) if ids else \
+            torch.zeros(0, dtype=torch.long)
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Split the clusters that meet Algorithm 1's criterion, then average each cluster's updates."""
@@ -128,7 +132,7 @@ register(AlgorithmSpec(
     "Sattler, Müller, Samek 2020, Clustered Federated Learning: Model-Agnostic Distributed Multitask Optimization "
     "Under Privacy Constraints", CFLParams,
     Capabilities(uploads="every cluster model's parameters (its own trained, the others as received), sample count, "
-                         "training loss", whole_round=True, personalises=True),
+                         "training loss", whole_round=True, personalises=True, stacks_runs=True),
     quick={"warmup_rounds": 1},
     privacy=(
         PrivacyRow(

@@ -172,7 +172,7 @@ register(AlgorithmSpec(
     "Wu et al. 2023, Bold but Cautious: Unlocking the Potential of Personalized Federated Learning through "
     "Cautiously Aggressive Collaboration", FedCACParams,
     Capabilities(uploads="shared parameters, sample count, training loss, its critical-parameter mask",
-                 whole_round=True, personalises=True, per_client=True),
+                 whole_round=True, personalises=True, per_client=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedCAC",

@@ -85,7 +85,7 @@ class FedDBE(FedAvg):
         """The round's objective and its running mean ``r`` (read after training: the uploaded running mean)."""
         model, kappa, m = self.model, self.params.kappa, self.params.momentum
         dbe = bool(bc.extra["known"] > 0)
-        global_mean = bc.extra["global_mean"]
+        global_mean = bc.extra_rows("global_mean", len(data.client_ids))  # each client its own run's (a stack)
         running = {"r": torch.zeros(len(data.client_ids), model.latent_dim, device=data.x.device)}
 
         def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
@@ -138,7 +138,7 @@ register(AlgorithmSpec(
                       "towards the global representation mean",
     "Zhang et al. 2023, Eliminating Domain Bias for Federated Learning in Representation Space", FedDBEParams,
     Capabilities(uploads="shared parameters, sample count, training loss, the running mean of its representations",
-                 whole_round=True, personalises=True),
+                 whole_round=True, personalises=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedDBE",

@@ -160,7 +160,8 @@ register(AlgorithmSpec(
                         "held-out loss, weighted by gain per distance",
     "Zhang et al. 2021, Personalized Federated Learning with First Order Model Optimization", FedFomoParams,
     Capabilities(uploads="its trained model, sample count, training loss, the weights it gave the models it "
-                         "received", whole_round=True, server_model=False, personalises=True, per_client=True),
+                         "received", whole_round=True, server_model=False, personalises=True, per_client=True,
+                 stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedFomo",

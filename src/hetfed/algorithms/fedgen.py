@@ -159,17 +159,20 @@ class FedGen(FedAvg):
 
     # -- client
     def _generated(self, bc: Broadcast, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:
-        """Each client's (z, y) for the round, from its own stream: [n, S, latent], [n, S]."""
+        """Each client's (z, y) for the round, from its own stream and its own run's generator and label prior (a
+        stacked sweep's clients come from several runs): [n, S, latent], [n, S]."""
         cfg, device = self.cfg, data.x.device
         zs, ys = [], []
-        gen_params = {k: v.unsqueeze(0) for k, v in bc.extra["generator"].items()}
-        prior = bc.extra["label_prior"].float().cpu()
-        for seed in data.seeds:
+        n = len(data.client_ids)
+        generators = bc.extra_rows("generator", n)
+        priors = bc.extra_rows("label_prior", n).float().cpu()
+        for i, seed in enumerate(data.seeds):
             g = torch.Generator().manual_seed(int(seed) ^ 0xFE06E)
-            y = torch.multinomial(prior, cfg.client_samples, replacement=True, generator=g)
+            y = torch.multinomial(priors[i], cfg.client_samples, replacement=True, generator=g)
             eps = torch.randn((cfg.client_samples, cfg.noise_dim), generator=g)
             with torch.no_grad():
-                zs.append(self.generator(gen_params, eps.unsqueeze(0).to(device), y.unsqueeze(0).to(device))[0])
+                zs.append(self.generator({k: v[i : i + 1] for k, v in generators.items()},
+                                         eps.unsqueeze(0).to(device), y.unsqueeze(0).to(device))[0])
             ys.append(y.to(device))
         return torch.stack(zs), torch.stack(ys)
 
@@ -197,7 +200,7 @@ register(AlgorithmSpec(
     "fedgen", FedGen, "FedAvg plus a server-trained generator of latent features that regularises the clients' heads",
     "Zhu et al. 2021, Data-Free Knowledge Distillation for Heterogeneous Federated Learning", FedGenParams,
     Capabilities(uploads="shared parameters, sample count, training loss, per-class label counts",
-                 whole_round=True),
+                 whole_round=True, stacks_runs=True),
     legacy_section="fedgen", quick={"server_steps": 5},
     privacy=(
         PrivacyRow(

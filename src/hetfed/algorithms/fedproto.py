@@ -40,6 +40,8 @@ from hetfed.models.base import Derived, Model, Noise, Params, Representation
 
 #: a class without a prototype: its logit
 FAR = -1e9
+#: a client's rows of the global prototypes ``[C, d]`` and of which classes have one ``[C]``, where it classifies
+PROTOTYPES, KNOWN = "fedproto.prototypes", "fedproto.known"
 
 
 class FedProtoParams(AlgorithmParams):
@@ -48,16 +50,15 @@ class FedProtoParams(AlgorithmParams):
 
 
 class NearestPrototype(Derived):
-    """Logits ``−‖z − C̄_j‖²/d``: the class of the nearest global prototype wins."""
-
-    def __init__(self, base: Model, prototypes: torch.Tensor, known: torch.Tensor):
-        super().__init__(base)
-        self.prototypes, self.known = prototypes, known.bool()
+    """Logits ``−‖z − C̄_j‖²/d``: the class of the nearest global prototype wins. Each client's prototypes are
+    rows of its parameters (``PROTOTYPES``, ``KNOWN``): the clients of a stacked sweep's stack hold their own run's."""
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         z = self.base.features(params, x, noise)  # [n, b, d]
-        distance = (z[..., None, :] - self.prototypes.to(z.dtype)).pow(2).mean(-1)  # [n, b, C]
-        return torch.where(self.known, -distance, torch.full_like(distance, FAR))
+        prototypes = params[PROTOTYPES].to(device=z.device, dtype=z.dtype)[:, None]  # [n, 1, C, d]
+        distance = (z[..., None, :] - prototypes).pow(2).mean(-1)  # [n, b, C]
+        known = params[KNOWN].to(z.device).bool()[:, None, :]
+        return torch.where(known, -distance, torch.full_like(distance, FAR))
 
 
 class FedProto(Algorithm):
@@ -79,23 +80,24 @@ class FedProto(Algorithm):
         params = {**{k: v.clone() for k, v in initial_model(self).items()}, **self.model.init_local(gen)}
         return {**params, **kept_optimizer_state(self.train, params)}
 
-    def _objective(self, bc: Broadcast) -> Objective:
+    def _objective(self, bc: Broadcast, n: int) -> Objective:
         model, lam = self.model, self.params.lam
-        prototypes, known = bc.extra["prototypes"], bc.extra["known"]
+        prototypes, known = bc.extra_rows("prototypes", n), bc.extra_rows("known", n)  # [n, C, d], [n, C]
 
         def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
             z = model.features(params, xb, noise)
             logits = model.head(params, z)
             ce = row_cross_entropy(logits, yb)
-            target = prototypes.to(z.device)[yb]  # [n, b, d]
-            regulariser = (z - target).pow(2).mean(-1) * known.to(z.device)[yb]
+            target = torch.take_along_dim(prototypes.to(z.device), yb[..., None], dim=1)  # [n, b, d]
+            regulariser = (z - target).pow(2).mean(-1) * torch.take_along_dim(known.to(z.device), yb, dim=1)
             return client_mean(ce + lam * regulariser, mask), client_mean(ce, mask)
 
         return objective
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         params, kept_opt = split_state(states)
-        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._objective(bc))
+        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
+                                                objective=self._objective(bc, len(data.client_ids)))
         prototypes, counts = client_prototypes(self.model, params, data)
         upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device),
                         {"train_loss": loss, "prototypes": prototypes, "label_counts": counts})
@@ -114,12 +116,13 @@ class FedProto(Algorithm):
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client's representation against the global prototypes."""
-        if "prototypes" not in bc.extra:  # a saved run's model: its parameters only
+        if not bc.has_extra("prototypes"):  # a saved run's model: its parameters only
             raise ConfigError("client predictions of a saved fedproto run are not supported yet: a client classifies "
                               "by the server's global prototypes, which the run does not save; expected the run's "
                               "metrics (metrics.csv, summary.json) instead")
         params, _ = split_state(states)
-        return Predictor(NearestPrototype(self.model, bc.extra["prototypes"], bc.extra["known"]), params, True)
+        rows = {PROTOTYPES: bc.extra_rows("prototypes", n), KNOWN: bc.extra_rows("known", n)}
+        return Predictor(NearestPrototype(self.model), {**params, **rows}, True)
 
 
 @torch.no_grad()
@@ -141,7 +144,7 @@ register(AlgorithmSpec(
     "Tan et al. 2022, FedProto: Federated Prototype Learning across Heterogeneous Clients", FedProtoParams,
     Capabilities(uploads="per-class prototypes (mean representations), class counts, sample count, training loss",
                  buffers="local",
-                 whole_round=True, server_model=False, personalises=True),
+                 whole_round=True, server_model=False, personalises=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedProto",

@@ -135,7 +135,8 @@ class FedFSNet(FedAvg):
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
-        return Broadcast(bc.params, round, bc.lr, {"synthetic": state.extra.get("synthetic"),
+        synthetic = state.extra.get("synthetic")  # none before the first round's aggregation
+        return Broadcast(bc.params, round, bc.lr, {**({} if synthetic is None else {"synthetic": synthetic}),
                                                    "beta": beta_schedule(self.cfg, round)})
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
@@ -180,14 +181,13 @@ class FedFSNet(FedAvg):
 
     # -- client
     def _regulariser(self, bc: Broadcast, data: ClientData):
-        synthetic, beta = bc.extra.get("synthetic"), bc.extra.get("beta", 0.0)
-        if synthetic is None or beta == 0:
+        beta = bc.extra.get("beta", 0.0)
+        if not bc.has_extra("synthetic") or beta == 0:
             return None
+        synthetic = bc.extra_rows("synthetic", len(data.client_ids))  # each client its own run's D′ (a stack)
 
         def kl_term(params):
-            n = next(iter(params.values())).shape[0]
-            logits = self.model.forward(params, synthetic.unsqueeze(0).expand(n, *synthetic.shape), None)
-            return beta * kl_uniform(logits)
+            return beta * kl_uniform(self.model.forward(params, synthetic, None))
 
         return kl_term
 
@@ -208,7 +208,7 @@ register(AlgorithmSpec(
     Capabilities(uploads="shared parameters, sample count, training loss, per-feature mean and variance of the "
                  "client's inputs", whole_round=False,
                  model_kinds=("mlp", "cnn", "cnn4", "logreg", "cgau"),
-                 model_reason="its server synthesises continuous inputs, not token ids"),
+                 model_reason="its server synthesises continuous inputs, not token ids", stacks_runs=True),
     legacy_section="fsnet", quick={"server_steps": 5},
     privacy=(
         PrivacyRow(

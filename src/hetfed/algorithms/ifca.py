@@ -62,8 +62,7 @@ class IFCA(ClusterModels):
         n = len(index)
         losses = torch.full((n, len(models)), float("inf"))
         for j, model in enumerate(models):
-            stacked = {**{k: v.unsqueeze(0).expand(n, *v.shape) for k, v in model.items()}, **local}
-            for i, logits in enumerate(predict(self.model, stacked, x, index)):
+            for i, logits in enumerate(predict(self.model, {**model, **local}, x, index)):
                 if len(index[i]):
                     losses[i, j] = F.cross_entropy(logits, y[torch.as_tensor(index[i], device=y.device)]).item()
         return losses.argmin(1)
@@ -86,7 +85,8 @@ register(AlgorithmSpec(
     "ifca", IFCA, "k cluster models; each client trains (and predicts with) the one with the lowest loss on its data",
     "Ghosh et al. 2020, An Efficient Framework for Clustered Federated Learning", IFCAParams,
     Capabilities(uploads="every cluster model's parameters (the chosen one trained, the others as received), its "
-                         "cluster index, sample count, training loss", whole_round=True, personalises=True),
+                         "cluster index, sample count, training loss", whole_round=True, personalises=True,
+                 stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="IFCA",

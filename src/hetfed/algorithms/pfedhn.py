@@ -155,7 +155,7 @@ register(AlgorithmSpec(
     "pfedhn", PFedHN, "a server hypernetwork generates each client's model from a learned client embedding",
     "Shamsian et al. 2021, Personalized Federated Learning using Hypernetworks", PFedHNParams,
     Capabilities(uploads="its trained model, sample count, training loss", whole_round=True, server_model=False,
-                 personalises=True, per_client=True),
+                 personalises=True, per_client=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="pFedHN",

@@ -151,7 +151,7 @@ register(AlgorithmSpec(
                       "for that client's aggregate",
     "Ma et al. 2022, Layer-wised Model Aggregation for Personalized Federated Learning", PFedLAParams,
     Capabilities(uploads="its trained model, sample count, training loss", whole_round=True, server_model=False,
-                 personalises=True, per_client=True),
+                 personalises=True, per_client=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="pFedLA",

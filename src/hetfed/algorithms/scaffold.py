@@ -109,12 +109,12 @@ class Scaffold(FedAvg):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         names = list(bc.params)
-        c = {k: bc.extra[C + k] for k in names}
+        c = {k: bc.extra_rows(C + k, n) for k in names}  # each client its own run's c (a stacked sweep)
         c_i = {k: states[CI + k] for k in names}
         rest = {k: v for k, v in states.items() if not k.startswith(CI)}
         x = bc.stacked(n)
         local, kept_opt = split_state(rest)
-        correction = {k: (c[k].unsqueeze(0) - c_i[k]).detach() for k in names}
+        correction = {k: (c[k] - c_i[k]).detach() for k in names}
 
         def linear(params):  # ⟨c − c_i, y⟩ per client: its gradient is the SCAFFOLD correction
             return sum((params[k] * correction[k]).flatten(1).sum(1) for k in names)
@@ -131,7 +131,7 @@ class Scaffold(FedAvg):
                 new_c[k] = full_grad[k]
             else:
                 shape = (n, *([1] * (x[k].dim() - 1)))
-                new_c[k] = c_i[k] - c[k].unsqueeze(0) + (x[k] - params[k]) / (steps.view(shape) * bc.lr)
+                new_c[k] = c_i[k] - c[k] + (x[k] - params[k]) / (steps.view(shape) * bc.lr)
             dc[DC + k] = (new_c[k] - c_i[k]) / sizes.view(n, *([1] * (x[k].dim() - 1)))
         upload = Upload(list(data.client_ids), {**{k: params[k] for k in names}, **dc}, sizes, {"train_loss": loss})
         kept = {k: params[k] for k in local}
@@ -173,7 +173,8 @@ class Scaffold(FedAvg):
 register(AlgorithmSpec(
     "scaffold", Scaffold, "FedAvg with control variates that correct the clients' drift",
     "Karimireddy et al. 2020, SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ScaffoldParams,
-    Capabilities(uploads="shared parameters, sample count, training loss, control-variate change Δc_i"),
+    Capabilities(uploads="shared parameters, sample count, training loss, control-variate change Δc_i",
+                 stacks_runs=True),
     legacy_train={"scaffold_option": "option"},
     privacy=(
         PrivacyRow(

@@ -18,6 +18,11 @@ Params = dict[str, torch.Tensor]
 ClientState = dict[str, torch.Tensor]
 
 
+def map_tensors(value: Any, fn: Any) -> Any:
+    """``fn`` of a tensor, or of each tensor of a dict of them (a generator's parameters sent as one extra)."""
+    return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
+
+
 @dataclass(frozen=True, eq=False)
 class ServerState:
     """What the server holds between rounds."""
@@ -45,6 +50,17 @@ class Broadcast:
         """The shared parameters as a stack of ``n`` clients (views along a new leading axis, no copy)."""
         return {k: v.unsqueeze(0).expand(n, *v.shape) for k, v in self.params.items()}
 
+    def extra_rows(self, key: str, n: int) -> Any:
+        """The extra ``key`` as ``n`` clients' rows (a tensor, or each tensor of a dict, as views along a new leading
+        axis, no copy): how a method that ``stacks_runs`` reads what its server computes for the clients (SCAFFOLD's
+        control variate, FedProto's prototypes) — a joined stack's clients may come from runs with other extras,
+        and its :class:`ClientBroadcast` holds each client's own run's."""
+        return map_tensors(self.extra[key], lambda v: v.unsqueeze(0).expand(n, *v.shape))
+
+    def has_extra(self, key: str) -> bool:
+        """Whether the broadcast carries the extra ``key`` (for every client, or as each client's rows)."""
+        return key in self.extra
+
     def for_clients(self, ids: Iterable[int], device: torch.device | None = None) -> Broadcast:
         """The broadcast a stack of clients ``ids`` receives: only their ``personal`` rows, in that order — on
         ``device`` when given, where the clients compute (a server may keep its table of personal rows on the host:
@@ -64,11 +80,58 @@ class Broadcast:
         return replace(self, personal=rows, personal_ids=ids)
 
 
+class _SharedExtras(dict[str, Any]):
+    """A joined broadcast's shared extras (numbers); reading one of the extras it holds as rows fails, where a plain
+    dict's ``get`` would answer its default and a method would silently compute without it: an algorithm that
+    ``stacks_runs`` reads those with :meth:`Broadcast.extra_rows`."""
+
+    def __init__(self, shared: dict[str, Any], rows: dict[str, Any]) -> None:
+        super().__init__(shared)
+        self.rows = frozenset(rows)
+
+    def _refuse(self, key: Any) -> None:
+        if key in self.rows:
+            raise KeyError(f"the extra {key!r} is each client's own here (a stack of several runs' clients): read it "
+                           f"with bc.extra_rows({key!r}, n)")
+
+    def __missing__(self, key: Any) -> Any:
+        self._refuse(key)
+        raise KeyError(key)
+
+    def get(self, key: Any, default: Any = None) -> Any:
+        self._refuse(key)
+        return super().get(key, default)
+
+    def __contains__(self, key: object) -> bool:
+        self._refuse(key)
+        return super().__contains__(key)
+
+
 @dataclass(frozen=True, eq=False)
 class ClientBroadcast(Broadcast):
     """A broadcast whose shared parameters are already one per client (``[n, …]``): the clients of a stack come
     from runs with different global models (a stacked sweep), or were sent different model versions (an
     asynchronous server)."""
+
+    #: the extras :meth:`extra_rows` reads, a row per client (its own run's); ``extra`` holds only what every client
+    #: of the stack shares (numbers: a stacked sweep joins runs whose numbers there are equal)
+    row_extra: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.row_extra:
+            object.__setattr__(self, "extra", _SharedExtras(self.extra, self.row_extra))
+
+    def extra_rows(self, key: str, n: int) -> Any:
+        if key not in self.row_extra:
+            return super().extra_rows(key, n)
+        rows = self.row_extra[key]
+        first = next(iter(rows.values())) if isinstance(rows, dict) else rows
+        if first.shape[0] != n:
+            raise ValueError(f"a stack of {n} clients was given the extra {key!r} for {first.shape[0]}")
+        return rows
+
+    def has_extra(self, key: str) -> bool:
+        return key in self.row_extra or key in self.extra
 
     def rows(self, index: list[int]) -> ClientBroadcast:
         """The broadcast of the clients at positions ``index`` (itself when that is every row in order: a
@@ -79,7 +142,8 @@ class ClientBroadcast(Broadcast):
         at = torch.as_tensor(index, dtype=torch.long)
         personal_ids = None if self.personal_ids is None else tuple(self.personal_ids[i] for i in index)
         return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()},
-                       personal={k: v[at.to(v.device)] for k, v in self.personal.items()}, personal_ids=personal_ids)
+                       personal={k: v[at.to(v.device)] for k, v in self.personal.items()}, personal_ids=personal_ids,
+                       row_extra={k: map_tensors(v, lambda t: t[at.to(t.device)]) for k, v in self.row_extra.items()})
 
     def stacked(self, n: int) -> Params:
         first = next(iter(self.params.values()), None)

@@ -26,8 +26,10 @@ as arrays (:func:`hetfed.engine.summary.summaries`), and a block's updates measu
 :mod:`hetfed.executors.stacked_work`'s; this module holds the runs and their lockstep.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
-through ``bc.stacked(n)``, names, ``Proximal`` centres and ``bc.lr``) are stacked across runs
-(:func:`~hetfed.executors.stacked_work.joins`); the others step and evaluate alone, through the in-process executor's
+through ``bc.stacked(n)``, ``bc.extra_rows``, their clients' personal rows, names, ``Proximal`` centres, ``bc.lr`` and
+the numbers among the extras) are stacked across runs (:func:`~hetfed.executors.stacked_work.joins`): a joined stack's
+broadcast holds each client's own run's model, extras and personal rows; runs join when the numbers among their
+extras are equal. The others step and evaluate alone, through the in-process executor's
 own round, so they give the numbers of the run without ``--stack``. Personalisation is each run's own, one run at a time
 (asynchronous methods are refused).
 
@@ -338,7 +340,7 @@ def _train_key(run: _Rounds) -> Any:
 
 
 def _evaluation_key(run: _Rounds) -> Any:
-    return (evaluation_key(run.executor, run.bc, run.view) if run.clients and joins(run.executor, run.bc, True)
+    return (evaluation_key(run.executor, run.bc, run.view) if run.clients and joins(run.executor, run.bc)
             else None)
 
 

@@ -63,27 +63,51 @@ class Asking(Protocol):
     def joined(self) -> Joined: ...
 
 
-def joins(executor: InProcessExecutor, bc: Broadcast, evaluation: bool = False) -> bool:
+def joins(executor: InProcessExecutor, bc: Broadcast) -> bool:
     """Whether this run's round (or evaluation) may share a stack with other runs: its algorithm reads the broadcast
-    only as ``bc.stacked(n)`` (``Capabilities.stacks_runs``) and this broadcast carries nothing else (no
-    ``extra``; for an evaluation, no personal rows). The others step alone: their executor's own round."""
-    return (executor.algo.capabilities.stacks_runs and not bc.extra
-            and not (evaluation and bc.personal))
+    only as ``bc.stacked(n)``, ``bc.extra_rows`` and its clients' personal rows (``Capabilities.stacks_runs``) and
+    every extra is a number or tensors. The others step alone: their executor's own round."""
+    return executor.algo.capabilities.stacks_runs and all(map(_joinable, bc.extra.values()))
+
+
+def _joinable(value: Any) -> bool:
+    return _shared(value) or isinstance(value, torch.Tensor) or (
+        isinstance(value, dict) and all(isinstance(v, torch.Tensor) for v in value.values()))
+
+
+def _shared(value: Any) -> bool:
+    """A number in the broadcast's extras (FedDBE's "known", FedGen's α): every client of a joined stack shares it,
+    so only runs whose numbers are equal join; tensors travel as each client's run's rows."""
+    return isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.dim() == 0)
+
+
+def _extra_key(bc: Broadcast) -> Any:
+    """The extras' part of a stack's key: the numbers' values, the tensors' shapes and types, and the personal rows'
+    (a row's shape: the runs' clients are joined along the rows)."""
+    def shape(v: torch.Tensor) -> Any:
+        return tuple(v.shape), v.dtype
+
+    return (tuple(sorted((k, float(v)) if _shared(v) else
+                         (k, tuple(sorted((n, shape(t)) for n, t in v.items())) if isinstance(v, dict) else shape(v))
+                         for k, v in bc.extra.items())),
+            tuple(sorted((k, shape(v[0])) for k, v in bc.personal.items())))
 
 
 def step_key(executor: InProcessExecutor, bc: Broadcast) -> Any:
     """Requests with equal keys run the same client step and share a stack (every request :func:`joins`): their
     runs' specifications agree on the client step (:meth:`~hetfed.run_spec.RunSpec.step_identity`), on this device,
-    for the same broadcast names, learning rate and round."""
-    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)), float(bc.lr), bc.round)
+    for the same broadcast names, learning rate, round and extras' numbers and shapes."""
+    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)), float(bc.lr), bc.round,
+            _extra_key(bc))
 
 
 def evaluation_key(executor: InProcessExecutor, bc: Broadcast, view: str | None) -> Any:
     """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
-    method and model, view, number of classes and global test set size (each client scores its own run's)."""
+    method and model, view, number of classes, global test set size and extras' numbers and shapes (each client
+    scores its own run's)."""
     return (executor.run.model_identity(), str(executor.device), tuple(sorted(bc.params)), view,
             executor.fed.n_classes, len(executor.y_global), tuple(executor.x_global.shape[1:]),
-            executor.eval_max_floats)
+            executor.eval_max_floats, _extra_key(bc))
 
 
 def train_together(group: Sequence[Asking]) -> list[Upload]:
@@ -111,8 +135,16 @@ def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, li
     states = [group[i].executor._stacked(chosen[i]) for i in runs]
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
-    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in group[0].bc.params},
-                         group[0].bc.round, group[0].bc.lr)
+    first = group[0].bc
+    rows = {key: [group[i].bc.extra_rows(key, len(chosen[i])) for i in runs]
+            for key, value in first.extra.items() if not _shared(value)}
+    personal = [group[i].bc.for_clients(chosen[i], group[i].executor.device).personal for i in runs]
+    bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in first.params}, first.round, first.lr,
+                         {k: v for k, v in first.extra.items() if _shared(v)},
+                         {k: torch.cat([p[k] for p in personal]) for k in first.personal},
+                         tuple(k for i in runs for k in chosen[i]) if first.personal else None,
+                         row_extra={key: {n: torch.cat([p[n] for p in parts]) for n in parts[0]}
+                                    if isinstance(parts[0], dict) else torch.cat(parts) for key, parts in rows.items()})
     return state, bc
 
 
