@@ -3,7 +3,8 @@ every round) in stacked sweeps of 1 and 20 seeds: the time in the lockstep a rou
 for 20, and their ratio. Run on two checkouts to compare (a copy of ../benchmarks_cpu_2026-11-30c/rounds_personal.py
 with the methods as an argument):
 
-    PYTHONPATH=$PWD/src python results/benchmarks_cpu_2026-11-30d/rounds_extras.py 20 scaffold,fedproto,fedgen,feddbe,fedfomo
+    M=scaffold,fedproto,fedgen,feddbe,fedfomo
+    PYTHONPATH=$PWD/src python results/benchmarks_cpu_2026-11-30d/rounds_extras.py 20 $M
 """
 
 import sys

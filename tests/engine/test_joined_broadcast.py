@@ -32,9 +32,11 @@ def test_a_joined_broadcast_gives_each_client_its_own_row_and_its_rows_follow_a_
         bc.extra_rows("c", 2)
 
 
-@pytest.mark.parametrize("read", [lambda e: e.get("c"), lambda e: e["c"], lambda e: "c" in e])
+@pytest.mark.parametrize("read", [lambda e: e.get("c"), lambda e: e["c"], lambda e: "c" in e, lambda e: dict(e),
+                                  lambda e: {**e}, lambda e: list(e.items()), lambda e: list(e)])
 def test_a_plain_read_of_a_per_client_extra_fails_with_what_to_call(read):
     bc = ClientBroadcast({}, 0, 0.1, {"beta": 0.5}, row_extra={"c": torch.zeros(2, 3)})
-    with pytest.raises(KeyError, match=r"bc.extra_rows\('c', n\)"):
+    with pytest.raises(KeyError, match=r"bc.extra_rows\("):
         read(bc.extra)
     assert bc.extra.get("beta") == 0.5 and bc.extra.get("absent", 7) == 7 and "beta" in bc.extra
+    assert bc.rows([1]).extra.get("beta") == 0.5  # a selection keeps the shared numbers and the guard

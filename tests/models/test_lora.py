@@ -235,6 +235,43 @@ def test_the_lora_methods_on_flowers_simulation_engine_give_the_in_process_numbe
                     name, key)
 
 
+def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_encoder, tmp_path, monkeypatch):
+    """#74: FedIT, FFA-LoRA, FedSA-LoRA and HetLoRA declare ``stacks_runs``: stacked, each seed's clients train and are
+    scored in one stack with the other seed's (each with its own run's adapters, ranks and frozen A), and runs.csv is
+    the sweep's one by one to the bit (every value of metrics.csv to float tolerance). FLoRA steps alone: its merged
+    update would be copied for every client of a joined stack."""
+    from hetfed.config import build_config
+    from hetfed.executors import stacked_runs
+    from hetfed.runs.sweep import run_sweep
+    from tests.runs.test_stacked_sweep import _metrics, _runs
+
+    served: set[tuple[str, str, int]] = set()
+    for name in ("train_together", "evaluate_together"):
+        computed = getattr(stacked_runs, name)
+        monkeypatch.setattr(stacked_runs, name, lambda group, computed=computed, name=name: served.add(
+            (group[0].executor.algo.spec.name, name, len(group))) or computed(group))
+    x, y = _texts()
+    np.savez(tmp_path / "texts.npz", x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
+    methods = ("fedit", "ffa_lora", "fedsa_lora", "hetlora", "flora")
+    cfg = build_config({
+        "dataset": {"name": "arrays", "path": str(tmp_path / "texts.npz")},
+        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
+        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
+        "train": {"rounds": 2, "batch_size": 16, "local_epochs": 1, "eval_every": 1,
+                  "optimizer": {"kind": "adam", "lr": 0.02}},
+        "methods": [{"name": m, "algorithm": m} for m in methods]})
+    run_sweep(cfg, {}, seeds=2, out=tmp_path / "one_by_one", progress=False)
+    run_sweep(cfg, {}, seeds=2, out=tmp_path / "stacked", progress=False, stack=True)
+    assert _runs(tmp_path / "stacked", ()) == _runs(tmp_path / "one_by_one", ())
+    alone, stacked = _metrics(tmp_path / "one_by_one"), _metrics(tmp_path / "stacked")
+    assert alone.keys() == stacked.keys()
+    for key, value in alone.items():
+        assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-8, nan_ok=True), key
+    assert {(m, kind) for m, kind, size in served if size == 2} == {
+        (m, kind) for m in methods[:-1] for kind in ("train_together", "evaluate_together")}
+
+
 def _hetlora(tiny_encoder, **params):
     from hetfed.algorithms import build_algorithm
     from hetfed.config import TrainConfig

@@ -25,6 +25,7 @@ register(AlgorithmSpec(
     "each client's B matrices its own", "Guo et al. 2025, Selective Aggregation for Low-Rank Adaptation in "
     "Federated Learning",
     capabilities=Capabilities(uploads="every adapter's A and the head, sample count, training loss", private=True,
+                              stacks_runs=True,
                               personalises=True, model_kinds=("lora_encoder",),
                               model_reason="it shares LoRA adapters' A matrices: use model.kind lora_encoder with "
                                            "embed.kind wordpiece"),

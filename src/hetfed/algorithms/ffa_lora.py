@@ -45,6 +45,7 @@ register(AlgorithmSpec(
     "ffa_lora", FFALoRA, "LoRA adapters over a frozen encoder with A frozen at one shared random draw: only B (and "
     "the head) trained and averaged", "Sun et al. 2024, Improving LoRA in Privacy-preserving Federated Learning",
     capabilities=Capabilities(uploads="every adapter's B and the head, sample count, training loss", private=True,
+                              stacks_runs=True,
                               model_kinds=("lora_encoder",),
                               model_reason="it freezes LoRA adapters' A matrices: use model.kind lora_encoder with "
                                            "embed.kind wordpiece"),

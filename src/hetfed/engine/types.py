@@ -86,8 +86,24 @@ class _SharedExtras(dict[str, Any]):
     ``stacks_runs`` reads those with :meth:`Broadcast.extra_rows`."""
 
     def __init__(self, shared: dict[str, Any], rows: dict[str, Any]) -> None:
-        super().__init__(shared)
+        super().__init__({k: dict.__getitem__(shared, k) for k in dict.keys(shared)})
         self.rows = frozenset(rows)
+
+    def _whole(self) -> None:
+        raise KeyError(f"the extras {sorted(self.rows)} are each client's own here (a stack of several runs' clients): "
+                       "read each with bc.extra_rows(key, n), not the extras as a whole")
+
+    def __iter__(self) -> Any:
+        self._whole()
+
+    def keys(self) -> Any:
+        self._whole()
+
+    def values(self) -> Any:
+        self._whole()
+
+    def items(self) -> Any:
+        self._whole()
 
     def _refuse(self, key: Any) -> None:
         if key in self.rows:
