@@ -134,15 +134,17 @@ class FedPAC(PartlyPersonal):
             out[k] = torch.where(has, combined, local[k])
         return out
 
-    def _aligned(self, bc: Broadcast) -> Objective:
+    def _aligned(self, bc: Broadcast, n: int) -> Objective:
         model, lam = self.model, self.params.lam
-        centroids, known = bc.extra["centroids"], bc.extra["known"].bool()
+        # each client its own run's centroids [n, C, d] and which classes have one [n, C] (a stacked sweep's stack)
+        centroids, known = bc.extra_rows("centroids", n), bc.extra_rows("known", n).bool()
 
         def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
             z = model.features(params, xb, noise)
             ce = client_mean(row_cross_entropy(model.head(params, z), yb), mask)
             y = yb.long()
-            target = torch.where(known.to(z.device)[y][..., None], centroids.to(z)[y], z.detach())
+            held = torch.take_along_dim(known.to(z.device), y, dim=1)[..., None]  # [n, b, 1]
+            target = torch.where(held, torch.take_along_dim(centroids.to(z), y[..., None], dim=1), z.detach())
             return ce + lam * client_mean(((z - target) ** 2).mean(-1), mask), ce
 
         return objective
@@ -156,7 +158,7 @@ class FedPAC(PartlyPersonal):
         body = list(bc.params)
         params, _, _ = train_stack(self.model, params, second_pass(data, 1), self.schedule.one_epoch(),  # the head
                                    self.train.optimizer, bc.lr, trainable=list(self.personal_names()))
-        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc),
+        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc, n),
                                                 trainable=body)  # the body, the head frozen
         centroids, counts = client_prototypes(self.model, params, data)
         upload = Upload(list(data.client_ids), {k: params[k] for k in body}, data.sizes().to(loss.device),
@@ -234,7 +236,7 @@ register(AlgorithmSpec(
     FedPACParams,
     Capabilities(uploads="shared parameters of the body, its head, class centroids and counts, feature "
                          "statistics, sample count, training loss", whole_round=True, personalises=True,
-                         per_client=True),
+                         per_client=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="FedPAC",

@@ -83,14 +83,17 @@ def _shared(value: Any) -> bool:
 
 def _extra_key(bc: Broadcast) -> Any:
     """The extras' part of a stack's key: the numbers' values, the tensors' shapes and types, and the personal rows'
-    (a row's shape: the runs' clients are joined along the rows)."""
-    def shape(v: torch.Tensor) -> Any:
+    (a row's: the runs' clients are joined along the rows)."""
+    def layout(v: torch.Tensor) -> Any:
         return tuple(v.shape), v.dtype
 
-    return (tuple(sorted((k, float(v)) if _shared(v) else
-                         (k, tuple(sorted((n, shape(t)) for n, t in v.items())) if isinstance(v, dict) else shape(v))
-                         for k, v in bc.extra.items())),
-            tuple(sorted((k, shape(v[0])) for k, v in bc.personal.items())))
+    def part(v: Any) -> Any:
+        if _shared(v):
+            return float(v)
+        return tuple(sorted((n, layout(t)) for n, t in v.items())) if isinstance(v, dict) else layout(v)
+
+    return (tuple(sorted((k, part(v)) for k, v in bc.extra.items())),
+            tuple(sorted((k, layout(v[0:0])) for k, v in bc.personal.items())))
 
 
 def step_key(executor: InProcessExecutor, bc: Broadcast) -> Any:
