@@ -335,8 +335,7 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     for key, value in per_round.items():
         assert joined_rounds[key] == pytest.approx(value, rel=1e-5, abs=1e-8, nan_ok=True), key
     stacking = {n for n in names if ALGORITHMS.get(n).capabilities.stacks_runs}
-    assert len(stacking) >= 36 and {"scaffold", "fedgen", "fsnet", "cfl", "ifca", "fedcac", "fedpac",
-                                                     "pfedfda"} <= stacking
+    assert len(stacking) >= 36 and {"scaffold", "fedgen", "fsnet", "cfl", "ifca", "fedcac", "fedpac"} <= stacking
     assert {n for n in stacking if joined.get(n) != {("train_together", 2), ("evaluate_together", 2)}} == set()
     assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)

@@ -312,7 +312,7 @@ register(AlgorithmSpec(
     "McLaughlin, Wang, Zhou 2024, Personalized Federated Learning via Feature Distribution Adaptation",
     PFedFDAParams,
     Capabilities(uploads="shared body parameters, sample count, training loss, its adaptive class means and "
-                         "feature covariance", whole_round=True, personalises=True, stacks_runs=True),
+                         "feature covariance", whole_round=True, personalises=True),
     privacy=(
         PrivacyRow(
             method="pFedFDA",
