@@ -203,22 +203,12 @@ class PFedFDA(FedAvg):
         shapes = {k: torch.zeros(s.shape) for s in self.model.specs() if (k := s.name) in self._body}
         return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
 
-    def _heads(self, means: torch.Tensor, cov: torch.Tensor, priors: torch.Tensor) -> Params:
-        """Each client's LDA head from the global statistics ``[C, d]``, ``[d, d]`` and its priors ``[n, C]``."""
-        coef, bias = lda_head(means.double().to(priors.device), cov.double().to(priors.device), priors,
-                              self.params.eps)
+    def _heads(self, extra: dict, priors: torch.Tensor) -> Params:
+        """Each client's LDA head from the global statistics (in a broadcast's or the server's ``extra``) and its
+        priors ``[n, C]``."""
+        coef, bias = lda_head(extra[MEANS].double().to(priors.device), extra[COV].double().to(priors.device),
+                              priors, self.params.eps)
         return {COEF: coef.expand(len(priors), *coef.shape[-2:]).float(), BIAS: bias.float()}
-
-    def _client_heads(self, bc: Broadcast, priors: torch.Tensor) -> Params:
-        """:meth:`_heads` for the clients of a stack, each from its own run's statistics (a stacked sweep's stack
-        holds several runs'): one solve when they are one run's (the rows views of one tensor), else one a client
-        — a batched solve is not the single one's bits (d = 200 measured)."""
-        n = len(priors)
-        means, cov = bc.extra_rows(MEANS, n), bc.extra_rows(COV, n)
-        if means.stride(0) == 0 and cov.stride(0) == 0:
-            return self._heads(means[0], cov[0], priors)
-        heads = [self._heads(means[i], cov[i], priors[i : i + 1]) for i in range(n)]
-        return {k: torch.cat([h[k] for h in heads]) for k in heads[0]}
 
     def _uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """Uniform priors for ``n`` clients: the head of a client that has not adapted, and the server's."""
@@ -239,11 +229,10 @@ class PFedFDA(FedAvg):
         samples' features under ``params``."""
         reps = predict(Representation(self.model), params, x, indices)
         priors, means, covs = [], [], []
-        global_means, global_covs = bc.extra_rows(MEANS, len(indices)), bc.extra_rows(COV, len(indices))
-        for i, (z, index) in enumerate(zip(reps, indices, strict=True)):
+        for z, index in zip(reps, indices, strict=True):
             labels = y[torch.as_tensor(index, device=y.device)].long().to(z.device)
             prior = class_priors(labels, self.model.n_classes, self.params.eps).to(z.device)
-            m, c = adaptive_statistics(z, labels, global_means[i], global_covs[i], prior, self.params)
+            m, c = adaptive_statistics(z, labels, bc.extra[MEANS], bc.extra[COV], prior, self.params)
             priors.append(prior)
             means.append(m)
             covs.append(c)
@@ -253,7 +242,7 @@ class PFedFDA(FedAvg):
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
         priors = smoothed_priors(data.label_counts(self.model.n_classes), self.params.eps)
-        params = {**bc.stacked(n), **local, **self._client_heads(bc, priors)}
+        params = {**bc.stacked(n), **local, **self._heads(bc.extra, priors)}
         trainable = [k for k in params if k in self._body or k in local]
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
                                                 objective=self._objective(bc, data, states), trainable=trainable)
@@ -273,12 +262,12 @@ class PFedFDA(FedAvg):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """The global body with the global statistics' head and uniform priors (what a client holds before it
         adapts to its training data; :meth:`evaluate_client` adapts)."""
-        if not bc.has_extra(MEANS):  # a saved run's model: its parameters only
+        if MEANS not in bc.extra:  # a saved run's model: its parameters only
             raise ConfigError("client predictions of a saved pfedfda run are not supported yet: a client's head is "
                               "built from the server's Gaussian statistics, which the run does not save; expected "
                               "the run's metrics (metrics.csv, summary.json) instead")
         local, _ = split_state(states)
-        return Predictor(self.lda, {**bc.stacked(n), **local, **self._client_heads(bc, self._uniform(n))}, True)
+        return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(bc.extra, self._uniform(n))}, True)
 
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
@@ -300,8 +289,7 @@ class PFedFDA(FedAvg):
         """The global body with the global statistics and uniform priors on the balanced global test set."""
         params = global_params(self, state)
         device = next(iter(params.values())).device
-        heads = {k: v.to(device) for k, v in self._heads(state.extra[MEANS], state.extra[COV],
-                                                         self._uniform(1, device)).items()}
+        heads = {k: v.to(device) for k, v in self._heads(state.extra, self._uniform(1, device)).items()}
         s = scores(self.lda.forward({**params, **heads}, x_global.unsqueeze(0), None)[0], y_global)
         return {"server_accuracy": s["accuracy"], "server_loss": s["loss"]}
 
