@@ -51,8 +51,10 @@ class CFLParams(AlgorithmParams):
 
 
 def padded(of: torch.Tensor, size: int) -> torch.Tensor:
-    """The assignment long enough for client ids below ``size`` (clients not yet known are in cluster 0)."""
-    return of if len(of) >= size else torch.cat([of, torch.zeros(size - len(of), dtype=of.dtype)])
+    """The assignment (or rows of assignments) long enough for client ids below ``size`` (clients not yet known
+    are in cluster 0)."""
+    short = size - of.shape[-1]
+    return of if short <= 0 else torch.cat([of, torch.zeros(*of.shape[:-1], short, dtype=of.dtype)], -1)
 
 
 def bipartition(updates: torch.Tensor) -> tuple[list[int], list[int]]:
@@ -91,9 +93,8 @@ class CFL(ClusterModels):
         table, a stacked sweep's clients coming from several runs)."""
         if not bc.has_extra(ASSIGNMENT):
             return torch.zeros(len(ids), dtype=torch.long)
-        tables = bc.extra_rows(ASSIGNMENT, len(ids)).long().cpu()
-        return torch.stack([padded(table, k + 1)[k] for table, k in zip(tables, ids, strict=True)]) if ids else \
-            torch.zeros(0, dtype=torch.long)
+        tables = padded(bc.extra_rows(ASSIGNMENT, len(ids)).long().cpu(), max(ids, default=-1) + 1)
+        return tables[torch.arange(len(ids)), torch.as_tensor(ids, dtype=torch.long)]
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Split the clusters that meet Algorithm 1's criterion, then average each cluster's updates."""

@@ -31,7 +31,7 @@ from pydantic import Field
 
 from hetfed.algorithms._personal import PartlyPersonal, head_of, second_pass
 from hetfed.algorithms.fedavg import train_clients
-from hetfed.algorithms.fedproto import client_prototypes
+from hetfed.algorithms.fedproto import at_labels, client_prototypes
 from hetfed.algorithms.registry import (
     AlgorithmParams,
     AlgorithmSpec,
@@ -143,8 +143,7 @@ class FedPAC(PartlyPersonal):
             z = model.features(params, xb, noise)
             ce = client_mean(row_cross_entropy(model.head(params, z), yb), mask)
             y = yb.long()
-            held = torch.take_along_dim(known.to(z.device), y, dim=1)[..., None]  # [n, b, 1]
-            target = torch.where(held, torch.take_along_dim(centroids.to(z), y[..., None], dim=1), z.detach())
+            target = torch.where(at_labels(known.to(z.device), y)[..., None], at_labels(centroids.to(z), y), z.detach())
             return ce + lam * client_mean(((z - target) ** 2).mean(-1), mask), ce
 
         return objective

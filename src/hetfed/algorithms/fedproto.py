@@ -88,8 +88,8 @@ class FedProto(Algorithm):
             z = model.features(params, xb, noise)
             logits = model.head(params, z)
             ce = row_cross_entropy(logits, yb)
-            target = torch.take_along_dim(prototypes.to(z.device), yb[..., None], dim=1)  # [n, b, d]
-            regulariser = (z - target).pow(2).mean(-1) * torch.take_along_dim(known.to(z.device), yb, dim=1)
+            target = at_labels(prototypes.to(z.device), yb)  # [n, b, d]
+            regulariser = (z - target).pow(2).mean(-1) * at_labels(known.to(z.device), yb)
             return client_mean(ce + lam * regulariser, mask), client_mean(ce, mask)
 
         return objective
@@ -123,6 +123,12 @@ class FedProto(Algorithm):
         params, _ = split_state(states)
         rows = {PROTOTYPES: bc.extra_rows("prototypes", n), KNOWN: bc.extra_rows("known", n)}
         return Predictor(NearestPrototype(self.model), {**params, **rows}, True)
+
+
+def at_labels(table: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    """Each client's row of its per-class ``table`` ``[n, C, …]`` at each of its ``labels`` ``[n, b]``: ``[n, b, …]``
+    (a client's own run's prototypes or centroids, whatever run its stack's neighbours come from)."""
+    return torch.take_along_dim(table, labels.reshape(*labels.shape, *[1] * (table.dim() - 2)), dim=1)
 
 
 @torch.no_grad()
