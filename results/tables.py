@@ -6,8 +6,9 @@
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
     python results/tables.py leaderboard SWEEP_DIR   # #25: personal accuracy (weighted, mean, worst 10%) and
                                           # global accuracy per method, best round by validation and last round
-    python results/tables.py pfllib SWEEP_DIR   # #74: every method of PFLlib's published Fashion-MNIST table
-                                          # (pfllib_published.json, with its source) against the sweep's runs of it
+    python results/tables.py pfllib SWEEP_DIR [SWEEP_DIR …]   # #74: every method of PFLlib's published
+        # Fashion-MNIST table (pfllib_published.json, with its source) against the sweeps' runs of it, runs stopped
+        # by a time budget's SIGTERM included (each read up to its last evaluation)
     python results/tables.py heterogeneity-figure OUT.png METRIC SWEEP_DIR [SWEEP_DIR …]
         # #25: every method's best METRIC against each sweep's (partition's) ΔΓ, one line per method
     python results/tables.py runs FOLDER BASELINE [METRIC …]   # #28: from a results folder's runs.csv (one value
@@ -185,17 +186,35 @@ LEADERBOARD = (("local_accuracy_weighted", "personal (weighted)"), ("local_accur
                ("local_accuracy_worst10", "worst 10%"), ("global_accuracy", "global"))
 
 
+def _evaluations(run_dir: Path) -> dict[str, dict[int, dict[str, float]]]:
+    """A run's evaluations from its metrics.csv: each row's (method's or view's) summary values by round."""
+    import csv
+
+    rows: dict[str, dict[int, dict[str, float]]] = defaultdict(lambda: defaultdict(dict))
+    with open(Path(run_dir) / "metrics.csv", newline="") as fh:
+        for r in csv.DictReader(fh):
+            if r["split"] == "summary" and r["client"] == "all" and r["value"] != "":
+                rows[r["method"]][int(r["round"])][r["metric"]] = float(r["value"])
+    return rows
+
+
 def pfllib_rule(run_dir: Path, metric: str = "local_accuracy_weighted") -> dict[str, float]:
     """PFLlib's reported number per method of one run: the best *test* accuracy over the evaluated rounds (its
     ``max(rs_test_acc)``, the clients' correct predictions over their test samples: ``local_accuracy_weighted``)."""
-    import csv
+    return {name: max(ev[metric] for ev in by_round.values() if metric in ev)
+            for name, by_round in _evaluations(run_dir).items() if any(metric in ev for ev in by_round.values())}
 
-    best: dict[str, float] = {}
-    with open(Path(run_dir) / "metrics.csv", newline="") as fh:
-        for r in csv.DictReader(fh):
-            if r["metric"] == metric and r["split"] == "summary" and r["client"] == "all" and r["value"] != "":
-                best[r["method"]] = max(best.get(r["method"], float("-inf")), float(r["value"]))
-    return best
+
+def by_validation(run_dir: Path, metric: str = "local_accuracy_weighted") -> dict[str, float]:
+    """Per method of one run: ``metric`` at the evaluated round of the lowest validation loss (the clients' pooled
+    validation splits; the earliest such round on a tie), read from metrics.csv, so that a run stopped by a time
+    budget (no summary.json) is read the same way."""
+    out = {}
+    for name, by_round in _evaluations(run_dir).items():
+        rounds = [r for r, ev in sorted(by_round.items()) if metric in ev and np.isfinite(ev.get("val_loss", np.nan))]
+        if rounds:
+            out[name] = by_round[min(rounds, key=lambda r: by_round[r]["val_loss"])][metric]
+    return out
 
 
 def leaderboard_table(sweep: Path) -> str:
@@ -235,48 +254,86 @@ def leaderboard_table(sweep: Path) -> str:
 PUBLISHED = Path(__file__).with_name("pfllib_published.json")
 
 
-def pfllib_table(sweep: Path, published: Path = PUBLISHED) -> str:
-    """Every method of PFLlib's published table against the sweep's runs of it (#74 §5): PFLlib's rule
-    (:func:`pfllib_rule`, the best test accuracy over the evaluated rounds) in points, mean ± sd over seeds (numpy's
-    sd, ddof 0, as PFLlib prints it), the published mean ± sd, the difference, and whether it is within one point.
-    A method is matched by its algorithm (each of its views, e.g. FedBABU's global and fine-tuned models, a row
-    of its own); PFLlib's methods that hetfed lacks or the sweep did not run, and the
-    sweep's methods PFLlib has no number for, are listed as such."""
+def yaml_methods(run_dir: Path) -> list[dict]:
+    """A run's configured methods (its config.yaml)."""
+    import yaml
+
+    return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["methods"]
+
+
+def _read_runs(sweep: Path):
+    """Every run of a sweep that finished, or that a signal stopped (a time budget's SIGTERM: its metrics.csv holds
+    every evaluation up to then), with the algorithm of each of its rows (a method, or a view ``label:view``)."""
+    listed = json.loads((sweep / "sweep.json").read_text())
+    for run in listed["runs"] + [r for r in listed.get("failed", []) if "SIGTERM" in r.get("error", "")]:
+        run_dir = Path(run["run_dir"])
+        if (run_dir / "summary.json").exists():
+            methods = json.loads((run_dir / "summary.json").read_text())["methods"]
+            yield run_dir, {name: m.get("algorithm", name).split(":")[0] for name, m in methods.items()}
+        else:  # stopped: its configured methods name its rows (``label``, ``label:view``; one method: every row)
+            methods = yaml_methods(run_dir)
+            labels = {m["name"]: m["algorithm"] for m in methods}
+            rows = _evaluations(run_dir)
+            yield run_dir, {row: (methods[0]["algorithm"] if len(methods) == 1 else
+                                  labels.get(row.split(":")[0], row)) for row in rows}
+
+
+def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
+    """Every method of PFLlib's published table against the sweeps' runs of it (#74 §5): PFLlib's rule
+    (:func:`pfllib_rule`, the best test accuracy over the evaluated rounds) and the round chosen by validation
+    (:func:`by_validation`) in points, mean ± sd over seeds (numpy's sd, ddof 0, as PFLlib prints it), the rounds
+    each method's runs reached (the fewest of its seeds: a sweep stopped by a time budget reaches fewer than its
+    configured rounds), the published mean ± sd, the difference, and whether it is within one point. A method is
+    matched by its algorithm (each of its views, e.g. FedBABU's global and fine-tuned models, a row of its own);
+    PFLlib's methods that hetfed lacks or the sweeps did not run, and the sweeps' methods PFLlib has no number for,
+    are listed as such."""
     ref = json.loads(published.read_text())
-    ours: dict[str, list[float]] = defaultdict(list)
+    ours: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     algorithm: dict[str, str] = {}
-    for run, summary in _sweep_runs(sweep):
-        rule = pfllib_rule(Path(run["run_dir"]))
-        for name, m in summary["methods"].items():
-            algorithm[name] = m.get("algorithm", name).split(":")[0]  # a view's row: "algorithm:view"
-            if name in rule:
-                ours[name].append(100 * rule[name])
-    lines = ["| PFLlib's method | hetfed method | hetfed, PFLlib's rule (%) | published (%) | difference | verdict |",
-             "|---|---|---|---|---|---|"]
+    started: set[str] = set()  # the algorithms of every run read, evaluated or not
+    for sweep in [sweeps] if isinstance(sweeps, Path) else sweeps:
+        for run_dir, algorithms in _read_runs(sweep):
+            rule, val, evaluated = pfllib_rule(run_dir), by_validation(run_dir), _evaluations(run_dir)
+            started.update(algorithms.values())
+            if not algorithms:  # stopped before its first evaluation: no rows yet
+                started.update(m["algorithm"] for m in yaml_methods(run_dir))
+            for name, algo in algorithms.items():
+                algorithm[name] = algo
+                if name in rule:
+                    ours[name]["rule"].append(100 * rule[name])
+                    ours[name]["val"].append(100 * val.get(name, np.nan))
+                    ours[name]["rounds"].append(max(evaluated[name]))
+
+    def cells(name: str) -> str:
+        rule, val = np.asarray(ours[name]["rule"]), np.asarray(ours[name]["val"])
+        return (f"{name} | {min(ours[name]['rounds'])} | {rule.mean():.2f} ± {rule.std():.2f} ({len(rule)} seeds) | "
+                f"{val.mean():.2f} ± {val.std():.2f}")
+
+    lines = ["| PFLlib's method | hetfed method | rounds | hetfed, PFLlib's rule (%) | hetfed, best by validation (%) "
+             "| published (%) | difference (PFLlib's rule) | verdict |", "|---|---|---|---|---|---|---|---|"]
     matched = set()
     for m in ref["methods"]:
         pub = f"{m['mean']:.2f} ± {m['sd']:.2f}"
         names = [n for n in ours if algorithm[n] == m["algorithm"]] if m["algorithm"] else []
         matched.update(names)
         if not names:
-            why = "not in hetfed" if m["algorithm"] is None else f"not run (hetfed's `{m['algorithm']}`)"
-            lines.append(f"| {m['pfllib']} | — | — | {pub} | — | {why} |")
+            why = ("not in hetfed" if m["algorithm"] is None else
+                   f"stopped before its first evaluation (hetfed's `{m['algorithm']}`)" if m["algorithm"] in started
+                   else f"not run (hetfed's `{m['algorithm']}`)")
+            lines.append(f"| {m['pfllib']} | — | — | — | — | {pub} | — | {why} |")
         for name in names:
-            values = np.asarray(ours[name])
-            diff = values.mean() - m["mean"]
+            diff = np.mean(ours[name]["rule"]) - m["mean"]
             verdict = "within 1 point" if abs(diff) <= 1 else "differs by more than 1 point: a finding"
-            lines.append(f"| {m['pfllib']} | {name} | {values.mean():.2f} ± {values.std():.2f} ({len(values)} seeds) "
-                         f"| {pub} | {diff:+.2f} | {verdict} |")
+            lines.append(f"| {m['pfllib']} | {cells(name)} | {pub} | {diff:+.2f} | {verdict} |")
     for name in [n for n in ours if n not in matched]:
-        values = np.asarray(ours[name])
-        lines.append(f"| — | {name} | {values.mean():.2f} ± {values.std():.2f} ({len(values)} seeds) | — | — | "
-                     "no published number |")
+        lines.append(f"| — | {cells(name)} | — | — | no published number |")
     src = ref["source"]
     return "\n".join(lines) + (
         f"\n\nPublished: {ref['what']}; {src['repository']} `{src['path']}` at {src['commit'][:12]} "
         f"({src['committed']}), {src['table']}. Its settings: {ref['settings']}. hetfed's number is PFLlib's rule on "
-        "the sweep's own runs, whatever their settings: compare only a sweep of PFLlib's protocol "
-        "(configs/leaderboard_pfllib_fmnist.yaml at its 2000 rounds).\n")
+        "the sweeps' own runs, whatever their settings: compare only a sweep of PFLlib's protocol "
+        "(configs/leaderboard_pfllib_fmnist.yaml), and only at its 2000 rounds as a reproduction (rounds: the "
+        "evaluated rounds the method's runs reached, the fewest over its seeds).\n")
 
 
 def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tuple[float, float, float, str]]]:
@@ -471,8 +528,9 @@ def main(argv: list[str] | None = None) -> int:
     """The command line above; bad arguments get argparse's usage line and exit status 2."""
     ap = argparse.ArgumentParser(prog="python results/tables.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
-    for kind in ("attack", "dp", "leaderboard", "pfllib"):
+    for kind in ("attack", "dp", "leaderboard"):
         sub.add_parser(kind).add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    sub.add_parser("pfllib").add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
     p = sub.add_parser("paired")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
     p.add_argument("baseline", nargs="?", default="fedavg")
@@ -525,13 +583,14 @@ def main(argv: list[str] | None = None) -> int:
                 against_figure(args.sweep, "uplink_bytes_total", "uplink bytes (cumulative)",
                                Path(f"{args.figure}_{prefix}.png"), ("global_accuracy", "local_accuracy_mean"),
                                prefix=prefix + "_", log_x=True)
+    elif args.kind == "pfllib":
+        print(pfllib_table(args.sweeps))
     elif args.kind == "runs":
         print(runs_table(args.sweep, args.baseline, tuple(args.metrics)))
     elif args.kind == "paired":
         print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table,
-               "pfllib": pfllib_table}[args.kind](args.sweep))
+        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
     return 0
 
 
