@@ -13,6 +13,11 @@
 #
 #     OUT=/path BUDGET=300 bash benchmarks/pfllib_protocol.sh
 #
+# MEMORY_MB (default 2000) is each process's train.memory_budget_mb: left to itself, each takes a quarter of the GPU
+# memory free when it starts, and six processes starting together ran out of it (2026-11-30). Each sweep's progress
+# lines (a timestamp every 10 s with the round its stack reached) are in $OUT/gN.log. METHOD_GROUPS replaces the
+# lines below (';' between them).
+#
 # On the device machine: hetfed read from src/ (PYTHONPATH), pydantic carried as wheels (.whl), Fashion-MNIST's
 # four IDX files carried in .data/fashion-mnist (HETFED_DATA). On a CPU, `DATASET=digits DEVICE=cpu BUDGET=60 THREADS=1
 # PROCS=2` checks the script itself in a minute and a half.
@@ -36,6 +41,7 @@ groups=(
 '[{name: fedala, algorithm: fedala}],[{name: fedfomo, algorithm: fedfomo}],[{name: feddbe, algorithm: feddbe}],'\
 '[{name: fedproto, algorithm: fedproto}],[{name: fedprox, algorithm: fedprox, params: {mu: 0.01}}]'
 )
+if [ -n "${METHOD_GROUPS:-}" ]; then IFS=';' read -ra groups <<< "$METHOD_GROUPS"; fi  # other lines, ';' between
 n=${PROCS:-${#groups[@]}}
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
@@ -51,7 +57,8 @@ for ((g = 0; g < n; g++)); do
         "import sys; from hetfed.cli import entry; sys.argv[0] = 'hetfed'; entry()" \
         sweep configs/leaderboard_pfllib_fmnist.yaml --grid "methods=$methods" --seeds 3 --stack \
         --set train.rounds=2000 --set train.device="$device" --set dataset.name="${DATASET:-fashion-mnist}" \
-        --set heterogeneity.iid_draws=0 --set train.checkpoint_every=null --out "$work/g$g" --quiet \
+        --set heterogeneity.iid_draws=0 --set train.checkpoint_every=null --out "$work/g$g" \
+        --set train.memory_budget_mb="${MEMORY_MB:-2000}" \
         > "$out/g$g.log" 2>&1 &
 done
 wait

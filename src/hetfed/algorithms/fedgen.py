@@ -141,7 +141,7 @@ class FedGen(FedAvg):
         heads = {**{n: upload.params[n].to(device) for n in head if n in upload.params}, **unseen}
         per_label = counts.sum(0)
         weights = (counts / per_label.clamp(min=1)).float().to(device)  # α_{k,y}
-        prior = (per_label / per_label.sum()).float()
+        prior = (per_label / per_label.sum()).float().cpu()  # drawn from on the host: the same draws on any device
         gen = torch.Generator().manual_seed(derive_seed(self._seed, GENERATE, rnd))
         params = {n: v.detach().clone().unsqueeze(0).requires_grad_(True) for n, v in start.items()}
         opt = torch.optim.Adam(params.values(), lr=cfg.lr)

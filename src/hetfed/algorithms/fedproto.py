@@ -109,8 +109,10 @@ class FedProto(Algorithm):
         summed = (upload.extra["prototypes"].to(torch.float64) * counts[..., None]).sum(0)  # [C, d]
         held = total > 0
         old = state.extra
-        prototypes = torch.where(held[:, None], summed / total.clamp(min=1)[:, None], old["prototypes"].double())
-        known = torch.where(held, torch.ones_like(total), old["known"].double())
+        # the server's first prototypes are made on the host, the clients' on their device
+        prototypes = torch.where(held[:, None], summed / total.clamp(min=1)[:, None],
+                                 old["prototypes"].to(summed.device, torch.float64))
+        known = torch.where(held, torch.ones_like(total), old["known"].to(total.device, torch.float64))
         return ServerState(params={}, round=state.round + 1,
                            extra={"prototypes": prototypes.float(), "known": known.float()})
 
