@@ -164,7 +164,7 @@ class FedGen(FedAvg):
         cfg, device = self.cfg, data.x.device
         zs, ys = [], []
         n = len(data.client_ids)
-        generators = bc.extra_rows("generator", n)
+        generators = {k: v.to(device) for k, v in bc.extra_rows("generator", n).items()}  # the server's, host-kept
         priors = bc.extra_rows("label_prior", n).float().cpu()
         for i, seed in enumerate(data.seeds):
             g = torch.Generator().manual_seed(int(seed) ^ 0xFE06E)
