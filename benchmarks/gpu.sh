@@ -60,8 +60,10 @@ fi
 want stacked_per_round && step stacked_per_round 150 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --per-round --rounds 40 --seeds 1 5 20 --threads 4 --set model.kind=logreg --set partition.kind=dirichlet --set partition.alpha=0.5 --set train.eval_every=1 --set 'methods=[{name: fedavg, algorithm: fedavg}]'"
 # 20 stacked seeds against one at the default experiment's full length (100 rounds), stacked sweeps only
 want stacked_sweep_full && step stacked_sweep_full 240 bash -c "cd benchmarks && $py stacked_sweep.py --device cuda --rounds 100 --seeds 1 20 --threads 4 --stacked-only"
-# a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU
-want stacked_tests && step stacked_tests 150 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/runs/test_stacked_sweep.py tests/engine/test_client_scores.py -k "one_by_one or scores"
+# a stacked sweep (rounds and evaluations joined across runs) = the same sweep one by one, on the GPU: the default
+# experiment's methods, every registered algorithm (2 rounds each: a method that fails on CUDA fails it), the methods
+# whose server sends more than a model
+want stacked_tests && step stacked_tests 240 env HETFED_TEST_DEVICE=cuda $py -m pytest -q -n0 -p no:cacheprovider tests/runs/test_stacked_sweep.py tests/engine/test_client_scores.py -k "one_by_one or scores or every_registered or more_than_a_model"
 # asynchronous FedBuff / FedAsync against synchronous FedAvg, and QSGD's cost on W1, on the GPU (the torch path)
 want async && step async 150 bash -c "cd benchmarks && $py asynchronous.py --device cuda --repeats 3 --threads 4"
 # Flower's Simulation Engine (one client per node, each ClientApp a Ray process on the one GPU) next to hetfed's

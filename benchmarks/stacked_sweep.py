@@ -84,8 +84,10 @@ def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, 
             "one_by_one_over_separate": round(one / separate, 3), "max_abs_diff": max(abs(a[k] - b[k]) for k in a)}
 
 
-def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path) -> dict[int, dict[str, float]]:
-    """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and the joined share."""
+def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path,
+              repeats: int = 2) -> dict[int, dict[str, float]]:
+    """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and the joined share; each
+    sweep timed ``repeats`` times, the fastest kept (1 where a GPU's lease is short)."""
     from hetfed.executors import stacked_runs
 
     inside = [0.0]
@@ -109,11 +111,12 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             for r in (short, rounds):
                 config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
                 inside[0] = 0.0
-                wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(2))
-                measured[r] = (wall, inside[0] / 2)
+                wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(repeats))
+                measured[r] = (wall, inside[0] / repeats)
             ms = (measured[rounds][0] - measured[short][0]) / (rounds - short) * 1000
             joined = (measured[rounds][1] - measured[short][1]) / (rounds - short) * 1000
             out[n] = {"ms_per_round": round(ms, 2), "joined_client_work_ms": round(joined, 2)}
+            print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
         for row in out.values():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
     finally:
@@ -174,11 +177,13 @@ def main() -> None:
     mode.add_argument("--separate", action="store_true")
     mode.add_argument("--per-round", action="store_true")
     ap.add_argument("--set", action="append", default=[], help="a config override (with --per-round)")
+    ap.add_argument("--repeats", type=int, default=2, help="times each sweep is timed, the fastest kept (--per-round)")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.per_round:
         with tempfile.TemporaryDirectory() as tmp:
-            rows = per_round([*args.set, f"train.device={args.device}"], args.seeds, args.rounds, Path(tmp))
+            rows = per_round([*args.set, f"train.device={args.device}"], args.seeds, args.rounds, Path(tmp),
+                             args.repeats)
         for n, row in rows.items():
             floor = client_floor_ms(args.set, n, device=args.device)
             if floor is not None:

@@ -254,7 +254,7 @@ def leaderboard_table(sweep: Path) -> str:
 PUBLISHED = Path(__file__).with_name("pfllib_published.json")
 
 
-def yaml_methods(run_dir: Path) -> list[dict]:
+def _configured_methods(run_dir: Path) -> list[dict]:
     """A run's configured methods (its config.yaml)."""
     import yaml
 
@@ -262,20 +262,24 @@ def yaml_methods(run_dir: Path) -> list[dict]:
 
 
 def _read_runs(sweep: Path):
-    """Every run of a sweep that finished, or that a signal stopped (a time budget's SIGTERM: its metrics.csv holds
-    every evaluation up to then), with the algorithm of each of its rows (a method, or a view ``label:view``)."""
-    listed = json.loads((sweep / "sweep.json").read_text())
-    for run in listed["runs"] + [r for r in listed.get("failed", []) if "SIGTERM" in r.get("error", "")]:
-        run_dir = Path(run["run_dir"])
+    """Every run of a sweep that finished (its summary.json), or that a signal stopped (its status.json: a time
+    budget's SIGTERM, Ctrl-C; its metrics.csv holds every evaluation up to then: a stopped sweep writes no
+    sweep.json), with the algorithm of each of its rows (a method, or a view ``label:view``). Runs that failed
+    otherwise, and runs moved aside by ``--resume``, are left out."""
+    for run_dir in sorted(p.parent for p in sweep.glob("*/seed=*/config.yaml") if ".incomplete-" not in p.parent.name):
         if (run_dir / "summary.json").exists():
             methods = json.loads((run_dir / "summary.json").read_text())["methods"]
             yield run_dir, {name: m.get("algorithm", name).split(":")[0] for name, m in methods.items()}
-        else:  # stopped: its configured methods name its rows (``label``, ``label:view``; one method: every row)
-            methods = yaml_methods(run_dir)
-            labels = {m["name"]: m["algorithm"] for m in methods}
-            rows = _evaluations(run_dir)
-            yield run_dir, {row: (methods[0]["algorithm"] if len(methods) == 1 else
-                                  labels.get(row.split(":")[0], row)) for row in rows}
+            continue
+        status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
+        if not str(status.get("reason", "")).startswith(("terminated by", "interrupted")):
+            continue
+        # its configured methods name its rows (``label``, ``label:view``; one method: every row)
+        methods = _configured_methods(run_dir)
+        labels = {m["name"]: m["algorithm"] for m in methods}
+        rows = _evaluations(run_dir)
+        yield run_dir, {row: (methods[0]["algorithm"] if len(methods) == 1 else labels.get(row.split(":")[0], row))
+                        for row in rows}
 
 
 def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
@@ -283,7 +287,8 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
     (:func:`pfllib_rule`, the best test accuracy over the evaluated rounds) and the round chosen by validation
     (:func:`by_validation`) in points, mean ± sd over seeds (numpy's sd, ddof 0, as PFLlib prints it), the rounds
     each method's runs reached (the fewest of its seeds: a sweep stopped by a time budget reaches fewer than its
-    configured rounds), the published mean ± sd, the difference, and whether it is within one point. A method is
+    configured rounds), the published mean ± sd, the difference, and whether it is within one point — or, for a
+    method whose runs reached fewer rounds than the published protocol's, that it is not comparable yet. A method is
     matched by its algorithm (each of its views, e.g. FedBABU's global and fine-tuned models, a row of its own);
     PFLlib's methods that hetfed lacks or the sweeps did not run, and the sweeps' methods PFLlib has no number for,
     are listed as such."""
@@ -296,7 +301,7 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
             rule, val, evaluated = pfllib_rule(run_dir), by_validation(run_dir), _evaluations(run_dir)
             started.update(algorithms.values())
             if not algorithms:  # stopped before its first evaluation: no rows yet
-                started.update(m["algorithm"] for m in yaml_methods(run_dir))
+                started.update(m["algorithm"] for m in _configured_methods(run_dir))
             for name, algo in algorithms.items():
                 algorithm[name] = algo
                 if name in rule:
@@ -323,7 +328,9 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
             lines.append(f"| {m['pfllib']} | — | — | — | — | {pub} | — | {why} |")
         for name in names:
             diff = np.mean(ours[name]["rule"]) - m["mean"]
-            verdict = "within 1 point" if abs(diff) <= 1 else "differs by more than 1 point: a finding"
+            reached = min(ours[name]["rounds"])
+            verdict = (f"not comparable: {reached} of the published {ref['rounds']} rounds" if reached < ref["rounds"]
+                       else "within 1 point" if abs(diff) <= 1 else "differs by more than 1 point: a finding")
             lines.append(f"| {m['pfllib']} | {cells(name)} | {pub} | {diff:+.2f} | {verdict} |")
     for name in [n for n in ours if n not in matched]:
         lines.append(f"| — | {cells(name)} | — | — | no published number |")

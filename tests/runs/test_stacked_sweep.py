@@ -31,8 +31,20 @@ BASE = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=
         "fedavg, model: {kind: cgau, dropout: 0.5}}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}, "
         "{name: ditto, algorithm: ditto, params: {lam: 0.5}}, {name: knn, algorithm: knnper}]",
         "--grid", "partition.shuffle=0,0.5", "--seeds", "3", "--quiet"]
-if os.environ.get("HETFED_TEST_DEVICE"):  # benchmarks/gpu.sh runs these on a lent GPU (HETFED_TEST_DEVICE=cuda)
-    BASE[2:2] = ["--set", f"train.device={os.environ['HETFED_TEST_DEVICE']}"]
+#: benchmarks/gpu.sh runs the tests that add these on a lent GPU (HETFED_TEST_DEVICE=cuda)
+DEVICE = ["--set", f"train.device={os.environ['HETFED_TEST_DEVICE']}"] if os.environ.get("HETFED_TEST_DEVICE") else []
+BASE[2:2] = DEVICE
+ON_CPU = os.environ.get("HETFED_TEST_DEVICE", "cpu") == "cpu"
+
+
+def _equal(stacked: dict[tuple, float], alone: dict[tuple, float]) -> None:
+    """#74: a stacked sweep's values are the one-by-one sweep's exactly on a CPU, to float tolerance on a GPU."""
+    assert stacked.keys() == alone.keys()
+    for key, value in alone.items():
+        if ON_CPU:
+            assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
+        else:
+            assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
 
 
 def _runs(path: Path, grid: tuple[str, ...] = ("partition.shuffle",)) -> dict[tuple, float]:
@@ -67,12 +79,8 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
     assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
     assert len(built) > 40 and sum(built) <= 5 * 3  # per method (5): its train pools and global sets, and the group
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
-    assert alone.keys() == stacked.keys() and len(alone) > 100
-    for key, value in alone.items():  # #74: exactly on a CPU, to float tolerance on a GPU
-        if os.environ.get("HETFED_TEST_DEVICE", "cpu") == "cpu":
-            assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
-        else:
-            assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
+    assert len(alone) > 100
+    _equal(stacked, alone)
     assert max(served) == 6  # every run's round in one stack (6 runs, same client step)
     assert max(scored) == 6  # and every run's evaluation: each client on its own run's sets (the numbers above)
     assert max(servers) == 6  # and every run's server model on its global test set
@@ -317,7 +325,7 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     assert len(names) >= 38
     methods = [{"name": f"{n}_", "algorithm": n, "params": dict(ALGORITHMS.get(n).quick),
                 **({"model": dict(ALGORITHMS.get(n).model)} if ALGORITHMS.get(n).model else {})} for n in names]
-    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set",
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=2", "--set",
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0",
             "--set", "train.eval_every=1",
             "--set", f"methods={json.dumps(methods)}", "--seeds", "2", "--quiet"]
@@ -325,9 +333,7 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert {k[2].split("_")[0] for k in alone} >= {n.split("_")[0] for n in names}
-    assert alone.keys() == stacked.keys()
-    for key, value in alone.items():
-        assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
+    _equal(stacked, alone)
     # every value of every run's metrics.csv, each round's losses included, to float tolerance (not to the bit: the
     # joined stacks pad batches and evaluation blocks to other widths; the largest difference seen was 1.5e-7)
     per_round, joined_rounds = _metrics(tmp_path / "one_by_one"), _metrics(tmp_path / "stacked")
@@ -348,20 +354,20 @@ def test_methods_whose_server_sends_more_than_a_model_join_with_each_clients_own
     """#74 §1: SCAFFOLD's control variate, FedProto's prototypes (a tensor and a per-class flag), FedDBE's number
     "known" with its global mean, and FedFomo's personal rows are each run's own; stacked, each client trains and is
     scored with its own run's (the seeds differ in them), in one stack per round, and runs.csv and every value of
-    metrics.csv are the one-by-one sweep's to the bit."""
+    metrics.csv are the one-by-one sweep's to the bit (to 1e-5 on a GPU)."""
     served: list[tuple[str, str, int]] = []
     for name in ("train_together", "evaluate_together"):
         computed = getattr(stacked_runs, name)
         monkeypatch.setattr(stacked_runs, name, lambda group, computed=computed, name=name: served.append(
             (group[0].executor.algo.spec.name, name, len(group))) or computed(group))
     methods = "methods=[{algorithm: scaffold}, {algorithm: fedproto}, {algorithm: feddbe}, {algorithm: fedfomo}]"
-    args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=3", "--set",
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3", "--set",
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
             "train.eval_every=1", "--set", methods, "--seeds", "2", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
-    assert _runs(tmp_path / "stacked", ()) == _runs(tmp_path / "one_by_one", ())
-    assert _metrics(tmp_path / "stacked") == _metrics(tmp_path / "one_by_one")
+    _equal(_runs(tmp_path / "stacked", ()), _runs(tmp_path / "one_by_one", ()))
+    _equal(_metrics(tmp_path / "stacked"), _metrics(tmp_path / "one_by_one"))
     for method in ("scaffold", "fedproto", "feddbe", "fedfomo"):  # 3 rounds, 3 evaluations: each of two runs
         assert [n for m, n, size in served if m == method and size == 2] == ["train_together", "evaluate_together"] * 3
 

@@ -387,6 +387,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     kind = _stacking_kind().for_runs(len(todo), on_round=tracker.stacked_round)
     out: dict[int, tuple[str, object]] = {}
     lock = threading.Lock()
+    stopped: list[KeyboardInterrupt] = []  # Ctrl-C or SIGTERM, relayed to every run's thread
 
     def one(i: int, point: dict[str, Any], cfg: Config, run_dir: Path) -> None:
         kind.join()
@@ -394,6 +395,8 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
             outcome: tuple[str, object] = _run_one(cfg.model_dump(mode="json"), str(run_dir), kind)
         except BaseException as err:  # noqa: BLE001  (a bug in one run must not hang the others)
             outcome = ("failed", f"{type(err).__name__}: {err}")
+            if isinstance(err, KeyboardInterrupt):
+                stopped.append(err)
         finally:
             kind.leave()
         with lock:
@@ -407,6 +410,8 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     kind.serve()  # this thread computes the runs' client work until the last one leaves
     for thread in threads:
         thread.join()
+    if stopped:  # each run is marked stopped; the sweep stops as one run by one does (exit 143 or 130, no tables)
+        raise stopped[0]
     return out
 
 
