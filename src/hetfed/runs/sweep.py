@@ -410,7 +410,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     kind.serve()  # this thread computes the runs' client work until the last one leaves
     for thread in threads:
         thread.join()
-    if stopped:  # each run is marked stopped; the sweep stops as one run by one does (exit 143 or 130, no tables)
+    if stopped:  # each run is marked stopped; the sweep stops as one run at a time does (exit 143 or 130, no tables)
         raise stopped[0]
     return out
 
