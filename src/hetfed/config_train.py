@@ -111,7 +111,8 @@ class TrainConfig(Strict):
     )
     memory_budget_mb: float | None = Field(
         None, gt=0, description="working set of one chunk of clients; None: 128 MB on a CPU (cache-friendly), "
-        "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy)"
+        "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy), divided among a "
+        "`hetfed sweep --jobs N`'s workers, which share the device"
     )
     checkpoint_every: int | None = Field(
         10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "

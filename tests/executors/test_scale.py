@@ -237,3 +237,22 @@ def test_on_cuda_client_states_live_on_the_device_and_give_the_cpus_numbers(algo
     assert states.devices() and all(d.type == "cuda" for d in states.devices().values())
     for k, v in results["cpu"].server.params.items():
         torch.testing.assert_close(results["cuda"].server.params[k].cpu(), v, rtol=1e-4, atol=1e-5)
+
+
+def test_a_sweeps_workers_divide_a_gpus_default_memory_budget_among_them(monkeypatch):
+    """Left unset, ``train.memory_budget_mb`` on CUDA is a quarter of the GPU's free memory; the workers of a
+    ``hetfed sweep --jobs N`` share one device, so each takes 1/N of that (on a lent H200 six processes each
+    taking a quarter ran out of memory)."""
+    from hetfed.executors import inprocess
+    from hetfed.runs import sweep
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (8 * 2**30, 16 * 2**30))
+    monkeypatch.setattr(inprocess, "_GPU_SHARE", [1.0])  # this process's own share, restored after the test
+    monkeypatch.setattr("hetfed.engine.host_threads.limit_threads", lambda threads: None)
+    monkeypatch.setattr("hetfed.pipeline.share_in_this_process", lambda: None)
+    assert inprocess.default_budget_mb("cuda") == 2048  # a quarter of 8 GiB free
+    sweep._init_worker(1, 4)  # what each of a --jobs 4 sweep's workers runs first
+    assert inprocess.default_budget_mb("cuda") == 512
+    assert inprocess.state_budget_bytes("cuda") == 512 * 2**20  # the clients' stored states too
+    assert inprocess.default_budget_mb("cpu") == inprocess.CPU_BUDGET_MB  # a CPU's is a cache's size, not shared

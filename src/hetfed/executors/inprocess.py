@@ -142,11 +142,24 @@ def init_states(algo: Algorithm, n_clients: int, seed: int, block: int = 4096, f
 CPU_BUDGET_MB = 128.0
 
 
+#: the part of a GPU's free memory this process's defaults take: all of it, or 1/N in each of a ``--jobs N`` sweep's
+#: workers, which share the device (six processes each sizing their stacks to a quarter of it ran out of memory,
+#: results/gpu_h200_2026-11-30)
+_GPU_SHARE = [1.0]
+
+
+def share_gpu(processes: int) -> None:
+    """This process is one of ``processes`` sharing its GPU (a sweep's worker): its default budgets are that part of
+    one process's."""
+    _GPU_SHARE[0] = 1.0 / max(1, processes)
+
+
 def default_budget_mb(device: torch.device | str | None) -> float:
-    """``train.memory_budget_mb`` when unset: 128 MB on a CPU, a quarter of the free memory of a GPU."""
+    """``train.memory_budget_mb`` when unset: 128 MB on a CPU, a quarter of the free memory of a GPU (of this
+    process's share of it: :func:`share_gpu`)."""
     if device is not None and torch.device(device).type == "cuda" and torch.cuda.is_available():
         free, _total = torch.cuda.mem_get_info(torch.device(device))
-        return max(CPU_BUDGET_MB, free / 4 / 2**20)
+        return max(CPU_BUDGET_MB, free / 4 / 2**20 * _GPU_SHARE[0])
     return CPU_BUDGET_MB
 
 

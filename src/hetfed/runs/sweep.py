@@ -311,14 +311,17 @@ def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None) -> tuple[s
         return "failed", str(err)
 
 
-def _init_worker(threads: int) -> None:
+def _init_worker(threads: int, jobs: int = 1) -> None:
     """Each worker gets its share of the cores — torch's threads and numpy's and scipy's BLAS alike
-    (:func:`~hetfed.engine.host_threads.limit_threads`) —, and shares the data and preparations of the runs it is
-    given (each seed's partition and Γ once in a worker, not once a run)."""
+    (:func:`~hetfed.engine.host_threads.limit_threads`) — and of a GPU's memory where its runs leave
+    ``train.memory_budget_mb`` unset (:func:`~hetfed.executors.inprocess.share_gpu`), and shares the data and
+    preparations of the runs it is given (each seed's partition and Γ once in a worker, not once a run)."""
     from hetfed.engine.host_threads import limit_threads
+    from hetfed.executors.inprocess import share_gpu
     from hetfed.pipeline import share_in_this_process
 
     limit_threads(threads)
+    share_gpu(jobs)
     share_in_this_process()
 
 
@@ -334,7 +337,7 @@ def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: in
     out: dict[int, tuple[str, object]] = {}
     context = multiprocessing.get_context("spawn")  # no torch state inherited from this process
     with ProcessPoolExecutor(jobs, mp_context=context, initializer=_init_worker,
-                             initargs=(worker_threads(jobs),)) as pool:
+                             initargs=(worker_threads(jobs), jobs)) as pool:
         pending = {}
         try:
             for i, point, cfg, run_dir in todo:
