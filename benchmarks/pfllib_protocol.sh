@@ -4,8 +4,9 @@
 # client every round, evaluated every round), the methods of PFLlib's published Fashion-MNIST table that hetfed has
 # (and Local), 3 seeds, PFLlib's 2 000 rounds configured.
 #
-# The methods are split into PROCS processes sharing the GPU (a cnn4 round of 20 clients is launch-bound: one
-# process leaves the GPU mostly idle; beyond ~6 processes none is gained, results/gpu_h200_2026-11-28), each a
+# The methods are split into PROCS processes sharing the GPU (default: one a line below, at most one a core; with
+# fewer, each takes every PROCS-th line) — a cnn4 round of 20 clients is launch-bound: one process leaves the GPU
+# mostly idle; beyond ~6 processes none is gained, results/gpu_h200_2026-11-28 — each a
 # `hetfed sweep --stack` of its methods × 3 seeds (each method's seeds one stack of clients). After BUDGET seconds
 # every sweep gets SIGTERM: each run is marked stopped with its metrics.csv holding every evaluation up to then, and
 # `results/tables.py pfllib` reads each method at the rounds its runs reached (stated in the table: PFLlib's rule is
@@ -42,7 +43,9 @@ groups=(
 '[{name: fedproto, algorithm: fedproto}],[{name: fedprox, algorithm: fedprox, params: {mu: 0.01}}]'
 )
 if [ -n "${METHOD_GROUPS:-}" ]; then IFS=';' read -ra groups <<< "$METHOD_GROUPS"; fi  # other lines, ';' between
-n=${PROCS:-${#groups[@]}}
+cores=$(nproc)
+n=${PROCS:-$((cores < ${#groups[@]} ? cores : ${#groups[@]}))}  # no more processes than cores (the H200 lent on
+# 2026-11-30 had 4: six processes there waited for the cores, not the GPU)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nproc; } > "$out/machine.txt" 2>&1
@@ -51,7 +54,7 @@ t0=$SECONDS
 sweeps=()
 for ((g = 0; g < n; g++)); do
     methods=${groups[g]}
-    if ((g == n - 1)); then methods=$(IFS=,; echo "${groups[*]:g}"); fi  # PROCS < 6: the last takes the rest
+    for ((h = g + n; h < ${#groups[@]}; h += n)); do methods+=",${groups[h]}"; done  # fewer processes than lines
     sweeps+=("$work/g$g")
     OMP_NUM_THREADS=${THREADS:-2} timeout -k 30 -s TERM "$budget" $py -c \
         "import sys; from hetfed.cli import entry; sys.argv[0] = 'hetfed'; entry()" \
