@@ -198,23 +198,33 @@ def _evaluations(run_dir: Path) -> dict[str, dict[int, dict[str, float]]]:
     return rows
 
 
+def _best(evaluations: dict[str, dict[int, dict[str, float]]], metric: str) -> dict[str, float]:
+    """Each row's best ``metric`` over its evaluated rounds."""
+    return {name: max(ev[metric] for ev in by_round.values() if metric in ev)
+            for name, by_round in evaluations.items() if any(metric in ev for ev in by_round.values())}
+
+
+def _at_lowest_validation_loss(evaluations: dict[str, dict[int, dict[str, float]]], metric: str) -> dict[str, float]:
+    """Each row's ``metric`` at its evaluated round of the lowest validation loss (the earliest on a tie)."""
+    out = {}
+    for name, by_round in evaluations.items():
+        rounds = [r for r, ev in sorted(by_round.items()) if metric in ev and np.isfinite(ev.get("val_loss", np.nan))]
+        if rounds:
+            out[name] = by_round[min(rounds, key=lambda r: by_round[r]["val_loss"])][metric]
+    return out
+
+
 def pfllib_rule(run_dir: Path, metric: str = "local_accuracy_weighted") -> dict[str, float]:
     """PFLlib's reported number per method of one run: the best *test* accuracy over the evaluated rounds (its
     ``max(rs_test_acc)``, the clients' correct predictions over their test samples: ``local_accuracy_weighted``)."""
-    return {name: max(ev[metric] for ev in by_round.values() if metric in ev)
-            for name, by_round in _evaluations(run_dir).items() if any(metric in ev for ev in by_round.values())}
+    return _best(_evaluations(run_dir), metric)
 
 
 def by_validation(run_dir: Path, metric: str = "local_accuracy_weighted") -> dict[str, float]:
     """Per method of one run: ``metric`` at the evaluated round of the lowest validation loss (the clients' pooled
     validation splits; the earliest such round on a tie), read from metrics.csv, so that a run stopped by a time
     budget (no summary.json) is read the same way."""
-    out = {}
-    for name, by_round in _evaluations(run_dir).items():
-        rounds = [r for r, ev in sorted(by_round.items()) if metric in ev and np.isfinite(ev.get("val_loss", np.nan))]
-        if rounds:
-            out[name] = by_round[min(rounds, key=lambda r: by_round[r]["val_loss"])][metric]
-    return out
+    return _at_lowest_validation_loss(_evaluations(run_dir), metric)
 
 
 def leaderboard_table(sweep: Path) -> str:
@@ -254,32 +264,30 @@ def leaderboard_table(sweep: Path) -> str:
 PUBLISHED = Path(__file__).with_name("pfllib_published.json")
 
 
-def _configured_methods(run_dir: Path) -> list[dict]:
-    """A run's configured methods (its config.yaml)."""
-    import yaml
-
-    return yaml.safe_load((Path(run_dir) / "config.yaml").read_text())["methods"]
-
-
 def _read_runs(sweep: Path):
     """Every run of a sweep that finished (its summary.json), or that a signal stopped (its status.json: a time
     budget's SIGTERM, Ctrl-C; its metrics.csv holds every evaluation up to then: a stopped sweep writes no
-    sweep.json), with the algorithm of each of its rows (a method, or a view ``label:view``). Runs that failed
-    otherwise, and runs moved aside by ``--resume``, are left out."""
+    sweep.json): its evaluations (:func:`_evaluations`, read once), the algorithm of each of their rows (a method, or
+    a view ``label:view``) and its configured methods' algorithms. Runs that failed otherwise, and runs moved aside
+    by ``--resume``, are left out."""
+    import yaml
+
     for run_dir in sorted(p.parent for p in sweep.glob("*/seed=*/config.yaml") if ".incomplete-" not in p.parent.name):
+        methods = yaml.safe_load((run_dir / "config.yaml").read_text())["methods"]
+        configured = {m["algorithm"] for m in methods}
         if (run_dir / "summary.json").exists():
-            methods = json.loads((run_dir / "summary.json").read_text())["methods"]
-            yield run_dir, {name: m.get("algorithm", name).split(":")[0] for name, m in methods.items()}
+            summary = json.loads((run_dir / "summary.json").read_text())["methods"]
+            algorithms = {name: m.get("algorithm", name).split(":")[0] for name, m in summary.items()}
+            yield _evaluations(run_dir), algorithms, configured
             continue
         status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
         if not str(status.get("reason", "")).startswith(("terminated by", "interrupted")):
             continue
         # its configured methods name its rows (``label``, ``label:view``; one method: every row)
-        methods = _configured_methods(run_dir)
         labels = {m["name"]: m["algorithm"] for m in methods}
-        rows = _evaluations(run_dir)
-        yield run_dir, {row: (methods[0]["algorithm"] if len(methods) == 1 else labels.get(row.split(":")[0], row))
-                        for row in rows}
+        evaluations = _evaluations(run_dir)
+        yield evaluations, {row: (methods[0]["algorithm"] if len(methods) == 1 else
+                                  labels.get(row.split(":")[0], row)) for row in evaluations}, configured
 
 
 def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
@@ -297,11 +305,10 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
     algorithm: dict[str, str] = {}
     started: set[str] = set()  # the algorithms of every run read, evaluated or not
     for sweep in [sweeps] if isinstance(sweeps, Path) else sweeps:
-        for run_dir, algorithms in _read_runs(sweep):
-            rule, val, evaluated = pfllib_rule(run_dir), by_validation(run_dir), _evaluations(run_dir)
-            started.update(algorithms.values())
-            if not algorithms:  # stopped before its first evaluation: no rows yet
-                started.update(m["algorithm"] for m in _configured_methods(run_dir))
+        for evaluated, algorithms, configured in _read_runs(sweep):
+            rule = _best(evaluated, "local_accuracy_weighted")
+            val = _at_lowest_validation_loss(evaluated, "local_accuracy_weighted")
+            started.update(configured)
             for name, algo in algorithms.items():
                 algorithm[name] = algo
                 if name in rule:
@@ -339,8 +346,8 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
         f"\n\nPublished: {ref['what']}; {src['repository']} `{src['path']}` at {src['commit'][:12]} "
         f"({src['committed']}), {src['table']}. Its settings: {ref['settings']}. hetfed's number is PFLlib's rule on "
         "the sweeps' own runs, whatever their settings: compare only a sweep of PFLlib's protocol "
-        "(configs/leaderboard_pfllib_fmnist.yaml), and only at its 2000 rounds as a reproduction (rounds: the "
-        "evaluated rounds the method's runs reached, the fewest over its seeds).\n")
+        f"(configs/leaderboard_pfllib_fmnist.yaml), and only at its {ref['rounds']} rounds as a reproduction "
+        "(rounds: the evaluated rounds the method's runs reached, the fewest over its seeds).\n")
 
 
 def heterogeneity_points(metric: str, sweeps: list[Path]) -> dict[str, list[tuple[float, float, float, str]]]:
