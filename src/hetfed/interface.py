@@ -26,7 +26,7 @@ registered spec. Everything random comes from generators derived from the run se
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -206,6 +206,19 @@ class Algorithm:
         the server optimiser)."""
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
+
+    def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable | None:
+        """What must be equal for runs of this method to aggregate in one call (:meth:`aggregate_runs`); None, the
+        default, aggregates each run alone. A stacked sweep groups its runs' aggregations by it."""
+        return None
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[Algorithm], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """Several runs' :meth:`aggregate` (of equal :meth:`aggregate_key`) in one call, each run's new state as
+        alone: a method whose server does much per run (FedGen's generator training) computes it along a run axis
+        instead of once a run."""
+        return [a.aggregate(s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
 
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:

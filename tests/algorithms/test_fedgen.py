@@ -50,13 +50,15 @@ def test_generator_loss_is_the_label_weighted_ensemble_of_heads():
         for k in range(K):
             logits = z[b] @ heads["layers.1.weight"][k] + heads["layers.1.bias"][k]
             ref += alpha[k, y[b]] * F.cross_entropy(logits.unsqueeze(0), y[b : b + 1])
-    assert float(generator_loss(model, heads, z, y, alpha)) == pytest.approx(float(ref / B), rel=1e-5)
+    loss = generator_loss(model, heads, z.unsqueeze(0), y.unsqueeze(0), alpha.unsqueeze(0))  # one run
+    assert loss.shape == (1,) and float(loss[0]) == pytest.approx(float(ref / B), rel=1e-5)
 
 
 def test_diversity_term_as_in_the_authors_code():
     eps, z = torch.randn(6, 3), torch.randn(6, 4)
     pair = [[((eps[i] - eps[j]) ** 2).mean() * ((z[i] - z[j]) ** 2).mean() for j in range(6)] for i in range(6)]
-    assert float(diversity_loss(eps, z)) == pytest.approx(float(torch.exp(-torch.tensor(pair).mean())), rel=1e-5)
+    loss = diversity_loss(eps.unsqueeze(0), z.unsqueeze(0))
+    assert float(loss[0]) == pytest.approx(float(torch.exp(-torch.tensor(pair).mean())), rel=1e-5)
 
 
 def test_clients_upload_their_label_counts_and_the_regulariser_moves_only_the_head():
@@ -114,3 +116,33 @@ def test_a_model_without_a_declared_head_is_refused():
 
     with pytest.raises(ConfigError, match="features and a head"):
         build_algorithm("fedgen", Plain(), TrainConfig())
+
+
+def test_runs_aggregated_together_train_each_generator_as_alone():
+    """#74 §1: a stacked sweep's FedGen runs train their generators along a run axis in one call per round
+    (``aggregate_runs``); each run's new model, generator, label prior and losses are its own aggregation's, to the
+    bit on a CPU — three seeds, each with its own clients' uploads and its own stream of draws."""
+    runs = []
+    for seed in range(3):
+        fed, train, algo = _setup(server_steps=7)
+        algo.bind(fed, seed, 6)
+        server = algo.server_init(torch_gen(seed, SERVER_INIT))
+        pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
+        ids = [0, 2, 5]
+        states = stack_states([algo.client_init(k, torch_gen(seed, 3, k)) for k in ids])
+        upload, _ = algo.local_update(algo.broadcast(server, 0), states, client_data(pool, ids, seed))
+        runs.append((algo, server, upload))
+    assert len({a.aggregate_key(s, u) for a, s, u in runs}) == 1
+    together = type(runs[0][0]).aggregate_runs(*zip(*runs, strict=True))
+    for (algo, server, upload), joined in zip(runs, together, strict=True):
+        alone = algo.aggregate(server, upload)
+        assert joined.round == alone.round == 1
+        for part in ("params", "generator"):
+            a = alone.params if part == "params" else alone.extra[part]
+            b = joined.params if part == "params" else joined.extra[part]
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a), part
+        assert torch.equal(joined.extra["label_prior"], alone.extra["label_prior"])
+        assert joined.extra["generator_loss"] == alone.extra["generator_loss"]
+        assert len(alone.extra["generator_loss"]) == 7
+    generators = [j.extra["generator"] for j in together]
+    assert not all(torch.equal(generators[0][k], generators[1][k]) for k in generators[0])  # the runs differ

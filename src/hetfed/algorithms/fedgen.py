@@ -26,6 +26,7 @@ Every update of a round is needed at once (the heads' ensemble), so they are hel
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import replace
 
 import torch
@@ -83,19 +84,62 @@ class Generator:
 
 def generator_loss(model: Model, heads: Params, z: torch.Tensor, y: torch.Tensor,
                    weights: torch.Tensor) -> torch.Tensor:
-    """The paper's eq. 4: ``mean_b Σ_k α_{k,y_b} · CE(h_k(z_b), y_b)``; ``heads`` stacked over K clients,
-    ``weights`` [K, C] = α_{k,y}."""
-    k = weights.shape[0]
-    logits = model.head(heads, z.unsqueeze(0).expand(k, *z.shape))  # [K, b, C]
-    ce = row_cross_entropy(logits, y.expand(k, -1))  # [K, b]
-    return (weights[:, y] * ce).sum(0).mean()
+    """The paper's eq. 4 for each of R runs: ``mean_b Σ_k α_{k,y_b} · CE(h_k(z_b), y_b)``; ``heads`` stacked over
+    R·K clients (run by run), ``z`` [R, b, latent], ``y`` [R, b], ``weights`` [R, K, C] = α_{k,y} → [R]."""
+    runs, k = weights.shape[:2]
+    logits = model.head(heads, z.unsqueeze(1).expand(runs, k, *z.shape[1:]).flatten(0, 1))  # [R·K, b, C]
+    ce = row_cross_entropy(logits, y.repeat_interleave(k, 0)).view(runs, k, -1)  # [R, K, b]
+    alpha = weights.gather(2, y.unsqueeze(1).expand(runs, k, y.shape[1]))  # α_{k,y_b}
+    return (alpha * ce).sum(1).mean(1)
 
 
 def diversity_loss(eps: torch.Tensor, z: torch.Tensor) -> torch.Tensor:
-    """The authors' diversity term: ``exp(−mean_ij(d_ε(i, j) · d_z(i, j)))``, d = mean squared difference."""
-    d_eps = (eps.unsqueeze(0) - eps.unsqueeze(1)).pow(2).mean(-1)
-    d_z = (z.unsqueeze(0) - z.unsqueeze(1)).pow(2).mean(-1)
-    return torch.exp(-(d_eps * d_z).mean())
+    """The authors' diversity term for each of R runs: ``exp(−mean_ij(d_ε(i, j) · d_z(i, j)))``, d = mean squared
+    difference; ``eps`` [R, b, noise], ``z`` [R, b, latent] → [R]."""
+    d_eps = (eps.unsqueeze(1) - eps.unsqueeze(2)).pow(2).mean(-1)
+    d_z = (z.unsqueeze(1) - z.unsqueeze(2)).pow(2).mean(-1)
+    return torch.exp(-(d_eps * d_z).mean((1, 2)))
+
+
+def train_generators(algos: Sequence[FedGen], starts: Sequence[Params], uploads: Sequence[Upload],
+                     counts: Sequence[torch.Tensor], rounds: Sequence[int]) -> list[tuple[Params, list[float]]]:
+    """R runs' server step 4 at once: each run's generator from ``starts`` trained against its clients' heads
+    (``uploads``, label ``counts`` [K, C]) for ``server_steps`` Adam steps, the R generators stacked along a run
+    axis — one forward, backward and update a step for all runs, not one a run. Each run draws its labels and noise
+    from its own stream (its seed and round), and the runs' losses are summed, so each gets the gradient and the
+    steps it would get alone. Returns each run's trained generator and its losses, step by step."""
+    algo = algos[0]
+    cfg, model, head = algo.cfg, algo.model, algo.model.head_names or ()
+    device = next(iter(starts[0].values())).device
+    heads, weights, draws = [], [], []
+    for a, upload, c, rnd in zip(algos, uploads, counts, rounds, strict=True):
+        k = len(upload.client_ids)
+        unseen = {n: v.to(device).unsqueeze(0).expand(k, *v.shape)
+                  for n, v in model.local_for_unseen_client().items() if n in head}
+        heads.append({**{n: upload.params[n].to(device) for n in head if n in upload.params}, **unseen})
+        per_label = c.sum(0)
+        weights.append((c / per_label.clamp(min=1)).float().to(device))  # α_{k,y}
+        prior = (per_label / per_label.sum()).float().cpu()  # drawn from on the host: the same draws on any device
+        gen = torch.Generator().manual_seed(derive_seed(a._seed, GENERATE, rnd))
+        steps = [(torch.multinomial(prior, cfg.batch_size, replacement=True, generator=gen),
+                  torch.randn((cfg.batch_size, cfg.noise_dim), generator=gen)) for _ in range(cfg.server_steps)]
+        draws.append(steps)
+    joined = {n: torch.cat([h[n] for h in heads]) for n in heads[0]}
+    alphas = torch.stack(weights)
+    params = {n: torch.stack([s[n] for s in starts]).detach().clone().requires_grad_(True) for n in starts[0]}
+    opt = torch.optim.Adam(params.values(), lr=cfg.lr)
+    losses = []
+    for step in range(cfg.server_steps):
+        y = torch.stack([d[step][0] for d in draws]).to(device)
+        eps = torch.stack([d[step][1] for d in draws]).to(device)
+        z = algo.generator(params, eps, y)
+        loss = generator_loss(model, joined, z, y, alphas) + cfg.diversity * diversity_loss(eps, z)
+        opt.zero_grad()
+        loss.sum().backward()
+        opt.step()
+        losses.append(loss.detach())
+    per_run = torch.stack(losses).T.tolist() if losses else [[] for _ in algos]
+    return [({n: v.detach()[r] for n, v in params.items()}, per_run[r]) for r in range(len(algos))]
 
 
 class FedGen(FedAvg):
@@ -123,39 +167,26 @@ class FedGen(FedAvg):
                                                       "label_prior": state.extra["label_prior"], "alpha": alpha})
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        averaged = super().aggregate(state, upload)
-        counts = upload.extra["label_counts"].double()
-        generator, losses = self.train_generator(state.extra["generator"], upload, counts, state.round)
-        prior = (counts.sum(0) / counts.sum()).float()
-        return ServerState(averaged.params, averaged.round, {**averaged.extra, "generator": generator,
-                                                             "label_prior": prior, "trained": True,
-                                                             "generator_loss": losses})
+        return self.aggregate_runs([self], [state], [upload])[0]
 
-    def train_generator(self, start: Params, upload: Upload, counts: torch.Tensor, rnd: int) -> tuple[Params, list]:
-        cfg = self.cfg
-        device = next(iter(start.values())).device
-        k = len(upload.client_ids)
-        head = self.model.head_names or ()  # FedGen's capabilities admit only models that declare their head
-        unseen = {n: v.to(device).unsqueeze(0).expand(k, *v.shape)
-                  for n, v in self.model.local_for_unseen_client().items() if n in head}
-        heads = {**{n: upload.params[n].to(device) for n in head if n in upload.params}, **unseen}
-        per_label = counts.sum(0)
-        weights = (counts / per_label.clamp(min=1)).float().to(device)  # α_{k,y}
-        prior = (per_label / per_label.sum()).float().cpu()  # drawn from on the host: the same draws on any device
-        gen = torch.Generator().manual_seed(derive_seed(self._seed, GENERATE, rnd))
-        params = {n: v.detach().clone().unsqueeze(0).requires_grad_(True) for n, v in start.items()}
-        opt = torch.optim.Adam(params.values(), lr=cfg.lr)
-        losses = []
-        for _ in range(cfg.server_steps):
-            y = torch.multinomial(prior, cfg.batch_size, replacement=True, generator=gen).to(device)
-            eps = torch.randn((cfg.batch_size, cfg.noise_dim), generator=gen).to(device)
-            z = self.generator(params, eps.unsqueeze(0), y.unsqueeze(0))[0]
-            loss = generator_loss(self.model, heads, z, y, weights) + cfg.diversity * diversity_loss(eps, z)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            losses.append(float(loss.detach()))
-        return {n: v.detach()[0] for n, v in params.items()}, losses
+    def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
+        """Runs train their generators in one stack when the generators, the steps and the clients' heads have the
+        same shapes and settings (a sweep's seeds)."""
+        start = state.extra["generator"]
+        return (self.cfg.model_dump_json(), self.model.head_names, len(upload.client_ids),
+                tuple((n, tuple(v.shape), str(v.device)) for n, v in start.items()))
+
+    @classmethod
+    def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:
+        """Each run's FedAvg step, then every run's generator trained against its clients' heads in one stack
+        (:func:`train_generators`): each run's numbers as alone."""
+        averaged = [FedAvg.aggregate(a, s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+        counts = [u.extra["label_counts"].double() for u in uploads]
+        trained = train_generators(algos, [s.extra["generator"] for s in states], uploads, counts,
+                                   [s.round for s in states])
+        return [ServerState(a.params, a.round, {**a.extra, "generator": generator, "trained": True,
+                                                "label_prior": (c.sum(0) / c.sum()).float(), "generator_loss": losses})
+                for a, c, (generator, losses) in zip(averaged, counts, trained, strict=True)]
 
     # -- client
     def _generated(self, bc: Broadcast, data: ClientData) -> tuple[torch.Tensor, torch.Tensor]:

@@ -25,6 +25,7 @@ from hetfed.engine.sampling import eval_sample
 from hetfed.engine.types import ServerState, Upload
 from hetfed.executors.inprocess import Executor, InProcessExecutor
 from hetfed.executors.updates import (
+    Aggregate,
     DivergedError,
     RoundObserver,
     SimulationResult,
@@ -171,7 +172,7 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     upload, counts = yield from _train_round(loop, result, r)
     t_server = time.perf_counter()
     if upload is not None:
-        result.server = algo.aggregate(result.server, upload)
+        result.server = yield Aggregate(algo, result.server, upload)
         result.dp_rounds += int(loop.run.privacy is not None)
     else:
         result.skipped_rounds.append(r + 1)

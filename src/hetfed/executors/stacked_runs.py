@@ -20,8 +20,10 @@ its per-round losses have differed in the 7th–9th digit).
 Evaluations meet the same way (:func:`~hetfed.executors.stacked_work.evaluate_together`): the runs' clients score their
 models in one stack, each client on its own run's validation, test and global test sets (the runs' pools and global sets
 joined), and each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along
-the run axis: the runs' servers' models in one forward (:meth:`Rendezvous.score_together`), their evaluations summarised
-as arrays (:func:`hetfed.engine.summary.summaries`), and a block's updates measured for every run's screen in one pass
+the run axis: the servers' updates of a method that computes them along it in one call
+(:meth:`~hetfed.interface.Algorithm.aggregate_runs`: FedGen's generators), the runs' servers' models in one forward
+(:meth:`Rendezvous.score_together`), their evaluations summarised as arrays (:func:`hetfed.engine.summary.summaries`),
+and a block's updates measured for every run's screen in one pass
 (:func:`hetfed.executors.stacked_work._measured`) — each run's numbers as alone. The joined computations are
 :mod:`hetfed.executors.stacked_work`'s; this module holds the runs and their lockstep.
 
@@ -62,6 +64,7 @@ from hetfed.executors.stacked_work import (
     train_together,
 )
 from hetfed.executors.updates import (
+    Aggregate,
     Evaluate,
     ReadBack,
     Request,
@@ -291,6 +294,7 @@ class Rendezvous:
                 longest = max((r.executor.run.train.rounds for r in trained), default=0)
                 # each kind in turn: a run answered here may ask the next kind at once (trained, then evaluated)
                 for kind, together, key_of in ((Train, train_together, _train_key),
+                                               (Aggregate, _aggregate_together, _aggregate_key),
                                                (ReadBack, _read_back_together, _read_back_key),
                                                (Evaluate, evaluate_together, _evaluation_key),
                                                (ScoreServer, self.score_together, _score_key),
@@ -351,6 +355,20 @@ def _score_key(run: _Rounds) -> Any:
     if not scores_servers_together(asked.algo):
         return None
     return ("score", run.executor.run.model_identity(), str(asked.x.device), tuple(asked.x.shape), asked.x.dtype)
+
+
+def _aggregate_key(run: _Rounds) -> Any:
+    """Servers updated in one call: runs of one method whose :meth:`~hetfed.interface.Algorithm.aggregate_key`
+    is equal (not None)."""
+    asked = cast(Aggregate, run.asked)
+    key = asked.algo.aggregate_key(asked.server, asked.upload)
+    return None if key is None else ("aggregate", type(asked.algo), key)
+
+
+def _aggregate_together(group: Sequence[_Rounds]) -> list[Any]:
+    asked = [cast(Aggregate, r.asked) for r in group]
+    return type(asked[0].algo).aggregate_runs([a.algo for a in asked], [a.server for a in asked],
+                                              [a.upload for a in asked])
 
 
 def _summary_key(run: _Rounds) -> Any:

@@ -6,8 +6,8 @@ divergence check, the checkpoint when due (:func:`after_update`), and the bytes 
 clock) both drive a run through these.
 
 The loop's work is written as steps (generators) that yield what they ask of the clients and the server — a
-:class:`Train`, :class:`ReadBack`, :class:`Evaluate`, :class:`ScoreServer` or :class:`Summarise` request — and are
-sent the answer: :func:`drive` answers each as it comes from one executor, and a
+:class:`Train`, :class:`Aggregate`, :class:`ReadBack`, :class:`Evaluate`, :class:`ScoreServer` or :class:`Summarise`
+request — and are sent the answer: :func:`drive` answers each as it comes from one executor, and a
 stacked sweep answers the requests of all its runs together (:mod:`hetfed.executors.stacked_runs`).
 """
 
@@ -97,6 +97,20 @@ class Summarise:
 
 
 @dataclass(frozen=True, eq=False)
+class Aggregate:
+    """What a round asks of its server after its clients trained: ``algo``'s method's update of ``server`` with the
+    round's ``upload``; the steps get the new state back. Asked so that a stacked sweep aggregates runs whose
+    method computes along a run axis in one call (:meth:`~hetfed.interface.Algorithm.aggregate_runs`)."""
+
+    algo: Algorithm
+    server: ServerState
+    upload: Upload
+
+    def answer(self, executor: Executor) -> ServerState:
+        return self.algo.aggregate(self.server, self.upload)
+
+
+@dataclass(frozen=True, eq=False)
 class ReadBack:
     """What a round reads back after its server update: the clients' reported training loss and the server's
     parameters that are not finite (empty: none). Asked so that a stacked sweep reads every run's at once, one
@@ -110,7 +124,7 @@ class ReadBack:
 
 
 #: what a loop asks while it runs
-Request = Train | Evaluate | ScoreServer | Summarise | ReadBack
+Request = Train | Aggregate | Evaluate | ScoreServer | Summarise | ReadBack
 #: a loop's work between what it asks of the clients and the server: it yields each request and is sent its answer
 Steps = Generator[Request, Any, T]
 
