@@ -28,7 +28,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Hashable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -207,19 +207,6 @@ class Algorithm:
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
-    def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable | None:
-        """What must be equal for runs of this method to aggregate in one call (:meth:`aggregate_runs`); None, the
-        default, aggregates each run alone. A stacked sweep groups its runs' aggregations by it."""
-        return None
-
-    @classmethod
-    def aggregate_runs(cls, algos: Sequence[Algorithm], states: Sequence[ServerState],
-                       uploads: Sequence[Upload]) -> list[ServerState]:
-        """Several runs' :meth:`aggregate` (of equal :meth:`aggregate_key`) in one call, each run's new state as
-        alone: a method whose server does much per run (FedGen's generator training) computes it along a run axis
-        instead of once a run."""
-        return [a.aggregate(s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
-
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""
@@ -263,6 +250,24 @@ class Algorithm:
         """Each client's model on its own test and validation sets (and, if personal, the global test set)."""
         pred = self.predictor(bc, states, len(data.client_ids), view)
         return client_scores(pred, data)
+
+
+@runtime_checkable
+class AggregatesRuns(Protocol):
+    """What a method adds, beyond :class:`Algorithm`'s functions, to aggregate several runs in one call: a stacked
+    sweep groups its runs' aggregations by :meth:`aggregate_key` and hands each group to :meth:`aggregate_runs`. For a
+    server that does much per run (FedGen's generator, Fed-FSNet's hidden model), computed along a run axis instead of
+    once a run. Optional: a method without it aggregates each run alone, with the same numbers."""
+
+    def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable:
+        """What must be equal for runs to aggregate in one call (shapes, settings, device)."""
+        ...
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[Any], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """Each run's :meth:`Algorithm.aggregate`, in one call: every run's new state as alone."""
+        ...
 
 
 def global_params(algo: Algorithm, state: ServerState) -> Params:

@@ -6,7 +6,7 @@ import torch
 
 from hetfed.algorithms import build_algorithm
 from hetfed.algorithms.fsnet import FSNetParams as FSNetConfig
-from hetfed.algorithms.fsnet import beta_schedule, kl_uniform, near_one_hot, sample_mixture
+from hetfed.algorithms.fsnet import beta_schedule, kl_uniform, near_one_hot, sample_mixture, train_hidden
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
 from hetfed.engine.types import Upload
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
@@ -101,7 +101,8 @@ def test_hidden_model_reconstruction_loss_falls():
     up = Upload([0, 1], {k: v.unsqueeze(0).repeat(2, *[1] * v.ndim) for k, v in server.params.items()},
                 torch.tensor([100.0, 100.0]),
                 {"input_mean": torch.tensor([[0.0] * 6, [6.0] * 6]), "input_var": torch.ones(2, 6)})
-    _, losses = algo.train_hidden(server.params, server.extra["hidden"], up, torch.Generator().manual_seed(1))
+    [(_, losses)] = train_hidden([algo], [server.params], [server.extra["hidden"]], [up],
+                                 [torch.Generator().manual_seed(1)])
     assert np.mean(losses[-20:]) < 0.5 * np.mean(losses[:20])
 
 
@@ -115,3 +116,29 @@ def test_kl_term_changes_training_and_executors_agree():
     torch.testing.assert_close(seq.server.extra["synthetic"], vec.server.extra["synthetic"], rtol=1e-4, atol=1e-5)
     fedavg = simulate(build_algorithm("fedavg", algo.model, train), fed, train, 0, executor=VectorisedExecutor())
     assert not torch.allclose(fedavg.server.params["layers.0.weight"], vec.server.params["layers.0.weight"])
+
+
+def test_runs_aggregated_together_fit_each_hidden_model_as_alone():
+    """#74 §1: a stacked sweep's Fed-FSNet runs fit their hidden models along a run axis in one call per round
+    (``aggregate_runs``); each run's model, H_ω, D′ and losses are its own aggregation's, to the bit on a CPU — three
+    runs, each with its own uploads (mixtures) and its own seed's draws."""
+    train = TrainConfig(rounds=1, local_steps=2)
+    runs = []
+    for seed in range(3):
+        fed, algo = _algo(train, FSNetConfig(server_steps=13, server_batch=32, n_synthetic=12))
+        server = algo.server_init(torch.Generator().manual_seed(seed))
+        gen = torch.Generator().manual_seed(10 + seed)
+        up = Upload([0, 1, 2], {k: v.unsqueeze(0).repeat(3, *[1] * v.ndim) + torch.randn((3, *v.shape), generator=gen)
+                                for k, v in server.params.items()},
+                    torch.tensor([100.0, 30.0 + seed, 60.0]),
+                    {"input_mean": torch.randn(3, 6, generator=gen), "input_var": torch.rand(3, 6, generator=gen)})
+        runs.append((algo, server, up))
+    assert len({a.aggregate_key(s, u) for a, s, u in runs}) == 1
+    together = type(runs[0][0]).aggregate_runs(*zip(*runs, strict=True))
+    for (algo, server, up), joined in zip(runs, together, strict=True):
+        alone = algo.aggregate(server, up)
+        for a, b in ((alone.params, joined.params), (alone.extra["hidden"], joined.extra["hidden"])):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+        assert torch.equal(joined.extra["synthetic"], alone.extra["synthetic"])
+        assert joined.extra["hidden_loss"] == alone.extra["hidden_loss"] and len(alone.extra["hidden_loss"]) == 13
+    assert not torch.equal(together[0].extra["synthetic"], together[1].extra["synthetic"])  # the runs differ

@@ -47,7 +47,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import TrainConfig
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
 
@@ -116,6 +116,42 @@ def kl_uniform(logits: torch.Tensor) -> torch.Tensor:
     return (-math.log(c) - logp.mean(-1)).mean(-1)
 
 
+def train_hidden(algos, global_params: list[Params], hidden_params: list[Params], uploads: list[Upload],
+                 gens: list[torch.Generator]) -> list[tuple[Params, list[float]]]:
+    """Fit each of R runs' H_ω so that H_ω(P_θg(z)) ≈ z for z from its clients' Gaussian mixture (θ_g frozen), the R
+    hidden models stacked along a run axis: one forward, backward and Adam step a server step for all runs. Each run
+    draws from its own stream (``gens``) and the runs' losses are summed, so each gets the steps it would get alone.
+    Returns each run's fitted H_ω and its losses, step by step."""
+    algo = algos[0]
+    cfg = algo.cfg
+    device = next(iter(global_params[0].values())).device
+    g = {k: torch.stack([p[k] for p in global_params]) for k in global_params[0]}
+    params = {k: torch.stack([h[k] for h in hidden_params]).detach().clone().to(device).requires_grad_(True)
+              for k in hidden_params[0]}
+    opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
+    means = torch.stack([u.extra["input_mean"] for u in uploads])  # [R, K, d]
+    variances = torch.stack([u.extra["input_var"] for u in uploads])
+    rows = torch.arange(len(algos), device=device).unsqueeze(1)
+    losses = []  # kept on the device and read once after the loop: a read per step would wait for the device
+    for start in range(0, cfg.server_steps, DRAW_CHUNK):
+        steps = min(DRAW_CHUNK, cfg.server_steps - start)
+        draws = [mixture_draws(u.num_samples, cfg.server_batch, means.shape[-1], steps, gen)
+                 for u, gen in zip(uploads, gens, strict=True)]
+        comps, noises = (torch.stack(t, 1).to(device) for t in zip(*draws, strict=True))  # [steps, R, …]
+        for comp, noise in zip(comps, noises, strict=True):
+            z = means[rows, comp] + variances[rows, comp].clamp_min(0).sqrt() * noise  # [R, n, d]
+            with torch.no_grad():
+                probs = torch.softmax(algo.model.forward(g, z, None), -1)
+            recon = algo.hidden.forward(params, probs, None)
+            loss = (recon - z).pow(2).sum(-1).mean(-1)
+            opt.zero_grad()
+            loss.sum().backward()
+            opt.step()
+            losses.append(loss.detach())
+    per_run = torch.stack(losses).T.tolist() if losses else [[] for _ in algos]
+    return [({k: v.detach()[r] for k, v in params.items()}, per_run[r]) for r in range(len(algos))]
+
+
 class FedFSNet(FedAvg):
     """FedAvg + server-side fuzzy synthesis of near-IID samples (see module docstring)."""
 
@@ -140,36 +176,25 @@ class FedFSNet(FedAvg):
                                                    "beta": beta_schedule(self.cfg, round)})
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        new = super().aggregate(state, upload)
-        gen = torch.Generator().manual_seed(state.extra["seed"] + state.round)
-        hidden, losses = self.train_hidden(new.params, state.extra["hidden"], upload, gen)
-        synthetic = self.synthesise(hidden, gen)
-        extra = {**state.extra, "hidden": hidden, "synthetic": synthetic, "hidden_loss": losses}
-        return ServerState(new.params, new.round, extra)
+        return self.aggregate_runs([self], [state], [upload])[0]
 
-    def train_hidden(self, global_params, hidden_params, upload: Upload, gen: torch.Generator):
-        """Fit H_ω so that H_ω(P_θg(z)) ≈ z for z from the clients' Gaussian mixture (θ_g frozen)."""
-        cfg = self.cfg
-        device = next(iter(global_params.values())).device
-        g1 = {k: v.unsqueeze(0) for k, v in global_params.items()}
-        params = {k: v.detach().clone().unsqueeze(0).to(device).requires_grad_(True) for k, v in hidden_params.items()}
-        opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
-        means, variances = upload.extra["input_mean"], upload.extra["input_var"]
-        losses = []  # kept on the device and read once after the loop: a read per step would wait for the device
-        for start in range(0, cfg.server_steps, DRAW_CHUNK):
-            draws = mixture_draws(upload.num_samples, cfg.server_batch, means.shape[1],
-                                  min(DRAW_CHUNK, cfg.server_steps - start), gen)
-            for comp, noise in zip(*(t.to(device) for t in draws), strict=True):
-                z = _from_draws(means, variances, comp, noise)
-                with torch.no_grad():
-                    probs = torch.softmax(self.model.forward(g1, z.unsqueeze(0), None), -1)
-                recon = self.hidden.forward(params, probs, None)[0]
-                loss = (recon - z).pow(2).sum(-1).mean()
-                opt.zero_grad()
-                loss.backward()
-                opt.step()
-                losses.append(loss.detach())
-        return {k: v.detach()[0] for k, v in params.items()}, torch.stack(losses).tolist() if losses else []
+    def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
+        """Runs fit their hidden models in one stack when the hidden models, the mixtures and the steps have the same
+        shapes and settings (a sweep's seeds)."""
+        means = upload.extra["input_mean"]
+        return (self.cfg.model_dump_json(), tuple(means.shape), str(means.device),
+                tuple((k, tuple(v.shape), str(v.device)) for k, v in state.extra["hidden"].items()))
+
+    @classmethod
+    def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:
+        """Each run's FedAvg step, then every run's hidden model fitted in one stack (:func:`train_hidden`) and its
+        D′ synthesised: each run's numbers as alone."""
+        new = [FedAvg.aggregate(a, s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+        gens = [torch.Generator().manual_seed(s.extra["seed"] + s.round) for s in states]
+        fitted = train_hidden(algos, [n.params for n in new], [s.extra["hidden"] for s in states], uploads, gens)
+        return [ServerState(n.params, n.round, {**s.extra, "hidden": hidden, "synthetic": a.synthesise(hidden, gen),
+                                                "hidden_loss": losses})
+                for a, s, n, gen, (hidden, losses) in zip(algos, states, new, gens, fitted, strict=True)]
 
     def synthesise(self, hidden_params, gen: torch.Generator) -> torch.Tensor:
         """D′: H_ω of near-one-hot probability vectors, classes covered evenly."""

@@ -21,7 +21,7 @@ Evaluations meet the same way (:func:`~hetfed.executors.stacked_work.evaluate_to
 models in one stack, each client on its own run's validation, test and global test sets (the runs' pools and global sets
 joined), and each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along
 the run axis: the servers' updates of a method that computes them along it in one call
-(:meth:`~hetfed.interface.Algorithm.aggregate_runs`: FedGen's generators), the runs' servers' models in one forward
+(:class:`~hetfed.interface.AggregatesRuns`: FedGen's and Fed-FSNet's), the runs' servers' models in one forward
 (:meth:`Rendezvous.score_together`), their evaluations summarised as arrays (:func:`hetfed.engine.summary.summaries`),
 and a block's updates measured for every run's screen in one pass
 (:func:`hetfed.executors.stacked_work._measured`) — each run's numbers as alone. The joined computations are
@@ -74,7 +74,7 @@ from hetfed.executors.updates import (
     Train,
     read_back,
 )
-from hetfed.interface import evaluate_servers, scores_servers_together
+from hetfed.interface import AggregatesRuns, evaluate_servers, scores_servers_together
 
 
 @dataclass(eq=False, kw_only=True)
@@ -358,16 +358,17 @@ def _score_key(run: _Rounds) -> Any:
 
 
 def _aggregate_key(run: _Rounds) -> Any:
-    """Servers updated in one call: runs of one method whose :meth:`~hetfed.interface.Algorithm.aggregate_key`
-    is equal (not None)."""
+    """Servers updated in one call: runs of one method that aggregates runs together
+    (:class:`~hetfed.interface.AggregatesRuns`), of equal ``aggregate_key``."""
     asked = cast(Aggregate, run.asked)
-    key = asked.algo.aggregate_key(asked.server, asked.upload)
-    return None if key is None else ("aggregate", type(asked.algo), key)
+    if not isinstance(asked.algo, AggregatesRuns):
+        return None
+    return ("aggregate", type(asked.algo), asked.algo.aggregate_key(asked.server, asked.upload))
 
 
 def _aggregate_together(group: Sequence[_Rounds]) -> list[Any]:
     asked = [cast(Aggregate, r.asked) for r in group]
-    return type(asked[0].algo).aggregate_runs([a.algo for a in asked], [a.server for a in asked],
+    return cast(AggregatesRuns, asked[0].algo).aggregate_runs([a.algo for a in asked], [a.server for a in asked],
                                               [a.upload for a in asked])
 
 

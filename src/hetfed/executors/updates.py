@@ -100,7 +100,7 @@ class Summarise:
 class Aggregate:
     """What a round asks of its server after its clients trained: ``algo``'s method's update of ``server`` with the
     round's ``upload``; the steps get the new state back. Asked so that a stacked sweep aggregates runs whose
-    method computes along a run axis in one call (:meth:`~hetfed.interface.Algorithm.aggregate_runs`)."""
+    method computes along a run axis in one call (:class:`~hetfed.interface.AggregatesRuns`)."""
 
     algo: Algorithm
     server: ServerState
