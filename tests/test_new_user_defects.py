@@ -317,13 +317,13 @@ def test_flowers_info_lines_go_to_the_log_and_hetfeds_lines_and_flowers_errors_t
 # ------------------------------------------------------------------ 4. Ray's start on a loaded machine
 
 
-def test_the_simulation_engine_is_started_again_only_when_it_failed_before_the_server_app_ran(tmp_path):
+def test_the_simulation_engine_is_started_again_only_when_it_failed_before_any_node_answered(tmp_path):
     from hetfed.flower.simulation import start_with_retries
 
     log = tmp_path / "flower.log"
     calls, started = [], {"yes": False}
 
-    def flaky():  # Ray's start fails twice, then the ServerApp runs
+    def flaky():  # Ray's start fails twice, then the nodes answer
         calls.append(1)
         if len(calls) < 3:
             raise RuntimeError("GCS has become overloaded")
@@ -338,7 +338,7 @@ def test_the_simulation_engine_is_started_again_only_when_it_failed_before_the_s
     with pytest.raises(RuntimeError, match="overloaded"):
         start_with_retries(always, lambda: False, None, attempts=2)
 
-    def fails_in_the_run():  # once the ServerApp has run, a failure is the run's own: never repeated
+    def fails_in_the_run():  # once a node has answered, a failure is the run's own: never repeated
         calls.append(1)
         started["yes"] = True
         raise ValueError("server step")

@@ -6,6 +6,7 @@ through it."""
 from __future__ import annotations
 
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -15,6 +16,26 @@ from hetfed.flower.audit import append
 
 #: first and longest wait between two polls for replies (seconds); the wait doubles while nothing comes
 POLL_FIRST, POLL_LONGEST = 0.01, 0.5
+
+#: grids whose nodes will never answer (their Simulation Engine stopped): a poll of one fails at once instead of
+#: waiting out its timeout (``flower.connect_timeout``, minutes), which kept a failed run's process alive
+_abandoned: weakref.WeakSet = weakref.WeakSet()
+#: grids that have delivered a reply: the run has begun on them, so starting it again would repeat it
+_answered: weakref.WeakSet = weakref.WeakSet()
+
+
+class Abandoned(RuntimeError):
+    """The grid's nodes will never answer: its Simulation Engine stopped while the ServerApp waited for them."""
+
+
+def abandon(grid) -> None:
+    """No more waiting for replies on ``grid``: a poll of it, now or later, raises :class:`Abandoned`."""
+    _abandoned.add(grid)
+
+
+def answered(grid) -> bool:
+    """Whether ``grid`` has delivered a reply to a poll."""
+    return grid in _answered
 
 
 def send_and_receive(grid, messages: list[Message], timeout: float | None) -> list[Message]:
@@ -63,8 +84,12 @@ def poll(grid, pushes: list[Pushed], done: Callable[[], bool]) -> None:
     :data:`POLL_FIRST`, the wait doubling to :data:`POLL_LONGEST` while nothing comes, never past a push's end."""
     wait = POLL_FIRST
     while True:  # pulled at least once: a push whose time passed still gets what already came
+        if grid in _abandoned:
+            raise Abandoned("Flower's Simulation Engine stopped while the ServerApp waited for the nodes' replies")
         waiting = set().union(*(p.pending for p in pushes))
         got = list(grid.pull_messages(waiting)) if waiting else []
+        if got:
+            _answered.add(grid)
         for m in got:
             for p in pushes:
                 if m.metadata.reply_to_message_id in p.pending:

@@ -48,6 +48,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     from flwr.simulation import run_simulation
 
     from hetfed.flower.client_app import app as client_app
+    from hetfed.flower.exchange import answered
 
     restore = _log_to_file(log_file)
     on_term = _prepare_ray()
@@ -73,7 +74,8 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         start_with_retries(lambda: run_simulation(server_app, client_app,
                                                   num_supernodes=simulation_nodes(config, n_clients),
                                                   backend_config=backend),
-                           lambda: "started" in holder, log_file)
+                           lambda: "started" in holder and answered(holder["grid"]), log_file,
+                           reset=lambda: _abandon(holder))
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
         if err.code == signal.SIGTERM:
             _let_workers_leave(before)
@@ -83,11 +85,27 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         if "error" not in holder:
             raise RunError(f"Flower's Simulation Engine failed: {type(err).__name__}: {err}{where}") from err
     finally:
+        outcome = dict(holder)
+        _abandon(holder)  # a ServerApp still waiting for replies that will never come (the engine failed) ends now
         restore()
         if on_term is not None:  # ray.init replaced hetfed's SIGTERM handler
             signal.signal(signal.SIGTERM, on_term)
         _stop_ray()
-    return _outcome(holder, where)
+    return _outcome(outcome, where)
+
+
+def _abandon(holder: dict, timeout: float = 10.0) -> None:
+    """The ServerApp told that no reply will come (:func:`~hetfed.flower.exchange.abandon`) and waited for (at most
+    ``timeout``), then forgotten: after the Simulation Engine failed, its thread would otherwise wait out
+    ``flower.connect_timeout`` — minutes in which the failed run's process could not exit."""
+    from hetfed.flower.exchange import abandon
+
+    if "grid" in holder:
+        abandon(holder["grid"])
+    thread = holder.get("thread")
+    if thread is not None and thread is not threading.current_thread():
+        thread.join(timeout)
+    holder.clear()
 
 
 def ray_backend(config) -> dict:
@@ -119,12 +137,16 @@ def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None
 
     @server_app.main()
     def main(grid: Grid, context) -> None:
-        holder["started"] = True
+        me = threading.current_thread()
+        holder.update(started=True, grid=grid, thread=me)
         started()
         try:
-            holder["value"] = body(grid)
+            value = body(grid)
+            if holder.get("thread") is me:  # not a ServerApp abandoned for a retry (:func:`_abandon`)
+                holder["value"] = value
         except BaseException as err:  # kept for the caller: Flower would log it and go on shutting down
-            holder["error"] = err
+            if holder.get("thread") is me:
+                holder["error"] = err
             if log_file is not None:  # the traceback for whoever debugs it; the console gets one line
                 with open(log_file, "a", encoding="utf-8") as fh:
                     fh.write(f"hetfed's ServerApp failed:\n{traceback.format_exc()}\n")
@@ -150,11 +172,13 @@ START_ATTEMPTS = 3
 
 
 def start_with_retries(start: Callable[[], object], started: Callable[[], bool], log_file: Path | None = None,
-                       attempts: int = START_ATTEMPTS) -> None:
-    """Run ``start`` (the Simulation Engine); if it fails or returns before the ServerApp ``started``, try
-    again (nothing of the run has happened yet, so nothing is repeated), each retry noted in the log.
+                       attempts: int = START_ATTEMPTS, reset: Callable[[], None] = lambda: None) -> None:
+    """Run ``start`` (the Simulation Engine); if it fails or returns before the run ``started`` (a node has
+    answered the ServerApp: nothing of the run has happened yet, so nothing is repeated), ``reset`` (the ServerApp
+    that waited stops) and try again, each retry noted in the log. The ServerApp starts at once, beside Ray's ~30 s
+    start, so its own start says nothing: a Ray that timed out starting had not been retried.
 
-    A failure after the ServerApp started is never retried; the last attempt's failure is raised.
+    A failure after the run started is never retried; the last attempt's failure is raised.
     """
     for attempt in range(1, attempts + 1):
         try:
@@ -168,8 +192,9 @@ def start_with_retries(start: Callable[[], object], started: Callable[[], bool],
             return
         if log_file is not None:
             with open(log_file, "a", encoding="utf-8") as fh:
-                fh.write(f"hetfed: the Simulation Engine ended before the ServerApp started ({why}); "
+                fh.write(f"hetfed: the Simulation Engine ended before any node answered ({why}); "
                          f"starting it again (attempt {attempt + 1}/{attempts})\n")
+        reset()
         _stop_ray()
 
 
