@@ -260,7 +260,8 @@ class AggregatesRuns(Protocol):
     once a run. Optional: a method without it aggregates each run alone, with the same numbers."""
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable:
-        """What must be equal for runs to aggregate in one call (shapes, settings, device)."""
+        """What must be equal, besides the method's parameters and the model (a stacked sweep compares those), for
+        runs to aggregate in one call: devices, how many clients answered."""
         ...
 
     @classmethod

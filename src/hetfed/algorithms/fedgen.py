@@ -170,11 +170,9 @@ class FedGen(FedAvg):
         return self.aggregate_runs([self], [state], [upload])[0]
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
-        """Runs train their generators in one stack when the generators, the steps and the clients' heads have the
-        same shapes and settings (a sweep's seeds)."""
-        start = state.extra["generator"]
-        return (self.cfg.model_dump_json(), self.model.head_names, len(upload.client_ids),
-                tuple((n, tuple(v.shape), str(v.device)) for n, v in start.items()))
+        """Runs (of the same parameters and model) train their generators in one stack when they hold them on one
+        device and as many clients' heads answered (a sweep's seeds)."""
+        return (str(next(iter(state.extra["generator"].values())).device), len(upload.client_ids))
 
     @classmethod
     def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:

@@ -179,11 +179,10 @@ class FedFSNet(FedAvg):
         return self.aggregate_runs([self], [state], [upload])[0]
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
-        """Runs fit their hidden models in one stack when the hidden models, the mixtures and the steps have the same
-        shapes and settings (a sweep's seeds)."""
+        """Runs (of the same parameters and model) fit their hidden models in one stack when their models and
+        mixtures are on one device and as many clients answered (a sweep's seeds)."""
         means = upload.extra["input_mean"]
-        return (self.cfg.model_dump_json(), tuple(means.shape), str(means.device),
-                tuple((k, tuple(v.shape), str(v.device)) for k, v in state.extra["hidden"].items()))
+        return (str(next(iter(state.params.values())).device), str(means.device), tuple(means.shape))
 
     @classmethod
     def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:

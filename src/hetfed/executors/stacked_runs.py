@@ -359,11 +359,11 @@ def _score_key(run: _Rounds) -> Any:
 
 def _aggregate_key(run: _Rounds) -> Any:
     """Servers updated in one call: runs of one method that aggregates runs together
-    (:class:`~hetfed.interface.AggregatesRuns`), of equal ``aggregate_key``."""
+    (:class:`~hetfed.interface.AggregatesRuns`), with the same parameters and model, of equal ``aggregate_key``."""
     asked = cast(Aggregate, run.asked)
     if not isinstance(asked.algo, AggregatesRuns):
         return None
-    return ("aggregate", type(asked.algo), asked.algo.aggregate_key(asked.server, asked.upload))
+    return ("aggregate", run.executor.run.model_identity(), asked.algo.aggregate_key(asked.server, asked.upload))
 
 
 def _aggregate_together(group: Sequence[_Rounds]) -> list[Any]:
