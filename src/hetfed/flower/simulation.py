@@ -48,7 +48,6 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     from flwr.simulation import run_simulation
 
     from hetfed.flower.client_app import app as client_app
-    from hetfed.flower.exchange import answered
 
     restore = _log_to_file(log_file)
     on_term = _prepare_ray()
@@ -74,8 +73,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         start_with_retries(lambda: run_simulation(server_app, client_app,
                                                   num_supernodes=simulation_nodes(config, n_clients),
                                                   backend_config=backend),
-                           lambda: "started" in holder and answered(holder["grid"]), log_file,
-                           reset=lambda: _abandon(holder))
+                           lambda: _began(holder), log_file, reset=lambda: _abandon(holder))
     except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
         if err.code == signal.SIGTERM:
             _let_workers_leave(before)
@@ -92,6 +90,15 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
             signal.signal(signal.SIGTERM, on_term)
         _stop_ray()
     return _outcome(outcome, where)
+
+
+def _began(holder: dict) -> bool:
+    """Whether the run has begun, so that starting the engine again would repeat it or fail as it did: a node has
+    answered the ServerApp, or the ServerApp failed on its own (not for want of replies)."""
+    from hetfed.flower.exchange import Abandoned, answered
+
+    failed = "error" in holder and not isinstance(holder["error"], Abandoned)
+    return failed or ("grid" in holder and answered(holder["grid"]))
 
 
 def _abandon(holder: dict, timeout: float = 10.0) -> None:
@@ -173,9 +180,9 @@ START_ATTEMPTS = 3
 
 def start_with_retries(start: Callable[[], object], started: Callable[[], bool], log_file: Path | None = None,
                        attempts: int = START_ATTEMPTS, reset: Callable[[], None] = lambda: None) -> None:
-    """Run ``start`` (the Simulation Engine); if it fails or returns before the run ``started`` (a node has
-    answered the ServerApp: nothing of the run has happened yet, so nothing is repeated), ``reset`` (the ServerApp
-    that waited stops) and try again, each retry noted in the log. The ServerApp starts at once, beside Ray's ~30 s
+    """Run ``start`` (the Simulation Engine); if it fails or returns before the run ``started`` (:func:`_began`:
+    nothing of the run has happened yet, so nothing is repeated), ``reset`` (the ServerApp that waited stops) and try
+    again, each retry noted in the log. The ServerApp starts at once, beside Ray's ~30 s
     start, so its own start says nothing: a Ray that timed out starting had not been retried.
 
     A failure after the run started is never retried; the last attempt's failure is raised.
