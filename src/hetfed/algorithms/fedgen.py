@@ -43,7 +43,16 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.local import row_cross_entropy
 from hetfed.engine.rng import derive_seed
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    ServerState,
+    Upload,
+    stack_states,
+    unstack_state,
+)
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
@@ -126,7 +135,7 @@ def train_generators(algos: Sequence[FedGen], starts: Sequence[Params], uploads:
         draws.append(steps)
     joined = {n: torch.cat([h[n] for h in heads]) for n in heads[0]}
     alphas = torch.stack(weights)
-    params = {n: torch.stack([s[n] for s in starts]).detach().clone().requires_grad_(True) for n in starts[0]}
+    params = {n: v.detach().requires_grad_(True) for n, v in stack_states(list(starts)).items()}
     opt = torch.optim.Adam(params.values(), lr=cfg.lr)
     losses = []
     for step in range(cfg.server_steps):
@@ -139,7 +148,7 @@ def train_generators(algos: Sequence[FedGen], starts: Sequence[Params], uploads:
         opt.step()
         losses.append(loss.detach())
     per_run = torch.stack(losses).T.tolist() if losses else [[] for _ in algos]
-    return [({n: v.detach()[r] for n, v in params.items()}, per_run[r]) for r in range(len(algos))]
+    return list(zip(unstack_state(params, len(algos)), per_run, strict=True))
 
 
 class FedGen(FedAvg):

@@ -47,7 +47,16 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import TrainConfig
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    ServerState,
+    Upload,
+    stack_states,
+    unstack_state,
+)
 from hetfed.models.base import Model
 from hetfed.models.mlp import MLP
 
@@ -90,7 +99,9 @@ def mixture_draws(weights: torch.Tensor, n: int, d: int, steps: int,
     return torch.stack(comps), torch.stack(noises)
 
 
-def _from_draws(means: torch.Tensor, variances: torch.Tensor, comp: torch.Tensor, noise: torch.Tensor) -> torch.Tensor:
+def _from_draws(means: torch.Tensor, variances: torch.Tensor, comp, noise: torch.Tensor) -> torch.Tensor:
+    """The mixture's samples from its draws: ``comp`` indexes the components' rows (``(runs, comp)`` for runs'
+    mixtures stacked [R, K, d])."""
     return means[comp] + variances[comp].clamp_min(0).sqrt() * noise
 
 
@@ -125,9 +136,8 @@ def train_hidden(algos, global_params: list[Params], hidden_params: list[Params]
     algo = algos[0]
     cfg = algo.cfg
     device = next(iter(global_params[0].values())).device
-    g = {k: torch.stack([p[k] for p in global_params]) for k in global_params[0]}
-    params = {k: torch.stack([h[k] for h in hidden_params]).detach().clone().to(device).requires_grad_(True)
-              for k in hidden_params[0]}
+    g = stack_states(global_params)
+    params = {k: v.detach().to(device).requires_grad_(True) for k, v in stack_states(hidden_params).items()}
     opt = torch.optim.Adam(params.values(), lr=cfg.server_lr)
     means = torch.stack([u.extra["input_mean"] for u in uploads])  # [R, K, d]
     variances = torch.stack([u.extra["input_var"] for u in uploads])
@@ -139,7 +149,7 @@ def train_hidden(algos, global_params: list[Params], hidden_params: list[Params]
                  for u, gen in zip(uploads, gens, strict=True)]
         comps, noises = (torch.stack(t, 1).to(device) for t in zip(*draws, strict=True))  # [steps, R, …]
         for comp, noise in zip(comps, noises, strict=True):
-            z = means[rows, comp] + variances[rows, comp].clamp_min(0).sqrt() * noise  # [R, n, d]
+            z = _from_draws(means, variances, (rows, comp), noise)  # [R, n, d]
             with torch.no_grad():
                 probs = torch.softmax(algo.model.forward(g, z, None), -1)
             recon = algo.hidden.forward(params, probs, None)
@@ -149,7 +159,7 @@ def train_hidden(algos, global_params: list[Params], hidden_params: list[Params]
             opt.step()
             losses.append(loss.detach())
     per_run = torch.stack(losses).T.tolist() if losses else [[] for _ in algos]
-    return [({k: v.detach()[r] for k, v in params.items()}, per_run[r]) for r in range(len(algos))]
+    return list(zip(unstack_state(params, len(algos)), per_run, strict=True))
 
 
 class FedFSNet(FedAvg):
