@@ -46,7 +46,7 @@ def _rounds(mode: str, opt: OptimizerConfig, mu: float, rounds: int = 3):
     """Three rounds of a stack of unequal clients (clients that finish early), each round
     with new seeds and a new proximal centre: what a run's rounds give the kept recordings."""
     model = MLP(6, [16, 8], 4, dropout=0.3)
-    data = _data([16, 8, 24, 13, 40])  # one batch width (8) whatever the step: one graph to compile
+    data = _data([13, 13, 13, 40, 40])  # one batch width (8), partial batches, two widths of stack: two keys
     params = _stack(model, 5)
     out = []
     for rnd in range(rounds):
