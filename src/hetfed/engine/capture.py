@@ -96,7 +96,7 @@ class Compiled:
 
     Why on a CPU: a small model's step (the CGAU setting: 10 clients × 32 rows of a 64-64-64 MLP) is ~60 operator
     calls, each a few microseconds of dispatch and autograd bookkeeping around microseconds of arithmetic; compiled,
-    the same step costs ~0.45× the eager one (``benchmarks/engine.py --compile``). Compiling a key costs ~45 s the
+    the same step costs ~0.45× the eager one (``benchmarks/engine.py --compile``). Compiling a key costs ~15–45 s the
     first time on a machine (inductor builds C++ with the system's compiler; this project's 2-core CPU) and ~1 s
     once torch's cache holds it (``/tmp/torchinductor_<user>``, across processes), so this is
     ``train.capture: compile``, asked for by runs or sweeps long enough to win it back, and ``auto`` only for runs
@@ -150,7 +150,8 @@ class Compiled:
         before = config.trace_autograd_ops, config.recompile_limit
         config.trace_autograd_ops, config.recompile_limit = True, max(before[1], RECOMPILE_LIMIT)
         try:
-            self._compiled(*step.args, **step.keywords)
+            with torch._inductor.config.patch(realize_opcount_threshold=REALIZE_OPCOUNT):
+                self._compiled(*step.args, **step.keywords)
         except torch._dynamo.exc.FailOnRecompileLimitHit:
             # the process has compiled the step function's limit of graphs (a long sweep of changing shapes): this
             # shape runs eagerly (dynamo refused before running anything)
@@ -168,6 +169,14 @@ class Compiled:
 
 #: graphs kept per step function by :class:`Compiled` (hetfed.engine.local keeps 8 steps of up to 8 keys each)
 RECOMPILE_LIMIT = 64
+
+#: inductor's ``realize_opcount_threshold`` while :class:`Compiled` compiles: a pointwise value of more operations
+#: than this, read by several kernels, is computed once into a buffer instead of inlined into each. Why: a step with
+#: dropout hashes its masks' streams (dozens of integer operations a value), which inductor's CPU default (50)
+#: inlined into every kernel that reads them, and generating their C++ took ~65 s a step shape on a 2-core CPU;
+#: with 4, 15–17 s, the compiled step no slower; without dropout the same either way
+#: (``results/benchmarks_cpu_2026-11-30f``)
+REALIZE_OPCOUNT = 4
 
 #: ``train.capture`` mode → device type → the recorder class that captures steps there
 BACKENDS: dict[str, dict[str, type]] = {"auto": {"cuda": CudaGraph}, "compile": {"cpu": Compiled}}

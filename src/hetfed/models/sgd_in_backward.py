@@ -127,8 +127,8 @@ def updating(spec: SGDInBackward) -> AbstractContextManager[SGDInBackward]:
 
 
 def recording() -> AbstractContextManager[list[Layer]]:
-    """Within: every :func:`linear` layer's ``(x, W, b, output)`` is appended to the list yielded (this thread): what
-    DP-SGD's per-sample gradient norms read (:func:`hetfed.engine.record_dp.ghost_norms`)."""
+    """Within, with autograd on: every :func:`linear` layer's ``(x, W, b, output)`` is appended to the list yielded
+    (this thread): what DP-SGD's per-sample gradient norms read (:func:`hetfed.engine.record_dp.ghost_norms`)."""
     layers: list[Layer] = []
     return bound(_RECORDED, layers)
 
@@ -140,14 +140,20 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
     The weight enters the product detached, so autograd computes no gradient for it; a hook on the product's
     backward node, which runs once that node has used the weight for the input's gradient, moves it (a hook, not
     a custom ``autograd.Function``: the Function's Python forward and backward cost ~35 µs a layer and a step,
-    more than the update saves on one client)."""
+    more than the update saves on one client).
+
+    Without autograd (a closed-form step's forward, an evaluation) neither applies, and the context is not read:
+    a step compiled by ``torch.compile`` cannot read a ``ContextVar`` (dynamo refuses ``ContextVar.get``), and
+    CGAU's compiled closed-form step failed on it."""
+    if not torch.is_grad_enabled():
+        return torch.baddbmm(bias.unsqueeze(1), x, weight)
     recorded = _RECORDED.get()
     if recorded is not None:
         out = torch.baddbmm(bias.unsqueeze(1), x, weight)
         recorded.append((x, weight, bias, out))
         return out
     spec = _SPEC.get()
-    name = spec.claim(weight) if spec is not None and torch.is_grad_enabled() else None
+    name = spec.claim(weight) if spec is not None else None
     if name is None:
         return torch.baddbmm(bias.unsqueeze(1), x, weight)
     assert spec is not None
