@@ -197,3 +197,21 @@ def test_a_run_with_compiled_steps_matches_an_eager_run(tmp_path, fresh_recordin
         for k, v in final["final"].items():
             if isinstance(v, float):
                 assert finals["compile"][method]["final"][k] == pytest.approx(v, abs=1e-5), (method, k)
+
+
+def test_a_model_the_compiler_cannot_trace_trains_eagerly_with_the_eager_numbers(fresh_recordings):
+    """``auto`` becomes ``compile`` for long CPU runs; a model that declares it cannot be compiled
+    (``Model.no_compile``: the LoRA encoder) then steps eagerly — nothing compiled, the eager numbers to the bit."""
+
+    class Untraceable(MLP):
+        no_compile = "its forward reads a ContextVar"
+
+    model = Untraceable(6, [16, 8], 4, dropout=0.3)
+    data, opt = _data([13, 13, 13, 40, 40]), OptimizerConfig(lr=0.1, momentum=0.9)
+    runs = [train_stack(model, _stack(model, 5), data, LocalSchedule(8, 3.0, capture=mode), opt, opt.lr)
+            for mode in ("off", "compile")]
+    assert not fresh_recordings
+    (params, state, loss), (params_c, state_c, loss_c) = runs
+    assert all(torch.equal(params[k], params_c[k]) for k in params)
+    assert all(torch.equal(state[k], state_c[k]) for k in state)
+    assert torch.equal(loss, loss_c)

@@ -112,7 +112,7 @@ def _texts(n: int = 240) -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict], rounds: int = 6) -> dict:
+def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict], rounds: int = 6, capture: str = "auto") -> dict:
     from hetfed.config import build_config
     from hetfed.runs.runner import run_experiment
 
@@ -126,7 +126,7 @@ def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict], rounds: int
         "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
         "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
         "train": {"rounds": rounds, "batch_size": 16, "local_epochs": 1, "executor": executor,
-                  "optimizer": {"kind": "adam", "lr": 0.02}},
+                  "optimizer": {"kind": "adam", "lr": 0.02}, "capture": capture},
         **({"flower": {"connect_timeout": 300}} if executor == "flower" else {}),
         "methods": methods})
     return run_experiment(cfg, out=tmp_path / executor, progress=False).summary["methods"]
@@ -482,3 +482,16 @@ def test_the_layers_below_the_lowest_adapter_run_once_per_text_and_give_the_whol
     with pytest.raises(ConfigError, match=r"model.from_layer = 2 is not allowed: expected 0 .* or 1 to 1"):
         _run(tiny_encoder, tmp_path / "bad", "vectorised", [{"name": "top", "algorithm": "fedit",
                                                              "model": {"from_layer": 2}}])
+
+
+def test_compiling_the_adapted_encoders_steps_is_refused_before_any_file(tiny_encoder, tmp_path):
+    """Its adapters reach the encoder's layers through a ContextVar, which dynamo does not trace: ``train.capture:
+    compile`` failed at the first compiled step, the run marked failed with dynamo's message."""
+    from hetfed.errors import ConfigError
+
+    with pytest.raises(ConfigError, match=r"^train.capture = 'compile' is not allowed with methods.0 \(model.kind "
+                                          r"= 'lora_encoder'\): its adapters .* ContextVar.*expected train.capture "
+                                          r"'auto' or 'off'$"):
+        _run(tiny_encoder, tmp_path, "vectorised", [{"name": "fedit", "algorithm": "fedit"}], rounds=1,
+             capture="compile")
+    assert not (tmp_path / "vectorised").exists()

@@ -126,6 +126,11 @@ class Compiled:
             return "torch.compile builds a CPU step's kernels with a C++ compiler and none was found (g++, or $CXX)"
         return None
 
+    @staticmethod
+    def refuses(model: Any) -> str:
+        """Why this recorder cannot record ``model``'s steps ("" where it can): dynamo must trace its forward."""
+        return str(model.no_compile)
+
     def record(self, step: Callable[[], None]) -> None:
         assert isinstance(step, partial)
         self._step = step
@@ -225,6 +230,13 @@ WHERE_AVAILABLE = {"auto", "off"}
 def backend(mode: str, device: torch.device) -> type | None:
     """The recorder for ``train.capture`` ``mode`` on ``device`` (None: its steps run eagerly)."""
     return BACKENDS.get(mode, {}).get(device.type)
+
+
+def refuses(recorder: type, model: Any) -> str:
+    """Why ``recorder`` cannot record ``model``'s steps ("" where it can; a recorder without ``refuses`` records every
+    model's): such a model's steps run eagerly, and a run that asked for the recorder by name is refused."""
+    check = getattr(recorder, "refuses", None)
+    return check(model) if check is not None else ""
 
 
 def refusal(mode: str, device: torch.device) -> str | None:

@@ -276,7 +276,7 @@ def train_stack(
     plan = plan_steps(data, schedule, device)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     recorder = capture.backend(schedule.capture, device)
-    capturing = recorder is not None and simple
+    capturing = recorder is not None and simple and not capture.refuses(recorder, model)
     keys = _step_keys(plan, model.reads_rows, compacts, capturing)
     closed, moves = _update_path(model, current, opt_cfg) if simple else (None, 0)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),

@@ -153,6 +153,8 @@ class Model:
     #: why DP-SGD's per-sample gradients (``torch.func.vmap`` of the gradient through :meth:`forward`) are not
     #: available for this model, or "" where they are
     no_per_sample_gradients: str = ""
+    #: why ``torch.compile`` cannot trace this model's training step (``train.capture: compile``), or "" where it can
+    no_compile: str = ""
 
     def stacks_clients(self, device: str) -> bool:
         """Whether a stack of clients runs as one batched computation on ``device`` (a device type: 'cpu',

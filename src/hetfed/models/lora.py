@@ -170,6 +170,8 @@ class LoRAEncoder(Model):
 
     no_per_sample_gradients = ("its frozen encoder's forward is a Hugging Face module, through which per-sample "
                                "gradients (torch.func.vmap) have not been checked")
+    no_compile = ("its adapters reach the Hugging Face encoder's layers through a ContextVar, which torch.compile "
+                  "does not trace")
 
     def __init__(self, path: str, max_length: int, n_classes: int, rank: int = 8, alpha: float = 16.0,
                  dropout: float = 0.0, targets: Sequence[str] = ("query", "value"), client_gates: bool = False,

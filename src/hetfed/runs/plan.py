@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 from hetfed.algorithms import run_for
 from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
+from hetfed.engine import capture
 from hetfed.engine.clock import check_clock
 from hetfed.engine.privacy import check_available
 from hetfed.engine.record_dp import draws_noise
@@ -144,6 +145,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
                               "(flower, deployment)")
         _check_leakage(config, index, method, run, kind, fed)
         _check_records(config, index, method, algo, fed)
+        _check_capture(index, train, algo, config.method_model(method).kind)
         if kind.in_process:
             check_memory(run, fed)
         elif ckpt and ckpt.get("current") and ckpt["current"]["index"] == index:
@@ -231,6 +233,18 @@ def _check_records(config: Config, index: int, method: MethodConfig, algo: Algor
                           "computed without its masks, so the clip bound would not hold for the gradient taken; "
                           "expected model.dropout: 0")
     check_available()
+
+
+def _check_capture(index: int, train: TrainConfig, algo: Algorithm, kind: str) -> None:
+    """A recorder asked for by name (``train.capture: compile``) that cannot record the method's model is refused
+    (``auto`` records where it can and leaves such a model's steps eager)."""
+    if train.capture == "auto":
+        return
+    recorder = capture.backend(train.capture, capture.device_of(train.device))
+    why = capture.refuses(recorder, algo.model) if recorder is not None else ""
+    if why:
+        raise ConfigError(f"train.capture = {train.capture!r} is not allowed with methods.{index} (model.kind = "
+                          f"{kind!r}): {why}; expected train.capture 'auto' or 'off'")
 
 
 def check_remote_resume(checkpoint: dict[str, Any] | None) -> None:
