@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 from pathlib import Path
 
+import numpy as np
 import pytest
 import torch
 
@@ -215,3 +216,23 @@ def test_a_model_the_compiler_cannot_trace_trains_eagerly_with_the_eager_numbers
     assert all(torch.equal(params[k], params_c[k]) for k in params)
     assert all(torch.equal(state[k], state_c[k]) for k in state)
     assert torch.equal(loss, loss_c)
+
+
+@pytest.mark.parametrize("kind", ["bilstm", "charlstm"])
+def test_the_lstms_declare_they_cannot_be_compiled_and_step_eagerly_under_compile(kind, fresh_recordings):
+    """Dynamo refuses both (the BiLSTM reads its batch's longest text on the host, the character LSTM runs torch's
+    fused LSTM): each failed at its first compiled step; declared (``Model.no_compile``), they step eagerly."""
+    from hetfed.engine.types import ClientData
+    from hetfed.models.bilstm import BiLSTM
+    from hetfed.models.charlstm import CharLSTM
+
+    model = BiLSTM(8, 30, 3, embedding_dim=8, hidden=8) if kind == "bilstm" else CharLSTM(8, 30, 30, 8, hidden=16)
+    assert model.no_compile
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randint(1, 30, (80, 8), generator=gen).float(), torch.randint(0, 3, (80,), generator=gen)
+    data = ClientData([0, 1], x, y, [np.arange(0, 40), np.arange(40, 80)], [3, 14])
+    opt = OptimizerConfig(lr=0.1)
+    runs = [train_stack(model, _stack(model, 2), data, LocalSchedule(8, 2.0, capture=mode), opt, opt.lr)
+            for mode in ("off", "compile")]
+    assert not fresh_recordings
+    assert all(torch.equal(runs[0][0][k], runs[1][0][k]) for k in runs[0][0])

@@ -27,6 +27,7 @@ from hetfed.models.bilstm import _normal_init
 
 class CharLSTM(Model):
     reads_rows = True  # packs each client's real rows
+    no_compile = "its layers run torch's fused LSTM, which torch.compile does not trace"
 
     def __init__(self, window: int, vocab_size: int, n_classes: int, embedding_dim: int = 8, hidden: int = 256,
                  layers: int = 2, dropout: float = 0.0):
