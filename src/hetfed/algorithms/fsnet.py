@@ -99,7 +99,8 @@ def mixture_draws(weights: torch.Tensor, n: int, d: int, steps: int,
     return torch.stack(comps), torch.stack(noises)
 
 
-def _from_draws(means: torch.Tensor, variances: torch.Tensor, comp, noise: torch.Tensor) -> torch.Tensor:
+def _from_draws(means: torch.Tensor, variances: torch.Tensor, comp: torch.Tensor | tuple[torch.Tensor, torch.Tensor],
+                noise: torch.Tensor) -> torch.Tensor:
     """The mixture's samples from its draws: ``comp`` indexes the components' rows (``(runs, comp)`` for runs'
     mixtures stacked [R, K, d])."""
     return means[comp] + variances[comp].clamp_min(0).sqrt() * noise
