@@ -401,11 +401,13 @@ _PATCH = {
     "record conversion": "import hetfed.flower.executor as e\n"
                          "def boom(bc):\n    raise TypeError('injected: extras cannot travel')\ne.broadcast_to_records "
                          "= boom\n",
-    "client step": "",  # patched in every process (the ClientApps run in Ray's workers) by sitecustomize
+    "client step": "",  # patched in Ray's workers (where the ClientApps run) by sitecustomize
 }
-_CLIENT_HOOK = ("try:\n    import hetfed.flower.client_app as c\n    def boom(*a, **k):\n"
-                "        raise RuntimeError('injected ClientApp failure')\n    c.train_step = boom\nexcept "
-                "ImportError:\n    pass\n")
+# Ray's worker processes only (the ClientApps run there): every Python process Ray starts runs the hook, and Ray's
+# own daemons (its dashboard agent, log monitor, …) each importing torch made this case cost ~60 s instead of ~20
+_CLIENT_HOOK = ("import sys\nif sys.argv and sys.argv[0].endswith('default_worker.py'):\n"
+                "    import hetfed.flower.client_app as c\n    def boom(*a, **k):\n"
+                "        raise RuntimeError('injected ClientApp failure')\n    c.train_step = boom\n")
 
 
 @pytest.mark.parametrize("where,expected", [
