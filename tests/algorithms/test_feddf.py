@@ -83,6 +83,34 @@ def test_early_stopping_keeps_the_student_closest_to_the_ensemble_on_held_out_se
 
 
 @pytest.mark.parametrize("kind", ["logreg", "mlp"])
+def test_runs_distilled_in_one_stack_give_each_runs_numbers_alone_where_they_stop_at_different_steps(kind):
+    """#74 §1: a stacked sweep's FedDF servers distil their runs' students together (``aggregate_runs``); each run
+    keeps its own batches, early stopping and Adam state, so its student and steps are the run's alone, to the bit —
+    with the seeds' runs stopping early at two different steps and one running to ``max_steps``."""
+    algos, states, uploads = [], [], []
+    for seed in (0, 1, 3):
+        fed, train, algo = _algo(kind, max_steps=150, patience=30, eval_every=10, lr=0.001)
+        algo.bind(fed, seed, 6)
+        server = algo.server_init(torch_gen(seed, SERVER_INIT))
+        pool = Pool(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train, 0, fed.val)
+        states_k = stack_states([algo.client_init(k, torch_gen(seed, 3, k)) for k in range(6)])
+        upload, _ = algo.local_update(algo.broadcast(server, 0), states_k, client_data(pool, list(range(6)), seed))
+        algos.append(algo)
+        states.append(server)
+        uploads.append(upload)
+    alone = [a.aggregate(s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+    steps = [r.extra["distill_steps"] for r in alone]
+    assert len(set(steps)) == 3 and max(steps) == 150, steps  # logreg 140, 150, 90; the MLP 50, 150, 90
+    groups = {a.aggregate_key(s, u) for a, s, u in zip(algos, states, uploads, strict=True)}
+    assert len(groups) == 1
+    together = type(algos[0]).aggregate_runs(algos, states, uploads)
+    for a, b in zip(alone, together, strict=True):
+        assert a.extra["distill_steps"] == b.extra["distill_steps"]
+        for k in a.params:
+            assert torch.equal(a.params[k], b.params[k]), k
+
+
+@pytest.mark.parametrize("kind", ["logreg", "mlp"])
 def test_executors_agree(kind):
     runs = []
     for executor in (VectorisedExecutor(), SequentialExecutor()):

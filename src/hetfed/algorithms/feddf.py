@@ -24,6 +24,10 @@ streamed.
 
 from __future__ import annotations
 
+from collections.abc import Iterator, Sequence
+from contextlib import nullcontext
+from dataclasses import dataclass
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -61,10 +65,12 @@ class FedDFParams(AlgorithmParams):
 
 
 def distillation_loss(student_logits: torch.Tensor, teacher_logits: torch.Tensor, temperature: float) -> torch.Tensor:
-    """``T² · KL(softmax(teacher/T) ‖ softmax(student/T))``, averaged over samples."""
+    """``T² · KL(softmax(teacher/T) ‖ softmax(student/T))``, averaged over samples: of logits ``[B, C]`` a number,
+    of a stack's ``[R, B, C]`` one per row (each row's sum over its own samples, whatever the stack)."""
     t = temperature
-    return F.kl_div(F.log_softmax(student_logits / t, -1), F.log_softmax(teacher_logits / t, -1),
-                    log_target=True, reduction="batchmean") * t * t
+    kl = F.kl_div(F.log_softmax(student_logits / t, -1), F.log_softmax(teacher_logits / t, -1), log_target=True,
+                  reduction="none")
+    return kl.sum((-2, -1)) / student_logits.shape[-2] * t * t
 
 
 class FedDF(FedAvg):
@@ -83,62 +89,118 @@ class FedDF(FedAvg):
         self.server_x = torch.as_tensor(fed.server_x, dtype=torch.float32)
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        averaged = super().aggregate(state, upload)
-        params, steps = self.distil(averaged.params, upload, state.round)
-        return ServerState(params, averaged.round, {**averaged.extra, "distill_steps": steps})
+        return self.aggregate_runs([self], [state], [upload])[0]
 
-    def _logits(self, params: Params, x: torch.Tensor) -> torch.Tensor:
-        """Logits of stacked models ``[n, …]`` on ``x``: ``[n, len(x), C]`` (local parameters as for an unseen
-        client)."""
+    def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
+        """Runs (of the same parameters and model) distil their students in one stack when they hold them on one
+        device and their server data have one shape (a sweep's seeds)."""
+        return (str(next(iter(state.params.values())).device), tuple(self._server_x().shape))
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[FedDF], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """Each run's FedAvg step, then every run's student distilled from its own ensemble in one stack
+        (:func:`distil_runs`): each run's numbers as alone."""
+        averaged = [FedAvg.aggregate(a, s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+        distilled = distil_runs(algos, [a.params for a in averaged], uploads, [s.round for s in states])
+        return [ServerState(params, a.round, {**a.extra, "distill_steps": steps})
+                for a, (params, steps) in zip(averaged, distilled, strict=True)]
+
+    def _server_x(self) -> torch.Tensor:
+        if self.server_x is None:
+            raise RuntimeError("FedDF distils on the server's data: bind() the federation first")
+        return self.server_x
+
+    def _logits(self, params: Params, x: torch.Tensor, own: bool = False) -> torch.Tensor:
+        """Logits of stacked models ``[n, …]`` on ``x`` — one set of samples for every model, or (``own``) each
+        model's own, ``x[i]`` model i's: ``[n, len, C]`` (local parameters as for an unseen client)."""
         n = next(iter(params.values())).shape[0]
         unseen = {k: v.to(x.device).unsqueeze(0).expand(n, *v.shape)
                   for k, v in self.model.local_for_unseen_client().items()}
-        return self.model.forward({**params, **unseen}, x.unsqueeze(0).expand(n, *x.shape), None)
+        return self.model.forward({**params, **unseen}, x if own else x.unsqueeze(0).expand(n, *x.shape), None)
 
-    def distil(self, start: Params, upload: Upload, rnd: int) -> tuple[Params, int]:
-        """The student (from ``start``) distilled from the ensemble of ``upload``'s client models; steps run."""
-        cfg = self.cfg
-        device = next(iter(start.values())).device
-        if self.server_x is None:
-            raise RuntimeError("FedDF distils on the server's data: bind() the federation first")
-        x = self.server_x.to(device)
-        names = list(start)
+    def teacher(self, x: torch.Tensor, upload: Upload, names: list[str]) -> torch.Tensor:
+        """The ensemble's logits on ``x``: the mean of ``upload``'s client models' (in blocks of 1 024 samples)."""
         with torch.no_grad():
-            teacher = torch.cat([self._logits({k: upload.params[k].to(device) for k in names}, x[i:i + 1024]).mean(0)
-                                 for i in range(0, len(x), 1024)])
-        gen = torch.Generator().manual_seed(derive_seed(self._seed, DISTILL, rnd))
+            return torch.cat([self._logits({k: upload.params[k].to(x.device) for k in names}, x[i:i + 1024]).mean(0)
+                              for i in range(0, len(x), 1024)])
+
+
+@dataclass
+class _Student:
+    """One run's student while it is distilled (:func:`distil_runs`): its leaves, its data and its early stopping."""
+
+    leaves: Params
+    x: torch.Tensor
+    teacher: torch.Tensor
+    val: torch.Tensor
+    fit: torch.Tensor
+    batches: Iterator[torch.Tensor]
+    best: Params
+    best_val: float = float("inf")
+    since: int = 0
+    steps: int = 0
+    stopped: bool = False
+
+
+def distil_runs(algos: Sequence[FedDF], starts: Sequence[Params], uploads: Sequence[Upload],
+                rounds: Sequence[int]) -> list[tuple[Params, int]]:
+    """Each run's student (from its ``starts``) distilled from the ensemble of its ``uploads``' client models; the
+    steps each ran. The runs' students step together — one forward and backward for all that have not stopped —
+    while each keeps its own batches, validation and early stopping, and its own Adam state (one leaf per run and
+    tensor: a run that stopped gets no gradient, which Adam skips), so a run's numbers do not depend on the others
+    (the paper's per-round distillation, run by run, in one stack)."""
+    cfg = algos[0].cfg
+    device = next(iter(starts[0].values())).device
+    names = list(starts[0])
+    runs = []
+    for a, start, upload, rnd in zip(algos, starts, uploads, rounds, strict=True):
+        x = a._server_x().to(device)
+        gen = torch.Generator().manual_seed(derive_seed(a._seed, DISTILL, rnd))
         order = torch.randperm(len(x), generator=gen)
         n_val = int(round(cfg.val_fraction * len(x)))
-        val, fit = order[:n_val].to(device), order[n_val:].to(device)
-        student = {k: v.detach().clone().unsqueeze(0).requires_grad_(True) for k, v in start.items()}
-        opt = torch.optim.Adam(student.values(), lr=cfg.lr)
-
-        def val_loss() -> float:
-            with torch.no_grad():
-                return float(distillation_loss(self._logits(student, x[val])[0], teacher[val], cfg.temperature))
-
-        best = {k: v.detach().clone() for k, v in student.items()}
-        best_val = val_loss() if n_val else float("inf")
-        since = 0
-        step = 0
-        batches = _batches(len(fit), cfg.batch_size, gen)
-        for step in range(1, cfg.max_steps + 1):
-            pick = fit[next(batches).to(device)]
-            loss = distillation_loss(self._logits(student, x[pick])[0], teacher[pick], cfg.temperature)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            if n_val and step % cfg.eval_every == 0:
-                now = val_loss()
-                if now < best_val:
-                    best_val, since = now, 0
-                    best = {k: v.detach().clone() for k, v in student.items()}
+        leaves = {k: v.detach().clone().unsqueeze(0).requires_grad_(True) for k, v in start.items()}
+        runs.append(_Student(leaves, x, a.teacher(x, upload, names), order[:n_val].to(device),
+                             order[n_val:].to(device), _batches(len(x) - n_val, cfg.batch_size, gen),
+                             {k: v.detach().clone() for k, v in leaves.items()}))
+    # foreach: one call for every leaf of every run (on a CPU the same numbers as a loop over them, measured; torch's
+    # default loops there, and 20 runs' leaves were a Python loop of ~100 tensors a step)
+    opt = torch.optim.Adam([v for r in runs for v in r.leaves.values()], lr=cfg.lr, foreach=True)
+    validating = bool(len(runs[0].val))
+    if validating:
+        for r, loss in zip(runs, _losses(algos[0], runs, "val").tolist(), strict=True):
+            r.best_val = loss
+    for step in range(1, cfg.max_steps + 1):
+        active = [r for r in runs if not r.stopped]
+        if not active:
+            break
+        picks = [r.fit[next(r.batches).to(device)] for r in active]
+        opt.zero_grad()
+        _losses(algos[0], active, picks).sum().backward()
+        opt.step()
+        for r in active:
+            r.steps = step
+        if validating and step % cfg.eval_every == 0:
+            now = _losses(algos[0], active, "val").tolist()
+            for r, v in zip(active, now, strict=True):
+                if v < r.best_val:
+                    r.best_val, r.since, r.best = v, 0, {k: t.detach().clone() for k, t in r.leaves.items()}
                 else:
-                    since += cfg.eval_every
-                    if since >= cfg.patience:
-                        break
-        kept = best if n_val else student
-        return {k: v.detach()[0] for k, v in kept.items()}, step
+                    r.since += cfg.eval_every
+                    r.stopped = r.since >= cfg.patience
+    return [({k: v.detach()[0] for k, v in (r.best if validating else r.leaves).items()}, r.steps) for r in runs]
+
+
+def _losses(algo: FedDF, runs: list[_Student], picks: list[torch.Tensor] | str) -> torch.Tensor:
+    """Each run's distillation loss on its samples ``picks`` (``"val"``: its validation samples), ``[runs]``: the
+    runs' forwards and losses computed as one stack."""
+    rows = [r.val for r in runs] if isinstance(picks, str) else picks
+    names = list(runs[0].leaves)
+    leaves = runs[0].leaves if len(runs) == 1 else {k: torch.cat([r.leaves[k] for r in runs]) for k in names}
+    with torch.no_grad() if isinstance(picks, str) else nullcontext():
+        logits = algo._logits(leaves, torch.stack([r.x[i] for r, i in zip(runs, rows, strict=True)]), own=True)
+    return distillation_loss(logits, torch.stack([r.teacher[i] for r, i in zip(runs, rows, strict=True)]),
+                             algo.cfg.temperature)
 
 
 def _batches(n: int, size: int, gen: torch.Generator):
