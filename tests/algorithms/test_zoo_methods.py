@@ -655,6 +655,41 @@ def test_pfedhns_server_step_is_the_authors_hypernetwork_update():
     torch.testing.assert_close(after["embeddings"][1], phi["embeddings"][1] * (1 - 0.01 * 1e-3))  # decay only
 
 
+def test_pfedhns_servers_stepped_as_one_stack_give_each_runs_hypernetwork_as_alone():
+    """#74 §1: a stacked sweep's pFedHN servers step their hypernetworks together (``aggregate_runs``): each run's
+    φ and momentum after two rounds of three clients (each run its own clients, each update clipped to its own run's
+    norm) are the run's alone, to the bit."""
+    from hetfed.algorithms.pfedhn import GENERATED
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+    from hetfed.engine.types import Upload
+
+    algos, servers = [], []
+    for seed in (0, 1, 2):
+        algo = _setup("pfedhn", {"hidden": 5, "layers": 1, "embedding": 3, "clip": 0.05})[0]  # clipping every step
+        algo.bind(type("Fed", (), {"n_clients": 5})())
+        algos.append(algo)
+        servers.append(algo.server_init(torch_gen(seed, SERVER_INIT)))
+    alone, together = list(servers), list(servers)
+    for rnd in range(2):
+        uploads = []
+        for r, (algo, server) in enumerate(zip(algos, alone, strict=True)):
+            ids = [(r + rnd + j) % 5 for j in range(3)]
+            bc = algo.broadcast(server, rnd).for_clients(ids)
+            g = torch.Generator().manual_seed(10 * r + rnd)
+            params = {k[len(GENERATED):]: v + 0.1 * torch.randn(v.shape, generator=g)
+                      for k, v in bc.personal.items()}
+            uploads.append(Upload(ids, params, torch.ones(3), {}))
+        assert len({a.aggregate_key(s, u) for a, s, u in zip(algos, together, uploads, strict=True)}) == 1
+        alone = [a.aggregate(s, u) for a, s, u in zip(algos, alone, uploads, strict=True)]
+        together = type(algos[0]).aggregate_runs(algos, together, uploads)
+    for a, b in zip(alone, together, strict=True):
+        for part in ("hypernetwork", "momentum"):
+            assert a.extra[part].keys() == b.extra[part].keys()
+            for k in a.extra[part]:
+                assert torch.equal(a.extra[part][k], b.extra[part][k]), (part, k)
+    assert not torch.equal(alone[0].extra["hypernetwork"]["embeddings"], alone[1].extra["hypernetwork"]["embeddings"])
+
+
 # ----------------------------------------------------------------------------------------------- FedAS
 
 

@@ -346,7 +346,7 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     clients = {("train_together", 2), ("evaluate_together", 2)}
     assert {n for n in stacking if joined.get(n, set()) - {("_aggregate_together", 2)} != clients} == set()
     # servers that compute along the run axis aggregate their runs in one call
-    assert {n for n in joined if ("_aggregate_together", 2) in joined[n]} == {"fedgen", "fsnet", "feddf"}
+    assert {n for n in joined if ("_aggregate_together", 2) in joined[n]} == {"fedgen", "fsnet", "feddf", "pfedhn"}
     assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)
     capsys.readouterr()

@@ -20,6 +20,7 @@ then takes their steps in turn (each client's gradient at that φ) — with one 
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 import torch
 from pydantic import Field
@@ -73,15 +74,23 @@ def hypernetwork(gen: torch.Generator, clients: int, embedding: int, hidden: int
 
 def generate(phi: Params, ids: torch.Tensor, targets: dict[str, tuple[int, ...]]) -> Params:
     """θ_i = h(v_i; φ) for the clients ``ids``: each target tensor stacked ``[len(ids), …]``."""
-    z = phi["embeddings"][ids]
+    return {k: v[0] for k, v in generate_runs({k: v.unsqueeze(0) for k, v in phi.items()}, ids.unsqueeze(0),
+                                              targets).items()}
+
+
+def generate_runs(phi: Params, ids: torch.Tensor, targets: dict[str, tuple[int, ...]]) -> Params:
+    """θ = h(v; φ) of runs' hypernetworks stacked ``[R, …]`` for each run's clients ``ids`` ``[R, K]``: each target
+    tensor ``[R, K, …]`` (each run's from its own φ: one batched product a layer)."""
+    runs, k = ids.shape
+    z = phi["embeddings"][torch.arange(runs, device=ids.device).unsqueeze(1), ids]
     j = 0
     while f"mlp.{j}.weight" in phi:
         if j:
             z = torch.relu(z)
-        z = torch.nn.functional.linear(z, phi[f"mlp.{j}.weight"], phi[f"mlp.{j}.bias"])
+        z = torch.baddbmm(phi[f"mlp.{j}.bias"].unsqueeze(1), z, phi[f"mlp.{j}.weight"].transpose(1, 2))
         j += 1
-    return {name: torch.nn.functional.linear(z, phi[f"head.{name}.weight"], phi[f"head.{name}.bias"])
-            .view(len(ids), *shape) for name, shape in targets.items()}
+    return {name: torch.baddbmm(phi[f"head.{name}.bias"].unsqueeze(1), z, phi[f"head.{name}.weight"].transpose(1, 2))
+            .view(runs, k, *shape) for name, shape in targets.items()}
 
 
 class PFedHN(FedAvg):
@@ -113,37 +122,30 @@ class PFedHN(FedAvg):
         return upload, {**{k: params[k] for k in local}, **opt_state}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        """For each of the round's clients in turn (by id), one SGD step of φ along
-        ``(∂θ_i/∂φ)ᵀ (θ_i − θ̃_i)``, clipped to its norm bound: the authors' loop, a server step per client (each
-        client's gradient taken at the φ that generated its model)."""
-        phi = {k: v.detach().clone().requires_grad_(True) for k, v in state.extra["hypernetwork"].items()}
-        momentum = state.extra["momentum"]
-        if upload.client_ids:
-            p = self.params
-            ids = torch.as_tensor(upload.client_ids, dtype=torch.long, device=phi["embeddings"].device)
-            leaves = list(phi.values())
-            with torch.enable_grad():
-                generated = generate(phi, ids, self._targets())
-                changes = {k: (v - upload.params[k].detach().to(v)).detach() for k, v in generated.items()}
-                grads = []
-                for row in range(len(ids)):  # each client's vector-Jacobian product
-                    vjp = torch.autograd.grad([v[row] for v in generated.values()], leaves,
-                                              grad_outputs=[c[row] for c in changes.values()], allow_unused=True,
-                                              retain_graph=row + 1 < len(ids))
-                    grads.append([torch.zeros_like(leaf) if gi is None else gi for leaf, gi in zip(leaves, vjp,
-                                                                                                    strict=True)])
-            optimizer = torch.optim.SGD(leaves, lr=p.server_lr, momentum=p.momentum, weight_decay=p.weight_decay)
-            for name, leaf in phi.items():
-                if name in momentum:
-                    optimizer.state[leaf]["momentum_buffer"] = momentum[name].clone()
-            for g in grads:
-                for leaf, gi in zip(leaves, g, strict=True):
-                    leaf.grad = gi.clone()
-                torch.nn.utils.clip_grad_norm_(leaves, p.clip)
-                optimizer.step()
-            momentum = {name: optimizer.state[leaf]["momentum_buffer"].detach().clone() for name, leaf in phi.items()}
-        new = {k: v.detach() for k, v in phi.items()}
-        return ServerState({}, state.round + 1, {**state.extra, "hypernetwork": new, "momentum": momentum})
+        return self.aggregate_runs([self], [state], [upload])[0]
+
+    def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
+        """Runs (of the same parameters and model) step their hypernetworks in one stack when they hold them on one
+        device, for federations of one size, and as many clients answered (a sweep's seeds)."""
+        embeddings = state.extra["hypernetwork"]["embeddings"]
+        return (str(embeddings.device), tuple(embeddings.shape), len(upload.client_ids))
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[PFedHN], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """For each of a round's clients in turn (by id), one SGD step of φ along ``(∂θ_i/∂φ)ᵀ (θ_i − θ̃_i)``, clipped
+        to its norm bound: the authors' loop, a server step per client (each client's gradient taken at the φ that
+        generated its model) — for every run of a stacked sweep at once: each run's hypernetwork its own leaves (its
+        own clipping and momentum), their models generated and each client row's vector-Jacobian products taken for
+        all runs in one call. Each run's numbers as alone."""
+        phis = [{k: v.detach().clone().requires_grad_(True) for k, v in s.extra["hypernetwork"].items()}
+                for s in states]
+        momenta = [s.extra["momentum"] for s in states]
+        if uploads[0].client_ids:
+            momenta = _step_hypernetworks(algos[0], phis, momenta, uploads)
+        return [ServerState({}, s.round + 1, {**s.extra, "hypernetwork": {k: v.detach() for k, v in phi.items()},
+                                              "momentum": momentum})
+                for s, phi, momentum in zip(states, phis, momenta, strict=True)]
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with the model the hypernetwork generates for it."""
@@ -167,3 +169,38 @@ register(AlgorithmSpec(
     ),
     family="personalised", venue="ICML 2021",
 ))
+
+
+def _step_hypernetworks(algo: PFedHN, phis: list[Params], momenta: list[Params],
+                        uploads: Sequence[Upload]) -> list[Params]:
+    """:meth:`PFedHN.aggregate_runs`' steps: ``phis`` (each run's leaves) moved in place; each run's new momentum."""
+    p, targets = algo.params, algo._targets()
+    device = phis[0]["embeddings"].device
+    ids = torch.stack([torch.as_tensor(u.client_ids, dtype=torch.long, device=device) for u in uploads])
+    per_run = [list(phi.values()) for phi in phis]
+    leaves = [leaf for run in per_run for leaf in run]
+    with torch.enable_grad():
+        generated = generate_runs({k: torch.stack([phi[k] for phi in phis]) for k in phis[0]}, ids, targets)
+        changes = {k: (v - torch.stack([u.params[k].detach().to(v) for u in uploads])).detach()
+                   for k, v in generated.items()}
+        grads = []
+        for row in range(ids.shape[1]):  # each client's vector-Jacobian product, every run's at once
+            vjp = torch.autograd.grad([v[:, row] for v in generated.values()], leaves,
+                                      grad_outputs=[c[:, row] for c in changes.values()], allow_unused=True,
+                                      retain_graph=row + 1 < ids.shape[1])
+            grads.append([torch.zeros_like(leaf) if gi is None else gi for leaf, gi in zip(leaves, vjp, strict=True)])
+    # foreach: every run's leaves in one call (on a CPU the same numbers as torch's default loop over them)
+    optimizer = torch.optim.SGD(leaves, lr=p.server_lr, momentum=p.momentum, weight_decay=p.weight_decay,
+                                foreach=True)
+    for phi, momentum in zip(phis, momenta, strict=True):
+        for name, leaf in phi.items():
+            if name in momentum:
+                optimizer.state[leaf]["momentum_buffer"] = momentum[name].clone()
+    for g in grads:
+        for leaf, gi in zip(leaves, g, strict=True):
+            leaf.grad = gi.clone()
+        for run in per_run:  # each run's update clipped to its own norm
+            torch.nn.utils.clip_grad_norm_(run, p.clip)
+        optimizer.step()
+    return [{name: optimizer.state[leaf]["momentum_buffer"].detach().clone() for name, leaf in phi.items()}
+            for phi in phis]
