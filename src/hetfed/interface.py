@@ -256,9 +256,9 @@ class Algorithm:
 class AggregatesRuns(Protocol):
     """What a method adds, beyond :class:`Algorithm`'s functions, to aggregate several runs in one call: a stacked
     sweep groups its runs' aggregations by :meth:`aggregate_key` and hands each group to :meth:`aggregate_runs`. For a
-    server that does much per run (FedGen's generator, Fed-FSNet's hidden model, FedDF's student, pFedHN's
-    hypernetwork), computed along a run axis instead of once a run. Optional: a method without it aggregates each run
-    alone, with the same numbers."""
+    server that does much per run (FedGen's generator, Fed-FSNet's hidden model, FedDF's student, pFedHN's and
+    pFedLA's hypernetworks), computed along a run axis instead of once a run. Optional: a method without it aggregates
+    each run alone, with the same numbers."""
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable:
         """What must be equal, besides the method's parameters and the model (a stacked sweep compares those), for

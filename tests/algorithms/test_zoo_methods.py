@@ -1057,6 +1057,54 @@ def test_a_saved_fedproto_run_refuses_client_predictions_in_one_line(tmp_path):
         Run(tmp_path / "r").model("fedproto").predict(np.zeros((2, 64), dtype=np.float32), client=0)
 
 
+
+def test_pfedlas_clients_stepped_at_once_are_its_clients_in_turn_and_runs_stacked_are_each_run_alone():
+    """#74 §1: pFedLA's server steps a round's clients at once (a client's step reads only its own hypernetwork and
+    the round's personal models: FL-bench's loop over them gives the same), and a stacked sweep's runs in one call
+    (``aggregate_runs``), each run's hypernetworks and personal models as alone, to the bit, over two rounds."""
+    from hetfed.algorithms.pfedla import AGGREGATE
+    from hetfed.engine.rng import SERVER_INIT, torch_gen
+    from hetfed.engine.types import Upload
+
+    algos, servers = [], []
+    for seed in (0, 1, 2):
+        algo = _setup("pfedla", {"hidden": 5, "embedding": 3})[0]
+        algo.bind(type("Fed", (), {"n_clients": 5})())
+        algos.append(algo)
+        servers.append(algo.server_init(torch_gen(seed, SERVER_INIT)))
+
+    def uploads_of(states, rnd):
+        out = []
+        for r, (algo, server) in enumerate(zip(algos, states, strict=True)):
+            ids = [(r + rnd + j) % 5 for j in range(3)]
+            bc = algo.broadcast(server, rnd).for_clients(ids)
+            g = torch.Generator().manual_seed(10 * r + rnd)
+            out.append(Upload(ids, {k[len(AGGREGATE):]: v + 0.1 * torch.randn(v.shape, generator=g)
+                                    for k, v in bc.personal.items()}, torch.ones(3), {}))
+        return out
+
+    alone, together = list(servers), list(servers)
+    for rnd in range(2):
+        uploads = uploads_of(alone, rnd)
+        if rnd == 0:  # the clients at once are the clients in turn (each alone in a round of its own)
+            one_by_one = [algos[0].aggregate(servers[0], Upload([c], {k: v[i:i + 1] for k, v in
+                                                                      uploads[0].params.items()}, torch.ones(1), {}))
+                          for i, c in enumerate(uploads[0].client_ids)]
+            at_once = algos[0].aggregate(servers[0], uploads[0])
+            for i, c in enumerate(uploads[0].client_ids):
+                for part in ("hypernetworks", "personal"):
+                    for k, v in at_once.extra[part].items():
+                        torch.testing.assert_close(v[c], one_by_one[i].extra[part][k][c], rtol=1e-6, atol=1e-7)
+        assert len({a.aggregate_key(s, u) for a, s, u in zip(algos, together, uploads, strict=True)}) == 1
+        alone = [a.aggregate(s, u) for a, s, u in zip(algos, alone, uploads, strict=True)]
+        together = type(algos[0]).aggregate_runs(algos, together, uploads)
+    for a, b in zip(alone, together, strict=True):
+        for part in ("hypernetworks", "personal"):
+            for k in a.extra[part]:
+                assert torch.equal(a.extra[part][k], b.extra[part][k]), (part, k)
+    untouched = 4  # run 0 trained clients 0-2 then 1-3: client 4's rows never move
+    assert torch.equal(alone[0].extra["personal"][BODY[0]][untouched], servers[0].extra["personal"][BODY[0]][untouched])
+
 # --------------------------------------------------------------------------------------------- pFedFDA
 
 

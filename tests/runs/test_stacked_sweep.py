@@ -302,9 +302,9 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
                                                                                                  monkeypatch):
     """#72 §4: every algorithm either stacks with the other runs or steps alone — never a crash — and runs.csv is
     the sweep's without --stack, to the bit on a CPU, evaluated every round; every algorithm that declares
-    ``stacks_runs`` trains and evaluates its seeds' clients in one stack (#74), and FedGen's, Fed-FSNet's and FedDF's
-    servers fit their generators, hidden models and students in one call; an asynchronous one is refused in one
-    line."""
+    ``stacks_runs`` trains and evaluates its seeds' clients in one stack (#74), and FedGen's, Fed-FSNet's, FedDF's,
+    pFedHN's and pFedLA's servers fit their generators, hidden models, students and hypernetworks in one call; an
+    asynchronous one is refused in one line."""
     import json
 
     from hetfed.registry import registry_of
@@ -346,7 +346,8 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     clients = {("train_together", 2), ("evaluate_together", 2)}
     assert {n for n in stacking if joined.get(n, set()) - {("_aggregate_together", 2)} != clients} == set()
     # servers that compute along the run axis aggregate their runs in one call
-    assert {n for n in joined if ("_aggregate_together", 2) in joined[n]} == {"fedgen", "fsnet", "feddf", "pfedhn"}
+    along = {"fedgen", "fsnet", "feddf", "pfedhn", "pfedla"}
+    assert {n for n in joined if ("_aggregate_together", 2) in joined[n]} == along
     assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)
     capsys.readouterr()

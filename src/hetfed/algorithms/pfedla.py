@@ -22,6 +22,8 @@ steps SGD, which by our reading moves θ̄_i *away* from the trained model (an a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 from pydantic import Field
 
@@ -76,13 +78,15 @@ def layer_weights(phi: Params, client: torch.Tensor, layers: list[str]) -> dict[
 
 
 def aggregate_layers(alpha: dict[str, torch.Tensor], personal: Params, client: torch.Tensor) -> Params:
-    """θ̄^l = Σ_j (α^l[j] / Σ α^l) θ_j^l per stacked client (its own θ^l where every weight is 0)."""
+    """θ̄^l = Σ_j (α^l[j] / Σ α^l) θ_j^l per stacked client (its own θ^l where every weight is 0), for runs stacked:
+    ``alpha`` [R, n, N] per layer, each run's personal models ``personal`` [R, N, …], ``client`` [R, n]; [R, n, …]."""
     out = {}
     for name, a in alpha.items():
-        own = torch.nn.functional.one_hot(client, a.shape[1]).to(a)
-        total = a.sum(1, keepdim=True)
+        own = torch.nn.functional.one_hot(client, a.shape[-1]).to(a)
+        total = a.sum(-1, keepdim=True)
         w = torch.where(total > 0, a / torch.where(total > 0, total, torch.ones_like(total)), own)
-        out[name] = torch.tensordot(w, personal[name].to(w), dims=([1], [0]))
+        theta = personal[name].to(w)
+        out[name] = torch.bmm(w, theta.flatten(2)).view(*w.shape[:2], *theta.shape[2:])
     return out
 
 
@@ -101,10 +105,11 @@ class PFedLA(FedAvg):
         personal = {k: v.unsqueeze(0).repeat(n, *([1] * v.dim())) for k, v in first.items()}
         return ServerState({}, 0, {"hypernetworks": phi, "personal": personal})
 
-    def _aggregates(self, state: ServerState, ids: torch.Tensor, phi: Params | None = None) -> Params:
-        phi = phi if phi is not None else {k: v[ids] for k, v in state.extra["hypernetworks"].items()}
-        alpha = layer_weights(phi, ids, self._layers())
-        return aggregate_layers(alpha, state.extra["personal"], ids)
+    def _aggregates(self, state: ServerState, ids: torch.Tensor) -> Params:
+        phi = {k: v[ids] for k, v in state.extra["hypernetworks"].items()}
+        alpha = {k: v.unsqueeze(0) for k, v in layer_weights(phi, ids, self._layers()).items()}
+        personal = {k: v.unsqueeze(0) for k, v in state.extra["personal"].items()}
+        return {k: v[0] for k, v in aggregate_layers(alpha, personal, ids.unsqueeze(0)).items()}
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
@@ -121,24 +126,28 @@ class PFedLA(FedAvg):
         return upload, {**{k: params[k] for k in local}, **opt_state}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
-        """Per client: its hypernetwork's SGD step and its personal model moved by its update (each client's
-        hypernetwork is its own, and its aggregate is recomputed from the personal models it was built from)."""
-        phis = {k: v.clone() for k, v in state.extra["hypernetworks"].items()}
-        personal = {k: v.clone() for k, v in state.extra["personal"].items()}
-        for row, cid in sorted(enumerate(upload.client_ids), key=lambda r: r[1]):
-            ids = torch.tensor([cid])
-            phi = {k: v[cid:cid + 1].clone().requires_grad_(True) for k, v in phis.items()}
-            with torch.enable_grad():
-                sent = self._aggregates(state, ids, phi)  # what it was sent: the round's personal models
-                change = {k: (v - upload.params[k][row:row + 1].detach().to(v)).detach() for k, v in sent.items()}
-                grads = torch.autograd.grad(list(sent.values()), list(phi.values()),
-                                            grad_outputs=list(change.values()), allow_unused=True)
-            for (name, leaf), g in zip(phi.items(), grads, strict=True):
-                if g is not None:
-                    phis[name][cid] = (leaf - self.params.server_lr * g)[0].detach()
-            for k in personal:
-                personal[k][cid] -= change[k][0].to(personal[k])
-        return ServerState({}, state.round + 1, {**state.extra, "hypernetworks": phis, "personal": personal})
+        return self.aggregate_runs([self], [state], [upload])[0]
+
+    def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
+        """Runs (of the same parameters and model) step their clients' hypernetworks in one stack when they hold them
+        on one device, for federations of one size, and as many clients answered (a sweep's seeds)."""
+        embeddings = state.extra["hypernetworks"]["embeddings"]
+        return (str(embeddings.device), tuple(embeddings.shape), len(upload.client_ids))
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[PFedLA], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """Per client: its hypernetwork's SGD step and its personal model moved by its update — every client of every
+        run at once. FL-bench takes the clients in turn, but a client's step reads only its own hypernetwork and the
+        round's personal models (its aggregate is recomputed from those it was built from), so the steps are
+        independent: one forward and one vector-Jacobian product for all of them, each run's numbers as alone."""
+        hyper, personal = ({k: torch.stack([s.extra[part][k] for s in states]) for k in states[0].extra[part]}
+                           for part in ("hypernetworks", "personal"))
+        if uploads[0].client_ids:
+            _step_clients(algos[0], hyper, personal, uploads)
+        return [ServerState({}, s.round + 1, {**s.extra, "hypernetworks": {k: v[r] for k, v in hyper.items()},
+                                              "personal": {k: v[r] for k, v in personal.items()}})
+                for r, s in enumerate(states)]
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its layer-wise aggregate."""
@@ -163,3 +172,25 @@ register(AlgorithmSpec(
     ),
     family="personalised", venue="CVPR 2022",
 ))
+
+
+def _step_clients(algo: PFedLA, hyper: Params, personal: Params, uploads: Sequence[Upload]) -> None:
+    """:meth:`PFedLA.aggregate_runs`' steps on the runs' stacked hypernetworks ``hyper`` and personal models
+    ``personal`` ([R, N, …], new tensors, updated in place): each answering client's hypernetwork stepped along the
+    vector-Jacobian product of its aggregate with ``θ̄_i − θ̃_i``, its personal model moved by its update."""
+    layers, device = algo._layers(), hyper["embeddings"].device
+    ids = torch.stack([torch.as_tensor(u.client_ids, dtype=torch.long, device=device) for u in uploads])  # [R, K]
+    runs = torch.arange(len(uploads), device=device).unsqueeze(1)
+    phi = {k: v[runs, ids].requires_grad_(True) for k, v in hyper.items()}  # each client's own, [R, K, …]
+    with torch.enable_grad():
+        alpha = layer_weights({k: v.flatten(0, 1) for k, v in phi.items()}, ids.flatten(), layers)
+        sent = aggregate_layers({k: v.view(*ids.shape, -1) for k, v in alpha.items()}, personal, ids)
+        change = {k: (v - torch.stack([u.params[k].detach().to(v) for u in uploads])).detach()
+                  for k, v in sent.items()}
+        grads = torch.autograd.grad(list(sent.values()), list(phi.values()), grad_outputs=list(change.values()),
+                                    allow_unused=True)
+    for (name, leaf), g in zip(phi.items(), grads, strict=True):
+        if g is not None:
+            hyper[name][runs, ids] = (leaf - algo.params.server_lr * g).detach()
+    for k in personal:
+        personal[k][runs, ids] -= change[k].to(personal[k])
