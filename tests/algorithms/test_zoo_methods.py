@@ -1102,6 +1102,9 @@ def test_pfedlas_clients_stepped_at_once_are_its_clients_in_turn_and_runs_stacke
         for part in ("hypernetworks", "personal"):
             for k in a.extra[part]:
                 assert torch.equal(a.extra[part][k], b.extra[part][k]), (part, k)
+    for part in ("hypernetworks", "personal"):  # each run's own tensors: a checkpoint saves its run's rows only
+        assert all(v.untyped_storage().nbytes() == v.numel() * v.element_size()
+                   for v in together[1].extra[part].values())
     untouched = 4  # run 0 trained clients 0-2 then 1-3: client 4's rows never move
     assert torch.equal(alone[0].extra["personal"][BODY[0]][untouched], servers[0].extra["personal"][BODY[0]][untouched])
 

@@ -145,8 +145,9 @@ class PFedLA(FedAvg):
                            for part in ("hypernetworks", "personal"))
         if uploads[0].client_ids:
             _step_clients(algos[0], hyper, personal, uploads)
-        return [ServerState({}, s.round + 1, {**s.extra, "hypernetworks": {k: v[r] for k, v in hyper.items()},
-                                              "personal": {k: v[r] for k, v in personal.items()}})
+        # each run's rows copied out: a view would keep (and a checkpoint would save) every run's stack
+        return [ServerState({}, s.round + 1, {**s.extra, "hypernetworks": {k: v[r].clone() for k, v in hyper.items()},
+                                              "personal": {k: v[r].clone() for k, v in personal.items()}})
                 for r, s in enumerate(states)]
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
