@@ -250,8 +250,11 @@ def test_the_set_up_question_rides_on_the_first_step_and_reaches_nodes_that_trai
     assert flower["methods"]["avg"]["gamma_from_summaries"]["gamma"] == pytest.approx(flower["gamma"], rel=1e-6)
     first_hn = next(i for i, exchange in enumerate(sent) if exchange[0][0] == "query")  # the methods run in turn
     avg, hn = sent[:first_hn], sent[first_hn:]
-    assert avg[0] == [("train", True, True)] * 4  # every node asked with round 1's training, 2 of them train
-    assert all(kind != "query" and not setup for exchange in avg[1:] for kind, _, setup in exchange)
+    # every node asked with round 1's training (2 of them train) — in one exchange, or in more when the Simulation
+    # Engine's nodes connect one after another (seen once on a loaded machine: 2 nodes, then the other 2)
+    riding = [e for e in avg if any(setup for _, _, setup in e)]
+    assert avg[:len(riding)] == riding and [m for e in riding for m in e] == [("train", True, True)] * 4, avg
+    assert all(kind != "query" and not setup for exchange in avg[len(riding):] for kind, _, setup in exchange)
     assert hn[0] == [("query", True, False)] * 4 and all(packed for e in sent for _, packed, _ in e)
 
 
