@@ -196,9 +196,9 @@ def _step_hypernetworks(algo: PFedHN, phis: list[Params], momenta: list[Params],
         for name, leaf in phi.items():
             if name in momentum:
                 optimizer.state[leaf]["momentum_buffer"] = momentum[name].clone()
-    for g in grads:
+    for g in grads:  # each client's gradients are used once: clipping scales them in place
         for leaf, gi in zip(leaves, g, strict=True):
-            leaf.grad = gi.clone()
+            leaf.grad = gi
         for run in per_run:  # each run's update clipped to its own norm
             torch.nn.utils.clip_grad_norm_(run, p.clip)
         optimizer.step()

@@ -46,6 +46,7 @@ def _normal_init(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:
 class BiLSTM(Model):
     no_compile = ("its forward reads the batch's longest text from the data on the host, which torch.compile does "
                   "not trace")
+
     def __init__(self, max_length: int, vocab_size: int, n_classes: int, embedding_dim: int = 100,
                  hidden: int = 64, dropout: float = 0.0):
         self.max_length, self.vocab_size, self.n_classes = max_length, vocab_size, n_classes
