@@ -34,7 +34,7 @@ import numpy as np
 import torch
 
 from hetfed.config import PrivacyConfig, TrainConfig
-from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, score_sums, scores, scores_of
+from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, scores, scores_of, stacked_score_sums
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.types import (
     Broadcast,
@@ -307,12 +307,13 @@ def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], 
     models in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
     model's row is its own computation, so each run gets its numbers alone (a stacked sweep's runs:
     :mod:`hetfed.executors.stacked_runs`)."""
-    params = [global_params(a, s) for a, s in zip(algos, states, strict=True)]
-    logits = algos[0].model.forward({k: torch.cat([p[k] for p in params]) for k in params[0]}, x, None)
+    params = [{**s.params, **a.model.local_for_unseen_client(_device(s.params))}  # global_params's, unstacked
+              for a, s in zip(algos, states, strict=True)]
+    logits = algos[0].model.forward({k: torch.stack([p[k] for p in params]) for k in params[0]}, x, None)
     if not len(ys[0]):  # an empty global test set: nothing to read back (its scores say so)
         return [server_metrics(a, lg, y) for a, lg, y in zip(algos, logits, ys, strict=True)]
     # each run's sums as alone, read back from the device once for all (a read each made a GPU wait as often)
-    sums = torch.stack([score_sums(lg, y) for lg, y in zip(logits, ys, strict=True)]).tolist()
+    sums = stacked_score_sums(logits, torch.stack(list(ys))).tolist()
     return [server_metrics(a, lg, y, scores_of(loss, correct, len(y)))
             for a, lg, y, (loss, correct) in zip(algos, logits, ys, sums, strict=True)]
 

@@ -8,14 +8,18 @@ import pytest
 import torch
 
 from hetfed.engine.evaluate import (
+    ONE_THREAD_SUM,
     ClientEvalData,
     Predictor,
     auc,
     client_scores,
     masked_mean,
     own_class_masks,
+    score_sums,
     scores,
+    stacked_score_sums,
 )
+from hetfed.engine.types import take_rows
 from hetfed.models.mlp import MLP
 
 
@@ -157,3 +161,26 @@ def test_the_evaluations_index_cache_stays_within_its_bytes() -> None:
     held = sum(entry[2] for entry in evaluate._INDEX_CACHE.values())
     assert 0 < held <= evaluate._INDEX_CACHE_BYTES
     assert ("flat", "cpu", (id(first[0]),)) not in evaluate._INDEX_CACHE  # the oldest went first
+
+
+@pytest.mark.parametrize("n", [1, 360, ONE_THREAD_SUM, 2 * ONE_THREAD_SUM])
+def test_a_stacks_score_sums_are_each_models_own_to_the_bit(n: int) -> None:
+    """Each row of :func:`stacked_score_sums` is :func:`score_sums` of that model's logits alone, on both sides of
+    the length a CPU sums in one thread (a stacked sweep's servers give the numbers of their runs alone)."""
+    gen = torch.Generator().manual_seed(n)
+    logits = torch.randn(3, n, 10, generator=gen) * 4
+    y = torch.randint(0, 10, (3, n), generator=gen)
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)  # a sum longer than one thread's is split between them (the suite runs on one)
+    try:
+        alone = torch.stack([score_sums(lg, labels) for lg, labels in zip(logits, y, strict=True)])
+        assert torch.equal(stacked_score_sums(logits, y), alone)
+    finally:
+        torch.set_num_threads(threads)
+
+
+@pytest.mark.parametrize("shape", [(7,), (4, 5), (2, 3, 4)])
+def test_take_rows_is_indexing(shape: tuple[int, ...]) -> None:
+    x, y = torch.randn(50, 6, 2), torch.randint(0, 9, (50,))
+    index = torch.randint(0, 50, shape)
+    assert torch.equal(take_rows(x, index), x[index]) and torch.equal(take_rows(y, index), y[index])

@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
-from hetfed.engine.types import Params, tensor_bytes
+from hetfed.engine.types import Params, take_rows, tensor_bytes
 from hetfed.models.base import Model
 from hetfed.models.softmax import row_cross_entropy
 
@@ -133,7 +133,7 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
         return [torch.zeros(0, model.n_classes) for _ in index]
     out: list[torch.Tensor | None] = [None] * n
     for block in _padded_blocks(index, x.device):
-        logits = model.forward(_rows(params, block.rows), x[block.pad], None)
+        logits = model.forward(_rows(params, block.rows), take_rows(x, block.pad), None)
         for row, k in enumerate(block.clients):
             out[k] = logits[row, : len(index[k])]
     return out  # type: ignore[return-value]
@@ -141,7 +141,7 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
 
 def _rows(params: Params, rows: torch.Tensor | None) -> Params:
     """A block's models of the stack (all of it when ``rows`` is None)."""
-    return params if rows is None else {name: v[rows.to(v.device)] for name, v in params.items()}
+    return params if rows is None else {name: take_rows(v, rows.to(v.device)) for name, v in params.items()}
 
 
 @torch.no_grad()
@@ -151,23 +151,58 @@ def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, s
     model k's s-th set, its validation or test samples), as ``[s · n + k]``: computed in one pass over every set and
     read back once. What :func:`predict` and a sum over its per-model slices give, without the slices (an
     evaluation of 200 clients cut its logits into 400 slices and joined them again); each set's samples are summed
-    in their order, as there."""
+    in their order, as there. Every set of every model is blocked by size together (:func:`_set_pass`: a stack's
+    validation and test sets in one forward where their sizes are alike, not a forward each)."""
     n = len(sets[0]) if sets else 0
-    logits, labels, owners = [], [], []
-    for s, index in enumerate(sets):
-        for block in _padded_blocks(index, x.device):
-            if block.pad.shape[1]:
-                logits.append(model.forward(_rows(params, block.rows), x[block.pad], None)[block.valid])
-                labels.append(y[block.samples])
-                owners.append(block.owner + s * n)
+    plan = _set_pass(sets, x.device)
     sums = torch.zeros(2, len(sets) * n, dtype=torch.float64, device=y.device)
-    if logits:
-        rows, label = torch.cat(logits), torch.cat(labels)
-        owner = torch.cat(owners)
-        sums[0].index_add_(0, owner, row_cross_entropy(rows, label).double())
-        sums[1].index_add_(0, owner, (rows.argmax(-1) == label).double())
+    if plan.blocks:
+        rows = torch.cat([model.forward(_rows(params, block_rows), take_rows(x, pad), None).flatten(0, 1)
+                          .index_select(0, flat) for block_rows, pad, flat in plan.blocks])
+        label = y[plan.samples]
+        sums[0].index_add_(0, plan.owner, row_cross_entropy(rows, label).double())
+        sums[1].index_add_(0, plan.owner, (rows.argmax(-1) == label).double())
     loss_sum, correct = sums.cpu().tolist()
     return loss_sum, correct
+
+
+class _SetPass(NamedTuple):
+    """:func:`set_scores`'s blocks: each block's models (its rows of the stack; None: all of it), its sets' pool
+    indices padded to its widest (``[b, width]``) and the positions of their samples in the flattened block; then
+    every block's samples' rows of the pool (``samples``) and whose set each is (``owner``: ``s · n + k``)."""
+
+    blocks: list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]
+    samples: torch.Tensor
+    owner: torch.Tensor
+
+
+def _set_pass(sets: list[list[np.ndarray]], device: torch.device) -> _SetPass:
+    """:func:`set_scores`'s blocks over all its sets (:func:`size_blocks`), on ``device`` (cached)."""
+    n = len(sets[0]) if sets else 0
+    index = [a for each in sets for a in each]
+
+    def build() -> _SetPass:
+        blocks, samples, owners = [], [], []
+        for block in size_blocks(np.array([len(i) for i in index], dtype=np.int64)):
+            width = max(len(index[e]) for e in block)
+            if not width:
+                continue
+            pad = np.zeros((len(block), width), dtype=np.int64)
+            valid = np.zeros((len(block), width), dtype=bool)
+            for row, e in enumerate(block):
+                pad[row, : len(index[e])] = index[e]
+                valid[row, : len(index[e])] = True
+            models = block % max(n, 1)
+            rows = None if np.array_equal(models, np.arange(n)) else torch.as_tensor(models, device=device)
+            blocks.append((rows, torch.as_tensor(pad, device=device),
+                           torch.as_tensor(np.flatnonzero(valid), device=device)))
+            samples.append(pad[valid])
+            owners.append(np.broadcast_to(block[:, None], pad.shape)[valid])
+        def flat(parts: list[np.ndarray]) -> torch.Tensor:
+            return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, np.int64), dtype=torch.int64,
+                                   device=device)
+        return _SetPass(blocks, flat(samples), flat(owners))
+    return _cached(f"sets of {n}", index, device, build)
 
 
 #: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value,
@@ -271,6 +306,23 @@ def score_sums(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
     return torch.stack([loss_sum, hits])
 
 
+#: a CPU sums at most this many values of a row in one thread (torch's grain size): a longer set's sum is split
+#: between threads, in another order than a row of a stack's (:func:`stacked_score_sums`)
+ONE_THREAD_SUM = 32_768
+
+
+def stacked_score_sums(logits: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """:func:`score_sums` of each model of a stack, ``[R, 2]`` from ``logits`` ``[R, N, C]`` and labels ``y``
+    ``[R, N]``: row r's numbers are :func:`score_sums` of ``logits[r]`` to the bit on a CPU while ``N`` ≤
+    :data:`ONE_THREAD_SUM` (a stack's sums take its rows in one thread each, as a set's alone; checked in the
+    tests); a longer set's are each model's own (the runs of a stacked sweep give their numbers alone). Why: 20
+    runs' servers took ~0.1 ms of small operations each."""
+    if logits.device.type == "cpu" and y.shape[-1] > ONE_THREAD_SUM:
+        return torch.stack([score_sums(lg, labels) for lg, labels in zip(logits, y, strict=True)])
+    loss_sum = row_cross_entropy(logits, y).sum(-1)
+    return torch.stack([loss_sum, (logits.argmax(-1) == y).sum(-1).to(loss_sum.dtype)], -1)
+
+
 def auc(y: np.ndarray, score: np.ndarray) -> float:
     from sklearn.metrics import roc_auc_score
 
@@ -300,20 +352,17 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
     binary = data.n_classes == 2
     n = len(data.client_ids)
     loss_sum, correct = set_scores(pred.model, pred.params, data.x, data.y, [data.test, data.val])
-    sizes = [len(i) for i in (*data.test, *data.val)]
-    out: dict[str, list[Any]] = {"local_accuracy": [], "local_loss": [], "local_n": [], "val_loss": [],
-                                 "val_accuracy": [],
-                                 "val_loss_sum": [], "val_n": []}
-    for j in range(n):
-        s = scores_of(loss_sum[j], correct[j], sizes[j])
-        v = scores_of(loss_sum[n + j], correct[n + j], sizes[n + j])
-        out["local_accuracy"].append(s["accuracy"])
-        out["local_loss"].append(s["loss"])
-        out["local_n"].append(s["n"])
-        out["val_loss"].append(v["loss"])
-        out["val_accuracy"].append(v["accuracy"])
-        out["val_loss_sum"].append(v["loss_sum"])
-        out["val_n"].append(v["n"])
+    # scores_of of every set at once (a 20-run sweep's 200 clients called it 400 times an evaluation)
+    sizes = np.array([len(i) for i in (*data.test, *data.val)], dtype=np.int64)
+    sums, hits = np.array(loss_sum), np.array(correct)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        accuracy, loss = np.where(sizes > 0, hits / sizes, np.nan), np.where(sizes > 0, sums / sizes, np.nan)
+    sums = np.where(sizes > 0, sums, 0.0)
+    local, val = slice(0, n), slice(n, 2 * n)
+    out: dict[str, list[Any]] = {"local_accuracy": accuracy[local].tolist(), "local_loss": loss[local].tolist(),
+                                 "local_n": sizes[local].tolist(), "val_loss": loss[val].tolist(),
+                                 "val_accuracy": accuracy[val].tolist(), "val_loss_sum": sums[val].tolist(),
+                                 "val_n": sizes[val].tolist()}
     if binary:
         tests = predict(pred.model, pred.params, data.x, data.test)
         out["local_auc"] = [auc(data.y[torch.as_tensor(idx, device=data.y.device)].cpu().numpy(),

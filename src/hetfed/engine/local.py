@@ -30,7 +30,7 @@ from hetfed import streams
 from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
 from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
-from hetfed.engine.types import ClientData
+from hetfed.engine.types import ClientData, take_rows
 from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
@@ -505,7 +505,7 @@ class _Step:
                  rows: list[int]) -> None:
         index, mask, active = inputs
         every = key[1]
-        xb, yb = self.data.x[index], self.data.y[index]
+        xb, yb = take_rows(self.data.x, index), take_rows(self.data.y, index)
         # the stack's first ``clients`` compute (the others finished their plans): views, updated in place
         clients = index.shape[0]
         whole = clients == self.keys.shape[0]

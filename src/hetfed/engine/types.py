@@ -23,6 +23,14 @@ def map_tensors(value: Any, fn: Any) -> Any:
     return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
 
 
+def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``x[index]`` for an integer ``index`` of any shape: ``x``'s rows at ``index``, shaped ``[*index.shape,
+    *x.shape[1:]]``. Why not ``x[index]``: on a CPU torch's advanced indexing by a 2-D index is several times slower
+    than ``index_select`` (a step's batches, an evaluation's padded sets: 400 × 40 rows of 64 floats, 966 against
+    173 µs), for the same values."""
+    return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
+
+
 @dataclass(frozen=True, eq=False)
 class ServerState:
     """What the server holds between rounds."""
