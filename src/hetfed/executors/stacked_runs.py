@@ -74,7 +74,7 @@ from hetfed.executors.updates import (
     Train,
     read_back,
 )
-from hetfed.interface import AggregatesRuns, evaluate_servers, scores_servers_together
+from hetfed.interface import AggregatesRuns, aggregates_runs, evaluate_servers, scores_servers_together
 
 
 @dataclass(eq=False, kw_only=True)
@@ -361,7 +361,7 @@ def _aggregate_key(run: _Rounds) -> Any:
     """Servers updated in one call: runs of one method that aggregates runs together
     (:class:`~hetfed.interface.AggregatesRuns`), with the same parameters and model, of equal ``aggregate_key``."""
     asked = cast(Aggregate, run.asked)
-    if not isinstance(asked.algo, AggregatesRuns):
+    if not aggregates_runs(type(asked.algo)):
         return None
     return ("aggregate", run.executor.run.model_identity(), asked.algo.aggregate_key(asked.server, asked.upload))
 

@@ -174,8 +174,16 @@ class MetricsWriter:
     def write_clients(self, method: str, round: int, per_client: dict[str, list[float]]) -> None:
         """Every client's value of each metric (``per_client[metric][k]``: client k's), one row each, in one call
         (an evaluation of 10 clients writes ~70 rows; one call each was a tenth of a small model's round)."""
-        self._rows(method, round, "client", [(k, metric, value) for metric, values in per_client.items()
-                                             for k, value in enumerate(values)])
+        head, text = f"{_csv_field(method)},{round},client,", []
+        for metric, values in per_client.items():
+            if all(type(value) is float for value in values):  # as _rows writes them, a metric's head once
+                middle = f",{_csv_field(metric)},"
+                text += [f"{head}{k}{middle}{value!r}\r\n" for k, value in enumerate(values)]
+            else:
+                self._fh.write("".join(text))
+                text = []
+                self._w.writerows([method, round, "client", k, metric, value] for k, value in enumerate(values))
+        self._fh.write("".join(text))
 
     def _rows(self, method: str, round: int, split: str, rows: list[tuple[int | str, str, Any]]) -> None:
         """Rows of ``(client, metric, value)``. When every value is a float they are written as the csv module
