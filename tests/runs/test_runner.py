@@ -175,3 +175,26 @@ def test_sweep_resume_reuses_completed_runs(tmp_path):
     rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
     assert {r["n"] for r in rows if r["metric"] == "gamma"} == {"2"}
     assert main([*args, "--seeds", "1"]) == 2  # without --resume the directory is never reused
+
+
+def test_a_run_keeps_its_last_evaluation_in_memory_and_simulate_every_one(tmp_path, monkeypatch):
+    """A run of the driver writes every evaluation to metrics.csv and keeps only the last in memory (~8 KiB an
+    evaluation of 20 clients: a stacked sweep of many long runs held them all); ``simulate`` keeps every one for a
+    library caller unless told otherwise — and the last is the same either way."""
+    from hetfed.executors import simulate as simulate_module
+    from hetfed.runs import runner
+
+    results = []
+
+    def kept(*args, **kwargs):
+        results.append(simulate_module.simulate(*args, **kwargs))
+        return results[-1]
+
+    monkeypatch.setattr(runner, "simulate", kept)
+    cfg = build_config({"train": {"rounds": 4, "eval_every": 1}, "methods": [{"algorithm": "fedavg"}]})
+    run_experiment(cfg, out=tmp_path / "r", progress=False)
+    (run,) = results
+    assert [r for r, _ in run.history] == [4]
+    everything = simulate_module.simulate(run.executor.run, run.executor.fed)
+    assert [r for r, _ in everything.history] == [1, 2, 3, 4]
+    assert everything.history[-1][1].metrics == run.history[-1][1].metrics

@@ -77,6 +77,7 @@ def simulate(
     attack: AttackConfig | None = None,
     resume: SimulationResult | None = None,
     resume_states: dict[str, Any] | None = None,
+    history: bool = True,
 ) -> SimulationResult:
     """Run a method's rounds on the federation ``fed``; ``observers`` see every round.
 
@@ -86,6 +87,9 @@ def simulate(
     (an ``AttackConfig``) makes some clients malicious. ``resume`` (a result loaded from a checkpoint) and
     ``resume_states`` (its client store) continue from there. Every random stream is keyed by (seed, round,
     client), so the round number is its position: a resumed run draws exactly what the uninterrupted one would.
+    ``history``: every evaluation in the result's ``history`` (False: the last one only — a run of the driver
+    writes every evaluation to metrics.csv as it comes, and an evaluation of 20 clients holds ~8 KiB, ~860 MB over
+    a 51-run stacked sweep of 2 000 rounds).
     """
     if not isinstance(run, RunSpec):
         if train is None or seed is None:
@@ -93,6 +97,7 @@ def simulate(
                             "to run with (or pass the RunSpec the plan resolved)")
         run = resolve_run(run, fed, train, seed)
     loop = _start(run, fed, executor, observers, attack)
+    loop.keep_history = history
     result = _initial_result(loop, resume, resume_states)
     finished = result.stopped_early or result.diverged_at is not None
     if run.algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds

@@ -144,6 +144,7 @@ def drive(steps: Steps[T], executor: Executor) -> T:
 @dataclass
 class SimulationResult:
     server: ServerState
+    #: (round, evaluation) of every evaluation so far, or of the last only (``simulate(history=False)``)
     history: list[tuple[int, Evaluation]] = field(default_factory=list)
     best_round: int | None = None
     best: Evaluation | None = None
@@ -322,6 +323,8 @@ class _Loop:
     xg: torch.Tensor | None
     yg: torch.Tensor | None
     under_attack: bool
+    #: every evaluation kept in ``result.history`` (False: the last only — a run whose observers write them all)
+    keep_history: bool = True
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
     planned: dict[int, RoundPlan] = field(default_factory=dict)
 
@@ -470,6 +473,8 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     result.eval_seconds += time.perf_counter() - t_eval - carried
     result.train_seconds += carried
     result.evaluations += 1
+    if not loop.keep_history:
+        result.history.clear()
     result.history.append((rnd, ev))
     for o in loop.observers:
         o.evaluated(rnd, ev)

@@ -262,7 +262,8 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor,
                  else None)
     observers += [inversion] if inversion is not None else []
     result = simulate(p.run, fed, executor=executor, observers=observers, attack=config.attack,
-                      resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None)
+                      resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None,
+                      history=False)  # every evaluation is in metrics.csv
     execution.bar.update(task, completed=p.train.rounds)
     fed_seconds = time.perf_counter() - t0
     if algo.capabilities.views and not (resume is not None and resume["phase"] == "personalised"):
