@@ -46,6 +46,7 @@ from hetfed.engine.types import (
     ServerState,
     Upload,
     split_state,
+    take_rows,
 )
 from hetfed.interface import server_step
 from hetfed.models.base import Model, Noise
@@ -94,7 +95,7 @@ def fisher_trace(model: Model, params: Params, data: ClientData, batch: int) -> 
                 index[k, : len(b[t])] = b[t]
                 mask[k, : len(b[t])] = 1.0
         index, mask = index.to(data.x.device), mask.to(data.x.device)
-        xb, yb = data.x[index], data.y[index].long()
+        xb, yb = take_rows(data.x, index), take_rows(data.y, index).long()
         with torch.enable_grad():
             logits = model.forward({**fixed, **leaves}, xb, None)
             nll = row_cross_entropy(logits, yb)

@@ -45,7 +45,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores
 from hetfed.engine.local import cross_entropy, row_cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state, take_rows
 
 
 class PerFedAvgParams(AlgorithmParams):
@@ -129,7 +129,7 @@ class PerFedAvg(FedAvg):
         with torch.enable_grad():
             for a in range(0, width, block):
                 rows = idx[:, a:a + block]
-                loss = row_cross_entropy(self.model.forward(leaves, x[rows], None), y[rows])
+                loss = row_cross_entropy(self.model.forward(leaves, take_rows(x, rows), None), take_rows(y, rows))
                 part = torch.autograd.grad((loss * weights[:, a:a + block] / count).sum(), list(leaves.values()))
                 for g, p in zip(grads, part, strict=True):
                     g.add_(p)

@@ -49,6 +49,7 @@ from hetfed.engine.types import (
     StreamedUpload,
     Upload,
     split_state,
+    take_rows,
 )
 from hetfed.interface import server_step
 
@@ -147,8 +148,8 @@ class Scaffold(FedAvg):
             index[j, : len(idx)] = torch.as_tensor(idx, device=data.x.device)
             mask[j, : len(idx)] = 1.0
         leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
-        logits = self.model.forward(leaves, data.x[index], None)
-        ce = row_cross_entropy(logits, data.y[index])
+        logits = self.model.forward(leaves, take_rows(data.x, index), None)
+        ce = row_cross_entropy(logits, take_rows(data.y, index))
         per_client = (ce.view(n, -1) * mask).sum(1) / mask.sum(1).clamp(min=1)
         grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
         return {k: g.detach() for k, g in zip(names, grads, strict=True)}

@@ -25,9 +25,10 @@ def map_tensors(value: Any, fn: Any) -> Any:
 
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]`` for an integer ``index`` of any shape: ``x``'s rows at ``index``, shaped ``[*index.shape,
-    *x.shape[1:]]``. Why not ``x[index]``: on a CPU torch's advanced indexing by a 2-D index is several times slower
-    than ``index_select`` (a step's batches, an evaluation's padded sets: 400 × 40 rows of 64 floats, 966 against
-    173 µs), for the same values."""
+    *x.shape[1:]]``. Why not ``x[index]``: on a CPU torch's advanced indexing is 2–6× slower than ``index_select``
+    for the same values (2026-12-01, 2 cores: an evaluation's padded sets, 400 × 40 rows of 64 floats, 966 against
+    173 µs; a W1 step's batches, 100 × 50 rows of 784 floats, 2.63 against 0.91 ms; 5 000 rows by a flat index, 4.1
+    against 2.1 ms)."""
     return x.index_select(0, index.reshape(-1)).view(*index.shape, *x.shape[1:])
 
 
