@@ -361,7 +361,7 @@ def _aggregate_key(run: _Rounds) -> Any:
     """Servers updated in one call: runs of one method that aggregates runs together
     (:class:`~hetfed.interface.AggregatesRuns`), with the same parameters and model, of equal ``aggregate_key``."""
     asked = cast(Aggregate, run.asked)
-    if not aggregates_runs(type(asked.algo)):
+    if not aggregates_runs(asked.algo):
         return None
     return ("aggregate", run.executor.run.model_identity(), asked.algo.aggregate_key(asked.server, asked.upload))
 
