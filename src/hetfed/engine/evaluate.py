@@ -167,9 +167,9 @@ def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, s
 
 
 class _SetPass(NamedTuple):
-    """:func:`set_scores`'s blocks: each block's models (its rows of the stack; None: all of it), its sets' pool
-    indices padded to its widest (``[b, width]``) and the positions of their samples in the flattened block; then
-    every block's samples' rows of the pool (``samples``) and whose set each is (``owner``: ``s · n + k``)."""
+    """:func:`set_scores`'s blocks (:func:`_padded_blocks` of every set of every model, the empty ones left out):
+    each block's models (its rows of the stack; None: all of it), padded indices and sample positions; then every
+    block's samples' rows of the pool (``samples``) and whose set each is (``owner``: ``s · n + k``)."""
 
     blocks: list[tuple[torch.Tensor | None, torch.Tensor, torch.Tensor]]
     samples: torch.Tensor
@@ -177,31 +177,20 @@ class _SetPass(NamedTuple):
 
 
 def _set_pass(sets: list[list[np.ndarray]], device: torch.device) -> _SetPass:
-    """:func:`set_scores`'s blocks over all its sets (:func:`size_blocks`), on ``device`` (cached)."""
+    """:class:`_SetPass` of ``sets`` on ``device`` (cached)."""
     n = len(sets[0]) if sets else 0
     index = [a for each in sets for a in each]
 
     def build() -> _SetPass:
-        blocks, samples, owners = [], [], []
-        for block in size_blocks(np.array([len(i) for i in index], dtype=np.int64)):
-            width = max(len(index[e]) for e in block)
-            if not width:
-                continue
-            pad = np.zeros((len(block), width), dtype=np.int64)
-            valid = np.zeros((len(block), width), dtype=bool)
-            for row, e in enumerate(block):
-                pad[row, : len(index[e])] = index[e]
-                valid[row, : len(index[e])] = True
-            models = block % max(n, 1)
-            rows = None if np.array_equal(models, np.arange(n)) else torch.as_tensor(models, device=device)
-            blocks.append((rows, torch.as_tensor(pad, device=device),
-                           torch.as_tensor(np.flatnonzero(valid), device=device)))
-            samples.append(pad[valid])
-            owners.append(np.broadcast_to(block[:, None], pad.shape)[valid])
-        def flat(parts: list[np.ndarray]) -> torch.Tensor:
-            return torch.as_tensor(np.concatenate(parts) if parts else np.zeros(0, np.int64), dtype=torch.int64,
-                                   device=device)
-        return _SetPass(blocks, flat(samples), flat(owners))
+        blocks = [b for b in _padded_blocks(index, device) if b.pad.shape[1]]
+        models = [b.clients % max(n, 1) for b in blocks]  # set s of model k is array s · n + k
+        rows = [None if np.array_equal(m, np.arange(n)) else torch.as_tensor(m, device=device) for m in models]
+
+        def joined(parts: list[torch.Tensor]) -> torch.Tensor:
+            return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.int64)).to(device, torch.int64)
+
+        return _SetPass([(r, b.pad, b.flat) for r, b in zip(rows, blocks, strict=True)],
+                        joined([b.samples for b in blocks]), joined([b.owner for b in blocks]))
     return _cached(f"sets of {n}", index, device, build)
 
 
@@ -243,25 +232,26 @@ def device_index(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
 
 
 class _Block(NamedTuple):
-    """A block of :func:`predict`'s stack: its models (``clients``), their indices padded to the block's widest
-    (``pad`` ``[b, width]``), its rows of the stack (None: all of it), which padded positions are samples
-    (``valid``), their rows of the pool in that order (``samples``) and whose each of them is (``owner``, the
-    model's place in the stack)."""
+    """A block of stacked index arrays of similar sizes: its arrays' places in the list (``clients``), their indices
+    padded to the block's widest (``pad`` ``[b, width]``), its rows of the stack (None: all of it, in order), the
+    positions of the real indices in the flattened ``pad`` (``flat``), and on the host (tensors, so the cache counts
+    their bytes) those indices in that order (``samples``) and whose array each is (``owner``)."""
 
     clients: np.ndarray
     pad: torch.Tensor
     rows: torch.Tensor | None
-    valid: torch.Tensor
+    flat: torch.Tensor
     samples: torch.Tensor
     owner: torch.Tensor
 
 
 def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block]:
-    """:func:`predict`'s blocks of clients of similar sizes (:func:`size_blocks`), on ``device`` (cached)."""
+    """:func:`predict`'s and :func:`set_scores`'s blocks of arrays of similar sizes (:func:`size_blocks`), on
+    ``device`` (cached)."""
     def build() -> list[_Block]:
         blocks = []
         n = len(index)
-        for block in size_blocks(np.array([len(i) for i in index])):
+        for block in size_blocks(np.array([len(i) for i in index], dtype=np.int64)):
             width = max(len(index[k]) for k in block)
             pad = np.zeros((len(block), width), dtype=np.int64)
             valid = np.zeros((len(block), width), dtype=bool)
@@ -269,10 +259,9 @@ def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block
                 pad[row, : len(index[k])] = index[k]
                 valid[row, : len(index[k])] = True
             rows = None if np.array_equal(block, np.arange(n)) else torch.as_tensor(block, device=device)
-            owner = np.broadcast_to(block[:, None], pad.shape)[valid]
             blocks.append(_Block(block, torch.as_tensor(pad, device=device), rows,
-                                 torch.as_tensor(valid, device=device), torch.as_tensor(pad[valid], device=device),
-                                 torch.as_tensor(owner, dtype=torch.int64, device=device)))
+                                 torch.as_tensor(np.flatnonzero(valid), device=device), torch.from_numpy(pad[valid]),
+                                 torch.from_numpy(np.broadcast_to(block[:, None], pad.shape)[valid])))
         return blocks
     return _cached("blocks", index, device, build)
 

@@ -173,10 +173,12 @@ class MetricsWriter:
 
     def write_clients(self, method: str, round: int, per_client: dict[str, list[float]]) -> None:
         """Every client's value of each metric (``per_client[metric][k]``: client k's), one row each, in one call
-        (an evaluation of 10 clients writes ~70 rows; one call each was a tenth of a small model's round)."""
+        (an evaluation of 10 clients writes ~70 rows; one call each was a tenth of a small model's round). A metric
+        whose values are all floats is written as the csv module writes it, its head made once (127 → 83 µs for 10
+        clients' rows); any other through the csv module."""
         head, text = f"{_csv_field(method)},{round},client,", []
         for metric, values in per_client.items():
-            if all(type(value) is float for value in values):  # as _rows writes them, a metric's head once
+            if all(type(value) is float for value in values):
                 middle = f",{_csv_field(metric)},"
                 text += [f"{head}{k}{middle}{value!r}\r\n" for k, value in enumerate(values)]
             else:
@@ -186,9 +188,8 @@ class MetricsWriter:
         self._fh.write("".join(text))
 
     def _rows(self, method: str, round: int, split: str, rows: list[tuple[int | str, str, Any]]) -> None:
-        """Rows of ``(client, metric, value)``. When every value is a float they are written as the csv module
-        writes them, as one string (2.5× faster: ~250 → ~100 µs for an evaluation's 70 client rows, every
-        evaluation of every run of a sweep); otherwise through the csv module."""
+        """Rows of ``(client, metric, value)`` (:meth:`write`'s). When every value is a float they are written as
+        the csv module writes them, as one string (2.5× faster than the module); otherwise through the csv module."""
         if {type(value) for _, _, value in rows} <= _FLOAT:
             head = f"{_csv_field(method)},{round},{_csv_field(split)},"
             self._fh.write("".join([f"{head}{_csv_field(str(client))},{_csv_field(metric)},{value!r}\r\n"
