@@ -78,6 +78,17 @@ def test_sigint_stops_a_run_started_with_sigint_ignored(tmp_path):
     assert status["status"] == "failed" and "interrupt" in status["reason"].lower()
 
 
+def test_an_interrupt_caught_inside_a_string_exec_still_exits_130(tmp_path):
+    """A Ctrl-C that lands in a string ``exec`` (a lazy import's dataclass) left CPython's flag set: exit -2."""
+    (tmp_path / "interrupted_cli.py").write_text(
+        "import hetfed.cli as cli\n"
+        "cli.cmd_run = lambda args: exec('raise KeyboardInterrupt')\n"
+        "cli.entry()\n")
+    proc = subprocess.run([sys.executable, "-m", "interrupted_cli", "run", "--quiet"], capture_output=True, text=True,
+                          env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path), *sys.path])}, timeout=120)
+    assert "interrupted" in proc.stderr and proc.returncode == 130, proc.stderr
+
+
 # ------------------------------------------------------------------ 5. the connect timeout's message
 
 

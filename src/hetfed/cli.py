@@ -577,6 +577,18 @@ def main(argv: Sequence[str] | None = None) -> int:
             signal.signal(signal.SIGINT, previous_int)
 
 
+def _forget_caught_interrupts() -> None:
+    """Clear CPython's record of a Ctrl-C that ended a string ``exec``: :func:`main` has handled it.
+
+    ``exec`` of a *string* (dataclasses' generated methods, ``namedtuple``) notes a KeyboardInterrupt
+    raised inside it in a flag that a later ``except`` does not clear; under ``python -m hetfed.cli`` the
+    interpreter reads that flag at exit and kills itself with SIGINT, so the 130 that :func:`main`
+    returned became -2 whenever the signal landed in such a ``exec`` (a lazy import mid-run). The flag is
+    reset at the start of every string eval, and this one ends normally.
+    """
+    exec("")
+
+
 def entry() -> None:
     """The ``hetfed`` command: :func:`main`, then exit — at once if a library left threads that would block it.
 
@@ -588,6 +600,7 @@ def entry() -> None:
     import threading
 
     code = main()
+    _forget_caught_interrupts()
     stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]
     if code != 0 and stuck:
         sys.stdout.flush()
