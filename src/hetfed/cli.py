@@ -580,11 +580,11 @@ def main(argv: Sequence[str] | None = None) -> int:
 def _forget_caught_interrupts() -> None:
     """Clear CPython's record of a Ctrl-C that ended a string ``exec``: :func:`main` has handled it.
 
-    ``exec`` of a *string* (dataclasses' generated methods, ``namedtuple``) notes a KeyboardInterrupt
-    raised inside it in a flag that a later ``except`` does not clear; under ``python -m hetfed.cli`` the
-    interpreter reads that flag at exit and kills itself with SIGINT, so the 130 that :func:`main`
-    returned became -2 whenever the signal landed in such a ``exec`` (a lazy import mid-run). The flag is
-    reset at the start of every string eval, and this one ends normally.
+    ``exec`` of a *string* (how dataclasses and ``namedtuple`` build their methods, in modules imported
+    mid-run) notes a KeyboardInterrupt raised inside it in a flag that a later ``except`` does not clear;
+    under ``python -m hetfed.cli`` the interpreter reads that flag at exit and kills itself with SIGINT, so
+    the 130 that :func:`main` returned became -2 whenever the signal landed in such an ``exec`` (seen with
+    strace). The flag is reset at the start of every string eval, and this one ends normally.
     """
     exec("")
 
