@@ -89,6 +89,15 @@ def test_an_interrupt_caught_inside_a_string_exec_still_exits_130(tmp_path):
     assert "interrupted" in proc.stderr and proc.returncode == 130, proc.stderr
 
 
+def test_python_dash_m_hetfed_is_the_hetfed_command():
+    proc = subprocess.run([sys.executable, "-m", "hetfed", "partition", "--set", "partition.clients=3", "--json"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)
+    assert subprocess.run([sys.executable, "-m", "hetfed", "run", "--set", "train.rounds=0"], capture_output=True,
+                          text=True, timeout=120).returncode == 2  # a refused setting: the CLI's exit status
+
+
 # ------------------------------------------------------------------ 5. the connect timeout's message
 
 
