@@ -9,6 +9,7 @@ from pydantic import Field
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
 from hetfed.partition import Indices, classes_present, pca_view, register, require_clients
+from hetfed.partition._kmeans import kmeans
 from hetfed.registry import ComponentParams
 
 
@@ -31,36 +32,32 @@ def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rn
     """Client of every sample before shuffling: its class's nearest matched centroid."""
     from scipy.optimize import linear_sum_assignment
     from scipy.spatial.distance import cdist
-    from sklearn.cluster import KMeans
-    from threadpoolctl import threadpool_limits
 
     z = pca_view(x, components, seed=int(rng.integers(2**31)))
     assign = np.empty(len(y), dtype=np.int64)
     anchors: np.ndarray | None = None
     # sklearn's Lloyd iterations sum chunks of 256 samples in per-thread buffers, so with more OpenMP threads the
     # centroids' last bits — and, near a tie, a sample's client — depend on the core count: seed 0 of
-    # Fashion-MNIST's default split moved 30 samples between 1 and 2 threads. One thread gives every machine, a
-    # sweep's --jobs workers and every Flower node the same clients.
-    with threadpool_limits(limits=1, user_api="openmp"):
-        for n_matched, c in enumerate(classes_present(y)):
-            idx = np.flatnonzero(y == c)
-            if len(idx) < k:
-                raise PartitionError(
-                    f"partition.clients = {k} is not allowed with partition.kind = 'feature_clusters': "
-                    f"class {c} has only {len(idx)} samples and needs one cluster per client; "
-                    f"expected clients ≤ {len(idx)}"
-                )
-            km = KMeans(n_clusters=k, n_init=4, random_state=int(rng.integers(2**31))).fit(z[idx])
-            centroids = km.cluster_centers_
-            if anchors is None:
-                to_client = np.arange(k)
-                anchors = centroids.copy()
-            else:
-                rows, cols = linear_sum_assignment(cdist(centroids, anchors))
-                to_client = np.empty(k, dtype=np.int64)
-                to_client[rows] = cols
-                anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
-            assign[idx] = to_client[km.labels_]
+    # Fashion-MNIST's default split moved 30 samples between 1 and 2 threads. One thread (``kmeans``'s) gives every
+    # machine, a sweep's --jobs workers and every Flower node the same clients.
+    for n_matched, c in enumerate(classes_present(y)):
+        idx = np.flatnonzero(y == c)
+        if len(idx) < k:
+            raise PartitionError(
+                f"partition.clients = {k} is not allowed with partition.kind = 'feature_clusters': "
+                f"class {c} has only {len(idx)} samples and needs one cluster per client; "
+                f"expected clients ≤ {len(idx)}"
+            )
+        labels, centroids = kmeans(z[idx], k, 4, int(rng.integers(2**31)))
+        if anchors is None:
+            to_client = np.arange(k)
+            anchors = centroids.copy()
+        else:
+            rows, cols = linear_sum_assignment(cdist(centroids, anchors))
+            to_client = np.empty(k, dtype=np.int64)
+            to_client[rows] = cols
+            anchors[cols] = (anchors[cols] * n_matched + centroids[rows]) / (n_matched + 1)
+        assign[idx] = to_client[labels]
     return assign
 
 
