@@ -211,17 +211,17 @@ def test_feature_clusters_give_every_machine_the_same_clients_whatever_its_openm
     last bits differ, and near a tie a sample's client with them (Fashion-MNIST's default split, seed 0: 30 samples
     between 1 and 2 threads). The partition runs it on one thread whatever the machine, a sweep worker's limit or a
     Flower node's cores."""
-    from sklearn.cluster import KMeans
-    from threadpoolctl import threadpool_info, threadpool_limits
+    from sklearn.cluster import _kmeans
+    from threadpoolctl import threadpool_limits
 
-    fit = KMeans.fit
+    lloyd = _kmeans._kmeans_single_lloyd
     seen: list[int] = []
 
-    def watched(self, *args, **kwargs):
-        seen.extend(i["num_threads"] for i in threadpool_info() if i["user_api"] == "openmp")
-        return fit(self, *args, **kwargs)
+    def watched(*args, **kwargs):
+        seen.append(kwargs["n_threads"])
+        return lloyd(*args, **kwargs)
 
-    monkeypatch.setattr(KMeans, "fit", watched)
+    monkeypatch.setattr(_kmeans, "_kmeans_single_lloyd", watched)
     x, y = _data(3000, 3, d=2)  # > 256 samples a class: several chunks
     cfg = PartitionConfig(kind="feature_clusters", clients=4)
     parts = {}
