@@ -9,7 +9,6 @@ from pydantic import Field
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
 from hetfed.partition import Indices, classes_present, pca_view, register, require_clients
-from hetfed.partition._kmeans import kmeans
 from hetfed.registry import ComponentParams
 
 
@@ -32,6 +31,8 @@ def cluster_assignment(x: np.ndarray, y: np.ndarray, k: int, components: int, rn
     """Client of every sample before shuffling: its class's nearest matched centroid."""
     from scipy.optimize import linear_sum_assignment
     from scipy.spatial.distance import cdist
+
+    from hetfed.partition._kmeans import kmeans
 
     z = pca_view(x, components, seed=int(rng.integers(2**31)))
     assign = np.empty(len(y), dtype=np.int64)
