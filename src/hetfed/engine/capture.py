@@ -204,6 +204,9 @@ def compiler_missing() -> bool:
 #: method of the default experiment, two graphs), and saves 0.35–0.6 ms a round of the overhead-bound CGAU setting
 #: (``benchmarks/engine.py --compile``: eager / compiled 1.07–1.12) and ~2–4 ms of the default experiment's: it
 #: pays after ~25 000–45 000 rounds. Below this, and where no C++ compiler is found, ``auto`` runs eagerly on a CPU.
+#: Since remeasured (2026-12-01, docs/scale.md § compiled steps): compiling still gains where a step does elementwise
+#: work besides its layers (dropout, CGAU's gates: eager / compiled 1.2–1.4) but loses on a plain MLP without dropout
+#: (0.79–0.90, its eager step now written out) — a rule by rounds alone picks the slower step for such a model.
 COMPILE_PAYS_AFTER_ROUNDS = 30_000
 
 
