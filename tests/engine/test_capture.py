@@ -303,3 +303,21 @@ def test_auto_compiles_a_cpu_run_only_when_it_is_long_enough_to_pay(monkeypatch,
     assert LocalSchedule.from_train(train).capture == expected
     off = build_config({"train": {"rounds": rounds, "device": device, "capture": "off"}}).train
     assert LocalSchedule.from_train(off).capture == "off"  # a mode the user set is applied as set
+    assert LocalSchedule.from_train(train).chosen == (expected != "auto")
+
+
+@pytest.mark.parametrize(("dropout", "chosen", "compiled"), [
+    (0.0, True, False),  # auto chose compile, and a plain MLP's compiled step is slower: eager
+    (0.3, True, True),   # with dropout to fuse, compiling gains: compiled
+    (0.0, False, True),  # compile asked for: applied
+])
+def test_auto_compiles_only_a_model_whose_compiled_step_is_faster(monkeypatch, dropout, chosen, compiled):
+    """#74 §4, remeasured 2026-12-01: a plain MLP's written-out eager step beats its compiled one (0.79–0.90×), one
+    with dropout does not (1.28×); ``auto`` compiles a long CPU run's steps only for a model that gains."""
+    monkeypatch.setattr(local, "_RECORDED", type(local._RECORDED)())
+    monkeypatch.setattr(capture.Compiled, "min_repeats", 10**9)  # whether the step is recorded, not compiled now
+    model = MLP(6, [16, 8], 4, dropout=dropout)
+    assert model.compile_gains == (dropout > 0)
+    schedule = LocalSchedule(batch_size=8, epochs=2, capture="compile", chosen=chosen)
+    train_stack(model, _stack(model, 3), _data([13, 20, 9]), schedule, OptimizerConfig(lr=0.1), 0.1)
+    assert bool(local._RECORDED) == compiled

@@ -206,7 +206,8 @@ def compiler_missing() -> bool:
 #: pays after ~25 000–45 000 rounds. Below this, and where no C++ compiler is found, ``auto`` runs eagerly on a CPU.
 #: Since remeasured (2026-12-01, docs/scale.md § compiled steps): compiling still gains where a step does elementwise
 #: work besides its layers (dropout, CGAU's gates: eager / compiled 1.2–1.4) but loses on a plain MLP without dropout
-#: (0.79–0.90, its eager step now written out) — a rule by rounds alone picks the slower step for such a model.
+#: (0.79–0.90, its eager step now written out): ``auto`` compiles only the steps of a model that gains
+#: (``Model.compile_gains``; ``LocalSchedule.chosen`` in :mod:`hetfed.engine.local`).
 COMPILE_PAYS_AFTER_ROUNDS = 30_000
 
 

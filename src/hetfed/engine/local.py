@@ -74,11 +74,15 @@ class LocalSchedule:
     capture: str = "auto"
     #: record-level DP in every step (``privacy.record``: DP-SGD, :mod:`hetfed.engine.record_dp`), or None
     records: RecordPrivacyConfig | None = None
+    #: ``capture`` is what ``auto`` chose for this run, not what was asked: a model whose compiled step is slower
+    #: (``Model.compile_gains``) then steps eagerly; one that asked for ``compile`` gets it
+    chosen: bool = False
 
     @classmethod
     def from_train(cls, cfg: TrainConfig, records: RecordPrivacyConfig | None = None) -> LocalSchedule:
-        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass,
-                   capture.resolve(cfg.capture, cfg.device, cfg.rounds), records)
+        mode = capture.resolve(cfg.capture, cfg.device, cfg.rounds)
+        return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, mode, records,
+                   chosen=mode != cfg.capture)
 
     def one_epoch(self) -> LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
@@ -275,15 +279,14 @@ def train_stack(
     term = term_of(regulariser)
     plan = plan_steps(data, schedule, device)
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
-    recorder = capture.backend(schedule.capture, device)
-    capturing = recorder is not None and simple and not capture.refuses(recorder, model)
-    keys = _step_keys(plan, model.reads_rows, compacts, capturing)
+    recorder = _recorder(model, schedule, device) if simple else None
+    keys = _step_keys(plan, model.reads_rows, compacts, recorder is not None)
     closed, moves = _update_path(model, current, opt_cfg) if simple else (None, 0)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK), moves=moves, closed=closed)
     graphs = None
-    if capturing:
+    if recorder is not None:
         step, graphs = _recorded(step, keys, recorder)
     for t, key in enumerate(keys):
         w, c = key[0], key[3]
@@ -294,6 +297,16 @@ def train_stack(
     out = _handed_out(order, graphs is not None, device)
     trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
+
+
+def _recorder(model: Model, schedule: LocalSchedule, device: torch.device) -> type | None:
+    """What records this run's steps of ``model`` (None: they run eagerly): the schedule's recorder for the device,
+    unless it cannot record the model, or ``auto`` chose to compile and the model's compiled step is the slower
+    (``Model.compile_gains``)."""
+    recorder = capture.backend(schedule.capture, device)
+    if recorder is None or capture.refuses(recorder, model) or (schedule.chosen and not model.compile_gains):
+        return None
+    return recorder
 
 
 def _private(model: Model, schedule: LocalSchedule, objective: Objective | None) -> Objective | None:

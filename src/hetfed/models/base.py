@@ -156,6 +156,13 @@ class Model:
     #: why ``torch.compile`` cannot trace this model's training step (``train.capture: compile``), or "" where it can
     no_compile: str = ""
 
+    @property
+    def compile_gains(self) -> bool:
+        """Whether a compiled training step is faster than the eager one on a CPU: ``train.capture: auto`` compiles a
+        long CPU run's steps (:data:`hetfed.engine.capture.COMPILE_PAYS_AFTER_ROUNDS`) only where it is. True unless
+        a model measured otherwise."""
+        return True
+
     def stacks_clients(self, device: str) -> bool:
         """Whether a stack of clients runs as one batched computation on ``device`` (a device type: 'cpu',
         'cuda'). False where the forward loops over the stack's clients: a stack of several then costs what they

@@ -64,6 +64,12 @@ class MLP(Model):
     def activation_floats(self, batch: int) -> int:
         return 3 * batch * (self.in_features + sum(self.hidden) + self.n_classes)
 
+    @property
+    def compile_gains(self) -> bool:
+        """With dropout to fuse, compiling gains (eager / compiled 1.28 at p = 0.5); a step of plain layers, written
+        out, is faster eager (0.79–0.90: results/benchmarks_cpu_2026-12-01c)."""
+        return self.p > 0
+
     def closed_form(self, names: set[str]) -> closed_form.ClosedForm | None:
         """This MLP's step written out, training ``names`` (any of its parameters, the others held fixed); a
         subclass or instance that changes the forward has none."""
