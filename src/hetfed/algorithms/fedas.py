@@ -129,7 +129,7 @@ class FedAS(PartlyPersonal):
         previous = {k: local.pop(PREVIOUS + k) for k in self._body}
         prototypes, counts = client_prototypes(self.model, {**previous, **local}, data)
         p = self.params
-        align = LocalSchedule(p.align_batch, 1.0, capture=self.schedule.capture)
+        align = LocalSchedule(p.align_batch, 1.0, capture=self.schedule.capture, chosen=self.schedule.chosen)
         plain = OptimizerConfig(kind="sgd", lr=p.align_lr, momentum=0.0)
         aligned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 1), align, plain,
                                     p.align_lr, trainable=list(self._body),
