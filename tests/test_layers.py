@@ -22,6 +22,7 @@ LAYERS = [
     ("hetfed.config_server", 0), ("hetfed.config_flower", 0),
     ("hetfed.processes", 0), ("hetfed.environment", 0),
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
+    ("hetfed.partition_report", 1),
     ("hetfed.models", 2),
     ("hetfed.engine", 3), ("hetfed.interface", 3), ("hetfed.gamma_summaries", 3),
     ("hetfed.server", 4), ("hetfed.leakage", 4), ("hetfed.run_spec", 4),

@@ -19,9 +19,10 @@ from rich.console import Console
 from rich.table import Table
 
 from hetfed import __version__
-from hetfed.config import Config, dump_config, load_config
+from hetfed.config import dump_config, load_config
 from hetfed.console import make_console
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
+from hetfed.partition_report import check_figure_path, partition_report
 from hetfed.registry import KINDS
 from hetfed.runs.rundir import SUMMARY
 
@@ -368,62 +369,6 @@ def cmd_config(args: argparse.Namespace) -> int:
     return 0
 
 
-def partition_report(config: Config) -> dict:
-    """The JSON-ready description of a partition and its heterogeneity."""
-    from hetfed.pipeline import prepare
-
-    prep = prepare(config, progress=True, status=err_console)  # progress goes to stderr
-    fed, het = prep.federation, prep.heterogeneity
-    counts = fed.class_counts()
-    clients = [
-        {
-            "client": k,
-            "size": int(counts[k].sum()),
-            "train": int(len(fed.train[k])),
-            "val": int(len(fed.val[k])),
-            "test": int(len(fed.test[k])),
-            "class_counts": counts[k].tolist(),
-            "classes": int((counts[k] > 0).sum()),
-            "opted_out": bool(fed.opted_out[k]),
-            "label_emd": het.label_emd[k],
-        }
-        for k in range(fed.n_clients)
-    ]
-    return {
-        "dataset": config.dataset.name,
-        "embed": config.embed.kind,
-        "partition": config.partition.model_dump(),
-        "seed": config.seed,
-        "n_clients": fed.n_clients,
-        "n_classes": fed.n_classes,
-        "global_test_size": int(len(fed.y_global_test)),
-        "global_test_balanced": bool(getattr(prep.data, "balanced_test", True)),
-        **{k: v for k, v in het.as_dict().items() if k.startswith("gamma")},
-        "label_emd_mean": het.label_emd_mean,
-        "js_mean": het.js_mean,
-        "data_files": list(prep.sources),
-        "warnings": list(prep.warnings),
-        "clients": clients,
-        "_federation": fed,
-    }
-
-
-def check_figure_path(path: str, key: str = "--plot") -> None:
-    """A figure file name must have a format matplotlib writes and a folder that exists."""
-    from matplotlib.figure import Figure
-
-    formats = Figure().canvas.get_supported_filetypes()
-    suffix = Path(path).suffix.lower().lstrip(".")
-    if suffix not in formats:
-        raise ConfigError(
-            f"{key} {path!r} is not allowed: expected a file name ending in one of "
-            f"{', '.join('.' + f for f in sorted(formats))} (e.g. clients.png)"
-        )
-    folder = Path(path).parent
-    if not folder.is_dir():
-        raise ConfigError(f"{key} {path!r} is not allowed: the folder {str(folder)!r} does not exist")
-
-
 def cmd_partition(args: argparse.Namespace) -> int:
     from hetfed.runs.plan import check_config
 
@@ -431,7 +376,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     check_config(config, train=False)  # partitioning trains no method's model
     if args.plot:
         check_figure_path(args.plot)
-    report = partition_report(config)
+    report = partition_report(config, status=err_console)  # progress goes to stderr
     fed = report.pop("_federation")
     for warning in report["warnings"]:
         err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
