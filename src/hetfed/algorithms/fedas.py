@@ -37,7 +37,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import OptimizerConfig
-from hetfed.engine.local import LocalSchedule, Objective, row_cross_entropy, train_stack
+from hetfed.engine.local import Objective, row_cross_entropy, train_stack
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -129,7 +129,7 @@ class FedAS(PartlyPersonal):
         previous = {k: local.pop(PREVIOUS + k) for k in self._body}
         prototypes, counts = client_prototypes(self.model, {**previous, **local}, data)
         p = self.params
-        align = LocalSchedule(p.align_batch, 1.0, capture=self.schedule.capture, chosen=self.schedule.chosen)
+        align = self.schedule.extra_pass(p.align_batch)
         plain = OptimizerConfig(kind="sgd", lr=p.align_lr, momentum=0.0)
         aligned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 1), align, plain,
                                     p.align_lr, trainable=list(self._body),

@@ -92,8 +92,7 @@ def train_until_stopped(
     seed: int,
     phase: int,
     trainable: list[str] | None = None,
-    capture: str = "auto",
-    chosen: bool = False,
+    like: LocalSchedule | None = None,
 ) -> tuple[Params, list[int]]:
     """Train stacked per-client params epoch by epoch, each client with its own early stopping.
 
@@ -102,12 +101,13 @@ def train_until_stopped(
     parameters; stopped clients leave the stack, so a client's result does not
     depend on which clients it was stacked with (the sequential executor,
     any chunk size, and training only a sample of clients all agree).
-    Returns the best params and the epochs each client ran.
+    Returns the best params and the epochs each client ran. ``like``: the run's schedule, whose capture the epochs
+    are recorded with (:meth:`~hetfed.engine.local.LocalSchedule.extra_pass`).
     """
     clients, x, y = data.client_ids, data.x, data.y
     val = data.val_indices if data.val_indices is not None else [np.zeros(0, np.int64) for _ in clients]
     names = trainable if trainable is not None else list(params)
-    schedule = LocalSchedule(batch_size=cfg.batch_size, epochs=1.0, capture=capture, chosen=chosen)
+    schedule = (like or LocalSchedule(cfg.batch_size)).extra_pass(cfg.batch_size)
     n = len(clients)
     best = {k: v.clone() for k, v in params.items()}
     best_val = client_losses(model, params, x, y, val)
@@ -172,8 +172,7 @@ class FedMoE(FedAvg):
         clients = data.client_ids
         n = len(clients)
         device = data.x.device
-        base, cfg, seed = self.model, self.moe, self.seed
-        capture, chosen = self.schedule.capture, self.schedule.chosen  # the run's capture, as it applies it
+        base, cfg, seed, like = self.model, self.moe, self.seed, self.schedule
         info: dict[str, torch.Tensor] = {}
         out = dict(states)
 
@@ -187,14 +186,12 @@ class FedMoE(FedAvg):
         init = [base.init_shared(torch_gen(seed, CLIENT_INIT, PERSONAL, k)) for k in clients]
         stacked = {k: torch.stack([p[k] for p in init]).to(device) for k in init[0]}
         local = cfg if cfg.local_optimizer is None else cfg.model_copy(update={"optimizer": cfg.local_optimizer})
-        best, ep = train_until_stopped(base, stacked, data, local, seed, phase=1, capture=capture,
-                                       chosen=chosen)
+        best, ep = train_until_stopped(base, stacked, data, local, seed, phase=1, like=like)
         record("local", best, ep, t0)
 
         # Fine-tuned: specialist = the global model, trained on the client's data
         t0 = time.perf_counter()
-        best, ep = train_until_stopped(base, _stack(bc.params, n), data, cfg, seed, phase=2,
-                                       capture=capture, chosen=chosen)
+        best, ep = train_until_stopped(base, _stack(bc.params, n), data, cfg, seed, phase=2, like=like)
         record("finetuned", best, ep, t0)
 
         # Mixture: specialist + gate trained jointly, the global expert frozen
@@ -205,7 +202,7 @@ class FedMoE(FedAvg):
         mixed.update({f"gate.{k}": torch.stack([g[k] for g in gates]).to(device) for k in gates[0]})
         trainable = [s.name for s in self.mixture.specs() if not s.name.startswith("global.")]
         best, ep = train_until_stopped(self.mixture, mixed, data, cfg, seed, phase=3, trainable=trainable,
-                                       capture=capture, chosen=chosen)
+                                       like=like)
         record("mixture", {k: v for k, v in best.items() if not k.startswith("global.")}, ep, t0)
         return out, info
 
