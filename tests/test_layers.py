@@ -213,6 +213,12 @@ def test_no_function_over_60_lines_where_the_driver_and_engines_live():
     assert not long, "\n".join(long)
 
 
+def test_no_source_file_over_600_lines():
+    """A module holds one job: one past 600 lines holds several (split it where its parts stop sharing state)."""
+    long = [f"{name}: {n} lines" for name, path in modules().items() if (n := len(path.read_text().splitlines())) > 600]
+    assert not long, "\n".join(long)
+
+
 def test_the_run_driver_names_no_executor():
     """#46: runs/ opens whatever executor a method names (a registry); no executor's name or module in it."""
     from hetfed.registry import registry_of

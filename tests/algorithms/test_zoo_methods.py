@@ -930,7 +930,7 @@ def test_fedcps_step_is_pfllibs_conditional_policy_with_the_same_gumbel_draws():
 
     from hetfed import streams
     from hetfed.algorithms.fedcp import CONTEXT, CS, HEAD_G
-    from hetfed.engine.local import plan_batches
+    from hetfed.engine.step_plan import plan_batches
     from hetfed.models.base import Noise
 
     lam = 0.7

@@ -14,8 +14,9 @@ from hetfed.config import (
     build_config,
 )
 from hetfed.engine import optim
-from hetfed.engine.local import LocalSchedule, plan_batches
+from hetfed.engine.local import LocalSchedule
 from hetfed.engine.sampling import sample_clients
+from hetfed.engine.step_plan import plan_batches
 from hetfed.engine.types import Upload
 from hetfed.errors import ConfigError
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
@@ -402,8 +403,9 @@ def test_a_kept_plan_layout_gives_the_plans_of_a_fresh_one(monkeypatch):
     sizes (other clients, other seeds) gets exactly the plan built from scratch."""
     import numpy as np
 
-    from hetfed.engine import local
-    from hetfed.engine.local import LocalSchedule, plan_steps
+    from hetfed.engine import step_plan
+    from hetfed.engine.local import LocalSchedule
+    from hetfed.engine.step_plan import plan_steps
     from hetfed.engine.types import ClientData
 
     schedule = LocalSchedule(batch_size=4, epochs=1.5)
@@ -417,7 +419,7 @@ def test_a_kept_plan_layout_gives_the_plans_of_a_fresh_one(monkeypatch):
 
     first = plan_steps(data([1, 2, 3, 4], 0), schedule, torch.device("cpu"))
     kept = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
-    monkeypatch.setattr(local, "KEEP_LAYOUT_UP_TO", -1)  # built from scratch
+    monkeypatch.setattr(step_plan, "KEEP_LAYOUT_UP_TO", -1)  # built from scratch
     fresh = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
     for field in ("index", "mask", "active", "steps", "keys"):
         assert torch.equal(getattr(kept, field), getattr(fresh, field)), field

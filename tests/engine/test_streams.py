@@ -22,7 +22,8 @@ from torch.overrides import TorchFunctionMode
 from hetfed import streams
 from hetfed.config import OptimizerConfig
 from hetfed.engine import local
-from hetfed.engine.local import LocalSchedule, Proximal, plan_batches, plan_steps, train_stack
+from hetfed.engine.local import LocalSchedule, Proximal, train_stack
+from hetfed.engine.step_plan import plan_batches, plan_steps
 from hetfed.engine.types import ClientData
 from hetfed.models import MLP
 from hetfed.models.base import Noise
