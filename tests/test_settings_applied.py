@@ -14,6 +14,7 @@ import yaml
 from hetfed.cli import main
 from hetfed.config import build_config, load_config, method_section, unread_keys
 from hetfed.errors import ConfigError, HetfedNote
+from tests.one_actor import ONE_ACTOR_SET
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -248,7 +249,7 @@ def test_feddf_on_flower_gives_the_in_process_numbers_on_the_default_config_afte
     from hetfed.flower import node
     from hetfed.runs.runner import run_experiment
 
-    sets = ["partition.clients=4", "train.rounds=2", "flower.connect_timeout=300"]
+    sets = ["partition.clients=4", "train.rounds=2", "flower.connect_timeout=300", ONE_ACTOR_SET]
     fedavg = load_config(None, [*sets, "methods=[{name: m, algorithm: fedavg}]"])
     node._CACHE.clear()
     node.node_side(ConfigRecord({"config": dump_config(fedavg), "method": 0}))  # what a FedAvg run leaves on disk

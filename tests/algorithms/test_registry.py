@@ -25,6 +25,7 @@ from hetfed.errors import ConfigError
 from hetfed.interface import server_step
 from hetfed.runs.runner import run_experiment
 from tests.feature_methods import reads_features
+from tests.one_actor import ONE_ACTOR
 
 SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
          "train": {"rounds": 2, "local_steps": 3, "batch_size": 16, "eval_every": 1}}
@@ -38,6 +39,8 @@ def _config(algorithms: list[str], executor: str, **extra) -> object:
     raw = json.loads(json.dumps({**SMALL, **extra, "methods": methods}))
     raw["train"]["executor"] = executor
     raw.setdefault("flower", {})["connect_timeout"] = 300
+    if executor == "flower":
+        raw["flower"].update(ONE_ACTOR)
     return build_config(raw)
 
 

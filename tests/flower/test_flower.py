@@ -14,6 +14,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
+from tests.one_actor import ONE_ACTOR, ONE_ACTOR_SET  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -30,6 +31,8 @@ def _config(extra: dict, executor: str) -> object:
     raw.setdefault("train", {})["executor"] = executor
     # Ray's start can pass the default 120 s on a loaded 2-core machine (seen with experiments beside the suite)
     raw.setdefault("flower", {}).setdefault("connect_timeout", 300)
+    if executor == "flower":
+        raw["flower"] = {**ONE_ACTOR, **raw["flower"]}
     return build_config(raw)
 
 
@@ -434,7 +437,8 @@ def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, wher
         [sys.executable, "-c", script, "run", "--quiet", "--set", "train.executor=flower", "--set",
          "partition.clients=3",
          "--set", "train.rounds=3", "--set", "methods=[{algorithm: fedavg}]", "--set", "flower.connect_timeout=300",
-         "--out", str(out)], env=env, capture_output=True, text=True, timeout=400)  # a guard against hanging
+         "--set", ONE_ACTOR_SET, "--out", str(out)],
+        env=env, capture_output=True, text=True, timeout=400)  # a guard against hanging
     errors = [line for line in proc.stderr.splitlines() if line.startswith("error:")]
     assert proc.returncode == 2, proc.stderr
     assert len(errors) == 1 and expected in errors[0], proc.stderr
@@ -481,7 +485,7 @@ def test_sigterm_during_a_flower_run_exits_143_and_leaves_no_ray_process(tmp_pat
     proc = subprocess.Popen(
         [sys.executable, "-m", "hetfed.cli", "run", "--quiet", "--set", "train.executor=flower", "--set",
          "partition.clients=3", "--set", "train.rounds=100000", "--set", "methods=[{algorithm: fedavg}]",
-         "--set", "flower.connect_timeout=300", "--out", str(out)],
+         "--set", "flower.connect_timeout=300", "--set", ONE_ACTOR_SET, "--out", str(out)],
         env={**os.environ, "OMP_NUM_THREADS": "1"}, stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "stderr").open("w"), text=True)  # a file: Ray's output would fill a pipe and block
     try:

@@ -12,6 +12,8 @@ import time
 
 import pytest
 
+from tests.one_actor import ONE_ACTOR_SET
+
 pytest.importorskip("flwr")
 
 pytestmark = pytest.mark.slow
@@ -30,7 +32,8 @@ def _run(tmp_path, fails: int) -> tuple[subprocess.CompletedProcess, float]:
     proc = subprocess.run(
         [sys.executable, "-c", _RAY_FAILS.replace("FAILS", str(fails)), "run", "--quiet", "--set",
          "train.executor=flower", "--set", "partition.clients=3", "--set", "train.rounds=1", "--set",
-         "methods=[{algorithm: fedavg}]", "--set", "flower.connect_timeout=300", "--out", str(tmp_path / "r")],
+         "methods=[{algorithm: fedavg}]", "--set", "flower.connect_timeout=300", "--set", ONE_ACTOR_SET, "--out",
+         str(tmp_path / "r")],
         capture_output=True, text=True, timeout=280)  # a guard against hanging, below the connect timeout
     return proc, time.monotonic() - t0
 

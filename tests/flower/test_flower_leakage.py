@@ -15,6 +15,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 from hetfed.config import build_config  # noqa: E402
 from hetfed.engine.types import Seen, StreamedUpload, Upload  # noqa: E402
 from hetfed.errors import ConfigError  # noqa: E402
+from tests.one_actor import ONE_ACTOR  # noqa: E402
 
 SMALL = {
     "partition": {"kind": "feature_clusters", "clients": 4},
@@ -27,7 +28,7 @@ SMALL = {
 def _config(executor: str, **flower) -> object:
     raw = json.loads(json.dumps(SMALL))
     raw["train"]["executor"] = executor
-    raw["flower"] = {"connect_timeout": 300, **flower}
+    raw["flower"] = {"connect_timeout": 300, **(ONE_ACTOR if executor == "flower" else {}), **flower}
     return build_config(raw)
 
 

@@ -15,6 +15,7 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
 from hetfed.errors import ConfigError  # noqa: E402
+from tests.one_actor import ONE_ACTOR  # noqa: E402
 
 SMALL = {
     "partition": {"kind": "feature_clusters", "clients": 4},
@@ -27,6 +28,8 @@ def _config(executor: str, secure: bool, **extra) -> object:
     raw = json.loads(json.dumps({**SMALL, **extra}))
     raw["train"]["executor"] = executor
     raw.setdefault("flower", {}).update(connect_timeout=300, **({"secure_aggregation": "secaggplus"} if secure else {}))
+    if executor == "flower":
+        raw["flower"] = {**ONE_ACTOR, **raw["flower"]}
     return build_config(raw)
 
 

@@ -9,6 +9,8 @@ import numpy as np
 import pytest
 import torch
 
+from tests.one_actor import ONE_ACTOR
+
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
@@ -127,7 +129,7 @@ def _run(tiny_encoder, tmp_path, executor: str, methods: list[dict], rounds: int
         "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
         "train": {"rounds": rounds, "batch_size": 16, "local_epochs": 1, "executor": executor,
                   "optimizer": {"kind": "adam", "lr": 0.02}, "capture": capture},
-        **({"flower": {"connect_timeout": 300}} if executor == "flower" else {}),
+        **({"flower": {"connect_timeout": 300, **ONE_ACTOR}} if executor == "flower" else {}),
         "methods": methods})
     return run_experiment(cfg, out=tmp_path / executor, progress=False).summary["methods"]
 

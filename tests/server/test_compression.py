@@ -23,6 +23,7 @@ from hetfed.partition import make_federation
 from hetfed.server.compression import parse, uniforms
 from hetfed.server.compression.qsgd import pack, unpack
 from hetfed.server.transport import RESIDUAL, transport
+from tests.one_actor import ONE_ACTOR_SET
 from tests.synthetic import ShiftedGaussians
 
 
@@ -249,7 +250,8 @@ def test_compression_with_error_feedback_gives_the_in_process_numbers_on_flower(
 
     common = ["--quiet", "--set", "partition.clients=3", "--set", "train.rounds=3", "--set",
               "methods=[{algorithm: fedavg}]", *[a for kv in setting for a in ("--set", kv)]]
-    assert main(["run", "--out", str(tmp_path / "f"), "--set", "train.executor=flower", *common]) == 0
+    assert main(["run", "--out", str(tmp_path / "f"), "--set", "train.executor=flower", "--set", ONE_ACTOR_SET,
+                 *common]) == 0
     assert main(["run", "--out", str(tmp_path / "v"), *common]) == 0
     f, v = (json.loads((tmp_path / d / "summary.json").read_text())["methods"]["fedavg"]["final"] for d in "fv")
     for key in ("global_accuracy", "local_accuracy_mean", "val_loss", "uplink_bytes_total"):
