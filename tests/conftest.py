@@ -19,6 +19,19 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HETFED_DATA", str(tmp_path_factory.mktemp("nodata")))
 
 
+@pytest.fixture(autouse=True)
+def _drawn_only_where_looked_at(request, monkeypatch):
+    """A finished run's or sweep's figures and report.html are drawn only in the tests that look at them (marked
+    ``draws``). Drawing costs ~2–4 s of CPU a run — a suite run drew 138 reports, ~7 of its ~31 CPU-minutes — and
+    the other tests check what a run computes and writes, which the drawing only reads (a drawing that fails is a
+    warning, never a failed run: ``hetfed.analysis.present``). Runs in subprocesses still draw."""
+    if request.node.get_closest_marker("draws") is None:
+        from hetfed.analysis import present
+
+        monkeypatch.setattr(present, "present_run", lambda run_dir, status=None: None)
+        monkeypatch.setattr(present, "present_sweep", lambda sweep_dir, console=None: None)
+
+
 @pytest.fixture
 def blobs():
     """A small 3-class dataset with structure in feature space."""

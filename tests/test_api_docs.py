@@ -9,6 +9,9 @@ from pathlib import Path
 
 import pytest
 
+#: every test here looks at what a run draws or prints while drawing (conftest skips drawing elsewhere)
+pytestmark = pytest.mark.draws
+
 ROOT = Path(__file__).resolve().parents[1]
 DOC = ROOT / "docs" / "api.md"
 

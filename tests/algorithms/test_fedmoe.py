@@ -208,6 +208,7 @@ def test_eval_clients_sample():
     assert len(res["mixture"]["evaluation"].per_client["local_accuracy"]) == 4
 
 
+@pytest.mark.draws
 def test_fedmoe_sweep_writes_the_paper_figures(tmp_path):
     assert main(["sweep", "configs/fedmoe_digits.yaml", "--grid", "partition.p=0.2,1.0", "--seeds", "1",
                  "--set", "train.rounds=5", "--set", "methods.0.params.max_epochs=2", "--set", "partition.clients=8",

@@ -11,6 +11,9 @@ import pytest
 
 from hetfed.cli import main
 
+#: every test here looks at what a run draws or prints while drawing (conftest skips drawing elsewhere)
+pytestmark = pytest.mark.draws
+
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ["--set", "train.rounds=1", "--set", "partition.clients=4", "--set", "train.local_steps=2"]
 

@@ -53,6 +53,7 @@ def _t_ci(values: list[float]) -> float:
     return stats.t.ppf(0.975, n - 1) * s / math.sqrt(n)
 
 
+@pytest.mark.draws
 def test_merged_means_and_cis_are_over_every_seed_of_both_sweeps(tmp_path):
     a = _runs(tmp_path / "a", {0: {"0.5": 0.80, "1.0": 0.40}, 1: {"0.5": 0.84, "1.0": 0.30}})
     b = _runs(tmp_path / "b", {2: {"0.5": 0.86, "1.0": 0.50}, 3: {"0.5": 0.78, "1.0": 0.20}})
@@ -81,6 +82,7 @@ def test_merged_means_and_cis_are_over_every_seed_of_both_sweeps(tmp_path):
     assert record["merged_from"] == [str(a), str(b)]
 
 
+@pytest.mark.draws
 @pytest.mark.slow
 def test_merging_two_seed_ranges_gives_the_sweep_over_both(tmp_path, capsys):
     """A sweep over seeds {0, 1} and the merge of sweeps run on {0} and on {1}: the same tables."""

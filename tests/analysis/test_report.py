@@ -24,6 +24,9 @@ from hetfed.engine.types import Upload
 from hetfed.executors.simulate import round_train_loss
 from hetfed.runs.runner import run_experiment
 
+#: every test here looks at what a run draws or prints while drawing (conftest skips drawing elsewhere)
+pytestmark = pytest.mark.draws
+
 FAST = {"train": {"rounds": 4, "eval_every": 2}}
 
 

@@ -14,6 +14,7 @@ from hetfed.runs.runner import run_experiment
 from hetfed.runs.sweep_tables import aggregate, ci95
 
 
+@pytest.mark.draws
 def test_main_job_reaches_high_accuracy(tmp_path, capsys):
     """`hetfed run` with no arguments: digits, 10 feature-cluster clients, FedAvg with
     the ReLU baseline and CGAU side by side."""
@@ -112,6 +113,7 @@ def test_method_override_errors_name_the_method():
         build_config({"methods": [{"algorithm": "fedavg", "train": {"rounds": -3}}]})
 
 
+@pytest.mark.draws
 def test_sweep_aggregates_over_seeds(tmp_path, capsys):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text("train:\n  rounds: 3\npartition:\n  clients: 4\n")

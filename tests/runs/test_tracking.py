@@ -72,6 +72,7 @@ def assert_round_trip(run: Path) -> None:
             assert all(same(a, b, rel) for (_, a), (_, b) in zip(rows, got[key], strict=True)), (reader.__name__, key)
 
 
+@pytest.mark.draws
 def test_tracked_values_equal_metrics_csv_and_the_run_is_described(tmp_path):
     from mlflow import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
