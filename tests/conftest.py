@@ -7,10 +7,23 @@ import os
 import numpy as np
 import pytest
 
-if os.environ.get("PYTEST_XDIST_WORKER"):  # two workers on two cores: one thread each (and in their subprocesses),
-    from hetfed.engine.host_threads import limit_threads  # or both slow down ~10× — numpy's and scipy's BLAS
+if os.environ.get("PYTEST_XDIST_WORKER"):  # several workers on two cores: one thread each (and in their subprocesses),
+    from hetfed.engine.host_threads import limit_threads  # or they slow down ~10× — numpy's and scipy's BLAS
 
     limit_threads(1)  # included: numpy, imported above, had one OpenBLAS thread per core whatever the variables said
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Test files with more ``slow`` tests first (pytest-xdist hands out whole files in this order: ``addopts``),
+    so that no long file starts last and runs alone while the other workers sit idle — a suite run ended with
+    ~2 minutes of one worker on Flower's deployment tests. Within a file, and among files of as many slow tests,
+    the collection's order."""
+    slow: dict[str, int] = {}
+    for item in items:
+        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(
+            item.get_closest_marker("slow"))
+    rank = {f: i for i, f in enumerate(slow)}
+    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], rank[item.nodeid.split("::")[0]]))
 
 
 @pytest.fixture(autouse=True)
