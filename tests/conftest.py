@@ -18,12 +18,14 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     so that no long file starts last and runs alone while the other workers sit idle — a suite run ended with
     ~2 minutes of one worker on Flower's deployment tests. Within a file, and among files of as many slow tests,
     the collection's order."""
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
     slow: dict[str, int] = {}
     for item in items:
-        slow[item.nodeid.split("::")[0]] = slow.get(item.nodeid.split("::")[0], 0) + bool(
-            item.get_closest_marker("slow"))
+        slow[file_of(item)] = slow.get(file_of(item), 0) + bool(item.get_closest_marker("slow"))
     rank = {f: i for i, f in enumerate(slow)}
-    items.sort(key=lambda item: (-slow[item.nodeid.split("::")[0]], rank[item.nodeid.split("::")[0]]))
+    items.sort(key=lambda item: (-slow[file_of(item)], rank[file_of(item)]))
 
 
 @pytest.fixture(autouse=True)
@@ -35,7 +37,7 @@ def _isolated_cache(tmp_path_factory, monkeypatch):
 @pytest.fixture(autouse=True)
 def _drawn_only_where_looked_at(request, monkeypatch):
     """A finished run's or sweep's figures and report.html are drawn only in the tests that look at them (marked
-    ``draws``). Drawing costs ~2–4 s of CPU a run — a suite run drew 138 reports, ~7 of its ~31 CPU-minutes — and
+    ``draws``). Drawing costs ~2–4 s of CPU a run — a suite run drew 138 reports, ~5–9 of its ~31 CPU-minutes — and
     the other tests check what a run computes and writes, which the drawing only reads (a drawing that fails is a
     warning, never a failed run: ``hetfed.analysis.present``). Runs in subprocesses still draw."""
     if request.node.get_closest_marker("draws") is None:

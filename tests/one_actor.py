@@ -1,7 +1,7 @@
 """How the suite's runs on Flower's Simulation Engine use Ray: one ClientApp actor at a time.
 
 Each actor Ray starts imports torch, Flower and hetfed (~3–6 s of CPU: measured with process accounting over a suite
-run, 46 actors took 4.8 CPU-minutes) while the suite's two pytest workers already keep both cores busy; one actor
+run, 46 actors took 4.8 CPU-minutes) while the suite's pytest workers already keep the cores busy; one actor
 per simulation does the same work with half the starts. A client's numbers do not depend on it (its seeds are its
 own), and ``tests/flower/test_flower_ray_cluster.py`` keeps running several actors across a cluster's nodes."""
 
