@@ -84,15 +84,15 @@ class LocalSchedule:
         return cls(cfg.batch_size, cfg.local_epochs, cfg.local_steps, cfg.steps_cap_one_pass, mode, records,
                    chosen=mode != cfg.capture)
 
-    def extra_pass(self, batch_size: int) -> LocalSchedule:
-        """One epoch of batches of ``batch_size``, recorded as this schedule's steps are (the mode as the run applies
-        it, whether ``auto`` chose it), without record-level DP: a method's own extra pass (FedAS's alignment,
-        FedMoE's phases)."""
-        return LocalSchedule(batch_size, 1.0, capture=self.capture, chosen=self.chosen)
-
     def one_epoch(self) -> LocalSchedule:
         """One pass over each client's data, B and the capture switch kept (a personal or mixture phase)."""
         return dataclasses.replace(self, epochs=1.0, steps=None, cap_one_pass=False)
+
+    def extra_pass(self, batch_size: int) -> LocalSchedule:
+        """:meth:`one_epoch` in batches of ``batch_size``, without record-level DP: a method's own extra pass (FedAS's
+        alignment, FedMoE's phases), recorded as this schedule's steps are (the mode as the run applies it, whether
+        ``auto`` chose it)."""
+        return dataclasses.replace(self.one_epoch(), batch_size=batch_size, records=None)
 
     def planned_steps(self, sizes: Sequence[int]) -> list[int]:
         """Each client's local steps this round by its size (0 for a client without data: it does not train)."""
