@@ -17,9 +17,10 @@ from hetfed.flower.audit import append
 #: first and longest wait between two polls for replies (seconds); the wait doubles while nothing comes
 POLL_FIRST, POLL_LONGEST = 0.01, 0.5
 
-#: grids whose nodes will never answer (their Simulation Engine stopped): a poll of one fails at once instead of
-#: waiting out its timeout (``flower.connect_timeout``, minutes), which kept a failed run's process alive
-_abandoned: weakref.WeakSet = weakref.WeakSet()
+#: grids whose nodes will never answer (their Simulation Engine stopped, or the run was asked to stop), each with
+#: what a poll of it raises: it fails at once instead of waiting out its timeout (``flower.connect_timeout``,
+#: minutes), which kept a failed run's process alive
+_abandoned: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 #: grids that have delivered a reply: the run has begun on them, so starting it again would repeat it
 _answered: weakref.WeakSet = weakref.WeakSet()
 
@@ -28,9 +29,12 @@ class Abandoned(RuntimeError):
     """The grid's nodes will never answer: its Simulation Engine stopped while the ServerApp waited for them."""
 
 
-def abandon(grid) -> None:
-    """No more waiting for replies on ``grid``: a poll of it, now or later, raises :class:`Abandoned`."""
-    _abandoned.add(grid)
+def abandon(grid, why: BaseException | None = None) -> None:
+    """No more waiting for replies on ``grid``: a poll of it, now or later, raises ``why`` (by default
+    :class:`Abandoned`; a signal's :class:`~hetfed.errors.Terminated` or ``KeyboardInterrupt`` stops the ServerApp
+    as the signal would have stopped the run)."""
+    _abandoned.setdefault(grid, why if why is not None else Abandoned(
+        "Flower's Simulation Engine stopped while the ServerApp waited for the nodes' replies"))
 
 
 def answered(grid) -> bool:
@@ -84,8 +88,8 @@ def poll(grid, pushes: list[Pushed], done: Callable[[], bool]) -> None:
     :data:`POLL_FIRST`, the wait doubling to :data:`POLL_LONGEST` while nothing comes, never past a push's end."""
     wait = POLL_FIRST
     while True:  # pulled at least once: a push whose time passed still gets what already came
-        if grid in _abandoned:
-            raise Abandoned("Flower's Simulation Engine stopped while the ServerApp waited for the nodes' replies")
+        if (why := _abandoned.get(grid)) is not None:
+            raise why
         waiting = set().union(*(p.pending for p in pushes))
         got = list(grid.pull_messages(waiting)) if waiting else []
         if got:

@@ -18,7 +18,7 @@ import traceback
 import warnings
 from collections.abc import Callable
 from pathlib import Path
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from hetfed.errors import HetfedError, RunError, Terminated
 from hetfed.flower import require_flwr
@@ -50,7 +50,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     from hetfed.flower.client_app import app as client_app
 
     restore = _log_to_file(log_file)
-    on_term = _prepare_ray()
+    handlers = _prepare_ray()
     holder: dict[str, T] = {}
     t0 = time.perf_counter()
 
@@ -68,37 +68,41 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
         on = f"the Ray cluster at {config.flower.ray_address}" if config.flower.ray_address else "Ray; ~30 s on 2 cores"
         status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
                      "…", soft_wrap=True)
-    before = set(threading.enumerate())
+
+    def start() -> None:
+        _start_ray(backend)
+        if handlers:  # after ray.init, which put its own SIGTERM handler in: a signal now stops the ServerApp
+            _stop_on_signals(holder)
+        run_simulation(server_app, client_app, num_supernodes=simulation_nodes(config, n_clients),
+                       backend_config=backend)
+
     try:
-        start_with_retries(lambda: run_simulation(server_app, client_app,
-                                                  num_supernodes=simulation_nodes(config, n_clients),
-                                                  backend_config=backend),
-                           lambda: _began(holder), log_file, reset=lambda: _abandon(holder))
-    except SystemExit as err:  # Ray's SIGTERM handler: stop like hetfed does on SIGTERM (exit 143, run failed)
+        start_with_retries(start, lambda: _began(holder), log_file, reset=lambda: _abandon(holder))
+    except SystemExit as err:  # Ray's SIGTERM handler, during ray.init: stop like hetfed does (exit 143, run failed)
         if err.code == signal.SIGTERM:
-            _let_workers_leave(before)
             raise Terminated(signal.SIGTERM) from None
         raise
     except Exception as err:
-        if "error" not in holder:
+        if "error" not in holder and "stop" not in holder:
             raise RunError(f"Flower's Simulation Engine failed: {type(err).__name__}: {err}{where}") from err
     finally:
         outcome = dict(holder)
         _abandon(holder)  # a ServerApp still waiting for replies that will never come (the engine failed) ends now
         restore()
-        if on_term is not None:  # ray.init replaced hetfed's SIGTERM handler
-            signal.signal(signal.SIGTERM, on_term)
+        for signum, handler in handlers.items():  # hetfed's own, which ray.init and the run replaced
+            signal.signal(signum, handler)
         _stop_ray()
     return _outcome(outcome, where)
 
 
 def _began(holder: dict) -> bool:
     """Whether the run has begun, so that starting the engine again would repeat it or fail as it did: a node has
-    answered the ServerApp, or the ServerApp failed on its own (not for want of replies)."""
+    answered the ServerApp, or the ServerApp failed on its own (not for want of replies) — or a signal asked the
+    run to stop, which a new start would not undo."""
     from hetfed.flower.exchange import Abandoned, answered
 
     failed = "error" in holder and not isinstance(holder["error"], Abandoned)
-    return failed or ("grid" in holder and answered(holder["grid"]))
+    return "stop" in holder or failed or ("grid" in holder and answered(holder["grid"]))
 
 
 def _abandon(holder: dict, timeout: float = 10.0) -> None:
@@ -126,19 +130,55 @@ def ray_backend(config) -> dict:
     return {"client_resources": {"num_cpus": config.flower.client_cpus, "num_gpus": 0.0}, "init_args": init_args}
 
 
-def _prepare_ray():
-    """Ray's settings for a run inside hetfed; the SIGTERM handler to put back after (None off the main thread)."""
+def _prepare_ray() -> dict[int, Any]:
+    """Ray's settings for a run inside hetfed; the SIGTERM and SIGINT handlers to put back after (none off the main
+    thread, where a handler cannot be set)."""
     # Ray's C++ failure handler turns SIGTERM into an abort (exit 134); its Python handler raises SystemExit(15)
     os.environ.setdefault("RAY_DISABLE_FAILURE_SIGNAL_HANDLER", "1")
-    on_term = signal.getsignal(signal.SIGTERM) if threading.current_thread() is threading.main_thread() else None
     os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
     warnings.filterwarnings("ignore", category=FutureWarning, module="ray")
-    return on_term
+    if threading.current_thread() is not threading.main_thread():
+        return {}
+    return {signum: signal.getsignal(signum) for signum in (signal.SIGTERM, signal.SIGINT)}
+
+
+def _start_ray(backend: dict) -> None:
+    """Ray started as Flower's Simulation Engine starts it (its own ``RayBackend``, the same settings), before the
+    engine, whose backend then finds it running: so that :func:`_stop_on_signals` can replace the SIGTERM handler
+    that ``ray.init`` installs."""
+    from flwr.server.superlink.fleet.vce.backend.raybackend import RayBackend
+
+    RayBackend(backend)
+
+
+def _stop_on_signals(holder: dict) -> None:
+    """SIGTERM and Ctrl-C (main thread only) stop the ServerApp at its next exchange with the nodes, and the
+    Simulation Engine then stops as after a finished run; a second signal stops at once.
+
+    Why not raise in the main thread, as elsewhere in hetfed: there the exception ends Flower's wait for its workers,
+    and Flower's backend shuts Ray down while a worker is still in ``ray.get`` for a ClientApp's reply; Ray then ends
+    the whole process with exit status 1 ("The core worker has already been shutdown") instead of 143 or 130 — seen
+    in CI, and reproduced (1 in 8 under load) with every thread's stack at Ray's exit: a worker in Flower's
+    ``fetch_result_and_return_actor_to_pool``, the main thread in ``RayBackend.terminate``'s ``ray.shutdown``."""
+    from hetfed.flower.exchange import abandon
+
+    def handler(signum: int, _frame: object) -> None:
+        why = Terminated(signum) if signum == signal.SIGTERM else KeyboardInterrupt()
+        if "stop" in holder:
+            raise why
+        holder["stop"] = why
+        if "grid" in holder:
+            abandon(holder["grid"], why)
+
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, handler)
 
 
 def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None, started: Callable[[], None]):
     """The ServerApp that runs ``body(grid)``, keeping its value or its error in ``holder`` for the caller."""
     from flwr.serverapp import Grid, ServerApp
+
+    from hetfed.flower.exchange import abandon
 
     server_app = ServerApp()
 
@@ -146,6 +186,8 @@ def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None
     def main(grid: Grid, context) -> None:
         me = threading.current_thread()
         holder.update(started=True, grid=grid, thread=me)
+        if "stop" in holder:  # a signal came while the engine started (:func:`_stop_on_signals`)
+            abandon(grid, holder["stop"])
         started()
         try:
             value = body(grid)
@@ -162,7 +204,10 @@ def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None
 
 
 def _outcome(holder: dict, where: str):
-    """The ServerApp's value, or its failure as one line (hetfed's own errors and Ctrl-C as they were)."""
+    """The ServerApp's value, or its failure as one line (hetfed's own errors and Ctrl-C as they were); a signal's
+    stop whatever the ServerApp did after it."""
+    if "stop" in holder:
+        raise holder["stop"]
     if "error" in holder:
         err = holder["error"]
         if isinstance(err, HetfedError | KeyboardInterrupt):
@@ -229,23 +274,6 @@ def _log_to_file(path: Path | None) -> Callable[[], None]:
             h.setLevel(level)
 
     return restore
-
-
-#: how long a SIGTERM waits for the Simulation Engine's workers to leave before Ray is shut down
-WORKERS_LEAVE_S = 15.0
-
-
-def _let_workers_leave(before: set[threading.Thread], timeout: float = WORKERS_LEAVE_S) -> None:
-    """Wait (at most ``timeout``) for the threads the simulation started to run ClientApps on Ray's actors —
-    Flower's workers (a ``ThreadPoolExecutor``'s), which leave within a second of Flower's stop event, set when
-    Ray's SIGTERM handler interrupted Flower's wait for them. Why: a thread that calls Ray after ``ray.shutdown()``
-    makes Ray end the whole process with exit status 1 ("The core worker has already been shutdown"), before hetfed
-    exits with 143 — seen once in CI, on a loaded 2-core machine. The ServerApp's thread (hetfed's loop, waiting on
-    Flower's in-memory grid, which never calls Ray) is not waited for."""
-    deadline = time.monotonic() + timeout
-    for thread in threading.enumerate():
-        if thread not in before and thread.name.startswith("ThreadPoolExecutor") and thread.is_alive():
-            thread.join(max(0.0, deadline - time.monotonic()))
 
 
 def _stop_ray() -> None:
