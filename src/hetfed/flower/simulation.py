@@ -64,10 +64,7 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
     server_app = _server_app(body, holder, log_file, started)
     backend = ray_backend(config)
     where = f" (Flower's log: {log_file})" if log_file else ""
-    if status is not None:
-        on = f"the Ray cluster at {config.flower.ray_address}" if config.flower.ray_address else "Ray; ~30 s on 2 cores"
-        status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
-                     "…", soft_wrap=True)
+    _say_starting(status, config, n_clients)
 
     def start() -> None:
         _start_ray(backend)
@@ -93,6 +90,14 @@ def run_with_simulation_grid(config, n_clients: int, body: Callable[[object], T]
             signal.signal(signum, handler)
         _stop_ray()
     return _outcome(outcome, where)
+
+
+def _say_starting(status, config, n_clients: int) -> None:
+    """The console told that the engine starts, on what: Ray's start has nothing else to show for ~30 s."""
+    if status is not None:
+        on = f"the Ray cluster at {config.flower.ray_address}" if config.flower.ray_address else "Ray; ~30 s on 2 cores"
+        status.print(f"starting Flower's Simulation Engine ({simulation_nodes(config, n_clients)} SuperNodes on {on}) "
+                     "…", soft_wrap=True)
 
 
 def _began(holder: dict) -> bool:
