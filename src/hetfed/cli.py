@@ -60,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--quiet", action="store_true", help="no progress or table; print only the run directory")
     p.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a failed or killed run from its last checkpoint (its own config.yaml is used)")
+    _add_no_report(p)
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="a grid of configs × seeds, aggregated with 95%% CIs")
@@ -76,6 +77,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "one, to float tolerance; methods whose client step allows it)")
     p.add_argument("--quiet", action="store_true",
                    help="no progress and no table; print only the sweep directory (and failures)")
+    _add_no_report(p)
     p.set_defaults(func=cmd_sweep)
 
     p = sub.add_parser("merge", help="one sweep's tables from sweeps of one config run on other seeds or grid "
@@ -411,19 +413,34 @@ def cmd_partition(args: argparse.Namespace) -> int:
     return 0
 
 
+def _add_no_report(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--no-report", action="store_true",
+                   help="draw no figures and no report.html (seconds a run: scripts running many); "
+                        "`hetfed report DIR` draws them later from the directory")
+
+
+def _no_report_line(args: argparse.Namespace, directory: Path) -> None:
+    if args.no_report and not args.quiet:
+        console.print(f"no figures or report.html (--no-report): `hetfed report {directory}` draws them",
+                      soft_wrap=True)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hetfed.analysis.present import present_run
     from hetfed.runs.runner import resume_experiment, run_experiment
+
+    present = None if args.no_report else present_run
 
     if args.resume is not None:
         given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--out", args.out)) if v]
         if given:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
-        out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present_run)
+        out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present)
     else:
         config = load_config(args.config, args.sets)
-        out = run_experiment(config, out=args.out, progress=not args.quiet, console=console, present=present_run)
+        out = run_experiment(config, out=args.out, progress=not args.quiet, console=console, present=present)
+    _no_report_line(args, out.run_dir)
     if args.quiet:  # no progress, but always where the results are
         console.print(f"run directory: {out.run_dir}", soft_wrap=True)
     return 0
@@ -436,8 +453,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
-    run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
-              present=present_sweep, resume=args.resume, jobs=args.jobs, stack=args.stack)
+    sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
+                             present=None if args.no_report else present_sweep, resume=args.resume,
+                             jobs=args.jobs, stack=args.stack)
+    _no_report_line(args, sweep_dir)
     return 0
 
 

@@ -28,6 +28,7 @@ from hetfed.runs.runner import run_experiment
 pytestmark = pytest.mark.draws
 
 FAST = {"train": {"rounds": 4, "eval_every": 2}}
+REPO = Path(__file__).resolve().parents[2]
 
 
 @pytest.fixture(scope="module")
@@ -144,6 +145,22 @@ def test_a_failed_run_still_gets_a_report(tmp_path, monkeypatch):
     assert main(["report", str(tmp_path / "r")]) == 0
     page = (tmp_path / "r" / "report.html").read_text()
     assert "failed — interrupted" in page and "learning curves" in page
+
+
+def test_no_report_draws_nothing_and_says_how_to_draw_it_later(tmp_path, capsys):
+    """`--no-report` (run and sweep): no figures and no report.html, one line naming `hetfed report DIR`, which then
+    draws them from the directory."""
+    fast = ["--set", "train.rounds=2", "--set", "methods=[{algorithm: fedavg}]", "--set", "heterogeneity.iid_draws=0"]
+    run, sweep = tmp_path / "run", tmp_path / "sweep"
+    assert main(["run", *fast, "--no-report", "--out", str(run)]) == 0
+    assert main(["sweep", str(REPO / "configs" / "default.yaml"), *fast, "--seeds", "1", "--no-report",
+                 "--out", str(sweep)]) == 0
+    printed = capsys.readouterr().out
+    for d in (run, sweep):
+        assert not (d / "report.html").exists() and not list(d.glob("figures/*")), d
+        assert f"`hetfed report {d}` draws them" in printed.replace("\n", ""), printed
+        assert main(["report", str(d)]) == 0
+        assert (d / "report.html").is_file() and list(d.glob("figures/*.svg")), d
 
 
 def test_report_of_something_else_is_one_line_exit_2(tmp_path, capsys):
