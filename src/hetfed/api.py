@@ -372,16 +372,25 @@ class Run:
 
 
 def run(config: str | Path | dict | Config | None = None, out: str | Path | None = None,
-        progress: bool = True) -> Run:
+        progress: bool = True, report: bool = True) -> Run:
     """Train every configured method on one federation; the run directory, read back.
 
     ``progress``: what is happening, as ``hetfed run`` shows it (a bar on a terminal, a line every 10 s in a
-    log or a notebook's captured output); False for silence."""
+    log or a notebook's captured output); False for silence. ``report``: False draws no figures and no report.html
+    (``hetfed run --no-report``; :meth:`Run.report` draws them later)."""
     from hetfed.analysis.present import present_run
     from hetfed.runs.runner import run_experiment
 
-    result = run_experiment(_config(config), out=out, progress=progress, present=present_run)
+    result = run_experiment(_config(config), out=out, progress=progress,
+                            present=present_run if _flag("report", report) else None)
     return Run(Path(result.run_dir))
+
+
+def _flag(name: str, value: object) -> bool:
+    """A switch of the API: True or False, else the command line's one-line refusal."""
+    if not isinstance(value, bool):
+        raise ConfigError(f"{name}={value!r} is not allowed: expected True or False")
+    return value
 
 
 def open_run(directory: str | Path) -> Run:
@@ -469,10 +478,11 @@ class Sweep:
 
 def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]], seeds: int = 3,
           out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False,
-          stack: bool = False) -> Sweep:
+          stack: bool = False, report: bool = True) -> Sweep:
     """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs.
 
-    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``)."""
+    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``).
+    ``report``: False draws no figures and no report.html (``--no-report``; :meth:`Sweep.report` draws them later)."""
     from rich.console import Console
 
     from hetfed.console import make_console
@@ -484,8 +494,8 @@ def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]],
     from hetfed.analysis.present import present_sweep
 
     sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
-                             progress=progress, console=console, resume=resume, jobs=jobs, present=present_sweep,
-                             stack=stack)
+                             progress=progress, console=console, resume=resume, jobs=jobs,
+                             present=present_sweep if _flag("report", report) else None, stack=stack)
     return Sweep(Path(sweep_dir))
 
 

@@ -163,6 +163,20 @@ def test_no_report_draws_nothing_and_says_how_to_draw_it_later(tmp_path, capsys)
         assert (d / "report.html").is_file() and list(d.glob("figures/*.svg")), d
 
 
+def test_the_api_draws_no_report_when_asked_and_refuses_a_switch_that_is_not_one(tmp_path):
+    import hetfed
+
+    fast = {"train": {"rounds": 2}, "methods": [{"algorithm": "fedavg"}], "heterogeneity": {"iid_draws": 0}}
+    run = hetfed.run(fast, out=tmp_path / "run", progress=False, report=False)
+    sweep = hetfed.sweep(fast, {"train.local_steps": [2]}, seeds=1, out=tmp_path / "sweep", report=False)
+    for d in (run, sweep):
+        assert not (d.dir / "report.html").exists() and not list(d.dir.glob("figures/*")), d.dir
+        assert d.report().is_file() and list(d.dir.glob("figures/*.svg")), d.dir
+    with pytest.raises(hetfed.ConfigError, match=r"^report='no' is not allowed: expected True or False$"):
+        hetfed.run(fast, out=tmp_path / "never", report="no")
+    assert not (tmp_path / "never").exists()
+
+
 def test_report_of_something_else_is_one_line_exit_2(tmp_path, capsys):
     assert main(["report", str(tmp_path)]) == 2
     err = capsys.readouterr().err
