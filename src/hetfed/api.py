@@ -381,7 +381,7 @@ def run(config: str | Path | dict | Config | None = None, out: str | Path | None
     from hetfed.analysis.present import present_run
     from hetfed.runs.runner import run_experiment
 
-    result = run_experiment(_config(config), out=out, progress=progress,
+    result = run_experiment(_config(config), out=out, progress=_flag("progress", progress),
                             present=present_run if _flag("report", report) else None)
     return Run(Path(result.run_dir))
 
@@ -490,6 +490,7 @@ def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]],
 
     if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
         raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
+    progress, resume, stack = _flag("progress", progress), _flag("resume", resume), _flag("stack", stack)
     console = make_console() if progress else Console(quiet=True)
     from hetfed.analysis.present import present_sweep
 

@@ -174,6 +174,11 @@ def test_the_api_draws_no_report_when_asked_and_refuses_a_switch_that_is_not_one
         assert d.report().is_file() and list(d.dir.glob("figures/*.svg")), d.dir
     with pytest.raises(hetfed.ConfigError, match=r"^report='no' is not allowed: expected True or False$"):
         hetfed.run(fast, out=tmp_path / "never", report="no")
+    for switch in ("progress", "resume", "stack", "report"):  # "no" is truthy: it was taken as True
+        with pytest.raises(hetfed.ConfigError, match=rf"^{switch}='no' is not allowed: expected True or False$"):
+            hetfed.sweep(fast, {"train.local_steps": [2]}, seeds=1, out=tmp_path / "never", **{switch: "no"})
+    with pytest.raises(hetfed.ConfigError, match=r"^progress=1 is not allowed"):
+        hetfed.run(fast, out=tmp_path / "never", progress=1)
     assert not (tmp_path / "never").exists()
 
 
