@@ -1,9 +1,42 @@
-"""Whether a process of this machine still runs — what a run directory's status, a local deployment and a node's
-worker ask of the processes they watch (the lowest layer: the standard library only)."""
+"""Processes: whether one of this machine still runs — what a run directory's status, a local deployment and a
+node's worker ask of the processes they watch — and this one stopping at once, its runs' last words said (the lowest
+layer: the standard library only)."""
 
 from __future__ import annotations
 
+import contextlib
 import os
+import sys
+from collections.abc import Callable, Iterator
+from typing import NoReturn
+
+#: what :func:`exit_now` tells before the process ends: each run in progress marks its directory failed
+_LAST_WORDS: list[Callable[[BaseException], object]] = []
+
+
+@contextlib.contextmanager
+def last_words(say: Callable[[BaseException], object]) -> Iterator[None]:
+    """While inside, :func:`exit_now` calls ``say(why)`` before ending the process (a run marks itself failed)."""
+    _LAST_WORDS.append(say)
+    try:
+        yield
+    finally:
+        _LAST_WORDS.remove(say)
+
+
+def exit_now(code: int, why: BaseException, line: str) -> NoReturn:
+    """End this process at once with exit status ``code``, without unwinding its threads or its libraries' clean-up,
+    after each :func:`last_words` (latest first, told ``why``) and ``line`` on stderr. For a second Ctrl-C or SIGTERM
+    while a Flower simulation stops: unwinding there runs Flower's own stop, which can shut Ray down under a thread
+    still waiting on it, and Ray then ends the process with exit status 1 (:mod:`hetfed.flower.simulation`). Ray's
+    own processes end with this one (they are started to die with their parent)."""
+    for say in reversed(_LAST_WORDS):
+        with contextlib.suppress(Exception):
+            say(why)
+    with contextlib.suppress(Exception):
+        sys.stderr.write(f"{line}\n")
+        sys.stderr.flush()
+    os._exit(code)
 
 
 def process_alive(pid: int) -> bool:
@@ -20,3 +53,20 @@ def process_alive(pid: int) -> bool:
             return fh.read().rsplit(")", 1)[-1].split()[0] != "Z"
     except OSError:  # no /proc (not Linux): the signal answered
         return True
+
+
+def descendants(pid: int | None = None) -> set[int]:
+    """Every process below ``pid`` (this one by default), read from /proc (Linux; elsewhere: none found)."""
+    children: dict[int, list[int]] = {}
+    with contextlib.suppress(OSError):
+        for entry in os.scandir("/proc"):
+            if entry.name.isdigit():
+                with contextlib.suppress(OSError, IndexError, ValueError), open(f"{entry.path}/stat") as fh:
+                    children.setdefault(int(fh.read().rsplit(")", 1)[1].split()[1]), []).append(int(entry.name))
+    found, todo = set(), [os.getpid() if pid is None else pid]
+    while todo:
+        for child in children.get(todo.pop(), []):
+            if child not in found:
+                found.add(child)
+                todo.append(child)
+    return found

@@ -34,6 +34,7 @@ from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
+from hetfed.processes import last_words
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
 from hetfed.runs.leakage import Found, InversionObserver, membership, reads
 from hetfed.runs.observers import (
@@ -141,7 +142,8 @@ def run_experiment(
         trackers = _start_recording(config, prep, rec, resume, warn, tracking_root, tracking_tags)
         if ckpt is None:
             torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
-        with round_progress(progress, console) as bar:
+        # a process stopped at once (a second signal during a Flower simulation) marks the run failed first
+        with round_progress(progress, console) as bar, last_words(lambda err: _mark_failed(rec, trackers, err)):
             execute(Execution(config, prep.federation, rec, bar), plans, status)
         summary = summarise(config, prep, rec, t_start)
     except BaseException as err:
