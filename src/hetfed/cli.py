@@ -134,7 +134,8 @@ def build_parser() -> argparse.ArgumentParser:
     q.add_argument("--resume", metavar="RUN_DIR",
                    help="continue a killed Flower run from its last checkpoint (train.checkpoint_every), with its own "
                         "config.yaml; give no CONFIG, --set or --out")
-    q.set_defaults(func=cmd_flower_run)
+    _add_no_report(q)
+    q.set_defaults(func=cmd_flower_run, quiet=False)
 
     p = sub.add_parser("config", help="print the resolved config (defaults filled in) as YAML")
     _add_config_args(p)
@@ -350,7 +351,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         sys.stdout.write(line)
         sys.stdout.flush()
 
-    done = run_on_deployment(config, args.out, env, connection, on_line=relay, resume=args.resume is not None)
+    done = run_on_deployment(config, args.out, env, connection, on_line=relay, resume=args.resume is not None,
+                             report=not args.no_report)
     if done.returncode != 0 or not (Path(args.out) / SUMMARY).is_file():
         reason = failure_reason(Path(args.out))
         if reason:  # the ServerApp's own one-line error (its traceback is in the log)
@@ -359,6 +361,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         tail = " ".join(line for line in done.stdout.strip().splitlines()[-3:])
         raise RunError(f"the Flower run did not complete (flwr run exit {done.returncode}): {tail} (whole output: "
                        f"{done.log})")
+    _no_report_line(args, Path(args.out))
     return 0
 
 

@@ -281,6 +281,7 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         # the console shows hetfed's lines only; Flower's INFO lines are kept in the run directory's log
         assert "cgau" in shown and "INFO" not in shown, shown
         assert "INFO" in (tmp_path / "run" / "flwr-run.log").read_text()
+        assert (tmp_path / "run" / "report.html").is_file()  # drawn by the ServerApp, unless --no-report
         deployed = json.loads((tmp_path / "run" / "summary.json").read_text())
         _compare(deployed, _run(_config(cgau, "vectorised"), tmp_path / "vec"))
         # Γ from the summaries the SuperNodes sent equals the in-process Γ of the same federation
@@ -335,7 +336,7 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         assert not _exists(pid), pid
 
 
-def test_an_asynchronous_server_on_a_real_superlink_merges_replies_as_they_come(tmp_path):
+def test_an_asynchronous_server_on_a_real_superlink_merges_replies_as_they_come(tmp_path, capfd):
     """FedBuff with ``train.clock.latency: wall`` on a loopback deployment (a SuperLink, three SuperNodes): the
     server pushes each client its message when it sends it and merges the replies in the order they come; every
     update merges its buffer, the staleness is real and ``sim_time`` is the run's seconds."""
@@ -350,8 +351,12 @@ def test_an_asynchronous_server_on_a_real_superlink_merges_replies_as_they_come(
            "train": {"rounds": 4, "clock": {"latency": "wall"}}}
     with LocalDeployment(tmp_path / "dep", 3, superexec_poll=0.5) as dep:
         (tmp_path / "a.yaml").write_text(dump_config(_config(cfg, "flower")))
+        capfd.readouterr()
         assert main(["flower", "run", str(tmp_path / "a.yaml"), "--deployment", str(dep.directory),
-                     "--out", str(tmp_path / "run")]) == 0
+                     "--out", str(tmp_path / "run"), "--no-report"]) == 0
+    # --no-report reaches the ServerApp (which draws where it runs: the other deployment test's run has its report)
+    assert not list((tmp_path / "run").glob("*.html")) and not (tmp_path / "run" / "figures").exists()
+    assert f"`hetfed report {tmp_path / 'run'}` draws them" in capfd.readouterr().out
     m = pd.read_csv(tmp_path / "run" / "metrics.csv")
     train = m[m.split == "train"].pivot_table(index="round", columns="metric", values="value")
     assert list(train.index) == [1, 2, 3, 4] and (train.clients_aggregated == 2).all()

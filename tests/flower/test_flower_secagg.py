@@ -189,7 +189,7 @@ def test_secaggplus_on_a_loopback_deployment_gives_the_in_process_numbers_and_no
     with LocalDeployment(tmp_path / "dep", 2) as dep:
         (tmp_path / "s.yaml").write_text(dump_config(build_config(small)))
         assert main(["flower", "run", str(tmp_path / "s.yaml"), "--deployment", str(dep.directory),
-                     "--out", str(tmp_path / "run")]) == 0
+                     "--out", str(tmp_path / "run"), "--no-report"]) == 0
     deployed = json.loads((tmp_path / "run" / "summary.json").read_text())
     small["train"]["executor"] = "vectorised"
     small.pop("flower")

@@ -74,6 +74,7 @@ clientapp = "hetfed.flower.lean_app:app"
 config-yaml = ""
 out = ""
 resume = false
+report = true
 """
 
 CONNECTION = "hetfed-local"
@@ -353,13 +354,15 @@ def run_log(out: str | Path, app_dir: Path) -> Path:
 
 def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: str = CONNECTION,
                       app_dir: str | Path | None = None, timeout: float | None = None,
-                      on_line: Callable[[str], object] | None = None, resume: bool = False) -> SubmittedRun:
+                      on_line: Callable[[str], object] | None = None, resume: bool = False,
+                      report: bool = True) -> SubmittedRun:
     """Submit ``config`` with ``flwr run`` to a SuperLink; the ServerApp writes the run directory ``out``.
 
     Every line ``flwr run --stream`` relays is written to a log file as it comes (``flwr-run.log`` in
     ``out`` at the end, when ``out`` is on this machine) and passed to ``on_line`` (the CLI shows hetfed's
     lines and Flower's errors). ``resume``: ``out`` is a killed run of ``config``; the ServerApp continues it
-    from its last checkpoint (``train.checkpoint_every``).
+    from its last checkpoint (``train.checkpoint_every``). ``report``: the ServerApp draws the run's figures and
+    report.html at the end (False: ``hetfed flower run --no-report``; ``hetfed report DIR`` draws them later).
     """
     from hetfed.config import dump_config
 
@@ -368,7 +371,7 @@ def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: 
     overrides = workdir / "run-config.toml"
     overrides.write_text(f"config-yaml = {json.dumps(dump_config(config))}\nout = "
                          f"{json.dumps(str(Path(out).resolve()))}\n"
-                         f"resume = {'true' if resume else 'false'}\n")
+                         f"resume = {'true' if resume else 'false'}\nreport = {'true' if report else 'false'}\n")
     cmd = [_bin("flwr"), "run", str(workdir), connection, "--run-config", str(overrides), "--stream"]
     log_path = run_log(out, workdir) if not resume else Path(out) / "flwr-run.resumed.log"
     lines: list[str] = []

@@ -2,7 +2,8 @@
 
 It reads its run config (``config-yaml``: the resolved hetfed config as YAML
 text; ``out``: the run directory to write, on the machine the ServerApp runs on;
-``resume``: continue the killed run in ``out`` from its checkpoint)
+``resume``: continue the killed run in ``out`` from its checkpoint; ``report``: draw its figures and
+report.html at the end)
 and runs :func:`hetfed.runs.runner.run_experiment` with every method on
 this Flower federation: the same code path as ``hetfed run``, with the
 :class:`~hetfed.flower.executor.FlowerExecutor` in place of the in-process one.
@@ -38,5 +39,6 @@ def main(grid: Grid, context: Context) -> None:
         from hetfed.flower.discovery import discover
 
         prepared = discover(grid, config)
-    run_experiment(config, out=out, progress=True, executor=Deployment.on(grid), present=present_run, resume=resume,
+    present = present_run if bool(context.run_config.get("report", True)) else None
+    run_experiment(config, out=out, progress=True, executor=Deployment.on(grid), present=present, resume=resume,
                    prepared=prepared)
