@@ -352,6 +352,25 @@ def run_log(out: str | Path, app_dir: Path) -> Path:
     return app_dir / f"{Path(out).name}.flwr-run.log"
 
 
+def stop_submitted(lines: list[str], env: dict[str, str], connection: str, proc: subprocess.Popen,
+                   wait: float = 60.0) -> None:
+    """The run that ``flwr run`` (``proc``, its output so far in ``lines``) started, stopped on its SuperLink with
+    Flower's own ``flwr stop``: Flower's ``flwr run --stream`` stops only streaming on Ctrl-C, and the ServerApp would
+    go on training the federation, writing the run directory that the user was told had stopped. The ServerApp marks
+    its run failed on the way out; ``proc`` ends with the run (killed after ``wait`` seconds)."""
+    started = next((m for line in lines if (m := re.search(r"Successfully started run (\d+)", line))), None)
+    if started is not None:
+        sys.stderr.write(f"stopping Flower run {started[1]} on the SuperLink (flwr stop) …\n")
+        with contextlib.suppress(subprocess.SubprocessError, OSError):
+            subprocess.run([_bin("flwr"), "stop", started[1], connection], env=env, capture_output=True,
+                           timeout=wait)
+    try:
+        proc.wait(timeout=wait if started is not None else 0)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
 def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: str = CONNECTION,
                       app_dir: str | Path | None = None, timeout: float | None = None,
                       on_line: Callable[[str], object] | None = None, resume: bool = False,
@@ -394,6 +413,9 @@ def run_on_deployment(config, out: str | Path, env: dict[str, str], connection: 
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+            raise
+        except KeyboardInterrupt:  # Ctrl-C, or SIGTERM (hetfed's Terminated): the run on the federation stops too
+            stop_submitted(lines, env, connection, proc)
             raise
         finally:
             reader.join(timeout=10)
