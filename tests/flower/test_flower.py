@@ -427,6 +427,24 @@ def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
     assert len(pids) == 3 and not any(_exists(p) for p in pids)
 
 
+def test_stopping_a_deployment_stops_the_processes_below_it_in_groups_of_their_own(tmp_path):
+    """Flower's SuperExec runs in a process group of its own and starts a run's ServerApp there: stopping the
+    deployment by its processes' groups left a ServerApp of a run in progress training on, with no SuperLink."""
+    import subprocess
+
+    from hetfed.flower.deploy import LocalDeployment
+
+    # a "SuperLink" (its own group, as the deployment starts it) whose child starts a session of its own
+    link = subprocess.Popen(["bash", "-c", "setsid sleep 300 & wait"], start_new_session=True)
+    deadline = time.monotonic() + 10
+    while not (below := descendants(link.pid)) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert below
+    (tmp_path / "dep").mkdir()
+    LocalDeployment(tmp_path / "dep", 1, 0, {"superlink": link.pid}).stop(grace=2)
+    assert not any(_exists(p) for p in below) and link.poll() is not None
+
+
 def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path):
     """FedMoE's text model travels as Flower records like any other: same numbers as in process."""
     from tests.data.test_text_data import write_fortunes

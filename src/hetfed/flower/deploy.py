@@ -44,7 +44,7 @@ from pathlib import Path
 
 from hetfed.errors import ConfigError, RunError
 from hetfed.flower.security import WILDCARD, ensure_credentials
-from hetfed.processes import process_alive
+from hetfed.processes import descendants, process_alive
 
 APP_PYPROJECT = """\
 [build-system]
@@ -264,12 +264,21 @@ class LocalDeployment:
             self._save()
 
     def stop(self, grace: float = 5.0) -> None:
-        """Stop every process this deployment started (whole process groups), then forget them."""
+        """Stop every process this deployment started (whole process groups, and every process below them: Flower's
+        SuperExecs run in groups of their own, and a ServerApp one of them started for a run in progress outlived
+        the deployment, training on), then forget them."""
+        below = {d for pid in self.pids.values() for d in descendants(pid)}
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGTERM)
+        for pid in below:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGTERM)
         deadline = time.monotonic() + grace
-        while time.monotonic() < deadline and any(process_alive(p) for p in self.pids.values()):
+        while time.monotonic() < deadline and any(process_alive(p) for p in (*self.pids.values(), *below)):
             time.sleep(0.1)
+        for pid in below:
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGKILL)
             _reap(pid)
