@@ -28,8 +28,8 @@ def exit_now(code: int, why: BaseException, line: str) -> NoReturn:
     """End this process at once with exit status ``code``, without unwinding its threads or its libraries' clean-up,
     after each :func:`last_words` (latest first, told ``why``) and ``line`` on stderr. For a second Ctrl-C or SIGTERM
     while a Flower simulation stops: unwinding there runs Flower's own stop, which can shut Ray down under a thread
-    still waiting on it, and Ray then ends the process with exit status 1 (:mod:`hetfed.flower.simulation`). Ray's
-    own processes end with this one (they are started to die with their parent)."""
+    still waiting on it, and Ray then ends the process with exit status 1 (:mod:`hetfed.flower.simulation`, which
+    kills Ray's processes first: its agents outlive a driver that exits)."""
     for say in reversed(_LAST_WORDS):
         with contextlib.suppress(Exception):
             say(why)
