@@ -7,7 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import NoReturn
 
 #: what :func:`exit_now` tells before the process ends: each run in progress marks its directory failed
@@ -70,3 +70,10 @@ def descendants(pid: int | None = None) -> set[int]:
                 found.add(child)
                 todo.append(child)
     return found
+
+
+def signal_all(pids: Iterable[int], signum: int) -> None:
+    """``signum`` sent to each of ``pids``; one that has gone meanwhile (or is not ours to signal) is skipped."""
+    for pid in pids:
+        with contextlib.suppress(OSError):
+            os.kill(pid, signum)

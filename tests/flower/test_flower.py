@@ -13,7 +13,7 @@ import pytest
 pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 
 from hetfed.config import build_config  # noqa: E402
-from hetfed.processes import descendants  # noqa: E402
+from hetfed.processes import descendants, process_alive  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
 from tests.one_actor import ONE_ACTOR, ONE_ACTOR_SET  # noqa: E402
 
@@ -329,11 +329,11 @@ def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dea
         workers = [int(f.read_text()) for f in dep.workers_dir.glob("*.pid")]
         assert len(workers) == 3, workers
         deadline = time.time() + 10
-        while sum(map(_exists, workers)) > 2 and time.time() < deadline:
+        while sum(map(process_alive, workers)) > 2 and time.time() < deadline:
             time.sleep(0.2)
-        assert sum(map(_exists, workers)) == 2
+        assert sum(map(process_alive, workers)) == 2
     for pid in started + workers:  # every process the deployment started is gone, its nodes' workers too
-        assert not _exists(pid), pid
+        assert not process_alive(pid), pid
 
 
 def test_an_asynchronous_server_on_a_real_superlink_merges_replies_as_they_come(tmp_path, capfd):
@@ -371,7 +371,6 @@ def _sigterm_stops_the_submitted_run(tmp_path: Path, dep) -> None:
     import sys
 
     from hetfed.flower.deploy import CONNECTION, _bin
-    from hetfed.processes import process_alive
 
     out = tmp_path / "stopped"
     proc = subprocess.Popen([sys.executable, "-m", "hetfed.cli", "flower", "run",
@@ -408,15 +407,6 @@ def _proc(pid: int, what: str) -> bytes:
         return b""
 
 
-def _exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    with open(f"/proc/{pid}/stat") as fh:
-        return fh.read().split(")")[-1].split()[0] != "Z"
-
-
 def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
     from hetfed.flower.deploy import LocalDeployment
 
@@ -424,7 +414,7 @@ def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
     with pytest.raises(RuntimeError, match="deliberate"), LocalDeployment(tmp_path / "dep", 2) as dep:
         pids = list(dep.pids.values())
         raise RuntimeError("deliberate")
-    assert len(pids) == 3 and not any(_exists(p) for p in pids)
+    assert len(pids) == 3 and not any(process_alive(p) for p in pids)
 
 
 def test_stopping_a_deployment_stops_the_processes_below_it_in_groups_of_their_own(tmp_path):
@@ -442,7 +432,7 @@ def test_stopping_a_deployment_stops_the_processes_below_it_in_groups_of_their_o
     assert below
     (tmp_path / "dep").mkdir()
     LocalDeployment(tmp_path / "dep", 1, 0, {"superlink": link.pid}).stop(grace=2)
-    assert not any(_exists(p) for p in below) and link.poll() is not None
+    assert not any(process_alive(p) for p in below) and link.poll() is not None
 
 
 def test_the_bilstm_on_token_ids_gives_the_vectorised_numbers_on_flower(tmp_path):
@@ -509,19 +499,6 @@ def test_a_failure_anywhere_in_a_flower_run_ends_it_with_one_line(tmp_path, wher
     assert "starting it again" not in (out / "flower.log").read_text()  # the run's own failure: never repeated
 
 
-def _stat(pid: int | str) -> list[str] | None:
-    """The fields of /proc/PID/stat after the command name (state, parent pid, …); None once the process is gone."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    except OSError:
-        return None
-
-
-def _alive(pids: set[int]) -> set[int]:
-    """Those of ``pids`` still running (a zombie has exited: only its parent's wait is missing)."""
-    return {pid for pid in pids if (fields := _stat(pid)) is not None and fields[0] != "Z"}
-
-
 # In hetfed's process (`python -m`; not Ray's), each reply Ray hands over takes half a second to deserialise: a
 # signal then finds Flower's worker thread inside ray.get — where Flower's own stop shut Ray down under it, and Ray
 # ended the process with exit status 1 ("The core worker has already been shutdown"; seen in CI now and then)
@@ -573,7 +550,7 @@ def test_a_signal_during_a_flower_run_stops_it_with_its_exit_status_and_leaves_n
     # Ray's workers exit on their own once hetfed has stopped them; on a loaded 2-core machine that can take
     # a few seconds, so poll (up to 15 s) rather than sleep a fixed time — a process still alive then was left behind
     deadline = time.monotonic() + 15
-    while (alive := _alive(ray)) and time.monotonic() < deadline:
+    while (alive := {p for p in ray if process_alive(p)}) and time.monotonic() < deadline:
         time.sleep(0.5)
     assert not alive, f"Ray processes left behind: {sorted(alive)}"
 

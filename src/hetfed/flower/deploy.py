@@ -44,7 +44,7 @@ from pathlib import Path
 
 from hetfed.errors import ConfigError, RunError
 from hetfed.flower.security import WILDCARD, ensure_credentials
-from hetfed.processes import descendants, process_alive
+from hetfed.processes import descendants, process_alive, signal_all
 
 APP_PYPROJECT = """\
 [build-system]
@@ -270,15 +270,11 @@ class LocalDeployment:
         below = {d for pid in self.pids.values() for d in descendants(pid)}
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGTERM)
-        for pid in below:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGTERM)
+        signal_all(below, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while time.monotonic() < deadline and any(process_alive(p) for p in (*self.pids.values(), *below)):
             time.sleep(0.1)
-        for pid in below:
-            with contextlib.suppress(OSError):
-                os.kill(pid, signal.SIGKILL)
+        signal_all(below, signal.SIGKILL)
         for pid in self.pids.values():
             _kill_group(pid, signal.SIGKILL)
             _reap(pid)

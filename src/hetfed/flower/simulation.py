@@ -9,7 +9,6 @@ method: the ServerApp and the ClientApp run the same algorithm object.
 
 from __future__ import annotations
 
-import contextlib
 import logging
 import os
 import signal
@@ -23,7 +22,7 @@ from typing import Any, TypeVar
 
 from hetfed.errors import HetfedError, RunError, Terminated, interruption_reason
 from hetfed.flower import require_flwr
-from hetfed.processes import descendants, exit_now
+from hetfed.processes import descendants, exit_now, signal_all
 
 T = TypeVar("T")
 
@@ -194,9 +193,7 @@ def _kill_descendants() -> None:
     """Every process below this one killed: Ray's, when it was started here (a cluster at ``flower.ray_address`` is
     not below it and stays). Ray's agents, orphaned by a raylet that died with this process, would otherwise wait a
     minute on its dead GCS before leaving (seen: 45 s and counting)."""
-    for pid in descendants():
-        with contextlib.suppress(OSError):
-            os.kill(pid, signal.SIGKILL)
+    signal_all(descendants(), signal.SIGKILL)
 
 
 def _server_app(body: Callable[[object], T], holder: dict, log_file: Path | None, started: Callable[[], None]):
