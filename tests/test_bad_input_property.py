@@ -4,10 +4,12 @@
 
 from __future__ import annotations
 
+import re
 import tempfile
 from pathlib import Path
 
 import numpy as np
+import pytest
 import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
@@ -91,3 +93,67 @@ def test_malformed_arrays_files_get_exit_2_and_one_line(n, d, classes, dtype, la
                      "--set", "partition.kind=iid", "--set", "partition.clients=2", "--set", "partition.min_size=1",
                      "--json"])
         _check(code, capsys.readouterr().err)
+
+
+# ------------------------------------------------------------------ a mistyped key is answered with the fix
+
+@pytest.mark.parametrize("typed,says", [
+    ("train.round=3", "unknown key 'train.round' = 3: did you mean 'train.rounds'? section 'train' takes ["),
+    ("train.lr=0.1", "unknown key 'train.lr' = 0.1: did you mean 'train.optimizer.lr' or 'server.optimizer.lr'?"),
+    ("trian.rounds=1", "unknown key 'trian' = {'rounds': 1}: did you mean 'train'? a config takes ['attack',"),
+    ("methods.0.trian.rounds=1", "unknown key 'methods.0.trian' = {'rounds': 1}: did you mean 'methods.0.train'? "
+                                 "section 'methods.0' takes ['algorithm', 'model', 'name', 'params', 'server', "
+                                 "'train']"),
+    ("flower.nodez=2", "unknown key 'flower.nodez' = 2: did you mean 'flower.nodes'?"),
+    ("server.optimizer.lrr=1", "unknown key 'server.optimizer.lrr' = 1: did you mean 'server.optimizer.lr'?"),
+    ("methods.1.model.hiden=[3]", "unknown key 'methods.1.model.hiden' = [3]: did you mean 'methods.1.model.hidden'? "
+                                  "model 'cgau' takes ['condition_output', 'dropout', 'hidden']"),
+    ("model.hiden=[3]", "model.hiden = [3] is not allowed: did you mean 'model.hidden'?"),
+    ("methods.0.params.mu=0.1", "unknown key 'methods.0.params.mu' = 0.1: did you mean 'mu' of algorithm 'fedprox'? "
+                                "algorithm 'fedavg' has no parameters of its own"),
+])
+def test_a_mistyped_key_is_told_the_key_it_meant_and_what_its_section_takes(capsys, typed, says):
+    assert main(["config", "--set", typed]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
+def _config_keys() -> list[str]:
+    """Every dotted key of the config's sections (not a component's own parameters, nor methods.N)."""
+    from hetfed.config import Config, _model_in
+
+    def walk(model, prefix: str) -> list[str]:
+        keys = []
+        for name, field in model.model_fields.items():
+            keys.append(prefix + name)
+            inner = _model_in(field.annotation)
+            if inner is not None and name != "methods":
+                keys.extend(walk(inner, f"{prefix}{name}."))
+        return keys
+    return walk(Config, "")
+
+
+CONFIG_KEYS = _config_keys()
+
+
+@SETTINGS
+@given(key=st.sampled_from([k for k in CONFIG_KEYS if len(k.rpartition(".")[2]) >= 4]), data=st.data())
+def test_a_key_with_one_letter_wrong_is_refused_and_any_key_suggested_is_one_the_config_has(key, data):
+    from hetfed.config import build_config
+    from hetfed.errors import ConfigError
+
+    parent, _, leaf = key.rpartition(".")
+    i = data.draw(st.integers(0, len(leaf) - 1))
+    typo_leaf = data.draw(st.sampled_from([leaf[:i] + leaf[i + 1:], leaf[:i] + "q" + leaf[i:],
+                                           leaf[:i] + "q" + leaf[i + 1:]]))
+    typo = f"{parent}.{typo_leaf}" if parent else typo_leaf
+    if typo in CONFIG_KEYS:
+        return  # the typo is another key
+    with pytest.raises(ConfigError) as err:
+        build_config(overrides={typo: 1})
+    message = str(err.value)
+    # (a key of the methods' default model: no method's model takes it, said its own way)
+    assert "\n" not in message and (f"unknown key {typo!r} = 1: " in message
+                                    or f"{typo} = 1 is not allowed: " in message), message
+    for suggested in re.findall(r"did you mean ((?:'[\w.]+'(?: or )?)+)\?", message):
+        assert all(s in CONFIG_KEYS for s in re.findall(r"'([\w.]+)'", suggested)), message

@@ -86,12 +86,19 @@ def test_a_grid_over_a_top_level_key_a_method_sets_changes_the_numbers(tmp_path)
 
 
 @pytest.mark.parametrize("sets,expected", [
-    (["partition.alpha=0.1"], "unknown key 'partition.alpha': partitioner 'feature_clusters' takes ['pca_components', "
-                              "'shuffle']"),
-    (["embed.components=8"], "unknown key 'embed.components': embedding 'identity' has no parameters of its own"),
-    (["dataset.plays=[tempest]"], "unknown key 'dataset.plays': dataset 'digits' has no parameters of its own"),
-    (["methods.0.model.condition_output=true"], "unknown key 'methods.0.model.condition_output': model 'mlp' takes "
-                                                "['dropout', 'hidden']"),
+    (["partition.alpha=0.1"], "unknown key 'partition.alpha' = 0.1: did you mean 'alpha' of partitioner 'dirichlet'? "
+                              "partitioner 'feature_clusters' takes ['pca_components', 'shuffle']"),
+    (["embed.components=8"], "unknown key 'embed.components' = 8: did you mean 'components' of embedding 'pca'? "
+                             "embedding 'identity' has no parameters of its own"),
+    (["dataset.plays=[tempest]"], "unknown key 'dataset.plays' = ['tempest']: did you mean 'plays' of dataset "
+                                  "'shakespeare'? dataset 'digits' has no parameters of its own"),
+    (["methods.0.model.condition_output=true"], "unknown key 'methods.0.model.condition_output' = True: did you mean "
+                                                "'condition_output' of model 'cgau'? model 'mlp' takes ['dropout', "
+                                                "'hidden']"),
+    (["partition.shufle=true"], "unknown key 'partition.shufle' = True: did you mean 'partition.shuffle'? "
+                                "partitioner 'feature_clusters' takes ['pca_components', 'shuffle']"),
+    (["partition.kindd=x"], "unknown key 'partition.kindd' = 'x': did you mean 'partition.kind'? partitioner "
+                            "'feature_clusters' takes"),  # a key of the section beside the component's own
     (["model.batch_norm=true"], "model.batch_norm = True is not allowed: neither model.kind = 'mlp' nor a method's "
                                 "model takes it"),
 ])
@@ -287,5 +294,6 @@ def test_a_grid_over_a_key_the_partition_does_not_take_is_refused_before_anythin
     code = main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", "partition.alpha=0.1,1", "--seeds", "1",
                  "--out", str(tmp_path / "s"), "--quiet"])
     err = capsys.readouterr().err
-    assert code == 2 and "unknown key 'partition.alpha': partitioner 'feature_clusters' takes" in err, err
+    assert code == 2 and ("unknown key 'partition.alpha' = 0.1: did you mean 'alpha' of partitioner 'dirichlet'? "
+                          "partitioner 'feature_clusters' takes") in err, err
     assert not (tmp_path / "s").exists()

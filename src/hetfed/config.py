@@ -12,7 +12,11 @@ what is allowed.
 from __future__ import annotations
 
 import copy
+import difflib
+import functools
 import json
+import typing
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -34,7 +38,7 @@ from hetfed.config_server import (
 )
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import registry_of
+from hetfed.registry import registry_of, unknown_key
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
@@ -230,7 +234,10 @@ class Config(Strict):
             takes = {c: sorted(registry.get(c).Params.model_fields) for c in sorted(chosen | {top.choice})}
             for key, value in untaken.items():
                 if not any(key in fields for fields in takes.values()):
-                    raise ValueError(f"{name}.{key} = {value!r} is not allowed: neither {name}.{top.chooser} = "
+                    near = difflib.get_close_matches(key, {*type(top).model_fields, *(k for fields in takes.values()
+                                                                                     for k in fields)}, n=1)
+                    hint = f"did you mean {name + '.' + near[0]!r}? " if near else ""
+                    raise ValueError(f"{name}.{key} = {value!r} is not allowed: {hint}neither {name}.{top.chooser} = "
                                      f"{top.choice!r} nor a method's {registry.noun} takes it; they take {takes}")
 
     def method_server(self, method: MethodConfig) -> ServerConfig:
@@ -289,13 +296,52 @@ def _deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-def _format_errors(err: ValidationError, prefix: str = "") -> str:
+def _model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model a field holds: itself, or the model inside ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in typing.get_args(annotation) if (m := _model_in(a)) is not None), None)
+
+
+def _model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section model at ``path`` below ``root`` (``methods.0.train`` → TrainConfig), or None."""
+    model: type[BaseModel] | None = root
+    for part in path:
+        if model is None:
+            return None
+        if isinstance(part, str) and not part.isdigit():  # an item of a list (methods.0) is the list's model
+            field = model.model_fields.get(part)
+            model = _model_in(field.annotation) if field is not None else None
+    return model
+
+
+@functools.cache
+def _every_key(root: type[BaseModel] | None = None, prefix: str = "") -> dict[str, str]:
+    """Every key of the config's sections by its last name, dotted and quoted (``lr`` → ``'train.optimizer.lr'``;
+    a name in two sections: both): where a key typed in the wrong section belongs. A method's own sections are the
+    top-level ones."""
+    keys: dict[str, str] = {}
+    for name, field in (root or Config).model_fields.items():
+        inner = _model_in(field.annotation)
+        found = {name: repr(prefix + name)}
+        if inner is not None and inner is not MethodConfig:
+            found.update(_every_key(inner, f"{prefix}{name}."))
+        for leaf, where in found.items():  # three places at most: `kind` is in eight sections
+            keys[leaf] = where if leaf not in keys else keys[leaf] if keys[leaf].count(" or ") > 1 else (
+                f"{keys[leaf]} or {where}")
+    return keys
+
+
+def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> str:
     lines = []
     for e in err.errors():
         key = prefix + ".".join(str(p) for p in e["loc"])
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            lines.append(f"unknown key {key!r} (check the spelling; see `hetfed config`)")
+            section = e["loc"][:-1]
+            model = _model_at(root or Config, section)
+            owner = f"section {'.'.join(map(str, section))!r}" if section else "a config"
+            lines.append(unknown_key(key, e.get("input"), owner, model.model_fields if model else (), _every_key()))
             continue
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
@@ -517,7 +563,7 @@ def method_section(config: Config, method: MethodConfig, section: str, where: st
     try:
         return type(top).model_validate(_deep_merge(base, own), context={"prefix": where.rpartition(".")[0] + "."})
     except ValidationError as err:
-        message = _format_errors(err, prefix="")
+        message = _format_errors(err, root=type(top))
         raise ValueError(message if f"'{where}." in message else f"in {where}: {message}") from None
 
 

@@ -51,7 +51,7 @@ class Chosen(Strict):
         given = self.model_extra or {}
         if self.for_methods and context.get("whole"):
             given = {k: v for k, v in given.items() if k in component.Params.model_fields}
-        self._params = registry.params(getattr(self, field), given, where)
+        self._params = registry.params(getattr(self, field), given, where, type(self).model_fields)
         return self
 
     def not_taken(self) -> dict[str, Any]:

@@ -8,10 +8,11 @@ name — so no module imports upwards to reach a registry (``tests/test_layers.p
 
 from __future__ import annotations
 
+import difflib
 import importlib
 import importlib.util
 import pkgutil
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -150,16 +151,27 @@ class Registry(Generic[T]):
         """Every component as plain data: its name and what ``describe`` says of it."""
         return [{"name": name, **self._describe(item)} for name, item in self.items()]
 
-    def params(self, name: str, values: Mapping[str, Any], where: str) -> BaseModel:
+    def params(self, name: str, values: Mapping[str, Any], where: str, shared: Iterable[str] = ()) -> BaseModel:
         """Component ``name``'s validated parameters (its ``Params`` model) from ``values``; an invalid value is a
-        one-line ConfigError naming the key under ``where``."""
+        one-line ConfigError naming the key under ``where`` (an unknown one told the nearest of the parameters the
+        kind's other components take, or of the keys its section takes beside them: ``shared``)."""
         component: Any = self.get(name)
         cls: type[BaseModel] = component.Params
         try:
             return cls(**dict(values))
         except ValidationError as err:
-            takes = (f"takes {sorted(cls.model_fields)}" if cls.model_fields else "has no parameters of its own")
-            raise ConfigError(params_error(err, where, f"{self.noun} {name!r} {takes}")) from None
+            elsewhere = {**self.taken_by_others(name), **{k: repr(f"{where}.{k}") for k in shared}}
+            raise ConfigError(params_error(err, where, f"{self.noun} {name!r}", cls.model_fields, elsewhere)) from None
+
+    def taken_by_others(self, name: str) -> dict[str, str]:
+        """The parameters of this kind's other components, each with the first (by name) that takes it, in words:
+        what a key that ``name`` does not take may have meant (``alpha`` → ``'alpha' of partitioner 'dirichlet'``)."""
+        taken: dict[str, str] = {}
+        for other, item in self.items():
+            for param in getattr(item, "Params", getattr(item, "params", BaseModel)).model_fields:
+                if other != name:
+                    taken.setdefault(param, f"{param!r} of {self.noun} {other!r}")
+        return taken
 
 
 def describe_params(model: type[BaseModel]) -> list[dict[str, Any]]:
@@ -180,14 +192,30 @@ def _type_name(annotation: Any) -> str:
     return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
 
 
-def params_error(err: ValidationError, where: str, unknown: str) -> str:
-    """A component's parameters' validation errors as one line naming each key under ``where``; ``unknown`` says
-    what an unknown key is told (which parameters the component has, or where to look)."""
+def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewhere: Mapping[str, str] = {}) -> str:
+    """What a key that nothing takes is told, in one line: the key and its value, the nearest key ``owner`` takes or
+    else the nearest name in ``elsewhere`` (a name taken somewhere else → that place in words: ``lr`` →
+    ``'train.optimizer.lr'``, ``alpha`` → ``'alpha' of partitioner 'dirichlet'``), and every key ``owner`` takes —
+    so a typo is answered with the fix, not with a pointer to a listing."""
+    allowed = sorted(allowed)
+    parent, _, leaf = key.rpartition(".")
+    near = [repr(f"{parent}.{k}" if parent else k) for k in difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.6)]
+    near = near or [elsewhere[k] for k in difflib.get_close_matches(leaf, list(elsewhere), n=1, cutoff=0.8)]
+    hint = f"did you mean {near[0]}? " if near else ""
+    takes = f"takes {allowed}" if allowed else "has no parameters of its own"
+    return f"unknown key {key!r} = {value!r}: {hint}{owner} {takes}"
+
+
+def params_error(err: ValidationError, where: str, owner: str, allowed: Iterable[str],
+                 elsewhere: Mapping[str, str] = {}) -> str:
+    """A component's parameters' validation errors as one line naming each key under ``where``; an unknown key is
+    told the keys ``owner`` (the component, in words) takes, ``allowed``, or the nearest in ``elsewhere``
+    (:func:`unknown_key`)."""
     parts = []
     for e in err.errors():
         key = ".".join([where, *(str(p) for p in e["loc"])])
         if e["type"] == "extra_forbidden":
-            parts.append(f"unknown key {key!r}: {unknown}")
+            parts.append(unknown_key(key, e.get("input"), owner, allowed, elsewhere))
             continue
         if e["type"] == "missing":
             parts.append(f"{key} is required: it has no default")

@@ -163,7 +163,9 @@ def test_old_train_keys_name_the_parameter_that_took_them_over(capsys):
 
 @pytest.mark.parametrize("item,expected", [
     ("methods.0.params.mu=-1", "methods.0.params.mu = -1: Input should be greater than or equal to 0"),
-    ("methods.0.params.typo=1", "unknown key 'methods.0.params.typo': algorithm 'fedprox' has no such parameter"),
+    ("methods.0.params.typo=1", "unknown key 'methods.0.params.typo' = 1: algorithm 'fedprox' takes ['mu']"),
+    ("methods.0.params.muu=1", "unknown key 'methods.0.params.muu' = 1: did you mean 'methods.0.params.mu'? algorithm "
+                               "'fedprox' takes ['mu']"),
 ])
 def test_bad_params_get_one_line_naming_the_key(capsys, item, expected):
     assert main(["config", "--set", "methods=[{algorithm: fedprox}]", "--set", item]) == 2

@@ -114,7 +114,7 @@ def test_stragglers_are_the_clock_in_median_steps():
 @pytest.mark.parametrize("train,says", [
     ({"stragglers": {"distribution": "lognormal"}, "clock": {"deadline": 2.0}}, "train.stragglers.distribution"),
     ({"clock": {"latency": "file"}}, "train.clock.file is required"),
-    ({"clock": {"file": "x.csv"}}, "unknown key 'train.clock.file': latency model 'constant' has no parameters"),
+    ({"clock": {"file": "x.csv"}}, "unknown key 'train.clock.file' = 'x.csv': did you mean 'file' of latency model"),
     ({"clock": {"sample_seconds": 0}}, "sample_seconds"),
     ({"stragglers": {"deadline": 3.0}}, "nobody would be late"),
 ])

@@ -196,7 +196,7 @@ def test_the_attacks_are_components_with_their_own_parameters(capsys):
     assert "Zhu et al., NeurIPS 2019" in capsys.readouterr().out
     x, y = _digits()
     model, params = _model()
-    with pytest.raises(ConfigError, match="unknown key 'leakage.dlg.steps': leakage attack 'dlg' takes"):
+    with pytest.raises(ConfigError, match="unknown key 'leakage.dlg.steps' = 3: .*leakage attack 'dlg' takes"):
         run("dlg", observe_step(model, params, x[:1], y[:1]), {"steps": 3})
     with pytest.raises(ValueError, match="a batch of 2"):
         run("idlg", observe_step(model, params, x[:2], y[:2]))

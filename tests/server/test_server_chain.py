@@ -25,8 +25,9 @@ def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams(
 
 
 @pytest.mark.parametrize("section,expected", [
-    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction': combine rule 'mean' has no parameters "
-                                        "of its own"),
+    ({"rule": "mean", "fraction": 0.2}, "unknown key 'server.combine.fraction' = 0.2: did you mean 'fraction' of "
+                                        "combine rule 'trimmed_mean'? combine rule 'mean' has no parameters of its "
+                                        "own"),
     ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
     ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: expected one of ['krum', 'mean'"),
 ])
@@ -122,8 +123,8 @@ def test_a_plugin_module_registers_a_combine_rule_the_config_can_name(tmp_path):
            "server": {"combine": {"rule": "plugin_clipped_mean", "bound": 0.01}}}
     summary = run_experiment(build_config(raw), out=tmp_path / "r", progress=False).summary
     assert summary["methods"]["fedavg"]["final"]["global_accuracy"] is not None
-    with pytest.raises(ConfigError, match=r"unknown key 'server.combine.bund': combine rule 'plugin_clipped_mean' "
-                                          r"takes \['bound'\]"):
+    with pytest.raises(ConfigError, match=r"unknown key 'server.combine.bund' = 1: did you mean 'server.combine.bound'"
+                                          r"\? combine rule 'plugin_clipped_mean' takes \['bound'\]"):
         build_config({**raw, "server": {"combine": {"rule": "plugin_clipped_mean", "bund": 1}}})
 
 
@@ -177,7 +178,8 @@ def test_a_plugin_module_registers_a_partitioner_with_a_parameter_of_its_own(tmp
     assert all(not (row[0::2].sum() and row[1::2].sum()) for row in counts)  # one parity each
     capsys.readouterr()
     assert main(["config", *plugin, "--set", "partition.alpha=0.1"]) == 2
-    assert ("unknown key 'partition.alpha': partitioner 'plugin_label_parity' takes ['odd_share']"
+    assert ("unknown key 'partition.alpha' = 0.1: did you mean 'alpha' of partitioner 'dirichlet'? partitioner "
+            "'plugin_label_parity' takes ['odd_share']"
             in capsys.readouterr().err)
 
 

@@ -94,8 +94,8 @@ class AlgorithmSpec:
         try:
             return self.params(**dict(raw or {}))
         except ValidationError as err:
-            raise ConfigError(params_error(err, where, f"algorithm {self.name!r} has no such parameter "
-                                                            "(see `hetfed algorithms`)")) from None
+            raise ConfigError(params_error(err, where, f"algorithm {self.name!r}", self.params.model_fields,
+                                           _REGISTRY.taken_by_others(self.name))) from None
 
     def describe(self) -> dict[str, Any]:
         """The spec as plain data (``hetfed algorithms --json``, generated docs)."""
