@@ -28,6 +28,18 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     items.sort(key=lambda item: (-slow[file_of(item)], rank[file_of(item)]))
 
 
+def pytest_unconfigure(config: pytest.Config) -> None:
+    """If this process (pytest's, or an xdist worker's) is still alive 60 s after its tests ended, every thread's
+    stack goes to stderr: suite runs have lingered ~3 minutes at 0 % CPU after printing their summary (two of four
+    full runs on 2026-12-01, in CI too), and what they wait on was never seen. Nothing is printed by a process that
+    exits in time; the watchdog is faulthandler's own thread, which holds nothing up."""
+    import faulthandler
+    import sys
+
+    if sys.__stderr__ is not None:
+        faulthandler.dump_traceback_later(60, exit=False, file=sys.__stderr__)
+
+
 @pytest.fixture(autouse=True)
 def _isolated_cache(tmp_path_factory, monkeypatch):
     monkeypatch.setenv("HETFED_CACHE", str(tmp_path_factory.mktemp("cache")))
