@@ -118,6 +118,28 @@ def test_a_mistyped_key_is_told_the_key_it_meant_and_what_its_section_takes(caps
     assert len(err.splitlines()) == 1 and says in err, err
 
 
+@pytest.mark.parametrize("typed,says", [
+    ("train.executor=vectorized", "train.executor = 'vectorized': not allowed: did you mean 'vectorised'? expected one "
+                                  "of ['flower', "),
+    ("server.optimizer.kind=adm", "server.optimizer.kind = 'adm' is not allowed: did you mean 'adam'?"),
+    ("methods.1.server.optimizer.kind=adm", "methods.1.server.optimizer.kind = 'adm' is not allowed: did you mean "
+                                            "'adam'?"),  # a method's own key named as such
+    ("methods.0.train.rounds=x", "error: invalid config: methods.0.train.rounds = 'x': Input should be a valid "
+                                 "integer"),  # in full, not "in methods.0.train: rounds = 'x'"
+    ("methods.0.model.kind=mpl", "methods.0.model.kind = 'mpl' is not allowed: did you mean 'mlp'? expected one of "
+                                 "['bilstm',"),
+    ("methods.0.algorithm=fedsgd", "methods.0.algorithm = 'fedsgd' is not allowed: expected one of"),  # no feddf
+    ("methods.0.algorithm=fedprx", "methods.0.algorithm = 'fedprx' is not allowed: did you mean 'fedprox'?"),
+    ("train.optimizer.kind=sdg", "train.optimizer.kind = 'sdg': did you mean 'sgd'? Input should be 'sgd' or 'adam'"),
+    ("train.device=cdua", "train.device = 'cdua': did you mean 'cuda'? Input should be"),
+    ("train.device=gpu", "train.device = 'gpu': Input should be 'auto', 'cpu' or 'cuda'"),  # not a typo of 'cpu'
+])
+def test_a_mistyped_choice_is_told_the_choice_it_meant_and_every_choice(capsys, typed, says):
+    assert main(["config", "--set", typed]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
 def _config_keys() -> list[str]:
     """Every dotted key of the config's sections (not a component's own parameters, nor methods.N)."""
     from hetfed.config import Config, _model_in

@@ -12,9 +12,9 @@ what is allowed.
 from __future__ import annotations
 
 import copy
-import difflib
 import functools
 import json
+import re
 import typing
 from collections.abc import Sequence
 from pathlib import Path
@@ -38,7 +38,7 @@ from hetfed.config_server import (
 )
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import registry_of, unknown_key
+from hetfed.registry import did_you_mean, registry_of, unknown_key
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
@@ -234,9 +234,8 @@ class Config(Strict):
             takes = {c: sorted(registry.get(c).Params.model_fields) for c in sorted(chosen | {top.choice})}
             for key, value in untaken.items():
                 if not any(key in fields for fields in takes.values()):
-                    near = difflib.get_close_matches(key, {*type(top).model_fields, *(k for fields in takes.values()
-                                                                                     for k in fields)}, n=1)
-                    hint = f"did you mean {name + '.' + near[0]!r}? " if near else ""
+                    taken = {*type(top).model_fields, *(k for fields in takes.values() for k in fields)}
+                    hint = did_you_mean(key, taken).replace("mean '", f"mean '{name}.")
                     raise ValueError(f"{name}.{key} = {value!r} is not allowed: {hint}neither {name}.{top.chooser} = "
                                      f"{top.choice!r} nor a method's {registry.noun} takes it; they take {takes}")
 
@@ -333,21 +332,26 @@ def _every_key(root: type[BaseModel] | None = None, prefix: str = "") -> dict[st
 
 
 def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> str:
+    """Pydantic's errors as one line, each naming its key in full: ``prefix`` + its place below ``root`` (a method's
+    own section is validated alone: ``methods.0.train.`` below TrainConfig)."""
     lines = []
     for e in err.errors():
-        key = prefix + ".".join(str(p) for p in e["loc"])
+        key = (prefix + ".".join(str(p) for p in e["loc"])).rstrip(".")
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
-            section = e["loc"][:-1]
-            model = _model_at(root or Config, section)
-            owner = f"section {'.'.join(map(str, section))!r}" if section else "a config"
+            section = (prefix + ".".join(map(str, e["loc"][:-1]))).rstrip(".")
+            model = _model_at(root or Config, e["loc"][:-1])
+            owner = f"section {section!r}" if section else "a config"
             lines.append(unknown_key(key, e.get("input"), owner, model.model_fields if model else (), _every_key()))
             continue
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         value = e.get("input")
+        if e["type"] == "literal_error":  # one of a fixed few ('sgd' or 'adam'): the nearest first, if a typo
+            msg = did_you_mean(value, re.findall(r"'([^']*)'", e["ctx"]["expected"])) + msg
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
-        names_itself = key and (msg.startswith((f"{key}.", f"{key} ")) or f"'{key}." in msg)  # a step's own message
+        named = msg.split(" ", 1)[0]  # a message that starts with its own key (a step's, a method's section's)
+        names_itself = key and (named.startswith(f"{key}.") or named == key or f".{key}." in named or f"'{key}." in msg)
         lines.append(f"{key}{shown}: {msg}" if key and not names_itself else msg)
     return "; ".join(lines)
 
@@ -563,8 +567,7 @@ def method_section(config: Config, method: MethodConfig, section: str, where: st
     try:
         return type(top).model_validate(_deep_merge(base, own), context={"prefix": where.rpartition(".")[0] + "."})
     except ValidationError as err:
-        message = _format_errors(err, root=type(top))
-        raise ValueError(message if f"'{where}." in message else f"in {where}: {message}") from None
+        raise ValueError(_format_errors(err, f"{where}.", type(top))) from None
 
 
 def _base_for(top: Strict, own: dict[str, Any]) -> dict[str, Any]:

@@ -89,5 +89,6 @@ class Chosen(Strict):
         its ``cnn4``)."""
         shared = {k: v for k, v in self.model_dump(mode="json", context={"as_given": True}).items()
                   if k in type(self).model_fields}
-        takes = registry_of(self.chosen_by[0]).get(name).Params.model_fields
+        component = registry_of(self.chosen_by[0]).find(name)  # not registered: refused by the method's validation,
+        takes = component.Params.model_fields if component is not None else {}  # which names the method's own key
         return {**shared, **{k: v for k, v in (self.model_extra or {}).items() if k in takes}}

@@ -8,7 +8,7 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hetfed.config_base import Chosen, Strict
-from hetfed.registry import registry_of
+from hetfed.registry import did_you_mean, registry_of
 
 
 class OptimizerConfig(Strict):
@@ -142,7 +142,7 @@ class TrainConfig(Strict):
         executors = registry_of("executor")
         if executors.find(name) is None or not executors.get(name).selectable:
             selectable = [n for n, kind in executors.items() if kind.selectable]
-            raise ValueError(f"not allowed: expected one of {selectable}"
+            raise ValueError(f"not allowed: {did_you_mean(name, selectable)}expected one of {selectable}"
                               + (" (a deployment is chosen by running on one: hetfed flower run)"
                                  if name in executors.names() else ""))
         return name

@@ -8,7 +8,6 @@ name — so no module imports upwards to reach a registry (``tests/test_layers.p
 
 from __future__ import annotations
 
-import difflib
 import importlib
 import importlib.util
 import pkgutil
@@ -143,8 +142,8 @@ class Registry(Generic[T]):
         naming ``where`` (default: the config key that names one) and every registered name."""
         if self.find(name) is None:
             hint = f" {self.hint}" if self.hint else ""
-            raise ConfigError(f"{where or self.key} = {name!r} is not allowed: expected one of "
-                              f"{sorted(self._items)}{hint}")
+            raise ConfigError(f"{where or self.key} = {name!r} is not allowed: {did_you_mean(name, self._items)}"
+                              f"expected one of {sorted(self._items)}{hint}")
         return self._items[name]
 
     def describe(self) -> list[dict[str, Any]]:
@@ -192,6 +191,33 @@ def _type_name(annotation: Any) -> str:
     return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
 
 
+def _typos_apart(a: str, b: str) -> int:
+    """How many typos turn ``a`` into ``b``: letters left out, added, changed or swapped with the next (the optimal
+    string alignment distance)."""
+    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
+    for i in range(1, len(a) + 1):
+        for j in range(1, len(b) + 1):
+            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
+            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
+                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
+    return d[-1][-1]
+
+
+def _near(typed: str, choices: Iterable[str]) -> list[str]:
+    """The choice ``typed`` is most likely a typo of: one typo away (two from ten letters, three from fifteen), and
+    starting with the same letter, as typos do (``gpu`` is not ``cpu`` mistyped, nor ``fedsgd`` ``feddf``)."""
+    apart = {c: _typos_apart(typed, c) for c in choices if c[:1] == typed[:1]}
+    near = sorted((n, c) for c, n in apart.items() if 0 < n <= max(1, len(typed) // 5))
+    return [near[0][1]] if near else []
+
+
+def did_you_mean(typed: object, choices: Iterable[str]) -> str:
+    """``"did you mean 'mlp'? "`` when ``typed`` is a string that looks like a typo of one of ``choices`` (``mpl``,
+    ``vectorized``), else nothing: the start of a refusal that then lists every choice."""
+    near = _near(typed, choices) if isinstance(typed, str) else []
+    return f"did you mean {near[0]!r}? " if near else ""
+
+
 def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewhere: Mapping[str, str] = {}) -> str:
     """What a key that nothing takes is told, in one line: the key and its value, the nearest key ``owner`` takes or
     else the nearest name in ``elsewhere`` (a name taken somewhere else → that place in words: ``lr`` →
@@ -199,8 +225,8 @@ def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewh
     so a typo is answered with the fix, not with a pointer to a listing."""
     allowed = sorted(allowed)
     parent, _, leaf = key.rpartition(".")
-    near = [repr(f"{parent}.{k}" if parent else k) for k in difflib.get_close_matches(leaf, allowed, n=1, cutoff=0.6)]
-    near = near or [elsewhere[k] for k in difflib.get_close_matches(leaf, list(elsewhere), n=1, cutoff=0.8)]
+    near = [repr(f"{parent}.{k}" if parent else k) for k in _near(leaf, allowed)]
+    near = near or ([elsewhere[leaf]] if leaf in elsewhere else [elsewhere[k] for k in _near(leaf, elsewhere)])
     hint = f"did you mean {near[0]}? " if near else ""
     takes = f"takes {allowed}" if allowed else "has no parameters of its own"
     return f"unknown key {key!r} = {value!r}: {hint}{owner} {takes}"
