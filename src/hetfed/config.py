@@ -235,7 +235,7 @@ class Config(Strict):
             for key, value in untaken.items():
                 if not any(key in fields for fields in takes.values()):
                     taken = {*type(top).model_fields, *(k for fields in takes.values() for k in fields)}
-                    hint = did_you_mean(key, taken).replace("mean '", f"mean '{name}.")
+                    hint = did_you_mean(key, taken, f"{name}.")
                     raise ValueError(f"{name}.{key} = {value!r} is not allowed: {hint}neither {name}.{top.chooser} = "
                                      f"{top.choice!r} nor a method's {registry.noun} takes it; they take {takes}")
 

@@ -167,7 +167,9 @@ class Registry(Generic[T]):
         what a key that ``name`` does not take may have meant (``alpha`` → ``'alpha' of partitioner 'dirichlet'``)."""
         taken: dict[str, str] = {}
         for other, item in self.items():
-            for param in getattr(item, "Params", getattr(item, "params", BaseModel)).model_fields:
+            spec: Any = item
+            params = getattr(spec, "Params", None) or spec.params  # a component's model; an algorithm spec's
+            for param in params.model_fields:
                 if other != name:
                     taken.setdefault(param, f"{param!r} of {self.noun} {other!r}")
         return taken
@@ -211,11 +213,12 @@ def _near(typed: str, choices: Iterable[str]) -> list[str]:
     return [near[0][1]] if near else []
 
 
-def did_you_mean(typed: object, choices: Iterable[str]) -> str:
+def did_you_mean(typed: object, choices: Iterable[str], prefix: str = "") -> str:
     """``"did you mean 'mlp'? "`` when ``typed`` is a string that looks like a typo of one of ``choices`` (``mpl``,
-    ``vectorized``), else nothing: the start of a refusal that then lists every choice."""
+    ``vectorized``; shown after ``prefix``: ``'train.rounds'``), else nothing: the start of a refusal that then lists
+    every choice."""
     near = _near(typed, choices) if isinstance(typed, str) else []
-    return f"did you mean {near[0]!r}? " if near else ""
+    return f"did you mean {prefix + near[0]!r}? " if near else ""
 
 
 def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewhere: Mapping[str, str] = {}) -> str:
@@ -225,9 +228,9 @@ def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewh
     so a typo is answered with the fix, not with a pointer to a listing."""
     allowed = sorted(allowed)
     parent, _, leaf = key.rpartition(".")
-    near = [repr(f"{parent}.{k}" if parent else k) for k in _near(leaf, allowed)]
-    near = near or ([elsewhere[leaf]] if leaf in elsewhere else [elsewhere[k] for k in _near(leaf, elsewhere)])
-    hint = f"did you mean {near[0]}? " if near else ""
+    hint = did_you_mean(leaf, allowed, f"{parent}." if parent else "")
+    if not hint and (near := [leaf] if leaf in elsewhere else _near(leaf, elsewhere)):
+        hint = f"did you mean {elsewhere[near[0]]}? "
     takes = f"takes {allowed}" if allowed else "has no parameters of its own"
     return f"unknown key {key!r} = {value!r}: {hint}{owner} {takes}"
 
