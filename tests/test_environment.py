@@ -67,3 +67,40 @@ def test_a_nodes_client_threads_that_are_not_a_count_are_refused_not_taken_as_on
     cfg = build_config({"seed": 1234, "partition": {"clients": 3}, "methods": [{"algorithm": "fedavg"}]})
     with pytest.raises(ConfigError, match=f"HETFED_CLIENT_THREADS = '{threads}' is not allowed: expected a whole"):
         node_side(ConfigRecord({"config": dump_config(cfg), "method": 0}))
+
+
+# ------------------------------------------------------------------ a variable hetfed does not read is refused
+
+def test_every_variable_hetfed_reads_is_declared_and_a_mistyped_one_is_refused_with_the_one_it_meant(tmp_path,
+                                                                                                   monkeypatch, capsys):
+    import re
+    from pathlib import Path
+
+    from hetfed.cli import main
+    from hetfed.environment import VARIABLES
+
+    src = Path(__file__).resolve().parents[1] / "src" / "hetfed"
+    read = {name for path in src.rglob("*.py") for name in re.findall(r"\bHETFED_[A-Z][A-Z_]*[A-Z]\b",
+                                                                        path.read_text())}
+    assert read - {"HETFED_TEST_"} <= set(VARIABLES), read - set(VARIABLES)  # the declaration cannot drift
+    monkeypatch.setenv("HETFED_WORKER_IDEL", "5")
+    assert main(["run", "--out", str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and err.startswith(
+        "error: HETFED_WORKER_IDEL = '5' is not a variable hetfed reads: did you mean 'HETFED_WORKER_IDLE'? expected "
+        "one of HETFED_CACHE,"), err
+    assert not (tmp_path / "run").exists()  # refused before anything is written
+    monkeypatch.delenv("HETFED_WORKER_IDEL")
+    monkeypatch.setenv("HETFED_TEST_ANYTHING", "1")  # the test suite's own: not hetfed's to refuse
+    assert main(["config"]) == 0
+
+
+def test_a_flower_node_refuses_a_mistyped_variable_in_its_step(monkeypatch):
+    """A node's environment is its own (its SuperNode's): the ClientApp refuses there, so the step fails naming it."""
+    pytest.importorskip("flwr")
+    from hetfed.flower import lean_app
+
+    monkeypatch.setenv("HETFED_FLOWER_WORKR", "0")
+    with pytest.raises(ConfigError, match="HETFED_FLOWER_WORKR = '0' is not a variable hetfed reads: did you mean "
+                                          "'HETFED_FLOWER_WORKER'?"):
+        lean_app._handled("query", None, None)  # type: ignore[arg-type]

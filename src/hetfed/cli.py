@@ -21,6 +21,7 @@ from rich.table import Table
 from hetfed import __version__
 from hetfed.config import dump_config, load_config
 from hetfed.console import make_console
+from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
 from hetfed.partition_report import check_figure_path, partition_report
 from hetfed.registry import KINDS
@@ -523,6 +524,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         with warnings.catch_warnings():
             warnings.showwarning = _show_note
+            refuse_unknown()
             return args.func(args)
     except HetfedError as err:
         err_console.print(f"error: {error_line(str(err))}", style="bold red", soft_wrap=True)

@@ -38,7 +38,8 @@ from hetfed.config_server import (
 )
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import did_you_mean, registry_of, unknown_key
+from hetfed.registry import registry_of, unknown_key
+from hetfed.spelling import did_you_mean
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",

@@ -8,7 +8,8 @@ from typing import ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hetfed.config_base import Chosen, Strict
-from hetfed.registry import did_you_mean, registry_of
+from hetfed.registry import registry_of
+from hetfed.spelling import did_you_mean
 
 
 class OptimizerConfig(Strict):

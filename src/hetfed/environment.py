@@ -11,8 +11,24 @@ from __future__ import annotations
 import os
 
 from hetfed.errors import ConfigError
+from hetfed.spelling import did_you_mean
 
 ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+#: every variable hetfed reads, and what it sets (``docs/flower.md`` and ``docs/scale.md`` say more); any other
+#: ``HETFED_*`` is refused by :func:`refuse_unknown` — a mistyped one would otherwise be a setting silently ignored.
+#: ``HETFED_TEST_*`` belongs to the test suite, which hetfed does not read.
+VARIABLES = {
+    "HETFED_CACHE": "where datasets, embeddings and a node's federations are cached (default ~/.cache/hetfed)",
+    "HETFED_DATA": "a further folder to look for datasets' files in",
+    "HETFED_MALLOC": "off: leave glibc's allocator as it is (default: keep the memory a round frees)",
+    "HETFED_CLIENT_THREADS": "the threads a Flower node computes its clients with (default 1)",
+    "HETFED_FLOWER_WORKER": "off: a deployment's node runs every message in its ClientApp's own process",
+    "HETFED_WORKER_DIR": "where a node's worker keeps its pid, lock and log files",
+    "HETFED_WORKER_IDLE": "seconds a node's worker waits for a message before it exits (default 600)",
+    "HETFED_FLOWER_WIRE_LOG": "a file a node logs what leaves it to (its audit log)",
+    "HETFED_FLOWER_TIMING": "a file a node and the server log where each message's time went to",
+}
 
 
 def switch(name: str, default: bool, why_off: str = "") -> bool:
@@ -45,3 +61,14 @@ def positive(name: str, default: float, integer: bool = False) -> float:
 def count(name: str, default: int) -> int:
     """``name``'s value, a whole number of at least 1 (threads, processes); unset or empty: ``default``."""
     return int(positive(name, default, integer=True))
+
+
+def refuse_unknown(environ: dict[str, str] | None = None) -> None:
+    """A ``HETFED_*`` variable that hetfed does not read (:data:`VARIABLES`; ``HETFED_TEST_*`` aside) refused in one
+    line that names it, its value, the variable it most likely meant and every one hetfed reads."""
+    environ = dict(os.environ) if environ is None else environ
+    for name in sorted(environ):
+        if name.startswith("HETFED_") and not name.startswith("HETFED_TEST_") and name not in VARIABLES:
+            raise ConfigError(f"{name} = {environ[name]!r} is not a variable hetfed reads: "
+                              f"{did_you_mean(name[7:], [v[7:] for v in VARIABLES], 'HETFED_')}"
+                              f"expected one of {', '.join(sorted(VARIABLES))} (or unset it)")

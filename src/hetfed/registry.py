@@ -17,6 +17,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
+from hetfed.spelling import did_you_mean, nearest
 
 T = TypeVar("T")
 
@@ -193,34 +194,6 @@ def _type_name(annotation: Any) -> str:
     return name if name and not hasattr(annotation, "__args__") else str(annotation).replace("typing.", "")
 
 
-def _typos_apart(a: str, b: str) -> int:
-    """How many typos turn ``a`` into ``b``: letters left out, added, changed or swapped with the next (the optimal
-    string alignment distance)."""
-    d = [[i + j if i * j == 0 else 0 for j in range(len(b) + 1)] for i in range(len(a) + 1)]
-    for i in range(1, len(a) + 1):
-        for j in range(1, len(b) + 1):
-            d[i][j] = min(d[i - 1][j] + 1, d[i][j - 1] + 1, d[i - 1][j - 1] + (a[i - 1] != b[j - 1]))
-            if i > 1 and j > 1 and a[i - 1] == b[j - 2] and a[i - 2] == b[j - 1]:
-                d[i][j] = min(d[i][j], d[i - 2][j - 2] + 1)
-    return d[-1][-1]
-
-
-def _near(typed: str, choices: Iterable[str]) -> list[str]:
-    """The choice ``typed`` is most likely a typo of: one typo away (two from ten letters, three from fifteen), and
-    starting with the same letter, as typos do (``gpu`` is not ``cpu`` mistyped, nor ``fedsgd`` ``feddf``)."""
-    apart = {c: _typos_apart(typed, c) for c in choices if c[:1] == typed[:1]}
-    near = sorted((n, c) for c, n in apart.items() if 0 < n <= max(1, len(typed) // 5))
-    return [near[0][1]] if near else []
-
-
-def did_you_mean(typed: object, choices: Iterable[str], prefix: str = "") -> str:
-    """``"did you mean 'mlp'? "`` when ``typed`` is a string that looks like a typo of one of ``choices`` (``mpl``,
-    ``vectorized``; shown after ``prefix``: ``'train.rounds'``), else nothing: the start of a refusal that then lists
-    every choice."""
-    near = _near(typed, choices) if isinstance(typed, str) else []
-    return f"did you mean {prefix + near[0]!r}? " if near else ""
-
-
 def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewhere: Mapping[str, str] = {}) -> str:
     """What a key that nothing takes is told, in one line: the key and its value, the nearest key ``owner`` takes or
     else the nearest name in ``elsewhere`` (a name taken somewhere else → that place in words: ``lr`` →
@@ -229,7 +202,7 @@ def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewh
     allowed = sorted(allowed)
     parent, _, leaf = key.rpartition(".")
     hint = did_you_mean(leaf, allowed, f"{parent}." if parent else "")
-    if not hint and (near := [leaf] if leaf in elsewhere else _near(leaf, elsewhere)):
+    if not hint and (near := [leaf] if leaf in elsewhere else nearest(leaf, elsewhere)):
         hint = f"did you mean {elsewhere[near[0]]}? "
     takes = f"takes {allowed}" if allowed else "has no parameters of its own"
     return f"unknown key {key!r} = {value!r}: {hint}{owner} {takes}"

@@ -56,8 +56,8 @@ def chromium() -> str | None:
     for name in ("chromium", "chromium-browser", "google-chrome"):
         if shutil.which(name):
             return shutil.which(name)
-    if os.environ.get("HETFED_REQUIRE_CHROMIUM"):
-        pytest.fail("headless Chromium is required here (HETFED_REQUIRE_CHROMIUM) but not installed")
+    if os.environ.get("HETFED_TEST_REQUIRE_CHROMIUM"):
+        pytest.fail("headless Chromium is required here (HETFED_TEST_REQUIRE_CHROMIUM) but not installed")
     pytest.skip("no Chromium on this machine (CI installs Debian's chromium)")
 
 

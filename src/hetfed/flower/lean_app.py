@@ -19,6 +19,7 @@ import time
 from flwr.app import Context, Message
 from flwr.clientapp import ClientApp
 
+from hetfed.environment import refuse_unknown
 from hetfed.flower import worker
 from hetfed.flower.audit import caller, secure_aggregation
 
@@ -26,7 +27,9 @@ app = ClientApp()
 
 
 def _handled(name: str, message: Message, context: Context) -> Message:
-    """``name``'s step of :mod:`hetfed.flower.client_app` on the message: in the node's worker, or here."""
+    """``name``'s step of :mod:`hetfed.flower.client_app` on the message: in the node's worker, or here — once the
+    node's ``HETFED_*`` variables are all ones hetfed reads (a mistyped one fails the step, naming it)."""
+    refuse_unknown()
     if not worker.enabled():
         from hetfed.flower import client_app
 

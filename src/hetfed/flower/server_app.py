@@ -22,10 +22,12 @@ def main(grid: Grid, context: Context) -> None:
     from hetfed.analysis.present import present_run
     from hetfed.config import build_config
     from hetfed.config_io import parse_yaml_text
+    from hetfed.environment import refuse_unknown
     from hetfed.flower.kinds import Deployment
     from hetfed.registry import registry_of
     from hetfed.runs.runner import run_experiment
 
+    refuse_unknown()  # the SuperLink's environment: a mistyped HETFED_* fails the run, naming it
     text = str(context.run_config.get("config-yaml", ""))
     if not text.strip():
         raise ValueError("run config 'config-yaml' is empty: start runs with `hetfed flower run CONFIG`")
