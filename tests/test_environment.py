@@ -90,6 +90,11 @@ def test_every_variable_hetfed_reads_is_declared_and_a_mistyped_one_is_refused_w
         "error: HETFED_WORKER_IDEL = '5' is not a variable hetfed reads: did you mean 'HETFED_WORKER_IDLE'? expected "
         "one of HETFED_CACHE,"), err
     assert not (tmp_path / "run").exists()  # refused before anything is written
+    import hetfed
+
+    with pytest.raises(ConfigError, match="HETFED_WORKER_IDEL = '5' is not a variable hetfed reads"):
+        hetfed.run(None, out=tmp_path / "api")  # the Python API too
+    assert not (tmp_path / "api").exists()
     monkeypatch.delenv("HETFED_WORKER_IDEL")
     monkeypatch.setenv("HETFED_TEST_ANYTHING", "1")  # the test suite's own: not hetfed's to refuse
     assert main(["config"]) == 0

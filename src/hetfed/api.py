@@ -26,6 +26,7 @@ import numpy as np
 
 from hetfed.config import Config, as_given, build_config, warn_unread
 from hetfed.config_io import parse_overrides, read_yaml
+from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, RunError
 from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
 
@@ -74,6 +75,8 @@ def load_config(source: str | Path | dict | Config | None = None,
 
 
 def _config(config: str | Path | dict | Config | None) -> Config:
+    """The config a call runs with, once this process's ``HETFED_*`` variables are all ones hetfed reads."""
+    refuse_unknown()
     return config if isinstance(config, Config) else load_config(config)
 
 
