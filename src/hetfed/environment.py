@@ -19,8 +19,8 @@ ON, OFF = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
 #: ``HETFED_*`` is refused by :func:`refuse_unknown` — a mistyped one would otherwise be a setting silently ignored.
 #: ``HETFED_TEST_*`` belongs to the test suite, which hetfed does not read.
 VARIABLES = {
-    "HETFED_CACHE": "where datasets, embeddings and a node's federations are cached (default ~/.cache/hetfed)",
-    "HETFED_DATA": "a further folder to look for datasets' files in",
+    "HETFED_CACHE": "where embeddings and a node's federations are cached (default ~/.cache/hetfed)",
+    "HETFED_DATA": "a folder of datasets' files: each dataset's in HETFED_DATA/<name>, after dataset.data_dir",
     "HETFED_MALLOC": "off: leave glibc's allocator as it is (default: keep the memory a round frees)",
     "HETFED_CLIENT_THREADS": "the threads a Flower node computes its clients with (default 1)",
     "HETFED_FLOWER_WORKER": "off: a deployment's node runs every message in its ClientApp's own process",
@@ -63,12 +63,12 @@ def count(name: str, default: int) -> int:
     return int(positive(name, default, integer=True))
 
 
-def refuse_unknown(environ: dict[str, str] | None = None) -> None:
-    """A ``HETFED_*`` variable that hetfed does not read (:data:`VARIABLES`; ``HETFED_TEST_*`` aside) refused in one
-    line that names it, its value, the variable it most likely meant and every one hetfed reads."""
-    environ = dict(os.environ) if environ is None else environ
-    for name in sorted(environ):
+def refuse_unknown() -> None:
+    """A ``HETFED_*`` variable of this process that hetfed does not read (:data:`VARIABLES`; ``HETFED_TEST_*``
+    aside) refused in one line that names it, its value, the variable it most likely meant and every one hetfed
+    reads."""
+    for name in sorted(os.environ):
         if name.startswith("HETFED_") and not name.startswith("HETFED_TEST_") and name not in VARIABLES:
-            raise ConfigError(f"{name} = {environ[name]!r} is not a variable hetfed reads: "
+            raise ConfigError(f"{name} = {os.environ[name]!r} is not a variable hetfed reads: "
                               f"{did_you_mean(name[7:], [v[7:] for v in VARIABLES], 'HETFED_')}"
                               f"expected one of {', '.join(sorted(VARIABLES))} (or unset it)")
