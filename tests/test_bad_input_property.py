@@ -15,6 +15,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from hetfed.cli import main
+from hetfed.config import section_keys
 
 SETTINGS = settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 
@@ -140,22 +141,8 @@ def test_a_mistyped_choice_is_told_the_choice_it_meant_and_every_choice(capsys, 
     assert len(err.splitlines()) == 1 and says in err, err
 
 
-def _config_keys() -> list[str]:
-    """Every dotted key of the config's sections (not a component's own parameters, nor methods.N)."""
-    from hetfed.config import Config, _model_in
-
-    def walk(model, prefix: str) -> list[str]:
-        keys = []
-        for name, field in model.model_fields.items():
-            keys.append(prefix + name)
-            inner = _model_in(field.annotation)
-            if inner is not None and name != "methods":
-                keys.extend(walk(inner, f"{prefix}{name}."))
-        return keys
-    return walk(Config, "")
-
-
-CONFIG_KEYS = _config_keys()
+#: every dotted key of the config's sections (not a component's own parameters, nor methods.N)
+CONFIG_KEYS = list(section_keys())
 
 
 @SETTINGS

@@ -16,7 +16,7 @@ import functools
 import json
 import re
 import typing
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -315,21 +315,24 @@ def _model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseMode
     return model
 
 
-@functools.cache
-def _every_key(root: type[BaseModel] | None = None, prefix: str = "") -> dict[str, str]:
-    """Every key of the config's sections by its last name, dotted and quoted (``lr`` → ``'train.optimizer.lr'``;
-    a name in two sections: both): where a key typed in the wrong section belongs. A method's own sections are the
-    top-level ones."""
-    keys: dict[str, str] = {}
-    for name, field in (root or Config).model_fields.items():
+def section_keys(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[str]:
+    """Every dotted key of the config's sections (``train.optimizer.lr``), a section before the keys inside it; a
+    method's own sections are the top-level ones (``methods`` is not walked), a component's parameters are its own."""
+    for name, field in (model or Config).model_fields.items():
+        yield prefix + name
         inner = _model_in(field.annotation)
-        found = {name: repr(prefix + name)}
         if inner is not None and inner is not MethodConfig:
-            found.update(_every_key(inner, f"{prefix}{name}."))
-        for leaf, where in found.items():  # three places at most: `kind` is in eight sections
-            keys[leaf] = where if leaf not in keys else keys[leaf] if keys[leaf].count(" or ") > 1 else (
-                f"{keys[leaf]} or {where}")
-    return keys
+            yield from section_keys(inner, f"{prefix}{name}.")
+
+
+@functools.cache
+def _every_key() -> dict[str, str]:
+    """Every key of the config's sections by its last name, dotted and quoted, three places at most (``lr`` →
+    ``'train.optimizer.lr' or 'server.optimizer.lr'``): where a key typed in the wrong section belongs."""
+    places: dict[str, list[str]] = {}
+    for key in section_keys():
+        places.setdefault(key.rpartition(".")[2], []).append(repr(key))
+    return {leaf: " or ".join(where[:3]) for leaf, where in places.items()}
 
 
 def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel] | None = None) -> str:

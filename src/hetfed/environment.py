@@ -67,8 +67,9 @@ def refuse_unknown() -> None:
     """A ``HETFED_*`` variable of this process that hetfed does not read (:data:`VARIABLES`; ``HETFED_TEST_*``
     aside) refused in one line that names it, its value, the variable it most likely meant and every one hetfed
     reads."""
+    prefix = "HETFED_"
     for name in sorted(os.environ):
-        if name.startswith("HETFED_") and not name.startswith("HETFED_TEST_") and name not in VARIABLES:
-            raise ConfigError(f"{name} = {os.environ[name]!r} is not a variable hetfed reads: "
-                              f"{did_you_mean(name[7:], [v[7:] for v in VARIABLES], 'HETFED_')}"
+        if name.startswith(prefix) and not name.startswith(f"{prefix}TEST_") and name not in VARIABLES:
+            meant = did_you_mean(name.removeprefix(prefix), [v.removeprefix(prefix) for v in VARIABLES], prefix)
+            raise ConfigError(f"{name} = {os.environ[name]!r} is not a variable hetfed reads: {meant}"
                               f"expected one of {', '.join(sorted(VARIABLES))} (or unset it)")

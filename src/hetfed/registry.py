@@ -170,9 +170,8 @@ class Registry(Generic[T]):
         for other, item in self.items():
             spec: Any = item
             params = getattr(spec, "Params", None) or spec.params  # a component's model; an algorithm spec's
-            for param in params.model_fields:
-                if other != name:
-                    taken.setdefault(param, f"{param!r} of {self.noun} {other!r}")
+            for param in params.model_fields if other != name else ():
+                taken.setdefault(param, f"{param!r} of {self.noun} {other!r}")
         return taken
 
 
