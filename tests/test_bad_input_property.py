@@ -131,7 +131,8 @@ def test_a_mistyped_key_is_told_the_key_it_meant_and_what_its_section_takes(caps
                                  "['bilstm',"),
     ("methods.0.algorithm=fedsgd", "methods.0.algorithm = 'fedsgd' is not allowed: expected one of"),  # no feddf
     ("methods.0.algorithm=fedprx", "methods.0.algorithm = 'fedprx' is not allowed: did you mean 'fedprox'?"),
-    ("train.optimizer.kind=sdg", "train.optimizer.kind = 'sdg': did you mean 'sgd'? Input should be 'sgd' or 'adam'"),
+    ("train.optimizer.kind=sdg", "train.optimizer.kind = 'sdg': did you mean 'sgd'? Input should be 'sgd', 'adam' or "
+                                  "'adamw'"),
     ("train.device=cdua", "train.device = 'cdua': did you mean 'cuda'? Input should be"),
     ("train.device=gpu", "train.device = 'gpu': Input should be 'auto', 'cpu' or 'cuda'"),  # not a typo of 'cpu'
 ])
@@ -139,6 +140,24 @@ def test_a_mistyped_choice_is_told_the_choice_it_meant_and_every_choice(capsys, 
     assert main(["config", "--set", typed]) == 2
     err = capsys.readouterr().err
     assert len(err.splitlines()) == 1 and says in err, err
+
+
+def test_an_error_in_a_config_file_names_the_file_and_whether_overrides_went_onto_it(capsys, tmp_path):
+    """The key alone does not say where it was typed: a file's error names the file (the CLI and the API alike)."""
+    import hetfed
+
+    path = tmp_path / "mine.yaml"
+    path.write_text("train:\n  round: 3\n")
+    for argv, says in [([str(path)], f"error: invalid config (file {str(path)!r}): unknown key 'train.round' = 3"),
+                       ([str(path), "--set", "seed=1"], f"error: invalid config (file {str(path)!r} with overrides): "),
+                       (["--set", "train.round=3"], "error: invalid config: unknown key 'train.round' = 3")]:
+        assert main(["config", *argv]) == 2
+        err = capsys.readouterr().err
+        assert len(err.splitlines()) == 1 and err.startswith(says), err
+    with pytest.raises(hetfed.ConfigError, match=re.escape(f"invalid config (file {str(path)!r}): unknown key")):
+        hetfed.load_config(path)
+    with pytest.raises(hetfed.ConfigError, match=re.escape("invalid config: unknown key")):
+        hetfed.load_config({"train": {"round": 3}})
 
 
 #: every dotted key of the config's sections (not a component's own parameters, nor methods.N)

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from hetfed.config import Config, as_given, build_config, warn_unread
-from hetfed.config_io import parse_overrides, read_yaml
+from hetfed.config_io import config_source, parse_overrides, read_yaml
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, RunError
 from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
@@ -69,7 +69,8 @@ def load_config(source: str | Path | dict | Config | None = None,
     else:
         raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or "
                           "None")
-    config = warn_unread(build_config(raw, extra))
+    config = warn_unread(build_config(raw, extra, config_source(source if isinstance(source, str | Path) else None,
+                                                                bool(extra))))
     check_config(config)  # the checks between components (hetfed.runs.plan), as `hetfed run` makes them
     return config
 

@@ -3,10 +3,9 @@
 and how a config is built from a file and ``--set`` overrides. The schedule's, the server's and Flower's sections
 are in :mod:`hetfed.config_train`, :mod:`hetfed.config_server` and :mod:`hetfed.config_flower`.
 
-A config is YAML with the nesting below; ``--set key=value`` overrides any key
-(values are parsed as YAML, so ``--set model.hidden=[128,128]`` works). The whole
-config is validated before anything runs; an error names the key, the value and
-what is allowed.
+A config is YAML with the nesting below; ``--set key=value`` overrides any key (values are parsed as YAML, so
+``--set model.hidden=[128,128]`` works). The whole config is validated before anything runs; an error names the
+key, the value, what is allowed and the file it was read from.
 """
 
 from __future__ import annotations
@@ -26,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from hetfed import config_legacy
 from hetfed.config_base import Chosen, Strict
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
-from hetfed.config_io import get_dotted, parse_overrides, read_yaml, set_dotted
+from hetfed.config_io import config_source, get_dotted, parse_overrides, read_yaml, set_dotted
 from hetfed.config_server import (
     AttackConfig,
     LeakageConfig,
@@ -43,10 +42,9 @@ from hetfed.spelling import did_you_mean
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
-           "RecordPrivacyConfig",
-           "ScreenConfig", "SecAggPlusConfig", "ServerConfig", "ServerDataConfig", "StragglerConfig", "TrainConfig",
-           "as_given", "build_config", "dump_config", "load_config", "load_run_config", "method_section",
-           "unread_keys", "warn_unread"]
+           "RecordPrivacyConfig", "ScreenConfig", "SecAggPlusConfig", "ServerConfig", "ServerDataConfig",
+           "StragglerConfig", "TrainConfig", "as_given", "build_config", "dump_config", "load_config",
+           "load_run_config", "method_section", "unread_keys", "warn_unread"]
 
 
 class DatasetConfig(Chosen):
@@ -360,14 +358,16 @@ def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel]
     return "; ".join(lines)
 
 
-def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None) -> Config:
-    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError (each section and component
-    checked on its own; the checks between components are the plan's, :func:`hetfed.runs.plan.check_config`)."""
+def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | None = None,
+                 source: str = "") -> Config:
+    """Validate a raw mapping (plus overrides) into a Config, or raise ConfigError naming ``source`` (where it was
+    read, :func:`~hetfed.config_io.config_source`); each section and component is checked on its own (the checks
+    between components are the plan's, :func:`hetfed.runs.plan.check_config`)."""
     # start from the defaults so --set can reach into default lists (methods.0.…)
     try:
         merged = _deep_merge(as_given(Config()), raw or {})
     except AttributeError:
-        raise ConfigError("invalid config: every section must be a mapping of keys") from None
+        raise ConfigError(f"invalid config{source}: every section must be a mapping of keys") from None
     items = _flatten(overrides or {})
     # a whole methods list typed in the overrides first (its keys are the user's own, not the file's); then the
     # top-level keys, which replace the file's per-method values of the same key; then the per-method overrides
@@ -385,7 +385,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     try:
         return Config.model_validate(merged, context={"whole": True})
     except ValidationError as err:
-        raise ConfigError("invalid config: " + _format_errors(err)) from None
+        raise ConfigError(f"invalid config{source}: " + _format_errors(err)) from None
 
 
 #: the top-level sections a method may override with its own keys (``methods.<i>.model`` …)
@@ -533,7 +533,7 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None,
     ``train.executor``, decides)."""
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
-    return warn_unread(build_config(raw, overrides), executor)
+    return warn_unread(build_config(raw, overrides, config_source(path, bool(overrides))), executor)
 
 
 def warn_unread(config: Config, executor: str | None = None) -> Config:

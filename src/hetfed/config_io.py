@@ -104,6 +104,12 @@ def parse_yaml_text(text: str, where: str) -> Any:
         raise ConfigError(f"{where} is not valid YAML: {detail}") from None
 
 
+def config_source(path: str | Path | None, overridden: bool) -> str:
+    """What an invalid config's error says it was read from (:func:`hetfed.config.build_config`'s ``source``): the file
+    — the key alone does not say where it was typed — and whether overrides went onto it; nothing for the defaults."""
+    return "" if path is None else f" (file {str(path)!r}{' with overrides' if overridden else ''})"
+
+
 def read_yaml(path: str | Path) -> dict[str, Any]:
     """Read a config file; a missing, empty or malformed file is a ConfigError."""
     p = Path(path)

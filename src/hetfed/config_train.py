@@ -15,7 +15,9 @@ from hetfed.spelling import did_you_mean
 class OptimizerConfig(Strict):
     """The client optimiser. ``reset_each_round: false`` keeps its state on the client."""
 
-    kind: Literal["sgd", "adam"] = "sgd"
+    #: ``adam`` adds ``weight_decay · θ`` to the gradient (``torch.optim.Adam``); ``adamw`` shrinks θ by
+    #: ``lr · weight_decay`` apart from it (``torch.optim.AdamW``)
+    kind: Literal["sgd", "adam", "adamw"] = "sgd"
     lr: float = Field(0.1, gt=0)
     momentum: float = Field(0.9, ge=0, lt=1)
     weight_decay: float = Field(0.0, ge=0)

@@ -140,14 +140,16 @@ def test_one_round_matches_hand_fedavg():
 
 
 @pytest.mark.parametrize("cfg", [OptimizerConfig(kind="sgd", lr=0.1, momentum=0.9, weight_decay=0.01),
-                                 OptimizerConfig(kind="adam", lr=0.01, weight_decay=0.01)])
+                                 OptimizerConfig(kind="adam", lr=0.01, weight_decay=0.01),
+                                 OptimizerConfig(kind="adamw", lr=0.01, weight_decay=0.1)])
 def test_functional_optimisers_match_torch(cfg):
     torch.manual_seed(0)
     p0 = torch.randn(3, 4)
     grads = [torch.randn(3, 4) for _ in range(4)]
     ref = p0.clone().requires_grad_()
     topt = (torch.optim.SGD([ref], lr=cfg.lr, momentum=cfg.momentum, weight_decay=cfg.weight_decay) if cfg.kind == "sgd"
-            else torch.optim.Adam([ref], lr=cfg.lr, weight_decay=cfg.weight_decay))
+            else {"adam": torch.optim.Adam, "adamw": torch.optim.AdamW}[cfg.kind]([ref], lr=cfg.lr,
+                                                                                 weight_decay=cfg.weight_decay))
     params = {"p": p0.clone().unsqueeze(0)}
     state = optim.init_state(cfg, params)
     active = torch.tensor([True])
@@ -158,6 +160,26 @@ def test_functional_optimisers_match_torch(cfg):
     torch.testing.assert_close(params["p"][0], ref.detach(), rtol=1e-5, atol=1e-6)
     frozen, _ = optim.step(cfg, params, {"p": torch.ones(1, 3, 4)}, state, cfg.lr, torch.tensor([False]))
     assert torch.equal(frozen["p"], params["p"])
+
+
+@pytest.mark.parametrize("kind", ["sgd", "adam", "adamw"])
+def test_a_client_that_finished_stands_still_while_the_others_step_as_alone(kind):
+    """The masked step (a stack where some clients finished): an active client moves exactly as it does alone, a
+    finished one — its parameters and its optimiser state — not at all (weight decay included: AdamW's shrink)."""
+    cfg = OptimizerConfig(kind=kind, lr=0.05, momentum=0.9 if kind == "sgd" else 0.0, weight_decay=0.1)
+    gen = torch.Generator().manual_seed(5)
+    start = {"w": torch.randn(2, 3, 4, generator=gen)}
+    grads = [{"w": torch.randn(2, 3, 4, generator=gen)} for _ in range(3)]
+    both = {"w": start["w"].clone()}
+    state = optim.init_state(cfg, both)
+    alone = {"w": start["w"][:1].clone()}
+    state_alone = optim.init_state(cfg, alone)
+    for g in grads:
+        both, state = optim.step(cfg, both, g, state, cfg.lr, torch.tensor([True, False]), every=False)
+        alone, state_alone = optim.step(cfg, alone, {"w": g["w"][:1]}, state_alone, cfg.lr, torch.tensor([True]))
+    torch.testing.assert_close(both["w"][:1], alone["w"], rtol=1e-6, atol=1e-7)
+    assert torch.equal(both["w"][1], start["w"][1])
+    assert all(torch.all(v[1] == 0) for v in state.values())
 
 
 @pytest.mark.parametrize("momentum,decay", [(0.0, 0.0), (0.9, 0.0), (0.9, 0.01), (0.0, 0.01)])

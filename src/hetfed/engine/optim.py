@@ -4,7 +4,9 @@ State lives in a plain dict so that it can be reset each round or kept on the
 client across rounds (``optimizer.reset_each_round``: the CGAU paper's footnote
 shows the choice matters). ``active`` masks clients that have finished their
 local work in a stack: their parameters and state do not move.
-Matches ``torch.optim.SGD`` (momentum, dampening 0) and ``torch.optim.Adam``.
+Matches ``torch.optim.SGD`` (momentum, dampening 0), ``torch.optim.Adam`` (weight decay added to the gradient) and
+``torch.optim.AdamW`` (weight decay decoupled: the parameter shrunk by ``lr · weight_decay`` before Adam's step,
+Loshchilov & Hutter 2019 — the optimiser adapters and transformers are fine-tuned with).
 
 Updates are in place, with a fast path when every client of the stack is
 active: a masked ``torch.where`` over a stack of 100 clients' weights costs
@@ -27,7 +29,7 @@ def _view(t: torch.Tensor, like: torch.Tensor) -> torch.Tensor:
 
 
 def init_state(cfg: OptimizerConfig, params: Params) -> Params:
-    """Fresh optimiser state for stacked params (keys prefixed ``opt.``)."""
+    """Fresh optimiser state for stacked params (keys prefixed ``opt.``; Adam's and AdamW's are the same)."""
     n = next(iter(params.values())).shape[0]
     if cfg.kind == "sgd":
         if cfg.momentum == 0:
@@ -107,8 +109,12 @@ def _adam(cfg: OptimizerConfig, params: Params, grads: Params, state: Params, lr
     bc1, bc2 = 1 - b1**t, 1 - b2**t
     keep1 = torch.where(active, b1, 1.0)
     keep2 = torch.where(active, b2, 1.0)
+    coupled = cfg.weight_decay and cfg.kind == "adam"
+    decoupled = cfg.weight_decay and cfg.kind == "adamw"
     for k, p in params.items():
-        g = grads[k].add(p, alpha=cfg.weight_decay) if cfg.weight_decay else grads[k]
+        g = grads[k].add(p, alpha=cfg.weight_decay) if coupled else grads[k]
+        if decoupled:  # AdamW: the parameter itself shrinks, the active clients' only
+            p.mul_(1 - lr * cfg.weight_decay if every else _view(1 - lr * cfg.weight_decay * a, p))
         m, v = state[f"opt.m.{k}"], state[f"opt.v.{k}"]
         if every:
             m.mul_(b1).add_(g, alpha=1 - b1)
