@@ -4,6 +4,7 @@ before the fix (the command it mirrors is in its docstring)."""
 from __future__ import annotations
 
 import json
+import re
 import warnings
 from pathlib import Path
 
@@ -117,6 +118,17 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
                                   "applies to the Flower executors"),
     (["methods.0.model.kind=cnn4"], "methods.0.model.dropout = 0.5 is dropped: methods.0.model.kind = 'cnn4' does "
                                     "not take it"),
+    # an optimiser's key its kind does not have: Adam's momentum, SGD's betas, in the method's own section or among
+    # an algorithm's parameters (only the keys given there)
+    (["train.optimizer.kind=adam", "train.optimizer.momentum=0.5"],
+     "train.optimizer.momentum = 0.5 is not read by method 'cgau': its optimiser kind 'adam' has no 'momentum'"),
+    (["methods.1.train.optimizer.kind=adamw", "train.optimizer.momentum=0.5"],
+     "train.optimizer.momentum = 0.5 is not read by method 'cgau': its optimiser kind 'adamw' has no 'momentum'"),
+    (["methods.1.train.optimizer.eps=0.01"],
+     "methods.1.train.optimizer.eps = 0.01 is not read by method 'cgau': its optimiser kind 'sgd' has no 'eps'"),
+    (["methods=[{algorithm: fedmoe, params: {local_optimizer: {lr: 0.001, momentum: 0.0}}}]"],
+     "methods.0.params.local_optimizer.momentum = 0.0 is not read by method 'fedmoe': its optimiser kind 'adam' has "
+     "no 'momentum'"),
 ])
 def test_a_key_nothing_reads_is_noted_on_stderr(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 0
@@ -133,6 +145,33 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
         {"hidden": [64, 64], "dropout": 0.5}, {"hidden": [64, 64], "dropout": 0.5, "condition_output": True}]
     assert unread_keys(build_config({"partition": {"kind": "dirichlet", "alpha": 0.1}})) == {}
     assert unread_keys(build_config({"train": {"executor": "flower"}, "flower": {"clients_per_node": 5}})) == {}
+    # the relu method's SGD reads momentum: one method whose kind has it is no note; FedMoE's own Adam as it ships
+    assert unread_keys(build_config({"train": {"optimizer": {"momentum": 0.5}}})) == {}
+    assert unread_keys(build_config({"methods": [{"algorithm": "fedmoe", "params": {"optimizer": {"lr": 0.01}}}]})) \
+        == {}
+
+
+@pytest.mark.parametrize("config", sorted(p.relative_to(ROOT).as_posix() for p in (ROOT / "configs").rglob("*.yaml")))
+def test_no_shipped_config_sets_an_optimiser_key_its_kind_does_not_read(config):
+    assert not [k for k in unread_keys(load_config(ROOT / config)) if ".optimizer." in k]
+
+
+def test_an_optimiser_among_an_algorithms_parameters_given_in_part_keeps_the_rest_of_its_default():
+    """`params: {optimizer: {lr: 5e-5}}` on FedMoE trained with SGD and momentum 0.9 (the part validated alone, onto
+    the plain optimiser's defaults), not the Adam FedMoE documents; its ``local_optimizer`` in part keeps the rest of
+    ``optimizer``; a mistyped key in it is told the key it meant."""
+    from hetfed.algorithms.registry import get
+
+    fedmoe = get("fedmoe")
+    assert fedmoe.make_params({"optimizer": {"lr": 5e-5}}).optimizer.model_dump() == {
+        **fedmoe.make_params({}).optimizer.model_dump(), "lr": 5e-5}
+    local = fedmoe.make_params({"optimizer": {"kind": "adamw", "weight_decay": 0.1}, "local_optimizer": {"lr": 5e-5}})
+    assert (local.local_optimizer.kind, local.local_optimizer.weight_decay, local.local_optimizer.lr) == \
+        ("adamw", 0.1, 5e-5)
+    with pytest.raises(ConfigError, match=re.escape(
+            "unknown key 'methods.0.params.optimizer.lrr' = 1: did you mean 'methods.0.params.optimizer.lr'? "
+            "'methods.0.params.optimizer' of algorithm 'fedmoe' takes ['betas', 'eps', 'kind', 'lr', ")):
+        fedmoe.make_params({"optimizer": {"lrr": 1}}, "methods.0.params")
 
 
 def test_switching_the_component_drops_the_files_parameters_of_the_old_one_with_a_note(tmp_path):

@@ -25,7 +25,7 @@ from pydantic import BaseModel, Field, ValidationError, model_validator
 from hetfed import config_legacy
 from hetfed.config_base import Chosen, Strict
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
-from hetfed.config_io import config_source, get_dotted, parse_overrides, read_yaml, set_dotted
+from hetfed.config_io import config_source, flatten_keys, get_dotted, parse_overrides, read_yaml, set_dotted
 from hetfed.config_server import (
     AttackConfig,
     LeakageConfig,
@@ -35,7 +35,7 @@ from hetfed.config_server import (
     ServerConfig,
     ServerDataConfig,
 )
-from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig
+from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_optimiser_keys
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of, unknown_key
 from hetfed.spelling import did_you_mean
@@ -368,7 +368,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
         merged = _deep_merge(as_given(Config()), raw or {})
     except AttributeError:
         raise ConfigError(f"invalid config{source}: every section must be a mapping of keys") from None
-    items = _flatten(overrides or {})
+    items = flatten_keys(overrides or {})
     # a whole methods list typed in the overrides first (its keys are the user's own, not the file's); then the
     # top-level keys, which replace the file's per-method values of the same key; then the per-method overrides
     typed_methods = any(key == "methods" for key, _ in items)
@@ -494,13 +494,14 @@ def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str
 def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
     """One note per setting that is applied to nothing, keyed by its dotted key: a ``flower`` key where the run's
     clients are in this process, a ``server`` key where the method's algorithm has no server model, a top-level
-    ``model`` parameter that no method's model kind takes. (A key the chosen component does not have at all is
-    refused by its ``Params``, not noted.)"""
+    ``model`` parameter that no method's model kind takes, an optimiser's key its kind does not have (Adam's
+    momentum). (A key the chosen component does not have at all is refused by its ``Params``, not noted.)"""
     algorithms = registry_of("algorithm")
     notes = _unread_flower(config, executor)
     serves = [algorithms.get(m.algorithm).capabilities.server_model for m in config.methods]
     for i, (m, server_model) in enumerate(zip(config.methods, serves, strict=True)):
-        for key, value in ([] if server_model else _flatten(m.server)):
+        notes.update(unread_optimiser_keys(m, i, config.method_train(m).optimizer))
+        for key, value in ([] if server_model else flatten_keys(m.server)):
             notes[f"methods.{i}.server.{key}"] = (f"methods.{i}.server.{key} = {value!r} is not read: algorithm "
                                                   f"{m.algorithm!r} has no server model")
     for key, value in ({} if any(serves) else _away_from_default(config.server)).items():
@@ -513,17 +514,6 @@ def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
             notes[f"model.{key}"] = (f"model.{key} = {value!r} is not read by any method: their model kinds "
                                      f"{sorted(kinds)} do not take it (see `hetfed config` for each method's settings)")
     return notes
-
-
-def _flatten(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
-    out: list[tuple[str, Any]] = []
-    for key, value in tree.items():
-        full = f"{prefix}{key}"
-        if isinstance(value, dict) and value:
-            out.extend(_flatten(value, full + "."))
-        else:
-            out.append((full, value))
-    return out
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None,
@@ -593,8 +583,8 @@ def effective_methods(config: Config) -> str:
     for i, m in enumerate(config.methods):
         differ = []
         for section in METHOD_SECTIONS:
-            top = dict(_flatten(getattr(config, section).model_dump(mode="json"), f"{section}."))
-            own = _flatten(method_section(config, m, section).model_dump(mode="json"), f"{section}.")
+            top = dict(flatten_keys(getattr(config, section).model_dump(mode="json"), f"{section}."))
+            own = flatten_keys(method_section(config, m, section).model_dump(mode="json"), f"{section}.")
             differ += [f"{k} = {json.dumps(v)}" for k, v in own if top.get(k) != v]
         lines.append(f"#   methods.{i} {m.label} ({m.algorithm}): {', '.join(differ) or 'none'}")
     return "\n".join(lines) + "\n"

@@ -104,6 +104,18 @@ def parse_yaml_text(text: str, where: str) -> Any:
         raise ConfigError(f"{where} is not valid YAML: {detail}") from None
 
 
+def flatten_keys(tree: dict[str, Any], prefix: str = "") -> list[tuple[str, Any]]:
+    """A nested mapping's leaves as ``(dotted key, value)`` (an empty mapping is a leaf)."""
+    out: list[tuple[str, Any]] = []
+    for key, value in tree.items():
+        full = f"{prefix}{key}"
+        if isinstance(value, dict) and value:
+            out.extend(flatten_keys(value, full + "."))
+        else:
+            out.append((full, value))
+    return out
+
+
 def config_source(path: str | Path | None, overridden: bool) -> str:
     """What an invalid config's error says it was read from (:func:`hetfed.config.build_config`'s ``source``): the file
     — the key alone does not say where it was typed — and whether overrides went onto it; nothing for the defaults."""

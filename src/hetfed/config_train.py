@@ -3,11 +3,14 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+import contextlib
+from collections.abc import Iterable
+from typing import Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
 from hetfed.config_base import Chosen, Strict
+from hetfed.errors import ConfigError
 from hetfed.registry import registry_of
 from hetfed.spelling import did_you_mean
 
@@ -24,6 +27,36 @@ class OptimizerConfig(Strict):
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = Field(1e-8, gt=0)
     reset_each_round: bool = True
+
+    #: the keys only some kinds read (SGD's momentum; Adam's moments), by kind; every other key is read by all
+    READS: ClassVar[dict[str, tuple[str, ...]]] = {"sgd": ("momentum",), "adam": ("betas", "eps"),
+                                                   "adamw": ("betas", "eps")}
+
+    def unread(self, typed: Iterable[str] | None = None) -> dict[str, Any]:
+        """The keys this optimiser's kind does not read among ``typed`` (the keys a user gave it; None: those set
+        away from their default) — a setting meant for another kind, which a note names."""
+        others = sorted({k for keys in self.READS.values() for k in keys} - set(self.READS[self.kind]))
+        given = [k for k in others if getattr(self, k) != type(self).model_fields[k].default] if typed is None else \
+            [k for k in others if k in typed]
+        return {k: getattr(self, k) for k in given}
+
+
+def unread_optimiser_keys(method: Any, i: int, optimizer: OptimizerConfig) -> dict[str, str]:
+    """A note per key of the ``i``-th method's optimisers that their kind does not read (``OptimizerConfig.unread``):
+    its client optimiser ``optimizer`` (a key the method set itself named as its own) and any among its algorithm's
+    parameters (FedMoE's ``params.optimizer``: the keys given there). ``method``: a ``MethodConfig``."""
+    own = method.train.get("optimizer") or {}
+    found = [(f"methods.{i}.train.optimizer" if key in own else "train.optimizer", optimizer, key, value)
+             for key, value in optimizer.unread().items()]
+    with contextlib.suppress(ConfigError):  # invalid parameters are the plan's to refuse, in its words
+        params = registry_of("algorithm").get(method.algorithm).make_params(method.params, f"methods.{i}.params")
+        for name, opt in params:
+            given = method.params.get(name)  # as the user gave it: a mapping of keys, or an OptimizerConfig (the API)
+            if isinstance(opt, OptimizerConfig) and given is not None:
+                typed = given.model_fields_set if isinstance(given, OptimizerConfig) else set(given)
+                found += [(f"methods.{i}.params.{name}", opt, key, value) for key, value in opt.unread(typed).items()]
+    return {f"{where}.{key}": (f"{where}.{key} = {value!r} is not read by method {method.label!r}: its optimiser kind "
+                               f"{opt.kind!r} has no {key!r}") for where, opt, key, value in found}
 
 
 class StragglerConfig(Strict):

@@ -11,6 +11,7 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import pkgutil
+import typing
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Generic, TypeVar
 
@@ -215,6 +216,11 @@ def params_error(err: ValidationError, where: str, owner: str, allowed: Iterable
     parts = []
     for e in err.errors():
         key = ".".join([where, *(str(p) for p in e["loc"])])
+        inner = _section_fields(allowed, e["loc"][:-1])
+        if e["type"] == "extra_forbidden" and inner is not None:  # a key of a section among the parameters: its keys
+            section = key.rpartition(".")[0]
+            parts.append(unknown_key(key, e.get("input"), f"{section!r} of {owner}", inner))
+            continue
         if e["type"] == "extra_forbidden":
             parts.append(unknown_key(key, e.get("input"), owner, allowed, elsewhere))
             continue
@@ -224,3 +230,17 @@ def params_error(err: ValidationError, where: str, owner: str, allowed: Iterable
         msg = e["msg"].removeprefix("Value error, ")
         parts.append(f"{key} = {e.get('input')!r}: {msg}" if e["loc"] else msg)  # a check of the whole: its own words
     return "; ".join(parts)
+
+
+def _section_fields(fields: Iterable[str], loc: tuple[int | str, ...]) -> Iterable[str] | None:
+    """The keys of the section at ``loc`` among a component's parameters (``fields``: their pydantic fields), e.g.
+    FedMoE's ``optimizer``; None at the top (``loc`` empty) or where no section's fields are known."""
+    for part in loc:
+        info = fields.get(part) if isinstance(fields, Mapping) else None
+        annotation = getattr(info, "annotation", None)
+        model = next((a for a in (annotation, *typing.get_args(annotation))
+                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+        if model is None:
+            return None
+        fields = model.model_fields
+    return fields if loc else None

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import numpy as np
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from hetfed.algorithms.fedavg import FedAvg
 from hetfed.algorithms.registry import (
@@ -78,6 +78,18 @@ class FedMoEParams(AlgorithmParams):
         description="which clients run Local, fine-tuning and the mixture: all (the method) or only the "
         "evaluated sample (the same numbers for them, a fraction of the cost)",
     )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _local_onto_optimizer(cls, data: Any) -> Any:
+        """``local_optimizer`` given in part keeps the rest of ``optimizer`` (its default): ``{lr: 5e-5}`` is the
+        paper's Adam at 5e-5, not SGD."""
+        if not isinstance(data, dict) or not isinstance(data.get("local_optimizer"), dict):
+            return data
+        given = data.get("optimizer", {})
+        base = {**cls.model_fields["optimizer"].get_default(call_default_factory=True).model_dump(),
+                **(given.model_dump() if isinstance(given, OptimizerConfig) else dict(given))}
+        return {**data, "local_optimizer": {**base, **data["local_optimizer"]}}
 
 
 def _stack(params: Params, n: int) -> Params:

@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from typing import Any, NamedTuple
 
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from hetfed.errors import ConfigError
 from hetfed.interface import Capabilities
@@ -32,6 +32,19 @@ class AlgorithmParams(BaseModel):
     """Base of an algorithm's own parameters: unknown keys are errors, like the rest of the config."""
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+    @model_validator(mode="before")
+    @classmethod
+    def _onto_defaults(cls, data: Any) -> Any:
+        """A section among the parameters given in part (FedMoE's ``params.optimizer: {lr: 5e-5}``) keeps the rest of
+        its default (Adam), as the config's own sections do: validated alone, the part got the section's plain
+        defaults (SGD with momentum 0.9) in place of the algorithm's."""
+        if not isinstance(data, dict):
+            return data
+        defaults = {name: field.get_default(call_default_factory=True) for name, field in cls.model_fields.items()
+                    if isinstance(data.get(name), dict)}
+        return {**data, **{name: {**default.model_dump(), **data[name]} for name, default in defaults.items()
+                           if isinstance(default, BaseModel)}}
 
 
 class NoParams(AlgorithmParams):
