@@ -164,12 +164,28 @@ class LocalDeployment:
     def env(self) -> dict[str, str]:
         """The environment ``flwr`` commands need: this deployment (``FLWR_HOME``), and Flower's own
         executables on PATH — the SuperLink and SuperNodes start ``flower-superexec`` and
-        ``flwr-clientapp`` by name, which fails when the venv is used without being activated — and, when
-        given, how often their SuperExecs look for a message to start a process for (:data:`SUPEREXEC_POLL`)."""
-        path = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])
+        ``flwr-clientapp`` by name, which fails when the venv is used without being activated; the deployment's
+        own ``flwr-clientapp`` first (:meth:`write_clientapp`) — and, when given, how often their SuperExecs look
+        for a message to start a process for (:data:`SUPEREXEC_POLL`)."""
+        path = os.pathsep.join([str(self.bin_dir), str(Path(sys.executable).parent), os.environ.get("PATH", "")])
         poll = {} if self.superexec_poll is None else {SUPEREXEC_POLL: f"{self.superexec_poll:g}"}
         return {**os.environ, **poll, "FLWR_HOME": str(self.flwr_home), "PATH": path,
                 "HETFED_WORKER_DIR": str(self.workers_dir)}
+
+    @property
+    def bin_dir(self) -> Path:
+        """Where this deployment's own ``flwr-clientapp`` is (:meth:`write_clientapp`), first on its ``PATH``."""
+        return self.directory / "bin"
+
+    def write_clientapp(self) -> None:
+        """A ``flwr-clientapp`` that runs Flower's own with this Python, without importing the SuperNode's command
+        line it never runs (:mod:`hetfed.flower.clientapp_process`: ~0.55 CPU-s less a message on 2 cores)."""
+        from hetfed.flower import clientapp_process
+
+        self.bin_dir.mkdir(exist_ok=True)
+        shim = self.bin_dir / "flwr-clientapp"
+        shim.write_text(f'#!/bin/sh\nexec "{sys.executable}" "{clientapp_process.__file__}" "$@"\n')
+        shim.chmod(0o755)
 
     @property
     def workers_dir(self) -> Path:
@@ -208,6 +224,7 @@ class LocalDeployment:
         self.directory.mkdir(parents=True, exist_ok=True)
         self.flwr_home.mkdir(exist_ok=True)
         self.workers_dir.mkdir(mode=0o700, exist_ok=True)
+        self.write_clientapp()
         self.port = self.port or free_port()
         creds = None
         if self.secure:
