@@ -301,10 +301,11 @@ def test_an_unknown_plot_format_is_refused_before_any_work(tmp_path, capsys):
 # ---------------------------------------------------------------------------- sweeps
 
 
-@pytest.mark.parametrize("values", ["[32],[64]", "[32,32],[64,64]"])
-def test_sweeps_over_list_values_complete(tmp_path, capsys, values):
+@pytest.mark.parametrize("values,config", [("[32],[64]", []),  # no config: the built-in experiment, as `hetfed run`
+                                           ("[32,32],[64,64]", [str(REPO / "configs" / "default.yaml")])])
+def test_sweeps_over_list_values_complete(tmp_path, capsys, values, config):
     out = tmp_path / "s"
-    code, _, err = run_cli(["sweep", str(REPO / "configs" / "default.yaml"), *FAST, "--grid", f"model.hidden={values}",
+    code, _, err = run_cli(["sweep", *config, *FAST, "--grid", f"model.hidden={values}",
                             "--seeds", "1", "--out", str(out), "--quiet"], capsys)
     assert code == 0, err
     with open(out / "sweep.csv") as fh:

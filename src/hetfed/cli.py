@@ -31,11 +31,8 @@ console: Console = make_console()
 err_console: Console = make_console(stderr=True)
 
 
-def _add_config_args(p: argparse.ArgumentParser, config_required: bool = False) -> None:
-    if config_required:
-        p.add_argument("config", help="YAML config file")
-    else:
-        p.add_argument("config", nargs="?", default=None, help="YAML config file (default: built-in)")
+def _add_config_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("config", nargs="?", default=None, help="YAML config file (default: built-in)")
     p.add_argument(
         "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set partition.shuffle=0.4 (repeatable)",
@@ -65,7 +62,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_run)
 
     p = sub.add_parser("sweep", help="a grid of configs × seeds, aggregated with 95%% CIs")
-    _add_config_args(p, config_required=True)
+    _add_config_args(p)
     p.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="a swept key (repeatable)")
     p.add_argument("--seeds", type=int, default=3,
                    help="seeds per grid point: the config's seed, seed + 1, …, seed + N − 1 (default 3)")
