@@ -2,9 +2,9 @@
 
 A SuperNode starts one ``flwr-clientapp`` process per message (Flower's design). Flower's executable is
 ``flwr.supernode.cli:flwr_clientapp``, and importing it runs ``flwr/supernode/cli/__init__.py``, which imports the
-SuperNode's own command — SQLAlchemy, Alembic, FastAPI — that a ClientApp never runs: on a 2-core machine ~0.55 of
-the ~1.5 CPU-s the process spends importing before it talks to its SuperNode (``/usr/bin/time``, 2026-12-01), and a
-deployment's message is otherwise little more. :class:`~hetfed.flower.deploy.LocalDeployment` puts a
+SuperNode's own command — SQLAlchemy, Alembic, uvicorn — that a ClientApp never runs: on a 2-core machine ~0.55 of
+the ~1.5 CPU-s the process spends importing before it talks to its SuperNode (``/usr/bin/time``, 2026-12-01).
+:class:`~hetfed.flower.deploy.LocalDeployment` puts a
 ``flwr-clientapp`` that runs this file first on its SuperNodes' ``PATH``: Flower's own ``flwr_clientapp()``, with
 the same arguments, its package present but that package's ``__init__`` not run.
 
