@@ -35,7 +35,7 @@ from hetfed.config_server import (
     ServerConfig,
     ServerDataConfig,
 )
-from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_optimiser_keys
+from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_train_keys
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of, unknown_key
 from hetfed.spelling import did_you_mean
@@ -494,13 +494,13 @@ def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str
 def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
     """One note per setting that is applied to nothing, keyed by its dotted key: a ``flower`` key where the run's
     clients are in this process, a ``server`` key where the method's algorithm has no server model, a top-level
-    ``model`` parameter that no method's model kind takes, an optimiser's key its kind does not have (Adam's
-    momentum). (A key the chosen component does not have at all is refused by its ``Params``, not noted.)"""
+    ``model`` parameter that no method's model kind takes, a ``train`` key a method does not read (another wins over
+    it; Adam's momentum). (A key the chosen component does not have at all is refused by its ``Params``, not noted.)"""
     algorithms = registry_of("algorithm")
     notes = _unread_flower(config, executor)
     serves = [algorithms.get(m.algorithm).capabilities.server_model for m in config.methods]
     for i, (m, server_model) in enumerate(zip(config.methods, serves, strict=True)):
-        notes.update(unread_optimiser_keys(m, i, config.method_train(m).optimizer))
+        notes.update(unread_train_keys(m, i, config.method_train(m)))
         for key, value in ([] if server_model else flatten_keys(m.server)):
             notes[f"methods.{i}.server.{key}"] = (f"methods.{i}.server.{key} = {value!r} is not read: algorithm "
                                                   f"{m.algorithm!r} has no server model")

@@ -10,6 +10,7 @@ from typing import Any, ClassVar, Literal
 from pydantic import Field, field_validator, model_validator
 
 from hetfed.config_base import Chosen, Strict
+from hetfed.config_io import get_dotted
 from hetfed.errors import ConfigError
 from hetfed.registry import registry_of
 from hetfed.spelling import did_you_mean
@@ -41,22 +42,21 @@ class OptimizerConfig(Strict):
         return {k: getattr(self, k) for k in given}
 
 
-def unread_optimiser_keys(method: Any, i: int, optimizer: OptimizerConfig) -> dict[str, str]:
-    """A note per key of the ``i``-th method's optimisers that their kind does not read (``OptimizerConfig.unread``):
-    its client optimiser ``optimizer`` (a key the method set itself named as its own) and any among its algorithm's
-    parameters (FedMoE's ``params.optimizer``: the keys given there). ``method``: a ``MethodConfig``."""
-    own = method.train.get("optimizer") or {}
-    found = [(f"methods.{i}.train.optimizer" if key in own else "train.optimizer", optimizer, key, value)
-             for key, value in optimizer.unread().items()]
+def unread_train_keys(method: Any, i: int, train: TrainConfig) -> dict[str, str]:
+    """A note per key of the ``i``-th method's schedule ``train`` that it does not read (:meth:`TrainConfig.unread`; a
+    key the method set itself named as its own) and per key of an optimiser among its algorithm's parameters that its
+    kind does not have (FedMoE's ``params.optimizer``: the keys given there). ``method``: a ``MethodConfig``."""
+    found = [(f"{'' if get_dotted(method.train, key) is None else f'methods.{i}.'}train.{key}", value, why)
+             for key, (value, why) in train.unread().items()]
     with contextlib.suppress(ConfigError):  # invalid parameters are the plan's to refuse, in its words
         params = registry_of("algorithm").get(method.algorithm).make_params(method.params, f"methods.{i}.params")
         for name, opt in params:
             given = method.params.get(name)  # as the user gave it: a mapping of keys, or an OptimizerConfig (the API)
             if isinstance(opt, OptimizerConfig) and given is not None:
                 typed = given.model_fields_set if isinstance(given, OptimizerConfig) else set(given)
-                found += [(f"methods.{i}.params.{name}", opt, key, value) for key, value in opt.unread(typed).items()]
-    return {f"{where}.{key}": (f"{where}.{key} = {value!r} is not read by method {method.label!r}: its optimiser kind "
-                               f"{opt.kind!r} has no {key!r}") for where, opt, key, value in found}
+                found += [(f"methods.{i}.params.{name}.{key}", value, f"its optimiser kind {opt.kind!r} has no {key!r}")
+                          for key, value in opt.unread(typed).items()]
+    return {where: f"{where} = {value!r} is not read by method {method.label!r}: {why}" for where, value, why in found}
 
 
 class StragglerConfig(Strict):
@@ -171,6 +171,24 @@ class TrainConfig(Strict):
                              "not allowed: stragglers is the clock in median-step units; expected train.clock alone "
                              "(latency, spread, deadline in seconds) or train.stragglers alone")
         return self
+
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """The keys set away from their default that this schedule does not read, each with why: one that another key
+        set here wins over (``local_steps`` over ``local_epochs``, ``clients_per_round`` over ``client_fraction``),
+        one that applies only with another (``steps_cap_one_pass`` without ``local_steps``), one the executor does not
+        read (``ExecutorKind.unread_train``), and the optimiser's (:meth:`OptimizerConfig.unread`, as
+        ``optimizer.KEY``)."""
+        fields = type(self).model_fields
+        given = {k: getattr(self, k) for k in fields if getattr(self, k) != fields[k].get_default(
+            call_default_factory=True)}
+        why = {"local_epochs": f"its local_steps = {self.local_steps} wins over it" if self.local_steps else "",
+               "client_fraction": (f"its clients_per_round = {self.clients_per_round} wins over it"
+                                   if self.clients_per_round else ""),
+               "steps_cap_one_pass": "" if self.local_steps else "it applies with local_steps, which is unset",
+               **registry_of("executor").get(self.executor).unread_train}
+        out = {k: (given[k], why[k]) for k in given if why.get(k)}
+        kind = f"its optimiser kind {self.optimizer.kind!r}"
+        return {**out, **{f"optimizer.{k}": (v, f"{kind} has no {k!r}") for k, v in self.optimizer.unread().items()}}
 
     @field_validator("executor")
     @classmethod

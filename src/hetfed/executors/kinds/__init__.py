@@ -67,6 +67,8 @@ class ExecutorKind:
     stacks_runs: ClassVar[bool] = False
     #: ``--stack`` may run a method configured with this kind (it computes the same stacks the stacking kind does)
     stackable: ClassVar[bool] = False
+    #: ``train`` keys this kind does not read, each with why (a note names a typed one: ``hetfed.config.unread_keys``)
+    unread_train: ClassVar[dict[str, str]] = {}
 
     def check(self) -> None:
         """Refuse, in one line, what this kind needs that this machine lacks (a missing extra): called by the plan,

@@ -12,6 +12,7 @@ from hetfed.executors.kinds import ExecutorKind, register
 class Sequential(ExecutorKind):
     name = "sequential"
     summary = "in this process, one client at a time: the reference the vectorised executor is tested against"
+    unread_train = {"chunk_clients": "executor 'sequential' trains one client at a time"}
 
     def client_steps(self, train: TrainConfig) -> Executor:
         return SequentialExecutor(train.memory_budget_mb)
