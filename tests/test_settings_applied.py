@@ -140,6 +140,15 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
      "train.steps_cap_one_pass = True is not read by method 'cgau': it applies with local_steps, which is unset"),
     (["train.executor=sequential", "train.chunk_clients=4"],
      "train.chunk_clients = 4 is not read by method 'cgau': executor 'sequential' trains one client at a time"),
+    # a privacy or screen key without what turns it on
+    (["privacy.clip=2.0"], "privacy.clip = 2.0 is not read: privacy.noise_multiplier is unset: no client-level DP"),
+    (["privacy.delta=1e-6"], "privacy.delta = 1e-06 is not read: no noise is set (privacy.noise_multiplier, "
+                             "privacy.record.noise_multiplier): no ε is computed"),
+    (["privacy.record.clip=0.5"], "privacy.record.clip = 0.5 is not read: privacy.record.noise_multiplier is unset: "
+                                  "no DP-SGD"),
+    (["methods.1.server.screen.norm_factor=null", "methods.1.server.screen.reference_clients=5"],
+     "methods.1.server.screen.reference_clients = 5 is not read by method 'cgau': server.screen.norm_factor is unset: "
+     "no norm filter"),
 ])
 def test_a_key_nothing_reads_is_noted_on_stderr(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 0
@@ -164,6 +173,10 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
     # local_epochs read by the other method
     for train in ({"local_steps": 5, "steps_cap_one_pass": True}, {"clients_per_round": 3}, {"chunk_clients": 4}):
         assert unread_keys(build_config({"train": train})) == {}
+    for privacy in ({"noise_multiplier": 1.0, "clip": 2.0, "delta": 1e-6, "weighting": "samples"},
+                    {"record": {"noise_multiplier": 1.0, "clip": 0.5}, "delta": 1e-6}):
+        assert unread_keys(build_config({"privacy": privacy})) == {}
+    assert unread_keys(build_config({"server": {"screen": {"reference_clients": 5}}})) == {}
     two = build_config({"train": {"local_epochs": 2}, "methods": [
         {"name": "a", "algorithm": "fedavg"}, {"name": "b", "algorithm": "fedavg", "train": {"local_steps": 3}}]})
     assert unread_keys(two) == {"train.local_epochs": "train.local_epochs = 2.0 is not read by method 'b': its "

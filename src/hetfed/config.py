@@ -35,7 +35,7 @@ from hetfed.config_server import (
     ServerConfig,
     ServerDataConfig,
 )
-from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_train_keys
+from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_method_keys
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import registry_of, unknown_key
 from hetfed.spelling import did_you_mean
@@ -499,8 +499,13 @@ def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
     algorithms = registry_of("algorithm")
     notes = _unread_flower(config, executor)
     serves = [algorithms.get(m.algorithm).capabilities.server_model for m in config.methods]
+    for name in Config.model_fields.keys() - set(METHOD_SECTIONS):  # the run's sections; the methods' below
+        if isinstance(section := getattr(config, name), Strict):
+            notes.update({f"{name}.{k}": f"{name}.{k} = {v!r} is not read: {why}"
+                          for k, (v, why) in section.unread().items()})
     for i, (m, server_model) in enumerate(zip(config.methods, serves, strict=True)):
-        notes.update(unread_train_keys(m, i, config.method_train(m)))
+        for name in ("train", "server"):
+            notes.update(unread_method_keys(m, i, name, method_section(config, m, name)))
         for key, value in ([] if server_model else flatten_keys(m.server)):
             notes[f"methods.{i}.server.{key}"] = (f"methods.{i}.server.{key} = {value!r} is not read: algorithm "
                                                   f"{m.algorithm!r} has no server model")

@@ -24,6 +24,19 @@ class Strict(BaseModel):
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """The keys of this section (dotted within it) set away from their default that it does not read given its
+        other keys, each with why — a setting that would otherwise be silently ignored, which a note names
+        (:func:`hetfed.config.unread_keys`). Here: its sections' own; a section with rules of its own adds them."""
+        return {f"{name}.{key}": found for name in type(self).model_fields
+                if isinstance(section := getattr(self, name), Strict) for key, found in section.unread().items()}
+
+    def away_from_default(self, *names: str) -> dict[str, Any]:
+        """Those of ``names`` set away from their default, with their values."""
+        fields = type(self).model_fields
+        return {k: getattr(self, k) for k in names
+                if getattr(self, k) != fields[k].get_default(call_default_factory=True)}
+
 
 class Chosen(Strict):
     """A section that names one registered component and carries that component's own parameters beside the

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import ClassVar, Literal
+from typing import Any, ClassVar, Literal
 
 from pydantic import ConfigDict, Field, field_validator, model_validator
 
@@ -85,6 +85,11 @@ class RecordPrivacyConfig(Strict):
     noise_multiplier: float | None = Field(None, ge=0, description="σ: noise std = σ·clip per step (None: off)")
     clip: float = Field(1.0, gt=0, description="C: each sample's gradient is scaled to norm ≤ C")
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        off = "privacy.record.noise_multiplier is unset: no DP-SGD"
+        return {} if self.noise_multiplier is not None else {k: (v, off)
+                                                             for k, v in self.away_from_default("clip").items()}
+
 
 class PrivacyConfig(Strict):
     """Client-level DP-FedAvg (McMahan et al. 2018): clip each update, add Gaussian noise to the aggregate.
@@ -104,6 +109,17 @@ class PrivacyConfig(Strict):
         "uniform", description="uniform: every clipped update counts 1/m (the sensitivity is S/m, so ε holds); "
         "samples: FedAvg's weights n_k/Σn, noise std z·S·max n_k/Σn (ε then assumes the weights are public)"
     )
+
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """Besides DP-SGD's: client-level DP's keys without its noise, and ``delta`` without any noise (no ε)."""
+        out = {**super().unread()}
+        if self.noise_multiplier is None:
+            off = "privacy.noise_multiplier is unset: no client-level DP"
+            out.update({k: (v, off) for k, v in self.away_from_default("clip", "weighting").items()})
+            if self.record.noise_multiplier is None:
+                out.update({k: (v, "no noise is set (privacy.noise_multiplier, privacy.record.noise_multiplier): no ε "
+                                   "is computed") for k, v in self.away_from_default("delta").items()})
+        return out
 
     @model_validator(mode="after")
     def _noise_needs_clip(self) -> PrivacyConfig:
@@ -125,6 +141,11 @@ class ScreenConfig(Strict):
         32, ge=3, description="the norm filter's reference median is taken over the round's first this-many "
         "updates (by client id; all when the round has fewer); only they are held, the rest of the round streams"
     )
+
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        off = "server.screen.norm_factor is unset: no norm filter"
+        return {} if self.norm_factor is not None else {k: (v, off) for k, v in
+                                                        self.away_from_default("reference_clients").items()}
 
 
 class CombineConfig(Chosen):

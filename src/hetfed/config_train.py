@@ -33,29 +33,32 @@ class OptimizerConfig(Strict):
     READS: ClassVar[dict[str, tuple[str, ...]]] = {"sgd": ("momentum",), "adam": ("betas", "eps"),
                                                    "adamw": ("betas", "eps")}
 
-    def unread(self, typed: Iterable[str] | None = None) -> dict[str, Any]:
+    def foreign(self, typed: Iterable[str] | None = None) -> dict[str, Any]:
         """The keys this optimiser's kind does not read among ``typed`` (the keys a user gave it; None: those set
-        away from their default) — a setting meant for another kind, which a note names."""
+        away from their default) — settings meant for another kind."""
         others = sorted({k for keys in self.READS.values() for k in keys} - set(self.READS[self.kind]))
-        given = [k for k in others if getattr(self, k) != type(self).model_fields[k].default] if typed is None else \
-            [k for k in others if k in typed]
-        return {k: getattr(self, k) for k in given}
+        return {k: getattr(self, k) for k in others if k in typed} if typed is not None else \
+            self.away_from_default(*others)
+
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        return {k: (v, f"its optimiser kind {self.kind!r} has no {k!r}") for k, v in self.foreign().items()}
 
 
-def unread_train_keys(method: Any, i: int, train: TrainConfig) -> dict[str, str]:
-    """A note per key of the ``i``-th method's schedule ``train`` that it does not read (:meth:`TrainConfig.unread`; a
-    key the method set itself named as its own) and per key of an optimiser among its algorithm's parameters that its
-    kind does not have (FedMoE's ``params.optimizer``: the keys given there). ``method``: a ``MethodConfig``."""
-    found = [(f"{'' if get_dotted(method.train, key) is None else f'methods.{i}.'}train.{key}", value, why)
-             for key, (value, why) in train.unread().items()]
+def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dict[str, str]:
+    """A note per key of the ``i``-th method's ``section`` as it runs with it (``values``) that it does not read
+    (:meth:`Strict.unread`; a key the method set itself named as its own) and, for ``train``, per key of an
+    optimiser among its algorithm's parameters that its kind does not have (FedMoE's ``params.optimizer``: the keys
+    given there). ``method``: a ``MethodConfig``."""
+    found = [(f"{'' if get_dotted(getattr(method, section), key) is None else f'methods.{i}.'}{section}.{key}", value,
+              why) for key, (value, why) in values.unread().items()]
     with contextlib.suppress(ConfigError):  # invalid parameters are the plan's to refuse, in its words
         params = registry_of("algorithm").get(method.algorithm).make_params(method.params, f"methods.{i}.params")
-        for name, opt in params:
+        for name, opt in params if section == "train" else ():
             given = method.params.get(name)  # as the user gave it: a mapping of keys, or an OptimizerConfig (the API)
             if isinstance(opt, OptimizerConfig) and given is not None:
                 typed = given.model_fields_set if isinstance(given, OptimizerConfig) else set(given)
                 found += [(f"methods.{i}.params.{name}.{key}", value, f"its optimiser kind {opt.kind!r} has no {key!r}")
-                          for key, value in opt.unread(typed).items()]
+                          for key, value in opt.foreign(typed).items()]
     return {where: f"{where} = {value!r} is not read by method {method.label!r}: {why}" for where, value, why in found}
 
 
@@ -173,22 +176,16 @@ class TrainConfig(Strict):
         return self
 
     def unread(self) -> dict[str, tuple[Any, str]]:
-        """The keys set away from their default that this schedule does not read, each with why: one that another key
-        set here wins over (``local_steps`` over ``local_epochs``, ``clients_per_round`` over ``client_fraction``),
-        one that applies only with another (``steps_cap_one_pass`` without ``local_steps``), one the executor does not
-        read (``ExecutorKind.unread_train``), and the optimiser's (:meth:`OptimizerConfig.unread`, as
-        ``optimizer.KEY``)."""
-        fields = type(self).model_fields
-        given = {k: getattr(self, k) for k in fields if getattr(self, k) != fields[k].get_default(
-            call_default_factory=True)}
+        """Besides its sections' (the optimiser's keys its kind has not): a key another one set here wins over
+        (``local_steps`` over ``local_epochs``, ``clients_per_round`` over ``client_fraction``), one that applies only
+        with another (``steps_cap_one_pass`` without ``local_steps``), one the executor does not read
+        (``ExecutorKind.unread_train``)."""
         why = {"local_epochs": f"its local_steps = {self.local_steps} wins over it" if self.local_steps else "",
                "client_fraction": (f"its clients_per_round = {self.clients_per_round} wins over it"
                                    if self.clients_per_round else ""),
                "steps_cap_one_pass": "" if self.local_steps else "it applies with local_steps, which is unset",
                **registry_of("executor").get(self.executor).unread_train}
-        out = {k: (given[k], why[k]) for k in given if why.get(k)}
-        kind = f"its optimiser kind {self.optimizer.kind!r}"
-        return {**out, **{f"optimizer.{k}": (v, f"{kind} has no {k!r}") for k, v in self.optimizer.unread().items()}}
+        return {**super().unread(), **{k: (v, why[k]) for k, v in self.away_from_default(*why).items() if why[k]}}
 
     @field_validator("executor")
     @classmethod
