@@ -140,6 +140,8 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
      "train.steps_cap_one_pass = True is not read by method 'cgau': it applies with local_steps, which is unset"),
     (["train.executor=sequential", "train.chunk_clients=4"],
      "train.chunk_clients = 4 is not read by method 'cgau': executor 'sequential' trains one client at a time"),
+    (["train.clock.network_spread=0.5"], "train.clock.network_spread = 0.5 is not read by method 'cgau': no "
+                                         "bandwidth is set (uplink_mbps, downlink_mbps)"),
     # a privacy or screen key without what turns it on
     (["privacy.clip=2.0"], "privacy.clip = 2.0 is not read: privacy.noise_multiplier is unset: no client-level DP"),
     (["privacy.delta=1e-6"], "privacy.delta = 1e-06 is not read: no noise is set (privacy.noise_multiplier, "
@@ -177,6 +179,11 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
                     {"record": {"noise_multiplier": 1.0, "clip": 0.5}, "delta": 1e-6}):
         assert unread_keys(build_config({"privacy": privacy})) == {}
     assert unread_keys(build_config({"server": {"screen": {"reference_clients": 5}}})) == {}
+    assert unread_keys(build_config({"train": {"clock": {"network_spread": 0.5, "uplink_mbps": 10}}})) == {}
+    speeds = build_config({"train": {"clock": {"latency": "file", "file": "speeds.csv", "sample_seconds": 0.01}}})
+    assert unread_keys(speeds) == {"train.clock.sample_seconds": "train.clock.sample_seconds = 0.01 is not read by "
+                                   "method 'cgau': train.clock.latency = 'file' reads every client's speeds from its "
+                                   "file"}
     two = build_config({"train": {"local_epochs": 2}, "methods": [
         {"name": "a", "algorithm": "fedavg"}, {"name": "b", "algorithm": "fedavg", "train": {"local_steps": 3}}]})
     assert unread_keys(two) == {"train.local_epochs": "train.local_epochs = 2.0 is not read by method 'b': its "

@@ -100,6 +100,16 @@ class ClockConfig(Chosen):
     deadline: float | None = Field(None, gt=0, description="seconds: a client whose round takes longer is dropped "
                                    "(late); the round then lasts the deadline")
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """The speeds' keys where a file gives every client's speeds; the bandwidths' spread without a bandwidth."""
+        if registry_of("latency").get(self.latency).reads_file:
+            why = f"train.clock.latency = {self.latency!r} reads every client's speeds from its file"
+            keys: tuple[str, ...] = ("sample_seconds", "uplink_mbps", "downlink_mbps", "network_spread", "slow")
+        else:
+            why = "no bandwidth is set (uplink_mbps, downlink_mbps): sending and receiving take no time"
+            keys = ("network_spread",) if self.uplink_mbps is None and self.downlink_mbps is None else ()
+        return {k: (v, why) for k, v in self.away_from_default(*keys).items()}
+
 
 class TrainConfig(Strict):
     """The federated schedule: rounds, client sampling, local work, evaluation."""
