@@ -142,6 +142,15 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
      "train.chunk_clients = 4 is not read by method 'cgau': executor 'sequential' trains one client at a time"),
     (["train.clock.network_spread=0.5"], "train.clock.network_spread = 0.5 is not read by method 'cgau': no "
                                          "bandwidth is set (uplink_mbps, downlink_mbps)"),
+    (["heterogeneity.iid_draws=0", "heterogeneity.iid_max_clients=5"],
+     "heterogeneity.iid_max_clients = 5 is not read: heterogeneity.iid_draws = 0: no Γ_IID reference"),
+    (["attack.fraction=0.3"], "attack.fraction = 0.3 is not read: attack.kind = 'none': no client is malicious"),
+    (["server_data.source=holdout", "server_data.name=fashion-mnist"],
+     "server_data.name = 'fashion-mnist' is not read: server_data.source = 'holdout' does not take it"),
+    (["leakage.kind=dlg", "leakage.samples=50"], "leakage.samples = 50 is not read: leakage.kind = 'dlg' reads the "
+                                                 "upload, not it"),
+    (["leakage.kind=loss_threshold", "leakage.round=3"], "leakage.round = 3 is not read: leakage.kind = "
+                                                         "'loss_threshold' reads the model, not it"),
     # a privacy or screen key without what turns it on
     (["privacy.clip=2.0"], "privacy.clip = 2.0 is not read: privacy.noise_multiplier is unset: no client-level DP"),
     (["privacy.delta=1e-6"], "privacy.delta = 1e-06 is not read: no noise is set (privacy.noise_multiplier, "
@@ -180,6 +189,12 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
         assert unread_keys(build_config({"privacy": privacy})) == {}
     assert unread_keys(build_config({"server": {"screen": {"reference_clients": 5}}})) == {}
     assert unread_keys(build_config({"train": {"clock": {"network_spread": 0.5, "uplink_mbps": 10}}})) == {}
+    for section, given in [("attack", {"kind": "sign_flip", "fraction": 0.3}),
+                           ("leakage", {"kind": "dlg", "round": 3, "client": 2}),
+                           ("leakage", {"kind": "loss_threshold", "samples": 50}),
+                           ("server_data", {"source": "dataset", "name": "fashion-mnist", "max_samples": 100}),
+                           ("heterogeneity", {"iid_draws": 5, "iid_max_clients": 5})]:
+        assert unread_keys(build_config({section: given})) == {}, section
     speeds = build_config({"train": {"clock": {"latency": "file", "file": "speeds.csv", "sample_seconds": 0.01}}})
     assert unread_keys(speeds) == {"train.clock.sample_seconds": "train.clock.sample_seconds = 0.01 is not read by "
                                    "method 'cgau': train.clock.latency = 'file' reads every client's speeds from its "

@@ -115,6 +115,10 @@ class HeterogeneityConfig(Strict):
         "plain", description="plain Fréchet distance, or extrapolated to infinite client size (FD∞)"
     )
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        return {} if self.iid_draws else {k: (v, "heterogeneity.iid_draws = 0: no Γ_IID reference")
+                                          for k, v in self.away_from_default("iid_max_clients").items()}
+
 
 class ModelConfig(Chosen):
     """The network every client trains: ``kind`` and that kind's own keys (mlp: ``hidden``, ``dropout`` …;

@@ -33,6 +33,15 @@ class ServerDataConfig(Strict):
             registry_of("dataset").get(name, "server_data.name")
         return name
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """What the source takes: a holdout its ``fraction``, another dataset its ``name`` and ``data_dir``; ``none``
+        nothing (``auto`` is a holdout when a method needs server data)."""
+        takes = {"none": (), "auto": ("fraction", "max_samples"), "holdout": ("fraction", "max_samples"),
+                 "dataset": ("name", "data_dir", "max_samples")}[self.source]
+        others = [k for k in ("fraction", "name", "data_dir", "max_samples") if k not in takes]
+        why = f"server_data.source = {self.source!r} does not take it"
+        return {k: (v, why) for k, v in self.away_from_default(*others).items()}
+
     @model_validator(mode="after")
     def _dataset_named(self) -> ServerDataConfig:
         if self.source == "dataset" and self.name is None:
@@ -53,6 +62,10 @@ class AttackConfig(Chosen):
     kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        return {k: (v, "attack.kind = 'none': no client is malicious") for k, v in
+                self.away_from_default("fraction").items()} if self.kind == "none" else {}
+
 
 class LeakageConfig(Chosen):
     """What an honest-but-curious server attacks in a run (hetfed.leakage; `hetfed components leakage NAME`), its
@@ -72,6 +85,15 @@ class LeakageConfig(Chosen):
                                                  "training samples as of its test samples)")
     client: int = Field(0, ge=0, description="inversion: the client whose upload the server attacks")
     round: int = Field(1, ge=1, description="inversion: the round whose upload the server attacks")
+
+    def unread(self) -> dict[str, tuple[Any, str]]:
+        """A membership attack reads ``samples``, an inversion ``client`` and ``round``; ``none`` neither."""
+        reads = registry_of("leakage").get(self.kind).reads
+        takes = {"model": ("samples",), "update": ("client", "round")}.get(reads, ())
+        why = f"leakage.kind = {self.kind!r} " + ("attacks nothing" if reads == "nothing" else
+                                                   f"reads the {'model' if reads == 'model' else 'upload'}, not it")
+        return {k: (v, why) for k, v in self.away_from_default(*(k for k in ("samples", "client", "round")
+                                                                 if k not in takes)).items()}
 
 
 class RecordPrivacyConfig(Strict):
