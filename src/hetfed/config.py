@@ -14,8 +14,7 @@ import copy
 import functools
 import json
 import re
-import typing
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
 
@@ -37,7 +36,7 @@ from hetfed.config_server import (
 )
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_method_keys
 from hetfed.errors import ConfigError, HetfedNote
-from hetfed.registry import registry_of, unknown_key
+from hetfed.registry import model_at, model_in, registry_of, unknown_key
 from hetfed.spelling import did_you_mean
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
@@ -298,31 +297,12 @@ def _deep_merge(base: dict, override: dict) -> dict:
     return out
 
 
-def _model_in(annotation: Any) -> type[BaseModel] | None:
-    """The config model a field holds: itself, or the model inside ``X | None`` or ``list[X]``."""
-    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
-        return annotation
-    return next((m for a in typing.get_args(annotation) if (m := _model_in(a)) is not None), None)
-
-
-def _model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
-    """The section model at ``path`` below ``root`` (``methods.0.train`` → TrainConfig), or None."""
-    model: type[BaseModel] | None = root
-    for part in path:
-        if model is None:
-            return None
-        if isinstance(part, str) and not part.isdigit():  # an item of a list (methods.0) is the list's model
-            field = model.model_fields.get(part)
-            model = _model_in(field.annotation) if field is not None else None
-    return model
-
-
 def section_keys(model: type[BaseModel] | None = None, prefix: str = "") -> Iterator[str]:
     """Every dotted key of the config's sections (``train.optimizer.lr``), a section before the keys inside it; a
     method's own sections are the top-level ones (``methods`` is not walked), a component's parameters are its own."""
     for name, field in (model or Config).model_fields.items():
         yield prefix + name
-        inner = _model_in(field.annotation)
+        inner = model_in(field.annotation)
         if inner is not None and inner is not MethodConfig:
             yield from section_keys(inner, f"{prefix}{name}.")
 
@@ -346,7 +326,7 @@ def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel]
         msg = e["msg"]
         if e["type"] == "extra_forbidden":
             section = (prefix + ".".join(map(str, e["loc"][:-1]))).rstrip(".")
-            model = _model_at(root or Config, e["loc"][:-1])
+            model = model_at(root or Config, e["loc"][:-1])
             owner = f"section {section!r}" if section else "a config"
             lines.append(unknown_key(key, e.get("input"), owner, model.model_fields if model else (), _every_key()))
             continue

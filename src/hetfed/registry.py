@@ -12,7 +12,7 @@ import importlib
 import importlib.util
 import pkgutil
 import typing
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any, Generic, TypeVar
 
 from pydantic import BaseModel, ConfigDict, ValidationError
@@ -162,7 +162,7 @@ class Registry(Generic[T]):
             return cls(**dict(values))
         except ValidationError as err:
             elsewhere = {**self.taken_by_others(name), **{k: repr(f"{where}.{k}") for k in shared}}
-            raise ConfigError(params_error(err, where, f"{self.noun} {name!r}", cls.model_fields, elsewhere)) from None
+            raise ConfigError(params_error(err, where, f"{self.noun} {name!r}", cls, elsewhere)) from None
 
     def taken_by_others(self, name: str) -> dict[str, str]:
         """The parameters of this kind's other components, each with the first (by name) that takes it, in words:
@@ -208,21 +208,21 @@ def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewh
     return f"unknown key {key!r} = {value!r}: {hint}{owner} {takes}"
 
 
-def params_error(err: ValidationError, where: str, owner: str, allowed: Iterable[str],
+def params_error(err: ValidationError, where: str, owner: str, model: type[BaseModel],
                  elsewhere: Mapping[str, str] = {}) -> str:
-    """A component's parameters' validation errors as one line naming each key under ``where``; an unknown key is
-    told the keys ``owner`` (the component, in words) takes, ``allowed``, or the nearest in ``elsewhere``
-    (:func:`unknown_key`)."""
+    """A component's parameters' (``model``'s) validation errors as one line naming each key under ``where``; an
+    unknown key is told the keys ``owner`` (the component, in words) takes, or the nearest in ``elsewhere`` — or, in a
+    section among the parameters (FedMoE's ``optimizer``), that section's keys (:func:`unknown_key`)."""
     parts = []
     for e in err.errors():
         key = ".".join([where, *(str(p) for p in e["loc"])])
-        inner = _section_fields(allowed, e["loc"][:-1])
+        inner = model_at(model, e["loc"][:-1]) if e["loc"][:-1] else None
         if e["type"] == "extra_forbidden" and inner is not None:  # a key of a section among the parameters: its keys
             section = key.rpartition(".")[0]
-            parts.append(unknown_key(key, e.get("input"), f"{section!r} of {owner}", inner))
+            parts.append(unknown_key(key, e.get("input"), f"{section!r} of {owner}", inner.model_fields))
             continue
         if e["type"] == "extra_forbidden":
-            parts.append(unknown_key(key, e.get("input"), owner, allowed, elsewhere))
+            parts.append(unknown_key(key, e.get("input"), owner, model.model_fields, elsewhere))
             continue
         if e["type"] == "missing":
             parts.append(f"{key} is required: it has no default")
@@ -232,15 +232,22 @@ def params_error(err: ValidationError, where: str, owner: str, allowed: Iterable
     return "; ".join(parts)
 
 
-def _section_fields(fields: Iterable[str], loc: tuple[int | str, ...]) -> Iterable[str] | None:
-    """The keys of the section at ``loc`` among a component's parameters (``fields``: their pydantic fields), e.g.
-    FedMoE's ``optimizer``; None at the top (``loc`` empty) or where no section's fields are known."""
-    for part in loc:
-        info = fields.get(part) if isinstance(fields, Mapping) else None
-        annotation = getattr(info, "annotation", None)
-        model = next((a for a in (annotation, *typing.get_args(annotation))
-                      if isinstance(a, type) and issubclass(a, BaseModel)), None)
+
+def model_in(annotation: Any) -> type[BaseModel] | None:
+    """The config model a field holds: itself, or the model inside ``X | None`` or ``list[X]``."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    return next((m for a in typing.get_args(annotation) if (m := model_in(a)) is not None), None)
+
+
+def model_at(root: type[BaseModel], path: Sequence[str | int]) -> type[BaseModel] | None:
+    """The section model at ``path`` below ``root`` (``methods.0.train`` → TrainConfig; FedMoE's params'
+    ``optimizer`` → OptimizerConfig), or None."""
+    model: type[BaseModel] | None = root
+    for part in path:
         if model is None:
             return None
-        fields = model.model_fields
-    return fields if loc else None
+        if isinstance(part, str) and not part.isdigit():  # an item of a list (methods.0) is the list's model
+            field = model.model_fields.get(part)
+            model = model_in(field.annotation) if field is not None else None
+    return model

@@ -107,7 +107,7 @@ class AlgorithmSpec:
         try:
             return self.params(**dict(raw or {}))
         except ValidationError as err:
-            raise ConfigError(params_error(err, where, f"algorithm {self.name!r}", self.params.model_fields,
+            raise ConfigError(params_error(err, where, f"algorithm {self.name!r}", self.params,
                                            _REGISTRY.taken_by_others(self.name))) from None
 
     def describe(self) -> dict[str, Any]:
