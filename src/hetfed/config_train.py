@@ -33,15 +33,13 @@ class OptimizerConfig(Strict):
     READS: ClassVar[dict[str, tuple[str, ...]]] = {"sgd": ("momentum",), "adam": ("betas", "eps"),
                                                    "adamw": ("betas", "eps")}
 
-    def foreign(self, typed: Iterable[str] | None = None) -> dict[str, Any]:
-        """The keys this optimiser's kind does not read among ``typed`` (the keys a user gave it; None: those set
-        away from their default) — settings meant for another kind."""
+    def unread(self, typed: Iterable[str] | None = None) -> dict[str, tuple[Any, str]]:
+        """The keys meant for another kind: those this kind does not read among ``typed`` (the keys a user gave it,
+        where that is known: an optimiser among an algorithm's parameters) or else set away from their default."""
         others = sorted({k for keys in self.READS.values() for k in keys} - set(self.READS[self.kind]))
-        return {k: getattr(self, k) for k in others if k in typed} if typed is not None else \
+        given = {k: getattr(self, k) for k in others if k in typed} if typed is not None else \
             self.away_from_default(*others)
-
-    def unread(self) -> dict[str, tuple[Any, str]]:
-        return {k: (v, f"its optimiser kind {self.kind!r} has no {k!r}") for k, v in self.foreign().items()}
+        return {k: (v, f"its optimiser kind {self.kind!r} has no {k!r}") for k, v in given.items()}
 
 
 def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dict[str, str]:
@@ -52,13 +50,14 @@ def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dic
     found = [(f"{'' if get_dotted(getattr(method, section), key) is None else f'methods.{i}.'}{section}.{key}", value,
               why) for key, (value, why) in values.unread().items()]
     with contextlib.suppress(ConfigError):  # invalid parameters are the plan's to refuse, in its words
-        params = registry_of("algorithm").get(method.algorithm).make_params(method.params, f"methods.{i}.params")
-        for name, opt in params if section == "train" else ():
+        params = registry_of("algorithm").get(method.algorithm).make_params(method.params, f"methods.{i}.params") \
+            if section == "train" else ()
+        for name, opt in params:
             given = method.params.get(name)  # as the user gave it: a mapping of keys, or an OptimizerConfig (the API)
             if isinstance(opt, OptimizerConfig) and given is not None:
                 typed = given.model_fields_set if isinstance(given, OptimizerConfig) else set(given)
-                found += [(f"methods.{i}.params.{name}.{key}", value, f"its optimiser kind {opt.kind!r} has no {key!r}")
-                          for key, value in opt.foreign(typed).items()]
+                found += [(f"methods.{i}.params.{name}.{key}", value, why)
+                          for key, (value, why) in opt.unread(typed).items()]
     return {where: f"{where} = {value!r} is not read by method {method.label!r}: {why}" for where, value, why in found}
 
 
