@@ -441,21 +441,17 @@ class UnreadKey(HetfedNote):
 
 
 def _away_from_default(section: Strict) -> dict[str, Any]:
-    """The section's keys whose (dumped) value differs from their default, with that value (a nested section's
+    """The section's keys whose value differs from their default, with that value (a nested section's
     keys dotted: ``secaggplus.num_shares``)."""
     fields = type(section).model_fields
     out: dict[str, Any] = {}
     if isinstance(section, Chosen):  # its component's own parameters, against their defaults
         defaults = type(section.params)().model_dump()
         out.update({k: v for k, v in section.params.model_dump().items() if v != defaults[k]})
-    for k, v in section.model_dump(context={"as_given": True}).items():
-        if k not in fields:
-            continue
+    for k in fields:
         value = getattr(section, k)
-        if isinstance(value, Strict):
-            out.update({f"{k}.{key}": inner for key, inner in _away_from_default(value).items()})
-        elif v != fields[k].get_default(call_default_factory=True):
-            out[k] = v
+        out.update({f"{k}.{key}": inner for key, inner in _away_from_default(value).items()}
+                   if isinstance(value, Strict) else section.away_from_default(k))
     return out
 
 
@@ -478,8 +474,9 @@ def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str
 def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
     """One note per setting that is applied to nothing, keyed by its dotted key: a ``flower`` key where the run's
     clients are in this process, a ``server`` key where the method's algorithm has no server model, a top-level
-    ``model`` parameter that no method's model kind takes, a ``train`` key a method does not read (another wins over
-    it; Adam's momentum). (A key the chosen component does not have at all is refused by its ``Params``, not noted.)"""
+    ``model`` parameter that no method's model kind takes, and any key a section does not read given its other keys
+    (``Strict.unread``: the run's sections, each method's ``train`` and ``server``). (A key the chosen component does
+    not have at all is refused by its ``Params``, not noted.)"""
     algorithms = registry_of("algorithm")
     notes = _unread_flower(config, executor)
     serves = [algorithms.get(m.algorithm).capabilities.server_model for m in config.methods]
