@@ -16,7 +16,9 @@ of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed s
 ``--per-round`` measures what a round costs in stacked sweeps of each number of seeds: the marginal time of a round
 (a sweep of ``--rounds`` rounds minus one of ``--rounds`` / 4, over the rounds between: preparation and start-up cancel
 out), its ratio to one seed's, and how much of it the sweep's thread spends computing the runs' joined client steps
-and evaluations (the rest: each run's own server, evaluation summary, metrics and checkpoints). ``--set`` overrides the
+and evaluations (``joined_client_work_ms``), of which the joined stack's step loop (``train_stack_ms``; the rest of
+the joined work: joining the runs' states and splitting their uploads, screening, the evaluations; the rest of the
+round: each run's own server, evaluation summary, metrics and checkpoints). ``--set`` overrides the
 experiment, e.g. #74's CPU setting (logistic regression, 10 Dirichlet clients, evaluation every round)::
 
     python benchmarks/stacked_sweep.py --per-round --rounds 80 --seeds 1 5 20 --set model.kind=logreg \
@@ -86,23 +88,31 @@ def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, 
 
 def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path,
               repeats: int = 2) -> dict[int, dict[str, float]]:
-    """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and the joined share; each
-    sweep timed ``repeats`` times, the fastest kept (1 where a GPU's lease is short)."""
+    """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and where it goes: the
+    joined client work (the runs' client steps and evaluations computed together), of which the step loop of the
+    joined stack (``train_stack``: the client arithmetic and its bookkeeping); the rest of the round is each run's
+    own server, evaluation summary, metrics and checkpoints. Each sweep timed ``repeats`` times, the fastest kept
+    (1 where a GPU's lease is short)."""
+    from hetfed.algorithms import fedavg
+    from hetfed.engine import local
     from hetfed.executors import stacked_runs
 
-    inside = [0.0]
-    originals = stacked_runs.train_together, stacked_runs.evaluate_together
+    spent = {"joined": 0.0, "steps": 0.0}
+    targets = [(stacked_runs, "train_together", "joined"), (stacked_runs, "evaluate_together", "joined"),
+               (local, "train_stack", "steps"), (fedavg, "train_stack", "steps")]
+    originals = [getattr(module, name) for module, name, _part in targets]
 
-    def timed(fn):
-        def call(group):
+    def timed(fn, part):
+        def call(*args, **kwargs):
             t0 = time.perf_counter()
             try:
-                return fn(group)
+                return fn(*args, **kwargs)
             finally:
-                inside[0] += time.perf_counter() - t0
+                spent[part] += time.perf_counter() - t0
         return call
 
-    stacked_runs.train_together, stacked_runs.evaluate_together = (timed(f) for f in originals)
+    for (module, name, part), fn in zip(targets, originals, strict=True):
+        setattr(module, name, timed(fn, part))
     short = max(1, rounds // 4)
     out: dict[int, dict[str, float]] = {}
     try:
@@ -110,17 +120,18 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             measured = {}
             for r in (short, rounds):
                 config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
-                inside[0] = 0.0
+                spent.update(joined=0.0, steps=0.0)
                 wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(repeats))
-                measured[r] = (wall, inside[0] / repeats)
-            ms = (measured[rounds][0] - measured[short][0]) / (rounds - short) * 1000
-            joined = (measured[rounds][1] - measured[short][1]) / (rounds - short) * 1000
-            out[n] = {"ms_per_round": round(ms, 2), "joined_client_work_ms": round(joined, 2)}
+                measured[r] = (wall, spent["joined"] / repeats, spent["steps"] / repeats)
+            per = [(measured[rounds][j] - measured[short][j]) / (rounds - short) * 1000 for j in range(3)]
+            out[n] = {"ms_per_round": round(per[0], 2), "joined_client_work_ms": round(per[1], 2),
+                      "train_stack_ms": round(per[2], 2)}
             print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
         for row in out.values():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
     finally:
-        stacked_runs.train_together, stacked_runs.evaluate_together = originals
+        for (module, name, _part), fn in zip(targets, originals, strict=True):
+            setattr(module, name, fn)
     return out
 
 
