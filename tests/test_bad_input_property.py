@@ -142,6 +142,20 @@ def test_a_mistyped_choice_is_told_the_choice_it_meant_and_every_choice(capsys, 
     assert len(err.splitlines()) == 1 and says in err, err
 
 
+@pytest.mark.parametrize("typed,says", [
+    (["partition.kind=shards", "partition.shard_cut=sortd"], "partition.shard_cut = 'sortd': did you mean 'sorted'? "
+                                                             "Input should be 'within_class' or 'sorted'"),
+    (["partition.kind=pathological", "partition.assignment=firstdeterministic"],
+     "partition.assignment = 'firstdeterministic': did you mean 'first-deterministic'?"),
+    (["methods=[{algorithm: fedmoe, params: {blend: lgo}}]"], "methods.0.params.blend = 'lgo': did you mean 'log'? "),
+])
+def test_a_mistyped_choice_among_a_components_parameters_is_told_the_choice_it_meant(capsys, typed, says):
+    """A partitioner's or an algorithm's own choices are answered as the config's sections' are."""
+    assert main(["config", *(a for key in typed for a in ("--set", key))]) == 2
+    err = capsys.readouterr().err
+    assert len(err.splitlines()) == 1 and says in err, err
+
+
 def test_an_error_in_a_config_file_names_the_file_and_whether_overrides_went_onto_it(capsys, tmp_path):
     """The key alone does not say where it was typed: a file's error names the file (the CLI and the API alike)."""
     import hetfed

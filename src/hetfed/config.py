@@ -13,7 +13,6 @@ from __future__ import annotations
 import copy
 import functools
 import json
-import re
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, ClassVar, Literal
@@ -37,7 +36,7 @@ from hetfed.config_server import (
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_method_keys
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import model_at, model_in, registry_of, unknown_key
-from hetfed.spelling import did_you_mean
+from hetfed.spelling import choice_hint, did_you_mean
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
@@ -333,8 +332,7 @@ def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         value = e.get("input")
-        if e["type"] == "literal_error":  # one of a fixed few ('sgd' or 'adam'): the nearest first, if a typo
-            msg = did_you_mean(value, re.findall(r"'([^']*)'", e["ctx"]["expected"])) + msg
+        msg = choice_hint(e) + msg  # one of a fixed few ('sgd' or 'adam'): the nearest first, if a typo
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
         named = msg.split(" ", 1)[0]  # a message that starts with its own key (a step's, a method's section's)
         names_itself = key and (named.startswith(f"{key}.") or named == key or f".{key}." in named or f"'{key}." in msg)

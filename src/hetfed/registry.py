@@ -18,7 +18,7 @@ from typing import Any, Generic, TypeVar
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from hetfed.errors import ConfigError
-from hetfed.spelling import did_you_mean, nearest
+from hetfed.spelling import choice_hint, did_you_mean, nearest
 
 T = TypeVar("T")
 
@@ -227,7 +227,7 @@ def params_error(err: ValidationError, where: str, owner: str, model: type[BaseM
         if e["type"] == "missing":
             parts.append(f"{key} is required: it has no default")
             continue
-        msg = e["msg"].removeprefix("Value error, ")
+        msg = choice_hint(e) + e["msg"].removeprefix("Value error, ")
         parts.append(f"{key} = {e.get('input')!r}: {msg}" if e["loc"] else msg)  # a check of the whole: its own words
     return "; ".join(parts)
 

@@ -3,7 +3,9 @@ a key, a choice or a variable nothing reads — so the refusal says the fix, not
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+import re
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 
 def typos_apart(a: str, b: str) -> int:
@@ -32,3 +34,12 @@ def did_you_mean(typed: object, choices: Iterable[str], prefix: str = "") -> str
     every choice."""
     near = nearest(typed, choices) if isinstance(typed, str) else []
     return f"did you mean {prefix + near[0]!r}? " if near else ""
+
+
+def choice_hint(error: Mapping[str, Any]) -> str:
+    """:func:`did_you_mean` for one of pydantic's errors: a value that is not one of a field's fixed few (a
+    ``Literal``: ``'sortd'`` for ``'within_class'`` or ``'sorted'``) and looks like a typo of one; else nothing. The
+    config's sections and every component's parameters answer their choices with it alike."""
+    if error.get("type") != "literal_error":
+        return ""
+    return did_you_mean(error.get("input"), re.findall(r"'([^']*)'", error["ctx"]["expected"]))

@@ -35,6 +35,10 @@ Kinds (seed papers in brackets):
   So a client's clusters lie in the same region of the embedding — the feature
   skew is coherent across classes, as a real device's would be.
 - ``natural``: clients given by ids in the data.
+- ``pathological`` [NIID-Bench's #C = k]: every client holds exactly ``classes_per_client`` classes (its first
+  class k mod C, the others drawn, by default), each class split in equal parts over its holders — drawn as
+  Flower Datasets' ``PathologicalPartitioner`` draws it.
+- ``quantity`` [NIID-Bench's quantity skew]: client sizes from Dir(β) above ``min_size``, samples at random.
 
 ``opt_out`` is orthogonal: a fraction ``q`` of the clients is marked opted-out;
 the engine never samples them for the global model.
