@@ -85,9 +85,12 @@ class PartitionConfig(Chosen):
     chosen_by: ClassVar[tuple[str, str]] = ("partitioner", "kind")
 
     kind: str = Field("feature_clusters", description="a registered partitioner (hetfed.partition): iid, shards, "
-                      "majority, dirichlet, feature_clusters, natural, or a plugin's")
+                      "majority, dirichlet, feature_clusters, natural, pathological, quantity, or a plugin's")
     clients: int | None = Field(10, ge=1)
     opt_out: float = Field(0.0, ge=0, le=1)
+    feature_noise: float = Field(0.0, ge=0, description="NIID-Bench's noise-based feature skew, beside any kind: "
+                                 "client k's features get Gaussian noise of standard deviation feature_noise · k/(K−1) "
+                                 "(client 0 none), drawn once per sample; the global test set stays clean")
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
 

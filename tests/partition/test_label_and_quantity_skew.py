@@ -130,3 +130,55 @@ def test_gammas_excess_over_its_iid_reference_is_label_skew_not_client_size(caps
     q, p = excess["quantity"], excess["pathological"]
     assert q[2] > 5, q  # the sizes are skewed
     assert abs(q[0]) < 0.1 * p[0] and p[0] > 1.0, excess
+
+
+# --- noise-based feature skew (partition.feature_noise, beside any kind) -------------------------------------------
+
+
+def _pool(n: int = 600, d: int = 6, seed: int = 0):
+    from types import SimpleNamespace
+
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 3, n).astype(np.int64)
+    return SimpleNamespace(x_train=rng.normal(size=(n, d)).astype(np.float32), y_train=y,
+                           x_test=rng.normal(size=(90, d)).astype(np.float32), y_test=np.repeat(np.arange(3), 30),
+                           n_classes=3)
+
+
+def test_feature_noise_grows_with_the_client_and_leaves_the_shared_pool_and_the_global_test_set_alone():
+    from hetfed.partition import make_federation
+
+    data = _pool()
+    before = data.x_train.copy()
+    clean = make_federation(data, PartitionConfig(kind="iid", clients=5), seed=3)
+    noisy = make_federation(data, PartitionConfig(kind="iid", clients=5, feature_noise=2.0), seed=3)
+    assert np.array_equal(data.x_train, before)  # a copy: a sweep's runs share the pool
+    assert np.array_equal(noisy.x_global_test, clean.x_global_test)
+    assert all(np.array_equal(a, b) for a, b in zip(noisy.train, clean.train, strict=True))  # the same clients
+    for k in range(5):
+        rows = np.concatenate([noisy.train[k], noisy.val[k], noisy.test[k]])
+        shift = (noisy.x[rows] - clean.x[rows]).ravel()
+        assert shift.std() == pytest.approx(2.0 * k / 4, rel=0.15, abs=1e-12), k  # client 0 clean, the last 2.0
+    again = make_federation(data, PartitionConfig(kind="iid", clients=5, feature_noise=2.0), seed=3)
+    assert np.array_equal(again.x, noisy.x)
+
+
+def test_feature_noise_is_refused_on_inputs_that_are_not_features():
+    from hetfed.partition import make_federation
+
+    data = _pool()
+    data.measure_train = data.x_train  # token ids, measured through their bag of words
+    with pytest.raises(PartitionError, match=r"partition.feature_noise = 1.0 is not allowed with embed.kind = .*: "
+                                             r"its inputs are not features"):
+        make_federation(data, PartitionConfig(kind="iid", clients=4, feature_noise=1.0), seed=0)
+
+
+def test_gamma_measures_noise_based_feature_skew(capsys):
+    """Through ``hetfed partition`` on an IID split: Γ's excess over its IID reference grows with the noise."""
+    excess = []
+    for noise in (0.0, 0.3, 1.0):
+        sets = ["partition.kind=iid", f"partition.feature_noise={noise}"]
+        assert main(["partition", "--json", *(a for s in sets for a in ("--set", s))]) == 0
+        out = json.loads(capsys.readouterr().out)
+        excess.append(out["gamma_excess"] / out["gamma_iid_sd"])
+    assert abs(excess[0]) < 5 < excess[1] < excess[2], excess
