@@ -252,6 +252,9 @@ class Run:
 
     dir: Path
 
+    def __post_init__(self) -> None:
+        self.dir = Path(self.dir)  # a folder's name as typed (``hetfed.Run("runs/x")``) reads as its path
+
     @cached_property
     def config(self) -> Config:
         from hetfed.config import load_run_config
@@ -413,6 +416,9 @@ class Sweep:
     """A sweep directory read back: the aggregated table and every run."""
 
     dir: Path
+
+    def __post_init__(self) -> None:
+        self.dir = Path(self.dir)  # a folder's name as typed (``hetfed.Sweep("sweeps/x")``) reads as its path
 
     @cached_property
     def record(self) -> dict:

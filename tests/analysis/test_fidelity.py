@@ -133,7 +133,7 @@ def test_a_sweep_writes_every_runs_values_and_pairs_them(tmp_path, capsys):
     # the API pairs the two methods seed by seed
     import hetfed
 
-    table = hetfed.Sweep(out).paired("cgau", "relu", "best.local_accuracy_mean")
+    table = hetfed.Sweep(str(out)).paired("cgau", "relu", "best.local_accuracy_mean")  # a folder's name as typed
     assert list(table["partition.shuffle"]) == [0.0, 1.0]
     for shuffle, got in zip((0.0, 1.0), table.itertuples(), strict=True):
         def side(method, shuffle=shuffle):
