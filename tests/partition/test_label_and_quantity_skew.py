@@ -163,7 +163,7 @@ def test_feature_noise_grows_with_the_client_and_leaves_the_shared_pool_and_the_
     assert np.array_equal(again.x, noisy.x)
 
 
-def test_feature_noise_is_refused_on_inputs_that_are_not_features():
+def test_feature_noise_is_refused_on_inputs_that_are_not_features_and_where_it_would_skew_nothing():
     from hetfed.partition import make_federation
 
     data = _pool()
@@ -171,6 +171,9 @@ def test_feature_noise_is_refused_on_inputs_that_are_not_features():
     with pytest.raises(PartitionError, match=r"partition.feature_noise = 1.0 is not allowed with embed.kind = .*: "
                                              r"its inputs are not features"):
         make_federation(data, PartitionConfig(kind="iid", clients=4, feature_noise=1.0), seed=0)
+    data.measure_train = None
+    with pytest.raises(PartitionError, match=r"feature_noise = 1.0 is not allowed with one client: client 0's"):
+        make_federation(data, PartitionConfig(kind="iid", clients=1, feature_noise=1.0), seed=0)
 
 
 def test_gamma_measures_noise_based_feature_skew(capsys):

@@ -420,6 +420,10 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
             raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with embed.kind = "
                                  f"{getattr(data, 'extractor', None)!r}: its inputs are not features (token ids, "
                                  "text); expected real-valued features (e.g. embed.kind = 'minilm')")
+        if len(parts) < 2:
+            raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with one client: "
+                                 "client 0's features stay clean, so nothing would be skewed; expected "
+                                 "partition.clients ≥ 2")
         x = with_feature_noise(x, parts, cfg.feature_noise, np.random.default_rng([seed, 0x401E]))
     gap = getattr(data, "sequence_gap", None)
     if gap is not None and PARTITIONERS.get(cfg.kind).ordered:  # a role's windows in time order: by time, as LEAF
