@@ -294,6 +294,13 @@ def require_clients(cfg: PartitionConfig, n: int) -> int:
     return k
 
 
+def require_min_size(min_size: int, k: int, n: int) -> None:
+    """``partition.min_size`` for ``k`` clients of a pool of ``n`` samples: refused when the pool cannot give it."""
+    if min_size * k > n:
+        raise PartitionError(f"partition.min_size = {min_size} is not allowed with {k} clients: it needs "
+                             f"{min_size * k} samples but there are {n}; expected min_size ≤ {n // k}")
+
+
 # ---------------------------------------------------------------- partitioners
 
 

@@ -6,7 +6,6 @@ import numpy as np
 from pydantic import Field
 
 from hetfed.config import PartitionConfig
-from hetfed.errors import PartitionError
 from hetfed.partition import (
     Indices,
     allocate_counts,
@@ -15,6 +14,7 @@ from hetfed.partition import (
     meet_min_size,
     register,
     require_clients,
+    require_min_size,
 )
 from hetfed.registry import ComponentParams
 
@@ -39,11 +39,7 @@ def dirichlet(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random
     """
     k = require_clients(cfg, len(y))
     n_classes = int(y.max()) + 1
-    if cfg.params.min_size * k > len(y):
-        raise PartitionError(
-            f"partition.min_size = {cfg.params.min_size} is not allowed with {k} clients: it needs "
-            f"{cfg.params.min_size * k} samples but there are {len(y)}; expected min_size ≤ {len(y) // k}"
-        )
+    require_min_size(cfg.params.min_size, k, len(y))
     if cfg.params.samples_per_client is not None:
         props = rng.dirichlet(np.full(n_classes, cfg.params.alpha), size=k)
         return draw_per_client(y, props, cfg.params.samples_per_client, rng, "partition.kind = 'dirichlet'",

@@ -47,16 +47,16 @@ def pathological(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.ran
             f"partition.kind = 'pathological' gives classes {unused} to no client ({k} clients × {per} classes, "
             f"assignment {cfg.params.assignment!r}): their samples would be left out; expected partition.clients ≥ "
             f"{len(classes)} with assignment 'first-deterministic' (every class is some client's first)")
-    short = [(c, t) for c, t in times.items() if t > int(np.sum(y == c))]
-    if short:
-        c, t = short[0]
-        raise PartitionError(f"partition.kind = 'pathological' gives class {c} to {t} clients but it has only "
-                             f"{int(np.sum(y == c))} samples; expected fewer clients or classes_per_client")
+    members = {c: np.flatnonzero(y == c) for c in times}
+    for c, t in times.items():
+        if t > len(members[c]):
+            raise PartitionError(f"partition.kind = 'pathological' gives class {c} to {t} clients but it has only "
+                                 f"{len(members[c])} samples; expected fewer clients or classes_per_client")
     parts: list[list[np.ndarray]] = [[] for _ in range(k)]
-    for c in classes:
-        pieces = iter(np.array_split(np.flatnonzero(y == c), times[int(c)]))
+    for c, t in times.items():
+        pieces = iter(np.array_split(members[c], t))
         for client in range(k):
-            if int(c) in held[client]:
+            if c in held[client]:
                 parts[client].append(next(pieces))
     return [np.sort(np.concatenate(p)).astype(np.int64) for p in parts]
 

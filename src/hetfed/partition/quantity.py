@@ -6,8 +6,7 @@ import numpy as np
 from pydantic import Field
 
 from hetfed.config import PartitionConfig
-from hetfed.errors import PartitionError
-from hetfed.partition import Indices, apportion, register, require_clients
+from hetfed.partition import Indices, apportion, register, require_clients, require_min_size
 from hetfed.registry import ComponentParams
 
 
@@ -27,10 +26,7 @@ def quantity(x: np.ndarray, y: np.ndarray, cfg: PartitionConfig, rng: np.random.
     """
     k = require_clients(cfg, len(y))
     floor = cfg.params.min_size
-    if floor * k > len(y):
-        raise PartitionError(
-            f"partition.min_size = {floor} is not allowed with {k} clients: it needs {floor * k} samples but there "
-            f"are {len(y)}; expected min_size ≤ {len(y) // k}")
+    require_min_size(floor, k, len(y))
     perm = rng.permutation(len(y))
     sizes = floor + apportion(len(y) - floor * k, rng.dirichlet(np.full(k, cfg.params.beta)))
     return [np.sort(part).astype(np.int64) for part in np.split(perm, np.cumsum(sizes)[:-1])]
