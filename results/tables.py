@@ -60,12 +60,21 @@ def _cell(values: list[float]) -> str:
     return f"{np.mean(v):.3f} ± {ci95_over(v) or 0:.3f}" if v else "-"
 
 
+def _attack_of(point: dict) -> tuple[str, float]:
+    """A sweep point's attack and malicious share: gridded as keys (``attack.kind``, ``attack.fraction``) or as
+    whole sections (``attack={kind: ipm, epsilon: 100, fraction: 0.3}``; its own keys shown beside the kind)."""
+    section = point.get("attack", {})
+    kind = point.get("attack.kind", section.get("kind", "none"))
+    own = ", ".join(f"{k} {v:g}" for k, v in section.items() if k not in ("kind", "fraction"))
+    return (f"{kind} ({own})" if own else kind), point.get("attack.fraction", section.get("fraction", 0.1))
+
+
 def attack_table(sweep: Path) -> str:
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     methods: list[str] = []
     for point, summary in _runs(sweep):
-        key = (point["attack.kind"], point["attack.fraction"])
+        key = _attack_of(point)
         for name, m in summary["methods"].items():
             methods += [name] if name not in methods else []
             acc = m["final"].get("global_accuracy")

@@ -55,11 +55,13 @@ class AttackConfig(Chosen):
     doing what ``kind`` does (hetfed.engine.attacks; `hetfed components attack NAME`): model poisoning changes what
     they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
     (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
-    labels y → C − 1 − y. Simulated by the in-process executors (on Flower the clients are real)."""
+    labels y → C − 1 − y; colluding (omniscient) model poisoning: ``alie`` sends the round's honest updates' mean
+    minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their mean. Simulated by the in-process executors (on
+    Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
-    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, or a plugin's")
+    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, alie, ipm, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
@@ -173,12 +175,13 @@ class ScreenConfig(Strict):
 class CombineConfig(Chosen):
     """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
     (trimmed_mean: ``fraction``; krum: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
-    ``weighted``; `hetfed components combine NAME`; docs/robustness.md)."""
+    ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; `hetfed components combine NAME`;
+    docs/robustness.md)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 
     rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule (unweighted: "
-                      "median, trimmed_mean, krum, multi_krum), or a plugin's")
+                      "median, trimmed_mean, krum, multi_krum; weighted: geometric_median), or a plugin's")
 
 
 class CompressionConfig(Chosen):

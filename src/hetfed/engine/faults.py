@@ -6,8 +6,9 @@
   has a fixed speed drawn from the run seed; a client whose round would pass the ``deadline`` is dropped (late),
   as a synchronous server with a round timeout does;
 - **attackers** (``attack.*``, :class:`Adversary`): a fixed share of the opted-in
-  clients poisons what it uploads (sign flip, scaling, Gaussian noise) or the
-  labels it trains on (label flipping).
+  clients poisons what it uploads (sign flip, scaling, Gaussian noise), the
+  labels it trains on (label flipping), or colludes: sends one update crafted
+  from the round's honest ones (ALIE, IPM: :class:`Colluding`).
 
 Dropped and late clients do not train in the round (their local state stays as it
 was), so a dropout is a failure before the client could report anything.
@@ -29,7 +30,7 @@ from hetfed.engine.attacks import ATTACKS
 from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
-from hetfed.engine.types import Broadcast, Upload
+from hetfed.engine.types import Broadcast, Params, RoundUploads, Upload, concat_uploads
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -88,6 +89,10 @@ class Adversary:
     def active(self) -> bool:
         return self.attack.acts and bool(self.malicious.any())
 
+    def receiving(self, round_uploads: RoundUploads, bc: Broadcast) -> RoundUploads | Colluding:
+        """Where a round's uploads go: as they are, or through the colluding clients first (a colluding attack)."""
+        return Colluding(round_uploads, self, bc.params) if self.attack.collude is not None else round_uploads
+
     def training_labels(self, y: torch.Tensor, train_indices: Sequence[np.ndarray]) -> torch.Tensor:
         """The pool's labels as the clients train on them: flipped ``y → C − 1 − y`` on malicious clients' samples."""
         if not self.attack.flips_labels:
@@ -114,6 +119,64 @@ class Adversary:
                                                        _name_seed(name)))
                 params[name][j] = ref + poison(params[name][j] - ref, self.cfg.params, gen)
         return Upload(upload.client_ids, params, upload.num_samples, upload.extra, dict(upload.screened))
+
+
+class Colluding:
+    """A round's uploads as an omniscient colluding attack meets them, before the server's screen: the honest clients'
+    rows go on to the round at once (their updates' running mean and spread kept, so the round still streams), the
+    malicious clients' rows wait; when the round ends they carry the update the attack crafts from the honest ones
+    (the same for each), and go on too. With no honest update in the round the crafted update is made from zeros."""
+
+    def __init__(self, round_uploads: RoundUploads, adversary: Adversary, reference: Params) -> None:
+        self.inner, self.adversary, self.reference = round_uploads, adversary, reference
+        self.held: list[Upload] = []
+        self.count = 0
+        self.mean: dict[str, torch.Tensor] = {}  # float64, per shared parameter
+        self.m2: dict[str, torch.Tensor] = {}  # Σ (Δ − mean)²
+
+    def add(self, upload: Upload, measured: object = None) -> None:
+        malicious = [bool(self.adversary.malicious[k]) for k in upload.client_ids]
+        bad = [j for j, is_bad in enumerate(malicious) if is_bad]
+        if bad:
+            self.held.append(upload.take(bad))
+            measured = None
+        honest = [j for j, is_bad in enumerate(malicious) if not is_bad]
+        if honest:
+            part = upload.take(honest) if bad else upload
+            self._observe(part)
+            self.inner.add(part, measured)
+
+    def _observe(self, upload: Upload) -> None:
+        """Chan et al.'s pairwise update of the honest updates' mean and sum of squared deviations (float64)."""
+        b = len(upload.client_ids)
+        total = self.count + b
+        for name, ref in self.reference.items():
+            delta = upload.params[name].double() - ref.to(upload.params[name].device).double()
+            mean_b = delta.mean(0)
+            m2_b = (delta - mean_b).square().sum(0)
+            if not self.count:
+                self.mean[name], self.m2[name] = mean_b, m2_b
+                continue
+            shift = mean_b - self.mean[name]
+            self.mean[name] = self.mean[name] + shift * (b / total)
+            self.m2[name] = self.m2[name] + m2_b + shift.square() * (self.count * b / total)
+        self.count = total
+
+    def result(self, reduce: bool = False) -> Upload:
+        collude = self.adversary.attack.collude
+        if self.held and collude is not None:
+            held = concat_uploads(self.held)
+            n, m = self.count + len(held.client_ids), len(held.client_ids)
+            params = dict(held.params)
+            for name, ref in self.reference.items():
+                theta = params[name]
+                ref64 = ref.to(theta.device).double()
+                mean = self.mean.get(name, torch.zeros_like(ref64))
+                std = (self.m2[name] / (self.count - 1)).sqrt() if self.count > 1 else torch.zeros_like(ref64)
+                crafted = ref64 + collude(mean, std, self.adversary.cfg.params, n, m)
+                params[name] = crafted.to(theta.dtype).expand_as(theta).clone()
+            self.inner.add(Upload(held.client_ids, params, held.num_samples, held.extra, dict(held.screened)))
+        return self.inner.result(reduce)
 
 
 def _client_noise(gen: torch.Generator, shape: tuple[int, ...]) -> torch.Tensor:

@@ -56,7 +56,7 @@ from hetfed.server.transport import RESIDUAL, Transport
 
 if TYPE_CHECKING:
     from hetfed.config import TrainConfig
-    from hetfed.engine.faults import Adversary
+    from hetfed.engine.faults import Adversary, Colluding
     from hetfed.partition import Federation
 
 
@@ -309,9 +309,10 @@ class InProcessExecutor:
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
         # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
-        round_uploads = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
+        receiving = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
         self._ensure_residuals(bc.params)
         adversary = self.adversary if self.adversary is not None and self.adversary.active else None
+        round_uploads: RoundUploads | Colluding = receiving if adversary is None else adversary.receiving(receiving, bc)
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
             if adversary is not None and self.y_train is not None:

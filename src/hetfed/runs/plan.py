@@ -138,6 +138,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
             raise ConfigError(f"attack.kind = {config.attack.kind!r} is simulated by the in-process executors only; "
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
                               f"executor {kind.name!r} the clients are real)")
+        _check_collusion(config, index, method, run)
         if registry_of("latency").get(train.clock.latency).wall and (kind.in_process
                                                                      or not algo.capabilities.asynchronous):
             raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
@@ -155,6 +156,21 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
             check_remote_resume(ckpt)
         plans.append(MethodPlan(index, method, run, kind))
     return plans
+
+
+def _check_collusion(config: Config, index: int, method: MethodConfig, run: RunSpec) -> None:
+    """A colluding attack crafts its update from a round's honest updates as the server decodes them: an asynchronous
+    server has no round to collude in, and a compressed upload would carry the crafted update uncompressed."""
+    if registry_of("attack").get(config.attack.kind).collude is None:
+        return
+    why = f"attack.kind = {config.attack.kind!r} crafts one update from a round's honest updates"
+    if run.algo.capabilities.asynchronous:
+        raise ConfigError(f"{why}: methods.{index}.algorithm = {method.algorithm!r} has no rounds (an asynchronous "
+                          "server merges arrivals); expected a synchronous algorithm")
+    if run.chain is not None and run.chain.transport.compressor is not None:
+        raise ConfigError(f"{why}: with methods.{index}'s server.compression.kind = "
+                          f"{run.chain.transport.compressor.name!r} it would travel uncompressed; expected "
+                          "server.compression.kind 'none'")
 
 
 def _check_leakage(config: Config, index: int, method: MethodConfig, run: RunSpec, kind: ExecutorKind,

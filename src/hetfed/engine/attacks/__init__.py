@@ -3,8 +3,11 @@
 Each kind is one module of this package registering a :class:`ClientAttack` with its own parameters (``Params``):
 model poisoning changes what a malicious client uploads — ``poison(delta, params, noise)`` maps its update
 Δ = θ_k − θ_global of one parameter to what it sends (``noise(shape)``: that client's own Gaussian draws for the
-parameter, from the run seed) — and data poisoning changes the labels it trains on (``flips_labels``). ``none``
-does neither. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
+parameter, from the run seed) — and data poisoning changes the labels it trains on (``flips_labels``). A
+*colluding* attack (``collude``) is omniscient, as in the papers that break robust rules with it (Baruch et al. 2019,
+Xie et al. 2020): its malicious clients see the round's honest updates and all send one crafted update made from
+their coordinate-wise mean and standard deviation (:class:`hetfed.engine.faults.Colluding`). ``none`` does none of
+these. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
 """
 
 from __future__ import annotations
@@ -20,19 +23,22 @@ from hetfed.registry import ComponentParams, Registry
 
 @dataclass(frozen=True)
 class ClientAttack:
-    """One registered attack: ``poison`` (None: the update is sent as it is) and whether the labels are flipped
-    ``y → C − 1 − y``."""
+    """One registered attack: ``poison`` (None: the update is sent as it is), whether the labels are flipped
+    ``y → C − 1 − y``, and ``collude(mean, std, params, n, m)``: the update Δ every malicious client of a round sends
+    in place of its own, from the coordinate-wise mean and standard deviation (``n − m − 1`` in the denominator) of
+    the round's honest updates of one parameter, ``n`` clients in the round of which ``m`` malicious."""
 
     name: str
     summary: str
     Params: type[ComponentParams] = ComponentParams
     poison: Callable[[torch.Tensor, Any, Callable[[tuple[int, ...]], torch.Tensor]], torch.Tensor] | None = None
     flips_labels: bool = False
+    collude: Callable[[torch.Tensor, torch.Tensor, Any, int, int], torch.Tensor] | None = None
 
     @property
     def acts(self) -> bool:
         """Whether malicious clients do anything (``none`` does not)."""
-        return self.poison is not None or self.flips_labels
+        return self.poison is not None or self.flips_labels or self.collude is not None
 
 
 ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", noun="client attack")
