@@ -60,21 +60,20 @@ def _cell(values: list[float]) -> str:
     return f"{np.mean(v):.3f} ± {ci95_over(v) or 0:.3f}" if v else "-"
 
 
-def _attack_of(point: dict) -> tuple[str, float]:
-    """A sweep point's attack and malicious share: gridded as keys (``attack.kind``, ``attack.fraction``) or as
-    whole sections (``attack={kind: ipm, epsilon: 100, fraction: 0.3}``; its own keys shown beside the kind)."""
-    section = point.get("attack", {})
-    kind = point.get("attack.kind", section.get("kind", "none"))
-    own = ", ".join(f"{k} {v:g}" for k, v in section.items() if k not in ("kind", "fraction"))
-    return (f"{kind} ({own})" if own else kind), point.get("attack.fraction", section.get("fraction", 0.1))
+def _attack_of(run_dir: Path) -> tuple[str, float]:
+    """A run's attack (its own keys beside the kind) and malicious share, from its resolved config.yaml."""
+    section = dict(_configured(run_dir, "attack"))
+    kind = section.pop("kind")
+    own = ", ".join(f"{k} {v:g}" for k, v in section.items() if k != "fraction" and v is not None)
+    return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 
 def attack_table(sweep: Path) -> str:
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     methods: list[str] = []
-    for point, summary in _runs(sweep):
-        key = _attack_of(point)
+    for run, summary in _sweep_runs(sweep):
+        key = _attack_of(Path(run["run_dir"]))
         for name, m in summary["methods"].items():
             methods += [name] if name not in methods else []
             acc = m["final"].get("global_accuracy")

@@ -176,12 +176,24 @@ class CombineConfig(Chosen):
     """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
     (trimmed_mean: ``fraction``; krum: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
     ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; `hetfed components combine NAME`;
-    docs/robustness.md)."""
+    docs/robustness.md), after ``bucket`` (any robust rule)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 
     rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule (unweighted: "
                       "median, trimmed_mean, krum, multi_krum; weighted: geometric_median), or a plugin's")
+    bucket: int = Field(1, ge=1, description="s > 1: the robust rule combines the means of the round's updates "
+                        "shuffled into buckets of s (Karimireddy et al. 2022's bucketing); 1: the updates themselves")
+
+    @model_validator(mode="after")
+    def _bucket_before_a_robust_rule(self) -> CombineConfig:
+        rules = registry_of("combine")
+        if self.bucket > 1 and rules.get(self.rule).streams:
+            robust = [name for name in rules.names() if not rules.get(name).streams]
+            raise ValueError(f"server.combine.bucket = {self.bucket} is not allowed with server.combine.rule = "
+                             f"{self.rule!r}: bucketing is for a rule that holds the round's updates; expected one of "
+                             f"{robust}")
+        return self
 
 
 class CompressionConfig(Chosen):

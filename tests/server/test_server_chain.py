@@ -79,7 +79,7 @@ def test_the_old_train_keys_still_work_with_a_note_naming_the_new_key(capsys):
     assert "note: train.reject_norm_factor is deprecated: it is now server.screen.norm_factor" in err
     cfg = build_config({}, {"server": {"combine": {"rule": "trimmed_mean", "fraction": 0.2}, "min_clients": 3,
                                        "screen": {"norm_factor": None}}})
-    assert "combine:\n    rule: trimmed_mean\n    fraction: 0.2" in out and cfg.server.min_clients == 3
+    assert "combine:\n    rule: trimmed_mean\n    bucket: 1\n    fraction: 0.2" in out and cfg.server.min_clients == 3
     with pytest.raises(ConfigError, match="train.aggregator = 'median' and server.combine.rule = 'krum' are both set"):
         build_config({"train": {"aggregator": "median"}, "server": {"combine": {"rule": "krum"}}})
 

@@ -26,6 +26,7 @@ import torch
 
 from hetfed.engine.rng import DP_NOISE, derive_seed
 from hetfed.engine.types import Params, RoundUploads, Upload
+from hetfed.server.buckets import bucket_means
 from hetfed.server.combine import CombineRule, RuleParams
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
@@ -68,18 +69,23 @@ class Stateless:
 
 @dataclass(frozen=True)
 class Combine(Stateless):
-    """A registered combine rule with its parameters."""
+    """A registered combine rule with its parameters; ``bucket`` > 1: the rule combines the means of shuffled buckets
+    of that many updates (:mod:`hetfed.server.buckets`)."""
 
     rule: CombineRule
     params: RuleParams
     name: str = "combine"
+    bucket: int = 1
 
     @property
     def streams(self) -> bool:
         return self.rule.streams
 
     def update(self, r: Round, state: State) -> tuple[Round, State]:
-        return replace(r, value=self.rule.combine(r.reference, r.upload, self.params)), state
+        upload = r.upload
+        if self.bucket > 1 and len(upload.client_ids):
+            upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
+        return replace(r, value=self.rule.combine(r.reference, upload, self.params)), state
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ def server_chain(server: ServerConfig, privacy: PrivacyConfig | None = None) -> 
     with client-level DP on (``privacy.noise_multiplier`` set), DP-FedAvg's noised mean is the combine step —
     composed here, once."""
     screen = ScreenSpec(server.screen.norm_factor, server.screen.reference_clients)
-    combine: Combine | PrivateMean = Combine(*parse(server.combine))
+    combine: Combine | PrivateMean = Combine(*parse(server.combine), bucket=server.combine.bucket)
     if privacy is not None and privacy.noise_multiplier is not None:
         combine = PrivateMean(DPNoise(privacy.noise_multiplier, privacy.clip, privacy.weighting == "uniform"))
     return Chain((combine, Rescale(), Optimize(optimizer_for(server))), screen, server.min_clients,

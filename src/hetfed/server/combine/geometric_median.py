@@ -15,8 +15,8 @@ from hetfed.server.combine.krum import flat
 
 
 class GeometricMedianParams(RuleParams):
-    passes: int = Field(5, ge=1, description="weighted means taken (the first is the plain mean; the authors' "
-                                             "default 5)")
+    passes: int = Field(5, ge=1, description="weighted means taken (the first: the mean, weighted as `weighted` "
+                                             "says; the authors' default 5)")
     tolerance: float = Field(1e-6, gt=0, description="ν: a distance below it counts as ν (the smoothing)")
     weighted: bool = Field(True, description="α_k = the clients' sample counts, as in RFA (false: equal weights)")
 

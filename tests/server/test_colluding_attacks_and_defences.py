@@ -1,6 +1,7 @@
-"""Colluding attacks (ALIE, IPM) and the geometric median (RFA): the crafted update against the formulas of the
-papers and of Karimireddy et al.'s code, its statistics independent of how a round is chunked, the executors
-agreeing, the refusals; the geometric median against a numerical minimiser of its objective."""
+"""Colluding attacks (ALIE, IPM) and the defences against them (the geometric median, bucketing): the crafted update
+against the formulas of the papers and of Karimireddy et al.'s code, its statistics independent of how a round is
+chunked, the executors agreeing, the refusals; the geometric median against a numerical minimiser of its objective;
+bucketing against its paper's algorithm."""
 
 from __future__ import annotations
 
@@ -15,12 +16,15 @@ from scipy.optimize import minimize
 from scipy.stats import norm
 
 from hetfed.cli import main
-from hetfed.config import AttackConfig
+from hetfed.config import AttackConfig, ServerConfig
 from hetfed.engine.faults import Adversary, Colluding
+from hetfed.engine.rng import BUCKETS, numpy_rng
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
+from hetfed.server.buckets import buckets
 from hetfed.server.combine import parse
+from hetfed.server.pipeline import server_chain
 from tests.server.test_robust import _algo, _fed
 
 
@@ -185,3 +189,68 @@ def test_the_geometric_median_resists_a_huge_update_where_the_mean_does_not():
     # more passes reach the geometric median, among the honest points
     assert np.abs(_geomed(points, weights)).max() < 1e-4 * 1e6
     assert np.abs(_geomed(points, weights, passes=20)).max() < 1
+
+
+# ------------------------------------------------------------------ bucketing (Karimireddy et al. 2022)
+
+
+@settings(max_examples=40, deadline=None)
+@given(n=st.integers(1, 40), size=st.integers(1, 8), seed=st.integers(0, 1000), rnd=st.integers(0, 50))
+def test_buckets_cut_one_shuffle_of_the_round_into_parts_of_s(n, size, seed, rnd):
+    parts = buckets(n, size, seed, rnd)
+    assert sorted(np.concatenate(parts).tolist()) == list(range(n))
+    assert [len(p) for p in parts[:-1]] == [size] * (len(parts) - 1) and 1 <= len(parts[-1]) <= size
+    assert all(np.array_equal(a, b) for a, b in zip(parts, buckets(n, size, seed, rnd), strict=True))
+
+
+@pytest.mark.parametrize("rule, params", [("median", {}), ("krum", {"byzantine_fraction": 0.2}),
+                                          ("geometric_median", {})])
+def test_a_bucketed_rule_combines_the_means_of_the_shuffled_buckets(rule, params):
+    """Algorithm 1 of the paper written out: a random permutation of the n updates, the simple mean of each
+    consecutive group of s, the robust rule on those means."""
+    rng = np.random.default_rng(3)
+    n, s, seed, rnd = 11, 3, 7, 4
+    points, counts = rng.normal(size=(n, 5)), rng.integers(1, 30, size=n).astype(float)
+    ref = {"w": torch.zeros(5, dtype=torch.float64)}
+    upload = Upload(list(range(n)), {"w": torch.as_tensor(points)}, torch.as_tensor(counts))
+    chain = server_chain(ServerConfig(combine={"rule": rule, "bucket": s, **params}))
+    new, _ = chain.step(ref, upload, {}, round=rnd, seed=seed)
+    order = numpy_rng(seed, BUCKETS, rnd).permutation(n)
+    groups = [order[i:i + s] for i in range(0, n, s)]
+    means = np.stack([points[g].mean(0) for g in groups])
+    sums = np.array([counts[g].sum() for g in groups])
+    found, options = parse({"rule": rule, **params})
+    expected = found.combine(ref, Upload(list(range(len(groups))), {"w": torch.as_tensor(means)},
+                                         torch.as_tensor(sums)), options)
+    torch.testing.assert_close(new["w"], expected["w"], rtol=1e-12, atol=1e-12)
+    plain, _ = server_chain(ServerConfig(combine={"rule": rule, **params})).step(ref, upload, {}, round=rnd, seed=seed)
+    assert not torch.allclose(plain["w"], new["w"])
+
+
+def test_buckets_of_one_are_the_rule_on_the_updates_themselves():
+    rng = np.random.default_rng(0)
+    upload = Upload(list(range(9)), {"w": torch.as_tensor(rng.normal(size=(9, 4)))}, torch.ones(9))
+    ref = {"w": torch.zeros(4, dtype=torch.float64)}
+    one, _ = server_chain(ServerConfig(combine={"rule": "median", "bucket": 1})).step(ref, upload, {}, round=2)
+    torch.testing.assert_close(one["w"], upload.params["w"].median(0).values)
+
+
+def test_executors_agree_on_bucketed_rounds():
+    fed = _fed()
+    results = []
+    for executor in (VectorisedExecutor(), SequentialExecutor()):
+        algo, cfg = _algo(fed, combine={"rule": "median", "bucket": 2}, client_dropout=0.2)
+        results.append(simulate(algo, fed, cfg, seed=1, executor=executor, attack=AttackConfig(kind="ipm",
+                                                                                              fraction=0.3)))
+    a, b = results
+    for k in a.server.params:
+        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
+
+
+def test_bucketing_before_the_mean_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "server.combine.bucket=2", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "server.combine.bucket = 2 is not allowed with server.combine.rule = 'mean'" in err
+    assert "'geometric_median'" in err and "'median'" in err and not out.exists()
