@@ -3,7 +3,7 @@
     decode (updates that travel encoded) → screen → DP's clip (as updates arrive: :meth:`Chain.receiving`, fed by
     the executors)
       → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum,
-        the geometric median)
+        the geometric median, centered clipping)
         or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
       → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
       → server optimiser on the pseudo-gradient (``server.optimizer.kind``: sgd, avgm, adagrad, adam, yogi)
@@ -85,7 +85,10 @@ class Combine(Stateless):
         upload = r.upload
         if self.bucket > 1 and len(upload.client_ids):
             upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
-        return replace(r, value=self.rule.combine(r.reference, upload, self.params)), state
+        if self.rule.remembers:
+            value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state))
+            return replace(r, value=value), state
+        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params))), state
 
 
 @dataclass(frozen=True)

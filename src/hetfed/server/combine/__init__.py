@@ -4,7 +4,8 @@ Each rule is one file in this package that calls :func:`register` with a :class:
 name (``server.combine.rule``), the function, its own parameters as a pydantic model (validated
 where the config is, ``server.combine.<key>``), and whether it *streams* — consumes running sums,
 so a round's memory stays flat (the mean) — or needs every update of the round at once (the
-robust rules). Rules are found by importing this package's modules; nothing lists them.
+robust rules); a rule may remember what it combined the round before (centered clipping's centre). Rules are found
+by importing this package's modules; nothing lists them.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from hetfed.config_server import CombineConfig
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params
 from hetfed.registry import Registry
 
 
@@ -28,20 +29,23 @@ class RuleParams(BaseModel):
 
 @dataclass(frozen=True)
 class CombineRule:
-    """One registered rule. ``combine(reference, upload, params)`` → the combined shared parameters."""
+    """One registered rule. ``combine(reference, upload, params)`` → the combined shared parameters; a rule that
+    ``remembers`` what it combined before takes and returns its state too: ``combine(reference, upload, params,
+    state)`` → (parameters, state), the state plain data the server's checkpoints keep ({} before its first round)."""
 
     name: str
-    combine: Callable[[Params, Upload, Any], Params]
+    combine: Callable[..., Params | tuple[Params, dict[str, Any]]]
     Params: type[RuleParams]
     streams: bool
     summary: str
     paper: str = ""
+    remembers: bool = False
 
 
 def _described(rule: CombineRule) -> dict[str, Any]:
     from hetfed.registry import describe_params
 
-    return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams,
+    return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams, "remembers": rule.remembers,
             "params": describe_params(rule.Params)}
 
 
