@@ -225,6 +225,7 @@ def cmd_components(args: argparse.Namespace) -> int:
         for c in entry["components"]:
             extra = [f"paper: {c['paper']}"] if c.get("paper") else []
             extra += [("streams" if c["streams"] else "needs every update of a round")] if "streams" in c else []
+            extra += ["keeps a state between rounds"] if c.get("remembers") else []
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
             extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
             extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []

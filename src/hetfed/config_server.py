@@ -176,8 +176,8 @@ class CombineConfig(Chosen):
     """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
     (trimmed_mean: ``fraction``; krum: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
     ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; centered_clipping: ``radius``,
-    ``iterations``; `hetfed components combine NAME`;
-    docs/robustness.md), after ``bucket`` (any robust rule)."""
+    ``iterations``; `hetfed components combine NAME`; docs/robustness.md); ``bucket`` (any robust rule) averages
+    the updates in shuffled buckets before the rule."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 

@@ -287,3 +287,23 @@ def test_centered_clipping_is_the_authors_aggregator_with_its_centre_kept_betwee
         found = np.concatenate([new["a"].reshape(-1).numpy(), new["b"].numpy()])
         np.testing.assert_allclose(found, expected, rtol=1e-12, atol=1e-12)
         assert "combine" in state  # the centre, kept by the chain (and so by the server's checkpoints)
+
+
+def test_centered_clippings_centre_is_kept_through_a_checkpoint():
+    """The centre lives in the server state's chain entry: a run saved after 2 of 4 rounds (pickled, as a checkpoint
+    is) and resumed ends where the uninterrupted run does."""
+    import pickle
+
+    fed = _fed()
+    combine = {"rule": "centered_clipping", "radius": 0.2}
+    algo, cfg = _algo(fed, combine=combine, rounds=4)
+    whole = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor())
+    algo, cfg = _algo(fed, combine=combine, rounds=2)
+    half = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor())
+    assert "center" in half.server.extra["server_chain"]["combine"]
+    states, half.executor = half.executor.states.state_dict(), None
+    algo, cfg = _algo(fed, combine=combine, rounds=4)
+    resumed = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor(), resume=pickle.loads(pickle.dumps(half)),
+                       resume_states=states)
+    for k in whole.server.params:
+        assert torch.equal(whole.server.params[k], resumed.server.params[k]), k

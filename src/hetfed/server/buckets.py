@@ -1,7 +1,8 @@
 """Bucketing (Karimireddy, He and Jaggi, "Byzantine-robust learning on heterogeneous datasets via bucketing", ICLR
 2022): before a robust rule, the round's updates are shuffled and averaged in buckets of ``s``, and the rule combines
 the bucket means. Averaging makes honest clients' updates alike where non-IID data makes them differ — what robust
-rules take for an attack — while each bucket holds at most as many malicious updates as it held before.
+rules take for an attack — while at most s·δ of the buckets hold a malicious update (δ: the malicious share), which
+a rule resists while it stays under its breakdown point (the paper asks s·δ < ½).
 
 The shuffle is drawn from the run seed and the round (the same whichever executor ran the clients); the rule gets one
 row per bucket (the last holds the rest when ``s`` does not divide the round): the simple mean of its members'
