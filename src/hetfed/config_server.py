@@ -56,12 +56,14 @@ class AttackConfig(Chosen):
     they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
     (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
     labels y → C − 1 − y; colluding (omniscient) model poisoning: ``alie`` sends the round's honest updates' mean
-    minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their mean. Simulated by the in-process executors (on
+    minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their mean, ``min_max`` and ``min_sum`` their mean pushed
+    along a ``deviation`` as far as the honest updates' distances allow. Simulated by the in-process executors (on
     Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
-    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, alie, ipm, or a plugin's")
+    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, alie, ipm, min_max, "
+                                               "min_sum, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
     def unread(self) -> dict[str, tuple[Any, str]]:

@@ -1,7 +1,7 @@
-"""Colluding attacks (ALIE, IPM) and the defences against them (the geometric median, bucketing): the crafted update
-against the formulas of the papers and of Karimireddy et al.'s code, its statistics independent of how a round is
-chunked, the executors agreeing, the refusals; the geometric median against a numerical minimiser of its objective;
-bucketing against its paper's algorithm."""
+"""Colluding attacks (ALIE, IPM, Min-Max, Min-Sum) and the defences against them (the geometric median, bucketing,
+centered clipping): the crafted update against the formulas of the papers and of the authors' code, its statistics
+independent of how a round is chunked, the executors agreeing, the refusals; the geometric median against a numerical
+minimiser of its objective; bucketing and centered clipping against their papers' algorithms."""
 
 from __future__ import annotations
 
@@ -104,7 +104,8 @@ def test_the_crafted_update_does_not_depend_on_how_the_round_is_chunked(seed, cu
 @pytest.mark.parametrize("combine, kind", [({"rule": "geometric_median"}, "alie"),
                                            ({"rule": "geometric_median"}, "ipm"),
                                            ({"rule": "median", "bucket": 2}, "ipm"),
-                                           ({"rule": "centered_clipping", "radius": 0.5}, "alie")])
+                                           ({"rule": "centered_clipping", "radius": 0.5}, "alie"),
+                                           ({"rule": "multi_krum", "byzantine_fraction": 0.3}, "min_max")])
 def test_executors_agree_under_a_colluding_attack_and_the_defences(combine, kind):
     fed = _fed()
     results = []
@@ -307,3 +308,57 @@ def test_centered_clippings_centre_is_kept_through_a_checkpoint():
                        resume_states=states)
     for k in whole.server.params:
         assert torch.equal(whole.server.params[k], resumed.server.params[k]), k
+
+
+# ------------------------------------------------------------------ Min-Max, Min-Sum (Shejwalkar and Houmansadr)
+
+
+def _paper_agnostic(rows: np.ndarray, kind: str, deviation: str, start: float = 10.0) -> np.ndarray:
+    """Algorithm 1 of the paper (AGR-agnostic attacks) on the honest updates ``rows``, with the authors' halving
+    search for γ: μ − γ·p, the largest γ found whose crafted update keeps its largest (min-max) or summed (min-sum)
+    squared distance to the honest updates within the honest updates' own largest pair, or their smallest sum."""
+    mean = rows.mean(0)
+    p = {"unit_vec": mean / np.linalg.norm(mean), "sign": np.sign(mean), "std": rows.std(0, ddof=1)}[deviation]
+    pair = ((rows[:, None] - rows[None]) ** 2).sum(-1)
+    gamma, step, found = start, start, 0.0
+    while abs(found - gamma) > 1e-5:
+        d = ((rows - (mean - gamma * p)) ** 2).sum(1)
+        ok = d.max() <= pair.max() if kind == "min_max" else d.sum() <= pair.sum(1).min()
+        found, gamma = (gamma, gamma + step / 2) if ok else (found, gamma - step / 2)
+        step /= 2
+    return mean - found * p
+
+
+@pytest.mark.parametrize("kind", ["min_max", "min_sum"])
+@pytest.mark.parametrize("deviation", ["unit_vec", "sign", "std"])
+def test_the_agr_agnostic_attacks_send_the_papers_crafted_update(kind, deviation):
+    fed = _fed(clients=10)
+    adv = Adversary(AttackConfig.model_validate({"kind": kind, "fraction": 0.3, "deviation": deviation}), fed,
+                    seed=0, n_classes=fed.n_classes)
+    rng = np.random.default_rng(2)
+    ref = torch.as_tensor(rng.normal(size=6))
+    thetas = ref.numpy() + rng.normal(size=(10, 6)) * 0.1 + 0.05  # the honest updates agree in part
+    out = _round(adv, ref, thetas, [[0, 1, 2, 3], [4, 5, 6, 7, 8, 9]])
+    expected = ref.numpy() + _paper_agnostic(thetas[~adv.malicious] - ref.numpy(), kind, deviation)
+    for k in np.flatnonzero(adv.malicious):
+        np.testing.assert_allclose(out.params["w"][k].numpy(), expected, rtol=1e-9, atol=1e-12)
+
+
+@settings(max_examples=25, deadline=None)
+@given(seed=st.integers(0, 10_000), honest=st.integers(2, 12), kind=st.sampled_from(["min_max", "min_sum"]))
+def test_the_crafted_update_is_as_far_as_the_distances_allow(seed, honest, kind):
+    from hetfed.engine.attacks import Honest
+    from hetfed.engine.attacks.min_max import AgnosticParams, min_max, within_the_farthest_pair
+    from hetfed.engine.attacks.min_sum import min_sum, within_the_closest_sum
+
+    rng = np.random.default_rng(seed)
+    rows = torch.as_tensor(rng.normal(size=(honest, 5)) + rng.normal(size=5))
+    view = Honest({"w": rows.mean(0)}, {"w": rows.std(0)}, {"w": rows}, honest + 3, 3)
+    attack, fits = (min_max, within_the_farthest_pair) if kind == "min_max" else (min_sum, within_the_closest_sum)
+    crafted = attack(view, AgnosticParams())["w"]
+    direction = rows.mean(0) / torch.linalg.vector_norm(rows.mean(0))
+    gamma = float((rows.mean(0) - crafted) @ direction)
+    assert gamma >= 0 and torch.allclose(crafted, rows.mean(0) - gamma * direction, atol=1e-9)
+    assert fits(rows, crafted)
+    if gamma < 19.99:  # the search reaches γ < 20: within it, a step further breaks the constraint
+        assert not fits(rows, rows.mean(0) - (gamma + 1e-4) * direction)

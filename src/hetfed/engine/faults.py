@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hetfed.config import AttackConfig, TrainConfig
-from hetfed.engine.attacks import ATTACKS
+from hetfed.engine.attacks import ATTACKS, Honest
 from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
@@ -125,7 +125,8 @@ class Colluding:
     """A round's uploads as an omniscient colluding attack meets them, before the server's screen: the honest clients'
     rows go on to the round at once (their updates' running mean and spread kept, so the round still streams), the
     malicious clients' rows wait; when the round ends they carry the update the attack crafts from the honest ones
-    (the same for each), and go on too. With no honest update in the round the crafted update is made from zeros."""
+    (the same for each), and go on too. With no honest update in the round the crafted update is made from zeros.
+    An attack that reads every honest update (``reads_rows``) has them held too, as a robust rule holds a round."""
 
     def __init__(self, round_uploads: RoundUploads, adversary: Adversary, reference: Params) -> None:
         self.inner, self.adversary, self.reference = round_uploads, adversary, reference
@@ -133,6 +134,8 @@ class Colluding:
         self.count = 0
         self.mean: dict[str, torch.Tensor] = {}  # float64, per shared parameter
         self.m2: dict[str, torch.Tensor] = {}  # Σ (Δ − mean)²
+        self.rows: dict[str, list[torch.Tensor]] | None = {k: [] for k in reference} \
+            if adversary.attack.reads_rows else None
 
     def add(self, upload: Upload, measured: object = None) -> None:
         malicious = [bool(self.adversary.malicious[k]) for k in upload.client_ids]
@@ -152,6 +155,8 @@ class Colluding:
         total = self.count + b
         for name, ref in self.reference.items():
             delta = upload.params[name].double() - ref.to(upload.params[name].device).double()
+            if self.rows is not None:
+                self.rows[name].append(delta)
             mean_b = delta.mean(0)
             m2_b = (delta - mean_b).square().sum(0)
             if not self.count:
@@ -162,19 +167,26 @@ class Colluding:
             self.m2[name] = self.m2[name] + m2_b + shift.square() * (self.count * b / total)
         self.count = total
 
+    def honest(self, n: int, m: int, device: torch.device) -> Honest:
+        """What the attack knows of the round's honest updates (zeros where there were none)."""
+        zeros = {k: torch.zeros(ref.shape, dtype=torch.float64, device=device) for k, ref in self.reference.items()}
+        mean = {k: self.mean.get(k, zeros[k]) for k in zeros}
+        std = {k: (self.m2[k] / (self.count - 1)).sqrt() if self.count > 1 else zeros[k] for k in zeros}
+        rows = None if self.rows is None else \
+            {k: torch.cat(v) if v else zeros[k].unsqueeze(0) for k, v in self.rows.items()}
+        return Honest(mean, std, rows, n, m)
+
     def result(self, reduce: bool = False) -> Upload:
         collude = self.adversary.attack.collude
         if self.held and collude is not None:
             held = concat_uploads(self.held)
-            n, m = self.count + len(held.client_ids), len(held.client_ids)
             params = dict(held.params)
+            device = next(iter(params.values())).device
+            crafted = collude(self.honest(self.count + len(held.client_ids), len(held.client_ids), device),
+                              self.adversary.cfg.params)
             for name, ref in self.reference.items():
                 theta = params[name]
-                ref64 = ref.to(theta.device).double()
-                mean = self.mean.get(name, torch.zeros_like(ref64))
-                std = (self.m2[name] / (self.count - 1)).sqrt() if self.count > 1 else torch.zeros_like(ref64)
-                crafted = ref64 + collude(mean, std, self.adversary.cfg.params, n, m)
-                params[name] = crafted.to(theta.dtype).expand_as(theta).clone()
+                params[name] = (ref.to(theta.device).double() + crafted[name]).to(theta.dtype).expand_as(theta).clone()
             self.inner.add(Upload(held.client_ids, params, held.num_samples, held.extra, dict(held.screened)))
         return self.inner.result(reduce)
 

@@ -5,8 +5,8 @@ model poisoning changes what a malicious client uploads — ``poison(delta, para
 Δ = θ_k − θ_global of one parameter to what it sends (``noise(shape)``: that client's own Gaussian draws for the
 parameter, from the run seed) — and data poisoning changes the labels it trains on (``flips_labels``). A
 *colluding* attack (``collude``) is omniscient, as in the papers that break robust rules with it (Baruch et al. 2019,
-Xie et al. 2020): its malicious clients see the round's honest updates and all send one crafted update made from
-their coordinate-wise mean and standard deviation (:class:`hetfed.engine.faults.Colluding`). ``none`` does none of
+Xie et al. 2020, Shejwalkar and Houmansadr 2021): its malicious clients see the round's honest updates and all send
+one crafted update made from them (:class:`Honest`; :class:`hetfed.engine.faults.Colluding`). ``none`` does none of
 these. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
 """
 
@@ -22,18 +22,33 @@ from hetfed.registry import ComponentParams, Registry
 
 
 @dataclass(frozen=True)
+class Honest:
+    """What a colluding attack knows of a round's honest updates Δ = θ_k − θ_global, per shared parameter (float64):
+    their coordinate-wise ``mean`` and standard deviation ``std`` (n − 1 in the denominator; 0 for fewer than two),
+    every update stacked (``rows``, ``[honest, …]``: held only for an attack that ``reads_rows``, else None); ``n``
+    clients in the round, ``m`` of them malicious."""
+
+    mean: dict[str, torch.Tensor]
+    std: dict[str, torch.Tensor]
+    rows: dict[str, torch.Tensor] | None
+    n: int
+    m: int
+
+
+@dataclass(frozen=True)
 class ClientAttack:
     """One registered attack: ``poison`` (None: the update is sent as it is), whether the labels are flipped
-    ``y → C − 1 − y``, and ``collude(mean, std, params, n, m)``: the update Δ every malicious client of a round sends
-    in place of its own, from the coordinate-wise mean and standard deviation (``n − m − 1`` in the denominator) of
-    the round's honest updates of one parameter, ``n`` clients in the round of which ``m`` malicious."""
+    ``y → C − 1 − y``, and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious client of
+    a round sends in place of its own, made from the round's :class:`Honest` updates (``reads_rows``: from each of
+    them, not only their mean and spread)."""
 
     name: str
     summary: str
     Params: type[ComponentParams] = ComponentParams
     poison: Callable[[torch.Tensor, Any, Callable[[tuple[int, ...]], torch.Tensor]], torch.Tensor] | None = None
     flips_labels: bool = False
-    collude: Callable[[torch.Tensor, torch.Tensor, Any, int, int], torch.Tensor] | None = None
+    collude: Callable[[Honest, Any], dict[str, torch.Tensor]] | None = None
+    reads_rows: bool = False
 
     @property
     def acts(self) -> bool:

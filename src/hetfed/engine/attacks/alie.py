@@ -16,7 +16,7 @@ import torch
 from pydantic import Field
 from scipy.stats import norm
 
-from hetfed.engine.attacks import ClientAttack, register
+from hetfed.engine.attacks import ClientAttack, Honest, register
 from hetfed.registry import ComponentParams
 
 
@@ -32,8 +32,9 @@ def z_max(n: int, m: int) -> float:
     return z if math.isfinite(z) else 0.0
 
 
-def alie(mean: torch.Tensor, std: torch.Tensor, p: AlieParams, n: int, m: int) -> torch.Tensor:
-    return mean - std * (z_max(n, m) if p.z is None else p.z)
+def alie(honest: Honest, p: AlieParams) -> dict[str, torch.Tensor]:
+    z = z_max(honest.n, honest.m) if p.z is None else p.z
+    return {k: mean - honest.std[k] * z for k, mean in honest.mean.items()}
 
 
 register(ClientAttack("alie", "colluding model poisoning: the honest updates' mean minus z standard deviations, "

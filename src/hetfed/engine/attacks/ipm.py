@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from hetfed.engine.attacks import ClientAttack, register
+from hetfed.engine.attacks import ClientAttack, Honest, register
 from hetfed.registry import ComponentParams
 
 
@@ -19,8 +19,8 @@ class IpmParams(ComponentParams):
     epsilon: float = Field(0.1, gt=0, description="ε: the malicious update is −ε × the honest mean")
 
 
-def ipm(mean: torch.Tensor, std: torch.Tensor, p: IpmParams, n: int, m: int) -> torch.Tensor:
-    return -p.epsilon * mean
+def ipm(honest: Honest, p: IpmParams) -> dict[str, torch.Tensor]:
+    return {k: -p.epsilon * mean for k, mean in honest.mean.items()}
 
 
 register(ClientAttack("ipm", "colluding model poisoning: −ε times the honest updates' mean", IpmParams, collude=ipm))

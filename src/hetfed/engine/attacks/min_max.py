@@ -1,0 +1,71 @@
+"""``min_max``: the AGR-agnostic Min-Max attack (Shejwalkar and Houmansadr, NDSS 2021) — every malicious client
+sends μ − γ·p, the honest updates' mean pushed along a perturbation p as far as it goes while its largest distance
+to an honest update stays within the largest distance between two honest updates: as far from the honest updates as
+they are from each other, so a rule that judges updates by their distances lets it in.
+
+As the authors' code (``our_attack_dist`` in virat-shejwalkar/NDSS21-Model-Poisoning): p is ``unit_vec`` (μ/‖μ‖),
+``sign`` (sign μ) or ``std`` (the honest updates' standard deviation), over all shared parameters joined; γ is found by
+halving steps from ``gamma`` until two tries differ by less than 1e-5 (the largest γ that fits, to that precision;
+0 when none does). Omniscient: μ, p and the distances come from the round's honest updates."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Literal
+
+import torch
+from pydantic import Field
+
+from hetfed.engine.attacks import ClientAttack, Honest, register
+from hetfed.registry import ComponentParams
+
+
+class AgnosticParams(ComponentParams):
+    deviation: Literal["unit_vec", "sign", "std"] = Field(
+        "unit_vec", description="p: the honest mean's direction, its signs, or the honest updates' spread")
+    gamma: float = Field(10.0, gt=0, description="γ's first try (the search's steps halve from it)")
+
+
+def search(honest: Honest, p: AgnosticParams, fits: Callable[[torch.Tensor, torch.Tensor], bool]
+           ) -> dict[str, torch.Tensor]:
+    """μ − γ·p for the largest γ the halving search finds with ``fits(rows, candidate)`` (each as one row of all
+    shared parameters joined), back in the parameters' shapes."""
+    assert honest.rows is not None
+    names = list(honest.mean)
+    rows = torch.cat([honest.rows[k].reshape(len(honest.rows[k]), -1) for k in names], 1)
+    mean = torch.cat([honest.mean[k].reshape(-1) for k in names])
+    if p.deviation == "unit_vec":
+        norm = torch.linalg.vector_norm(mean)
+        dev = mean / norm if norm > 0 else torch.zeros_like(mean)
+    elif p.deviation == "sign":
+        dev = torch.sign(mean)
+    else:
+        dev = torch.cat([honest.std[k].reshape(-1) for k in names])
+    gamma, step, found = p.gamma, p.gamma, 0.0
+    while abs(found - gamma) > 1e-5:
+        if fits(rows, mean - gamma * dev):
+            found, gamma = gamma, gamma + step / 2
+        else:
+            gamma -= step / 2
+        step /= 2
+    crafted = mean - found * dev
+    out, at = {}, 0
+    for k in names:
+        size = honest.mean[k].numel()
+        out[k] = crafted[at:at + size].reshape(honest.mean[k].shape)
+        at += size
+    return out
+
+
+def within_the_farthest_pair(rows: torch.Tensor, candidate: torch.Tensor) -> bool:
+    """max_i ‖Δ_i − candidate‖² ≤ max_{i,j} ‖Δ_i − Δ_j‖²."""
+    return bool((rows - candidate).square().sum(1).max() <= torch.cdist(rows, rows).square().max())
+
+
+def min_max(honest: Honest, p: AgnosticParams) -> dict[str, torch.Tensor]:
+    return search(honest, p, within_the_farthest_pair)
+
+
+register(ClientAttack("min_max", "colluding model poisoning: the honest mean pushed along p while no honest update "
+                      "is farther from it than the farthest honest pair", AgnosticParams, collude=min_max,
+                      reads_rows=True))
