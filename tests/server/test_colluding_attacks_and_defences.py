@@ -348,17 +348,17 @@ def test_the_agr_agnostic_attacks_send_the_papers_crafted_update(kind, deviation
 @given(seed=st.integers(0, 10_000), honest=st.integers(2, 12), kind=st.sampled_from(["min_max", "min_sum"]))
 def test_the_crafted_update_is_as_far_as_the_distances_allow(seed, honest, kind):
     from hetfed.engine.attacks import Honest
-    from hetfed.engine.attacks.min_max import AgnosticParams, min_max, within_the_farthest_pair
-    from hetfed.engine.attacks.min_sum import min_sum, within_the_closest_sum
+    from hetfed.engine.attacks.min_max import FARTHEST_PAIR, AgnosticParams, min_max
+    from hetfed.engine.attacks.min_sum import CLOSEST_SUM, min_sum
 
     rng = np.random.default_rng(seed)
     rows = torch.as_tensor(rng.normal(size=(honest, 5)) + rng.normal(size=5))
     view = Honest({"w": rows.mean(0)}, {"w": rows.std(0)}, {"w": rows}, honest + 3, 3)
-    attack, fits = (min_max, within_the_farthest_pair) if kind == "min_max" else (min_sum, within_the_closest_sum)
+    attack, fit = (min_max, FARTHEST_PAIR) if kind == "min_max" else (min_sum, CLOSEST_SUM)
     crafted = attack(view, AgnosticParams())["w"]
     direction = rows.mean(0) / torch.linalg.vector_norm(rows.mean(0))
     gamma = float((rows.mean(0) - crafted) @ direction)
     assert gamma >= 0 and torch.allclose(crafted, rows.mean(0) - gamma * direction, atol=1e-9)
-    assert fits(rows, crafted)
+    assert fit.fits(rows, crafted)
     if gamma < 19.99:  # the search reaches γ < 20: within it, a step further breaks the constraint
-        assert not fits(rows, rows.mean(0) - (gamma + 1e-4) * direction)
+        assert not fit.fits(rows, rows.mean(0) - (gamma + 1e-4) * direction)

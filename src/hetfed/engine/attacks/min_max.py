@@ -11,6 +11,7 @@ halving steps from ``gamma`` until two tries differ by less than 1e-5 (the large
 from __future__ import annotations
 
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Literal
 
 import torch
@@ -26,10 +27,25 @@ class AgnosticParams(ComponentParams):
     gamma: float = Field(10.0, gt=0, description="γ's first try (the search's steps halve from it)")
 
 
-def search(honest: Honest, p: AgnosticParams, fits: Callable[[torch.Tensor, torch.Tensor], bool]
-           ) -> dict[str, torch.Tensor]:
-    """μ − γ·p for the largest γ the halving search finds with ``fits(rows, candidate)`` (each as one row of all
-    shared parameters joined), back in the parameters' shapes."""
+@dataclass(frozen=True)
+class Fit:
+    """How far a crafted update may go: ``measure(rows, candidate)`` of its squared distances to the honest updates
+    (each a row of all shared parameters joined) at most ``bound(rows)``, the honest updates' own."""
+
+    measure: Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+    bound: Callable[[torch.Tensor], torch.Tensor]
+
+    def fits(self, rows: torch.Tensor, candidate: torch.Tensor) -> bool:
+        return bool(self.measure(rows, candidate) <= self.bound(rows))
+
+
+#: Min-Max: max_i ‖Δ_i − candidate‖² ≤ max_{i,j} ‖Δ_i − Δ_j‖²
+FARTHEST_PAIR = Fit(lambda rows, c: (rows - c).square().sum(1).max(),
+                    lambda rows: torch.cdist(rows, rows).square().max())
+
+
+def search(honest: Honest, p: AgnosticParams, fit: Fit) -> dict[str, torch.Tensor]:
+    """μ − γ·p for the largest γ the halving search finds within ``fit``, back in the parameters' shapes."""
     assert honest.rows is not None
     names = list(honest.mean)
     rows = torch.cat([honest.rows[k].reshape(len(honest.rows[k]), -1) for k in names], 1)
@@ -41,9 +57,10 @@ def search(honest: Honest, p: AgnosticParams, fits: Callable[[torch.Tensor, torc
         dev = torch.sign(mean)
     else:
         dev = torch.cat([honest.std[k].reshape(-1) for k in names])
+    bound = fit.bound(rows)  # the honest updates' own: once
     gamma, step, found = p.gamma, p.gamma, 0.0
     while abs(found - gamma) > 1e-5:
-        if fits(rows, mean - gamma * dev):
+        if bool(fit.measure(rows, mean - gamma * dev) <= bound):
             found, gamma = gamma, gamma + step / 2
         else:
             gamma -= step / 2
@@ -57,13 +74,8 @@ def search(honest: Honest, p: AgnosticParams, fits: Callable[[torch.Tensor, torc
     return out
 
 
-def within_the_farthest_pair(rows: torch.Tensor, candidate: torch.Tensor) -> bool:
-    """max_i ‖Δ_i − candidate‖² ≤ max_{i,j} ‖Δ_i − Δ_j‖²."""
-    return bool((rows - candidate).square().sum(1).max() <= torch.cdist(rows, rows).square().max())
-
-
 def min_max(honest: Honest, p: AgnosticParams) -> dict[str, torch.Tensor]:
-    return search(honest, p, within_the_farthest_pair)
+    return search(honest, p, FARTHEST_PAIR)
 
 
 register(ClientAttack("min_max", "colluding model poisoning: the honest mean pushed along p while no honest update "

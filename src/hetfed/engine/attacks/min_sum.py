@@ -7,16 +7,15 @@ from __future__ import annotations
 import torch
 
 from hetfed.engine.attacks import ClientAttack, Honest, register
-from hetfed.engine.attacks.min_max import AgnosticParams, search
+from hetfed.engine.attacks.min_max import AgnosticParams, Fit, search
 
-
-def within_the_closest_sum(rows: torch.Tensor, candidate: torch.Tensor) -> bool:
-    """Σ_i ‖Δ_i − candidate‖² ≤ min_i Σ_j ‖Δ_i − Δ_j‖²."""
-    return bool((rows - candidate).square().sum() <= torch.cdist(rows, rows).square().sum(1).min())
+#: Σ_i ‖Δ_i − candidate‖² ≤ min_i Σ_j ‖Δ_i − Δ_j‖²
+CLOSEST_SUM = Fit(lambda rows, c: (rows - c).square().sum(),
+                  lambda rows: torch.cdist(rows, rows).square().sum(1).min())
 
 
 def min_sum(honest: Honest, p: AgnosticParams) -> dict[str, torch.Tensor]:
-    return search(honest, p, within_the_closest_sum)
+    return search(honest, p, CLOSEST_SUM)
 
 
 register(ClientAttack("min_sum", "colluding model poisoning: the honest mean pushed along p while its summed squared "
