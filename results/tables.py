@@ -64,7 +64,8 @@ def _attack_of(run_dir: Path) -> tuple[str, float]:
     """A run's attack (its own keys beside the kind) and malicious share, from its resolved config.yaml."""
     section = dict(_configured(run_dir, "attack"))
     kind = section.pop("kind")
-    own = ", ".join(f"{k} {v:g}" for k, v in section.items() if k != "fraction" and v is not None)
+    own = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in section.items()
+                    if k != "fraction" and v is not None)
     return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 
