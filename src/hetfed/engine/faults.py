@@ -8,7 +8,7 @@
 - **attackers** (``attack.*``, :class:`Adversary`): a fixed share of the opted-in
   clients poisons what it uploads (sign flip, scaling, Gaussian noise), the
   labels it trains on (label flipping), or colludes: sends one update crafted
-  from the round's honest ones (ALIE, IPM: :class:`Colluding`).
+  from the round's honest ones (ALIE, IPM, Min-Max, Min-Sum: :class:`Colluding`).
 
 Dropped and late clients do not train in the round (their local state stays as it
 was), so a dropout is a failure before the client could report anything.
