@@ -1,7 +1,7 @@
-"""Colluding attacks (ALIE, IPM, Min-Max, Min-Sum) and the defences against them (the geometric median, bucketing,
-centered clipping): the crafted update against the formulas of the papers and of the authors' code, its statistics
-independent of how a round is chunked, the executors agreeing, the refusals; the geometric median against a numerical
-minimiser of its objective; bucketing and centered clipping against their papers' algorithms."""
+"""Colluding attacks (ALIE, IPM, Min-Max, Min-Sum) and the defences against them (Bulyan, the geometric median,
+bucketing, centered clipping): the crafted update against the formulas of the papers and of the authors' code, its
+statistics independent of how a round is chunked, the executors agreeing, the refusals; the geometric median against
+a numerical minimiser of its objective; Bulyan, bucketing and centered clipping against their papers' algorithms."""
 
 from __future__ import annotations
 
@@ -362,3 +362,43 @@ def test_the_crafted_update_is_as_far_as_the_distances_allow(seed, honest, kind)
     assert fit.fits(rows, crafted)
     if gamma < 19.99:  # the search reaches γ < 20: within it, a step further breaks the constraint
         assert not fit.fits(rows, rows.mean(0) - (gamma + 1e-4) * direction)
+
+
+# ------------------------------------------------------------------ Bulyan (El Mhamdi et al. 2018)
+
+
+def _paper_bulyan(points: np.ndarray, f: int) -> np.ndarray:
+    """The paper's Bulyan: θ = n − 2f updates chosen by Krum one at a time (each the best-scored of those left, its
+    score over the r − f − 2 nearest of the r left — at least the nearest one: the last choices leave r − f − 2 = f − 1,
+    0 for f = 1), then per coordinate the mean of the β = θ − 2f chosen values closest to their median."""
+    left, chosen = list(range(len(points))), []
+    while len(chosen) < len(points) - 2 * f:
+        rest, r = points[left], len(left)
+        scores = [sum(sorted(float(((rest[i] - rest[j]) ** 2).sum()) for j in range(r) if j != i)[:max(r - f - 2, 1)])
+                  for i in range(r)]
+        chosen.append(left.pop(int(np.argmin(scores))))
+    picked = points[chosen]
+    median = np.median(picked, 0)
+    order = np.argsort(np.abs(picked - median), axis=0, kind="stable")[: len(picked) - 2 * f]
+    return np.take_along_axis(picked, order, 0).mean(0)
+
+
+@settings(max_examples=25, deadline=None)
+@given(n=st.integers(7, 16), d=st.integers(1, 5), seed=st.integers(0, 10_000))
+def test_bulyan_is_the_papers_two_stages(n, d, seed):
+    rng = np.random.default_rng(seed)
+    points = rng.normal(size=(n, d))
+    rule, options = parse({"rule": "bulyan", "byzantine_fraction": 0.2})
+    found = rule.combine({"w": torch.zeros(d, dtype=torch.float64)},
+                         Upload(list(range(n)), {"w": torch.as_tensor(points)}, torch.ones(n)), options)
+    f = min(int(0.2 * n), (n - 3) // 4)
+    np.testing.assert_allclose(found["w"].numpy(), _paper_bulyan(points, f), rtol=1e-12, atol=1e-14)
+
+
+def test_bulyan_resists_a_huge_update_where_the_mean_does_not():
+    rng = np.random.default_rng(0)
+    points = np.vstack([rng.normal(size=(10, 3)), [[1e6, 1e6, 1e6]]])
+    rule, options = parse({"rule": "bulyan", "byzantine_fraction": 0.2})
+    found = rule.combine({"w": torch.zeros(3, dtype=torch.float64)},
+                         Upload(list(range(11)), {"w": torch.as_tensor(points)}, torch.ones(11)), options)
+    assert found["w"].abs().max() < 5

@@ -18,10 +18,10 @@ from hetfed.server.pipeline import server_chain
 
 
 def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams():
-    assert {"krum", "mean", "median", "multi_krum", "trimmed_mean", "geometric_median",
-            "centered_clipping"} <= set(rules.names())
+    assert {"krum", "mean", "median", "multi_krum", "trimmed_mean", "geometric_median", "centered_clipping",
+            "bulyan"} <= set(rules.names())
     assert server_chain(ServerConfig()).streams
-    for rule in ("median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "centered_clipping"):
+    for rule in ("median", "trimmed_mean", "krum", "multi_krum", "geometric_median", "centered_clipping", "bulyan"):
         assert not server_chain(ServerConfig(combine={"rule": rule})).streams, rule
 
 
@@ -31,7 +31,7 @@ def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams(
                                         "own"),
     ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
     ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: did you mean 'median'? expected one of "
-                         "['centered_clipping', 'geometric_median', 'krum', 'mean'"),
+                         "['bulyan', 'centered_clipping', 'geometric_median', 'krum'"),
 ])
 def test_a_rules_parameters_are_validated_with_one_line_naming_the_key(section, expected):
     with pytest.raises(ConfigError) as err:

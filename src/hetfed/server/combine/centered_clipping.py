@@ -14,7 +14,7 @@ from pydantic import Field
 
 from hetfed.engine.types import Params, Upload
 from hetfed.server.combine import CombineRule, RuleParams, register
-from hetfed.server.combine.krum import flat
+from hetfed.server.combine.krum import flat, unflat
 
 
 class CenteredClippingParams(RuleParams):
@@ -34,12 +34,8 @@ def centered_clipping(old: Params, upload: Upload, params: CenteredClippingParam
         diff = deltas - v
         scale = (params.radius / torch.linalg.vector_norm(diff, dim=1)).clamp(max=1.0)  # a zero difference: 1
         v = v + (diff * scale.unsqueeze(1)).mean(0)
-    out, at = {}, 0
-    for k in names:
-        size = old[k].numel()
-        out[k] = (old[k].to(v.device).double() + v[at:at + size].reshape(old[k].shape)).to(upload.params[k].dtype)
-        at += size
-    return out, {"center": v.cpu()}
+    reference = torch.cat([old[k].to(v.device).double().reshape(-1) for k in names])
+    return unflat(reference + v, old, upload), {"center": v.cpu()}
 
 
 register(CombineRule("centered_clipping", centered_clipping, CenteredClippingParams, streams=False, remembers=True,

@@ -11,7 +11,7 @@ from pydantic import Field
 
 from hetfed.engine.types import Params, Upload
 from hetfed.server.combine import CombineRule, RuleParams, register
-from hetfed.server.combine.krum import flat
+from hetfed.server.combine.krum import flat, unflat
 
 
 class GeometricMedianParams(RuleParams):
@@ -22,21 +22,14 @@ class GeometricMedianParams(RuleParams):
 
 
 def geometric_median(old: Params, upload: Upload, params: GeometricMedianParams) -> Params:
-    names = list(old)
-    points = flat({k: upload.params[k] for k in names})  # [n, d] float64
+    points = flat({k: upload.params[k] for k in old})  # [n, d] float64
     alpha = upload.num_samples.to(points.device).double() if params.weighted else \
         torch.ones(len(points), dtype=torch.float64, device=points.device)
     weights = alpha
     for _ in range(params.passes - 1):
         z = weights @ points / weights.sum()
         weights = alpha / torch.linalg.vector_norm(points - z, dim=1).clamp_min(params.tolerance)
-    z = weights @ points / weights.sum()
-    out, at = {}, 0
-    for k in names:
-        size = old[k].numel()
-        out[k] = z[at:at + size].reshape(old[k].shape).to(upload.params[k].dtype)
-        at += size
-    return out
+    return unflat(weights @ points / weights.sum(), old, upload)
 
 
 register(CombineRule("geometric_median", geometric_median, GeometricMedianParams, streams=False,

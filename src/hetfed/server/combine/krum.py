@@ -22,6 +22,16 @@ def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(n, -1).double() for v in stacked.values()], 1)
 
 
+def unflat(value: torch.Tensor, like: Params, upload: Upload) -> Params:
+    """One row of all shared parameters joined (:func:`flat`'s order) back in ``like``'s shapes, in the upload's
+    dtypes."""
+    out, at = {}, 0
+    for k, ref in like.items():
+        out[k] = value[at:at + ref.numel()].reshape(ref.shape).to(upload.params[k].dtype)
+        at += ref.numel()
+    return out
+
+
 def krum_scores(points: torch.Tensor, f: int) -> torch.Tensor:
     """Krum's score per point: the sum of squared distances to its n − f − 2 nearest others."""
     n = points.shape[0]
