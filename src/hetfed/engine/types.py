@@ -23,6 +23,24 @@ def map_tensors(value: Any, fn: Any) -> Any:
     return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
 
 
+def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
+    """Each row's parameters joined into one float64 vector, in ``stacked``'s order: ``[n, d]`` from ``[n, …]`` each
+    (what a rule or an attack that measures whole updates reads)."""
+    n = next(iter(stacked.values())).shape[0]
+    return torch.cat([v.reshape(n, -1).double() for v in stacked.values()], 1)
+
+
+def unflat(value: torch.Tensor, like: dict[str, torch.Tensor], dtypes: dict[str, torch.Tensor] | None = None
+           ) -> dict[str, torch.Tensor]:
+    """One joined row (:func:`flat`'s order) back in ``like``'s names and shapes; in ``dtypes``' dtypes where given."""
+    out, at = {}, 0
+    for k, ref in like.items():
+        part = value[at:at + ref.numel()].reshape(ref.shape)
+        out[k] = part if dtypes is None else part.to(dtypes[k].dtype)
+        at += ref.numel()
+    return out
+
+
 def take_rows(x: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
     """``x[index]`` for an integer ``index`` of any shape: ``x``'s rows at ``index``, shaped ``[*index.shape,
     *x.shape[1:]]``. Why not ``x[index]``: on a CPU torch's advanced indexing is 2–6× slower than ``index_select``

@@ -18,6 +18,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.attacks import ClientAttack, Honest, register
+from hetfed.engine.types import flat, unflat
 from hetfed.registry import ComponentParams
 
 
@@ -47,16 +48,15 @@ FARTHEST_PAIR = Fit(lambda rows, c: (rows - c).square().sum(1).max(),
 def search(honest: Honest, p: AgnosticParams, fit: Fit) -> dict[str, torch.Tensor]:
     """μ − γ·p for the largest γ the halving search finds within ``fit``, back in the parameters' shapes."""
     assert honest.rows is not None
-    names = list(honest.mean)
-    rows = torch.cat([honest.rows[k].reshape(len(honest.rows[k]), -1) for k in names], 1)
-    mean = torch.cat([honest.mean[k].reshape(-1) for k in names])
+    rows = flat(honest.rows)
+    mean = flat({k: v.unsqueeze(0) for k, v in honest.mean.items()})[0]
     if p.deviation == "unit_vec":
         norm = torch.linalg.vector_norm(mean)
         dev = mean / norm if norm > 0 else torch.zeros_like(mean)
     elif p.deviation == "sign":
         dev = torch.sign(mean)
     else:
-        dev = torch.cat([honest.std[k].reshape(-1) for k in names])
+        dev = flat({k: v.unsqueeze(0) for k, v in honest.std.items()})[0]
     bound = fit.bound(rows)  # the honest updates' own: once
     gamma, step, found = p.gamma, p.gamma, 0.0
     while abs(found - gamma) > 1e-5:
@@ -65,13 +65,7 @@ def search(honest: Honest, p: AgnosticParams, fit: Fit) -> dict[str, torch.Tenso
         else:
             gamma -= step / 2
         step /= 2
-    crafted = mean - found * dev
-    out, at = {}, 0
-    for k in names:
-        size = honest.mean[k].numel()
-        out[k] = crafted[at:at + size].reshape(honest.mean[k].shape)
-        at += size
-    return out
+    return unflat(mean - found * dev, honest.mean)
 
 
 def min_max(honest: Honest, p: AgnosticParams) -> dict[str, torch.Tensor]:

@@ -12,9 +12,10 @@ import math
 
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
-from hetfed.server.combine.krum import flat, krum_scores, unflat
+from hetfed.server.combine.krum import krum_scores
+from hetfed.server.combine.median import coordinate_median
 
 
 class BulyanParams(RuleParams):
@@ -37,11 +38,8 @@ def bulyan(old: Params, upload: Upload, params: BulyanParams) -> Params:
         best = int(krum_scores(points[left], f).argsort(stable=True)[0])  # ties: the first
         chosen.append(left.pop(best))
     picked = points[chosen]
-    count = len(chosen)
-    ordered = picked.sort(0).values
-    median = ordered[count // 2] if count % 2 else ordered[count // 2 - 1: count // 2 + 1].mean(0)
-    nearest = (picked - median).abs().argsort(dim=0, stable=True)[: count - 2 * f]
-    return unflat(picked.gather(0, nearest).mean(0), old, upload)
+    nearest = (picked - coordinate_median(picked)).abs().argsort(dim=0, stable=True)[: len(chosen) - 2 * f]
+    return unflat(picked.gather(0, nearest).mean(0), old, upload.params)
 
 
 register(CombineRule("bulyan", bulyan, BulyanParams, streams=False,

@@ -12,9 +12,8 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
-from hetfed.server.combine.krum import flat, unflat
 
 
 class CenteredClippingParams(RuleParams):
@@ -35,7 +34,7 @@ def centered_clipping(old: Params, upload: Upload, params: CenteredClippingParam
         scale = (params.radius / torch.linalg.vector_norm(diff, dim=1)).clamp(max=1.0)  # a zero difference: 1
         v = v + (diff * scale.unsqueeze(1)).mean(0)
     reference = torch.cat([old[k].to(v.device).double().reshape(-1) for k in names])
-    return unflat(reference + v, old, upload), {"center": v.cpu()}
+    return unflat(reference + v, old, upload.params), {"center": v.cpu()}
 
 
 register(CombineRule("centered_clipping", centered_clipping, CenteredClippingParams, streams=False, remembers=True,

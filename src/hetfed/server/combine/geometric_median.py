@@ -9,9 +9,8 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
-from hetfed.server.combine.krum import flat, unflat
 
 
 class GeometricMedianParams(RuleParams):
@@ -29,7 +28,7 @@ def geometric_median(old: Params, upload: Upload, params: GeometricMedianParams)
     for _ in range(params.passes - 1):
         z = weights @ points / weights.sum()
         weights = alpha / torch.linalg.vector_norm(points - z, dim=1).clamp_min(params.tolerance)
-    return unflat(weights @ points / weights.sum(), old, upload)
+    return unflat(weights @ points / weights.sum(), old, upload.params)
 
 
 register(CombineRule("geometric_median", geometric_median, GeometricMedianParams, streams=False,

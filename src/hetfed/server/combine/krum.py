@@ -7,7 +7,7 @@ import math
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, Upload, flat
 from hetfed.server.combine import CombineRule, RuleParams, register
 
 
@@ -15,21 +15,6 @@ class KrumParams(RuleParams):
     byzantine_fraction: float = Field(
         0.1, ge=0, lt=0.5, description="the share f/n of clients assumed malicious (f = ⌊fraction·n⌋, at most "
         "(n − 3)/2 so that Krum is defined)")
-
-
-def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
-    n = next(iter(stacked.values())).shape[0]
-    return torch.cat([v.reshape(n, -1).double() for v in stacked.values()], 1)
-
-
-def unflat(value: torch.Tensor, like: Params, upload: Upload) -> Params:
-    """One row of all shared parameters joined (:func:`flat`'s order) back in ``like``'s shapes, in the upload's
-    dtypes."""
-    out, at = {}, 0
-    for k, ref in like.items():
-        out[k] = value[at:at + ref.numel()].reshape(ref.shape).to(upload.params[k].dtype)
-        at += ref.numel()
-    return out
 
 
 def krum_scores(points: torch.Tensor, f: int) -> torch.Tensor:
