@@ -165,12 +165,13 @@ def test_the_geometric_median_minimises_the_weighted_sum_of_distances(n, d, seed
     def objective(z: np.ndarray) -> float:
         return float((weights * np.linalg.norm(points - z, axis=1)).sum())
 
-    found = _geomed(points, weights, passes=500, tolerance=1e-12)
+    found = _geomed(points, weights, passes=5000, tolerance=1e-12)
     best = minimize(objective, np.average(points, 0, weights), method="Nelder-Mead",
                     options={"xatol": 1e-10, "fatol": 1e-12, "maxiter": 20_000}).fun
-    # Weiszfeld's iterations approach a median that sits on one of the points (one client's weight at least the
-    # others') only as 1/passes: 500 passes leave it ~1e-6 of the objective away (n = 3, d = 4, seed 1: 3.3e-5 of 32.8)
-    assert objective(found) <= best * (1 + 1e-5) + 1e-9
+    best = min(best, *(objective(p) for p in points))  # a median on one of the points, which Nelder-Mead may miss
+    # Weiszfeld's iterations approach a median on or near one of the points slowly: 500 passes left 2.5e-5 of the
+    # objective (n = 3, d = 2, seed 664), 5 000 passes at most 4.4e-11 over 400 drawn cases of these sizes
+    assert objective(found) <= best * (1 + 1e-8) + 1e-9
 
 
 def test_one_pass_is_the_weighted_mean_and_unweighted_ignores_the_counts():
