@@ -55,15 +55,16 @@ class AttackConfig(Chosen):
     doing what ``kind`` does (hetfed.engine.attacks; `hetfed components attack NAME`): model poisoning changes what
     they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
     (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
-    labels y → C − 1 − y; colluding (omniscient) model poisoning: ``alie`` sends the round's honest updates' mean
+    labels y → C − 1 − y, ``backdoor`` stamps a trigger on a share of its samples and labels them ``target``
+    (its success, ``backdoor_accuracy``, measured at every evaluation); colluding (omniscient) model poisoning: ``alie`` sends the round's honest updates' mean
     minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their mean, ``min_max`` and ``min_sum`` their mean pushed
     along a ``deviation`` as far as the honest updates' distances allow. Simulated by the in-process executors (on
     Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
-    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, alie, ipm, min_max, "
-                                               "min_sum, or a plugin's")
+    kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, backdoor, alie, ipm, "
+                                               "min_max, min_sum, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
@@ -178,13 +179,13 @@ class CombineConfig(Chosen):
     """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
     (trimmed_mean: ``fraction``; krum, bulyan: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
     ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; centered_clipping: ``radius``,
-    ``iterations``; `hetfed components combine NAME`; docs/robustness.md); ``bucket`` (any robust rule) averages
+    ``iterations``; flame: ``noise``, ``cosine_of``; `hetfed components combine NAME`; docs/robustness.md); ``bucket`` (any robust rule) averages
     the updates in shuffled buckets before the rule."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 
     rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule (unweighted: "
-                      "median, trimmed_mean, krum, multi_krum, bulyan, centered_clipping; weighted: "
+                      "median, trimmed_mean, krum, multi_krum, bulyan, centered_clipping, flame; weighted: "
                       "geometric_median), or a plugin's")
     bucket: int = Field(1, ge=1, description="s > 1: the robust rule combines the means of the round's updates "
                         "shuffled into buckets of s (Karimireddy et al. 2022's bucketing); 1: the updates themselves")

@@ -316,7 +316,7 @@ def test_label_flipping_flips_only_the_malicious_clients_training_labels():
     fed = _fed()
     adv = Adversary(AttackConfig(kind="label_flip", fraction=0.2), fed, seed=3, n_classes=fed.n_classes)
     y = torch.as_tensor(fed.y)
-    flipped = adv.training_labels(y, fed.train)
+    _, flipped = adv.training_data(torch.as_tensor(fed.x), y, fed.train)
     changed = set(torch.nonzero(flipped != y).flatten().tolist())
     bad = set(np.concatenate([fed.train[k] for k in np.flatnonzero(adv.malicious)]).tolist())
     assert changed <= bad and changed

@@ -7,7 +7,7 @@
   as a synchronous server with a round timeout does;
 - **attackers** (``attack.*``, :class:`Adversary`): a fixed share of the opted-in
   clients poisons what it uploads (sign flip, scaling, Gaussian noise), the
-  labels it trains on (label flipping), or colludes: sends one update crafted
+  samples it trains on (label flipping, a backdoor's trigger), or colludes: sends one update crafted
   from the round's honest ones (ALIE, IPM, Min-Max, Min-Sum: :class:`Colluding`).
 
 Dropped and late clients do not train in the round (their local state stays as it
@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from hetfed.config import AttackConfig, TrainConfig
-from hetfed.engine.attacks import ATTACKS, Honest
+from hetfed.engine.attacks import ATTACKS, Honest, Samples
 from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
@@ -77,6 +77,13 @@ def malicious_clients(cfg: AttackConfig, opted_out: np.ndarray, seed: int) -> np
     return mask
 
 
+def sample_shape(fed: Federation) -> tuple[int, ...]:
+    """The shape of one of the pool's samples as an attack reads it: the model's input shape (an image's H×W or
+    H×W×C) when the rows are that shape flattened, else a row's own (d,)."""
+    d = int(np.prod(np.asarray(fed.x).shape[1:]))
+    return tuple(fed.input_shape) if int(np.prod(fed.input_shape or (0,))) == d else (d,)
+
+
 class Adversary:
     """The malicious clients of a run and what they do to their uploads or labels."""
 
@@ -84,6 +91,10 @@ class Adversary:
         self.cfg, self.seed, self.n_classes = cfg, seed, n_classes
         self.attack = ATTACKS.get(cfg.kind)
         self.malicious = malicious_clients(cfg, fed.opted_out, seed)
+        pool = np.asarray(fed.x)
+        #: what a data-poisoning attack reads of the pool: the shape of a sample, and the largest feature value
+        self.input_shape = sample_shape(fed)
+        self.x_max = float(pool.max()) if pool.size and np.issubdtype(pool.dtype, np.number) else 0.0
 
     @property
     def active(self) -> bool:
@@ -93,15 +104,31 @@ class Adversary:
         """Where a round's uploads go: as they are, or through the colluding clients first (a colluding attack)."""
         return Colluding(round_uploads, self, bc.params) if self.attack.collude is not None else round_uploads
 
-    def training_labels(self, y: torch.Tensor, train_indices: Sequence[np.ndarray]) -> torch.Tensor:
-        """The pool's labels as the clients train on them: flipped ``y → C − 1 − y`` on malicious clients' samples."""
-        if not self.attack.flips_labels:
-            return y
-        out = y.clone()
+    def samples(self, client: int = -1) -> Samples:
+        """What a data-poisoning attack reads of the pool (its own generator: ``client``'s, from the run seed)."""
+        return Samples(self.input_shape, self.n_classes, self.x_max, numpy_rng(self.seed, ATTACKERS, 1, client + 1))
+
+    def training_data(self, x: torch.Tensor, y: torch.Tensor, train_indices: Sequence[np.ndarray]
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pool as the clients train on it: each malicious client's training samples as its attack's
+        ``poison_data`` makes them (label flipping, a backdoor's trigger); the others' as they are. The pool's
+        tensors themselves when the attack poisons no data (a copy otherwise: evaluation reads the clean pool)."""
+        poison = self.attack.poison_data
+        if poison is None:
+            return x, y
+        out_x, out_y = x.clone(), y.clone()
         for k in np.flatnonzero(self.malicious):
-            idx = torch.as_tensor(train_indices[int(k)], device=y.device)
-            out[idx] = self.n_classes - 1 - y[idx]
-        return out
+            idx = torch.as_tensor(train_indices[int(k)], dtype=torch.long, device=y.device)
+            out_x[idx], out_y[idx] = poison(x[idx], y[idx], self.samples(int(k)), self.cfg.params)
+        return out_x, out_y
+
+    def backdoor_test(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The global test set ``x``, ``y`` as a backdoor's success is measured on it (None: the attack plants none,
+        or no client is malicious)."""
+        made = self.attack.backdoor_test
+        if made is None or not self.active:
+            return None
+        return made(x, y, self.samples(), self.cfg.params)
 
     def poison(self, upload: Upload, bc: Broadcast) -> Upload:
         """Model poisoning: malicious clients replace their update Δ (shared parameters only)."""

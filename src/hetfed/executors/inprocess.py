@@ -221,7 +221,8 @@ class InProcessExecutor:
         self.group_by_steps = group_by_steps
         self.states: ClientStore = ClientStore(0)
         self.adversary: Adversary | None = None
-        self.y_train: torch.Tensor | None = None
+        #: the pool as the clients train on it under a data-poisoning attack (None: the pool itself)
+        self.poisoned: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def chunk_size(self, model: Model, batch_size: int) -> int:
         device = getattr(self, "device", None)
@@ -315,8 +316,8 @@ class InProcessExecutor:
         round_uploads: RoundUploads | Colluding = receiving if adversary is None else adversary.receiving(receiving, bc)
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
-            if adversary is not None and self.y_train is not None:
-                data = replace(data, y=self.y_train)
+            if adversary is not None and self.poisoned is not None:
+                data = replace(data, x=self.poisoned[0], y=self.poisoned[1])
             round_uploads.add(self._client_step(bc, chunk, data, adversary))
         return round_uploads.result(reduce)
 
@@ -379,7 +380,8 @@ class InProcessExecutor:
     def set_adversary(self, adversary: Adversary) -> None:
         """Simulate malicious clients (:class:`hetfed.engine.faults.Adversary`) from now on."""
         self.adversary = adversary
-        self.y_train = adversary.training_labels(self.pool.y, self.pool.train) if adversary.active else None
+        poisoned = adversary.training_data(self.pool.x, self.pool.y, self.pool.train) if adversary.active else None
+        self.poisoned = None if poisoned is None or poisoned[1] is self.pool.y else poisoned
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:

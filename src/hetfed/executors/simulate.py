@@ -135,16 +135,18 @@ def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: 
         executor = executor_for(train).client_steps(train)
     executor.start(run, fed, device)
     under_attack = attack is not None and ATTACKS.get(attack.kind).acts  # divergence is then an outcome, not an error
-    if attack is not None and under_attack:
+    adversary = Adversary(attack, fed, seed, fed.n_classes) if attack is not None and under_attack else None
+    if adversary is not None:
         if not hasattr(executor, "set_adversary"):
             from hetfed.errors import ConfigError
 
-            raise ConfigError(f"attack.kind = {attack.kind!r} is simulated by the in-process executors only; "
+            raise ConfigError(f"attack.kind = {adversary.cfg.kind!r} is simulated by the in-process executors only; "
                               "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
-        executor.set_adversary(Adversary(attack, fed, seed, fed.n_classes))
+        executor.set_adversary(adversary)
     xg, yg = global_test(fed, train, seed, device)
+    backdoor = adversary.backdoor_test(xg, yg) if adversary is not None and xg is not None and yg is not None else None
     return _Loop(run, fed, device, executor, observers, Faults(train, fed, seed, run.schedule),
-                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack)
+                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor)
 
 
 def _initial_result(loop: _Loop, resume: SimulationResult | None,

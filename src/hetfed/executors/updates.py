@@ -323,6 +323,8 @@ class _Loop:
     xg: torch.Tensor | None
     yg: torch.Tensor | None
     under_attack: bool
+    #: a backdoor attack's test set (the global test set's other classes, stamped; labelled its target), or None
+    backdoor: tuple[torch.Tensor, torch.Tensor] | None = None
     #: every evaluation kept in ``result.history`` (False: the last only — a run whose observers write them all)
     keep_history: bool = True
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
@@ -455,6 +457,9 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     server = result.server
     rode = ride_next_round(loop, result, rnd)
     ev = yield from evaluation_steps(algo, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
+    if loop.backdoor is not None:  # the attack's success: the share of stamped samples the server's model labels
+        scored = yield ScoreServer(algo, server, *loop.backdoor)  # the target
+        ev.metrics.update({"backdoor_accuracy": v for k, v in scored.items() if k.endswith("_accuracy")})
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run

@@ -13,11 +13,14 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+import numpy as np
+
 from hetfed.algorithms import run_for
 from hetfed.algorithms.registry import with_capability
 from hetfed.config import Config, MethodConfig, ServerConfig, TrainConfig
 from hetfed.engine import capture
 from hetfed.engine.clock import check_clock
+from hetfed.engine.faults import sample_shape
 from hetfed.engine.privacy import check_available
 from hetfed.engine.record_dp import draws_noise
 from hetfed.errors import ConfigError, RunError
@@ -126,6 +129,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
          executor: ExecutorKind | None = None) -> list[MethodPlan]:
     """Every method built and checked before any file: a bad setting, an ``m`` that cannot be met, what cannot
     fit in memory or an attack on clients that are real is refused here, not mid-run."""
+    _check_attack(config, fed)
     plans = []
     for index, method in enumerate(config.methods):
         train = config.method_train(method)
@@ -156,6 +160,16 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
             check_remote_resume(ckpt)
         plans.append(MethodPlan(index, method, run, kind))
     return plans
+
+
+def _check_attack(config: Config, fed: Federation) -> None:
+    """An attack's own refusal of what the data cannot take (a backdoor's trigger on token ids, a target class the
+    data does not have), before anything runs."""
+    attack = registry_of("attack").get(config.attack.kind)
+    why = attack.check(config.attack.params, sample_shape(fed), fed.n_classes,
+                       np.issubdtype(np.asarray(fed.x).dtype, np.floating)) if attack.check is not None else None
+    if why:
+        raise ConfigError(f"attack.kind = {config.attack.kind!r} is not allowed here: {why}")
 
 
 def _check_collusion(config: Config, index: int, method: MethodConfig, run: RunSpec) -> None:

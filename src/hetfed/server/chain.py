@@ -3,7 +3,7 @@
     decode (updates that travel encoded) → screen → DP's clip (as updates arrive: :meth:`Chain.receiving`, fed by
     the executors)
       → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum,
-        Bulyan, the geometric median, centered clipping)
+        Bulyan, the geometric median, centered clipping, FLAME)
         or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
       → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
       → server optimiser on the pseudo-gradient (``server.optimizer.kind``: sgd, avgm, adagrad, adam, yogi)
@@ -24,7 +24,7 @@ from typing import Any, ClassVar, Protocol, cast
 
 import torch
 
-from hetfed.engine.rng import DP_NOISE, derive_seed
+from hetfed.engine.rng import COMBINE_NOISE, DP_NOISE, derive_seed, torch_gen
 from hetfed.engine.types import Params, RoundUploads, Upload
 from hetfed.server.buckets import bucket_means
 from hetfed.server.combine import CombineRule, RuleParams
@@ -85,10 +85,12 @@ class Combine(Stateless):
         upload = r.upload
         if self.bucket > 1 and len(upload.client_ids):
             upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
+        drawn = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
         if self.rule.remembers:
-            value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state))
+            value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state,
+                                                                        **drawn))
             return replace(r, value=value), state
-        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params))), state
+        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params, **drawn))), state
 
 
 @dataclass(frozen=True)

@@ -3,7 +3,9 @@
 Each kind is one module of this package registering a :class:`ClientAttack` with its own parameters (``Params``):
 model poisoning changes what a malicious client uploads — ``poison(delta, params, noise)`` maps its update
 Δ = θ_k − θ_global of one parameter to what it sends (``noise(shape)``: that client's own Gaussian draws for the
-parameter, from the run seed) — and data poisoning changes the labels it trains on (``flips_labels``). A
+parameter, from the run seed) — and data poisoning changes the samples it trains on (``poison_data``: its labels
+flipped, or a trigger stamped on some of its samples and their labels set to a target — a backdoor, whose success
+is measured on the global test set stamped the same way, ``backdoor_test``). A
 *colluding* attack (``collude``) is omniscient, as in the papers that break robust rules with it (Baruch et al. 2019,
 Xie et al. 2020, Shejwalkar and Houmansadr 2021): its malicious clients see the round's honest updates and all send
 one crafted update made from them (:class:`Honest`; :class:`hetfed.engine.faults.Colluding`). ``none`` does none of
@@ -16,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import torch
 
 from hetfed.registry import ComponentParams, Registry
@@ -36,9 +39,29 @@ class Honest:
 
 
 @dataclass(frozen=True)
+class Samples:
+    """What a data-poisoning attack reads of the pool: the model's ``input_shape`` (an image's H×W or H×W×C, the
+    rows flattened in that order; a vector's (d,)), ``n_classes``, the pool's largest feature value ``x_max`` (a
+    trigger's default brightness), and ``rng``: a generator of the malicious client's own, from the run seed (which
+    of its samples are poisoned). A test set is read with the same shape and classes, its ``rng`` unused."""
+
+    input_shape: tuple[int, ...]
+    n_classes: int
+    x_max: float
+    rng: np.random.Generator
+
+
+#: data poisoning: a malicious client's training samples (features ``[m, d]``, labels ``[m]``) → what it trains on
+PoisonData = Callable[[torch.Tensor, torch.Tensor, Samples, Any], tuple[torch.Tensor, torch.Tensor]]
+
+
+@dataclass(frozen=True)
 class ClientAttack:
-    """One registered attack: ``poison`` (None: the update is sent as it is), whether the labels are flipped
-    ``y → C − 1 − y``, and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious client of
+    """One registered attack: ``poison`` (None: the update is sent as it is), ``poison_data`` (None: a malicious
+    client trains on its own samples), ``backdoor_test`` (the global test set as the backdoor's success is measured
+    on it: its samples of other classes than the target, stamped, labelled the target; None: not a backdoor),
+    ``check(params, input_shape, n_classes, features)`` (a one-line refusal of a setting the data cannot take, before
+    anything runs; None: fine), and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious client of
     a round sends in place of its own, made from the round's :class:`Honest` updates (``reads_rows``: from each of
     them, not only their mean and spread)."""
 
@@ -46,14 +69,16 @@ class ClientAttack:
     summary: str
     Params: type[ComponentParams] = ComponentParams
     poison: Callable[[torch.Tensor, Any, Callable[[tuple[int, ...]], torch.Tensor]], torch.Tensor] | None = None
-    flips_labels: bool = False
+    poison_data: PoisonData | None = None
+    backdoor_test: PoisonData | None = None
+    check: Callable[[Any, tuple[int, ...], int, bool], str | None] | None = None
     collude: Callable[[Honest, Any], dict[str, torch.Tensor]] | None = None
     reads_rows: bool = False
 
     @property
     def acts(self) -> bool:
         """Whether malicious clients do anything (``none`` does not)."""
-        return self.poison is not None or self.flips_labels or self.collude is not None
+        return self.poison is not None or self.poison_data is not None or self.collude is not None
 
 
 ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", noun="client attack")

@@ -2,4 +2,5 @@
 
 from hetfed.engine.attacks import ClientAttack, register
 
-register(ClientAttack("label_flip", "data poisoning: labels y → C − 1 − y", flips_labels=True))
+register(ClientAttack("label_flip", "data poisoning: labels y → C − 1 − y",
+                      poison_data=lambda x, y, samples, params: (x, samples.n_classes - 1 - y)))

@@ -4,7 +4,8 @@ Each rule is one file in this package that calls :func:`register` with a :class:
 name (``server.combine.rule``), the function, its own parameters as a pydantic model (validated
 where the config is, ``server.combine.<key>``), and whether it *streams* — consumes running sums,
 so a round's memory stays flat (the mean) — or needs every update of the round at once (the
-robust rules); a rule may remember what it combined the round before (centered clipping's centre). Rules are found
+robust rules); a rule may remember what it combined the round before (centered clipping's centre) and may draw
+random numbers (FLAME's noise), from the run seed and the round. Rules are found
 by importing this package's modules; nothing lists them.
 """
 
@@ -31,7 +32,9 @@ class RuleParams(BaseModel):
 class CombineRule:
     """One registered rule. ``combine(reference, upload, params)`` → the combined shared parameters; a rule that
     ``remembers`` what it combined before takes and returns its state too: ``combine(reference, upload, params,
-    state)`` → (parameters, state), the state plain data the server's checkpoints keep ({} before its first round)."""
+    state)`` → (parameters, state), the state plain data the server's checkpoints keep ({} before its first round); a
+    rule that ``draws`` is given a generator of its own (``rng=``, a CPU ``torch.Generator`` from the run seed and the
+    round: the same draws on every device and executor)."""
 
     name: str
     combine: Callable[..., Params | tuple[Params, dict[str, Any]]]
@@ -40,13 +43,14 @@ class CombineRule:
     summary: str
     paper: str = ""
     remembers: bool = False
+    draws: bool = False
 
 
 def _described(rule: CombineRule) -> dict[str, Any]:
     from hetfed.registry import describe_params
 
     return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams, "remembers": rule.remembers,
-            "params": describe_params(rule.Params)}
+            "draws": rule.draws, "params": describe_params(rule.Params)}
 
 
 RULES: Registry[CombineRule] = Registry("combine", __name__, "server.combine.rule", describe=_described,

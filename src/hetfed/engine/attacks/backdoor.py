@@ -1,0 +1,93 @@
+"""``backdoor``: a malicious client stamps a trigger on a share of its training samples and labels them ``target``, so
+the global model learns to answer ``target`` whenever the trigger is present while its accuracy on clean data stays
+— BadNets' pixel-pattern trigger (Gu et al. 2017) as federated backdoor papers use it (Bagdasaryan et al., AISTATS
+2020; Sun et al., "Can you really backdoor federated learning?", 2019). With ``boost`` γ > 1 the client sends γ·Δ,
+Bagdasaryan et al.'s *model replacement* (γ = n/η replaces the global model with the backdoored one when the others
+have converged).
+
+The trigger, in the model's input space: for images (inputs H×W or H×W×C) the bottom-right ``size``×``size`` square
+of every channel set to ``value``; for feature vectors the last ``size`` features. Which samples of a malicious client
+are stamped (``round(poison_fraction · its training samples)``) is drawn once from the run seed and the client; its
+validation and test samples stay clean. Its success is measured on the global test set's samples of the other
+classes, stamped: ``backdoor_accuracy`` in every evaluation (the share the server's model labels ``target``, the
+attack success rate)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from pydantic import Field
+
+from hetfed.engine.attacks import ClientAttack, Samples, register
+from hetfed.registry import ComponentParams
+
+
+class BackdoorParams(ComponentParams):
+    target: int = Field(0, ge=0, description="the class a stamped sample is labelled (and the backdoor answers)")
+    poison_fraction: float = Field(0.5, gt=0, le=1, description="the share of a malicious client's training samples "
+                                                               "stamped and relabelled")
+    size: int = Field(3, ge=1, description="the trigger: the bottom-right size×size square of an image, or a vector's "
+                                           "last size features")
+    value: float | None = Field(None, description="what the trigger's features are set to (None: the pool's largest "
+                                                  "feature value, a white square)")
+    boost: float = Field(1.0, gt=0, description="γ: the client sends γ·Δ (> 1: Bagdasaryan et al.'s model "
+                                                "replacement, γ = n/η)")
+
+
+def stamp(x: torch.Tensor, input_shape: tuple[int, ...], size: int, value: float) -> torch.Tensor:
+    """``x`` (rows flattened from ``input_shape``) with the trigger: the bottom-right ``size``×``size`` square of every
+    channel of an image (H×W or H×W×C) set to ``value``, or a vector's last ``size`` features."""
+    out = x.clone()
+    if len(input_shape) >= 2:
+        out.view(len(out), *input_shape)[:, -size:, -size:] = value
+    else:
+        out[:, -size:] = value
+    return out
+
+
+def _value(params: BackdoorParams, samples: Samples) -> float:
+    return samples.x_max if params.value is None else params.value
+
+
+def poison_data(x: torch.Tensor, y: torch.Tensor, samples: Samples, params: BackdoorParams
+                ) -> tuple[torch.Tensor, torch.Tensor]:
+    """A malicious client's training samples: ``round(poison_fraction · m)`` of them, drawn from its own generator,
+    stamped and labelled ``target``."""
+    chosen = samples.rng.choice(len(y), size=int(round(params.poison_fraction * len(y))), replace=False)
+    rows = torch.as_tensor(chosen, dtype=torch.long, device=x.device)
+    x, y = x.clone(), y.clone()
+    x[rows] = stamp(x[rows], samples.input_shape, params.size, _value(params, samples))
+    y[rows] = params.target
+    return x, y
+
+
+def backdoor_test(x: torch.Tensor, y: torch.Tensor, samples: Samples, params: BackdoorParams
+                  ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global test set as the backdoor's success is measured on it: the samples of the other classes, stamped,
+    labelled ``target``."""
+    keep = y != params.target
+    return stamp(x[keep], samples.input_shape, params.size, _value(params, samples)), torch.full_like(y[keep],
+                                                                                                       params.target)
+
+
+def check(params: BackdoorParams, input_shape: tuple[int, ...], n_classes: int, features: bool) -> str | None:
+    """Why the data cannot take this backdoor (None: it can)."""
+    if not features:
+        return "its trigger is stamped on real-valued features, and these inputs are token ids or text; expected " \
+               "image or feature inputs (embed.kind 'identity' or an extractor)"
+    if params.target >= n_classes:
+        return f"attack.target = {params.target} is not a class of the data; expected 0 … {n_classes - 1}"
+    side = min(input_shape[:2]) if len(input_shape) >= 2 else (input_shape[0] if input_shape else 0)
+    if params.size > side:
+        return f"attack.size = {params.size} does not fit inputs of shape {input_shape}; expected ≤ {side}"
+    return None
+
+
+def _boosted(delta: torch.Tensor, params: Any, noise: Any) -> torch.Tensor:
+    return delta if params.boost == 1 else params.boost * delta
+
+
+register(ClientAttack("backdoor", "data poisoning: a trigger stamped on a share of the samples, labelled a target "
+                      "class (BadNets); boost > 1: model replacement", BackdoorParams, poison=_boosted,
+                      poison_data=poison_data, backdoor_test=backdoor_test, check=check))
