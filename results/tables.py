@@ -69,7 +69,7 @@ def _attack_of(run_dir: Path) -> tuple[str, float]:
     return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 
-def attack_table(sweep: Path) -> str:
+def attack_table(sweep: Path, metric: str = "global_accuracy") -> str:
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     methods: list[str] = []
@@ -77,8 +77,10 @@ def attack_table(sweep: Path) -> str:
         key = _attack_of(Path(run["run_dir"]))
         for name, m in summary["methods"].items():
             methods += [name] if name not in methods else []
-            acc = m["final"].get("global_accuracy")
-            cells[key][name].append(acc if acc is not None else 0.1)  # NaN model: argmax 0 on a balanced test set
+            acc = m["final"].get(metric)
+            if acc is None and metric == "global_accuracy":
+                acc = 0.1  # NaN model: argmax 0 on a balanced test set
+            cells[key][name].append(acc)
             diverged[key][name] += m.get("diverged_at") is not None
     lines = ["| attack | malicious | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for (kind, frac), row in cells.items():
@@ -88,7 +90,7 @@ def attack_table(sweep: Path) -> str:
                  for m in methods]
         lines.append(f"| {kind} | {'-' if kind == 'none' else f'{frac:.0%}'} | " + " | ".join(shown) + " |")
     return (
-        "\n".join(lines) + "\n\nfinal global accuracy, mean ± 95% CI over seeds (Student t); (k✗): runs that diverged\n"
+        "\n".join(lines) + f"\n\nfinal {metric}, mean ± 95% CI over seeds (Student t); (k✗): runs that diverged\n"
     )
 
 
@@ -551,8 +553,12 @@ def main(argv: list[str] | None = None) -> int:
     """The command line above; bad arguments get argparse's usage line and exit status 2."""
     ap = argparse.ArgumentParser(prog="python results/tables.py", description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="kind", required=True)
-    for kind in ("attack", "dp", "leaderboard"):
+    for kind in ("dp", "leaderboard"):
         sub.add_parser(kind).add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p = sub.add_parser("attack")
+    p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
+    p.add_argument("--metric", default="global_accuracy", help="the final round's metric shown (backdoor_accuracy: "
+                   "a backdoor's success rate)")
     sub.add_parser("pfllib").add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
     p = sub.add_parser("paired")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
