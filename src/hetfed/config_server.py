@@ -56,9 +56,10 @@ class AttackConfig(Chosen):
     they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
     (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
     labels y → C − 1 − y, ``backdoor`` stamps a trigger on a share of its samples and labels them ``target``
-    (its success, ``backdoor_accuracy``, measured at every evaluation); colluding (omniscient) model poisoning: ``alie`` sends the round's honest updates' mean
-    minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their mean, ``min_max`` and ``min_sum`` their mean pushed
-    along a ``deviation`` as far as the honest updates' distances allow. Simulated by the in-process executors (on
+    (its success, ``backdoor_accuracy``, measured at every evaluation); colluding (omniscient) model poisoning:
+    ``alie`` sends the round's honest updates' mean minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their
+    mean, ``min_max`` and ``min_sum`` their mean pushed along a ``deviation`` as far as the honest updates' distances
+    allow. Simulated by the in-process executors (on
     Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
@@ -179,8 +180,8 @@ class CombineConfig(Chosen):
     """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
     (trimmed_mean: ``fraction``; krum, bulyan: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
     ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; centered_clipping: ``radius``,
-    ``iterations``; flame: ``noise``, ``cosine_of``; `hetfed components combine NAME`; docs/robustness.md); ``bucket`` (any robust rule) averages
-    the updates in shuffled buckets before the rule."""
+    ``iterations``; flame: ``noise``, ``cosine_of``; `hetfed components combine NAME`; docs/robustness.md);
+    ``bucket`` (any robust rule) averages the updates in shuffled buckets before the rule."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 

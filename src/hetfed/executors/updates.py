@@ -459,7 +459,9 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     ev = yield from evaluation_steps(algo, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     if loop.backdoor is not None:  # the attack's success: the share of stamped samples the server's model labels
         scored = yield ScoreServer(algo, server, *loop.backdoor)  # the target
-        ev.metrics.update({"backdoor_accuracy": v for k, v in scored.items() if k.endswith("_accuracy")})
+        accuracy = [v for k, v in scored.items() if k.endswith("_accuracy")]
+        if accuracy:
+            ev.metrics["backdoor_accuracy"] = accuracy[0]
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run

@@ -61,9 +61,9 @@ class ClientAttack:
     client trains on its own samples), ``backdoor_test`` (the global test set as the backdoor's success is measured
     on it: its samples of other classes than the target, stamped, labelled the target; None: not a backdoor),
     ``check(params, input_shape, n_classes, features)`` (a one-line refusal of a setting the data cannot take, before
-    anything runs; None: fine), and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious client of
-    a round sends in place of its own, made from the round's :class:`Honest` updates (``reads_rows``: from each of
-    them, not only their mean and spread)."""
+    anything runs; None: fine), and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious
+    client of a round sends in place of its own, made from the round's :class:`Honest` updates (``reads_rows``: from
+    each of them, not only their mean and spread)."""
 
     name: str
     summary: str

@@ -39,7 +39,7 @@ def admitted(points: np.ndarray) -> np.ndarray:
 
     distances = np.clip(cosine_distances(points), 0.0, None)
     labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed",
-                     allow_single_cluster=True).fit_predict(distances)
+                     allow_single_cluster=True, copy=False).fit_predict(distances)
     clusters = [c for c in np.unique(labels) if c >= 0]
     if not clusters:
         return np.arange(n)

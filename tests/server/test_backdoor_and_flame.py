@@ -1,0 +1,261 @@
+"""Backdoors (a BadNets trigger on a share of a malicious client's samples; boosted: model replacement) and FLAME:
+the trigger and the poisoned samples against their definitions, ``backdoor_accuracy`` against the server's model's
+predictions computed here, the executors agreeing, the refusals; FLAME against its paper's Algorithm 1 written out,
+its filter keeping a majority of alike updates and dropping the rest."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.cluster import HDBSCAN
+
+from hetfed.cli import main
+from hetfed.config import AttackConfig, ServerConfig
+from hetfed.engine.attacks.backdoor import stamp
+from hetfed.engine.faults import Adversary
+from hetfed.engine.rng import COMBINE_NOISE, torch_gen
+from hetfed.engine.types import Broadcast, Upload
+from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
+from hetfed.executors.simulate import simulate
+from hetfed.server.combine import parse
+from hetfed.server.combine.flame import admitted
+from hetfed.server.pipeline import server_chain
+from tests.server.test_robust import _algo, _fed
+
+
+def _with(fed, made):
+    """simulate's first three arguments: the algorithm, the federation, the train section."""
+    return made[0], fed, made[1]
+
+
+def _stamped(x: np.ndarray, shape: tuple[int, ...], size: int, value: float) -> np.ndarray:
+    """The trigger written from its definition, pixel by pixel: an image's pixels (i, j) with i ≥ H − size and
+    j ≥ W − size (every channel), or a vector's last ``size`` features."""
+    out = x.copy()
+    for r in range(len(out)):
+        if len(shape) == 1:
+            for f in range(shape[0] - size, shape[0]):
+                out[r, f] = value
+            continue
+        h, w = shape[:2]
+        channels = shape[2] if len(shape) == 3 else 1
+        for i in range(h - size, h):
+            for j in range(w - size, w):
+                for c in range(channels):
+                    out[r, (i * w + j) * channels + c] = value
+    return out
+
+
+@pytest.mark.parametrize("shape, size", [((8, 8), 3), ((5, 7), 2), ((4, 4, 3), 2), ((6,), 2), ((28, 28), 28)])
+def test_the_trigger_is_the_bottom_right_square_of_every_channel_or_a_vectors_last_features(shape, size):
+    x = np.random.default_rng(0).random((5, int(np.prod(shape)))).astype(np.float32)
+    out = stamp(torch.as_tensor(x), shape, size, 1.5)
+    np.testing.assert_array_equal(out.numpy(), _stamped(x, shape, size, 1.5))
+    np.testing.assert_array_equal(x, np.random.default_rng(0).random(x.shape).astype(np.float32))  # not in place
+
+
+def test_a_backdoor_poisons_its_share_of_the_malicious_clients_training_samples_only():
+    fed = _fed(clients=10)
+    cfg = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 2, "poison_fraction": 0.4})
+    adv = Adversary(cfg, fed, seed=5, n_classes=fed.n_classes)
+    x, y = torch.as_tensor(fed.x), torch.as_tensor(fed.y)
+    px, py = adv.training_data(x, y, fed.train)
+    value = float(fed.x.max())
+    changed = set(torch.nonzero((px != x).any(1) | (py != y)).flatten().tolist())
+    bad = np.flatnonzero(adv.malicious)
+    assert len(bad) == 3
+    assert changed <= set(np.concatenate([fed.train[k] for k in bad]).tolist())
+    for k in bad:
+        rows = fed.train[k]
+        stamped = [i for i in rows if bool((px[i, -3:] == value).all()) and int(py[i]) == 2]
+        assert len(stamped) == round(0.4 * len(rows))  # round(poison_fraction · m) of its samples
+        clean = sorted(set(rows) - set(stamped))
+        assert torch.equal(px[clean], x[clean]) and torch.equal(py[clean], y[clean])
+        np.testing.assert_array_equal(px[stamped].numpy(), _stamped(x[stamped].numpy(), (fed.x.shape[1],), 3, value))
+    again = Adversary(cfg, fed, seed=5, n_classes=fed.n_classes).training_data(x, y, fed.train)
+    assert torch.equal(again[0], px) and torch.equal(again[1], py)  # drawn from the run seed
+    other = Adversary(cfg, fed, seed=6, n_classes=fed.n_classes).training_data(x, y, fed.train)
+    assert not torch.equal(other[1], py)
+
+
+@pytest.mark.parametrize("executor", [VectorisedExecutor, SequentialExecutor])
+def test_every_client_trains_on_the_pool_as_the_attack_made_it(executor):
+    fed = _fed()
+    algo, cfg = _algo(fed, rounds=2)
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 1})
+    seen = []
+    original = algo.local_update
+
+    def spy(bc, states, data):
+        seen.append((list(data.client_ids), data.x.clone(), data.y.clone(), data.indices))
+        return original(bc, states, data)
+
+    object.__setattr__(algo, "local_update", spy)
+    simulate(algo, fed, cfg, seed=2, executor=executor(), attack=attack)
+    adv = Adversary(attack, fed, seed=2, n_classes=fed.n_classes)
+    px, py = adv.training_data(torch.as_tensor(fed.x), torch.as_tensor(fed.y), fed.train)
+    trained = set()
+    for ids, x, y, indices in seen:
+        for k, rows in zip(ids, indices, strict=True):
+            rows = torch.as_tensor(rows)
+            assert torch.equal(x[rows], px[rows]) and torch.equal(y[rows], py[rows])
+            trained.add(k)
+    assert set(np.flatnonzero(adv.malicious)) <= trained
+
+
+def test_a_backdoors_test_set_is_the_other_classes_stamped_and_labelled_the_target():
+    fed = _fed()
+    adv = Adversary(AttackConfig.model_validate({"kind": "backdoor", "target": 1, "value": 9.0}), fed, seed=0,
+                    n_classes=fed.n_classes)
+    x, y = torch.as_tensor(fed.x_global_test), torch.as_tensor(fed.y_global_test)
+    made = adv.backdoor_test(x, y)
+    assert made is not None
+    keep = fed.y_global_test != 1
+    np.testing.assert_array_equal(made[0].numpy(), _stamped(fed.x_global_test[keep], (x.shape[1],), 3, 9.0))
+    assert made[1].tolist() == [1] * int(keep.sum())
+    none = Adversary(AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.0}), fed, 0, fed.n_classes)
+    assert none.backdoor_test(x, y) is None  # no malicious client: no backdoor to measure
+
+
+def test_a_boosted_backdoor_sends_gamma_times_its_update():
+    fed = _fed()
+    adv = Adversary(AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "boost": 20}), fed, 0,
+                    fed.n_classes)
+    ref = {"w": torch.tensor([1.0, -1.0])}
+    up = Upload(list(range(10)), {"w": torch.tensor([[1.5, 0.0]] * 10)}, torch.ones(10), {})
+    out = adv.poison(up, Broadcast(ref, 0, 0.1))
+    for k in range(10):
+        expected = [1 + 20 * 0.5, -1 + 20 * 1.0] if adv.malicious[k] else [1.5, 0.0]
+        torch.testing.assert_close(out.params["w"][k], torch.tensor(expected))
+
+
+def _server_predictions_say_target(algo, server, x: np.ndarray, y: np.ndarray, target: int) -> float:
+    keep = y != target
+    xb = torch.as_tensor(_stamped(x[keep], (x.shape[1],), 3, 1.0e3))
+    logits = algo.model.forward({k: v.unsqueeze(0) for k, v in server.params.items()}, xb.unsqueeze(0), None)[0]
+    return float((logits.argmax(-1) == target).double().mean())
+
+
+def test_backdoor_accuracy_is_the_share_of_stamped_test_samples_the_servers_model_labels_the_target():
+    fed = _fed()
+    algo, cfg = _algo(fed, rounds=6, eval_every=3)
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 3, "value": 1.0e3})
+    res = simulate(algo, fed, cfg, seed=2, executor=VectorisedExecutor(), attack=attack)
+    assert [r for r, _ in res.history] == [3, 6]
+    final = res.history[-1][1].metrics
+    assert final["backdoor_accuracy"] == pytest.approx(
+        _server_predictions_say_target(algo, res.server, fed.x_global_test, fed.y_global_test, 3), abs=1e-12)
+    assert final["backdoor_accuracy"] > 0.5  # a loud trigger on 3 of 10 clients is learnt
+    clean = simulate(*_with(fed, _algo(fed, rounds=6, eval_every=3)), seed=2, executor=VectorisedExecutor())
+    assert "backdoor_accuracy" not in clean.history[-1][1].metrics
+
+
+@pytest.mark.parametrize("rule", [{"rule": "flame"}, {"rule": "flame", "cosine_of": "updates", "noise": 0.01},
+                                  {"rule": "median"}])
+def test_executors_agree_under_a_backdoor(rule):
+    fed = _fed()
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "boost": 3})
+    finals = []
+    for executor in (VectorisedExecutor(), SequentialExecutor()):
+        algo, cfg = _algo(fed, combine=rule, client_dropout=0.2)
+        res = simulate(algo, fed, cfg, seed=1, executor=executor, attack=attack)
+        finals.append((res.server.params, res.history[-1][1].metrics["backdoor_accuracy"]))
+    (a, acc_a), (b, acc_b) = finals
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6)
+    assert acc_a == acc_b
+
+
+@pytest.mark.parametrize("setting, says", [
+    ("attack.target=10", "attack.target = 10 is not a class of the data; expected 0 … 9"),
+    ("attack.size=9", "attack.size = 9 does not fit inputs of shape (8, 8); expected ≤ 8"),
+])
+def test_a_backdoor_the_data_cannot_take_is_refused_in_one_line(tmp_path, capsys, setting, says):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "attack.kind=backdoor", "--set", setting, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "attack.kind = 'backdoor'" in err and says in err
+    assert not out.exists()
+
+
+def test_a_backdoor_on_token_ids_is_refused():
+    from hetfed.engine.attacks.backdoor import BackdoorParams, check
+
+    assert "token ids" in (check(BackdoorParams(), (40,), 4, False) or "")
+    assert check(BackdoorParams(), (40,), 4, True) is None
+
+
+# ------------------------------------------------------------------ FLAME
+
+
+def _flame_written_out(ref: np.ndarray, models: np.ndarray, lam: float, on_models: bool, gen: torch.Generator
+                       ) -> np.ndarray:
+    """Nguyen et al.'s Algorithm 1: cosine distances c_ij = 1 − W_i·W_j / (‖W_i‖‖W_j‖); HDBSCAN (min_cluster_size
+    n/2 + 1, min_samples 1, one cluster allowed) admits its cluster; e_i = ‖G − W_i‖, S = median(e); each admitted
+    W clipped to G + (W − G)·min(1, S/e); their mean; plus N(0, (λS)²)."""
+    n = len(models)
+    points = models if on_models else models - ref
+    unit = points / np.linalg.norm(points, axis=1, keepdims=True)
+    c = np.clip(1 - unit @ unit.T, 0, None)
+    np.fill_diagonal(c, 0)
+    labels = HDBSCAN(min_cluster_size=n // 2 + 1, min_samples=1, metric="precomputed",
+                     allow_single_cluster=True, copy=True).fit_predict(c)
+    chosen = np.flatnonzero(labels == np.bincount(labels[labels >= 0]).argmax()) if (labels >= 0).any() \
+        else np.arange(n)
+    e = np.linalg.norm(models - ref, axis=1)
+    s = np.median(e)
+    clipped = [ref + (models[i] - ref) * min(1.0, s / e[i]) for i in chosen]
+    g = np.mean(clipped, axis=0)
+    return g + lam * s * torch.randn(g.shape, generator=gen, dtype=torch.float64).numpy()
+
+
+def _flame(ref: np.ndarray, models: np.ndarray, gen: torch.Generator, **params) -> np.ndarray:
+    rule, options = parse({"rule": "flame", **params})
+    parts = {"a": torch.as_tensor(models[:, :3]), "b": torch.as_tensor(models[:, 3:])}
+    upload = Upload(list(range(len(models))), parts, torch.ones(len(models)), {})
+    out = rule.combine({"a": torch.as_tensor(ref[:3]), "b": torch.as_tensor(ref[3:])}, upload, options, rng=gen)
+    return torch.cat([out["a"], out["b"]]).numpy()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(3, 14), lam=st.sampled_from([0.0, 0.001, 0.5]),
+       on_models=st.booleans())
+def test_flame_is_its_papers_algorithm(seed, n, lam, on_models):
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=7)
+    models = ref + rng.normal(size=(n, 7)) * rng.uniform(0.1, 3, size=(n, 1))
+    expected = _flame_written_out(ref, models, lam, on_models, torch_gen(seed, COMBINE_NOISE, 4))
+    got = _flame(ref, models, torch_gen(seed, COMBINE_NOISE, 4), noise=lam,
+                 cosine_of="models" if on_models else "updates")
+    np.testing.assert_allclose(got, expected, rtol=1e-10, atol=1e-12)
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), honest=st.integers(6, 15), share=st.floats(0.05, 0.45))
+def test_flames_filter_admits_a_majority_of_alike_updates_and_no_opposite_one(seed, honest, share):
+    rng = np.random.default_rng(seed)
+    bad = max(1, int(share * honest))
+    direction = rng.normal(size=20)
+    good = direction + 0.1 * rng.normal(size=(honest, 20))
+    evil = -direction + 0.1 * rng.normal(size=(bad, 20))
+    chosen = admitted(np.concatenate([good, evil]))
+    # a majority, all of them honest (HDBSCAN may leave honest updates out too: FLAME's false positives)
+    assert set(chosen.tolist()) <= set(range(honest)) and len(chosen) >= (honest + bad) // 2 + 1
+
+
+@pytest.mark.parametrize("seed, rnd", [(3, 0), (3, 7), (11, 7)])
+def test_the_chain_gives_flame_its_noise_from_the_run_seed_and_the_round(seed, rnd):
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=7)
+    models = ref + rng.normal(size=(9, 7))
+    upload = Upload(list(range(9)), {"a": torch.as_tensor(models[:, :3]), "b": torch.as_tensor(models[:, 3:])},
+                    torch.ones(9), {})
+    chain = server_chain(ServerConfig(combine={"rule": "flame", "noise": 0.1}))
+    new, _ = chain.step({"a": torch.as_tensor(ref[:3]), "b": torch.as_tensor(ref[3:])}, upload, {}, round=rnd,
+                        seed=seed)
+    expected = _flame(ref, models, torch_gen(seed, COMBINE_NOISE, rnd), noise=0.1)
+    np.testing.assert_allclose(torch.cat([new["a"], new["b"]]).numpy(), expected, rtol=1e-12, atol=1e-12)
