@@ -75,7 +75,9 @@ def attack_table(sweep: Path, metric: str = "global_accuracy") -> str:
     methods: list[str] = []
     for run, summary in _sweep_runs(sweep):
         key = _attack_of(Path(run["run_dir"]))
-        for name, m in summary["methods"].items():
+        others = ", ".join(f"{k}={v}" for k, v in run["point"].items() if k.split(".")[0] != "attack")
+        for method, m in summary["methods"].items():
+            name = method + (f" ({others})" if others else "")  # one column a method and point of the other keys
             methods += [name] if name not in methods else []
             acc = m["final"].get(metric)
             if acc is None and metric == "global_accuracy":
@@ -619,7 +621,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "paired":
         print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        print({"attack": attack_table, "dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
+        print(attack_table(args.sweep, args.metric) if args.kind == "attack" else
+              {"dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
     return 0
 
 
