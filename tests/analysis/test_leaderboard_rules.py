@@ -134,3 +134,24 @@ def test_a_sweep_stopped_by_its_time_budget_is_read_up_to_each_runs_last_evaluat
     assert ditto[0] == "Ditto" and ditto[2] == str(min(reached)) and min(reached) >= 1
     assert ditto[3] == f"{ours.mean():.2f} ± {ours.std():.2f} (2 seeds)"
     assert ditto[-1] == f"not comparable: {min(reached)} of the published 2000 rounds"
+
+
+def test_the_attack_table_shows_the_metric_asked_for_a_column_per_method_and_other_swept_point(tmp_path):
+    """``results/tables.py attack --metric``: each attack's final values of the metric, one column per method and
+    point of the other swept keys (a privacy grid beside the attack's)."""
+    runs = []
+    for i, (attack, clip, acc, backdoor) in enumerate([({"kind": "backdoor", "fraction": 0.1}, 0.5, 0.9, 0.2),
+                                                       ({"kind": "backdoor", "fraction": 0.1}, 0.5, 0.8, 0.4),
+                                                       ({"kind": "backdoor", "fraction": 0.1}, 1.0, 0.95, 0.7)]):
+        run = tmp_path / f"run{i}"
+        run.mkdir()
+        (run / "config.yaml").write_text(json.dumps({"attack": {**attack, "target": 0}}))
+        final = {"global_accuracy": acc, "backdoor_accuracy": backdoor}
+        (run / "summary.json").write_text(json.dumps({"methods": {"mean": {"final": final}}}))
+        runs.append({"point": {"attack": attack, "privacy": {"clip": clip}}, "run_dir": str(run)})
+    (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
+    table = _tables().attack_table(tmp_path, "backdoor_accuracy")
+    assert "| mean (privacy={'clip': 0.5}) | mean (privacy={'clip': 1.0}) |" in table
+    assert "| backdoor (target 0) | 10% | 0.300 ± " in table and "| 0.700 (1 seed) |" in table
+    assert "final backdoor_accuracy" in table
+    assert "| 0.850 ± " in _tables().attack_table(tmp_path)  # the global accuracy by default
