@@ -315,8 +315,9 @@ def test_model_poisoning_replaces_the_update_of_malicious_clients_only():
 def test_label_flipping_flips_only_the_malicious_clients_training_labels():
     fed = _fed()
     adv = Adversary(AttackConfig(kind="label_flip", fraction=0.2), fed, seed=3, n_classes=fed.n_classes)
-    y = torch.as_tensor(fed.y)
-    _, flipped = adv.training_data(torch.as_tensor(fed.x), y, fed.train)
+    x, y = torch.as_tensor(fed.x), torch.as_tensor(fed.y)
+    same, flipped = adv.training_data(x, y, fed.train)
+    assert same is x  # the features as they are: not copied
     changed = set(torch.nonzero(flipped != y).flatten().tolist())
     bad = set(np.concatenate([fed.train[k] for k in np.flatnonzero(adv.malicious)]).tolist())
     assert changed <= bad and changed

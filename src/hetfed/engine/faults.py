@@ -112,14 +112,20 @@ class Adversary:
                       ) -> tuple[torch.Tensor, torch.Tensor]:
         """The pool as the clients train on it: each malicious client's training samples as its attack's
         ``poison_data`` makes them (label flipping, a backdoor's trigger); the others' as they are. The pool's
-        tensors themselves when the attack poisons no data (a copy otherwise: evaluation reads the clean pool)."""
+        tensors themselves where the attack leaves them (a copy otherwise: evaluation reads the clean pool; the
+        features are copied only when some client's change)."""
         poison = self.attack.poison_data
         if poison is None:
             return x, y
-        out_x, out_y = x.clone(), y.clone()
+        out_x, out_y = x, y.clone()
         for k in np.flatnonzero(self.malicious):
             idx = torch.as_tensor(train_indices[int(k)], dtype=torch.long, device=y.device)
-            out_x[idx], out_y[idx] = poison(x[idx], y[idx], self.samples(int(k)), self.cfg.params)
+            own = x[idx]
+            new_x, out_y[idx] = poison(own, y[idx], self.samples(int(k)), self.cfg.params)
+            if out_x is x and not torch.equal(new_x, own):
+                out_x = x.clone()
+            if out_x is not x:
+                out_x[idx] = new_x
         return out_x, out_y
 
     def backdoor_test(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:

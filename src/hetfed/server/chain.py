@@ -3,7 +3,7 @@
     decode (updates that travel encoded) → screen → DP's clip (as updates arrive: :meth:`Chain.receiving`, fed by
     the executors)
       → combine (a registered rule, ``server.combine``: mean, median, trimmed mean, Krum, Multi-Krum,
-        Bulyan, the geometric median, centered clipping, FLAME)
+        Bulyan, the geometric median, centered clipping, FLAME, FoolsGold)
         or, under ``privacy``, DP-FedAvg's noised mean (:mod:`hetfed.server.dp`)
       → rescale of the pseudo-gradient (FedNova's τ_eff; 1 leaves it)
       → server optimiser on the pseudo-gradient (``server.optimizer.kind``: sgd, avgm, adagrad, adam, yogi)

@@ -8,9 +8,10 @@ have converged).
 The trigger, in the model's input space: for images (inputs H×W or H×W×C) the bottom-right ``size``×``size`` square
 of every channel set to ``value``; for feature vectors the last ``size`` features. Which samples of a malicious client
 are stamped (``round(poison_fraction · its training samples)``) is drawn once from the run seed and the client; its
-validation and test samples stay clean. Its success is measured on the global test set's samples of the other
-classes, stamped: ``backdoor_accuracy`` in every evaluation (the share the server's model labels ``target``, the
-attack success rate)."""
+validation and test samples stay clean, and so does what a personalised method's personal phase (after the rounds)
+and a server's inversion attack (``leakage``) train it on: the backdoor is planted in the rounds' updates. Its
+success is measured on the global test set's samples of the other classes, stamped: ``backdoor_accuracy`` in every
+evaluation (the share the server's model labels ``target``, the attack success rate)."""
 
 from __future__ import annotations
 

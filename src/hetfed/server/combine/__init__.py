@@ -34,7 +34,8 @@ class CombineRule:
     ``remembers`` what it combined before takes and returns its state too: ``combine(reference, upload, params,
     state)`` → (parameters, state), the state plain data the server's checkpoints keep ({} before its first round); a
     rule that ``draws`` is given a generator of its own (``rng=``, a CPU ``torch.Generator`` from the run seed and the
-    round: the same draws on every device and executor)."""
+    round: the same draws on every device and executor); a rule that ``reads_clients`` tells clients apart by their
+    ids (FoolsGold's histories), which bucketing would replace by buckets'."""
 
     name: str
     combine: Callable[..., Params | tuple[Params, dict[str, Any]]]
@@ -44,13 +45,14 @@ class CombineRule:
     paper: str = ""
     remembers: bool = False
     draws: bool = False
+    reads_clients: bool = False
 
 
 def _described(rule: CombineRule) -> dict[str, Any]:
     from hetfed.registry import describe_params
 
     return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams, "remembers": rule.remembers,
-            "draws": rule.draws, "params": describe_params(rule.Params)}
+            "draws": rule.draws, "reads_clients": rule.reads_clients, "params": describe_params(rule.Params)}
 
 
 RULES: Registry[CombineRule] = Registry("combine", __name__, "server.combine.rule", describe=_described,

@@ -1,7 +1,8 @@
-"""Backdoors (a BadNets trigger on a share of a malicious client's samples; boosted: model replacement) and FLAME:
-the trigger and the poisoned samples against their definitions, ``backdoor_accuracy`` against the server's model's
-predictions computed here, the executors agreeing, the refusals; FLAME against its paper's Algorithm 1 written out,
-its filter keeping a majority of alike updates and dropping the rest."""
+"""Backdoors (a BadNets trigger on a share of a malicious client's samples; boosted: model replacement) and the
+defences made against such attacks, FLAME and FoolsGold: the trigger and the poisoned samples against their
+definitions, ``backdoor_accuracy`` against the server's model's predictions computed here, the executors agreeing,
+the refusals; FLAME against its paper's Algorithm 1 written out, its filter keeping a majority of alike updates and
+dropping the rest; FoolsGold against its authors' code written out, over rounds and through a checkpoint."""
 
 from __future__ import annotations
 
@@ -154,7 +155,7 @@ def test_backdoor_accuracy_is_the_share_of_stamped_test_samples_the_servers_mode
 
 
 @pytest.mark.parametrize("rule", [{"rule": "flame"}, {"rule": "flame", "cosine_of": "updates", "noise": 0.01},
-                                  {"rule": "median"}])
+                                  {"rule": "median"}, {"rule": "foolsgold"}])
 def test_executors_agree_under_a_backdoor(rule):
     fed = _fed()
     attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "boost": 3})
@@ -259,3 +260,111 @@ def test_the_chain_gives_flame_its_noise_from_the_run_seed_and_the_round(seed, r
                         seed=seed)
     expected = _flame(ref, models, torch_gen(seed, COMBINE_NOISE, rnd), noise=0.1)
     np.testing.assert_allclose(torch.cat([new["a"], new["b"]]).numpy(), expected, rtol=1e-12, atol=1e-12)
+
+
+# ------------------------------------------------------------------ FoolsGold
+
+
+def _authors_foolsgold(grads: np.ndarray, kappa: float = 1.0) -> np.ndarray:
+    """``foolsgold(grads)`` of DistributedML/FoolsGold's deep-fg/fg/foolsgold.py, step by step (κ = 1), but for the
+    diagonal: set to exactly 0 where the authors subtract an identity (which leaves ±1e-16 and, when it is negative,
+    a division by a zero maximum: hetfed.server.combine.foolsgold says why)."""
+    from sklearn.metrics.pairwise import cosine_similarity
+
+    n = grads.shape[0]
+    cs = cosine_similarity(grads)
+    np.fill_diagonal(cs, 0.0)
+    maxcs = np.max(cs, axis=1)
+    for i in range(n):
+        for j in range(n):
+            if i != j and maxcs[i] < maxcs[j]:
+                cs[i][j] = cs[i][j] * maxcs[i] / maxcs[j]
+    wv = 1 - np.max(cs, axis=1)
+    wv[wv > 1] = 1
+    wv[wv < 0] = 0
+    wv = wv / np.max(wv)
+    wv[wv == 1] = 0.99
+    with np.errstate(divide="ignore"):
+        wv = kappa * (np.log(wv / (1 - wv)) + 0.5)  # the paper's κ (the authors' code: 1)
+    wv[(np.isinf(wv) + wv) > 1] = 1
+    wv[wv < 0] = 0
+    return wv
+
+
+@settings(max_examples=60, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(2, 12), d=st.integers(2, 20), sybils=st.integers(0, 4),
+       kappa=st.sampled_from([1.0, 0.1, 2.0]))
+def test_foolsgolds_weights_are_its_authors_code(seed, n, d, sybils, kappa):
+    from hetfed.server.combine.foolsgold import weights
+
+    rng = np.random.default_rng(seed)
+    grads = rng.normal(size=(n, d))
+    sybils = min(sybils, n)
+    if sybils:  # some rows nearly alike, as sybils' histories are (and the 0 weights the logit gives them)
+        grads[:sybils] = rng.normal(size=d) + 1e-3 * rng.normal(size=(sybils, d))
+    np.testing.assert_allclose(weights(grads, kappa), _authors_foolsgold(grads, kappa), rtol=1e-12, atol=1e-12)
+
+
+def test_foolsgold_leaves_a_clients_own_similarity_out_exactly_where_its_authors_code_divides_by_zero():
+    from sklearn.metrics.pairwise import cosine_similarity
+
+    from hetfed.server.combine.foolsgold import weights
+
+    grads = np.random.default_rng(1).normal(size=(2, 2))  # two clients pointing apart
+    diagonal = np.diag(cosine_similarity(grads) - np.eye(2))
+    assert diagonal.min() < 0  # what the authors' identity leaves: the second client's maximum is −1e-16
+    assert weights(grads).tolist() == [1.0, 1.0]  # neither is like the other: both keep their weight
+
+
+def test_foolsgold_gives_sybils_no_weight_and_honest_clients_some():
+    from hetfed.server.combine.foolsgold import weights
+
+    rng = np.random.default_rng(0)
+    honest = rng.normal(size=(8, 30))
+    sybils = rng.normal(size=30) + 0.01 * rng.normal(size=(4, 30))
+    w = weights(np.concatenate([honest, sybils]))
+    assert (w[8:] == 0).all() and (w[:8] > 0).all()
+
+
+def _foolsgold_round(old, upload, state, **params):
+    rule, options = parse({"rule": "foolsgold", **params})
+    return rule.combine(old, upload, options, state)
+
+
+@pytest.mark.parametrize("layers", ["last", "all"])
+def test_foolsgold_keeps_each_clients_summed_history_and_moves_by_the_weighted_updates_over_n(layers):
+    import pickle
+
+    from hetfed.server.combine.foolsgold import weights
+
+    rng = np.random.default_rng(3)
+    old = {"w1": torch.as_tensor(rng.normal(size=(4, 3))), "b1": torch.as_tensor(rng.normal(size=3)),
+           "w2": torch.as_tensor(rng.normal(size=(3, 2))), "b2": torch.as_tensor(rng.normal(size=2))}
+    rounds = [[0, 1, 2, 3, 4], [1, 2, 5], [0, 5, 3]]
+    history: dict[int, np.ndarray] = {}
+    state: dict = {}
+    for ids in rounds:
+        thetas = {k: v + torch.as_tensor(rng.normal(size=(len(ids), *v.shape))) for k, v in old.items()}
+        upload = Upload(ids, thetas, torch.ones(len(ids)), {})
+        new, state = _foolsgold_round(old, upload, pickle.loads(pickle.dumps(state)), layers=layers)  # checkpointed
+        names = ["w2"] if layers == "last" else list(old)
+        for j, k in enumerate(ids):
+            row = np.concatenate([(thetas[m][j] - old[m]).numpy().reshape(-1) for m in names])
+            history[k] = history.get(k, 0) + row
+        seen = sorted(history)
+        w = weights(np.stack([history[k] for k in seen]))[[seen.index(k) for k in ids]]
+        for m in old:
+            expected = old[m] + sum(w[j] * (thetas[m][j] - old[m]) for j in range(len(ids))) / len(ids)
+            torch.testing.assert_close(new[m], expected, rtol=1e-12, atol=1e-12)
+        old = new
+    assert sorted(state["history"]) == [0, 1, 2, 3, 4, 5]
+
+
+def test_foolsgold_after_bucketing_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "server.combine.rule=foolsgold", "--set", "server.combine.bucket=2",
+                 "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "server.combine.bucket = 2 is not allowed with server.combine.rule = 'foolsgold'" in err
+    assert not out.exists()
