@@ -112,13 +112,14 @@ def test_a_backdoors_test_set_is_the_other_classes_stamped_and_labelled_the_targ
     adv = Adversary(AttackConfig.model_validate({"kind": "backdoor", "target": 1, "value": 9.0}), fed, seed=0,
                     n_classes=fed.n_classes)
     x, y = torch.as_tensor(fed.x_global_test), torch.as_tensor(fed.y_global_test)
-    made = adv.backdoor_test(x, y)
+    made = adv.backdoor_test(x, y, fed.opted_out)
     assert made is not None
     keep = fed.y_global_test != 1
-    np.testing.assert_array_equal(made[0].numpy(), _stamped(fed.x_global_test[keep], (x.shape[1],), 3, 9.0))
-    assert made[1].tolist() == [1] * int(keep.sum())
+    np.testing.assert_array_equal(made.x.numpy(), _stamped(fed.x_global_test[keep], (x.shape[1],), 3, 9.0))
+    assert made.y.tolist() == [1] * int(keep.sum())
+    assert made.honest == [k for k in range(fed.n_clients) if not adv.malicious[k]]
     none = Adversary(AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.0}), fed, 0, fed.n_classes)
-    assert none.backdoor_test(x, y) is None  # no malicious client: no backdoor to measure
+    assert none.backdoor_test(x, y, fed.opted_out) is None  # no malicious client: no backdoor to measure
 
 
 def test_a_boosted_backdoor_sends_gamma_times_its_update():
@@ -368,3 +369,31 @@ def test_foolsgold_after_bucketing_is_refused_in_one_line(tmp_path, capsys):
     assert code == 2 and len(err.splitlines()) == 1, err
     assert "server.combine.bucket = 2 is not allowed with server.combine.rule = 'foolsgold'" in err
     assert not out.exists()
+
+
+# ------------------------------------------------------------------ personalised models under a backdoor
+
+
+def test_local_backdoor_accuracy_is_the_honest_clients_own_models_mean_share_labelled_the_target():
+    fed = _fed(clients=10)
+    algo, cfg = _algo(fed, algorithm="fedrep", rounds=4, eval_every=2)
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 2, "value": 50.0})
+    executor = VectorisedExecutor()
+    res = simulate(algo, fed, cfg, seed=3, executor=executor, attack=attack)
+    metrics = res.history[-1][1].metrics
+    adv = Adversary(attack, fed, seed=3, n_classes=fed.n_classes)
+    keep = fed.y_global_test != 2
+    xb = torch.as_tensor(_stamped(fed.x_global_test[keep], (fed.x.shape[1],), 3, 50.0))
+    bc = algo.broadcast(res.server, res.server.round)
+    shares = {}
+    for chunk, pred in executor.predictors(bc, list(range(10))):
+        for j, k in enumerate(chunk):
+            logits = pred.model.forward({n: v[j:j + 1] for n, v in pred.params.items()}, xb.unsqueeze(0), None)[0]
+            shares[k] = float((logits.argmax(-1) == 2).double().mean())
+    honest = [k for k in range(10) if not adv.malicious[k]]
+    assert metrics["local_backdoor_accuracy_mean"] == pytest.approx(np.mean([shares[k] for k in honest]), abs=1e-12)
+    assert np.mean([shares[k] for k in honest]) != pytest.approx(np.mean(list(shares.values())), abs=1e-6)
+    assert "backdoor_accuracy" not in metrics  # FedRep's server holds a body alone: no model of its own to score
+    fedavg = simulate(*_with(fed, _algo(fed, rounds=4, eval_every=2)), seed=3, executor=VectorisedExecutor(),
+                      attack=attack)
+    assert "local_backdoor_accuracy_mean" not in fedavg.history[-1][1].metrics  # its clients predict with the server's

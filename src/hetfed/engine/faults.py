@@ -27,6 +27,7 @@ import torch
 
 from hetfed.config import AttackConfig, TrainConfig
 from hetfed.engine.attacks import ATTACKS, Honest, Samples
+from hetfed.engine.backdoor import BackdoorTest
 from hetfed.engine.clock import Clock
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.rng import ATTACKERS, DROPOUT, numpy_rng, torch_gen
@@ -128,13 +129,14 @@ class Adversary:
                 out_x[idx] = new_x
         return out_x, out_y
 
-    def backdoor_test(self, x: torch.Tensor, y: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The global test set ``x``, ``y`` as a backdoor's success is measured on it (None: the attack plants none,
-        or no client is malicious)."""
+    def backdoor_test(self, x: torch.Tensor, y: torch.Tensor, opted_out: np.ndarray) -> BackdoorTest | None:
+        """The global test set ``x``, ``y`` as a backdoor's success is measured on it, and the honest opted-in
+        clients whose own models are scored on it (None: the attack plants none, or no client is malicious)."""
         made = self.attack.backdoor_test
         if made is None or not self.active:
             return None
-        return made(x, y, self.samples(), self.cfg.params)
+        honest = np.flatnonzero(~self.malicious & ~np.asarray(opted_out, dtype=bool)).tolist()
+        return BackdoorTest(*made(x, y, self.samples(), self.cfg.params), honest)
 
     def poison(self, upload: Upload, bc: Broadcast) -> Upload:
         """Model poisoning: malicious clients replace their update Δ (shared parameters only)."""

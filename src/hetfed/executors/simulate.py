@@ -144,7 +144,8 @@ def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: 
                               "expected train.executor 'vectorised' or 'sequential' (on Flower the clients are real)")
         executor.set_adversary(adversary)
     xg, yg = global_test(fed, train, seed, device)
-    backdoor = adversary.backdoor_test(xg, yg) if adversary is not None and xg is not None and yg is not None else None
+    backdoor = adversary.backdoor_test(xg, yg, fed.opted_out) if adversary is not None and xg is not None and \
+        yg is not None else None
     return _Loop(run, fed, device, executor, observers, Faults(train, fed, seed, run.schedule),
                  eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor)
 

@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from hetfed.config import TrainConfig
+from hetfed.engine.backdoor import BackdoorTest, client_backdoor_accuracy
 from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.faults import Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
@@ -32,7 +33,7 @@ from hetfed.engine.summary import Reports
 from hetfed.engine.types import Broadcast, ServerState, Upload
 from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, RoundSkipped
-from hetfed.interface import Algorithm
+from hetfed.interface import Algorithm, own_parameters
 from hetfed.run_spec import RunSpec
 
 if TYPE_CHECKING:
@@ -324,7 +325,7 @@ class _Loop:
     yg: torch.Tensor | None
     under_attack: bool
     #: a backdoor attack's test set (the global test set's other classes, stamped; labelled its target), or None
-    backdoor: tuple[torch.Tensor, torch.Tensor] | None = None
+    backdoor: BackdoorTest | None = None
     #: every evaluation kept in ``result.history`` (False: the last only — a run whose observers write them all)
     keep_history: bool = True
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
@@ -450,6 +451,24 @@ def uploaded_bytes(upload: Upload, up: int) -> int:
                     if k != "train_loss" and isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v))
 
 
+def _backdoor_scores(loop: _Loop, server: ServerState) -> Steps[dict[str, float]]:
+    """A backdoor's success: the share of stamped samples the server's model labels the target
+    (``backdoor_accuracy``) and, where the clients predict with parameters of their own, the honest evaluated
+    clients' models' mean share (``local_backdoor_accuracy_mean``)."""
+    test = loop.backdoor
+    assert test is not None
+    scored = yield ScoreServer(loop.algo, server, test.x, test.y)
+    accuracy = [v for k, v in scored.items() if k.endswith("_accuracy")]
+    out = {"backdoor_accuracy": accuracy[0]} if accuracy else {}
+    predictors = getattr(loop.executor, "predictors", None)
+    if own_parameters(loop.algo) and predictors is not None:
+        evaluated = set(range(loop.fed.n_clients) if loop.eval_ids is None else loop.eval_ids)
+        clients = [k for k in test.honest if k in evaluated]
+        bc = loop.algo.broadcast(server, server.round)
+        out["local_backdoor_accuracy_mean"] = client_backdoor_accuracy(predictors(bc, clients), test)
+    return out
+
+
 def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[dict[str, float]]:
     """Score the round's model; keep it as the best when its validation loss is the lowest yet."""
     algo, train, fed = loop.algo, loop.train, loop.fed
@@ -457,11 +476,8 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     server = result.server
     rode = ride_next_round(loop, result, rnd)
     ev = yield from evaluation_steps(algo, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
-    if loop.backdoor is not None:  # the attack's success: the share of stamped samples the server's model labels
-        scored = yield ScoreServer(algo, server, *loop.backdoor)  # the target
-        accuracy = [v for k, v in scored.items() if k.endswith("_accuracy")]
-        if accuracy:
-            ev.metrics["backdoor_accuracy"] = accuracy[0]
+    if loop.backdoor is not None:
+        ev.metrics.update((yield from _backdoor_scores(loop, server)))
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run

@@ -21,7 +21,8 @@ from hetfed.runs.rundir import METRICS, read_metric_rows
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
               "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
               "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
-              "global_accuracy_other", "gate_own", "gate_other", "backdoor_accuracy")
+              "global_accuracy_other", "gate_own", "gate_other", "backdoor_accuracy",
+              "local_backdoor_accuracy_mean")
 
 #: what the server learnt (``leakage.kind``), shown beside the accuracy where a sweep attacked
 LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
