@@ -397,3 +397,11 @@ def test_local_backdoor_accuracy_is_the_honest_clients_own_models_mean_share_lab
     fedavg = simulate(*_with(fed, _algo(fed, rounds=4, eval_every=2)), seed=3, executor=VectorisedExecutor(),
                       attack=attack)
     assert "local_backdoor_accuracy_mean" not in fedavg.history[-1][1].metrics  # its clients predict with the server's
+
+
+def test_a_method_whose_clients_predictions_are_not_taken_apart_runs_under_a_backdoor_without_the_local_metric():
+    fed = _fed()
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3})
+    res = simulate(*_with(fed, _algo(fed, algorithm="ifca", rounds=2, eval_every=2)), seed=0,
+                   executor=VectorisedExecutor(), attack=attack)
+    assert "local_backdoor_accuracy_mean" not in res.history[-1][1].metrics  # IFCA picks its cluster when it evaluates
