@@ -58,6 +58,39 @@ def test_the_trigger_is_the_bottom_right_square_of_every_channel_or_a_vectors_la
     np.testing.assert_array_equal(x, np.random.default_rng(0).random(x.shape).astype(np.float32))  # not in place
 
 
+@settings(max_examples=50, deadline=None)
+@given(shape=st.sampled_from([(8, 8), (5, 7), (4, 4, 3), (6,), (28, 28)]), size=st.integers(1, 4),
+       parts=st.integers(1, 9))
+def test_a_distributed_triggers_parts_cut_the_whole_trigger_in_consecutive_pixels(shape, size, parts):
+    from hetfed.engine.attacks.backdoor import trigger_features
+
+    pixels = size * size if len(shape) >= 2 else size
+    parts = min(parts, pixels)
+    whole = trigger_features(shape, size)
+    cut = [trigger_features(shape, size, parts, p) for p in range(parts)]
+    assert np.array_equal(np.concatenate(cut), whole)  # disjoint, in order, and all of it
+    assert all(len(c) for c in cut)
+    x = np.zeros((1, int(np.prod(shape))), dtype=np.float32)
+    np.testing.assert_array_equal(np.flatnonzero(_stamped(x, shape, size, 1.0)[0]), np.sort(whole))
+
+
+def test_a_distributed_backdoors_clients_each_stamp_their_own_part_and_the_test_set_the_whole_trigger():
+    from hetfed.engine.attacks.backdoor import trigger_features
+
+    fed = _fed(clients=10)
+    x, y = torch.zeros_like(torch.as_tensor(fed.x)), torch.as_tensor(fed.y)  # zeros: a stamp shows where it went
+    cfg = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "size": 3, "parts": 3, "value": 1.0,
+                                       "poison_fraction": 1.0})
+    adv = Adversary(cfg, fed, seed=1, n_classes=fed.n_classes)
+    px, _ = adv.training_data(x, y, fed.train)
+    d = x.shape[1]
+    for rank, k in enumerate(np.flatnonzero(adv.malicious)):
+        stamped = set(torch.nonzero(px[fed.train[k]].sum(0)).flatten().tolist())
+        assert stamped == set(trigger_features((d,), 3, 3, rank).tolist()) == {d - 3 + rank}
+    test = adv.backdoor_test(torch.zeros(4, d), torch.tensor([1, 2, 3, 0]), fed.opted_out)
+    assert test is not None and set(torch.nonzero(test.x.sum(0)).flatten().tolist()) == {d - 3, d - 2, d - 1}
+
+
 def test_a_backdoor_poisons_its_share_of_the_malicious_clients_training_samples_only():
     fed = _fed(clients=10)
     cfg = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 2, "poison_fraction": 0.4})
@@ -174,6 +207,7 @@ def test_executors_agree_under_a_backdoor(rule):
 @pytest.mark.parametrize("setting, says", [
     ("attack.target=10", "attack.target = 10 is not a class of the data; expected 0 … 9"),
     ("attack.size=9", "attack.size = 9 does not fit inputs of shape (8, 8); expected ≤ 8"),
+    ("attack.parts=10", "attack.parts = 10 cuts a trigger of 9 pixels into empty parts; expected ≤ 9"),
 ])
 def test_a_backdoor_the_data_cannot_take_is_refused_in_one_line(tmp_path, capsys, setting, says):
     out = tmp_path / "r"

@@ -106,8 +106,11 @@ class Adversary:
         return Colluding(round_uploads, self, bc.params) if self.attack.collude is not None else round_uploads
 
     def samples(self, client: int = -1) -> Samples:
-        """What a data-poisoning attack reads of the pool (its own generator: ``client``'s, from the run seed)."""
-        return Samples(self.input_shape, self.n_classes, self.x_max, numpy_rng(self.seed, ATTACKERS, 1, client + 1))
+        """What a data-poisoning attack reads of the pool (its own generator: ``client``'s, from the run seed; its
+        place among the malicious clients)."""
+        rank = int(self.malicious[:client].sum()) if client >= 0 else 0
+        return Samples(self.input_shape, self.n_classes, self.x_max, numpy_rng(self.seed, ATTACKERS, 1, client + 1),
+                       rank)
 
     def training_data(self, x: torch.Tensor, y: torch.Tensor, train_indices: Sequence[np.ndarray]
                       ) -> tuple[torch.Tensor, torch.Tensor]:

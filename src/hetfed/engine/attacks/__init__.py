@@ -42,13 +42,15 @@ class Honest:
 class Samples:
     """What a data-poisoning attack reads of the pool: the model's ``input_shape`` (an image's H×W or H×W×C, the
     rows flattened in that order; a vector's (d,)), ``n_classes``, the pool's largest feature value ``x_max`` (a
-    trigger's default brightness), and ``rng``: a generator of the malicious client's own, from the run seed (which
-    of its samples are poisoned). A test set is read with the same shape and classes, its ``rng`` unused."""
+    trigger's default brightness), ``rng``: a generator of the malicious client's own, from the run seed (which
+    of its samples are poisoned), and ``rank``: its place among the malicious clients by id (a distributed
+    backdoor's part). A test set is read with the same shape and classes, its ``rng`` and ``rank`` unused."""
 
     input_shape: tuple[int, ...]
     n_classes: int
     x_max: float
     rng: np.random.Generator
+    rank: int = 0
 
 
 #: data poisoning: a malicious client's training samples (features ``[m, d]``, labels ``[m]``) → what it trains on

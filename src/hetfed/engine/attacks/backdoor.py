@@ -11,12 +11,17 @@ are stamped (``round(poison_fraction · its training samples)``) is drawn once f
 validation and test samples stay clean, and so does what a personalised method's personal phase (after the rounds)
 and a server's inversion attack (``leakage``) train it on: the backdoor is planted in the rounds' updates. Its
 success is measured on the global test set's samples of the other classes, stamped: ``backdoor_accuracy`` in every
-evaluation (the share the server's model labels ``target``, the attack success rate)."""
+evaluation (the share the server's model labels ``target``, the attack success rate).
+
+With ``parts`` k > 1 it is Xie et al.'s distributed backdoor (DBA, ICLR 2020): the trigger's pixels (row-major) are
+cut in k consecutive parts — a 3×3 square in 3: its three rows — and the j-th malicious client (by id) stamps part
+j mod k alone; the test set gets the whole trigger, which no client trained on."""
 
 from __future__ import annotations
 
 from typing import Any
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -34,16 +39,32 @@ class BackdoorParams(ComponentParams):
                                                   "feature value, a white square)")
     boost: float = Field(1.0, gt=0, description="γ: the client sends γ·Δ (> 1: Bagdasaryan et al.'s model "
                                                 "replacement, γ = n/η)")
+    parts: int = Field(1, ge=1, description="> 1: a distributed backdoor (DBA, Xie et al. 2020): the trigger's pixels "
+                                            "cut in this many parts, each malicious client stamping one; the test "
+                                            "set gets the whole trigger")
 
 
-def stamp(x: torch.Tensor, input_shape: tuple[int, ...], size: int, value: float) -> torch.Tensor:
-    """``x`` (rows flattened from ``input_shape``) with the trigger: the bottom-right ``size``×``size`` square of every
-    channel of an image (H×W or H×W×C) set to ``value``, or a vector's last ``size`` features."""
-    out = x.clone()
+def trigger_features(input_shape: tuple[int, ...], size: int, parts: int = 1, part: int | None = None) -> np.ndarray:
+    """The flat feature indices the trigger sets: the bottom-right ``size``×``size`` square of an image (H×W or
+    H×W×C; every channel of a pixel), or a vector's last ``size`` features — its pixels in row-major order, cut in
+    ``parts`` consecutive parts and ``part`` of them (None: all)."""
     if len(input_shape) >= 2:
-        out.view(len(out), *input_shape)[:, -size:, -size:] = value
+        h, w = input_shape[:2]
+        channels = int(np.prod(input_shape[2:]))
+        pixels = [(i * w + j) for i in range(h - size, h) for j in range(w - size, w)]
+        groups = [np.arange(p * channels, (p + 1) * channels) for p in pixels]
     else:
-        out[:, -size:] = value
+        groups = [np.array([f]) for f in range(input_shape[0] - size, input_shape[0])]
+    if part is not None:
+        groups = [groups[int(g)] for g in np.array_split(np.arange(len(groups)), parts)[part]]
+    return np.concatenate(groups)
+
+
+def stamp(x: torch.Tensor, input_shape: tuple[int, ...], size: int, value: float, parts: int = 1,
+          part: int | None = None) -> torch.Tensor:
+    """``x`` (rows flattened from ``input_shape``) with the trigger (:func:`trigger_features`) set to ``value``."""
+    out = x.clone()
+    out[:, torch.as_tensor(trigger_features(input_shape, size, parts, part), device=x.device)] = value
     return out
 
 
@@ -58,7 +79,8 @@ def poison_data(x: torch.Tensor, y: torch.Tensor, samples: Samples, params: Back
     chosen = samples.rng.choice(len(y), size=int(round(params.poison_fraction * len(y))), replace=False)
     rows = torch.as_tensor(chosen, dtype=torch.long, device=x.device)
     x, y = x.clone(), y.clone()
-    x[rows] = stamp(x[rows], samples.input_shape, params.size, _value(params, samples))
+    part = samples.rank % params.parts if params.parts > 1 else None
+    x[rows] = stamp(x[rows], samples.input_shape, params.size, _value(params, samples), params.parts, part)
     y[rows] = params.target
     return x, y
 
@@ -82,6 +104,9 @@ def check(params: BackdoorParams, input_shape: tuple[int, ...], n_classes: int, 
     side = min(input_shape[:2]) if len(input_shape) >= 2 else (input_shape[0] if input_shape else 0)
     if params.size > side:
         return f"attack.size = {params.size} does not fit inputs of shape {input_shape}; expected ≤ {side}"
+    pixels = params.size ** 2 if len(input_shape) >= 2 else params.size
+    if params.parts > pixels:
+        return f"attack.parts = {params.parts} cuts a trigger of {pixels} pixels into empty parts; expected ≤ {pixels}"
     return None
 
 
