@@ -59,18 +59,33 @@ class AttackConfig(Chosen):
     (its success, ``backdoor_accuracy``, measured at every evaluation); colluding (omniscient) model poisoning:
     ``alie`` sends the round's honest updates' mean minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their
     mean, ``min_max`` and ``min_sum`` their mean pushed along a ``deviation`` as far as the honest updates' distances
-    allow. Simulated by the in-process executors (on
-    Flower the clients are real)."""
+    allow. They attack in the rounds ``start_round`` … ``stop_round`` (1-based; by default all). Simulated by the
+    in-process executors (on Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
     kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, backdoor, alie, ipm, "
                                                "min_max, min_sum, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
+    start_round: int = Field(1, ge=1, description="the first round the malicious clients attack in (1: from the "
+                             "start); before it they train and send as honest clients do")
+    stop_round: int | None = Field(None, ge=1, description="the last round they attack in (None: to the end); e.g. "
+                                   "start_round = stop_round: one round, as Bagdasaryan et al.'s model replacement")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
         return {k: (v, "attack.kind = 'none': no client is malicious") for k, v in
-                self.away_from_default("fraction").items()} if self.kind == "none" else {}
+                self.away_from_default("fraction", "start_round", "stop_round").items()} if self.kind == "none" else {}
+
+    @model_validator(mode="after")
+    def _window(self) -> AttackConfig:
+        if self.stop_round is not None and self.stop_round < self.start_round:
+            raise ValueError(f"attack.stop_round = {self.stop_round} is before attack.start_round = "
+                             f"{self.start_round}: expected stop_round ≥ start_round, or None")
+        return self
+
+    def attacks_in(self, rnd: int) -> bool:
+        """Whether the malicious clients attack in round ``rnd`` (0-based, as the loop counts)."""
+        return self.start_round <= rnd + 1 and (self.stop_round is None or rnd + 1 <= self.stop_round)
 
 
 class LeakageConfig(Chosen):

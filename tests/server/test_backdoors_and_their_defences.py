@@ -439,3 +439,35 @@ def test_a_method_whose_clients_predictions_are_not_taken_apart_runs_under_a_bac
     res = simulate(*_with(fed, _algo(fed, algorithm="ifca", rounds=2, eval_every=2)), seed=0,
                    executor=VectorisedExecutor(), attack=attack)
     assert "local_backdoor_accuracy_mean" not in res.history[-1][1].metrics  # IFCA picks its cluster when it evaluates
+
+
+# ------------------------------------------------------------------ the rounds an attack is in
+
+
+@pytest.mark.parametrize("kind", ["backdoor", "scale", "ipm"])
+def test_malicious_clients_act_as_honest_ones_outside_their_rounds(kind):
+    fed = _fed()
+    attack = AttackConfig.model_validate({"kind": kind, "fraction": 0.3, "start_round": 3, "stop_round": 3})
+    runs = {}
+    for name, rounds, given in (("clean", 2, None), ("before", 2, attack), ("in", 3, attack), ("clean3", 3, None),
+                                ("after", 4, attack), ("open", 4, attack.model_copy(update={"stop_round": None}))):
+        algo, cfg = _algo(fed, rounds=rounds, eval_every=rounds)
+        runs[name] = simulate(algo, fed, cfg, seed=4, executor=VectorisedExecutor(), attack=given).server.params
+    for k in runs["clean"]:
+        assert torch.equal(runs["before"][k], runs["clean"][k])  # rounds 1-2: no attack yet
+    assert any(not torch.equal(runs["in"][k], runs["clean3"][k]) for k in runs["in"])  # round 3: attacked
+    assert any(not torch.equal(runs["after"][k], runs["open"][k]) for k in runs["in"])  # round 4: over (or not)
+
+
+@pytest.mark.parametrize("settings_, says", [
+    (["attack.start_round=5", "attack.stop_round=2"], "attack.stop_round = 2 is before attack.start_round = 5"),
+    (["attack.start_round=101"], "attack.start_round = 101 is not allowed: methods.0 trains 100 rounds"),
+])
+def test_an_attack_window_that_attacks_no_round_is_refused_in_one_line(tmp_path, capsys, settings_, says):
+    out = tmp_path / "r"
+    extra = [arg for s in settings_ for arg in ("--set", s)]
+    code = main(["run", "--quiet", "--set", "attack.kind=backdoor", *extra, "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert says in err
+    assert not out.exists()

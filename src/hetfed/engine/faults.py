@@ -101,6 +101,11 @@ class Adversary:
     def active(self) -> bool:
         return self.attack.acts and bool(self.malicious.any())
 
+    def acts_in(self, rnd: int) -> bool:
+        """Whether the malicious clients attack in round ``rnd`` (0-based; ``attack.start_round`` … ``stop_round``);
+        outside it they train and send as honest clients do."""
+        return self.active and self.cfg.attacks_in(rnd)
+
     def receiving(self, round_uploads: RoundUploads, bc: Broadcast) -> RoundUploads | Colluding:
         """Where a round's uploads go: as they are, or through the colluding clients first (a colluding attack)."""
         return Colluding(round_uploads, self, bc.params) if self.attack.collude is not None else round_uploads

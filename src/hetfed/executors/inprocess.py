@@ -312,7 +312,7 @@ class InProcessExecutor:
         # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
         receiving = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
         self._ensure_residuals(bc.params)
-        adversary = self.adversary if self.adversary is not None and self.adversary.active else None
+        adversary = self.adversary if self.adversary is not None and self.adversary.acts_in(bc.round) else None
         round_uploads: RoundUploads | Colluding = receiving if adversary is None else adversary.receiving(receiving, bc)
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)

@@ -143,6 +143,10 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
                               f"expected methods.{index}.train.executor 'vectorised' or 'sequential' (on "
                               f"executor {kind.name!r} the clients are real)")
         _check_collusion(config, index, method, run)
+        if registry_of("attack").get(config.attack.kind).acts and config.attack.start_round > train.rounds:
+            raise ConfigError(f"attack.start_round = {config.attack.start_round} is not allowed: methods.{index} "
+                              f"trains {train.rounds} rounds, so no round would be attacked; expected 1 … "
+                              f"{train.rounds}")
         if registry_of("latency").get(train.clock.latency).wall and (kind.in_process
                                                                      or not algo.capabilities.asynchronous):
             raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
