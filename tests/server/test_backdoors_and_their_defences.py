@@ -449,10 +449,10 @@ def test_malicious_clients_act_as_honest_ones_outside_their_rounds(kind):
     fed = _fed()
     attack = AttackConfig.model_validate({"kind": kind, "fraction": 0.3, "start_round": 3, "stop_round": 3})
     runs = {}
-    for name, rounds, given in (("clean", 2, None), ("before", 2, attack), ("in", 3, attack), ("clean3", 3, None),
+    for name, rounds, attacked in (("clean", 2, None), ("before", 2, attack), ("in", 3, attack), ("clean3", 3, None),
                                 ("after", 4, attack), ("open", 4, attack.model_copy(update={"stop_round": None}))):
         algo, cfg = _algo(fed, rounds=rounds, eval_every=rounds)
-        runs[name] = simulate(algo, fed, cfg, seed=4, executor=VectorisedExecutor(), attack=given).server.params
+        runs[name] = simulate(algo, fed, cfg, seed=4, executor=VectorisedExecutor(), attack=attacked).server.params
     for k in runs["clean"]:
         assert torch.equal(runs["before"][k], runs["clean"][k])  # rounds 1-2: no attack yet
     assert any(not torch.equal(runs["in"][k], runs["clean3"][k]) for k in runs["in"])  # round 3: attacked
