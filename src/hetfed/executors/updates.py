@@ -466,8 +466,8 @@ def _backdoor_scores(loop: _Loop, server: ServerState) -> Steps[dict[str, float]
         evaluated = set(range(loop.fed.n_clients) if loop.eval_ids is None else loop.eval_ids)
         clients = [k for k in test.honest if k in evaluated]
         bc = loop.algo.broadcast(server, server.round)
-        # a method whose clients' predictions are not taken apart from their evaluation (IFCA picks a cluster by
-        # validation loss, FedProto's prototypes …) refuses them: its rows have no such metric
+        # a method whose clients' predictions are not taken apart from their evaluation (IFCA and CFL pick a cluster
+        # by validation loss when they evaluate) refuses them: its rows have no such metric
         with contextlib.suppress(ConfigError):
             out["local_backdoor_accuracy_mean"] = client_backdoor_accuracy(predictors(bc, clients), test)
     return out
