@@ -19,6 +19,7 @@ from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine.median import coordinate_median
 
 
 class FlameParams(RuleParams):
@@ -48,14 +49,12 @@ def admitted(points: np.ndarray) -> np.ndarray:
 
 
 def flame(old: Params, upload: Upload, params: FlameParams, rng: torch.Generator) -> Params:
-    names = list(old)
-    reference = torch.cat([old[k].to(torch.float64).reshape(-1) for k in names])
-    models = flat({k: upload.params[k] for k in names})  # [n, d] float64
-    reference = reference.to(models.device)
+    models = flat({k: upload.params[k] for k in old})  # [n, d] float64
+    reference = flat({k: v.unsqueeze(0) for k, v in old.items()})[0].to(models.device)
     deltas = models - reference
     chosen = admitted((models if params.cosine_of == "models" else deltas).cpu().numpy())
     norms = torch.linalg.vector_norm(deltas, dim=1)
-    bound = torch.quantile(norms, 0.5)  # S: for an even count the mean of the two middle norms
+    bound = coordinate_median(norms)  # S: for an even count the mean of the two middle norms
     kept = deltas[torch.as_tensor(chosen, device=deltas.device)]
     scale = (bound / torch.linalg.vector_norm(kept, dim=1)).nan_to_num(1.0, 1.0).clamp(max=1.0)  # a zero update: 1
     value = reference + (kept * scale.unsqueeze(1)).mean(0)

@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload
+from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
 
 
@@ -70,7 +70,7 @@ def foolsgold(old: Params, upload: Upload, params: FoolsGoldParams, state: dict[
               ) -> tuple[Params, dict[str, Any]]:
     names = _history_names(old, params.layers)
     deltas = {k: upload.params[k].double() - old[k].to(upload.params[k].device).double() for k in old}
-    rows = torch.cat([deltas[k].reshape(len(upload.client_ids), -1) for k in names], 1).cpu()
+    rows = flat({k: deltas[k] for k in names}).cpu()
     history: dict[int, torch.Tensor] = dict(state.get("history", {}))
     for j, k in enumerate(upload.client_ids):
         history[k] = history[k] + rows[j] if k in history else rows[j].clone()
@@ -78,13 +78,10 @@ def foolsgold(old: Params, upload: Upload, params: FoolsGoldParams, state: dict[
     alpha = weights(torch.stack([history[k] for k in seen]).numpy(), params.kappa)
     place = {k: i for i, k in enumerate(seen)}
     w = torch.as_tensor(alpha[[place[k] for k in upload.client_ids]], dtype=torch.float64)
-    n = max(len(upload.client_ids), 1)
-    new: Params = {}
-    for name, ref in old.items():
-        d = deltas[name]
-        step = (w.to(d.device).reshape(-1, *[1] * (d.dim() - 1)) * d).sum(0) / n
-        new[name] = (ref.to(d.device).double() + step).to(upload.params[name].dtype)
-    return new, {"history": history}
+    moved = flat(deltas)
+    step = w.to(moved.device) @ moved / max(len(upload.client_ids), 1)
+    reference = flat({k: v.unsqueeze(0) for k, v in old.items()})[0].to(step.device)
+    return unflat(reference + step, old, upload.params), {"history": history}
 
 
 register(CombineRule("foolsgold", foolsgold, FoolsGoldParams, streams=False, remembers=True, reads_clients=True,
