@@ -433,12 +433,77 @@ def test_local_backdoor_accuracy_is_the_honest_clients_own_models_mean_share_lab
     assert "local_backdoor_accuracy_mean" not in fedavg.history[-1][1].metrics  # its clients predict with the server's
 
 
-def test_a_method_whose_clients_predictions_are_not_taken_apart_runs_under_a_backdoor_without_the_local_metric():
+def _shares(model, params: dict, x: torch.Tensor, target: int) -> np.ndarray:
+    """Each stacked model's share of ``x`` it labels ``target``."""
+    logits = model.forward(params, x.expand(len(next(iter(params.values()))), *x.shape), None)
+    return (logits.argmax(-1) == target).double().mean(1).numpy()
+
+
+def test_ifcas_local_backdoor_accuracy_is_each_honest_clients_cluster_chosen_by_its_validation_loss():
     fed = _fed()
-    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3})
-    res = simulate(*_with(fed, _algo(fed, algorithm="ifca", rounds=2, eval_every=2)), seed=0,
-                   executor=VectorisedExecutor(), attack=attack)
-    assert "local_backdoor_accuracy_mean" not in res.history[-1][1].metrics  # IFCA picks its cluster when it evaluates
+    algo, cfg = _algo(fed, algorithm="ifca", rounds=6, eval_every=3, eval_global_clients=2)  # every client scores it
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 1, "value": 50.0,
+                                          "poison_fraction": 1.0})
+    res = simulate(algo, fed, cfg, seed=2, executor=VectorisedExecutor(), attack=attack)
+    adv = Adversary(attack, fed, seed=2, n_classes=fed.n_classes)
+    xb = torch.as_tensor(_stamped(fed.x_global_test[fed.y_global_test != 1], (fed.x.shape[1],), 3, 50.0))
+    x, y = torch.as_tensor(fed.x), torch.as_tensor(fed.y)
+    clusters = sorted({k.split(".")[1] for k in res.server.params})
+    models = [{n.split(".", 2)[2]: v.unsqueeze(0) for n, v in res.server.params.items() if n.split(".")[1] == c}
+              for c in clusters]
+    expected = []
+    for k in np.flatnonzero(~adv.malicious):  # the cluster whose model has the lowest loss on the client's val set
+        xv, yv = x[fed.val[k]], y[fed.val[k]]
+        losses = [float(torch.nn.functional.cross_entropy(algo.model.forward(m, xv.unsqueeze(0), None)[0], yv))
+                  for m in models]
+        expected.append(_shares(algo.model, models[int(np.argmin(losses))], xb, 1)[0])
+    assert len(set(np.round(expected, 6))) > 1  # the clusters' models differ on the stamped set: the choice counts
+    assert res.history[-1][1].metrics["local_backdoor_accuracy_mean"] == pytest.approx(np.mean(expected), abs=1e-12)
+
+
+def _fedmoe_under_backdoor(fed, attack, seed):
+    from hetfed.algorithms import build_algorithm, resolve_run
+    from hetfed.config import ModelConfig, TrainConfig
+    from hetfed.executors.simulate import personalise
+    from hetfed.models import build_model
+
+    def build(n_out):
+        return build_model(ModelConfig(kind="mlp", hidden=[8]), fed.input_shape, n_out)
+
+    cfg = TrainConfig(rounds=3, local_steps=3, batch_size=16, eval_every=3,
+                      optimizer={"kind": "sgd", "lr": 0.05, "momentum": 0.0})
+    algo = build_algorithm("fedmoe", build(fed.n_classes), cfg, {"max_epochs": 2, "patience": 1}, build=build,
+                           seed=seed)
+    run = resolve_run(algo, fed, cfg, seed)
+    executor = VectorisedExecutor()
+    res = simulate(run, fed, executor=executor, attack=attack)
+    return algo, executor, personalise(run, fed, res, torch.device("cpu"))
+
+
+def test_a_personalised_methods_views_are_scored_for_the_backdoor_each_by_its_own_predictor():
+    fed = _fed()
+    attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "target": 0, "value": 50.0,
+                                          "poison_fraction": 0.5})
+    algo, executor, res = _fedmoe_under_backdoor(fed, attack, seed=3)
+    adv = Adversary(attack, fed, seed=3, n_classes=fed.n_classes)
+    xb = torch.as_tensor(_stamped(fed.x_global_test[fed.y_global_test != 0], (fed.x.shape[1],), 3, 50.0))
+    chosen = res.best_server or res.server
+    bc = algo.broadcast(chosen, chosen.round)
+    honest = [k for k in range(fed.n_clients) if not adv.malicious[k]]
+    means = {}
+    for view in ("local", "finetuned", "mixture"):
+        shares = [_shares(pred.model, {n: v[j:j + 1] for n, v in pred.params.items()}, xb, 0)[0]
+                  for chunk, pred in executor.predictors(bc, honest, view) for j in range(len(chunk))]
+        metrics = res.views[view].metrics
+        means[view] = np.mean(shares)
+        assert metrics["local_backdoor_accuracy_mean"] == pytest.approx(means[view], abs=1e-12), view
+        assert "backdoor_accuracy" not in metrics
+    assert means["local"] != means["mixture"]  # the views' models differ on the stamped set
+    federated = res.views["fedavg"].metrics  # the FedAvg model: the server's, scored by the server
+    server = _shares(algo.model, {n: v.unsqueeze(0) for n, v in chosen.params.items()}, xb, 0)[0]
+    assert federated["backdoor_accuracy"] == pytest.approx(server, abs=1e-12)
+    assert server != means["local"]
+    assert "local_backdoor_accuracy_mean" not in federated
 
 
 # ------------------------------------------------------------------ the rounds an attack is in

@@ -1,17 +1,15 @@
 """How well a backdoor took (``attack.kind: backdoor``): the share of the stamped test samples a model labels the
-attack's target — the server's model (``backdoor_accuracy``) and, for a method whose clients predict with parameters
-of their own, each honest client's model (``local_backdoor_accuracy_mean``): whether personalisation keeps a backdoor
-planted in the shared model out of the clients' own predictions."""
+attack's target — the server's model (``backdoor_accuracy``) and, for a method whose clients predict with models of
+their own, each honest client's model as the client evaluates it (``local_backdoor_accuracy_mean``): whether
+personalisation keeps a backdoor planted in the shared model out of the clients' own predictions."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import torch
-
-from hetfed.engine.evaluate import Predictor, predict
 
 
 @dataclass(frozen=True, eq=False)
@@ -24,12 +22,10 @@ class BackdoorTest:
     honest: list[int]
 
 
-def client_backdoor_accuracy(stacks: Iterable[tuple[list[int], Predictor]], test: BackdoorTest) -> float:
-    """The mean over the clients of ``stacks`` (each a stack of clients and what they predict with) of the share of
-    ``test``'s samples each one's model labels the target (NaN for no client)."""
-    every = np.arange(len(test.y))
-    shares: list[torch.Tensor] = []
-    for chunk, pred in stacks:
-        for logits in predict(pred.model, pred.params, test.x, [every] * len(chunk)):
-            shares.append((logits.argmax(-1) == test.y).double().mean())
-    return float(torch.stack(shares).mean()) if shares else float("nan")
+def client_backdoor_accuracy(reports: dict[str, list[Any]]) -> float | None:
+    """The clients' mean share of the stamped samples their own models label the target, from their reports of an
+    evaluation that scored the backdoor's test set as its global test set (each client's ``global_accuracy``, the
+    target its label); None when the clients' models are not their own (a shared model reports no such score) or no
+    client reported one."""
+    shares = np.asarray([v for v in reports.get("global_accuracy", []) if np.isfinite(v)], dtype=np.float64)
+    return float(shares.mean()) if len(shares) else None

@@ -401,20 +401,25 @@ class InProcessExecutor:
         return info
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
-                 among: list[int] | None = None) -> dict[str, list[Any]]:
+                 among: list[int] | None = None,
+                 global_set: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, list[Any]]:
         """``among``: every client of this evaluation when ``clients`` are some of them (a Flower node's
-        cohort), so the same clients score the global test set however the clients are spread."""
+        cohort), so the same clients score the global test set however the clients are spread. ``global_set``:
+        ``(x, y)`` scored by every client's own model in place of the global test set (a backdoor's stamped
+        samples), each client evaluating as it does at every evaluation — the method's own ``evaluate_client``
+        (IFCA's cluster chosen by validation loss, pFedFDA's adaptation, a view's predictor)."""
         reports: dict[str, list[Any]] = {}
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes,
                           self.eval_max_floats)
         first = self.pool.first_id
         named = among or [k + first for k in clients]
+        x_global, y_global = global_set or (self.x_global, self.y_global)
         for chunk in self._chunks(clients, size):
             ids = [k + first for k in chunk]
+            scorers = None if view or global_set else global_scorers(self.run.train, ids, self.seed, among=named)
             data = ClientEvalData(ids, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
-                                  [self.fed.val[k] for k in chunk], self.x_global, self.y_global, self.fed.n_classes,
-                                  None if view else global_scorers(self.run.train, ids, self.seed, among=named),
-                                  [self.fed.train[k] for k in chunk])
+                                  [self.fed.val[k] for k in chunk], x_global, y_global, self.fed.n_classes,
+                                  scorers, [self.fed.train[k] for k in chunk])
             for key, values in self.algo.evaluate_client(bc.for_clients(chunk, self.device), self._stacked(chunk), data,
                                                          view).items():
                 reports.setdefault(key, []).extend(values)

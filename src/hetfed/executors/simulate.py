@@ -33,6 +33,7 @@ from hetfed.executors.updates import (
     Train,
     _Loop,
     after_update,
+    backdoor_scores,
     drive,
     evaluation,
     plan_round,
@@ -99,6 +100,7 @@ def simulate(
     loop = _start(run, fed, executor, observers, attack)
     loop.keep_history = history
     result = _initial_result(loop, resume, resume_states)
+    result.backdoor = loop.backdoor
     finished = result.stopped_early or result.diverged_at is not None
     if run.algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds
         from hetfed.executors.asynchronous import run_async
@@ -258,5 +260,7 @@ def personalise(run: RunSpec, fed: Federation, result: SimulationResult, device:
     result.personal_seconds = time.perf_counter() - t0
     xg, yg = global_test(fed, run.train, seed, device)
     for view in algo.capabilities.views:
-        result.views[view] = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
+        result.views[view] = ev = evaluation(algo, executor, chosen, fed, ids, view, xg, yg)
+        if result.backdoor is not None:
+            ev.metrics.update(drive(backdoor_scores(algo, executor, chosen, result.backdoor, ids, view), executor))
     return result

@@ -415,9 +415,11 @@ class StackedRunExecutor(InProcessExecutor):
         self.rendezvous.hand_over(_Rounds(self, steps, iter(rounds)))
 
     def evaluate(self, bc: Broadcast, clients: list[int], view: str | None = None,
-                 among: list[int] | None = None) -> dict[str, list[Any]]:
+                 among: list[int] | None = None,
+                 global_set: tuple[torch.Tensor, torch.Tensor] | None = None) -> dict[str, list[Any]]:
         """An evaluation outside the lockstep (a personalised view's): this run's own, on the sweep's thread."""
-        return self.rendezvous.call(lambda: super(StackedRunExecutor, self).evaluate(bc, clients, view, among))
+        return self.rendezvous.call(lambda: super(StackedRunExecutor, self).evaluate(bc, clients, view, among,
+                                                                                     global_set))
 
     def personalise(self, bc: Broadcast, clients: list[int],
                     on_chunk: Callable[[int, int], object] | None = None) -> dict[str, list[float]]:

@@ -13,7 +13,6 @@ stacked sweep answers the requests of all its runs together (:mod:`hetfed.execut
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import time
 from collections.abc import Generator, Sequence
@@ -32,8 +31,8 @@ from hetfed.engine.record_dp import record_epsilon
 from hetfed.engine.sampling import sample_clients
 from hetfed.engine.summary import Reports
 from hetfed.engine.types import Broadcast, ServerState, Upload
-from hetfed.errors import ConfigError, RunError
-from hetfed.executors.inprocess import Executor, RoundSkipped
+from hetfed.errors import RunError
+from hetfed.executors.inprocess import Executor, InProcessExecutor, RoundSkipped
 from hetfed.interface import Algorithm, own_parameters
 from hetfed.run_spec import RunSpec
 
@@ -183,6 +182,9 @@ class SimulationResult:
     round_bytes: tuple[int, int] = (0, 0)  # the last round's (downlink, uplink)
     #: an asynchronous run's event queue (hetfed.executors.asynchronous.EventQueue), checkpointed with the result
     async_state: Any = None
+    #: a backdoor attack's test set, which the personalised views are scored on too (not checkpointed: a resumed
+    #: run makes it again)
+    backdoor: BackdoorTest | None = None
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A checkpoint written before a field existed resumes with that field's default (and one written while
@@ -452,24 +454,24 @@ def uploaded_bytes(upload: Upload, up: int) -> int:
                     if k != "train_loss" and isinstance(v, torch.Tensor) and v.dim() >= 1 and len(v))
 
 
-def _backdoor_scores(loop: _Loop, server: ServerState) -> Steps[dict[str, float]]:
+def backdoor_scores(algo: Algorithm, executor: Executor, server: ServerState, test: BackdoorTest,
+                    evaluated: list[int] | None, view: str | None = None) -> Steps[dict[str, float]]:
     """A backdoor's success: the share of stamped samples the server's model labels the target
-    (``backdoor_accuracy``) and, where the clients predict with parameters of their own, the honest evaluated
-    clients' models' mean share (``local_backdoor_accuracy_mean``)."""
-    test = loop.backdoor
-    assert test is not None
-    scored = yield ScoreServer(loop.algo, server, test.x, test.y)
-    accuracy = [v for k, v in scored.items() if k.endswith("_accuracy")]
-    out = {"backdoor_accuracy": accuracy[0]} if accuracy else {}
-    predictors = getattr(loop.executor, "predictors", None)
-    if own_parameters(loop.algo) and predictors is not None:
-        evaluated = set(range(loop.fed.n_clients) if loop.eval_ids is None else loop.eval_ids)
-        clients = [k for k in test.honest if k in evaluated]
-        bc = loop.algo.broadcast(server, server.round)
-        # a method whose clients' predictions are not taken apart from their evaluation (IFCA and CFL pick a cluster
-        # by validation loss when they evaluate) refuses them: its rows have no such metric
-        with contextlib.suppress(ConfigError):
-            out["local_backdoor_accuracy_mean"] = client_backdoor_accuracy(predictors(bc, clients), test)
+    (``backdoor_accuracy``; for the model, or the view that is it) and, where the clients predict with models of
+    their own (a personalised method, or a view), the honest ones of ``evaluated`` (None: every client) evaluating
+    their models as at every evaluation with the stamped set as the global test set: their mean share
+    (``local_backdoor_accuracy_mean``)."""
+    out: dict[str, float] = {}
+    if view in (None, algo.capabilities.federated_view):
+        scored = yield ScoreServer(algo, server, test.x, test.y)
+        accuracy = [v for k, v in scored.items() if k.endswith("_accuracy")]
+        out.update({"backdoor_accuracy": accuracy[0]} if accuracy else {})
+    among = None if evaluated is None else set(evaluated)
+    clients = [k for k in test.honest if among is None or k in among]
+    if clients and isinstance(executor, InProcessExecutor) and (view is not None or own_parameters(algo)):
+        bc = algo.broadcast(server, server.round)
+        share = client_backdoor_accuracy(executor.evaluate(bc, clients, view, global_set=(test.x, test.y)))
+        out.update({} if share is None else {"local_backdoor_accuracy_mean": share})
     return out
 
 
@@ -481,7 +483,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     rode = ride_next_round(loop, result, rnd)
     ev = yield from evaluation_steps(algo, server, fed, loop.eval_ids, x_global=loop.xg, y_global=loop.yg)
     if loop.backdoor is not None:
-        ev.metrics.update((yield from _backdoor_scores(loop, server)))
+        ev.metrics.update((yield from backdoor_scores(algo, loop.executor, server, loop.backdoor, loop.eval_ids)))
     ev.metrics.update(sim_time=result.sim_time, uplink_bytes_total=float(result.uplink_bytes),
                       downlink_bytes_total=float(result.downlink_bytes))
     privacy, run = loop.run.privacy, loop.run

@@ -169,7 +169,7 @@ def check_streams(payload: dict[str, Any], transports: list[Transport]) -> None:
 def snapshot(result: SimulationResult) -> dict[str, Any]:
     """A :class:`~hetfed.executors.simulate.SimulationResult` without its executor and with its last evaluation only
     (every evaluation is in metrics.csv); the client store goes beside it."""
-    res = dataclasses.replace(result, executor=None, history=result.history[-1:])
+    res = dataclasses.replace(result, executor=None, backdoor=None, history=result.history[-1:])
     states: Any = getattr(result.executor, "states", None)
     return {"result": res, "states": states.state_dict() if hasattr(states, "state_dict") else None}
 
