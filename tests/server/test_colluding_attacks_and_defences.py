@@ -1,7 +1,8 @@
 """Colluding attacks (ALIE, IPM, Min-Max, Min-Sum) and the defences against them (Bulyan, the geometric median,
-bucketing, centered clipping): the crafted update against the formulas of the papers and of the authors' code, its
+bucketing, centered clipping, DnC): the crafted update against the formulas of the papers and of the authors' code, its
 statistics independent of how a round is chunked, the executors agreeing, the refusals; the geometric median against
-a numerical minimiser of its objective; Bulyan, bucketing and centered clipping against their papers' algorithms."""
+a numerical minimiser of its objective; Bulyan, bucketing, centered clipping and DnC against their papers'
+algorithms."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ from scipy.stats import norm
 from hetfed.cli import main
 from hetfed.config import AttackConfig, ServerConfig
 from hetfed.engine.faults import Adversary, Colluding
-from hetfed.engine.rng import BUCKETS, numpy_rng
+from hetfed.engine.rng import BUCKETS, COMBINE_NOISE, numpy_rng, torch_gen
 from hetfed.engine.types import Broadcast, RoundUploads, Upload
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
@@ -105,7 +106,8 @@ def test_the_crafted_update_does_not_depend_on_how_the_round_is_chunked(seed, cu
                                            ({"rule": "geometric_median"}, "ipm"),
                                            ({"rule": "median", "bucket": 2}, "ipm"),
                                            ({"rule": "centered_clipping", "radius": 0.5}, "alie"),
-                                           ({"rule": "multi_krum", "byzantine_fraction": 0.3}, "min_max")])
+                                           ({"rule": "multi_krum", "byzantine_fraction": 0.3}, "min_max"),
+                                           ({"rule": "dnc", "byzantine_fraction": 0.3, "dims": 40}, "min_sum")])
 def test_executors_agree_under_a_colluding_attack_and_the_defences(combine, kind):
     fed = _fed()
     results = []
@@ -403,3 +405,73 @@ def test_bulyan_resists_a_huge_update_where_the_mean_does_not():
     found = rule.combine({"w": torch.zeros(3, dtype=torch.float64)},
                          Upload(list(range(11)), {"w": torch.as_tensor(points)}, torch.ones(11)), options)
     assert found["w"].abs().max() < 5
+
+
+# ------------------------------------------------------------------ DnC
+
+
+def _dnc(points: np.ndarray, fraction: float, c: float, b: int, iterations: int, gen: torch.Generator) -> np.ndarray:
+    """Algorithm 2 of Shejwalkar and Houmansadr (NDSS 2021) written out: ``iterations`` times, b random coordinates
+    (all when there are no more), centred; the squared projections on the top right singular vector; the
+    n − c·m lowest kept; the mean of the updates kept every time (the last iteration's if none is)."""
+    n, d = points.shape
+    keep = max(1, min(n, int(n - c * math.floor(fraction * n))))
+    good: set[int] = set(range(n))
+    for _ in range(iterations):
+        columns = np.arange(d) if d <= b else torch.randperm(d, generator=gen)[:b].numpy()
+        centred = points[:, columns] - points[:, columns].mean(0)
+        v = np.linalg.svd(centred, full_matrices=False)[2][0]
+        last = set(np.argsort((centred @ v) ** 2, kind="stable")[:keep].tolist())
+        good &= last
+    _dnc.fell_back = not good  # type: ignore[attr-defined]
+    return points[sorted(good or last)].mean(0)
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(4, 14), d=st.integers(3, 30), b=st.integers(2, 40),
+       iterations=st.integers(1, 4), fraction=st.sampled_from([0.0, 0.1, 0.25, 0.4, 0.8]),
+       c=st.sampled_from([0.5, 1.0, 2.0]), rnd=st.integers(0, 50))
+def test_dnc_is_its_papers_algorithm(seed, n, d, b, iterations, fraction, c, rnd):
+    rng = np.random.default_rng(seed)
+    ref = rng.normal(size=d)
+    models = ref + rng.normal(size=(n, d)) * rng.uniform(0.5, 3.0, size=(n, 1))
+    cut = d // 2
+    upload = Upload(list(range(n)), {"a": torch.as_tensor(models[:, :cut]), "b": torch.as_tensor(models[:, cut:])},
+                    torch.ones(n), {})
+    chain = server_chain(ServerConfig(combine={"rule": "dnc", "byzantine_fraction": fraction, "filter_fraction": c,
+                                               "dims": b, "iterations": iterations}))
+    new, _ = chain.step({"a": torch.as_tensor(ref[:cut]), "b": torch.as_tensor(ref[cut:])}, upload, {}, round=rnd,
+                        seed=seed)
+    expected = _dnc(models, fraction, c, b, iterations, torch_gen(seed, COMBINE_NOISE, rnd))
+    np.testing.assert_allclose(torch.cat([new["a"], new["b"]]).numpy(), expected, rtol=1e-10, atol=1e-10)
+
+
+def test_dnc_averages_the_last_iterations_updates_when_no_update_is_kept_every_time():
+    fell_back = 0
+    for seed in range(30):
+        rng = np.random.default_rng(seed)
+        models = rng.normal(size=(8, 20))
+        upload = Upload(list(range(8)), {"w": torch.as_tensor(models)}, torch.ones(8), {})
+        chain = server_chain(ServerConfig(combine={"rule": "dnc", "byzantine_fraction": 0.8, "dims": 3,
+                                                   "iterations": 4}))
+        new, _ = chain.step({"w": torch.zeros(20, dtype=torch.float64)}, upload, {}, round=2, seed=seed)
+        expected = _dnc(models, 0.8, 1.0, 3, 4, torch_gen(seed, COMBINE_NOISE, 2))
+        fell_back += _dnc.fell_back  # type: ignore[attr-defined]
+        np.testing.assert_allclose(new["w"].numpy(), expected, rtol=1e-10, atol=1e-10)
+    assert fell_back >= 5
+
+
+@settings(max_examples=30, deadline=None)
+@given(seed=st.integers(0, 10_000), honest=st.integers(6, 15), bad=st.integers(1, 4), d=st.integers(5, 30),
+       b=st.integers(3, 30))
+def test_dnc_drops_colluders_pushed_along_one_direction_and_averages_the_honest_updates(seed, honest, bad, d, b):
+    rng = np.random.default_rng(seed)
+    points = rng.normal(size=(honest, d))
+    push = rng.choice([-1.0, 1.0], size=d)  # every coordinate moved: every subset of them sees it
+    malicious = points.mean(0) + 20.0 * push + 0.01 * rng.normal(size=(bad, d))
+    upload = Upload(list(range(honest + bad)), {"w": torch.as_tensor(np.vstack([points, malicious]))},
+                    torch.ones(honest + bad), {})
+    chain = server_chain(ServerConfig(combine={"rule": "dnc", "byzantine_fraction": bad / (honest + bad) + 1e-9,
+                                               "dims": b}))
+    new, _ = chain.step({"w": torch.zeros(d, dtype=torch.float64)}, upload, {}, round=1, seed=seed)
+    np.testing.assert_allclose(new["w"].numpy(), points.mean(0), rtol=1e-9, atol=1e-9)
