@@ -409,3 +409,24 @@ def test_a_binary_task_stacked_gives_its_aucs_as_without_stack(tmp_path):
     alone = _runs(tmp_path / "alone", ())
     assert any("global_auc" in k[-1] for k in alone)
     assert _runs(tmp_path / "stacked", ()) == alone
+
+
+def test_a_stacked_sweep_under_attack_gives_the_runs_of_the_sweep_run_one_by_one(tmp_path, monkeypatch):
+    """Each run's malicious clients train on its own poisoned pool and change their own uploads (a backdoor boosted
+    from round 2 on, label flipping), a colluding attack crafts from its own run's honest updates (ALIE), and the
+    backdoor's success on the server's and the clients' own models (Ditto) is each run's — the numbers one by one."""
+    served: list[int] = []
+    original = stacked_runs.train_together
+    monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=4",
+            "--set", "partition.clients=6", "--set", "train.eval_every=2",
+            "--set", "methods=[{name: fedavg, algorithm: fedavg}, {name: ditto, algorithm: ditto}]",
+            "--grid", "attack={kind: backdoor, fraction: 0.34, boost: 2, start_round: 2},"
+                      "{kind: alie, fraction: 0.34, z: 1.5},{kind: label_flip, fraction: 0.34}",
+            "--seeds", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    alone, stacked = _runs(tmp_path / "one_by_one", ("attack",)), _runs(tmp_path / "stacked", ("attack",))
+    assert {k[-1] for k in alone} >= {"final.backdoor_accuracy", "final.local_backdoor_accuracy_mean"}
+    _equal(stacked, alone)
+    assert max(served) == 6  # the three attacks' and two seeds' runs of a method in one stack

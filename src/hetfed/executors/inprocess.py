@@ -312,14 +312,23 @@ class InProcessExecutor:
         # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
         receiving = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
         self._ensure_residuals(bc.params)
-        adversary = self.adversary if self.adversary is not None and self.adversary.acts_in(bc.round) else None
+        adversary = self.attacker(bc.round)
         round_uploads: RoundUploads | Colluding = receiving if adversary is None else adversary.receiving(receiving, bc)
+        poisoned = self.poisoned_pool(bc.round)
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
-            if adversary is not None and self.poisoned is not None:
-                data = replace(data, x=self.poisoned[0], y=self.poisoned[1])
+            if poisoned is not None:
+                data = replace(data, x=poisoned[0], y=poisoned[1])
             round_uploads.add(self._client_step(bc, chunk, data, adversary))
         return round_uploads.result(reduce)
+
+    def attacker(self, rnd: int) -> Adversary | None:
+        """The simulated attack when its malicious clients attack in round ``rnd`` (0-based), else None."""
+        return self.adversary if self.adversary is not None and self.adversary.acts_in(rnd) else None
+
+    def poisoned_pool(self, rnd: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The pool the clients train on in round ``rnd`` as a data-poisoning attack made it (None: the pool)."""
+        return self.poisoned if self.attacker(rnd) is not None else None
 
     def _client_step(self, bc: Broadcast, chunk: list[int], data: ClientData, adversary: Adversary | None = None
                      ) -> Upload:

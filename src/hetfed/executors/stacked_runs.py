@@ -53,7 +53,6 @@ import torch
 
 from hetfed.engine.summary import summaries
 from hetfed.engine.types import Broadcast
-from hetfed.errors import RunError
 from hetfed.executors.inprocess import Executor, InProcessExecutor
 from hetfed.executors.stacked_work import (
     Joined,
@@ -344,8 +343,11 @@ def _train_key(run: _Rounds) -> Any:
 
 
 def _evaluation_key(run: _Rounds) -> Any:
-    return (evaluation_key(run.executor, run.bc, run.view) if run.clients and joins(run.executor, run.bc)
-            else None)
+    """Evaluations scored in one stack (None: alone — a backdoor's stamped set scored in place of the global test
+    set, which a joined evaluation does not take)."""
+    asked = cast(Evaluate, run.asked)
+    return (evaluation_key(run.executor, run.bc, run.view)
+            if run.clients and asked.global_set is None and joins(run.executor, run.bc) else None)
 
 
 def _score_key(run: _Rounds) -> Any:
@@ -426,11 +428,5 @@ class StackedRunExecutor(InProcessExecutor):
         """The run's personal phase, alone, computed by :meth:`Rendezvous.serve` (on the sweep's thread and its
         torch threads, like every client step of the sweep)."""
         return self.rendezvous.call(lambda: super(StackedRunExecutor, self).personalise(bc, clients, on_chunk))
-
-    def set_adversary(self, adversary: Any) -> None:
-        if adversary.active:
-            raise RunError("attack.* is not simulated in a stacked sweep (--stack): expected the sweep without "
-                           "--stack, whose runs simulate the attack one by one")
-        super().set_adversary(adversary)
 
 

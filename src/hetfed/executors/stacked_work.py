@@ -13,12 +13,13 @@ from __future__ import annotations
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, Protocol, cast
 
 import numpy as np
 import torch
 
 from hetfed.engine.evaluate import ClientEvalData
+from hetfed.engine.faults import Adversary, Colluding
 from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, ClientState, RoundUploads, Upload
@@ -37,6 +38,8 @@ class Joined:
     pools: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
     #: the same for their global test sets (a joined evaluation)
     global_sets: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
+    #: the joined pools of a round some of whose runs' malicious clients train on the pool as their attack made it
+    poisoned: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
     #: a run's clients' evaluation index arrays moved to its offsets in the joined pools: executor → offsets →
     #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
     shifted: weakref.WeakKeyDictionary[InProcessExecutor, dict[Any, tuple[Any, ...]]] = field(
@@ -118,16 +121,23 @@ def train_together(group: Sequence[Asking]) -> list[Upload]:
     local steps across runs; each run's uploads screened and collected as its own round."""
     lead = group[0].executor
     algo = lead.algo
-    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group], group[0].joined.pools)
+    rnd = group[0].bc.round  # every run's (the stack's key)
+    attackers = [r.executor.attacker(rnd) for r in group]
+    poisoned = any(r.executor.poisoned_pool(rnd) is not None for r in group)
+    pool_x, pool_y, offsets = _joint_pool([r.executor for r in group],
+                                          group[0].joined.poisoned if poisoned else group[0].joined.pools,
+                                          lambda e: e.poisoned_pool(rnd) or (e.pool.x, e.pool.y))
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    rounds = [r.executor.run.receiving(r.bc.params) for r in group]
-    for r in group:
+    rounds: list[RoundUploads | Colluding] = []
+    for r, attacker in zip(group, attackers, strict=True):
         r.executor._ensure_residuals(r.bc.params)
+        receiving = r.executor.run.receiving(r.bc.params)
+        rounds.append(receiving if attacker is None else attacker.receiving(receiving, r.bc))
     schedule = lead.run.schedule
     steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
     for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):
         members = sorted(block, key=lambda e: entries[e])  # each run's clients together, in its own order
-        _train_block(group, [entries[e] for e in members], pool_x, pool_y, offsets, rounds)
+        _train_block(group, [entries[e] for e in members], pool_x, pool_y, offsets, rounds, attackers)
     return [r.result(False) for r in rounds]
 
 
@@ -152,7 +162,8 @@ def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, li
 
 
 def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
-                 offsets: list[int], rounds: list[RoundUploads]) -> None:
+                 offsets: list[int], rounds: list[RoundUploads | Colluding],
+                 attackers: list[Adversary | None]) -> None:
     algo = group[0].executor.algo
     chosen = _by_run(members)
     runs = list(chosen)
@@ -166,7 +177,8 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
                       [shifted[i][k] for i in runs for k in chosen[i]],
                       [seed for i in runs for seed in own_seeds[i]])
     upload, new = algo.local_update(bc, state, data)
-    measured = _measured(group, runs, chosen, upload, bc, rounds)
+    measured = None if any(attackers[i] is not None for i in runs) else _measured(group, runs, chosen, upload, bc,
+                                                                                cast(list[RoundUploads], rounds))
     start = 0
     for i in runs:
         executor = group[i].executor
@@ -175,6 +187,9 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
         mine = {k: v[rows] for k, v in new.items()}
         part = Upload(upload.client_ids[rows], {k: v[rows] for k, v in upload.params.items()},
                       upload.num_samples[rows], {k: v[rows] for k, v in upload.extra.items()})
+        attacker = attackers[i]
+        if attacker is not None:  # its malicious clients' change to their own uploads, as alone
+            part = attacker.poison(part, group[i].bc)
         # the run's own transport (compression, its clients' residuals), as its executor applies it alone
         residual = executor._residuals(chosen[i]) if executor.transport.error_feedback else {}
         part, residual = executor.transport.send(part, group[i].bc.params, residual, own_seeds[i],

@@ -65,9 +65,15 @@ class Evaluate:
     bc: Broadcast
     clients: list[int]
     view: str | None = None
+    #: ``(x, y)`` every client scores in place of the global test set (a backdoor's stamped samples; an in-process
+    #: executor's evaluation only: attacks are simulated there)
+    global_set: tuple[torch.Tensor, torch.Tensor] | None = None
 
     def answer(self, executor: Executor) -> dict[str, list[Any]]:
-        return executor.evaluate(self.bc, self.clients, self.view)
+        if self.global_set is None:
+            return executor.evaluate(self.bc, self.clients, self.view)
+        return cast(InProcessExecutor, executor).evaluate(self.bc, self.clients, self.view,
+                                                          global_set=self.global_set)
 
 
 @dataclass(frozen=True, eq=False)
@@ -470,7 +476,7 @@ def backdoor_scores(algo: Algorithm, executor: Executor, server: ServerState, te
     clients = [k for k in test.honest if among is None or k in among]
     if clients and isinstance(executor, InProcessExecutor) and (view is not None or own_parameters(algo)):
         bc = algo.broadcast(server, server.round)
-        share = client_backdoor_accuracy(executor.evaluate(bc, clients, view, global_set=(test.x, test.y)))
+        share = client_backdoor_accuracy((yield Evaluate(bc, clients, view, (test.x, test.y))))
         out.update({} if share is None else {"local_backdoor_accuracy_mean": share})
     return out
 
