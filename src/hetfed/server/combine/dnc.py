@@ -6,8 +6,8 @@ matrix; the n − c·m updates of the lowest scores are kept. The updates kept i
 
 m = ⌊``byzantine_fraction`` · n⌋ (the count of malicious clients the server assumes, as Krum's), c the
 ``filter_fraction``. The paper leaves b, c and the iterations as inputs; the defaults are b = 10 000 (Blades'), c = 1
-and 5 iterations (FLPoison's). A model of at most ``dims`` parameters is read whole (every iteration then sees the same
-coordinates). Centring makes the scores of the models and of their updates the same. The coordinates are drawn from
+and 5 iterations (FLPoison's). A model of at most ``dims`` parameters is read whole, once (every iteration would see the
+same coordinates). Centring makes the scores of the models and of their updates the same. The coordinates are drawn from
 the run seed and the round; when the iterations keep no update in common (the paper does not say what then), the last
 iteration's are averaged."""
 
@@ -47,8 +47,9 @@ def kept(points: torch.Tensor, params: DnCParams, rng: torch.Generator) -> torch
     keep = max(1, min(n, int(n - params.filter_fraction * m)))
     common = torch.ones(n, dtype=torch.bool)
     last = common
-    for _ in range(params.iterations):
-        columns = torch.arange(d) if d <= params.dims else torch.randperm(d, generator=rng)[: params.dims]
+    whole = d <= params.dims  # every iteration would score the same coordinates: once is the same
+    for _ in range(1 if whole else params.iterations):
+        columns = torch.arange(d) if whole else torch.randperm(d, generator=rng)[: params.dims]
         scores = outlier_scores(points[:, columns.to(points.device)]).cpu()
         last = torch.zeros(n, dtype=torch.bool)
         last[scores.argsort(stable=True)[:keep]] = True
