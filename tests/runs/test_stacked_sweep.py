@@ -384,7 +384,7 @@ def test_stack_refuses_an_executor_it_would_replace(capsys):
     assert "train.executor = 'sequential'" in err and "'vectorised'" in err and len(err.splitlines()) == 1
 
 
-def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_together(capsys, monkeypatch):
+def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_together(capsys, monkeypatch, tmp_path):
     """#72 §4: a stacked sweep was silent until its runs finished together, then printed an ETA made of runs done."""
     from hetfed.runs import sweep
 
@@ -392,7 +392,7 @@ def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_tog
     original = sweep.SweepProgress.stacked_round
     monkeypatch.setattr(sweep.SweepProgress, "stacked_round",
                         lambda self, done, total: seen.append((done, total)) or original(self, done, total))
-    assert main([*BASE[:-5], "--seeds", "2", "--stack"]) == 0
+    assert main([*BASE[:-5], "--seeds", "2", "--stack", "--out", str(tmp_path / "s")]) == 0  # not into ./runs
     assert seen and seen[-1] == (4, 4) and [d for d, _ in seen[:4]] == [1, 2, 3, 4]
     out = capsys.readouterr().out
     finished = [line for line in out.splitlines() if " done, " in line]
