@@ -266,7 +266,15 @@ def test_fedbabu_trains_the_body_under_a_fixed_head_and_fine_tunes_the_whole_mod
     pred = algo.predictor(bc, tuned, 1, "fedbabu_ft")
     for k in whole:
         torch.testing.assert_close(pred.params[k][0], whole[k])
-    assert info["epochs.finetune"].tolist() == [1.0]
+    # the fine-tuned row reports the fine-tuning's epochs and seconds (it said 0 and 0 when they were keyed otherwise)
+    from hetfed.engine.evaluate import Evaluation
+    from hetfed.executors.updates import SimulationResult
+    from hetfed.runs.summary import view_row
+
+    result = SimulationResult(server, views={"fedbabu_ft": Evaluation({}, {})},
+                              personal_info={k: [float(x) for x in v] for k, v in info.items()})
+    row, filed_under = view_row(algo, "fedbabu_ft", result, 0.0)
+    assert row["epochs"] == filed_under == 1 and row["wall_seconds"] > 0
 
 
 @pytest.mark.parametrize("variant", ["fo", "hf"])

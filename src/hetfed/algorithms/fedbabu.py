@@ -69,8 +69,9 @@ class FedBABU(FedAvg):
         schedule = replace(self.schedule, epochs=self.params.finetune_epochs, steps=None)
         tuned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 2), schedule,
                                   self.train.optimizer, self.train.optimizer.lr)
-        info = {"epochs.finetune": torch.full((n,), self.params.finetune_epochs, dtype=torch.float64),
-                "seconds.finetune": torch.full((n,), (time.perf_counter() - t0) / n, dtype=torch.float64)}
+        view = VIEWS[1]  # the row the fine-tuning's epochs and seconds are reported in
+        info = {f"epochs.{view}": torch.full((n,), self.params.finetune_epochs, dtype=torch.float64),
+                f"seconds.{view}": torch.full((n,), (time.perf_counter() - t0) / n, dtype=torch.float64)}
         return {**states, **{TUNED + k: v for k, v in tuned.items()}}, info
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
