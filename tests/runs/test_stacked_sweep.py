@@ -19,6 +19,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 from hetfed.cli import main
 from hetfed.executors import stacked_runs, stacked_work
@@ -411,22 +412,55 @@ def test_a_binary_task_stacked_gives_its_aucs_as_without_stack(tmp_path):
     assert _runs(tmp_path / "stacked", ()) == alone
 
 
+def _checked_pools(monkeypatch) -> list:
+    """Every joined pool checked as it is handed out: each run's rows are the pool it asked for (its features and
+    labels); the runs whose rows were not, listed."""
+    joining, wrong = stacked_work._joint_pool, []
+
+    def joint_pool(executors, cache, part=None):
+        x, y, offsets = joining(executors, cache, part)
+        for e, at in zip(executors, offsets, strict=True):
+            own_x, own_y = (e.pool.x, e.pool.y) if part is None else part(e)
+            wrong.extend([] if torch.equal(x[at:at + len(own_x)], own_x) and torch.equal(y[at:at + len(own_y)], own_y)
+                         else [e])
+        return x, y, offsets
+
+    monkeypatch.setattr(stacked_work, "_joint_pool", joint_pool)
+    return wrong
+
+
+def test_a_run_that_starts_flipping_labels_later_trains_on_its_flipped_labels_in_a_stack(tmp_path, monkeypatch):
+    """Label flipping keeps the pool's features and changes the labels: a joined pool kept under the features alone
+    handed a run that starts flipping in round 3 its clean labels again (found, fixed: kept under both)."""
+    wrong = _checked_pools(monkeypatch)
+    assert main(["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=4",
+                 "--set", "partition.clients=6", "--set", "methods=[{name: fedavg, algorithm: fedavg}]",
+                 "--grid", "attack={kind: label_flip, fraction: 0.34},"
+                           "{kind: label_flip, fraction: 0.34, start_round: 3}",
+                 "--seeds", "1", "--quiet", "--stack", "--out", str(tmp_path / "s")]) == 0
+    assert not wrong
+
+
 def test_a_stacked_sweep_under_attack_gives_the_runs_of_the_sweep_run_one_by_one(tmp_path, monkeypatch):
     """Each run's malicious clients train on its own poisoned pool and change their own uploads (a backdoor boosted
-    from round 2 on, label flipping), a colluding attack crafts from its own run's honest updates (ALIE), and the
+    from round 2 on, label flipping from round 1 and from round 3: the same features, other labels, from a round on),
+    a colluding attack crafts from its own run's honest updates (ALIE), and the
     backdoor's success on the server's and the clients' own models (Ditto) is each run's — the numbers one by one."""
     served: list[int] = []
     original = stacked_runs.train_together
     monkeypatch.setattr(stacked_runs, "train_together", lambda group: served.append(len(group)) or original(group))
+    wrong = _checked_pools(monkeypatch)
     args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=4",
             "--set", "partition.clients=6", "--set", "train.eval_every=2",
             "--set", "methods=[{name: fedavg, algorithm: fedavg}, {name: ditto, algorithm: ditto}]",
             "--grid", "attack={kind: backdoor, fraction: 0.34, boost: 2, start_round: 2},"
-                      "{kind: alie, fraction: 0.34, z: 1.5},{kind: label_flip, fraction: 0.34}",
+                      "{kind: alie, fraction: 0.34, z: 1.5},{kind: label_flip, fraction: 0.34},"
+                      "{kind: label_flip, fraction: 0.34, start_round: 3}",
             "--seeds", "2", "--quiet"]
     assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
     assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
     alone, stacked = _runs(tmp_path / "one_by_one", ("attack",)), _runs(tmp_path / "stacked", ("attack",))
     assert {k[-1] for k in alone} >= {"final.backdoor_accuracy", "final.local_backdoor_accuracy_mean"}
     _equal(stacked, alone)
-    assert max(served) == 6  # the three attacks' and two seeds' runs of a method in one stack
+    assert max(served) == 8  # the four attacks' and two seeds' runs of a method in one stack
+    assert not wrong

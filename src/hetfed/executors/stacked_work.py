@@ -26,8 +26,10 @@ from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, ClientSt
 from hetfed.executors.inprocess import InProcessExecutor, eval_chunk, seed_rows
 from hetfed.server.screen import Measured, measure
 
-#: a joined pool: (x, y, each run's offset, the runs' own tensors it was joined from)
+#: a joined pool: (x, y, each run's offset, the runs' own (x, y) it was joined from)
 _Pool = tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]
+#: what a joined pool is kept under: each run's (features, labels) tensors' ids
+_PoolKey = tuple[tuple[int, int], ...]
 
 
 @dataclass
@@ -35,11 +37,11 @@ class Joined:
     """What the joined computations keep between rounds (one per stacked sweep)."""
 
     #: the joined train pools of the runs that last stepped together (rebuilt when the set changes)
-    pools: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
+    pools: dict[_PoolKey, _Pool] = field(default_factory=dict)
     #: the same for their global test sets (a joined evaluation)
-    global_sets: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
+    global_sets: dict[_PoolKey, _Pool] = field(default_factory=dict)
     #: the joined pools of a round some of whose runs' malicious clients train on the pool as their attack made it
-    poisoned: dict[tuple[int, ...], _Pool] = field(default_factory=dict)
+    poisoned: dict[_PoolKey, _Pool] = field(default_factory=dict)
     #: a run's clients' evaluation index arrays moved to its offsets in the joined pools: executor → offsets →
     #: arrays; weakly keyed, so a finished method's executor (its pool and states) is not kept alive by them
     shifted: weakref.WeakKeyDictionary[InProcessExecutor, dict[Any, tuple[Any, ...]]] = field(
@@ -310,31 +312,32 @@ def _shifted(executor: InProcessExecutor, offset: int, global_offset: int,
     return cached
 
 
-def _joint_pool(executors: Sequence[InProcessExecutor], cache: dict[tuple[int, ...], Any],
+def _joint_pool(executors: Sequence[InProcessExecutor], cache: dict[_PoolKey, _Pool],
                 part: Any = None) -> tuple[torch.Tensor, torch.Tensor, list[int]]:
     """The runs' train pools (or ``part(executor)``'s tensors: their global test sets) one after the other (shared
     when they are the very same), and each one's offset."""
     tensors = [(e.pool.x, e.pool.y) if part is None else part(e) for e in executors]
-    key = tuple(id(x) for x, _y in tensors)
+    # by features and labels: a label-flipping attack trains on the pool's features with labels of its own
+    key = tuple((id(x), id(y)) for x, y in tensors)
     cached = cache.get(key)
-    if cached is not None and all(a is x for a, (x, _y) in zip(cached[3], tensors, strict=True)):
+    if cached is not None and all(a is x and b is y for (a, b), (x, y) in zip(cached[3], tensors, strict=True)):
         return cached[0], cached[1], cached[2]
     xs: list[torch.Tensor] = []
     ys: list[torch.Tensor] = []
     offsets: list[int] = []
-    seen: dict[int, int] = {}
+    seen: dict[tuple[int, int], int] = {}
     total = 0
     for x, y in tensors:
-        same = seen.get(id(x))
+        same = seen.get((id(x), id(y)))
         if same is not None:
             offsets.append(same)
             continue
-        seen[id(x)] = total
+        seen[(id(x), id(y))] = total
         offsets.append(total)
         xs.append(x)
         ys.append(y)
         total += len(x)
     joint = (torch.cat(xs), torch.cat(ys), offsets) if len(xs) > 1 else (xs[0], ys[0], offsets)
     cache.clear()  # the pools of one set of runs at a time
-    cache[key] = (*joint, tuple(x for x, _y in tensors))
+    cache[key] = (*joint, tuple(tensors))
     return joint
