@@ -30,6 +30,12 @@ def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
     return torch.cat([v.reshape(n, -1).double() for v in stacked.values()], 1)
 
 
+def flat_one(params: dict[str, torch.Tensor]) -> torch.Tensor:
+    """One model's parameters (not stacked) joined into one float64 vector, in :func:`flat`'s order: the reference
+    (the model sent, the honest updates' mean) that a whole-update rule or attack measures from."""
+    return torch.cat([v.reshape(-1).double() for v in params.values()])
+
+
 def unflat(value: torch.Tensor, like: dict[str, torch.Tensor], dtypes: dict[str, torch.Tensor] | None = None
            ) -> dict[str, torch.Tensor]:
     """One joined row (:func:`flat`'s order) back in ``like``'s names and shapes; in ``dtypes``' dtypes where given."""

@@ -309,11 +309,9 @@ class InProcessExecutor:
         """Every chosen client's update, screened; chunks are folded into running sums, so memory does not
         grow with them (unless the screening or a robust rule needs the whole round). ``reduce``: return the
         sums even for one chunk (a Flower node's cohort: one combined upload)."""
-        # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
-        receiving = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
         self._ensure_residuals(bc.params)
         adversary = self.attacker(bc.round)
-        round_uploads: RoundUploads | Colluding = receiving if adversary is None else adversary.receiving(receiving, bc)
+        round_uploads = self.round_receiving(bc)
         poisoned = self.poisoned_pool(bc.round)
         for chunk in self._stacks(clients, self.chunk_size(self.algo.model, self.run.schedule.batch_size)):
             data = client_data(self.pool, chunk, bc.round)
@@ -321,6 +319,14 @@ class InProcessExecutor:
                 data = replace(data, x=poisoned[0], y=poisoned[1])
             round_uploads.add(self._client_step(bc, chunk, data, adversary))
         return round_uploads.result(reduce)
+
+    def round_receiving(self, bc: Broadcast) -> RoundUploads | Colluding:
+        """Where round ``bc``'s uploads of this run go: its server's receiving side (screen, DP clip), through the
+        colluding clients first when a colluding attack acts in the round."""
+        # a node that sends what travels (encodings) leaves the screening to the server, which decodes first
+        receiving = RoundUploads(None, stream=False) if self.wire else self.run.receiving(bc.params)
+        adversary = self.attacker(bc.round)
+        return receiving if adversary is None else adversary.receiving(receiving, bc)
 
     def attacker(self, rnd: int) -> Adversary | None:
         """The simulated attack when its malicious clients attack in round ``rnd`` (0-based), else None."""

@@ -130,11 +130,9 @@ def train_together(group: Sequence[Asking]) -> list[Upload]:
                                           group[0].joined.poisoned if poisoned else group[0].joined.pools,
                                           lambda e: e.poisoned_pool(rnd) or (e.pool.x, e.pool.y))
     entries = [(i, k) for i, r in enumerate(group) for k in r.clients]
-    rounds: list[RoundUploads | Colluding] = []
-    for r, attacker in zip(group, attackers, strict=True):
+    for r in group:
         r.executor._ensure_residuals(r.bc.params)
-        receiving = r.executor.run.receiving(r.bc.params)
-        rounds.append(receiving if attacker is None else attacker.receiving(receiving, r.bc))
+    rounds = [r.executor.round_receiving(r.bc) for r in group]
     schedule = lead.run.schedule
     steps = [schedule.n_steps(len(group[i].executor.pool.train[k])) for i, k in entries]
     for block in lead.blocks(steps, lead.chunk_size(algo.model, schedule.batch_size)):

@@ -18,7 +18,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.attacks import ClientAttack, Honest, register
-from hetfed.engine.types import flat, unflat
+from hetfed.engine.types import flat, flat_one, unflat
 from hetfed.registry import ComponentParams
 
 
@@ -49,14 +49,14 @@ def search(honest: Honest, p: AgnosticParams, fit: Fit) -> dict[str, torch.Tenso
     """μ − γ·p for the largest γ the halving search finds within ``fit``, back in the parameters' shapes."""
     assert honest.rows is not None
     rows = flat(honest.rows)
-    mean = flat({k: v.unsqueeze(0) for k, v in honest.mean.items()})[0]
+    mean = flat_one(honest.mean)
     if p.deviation == "unit_vec":
         norm = torch.linalg.vector_norm(mean)
         dev = mean / norm if norm > 0 else torch.zeros_like(mean)
     elif p.deviation == "sign":
         dev = torch.sign(mean)
     else:
-        dev = flat({k: v.unsqueeze(0) for k, v in honest.std.items()})[0]
+        dev = flat_one(honest.std)
     bound = fit.bound(rows)  # the honest updates' own: once
     gamma, step, found = p.gamma, p.gamma, 0.0
     while abs(found - gamma) > 1e-5:

@@ -12,7 +12,7 @@ from typing import Any
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload, flat, unflat
+from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
 
 
@@ -24,8 +24,7 @@ class CenteredClippingParams(RuleParams):
 
 def centered_clipping(old: Params, upload: Upload, params: CenteredClippingParams,
                       state: dict[str, Any]) -> tuple[Params, dict[str, Any]]:
-    names = list(old)
-    deltas = flat({k: upload.params[k] - old[k].to(upload.params[k].device) for k in names})  # [n, d] float64
+    deltas = flat({k: upload.params[k] - old[k].to(upload.params[k].device) for k in old})  # [n, d] float64
     center = state.get("center")
     v = torch.zeros(deltas.shape[1], dtype=torch.float64, device=deltas.device) if center is None else \
         center.to(deltas.device)
@@ -33,8 +32,7 @@ def centered_clipping(old: Params, upload: Upload, params: CenteredClippingParam
         diff = deltas - v
         scale = (params.radius / torch.linalg.vector_norm(diff, dim=1)).clamp(max=1.0)  # a zero difference: 1
         v = v + (diff * scale.unsqueeze(1)).mean(0)
-    reference = torch.cat([old[k].to(v.device).double().reshape(-1) for k in names])
-    return unflat(reference + v, old, upload.params), {"center": v.cpu()}
+    return unflat(flat_one(old).to(v.device) + v, old, upload.params), {"center": v.cpu()}
 
 
 register(CombineRule("centered_clipping", centered_clipping, CenteredClippingParams, streams=False, remembers=True,

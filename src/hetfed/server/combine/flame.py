@@ -17,7 +17,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload, flat, unflat
+from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
 from hetfed.server.combine.median import coordinate_median
 
@@ -50,7 +50,7 @@ def admitted(points: np.ndarray) -> np.ndarray:
 
 def flame(old: Params, upload: Upload, params: FlameParams, rng: torch.Generator) -> Params:
     models = flat({k: upload.params[k] for k in old})  # [n, d] float64
-    reference = flat({k: v.unsqueeze(0) for k, v in old.items()})[0].to(models.device)
+    reference = flat_one(old).to(models.device)
     deltas = models - reference
     chosen = admitted((models if params.cosine_of == "models" else deltas).cpu().numpy())
     norms = torch.linalg.vector_norm(deltas, dim=1)

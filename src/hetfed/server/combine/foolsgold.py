@@ -25,7 +25,7 @@ import numpy as np
 import torch
 from pydantic import Field
 
-from hetfed.engine.types import Params, Upload, flat, unflat
+from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
 from hetfed.server.combine import CombineRule, RuleParams, register
 
 
@@ -80,7 +80,7 @@ def foolsgold(old: Params, upload: Upload, params: FoolsGoldParams, state: dict[
     w = torch.as_tensor(alpha[[place[k] for k in upload.client_ids]], dtype=torch.float64)
     moved = flat(deltas)
     step = w.to(moved.device) @ moved / max(len(upload.client_ids), 1)
-    reference = flat({k: v.unsqueeze(0) for k, v in old.items()})[0].to(step.device)
+    reference = flat_one(old).to(step.device)
     return unflat(reference + step, old, upload.params), {"history": history}
 
 
