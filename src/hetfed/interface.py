@@ -37,6 +37,7 @@ import torch
 from hetfed.config import PrivacyConfig, TrainConfig
 from hetfed.engine.evaluate import ClientEvalData, Predictor, auc, client_scores, scores, scores_of, stacked_score_sums
 from hetfed.engine.local import LocalSchedule
+from hetfed.engine.root import root_model
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -46,6 +47,7 @@ from hetfed.engine.types import (
     Upload,
     split_state,
 )
+from hetfed.errors import ConfigError
 from hetfed.models.base import Model
 
 __all__ = [
@@ -173,6 +175,8 @@ class Algorithm:
         self._seed = 0
         self._expected_clients = 1
         self._clients = 0  # the federation's size, once bound (servers that hold something per client)
+        #: the server's labelled root set (inputs, labels), once bound, where its combine rule trains on one
+        self._root: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def capabilities(self) -> Capabilities:
@@ -188,6 +192,12 @@ class Algorithm:
         self._seed = seed
         self._expected_clients = max(1, per_round)
         self._clients = int(fed.n_clients)
+        chain = self.context.pipeline
+        if chain is not None and chain.trains_root:
+            if getattr(fed, "server_y", None) is None:
+                raise ConfigError("methods.*.server.combine.rule trains on a labelled root set but this federation's "
+                                  "server holds none: expected server_data.source 'auto' or 'holdout'")
+            self._root = (torch.as_tensor(fed.server_x, dtype=torch.float32), torch.as_tensor(fed.server_y).long())
 
     def server_init(self, gen: torch.Generator) -> ServerState:
         return ServerState(params=self.model.init_shared(gen))
@@ -199,8 +209,7 @@ class Algorithm:
         return None
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
-        lr = self.train.optimizer.lr * self.train.lr_decay**round
-        return Broadcast(params=state.params, round=round, lr=lr)
+        return Broadcast(params=state.params, round=round, lr=round_lr(self.train, round))
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """FedAvg: the server pipeline (sample-weighted mean, or the configured robust / private rule, then
@@ -347,12 +356,24 @@ def server_step(algo: Algorithm, state: ServerState, upload: Upload,
         raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms "
                            "with "
                            "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
+    root = None
+    if chain.trains_root:
+        if algo._root is None:
+            raise RuntimeError("the server chain trains on a root set: bind() the federation first")
+        root = root_model(algo.model, state.params, *algo._root, LocalSchedule.from_train(algo.train),
+                          algo.train.optimizer, round_lr(algo.train, state.round), algo._seed, state.round)
     params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
-                                     seed=algo._seed, expected_clients=algo._expected_clients, scale=scale)
+                                     seed=algo._seed, expected_clients=algo._expected_clients, scale=scale, root=root)
     extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
     if chain_state:
         extra[chain.STATE] = chain_state
     return params, extra
+
+
+def round_lr(train: TrainConfig, round: int) -> float:
+    """The clients' learning rate in round ``round`` (counted from 0): ``train.optimizer.lr`` decayed by
+    ``train.lr_decay`` each round."""
+    return train.optimizer.lr * train.lr_decay**round
 
 
 def private(algo: Algorithm) -> PrivacyConfig | None:

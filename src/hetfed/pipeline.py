@@ -66,11 +66,11 @@ def build_federation(config: Config, *, progress: bool = True, status: Console |
     from hetfed.server_data import split_off
 
     ds, data = _once(_key(config, "data", DATA_SECTIONS), lambda: _load(config, progress, status))
-    clients_data, server_x = split_off(data, config)  # the server's unlabeled share is cut before partitioning
+    clients_data, server_x, server_y = split_off(data, config)  # the server's share is cut before partitioning
     with stage(status, f"partitioning ({config.partition.kind})"):
         fed = make_federation(clients_data, config.partition, config.seed)
     if server_x is not None:
-        fed = replace(fed, server_x=server_x)
+        fed = replace(fed, server_x=server_x, server_y=server_y)
     return Built(data, clients_data, fed, ds.sources)
 
 
@@ -134,11 +134,11 @@ def _key(config: Config, what: str, sections: tuple[str, ...], **resolved: Any) 
 
 
 def preparation_key(config: Config) -> str:
-    """What a preparation depends on: :data:`PREPARATION_SECTIONS` and whether the server holds data (as
-    resolved)."""
-    from hetfed.server_data import wanted
+    """What a preparation depends on: :data:`PREPARATION_SECTIONS`, whether the server holds data (as
+    resolved) and whether it keeps their labels."""
+    from hetfed.server_data import labelled, wanted
 
-    return _key(config, "preparation", PREPARATION_SECTIONS, server_holds=wanted(config))
+    return _key(config, "preparation", PREPARATION_SECTIONS, server_holds=wanted(config), labelled=labelled(config))
 
 
 def prepare(config: Config, *, progress: bool = True, status: Console | None = None) -> Prepared:

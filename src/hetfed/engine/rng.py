@@ -30,6 +30,7 @@ DATASTORE = 43  # which training samples a client keeps in its kNN-Per datastore
 LEAKAGE = 44  # which samples a membership attack queries, and an inversion's random start (hetfed.runs.leakage)
 BUCKETS = 45  # how a round's updates are shuffled into buckets before a robust rule (hetfed.server.buckets)
 COMBINE_NOISE = 46  # the noise a combine rule adds to its aggregate (FLAME's; hetfed.server.combine)
+ROOT_ROUND = 47  # the batches of the server's training on its root set in a round (FLTrust's; hetfed.engine.root)
 
 
 def derive_seed(*parts: int) -> int:

@@ -38,13 +38,14 @@ def cache_dir() -> Path:
 def federation_key(config: Config) -> str:
     """The entry of ``config``'s federation: its deciding settings and the code that builds it (the size and
     time of hetfed's data and partition modules: an upgraded or edited hetfed rebuilds)."""
-    from hetfed.server_data import wanted
+    from hetfed.server_data import labelled, wanted
 
     dumped = config.model_dump(mode="json")
     decides = {k: dumped[k] for k in FEDERATION_KEYS}
     # 'auto' is a holdout or nothing depending on the methods: key by what it resolves to, or a FedAvg run's
     # federation (no holdout) would be reused by a FedDF run of the same data (which trains without the holdout)
     decides["server_data"]["source"] = wanted(config)
+    decides["server_data"]["labelled"] = labelled(config)  # a root set's labels (FLTrust) are in the cache
     root = Path(__file__).resolve().parents[1]  # the hetfed package
     code = [[str(p.relative_to(root)), p.stat().st_size, p.stat().st_mtime_ns]
             for p in sorted([*root.glob("data/*.py"), *root.glob("partition/*.py"), root / "pipeline.py",
@@ -76,6 +77,8 @@ def save(config: Config, fed: Federation, measure: np.ndarray | None, sources) -
         arrays[f"{split}_sizes"] = np.array([len(p) for p in parts], dtype=np.int64)
     if fed.server_x is not None:
         arrays["server_x"] = np.asarray(fed.server_x)
+    if fed.server_y is not None:
+        arrays["server_y"] = np.asarray(fed.server_y)
     if measure is not None:
         arrays["measure"] = np.asarray(measure)
     if any(a.dtype == object for a in arrays.values()):
@@ -110,7 +113,8 @@ def load(config: Config) -> tuple[Federation, np.ndarray | None] | None:
             fed = Federation(x=z["x"], y=z["y"], **splits, x_global_test=z["x_global_test"],
                              y_global_test=z["y_global_test"], n_classes=int(meta["n_classes"]),
                              opted_out=z["opted_out"], input_shape=tuple(meta["input_shape"]), kind=meta["kind"],
-                             params=meta["params"], server_x=z["server_x"] if "server_x" in z.files else None)
+                             params=meta["params"], server_x=z["server_x"] if "server_x" in z.files else None,
+                             server_y=z["server_y"] if "server_y" in z.files else None)
             return fed, (z["measure"] if "measure" in z.files else None)
     except (OSError, KeyError, ValueError):
         return None

@@ -111,6 +111,8 @@ class Federation:
     params: dict = field(default_factory=dict)
     #: unlabeled inputs the server holds (``server_data``; FedDF), None when it holds none
     server_x: np.ndarray | None = None
+    #: their labels, kept only for a combine rule that trains on a labelled root set (FLTrust); None otherwise
+    server_y: np.ndarray | None = None
 
     @property
     def n_clients(self) -> int:

@@ -51,6 +51,7 @@ def check_config(config: Config, train: bool = True) -> None:
             raise ConfigError(f"server_data.source = 'none' is not allowed with methods.{i}.algorithm = "
                               f"{method.algorithm!r}: it needs unlabeled server data; expected 'auto', 'holdout' or "
                               "'dataset'")
+        _check_root(config, i, method)
         compression, plain = config.method_server(method).compression, ServerConfig().compression
         if not caps.server_model and compression != plain:
             raise ConfigError(f"server.compression = {compression.shown()} is not allowed with methods.{i}.algorithm "
@@ -58,6 +59,17 @@ def check_config(config: Config, train: bool = True) -> None:
                               f"{plain.shown()} for this method (methods.{i}.server.compression)")
         if train:
             _check_model(config, i, method, caps)
+
+
+def _check_root(config: Config, i: int, method: MethodConfig) -> None:
+    """A combine rule that trains on a labelled root set (FLTrust) needs the server's holdout, whose labels it keeps."""
+    from hetfed.server_data import wanted
+
+    rule = config.method_server(method).combine.rule
+    if registry_of("combine").get(rule).root and wanted(config) != "holdout":
+        raise ConfigError(f"server_data.source = {config.server_data.source!r} is not allowed with methods.{i}.server."
+                          f"combine.rule = {rule!r}: it trains on a labelled root set held out of the training pool; "
+                          "expected 'auto' or 'holdout'")
 
 
 def _check_model(config: Config, i: int, method: MethodConfig, caps: Any) -> None:
@@ -94,7 +106,9 @@ def _check_nodes_dataset(config: Config) -> None:
         raise ConfigError(f"embed.kind = {config.embed.kind!r} is not allowed with dataset.name = {name!r}: nodes "
                           "read feature tables; expected 'identity'")
     algorithms = registry_of("algorithm")
-    if config.server_data.source in ("holdout", "dataset") or any(
+    from hetfed.server_data import labelled
+
+    if config.server_data.source in ("holdout", "dataset") or labelled(config) or any(
             algorithms.get(m.algorithm).capabilities.server_data for m in config.methods):
         raise ConfigError(f"server_data is not available with dataset.name = {name!r} (the server holds no data): "
                           "expected methods that need no server data and server_data.source 'auto' or 'none'")

@@ -45,6 +45,7 @@ class Round:
     seed: int = 0  # the run seed (DP's noise stream)
     expected_clients: int = 1  # DP's fixed denominator m
     scale: float = 1.0  # the pseudo-gradient's multiplier before the optimiser (FedNova's τ_eff)
+    root: Params | None = None  # the server's model trained on its root set (a rule that reads it: FLTrust)
 
 
 #: a step's state between rounds (plain data, checkpointed)
@@ -85,7 +86,9 @@ class Combine(Stateless):
         upload = r.upload
         if self.bucket > 1 and len(upload.client_ids):
             upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
-        drawn = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
+        drawn: dict[str, Any] = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
+        if self.rule.root:
+            drawn["root"] = r.root
         if self.rule.remembers:
             value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state,
                                                                         **drawn))
@@ -225,6 +228,11 @@ class Chain:
         norm against the model it was sent); off under DP, as for rounds."""
         return Screen({}, self.norm_factor(), reference_clients=self.screen.reference_clients)
 
+    @property
+    def trains_root(self) -> bool:
+        """Whether a step reads the server's model trained on its labelled root set (FLTrust's combine rule)."""
+        return any(isinstance(s, Combine) and s.rule.root for s in self.steps)
+
     def state_of(self, extra: dict[str, Any]) -> dict[str, State]:
         """The chain's state kept in a server state's ``extra`` ({} before round 1)."""
         if self.STATE in extra:
@@ -232,10 +240,12 @@ class Chain:
         return {"optimizer": extra[self.LEGACY_STATE]} if extra.get(self.LEGACY_STATE) else {}
 
     def step(self, params: Params, upload: Upload, state: dict[str, State], *, round: int = 0, seed: int = 0,
-             expected_clients: int = 1, scale: float = 1.0) -> tuple[Params, dict[str, State]]:
+             expected_clients: int = 1, scale: float = 1.0, root: Params | None = None
+             ) -> tuple[Params, dict[str, State]]:
         """The new global model from a round's screened updates, and the chain's new state (the states of the
-        steps that keep one, by step name)."""
-        r = Round(params, upload, None, round, seed, expected_clients, scale)
+        steps that keep one, by step name); ``root``: the server's model trained on its root set, where a step
+        reads it (:attr:`trains_root`)."""
+        r = Round(params, upload, None, round, seed, expected_clients, scale, root)
         new_state: dict[str, State] = {}
         for s in self.steps:
             r, st = s.update(r, state.get(s.name, {}))

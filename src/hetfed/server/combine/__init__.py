@@ -35,7 +35,9 @@ class CombineRule:
     state)`` → (parameters, state), the state plain data the server's checkpoints keep ({} before its first round); a
     rule that ``draws`` is given a generator of its own (``rng=``, a CPU ``torch.Generator`` from the run seed and the
     round: the same draws on every device and executor); a rule that ``reads_clients`` tells clients apart by their
-    ids (FoolsGold's histories), which bucketing would replace by buckets'."""
+    ids (FoolsGold's histories), which bucketing would replace by buckets'; a rule that trains on a ``root`` set is
+    given the server's own model trained from the round's reference on its labelled root set (``root=``, shared
+    parameters: FLTrust's server update; the server then keeps its holdout's labels)."""
 
     name: str
     combine: Callable[..., Params | tuple[Params, dict[str, Any]]]
@@ -46,13 +48,15 @@ class CombineRule:
     remembers: bool = False
     draws: bool = False
     reads_clients: bool = False
+    root: bool = False
 
 
 def _described(rule: CombineRule) -> dict[str, Any]:
     from hetfed.registry import describe_params
 
     return {"summary": rule.summary, "paper": rule.paper, "streams": rule.streams, "remembers": rule.remembers,
-            "draws": rule.draws, "reads_clients": rule.reads_clients, "params": describe_params(rule.Params)}
+            "draws": rule.draws, "reads_clients": rule.reads_clients, "root": rule.root,
+            "params": describe_params(rule.Params)}
 
 
 RULES: Registry[CombineRule] = Registry("combine", __name__, "server.combine.rule", describe=_described,
