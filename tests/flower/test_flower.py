@@ -173,6 +173,8 @@ COHORT_METHODS = {
          "train": {"optimizer": {"reset_each_round": False}}},
         {"name": "fedmoe", "algorithm": "fedmoe", "params": {"max_epochs": 2, "patience": 1}},
         {"name": "median", "algorithm": "fedavg", "server": {"combine": {"rule": "median"}}},  # held per client
+        # the server's own update on its labelled root set (a holdout no node holds)
+        {"name": "fltrust", "algorithm": "fedavg", "server": {"combine": {"rule": "fltrust"}}},
     ]}
 
 

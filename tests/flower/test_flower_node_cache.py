@@ -18,9 +18,10 @@ def _same(a, b) -> None:
     for split in ("train", "val", "test"):
         assert all(np.array_equal(p, q) for p, q in zip(getattr(a, split), getattr(b, split), strict=True))
     assert np.array_equal(a.opted_out, b.opted_out) and np.array_equal(a.y_global_test, b.y_global_test)
-    assert (a.server_x is None) == (b.server_x is None)
-    if a.server_x is not None:
-        assert np.array_equal(a.server_x, b.server_x)
+    for held in ("server_x", "server_y"):
+        assert (getattr(a, held) is None) == (getattr(b, held) is None)
+        if getattr(a, held) is not None:
+            assert np.array_equal(getattr(a, held), getattr(b, held))
 
 
 def test_the_cached_federation_is_the_built_one_and_a_changed_file_rebuilds_it(tmp_path):
@@ -32,13 +33,14 @@ def test_the_cached_federation_is_the_built_one_and_a_changed_file_rebuilds_it(t
     np.savez(path, x=rng.normal(size=(200, 5)).astype(np.float32), y=rng.integers(0, 3, 200))
     cfg = build_config({"dataset": {"name": "arrays", "path": str(path)},
                         "partition": {"kind": "dirichlet", "clients": 5, "opt_out": 0.2},
-                        "methods": [{"algorithm": "feddf"}]})  # a server holdout too
+                        "methods": [{"algorithm": "feddf"},  # a server holdout too, labelled for FLTrust's root set
+                                    {"algorithm": "fedavg", "server": {"combine": {"rule": "fltrust"}}}]})
     assert node_cache.load(cfg) is None
     built = build_federation(cfg, progress=False)
     node_cache.save(cfg, built.federation, None, built.sources)
     fed, measure = node_cache.load(cfg)
     _same(fed, built.federation)
-    assert measure is None and fed.server_x is not None
+    assert measure is None and fed.server_x is not None and fed.server_y is not None
     other = build_config({**cfg.model_dump(mode="json"), "seed": 1})
     assert node_cache.load(other) is None  # another seed is another federation
     np.savez(path, x=rng.normal(size=(200, 5)).astype(np.float32), y=rng.integers(0, 3, 200))

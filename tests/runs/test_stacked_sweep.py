@@ -464,3 +464,19 @@ def test_a_stacked_sweep_under_attack_gives_the_runs_of_the_sweep_run_one_by_one
     _equal(stacked, alone)
     assert max(served) == 8  # the four attacks' and two seeds' runs of a method in one stack
     assert not wrong
+
+
+def test_a_stacked_sweep_under_fltrust_gives_the_runs_of_the_sweep_run_one_by_one(tmp_path):
+    """FLTrust's server trains on its own root set in each run's server step: each run's numbers as alone, beside
+    runs whose server holds no data (their federations without the holdout)."""
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3",
+            "--set", "partition.clients=6", "--set", "attack={kind: sign_flip, fraction: 0.34}",
+            "--set", "server_data.max_samples=60", "--grid", "server.combine.rule=mean,fltrust",
+            "--set", "methods=[{name: fedavg, algorithm: fedavg}]", "--seeds", "2", "--quiet"]
+    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
+    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    grid = ("server.combine.rule",)
+    alone, stacked = _runs(tmp_path / "one_by_one", grid), _runs(tmp_path / "stacked", grid)
+    _equal(stacked, alone)
+    finals = {k[0]: v for k, v in alone.items() if k[-1] == "final.global_accuracy"}
+    assert finals and len(set(finals.values())) > 1  # the rules differ

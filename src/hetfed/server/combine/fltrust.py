@@ -28,7 +28,7 @@ def trust_weighted(updates: torch.Tensor, server: torch.Tensor) -> torch.Tensor:
     if not g0 > 0:
         return torch.zeros_like(server)
     safe = torch.where(norms > 0, norms, torch.ones_like(norms))
-    trust = ((updates @ server) / (safe * g0)).clamp(min=0) * (norms > 0)
+    trust = ((updates @ server) / (safe * g0)).clamp(min=0)  # an update of norm 0: 0 / 1
     total = trust.sum()
     if not total > 0:
         return torch.zeros_like(server)
