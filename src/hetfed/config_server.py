@@ -11,9 +11,10 @@ from hetfed.registry import registry_of
 
 
 class ServerDataConfig(Strict):
-    """Unlabeled data the server holds (FedDF distils on it). Labels are never used.
+    """Data the server holds: FedDF distils on it, unlabeled; FLTrust's combine rule trains on it as a labelled root
+    set (the only reader of its labels, kept for it alone).
 
-    ``auto``: a ``holdout`` when a method needs server data, else none. ``holdout``:
+    ``auto``: a ``holdout`` when a method needs server data or its combine rule a root set, else none. ``holdout``:
     a random ``fraction`` of the training pool is taken out *before* partitioning
     (every method of the run then trains on the same smaller pool). ``dataset``:
     the training images of another dataset (``name``), e.g. Fashion-MNIST for an
