@@ -88,6 +88,11 @@ class Capabilities:
     per_client: its server keeps something for each client (a model, a head, a hypernetwork's output) and sends each
         client only its own row (:attr:`hetfed.engine.types.Broadcast.personal`): server memory grows with the
         federation (docs/scale.md), and a saved run's client predictions need that server state.
+    whole_model: its server chain combines the method's model itself, every shared parameter of one model under
+        the model's names (IFCA's and CFL's: one cluster's at a time). False: part of one, the rest staying on the
+        clients (a body without its head, LG-FedAvg's head, Floco's simplex), or several under names of their own
+        (FedEM's components) — a combine rule that trains the server's model on data of its own (FLTrust's root
+        set) cannot, and is refused.
     buffers: what happens to a model's buffers (batch norm's running statistics) of its shared part: ``aggregated``
         (uploaded and combined with the parameters, FedAvg), ``local`` (each client keeps its own, FedBN), or
         ``reset`` (they start afresh each round). Tested against each method's real upload with a batch-norm CNN.
@@ -113,6 +118,7 @@ class Capabilities:
     stacks_runs: bool = False
     asynchronous: bool = False
     per_client: bool = False
+    whole_model: bool = True
     buffers: str = "aggregated"
     plain_steps: bool = False
 
@@ -192,11 +198,16 @@ class Algorithm:
         self._seed = seed
         self._expected_clients = max(1, per_round)
         self._clients = int(fed.n_clients)
-        chain = self.context.pipeline
-        if chain is not None and chain.trains_root:
+        rule = self.context.pipeline.root_rule if self.context.pipeline is not None else None
+        if rule is not None:
+            where = f"methods.*.server.combine.rule = {rule!r}"
+            if not self.capabilities.whole_model:
+                raise ConfigError(f"{where} is not allowed with methods.*.algorithm = {self.spec.name!r}: its server "
+                                  "holds part of the model or several, which a root set cannot train; expected a "
+                                  "method whose server holds the whole model")
             if getattr(fed, "server_y", None) is None:
-                raise ConfigError("methods.*.server.combine.rule trains on a labelled root set but this federation's "
-                                  "server holds none: expected server_data.source 'auto' or 'holdout'")
+                raise ConfigError(f"{where} trains on a labelled root set but this federation's server holds none: "
+                                  "expected server_data.source 'auto' or 'holdout'")
             self._root = (torch.as_tensor(fed.server_x, dtype=torch.float32), torch.as_tensor(fed.server_y).long())
 
     def server_init(self, gen: torch.Generator) -> ServerState:
@@ -357,7 +368,7 @@ def server_step(algo: Algorithm, state: ServerState, upload: Upload,
                            "with "
                            "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
     root = None
-    if chain.trains_root:
+    if chain.root_rule is not None:
         if algo._root is None:
             raise RuntimeError("the server chain trains on a root set: bind() the federation first")
         root = root_model(algo.model, state.params, *algo._root, LocalSchedule.from_train(algo.train),

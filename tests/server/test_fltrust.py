@@ -14,12 +14,14 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hetfed.cli import main
-from hetfed.config import AttackConfig, build_config
+from hetfed.config import AttackConfig, ModelConfig, ServerConfig, build_config
 from hetfed.engine.local import LocalSchedule
 from hetfed.engine.root import root_model
 from hetfed.engine.types import Upload
+from hetfed.errors import ConfigError
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
+from hetfed.models import build_model
 from hetfed.pipeline import build_federation
 from hetfed.server.combine import parse
 from tests.server.test_robust import _algo, _fed
@@ -177,3 +179,39 @@ def test_fltrust_without_a_holdout_is_refused_in_one_line(tmp_path, capsys, sour
     assert f"server_data.source = {source!r}" in err and "methods.0.server.combine.rule = 'fltrust'" in err
     assert "expected 'auto' or 'holdout'" in err and not out.exists()
 
+
+
+def _mlp_algorithms() -> list[str]:
+    from hetfed.algorithms import registry
+
+    return [n for n in registry.names() if registry.get(n).capabilities.server_model
+            and (registry.get(n).capabilities.model_kinds is None or "mlp" in registry.get(n).capabilities.model_kinds)]
+
+
+@pytest.mark.parametrize("name", _mlp_algorithms())
+def test_fltrust_trains_the_servers_model_of_every_method_that_holds_one_whole_and_refuses_the_others(name):
+    """``Capabilities.whole_model`` is what decides: a method with it trains its server's model on the root set
+    (every shared parameter of the model, under its names), one without it is refused at bind."""
+    import hetfed.interface as interface
+    from hetfed.algorithms import build_algorithm, registry
+
+    fed = _with_root(_fed())
+    _, cfg = _algo(fed, rounds=1)
+    mlp = ModelConfig(kind="mlp", hidden=[8])
+    algo = build_algorithm(name, build_model(mlp, fed.input_shape, fed.n_classes), cfg,
+                           server=ServerConfig(combine={"rule": "fltrust"}), in_features=int(np.prod(fed.input_shape)),
+                           build=lambda n: build_model(mlp, fed.input_shape, n))
+    if not registry.get(name).capabilities.whole_model:
+        with pytest.raises(ConfigError, match="holds part of the model or several"):
+            simulate(algo, fed, cfg, seed=0, executor=VectorisedExecutor())
+        return
+    trained = []
+    original = interface.root_model
+    try:
+        interface.root_model = lambda model, reference, *a: trained.append(set(reference)) or original(
+            model, reference, *a)
+        simulate(algo, fed, cfg, seed=0, executor=VectorisedExecutor())
+    finally:
+        interface.root_model = original
+    shared = {s.name for s in algo.model.specs() if not s.local}
+    assert trained and all(names == shared for names in trained), name

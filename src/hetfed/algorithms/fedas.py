@@ -153,7 +153,7 @@ register(AlgorithmSpec(
                     "training, and the server averages bodies weighted by the clients' Fisher information",
     "Yang et al. 2024, FedAS: Bridging Inconsistency in Personalized Federated Learning", FedASParams,
     Capabilities(uploads="shared parameters of the body, sample count, training loss, the trace of its Fisher "
-                         "information", personalises=True, stacks_runs=True),
+                         "information", personalises=True, stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="FedAS",

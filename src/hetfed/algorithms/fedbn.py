@@ -43,7 +43,7 @@ register(AlgorithmSpec(
                               buffers="local",
                               private=True, personalises=True, model_kinds=("cnn4",), stacks_runs=True,
                               model_reason="it keeps batch-norm layers local: use model.kind cnn4 with "
-                                           "model.batch_norm: true"),
+                                           "model.batch_norm: true", whole_model=False),
     model={"kind": "cnn4", "batch_norm": True},
     privacy=(
         PrivacyRow(

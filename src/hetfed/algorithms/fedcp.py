@@ -188,7 +188,8 @@ register(AlgorithmSpec(
     "Zhang et al. 2023, FedCP: Separating Feature Information for Personalized Federated Learning via "
     "Conditional Policy", FedCPParams,
     Capabilities(uploads="shared parameters of the body, the conditional selection module and a global head "
-                         "(half its own head), sample count, training loss", personalises=True, stacks_runs=True),
+                         "(half its own head), sample count, training loss", personalises=True, stacks_runs=True,
+                 whole_model=False),
     privacy=(
         PrivacyRow(
             method="FedCP",

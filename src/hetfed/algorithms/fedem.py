@@ -162,7 +162,7 @@ register(AlgorithmSpec(
                     "mixture",
     "Marfoq et al. 2021, Federated Multi-Task Learning under a Mixture of Distributions", FedEMParams,
     Capabilities(uploads="every component's shared parameters, sample count, training loss", personalises=True,
-                 stacks_runs=True),
+                 stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="FedEM",

@@ -235,7 +235,7 @@ register(AlgorithmSpec(
     FedPACParams,
     Capabilities(uploads="shared parameters of the body, its head, class centroids and counts, feature "
                          "statistics, sample count, training loss", whole_round=True, personalises=True,
-                         per_client=True, stacks_runs=True),
+                         per_client=True, stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="FedPAC",

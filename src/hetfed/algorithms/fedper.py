@@ -26,7 +26,8 @@ register(AlgorithmSpec(
     "fedper", FedPer, "shared base, personal head: clients train both, upload the base only",
     "Arivazhagan et al. 2019, Federated Learning with Personalization Layers",
     capabilities=Capabilities(uploads="shared parameters of the base (every layer but the head), sample count, "
-                                      "training loss", private=True, personalises=True, stacks_runs=True),
+                                      "training loss", private=True, personalises=True, stacks_runs=True,
+                              whole_model=False),
     privacy=(
         PrivacyRow(
             method="FedPer",

@@ -64,7 +64,7 @@ register(AlgorithmSpec(
     "fedrep", FedRep, "shared body, personal head: each round the head is fitted first (body frozen), then the body",
     "Collins et al. 2021, Exploiting Shared Representations for Personalized Federated Learning", FedRepParams,
     Capabilities(uploads="shared parameters of the body (every layer but the head), sample count, training loss",
-                 private=True, personalises=True, stacks_runs=True),
+                 private=True, personalises=True, stacks_runs=True, whole_model=False),
     quick={"head_epochs": 1.0},
     privacy=(
         PrivacyRow(

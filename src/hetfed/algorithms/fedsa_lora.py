@@ -28,7 +28,7 @@ register(AlgorithmSpec(
                               stacks_runs=True,
                               personalises=True, model_kinds=("lora_encoder",),
                               model_reason="it shares LoRA adapters' A matrices: use model.kind lora_encoder with "
-                                           "embed.kind wordpiece"),
+                                           "embed.kind wordpiece", whole_model=False),
     model={"kind": "lora_encoder"},
     privacy=(
         PrivacyRow(

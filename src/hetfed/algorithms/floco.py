@@ -243,7 +243,7 @@ register(AlgorithmSpec(
     "floco", Floco, "FedAvg of a model whose classifier is a simplex of endpoints; the server places each client "
                     "in a subregion of the simplex by its gradient signal, where it trains and predicts",
     "Grinwald, Wiesner, Nakajima 2024, Federated Learning over Connected Modes", FlocoParams,
-    Capabilities(whole_round=True, personalises=True, per_client=True, stacks_runs=True),
+    Capabilities(whole_round=True, personalises=True, per_client=True, stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="Floco",

@@ -178,7 +178,7 @@ register(AlgorithmSpec(
     "Zhang et al. 2023, GPFL: Simultaneously Learning Global and Personalized Feature Information for "
     "Personalized Federated Learning", GPFLParams,
     Capabilities(uploads="shared parameters of the body, the category embeddings and the conditional valve, "
-                         "sample count, training loss", personalises=True, stacks_runs=True),
+                         "sample count, training loss", personalises=True, stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="GPFL",

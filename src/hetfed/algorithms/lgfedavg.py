@@ -29,7 +29,7 @@ register(AlgorithmSpec(
     "Liang et al. 2020, Think Locally, Act Globally: Federated Learning with Local and Global Representations",
     capabilities=Capabilities(uploads="the head's parameters (the last layer), sample count, training loss",
                               buffers="local",
-                              private=True, personalises=True, stacks_runs=True),
+                              private=True, personalises=True, stacks_runs=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="LG-FedAvg",

@@ -300,7 +300,7 @@ register(AlgorithmSpec(
     "McLaughlin, Wang, Zhou 2024, Personalized Federated Learning via Feature Distribution Adaptation",
     PFedFDAParams,
     Capabilities(uploads="shared body parameters, sample count, training loss, its adaptive class means and "
-                         "feature covariance", whole_round=True, personalises=True),
+                         "feature covariance", whole_round=True, personalises=True, whole_model=False),
     privacy=(
         PrivacyRow(
             method="pFedFDA",

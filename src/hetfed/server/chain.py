@@ -229,9 +229,9 @@ class Chain:
         return Screen({}, self.norm_factor(), reference_clients=self.screen.reference_clients)
 
     @property
-    def trains_root(self) -> bool:
-        """Whether a step reads the server's model trained on its labelled root set (FLTrust's combine rule)."""
-        return any(isinstance(s, Combine) and s.rule.root for s in self.steps)
+    def root_rule(self) -> str | None:
+        """The combine rule that reads the server's model trained on its labelled root set (FLTrust's), or None."""
+        return next((s.rule.name for s in self.steps if isinstance(s, Combine) and s.rule.root), None)
 
     def state_of(self, extra: dict[str, Any]) -> dict[str, State]:
         """The chain's state kept in a server state's ``extra`` ({} before round 1)."""
@@ -244,7 +244,7 @@ class Chain:
              ) -> tuple[Params, dict[str, State]]:
         """The new global model from a round's screened updates, and the chain's new state (the states of the
         steps that keep one, by step name); ``root``: the server's model trained on its root set, where a step
-        reads it (:attr:`trains_root`)."""
+        reads it (:attr:`root_rule`)."""
         r = Round(params, upload, None, round, seed, expected_clients, scale, root)
         new_state: dict[str, State] = {}
         for s in self.steps:
