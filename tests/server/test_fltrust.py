@@ -215,3 +215,13 @@ def test_fltrust_trains_the_servers_model_of_every_method_that_holds_one_whole_a
         interface.root_model = original
     shared = {s.name for s in algo.model.specs() if not s.local}
     assert trained and all(names == shared for names in trained), name
+
+
+def test_fltrust_with_a_method_whose_server_holds_part_of_the_model_is_refused_in_one_line(tmp_path, capsys):
+    out = tmp_path / "r"
+    code = main(["run", "--quiet", "--set", "methods=[{name: a, algorithm: fedavg}, "
+                 "{name: p, algorithm: fedper, server: {combine: {rule: fltrust}}}]", "--out", str(out)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "methods.1.server.combine.rule = 'fltrust' is not allowed with methods.1.algorithm = 'fedper'" in err
+    assert not out.exists()
