@@ -69,7 +69,7 @@ def _attack_of(run_dir: Path) -> tuple[str, float]:
     return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 
-def attack_table(sweep: Path, metric: str = "global_accuracy") -> str:
+def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "final") -> str:
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     methods: list[str] = []
@@ -79,7 +79,7 @@ def attack_table(sweep: Path, metric: str = "global_accuracy") -> str:
         for method, m in summary["methods"].items():
             name = method + (f" ({others})" if others else "")  # one column a method and point of the other keys
             methods += [name] if name not in methods else []
-            acc = m["final"].get(metric)
+            acc = m[when].get(metric)
             if acc is None and metric == "global_accuracy":
                 acc = 0.1  # NaN model: argmax 0 on a balanced test set
             cells[key][name].append(acc)
@@ -92,7 +92,8 @@ def attack_table(sweep: Path, metric: str = "global_accuracy") -> str:
                  for m in methods]
         lines.append(f"| {kind} | {'-' if kind == 'none' else f'{frac:.0%}'} | " + " | ".join(shown) + " |")
     return (
-        "\n".join(lines) + f"\n\nfinal {metric}, mean ± 95% CI over seeds (Student t); (k✗): runs that diverged\n"
+        "\n".join(lines) + f"\n\n{'final' if when == 'final' else 'best-by-validation'} {metric}, mean ± 95% CI over "
+        "seeds (Student t); (k✗): runs that diverged\n"
     )
 
 
@@ -561,6 +562,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
     p.add_argument("--metric", default="global_accuracy", help="the final round's metric shown (backdoor_accuracy: "
                    "a backdoor's success rate)")
+    p.add_argument("--best", action="store_true", help="the round chosen by validation loss, not the last")
     sub.add_parser("pfllib").add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
     p = sub.add_parser("paired")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
@@ -621,7 +623,7 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "paired":
         print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        print(attack_table(args.sweep, args.metric) if args.kind == "attack" else
+        print(attack_table(args.sweep, args.metric, "best" if args.best else "final") if args.kind == "attack" else
               {"dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
     return 0
 
