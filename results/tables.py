@@ -61,11 +61,15 @@ def _cell(values: list[float]) -> str:
 
 
 def _attack_of(run_dir: Path) -> tuple[str, float]:
-    """A run's attack (its own keys beside the kind) and malicious share, from its resolved config.yaml."""
+    """A run's attack (its own keys beside the kind, where they differ from the kind's defaults) and malicious
+    share, from its resolved config.yaml."""
+    from hetfed.config import AttackConfig
+
     section = dict(_configured(run_dir, "attack"))
     kind = section.pop("kind")
+    default = AttackConfig.model_validate({"kind": kind}).model_dump(mode="json")
     own = ", ".join(f"{k} {v:g}" if isinstance(v, float) else f"{k} {v}" for k, v in section.items()
-                    if k != "fraction" and v is not None)
+                    if k != "fraction" and v is not None and v != default.get(k))
     return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 

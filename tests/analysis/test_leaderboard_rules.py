@@ -137,21 +137,25 @@ def test_a_sweep_stopped_by_its_time_budget_is_read_up_to_each_runs_last_evaluat
 
 
 def test_the_attack_table_shows_the_metric_asked_for_a_column_per_method_and_other_swept_point(tmp_path):
-    """``results/tables.py attack --metric``: each attack's final values of the metric, one column per method and
-    point of the other swept keys (a privacy grid beside the attack's)."""
+    """``results/tables.py attack --metric``: each attack's final values of the metric (or ``--best``: the round chosen
+    by validation), one column per method and point of the other swept keys (a privacy grid beside the attack's); an
+    attack named by its keys that differ from its kind's defaults."""
     runs = []
     for i, (attack, clip, acc, backdoor) in enumerate([({"kind": "backdoor", "fraction": 0.1}, 0.5, 0.9, 0.2),
                                                        ({"kind": "backdoor", "fraction": 0.1}, 0.5, 0.8, 0.4),
                                                        ({"kind": "backdoor", "fraction": 0.1}, 1.0, 0.95, 0.7)]):
         run = tmp_path / f"run{i}"
         run.mkdir()
-        (run / "config.yaml").write_text(json.dumps({"attack": {**attack, "target": 0}}))
+        (run / "config.yaml").write_text(json.dumps({"attack": {**attack, "target": 3, "size": 3, "start_round": 1}}))
         final = {"global_accuracy": acc, "backdoor_accuracy": backdoor}
-        (run / "summary.json").write_text(json.dumps({"methods": {"mean": {"final": final}}}))
+        best = {"global_accuracy": acc - 0.1}
+        (run / "summary.json").write_text(json.dumps({"methods": {"mean": {"final": final, "best": best}}}))
         runs.append({"point": {"attack": attack, "privacy": {"clip": clip}}, "run_dir": str(run)})
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
     table = _tables().attack_table(tmp_path, "backdoor_accuracy")
     assert "| mean (privacy={'clip': 0.5}) | mean (privacy={'clip': 1.0}) |" in table
-    assert "| backdoor (target 0) | 10% | 0.300 ± " in table and "| 0.700 (1 seed) |" in table
+    assert "| backdoor (target 3) | 10% | 0.300 ± " in table and "| 0.700 (1 seed) |" in table
     assert "final backdoor_accuracy" in table
     assert "| 0.850 ± " in _tables().attack_table(tmp_path)  # the global accuracy by default
+    best = _tables().attack_table(tmp_path, when="best")
+    assert "| 0.750 ± " in best and "best-by-validation global_accuracy" in best
