@@ -108,7 +108,7 @@ class Adversary:
 
     def receiving(self, round_uploads: RoundUploads, bc: Broadcast) -> RoundUploads | Colluding:
         """Where a round's uploads go: as they are, or through the colluding clients first (a colluding attack)."""
-        return Colluding(round_uploads, self, bc.params) if self.attack.collude is not None else round_uploads
+        return Colluding(round_uploads, self, bc.params, bc.round) if self.attack.collude is not None else round_uploads
 
     def samples(self, client: int = -1) -> Samples:
         """What a data-poisoning attack reads of the pool (its own generator: ``client``'s, from the run seed; its
@@ -168,11 +168,12 @@ class Colluding:
     """A round's uploads as an omniscient colluding attack meets them, before the server's screen: the honest clients'
     rows go on to the round at once (their updates' running mean and spread kept, so the round still streams), the
     malicious clients' rows wait; when the round ends they carry the update the attack crafts from the honest ones
-    (the same for each), and go on too. With no honest update in the round the crafted update is made from zeros.
+    (the same for each, or each its own), and go on too. With no honest update in the round the crafted update is
+    made from zeros.
     An attack that reads every honest update (``reads_rows``) has them held too, as a robust rule holds a round."""
 
-    def __init__(self, round_uploads: RoundUploads, adversary: Adversary, reference: Params) -> None:
-        self.inner, self.adversary, self.reference = round_uploads, adversary, reference
+    def __init__(self, round_uploads: RoundUploads, adversary: Adversary, reference: Params, rnd: int = 0) -> None:
+        self.inner, self.adversary, self.reference, self.round = round_uploads, adversary, reference, rnd
         self.held: list[Upload] = []
         self.count = 0
         self.mean: dict[str, torch.Tensor] = {}  # float64, per shared parameter
@@ -210,14 +211,22 @@ class Colluding:
             self.m2[name] = self.m2[name] + m2_b + shift.square() * (self.count * b / total)
         self.count = total
 
-    def honest(self, n: int, m: int, device: torch.device) -> Honest:
-        """What the attack knows of the round's honest updates (zeros where there were none)."""
+    def honest(self, n: int, malicious: Sequence[int], device: torch.device) -> Honest:
+        """What the attack knows of the round's honest updates (zeros where there were none), and the ``malicious``
+        clients' own uniform draws (on the CPU: the same numbers on every device)."""
         zeros = {k: torch.zeros(ref.shape, dtype=torch.float64, device=device) for k, ref in self.reference.items()}
         mean = {k: self.mean.get(k, zeros[k]) for k in zeros}
         std = {k: (self.m2[k] / (self.count - 1)).sqrt() if self.count > 1 else zeros[k] for k in zeros}
         rows = None if self.rows is None else \
             {k: torch.cat(v) if v else zeros[k].unsqueeze(0) for k, v in self.rows.items()}
-        return Honest(mean, std, rows, n, m)
+        seed, rnd = self.adversary.seed, self.round
+
+        def uniform(name: str) -> torch.Tensor:
+            shape = tuple(self.reference[name].shape)
+            return torch.stack([torch.rand(shape, generator=torch_gen(seed, ATTACKERS, rnd, k, _name_seed(name), 1),
+                                           dtype=torch.float64) for k in malicious]).to(device)
+
+        return Honest(mean, std, rows, n, len(malicious), uniform)
 
     def result(self, reduce: bool = False) -> Upload:
         collude = self.adversary.attack.collude
@@ -225,7 +234,7 @@ class Colluding:
             held = concat_uploads(self.held)
             params = dict(held.params)
             device = next(iter(params.values())).device
-            crafted = collude(self.honest(self.count + len(held.client_ids), len(held.client_ids), device),
+            crafted = collude(self.honest(self.count + len(held.client_ids), held.client_ids, device),
                               self.adversary.cfg.params)
             for name, ref in self.reference.items():
                 theta = params[name]

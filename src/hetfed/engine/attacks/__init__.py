@@ -7,8 +7,9 @@ parameter, from the run seed) — and data poisoning changes the samples it trai
 flipped, or a trigger stamped on some of its samples and their labels set to a target — a backdoor, whose success
 is measured on the global test set stamped the same way, ``backdoor_test``). A
 *colluding* attack (``collude``) is omniscient, as in the papers that break robust rules with it (Baruch et al. 2019,
-Xie et al. 2020, Shejwalkar and Houmansadr 2021): its malicious clients see the round's honest updates and all send
-one crafted update made from them (:class:`Honest`; :class:`hetfed.engine.faults.Colluding`). ``none`` does none of
+Xie et al. 2020, Shejwalkar and Houmansadr 2021, Fang et al. 2020): its malicious clients see the round's honest
+updates and send an update crafted from them — the same for all, or each its own (:class:`Honest`;
+:class:`hetfed.engine.faults.Colluding`). ``none`` does none of
 these. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
 """
 
@@ -29,13 +30,16 @@ class Honest:
     """What a colluding attack knows of a round's honest updates Δ = θ_k − θ_global, per shared parameter (float64):
     their coordinate-wise ``mean`` and standard deviation ``std`` (n − 1 in the denominator; 0 for fewer than two),
     every update stacked (``rows``, ``[honest, …]``: held only for an attack that ``reads_rows``, else None); ``n``
-    clients in the round, ``m`` of them malicious."""
+    clients in the round, ``m`` of them malicious; ``uniform(name)``: U[0, 1) draws of the parameter's shape for each
+    malicious client, ``[m, …]`` in their order (each client's own stream from the run seed, the round and the
+    parameter: an attack that sends each malicious client an update of its own)."""
 
     mean: dict[str, torch.Tensor]
     std: dict[str, torch.Tensor]
     rows: dict[str, torch.Tensor] | None
     n: int
     m: int
+    uniform: Callable[[str], torch.Tensor] | None = None
 
 
 @dataclass(frozen=True)
@@ -65,7 +69,7 @@ class ClientAttack:
     ``check(params, input_shape, n_classes, features)`` (a one-line refusal of a setting the data cannot take, before
     anything runs; None: fine), and ``collude(honest, params)``: the update Δ (per shared parameter) every malicious
     client of a round sends in place of its own, made from the round's :class:`Honest` updates (``reads_rows``: from
-    each of them, not only their mean and spread)."""
+    each of them, not only their mean and spread) — one for all, or ``[m, …]``: each malicious client's own."""
 
     name: str
     summary: str
