@@ -32,7 +32,8 @@ def trust_weighted(updates: torch.Tensor, server: torch.Tensor) -> torch.Tensor:
     total = trust.sum()
     if not total > 0:
         return torch.zeros_like(server)
-    return (trust * g0 / safe) @ updates / total
+    step: torch.Tensor = (trust * g0 / safe) @ updates / total
+    return step
 
 
 def fltrust(old: Params, upload: Upload, params: RuleParams, root: Params) -> Params:
