@@ -87,6 +87,7 @@ def test_the_servers_update_is_gradient_descent_on_its_root_set():
     x = torch.as_tensor(rng.normal(size=(40, *fed.input_shape)), dtype=torch.float32)
     y = torch.as_tensor(rng.integers(0, fed.n_classes, 40))
     reference = algo.server_init(torch.Generator().manual_seed(0)).params
+    kept = {k: v.clone() for k, v in reference.items()}
     got = root_model(algo.model, reference, x, y, LocalSchedule.from_train(cfg), cfg.optimizer, 0.3, seed=7, rnd=2)
     mine = {k: v.clone().requires_grad_(True) for k, v in reference.items()}
     for _ in range(3):
@@ -95,21 +96,8 @@ def test_the_servers_update_is_gradient_descent_on_its_root_set():
         mine = {k: (v - 0.3 * g).detach().requires_grad_(True) for (k, v), g in zip(mine.items(), grads, strict=True)}
     for k in reference:
         torch.testing.assert_close(got[k], mine[k].detach(), rtol=1e-5, atol=1e-6)
-        assert not torch.equal(got[k], reference[k])  # it trained, and the reference was left as it was
-    assert torch.equal(reference[next(iter(reference))], algo.server_init(torch.Generator().manual_seed(0)).params[
-        next(iter(reference))])
-
-
-def test_the_server_trains_each_round_at_the_rate_its_clients_were_sent(monkeypatch):
-    import hetfed.interface as interface
-
-    seen = []
-    original = interface.root_model
-    monkeypatch.setattr(interface, "root_model", lambda *a: seen.append((a[-3], a[-1])) or original(*a))
-    fed = _with_root(_fed())
-    algo, cfg = _algo(fed, combine={"rule": "fltrust"}, rounds=3, lr_decay=0.5)
-    simulate(algo, fed, cfg, seed=0, executor=VectorisedExecutor())
-    assert seen == [(pytest.approx(0.05 * 0.5**r), r) for r in range(3)]
+        assert not torch.equal(got[k], reference[k])  # it trained
+        assert torch.equal(reference[k], kept[k])  # and left the server's model as it was
 
 
 def _with_root(fed, n=40):

@@ -86,14 +86,14 @@ class Combine(Stateless):
         upload = r.upload
         if self.bucket > 1 and len(upload.client_ids):
             upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
-        drawn: dict[str, Any] = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
+        given: dict[str, Any] = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
         if self.rule.root:
-            drawn["root"] = r.root
+            given["root"] = r.root
         if self.rule.remembers:
             value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state,
-                                                                        **drawn))
+                                                                        **given))
             return replace(r, value=value), state
-        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params, **drawn))), state
+        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params, **given))), state
 
 
 @dataclass(frozen=True)
