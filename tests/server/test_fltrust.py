@@ -100,6 +100,18 @@ def test_the_servers_update_is_gradient_descent_on_its_root_set():
         assert torch.equal(reference[k], kept[k])  # and left the server's model as it was
 
 
+def test_the_server_trains_each_round_at_the_rate_its_clients_were_sent(monkeypatch):
+    import hetfed.interface as interface
+
+    seen = []
+    original = interface.root_model
+    monkeypatch.setattr(interface, "root_model", lambda *a: seen.append((a[-3], a[-1])) or original(*a))
+    fed = _with_root(_fed())
+    algo, cfg = _algo(fed, combine={"rule": "fltrust"}, rounds=3, lr_decay=0.5)
+    simulate(algo, fed, cfg, seed=0, executor=VectorisedExecutor())
+    assert seen == [(pytest.approx(0.05 * 0.5**r), r) for r in range(3)]
+
+
 def _with_root(fed, n=40):
     rng = np.random.default_rng(3)
     rows = rng.choice(len(fed.x), n, replace=False)
