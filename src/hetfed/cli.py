@@ -226,6 +226,7 @@ def cmd_components(args: argparse.Namespace) -> int:
             extra = [f"paper: {c['paper']}"] if c.get("paper") else []
             extra += [("streams" if c["streams"] else "needs every update of a round")] if "streams" in c else []
             extra += ["keeps a state between rounds"] if c.get("remembers") else []
+            extra += ["trains on a labelled root set (a server_data holdout)"] if c.get("root") else []
             extra += [f"default lr {c['default_lr']:g}"] if "default_lr" in c else []
             extra += [f"takes {'/'.join(c['accepts'])} samples"] if c.get("accepts") else []
             extra += [f"inputs: {c['inputs']}"] if "inputs" in c and c["inputs"] != "features" else []

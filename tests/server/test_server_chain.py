@@ -156,6 +156,9 @@ def test_components_lists_every_registered_kind_with_parameters_and_refuses_an_u
                                                   "bounds": {"ge": 0, "lt": 0.5},
                                                   "description": "share cut from each end per coordinate"}]
     assert combine["mean"]["streams"] and not combine["median"]["streams"]
+    assert combine["fltrust"]["root"] and not combine["mean"]["root"]
+    assert main(["components", "combine", "fltrust"]) == 0
+    assert "trains on a labelled root set (a server_data holdout)" in capsys.readouterr().out
     assert {c["name"]: c["default_lr"] for c in listed["optimizer"]["components"]} == {
         "sgd": 1.0, "avgm": 1.0, "adagrad": 0.01, "adam": 0.01, "yogi": 0.01}
     assert main(["components", "datasets"]) == 2
