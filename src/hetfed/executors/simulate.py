@@ -42,6 +42,8 @@ from hetfed.executors.updates import (
 )
 from hetfed.interface import Algorithm
 from hetfed.run_spec import RunSpec
+from hetfed.server.chain import DECIDED, Chain
+from hetfed.server.detection import detection
 
 if TYPE_CHECKING:
     from hetfed.partition import Federation
@@ -149,7 +151,7 @@ def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: 
     backdoor = adversary.backdoor_test(xg, yg, fed.opted_out) if adversary is not None and xg is not None and \
         yg is not None else None
     return _Loop(run, fed, device, executor, observers, Faults(train, fed, seed, run.schedule),
-                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor)
+                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor, adversary=adversary)
 
 
 def _initial_result(loop: _Loop, resume: SimulationResult | None,
@@ -179,22 +181,42 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     """Round ``r + 1``: sample, train the present clients, aggregate (or skip), then :func:`after_update`."""
     algo = loop.algo
     t0 = time.perf_counter()
-    upload, counts = yield from _train_round(loop, result, r)
+    upload, counts, trained = yield from _train_round(loop, result, r)
     t_server = time.perf_counter()
+    per_round: dict[str, float] = {}
     if upload is not None:
         result.server = yield Aggregate(algo, result.server, upload)
         result.dp_rounds += int(loop.run.privacy is not None)
+        found = _detected(loop, result.server, r, trained)
+        if found:
+            per_round["attack_weight"] = found.pop("attack_weight", float("nan"))
+            counts.update(cast(dict[str, int], found))
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
     counts["round_skipped"] = int(upload is None)
-    clock = {"round_time": result.round_time, "sim_time": result.sim_time, "downlink_bytes": result.round_bytes[0],
-             "uplink_bytes": result.round_bytes[1]}
-    return (yield from after_update(loop, result, upload, counts, clock, t0))
+    per_round.update(round_time=result.round_time, sim_time=result.sim_time, downlink_bytes=result.round_bytes[0],
+                     uplink_bytes=result.round_bytes[1])
+    return (yield from after_update(loop, result, upload, counts, per_round, t0))
 
 
-def _train_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[tuple[Upload | None, dict[str, int]]]:
-    """The round's sampled clients, those present train; their upload (None: too few) and client counts."""
+def _detected(loop: _Loop, server: ServerState, r: int, trained: list[int]) -> dict[str, float]:
+    """What the server's defence decided about round ``r``'s (0-based) malicious updates
+    (:func:`hetfed.server.detection.detection`), when they attacked and the combine rule weighs updates
+    (:data:`hetfed.server.chain.DECIDED`); {} otherwise (no attack that round, a coordinate-wise rule, bucketing,
+    DP's noised mean, a method whose server combines several models)."""
+    if loop.adversary is None or not loop.adversary.acts_in(r):
+        return {}
+    decided = cast(dict[str, Any], server.extra.get(Chain.STATE, {})).get(DECIDED)
+    if decided is None or decided["round"] != r:
+        return {}
+    return detection(loop.adversary.malicious, trained, decided)
+
+
+def _train_round(loop: _Loop, result: SimulationResult,
+                 r: int) -> Steps[tuple[Upload | None, dict[str, int], list[int]]]:
+    """The round's sampled clients, those present train; their upload (None: too few), client counts and the
+    clients that trained."""
     plan = loop.planned.pop(r, None) or plan_round(loop, result, r)  # decided early when it rode an evaluation
     sampled, bc, down, up, present = plan.sampled, plan.bc, plan.down, plan.up, plan.present
     upload = None
@@ -212,7 +234,7 @@ def _train_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[tuple[U
     if upload is not None and len(upload.client_ids) < loop.min_clients:
         upload = None  # too few accepted updates: skipped and logged, never averaged over one client
     _advance_clock(loop, result, sampled, present, down, up)
-    return upload, counts
+    return upload, counts, present.training
 
 
 def _advance_clock(loop: _Loop, result: SimulationResult, sampled: list[int], present: RoundFaults, down: int,

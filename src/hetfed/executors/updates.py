@@ -25,7 +25,7 @@ import torch
 from hetfed.config import TrainConfig
 from hetfed.engine.backdoor import BackdoorTest, client_backdoor_accuracy
 from hetfed.engine.evaluate import Evaluation
-from hetfed.engine.faults import Faults, RoundFaults
+from hetfed.engine.faults import Adversary, Faults, RoundFaults
 from hetfed.engine.privacy import epsilon
 from hetfed.engine.record_dp import record_epsilon
 from hetfed.engine.sampling import sample_clients
@@ -335,6 +335,8 @@ class _Loop:
     under_attack: bool
     #: a backdoor attack's test set (the global test set's other classes, stamped; labelled its target), or None
     backdoor: BackdoorTest | None = None
+    #: the run's malicious clients and their attack, or None (no attack)
+    adversary: Adversary | None = None
     #: every evaluation kept in ``result.history`` (False: the last only — a run whose observers write them all)
     keep_history: bool = True
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
@@ -405,17 +407,19 @@ def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> bool:
 
 
 def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, counts: dict[str, int],
-                 clock: dict[str, float], t0: float) -> Steps[bool]:
-    """What follows every server update, synchronous round or asynchronous merge: the counts and training loss to
-    the observers, the divergence check, the evaluation when due, the checkpoint when due; True when the run stops
-    (early stopping, divergence under attack, the last update). As steps: the evaluation asks its clients."""
+                 per_round: dict[str, float], t0: float) -> Steps[bool]:
+    """What follows every server update, synchronous round or asynchronous merge: the counts (totalled over the
+    rounds too), the values of the round alone (``per_round``: the clock's, an attack's weight share) and the
+    training loss to the observers, the divergence check, the evaluation when due, the checkpoint when due; True
+    when the run stops (early stopping, divergence under attack, the last update). As steps: the evaluation asks its
+    clients."""
     train = loop.train
     rnd = result.rounds_done + 1
     for key, value in counts.items():
         result.faults[key] = result.faults.get(key, 0) + value
     loss, bad = yield ReadBack(upload, result.server)
     for o in loop.observers:
-        o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **clock})
+        o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **per_round})
     if bad:
         if not loop.under_attack:
             raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))

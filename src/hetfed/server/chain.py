@@ -27,7 +27,7 @@ import torch
 from hetfed.engine.rng import COMBINE_NOISE, DP_NOISE, derive_seed, torch_gen
 from hetfed.engine.types import Params, RoundUploads, Upload
 from hetfed.server.buckets import bucket_means
-from hetfed.server.combine import CombineRule, RuleParams
+from hetfed.server.combine import CombineRule, RuleParams, Weighed
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
 from hetfed.server.screen import Screen, ScreenSpec
@@ -46,10 +46,16 @@ class Round:
     expected_clients: int = 1  # DP's fixed denominator m
     scale: float = 1.0  # the pseudo-gradient's multiplier before the optimiser (FedNova's τ_eff)
     root: Params | None = None  # the server's model trained on its root set (a rule that reads it: FLTrust)
+    #: each update's weight in the combination, where the combine rule decides per update (:class:`Weighed`)
+    weights: torch.Tensor | None = None
 
 
 #: a step's state between rounds (plain data, checkpointed)
 State = dict[str, Any]
+#: where the chain's state holds what its combine rule decided in the round it last combined: ``round`` (0-based),
+#: ``clients`` (the upload's ids) and ``weights`` (each one's; :class:`~hetfed.server.combine.Weighed`) — read by the
+#: round loop under an attack (:mod:`hetfed.server.detection`)
+DECIDED = "decided"
 
 
 class Step(Protocol):
@@ -92,8 +98,11 @@ class Combine(Stateless):
         if self.rule.remembers:
             value, state = cast(tuple[Params, State], self.rule.combine(r.reference, upload, self.params, state,
                                                                         **given))
-            return replace(r, value=value), state
-        return replace(r, value=cast(Params, self.rule.combine(r.reference, upload, self.params, **given))), state
+        else:
+            value = cast(Params, self.rule.combine(r.reference, upload, self.params, **given))
+        # a bucket's weight is its members' together: no update's own
+        weights = value.weights if isinstance(value, Weighed) and upload is r.upload else None
+        return replace(r, value=value, weights=weights), state
 
 
 @dataclass(frozen=True)
@@ -243,12 +252,15 @@ class Chain:
              expected_clients: int = 1, scale: float = 1.0, root: Params | None = None
              ) -> tuple[Params, dict[str, State]]:
         """The new global model from a round's screened updates, and the chain's new state (the states of the
-        steps that keep one, by step name); ``root``: the server's model trained on its root set, where a step
-        reads it (:attr:`root_rule`)."""
+        steps that keep one, by step name; ``decided``: what the combine rule gave each update this round, where it
+        weighs them — :data:`DECIDED`); ``root``: the server's model trained on its root set, where a step reads it
+        (:attr:`root_rule`)."""
         r = Round(params, upload, None, round, seed, expected_clients, scale, root)
         new_state: dict[str, State] = {}
         for s in self.steps:
             r, st = s.update(r, state.get(s.name, {}))
             if st:
                 new_state[s.name] = st
+        if r.weights is not None:
+            new_state[DECIDED] = {"round": round, "clients": list(upload.client_ids), "weights": r.weights}
         return _combined(r), new_state

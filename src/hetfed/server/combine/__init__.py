@@ -5,8 +5,9 @@ name (``server.combine.rule``), the function, its own parameters as a pydantic m
 where the config is, ``server.combine.<key>``), and whether it *streams* — consumes running sums,
 so a round's memory stays flat (the mean) — or needs every update of the round at once (the
 robust rules); a rule may remember what it combined the round before (centered clipping's centre) and may draw
-random numbers (FLAME's noise), from the run seed and the round. Rules are found
-by importing this package's modules; nothing lists them.
+random numbers (FLAME's noise), from the run seed and the round. A rule that decides how much each update counts
+returns its parameters as :class:`Weighed` (each update's weight beside them: what the defence decided, in
+metrics.csv under an attack). Rules are found by importing this package's modules; nothing lists them.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from pydantic import BaseModel, ConfigDict
 
 from hetfed.config_server import CombineConfig
@@ -26,6 +28,28 @@ class RuleParams(BaseModel):
     """A rule's own parameters (none by default); unknown keys are errors."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Weighed(dict[str, torch.Tensor]):
+    """A rule's combined parameters (a ``Params`` dict, read as any other) with ``weights``: each update's weight in
+    them as the rule weighs it, one per row of the round's upload — ≥ 0, 0 for an update it left out (Krum's, DnC's,
+    FLAME's, FLTrust's zero trust). Returned by the rules that decide per update; the coordinate-wise ones (median,
+    trimmed mean) and centered clipping weigh no update as a whole and return plain parameters. Why: which updates a
+    defence kept, and the share of its weight the malicious ones got, is what a study of defences reads
+    (:mod:`hetfed.server.detection`)."""
+
+    def __init__(self, value: Params, weights: torch.Tensor) -> None:
+        super().__init__(value)
+        self.weights = weights
+
+    @classmethod
+    def averaging(cls, value: Params, kept: torch.Tensor | list[int], n: int) -> Weighed:
+        """``value`` of a rule that averaged the rows ``kept`` of a round's ``n`` updates: 1/|kept| each, 0 for the
+        others."""
+        weights = torch.zeros(n, dtype=torch.float64)
+        if len(kept):
+            weights[torch.as_tensor(kept).cpu()] = 1.0 / len(kept)
+        return cls(value, weights)
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,9 @@ their median, averaged. Krum alone lets one coordinate of its choice be far off;
 coordinate. Unweighted, as in the paper. f = ⌊fraction·n⌋, at most (n − 3)/4 so that n ≥ 4f + 3 holds; Krum's score
 is Blanchard et al.'s (the squared distances to the r − f − 2 nearest others of the r updates left; at least the
 nearest one, as the ``krum`` rule counts them: the last choice leaves r − f − 2 = f − 1, none for f = 1), the median
-that of the ``median`` rule (for an even count the mean of the two middle values)."""
+that of the ``median`` rule (for an even count the mean of the two middle values). Its weights (:class:`Weighed`) are
+its selection's, 1/θ each: an update left out by Krum counts for nothing; a chosen one counts in the coordinates where
+it is among the β nearest the median."""
 
 from __future__ import annotations
 
@@ -13,7 +15,7 @@ import math
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 from hetfed.server.combine.krum import krum_scores
 from hetfed.server.combine.median import coordinate_median
 
@@ -29,7 +31,7 @@ def bulyan_count(n: int, fraction: float) -> int:
     return max(0, min(int(math.floor(fraction * n)), (n - 3) // 4))
 
 
-def bulyan(old: Params, upload: Upload, params: BulyanParams) -> Params:
+def bulyan(old: Params, upload: Upload, params: BulyanParams) -> Weighed:
     points = flat({k: upload.params[k] for k in old})  # [n, d] float64
     n = len(points)
     f = bulyan_count(n, params.byzantine_fraction)
@@ -39,7 +41,8 @@ def bulyan(old: Params, upload: Upload, params: BulyanParams) -> Params:
         chosen.append(left.pop(best))
     picked = points[chosen]
     nearest = (picked - coordinate_median(picked)).abs().argsort(dim=0, stable=True)[: len(chosen) - 2 * f]
-    return unflat(picked.gather(0, nearest).mean(0), old, upload.params)
+    # its selection's weights: the trim then reads each chosen update in some coordinates
+    return Weighed.averaging(unflat(picked.gather(0, nearest).mean(0), old, upload.params), chosen, n)
 
 
 register(CombineRule("bulyan", bulyan, BulyanParams, streams=False,

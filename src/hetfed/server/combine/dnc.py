@@ -19,7 +19,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 class DnCParams(RuleParams):
@@ -57,10 +57,10 @@ def kept(points: torch.Tensor, params: DnCParams, rng: torch.Generator) -> torch
     return torch.nonzero(common if common.any() else last).flatten()
 
 
-def dnc(old: Params, upload: Upload, params: DnCParams, rng: torch.Generator) -> Params:
+def dnc(old: Params, upload: Upload, params: DnCParams, rng: torch.Generator) -> Weighed:
     models = flat({k: upload.params[k] for k in old})  # [n, d] float64
     chosen = kept(models, params, rng).to(models.device)
-    return unflat(models[chosen].mean(0), old, upload.params)
+    return Weighed.averaging(unflat(models[chosen].mean(0), old, upload.params), chosen, len(models))
 
 
 register(CombineRule("dnc", dnc, DnCParams, streams=False, draws=True,

@@ -7,7 +7,8 @@ deviation λ·S added to every parameter (λ = 0.001, the paper's for image clas
 Clustered on the local models, as the paper's algorithm says (``cosine_of: models``); implementations such as Blades'
 and FLPoison's cluster the updates instead (``cosine_of: updates``). HDBSCAN is scikit-learn's; when it admits no
 cluster (every model an outlier, which the paper does not say what to do with) every model is admitted. The noise is
-drawn from the run seed and the round."""
+drawn from the run seed and the round. Its weights (:class:`Weighed`): 1/|admitted| for each admitted model (its
+update then clipped), 0 for the others."""
 
 from __future__ import annotations
 
@@ -18,7 +19,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 from hetfed.server.combine.median import coordinate_median
 
 
@@ -48,7 +49,7 @@ def admitted(points: np.ndarray) -> np.ndarray:
     return np.flatnonzero(labels == largest)
 
 
-def flame(old: Params, upload: Upload, params: FlameParams, rng: torch.Generator) -> Params:
+def flame(old: Params, upload: Upload, params: FlameParams, rng: torch.Generator) -> Weighed:
     models = flat({k: upload.params[k] for k in old})  # [n, d] float64
     reference = flat_one(old).to(models.device)
     deltas = models - reference
@@ -61,7 +62,7 @@ def flame(old: Params, upload: Upload, params: FlameParams, rng: torch.Generator
     if params.noise:
         value = value + params.noise * bound * torch.randn(value.shape, generator=rng, dtype=torch.float64).to(
             value.device)
-    return unflat(value, old, upload.params)
+    return Weighed.averaging(unflat(value, old, upload.params), chosen.tolist(), len(models))
 
 
 register(CombineRule("flame", flame, FlameParams, streams=False, draws=True,

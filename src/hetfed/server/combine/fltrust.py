@@ -10,37 +10,41 @@ The root set is a ``server_data`` holdout whose labels the server keeps (``serve
 by default in its experiments; hetfed's holdout takes ``server_data.fraction`` of the training pool, at most
 ``max_samples``), cut before partitioning, so no client holds it. What the paper leaves open: when every trust
 score is 0 (every update at 90° or more from the server's) or the server's update is 0, the round's model is the
-reference (no update); an update of norm 0 gets trust 0."""
+reference (no update); an update of norm 0 gets trust 0. Its weights (:class:`Weighed`): each update's share of the
+trust, TS_i / Σ TS_j (each then rescaled to ‖g_0‖)."""
 
 from __future__ import annotations
 
 import torch
 
 from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
-def trust_weighted(updates: torch.Tensor, server: torch.Tensor) -> torch.Tensor:
+def trust_weighted(updates: torch.Tensor, server: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """FLTrust's update from the clients' ``updates`` ``[n, d]`` and the server's ``server`` ``[d]``: the trust-score
-    weighted mean of the updates rescaled to the server's norm (zeros when every score is 0)."""
+    weighted mean of the updates rescaled to the server's norm (zeros when every score is 0), and each update's share
+    of the trust, TS_i / Σ TS_j (zeros then)."""
+    none = torch.zeros(len(updates), dtype=updates.dtype, device=updates.device)
     norms = updates.norm(dim=1)
     g0 = server.norm()
     if not g0 > 0:
-        return torch.zeros_like(server)
+        return torch.zeros_like(server), none
     safe = torch.where(norms > 0, norms, torch.ones_like(norms))
     trust = ((updates @ server) / (safe * g0)).clamp(min=0)  # an update of norm 0: 0 / 1
     total = trust.sum()
     if not total > 0:
-        return torch.zeros_like(server)
+        return torch.zeros_like(server), none
     step: torch.Tensor = (trust * g0 / safe) @ updates / total
-    return step
+    return step, trust / total
 
 
-def fltrust(old: Params, upload: Upload, params: RuleParams, root: Params) -> Params:
+def fltrust(old: Params, upload: Upload, params: RuleParams, root: Params) -> Weighed:
     reference = flat_one(old).to(next(iter(upload.params.values())).device)
     updates = flat({k: upload.params[k] for k in old}) - reference
     server = flat_one({k: root[k] for k in old}).to(reference.device) - reference
-    return unflat(reference + trust_weighted(updates, server), old, upload.params)
+    step, shares = trust_weighted(updates, server)
+    return Weighed(unflat(reference + step, old, upload.params), shares)
 
 
 register(CombineRule("fltrust", fltrust, RuleParams, streams=False, root=True,

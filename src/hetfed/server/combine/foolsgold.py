@@ -26,7 +26,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, flat_one, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 class FoolsGoldParams(RuleParams):
@@ -67,7 +67,7 @@ def _history_names(old: Params, layers: str) -> list[str]:
 
 
 def foolsgold(old: Params, upload: Upload, params: FoolsGoldParams, state: dict[str, Any]
-              ) -> tuple[Params, dict[str, Any]]:
+              ) -> tuple[Weighed, dict[str, Any]]:
     names = _history_names(old, params.layers)
     deltas = {k: upload.params[k].double() - old[k].to(upload.params[k].device).double() for k in old}
     rows = flat({k: deltas[k] for k in names}).cpu()
@@ -79,9 +79,10 @@ def foolsgold(old: Params, upload: Upload, params: FoolsGoldParams, state: dict[
     place = {k: i for i, k in enumerate(seen)}
     w = torch.as_tensor(alpha[[place[k] for k in upload.client_ids]], dtype=torch.float64)
     moved = flat(deltas)
-    step = w.to(moved.device) @ moved / max(len(upload.client_ids), 1)
+    n = max(len(upload.client_ids), 1)
+    step = w.to(moved.device) @ moved / n
     reference = flat_one(old).to(step.device)
-    return unflat(reference + step, old, upload.params), {"history": history}
+    return Weighed(unflat(reference + step, old, upload.params), w / n), {"history": history}
 
 
 register(CombineRule("foolsgold", foolsgold, FoolsGoldParams, streams=False, remembers=True, reads_clients=True,

@@ -10,7 +10,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat, unflat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 class GeometricMedianParams(RuleParams):
@@ -20,7 +20,7 @@ class GeometricMedianParams(RuleParams):
     weighted: bool = Field(True, description="α_k = the clients' sample counts, as in RFA (false: equal weights)")
 
 
-def geometric_median(old: Params, upload: Upload, params: GeometricMedianParams) -> Params:
+def geometric_median(old: Params, upload: Upload, params: GeometricMedianParams) -> Weighed:
     points = flat({k: upload.params[k] for k in old})  # [n, d] float64
     alpha = upload.num_samples.to(points.device).double() if params.weighted else \
         torch.ones(len(points), dtype=torch.float64, device=points.device)
@@ -28,7 +28,8 @@ def geometric_median(old: Params, upload: Upload, params: GeometricMedianParams)
     for _ in range(params.passes - 1):
         z = weights @ points / weights.sum()
         weights = alpha / torch.linalg.vector_norm(points - z, dim=1).clamp_min(params.tolerance)
-    return unflat(weights @ points / weights.sum(), old, upload.params)
+    # the last pass's weights, as shares: the median is their weighted mean of the models
+    return Weighed(unflat(weights @ points / weights.sum(), old, upload.params), weights / weights.sum())
 
 
 register(CombineRule("geometric_median", geometric_median, GeometricMedianParams, streams=False,

@@ -8,7 +8,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload, flat
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 class KrumParams(RuleParams):
@@ -40,10 +40,10 @@ def chosen(stacked: dict[str, torch.Tensor], fraction: float, keep: int | None) 
     return scores.argsort(stable=True)[:m].to(next(iter(stacked.values())).device)
 
 
-def krum(old: Params, upload: Upload, params: KrumParams) -> Params:
+def krum(old: Params, upload: Upload, params: KrumParams) -> Weighed:
     stacked = {k: upload.params[k] for k in old}
     best = chosen(stacked, params.byzantine_fraction, 1)
-    return {k: v[best].mean(0) for k, v in stacked.items()}
+    return Weighed.averaging({k: v[best].mean(0) for k, v in stacked.items()}, best, len(upload.client_ids))
 
 
 register(CombineRule("krum", krum, KrumParams, streams=False, summary="Krum: the most central update",

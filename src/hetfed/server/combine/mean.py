@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from hetfed.engine.types import Params, StreamedUpload, Upload
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 def weighted_mean(old: Params, upload: Upload, uniform: bool = False) -> Params:
@@ -23,5 +23,10 @@ def weighted_mean(old: Params, upload: Upload, uniform: bool = False) -> Params:
     return mean
 
 
-register(CombineRule("mean", lambda old, upload, _p: weighted_mean(old, upload), RuleParams, streams=True,
+def mean(old: Params, upload: Upload, _params: RuleParams) -> Weighed:
+    """The rule: each update weighted by its sample count."""
+    return Weighed(weighted_mean(old, upload), upload.num_samples / upload.num_samples.sum())
+
+
+register(CombineRule("mean", mean, RuleParams, streams=True,
                      summary="the sample-weighted mean (FedAvg)", paper="McMahan et al. 2017"))

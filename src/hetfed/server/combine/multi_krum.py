@@ -9,7 +9,7 @@ import torch
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload
-from hetfed.server.combine import CombineRule, register
+from hetfed.server.combine import CombineRule, Weighed, register
 from hetfed.server.combine.krum import KrumParams, chosen
 
 
@@ -19,14 +19,16 @@ class MultiKrumParams(KrumParams):
                            "MultiKrum) instead of uniformly (as Blanchard et al.)")
 
 
-def multi_krum(old: Params, upload: Upload, params: MultiKrumParams) -> Params:
+def multi_krum(old: Params, upload: Upload, params: MultiKrumParams) -> Weighed:
     stacked = {k: upload.params[k] for k in old}
     kept = chosen(stacked, params.byzantine_fraction, params.keep)
     if not params.weighted:
-        return {k: v[kept].mean(0) for k, v in stacked.items()}
+        return Weighed.averaging({k: v[kept].mean(0) for k, v in stacked.items()}, kept, len(upload.client_ids))
     w = upload.num_samples.to(kept.device)[kept].double()
     w = w / w.sum()
-    return {k: torch.tensordot(w.to(v.dtype), v[kept], dims=1) for k, v in stacked.items()}
+    weights = torch.zeros(len(upload.client_ids), dtype=torch.float64)
+    weights[kept.cpu()] = w.cpu()
+    return Weighed({k: torch.tensordot(w.to(v.dtype), v[kept], dims=1) for k, v in stacked.items()}, weights)
 
 
 register(CombineRule("multi_krum", multi_krum, MultiKrumParams, streams=False,
