@@ -53,6 +53,10 @@ _LEAKED = {
     "ssim": "inversion SSIM",
     "labels_recovered": "labels recovered by inversion",
 }
+_DEFENDED = {
+    "attackers_excluded": "malicious updates the defence left out (share)",
+    "honest_excluded": "honest updates the defence left out (share)",
+}
 
 _KEYS = {
     "partition.shuffle": "fraction of samples reassigned at random",
@@ -74,6 +78,8 @@ def metric_label(key: str) -> str:
     when, _, base = key.rpartition(".")
     if when == "leakage":  # what the server learnt: an attack's score, not the model's
         return _LEAKED.get(base) or f"leakage: {base.replace('_', ' ')}"
+    if when == "defence":  # what the server's defence decided under an attack
+        return _DEFENDED.get(base) or f"defence: {base.replace('_', ' ')}"
     words = _BASE.get(base) or base.replace("_", " ")
     return f"{words}, {_WHEN[when]}" if when in _WHEN else words
 

@@ -36,7 +36,7 @@ from hetfed.runs.rundir import (
     SWEEP_REQUEST,
     read_metric_rows,
 )
-from hetfed.runs.sweep_tables import LEAKED, read_curves_table
+from hetfed.runs.sweep_tables import DEFENDED, LEAKED, read_curves_table
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -44,7 +44,8 @@ RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), (
                ("global_auc", "global AUC"))
 #: the metrics of a sweep's table, as columns
 SWEEP_COLUMNS = ("best.local_accuracy_mean", "best.local_accuracy_p10", "best.global_accuracy", "final.global_accuracy",
-                 "best.server_accuracy", "best.local_auc_mean", "best.global_auc", *LEAKED, "seconds_per_round")
+                 "best.server_accuracy", "best.local_auc_mean", "best.global_auc", *LEAKED, *DEFENDED,
+                 "seconds_per_round")
 #: grid points drawn in a sweep's per-client figure
 MAX_PANELS = 12
 DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean")

@@ -27,6 +27,8 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted
 #: what the server learnt (``leakage.kind``), shown beside the accuracy where a sweep attacked
 LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
           "leakage.labels_recovered")
+#: what the server's defence decided under an attack (:func:`defence_rates`), shown beside the accuracy
+DEFENDED = ("defence.attackers_excluded", "defence.honest_excluded")
 
 
 def value_key(value: Any) -> str:
@@ -90,6 +92,7 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         for key in ("epsilon", "record_epsilon"):  # the DP guarantees (client level; record level, worst client)
             if m.get(key) is not None:
                 yield label, key, m[key]
+        yield from ((label, key, value) for key, value in defence_rates(m.get("clients") or {}).items())
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
@@ -98,6 +101,17 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         yield label, "seconds_per_round", m["seconds_per_round"]
         if m.get("server_seconds_per_round") is not None:
             yield label, "server_seconds_per_round", m["server_seconds_per_round"]
+
+
+def defence_rates(clients: dict[str, int]) -> dict[str, float]:
+    """What a defence decided over a run's attacked rounds (:mod:`hetfed.server.detection`), from the summary's client
+    counts: the shares of the malicious and of the honest updates it left out (its true and false positive rates);
+    none where the run was not attacked or its combine rule weighs no update."""
+    out = {}
+    for who in ("attackers", "honest"):
+        if clients.get(f"{who}_sent"):
+            out[f"defence.{who}_excluded"] = clients[f"{who}_excluded"] / clients[f"{who}_sent"]
+    return out
 
 
 def aggregate(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]], keys: list[str]) -> list[dict[str, Any]]:
@@ -203,7 +217,7 @@ def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None
 def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
         "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy",
         "best.local_accuracy_mean", "best.server_accuracy",
-        "best.global_auc", "best.local_auc_mean", *LEAKED)) -> None:
+        "best.global_auc", "best.local_auc_mean", *LEAKED, *DEFENDED)) -> None:
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
