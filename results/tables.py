@@ -1,6 +1,8 @@
 """Markdown tables of sweeps, from their sweep directories (every run's summary.json).
 
     python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
+    python results/tables.py attack SWEEP_DIR --defence   # what each defence left out: the shares of the
+                                          # malicious and of the honest updates, over the attacked rounds
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
     python results/tables.py paired SWEEP_DIR [BASELINE] [--final]   # each method and its paired difference to
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
@@ -73,7 +75,20 @@ def _attack_of(run_dir: Path) -> tuple[str, float]:
     return (f"{kind} ({own})" if own else kind), section.get("fraction", 0.1)
 
 
-def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "final") -> str:
+def _rates_cell(rates: list[dict[str, float]]) -> str:
+    """The mean shares of the malicious and of the honest updates a defence left out, over seeds ("-": it weighs no
+    update)."""
+    if not any(rates):
+        return "-"
+    return " / ".join(f"{np.mean([r[f'defence.{who}_excluded'] for r in rates if r]):.2f}"
+                      for who in ("attackers", "honest"))
+
+
+def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "final", defence: bool = False) -> str:
+    """One row per attack and malicious share, one column per method: ``metric`` of the ``when`` round (mean ± 95 %
+    CI over seeds), or (``defence``) the shares of the malicious and of the honest updates the defence left out."""
+    from hetfed.runs.sweep_tables import defence_rates
+
     cells: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
     diverged: dict[tuple, dict[str, int]] = defaultdict(lambda: defaultdict(int))
     methods: list[str] = []
@@ -86,15 +101,18 @@ def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "fina
             acc = m[when].get(metric)
             if acc is None and metric == "global_accuracy":
                 acc = 0.1  # NaN model: argmax 0 on a balanced test set
-            cells[key][name].append(acc)
+            cells[key][name].append(defence_rates(m.get("clients") or {}) if defence else acc)
             diverged[key][name] += m.get("diverged_at") is not None
     lines = ["| attack | malicious | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for (kind, frac), row in cells.items():
         if kind == "none" and frac != min(f for k, f in cells if k == "none"):
             continue  # no attack: the fraction does not matter
-        shown = [_cell(row[m]) + (f" ({diverged[(kind, frac)][m]}✗)" if diverged[(kind, frac)][m] else "")
-                 for m in methods]
+        shown = [(_rates_cell if defence else _cell)(row[m])
+                 + (f" ({diverged[(kind, frac)][m]}✗)" if diverged[(kind, frac)][m] else "") for m in methods]
         lines.append(f"| {kind} | {'-' if kind == 'none' else f'{frac:.0%}'} | " + " | ".join(shown) + " |")
+    if defence:
+        return "\n".join(lines) + ("\n\nmalicious / honest updates the defence left out (screened out or weighted 0), "
+                                   "shares over the attacked rounds, mean over seeds; -: the rule weighs no update\n")
     return (
         "\n".join(lines) + f"\n\n{'final' if when == 'final' else 'best-by-validation'} {metric}, mean ± 95% CI over "
         "seeds (Student t); (k✗): runs that diverged\n"
@@ -567,6 +585,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--metric", default="global_accuracy", help="the final round's metric shown (backdoor_accuracy: "
                    "a backdoor's success rate)")
     p.add_argument("--best", action="store_true", help="the round chosen by validation loss, not the last")
+    p.add_argument("--defence", action="store_true", help="what each defence left out, not a metric")
     sub.add_parser("pfllib").add_argument("sweeps", nargs="+", type=Path, metavar="SWEEP_DIR")
     p = sub.add_parser("paired")
     p.add_argument("sweep", type=Path, metavar="SWEEP_DIR")
@@ -627,7 +646,8 @@ def main(argv: list[str] | None = None) -> int:
     elif args.kind == "paired":
         print(paired_table(args.sweep, args.baseline, when="final" if args.final else "best"))
     else:
-        print(attack_table(args.sweep, args.metric, "best" if args.best else "final") if args.kind == "attack" else
+        print(attack_table(args.sweep, args.metric, "best" if args.best else "final", args.defence)
+              if args.kind == "attack" else
               {"dp": dp_table, "leaderboard": leaderboard_table}[args.kind](args.sweep))
     return 0
 
