@@ -11,14 +11,16 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed.config import AttackConfig
+from hetfed.config import AttackConfig, ServerConfig
 from hetfed.engine.types import Upload
 from hetfed.executors.inprocess import VectorisedExecutor
 from hetfed.executors.simulate import RoundObserver, simulate
 from hetfed.runs.sweep_tables import defence_rates
+from hetfed.server.chain import DECIDED
 from hetfed.server.combine import Weighed, parse
 from hetfed.server.combine.krum import byzantine_count
 from hetfed.server.detection import detection
+from hetfed.server.pipeline import server_chain
 from tests.server.test_robust import _algo, _fed
 
 #: rules whose combined model is the weighted mean of the uploaded models by their weights
@@ -158,3 +160,13 @@ def test_updates_the_norm_filter_screens_out_count_as_excluded():
     for row in rows.values():
         assert row["attackers_excluded"] == row["attackers_sent"] == malicious.sum() == 2
         assert row["honest_excluded"] == 0 and row["attack_weight"] == 0.0
+
+
+def test_the_chain_keeps_the_rounds_decision_but_not_a_buckets():
+    old, upload = _upload(np.random.default_rng(7), 8, 3, 1)
+    alone = server_chain(ServerConfig(combine={"rule": "krum"}))
+    params, state = alone.step(old, upload, {}, round=5)
+    assert type(params) is dict and state[DECIDED]["round"] == 5  # the model a plain dict, what it decided kept
+    assert state[DECIDED]["clients"] == upload.client_ids and float(state[DECIDED]["weights"].sum()) == 1.0
+    bucketed = server_chain(ServerConfig(combine={"rule": "krum", "bucket": 2}))
+    assert DECIDED not in bucketed.step(old, upload, {}, round=5)[1]  # a bucket's weight is no update's own

@@ -188,9 +188,9 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
         result.server = yield Aggregate(algo, result.server, upload)
         result.dp_rounds += int(loop.run.privacy is not None)
         found = _detected(loop, result.server, r, trained)
-        if found:
-            per_round["attack_weight"] = found.pop("attack_weight", float("nan"))
-            counts.update(cast(dict[str, int], found))
+        if "attack_weight" in found:
+            per_round["attack_weight"] = found.pop("attack_weight")
+        counts.update(cast(dict[str, int], found))
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server

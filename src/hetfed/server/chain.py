@@ -100,8 +100,11 @@ class Combine(Stateless):
                                                                         **given))
         else:
             value = cast(Params, self.rule.combine(r.reference, upload, self.params, **given))
-        # a bucket's weight is its members' together: no update's own
-        weights = value.weights if isinstance(value, Weighed) and upload is r.upload else None
+        weights = None
+        if isinstance(value, Weighed):
+            # a bucket's weight is its members' together: no update's own
+            weights = value.weights if upload is r.upload else None
+            value = dict(value)
         return replace(r, value=value, weights=weights), state
 
 
