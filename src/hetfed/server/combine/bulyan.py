@@ -14,9 +14,9 @@ import math
 
 from pydantic import Field
 
+from hetfed.engine.centrality import krum_scores
 from hetfed.engine.types import Params, Upload, flat, unflat
 from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
-from hetfed.server.combine.krum import krum_scores
 from hetfed.server.combine.median import coordinate_median
 
 

@@ -7,6 +7,7 @@ import math
 import torch
 from pydantic import Field
 
+from hetfed.engine.centrality import krum_scores
 from hetfed.engine.types import Params, Upload, flat
 from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
@@ -15,15 +16,6 @@ class KrumParams(RuleParams):
     byzantine_fraction: float = Field(
         0.1, ge=0, lt=0.5, description="the share f/n of clients assumed malicious (f = ⌊fraction·n⌋, at most "
         "(n − 3)/2 so that Krum is defined)")
-
-
-def krum_scores(points: torch.Tensor, f: int) -> torch.Tensor:
-    """Krum's score per point: the sum of squared distances to its n − f − 2 nearest others."""
-    n = points.shape[0]
-    dist = torch.cdist(points, points).pow(2)
-    dist.fill_diagonal_(float("inf"))
-    nearest = max(n - f - 2, 1)
-    return dist.topk(min(nearest, n - 1), largest=False, dim=1).values.sum(1)
 
 
 def byzantine_count(n: int, fraction: float) -> int:
