@@ -2,7 +2,8 @@
 
     python results/tables.py attack SWEEP_DIR   # #13: final global accuracy per attack × aggregator
     python results/tables.py attack SWEEP_DIR --defence   # what each defence left out: the shares of the
-                                          # malicious and of the honest updates, over the attacked rounds
+                                          # malicious and of the honest updates, over the attacked rounds, and
+                                          # the malicious updates' mean share of its weight
     python results/tables.py dp SWEEP_DIR       # #13: accuracy and ε per noise multiplier
     python results/tables.py paired SWEEP_DIR [BASELINE] [--final]   # each method and its paired difference to
                                           # FedAvg (or to BASELINE); best by validation, or --final: the last round
@@ -76,12 +77,12 @@ def _attack_of(run_dir: Path) -> tuple[str, float]:
 
 
 def _rates_cell(rates: list[dict[str, float]]) -> str:
-    """The mean shares of the malicious and of the honest updates a defence left out, over seeds ("-": it weighs no
-    update)."""
+    """The mean shares of the malicious and of the honest updates a defence left out and of its weight the malicious
+    ones got, over seeds ("-": it weighs no update)."""
     if not any(rates):
         return "-"
-    return " / ".join(f"{np.mean([r[f'defence.{who}_excluded'] for r in rates if r]):.2f}"
-                      for who in ("attackers", "honest"))
+    return " / ".join(f"{np.mean([r[key] for r in rates if key in r]):.2f}" for key in
+                      ("defence.attackers_excluded", "defence.honest_excluded", "defence.attack_weight"))
 
 
 def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "final", defence: bool = False) -> str:
@@ -101,7 +102,9 @@ def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "fina
             acc = m[when].get(metric)
             if acc is None and metric == "global_accuracy":
                 acc = 0.1  # NaN model: argmax 0 on a balanced test set
-            cells[key][name].append(defence_rates(m.get("clients") or {}) if defence else acc)
+            rates = {**defence_rates(m.get("clients") or {}),
+                     **({"defence.attack_weight": m["attack_weight"]} if m.get("attack_weight") is not None else {})}
+            cells[key][name].append(rates if defence else acc)
             diverged[key][name] += m.get("diverged_at") is not None
     lines = ["| attack | malicious | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for (kind, frac), row in cells.items():
@@ -112,7 +115,8 @@ def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "fina
         lines.append(f"| {kind} | {'-' if kind == 'none' else f'{frac:.0%}'} | " + " | ".join(shown) + " |")
     if defence:
         return "\n".join(lines) + ("\n\nmalicious / honest updates the defence left out (screened out or weighted 0), "
-                                   "shares over the attacked rounds, mean over seeds; -: the rule weighs no update\n")
+                                   "shares over the attacked rounds / the malicious updates' mean share of its "
+                                   "weight; means over seeds; -: the rule weighs no update\n")
     return (
         "\n".join(lines) + f"\n\n{'final' if when == 'final' else 'best-by-validation'} {metric}, mean ± 95% CI over "
         "seeds (Student t); (k✗): runs that diverged\n"

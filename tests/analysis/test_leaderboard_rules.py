@@ -163,17 +163,18 @@ def test_the_attack_table_shows_the_metric_asked_for_a_column_per_method_and_oth
 
 def test_the_attack_tables_defence_cells_are_the_shares_left_out_over_the_seeds(tmp_path):
     """``results/tables.py attack --defence``: each defence's mean shares of the malicious and of the honest updates it
-    left out (from each run's summed counts); "-" for a rule that weighs no update."""
+    left out (from each run's summed counts) and of its weight on the malicious ones; "-" for a rule that weighs no
+    update."""
     runs = []
     for seed, (bad_out, good_out) in enumerate([(3, 1), (1, 0)]):
         run = tmp_path / f"run{seed}"
         run.mkdir()
         (run / "config.yaml").write_text(json.dumps({"attack": {"kind": "alie", "fraction": 0.3}}))
         counts = {"attackers_sent": 4, "attackers_excluded": bad_out, "honest_sent": 10, "honest_excluded": good_out}
-        methods = {"krum": {"final": {}, "best": {}, "clients": counts},
+        methods = {"krum": {"final": {}, "best": {}, "clients": counts, "attack_weight": 0.2 * seed},
                    "median": {"final": {}, "best": {}, "clients": {"clients_sampled": 14}}}
         (run / "summary.json").write_text(json.dumps({"methods": methods}))
         runs.append({"point": {"attack": {"kind": "alie", "fraction": 0.3}}, "run_dir": str(run)})
     (tmp_path / "sweep.json").write_text(json.dumps({"runs": runs}))
     table = _tables().attack_table(tmp_path, defence=True)
-    assert "| alie | 30% | 0.50 / 0.05 | - |" in table  # (3/4 + 1/4) / 2, (1/10 + 0) / 2
+    assert "| alie | 30% | 0.50 / 0.05 / 0.10 | - |" in table  # (3/4 + 1/4) / 2, (1/10 + 0) / 2, (0 + 0.2) / 2

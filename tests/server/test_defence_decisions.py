@@ -170,3 +170,16 @@ def test_the_chain_keeps_the_rounds_decision_but_not_a_buckets():
     assert state[DECIDED]["clients"] == upload.client_ids and float(state[DECIDED]["weights"].sum()) == 1.0
     bucketed = server_chain(ServerConfig(combine={"rule": "krum", "bucket": 2}))
     assert DECIDED not in bucketed.step(old, upload, {}, round=5)[1]  # a bucket's weight is no update's own
+
+
+def test_the_summary_holds_the_malicious_updates_mean_share_of_the_weight():
+    from hetfed.runs.summary import _failures
+
+    fed = _fed()
+    algo, cfg = _algo(fed, combine={"rule": "geometric_median"}, rounds=4)
+    rows = _Rows()
+    result = simulate(algo, fed, cfg, seed=2, executor=VectorisedExecutor(), observers=[rows],
+                      attack=AttackConfig(kind="ipm", fraction=0.3, start_round=3))
+    shares = [row["attack_weight"] for row in rows.rows.values() if "attack_weight" in row]
+    assert len(shares) == 2 and result.attack_weight_rounds == 2  # rounds 3 and 4
+    assert _failures(result)["attack_weight"] == pytest.approx(np.mean(shares)) and 0 < np.mean(shares) < 1

@@ -56,6 +56,7 @@ _LEAKED = {
 _DEFENDED = {
     "attackers_excluded": "malicious updates the defence left out (share)",
     "honest_excluded": "honest updates the defence left out (share)",
+    "attack_weight": "the malicious updates' share of the defence's weight",
 }
 
 _KEYS = {

@@ -190,6 +190,8 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
         found = _detected(loop, result.server, r, trained)
         if "attack_weight" in found:
             per_round["attack_weight"] = found.pop("attack_weight")
+            result.attack_weight_sum += per_round["attack_weight"]
+            result.attack_weight_rounds += 1
         counts.update(cast(dict[str, int], found))
     else:
         result.skipped_rounds.append(r + 1)

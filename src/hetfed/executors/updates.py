@@ -178,6 +178,10 @@ class SimulationResult:
     record_epsilon: float | None = None
     #: under attack, the round training diverged at (the attack won; the best model so far is kept)
     diverged_at: int | None = None
+    #: under attack, the malicious updates' share of the combine rule's weights, summed over the rounds it weighed
+    #: them in, and how many rounds that was (:mod:`hetfed.server.detection`)
+    attack_weight_sum: float = 0.0
+    attack_weight_rounds: int = 0
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
     since_best: int = 0  # evaluations since it improved (early stopping)
     #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far

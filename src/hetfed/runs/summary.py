@@ -62,6 +62,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
         out.update(failed_clients=failed, skipped_rounds=list(result.skipped_rounds))
     if result.diverged_at is not None:
         out["diverged_at"] = result.diverged_at
+    if result.attack_weight_rounds:  # the malicious updates' mean share of the defence's weight
+        out["attack_weight"] = result.attack_weight_sum / result.attack_weight_rounds
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds

@@ -28,7 +28,7 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted
 LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
           "leakage.labels_recovered")
 #: what the server's defence decided under an attack (:func:`defence_rates`), shown beside the accuracy
-DEFENDED = ("defence.attackers_excluded", "defence.honest_excluded")
+DEFENDED = ("defence.attackers_excluded", "defence.honest_excluded", "defence.attack_weight")
 
 
 def value_key(value: Any) -> str:
@@ -93,6 +93,8 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
             if m.get(key) is not None:
                 yield label, key, m[key]
         yield from ((label, key, value) for key, value in defence_rates(m.get("clients") or {}).items())
+        if m.get("attack_weight") is not None:
+            yield label, "defence.attack_weight", m["attack_weight"]
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
