@@ -81,8 +81,11 @@ def _rates_cell(rates: list[dict[str, float]]) -> str:
     ones got, over seeds ("-": it weighs no update)."""
     if not any(rates):
         return "-"
-    return " / ".join(f"{np.mean([r[key] for r in rates if key in r]):.2f}" for key in
-                      ("defence.attackers_excluded", "defence.honest_excluded", "defence.attack_weight"))
+    shown = []
+    for key in ("defence.attackers_excluded", "defence.honest_excluded", "defence.attack_weight"):
+        values = [r[key] for r in rates if key in r]
+        shown.append(f"{np.mean(values):.2f}" if values else "–")  # a sweep made before hetfed kept the weight
+    return " / ".join(shown)
 
 
 def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "final", defence: bool = False) -> str:
