@@ -38,11 +38,20 @@ BASE[2:2] = DEVICE
 ON_CPU = os.environ.get("HETFED_TEST_DEVICE", "cpu") == "cpu"
 
 
+#: runs.csv's values that are continuous functions of the clients' updates (not of counts): to float tolerance, as
+#: metrics.csv's losses — a joined stack computes the updates in blocks of other shapes (FLTrust's trust shares have
+#: differed by 1e-11 relative)
+CONTINUOUS = {"defence.attack_weight"}
+
+
 def _equal(stacked: dict[tuple, float], alone: dict[tuple, float]) -> None:
-    """#74: a stacked sweep's values are the one-by-one sweep's exactly on a CPU, to float tolerance on a GPU."""
+    """#74: a stacked sweep's values are the one-by-one sweep's exactly on a CPU (the continuous ones to float
+    tolerance), to float tolerance on a GPU."""
     assert stacked.keys() == alone.keys()
     for key, value in alone.items():
-        if ON_CPU:
+        if ON_CPU and key[-1] in CONTINUOUS:
+            assert stacked[key] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), key
+        elif ON_CPU:
             assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
         else:
             assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
