@@ -183,3 +183,16 @@ def test_the_summary_holds_the_malicious_updates_mean_share_of_the_weight():
     shares = [row["attack_weight"] for row in rows.rows.values() if "attack_weight" in row]
     assert len(shares) == 2 and result.attack_weight_rounds == 2  # rounds 3 and 4
     assert _failures(result)["attack_weight"] == pytest.approx(np.mean(shares)) and 0 < np.mean(shares) < 1
+
+
+def test_a_run_under_attack_ends_with_what_each_defence_decided(tmp_path, capsys):
+    from hetfed.cli import main
+
+    code = main(["run", "--set", "attack.kind=sign_flip", "--set", "attack.fraction=0.3", "--set", "train.rounds=2",
+                 "--set", "methods=[{name: krum, algorithm: fedavg, server: {combine: {rule: krum}}}, "
+                 "{name: median, algorithm: fedavg, server: {combine: {rule: median}}}]", "--out", str(tmp_path / "r")])
+    out = capsys.readouterr().out
+    assert code == 0
+    assert "defence (krum): left out 6 of 6 malicious updates and 12 of 14 honest ones; the malicious ones got 0.0% " \
+           "of its weight" in " ".join(out.split())
+    assert "defence (median)" not in out  # a coordinate-wise rule decides no update's weight

@@ -229,6 +229,19 @@ def _summary_table(summary: dict[str, Any]) -> Table:
     return table
 
 
+def defence_line(method: str, m: dict[str, Any]) -> str | None:
+    """Under an attack, what the method's defence decided over the attacked rounds (:mod:`hetfed.server.detection`):
+    the malicious and honest updates it left out, and the malicious ones' mean share of its weight; None where it
+    decided none (no attack, or a rule that weighs no update)."""
+    c = m.get("clients") or {}
+    if not c.get("attackers_sent"):
+        return None
+    weight = m.get("attack_weight")
+    share = f"; the malicious ones got {weight:.1%} of its weight" if weight is not None else ""
+    return (f"defence ({method}): left out {c['attackers_excluded']} of {c['attackers_sent']} malicious updates and "
+            f"{c['honest_excluded']} of {c['honest_sent']} honest ones{share}")
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     console.print(_summary_table(summary))
@@ -239,6 +252,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
         for part in [line] if len(line) <= console.width else line.split("   "):
             console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
+        decided = defence_line(method, m)
+        if decided is not None:
+            console.print(decided, soft_wrap=True)
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
         if (m.get("gamma_from_summaries") or {}).get("warning"):
