@@ -34,9 +34,9 @@ class Weighed(dict[str, torch.Tensor]):
     """A rule's combined parameters (a ``Params`` dict, read as any other) with ``weights``: each update's weight in
     them as the rule weighs it, one per row of the round's upload — ≥ 0, 0 for an update it left out (Krum's, DnC's,
     FLAME's, FLTrust's zero trust). Returned by the rules that decide per update; the coordinate-wise ones (median,
-    trimmed mean) and centered clipping weigh no update as a whole and return plain parameters. Why: which updates a
-    defence kept, and the share of its weight the malicious ones got, is what a study of defences reads
-    (:mod:`hetfed.server.detection`)."""
+    trimmed mean, the robust learning rate) and centered clipping weigh no update as a whole and return plain
+    parameters. Why: which updates a defence kept, and the share of its weight the malicious ones got, is what a
+    study of defences reads (:mod:`hetfed.server.detection`)."""
 
     def __init__(self, value: Params, weights: torch.Tensor) -> None:
         super().__init__(value)
