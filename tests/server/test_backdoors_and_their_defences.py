@@ -189,7 +189,7 @@ def test_backdoor_accuracy_is_the_share_of_stamped_test_samples_the_servers_mode
 
 
 @pytest.mark.parametrize("rule", [{"rule": "flame"}, {"rule": "flame", "cosine_of": "updates", "noise": 0.01},
-                                  {"rule": "median"}, {"rule": "foolsgold"}])
+                                  {"rule": "median"}, {"rule": "foolsgold"}, {"rule": "rlr", "threshold": 3}])
 def test_executors_agree_under_a_backdoor(rule):
     fed = _fed()
     attack = AttackConfig.model_validate({"kind": "backdoor", "fraction": 0.3, "boost": 3})

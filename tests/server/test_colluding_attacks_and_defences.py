@@ -107,7 +107,8 @@ def test_the_crafted_update_does_not_depend_on_how_the_round_is_chunked(seed, cu
                                            ({"rule": "median", "bucket": 2}, "ipm"),
                                            ({"rule": "centered_clipping", "radius": 0.5}, "alie"),
                                            ({"rule": "multi_krum", "byzantine_fraction": 0.3}, "min_max"),
-                                           ({"rule": "dnc", "byzantine_fraction": 0.3, "dims": 40}, "min_sum")])
+                                           ({"rule": "dnc", "byzantine_fraction": 0.3, "dims": 40}, "min_sum"),
+                                           ({"rule": "krum", "byzantine_fraction": 0.3}, "fang_krum")])
 def test_executors_agree_under_a_colluding_attack_and_the_defences(combine, kind):
     fed = _fed()
     results = []

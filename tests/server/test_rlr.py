@@ -1,5 +1,5 @@
-"""The robust learning rate (``server.combine.rule: rlr``) against the authors' code written out, what it does to a
-coordinate a minority pushes, and the executors agreeing under a backdoor."""
+"""The robust learning rate (``server.combine.rule: rlr``) against the authors' code written out, and what it does to
+a coordinate a minority pushes (the executors agreeing under a backdoor with it: test_backdoors_and_their_defences)."""
 
 from __future__ import annotations
 
@@ -9,12 +9,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hetfed.config import AttackConfig
 from hetfed.engine.types import Upload
-from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
-from hetfed.executors.simulate import simulate
 from hetfed.server.combine import parse
-from tests.server.test_robust import _algo, _fed
 
 
 def _authors(glob: np.ndarray, updates: list[np.ndarray], sizes: list[float], threshold: int) -> np.ndarray:
@@ -56,14 +52,3 @@ def test_a_coordinate_a_minority_pushes_moves_back_and_one_all_agree_on_moves_as
     out = rule.combine({"w": torch.zeros(2, dtype=torch.float64)}, up, params)["w"]
     assert out.tolist() == pytest.approx([1.0, -2.0])  # the mean's +2 on coordinate 1 turned around
 
-
-def test_executors_agree_under_a_backdoor_with_rlr():
-    fed = _fed()
-    results = []
-    for executor in (VectorisedExecutor(), SequentialExecutor()):
-        algo, cfg = _algo(fed, combine={"rule": "rlr", "threshold": 3}, client_dropout=0.2)
-        results.append(simulate(algo, fed, cfg, seed=1, executor=executor,
-                                attack=AttackConfig(kind="backdoor", fraction=0.3)))
-    a, b = results
-    for k in a.server.params:
-        torch.testing.assert_close(a.server.params[k], b.server.params[k], rtol=1e-5, atol=1e-6)
