@@ -105,9 +105,7 @@ def attack_table(sweep: Path, metric: str = "global_accuracy", when: str = "fina
             acc = m[when].get(metric)
             if acc is None and metric == "global_accuracy":
                 acc = 0.1  # NaN model: argmax 0 on a balanced test set
-            rates = {**defence_rates(m.get("clients") or {}),
-                     **({"defence.attack_weight": m["attack_weight"]} if m.get("attack_weight") is not None else {})}
-            cells[key][name].append(rates if defence else acc)
+            cells[key][name].append(defence_rates(m) if defence else acc)
             diverged[key][name] += m.get("diverged_at") is not None
     lines = ["| attack | malicious | " + " | ".join(methods) + " |", "|---|---|" + "---|" * len(methods)]
     for (kind, frac), row in cells.items():

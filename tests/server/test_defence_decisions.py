@@ -113,9 +113,11 @@ def test_detection_counts_the_screened_out_and_the_zero_weighted():
                      "attack_weight": pytest.approx(0.1)}
     everyone_out = detection(malicious, [0, 2], {**decided, "weights": torch.zeros(5)})
     assert everyone_out == {"attackers_sent": 1, "attackers_excluded": 1, "honest_sent": 1, "honest_excluded": 1}
-    assert defence_rates({"attackers_sent": 4, "attackers_excluded": 3, "honest_sent": 10, "honest_excluded": 1}) \
-        == {"defence.attackers_excluded": 0.75, "defence.honest_excluded": 0.1}
-    assert defence_rates({"clients_sampled": 10}) == {}  # no attack: nothing decided
+    counts = {"attackers_sent": 4, "attackers_excluded": 3, "honest_sent": 10, "honest_excluded": 1}
+    assert defence_rates({"clients": counts}) == {"defence.attackers_excluded": 0.75, "defence.honest_excluded": 0.1}
+    assert defence_rates({"clients": counts, "attack_weight": 0.2}) == {
+        "defence.attackers_excluded": 0.75, "defence.honest_excluded": 0.1, "defence.attack_weight": 0.2}
+    assert defence_rates({"clients": {"clients_sampled": 10}}) == {}  # no attack: nothing decided
 
 
 class _Rows(RoundObserver):

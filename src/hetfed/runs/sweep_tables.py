@@ -92,9 +92,7 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         for key in ("epsilon", "record_epsilon"):  # the DP guarantees (client level; record level, worst client)
             if m.get(key) is not None:
                 yield label, key, m[key]
-        yield from ((label, key, value) for key, value in defence_rates(m.get("clients") or {}).items())
-        if m.get("attack_weight") is not None:
-            yield label, "defence.attack_weight", m["attack_weight"]
+        yield from ((label, key, value) for key, value in defence_rates(m).items())
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
@@ -105,14 +103,18 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
             yield label, "server_seconds_per_round", m["server_seconds_per_round"]
 
 
-def defence_rates(clients: dict[str, int]) -> dict[str, float]:
-    """What a defence decided over a run's attacked rounds (:mod:`hetfed.server.detection`), from the summary's client
-    counts: the shares of the malicious and of the honest updates it left out (its true and false positive rates);
-    none where the run was not attacked or its combine rule weighs no update."""
+def defence_rates(method: dict[str, Any]) -> dict[str, float]:
+    """What a defence decided over a run's attacked rounds (:mod:`hetfed.server.detection`), from a method's summary:
+    the shares of the malicious and of the honest updates it left out (its true and false positive rates, from the
+    client counts) and the malicious updates' mean share of its weight; none where the run was not attacked or its
+    combine rule weighs no update."""
+    clients = method.get("clients") or {}
     out = {}
     for who in ("attackers", "honest"):
         if clients.get(f"{who}_sent"):
             out[f"defence.{who}_excluded"] = clients[f"{who}_excluded"] / clients[f"{who}_sent"]
+    if method.get("attack_weight") is not None:
+        out["defence.attack_weight"] = method["attack_weight"]
     return out
 
 
