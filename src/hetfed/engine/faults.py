@@ -165,17 +165,20 @@ class Adversary:
 
 
 class Colluding:
-    """A round's uploads as an omniscient colluding attack meets them, before the server's screen: the honest clients'
-    rows go on to the round at once (their updates' running mean and spread kept, so the round still streams), the
-    malicious clients' rows wait; when the round ends they carry the update the attack crafts from the honest ones
-    (the same for each, or each its own), and go on too. With no honest update in the round the crafted update is
-    made from zeros.
-    An attack that reads every honest update (``reads_rows``) has them held too, as a robust rule holds a round."""
+    """A round's uploads as a colluding attack meets them, before the server's screen: the honest clients' rows go on
+    to the round at once, the malicious clients' rows wait; when the round ends they carry the update the attack
+    crafts (the same for each, or each its own), and go on too. What it crafts from is its ``knowledge``: the honest
+    updates (``full``: their running mean and spread kept as they pass, so the round still streams) or the malicious
+    clients' own, as they trained them (``partial``). With no update known the crafted update is made from zeros.
+    An attack that reads every known update (``reads_rows``) has them held too, as a robust rule holds a round."""
 
     def __init__(self, round_uploads: RoundUploads, adversary: Adversary, reference: Params, rnd: int = 0) -> None:
         self.inner, self.adversary, self.reference, self.round = round_uploads, adversary, reference, rnd
         self.held: list[Upload] = []
-        self.count = 0
+        #: whether the attack knows only its own clients' updates (``knowledge: partial``), not the honest ones
+        self.partial = adversary.cfg.params.knowledge == "partial"
+        self.passed = 0  # honest uploads gone on to the round
+        self.count = 0  # updates known (observed)
         self.mean: dict[str, torch.Tensor] = {}  # float64, per shared parameter
         self.m2: dict[str, torch.Tensor] = {}  # Σ (Δ − mean)²
         self.rows: dict[str, list[torch.Tensor]] | None = {k: [] for k in reference} \
@@ -190,11 +193,13 @@ class Colluding:
         honest = [j for j, is_bad in enumerate(malicious) if not is_bad]
         if honest:
             part = upload.take(honest) if bad else upload
-            self._observe(part)
+            self.passed += len(honest)
+            if not self.partial:
+                self._observe(part)
             self.inner.add(part, measured)
 
     def _observe(self, upload: Upload) -> None:
-        """Chan et al.'s pairwise update of the honest updates' mean and sum of squared deviations (float64)."""
+        """Chan et al.'s pairwise update of the known updates' mean and sum of squared deviations (float64)."""
         b = len(upload.client_ids)
         total = self.count + b
         for name, ref in self.reference.items():
@@ -212,7 +217,7 @@ class Colluding:
         self.count = total
 
     def honest(self, n: int, malicious: Sequence[int], device: torch.device) -> Honest:
-        """What the attack knows of the round's honest updates (zeros where there were none), and the ``malicious``
+        """What the attack knows of the round's benign updates (zeros where it knows none), and the ``malicious``
         clients' own uniform draws (on the CPU: the same numbers on every device)."""
         zeros = {k: torch.zeros(ref.shape, dtype=torch.float64, device=device) for k, ref in self.reference.items()}
         mean = {k: self.mean.get(k, zeros[k]) for k in zeros}
@@ -232,9 +237,11 @@ class Colluding:
         collude = self.adversary.attack.collude
         if self.held and collude is not None:
             held = concat_uploads(self.held)
+            if self.partial:
+                self._observe(held)  # their own updates, as they trained them
             params = dict(held.params)
             device = next(iter(params.values())).device
-            crafted = collude(self.honest(self.count + len(held.client_ids), held.client_ids, device),
+            crafted = collude(self.honest(self.passed + len(held.client_ids), held.client_ids, device),
                               self.adversary.cfg.params)
             for name, ref in self.reference.items():
                 theta = params[name]

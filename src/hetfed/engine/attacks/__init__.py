@@ -6,30 +6,42 @@ model poisoning changes what a malicious client uploads — ``poison(delta, para
 parameter, from the run seed) — and data poisoning changes the samples it trains on (``poison_data``: its labels
 flipped, or a trigger stamped on some of its samples and their labels set to a target — a backdoor, whose success
 is measured on the global test set stamped the same way, ``backdoor_test``). A
-*colluding* attack (``collude``) is omniscient, as in the papers that break robust rules with it (Baruch et al. 2019,
-Xie et al. 2020, Shejwalkar and Houmansadr 2021, Fang et al. 2020): its malicious clients see the round's honest
-updates and send an update crafted from them — the same for all, or each its own (:class:`Honest`;
-:class:`hetfed.engine.faults.Colluding`). ``none`` does none of
-these. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
+*colluding* attack (``collude``) sends an update crafted from a round's benign updates — the same for all its malicious
+clients, or each its own (:class:`Honest`; :class:`hetfed.engine.faults.Colluding`) — from what its ``knowledge``
+(:class:`ColludingParams`) gives it: the round's honest updates (``full``, the default: omniscient, as in the papers'
+experiments that break robust rules with these attacks — Baruch et al. 2019, Xie et al. 2020, Shejwalkar and
+Houmansadr 2021, Fang et al. 2020), or only its own malicious clients' updates as they trained them (``partial``: Fang
+et al.'s partial knowledge; Shejwalkar and Houmansadr's attacker that does not know the benign updates). ``none`` does
+none of these. Which clients are malicious and how they are simulated: :class:`hetfed.engine.faults.Adversary`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import numpy as np
 import torch
+from pydantic import Field
 
 from hetfed.registry import ComponentParams, Registry
 
 
+class ColludingParams(ComponentParams):
+    """The parameters every colluding attack has (its own ``Params`` derive from this): whose updates it knows."""
+
+    knowledge: Literal["full", "partial"] = Field(
+        "full", description="full: the round's honest updates (omniscient); partial: only the malicious clients' own "
+                            "updates as they trained them (Fang et al.'s partial knowledge)")
+
+
 @dataclass(frozen=True)
 class Honest:
-    """What a colluding attack knows of a round's honest updates Δ = θ_k − θ_global, per shared parameter (float64):
-    their coordinate-wise ``mean`` and standard deviation ``std`` (n − 1 in the denominator; 0 for fewer than two),
-    every update stacked (``rows``, ``[honest, …]``: held only for an attack that ``reads_rows``, else None); ``n``
+    """What a colluding attack knows of a round's benign updates Δ = θ_k − θ_global — the honest clients' under
+    ``knowledge: full``, its malicious clients' own as they trained them under ``partial`` — per shared parameter
+    (float64): their coordinate-wise ``mean`` and standard deviation ``std`` (n − 1 in the denominator; 0 for fewer than
+    two), every update stacked (``rows``, ``[known, …]``: held only for an attack that ``reads_rows``, else None); ``n``
     clients in the round, ``m`` of them malicious; ``uniform(name)``: U[0, 1) draws of the parameter's shape for each
     malicious client, ``[m, …]`` in their order (each client's own stream from the run seed, the round and the
     parameter: an attack that sends each malicious client an update of its own)."""
@@ -91,4 +103,8 @@ ATTACKS: Registry[ClientAttack] = Registry("attack", __name__, "attack.kind", no
 
 
 def register(attack: ClientAttack) -> ClientAttack:
+    """Register ``attack``; a colluding one declares whose updates it knows (its ``Params`` derive from
+    :class:`ColludingParams`)."""
+    if attack.collude is not None and not issubclass(attack.Params, ColludingParams):
+        raise TypeError(f"colluding attack {attack.name!r}: its Params must derive from ColludingParams")
     return ATTACKS.register(attack.name, attack)

@@ -3,7 +3,8 @@ updates' coordinate-wise mean shifted by z of their standard deviations: small e
 median, trimmed mean and Krum, in one direction on every coordinate so that it adds up.
 
 Omniscient, as in the paper's experiments and in Karimireddy et al.'s code (epfml/byzantine-robust-noniid-optimizer,
-``ALittleIsEnoughAttack``): μ and σ are taken over the round's honest updates. z, unless given, is the paper's
+``ALittleIsEnoughAttack``): μ and σ are taken over the round's honest updates — under ``knowledge: partial``
+over the malicious clients' own updates as they trained them. z, unless given, is the paper's
 z_max = Φ⁻¹((n − m − s) / (n − m)) with s = ⌊n/2 + 1⌋ − m supporters needed, from the round's n clients of which m
 malicious; where those counts leave no finite z (a round of two clients), z = 0: the honest mean.
 """
@@ -16,11 +17,10 @@ import torch
 from pydantic import Field
 from scipy.stats import norm
 
-from hetfed.engine.attacks import ClientAttack, Honest, register
-from hetfed.registry import ComponentParams
+from hetfed.engine.attacks import ClientAttack, ColludingParams, Honest, register
 
 
-class AlieParams(ComponentParams):
+class AlieParams(ColludingParams):
     z: float | None = Field(None, description="how many standard deviations from the honest mean (None: the "
                                               "paper's z_max from the round's client counts)")
 

@@ -17,7 +17,12 @@ same under Δ = −lr·g, the distances scaled by lr. Departures, where hetfed's
 sums and the direction are over the round's honest updates (the code's include the malicious clients' own benign
 ones, which hetfed's malicious clients do not report); the search asks hetfed's own Krum (squared distances, as the
 paper and the ``krum`` rule; the code's check sums plain distances); when it gives up, the code leaves the malicious
-clients' benign updates, here they send 0."""
+clients' benign updates, here they send 0.
+
+Under ``knowledge: partial`` (the paper's partial knowledge: the compromised clients' models before the attack stand in
+for the benign ones) the direction, the bound and Krum's check take the malicious clients' own updates, as they
+trained them, in the honest updates' place: the check is among those c and c copies (m = 2c in the bound, whose
+m − 2c − 1 is then taken as 1). With fewer than two malicious clients in a round they send 0."""
 
 from __future__ import annotations
 
@@ -26,12 +31,11 @@ import math
 import torch
 from pydantic import Field
 
-from hetfed.engine.attacks import ClientAttack, Honest, register
+from hetfed.engine.attacks import ClientAttack, ColludingParams, Honest, register
 from hetfed.engine.centrality import krum_scores
-from hetfed.registry import ComponentParams
 
 
-class FangKrumParams(ComponentParams):
+class FangKrumParams(ColludingParams):
     stop: float = Field(1e-5, gt=0, description="λ below which the search gives up (the code's 1e-5)")
     noise: float = Field(1e-5, ge=0, description="the other malicious clients' noise: uniform on ±noise/d around "
                                                  "the first's update (the code's 1e-5)")

@@ -10,25 +10,47 @@ As the attack's code released with FLTrust's and Fang's experiments (``full_trim
 written here on updates Δ = θ_k − θ rather than gradients — the formula is the same under Δ = −lr·g (a sign flip of
 every input flips the output). Omniscient, as there; one departure: the extremes and directions are taken over the
 round's honest clients' updates, where the code takes them over every client's benign update, the malicious
-clients' own before they attack included (hetfed's malicious clients do not report theirs)."""
+clients' own before they attack included (hetfed's malicious clients do not report theirs).
+
+Under ``knowledge: partial`` (the paper's partial knowledge) the malicious clients know only their own updates as they
+trained them: from those, each coordinate's mean μ_j, standard deviation σ_j (c in the denominator, as the code's
+``partial_trim``) and direction s_j = sign(μ_j); each malicious client sends μ_j − r·σ_j·s_j, r drawn uniformly from
+[3, 4] for each client and coordinate (the paper's interval; the code sends its midpoint, 3.5). ``b`` is not read
+there, and is refused."""
 
 from __future__ import annotations
 
 import torch
-from pydantic import Field
+from pydantic import Field, model_validator
 
-from hetfed.engine.attacks import ClientAttack, Honest, register
-from hetfed.registry import ComponentParams
+from hetfed.engine.attacks import ClientAttack, ColludingParams, Honest, register
+
+#: under partial knowledge, how many of their own updates' standard deviations the malicious clients go past their mean
+PARTIAL_REACH = (3.0, 4.0)
 
 
-class FangTrimParams(ComponentParams):
-    b: float = Field(2.0, gt=1, description="r's range [1, b]: how far past the honest extreme (the paper's 2)")
+class FangTrimParams(ColludingParams):
+    b: float = Field(2.0, gt=1, description="r's range [1, b]: how far past the honest extreme (the paper's 2; "
+                                            "knowledge: full only)")
+
+    @model_validator(mode="after")
+    def _b_read(self) -> FangTrimParams:
+        if self.knowledge == "partial" and "b" in self.model_fields_set:
+            raise ValueError(f"attack.b = {self.b} is not read under attack.knowledge = 'partial' (the malicious "
+                             f"clients go {PARTIAL_REACH[0]:g}–{PARTIAL_REACH[1]:g} of their own updates' standard "
+                             "deviations past their mean): drop it, or use knowledge: full")
+        return self
 
 
 def fang_trim(honest: Honest, p: FangTrimParams) -> dict[str, torch.Tensor]:
     assert honest.rows is not None and honest.uniform is not None
     out = {}
     for name, rows in honest.rows.items():
+        if p.knowledge == "partial":
+            low, high = PARTIAL_REACH
+            mean = rows.mean(0)
+            out[name] = mean - (low + (high - low) * honest.uniform(name)) * rows.std(0, correction=0) * mean.sign()
+            continue
         direction = torch.sign(rows.sum(0))
         directed = (direction > 0) * rows.min(0).values + (direction < 0) * rows.max(0).values
         r = 1 + (p.b - 1) * honest.uniform(name)  # [m, …]: each malicious client's own

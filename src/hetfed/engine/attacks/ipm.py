@@ -3,7 +3,8 @@ honest updates' mean, so that the aggregate's inner product with the true update
 among the honest updates from the median and Krum, a large one overwhelms the mean.
 
 Omniscient, as in the paper and in Karimireddy et al.'s code (epfml/byzantine-robust-noniid-optimizer,
-``IPMAttack``): the mean is taken over the round's honest updates.
+``IPMAttack``): the mean is taken over the round's honest updates — under ``knowledge: partial`` over the
+malicious clients' own updates as they trained them.
 """
 
 from __future__ import annotations
@@ -11,11 +12,10 @@ from __future__ import annotations
 import torch
 from pydantic import Field
 
-from hetfed.engine.attacks import ClientAttack, Honest, register
-from hetfed.registry import ComponentParams
+from hetfed.engine.attacks import ClientAttack, ColludingParams, Honest, register
 
 
-class IpmParams(ComponentParams):
+class IpmParams(ColludingParams):
     epsilon: float = Field(0.1, gt=0, description="ε: the malicious update is −ε × the honest mean")
 
 

@@ -6,7 +6,9 @@ they are from each other, so a rule that judges updates by their distances lets 
 As the authors' code (``our_attack_dist`` in virat-shejwalkar/NDSS21-Model-Poisoning): p is ``unit_vec`` (μ/‖μ‖),
 ``sign`` (sign μ) or ``std`` (the honest updates' standard deviation), over all shared parameters joined; γ is found by
 halving steps from ``gamma`` until two tries differ by less than 1e-5 (the largest γ that fits, to that precision;
-0 when none does). Omniscient: μ, p and the distances come from the round's honest updates."""
+0 when none does). Omniscient: μ, p and the distances come from the round's honest updates; under
+``knowledge: partial`` from the malicious clients' own updates as they trained them, in the distances' place of the
+honest ones (the paper's attacker that does not know the benign updates)."""
 
 from __future__ import annotations
 
@@ -17,12 +19,11 @@ from typing import Literal
 import torch
 from pydantic import Field
 
-from hetfed.engine.attacks import ClientAttack, Honest, register
+from hetfed.engine.attacks import ClientAttack, ColludingParams, Honest, register
 from hetfed.engine.types import flat, flat_one, unflat
-from hetfed.registry import ComponentParams
 
 
-class AgnosticParams(ComponentParams):
+class AgnosticParams(ColludingParams):
     deviation: Literal["unit_vec", "sign", "std"] = Field(
         "unit_vec", description="p: the honest mean's direction, its signs, or the honest updates' spread")
     gamma: float = Field(10.0, gt=0, description="γ's first try (the search's steps halve from it)")
