@@ -57,17 +57,19 @@ class AttackConfig(Chosen):
     they upload (Δ = θ_k − θ_global) — ``sign_flip`` sends −factor·Δ (``factor`` 4), ``scale`` factor·Δ
     (``factor`` 10), ``gaussian`` noise N(0, noise_std²) in place of Δ; data poisoning: ``label_flip`` trains on
     labels y → C − 1 − y, ``backdoor`` stamps a trigger on a share of its samples and labels them ``target``
-    (its success, ``backdoor_accuracy``, measured at every evaluation); colluding (omniscient) model poisoning:
-    ``alie`` sends the round's honest updates' mean minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their
-    mean, ``min_max`` and ``min_sum`` their mean pushed along a ``deviation`` as far as the honest updates' distances
-    allow, ``fang_trim`` every coordinate pushed against the honest updates' direction past their extreme (by a
-    factor up to ``b``). They attack in the rounds ``start_round`` … ``stop_round`` (1-based; by default all).
+    (its success, ``backdoor_accuracy``, measured at every evaluation); colluding model poisoning, crafted from the
+    round's honest updates (``knowledge: full``, omniscient) or from the malicious clients' own as they trained them
+    (``knowledge: partial``): ``alie`` sends their mean minus ``z`` standard deviations, ``ipm`` −``epsilon`` × their
+    mean, ``min_max`` and ``min_sum`` their mean pushed along a ``deviation`` as far as their distances allow,
+    ``fang_trim`` every coordinate pushed against their direction past their extreme (by a factor up to ``b``; under
+    partial knowledge 3–4 standard deviations past their mean), ``fang_krum`` −λ × their direction, λ the largest Krum
+    still chooses. They attack in the rounds ``start_round`` … ``stop_round`` (1-based; by default all).
     Simulated by the in-process executors (on Flower the clients are real)."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("attack", "kind")
 
     kind: str = Field("none", description="none, sign_flip, scale, gaussian, label_flip, backdoor, alie, ipm, "
-                                               "min_max, min_sum, fang_trim, or a plugin's")
+                                               "min_max, min_sum, fang_trim, fang_krum, or a plugin's")
     fraction: float = Field(0.1, ge=0, le=1, description="the share of the opted-in clients that is malicious")
     start_round: int = Field(1, ge=1, description="the first round the malicious clients attack in (1: from the "
                              "start); before it they train and send as honest clients do")

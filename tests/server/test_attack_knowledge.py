@@ -135,3 +135,13 @@ def test_knowledge_is_refused_where_it_is_not_read_in_one_line(tmp_path, capsys,
     assert code == 2 and len(err.splitlines()) == 1, err
     assert says in err
     assert not out.exists()
+
+
+def test_a_colluding_attack_whose_params_do_not_say_what_it_knows_is_not_registered():
+    from hetfed.engine.attacks import ATTACKS, ClientAttack, register
+    from hetfed.registry import ComponentParams
+
+    with pytest.raises(TypeError, match="ColludingParams"):
+        register(ClientAttack("knows_nothing", "a plugin's colluding attack", ComponentParams,
+                              collude=lambda honest, p: dict(honest.mean)))
+    assert "knows_nothing" not in ATTACKS.names()

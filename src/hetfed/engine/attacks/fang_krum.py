@@ -87,5 +87,5 @@ def fang_krum(honest: Honest, p: FangKrumParams) -> dict[str, torch.Tensor]:
 
 
 register(ClientAttack("fang_krum", "colluding model poisoning: every malicious client sends −λ·(the honest updates' "
-                      "direction), λ the largest Krum still chooses (Fang et al.'s full-knowledge Krum attack)",
+                      "direction), λ the largest Krum still chooses (Fang et al.'s Krum attack)",
                       FangKrumParams, collude=fang_krum, reads_rows=True))

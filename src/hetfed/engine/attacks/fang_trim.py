@@ -60,5 +60,6 @@ def fang_trim(honest: Honest, p: FangTrimParams) -> dict[str, torch.Tensor]:
 
 
 register(ClientAttack("fang_trim", "colluding model poisoning: every coordinate pushed against the honest updates' "
-                      "direction, past their extreme by a random factor in [1, b] (Fang et al.'s full-knowledge Trim "
-                      "attack)", FangTrimParams, collude=fang_trim, reads_rows=True))
+                      "direction, past their extreme by a random factor in [1, b] (Fang et al.'s Trim attack; under "
+                      "partial knowledge 3–4 of their own updates' standard deviations past their mean)",
+                      FangTrimParams, collude=fang_trim, reads_rows=True))
