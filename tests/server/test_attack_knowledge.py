@@ -145,3 +145,14 @@ def test_a_colluding_attack_whose_params_do_not_say_what_it_knows_is_not_registe
         register(ClientAttack("knows_nothing", "a plugin's colluding attack", ComponentParams,
                               collude=lambda honest, p: dict(honest.mean)))
     assert "knows_nothing" not in ATTACKS.names()
+
+
+def test_a_sweeps_run_of_partial_trim_is_not_refused_for_the_keys_it_left_at_their_defaults(tmp_path):
+    from pathlib import Path
+
+    config = Path(__file__).resolve().parents[2] / "configs" / "robust_digits.yaml"
+    code = main(["sweep", str(config), "--seeds", "1", "--quiet", "--set", "train.rounds=1", "--set",
+                 "methods=[{name: mean, algorithm: fedavg}]", "--grid",
+                 "attack={kind: fang_trim, fraction: 0.3, knowledge: partial}", "--out", str(tmp_path / "s")])
+    assert code == 0
+    assert (tmp_path / "s" / "runs.csv").exists()
