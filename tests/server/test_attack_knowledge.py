@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from hetfed.cli import main
 from hetfed.config import AttackConfig
 from hetfed.engine.attacks.alie import z_max
+from hetfed.engine.attacks.fang_krum import lambda_bound
 from hetfed.engine.faults import Adversary
 from hetfed.executors.inprocess import SequentialExecutor, VectorisedExecutor
 from hetfed.executors.simulate import simulate
@@ -106,7 +107,11 @@ def test_partial_knowledges_krum_attack_goes_against_the_malicious_clients_own_d
     thetas[~bad] -= np.array([1, -1, 1, -1, 1, 1, -1, -1]) * 0.2  # the honest ones the other
     out = _round(adv, ref, thetas, [list(range(20))])
     first = out.params["w"][int(np.flatnonzero(bad)[0])]
-    assert torch.equal(torch.sign(first), -torch.sign(torch.as_tensor(thetas[bad].sum(0))))
+    own = torch.as_tensor(thetas[bad])
+    s = torch.sign(own.sum(0))
+    assert torch.equal(torch.sign(first), -s)
+    # Krum among their own c updates and c copies always lets a copy win: λ is §4.2's bound, with the round's counts
+    torch.testing.assert_close(first, -lambda_bound(own, int(bad.sum()), 20) * s, rtol=1e-12, atol=0)
 
 
 def test_executors_agree_under_a_partial_knowledge_attack():

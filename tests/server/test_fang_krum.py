@@ -21,7 +21,7 @@ from tests.server.test_defence_decisions import _decisions
 from tests.server.test_robust import _fed
 
 
-def _paper_bound(rows: np.ndarray, c: int) -> float:
+def _paper_bound(rows: np.ndarray, c: int) -> float:  # m = h + c: the honest updates and the malicious
     """§4.2's bound, one honest client at a time: 1/((m − 2c − 1)√d) · min_i Σ over i's m − c − 2 nearest honest
     of the distances, + 1/√d · max_i ‖Δ_i‖."""
     h, d = rows.shape
@@ -39,10 +39,10 @@ def test_the_bound_is_the_papers_and_lambda_the_largest_krum_still_chooses(seed,
     rng = np.random.default_rng(seed)
     rows = rng.normal(size=(h, d)) * rng.uniform(0.01, 3) + rng.normal(size=d)
     t = torch.as_tensor(rows)
-    assert lambda_bound(t, c) == pytest.approx(_paper_bound(rows, c), rel=1e-9)
+    assert lambda_bound(t, c, h + c) == pytest.approx(_paper_bound(rows, c), rel=1e-9)
     s = torch.sign(t.sum(0))
-    lam = crafted_lambda(t, s, c, 1e-5)
-    bound = lambda_bound(t, c)
+    lam = crafted_lambda(t, s, c, h + c, 1e-5)
+    bound = lambda_bound(t, c, h + c)
     if lam > 0:
         assert krum_chooses(t, -lam * s, c)  # chosen …
         k = round(math.log2(bound / lam))
@@ -66,7 +66,7 @@ def test_hetfeds_krum_chooses_a_malicious_update_and_the_others_are_near_it():
     honest = torch.as_tensor(thetas[~adv.malicious] - ref.numpy()).reshape(9, -1)
     s = torch.sign(honest.sum(0))
     first = (sent[bad[0]] - ref).reshape(-1)
-    lam = crafted_lambda(honest, s, len(bad), 1e-5)
+    lam = crafted_lambda(honest, s, len(bad), 12, 1e-5)
     assert lam > 0
     torch.testing.assert_close(first, -lam * s, rtol=0, atol=1e-14)  # the first sends −λ·s itself
     for k in bad[1:]:  # the others within ±1e-5/d of it, not equal

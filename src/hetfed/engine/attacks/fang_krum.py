@@ -20,9 +20,10 @@ paper and the ``krum`` rule; the code's check sums plain distances); when it giv
 clients' benign updates, here they send 0.
 
 Under ``knowledge: partial`` (the paper's partial knowledge: the compromised clients' models before the attack stand in
-for the benign ones) the direction, the bound and Krum's check take the malicious clients' own updates, as they
-trained them, in the honest updates' place: the check is among those c and c copies (m = 2c in the bound, whose
-m − 2c − 1 is then taken as 1). With fewer than two malicious clients in a round they send 0."""
+for the benign ones) the direction, the bound's sums and Krum's check take the malicious clients' own updates, as they
+trained them, in the honest updates' place (the bound's m and c are still the round's): the check is among those c and
+c copies, which Krum always lets a copy win (its score sums distances to the c − 2 nearest, the other copies), so λ is
+the bound itself. With fewer than two malicious clients in a round they send 0."""
 
 from __future__ import annotations
 
@@ -41,12 +42,12 @@ class FangKrumParams(ColludingParams):
                                                  "the first's update (the code's 1e-5)")
 
 
-def lambda_bound(rows: torch.Tensor, c: int) -> float:
-    """The paper's upper bound on λ from the honest updates ``rows`` ``[h, d]`` and ``c`` malicious clients."""
+def lambda_bound(rows: torch.Tensor, c: int, m: int) -> float:
+    """The paper's upper bound on λ from the benign updates ``rows`` ``[h, d]`` the attack knows, for ``m`` clients of
+    which ``c`` are malicious."""
     h, d = rows.shape
-    m = h + c
     dist = torch.cdist(rows, rows)
-    nearest = max(min(m - c - 2, h - 1), 0)  # each update's nearest others among the honest ones
+    nearest = max(min(m - c - 2, h - 1), 0)  # each update's nearest others among the known ones
     spread = dist.sort(dim=1).values[:, 1: 1 + nearest].sum(1).min().item() if nearest else 0.0
     return float(spread / (max(m - 2 * c - 1, 1) * math.sqrt(d)) + rows.norm(dim=1).max().item() / math.sqrt(d))
 
@@ -57,9 +58,9 @@ def krum_chooses(rows: torch.Tensor, crafted: torch.Tensor, c: int) -> bool:
     return int(krum_scores(points, c).argsort(stable=True)[0]) < c
 
 
-def crafted_lambda(rows: torch.Tensor, direction: torch.Tensor, c: int, stop: float) -> float:
+def crafted_lambda(rows: torch.Tensor, direction: torch.Tensor, c: int, m: int, stop: float) -> float:
     """λ: the bound, halved until Krum chooses −λ·s (0 when it falls below ``stop`` first)."""
-    lam = lambda_bound(rows, c)
+    lam = lambda_bound(rows, c, m)
     while lam > stop:
         if krum_chooses(rows, -lam * direction, c):
             return lam
@@ -73,7 +74,7 @@ def fang_krum(honest: Honest, p: FangKrumParams) -> dict[str, torch.Tensor]:
     rows = torch.cat([honest.rows[k].reshape(len(honest.rows[k]), -1) for k in names], dim=1)  # [h, d] float64
     h, d = rows.shape
     direction = torch.sign(rows.sum(0))
-    lam = crafted_lambda(rows, direction, honest.m, p.stop) if h >= 2 else 0.0
+    lam = crafted_lambda(rows, direction, honest.m, honest.n, p.stop) if h >= 2 else 0.0
     out, at = {}, 0
     for k in names:
         shape = honest.rows[k].shape[1:]
