@@ -97,11 +97,40 @@ def test_fltrust_foolsgold_and_flame_weights_are_what_their_combination_used():
     torch.testing.assert_close(torch.cat([fl["w"], fl["b"]]) - flat_old, (fl.weights * clip.clamp(max=1)) @ deltas)
 
 
-def test_coordinate_wise_rules_weigh_no_update():
-    old, upload = _upload(np.random.default_rng(1), 7, 3, 1)
-    for rule in ("median", "trimmed_mean"):
-        found, options = parse({"rule": rule})
-        assert not isinstance(found.combine(old, upload, options), Weighed)
+def _kept_shares(models: np.ndarray, lo: int, hi: int) -> np.ndarray:
+    """Each update's share of the values a coordinate-wise rule kept — the places lo…hi of each coordinate's sorted
+    values, a run of equal values sharing the places it fills among its rows —, one coordinate at a time."""
+    n, d = models.shape
+    counts = np.zeros(n)
+    for j in range(d):
+        column = models[:, j]
+        ordered = np.sort(column)
+        for value in np.unique(column):
+            places = np.flatnonzero(ordered == value)
+            rows = np.flatnonzero(column == value)
+            counts[rows] += np.isin(places, np.arange(lo, hi)).sum() / len(rows)
+    return counts / counts.sum()
+
+
+@settings(max_examples=40, deadline=None)
+@given(seed=st.integers(0, 10_000), n=st.integers(1, 12), d=st.integers(1, 6), levels=st.integers(2, 40),
+       fraction=st.sampled_from([0.0, 0.1, 0.2, 0.45]))
+def test_coordinate_wise_rules_weigh_each_update_by_its_share_of_the_values_they_kept(seed, n, d, levels, fraction):
+    rng = np.random.default_rng(seed)
+    models = rng.integers(0, levels, size=(n, d + 1)).astype(float)  # few levels: equal values in a coordinate
+    models[:, 0] = 3.0  # a coordinate no client moved
+    old = {"w": torch.zeros(d, dtype=torch.float64), "b": torch.zeros(1, dtype=torch.float64)}
+    upload = Upload(list(range(n)), {"w": torch.as_tensor(models[:, 1:]), "b": torch.as_tensor(models[:, :1])},
+                    torch.ones(n, dtype=torch.float64))
+    cut = math.floor(fraction * n)
+    for rule, params, (lo, hi) in (("median", {}, (n // 2, n // 2 + 1) if n % 2 else (n // 2 - 1, n // 2 + 1)),
+                                   ("trimmed_mean", {"fraction": fraction}, (cut, n - cut))):
+        found, options = parse({"rule": rule, **params})
+        out = found.combine(old, upload, options)
+        assert isinstance(out, Weighed)
+        np.testing.assert_allclose(out.weights.numpy(), _kept_shares(models, lo, hi), rtol=1e-12, atol=1e-15)
+        sorted_models = np.sort(models, axis=0)  # the combined values are the rule's, as before
+        np.testing.assert_array_equal(torch.cat([out["b"], out["w"]]).numpy(), sorted_models[lo:hi].mean(0))
 
 
 def test_detection_counts_the_screened_out_and_the_zero_weighted():
@@ -151,7 +180,9 @@ def test_the_round_loop_writes_what_each_defence_decided():
         assert row["attackers_excluded"] == row["attackers_sent"] == 3 and row["honest_excluded"] == 6
         assert row["attack_weight"] == 0.0
     median, _ = _decisions({"rule": "median"}, attack)
-    assert all("attackers_sent" not in row for row in median.values())  # decides no update's weight
+    for row in median.values():  # no update cut in every coordinate; the flipped ones far less often in the middle
+        assert row["attackers_excluded"] == 0 and row["honest_excluded"] == 0
+        assert 0 < row["attack_weight"] < 0.5 * malicious.sum() / 10
     late, _ = _decisions({"rule": "mean"}, AttackConfig(kind="sign_flip", fraction=0.3, start_round=2))
     assert [r for r, row in late.items() if "attackers_sent" in row] == [2, 3, 4]  # only the rounds it attacked
 
@@ -197,4 +228,4 @@ def test_a_run_under_attack_ends_with_what_each_defence_decided(tmp_path, capsys
     assert code == 0
     assert "defence (krum): left out 6 of 6 malicious updates and 12 of 14 honest ones; the malicious ones got 0.0% " \
            "of its weight" in " ".join(out.split())
-    assert "defence (median)" not in out  # a coordinate-wise rule decides no update's weight
+    assert "defence (median): left out 0 of 6 malicious updates and 0 of 14 honest ones" in " ".join(out.split())

@@ -33,10 +33,10 @@ class RuleParams(BaseModel):
 class Weighed(dict[str, torch.Tensor]):
     """A rule's combined parameters (a ``Params`` dict, read as any other) with ``weights``: each update's weight in
     them as the rule weighs it, one per row of the round's upload — ≥ 0, 0 for an update it left out (Krum's, DnC's,
-    FLAME's, FLTrust's zero trust). Returned by the rules that decide per update; the coordinate-wise ones (median,
-    trimmed mean, the robust learning rate) and centered clipping weigh no update as a whole and return plain
-    parameters. Why: which updates a defence kept, and the share of its weight the malicious ones got, is what a
-    study of defences reads (:mod:`hetfed.server.detection`)."""
+    FLAME's, FLTrust's zero trust). Returned by the rules that decide per update, and by the coordinate-wise median
+    and trimmed mean as each update's share of the values they kept (:meth:`kept_values`); the robust learning rate
+    and centered clipping weigh no update and return plain parameters. Why: which updates a defence kept, and the
+    share of its weight the malicious ones got, is what a study of defences reads (:mod:`hetfed.server.detection`)."""
 
     def __init__(self, value: Params, weights: torch.Tensor) -> None:
         super().__init__(value)
@@ -50,6 +50,33 @@ class Weighed(dict[str, torch.Tensor]):
         if len(kept):
             weights[torch.as_tensor(kept).cpu()] = 1.0 / len(kept)
         return cls(value, weights)
+
+    @classmethod
+    def kept_values(cls, value: Params, ordered: list[tuple[torch.Tensor, torch.Tensor]], kept: slice) -> Weighed:
+        """``value`` of a coordinate-wise rule that averaged, in every coordinate, the values in the places ``kept`` of
+        the round's updates sorted (``ordered``: per parameter, the sorted values and the rows they came from, as
+        ``torch.sort`` along the updates gives them). An update's weight is its share of all the values kept — the
+        mean over coordinates of its weight there —, 0 for an update cut in every coordinate. Equal values share the
+        places they fill: in a coordinate no client moved every update weighs alike."""
+        n = len(ordered[0][0])
+        counts = sum((_kept_places(values, rows, kept) for values, rows in ordered),
+                     torch.zeros(n, dtype=torch.float64, device=ordered[0][0].device))
+        return cls(value, (counts / counts.sum().clamp(min=1e-300)).cpu())
+
+
+def _kept_places(values: torch.Tensor, rows: torch.Tensor, kept: slice) -> torch.Tensor:
+    """Each row's count of the places ``kept`` of one parameter's sorted ``values`` ``[n, …]`` (``rows``: whose
+    value is in each place), a run of equal values sharing its places kept equally among its rows."""
+    n = len(values)
+    v, r = values.reshape(n, -1), rows.reshape(n, -1)
+    starts = torch.ones_like(v, dtype=torch.bool)
+    starts[1:] = v[1:] != v[:-1]
+    run = (starts.cumsum(0) - 1) * v.shape[1] + torch.arange(v.shape[1], device=v.device)  # a run's id, per column
+    in_kept = torch.zeros_like(v, dtype=torch.float64)
+    in_kept[kept] = 1.0
+    size = torch.bincount(run.reshape(-1), minlength=v.numel()).double()
+    share = torch.bincount(run.reshape(-1), weights=in_kept.reshape(-1), minlength=v.numel()) / size.clamp(min=1)
+    return torch.zeros(n, dtype=torch.float64, device=v.device).index_add_(0, r.reshape(-1), share[run].reshape(-1))
 
 
 @dataclass(frozen=True)

@@ -5,17 +5,26 @@ from __future__ import annotations
 import torch
 
 from hetfed.engine.types import Params, Upload
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
+
+
+def middle(n: int) -> slice:
+    """The places of a coordinate's median among ``n`` sorted values: the middle one, or the middle two."""
+    return slice(n // 2, n // 2 + 1) if n % 2 else slice(n // 2 - 1, n // 2 + 1)
 
 
 def coordinate_median(stacked: torch.Tensor) -> torch.Tensor:
     """The median of each coordinate over the leading axis; for an even count the mean of the two middle values."""
     n = len(stacked)
-    return stacked.median(0).values if n % 2 else stacked.sort(0).values[n // 2 - 1: n // 2 + 1].mean(0)
+    return stacked.median(0).values if n % 2 else stacked.sort(0).values[middle(n)].mean(0)
 
 
-def median(old: Params, upload: Upload, _params: RuleParams) -> Params:
-    return {k: coordinate_median(upload.params[k]) for k in old}
+def median(old: Params, upload: Upload, _params: RuleParams) -> Weighed:
+    """The median, with each update's share of the values kept (:meth:`Weighed.kept_values`)."""
+    n = len(upload.client_ids)
+    ordered = {k: upload.params[k].sort(0) for k in old}
+    return Weighed.kept_values({k: o.values[middle(n)].mean(0) for k, o in ordered.items()},
+                               [(o.values, o.indices) for o in ordered.values()], middle(n))
 
 
 register(CombineRule("median", median, RuleParams, streams=False, summary="coordinate-wise median, unweighted",

@@ -7,17 +7,20 @@ import math
 from pydantic import Field
 
 from hetfed.engine.types import Params, Upload
-from hetfed.server.combine import CombineRule, RuleParams, register
+from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 
 class TrimmedMeanParams(RuleParams):
     fraction: float = Field(0.1, ge=0, lt=0.5, description="share cut from each end per coordinate")
 
 
-def trimmed_mean(old: Params, upload: Upload, params: TrimmedMeanParams) -> Params:
+def trimmed_mean(old: Params, upload: Upload, params: TrimmedMeanParams) -> Weighed:
+    """The trimmed mean, with each update's share of the values kept (:meth:`Weighed.kept_values`)."""
     n = len(upload.client_ids)
     cut = int(math.floor(params.fraction * n))
-    return {k: upload.params[k].sort(0).values[cut: n - cut].mean(0) for k in old}
+    ordered = {k: upload.params[k].sort(0) for k in old}
+    return Weighed.kept_values({k: o.values[cut: n - cut].mean(0) for k, o in ordered.items()},
+                               [(o.values, o.indices) for o in ordered.values()], slice(cut, n - cut))
 
 
 register(CombineRule("trimmed_mean", trimmed_mean, TrimmedMeanParams, streams=False,
