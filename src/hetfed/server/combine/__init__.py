@@ -52,17 +52,18 @@ class Weighed(dict[str, torch.Tensor]):
         return cls(value, weights)
 
     @classmethod
-    def kept_values(cls, value: Params, ordered: list[tuple[torch.Tensor, torch.Tensor]], kept: slice) -> Weighed:
-        """``value`` of a coordinate-wise rule that averaged, in every coordinate, the values in the places ``kept`` of
-        the round's updates sorted (``ordered``: per parameter, the sorted values and the rows they came from, as
-        ``torch.sort`` along the updates gives them). An update's weight is its share of all the values kept — the
-        mean over coordinates of its weight there —, 0 for an update cut in every coordinate. Equal values share the
-        places they fill: in a coordinate no client moved every update weighs alike."""
-        n = len(ordered[0][0])
-        counts = sum((_kept_places(values, rows, kept) for values, rows in ordered),
-                     torch.zeros(n, dtype=torch.float64, device=ordered[0][0].device))
-        return cls(value, (counts / counts.sum().clamp(min=1e-300)).cpu())
-
+    def kept_values(cls, stacked: Params, kept: slice) -> Weighed:
+        """A coordinate-wise rule's combination: in every coordinate, the mean of the values in the places ``kept`` of
+        the round's updates sorted (``stacked``: per parameter, the updates' values ``[n, …]``). An update's weight is
+        its share of all the values kept — the mean over coordinates of its weight there —, 0 for an update cut in
+        every coordinate. Equal values share the places they fill: in a coordinate no client moved every update weighs
+        alike."""
+        ordered = {k: v.sort(0) for k, v in stacked.items()}
+        first = next(iter(stacked.values()))
+        counts = sum((_kept_places(o.values, o.indices, kept) for o in ordered.values()),
+                     torch.zeros(len(first), dtype=torch.float64, device=first.device))
+        return cls({k: o.values[kept].mean(0) for k, o in ordered.items()},
+                   (counts / counts.sum().clamp(min=1e-300)).cpu())
 
 def _kept_places(values: torch.Tensor, rows: torch.Tensor, kept: slice) -> torch.Tensor:
     """Each row's count of the places ``kept`` of one parameter's sorted ``values`` ``[n, …]`` (``rows``: whose
