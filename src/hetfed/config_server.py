@@ -196,19 +196,14 @@ class ScreenConfig(Strict):
 
 
 class CombineConfig(Chosen):
-    """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys
-    (trimmed_mean: ``fraction``; krum, bulyan: ``byzantine_fraction``; multi_krum: ``byzantine_fraction``, ``keep``,
-    ``weighted``; geometric_median: ``passes``, ``tolerance``, ``weighted``; centered_clipping: ``radius``,
-    ``iterations``; flame: ``noise``, ``cosine_of``; foolsgold: ``layers``, ``kappa``; dnc: ``byzantine_fraction``,
-    ``dims``, ``iterations``, ``filter_fraction``; `hetfed components combine
-    NAME`; docs/robustness.md); ``bucket`` (any robust rule) averages the updates in shuffled buckets before the
-    rule."""
+    """How a round's screened updates become one model (hetfed.server.combine): ``rule`` and its own keys beside it
+    (``hetfed components combine`` lists the rules, ``hetfed components combine NAME`` a rule's keys;
+    docs/robustness.md); ``bucket`` (any robust rule) averages the updates in shuffled buckets before the rule."""
 
     chosen_by: ClassVar[tuple[str, str]] = ("combine", "rule")
 
-    rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule (unweighted: "
-                      "median, trimmed_mean, krum, multi_krum, bulyan, centered_clipping, flame, foolsgold, dnc; "
-                      "weighted: geometric_median), or a plugin's")
+    rule: str = Field("mean", description="mean (FedAvg's sample-weighted mean), or a robust rule registered in "
+                      "hetfed.server.combine or by a plugin (`hetfed components combine` lists them)")
     bucket: int = Field(1, ge=1, description="s > 1: the robust rule combines the means of the round's updates "
                         "shuffled into buckets of s (Karimireddy et al. 2022's bucketing); 1: the updates themselves")
 

@@ -73,7 +73,7 @@ def test_krum_and_multi_krum_give_the_far_off_updates_nothing():
     assert float(w[:2].abs().sum()) == 0.0 and int((w > 0).sum()) == 11 - 2 * 2  # θ = n − 2f chosen
 
 
-def test_fltrust_foolsgold_and_flame_weights_are_what_their_combination_used():
+def test_fltrust_foolsgold_flame_and_signguard_weights_are_what_their_combination_used():
     rng = np.random.default_rng(5)
     old, upload = _upload(rng, 6, 3, 0)
     flat_old = torch.cat([old["w"], old["b"]])
@@ -95,6 +95,11 @@ def test_fltrust_foolsgold_and_flame_weights_are_what_their_combination_used():
     norms = deltas.norm(dim=1)
     clip = (norms.median() if len(norms) % 2 else norms.sort().values[2:4].mean()) / norms
     torch.testing.assert_close(torch.cat([fl["w"], fl["b"]]) - flat_old, (fl.weights * clip.clamp(max=1)) @ deltas)
+    # SignGuard: the same, S torch's median (the lower middle norm for an even count)
+    sg = _combined("signguard", old, up, coordinates=1.0)
+    clip = norms.sort().values[2] / norms
+    torch.testing.assert_close(torch.cat([sg["w"], sg["b"]]) - flat_old, (sg.weights * clip.clamp(max=1)) @ deltas)
+    assert float(sg.weights.sum()) == pytest.approx(1.0)
 
 
 def _kept_shares(models: np.ndarray, lo: int, hi: int) -> np.ndarray:
