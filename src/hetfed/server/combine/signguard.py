@@ -48,7 +48,8 @@ class SignGuardParams(RuleParams):
 def norm_filter(norms: np.ndarray, lower: float, upper: float) -> np.ndarray:
     """Whether each update's norm lies strictly between ``lower`` and ``upper`` times their median."""
     median = np.median(norms)
-    return (norms > lower * median) & (norms < upper * median)
+    kept: np.ndarray = (norms > lower * median) & (norms < upper * median)
+    return kept
 
 
 def sign_features(window: torch.Tensor) -> np.ndarray:
@@ -73,7 +74,8 @@ def largest_cluster(points: np.ndarray) -> np.ndarray:
     else:
         labels = np.unique(points, axis=0, return_inverse=True)[1].reshape(-1)
     counts = np.bincount(labels[labels >= 0], minlength=1)
-    return labels == int(np.argmax(counts))
+    largest: np.ndarray = labels == int(np.argmax(counts))
+    return largest
 
 
 def signguard(old: Params, upload: Upload, params: SignGuardParams, rng: torch.Generator) -> Weighed:
