@@ -1,5 +1,5 @@
 """metrics.csv's rows (:class:`hetfed.runs.rundir.MetricsWriter`) are what the csv module writes, whatever the
-names and values: the rows of floats go as one string, every other through the csv module."""
+names and values: the rows of plain numbers (floats, ints) go as one string, every other through the csv module."""
 
 from __future__ import annotations
 
@@ -16,7 +16,8 @@ from hetfed.runs.rundir import METRIC_COLUMNS, MetricsWriter, read_metric_rows
 
 names = st.one_of(st.text('ab ,"\r\n\t\'', max_size=6),  # the characters the csv module quotes for, and others
                   st.text(st.characters(blacklist_categories=("Cs",), blacklist_characters="\x00"), max_size=8))
-values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.none())
+values = st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.integers(-5, 5), st.integers(), st.booleans(),
+                   st.none())
 floats = st.floats(allow_nan=True, allow_infinity=True)
 
 
@@ -27,6 +28,8 @@ floats = st.floats(allow_nan=True, allow_infinity=True)
                                   max_size=4))
 @example(method='fed"avg', split="summary", client="all", summary={"acc": 0.5}, per_client={"a,b": [0.25, 1.0]})
 @example(method="m", split="x\ny", client=3, summary={'q"': float("nan"), "n": 2}, per_client={"c": [None, 1.5]})
+@example(method="m", split="train", client="all", summary={"clients": 20, "up": 10**30, "skipped": True},
+         per_client={"n": [3, -4], "w": [0.5, 2]})
 def test_rows_are_the_csv_modules(method: str, split: str, client: int | str, summary: dict[str, float],
                                   per_client: dict[str, list[float]]) -> None:
     expected = io.StringIO(newline="")
