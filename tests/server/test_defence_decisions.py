@@ -200,14 +200,35 @@ def test_updates_the_norm_filter_screens_out_count_as_excluded():
         assert row["honest_excluded"] == 0 and row["attack_weight"] == 0.0
 
 
-def test_the_chain_keeps_the_rounds_decision_but_not_a_buckets():
+def test_the_chain_keeps_the_rounds_decision():
     old, upload = _upload(np.random.default_rng(7), 8, 3, 1)
     alone = server_chain(ServerConfig(combine={"rule": "krum"}))
     params, state = alone.step(old, upload, {}, round=5)
     assert type(params) is dict and state[DECIDED]["round"] == 5  # the model a plain dict, what it decided kept
     assert state[DECIDED]["clients"] == upload.client_ids and float(state[DECIDED]["weights"].sum()) == 1.0
-    bucketed = server_chain(ServerConfig(combine={"rule": "krum", "bucket": 2}))
-    assert DECIDED not in bucketed.step(old, upload, {}, round=5)[1]  # a bucket's weight is no update's own
+
+
+@settings(max_examples=25, deadline=None)
+@given(st.integers(0, 10_000), st.integers(5, 13), st.integers(2, 4), st.integers(0, 2), st.integers(0, 30))
+def test_under_bucketing_each_update_shares_its_buckets_weight_and_the_model_is_theirs(seed, n, s, outliers, rnd):
+    """A bucket is its members' simple mean, so the rule's weight on it is shared by them equally: the combined
+    model is the updates' mean by those weights, and an update is left out exactly when its bucket is."""
+    from hetfed.server.buckets import buckets
+
+    old, upload = _upload(np.random.default_rng(seed), n, 3, outliers)
+    rows = torch.cat([upload.params["w"], upload.params["b"]], dim=1)
+    groups = buckets(n, s, seed, rnd)
+    for rule, params in [*AVERAGING[1:], ("median", {}), ("signguard", {"coordinates": 1.0})]:
+        chain = server_chain(ServerConfig(combine={"rule": rule, "bucket": s, **params}))
+        new, state = chain.step(old, upload, {}, round=rnd, seed=seed)
+        decided = state[DECIDED]
+        w = decided["weights"]
+        assert decided["clients"] == upload.client_ids and w.shape == (n,), rule
+        assert math.isclose(float(w.sum()), 1.0, rel_tol=1e-12), rule
+        for members in groups:  # equal within a bucket
+            assert torch.equal(w[members], w[members[:1]].expand(len(members))), rule
+        if rule not in ("median", "signguard"):  # signguard clips; the median's weights are shares of values
+            torch.testing.assert_close(torch.cat([new["w"], new["b"]]), w @ rows, rtol=1e-10, atol=1e-10)
 
 
 def test_the_summary_holds_the_malicious_updates_mean_share_of_the_weight():

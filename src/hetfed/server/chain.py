@@ -26,7 +26,7 @@ import torch
 
 from hetfed.engine.rng import COMBINE_NOISE, DP_NOISE, derive_seed, torch_gen
 from hetfed.engine.types import Params, RoundUploads, Upload
-from hetfed.server.buckets import bucket_means
+from hetfed.server.buckets import bucket_means, buckets, member_weights
 from hetfed.server.combine import CombineRule, RuleParams, Weighed
 from hetfed.server.dp import DPNoise
 from hetfed.server.optimizers import ServerOptimizer
@@ -89,9 +89,10 @@ class Combine(Stateless):
         return self.rule.streams
 
     def update(self, r: Round, state: State) -> tuple[Round, State]:
-        upload = r.upload
+        upload, groups = r.upload, None
         if self.bucket > 1 and len(upload.client_ids):
-            upload = bucket_means(upload, r.reference, self.bucket, r.seed, r.round)
+            groups = buckets(len(upload.client_ids), self.bucket, r.seed, r.round)
+            upload = bucket_means(upload, r.reference, groups)
         given: dict[str, Any] = {"rng": torch_gen(r.seed, COMBINE_NOISE, r.round)} if self.rule.draws else {}
         if self.rule.root:
             given["root"] = r.root
@@ -101,9 +102,9 @@ class Combine(Stateless):
         else:
             value = cast(Params, self.rule.combine(r.reference, upload, self.params, **given))
         weights = None
-        if isinstance(value, Weighed):
-            # a bucket's weight is its members' together: no update's own
-            weights = value.weights if upload is r.upload else None
+        if isinstance(value, Weighed):  # a bucket's weight is shared by its members (a bucket is their mean)
+            weights = value.weights if groups is None else member_weights(value.weights, groups,
+                                                                           len(r.upload.client_ids))
             value = dict(value)
         return replace(r, value=value, weights=weights), state
 
