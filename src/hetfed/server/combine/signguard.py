@@ -8,8 +8,9 @@ what the other sees, and the mean of the updates both keep, clipped.
   drawn from the run seed and the round), each update's shares of positive, zero and negative signs, each share
   divided by its largest over the updates; MeanShift (scikit-learn's; bandwidth ``estimate_bandwidth`` at quantile 0.5
   over at most 50 updates, bin seeding, orphans left unlabelled) clusters those points, and the largest cluster is
-  kept. Crafted updates that move every coordinate the same way (a sign flip, IPM, Fang's) or stay close to the mean
-  with a bias in every coordinate (ALIE) shift these shares, whatever their norm.
+  kept. Crafted updates whose signs are skewed otherwise than the honest ones' (ALIE's bias in every coordinate,
+  IPM's scaled negative mean where honest updates are not balanced) shift these shares, whatever their norm; a sign
+  flip of updates with as many positive as negative coordinates does not.
 - **Aggregate**: every update clipped to the median norm (torch's: the lower middle one for an even count, as the
   authors' code) and the kept ones averaged, unweighted.
 
