@@ -128,11 +128,12 @@ def plot_label_skew(view: dict[str, np.ndarray], path: str | Path | None):
 
 def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float, float]]]], path: str | Path | None,
                          best_rounds: dict[str, int | None] | None = None, xlabel: str = "round",
-                         log_x: bool = False):
+                         log_x: bool = False, shares: bool = False):
     """One panel per metric; one line per method; the round of the best model marked (★).
 
     ``curves[metric][method] = [(round, value)]`` — or ``(x, value)`` against another ``xlabel`` (simulated
-    seconds, cumulative uplink bytes; no ★ then); metrics without points are left out.
+    seconds, cumulative uplink bytes; no ★ then); metrics without points are left out. ``shares``: every metric is a
+    share, drawn on 0…1 (a constant share otherwise fills its panel at an arbitrary scale).
     """
     metrics = [m for m in curves if any(curves[m].values())]
     if not metrics:
@@ -162,6 +163,8 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float,
             ax.set_xscale("log")
         elif xlabel == "round":
             ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # rounds are whole numbers, even in short runs
+        if shares:
+            ax.set_ylim(-0.03, 1.03)
         ax.set_ylabel(metric_label(metric))
         ax.set_title(metric_label(metric), fontsize=10)
         ax.grid(alpha=0.3)

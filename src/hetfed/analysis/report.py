@@ -250,9 +250,12 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     leaked = _leakage(d, summary)
     if leaked:
         sections.append(("what the server learnt", leaked))
-    from hetfed.analysis.results import CURVE_AXES, run_curves, run_curves_against, run_level
+    from hetfed.analysis.results import CURVE_AXES, defence_curves, run_curves, run_curves_against, run_level
 
     series = run_level(rows)  # the rows read above: metrics.csv was read again for every curve drawn
+    decided = defence_curves(series)
+    if decided:
+        sections.append(("what the defence decided", _defence(decided, keep)))
     curves = run_curves(series, min_points=2)
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
     curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
@@ -282,6 +285,17 @@ def run_report(d: Path, keep: Path | None = None) -> str:
                                                  {"run directory": str(d.resolve())})
                      + _files((summary or {}).get("data_files", []))))
     return page(title, sections)
+
+
+def _defence(decided: dict[str, Any], keep: Path | None) -> str:
+    """The figure of what a run's defence decided in each attacked round (:func:`~hetfed.analysis.results.
+    defence_curves`)."""
+    from hetfed.analysis.figures import plot_learning_curves
+
+    return figure(partial(plot_learning_curves, decided, shares=True), "what the server's defence decided in each "
+                  "attacked round: the shares of the malicious and of the honest updates it left out (screened out "
+                  "or given weight 0), and the malicious updates' share of its weight (docs/robustness.md)",
+                  keep and keep / "defence.png")
 
 
 def _leakage(d: Path, summary: dict | None) -> str:

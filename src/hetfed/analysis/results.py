@@ -119,6 +119,25 @@ def run_curves_against(table: RunCurves, x_metric: str, metrics: tuple[str, ...]
     return out
 
 
+def defence_curves(table: RunCurves) -> dict[str, dict[str, list[tuple[int, float]]]]:
+    """What a run's defence decided, round by round, under an attack (:mod:`hetfed.server.detection`), from its curves
+    (:func:`run_level`): ``{"defence.attackers_excluded" | "defence.honest_excluded": {method: [(round, share)]}}``,
+    the share of the malicious (honest) updates sent that round the defence left out, and ``"defence.attack_weight"``,
+    the malicious updates' share of its weight (the rounds it weighed them in). {} for a run under no attack."""
+    out: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    for who in ("attackers", "honest"):
+        sent = table.get(f"{who}_sent", {})
+        for method, points in table.get(f"{who}_excluded", {}).items():
+            of = dict(sent.get(method, []))
+            shares = [(r, v / of[r]) for r, v in points if of.get(r)]
+            if shares:
+                out.setdefault(f"defence.{who}_excluded", {})[method] = shares
+    weights = {method: points for method, points in table.get("attack_weight", {}).items() if points}
+    if weights:
+        out["defence.attack_weight"] = weights
+    return out
+
+
 def run_curves(table: RunCurves, min_points: int = 1) -> dict[str, dict[str, list[tuple[int, float]]]]:
     """``{metric: {method: [(round, value)]}}`` of :data:`RUN_CURVES` from a run's curves (:func:`run_level`), NaN
     points dropped; methods with fewer than ``min_points`` points, and metrics left without any, are left out."""
