@@ -31,7 +31,7 @@ def test_every_rule_is_registered_from_its_own_file_and_says_whether_it_streams(
                                         "own"),
     ({"rule": "trimmed_mean", "fraction": 0.7}, "server.combine.fraction = 0.7: Input should be less than 0.5"),
     ({"rule": "medain"}, "server.combine.rule = 'medain' is not allowed: did you mean 'median'? expected one of "
-                         "['bulyan', 'centered_clipping', 'dnc', 'flame', 'fltrust', 'foolsgold'"),
+                         "['bulyan', 'centered_clipping', 'clipped_clustering', 'dnc', 'flame', 'fltrust'"),
 ])
 def test_a_rules_parameters_are_validated_with_one_line_naming_the_key(section, expected):
     with pytest.raises(ConfigError) as err:
