@@ -1,4 +1,4 @@
-"""Clipped clustering (Li, Chen, Lyu et al., "An experimental study of Byzantine-robust aggregation schemes in federated
+"""Clipped clustering (Li, Ngai and Voigt, "An experimental study of Byzantine-robust aggregation schemes in federated
 learning", IEEE Transactions on Big Data 2023), as Blades' ``Clippedclustering`` (its authors' benchmark): each update
 clipped to τ, the median of the norms of every update the server has received so far (this round's included; at most
 ``max_tau``); the clipped updates split in two by agglomerative clustering on their pairwise cosine distances
@@ -8,7 +8,9 @@ Clipping first bounds what a large malicious update can do; clustering by direct
 elsewhere, whatever their norm. The norms' history lives in the server's state (its checkpoints): one number per
 update received. As Blades: an update above τ is scaled by τ/(‖Δ‖ + 10⁻⁶) (its ``clip_tensor_norm_``); a pair whose
 cosine is undefined (an update of norm 0) is at distance 2; the group labelled 1 is kept when it holds more than half
-of the updates, label 0's otherwise (so on a tie); a round of one update keeps it. Its weights (:class:`Weighed`): 1/|kept| each (then clipped), 0 for the others."""
+of the updates, label 0's otherwise (so on a tie); a round of one update keeps it. Its weights (:class:`Weighed`):
+1/|kept| each (then clipped), 0 for the others. The history grows by a round's updates every round (8 bytes each):
+20 clients × 2 000 rounds keep 320 kB."""
 
 from __future__ import annotations
 
