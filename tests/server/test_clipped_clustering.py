@@ -97,3 +97,28 @@ def test_one_update_is_kept_and_bad_settings_are_refused_in_one_line():
         with pytest.raises(ConfigError) as err:
             build_config({"server": {"combine": {"rule": "clipped_clustering", **section}}})
         assert expected in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_norm_history_is_kept_through_a_checkpoint():
+    """The history lives in the server state's chain entry: a run saved after 2 of 4 rounds (pickled, as a checkpoint
+    is) and resumed ends where the uninterrupted run does, and its history holds every update's norm."""
+    import pickle
+
+    from hetfed.executors.inprocess import VectorisedExecutor
+    from hetfed.executors.simulate import simulate
+    from tests.server.test_robust import _algo, _fed
+
+    fed = _fed()
+    combine = {"rule": "clipped_clustering"}
+    algo, cfg = _algo(fed, combine=combine, rounds=4)
+    whole = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor())
+    algo, cfg = _algo(fed, combine=combine, rounds=2)
+    half = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor())
+    kept = len(half.server.extra["server_chain"]["combine"]["norms"])
+    states, half.executor = half.executor.states.state_dict(), None
+    algo, cfg = _algo(fed, combine=combine, rounds=4)
+    resumed = simulate(algo, fed, cfg, seed=1, executor=VectorisedExecutor(), resume=pickle.loads(pickle.dumps(half)),
+                       resume_states=states)
+    assert len(resumed.server.extra["server_chain"]["combine"]["norms"]) == 2 * kept > 0
+    for k in whole.server.params:
+        assert torch.equal(whole.server.params[k], resumed.server.params[k]), k
