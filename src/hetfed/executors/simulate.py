@@ -205,8 +205,9 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
 def _detected(loop: _Loop, server: ServerState, r: int, trained: list[int]) -> dict[str, float]:
     """What the server's defence decided about round ``r``'s (0-based) malicious updates
     (:func:`hetfed.server.detection.detection`), when they attacked and the combine rule weighs updates
-    (:data:`hetfed.server.chain.DECIDED`); {} otherwise (no attack that round, a coordinate-wise rule, bucketing,
-    DP's noised mean, a method whose server combines several models)."""
+    (:data:`hetfed.server.chain.DECIDED`; under bucketing, each bucket's weight shared by its members); {} otherwise
+    (no attack that round, a rule that weighs no update — centered clipping, the robust learning rate —, DP's noised
+    mean, a method whose server combines several models)."""
     if loop.adversary is None or not loop.adversary.acts_in(r):
         return {}
     decided = cast(dict[str, Any], server.extra.get(Chain.STATE, {})).get(DECIDED)

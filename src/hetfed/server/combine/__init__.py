@@ -65,6 +65,7 @@ class Weighed(dict[str, torch.Tensor]):
         return cls({k: o.values[kept].mean(0) for k, o in ordered.items()},
                    (counts / counts.sum().clamp(min=1e-300)).cpu())
 
+
 def _kept_places(values: torch.Tensor, rows: torch.Tensor, kept: slice) -> torch.Tensor:
     """Each row's count of the places ``kept`` of one parameter's sorted ``values`` ``[n, …]`` (``rows``: whose
     value is in each place), a run of equal values sharing its places kept equally among its rows."""

@@ -48,14 +48,15 @@ def larger_group(points: torch.Tensor, linkage: str) -> np.ndarray:
 
 def clipped_clustering(old: Params, upload: Upload, params: ClippedClusteringParams,
                        state: dict[str, Any]) -> tuple[Weighed, dict[str, Any]]:
-    deltas = flat({k: upload.params[k] for k in old}) - flat_one(old).to(next(iter(upload.params.values())).device)
+    reference = flat_one(old).to(next(iter(upload.params.values())).device)
+    deltas = flat({k: upload.params[k] for k in old}) - reference
     norms = torch.linalg.vector_norm(deltas, dim=1)
     history = torch.cat([state.get("norms", torch.zeros(0, dtype=torch.float64)), norms.cpu()])
     bound = min(float(np.median(history.numpy())), params.max_tau)
     scale = torch.where(norms > bound, bound / (norms + 1e-6), torch.ones_like(norms))
     clipped = deltas * scale.unsqueeze(1)
     chosen = larger_group(clipped, params.linkage)
-    value = flat_one(old).to(deltas.device) + clipped[torch.as_tensor(chosen, device=deltas.device)].mean(0)
+    value = reference + clipped[torch.as_tensor(chosen, device=deltas.device)].mean(0)
     return Weighed.averaging(unflat(value, old, upload.params), chosen.tolist(), len(deltas)), {"norms": history}
 
 

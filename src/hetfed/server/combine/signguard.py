@@ -80,7 +80,8 @@ def largest_cluster(points: np.ndarray) -> np.ndarray:
 
 
 def signguard(old: Params, upload: Upload, params: SignGuardParams, rng: torch.Generator) -> Weighed:
-    deltas = flat({k: upload.params[k] for k in old}) - flat_one(old).to(next(iter(upload.params.values())).device)
+    reference = flat_one(old).to(next(iter(upload.params.values())).device)
+    deltas = flat({k: upload.params[k] for k in old}) - reference
     n, d = deltas.shape
     norms = torch.linalg.vector_norm(deltas, dim=1)
     by_norm = norm_filter(norms.cpu().numpy(), params.lower, params.upper)
@@ -93,7 +94,7 @@ def signguard(old: Params, upload: Upload, params: SignGuardParams, rng: torch.G
     bound = norms.median()  # the lower middle norm for an even count (torch's), as the authors' clip
     scale = (bound / norms).nan_to_num(1.0, 1.0).clamp(max=1.0)  # an update of norm 0 stays 0
     kept = torch.as_tensor(chosen, device=deltas.device)
-    value = flat_one(old).to(deltas.device) + (deltas[kept] * scale[kept].unsqueeze(1)).mean(0)
+    value = reference + (deltas[kept] * scale[kept].unsqueeze(1)).mean(0)
     return Weighed.averaging(unflat(value, old, upload.params), chosen.tolist(), n)
 
 
