@@ -15,10 +15,10 @@ import functools
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 import yaml
-from pydantic import BaseModel, Field, ValidationError, model_validator
+from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
 from hetfed import config_legacy
 from hetfed.config_base import Chosen, Strict
@@ -91,8 +91,24 @@ class PartitionConfig(Chosen):
     feature_noise: float = Field(0.0, ge=0, description="NIID-Bench's noise-based feature skew, beside any kind: "
                                  "client k's features get Gaussian noise of standard deviation feature_noise · k/(K−1) "
                                  "(client 0 none), drawn once per sample; the global test set stays clean")
+    rotations: list[Literal[0, 90, 180, 270]] | None = Field(
+        None, min_length=2, description="concept shift by rotation (IFCA's rotated MNIST), beside any kind: the "
+        "clients in as many contiguous groups, group g's images rotated rotations[g] degrees counter-clockwise; the "
+        "global test set stays as it is")
+    label_swaps: list[Annotated[list[int], Field(min_length=2, max_length=2)] | None] | None = Field(
+        None, min_length=2, description="concept shift by labels, beside any kind: the clients in as many contiguous "
+        "groups, group g's two labels label_swaps[g] exchanged (null: none); the global test set stays as it is")
     val_fraction: float = Field(0.15, ge=0, lt=1)
     test_fraction: float = Field(0.15, ge=0, lt=1)
+
+    @field_validator("label_swaps")
+    @classmethod
+    def _swaps_exchange_two_labels(cls, v: list | None) -> list | None:
+        same = [p for p in v or () if p is not None and p[0] == p[1]]
+        if same:
+            raise ValueError(f"swaps label {same[0][0]} with itself, which exchanges nothing; expected two "
+                             "different labels or null")
+        return v
 
     @model_validator(mode="after")
     def _fractions_leave_training_data(self) -> PartitionConfig:

@@ -41,8 +41,11 @@ Kinds (seed papers in brackets):
 - ``quantity`` [NIID-Bench's quantity skew]: client sizes from Dir(β) above ``min_size``, samples at random.
 
 ``opt_out`` is orthogonal: a fraction ``q`` of the clients is marked opted-out;
-the engine never samples them for the global model. So is ``feature_noise`` (NIID-Bench's noise-based feature
-skew): client k's features carry Gaussian noise of standard deviation ``feature_noise · k/(K−1)``.
+the engine never samples them for the global model. So are the skews of :mod:`hetfed.partition.shift`, applied to the
+clients' samples after any split: ``feature_noise`` (NIID-Bench's noise-based feature skew: client k's features
+carry Gaussian noise of standard deviation ``feature_noise · k/(K−1)``), ``rotations`` (the clients in contiguous
+groups, each group's images rotated by its angle: IFCA's rotated MNIST) and ``label_swaps`` (each group with its
+own pair of labels exchanged: concept shift).
 """
 
 from __future__ import annotations
@@ -55,6 +58,7 @@ import numpy as np
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
+from hetfed.partition.shift import shifted
 from hetfed.registry import ComponentParams, Registry, describe_params
 
 Indices = list[np.ndarray]
@@ -78,7 +82,8 @@ def _described(p: Partitioner) -> dict[str, Any]:
             "params": describe_params(p.Params)}
 
 
-PARTITIONERS: Registry[Partitioner] = Registry("partitioner", __name__, "partition.kind", describe=_described)
+PARTITIONERS: Registry[Partitioner] = Registry("partitioner", __name__, "partition.kind", describe=_described,
+                                               exclude=frozenset({"shift"}))  # skews beside any kind, not a kind
 
 
 def register(kind: str, split: Callable[..., Indices], ordered: bool = False,
@@ -424,16 +429,7 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
             "expected fewer clients or a less extreme setting"
         )
     rng = np.random.default_rng([seed, 0x5B17])
-    if cfg.feature_noise:
-        if features is not None or not np.issubdtype(x.dtype, np.floating):  # token ids, characters, raw text
-            raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with embed.kind = "
-                                 f"{getattr(data, 'extractor', None)!r}: its inputs are not features (token ids, "
-                                 "text); expected real-valued features (e.g. embed.kind = 'minilm')")
-        if len(parts) < 2:
-            raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with one client: "
-                                 "client 0's features stay clean, so nothing would be skewed; expected "
-                                 "partition.clients ≥ 2")
-        x = with_feature_noise(x, parts, cfg.feature_noise, np.random.default_rng([seed, 0x401E]))
+    x, y = shifted(data, x, y, parts, cfg, seed)
     gap = getattr(data, "sequence_gap", None)
     if gap is not None and PARTITIONERS.get(cfg.kind).ordered:  # a role's windows in time order: by time, as LEAF
         splits = [split_in_order(np.sort(p), cfg.val_fraction, cfg.test_fraction, gap) for p in parts]
@@ -454,19 +450,6 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
         kind=cfg.kind,
         params=cfg.model_dump(),
     )
-
-
-def with_feature_noise(x: np.ndarray, parts: Indices, scale: float, rng: np.random.Generator) -> np.ndarray:
-    """A copy of the pool ``x`` whose rows of client k carry Gaussian noise of standard deviation ``scale · k/(K−1)``
-    (NIID-Bench's noise-based feature skew, Li et al., ICDE 2022: client 0 clean, the last ``scale``). Drawn once per
-    sample, where NIID-Bench draws it afresh each time a sample is loaded: the same distribution per client, without
-    that augmentation. A copy: a sweep's runs share the pool they were given."""
-    noisy = x.copy()
-    for k, rows in enumerate(parts):
-        std = scale * k / max(len(parts) - 1, 1)
-        if std and len(rows):
-            noisy[rows] += rng.normal(0.0, std, size=(len(rows), *x.shape[1:])).astype(x.dtype)
-    return noisy
 
 
 def federation_warnings(fed: Federation) -> list[str]:

@@ -115,9 +115,9 @@ def _check_nodes_dataset(config: Config) -> None:
     if config.partition.opt_out:
         raise ConfigError(f"partition.opt_out = {config.partition.opt_out} is not allowed with dataset.name = "
                           f"{name!r}: a node's clients opt out by not joining; expected 0")
-    if config.partition.feature_noise:
-        raise ConfigError(f"partition.feature_noise = {config.partition.feature_noise} is not allowed with "
-                          f"dataset.name = {name!r}: the nodes' own data is not simulated; expected 0")
+    for key, value in config.partition.away_from_default("feature_noise", "rotations", "label_swaps").items():
+        raise ConfigError(f"partition.{key} = {value} is not allowed with dataset.name = {name!r}: the nodes' own "
+                          "data is not simulated; expected it left out")
 
 
 @dataclass(frozen=True, eq=False)
