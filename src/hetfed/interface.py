@@ -228,6 +228,11 @@ class Algorithm:
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
+    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor | None:
+        """The cluster each of ``upload``'s clients is in after the server's step ``state`` (a clustered method's:
+        IFCA, CFL), to say how its clusters match the clients' concept groups; None: the method has none."""
+        return None
+
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""

@@ -96,6 +96,11 @@ class CFL(ClusterModels):
         tables = padded(bc.extra_rows(ASSIGNMENT, len(ids)).long().cpu(), max(ids, default=-1) + 1)
         return tables[torch.arange(len(ids)), torch.as_tensor(ids, dtype=torch.long)]
 
+    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor:
+        """The server's cluster of each client after this round's splits."""
+        return padded(state.extra[ASSIGNMENT].long().cpu(), max(upload.client_ids, default=-1) + 1)[
+            torch.as_tensor(upload.client_ids, dtype=torch.long)]
+
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Split the clusters that meet Algorithm 1's criterion, then average each cluster's updates."""
         of = padded(state.extra[ASSIGNMENT].clone(), max(upload.client_ids, default=-1) + 1)

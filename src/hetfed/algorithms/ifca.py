@@ -70,6 +70,10 @@ class IFCA(ClusterModels):
     def upload_extra(self, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"cluster": chosen.to(torch.float32)}
 
+    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor:
+        """The cluster model each client chose and trained this round (its upload's index)."""
+        return upload.extra["cluster"].long().cpu()
+
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Per cluster, the server pipeline over the clients that chose it; the others keep their model."""
         cluster = upload.extra["cluster"].long().cpu()

@@ -41,6 +41,7 @@ from hetfed.executors.updates import (
     uploaded_bytes,
 )
 from hetfed.interface import Algorithm
+from hetfed.partition.shift import concept_groups
 from hetfed.run_spec import RunSpec
 from hetfed.server.chain import DECIDED, Chain
 from hetfed.server.detection import detection
@@ -193,6 +194,8 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
             result.attack_weight_sum += per_round["attack_weight"]
             result.attack_weight_rounds += 1
         counts.update(cast(dict[str, int], found))
+        result.clustering = _clustering(loop, result.server, upload)
+        per_round.update(result.clustering)
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
@@ -200,6 +203,24 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     per_round.update(round_time=result.round_time, sim_time=result.sim_time, downlink_bytes=result.round_bytes[0],
                      uplink_bytes=result.round_bytes[1])
     return (yield from after_update(loop, result, upload, counts, per_round, t0))
+
+
+def _clustering(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, float]:
+    """For a clustered method (:meth:`~hetfed.interface.Algorithm.clusters`), how many clusters the round's clients
+    are in after the server's step (``clusters``) and, where the partition gave the clients concepts
+    (``partition.rotations``, ``label_swaps``), how well those clusters are the concepts: scikit-learn's adjusted
+    Rand index over the round's clients (``cluster_ari``: 1 the concepts exactly, about 0 a draw at random; what
+    IFCA's code reports as the share assigned right, without its need to number the clusters as the groups)."""
+    assigned = loop.algo.clusters(server, upload)
+    if assigned is None:
+        return {}
+    out = {"clusters": float(len(torch.unique(assigned)))}
+    concepts = concept_groups(loop.fed.n_clients, getattr(loop.fed, "params", None) or {})
+    if concepts is not None:
+        from sklearn.metrics import adjusted_rand_score
+
+        out["cluster_ari"] = float(adjusted_rand_score(concepts[upload.client_ids], assigned.numpy()))
+    return out
 
 
 def _detected(loop: _Loop, server: ServerState, r: int, trained: list[int]) -> dict[str, float]:

@@ -182,6 +182,9 @@ class SimulationResult:
     #: them in, and how many rounds that was (:mod:`hetfed.server.detection`)
     attack_weight_sum: float = 0.0
     attack_weight_rounds: int = 0
+    #: a clustered method's clusters after the last round, and how they match the clients' concepts
+    #: (:func:`hetfed.executors.simulate._clustering`)
+    clustering: dict[str, float] = field(default_factory=dict)
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
     since_best: int = 0  # evaluations since it improved (early stopping)
     #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far

@@ -105,3 +105,19 @@ def shifted(data, x: np.ndarray, y: np.ndarray, parts: Indices, cfg: PartitionCo
                                  f"{data.n_classes - 1}")
         y = with_label_swaps(y, parts, cfg.label_swaps)
     return x, y
+
+
+def concept_groups(n_clients: int, params: dict) -> np.ndarray | None:
+    """Each client's concept, from a federation's partition settings (``params``: ``rotations``, ``label_swaps``):
+    clients whose samples are turned alike and whose labels are swapped alike share one (two groups at the same
+    angle are one concept), numbered as they first come; None when the partition made none."""
+    rotations, swaps = params.get("rotations"), params.get("label_swaps")
+    if rotations is None and swaps is None:
+        return None
+    turned = [None] * n_clients if rotations is None else [rotations[g] for g in client_groups(n_clients,
+                                                                                              len(rotations))]
+    swapped = [None] * n_clients if swaps is None else [None if swaps[g] is None else tuple(swaps[g])
+                                                         for g in client_groups(n_clients, len(swaps))]
+    keys = list(zip(turned, swapped, strict=True))
+    numbers: dict[tuple, int] = {}  # numbered as they first come: the first clients' concept is 0
+    return np.array([numbers.setdefault(k, len(numbers)) for k in keys])

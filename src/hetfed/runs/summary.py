@@ -64,6 +64,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
         out["diverged_at"] = result.diverged_at
     if result.attack_weight_rounds:  # the malicious updates' mean share of the defence's weight
         out["attack_weight"] = result.attack_weight_sum / result.attack_weight_rounds
+    if result.clustering:  # a clustered method's clusters after the last round
+        out["clustering"] = dict(result.clustering)
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds

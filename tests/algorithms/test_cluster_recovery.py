@@ -1,0 +1,92 @@
+"""Whether a clustered method found the clients' concepts: each round's ``clusters`` and ``cluster_ari`` (the
+adjusted Rand index of its clusters against the concept groups ``partition.rotations`` / ``label_swaps`` made),
+in metrics.csv, the run's summary and a sweep's runs.csv."""
+
+from __future__ import annotations
+
+import csv
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import adjusted_rand_score
+
+from hetfed.config import build_config
+from hetfed.engine.types import Upload
+from hetfed.executors.simulate import _clustering
+from hetfed.partition.shift import concept_groups
+from hetfed.runs.sweep_tables import run_values
+
+
+def test_a_concept_is_what_is_done_to_a_client_not_its_group_number():
+    assert concept_groups(8, {"rotations": None, "label_swaps": None}) is None
+    assert concept_groups(8, {}) is None
+    same_angle = concept_groups(8, {"rotations": [0, 90, 0, 90]})  # groups 0 and 2 are one concept
+    assert same_angle.tolist() == [0, 0, 1, 1, 0, 0, 1, 1]
+    both = concept_groups(8, {"rotations": [0, 180], "label_swaps": [None, [0, 1], None, [0, 1]]})
+    assert adjusted_rand_score(both, [0, 0, 1, 1, 2, 2, 3, 3]) == 1.0
+    swapped = concept_groups(6, {"label_swaps": [[1, 2], [2, 1], None]})  # one pair either way: two concepts
+    assert len(set(swapped.tolist())) == 3  # [1, 2] and [2, 1] name the same exchange but are kept apart
+
+
+def test_the_round_scores_the_clusters_of_the_clients_that_uploaded_against_their_concepts():
+    clusters = torch.tensor([0, 0, 1, 1, 1])
+    loop = SimpleNamespace(algo=SimpleNamespace(clusters=lambda server, upload: clusters),
+                           fed=SimpleNamespace(n_clients=8, params={"rotations": [0, 90, 0, 90], "label_swaps": None}))
+    upload = Upload([0, 2, 4, 6, 7], {}, torch.ones(5))
+    out = _clustering(loop, None, upload)
+    # clients 0, 2, 4, 6, 7 are turned 0, 90, 0, 90, 90 degrees
+    assert out == {"clusters": 2.0, "cluster_ari": pytest.approx(adjusted_rand_score([0, 1, 0, 1, 1], [0, 0, 1, 1, 1]))}
+    loop.fed.params = {"rotations": None}
+    assert _clustering(loop, None, upload) == {"clusters": 2.0}  # no concepts: only how many clusters
+    loop.algo.clusters = lambda server, upload: None
+    assert _clustering(loop, None, upload) == {}  # not a clustered method
+
+
+def test_ifca_and_cfl_report_their_clusters_every_round_and_fedavg_none(tmp_path):
+    from hetfed.runs.runner import run_experiment
+
+    raw = {"partition": {"kind": "iid", "clients": 6, "rotations": [0, 180]},
+           "train": {"rounds": 3, "local_steps": 2, "batch_size": 16},
+           "methods": [{"algorithm": "fedavg"}, {"name": "ifca", "algorithm": "ifca", "params": {"clusters": 2}},
+                       {"name": "cfl", "algorithm": "cfl",  # split at once: any cluster whose largest update moves
+                        "params": {"eps1": 1e6, "eps2": 1e-9, "warmup_rounds": 0}}]}
+    out = tmp_path / "r"
+    whole = run_experiment(build_config(raw), out=out, progress=False).summary
+    summary = whole["methods"]
+    rows: dict[tuple[str, str], dict[int, float]] = {}
+    with open(out / "metrics.csv") as fh:
+        for r in csv.DictReader(fh):
+            if r["metric"] in ("clusters", "cluster_ari"):
+                assert r["split"] == "train"
+                rows.setdefault((r["method"], r["metric"]), {})[int(r["round"])] = float(r["value"])
+    assert {m for m, _ in rows} == {"ifca", "cfl"} and "clustering" not in summary["fedavg"]
+    for method in ("ifca", "cfl"):
+        assert sorted(rows[method, "clusters"]) == [1, 2, 3]
+        assert all(-0.5 <= v <= 1.0 for v in rows[method, "cluster_ari"].values())
+        assert summary[method]["clustering"] == {"clusters": rows[method, "clusters"][3],
+                                                 "cluster_ari": rows[method, "cluster_ari"][3]}
+    assert rows["cfl", "clusters"][1] == 2.0  # its one cluster split in two at the first round
+    assert all(1.0 <= v <= 2.0 for v in rows["ifca", "clusters"].values())
+    listed = {(m, k): v for m, k, v in run_values(whole)}
+    assert listed["cfl", "clustering.cluster_ari"] == summary["cfl"]["clustering"]["cluster_ari"]
+    assert not any(k.startswith("clustering.") for m, k in listed if m == "fedavg")
+
+
+def test_cfl_and_ifca_name_each_uploading_clients_cluster():
+    from hetfed.algorithms import build_algorithm
+    from hetfed.config import ModelConfig, TrainConfig
+    from hetfed.engine.types import ServerState
+    from hetfed.models import build_model
+
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
+    train = TrainConfig()
+    ifca = build_algorithm("ifca", model, train, {"clusters": 3})
+    upload = Upload([4, 1], {}, torch.ones(2), extra={"cluster": torch.tensor([2.0, 0.0])})
+    assert ifca.clusters(ServerState({}), upload).tolist() == [2, 0]
+    cfl = build_algorithm("cfl", model, train, {})
+    state = ServerState({}, extra={"cfl.cluster_of": torch.tensor([0.0, 1.0, 1.0, 0.0])})
+    assert cfl.clusters(state, Upload([2, 0, 5], {}, torch.ones(3))).tolist() == [1, 0, 0]  # 5: not known yet: 0
+    assert build_algorithm("fedavg", model, train, {}).clusters(state, upload) is None
+    assert np.array_equal(concept_groups(4, {"rotations": [0, 90, 180, 270]}), np.arange(4))
