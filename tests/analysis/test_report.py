@@ -265,6 +265,32 @@ def test_alpha_over_orders_of_magnitude_gets_a_log_axis_and_overlapping_methods_
     assert linear.axes[0].get_xscale() == "linear"
 
 
+def test_swept_sections_tick_only_what_differs_and_the_axis_says_what_they_share():
+    """A grid of whole sections (`--grid 'partition={kind: iid},{kind: iid, rotations: [180, 0]}'`) was drawn with
+    each value's JSON as its tick, the ticks running into one another."""
+    from hetfed.analysis.figures import plot_sweep
+    from hetfed.runs.sweep_tables import cell
+
+    values = [{"clients": 20, "kind": "iid"}, {"clients": 20, "kind": "iid", "rotations": [180, 0]},
+              {"clients": 20, "kind": "iid", "label_swaps": [None, [1, 7], [3, 8], [4, 9]]}]
+    grid = {"partition": [cell(v) for v in values]}
+    ax = plot_sweep(_table(grid, mean=0.5, ci=0.1), grid, "best.global_accuracy", None).axes[0]
+    assert [t.get_text() for t in ax.get_xticklabels()] == [
+        "—", "rotations: [180, 0]", "label_swaps: [null,\n[1, 7], [3, 8], [4,\n9]]"]  # wrapped at 20
+    assert ax.get_xlabel().endswith("(every one: clients: 20, kind: iid)")
+    kinds = plot_sweep(_table({"partition.kind": ["iid", "dirichlet"]}), {"partition.kind": ["iid", "dirichlet"]},
+                       "best.global_accuracy", None).axes[0]
+    assert [t.get_text() for t in kinds.get_xticklabels()] == ["iid", "dirichlet"] and "every one" not in \
+        kinds.get_xlabel()
+
+
+def test_no_two_of_the_first_64_series_look_alike():
+    from hetfed.analysis.plotstyle import style
+
+    looks = {(style(i)["color"], style(i)["marker"]) for i in range(64)}
+    assert len(looks) == 64  # nine methods as points drew the ninth as the first (same colour, same marker)
+
+
 def test_legends_sit_outside_the_data():
     from hetfed.analysis.figures import plot_sweep
 

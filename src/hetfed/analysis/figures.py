@@ -23,7 +23,7 @@ import numpy as np  # noqa: E402
 from cycler import cycler  # noqa: E402  # matplotlib's own dependency
 from matplotlib.ticker import MaxNLocator  # noqa: E402
 
-from hetfed.analysis.plotstyle import PALETTE, key_label, metric_label, metric_range, style  # noqa: E402
+from hetfed.analysis.plotstyle import PALETTE, key_label, metric_label, metric_range, style, tick_labels  # noqa: E402
 
 plt.rcParams.update({"axes.prop_cycle": cycler(color=PALETTE), "svg.fonttype": "none"})
 
@@ -301,10 +301,12 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
                             linestyle="none", capsize=3, label=method)
         if numeric and _log_scale(xs_all):
             ax.set_xscale("log")
+        shared = ""
         if not numeric:
-            ax.set_xticks(range(len(xs_all)), [str(x) for x in xs_all])
+            ticks, shared = tick_labels(xs_all)
+            ax.set_xticks(range(len(xs_all)), ticks, fontsize=8)
             ax.set_xlim(-0.6, len(xs_all) - 0.4)
-        ax.set_xlabel(key_label(xkey))
+        ax.set_xlabel(key_label(xkey) + (f" (every one: {shared})" if shared else ""))
         if p % ncols == 0:
             ax.set_ylabel(metric_label(metric))
         if panel:

@@ -6,7 +6,11 @@ tables, so a metric is called the same everywhere.
 
 from __future__ import annotations
 
+import json
 import re
+import textwrap
+from collections.abc import Sequence
+from typing import Any, cast
 
 #: Okabe & Ito (2008): distinguishable with the common colour-vision deficiencies
 PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
@@ -102,6 +106,34 @@ def metric_range(key: str) -> tuple[float | None, float | None]:
 
 
 def style(i: int) -> dict:
-    """The i-th series' colour, marker and dash pattern."""
-    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[i % len(MARKERS)],
+    """The i-th series' colour, marker and dash pattern: past the palette's eight colours the markers move on by
+    one, so no two of the first 64 series look alike even as points without lines."""
+    return {"color": PALETTE[i % len(PALETTE)], "marker": MARKERS[(i + i // len(PALETTE)) % len(MARKERS)],
             "linestyle": DASHES[(i // len(PALETTE)) % len(DASHES)]}
+
+
+def tick_labels(values: Sequence[Any], width: int = 20) -> tuple[list[str], str]:
+    """Readable ticks for a categorical axis, and what they all share (for the axis label). A swept section
+    (``partition={kind: iid, rotations: …}``, a compact-JSON cell) shows on each tick only the keys in which its
+    values differ, wrapped to ``width`` (— where it has none of its own); the pairs every value has are returned
+    beside. Other values: themselves, wrapped, and ""."""
+    parsed = [_section(v) for v in values]
+    if not parsed or any(d is None for d in parsed):
+        return [textwrap.fill(str(v), width) for v in values], ""
+    sections = cast(list[dict[str, Any]], parsed)
+    shared = {k: v for k, v in sections[0].items() if all(k in d and d[k] == v for d in sections[1:])}
+    ticks = ["\n".join(textwrap.fill(_pair(k, v), width) for k, v in d.items() if k not in shared) or "—"
+             for d in sections]
+    return ticks, ", ".join(_pair(k, v) for k, v in shared.items())
+
+
+def _section(value: Any) -> dict[str, Any] | None:
+    try:
+        parsed = json.loads(value) if isinstance(value, str) else None
+    except ValueError:
+        return None
+    return parsed if isinstance(parsed, dict) else None
+
+
+def _pair(key: str, value: Any) -> str:
+    return f"{key}: {value if isinstance(value, str) else json.dumps(value, ensure_ascii=False)}"
