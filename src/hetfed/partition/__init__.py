@@ -58,7 +58,6 @@ import numpy as np
 
 from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
-from hetfed.partition.shift import shifted
 from hetfed.registry import ComponentParams, Registry, describe_params
 
 Indices = list[np.ndarray]
@@ -429,6 +428,8 @@ def make_federation(data, cfg: PartitionConfig, seed: int) -> Federation:
             "expected fewer clients or a less extreme setting"
         )
     rng = np.random.default_rng([seed, 0x5B17])
+    from hetfed.partition.shift import shifted  # here: validating a config imports only the chosen partitioner
+
     x, y = shifted(data, x, y, parts, cfg, seed)
     gap = getattr(data, "sequence_gap", None)
     if gap is not None and PARTITIONERS.get(cfg.kind).ordered:  # a role's windows in time order: by time, as LEAF
