@@ -394,12 +394,15 @@ def cmd_partition(args: argparse.Namespace) -> int:
         return 0
     table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {fed.n_clients} clients")
     on = config.heterogeneity.on  # label EMD is measured on the rows Γ is (the API's label_emd_<on> column)
-    for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})"):
+    concept = any("concept" in c for c in report["clients"])  # partition.rotations / label_swaps
+    for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})",
+                *(["concept"] if concept else [])):
         table.add_column(col, justify="right")
     for c in report["clients"]:
         table.add_row(
             str(c["client"]), str(c["size"]), f"{c['train']}/{c['val']}/{c['test']}",
             str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
+            *([c["concept"]] if concept else []),
         )
     console.print(table)
     from hetfed.heterogeneity import gamma_line

@@ -18,6 +18,9 @@ def partition_report(config: Config, status: Console | None = None) -> dict:
     prep = prepare(config, progress=True, status=status)
     fed, het = prep.federation, prep.heterogeneity
     counts = fed.class_counts()
+    from hetfed.partition.shift import concept_names
+
+    concepts = concept_names(fed.n_clients, fed.params)
     clients = [
         {
             "client": k,
@@ -29,6 +32,7 @@ def partition_report(config: Config, status: Console | None = None) -> dict:
             "classes": int((counts[k] > 0).sum()),
             "opted_out": bool(fed.opted_out[k]),
             "label_emd": het.label_emd[k],
+            **({"concept": concepts[k]} if concepts else {}),
         }
         for k in range(fed.n_clients)
     ]

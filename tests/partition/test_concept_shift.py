@@ -134,3 +134,15 @@ def test_gamma_sees_rotated_clients_and_not_swapped_labels(capsys):
         out = json.loads(capsys.readouterr().out)
         excess[name] = out["gamma_excess"] / out["gamma_iid_sd"]
     assert excess["rotations"] > 50 and abs(excess["label_swaps"]) < 5, excess
+
+
+def test_hetfed_partition_names_each_clients_concept(capsys):
+    sets = ["--set", "partition.kind=iid", "--set", "partition.rotations=[0, 180]",
+            "--set", "partition.label_swaps=[null, [1, 7], null]"]
+    assert main(["partition", "--json", *sets]) == 0
+    concepts = [c["concept"] for c in json.loads(capsys.readouterr().out)["clients"]]
+    assert concepts == ["as is"] * 4 + ["labels 1↔7", *["turned 180°, labels 1↔7"] * 2, *["turned 180°"] * 3]
+    assert main(["partition", *sets]) == 0
+    assert "turned 180°, labels 1↔7" in capsys.readouterr().out
+    assert main(["partition", "--json", "--set", "partition.kind=iid"]) == 0
+    assert not any("concept" in c for c in json.loads(capsys.readouterr().out)["clients"])

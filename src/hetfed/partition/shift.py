@@ -107,10 +107,8 @@ def shifted(data, x: np.ndarray, y: np.ndarray, parts: Indices, cfg: PartitionCo
     return x, y
 
 
-def concept_groups(n_clients: int, params: dict) -> np.ndarray | None:
-    """Each client's concept, from a federation's partition settings (``params``: ``rotations``, ``label_swaps``):
-    clients whose samples are turned alike and whose labels are swapped alike share one (two groups at the same
-    angle are one concept), numbered as they first come; None when the partition made none."""
+def _concepts(n_clients: int, params: dict) -> list[tuple[int | None, tuple[int, ...] | None]] | None:
+    """Each client's (angle, swapped pair) from a federation's partition settings; None when there are none."""
     rotations, swaps = params.get("rotations"), params.get("label_swaps")
     if rotations is None and swaps is None:
         return None
@@ -118,6 +116,24 @@ def concept_groups(n_clients: int, params: dict) -> np.ndarray | None:
                                                                                               len(rotations))]
     swapped = [None] * n_clients if swaps is None else [None if swaps[g] is None else tuple(swaps[g])
                                                          for g in client_groups(n_clients, len(swaps))]
-    keys = list(zip(turned, swapped, strict=True))
+    return list(zip(turned, swapped, strict=True))
+
+
+def concept_groups(n_clients: int, params: dict) -> np.ndarray | None:
+    """Each client's concept, from a federation's partition settings (``params``: ``rotations``, ``label_swaps``):
+    clients whose samples are turned alike and whose labels are swapped alike share one (two groups at the same
+    angle are one concept), numbered as they first come; None when the partition made none."""
+    keys = _concepts(n_clients, params)
+    if keys is None:
+        return None
     numbers: dict[tuple, int] = {}  # numbered as they first come: the first clients' concept is 0
     return np.array([numbers.setdefault(k, len(numbers)) for k in keys])
+
+
+def concept_names(n_clients: int, params: dict) -> list[str] | None:
+    """Each client's concept in words (``turned 90°, labels 1↔7``; ``as is``), for the partition's table."""
+    keys = _concepts(n_clients, params)
+    if keys is None:
+        return None
+    return [", ".join([*([f"turned {a}°"] if a else []), *([f"labels {p[0]}↔{p[1]}"] if p else [])]) or "as is"
+            for a, p in keys]
