@@ -405,9 +405,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
             *([c["concept"]] if concept else []),
         )
     console.print(table)
-    from hetfed.heterogeneity import gamma_line
+    from hetfed.heterogeneity import gamma_given_label_line, gamma_line
 
-    console.print(gamma_line(report), soft_wrap=True)
+    for line in (gamma_line(report), gamma_given_label_line(report)):
+        if line is not None:
+            console.print(line, soft_wrap=True)
     console.print(
         f"label EMD mean ({on}) = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
         f"global test = {report['global_test_size']} "

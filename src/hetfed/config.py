@@ -131,6 +131,8 @@ class HeterogeneityConfig(Strict):
     estimator: Literal["plain", "extrapolated"] = Field(
         "plain", description="plain Fréchet distance, or extrapolated to infinite client size (FD∞)"
     )
+    given_label: bool = Field(True, description="also Γ(x|y), the class-conditional Γ with its IID reference: sees "
+                              "concept shift (rotated images, swapped labels), not label skew; about as costly as Γ")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
         return {} if self.iid_draws else {k: (v, "heterogeneity.iid_draws = 0: no Γ_IID reference")

@@ -204,6 +204,31 @@ def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clie
     return float(np.mean(values)), float(np.std(values, ddof=1)) if draws > 1 else 0.0
 
 
+def gamma_given_label(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, draws: int = 3,
+                      max_clients: int = 100, seed: int = 0, estimator: str = "plain") -> tuple[float, float, float]:
+    """Γ(x|y), the class-conditional Γ, with its size-matched IID reference: (Γ(x|y), reference mean, its sd).
+
+    Per class c, Γ over the clients holding class-c samples (each client's class-c rows against the other holders'),
+    then the mean over the classes at least two clients hold. Where Γ compares P(x), this compares P(x | y): it is
+    blind to label skew alone (each class looks alike on every client; label EMD measures that) and sees what Γ
+    cannot — the same label drawn differently (rotated images) or the same image labelled otherwise (swapped labels).
+    The reference re-deals each class's samples among its holders at the same counts (:func:`gamma_iid` per class);
+    its sd is the class mean's, the classes' draws being independent. NaN where no class has two holders."""
+    values, refs, sds = [], [], []
+    for c in range(n_classes):
+        holders = [rows for rows in (idx[y[idx] == c] for idx in clients) if len(rows)]
+        if len(holders) < 2:
+            continue
+        pooled = pool(x, holders)
+        values.append(gamma(x, holders, estimator, pooled))
+        ref, sd = gamma_iid(x, holders, draws, max_clients, seed * n_classes + c, estimator, pooled)
+        refs.append(ref)
+        sds.append(sd)
+    if not values:
+        return float("nan"), float("nan"), float("nan")
+    return float(np.mean(values)), float(np.mean(refs)), float(np.sqrt(np.sum(np.square(sds))) / len(sds))
+
+
 def gamma_reference(x: np.ndarray, clients: list[np.ndarray]) -> float:
     """Γ straight from the definition (slow; the reference :func:`gamma` is tested against)."""
     flat = np.asarray(x, np.float64).reshape(len(x), -1)
@@ -261,6 +286,10 @@ class Heterogeneity:
     gamma_iid_sd: float = float("nan")
     measured_on: str = "train"  # which of each client's samples Γ is measured on
     estimator: str = "plain"
+    #: Γ(x|y), the class-conditional Γ (:func:`gamma_given_label`), and its size-matched IID reference
+    gamma_given_label: float = float("nan")
+    gamma_given_label_iid: float = float("nan")
+    gamma_given_label_iid_sd: float = float("nan")
 
     @property
     def gamma_excess(self) -> float:
@@ -278,6 +307,10 @@ class Heterogeneity:
             "gamma_excess": num(self.gamma_excess),
             "gamma_measured_on": self.measured_on,
             "gamma_estimator": self.estimator,
+            "gamma_given_label": num(self.gamma_given_label),
+            "gamma_given_label_iid": num(self.gamma_given_label_iid),
+            "gamma_given_label_iid_sd": num(self.gamma_given_label_iid_sd),
+            "gamma_given_label_excess": num(self.gamma_given_label - self.gamma_given_label_iid),
             "label_emd_mean": num(self.label_emd_mean),
             "js_mean": num(self.js_mean),
             "label_emd": self.label_emd,
@@ -300,16 +333,32 @@ def gamma_line(h: dict) -> str:
             f"{h.get('gamma_estimator', 'plain')})")
 
 
+def gamma_given_label_line(h: dict) -> str | None:
+    """Γ(x|y)'s line beside :func:`gamma_line` (None where it was not measured: older runs, one client, no class
+    held by two clients)."""
+    value = h.get("gamma_given_label")
+    if value is None or (isinstance(value, float) and np.isnan(value)):
+        return None
+    ref, sd = h.get("gamma_given_label_iid"), h.get("gamma_given_label_iid_sd")
+    excess = h.get("gamma_given_label_excess")
+    shown = "-" if ref is None else f"{ref:.4f}" + ("" if sd is None else f" ± {sd:.4f}")
+    return (f"Γ(x|y) = {value:.4f}   Γ(x|y)_IID = {shown}   ΔΓ(x|y) = {'-' if excess is None else f'{excess:.4f}'}"
+            "   (per class, across its clients: sees concept shift, not label skew)")
+
+
 def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, *,
             iid_draws: int = 3, iid_max_clients: int = 100, estimator: str = "plain",
-            measured_on: str = "train", seed: int = 0) -> Heterogeneity:
-    """Γ (and its size-matched IID reference) on the features plus the label-skew figures."""
+            measured_on: str = "train", seed: int = 0, given_label: bool = True) -> Heterogeneity:
+    """Γ (and its size-matched IID reference) on the features plus the label-skew figures; with ``given_label``,
+    Γ(x|y) and its reference too."""
     counts = class_histograms(y, clients, n_classes)
     emd = label_emd(counts)
     p, q = _distributions(counts)
     js = [js_divergence(row, q) for row in p]
     pooled = pool(x, clients) if len(clients) >= 2 else None
     ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
+    given, given_ref, given_sd = (gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,
+                                                    estimator) if given_label and len(clients) >= 2 else (np.nan,) * 3)
     return Heterogeneity(
         gamma=gamma(x, clients, estimator, pooled),
         label_emd=[float(v) for v in emd],
@@ -320,4 +369,7 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
         gamma_iid_sd=ref_sd,
         measured_on=measured_on,
         estimator=estimator,
+        gamma_given_label=given,
+        gamma_given_label_iid=given_ref,
+        gamma_given_label_iid_sd=given_sd,
     )

@@ -184,5 +184,5 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
         clients = [fed.measured_rows(k, h.on) for k in range(fed.n_clients)]
         features = fed.x if clients_data.measure_train is None else clients_data.measure_train
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
-                      estimator=h.estimator, measured_on=h.on, seed=config.seed)
+                      estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label)
     return Prepared(data, fed, het, built.sources, federation_warnings(fed))

@@ -128,7 +128,8 @@ def test_sweep_aggregates_over_seeds(tmp_path, capsys):
     assert (tmp_path / "s" / "figures" / "best.global_accuracy.png").exists()
     assert (tmp_path / "s" / "figures" / "curves_global_accuracy.png").exists()
     het = list(csv.DictReader((tmp_path / "s" / "heterogeneity.csv").read_text().splitlines()))
-    assert {r["metric"] for r in het} == {"gamma", "gamma_iid", "gamma_excess", "label_emd_mean"}
+    assert {r["metric"] for r in het} == {"gamma", "gamma_iid", "gamma_excess", "gamma_given_label",
+                                         "gamma_given_label_excess", "label_emd_mean"}
 
 
 def test_ci95_against_reference():

@@ -42,6 +42,8 @@ _BASE = {
     "gamma_iid": "Γ of a size-matched IID split",
     "gamma_excess": "ΔΓ = Γ − Γ_IID",
     "gamma_iid_sd": "sd of Γ_IID over its random draws",
+    "gamma_given_label": "Γ(x|y) (Γ per class, across its clients)",
+    "gamma_given_label_excess": "ΔΓ(x|y) = Γ(x|y) − Γ(x|y)_IID",
     "gamma_measured_on": "Γ measured on",
     "gamma_estimator": "Γ estimator",
     "label_emd_mean": "label skew (mean EMD to the pooled labels)",

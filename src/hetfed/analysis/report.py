@@ -48,7 +48,7 @@ SWEEP_COLUMNS = ("best.local_accuracy_mean", "best.local_accuracy_p10", "best.gl
                  "seconds_per_round")
 #: grid points drawn in a sweep's per-client figure
 MAX_PANELS = 12
-DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean")
+DATA_COLUMNS = ("gamma", "gamma_iid", "gamma_excess", "gamma_given_label_excess", "label_emd_mean")
 
 
 def write_report(directory: str | Path, out: str | Path | None = None, problems: list[str] | None = None) -> Path:
@@ -238,9 +238,10 @@ def run_report(d: Path, keep: Path | None = None) -> str:
                      ["finished", summary.get("finished")]]
     head = table(None, overview)
     if summary and summary.get("heterogeneity"):
-        from hetfed.heterogeneity import gamma_line
+        from hetfed.heterogeneity import gamma_given_label_line, gamma_line
 
-        head += f"<p>{_esc(gamma_line(summary['heterogeneity']))}</p>"
+        for line in (gamma_line(summary["heterogeneity"]), gamma_given_label_line(summary["heterogeneity"])):
+            head += "" if line is None else f"<p>{_esc(line)}</p>"
     for w in (summary or {}).get("warnings", []):
         head += f'<p class="warn">warning: {_esc(w)}</p>'
     sections.append(("overview", head))

@@ -247,12 +247,12 @@ def defence_line(method: str, m: dict[str, Any]) -> str | None:
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     console.print(_summary_table(summary))
-    from hetfed.heterogeneity import gamma_line
+    from hetfed.heterogeneity import gamma_given_label_line, gamma_line
 
     if "heterogeneity" in summary:  # one line, or on a narrow terminal one line per figure (no figure split)
-        line = gamma_line(summary["heterogeneity"])
-        for part in [line] if len(line) <= console.width else line.split("   "):
-            console.print(part, soft_wrap=True)
+        for line in (gamma_line(summary["heterogeneity"]), gamma_given_label_line(summary["heterogeneity"])):
+            for part in [] if line is None else [line] if len(line) <= console.width else line.split("   "):
+                console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
         decided = defence_line(method, m)
         if decided is not None:

@@ -78,7 +78,7 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
     ``best_round`` and the timings."""
     yield "(data)", "gamma", summary["gamma"]
-    for key in ("gamma_iid", "gamma_excess"):  # runs made before the IID reference have none
+    for key in ("gamma_iid", "gamma_excess", "gamma_given_label", "gamma_given_label_excess"):  # older runs: none
         value = summary["heterogeneity"].get(key)
         if value is not None and not math.isnan(value):
             yield "(data)", key, value

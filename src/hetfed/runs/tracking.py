@@ -37,6 +37,9 @@ TRACKERS: dict[str, tuple[str, str]] = {
 #: what leaves a row's split for a tag's prefix
 SPLIT_TAG = {"summary": "eval", "train": "train"}
 STATE_FILE = "tracking.json"
+#: the heterogeneity figures a tracker logs once per run
+HETEROGENEITY_KEYS = ("gamma", "gamma_iid", "gamma_excess", "gamma_given_label", "gamma_given_label_excess",
+                      "label_emd_mean", "js_mean")
 
 
 def check_trackers(kinds: Iterable[str]) -> None:
@@ -131,7 +134,7 @@ class TensorBoardTracker:
             return
         self.top = SummaryWriter(str(self.root))
         self.top.add_text("config", "\n".join("    " + line for line in config_yaml.splitlines()), 0)
-        for key in ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean", "js_mean"):
+        for key in HETEROGENEITY_KEYS:
             value = heterogeneity.get(key)
             if isinstance(value, int | float):
                 self.top.add_scalar(f"heterogeneity/{key}", float(value), 0)
@@ -216,7 +219,7 @@ class MLflowTracker:
             self.client.log_batch(self.parent, params=params[i:i + 100])
         now = int(time.time() * 1000)
         het = [Metric(f"heterogeneity/{k}", float(heterogeneity[k]), now, 0)
-               for k in ("gamma", "gamma_iid", "gamma_excess", "label_emd_mean", "js_mean")
+               for k in HETEROGENEITY_KEYS
                if isinstance(heterogeneity.get(k), int | float)]
         if het:
             self.client.log_batch(self.parent, metrics=het)
