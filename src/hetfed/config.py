@@ -132,7 +132,8 @@ class HeterogeneityConfig(Strict):
         "plain", description="plain Fréchet distance, or extrapolated to infinite client size (FD∞)"
     )
     given_label: bool = Field(True, description="also Γ(x|y), the class-conditional Γ with its IID reference: sees "
-                              "concept shift (rotated images, swapped labels), not label skew; about as costly as Γ")
+                              "concept shift (rotated images, swapped labels), not label skew; about as costly as Γ; "
+                              "not on nodes with their own data (their labels never leave them)")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
         return {} if self.iid_draws else {k: (v, "heterogeneity.iid_draws = 0: no Γ_IID reference")
