@@ -282,6 +282,8 @@ def test_swept_sections_tick_only_what_differs_and_the_axis_says_what_they_share
                        "best.global_accuracy", None).axes[0]
     assert [t.get_text() for t in kinds.get_xticklabels()] == ["iid", "dirichlet"] and "every one" not in \
         kinds.get_xlabel()
+    seven = {"partition.kind": [f"kind{i}" for i in range(7)]}  # each category gets room for its tick
+    assert plot_sweep(_table(seven), seven, "best.global_accuracy", None).get_size_inches()[0] >= 1.25 * 7
 
 
 def test_no_two_of_the_first_64_series_look_alike():

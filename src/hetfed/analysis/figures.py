@@ -274,9 +274,10 @@ def plot_sweep(table: list[dict], grid: dict[str, list[Any]] | str, metric: str,
     methods = methods or sorted({r["method"] for r in rows})
     ncols = min(3, len(panels))
     nrows = math.ceil(len(panels) / ncols)
-    fig, axes = plt.subplots(nrows, ncols, figsize=(4.8 * ncols + 1.8, 3.8 * nrows), squeeze=False, sharey=True)
     xs_all = order[xkey]
     numeric = _numeric(xs_all)
+    width = 4.8 if numeric else max(4.8, 1.25 * len(xs_all))  # room for each category's (wrapped) tick
+    fig, axes = plt.subplots(nrows, ncols, figsize=(width * ncols + 1.8, 3.8 * nrows), squeeze=False, sharey=True)
     for p, panel in enumerate(panels):
         ax = axes[p // ncols][p % ncols]
         for i, method in enumerate(methods):
