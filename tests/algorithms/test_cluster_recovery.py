@@ -72,6 +72,13 @@ def test_ifca_and_cfl_report_their_clusters_every_round_and_fedavg_none(tmp_path
     listed = {(m, k): v for m, k, v in run_values(whole)}
     assert listed["cfl", "clustering.cluster_ari"] == summary["cfl"]["clustering"]["cluster_ari"]
     assert not any(k.startswith("clustering.") for m, k in listed if m == "fedavg")
+    from hetfed.runs.summary import clustering_line
+
+    ari, k = summary["cfl"]["clustering"]["cluster_ari"], int(summary["cfl"]["clustering"]["clusters"])
+    assert clustering_line("cfl", summary["cfl"]) == (
+        f"clusters (cfl): the last round's clients in {k}; adjusted Rand index against the clients' concepts "
+        f"{ari:.2f} (1: exactly)")
+    assert clustering_line("fedavg", summary["fedavg"]) is None
 
 
 def test_cfl_and_ifca_name_each_uploading_clients_cluster():

@@ -244,6 +244,17 @@ def defence_line(method: str, m: dict[str, Any]) -> str | None:
             f"{c['honest_excluded']} of {c['honest_sent']} honest ones{share}")
 
 
+def clustering_line(method: str, m: dict[str, Any]) -> str | None:
+    """A clustered method's clusters after the last round and, under concept shift, how they match the clients'
+    concepts (the adjusted Rand index); None for other methods."""
+    c = m.get("clustering")
+    if not c:
+        return None
+    ari = c.get("cluster_ari")
+    match = "" if ari is None else f"; adjusted Rand index against the clients' concepts {ari:.2f} (1: exactly)"
+    return f"clusters ({method}): the last round's clients in {int(c['clusters'])}{match}"
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     console.print(_summary_table(summary))
@@ -254,9 +265,9 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
             for part in [] if line is None else [line] if len(line) <= console.width else line.split("   "):
                 console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
-        decided = defence_line(method, m)
-        if decided is not None:
-            console.print(decided, soft_wrap=True)
+        for line in (defence_line(method, m), clustering_line(method, m)):
+            if line is not None:
+                console.print(line, soft_wrap=True)
         if m.get("selection_note"):
             console.print(f"note ({method}): {m['selection_note']}", style="yellow", soft_wrap=True)
         if (m.get("gamma_from_summaries") or {}).get("warning"):
