@@ -249,3 +249,4 @@ def test_the_final_table_and_the_gamma_line_fit_80_columns_without_cutting_a_val
     lines = text.splitlines()
     assert any(line.startswith("Γ = ") for line in lines)
     assert any(line.startswith("ΔΓ = Γ − Γ_IID = ") and line.split("= ")[-1][0].isdigit() for line in lines)
+    assert any(line.startswith("ΔΓ(x|y) = ") for line in lines)  # Γ(x|y)'s line, split the same way
