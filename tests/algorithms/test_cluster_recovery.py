@@ -32,13 +32,13 @@ def test_a_concept_is_what_is_done_to_a_client_not_its_group_number():
 
 def test_the_round_scores_the_clusters_of_the_clients_that_uploaded_against_their_concepts():
     clusters = torch.tensor([0, 0, 1, 1, 1])
-    loop = SimpleNamespace(algo=SimpleNamespace(clusters=lambda server, upload: clusters),
-                           fed=SimpleNamespace(n_clients=8, params={"rotations": [0, 90, 0, 90], "label_swaps": None}))
+    concepts = concept_groups(8, {"rotations": [0, 90, 0, 90], "label_swaps": None})
+    loop = SimpleNamespace(algo=SimpleNamespace(clusters=lambda server, upload: clusters), concepts=concepts)
     upload = Upload([0, 2, 4, 6, 7], {}, torch.ones(5))
     out = _clustering(loop, None, upload)
     # clients 0, 2, 4, 6, 7 are turned 0, 90, 0, 90, 90 degrees
     assert out == {"clusters": 2.0, "cluster_ari": pytest.approx(adjusted_rand_score([0, 1, 0, 1, 1], [0, 0, 1, 1, 1]))}
-    loop.fed.params = {"rotations": None}
+    loop.concepts = None
     assert _clustering(loop, None, upload) == {"clusters": 2.0}  # no concepts: only how many clusters
     loop.algo.clusters = lambda server, upload: None
     assert _clustering(loop, None, upload) == {}  # not a clustered method

@@ -152,7 +152,8 @@ def _start(run: RunSpec, fed: Federation, executor: Executor | None, observers: 
     backdoor = adversary.backdoor_test(xg, yg, fed.opted_out) if adversary is not None and xg is not None and \
         yg is not None else None
     return _Loop(run, fed, device, executor, observers, Faults(train, fed, seed, run.schedule),
-                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor, adversary=adversary)
+                 eval_sample(train, fed.n_clients, seed), xg, yg, under_attack, backdoor, adversary=adversary,
+                 concepts=concept_groups(fed.n_clients, getattr(fed, "params", None) or {}))
 
 
 def _initial_result(loop: _Loop, resume: SimulationResult | None,
@@ -215,11 +216,10 @@ def _clustering(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, f
     if assigned is None:
         return {}
     out = {"clusters": float(len(torch.unique(assigned)))}
-    concepts = concept_groups(loop.fed.n_clients, getattr(loop.fed, "params", None) or {})
-    if concepts is not None:
+    if loop.concepts is not None:
         from sklearn.metrics import adjusted_rand_score
 
-        out["cluster_ari"] = float(adjusted_rand_score(concepts[upload.client_ids], assigned.numpy()))
+        out["cluster_ari"] = float(adjusted_rand_score(loop.concepts[upload.client_ids], assigned.numpy()))
     return out
 
 

@@ -348,6 +348,8 @@ class _Loop:
     keep_history: bool = True
     #: rounds decided early, to ride on the evaluation before them (:func:`ride_next_round`), by 0-based index
     planned: dict[int, RoundPlan] = field(default_factory=dict)
+    #: each client's concept (:func:`hetfed.partition.shift.concept_groups`), or None: the partition made none
+    concepts: np.ndarray | None = None
 
     @property
     def algo(self) -> Algorithm:

@@ -8,6 +8,7 @@ touched, so it stays the dataset's own: group 0's concept when group 0 is left a
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import TypeVar
 
 import numpy as np
 
@@ -15,6 +16,7 @@ from hetfed.config import PartitionConfig
 from hetfed.errors import PartitionError
 
 Indices = list[np.ndarray]
+T = TypeVar("T")
 
 
 def client_groups(n_clients: int, n_groups: int) -> np.ndarray:
@@ -36,18 +38,23 @@ def with_feature_noise(x: np.ndarray, parts: Indices, scale: float, rng: np.rand
     return noisy
 
 
+def per_client(n_clients: int, per_group: Sequence[T] | None) -> list[T | None]:
+    """What each client's group (:func:`client_groups`) is given in ``per_group`` (None for every client: none)."""
+    if per_group is None:
+        return [None] * n_clients
+    return [per_group[g] for g in client_groups(n_clients, len(per_group))]
+
+
 def with_rotations(x: np.ndarray, parts: Indices, degrees: Sequence[int], shape: tuple[int, ...]) -> np.ndarray:
     """A copy of the pool ``x`` (flattened images of ``shape``, the last two axes height and width) whose rows of
     the clients of group g (:func:`client_groups`) are rotated ``degrees[g]`` counter-clockwise — IFCA's rotated
     MNIST (Ghosh et al., NeurIPS 2020: four groups at 0/90/180/270°, ``torch.rot90`` on the image axes) and CFL's
     example (Sattler et al.: half the clients at 180°)."""
     out = x.copy()
-    groups = client_groups(len(parts), len(degrees))
-    for k, rows in enumerate(parts):
-        turns = degrees[groups[k]] // 90
-        if turns and len(rows):
+    for rows, angle in zip(parts, per_client(len(parts), degrees), strict=True):
+        if angle and len(rows):
             images = x[rows].reshape(len(rows), *shape)
-            out[rows] = np.rot90(images, turns, axes=(-2, -1)).reshape(len(rows), -1)
+            out[rows] = np.rot90(images, angle // 90, axes=(-2, -1)).reshape(len(rows), -1)
     return out
 
 
@@ -56,9 +63,7 @@ def with_label_swaps(y: np.ndarray, parts: Indices, swaps: Sequence[Sequence[int
     ``swaps[g]`` exchanged (None: none): the same features meaning another class on some clients — the concept
     shift of clustered FL's label-swap experiments (Kairouz et al.'s "same features, different label")."""
     out = y.copy()
-    groups = client_groups(len(parts), len(swaps))
-    for k, rows in enumerate(parts):
-        pair = swaps[groups[k]]
+    for rows, pair in zip(parts, per_client(len(parts), swaps), strict=True):
         if pair is not None and len(rows):
             a, b = pair
             out[rows] = np.where(y[rows] == a, b, np.where(y[rows] == b, a, y[rows]))
@@ -67,28 +72,38 @@ def with_label_swaps(y: np.ndarray, parts: Indices, swaps: Sequence[Sequence[int
 
 def shifted(data, x: np.ndarray, y: np.ndarray, parts: Indices, cfg: PartitionConfig,
             seed: int) -> tuple[np.ndarray, np.ndarray]:
-    """The pool's features and labels with ``cfg``'s skews applied to the clients of ``parts`` (each refused in one
-    line where it cannot apply: inputs that are not features or not images, more groups than clients, a label the
-    data does not have)."""
+    """The pool's features and labels with ``cfg``'s skews applied to the clients of ``parts`` — each checked
+    before any is applied (:func:`_check`), so a refused one copies nothing."""
+    shape = tuple(getattr(data, "input_shape", x.shape[1:]))
+    _check(data, x, parts, cfg, shape)
+    if cfg.feature_noise:
+        x = with_feature_noise(x, parts, cfg.feature_noise, np.random.default_rng([seed, 0x401E]))
+    if cfg.rotations is not None:
+        x = with_rotations(x, parts, cfg.rotations, shape)
+    if cfg.label_swaps is not None:
+        y = with_label_swaps(y, parts, cfg.label_swaps)
+    return x, y
+
+
+def _check(data, x: np.ndarray, parts: Indices, cfg: PartitionConfig, shape: tuple[int, ...]) -> None:
+    """Refuse, in one line, a skew that cannot apply: to inputs that are not features or not images, with more
+    groups than clients, naming a label the data does not have."""
     extractor = getattr(data, "extractor", None)
     features = getattr(data, "measure_train", None) is None and np.issubdtype(x.dtype, np.floating)
-    if cfg.feature_noise:
-        if not features:  # token ids, characters, raw text
-            raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with embed.kind = "
-                                 f"{extractor!r}: its inputs are not features (token ids, "
-                                 "text); expected real-valued features (e.g. embed.kind = 'minilm')")
-        if len(parts) < 2:
-            raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with one client: "
-                                 "client 0's features stay clean, so nothing would be skewed; expected "
-                                 "partition.clients ≥ 2")
-        x = with_feature_noise(x, parts, cfg.feature_noise, np.random.default_rng([seed, 0x401E]))
+    if cfg.feature_noise and not features:  # token ids, characters, raw text
+        raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with embed.kind = "
+                             f"{extractor!r}: its inputs are not features (token ids, "
+                             "text); expected real-valued features (e.g. embed.kind = 'minilm')")
+    if cfg.feature_noise and len(parts) < 2:
+        raise PartitionError(f"partition.feature_noise = {cfg.feature_noise} is not allowed with one client: "
+                             "client 0's features stay clean, so nothing would be skewed; expected "
+                             "partition.clients ≥ 2")
     for key, groups in (("rotations", cfg.rotations), ("label_swaps", cfg.label_swaps)):
         if groups is not None and len(groups) > len(parts):
             raise PartitionError(f"partition.{key} = {groups} is not allowed with {len(parts)} clients: it names "
                                  f"{len(groups)} groups and a group needs a client; expected at most "
                                  f"{len(parts)} entries")
     if cfg.rotations is not None:
-        shape = tuple(getattr(data, "input_shape", x.shape[1:]))
         if not features or len(shape) < 2 or extractor not in (None, "identity"):
             raise PartitionError(f"partition.rotations = {cfg.rotations} is not allowed with embed.kind = "
                                  f"{extractor!r} and samples of shape {shape}: it rotates images; expected an image "
@@ -96,15 +111,11 @@ def shifted(data, x: np.ndarray, y: np.ndarray, parts: Indices, cfg: PartitionCo
         if shape[-1] != shape[-2] and any(d % 180 for d in cfg.rotations):
             raise PartitionError(f"partition.rotations = {cfg.rotations} is not allowed with {shape[-2]}×{shape[-1]} "
                                  "images: a quarter turn changes their shape; expected 0 or 180 only")
-        x = with_rotations(x, parts, cfg.rotations, shape)
-    if cfg.label_swaps is not None:
-        bad = [v for pair in cfg.label_swaps if pair is not None for v in pair if not 0 <= v < data.n_classes]
-        if bad:
-            raise PartitionError(f"partition.label_swaps = {cfg.label_swaps} names label {bad[0]}, which "
-                                 f"{getattr(data, 'name', 'the dataset')!r} does not have: expected labels 0 … "
-                                 f"{data.n_classes - 1}")
-        y = with_label_swaps(y, parts, cfg.label_swaps)
-    return x, y
+    bad = [v for pair in cfg.label_swaps or [] if pair is not None for v in pair if not 0 <= v < data.n_classes]
+    if bad:
+        raise PartitionError(f"partition.label_swaps = {cfg.label_swaps} names label {bad[0]}, which "
+                             f"{getattr(data, 'name', 'the dataset')!r} does not have: expected labels 0 … "
+                             f"{data.n_classes - 1}")
 
 
 def _concepts(n_clients: int, params: dict) -> list[tuple[int | None, tuple[int, ...] | None]] | None:
@@ -112,11 +123,8 @@ def _concepts(n_clients: int, params: dict) -> list[tuple[int | None, tuple[int,
     rotations, swaps = params.get("rotations"), params.get("label_swaps")
     if rotations is None and swaps is None:
         return None
-    turned = [None] * n_clients if rotations is None else [rotations[g] for g in client_groups(n_clients,
-                                                                                              len(rotations))]
-    swapped = [None] * n_clients if swaps is None else [None if swaps[g] is None else tuple(swaps[g])
-                                                         for g in client_groups(n_clients, len(swaps))]
-    return list(zip(turned, swapped, strict=True))
+    pairs = [None if p is None else tuple(p) for p in per_client(n_clients, swaps)]
+    return list(zip(per_client(n_clients, rotations), pairs, strict=True))
 
 
 def concept_groups(n_clients: int, params: dict) -> np.ndarray | None:
