@@ -8,6 +8,7 @@ from hetfed.heterogeneity import (
     frechet_distance,
     gamma,
     gamma_reference,
+    gaussian,
     js_divergence,
     label_emd,
     measure,
@@ -82,6 +83,32 @@ def test_fast_gamma_matches_the_definition(k, d, seed):
     assert gamma(x, clients) == pytest.approx(gamma_reference(x, clients), rel=1e-6, abs=1e-8)
 
 
+@settings(max_examples=40, deadline=None)
+@given(st.integers(2, 16), st.lists(st.integers(0, 16), min_size=2, max_size=12), st.integers(0, 2**31 - 1))
+def test_clients_no_larger_than_the_features_are_scored_together_as_the_definition_scores_each(d, sizes, seed):
+    """Γ(x|y)'s classes and small clients go through one stacked computation (zero-padded rows, the factor form):
+    each client's distance is still the definition's — its Gaussian against the others' pooled Gaussian —, empty
+    and one-sample clients included; clients larger than the features are left to the one-at-a-time path."""
+    from hetfed import heterogeneity as het
+
+    rng = np.random.default_rng(seed)
+    sizes = [min(n, d) for n in sizes]
+    x = (rng.normal(size=(sum(sizes) + 30, d)) * rng.uniform(0.1, 3, d)).astype(np.float32)
+    clients = [*np.split(rng.permutation(sum(sizes)), np.cumsum(sizes)[:-1]), np.arange(sum(sizes), len(x))]
+    scored = clients[:-1]  # the last, larger than d, is only among the others
+    p = het.pool(x, clients)
+    together = het._batched_distances(p, scored) if max(sizes) else []
+    flat = x.astype(np.float64)
+    for k, idx in enumerate(scored if max(sizes) else []):
+        alone = het._client_distance(p.flat, idx, p.centre, p.total_sum, p.total_xx, p.n_total)
+        assert together[k] == pytest.approx(alone, rel=1e-6, abs=1e-7), (k, len(idx))
+        if len(idx):  # an empty client has no Gaussian: both paths put its mean at the pool's
+            others = np.concatenate([c for j, c in enumerate(clients) if j != k])
+            assert together[k] == pytest.approx(frechet_distance(*gaussian(flat[idx]), *gaussian(flat[others])),
+                                                rel=1e-6, abs=1e-7), (k, len(idx))
+    assert het._batched_distances(het.pool(x, clients), clients) is None  # a client with more rows than features
+
+
 # ---------------------------------------------------------------- size bias (issue 15)
 
 def _het(partition: dict, **heterogeneity):
@@ -121,13 +148,18 @@ def test_the_iid_reference_scores_a_bounded_number_of_clients(monkeypatch):
     from hetfed import heterogeneity as het
 
     calls = {"n": 0}
-    real = het._client_distance
+    one, batch = het._client_distance, het._batched_distances
 
     def counting(*a, **k):
         calls["n"] += 1
-        return real(*a, **k)
+        return one(*a, **k)
+
+    def counting_batch(p, clients):
+        calls["n"] += len(clients)
+        return batch(p, clients)
 
     monkeypatch.setattr(het, "_client_distance", counting)
+    monkeypatch.setattr(het, "_batched_distances", counting_batch)
     rng = np.random.default_rng(0)
     x = rng.normal(size=(3000, 4))
     clients = np.array_split(rng.permutation(3000), 1000)

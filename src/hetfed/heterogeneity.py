@@ -137,8 +137,13 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
     the same samples, already computed (:func:`pool`).
     """
     p = pooled or pool(x, clients)
+    which = list(range(len(clients))) if which is None else which
+    if estimator == "plain":
+        batched = _batched_distances(p, [clients[k] for k in which])
+        if batched is not None:
+            return batched
     out = []
-    for k in range(len(clients)) if which is None else which:
+    for k in which:
         idx = clients[k]
         if estimator == "extrapolated" and len(idx) >= 8:
             out.append(_extrapolated(p.flat, idx, p.centre, p.total_sum, p.total_xx, p.n_total,
@@ -146,6 +151,52 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
         else:
             out.append(_client_distance(p.flat, idx, p.centre, p.total_sum, p.total_xx, p.n_total))
     return out
+
+
+#: the most float64 numbers (clients × largest client × features) one batch of :func:`_batched_distances` holds:
+#: 32 MB. Larger sets go one client at a time, where numpy's own work outweighs Python's.
+BATCH_ELEMENTS = 4_000_000
+
+
+def _batched_distances(p: Pool, clients: list[np.ndarray]) -> list[float] | None:
+    """:func:`_client_distance` of every client of ``clients`` in a few stacked numpy calls, where each has at most
+    as many samples as features (None otherwise, or where the batch would exceed :data:`BATCH_ELEMENTS`). Such
+    clients — Γ(x|y)'s classes, a size-matched reference's draws — cost numpy's per-call overhead, not arithmetic:
+    one client at a time, Γ(x|y) took 54 ms on the default experiment, 21 ms so.
+
+    Each client's rows are padded with zero rows to the largest client's count, which leaves their sums, ``XᵀX`` and
+    covariance factor F as they are; the cross term is :func:`frechet_from_factor`'s (the eigenvalues of F Σ_o Fᵀ),
+    F Σ_o Fᵀ made from the pool's statistics without any client's d × d Σ_o."""
+    if not clients:
+        return []
+    flat, d = p.flat, p.flat.shape[1]
+    sizes = np.array([len(c) for c in clients])
+    width = int(sizes.max())
+    if width > d or width == 0 or len(clients) * width * d > BATCH_ELEMENTS:
+        return None  # clients larger than the features: one at a time, numpy's symmetric AᵀA outruns a batch
+    owner = np.repeat(np.arange(len(clients)), sizes)
+    slot = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
+    rows = np.zeros((len(clients), width, d))
+    rows[owner, slot] = flat[np.concatenate(clients)] - p.centre
+    n_k, n_o = sizes.astype(np.float64), (p.n_total - sizes).astype(np.float64)
+    sum_k = rows.sum(axis=1)
+    mu_k = sum_k / np.maximum(n_k, 1)[:, None]
+    mu_o = (p.total_sum - sum_k) / np.maximum(n_o, 1)[:, None]
+    present = np.zeros((len(clients), width, 1))
+    present[owner, slot] = 1.0
+    factor = (rows - mu_k[:, None, :]) * present / np.sqrt(np.maximum(n_k - 1, 1))[:, None, None]
+    scale = 1 / np.maximum(n_o - 1, 1)  # Σ_o = (XXᵀ_all − X_kᵀX_k − n_o μ_o μ_oᵀ) · scale
+    trace_o = (np.trace(p.total_xx) - np.einsum("krd,krd->k", rows, rows)
+               - n_o * np.einsum("kd,kd->k", mu_o, mu_o)) * scale
+    f_mu = np.einsum("krd,kd->kr", factor, mu_o)  # the non-zero eigenvalues of Σ_k Σ_o are F Σ_o Fᵀ's
+    f_rows = factor @ rows.transpose(0, 2, 1)
+    inner = ((factor.reshape(-1, d) @ p.total_xx).reshape(factor.shape) @ factor.transpose(0, 2, 1)
+             - f_rows @ f_rows.transpose(0, 2, 1) - n_o[:, None, None] * f_mu[:, :, None] * f_mu[:, None, :])
+    inner *= scale[:, None, None]
+    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.transpose(0, 2, 1)) / 2), 0, None)).sum(axis=1)
+    diff = mu_k - mu_o
+    value = np.einsum("kd,kd->k", diff, diff) + np.einsum("krd,krd->k", factor, factor) + trace_o - 2 * cross
+    return np.maximum(value, 0.0).tolist()
 
 
 def _extrapolated(flat, idx, centre, total_sum, total_xx, n_total, rng) -> float:
@@ -196,11 +247,17 @@ def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clie
     rng = np.random.default_rng([seed, 0x61D])
     sizes = np.array([len(c) for c in clients])
     samples = np.concatenate(clients)
-    values = []
+    scored = min(max_clients, len(clients))
+    values, dealt = [], []
     for _ in range(draws):
         shuffled = np.split(rng.permutation(samples), np.cumsum(sizes)[:-1])
-        which = sorted(rng.choice(len(clients), min(max_clients, len(clients)), replace=False).tolist())
-        values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng, pooled))))
+        which = sorted(rng.choice(len(clients), scored, replace=False).tolist())
+        if estimator == "plain":  # every draw's clients against the one pool: scored together below
+            dealt.extend(shuffled[k] for k in which)
+        else:  # the extrapolated estimator draws its subsamples from ``rng`` between the draws
+            values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng, pooled))))
+    if dealt:
+        values = np.mean(np.reshape(client_distances(x, dealt, pooled=pooled), (draws, scored)), axis=1).tolist()
     return float(np.mean(values)), float(np.std(values, ddof=1)) if draws > 1 else 0.0
 
 
