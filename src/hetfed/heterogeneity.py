@@ -248,7 +248,8 @@ def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clie
     sizes = np.array([len(c) for c in clients])
     samples = np.concatenate(clients)
     scored = min(max_clients, len(clients))
-    values, dealt = [], []
+    values: list[float] = []
+    dealt: list[np.ndarray] = []
     for _ in range(draws):
         shuffled = np.split(rng.permutation(samples), np.cumsum(sizes)[:-1])
         which = sorted(rng.choice(len(clients), scored, replace=False).tolist())
@@ -257,7 +258,8 @@ def gamma_iid(x: np.ndarray, clients: list[np.ndarray], draws: int = 3, max_clie
         else:  # the extrapolated estimator draws its subsamples from ``rng`` between the draws
             values.append(float(np.mean(client_distances(x, shuffled, which, estimator, rng, pooled))))
     if dealt:
-        values = np.mean(np.reshape(client_distances(x, dealt, pooled=pooled), (draws, scored)), axis=1).tolist()
+        values = np.mean(np.reshape(np.asarray(client_distances(x, dealt, pooled=pooled)), (draws, scored)),
+                         axis=1).tolist()
     return float(np.mean(values)), float(np.std(values, ddof=1)) if draws > 1 else 0.0
 
 
