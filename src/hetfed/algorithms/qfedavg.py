@@ -73,9 +73,12 @@ def qffl_weights(upload: Upload, reference: dict[str, torch.Tensor], q: float, l
     loss = upload.extra["start_loss"].detach().double().cpu() + EPS
     p = upload.num_samples.detach().double().cpu() if by_samples else torch.ones_like(loss)
     a = p * loss.pow(q)
-    moved = sum((reference[k].detach().double().cpu().unsqueeze(0) - v.detach().double().cpu())
-                .flatten(1).pow(2).sum(1) for k, v in upload.params.items())
-    h = p * q * loss.pow(q - 1) * lipschitz**2 * torch.as_tensor(moved, dtype=torch.float64) + lipschitz * a
+    # ‖w − w̄_k‖² where the updates are (a GPU's: only the n sums come back)
+    moved = torch.zeros(len(loss), dtype=torch.float64)
+    for k, v in upload.params.items():
+        change = reference[k].detach().to(v.device).double().unsqueeze(0) - v.detach().double()
+        moved += change.flatten(1).pow(2).sum(1).cpu()
+    h = p * q * loss.pow(q - 1) * lipschitz**2 * moved + lipschitz * a
     return a, float(lipschitz * a.sum() / h.sum())
 
 
