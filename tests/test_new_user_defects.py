@@ -450,3 +450,20 @@ def test_flower_missing_is_refused_before_any_run_directory(tmp_path, capsys, mo
                  "--quiet"]) == 2
     assert "needs Flower" in _one_line_error(capsys)
     assert not out.exists()
+
+
+@pytest.mark.parametrize("typed,expected", [
+    ("partition=dirichlet", "partition = 'dirichlet': expected a section of keys (kind, clients, "),
+    ("server.combine=krum", "to choose its rule: --set server.combine.rule=krum (in YAML, server: {combine: "
+                            "{rule: krum}})"),
+    ("train.optimizer=adam", "to choose its kind: --set train.optimizer.kind=adam"),
+    ("train=5", "train = 5: expected a section of keys (rounds, "),
+    ("methods=[fedavg]", "methods.0 = 'fedavg': expected a section of keys (name, algorithm, params, "),
+])
+def test_one_value_for_a_whole_section_says_which_key_to_set(tmp_path, capsys, typed, expected):
+    """``--set partition=dirichlet`` was answered with pydantic's 'a valid dictionary or instance of
+    PartitionConfig': a class name, not what to type."""
+    assert main(["run", "--set", typed, "--out", str(tmp_path / "run")]) == 2
+    line = _one_line_error(capsys)
+    assert expected in line and "instance of" not in line, line
+    assert not (tmp_path / "run").exists()

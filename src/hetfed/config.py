@@ -36,7 +36,7 @@ from hetfed.config_server import (
 from hetfed.config_train import ClockConfig, OptimizerConfig, StragglerConfig, TrainConfig, unread_method_keys
 from hetfed.errors import ConfigError, HetfedNote
 from hetfed.registry import model_at, model_in, registry_of, unknown_key
-from hetfed.spelling import choice_hint, did_you_mean
+from hetfed.spelling import choice_hint, did_you_mean, section_expected
 
 __all__ = ["AttackConfig", "LeakageConfig", "ClockConfig", "Config", "DatasetConfig", "EmbedConfig", "FlowerConfig",
            "HeterogeneityConfig", "MethodConfig", "ModelConfig", "OptimizerConfig", "PartitionConfig", "PrivacyConfig",
@@ -354,6 +354,8 @@ def _format_errors(err: ValidationError, prefix: str = "", root: type[BaseModel]
         if msg.startswith("Value error, "):
             msg = msg[len("Value error, ") :]
         value = e.get("input")
+        if e["type"] in ("model_type", "dict_type") and not isinstance(value, dict):
+            msg = section_expected(key, value, model_at(root or Config, e["loc"]))
         msg = choice_hint(e) + msg  # one of a fixed few ('sgd' or 'adam'): the nearest first, if a typo
         shown = "" if isinstance(value, dict) or not key else f" = {value!r}"
         named = msg.split(" ", 1)[0]  # a message that starts with its own key (a step's, a method's section's)

@@ -1,11 +1,15 @@
 """What a mistyped name most likely meant: the one typo away (``mpl`` → ``mlp``), for the one-line errors that refuse
-a key, a choice or a variable nothing reads — so the refusal says the fix, not only what is allowed."""
+a key, a choice or a variable nothing reads — so the refusal says the fix, not only what is allowed; and what to type
+where one value was given for a whole section."""
 
 from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # the environment's checks import this module where nothing else loads pydantic
+    from pydantic import BaseModel
 
 
 def typos_apart(a: str, b: str) -> int:
@@ -43,3 +47,22 @@ def choice_hint(error: Mapping[str, Any]) -> str:
     if error.get("type") != "literal_error":
         return ""
     return did_you_mean(error.get("input"), re.findall(r"'([^']*)'", error["ctx"]["expected"]))
+
+
+def section_expected(key: str, value: Any, section: type[BaseModel] | None) -> str:
+    """What to type where one value was given for a whole section (``--set partition=dirichlet``): the section's
+    keys, and — for a section that chooses a component — the key that chooses it, set to that value. Pydantic's own
+    message named the section's class (``a valid dictionary or instance of PartitionConfig``)."""
+    if section is None:
+        return "expected a section (a mapping of its keys), not one value"
+    keys = list(section.model_fields)
+    shown = ", ".join(keys[:8]) + (", …" if len(keys) > 8 else "")
+    msg = f"expected a section of keys ({shown}), not one value"
+    chooser = getattr(section, "chosen_by", None)
+    field = chooser[1] if chooser is not None else "kind" if "kind" in section.model_fields else None
+    if field is not None and isinstance(value, str):
+        msg += f"; to choose its {field}: --set {key}.{field}={value}"
+        parts = key.split(".")
+        if not any(part.isdigit() for part in parts):  # the same in YAML, nested as the file nests it
+            msg += f" (in YAML, {': {'.join(parts)}: {{{field}: {value}}}{'}' * (len(parts) - 1)})"
+    return msg
