@@ -27,6 +27,7 @@ _BASE = {
     "local_accuracy_p10": "local test accuracy (10th percentile of clients)",
     "local_accuracy_weighted": "local test accuracy (clients weighted by test size)",
     "local_accuracy_worst10": "local test accuracy (mean of the worst 10% of clients)",
+    "local_accuracy_std": "local test accuracy (standard deviation across clients)",
     "local_accuracy_opted_in_mean": "local test accuracy (mean over opted-in clients)",
     "local_accuracy_opted_out_mean": "local test accuracy (mean over opted-out clients)",
     "local_auc_mean": "local test AUC (mean over clients)",

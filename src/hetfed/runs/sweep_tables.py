@@ -19,7 +19,7 @@ from hetfed.runs.rundir import METRICS, read_metric_rows
 
 #: the metrics aggregated per method (final and best-by-validation)
 AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted", "local_accuracy_worst10",
-              "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
+              "local_accuracy_std", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
               "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
               "global_accuracy_other", "gate_own", "gate_other", "backdoor_accuracy",
               "local_backdoor_accuracy_mean")
