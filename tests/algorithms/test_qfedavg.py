@@ -14,7 +14,7 @@ from hetfed.engine.types import stack_states
 from hetfed.executors.inprocess import Pool, client_data
 from hetfed.models import build_model
 from hetfed.partition import make_federation
-from tests.server.test_server_optimizers import _Nodes, flower_task  # noqa: F401  (the fixture, by name)
+from tests.flower_strategy import Nodes, flower_task  # noqa: F401  (the fixture, by name)
 from tests.synthetic import ShiftedGaussians
 
 LR = 0.3
@@ -51,7 +51,7 @@ def _flowers_step(server, upload, q: float, copies: list[int], monkeypatch) -> d
     n = sum(copies)
     strategy = QFedAvg(client_learning_rate=LR, q=q, min_available_nodes=n, min_train_nodes=n)
     arrays = ArrayRecord({k: Array(server.params[k].numpy().copy()) for k in names})
-    instructions = list(strategy.configure_train(1, arrays, ConfigRecord(), _Nodes(n)))
+    instructions = list(strategy.configure_train(1, arrays, ConfigRecord(), Nodes(n)))
     rows = [i for i, c in enumerate(copies) for _ in range(c)]
     replies = [Message(RecordDict({
         "arrays": ArrayRecord({k: Array(upload.params[k][i].numpy().copy()) for k in names}),

@@ -22,6 +22,7 @@ from hetfed.engine.types import Upload
 from hetfed.errors import ConfigError
 from hetfed.server.chain import DECIDED
 from hetfed.server.pipeline import server_chain
+from tests.flower_strategy import Nodes, flower_task  # noqa: F401  (the fixture, by name)
 
 
 def reference(kind: str, x0: np.ndarray, rounds: list[tuple[np.ndarray, np.ndarray]], lr: float, beta1=0.9,
@@ -131,28 +132,6 @@ def test_fedadam_runs_with_every_algorithm_with_a_server_model(tmp_path, algorit
 # ------------------------------------------------------------------ Flower's own strategy classes (#45)
 
 
-@pytest.fixture
-def flower_task():
-    """Flower's Messages need a task identity (set by a running ServerApp); set one for the test."""
-    pytest.importorskip("flwr")
-    from flwr.supercore.task_identity import TaskIdentity
-
-    saved = (TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id)
-    TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 0
-    yield
-    TaskIdentity._task_id, TaskIdentity._run_id, TaskIdentity._node_id = saved
-
-
-class _Nodes:
-    """The part of a Flower Grid a strategy's configure_train asks: which nodes are connected."""
-
-    def __init__(self, n: int):
-        self.n = n
-
-    def get_node_ids(self):
-        return list(range(1, self.n + 1))
-
-
 def _flower_strategy(kind: str, lr: float, n: int):
     from flwr.serverapp import strategy
 
@@ -173,7 +152,7 @@ def _flower_rounds(kind: str, lr: float, x0: np.ndarray, rounds) -> list[np.ndar
     flwr_strategy, out = _flower_strategy(kind, lr, n), []
     arrays = ArrayRecord({"w": Array(x0.copy())})
     for r, (models, counts) in enumerate(rounds, start=1):
-        instructions = list(flwr_strategy.configure_train(r, arrays, ConfigRecord(), _Nodes(n)))
+        instructions = list(flwr_strategy.configure_train(r, arrays, ConfigRecord(), Nodes(n)))
         replies = [Message(RecordDict({"arrays": ArrayRecord({"w": Array(models[i].copy())}),
                                        "metrics": MetricRecord({"num-examples": int(counts[i])})}), reply_to=msg)
                    for i, msg in enumerate(instructions)]
@@ -184,7 +163,7 @@ def _flower_rounds(kind: str, lr: float, x0: np.ndarray, rounds) -> list[np.ndar
 
 @pytest.mark.parametrize("lr", [0.03, 0.1])
 @pytest.mark.parametrize("kind", ["adagrad", "adam", "yogi", "avgm"])
-def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kind, lr):
+def test_variant_flower_reproduces_flowers_own_strategy_classes(flower_task, kind, lr):  # noqa: F811
     """Fed the same replies for 4 rounds, Flower 1.42's FedAdagrad / FedAdam / FedYogi / FedAvgM and hetfed's
     ``server.optimizer.variant: flower`` give the same global model. hetfed's default (the papers) differs for the
     adaptive three: that is what the variant is for."""
