@@ -16,6 +16,7 @@ adapters of the forward that is running (a thread-local slot: a stacked sweep's 
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 import threading
 from collections.abc import Sequence
@@ -122,8 +123,12 @@ class FrozenBelow:
         self._lock = threading.Lock()
 
     def _mask(self, mask: torch.Tensor, hidden: torch.Tensor) -> Any:
-        return self.base._create_attention_masks(attention_mask=mask.long(), encoder_attention_mask=None,
-                                                 embedding_output=hidden, encoder_hidden_states=None, cache=None)[0]
+        """The attention mask the encoder's own forward makes of ``mask`` (its private helper: transformers 5.25
+        added ``position_ids``, given None as forward gives it without position ids)."""
+        make = self.base._create_attention_masks
+        extra = {"position_ids": None} if "position_ids" in inspect.signature(make).parameters else {}
+        return make(attention_mask=mask.long(), encoder_attention_mask=None, embedding_output=hidden,
+                    encoder_hidden_states=None, cache=None, **extra)[0]
 
     def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``[texts, L, d]``: the hidden states after the first ``k`` layers (computed for texts not seen yet)."""
