@@ -80,6 +80,55 @@ def test_ditto_aggregates_the_global_models_statistics_and_keeps_the_personal_mo
         assert not torch.equal(new[personal][0], upload.params[b][0])  # and they are not the global model's
 
 
+def _statistics(algo, entries) -> dict:
+    """The entries of ``entries`` that are running statistics: the model's, or a method's copy's (prefixed)."""
+    return {k: v for k, v in entries.items() if any(k == b or k.endswith("." + b) for b in algo.model.buffer_names)}
+
+
+@pytest.mark.parametrize("name", CNN4_METHODS)
+def test_every_copy_of_the_model_a_method_sends_or_keeps_moves_its_own_statistics_in_a_round(name):
+    """APFL's local model, pFedMe's θ and every FedEM component kept their initial statistics: their forward wrote
+    the model's names (``Noise.updates``), so the copy's own were never moved (and APFL's mixture overwrote its global
+    copy's). Now each copy's forward writes under its prefix (``Noise.under``): every running statistic a method
+    uploads or keeps after a round of two steps on data differs from where it started."""
+    algo, _, _, upload, new = _round(name)
+    start = algo.model.init_shared(torch_gen(0, SERVER_INIT))  # round 0: every copy starts from the model's own
+    moved = {**_statistics(algo, upload.params), **_statistics(algo, new)}
+    assert moved
+    for k, v in moved.items():
+        was = start[next(b for b in algo.model.buffer_names if k == b or k.endswith("." + b))]
+        assert not torch.equal(v, was.expand_as(v)), f"{name}: {k} kept its value from the round's start"
+
+
+def test_apfls_global_copy_trains_as_fedavgs_its_statistics_too():
+    """APFL's w follows ∇f_i(w) alone (Algorithm 1; the mixture's gradient reaches v and α only): its upload is
+    FedAvg's, batch-norm statistics included — the mixture's passes move the local model's statistics, not w's."""
+    algo, server, _, apfl, new = _round("apfl")
+    _, _, _, fedavg, _ = _round("fedavg")
+    assert set(apfl.params) == set(fedavg.params)
+    for k in fedavg.params:
+        torch.testing.assert_close(apfl.params[k], fedavg.params[k], rtol=0, atol=0, msg=k)
+    # the personalised model α v + (1 − α) w predicts with the statistics its passes moved: the local model's own
+    predictor = algo.predictor(algo.broadcast(algo.aggregate(server, apfl), 1).for_clients([0, 1]), new, 2)
+    for b in algo.model.buffer_names:
+        torch.testing.assert_close(predictor.params[b], new["apfl.v." + b], rtol=0, atol=0)
+        assert not torch.equal(new["apfl.v." + b], apfl.params[b])
+
+
+def test_pfedmes_local_model_carries_its_personal_models_statistics():
+    """pFedMe's w never runs forward (it moves towards θ): it sends the statistics θ's passes moved, as the authors'
+    one network does, and θ keeps them for its predictions."""
+    algo, _, _, upload, new = _round("pfedme")
+    for b in algo.model.buffer_names:
+        torch.testing.assert_close(upload.params[b], new["pfedme.theta." + b], rtol=0, atol=0)
+
+
+def test_each_fedem_component_has_statistics_of_its_own():
+    algo, _, _, upload, _ = _round("fedem")
+    for b in algo.model.buffer_names:
+        assert not torch.equal(upload.params["fedem.0." + b], upload.params["fedem.1." + b])
+
+
 def test_an_unknown_buffer_handling_is_refused():
     from hetfed.interface import Capabilities
 

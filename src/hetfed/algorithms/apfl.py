@@ -55,9 +55,15 @@ class APFL(FedAvg):
         return {**local, **{LOCAL + k: v.clone() for k, v in start.items()}, ALPHA: torch.tensor(self.params.alpha)}
 
     def _mixture(self, w: Params, v: Params, alpha: torch.Tensor, detach: bool = False) -> Params:
-        """``α v + (1 − α) w`` on the shared parameters (``w`` held fixed when ``detach``)."""
+        """``α v + (1 − α) w`` on the shared parameters (``w`` held fixed when ``detach``). Batch norm's running
+        statistics are not mixed: the mixture's are the local model's own, which its training passes move (as
+        PFLlib's personal model's), while ``w``'s are moved by ``w``'s passes."""
+        buffers = set(self.model.buffer_names)
         out = {}
         for k, vk in v.items():
+            if k in buffers:
+                out[k] = vk
+                continue
             a = alpha.view(-1, *([1] * (vk.dim() - 1)))
             wk = w[k].detach() if detach else w[k]
             out[k] = a * vk + (1 - a) * wk
@@ -75,7 +81,8 @@ class APFL(FedAvg):
             mix = {**self._mixture(w, {k: p[LOCAL + k] for k in shared}, p[ALPHA], detach=True),
                    **{k: p[k] for k in local}}
             global_loss = cross_entropy(self.model, w, xb, yb, mask, noise)
-            return global_loss + cross_entropy(self.model, mix, xb, yb, mask, noise), global_loss
+            mixed = cross_entropy(self.model, mix, xb, yb, mask, noise.under(LOCAL) if noise is not None else None)
+            return global_loss + mixed, global_loss
 
         trainable = [*shared, *local, *(k for k in own if k != ALPHA or self.params.adapt_alpha)]
         params, _, loss = train_stack(self.model, params, data, self.schedule, self.train.optimizer, bc.lr,

@@ -52,6 +52,11 @@ def key(m: int, name: str) -> str:
     return f"fedem.{m}.{name}"
 
 
+def _under(noise: Noise | None, m: int) -> Noise | None:
+    """Component m's forward's draws and batch-norm statistics (its own, under ``fedem.<m>.``)."""
+    return noise.under(key(m, "")) if noise is not None else None
+
+
 def component(params: Params, m: int, names: list[str]) -> Params:
     """Component m's model (its shared parameters under the base model's names, and every other entry of
     ``params`` — the base's local parameters — as they are)."""
@@ -76,7 +81,7 @@ class Mixture(Derived):
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         weights = params[WEIGHTS]  # [n, M]
         probs = sum(weights[:, m, None, None] * torch.softmax(self.base.forward(component(params, m, self.names),
-                                                                                 x, noise), -1)
+                                                                                 x, _under(noise, m)), -1)
                     for m in range(self.components))
         return torch.log(torch.as_tensor(probs).clamp_min(torch.finfo(weights.dtype).tiny))
 
@@ -129,7 +134,7 @@ class FedEM(FedAvg):
                                    for m in range(m_count)], dim=-1)  # [n, b, M]
                 q = responsibilities(weights.log().to(ell.device)[:, None, :], ell)
             loss = sum(client_mean(q[..., m] * row_cross_entropy(model.forward(component(params, m, names), xb,
-                                                                                 noise), yb), mask)
+                                                                                 _under(noise, m)), yb), mask)
                        for m in range(m_count))
             return torch.as_tensor(loss)
 

@@ -75,7 +75,9 @@ class PFedMe(FedAvg):
                                       mask, noise)
                     grads = torch.autograd.grad(f.sum(), list(leaves.values()))
                 current = {**current, **{k: (v - eta_p * (g + lam * (v - w[k]))).detach()
-                                         for (k, v), g in zip(leaves.items(), grads, strict=True)}}
+                                         for (k, v), g in zip(leaves.items(), grads, strict=True)},
+                           # θ's running statistics move with each of its passes (the step hands the last to w)
+                           **{k: v for k, v in noise.updates.items() if k in buffers}}
             for k, v in current.items():  # a client without data in this step keeps its θ
                 theta[k] = torch.where(active.view(-1, *([1] * (v.dim() - 1))), v, theta[k])
             with torch.no_grad():

@@ -16,7 +16,7 @@ from :attr:`Model.local_names` instead of special-casing methods.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, MutableMapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -95,7 +95,7 @@ class Noise:
         self._counter = counter if counter is not None else [0]  # draws so far this step (shared by columns)
         #: buffer name → the stack's new values the forward computed in this step (batch norm's statistics;
         #: clients without rows this step keep their old values)
-        self.updates: dict[str, torch.Tensor] = {}
+        self.updates: MutableMapping[str, torch.Tensor] = {}
 
     @property
     def device(self) -> torch.device:
@@ -107,6 +107,15 @@ class Noise:
         rows = [max(0, min(r - start, width)) for r in self.rows]
         part = Noise(self.keys, self.step, rows, self.row_offset + start, self._counter, self.masks)
         part.updates = self.updates
+        return part
+
+    def under(self, prefix: str) -> Noise:
+        """The same streams (its draws continue this step's) for a method's copy of the model whose entries carry
+        ``prefix`` (APFL's local model ``apfl.v.``, a FedEM component ``fedem.<m>.``): the statistics its forward
+        computes go into ``updates`` under that prefix, so each copy's batch norm moves its own running
+        statistics instead of overwriting the model's."""
+        part = Noise(self.keys, self.step, self.rows, self.row_offset, self._counter, self.masks)
+        part.updates = _Prefixed(self.updates, prefix)
         return part
 
     def keep_mask(self, batch: int, width: int, p: float) -> torch.Tensor:
@@ -128,6 +137,29 @@ class Noise:
         prefix = streams.bits(self.keys, streams.MODEL_DRAW, self.step, draw)  # [n]
         cell = torch.arange(self.row_offset * width, (self.row_offset + batch) * width, device=self.device)
         return streams.uniform(prefix[:, None], cell[None]).view(-1, batch, width)
+
+
+class _Prefixed(MutableMapping[str, torch.Tensor]):
+    """``target`` seen through a prefix: what is set as ``k`` lands in ``target`` as ``prefix + k``
+    (:meth:`Noise.under`)."""
+
+    def __init__(self, target: MutableMapping[str, torch.Tensor], prefix: str):
+        self.target, self.prefix = target, prefix
+
+    def __getitem__(self, k: str) -> torch.Tensor:
+        return self.target[self.prefix + k]
+
+    def __setitem__(self, k: str, value: torch.Tensor) -> None:
+        self.target[self.prefix + k] = value
+
+    def __delitem__(self, k: str) -> None:
+        del self.target[self.prefix + k]
+
+    def __iter__(self) -> Iterator[str]:
+        return (k[len(self.prefix):] for k in list(self.target) if k.startswith(self.prefix))
+
+    def __len__(self) -> int:
+        return sum(1 for _ in self)
 
 
 def dropout(h: torch.Tensor, p: float, noise: Noise | None) -> torch.Tensor:
