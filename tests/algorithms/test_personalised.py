@@ -3,6 +3,8 @@ update (written here with plain tensors, not with hetfed's training loop), and t
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -19,6 +21,7 @@ from hetfed.models import build_model
 LR = 0.1
 BODY = ("layers.0.weight", "layers.0.bias")
 HEAD = ("layers.1.weight", "layers.1.bias")
+REPO = Path(__file__).resolve().parents[2]
 
 
 def _setup(name: str, params: dict | None = None):
@@ -306,6 +309,41 @@ def test_per_fedavg_takes_algorithm_1s_meta_step_on_independent_batches(variant)
         v = {k: v[k] - inner * h for k, h in zip(names, hv, strict=True)}
     for k in w:
         torch.testing.assert_close(upload.params[k][0], w[k] - LR * v[k])
+
+
+def test_per_fedavg_with_pfllibs_two_settings_takes_pfllibs_round():
+    """PFLlib's Per-FedAvg: its server calls each client's ``train()`` twice a round, and each batch of 2B (its loader)
+    takes w̃ = w − lr·∇f(w; first B), then w ← w − β·∇f(w̃; last B) with β = lr (``self.beta =
+    self.learning_rate``) — as many meta-steps a round as FedAvg's round has steps. hetfed's Per-FedAvg with
+    ``train.local_epochs: 2`` and ``params.inner_lr`` = the learning rate is that round, and the PFLlib protocol's
+    config sets both."""
+    from hetfed.config import load_config
+
+    n, b = 12, 3
+    train = TrainConfig(rounds=1, batch_size=b, local_epochs=2,
+                        optimizer=OptimizerConfig(kind="sgd", lr=LR, momentum=0.0))
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
+    algo = build_algorithm("perfedavg", model, train, {"inner_lr": LR}, seed=7)
+    gen = torch.Generator().manual_seed(1)
+    x, y = torch.randn(n, 3, generator=gen), torch.randint(0, 2, (n,), generator=gen)
+    server = algo.server_init(torch_gen(7, SERVER_INIT))
+    upload, _ = algo.local_update(algo.broadcast(server, 0), {}, ClientData([0], x, y, [np.arange(n)], [123]))
+    w = dict(server.params)
+    steps = 0
+    for perm in streams.permutations(streams.keys([123], "cpu"), [n], [2]).numpy().reshape(2, n):  # train() twice
+        for batch in perm.reshape(-1, 2 * b):  # PFLlib's loader of 2B, split in two
+            g = _grads(w, x[batch[:b]], y[batch[:b]])
+            w_tilde = {k: w[k] - LR * g[k] for k in w}
+            v = _grads(w_tilde, x[batch[b:]], y[batch[b:]])
+            w = {k: w[k] - LR * v[k] for k in w}  # the parameters restored, then the step of size β = lr
+            steps += 1
+    for k in w:
+        torch.testing.assert_close(upload.params[k][0], w[k])
+    assert steps == n // b  # FedAvg's steps in a round of one epoch
+    config = load_config(str(REPO / "configs" / "leaderboard_pfllib_fmnist.yaml"))
+    method = next(m for m in config.methods if m.algorithm == "perfedavg")
+    assert method.params["inner_lr"] == config.train.optimizer.lr
+    assert method.train["local_epochs"] == 2 * config.train.local_epochs
 
 
 def test_per_fedavg_adapts_by_one_step_on_the_clients_training_data_before_it_predicts():
