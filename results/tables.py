@@ -331,6 +331,12 @@ def _read_runs(sweep: Path):
                                   labels.get(row.split(":")[0], row)) for row in evaluations}, configured
 
 
+def _caveated(verdict: str, method: dict) -> str:
+    """A row's verdict, and what PFLlib's number measures where it is not the method's own (its entry's ``caveat``:
+    found by running PFLlib's code, results/pfllib_code/) — whatever the rounds, the difference is not a gap."""
+    return f"{verdict}; {method['caveat']}" if method.get("caveat") else verdict
+
+
 def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
     """Every method of PFLlib's published table against the sweeps' runs of it (#74 §5): PFLlib's rule
     (:func:`pfllib_rule`, the best test accuracy over the evaluated rounds) and the round chosen by validation
@@ -373,13 +379,13 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
             why = ("not in hetfed" if m["algorithm"] is None else
                    f"stopped before its first evaluation (hetfed's `{m['algorithm']}`)" if m["algorithm"] in started
                    else f"not run (hetfed's `{m['algorithm']}`)")
-            lines.append(f"| {m['pfllib']} | — | — | — | — | {pub} | — | {why} |")
+            lines.append(f"| {m['pfllib']} | — | — | — | — | {pub} | — | {_caveated(why, m)} |")
         for name in names:
             diff = np.mean(ours[name]["rule"]) - m["mean"]
             reached = min(ours[name]["rounds"])
             verdict = (f"not comparable: {reached} of the published {ref['rounds']} rounds" if reached < ref["rounds"]
                        else "within 1 point" if abs(diff) <= 1 else "differs by more than 1 point: a finding")
-            lines.append(f"| {m['pfllib']} | {cells(name)} | {pub} | {diff:+.2f} | {verdict} |")
+            lines.append(f"| {m['pfllib']} | {cells(name)} | {pub} | {diff:+.2f} | {_caveated(verdict, m)} |")
     for name in [n for n in ours if n not in matched]:
         lines.append(f"| — | {cells(name)} | — | — | no published number |")
     src = ref["source"]

@@ -83,6 +83,29 @@ def test_every_published_pfllib_number_is_set_against_the_sweeps_own_runs_of_tha
     assert "8afdf11d57fb" in text
 
 
+def test_a_published_number_that_measures_another_model_says_so_in_its_verdict_whatever_the_rounds(sweep, tmp_path):
+    """PFLlib's pFedMe row scores its server's model (results/pfllib_code/): the published entry's caveat is in the
+    row's verdict — run or not, at any rounds — and a run method's numbers are still set beside it."""
+    tables = _tables()
+    published = json.loads(tables.PUBLISHED.read_text())
+    [pfedme] = [m for m in published["methods"] if m["pfllib"] == "pFedMe"]
+    assert "server's model" in pfedme["caveat"] and "results/pfllib_code/" in pfedme["caveat"]
+    assert [m["pfllib"] for m in published["methods"] if m.get("caveat")] == ["pFedMe"]
+
+    def verdicts(text: str) -> dict[str, str]:
+        return {ln.split("|")[1].strip(): ln.split("|")[-2].strip() for ln in text.splitlines()
+                if ln.startswith("| ") and not ln.startswith("| PFLlib")}
+
+    assert verdicts(tables.pfllib_table(sweep))["pFedMe"] == f"not run (hetfed's `pfedme`); {pfedme['caveat']}"
+    for m in published["methods"]:  # the same caveat on a method the sweep ran
+        if m["pfllib"] == "Ditto":
+            m["caveat"] = "measures another model"
+    (tmp_path / "published.json").write_text(json.dumps(published))
+    text = tables.pfllib_table(sweep, tmp_path / "published.json")
+    assert verdicts(text)["Ditto"] == "not comparable: 4 of the published 2000 rounds; measures another model"
+    assert verdicts(text)["Ditto"].startswith(verdicts(tables.pfllib_table(sweep))["Ditto"])
+
+
 def test_the_round_chosen_by_validation_is_the_lowest_validation_loss_and_its_accuracy_is_reported(tmp_path):
     run = tmp_path / "seed=0"
     run.mkdir()
