@@ -18,8 +18,15 @@ of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed s
 out), its ratio to one seed's, and how much of it the sweep's thread spends computing the runs' joined client steps
 and evaluations (``joined_client_work_ms``), of which the joined stack's step loop (``train_stack_ms``; the rest of
 the joined work: joining the runs' states and splitting their uploads, screening, the evaluations; the rest of the
-round: each run's own server, evaluation summary, metrics and checkpoints). ``--set`` overrides the
-experiment, e.g. #74's CPU setting (logistic regression, 10 Dirichlet clients, evaluation every round)::
+round: each run's own server, evaluation summary, metrics and checkpoints). The rest of the sweep thread's round, by
+part: ``joined_evaluation_ms`` (of the joined work), ``runs_own_ms`` (the runs' own code between their requests:
+their server chains' bookkeeping, metrics rows, checkpoints — what a run axis would make one call), ``alone_ms``
+(requests answered run by run: a server's aggregation that does not join, as FedAvg's), ``server_scoring_ms``,
+``summaries_ms`` and ``read_backs_ms`` (each one call for all runs), ``grouping_keys_ms`` (each request's key, which
+groups the requests that share a computation), all within ``lockstep_ms`` (the sweep thread's whole lockstep; the
+rest of the round is the runs' threads' own work and the hand-overs between threads). Each part's time is wall
+time on the sweep's thread with a wrapper around its function (a few µs a call). ``--set`` overrides the experiment,
+e.g. #74's CPU setting (logistic regression, 10 Dirichlet clients, evaluation every round)::
 
     python benchmarks/stacked_sweep.py --per-round --rounds 80 --seeds 1 5 20 --set model.kind=logreg \
         --set partition.kind=dirichlet --set partition.alpha=0.5 --set train.eval_every=1 \
@@ -98,22 +105,38 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     from hetfed.engine import local
     from hetfed.executors import stacked_runs
 
-    spent = {"joined": 0.0, "steps": 0.0}
-    targets = [(stacked_runs, "train_together", "joined"), (stacked_runs, "evaluate_together", "joined"),
-               (local, "train_stack", "steps"), (fedavg, "train_stack", "steps")]
-    originals = [getattr(module, name) for module, name, _part in targets]
+    rendezvous, rounds_of = stacked_runs.Rendezvous, stacked_runs._Rounds
+    # (owner, function, the parts its time counts in): the joined client work and its step loop, then where the
+    # rest of the sweep thread's round goes (#74 item 1: what a run axis would make one call for all runs)
+    targets = [(stacked_runs, "train_together", ("joined",)),
+               (stacked_runs, "evaluate_together", ("joined", "joined_evaluation")),
+               (local, "train_stack", ("steps",)), (fedavg, "train_stack", ("steps",)),
+               (rounds_of, "advance", ("runs_own",)), (stacked_runs, "_alone", ("alone",)),
+               (rendezvous, "score_together", ("server_scoring",)),
+               (stacked_runs, "_summarise_together", ("summaries",)),
+               (stacked_runs, "_read_back_together", ("read_backs",)),
+               *[(stacked_runs, key, ("keys",)) for key in ("_train_key", "_aggregate_key", "_read_back_key",
+                                                             "_evaluation_key", "_score_key", "_summary_key")],
+               (rendezvous, "lockstep", ("lockstep",))]
+    parts = {"joined": "joined_client_work_ms", "steps": "train_stack_ms", "joined_evaluation": "joined_evaluation_ms",
+             "runs_own": "runs_own_ms", "alone": "alone_ms", "server_scoring": "server_scoring_ms",
+             "summaries": "summaries_ms", "read_backs": "read_backs_ms", "keys": "grouping_keys_ms",
+             "lockstep": "lockstep_ms"}
+    spent = dict.fromkeys(parts, 0.0)
+    originals = [getattr(owner, name) for owner, name, _parts in targets]
 
-    def timed(fn, part):
+    def timed(fn, counted):
         def call(*args, **kwargs):
             t0 = time.perf_counter()
             try:
                 return fn(*args, **kwargs)
             finally:
-                spent[part] += time.perf_counter() - t0
+                for part in counted:
+                    spent[part] += time.perf_counter() - t0
         return call
 
-    for (module, name, part), fn in zip(targets, originals, strict=True):
-        setattr(module, name, timed(fn, part))
+    for (owner, name, counted), fn in zip(targets, originals, strict=True):
+        setattr(owner, name, timed(fn, counted))
     short = max(1, rounds // 4)
     out: dict[int, dict[str, float]] = {}
     try:
@@ -121,18 +144,19 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             measured = {}
             for r in (short, rounds):
                 config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
-                spent.update(joined=0.0, steps=0.0)
+                spent.update(dict.fromkeys(parts, 0.0))
                 wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(repeats))
-                measured[r] = (wall, spent["joined"] / repeats, spent["steps"] / repeats)
-            per = [(measured[rounds][j] - measured[short][j]) / (rounds - short) * 1000 for j in range(3)]
-            out[n] = {"ms_per_round": round(per[0], 2), "joined_client_work_ms": round(per[1], 2),
-                      "train_stack_ms": round(per[2], 2)}
+                measured[r] = {"wall": wall, **{part: t / repeats for part, t in spent.items()}}
+            per = {part: (measured[rounds][part] - measured[short][part]) / (rounds - short) * 1000
+                   for part in measured[rounds]}
+            out[n] = {"ms_per_round": round(per["wall"], 2),
+                      **{column: round(per[part], 2) for part, column in parts.items()}}
             print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
         for row in out.values():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
     finally:
-        for (module, name, _part), fn in zip(targets, originals, strict=True):
-            setattr(module, name, fn)
+        for (owner, name, _parts), fn in zip(targets, originals, strict=True):
+            setattr(owner, name, fn)
     return out
 
 
