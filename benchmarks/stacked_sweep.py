@@ -98,32 +98,31 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
               repeats: int = 2) -> dict[int, dict[str, float]]:
     """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and where it goes: the
     joined client work (the runs' client steps and evaluations computed together), of which the step loop of the
-    joined stack (``train_stack``: the client arithmetic and its bookkeeping); the rest of the round is each run's
-    own server, evaluation summary, metrics and checkpoints. Each sweep timed ``repeats`` times, the fastest kept
+    joined stack (``train_stack``: the client arithmetic and its bookkeeping), and the rest of the sweep thread's
+    round by part (the module docstring names them). Each sweep timed ``repeats`` times, the fastest kept
     (1 where a GPU's lease is short)."""
     from hetfed.algorithms import fedavg
     from hetfed.engine import local
     from hetfed.executors import stacked_runs
 
     rendezvous, rounds_of = stacked_runs.Rendezvous, stacked_runs._Rounds
-    # (owner, function, the parts its time counts in): the joined client work and its step loop, then where the
+    # (owner, function, the columns its time counts in): the joined client work and its step loop, then where the
     # rest of the sweep thread's round goes (#74 item 1: what a run axis would make one call for all runs)
-    targets = [(stacked_runs, "train_together", ("joined",)),
-               (stacked_runs, "evaluate_together", ("joined", "joined_evaluation")),
-               (local, "train_stack", ("steps",)), (fedavg, "train_stack", ("steps",)),
-               (rounds_of, "advance", ("runs_own",)), (stacked_runs, "_alone", ("alone",)),
-               (rendezvous, "score_together", ("server_scoring",)),
-               (stacked_runs, "_summarise_together", ("summaries",)),
-               (stacked_runs, "_read_back_together", ("read_backs",)),
-               *[(stacked_runs, key, ("keys",)) for key in ("_train_key", "_aggregate_key", "_read_back_key",
-                                                             "_evaluation_key", "_score_key", "_summary_key")],
-               (rendezvous, "lockstep", ("lockstep",))]
-    parts = {"joined": "joined_client_work_ms", "steps": "train_stack_ms", "joined_evaluation": "joined_evaluation_ms",
-             "runs_own": "runs_own_ms", "alone": "alone_ms", "server_scoring": "server_scoring_ms",
-             "summaries": "summaries_ms", "read_backs": "read_backs_ms", "keys": "grouping_keys_ms",
-             "lockstep": "lockstep_ms"}
-    spent = dict.fromkeys(parts, 0.0)
-    originals = [getattr(owner, name) for owner, name, _parts in targets]
+    joined, steps = "joined_client_work_ms", "train_stack_ms"
+    targets = [(stacked_runs, "train_together", (joined,)),
+               (local, "train_stack", (steps,)), (fedavg, "train_stack", (steps,)),
+               (stacked_runs, "evaluate_together", (joined, "joined_evaluation_ms")),
+               (rounds_of, "advance", ("runs_own_ms",)), (stacked_runs, "_alone", ("alone_ms",)),
+               (rendezvous, "score_together", ("server_scoring_ms",)),
+               (stacked_runs, "_summarise_together", ("summaries_ms",)),
+               (stacked_runs, "_read_back_together", ("read_backs_ms",)),
+               *[(stacked_runs, key, ("grouping_keys_ms",)) for key in ("_train_key", "_aggregate_key",
+                                                                         "_read_back_key", "_evaluation_key",
+                                                                         "_score_key", "_summary_key")],
+               (rendezvous, "lockstep", ("lockstep_ms",))]
+    columns = list(dict.fromkeys(column for _owner, _name, counted in targets for column in counted))
+    spent = dict.fromkeys(columns, 0.0)
+    originals = [getattr(owner, name) for owner, name, _columns in targets]
 
     def timed(fn, counted):
         def call(*args, **kwargs):
@@ -131,8 +130,9 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             try:
                 return fn(*args, **kwargs)
             finally:
-                for part in counted:
-                    spent[part] += time.perf_counter() - t0
+                took = time.perf_counter() - t0
+                for column in counted:
+                    spent[column] += took
         return call
 
     for (owner, name, counted), fn in zip(targets, originals, strict=True):
@@ -144,18 +144,16 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             measured = {}
             for r in (short, rounds):
                 config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
-                spent.update(dict.fromkeys(parts, 0.0))
+                spent.update(dict.fromkeys(columns, 0.0))
                 wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(repeats))
-                measured[r] = {"wall": wall, **{part: t / repeats for part, t in spent.items()}}
-            per = {part: (measured[rounds][part] - measured[short][part]) / (rounds - short) * 1000
-                   for part in measured[rounds]}
-            out[n] = {"ms_per_round": round(per["wall"], 2),
-                      **{column: round(per[part], 2) for part, column in parts.items()}}
+                measured[r] = {"ms_per_round": wall, **{column: t / repeats for column, t in spent.items()}}
+            out[n] = {column: round((measured[rounds][column] - measured[short][column]) / (rounds - short) * 1000, 2)
+                      for column in measured[rounds]}
             print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
         for row in out.values():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
     finally:
-        for (owner, name, _parts), fn in zip(targets, originals, strict=True):
+        for (owner, name, _columns), fn in zip(targets, originals, strict=True):
             setattr(owner, name, fn)
     return out
 
