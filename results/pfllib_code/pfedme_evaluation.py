@@ -67,10 +67,14 @@ def correct(model: nn.Module, root: Path, k: int) -> tuple[int, int]:
         return int((model(torch.tensor(data["x"])).argmax(1) == torch.tensor(data["y"])).sum()), len(data["y"])
 
 
-def accuracy(model: nn.Module, root: Path) -> float:
-    """A model's accuracy on every client's test file: total correct / total test rows (PFLlib's rule)."""
-    counts = [correct(model, root, k) for k in range(CLIENTS)]
+def pooled(counts: list[tuple[int, int]]) -> float:
+    """Total correct / total test rows over clients' (correct, rows): PFLlib's rule."""
     return sum(c for c, _ in counts) / sum(n for _, n in counts)
+
+
+def accuracy(model: nn.Module, root: Path) -> float:
+    """A model's accuracy on every client's test file, by PFLlib's rule."""
+    return pooled([correct(model, root, k) for k in range(CLIENTS)])
 
 
 def record_theta(client: object, root: Path, seen: dict[int, tuple[int, int]]) -> None:
@@ -106,7 +110,7 @@ def run(beta: float, rounds: int, root: Path) -> dict[str, object]:
     def evaluated() -> None:  # PFLlib evaluates right after send_models, before the round's training
         server_model.append(accuracy(server.global_model, root))
         if last:  # the personal models the clients' last training ended with
-            theta.append(sum(c for c, _ in last.values()) / sum(n for _, n in last.values()))
+            theta.append(pooled(list(last.values())))
         evaluate()
 
     server.evaluate_personalized = evaluated
