@@ -10,7 +10,7 @@ The field's most common setting: 20 clients of a Dirichlet Î± = 0.1 split (62 â€
   method of plain steps, FedAvg and Ditto, the step still computes only the clients that train, reordering the
   stack longest first itself; other methods compute the finished clients masked until the longest is done);
 - ``vectorised``: the executor's stacks (:meth:`hetfed.executors.inprocess.InProcessExecutor.blocks`: longest
-  first for plain steps, else grouped by plan length by :func:`hetfed.engine.local.stack_blocks`).
+  first for plain steps, else grouped by plan length by :func:`hetfed.engine.stacks.stack_blocks`).
 
 ``--compile`` (CPU) adds the sequential and vectorised executors with ``train.capture: compile`` (their steps
 compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only),
@@ -48,7 +48,8 @@ from engine import (  # benchmarks/engine.py (this folder is on sys.path)
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
-from hetfed.engine.local import LocalSchedule, stack_blocks, stack_occupancy
+from hetfed.engine.local import LocalSchedule
+from hetfed.engine.stacks import stack_blocks, stack_occupancy
 from hetfed.executors.inprocess import (
     SequentialExecutor,
     VectorisedExecutor,
