@@ -1,5 +1,5 @@
-"""Every script of ``benchmarks/`` that a GPU session runs (``benchmarks/gpu.sh``) or a closing note cites runs to its
-end on a CPU at its smallest settings, and its JSON reports no error.
+"""The scripts of ``benchmarks/`` run to their end on a CPU at their smallest settings, and their JSON reports no error
+(all but the five named at the end; ``benchmarks/gpu.sh`` runs most of them on a lent GPU).
 
 Why: the benchmarks are not imported by the package, so a change that moves a function or refuses a setting breaks them
 silently — ``unequal.py`` imported two functions from the module they had left, and ``personalised.py`` gave ``cnn4``
