@@ -78,6 +78,32 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
         read_summary(tmp_path / "r")
 
 
+def test_a_stopped_run_is_marked_failed_before_its_last_checkpoint_is_waited_for(tmp_path, monkeypatch):
+    """A ServerApp that ``flwr stop`` ends is killed by Flower ~5 s later (``flwr_exit``'s timer); a CI run under load
+    spent them waiting for the last checkpoint's fsyncs and left the run marked running. The status comes first."""
+    from hetfed.runs.checkpoint import Checkpointer
+
+    seen = []
+    real_wait = Checkpointer.wait
+
+    def wait(self):  # what a process killed here leaves on disk
+        seen.append(json.loads((self.run_dir / "status.json").read_text())["status"])
+        return real_wait(self)
+
+    monkeypatch.setattr(Checkpointer, "wait", wait)
+    from hetfed.executors import updates as sim
+
+    def stopped(*a, **k):
+        raise SystemExit(0)  # Flower ends its ServerApp so when the run is stopped
+
+    monkeypatch.setattr(sim, "evaluation_steps", stopped)
+    with pytest.raises(SystemExit):
+        run_experiment(build_config({"train": {"rounds": 3}}), out=tmp_path / "r", progress=False)
+    assert seen[-1] == "failed", seen
+    status = json.loads((tmp_path / "r" / "status.json").read_text())
+    assert status["status"] == "failed" and "flwr stop" in status["reason"]
+
+
 def test_existing_output_is_never_overwritten(tmp_path, capsys):
     target = tmp_path / "taken"
     target.mkdir()

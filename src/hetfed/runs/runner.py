@@ -348,12 +348,17 @@ def summarise(config: Config, prep: Prepared, rec: Recording, t_start: float) ->
 
 def _mark_failed(rec: Recording, trackers: Trackers | None, err: BaseException) -> None:
     """The run directory marked failed with the reason; what was finished is kept (the reason itself is
-    printed once, by whoever handles the error: the CLI)."""
-    rec.heartbeat.stop()
-    with contextlib.suppress(Exception):  # the run fails with its own error; the previous checkpoint stays
-        rec.checkpointer.wait()  # the last checkpoint on disk before the run is marked failed
-    rec.writer.close()
+    printed once, by whoever handles the error: the CLI).
+
+    The status is written first, before the last checkpoint's write (two fsyncs) is waited for: a ServerApp that
+    ``flwr stop`` ends has ~5 s before Flower's own timer kills it (``flwr_exit``), part of them spent in Flower's exit
+    handlers, and under load the fsyncs took the rest — the run was left marked running. Killed after the status,
+    the run keeps its previous checkpoint (each is written whole or not at all)."""
+    rec.heartbeat.stop()  # before the status: its timer must not write "running" over it
     set_status(rec.run_dir, "failed", reason=interruption_reason(err), methods_done=list(rec.methods))
+    with contextlib.suppress(Exception):  # the run fails with its own error; the previous checkpoint stays
+        rec.checkpointer.wait()
+    rec.writer.close()
     if trackers is not None:
         trackers.finish(rec.run_dir, None, "failed")
     make_console(stderr=True).print(f"run marked failed; what was finished is kept in {rec.run_dir}", soft_wrap=True)
