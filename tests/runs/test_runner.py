@@ -79,8 +79,9 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
 
 
 def test_a_stopped_run_is_marked_failed_before_its_last_checkpoint_is_waited_for(tmp_path, monkeypatch):
-    """A ServerApp that ``flwr stop`` ends is killed by Flower ~5 s later (``flwr_exit``'s timer); a CI run under load
-    spent them waiting for the last checkpoint's fsyncs and left the run marked running. The status comes first."""
+    """A ServerApp that ``flwr stop`` ends is killed by Flower ~5 s later (``flwr_exit``'s timer); in a CI run under
+    load one was left marked running, the wait for the last checkpoint's fsyncs the likely cause. The status comes
+    first."""
     from hetfed.runs.checkpoint import Checkpointer
 
     seen = []

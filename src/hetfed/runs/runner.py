@@ -352,8 +352,8 @@ def _mark_failed(rec: Recording, trackers: Trackers | None, err: BaseException) 
 
     The status is written first, before the last checkpoint's write (two fsyncs) is waited for: a ServerApp that
     ``flwr stop`` ends has ~5 s before Flower's own timer kills it (``flwr_exit``), part of them spent in Flower's exit
-    handlers, and under load the fsyncs took the rest — the run was left marked running. Killed after the status,
-    the run keeps its previous checkpoint (each is written whole or not at all)."""
+    handlers; in a CI run under load the run was left marked running, those fsyncs the likely cause. Killed after
+    the status, the run keeps its previous checkpoint (each is written whole or not at all)."""
     rec.heartbeat.stop()  # before the status: its timer must not write "running" over it
     set_status(rec.run_dir, "failed", reason=interruption_reason(err), methods_done=list(rec.methods))
     with contextlib.suppress(Exception):  # the run fails with its own error; the previous checkpoint stays
