@@ -13,7 +13,7 @@ import pytest
 import yaml
 
 from hetfed.cli import main
-from hetfed.config import build_config, load_config, method_section, unread_keys
+from hetfed.config import as_given, build_config, load_config, method_section, unread_keys
 from hetfed.errors import ConfigError, HetfedNote
 from tests.one_actor import ONE_ACTOR_SET
 
@@ -390,3 +390,38 @@ def test_a_grid_over_a_key_the_partition_does_not_take_is_refused_before_anythin
     assert code == 2 and ("unknown key 'partition.alpha' = 0.1: did you mean 'alpha' of partitioner 'dirichlet'? "
                           "partitioner 'feature_clusters' takes") in err, err
     assert not (tmp_path / "s").exists()
+
+
+@pytest.mark.parametrize(("grid", "sets", "swept", "typed"), [
+    ("train.rounds=1,2", "train.rounds=1", "train.rounds", "train.rounds=1"),
+    ("train.optimizer={lr: 0.1},{lr: 0.2}", "train.optimizer.lr=0.3", "train.optimizer", "train.optimizer.lr=0.3"),
+    ("train.optimizer.lr=0.1,0.2", "train.optimizer={lr: 0.3}", "train.optimizer.lr", "train.optimizer={lr: 0.3}"),
+    ("train.optimizer={lr: 0.1},{kind: adam}", "train.optimizer.lr=0.3", "train.optimizer", "train.optimizer.lr=0.3"),
+])
+def test_a_key_both_set_and_swept_is_refused_before_anything_runs(tmp_path, capsys, grid, sets, swept, typed):
+    """`hetfed sweep --grid train.rounds=1,2 --set train.rounds=1` ran rounds 1 and 2 and exited 0: the typed
+    --set was silently replaced at every grid point."""
+    out = tmp_path / "s"
+    assert main(["sweep", str(ROOT / "configs/default.yaml"), "--grid", grid, "--set", sets, "--seeds", "1",
+                 "--out", str(out)]) == 2
+    assert _one_line_error(capsys).startswith(f"error: --grid {swept} is not allowed with --set {typed}: ")
+    assert not out.exists()
+
+
+def test_a_grid_beside_or_inside_a_set_value_is_allowed():
+    """Keys that do not meet (siblings), and a grid refining part of a methods list typed whole, are not refused."""
+    from hetfed.config_io import parse_grid, refuse_swept_overrides
+
+    refuse_swept_overrides(parse_grid(["train.optimizer.lr=0.1,0.2"]), ["train.optimizer.momentum=0.9",
+                                                                      "train.rounds=3"])
+    refuse_swept_overrides(parse_grid(["methods.0.params.mu=0.01,0.1"]),
+                           ["methods=[{name: p, algorithm: fedprox}]"])
+    refuse_swept_overrides(parse_grid(["train.rounds_x=1,2"]), ["train.rounds=1"])  # a prefix of the text only
+    # a mapping sets its own keys: the typed lr is kept at every point (as the sweep builds them)
+    grid, sets = parse_grid(["train.optimizer={kind: adam},{kind: sgd}"]), ["train.optimizer.lr=0.3"]
+    refuse_swept_overrides(grid, sets)
+    base = as_given(load_config(ROOT / "configs/default.yaml", sets))
+    assert [build_config(base, {"train.optimizer": v}).train.optimizer.lr for v in grid["train.optimizer"]] \
+        == [0.3, 0.3]
+    with pytest.raises(ConfigError, match="--grid model.hidden is not allowed with --set model.hidden.0=8"):
+        refuse_swept_overrides(parse_grid(["model.hidden=[16],[32]"]), ["model.hidden.0=8"])

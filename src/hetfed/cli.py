@@ -456,11 +456,12 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from hetfed.analysis.present import present_sweep
-    from hetfed.config_io import parse_grid
+    from hetfed.config_io import parse_grid, refuse_swept_overrides
     from hetfed.runs.sweep import run_sweep
 
     config = load_config(args.config, args.sets)
     grid = parse_grid(args.grid)
+    refuse_swept_overrides(grid, args.sets)
     sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
                              present=None if args.no_report else present_sweep, resume=args.resume,
                              jobs=args.jobs, stack=args.stack)

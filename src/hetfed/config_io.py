@@ -181,6 +181,22 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     return grid
 
 
+def refuse_swept_overrides(grid: dict[str, list[Any]], items: list[str] | None) -> None:
+    """A key both ``--set`` and swept by ``--grid`` is refused: a grid point's value would replace the one typed
+    with ``--set``, which would then be silently ignored there. Compared leaf by leaf, as the values are applied (a
+    mapping sets its own keys and keeps the others: ``--grid 'train.optimizer={kind: adam},{kind: sgd}'`` keeps a
+    typed ``train.optimizer.lr``); a value that is not a mapping replaces everything below its key. A grid over part
+    of a value typed whole (``--set methods=[…]``, ``--grid methods.0.params.mu=…``) refines it and is allowed."""
+    typed = {key: item for item in items or [] for key, _ in flatten_keys(parse_overrides([item]))}
+    for swept, values in grid.items():
+        leaves = {key for value in values for key, _ in flatten_keys({swept: value})}
+        whole = any(not isinstance(value, dict) for value in values)
+        for key, item in typed.items():
+            if key in leaves or (whole and key.startswith(swept + ".")):
+                raise ConfigError(f"--grid {swept} is not allowed with --set {item}: every grid point's value would "
+                                  f"replace it; expected {key} set once (drop the --set, or sweep the values wanted)")
+
+
 def split_top_level(raw: str, item: str) -> list[str]:
     """Split on commas outside brackets, braces and quotes."""
     parts, depth, quote, start = [], 0, "", 0
