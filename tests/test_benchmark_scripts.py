@@ -48,6 +48,8 @@ CASES = [
     ("client_scoring.py", ["--clients", "10", "--repeats", "3"]),
     ("conv_forms.py", ["--clients", "1", "2", "--batch", "4"]),
     ("profile_round.py", ["--rounds", "2", "--top", "5"]),
+    ("protocol_flops.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--methods", "fedavg",
+                           "ditto", "--rounds", "10", "--threads", "1"]),
     ("profile_sweep.py", ["--seeds", "2", "--rounds", "2", "--stack", "--threads", "1", "--top", "5"]),
     ("scale.py", ["--clients", "100", "--fractions", "1.0", "--methods", "fedavg", "--rounds", "1", "--json"]),
     ("shared_preparation.py", ["--dataset", "digits", "--points", "2", "--seeds", "1", "--rounds", "1"]),
