@@ -5,9 +5,10 @@ For each method, the floating-point operations hetfed executes in one round of t
 torch's own counter (:class:`torch.utils.flop_counter.FlopCounterMode`: the matrix products and convolutions of every
 forward and backward, as dispatched): a run of 2 rounds minus a run of 1 (loading, Γ and the final evaluation cancel),
 split into the clients' training (the executor's ``train``), their evaluation (``evaluate``), their personal phase
-(``personalise``) and the rest: the server's own work, its model scored on the global test set among it. Then the protocol's total — ``--rounds`` rounds × ``--seeds`` seeds of each method — and the minutes a
-device sustaining each of ``--tflops`` would need for it: a floor (no kernel reaches its device's peak; the
-elementwise work is not counted). Nothing is timed but the counting runs themselves; nothing is asserted.
+(``personalise``) and the rest: the server's own work, its model scored on the global test set among it. Then the
+protocol's total — ``--rounds`` rounds × ``--seeds`` seeds of each method — and the minutes a device sustaining each
+of ``--tflops`` would need for it: a floor (no kernel reaches its device's peak; the elementwise work is not
+counted). Nothing is timed but the counting runs themselves; nothing is asserted.
 
 Counted on any device (a CPU is enough: the operations are the same); eager steps (``train.capture: off``: a counter
 sees no operations inside a replayed recording). A ``cnn4`` round of PFLlib's protocol takes ~1 min to count on a

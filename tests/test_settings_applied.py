@@ -425,3 +425,26 @@ def test_a_grid_beside_or_inside_a_set_value_is_allowed():
         == [0.3, 0.3]
     with pytest.raises(ConfigError, match="--grid model.hidden is not allowed with --set model.hidden.0=8"):
         refuse_swept_overrides(parse_grid(["model.hidden=[16],[32]"]), ["model.hidden.0=8"])
+
+
+def test_partition_notes_each_typed_key_it_does_not_read(tmp_path, capsys):
+    """`hetfed partition --set train.rounds=5` printed the partition and said nothing of the key it never read."""
+    assert main(["partition", "--set", "train.rounds=5", "--set", "partition.clients=4", "--set", "model.dropout=0.1",
+                 "--set", "methods=[{algorithm: feddf}]", "--json"]) == 0
+    notes = [line for line in capsys.readouterr().err.splitlines() if line.startswith("note: ")]
+    assert [n.split(" is not read")[0] for n in notes] == ["note: --set train.rounds=5",
+                                                           "note: --set model.dropout=0.1"]
+    assert "hetfed partition: it reads only dataset, embed, plugins, server_data, partition" in notes[0]
+
+
+def test_the_methods_decide_what_partition_cuts_for_the_server_while_server_data_is_auto():
+    """Why a methods key is read by partition (no note) while server_data.source is auto: a method that needs server
+    data makes the server hold a holdout, cut from the clients' data before partitioning."""
+    from hetfed.pipeline import unread_by_preparation
+    from hetfed.server_data import wanted
+
+    typed = ["methods=[{algorithm: feddf}]"]
+    assert wanted(load_config(None, typed)) == "holdout" and wanted(load_config(None)) == "none"
+    assert unread_by_preparation(load_config(None, typed), typed) == []
+    fixed = [*typed, "server_data.source=none"]
+    assert len(unread_by_preparation(load_config(None, fixed), fixed)) == 1

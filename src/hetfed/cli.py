@@ -375,10 +375,14 @@ def cmd_config(args: argparse.Namespace) -> int:
 
 
 def cmd_partition(args: argparse.Namespace) -> int:
+    from hetfed.config import UnreadKey
+    from hetfed.pipeline import unread_by_preparation
     from hetfed.runs.plan import check_config
 
     config = load_config(args.config, args.sets)
     check_config(config, train=False)  # partitioning trains no method's model
+    for note in unread_by_preparation(config, args.sets):
+        warnings.warn(note, UnreadKey, stacklevel=1)
     if args.plot:
         check_figure_path(args.plot)
     report = partition_report(config, status=err_console)  # progress goes to stderr
