@@ -121,7 +121,9 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
     # an optimiser's key its kind does not have: Adam's momentum, SGD's betas, in the method's own section or among
     # an algorithm's parameters (only the keys given there)
     (["train.optimizer.kind=adam", "train.optimizer.momentum=0.5"],
-     "train.optimizer.momentum = 0.5 is not read by method 'cgau': its optimiser kind 'adam' has no 'momentum'"),
+     "train.optimizer.momentum = 0.5 is not read by methods 'relu', 'cgau': its optimiser kind 'adam' has no "
+     "'momentum'"),
+    # relu's SGD reads it: only cgau is named (every method that does not read a top-level key is)
     (["methods.1.train.optimizer.kind=adamw", "train.optimizer.momentum=0.5"],
      "train.optimizer.momentum = 0.5 is not read by method 'cgau': its optimiser kind 'adamw' has no 'momentum'"),
     (["methods.1.train.optimizer.eps=0.01"],
@@ -131,16 +133,18 @@ def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_take
      "no 'momentum'"),
     # a train key another one wins over, or that applies only with another, or that the executor does not read
     (["train.local_steps=5", "train.local_epochs=2"],
-     "train.local_epochs = 2.0 is not read by method 'cgau': its local_steps = 5 wins over it"),
+     "train.local_epochs = 2.0 is not read by methods 'relu', 'cgau': its local_steps = 5 wins over it"),
     (["methods.0.train.local_steps=5", "methods.0.train.local_epochs=3"],
      "methods.0.train.local_epochs = 3.0 is not read by method 'relu': its local_steps = 5 wins over it"),
     (["train.clients_per_round=3", "train.client_fraction=0.5"],
-     "train.client_fraction = 0.5 is not read by method 'cgau': its clients_per_round = 3 wins over it"),
+     "train.client_fraction = 0.5 is not read by methods 'relu', 'cgau': its clients_per_round = 3 wins over it"),
     (["train.steps_cap_one_pass=true"],
-     "train.steps_cap_one_pass = True is not read by method 'cgau': it applies with local_steps, which is unset"),
+     "train.steps_cap_one_pass = True is not read by methods 'relu', 'cgau': it applies with local_steps, which is "
+     "unset"),
     (["train.executor=sequential", "train.chunk_clients=4"],
-     "train.chunk_clients = 4 is not read by method 'cgau': executor 'sequential' trains one client at a time"),
-    (["train.clock.network_spread=0.5"], "train.clock.network_spread = 0.5 is not read by method 'cgau': no "
+     "train.chunk_clients = 4 is not read by methods 'relu', 'cgau': executor 'sequential' trains one client at a "
+     "time"),
+    (["train.clock.network_spread=0.5"], "train.clock.network_spread = 0.5 is not read by methods 'relu', 'cgau': no "
                                          "bandwidth is set (uplink_mbps, downlink_mbps)"),
     (["heterogeneity.iid_draws=0", "heterogeneity.iid_max_clients=5"],
      "heterogeneity.iid_max_clients = 5 is not read: heterogeneity.iid_draws = 0: no Γ_IID reference"),
@@ -197,8 +201,8 @@ def test_keys_a_method_reads_are_not_noted_and_the_shipped_default_has_none():
         assert unread_keys(build_config({section: given})) == {}, section
     speeds = build_config({"train": {"clock": {"latency": "file", "file": "speeds.csv", "sample_seconds": 0.01}}})
     assert unread_keys(speeds) == {"train.clock.sample_seconds": "train.clock.sample_seconds = 0.01 is not read by "
-                                   "method 'cgau': train.clock.latency = 'file' reads every client's speeds from its "
-                                   "file"}
+                                   "methods 'relu', 'cgau': train.clock.latency = 'file' reads every client's speeds "
+                                   "from its file"}
     two = build_config({"train": {"local_epochs": 2}, "methods": [
         {"name": "a", "algorithm": "fedavg"}, {"name": "b", "algorithm": "fedavg", "train": {"local_steps": 3}}]})
     assert unread_keys(two) == {"train.local_epochs": "train.local_epochs = 2.0 is not read by method 'b': its "

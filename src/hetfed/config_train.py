@@ -42,11 +42,12 @@ class OptimizerConfig(Strict):
         return {k: (v, f"its optimiser kind {self.kind!r} has no {k!r}") for k, v in given.items()}
 
 
-def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dict[str, str]:
+def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dict[str, tuple[Any, str]]:
     """A note per key of the ``i``-th method's ``section`` as it runs with it (``values``) that it does not read
     (:meth:`Strict.unread`; a key the method set itself named as its own) and, for ``train``, per key of an
     optimiser among its algorithm's parameters that its kind does not have (FedMoE's ``params.optimizer``: the keys
-    given there). ``method``: a ``MethodConfig``."""
+    given there), as ``where → (value, why)``: a top-level key (``train.chunk_clients``) may be noted for several
+    methods, whose notes the caller joins. ``method``: a ``MethodConfig``."""
     found = [(f"{'' if get_dotted(getattr(method, section), key) is None else f'methods.{i}.'}{section}.{key}", value,
               why) for key, (value, why) in values.unread().items()]
     with contextlib.suppress(ConfigError):  # invalid parameters are the plan's to refuse, in its words
@@ -58,7 +59,7 @@ def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dic
                 typed = given.model_fields_set if isinstance(given, OptimizerConfig) else set(given)
                 found += [(f"methods.{i}.params.{name}.{key}", value, why)
                           for key, (value, why) in opt.unread(typed).items()]
-    return {where: f"{where} = {value!r} is not read by method {method.label!r}: {why}" for where, value, why in found}
+    return {where: (value, why) for where, value, why in found}
 
 
 class StragglerConfig(Strict):
