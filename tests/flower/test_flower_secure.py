@@ -124,3 +124,22 @@ def test_a_superexec_poll_flower_would_refuse_is_refused_before_anything_starts(
     assert "--superexec-poll 0 is not allowed: expected seconds between 0.01 and 60" in err
     assert len(err.strip().splitlines()) == 1
     assert not target.exists()  # nothing half-written
+
+
+@pytest.mark.parametrize("port", ["99999", "-1", "taken"])
+def test_a_port_that_is_not_one_or_is_taken_is_refused_before_anything_starts(tmp_path, capsys, port):
+    """`hetfed flower start DIR --port 99999` ended in a traceback (exit 1) after writing DIR; with a port another
+    process listened on, it reported the deployment started while its SuperLink had failed to bind."""
+    from hetfed.cli import main
+
+    target = tmp_path / "dep"
+    with socket.socket() as other:
+        other.bind(("127.0.0.1", 0))
+        other.listen()
+        given = str(other.getsockname()[1]) if port == "taken" else port
+        assert main(["flower", "start", str(target), "--nodes", "1", "--insecure", "--port", given]) == 2
+    err = capsys.readouterr().err
+    expected = "listens on it already" if port == "taken" else "expected a TCP port from 1 to 65535"
+    assert f"error: --port {given} is not allowed: " in err and expected in err, err
+    assert len(err.strip().splitlines()) == 1
+    assert not target.exists()  # nothing half-written

@@ -101,6 +101,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def _listened_on(host: str, port: int) -> bool:
+    """Whether a process accepts connections on ``host:port``."""
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as s:
+        return s.connect_ex((host, port)) == 0
+
+
 def _bin(name: str) -> str:
     """A Flower executable next to this Python (the venv's), else on PATH."""
     local = Path(sys.executable).parent / name
@@ -113,9 +119,8 @@ def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen, what: str,
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RunError(f"{what} exited with status {proc.returncode}; see {log}")
-        with socket.socket() as s:
-            if s.connect_ex((host, port)) == 0:
-                return
+        if _listened_on(host, port):
+            return
         time.sleep(0.2)
     raise RunError(f"{what} did not listen on {host}:{port} within {timeout:g} s; see {log}")
 
@@ -206,8 +211,16 @@ class LocalDeployment:
              "secure": self.secure, "host": self.host}, indent=2))
 
     def check(self) -> None:
-        """Refuse an unencrypted SuperLink that other machines can reach, unless asked for explicitly, and a
-        SuperExec poll Flower would refuse."""
+        """Refuse an unencrypted SuperLink that other machines can reach, unless asked for explicitly, a SuperExec
+        poll Flower would refuse, and a port that is not one or that something listens on already (the SuperLink
+        would fail to bind it, and the wait for its port would find the other listener: a deployment reported
+        started with no SuperLink)."""
+        if not 0 <= self.port <= 65535:
+            raise ConfigError(f"--port {self.port} is not allowed: expected a TCP port from 1 to 65535 (or none: a "
+                              "free one is chosen)")
+        if self.port and _listened_on(self.reach, self.port):
+            raise ConfigError(f"--port {self.port} is not allowed: something on {self.reach} listens on it already; "
+                              "expected a free port (or none: a free one is chosen)")
         low, high = SUPEREXEC_POLL_RANGE
         if self.superexec_poll is not None and not low <= self.superexec_poll <= high:
             raise ConfigError(f"--superexec-poll {self.superexec_poll:g} is not allowed: expected seconds between "
