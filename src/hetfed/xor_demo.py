@@ -19,6 +19,7 @@ import torch
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, TrainConfig
 from hetfed.engine.types import split_state
+from hetfed.errors import ConfigError
 from hetfed.executors.simulate import simulate
 from hetfed.models import build_model
 from hetfed.models.cgau import CGAUNet
@@ -76,7 +77,11 @@ def _accuracy(model, params, x: np.ndarray, y: np.ndarray) -> float:
 
 
 def run_xor_demo(out: str | Path | None = None, seed: int = 0, rounds: int = 150) -> tuple[Path, dict]:
-    """Train both models, write figures and summary.json; return (dir, summary)."""
+    """Train both models, write figures and summary.json; return (dir, summary). Bad ``rounds`` or ``seed`` is
+    refused before anything is written."""
+    for name, value, least in (("rounds", rounds, 1), ("seed", seed, 0)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < least:
+            raise ConfigError(f"--{name} {value!r} is not allowed: expected an integer ≥ {least}")
     fed = xor_federation(seed=seed)
     out_dir = new_run_dir(out, "runs", "demo-xor")
     summary: dict = {"seed": seed, "rounds": rounds, "models": {}}

@@ -113,3 +113,17 @@ def test_xor_demo_is_solved_on_other_seeds(tmp_path, seed):
     _, summary = run_xor_demo(tmp_path / "x", seed=seed)
     cgau = summary["models"]["cgau_1_unit"]
     assert min(cgau["up"]["accuracy"], cgau["down"]["accuracy"]) >= 0.95
+
+
+@pytest.mark.parametrize(("flag", "value", "expected"), [("--rounds", "0", "expected an integer ≥ 1"),
+                                                          ("--rounds", "-3", "expected an integer ≥ 1"),
+                                                          ("--seed", "-1", "expected an integer ≥ 0")])
+def test_xor_demo_refuses_bad_rounds_and_seeds_before_writing(tmp_path, capsys, flag, value, expected):
+    """`hetfed demo xor --rounds 0` (or --seed -1) ended in a traceback (exit 1) after making its directory."""
+    from hetfed.cli import main
+
+    out = tmp_path / "x"
+    assert main(["demo", "xor", flag, value, "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == f"error: {flag} {value} is not allowed: {expected}", err
+    assert not out.exists()
