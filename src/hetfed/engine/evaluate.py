@@ -17,7 +17,7 @@ import torch
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
 from hetfed.engine.types import Params, take_rows, tensor_bytes
-from hetfed.models.base import Model
+from hetfed.models.base import Derived, Model
 from hetfed.models.softmax import row_cross_entropy
 
 if TYPE_CHECKING:
@@ -98,12 +98,16 @@ class Predictor:
     personalised: bool  # True when the clients' parameters differ (scored on the global test set by each)
 
 
-def size_blocks(sizes: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
-    """Clients grouped by size so that padding each group to its largest costs at most ``waste`` × its samples.
+def size_blocks(sizes: np.ndarray, waste: float = 2.0, call_rows: float | None = None) -> list[np.ndarray]:
+    """Clients grouped by size so that padding each group to its largest costs at most ``waste`` × its samples —
+    or, given ``call_rows`` (what one more forward call costs, in rows of the model's arithmetic), the groups of
+    the least total cost ``Σ (call_rows + width × clients)`` (:func:`_cheapest_blocks`).
 
     Clients of a natural federation differ by 100× (Shakespeare's roles: 12 to 6 667 windows); padded
     to the largest in one stack, scoring them computed ~10× the samples there are.
     """
+    if call_rows is not None:
+        return _cheapest_blocks(sizes, call_rows)
     order = np.argsort(sizes, kind="stable")
     blocks: list[np.ndarray] = []
     current: list[int] = []
@@ -120,6 +124,46 @@ def size_blocks(sizes: np.ndarray, waste: float = 2.0) -> list[np.ndarray]:
     return blocks
 
 
+def _cheapest_blocks(sizes: np.ndarray, call_rows: float) -> list[np.ndarray]:
+    """The clients, sorted by size, cut into the contiguous blocks of least ``Σ (call_rows + width × clients)``
+    (each block padded to its widest): a dynamic programme over the cut points, one numpy pass per client."""
+    order = np.argsort(sizes, kind="stable")
+    s = sizes[order].astype(np.float64)
+    n = len(s)
+    best = np.zeros(n + 1)  # best[j]: the least cost of the first j clients
+    cut = np.zeros(n + 1, dtype=np.int64)
+    for j in range(1, n + 1):  # the last block is clients i … j − 1, as wide as client j − 1
+        i = np.arange(j)
+        costs = best[:j] + call_rows + s[j - 1] * (j - i)
+        cut[j] = int(np.argmin(costs))
+        best[j] = costs[cut[j]]
+    blocks, j = [], n
+    while j > 0:
+        blocks.append(order[cut[j]:j])
+        j = int(cut[j])
+    return blocks[::-1]
+
+
+#: on a CPU, what one more forward call of a block costs (its operators' fixed costs, the gathers), in floats of a
+#: row's activations (``Model.activation_floats``, the measure of a row's work every model has): a model whose row is
+#: cheap — an MLP of digits, ~600 floats — is scored in few wide blocks (~200 rows of padding are worth a call), one
+#: whose row is dear — PFLlib's CNN, ~114 000 floats — in blocks padded to ~one row. Measured on PFLlib's protocol
+#: (cnn4, 20 Dirichlet-0.1 clients' validation and test sets, one thread): 8.7 s a scoring in 4 blocks bounded by
+#: padding (at most 2×, the rule before), 3.5 s in 17 blocks; a digits MLP's ~0.4 ms either way.
+CPU_CALL_FLOATS = 120_000
+
+
+def call_rows(model: Model, x: torch.Tensor) -> float | None:
+    """What one more forward call of ``model`` costs, in rows (:data:`CPU_CALL_FLOATS` over a row's activation
+    floats; a model derived from another, as the other's), on a CPU; None on an accelerator, whose launches cost
+    more than its rows: its blocks are bounded by padding alone (:func:`size_blocks`' ``waste``)."""
+    if x.device.type != "cpu":
+        return None
+    while isinstance(model, Derived):
+        model = model.base
+    return CPU_CALL_FLOATS / max(model.activation_floats(1), 1)
+
+
 @torch.no_grad()
 def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarray]) -> list[torch.Tensor]:
     """Logits of each stacked model on its own index set → list of tensors.
@@ -132,7 +176,7 @@ def predict(model: Model, params: Params, x: torch.Tensor, index: list[np.ndarra
     if max((len(i) for i in index), default=0) == 0:
         return [torch.zeros(0, model.n_classes) for _ in index]
     out: list[torch.Tensor | None] = [None] * n
-    for block in _padded_blocks(index, x.device):
+    for block in _padded_blocks(index, x.device, call_rows(model, x)):
         logits = model.forward(_rows(params, block.rows), take_rows(x, block.pad), None)
         for row, k in enumerate(block.clients):
             out[k] = logits[row, : len(index[k])]
@@ -154,7 +198,7 @@ def set_scores(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor, s
     in their order, as there. Every set of every model is blocked by size together (:func:`_set_pass`: a stack's
     validation and test sets in one forward where their sizes are alike, not a forward each)."""
     n = len(sets[0]) if sets else 0
-    plan = _set_pass(sets, x.device)
+    plan = _set_pass(sets, x.device, call_rows(model, x))
     sums = torch.zeros(2, len(sets) * n, dtype=torch.float64, device=y.device)
     if plan.blocks:
         rows = torch.cat([model.forward(_rows(params, block_rows), take_rows(x, pad), None).flatten(0, 1)
@@ -176,13 +220,14 @@ class _SetPass(NamedTuple):
     owner: torch.Tensor
 
 
-def _set_pass(sets: list[list[np.ndarray]], device: torch.device) -> _SetPass:
-    """:class:`_SetPass` of ``sets`` on ``device`` (cached)."""
+def _set_pass(sets: list[list[np.ndarray]], device: torch.device, call: float | None = None) -> _SetPass:
+    """:class:`_SetPass` of ``sets`` on ``device`` (cached), blocked as :func:`size_blocks` with ``call_rows``
+    ``call``."""
     n = len(sets[0]) if sets else 0
     index = [a for each in sets for a in each]
 
     def build() -> _SetPass:
-        blocks = [b for b in _padded_blocks(index, device) if b.pad.shape[1]]
+        blocks = [b for b in _padded_blocks(index, device, call) if b.pad.shape[1]]
         models = [b.clients % max(n, 1) for b in blocks]  # set s of model k is array s · n + k
         rows = [None if np.array_equal(m, np.arange(n)) else torch.as_tensor(m, device=device) for m in models]
 
@@ -191,7 +236,7 @@ def _set_pass(sets: list[list[np.ndarray]], device: torch.device) -> _SetPass:
 
         return _SetPass([(r, b.pad, b.flat) for r, b in zip(rows, blocks, strict=True)],
                         joined([b.samples for b in blocks]), joined([b.owner for b in blocks]))
-    return _cached(f"sets of {n}", index, device, build)
+    return _cached(f"sets of {n}, call {call}", index, device, build)
 
 
 #: device tensors built from index arrays, kept while the arrays live in it: (kind, device, ids) → (arrays, value,
@@ -245,13 +290,13 @@ class _Block(NamedTuple):
     owner: torch.Tensor
 
 
-def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block]:
-    """:func:`predict`'s and :func:`set_scores`'s blocks of arrays of similar sizes (:func:`size_blocks`), on
-    ``device`` (cached)."""
+def _padded_blocks(index: list[np.ndarray], device: torch.device, call: float | None = None) -> list[_Block]:
+    """:func:`predict`'s and :func:`set_scores`'s blocks of arrays of similar sizes (:func:`size_blocks`, with
+    ``call_rows`` ``call``), on ``device`` (cached)."""
     def build() -> list[_Block]:
         blocks = []
         n = len(index)
-        for block in size_blocks(np.array([len(i) for i in index], dtype=np.int64)):
+        for block in size_blocks(np.array([len(i) for i in index], dtype=np.int64), call_rows=call):
             width = max(len(index[k]) for k in block)
             pad = np.zeros((len(block), width), dtype=np.int64)
             valid = np.zeros((len(block), width), dtype=bool)
@@ -263,7 +308,7 @@ def _padded_blocks(index: list[np.ndarray], device: torch.device) -> list[_Block
                                  torch.as_tensor(np.flatnonzero(valid), device=device), torch.from_numpy(pad[valid]),
                                  torch.from_numpy(np.broadcast_to(block[:, None], pad.shape)[valid])))
         return blocks
-    return _cached("blocks", index, device, build)
+    return _cached(f"blocks, call {call}", index, device, build)
 
 
 @torch.no_grad()
