@@ -495,3 +495,27 @@ def test_per_fedavgs_adaptation_in_blocks_of_samples_is_the_whole_splits_step(mo
         for k in server.params:
             torch.testing.assert_close(blocked[k][j], whole[k][j])
             torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])
+
+
+def test_per_fedavgs_adaptation_of_unequal_clients_in_size_blocks_is_each_clients_own_step(monkeypatch):
+    """The clients adapt in blocks of similar split sizes (the stack padded to its largest split computed ~4× the
+    samples on PFLlib's protocol): each client's step is still its own whole split's, as in one padded stack."""
+    from hetfed.engine import evaluate
+
+    algo, server, _state, _data, _x, _y = _setup("perfedavg", {"inner_lr": 0.2})
+    g = torch.Generator().manual_seed(4)
+    x, y = torch.randn(200, _x.shape[1], generator=g), torch.randint(0, 2, (200,), generator=g)
+    stacked = {k: v.unsqueeze(0).repeat(6, *([1] * v.dim())) for k, v in server.params.items()}
+    cuts = np.cumsum([0, 150, 3, 148, 40, 4, 38])  # three pairs of near sizes
+    splits = [np.arange(a, b) % 200 for a, b in zip(cuts[:-1], cuts[1:], strict=True)]
+    whole = algo.adapted(stacked, x, y, splits)  # a call dearer than the padding: one block
+    # a call worth 10 rows: the pairs (3, 4), (38, 40), (148, 150) are the cheapest blocks
+    monkeypatch.setattr(evaluate, "CPU_CALL_FLOATS", 10 * algo.model.activation_floats(1))
+    assert [sorted(b.tolist()) for b in evaluate.size_blocks(
+        np.array([len(s) for s in splits]), call_rows=evaluate.call_rows(algo.model, x))] == [[1, 4], [3, 5], [0, 2]]
+    blocked = algo.adapted(stacked, x, y, splits)
+    for j, split in enumerate(splits):
+        grads = _grads(dict(server.params), x[split], y[split])
+        for k in server.params:
+            torch.testing.assert_close(blocked[k][j], whole[k][j])
+            torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])
