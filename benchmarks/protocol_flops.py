@@ -11,8 +11,8 @@ of ``--tflops`` would need for it: a floor (no kernel reaches its device's peak;
 counted). Nothing is timed but the counting runs themselves; nothing is asserted.
 
 Counted on any device (a CPU is enough: the operations are the same); eager steps (``train.capture: off``: a counter
-sees no operations inside a replayed recording). A ``cnn4`` round of PFLlib's protocol takes ~1 min to count on a
-2-core CPU, Ditto ~2.
+sees no operations inside a replayed recording). On PFLlib's protocol (``cnn4``) counting FedAvg takes ~2.5 min on a
+2-core CPU (three rounds and two loadings), Per-FedAvg and Ditto ~5 each (``results/protocol_flops_2026-12-04``).
 
     python benchmarks/protocol_flops.py [--config configs/leaderboard_pfllib_fmnist.yaml] [--methods fedavg ditto]
                                         [--rounds 2000] [--seeds 3] [--tflops 67 495] [--threads 2]
