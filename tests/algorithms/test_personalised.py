@@ -476,6 +476,15 @@ def test_fedbn_keeps_every_batch_norm_layer_on_the_client():
     assert bn <= set(new) and not torch.equal(new["bn1.running_mean"][0], state["bn1.running_mean"])
 
 
+def _each_clients_own_step(server, x, y, splits, blocked, whole) -> None:
+    """Each client's adapted model, computed in blocks, is the padded stack's and its own split's step (α = 0.2)."""
+    for j, split in enumerate(splits):
+        grads = _grads(dict(server.params), x[split], y[split])
+        for k in server.params:
+            torch.testing.assert_close(blocked[k][j], whole[k][j])
+            torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])
+
+
 def test_per_fedavgs_adaptation_in_blocks_of_samples_is_the_whole_splits_step(monkeypatch):
     """#72 (found on a GPU): the evaluation's adaptation step went through every client's whole split at once —
     past 2³¹ elements for PFLlib's CNN on Fashion-MNIST, which CUDA refuses. In blocks it is the same step, for
@@ -490,11 +499,7 @@ def test_per_fedavgs_adaptation_in_blocks_of_samples_is_the_whole_splits_step(mo
     whole = algo.adapted(stacked, x, y, splits)
     monkeypatch.setattr(perfedavg, "ADAPT_BLOCK_FLOATS", 3 * x.shape[1] * 4)  # blocks of 4 samples per client
     blocked = algo.adapted(stacked, x, y, splits)
-    for j, split in enumerate(splits):
-        grads = _grads(dict(server.params), x[split], y[split])
-        for k in server.params:
-            torch.testing.assert_close(blocked[k][j], whole[k][j])
-            torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])
+    _each_clients_own_step(server, x, y, splits, blocked, whole)
 
 
 def test_per_fedavgs_adaptation_of_unequal_clients_in_size_blocks_is_each_clients_own_step(monkeypatch):
@@ -514,8 +519,4 @@ def test_per_fedavgs_adaptation_of_unequal_clients_in_size_blocks_is_each_client
     assert [sorted(b.tolist()) for b in evaluate.size_blocks(
         np.array([len(s) for s in splits]), call_rows=evaluate.call_rows(algo.model, x))] == [[1, 4], [3, 5], [0, 2]]
     blocked = algo.adapted(stacked, x, y, splits)
-    for j, split in enumerate(splits):
-        grads = _grads(dict(server.params), x[split], y[split])
-        for k in server.params:
-            torch.testing.assert_close(blocked[k][j], whole[k][j])
-            torch.testing.assert_close(blocked[k][j], server.params[k] - 0.2 * grads[k])
+    _each_clients_own_step(server, x, y, splits, blocked, whole)
