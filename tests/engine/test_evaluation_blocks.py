@@ -47,6 +47,24 @@ def test_the_blocks_are_the_cheapest_cut_of_the_size_sorted_clients(sizes, call)
     assert _cost(sizes, blocks, call) == pytest.approx(_least_cost(sizes, call), rel=1e-12)
 
 
+def _least_cost_quadratic(sizes: np.ndarray, call: float) -> float:
+    """The same least cost by the plain programme over every last cut (the reference for larger federations)."""
+    s = np.sort(sizes).astype(np.float64)
+    best = np.zeros(len(s) + 1)
+    for j in range(1, len(s) + 1):
+        best[j] = np.min(best[:j] + call + s[j - 1] * (j - np.arange(j)))
+    return float(best[-1])
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 5000), min_size=1, max_size=400), st.floats(0.0, 3000.0))
+def test_the_cheapest_cut_of_hundreds_of_clients_is_the_plain_programmes(sizes, call):
+    sizes = np.array(sizes, dtype=np.int64)
+    blocks = size_blocks(sizes, call_rows=call)
+    assert sorted(np.concatenate(blocks).tolist()) == list(range(len(sizes)))
+    assert _cost(sizes, blocks, call) == pytest.approx(_least_cost_quadratic(sizes, call), rel=1e-9)
+
+
 def test_a_dear_row_pads_little_and_a_cheap_one_makes_few_calls():
     """PFLlib's CNN (a row of ~114 000 activation floats) cuts 40 sets of Dirichlet sizes finer than the padding bound
     did; a digits MLP (~600) keeps few wide blocks. On an accelerator the padding bound alone decides."""
