@@ -20,7 +20,7 @@ from typing import Annotated, Any, ClassVar, Literal
 import yaml
 from pydantic import BaseModel, Field, ValidationError, field_validator, model_validator
 
-from hetfed import config_legacy
+from hetfed import config_legacy, config_train
 from hetfed.config_base import Chosen, Strict
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
 from hetfed.config_io import config_source, flatten_keys, get_dotted, parse_overrides, read_yaml, set_dotted
@@ -506,17 +506,14 @@ def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
         if isinstance(section := getattr(config, name), Strict):
             notes.update({f"{name}.{k}": f"{name}.{k} = {v!r} is not read: {why}"
                           for k, (v, why) in section.unread().items()})
-    by_methods: dict[str, tuple[Any, dict[str, list[str]]]] = {}  # where → (value, why → the methods' labels)
+    found = []  # each method's (label, notes)
     for i, (m, server_model) in enumerate(zip(config.methods, serves, strict=True)):
-        for name in ("train", "server"):
-            for where, (value, why) in unread_method_keys(m, i, name, method_section(config, m, name)).items():
-                by_methods.setdefault(where, (value, {}))[1].setdefault(why, []).append(repr(m.label))
+        found += [(m.label, unread_method_keys(m, i, name, method_section(config, m, name)))
+                  for name in ("train", "server")]
         for key, value in ([] if server_model else flatten_keys(m.server)):
             notes[f"methods.{i}.server.{key}"] = (f"methods.{i}.server.{key} = {value!r} is not read: algorithm "
                                                   f"{m.algorithm!r} has no server model")
-    for where, (value, whys) in by_methods.items():  # a top-level key no method reads: every one named
-        notes[where] = f"{where} = {value!r} is not read by " + "; by ".join(
-            f"method{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}" for why, labels in whys.items())
+    notes.update(config_train.joined_notes(found))
     for key, value in ({} if any(serves) else _away_from_default(config.server)).items():
         notes[f"server.{key}"] = (f"server.{key} = {value!r} is not read by any method: no method's algorithm has a "
                                   "server model")

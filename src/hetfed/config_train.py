@@ -62,6 +62,18 @@ def unread_method_keys(method: Any, i: int, section: str, values: Strict) -> dic
     return {where: (value, why) for where, value, why in found}
 
 
+def joined_notes(found: list[tuple[str, dict[str, tuple[Any, str]]]]) -> dict[str, str]:
+    """The methods' notes (each method's label and :func:`unread_method_keys`), one a key: a top-level key that
+    several methods do not read names every one of them (``by methods 'relu', 'cgau'``)."""
+    by: dict[str, tuple[Any, dict[str, list[str]]]] = {}  # where → (value, why → the labels)
+    for label, notes in found:
+        for where, (value, why) in notes.items():
+            by.setdefault(where, (value, {}))[1].setdefault(why, []).append(repr(label))
+    return {where: f"{where} = {value!r} is not read by " + "; by ".join(
+        f"method{'s' if len(labels) > 1 else ''} {', '.join(labels)}: {why}" for why, labels in whys.items())
+        for where, (value, whys) in by.items()}
+
+
 class StragglerConfig(Strict):
     """Slow clients and a round deadline: a client whose round takes longer than ``deadline`` is dropped.
 
