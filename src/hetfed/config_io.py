@@ -181,13 +181,18 @@ def parse_grid(items: list[str]) -> dict[str, list[Any]]:
     return grid
 
 
+def typed_leaves(items: list[str] | None) -> list[tuple[str, str]]:
+    """Each ``--set`` item's leaves as ``(dotted key, the item as typed)``: a mapping value sets each of its keys."""
+    return [(key, item) for item in items or [] for key, _ in flatten_keys(parse_overrides([item]))]
+
+
 def refuse_swept_overrides(grid: dict[str, list[Any]], items: list[str] | None) -> None:
     """A key both ``--set`` and swept by ``--grid`` is refused: a grid point's value would replace the one typed
     with ``--set``, which would then be silently ignored there. Compared leaf by leaf, as the values are applied (a
     mapping sets its own keys and keeps the others: ``--grid 'train.optimizer={kind: adam},{kind: sgd}'`` keeps a
     typed ``train.optimizer.lr``); a value that is not a mapping replaces everything below its key. A grid over part
     of a value typed whole (``--set methods=[…]``, ``--grid methods.0.params.mu=…``) refines it and is allowed."""
-    typed = {key: item for item in items or [] for key, _ in flatten_keys(parse_overrides([item]))}
+    typed = dict(typed_leaves(items))
     for swept, values in grid.items():
         leaves = {key for value in values for key, _ in flatten_keys({swept: value})}
         whole = any(not isinstance(value, dict) for value in values)

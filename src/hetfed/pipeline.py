@@ -16,7 +16,7 @@ import numpy as np
 from rich.console import Console
 
 from hetfed.config import Config
-from hetfed.config_io import flatten_keys, parse_overrides
+from hetfed.config_io import typed_leaves
 from hetfed.console import stage
 from hetfed.data import Dataset, Embedded, embed, load_dataset
 from hetfed.heterogeneity import Heterogeneity, measure
@@ -132,7 +132,7 @@ def unread_by_preparation(config: Config, items: list[str] | None) -> list[str]:
     nothing, so ``train.rounds`` would be silently ignored there). The methods and the server's combine rule are read
     while ``server_data.source`` is ``auto``: they decide whether the server holds data cut from the clients'."""
     reads = (*PREPARATION_SECTIONS, *(("methods", "server") if config.server_data.source == "auto" else ()))
-    typed = [(key, item) for item in items or [] for key, _ in flatten_keys(parse_overrides([item]))]
+    typed = typed_leaves(items)
     return [f"--set {item} is not read by hetfed partition: it reads only {', '.join(reads)} (the clients and their "
             "heterogeneity); hetfed run reads the rest"
             for item in dict.fromkeys(item for key, item in typed if key.split(".")[0] not in reads)]
