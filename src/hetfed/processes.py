@@ -16,12 +16,33 @@ _LAST_WORDS: list[Callable[[BaseException], object]] = []
 
 @contextlib.contextmanager
 def last_words(say: Callable[[BaseException], object]) -> Iterator[None]:
-    """While inside, :func:`exit_now` calls ``say(why)`` before ending the process (a run marks itself failed)."""
+    """While inside, :func:`say_last_words` (and :func:`exit_now`) calls ``say(why)`` before the process ends (a run
+    marks itself failed)."""
     _LAST_WORDS.append(say)
     try:
         yield
     finally:
         _LAST_WORDS.remove(say)
+
+
+def once(say: Callable[[BaseException], object]) -> Callable[[BaseException], None]:
+    """``say`` called at most once: a run's last words said from a signal's handler and again by its own ``except``
+    as the stop unwinds it mark it failed once."""
+    said: list[BaseException] = []
+
+    def say_once(why: BaseException) -> None:
+        if not said:
+            said.append(why)
+            say(why)
+
+    return say_once
+
+
+def say_last_words(why: BaseException) -> None:
+    """Each :func:`last_words` in force (latest first) told ``why``; one that fails does not stop the others."""
+    for say in reversed(_LAST_WORDS):
+        with contextlib.suppress(Exception):
+            say(why)
 
 
 def exit_now(code: int, why: BaseException, line: str) -> NoReturn:
@@ -30,9 +51,7 @@ def exit_now(code: int, why: BaseException, line: str) -> NoReturn:
     while a Flower simulation stops: unwinding there runs Flower's own stop, which can shut Ray down under a thread
     still waiting on it, and Ray then ends the process with exit status 1 (:mod:`hetfed.flower.simulation`, which
     kills Ray's processes first: its agents outlive a driver that exits)."""
-    for say in reversed(_LAST_WORDS):
-        with contextlib.suppress(Exception):
-            say(why)
+    say_last_words(why)
     with contextlib.suppress(Exception):
         sys.stderr.write(f"{line}\n")
         sys.stderr.flush()

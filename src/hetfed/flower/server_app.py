@@ -27,6 +27,7 @@ def main(grid: Grid, context: Context) -> None:
     from hetfed.registry import registry_of
     from hetfed.runs.runner import run_experiment
 
+    _marks_its_run_failed_before_flowers_timer()
     refuse_unknown()  # the SuperLink's environment: a mistyped HETFED_* fails the run, naming it
     text = str(context.run_config.get("config-yaml", ""))
     if not text.strip():
@@ -44,3 +45,15 @@ def main(grid: Grid, context: Context) -> None:
     present = present_run if bool(context.run_config.get("report", True)) else None
     run_experiment(config, out=out, progress=True, executor=Deployment.on(grid), present=present, resume=resume,
                    prepared=prepared)
+
+
+def _marks_its_run_failed_before_flowers_timer() -> None:
+    """``flwr stop`` (or a signal) ends a ServerApp through Flower's own handler: it starts a 5 s timer that kills the
+    process, pushes the app's outputs and closes its connections, and only then raises ``SystemExit`` in the run —
+    in a CI run under load the timer came first and the run was left marked running (process dead). A Flower exit
+    handler run before that timer says the run's last words (its directory marked failed) first."""
+    from flwr.supercore.exit import add_exit_handler
+
+    from hetfed.processes import say_last_words
+
+    add_exit_handler(lambda: say_last_words(SystemExit(0)), run_before_force_exit=True)

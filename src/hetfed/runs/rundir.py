@@ -302,7 +302,7 @@ class Heartbeat:
     def __init__(self, run_dir: Path, every_s: float = 5.0, **info: Any):
         self.run_dir, self.every_s, self.info = run_dir, every_s, info
         self._last = 0.0
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()  # a signal's handler may stop it on the thread inside beat()
         self._stopped = threading.Event()
         self._thread: threading.Thread | None = None
 

@@ -34,7 +34,7 @@ from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
 from hetfed.interface import Algorithm
 from hetfed.pipeline import Prepared, prepare
-from hetfed.processes import last_words
+from hetfed.processes import last_words, once
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
 from hetfed.runs.leakage import Found, InversionObserver, membership, reads
 from hetfed.runs.observers import (
@@ -138,16 +138,17 @@ def run_experiment(
     plans = plan(config, prep.federation, ckpt, executor)
     rec = open_run_directory(config, out, ckpt if resume else None, resume)
     trackers: Trackers | None = None
+    mark_failed = once(lambda err: _mark_failed(rec, trackers, err))  # by a signal's handler first, maybe
     try:
         trackers = _start_recording(config, prep, rec, resume, warn, tracking_root, tracking_tags)
         if ckpt is None:
             torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         # a process stopped at once (a second signal during a Flower simulation) marks the run failed first
-        with round_progress(progress, console) as bar, last_words(lambda err: _mark_failed(rec, trackers, err)):
+        with round_progress(progress, console) as bar, last_words(mark_failed):
             execute(Execution(config, prep.federation, rec, bar), plans, status)
         summary = summarise(config, prep, rec, t_start)
     except BaseException as err:
-        _mark_failed(rec, trackers, err)
+        mark_failed(err)
         raise
     if present is not None:
         present(rec.run_dir, status)
@@ -350,10 +351,10 @@ def _mark_failed(rec: Recording, trackers: Trackers | None, err: BaseException) 
     """The run directory marked failed with the reason; what was finished is kept (the reason itself is
     printed once, by whoever handles the error: the CLI).
 
-    The status is written first, before the last checkpoint's write (two fsyncs) is waited for: a ServerApp that
-    ``flwr stop`` ends has ~5 s before Flower's own timer kills it (``flwr_exit``), part of them spent in Flower's exit
-    handlers; in a CI run under load the run was left marked running, those fsyncs the likely cause. Killed after
-    the status, the run keeps its previous checkpoint (each is written whole or not at all)."""
+    The status is written first, before the last checkpoint's write (two fsyncs) is waited for: killed after the
+    status, the run keeps its previous checkpoint (each is written whole or not at all). A ServerApp that ``flwr stop``
+    ends says this from Flower's exit handler, before Flower's timer to kill it starts
+    (:mod:`hetfed.flower.server_app`)."""
     rec.heartbeat.stop()  # before the status: its timer must not write "running" over it
     set_status(rec.run_dir, "failed", reason=interruption_reason(err), methods_done=list(rec.methods))
     with contextlib.suppress(Exception):  # the run fails with its own error; the previous checkpoint stays
