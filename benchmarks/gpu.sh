@@ -14,7 +14,7 @@
 #   the same workloads as hetfed's executors (engines.py: needs flwr and a Ray carried, see flower_sim below);
 # - the papers' protocols on real data, a few rounds each (protocols.py: Fed-FSNet MNIST f = 1, FedMoE FMNIST,
 #   PFLlib's cnn4 leaderboard protocol), and profiles of W1's and Fed-FSNet's rounds (profile_round.py).
-# STEPS="engine protocols …" runs only the steps named.
+# STEPS="engine protocols …" runs only the steps named; LIMIT_flower_sim=200 (say) gives a step another time limit.
 # One JSON per step, steps.txt and errors.log go to $OUT (default ./gpu-results). Each step has a time limit; a failure is recorded and the next step still runs.
 #
 #     OUT=/path PFLLIB=/path/to/PFLlib/system bash benchmarks/gpu.sh
@@ -30,8 +30,8 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 py=${PYTHON:-python3}
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv > "$out/steps.txt" 2>&1
 $py -c "import torch, sys; print(sys.version, torch.__version__, torch.version.cuda)" >> "$out/steps.txt" 2>&1
-step() {  # name, seconds, command…
-    local name=$1 limit=$2; shift 2
+step() {  # name, seconds (LIMIT_<name> replaces them: fit the steps to a session's device time), command…
+    local name=$1 var="LIMIT_$1"; local limit=${!var:-$2}; shift 2
     local t0=$SECONDS
     echo "== $name" >> "$out/errors.log"
     if timeout "$limit" "$@" > "$out/$name.json" 2>> "$out/errors.log"; then status=ok; else status="failed ($?)"; fi
