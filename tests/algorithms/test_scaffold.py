@@ -136,3 +136,31 @@ def test_scaffold_runs_on_the_default_config(tmp_path):
     code = main(["run", "--quiet", "--out", str(tmp_path / "r"), "--set", "train.rounds=5",
                  "--set", "methods.0.algorithm=scaffold", "--set", "methods.0.name=scaffold"])
     assert code == 0
+
+
+@pytest.mark.parametrize("algorithm", ["scaffold", "feddyn"])
+def test_the_servers_own_state_follows_its_model_to_the_runs_device(algorithm):
+    """The server's control variate (SCAFFOLD's c, FedDyn's h) is made with the model on the host (``server_init``)
+    while the run moves the model to its device: read beside the model, it must be there too (a lent H200 found both
+    failing at round 1, "two devices"). The meta device stands in for the GPU here."""
+    from hetfed.engine.types import ServerState, Upload
+
+    fed = _fed(4)
+    model = build_model(ModelConfig(kind="logreg"), fed.input_shape, fed.n_classes)
+    algo = build_algorithm(algorithm, model, TrainConfig(rounds=1))
+    algo.bind(fed, 0, 4)
+    made = algo.server_init(torch_gen(0, SERVER_INIT))
+    server = ServerState({k: v.to("meta") for k, v in made.params.items()}, made.round, made.extra)
+    assert _devices(algo.broadcast(server, 0).extra) <= {"meta"}
+    params = {k: v.unsqueeze(0).expand(2, *v.shape).clone() for k, v in server.params.items()}
+    params.update({DC + k: torch.zeros(2, *v.shape, device="meta") for k, v in server.params.items()})
+    new = algo.aggregate(server, Upload([0, 1], params, torch.ones(2, device="meta"),
+                                        {"loss": torch.zeros(2, device="meta")}))
+    assert _devices(new.extra) == {"meta"}
+
+
+def _devices(value) -> set[str]:
+    """The device types of every tensor in ``value`` (a tensor, or dicts of them)."""
+    if isinstance(value, torch.Tensor):
+        return {value.device.type}
+    return set().union(*map(_devices, value.values())) if isinstance(value, dict) else set()

@@ -91,6 +91,7 @@ class FedDyn(FedAvg):
         alpha = self.params.alpha
         share = len(upload.client_ids) / (self.n_clients or len(upload.client_ids))
         h = state.extra.get("h") or {k: torch.zeros_like(v) for k, v in state.params.items()}
+        h = {k: h[k].to(v.device) for k, v in state.params.items()}  # made on the host (server_init), the model moved
         new_h = {k: h[k] - alpha * share * (average[k] - state.params[k]) for k in state.params}
         params = {k: average[k] - new_h[k] / alpha for k in state.params}
         return ServerState(params, state.round + 1, {**extra, "h": new_h})
