@@ -60,5 +60,6 @@ def interruption_reason(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted (Ctrl-C)"
     if isinstance(err, SystemExit):  # Flower exits its ServerApp so when the run is stopped or the app signalled
-        return f"stopped: asked to exit (status {err.code}; on Flower: `flwr stop` or a signal to the ServerApp)"
+        status = "" if err.code is None else f"status {err.code}; "
+        return f"stopped: asked to exit ({status}on Flower: `flwr stop` or a signal to the ServerApp)"
     return f"{type(err).__name__}: {err}"

@@ -56,4 +56,5 @@ def _marks_its_run_failed_before_flowers_timer() -> None:
 
     from hetfed.processes import say_last_words
 
-    add_exit_handler(lambda: say_last_words(SystemExit(0)), run_before_force_exit=True)
+    # the exit's status is Flower's to choose (0 when stopped, 1 on its own error), not known here
+    add_exit_handler(lambda: say_last_words(SystemExit()), run_before_force_exit=True)
