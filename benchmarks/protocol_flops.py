@@ -30,6 +30,7 @@ import warnings
 from pathlib import Path
 
 import torch
+import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetfed.config import OverriddenKey, load_config
@@ -40,9 +41,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("train", "evaluate", "personalise")
 
 
+def method_entry(config: str, method: str) -> dict:
+    """``method``'s entry in the protocol's config — its parameters and its own train settings, which change its
+    arithmetic (the protocol's Per-FedAvg trains two epochs a round) — or the plain algorithm of that name."""
+    entries = yaml.safe_load(Path(config).read_text()).get("methods") or []
+    return next((e for e in entries if e.get("name", e.get("algorithm")) == method),
+                {"name": method, "algorithm": method})
+
+
 def counted_run(config: str, method: str, rounds: int, out: Path) -> dict[str, float]:
     """FLOPs of one run of ``method`` for ``rounds`` rounds: in total and in the executor's ``PARTS``."""
-    cfg = load_config(config, [f"train.rounds={rounds}", f"methods=[{{name: {method}, algorithm: {method}}}]",
+    cfg = load_config(config, [f"train.rounds={rounds}", f"methods=[{json.dumps(method_entry(config, method))}]",
                                "train.capture=off", "train.device=cpu", "heterogeneity.iid_draws=0"])
     counter = FlopCounterMode(display=False)
     spent = dict.fromkeys(PARTS, 0)

@@ -98,3 +98,16 @@ def test_a_benchmark_runs_to_its_end_on_a_cpu(script: str, args: list[str], tmp_
     found = json_objects(done.stdout)
     assert found, f"{script} printed no JSON:\n{done.stdout[-2000:]}"
     assert not errors_in(found), f"{script} reported errors: {errors_in(found)}"
+
+
+def test_the_protocols_arithmetic_is_counted_for_each_method_as_the_protocol_configures_it(monkeypatch) -> None:
+    """``protocol_flops.py`` counts a method with its entry in the protocol's config (the protocol's Per-FedAvg trains
+    two epochs a round: counted with one, its training was half of what the protocol runs); a method the config
+    does not list is its plain algorithm."""
+    monkeypatch.syspath_prepend(str(BENCHMARKS))
+    from protocol_flops import method_entry
+
+    config = str(BENCHMARKS.parent / "configs" / "leaderboard_pfllib_fmnist.yaml")
+    assert method_entry(config, "perfedavg")["train"] == {"local_epochs": 2}
+    assert method_entry(config, "pfedme")["params"] == {"lam": 1.0, "personal_lr": 0.01}
+    assert method_entry(config, "fedmoe") == {"name": "fedmoe", "algorithm": "fedmoe"}
