@@ -30,10 +30,10 @@ import warnings
 from pathlib import Path
 
 import torch
-import yaml
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetfed.config import OverriddenKey, load_config
+from hetfed.config_io import read_yaml
 from hetfed.executors.inprocess import InProcessExecutor
 from hetfed.runs.runner import run_experiment
 
@@ -44,7 +44,7 @@ PARTS = ("train", "evaluate", "personalise")
 def method_entry(config: str, method: str) -> dict:
     """``method``'s entry in the protocol's config — its parameters and its own train settings, which change its
     arithmetic (the protocol's Per-FedAvg trains two epochs a round) — or the plain algorithm of that name."""
-    entries = yaml.safe_load(Path(config).read_text()).get("methods") or []
+    entries = read_yaml(config).get("methods") or []
     return next((e for e in entries if e.get("name", e.get("algorithm")) == method),
                 {"name": method, "algorithm": method})
 

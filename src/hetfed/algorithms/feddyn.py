@@ -36,7 +36,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, beside_model, split_state
 from hetfed.interface import server_step
 
 #: client state: the client's ∇L_k(θ_k^{t−1}) per shared parameter
@@ -90,8 +90,7 @@ class FedDyn(FedAvg):
         average, extra = server_step(self, state, upload)
         alpha = self.params.alpha
         share = len(upload.client_ids) / (self.n_clients or len(upload.client_ids))
-        h = state.extra.get("h") or {k: torch.zeros_like(v) for k, v in state.params.items()}
-        h = {k: h[k].to(v.device) for k, v in state.params.items()}  # made on the host (server_init), the model moved
+        h = beside_model(state.extra.get("h"), state.params)
         new_h = {k: h[k] - alpha * share * (average[k] - state.params[k]) for k in state.params}
         params = {k: average[k] - new_h[k] / alpha for k in state.params}
         return ServerState(params, state.round + 1, {**extra, "h": new_h})

@@ -45,10 +45,10 @@ from hetfed.engine.types import (
     Broadcast,
     ClientData,
     ClientState,
-    Params,
     ServerState,
     StreamedUpload,
     Upload,
+    beside_model,
     split_state,
     take_rows,
 )
@@ -100,7 +100,7 @@ class Scaffold(FedAvg):
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
-        c = _on_device(state.extra.get("c"), state.params)
+        c = beside_model(state.extra.get("c"), state.params)
         return Broadcast(bc.params, bc.round, bc.lr, {**bc.extra, **{C + k: v for k, v in c.items()}})
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
@@ -160,7 +160,7 @@ class Scaffold(FedAvg):
         params, extra = server_step(self, state, upload)
         total = upload.num_samples.sum()
         n_clients = self.n_clients or len(upload.client_ids)
-        c = _on_device(state.extra.get("c"), params)
+        c = beside_model(state.extra.get("c"), params)
         new_c = {}
         for k in names:
             if isinstance(upload, StreamedUpload):
@@ -170,12 +170,6 @@ class Scaffold(FedAvg):
                                          dims=1)
             new_c[k] = c[k] + summed / n_clients
         return ServerState(params, state.round + 1, {**extra, "c": new_c})
-
-
-def _on_device(c: Params | None, params: Params) -> Params:
-    """The server's control variate beside its model (zeros where it has none yet): made on the host with the
-    model (``server_init``) or restored there from a checkpoint, while the model is moved to the run's device."""
-    return {k: (c[k].to(v.device) if c else torch.zeros_like(v)) for k, v in params.items()}
 
 
 register(AlgorithmSpec(

@@ -65,6 +65,13 @@ class ServerState:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
+def beside_model(kept: Params | None, params: Params) -> Params:
+    """A server's state of one tensor per shared parameter (SCAFFOLD's control variate, FedDyn's h) on its model's
+    device, zeros where it holds none yet: it is made on the host with the model (``server_init``) or restored there
+    from a checkpoint, while a run moves only the model to its device (a lent H200 found both failing at round 1)."""
+    return {k: (kept[k].to(v.device) if kept else torch.zeros_like(v)) for k, v in params.items()}
+
+
 @dataclass(frozen=True, eq=False)
 class Broadcast:
     """Everything a client receives in a round."""
