@@ -289,6 +289,45 @@ def test_a_round_of_replayed_steps_never_synchronises(monkeypatch):
                                 LocalSchedule(batch_size=8, epochs=3, capture="auto"))
 
 
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_another_thread_may_allocate_and_read_back_while_a_step_is_recorded():
+    """A stacked sweep's runs do their servers' work on their own threads while the sweep's thread records their
+    client steps: a run allocating fresh GPU memory (a cudaMalloc) and reading a number back during a capture must
+    not fail (it did under CUDA's ``global`` capture mode: three runs under attack on a lent H200, 2026-12-04)."""
+    import threading
+
+    asked, done = threading.Event(), threading.Event()
+    seen: list[object] = []
+
+    def server() -> None:
+        asked.wait(30)
+        try:
+            fresh = torch.ones(50_000_003, device="cuda")  # a size the allocator's cache cannot hold
+            seen.append(float(fresh.sum().item()))
+        except BaseException as err:  # noqa: BLE001  (the failure is what the test reports)
+            seen.append(err)
+        done.set()
+
+    x = torch.zeros(8, device="cuda")
+    graph = capture.CudaGraph()
+
+    def step() -> None:
+        asked.set()
+        assert done.wait(30)
+        x.add_(1.0)
+
+    worker = threading.Thread(target=server)
+    worker.start()
+    with capture.CudaGraph.warm_up():
+        pass
+    graph.record(step)
+    worker.join()
+    assert seen == [50_000_003.0]
+    graph.replay()
+    graph.replay()
+    assert x.tolist() == [2.0] * 8
+
+
 @pytest.mark.parametrize(("rounds", "device", "compiler", "expected"), [
     (capture.COMPILE_PAYS_AFTER_ROUNDS, "cpu", True, "compile"),   # long enough, a compiler: compiled
     (capture.COMPILE_PAYS_AFTER_ROUNDS - 1, "cpu", True, "auto"),  # too short to win the compiling back: eager

@@ -57,6 +57,13 @@ def _equal(stacked: dict[tuple, float], alone: dict[tuple, float]) -> None:
             assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
 
 
+def _ran(argv: list[str]) -> None:
+    """``hetfed sweep`` exits 0; if not, the failure names each failed run's error (a GPU's failures stay on it)."""
+    code = main(argv)
+    record = Path(argv[argv.index("--out") + 1]) / "sweep.json"
+    assert code == 0, json.loads(record.read_text())["failed"] if record.exists() else code
+
+
 def _runs(path: Path, grid: tuple[str, ...] = ("partition.shuffle",), failing: bool = False) -> dict[tuple, float]:
     """runs.csv keyed by the ``grid`` keys' values, seed, method and metric (timings left out); a sweep with a failed
     run fails here with each one's reason unless ``failing`` (on a lent GPU three stacked runs under attack failed,
@@ -90,8 +97,8 @@ def test_a_stacked_sweep_gives_the_runs_of_a_sweep_run_one_by_one(tmp_path, monk
         return out
 
     monkeypatch.setattr(stacked_work, "_joint_pool", joint_pool)
-    assert main([*BASE, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*BASE, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    _ran([*BASE, "--out", str(tmp_path / "one_by_one")])
+    _ran([*BASE, "--out", str(tmp_path / "stacked"), "--stack"])
     assert len(built) > 40 and sum(built) <= 5 * 3  # per method (5): its train pools and global sets, and the group
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert len(alone) > 100
@@ -128,8 +135,8 @@ def test_runs_that_stop_at_different_rounds_step_together_while_they_last(tmp_pa
             "train.patience=1", "--set", "train.local_steps=2", "--grid", "train.rounds=3,9", "--grid",
             "train.optimizer.lr=0.05,3.0", "--seeds", "2", "--quiet", "--set",
             "methods=[{name: fedavg, algorithm: fedavg}, {name: prox, algorithm: fedprox, params: {mu: 0.1}}]"]
-    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
-    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    _ran([*args, "--out", str(tmp_path / "alone")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
     grid = ("train.rounds", "train.optimizer.lr")
     alone = _runs(tmp_path / "alone", grid)
     assert {v for k, v in alone.items() if k[-1] == "best_round"} >= {1.0, 3.0, 9.0}  # lr 3.0: stopped at 2, 4, 5
@@ -152,8 +159,8 @@ def test_the_runs_screens_measured_in_one_pass_reject_the_clients_each_rejects_a
     args = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "partition.clients=6", "--set",
             "train.rounds=4", "--set", "server.screen.norm_factor=1.1", "--set", "partition.kind=dirichlet",
             "--seeds", "3", "--quiet", "--set", "methods=[{name: fedavg, algorithm: fedavg}]"]
-    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
-    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    _ran([*args, "--out", str(tmp_path / "alone")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
     assert measured and max(measured) == 18  # three runs' six clients at once
     rejected = _rejected(tmp_path / "alone")
     assert sum(int(float(v)) for *_, v in rejected) > 0  # the filter bites
@@ -208,7 +215,7 @@ def test_a_killed_stacked_sweep_resumes_to_the_uninterrupted_numbers(tmp_path):
     resumed = subprocess.run([sys.executable, "-c", WRAPPER, *args, "--stack", "--resume", "--out", str(out)],
                              env=env, capture_output=True, text=True)
     assert resumed.returncode == 0, resumed.stderr
-    assert main([*args, "--out", str(tmp_path / "ref")]) == 0
+    _ran([*args, "--out", str(tmp_path / "ref")])
     ref, got = _runs(tmp_path / "ref"), _runs(out)
     assert ref.keys() == got.keys()
     for key, value in ref.items():
@@ -282,8 +289,8 @@ def test_a_stacked_sweep_compresses_each_runs_uploads_as_alone(tmp_path, monkeyp
                "error_feedback: true}}}, {name: ditto_q8, algorithm: ditto, server: {compression: {kind: qsgd, "
                "bits: 8, bucket: 64}}}]")
     args = [*BASE[:-5], "--grid", "partition.shuffle=0.5", "--seeds", "3", "--quiet", "--set", methods]
-    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert alone.keys() == stacked.keys()
     for key, value in alone.items():
@@ -345,8 +352,8 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0",
             "--set", "train.eval_every=1",
             "--set", f"methods={json.dumps(methods)}", "--seeds", "2", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--out", str(tmp_path / "stacked"), "--stack"])
     alone, stacked = _runs(tmp_path / "one_by_one"), _runs(tmp_path / "stacked")
     assert {k[2].split("_")[0] for k in alone} >= {n.split("_")[0] for n in names}
     _equal(stacked, alone)
@@ -384,8 +391,8 @@ def test_methods_whose_server_sends_more_than_a_model_join_with_each_clients_own
     args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3", "--set",
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
             "train.eval_every=1", "--set", methods, "--seeds", "2", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
     _equal(_runs(tmp_path / "stacked", ()), _runs(tmp_path / "one_by_one", ()))
     _equal(_metrics(tmp_path / "stacked"), _metrics(tmp_path / "one_by_one"))
     for method in ("scaffold", "fedproto", "feddbe", "fedfomo"):  # 3 rounds, 3 evaluations: each of two runs
@@ -407,7 +414,7 @@ def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_tog
     original = sweep.SweepProgress.stacked_round
     monkeypatch.setattr(sweep.SweepProgress, "stacked_round",
                         lambda self, done, total: seen.append((done, total)) or original(self, done, total))
-    assert main([*BASE[:-5], "--seeds", "2", "--stack", "--out", str(tmp_path / "s")]) == 0  # not into ./runs
+    _ran([*BASE[:-5], "--seeds", "2", "--stack", "--out", str(tmp_path / "s")])  # not into ./runs
     assert seen and seen[-1] == (4, 4) and [d for d, _ in seen[:4]] == [1, 2, 3, 4]
     out = capsys.readouterr().out
     finished = [line for line in out.splitlines() if " done, " in line]
@@ -419,8 +426,8 @@ def test_a_binary_task_stacked_gives_its_aucs_as_without_stack(tmp_path):
     evaluations are summarised one run at a time)."""
     args = ["sweep", str(REPO / "configs" / "cgau_digits_binary.yaml"), "--set", "train.rounds=4", "--set",
             "train.eval_every=2", "--seeds", "2", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "alone")]) == 0
-    assert main([*args, "--stack", "--out", str(tmp_path / "stacked")]) == 0
+    _ran([*args, "--out", str(tmp_path / "alone")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
     alone = _runs(tmp_path / "alone", ())
     assert any("global_auc" in k[-1] for k in alone)
     assert _runs(tmp_path / "stacked", ()) == alone
@@ -471,8 +478,8 @@ def test_a_stacked_sweep_under_attack_gives_the_runs_of_the_sweep_run_one_by_one
                       "{kind: alie, fraction: 0.34, z: 1.5},{kind: label_flip, fraction: 0.34},"
                       "{kind: label_flip, fraction: 0.34, start_round: 3}",
             "--seeds", "2", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--out", str(tmp_path / "stacked"), "--stack"])
     alone, stacked = _runs(tmp_path / "one_by_one", ("attack",)), _runs(tmp_path / "stacked", ("attack",))
     assert {k[-1] for k in alone} >= {"final.backdoor_accuracy", "final.local_backdoor_accuracy_mean"}
     _equal(stacked, alone)
@@ -487,8 +494,8 @@ def test_a_stacked_sweep_under_fltrust_gives_the_runs_of_the_sweep_run_one_by_on
             "--set", "partition.clients=6", "--set", "attack={kind: sign_flip, fraction: 0.34}",
             "--set", "server_data.max_samples=60", "--grid", "server.combine.rule=mean,fltrust",
             "--set", "methods=[{name: fedavg, algorithm: fedavg}]", "--seeds", "2", "--quiet"]
-    assert main([*args, "--out", str(tmp_path / "one_by_one")]) == 0
-    assert main([*args, "--out", str(tmp_path / "stacked"), "--stack"]) == 0
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--out", str(tmp_path / "stacked"), "--stack"])
     grid = ("server.combine.rule",)
     alone, stacked = _runs(tmp_path / "one_by_one", grid), _runs(tmp_path / "stacked", grid)
     _equal(stacked, alone)

@@ -50,6 +50,11 @@ class CudaGraph:
     Recorded with ``capture_begin``/``capture_end`` on a side stream rather than the ``torch.cuda.graph``
     context, which synchronises the device and empties the allocator's cache at every capture: a round records
     a step or two per stack, and an emptied cache makes the rest of the round allocate from the driver again.
+
+    The capture forbids unsafe CUDA calls (a ``cudaMalloc``, a synchronisation) on its own thread only
+    (``thread_local``, as torch's own CUDA-graph trees capture): in a stacked sweep each run's server works on
+    its own thread while the sweep's thread records the runs' client steps, and CUDA's default (``global``)
+    failed those runs whose server allocated during a capture (a lent H200, 2026-12-04: runs under attack).
     """
 
     #: a key is recorded once it has come up this many times (its first run is the eager warm-up CUDA asks for)
@@ -62,7 +67,7 @@ class CudaGraph:
         side = torch.cuda.Stream()  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
-            self._graph.capture_begin()
+            self._graph.capture_begin(capture_error_mode="thread_local")
             try:
                 step()
             finally:
