@@ -8,14 +8,17 @@ backward) of PFLlib's CNN (``cnn4``) for ``m`` clients with their own weights, b
 - ``loop``: one plain convolution per client (hetfed's form on a CPU).
 
 Milliseconds per step, the fastest of a few repeats after a warm-up; the forms' outputs are checked equal first.
-Nothing is asserted.
+With ``--capture`` (CUDA) each form's step is also recorded as one CUDA graph and replayed (what hetfed's
+``train.capture: auto`` does on a GPU): eager steps are bound by their kernels' launches, replayed ones by the
+kernels themselves, so the form that wins can differ. Nothing is asserted.
 
-    python benchmarks/conv_forms.py [--device cpu|cuda] [--clients 1 7 20] [--batch 10]
+    python benchmarks/conv_forms.py [--device cpu|cuda] [--clients 1 7 20] [--batch 10] [--capture]
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import time
 
@@ -67,31 +70,44 @@ def loop(p: list[torch.Tensor], x: torch.Tensor) -> torch.Tensor:
 FORMS = {"vmap": vmap(one), "vmap_benchmark": vmap(one), "unfold_bmm": unfold_bmm, "loop": loop}
 
 
-def step_ms(form: str, m: int, batch: int, device: str, repeats: int = 5, steps: int = 20) -> float:
+def step_ms(form: str, m: int, batch: int, device: str, captured: bool = False, repeats: int = 5,
+            steps: int = 20) -> float:
+    """One SGD step of ``m`` clients' CNNs in ``form``, eager or (``captured``) replayed from a CUDA graph."""
     torch.backends.cudnn.benchmark = form == "vmap_benchmark"
     gen = torch.Generator().manual_seed(0)
-    params = [(torch.randn(m, *s, generator=gen) * 0.05).to(device) for s in SHAPES]
+    params = [(torch.randn(m, *s, generator=gen) * 0.05).to(device).requires_grad_(True) for s in SHAPES]
     x = torch.randn(m, batch, 1, 28, 28, generator=gen).to(device)
     y = torch.randint(0, 10, (m, batch), generator=gen).to(device)
     fn = FORMS[form]
 
     def one() -> None:
-        nonlocal params
-        leaves = [p.requires_grad_(True) for p in params]
-        loss = F.cross_entropy(fn(leaves, x).reshape(-1, 10), y.reshape(-1))
-        grads = torch.autograd.grad(loss, leaves)
+        loss = F.cross_entropy(fn(params, x).reshape(-1, 10), y.reshape(-1))
+        grads = torch.autograd.grad(loss, params)
         with torch.no_grad():
-            params = [p.detach().sub_(g, alpha=1e-3) for p, g in zip(leaves, grads, strict=True)]
+            for p, g in zip(params, grads, strict=True):
+                p.sub_(g, alpha=1e-3)
 
-    for _ in range(3):
-        one()
+    side = torch.cuda.Stream() if device == "cuda" else None  # type: ignore[no-untyped-call]
+    if side is not None:
+        side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side) if side is not None else contextlib.nullcontext():
+        for _ in range(3):
+            one()
+    if side is not None:
+        torch.cuda.current_stream().wait_stream(side)
+    run = one
+    if captured:
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            one()
+        run = graph.replay
     best = float("inf")
     for _ in range(repeats):
         if device == "cuda":
             torch.cuda.synchronize()
         t0 = time.perf_counter()
         for _ in range(steps):
-            one()
+            run()
         if device == "cuda":
             torch.cuda.synchronize()
         best = min(best, (time.perf_counter() - t0) / steps)
@@ -103,15 +119,23 @@ def main() -> None:
     ap.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     ap.add_argument("--clients", type=int, nargs="+", default=[1, 7, 20])
     ap.add_argument("--batch", type=int, default=10)
+    ap.add_argument("--capture", action="store_true", help="also each form's step replayed from a CUDA graph")
     args = ap.parse_args()
+    if args.capture and args.device != "cuda":
+        ap.error(f"--capture records CUDA graphs: --device cuda, not {args.device!r}")
     gen = torch.Generator().manual_seed(1)
     p = [(torch.randn(3, *s, generator=gen) * 0.05).to(args.device) for s in SHAPES]
     x = torch.randn(3, 4, 1, 28, 28, generator=gen).to(args.device)
     ref = loop(p, x)
     check = {f: float((FORMS[f](p, x) - ref).abs().max()) for f in FORMS}
     rows = {m: {f: round(step_ms(f, m, args.batch, args.device), 3) for f in FORMS} for m in args.clients}
-    print(json.dumps({"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
-                      "batch": args.batch, "max_abs_diff_vs_loop": check, "ms_per_step": rows}, indent=1))
+    out = {"device": args.device, "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None,
+           "batch": args.batch, "gflop_per_client_step": round(6 * MACS * args.batch / 1e9, 4),
+           "max_abs_diff_vs_loop": check, "ms_per_step": rows}
+    if args.capture:
+        out["ms_per_step_captured"] = {m: {f: round(step_ms(f, m, args.batch, "cuda", captured=True), 3)
+                                           for f in FORMS} for m in args.clients}
+    print(json.dumps(out, indent=1))
 
 
 if __name__ == "__main__":
