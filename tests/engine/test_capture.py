@@ -302,7 +302,7 @@ def test_another_thread_may_allocate_and_read_back_while_a_step_is_recorded():
     def server() -> None:
         asked.wait(30)
         try:
-            fresh = torch.ones(50_000_003, device="cuda")  # a size the allocator's cache cannot hold
+            fresh = torch.ones(50_000_003, dtype=torch.float64, device="cuda")  # a size not in the cache: a cudaMalloc
             seen.append(float(fresh.sum().item()))
         except BaseException as err:  # noqa: BLE001  (the failure is what the test reports)
             seen.append(err)
