@@ -9,6 +9,9 @@ library and
 hetfed, so it runs on a bare GPU machine; nothing is asserted.
 
     python benchmarks/profile_sweep.py [--seeds 5] [--rounds 10] [--stack] [--device cpu|cuda] [--top 40]
+        [--config FILE] [--set KEY=VALUE …] [--grid KEY=V1,V2,… …]
+
+The sweep is run once first for one round and one seed (imports, CUDA's start, cuDNN's choices: not profiled).
 """
 
 from __future__ import annotations
@@ -27,6 +30,7 @@ from types import FrameType
 import torch
 
 from hetfed.config import load_config
+from hetfed.config_io import parse_grid
 from hetfed.runs.sweep import run_sweep
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
@@ -97,18 +101,24 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--top", type=int, default=40)
     ap.add_argument("--config", default=str(DEFAULT), help="the experiment (default: configs/default.yaml)")
+    ap.add_argument("--set", dest="sets", action="append", default=[], metavar="KEY=VALUE", help="as hetfed sweep's")
+    ap.add_argument("--grid", action="append", default=[], metavar="KEY=V1,V2,...", help="as hetfed sweep's")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
-    config = load_config(args.config, [f"train.rounds={args.rounds}", f"train.device={args.device}"])
+    sets = [*args.sets, f"train.device={args.device}"]
+    config = load_config(args.config, [*sets, f"train.rounds={args.rounds}"])
+    warm = load_config(args.config, [*sets, "train.rounds=1"])
+    grid = parse_grid(args.grid)
     with tempfile.TemporaryDirectory() as tmp:
-        run_sweep(config, {}, seeds=1, out=Path(tmp) / "warm", progress=False, stack=args.stack)  # imports, CUDA
+        run_sweep(warm, grid, seeds=1, out=Path(tmp) / "warm", progress=False, stack=args.stack)  # imports, CUDA
         t0 = time.perf_counter()
         with Sampler() as sampler:
-            run_sweep(config, {}, seeds=args.seeds, out=Path(tmp) / "sweep", progress=False, stack=args.stack)
+            run_sweep(config, grid, seeds=args.seeds, out=Path(tmp) / "sweep", progress=False, stack=args.stack)
         wall = time.perf_counter() - t0
     n = max(sampler.samples, 1)
     print(json.dumps({
-        "seeds": args.seeds, "rounds": args.rounds, "stack": args.stack, "device": args.device,
+        "seeds": args.seeds, "rounds": args.rounds, "config": args.config, "set": args.sets, "grid": args.grid,
+        "stack": args.stack, "device": args.device,
         "gpu": torch.cuda.get_device_name(0) if args.device == "cuda" else None, "wall_s": round(wall, 3),
         "samples": sampler.samples,
         "inclusive": {k: round(v / n, 4) for k, v in sampler.inclusive.most_common(args.top)},
