@@ -159,6 +159,66 @@ def test_cuda_graphs_are_kept_for_the_next_rounds_and_give_their_numbers(monkeyp
     _three_rounds("cuda", lambda: recorded[0])
 
 
+class _Weighted:
+    """A method's loss with per-client tensors of its own: each client's cross-entropy after adding its logit
+    offsets ``inputs["shift"]`` [n, C], scaled by ``inputs["weight"]`` [n] (as FedRoD's balanced softmax reads
+    each client's class counts). ``seen``: how many clients each call computed."""
+
+    def __init__(self, model: MLP):
+        self.model, self.seen = model, []
+
+    def loss(self, params, xb, yb, mask, noise, inputs):
+        self.seen.append(inputs["weight"].shape[0])
+        logits = self.model.forward(params, xb, noise) + inputs["shift"][:, None, :]
+        return local.client_mean(local.row_cross_entropy(logits, yb), mask) * inputs["weight"]
+
+    def closure(self, inputs):
+        """The same loss as a plain objective closing over the whole stack's tensors (computes every client)."""
+        return lambda params, xb, yb, mask, noise: self.loss(params, xb, yb, mask, noise, inputs)
+
+
+def _objective_rounds(device: str, declared: bool, capture_on: bool, rounds: int = 5):
+    """Rounds of a stack trained on :class:`_Weighted`'s loss whose per-client tensors change every round: as a
+    :class:`StackObjective` (``declared``) or a closure."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    data = _data([37, 12, 50, 3, 24], device=device)
+    opt, params, weighted, out = OptimizerConfig(lr=0.1, momentum=0.9), _stack(model, 5, device), _Weighted(model), []
+    gen = torch.Generator().manual_seed(5)
+    for rnd in range(rounds):
+        inputs = {"shift": torch.randn(5, 4, generator=gen).to(device),
+                  "weight": (torch.rand(5, generator=gen) + 0.5).to(device)}
+        objective = local.StackObjective(weighted.loss, inputs) if declared else weighted.closure(inputs)
+        round_data = ClientData(data.client_ids, data.x, data.y, data.indices, [s + 7 * rnd for s in data.seeds])
+        sched = LocalSchedule(batch_size=8, epochs=2, capture="auto" if capture_on else "off")
+        params, state, loss = train_stack(model, params, round_data, sched, opt, 0.1, objective=objective)
+        out.append((params, state, loss))
+    return out, weighted.seen
+
+
+def test_a_declared_objective_computes_only_the_clients_still_training_and_its_steps_are_recorded(recorded_on_cpu):
+    """#74: a method's loss with per-client tensors (FedRoD's class counts) declared as a StackObjective steps as
+    the cross-entropy does — longest plans first, only the clients still training computed, recorded and replayed
+    round after round with each round's tensors — and gives the numbers of the closure that computes every client
+    eagerly, bit for bit."""
+    closure, every = _objective_rounds("cpu", declared=False, capture_on=True)
+    assert set(every) == {5} and recorded_on_cpu.records == 0  # a closure: every client, eagerly
+    declared, seen = _objective_rounds("cpu", declared=True, capture_on=True)
+    assert min(seen) < 5 and recorded_on_cpu.records > 0 and recorded_on_cpu.replays > 20
+    for (pa, sa, la), (pb, sb, lb) in zip(closure, declared, strict=True):
+        assert all(torch.equal(pa[k], pb[k]) for k in pa) and all(torch.equal(sa[k], sb[k]) for k in sa)
+        assert torch.equal(la, lb)
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+def test_a_declared_objectives_cuda_graphs_give_the_eager_numbers():
+    eager, _ = _objective_rounds("cuda", declared=True, capture_on=False)
+    replayed, _ = _objective_rounds("cuda", declared=True, capture_on=True)
+    for (pa, sa, la), (pb, sb, lb) in zip(eager, replayed, strict=True):
+        assert all(torch.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6) for k in pa)
+        assert all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6) for k in sa)
+        assert torch.allclose(la, lb, rtol=1e-5, atol=1e-6)
+
+
 def test_a_recording_is_not_reused_for_other_data_or_another_model(recorded_on_cpu):
     opt = OptimizerConfig(lr=0.1)
     sched = LocalSchedule(batch_size=8, epochs=2, capture="auto")
@@ -229,13 +289,19 @@ def test_capture_off_and_cpu_runs_never_record():
     assert LocalSchedule.from_train(build_config({}, {}).train).capture == "auto"
 
 
-def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path):
-    """The default experiment (CGAU and ReLU MLPs with dropout 0.5), three rounds, both ways: the same metrics."""
+@pytest.mark.parametrize("overrides", [
+    {},
+    # FedRoD's loss reads each client's class counts (a StackObjective), on unequal Dirichlet clients
+    {"methods": [{"name": "fedrod", "algorithm": "fedrod"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
+], ids=["default", "fedrod"])
+def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
+    """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and FedRoD, three rounds, both ways: the same
+    metrics."""
     from hetfed.runs.runner import run_experiment
 
     finals = {}
     for mode in ("off", "auto"):
-        cfg = build_config({}, {"train": {"rounds": 3, "capture": mode}})
+        cfg = build_config({}, {**overrides, "train": {"rounds": 3, "capture": mode}})
         summary = run_experiment(cfg, out=tmp_path / mode, progress=False).summary
         finals[mode] = {m: v["final"] for m, v in summary["methods"].items()}
     assert recorded_on_cpu.replays > 0

@@ -13,7 +13,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine import optim
-from hetfed.engine.local import Objective, Proximal, train_stack
+from hetfed.engine.local import Objective, Proximal, StackObjective, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.interface import Algorithm
 
@@ -29,7 +29,7 @@ class FedAvg(Algorithm):
         """An extra per-client training loss ``f(params) -> [n]`` for this stack, or None (FedAvg)."""
         return None
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective | None:
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective | StackObjective | None:
         """The clients' training loss in place of the model's cross-entropy (``engine.local.Objective``) for
         this stack, or None (FedAvg)."""
         return None
@@ -49,7 +49,7 @@ class FedAvg(Algorithm):
 
 
 def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None,
-                  objective: Objective | None = None, trainable: list[str] | None = None):
+                  objective: Objective | StackObjective | None = None, trainable: list[str] | None = None):
     """Train a stack from its kept optimiser state (fresh when reset each round).
 
     Returns the trained params, the optimiser state the clients keep ({} when

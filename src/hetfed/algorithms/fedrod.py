@@ -29,7 +29,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state
 from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
 
@@ -73,19 +73,20 @@ class FedRoD(FedAvg):
         shapes = {s.name: torch.zeros(s.shape) for s in self.both.specs()}
         return {**self.model.init_local(gen), **personal, **kept_optimizer_state(self.train, shapes)}
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective | None:
-        counts, model, both = data.label_counts(self.model.n_classes), self.model, self.both
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        return StackObjective(self._loss, {"counts": data.label_counts(self.model.n_classes)})
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            z = model.features(params, xb, noise)
-            generic = model.head(params, z)
-            fixed = {k: v.detach() for k, v in params.items()}
-            personal = model.head({**fixed, **both.personal(params)}, z.detach())
-            ce = row_cross_entropy(generic.detach() + personal, yb)
-            # it reports the personalised model's cross-entropy
-            return client_mean(balanced_softmax_loss(generic, yb, counts) + ce, mask), client_mean(ce, mask)
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The balanced-softmax loss of the generic head (each client's class counts: ``inputs["counts"]``) plus
+        the personalised model's cross-entropy, which is what a client reports."""
+        model = self.model
+        z = model.features(params, xb, noise)
+        generic = model.head(params, z)
+        fixed = {k: v.detach() for k, v in params.items()}
+        personal = model.head({**fixed, **self.both.personal(params)}, z.detach())
+        ce = row_cross_entropy(generic.detach() + personal, yb)
+        return client_mean(balanced_softmax_loss(generic, yb, inputs["counts"]) + ce, mask), client_mean(ce, mask)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with the generic head's logits plus its personal head's."""

@@ -21,7 +21,7 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import dataclass, field
 from functools import partial
-from typing import Any
+from typing import Any, cast
 
 import torch
 
@@ -46,6 +46,28 @@ Regulariser = Callable[[Params], torch.Tensor]
 Objective = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
 #: a map applied to the trained parameters after every step (a constraint: APFL keeps α in [0, 1])
 Projection = Callable[[Params], Params]
+
+
+@dataclass(frozen=True)
+class StackObjective:
+    """An :data:`Objective` whose only tensors of the stack are ``inputs`` (each ``[n, ...]``, the stack's clients
+    in order), passed to ``loss`` as its last argument.
+
+    Why: a plain :data:`Objective` may close over tensors of the whole stack in the caller's order, so its steps
+    compute every client, finished or not, and run eagerly. With its per-client tensors declared, the stack
+    reorders and slices them with its own (only the clients still training compute) and a recording keeps them as
+    it keeps the parameters (its next calls load theirs in place): such a step is recorded, a CUDA graph on a GPU.
+    ``loss`` must read nothing else that changes between calls — a bound method of the algorithm (its model, its
+    constants), never a closure over a round's tensors: the recording is kept for the calls with an equal ``loss``.
+    """
+
+    loss: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
+    inputs: Params
+
+    def of(self, clients: int | None = None) -> Objective:
+        """The objective of the stack's first ``clients`` (all: None)."""
+        inputs = self.inputs if clients is None else {k: v[:clients] for k, v in self.inputs.items()}
+        return cast(Objective, partial(self.loss, inputs=inputs))  # Objective: a loss or (loss, reported)
 
 
 def client_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -151,7 +173,7 @@ def train_stack(
     opt_state: Params | None = None,
     regulariser: Regulariser | Proximal | None = None,
     trainable: list[str] | None = None,
-    objective: Objective | None = None,
+    objective: Objective | StackObjective | None = None,
     project: Projection | None = None,
 ) -> tuple[Params, Params, torch.Tensor]:
     """Train stacked ``params`` on each client's data; returns (params, opt state, mean loss).
@@ -159,20 +181,26 @@ def train_stack(
     ``trainable`` names the parameters that move (default: all of ``params``);
     the others are inputs held fixed (e.g. a frozen global model in a mixture).
     ``regulariser`` adds a loss term per client (a :class:`Proximal` term by its closed-form gradient).
-    ``objective`` replaces the model's cross-entropy per row (APFL trains two models on
-    one batch); ``project`` constrains the parameters after every step. A plain step under SGD moves its large
-    linear weights in the backward (:mod:`hetfed.models.sgd_in_backward`: the same update).
+    ``objective`` replaces the model's cross-entropy per row (APFL trains two models on one batch; a
+    :class:`StackObjective` steps as compactly as the cross-entropy); ``project`` constrains the parameters after
+    every step. A plain step under SGD moves its large linear weights in the backward
+    (:mod:`hetfed.models.sgd_in_backward`: the same update).
     """
     device = data.x.device
     objective = _private(model, schedule, objective)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
-    # hold tensors of the whole stack; no buffers) computes only the clients that still train: longest plans first
-    simple = objective is None and term_of(regulariser) is None and project is None and not buffers
+    # hold tensors of the whole stack, unless it declares them; no buffers) computes only the clients that still
+    # train: longest plans first
+    declared = objective is None or isinstance(objective, StackObjective)
+    simple = declared and term_of(regulariser) is None and project is None and not buffers
     compacts = simple and len(data.client_ids) > 1
     order = longest_first(data, schedule) if compacts else None
     if order is not None:
         params, opt_state, regulariser, data = _reordered(order, params, opt_state, regulariser, data)
+        if isinstance(objective, StackObjective):
+            at = _index_on(order, data.x.device)
+            objective = StackObjective(objective.loss, {k: v.index_select(0, at) for k, v in objective.inputs.items()})
     # a method's copy of the model (APFL's local model ``apfl.local.<name>``) has the model's buffers under a prefix
     names = [k for k in (trainable if trainable is not None else list(params))
              if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
@@ -184,7 +212,7 @@ def train_stack(
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     recorder = _recorder(model, schedule, device) if simple else None
     keys = _step_keys(plan, model.reads_rows, compacts, recorder is not None)
-    closed, moves = _update_path(model, current, opt_cfg) if simple else (None, 0)
+    closed, moves = _update_path(model, current, opt_cfg) if simple and objective is None else (None, 0)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK), moves=moves, closed=closed)
@@ -212,7 +240,8 @@ def _recorder(model: Model, schedule: LocalSchedule, device: torch.device) -> ty
     return recorder
 
 
-def _private(model: Model, schedule: LocalSchedule, objective: Objective | None) -> Objective | None:
+def _private(model: Model, schedule: LocalSchedule, objective: Objective | StackObjective | None
+             ) -> Objective | StackObjective | None:
     """Under record-level DP (``schedule.records``) the step's objective is DP-SGD's: the model's cross-entropy
     clipped per sample and noised; otherwise ``objective`` as it is."""
     if schedule.records is None:
@@ -383,7 +412,7 @@ class _Step:
     loss_sum: torch.Tensor
     opt_cfg: OptimizerConfig
     lr: float
-    objective: Objective | None
+    objective: Objective | StackObjective | None
     term: Regulariser | None
     proximal: Proximal | None
     project: Projection | None
@@ -410,15 +439,17 @@ class _Step:
                                              smallest=closed_form.MOVE_FROM if self.closed is not None else None)
 
     def _autograd(self, fixed: Params, current: Params, inputs: tuple[torch.Tensor, ...], noise: Noise,
-                  moving: Callable[[Params], sgd_in_backward.SGDInBackward | None]
+                  moving: Callable[[Params], sgd_in_backward.SGDInBackward | None], clients: int | None
                   ) -> tuple[torch.Tensor, Params, Params, sgd_in_backward.SGDInBackward | None]:
         """The step's loss per client (as reported), gradients, trained leaves and what the backward moved, by
-        autograd over the objective (the model's cross-entropy by default) and any loss term."""
+        autograd over the objective (the model's cross-entropy by default; of the first ``clients``, None: all)
+        and any loss term."""
         xb, yb, mask = inputs
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         spec = moving(leaves)
+        objective = self.objective.of(clients) if isinstance(self.objective, StackObjective) else self.objective
         with sgd_in_backward.updating(spec) if spec is not None else nullcontext():
-            out = (self.objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
+            out = (objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
         total = per_client if self.term is None else per_client + self.term({**fixed, **leaves})
         return reported, _gradients(total.sum(), leaves, spec), {k: v.detach() for k, v in leaves.items()}, spec
@@ -452,7 +483,8 @@ class _Step:
             return self._moving(leaves, proximal, state)
 
         if self.closed is None:
-            reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving)
+            reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving,
+                                                            None if whole else clients)
         with torch.no_grad():
             if self.closed is not None:
                 spec = moving(current)
@@ -472,9 +504,15 @@ class _Step:
     def signature(self) -> tuple[Any, ...]:
         """What a recording of this step was made for, besides the tensors' values."""
         shapes = [tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
-                  for d in (self.current, self.state, self.fixed, self.proximal.centre if self.proximal else {})]
+                  for d in (self.current, self.state, self.fixed, self.proximal.centre if self.proximal else {},
+                            self._declared())]
+        loss = self.objective.loss if isinstance(self.objective, StackObjective) else None
         return (id(self.model), id(self.data.x), id(self.data.y), len(self.keys), self.lr,
-                self.opt_cfg.model_dump_json(), self.proximal.weight if self.proximal else None, *shapes)
+                self.opt_cfg.model_dump_json(), self.proximal.weight if self.proximal else None, loss, *shapes)
+
+    def _declared(self) -> Params:
+        """A :class:`StackObjective`'s tensors (a recording reads them as it reads the parameters)."""
+        return self.objective.inputs if isinstance(self.objective, StackObjective) else {}
 
     def same_sources(self, other: _Step) -> bool:
         """The same model and data tensors (held here, so an id in the signature cannot be reused meanwhile)."""
@@ -485,8 +523,11 @@ class _Step:
         centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight) \
             if self.proximal else None
         keys = self.keys.clone()
+        objective = self.objective
+        if isinstance(objective, StackObjective):
+            objective = StackObjective(objective.loss, {k: v.clone() for k, v in objective.inputs.items()})
         return dataclasses.replace(self, keys=keys, fixed={k: v.clone() for k, v in self.fixed.items()},
-                                   proximal=centre, masks=self._draws_of(keys, self.masks))
+                                   proximal=centre, masks=self._draws_of(keys, self.masks), objective=objective)
 
     @staticmethod
     def _draws_of(keys: torch.Tensor, like: streams.RoundDraws | None) -> streams.RoundDraws | None:
@@ -498,7 +539,8 @@ class _Step:
         """Another call's values into this step's tensors (same signature)."""
         for mine, theirs in ((self.current, other.current), (self.state, other.state), (self.fixed, other.fixed),
                              (self.proximal.centre if self.proximal else {},
-                              other.proximal.centre if other.proximal else {})):
+                              other.proximal.centre if other.proximal else {}),
+                             (self._declared(), other._declared())):
             for k, v in mine.items():
                 v.copy_(theirs[k])
         self.keys.copy_(other.keys)
