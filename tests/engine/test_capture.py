@@ -293,7 +293,13 @@ def test_capture_off_and_cpu_runs_never_record():
     {},
     # FedRoD's loss reads each client's class counts (a StackObjective), on unequal Dirichlet clients
     {"methods": [{"name": "fedrod", "algorithm": "fedrod"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
-], ids=["default", "fedrod"])
+    # FedProto's reads its run's global prototypes, new every round
+    {"methods": [{"name": "fedproto", "algorithm": "fedproto"}, {"name": "fedlc", "algorithm": "fedlc"}],
+     "partition": {"kind": "dirichlet", "alpha": 0.3}},
+    # FedCP draws its policy's noise from the step's streams; GPFL reads its run's class embeddings
+    {"methods": [{"name": "fedcp", "algorithm": "fedcp"}, {"name": "gpfl", "algorithm": "gpfl"}],
+     "partition": {"kind": "dirichlet", "alpha": 0.3}},
+], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl"])
 def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
     """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and FedRoD, three rounds, both ways: the same
     metrics."""

@@ -293,3 +293,19 @@ def test_tensor_bytes_counts_every_tensor_however_nested() -> None:
              "deep": [[{"t": (torch.zeros(2, 2),)}]], "cls": ServerState, "obj": object()}
     assert tensor_bytes(value) == 64 * 10 * 4 + 10 * 8 + 3 + 4 * 4
     assert tensor_bytes(torch.zeros(5)) == 20 and tensor_bytes(3) == 0 and tensor_bytes([]) == 0
+
+
+@settings(max_examples=100, deadline=None)
+@given(st.lists(st.lists(st.integers(0, 59), max_size=30), max_size=6), st.integers(1, 7))
+def test_label_counts_are_each_clients_bincount(rows, n_classes):
+    """``ClientData.label_counts`` (one count over (client, label) pairs, no read-back on a GPU) = each client's own
+    ``bincount`` of its labels, rows repeated or absent included."""
+    from hetfed.engine.types import ClientData
+
+    y = torch.arange(60) % n_classes
+    indices = [np.asarray(r, dtype=np.int64) for r in rows]
+    data = ClientData(list(range(len(rows))), torch.zeros(60, 1), y, indices, list(range(len(rows))))
+    expected = [torch.bincount(y[torch.as_tensor(i, dtype=torch.long)], minlength=n_classes).float() for i in indices]
+    counts = data.label_counts(n_classes)
+    assert counts.shape == (len(rows), n_classes) and counts.dtype == torch.float32
+    assert all(torch.equal(counts[k], e) for k, e in enumerate(expected))

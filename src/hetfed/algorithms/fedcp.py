@@ -35,7 +35,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -139,24 +139,25 @@ class FedCP(PartlyPersonal):
         return {**super().client_init(client_id, gen), CONTEXT: torch.rand(d, generator=gen),
                 **kept_optimizer_state(self.train, shapes)}
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective:
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        return StackObjective(self._loss, {})  # every tensor it reads is the stack's parameters
+
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cross-entropy of the personal and global heads on the features split by the policy, plus λ · the
+        MMD between the features and the received body's, which it descends; the cross-entropy, which it reports."""
         model, lam, tau, names = self.model, self.params.lam, self.params.tau, self.personal_names()
-        body = list(self._body)
-
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            z = model.features(params, xb, noise)
-            ctx = F.normalize(params[CONTEXT], dim=-1)[:, None, :]
-            p, g = policy(params, z * ctx, noise.uniforms(z.shape[1], 2 * z.shape[2]), tau)
-            global_head = {**params, **{k: params[HEAD_G + k] for k in names}}
-            out = model.head(params, z * p) + model.head(global_head, z * g)
-            ce = client_mean(row_cross_entropy(out, yb), mask)
-            if not lam:
-                return ce, ce
-            with torch.no_grad():
-                z_base = model.features({**params, **{k: params[BASE + k] for k in body}}, xb, None)
-            return ce + lam * mmd(z, z_base, mask), ce
-
-        return objective
+        z = model.features(params, xb, noise)
+        ctx = F.normalize(params[CONTEXT], dim=-1)[:, None, :]
+        p, g = policy(params, z * ctx, noise.uniforms(z.shape[1], 2 * z.shape[2]), tau)
+        global_head = {**params, **{k: params[HEAD_G + k] for k in names}}
+        out = model.head(params, z * p) + model.head(global_head, z * g)
+        ce = client_mean(row_cross_entropy(out, yb), mask)
+        if not lam:
+            return ce, ce
+        with torch.no_grad():
+            z_base = model.features({**params, **{k: params[BASE + k] for k in self._body}}, xb, None)
+        return ce + lam * mmd(z, z_base, mask), ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)

@@ -33,7 +33,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState
 from hetfed.models.base import Noise, Params
 
@@ -63,17 +63,16 @@ def calibrated_loss(logits: torch.Tensor, y: torch.Tensor, counts: torch.Tensor,
 class FedLC(FedAvg):
     """FedAvg whose clients descend the logit-calibrated loss of their own label counts."""
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective | None:
-        counts = data.label_counts(self.model.n_classes)
-        tau, denominator, model = self.params.tau, self.params.denominator, self.model
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        return StackObjective(self._loss, {"counts": data.label_counts(self.model.n_classes)})
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            logits = model.forward(params, xb, noise)
-            # it descends the calibrated loss and reports the plain cross-entropy (comparable across methods)
-            calibrated = calibrated_loss(logits, yb, counts, tau, denominator)
-            return client_mean(calibrated, mask), client_mean(row_cross_entropy(logits, yb), mask)
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The loss calibrated by each client's label counts (``inputs["counts"]``), which it descends, and the
+        plain cross-entropy, which it reports (comparable across methods)."""
+        logits = self.model.forward(params, xb, noise)
+        calibrated = calibrated_loss(logits, yb, inputs["counts"], self.params.tau, self.params.denominator)
+        return client_mean(calibrated, mask), client_mean(row_cross_entropy(logits, yb), mask)
 
 
 register(AlgorithmSpec(

@@ -32,7 +32,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, predict
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm
@@ -80,24 +80,23 @@ class FedProto(Algorithm):
         params = {**{k: v.clone() for k, v in initial_model(self).items()}, **self.model.init_local(gen)}
         return {**params, **kept_optimizer_state(self.train, params)}
 
-    def _objective(self, bc: Broadcast, n: int) -> Objective:
-        model, lam = self.model, self.params.lam
-        prototypes, known = bc.extra_rows("prototypes", n), bc.extra_rows("known", n)  # [n, C, d], [n, C]
+    def _objective(self, bc: Broadcast, n: int, device: torch.device) -> StackObjective:
+        return StackObjective(self._loss, {"prototypes": bc.extra_rows("prototypes", n).to(device),  # [n, C, d]
+                                           "known": bc.extra_rows("known", n).to(device)})  # [n, C]
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            z = model.features(params, xb, noise)
-            logits = model.head(params, z)
-            ce = row_cross_entropy(logits, yb)
-            target = at_labels(prototypes.to(z.device), yb)  # [n, b, d]
-            regulariser = (z - target).pow(2).mean(-1) * at_labels(known.to(z.device), yb)
-            return client_mean(ce + lam * regulariser, mask), client_mean(ce, mask)
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cross-entropy plus λ · the features' distance to their class's global prototype (where the server
+        knows one), which it descends; the cross-entropy, which it reports."""
+        z = self.model.features(params, xb, noise)
+        ce = row_cross_entropy(self.model.head(params, z), yb)
+        regulariser = (z - at_labels(inputs["prototypes"], yb)).pow(2).mean(-1) * at_labels(inputs["known"], yb)
+        return client_mean(ce + self.params.lam * regulariser, mask), client_mean(ce, mask)
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         params, kept_opt = split_state(states)
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
-                                                objective=self._objective(bc, len(data.client_ids)))
+                                                objective=self._objective(bc, len(data.client_ids), data.x.device))
         prototypes, counts = client_prototypes(self.model, params, data)
         upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device),
                         {"train_loss": loss, "prototypes": prototypes, "label_counts": counts})

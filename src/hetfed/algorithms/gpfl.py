@@ -41,7 +41,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -136,30 +136,31 @@ class GPFL(PartlyPersonal):
         return {**super().client_init(client_id, gen), PRIOR: torch.zeros(self.model.n_classes),
                 **kept_optimizer_state(self.train, {k: torch.zeros(s) for k, s in shapes.items()})}
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective:
-        model, lam, mu = self.model, self.params.lam, self.params.mu
-        n = len(data.client_ids)
-        frozen = bc.stacked(n)[GCE].detach()
-        prior = data.label_counts(model.n_classes)
-        prior = prior / prior.sum(1, keepdim=True).clamp(min=1)
-        generic, personal = conditional_inputs(frozen, prior)
-        decayed = list(extra_shapes(model.n_classes, model.latent_dim))
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        frozen = bc.stacked(len(data.client_ids))[GCE].detach()
+        prior = data.label_counts(self.model.n_classes)
+        generic, personal = conditional_inputs(frozen, prior / prior.sum(1, keepdim=True).clamp(min=1))
+        return StackObjective(self._loss, {"frozen": frozen, "generic": generic, "personal": personal})
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            y = yb.long()
-            z = model.features(params, xb, noise)
-            ce = client_mean(row_cross_entropy(model.head(params, valve(params, z, personal)), y), mask)
-            z_g = valve(params, z, generic)
-            gce = client_mean(angle_softmax(z_g, params[GCE], y), mask)
-            target = torch.gather(frozen, 1, y[..., None].expand(*y.shape, frozen.shape[-1]))
-            # ‖z_G − ē_y‖ over the batch's real rows (vector_norm's gradient at 0 is 0: a client without rows)
-            distance = torch.linalg.vector_norm(((z_g - target) * mask[..., None]).flatten(1), dim=1)
-            loss = ce + gce + lam * distance
-            if mu:
-                loss = loss + mu / 2 * sum((params[k] ** 2).flatten(1).sum(1) for k in decayed)
-            return loss, ce
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The personal head's cross-entropy, GCE's angle softmax and λ · the generic features' distance to their
+        class's received embedding (``inputs``: that embedding and the conditional inputs, each client's own), plus
+        μ/2 · the decayed parameters' squares, which it descends; the cross-entropy, which it reports."""
+        model, lam, mu, frozen = self.model, self.params.lam, self.params.mu, inputs["frozen"]
+        y = yb.long()
+        z = model.features(params, xb, noise)
+        ce = client_mean(row_cross_entropy(model.head(params, valve(params, z, inputs["personal"])), y), mask)
+        z_g = valve(params, z, inputs["generic"])
+        gce = client_mean(angle_softmax(z_g, params[GCE], y), mask)
+        target = torch.gather(frozen, 1, y[..., None].expand(*y.shape, frozen.shape[-1]))
+        # ‖z_G − ē_y‖ over the batch's real rows (vector_norm's gradient at 0 is 0: a client without rows)
+        distance = torch.linalg.vector_norm(((z_g - target) * mask[..., None]).flatten(1), dim=1)
+        loss = ce + gce + lam * distance
+        if mu:
+            decayed = extra_shapes(model.n_classes, model.latent_dim)
+            loss = loss + mu / 2 * sum((params[k] ** 2).flatten(1).sum(1) for k in decayed)
+        return loss, ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         upload, new = super().local_update(bc, {k: v for k, v in states.items() if k != PRIOR}, data)
