@@ -101,7 +101,10 @@ class Capabilities:
         only the clients of a stack that still train: the executor stacks a round's clients longest plan first in
         stacks as large as memory allows, instead of grouping them by plan length
         (:func:`hetfed.engine.stacks.stack_blocks`). Only the stacking follows it: a step that is not plain after
-        all still gives its numbers.
+        all still gives its numbers. DP-SGD (``privacy.record``) is admitted only for these.
+    compact_steps: its steps compute only the clients still training without being plain: a loss of its own that
+        declares its per-client tensors (:class:`hetfed.engine.local.StackObjective`, FedRoD's class counts). The
+        executor stacks it as a plain one; DP-SGD, which clips the cross-entropy, stays refused.
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -121,6 +124,7 @@ class Capabilities:
     whole_model: bool = True
     buffers: str = "aggregated"
     plain_steps: bool = False
+    compact_steps: bool = False
 
     def __post_init__(self) -> None:
         if self.buffers not in BUFFER_HANDLING:

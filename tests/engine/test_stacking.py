@@ -254,6 +254,37 @@ def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length
     assert blocks["scaffold"] != blocks["fedavg"]  # (a model this small: one stack in id order)
 
 
+def test_every_method_that_declares_compact_steps_computes_only_the_clients_still_training(tmp_path, monkeypatch):
+    """``Capabilities.plain_steps`` / ``compact_steps`` make the executor stack a method's clients longest first in
+    one stack, which pays only if each of its steps computes only the clients still training: every declaring
+    method's every client step does (a plain step or a StackObjective), on unequal clients; FedRoD, FedLC,
+    FedProto, FedCP and GPFL are among them (#74: on a GPU their steps are recorded as FedAvg's are)."""
+    from hetfed.cli import main
+    from hetfed.engine import local
+    from hetfed.registry import registry_of
+
+    compacted: dict[str, list[bool]] = {}
+    current = [""]
+    keys = local._step_keys
+
+    def spy(plan, reads_rows, compacts, recorded):
+        compacted.setdefault(current[0], []).append(compacts)
+        return keys(plan, reads_rows, compacts, recorded)
+
+    monkeypatch.setattr(local, "_step_keys", spy)
+    declared = [n for n, spec in registry_of("algorithm").items()
+                if (spec.capabilities.plain_steps or spec.capabilities.compact_steps) and not spec.model]
+    assert {"fedavg", "ditto", "fedrod", "fedlc", "fedproto", "fedcp", "gpfl"} <= set(declared)
+    for name in declared:
+        current[0] = name
+        assert main(["run", "--set", "train.rounds=2", "--set", "heterogeneity.iid_draws=0", "--set",
+                     "partition.kind=dirichlet", "--set", "partition.alpha=0.3", "--set",
+                     f"methods=[{{name: {name}, algorithm: {name}}}]", "--no-report", "--quiet",
+                     "--out", str(tmp_path / name)]) == 0
+    assert {n: c for n, c in compacted.items() if not c or not all(c)} == {}
+    assert set(compacted) == set(declared)
+
+
 @settings(max_examples=25, deadline=None)
 @given(sizes=st.lists(st.sampled_from([0, 1, 3, 8, 9, 17, 40]), min_size=2, max_size=7),
        batch=st.sampled_from([4, 8]), epochs=st.sampled_from([0.5, 1.0, 1.7, None]), steps=st.integers(1, 9),

@@ -190,7 +190,7 @@ register(AlgorithmSpec(
     "Conditional Policy", FedCPParams,
     Capabilities(uploads="shared parameters of the body, the conditional selection module and a global head "
                          "(half its own head), sample count, training loss", personalises=True, stacks_runs=True,
-                 whole_model=False),
+                 whole_model=False, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedCP",

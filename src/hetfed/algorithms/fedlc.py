@@ -78,7 +78,7 @@ class FedLC(FedAvg):
 register(AlgorithmSpec(
     "fedlc", FedLC, "FedAvg whose clients calibrate their logits by their own label counts (z_c − τ·n_c^(−1/4))",
     "Zhang et al. 2022, Federated Learning with Label Distribution Skew via Logits Calibration", FedLCParams,
-    Capabilities(stacks_runs=True, private=True),
+    Capabilities(stacks_runs=True, private=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedLC",

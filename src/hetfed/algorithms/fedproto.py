@@ -151,7 +151,7 @@ register(AlgorithmSpec(
     "Tan et al. 2022, FedProto: Federated Prototype Learning across Heterogeneous Clients", FedProtoParams,
     Capabilities(uploads="per-class prototypes (mean representations), class counts, sample count, training loss",
                  buffers="local",
-                 whole_round=True, server_model=False, personalises=True, stacks_runs=True),
+                 whole_round=True, server_model=False, personalises=True, stacks_runs=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedProto",

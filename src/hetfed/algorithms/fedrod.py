@@ -98,7 +98,7 @@ register(AlgorithmSpec(
     "fedrod", FedRoD, "a shared body and generic head trained on the balanced-softmax loss, and a personal head per "
                       "client added to the generic logits",
     "Chen & Chao 2022, On Bridging Generic and Personalized Federated Learning for Image Classification",
-    capabilities=Capabilities(stacks_runs=True, private=True, personalises=True),
+    capabilities=Capabilities(stacks_runs=True, private=True, personalises=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedRoD",

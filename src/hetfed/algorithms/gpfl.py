@@ -179,7 +179,8 @@ register(AlgorithmSpec(
     "Zhang et al. 2023, GPFL: Simultaneously Learning Global and Personalized Feature Information for "
     "Personalized Federated Learning", GPFLParams,
     Capabilities(uploads="shared parameters of the body, the category embeddings and the conditional valve, "
-                         "sample count, training loss", personalises=True, stacks_runs=True, whole_model=False),
+                         "sample count, training loss", personalises=True, stacks_runs=True, whole_model=False,
+                 compact_steps=True),
     privacy=(
         PrivacyRow(
             method="GPFL",

@@ -289,9 +289,10 @@ class InProcessExecutor:
         return stack_blocks(steps, size, step_overhead(self.algo.model, self.run.schedule.batch_size, self.device))
 
     def plain_steps(self) -> bool:
-        """Whether the run's steps are plain (``Capabilities.plain_steps``, a model without buffers): a stack computes
-        only its clients still training."""
-        return self.algo.capabilities.plain_steps and not self.algo.model.buffer_names
+        """Whether the run's steps compute only a stack's clients still training (``Capabilities.plain_steps`` or
+        ``compact_steps``, a model without buffers)."""
+        capabilities = self.algo.capabilities
+        return (capabilities.plain_steps or capabilities.compact_steps) and not self.algo.model.buffer_names
 
     def _stacked(self, chunk: list[int]) -> ClientState:
         """The stack's state as the algorithm sees it (the transport's residuals are not the algorithm's)."""
