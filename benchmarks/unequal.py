@@ -232,6 +232,11 @@ def _sync(device: str) -> None:
         torch.cuda.synchronize()
 
 
+def _max_diff(params: dict, ref: dict) -> float | None:
+    """The largest difference between two runs' server models (None: a method without one, FedProto's)."""
+    return float(max((params[k] - ref[k]).abs().max() for k in ref)) if ref else None
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--rounds", type=int, default=2)
@@ -273,7 +278,7 @@ def main() -> None:
                 "seconds_per_round": round(seconds, 3),
                 "occupancy": round(stack_occupancy(steps, blocks, plain), 3),
                 "stacks": len(blocks),
-                f"max_abs_diff_vs_{args.executors[0]}": float(max((params[k] - ref[k]).abs().max() for k in ref)),
+                f"max_abs_diff_vs_{args.executors[0]}": _max_diff(params, ref),
             }
         if args.compile and args.device == "cpu":  # the same executors with their steps compiled (train.capture)
             for name in [n for n in ("sequential", "vectorised") if n in args.executors]:
@@ -281,7 +286,7 @@ def main() -> None:
                                          capture="compile", model_kind=args.model)
                 rows[f"{name}_compiled"] = {"seconds_per_round": round(seconds, 3),
                                             f"max_abs_diff_vs_{args.executors[0]}":
-                                                float(max((params[k] - ref[k]).abs().max() for k in ref))}
+                                                _max_diff(params, ref)}
                 if name == "vectorised":
                     rows[f"{name}_compiled"]["occupancy"] = round(stack_occupancy(steps, grouped, plain, True), 3)
         if args.device == "cuda" and "vectorised" in rows:  # the grouped stacks, every step launched eagerly

@@ -296,10 +296,14 @@ def test_capture_off_and_cpu_runs_never_record():
     # FedProto's reads its run's global prototypes, new every round
     {"methods": [{"name": "fedproto", "algorithm": "fedproto"}, {"name": "fedlc", "algorithm": "fedlc"}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
-    # FedCP draws its policy's noise from the step's streams; GPFL reads its run's class embeddings
-    {"methods": [{"name": "fedcp", "algorithm": "fedcp"}, {"name": "gpfl", "algorithm": "gpfl"}],
+    # FedCP draws its policy's noise from the step's streams; GPFL reads its run's class embeddings; APFL clips its
+    # α in place after every step
+    {"methods": [{"name": "fedcp", "algorithm": "fedcp"}, {"name": "gpfl", "algorithm": "gpfl"},
+                 {"name": "apfl", "algorithm": "apfl"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
+    # SCAFFOLD's correction and FedDyn's linear term: a Proximal term's shift, new every round
+    {"methods": [{"name": "scaffold", "algorithm": "scaffold"}, {"name": "feddyn", "algorithm": "feddyn"}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
-], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl"])
+], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn"])
 def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
     """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and FedRoD, three rounds, both ways: the same
     metrics."""

@@ -33,8 +33,9 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import cross_entropy, train_stack
+from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise
 
 LOCAL = "apfl.v."  # the local model v_i in a client's state
 ALPHA = "apfl.alpha"  # its mixing weight α_i
@@ -75,21 +76,31 @@ class APFL(FedAvg):
         local, _ = split_state({k: v for k, v in states.items() if k not in own})
         params = {**bc.stacked(n), **local, **own}
         shared = list(bc.params)
-
-        def objective(p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise):
-            w = {**{k: p[k] for k in shared}, **{k: p[k] for k in local}}
-            mix = {**self._mixture(w, {k: p[LOCAL + k] for k in shared}, p[ALPHA], detach=True),
-                   **{k: p[k] for k in local}}
-            global_loss = cross_entropy(self.model, w, xb, yb, mask, noise)
-            mixed = cross_entropy(self.model, mix, xb, yb, mask, noise.under(LOCAL) if noise is not None else None)
-            return global_loss + mixed, global_loss
-
         trainable = [*shared, *local, *(k for k in own if k != ALPHA or self.params.adapt_alpha)]
         params, _, loss = train_stack(self.model, params, data, self.schedule, self.train.optimizer, bc.lr,
-                                      trainable=trainable, objective=objective,
-                                      project=lambda p: {**p, ALPHA: p[ALPHA].clamp(0, 1)} if ALPHA in p else p)
+                                      trainable=trainable, objective=StackObjective(self._loss, {}),
+                                      project=InPlace(self._clip_alpha))
         upload = Upload.of(data, params, shared, loss)
         return upload, {**{k: params[k] for k in local}, **{k: params[k] for k in own}}
+
+    def _loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """``f(w) + f(α v + (1 − α) stop_grad(w))`` per client (its gradients are the three of Algorithm 1), and
+        ``f(w)``, which it reports. ``w``: the shared parameters and the model's own local ones; ``v``: the local
+        model (``apfl.v.<shared name>``)."""
+        w = {k: t for k, t in p.items() if not k.startswith(LOCAL) and k != ALPHA}
+        shared = [k for k in w if LOCAL + k in p]
+        mix = {**self._mixture(w, {k: p[LOCAL + k] for k in shared}, p[ALPHA], detach=True),
+               **{k: t for k, t in w.items() if k not in shared}}
+        global_loss = cross_entropy(self.model, w, xb, yb, mask, noise)
+        mixed = cross_entropy(self.model, mix, xb, yb, mask, noise.under(LOCAL) if noise is not None else None)
+        return global_loss + mixed, global_loss
+
+    @staticmethod
+    def _clip_alpha(p: Params) -> None:
+        """α kept in [0, 1] after every step, as the authors' code clips it (in place: the step stays recordable)."""
+        if ALPHA in p:
+            p[ALPHA].clamp_(0, 1)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with ``α_i v_i + (1 − α_i) w`` (w: the global model it last received)."""

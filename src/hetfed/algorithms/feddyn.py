@@ -36,6 +36,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
+from hetfed.engine.local import Proximal
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, beside_model, split_state
 from hetfed.interface import server_step
 
@@ -72,13 +73,8 @@ class FedDyn(FedAvg):
         anchor = bc.stacked(n)
         local, kept_opt = split_state(rest)
 
-        def dynamic(params):  # −⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2·‖θ − θ^{t−1}‖², per client
-            total = 0
-            for k in names:
-                total = total - (grad[k] * params[k]).flatten(1).sum(1)
-                total = total + 0.5 * alpha * (params[k] - anchor[k]).pow(2).flatten(1).sum(1)
-            return total
-
+        # −⟨∇L_k(θ_k^{t−1}), θ⟩ + α/2·‖θ − θ^{t−1}‖² per client: added to the step's gradients by its closed form
+        dynamic = Proximal({k: anchor[k] for k in names}, alpha, {k: -grad[k] for k in names})
         params, opt_state, loss = train_clients(self, {**anchor, **local}, kept_opt, data, bc.lr, dynamic)
         new_grad = {GRAD + k: (grad[k] - alpha * (params[k] - anchor[k])).detach() for k in names}
         upload = Upload.of(data, params, names, loss)
@@ -100,7 +96,7 @@ register(AlgorithmSpec(
     "feddyn", FedDyn, "FedAvg with a dynamic regulariser per client (its own gradient state) and a server "
     "correction h, so that the clients' stationary points agree with the global one",
     "Acar et al. 2021, Federated Learning Based on Dynamic Regularization", FedDynParams,
-    Capabilities(stacks_runs=True, private=True),
+    Capabilities(stacks_runs=True, private=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedDyn",

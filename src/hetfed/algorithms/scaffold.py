@@ -40,7 +40,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import row_cross_entropy
+from hetfed.engine.local import Proximal, row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -116,14 +116,12 @@ class Scaffold(FedAvg):
         rest = {k: v for k, v in states.items() if not k.startswith(CI)}
         x = bc.stacked(n)
         local, kept_opt = split_state(rest)
-        correction = {k: (c[k] - c_i[k]).detach() for k in names}
-
-        def linear(params):  # ⟨c − c_i, y⟩ per client: its gradient is the SCAFFOLD correction
-            return sum((params[k] * correction[k]).flatten(1).sum(1) for k in names)
+        # ⟨c − c_i, y⟩ per client, whose gradient is the SCAFFOLD correction: a shift of the step's gradients
+        correction = Proximal({}, 0.0, {k: (c[k] - c_i[k]).detach() for k in names})
 
         option_one = self.params.option == 1
         full_grad = self._full_gradient({**x, **local}, data, names) if option_one else None
-        params, opt_state, loss = train_clients(self, {**x, **local}, kept_opt, data, bc.lr, linear)
+        params, opt_state, loss = train_clients(self, {**x, **local}, kept_opt, data, bc.lr, correction)
         steps = torch.tensor([effective_steps(self.schedule.n_steps(len(i)), self.train.optimizer)
                               for i in data.indices], dtype=torch.float32, device=loss.device)
         sizes = data.sizes().to(loss.device)
@@ -176,7 +174,7 @@ register(AlgorithmSpec(
     "scaffold", Scaffold, "FedAvg with control variates that correct the clients' drift",
     "Karimireddy et al. 2020, SCAFFOLD: Stochastic Controlled Averaging for Federated Learning", ScaffoldParams,
     Capabilities(uploads="shared parameters, sample count, training loss, control-variate change Δc_i",
-                 stacks_runs=True),
+                 stacks_runs=True, compact_steps=True),
     legacy_train={"scaffold_option": "option"},
     privacy=(
         PrivacyRow(

@@ -44,8 +44,16 @@ Regulariser = Callable[[Params], torch.Tensor]
 #: model's cross-entropy, averaged over the client's real rows), or ``(objective, reported)`` when the loss
 #: the client reports differs from the one it descends (APFL reports f(w), Per-FedAvg the meta-loss)
 Objective = Callable[[Params, torch.Tensor, torch.Tensor, torch.Tensor, Noise], torch.Tensor]
-#: a map applied to the trained parameters after every step (a constraint: APFL keeps α in [0, 1])
+#: a map applied to the trained parameters after every step (a constraint)
 Projection = Callable[[Params], Params]
+
+
+@dataclass(frozen=True)
+class InPlace:
+    """A projection that writes into the trained tensors it is given instead of returning new ones (APFL keeps α
+    in [0, 1] by ``clamp_``): the step stays in place, so it is cut to the clients still training and recorded."""
+
+    apply: Callable[[Params], None]
 
 
 @dataclass(frozen=True)
@@ -141,26 +149,37 @@ def _n_steps(batch_size: int, epochs: float | None, steps: int | None, cap_one_p
 
 @dataclass(frozen=True)
 class Proximal:
-    """``weight/2 · ‖θ − centre‖²`` per client over the centre's parameters (FedProx's μ, Ditto's λ).
+    """``weight/2 · ‖θ − centre‖² + ⟨shift, θ⟩`` per client over the centre's and shift's parameters (FedProx's μ,
+    Ditto's λ; SCAFFOLD's correction ``c − c_i`` and FedDyn's ``−∇L_k`` are shifts).
 
-    Its gradient ``weight · (θ − centre)`` is known, so :func:`train_stack` adds it to the step's gradients
+    Its gradient ``weight · (θ − centre) + shift`` is known, so :func:`train_stack` adds it to the step's gradients
     directly instead of building an autograd graph over every stacked parameter at every step (that graph
-    made Ditto's personal pass cost ~1.4× a plain pass). ``centre``'s tensors broadcast against the stack
-    (unstacked ``[...]`` or stacked ``[n, ...]``).
+    made Ditto's personal pass cost ~1.4× a plain pass), and the step stays plain: cut to the clients still
+    training, recorded on a GPU. ``centre``'s and ``shift``'s tensors broadcast against the stack (unstacked
+    ``[...]`` or stacked ``[n, ...]``).
     """
 
     centre: Params
     weight: float
+    shift: Params = field(default_factory=dict)
 
     def add_gradient(self, grads: Params, params: Params) -> Params:
-        return {k: g.add(params[k] - self.centre[k], alpha=self.weight) if k in self.centre else g
-                for k, g in grads.items()}
+        out = {k: g.add(params[k] - self.centre[k], alpha=self.weight) if k in self.centre else g
+               for k, g in grads.items()}
+        return {k: g + self.shift[k] if k in self.shift else g for k, g in out.items()}
 
     def per_client(self, fn: Callable[[torch.Tensor], torch.Tensor], like: Params) -> Proximal:
-        """This term with ``fn`` applied to its centres stacked like ``like`` (``[n, ...]``: a client's own centre);
-        a centre one dimension less is one model for every client and stays."""
-        return Proximal({k: fn(v) if k in like and v.ndim == like[k].ndim else v for k, v in self.centre.items()},
-                        self.weight)
+        """This term with ``fn`` applied to its centres and shifts stacked like ``like`` (``[n, ...]``: a client's
+        own); one a dimension less is the same for every client and stays."""
+        def each(d: Params) -> Params:
+            return {k: fn(v) if k in like and v.ndim == like[k].ndim else v for k, v in d.items()}
+
+        return Proximal(each(self.centre), self.weight, each(self.shift))
+
+    def tensors(self) -> Params:
+        """Its centres and shifts under names of their own (what a recording keeps and reloads)."""
+        return {**{"centre." + k: v for k, v in self.centre.items()},
+                **{"shift." + k: v for k, v in self.shift.items()}}
 
 
 def train_stack(
@@ -174,7 +193,7 @@ def train_stack(
     regulariser: Regulariser | Proximal | None = None,
     trainable: list[str] | None = None,
     objective: Objective | StackObjective | None = None,
-    project: Projection | None = None,
+    project: Projection | InPlace | None = None,
 ) -> tuple[Params, Params, torch.Tensor]:
     """Train stacked ``params`` on each client's data; returns (params, opt state, mean loss).
 
@@ -190,10 +209,11 @@ def train_stack(
     objective = _private(model, schedule, objective)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
-    # hold tensors of the whole stack, unless it declares them; no buffers) computes only the clients that still
-    # train: longest plans first
+    # hold tensors of the whole stack, unless it declares them or projects in place; no buffers) computes only the
+    # clients that still train: longest plans first
     declared = objective is None or isinstance(objective, StackObjective)
-    simple = declared and term_of(regulariser) is None and project is None and not buffers
+    in_place = project is None or isinstance(project, InPlace)
+    simple = declared and term_of(regulariser) is None and in_place and not buffers
     compacts = simple and len(data.client_ids) > 1
     order = longest_first(data, schedule) if compacts else None
     if order is not None:
@@ -213,6 +233,8 @@ def train_stack(
     recorder = _recorder(model, schedule, device) if simple else None
     keys = _step_keys(plan, model.reads_rows, compacts, recorder is not None)
     closed, moves = _update_path(model, current, opt_cfg) if simple and objective is None else (None, 0)
+    if proximal is not None and proximal.shift:
+        moves = 0  # a weight moved in the backward folds the centre in, not the shift: the optimiser's update
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK), moves=moves, closed=closed)
@@ -415,7 +437,7 @@ class _Step:
     objective: Objective | StackObjective | None
     term: Regulariser | None
     proximal: Proximal | None
-    project: Projection | None
+    project: Projection | InPlace | None
     #: this round's dropout streams (:class:`hetfed.streams.RoundDraws`), for the steps run eagerly
     masks: streams.RoundDraws | None = None
     #: a step of at least this many clients, every one training, moves its linear layers' weights in the backward
@@ -493,7 +515,9 @@ class _Step:
                 grads = proximal.add_gradient(grads, current)
             optim.step(self.opt_cfg, {k: current[k] for k in grads} if spec is not None else current, grads, state,
                        self.lr, active, every=every)
-            if self.project is not None:  # else ``current`` is this step's tensors, updated in place
+            if isinstance(self.project, InPlace):  # the step's tensors (the clients computed: views) in place
+                self.project.apply(current)
+            elif self.project is not None:  # else ``current`` is this step's tensors, updated in place
                 self.current = self.project(current)
             for k, values in noise.updates.items():  # buffers: the stack's new values (batch norm's statistics)
                 if k in fixed:
@@ -504,7 +528,7 @@ class _Step:
     def signature(self) -> tuple[Any, ...]:
         """What a recording of this step was made for, besides the tensors' values."""
         shapes = [tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
-                  for d in (self.current, self.state, self.fixed, self.proximal.centre if self.proximal else {},
+                  for d in (self.current, self.state, self.fixed, self.proximal.tensors() if self.proximal else {},
                             self._declared())]
         loss = self.objective.loss if isinstance(self.objective, StackObjective) else None
         return (id(self.model), id(self.data.x), id(self.data.y), len(self.keys), self.lr,
@@ -520,7 +544,7 @@ class _Step:
 
     def owning(self) -> _Step:
         """This step with its own copies of the caller's tensors that later calls will overwrite."""
-        centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight) \
+        centre = self.proximal.per_client(torch.clone, self.proximal.centre | self.proximal.shift) \
             if self.proximal else None
         keys = self.keys.clone()
         objective = self.objective
@@ -538,8 +562,8 @@ class _Step:
     def load(self, other: _Step) -> None:
         """Another call's values into this step's tensors (same signature)."""
         for mine, theirs in ((self.current, other.current), (self.state, other.state), (self.fixed, other.fixed),
-                             (self.proximal.centre if self.proximal else {},
-                              other.proximal.centre if other.proximal else {}),
+                             (self.proximal.tensors() if self.proximal else {},
+                              other.proximal.tensors() if other.proximal else {}),
                              (self._declared(), other._declared())):
             for k, v in mine.items():
                 v.copy_(theirs[k])
