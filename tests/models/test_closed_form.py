@@ -143,6 +143,34 @@ def test_a_cgau_stack_trains_to_autograds_numbers(monkeypatch, trainable):
 def test_the_registrys_mlp_declares_it_and_moves_every_weight_under_sgd():
     model = build_model(ModelConfig(kind="mlp", hidden=[8]), (5,), 3)
     current = {s.name: torch.zeros(1, *s.shape) for s in model.specs()}
-    closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1))
+    closed, fewest = local._update_path(model, current, OptimizerConfig(lr=0.1), None)
     assert closed is not None and fewest == 1  # a stack of any size moves its weights
-    assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1))[1] == 0
+    assert local._update_path(model, current, OptimizerConfig(kind="adam", lr=0.1), None)[1] == 0
+
+
+@pytest.mark.parametrize("momentum", [0.0, 0.9])
+def test_a_proximal_shift_trains_as_its_linear_term_through_autograd(momentum):
+    """SCAFFOLD's correction and FedDyn's linear term as a Proximal term's ``shift`` (added to the gradients in
+    closed form, the step plain and cut to the clients still training) train unequal clients to the numbers of the
+    same term written as a loss (``μ/2‖θ − c‖² + ⟨s, θ⟩``, autograd over every client), to float rounding; a shift
+    turns off the moves in the backward (they fold in the centre, not the shift)."""
+    model = MLP(6, [16, 8], 4, dropout=0.3)
+    params = _params(model, 5)
+    gen = torch.Generator().manual_seed(3)
+    centre = {k: v[0] for k, v in params.items()}
+    shift = {k: torch.randn(v.shape, generator=gen) * 0.1 for k, v in params.items()}  # each client's own
+    opt = OptimizerConfig(lr=0.1, momentum=momentum)
+    sched, data = LocalSchedule(batch_size=8, epochs=2), _stack_data([37, 12, 50, 3, 24])
+
+    def as_loss(p):
+        return sum((0.25 * (p[k] - centre[k]) ** 2 + shift[k] * p[k]).flatten(1).sum(1) for k in p)
+
+    reference = train_stack(model, params, data, sched, opt, opt.lr, regulariser=as_loss)
+    shifted = train_stack(model, params, data, sched, opt, opt.lr, regulariser=Proximal(centre, 0.5, shift))
+    for a, b in zip(reference[:2], shifted[:2], strict=True):
+        for k in a:
+            torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+    torch.testing.assert_close(shifted[2], reference[2], rtol=1e-5, atol=1e-6)
+    current = {s.name: torch.zeros(1, *s.shape) for s in model.specs()}
+    only_shift = Proximal({}, 0.0, {"layers.0.weight": current["layers.0.weight"]})
+    assert local._update_path(model, current, opt, only_shift)[1] == 0

@@ -208,19 +208,12 @@ def train_stack(
     device = data.x.device
     objective = _private(model, schedule, objective)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
-    # a step whose every input is the stack's own (no objective, term or projection of the caller's, which may
-    # hold tensors of the whole stack, unless it declares them or projects in place; no buffers) computes only the
-    # clients that still train: longest plans first
-    declared = objective is None or isinstance(objective, StackObjective)
-    in_place = project is None or isinstance(project, InPlace)
-    simple = declared and term_of(regulariser) is None and in_place and not buffers
+    simple = _stack_own(objective, regulariser, project) and not buffers
     compacts = simple and len(data.client_ids) > 1
     order = longest_first(data, schedule) if compacts else None
     if order is not None:
-        params, opt_state, regulariser, data = _reordered(order, params, opt_state, regulariser, data)
-        if isinstance(objective, StackObjective):
-            at = _index_on(order, data.x.device)
-            objective = StackObjective(objective.loss, {k: v.index_select(0, at) for k, v in objective.inputs.items()})
+        params, opt_state, regulariser, objective, data = _reordered(order, params, opt_state, regulariser, objective,
+                                                                     data)
     # a method's copy of the model (APFL's local model ``apfl.local.<name>``) has the model's buffers under a prefix
     names = [k for k in (trainable if trainable is not None else list(params))
              if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
@@ -232,9 +225,7 @@ def train_stack(
     # a recording replays kernels on fixed storage: only a step whose every effect is in place can be one
     recorder = _recorder(model, schedule, device) if simple else None
     keys = _step_keys(plan, model.reads_rows, compacts, recorder is not None)
-    closed, moves = _update_path(model, current, opt_cfg) if simple and objective is None else (None, 0)
-    if proximal is not None and proximal.shift:
-        moves = 0  # a weight moved in the backward folds the centre in, not the shift: the optimiser's update
+    closed, moves = _update_path(model, current, opt_cfg, proximal) if simple and objective is None else (None, 0)
     step = _Step(model, data, plan.keys, fixed, current, state, torch.zeros(len(data.client_ids), device=device),
                  opt_cfg, lr, objective, term, proximal, project,
                  streams.RoundDraws(plan.keys, len(plan.widths), streams.DROPOUT_MASK), moves=moves, closed=closed)
@@ -275,13 +266,25 @@ def _private(model: Model, schedule: LocalSchedule, objective: Objective | Stack
                                        schedule.batch_size)
 
 
-def _update_path(model: Model, current: Params, opt_cfg: OptimizerConfig) -> tuple[closed_form.ClosedForm | None, int]:
+def _stack_own(objective: Objective | StackObjective | None, regulariser: Regulariser | Proximal | None,
+               project: Projection | InPlace | None) -> bool:
+    """Whether every input of a step is the stack's own, so that it can compute only the clients still training
+    (longest plans first) and be recorded: no objective, term or projection of the caller's, which may hold tensors
+    of the whole stack in the caller's order — unless the objective declares them and the projection writes in
+    place."""
+    declared = objective is None or isinstance(objective, StackObjective)
+    return declared and term_of(regulariser) is None and (project is None or isinstance(project, InPlace))
+
+
+def _update_path(model: Model, current: Params, opt_cfg: OptimizerConfig, proximal: Proximal | None
+                 ) -> tuple[closed_form.ClosedForm | None, int]:
     """How a plain step training ``current`` (any others held fixed) computes and applies its update: the
     model's gradients written out where it has them (no autograd, whose fixed cost is most of a small step), and the
     fewest clients for its SGD to move weights in the backward (the closed form moves every weight; autograd's hook
-    only large ones, for its own cost; 0: never)."""
+    only large ones, for its own cost; 0: never — also under a proximal shift, which a weight moved in the backward
+    would not fold in)."""
     closed = model.closed_form(set(current))
-    if opt_cfg.kind != "sgd":
+    if opt_cfg.kind != "sgd" or (proximal is not None and proximal.shift):
         return closed, 0
     if closed is not None:
         return closed, 1
@@ -368,20 +371,24 @@ def _index_on(rows: list[int], device: torch.device) -> torch.Tensor:
 
 
 def _reordered(order: list[int], params: Params, opt_state: Params | None, regulariser: Regulariser | Proximal | None,
-               data: ClientData) -> tuple[Params, Params | None, Regulariser | Proximal | None, ClientData]:
+               objective: Objective | StackObjective | None, data: ClientData
+               ) -> tuple[Params, Params | None, Regulariser | Proximal | None, Objective | StackObjective | None,
+                          ClientData]:
     """A stack's inputs with its clients in ``order`` (a stacked tensor is ``[n, ...]``; a proximal centre may be
-    one model for all, one dimension less)."""
+    one model for all, one dimension less; a declared objective's tensors are each client's)."""
     at = _index_on(order, data.x.device)
     params = {k: v.detach().index_select(0, at) for k, v in params.items()}
     if opt_state is not None:
         opt_state = {k: v.detach().index_select(0, at) for k, v in opt_state.items()}
     if isinstance(regulariser, Proximal):
         regulariser = regulariser.per_client(lambda v: v.index_select(0, at), params)
+    if isinstance(objective, StackObjective):
+        objective = StackObjective(objective.loss, {k: v.index_select(0, at) for k, v in objective.inputs.items()})
     data = dataclasses.replace(
         data, client_ids=[data.client_ids[i] for i in order], indices=[data.indices[i] for i in order],
         seeds=[data.seeds[i] for i in order],
         val_indices=None if data.val_indices is None else [data.val_indices[i] for i in order])
-    return params, opt_state, regulariser, data
+    return params, opt_state, regulariser, objective, data
 
 
 #: how many recorded steps (with their static tensors) are kept for the calls that follow
