@@ -300,10 +300,10 @@ def test_capture_off_and_cpu_runs_never_record():
     # α in place after every step
     {"methods": [{"name": "fedcp", "algorithm": "fedcp"}, {"name": "gpfl", "algorithm": "gpfl"},
                  {"name": "apfl", "algorithm": "apfl"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
-    # SCAFFOLD's correction and FedDyn's linear term: a Proximal term's shift, new every round
-    {"methods": [{"name": "scaffold", "algorithm": "scaffold"}, {"name": "feddyn", "algorithm": "feddyn"}],
-     "partition": {"kind": "dirichlet", "alpha": 0.3}},
-], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn"])
+    # SCAFFOLD's correction and FedDyn's linear term: a Proximal term's shift, new every round; MOON's frozen models
+    {"methods": [{"name": "scaffold", "algorithm": "scaffold"}, {"name": "feddyn", "algorithm": "feddyn"},
+                 {"name": "moon", "algorithm": "moon"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
+], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon"])
 def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
     """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and FedRoD, three rounds, both ways: the same
     metrics."""

@@ -237,29 +237,30 @@ def test_longest_first_blocks_cover_every_client_once_longest_first_within_the_c
 
 def test_the_executor_stacks_plain_steps_longest_first_and_others_by_plan_length():
     """A method whose steps are plain (FedAvg) is stacked longest first, as large as memory allows; one whose
-    step has an undeclared loss of its own (MOON's contrastive term) keeps the stacks grouped by plan length."""
+    method that does not declare compact steps (APFL: slower in one stack on a CPU) keeps the stacks grouped by plan
+    length."""
     from hetfed.engine.stacks import longest_first_blocks
     from hetfed.executors.inprocess import step_overhead
 
     steps = [642, 7, 9, 640, 8, 10]
     blocks = {}
-    for algorithm in ("fedavg", "moon"):
+    for algorithm in ("fedavg", "apfl"):
         model = build_model(ModelConfig(kind="mlp", hidden=[8]), (6,), 4)
         ex = VectorisedExecutor()
         algo = build_algorithm(algorithm, model, TrainConfig())
         ex.run, ex.algo, ex.device = RunSpec(algo, TrainConfig(), 0, algo.schedule, None), algo, torch.device("cpu")
         blocks[algorithm] = ex.blocks(steps, 10)
     assert blocks["fedavg"] == longest_first_blocks(steps, 10) == [[0, 3, 5, 2, 4, 1]]
-    assert blocks["moon"] == stack_blocks(steps, 10, step_overhead(model, 32, "cpu"))
-    assert blocks["moon"] != blocks["fedavg"]  # (a model this small: one stack in id order)
+    assert blocks["apfl"] == stack_blocks(steps, 10, step_overhead(model, 32, "cpu"))
+    assert blocks["apfl"] != blocks["fedavg"]  # (a model this small: one stack in id order)
 
 
 def test_every_method_that_declares_compact_steps_computes_only_the_clients_still_training(tmp_path, monkeypatch):
     """``Capabilities.plain_steps`` / ``compact_steps`` make the executor stack a method's clients longest first in
     one stack, which pays only if each of its steps computes only the clients still training: every declaring
     method's every client step does (a plain step, a StackObjective, a Proximal term with a shift), on unequal
-    clients; FedRoD, FedLC, FedProto, FedCP, GPFL, SCAFFOLD and FedDyn are among them (#74: on a GPU their steps are
-    recorded as FedAvg's are)."""
+    clients; FedRoD, FedLC, FedProto, FedCP, GPFL, MOON, SCAFFOLD and FedDyn are among them (#74: on a GPU their
+    steps are recorded as FedAvg's are)."""
     from hetfed.cli import main
     from hetfed.engine import local
     from hetfed.registry import registry_of
@@ -275,7 +276,8 @@ def test_every_method_that_declares_compact_steps_computes_only_the_clients_stil
     monkeypatch.setattr(local, "_step_keys", spy)
     declared = [n for n, spec in registry_of("algorithm").items()
                 if (spec.capabilities.plain_steps or spec.capabilities.compact_steps) and not spec.model]
-    assert {"fedavg", "ditto", "fedrod", "fedlc", "fedproto", "fedcp", "gpfl", "scaffold", "feddyn"} <= set(declared)
+    assert {"fedavg", "ditto", "fedrod", "fedlc", "fedproto", "fedcp", "gpfl", "scaffold", "feddyn",
+            "moon"} <= set(declared)
     for name in declared:
         current[0] = name
         assert main(["run", "--set", "train.rounds=2", "--set", "heterogeneity.iid_draws=0", "--set",

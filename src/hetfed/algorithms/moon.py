@@ -29,9 +29,9 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
-from hetfed.models.base import Model, Noise, Params
+from hetfed.models.base import Noise, Params
 
 #: the client's previous local model in its state
 PREVIOUS = "moon.prev."
@@ -50,21 +50,7 @@ def contrastive_loss(z: torch.Tensor, z_glob: torch.Tensor, z_prev: torch.Tensor
     return torch.logsumexp(torch.stack([positive, negative]), 0) - positive
 
 
-def moon_objective(model: Model, glob: Params, prev: Params, mu: float, tau: float) -> Objective:
-    """ℓ_sup + μ·ℓ_con per client (mean over its real rows), reporting ℓ_sup; ``glob``/``prev``: the frozen
-    models' shared parameters, stacked [n, ...]."""
-
-    def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-        z = model.features(params, xb, noise)
-        logits = model.head(params, z)
-        ce = row_cross_entropy(logits, yb)
-        with torch.no_grad():  # the global and previous models are frozen; the client's own rows (CGAU) are kept
-            own = {k: v.detach() for k, v in params.items()}
-            z_glob = model.features({**own, **glob}, xb, None)
-            z_prev = model.features({**own, **prev}, xb, None)
-        return client_mean(ce + mu * contrastive_loss(z, z_glob, z_prev, tau), mask), client_mean(ce, mask)
-
-    return objective
+GLOBAL, PREV = "global.", "previous."  # the frozen models' parameters among a MOON step's declared inputs
 
 
 class MOON(FedAvg):
@@ -83,18 +69,36 @@ class MOON(FedAvg):
         prev = {k[len(PREVIOUS):]: v for k, v in states.items() if k.startswith(PREVIOUS)}
         local, kept_opt = split_state({k: v for k, v in states.items() if not k.startswith(PREVIOUS)})
         glob = bc.stacked(n)
-        objective = moon_objective(self.model, glob, prev, self.params.mu, self.params.tau)
+        objective = StackObjective(self._loss, {**{GLOBAL + k: v for k, v in glob.items()},
+                                                **{PREV + k: v for k, v in prev.items()}})
         params, opt_state, loss = train_clients(self, {**glob, **local}, kept_opt, data, bc.lr, objective=objective)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PREVIOUS + k: params[k] for k in prev}}
 
 
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """ℓ_sup + μ·ℓ_con per client (mean over its real rows), reporting ℓ_sup; ``inputs``: the frozen global and
+        previous models' shared parameters (``global.<name>``, ``previous.<name>``), stacked [n, ...]."""
+        model = self.model
+        glob = {k[len(GLOBAL):]: v for k, v in inputs.items() if k.startswith(GLOBAL)}
+        prev = {k[len(PREV):]: v for k, v in inputs.items() if k.startswith(PREV)}
+        z = model.features(params, xb, noise)
+        ce = row_cross_entropy(model.head(params, z), yb)
+        with torch.no_grad():  # the global and previous models are frozen; the client's own rows (CGAU) are kept
+            own = {k: v.detach() for k, v in params.items()}
+            z_glob = model.features({**own, **glob}, xb, None)
+            z_prev = model.features({**own, **prev}, xb, None)
+        contrastive = contrastive_loss(z, z_glob, z_prev, self.params.tau)
+        return client_mean(ce + self.params.mu * contrastive, mask), client_mean(ce, mask)
+
+
 register(AlgorithmSpec(
     "moon", MOON, "FedAvg plus a contrastive loss pulling the local representation towards the global model's "
                   "and away from the client's previous model's",
     "Li, He, Song 2021, Model-Contrastive Federated Learning", MOONParams,
-    Capabilities(stacks_runs=True, private=True),
+    Capabilities(stacks_runs=True, private=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="MOON",
