@@ -177,11 +177,11 @@ class _Weighted:
         return lambda params, xb, yb, mask, noise: self.loss(params, xb, yb, mask, noise, inputs)
 
 
-def _objective_rounds(device: str, declared: bool, capture_on: bool, rounds: int = 5):
+def _objective_rounds(device: str, declared: bool, mode: str, rounds: int = 5, sizes=(37, 12, 50, 3, 24)):
     """Rounds of a stack trained on :class:`_Weighted`'s loss whose per-client tensors change every round: as a
-    :class:`StackObjective` (``declared``) or a closure."""
+    :class:`StackObjective` (``declared``) or a closure; ``mode``: ``train.capture``."""
     model = MLP(6, [16, 8], 4, dropout=0.3)
-    data = _data([37, 12, 50, 3, 24], device=device)
+    data = _data(list(sizes), device=device)
     opt, params, weighted, out = OptimizerConfig(lr=0.1, momentum=0.9), _stack(model, 5, device), _Weighted(model), []
     gen = torch.Generator().manual_seed(5)
     for rnd in range(rounds):
@@ -189,7 +189,7 @@ def _objective_rounds(device: str, declared: bool, capture_on: bool, rounds: int
                   "weight": (torch.rand(5, generator=gen) + 0.5).to(device)}
         objective = local.StackObjective(weighted.loss, inputs) if declared else weighted.closure(inputs)
         round_data = ClientData(data.client_ids, data.x, data.y, data.indices, [s + 7 * rnd for s in data.seeds])
-        sched = LocalSchedule(batch_size=8, epochs=2, capture="auto" if capture_on else "off")
+        sched = LocalSchedule(batch_size=8, epochs=2, capture=mode)
         params, state, loss = train_stack(model, params, round_data, sched, opt, 0.1, objective=objective)
         out.append((params, state, loss))
     return out, weighted.seen
@@ -200,9 +200,9 @@ def test_a_declared_objective_computes_only_the_clients_still_training_and_its_s
     the cross-entropy does — longest plans first, only the clients still training computed, recorded and replayed
     round after round with each round's tensors — and gives the numbers of the closure that computes every client
     eagerly, bit for bit."""
-    closure, every = _objective_rounds("cpu", declared=False, capture_on=True)
+    closure, every = _objective_rounds("cpu", declared=False, mode="auto")
     assert set(every) == {5} and recorded_on_cpu.records == 0  # a closure: every client, eagerly
-    declared, seen = _objective_rounds("cpu", declared=True, capture_on=True)
+    declared, seen = _objective_rounds("cpu", declared=True, mode="auto")
     assert min(seen) < 5 and recorded_on_cpu.records > 0 and recorded_on_cpu.replays > 20
     for (pa, sa, la), (pb, sb, lb) in zip(closure, declared, strict=True):
         assert all(torch.equal(pa[k], pb[k]) for k in pa) and all(torch.equal(sa[k], sb[k]) for k in sa)
@@ -211,8 +211,8 @@ def test_a_declared_objective_computes_only_the_clients_still_training_and_its_s
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_declared_objectives_cuda_graphs_give_the_eager_numbers():
-    eager, _ = _objective_rounds("cuda", declared=True, capture_on=False)
-    replayed, _ = _objective_rounds("cuda", declared=True, capture_on=True)
+    eager, _ = _objective_rounds("cuda", declared=True, mode="off")
+    replayed, _ = _objective_rounds("cuda", declared=True, mode="auto")
     for (pa, sa, la), (pb, sb, lb) in zip(eager, replayed, strict=True):
         assert all(torch.allclose(pa[k], pb[k], rtol=1e-5, atol=1e-6) for k in pa)
         assert all(torch.allclose(sa[k], sb[k], rtol=1e-5, atol=1e-6) for k in sa)

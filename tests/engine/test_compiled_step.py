@@ -86,6 +86,24 @@ def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recording
     assert len(set(keys)) == len(keys) == made
 
 
+def test_a_declared_objectives_compiled_steps_give_the_eager_numbers(fresh_recordings):
+    """A method's loss that declares its per-client tensors (a StackObjective: FedRoD's, MOON's …) is compiled under
+    ``train.capture: compile`` as the cross-entropy's step is: round after round, with new per-client tensors each
+    round, the eager numbers to float tolerance."""
+    from tests.engine.test_capture import _objective_rounds
+
+    eager, _ = _objective_rounds("cpu", declared=True, mode="off", rounds=3, sizes=(13, 13, 13, 40, 40))
+    assert not fresh_recordings
+    compiled, _ = _objective_rounds("cpu", declared=True, mode="compile", rounds=3, sizes=(13, 13, 13, 40, 40))
+    assert fresh_recordings, "no step was compiled"
+    for (pa, sa, la), (pb, sb, lb) in zip(eager, compiled, strict=True):
+        for k in pa:
+            torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6)
+        for k in sa:
+            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+
+
 def test_a_replay_that_must_compile_again_is_given_the_settings_and_leaves_them_as_they_were():
     """A compiled graph whose guard fails (an attribute the step reads changed) is traced again, which needs
     dynamo's ``torch.autograd.grad`` tracing: the replay runs it with the settings and puts them back."""

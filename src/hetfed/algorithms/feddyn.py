@@ -8,7 +8,8 @@ dynamically regularised loss
     L_k(θ) − ⟨∇L_k(θ_k^{t−1}), θ⟩ + (α/2)·‖θ − θ^{t−1}‖²
 
 (the two extra terms are a regulariser on the local training loss, so any local optimiser and
-schedule apply), uploads θ_k^t, and updates its state
+schedule apply: a :class:`~hetfed.engine.local.Proximal` term, α and θ^{t−1}, with the shift −∇L_k(θ_k^{t−1}),
+their gradient added in closed form), uploads θ_k^t, and updates its state
 
     ∇L_k(θ_k^t) = ∇L_k(θ_k^{t−1}) − α·(θ_k^t − θ^{t−1}).
 

@@ -6,9 +6,9 @@ sampled client starts from y_i = x and takes K_i local steps
 
     y_i ← y_i − η_l (g_i(y_i) − c_i + c)
 
-(implemented as the linear term ⟨c − c_i, y⟩ added to its loss, whose gradient is
-exactly the correction; with ``optimizer.momentum`` > 0 the corrected gradient goes
-through momentum as any gradient does). Then
+(the correction ``c − c_i`` is added to each step's gradient, the gradient of the linear term ⟨c − c_i, y⟩:
+a :class:`~hetfed.engine.local.Proximal` term's shift, so the step stays plain; with ``optimizer.momentum`` > 0
+the corrected gradient goes through momentum as any gradient does). Then
 
     option II (default):  c_i⁺ = c_i − c + (x − y_i) / (K_i η_l)
     option I:             c_i⁺ = ∇f_i(x), the full gradient of its training loss at x

@@ -144,8 +144,10 @@ def linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.T
 
     Without autograd (a closed-form step's forward, an evaluation) neither applies, and the context is not read:
     a step compiled by ``torch.compile`` cannot read a ``ContextVar`` (dynamo refuses ``ContextVar.get``), and
-    CGAU's compiled closed-form step failed on it."""
-    if not torch.is_grad_enabled():
+    CGAU's compiled closed-form step failed on it. Nor is it read in a compiled step that does use autograd (a
+    method's declared loss, :class:`hetfed.engine.local.StackObjective`): such a step never moves weights in its
+    backward (only a plain step does) and is never DP-SGD's (which records its layers), so neither applies there."""
+    if not torch.is_grad_enabled() or torch.compiler.is_compiling():
         return torch.baddbmm(bias.unsqueeze(1), x, weight)
     recorded = _RECORDED.get()
     if recorded is not None:
