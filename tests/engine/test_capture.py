@@ -209,6 +209,19 @@ def test_a_declared_objective_computes_only_the_clients_still_training_and_its_s
         assert torch.equal(la, lb)
 
 
+def test_a_declared_objective_with_an_input_not_one_row_per_client_is_refused_in_one_line():
+    """A method that declares a tensor shared by the whole stack (not ``[n, ...]``) would have it cut and reordered
+    as if it were each client's: refused, naming the input and its shape."""
+    from hetfed.errors import RunError
+
+    model = MLP(6, [16, 8], 4)
+    weighted = _Weighted(model)
+    wrong = local.StackObjective(weighted.loss, {"shift": torch.zeros(4), "weight": torch.ones(5)})
+    with pytest.raises(RunError, match=r"one row per client of the stack \(5\): \{'shift': \(4,\)\}"):
+        train_stack(model, _stack(model, 5), _data([37, 12, 50, 3, 24]), LocalSchedule(batch_size=8),
+                    OptimizerConfig(lr=0.1), 0.1, objective=wrong)
+
+
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")
 def test_a_declared_objectives_cuda_graphs_give_the_eager_numbers():
     eager, _ = _objective_rounds("cuda", declared=True, mode="off")

@@ -66,6 +66,16 @@ CASES = {
 }
 
 
+def _close(eager: list, compiled: list) -> None:
+    """Each round's parameters, optimiser state and loss, compiled against eager, to float tolerance."""
+    for (pa, sa, la), (pb, sb, lb) in zip(eager, compiled, strict=True):
+        for k in pa:
+            torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6)
+        for k in sa:
+            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+
+
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recordings, case):
     opt, mu = CASES[case]
@@ -74,12 +84,7 @@ def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recording
     compiled = _rounds("compile", opt, mu)
     assert fresh_recordings, "no step was compiled"
     made = len(fresh_recordings)
-    for (pa, sa, la), (pb, sb, lb) in zip(eager, compiled, strict=True):
-        for k in pa:
-            torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6)
-        for k in sa:
-            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+    _close(eager, compiled)
     # the rounds reused one kept step, and each of its keys was compiled once
     assert len(local._RECORDED) == 1
     keys = [step.args[2] for step in fresh_recordings]
@@ -96,12 +101,7 @@ def test_a_declared_objectives_compiled_steps_give_the_eager_numbers(fresh_recor
     assert not fresh_recordings
     compiled, _ = _objective_rounds("cpu", declared=True, mode="compile", rounds=3, sizes=(13, 13, 13, 40, 40))
     assert fresh_recordings, "no step was compiled"
-    for (pa, sa, la), (pb, sb, lb) in zip(eager, compiled, strict=True):
-        for k in pa:
-            torch.testing.assert_close(pb[k], pa[k], rtol=1e-5, atol=1e-6)
-        for k in sa:
-            torch.testing.assert_close(sb[k], sa[k], rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
+    _close(eager, compiled)
 
 
 def test_a_replay_that_must_compile_again_is_given_the_settings_and_leaves_them_as_they_were():

@@ -208,7 +208,7 @@ def train_stack(
     device = data.x.device
     objective = _private(model, schedule, objective)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
-    simple = _stack_own(objective, regulariser, project) and not buffers
+    simple = _stack_own(objective, regulariser, project, len(data.client_ids)) and not buffers
     compacts = simple and len(data.client_ids) > 1
     order = longest_first(data, schedule) if compacts else None
     if order is not None:
@@ -267,11 +267,15 @@ def _private(model: Model, schedule: LocalSchedule, objective: Objective | Stack
 
 
 def _stack_own(objective: Objective | StackObjective | None, regulariser: Regulariser | Proximal | None,
-               project: Projection | InPlace | None) -> bool:
+               project: Projection | InPlace | None, clients: int) -> bool:
     """Whether every input of a step is the stack's own, so that it can compute only the clients still training
     (longest plans first) and be recorded: no objective, term or projection of the caller's, which may hold tensors
-    of the whole stack in the caller's order — unless the objective declares them and the projection writes in
-    place."""
+    of the whole stack in the caller's order — unless the objective declares them (one row per client: checked, a
+    method's error) and the projection writes in place."""
+    if isinstance(objective, StackObjective):
+        wrong = {k: tuple(v.shape) for k, v in objective.inputs.items() if v.ndim == 0 or v.shape[0] != clients}
+        if wrong:
+            raise RunError(f"a StackObjective's inputs must have one row per client of the stack ({clients}): {wrong}")
     declared = objective is None or isinstance(objective, StackObjective)
     return declared and term_of(regulariser) is None and (project is None or isinstance(project, InPlace))
 
