@@ -76,7 +76,6 @@ class MOON(FedAvg):
         return upload, {**{k: params[k] for k in local}, **opt_state,
                         **{PREVIOUS + k: params[k] for k in prev}}
 
-
     def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
               inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
         """ℓ_sup + μ·ℓ_con per client (mean over its real rows), reporting ℓ_sup; ``inputs``: the frozen global and

@@ -555,8 +555,8 @@ class _Step:
 
     def owning(self) -> _Step:
         """This step with its own copies of the caller's tensors that later calls will overwrite."""
-        centre = self.proximal.per_client(torch.clone, self.proximal.centre | self.proximal.shift) \
-            if self.proximal else None
+        centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight,
+                          {k: v.clone() for k, v in self.proximal.shift.items()}) if self.proximal else None
         keys = self.keys.clone()
         objective = self.objective
         if isinstance(objective, StackObjective):
