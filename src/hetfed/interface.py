@@ -103,9 +103,10 @@ class Capabilities:
         (:func:`hetfed.engine.stacks.stack_blocks`). Only the stacking follows it: a step that is not plain after
         all still gives its numbers. DP-SGD (``privacy.record``) is admitted only for these.
     compact_steps: its steps compute only the clients still training without being plain: a loss of its own that
-        declares its per-client tensors (:class:`hetfed.engine.local.StackObjective`, FedRoD's class counts), a
-        projection in place (:class:`hetfed.engine.local.InPlace`, APFL's clip of α). The
-        executor stacks it as a plain one; DP-SGD, which clips the cross-entropy, stays refused.
+        declares its per-client tensors (:class:`hetfed.engine.local.StackObjective`, FedRoD's class counts) or a
+        :class:`hetfed.engine.local.Proximal` term with a shift (SCAFFOLD's correction). The executor stacks it as a
+        plain one; DP-SGD, which clips the cross-entropy, stays refused. (APFL's steps compute only the clients
+        still training too, but it does not declare it: in one stack it was slower on a CPU.)
     """
 
     uploads: str = "shared parameters, sample count, training loss"
