@@ -44,17 +44,31 @@ ON_CPU = os.environ.get("HETFED_TEST_DEVICE", "cpu") == "cpu"
 CONTINUOUS = {"defence.attack_weight"}
 
 
+#: on a GPU a stacked step computes in other kernels (grouped convolutions, blocks of other shapes) than a run's
+#: own, so its numbers equal the one-by-one run's to float tolerance only, and an argmax over logits equal to float
+#: tolerance may fall the other way: an accuracy may move by a flipped prediction or two (one of a 4-client test of
+#: ~30 samples a client moves its worst client's accuracy by 1/29) while every loss still agrees to 1e-5
+FLIPPED = 0.07
+
+
+def _same(key: tuple, stacked: float, alone: float) -> bool:
+    """Whether a stacked value is the one-by-one value: exactly on a CPU (the continuous ones to float tolerance),
+    to float tolerance on a GPU, where an accuracy may also differ by a flipped prediction (:data:`FLIPPED`)."""
+    if math.isnan(stacked) or math.isnan(alone):
+        return math.isnan(stacked) and math.isnan(alone)
+    if ON_CPU:
+        return stacked == alone or (key[-1] in CONTINUOUS and math.isclose(stacked, alone, rel_tol=1e-9, abs_tol=1e-12))
+    if "accuracy" in key[-1]:
+        return abs(stacked - alone) <= FLIPPED
+    return math.isclose(stacked, alone, rel_tol=1e-5, abs_tol=1e-6)
+
+
 def _equal(stacked: dict[tuple, float], alone: dict[tuple, float]) -> None:
     """#74: a stacked sweep's values are the one-by-one sweep's exactly on a CPU (the continuous ones to float
-    tolerance), to float tolerance on a GPU."""
+    tolerance), to float tolerance on a GPU; a failure lists every value that differs (a GPU's runs stay on it)."""
     assert stacked.keys() == alone.keys()
-    for key, value in alone.items():
-        if ON_CPU and key[-1] in CONTINUOUS:
-            assert stacked[key] == pytest.approx(value, rel=1e-9, abs=1e-12, nan_ok=True), key
-        elif ON_CPU:
-            assert stacked[key] == value or (math.isnan(stacked[key]) and math.isnan(value)), key
-        else:
-            assert stacked[key] == pytest.approx(value, rel=1e-5, abs=1e-6, nan_ok=True), key
+    differ = {key: (stacked[key], value) for key, value in alone.items() if not _same(key, stacked[key], value)}
+    assert not differ, f"{len(differ)} values differ (stacked, one by one): {differ}"
 
 
 def _ran(argv: list[str]) -> None:

@@ -72,10 +72,20 @@ class StackObjective:
     loss: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
     inputs: Params
 
-    def of(self, clients: int | None = None) -> Objective:
-        """The objective of the stack's first ``clients`` (all: None)."""
-        inputs = self.inputs if clients is None else {k: v[:clients] for k, v in self.inputs.items()}
-        return cast(Objective, partial(self.loss, inputs=inputs))  # Objective: a loss or (loss, reported)
+    def held(self) -> Params:
+        """``inputs`` as the step holds them: among its fixed tensors, under :data:`DECLARED` (so they are reordered,
+        cut to the clients computed, kept by a recording and loaded as those are)."""
+        return {DECLARED + k: v for k, v in self.inputs.items()}
+
+    def on(self, fixed: Params) -> tuple[Objective, Params]:
+        """The objective over the inputs held in a step's ``fixed`` tensors, and the others (the model's)."""
+        inputs = {k[len(DECLARED):]: v for k, v in fixed.items() if k.startswith(DECLARED)}
+        rest = {k: v for k, v in fixed.items() if not k.startswith(DECLARED)}
+        return cast(Objective, partial(self.loss, inputs=inputs)), rest  # Objective: a loss or (loss, reported)
+
+
+#: the prefix of a :class:`StackObjective`'s inputs among a step's fixed tensors (no parameter's name has a colon)
+DECLARED = "objective:"
 
 
 def client_mean(rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
@@ -207,13 +217,13 @@ def train_stack(
     """
     device = data.x.device
     objective = _private(model, schedule, objective)
+    params, trainable = _holding(objective, params, trainable)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     simple = _stack_own(objective, regulariser, project, len(data.client_ids)) and not buffers
     compacts = simple and len(data.client_ids) > 1
     order = longest_first(data, schedule) if compacts else None
     if order is not None:
-        params, opt_state, regulariser, objective, data = _reordered(order, params, opt_state, regulariser, objective,
-                                                                     data)
+        params, opt_state, regulariser, data = _reordered(order, params, opt_state, regulariser, data)
     # a method's copy of the model (APFL's local model ``apfl.local.<name>``) has the model's buffers under a prefix
     names = [k for k in (trainable if trainable is not None else list(params))
              if k not in buffers and not any(k.endswith("." + b) for b in buffers)]
@@ -239,7 +249,7 @@ def train_stack(
         if graphs is None or not graphs.run(key, t, inputs, rows):
             step(inputs, t, key, rows)
     out = _handed_out(order, graphs is not None, device)
-    trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items()}
+    trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items() if not k.startswith(DECLARED)}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
 
 
@@ -264,6 +274,15 @@ def _private(model: Model, schedule: LocalSchedule, objective: Objective | Stack
                        "objective of its own")
     return record_dp.private_objective(model, schedule.records.noise_multiplier or 0.0, schedule.records.clip,
                                        schedule.batch_size)
+
+
+def _holding(objective: Objective | StackObjective | None, params: Params, trainable: list[str] | None
+             ) -> tuple[Params, list[str] | None]:
+    """The stack's tensors and the trained names, a :class:`StackObjective`'s inputs held fixed among them (the
+    stack's own: reordered, cut, recorded and loaded as its parameters are)."""
+    if not isinstance(objective, StackObjective):
+        return params, trainable
+    return {**params, **objective.held()}, trainable if trainable is not None else list(params)
 
 
 def _stack_own(objective: Objective | StackObjective | None, regulariser: Regulariser | Proximal | None,
@@ -375,24 +394,20 @@ def _index_on(rows: list[int], device: torch.device) -> torch.Tensor:
 
 
 def _reordered(order: list[int], params: Params, opt_state: Params | None, regulariser: Regulariser | Proximal | None,
-               objective: Objective | StackObjective | None, data: ClientData
-               ) -> tuple[Params, Params | None, Regulariser | Proximal | None, Objective | StackObjective | None,
-                          ClientData]:
+               data: ClientData) -> tuple[Params, Params | None, Regulariser | Proximal | None, ClientData]:
     """A stack's inputs with its clients in ``order`` (a stacked tensor is ``[n, ...]``; a proximal centre may be
-    one model for all, one dimension less; a declared objective's tensors are each client's)."""
+    one model for all, one dimension less)."""
     at = _index_on(order, data.x.device)
     params = {k: v.detach().index_select(0, at) for k, v in params.items()}
     if opt_state is not None:
         opt_state = {k: v.detach().index_select(0, at) for k, v in opt_state.items()}
     if isinstance(regulariser, Proximal):
         regulariser = regulariser.per_client(lambda v: v.index_select(0, at), params)
-    if isinstance(objective, StackObjective):
-        objective = StackObjective(objective.loss, {k: v.index_select(0, at) for k, v in objective.inputs.items()})
     data = dataclasses.replace(
         data, client_ids=[data.client_ids[i] for i in order], indices=[data.indices[i] for i in order],
         seeds=[data.seeds[i] for i in order],
         val_indices=None if data.val_indices is None else [data.val_indices[i] for i in order])
-    return params, opt_state, regulariser, objective, data
+    return params, opt_state, regulariser, data
 
 
 #: how many recorded steps (with their static tensors) are kept for the calls that follow
@@ -472,15 +487,16 @@ class _Step:
                                              smallest=closed_form.MOVE_FROM if self.closed is not None else None)
 
     def _autograd(self, fixed: Params, current: Params, inputs: tuple[torch.Tensor, ...], noise: Noise,
-                  moving: Callable[[Params], sgd_in_backward.SGDInBackward | None], clients: int | None
+                  moving: Callable[[Params], sgd_in_backward.SGDInBackward | None]
                   ) -> tuple[torch.Tensor, Params, Params, sgd_in_backward.SGDInBackward | None]:
         """The step's loss per client (as reported), gradients, trained leaves and what the backward moved, by
-        autograd over the objective (the model's cross-entropy by default; of the first ``clients``, None: all)
-        and any loss term."""
+        autograd over the objective (the model's cross-entropy by default) and any loss term."""
         xb, yb, mask = inputs
         leaves = {k: v.detach().requires_grad_(True) for k, v in current.items()}
         spec = moving(leaves)
-        objective = self.objective.of(clients) if isinstance(self.objective, StackObjective) else self.objective
+        objective = self.objective
+        if isinstance(objective, StackObjective):  # over its inputs held in ``fixed`` (of the clients computed)
+            objective, fixed = objective.on(fixed)
         with sgd_in_backward.updating(spec) if spec is not None else nullcontext():
             out = (objective or partial(cross_entropy, self.model))({**fixed, **leaves}, xb, yb, mask, noise)
         per_client, reported = out if isinstance(out, tuple) else (out, out)
@@ -516,8 +532,7 @@ class _Step:
             return self._moving(leaves, proximal, state)
 
         if self.closed is None:
-            reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving,
-                                                            None if whole else clients)
+            reported, grads, current, spec = self._autograd(fixed, current, (xb, yb, mask), noise, moving)
         with torch.no_grad():
             if self.closed is not None:
                 spec = moving(current)
@@ -539,15 +554,10 @@ class _Step:
     def signature(self) -> tuple[Any, ...]:
         """What a recording of this step was made for, besides the tensors' values."""
         shapes = [tuple((k, tuple(v.shape), v.dtype) for k, v in d.items())
-                  for d in (self.current, self.state, self.fixed, self.proximal.tensors() if self.proximal else {},
-                            self._declared())]
+                  for d in (self.current, self.state, self.fixed, self.proximal.tensors() if self.proximal else {})]
         loss = self.objective.loss if isinstance(self.objective, StackObjective) else None
         return (id(self.model), id(self.data.x), id(self.data.y), len(self.keys), self.lr,
                 self.opt_cfg.model_dump_json(), self.proximal.weight if self.proximal else None, loss, *shapes)
-
-    def _declared(self) -> Params:
-        """A :class:`StackObjective`'s tensors (a recording reads them as it reads the parameters)."""
-        return self.objective.inputs if isinstance(self.objective, StackObjective) else {}
 
     def same_sources(self, other: _Step) -> bool:
         """The same model and data tensors (held here, so an id in the signature cannot be reused meanwhile)."""
@@ -558,11 +568,8 @@ class _Step:
         centre = Proximal({k: v.clone() for k, v in self.proximal.centre.items()}, self.proximal.weight,
                           {k: v.clone() for k, v in self.proximal.shift.items()}) if self.proximal else None
         keys = self.keys.clone()
-        objective = self.objective
-        if isinstance(objective, StackObjective):
-            objective = StackObjective(objective.loss, {k: v.clone() for k, v in objective.inputs.items()})
         return dataclasses.replace(self, keys=keys, fixed={k: v.clone() for k, v in self.fixed.items()},
-                                   proximal=centre, masks=self._draws_of(keys, self.masks), objective=objective)
+                                   proximal=centre, masks=self._draws_of(keys, self.masks))
 
     @staticmethod
     def _draws_of(keys: torch.Tensor, like: streams.RoundDraws | None) -> streams.RoundDraws | None:
@@ -574,8 +581,7 @@ class _Step:
         """Another call's values into this step's tensors (same signature)."""
         for mine, theirs in ((self.current, other.current), (self.state, other.state), (self.fixed, other.fixed),
                              (self.proximal.tensors() if self.proximal else {},
-                              other.proximal.tensors() if other.proximal else {}),
-                             (self._declared(), other._declared())):
+                              other.proximal.tensors() if other.proximal else {})):
             for k, v in mine.items():
                 v.copy_(theirs[k])
         self.keys.copy_(other.keys)
