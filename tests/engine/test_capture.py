@@ -302,7 +302,8 @@ def test_capture_off_and_cpu_runs_never_record():
     assert LocalSchedule.from_train(build_config({}, {}).train).capture == "auto"
 
 
-@pytest.mark.parametrize("overrides", [
+#: runs whose steps are recorded: the default experiment and the methods whose losses declare their tensors
+RECORDED_RUNS = [
     {},
     # FedRoD's loss reads each client's class counts (a StackObjective), on unequal Dirichlet clients
     {"methods": [{"name": "fedrod", "algorithm": "fedrod"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
@@ -316,19 +317,51 @@ def test_capture_off_and_cpu_runs_never_record():
     # SCAFFOLD's correction and FedDyn's linear term: a Proximal term's shift, new every round; MOON's frozen models
     {"methods": [{"name": "scaffold", "algorithm": "scaffold"}, {"name": "feddyn", "algorithm": "feddyn"},
                  {"name": "moon", "algorithm": "moon"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
-], ids=["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon"])
-def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
-    """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and FedRoD, three rounds, both ways: the same
-    metrics."""
+    # pFedMe's inner solver writes its θ in place (a StackObjective's output), carried from step to step;
+    # Per-FedAvg's meta-step differentiates inside its loss (Hessian-free: a second-order product)
+    {"methods": [{"name": "pfedme", "algorithm": "pfedme"}, {"name": "perfedavg", "algorithm": "perfedavg"},
+                 {"name": "perfedavg_hf", "algorithm": "perfedavg", "params": {"variant": "hf"}}],
+     "partition": {"kind": "dirichlet", "alpha": 0.3}},
+]
+RECORDED_RUN_IDS = ["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon",
+                    "pfedme-perfedavg"]
+
+
+def _finals(tmp_path, overrides: dict, **train) -> dict[str, dict[str, dict]]:
+    """Each method's final metrics of a three-round run with ``train.capture`` off and auto."""
     from hetfed.runs.runner import run_experiment
 
     finals = {}
     for mode in ("off", "auto"):
-        cfg = build_config({}, {**overrides, "train": {"rounds": 3, "capture": mode}})
+        cfg = build_config({}, {**overrides, "train": {"rounds": 3, "capture": mode, **train}})
         summary = run_experiment(cfg, out=tmp_path / mode, progress=False).summary
         finals[mode] = {m: v["final"] for m, v in summary["methods"].items()}
+    return finals
+
+
+@pytest.mark.parametrize("overrides", RECORDED_RUNS, ids=RECORDED_RUN_IDS)
+def test_a_run_with_recorded_steps_matches_an_eager_run(recorded_on_cpu, tmp_path, overrides):
+    """The default experiment (CGAU and ReLU MLPs with dropout 0.5) and the methods whose losses declare their
+    per-client tensors, three rounds, both ways: the same metrics."""
+    finals = _finals(tmp_path, overrides)
     assert recorded_on_cpu.replays > 0
     assert finals["auto"] == finals["off"]
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA")
+@pytest.mark.parametrize("overrides", RECORDED_RUNS[1:], ids=RECORDED_RUN_IDS[1:])
+def test_a_cuda_run_of_declared_objectives_with_graphs_matches_an_eager_cuda_run(monkeypatch, tmp_path, overrides):
+    """The methods whose losses declare their per-client tensors, recorded as CUDA graphs (FedCP draws its noise
+    inside a recorded step; pFedMe writes its θ in place): the eager CUDA run's metrics."""
+    same_update_as_replays(monkeypatch)
+    made: list[capture.StepGraphs] = []
+    real = capture.StepGraphs
+    monkeypatch.setattr(capture, "StepGraphs", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    finals = _finals(tmp_path, overrides, device="cuda")
+    assert made and sum(g.replays for g in made) > 0
+    differ = {(m, k): (finals["auto"][m][k], v) for m, metrics in finals["off"].items() for k, v in metrics.items()
+              if v is not None and finals["auto"][m][k] != pytest.approx(v, rel=1e-5, abs=1e-5)}
+    assert not differ, differ
 
 
 @pytest.mark.skipif(not CUDA, reason="needs CUDA")

@@ -44,8 +44,9 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, call_rows, client_scores, size_blocks
-from hetfed.engine.local import cross_entropy, row_cross_entropy, train_stack
+from hetfed.engine.local import StackObjective, cross_entropy, row_cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state, take_rows
+from hetfed.models.base import Noise
 
 
 class PerFedAvgParams(AlgorithmParams):
@@ -76,37 +77,35 @@ class PerFedAvg(FedAvg):
         return 3 if self.params.variant == "hf" else 2
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
-        n, b, alpha, hf = (
-            len(data.client_ids),
-            self.schedule.batch_size,
-            self.params.inner_lr,
-            self.params.variant == "hf",
-        )
         local, _ = split_state(states)
-        model = self.model
-
-        def objective(p: Params, xb, yb, mask, noise):
-            names = [k for k, v in p.items() if v.requires_grad]
-            d = [(_parts(xb, b, i), _parts(yb, b, i), _parts(mask, b, i)) for i in range(self._batches)]
-            noises = [None if noise is None else noise.columns(i * b, b) for i in range(self._batches)]
-            inner = cross_entropy(model, p, *d[0], noises[0])
-            g = torch.autograd.grad(inner.sum(), [p[k] for k in names], allow_unused=True)
-            w_tilde = {**p, **{k: p[k] - alpha * gk.detach() for k, gk in zip(names, g, strict=True) if gk is not None}}
-            outer = cross_entropy(model, w_tilde, *d[1], noises[1])
-            if not hf:
-                return outer
-            v = torch.autograd.grad(outer.sum(), [p[k] for k in names], retain_graph=True, allow_unused=True)
-            hess = cross_entropy(model, p, *d[2], noises[2])
-            gh = torch.autograd.grad(hess.sum(), [p[k] for k in names], create_graph=True, allow_unused=True)
-            corr = sum((a * c.detach()).flatten(1).sum(1) for a, c in zip(gh, v, strict=True)
-                       if a is not None and c is not None)
-            return outer - alpha * corr, outer
-
-        schedule = replace(self.schedule, batch_size=self._batches * b)
-        params, _, loss = train_stack(model, {**bc.stacked(n), **local}, data, schedule, self.train.optimizer, bc.lr,
-                                      objective=objective)
+        # a step's batch is the meta-step's two (three) batches side by side
+        schedule = replace(self.schedule, batch_size=self._batches * self.schedule.batch_size)
+        params, _, loss = train_stack(self.model, {**bc.stacked(len(data.client_ids)), **local}, data, schedule,
+                                      self.train.optimizer, bc.lr, objective=StackObjective(self._loss, {}))
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {k: params[k] for k in local}
+
+    def _loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise | None,
+              inputs: Params) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The meta-loss f(w − α∇f(w; D)); D′) per client (first-order: its gradient at the adapted point; Hessian-free:
+        less α times the Hessian-vector product on D″, reporting the meta-loss). D, D′ (, D″): the step's batch's
+        column blocks. No tensor of the stack but the parameters: declared with none."""
+        model, b, alpha = self.model, self.schedule.batch_size, self.params.inner_lr
+        names = [k for k, v in p.items() if v.requires_grad]
+        d = [(_parts(xb, b, i), _parts(yb, b, i), _parts(mask, b, i)) for i in range(self._batches)]
+        noises = [None if noise is None else noise.columns(i * b, b) for i in range(self._batches)]
+        inner = cross_entropy(model, p, *d[0], noises[0])
+        g = torch.autograd.grad(inner.sum(), [p[k] for k in names], allow_unused=True)
+        w_tilde = {**p, **{k: p[k] - alpha * gk.detach() for k, gk in zip(names, g, strict=True) if gk is not None}}
+        outer = cross_entropy(model, w_tilde, *d[1], noises[1])
+        if self.params.variant != "hf":
+            return outer
+        v = torch.autograd.grad(outer.sum(), [p[k] for k in names], retain_graph=True, allow_unused=True)
+        hess = cross_entropy(model, p, *d[2], noises[2])
+        gh = torch.autograd.grad(hess.sum(), [p[k] for k in names], create_graph=True, allow_unused=True)
+        corr = sum((a * c.detach()).flatten(1).sum(1) for a, c in zip(gh, v, strict=True)
+                   if a is not None and c is not None)
+        return outer - alpha * corr, outer
 
     def adapted(self, params: Params, x: torch.Tensor, y: torch.Tensor, train: list[np.ndarray]) -> Params:
         """Each client's one-step adaptation ``w − α∇f_i(w; its training split)``, for the clients in blocks of
@@ -167,7 +166,7 @@ register(AlgorithmSpec(
     "perfedavg", PerFedAvg, "a MAML-style global model that each client adapts by one local gradient step",
     "Fallah, Mokhtari, Ozdaglar 2020, Personalized Federated Learning with Theoretical Guarantees: "
     "A Model-Agnostic Meta-Learning Approach", PerFedAvgParams,
-    Capabilities(stacks_runs=True, private=True, personalises=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="Per-FedAvg",

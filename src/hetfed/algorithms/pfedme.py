@@ -23,6 +23,8 @@ the authors' command for MNIST.
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 from pydantic import Field
 
@@ -36,8 +38,9 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import cross_entropy, train_stack
+from hetfed.engine.local import StackObjective, cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise
 
 THETA = "pfedme.theta."  # the personalised model θ_i in a client's state
 
@@ -60,35 +63,41 @@ class PFedMe(FedAvg):
         n = len(data.client_ids)
         local = {k: v for k, v in states.items() if not k.startswith(THETA)}
         shared = list(bc.params)
-        lam, eta_p, steps = self.params.lam, self.params.personal_lr, self.params.inner_steps
-        theta = {k: v.clone() for k, v in bc.stacked(n).items()}  # θ starts at the received global model
-        buffers = set(self.model.buffer_names)
-
-        def objective(p: Params, xb, yb, mask, noise):
-            active = mask.sum(1) > 0
-            w = {k: p[k].detach() for k in shared}
-            current = dict(theta)
-            for _ in range(steps):
-                with torch.enable_grad():  # batch norm's running statistics are no unknown of the inner problem
-                    leaves = {k: v.detach().requires_grad_(True) for k, v in current.items() if k not in buffers}
-                    f = cross_entropy(self.model, {**current, **leaves, **{k: p[k].detach() for k in local}}, xb, yb,
-                                      mask, noise)
-                    grads = torch.autograd.grad(f.sum(), list(leaves.values()))
-                current = {**current, **{k: (v - eta_p * (g + lam * (v - w[k]))).detach()
-                                         for (k, v), g in zip(leaves.items(), grads, strict=True)},
-                           # θ's running statistics move with each of its passes (the step hands the last to w)
-                           **{k: v for k, v in noise.updates.items() if k in buffers}}
-            for k, v in current.items():  # a client without data in this step keeps its θ
-                theta[k] = torch.where(active.view(-1, *([1] * (v.dim() - 1))), v, theta[k])
-            with torch.no_grad():
-                reported = cross_entropy(self.model, {**theta, **{k: p[k] for k in local}}, xb, yb, mask)
-            pull = sum(0.5 * lam * (p[k] - theta[k]).pow(2).flatten(1).sum(1) for k in shared)
-            return pull, reported
-
-        params, _, loss = train_stack(self.model, {**bc.stacked(n), **local}, data, self.schedule,
-                                      self.train.optimizer, bc.lr, objective=objective)
+        glob = bc.stacked(n)
+        # θ starts at the received global model, and the loss carries it from step to step (its output)
+        objective = StackObjective(self._loss, dict(glob), outputs=tuple(glob))
+        trained, _, loss = train_stack(self.model, {**glob, **local}, data, self.schedule, self.train.optimizer, bc.lr,
+                                       objective=objective)
+        params, theta = objective.written(trained)
         upload = Upload.of(data, params, shared, loss)
         return upload, {**{k: params[k] for k in local}, **{THETA + k: v for k, v in theta.items()}}
+
+    def _loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The outer step's loss λ/2‖w − θ̃‖² per client (its gradient λ(w − θ̃)) and the loss it reports, f(θ̃):
+        first θ̃ by K steps of the inner solver from the θ in ``inputs`` (written back in place; a client without
+        rows in this step keeps its θ)."""
+        lam, eta_p, steps = self.params.lam, self.params.personal_lr, self.params.inner_steps
+        buffers = set(self.model.buffer_names)
+        local = {k: v.detach() for k, v in p.items() if k not in inputs}
+        w = {k: p[k].detach() for k in inputs}
+        current = dict(inputs)
+        for _ in range(steps):
+            with torch.enable_grad():  # batch norm's running statistics are no unknown of the inner problem
+                leaves = {k: v.detach().requires_grad_(True) for k, v in current.items() if k not in buffers}
+                f = cross_entropy(self.model, {**current, **leaves, **local}, xb, yb, mask, noise)
+                grads = torch.autograd.grad(f.sum(), list(leaves.values()))
+            current = {**current, **{k: (v - eta_p * (g + lam * (v - w[k]))).detach()
+                                     for (k, v), g in zip(leaves.items(), grads, strict=True)},
+                       # θ's running statistics move with each of its passes (the step hands the last to w)
+                       **{k: v for k, v in noise.updates.items() if k in buffers}}
+        active = mask.sum(1) > 0
+        with torch.no_grad():
+            for k, v in current.items():
+                inputs[k].copy_(torch.where(active.view(-1, *([1] * (v.dim() - 1))), v, inputs[k]))
+            reported = cross_entropy(self.model, {**inputs, **local}, xb, yb, mask)
+        pull = sum(0.5 * lam * (p[k] - inputs[k]).pow(2).flatten(1).sum(1) for k in inputs if k not in buffers)
+        return cast(torch.Tensor, pull), reported
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its personalised θ_i."""
@@ -101,7 +110,7 @@ register(AlgorithmSpec(
     "pfedme", PFedMe, "a personalised model per client from a Moreau-envelope inner problem; the local model is "
     "pulled towards it and averaged",
     "T. Dinh, Tran, Nguyen 2020, Personalized Federated Learning with Moreau Envelopes", PFedMeParams,
-    Capabilities(stacks_runs=True, private=True, personalises=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True, compact_steps=True),
     quick={"inner_steps": 2},
     privacy=(
         PrivacyRow(

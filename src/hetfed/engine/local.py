@@ -67,15 +67,23 @@ class StackObjective:
     it keeps the parameters (its next calls load theirs in place): such a step is recorded, a CUDA graph on a GPU.
     ``loss`` must read nothing else that changes between calls — a bound method of the algorithm (its model, its
     constants), never a closure over a round's tensors: the recording is kept for the calls with an equal ``loss``.
+    ``outputs`` names the inputs the loss writes in place, a state it carries from step to step (pFedMe's θ, which
+    a client without rows in a step keeps): the stack writes its own copies and hands them back (:meth:`written`).
     """
 
     loss: Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
     inputs: Params
+    outputs: tuple[str, ...] = ()
 
     def held(self) -> Params:
         """``inputs`` as the step holds them: among its fixed tensors, under :data:`DECLARED` (so they are reordered,
-        cut to the clients computed, kept by a recording and loaded as those are)."""
-        return {DECLARED + k: v for k, v in self.inputs.items()}
+        cut to the clients computed, kept by a recording and loaded as those are); the outputs copied."""
+        return {DECLARED + k: v.clone() if k in self.outputs else v for k, v in self.inputs.items()}
+
+    def written(self, trained: Params) -> tuple[Params, Params]:
+        """The trained tensors :func:`train_stack` returned, without the outputs, and the outputs' final values."""
+        out = {DECLARED + k: k for k in self.outputs}
+        return {k: v for k, v in trained.items() if k not in out}, {out[k]: v for k, v in trained.items() if k in out}
 
     def on(self, fixed: Params) -> tuple[Objective, Params]:
         """The objective over the inputs held in a step's ``fixed`` tensors, and the others (the model's)."""
@@ -217,7 +225,7 @@ def train_stack(
     """
     device = data.x.device
     objective = _private(model, schedule, objective)
-    params, trainable = _holding(objective, params, trainable)
+    params, trainable, hidden = _holding(objective, params, trainable)
     buffers = set(model.buffer_names)  # updated by the forward, never by a gradient
     simple = _stack_own(objective, regulariser, project, len(data.client_ids)) and not buffers
     compacts = simple and len(data.client_ids) > 1
@@ -249,7 +257,7 @@ def train_stack(
         if graphs is None or not graphs.run(key, t, inputs, rows):
             step(inputs, t, key, rows)
     out = _handed_out(order, graphs is not None, device)
-    trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items() if not k.startswith(DECLARED)}
+    trained = {k: out(v) for k, v in {**step.fixed, **step.current}.items() if k not in hidden}
     return trained, {k: out(v) for k, v in step.state.items()}, out(step.loss_sum / plan.steps)
 
 
@@ -277,12 +285,15 @@ def _private(model: Model, schedule: LocalSchedule, objective: Objective | Stack
 
 
 def _holding(objective: Objective | StackObjective | None, params: Params, trainable: list[str] | None
-             ) -> tuple[Params, list[str] | None]:
+             ) -> tuple[Params, list[str] | None, set[str]]:
     """The stack's tensors and the trained names, a :class:`StackObjective`'s inputs held fixed among them (the
-    stack's own: reordered, cut, recorded and loaded as its parameters are)."""
+    stack's own: reordered, cut, recorded and loaded as its parameters are), and those not handed back (all but
+    its outputs)."""
     if not isinstance(objective, StackObjective):
-        return params, trainable
-    return {**params, **objective.held()}, trainable if trainable is not None else list(params)
+        return params, trainable, set()
+    held = objective.held()
+    hidden = set(held) - {DECLARED + k for k in objective.outputs}
+    return {**params, **held}, trainable if trainable is not None else list(params), hidden
 
 
 def _stack_own(objective: Objective | StackObjective | None, regulariser: Regulariser | Proximal | None,
