@@ -318,13 +318,15 @@ RECORDED_RUNS = [
     {"methods": [{"name": "scaffold", "algorithm": "scaffold"}, {"name": "feddyn", "algorithm": "feddyn"},
                  {"name": "moon", "algorithm": "moon"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
     # pFedMe's inner solver writes its θ in place (a StackObjective's output), carried from step to step;
-    # Per-FedAvg's meta-step differentiates inside its loss (Hessian-free: a second-order product)
+    # Per-FedAvg's meta-step differentiates inside its loss (Hessian-free: a second-order product); FedDBE's
+    # running mean is written in place each step and uploaded (round 1 fixes the global mean its MR then reads)
     {"methods": [{"name": "pfedme", "algorithm": "pfedme"}, {"name": "perfedavg", "algorithm": "perfedavg"},
-                 {"name": "perfedavg_hf", "algorithm": "perfedavg", "params": {"variant": "hf"}}],
+                 {"name": "perfedavg_hf", "algorithm": "perfedavg", "params": {"variant": "hf"}},
+                 {"name": "feddbe", "algorithm": "feddbe", "params": {"kappa": 0.5}}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
 ]
 RECORDED_RUN_IDS = ["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon",
-                    "pfedme-perfedavg"]
+                    "pfedme-perfedavg-feddbe"]
 
 
 def _finals(tmp_path, overrides: dict, **train) -> dict[str, dict[str, dict]]:

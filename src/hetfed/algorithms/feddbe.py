@@ -33,7 +33,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
 
@@ -81,38 +81,55 @@ class FedDBE(FedAvg):
         return {**self.model.init_local(gen), MEMORY: torch.zeros(self.model.latent_dim),
                 **kept_optimizer_state(self.train, shapes)}
 
-    def _dbe(self, bc: Broadcast, data: ClientData) -> tuple[Objective, dict[str, torch.Tensor]]:
-        """The round's objective and its running mean ``r`` (read after training: the uploaded running mean)."""
-        model, kappa, m = self.model, self.params.kappa, self.params.momentum
-        dbe = bool(bc.extra["known"] > 0)
-        global_mean = bc.extra_rows("global_mean", len(data.client_ids))  # each client its own run's (a stack)
-        running = {"r": torch.zeros(len(data.client_ids), model.latent_dim, device=data.x.device)}
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        """The round's loss over its running mean ``r`` (an output: read after training, the uploaded running mean;
+        zero at the round's start) and, once the global mean is known, each client's run's global mean."""
+        n, d = len(data.client_ids), self.model.latent_dim
+        running = {"r": torch.zeros(n, d, device=data.x.device)}
+        if not bc.extra["known"] > 0:  # the first round: PFLlib's pass before the global mean exists
+            return StackObjective(self._first_loss, running, outputs=("r",))
+        global_mean = bc.extra_rows("global_mean", n).to(data.x.device)  # each client its own run's (a stack)
+        return StackObjective(self._loss, {**running, "global_mean": global_mean}, outputs=("r",))
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            z = model.features(params, xb, noise)
-            real = mask.sum(1)
-            batch_mean = (z * mask[..., None]).sum(1) / real.clamp(min=1)[:, None]
-            r = torch.where(real[:, None] > 0, (1 - m) * running["r"] + m * batch_mean, running["r"])
-            running["r"] = r.detach()  # the next step's r: this batch's term carries no gradient there
-            logits = model.head(params, z + params[MEMORY][:, None, :] if dbe else z)
-            ce = client_mean(row_cross_entropy(logits, yb), mask)
-            if not dbe or kappa == 0:
-                return ce, ce
-            return ce + kappa * (0.5 * (r - global_mean.to(r.device)) ** 2).mean(1), ce
+    def _running(self, z: torch.Tensor, mask: torch.Tensor, r: torch.Tensor) -> torch.Tensor:
+        """``r ← (1 − m)·r + m·mean(z over the batch)`` for the clients with rows in the step (this batch's term
+        carries the gradient), written into ``r`` detached for the next step."""
+        real = mask.sum(1)
+        batch_mean = (z * mask[..., None]).sum(1) / real.clamp(min=1)[:, None]
+        new = torch.where(real[:, None] > 0, (1 - self.params.momentum) * r + self.params.momentum * batch_mean, r)
+        r.copy_(new.detach())
+        return new
 
-        return objective, running
+    def _first_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                    inputs: Params) -> torch.Tensor:
+        """The first round's: the model's plain cross-entropy ``h(z)``, the running mean kept for the upload."""
+        z = self.model.features(params, xb, noise)
+        with torch.no_grad():
+            self._running(z, mask, inputs["r"])
+        return client_mean(row_cross_entropy(self.model.head(params, z), yb), mask)
+
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """DBE's: the cross-entropy of ``h(z + z̄_k)`` plus κ·mean(½(r − z̄_g)²), reporting the cross-entropy."""
+        z = self.model.features(params, xb, noise)
+        r = self._running(z, mask, inputs["r"])
+        ce = client_mean(row_cross_entropy(self.model.head(params, z + params[MEMORY][:, None, :]), yb), mask)
+        if self.params.kappa == 0:
+            return ce, ce
+        return ce + self.params.kappa * (0.5 * (r - inputs["global_mean"]) ** 2).mean(1), ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         local, kept_opt = split_state(states)  # local: the model's own parameters and the memory z̄_k
-        objective, running = self._dbe(bc, data)
+        objective = self._objective(bc, data, states)
         params = {**bc.stacked(n), **local}
         memory = params.pop(MEMORY)
         if bool(bc.extra["known"] > 0):
             params[MEMORY] = memory
         else:  # the first round: no memory yet (it would get no gradient), so it is not trained
             kept_opt = {k: v for k, v in kept_opt.items() if not k.endswith(MEMORY)}
-        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=objective)
+        trained, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=objective)
+        params, running = objective.written(trained)
         params.setdefault(MEMORY, memory)
         upload = Upload.of(data, params, bc.params, loss, running_mean=running["r"])
         kept = {**split_state(states)[1], **opt_state} if opt_state else {}
@@ -138,7 +155,7 @@ register(AlgorithmSpec(
                       "towards the global representation mean",
     "Zhang et al. 2023, Eliminating Domain Bias for Federated Learning in Representation Space", FedDBEParams,
     Capabilities(uploads="shared parameters, sample count, training loss, the running mean of its representations",
-                 whole_round=True, personalises=True, stacks_runs=True),
+                 whole_round=True, personalises=True, stacks_runs=True, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedDBE",
