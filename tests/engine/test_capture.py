@@ -319,14 +319,16 @@ RECORDED_RUNS = [
                  {"name": "moon", "algorithm": "moon"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
     # pFedMe's inner solver writes its θ in place (a StackObjective's output), carried from step to step;
     # Per-FedAvg's meta-step differentiates inside its loss (Hessian-free: a second-order product); FedDBE's
-    # running mean is written in place each step and uploaded (round 1 fixes the global mean its MR then reads)
+    # running mean is written in place each step and uploaded (round 1 fixes the global mean its MR then reads);
+    # FedALA's weights W learn over each client's own, received and local tensors, clipped in place
     {"methods": [{"name": "pfedme", "algorithm": "pfedme"}, {"name": "perfedavg", "algorithm": "perfedavg"},
                  {"name": "perfedavg_hf", "algorithm": "perfedavg", "params": {"variant": "hf"}},
-                 {"name": "feddbe", "algorithm": "feddbe", "params": {"kappa": 0.5}}],
+                 {"name": "feddbe", "algorithm": "feddbe", "params": {"kappa": 0.5}},
+                 {"name": "fedala", "algorithm": "fedala"}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
 ]
 RECORDED_RUN_IDS = ["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon",
-                    "pfedme-perfedavg-feddbe"]
+                    "pfedme-perfedavg-feddbe-fedala"]
 
 
 def _finals(tmp_path, overrides: dict, **train) -> dict[str, dict[str, dict]]:

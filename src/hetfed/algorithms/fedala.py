@@ -42,11 +42,13 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.config import OptimizerConfig
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import cross_entropy, train_stack
+from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise
 
 OWN = "ala.model."  # the client's own model Θ_i
+GLOBAL, LOCAL = "ala.glob.", "ala.locl."  # the received Θ and the local parameters, as W's loss reads them
 WEIGHT = "ala.w."  # its aggregation weights W_i (top tensors only)
 SETTLED = "ala.settled"  # 1 once its first ALA has trained W until the loss settled
 
@@ -95,19 +97,33 @@ class FedALA(FedAvg):
         sgd = OptimizerConfig(kind="sgd", lr=self.params.eta, momentum=0.0)
         schedule = self.schedule.one_epoch()
         losses = []
-
-        def objective(p: Params, xb, yb, mask, noise):
-            merged = self._merged(own, glob, {k: p[WEIGHT + k] for k in w})
-            return cross_entropy(self.model, {**merged, **local}, xb, yb, mask, noise)
-
+        # Θ_i, Θ and the client's local parameters: each client's tensors, declared (its steps recorded, compact)
+        inputs = {**{OWN + k: v for k, v in own.items()}, **{GLOBAL + k: v for k, v in glob.items()},
+                  **{LOCAL + k: v for k, v in local.items()}}
         for epoch in range(epochs):
             step = replace(data, seeds=[derive_seed(s, LOCAL_PHASE, 4, epoch) for s in data.seeds])
             out, _, loss = train_stack(self.model, {WEIGHT + k: v for k, v in w.items()}, step, schedule, sgd,
-                                       self.params.eta, objective=objective,
-                                       project=lambda p: {k: v.clamp(0, 1) for k, v in p.items()})
+                                       self.params.eta, objective=StackObjective(self._weights_loss, inputs),
+                                       project=InPlace(self._clip))
             w = {k: out[WEIGHT + k] for k in w}
             losses.append(loss)
         return w, torch.stack(losses, 1)
+
+    def _weights_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                      inputs: Params) -> torch.Tensor:
+        """Each client's cross-entropy of the merged model Θ̂(W) (``p``: W; ``inputs``: Θ_i, Θ, local)."""
+        parts: dict[str, Params] = {OWN: {}, GLOBAL: {}, LOCAL: {}}
+        for k, v in inputs.items():
+            prefix = next(prefix for prefix in parts if k.startswith(prefix))
+            parts[prefix][k[len(prefix):]] = v
+        merged = self._merged(parts[OWN], parts[GLOBAL], {k[len(WEIGHT):]: v for k, v in p.items()})
+        return cross_entropy(self.model, {**merged, **parts[LOCAL]}, xb, yb, mask, noise)
+
+    @staticmethod
+    def _clip(p: Params) -> None:
+        """W kept in [0, 1] after every step (in place: the step stays recordable)."""
+        for v in p.values():
+            v.clamp_(0, 1)
 
     def _ala(self, own: Params, glob: Params, w: Params, local: Params, settled: torch.Tensor,
              data: ClientData) -> tuple[Params, Params, torch.Tensor]:
