@@ -326,9 +326,17 @@ RECORDED_RUNS = [
                  {"name": "feddbe", "algorithm": "feddbe", "params": {"kappa": 0.5}},
                  {"name": "fedala", "algorithm": "fedala"}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
+    # Floco draws its simplex point from the step's streams, in each client's subregion from round 2; pFedFDA's
+    # heads are fixed tensors of the step; FedEM's M-step reads the received models and the mixture weights
+    {"methods": [{"name": "floco", "algorithm": "floco"}, {"name": "pfedfda", "algorithm": "pfedfda"},
+                 {"name": "fedem", "algorithm": "fedem"}], "partition": {"kind": "dirichlet", "alpha": 0.3}},
+    # Fed-FSNet's KL term on its run's synthetic D′ (β per round), FedGen's teaching term on generated features
+    {"methods": [{"name": "fsnet", "algorithm": "fsnet"},
+                 {"name": "fedgen", "algorithm": "fedgen", "params": {"server_steps": 5}}],
+     "partition": {"kind": "dirichlet", "alpha": 0.3}},
 ]
 RECORDED_RUN_IDS = ["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon",
-                    "pfedme-perfedavg-feddbe-fedala"]
+                    "pfedme-perfedavg-feddbe-fedala", "floco-pfedfda-fedem", "fsnet-fedgen"]
 
 
 def _finals(tmp_path, overrides: dict, **train) -> dict[str, dict[str, dict]]:

@@ -35,12 +35,13 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, predict
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.models.base import Derived, Model, Noise, Params
 
 #: the client's mixture weights π_k in its state (never sent)
 WEIGHTS = "fedem.weights"
+START = "fedem.start."  # the M-step loss's inputs: the received models and local parameters, under this prefix
 
 
 class FedEMParams(AlgorithmParams):
@@ -123,22 +124,24 @@ class FedEM(FedAvg):
                 new[k] = responsibilities(weights[k].log().to(ell.device), ell).mean(0).to(new.device)
         return new
 
-    def m_step(self, received: Params, local: Params, weights: torch.Tensor) -> Objective:
-        """The round's objective: every component's q-weighted mean loss, q from the received models."""
+    def m_step(self, received: Params, local: Params, weights: torch.Tensor) -> StackObjective:
+        """The round's objective: every component's q-weighted mean loss, q from the received models (its inputs:
+        the received models and local parameters, and the mixture weights)."""
+        return StackObjective(self._m_loss, {**{START + k: v for k, v in {**received, **local}.items()},
+                                             WEIGHTS: weights.to(next(iter(received.values())).device)})
+
+    def _m_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                inputs: Params) -> torch.Tensor:
         model, names, m_count = self.model, self.mixture.names, self.params.components
-        start = {**received, **local}
-
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            with torch.no_grad():
-                ell = torch.stack([row_cross_entropy(model.forward(component(start, m, names), xb, None), yb)
-                                   for m in range(m_count)], dim=-1)  # [n, b, M]
-                q = responsibilities(weights.log().to(ell.device)[:, None, :], ell)
-            loss = sum(client_mean(q[..., m] * row_cross_entropy(model.forward(component(params, m, names), xb,
-                                                                                 _under(noise, m)), yb), mask)
-                       for m in range(m_count))
-            return torch.as_tensor(loss)
-
-        return objective
+        start = {k[len(START):]: v for k, v in inputs.items() if k.startswith(START)}
+        with torch.no_grad():
+            ell = torch.stack([row_cross_entropy(model.forward(component(start, m, names), xb, None), yb)
+                               for m in range(m_count)], dim=-1)  # [n, b, M]
+            q = responsibilities(inputs[WEIGHTS].log()[:, None, :], ell)
+        loss = sum(client_mean(q[..., m] * row_cross_entropy(model.forward(component(params, m, names), xb,
+                                                                             _under(noise, m)), yb), mask)
+                   for m in range(m_count))
+        return torch.as_tensor(loss)
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
@@ -167,7 +170,7 @@ register(AlgorithmSpec(
                     "mixture",
     "Marfoq et al. 2021, Federated Multi-Task Learning under a Mixture of Distributions", FedEMParams,
     Capabilities(uploads="every component's shared parameters, sample count, training loss", personalises=True,
-                 stacks_runs=True, whole_model=False),
+                 stacks_runs=True, whole_model=False, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedEM",

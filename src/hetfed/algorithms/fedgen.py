@@ -41,7 +41,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.local import row_cross_entropy
+from hetfed.engine.local import StackObjective, cross_entropy, row_cross_entropy
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import (
     Broadcast,
@@ -54,7 +54,7 @@ from hetfed.engine.types import (
     unstack_state,
 )
 from hetfed.errors import ConfigError
-from hetfed.models.base import Model
+from hetfed.models.base import Model, Noise
 from hetfed.models.mlp import MLP
 
 GENERATE = 42  # rng purpose: the server's generator training
@@ -214,19 +214,20 @@ class FedGen(FedAvg):
             ys.append(y.to(device))
         return torch.stack(zs), torch.stack(ys)
 
-    def _regulariser(self, bc: Broadcast, data: ClientData):
-        """α_r · CE(h_θ(z), y) per client on its generated (z, y): only the head sees it."""
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective | None:
+        """The cross-entropy plus α_r · CE(h_θ(z), y) per client on its generated (z, y): only the head sees it."""
         alpha = float(bc.extra.get("alpha", 0.0))
         if alpha <= 0:
             return None
         z, y = self._generated(bc, data)
+        return StackObjective(self._teacher_loss, {"z": z, "y": y, "alpha": torch.full((len(z),), alpha).to(z)})
 
-        def teacher(params):
-            logits = self.model.head(params, z)
-            ce = row_cross_entropy(logits, y)
-            return alpha * ce.view(len(data.client_ids), -1).mean(1)
-
-        return teacher
+    def _teacher_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                      inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's cross-entropy plus its generator's teaching term (reported: the cross-entropy)."""
+        ce = cross_entropy(self.model, params, xb, yb, mask, noise)
+        teacher = row_cross_entropy(self.model.head(params, inputs["z"]), inputs["y"])
+        return ce + inputs["alpha"] * teacher.view(len(teacher), -1).mean(1), ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         upload, new = super().local_update(bc, states, data)
@@ -238,7 +239,7 @@ register(AlgorithmSpec(
     "fedgen", FedGen, "FedAvg plus a server-trained generator of latent features that regularises the clients' heads",
     "Zhu et al. 2021, Data-Free Knowledge Distillation for Heterogeneous Federated Learning", FedGenParams,
     Capabilities(uploads="shared parameters, sample count, training loss, per-class label counts",
-                 whole_round=True, stacks_runs=True),
+                 whole_round=True, stacks_runs=True, compact_steps=True),
     legacy_section="fedgen", quick={"server_steps": 5},
     privacy=(
         PrivacyRow(

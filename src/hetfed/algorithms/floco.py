@@ -44,7 +44,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, scores
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -192,17 +192,20 @@ class Floco(FedAvg):
             return bc
         return Broadcast(bc.params, bc.round, bc.lr, bc.extra, personal={CENTRE: state.extra[CENTRE]})
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective:
-        simplex, rho, m = self.simplex, self.params.rho, self.params.endpoints
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        """The round's loss, over each client's subregion centre once the server has placed the clients."""
         centres = bc.personal.get(CENTRE)
+        return StackObjective(self._loss, {} if centres is None else {"centre": centres.to(data.x.device)})
 
-        def objective(params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            u = noise.uniforms(1, 2 * m + 1)[:, 0]  # [n, 2M + 1]
-            alpha = simplex_alphas(u, None if centres is None else centres.to(u), rho)
-            ce = row_cross_entropy(simplex.logits(params, xb, noise, alpha), yb)
-            return client_mean(ce, mask), client_mean(ce, mask)
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's cross-entropy at a point drawn in its subregion of the simplex (the whole simplex before
+        the clients are placed)."""
+        u = noise.uniforms(1, 2 * self.params.endpoints + 1)[:, 0]  # [n, 2M + 1]
+        centre = inputs.get("centre")
+        alpha = simplex_alphas(u, None if centre is None else centre.to(u), self.params.rho)
+        ce = client_mean(row_cross_entropy(self.simplex.logits(params, xb, noise, alpha), yb), mask)
+        return ce, ce
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         new = super().aggregate(state, upload)
@@ -243,7 +246,8 @@ register(AlgorithmSpec(
     "floco", Floco, "FedAvg of a model whose classifier is a simplex of endpoints; the server places each client "
                     "in a subregion of the simplex by its gradient signal, where it trains and predicts",
     "Grinwald, Wiesner, Nakajima 2024, Federated Learning over Connected Modes", FlocoParams,
-    Capabilities(whole_round=True, personalises=True, per_client=True, stacks_runs=True, whole_model=False),
+    Capabilities(whole_round=True, personalises=True, per_client=True, stacks_runs=True, whole_model=False,
+                 compact_steps=True),
     privacy=(
         PrivacyRow(
             method="Floco",

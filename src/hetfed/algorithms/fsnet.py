@@ -47,6 +47,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import TrainConfig
+from hetfed.engine.local import StackObjective, cross_entropy
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -57,7 +58,7 @@ from hetfed.engine.types import (
     stack_states,
     unstack_state,
 )
-from hetfed.models.base import Model
+from hetfed.models.base import Model, Noise
 from hetfed.models.mlp import MLP
 
 
@@ -215,16 +216,21 @@ class FedFSNet(FedAvg):
             return self.hidden.forward(h, probs.to(device).unsqueeze(0), None)[0]
 
     # -- client
-    def _regulariser(self, bc: Broadcast, data: ClientData):
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective | None:
+        """The cross-entropy plus β·KL(uniform ‖ f(D′)) once a D′ exists (each client its own run's D′ and β)."""
         beta = bc.extra.get("beta", 0.0)
         if not bc.has_extra("synthetic") or beta == 0:
             return None
-        synthetic = bc.extra_rows("synthetic", len(data.client_ids))  # each client its own run's D′ (a stack)
+        n = len(data.client_ids)
+        synthetic = bc.extra_rows("synthetic", n)
+        beta_rows = bc.extra_rows("beta", n) if torch.is_tensor(beta) else torch.full((n,), float(beta))
+        return StackObjective(self._kl_loss, {"synthetic": synthetic, "beta": beta_rows.to(synthetic)})
 
-        def kl_term(params):
-            return beta * kl_uniform(self.model.forward(params, synthetic, None))
-
-        return kl_term
+    def _kl_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                 inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's cross-entropy plus its KL term (reported: the cross-entropy)."""
+        ce = cross_entropy(self.model, params, xb, yb, mask, noise)
+        return ce + inputs["beta"] * kl_uniform(self.model.forward(params, inputs["synthetic"], None)), ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         upload, new_states = super().local_update(bc, states, data)
@@ -243,7 +249,8 @@ register(AlgorithmSpec(
     Capabilities(uploads="shared parameters, sample count, training loss, per-feature mean and variance of the "
                  "client's inputs", whole_round=False,
                  model_kinds=("mlp", "cnn", "cnn4", "logreg", "cgau"),
-                 model_reason="its server synthesises continuous inputs, not token ids", stacks_runs=True),
+                 model_reason="its server synthesises continuous inputs, not token ids", stacks_runs=True,
+                 compact_steps=True),
     legacy_section="fsnet", quick={"server_steps": 5},
     privacy=(
         PrivacyRow(

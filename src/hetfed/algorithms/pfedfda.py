@@ -49,7 +49,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict, scores
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
 from hetfed.errors import ConfigError
 from hetfed.interface import global_params
@@ -214,14 +214,14 @@ class PFedFDA(FedAvg):
         """Uniform priors for ``n`` clients: the head of a client that has not adapted, and the server's."""
         return torch.full((n, self.model.n_classes), 1.0 / self.model.n_classes, dtype=torch.float64, device=device)
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> Objective:
-        lda = self.lda
+    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+        return StackObjective(self._loss, {})  # the heads are among the step's tensors: nothing else per client
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            ce = row_cross_entropy(lda.forward(params, xb, noise), yb)
-            return client_mean(ce, mask), client_mean(ce, mask)
-
-        return objective
+    def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+              inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """Each client's cross-entropy of its body under its fixed LDA head."""
+        ce = client_mean(row_cross_entropy(self.lda.forward(params, xb, noise), yb), mask)
+        return ce, ce
 
     def _adapt(self, bc: Broadcast, params: Params, x: torch.Tensor, y: torch.Tensor,
                indices: list[np.ndarray]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -300,7 +300,8 @@ register(AlgorithmSpec(
     "McLaughlin, Wang, Zhou 2024, Personalized Federated Learning via Feature Distribution Adaptation",
     PFedFDAParams,
     Capabilities(uploads="shared body parameters, sample count, training loss, its adaptive class means and "
-                         "feature covariance", whole_round=True, personalises=True, whole_model=False),
+                         "feature covariance", whole_round=True, personalises=True, whole_model=False,
+                 compact_steps=True),
     privacy=(
         PrivacyRow(
             method="pFedFDA",
