@@ -76,8 +76,7 @@ class StackObjective:
     outputs: tuple[str, ...] = ()
 
     def held(self) -> Params:
-        """``inputs`` as the step holds them: among its fixed tensors, under :data:`DECLARED` (so they are reordered,
-        cut to the clients computed, kept by a recording and loaded as those are); the outputs copied."""
+        """``inputs`` as the step holds them, among its fixed tensors under :data:`DECLARED`; the outputs copied."""
         return {DECLARED + k: v.clone() if k in self.outputs else v for k, v in self.inputs.items()}
 
     def written(self, trained: Params) -> tuple[Params, Params]:
