@@ -105,8 +105,8 @@ class Capabilities:
     compact_steps: its steps compute only the clients still training without being plain: a loss of its own that
         declares its per-client tensors (:class:`hetfed.engine.local.StackObjective`, FedRoD's class counts) or a
         :class:`hetfed.engine.local.Proximal` term with a shift (SCAFFOLD's correction). The executor stacks it as a
-        plain one; DP-SGD, which clips the cross-entropy, stays refused. (APFL's steps compute only the clients
-        still training too, but it does not declare it: in one stack it was slower on a CPU.)
+        plain one; DP-SGD, which clips the cross-entropy, stays refused. (APFL's and pFedMe's steps compute only the
+        clients still training too, but they do not declare it: in one stack they were slower on a CPU.)
     """
 
     uploads: str = "shared parameters, sample count, training loss"

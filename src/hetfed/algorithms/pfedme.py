@@ -110,7 +110,7 @@ register(AlgorithmSpec(
     "pfedme", PFedMe, "a personalised model per client from a Moreau-envelope inner problem; the local model is "
     "pulled towards it and averaged",
     "T. Dinh, Tran, Nguyen 2020, Personalized Federated Learning with Moreau Envelopes", PFedMeParams,
-    Capabilities(stacks_runs=True, private=True, personalises=True, compact_steps=True),
+    Capabilities(stacks_runs=True, private=True, personalises=True),
     quick={"inner_steps": 2},
     privacy=(
         PrivacyRow(
