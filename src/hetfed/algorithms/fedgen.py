@@ -220,7 +220,8 @@ class FedGen(FedAvg):
         if alpha <= 0:
             return None
         z, y = self._generated(bc, data)
-        return StackObjective(self._teacher_loss, {"z": z, "y": y, "alpha": torch.full((len(z),), alpha).to(z)})
+        alpha_rows = torch.full((len(z),), alpha, dtype=z.dtype, device=z.device)
+        return StackObjective(self._teacher_loss, {"z": z, "y": y, "alpha": alpha_rows})
 
     def _teacher_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
                       inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:

@@ -223,8 +223,8 @@ class FedFSNet(FedAvg):
             return None
         n = len(data.client_ids)
         synthetic = bc.extra_rows("synthetic", n)
-        beta_rows = bc.extra_rows("beta", n) if torch.is_tensor(beta) else torch.full((n,), float(beta))
-        return StackObjective(self._kl_loss, {"synthetic": synthetic, "beta": beta_rows.to(synthetic)})
+        beta_rows = torch.full((n,), float(beta), dtype=synthetic.dtype, device=synthetic.device)
+        return StackObjective(self._kl_loss, {"synthetic": synthetic, "beta": beta_rows})
 
     def _kl_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
                  inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
