@@ -9,6 +9,7 @@ import torch
 from hetfed.algorithms import build_algorithm, resolve_run
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, build_config
+from hetfed.engine.types import under
 from hetfed.models import build_model
 from hetfed.models.mixture import Mixture
 from hetfed.partition import make_federation
@@ -60,8 +61,8 @@ def test_mixture_blends_in_probability_space():
     gen = torch.Generator().manual_seed(0)
     p = {s.name: s.init(gen, s.shape).unsqueeze(0) for s in mix.specs()}
     x = torch.randn(1, 6, 3)
-    f_g = mix.expert.forward(Mixture.part(p, "global"), x)
-    f_s = mix.expert.forward(Mixture.part(p, "specialist"), x)
+    f_g = mix.expert.forward(under(p, "global."), x)
+    f_s = mix.expert.forward(under(p, "specialist."), x)
     h = mix.gate_value(p, x)
     expected = h * f_s.softmax(-1) + (1 - h) * f_g.softmax(-1)
     torch.testing.assert_close(mix.forward(p, x).exp(), expected)
@@ -183,7 +184,7 @@ def _check_own_class_split(run_dir, summary):
             ref[view].setdefault("other", []).append(hit[~own].mean())
             if view == "mixture":
                 states = {n: v[k : k + 1] for n, v in model.client_states["states"].items()}
-                gate = Mixture.part(states, "mixture.gate")
+                gate = under(states, "mixture.gate.")
                 with torch.no_grad():
                     h = torch.sigmoid(model.algorithm.mixture.gate.forward(gate, torch.as_tensor(x)[None], None))[
                         0, :, 0

@@ -34,7 +34,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state, under
 from hetfed.models.base import Noise
 
 LOCAL = "apfl.v."  # the local model v_i in a client's state
@@ -105,7 +105,7 @@ class APFL(FedAvg):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with ``α_i v_i + (1 − α_i) w`` (w: the global model it last received)."""
         local, _ = split_state({k: v for k, v in states.items() if not k.startswith(LOCAL) and k != ALPHA})
-        v = {k[len(LOCAL):]: t for k, t in states.items() if k.startswith(LOCAL)}
+        v = under(states, LOCAL)
         return Predictor(self.model, {**self._mixture(bc.stacked(n), v, states[ALPHA]), **local}, True)
 
 

@@ -32,7 +32,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
 
 #: the personal model's parameters in a client's state
 PERSONAL = "ditto."
@@ -53,12 +53,12 @@ class Ditto(FedAvg):
         local, _ = split_state(state)
         personal = {**{k: v.clone() for k, v in initial_model(self).items()},
                     **{k: v.clone() for k, v in local.items()}}
-        return {**state, **{PERSONAL + k: v for k, v in personal.items()}}
+        return {**state, **prefixed(personal, PERSONAL)}
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         mine = {k: v for k, v in states.items() if k.startswith(PERSONAL)}
-        rest = {k: v for k, v in states.items() if not k.startswith(PERSONAL)}
+        rest = without(states, PERSONAL)
         local, kept_opt = split_state(rest)
         w_t = bc.stacked(n)
         params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
@@ -68,7 +68,7 @@ class Ditto(FedAvg):
                                      self.train.optimizer, bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
-                        **{PERSONAL + k: v for k, v in personal.items()}}
+                        **prefixed(personal, PERSONAL)}
 
     def _personal_schedule(self) -> LocalSchedule:
         """The personal model's local work: the method's, or ``personal_epochs`` of it."""
@@ -81,7 +81,7 @@ class Ditto(FedAvg):
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its personal model ``v_k``."""
-        return Predictor(self.model, {k[len(PERSONAL):]: v for k, v in states.items() if k.startswith(PERSONAL)}, True)
+        return Predictor(self.model, under(states, PERSONAL), True)
 
 
 register(AlgorithmSpec(

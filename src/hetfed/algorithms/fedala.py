@@ -44,7 +44,17 @@ from hetfed.config import OptimizerConfig
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    Upload,
+    prefixed,
+    split_state,
+    under,
+    without,
+)
 from hetfed.models.base import Noise
 
 OWN = "ala.model."  # the client's own model Θ_i
@@ -98,11 +108,10 @@ class FedALA(FedAvg):
         schedule = self.schedule.one_epoch()
         losses = []
         # Θ_i, Θ and the client's local parameters: each client's tensors, declared (its steps recorded, compact)
-        inputs = {**{OWN + k: v for k, v in own.items()}, **{GLOBAL + k: v for k, v in glob.items()},
-                  **{LOCAL + k: v for k, v in local.items()}}
+        inputs = {**prefixed(own, OWN), **prefixed(glob, GLOBAL), **prefixed(local, LOCAL)}
         for epoch in range(epochs):
             step = replace(data, seeds=[derive_seed(s, LOCAL_PHASE, 4, epoch) for s in data.seeds])
-            out, _, loss = train_stack(self.model, {WEIGHT + k: v for k, v in w.items()}, step, schedule, sgd,
+            out, _, loss = train_stack(self.model, prefixed(w, WEIGHT), step, schedule, sgd,
                                        self.params.eta, objective=StackObjective(self._weights_loss, inputs),
                                        project=InPlace(self._clip))
             w = {k: out[WEIGHT + k] for k in w}
@@ -170,21 +179,20 @@ class FedALA(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        own = {k[len(OWN):]: v for k, v in states.items() if k.startswith(OWN)}
-        w = {k[len(WEIGHT):]: v for k, v in states.items() if k.startswith(WEIGHT)}
-        local = {k: v for k, v in states.items() if not k.startswith(("ala.",))}
+        own = under(states, OWN)
+        w = under(states, WEIGHT)
+        local = without(states, "ala.")
         glob = bc.stacked(n)
         merged, w, settled = self._ala(own, glob, w, local, states[SETTLED], data)
         params, _, loss = train_clients(self, {**merged, **local}, {}, data, bc.lr)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **{OWN + k: params[k] for k in bc.params},
-                        **{WEIGHT + k: v for k, v in w.items()}, SETTLED: settled}
+                        **prefixed(w, WEIGHT), SETTLED: settled}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its own model Θ_i (its last local training)."""
-        local = {k: v for k, v in states.items() if not k.startswith("ala.")}
-        return Predictor(self.model, {**{k[len(OWN):]: v for k, v in states.items() if k.startswith(OWN)},
-                                      **local}, True)
+        local = without(states, "ala.")
+        return Predictor(self.model, {**under(states, OWN), **local}, True)
 
 
 register(AlgorithmSpec(

@@ -34,7 +34,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
 
 TUNED = "babu_ft."  # a client's fine-tuned model in its state
 VIEWS = ("fedbabu", "fedbabu_ft")
@@ -57,7 +57,7 @@ class FedBABU(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+        local = without(states, TUNED)
         params, _, loss = train_stack(self.model, {**bc.stacked(n), **local}, data, self.schedule,
                                       self.train.optimizer, bc.lr, trainable=[*self._body, *local])
         upload = Upload.of(data, params, bc.params, loss)
@@ -65,20 +65,20 @@ class FedBABU(FedAvg):
 
     def personalise(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[ClientState, dict]:
         n, t0 = len(data.client_ids), time.perf_counter()
-        local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+        local = without(states, TUNED)
         schedule = replace(self.schedule, epochs=self.params.finetune_epochs, steps=None)
         tuned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 2), schedule,
                                   self.train.optimizer, self.train.optimizer.lr)
         view = VIEWS[1]  # the row the fine-tuning's epochs and seconds are reported in
         info = {f"epochs.{view}": torch.full((n,), self.params.finetune_epochs, dtype=torch.float64),
                 f"seconds.{view}": torch.full((n,), (time.perf_counter() - t0) / n, dtype=torch.float64)}
-        return {**states, **{TUNED + k: v for k, v in tuned.items()}}, info
+        return {**states, **prefixed(tuned, TUNED)}, info
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         if view in (None, self.capabilities.federated_view):
-            local = {k: v for k, v in states.items() if not k.startswith(TUNED)}
+            local = without(states, TUNED)
             return super().predictor(bc, local, n, None)
-        return Predictor(self.model, {k[len(TUNED):]: v for k, v in states.items() if k.startswith(TUNED)}, True)
+        return Predictor(self.model, under(states, TUNED), True)
 
 
 register(AlgorithmSpec(

@@ -46,7 +46,9 @@ from hetfed.engine.types import (
     Params,
     ServerState,
     Upload,
+    prefixed,
     split_state,
+    without,
 )
 
 #: the client's critical-parameter mask of shared parameter ``name`` is its state ``cac.mask.<name>``
@@ -116,7 +118,7 @@ class FedCAC(FedAvg):
         if not table:
             return bc
         return Broadcast(bc.params, bc.round, bc.lr, bc.extra,
-                         personal={**{CUSTOM + k: v for k, v in table.items()}, KNOWN: state.extra["known"]})
+                         personal={**prefixed(table, CUSTOM), KNOWN: state.extra["known"]})
 
     def _start(self, bc: Broadcast, local: ClientState, n: int) -> Params:
         """Each client's starting model: its critical entries from its customised model, the rest global."""
@@ -135,7 +137,7 @@ class FedCAC(FedAvg):
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
         start = self._start(bc, local, n)
-        mine = {k: v for k, v in local.items() if not k.startswith("cac.")}  # the model's own local parameters
+        mine = without(local, "cac.")  # the model's own local parameters
         params, opt_state, loss = train_clients(self, {**start, **mine}, kept_opt, data, bc.lr)
         masks = {MASK + k: critical_mask(start[k].to(params[k]), params[k], self.params.tau) for k in self._shared()}
         flat = torch.cat([masks[MASK + k].reshape(n, -1) for k in self._shared()], dim=1).to(torch.uint8)  # 0/1
@@ -162,7 +164,7 @@ class FedCAC(FedAvg):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with the model it would start its next round from."""
         local, _ = split_state(states)
-        mine = {k: v for k, v in local.items() if not k.startswith("cac.")}
+        mine = without(local, "cac.")
         return Predictor(self.model, {**self._start(bc, local, n), **mine}, True)
 
 

@@ -38,7 +38,16 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.local import Proximal
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, beside_model, split_state
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    ServerState,
+    Upload,
+    beside_model,
+    split_state,
+    without,
+)
 from hetfed.interface import server_step
 
 #: client state: the client's ∇L_k(θ_k^{t−1}) per shared parameter
@@ -70,7 +79,7 @@ class FedDyn(FedAvg):
         n, alpha = len(data.client_ids), self.params.alpha
         names = list(bc.params)
         grad = {k: states[GRAD + k].detach() for k in names}
-        rest = {k: v for k, v in states.items() if not k.startswith(GRAD)}
+        rest = without(states, GRAD)
         anchor = bc.stacked(n)
         local, kept_opt = split_state(rest)
 

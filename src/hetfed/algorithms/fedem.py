@@ -36,7 +36,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state, under, without
 from hetfed.models.base import Derived, Model, Noise, Params
 
 #: the client's mixture weights π_k in its state (never sent)
@@ -62,7 +62,7 @@ def component(params: Params, m: int, names: list[str]) -> Params:
     """Component m's model (its shared parameters under the base model's names, and every other entry of
     ``params`` — the base's local parameters — as they are)."""
     own = {name: params[key(m, name)] for name in names}
-    rest = {k: v for k, v in params.items() if not k.startswith("fedem.")}
+    rest = without(params, "fedem.")
     return {**rest, **own}
 
 
@@ -133,7 +133,7 @@ class FedEM(FedAvg):
     def _m_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
                 inputs: Params) -> torch.Tensor:
         model, names, m_count = self.model, self.mixture.names, self.params.components
-        start = {k[len(START):]: v for k, v in inputs.items() if k.startswith(START)}
+        start = under(inputs, START)
         with torch.no_grad():
             ell = torch.stack([row_cross_entropy(model.forward(component(start, m, names), xb, None), yb)
                                for m in range(m_count)], dim=-1)  # [n, b, M]

@@ -38,15 +38,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, client_losses
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    ServerState,
-    Upload,
-    split_state,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
 
 #: personal rows: the client's own latest model ``fomo.own.<name>``, the candidates ``fomo.cand.<name>`` [M, …]
 OWN, CANDIDATE, SENDERS = "fomo.own.", "fomo.cand.", "fomo.senders"
@@ -100,7 +92,7 @@ class FedFomo(FedAvg):
         models, affinity = self._table(state)
         m = min(self.params.models, int(state.extra.get("uploaded", 0)), self._clients)
         senders = affinity.topk(m, dim=1).indices if m else torch.zeros(self._clients, 0, dtype=torch.long)
-        personal = {**{OWN + k: v for k, v in models.items()},
+        personal = {**prefixed(models, OWN),
                     **{CANDIDATE + k: v[senders] for k, v in models.items()}, SENDERS: senders.to(torch.float32)}
         return Broadcast({}, bc.round, bc.lr, bc.extra, personal=personal)
 

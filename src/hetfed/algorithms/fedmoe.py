@@ -46,7 +46,7 @@ from hetfed.engine.evaluate import (
 )
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, under, without
 from hetfed.interface import PersonalPlan
 from hetfed.models.base import Model
 from hetfed.models.mixture import Mixture
@@ -215,7 +215,7 @@ class FedMoE(FedAvg):
         trainable = [s.name for s in self.mixture.specs() if not s.name.startswith("global.")]
         best, ep = train_until_stopped(self.mixture, mixed, data, cfg, seed, phase=3, trainable=trainable,
                                        like=like)
-        record("mixture", {k: v for k, v in best.items() if not k.startswith("global.")}, ep, t0)
+        record("mixture", without(best, "global."), ep, t0)
         return out, info
 
     @torch.no_grad()
@@ -241,9 +241,9 @@ class FedMoE(FedAvg):
             return super().predictor(bc, states, n, None)
         shared = bc.stacked(n)
         if view in ("local", "finetuned"):
-            return Predictor(self.model, Mixture.part(states, view), True)
+            return Predictor(self.model, under(states, view + "."), True)
         if view == "mixture":
-            own = Mixture.part(states, "mixture")
+            own = under(states, "mixture.")
             return Predictor(self.mixture, {**{f"global.{k}": v for k, v in shared.items()}, **own}, True)
         raise ValueError(f"FedMoE has no view {view!r}: expected one of {METHODS}")
 

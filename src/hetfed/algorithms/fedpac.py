@@ -41,15 +41,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy, train_stack
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    ServerState,
-    Upload,
-    split_state,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
 from hetfed.interface import server_step
 from hetfed.models.base import Noise
 
@@ -120,7 +112,7 @@ class FedPAC(PartlyPersonal):
         bc = super().broadcast(state, round)
         extra = {**bc.extra, "centroids": state.extra["centroids"], "known": state.extra["known"]}
         heads = state.extra.get("heads")
-        personal = {**{HEAD + k: v for k, v in heads.items()}, KNOWN: state.extra["has_head"]} if heads else {}
+        personal = {**prefixed(heads, HEAD), KNOWN: state.extra["has_head"]} if heads else {}
         return Broadcast(bc.params, bc.round, bc.lr, extra, personal=personal)
 
     def _head(self, bc: Broadcast, local: Params) -> Params:

@@ -30,7 +30,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state, under
 from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
 
 #: the personal head's parameters in a client's state
@@ -52,7 +52,7 @@ class TwoHeads(Derived):
                                 for s in base.specs() if s.name in head])
 
     def personal(self, params: Params) -> Params:
-        return {k[len(PERSONAL):]: v for k, v in params.items() if k.startswith(PERSONAL)}
+        return under(params, PERSONAL)
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         z = self.base.features(params, x, noise)

@@ -30,7 +30,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
 from hetfed.models.base import Noise, Params
 
 #: the client's previous local model in its state
@@ -66,11 +66,10 @@ class MOON(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        prev = {k[len(PREVIOUS):]: v for k, v in states.items() if k.startswith(PREVIOUS)}
-        local, kept_opt = split_state({k: v for k, v in states.items() if not k.startswith(PREVIOUS)})
+        prev = under(states, PREVIOUS)
+        local, kept_opt = split_state(without(states, PREVIOUS))
         glob = bc.stacked(n)
-        objective = StackObjective(self._loss, {**{GLOBAL + k: v for k, v in glob.items()},
-                                                **{PREV + k: v for k, v in prev.items()}})
+        objective = StackObjective(self._loss, {**prefixed(glob, GLOBAL), **prefixed(prev, PREV)})
         params, opt_state, loss = train_clients(self, {**glob, **local}, kept_opt, data, bc.lr, objective=objective)
         upload = Upload.of(data, params, bc.params, loss)
         return upload, {**{k: params[k] for k in local}, **opt_state,
@@ -81,8 +80,8 @@ class MOON(FedAvg):
         """ℓ_sup + μ·ℓ_con per client (mean over its real rows), reporting ℓ_sup; ``inputs``: the frozen global and
         previous models' shared parameters (``global.<name>``, ``previous.<name>``), stacked [n, ...]."""
         model = self.model
-        glob = {k[len(GLOBAL):]: v for k, v in inputs.items() if k.startswith(GLOBAL)}
-        prev = {k[len(PREV):]: v for k, v in inputs.items() if k.startswith(PREV)}
+        glob = under(inputs, GLOBAL)
+        prev = under(inputs, PREV)
         z = model.features(params, xb, noise)
         ce = row_cross_entropy(model.head(params, z), yb)
         with torch.no_grad():  # the global and previous models are frozen; the client's own rows (CGAU) are kept

@@ -34,15 +34,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    ServerState,
-    Upload,
-    split_state,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
 from hetfed.models.base import linear_init
 
 #: the client's generated model ``pfedhn.<name>`` in its personal row
@@ -111,7 +103,7 @@ class PFedHN(FedAvg):
         with torch.no_grad():
             phi = state.extra["hypernetwork"]
             models = generate(phi, torch.arange(self._clients, device=phi["embeddings"].device), self._targets())
-        return Broadcast({}, bc.round, bc.lr, bc.extra, personal={GENERATED + k: v for k, v in models.items()})
+        return Broadcast({}, bc.round, bc.lr, bc.extra, personal=prefixed(models, GENERATED))
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         local, kept_opt = split_state(states)

@@ -36,15 +36,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    ServerState,
-    Upload,
-    split_state,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
 from hetfed.models.base import linear_init
 
 #: a client's aggregate of parameter ``name`` in its personal row
@@ -115,7 +107,7 @@ class PFedLA(FedAvg):
         bc = super().broadcast(state, round)
         with torch.no_grad():
             models = self._aggregates(state, torch.arange(self._clients))
-        return Broadcast({}, bc.round, bc.lr, bc.extra, personal={AGGREGATE + k: v for k, v in models.items()})
+        return Broadcast({}, bc.round, bc.lr, bc.extra, personal=prefixed(models, AGGREGATE))
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         local, kept_opt = split_state(states)

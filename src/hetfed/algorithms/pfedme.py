@@ -39,7 +39,17 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import StackObjective, cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    Upload,
+    prefixed,
+    split_state,
+    under,
+    without,
+)
 from hetfed.models.base import Noise
 
 THETA = "pfedme.theta."  # the personalised model θ_i in a client's state
@@ -61,7 +71,7 @@ class PFedMe(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        local = {k: v for k, v in states.items() if not k.startswith(THETA)}
+        local = without(states, THETA)
         shared = list(bc.params)
         glob = bc.stacked(n)
         # θ starts at the received global model, and the loss carries it from step to step (its output)
@@ -70,7 +80,7 @@ class PFedMe(FedAvg):
                                        objective=objective)
         params, theta = objective.written(trained)
         upload = Upload.of(data, params, shared, loss)
-        return upload, {**{k: params[k] for k in local}, **{THETA + k: v for k, v in theta.items()}}
+        return upload, {**{k: params[k] for k in local}, **prefixed(theta, THETA)}
 
     def _loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
               inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
@@ -101,8 +111,8 @@ class PFedMe(FedAvg):
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client predicts with its personalised θ_i."""
-        local = {k: v for k, v in states.items() if not k.startswith(THETA)}
-        theta = {k[len(THETA):]: v for k, v in states.items() if k.startswith(THETA)}
+        local = without(states, THETA)
+        theta = under(states, THETA)
         return Predictor(self.model, {**theta, **local}, True)
 
 

@@ -49,8 +49,10 @@ from hetfed.engine.types import (
     StreamedUpload,
     Upload,
     beside_model,
+    prefixed,
     split_state,
     take_rows,
+    without,
 )
 from hetfed.interface import server_step
 
@@ -101,7 +103,7 @@ class Scaffold(FedAvg):
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
         bc = super().broadcast(state, round)
         c = beside_model(state.extra.get("c"), state.params)
-        return Broadcast(bc.params, bc.round, bc.lr, {**bc.extra, **{C + k: v for k, v in c.items()}})
+        return Broadcast(bc.params, bc.round, bc.lr, {**bc.extra, **prefixed(c, C)})
 
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
         state = super().client_init(client_id, gen)
@@ -113,7 +115,7 @@ class Scaffold(FedAvg):
         names = list(bc.params)
         c = {k: bc.extra_rows(C + k, n) for k in names}  # each client its own run's c (a stacked sweep)
         c_i = {k: states[CI + k] for k in names}
-        rest = {k: v for k, v in states.items() if not k.startswith(CI)}
+        rest = without(states, CI)
         x = bc.stacked(n)
         local, kept_opt = split_state(rest)
         # ⟨c − c_i, y⟩ per client, whose gradient is the SCAFFOLD correction: a shift of the step's gradients

@@ -30,7 +30,7 @@ from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
 from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.step_plan import StepPlan, plan_steps
-from hetfed.engine.types import ClientData, take_rows
+from hetfed.engine.types import ClientData, take_rows, under, without
 from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params
@@ -86,8 +86,8 @@ class StackObjective:
 
     def on(self, fixed: Params) -> tuple[Objective, Params]:
         """The objective over the inputs held in a step's ``fixed`` tensors, and the others (the model's)."""
-        inputs = {k[len(DECLARED):]: v for k, v in fixed.items() if k.startswith(DECLARED)}
-        rest = {k: v for k, v in fixed.items() if not k.startswith(DECLARED)}
+        inputs = under(fixed, DECLARED)
+        rest = without(fixed, DECLARED)
         return cast(Objective, partial(self.loss, inputs=inputs)), rest  # Objective: a loss or (loss, reported)
 
 

@@ -19,6 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
+from hetfed.engine.types import under
 from hetfed.models.base import Model, Noise, Params, ParamSpec
 
 EXPERTS = ("global", "specialist")
@@ -48,19 +49,14 @@ class Mixture(Model):
     def stacks_clients(self, device: str) -> bool:
         return self.expert.stacks_clients(device) and self.gate.stacks_clients(device)
 
-    @staticmethod
-    def part(params: Params, prefix: str) -> Params:
-        cut = len(prefix) + 1
-        return {k[cut:]: v for k, v in params.items() if k.startswith(prefix + ".")}
-
     def gate_value(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
         """h(x) ∈ [0, 1], shape [n, batch, 1]."""
-        return torch.sigmoid(self.gate.forward(self.part(params, "gate"), x, noise))
+        return torch.sigmoid(self.gate.forward(under(params, "gate."), x, noise))
 
     def forward(self, params: Params, x: torch.Tensor, noise: Noise | None = None) -> torch.Tensor:
-        f_g = self.expert.forward(self.part(params, "global"), x, None)  # frozen, eval mode
-        f_s = self.expert.forward(self.part(params, "specialist"), x, noise)
-        z = self.gate.forward(self.part(params, "gate"), x, noise)  # the gate's logit; h = σ(z)
+        f_g = self.expert.forward(under(params, "global."), x, None)  # frozen, eval mode
+        f_s = self.expert.forward(under(params, "specialist."), x, noise)
+        z = self.gate.forward(under(params, "gate."), x, noise)  # the gate's logit; h = σ(z)
         if self.blend == "log":
             h = torch.sigmoid(z)
             return h * f_s + (1 - h) * f_g
