@@ -81,12 +81,12 @@ class FedDBE(FedAvg):
         return {**self.model.init_local(gen), MEMORY: torch.zeros(self.model.latent_dim),
                 **kept_optimizer_state(self.train, shapes)}
 
-    def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
+    def _objective(self, bc: Broadcast, data: ClientData, known: bool) -> StackObjective:
         """The round's loss over its running mean ``r`` (an output: read after training, the uploaded running mean;
-        zero at the round's start) and, once the global mean is known, each client's run's global mean."""
+        zero at the round's start) and, once the global mean is ``known``, each client's run's global mean."""
         n, d = len(data.client_ids), self.model.latent_dim
         running = {"r": torch.zeros(n, d, device=data.x.device)}
-        if not bc.extra["known"] > 0:  # the first round: PFLlib's pass before the global mean exists
+        if not known:  # the first round: PFLlib's pass before the global mean exists
             return StackObjective(self._first_loss, running, outputs=("r",))
         global_mean = bc.extra_rows("global_mean", n).to(data.x.device)  # each client its own run's (a stack)
         return StackObjective(self._loss, {**running, "global_mean": global_mean}, outputs=("r",))
@@ -121,10 +121,11 @@ class FedDBE(FedAvg):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
         local, kept_opt = split_state(states)  # local: the model's own parameters and the memory z̄_k
-        objective = self._objective(bc, data, states)
+        known = bool(bc.extra["known"] > 0)
+        objective = self._objective(bc, data, known)
         params = {**bc.stacked(n), **local}
         memory = params.pop(MEMORY)
-        if bool(bc.extra["known"] > 0):
+        if known:
             params[MEMORY] = memory
         else:  # the first round: no memory yet (it would get no gradient), so it is not trained
             kept_opt = {k: v for k, v in kept_opt.items() if not k.endswith(MEMORY)}

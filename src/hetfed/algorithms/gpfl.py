@@ -123,6 +123,7 @@ class GPFL(PartlyPersonal):
     def __init__(self, model, train, params=None, context=None):
         super().__init__(model, train, params, context)
         self.valved = Valved(model)
+        self._decayed = tuple(extra_shapes(model.n_classes, model.latent_dim))  # μ's parameters: the GCE and CoV
 
     def personal_names(self) -> tuple[str, ...]:
         return head_of(self.model, self.spec.name)
@@ -138,8 +139,7 @@ class GPFL(PartlyPersonal):
 
     def _objective(self, bc: Broadcast, data: ClientData, states: ClientState) -> StackObjective:
         frozen = bc.stacked(len(data.client_ids))[GCE].detach()
-        prior = data.label_counts(self.model.n_classes)
-        generic, personal = conditional_inputs(frozen, prior / prior.sum(1, keepdim=True).clamp(min=1))
+        generic, personal = conditional_inputs(frozen, self._prior(data))
         return StackObjective(self._loss, {"frozen": frozen, "generic": generic, "personal": personal})
 
     def _loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
@@ -158,14 +158,17 @@ class GPFL(PartlyPersonal):
         distance = torch.linalg.vector_norm(((z_g - target) * mask[..., None]).flatten(1), dim=1)
         loss = ce + gce + lam * distance
         if mu:
-            decayed = extra_shapes(model.n_classes, model.latent_dim)
-            loss = loss + mu / 2 * sum((params[k] ** 2).flatten(1).sum(1) for k in decayed)
+            loss = loss + mu / 2 * sum((params[k] ** 2).flatten(1).sum(1) for k in self._decayed)
         return loss, ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         upload, new = super().local_update(bc, {k: v for k, v in states.items() if k != PRIOR}, data)
+        return upload, {**new, PRIOR: self._prior(data).to(states[PRIOR])}
+
+    def _prior(self, data: ClientData) -> torch.Tensor:
+        """π: each client's share of its training samples per class ``[n, C]`` (zero for a client without any)."""
         prior = data.label_counts(self.model.n_classes)
-        return upload, {**new, PRIOR: (prior / prior.sum(1, keepdim=True).clamp(min=1)).to(states[PRIOR])}
+        return prior / prior.sum(1, keepdim=True).clamp(min=1)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """``head(CoV(z, p))`` with the received GCE and CoV and the client's head and π."""
