@@ -2,7 +2,8 @@
 # For the next lent GPU (this session's second call was refused): call.sh's tests (without -x: call 1 stopped at its
 # first failure), then pFedMe, Per-FedAvg, FedDBE, FedALA and FedGen (their steps declared after call 1, so recorded)
 # and the methods call 1's time limit left out, each alone on PFLlib's protocol for 4 rounds, FedAvg again as the
-# reference; no stacked step (~7 minutes).
+# reference; no stacked step; then benchmarks/repeats.py (does a FedBN sweep on CUDA repeat itself, with cuDNN's
+# default and its deterministic algorithms — the cause of call 1's failed test; ~1 minute) (~8 minutes).
 #
 #     OUT=/path bash results/gpu_h200_2026-12-04c/call2.sh
 m='[{name: pfedme, algorithm: pfedme, params: {lam: 1.0, personal_lr: 0.01}}],'
@@ -10,4 +11,6 @@ m+='[{name: perfedavg, algorithm: perfedavg, params: {inner_lr: 0.005}, train: {
 m+='[{name: fedavg, algorithm: fedavg}],[{name: feddbe, algorithm: feddbe}],[{name: fedproto, algorithm: fedproto}],'
 m+='[{name: scaffold, algorithm: scaffold}],[{name: feddyn, algorithm: feddyn}],[{name: moon, algorithm: moon}],'
 m+='[{name: fedlc, algorithm: fedlc}],[{name: fedala, algorithm: fedala}],[{name: fedgen, algorithm: fedgen}]'
-METHODS=$m STACK_S=0 TESTS_S=${TESTS_S:-230} ALONE_S=${ALONE_S:-200} bash "$(dirname "$0")/call.sh"
+METHODS=$m STACK_S=0 TESTS_S=${TESTS_S:-220} ALONE_S=${ALONE_S:-180} bash "$(dirname "$0")/call.sh"
+cd "$(dirname "$0")/../.." && PYTHONPATH="$PWD/src:/tmp/site" timeout "${REPEATS_S:-90}" python3 benchmarks/repeats.py \
+    --device cuda > "${OUT:-gpu-results}/repeats.json" 2> "${OUT:-gpu-results}/repeats.log"
