@@ -9,8 +9,8 @@ import torch
 from hetfed.algorithms import build_algorithm, resolve_run
 from hetfed.cli import main
 from hetfed.config import ModelConfig, PartitionConfig, build_config
-from hetfed.engine.types import under
 from hetfed.models import build_model
+from hetfed.models.base import under
 from hetfed.models.mixture import Mixture
 from hetfed.partition import make_federation
 

@@ -34,8 +34,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state, under
-from hetfed.models.base import Noise
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise, under
 
 LOCAL = "apfl.v."  # the local model v_i in a client's state
 ALPHA = "apfl.alpha"  # its mixing weight α_i

@@ -32,7 +32,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import LocalSchedule, Proximal, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.models.base import prefixed, under, without
 
 #: the personal model's parameters in a client's state
 PERSONAL = "ditto."

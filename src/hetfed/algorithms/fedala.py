@@ -44,18 +44,8 @@ from hetfed.config import OptimizerConfig
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    Upload,
-    prefixed,
-    split_state,
-    under,
-    without,
-)
-from hetfed.models.base import Noise
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise, prefixed, under, without
 
 OWN = "ala.model."  # the client's own model Θ_i
 GLOBAL, LOCAL = "ala.glob.", "ala.locl."  # the received Θ and the local parameters, as W's loss reads them

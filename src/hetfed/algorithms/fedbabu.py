@@ -34,7 +34,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.models.base import prefixed, under, without
 
 TUNED = "babu_ft."  # a client's fine-tuned model in its state
 VIEWS = ("fedbabu", "fedbabu_ft")

@@ -39,17 +39,8 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    ServerState,
-    Upload,
-    prefixed,
-    split_state,
-    without,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, split_state
+from hetfed.models.base import prefixed, without
 
 #: the client's critical-parameter mask of shared parameter ``name`` is its state ``cac.mask.<name>``
 MASK = "cac.mask."

@@ -81,7 +81,7 @@ class FedDBE(FedAvg):
         return {**self.model.init_local(gen), MEMORY: torch.zeros(self.model.latent_dim),
                 **kept_optimizer_state(self.train, shapes)}
 
-    def _objective(self, bc: Broadcast, data: ClientData, known: bool) -> StackObjective:
+    def _round_objective(self, bc: Broadcast, data: ClientData, known: bool) -> StackObjective:
         """The round's loss over its running mean ``r`` (an output: read after training, the uploaded running mean;
         zero at the round's start) and, once the global mean is ``known``, each client's run's global mean."""
         n, d = len(data.client_ids), self.model.latent_dim
@@ -122,7 +122,7 @@ class FedDBE(FedAvg):
         n = len(data.client_ids)
         local, kept_opt = split_state(states)  # local: the model's own parameters and the memory z̄_k
         known = bool(bc.extra["known"] > 0)
-        objective = self._objective(bc, data, known)
+        objective = self._round_objective(bc, data, known)
         params = {**bc.stacked(n), **local}
         memory = params.pop(MEMORY)
         if known:

@@ -38,17 +38,9 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.local import Proximal
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    ServerState,
-    Upload,
-    beside_model,
-    split_state,
-    without,
-)
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, beside_model, split_state
 from hetfed.interface import server_step
+from hetfed.models.base import without
 
 #: client state: the client's ∇L_k(θ_k^{t−1}) per shared parameter
 GRAD = "feddyn.grad."

@@ -36,8 +36,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state, under, without
-from hetfed.models.base import Derived, Model, Noise, Params
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.models.base import Derived, Model, Noise, Params, under, without
 
 #: the client's mixture weights π_k in its state (never sent)
 WEIGHTS = "fedem.weights"

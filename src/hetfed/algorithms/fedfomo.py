@@ -38,7 +38,8 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor, client_losses
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, split_state
+from hetfed.models.base import prefixed
 
 #: personal rows: the client's own latest model ``fomo.own.<name>``, the candidates ``fomo.cand.<name>`` [M, …]
 OWN, CANDIDATE, SENDERS = "fomo.own.", "fomo.cand.", "fomo.senders"

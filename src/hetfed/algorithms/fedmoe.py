@@ -46,9 +46,9 @@ from hetfed.engine.evaluate import (
 )
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, under, without
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
 from hetfed.interface import PersonalPlan
-from hetfed.models.base import Model
+from hetfed.models.base import Model, under, without
 from hetfed.models.mixture import Mixture
 
 PERSONAL = 11  # rng purpose: personalisation phases

@@ -41,9 +41,9 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import Objective, client_mean, row_cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, split_state
 from hetfed.interface import server_step
-from hetfed.models.base import Noise
+from hetfed.models.base import Noise, prefixed
 
 #: the server's combined head of parameter ``name`` for each client: ``pac.<name>`` (a personal row)
 HEAD = "pac."

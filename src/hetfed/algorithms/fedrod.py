@@ -30,8 +30,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state, under
-from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec
+from hetfed.engine.types import Broadcast, ClientData, ClientState, split_state
+from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec, under
 
 #: the personal head's parameters in a client's state
 PERSONAL = "rod."

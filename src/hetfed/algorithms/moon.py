@@ -30,8 +30,8 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, prefixed, split_state, under, without
-from hetfed.models.base import Noise, Params
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Upload, split_state
+from hetfed.models.base import Noise, Params, prefixed, under, without
 
 #: the client's previous local model in its state
 PREVIOUS = "moon.prev."

@@ -36,8 +36,8 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, prefixed, split_state
-from hetfed.models.base import linear_init
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, split_state
+from hetfed.models.base import linear_init, prefixed
 
 #: a client's aggregate of parameter ``name`` in its personal row
 AGGREGATE = "la."

@@ -39,18 +39,8 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import StackObjective, cross_entropy, train_stack
-from hetfed.engine.types import (
-    Broadcast,
-    ClientData,
-    ClientState,
-    Params,
-    Upload,
-    prefixed,
-    split_state,
-    under,
-    without,
-)
-from hetfed.models.base import Noise
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.models.base import Noise, prefixed, under, without
 
 THETA = "pfedme.theta."  # the personalised model θ_i in a client's state
 

@@ -49,12 +49,11 @@ from hetfed.engine.types import (
     StreamedUpload,
     Upload,
     beside_model,
-    prefixed,
     split_state,
     take_rows,
-    without,
 )
 from hetfed.interface import server_step
+from hetfed.models.base import prefixed, without
 
 #: client state: the client's control variate per shared parameter
 CI = "scaffold.c."

@@ -30,10 +30,10 @@ from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
 from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.step_plan import StepPlan, plan_steps
-from hetfed.engine.types import ClientData, take_rows, under, without
+from hetfed.engine.types import ClientData, take_rows
 from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
-from hetfed.models.base import Model, Noise, Params
+from hetfed.models.base import Model, Noise, Params, under, without
 
 # each row's cross-entropy: the name the methods' objectives import from here
 from hetfed.models.softmax import row_cross_entropy as row_cross_entropy

@@ -6,40 +6,23 @@ its fields (e.g. that it carries no local parameters).
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
-from typing import Any, TypeVar
+from typing import Any
 
 import numpy as np
 import torch
 
+from hetfed.models.base import without
+
 Params = dict[str, torch.Tensor]
 #: A client's local-only state: local parameters and (if kept) optimiser state.
 ClientState = dict[str, torch.Tensor]
-V = TypeVar("V")
 
 
 def map_tensors(value: Any, fn: Any) -> Any:
     """``fn`` of a tensor, or of each tensor of a dict of them (a generator's parameters sent as one extra)."""
     return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
-
-
-def prefixed(values: Mapping[str, V], prefix: str) -> dict[str, V]:
-    """``values`` with ``prefix`` before each key: one named part of a flat dict of tensors (a client's personal
-    model beside its local state, an objective's inputs among a step's fixed tensors, a broadcast's per-client rows).
-    :func:`under` reads the part back."""
-    return {prefix + k: v for k, v in values.items()}
-
-
-def under(values: Mapping[str, V], prefix: str) -> dict[str, V]:
-    """The part of ``values`` whose keys start with ``prefix``, keyed by the rest of each key (:func:`prefixed`'s
-    inverse), in ``values``' order."""
-    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
-
-
-def without(values: Mapping[str, V], *prefixes: str) -> dict[str, V]:
-    """``values`` less its entries whose keys start with any of ``prefixes`` (a state less its named parts)."""
-    return {k: v for k, v in values.items() if not k.startswith(prefixes)}
 
 
 def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:

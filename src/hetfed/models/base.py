@@ -16,8 +16,9 @@ from :attr:`Model.local_names` instead of special-casing methods.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, MutableMapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, MutableMapping, Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 
@@ -26,6 +27,27 @@ from hetfed.models import sgd_in_backward
 from hetfed.models.closed_form import ClosedForm
 
 Params = dict[str, torch.Tensor]
+V = TypeVar("V")
+
+
+def prefixed(values: Mapping[str, V], prefix: str) -> dict[str, V]:
+    """``values`` with ``prefix`` before each key: one named part of a flat dict of tensors (a client's personal
+    model beside its local state, an objective's inputs among a step's fixed tensors, a broadcast's per-client rows).
+    :func:`under` reads the part back."""
+    return {prefix + k: v for k, v in values.items()}
+
+
+def under(values: Mapping[str, V], prefix: str) -> dict[str, V]:
+    """The part of ``values`` whose keys start with ``prefix``, keyed by the rest of each key (:func:`prefixed`'s
+    inverse), in ``values``' order."""
+    return {k[len(prefix):]: v for k, v in values.items() if k.startswith(prefix)}
+
+
+def without(values: Mapping[str, V], *prefixes: str) -> dict[str, V]:
+    """``values`` less its entries whose keys start with any of ``prefixes`` (a state less its named parts)."""
+    return {k: v for k, v in values.items() if not k.startswith(prefixes)}
+
+
 Init = Callable[[torch.Generator, tuple[int, ...]], torch.Tensor]
 
 

@@ -19,8 +19,7 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 
-from hetfed.engine.types import under
-from hetfed.models.base import Model, Noise, Params, ParamSpec
+from hetfed.models.base import Model, Noise, Params, ParamSpec, under
 
 EXPERTS = ("global", "specialist")
 
