@@ -334,9 +334,13 @@ RECORDED_RUNS = [
     {"methods": [{"name": "fsnet", "algorithm": "fsnet"},
                  {"name": "fedgen", "algorithm": "fedgen", "params": {"server_steps": 5}}],
      "partition": {"kind": "dirichlet", "alpha": 0.3}},
+    # FedAS's alignment pass reads each client's own prototypes (from round 1, its previous body's); FedPAC's body
+    # reads its run's class centroids, which the server sends from round 2
+    {"methods": [{"name": "fedas", "algorithm": "fedas"}, {"name": "fedpac", "algorithm": "fedpac"}],
+     "partition": {"kind": "dirichlet", "alpha": 0.3}},
 ]
 RECORDED_RUN_IDS = ["default", "fedrod", "fedproto-fedlc", "fedcp-gpfl-apfl", "scaffold-feddyn-moon",
-                    "pfedme-perfedavg-feddbe-fedala", "floco-pfedfda-fedem", "fsnet-fedgen"]
+                    "pfedme-perfedavg-feddbe-fedala", "floco-pfedfda-fedem", "fsnet-fedgen", "fedas-fedpac"]
 
 
 def _finals(tmp_path, overrides: dict, **train) -> dict[str, dict[str, dict]]:

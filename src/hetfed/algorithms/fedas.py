@@ -37,7 +37,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.config import OptimizerConfig
-from hetfed.engine.local import Objective, row_cross_entropy, train_stack
+from hetfed.engine.local import StackObjective, row_cross_entropy, train_stack
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -115,13 +115,12 @@ class FedAS(PartlyPersonal):
         start = initial_model(self)
         return {**super().client_init(client_id, gen), **{PREVIOUS + k: start[k].clone() for k in self._body}}
 
-    def _alignment(self, prototypes: torch.Tensor, known: torch.Tensor) -> Objective:
-        model = self.model
-
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            return alignment_loss(model.features(params, xb, noise), yb.long(), mask, prototypes, known)
-
-        return objective
+    def _alignment_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                        inputs: Params) -> torch.Tensor:
+        """The alignment pass's loss over each client's own prototypes and which classes have one (``inputs``,
+        declared: its steps are recorded and compute only the clients still aligning)."""
+        z = self.model.features(params, xb, noise)
+        return alignment_loss(z, yb.long(), mask, inputs["prototypes"], inputs["known"])
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
@@ -133,7 +132,8 @@ class FedAS(PartlyPersonal):
         plain = OptimizerConfig(kind="sgd", lr=p.align_lr, momentum=0.0)
         aligned, _, _ = train_stack(self.model, {**bc.stacked(n), **local}, second_pass(data, 1), align, plain,
                                     p.align_lr, trainable=list(self._body),
-                                    objective=self._alignment(prototypes, counts > 0))
+                                    objective=StackObjective(self._alignment_loss,
+                                                             {"prototypes": prototypes, "known": counts > 0}))
         params, opt_state, loss = train_clients(self, {**{k: aligned[k] for k in self._body}, **local}, kept_opt,
                                                 data, bc.lr)
         trace = fisher_trace(self.model, params, data, self.schedule.batch_size)

@@ -40,7 +40,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import Predictor
-from hetfed.engine.local import Objective, client_mean, row_cross_entropy, train_stack
+from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy, train_stack
 from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, ServerState, Upload, split_state
 from hetfed.interface import server_step
 from hetfed.models.base import Noise, prefixed
@@ -126,19 +126,24 @@ class FedPAC(PartlyPersonal):
             out[k] = torch.where(has, combined, local[k])
         return out
 
-    def _aligned(self, bc: Broadcast, n: int) -> Objective:
-        model, lam = self.model, self.params.lam
-        # each client its own run's centroids [n, C, d] and which classes have one [n, C] (a stacked sweep's stack)
-        centroids, known = bc.extra_rows("centroids", n), bc.extra_rows("known", n).bool()
+    def _aligned(self, bc: Broadcast, data: ClientData) -> StackObjective:
+        """The body's loss over each client's run's class centroids [n, C, d] and which classes have one [n, C] (a
+        stacked sweep's stack holds several runs), declared: its steps are recorded and compute only the clients
+        still training."""
+        n, device = len(data.client_ids), data.x.device
+        return StackObjective(self._aligned_loss, {"centroids": bc.extra_rows("centroids", n).to(device),
+                                                   "known": bc.extra_rows("known", n).bool().to(device)})
 
-        def objective(params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise):
-            z = model.features(params, xb, noise)
-            ce = client_mean(row_cross_entropy(model.head(params, z), yb), mask)
-            y = yb.long()
-            target = torch.where(at_labels(known.to(z.device), y)[..., None], at_labels(centroids.to(z), y), z.detach())
-            return ce + lam * client_mean(((z - target) ** 2).mean(-1), mask), ce
-
-        return objective
+    def _aligned_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
+                      inputs: Params) -> tuple[torch.Tensor, torch.Tensor]:
+        """The cross-entropy plus λ · the features' squared distance to their class's centroid where it has one
+        (reporting the cross-entropy)."""
+        z = self.model.features(params, xb, noise)
+        ce = client_mean(row_cross_entropy(self.model.head(params, z), yb), mask)
+        y = yb.long()
+        target = torch.where(at_labels(inputs["known"], y)[..., None], at_labels(inputs["centroids"].to(z), y),
+                             z.detach())
+        return ce + self.params.lam * client_mean(((z - target) ** 2).mean(-1), mask), ce
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
@@ -149,7 +154,7 @@ class FedPAC(PartlyPersonal):
         body = list(bc.params)
         params, _, _ = train_stack(self.model, params, second_pass(data, 1), self.schedule.one_epoch(),  # the head
                                    self.train.optimizer, bc.lr, trainable=list(self.personal_names()))
-        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc, n),
+        params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc, data),
                                                 trainable=body)  # the body, the head frozen
         centroids, counts = client_prototypes(self.model, params, data)
         upload = Upload(list(data.client_ids), {k: params[k] for k in body}, data.sizes().to(loss.device),
@@ -227,7 +232,7 @@ register(AlgorithmSpec(
     FedPACParams,
     Capabilities(uploads="shared parameters of the body, its head, class centroids and counts, feature "
                          "statistics, sample count, training loss", whole_round=True, personalises=True,
-                         per_client=True, stacks_runs=True, whole_model=False),
+                         per_client=True, stacks_runs=True, whole_model=False, compact_steps=True),
     privacy=(
         PrivacyRow(
             method="FedPAC",
