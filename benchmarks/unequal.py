@@ -14,7 +14,8 @@ The field's most common setting: 20 clients of a Dirichlet α = 0.1 split (62 �
 
 ``--compile`` (CPU) adds the sequential and vectorised executors with ``train.capture: compile`` (their steps
 compiled by ``torch.compile``; the compiling is in the warm-up rounds). For each: seconds per round (training only),
-the stack occupancy (real client-steps ÷ computed client-steps)
+the stack occupancy (real client-steps ÷ computed client-steps, counted step by step over every stacked step of the
+timed rounds, extra passes included, as each step computed them)
 and the largest parameter difference from the sequential run (the executors agree to float tolerance).
 Two floors, timed in the same run: the **stacked ideal** (the vectorised executor's stacks as nothing but a
 batched-matmul forward, autograd backward and SGD update per step, over the clients still training where the
@@ -48,8 +49,9 @@ from engine import (  # benchmarks/engine.py (this folder is on sys.path)
 
 from hetfed.algorithms import build_algorithm
 from hetfed.config import ModelConfig, OptimizerConfig, PartitionConfig, TrainConfig
+from hetfed.engine import local
 from hetfed.engine.local import LocalSchedule
-from hetfed.engine.stacks import stack_blocks, stack_occupancy
+from hetfed.engine.stacks import stack_blocks
 from hetfed.executors.inprocess import (
     SequentialExecutor,
     VectorisedExecutor,
@@ -80,6 +82,9 @@ EXECUTORS = {"sequential": SequentialExecutor,
 
 def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cpu", capture: str = "auto",
         model_kind: str = "mlp"):
+    """(seconds a training round, the server's parameters, the model, the occupancy the timed rounds' stacked steps
+    had: real client-steps ÷ the client-steps they computed, counted step by step as each computed them — a method
+    whose steps compute only the clients still training counts so whether or not it declares it)."""
     model = build_model(MODELS[model_kind], fed.input_shape, fed.n_classes)
     train = TrainConfig(rounds=rounds, client_fraction=1.0, eval_every=10_000, local_epochs=1, batch_size=10,
                         optimizer=OptimizerConfig(lr=0.01, momentum=0.0), device=device, capture=capture)
@@ -87,10 +92,23 @@ def run(fed, executor, rounds: int, algorithm: str = "fedavg", device: str = "cp
     # warm-up (train.capture compile: its shapes are compiled there, once they have come up often enough)
     warm = 4 if capture == "compile" else 1
     simulate(algo, fed, train.model_copy(update={"rounds": warm}), 0, executor=executor)
-    t0 = time.perf_counter()
-    result = simulate(algo, fed, train, 0, executor=executor)
+    counted = [0, 0]  # real client-steps, computed client-steps
+    keys = local._step_keys
+
+    def counting(plan, reads_rows, compacts, recorded):
+        out = keys(plan, reads_rows, compacts, recorded)
+        counted[0] += sum(len(rows) - rows.count(0) for w, rows in zip(plan.widths, plan.rows, strict=True) if w)
+        counted[1] += sum(key[3] for key in out)
+        return out
+
+    local._step_keys = counting
+    try:
+        t0 = time.perf_counter()
+        result = simulate(algo, fed, train, 0, executor=executor)
+    finally:
+        local._step_keys = keys
     per_round = result.train_seconds / rounds if result.train_seconds else (time.perf_counter() - t0) / rounds
-    return per_round, result.server.params, model
+    return per_round, result.server.params, model, counted[0] / counted[1] if counted[1] else 1.0
 
 
 def _timed_stacks(blocks: list[list[int]], steps: list[int], n_rows: int, fresh, step, batch: int, repeats: int,
@@ -266,7 +284,8 @@ def main() -> None:
         plain = False  # whether its steps compute only the clients still training
         for name in args.executors:
             executor = EXECUTORS[name]()
-            seconds, params, model = run(fed, executor, args.rounds, algorithm, args.device, model_kind=args.model)
+            seconds, params, model, occupancy = run(fed, executor, args.rounds, algorithm, args.device,
+                                                    model_kind=args.model)
             if ref is None:
                 ref = params
             cap = executor.chunk_size(model, 10)
@@ -276,19 +295,16 @@ def main() -> None:
                 grouped = blocks
             rows[name] = {
                 "seconds_per_round": round(seconds, 3),
-                "occupancy": round(stack_occupancy(steps, blocks, plain), 3),
+                "occupancy": round(occupancy, 3),
                 "stacks": len(blocks),
                 f"max_abs_diff_vs_{args.executors[0]}": _max_diff(params, ref),
             }
         if args.compile and args.device == "cpu":  # the same executors with their steps compiled (train.capture)
             for name in [n for n in ("sequential", "vectorised") if n in args.executors]:
-                seconds, params, _ = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,
-                                         capture="compile", model_kind=args.model)
-                rows[f"{name}_compiled"] = {"seconds_per_round": round(seconds, 3),
-                                            f"max_abs_diff_vs_{args.executors[0]}":
-                                                _max_diff(params, ref)}
-                if name == "vectorised":
-                    rows[f"{name}_compiled"]["occupancy"] = round(stack_occupancy(steps, grouped, plain, True), 3)
+                seconds, params, _, occupancy = run(fed, EXECUTORS[name](), args.rounds, algorithm, args.device,
+                                                    capture="compile", model_kind=args.model)
+                rows[f"{name}_compiled"] = {"seconds_per_round": round(seconds, 3), "occupancy": round(occupancy, 3),
+                                            f"max_abs_diff_vs_{args.executors[0]}": _max_diff(params, ref)}
         if args.device == "cuda" and "vectorised" in rows:  # the grouped stacks, every step launched eagerly
             rows["vectorised"]["eager_seconds_per_round"] = round(
                 run(fed, VectorisedExecutor(), args.rounds, algorithm, args.device, capture="off",
