@@ -10,7 +10,8 @@ m='[{name: pfedme, algorithm: pfedme, params: {lam: 1.0, personal_lr: 0.01}}],'
 m+='[{name: perfedavg, algorithm: perfedavg, params: {inner_lr: 0.005}, train: {local_epochs: 2}}],'
 m+='[{name: fedavg, algorithm: fedavg}],[{name: feddbe, algorithm: feddbe}],[{name: fedproto, algorithm: fedproto}],'
 m+='[{name: scaffold, algorithm: scaffold}],[{name: feddyn, algorithm: feddyn}],[{name: moon, algorithm: moon}],'
-m+='[{name: fedlc, algorithm: fedlc}],[{name: fedala, algorithm: fedala}],[{name: fedgen, algorithm: fedgen}]'
+m+='[{name: fedlc, algorithm: fedlc}],[{name: fedala, algorithm: fedala}],[{name: fedgen, algorithm: fedgen}],'
+m+='[{name: fedpac, algorithm: fedpac}],[{name: fedas, algorithm: fedas}]'  # declared after call 1 (last: if time)
 METHODS=$m STACK_S=0 TESTS_S=${TESTS_S:-220} ALONE_S=${ALONE_S:-180} bash "$(dirname "$0")/call.sh"
 cd "$(dirname "$0")/../.." && PYTHONPATH="$PWD/src:/tmp/site" timeout "${REPEATS_S:-90}" python3 benchmarks/repeats.py \
     --device cuda > "${OUT:-gpu-results}/repeats.json" 2> "${OUT:-gpu-results}/repeats.log"
