@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import csv
 import json
 import sys
 import tempfile
@@ -29,19 +28,18 @@ import torch
 
 from hetfed.cli import main as hetfed
 from hetfed.registry import registry_of
+from hetfed.runs.rundir import read_metric_rows
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
+#: metrics whose names mark a timing (left out: they differ between any two runs)
+TIMINGS = ("seconds", "_s", "time", "rate")
 
 
 def _metrics(path: Path) -> dict[tuple, float]:
     """Every run's metrics.csv but its timings, keyed by run, method, round, split, client and metric."""
-    out = {}
-    for run in sorted(path.glob("*/seed=*")):
-        with open(run / "metrics.csv") as fh:
-            for r in csv.DictReader(fh):
-                if r["value"] != "" and not any(t in r["metric"] for t in ("seconds", "_s", "time", "rate")):
-                    out[(run.name, r["method"], r["round"], r["split"], r["client"], r["metric"])] = float(r["value"])
-    return out
+    return {(run.name, r["method"], r["round"], r["split"], r["client"], r["metric"]): float(r["value"])
+            for run in sorted(path.glob("*/seed=*")) for r in read_metric_rows(run / "metrics.csv")
+            if r["value"] != "" and not any(t in r["metric"] for t in TIMINGS)}
 
 
 def _compared(a: dict[tuple, float], b: dict[tuple, float]) -> dict[str, float]:
