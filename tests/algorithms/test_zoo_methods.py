@@ -723,6 +723,27 @@ def test_fedas_aligns_the_global_body_to_its_prototypes_trains_and_reports_its_f
     assert upload.extra["fisher_trace"][0].item() == pytest.approx(trace, rel=1e-5)
 
 
+def test_fedas_fisher_trace_of_unequal_clients_is_each_clients_own():
+    """The trace of a stack of clients with 0 to 3 batches (taken most batches first, each pass computing only the
+    clients that still have a batch) is each client's trace computed alone, in the stack's order."""
+    from hetfed.algorithms.fedas import fisher_trace
+    from hetfed.config import ModelConfig
+    from hetfed.engine.types import ClientData
+    from hetfed.models import build_model
+
+    model = build_model(ModelConfig(kind="mlp", hidden=[4]), (3,), 2)
+    gen = torch.Generator().manual_seed(3)
+    x, y = torch.randn(20, 3, generator=gen), torch.randint(0, 2, (20,), generator=gen)
+    indices = [np.arange(0, 2), np.arange(2, 2), np.arange(2, 11), np.arange(11, 16), np.arange(16, 20)]
+    n = len(indices)
+    stacked = {s.name: torch.stack([s.init(gen, s.shape) for _ in range(n)]) for s in model.specs()}
+    together = fisher_trace(model, stacked, ClientData(list(range(n)), x, y, indices, list(range(n))), batch=4)
+    alone = [fisher_trace(model, {k: v[k_:k_ + 1] for k, v in stacked.items()},
+                          ClientData([k_], x, y, [indices[k_]], [k_]), batch=4) for k_ in range(n)]
+    assert together[1] == 0 and (together[[0, 2, 3, 4]] > 0).all()
+    torch.testing.assert_close(together, torch.cat(alone), rtol=1e-6, atol=0)
+
+
 def test_fedas_averages_the_bodies_weighted_by_fisher_trace():
     from hetfed.engine.types import Upload
 
