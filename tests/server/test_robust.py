@@ -243,15 +243,43 @@ def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_dep
 def test_the_finite_flags_taken_from_the_norms_are_every_values_check(clients, centre):
     """A stack's finite flags come from its update norms where those are finite (:func:`measure`): they must be the
     check of every value — non-finite parameters, shared or not, non-finite statistics, differences that overflow
-    float32, a non-finite reference."""
-    from hetfed.server.screen import finite_clients, measure
+    float32, a non-finite reference — and its norms :func:`update_norms`'s (the two are read back together)."""
+    from hetfed.server.screen import finite_clients, measure, update_norms
 
     shared, own, loss = (torch.tensor(c, dtype=torch.float32) for c in zip(*clients, strict=True))
     n = len(clients)
     upload = Upload(list(range(n)), {"w": torch.stack([shared, torch.ones(n)], 1), "head": own[:, None]},
                     torch.ones(n), {"train_loss": loss})
-    measured = measure(upload, {"w": torch.tensor([centre, 1.0])})
+    reference = {"w": torch.tensor([centre, 1.0])}
+    measured = measure(upload, reference)
     assert measured.finite.tolist() == finite_clients(upload).tolist()
+    assert measured.norms is not None
+    torch.testing.assert_close(measured.norms, update_norms(upload, reference), rtol=0, atol=0, equal_nan=True)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+def test_a_cuda_stacks_norms_and_finite_flags_are_read_back_in_one_synchronisation():
+    """#74 item 3: the norm screen's measure of a CUDA stack (its update norms and the other tensors' sums) waits on
+    the device once, not once for each."""
+    import warnings
+
+    from hetfed.server.screen import measure
+
+    g = torch.Generator().manual_seed(0)
+    upload = Upload(list(range(5)), {"w": torch.randn(5, 40, generator=g).cuda(), "head": torch.randn(5, 3).cuda()},
+                    torch.ones(5).cuda(), {"train_loss": torch.rand(5, generator=g).cuda()})
+    reference = {"w": torch.zeros(40).cuda()}
+    measure(upload, reference)  # the kernels' first launches
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            measured = measure(upload, reference)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert measured.finite.all() and measured.norms is not None and measured.norms.device.type == "cpu"
+    assert len([w for w in seen if "synchroniz" in str(w.message)]) == 1, [str(w.message) for w in seen]
 
 
 def test_the_norm_filters_median_is_torchs_quantile_to_the_bit():

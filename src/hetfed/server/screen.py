@@ -46,7 +46,12 @@ NORM_SLICE, NORM_COLUMNS = 1 << 17, 4096
 
 
 def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = None) -> torch.Tensor:
-    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host).
+    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, on the host): :func:`_norms` read back."""
+    return _norms(upload, reference, as_stack_of).cpu()
+
+
+def _norms(upload: Upload, reference: Params, as_stack_of: int | None = None) -> torch.Tensor:
+    """``‖θ_k − θ_global‖₂`` over all shared parameters, per client (float64, where the updates are).
 
     Each client's parameters are read as one row, the parameters' columns one after another, and the row is taken in
     slices of columns: on a CPU of :data:`NORM_SLICE` values a stack (at least :data:`NORM_COLUMNS` a client), so that
@@ -77,7 +82,7 @@ def update_norms(upload: Upload, reference: Params, as_stack_of: int | None = No
         norm = torch.linalg.vector_norm(d.double() if d.device.type == "cpu" else d, dim=1, dtype=torch.float64)
         total = norm if columns <= width else norm.pow_(2) if total is None else total.add_(norm.pow_(2))
     assert total is not None
-    return (total if columns <= width else total.sqrt_()).cpu()
+    return total if columns <= width else total.sqrt_()
 
 
 def _column_slices(rows: list[tuple[torch.Tensor, torch.Tensor]], width: int, columns: int) -> Iterator[torch.Tensor]:
@@ -108,16 +113,30 @@ def finite_clients(upload: Upload, skip: Container[str] = ()) -> torch.Tensor:
     overflows) are checked value by value: one pass of reading instead of a boolean copy of
     every update. Every tensor's sums are read back at once.
     """
+    flats, sums = _row_sums(upload, skip)
+    return _finite_rows(flats, None if sums is None else sums.cpu(), len(upload.client_ids))
+
+
+def _row_sums(upload: Upload, skip: Container[str] = ()) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+    """The uploaded tensors :func:`finite_clients` reads (``[n, …]`` each, as rows) and each one's row sums in
+    float64 ``[tensors, n]`` where the updates are (a float's ±inf and NaN kept); None when there is none."""
     n = len(upload.client_ids)
-    ok = torch.ones(n, dtype=torch.bool)
     flats = [v.reshape(n, -1) for v in [*(v for k, v in upload.params.items() if k not in skip),
                                         *upload.extra.values()]
              if v.is_floating_point() and v.shape[:1] == (n,)]
     if not flats or not n:
-        return ok
+        return flats, None
     device = flats[0].device
-    sums = torch.stack([flat.sum(1).to(device, torch.float64) for flat in flats])  # a float's ±inf and NaN kept
-    suspects = ~torch.isfinite(sums).cpu()  # [tensors, n]
+    return flats, torch.stack([flat.sum(1).to(device, torch.float64) for flat in flats])
+
+
+def _finite_rows(flats: list[torch.Tensor], sums: torch.Tensor | None, n: int) -> torch.Tensor:
+    """Per client: whether its rows of ``flats`` are finite, from their row sums read back (``sums``, on the host):
+    a client whose sum is not finite is checked value by value."""
+    ok = torch.ones(n, dtype=torch.bool)
+    if sums is None:
+        return ok
+    suspects = ~torch.isfinite(sums)  # [tensors, n]
     if bool(suspects.any()):
         for flat, suspect in zip(flats, suspects, strict=True):
             if bool(suspect.any()):
@@ -148,12 +167,16 @@ def measure(upload: Upload, reference: Params, chunk_size: int | None = None, no
     are (a NaN or ±inf there makes it NaN or ±inf; float32 squares summed in float64 cannot overflow), so the finite
     check reads only what they did not (the statistics, any parameter not shared) — one pass over the update, not
     two (~60 µs of a 10-client round of an MLP 64-64-64-10, #74). A norm that is not finite (a non-finite value, a
-    difference that overflowed, a non-finite reference) sends the stack to the check of every value."""
+    difference that overflowed, a non-finite reference) sends the stack to the check of every value. The norms and
+    the other tensors' sums are read back together: on a GPU one synchronisation a stack, not two."""
     if not norms:
         return Measured(finite_clients(upload), None)
-    measured = update_norms(upload, reference, chunk_size)
-    exact = not bool(torch.isfinite(measured).all())
-    return Measured(finite_clients(upload, () if exact else reference.keys()), measured)
+    measured = _norms(upload, reference, chunk_size)
+    flats, sums = _row_sums(upload, reference.keys())
+    read = measured.cpu()[None] if sums is None else torch.cat([measured.to(sums.device)[None], sums]).cpu()
+    if not bool(torch.isfinite(read[0]).all()):  # the exact check of every value (a GPU's second read-back)
+        return Measured(finite_clients(upload), read[0])
+    return Measured(_finite_rows(flats, None if sums is None else read[1:], len(upload.client_ids)), read[0])
 
 
 def select(upload: Upload, keep: torch.Tensor) -> Upload:
