@@ -3,7 +3,8 @@
 # first failure), then pFedMe, Per-FedAvg, FedDBE, FedALA and FedGen (their steps declared after call 1, so recorded)
 # and the methods call 1's time limit left out, each alone on PFLlib's protocol for 4 rounds, FedAvg again as the
 # reference; no stacked step; then benchmarks/repeats.py (does a FedBN sweep on CUDA repeat itself, with cuDNN's
-# default and its deterministic algorithms — the cause of call 1's failed test; ~1 minute) (~8 minutes).
+# default and its deterministic algorithms — the cause of call 1's failed test; ~1 minute) and the norm screen's
+# one synchronisation a stack (a CUDA test, seconds) (~8 minutes).
 #
 #     OUT=/path bash results/gpu_h200_2026-12-04c/call2.sh
 m='[{name: pfedme, algorithm: pfedme, params: {lam: 1.0, personal_lr: 0.01}}],'
@@ -13,5 +14,7 @@ m+='[{name: scaffold, algorithm: scaffold}],[{name: feddyn, algorithm: feddyn}],
 m+='[{name: fedlc, algorithm: fedlc}],[{name: fedala, algorithm: fedala}],[{name: fedgen, algorithm: fedgen}],'
 m+='[{name: fedpac, algorithm: fedpac}],[{name: fedas, algorithm: fedas}]'  # declared after call 1 (last: if time)
 METHODS=$m STACK_S=0 TESTS_S=${TESTS_S:-220} ALONE_S=${ALONE_S:-180} bash "$(dirname "$0")/call.sh"
-cd "$(dirname "$0")/../.." && PYTHONPATH="$PWD/src:/tmp/site" timeout "${REPEATS_S:-90}" python3 benchmarks/repeats.py \
+cd "$(dirname "$0")/../.." && HETFED_TEST_DEVICE=cuda PYTHONPATH="$PWD/src:/tmp/site" timeout 60 python3 -m pytest -q -n0 \
+    -p no:cacheprovider tests/server/test_robust.py -k cuda > "${OUT:-gpu-results}/tests_screen.txt" 2>&1
+PYTHONPATH="$PWD/src:/tmp/site" timeout "${REPEATS_S:-90}" python3 benchmarks/repeats.py \
     --device cuda > "${OUT:-gpu-results}/repeats.json" 2> "${OUT:-gpu-results}/repeats.log"
