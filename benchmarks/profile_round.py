@@ -2,8 +2,9 @@
 
 Prints (as JSON) the round's seconds, the share of them inside the local steps (``train_stack``), the Python
 functions with the most own time (cProfile), and the torch operators with the most host time and device time
-(torch.profiler), with how many times the host waited on the device. For finding the work around the steps
-that a GPU round is bound by; nothing is asserted.
+(torch.profiler), with how many times the host waited on the device and, on CUDA, the lines of hetfed that made it
+wait (``synchronisations_per_round_by_line``). For finding the work around the steps that a GPU round is bound by;
+nothing is asserted.
 
     python benchmarks/profile_round.py [--case overhead_bound] [--device cpu|cuda] [--rounds 3] [--top 25]
                                        [--algorithm fedavg|fsnet|…]
@@ -97,7 +98,27 @@ def main() -> None:
         dev = sorted(events, key=lambda e: getattr(e, "self_device_time_total", 0), reverse=True)[:args.top]
         out["torch_ops_by_device_ms"] = [(e.key, e.count, round(getattr(e, "self_device_time_total", 0) / 1e3, 3))
                                          for e in dev]
+        out["synchronisations_per_round_by_line"] = _synchronisations(algo, fed, train)
     print(json.dumps(out, indent=1))
+
+
+def _synchronisations(algo, fed, train) -> dict[str, float]:
+    """Where the rounds wait on the device (#74 item 3: none but the round's read-back should): each line of hetfed
+    that made a synchronising CUDA call, and how many a round, under ``torch.cuda.set_sync_debug_mode("warn")``."""
+    import collections
+    import warnings
+
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            simulate(algo, fed, train, 0, executor=VectorisedExecutor())
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    lines = collections.Counter(f"{w.filename.split('/src/')[-1]}:{w.lineno}" for w in seen
+                                if "synchroniz" in str(w.message))
+    return {line: count / train.rounds for line, count in lines.most_common()}
 
 
 if __name__ == "__main__":
