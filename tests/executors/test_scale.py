@@ -216,6 +216,22 @@ def test_defaults_keep_the_small_runs_unchanged():
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
+def test_a_stack_gathered_from_and_scattered_to_device_states_never_waits_on_the_device():
+    """#74 item 3: the clients' states that live on the GPU are gathered and stored every round by index copies that
+    do not wait for the device's queue (blocking copies did: one synchronisation a state name, each way)."""
+    store = ClientStore(6, "cuda", budget_bytes=1 << 20)
+    store.scatter([0, 1, 2, 3, 4, 5], {"w": torch.randn(6, 4, device="cuda"), "c": torch.randn(6, 2, device="cuda")})
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        state = store.gather([4, 1, 2], "cuda")
+        store.scatter([4, 1, 2], {k: v * 2 for k, v in state.items()})
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    torch.testing.assert_close(store[4]["w"], state["w"][0] * 2)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (run on the GPU machine)")
 @pytest.mark.parametrize("algorithm,compression", [
     ("scaffold", None),  # control variates: a model's size per client
     ("ditto", None),  # personal models

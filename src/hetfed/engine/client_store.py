@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from hetfed.engine.types import ClientState
+from hetfed.engine.types import ClientState, index_on
 
 
 class ClientStore(Mapping[int, ClientState]):
@@ -67,7 +67,7 @@ class ClientStore(Mapping[int, ClientState]):
             held = has[idx]
             if held.all():
                 data = self._data[name]
-                out[name] = data[torch.as_tensor(idx, device=data.device)].to(device)
+                out[name] = data[index_on(idx, data.device)].to(device)
             elif held.any():
                 raise ValueError(f"state {name!r} is held by some of the stacked clients only; "
                                  "a stack's clients must hold the same state names")
@@ -92,7 +92,7 @@ class ClientStore(Mapping[int, ClientState]):
             data = self._data.get(name)
             if data is None:
                 data = self._new(name, (self.n_clients, *value.shape[1:]), value.dtype)
-            data[torch.as_tensor(idx, device=data.device)] = value.to(data.device)
+            data[index_on(idx, data.device)] = value.to(data.device)
             self._has[name][idx] = True
 
     def held_by_all(self) -> set[str]:
@@ -108,7 +108,7 @@ class ClientStore(Mapping[int, ClientState]):
                 data = self._new(name, (self.n_clients, *value.shape), value.dtype)
             lacking = np.flatnonzero(~self._has[name])
             if len(lacking):
-                data[torch.as_tensor(lacking, device=data.device)] = value.detach().to(data.device, data.dtype)
+                data[index_on(lacking, data.device)] = value.detach().to(data.device, data.dtype)
                 self._has[name][lacking] = True
 
     # -- checkpoints
@@ -151,7 +151,7 @@ class ClientStore(Mapping[int, ClientState]):
             return [], {}
         ids = np.flatnonzero(counts == counts.max())
         names = [n for n, h in has.items() if h[ids].all()]
-        return ids.tolist(), {n: self._data[n][torch.as_tensor(ids, device=self._data[n].device)] for n in names}
+        return ids.tolist(), {n: self._data[n][index_on(ids, self._data[n].device)] for n in names}
 
 
 def _nbytes(t: torch.Tensor) -> int:

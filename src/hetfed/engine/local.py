@@ -30,7 +30,7 @@ from hetfed.config import OptimizerConfig, RecordPrivacyConfig, TrainConfig
 from hetfed.engine import capture, optim, record_dp
 from hetfed.engine.stacks import computed_clients
 from hetfed.engine.step_plan import StepPlan, plan_steps
-from hetfed.engine.types import ClientData, take_rows
+from hetfed.engine.types import ClientData, index_on, take_rows
 from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
 from hetfed.models.base import Model, Noise, Params, under, without
@@ -362,7 +362,7 @@ def _handed_out(order: list[int] | None, kept: bool, device: torch.device) -> Ca
     """What the caller gets of a trained stack's tensor: a kept step's tensors are overwritten by the next call, and
     a reordered stack is put back in the caller's order (copies, both); else the tensor itself."""
     if order is not None:
-        back = _index_on(sorted(range(len(order)), key=order.__getitem__), device)
+        back = index_on(sorted(range(len(order)), key=order.__getitem__), device)
         return lambda v: v.index_select(0, back)
     return (lambda v: v.clone()) if kept else (lambda v: v)
 
@@ -397,17 +397,11 @@ def longest_first(data: ClientData, schedule: LocalSchedule) -> list[int] | None
     return None if order == list(range(len(steps))) else order
 
 
-def _index_on(rows: list[int], device: torch.device) -> torch.Tensor:
-    """``rows`` as an index tensor on ``device``, copied without waiting for the device: a blocking copy synchronises
-    the host with the GPU's queue of steps (a lent H200 found two here, ``test_streams``)."""
-    return torch.as_tensor(rows).to(device, non_blocking=True)
-
-
 def _reordered(order: list[int], params: Params, opt_state: Params | None, regulariser: Regulariser | Proximal | None,
                data: ClientData) -> tuple[Params, Params | None, Regulariser | Proximal | None, ClientData]:
     """A stack's inputs with its clients in ``order`` (a stacked tensor is ``[n, ...]``; a proximal centre may be
     one model for all, one dimension less)."""
-    at = _index_on(order, data.x.device)
+    at = index_on(order, data.x.device)
     params = {k: v.detach().index_select(0, at) for k, v in params.items()}
     if opt_state is not None:
         opt_state = {k: v.detach().index_select(0, at) for k, v in opt_state.items()}

@@ -25,6 +25,12 @@ def map_tensors(value: Any, fn: Any) -> Any:
     return {k: fn(v) for k, v in value.items()} if isinstance(value, dict) else fn(value)
 
 
+def index_on(rows: list[int] | np.ndarray, device: torch.device | str) -> torch.Tensor:
+    """``rows`` as an int64 index tensor on ``device``, copied without waiting for the device: a blocking copy
+    synchronises the host with the GPU's queue of work (a lent H200 found two in the step loop, ``test_streams``)."""
+    return torch.as_tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
+
+
 def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each row's parameters joined into one float64 vector, in ``stacked``'s order: ``[n, d]`` from ``[n, …]`` each
     (what a rule or an attack that measures whole updates reads)."""
