@@ -65,7 +65,7 @@ def keys(seeds: Sequence[int], device: torch.device | str) -> torch.Tensor:
     copied once; the same integers as :func:`mix32` on any device."""
     low = np.array([int(s) & MASK32 for s in seeds], dtype=np.int64)
     high = np.array([(int(s) >> 32) & MASK32 for s in seeds], dtype=np.int64)
-    return torch.from_numpy(low ^ mix32(high)).to(device)
+    return torch.from_numpy(low ^ mix32(high)).to(device, non_blocking=True)  # a blocking copy waits on the GPU
 
 
 def bits(key: Ints, *counters: Ints | int) -> Ints:

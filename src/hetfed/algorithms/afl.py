@@ -41,7 +41,7 @@ from hetfed.algorithms.registry import (
     register,
 )
 from hetfed.engine.evaluate import predict
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on
 from hetfed.models.base import Model
 
 VALUATIONS = "valuations"
@@ -64,7 +64,7 @@ def loss_valuation(model: Model, params, data: ClientData) -> torch.Tensor:
         if len(idx) == 0:
             out.append(torch.tensor(0.0, device=data.x.device))
             continue
-        y = data.y[torch.as_tensor(idx, device=data.y.device)]
+        y = data.y[index_on(idx, data.y.device)]
         out.append(F.cross_entropy(lg, y, reduction="sum") / math.sqrt(len(idx)))
     return torch.stack(out).double()
 

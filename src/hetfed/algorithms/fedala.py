@@ -44,7 +44,7 @@ from hetfed.config import OptimizerConfig
 from hetfed.engine.evaluate import Predictor
 from hetfed.engine.local import InPlace, StackObjective, cross_entropy, train_stack
 from hetfed.engine.rng import LOCAL_PHASE, derive_seed
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, index_on, split_state
 from hetfed.models.base import Noise, prefixed, under, without
 
 OWN = "ala.model."  # the client's own model Θ_i
@@ -143,7 +143,7 @@ class FedALA(FedAvg):
             for epoch in range(self.params.max_settle_epochs):
                 if not running:
                     break
-                r = torch.as_tensor(running, device=rows.device)
+                r = index_on(running, rows.device)
                 step = replace(sub, client_ids=[sub.client_ids[i] for i in running],
                                indices=[sub.indices[i] for i in running],
                                seeds=[derive_seed(sub.seeds[i], LOCAL_PHASE, 5, epoch) for i in running])

@@ -45,6 +45,7 @@ from hetfed.engine.types import (
     Params,
     ServerState,
     Upload,
+    index_on,
     split_state,
     take_rows,
 )
@@ -89,7 +90,7 @@ def fisher_trace(model: Model, params: Params, data: ClientData, batch: int) -> 
     batches = _rows(data, batch)
     order = sorted(range(n), key=lambda k: -len(batches[k]))
     batches = [batches[k] for k in order]
-    rows = torch.as_tensor(order, device=data.x.device)
+    rows = index_on(order, data.x.device)
     leaves = {k: v.detach().index_select(0, rows).requires_grad_(True) for k, v in params.items()
               if v.is_floating_point()}
     fixed = {k: v.index_select(0, rows) for k, v in params.items() if k not in leaves}
@@ -102,7 +103,7 @@ def fisher_trace(model: Model, params: Params, data: ClientData, batch: int) -> 
         for k, b in enumerate(batches[:m]):
             index[k, : len(b[t])] = b[t]
             mask[k, : len(b[t])] = 1.0
-        index, mask = index.to(data.x.device), mask.to(data.x.device)
+        index, mask = index.to(data.x.device, non_blocking=True), mask.to(data.x.device, non_blocking=True)
         xb, yb = take_rows(data.x, index), take_rows(data.y, index).long()
         with torch.enable_grad():
             active = {k: v[:m] for k, v in leaves.items()}

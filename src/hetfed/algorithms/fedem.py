@@ -36,7 +36,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on, split_state
 from hetfed.models.base import Derived, Model, Noise, Params, under, without
 
 #: the client's mixture weights π_k in its state (never sent)
@@ -114,7 +114,7 @@ class FedEM(FedAvg):
         for m in range(self.params.components):
             logits = predict(self.model, component({**received, **local}, m, self.mixture.names), data.x,
                              data.indices)
-            losses.append([torch.nn.functional.cross_entropy(z, data.y[torch.as_tensor(i, device=data.y.device)],
+            losses.append([torch.nn.functional.cross_entropy(z, data.y[index_on(i, data.y.device)],
                                                              reduction="none") if len(i) else z.new_zeros(0)
                            for z, i in zip(logits, data.indices, strict=True)])
         new = weights.clone()

@@ -46,7 +46,7 @@ from hetfed.engine.evaluate import (
 )
 from hetfed.engine.local import LocalSchedule, train_stack
 from hetfed.engine.rng import CLIENT_INIT, derive_seed, numpy_rng, torch_gen
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, index_on
 from hetfed.interface import PersonalPlan
 from hetfed.models.base import Model, under, without
 from hetfed.models.mixture import Mixture
@@ -129,7 +129,7 @@ def train_until_stopped(
     running = list(range(n))
     for epoch in range(cfg.max_epochs):
         sub = [clients[i] for i in running]
-        rows = torch.as_tensor(running, device=x.device)
+        rows = index_on(running, x.device)
         step_data = ClientData(
             sub, x, y, [data.indices[i] for i in running],
             [derive_seed(seed, PERSONAL, phase, epoch, k) for k in sub],

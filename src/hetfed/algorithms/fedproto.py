@@ -33,7 +33,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on, split_state
 from hetfed.errors import ConfigError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Derived, Model, Noise, Params, Representation
@@ -140,7 +140,7 @@ def client_prototypes(model: Model, params: Params, data: ClientData) -> tuple[t
     reps = predict(Representation(model), params, data.x, data.indices)
     out = torch.zeros(len(reps), model.n_classes, model.latent_dim, device=counts.device)
     for k, (z, index) in enumerate(zip(reps, data.indices, strict=True)):
-        labels = data.y[torch.as_tensor(index, device=data.y.device)].long()
+        labels = data.y[index_on(index, data.y.device)].long()
         out[k].index_add_(0, labels, z.to(out.dtype))
     return out / counts.clamp(min=1)[..., None], counts
 

@@ -55,6 +55,7 @@ from hetfed.engine.types import (
     Params,
     ServerState,
     Upload,
+    index_on,
     stack_states,
     unstack_state,
 )
@@ -236,7 +237,7 @@ class FedFSNet(FedAvg):
         upload, new_states = super().local_update(bc, states, data)
         means, variances = [], []
         for idx in data.indices:
-            xk = data.x[torch.as_tensor(idx, device=data.x.device)]
+            xk = data.x[index_on(idx, data.x.device)]
             means.append(xk.mean(0))
             variances.append(xk.var(0, unbiased=False) if len(idx) > 1 else torch.zeros_like(xk[0]))
         extra = {**upload.extra, "input_mean": torch.stack(means), "input_var": torch.stack(variances)}

@@ -33,7 +33,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict
 from hetfed.engine.rng import DATASTORE, derive_seed
-from hetfed.engine.types import Broadcast, ClientState, split_state
+from hetfed.engine.types import Broadcast, ClientState, index_on, split_state
 from hetfed.models.base import Derived, Model, Noise, Params, Representation
 
 KEYS, LABELS = "knn.keys", "knn.labels"
@@ -89,7 +89,7 @@ class KNNPer(FedAvg):
         labels = torch.full((n, max(width, 1)), -1, dtype=torch.long, device=data.x.device)
         for j, (z, idx) in enumerate(zip(reps, kept, strict=True)):
             keys[j, :len(idx)] = z.to(keys.dtype)
-            labels[j, :len(idx)] = data.y[torch.as_tensor(idx, device=data.y.device)].long()
+            labels[j, :len(idx)] = data.y[index_on(idx, data.y.device)].long()
         return keys, labels
 
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,

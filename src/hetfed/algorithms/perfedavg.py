@@ -45,7 +45,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, call_rows, client_scores, size_blocks
 from hetfed.engine.local import StackObjective, cross_entropy, row_cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, split_state, take_rows
+from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, index_on, split_state, take_rows
 from hetfed.models.base import Noise
 
 
@@ -118,7 +118,7 @@ class PerFedAvg(FedAvg):
             return self._adapted(params, x, y, train)
         out = {k: torch.empty_like(v) for k, v in params.items()}
         for block in blocks:
-            rows = torch.as_tensor(block, device=next(iter(params.values())).device)
+            rows = index_on(block, next(iter(params.values())).device)
             part = self._adapted({k: v.index_select(0, rows) for k, v in params.items()}, x, y,
                                  [train[k] for k in block])
             for k, v in part.items():
@@ -136,8 +136,8 @@ class PerFedAvg(FedAvg):
         mask = np.zeros((len(train), width), dtype=np.float32)
         for k, i in enumerate(train):
             index[k, :len(i)], mask[k, :len(i)] = i, 1.0
-        idx = torch.as_tensor(index, device=x.device)
-        weights = torch.as_tensor(mask, device=x.device)
+        idx = index_on(index, x.device)
+        weights = torch.from_numpy(mask).to(x.device, non_blocking=True)
         count = weights.sum(1, keepdim=True).clamp(min=1)
         block = max(1, ADAPT_BLOCK_FLOATS // max(1, len(train) * x[0].numel()))
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}

@@ -50,7 +50,7 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict, scores
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
-from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, split_state
+from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on, split_state
 from hetfed.errors import ConfigError
 from hetfed.interface import global_params
 from hetfed.models.base import Derived, Model, Noise, Params, ParamSpec, Representation
@@ -230,7 +230,7 @@ class PFedFDA(FedAvg):
         reps = predict(Representation(self.model), params, x, indices)
         priors, means, covs = [], [], []
         for z, index in zip(reps, indices, strict=True):
-            labels = y[torch.as_tensor(index, device=y.device)].long().to(z.device)
+            labels = y[index_on(index, y.device)].long().to(z.device)
             prior = class_priors(labels, self.model.n_classes, self.params.eps).to(z.device)
             m, c = adaptive_statistics(z, labels, bc.extra[MEANS], bc.extra[COV], prior, self.params)
             priors.append(prior)

@@ -49,6 +49,7 @@ from hetfed.engine.types import (
     StreamedUpload,
     Upload,
     beside_model,
+    index_on,
     split_state,
     take_rows,
 )
@@ -145,7 +146,7 @@ class Scaffold(FedAvg):
         index = torch.zeros((n, max(width, 1)), dtype=torch.long, device=data.x.device)
         mask = torch.zeros((n, max(width, 1)), device=data.x.device)
         for j, idx in enumerate(data.indices):
-            index[j, : len(idx)] = torch.as_tensor(idx, device=data.x.device)
+            index[j, : len(idx)] = index_on(idx, data.x.device)
             mask[j, : len(idx)] = 1.0
         leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
         logits = self.model.forward(leaves, take_rows(data.x, index), None)
