@@ -291,6 +291,22 @@ def test_a_cuda_round_step_loop_never_synchronises(monkeypatch):
     train_without_synchronising(monkeypatch, model, params, data, LocalSchedule(batch_size=4, epochs=1, capture="off"))
 
 
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (run on the GPU machine)")
+def test_a_cuda_rounds_plan_after_the_first_never_synchronises():
+    """#74 item 3: a round's plan — its clients' keys, permutations and pool indices — is copied to the device
+    without waiting for it, once the layout its sizes share with the first round is kept (the blocking copies of the
+    keys and of the pool's indices were a synchronisation each, every round)."""
+    sched = LocalSchedule(batch_size=4, epochs=1)
+    first = plan_steps(_data([9, 4, 13], [1, 2, 3], device="cuda"), sched, torch.device("cuda"))
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = plan_steps(_data([9, 4, 13], [4, 5, 6], device="cuda"), sched, torch.device("cuda"))
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert again.index.shape == first.index.shape and not torch.equal(again.index, first.index)
+
+
 def test_a_run_records_its_generator_and_a_checkpoint_from_the_host_generators_is_refused(tmp_path):
     """Numbers changed once with the counter-based streams (hetfed 0.2): a run directory says which generator
     made it, and resuming a 0.1 run (which would mix the two) is refused with what to do instead."""

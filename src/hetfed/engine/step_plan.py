@@ -13,7 +13,7 @@ import numpy as np
 import torch
 
 from hetfed import streams
-from hetfed.engine.types import ClientData
+from hetfed.engine.types import ClientData, index_on
 
 
 class Schedule(Hashable, Protocol):
@@ -123,8 +123,7 @@ def plan_steps(data: ClientData, schedule: Schedule, device: torch.device) -> St
     keys = streams.keys(data.seeds, device)
     perm = streams.permutations(keys, sizes, layout.epochs, layout.permutation)
     own = perm[layout.flat] if perm.numel() else torch.zeros_like(layout.flat)
-    pool = torch.as_tensor(np.concatenate(data.indices) if sizes else np.zeros(0, np.int64), dtype=torch.int64,
-                           device=device)
+    pool = index_on(np.concatenate(data.indices) if sizes else np.zeros(0, np.int64), device)
     index = torch.where(layout.real, pool[(layout.first[:, None, None] + own).clamp(max=max(len(pool) - 1, 0))], 0) \
         if len(pool) else own
     return StepPlan(index=index, mask=layout.mask, active=layout.active, steps=layout.steps, keys=keys,
