@@ -80,7 +80,7 @@ class ClusterModels(FedAvg):
                 picked = (mine == c).view(-1, *([1] * (received.dim() - 1)))
                 upload[self.key(c, name)] = torch.where(picked, params[name], received)
         extra = {"train_loss": loss, **self.upload_extra(mine)}
-        return (Upload(list(data.client_ids), upload, data.sizes().to(loss.device), extra),
+        return (Upload(list(data.client_ids), upload, data.sizes(loss.device), extra),
                 {**{k: params[k] for k in local}, **opt_state})
 
     def cluster_step(self, model: Params, upload: Upload, rows: torch.Tensor, source: int, target: int, rnd: int,

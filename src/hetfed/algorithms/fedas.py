@@ -147,7 +147,7 @@ class FedAS(PartlyPersonal):
         params, opt_state, loss = train_clients(self, {**{k: aligned[k] for k in self._body}, **local}, kept_opt,
                                                 data, bc.lr)
         trace = fisher_trace(self.model, params, data, self.schedule.batch_size)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes().to(loss.device),
+        upload = Upload(list(data.client_ids), {k: params[k] for k in bc.params}, data.sizes(loss.device),
                         {"train_loss": loss, "fisher_trace": trace.to(loss.device)})
         kept = {**{k: params[k] for k in local}, **{PREVIOUS + k: params[k] for k in self._body}}
         return upload, {**kept, **opt_state}

@@ -103,7 +103,7 @@ class Local(Algorithm):
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         params, kept_opt = split_state(states)
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr)
-        upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device), {"train_loss": loss})
+        upload = Upload(list(data.client_ids), {}, data.sizes(loss.device), {"train_loss": loss})
         return upload, {**params, **opt_state}
 
 

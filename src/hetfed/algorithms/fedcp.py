@@ -171,7 +171,7 @@ class FedCP(PartlyPersonal):
         sent = {k: params[k] for k in bc.params}
         for k in names:  # its global head: the mean of its own and the one it received (generate_upload_head)
             sent[HEAD_G + k] = 0.5 * params[k] + 0.5 * received[HEAD_G + k]
-        upload = Upload(list(data.client_ids), sent, data.sizes().to(loss.device), {"train_loss": loss})
+        upload = Upload(list(data.client_ids), sent, data.sizes(loss.device), {"train_loss": loss})
         kept = {k: params[k] for k in local if k != CONTEXT}
         ctx = context_of({k: params[k] for k in names}, names, self.model.latent_dim).to(local[CONTEXT])
         return upload, {**kept, CONTEXT: ctx, **opt_state}

@@ -123,7 +123,7 @@ class FedFomo(FedAvg):
             weights[torch.tensor([len(h) == 0 for h in held])] = 0.0  # nothing held out: its own model
         start = combined(own, candidates, weights.to(next(iter(own.values())).device)) if m else own
         params, opt_state, loss = train_clients(self, {**start, **local}, kept_opt, train, bc.lr)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in names}, train.sizes().to(loss.device),
+        upload = Upload(list(data.client_ids), {k: params[k] for k in names}, train.sizes(loss.device),
                         {"train_loss": loss, "fomo_weights": weights.to(loss.device),
                          "fomo_senders": bc.personal[SENDERS].to(loss.device)})
         return upload, {**{k: params[k] for k in local}, **opt_state}

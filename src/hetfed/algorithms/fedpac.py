@@ -157,7 +157,7 @@ class FedPAC(PartlyPersonal):
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr, objective=self._aligned(bc, data),
                                                 trainable=body)  # the body, the head frozen
         centroids, counts = client_prototypes(self.model, params, data)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in body}, data.sizes().to(loss.device),
+        upload = Upload(list(data.client_ids), {k: params[k] for k in body}, data.sizes(loss.device),
                         {"train_loss": loss, "centroids": centroids.to(loss.device),
                          "label_counts": counts.to(loss.device), "head": self._flat_head(params, n), **stats})
         return upload, {**{k: params[k] for k in local}, **opt_state}

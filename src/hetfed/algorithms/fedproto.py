@@ -98,7 +98,7 @@ class FedProto(Algorithm):
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
                                                 objective=self._objective(bc, len(data.client_ids), data.x.device))
         prototypes, counts = client_prototypes(self.model, params, data)
-        upload = Upload(list(data.client_ids), {}, data.sizes().to(loss.device),
+        upload = Upload(list(data.client_ids), {}, data.sizes(loss.device),
                         {"train_loss": loss, "prototypes": prototypes, "label_counts": counts})
         return upload, {**params, **opt_state}
 

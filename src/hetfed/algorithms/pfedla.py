@@ -113,7 +113,7 @@ class PFedLA(FedAvg):
         local, kept_opt = split_state(states)
         start = {k: bc.personal[AGGREGATE + k] for k in self._layers()}
         params, opt_state, loss = train_clients(self, {**start, **local}, kept_opt, data, bc.lr)
-        upload = Upload(list(data.client_ids), {k: params[k] for k in self._layers()}, data.sizes().to(loss.device),
+        upload = Upload(list(data.client_ids), {k: params[k] for k in self._layers()}, data.sizes(loss.device),
                         {"train_loss": loss})
         return upload, {**{k: params[k] for k in local}, **opt_state}
 

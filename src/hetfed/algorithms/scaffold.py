@@ -126,7 +126,7 @@ class Scaffold(FedAvg):
         params, opt_state, loss = train_clients(self, {**x, **local}, kept_opt, data, bc.lr, correction)
         steps = torch.tensor([effective_steps(self.schedule.n_steps(len(i)), self.train.optimizer)
                               for i in data.indices], dtype=torch.float32, device=loss.device)
-        sizes = data.sizes().to(loss.device)
+        sizes = data.sizes(loss.device)
         new_c, dc = {}, {}
         for k in names:
             if full_grad is not None:  # option I

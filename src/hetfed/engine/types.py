@@ -263,7 +263,7 @@ class Upload:
            **extra: torch.Tensor) -> Upload:
         """What most methods send: the trained ``params`` named in ``names`` (the shared ones), each client's
         training-sample count and its training loss, and any method-specific ``extra`` statistics."""
-        return cls(list(data.client_ids), {k: params[k] for k in names}, data.sizes().to(loss.device),
+        return cls(list(data.client_ids), {k: params[k] for k in names}, data.sizes(loss.device),
                    {"train_loss": loss, **extra})
 
 
@@ -278,8 +278,11 @@ class ClientData:
     seeds: list[int]  # per client: this round's seed (derived from run seed, round, id)
     val_indices: list[np.ndarray] | None = None  # per client: its validation indices (personalisation)
 
-    def sizes(self) -> torch.Tensor:
-        return torch.tensor([len(i) for i in self.indices], dtype=torch.float32)
+    def sizes(self, device: torch.device | str | None = None) -> torch.Tensor:
+        """Each client's training-sample count ``[n]`` (float32), on the host or copied to ``device`` without waiting
+        for it (a blocking copy synchronises with the GPU's queue: every round of every method, in its upload)."""
+        sizes = torch.tensor([len(i) for i in self.indices], dtype=torch.float32)
+        return sizes if device is None else sizes.to(device, non_blocking=True)
 
     def label_counts(self, n_classes: int) -> torch.Tensor:
         """Each client's training samples per class ``[n, n_classes]`` (float32, on the pool's device): one
