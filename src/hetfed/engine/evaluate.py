@@ -492,9 +492,10 @@ def own_class_masks(data: ClientEvalData) -> torch.Tensor | None:
         return None
     n, c = len(data.train), data.n_classes
     device = data.y.device
-    sizes = torch.tensor([len(i) for i in data.train], dtype=torch.float64, device=device)
-    labels = data.y[device_index(data.train, device)]
-    counts = torch.bincount(_segments(data.train, device) * c + labels, minlength=n * c).view(n, c)
+    # copied without waiting for the device, counted without reading back (a CUDA bincount reads its input's maximum)
+    sizes = torch.tensor([len(i) for i in data.train], dtype=torch.float64).to(device, non_blocking=True)
+    cells = _segments(data.train, device) * c + data.y[device_index(data.train, device)].long()
+    counts = torch.zeros(n * c, dtype=torch.long, device=device).index_add_(0, cells, torch.ones_like(cells)).view(n, c)
     own = counts.double() / sizes.clamp(min=1)[:, None] > 1.0 / c  # [n, C]
     if data.global_index is None:
         return own[:, data.y_global]
