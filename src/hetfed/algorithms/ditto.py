@@ -58,12 +58,11 @@ class Ditto(FedAvg):
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
-        mine = {k: v for k, v in states.items() if k.startswith(PERSONAL)}
         rest = without(states, PERSONAL)
         local, kept_opt = split_state(rest)
         w_t = bc.stacked(n)
         params, opt_state, loss = train_clients(self, {**w_t, **local}, kept_opt, data, bc.lr)
-        personal = {k[len(PERSONAL):]: v for k, v in mine.items()}
+        personal = under(states, PERSONAL)
         lam = self.params.lam
         personal, _, _ = train_stack(self.model, personal, second_pass(data, 1), self._personal_schedule(),
                                      self.train.optimizer, bc.lr, regulariser=Proximal(bc.params, lam) if lam else None)

@@ -111,12 +111,8 @@ class FedALA(FedAvg):
     def _weights_loss(self, p: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,
                       inputs: Params) -> torch.Tensor:
         """Each client's cross-entropy of the merged model Θ̂(W) (``p``: W; ``inputs``: Θ_i, Θ, local)."""
-        parts: dict[str, Params] = {OWN: {}, GLOBAL: {}, LOCAL: {}}
-        for k, v in inputs.items():
-            prefix = next(prefix for prefix in parts if k.startswith(prefix))
-            parts[prefix][k[len(prefix):]] = v
-        merged = self._merged(parts[OWN], parts[GLOBAL], {k[len(WEIGHT):]: v for k, v in p.items()})
-        return cross_entropy(self.model, {**merged, **parts[LOCAL]}, xb, yb, mask, noise)
+        merged = self._merged(under(inputs, OWN), under(inputs, GLOBAL), under(p, WEIGHT))
+        return cross_entropy(self.model, {**merged, **under(inputs, LOCAL)}, xb, yb, mask, noise)
 
     @staticmethod
     def _clip(p: Params) -> None:

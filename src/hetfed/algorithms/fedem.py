@@ -37,7 +37,7 @@ from hetfed.algorithms.registry import (
 from hetfed.engine.evaluate import Predictor, predict
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on, split_state
-from hetfed.models.base import Derived, Model, Noise, Params, under, without
+from hetfed.models.base import Derived, Model, Noise, Params, prefixed, under, without
 
 #: the client's mixture weights π_k in its state (never sent)
 WEIGHTS = "fedem.weights"
@@ -127,7 +127,7 @@ class FedEM(FedAvg):
     def m_step(self, received: Params, local: Params, weights: torch.Tensor) -> StackObjective:
         """The round's objective: every component's q-weighted mean loss, q from the received models (its inputs:
         the received models and local parameters, and the mixture weights)."""
-        return StackObjective(self._m_loss, {**{START + k: v for k, v in {**received, **local}.items()},
+        return StackObjective(self._m_loss, {**prefixed({**received, **local}, START),
                                              WEIGHTS: weights.to(next(iter(received.values())).device)})
 
     def _m_loss(self, params: Params, xb: torch.Tensor, yb: torch.Tensor, mask: torch.Tensor, noise: Noise,

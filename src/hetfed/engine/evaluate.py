@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
-from hetfed.engine.types import Params, take_rows, tensor_bytes
+from hetfed.engine.types import Params, cell_counts, take_rows, tensor_bytes
 from hetfed.models.base import Derived, Model
 from hetfed.models.softmax import row_cross_entropy
 
@@ -492,10 +492,8 @@ def own_class_masks(data: ClientEvalData) -> torch.Tensor | None:
         return None
     n, c = len(data.train), data.n_classes
     device = data.y.device
-    # copied without waiting for the device, counted without reading back (a CUDA bincount reads its input's maximum)
     sizes = torch.tensor([len(i) for i in data.train], dtype=torch.float64).to(device, non_blocking=True)
-    cells = _segments(data.train, device) * c + data.y[device_index(data.train, device)].long()
-    counts = torch.zeros(n * c, dtype=torch.long, device=device).index_add_(0, cells, torch.ones_like(cells)).view(n, c)
+    counts = cell_counts(_segments(data.train, device) * c + data.y[device_index(data.train, device)].long(), n, c)
     own = counts.double() / sizes.clamp(min=1)[:, None] > 1.0 / c  # [n, C]
     if data.global_index is None:
         return own[:, data.y_global]

@@ -33,7 +33,7 @@ from hetfed.engine.step_plan import StepPlan, plan_steps
 from hetfed.engine.types import ClientData, index_on, take_rows
 from hetfed.errors import RunError
 from hetfed.models import closed_form, sgd_in_backward
-from hetfed.models.base import Model, Noise, Params, under, without
+from hetfed.models.base import Model, Noise, Params, prefixed, under, without
 
 # each row's cross-entropy: the name the methods' objectives import from here
 from hetfed.models.softmax import row_cross_entropy as row_cross_entropy
@@ -195,8 +195,7 @@ class Proximal:
 
     def tensors(self) -> Params:
         """Its centres and shifts under names of their own (what a recording keeps and reloads)."""
-        return {**{"centre." + k: v for k, v in self.centre.items()},
-                **{"shift." + k: v for k, v in self.shift.items()}}
+        return {**prefixed(self.centre, "centre."), **prefixed(self.shift, "shift.")}
 
 
 def train_stack(

@@ -31,6 +31,13 @@ def index_on(rows: list[int] | np.ndarray, device: torch.device | str) -> torch.
     return torch.as_tensor(rows, dtype=torch.int64).to(device, non_blocking=True)
 
 
+def cell_counts(cells: torch.Tensor, rows: int, columns: int) -> torch.Tensor:
+    """How many times each cell ``row · columns + column`` occurs in ``cells``, as int64 ``[rows, columns]`` where
+    ``cells`` are: ``index_add_`` of ones (a CUDA ``bincount`` reads its input's maximum back, a synchronisation)."""
+    counts = torch.zeros(rows * columns, dtype=torch.long, device=cells.device)
+    return counts.index_add_(0, cells, torch.ones_like(cells)).view(rows, columns)
+
+
 def flat(stacked: dict[str, torch.Tensor]) -> torch.Tensor:
     """Each row's parameters joined into one float64 vector, in ``stacked``'s order: ``[n, d]`` from ``[n, …]`` each
     (what a rule or an attack that measures whole updates reads)."""
@@ -293,9 +300,7 @@ class ClientData:
         rows = np.concatenate([np.asarray(i, dtype=np.int64) for i in self.indices]) if n else np.zeros(0, np.int64)
         owner = np.repeat(np.arange(n, dtype=np.int64), [len(i) for i in self.indices]) * n_classes
         pairs = torch.from_numpy(np.stack([rows, owner])).to(self.y.device, non_blocking=True)
-        cells = self.y[pairs[0]].long() + pairs[1]
-        counts = torch.zeros(n * n_classes, dtype=torch.long, device=self.y.device)
-        return counts.index_add_(0, cells, torch.ones_like(cells)).view(n, n_classes).float()
+        return cell_counts(self.y[pairs[0]].long() + pairs[1], n, n_classes).float()
 
 
 OPT_PREFIX = "opt."
