@@ -441,7 +441,8 @@ def test_a_kept_plan_layout_gives_the_plans_of_a_fresh_one(monkeypatch):
 
     first = plan_steps(data([1, 2, 3, 4], 0), schedule, torch.device("cpu"))
     kept = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
-    monkeypatch.setattr(step_plan, "KEEP_LAYOUT_UP_TO", -1)  # built from scratch
+    monkeypatch.setattr(step_plan, "KEEP_LAYOUT_UP_TO", -1)  # built from scratch: none kept, none found
+    monkeypatch.setattr(step_plan, "_KEPT", {})
     fresh = plan_steps(data([5, 6, 7, 8], 30), schedule, torch.device("cpu"))
     for field in ("index", "mask", "active", "steps", "keys"):
         assert torch.equal(getattr(kept, field), getattr(fresh, field)), field

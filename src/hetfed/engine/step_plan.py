@@ -4,9 +4,10 @@ host round-trip. What depends on the clients' sizes alone (:func:`_layout`) is k
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Hashable
 from dataclasses import dataclass
-from functools import lru_cache, partial
+from functools import partial
 from typing import Protocol
 
 import numpy as np
@@ -105,10 +106,31 @@ def _layout(sizes: tuple[int, ...], schedule: Schedule, device: torch.device) ->
         permutation=streams.permutation_layout(sizes, epochs, device))
 
 
-_layout_kept = lru_cache(maxsize=16)(_layout)
-#: a layout of at most this many planned rows is kept for the next rounds (a larger round's plan is not worth the
-#: memory: its steps cost more than building it)
+#: a layout of at most this many planned rows (padding included) is kept for the next rounds (a larger round's plan
+#: is not worth the memory: its steps cost more than building it)
 KEEP_LAYOUT_UP_TO = 1 << 20
+#: the layouts kept, by (sizes, schedule, device), the most recently used last; at most :data:`KEEP_LAYOUTS`
+_KEPT: dict[tuple[tuple[int, ...], Schedule, torch.device], _Layout] = {}
+KEEP_LAYOUTS = 16
+_KEPT_LOCK = threading.Lock()
+
+
+def _kept_layout(sizes: tuple[int, ...], schedule: Schedule, device: torch.device) -> _Layout:
+    """:func:`_layout`, kept for the next rounds when it is small enough. Whether it is is read from the layout
+    built, not from the clients' planned steps (counting those took ~0.1 ms a round for 200 clients, every round)."""
+    key = (sizes, schedule, device)
+    with _KEPT_LOCK:
+        kept = _KEPT.pop(key, None)
+        if kept is not None:
+            _KEPT[key] = kept
+            return kept
+    layout = _layout(sizes, schedule, device)
+    if layout.flat.numel() <= KEEP_LAYOUT_UP_TO:
+        with _KEPT_LOCK:
+            _KEPT[key] = layout
+            while len(_KEPT) > KEEP_LAYOUTS:
+                _KEPT.pop(next(iter(_KEPT)))
+    return layout
 
 
 def plan_steps(data: ClientData, schedule: Schedule, device: torch.device) -> StepPlan:
@@ -118,13 +140,31 @@ def plan_steps(data: ClientData, schedule: Schedule, device: torch.device) -> St
     depends on the clients' sizes alone is kept for the next rounds (:func:`_layout`); each round hashes its
     clients' keys, sorts their permutations and gathers their pool indices."""
     sizes = tuple(len(i) for i in data.indices)
-    rows = sum(schedule.n_steps(m) * schedule.batch_size for m in sizes if m)
-    layout = (_layout_kept if rows <= KEEP_LAYOUT_UP_TO else _layout)(sizes, schedule, torch.device(device))
+    layout = _kept_layout(sizes, schedule, torch.device(device))
     keys = streams.keys(data.seeds, device)
     perm = streams.permutations(keys, sizes, layout.epochs, layout.permutation)
-    own = perm[layout.flat] if perm.numel() else torch.zeros_like(layout.flat)
-    pool = index_on(np.concatenate(data.indices) if sizes else np.zeros(0, np.int64), device)
-    index = torch.where(layout.real, pool[(layout.first[:, None, None] + own).clamp(max=max(len(pool) - 1, 0))], 0) \
-        if len(pool) else own
+    index = _pool_rows(perm, layout, data.indices, device)
     return StepPlan(index=index, mask=layout.mask, active=layout.active, steps=layout.steps, keys=keys,
                     rows=layout.rows, widths=layout.widths, every=layout.every)
+
+
+def _pool_rows(perm: torch.Tensor, layout: _Layout, indices: list[np.ndarray], device: torch.device) -> torch.Tensor:
+    """Each planned row's pool index (0 at padding): row ``flat`` of its client's permutations, moved to the
+    client's samples. On a CPU in numpy, where torch's advanced indexing is slow (a 200-client round's plan: 1.38 →
+    1.09 ms, 2026-12-05); elsewhere on the device."""
+    pool_h = np.concatenate(indices) if indices else np.zeros(0, np.int64)
+    if device.type == "cpu":
+        flat, real = layout.flat.numpy(), layout.real.numpy()
+        own = perm.numpy()[flat] if perm.numel() else np.zeros_like(flat)
+        if not len(pool_h):
+            return torch.from_numpy(own)
+        at = layout.first.numpy()[:, None, None] + own
+        np.minimum(at, len(pool_h) - 1, out=at)
+        rows = pool_h.astype(np.int64, copy=False)[at]
+        rows[~real] = 0
+        return torch.from_numpy(rows)
+    own = perm[layout.flat] if perm.numel() else torch.zeros_like(layout.flat)
+    if not len(pool_h):
+        return own
+    pool = index_on(pool_h, device)
+    return torch.where(layout.real, pool[(layout.first[:, None, None] + own).clamp(max=len(pool_h) - 1)], 0)
