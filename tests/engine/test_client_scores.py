@@ -12,6 +12,7 @@ from hetfed.engine.evaluate import (
     ClientEvalData,
     Predictor,
     auc,
+    client_losses,
     client_scores,
     masked_mean,
     own_class_masks,
@@ -184,3 +185,46 @@ def test_take_rows_is_indexing(shape: tuple[int, ...]) -> None:
     x, y = torch.randn(50, 6, 2), torch.randint(0, 9, (50,))
     index = torch.randint(0, 50, shape)
     assert torch.equal(take_rows(x, index), x[index]) and torch.equal(take_rows(y, index), y[index])
+
+
+CUDA = torch.cuda.is_available()
+
+
+def _losses_case(device: str) -> tuple[MLP, dict[str, torch.Tensor], torch.Tensor, torch.Tensor, list[np.ndarray]]:
+    rng = np.random.default_rng(3)
+    model = MLP(4, [6], 3)
+    params = {k: (v.expand(4, *v.shape) + 0.3 * torch.randn(4, *v.shape, generator=torch.Generator().manual_seed(4)))
+              .to(device) for k, v in model.init_shared(torch.Generator().manual_seed(5)).items()}
+    x, y = torch.randn(80, 4).to(device), torch.randint(0, 3, (80,)).to(device)
+    sets = [rng.choice(80, size=s, replace=False) for s in (9, 0, 31, 2)]  # an empty set, unequal ones
+    return model, params, x, y, sets
+
+
+def test_client_losses_are_each_clients_mean_cross_entropy_alone() -> None:
+    """FedMoE's and FedFomo's held-out losses: each model's mean cross-entropy on its own set, 0 without one — the
+    same numbers as each client alone, its labels indexed one set at a time."""
+    from hetfed.models.softmax import row_cross_entropy
+
+    model, params, x, y, sets = _losses_case("cpu")
+    got = client_losses(model, params, x, y, sets)
+    for k, idx in enumerate(sets):
+        at = torch.as_tensor(idx, dtype=torch.long)
+        alone = (row_cross_entropy(model.forward({n: v[k : k + 1] for n, v in params.items()}, x[at][None], None)[0],
+                                   y[at]).mean() if len(idx) else torch.tensor(0.0))
+        assert torch.equal(got[k], alone), k
+
+
+@pytest.mark.skipif(not CUDA, reason="needs CUDA (run on the GPU machine)")
+def test_a_cuda_stacks_held_out_losses_never_wait_once_its_sets_are_kept() -> None:
+    """#74 item 3: the held-out losses' labels come from one kept copy of the sets' indices, and a client without a
+    set gets a zero made on the device: after the first call, no synchronisation (each set's index copied to the GPU
+    had been one a client, every call)."""
+    model, params, x, y, sets = _losses_case("cuda")
+    first = client_losses(model, params, x, y, sets)
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        again = client_losses(model, params, x, y, sets)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert torch.equal(first, again)

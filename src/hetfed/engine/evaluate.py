@@ -16,7 +16,7 @@ import numpy as np
 import torch
 
 from hetfed.engine.rng import GLOBAL_TEST, numpy_rng
-from hetfed.engine.types import Params, cell_counts, take_rows, tensor_bytes
+from hetfed.engine.types import Params, cell_counts, index_on, take_rows, tensor_bytes
 from hetfed.models.base import Derived, Model
 from hetfed.models.softmax import row_cross_entropy
 
@@ -329,10 +329,12 @@ def client_losses(model: Model, params: Params, x: torch.Tensor, y: torch.Tensor
     """Each stacked client model's mean cross-entropy ``[n]`` on its own index set (0 for a client without one):
     FedMoE's validation loss for early stopping, FedFomo's held-out loss."""
     logits = predict(model, params, x, index)
-    out = []
-    for idx_np, lg in zip(index, logits, strict=True):
-        idx = torch.as_tensor(idx_np, device=y.device)
-        out.append(row_cross_entropy(lg, y[idx]).mean() if len(idx) else torch.tensor(0.0, device=y.device))
+    labels = y.index_select(0, device_index(index, y.device))  # every set's, one copy kept (one a set: a wait each)
+    out, at = [], 0
+    for idx, lg in zip(index, logits, strict=True):
+        out.append(row_cross_entropy(lg, labels[at : at + len(idx)]).mean() if len(idx)
+                   else torch.zeros((), device=y.device))
+        at += len(idx)
     return torch.stack(out)
 
 
@@ -410,13 +412,21 @@ def client_scores(pred: Predictor, data: ClientEvalData) -> dict[str, list[Any]]
                                  "val_accuracy": accuracy[val].tolist(), "val_loss_sum": sums[val].tolist(),
                                  "val_n": sizes[val].tolist()}
     if binary:
-        tests = predict(pred.model, pred.params, data.x, data.test)
-        out["local_auc"] = [auc(data.y[torch.as_tensor(idx, device=data.y.device)].cpu().numpy(),
-                                logits.softmax(-1)[:, 1].cpu().numpy()) if len(idx) else float("nan")
-                            for idx, logits in zip(data.test, tests, strict=True)]
+        out["local_auc"] = _local_auc(pred, data)
     if pred.personalised:
         _global_scores(pred, data, out)
     return out
+
+
+def _local_auc(pred: Predictor, data: ClientEvalData) -> list[float]:
+    """Each client's AUC on its local test set (binary tasks; NaN without one): every set's labels and scores read
+    back at once (two reads a client made a GPU's evaluation wait twice a client)."""
+    tests = predict(pred.model, pred.params, data.x, data.test)
+    labels = data.y.index_select(0, device_index(data.test, data.y.device)).cpu().numpy()
+    scores = (torch.cat([logits.softmax(-1)[:, 1] for logits in tests]) if tests else torch.zeros(0)).cpu().numpy()
+    ends = np.cumsum([len(idx) for idx in data.test])
+    return [auc(labels[end - len(idx) : end], scores[end - len(idx) : end]) if len(idx) else float("nan")
+            for idx, end in zip(data.test, ends, strict=True)]
 
 
 def _segments(index: list[np.ndarray], device: torch.device) -> torch.Tensor:
@@ -455,7 +465,8 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
     for start in range(0, len(rows), block):  # a full pass over the global test set per client: in blocks
         part = rows[start : start + block]
         every = len(part) == n
-        sub = pred.params if every else {k: v[torch.as_tensor(part, device=v.device)] for k, v in pred.params.items()}
+        at = None if every else index_on(part, data.x_global.device)  # copied without waiting: one a block
+        sub = pred.params if at is None else {k: v.index_select(0, at.to(v.device)) for k, v in pred.params.items()}
         # [p, n_global, C]; the whole set as one view for every model of the block (gathered for each, a block of
         # 200 CGAU models' first layers took twice as long: the same numbers, tested)
         if index is None:
@@ -469,7 +480,7 @@ def _global_scores(pred: Predictor, data: ClientEvalData, out: dict[str, list[An
         hit = (logits.argmax(-1) == labels).double()
         columns = [loss.double().sum(1) / n_global, hit.mean(1)]
         if own is not None:
-            mine = (own if every else own[torch.as_tensor(part, device=own.device)]).double()
+            mine = (own if at is None else own.index_select(0, at.to(own.device))).double()
             columns += [(hit * mine).sum(1) / mine.sum(1), (hit * (1 - mine)).sum(1) / (1 - mine).sum(1)]
         values = torch.stack(columns).cpu().tolist()
         for col, j in enumerate(part):
