@@ -66,6 +66,23 @@ def reference(fed, train: TrainConfig, x0: dict, seed: int, option: int) -> dict
 @pytest.mark.parametrize("option", [2, 1])
 def test_rounds_match_the_papers_algorithm(option):
     """3 rounds, 2 of 5 clients each (so c ← c + ΣΔc_i/N with N = 5 ≠ |S| matters), K = 4 full-batch steps."""
+    _matches_the_paper(option)
+
+
+def test_option_one_in_passes_of_a_few_rows_matches_the_papers_algorithm(monkeypatch):
+    """Option I's full gradient, summed over passes of each client's next rows where all its data at once would not
+    fit :data:`FULL_GRADIENT_FLOATS` (a CNN on PFLlib's Fashion-MNIST clients), is the paper's ∇f_i(x)."""
+    from hetfed.algorithms import scaffold
+
+    monkeypatch.setattr(scaffold, "FULL_GRADIENT_FLOATS", 2 * 40)  # 2 clients × (≤ 35 floats a row): 1–2 rows a pass
+    passes = []
+    padded = scaffold._padded_rows
+    monkeypatch.setattr(scaffold, "_padded_rows", lambda index, device: passes.append(index) or padded(index, device))
+    _matches_the_paper(1)
+    assert len(passes) > 10 and max(len(i) for p in passes for i in p) <= 2
+
+
+def _matches_the_paper(option: int) -> None:
     fed = _fed()
     train = TrainConfig(rounds=3, clients_per_round=2, local_steps=4, batch_size=1000,
                         optimizer=OptimizerConfig(lr=0.2, momentum=0.0))

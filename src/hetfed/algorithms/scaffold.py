@@ -29,6 +29,7 @@ from __future__ import annotations
 
 from typing import Literal
 
+import numpy as np
 import torch
 from pydantic import Field
 
@@ -62,6 +63,19 @@ CI = "scaffold.c."
 DC = "scaffold.dc."
 #: broadcast extra: the server control variate per shared parameter
 C = "scaffold.c."
+#: option I's full gradient reads at most this many input and activation floats in one pass over its clients' rows
+FULL_GRADIENT_FLOATS = 50_000_000
+
+
+def _padded_rows(index: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each client's rows ``[n, widest]`` (0 at padding) and which are real, built on the host and copied without
+    waiting."""
+    width = max(max((len(i) for i in index), default=0), 1)
+    rows = np.zeros((len(index), width), dtype=np.int64)
+    for j, idx in enumerate(index):
+        rows[j, : len(idx)] = idx
+    real = np.arange(width)[None, :] < np.array([len(i) for i in index])[:, None]
+    return index_on(rows, device), torch.from_numpy(real.astype(np.float32)).to(device, non_blocking=True)
 
 
 def effective_steps(k: int, opt) -> float:
@@ -140,20 +154,28 @@ class Scaffold(FedAvg):
         return upload, {**kept, **opt_state, **{CI + k: new_c[k].detach() for k in names}}
 
     def _full_gradient(self, params, data: ClientData, names: list[str]) -> dict[str, torch.Tensor]:
-        """Option I: each client's gradient of its mean training loss at the server model, all its data at once."""
+        """Option I: each client's gradient of its mean training loss at the server model, over all its data: in
+        passes of at most :data:`FULL_GRADIENT_FLOATS` inputs and activations (one pass where they fit, as before;
+        all its data at once, a CNN's option I on PFLlib's Fashion-MNIST clients held ~12 GB of activations), each
+        pass's rows the clients' next ones, summed."""
         n = len(data.client_ids)
-        width = max((len(i) for i in data.indices), default=0)
-        index = torch.zeros((n, max(width, 1)), dtype=torch.long, device=data.x.device)
-        mask = torch.zeros((n, max(width, 1)), device=data.x.device)
-        for j, idx in enumerate(data.indices):
-            index[j, : len(idx)] = index_on(idx, data.x.device)
-            mask[j, : len(idx)] = 1.0
+        sizes = [len(i) for i in data.indices]
+        width = max(sizes, default=0)
+        features = data.x[0].numel() if len(data.x) else 0
+        per_row = n * (self.model.activation_floats(1) + features)  # a row of every client
+        rows = max(1, min(width, int(FULL_GRADIENT_FLOATS // max(per_row, 1))))
         leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
-        logits = self.model.forward(leaves, take_rows(data.x, index), None)
-        ce = row_cross_entropy(logits, take_rows(data.y, index))
-        per_client = (ce.view(n, -1) * mask).sum(1) / mask.sum(1).clamp(min=1)
-        grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
-        return {k: g.detach() for k, g in zip(names, grads, strict=True)}
+        counts = torch.tensor(sizes, dtype=torch.float32, device=data.x.device).clamp(min=1)
+        total: dict[str, torch.Tensor] = {}
+        for start in range(0, max(width, 1), rows):
+            index, mask = _padded_rows([i[start : start + rows] for i in data.indices], data.x.device)
+            logits = self.model.forward(leaves, take_rows(data.x, index), None)
+            ce = row_cross_entropy(logits, take_rows(data.y, index))
+            per_client = (ce.view(n, -1) * mask).sum(1) / counts
+            grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
+            for k, g in zip(names, grads, strict=True):
+                total[k] = g if k not in total else total[k] + g
+        return {k: g.detach() for k, g in total.items()}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         names = list(state.params)
