@@ -139,8 +139,8 @@ def plan_steps(data: ClientData, schedule: Schedule, device: torch.device) -> St
     ≤ B-sized batches, epochs one after the other until its planned steps — for the whole stack at once. What
     depends on the clients' sizes alone is kept for the next rounds (:func:`_layout`); each round hashes its
     clients' keys, sorts their permutations and gathers their pool indices."""
-    sizes = tuple(len(i) for i in data.indices)
-    layout = _kept_layout(sizes, schedule, torch.device(device))
+    sizes, device = tuple(len(i) for i in data.indices), torch.device(device)
+    layout = _kept_layout(sizes, schedule, device)
     keys = streams.keys(data.seeds, device)
     perm = streams.permutations(keys, sizes, layout.epochs, layout.permutation)
     index = _pool_rows(perm, layout, data.indices, device)
