@@ -1152,6 +1152,23 @@ def test_pfedfdas_lda_head_is_the_gaussian_posterior_with_the_clients_priors():
     torch.testing.assert_close(torch.softmax(z @ coef.T + bias, 1), torch.softmax(log_joint, 1))
 
 
+
+@pytest.mark.parametrize("d", [4, 64, 512])
+def test_pfedfdas_heads_solved_per_client_are_the_head_solved_once(d: int):
+    """A stacked sweep's clients read the server's statistics as their own run's rows (``[n, C, d]``, ``[n, d, d]``);
+    one run's rows give each client the head one solve for all gives it, to the bit: the one-by-one sweep's."""
+    from hetfed.algorithms.pfedfda import lda_head
+
+    gen = torch.Generator().manual_seed(d)
+    n, c = 6, 10
+    a = torch.randn(d, d + 3, generator=gen, dtype=torch.float64)
+    cov, means = a @ a.T / d, torch.randn(c, d, generator=gen, dtype=torch.float64)
+    priors = torch.softmax(torch.randn(n, c, generator=gen, dtype=torch.float64), 1)
+    once, bias_once = lda_head(means, cov, priors, 1e-4)
+    for rows in ((means.expand(n, c, d), cov.expand(n, d, d)), (means.repeat(n, 1, 1), cov.repeat(n, 1, 1))):
+        each, bias_each = lda_head(*rows, priors, 1e-4)
+        assert torch.equal(each, once.expand(n, c, d)) and torch.equal(bias_each, bias_once)
+
 def _authors_mle(z: torch.Tensor, y: np.ndarray, global_means: torch.Tensor, eps: float, min_samples: int):
     """The authors' ``compute_mle_statistics`` and covariance: per-class means where a class has more than
     ``min_samples`` samples, the within-class scatter, ``S/(N − 1) + ε + I``."""

@@ -253,6 +253,7 @@ register(AlgorithmSpec(
     "specialist (and the Local and Fine-tuned baselines); clients may opt out",
     "Listo Zec, Mogren et al., Specialized Federated Learning using a Mixture of Experts", FedMoEParams,
     Capabilities(private=True, views=METHODS, federated_view="fedavg", primary_view="mixture", personalises=True,
+                 stacks_runs=True,
                  uploads="shared parameters, sample count, training loss (federated phase); after it, only the "
                  "epochs and seconds each personal phase took"),
     legacy_section="moe", quick={"max_epochs": 3, "patience": 2},

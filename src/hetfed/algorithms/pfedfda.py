@@ -203,12 +203,19 @@ class PFedFDA(FedAvg):
         shapes = {k: torch.zeros(s.shape) for s in self.model.specs() if (k := s.name) in self._body}
         return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
 
-    def _heads(self, extra: dict, priors: torch.Tensor) -> Params:
-        """Each client's LDA head from the global statistics (in a broadcast's or the server's ``extra``) and its
-        priors ``[n, C]``."""
-        coef, bias = lda_head(extra[MEANS].double().to(priors.device), extra[COV].double().to(priors.device),
-                              priors, self.params.eps)
+    def _heads(self, means: torch.Tensor, cov: torch.Tensor, priors: torch.Tensor) -> Params:
+        """Each client's LDA head from global statistics (``[C, d]`` and ``[d, d]``, or each client's own run's,
+        ``[n, C, d]`` and ``[n, d, d]``: :meth:`_received`) and its priors ``[n, C]`` (a head solved per client is
+        the one solved once for all: the same numbers, a test checks)."""
+        coef, bias = lda_head(means.double().to(priors.device), cov.double().to(priors.device), priors,
+                              self.params.eps)
         return {COEF: coef.expand(len(priors), *coef.shape[-2:]).float(), BIAS: bias.float()}
+
+    @staticmethod
+    def _received(bc: Broadcast, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """The server's statistics as ``n`` clients' rows ``[n, C, d]``, ``[n, d, d]``: each client its own run's
+        (a stacked sweep's joined clients come from runs with other statistics)."""
+        return bc.extra_rows(MEANS, n), bc.extra_rows(COV, n)
 
     def _uniform(self, n: int, device: torch.device | None = None) -> torch.Tensor:
         """Uniform priors for ``n`` clients: the head of a client that has not adapted, and the server's."""
@@ -228,11 +235,12 @@ class PFedFDA(FedAvg):
         """Each client's priors ``[n, C]`` and adaptive statistics ``[n, C, d]``, ``[n, d, d]`` from its training
         samples' features under ``params``."""
         reps = predict(Representation(self.model), params, x, indices)
+        global_means, global_covs = self._received(bc, len(indices))
         priors, means, covs = [], [], []
-        for z, index in zip(reps, indices, strict=True):
+        for z, index, gm, gc in zip(reps, indices, global_means, global_covs, strict=True):
             labels = y[index_on(index, y.device)].long().to(z.device)
             prior = class_priors(labels, self.model.n_classes, self.params.eps).to(z.device)
-            m, c = adaptive_statistics(z, labels, bc.extra[MEANS], bc.extra[COV], prior, self.params)
+            m, c = adaptive_statistics(z, labels, gm, gc, prior, self.params)
             priors.append(prior)
             means.append(m)
             covs.append(c)
@@ -242,7 +250,7 @@ class PFedFDA(FedAvg):
         n = len(data.client_ids)
         local, kept_opt = split_state(states)
         priors = smoothed_priors(data.label_counts(self.model.n_classes), self.params.eps)
-        params = {**bc.stacked(n), **local, **self._heads(bc.extra, priors)}
+        params = {**bc.stacked(n), **local, **self._heads(*self._received(bc, n), priors)}
         trainable = [k for k in params if k in self._body or k in local]
         params, opt_state, loss = train_clients(self, params, kept_opt, data, bc.lr,
                                                 objective=self._objective(bc, data, states), trainable=trainable)
@@ -262,12 +270,13 @@ class PFedFDA(FedAvg):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """The global body with the global statistics' head and uniform priors (what a client holds before it
         adapts to its training data; :meth:`evaluate_client` adapts)."""
-        if MEANS not in bc.extra:  # a saved run's model: its parameters only
+        if not bc.has_extra(MEANS):  # a saved run's model: its parameters only
             raise ConfigError("client predictions of a saved pfedfda run are not supported yet: a client's head is "
                               "built from the server's Gaussian statistics, which the run does not save; expected "
                               "the run's metrics (metrics.csv, summary.json) instead")
         local, _ = split_state(states)
-        return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(bc.extra, self._uniform(n))}, True)
+        return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(*self._received(bc, n), self._uniform(n))},
+                         True)
 
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
@@ -289,7 +298,8 @@ class PFedFDA(FedAvg):
         """The global body with the global statistics and uniform priors on the balanced global test set."""
         params = global_params(self, state)
         device = next(iter(params.values())).device
-        heads = {k: v.to(device) for k, v in self._heads(state.extra, self._uniform(1, device)).items()}
+        heads = {k: v.to(device) for k, v in self._heads(state.extra[MEANS], state.extra[COV],
+                                                         self._uniform(1, device)).items()}
         s = scores(self.lda.forward({**params, **heads}, x_global.unsqueeze(0), None)[0], y_global)
         return {"server_accuracy": s["accuracy"], "server_loss": s["loss"]}
 
@@ -301,7 +311,7 @@ register(AlgorithmSpec(
     PFedFDAParams,
     Capabilities(uploads="shared body parameters, sample count, training loss, its adaptive class means and "
                          "feature covariance", whole_round=True, personalises=True, whole_model=False,
-                 compact_steps=True),
+                 compact_steps=True, stacks_runs=True),
     privacy=(
         PrivacyRow(
             method="pFedFDA",
