@@ -45,7 +45,17 @@ from hetfed.algorithms.registry import (
 )
 from hetfed.engine.evaluate import ClientEvalData, Predictor, call_rows, client_scores, size_blocks
 from hetfed.engine.local import StackObjective, cross_entropy, row_cross_entropy, train_stack
-from hetfed.engine.types import Broadcast, ClientData, ClientState, Params, Upload, index_on, split_state, take_rows
+from hetfed.engine.types import (
+    Broadcast,
+    ClientData,
+    ClientState,
+    Params,
+    Upload,
+    index_on,
+    padded_rows,
+    split_state,
+    take_rows,
+)
 from hetfed.models.base import Noise
 
 
@@ -132,12 +142,7 @@ class PerFedAvg(FedAvg):
         width = max((len(i) for i in train), default=0)
         if width == 0:
             return params
-        index = np.zeros((len(train), width), dtype=np.int64)
-        mask = np.zeros((len(train), width), dtype=np.float32)
-        for k, i in enumerate(train):
-            index[k, :len(i)], mask[k, :len(i)] = i, 1.0
-        idx = index_on(index, x.device)
-        weights = torch.from_numpy(mask).to(x.device, non_blocking=True)
+        idx, weights = padded_rows(train, x.device)
         count = weights.sum(1, keepdim=True).clamp(min=1)
         block = max(1, ADAPT_BLOCK_FLOATS // max(1, len(train) * x[0].numel()))
         leaves = {k: v.detach().requires_grad_(True) for k, v in params.items()}

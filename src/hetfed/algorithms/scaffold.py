@@ -29,7 +29,6 @@ from __future__ import annotations
 
 from typing import Literal
 
-import numpy as np
 import torch
 from pydantic import Field
 
@@ -50,7 +49,7 @@ from hetfed.engine.types import (
     StreamedUpload,
     Upload,
     beside_model,
-    index_on,
+    padded_rows,
     split_state,
     take_rows,
 )
@@ -65,17 +64,6 @@ DC = "scaffold.dc."
 C = "scaffold.c."
 #: option I's full gradient reads at most this many input and activation floats in one pass over its clients' rows
 FULL_GRADIENT_FLOATS = 50_000_000
-
-
-def _padded_rows(index: list[np.ndarray], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
-    """Each client's rows ``[n, widest]`` (0 at padding) and which are real, built on the host and copied without
-    waiting."""
-    width = max(max((len(i) for i in index), default=0), 1)
-    rows = np.zeros((len(index), width), dtype=np.int64)
-    for j, idx in enumerate(index):
-        rows[j, : len(idx)] = idx
-    real = np.arange(width)[None, :] < np.array([len(i) for i in index])[:, None]
-    return index_on(rows, device), torch.from_numpy(real.astype(np.float32)).to(device, non_blocking=True)
 
 
 def effective_steps(k: int, opt) -> float:
@@ -166,12 +154,13 @@ class Scaffold(FedAvg):
         rows = max(1, min(width, int(FULL_GRADIENT_FLOATS // max(per_row, 1))))
         leaves = {k: v.detach().clone().requires_grad_(k in names) for k, v in params.items()}
         counts = torch.tensor(sizes, dtype=torch.float32, device=data.x.device).clamp(min=1)
+        index, real = padded_rows(list(data.indices), data.x.device)
         total: dict[str, torch.Tensor] = {}
-        for start in range(0, max(width, 1), rows):
-            index, mask = _padded_rows([i[start : start + rows] for i in data.indices], data.x.device)
-            logits = self.model.forward(leaves, take_rows(data.x, index), None)
-            ce = row_cross_entropy(logits, take_rows(data.y, index))
-            per_client = (ce.view(n, -1) * mask).sum(1) / counts
+        for start in range(0, index.shape[1], rows):
+            cols = slice(start, start + rows)
+            logits = self.model.forward(leaves, take_rows(data.x, index[:, cols]), None)
+            ce = row_cross_entropy(logits, take_rows(data.y, index[:, cols]))
+            per_client = (ce.view(n, -1) * real[:, cols]).sum(1) / counts
             grads = torch.autograd.grad(per_client.sum(), [leaves[k] for k in names])
             for k, g in zip(names, grads, strict=True):
                 total[k] = g if k not in total else total[k] + g
