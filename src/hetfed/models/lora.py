@@ -16,7 +16,6 @@ adapters of the forward that is running (a thread-local slot: a stacked sweep's 
 from __future__ import annotations
 
 import functools
-import inspect
 import math
 import threading
 from collections.abc import Sequence
@@ -106,14 +105,18 @@ class FrozenBelow:
     bytes; the layers from ``k`` up run on every forward. Memory: texts × length × width floats.
 
     Runs the encoder's parts as its own forward does (embeddings, its attention mask, its layers in order), through
-    BERT-like modules' attributes (``embeddings``, ``encoder.layer``, ``_create_attention_masks``):
+    BERT-like modules' attributes (``embeddings``, ``encoder.layer``) and transformers' public
+    ``masking_utils.create_bidirectional_mask``, which BERT's own forward calls for an encoder:
     ``tests/models/test_lora.py`` checks the split forward against the whole one."""
 
     def __init__(self, base: Any, k: int) -> None:
-        for needed in ("embeddings", "encoder", "_create_attention_masks"):
+        for needed in ("embeddings", "encoder", "config"):
             if not hasattr(base, needed):
                 raise FromLayerError(f"expected a BERT-like encoder (embeddings, encoder.layer); "
                                      f"{type(base).__name__} has no {needed!r}")
+        if getattr(base.config, "is_decoder", False):
+            raise FromLayerError(f"expected an encoder; {type(base).__name__} is configured as a decoder "
+                                 "(config.is_decoder), whose causal mask the split does not make")
         layers = len(base.encoder.layer)
         if not 0 < k < layers:
             raise FromLayerError(f"expected 0 (every layer adapted) or 1 to {layers - 1} (the encoder has {layers} "
@@ -123,12 +126,12 @@ class FrozenBelow:
         self._lock = threading.Lock()
 
     def _mask(self, mask: torch.Tensor, hidden: torch.Tensor) -> Any:
-        """The attention mask the encoder's own forward makes of ``mask`` (its private helper: transformers 5.25
-        added ``position_ids``, given None as forward gives it without position ids)."""
-        make = self.base._create_attention_masks
-        extra = {"position_ids": None} if "position_ids" in inspect.signature(make).parameters else {}
-        return make(attention_mask=mask.long(), encoder_attention_mask=None, embedding_output=hidden,
-                    encoder_hidden_states=None, cache=None, **extra)[0]
+        """The attention mask the encoder's own forward makes of ``mask``, for the attention it was loaded with
+        (eager, SDPA …). Positional arguments: transformers 5.0 names the second ``input_embeds``, 5.25
+        ``inputs_embeds``."""
+        from transformers.masking_utils import create_bidirectional_mask
+
+        return create_bidirectional_mask(self.base.config, hidden, mask.long())
 
     def lower(self, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
         """``[texts, L, d]``: the hidden states after the first ``k`` layers (computed for texts not seen yet)."""
