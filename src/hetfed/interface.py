@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 import time
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
 import numpy as np
@@ -107,6 +107,9 @@ class Capabilities:
         :class:`hetfed.engine.local.Proximal` term with a shift (SCAFFOLD's correction). The executor stacks it as a
         plain one; DP-SGD, which clips the cross-entropy, stays refused. (APFL's and pFedMe's steps compute only the
         clients still training too, but they do not declare it: in one stack they were slower on a CPU.)
+    reports: the server extra that holds the model the method reports in place of its last state (Agnostic FL's mean
+        of its iterates; :func:`reported`): the global test set scores it, a run saves it, and the broadcast carries
+        it for the clients to score. None, or the extra absent: the server's parameters.
     """
 
     uploads: str = "shared parameters, sample count, training loss"
@@ -127,6 +130,7 @@ class Capabilities:
     buffers: str = "aggregated"
     plain_steps: bool = False
     compact_steps: bool = False
+    reports: str | None = None
 
     def __post_init__(self) -> None:
         if self.buffers not in BUFFER_HANDLING:
@@ -226,7 +230,10 @@ class Algorithm:
         return None
 
     def broadcast(self, state: ServerState, round: int) -> Broadcast:
-        return Broadcast(params=state.params, round=round, lr=round_lr(self.train, round))
+        """The server's parameters (and the model it reports, where that is another: ``Capabilities.reports``)."""
+        key = self.capabilities.reports
+        extra = {key: state.extra[key]} if key is not None and key in state.extra else {}
+        return Broadcast(params=state.params, round=round, lr=round_lr(self.train, round), extra=extra)
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """FedAvg: the server pipeline (sample-weighted mean, or the configured robust / private rule, then
@@ -244,8 +251,8 @@ class Algorithm:
         """The server's model on the balanced global test set (local parameters as for an unseen client)."""
         if not self.capabilities.server_model:
             return {}
-        return server_metrics(self, self.model.forward(global_params(self, state), x_global.unsqueeze(0), None)[0],
-                              y_global)
+        return server_metrics(self, self.model.forward(global_params(self, reported(self, state)),
+                                                       x_global.unsqueeze(0), None)[0], y_global)
 
     # -- client side
     def client_init(self, client_id: int, gen: torch.Generator) -> ClientState:
@@ -271,8 +278,10 @@ class Algorithm:
         return PersonalPlan(list(range(fed.n_clients)), None, self.model, self.schedule.batch_size)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`)."""
-        shared = bc.stacked(n)
+        """What each of ``n`` stacked clients predicts with (``view``: one of :attr:`views`): the model the server
+        reports (``Capabilities.reports``, where the broadcast carries it; a saved run's model is that already)."""
+        key = self.capabilities.reports
+        shared = bc.extra_rows(key, n) if key is not None and bc.has_extra(key) else bc.stacked(n)
         local, _ = split_state(states)
         return Predictor(self.model, {**shared, **local}, own_parameters(self))
 
@@ -316,6 +325,13 @@ def _aggregates_runs(method: Any) -> bool:
     return all(callable(getattr(method, name, None)) for name in ("aggregate_key", "aggregate_runs"))
 
 
+def reported(algo: Algorithm, state: ServerState) -> ServerState:
+    """The server's model as the method reports it (``Capabilities.reports``): the state itself, or the state with
+    the extra that holds it as its parameters."""
+    key = algo.capabilities.reports
+    return replace(state, params=state.extra[key]) if key is not None and key in state.extra else state
+
+
 def global_params(algo: Algorithm, state: ServerState) -> Params:
     """Stacked (n = 1) params of the server's model, for the global test set.
 
@@ -351,7 +367,7 @@ def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], 
     models in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
     model's row is its own computation, so each run gets its numbers alone (a stacked sweep's runs:
     :mod:`hetfed.executors.stacked_runs`)."""
-    params = [{**s.params, **a.model.local_for_unseen_client(_device(s.params))}  # global_params's, unstacked
+    params = [{**reported(a, s).params, **a.model.local_for_unseen_client(_device(s.params))}  # global_params's
               for a, s in zip(algos, states, strict=True)]
     logits = algos[0].model.forward({k: torch.stack([p[k] for p in params]) for k in params[0]}, x, None)
     if not len(ys[0]):  # an empty global test set: nothing to read back (its scores say so)

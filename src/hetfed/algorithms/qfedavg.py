@@ -82,14 +82,19 @@ def qffl_weights(upload: Upload, reference: dict[str, torch.Tensor], q: float, l
     return a, float(lipschitz * a.sum() / h.sum())
 
 
-class QFedAvg(FedAvg):
-    """FedAvg's clients, reporting their loss before training; the q-FFL server step (the module docstring)."""
+class ReportsStartLoss(FedAvg):
+    """FedAvg's clients that also report F_k(w), their mean training loss under the model they received, before
+    they train (``Upload.extra["start_loss"]``): what q-FFL's and Agnostic FL's servers weigh clients by."""
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         loss = start_losses(self, bc, states, data)
         upload, new = super().local_update(bc, states, data)
         extra = {**upload.extra, "start_loss": loss.to(upload.num_samples.device)}
         return replace(upload, extra=extra), new
+
+
+class QFedAvg(ReportsStartLoss):
+    """FedAvg's clients, reporting their loss before training; the q-FFL server step (the module docstring)."""
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         if not upload.client_ids:

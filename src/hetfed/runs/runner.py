@@ -27,12 +27,13 @@ from rich.console import Console
 from hetfed.config import Config, dump_config, load_run_config
 from hetfed.console import make_console, round_progress
 from hetfed.engine.host_memory import keep_freed_memory
+from hetfed.engine.types import ServerState
 from hetfed.errors import RunError, interruption_reason
 from hetfed.executors.inprocess import Executor
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
 from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
-from hetfed.interface import Algorithm
+from hetfed.interface import Algorithm, reported
 from hetfed.pipeline import Prepared, prepare
 from hetfed.processes import last_words, once
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
@@ -317,13 +318,16 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
     ckpt = rec.run_dir / CHECKPOINTS
     ckpt.mkdir(exist_ok=True)
     save_client_states(result.states, ckpt / f"{label}-clients.pt")
+
+    def save(state: ServerState, name: str) -> None:  # the model the method reports (what was scored)
+        torch.save({k: v.cpu() for k, v in reported(algo, state).params.items()}, ckpt / f"{label}-{name}.pt")
+
     if not algo.capabilities.views:
-        torch.save({k: v.cpu() for k, v in result.server.params.items()}, ckpt / f"{label}-final.pt")
+        save(result.server, "final")
         if result.best_server is not None:
-            torch.save({k: v.cpu() for k, v in result.best_server.params.items()}, ckpt / f"{label}-best.pt")
+            save(result.best_server, "best")
         return {label: {**method_summary(result, seconds), "algorithm": method.algorithm}}
-    chosen = result.best_server or result.server
-    torch.save({k: v.cpu() for k, v in chosen.params.items()}, ckpt / f"{label}-global-best.pt")
+    save(result.best_server or result.server, "global-best")
     rows = {}
     for view in algo.capabilities.views:
         name = row_name(method, view)
