@@ -119,7 +119,8 @@ def test_without_bind_its_server_refuses_to_start():
         algo.server_init(torch_gen(0, SERVER_INIT))
 
 
-def _final_model(tmp_path, name: str, rounds: int, average: bool) -> dict[str, torch.Tensor]:
+def _final_model(tmp_path, name: str, rounds: int, average: bool):
+    """A run of Agnostic FL on digits: its saved final model's parameters, that model, and the run."""
     from hetfed.api import open_run, run
 
     out = tmp_path / name

@@ -80,7 +80,7 @@ class AgnosticFL(ReportsStartLoss):
         ids = torch.as_tensor(upload.client_ids, dtype=torch.long)
         weights = lambdas[ids]
         params, extra = state.params, dict(state.extra)
-        if len(ids) and float(weights.sum()) > 0:
+        if float(weights.sum()) > 0:  # 0 for an empty round too
             weighted = replace(upload, num_samples=weights.to(upload.num_samples.device))
             params, extra = server_step(self, state, weighted)
         ascent = lambdas.clone()
