@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import Callable, Hashable, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeGuard, runtime_checkable
 
@@ -56,6 +56,9 @@ __all__ = [
     "ServerState", "Upload", "client_scores",
 ]
 
+
+#: the key of :meth:`Algorithm.findings` that holds a clustered method's cluster of each uploading client
+CLUSTERS = "clusters"
 
 #: what an algorithm may do with a model's buffers (``Capabilities.buffers``)
 BUFFER_HANDLING = ("aggregated", "local", "reset")
@@ -241,10 +244,12 @@ class Algorithm:
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
-    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor | None:
-        """The cluster each of ``upload``'s clients is in after the server's step ``state`` (a clustered method's:
-        IFCA, CFL), to say how its clusters match the clients' concept groups; None: the method has none."""
-        return None
+    def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
+        """What the server's step ``state`` on ``upload`` found that a user studies, written to the round's metrics
+        (``train`` rows) and, the last round's, to the run's summary (``findings``): numbers (Agnostic FL's λ, CFL's
+        update norms), and under :data:`CLUSTERS` a clustered method's cluster of each of ``upload``'s clients (a
+        tensor: the loop counts the clusters and scores them against the clients' concepts). {}: nothing."""
+        return {}
 
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:

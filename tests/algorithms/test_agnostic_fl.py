@@ -91,6 +91,11 @@ def test_two_rounds_are_the_authors_minimax_steps(lambda_lr):
             mean = sum(i[k] for i in iterates) / len(iterates)
             np.testing.assert_allclose(server.extra[AVERAGE][k].numpy(), mean.numpy(), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(server.extra[LAMBDAS].numpy(), lam.numpy(), atol=1e-6)  # float32 losses
+        found = algo.findings(server, upload)  # where λ stands, as the round's metrics say it
+        assert found["lambda_max"] == pytest.approx(float(lam.max()), abs=1e-6)
+        assert found["lambda_min"] == pytest.approx(float(lam.min()), abs=1e-6)
+        assert found["lambda_top_client"] == float(np.argmax(lam.numpy()))
+        assert found["lambda_clients"] == pytest.approx(1 / float((lam**2).sum()), rel=1e-5)
     assert float(lam.std()) > 0 and edge == (lambda_lr > 1)  # λ moved off uniform (γ 2: onto the simplex's edge)
     assert reported(algo, server).params is server.extra[AVERAGE]
     assert any(not torch.equal(server.params[k], v) for k, v in server.extra[AVERAGE].items())
@@ -155,3 +160,28 @@ def test_a_run_saves_and_scores_the_mean_of_its_iterates(tmp_path):
     own = [fed.client_data(k, "test") for k in range(fed.n_clients)]
     accuracy = np.mean([(model.predict(xk) == yk).mean() for xk, yk in own])
     assert final["local_accuracy_mean"] == pytest.approx(float(accuracy), abs=1e-12)
+
+
+def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summary(tmp_path):
+    """λ is what the minimax learns about the clients: every round's ``lambda_*`` in metrics.csv (``train`` rows),
+    K effective clients at the uniform start and fewer as λ moves, the last round's in the summary and runs.csv."""
+    import csv
+
+    from hetfed.runs.sweep_tables import run_values
+
+    _, _, opened = _final_model(tmp_path, "lam", 3, True)
+    rows: dict[str, dict[int, float]] = {}
+    with open(tmp_path / "lam" / "metrics.csv") as fh:
+        for r in csv.DictReader(fh):
+            if r["metric"].startswith("lambda_"):
+                assert (r["split"], r["client"]) == ("train", "all")
+                rows.setdefault(r["metric"], {})[int(r["round"])] = float(r["value"])
+    assert set(rows) == {"lambda_max", "lambda_min", "lambda_top_client", "lambda_clients"}
+    assert all(sorted(v) == [1, 2, 3] for v in rows.values())
+    assert all(0 <= rows["lambda_min"][r] <= 0.25 <= rows["lambda_max"][r] <= 1 for r in (1, 2, 3))  # 4 clients
+    assert all(1 <= rows["lambda_clients"][r] < 4 for r in (1, 2, 3))  # moved off the uniform 1/4 each
+    assert rows["lambda_top_client"][3] in (0.0, 1.0, 2.0, 3.0)
+    found = opened.summary["methods"]["agn"]["findings"]
+    assert found == {k: v[3] for k, v in rows.items()}
+    listed = {k: v for _, k, v in run_values(opened.summary)}
+    assert listed["findings.lambda_clients"] == found["lambda_clients"]

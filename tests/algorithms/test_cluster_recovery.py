@@ -1,6 +1,7 @@
-"""Whether a clustered method found the clients' concepts: each round's ``clusters`` and ``cluster_ari`` (the
-adjusted Rand index of its clusters against the concept groups ``partition.rotations`` / ``label_swaps`` made),
-in metrics.csv, the run's summary and a sweep's runs.csv."""
+"""What a method's server found, each round (``Algorithm.findings``): whether a clustered method found the clients'
+concepts — ``clusters`` and ``cluster_ari`` (the adjusted Rand index of its clusters against the concept groups
+``partition.rotations`` / ``label_swaps`` made) —, CFL's update norms and Agnostic FL's λ, in metrics.csv, the run's
+summary and a sweep's runs.csv."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from sklearn.metrics import adjusted_rand_score
 
 from hetfed.config import build_config
 from hetfed.engine.types import Upload
-from hetfed.executors.simulate import _clustering
+from hetfed.executors.simulate import _findings
 from hetfed.partition.shift import concept_groups
 from hetfed.runs.sweep_tables import run_values
 
@@ -33,15 +34,19 @@ def test_a_concept_is_what_is_done_to_a_client_not_its_group_number():
 def test_the_round_scores_the_clusters_of_the_clients_that_uploaded_against_their_concepts():
     clusters = torch.tensor([0, 0, 1, 1, 1])
     concepts = concept_groups(8, {"rotations": [0, 90, 0, 90], "label_swaps": None})
-    loop = SimpleNamespace(algo=SimpleNamespace(clusters=lambda server, upload: clusters), concepts=concepts)
+    loop = SimpleNamespace(algo=SimpleNamespace(findings=lambda server, upload: {"clusters": clusters, "norm": 0.5}),
+                           concepts=concepts)
     upload = Upload([0, 2, 4, 6, 7], {}, torch.ones(5))
-    out = _clustering(loop, None, upload)
+    out = _findings(loop, None, upload)
     # clients 0, 2, 4, 6, 7 are turned 0, 90, 0, 90, 90 degrees
-    assert out == {"clusters": 2.0, "cluster_ari": pytest.approx(adjusted_rand_score([0, 1, 0, 1, 1], [0, 0, 1, 1, 1]))}
+    assert out == {"clusters": 2.0, "norm": 0.5,
+                   "cluster_ari": pytest.approx(adjusted_rand_score([0, 1, 0, 1, 1], [0, 0, 1, 1, 1]))}
     loop.concepts = None
-    assert _clustering(loop, None, upload) == {"clusters": 2.0}  # no concepts: only how many clusters
-    loop.algo.clusters = lambda server, upload: None
-    assert _clustering(loop, None, upload) == {}  # not a clustered method
+    assert _findings(loop, None, upload) == {"clusters": 2.0, "norm": 0.5}  # no concepts: only how many clusters
+    loop.algo.findings = lambda server, upload: {"norm": torch.tensor(0.25)}
+    assert _findings(loop, None, upload) == {"norm": 0.25}  # not a clustered method: its numbers as floats
+    loop.algo.findings = lambda server, upload: {}
+    assert _findings(loop, None, upload) == {}
 
 
 def test_ifca_and_cfl_report_their_clusters_every_round_and_fedavg_none(tmp_path):
@@ -61,24 +66,27 @@ def test_ifca_and_cfl_report_their_clusters_every_round_and_fedavg_none(tmp_path
             if r["metric"] in ("clusters", "cluster_ari"):
                 assert r["split"] == "train"
                 rows.setdefault((r["method"], r["metric"]), {})[int(r["round"])] = float(r["value"])
-    assert {m for m, _ in rows} == {"ifca", "cfl"} and "clustering" not in summary["fedavg"]
+    assert {m for m, _ in rows} == {"ifca", "cfl"} and "findings" not in summary["fedavg"]
     for method in ("ifca", "cfl"):
         assert sorted(rows[method, "clusters"]) == [1, 2, 3]
         assert all(-0.5 <= v <= 1.0 for v in rows[method, "cluster_ari"].values())
-        assert summary[method]["clustering"] == {"clusters": rows[method, "clusters"][3],
-                                                 "cluster_ari": rows[method, "cluster_ari"][3]}
+        found = summary[method]["findings"]
+        assert {k: found[k] for k in ("clusters", "cluster_ari")} == {"clusters": rows[method, "clusters"][3],
+                                                                      "cluster_ari": rows[method, "cluster_ari"][3]}
     assert rows["cfl", "clusters"][1] == 2.0  # its one cluster split in two at the first round
     assert all(1.0 <= v <= 2.0 for v in rows["ifca", "clusters"].values())
     listed = {(m, k): v for m, k, v in run_values(whole)}
-    assert listed["cfl", "clustering.cluster_ari"] == summary["cfl"]["clustering"]["cluster_ari"]
-    assert not any(k.startswith("clustering.") for m, k in listed if m == "fedavg")
-    from hetfed.runs.summary import clustering_line
+    assert listed["cfl", "findings.cluster_ari"] == summary["cfl"]["findings"]["cluster_ari"]
+    assert not any(k.startswith("findings.") for m, k in listed if m == "fedavg")
+    from hetfed.runs.summary import findings_line
 
-    ari, k = summary["cfl"]["clustering"]["cluster_ari"], int(summary["cfl"]["clustering"]["clusters"])
-    assert clustering_line("cfl", summary["cfl"]) == (
-        f"clusters (cfl): the last round's clients in {k}; adjusted Rand index against the clients' concepts "
-        f"{ari:.2f} (1: exactly)")
-    assert clustering_line("fedavg", summary["fedavg"]) is None
+    found = summary["cfl"]["findings"]
+    assert findings_line("cfl", summary["cfl"]) == (
+        f"found (cfl), the last round: clients in {int(found['clusters'])} clusters, adjusted Rand index against the "
+        f"clients' concepts {found['cluster_ari']:.2f} (1: exactly); update_norm_mean {found['update_norm_mean']:.4g}; "
+        f"update_norm_max {found['update_norm_max']:.4g}")
+    assert findings_line("ifca", summary["ifca"]).startswith("found (ifca), the last round: clients in ")
+    assert findings_line("fedavg", summary["fedavg"]) is None
 
 
 def test_cfl_and_ifca_name_each_uploading_clients_cluster():
@@ -91,9 +99,9 @@ def test_cfl_and_ifca_name_each_uploading_clients_cluster():
     train = TrainConfig()
     ifca = build_algorithm("ifca", model, train, {"clusters": 3})
     upload = Upload([4, 1], {}, torch.ones(2), extra={"cluster": torch.tensor([2.0, 0.0])})
-    assert ifca.clusters(ServerState({}), upload).tolist() == [2, 0]
+    assert ifca.findings(ServerState({}), upload)["clusters"].tolist() == [2, 0]
     cfl = build_algorithm("cfl", model, train, {})
     state = ServerState({}, extra={"cfl.cluster_of": torch.tensor([0.0, 1.0, 1.0, 0.0])})
-    assert cfl.clusters(state, Upload([2, 0, 5], {}, torch.ones(3))).tolist() == [1, 0, 0]  # 5: not known yet: 0
-    assert build_algorithm("fedavg", model, train, {}).clusters(state, upload) is None
+    assert cfl.findings(state, Upload([2, 0, 5], {}, torch.ones(3)))["clusters"].tolist() == [1, 0, 0]  # 5: not
+    assert build_algorithm("fedavg", model, train, {}).findings(state, upload) == {}  # known yet: 0
     assert np.array_equal(concept_groups(4, {"rotations": [0, 90, 180, 270]}), np.arange(4))

@@ -417,6 +417,11 @@ def test_cfl_splits_a_stationary_cluster_by_the_cosine_similarity_of_its_members
                     torch.tensor([1.0, 3.0, 2.0, 2.0]))
     new = algo.aggregate(server, upload)
     assert new.extra["cfl.cluster_of"].tolist() in ([0, 0, 1, 1], [1, 1, 0, 0])  # split by the sign of the update
+    flat = [torch.cat([u[k].flatten() for k in model]).double() for u in updates]  # Algorithm 1's two norms, found
+    found = algo.findings(new, upload)
+    assert found["update_norm_mean"] == pytest.approx(float(torch.stack(flat).mean(0).norm()), rel=1e-6)
+    assert found["update_norm_max"] == pytest.approx(max(float(f.norm()) for f in flat), rel=1e-6)
+    assert found["update_norm_mean"] < 0.4 < 1.6 < found["update_norm_max"]
     c01 = int(new.extra["cfl.cluster_of"][0])
     for k in model:  # each new cluster: the cluster's model plus its members' sample-weighted mean update
         torch.testing.assert_close(new.params[f"cfl.{c01}.{k}"], model[k] + (1 * updates[0][k] + 3 * updates[1][k]) / 4)
@@ -425,7 +430,15 @@ def test_cfl_splits_a_stationary_cluster_by_the_cosine_similarity_of_its_members
     # not stationary (every update the same way): no split, FedAvg on the cluster
     same = Upload([0, 1, 2, 3], {f"cfl.0.{k}": torch.stack([model[k] + updates[0][k]] * 4) for k in model},
                   torch.ones(4))
-    assert algo.aggregate(server, same).extra["cfl.cluster_of"].tolist() == [0, 0, 0, 0]
+    whole = algo.aggregate(server, same)
+    assert whole.extra["cfl.cluster_of"].tolist() == [0, 0, 0, 0]
+    found = algo.findings(whole, same)  # every update alike: the mean's norm is each one's
+    assert found["update_norm_mean"] == pytest.approx(float(flat[0].norm()), rel=1e-6)
+    assert found["update_norm_max"] == pytest.approx(found["update_norm_mean"], rel=1e-6)
+    warming, _, _, _, _, _ = _setup("cfl", {"eps1": 0.4, "eps2": 1.6, "warmup_rounds": 20})
+    early = warming.aggregate(server, upload)  # round 5 of a 20-round warm-up: no split, its norms written all the same
+    assert early.extra["cfl.cluster_of"].tolist() == [0, 0, 0, 0]
+    assert warming.findings(early, upload)["update_norm_max"] == pytest.approx(max(float(f.norm()) for f in flat))
 
 
 def test_the_heterogeneity_figure_draws_each_method_against_delta_gamma_in_order():

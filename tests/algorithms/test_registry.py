@@ -223,9 +223,10 @@ def test_the_algorithm_interface_stays_small():
     """#46: an algorithm is 13 functions plus its declared capabilities (≤ 15 names to learn), and what it is
     built with; a name added to the base class is a decision this test makes visible (#76 added
     ``private_steps``: the passes over a client's data a round takes, which DP-SGD's ε composes — only the method
-    knows them, Ditto's personal model being a second; ``clusters``: which cluster each uploading client is in after
-    the server's step, to score a clustered method against the clients' concepts — only IFCA and CFL know it, and
-    it is None for every other method)."""
+    knows them, Ditto's personal model being a second; ``findings``: what the server's step found that a user studies —
+    which cluster each uploading client is in, to score a clustered method against the clients' concepts (IFCA,
+    CFL), Agnostic FL's λ, CFL's update norms; {} for every other method; it replaced ``clusters``, which only
+    clustered methods could fill)."""
     import inspect
 
     from hetfed.config import ModelConfig, TrainConfig
@@ -235,7 +236,7 @@ def test_the_algorithm_interface_stays_small():
     members = {n for n, _ in inspect.getmembers(Algorithm) if not n.startswith("_")}
     functions = {"server_init", "broadcast", "client_init", "local_update", "aggregate", "personalise",
                  "predictor", "evaluate_client", "evaluate_server", "select_clients", "bind", "personal_plan",
-                 "private_steps", "clusters"}
+                 "private_steps", "findings"}
     assert members == functions | {"capabilities", "spec"}
     assert len(functions | {"capabilities"}) <= 15
     algo = FedAvg(build_model(ModelConfig(hidden=[4]), (3,), 2), TrainConfig())

@@ -30,6 +30,7 @@ as it ignores q-FedAvg's.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import torch
@@ -90,6 +91,18 @@ class AgnosticFL(ReportsStartLoss):
         if self.params.average:
             extra[AVERAGE] = _running_mean(state.extra[AVERAGE], params, state.round)
         return ServerState(params, state.round + 1, extra)
+
+    def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
+        """Where λ stands after the round (:func:`lambda_findings`)."""
+        return lambda_findings(state.extra[LAMBDAS])
+
+
+def lambda_findings(lambdas: torch.Tensor) -> dict[str, float]:
+    """Which clients the minimax weighs: ``lambda_max`` and ``lambda_min``, the largest and smallest λ_k;
+    ``lambda_top_client``, the client with the largest (the lowest id on a tie); ``lambda_clients``, how many
+    clients λ weighs in effect, 1/Σ_k λ_k² (K while λ is uniform, 1 once it rests on one client)."""
+    return {"lambda_max": float(lambdas.max()), "lambda_min": float(lambdas.min()),
+            "lambda_top_client": float(torch.argmax(lambdas)), "lambda_clients": float(1 / (lambdas**2).sum())}
 
 
 def _running_mean(mean: Params, latest: Params, t: int) -> Params:

@@ -23,6 +23,8 @@ learning rate: the defaults are the authors' example's (0.4, 1.6), not universal
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 from pydantic import Field
 
@@ -40,8 +42,10 @@ from hetfed.engine.types import (
     ServerState,
     Upload,
 )
+from hetfed.interface import CLUSTERS
 
 ASSIGNMENT = "cfl.cluster_of"  # the server's cluster of every client (server state and broadcast)
+NORMS = "cfl.update_norms"  # the round's ‖mean Δθ‖ and max ‖Δθ_i‖ of each cluster in it (server state)
 
 
 class CFLParams(AlgorithmParams):
@@ -96,10 +100,12 @@ class CFL(ClusterModels):
         tables = padded(bc.extra_rows(ASSIGNMENT, len(ids)).long().cpu(), max(ids, default=-1) + 1)
         return tables[torch.arange(len(ids)), torch.as_tensor(ids, dtype=torch.long)]
 
-    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor:
-        """The server's cluster of each client after this round's splits."""
-        return padded(state.extra[ASSIGNMENT].long().cpu(), max(upload.client_ids, default=-1) + 1)[
+    def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
+        """The server's cluster of each client after this round's splits, and Algorithm 1's two norms
+        (:func:`norm_findings`)."""
+        cluster = padded(state.extra[ASSIGNMENT].long().cpu(), max(upload.client_ids, default=-1) + 1)[
             torch.as_tensor(upload.client_ids, dtype=torch.long)]
+        return {CLUSTERS: cluster, **norm_findings(state.extra.get(NORMS))}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Split the clusters that meet Algorithm 1's criterion, then average each cluster's updates."""
@@ -108,28 +114,42 @@ class CFL(ClusterModels):
         ids = torch.as_tensor(upload.client_ids)
         opt_key = self.context.pipeline.STATE
         names = self._names()
+        norms: list[tuple[float, float]] = []
         for c, model in enumerate(self._models(state.params)):
             rows = torch.nonzero(of[ids] == c, as_tuple=True)[0]
             if not len(rows):
                 continue
             members = torch.nonzero(of == c, as_tuple=True)[0]
             groups, targets = [rows], [c]
-            if state.round >= self.params.warmup_rounds and len(members) > 2 and len(rows) == len(members):
-                delta = torch.cat([(upload.params[self.key(c, k)][rows.to(upload.params[self.key(c, k)].device)]
-                                    - model[k].unsqueeze(0)).flatten(1).double() for k in names], 1)
-                mean_norm, max_norm = float(delta.mean(0).norm()), float(delta.norm(dim=1).max())
-                if mean_norm < self.params.eps1 and max_norm > self.params.eps2:
-                    a, b = bipartition(delta)
-                    new = len(self._models(params))  # the second group becomes a new cluster, from this model
-                    groups, targets = [rows[a], rows[b]], [c, new]
-                    of[ids[rows[b]]] = float(new)
-                    params.update({self.key(new, k): v.clone() for k, v in model.items()})
-                    if self.key(c, opt_key) in state.extra:
-                        extra[self.key(new, opt_key)] = state.extra[self.key(c, opt_key)]
+            delta = torch.cat([(upload.params[self.key(c, k)][rows.to(upload.params[self.key(c, k)].device)]
+                                - model[k].unsqueeze(0)).flatten(1).double() for k in names], 1)
+            mean_norm, max_norm = float(delta.mean(0).norm()), float(delta.norm(dim=1).max())
+            norms.append((mean_norm, max_norm))
+            warm = state.round >= self.params.warmup_rounds and len(members) > 2 and len(rows) == len(members)
+            if warm and mean_norm < self.params.eps1 and max_norm > self.params.eps2:
+                a, b = bipartition(delta)
+                new = len(self._models(params))  # the second group becomes a new cluster, from this model
+                groups, targets = [rows[a], rows[b]], [c, new]
+                of[ids[rows[b]]] = float(new)
+                params.update({self.key(new, k): v.clone() for k, v in model.items()})
+                if self.key(c, opt_key) in state.extra:
+                    extra[self.key(new, opt_key)] = state.extra[self.key(c, opt_key)]
             for group, target in zip(groups, targets, strict=True):  # each cluster: its members' mean update
                 self.cluster_step(model, upload, group, c, target, state.round, params, extra)
         extra[ASSIGNMENT] = of
+        extra[NORMS] = torch.tensor(norms, dtype=torch.float64).reshape(-1, 2)
         return ServerState(params, state.round + 1, extra)
+
+
+def norm_findings(norms: torch.Tensor | None) -> dict[str, float]:
+    """Algorithm 1's two norms of the round, which ε₁ and ε₂ are compared with (written every round, warm-up
+    included, so a user can choose them from a run — the authors' code logs them too): ``update_norm_mean``,
+    ‖mean_i Δθ_i‖, and ``update_norm_max``, max_i ‖Δθ_i‖; with several clusters in the round, the smallest
+    mean norm and the largest update norm over them (each the figure nearest its threshold). ``norms``: the
+    round's [clusters, 2]."""
+    if norms is None or not len(norms):
+        return {}
+    return {"update_norm_mean": float(norms[:, 0].min()), "update_norm_max": float(norms[:, 1].max())}
 
 
 register(AlgorithmSpec(

@@ -20,6 +20,8 @@ needs the whole round at once to split it by cluster.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
+
 import torch
 import torch.nn.functional as F
 from pydantic import Field
@@ -39,6 +41,7 @@ from hetfed.engine.types import (
     ServerState,
     Upload,
 )
+from hetfed.interface import CLUSTERS
 
 
 class IFCAParams(AlgorithmParams):
@@ -70,9 +73,9 @@ class IFCA(ClusterModels):
     def upload_extra(self, chosen: torch.Tensor) -> dict[str, torch.Tensor]:
         return {"cluster": chosen.to(torch.float32)}
 
-    def clusters(self, state: ServerState, upload: Upload) -> torch.Tensor:
+    def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
         """The cluster model each client chose and trained this round (its upload's index)."""
-        return upload.extra["cluster"].long().cpu()
+        return {CLUSTERS: upload.extra["cluster"].long().cpu()}
 
     def aggregate(self, state: ServerState, upload: Upload) -> ServerState:
         """Per cluster, the server pipeline over the clients that chose it; the others keep their model."""

@@ -40,7 +40,7 @@ from hetfed.executors.updates import (
     round_train_loss,
     uploaded_bytes,
 )
-from hetfed.interface import Algorithm
+from hetfed.interface import CLUSTERS, Algorithm
 from hetfed.partition.shift import concept_groups
 from hetfed.run_spec import RunSpec
 from hetfed.server.chain import DECIDED, Chain
@@ -195,8 +195,8 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
             result.attack_weight_sum += per_round["attack_weight"]
             result.attack_weight_rounds += 1
         counts.update(cast(dict[str, int], found))
-        result.clustering = _clustering(loop, result.server, upload)
-        per_round.update(result.clustering)
+        result.findings = _findings(loop, result.server, upload)
+        per_round.update(result.findings)
     else:
         result.skipped_rounds.append(r + 1)
     result.server_seconds += time.perf_counter() - t_server
@@ -206,16 +206,20 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     return (yield from after_update(loop, result, upload, counts, per_round, t0))
 
 
-def _clustering(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, float]:
-    """For a clustered method (:meth:`~hetfed.interface.Algorithm.clusters`), how many clusters the round's clients
-    are in after the server's step (``clusters``) and, where the partition gave the clients concepts
-    (``partition.rotations``, ``label_swaps``), how well those clusters are the concepts: scikit-learn's adjusted
-    Rand index over the round's clients (``cluster_ari``: 1 the concepts exactly, about 0 a draw at random; what
-    IFCA's code reports as the share assigned right, without its need to number the clusters as the groups)."""
-    assigned = loop.algo.clusters(server, upload)
+def _findings(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, float]:
+    """What the method's server step found this round (:meth:`~hetfed.interface.Algorithm.findings`), as numbers.
+    A clustered method's clusters become how many clusters the round's clients are in (``clusters``) and, where the
+    partition gave the clients concepts (``partition.rotations``, ``label_swaps``), how well those clusters are the
+    concepts: scikit-learn's adjusted Rand index over the round's clients (``cluster_ari``: 1 the concepts exactly,
+    about 0 a draw at random; what IFCA's code reports as the share assigned right, without its need to number the
+    clusters as the groups)."""
+    found = dict(loop.algo.findings(server, upload))
+    assigned = found.pop(CLUSTERS, None)
+    out = {k: float(v) for k, v in found.items()}
     if assigned is None:
-        return {}
-    out = {"clusters": float(len(torch.unique(assigned)))}
+        return out
+    assigned = torch.as_tensor(assigned)
+    out[CLUSTERS] = float(len(torch.unique(assigned)))
     if loop.concepts is not None:
         from sklearn.metrics import adjusted_rand_score
 

@@ -182,9 +182,9 @@ class SimulationResult:
     #: them in, and how many rounds that was (:mod:`hetfed.server.detection`)
     attack_weight_sum: float = 0.0
     attack_weight_rounds: int = 0
-    #: a clustered method's clusters after the last round, and how they match the clients' concepts
-    #: (:func:`hetfed.executors.simulate._clustering`)
-    clustering: dict[str, float] = field(default_factory=dict)
+    #: what the method's server step found in the last round: a clustered method's clusters and how they match the
+    #: clients' concepts, Agnostic FL's λ, CFL's update norms (:func:`hetfed.executors.simulate._findings`)
+    findings: dict[str, float] = field(default_factory=dict)
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
     since_best: int = 0  # evaluations since it improved (early stopping)
     #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far
@@ -202,8 +202,10 @@ class SimulationResult:
     def __setstate__(self, state: dict[str, Any]) -> None:
         """A checkpoint written before a field existed resumes with that field's default (and one written while
         a field existed that is gone, without it: ``train_losses``, every round's loss, which nothing read and
-        every checkpoint pickled again — 2 ms a checkpoint at 2 000 rounds; the losses are in metrics.csv)."""
+        every checkpoint pickled again — 2 ms a checkpoint at 2 000 rounds; the losses are in metrics.csv;
+        ``clustering``, now part of ``findings``)."""
         state.pop("train_losses", None)
+        state.setdefault("findings", state.pop("clustering", {}))
         for f in dataclasses.fields(self):
             if f.name not in state:
                 state[f.name] = f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default

@@ -64,8 +64,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
         out["diverged_at"] = result.diverged_at
     if result.attack_weight_rounds:  # the malicious updates' mean share of the defence's weight
         out["attack_weight"] = result.attack_weight_sum / result.attack_weight_rounds
-    if result.clustering:  # a clustered method's clusters after the last round
-        out["clustering"] = dict(result.clustering)
+    if result.findings:  # what the method's server step found in the last round
+        out["findings"] = dict(result.findings)
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds
@@ -244,15 +244,21 @@ def defence_line(method: str, m: dict[str, Any]) -> str | None:
             f"{c['honest_excluded']} of {c['honest_sent']} honest ones{share}")
 
 
-def clustering_line(method: str, m: dict[str, Any]) -> str | None:
-    """A clustered method's clusters after the last round and, under concept shift, how they match the clients'
-    concepts (the adjusted Rand index); None for other methods."""
-    c = m.get("clustering")
-    if not c:
+def findings_line(method: str, m: dict[str, Any]) -> str | None:
+    """What the method's server step found in the last round (``findings``): a clustered method's clusters and,
+    under concept shift, how they match the clients' concepts (the adjusted Rand index), then any other number
+    (Agnostic FL's λ, CFL's update norms); None when it found nothing."""
+    found = dict(m.get("findings") or {})
+    if not found:
         return None
-    ari = c.get("cluster_ari")
-    match = "" if ari is None else f"; adjusted Rand index against the clients' concepts {ari:.2f} (1: exactly)"
-    return f"clusters ({method}): the last round's clients in {int(c['clusters'])}{match}"
+    parts = []
+    if "clusters" in found:
+        ari = found.pop("cluster_ari", None)
+        match = "" if ari is None else f", adjusted Rand index against the clients' concepts {ari:.2f} (1: exactly)"
+        k = int(found.pop("clusters"))
+        parts.append(f"clients in {k} cluster{'s' if k != 1 else ''}{match}")
+    parts.extend(f"{key} {value:.4g}" for key, value in found.items())
+    return f"found ({method}), the last round: " + "; ".join(parts)
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
@@ -265,7 +271,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
             for part in [] if line is None else [line] if len(line) <= console.width else line.split("   "):
                 console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
-        for line in (defence_line(method, m), clustering_line(method, m)):
+        for line in (defence_line(method, m), findings_line(method, m)):
             if line is not None:
                 console.print(line, soft_wrap=True)
         if m.get("selection_note"):

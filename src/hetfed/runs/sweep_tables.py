@@ -93,7 +93,7 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
             if m.get(key) is not None:
                 yield label, key, m[key]
         yield from ((label, key, value) for key, value in defence_rates(m).items())
-        yield from ((label, f"clustering.{key}", value) for key, value in (m.get("clustering") or {}).items())
+        yield from ((label, f"findings.{key}", value) for key, value in (m.get("findings") or {}).items())
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
