@@ -147,6 +147,32 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(tmp_path):
     assert (out / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
 
 
+@pytest.mark.parametrize("method", [
+    "{name: agn, algorithm: agnostic_fl, params: {lambda_lr: 0.5}}",
+    "{name: cfl, algorithm: cfl, params: {eps1: 1.0e6, eps2: 1.0e-9, warmup_rounds: 3}}"])
+def test_a_method_whose_server_keeps_more_than_a_model_resumes_to_the_uninterrupted_numbers(tmp_path, method):
+    """Agnostic FL's λ and mean of its iterates, CFL's clusters (split at round 4 here) and update norms are server
+    extras: killed mid-run and resumed, metrics.csv — their findings every round among it — is the uninterrupted
+    run's byte for byte."""
+    args = ["run", "--quiet", "--set", "train.rounds=8", "--set", "train.checkpoint_every=2",
+            "--set", "train.eval_every=2", "--set", "heterogeneity.iid_draws=0", "--set", f"methods=[{method}]"]
+    ref, out = tmp_path / "ref", tmp_path / "r"
+    proc = _start([*args, "--out", str(ref)], tmp_path / "p0")
+    assert proc.wait() == 0, proc.stderr.read()
+    progress = tmp_path / "p1"
+    assert _kill_when(_start([*args, "--out", str(out)], progress), progress,
+                      lambda lines: sum(ln.startswith("train") for ln in lines) >= 6)
+    proc = _start(["run", "--quiet", "--resume", str(out)], tmp_path / "p2")
+    assert proc.wait() == 0, proc.stderr.read()
+    assert (out / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
+    a, b = (json.loads((d / "summary.json").read_text()) for d in (ref, out))
+    assert b["resumed"] == 1
+    (name, m), = a["methods"].items()
+    for key in ("best", "final", "best_round", "findings"):
+        assert b["methods"][name][key] == m[key], key
+    assert m["findings"]
+
+
 def test_a_killed_runs_checkpoint_loads_in_one_call_and_predicts_per_client(tmp_path):
     import numpy as np
 
