@@ -60,10 +60,23 @@ class DatasetConfig(Chosen):
     positive_class: int | str | None = Field(
         None, description="make a binary task: this class (an id, or a label name such as Cough) against all others"
     )
+    keep_classes: list[int | str] | None = Field(
+        None, min_length=2, description="keep only these classes (ids, or label names such as Shirt), relabelled "
+        "0, 1, … in the order given; every other sample is dropped from the training and test data"
+    )
     standardise: Literal["none", "global"] = Field(
         "none", description="global: (x − mean) / std with one mean and std over the training split's values "
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
     )
+
+
+    @model_validator(mode="after")
+    def _one_way_to_choose_classes(self) -> DatasetConfig:
+        if self.keep_classes is not None and self.positive_class is not None:
+            raise ValueError(f"dataset.keep_classes = {self.keep_classes} and dataset.positive_class = "
+                             f"{self.positive_class!r} are both set: expected one of them (a binary task of two "
+                             "classes is keep_classes: [a, b])")
+        return self
 
 
 class EmbedConfig(Chosen):

@@ -8,7 +8,7 @@ from hetfed.config import DatasetConfig, EmbedConfig
 from hetfed.data import embed, load_dataset
 from hetfed.data.embed import cache_path
 from hetfed.data.formats import read_idx, write_idx
-from hetfed.data.loading import Dataset
+from hetfed.data.loading import Dataset, keep_classes
 from hetfed.errors import DataError, MissingExtraError
 
 
@@ -131,6 +131,52 @@ def test_binary_task():
     assert ds.n_classes == 2 and 0.05 < ds.y_train.mean() < 0.15
     with pytest.raises(DataError, match="positive_class = 12"):
         load_dataset(DatasetConfig(positive_class=12))
+
+
+def test_keeping_some_classes_relabels_them_in_the_order_given_and_drops_every_other_sample():
+    """``dataset.keep_classes``: only those classes' samples, train and test, their labels 0, 1, … in the order
+    given (Agnostic FL's Fashion-MNIST clients: Shirt, Pullover, T-shirt/top); names as ids; refusals name the key."""
+    whole = load_dataset(DatasetConfig())
+    ds = load_dataset(DatasetConfig(keep_classes=[7, 2, 5]))
+    assert ds.n_classes == 3
+    for x, y, wx, wy in ((ds.x_train, ds.y_train, whole.x_train, whole.y_train),
+                         (ds.x_test, ds.y_test, whole.x_test, whole.y_test)):
+        for new, old in enumerate([7, 2, 5]):  # each kept class's samples, in their order, under its new label
+            np.testing.assert_array_equal(x[y == new], wx[wy == old])
+        assert len(y) == int(np.isin(wy, [7, 2, 5]).sum())
+    assert any("classes [7, 2, 5] kept as 0..2" in note for note in ds.notes)
+    named = Dataset("d", np.arange(8.0).reshape(4, 2), np.array([0, 1, 2, 1]), np.zeros((2, 2)), np.array([2, 0]),
+                    3, "vector", class_names=("a", "b", "c"), client_train=np.array([5, 6, 7, 8]))
+    kept = keep_classes(named, ["c", 1])
+    assert kept.y_train.tolist() == [1, 0, 1] and kept.client_train.tolist() == [6, 7, 8]
+    assert kept.y_test.tolist() == [0] and kept.class_names == ("c", "b") and kept.n_classes == 2
+    for classes, needle in (([0, 10], r"dataset.keep_classes\[1\] = 10 is not allowed: expected 0..9"),
+                            ([1, "Shirt"], r"dataset.keep_classes\[1\] = 'Shirt' is not a class of digits: "
+                                           r"expected a class id \(this dataset has no names\)"),
+                            ([3, 3], r"dataset.keep_classes = \[3, 3\] names class 3 twice")):
+        with pytest.raises(DataError, match=needle):
+            load_dataset(DatasetConfig(keep_classes=classes))
+    with pytest.raises(DataError, match=r"dataset.keep_classes = \['c', 2\] names class 2 twice"):
+        keep_classes(named, ["c", 2])
+    with pytest.raises(ValueError, match=r"dataset.keep_classes = \[0, 1\] and dataset.positive_class = 1 are both"):
+        DatasetConfig(keep_classes=[0, 1], positive_class=1)
+    with pytest.raises(ValueError, match="at least 2"):
+        DatasetConfig(keep_classes=[4])
+
+
+def test_hetfed_run_on_two_kept_classes_trains_a_two_class_model(tmp_path):
+    from hetfed.cli import main
+
+    out = tmp_path / "r"
+    assert main(["run", "--quiet", "--no-report", "--set", "dataset.keep_classes=[3, 8]", "--set", "train.rounds=2",
+                 "--set", "partition.kind=iid", "--set", "partition.clients=3", "--set", "heterogeneity.iid_draws=0",
+                 "--set", "methods=[{name: avg, algorithm: fedavg, model: {kind: logreg}}]", "--out", str(out)]) == 0
+    import torch
+
+    weights = torch.load(out / "checkpoints" / "avg-final.pt")
+    assert weights["layers.0.bias"].shape == (2,)  # a 2-class model
+    assert main(["run", "--quiet", "--set", "dataset.keep_classes=[3, 30]", "--out", str(tmp_path / "bad")]) == 2
+    assert not (tmp_path / "bad").exists()
 
 
 def test_identity_and_pca_embedding():

@@ -271,8 +271,11 @@ def validate_dataset(ds: Dataset) -> Dataset:
 
 
 def load_dataset(cfg: DatasetConfig) -> Dataset:
-    """Load the dataset the config names; a binary task if ``positive_class`` is set."""
+    """Load the dataset the config names; a subset of its classes if ``keep_classes`` is set, a binary task if
+    ``positive_class`` is."""
     ds = _kind(cfg.name).load(cfg)
+    if cfg.keep_classes is not None:
+        ds = keep_classes(ds, cfg.keep_classes)
     if cfg.positive_class is not None:
         ds = binarise(ds, cfg.positive_class)
     ds = validate_dataset(ds)
@@ -296,17 +299,45 @@ def standardise(ds: Dataset) -> Dataset:
     return replace(ds, x_train=scale(ds.x_train), x_test=scale(ds.x_test))
 
 
+def class_id(ds: Dataset, key: str, given: int | str) -> int:
+    """The class ``given`` names in ``ds`` (an id, or a label name), or a DataError naming ``key``."""
+    if isinstance(given, str):
+        if given not in ds.class_names:
+            named = f"one of {list(ds.class_names)}" if ds.class_names else "a class id (this dataset has no names)"
+            raise DataError(f"{key} = {given!r} is not a class of {ds.name}: expected {named}")
+        return ds.class_names.index(given)
+    if not 0 <= given < ds.n_classes:
+        raise DataError(f"{key} = {given} is not allowed: expected 0..{ds.n_classes - 1}")
+    return given
+
+
+def keep_classes(ds: Dataset, classes: list[int | str]) -> Dataset:
+    """Only the samples of ``classes`` (ids or label names), relabelled 0, 1, … in the order given (the setting of
+    Agnostic FL's Fashion-MNIST clients, shirt / pullover / T-shirt): the training and test data alike, and a
+    natural partition's client of every kept sample."""
+    ids = [class_id(ds, f"dataset.keep_classes[{i}]", c) for i, c in enumerate(classes)]
+    if len(set(ids)) < len(ids):
+        raise DataError(f"dataset.keep_classes = {classes} names class {_repeated(ids)} twice: expected each class "
+                        "once")
+    relabel = np.full(ds.n_classes, -1, dtype=np.int64)
+    relabel[ids] = np.arange(len(ids))
+    train, test = relabel[ds.y_train] >= 0, relabel[ds.y_test] >= 0
+    return replace(
+        ds, x_train=ds.x_train[train], y_train=relabel[ds.y_train[train]], x_test=ds.x_test[test],
+        y_test=relabel[ds.y_test[test]], n_classes=len(ids),
+        client_train=None if ds.client_train is None else ds.client_train[train],
+        class_names=tuple(ds.class_names[i] for i in ids) if ds.class_names else (),
+        notes=(*ds.notes, f"classes {ids} kept as 0..{len(ids) - 1}: {int(train.sum())} training and "
+                          f"{int(test.sum())} test samples"))
+
+
+def _repeated(ids: list[int]) -> int:
+    return next(i for i in ids if ids.count(i) > 1)
+
+
 def binarise(ds: Dataset, positive: int | str) -> Dataset:
     """One class against all others: an imbalanced binary task (label 1 = ``positive``, an id or a label name)."""
-    if isinstance(positive, str):
-        if positive not in ds.class_names:
-            named = f"one of {list(ds.class_names)}" if ds.class_names else "a class id (this dataset has no names)"
-            raise DataError(f"dataset.positive_class = {positive!r} is not a class of {ds.name}: expected {named}")
-        positive = ds.class_names.index(positive)
-    if not 0 <= positive < ds.n_classes:
-        raise DataError(
-            f"dataset.positive_class = {positive} is not allowed: expected 0..{ds.n_classes - 1}"
-        )
+    positive = class_id(ds, "dataset.positive_class", positive)
     return replace(
         ds,
         y_train=(ds.y_train == positive).astype(np.int64),

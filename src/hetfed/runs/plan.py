@@ -118,6 +118,9 @@ def _check_nodes_dataset(config: Config) -> None:
     for key, value in config.partition.away_from_default("feature_noise", "rotations", "label_swaps").items():
         raise ConfigError(f"partition.{key} = {value} is not allowed with dataset.name = {name!r}: the nodes' own "
                           "data is not simulated; expected it left out")
+    for key, value in config.dataset.away_from_default("positive_class", "keep_classes", "standardise").items():
+        raise ConfigError(f"dataset.{key} = {value!r} is not allowed with dataset.name = {name!r}: each node reads "
+                          "its own file as it is; expected it left out (relabel or scale the nodes' files instead)")
 
 
 @dataclass(frozen=True, eq=False)
