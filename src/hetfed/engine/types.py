@@ -6,6 +6,7 @@ its fields (e.g. that it carries no local parameters).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from dataclasses import dataclass, field, fields, is_dataclass, replace
 from typing import Any
@@ -197,8 +198,11 @@ class ClientBroadcast(Broadcast):
     from runs with different global models (a stacked sweep), or were sent different model versions (an
     asynchronous server)."""
 
-    #: the extras :meth:`extra_rows` reads, a row per client (its own run's); ``extra`` holds only what every client
-    #: of the stack shares (numbers: a stacked sweep joins runs whose numbers there are equal)
+    #: the extras :meth:`extra_rows` reads, a row per client (its own run's): each the rows, or a function without
+    #: arguments that builds them when a step first reads them (a stacked sweep's joined runs: an extra the step never
+    #: reads — Agnostic FL's reported model, which only evaluation scores — is never copied into a row a client);
+    #: ``extra`` holds only what every client of the stack shares (numbers: a stacked sweep joins runs whose numbers
+    #: there are equal)
     row_extra: dict[str, Any] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -208,7 +212,7 @@ class ClientBroadcast(Broadcast):
     def extra_rows(self, key: str, n: int) -> Any:
         if key not in self.row_extra:
             return super().extra_rows(key, n)
-        rows = self.row_extra[key]
+        rows = _built(self.row_extra[key])
         first = next(iter(rows.values())) if isinstance(rows, dict) else rows
         if first.shape[0] != n:
             raise ValueError(f"a stack of {n} clients was given the extra {key!r} for {first.shape[0]}")
@@ -227,13 +231,26 @@ class ClientBroadcast(Broadcast):
         personal_ids = None if self.personal_ids is None else tuple(self.personal_ids[i] for i in index)
         return replace(self, params={k: v[at.to(v.device)] for k, v in self.params.items()},
                        personal={k: v[at.to(v.device)] for k, v in self.personal.items()}, personal_ids=personal_ids,
-                       row_extra={k: map_tensors(v, lambda t: t[at.to(t.device)]) for k, v in self.row_extra.items()})
+                       row_extra={k: _taken(v, at) for k, v in self.row_extra.items()})
 
     def stacked(self, n: int) -> Params:
         first = next(iter(self.params.values()), None)
         if first is not None and first.shape[0] != n:
             raise ValueError(f"a stack of {n} clients was given a broadcast for {first.shape[0]}")
         return self.params
+
+
+def _built(rows: Any) -> Any:
+    """A row extra as its rows, built by its function where it has one (that function keeps what it built)."""
+    return rows() if callable(rows) else rows
+
+
+def _taken(rows: Any, at: torch.Tensor) -> Any:
+    """The rows ``at`` of a row extra; of one not built yet, a function that takes them once it is."""
+    def take(t: torch.Tensor) -> torch.Tensor:
+        return t[at.to(t.device)]
+
+    return functools.cache(lambda: map_tensors(rows(), take)) if callable(rows) else map_tensors(rows, take)
 
 
 @dataclass(frozen=True, eq=False)

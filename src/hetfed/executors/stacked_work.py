@@ -10,6 +10,7 @@ joined, :func:`_joint_pool`). A client's numbers do not depend on its stack, so 
 
 from __future__ import annotations
 
+import functools
 import weakref
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -149,16 +150,21 @@ def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, li
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
     first = group[0].bc
-    rows = {key: [group[i].bc.extra_rows(key, len(chosen[i])) for i in runs]
-            for key, value in first.extra.items() if not _shared(value)}
     personal = [group[i].bc.for_clients(chosen[i], group[i].executor.device).personal for i in runs]
     bc = ClientBroadcast({k: torch.cat([p[k] for p in shared]) for k in first.params}, first.round, first.lr,
                          {k: v for k, v in first.extra.items() if _shared(v)},
                          {k: torch.cat([p[k] for p in personal]) for k in first.personal},
                          tuple(k for i in runs for k in chosen[i]) if first.personal else None,
-                         row_extra={key: {n: torch.cat([p[n] for p in parts]) for n in parts[0]}
-                                    if isinstance(parts[0], dict) else torch.cat(parts) for key, parts in rows.items()})
+                         row_extra={key: functools.cache(functools.partial(_joined_rows, group, runs, chosen, key))
+                                    for key, value in first.extra.items() if not _shared(value)})
     return state, bc
+
+
+def _joined_rows(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]], key: str) -> Any:
+    """The tensor extra ``key`` as the joined stack's rows, each client its own run's: built only when the step (or
+    the evaluation) reads it."""
+    parts = [group[i].bc.extra_rows(key, len(chosen[i])) for i in runs]
+    return {n: torch.cat([p[n] for p in parts]) for n in parts[0]} if isinstance(parts[0], dict) else torch.cat(parts)
 
 
 def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: torch.Tensor, y: torch.Tensor,
