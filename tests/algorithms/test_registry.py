@@ -220,7 +220,7 @@ def test_every_registered_algorithm_runs_as_the_default_configs_first_method_wit
 
 
 def test_the_algorithm_interface_stays_small():
-    """#46: an algorithm is 13 functions plus its declared capabilities (≤ 15 names to learn), and what it is
+    """#46: an algorithm is 14 functions plus its declared capabilities (≤ 15 names to learn), and what it is
     built with; a name added to the base class is a decision this test makes visible (#76 added
     ``private_steps``: the passes over a client's data a round takes, which DP-SGD's ε composes — only the method
     knows them, Ditto's personal model being a second; ``findings``: what the server's step found that a user studies —
