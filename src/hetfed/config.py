@@ -69,7 +69,6 @@ class DatasetConfig(Chosen):
         "(torchvision's MNIST Normalize(0.1307, 0.3081)); images and vectors only"
     )
 
-
     @model_validator(mode="after")
     def _one_way_to_choose_classes(self) -> DatasetConfig:
         if self.keep_classes is not None and self.positive_class is not None:
