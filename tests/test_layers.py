@@ -19,7 +19,7 @@ LAYERS = [
     ("hetfed.errors", 0), ("hetfed.registry", 0), ("hetfed.console", 0), ("hetfed.heterogeneity", 0),
     ("hetfed.config", 0), ("hetfed.streams", 0),
     ("hetfed.config_io", 0), ("hetfed.config_legacy", 0), ("hetfed.config_base", 0), ("hetfed.config_train", 0),
-    ("hetfed.config_server", 0), ("hetfed.config_flower", 0),
+    ("hetfed.config_server", 0), ("hetfed.config_flower", 0), ("hetfed.config_data", 0),
     ("hetfed.processes", 0), ("hetfed.environment", 0), ("hetfed.spelling", 0),
     ("hetfed.data", 1), ("hetfed.partition", 1), ("hetfed.server_data", 1), ("hetfed.pipeline", 1),
     ("hetfed.partition_report", 1),
