@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -136,3 +136,11 @@ def stage(console: Console | None, what: str) -> Iterator[None]:
     console.print(f"{time.strftime('%H:%M:%S')} {what} …", soft_wrap=True)
     yield
     console.print(f"{time.strftime('%H:%M:%S')} {what}: done in {time.perf_counter() - t0:.1f} s", soft_wrap=True)
+
+
+def print_loading(console: Console, notes: Iterable[str], warnings: Iterable[str]) -> None:
+    """What loading did and what makes parts of the report meaningless, on the console."""
+    for note in notes:
+        console.print(note, soft_wrap=True)
+    for warning in warnings:
+        console.print(f"warning: {warning}", style="yellow", soft_wrap=True)

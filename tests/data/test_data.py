@@ -179,6 +179,29 @@ def test_hetfed_run_on_two_kept_classes_trains_a_two_class_model(tmp_path):
     assert not (tmp_path / "bad").exists()
 
 
+def test_what_loading_did_is_in_the_summary_and_said_once_a_sweep(tmp_path, capsys):
+    """A loading note ("classes … kept") is part of the run's record; a quiet run or sweep does not print it and a
+    sweep prints it once, not once a run (the notes' "sweep --quiet prints each run's loading notes")."""
+    import json
+
+    from hetfed.cli import main
+
+    base = ["--set", "dataset.keep_classes=[3, 8]", "--set", "train.rounds=1", "--set", "partition.kind=iid",
+            "--set", "partition.clients=3", "--set", "heterogeneity.iid_draws=0", "--no-report",
+            "--set", "methods=[{name: avg, algorithm: fedavg, model: {kind: logreg}}]"]
+    assert main(["run", "--quiet", *base, "--out", str(tmp_path / "r")]) == 0
+    said = capsys.readouterr()
+    assert "kept" not in said.out + said.err and str(tmp_path / "r") in said.out
+    notes = json.loads((tmp_path / "r" / "summary.json").read_text())["data_notes"]
+    assert len(notes) == 1 and notes[0].startswith("classes [3, 8] kept as 0..1")
+    assert main(["run", *base, "--out", str(tmp_path / "loud")]) == 0
+    assert notes[0] in capsys.readouterr().err
+    for quiet, times in ((["--quiet"], 0), ([], 1)):
+        assert main(["sweep", *base, "--seeds", "3", *quiet, "--out", str(tmp_path / f"s{times}")]) == 0
+        said = capsys.readouterr()
+        assert (said.out + said.err).count(notes[0]) == times
+
+
 def test_identity_and_pca_embedding():
     ds = load_dataset(DatasetConfig())
     ident = embed(ds, EmbedConfig(kind="identity"))

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 
 from hetfed.config import Config, dump_config, load_run_config
-from hetfed.console import make_console, round_progress
+from hetfed.console import make_console, print_loading, round_progress
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError, interruption_reason
@@ -61,7 +61,7 @@ from hetfed.runs.rundir import (
     set_status,
     write_json_atomic,
 )
-from hetfed.runs.summary import method_summary, print_summary, row_name, run_summary, view_row
+from hetfed.runs.summary import data_notes, method_summary, print_summary, row_name, run_summary, view_row
 from hetfed.runs.tracking import Trackers, check_trackers, open_trackers
 from hetfed.server.transport import transport
 
@@ -132,10 +132,8 @@ def run_experiment(
     else:
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     prep = prepared or prepare(config, progress=progress, status=status)
-    for note in getattr(prep.data, "notes", ()):  # what loading kept (Shakespeare: roles, windows, sizes)
-        warn.print(note, soft_wrap=True, markup=False)
-    for warning in prep.warnings:
-        warn.print(f"warning: {warning}", style="yellow", soft_wrap=True)
+    if status is not None:  # quiet (a sweep's runs too: it prints each line once): in summary.json only
+        print_loading(status, data_notes(prep), prep.warnings)
     plans = plan(config, prep.federation, ckpt, executor)
     rec = open_run_directory(config, out, ckpt if resume else None, resume)
     trackers: Trackers | None = None

@@ -22,7 +22,7 @@ import yaml
 from rich.console import Console
 
 from hetfed.config import Config, as_given, build_config, migrate_legacy
-from hetfed.console import make_console
+from hetfed.console import make_console, print_loading
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
@@ -429,11 +429,18 @@ class SweepProgress:
         self.stacked = stacked
         self.rounds: tuple[int, int] | None = None  # a stacked sweep's (round trained, rounds of its longest run)
         self._shown = self.t0
+        self._said: set[str] = set()
         if console and reused:
             console.print(f"{reused} of {total} runs reused from the earlier sweep", soft_wrap=True)
 
     def started(self, point: dict[str, Any], seed: int) -> None:
         return None
+
+    def _new(self, line: str) -> bool:
+        """Whether this sweep has not printed ``line`` yet."""
+        fresh = line not in self._said
+        self._said.add(line)
+        return fresh
 
     def stacked_round(self, done: int, total: int) -> None:
         """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""
@@ -466,6 +473,9 @@ class SweepProgress:
             self.failed += 1
         if self.console is None:
             return
+        if status == "ok" and isinstance(value, dict):  # what loading did and warned: once a sweep, not once a run
+            notes, warns = value.get("data_notes", []), value.get("warnings", [])
+            print_loading(self.console, [n for n in notes if self._new(n)], [w for w in warns if self._new(w)])
         remaining = self.total - self.done
         line = (f"{time.strftime('%H:%M:%S')} [{self.done}/{self.total} done, {self.failed} failed, {remaining} left, "
                 f"{self._eta(remaining)}] {point_name(point)} seed={seed}: {status}")
