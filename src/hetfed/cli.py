@@ -20,7 +20,7 @@ from rich.table import Table
 
 from hetfed import __version__
 from hetfed.config import dump_config, load_config
-from hetfed.console import make_console
+from hetfed.console import make_console, print_loading
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
 from hetfed.partition_report import check_figure_path, partition_report
@@ -387,8 +387,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         check_figure_path(args.plot)
     report = partition_report(config, status=err_console)  # progress goes to stderr
     fed = report.pop("_federation")
-    for warning in report["warnings"]:
-        err_console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
+    print_loading(err_console, (), report["warnings"])
     if args.plot:
         from hetfed.analysis.figures import plot_partition
 
