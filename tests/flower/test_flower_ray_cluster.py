@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 ray = pytest.importorskip("ray")
 
-from tests.flower.test_flower import SMALL, _compare, _config, _run  # noqa: E402
+from tests.flower_compare import SMALL, compare, config, summary_of  # noqa: E402
 
 pytestmark = pytest.mark.slow
 
@@ -34,11 +34,12 @@ def test_the_simulation_engine_runs_its_client_apps_on_every_node_of_a_ray_clust
         cluster.add_node(num_cpus=1, object_store_memory=80 * 2**20)
         cluster.wait_for_nodes()
         extra = {"flower": {"clients_per_node": 2, "client_cpus": 1, "ray_address": cluster.address}}
-        cfg = _config({**small, **extra, "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}, "flower")
-        flower = _run(cfg, tmp_path / "f")
+        cfg = config({**small, **extra, "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}, "flower")
+        flower = summary_of(cfg, tmp_path / "f")
         nodes = _client_app_nodes(cluster.address)
         assert len(nodes) == 2, nodes  # one ClientApp actor per raylet: both hosted clients
     finally:
         cluster.shutdown()
-    vec = _run(_config({**small, "methods": [{"name": "fedavg", "algorithm": "fedavg"}]}, "vectorised"), tmp_path / "v")
-    _compare(flower, vec)
+    fedavg = {"methods": [{"name": "fedavg", "algorithm": "fedavg"}]}
+    vec = summary_of(config({**small, **fedavg}, "vectorised"), tmp_path / "v")
+    compare(flower, vec)

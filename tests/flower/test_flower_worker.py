@@ -4,7 +4,8 @@ What a user relies on: the worker's step is the ClientApp's own step (same reply
 node's context, bit for bit, over rounds that read back what the last one wrote); an error in the step reaches
 Flower as the ClientApp's failure, and the worker serves the next message; the worker leaves with the process that
 starts the node's ClientApps, or when idle; it refuses a directory other users can reach; the ClientApp process
-imports no torch. The loopback deployments in ``test_flower.py`` run through workers and check that none is left.
+imports no torch. The loopback deployments in ``test_flower_superlink.py`` and ``test_flower_async_superlink.py``
+run through workers and check that none is left.
 """
 
 from __future__ import annotations
