@@ -16,6 +16,16 @@ def test_partition_default_json(capsys):
     assert sum(c["size"] for c in out["clients"]) == 1437
 
 
+def test_partition_says_and_records_what_loading_did(capsys):
+    """The loading note a run records as ``data_notes`` (here: the classes kept) is in ``hetfed partition --json``'s
+    report and on its stderr, as a run says it — the JSON on stdout stays JSON."""
+    assert main(["partition", "--json", "--set", "dataset.keep_classes=[3, 8]", "--set", "partition.kind=iid",
+                 "--set", "partition.clients=3"]) == 0
+    said = capsys.readouterr()
+    notes = json.loads(said.out)["data_notes"]
+    assert len(notes) == 1 and notes[0].startswith("classes [3, 8] kept as 0..1") and notes[0] in said.err
+
+
 def test_partition_table_and_plot(tmp_path, capsys):
     fig = tmp_path / "p.png"
     assert main(["partition", "--set", "partition.kind=dirichlet", "--set", "partition.alpha=0.3",

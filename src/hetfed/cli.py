@@ -387,7 +387,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
         check_figure_path(args.plot)
     report = partition_report(config, status=err_console)  # progress goes to stderr
     fed = report.pop("_federation")
-    print_loading(err_console, (), report["warnings"])
+    print_loading(err_console, report["data_notes"], report["warnings"])
     if args.plot:
         from hetfed.analysis.figures import plot_partition
 

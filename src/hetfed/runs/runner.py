@@ -61,7 +61,7 @@ from hetfed.runs.rundir import (
     set_status,
     write_json_atomic,
 )
-from hetfed.runs.summary import data_notes, method_summary, print_summary, row_name, run_summary, view_row
+from hetfed.runs.summary import method_summary, print_summary, row_name, run_summary, view_row
 from hetfed.runs.tracking import Trackers, check_trackers, open_trackers
 from hetfed.server.transport import transport
 
@@ -133,7 +133,7 @@ def run_experiment(
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     prep = prepared or prepare(config, progress=progress, status=status)
     if status is not None:  # quiet (a sweep's runs too: it prints each line once): in summary.json only
-        print_loading(status, data_notes(prep), prep.warnings)
+        print_loading(status, prep.data.notes, prep.warnings)
     plans = plan(config, prep.federation, ckpt, executor)
     rec = open_run_directory(config, out, ckpt if resume else None, resume)
     trackers: Trackers | None = None

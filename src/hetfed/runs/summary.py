@@ -128,11 +128,6 @@ def view_row(algo: Algorithm, view: str, result: SimulationResult, fed_seconds: 
     return _view_summary(result.views[view], seconds, extra), extra.get("rounds") or extra.get("epochs") or 0
 
 
-def data_notes(prep: Prepared) -> list[str]:
-    """What loading did to the data (classes kept, Shakespeare's roles and windows, sizes): a run's record of it."""
-    return list(getattr(prep.data, "notes", ()))
-
-
 def run_summary(config: Config, prep: Prepared, methods: dict[str, dict[str, Any]], started: str, resumes: int,
                 wall_seconds: float) -> dict[str, Any]:
     """``summary.json``: the run's data, federation and heterogeneity, its primary method's numbers, every
@@ -153,7 +148,7 @@ def run_summary(config: Config, prep: Prepared, methods: dict[str, dict[str, Any
         "gamma": het.gamma,
         "heterogeneity": het.as_dict(),
         "data_files": list(prep.sources),
-        "data_notes": data_notes(prep),
+        "data_notes": list(prep.data.notes),  # what loading did: classes kept, roles, sizes
         "warnings": list(prep.warnings),
         "primary": primary,
         "training": training_line(config),
