@@ -49,7 +49,7 @@ def partition_report(config: Config, status: Console | None = None) -> dict:
         "label_emd_mean": het.label_emd_mean,
         "js_mean": het.js_mean,
         "data_files": list(prep.sources),
-        "data_notes": list(prep.data.notes),  # what loading did, as a run's summary.json records it
+        "data_notes": list(prep.notes),  # what loading did, as a run's summary.json records it
         "warnings": list(prep.warnings),
         "clients": clients,
         "_federation": fed,

@@ -29,12 +29,18 @@ T = TypeVar("T")
 class Prepared:
     """Embedded data, its federation, and how heterogeneous the clients are."""
 
-    data: Embedded
+    data: Embedded  # None where the data lives on the nodes (hetfed.flower.discovery)
     federation: Federation
     heterogeneity: Heterogeneity
     sources: tuple[dict, ...] = ()  # the data files read (path, bytes, sha256)
     warnings: list[str] = field(default_factory=list)  # what makes parts of the report meaningless
     _views: dict[int, dict[str, np.ndarray]] = field(default_factory=dict, repr=False)
+
+    @property
+    def notes(self) -> tuple[str, ...]:
+        """What loading did (classes kept, Shakespeare's roles and windows, sizes), for the console and the run's
+        record; none when the data lives on the nodes (the server loaded nothing)."""
+        return self.data.notes if self.data is not None else ()
 
     def view(self, seed: int) -> dict[str, np.ndarray]:
         """The federation's picture a run keeps (:func:`hetfed.partition.partition_view`): made once for every run

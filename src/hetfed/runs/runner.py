@@ -133,7 +133,7 @@ def run_experiment(
         check_out(out)  # what needs no data is checked before loading it (minutes on embedded data)
     prep = prepared or prepare(config, progress=progress, status=status)
     if status is not None:  # quiet (a sweep's runs too: it prints each line once): in summary.json only
-        print_loading(status, prep.data.notes, prep.warnings)
+        print_loading(status, prep.notes, prep.warnings)
     plans = plan(config, prep.federation, ckpt, executor)
     rec = open_run_directory(config, out, ckpt if resume else None, resume)
     trackers: Trackers | None = None

@@ -148,7 +148,7 @@ def run_summary(config: Config, prep: Prepared, methods: dict[str, dict[str, Any
         "gamma": het.gamma,
         "heterogeneity": het.as_dict(),
         "data_files": list(prep.sources),
-        "data_notes": list(prep.data.notes),  # what loading did: classes kept, roles, sizes
+        "data_notes": list(prep.notes),  # what loading did: classes kept, roles, sizes
         "warnings": list(prep.warnings),
         "primary": primary,
         "training": training_line(config),
