@@ -11,6 +11,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from sklearn.metrics import adjusted_rand_score
 
 from hetfed.config import build_config
@@ -105,3 +107,28 @@ def test_cfl_and_ifca_name_each_uploading_clients_cluster():
     assert cfl.findings(state, Upload([2, 0, 5], {}, torch.ones(3)))["clusters"].tolist() == [1, 0, 0]  # 5: not
     assert build_algorithm("fedavg", model, train, {}).findings(state, upload) == {}  # known yet: 0
     assert np.array_equal(concept_groups(4, {"rotations": [0, 90, 180, 270]}), np.arange(4))
+
+
+@settings(max_examples=40, deadline=None)
+@given(m=st.integers(3, 7), seed=st.integers(0, 2**31 - 1), shift=st.floats(0.0, 3.0))
+def test_cfl_reads_its_norms_and_similarities_from_the_updates_gram_matrix_as_the_authors_code_does(m, seed, shift):
+    """CFL's server reads the updates' Gram matrix, summed parameter by parameter (no float64 copy of the whole
+    round's updates); its norms and its split are those of the authors' code (felisat/clustered-federated-learning:
+    ``compute_mean_update_norm``, ``compute_max_update_norm``, ``pairwise_angles`` on the flattened updates,
+    ``cluster_clients``), for updates of several parameters that share a direction up to ``shift``."""
+    from sklearn.cluster import AgglomerativeClustering
+
+    from hetfed.algorithms.cfl import bipartition, gram_norms, update_gram
+
+    gen = torch.Generator().manual_seed(seed)
+    shapes = [(4, 3), (4,), (2, 2, 2)]
+    common = [torch.randn(s, generator=gen) for s in shapes]
+    deltas = [torch.stack([c * shift + torch.randn(c.shape, generator=gen) for _ in range(m)]) for c in common]
+    flat = torch.cat([d.flatten(1) for d in deltas], 1).double()  # the authors' flatten(client.dW), a row a client
+    mean_norm, max_norm = gram_norms(update_gram(deltas))
+    assert mean_norm == pytest.approx(float(flat.mean(0).norm()), rel=1e-5)
+    assert max_norm == pytest.approx(max(float(row.norm()) for row in flat), rel=1e-5)
+    angles = torch.stack([torch.stack([(a * b).sum() / (a.norm() * b.norm() + 1e-12) for b in flat]) for a in flat])
+    theirs = AgglomerativeClustering(metric="precomputed", linkage="complete").fit(-angles.numpy()).labels_
+    ours = bipartition(update_gram(deltas))
+    assert sorted(map(sorted, ours)) == sorted(sorted(np.flatnonzero(theirs == c).tolist()) for c in (0, 1))

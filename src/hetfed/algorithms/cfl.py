@@ -23,7 +23,8 @@ learning rate: the defaults are the authors' example's (0.4, 1.6), not universal
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
+from functools import reduce
 
 import torch
 from pydantic import Field
@@ -61,15 +62,28 @@ def padded(of: torch.Tensor, size: int) -> torch.Tensor:
     return of if short <= 0 else torch.cat([of, torch.zeros(*of.shape[:-1], short, dtype=of.dtype)], -1)
 
 
-def bipartition(updates: torch.Tensor) -> tuple[list[int], list[int]]:
-    """Two groups of the rows of ``updates`` [m, d]: complete-linkage clustering of −cosine similarity."""
+def update_gram(deltas: Iterable[torch.Tensor]) -> torch.Tensor:
+    """The Gram matrix [m, m] (float64) of m clients' whole updates, summed over their parameters' ``[m, ...]``
+    deltas: everything Algorithm 1 reads of the updates — the norms (:func:`gram_norms`) and the cosine
+    similarities (:func:`bipartition`) — without a copy of the updates as one float64 matrix every round."""
+    return reduce(torch.add, (f @ f.T for f in (d.flatten(1).double() for d in deltas)))
+
+
+def gram_norms(gram: torch.Tensor) -> tuple[float, float]:
+    """‖mean_i Δθ_i‖ and max_i ‖Δθ_i‖ from the updates' Gram matrix (‖Σ_i Δθ_i‖² is the sum of its entries)."""
+    total, largest = torch.stack([gram.sum(), gram.diagonal().max()]).clamp_min(0).sqrt().tolist()  # one read
+    return total / gram.shape[0], largest
+
+
+def bipartition(gram: torch.Tensor) -> tuple[list[int], list[int]]:
+    """Two groups of m updates, given their Gram matrix [m, m]: complete-linkage clustering of −cosine
+    similarity."""
     from sklearn.cluster import AgglomerativeClustering
 
-    u = updates.double()
-    unit = u / u.norm(dim=1, keepdim=True).clamp_min(1e-12)
-    similarity = (unit @ unit.T).cpu().numpy()
+    norm = gram.diagonal().clamp_min(0).sqrt().clamp_min(1e-12)
+    similarity = (gram / norm[:, None] / norm[None, :]).cpu().numpy()
     labels = AgglomerativeClustering(n_clusters=2, metric="precomputed", linkage="complete").fit(-similarity).labels_
-    return [i for i in range(len(u)) if labels[i] == 0], [i for i in range(len(u)) if labels[i] == 1]
+    return [i for i in range(len(gram)) if labels[i] == 0], [i for i in range(len(gram)) if labels[i] == 1]
 
 
 class CFL(ClusterModels):
@@ -121,13 +135,13 @@ class CFL(ClusterModels):
                 continue
             members = torch.nonzero(of == c, as_tuple=True)[0]
             groups, targets = [rows], [c]
-            delta = torch.cat([(upload.params[self.key(c, k)][rows.to(upload.params[self.key(c, k)].device)]
-                                - model[k].unsqueeze(0)).flatten(1).double() for k in names], 1)
-            mean_norm, max_norm = float(delta.mean(0).norm()), float(delta.norm(dim=1).max())
+            gram = update_gram(upload.params[self.key(c, k)][rows.to(upload.params[self.key(c, k)].device)]
+                               - model[k].unsqueeze(0) for k in names)
+            mean_norm, max_norm = gram_norms(gram)
             norms.append((mean_norm, max_norm))
             warm = state.round >= self.params.warmup_rounds and len(members) > 2 and len(rows) == len(members)
             if warm and mean_norm < self.params.eps1 and max_norm > self.params.eps2:
-                a, b = bipartition(delta)
+                a, b = bipartition(gram)
                 new = len(self._models(params))  # the second group becomes a new cluster, from this model
                 groups, targets = [rows[a], rows[b]], [c, new]
                 of[ids[rows[b]]] = float(new)

@@ -503,9 +503,8 @@ def own_class_masks(data: ClientEvalData) -> torch.Tensor | None:
         return None
     n, c = len(data.train), data.n_classes
     device = data.y.device
-    sizes = torch.tensor([len(i) for i in data.train], dtype=torch.float64).to(device, non_blocking=True)
     counts = cell_counts(_segments(data.train, device) * c + data.y[device_index(data.train, device)].long(), n, c)
-    own = counts.double() / sizes.clamp(min=1)[:, None] > 1.0 / c  # [n, C]
+    own = counts.double() / counts.sum(1, keepdim=True).clamp(min=1) > 1.0 / c  # [n, C]: each row's labels' shares
     if data.global_index is None:
         return own[:, data.y_global]
     labels = data.y_global[device_index(data.global_index, device)].view(n, -1)  # each client's own global set
