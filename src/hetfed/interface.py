@@ -247,8 +247,10 @@ class Algorithm:
     def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
         """What the server's step ``state`` on ``upload`` found that a user studies, written to the round's metrics
         (``train`` rows) and, the last round's, to the run's summary (``findings``): numbers (Agnostic FL's λ, CFL's
-        update norms), and under :data:`CLUSTERS` a clustered method's cluster of each of ``upload``'s clients (a
-        tensor: the loop counts the clusters and scores them against the clients' concepts). {}: nothing."""
+        update norms); a 1-D tensor with one value a client of the federation, by client id (Agnostic FL's
+        ``lambda``), is what it found of each client: a ``train`` row a client, and the summary's
+        ``client_findings``; and under :data:`CLUSTERS` a clustered method's cluster of each of ``upload``'s clients
+        (a tensor: the loop counts the clusters and scores them against the clients' concepts). {}: nothing."""
         return {}
 
     @torch.no_grad()

@@ -164,18 +164,32 @@ def test_a_run_saves_and_scores_the_mean_of_its_iterates(tmp_path):
 
 def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summary(tmp_path):
     """λ is what the minimax learns about the clients: every round's ``lambda_*`` in metrics.csv (``train`` rows),
-    K effective clients at the uniform start and fewer as λ moves, the last round's in the summary and runs.csv."""
+    K effective clients at the uniform start and fewer as λ moves, the last round's in the summary and runs.csv;
+    each client's λ_k too (a ``train`` row a client, the summary's ``client_findings``), on the simplex every round
+    and agreeing with the summarised figures."""
     import csv
 
     from hetfed.runs.sweep_tables import run_values
 
     _, _, opened = _final_model(tmp_path, "lam", 3, True)
     rows: dict[str, dict[int, float]] = {}
+    each: dict[int, dict[int, float]] = {}  # round → client → λ_k
     with open(tmp_path / "lam" / "metrics.csv") as fh:
         for r in csv.DictReader(fh):
             if r["metric"].startswith("lambda_"):
                 assert (r["split"], r["client"]) == ("train", "all")
                 rows.setdefault(r["metric"], {})[int(r["round"])] = float(r["value"])
+            elif r["metric"] == "lambda":
+                assert r["split"] == "train"
+                each.setdefault(int(r["round"]), {})[int(r["client"])] = float(r["value"])
+    assert sorted(each) == [1, 2, 3] and all(sorted(lam) == [0, 1, 2, 3] for lam in each.values())
+    for r, lam in each.items():
+        values = np.array([lam[k] for k in range(4)])
+        assert values.min() >= 0 and values.sum() == pytest.approx(1.0, abs=1e-12)
+        assert (values.max(), values.min()) == (rows["lambda_max"][r], rows["lambda_min"][r])
+        assert int(np.argmax(values)) == rows["lambda_top_client"][r]
+        assert 1 / (values**2).sum() == pytest.approx(rows["lambda_clients"][r], rel=1e-12)
+    assert opened.summary["methods"]["agn"]["client_findings"] == {"lambda": [each[3][k] for k in range(4)]}
     assert set(rows) == {"lambda_max", "lambda_min", "lambda_top_client", "lambda_clients"}
     assert all(sorted(v) == [1, 2, 3] for v in rows.values())
     assert all(0 <= rows["lambda_min"][r] <= 0.25 <= rows["lambda_max"][r] <= 1 for r in (1, 2, 3))  # 4 clients

@@ -36,19 +36,27 @@ def test_a_concept_is_what_is_done_to_a_client_not_its_group_number():
 def test_the_round_scores_the_clusters_of_the_clients_that_uploaded_against_their_concepts():
     clusters = torch.tensor([0, 0, 1, 1, 1])
     concepts = concept_groups(8, {"rotations": [0, 90, 0, 90], "label_swaps": None})
-    loop = SimpleNamespace(algo=SimpleNamespace(findings=lambda server, upload: {"clusters": clusters, "norm": 0.5}),
-                           concepts=concepts)
+    loop = SimpleNamespace(algo=SimpleNamespace(findings=lambda server, upload: {"clusters": clusters, "norm": 0.5},
+                                                spec=SimpleNamespace(name="m")),
+                           concepts=concepts, fed=SimpleNamespace(n_clients=8))
     upload = Upload([0, 2, 4, 6, 7], {}, torch.ones(5))
-    out = _findings(loop, None, upload)
+    out, per_client = _findings(loop, None, upload)
     # clients 0, 2, 4, 6, 7 are turned 0, 90, 0, 90, 90 degrees
     assert out == {"clusters": 2.0, "norm": 0.5,
                    "cluster_ari": pytest.approx(adjusted_rand_score([0, 1, 0, 1, 1], [0, 0, 1, 1, 1]))}
+    assert per_client == {}
     loop.concepts = None
-    assert _findings(loop, None, upload) == {"clusters": 2.0, "norm": 0.5}  # no concepts: only how many clusters
+    assert _findings(loop, None, upload) == ({"clusters": 2.0, "norm": 0.5}, {})  # no concepts: how many clusters
     loop.algo.findings = lambda server, upload: {"norm": torch.tensor(0.25)}
-    assert _findings(loop, None, upload) == {"norm": 0.25}  # not a clustered method: its numbers as floats
+    assert _findings(loop, None, upload) == ({"norm": 0.25}, {})  # not a clustered method: its numbers as floats
     loop.algo.findings = lambda server, upload: {}
-    assert _findings(loop, None, upload) == {}
+    assert _findings(loop, None, upload) == ({}, {})
+    # one value a client of the federation: what it found of each client, as a list by client id
+    loop.algo.findings = lambda server, upload: {"w": torch.arange(8) / 28.0, "top": 7.0}
+    assert _findings(loop, None, upload) == ({"top": 7.0}, {"w": (torch.arange(8) / 28.0).tolist()})
+    loop.algo.findings = lambda server, upload: {"w": torch.ones(5)}  # the round's clients only: refused
+    with pytest.raises(ValueError, match=r"m: findings\['w'\] holds 5 values; .* one a client of the federation \(8\)"):
+        _findings(loop, None, upload)
 
 
 def test_ifca_and_cfl_report_their_clusters_every_round_and_fedavg_none(tmp_path):

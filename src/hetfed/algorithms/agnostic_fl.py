@@ -93,8 +93,8 @@ class AgnosticFL(ReportsStartLoss):
         return ServerState(params, state.round + 1, extra)
 
     def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
-        """Where λ stands after the round (:func:`lambda_findings`)."""
-        return lambda_findings(state.extra[LAMBDAS])
+        """Where λ stands after the round (:func:`lambda_findings`), and each client's λ_k (``lambda``)."""
+        return {"lambda": state.extra[LAMBDAS], **lambda_findings(state.extra[LAMBDAS])}
 
 
 def lambda_findings(lambdas: torch.Tensor) -> dict[str, float]:

@@ -186,6 +186,7 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     upload, counts, trained = yield from _train_round(loop, result, r)
     t_server = time.perf_counter()
     per_round: dict[str, float] = {}
+    per_client: dict[str, list[float]] = {}
     if upload is not None:
         result.server = yield Aggregate(algo, result.server, upload)
         result.dp_rounds += int(loop.run.privacy is not None)
@@ -195,7 +196,8 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
             result.attack_weight_sum += per_round["attack_weight"]
             result.attack_weight_rounds += 1
         counts.update(cast(dict[str, int], found))
-        result.findings = _findings(loop, result.server, upload)
+        result.findings, per_client = _findings(loop, result.server, upload)
+        result.client_findings = per_client
         per_round.update(result.findings)
     else:
         result.skipped_rounds.append(r + 1)
@@ -203,11 +205,13 @@ def _one_round(loop: _Loop, result: SimulationResult, r: int) -> Steps[bool]:
     counts["round_skipped"] = int(upload is None)
     per_round.update(round_time=result.round_time, sim_time=result.sim_time, downlink_bytes=result.round_bytes[0],
                      uplink_bytes=result.round_bytes[1])
-    return (yield from after_update(loop, result, upload, counts, per_round, t0))
+    return (yield from after_update(loop, result, upload, counts, per_round, t0, per_client))
 
 
-def _findings(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, float]:
-    """What the method's server step found this round (:meth:`~hetfed.interface.Algorithm.findings`), as numbers.
+def _findings(loop: _Loop, server: ServerState, upload: Upload) -> tuple[dict[str, float], dict[str, list[float]]]:
+    """What the method's server step found this round (:meth:`~hetfed.interface.Algorithm.findings`), as numbers,
+    and what it found of each client (a tensor with one value a client of the federation: Agnostic FL's λ), as
+    lists; a tensor of another length is refused, naming the method (a plugin's mistake, caught at its first round).
     A clustered method's clusters become how many clusters the round's clients are in (``clusters``) and, where the
     partition gave the clients concepts (``partition.rotations``, ``label_swaps``), how well those clusters are the
     concepts: scikit-learn's adjusted Rand index over the round's clients (``cluster_ari``: 1 the concepts exactly,
@@ -215,16 +219,22 @@ def _findings(loop: _Loop, server: ServerState, upload: Upload) -> dict[str, flo
     clusters as the groups)."""
     found = dict(loop.algo.findings(server, upload))
     assigned = found.pop(CLUSTERS, None)
-    out = {k: float(v) for k, v in found.items()}
+    n = loop.fed.n_clients
+    per_client = {k: torch.as_tensor(v).tolist() for k, v in found.items() if isinstance(v, torch.Tensor) and v.ndim}
+    for key, values in per_client.items():
+        if len(values) != n:
+            raise ValueError(f"{loop.algo.spec.name}: findings[{key!r}] holds {len(values)} values; a finding of each "
+                             f"client holds one a client of the federation ({n})")
+    out = {k: float(v) for k, v in found.items() if k not in per_client}
     if assigned is None:
-        return out
+        return out, per_client
     assigned = torch.as_tensor(assigned)
     out[CLUSTERS] = float(len(torch.unique(assigned)))
     if loop.concepts is not None:
         from sklearn.metrics import adjusted_rand_score
 
         out["cluster_ari"] = float(adjusted_rand_score(loop.concepts[upload.client_ids], assigned.numpy()))
-    return out
+    return out, per_client
 
 
 def _detected(loop: _Loop, server: ServerState, r: int, trained: list[int]) -> dict[str, float]:

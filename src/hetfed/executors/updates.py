@@ -185,6 +185,8 @@ class SimulationResult:
     #: what the method's server step found in the last round: a clustered method's clusters and how they match the
     #: clients' concepts, Agnostic FL's λ, CFL's update norms (:func:`hetfed.executors.simulate._findings`)
     findings: dict[str, float] = field(default_factory=dict)
+    #: what it found of each client in the last round, ``{name: [client 0's, client 1's, …]}``: Agnostic FL's λ
+    client_findings: dict[str, list[float]] = field(default_factory=dict)
     best_val: float = float("inf")  # the best validation loss so far (what the best model was chosen by)
     since_best: int = 0  # evaluations since it improved (early stopping)
     #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far
@@ -310,8 +312,12 @@ class RoundObserver:
     so an observer overrides the ones it needs. The loop calls them in order of the ``observers`` it was given."""
 
     def trained(self, rnd: int, metrics: dict[str, float]) -> None:
-        """A round's mean training loss (when any update was aggregated) and its client counts: sampled,
-        dropped, late, rejected, aggregated."""
+        """A round's mean training loss (when any update was aggregated), its client counts (sampled, dropped, late,
+        rejected, aggregated) and what the server found."""
+
+    def found_of_clients(self, rnd: int, per_client: dict[str, list[float]]) -> None:
+        """What the server found of each client in round ``rnd`` (``{name: [client 0's, …]}``: Agnostic FL's λ;
+        :meth:`~hetfed.interface.Algorithm.findings`), after :meth:`trained`; only in rounds it found any."""
 
     def evaluated(self, rnd: int, ev: Evaluation) -> None:
         """An evaluation of the global model (every ``train.eval_every`` rounds and the last)."""
@@ -418,12 +424,13 @@ def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> bool:
 
 
 def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, counts: dict[str, int],
-                 per_round: dict[str, float], t0: float) -> Steps[bool]:
+                 per_round: dict[str, float], t0: float, per_client: dict[str, list[float]] | None = None
+                 ) -> Steps[bool]:
     """What follows every server update, synchronous round or asynchronous merge: the counts (totalled over the
     rounds too), the values of the round alone (``per_round``: the clock's, an attack's weight share) and the
-    training loss to the observers, the divergence check, the evaluation when due, the checkpoint when due; True
-    when the run stops (early stopping, divergence under attack, the last update). As steps: the evaluation asks its
-    clients."""
+    training loss to the observers (with ``per_client``, what the server found of each client), the divergence
+    check, the evaluation when due, the checkpoint when due; True when the run stops (early stopping, divergence
+    under attack, the last update). As steps: the evaluation asks its clients."""
     train = loop.train
     rnd = result.rounds_done + 1
     for key, value in counts.items():
@@ -431,6 +438,8 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
     loss, bad = yield ReadBack(upload, result.server)
     for o in loop.observers:
         o.trained(rnd, {**({"train_loss": loss} if loss is not None else {}), **counts, **per_round})
+        if per_client:
+            o.found_of_clients(rnd, per_client)
     if bad:
         if not loop.under_attack:
             raise DivergedError(_diverged(rnd, train, f"the global parameters {bad[:3]} hold NaN or infinite values"))

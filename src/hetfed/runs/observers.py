@@ -31,6 +31,9 @@ class MetricsObserver(RoundObserver):
     def trained(self, rnd: int, metrics: dict[str, float]) -> None:
         self.writer.write(self.label, rnd, "train", "all", metrics)
 
+    def found_of_clients(self, rnd: int, per_client: dict[str, list[float]]) -> None:
+        self.writer.write_clients(self.label, rnd, per_client, split="train")  # a train row a client
+
     def evaluated(self, rnd: int, ev: Evaluation) -> None:
         write_evaluation(self.writer, self.label, rnd, ev)
 

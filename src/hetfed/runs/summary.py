@@ -66,6 +66,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
         out["attack_weight"] = result.attack_weight_sum / result.attack_weight_rounds
     if result.findings:  # what the method's server step found in the last round
         out["findings"] = dict(result.findings)
+    if result.client_findings:  # … and of each client: {name: [client 0's, …]}
+        out["client_findings"] = dict(result.client_findings)
     if result.epsilon is not None:
         out["epsilon"] = result.epsilon if np.isfinite(result.epsilon) else None
         out["dp_rounds"] = result.dp_rounds
