@@ -30,7 +30,8 @@ def config(extra: dict, executor: str) -> object:
     return build_config(raw)
 
 
-def compare(flower: dict, vec: dict) -> None:
+def compare(flower: dict, vec: dict, rel: float = 1e-5, abs: float = 1e-6) -> None:  # noqa: A002
+    """Every final and best number of ``vec``'s methods in ``flower``'s, to ``rel`` / ``abs``."""
     assert list(flower["methods"]) == list(vec["methods"])
     for name, m in vec["methods"].items():
         for when in ("final", "best"):
@@ -39,7 +40,7 @@ def compare(flower: dict, vec: dict) -> None:
                 if value is None:
                     assert got is None, (name, when, key)
                 else:
-                    assert got == pytest.approx(value, rel=1e-5, abs=1e-6), (name, when, key)
+                    assert got == pytest.approx(value, rel=rel, abs=abs), (name, when, key)
 
 
 def summary_of(cfg, out: Path) -> dict:

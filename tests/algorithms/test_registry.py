@@ -25,6 +25,7 @@ from hetfed.errors import ConfigError
 from hetfed.interface import server_step
 from hetfed.runs.runner import run_experiment
 from tests.feature_methods import reads_features
+from tests.flower_compare import compare
 from tests.one_actor import ONE_ACTOR
 
 SMALL = {"partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4, "min_size": 20},
@@ -42,18 +43,6 @@ def _config(algorithms: list[str], executor: str, **extra) -> object:
     if executor == "flower":
         raw["flower"].update(ONE_ACTOR)
     return build_config(raw)
-
-
-def _same(a: dict, b: dict) -> None:
-    assert list(a["methods"]) == list(b["methods"])
-    for name, m in a["methods"].items():
-        for when in ("final", "best"):
-            for key, value in m[when].items():
-                got = b["methods"][name][when][key]
-                if value is None or got is None:
-                    assert value == got, (name, when, key)
-                else:
-                    assert got == pytest.approx(value, rel=1e-4, abs=1e-5), (name, when, key)
 
 
 # ------------------------------------------------------------------ a toy algorithm, registered here
@@ -89,7 +78,7 @@ def toy():
 def test_a_toy_algorithm_registered_in_a_test_runs_on_both_executors_and_is_listed(tmp_path, toy, capsys):
     a = run_experiment(_config([toy], "vectorised"), out=tmp_path / "v", progress=False).summary
     b = run_experiment(_config([toy], "sequential"), out=tmp_path / "s", progress=False).summary
-    _same(a, b)
+    compare(a, b, rel=1e-4, abs=1e-5)
     assert main(["algorithms", "--json"]) == 0
     listed = {d["name"]: d for d in json.loads(capsys.readouterr().out)}
     assert listed[toy]["params"] == [{"name": "step", "default": 0.01, "type": "float", "bounds": {},
@@ -103,7 +92,7 @@ def test_a_toy_algorithm_registered_in_a_test_runs_on_both_executors_and_is_list
 def test_every_registered_algorithm_gives_the_same_numbers_on_both_in_process_executors(tmp_path, name):
     a = run_experiment(_config([name], "vectorised"), out=tmp_path / "v", progress=False).summary
     b = run_experiment(_config([name], "sequential"), out=tmp_path / "s", progress=False).summary
-    _same(a, b)
+    compare(a, b, rel=1e-4, abs=1e-5)
 
 
 @pytest.mark.slow
@@ -122,7 +111,7 @@ def test_every_registered_algorithm_gives_the_vectorised_numbers_on_flowers_simu
     extra = {"plugins": ["tests.algorithms.test_registry"], "train": {**SMALL["train"], "client_fraction": 0.5}}
     flower = run_experiment(_config(names, "flower", **extra), out=tmp_path / "f", progress=False).summary
     vec = run_experiment(_config(names, "vectorised", **extra), out=tmp_path / "v", progress=False).summary
-    _same(vec, flower)
+    compare(vec, flower, rel=1e-4, abs=1e-5)
 
 
 def test_a_plugin_that_cannot_be_imported_is_one_line():
