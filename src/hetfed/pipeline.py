@@ -29,7 +29,7 @@ T = TypeVar("T")
 class Prepared:
     """Embedded data, its federation, and how heterogeneous the clients are."""
 
-    data: Embedded  # None where the data lives on the nodes (hetfed.flower.discovery)
+    data: Embedded | None  # None where the data lives on the nodes (hetfed.flower.discovery)
     federation: Federation
     heterogeneity: Heterogeneity
     sources: tuple[dict, ...] = ()  # the data files read (path, bytes, sha256)

@@ -80,7 +80,7 @@ def discover(grid, config: Config, warn=print) -> Prepared:
              f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
     fed = skeleton(config, nodes)
     # no data here: the nodes hold it
-    return Prepared(None, fed, gamma_of(config, summaries), (), [])  # type: ignore[arg-type]
+    return Prepared(None, fed, gamma_of(config, summaries), (), [])
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:
