@@ -250,3 +250,15 @@ def test_the_final_table_and_the_gamma_line_fit_80_columns_without_cutting_a_val
     assert any(line.startswith("Γ = ") for line in lines)
     assert any(line.startswith("ΔΓ = Γ − Γ_IID = ") and line.split("= ")[-1][0].isdigit() for line in lines)
     assert any(line.startswith("ΔΓ(x|y) = ") for line in lines)  # Γ(x|y)'s line, split the same way
+
+
+def test_a_loading_note_is_printed_as_it_is_not_as_markup():
+    """Class and role names in brackets were taken for Rich's style tags and vanished (``classes [shirt, coat]``
+    printed as ``classes  kept``)."""
+    from rich.console import Console
+
+    from hetfed.console import print_loading
+
+    console = Console(record=True, width=200)
+    print_loading(console, ["classes [shirt, coat] kept", "roles [bold] kept"], [])
+    assert console.export_text().splitlines() == ["classes [shirt, coat] kept", "roles [bold] kept"]
