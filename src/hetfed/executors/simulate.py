@@ -220,7 +220,7 @@ def _findings(loop: _Loop, server: ServerState, upload: Upload) -> tuple[dict[st
     found = dict(loop.algo.findings(server, upload))
     assigned = found.pop(CLUSTERS, None)
     n = loop.fed.n_clients
-    per_client = {k: torch.as_tensor(v).tolist() for k, v in found.items() if isinstance(v, torch.Tensor) and v.ndim}
+    per_client = {k: v.tolist() for k, v in found.items() if isinstance(v, torch.Tensor) and v.ndim}
     for key, values in per_client.items():
         if len(values) != n:
             raise ValueError(f"{loop.algo.spec.name}: findings[{key!r}] holds {len(values)} values; a finding of each "
