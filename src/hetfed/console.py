@@ -140,8 +140,9 @@ def stage(console: Console | None, what: str) -> Iterator[None]:
 
 def print_loading(console: Console, notes: Iterable[str], warnings: Iterable[str]) -> None:
     """What loading did and what makes parts of the report meaningless, on the console. A note is the data's own
-    text (class names, play and role names): printed as it is, never read as Rich markup."""
+    text (class names, play and role names), a warning may quote it: printed as it is, never read as Rich markup,
+    whatever console the caller passes."""
     for note in notes:
         console.print(note, soft_wrap=True, markup=False)
     for warning in warnings:
-        console.print(f"warning: {warning}", style="yellow", soft_wrap=True)
+        console.print(f"warning: {warning}", style="yellow", soft_wrap=True, markup=False)

@@ -260,5 +260,6 @@ def test_a_loading_note_is_printed_as_it_is_not_as_markup():
     from hetfed.console import print_loading
 
     console = Console(record=True, width=200)
-    print_loading(console, ["classes [shirt, coat] kept", "roles [bold] kept"], [])
-    assert console.export_text().splitlines() == ["classes [shirt, coat] kept", "roles [bold] kept"]
+    print_loading(console, ["classes [shirt, coat] kept", "roles [bold] kept"], ["client [coat] has one class"])
+    assert console.export_text().splitlines() == ["classes [shirt, coat] kept", "roles [bold] kept",
+                                                  "warning: client [coat] has one class"]
