@@ -199,3 +199,28 @@ def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summar
     assert found == {k: v[3] for k, v in rows.items()}
     listed = {k: v for _, k, v in run_values(opened.summary)}
     assert listed["findings.lambda_clients"] == found["lambda_clients"]
+
+
+def test_the_report_draws_each_clients_lambda_round_by_round(tmp_path):
+    """The report's *what the server found about each client*: λ_k of every client and round as the heat map's
+    cells (read from metrics.csv as a user's pandas would), kept as figures/client_findings.png."""
+    import pandas as pd
+
+    from hetfed.analysis.report import read_metrics, write_report
+    from hetfed.analysis.results import client_findings
+
+    _final_model(tmp_path, "lam", 3, True)
+    run_dir = tmp_path / "lam"
+    grids = client_findings(read_metrics(run_dir / "metrics.csv"))
+    assert list(grids) == ["lambda (agn)"]
+    rounds, clients, values = grids["lambda (agn)"]
+    df = pd.read_csv(run_dir / "metrics.csv")
+    lam = df[(df["metric"] == "lambda") & (df["split"] == "train")]
+    expected = lam.pivot(index="client", columns="round", values="value").astype(float)
+    assert (rounds, clients) == ([1, 2, 3], [0, 1, 2, 3])
+    np.testing.assert_array_equal(values, expected.loc[[str(c) for c in clients], rounds].to_numpy())
+    assert np.allclose(values.sum(0), 1.0)  # each round's λ on the simplex
+
+    html = write_report(run_dir).read_text()
+    assert "what the server found about each client" in html and "figure not drawn" not in html
+    assert (run_dir / "figures" / "client_findings.png").stat().st_size > 0

@@ -183,6 +183,30 @@ def plot_learning_curves(curves: Mapping[str, Mapping[str, Sequence[tuple[float,
     return finish(fig, path)
 
 
+def plot_client_findings(grids: Mapping[str, tuple[Sequence[int], Sequence[int], np.ndarray]],
+                         path: str | Path | None):
+    """One heat map per method's finding about each client (``{title: (rounds, clients, values[client, round])}``,
+    :func:`~hetfed.analysis.results.client_findings`): clients down, rounds across, the value as colour — a line
+    a client stops reading past a dozen clients; a heat map reads the same for ten or a thousand."""
+    n = len(grids)
+    ncols = min(n, 2)
+    nrows = math.ceil(n / ncols)
+    fig, grid = plt.subplots(nrows, ncols, figsize=(6.0 * ncols, 3.8 * nrows), squeeze=False)
+    for ax in grid.flat[n:]:
+        ax.set_visible(False)
+    for ax, (title, (rounds, clients, values)) in zip(grid.flat, grids.items(), strict=False):
+        image = ax.imshow(np.ma.masked_invalid(values), aspect="auto", interpolation="nearest", cmap="viridis")
+        for axis, labels in ((ax.xaxis, rounds), (ax.yaxis, clients)):  # a cell's index → its round or client
+            axis.set_major_locator(MaxNLocator(nbins=8, integer=True))
+            axis.set_major_formatter(lambda i, _, at=list(labels): str(at[int(i)]) if 0 <= int(i) < len(at) else "")
+        ax.set_xlabel("round")
+        ax.set_ylabel("client")
+        ax.set_title(title, fontsize=10)
+        fig.colorbar(image, ax=ax)
+    fig.tight_layout()
+    return finish(fig, path)
+
+
 def plot_client_distribution(values: dict[str, list[float]], metric: str, path: str | Path | None):
     """Each method's per-client values (box + every client as a dot): the spread a mean hides."""
     return plot_client_distributions({"": values}, metric, path)

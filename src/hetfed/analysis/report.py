@@ -257,6 +257,9 @@ def run_report(d: Path, keep: Path | None = None) -> str:
     decided = defence_curves(series)
     if decided:
         sections.append(("what the defence decided", _defence(decided, keep)))
+    found = _found(rows, keep)
+    if found:
+        sections.append(("what the server found about each client", found))
     curves = run_curves(series, min_points=2)
     best = {k: m.get("best_round") for k, m in (summary or {}).get("methods", {}).items()}
     curve_html = (figure(lambda p: plot_learning_curves(curves, p, best), "learning curves; ★ the round of the best "
@@ -297,6 +300,20 @@ def _defence(decided: dict[str, Any], keep: Path | None) -> str:
                   "attacked round: the shares of the malicious and of the honest updates it left out (screened out "
                   "or given weight 0), and the malicious updates' share of its weight (docs/robustness.md)",
                   keep and keep / "defence.png")
+
+
+def _found(rows: list[dict], keep: Path | None) -> str:
+    """The figure of what a method's server step found about each client, round by round
+    (:func:`~hetfed.analysis.results.client_findings`); "" when no method found any."""
+    from hetfed.analysis.figures import plot_client_findings
+    from hetfed.analysis.results import client_findings
+
+    grids = client_findings(rows)
+    if not grids:
+        return ""
+    return figure(partial(plot_client_findings, grids), "what the server's step found about each client, round by "
+                  "round (Agnostic FL's λ_k: its weight of the client's loss; docs/methods.md)",
+                  keep and keep / "client_findings.png")
 
 
 def _leakage(d: Path, summary: dict | None) -> str:
