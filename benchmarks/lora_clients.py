@@ -38,11 +38,17 @@ import torch
 import torch.nn.functional as F
 
 
-def _data(n: int, batch: int, length: int, vocab: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
-    ids = torch.randint(1000, vocab, (n, batch, length), generator=gen)
-    ids[..., 0] = 101  # [CLS]
+def _data(n: int, batch: int, length: int, path: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
+    """n clients' batches of texts as the encoder's tokenizer numbers them: its [CLS], ids above its special tokens'
+    (MiniLM's ids 1000 and up were fixed here: a smaller vocabulary has none), its padding after each text's length
+    (8…L); labels 0/1."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    ids = torch.randint(max(tokenizer.all_special_ids) + 1, len(tokenizer), (n, batch, length), generator=gen)
+    ids[..., 0] = tokenizer.cls_token_id
     lengths = torch.randint(8, length + 1, (n, batch), generator=gen)
-    ids[torch.arange(length) >= lengths[..., None]] = 0
+    ids[torch.arange(length) >= lengths[..., None]] = tokenizer.pad_token_id
     return ids.float(), torch.randint(0, 2, (n, batch), generator=gen)
 
 
@@ -137,11 +143,11 @@ def _both_ways(model, params, n: int, x, y, path: str, args: argparse.Namespace,
     return {"stacked_s": s_stacked, "peft_s": s_peft, "first_stacked": first_stacked, "first_peft": first_peft}
 
 
-def measure(n: int, args: argparse.Namespace, model, path: str, vocab: int) -> dict:
+def measure(n: int, args: argparse.Namespace, model, path: str) -> dict:
     """One row: n clients' step, stacked and in peft's loop, from the same weights and batches."""
     gen = torch.Generator().manual_seed(n)
     params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
-    x, y = _data(n, args.batch, args.length, vocab, gen)
+    x, y = _data(n, args.batch, args.length, path, gen)
     every = _both_ways(model, params, n, x, y, path, args)
     upper = {}
     if args.from_layer:
@@ -213,7 +219,7 @@ def one_memory(way: str, n: int, args: argparse.Namespace, path: str) -> dict:
     model = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank, from_layer=top)
     gen = torch.Generator().manual_seed(n)
     params = {s.name: (torch.randn((n, *s.shape), generator=gen) * 0.02).requires_grad_() for s in model.specs()}
-    x, y = _data(n, args.batch, args.length, int(model.base.config.vocab_size), gen)
+    x, y = _data(n, args.batch, args.length, path, gen)
     if way == "peft_loop":
         wrapped, clients = peft_models(path, model, params, n, args.rank, 2.0 * args.rank)
         optimizers = peft_optimizers(wrapped, clients)
@@ -271,8 +277,7 @@ def main() -> None:
                          indent=1))
         return
     model = LoRAEncoder(path, args.length, 2, rank=args.rank, alpha=2.0 * args.rank)
-    vocab = int(model.base.config.vocab_size)
-    rows = [measure(n, args, model, path, vocab) for n in args.clients]
+    rows = [measure(n, args, model, path) for n in args.clients]
     print(json.dumps({"encoder": path, "batch": args.batch, "length": args.length, "rank": args.rank,
                       "threads": args.threads, "from_layer": args.from_layer, "rows": rows}, indent=1))
 

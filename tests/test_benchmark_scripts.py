@@ -7,16 +7,19 @@ the MLP's ``hidden`` widths, which the config now refuses (each of its rows an `
 that is lent a GPU has ~15 minutes of it: a broken step there costs device time no one gets back. Timings are never
 asserted here (benchmarks print them as ratios); only that each script works.
 
+``lora_clients.py`` runs on a tiny BERT the test writes (MiniLM's weights are the ``text`` extra's, not the test
+extra's; its ids 1000 and up were fixed in the script, and a smaller vocabulary has none).
+
 Not run here: ``engines.py`` (20 rounds per engine at least, ~2 minutes even for one small case), ``protocols.py``
 (the papers' protocols on MNIST and Fashion-MNIST: ~25 s and more a case), ``peers.py`` and ``engine_against.py``
-(another project's or another commit's checkout), ``lora_clients.py`` (MiniLM's weights: the ``text`` extra, not the
-test extra's), and for the suite's time ``devices.py`` and ``flower_floor.py`` (~15 s each, neither a step of
-``gpu.sh``; both ran at their smallest settings when this file was written).
+(another project's or another commit's checkout), and for the suite's time ``devices.py`` and ``flower_floor.py``
+(~15 s each, neither a step of ``gpu.sh``; both ran at their smallest settings when this file was written).
 """
 
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -111,3 +114,28 @@ def test_the_protocols_arithmetic_is_counted_for_each_method_as_the_protocol_con
     assert method_entry(config, "perfedavg")["train"] == {"local_epochs": 2}
     assert method_entry(config, "pfedme")["params"] == {"lam": 1.0, "personal_lr": 0.01}
     assert method_entry(config, "fedmoe") == {"name": "fedmoe", "algorithm": "fedmoe"}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("mode", [["--repeats", "1", "--from-layer", "1", "--clients", "1", "2"],
+                                  ["--memory", "--clients", "1"]], ids=["time", "memory"])
+def test_the_lora_benchmark_runs_to_its_end_on_a_tiny_encoder(mode: list[str], tmp_path: Path) -> None:
+    """``lora_clients.py`` on an encoder folder the test writes: it ran only where MiniLM's weights were installed,
+    and its token ids assumed MiniLM's vocabulary. Its own check holds: the stack's first loss is peft's."""
+    pytest.importorskip("peft")
+    from tests.tiny_bert import write_tiny_bert
+
+    folder = write_tiny_bert(tmp_path / "tiny_bert")
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    done = subprocess.run([sys.executable, str(BENCHMARKS / "lora_clients.py"), "--path", str(folder), "--batch", "2",
+                           "--length", "8", *mode], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    (report,) = json_objects(done.stdout)
+    rows = report["memory" if "--memory" in mode else "rows"]
+    assert not errors_in(report) and len(rows) == 2  # two client counts; the two ways
+    for row in rows:
+        assert all(math.isfinite(v) and v >= 0 for k, v in row.items() if k != "way"), row
+        if "first_loss_stacked" in row:
+            assert row["first_loss_stacked"] == pytest.approx(row["first_loss_peft_loop"], rel=1e-5)
+            assert row["first_loss_stacked_from_layer"] == pytest.approx(row["first_loss_peft_loop_from_layer"],
+                                                                         rel=1e-5)

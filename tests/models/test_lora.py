@@ -10,25 +10,15 @@ import pytest
 import torch
 
 from tests.one_actor import ONE_ACTOR
+from tests.tiny_bert import WORDS, write_tiny_bert
 
 transformers = pytest.importorskip("transformers")
 peft = pytest.importorskip("peft")
 
-WORDS = ["the", "a", "cat", "dog", "sat", "ran", "on", "mat", "log", "big", "small", "red", "blue", "fast", "slow",
-         "happy", "sad", "good", "bad", "film", "movie", "plot", "actor", "scene"]
-
-
 @pytest.fixture(scope="module")
 def tiny_encoder(tmp_path_factory) -> Path:
     """A BERT of 2 layers and width 16 with its WordPiece tokenizer, saved as a Hugging Face folder."""
-    folder = tmp_path_factory.mktemp("tiny_bert")
-    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *WORDS]
-    transformers.BertTokenizerFast(vocab={w: i for i, w in enumerate(vocab)}).save_pretrained(folder)
-    config = transformers.BertConfig(vocab_size=len(vocab), hidden_size=16, num_hidden_layers=2,
-                                     num_attention_heads=2, intermediate_size=32, max_position_embeddings=32)
-    torch.manual_seed(0)
-    transformers.BertModel(config).save_pretrained(folder)
-    return folder
+    return write_tiny_bert(tmp_path_factory.mktemp("tiny_bert"))
 
 
 def _ids(folder: Path, texts: list[str], length: int = 12) -> torch.Tensor:
