@@ -38,7 +38,7 @@ step() {  # name, seconds (LIMIT_<name> replaces them: fit the steps to a sessio
     echo "$name: $status in $((SECONDS - t0)) s" | tee -a "$out/steps.txt"
 }
 want() { [ -z "${STEPS:-}" ] || [[ " $STEPS " == *" $1 "* ]]; }
-want cuda_tests && step cuda_tests 240 $py -m pytest -q -n0 -p no:cacheprovider tests/engine/test_capture.py tests/engine/test_streams.py tests/server/test_compression.py tests/executors/test_async.py tests/flower/test_flower.py tests/executors/test_scale.py -k "cuda or bit_identical or synchronises"
+want cuda_tests && step cuda_tests 240 $py -m pytest -q -n0 -p no:cacheprovider tests/engine/test_capture.py tests/engine/test_streams.py tests/server/test_compression.py tests/executors/test_async.py tests/flower/test_flower_simulation.py tests/executors/test_scale.py -k "cuda or bit_identical or synchronises"
 want engine && step engine 120 bash -c "cd benchmarks && $py engine.py --device cuda --rounds 2 --threads 4 --json --cases compute_bound overhead_bound fsnet_protocol"
 want unequal && step unequal 120 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json"
 want unequal_cnn4 && step unequal_cnn4 150 bash -c "cd benchmarks && $py unequal.py --device cuda --rounds 2 --threads 4 --json --model cnn4 --algorithms fedavg --executors sequential vectorised"
