@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -139,3 +140,17 @@ def test_the_lora_benchmark_runs_to_its_end_on_a_tiny_encoder(mode: list[str], t
             assert row["first_loss_stacked"] == pytest.approx(row["first_loss_peft_loop"], rel=1e-5)
             assert row["first_loss_stacked_from_layer"] == pytest.approx(row["first_loss_peft_loop_from_layer"],
                                                                          rel=1e-5)
+
+
+def test_every_file_a_gpu_script_names_is_there() -> None:
+    """The scripts a lent GPU runs (``benchmarks/*.sh``, the calls prepared in ``results/*/``) name test files and
+    benchmarks by path: one that moves breaks a step that costs device time no one gets back (``gpu.sh`` still named
+    ``tests/flower/test_flower.py`` after that file was split)."""
+    repo = BENCHMARKS.parent
+    missing = []
+    for script in [*BENCHMARKS.glob("*.sh"), *repo.glob("results/*/*.sh")]:
+        text = script.read_text()
+        named = set(re.findall(r"(?:tests|benchmarks)/[\w/]+\.py", text))
+        named |= {f"benchmarks/{name}" for name in re.findall(r"\$py (\w+\.py)", text)}  # run from benchmarks/
+        missing += [f"{script.relative_to(repo)}: {path}" for path in sorted(named) if not (repo / path).is_file()]
+    assert not missing
