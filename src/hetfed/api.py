@@ -298,6 +298,24 @@ class Run:
         cols = {m: per_client(rows, m, metric, s.get("best_round")) for m, s in self.summary["methods"].items()}
         return pd.DataFrame({m: pd.Series(v, dtype=float) for m, v in cols.items() if v}).rename_axis("client")
 
+    def client_findings(self, finding: str = "lambda", method: str | None = None) -> pd.DataFrame:
+        """What a method's server found about each client, round by round (Agnostic FL's λ_k, ``finding="lambda"``):
+        clients × rounds. ``method``: whose, when several methods found it."""
+        from hetfed.analysis.report import read_metrics
+        from hetfed.analysis.results import client_findings
+
+        pd = _pandas()
+        grids = client_findings(read_metrics(self.dir / METRICS, ",train,"))
+        named = sorted({f for f, _ in grids})
+        if finding not in named:
+            raise ConfigError(f"finding {finding!r} is not among this run's findings of each client: expected one of "
+                              f"{named}")
+        whose = [m for f, m in grids if f == finding]
+        if method is None and len(whose) > 1 or method is not None and method not in whose:
+            raise ConfigError(f"method = {method!r}: finding {finding!r} was found by {whose}; name one of them")
+        rounds, clients, values = grids[finding, method or whose[0]]
+        return pd.DataFrame(values, index=pd.Index(clients, name="client"), columns=pd.Index(rounds, name="round"))
+
     def results(self) -> pd.DataFrame:
         """One row per method: its best model's metrics (and the final round's global accuracy)."""
         pd = _pandas()

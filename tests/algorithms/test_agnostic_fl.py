@@ -203,23 +203,33 @@ def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summar
 
 def test_the_report_draws_each_clients_lambda_round_by_round(tmp_path):
     """The report's *what the server found about each client*: λ_k of every client and round as the heat map's
-    cells (read from metrics.csv as a user's pandas would), kept as figures/client_findings.png."""
+    cells (read from metrics.csv as a user's pandas would), kept as figures/client_findings.png; ``Run.client_findings``
+gives the same table, and refuses a finding or method it does not hold in one line."""
     import pandas as pd
 
     from hetfed.analysis.report import read_metrics, write_report
     from hetfed.analysis.results import client_findings
+    from hetfed.api import open_run
+    from hetfed.errors import ConfigError
 
     _final_model(tmp_path, "lam", 3, True)
     run_dir = tmp_path / "lam"
     grids = client_findings(read_metrics(run_dir / "metrics.csv"))
-    assert list(grids) == ["lambda (agn)"]
-    rounds, clients, values = grids["lambda (agn)"]
+    assert list(grids) == [("lambda", "agn")]
+    rounds, clients, values = grids["lambda", "agn"]
     df = pd.read_csv(run_dir / "metrics.csv")
     lam = df[(df["metric"] == "lambda") & (df["split"] == "train")]
     expected = lam.pivot(index="client", columns="round", values="value").astype(float)
     assert (rounds, clients) == ([1, 2, 3], [0, 1, 2, 3])
     np.testing.assert_array_equal(values, expected.loc[[str(c) for c in clients], rounds].to_numpy())
     assert np.allclose(values.sum(0), 1.0)  # each round's λ on the simplex
+    table = open_run(run_dir).client_findings("lambda")  # the same, clients × rounds, for a user's pandas
+    assert list(table.index) == [0, 1, 2, 3] and list(table.columns) == [1, 2, 3]
+    np.testing.assert_array_equal(table.to_numpy(), values)
+    with pytest.raises(ConfigError, match=r"finding 'lambda_max' .* expected one of \['lambda'\]"):
+        open_run(run_dir).client_findings("lambda_max")
+    with pytest.raises(ConfigError, match=r"method = 'fedavg': finding 'lambda' was found by \['agn'\]"):
+        open_run(run_dir).client_findings("lambda", method="fedavg")
 
     html = write_report(run_dir).read_text()
     assert "what the server found about each client" in html and "figure not drawn" not in html

@@ -308,7 +308,7 @@ def _found(rows: list[dict], keep: Path | None) -> str:
     from hetfed.analysis.figures import plot_client_findings
     from hetfed.analysis.results import client_findings
 
-    grids = client_findings(rows)
+    grids = {f"{finding} ({method})": grid for (finding, method), grid in client_findings(rows).items()}
     if not grids:
         return ""
     return figure(partial(plot_client_findings, grids), "what the server's step found about each client, round by "

@@ -145,23 +145,23 @@ def defence_curves(table: RunCurves) -> dict[str, dict[str, list[tuple[int, floa
 FindingGrid = tuple[list[int], list[int], np.ndarray]
 
 
-def client_findings(rows: Iterable[dict[str, Any]]) -> dict[str, FindingGrid]:
+def client_findings(rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str], FindingGrid]:
     """What a method's server step found about each client, round by round (a per-client ``Algorithm.findings``:
     Agnostic FL's λ_k), from metrics.csv's rows as read — the ``train`` rows of one client, which nothing else
-    writes: ``{"<finding> (<method>)": (rounds, clients, values)}``, in the order the rows name them."""
+    writes: ``{(finding, method): (rounds, clients, values)}``, in the order the rows name them."""
     cells: dict[tuple[str, str], dict[tuple[int, int], float]] = {}
     for row in rows:
         if row["split"] == "train" and row["client"] != "all":
             cells.setdefault((row["metric"], row["method"]), {})[int(row["client"]), int(row["round"])] = \
                 float(row["value"])
-    out: dict[str, FindingGrid] = {}
+    out: dict[tuple[str, str], FindingGrid] = {}
     for (finding, method), values in cells.items():
         clients, rounds = sorted({c for c, _ in values}), sorted({r for _, r in values})
         at_client, at_round = {c: i for i, c in enumerate(clients)}, {r: j for j, r in enumerate(rounds)}
         grid = np.full((len(clients), len(rounds)), np.nan)
         for (c, r), v in values.items():
             grid[at_client[c], at_round[r]] = v
-        out[f"{finding} ({method})"] = (rounds, clients, grid)
+        out[finding, method] = (rounds, clients, grid)
     return out
 
 
