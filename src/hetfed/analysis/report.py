@@ -312,7 +312,7 @@ def _found(rows: list[dict], keep: Path | None) -> str:
     if not grids:
         return ""
     return figure(partial(plot_client_findings, grids), "what the server's step found about each client, round by "
-                  "round (Agnostic FL's λ_k: its weight of the client's loss; docs/methods.md)",
+                  "round: a number the method's server computes for each client (docs/methods.md, findings)",
                   keep and keep / "client_findings.png")
 
 
