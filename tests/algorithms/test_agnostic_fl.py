@@ -162,7 +162,16 @@ def test_a_run_saves_and_scores_the_mean_of_its_iterates(tmp_path):
     assert final["local_accuracy_mean"] == pytest.approx(float(accuracy), abs=1e-12)
 
 
-def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summary(tmp_path):
+@pytest.fixture(scope="module")
+def lambda_run(tmp_path_factory):
+    """One run of Agnostic FL (3 rounds, the mean reported) that the tests of what it writes about λ read: the
+    directory it wrote and the run opened."""
+    root = tmp_path_factory.mktemp("agnostic")
+    _, _, opened = _final_model(root, "lam", 3, True)
+    return root / "lam", opened
+
+
+def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summary(lambda_run):
     """λ is what the minimax learns about the clients: every round's ``lambda_*`` in metrics.csv (``train`` rows),
     K effective clients at the uniform start and fewer as λ moves, the last round's in the summary and runs.csv;
     each client's λ_k too (a ``train`` row a client, the summary's ``client_findings``), on the simplex every round
@@ -171,10 +180,10 @@ def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summar
 
     from hetfed.runs.sweep_tables import run_values
 
-    _, _, opened = _final_model(tmp_path, "lam", 3, True)
+    run_dir, opened = lambda_run
     rows: dict[str, dict[int, float]] = {}
     each: dict[int, dict[int, float]] = {}  # round → client → λ_k
-    with open(tmp_path / "lam" / "metrics.csv") as fh:
+    with open(run_dir / "metrics.csv") as fh:
         for r in csv.DictReader(fh):
             if r["metric"].startswith("lambda_"):
                 assert (r["split"], r["client"]) == ("train", "all")
@@ -201,10 +210,10 @@ def test_a_run_writes_where_lambda_stands_every_round_and_the_last_in_its_summar
     assert listed["findings.lambda_clients"] == found["lambda_clients"]
 
 
-def test_the_report_draws_each_clients_lambda_round_by_round(tmp_path):
+def test_the_report_draws_each_clients_lambda_round_by_round(lambda_run):
     """The report's *what the server found about each client*: λ_k of every client and round as the heat map's
-    cells (read from metrics.csv as a user's pandas would), kept as figures/client_findings.png; ``Run.client_findings``
-gives the same table, and refuses a finding or method it does not hold in one line."""
+    cells (read from metrics.csv as a user's pandas would), kept as figures/client_findings.png;
+    ``Run.client_findings`` gives the same table, and refuses a finding or method it does not hold in one line."""
     import pandas as pd
 
     from hetfed.analysis.report import read_metrics, write_report
@@ -212,8 +221,7 @@ gives the same table, and refuses a finding or method it does not hold in one li
     from hetfed.api import open_run
     from hetfed.errors import ConfigError
 
-    _final_model(tmp_path, "lam", 3, True)
-    run_dir = tmp_path / "lam"
+    run_dir, _ = lambda_run
     grids = client_findings(read_metrics(run_dir / "metrics.csv"))
     assert list(grids) == [("lambda", "agn")]
     rounds, clients, values = grids["lambda", "agn"]
