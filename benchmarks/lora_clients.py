@@ -27,6 +27,7 @@ the adapters and heads (what a stack holds beside the base) as JSON. Not a test.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import subprocess
@@ -38,13 +39,19 @@ import torch
 import torch.nn.functional as F
 
 
+@functools.cache
+def _tokenizer(path: str):
+    """The encoder's tokenizer, read from its folder once (every row of a run draws its texts with it)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(path)
+
+
 def _data(n: int, batch: int, length: int, path: str, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """n clients' batches of texts as the encoder's tokenizer numbers them: its [CLS], ids above its special tokens'
     (MiniLM's ids 1000 and up were fixed here: a smaller vocabulary has none), its padding after each text's length
     (8…L); labels 0/1."""
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer = _tokenizer(path)
     ids = torch.randint(max(tokenizer.all_special_ids) + 1, len(tokenizer), (n, batch, length), generator=gen)
     ids[..., 0] = tokenizer.cls_token_id
     lengths = torch.randint(8, length + 1, (n, batch), generator=gen)
