@@ -368,6 +368,7 @@ def _wait_for_status(run: Path, proc: subprocess.Popen, timeout: float = 60) -> 
     raise AssertionError("the run never reported running")
 
 
+@pytest.mark.slow
 def test_sigterm_marks_the_run_failed_and_sigkill_leaves_a_run_known_dead(tmp_path):
     from hetfed.runs.rundir import run_state
 
@@ -396,6 +397,7 @@ def test_sigterm_marks_the_run_failed_and_sigkill_leaves_a_run_known_dead(tmp_pa
     assert run_state(run2) == "dead"
 
 
+@pytest.mark.slow
 def test_progress_reaches_a_log_file_while_running_and_tables_are_not_cut(tmp_path):
     log = tmp_path / "log"
     proc = _spawn(["run", "--set", "train.rounds=30", "--out", str(tmp_path / "r")], log)
@@ -429,6 +431,7 @@ def test_every_file_of_a_run_has_the_same_permissions(tmp_path, capsys):
     assert len(set(modes.values())) == 1, modes
 
 
+@pytest.mark.slow
 def test_the_readme_test_command_prints_how_many_passed(tmp_path):
     (tmp_path / "test_one.py").write_text("def test_ok():\n    assert True\n")
     out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-c", str(REPO / "pyproject.toml"), "--rootdir",

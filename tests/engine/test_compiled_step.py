@@ -24,8 +24,7 @@ from hetfed.executors.simulate import resolve_device
 from hetfed.models import MLP
 from tests.engine.test_capture import _data, _stack
 
-pytestmark = [pytest.mark.slow,
-              pytest.mark.skipif(capture.compiler_missing(), reason="torch.compile needs a C++ compiler (g++)")]
+pytestmark = [pytest.mark.skipif(capture.compiler_missing(), reason="torch.compile needs a C++ compiler (g++)")]
 
 
 @pytest.fixture(autouse=True)
@@ -76,6 +75,7 @@ def _close(eager: list, compiled: list) -> None:
         torch.testing.assert_close(lb, la, rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", list(CASES))
 def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recordings, case):
     opt, mu = CASES[case]
@@ -91,6 +91,7 @@ def test_compiled_steps_give_the_eager_numbers_round_after_round(fresh_recording
     assert len(set(keys)) == len(keys) == made
 
 
+@pytest.mark.slow
 def test_a_declared_objectives_compiled_steps_give_the_eager_numbers(fresh_recordings):
     """A method's loss that declares its per-client tensors (a StackObjective: FedRoD's, MOON's …) is compiled under
     ``train.capture: compile`` as the cross-entropy's step is: round after round, with new per-client tensors each
@@ -198,6 +199,7 @@ def test_the_cli_refuses_compile_on_cuda_in_one_line_before_making_a_run_directo
     assert not out.exists()
 
 
+@pytest.mark.slow
 def test_a_run_with_compiled_steps_matches_an_eager_run(tmp_path, fresh_recordings):
     """The default experiment's methods — the ReLU MLP and CGAU, dropout 0.5, unequal clients, a sampled cohort —
     three rounds both ways: the same metrics to float tolerance. (CGAU's compiled step failed: its layers read a

@@ -432,6 +432,7 @@ def test_the_results_tables_read_accuracy_at_a_time_budget_and_bytes(tmp_path, c
                                                .split("|")[2]) / 5  # 4-bit codes: less than a fifth of the bytes
 
 
+@pytest.mark.slow
 def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_process_numbers(tmp_path, monkeypatch):
     """The event loop pushes each client its training message when it sends it the model and pulls the replies when
     the arrival is due, so the nodes train while other messages are out; the clock decides the order in which
@@ -473,6 +474,7 @@ def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_proce
 
 
 
+@pytest.mark.slow
 def test_on_flower_without_a_latency_model_replies_are_merged_as_they_really_come(tmp_path, monkeypatch):
     """``train.clock.latency: wall``: the server waits for whichever pushed message replies first, its clients
     arrive then, and ``sim_time`` is the run's seconds (nothing to compare with in process: the order is real)."""

@@ -16,8 +16,6 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 from hetfed.config import build_config, dump_config  # noqa: E402
 from hetfed.runs.runner import run_experiment  # noqa: E402
 
-pytestmark = pytest.mark.slow
-
 BASE = {
     "partition": {"kind": "feature_clusters", "clients": 2},
     "train": {"rounds": 3, "local_steps": 4, "batch_size": 16, "eval_every": 1, "checkpoint_every": 1},
@@ -90,6 +88,7 @@ def _kill_after(dep, proc: subprocess.Popen, metrics: Path, method: str, rnd: in
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_a_killed_serverapp_resumes_to_the_uninterrupted_numbers(tmp_path, capfd):
     from hetfed.cli import main
     from hetfed.flower.deploy import LocalDeployment

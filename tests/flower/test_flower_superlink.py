@@ -14,9 +14,8 @@ pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
 from hetfed.processes import descendants, process_alive  # noqa: E402
 from tests.flower_compare import REPO, compare, config, summary_of  # noqa: E402
 
-pytestmark = pytest.mark.slow
 
-
+@pytest.mark.slow
 def test_a_real_superlink_and_supernodes_give_the_same_numbers_and_survive_a_dead_node(tmp_path, capfd):
     from hetfed.cli import main
     from hetfed.config import dump_config
@@ -99,6 +98,7 @@ def _proc(pid: int, what: str) -> bytes:
         return b""
 
 
+@pytest.mark.slow
 def test_the_deployment_stops_its_processes_when_the_test_fails(tmp_path):
     from hetfed.flower.deploy import LocalDeployment
 

@@ -362,6 +362,7 @@ def test_client_gates_are_each_clients_own_and_leave_the_shared_adapter_at_zero(
     assert rows["gated"]["final"]["global_accuracy"] > 0.8, rows["gated"]["final"]
 
 
+@pytest.mark.slow
 def test_fedmoe_ditto_and_fedrep_run_on_the_adapters(tiny_encoder, tmp_path):
     """The seeds' and the personalised methods through their own machinery on the adapted encoder: FedMoE mixes the
     frozen global adapters and a client's specialist adapters by a per-client gate (itself adapters over the same

@@ -133,6 +133,7 @@ def test_resume_refuses_a_complete_run_and_other_arguments(tmp_path, capsys):
     assert "config.yaml" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(tmp_path):
     out = tmp_path / "r"
     progress = tmp_path / "p"
@@ -147,6 +148,7 @@ def test_a_run_killed_before_its_first_checkpoint_restarts_cleanly(tmp_path):
     assert (out / "metrics.csv").read_bytes() == (ref / "metrics.csv").read_bytes()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("method", [
     "{name: agn, algorithm: agnostic_fl, params: {lambda_lr: 0.5}}",
     "{name: cfl, algorithm: cfl, params: {eps1: 1.0e6, eps2: 1.0e-9, warmup_rounds: 3}}"])

@@ -238,6 +238,7 @@ def test_a_compressed_run_records_bytes_in_metrics_csv(tmp_path):
     assert len(up) == 2 and up[0] > 0 and total == list(np.cumsum(up))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("setting", [["server.compression.kind=topk", "server.compression.fraction=0.1",
                                       "server.compression.error_feedback=true"],
                                      ["server.compression.kind=qsgd", "server.compression.bits=4"]],
