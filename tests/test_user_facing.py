@@ -439,6 +439,21 @@ def test_the_readme_test_command_prints_how_many_passed(tmp_path):
     assert "1 passed" in out.stdout, out.stdout
 
 
+def test_ci_runs_the_readmes_test_command_and_then_the_tests_it_leaves_out():
+    """The README's test command leaves out the tests marked slow; CI must run both, or a slow test's failure would
+    never be seen (and the README must say how to run them)."""
+    import re
+
+    readme = (REPO / "README.md").read_text()
+    blocks = re.findall(r"```bash\n(.*?)\n```", readme, re.S)
+    command = next(b for b in blocks if "pytest" in b).split("&& ")[-1].strip()
+    assert command == 'python -m pytest -q -m "not slow"', command
+    ci = [ln.strip() for ln in (REPO / ".ci" / "run").read_text().splitlines() if "pytest" in ln and
+          not ln.lstrip().startswith("#")]
+    assert ci == [command, "python -m pytest -q -m slow"], ci
+    assert "`python -m pytest -q -m slow`" in readme
+
+
 def test_the_package_docstring_names_only_files_that_exist():
     import re
 
