@@ -533,3 +533,19 @@ def test_per_fedavgs_adaptation_of_unequal_clients_in_size_blocks_is_each_client
         np.array([len(s) for s in splits]), call_rows=evaluate.call_rows(algo.model, x))] == [[1, 4], [3, 5], [0, 2]]
     blocked = algo.adapted(stacked, x, y, splits)
     _each_clients_own_step(server, x, y, splits, blocked, whole)
+
+
+def test_the_pfllib_protocol_runs_fedrep_fedbabu_and_apfl_at_pfllibs_own_defaults():
+    """PFLlib's system/main.py (d832e76): ``--plocal_epochs 1`` (FedRep's head epochs), ``--fine_tuning_epochs 10``
+    (FedBABU's, after the rounds), ``--alpha 1.0`` (APFL's initial α) — where hetfed's defaults are the methods'
+    authors' (9, 5, 0.5). The protocol's config compares with PFLlib's published rows, so it takes PFLlib's."""
+    from hetfed.algorithms import registry
+    from hetfed.config import load_config
+
+    config = load_config(str(REPO / "configs" / "leaderboard_pfllib_fmnist.yaml"))
+    given = {m.algorithm: m.params for m in config.methods}
+    pfllib = {"fedrep": {"head_epochs": 1}, "fedbabu": {"finetune_epochs": 10}, "apfl": {"alpha": 1.0}}
+    for algorithm, params in pfllib.items():
+        assert given[algorithm] == params, algorithm
+        defaults = registry.get(algorithm).params().model_dump()
+        assert all(defaults[k] != v for k, v in params.items()), algorithm  # each a setting the config must make

@@ -472,8 +472,6 @@ def test_on_flowers_simulation_engine_the_asynchronous_servers_give_the_in_proce
             assert f[method]["final"][key] == pytest.approx(v[method]["final"][key], rel=1e-5), (method, key)
 
 
-
-
 @pytest.mark.slow
 def test_on_flower_without_a_latency_model_replies_are_merged_as_they_really_come(tmp_path, monkeypatch):
     """``train.clock.latency: wall``: the server waits for whichever pushed message replies first, its clients
