@@ -17,7 +17,7 @@
 # MEMORY_MB (default 2000) is each process's train.memory_budget_mb: left to itself, each takes a quarter of the GPU
 # memory free when it starts, and six processes starting together ran out of it (2026-11-30). Each sweep's progress
 # lines (a timestamp every 10 s with the round its stack reached) are in $OUT/gN.log. METHOD_GROUPS replaces the
-# lines below (';' between them).
+# lines below: names of the config's methods, a space between them, ';' between lines (METHOD_GROUPS='fedavg;ditto').
 #
 # On the device machine: hetfed read from src/ (PYTHONPATH), pydantic carried as wheels (.whl), Fashion-MNIST's
 # four IDX files carried in .data/fashion-mnist (HETFED_DATA). On a CPU, `DATASET=digits DEVICE=cpu BUDGET=60 THREADS=1
@@ -30,35 +30,45 @@ device=${DEVICE:-cuda}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HETFED_DATA=${HETFED_DATA:-$PWD/.data}
 py=${PYTHON:-python3}
-# PFLlib's Fashion-MNIST table's methods that hetfed has, with the parameters of configs/leaderboard_pfllib_fmnist.yaml
-# (pFedMe: PFLlib's λ 1, η_p 0.01), one line per process, the costliest rounds (pFedMe's K = 5 inner steps, the
-# methods that train two models) spread over the lines
-groups=(
-'[{name: pfedme, algorithm: pfedme, params: {lam: 1.0, personal_lr: 0.01}}],[{name: fedavg, algorithm: fedavg}]'
-'[{name: perfedavg, algorithm: perfedavg}],[{name: fedper, algorithm: fedper}],[{name: local, algorithm: local}]'
-'[{name: ditto, algorithm: ditto, params: {lam: 0.1}}],[{name: apfl, algorithm: apfl}]'
-'[{name: fedgen, algorithm: fedgen}],[{name: fedrep, algorithm: fedrep}],[{name: fedbabu, algorithm: fedbabu}]'
-'[{name: fedcp, algorithm: fedcp}],[{name: gpfl, algorithm: gpfl}],[{name: fedrod, algorithm: fedrod}]'
-'[{name: fedala, algorithm: fedala}],[{name: fedfomo, algorithm: fedfomo}],[{name: feddbe, algorithm: feddbe}],'\
-'[{name: fedproto, algorithm: fedproto}],[{name: fedprox, algorithm: fedprox, params: {mu: 0.01}}]'
-)
+config=configs/leaderboard_pfllib_fmnist.yaml
+# PFLlib's Fashion-MNIST table's methods that hetfed has, by name, one line per process, the costliest rounds (pFedMe's
+# K = 5 inner steps, the methods that train two models) spread over the lines; each runs as its entry in $config says
+# (its parameters and train settings: Per-FedAvg's two epochs, pFedMe's λ 1 and η_p 0.01, FedRep's head epoch …)
+groups=('pfedme fedavg' 'perfedavg fedper local' 'ditto apfl' 'fedgen fedrep fedbabu' 'fedcp gpfl fedrod'
+        'fedala fedfomo feddbe fedproto fedprox')
 if [ -n "${METHOD_GROUPS:-}" ]; then IFS=';' read -ra groups <<< "$METHOD_GROUPS"; fi  # other lines, ';' between
+entries() {  # the named methods' entries in $config as --grid's values, [{…}],[{…}] (a name it lacks: an error)
+    $py - "$config" "$@" <<'PY'
+import json, sys, yaml
+with open(sys.argv[1]) as fh:
+    entries = {e.get("name", e["algorithm"]): e for e in yaml.safe_load(fh)["methods"]}
+missing = [m for m in sys.argv[2:] if m not in entries]
+if missing:
+    sys.exit(f"{sys.argv[1]} has no method named {missing}")
+print(",".join(f"[{json.dumps(entries[m])}]" for m in sys.argv[2:]))
+PY
+}
 cores=$(nproc)
 n=${PROCS:-$((cores < ${#groups[@]} ? cores : ${#groups[@]}))}  # no more processes than cores (the H200 lent on
 # 2026-11-30 had 4: six processes there waited for the cores, not the GPU)
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
   nproc; } > "$out/machine.txt" 2>&1
+lines=()  # each process's methods, all read before any starts
+for ((g = 0; g < n; g++)); do
+    names=${groups[g]}
+    for ((h = g + n; h < ${#groups[@]}; h += n)); do names+=" ${groups[h]}"; done  # fewer processes than lines
+    lines+=("$(entries $names)") || exit 2
+done
 work=$(mktemp -d)
 t0=$SECONDS
 sweeps=()
 for ((g = 0; g < n; g++)); do
-    methods=${groups[g]}
-    for ((h = g + n; h < ${#groups[@]}; h += n)); do methods+=",${groups[h]}"; done  # fewer processes than lines
+    methods=${lines[g]}
     sweeps+=("$work/g$g")
     OMP_NUM_THREADS=${THREADS:-2} timeout -k 30 -s TERM "$budget" $py -c \
         "import sys; from hetfed.cli import entry; sys.argv[0] = 'hetfed'; entry()" \
-        sweep configs/leaderboard_pfllib_fmnist.yaml --grid "methods=$methods" --seeds 3 --stack \
+        sweep "$config" --grid "methods=$methods" --seeds 3 --stack \
         --set train.rounds=2000 --set train.device="$device" --set dataset.name="${DATASET:-fashion-mnist}" \
         --set heterogeneity.iid_draws=0 --set train.checkpoint_every=null --out "$work/g$g" \
         --set train.memory_budget_mb="${MEMORY_MB:-2000}" \

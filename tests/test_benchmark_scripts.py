@@ -153,3 +153,30 @@ def test_every_file_a_gpu_script_names_is_there() -> None:
         named |= {f"benchmarks/{name}" for name in re.findall(r"\$py (\w+\.py)", text)}  # run from benchmarks/
         missing += [f"{script.relative_to(repo)}: {path}" for path in sorted(named) if not (repo / path).is_file()]
     assert not missing
+
+
+def test_the_pfllib_protocol_script_runs_each_method_as_the_protocols_config_has_it(tmp_path: Path) -> None:
+    """``pfllib_protocol.sh`` names its methods and runs each as its entry in the protocol's config (its parameters
+    and train settings): it wrote them out before, and its Per-FedAvg had neither of the config's PFLlib settings.
+    Every name it runs is the config's; a name the config lacks stops it before any sweep starts."""
+    from hetfed.config import load_config
+
+    script = BENCHMARKS / "pfllib_protocol.sh"
+    config = load_config(str(BENCHMARKS.parent / "configs" / "leaderboard_pfllib_fmnist.yaml"))
+    # the script's own method lines and `entries`, as it runs them
+    lines = "\n".join(ln for ln in script.read_text().split("cores=$(nproc)")[0].splitlines()
+                      if not ln.startswith(("set -u", "cd ", "mkdir ", "export ")))
+    out = subprocess.run(["bash", "-c", f"cd {BENCHMARKS.parent}; py={sys.executable}\n{lines}\n"
+                          "for g in \"${groups[@]}\"; do entries $g; done"],
+                         capture_output=True, text=True, check=True).stdout
+    ran = [entry for line in out.splitlines() for entry in json.loads(f"[{line}]")]  # [{…}],[{…}] a line
+    expected = {m.name: m for m in config.methods}
+    assert len(ran) == 18  # PFLlib's 17 that hetfed has, and Local
+    for [entry] in ran:
+        method = expected[entry["name"]]
+        assert (entry["algorithm"], entry.get("params", {}), entry.get("train", {})) == \
+            (method.algorithm, method.params, method.train), entry["name"]
+    env = {**os.environ, "OUT": str(tmp_path / "out"), "METHOD_GROUPS": "fedavg;no_such_method", "DEVICE": "cpu"}
+    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
+    assert done.returncode == 2 and "has no method named ['no_such_method']" in done.stderr
+    assert not list((tmp_path / "out").glob("g*.log"))  # no sweep started
