@@ -51,15 +51,15 @@ PY
 cores=$(nproc)
 n=${PROCS:-$((cores < ${#groups[@]} ? cores : ${#groups[@]}))}  # no more processes than cores (the H200 lent on
 # 2026-11-30 had 4: six processes there waited for the cores, not the GPU)
-{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
-  $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
-  nproc; } > "$out/machine.txt" 2>&1
 lines=()  # each process's methods, all read before any starts
 for ((g = 0; g < n; g++)); do
     names=${groups[g]}
     for ((h = g + n; h < ${#groups[@]}; h += n)); do names+=" ${groups[h]}"; done  # fewer processes than lines
     lines+=("$(entries $names)") || exit 2
 done
+{ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
+  $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
+  nproc; } > "$out/machine.txt" 2>&1
 work=$(mktemp -d)
 t0=$SECONDS
 sweeps=()
