@@ -22,6 +22,7 @@ import json
 import math
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -166,9 +167,10 @@ def test_the_pfllib_protocol_script_runs_each_method_as_the_protocols_config_has
     # the script's own method lines and `entries`, as it runs them
     lines = "\n".join(ln for ln in script.read_text().split("cores=$(nproc)")[0].splitlines()
                       if not ln.startswith(("set -u", "cd ", "mkdir ", "export ")))
-    out = subprocess.run(["bash", "-c", f"cd {BENCHMARKS.parent}; py={sys.executable}\n{lines}\n"
+    env = {**{k: v for k, v in os.environ.items() if k != "METHOD_GROUPS"}, "PYTHON": sys.executable}
+    out = subprocess.run(["bash", "-c", f"cd {shlex.quote(str(BENCHMARKS.parent))}\n{lines}\n"
                           "for g in \"${groups[@]}\"; do entries $g; done"],
-                         capture_output=True, text=True, check=True).stdout
+                         capture_output=True, text=True, check=True, env=env).stdout
     ran = [entry for line in out.splitlines() for entry in json.loads(f"[{line}]")]  # [{…}],[{…}] a line
     expected = {m.name: m for m in config.methods}
     assert len(ran) == 18  # PFLlib's 17 that hetfed has, and Local
@@ -176,7 +178,7 @@ def test_the_pfllib_protocol_script_runs_each_method_as_the_protocols_config_has
         method = expected[entry["name"]]
         assert (entry["algorithm"], entry.get("params", {}), entry.get("train", {})) == \
             (method.algorithm, method.params, method.train), entry["name"]
-    env = {**os.environ, "OUT": str(tmp_path / "out"), "METHOD_GROUPS": "fedavg;no_such_method", "DEVICE": "cpu"}
+    env = {**env, "OUT": str(tmp_path / "out"), "METHOD_GROUPS": "fedavg;no_such_method", "DEVICE": "cpu"}
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "has no method named ['no_such_method']" in done.stderr
     assert not [p.name for p in (tmp_path / "out").iterdir()]  # nothing started, nothing written
