@@ -39,13 +39,13 @@ groups=('pfedme fedavg' 'perfedavg fedper local' 'ditto apfl' 'fedgen fedrep fed
 if [ -n "${METHOD_GROUPS:-}" ]; then IFS=';' read -ra groups <<< "$METHOD_GROUPS"; fi  # other lines, ';' between
 entries() {  # the named methods' entries in $config as --grid's values, [{…}],[{…}] (a name it lacks: an error)
     $py - "$config" "$@" <<'PY'
-import json, sys, yaml
-with open(sys.argv[1]) as fh:
-    entries = {e.get("name", e["algorithm"]): e for e in yaml.safe_load(fh)["methods"]}
-missing = [m for m in sys.argv[2:] if m not in entries]
-if missing:
-    sys.exit(f"{sys.argv[1]} has no method named {missing}")
-print(",".join(f"[{json.dumps(entries[m])}]" for m in sys.argv[2:]))
+import json, sys
+from hetfed.config_io import method_entries
+from hetfed.errors import ConfigError
+try:
+    print(",".join(f"[{json.dumps(e)}]" for e in method_entries(sys.argv[1], sys.argv[2:])))
+except ConfigError as err:
+    sys.exit(f"error: {err}")
 PY
 }
 cores=$(nproc)

@@ -33,7 +33,7 @@ import torch
 from torch.utils.flop_counter import FlopCounterMode
 
 from hetfed.config import OverriddenKey, load_config
-from hetfed.config_io import read_yaml
+from hetfed.config_io import method_entries
 from hetfed.executors.inprocess import InProcessExecutor
 from hetfed.runs.runner import run_experiment
 
@@ -41,17 +41,12 @@ ROOT = Path(__file__).resolve().parents[1]
 PARTS = ("train", "evaluate", "personalise")
 
 
-def method_entry(config: str, method: str) -> dict:
-    """``method``'s entry in the protocol's config — its parameters and its own train settings, which change its
-    arithmetic (the protocol's Per-FedAvg trains two epochs a round) — or the plain algorithm of that name."""
-    entries = read_yaml(config).get("methods") or []
-    return next((e for e in entries if e.get("name", e.get("algorithm")) == method),
-                {"name": method, "algorithm": method})
-
-
 def counted_run(config: str, method: str, rounds: int, out: Path) -> dict[str, float]:
     """FLOPs of one run of ``method`` for ``rounds`` rounds: in total and in the executor's ``PARTS``."""
-    cfg = load_config(config, [f"train.rounds={rounds}", f"methods=[{json.dumps(method_entry(config, method))}]",
+    # the method as the protocol configures it (its parameters and own train settings, which change its arithmetic:
+    # the protocol's Per-FedAvg trains two epochs a round), or the plain algorithm of that name
+    entry = method_entries(config, [method], plain=True)[0]
+    cfg = load_config(config, [f"train.rounds={rounds}", f"methods=[{json.dumps(entry)}]",
                                "train.capture=off", "train.device=cpu", "heterogeneity.iid_draws=0"])
     counter = FlopCounterMode(display=False)
     spent = dict.fromkeys(PARTS, 0)

@@ -105,17 +105,24 @@ def test_a_benchmark_runs_to_its_end_on_a_cpu(script: str, args: list[str], tmp_
     assert not errors_in(found), f"{script} reported errors: {errors_in(found)}"
 
 
-def test_the_protocols_arithmetic_is_counted_for_each_method_as_the_protocol_configures_it(monkeypatch) -> None:
-    """``protocol_flops.py`` counts a method with its entry in the protocol's config (the protocol's Per-FedAvg trains
-    two epochs a round: counted with one, its training was half of what the protocol runs); a method the config
-    does not list is its plain algorithm."""
-    monkeypatch.syspath_prepend(str(BENCHMARKS))
-    from protocol_flops import method_entry
+def test_a_protocols_methods_are_read_from_its_config_as_it_writes_them(tmp_path: Path) -> None:
+    """``method_entries`` — what ``protocol_flops.py`` counts and ``pfllib_protocol.sh`` runs — gives each named
+    method's entry in the protocol's config (the protocol's Per-FedAvg trains two epochs a round: counted with one,
+    its training was half of what the protocol runs); a name the config lacks is refused, naming it, or with
+    ``plain`` its plain algorithm."""
+    from hetfed.config_io import method_entries
+    from hetfed.errors import ConfigError
 
     config = str(BENCHMARKS.parent / "configs" / "leaderboard_pfllib_fmnist.yaml")
-    assert method_entry(config, "perfedavg")["train"] == {"local_epochs": 2}
-    assert method_entry(config, "pfedme")["params"] == {"lam": 1.0, "personal_lr": 0.01}
-    assert method_entry(config, "fedmoe") == {"name": "fedmoe", "algorithm": "fedmoe"}
+    perfedavg, pfedme = method_entries(config, ["perfedavg", "pfedme"])
+    assert perfedavg["train"] == {"local_epochs": 2}
+    assert pfedme["params"] == {"lam": 1.0, "personal_lr": 0.01}
+    assert method_entries(config, ["fedmoe"], plain=True) == [{"name": "fedmoe", "algorithm": "fedmoe"}]
+    with pytest.raises(ConfigError, match=r"has no method named \['fedmoe'\]: it has \[.*'perfedavg'"):
+        method_entries(config, ["perfedavg", "fedmoe"])
+    unnamed = tmp_path / "unnamed.yaml"
+    unnamed.write_text("methods: [{algorithm: fedprox, params: {mu: 0.1}}]\n")
+    assert method_entries(unnamed, ["fedprox"]) == [{"algorithm": "fedprox", "params": {"mu": 0.1}}]
 
 
 @pytest.mark.slow
