@@ -452,3 +452,41 @@ def test_the_methods_decide_what_partition_cuts_for_the_server_while_server_data
     assert unread_by_preparation(load_config(None, typed), typed) == []
     fixed = [*typed, "server_data.source=none"]
     assert len(unread_by_preparation(load_config(None, fixed), fixed)) == 1
+
+
+# ------------------------------------------------------------------ --methods: some of a config's methods
+
+def test_methods_runs_the_configs_named_methods_with_their_own_settings_and_refuses_a_name_it_lacks(tmp_path, capsys):
+    """``hetfed run/sweep/config CONFIG --methods perfedavg,pfedme``: those entries of the config, in that order, each
+    with its parameters and own train settings (written out by hand in ``--set methods=[…]``, PFLlib's Per-FedAvg
+    had lost both of its protocol's settings); ``--set methods.N`` counts them. A name the config lacks, or an empty
+    one, is a one-line error naming it (exit 2, nothing written); ``--resume`` refuses it (the run's own config)."""
+    protocol = str(ROOT / "configs" / "leaderboard_pfllib_fmnist.yaml")
+    config = load_config(protocol, ["methods.1.params.lam=2.0"], methods=["perfedavg", "pfedme"])
+    assert [(m.label, m.algorithm) for m in config.methods] == [("perfedavg", "perfedavg"), ("pfedme", "pfedme")]
+    assert config.methods[0].train == {"local_epochs": 2} and config.methods[0].params == {"inner_lr": 0.005}
+    assert config.methods[1].params == {"lam": 2.0, "personal_lr": 0.01}
+    assert [m.label for m in load_config(None, methods=["cgau"]).methods] == ["cgau"]  # the built-in config's
+    assert main(["config", protocol, "--methods", "fedrep"]) == 0
+    assert "head_epochs: 1" in capsys.readouterr().out
+    out = tmp_path / "run"
+    assert main(["run", "--methods", "cgau,nosuch", "--out", str(out), "--quiet"]) == 2
+    line = _one_line_error(capsys)
+    assert "--methods 'cgau,nosuch'" in line and "no method named ['nosuch']" in line and "['cgau', 'relu']" in line
+    assert not out.exists()
+    with pytest.raises(SystemExit) as stop:
+        main(["sweep", "--methods", "cgau,,relu", "--out", str(out)])
+    assert stop.value.code == 2 and "'cgau,,relu' has an empty name" in capsys.readouterr().err
+    assert main(["sweep", "--methods", "cgau", "--grid", "methods=[{algorithm: fedavg}]", "--out", str(out)]) == 2
+    assert "--grid methods is not allowed with --methods 'cgau'" in _one_line_error(capsys)
+    assert main(["run", "--resume", str(out), "--methods", "cgau"]) == 2
+    assert "not allowed with --methods" in _one_line_error(capsys)
+    assert not out.exists()
+
+
+def test_methods_applies_to_a_sweeps_runs(tmp_path):
+    """A sweep of ``--methods cgau``: its runs train that method only (the resolved config is what it records)."""
+    assert main(["sweep", "--methods", "cgau", "--set", "train.rounds=1", "--seeds", "1", "--out",
+                 str(tmp_path / "s"), "--quiet", "--no-report"]) == 0
+    runs = (tmp_path / "s" / "runs.csv").read_text().splitlines()
+    assert {line.split(",")[1] for line in runs[1:]} == {"(data)", "cgau"}

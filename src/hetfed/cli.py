@@ -31,12 +31,24 @@ console: Console = make_console()
 err_console: Console = make_console(stderr=True)
 
 
-def _add_config_args(p: argparse.ArgumentParser) -> None:
+def _add_config_args(p: argparse.ArgumentParser, methods: bool = True) -> None:
     p.add_argument("config", nargs="?", default=None, help="YAML config file (default: built-in)")
     p.add_argument(
         "--set", dest="sets", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key, e.g. --set partition.shuffle=0.4 (repeatable)",
     )
+    if methods:
+        p.add_argument("--methods", type=_names, default=None, metavar="NAME,NAME,...",
+                       help="only the config's methods of these names, in this order, each with its own settings "
+                            "as the config has them (--set methods.N counts these)")
+
+
+def _names(text: str) -> list[str]:
+    """``--methods``' value: names, comma-separated, none empty."""
+    names = [n.strip() for n in text.split(",")]
+    if not all(names):
+        raise argparse.ArgumentTypeError(f"{text!r} has an empty name: expected NAME,NAME,... (e.g. fedavg,ditto)")
+    return names
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -47,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("partition", help="simulate clients and measure their heterogeneity")
-    _add_config_args(p)
+    _add_config_args(p, methods=False)  # partitioning trains no method
     p.add_argument("--json", action="store_true", help="print one JSON object instead of a table")
     p.add_argument("--plot", metavar="FILE", help="write a figure: client×class heat map and PCA view")
     p.set_defaults(func=cmd_partition)
@@ -316,7 +328,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME "
                           "(remote)")
     if args.resume is not None:
-        given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--out", args.out)) if v]
+        given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--methods", args.methods),
+                                      ("--out", args.out)) if v]
         if given:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
@@ -326,7 +339,8 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         config, args.out = resumable_config(Path(args.resume)), args.resume
         check_remote_resume(read_checkpoint(args.resume))  # refused here, before anything is submitted
     else:
-        config = load_config(args.config, args.sets, executor="deployment")  # flower.* is read there
+        # flower.* is read there
+        config = load_config(args.config, args.sets, executor="deployment", methods=args.methods)
         check_config(config)  # refused here, before anything is submitted
         if args.out is None:
             raise ConfigError("hetfed flower run needs --out DIR (the run directory), or --resume RUN_DIR")
@@ -368,7 +382,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
 def cmd_config(args: argparse.Namespace) -> int:
     from hetfed.runs.plan import check_config
 
-    config = load_config(args.config, args.sets)
+    config = load_config(args.config, args.sets, methods=args.methods)
     check_config(config)  # what would be refused at the plan, refused here
     console.print(dump_config(config), markup=False, highlight=False)
     return 0
@@ -443,13 +457,14 @@ def cmd_run(args: argparse.Namespace) -> int:
     present = None if args.no_report else present_run
 
     if args.resume is not None:
-        given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--out", args.out)) if v]
+        given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--methods", args.methods),
+                                       ("--out", args.out)) if v]
         if given:
             raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
                               "its own config.yaml and directory; expected --resume RUN_DIR alone")
         out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present)
     else:
-        config = load_config(args.config, args.sets)
+        config = load_config(args.config, args.sets, methods=args.methods)
         out = run_experiment(config, out=args.out, progress=not args.quiet, console=console, present=present)
     _no_report_line(args, out.run_dir)
     if args.quiet:  # no progress, but always where the results are
@@ -462,9 +477,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from hetfed.config_io import parse_grid, refuse_swept_overrides
     from hetfed.runs.sweep import run_sweep
 
-    config = load_config(args.config, args.sets)
+    config = load_config(args.config, args.sets, methods=args.methods)
     grid = parse_grid(args.grid)
     refuse_swept_overrides(grid, args.sets)
+    if args.methods is not None and "methods" in grid:
+        raise ConfigError(f"--grid methods is not allowed with --methods {','.join(args.methods)!r}: every grid "
+                          "point's methods would replace the ones chosen; expected one of them")
     sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
                              present=None if args.no_report else present_sweep, resume=args.resume,
                              jobs=args.jobs, stack=args.stack)

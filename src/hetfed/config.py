@@ -24,7 +24,15 @@ from hetfed import config_legacy, config_train
 from hetfed.config_base import Chosen, Strict
 from hetfed.config_data import DatasetConfig, EmbedConfig, HeterogeneityConfig, PartitionConfig
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
-from hetfed.config_io import config_source, flatten_keys, get_dotted, parse_overrides, read_yaml, set_dotted
+from hetfed.config_io import (
+    config_source,
+    flatten_keys,
+    get_dotted,
+    parse_overrides,
+    pick_methods,
+    read_yaml,
+    set_dotted,
+)
 from hetfed.config_server import (
     AttackConfig,
     LeakageConfig,
@@ -433,12 +441,17 @@ def unread_keys(config: Config, executor: str | None = None) -> dict[str, str]:
 
 
 def load_config(path: str | Path | None = None, sets: list[str] | None = None,
-                executor: str | None = None) -> Config:
+                executor: str | None = None, methods: list[str] | None = None) -> Config:
     """The config a command runs with: the file (or defaults), then ``--set`` items; a note for each
     setting nothing reads (:func:`warn_unread`; ``executor``: where the run goes when the command, not
-    ``train.executor``, decides)."""
+    ``train.executor``, decides). ``methods`` (``--methods``): only the file's methods of these names, in this order,
+    each as the file writes it (before ``--set``, whose ``methods.N`` counts them)."""
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
+    if methods is not None:
+        given = raw["methods"] if isinstance(raw.get("methods"), list) else as_given(Config())["methods"]
+        where = f"--methods {','.join(methods)!r}: the config" + config_source(path, False)
+        raw = {**raw, "methods": pick_methods(given, methods, where)}
     return warn_unread(build_config(raw, overrides, config_source(path, bool(overrides))), executor)
 
 

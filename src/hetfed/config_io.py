@@ -148,15 +148,20 @@ def read_yaml(path: str | Path) -> dict[str, Any]:
 
 
 def method_entries(path: str | Path, names: list[str], plain: bool = False) -> list[dict[str, Any]]:
-    """The entries of a config file's ``methods`` named ``names`` (a method's name is its ``name``, else its
-    ``algorithm``), as the file writes them — its parameters and own train settings — for a script that runs some of
-    a protocol's methods (``--set methods=[…]``, ``--grid``) without loading torch. A name the file lacks is a
-    ConfigError naming it and what the file has; ``plain``: that name's plain algorithm instead."""
-    entries = read_yaml(path).get("methods") or []
+    """The entries of a config file's ``methods`` named ``names``, as the file writes them — its parameters and own
+    train settings — for a script that runs some of a protocol's methods (``--set methods=[…]``, ``--grid``) without
+    loading torch (:func:`pick_methods`)."""
+    return pick_methods(read_yaml(path).get("methods") or [], names, f"config file {str(path)!r}", plain)
+
+
+def pick_methods(entries: list[Any], names: list[str], where: str, plain: bool = False) -> list[dict[str, Any]]:
+    """The entries of ``entries`` (a config's ``methods``, read from ``where``) named ``names``, in that order (a
+    method's name is its ``name``, else its ``algorithm``). A name it lacks is a ConfigError naming it and the names
+    it has; ``plain``: that name's plain algorithm instead."""
     by_name = {e.get("name") or e.get("algorithm", "fedavg"): e for e in entries if isinstance(e, dict)}
     missing = [n for n in names if n not in by_name]
     if missing and not plain:
-        raise ConfigError(f"config file {str(path)!r} has no method named {missing}: it has {sorted(by_name)}")
+        raise ConfigError(f"{where} has no method named {missing}: it has {sorted(by_name)}")
     return [by_name.get(n, {"name": n, "algorithm": n}) for n in names]
 
 
