@@ -23,7 +23,7 @@ from hetfed.config import dump_config, load_config
 from hetfed.console import make_console, print_loading
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
-from hetfed.partition_report import check_figure_path, partition_report
+from hetfed.partition_report import check_figure_path, partition_report, print_partition
 from hetfed.registry import KINDS
 from hetfed.runs.rundir import SUMMARY
 
@@ -328,11 +328,7 @@ def cmd_flower_run(args: argparse.Namespace) -> int:
         raise ConfigError("hetfed flower run needs exactly one of --deployment DIR (local) or --connection NAME "
                           "(remote)")
     if args.resume is not None:
-        given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--methods", args.methods),
-                                      ("--out", args.out)) if v]
-        if given:
-            raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
-                              "its own config.yaml and directory; expected --resume RUN_DIR alone")
+        _resume_alone(args)
         from hetfed.runs.checkpoint import read_checkpoint
         from hetfed.runs.runner import resumable_config
 
@@ -409,30 +405,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {fed.n_clients} clients")
-    on = config.heterogeneity.on  # label EMD is measured on the rows Γ is (the API's label_emd_<on> column)
-    concept = any("concept" in c for c in report["clients"])  # partition.rotations / label_swaps
-    for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})",
-                *(["concept"] if concept else [])):
-        table.add_column(col, justify="right")
-    for c in report["clients"]:
-        table.add_row(
-            str(c["client"]), str(c["size"]), f"{c['train']}/{c['val']}/{c['test']}",
-            str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
-            *([c["concept"]] if concept else []),
-        )
-    console.print(table)
-    from hetfed.heterogeneity import gamma_given_label_line, gamma_line
-
-    for line in (gamma_line(report), gamma_given_label_line(report)):
-        if line is not None:
-            console.print(line, soft_wrap=True)
-    console.print(
-        f"label EMD mean ({on}) = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
-        f"global test = {report['global_test_size']} "
-        f"({'class-balanced' if report['global_test_balanced'] else 'the test split as is, not class-balanced'})",
-        soft_wrap=True,
-    )
+    print_partition(console, config, report, fed.n_clients)
     if args.plot:
         console.print(f"figure written to {args.plot}", soft_wrap=True)
     return 0
@@ -450,6 +423,15 @@ def _no_report_line(args: argparse.Namespace, directory: Path) -> None:
                       soft_wrap=True)
 
 
+def _resume_alone(args: argparse.Namespace) -> None:
+    """``--resume RUN_DIR`` takes nothing that sets up a run: a resumed run uses its own config.yaml and directory."""
+    given = [flag for flag, v in (("CONFIG", args.config), ("--set", args.sets), ("--methods", args.methods),
+                                  ("--out", args.out)) if v]
+    if given:
+        raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
+                          "its own config.yaml and directory; expected --resume RUN_DIR alone")
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     from hetfed.analysis.present import present_run
     from hetfed.runs.runner import resume_experiment, run_experiment
@@ -457,11 +439,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     present = None if args.no_report else present_run
 
     if args.resume is not None:
-        given = [name for name, v in (("a config file", args.config), ("--set", args.sets), ("--methods", args.methods),
-                                       ("--out", args.out)) if v]
-        if given:
-            raise ConfigError(f"--resume {args.resume!r} is not allowed with {', '.join(given)}: a resumed run uses "
-                              "its own config.yaml and directory; expected --resume RUN_DIR alone")
+        _resume_alone(args)
         out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present)
     else:
         config = load_config(args.config, args.sets, methods=args.methods)

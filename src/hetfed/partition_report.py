@@ -1,5 +1,5 @@
-"""What ``hetfed partition`` reports: a partition and its heterogeneity as JSON-ready values, and the check of the
-figure file it may write."""
+"""What ``hetfed partition`` reports: a partition and its heterogeneity as JSON-ready values and as its table, and the
+check of the figure file it may write."""
 
 from __future__ import annotations
 
@@ -70,3 +70,33 @@ def check_figure_path(path: str, key: str = "--plot") -> None:
     folder = Path(path).parent
     if not folder.is_dir():
         raise ConfigError(f"{key} {path!r} is not allowed: the folder {str(folder)!r} does not exist")
+
+
+def print_partition(console: Console, config: Config, report: dict, clients: int) -> None:
+    """``hetfed partition``'s table of :func:`partition_report`'s clients and its heterogeneity lines."""
+    from rich.table import Table
+
+    from hetfed.heterogeneity import gamma_given_label_line, gamma_line
+
+    table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {clients} clients")
+    on = config.heterogeneity.on  # label EMD is measured on the rows Γ is (the API's label_emd_<on> column)
+    concept = any("concept" in c for c in report["clients"])  # partition.rotations / label_swaps
+    for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})",
+                *(["concept"] if concept else [])):
+        table.add_column(col, justify="right")
+    for c in report["clients"]:
+        table.add_row(
+            str(c["client"]), str(c["size"]), f"{c['train']}/{c['val']}/{c['test']}",
+            str(c["classes"]), "yes" if c["opted_out"] else "", f"{c['label_emd']:.3f}",
+            *([c["concept"]] if concept else []),
+        )
+    console.print(table)
+    for line in (gamma_line(report), gamma_given_label_line(report)):
+        if line is not None:
+            console.print(line, soft_wrap=True)
+    console.print(
+        f"label EMD mean ({on}) = {report['label_emd_mean']:.3f}   JS mean = {report['js_mean']:.4f}   "
+        f"global test = {report['global_test_size']} "
+        f"({'class-balanced' if report['global_test_balanced'] else 'the test split as is, not class-balanced'})",
+        soft_wrap=True,
+    )
