@@ -460,7 +460,8 @@ def test_methods_runs_the_configs_named_methods_with_their_own_settings_and_refu
     """``hetfed run/sweep/config CONFIG --methods perfedavg,pfedme``: those entries of the config, in that order, each
     with its parameters and own train settings (written out by hand in ``--set methods=[…]``, PFLlib's Per-FedAvg
     had lost both of its protocol's settings); ``--set methods.N`` counts them. A name the config lacks, or an empty
-    one, is a one-line error naming it (exit 2, nothing written); ``--resume`` refuses it (the run's own config)."""
+    one, is a one-line error naming it (exit 2, nothing written); so are ``--set methods=[…]`` and ``--grid methods``
+    beside it (either would replace the methods chosen) and ``--resume`` with it (the run's own config)."""
     protocol = str(ROOT / "configs" / "leaderboard_pfllib_fmnist.yaml")
     config = load_config(protocol, ["methods.1.params.lam=2.0"], methods=["perfedavg", "pfedme"])
     assert [(m.label, m.algorithm) for m in config.methods] == [("perfedavg", "perfedavg"), ("pfedme", "pfedme")]
@@ -479,6 +480,8 @@ def test_methods_runs_the_configs_named_methods_with_their_own_settings_and_refu
     assert stop.value.code == 2 and "'cgau,,relu' has an empty name" in capsys.readouterr().err
     assert main(["sweep", "--methods", "cgau", "--grid", "methods=[{algorithm: fedavg}]", "--out", str(out)]) == 2
     assert "--grid methods is not allowed with --methods 'cgau'" in _one_line_error(capsys)
+    assert main(["run", "--methods", "cgau", "--set", "methods=[{algorithm: fedavg}]", "--out", str(out)]) == 2
+    assert "--set methods=[…] is not allowed with --methods 'cgau'" in _one_line_error(capsys)
     assert main(["run", "--resume", str(out), "--methods", "cgau"]) == 2
     assert "not allowed with --methods" in _one_line_error(capsys)
     assert not out.exists()

@@ -449,6 +449,9 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None,
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
     if methods is not None:
+        if isinstance(overrides.get("methods"), list):
+            raise ConfigError(f"--set methods=[…] is not allowed with --methods {','.join(methods)!r}: it would "
+                              "replace the methods chosen; expected one of them")
         given = raw["methods"] if isinstance(raw.get("methods"), list) else as_given(Config())["methods"]
         where = f"--methods {','.join(methods)!r}: the config" + config_source(path, False)
         raw = {**raw, "methods": pick_methods(given, methods, where)}
