@@ -405,7 +405,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps(report))
         return 0
-    print_partition(console, config, report, fed.n_clients)
+    print_partition(console, config, report)
     if args.plot:
         console.print(f"figure written to {args.plot}", soft_wrap=True)
     return 0

@@ -26,6 +26,7 @@ from hetfed.config_data import DatasetConfig, EmbedConfig, HeterogeneityConfig, 
 from hetfed.config_flower import FlowerConfig, SecAggPlusConfig
 from hetfed.config_io import (
     config_source,
+    entry_label,
     flatten_keys,
     get_dotted,
     parse_overrides,
@@ -331,7 +332,7 @@ def _override_methods(merged: dict[str, Any], key: str, value: Any) -> None:
         if not isinstance(node, dict) or path[-1] not in node:
             continue
         old = node.pop(path[-1])
-        label = method.get("name") or method.get("algorithm", "fedavg")
+        label = entry_label(method)
         warnings.warn(f"{key} = {value!r} replaces methods.{i}.{key} = {old!r} (method {label!r}): an override of "
                       f"a top-level key applies to every method; to set one method's, use methods.{i}.{key}",
                       OverriddenKey, stacklevel=3)

@@ -154,11 +154,17 @@ def method_entries(path: str | Path, names: list[str], plain: bool = False) -> l
     return pick_methods(read_yaml(path).get("methods") or [], names, f"config file {str(path)!r}", plain)
 
 
+def entry_label(entry: dict[str, Any]) -> str:
+    """A config's method entry's name as written, before validation: its ``name``, else its ``algorithm`` (FedAvg when
+    it names none) — :attr:`hetfed.config.MethodConfig.label` of the entry."""
+    return entry.get("name") or entry.get("algorithm", "fedavg")
+
+
 def pick_methods(entries: list[Any], names: list[str], where: str, plain: bool = False) -> list[dict[str, Any]]:
-    """The entries of ``entries`` (a config's ``methods``, read from ``where``) named ``names``, in that order (a
-    method's name is its ``name``, else its ``algorithm``). A name it lacks is a ConfigError naming it and the names
-    it has; ``plain``: that name's plain algorithm instead."""
-    by_name = {e.get("name") or e.get("algorithm", "fedavg"): e for e in entries if isinstance(e, dict)}
+    """The entries of ``entries`` (a config's ``methods``, read from ``where``) named ``names`` (:func:`entry_label`),
+    in that order. A name it lacks is a ConfigError naming it and the names it has; ``plain``: that name's plain
+    algorithm instead."""
+    by_name = {entry_label(e): e for e in entries if isinstance(e, dict)}
     missing = [n for n in names if n not in by_name]
     if missing and not plain:
         raise ConfigError(f"{where} has no method named {missing}: it has {sorted(by_name)}")

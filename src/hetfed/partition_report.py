@@ -72,13 +72,13 @@ def check_figure_path(path: str, key: str = "--plot") -> None:
         raise ConfigError(f"{key} {path!r} is not allowed: the folder {str(folder)!r} does not exist")
 
 
-def print_partition(console: Console, config: Config, report: dict, clients: int) -> None:
+def print_partition(console: Console, config: Config, report: dict) -> None:
     """``hetfed partition``'s table of :func:`partition_report`'s clients and its heterogeneity lines."""
     from rich.table import Table
 
     from hetfed.heterogeneity import gamma_given_label_line, gamma_line
 
-    table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {clients} clients")
+    table = Table(title=f"{config.dataset.name} · {config.partition.kind} · {report['n_clients']} clients")
     on = config.heterogeneity.on  # label EMD is measured on the rows Γ is (the API's label_emd_<on> column)
     concept = any("concept" in c for c in report["clients"])  # partition.rotations / label_swaps
     for col in ("client", "size", "train/val/test", "classes", "opted out", f"label EMD ({on})",
