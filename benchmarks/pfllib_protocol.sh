@@ -7,10 +7,13 @@
 # The methods are split into PROCS processes sharing the GPU (default: one a line below, at most one a core; with
 # fewer, each takes every PROCS-th line) — a cnn4 round of 20 clients is launch-bound: one process leaves the GPU
 # mostly idle; beyond ~6 processes none is gained, results/gpu_h200_2026-11-28 — each a
-# `hetfed sweep --stack` of its methods × 3 seeds (each method's seeds one stack of clients). After BUDGET seconds
-# every sweep gets SIGTERM: each run is marked stopped with its metrics.csv holding every evaluation up to then, and
-# `results/tables.py pfllib` reads each method at the rounds its runs reached (stated in the table: PFLlib's rule is
-# a best over rounds, so fewer rounds than 2 000 can only lower it). No calibration sweep: the whole budget trains.
+# `hetfed sweep --stack` of its methods × 3 seeds (each method's seeds one stack of clients). Each run's rounds stop
+# once they have taken ROUNDS_S seconds (train.time_limit; default BUDGET − 60, the rest for starting, loading and
+# the runs' ends): its last round is evaluated and the run ends as a run does — FedBABU's fine-tuning, summaries,
+# the sweep's tables. At BUDGET seconds every sweep still going gets SIGTERM: its runs are marked stopped, each
+# metrics.csv holding every evaluation up to then. `results/tables.py pfllib` reads each method at the rounds its
+# runs reached (stated in the table: PFLlib's rule is a best over rounds, so fewer rounds than 2 000 can only lower
+# it). No calibration sweep: the whole budget trains.
 #
 #     OUT=/path BUDGET=300 bash benchmarks/pfllib_protocol.sh
 #
@@ -26,6 +29,7 @@ set -u
 cd "$(dirname "$0")/.."
 out=${OUT:-pfllib-results}
 budget=${BUDGET:-300}
+rounds_s=${ROUNDS_S:-$((budget > 120 ? budget - 60 : budget / 2))}
 device=${DEVICE:-cuda}
 mkdir -p "$out"
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HETFED_DATA=${HETFED_DATA:-$PWD/.data}
@@ -71,11 +75,12 @@ for ((g = 0; g < n; g++)); do
         sweep "$config" --grid "methods=$methods" --seeds 3 --stack \
         --set train.rounds=2000 --set train.device="$device" --set dataset.name="${DATASET:-fashion-mnist}" \
         --set heterogeneity.iid_draws=0 --set train.checkpoint_every=null --out "$work/g$g" \
-        --set train.memory_budget_mb="${MEMORY_MB:-2000}" \
+        --set train.memory_budget_mb="${MEMORY_MB:-2000}" --set train.time_limit="$rounds_s" \
         > "$out/g$g.log" 2>&1 &
 done
 wait
-echo "$n stacked sweeps on one device, stopped after ${budget} s (SIGTERM); wall $((SECONDS - t0)) s" | tee "$out/log.txt"
+echo "$n stacked sweeps on one device, each run's rounds limited to ${rounds_s} s (train.time_limit), SIGTERM at" \
+    "${budget} s; wall $((SECONDS - t0)) s" | tee "$out/log.txt"
 $py results/tables.py pfllib "${sweeps[@]}" > "$out/against_pfllib.md" 2>> "$out/log.txt"
 # each run's metrics.csv and config (the rounds it reached, every evaluation), compressed
 tar cf - --exclude=checkpoints --exclude=figures --exclude=report.html --exclude=federation.npz -C "$work" . \

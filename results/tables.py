@@ -309,17 +309,20 @@ def _read_runs(sweep: Path):
     """Every run of a sweep that finished (its summary.json), or that a signal stopped (its status.json: a time
     budget's SIGTERM, Ctrl-C; its metrics.csv holds every evaluation up to then: a stopped sweep writes no
     sweep.json): its evaluations (:func:`_evaluations`, read once), the algorithm of each of their rows (a method, or
-    a view ``label:view``) and its configured methods' algorithms. Runs that failed otherwise, and runs moved aside
-    by ``--resume``, are left out."""
+    a view ``label:view``), its configured methods' algorithms, and the rounds each row's model trained. Runs that
+    failed otherwise, and runs moved aside by ``--resume``, are left out."""
     import yaml
 
     for run_dir in sorted(p.parent for p in sweep.glob("*/seed=*/config.yaml") if ".incomplete-" not in p.parent.name):
         methods = yaml.safe_load((run_dir / "config.yaml").read_text())["methods"]
         configured = {m["algorithm"] for m in methods}
         if (run_dir / "summary.json").exists():
-            summary = json.loads((run_dir / "summary.json").read_text())["methods"]
+            top = json.loads((run_dir / "summary.json").read_text())
+            summary = top["methods"]
             algorithms = {name: m.get("algorithm", name).split(":")[0] for name, m in summary.items()}
-            yield _evaluations(run_dir), algorithms, configured
+            # a view scored after the rounds (FedBABU's fine-tuned models) is filed under its epochs: the run's rounds
+            yield _evaluations(run_dir), algorithms, configured, {n: m.get("rounds") or top["rounds"]
+                                                                  for n, m in summary.items()}
             continue
         status = json.loads((run_dir / "status.json").read_text()) if (run_dir / "status.json").exists() else {}
         if not str(status.get("reason", "")).startswith(("terminated by", "interrupted")):
@@ -328,7 +331,8 @@ def _read_runs(sweep: Path):
         labels = {m["name"]: m["algorithm"] for m in methods}
         evaluations = _evaluations(run_dir)
         yield evaluations, {row: (methods[0]["algorithm"] if len(methods) == 1 else
-                                  labels.get(row.split(":")[0], row)) for row in evaluations}, configured
+                                  labels.get(row.split(":")[0], row)) for row in evaluations}, configured, \
+            {row: max(by_round) for row, by_round in evaluations.items()}
 
 
 def _caveated(verdict: str, method: dict) -> str:
@@ -352,7 +356,7 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
     algorithm: dict[str, str] = {}
     started: set[str] = set()  # the algorithms of every run read, evaluated or not
     for sweep in [sweeps] if isinstance(sweeps, Path) else sweeps:
-        for evaluated, algorithms, configured in _read_runs(sweep):
+        for evaluated, algorithms, configured, reached in _read_runs(sweep):
             rule = _best(evaluated, "local_accuracy_weighted")
             val = _at_lowest_validation_loss(evaluated, "local_accuracy_weighted")
             started.update(configured)
@@ -361,7 +365,7 @@ def pfllib_table(sweeps: Path | list[Path], published: Path = PUBLISHED) -> str:
                 if name in rule:
                     ours[name]["rule"].append(100 * rule[name])
                     ours[name]["val"].append(100 * val.get(name, np.nan))
-                    ours[name]["rounds"].append(max(evaluated[name]))
+                    ours[name]["rounds"].append(reached[name])
 
     def cells(name: str) -> str:
         rule, val = np.asarray(ours[name]["rule"]), np.asarray(ours[name]["val"])

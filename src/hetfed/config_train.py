@@ -155,6 +155,11 @@ class TrainConfig(Strict):
         None, ge=10, description="score the global test set on a fixed, class-balanced subset of this size (None: all)"
     )
     patience: int | None = Field(None, ge=1, description="early stop after this many evals")
+    time_limit: float | None = Field(
+        None, gt=0, description="seconds: the last round is the first whose update ends once the run's rounds "
+        "(their training and evaluations, train_s + eval_s) have taken this long; it is evaluated and the run ends as "
+        "an early stop does (personalisation, summary with stopped_at_time_limit) — for a fixed budget of machine "
+        "time; None: no limit")
     executor: str = Field(
         "vectorised", description="where the clients compute: a registered executor that train.executor may name "
         "(vectorised, sequential, flower; `hetfed components executor`)")

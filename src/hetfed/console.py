@@ -67,9 +67,11 @@ class LogProgress:
                                 "start": time.perf_counter(), "last": None, "fields": fields}
         return task_id
 
-    def update(self, task_id: int, completed: float | None = None, **fields: Any) -> None:
+    def update(self, task_id: int, completed: float | None = None, total: float | None = None, **fields: Any) -> None:
         task = self._tasks[task_id]
         task["fields"].update(fields)
+        if total is not None:  # as rich's: a task that ends before its total (a run stopped early)
+            task["total"] = total
         if completed is not None:
             task["completed"] = completed
         now = time.perf_counter()
@@ -79,14 +81,14 @@ class LogProgress:
             return
         task["last"] = now
         task["finished"] = done
-        total = f"/{task['total']:g}" if task["total"] is not None else ""
+        of = f"/{task['total']:g}" if task["total"] is not None else ""
         fields = dict(task["fields"])
         unit = self.unit
         if fields.get("rate") in ("clients", "epochs"):  # a task counting clients, not rounds
             unit = fields.pop("rate")
         extra = " · ".join(f"{k} {str(v).strip()}" for k,
                            v in fields.items() if str(v).strip() and str(v).strip() != "-")
-        line = (f"{time.strftime('%H:%M:%S')} {task['description']}: {unit} {task['completed']:g}{total}"
+        line = (f"{time.strftime('%H:%M:%S')} {task['description']}: {unit} {task['completed']:g}{of}"
                 f" · {now - task['start']:.0f} s" + (f" · {extra}" if extra else ""))
         self.console.print(line, soft_wrap=True)
 

@@ -79,6 +79,7 @@ def test_every_published_pfllib_number_is_set_against_the_sweeps_own_runs_of_tha
     assert rows["FedALA"][0][-1] == "not run (hetfed's `fedala`)" and rows["FedAMP"][0][-1] == "not in hetfed"
     # both views, each set against PFLlib's FedBABU
     assert [r[0] for r in rows["FedBABU"]] == ["babu:fedbabu", "babu:fedbabu_ft"]
+    assert [r[1] for r in rows["FedBABU"]] == ["4", "4"]  # the fine-tuned models' rounds: the run's, not 5 epochs
     assert [(r[0], r[-1]) for r in rows["—"]] == [("alone", "no published number")]  # Local: not in PFLlib's table
     assert "8afdf11d57fb" in text
 

@@ -104,7 +104,7 @@ def simulate(
     loop.keep_history = history
     result = _initial_result(loop, resume, resume_states)
     result.backdoor = loop.backdoor
-    finished = result.stopped_early or result.diverged_at is not None
+    finished = result.stopped_early or result.out_of_time or result.diverged_at is not None
     if run.algo.capabilities.asynchronous:  # merges as clients arrive on the simulated clock, not rounds
         from hetfed.executors.asynchronous import run_async
 

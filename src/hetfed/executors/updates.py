@@ -158,6 +158,8 @@ class SimulationResult:
     best_server: ServerState | None = None
     rounds_done: int = 0
     stopped_early: bool = False
+    #: the rounds took ``train.time_limit`` seconds: the last round run was the last (:func:`after_update`)
+    out_of_time: bool = False
     selected_by: str | None = "val_loss"  # None: no validation data, so best = final
     train_seconds: float = 0.0
     server_seconds: float = 0.0  # the aggregate step's share of train_seconds
@@ -411,7 +413,7 @@ def ride_next_round(loop: _Loop, result: SimulationResult, rnd: int) -> bool:
     ride = getattr(loop.executor, "ride", None)
     train = loop.train
     if (ride is None or loop.algo.capabilities.asynchronous or rnd >= train.rounds or result.diverged_at is not None
-            or result.server.round != rnd):
+            or result.server.round != rnd or result.out_of_time):
         return False
     if train.patience is not None and result.since_best + 1 >= train.patience:
         return False
@@ -430,7 +432,7 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
     rounds too), the values of the round alone (``per_round``: the clock's, an attack's weight share) and the
     training loss to the observers (with ``per_client``, what the server found of each client), the divergence
     check, the evaluation when due, the checkpoint when due; True when the run stops (early stopping, divergence
-    under attack, the last update). As steps: the evaluation asks its clients."""
+    under attack, the rounds' time limit, the last update). As steps: the evaluation asks its clients."""
     train = loop.train
     rnd = result.rounds_done + 1
     for key, value in counts.items():
@@ -446,14 +448,16 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
         result.diverged_at = rnd
     result.train_seconds += time.perf_counter() - t0
     result.rounds_done = rnd
+    if train.time_limit is not None and result.train_seconds + result.eval_seconds >= train.time_limit:
+        result.out_of_time = True  # decided before this round's evaluation, which then hands no next round over
     metrics = None
-    if rnd % train.eval_every == 0 or rnd == train.rounds or result.diverged_at is not None:
+    if rnd % train.eval_every == 0 or rnd == train.rounds or result.diverged_at is not None or result.out_of_time:
         metrics = yield from _evaluate_round(loop, result, rnd)  # a diverged model is scored once: its final model
     for o in loop.observers:
         o.round_done(rnd, metrics, {"train_s": result.train_seconds, "eval_s": result.eval_seconds})
     if train.patience is not None and result.since_best >= train.patience:
         result.stopped_early = True
-    stop = result.stopped_early or result.diverged_at is not None
+    stop = result.stopped_early or result.out_of_time or result.diverged_at is not None
     if stop or rnd == train.rounds or (train.checkpoint_every and rnd % train.checkpoint_every == 0):
         for o in loop.observers:
             o.checkpoint(result)

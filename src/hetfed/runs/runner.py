@@ -266,7 +266,8 @@ def train_method(execution: Execution, p: MethodPlan, executor: Executor,
     result = simulate(p.run, fed, executor=executor, observers=observers, attack=config.attack,
                       resume=resume["result"] if resume else None, resume_states=resume["states"] if resume else None,
                       history=False)  # every evaluation is in metrics.csv
-    execution.bar.update(task, completed=p.train.rounds)
+    ended = result.rounds_done  # below train.rounds when a run stops early (patience, time limit, divergence)
+    execution.bar.update(task, total=ended, completed=ended)
     fed_seconds = time.perf_counter() - t0
     if algo.capabilities.views and not (resume is not None and resume["phase"] == "personalised"):
         _personalise(execution, p, result, saver)

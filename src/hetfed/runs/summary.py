@@ -41,7 +41,7 @@ def method_summary(result: SimulationResult, seconds: float) -> dict[str, Any]:
                               "early stopping cannot fire"}),
         "best_round": result.best_round,
         "rounds": result.rounds_done,
-        "stopped_early": result.stopped_early,
+        **_ended(result),
         "wall_seconds": seconds,
         "seconds_per_round": result.train_seconds / max(result.rounds_done, 1),
         "server_seconds_per_round": result.server_seconds / max(result.rounds_done, 1),
@@ -52,6 +52,11 @@ def method_summary(result: SimulationResult, seconds: float) -> dict[str, Any]:
         "downlink_bytes": result.downlink_bytes,
         **_failures(result),
     }
+
+
+def _ended(result: SimulationResult) -> dict[str, bool]:
+    """How the rounds ended early: by early stopping, and (only when it did) at ``train.time_limit``."""
+    return {"stopped_early": result.stopped_early, **({"stopped_at_time_limit": True} if result.out_of_time else {})}
 
 
 def _failures(result: SimulationResult) -> dict[str, Any]:
@@ -122,7 +127,7 @@ def view_row(algo: Algorithm, view: str, result: SimulationResult, fed_seconds: 
     under: the federated view took the rounds, the others their personalisation epochs."""
     if view == algo.capabilities.federated_view:
         seconds, extra = fed_seconds, {"rounds": result.rounds_done, "best_round": result.best_round,
-                                       "selected_by": result.selected_by, **_failures(result)}
+                                       "selected_by": result.selected_by, **_ended(result), **_failures(result)}
     else:
         epochs = result.personal_info.get(f"epochs.{view}", [0])
         seconds = float(sum(result.personal_info.get(f"seconds.{view}", [0.0])))
@@ -264,6 +269,17 @@ def findings_line(method: str, m: dict[str, Any]) -> str | None:
     return f"found ({method}), the last round: " + "; ".join(parts)
 
 
+def stop_line(method: str, m: dict[str, Any]) -> str | None:
+    """Why a method's rounds ended before ``train.rounds``: early stopping or the time limit; None when they ran."""
+    if m.get("stopped_at_time_limit"):
+        why = "its rounds reached train.time_limit"
+    elif m.get("stopped_early"):
+        why = "its validation loss did not improve for train.patience evaluations"
+    else:
+        return None
+    return f"stopped ({method}) after {m['rounds']} rounds: {why}"
+
+
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
     """The short table that ends a run."""
     console.print(_summary_table(summary))
@@ -274,7 +290,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
             for part in [] if line is None else [line] if len(line) <= console.width else line.split("   "):
                 console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
-        for line in (defence_line(method, m), findings_line(method, m)):
+        for line in (stop_line(method, m), defence_line(method, m), findings_line(method, m)):
             if line is not None:
                 console.print(line, soft_wrap=True)
         if m.get("selection_note"):

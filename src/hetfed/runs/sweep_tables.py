@@ -76,7 +76,8 @@ def write_heterogeneity(path: Path, rows: list[dict[str, Any]], keys: list[str])
 def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     """Every (method, metric, value) one run contributes to a sweep's tables: Γ as method ``(data)``, and per
     method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
-    ``best_round`` and the timings."""
+    ``rounds`` (fewer than ``train.rounds`` where early stopping or the time limit ended it), ``best_round`` and the
+    timings."""
     yield "(data)", "gamma", summary["gamma"]
     for key in ("gamma_iid", "gamma_excess", "gamma_given_label", "gamma_given_label_excess"):  # older runs: none
         value = summary["heterogeneity"].get(key)
@@ -97,6 +98,8 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
         for key, value in (m.get("leakage") or {}).items():  # what the server learnt (leakage.kind)
             if isinstance(value, (int, float)) and key not in ("client", "round"):
                 yield label, f"leakage.{key}", value
+        if m.get("rounds") is not None:  # the rounds it ran: fewer than train.rounds when it stopped early
+            yield label, "rounds", m["rounds"]
         if m.get("best_round") is not None:
             yield label, "best_round", m["best_round"]
         yield label, "seconds_per_round", m["seconds_per_round"]

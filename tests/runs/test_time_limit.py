@@ -1,0 +1,88 @@
+"""``train.time_limit``: a run's rounds stop once they have taken that long, and the run ends as an early stop does
+— its last round evaluated, its personalisation and summary written — so a fixed budget of machine time gives whole
+runs (the PFLlib protocol's methods within one GPU session, FedBABU's fine-tuned row included)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import time
+import types
+from pathlib import Path
+
+import pytest
+
+from hetfed.cli import main
+from hetfed.executors import updates
+
+FAST = ["--set", "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0",
+        "--quiet"]
+LOUD = FAST[:-1]  # the table and the lines below it printed
+
+
+def _summary(out: Path) -> dict:
+    return json.loads((out / "summary.json").read_text())
+
+
+@pytest.fixture
+def ten_seconds_a_round(monkeypatch):
+    """The rounds' clock, as ``after_update`` reads it, says every round took 10 s more than it did."""
+    monkeypatch.setattr(updates, "time", types.SimpleNamespace(perf_counter=lambda: time.perf_counter() + 10.0))
+
+
+def test_the_rounds_stop_after_the_first_that_ends_past_the_limit_evaluated_as_a_run_of_that_length(
+        tmp_path, capsys, ten_seconds_a_round):
+    """At 10 s a round, a limit of 35 s ends a 50-round run after round 4; its numbers are a 4-round run's."""
+    limited, whole = tmp_path / "limited", tmp_path / "whole"
+    assert main(["run", "--methods", "relu", *LOUD, "--set", "train.rounds=50", "--set", "train.time_limit=35",
+                 "--out", str(limited)]) == 0
+    assert "stopped (relu) after 4 rounds: its rounds reached train.time_limit" in capsys.readouterr().out
+    assert main(["run", "--methods", "relu", *FAST, "--set", "train.rounds=4", "--out", str(whole)]) == 0
+    got, want = _summary(limited)["methods"]["relu"], _summary(whole)["methods"]["relu"]
+    assert (got["rounds"], got["stopped_at_time_limit"], got["stopped_early"]) == (4, True, False)
+    assert "stopped_at_time_limit" not in want
+    assert got["final"] == want["final"] and got["best"] == want["best"] and got["best_round"] == want["best_round"]
+    with open(limited / "metrics.csv") as f:
+        rounds = {int(r["round"]) for r in csv.DictReader(f) if r["split"] != "train"}
+    assert max(rounds) == 4  # the last round run was evaluated
+
+
+def test_a_limit_the_rounds_never_reach_changes_nothing(tmp_path):
+    limited, whole = tmp_path / "limited", tmp_path / "whole"
+    assert main(["run", "--methods", "relu", *FAST, "--set", "train.rounds=3", "--set", "train.time_limit=1e6",
+                 "--out", str(limited)]) == 0
+    assert main(["run", "--methods", "relu", *FAST, "--set", "train.rounds=3", "--out", str(whole)]) == 0
+    got, want = _summary(limited)["methods"]["relu"], _summary(whole)["methods"]["relu"]
+    assert "stopped_at_time_limit" not in got and got["final"] == want["final"] and got["rounds"] == 3
+
+
+def test_a_method_personalised_after_its_rounds_is_personalised_when_the_limit_ends_them(tmp_path):
+    """FedBABU's fine-tuned row, what PFLlib reports, is there when the time limit ends the rounds (a run stopped
+    by SIGTERM has none): after round 1 of 50 here, with the numbers of a 1-round run."""
+    babu = ["--set", "methods=[{algorithm: fedbabu, params: {finetune_epochs: 1}}]"]
+    limited, whole = tmp_path / "limited", tmp_path / "whole"
+    assert main(["run", *babu, *FAST, "--set", "train.rounds=50", "--set", "train.time_limit=1e-9",
+                 "--out", str(limited)]) == 0
+    assert main(["run", *babu, *FAST, "--set", "train.rounds=1", "--out", str(whole)]) == 0
+    got, want = _summary(limited)["methods"], _summary(whole)["methods"]
+    assert got["fedbabu"]["rounds"] == 1 and got["fedbabu"]["stopped_at_time_limit"]
+    assert got["fedbabu_ft"]["final"] == want["fedbabu_ft"]["final"]
+
+
+def test_a_stacked_sweeps_runs_each_stop_at_the_limit_with_the_numbers_of_runs_that_long(tmp_path):
+    """Each run of a stacked sweep keeps its own clock: at a limit any round passes, every run stops after round 1,
+    and runs.csv (which now holds the rounds each method ran) is that of a 1-round sweep."""
+    sweep = ["sweep", "--methods", "relu", *FAST, "--seeds", "2", "--stack"]
+    limited, whole = tmp_path / "limited", tmp_path / "whole"
+    assert main([*sweep, "--set", "train.rounds=30", "--set", "train.time_limit=1e-9", "--out", str(limited)]) == 0
+    assert main([*sweep, "--set", "train.rounds=1", "--out", str(whole)]) == 0
+    rows = [(limited / "runs.csv").read_text().splitlines(), (whole / "runs.csv").read_text().splitlines()]
+    timing = ("seconds_per_round", "server_seconds_per_round")
+    got, want = ([r for r in rs if not r.split(",")[-2].endswith(timing)] for rs in rows)
+    assert got == want and "0,relu,rounds,1.0" in got
+
+
+def test_a_limit_that_is_not_a_positive_number_of_seconds_is_refused(tmp_path, capsys):
+    assert main(["run", "--set", "train.time_limit=0", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "train.time_limit" in err and not (tmp_path / "r").exists()
