@@ -493,3 +493,22 @@ def test_methods_applies_to_a_sweeps_runs(tmp_path):
                  str(tmp_path / "s"), "--quiet", "--no-report"]) == 0
     runs = (tmp_path / "s" / "runs.csv").read_text().splitlines()
     assert {line.split(",")[1] for line in runs[1:]} == {"(data)", "cgau"}
+
+
+def test_the_apis_load_config_chooses_methods_as_the_command_line_does():
+    """``hetfed.load_config(source, overrides, methods=…)``: the methods ``--methods`` would choose, from a file, a
+    dict or the built-in config, before the overrides; a name the source lacks and an override of ``methods`` beside
+    it are ConfigErrors that name them."""
+    import hetfed
+
+    protocol = str(ROOT / "configs" / "leaderboard_pfllib_fmnist.yaml")
+    config = hetfed.load_config(protocol, {"methods.1.params.lam": 2.0}, methods="perfedavg,pfedme")
+    chosen = load_config(protocol, ["methods.1.params.lam=2.0"], methods=["perfedavg", "pfedme"])
+    assert config.methods == chosen.methods and config.methods[1].params["lam"] == 2.0
+    assert [m.label for m in hetfed.load_config(None, methods=["cgau"]).methods] == ["cgau"]
+    given = {"methods": [{"name": "a", "algorithm": "fedavg"}, {"name": "b", "algorithm": "fedprox"}]}
+    assert [m.algorithm for m in hetfed.load_config(given, methods=["b"]).methods] == ["fedprox"]
+    with pytest.raises(ConfigError, match=r"methods = 'nosuch': the config \(file .*\) has no method named"):
+        hetfed.load_config(str(ROOT / "configs" / "default.yaml"), methods="nosuch")
+    with pytest.raises(ConfigError, match=r"an override of methods=\[…\] is not allowed with methods = 'cgau'"):
+        hetfed.load_config(None, {"methods": [{"algorithm": "fedavg"}]}, methods=["cgau"])

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from hetfed.config import Config, as_given, build_config, warn_unread
+from hetfed.config import Config, as_given, build_config, choose_methods, warn_unread
 from hetfed.config_io import config_source, parse_overrides, read_yaml
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, RunError
@@ -50,27 +50,34 @@ def _pandas():
 
 
 def load_config(source: str | Path | dict | Config | None = None,
-                overrides: dict[str, Any] | list[str] | None = None) -> Config:
+                overrides: dict[str, Any] | list[str] | None = None,
+                methods: list[str] | str | None = None) -> Config:
     """A validated :class:`~hetfed.config.Config` from a YAML file, a dict, a Config, or the defaults (None).
 
     ``overrides`` are dotted keys, as ``--set`` takes them: ``{"train.rounds": 5}``
     or ``["train.rounds=5"]``. Bad keys or values raise :class:`hetfed.ConfigError`
     naming the key, the value and what is allowed — a key of one component, or two that do not go together.
+    ``methods`` (a list, or names with commas between them): only the source's methods of these names, in this
+    order, each as the source has it (its parameters and own train settings), as ``--methods`` chooses them — before
+    the overrides, whose ``methods.N`` counts them.
     """
     from hetfed.runs.plan import check_config
 
     extra = parse_overrides(overrides) if isinstance(overrides, list) else dict(overrides or {})
+    path = source if isinstance(source, str | Path) else None
     if isinstance(source, Config):
         raw = as_given(source)
     elif isinstance(source, dict):
         raw = source
-    elif source is None or isinstance(source, str | Path):
-        raw = read_yaml(source) if source is not None else {}
+    elif source is None or path is not None:
+        raw = read_yaml(path) if path is not None else {}
     else:
         raise ConfigError(f"config source {type(source).__name__} is not allowed: expected a path, a dict, a Config or "
                           "None")
-    config = warn_unread(build_config(raw, extra, config_source(source if isinstance(source, str | Path) else None,
-                                                                bool(extra))))
+    if methods is not None:
+        names = methods.split(",") if isinstance(methods, str) else list(methods)
+        raw = choose_methods(raw, names, extra, config_source(path, False), named=("methods =", "an override of"))
+    config = warn_unread(build_config(raw, extra, config_source(path, bool(extra))))
     check_config(config)  # the checks between components (hetfed.runs.plan), as `hetfed run` makes them
     return config
 

@@ -450,13 +450,21 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None,
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
     if methods is not None:
-        if isinstance(overrides.get("methods"), list):
-            raise ConfigError(f"--set methods=[…] is not allowed with --methods {','.join(methods)!r}: it would "
-                              "replace the methods chosen; expected one of them")
-        given = raw["methods"] if isinstance(raw.get("methods"), list) else as_given(Config())["methods"]
-        where = f"--methods {','.join(methods)!r}: the config" + config_source(path, False)
-        raw = {**raw, "methods": pick_methods(given, methods, where)}
+        raw = choose_methods(raw, methods, overrides, config_source(path, False))
     return warn_unread(build_config(raw, overrides, config_source(path, bool(overrides))), executor)
+
+
+def choose_methods(raw: dict[str, Any], methods: list[str], overrides: dict[str, Any], source: str,
+                   named: tuple[str, str] = ("--methods", "--set")) -> dict[str, Any]:
+    """``raw`` (a config as written; the built-in config's methods where it has none) with only its methods named
+    ``methods``, in that order, each as written — what ``--methods`` (``named[0]``) chooses before the overrides
+    (``named[1]``) go on; overrides that set ``methods`` to a list would replace the methods chosen, and are refused."""
+    option, set_ = named
+    if isinstance(overrides.get("methods"), list):
+        raise ConfigError(f"{set_} methods=[…] is not allowed with {option} {','.join(methods)!r}: it would "
+                          "replace the methods chosen; expected one of them")
+    given = raw["methods"] if isinstance(raw.get("methods"), list) else as_given(Config())["methods"]
+    return {**raw, "methods": pick_methods(given, methods, f"{option} {','.join(methods)!r}: the config{source}")}
 
 
 def warn_unread(config: Config, executor: str | None = None) -> Config:
