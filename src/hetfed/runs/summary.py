@@ -277,7 +277,7 @@ def stop_line(method: str, m: dict[str, Any]) -> str | None:
         why = "its validation loss did not improve for train.patience evaluations"
     else:
         return None
-    return f"stopped ({method}) after {m['rounds']} rounds: {why}"
+    return f"stopped ({method}) after {m['rounds']} round{'s' if m['rounds'] != 1 else ''}: {why}"
 
 
 def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> None:
