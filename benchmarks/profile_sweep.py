@@ -31,7 +31,10 @@ import torch
 
 from hetfed.config import load_config
 from hetfed.config_io import parse_grid
+from hetfed.console import make_console
 from hetfed.runs.sweep import run_sweep
+
+QUIET = make_console(stderr=True)  # the sweeps' own lines (their directories): stdout is the JSON alone
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 #: frames a thread sits in while it waits (not working); ``submit``: a stacked run waiting for its turn (a lock
@@ -110,10 +113,12 @@ def main() -> None:
     warm = load_config(args.config, [*sets, "train.rounds=1"])
     grid = parse_grid(args.grid)
     with tempfile.TemporaryDirectory() as tmp:
-        run_sweep(warm, grid, seeds=1, out=Path(tmp) / "warm", progress=False, stack=args.stack)  # imports, CUDA
+        run_sweep(warm, grid, seeds=1, out=Path(tmp) / "warm", progress=False, console=QUIET,
+                  stack=args.stack)  # imports, CUDA
         t0 = time.perf_counter()
         with Sampler() as sampler:
-            run_sweep(config, grid, seeds=args.seeds, out=Path(tmp) / "sweep", progress=False, stack=args.stack)
+            run_sweep(config, grid, seeds=args.seeds, out=Path(tmp) / "sweep", progress=False, console=QUIET,
+                      stack=args.stack)
         wall = time.perf_counter() - t0
     n = max(sampler.samples, 1)
     print(json.dumps({

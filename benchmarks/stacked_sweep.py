@@ -54,7 +54,10 @@ import numpy as np
 import torch
 
 from hetfed.config import OverriddenKey, load_config
+from hetfed.console import make_console
 from hetfed.runs.sweep import run_sweep
+
+QUIET = make_console(stderr=True)  # the sweeps' own lines (their directories): stdout is the JSON alone
 
 DEFAULT = Path(__file__).resolve().parents[1] / "configs" / "default.yaml"
 
@@ -67,7 +70,7 @@ def _values(path: Path) -> dict[tuple, float]:
 
 def timed_sweep(config, seeds: int, stack: bool, out: Path) -> float:
     t0 = time.perf_counter()
-    run_sweep(config, {}, seeds=seeds, out=out, progress=False, stack=stack)
+    run_sweep(config, {}, seeds=seeds, out=out, progress=False, console=QUIET, stack=stack)
     return time.perf_counter() - t0
 
 
