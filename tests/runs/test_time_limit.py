@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import csv
 import json
+import re
 import time
 import types
 from pathlib import Path
@@ -69,13 +70,16 @@ def test_a_method_personalised_after_its_rounds_is_personalised_when_the_limit_e
     assert got["fedbabu_ft"]["final"] == want["fedbabu_ft"]["final"]
 
 
-def test_a_stacked_sweeps_runs_each_stop_at_the_limit_with_the_numbers_of_runs_that_long(tmp_path):
+def test_a_stacked_sweeps_runs_each_stop_at_the_limit_with_the_numbers_of_runs_that_long(tmp_path, capsys):
     """Each run of a stacked sweep keeps its own clock: at a limit any round passes, every run stops after round 1,
-    and runs.csv (which now holds the rounds each method ran) is that of a 1-round sweep."""
-    sweep = ["sweep", "--methods", "relu", *FAST, "--seeds", "2", "--stack"]
+    and runs.csv (which now holds the rounds each method ran) is that of a 1-round sweep. The printed table shows
+    the rounds the methods ran when a run stopped early, and only then."""
+    sweep = ["sweep", "--methods", "relu", *LOUD, "--seeds", "2", "--stack", "--no-report"]
     limited, whole = tmp_path / "limited", tmp_path / "whole"
     assert main([*sweep, "--set", "train.rounds=30", "--set", "train.time_limit=1e-9", "--out", str(limited)]) == 0
+    assert re.search(r"relu │ +rounds │ 1\.0000", capsys.readouterr().out)
     assert main([*sweep, "--set", "train.rounds=1", "--out", str(whole)]) == 0
+    assert " rounds │" not in capsys.readouterr().out
     rows = [(limited / "runs.csv").read_text().splitlines(), (whole / "runs.csv").read_text().splitlines()]
     timing = ("seconds_per_round", "server_seconds_per_round")
     got, want = ([r for r in rs if not r.split(",")[-2].endswith(timing)] for rs in rows)

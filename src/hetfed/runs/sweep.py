@@ -43,6 +43,7 @@ from hetfed.runs.sweep_tables import (
     aggregate,
     point_name,
     print_table,
+    stopped_early,
     value_key,
     write_curves,
     write_heterogeneity,
@@ -98,7 +99,7 @@ def run_sweep(
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
         present(sweep_dir, console)
     if progress:
-        print_table(table, list(grid), console)
+        print_table(table, list(grid), console, stopped_early(summaries))
     if failed:
         console.print(f"{len(failed)} of {len(configs)} runs failed (listed in sweep.json)", style="red")
     console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)

@@ -222,10 +222,22 @@ def write_table(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None
             w.writerow({c: row[c] for c in cols})
 
 
-def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, metrics: tuple[str, ...] = (
-        "gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy",
-        "best.local_accuracy_mean", "best.server_accuracy",
-        "best.global_auc", "best.local_auc_mean", *LEAKED, *DEFENDED)) -> None:
+#: the metrics a sweep's printed table shows (sweep.csv holds them all)
+PRINTED = ("gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.global_accuracy",
+           "best.local_accuracy_mean", "best.server_accuracy", "best.global_auc", "best.local_auc_mean", *LEAKED,
+           *DEFENDED)
+
+
+def stopped_early(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]]) -> bool:
+    """Whether a method of any run stopped before ``train.rounds`` (early stopping or ``train.time_limit``): its
+    printed table then shows the rounds each method ran."""
+    return any(m.get("stopped_early") or m.get("stopped_at_time_limit")
+               for _point, _seed, summary in summaries for m in summary["methods"].values())
+
+
+def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, rounds: bool = False) -> None:
+    """The sweep's table of :data:`PRINTED` metrics (``rounds``: and the rounds each method ran)."""
+    metrics = (*PRINTED, "rounds") if rounds else PRINTED
     table = Table(title=f"sweep: mean ± 95% CI over seeds (Student t; – below {MIN_SEEDS_FOR_CI} seeds)")
     for col in [*keys, "method", "metric", "mean ± CI", "n"]:
         table.add_column(col, justify="right")
