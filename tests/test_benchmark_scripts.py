@@ -189,3 +189,21 @@ def test_the_pfllib_protocol_script_runs_each_method_as_the_protocols_config_has
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "has no method named ['no_such_method']" in done.stderr
     assert not [p.name for p in (tmp_path / "out").iterdir()]  # nothing started, nothing written
+
+
+@pytest.mark.slow
+def test_the_pfllib_protocol_scripts_runs_end_whole_within_their_budget(tmp_path: Path) -> None:
+    """The script gives each run's rounds ``ROUNDS_S`` seconds (``train.time_limit``) and the runs end as runs do:
+    every run complete, and FedBABU's fine-tuned models — PFLlib's number for it, which a run stopped by SIGTERM
+    never reached — in the table at the rounds their run trained (digits on the CPU, in seconds)."""
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"), "METHOD_GROUPS": "fedbabu",
+           "DATASET": "digits", "DEVICE": "cpu", "BUDGET": "120", "ROUNDS_S": "3", "THREADS": "1", "PROCS": "1"}
+    done = subprocess.run(["bash", str(BENCHMARKS / "pfllib_protocol.sh")], capture_output=True, text=True, env=env)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "each run's rounds limited to 3 s (train.time_limit)" in (tmp_path / "out" / "log.txt").read_text()
+    rows = {cells[2].strip(): (cells[3].strip(), cells[4].strip()) for cells in
+            (r.split("|") for r in (tmp_path / "out" / "against_pfllib.md").read_text().splitlines())
+            if len(cells) > 4 and cells[1].strip() == "FedBABU"}
+    assert set(rows) == {"fedbabu", "fedbabu_ft"} and rows["fedbabu"][0] == rows["fedbabu_ft"][0]
+    assert 1 <= int(rows["fedbabu"][0]) < 2000  # the rounds that fitted in 3 s
+    assert rows["fedbabu_ft"][1].endswith("(3 seeds)")  # every seed's run fine-tuned its clients
