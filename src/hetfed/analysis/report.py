@@ -371,8 +371,12 @@ def _run_table(summary: dict, rows: list[dict], when: str = "best") -> str:
         body.append(row)
     if when == "final":
         return table(headers, body, "the model of the last round (personalised views: their one evaluation)")
+    from hetfed.runs.summary import stop_line
+
     notes = "".join(f"<p class='muted'>note ({_esc(k)}): {_esc(m['selection_note'])}</p>"
                     for k, m in summary["methods"].items() if m.get("selection_note"))
+    notes += "".join(f"<p class='muted'>{_esc(line)}</p>" for k, m in summary["methods"].items()
+                     if (line := stop_line(k, m)) is not None)
     caption = ("best model by validation loss. local: each client's own test set with its own parameters "
                "(CI: Student t over clients); global: the balanced global test set; unseen: the server model "
                "with zero conditioning")
