@@ -38,7 +38,8 @@ def test_the_rounds_stop_after_the_first_that_ends_past_the_limit_evaluated_as_a
     assert main(["run", "--methods", "relu", *LOUD, "--set", "train.rounds=50", "--set", "train.time_limit=35",
                  "--out", str(limited)]) == 0
     line = "stopped (relu) after 4 rounds: its rounds reached train.time_limit"
-    assert line in capsys.readouterr().out and line in (limited / "report.html").read_text()
+    assert line in capsys.readouterr().out
+    assert main(["report", str(limited)]) == 0 and line in (limited / "report.html").read_text()
     assert main(["run", "--methods", "relu", *FAST, "--set", "train.rounds=4", "--out", str(whole)]) == 0
     got, want = _summary(limited)["methods"]["relu"], _summary(whole)["methods"]["relu"]
     assert (got["rounds"], got["stopped_at_time_limit"], got["stopped_early"]) == (4, True, False)
