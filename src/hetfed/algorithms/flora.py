@@ -74,7 +74,9 @@ class FLoRA(ClientRanks):
         return replace(super().broadcast(state, round), extra=dict(state.extra[MERGED]))
 
     def _with_merged(self, params: Params, bc: Broadcast, n: int) -> Params:
-        return {**params, **{k: v.unsqueeze(0).expand(n, *v.shape) for k, v in bc.extra.items()}}
+        """The clients' parameters with each adapted layer's merged update as their rows (``bc.extra_rows``: views of
+        one matrix for a run's clients; in a stacked sweep's joined stack, each client's own run's)."""
+        return {**params, **{w: bc.extra_rows(w, n) for w in self._names("W")}}
 
     def local_update(self, bc: Broadcast, states: ClientState, data: ClientData) -> tuple[Upload, ClientState]:
         n = len(data.client_ids)
@@ -116,7 +118,7 @@ register(AlgorithmSpec(
     "B A — and merged into the layers' weights each round", "Wang et al. 2024, FLoRA: Federated Fine-Tuning Large "
     "Language Models with Heterogeneous Low-Rank Adaptations", RanksParams,
     Capabilities(uploads="every adapter's A and B (zero beyond the client's rank) and the head, sample count, "
-                 "training loss", whole_round=True, model_kinds=("lora_encoder",),
+                 "training loss", whole_round=True, stacks_runs=True, model_kinds=("lora_encoder",),
                  model_reason="it stacks LoRA adapters: use model.kind lora_encoder with embed.kind wordpiece"),
     model={"kind": "lora_encoder"},
     privacy=(
