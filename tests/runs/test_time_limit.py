@@ -92,3 +92,18 @@ def test_a_limit_that_is_not_a_positive_number_of_seconds_is_refused(tmp_path, c
     assert main(["run", "--set", "train.time_limit=0", "--out", str(tmp_path / "r")]) == 2
     err = capsys.readouterr().err
     assert "train.time_limit" in err and not (tmp_path / "r").exists()
+
+
+def test_a_stacked_sweeps_eta_is_what_is_left_of_the_time_limit_when_that_comes_first():
+    """A stacked sweep's progress line: the ETA of the rounds left, or of the time limit's seconds left when fewer
+    (the protocol's 2 000 rounds in a budget of minutes said hours)."""
+    from hetfed.runs.sweep import SweepProgress
+
+    limited = SweepProgress(3, 0, None, stacked=True, time_limit=60.0)
+    limited.stacked_round(10, 2000)
+    limited.t0 -= 10.0  # ten rounds took ten seconds: 1 990 left, ~33 minutes
+    assert limited._rounds_eta() in ("ETA 1m00s (train.time_limit)", "ETA 0m59s (train.time_limit)")
+    plain = SweepProgress(3, 0, None, stacked=True)
+    plain.stacked_round(10, 2000)
+    plain.t0 -= 10.0
+    assert plain._rounds_eta() in ("ETA 33m10s", "ETA 33m11s")

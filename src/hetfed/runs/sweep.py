@@ -177,7 +177,7 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
             if not _resumable(run_dir, cfg):
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
-    tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack)
+    tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo))
     if stack and todo:
         outcome.update(_run_stacked(todo, tracker))
     elif jobs > 1 and len(todo) > 1:
@@ -419,12 +419,23 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     return out
 
 
+def _time_limit(todo: list[tuple[int, dict[str, Any], Config, Path]]) -> float | None:
+    """The longest ``train.time_limit`` of the runs' methods, or None when any of them has none."""
+    limits = [cfg.method_train(m).time_limit for _i, _point, cfg, _dir in todo for m in cfg.methods]
+    known = [limit for limit in limits if limit is not None]
+    return max(known) if known and len(known) == len(limits) else None
+
+
 class SweepProgress:
     """One display over the whole grid: runs done, failed and remaining, and an ETA. A stacked sweep's runs finish
-    together, so its ETA comes from the rounds the stack has trained (:meth:`stacked_round`), not from runs done."""
+    together, so its ETA comes from the rounds the stack has trained (:meth:`stacked_round`), not from runs done —
+    and, when every run's rounds have a ``time_limit``, from what is left of it once that comes first."""
 
-    def __init__(self, total: int, reused: int, console: Console | None, stacked: bool = False):
+    def __init__(self, total: int, reused: int, console: Console | None, stacked: bool = False,
+                 time_limit: float | None = None):
         self.total, self.done, self.failed, self.console = total, reused, 0, console
+        self.time_limit = time_limit
+        self.rounds_from: float | None = None  # when the stack's first round ended (its runs' clocks ≈ started)
         self.t0 = time.perf_counter()
         self.timed = 0  # runs finished in this session (the ETA's basis)
         self.stacked = stacked
@@ -447,6 +458,8 @@ class SweepProgress:
         """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""
         self.rounds = (done, total)
         now = time.perf_counter()
+        if self.rounds_from is None:
+            self.rounds_from = now
         if self.console is None or now - self._shown < 10 or done <= 0:
             return
         self._shown = now
@@ -457,7 +470,13 @@ class SweepProgress:
         """A stacked sweep's ETA for the method training now, from the rounds its stack has trained."""
         assert self.rounds is not None
         done, total = self.rounds
-        return f"ETA {_duration((time.perf_counter() - self.t0) / done * max(total - done, 0))}"
+        now = time.perf_counter()
+        eta = (now - self.t0) / done * max(total - done, 0)
+        if self.time_limit is not None and self.rounds_from is not None:
+            left = max(self.time_limit - (now - self.rounds_from), 0.0)
+            if left < eta:
+                return f"ETA {_duration(left)} (train.time_limit)"
+        return f"ETA {_duration(eta)}"
 
     def _eta(self, remaining: int) -> str:
         if not self.stacked:
