@@ -103,6 +103,10 @@ def test_a_stacked_sweeps_eta_is_what_is_left_of_the_time_limit_when_that_comes_
     limited.stacked_round(10, 2000)
     limited.t0 -= 10.0  # ten rounds took ten seconds: 1 990 left, ~33 minutes
     assert limited._rounds_eta() in ("ETA 1m00s (train.time_limit)", "ETA 0m59s (train.time_limit)")
+    limited.rounds_from -= 30.0  # half the limit gone
+    assert limited._rounds_eta() in ("ETA 0m30s (train.time_limit)", "ETA 0m29s (train.time_limit)")
+    limited.stacked_round(1, 2000)  # the runs' next method: its own clock
+    assert limited._rounds_eta() in ("ETA 1m00s (train.time_limit)", "ETA 0m59s (train.time_limit)")
     plain = SweepProgress(3, 0, None, stacked=True)
     plain.stacked_round(10, 2000)
     plain.t0 -= 10.0

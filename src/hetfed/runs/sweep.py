@@ -435,7 +435,7 @@ class SweepProgress:
                  time_limit: float | None = None):
         self.total, self.done, self.failed, self.console = total, reused, 0, console
         self.time_limit = time_limit
-        self.rounds_from: float | None = None  # when the stack's first round ended (its runs' clocks ≈ started)
+        self.rounds_from: float | None = None  # when the method's first round ended (its runs' clocks ≈ started)
         self.t0 = time.perf_counter()
         self.timed = 0  # runs finished in this session (the ETA's basis)
         self.stacked = stacked
@@ -456,10 +456,10 @@ class SweepProgress:
 
     def stacked_round(self, done: int, total: int) -> None:
         """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""
-        self.rounds = (done, total)
         now = time.perf_counter()
-        if self.rounds_from is None:
-            self.rounds_from = now
+        if self.rounds_from is None or (self.rounds is not None and done < self.rounds[0]):
+            self.rounds_from = now  # the first round of the sweep's (next) method
+        self.rounds = (done, total)
         if self.console is None or now - self._shown < 10 or done <= 0:
             return
         self._shown = now
