@@ -39,11 +39,11 @@ from hetfed.runs.rundir import (
     new_run_dir,
     write_json_atomic,
 )
+from hetfed.runs.summary import stop_line
 from hetfed.runs.sweep_tables import (
     aggregate,
     point_name,
     print_table,
-    stopped_early,
     value_key,
     write_curves,
     write_heterogeneity,
@@ -99,7 +99,8 @@ def run_sweep(
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
         present(sweep_dir, console)
     if progress:
-        print_table(table, list(grid), console, stopped_early(summaries))
+        stopped = any(stop_line(name, m) for _point, _seed, run in summaries for name, m in run["methods"].items())
+        print_table(table, list(grid), console, rounds=stopped)  # the rounds each method ran, when some stopped early
     if failed:
         console.print(f"{len(failed)} of {len(configs)} runs failed (listed in sweep.json)", style="red")
     console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)

@@ -228,13 +228,6 @@ PRINTED = ("gamma", "gamma_iid", "gamma_excess", "final.global_accuracy", "best.
            *DEFENDED)
 
 
-def stopped_early(summaries: list[tuple[dict[str, Any], int, dict[str, Any]]]) -> bool:
-    """Whether a method of any run stopped before ``train.rounds`` (early stopping or ``train.time_limit``): its
-    printed table then shows the rounds each method ran."""
-    return any(m.get("stopped_early") or m.get("stopped_at_time_limit")
-               for _point, _seed, summary in summaries for m in summary["methods"].values())
-
-
 def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, rounds: bool = False) -> None:
     """The sweep's table of :data:`PRINTED` metrics (``rounds``: and the rounds each method ran)."""
     metrics = (*PRINTED, "rounds") if rounds else PRINTED
