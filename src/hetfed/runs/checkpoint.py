@@ -35,6 +35,7 @@ import torch
 from hetfed import streams
 from hetfed.engine.types import tensor_bytes
 from hetfed.errors import RunError
+from hetfed.runs import tensor_pickle
 from hetfed.runs.rundir import CHECKPOINTS, MetricsWriter, write_atomic
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ def checkpoint_path(run_dir: str | Path) -> Path:
 
 def write_checkpoint(run_dir: str | Path, payload: dict[str, Any]) -> Path:
     """Save ``payload`` atomically: a kill during the write keeps the previous checkpoint."""
-    return _replace_checkpoint(Path(run_dir), lambda fh: torch.save(_versioned(payload), fh))
+    return _replace_checkpoint(Path(run_dir), lambda fh: tensor_pickle.dump(_versioned(payload), fh))
 
 
 def _versioned(payload: dict[str, Any]) -> dict[str, Any]:
@@ -137,7 +138,8 @@ def read_checkpoint(run_dir: str | Path, warn: Callable[[str], object] | None = 
 
 def _load(path: Path) -> dict[str, Any]:
     try:
-        payload: dict[str, Any] = torch.load(path, map_location="cpu", weights_only=False)
+        with open(path, "rb") as fh:
+            payload: dict[str, Any] = tensor_pickle.load(fh)
     except Exception as err:
         raise RunError(f"the checkpoint {str(path)!r} cannot be read ({type(err).__name__}: {err}); "
                        "expected a file written by hetfed (rerun the config instead)") from None
@@ -201,7 +203,7 @@ class Checkpointer:
             write_checkpoint(self.run_dir, payload)
             return
         buffer = io.BytesIO()
-        torch.save(_versioned(payload), buffer)
+        tensor_pickle.dump(_versioned(payload), buffer)
         job = (self.run_dir, buffer.getbuffer(), self.writer.duplicate())
         try:
             self._writing = _WRITERS.submit(_write_serialised, *job)
