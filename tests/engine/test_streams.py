@@ -127,6 +127,17 @@ def test_a_cpu_permutation_is_its_definition_hashed_by_torch(clients):
             expected += torch.sort(hashed, stable=True).indices.tolist()
     assert streams.permutations(key, sizes, epochs).tolist() == expected
 
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.integers(0, 6), max_size=300))
+def test_the_cpu_sorts_order_is_the_stable_one_with_ties_too(values):
+    """The permutations' sort takes numpy's unstable sort where no two values tie: with ties (few values here, so
+    most lists hold some) it must still give the stable order, ties by position."""
+    values = np.asarray(values, dtype=np.int64)
+    assert streams._stable_order(values).tolist() == np.argsort(values, kind="stable").tolist()
+    unique = np.random.default_rng(len(values)).permutation(len(values)).astype(np.int64) << 32
+    assert streams._stable_order(unique).tolist() == np.argsort(unique, kind="stable").tolist()
+
 @settings(max_examples=25, deadline=None)
 @given(st.lists(st.integers(0, 37), min_size=1, max_size=5), st.integers(1, 8), st.sampled_from([1.0, 2.5]),
        st.integers(0, 2**40))
