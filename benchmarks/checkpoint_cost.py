@@ -77,7 +77,7 @@ def main() -> None:
     torch.set_num_threads(1)
     rows = {}
     for label, payload in payloads(args.config, args.sets).items():
-        ms = {name: min(timeit.repeat(lambda write=write: write(payload, io.BytesIO()),  # type: ignore[misc]
+        ms = {name: min(timeit.repeat(lambda write=write, payload=payload: write(payload, io.BytesIO()),
                                       number=args.saves, repeat=args.repeats)) / args.saves * 1e3
               for name, write in (("tensor_pickle", tensor_pickle.dump), ("torch_save", torch.save))}
         rows[label] = {"tensors": _tensors(payload), "tensor_bytes": tensor_bytes(payload),

@@ -50,6 +50,7 @@ CASES = [
                           *_LOGREG]),
     ("asynchronous.py", ["--updates", "20", "--w1-rounds", "1", "--repeats", "1", "--threads", "1"]),
     ("bilstm.py", ["--clients", "1", "2", "--batch", "4", "--length", "8", "--threads", "1"]),
+    ("checkpoint_cost.py", ["--set", "train.rounds=10", "--saves", "2", "--repeats", "1"]),
     ("client_scoring.py", ["--clients", "10", "--repeats", "3"]),
     ("conv_forms.py", ["--clients", "1", "2", "--batch", "4"]),
     ("profile_round.py", ["--rounds", "2", "--top", "5"]),

@@ -1,8 +1,9 @@
 """How heterogeneous are the clients? Feature skew (Γ) and label skew.
 
 - Fréchet distance between Gaussians ``‖μ1−μ2‖² + Tr(Σ1 + Σ2 − 2(Σ1Σ2)^{1/2})``,
-  computed stably: ``Tr((Σ1Σ2)^{1/2}) = Σ sqrt(eig(√Σ1 Σ2 √Σ1))``, where the inner
-  matrix is symmetric PSD, so singular or ill-conditioned covariances (a client
+  computed stably: ``Tr((Σ1Σ2)^{1/2}) = Σ sqrt(eig(Fᵀ Σ2 F))`` for any factor ``Σ1 = F Fᵀ``
+  (``√Σ1``; a small client's centred rows; the Cholesky factor, with the roles swapped), where
+  the inner matrix is symmetric PSD, so singular or ill-conditioned covariances (a client
   with fewer samples than dimensions) never produce complex or NaN results.
 - Γ (CGAU paper, eqs. 2–3): mean over clients of the Fréchet distance between the
   client's Gaussian and the pooled Gaussian of all other clients.
