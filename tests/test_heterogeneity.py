@@ -123,7 +123,8 @@ def test_at_a_singular_covariance_gamma_is_within_float_rounding_of_its_exact_va
 def test_clients_no_larger_than_the_features_are_scored_together_as_the_definition_scores_each(d, sizes, seed):
     """Γ(x|y)'s classes and small clients go through one stacked computation (zero-padded rows, the factor form):
     each client's distance is still the definition's — its Gaussian against the others' pooled Gaussian —, empty
-    and one-sample clients included; clients larger than the features are left to the one-at-a-time path."""
+    and one-sample clients included; clients larger than the features are left to the one-at-a-time path, and the
+    others of their set are still scored together."""
     from hetfed import heterogeneity as het
 
     rng = np.random.default_rng(seed)
@@ -141,7 +142,9 @@ def test_clients_no_larger_than_the_features_are_scored_together_as_the_definiti
             others = np.concatenate([c for j, c in enumerate(clients) if j != k])
             assert together[k] == pytest.approx(frechet_distance(*gaussian(flat[idx]), *gaussian(flat[others])),
                                                 rel=1e-6, abs=1e-7), (k, len(idx))
-    assert het._batched_distances(het.pool(x, clients), clients) is None  # a client with more rows than features
+    # with a client larger than the features: that one alone, the others still together, each as alone
+    every = het.client_distances(x, clients, pooled=p)
+    assert every == pytest.approx([het._client_distance(p, idx) for idx in clients], rel=1e-6, abs=1e-7)
 
 
 # ---------------------------------------------------------------- size bias (issue 15)

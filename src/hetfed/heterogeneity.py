@@ -167,9 +167,7 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
     p = pooled or pool(x, clients)
     which = list(range(len(clients))) if which is None else which
     if estimator == "plain":
-        batched = _batched_distances(p, [clients[k] for k in which])
-        if batched is not None:
-            return batched
+        return _plain_distances(p, [clients[k] for k in which])
     out = []
     for k in which:
         idx = clients[k]
@@ -181,26 +179,42 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
 
 
 #: the most float64 numbers (clients × largest client × features) one batch of :func:`_batched_distances` holds:
-#: 32 MB. Larger sets go one client at a time, where numpy's own work outweighs Python's.
+#: 32 MB. Larger sets go in several batches.
 BATCH_ELEMENTS = 4_000_000
 
 
-def _batched_distances(p: Pool, clients: list[np.ndarray]) -> list[float] | None:
-    """:func:`_client_distance` of every client of ``clients`` in a few stacked numpy calls, where each has at most
-    as many samples as features (None otherwise, or where the batch would exceed :data:`BATCH_ELEMENTS`). Such
-    clients — Γ(x|y)'s classes, a size-matched reference's draws — cost numpy's per-call overhead, not arithmetic:
-    one client at a time, Γ(x|y) took 54 ms on the default experiment, 21 ms so.
+def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
+    """:func:`_client_distance` of each client: those with at most as many rows as features stacked
+    (:func:`_batched_distances`), by size, in batches of at most :data:`BATCH_ELEMENTS` numbers; the others (and the
+    empty ones) one at a time, where numpy's symmetric ``AᵀA`` outruns a batch."""
+    d = len(p.centre)
+    out = [0.0] * len(clients)
+    batch: list[int] = []
+    for i in [*sorted((i for i, c in enumerate(clients) if 0 < len(c) <= d), key=lambda i: len(clients[i])), None]:
+        if batch and (i is None or (len(batch) + 1) * len(clients[i]) * d > BATCH_ELEMENTS):
+            for j, value in zip(batch, _batched_distances(p, [clients[j] for j in batch]), strict=True):
+                out[j] = value
+            batch = []
+        if i is not None:
+            batch.append(i)
+    for i, c in enumerate(clients):
+        if not 0 < len(c) <= d:
+            out[i] = _client_distance(p, c)
+    return out
+
+
+def _batched_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
+    """:func:`_client_distance` of every client of ``clients`` in a few stacked numpy calls; none has more samples
+    than features, and one at least has some. Such clients — Γ(x|y)'s classes, a size-matched reference's draws — cost
+    numpy's per-call overhead, not arithmetic: one client at a time, Γ(x|y) took 54 ms on the default experiment,
+    21 ms so.
 
     Each client's rows are padded with zero rows to the largest client's count, which leaves their sums, ``XᵀX`` and
     covariance factor F as they are; the cross term is :func:`frechet_from_factor`'s (the eigenvalues of F Σ_o Fᵀ),
     F Σ_o Fᵀ made from the pool's statistics without any client's d × d Σ_o."""
-    if not clients:
-        return []
     d = len(p.centre)
     sizes = np.array([len(c) for c in clients])
     width = int(sizes.max())
-    if width > d or width == 0 or len(clients) * width * d > BATCH_ELEMENTS:
-        return None  # clients larger than the features: one at a time, numpy's symmetric AᵀA outruns a batch
     owner = np.repeat(np.arange(len(clients)), sizes)
     slot = np.arange(len(owner)) - np.repeat(np.cumsum(sizes) - sizes, sizes)
     rows = np.zeros((len(clients), width, d))
