@@ -35,6 +35,12 @@ from dataclasses import dataclass
 import numpy as np
 
 
+def _root_trace(inner: np.ndarray) -> np.ndarray:
+    """``Tr(inner^{1/2})`` of a symmetric PSD matrix (or of each of a stack): the square roots of its eigenvalues,
+    symmetrised first and those rounding made negative read as 0, summed."""
+    return np.sqrt(np.clip(np.linalg.eigvalsh((inner + np.swapaxes(inner, -1, -2)) / 2), 0, None)).sum(axis=-1)
+
+
 def _psd_sqrt(s: np.ndarray) -> np.ndarray:
     vals, vecs = np.linalg.eigh((s + s.T) / 2)
     return (vecs * np.sqrt(np.clip(vals, 0, None))) @ vecs.T
@@ -48,7 +54,7 @@ def frechet_distance(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.nd
         raise ValueError(f"shapes do not match: mu {mu1.shape}, {mu2.shape}; sigma {s1.shape}, {s2.shape}")
     root1 = _psd_sqrt(s1)
     inner = root1 @ s2 @ root1
-    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
+    cross = _root_trace(inner)
     diff = mu1 - mu2
     value = float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * cross)
     return max(value, 0.0)
@@ -74,7 +80,7 @@ def frechet_from_factor(mu1: np.ndarray, u1: np.ndarray, mu2: np.ndarray, s2: np
     if u1.shape[1] > u1.shape[0]:
         return frechet_distance(mu1, u1 @ u1.T, mu2, s2)
     inner = u1.T @ s2 @ u1
-    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
+    cross = _root_trace(inner)
     diff = np.asarray(mu1, np.float64) - np.asarray(mu2, np.float64)
     return max(float(diff @ diff + np.sum(u1 * u1) + np.trace(s2) - 2 * cross), 0.0)
 
@@ -99,18 +105,16 @@ def _client_distance(p: Pool, idx: np.ndarray) -> float:
 
 
 def _full_rank(mu1: np.ndarray, s1: np.ndarray, mu2: np.ndarray, s2: np.ndarray) -> float:
-    """:func:`frechet_distance` by the Cholesky factor ``L`` of ``s2`` where it has one (``Σ1Σ2``'s eigenvalues are
-    those of the symmetric ``Lᵀ Σ1 L``): a Cholesky factorisation in place of :func:`_psd_sqrt`'s eigendecomposition
-    of ``s1``, ~6× cheaper for Fashion-MNIST's 784 pixels. Where ``s2`` is singular (a feature that varies on this
-    client only: half of Fashion-MNIST's larger clients), :func:`frechet_distance`."""
+    """:func:`frechet_distance` by the Cholesky factor ``L`` of ``s2`` where it has one: the distance is symmetric, so
+    it is :func:`frechet_from_factor` with ``s2 = L Lᵀ`` as the factored side (the eigenvalues of ``Lᵀ Σ1 L``) — a
+    Cholesky factorisation in place of :func:`_psd_sqrt`'s eigendecomposition of ``s1``, ~6× cheaper for
+    Fashion-MNIST's 784 pixels. Where ``s2`` is singular (a feature that varies on this client only: half of
+    Fashion-MNIST's larger clients), :func:`frechet_distance`."""
     try:
         low = np.linalg.cholesky(s2)
     except np.linalg.LinAlgError:
         return frechet_distance(mu1, s1, mu2, s2)
-    inner = low.T @ s1 @ low
-    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.T) / 2), 0, None)).sum()
-    diff = mu1 - mu2
-    return max(float(diff @ diff + np.trace(s1) + np.trace(s2) - 2 * cross), 0.0)
+    return frechet_from_factor(mu2, low, mu1, s1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -234,7 +238,7 @@ def _batched_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
     inner = ((factor.reshape(-1, d) @ p.total_xx).reshape(factor.shape) @ factor.transpose(0, 2, 1)
              - f_rows @ f_rows.transpose(0, 2, 1) - n_o[:, None, None] * f_mu[:, :, None] * f_mu[:, None, :])
     inner *= scale[:, None, None]
-    cross = np.sqrt(np.clip(np.linalg.eigvalsh((inner + inner.transpose(0, 2, 1)) / 2), 0, None)).sum(axis=1)
+    cross = _root_trace(inner)
     diff = mu_k - mu_o
     value = np.einsum("kd,kd->k", diff, diff) + np.einsum("krd,krd->k", factor, factor) + trace_o - 2 * cross
     return np.maximum(value, 0.0).tolist()
