@@ -101,13 +101,28 @@ def test_a_stacked_sweeps_eta_is_what_is_left_of_the_time_limit_when_that_comes_
 
     limited = SweepProgress(3, 0, None, stacked=True, time_limit=60.0)
     limited.stacked_round(10, 2000)
-    limited.t0 -= 10.0  # ten rounds took ten seconds: 1 990 left, ~33 minutes
+    limited.method_t0 -= 10.0  # ten rounds took ten seconds: 1 990 left, ~33 minutes
     assert limited._rounds_eta() in ("ETA 1m00s (train.time_limit)", "ETA 0m59s (train.time_limit)")
     limited.rounds_from -= 30.0  # half the limit gone
     assert limited._rounds_eta() in ("ETA 0m30s (train.time_limit)", "ETA 0m29s (train.time_limit)")
     limited.stacked_round(1, 2000)  # the runs' next method: its own clock
+    limited.method_t0 -= 10.0
     assert limited._rounds_eta() in ("ETA 1m00s (train.time_limit)", "ETA 0m59s (train.time_limit)")
     plain = SweepProgress(3, 0, None, stacked=True)
     plain.stacked_round(10, 2000)
-    plain.t0 -= 10.0
+    plain.method_t0 -= 10.0
     assert plain._rounds_eta() in ("ETA 33m10s", "ETA 33m11s")
+
+
+def test_a_stacked_sweeps_eta_for_its_next_method_is_from_that_methods_rounds():
+    """The second method's ETA came from the whole sweep's time (the first method's rounds included) over the
+    second's rounds: ten minutes of a first method made ten rounds of the next look a minute each."""
+    from hetfed.runs.sweep import SweepProgress
+
+    progress = SweepProgress(3, 0, None, stacked=True)
+    progress.stacked_round(2000, 2000)
+    progress.t0 -= 600.0  # the first method's 2 000 rounds: ten minutes
+    progress.method_t0 -= 600.0
+    progress.stacked_round(10, 100)  # the next method, ten rounds in, a second each
+    progress.method_t0 -= 10.0
+    assert progress._rounds_eta() in ("ETA 1m30s", "ETA 1m31s")

@@ -438,6 +438,10 @@ class SweepProgress:
         self.time_limit = time_limit
         self.rounds_from: float | None = None  # when the method's first round ended (its runs' clocks ≈ started)
         self.t0 = time.perf_counter()
+        #: when the method training now began: the sweep's start for its first, the previous method's last round
+        #: for the next (its rounds' pace is the ETA's basis, not the whole sweep's time over this method's rounds)
+        self.method_t0 = self.t0
+        self._last_round = self.t0
         self.timed = 0  # runs finished in this session (the ETA's basis)
         self.stacked = stacked
         self.rounds: tuple[int, int] | None = None  # a stacked sweep's (round trained, rounds of its longest run)
@@ -460,7 +464,9 @@ class SweepProgress:
         now = time.perf_counter()
         if self.rounds_from is None or (self.rounds is not None and done < self.rounds[0]):
             self.rounds_from = now  # the first round of the sweep's (next) method
-        self.rounds = (done, total)
+            if self.rounds is not None:
+                self.method_t0 = self._last_round
+        self.rounds, self._last_round = (done, total), now
         if self.console is None or now - self._shown < 10 or done <= 0:
             return
         self._shown = now
@@ -468,11 +474,11 @@ class SweepProgress:
                            f"of the method training now, its {self._rounds_eta()}]", soft_wrap=True)
 
     def _rounds_eta(self) -> str:
-        """A stacked sweep's ETA for the method training now, from the rounds its stack has trained."""
+        """A stacked sweep's ETA for the method training now, from the pace of the rounds its stack has trained."""
         assert self.rounds is not None
         done, total = self.rounds
         now = time.perf_counter()
-        eta = (now - self.t0) / done * max(total - done, 0)
+        eta = (now - self.method_t0) / done * max(total - done, 0)
         if self.time_limit is not None and self.rounds_from is not None:
             left = max(self.time_limit - (now - self.rounds_from), 0.0)
             if left < eta:
