@@ -35,9 +35,11 @@ def test_parallel_sweep_gives_the_serial_table_and_resumes(tmp_path, capsys):
         assert parallel[key] == pytest.approx(value, rel=1e-5, abs=1e-6), key
     for text in (serial_out, out):
         assert "[6/6 done, 0 failed, 0 left, ETA" in text
-    # resuming with workers reuses every completed run
+    assert "[6 runs to train, one at a time]" in serial_out and "[6 runs to train, in 2 processes]" in out
+    # resuming with workers reuses every completed run (and has none to train: no line says it will)
     assert main([*BASE, "--out", str(tmp_path / "par"), "--jobs", "2", "--resume"]) == 0
-    assert "6 of 6 runs reused" in capsys.readouterr().out
+    resumed = capsys.readouterr().out
+    assert "6 of 6 runs reused" in resumed and "runs to train" not in resumed
 
 
 def test_jobs_must_be_positive(capsys):

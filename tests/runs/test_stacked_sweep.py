@@ -433,6 +433,10 @@ def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_tog
     out = capsys.readouterr().out
     finished = [line for line in out.splitlines() if " done, " in line]
     assert finished and all("ETA" not in line for line in finished[1:]), finished
+    # and it says what it starts before its runs prepare their clients (it was silent until ten seconds of rounds)
+    begun = [line for line in out.splitlines() if "runs to train" in line]
+    assert len(begun) == 1 and "[2 runs to train, stacked: " in begun[0], out
+    assert out.index(begun[0]) < out.index(finished[0])
 
 
 def test_a_binary_task_stacked_gives_its_aucs_as_without_stack(tmp_path):

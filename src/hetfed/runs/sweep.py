@@ -179,6 +179,8 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo))
+    tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together" if stack else
+                  f"in {jobs} processes" if jobs > 1 and len(todo) > 1 else "one at a time")
     if stack and todo:
         outcome.update(_run_stacked(todo, tracker))
     elif jobs > 1 and len(todo) > 1:
@@ -449,6 +451,12 @@ class SweepProgress:
         self._said: set[str] = set()
         if console and reused:
             console.print(f"{reused} of {total} runs reused from the earlier sweep", soft_wrap=True)
+
+    def begin(self, todo: int, how: str) -> None:
+        """The sweep's first line: how many runs it trains, and how, before any of them reports (a stacked sweep's
+        runs prepare their clients before their first round — minutes on a large dataset — and said nothing)."""
+        if self.console is not None and todo:
+            self.console.print(f"{time.strftime('%H:%M:%S')} [{todo} runs to train, {how}]", soft_wrap=True)
 
     def started(self, point: dict[str, Any], seed: int) -> None:
         return None
