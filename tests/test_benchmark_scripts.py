@@ -53,6 +53,7 @@ CASES = [
     ("checkpoint_cost.py", ["--set", "train.rounds=10", "--saves", "2", "--repeats", "1"]),
     ("client_scoring.py", ["--clients", "10", "--repeats", "3"]),
     ("conv_forms.py", ["--clients", "1", "2", "--batch", "4"]),
+    ("dense_forms.py", ["--repeats", "1", "--steps", "2", "--threads", "1", "--only", "logreg"]),
     ("profile_round.py", ["--rounds", "2", "--top", "5"]),
     ("protocol_flops.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--methods", "fedavg",
                            "ditto", "--rounds", "10", "--threads", "1"]),

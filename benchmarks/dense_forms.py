@@ -1,0 +1,118 @@
+"""Which form of a stack of clients' dense layers is fastest on this CPU: one SGD-with-momentum step's three batched
+products (forward, input gradient, weight update) of ``n`` clients' ``in → out`` layers, batch ``B``, in each form.
+
+- ``in_out`` (hetfed's): weights stored ``[n, in, out]``; forward ``baddbmm(b, x, W)``, input gradient
+  ``bmm(g, Wᵀ)``, update ``v.baddbmm_(xᵀ, g, beta=m)`` then ``W −= lr·v`` (:mod:`hetfed.models.sgd_in_backward`);
+- ``out_in``: weights stored ``[n, out, in]`` (``nn.Linear``'s layout); forward ``baddbmm(b, x, Wᵀ)``, input gradient
+  ``bmm(g, W)``, update ``v.baddbmm_(gᵀ, x, beta=m)``;
+- ``in_out_transposed``: hetfed's storage, each product computed as its transpose (forward ``(Wᵀ xᵀ)ᵀ`` made
+  contiguous, update ``gᵀ x`` added transposed): the numbers of ``out_in`` without changing what is stored.
+
+Why: a BLAS's batched GEMM can be several times slower when the product's last dimension (its ``N``) is small — a
+classifier's 10 outputs — than the same product transposed. On a 2-core AMD EPYC (AVX2, torch 2.13's MKL) the
+``in_out`` form of logistic regression on digits, 200 clients stacked, took 2× ``out_in``'s time
+(results/benchmarks_cpu_2026-12-06b); hetfed's form was chosen on Intel Xeons, where this was never measured. The
+shapes are those of the project's CPU workloads (#74's logistic regression, the default MLP, W1's MLP). Each form's
+numbers are checked against ``in_out``'s (they differ by float rounding only: a product's sums in another order).
+Microseconds a step, the fastest of ``--repeats`` timings of ``--steps`` steps; ``over_in_out`` < 1: faster than
+hetfed's form. Nothing is asserted.
+
+    python benchmarks/dense_forms.py [--threads 2] [--repeats 5] [--steps 50] [--only logreg]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections.abc import Callable
+
+import torch
+
+#: (workload, clients n, batch B, in, out)
+SHAPES = [
+    ("logreg digits, 1 seed", 10, 32, 64, 10),
+    ("logreg digits, 20 seeds stacked", 200, 32, 64, 10),
+    ("default MLP hidden", 10, 32, 64, 64),
+    ("default MLP head", 10, 32, 64, 10),
+    ("default MLP head, 20 seeds stacked", 200, 32, 64, 10),
+    ("W1 784→200", 100, 50, 784, 200),
+    ("W1 200→200", 100, 50, 200, 200),
+    ("W1 head 200→10", 100, 50, 200, 10),
+]
+LR, MOMENTUM = 0.01, 0.9
+
+
+def step(form: str, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torch.Tensor, v: torch.Tensor
+         ) -> tuple[torch.Tensor, torch.Tensor]:
+    """One step's products in ``form``: the layer's output and its input's gradient (``w`` and ``v`` move)."""
+    xt, gt = x.transpose(1, 2), g.transpose(1, 2)
+    if form == "in_out":
+        out = torch.baddbmm(b.unsqueeze(1), x, w)
+        g_in = torch.bmm(g, w.transpose(1, 2))
+        v.baddbmm_(xt, g, beta=MOMENTUM)
+    elif form == "out_in":
+        out = torch.baddbmm(b.unsqueeze(1), x, w.transpose(1, 2))
+        g_in = torch.bmm(g, w)
+        v.baddbmm_(gt, x, beta=MOMENTUM)
+    else:
+        out = torch.baddbmm(b.unsqueeze(2), w.transpose(1, 2), xt).transpose(1, 2).contiguous()
+        g_in = torch.bmm(g, w.transpose(1, 2))
+        v.mul_(MOMENTUM).add_(torch.bmm(gt, x).transpose(1, 2))
+    w.add_(v, alpha=-LR)
+    return out, g_in
+
+
+def _fastest(fn: Callable[[], object], repeats: int, steps: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        for _ in range(steps):
+            fn()
+        best = min(best, (time.perf_counter() - start) / steps)
+    return best * 1e6
+
+
+def measure(n: int, batch: int, fan_in: int, fan_out: int, repeats: int, steps: int) -> dict[str, float]:
+    gen = torch.Generator().manual_seed(0)
+    x, g = torch.randn(n, batch, fan_in, generator=gen), torch.randn(n, batch, fan_out, generator=gen)
+    w0, b = torch.randn(n, fan_in, fan_out, generator=gen) * 0.1, torch.randn(n, fan_out, generator=gen)
+    stored = {"in_out": w0, "out_in": w0.transpose(1, 2).contiguous(), "in_out_transposed": w0}
+    reference: tuple[torch.Tensor, ...] | None = None
+    row: dict[str, float] = {}
+    for form, w_init in stored.items():
+        w, v = w_init.clone(), torch.zeros_like(w_init)
+        out, g_in = step(form, x, g, w, b, v)
+        moved = w if form != "out_in" else w.transpose(1, 2)
+        if reference is None:
+            reference = (out, g_in, moved)
+        row[f"{form}_max_abs_diff"] = max(float((a - r).abs().max()) for a, r in zip((out, g_in, moved), reference,
+                                                                                       strict=True))
+        w, v = w_init.clone(), torch.zeros_like(w_init)
+        row[f"{form}_us"] = round(_fastest(lambda form=form, w=w, v=v: step(form, x, g, w, b, v), repeats, steps), 1)
+    for form in stored:
+        row[f"{form}_over_in_out"] = round(row[f"{form}_us"] / row["in_out_us"], 3)
+    worst = max(row[f"{form}_max_abs_diff"] for form in stored)
+    if worst > 1e-4:  # not one layer's rounding: a form computes something else
+        row["error"] = f"the forms' numbers differ by {worst:.2e}"
+    return row
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--steps", type=int, default=50)
+    parser.add_argument("--only", default="", help="the workloads whose name holds this text (default: all)")
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    shapes = {name: measure(n, b, i, o, args.repeats, args.steps) | {"clients": n, "batch": b, "in": i, "out": o}
+              for name, n, b, i, o in SHAPES if args.only in name}
+    print(json.dumps({"threads": args.threads, "torch": torch.__version__,
+                      "blas": "mkl" if torch.backends.mkl.is_available() else "other",
+                      "cpu_capability": torch.backends.cpu.get_cpu_capability(), "shapes": shapes}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
