@@ -126,3 +126,24 @@ def test_a_stacked_sweeps_eta_for_its_next_method_is_from_that_methods_rounds():
     progress.stacked_round(10, 100)  # the next method, ten rounds in, a second each
     progress.method_t0 -= 10.0
     assert progress._rounds_eta() in ("ETA 1m30s", "ETA 1m31s")
+
+
+def test_a_stacked_sweep_says_how_many_runs_are_ready_while_the_others_prepare(monkeypatch):
+    """Its runs prepare their clients in turn before their first round (minutes on a large dataset): a line at most
+    every ten seconds says how many are ready; none in the first ten seconds, none without a console."""
+    import io
+
+    from hetfed.console import make_console
+    from hetfed.runs.sweep import SweepProgress
+
+    console = make_console()
+    console.file = out = io.StringIO()
+    progress = SweepProgress(20, 0, console, stacked=True)
+    progress.stacked_ready(3, 20)
+    assert out.getvalue() == ""
+    progress._shown -= 10.0
+    progress.stacked_ready(4, 20)
+    assert "[stacked, 20 runs: 4 ready for their rounds, which start when every run is]" in out.getvalue()
+    progress.stacked_ready(5, 20)
+    assert "5 ready" not in out.getvalue()
+    SweepProgress(20, 0, None, stacked=True).stacked_ready(5, 20)  # no console: nothing, no error

@@ -187,9 +187,13 @@ class Rendezvous:
     which runs them in lockstep.
     """
 
-    def __init__(self, members: int, on_round: Callable[[int, int], object] | None = None) -> None:
+    def __init__(self, members: int, on_round: Callable[[int, int], object] | None = None,
+                 on_ready: Callable[[int, int], object] | None = None) -> None:
         #: told (round trained, rounds of the longest run) after each joined round (a sweep's progress)
         self.on_round = on_round
+        #: told (runs ready, runs taking part) when a run hands its rounds over before the others have (a sweep's
+        #: progress while its runs prepare: Fashion-MNIST's Γ takes ~30 s a run, and the runs take turns)
+        self.on_ready = on_ready
         #: held by the one run that is doing its own work (loading, rows, summary): the runs take turns
         #: instead of contending for the cores and torch's thread pool (measured: 20 runs at once on 2 cores were
         #: 1.6× slower than one by one; on a 16-core H200 host, 4 runs at once gave the same sweep time as turns,
@@ -236,9 +240,12 @@ class Rendezvous:
         handed its own over; returns when they are done (raises the run's error)."""
         with self._lock:
             self._waiting.append(rounds)
+            ready, members = len(self._waiting), self._members
             batch = self._ready()
         if batch:
             self._work.put(batch)
+        elif self.on_ready is not None:
+            self.on_ready(ready, members)
         self.turn.release()
         try:
             rounds.done.wait()
@@ -299,8 +306,10 @@ class Rendezvous:
                                                (ScoreServer, self.score_together, _score_key),
                                                (Summarise, _summarise_together, _summary_key)):
                     self._answer([r for r in running if isinstance(r.asked, kind)], together, key_of)
-                if self.on_round is not None and trained:
-                    self.on_round(reached, longest)
+                    # told once the round's steps are trained, before a run answered later can end (and its thread
+                    # report it done: its sweep's line then gave the ETA of a round it had already trained)
+                    if kind is Train and self.on_round is not None and trained:
+                        self.on_round(reached, longest)
         except BaseException as err:  # whatever failed, no run waits forever: each unfinished one fails with it
             for run in running:
                 if not run.done.is_set():

@@ -391,7 +391,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     """Every run on a thread of its own, their rounds' client steps computed together (the stacking kind)."""
     import threading
 
-    kind = _stacking_kind().for_runs(len(todo), on_round=tracker.stacked_round)
+    kind = _stacking_kind().for_runs(len(todo), on_round=tracker.stacked_round, on_ready=tracker.stacked_ready)
     out: dict[int, tuple[str, object]] = {}
     lock = threading.Lock()
     stopped: list[KeyboardInterrupt] = []  # Ctrl-C or SIGTERM, relayed to every run's thread
@@ -466,6 +466,16 @@ class SweepProgress:
         fresh = line not in self._said
         self._said.add(line)
         return fresh
+
+    def stacked_ready(self, ready: int, members: int) -> None:
+        """``ready`` of a stacked sweep's ``members`` runs are ready for their rounds, which start when all are: a
+        line at most every 10 s (its runs prepare their clients in turn: minutes on a large dataset)."""
+        now = time.perf_counter()
+        if self.console is None or now - self._shown < 10:
+            return
+        self._shown = now
+        self.console.print(f"{time.strftime('%H:%M:%S')} [stacked, {members} runs: {ready} ready for their rounds, "
+                           "which start when every run is]", soft_wrap=True)
 
     def stacked_round(self, done: int, total: int) -> None:
         """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""

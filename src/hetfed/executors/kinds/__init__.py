@@ -75,9 +75,11 @@ class ExecutorKind:
         before any run directory is made."""
         return None
 
-    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None) -> ExecutorKind:
+    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None,
+                 on_ready: Callable[[int, int], object] | None = None) -> ExecutorKind:
         """A kind shared by ``members`` runs on threads of this process (kinds that ``stacks_runs``);
-        ``on_round(round, rounds)`` is told each round the stack trains (progress)."""
+        ``on_round(round, rounds)`` is told each round the stack trains, ``on_ready(ready, members)`` each time a run
+        is ready for rounds the others are not yet (progress)."""
         raise RunError(f"executor {self.name!r} trains one run at a time")
 
     def join(self) -> None:

@@ -23,10 +23,11 @@ class Stacked(ExecutorKind):
     stacks_runs = True
     rendezvous: Rendezvous | None = None
 
-    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None) -> Stacked:
+    def for_runs(self, members: int, on_round: Callable[[int, int], object] | None = None,
+                 on_ready: Callable[[int, int], object] | None = None) -> Stacked:
         """This kind bound to a new meeting point of ``members`` runs (each hands it to its run, then leaves)."""
         bound = Stacked()
-        bound.rendezvous = Rendezvous(members, on_round)
+        bound.rendezvous = Rendezvous(members, on_round, on_ready)
         return bound
 
     def join(self) -> None:
