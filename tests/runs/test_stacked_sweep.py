@@ -425,9 +425,8 @@ def test_stack_refuses_an_executor_it_would_replace(capsys):
 
 def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_together(capsys, monkeypatch, tmp_path):
     """#72 §4: a stacked sweep was silent until its runs finished together, then printed an ETA made of runs done."""
-    from hetfed.runs import sweep
-
     from hetfed.executors import stacked_runs
+    from hetfed.runs import sweep
 
     seen: list[tuple[int, int]] = []
     ready: list[tuple[int, int]] = []  # a run ready for its rounds before the other (what it waits for is said)
