@@ -46,13 +46,17 @@ class LogProgress:
     """rich.Progress's task interface, printed as plain lines (for files and pipes).
 
     A line per task at most every ``every_s`` seconds, plus its first and last
-    update, so a log shows what runs and how fast without flooding.
+    update, so a log shows what runs and how fast without flooding. ``ends`` False: only the lines every
+    ``every_s`` seconds, none for a task shorter than that (a sweep's runs, whose ends the sweep's own lines tell),
+    each after ``prefix``.
     """
 
-    def __init__(self, console: Console, every_s: float = LOG_EVERY_S, unit: str = "rounds"):
+    def __init__(self, console: Console, every_s: float = LOG_EVERY_S, unit: str = "rounds", prefix: str = "",
+                 ends: bool = True):
         self.console = console
         self.every_s = every_s
         self.unit = unit
+        self.prefix, self.ends = prefix, ends
         self._tasks: dict[int, dict[str, Any]] = {}
 
     def __enter__(self) -> LogProgress:
@@ -62,9 +66,9 @@ class LogProgress:
         return None
 
     def add_task(self, description: str, total: float | None = None, **fields: Any) -> int:
-        task_id = len(self._tasks)
+        task_id, now = len(self._tasks), time.perf_counter()
         self._tasks[task_id] = {"description": description, "total": total, "completed": 0,
-                                "start": time.perf_counter(), "last": None, "fields": fields}
+                                "start": now, "last": None if self.ends else now, "fields": fields}
         return task_id
 
     def update(self, task_id: int, completed: float | None = None, total: float | None = None, **fields: Any) -> None:
@@ -77,7 +81,7 @@ class LogProgress:
         now = time.perf_counter()
         done = task["total"] is not None and task["completed"] >= task["total"]
         due = task["last"] is None or now - task["last"] >= self.every_s
-        if not (due or done) or task.get("finished"):
+        if not (due or done and self.ends) or task.get("finished"):
             return
         task["last"] = now
         task["finished"] = done
@@ -88,7 +92,7 @@ class LogProgress:
             unit = fields.pop("rate")
         extra = " · ".join(f"{k} {str(v).strip()}" for k,
                            v in fields.items() if str(v).strip() and str(v).strip() != "-")
-        line = (f"{time.strftime('%H:%M:%S')} {task['description']}: {unit} {task['completed']:g}{of}"
+        line = (f"{time.strftime('%H:%M:%S')} {self.prefix}{task['description']}: {unit} {task['completed']:g}{of}"
                 f" · {now - task['start']:.0f} s" + (f" · {extra}" if extra else ""))
         self.console.print(line, soft_wrap=True)
 

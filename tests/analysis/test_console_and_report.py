@@ -263,3 +263,36 @@ def test_a_loading_note_is_printed_as_it_is_not_as_markup():
     print_loading(console, ["classes [shirt, coat] kept", "roles [bold] kept"], ["client [coat] has one class"])
     assert console.export_text().splitlines() == ["classes [shirt, coat] kept", "roles [bold] kept",
                                                   "warning: client [coat] has one class"]
+
+
+def test_a_sweeps_run_trained_one_at_a_time_tells_its_rounds_every_ten_seconds_after_its_place(monkeypatch):
+    """A long run of a sweep was silent until it ended (its ETA too: the first comes from a finished run). Its
+    rounds now get a line every 10 s, after the run's place in the sweep; none for a method shorter than that, and
+    none at a method's end (the sweep's own line says the run is done)."""
+    import io
+
+    from hetfed.console import make_console
+    from hetfed.runs import sweep
+
+    clock = [1000.0]
+    monkeypatch.setattr(sweep.time, "perf_counter", lambda: clock[0])
+    from hetfed import console as console_module
+
+    monkeypatch.setattr(console_module.time, "perf_counter", lambda: clock[0])
+    console = make_console()
+    console.file = out = io.StringIO()
+    tracker = sweep.SweepProgress(4, 1, console)
+    display = tracker.within({"partition.alpha": 0.1}, 7)
+    assert display is not None
+    task = display.add_task("fedavg", total=100, acc="-", rate="")
+    display.update(task, completed=1)
+    clock[0] += 9.0
+    display.update(task, completed=50)
+    assert out.getvalue().count("[run") == 0  # nothing in the first ten seconds, not even the first round
+    clock[0] += 1.5
+    display.update(task, completed=60, acc="0.812")
+    assert "[run 2/4, partition.alpha=0.1 seed=7] fedavg: rounds 60/100 · 10 s · acc 0.812" in out.getvalue()
+    clock[0] += 3.0
+    display.update(task, completed=100)  # the end: the sweep's "done" line says it
+    assert out.getvalue().count("[run") == 1
+    assert sweep.SweepProgress(4, 0, None).within({}, 0) is None  # quiet: the run shows nothing

@@ -25,7 +25,7 @@ import torch
 from rich.console import Console
 
 from hetfed.config import Config, dump_config, load_run_config
-from hetfed.console import make_console, print_loading, round_progress
+from hetfed.console import LogProgress, make_console, print_loading, round_progress
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.engine.types import ServerState
 from hetfed.errors import RunError, interruption_reason
@@ -110,6 +110,7 @@ def run_experiment(
     resume: bool = False,
     tracking_root: Path | None = None,
     tracking_tags: dict[str, str] | None = None,
+    display: LogProgress | None = None,
 ) -> RunOutput:
     """Run all methods of ``config``; returns the run directory and its summary.
 
@@ -119,7 +120,8 @@ def run_experiment(
     ``train.executor`` says (a Flower ServerApp passes its deployment). ``present(run_dir, status)``: draw the
     run's figures and ``report.html`` at the end (a sweep presents all its runs at once instead).
     ``tracking_root`` / ``tracking_tags``: where MLflow's default store lives and extra tags (a sweep passes its
-    directory and point; see :mod:`hetfed.runs.tracking`).
+    directory and point; see :mod:`hetfed.runs.tracking`). ``display``: where the rounds' progress goes instead
+    of this run's own bar (a sweep's lines, its runs otherwise quiet).
     """
     console = console or make_console()
     status = make_console(stderr=True) if progress else None
@@ -143,7 +145,7 @@ def run_experiment(
         if ckpt is None:
             torch.manual_seed(config.seed)  # nothing should use the global generator; belt and braces
         # a process stopped at once (a second signal during a Flower simulation) marks the run failed first
-        with round_progress(progress, console) as bar, last_words(mark_failed):
+        with display or round_progress(progress, console) as bar, last_words(mark_failed):
             execute(Execution(config, prep.federation, rec, bar), plans, status)
         summary = summarise(config, prep, rec, t_start)
     except BaseException as err:

@@ -22,7 +22,7 @@ import yaml
 from rich.console import Console
 
 from hetfed.config import Config, as_given, build_config, migrate_legacy
-from hetfed.console import make_console, print_loading
+from hetfed.console import LogProgress, make_console, print_loading
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
@@ -188,7 +188,7 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     else:
         for i, point, cfg, run_dir in todo:
             tracker.started(point, cfg.seed)
-            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir))
+            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir), display=tracker.within(point, cfg.seed))
             tracker.finished(point, cfg.seed, outcome[i])
     return outcome
 
@@ -298,15 +298,17 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None) -> tuple[str, object]:
+def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None, display: LogProgress | None = None
+             ) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker (or a thread of
-    a stacked sweep, ``executor`` its shared kind) too."""
+    a stacked sweep, ``executor`` its shared kind) too; ``display``: its rounds' progress lines (one at a time)."""
     from hetfed.runs.runner import run_experiment
 
     resume = (Path(run_dir) / CONFIG).is_file()  # left in place by --resume: it has a checkpoint
     try:
         run = Path(run_dir)
         return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume, executor=executor,
+                                    display=display,
                                     tracking_root=run.parent.parent,  # the sweep's directory: one MLflow store
                                     tracking_tags={"hetfed.sweep": run.parent.parent.name,
                                                    "hetfed.point": run.parent.name,
@@ -460,6 +462,14 @@ class SweepProgress:
 
     def started(self, point: dict[str, Any], seed: int) -> None:
         return None
+
+    def within(self, point: dict[str, Any], seed: int) -> LogProgress | None:
+        """Where a run trained one at a time tells its rounds: a line every 10 s of a method's rounds (none for a
+        shorter one), after the run's place in the sweep — a long run was silent until it ended."""
+        if self.console is None:
+            return None
+        return LogProgress(self.console, prefix=f"[run {self.done + 1}/{self.total}, {point_name(point)} seed={seed}] ",
+                           ends=False)
 
     def _new(self, line: str) -> bool:
         """Whether this sweep has not printed ``line`` yet."""
