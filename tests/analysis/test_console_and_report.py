@@ -282,8 +282,9 @@ def test_a_sweeps_run_trained_one_at_a_time_tells_its_rounds_every_ten_seconds_a
     console = make_console()
     console.file = out = io.StringIO()
     tracker = sweep.SweepProgress(4, 1, console)
-    display = tracker.within({"partition.alpha": 0.1}, 7)
-    assert display is not None
+    lines = tracker.within(2, {"partition.alpha": 0.1}, 7)
+    assert lines is not None
+    display = lines.display(console)
     task = display.add_task("fedavg", total=100, acc="-", rate="")
     display.update(task, completed=1)
     clock[0] += 9.0
@@ -295,4 +296,7 @@ def test_a_sweeps_run_trained_one_at_a_time_tells_its_rounds_every_ten_seconds_a
     clock[0] += 3.0
     display.update(task, completed=100)  # the end: the sweep's "done" line says it
     assert out.getvalue().count("[run") == 1
-    assert sweep.SweepProgress(4, 0, None).within({}, 0) is None  # quiet: the run shows nothing
+    assert sweep.SweepProgress(4, 0, None).within(1, {}, 0) is None  # quiet: the run shows nothing
+    import pickle
+
+    assert pickle.loads(pickle.dumps(lines)) == lines  # a worker process is handed it (--jobs)

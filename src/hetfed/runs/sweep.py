@@ -15,6 +15,7 @@ import json
 import os
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -186,9 +187,10 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     elif jobs > 1 and len(todo) > 1:
         outcome.update(_run_parallel(todo, jobs, tracker))
     else:
-        for i, point, cfg, run_dir in todo:
+        for place, (i, point, cfg, run_dir) in enumerate(todo, len(outcome) + 1):
             tracker.started(point, cfg.seed)
-            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir), display=tracker.within(point, cfg.seed))
+            lines = tracker.within(place, point, cfg.seed)
+            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir), lines=lines, console=tracker.console)
             tracker.finished(point, cfg.seed, outcome[i])
     return outcome
 
@@ -298,17 +300,18 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None, display: LogProgress | None = None
-             ) -> tuple[str, object]:
+def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None, lines: RunLines | None = None,
+             console: Console | None = None) -> tuple[str, object]:
     """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker (or a thread of
-    a stacked sweep, ``executor`` its shared kind) too; ``display``: its rounds' progress lines (one at a time)."""
+    a stacked sweep, ``executor`` its shared kind) too; ``lines``: where its rounds are told (on ``console``, or
+    one of the worker's own)."""
     from hetfed.runs.runner import run_experiment
 
     resume = (Path(run_dir) / CONFIG).is_file()  # left in place by --resume: it has a checkpoint
     try:
         run = Path(run_dir)
         return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume, executor=executor,
-                                    display=display,
+                                    display=lines.display(console) if lines is not None else None,
                                     tracking_root=run.parent.parent,  # the sweep's directory: one MLflow store
                                     tracking_tags={"hetfed.sweep": run.parent.parent.name,
                                                    "hetfed.point": run.parent.name,
@@ -346,8 +349,9 @@ def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: in
                              initargs=(worker_threads(jobs), jobs)) as pool:
         pending = {}
         try:
-            for i, point, cfg, run_dir in todo:
-                pending[pool.submit(_run_one, cfg.model_dump(mode="json"), str(run_dir))] = (i, point, cfg)
+            for place, (i, point, cfg, run_dir) in enumerate(todo, tracker.done + 1):
+                lines = tracker.within(place, point, cfg.seed)
+                pending[pool.submit(_run_one, cfg.model_dump(mode="json"), str(run_dir), None, lines)] = (i, point, cfg)
                 tracker.started(point, cfg.seed)
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -431,6 +435,19 @@ def _time_limit(todo: list[tuple[int, dict[str, Any], Config, Path]]) -> float |
     return max(known) if known and len(known) == len(limits) else None
 
 
+@dataclass(frozen=True)
+class RunLines:
+    """Where a sweep's run tells its rounds: a line every 10 s of a method's rounds (none for a shorter one), after
+    the run's place in the sweep — a long run was silent until it ended, and so was the sweep's ETA, which comes from
+    runs done. Plain data: a worker process makes its own console (on the sweep's stream)."""
+
+    prefix: str
+    stderr: bool = False
+
+    def display(self, console: Console | None = None) -> LogProgress:
+        return LogProgress(console or make_console(stderr=self.stderr), prefix=self.prefix, ends=False)
+
+
 class SweepProgress:
     """One display over the whole grid: runs done, failed and remaining, and an ETA. A stacked sweep's runs finish
     together, so its ETA comes from the rounds the stack has trained (:meth:`stacked_round`), not from runs done —
@@ -463,13 +480,12 @@ class SweepProgress:
     def started(self, point: dict[str, Any], seed: int) -> None:
         return None
 
-    def within(self, point: dict[str, Any], seed: int) -> LogProgress | None:
-        """Where a run trained one at a time tells its rounds: a line every 10 s of a method's rounds (none for a
-        shorter one), after the run's place in the sweep — a long run was silent until it ended."""
+    def within(self, place: int, point: dict[str, Any], seed: int) -> RunLines | None:
+        """Where the run at ``place`` (1-based, of the sweep's runs) tells its rounds (None: a quiet sweep)."""
         if self.console is None:
             return None
-        return LogProgress(self.console, prefix=f"[run {self.done + 1}/{self.total}, {point_name(point)} seed={seed}] ",
-                           ends=False)
+        return RunLines(f"[run {place}/{self.total}, {point_name(point)} seed={seed}] ", self.console.stderr)
+
 
     def _new(self, line: str) -> bool:
         """Whether this sweep has not printed ``line`` yet."""
