@@ -300,3 +300,22 @@ def test_a_sweeps_run_trained_one_at_a_time_tells_its_rounds_every_ten_seconds_a
     import pickle
 
     assert pickle.loads(pickle.dumps(lines)) == lines  # a worker process is handed it (--jobs)
+
+
+def test_a_private_run_ends_by_saying_its_epsilon_and_a_plain_run_says_nothing_of_it(tmp_path, capsys):
+    """A run's ε (client level, DP-FedAvg's noise) was in summary.json and the sweep's tables only: its own end,
+    what a user reads first, said nothing of the guarantee it had bought."""
+    import json
+
+    from hetfed.runs.summary import privacy_line
+
+    argv = ["run", "--set", "train.rounds=2", "--methods", "relu", "--no-report"]
+    assert main([*argv, "--set", "privacy.noise_multiplier=1.0", "--out", str(tmp_path / "p")]) == 0
+    m = json.loads((tmp_path / "p" / "summary.json").read_text())["methods"]["relu"]
+    line = f"privacy (relu): client-level ε = {m['epsilon']:.4g} after 2 noised rounds, at δ = 1e-05"
+    assert m["delta"] == 1e-5 and line in capsys.readouterr().out
+    assert main([*argv, "--out", str(tmp_path / "q")]) == 0
+    assert "privacy (" not in capsys.readouterr().out
+    assert privacy_line("m", {"epsilon": None, "dp_rounds": 3, "record_epsilon": 2.5, "delta": 1e-6}) == (
+        "privacy (m): client-level ε = ∞ (no guarantee) after 3 noised rounds; record-level (DP-SGD, its worst "
+        "client) ε = 2.5, at δ = 1e-06")

@@ -175,6 +175,7 @@ class SimulationResult:
     faults: dict[str, int] = field(default_factory=dict)
     dp_rounds: int = 0  # rounds aggregated with DP noise (what ε is computed over)
     epsilon: float | None = None  # ε after the last round (privacy.*), for privacy.delta
+    delta: float | None = None  # the δ of ε and of record_epsilon (privacy.delta)
     #: record-level DP (privacy.record): each client's DP-SGD steps so far, and the largest ε over clients
     record_steps: dict[int, int] = field(default_factory=dict)
     record_epsilon: float | None = None
@@ -523,6 +524,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     privacy, run = loop.run.privacy, loop.run
     if privacy is not None and privacy.noise_multiplier is not None:
         result.epsilon = epsilon(privacy.noise_multiplier, _sample_rate(run, fed), result.dp_rounds, privacy.delta)
+        result.delta = privacy.delta
         ev.metrics["epsilon"] = result.epsilon
     records = run.schedule.records
     if records is not None and records.noise_multiplier is not None and run.records is not None:
@@ -530,6 +532,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
         result.record_epsilon = record_epsilon(records.noise_multiplier, run.schedule.batch_size,
                                                [len(fed.train[k]) for k in clients],
                                                [result.record_steps[k] for k in clients], run.records.delta)
+        result.delta = run.records.delta
         ev.metrics["record_epsilon"] = result.record_epsilon
     # an exchange that carried the next round's training is that round's time (the round is the exchange)
     carried = float(getattr(loop.executor, "ride_seconds", 0.0)) if rode else 0.0

@@ -78,6 +78,8 @@ def _failures(result: SimulationResult) -> dict[str, Any]:
         out["dp_rounds"] = result.dp_rounds
     if result.record_epsilon is not None:  # DP-SGD's: the largest over clients
         out["record_epsilon"] = result.record_epsilon if np.isfinite(result.record_epsilon) else None
+    if result.delta is not None:
+        out["delta"] = result.delta
     from_summaries = getattr(result.executor, "gamma_summaries", None)  # Flower: Γ from what the clients sent
     if from_summaries:
         out["gamma_from_summaries"] = from_summaries
@@ -269,6 +271,24 @@ def findings_line(method: str, m: dict[str, Any]) -> str | None:
     return f"found ({method}), the last round: " + "; ".join(parts)
 
 
+def privacy_line(method: str, m: dict[str, Any]) -> str | None:
+    """The method's differential-privacy guarantee after its rounds (``privacy.*``): client level (DP-FedAvg's noised
+    mean) and record level (DP-SGD's, its worst client), at ``privacy.delta``; None without DP. It was in summary.json
+    and the sweep's tables only: a run's own end said nothing of it."""
+    def eps(value: float | None) -> str:
+        return "∞ (no guarantee)" if value is None else f"{value:.4g}"
+
+    parts = []
+    if "epsilon" in m:
+        parts.append(f"client-level ε = {eps(m['epsilon'])} after {m.get('dp_rounds', 0)} noised rounds")
+    if "record_epsilon" in m:
+        parts.append(f"record-level (DP-SGD, its worst client) ε = {eps(m['record_epsilon'])}")
+    if not parts:
+        return None
+    at = f", at δ = {m['delta']:g}" if m.get("delta") is not None else ""
+    return f"privacy ({method}): " + "; ".join(parts) + at
+
+
 def stop_line(method: str, m: dict[str, Any]) -> str | None:
     """Why a method's rounds ended before ``train.rounds``: early stopping or the time limit; None when they ran."""
     if m.get("stopped_at_time_limit"):
@@ -290,7 +310,7 @@ def print_summary(summary: dict[str, Any], run_dir: Path, console: Console) -> N
             for part in [] if line is None else [line] if len(line) <= console.width else line.split("   "):
                 console.print(part, soft_wrap=True)
     for method, m in summary["methods"].items():
-        for line in (stop_line(method, m), defence_line(method, m), findings_line(method, m)):
+        for line in (stop_line(method, m), privacy_line(method, m), defence_line(method, m), findings_line(method, m)):
             if line is not None:
                 console.print(line, soft_wrap=True)
         if m.get("selection_note"):
