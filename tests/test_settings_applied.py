@@ -42,6 +42,16 @@ def test_a_set_model_kind_reaches_every_method_and_charlstm_on_digits_is_refused
     assert not out.exists()
 
 
+def test_a_refused_value_is_one_line_without_the_notes_of_what_it_would_have_replaced(tmp_path, capsys):
+    """`--set model.kind=foo` printed two notes (it replaces each method's model) above its one-line error: notes
+    about a value refused anyway. They are told once the config is valid (the test above: a valid kind that the
+    data refuses later keeps them)."""
+    assert main(["run", "--set", "model.kind=foo", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: invalid config: model.kind = 'foo' is not allowed"), err
+    assert not (tmp_path / "r").exists()
+
+
 def test_a_set_top_level_key_is_each_methods_effective_value_and_the_saved_config_says_so():
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")

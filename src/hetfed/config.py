@@ -447,11 +447,20 @@ def load_config(path: str | Path | None = None, sets: list[str] | None = None,
     setting nothing reads (:func:`warn_unread`; ``executor``: where the run goes when the command, not
     ``train.executor``, decides). ``methods`` (``--methods``): only the file's methods of these names, in this order,
     each as the file writes it (before ``--set``, whose ``methods.N`` counts them)."""
+    import warnings
+
     overrides = parse_overrides(sets)  # first: `--set key 3` makes "3" look like the config file
     raw = read_yaml(path) if path is not None else {}
     if methods is not None:
         raw = choose_methods(raw, methods, overrides, config_source(path, False))
-    return warn_unread(build_config(raw, overrides, config_source(path, bool(overrides))), executor)
+    # its notes (an override that replaces a method's own value) are told once the config is valid: before a refusal
+    # they were lines above its one-line error, about a value refused anyway
+    with warnings.catch_warnings(record=True) as noted:
+        warnings.simplefilter("always")
+        config = build_config(raw, overrides, config_source(path, bool(overrides)))
+    for note in noted:
+        warnings.warn_explicit(note.message, note.category, note.filename, note.lineno)
+    return warn_unread(config, executor)
 
 
 def choose_methods(raw: dict[str, Any], methods: list[str], overrides: dict[str, Any], source: str,

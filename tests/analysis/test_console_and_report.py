@@ -270,15 +270,13 @@ def test_a_sweeps_run_trained_one_at_a_time_tells_its_rounds_every_ten_seconds_a
     rounds now get a line every 10 s, after the run's place in the sweep; none for a method shorter than that, and
     none at a method's end (the sweep's own line says the run is done)."""
     import io
+    import time
 
     from hetfed.console import make_console
-    from hetfed.runs import sweep
+    from hetfed.runs import sweep_progress as sweep
 
     clock = [1000.0]
-    monkeypatch.setattr(sweep.time, "perf_counter", lambda: clock[0])
-    from hetfed import console as console_module
-
-    monkeypatch.setattr(console_module.time, "perf_counter", lambda: clock[0])
+    monkeypatch.setattr(time, "perf_counter", lambda: clock[0])  # the sweep's clock and the lines' alike
     console = make_console()
     console.file = out = io.StringIO()
     tracker = sweep.SweepProgress(4, 1, console)
