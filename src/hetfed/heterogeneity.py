@@ -192,18 +192,16 @@ def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
     (:func:`_batched_distances`), by size, in batches of at most :data:`BATCH_ELEMENTS` numbers; the others (and the
     empty ones) one at a time, where numpy's symmetric ``AᵀA`` outruns a batch."""
     d = len(p.centre)
-    out = [0.0] * len(clients)
-    batch: list[int] = []
-    for i in [*sorted((i for i, c in enumerate(clients) if 0 < len(c) <= d), key=lambda i: len(clients[i])), None]:
-        if batch and (i is None or (len(batch) + 1) * len(clients[i]) * d > BATCH_ELEMENTS):
-            for j, value in zip(batch, _batched_distances(p, [clients[j] for j in batch]), strict=True):
-                out[j] = value
-            batch = []
-        if i is not None:
-            batch.append(i)
-    for i, c in enumerate(clients):
-        if not 0 < len(c) <= d:
-            out[i] = _client_distance(p, c)
+    batches: list[list[int]] = []  # by size, so a batch's largest client is its last
+    for i in sorted((i for i, c in enumerate(clients) if 0 < len(c) <= d), key=lambda i: len(clients[i])):
+        if batches and (len(batches[-1]) + 1) * len(clients[i]) * d <= BATCH_ELEMENTS:
+            batches[-1].append(i)
+        else:
+            batches.append([i])
+    out = [0.0 if 0 < len(c) <= d else _client_distance(p, c) for c in clients]
+    for batch in batches:
+        for j, value in zip(batch, _batched_distances(p, [clients[j] for j in batch]), strict=True):
+            out[j] = value
     return out
 
 
@@ -249,7 +247,7 @@ def _extrapolated(p: Pool, idx: np.ndarray, rng: np.random.Generator) -> float:
 
     The "others" stay the same set (the client's held-out part is not moved to them).
     """
-    order = rng.permutation(idx)
+    order = rng.permutation(len(idx))  # positions in idx: the subsamples are rows of xc_all, read once
     xc_all = p.rows(idx)
     n_o = p.n_total - len(idx)
     sum_o = p.total_sum - xc_all.sum(axis=0)
@@ -258,7 +256,7 @@ def _extrapolated(p: Pool, idx: np.ndarray, rng: np.random.Generator) -> float:
     sizes, values = [], []
     for fraction in (0.5, 0.75, 1.0):
         sub = order[: max(2, int(round(fraction * len(idx))))]
-        xc = p.rows(sub)
+        xc = xc_all[sub]
         mu_k = xc.mean(axis=0)
         u = (xc - mu_k).T / np.sqrt(len(sub) - 1)
         values.append(frechet_from_factor(mu_k, u, mu_o + 0.0, s_o))

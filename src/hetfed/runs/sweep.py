@@ -179,13 +179,14 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo))
-    tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together" if stack else
-                  f"in {jobs} processes" if jobs > 1 and len(todo) > 1 else "one at a time")
     if stack and todo:
+        tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together")
         outcome.update(_run_stacked(todo, tracker))
     elif jobs > 1 and len(todo) > 1:
+        tracker.begin(len(todo), f"in {jobs} processes")
         outcome.update(_run_parallel(todo, jobs, tracker))
     else:
+        tracker.begin(len(todo), "one at a time")
         for place, (i, point, cfg, run_dir) in enumerate(todo, len(outcome) + 1):
             tracker.started(point, cfg.seed)
             lines = tracker.within(place, point, cfg.seed)

@@ -64,7 +64,6 @@ class SweepProgress:
             return None
         return RunLines(f"[run {place}/{self.total}, {point_name(point)} seed={seed}] ", self.console.stderr)
 
-
     def _new(self, line: str) -> bool:
         """Whether this sweep has not printed ``line`` yet."""
         fresh = line not in self._said
