@@ -112,6 +112,11 @@ def test_a_grid_over_a_top_level_key_a_method_sets_changes_the_numbers(tmp_path)
                             "'feature_clusters' takes"),  # a key of the section beside the component's own
     (["model.batch_norm=true"], "model.batch_norm = True is not allowed: neither model.kind = 'mlp' nor a method's "
                                 "model takes it"),
+    # YAML's flow mapping without a space after the colon: one key with no value, told the spelling that means it
+    (["methods=[{name:x, algorithm: fedavg}]"], "unknown key 'methods.0.name:x' = None: YAML reads 'name:x' as one "
+                                                "key with no value; write 'name: x' (a space after the colon)"),
+    (["train.optimizer={kind:adam}"], "unknown key 'train.optimizer.kind:adam' = None: YAML reads 'kind:adam' as one "
+                                      "key with no value; write 'kind: adam' (a space after the colon)"),
 ])
 def test_a_key_the_chosen_component_does_not_take_is_refused_naming_what_it_takes(capsys, sets, expected):
     assert main(["config", *[a for s in sets for a in ("--set", s)]]) == 2

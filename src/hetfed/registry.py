@@ -201,6 +201,10 @@ def unknown_key(key: str, value: Any, owner: str, allowed: Iterable[str], elsewh
     so a typo is answered with the fix, not with a pointer to a listing."""
     allowed = sorted(allowed)
     parent, _, leaf = key.rpartition(".")
+    name, colon, typed = leaf.partition(":")
+    if colon and value is None:  # YAML reads ``{name:x}`` as the key 'name:x' with no value: its colon needs a space
+        return (f"unknown key {key!r} = None: YAML reads '{leaf}' as one key with no value; write "
+                f"'{name}: {typed}' (a space after the colon)")
     hint = did_you_mean(leaf, allowed, f"{parent}." if parent else "")
     if not hint and (near := [leaf] if leaf in elsewhere else nearest(leaf, elsewhere)):
         hint = f"did you mean {elsewhere[near[0]]}? "
