@@ -17,6 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from hetfed.cli import main
 from hetfed.data.formats import write_idx
@@ -343,6 +344,23 @@ def test_resuming_a_sweep_with_a_changed_config_is_refused_and_keeps_the_runs(tm
     assert sorted(p.name for p in out.iterdir()) == before
     assert not list(out.rglob("*.incomplete-*"))
     assert run_cli([*base, "--resume"], capsys)[0] == 0  # the same config resumes (reuses every run)
+
+
+#: what no run can have on this machine: CUDA on a CPU-only one; on a GPU machine, CUDA with the CPU's recorder
+UNAVAILABLE = ["train.device=cuda", *(["train.capture=compile"] if torch.cuda.is_available() else [])]
+
+
+@pytest.mark.parametrize("sets", [
+    [a for s in UNAVAILABLE for a in ("--set", s)],
+    ["--grid", "train.device=cpu,cuda", *(["--set", "train.capture=compile"] if torch.cuda.is_available() else [])],
+])
+def test_a_sweep_whose_runs_would_fail_on_this_machines_device_is_refused_before_its_directory(tmp_path, capsys, sets):
+    """`hetfed sweep --set train.device=cuda` on a machine with no GPU: the one-line error `hetfed run` gives, exit 2,
+    and no sweep directory (it wrote one, ran every run into the same failure, and said only "every run failed")."""
+    out = tmp_path / "s"
+    code, _, err = run_cli(["sweep", *FAST, *sets, "--seeds", "2", "--out", str(out), "--quiet"], capsys)
+    assert_one_line_error(code, err, "train.device = 'cuda'")
+    assert not out.exists()
 
 
 # ------------------------------------------------------------------- signals and logs

@@ -35,6 +35,16 @@ if TYPE_CHECKING:
     from hetfed.partition import Federation
 
 
+def check_devices(config: Config) -> None:
+    """Every method's ``train.device`` and ``train.capture`` available on this machine (one-line ConfigErrors): what a
+    run refuses before loading any data, and a sweep before it writes its directory (every run would fail alike)."""
+    from hetfed.executors.simulate import resolve_device
+
+    for method in config.methods:
+        train = config.method_train(method)
+        resolve_device(train.device, train.capture)
+
+
 def check_config(config: Config, train: bool = True) -> None:
     """The checks between components (one-line ConfigErrors naming both keys). ``train``: False for a command that
     only builds the federation (``hetfed partition``): no method is trained, so a model need not suit the data."""

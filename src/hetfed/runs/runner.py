@@ -44,7 +44,7 @@ from hetfed.runs.observers import (
     ProgressObserver,
     write_evaluation,
 )
-from hetfed.runs.plan import MethodPlan, check_config, plan
+from hetfed.runs.plan import MethodPlan, check_config, check_devices, plan
 from hetfed.runs.rundir import (
     CHECKPOINTS,
     CONFIG,
@@ -167,8 +167,7 @@ def _check_before_loading(config: Config) -> None:
     keep_freed_memory()
     check_trackers(config.tracking)
     check_config(config)
-    for method in config.methods:
-        resolve_device(config.method_train(method).device, config.method_train(method).capture)
+    check_devices(config)
 
 
 def _checkpoint_to_resume(out: Path, warn: Console, config: Config) -> dict[str, Any] | None:

@@ -25,7 +25,7 @@ from hetfed.console import make_console
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import ConfigError, HetfedError, RunError
 from hetfed.pipeline import sharing
-from hetfed.runs.plan import check_config
+from hetfed.runs.plan import check_config, check_devices
 from hetfed.runs.rundir import (
     CONFIG,
     CURVES_TABLE,
@@ -138,8 +138,9 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[S
     configs = [(point, s, build_config(base, {**point, "seed": config.seed + s}))
                for point in grid_points(grid) for s in range(seeds)]
     for _point, s, cfg in configs:
-        if s == 0:
-            check_config(cfg)  # the checks between components, for every point before anything runs
+        if s == 0:  # for every point before anything runs: the checks between components, the devices
+            check_config(cfg)
+            check_devices(cfg)
     _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
     _note_unread_grid_keys([cfg for _p, s, cfg in configs if s == 0], list(grid))
     return configs
