@@ -491,7 +491,13 @@ def cmd_report(args: argparse.Namespace) -> int:
     if args.out is not None and (Path(args.out).is_dir() or not Path(args.out).resolve().parent.is_dir()):
         raise ConfigError(f"--out {args.out!r} is not allowed: expected a file path in an existing folder, "
                           "e.g. report.html")
-    path = write_report(args.dir, args.out)
+    try:
+        path = write_report(args.dir, args.out)
+    except OSError as err:
+        if args.out is None or err.filename is None or Path(err.filename).parent != Path(args.out).resolve().parent:
+            raise
+        raise ConfigError(f"--out {args.out!r} cannot be written: {err.strerror}; expected a file path in a "
+                          "writable folder") from err
     console.print(f"report: {path}", soft_wrap=True)
     return 0
 

@@ -318,3 +318,12 @@ def test_a_report_of_nodes_with_their_own_data_says_why_it_draws_no_clients(tmp_
     html = _federation(tmp_path, {"dataset": "nodes", "heterogeneity": {"gamma": 1.5}})
     assert "the nodes hold their own data" in html and "<img" not in html and "<svg" not in html
     assert "federation.npz not recorded" in _federation(tmp_path, {"dataset": "digits", "heterogeneity": {}})
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux's /proc: a folder no file can be made in")
+def test_a_report_out_that_cannot_be_written_is_one_line_naming_it(run_dir, capsys):
+    """`hetfed report RUN --out /proc/r.html` (a folder that exists, where no file can be made — as an unwritable
+    one, which root could write to): exit 2 and one line naming --out, not the temporary file's OS error."""
+    assert main(["report", str(run_dir), "--out", "/proc/r.html"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: --out '/proc/r.html' cannot be written: ") and len(err.splitlines()) == 1, err
