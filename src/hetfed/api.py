@@ -17,6 +17,7 @@ when a table is asked for. Worked examples: ``docs/api.md``.
 from __future__ import annotations
 
 import json
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -500,6 +501,31 @@ class Sweep:
             rows.append({**dict(zip(keys, point, strict=True)), "n": r.n, "mean": r.mean, "ci_low": r.ci_low,
                          "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
         return pd.DataFrame(rows)
+
+    def tuned(self, by: str = "best.val_loss",
+              metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean")) -> pd.DataFrame:
+        """Each method at the grid point its validation chose: the lowest mean over seeds of ``by`` (a loss; the
+        highest of any other metric) among the points that differ only in settings that leave the data alone — a
+        key of the data, the partition or Γ is another task, chosen within — and ``metrics`` there (mean, 95% CI,
+        seeds): methods compared each at its own setting, chosen without its test scores
+        (:func:`hetfed.runs.sweep_tables.tuned`)."""
+        from hetfed.runs.sweep_tables import tuned_over, tuned_rows
+
+        pd = _pandas()
+        keys, rows = list(self.record["grid"]), self.record.get("rows") or []
+        if not tuned_over(keys):
+            raise ConfigError(f"this sweep's grid ({', '.join(keys) or 'none'}) holds no setting to choose: expected a "
+                              "grid over a training, model, server or method key (e.g. train.optimizer.lr)")
+        known = sorted({r["metric"] for r in rows})
+        for metric in (by, *metrics):
+            if metric not in known:
+                raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {known}")
+        out = []
+        for row in tuned_rows(rows, keys, by, metrics):
+            shown = {k: v for m in metrics for k, v in (((m, row[m]["mean"]), (f"{m}.ci95", row[m]["ci95"]),
+                                                         (f"{m}.n", row[m]["n"])) if row[m] else ((m, None),))}
+            out.append({"method": row["method"], **row["point"], by: row["by"], **shown})
+        return pd.DataFrame(out)
 
     @property
     def runs(self) -> list[Run]:

@@ -235,7 +235,7 @@ def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_enc
     from hetfed.config import build_config
     from hetfed.executors import stacked_runs
     from hetfed.runs.sweep import run_sweep
-    from tests.runs.test_stacked_sweep import _metrics, _runs
+    from tests.runs.test_stacked_sweep import _equal, _metrics, _runs
 
     served: set[tuple[str, str, int]] = set()
     for name in ("train_together", "evaluate_together"):
@@ -255,7 +255,7 @@ def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_enc
         "methods": [{"name": m, "algorithm": m} for m in methods]})
     run_sweep(cfg, {}, seeds=2, out=tmp_path / "one_by_one", progress=False)
     run_sweep(cfg, {}, seeds=2, out=tmp_path / "stacked", progress=False, stack=True)
-    assert _runs(tmp_path / "stacked", ()) == _runs(tmp_path / "one_by_one", ())
+    _equal(_runs(tmp_path / "stacked", ()), _runs(tmp_path / "one_by_one", ()))
     alone, stacked = _metrics(tmp_path / "one_by_one"), _metrics(tmp_path / "stacked")
     assert alone.keys() == stacked.keys()
     for key, value in alone.items():

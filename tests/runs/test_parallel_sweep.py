@@ -51,7 +51,6 @@ def test_jobs_must_be_positive(capsys):
 def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_path, monkeypatch, stack):
     """#74 §2: a grid over a training setting computes each seed's partition and Γ once (2 here, not 4) and loads
     the data once for all its seeds (1, not 4), and the numbers are those of runs that prepared their own."""
-    import csv
 
     from hetfed import pipeline
     from hetfed.runs import sweep
@@ -70,10 +69,9 @@ def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_p
     assert main([*args, "--out", str(tmp_path / "own")]) == 0
     assert (len(calls), len(loads)) == (6, 5)
 
-    def rows(name):
-        with open(tmp_path / name / "runs.csv") as fh:
-            return [r for r in csv.DictReader(fh) if "seconds" not in r["metric"]]
-    assert rows("shared") == rows("own")
+    from tests.runs.test_stacked_sweep import _equal, _runs
+
+    _equal(_runs(tmp_path / "shared", ("train.rounds",)), _runs(tmp_path / "own", ("train.rounds",)))
 
 
 def test_a_sweeps_worker_shares_the_preparations_of_the_runs_it_is_given(tmp_path, monkeypatch):

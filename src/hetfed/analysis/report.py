@@ -36,7 +36,7 @@ from hetfed.runs.rundir import (
     SWEEP_REQUEST,
     read_metric_rows,
 )
-from hetfed.runs.sweep_tables import DEFENDED, LEAKED, read_curves_table
+from hetfed.runs.sweep_tables import DEFENDED, LEAKED, TUNED_BY, TUNED_SHOWN, read_curves_table, tuned_over, tuned_rows
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -481,6 +481,9 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
             [*keys, *[metric_label(c) for c in data_cols]],
             [[*keys_of(p), *[ci_cell(cell.get((p, "(data)", c))) for c in data_cols]] for p in points])
     sections.append(("results", results))
+    chosen = _tuned(table_rows, keys, ci_cell)
+    if chosen:
+        sections.append(("each method at its chosen setting", chosen))
 
     figs = ""
     try:
@@ -534,6 +537,22 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
     env = next((s.get("environment") for _, s in summaries if s and s.get("environment")), None)
     sections.append(("environment", _environment(env, {})))
     return page(f"hetfed sweep · {name} · {d.name}", sections)
+
+
+def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], Any]) -> str:
+    """Each method at the grid point its validation chose (:func:`hetfed.runs.sweep_tables.tuned_rows`), where the
+    grid holds settings to choose among; "" otherwise."""
+    over = tuned_over(keys)
+    chosen = tuned_rows(rows, keys)
+    if not chosen or len({tuple(r[k] for k in over) for r in rows}) < 2:
+        return ""
+    body = [[row["method"], *[Markup(_esc(row["point"][k])) for k in keys], row["by"],
+             *[ci_cell(row[m]) for m in TUNED_SHOWN]] for row in chosen]
+    caption = (f"the {', '.join(over)} of each method chosen by its clients' validation loss (the lowest mean "
+               f"{TUNED_BY} over seeds), and its test metrics there: each method at its own setting, chosen without "
+               "its test scores" + (f"; within each {', '.join(k for k in keys if k not in over)} (another task)"
+                                    if len(over) < len(keys) else ""))
+    return table(["method", *keys, metric_label(TUNED_BY), *[metric_label(m) for m in TUNED_SHOWN]], body, caption)
 
 
 def _on_nodes(dataset: str | None) -> bool:

@@ -44,6 +44,7 @@ from hetfed.runs.sweep_tables import (
     aggregate,
     point_name,
     print_table,
+    print_tuned,
     value_key,
     write_curves,
     write_heterogeneity,
@@ -101,6 +102,7 @@ def run_sweep(
     if progress:
         stopped = any(stop_line(name, m) for _point, _seed, run in summaries for name, m in run["methods"].items())
         print_table(table, list(grid), console, rounds=stopped)  # the rounds each method ran, when some stopped early
+        print_tuned(table, list(grid), console)
     if failed:
         console.print(f"{len(failed)} of {len(configs)} runs failed (listed in sweep.json)", style="red")
     console.print(f"sweep directory: {sweep_dir}", soft_wrap=True)

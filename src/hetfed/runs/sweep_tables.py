@@ -22,7 +22,7 @@ AGGREGATED = ("global_accuracy", "local_accuracy_mean", "local_accuracy_weighted
               "local_accuracy_std", "local_accuracy_p10", "global_auc", "local_auc_mean", "server_accuracy",
               "local_accuracy_opted_in_mean", "local_accuracy_opted_out_mean", "global_accuracy_own",
               "global_accuracy_other", "gate_own", "gate_other", "backdoor_accuracy",
-              "local_backdoor_accuracy_mean")
+              "local_backdoor_accuracy_mean", "val_loss", "val_accuracy")
 
 #: what the server learnt (``leakage.kind``), shown beside the accuracy where a sweep attacked
 LEAKED = ("leakage.global_auc", "leakage.personal_auc", "leakage.personal_tpr_at_1pct_fpr", "leakage.psnr",
@@ -238,4 +238,71 @@ def print_table(rows: list[dict[str, Any]], keys: list[str], console: Console, r
         if row["metric"] in metrics:
             table.add_row(*[str(row[k]) for k in keys], row["method"], row["metric"],
                           mean_ci_text(row["mean"], row["ci95"]), str(row["n"]))
+    console.print(table)
+
+
+#: what a grid point is chosen by for each method (:func:`tuned`): the clients' validation loss of its best model
+TUNED_BY = "best.val_loss"
+#: what the chosen points are shown with (the console, the report)
+TUNED_SHOWN = ("best.global_accuracy", "best.local_accuracy_mean")
+
+
+def tuned_over(keys: list[str]) -> list[str]:
+    """The grid keys a method's setting may be chosen over: those that leave its data alone. A key of the data, the
+    partition or Γ (``partition.alpha``) defines another task, whose validation loss is not comparable: a choice
+    is made within each of its values."""
+    from hetfed.pipeline import PREPARATION_SECTIONS
+
+    return [k for k in keys if k.split(".")[0] not in PREPARATION_SECTIONS]
+
+
+def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
+          ) -> dict[tuple[str, tuple[Any, ...]], tuple[Any, ...]]:
+    """Each method's grid point with the best mean over seeds of ``by`` — the lowest for a loss, else the highest;
+    the first such point in the table's order on a tie — among the points that differ only in :func:`tuned_over`'s
+    keys: ``(method, the other keys' cells) → the chosen point's cells`` (in ``keys``' order), from a sweep's
+    aggregated rows (:func:`aggregate_values`). Why: comparing methods at one shared setting favours the method it
+    suits, and choosing each one's setting by its test accuracy reports the luck of the pick; chosen on validation,
+    the test metrics at the chosen point compare the methods honestly. None for a method with no finite ``by``."""
+    lower = "loss" in by.rsplit(".", 1)[-1]
+    held = [k for k in keys if k not in tuned_over(keys)]
+    best: dict[tuple[str, tuple[Any, ...]], tuple[float, tuple[Any, ...]]] = {}
+    for row in rows:
+        value = row["mean"]
+        if row["metric"] != by or row["method"] == "(data)" or value is None or not math.isfinite(value):
+            continue
+        group = (row["method"], tuple(row[k] for k in held))
+        kept = best.get(group)
+        if kept is None or (value < kept[0] if lower else value > kept[0]):
+            best[group] = (value, tuple(row[k] for k in keys))
+    return {group: point for group, (_value, point) in best.items()}
+
+
+def tuned_rows(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY,
+               shown: Iterable[str] = TUNED_SHOWN) -> list[dict[str, Any]]:
+    """One row per method (and value of the keys it is not chosen over) at its :func:`tuned` point: the point, ``by``'s
+    mean, and each ``shown`` metric's aggregated row there (None where the method has none); none when no key of the
+    grid may be chosen over."""
+    if not tuned_over(keys):
+        return []
+    cell_of = {(tuple(r[k] for k in keys), r["method"], r["metric"]): r for r in rows}
+    return [{"method": method, "point": dict(zip(keys, point, strict=True)), "by": cell_of[(point, method, by)]["mean"],
+             **{metric: cell_of.get((point, method, metric)) for metric in shown}}
+            for (method, _held), point in tuned(rows, keys, by).items()]
+
+
+def print_tuned(rows: list[dict[str, Any]], keys: list[str], console: Console) -> None:
+    """Below a sweep's table, where its grid holds settings to choose among: each method at the point its validation
+    loss chose (:func:`tuned_rows`)."""
+    chosen = tuned_rows(rows, keys)
+    over = tuned_over(keys)
+    if not chosen or len({tuple(r[k] for k in over) for r in rows}) < 2:
+        return
+    table = Table(title=f"each method at the {', '.join(over)} its validation chose (lowest mean {TUNED_BY} over "
+                        "seeds; the test metrics there)")
+    for col in ["method", *keys, TUNED_BY, *TUNED_SHOWN]:
+        table.add_column(col, justify="right")
+    for row in chosen:
+        shown = [mean_ci_text(r["mean"], r["ci95"]) if r is not None else "-" for r in (row[m] for m in TUNED_SHOWN)]
+        table.add_row(row["method"], *[str(row["point"][k]) for k in keys], f"{row['by']:.4f}", *shown)
     console.print(table)

@@ -1,0 +1,114 @@
+"""Each method at the grid point its validation chose (:func:`hetfed.runs.sweep_tables.tuned`): what a user compares
+methods by when a sweep's grid holds their settings — chosen without their test scores, within each task."""
+
+from __future__ import annotations
+
+import math
+import re
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+import hetfed
+from hetfed.cli import main
+from hetfed.errors import ConfigError
+from hetfed.runs.sweep_tables import tuned, tuned_over, tuned_rows
+
+
+def _row(lr, alpha, method, metric, mean, n=3):
+    return {"train.optimizer.lr": lr, "partition.alpha": alpha, "method": method, "metric": metric, "mean": mean,
+            "ci95": 0.01, "n": n}
+
+
+KEYS = ["train.optimizer.lr", "partition.alpha"]
+
+
+def test_the_lowest_validation_loss_is_chosen_within_each_task_and_the_highest_accuracy():
+    rows = [
+        _row(0.1, 0.5, "fedavg", "best.val_loss", 0.9), _row(0.3, 0.5, "fedavg", "best.val_loss", 0.7),
+        _row(0.1, 1.0, "fedavg", "best.val_loss", 0.4), _row(0.3, 1.0, "fedavg", "best.val_loss", 0.8),
+        _row(0.1, 0.5, "ditto", "best.val_loss", float("nan")), _row(0.3, 0.5, "ditto", "best.val_loss", 1.2),
+        _row(0.1, 1.0, "ditto", "best.val_loss", 1.0), _row(0.3, 1.0, "ditto", "best.val_loss", 1.0),  # a tie
+        _row(0.1, 0.5, "(data)", "best.val_loss", 0.0),  # Γ's rows are not a method
+        _row(0.1, 0.5, "fedavg", "best.global_accuracy", 0.95), _row(0.3, 0.5, "fedavg", "best.global_accuracy", 0.5),
+    ]
+    # partition.alpha is another task: chosen within each of its values, never across them
+    assert tuned_over(KEYS) == ["train.optimizer.lr"]
+    assert tuned(rows, KEYS) == {("fedavg", (0.5,)): (0.3, 0.5), ("fedavg", (1.0,)): (0.1, 1.0),
+                                 ("ditto", (0.5,)): (0.3, 0.5),  # NaN skipped
+                                 ("ditto", (1.0,)): (0.1, 1.0)}  # the first on a tie
+    # a metric that is not a loss: the highest
+    assert tuned(rows, KEYS, "best.global_accuracy") == {("fedavg", (0.5,)): (0.1, 0.5)}
+    chosen = tuned_rows(rows, KEYS, shown=["best.global_accuracy"])
+    first = chosen[0]
+    assert (first["method"], first["point"], first["by"]) == ("fedavg", {"train.optimizer.lr": 0.3,
+                                                                         "partition.alpha": 0.5}, 0.7)
+    assert first["best.global_accuracy"]["mean"] == 0.5  # the test metric at the chosen point, not its best
+    # a grid of data settings only holds nothing to choose
+    assert tuned_over(["partition.alpha", "dataset.name", "seed"]) == []
+    assert tuned_rows(rows, ["partition.alpha"]) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.sampled_from([0.01, 0.1, 1.0]), st.sampled_from(["a", "b"]),
+                          st.one_of(st.floats(0, 10), st.just(float("nan")))), min_size=1, max_size=12),
+       st.sampled_from(["best.val_loss", "best.val_accuracy"]))
+def test_no_point_of_the_same_task_beats_the_chosen_one(cells, by):
+    rows = [{"train.optimizer.lr": lr, "method": m, "metric": by, "mean": v, "ci95": 0.0, "n": 1} for lr, m, v in cells]
+    chosen = tuned(rows, ["train.optimizer.lr"], by)
+    for method in {m for _, m, _ in cells}:
+        finite = [r for r in rows if r["method"] == method and math.isfinite(r["mean"])]
+        if not finite:
+            assert (method, ()) not in chosen
+            continue
+        best = (min if by.endswith("loss") else max)(r["mean"] for r in finite)
+        first = next(r for r in finite if r["mean"] == best)  # the first row with it, in the table's order
+        assert chosen[(method, ())] == (first["train.optimizer.lr"],)
+
+
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory):
+    out = tmp_path_factory.mktemp("tuned") / "s"
+    config = {"train": {"rounds": 2}, "methods": [{"algorithm": "fedavg"}, {"name": "prox", "algorithm": "fedprox"}],
+              "heterogeneity": {"iid_draws": 0, "given_label": False}}
+    return hetfed.sweep(config, {"train.optimizer.lr": [0.02, 0.3]}, seeds=3, out=out)
+
+
+def test_a_sweeps_choice_is_its_tables_lowest_validation_loss_and_its_test_metrics_there(sweep):
+    table = sweep.table()
+    chosen = sweep.tuned()
+    assert sorted(chosen["method"]) == ["fedavg", "prox"]
+    for _, row in chosen.iterrows():
+        losses = table[(table["method"] == row["method"]) & (table["metric"] == "best.val_loss")]
+        best = losses.loc[losses["mean"].idxmin()]
+        assert row["train.optimizer.lr"] == best["train.optimizer.lr"] and row["best.val_loss"] == best["mean"]
+        there = table[(table["method"] == row["method"]) & (table["metric"] == "best.global_accuracy")
+                      & (table["train.optimizer.lr"] == best["train.optimizer.lr"])].iloc[0]
+        assert row["best.global_accuracy"] == pytest.approx(there["mean"], rel=1e-12)
+        assert row["best.global_accuracy.ci95"] == pytest.approx(there["ci95"], rel=1e-9)
+        assert row["best.global_accuracy.n"] == 3
+    with pytest.raises(ConfigError, match=r"^metric 'best.val_los' is not in this sweep: expected one of \["):
+        sweep.tuned(by="best.val_los")
+    # runs.csv keeps each run's validation scores (what the choice is made from, for a merge or a paired test)
+    assert {"best.val_loss", "best.val_accuracy"} <= set(sweep.values()["metric"])
+
+
+FAST = ["--set", "train.rounds=2", "--set", "methods=[{algorithm: fedavg}]", "--set", "heterogeneity.iid_draws=0",
+        "--set", "heterogeneity.given_label=false", "--seeds", "1", "--no-report"]
+
+
+def test_the_report_and_the_console_show_each_method_at_its_chosen_setting(sweep, tmp_path, capsys):
+    page = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", sweep.report(tmp_path / "r.html").read_text()))
+    assert "each method at its chosen setting" in page
+    assert "chosen by its clients' validation loss" in page.replace("&#x27;", "'")
+    assert main(["sweep", *FAST, "--grid", "train.optimizer.lr=0.02,0.3", "--out", str(tmp_path / "s")]) == 0
+    assert "each method at the train.optimizer.lr its validation chose" in capsys.readouterr().out
+
+
+def test_a_grid_with_no_setting_to_choose_shows_no_choice_and_the_api_refuses_one(tmp_path, capsys):
+    """A grid over the partition alone: each value is another task, whose validation losses are not comparable."""
+    assert main(["sweep", *FAST, "--grid", "partition.shuffle=0,1", "--out", str(tmp_path / "s")]) == 0
+    assert "its validation chose" not in capsys.readouterr().out
+    with pytest.raises(ConfigError, match=r"holds no setting to choose: expected a grid over a training"):
+        hetfed.open_sweep(tmp_path / "s").tuned()
