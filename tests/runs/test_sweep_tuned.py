@@ -94,6 +94,27 @@ def test_a_sweeps_choice_is_its_tables_lowest_validation_loss_and_its_test_metri
     assert {"best.val_loss", "best.val_accuracy"} <= set(sweep.values()["metric"])
 
 
+def test_two_methods_each_at_its_chosen_setting_are_paired_by_seed(sweep):
+    """`paired(…, tuned_by="best.val_loss")`: each method's values at the point its validation chose, paired by seed
+    (the per-seed differences' mean), the two points named."""
+    chosen = sweep.tuned().set_index("method")["train.optimizer.lr"]
+    values = sweep.values()
+    at = values[values["metric"] == "best.global_accuracy"]
+
+    def seeds(method):
+        rows = at[(at["method"] == method) & (at["train.optimizer.lr"] == chosen[method])]
+        return rows.set_index("seed")["value"].sort_index()
+
+    (row,) = sweep.paired("prox", "fedavg", tuned_by="best.val_loss").to_dict("records")
+    assert row["method_point"] == {"train.optimizer.lr": chosen["prox"]}
+    assert row["baseline_point"] == {"train.optimizer.lr": chosen["fedavg"]}
+    diff = seeds("prox") - seeds("fedavg")
+    assert row["n"] == 3 and row["mean"] == pytest.approx(diff.mean(), rel=1e-12, abs=1e-15)
+    assert row["wins"] == int((diff > 0).sum())
+    with pytest.raises(ConfigError, match=r"^metric 'best.val_los' is not in this sweep"):
+        sweep.paired("prox", "fedavg", tuned_by="best.val_los")
+
+
 FAST = ["--set", "train.rounds=2", "--set", "methods=[{algorithm: fedavg}]", "--set", "heterogeneity.iid_draws=0",
         "--set", "heterogeneity.given_label=false", "--seeds", "1", "--no-report"]
 
