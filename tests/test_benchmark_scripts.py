@@ -54,6 +54,7 @@ CASES = [
     ("client_scoring.py", ["--clients", "10", "--repeats", "3"]),
     ("conv_forms.py", ["--clients", "1", "2", "--batch", "4"]),
     ("dense_forms.py", ["--repeats", "1", "--steps", "2", "--threads", "1", "--only", "logreg"]),
+    ("gamma_beside.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--rounds", "2"]),
     ("profile_round.py", ["--rounds", "2", "--top", "5"]),
     ("protocol_flops.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--methods", "fedavg",
                            "ditto", "--rounds", "10", "--threads", "1"]),
