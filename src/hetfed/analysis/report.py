@@ -542,9 +542,8 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
 def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], Any]) -> str:
     """Each method at the grid point its validation chose (:func:`hetfed.runs.sweep_tables.tuned_rows`), where the
     grid holds settings to choose among; "" otherwise."""
-    over = tuned_over(keys)
-    chosen = tuned_rows(rows, keys)
-    if not chosen or len({tuple(r[k] for k in over) for r in rows}) < 2:
+    over, chosen = tuned_over(keys), tuned_rows(rows, keys)
+    if not chosen:
         return ""
     body = [[row["method"], *[Markup(_esc(row["point"][k])) for k in keys], row["by"],
              *[ci_cell(row[m]) for m in TUNED_SHOWN]] for row in chosen]

@@ -263,7 +263,7 @@ def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
     keys: ``(method, the other keys' cells) → the chosen point's cells`` (in ``keys``' order), from a sweep's
     aggregated rows (:func:`aggregate_values`). Why: comparing methods at one shared setting favours the method it
     suits, and choosing each one's setting by its test accuracy reports the luck of the pick; chosen on validation,
-    the test metrics at the chosen point compare the methods honestly. None for a method with no finite ``by``."""
+    the test metrics at the chosen point compare the methods honestly. A method with no finite ``by`` has no entry."""
     lower = "loss" in by.rsplit(".", 1)[-1]
     held = [k for k in keys if k not in tuned_over(keys)]
     best: dict[tuple[str, tuple[Any, ...]], tuple[float, tuple[Any, ...]]] = {}
@@ -281,9 +281,10 @@ def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
 def tuned_rows(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY,
                shown: Iterable[str] = TUNED_SHOWN) -> list[dict[str, Any]]:
     """One row per method (and value of the keys it is not chosen over) at its :func:`tuned` point: the point, ``by``'s
-    mean, and each ``shown`` metric's aggregated row there (None where the method has none); none when no key of the
-    grid may be chosen over."""
-    if not tuned_over(keys):
+    mean, and each ``shown`` metric's aggregated row there (None where the method has none); none when the grid holds
+    nothing to choose among (no key that leaves the data alone, or one value of those)."""
+    over = tuned_over(keys)
+    if len({tuple(r[k] for k in over) for r in rows}) < 2:
         return []
     cell_of = {(tuple(r[k] for k in keys), r["method"], r["metric"]): r for r in rows}
     return [{"method": method, "point": dict(zip(keys, point, strict=True)), "by": cell_of[(point, method, by)]["mean"],
@@ -295,11 +296,10 @@ def print_tuned(rows: list[dict[str, Any]], keys: list[str], console: Console) -
     """Below a sweep's table, where its grid holds settings to choose among: each method at the point its validation
     loss chose (:func:`tuned_rows`)."""
     chosen = tuned_rows(rows, keys)
-    over = tuned_over(keys)
-    if not chosen or len({tuple(r[k] for k in over) for r in rows}) < 2:
+    if not chosen:
         return
-    table = Table(title=f"each method at the {', '.join(over)} its validation chose (lowest mean {TUNED_BY} over "
-                        "seeds; the test metrics there)")
+    table = Table(title=f"each method at the {', '.join(tuned_over(keys))} its validation chose (lowest mean "
+                        f"{TUNED_BY} over seeds; the test metrics there)")
     for col in ["method", *keys, TUNED_BY, *TUNED_SHOWN]:
         table.add_column(col, justify="right")
     for row in chosen:
