@@ -536,7 +536,8 @@ class Sweep:
 
         if not tuned_over(keys):
             raise ConfigError(f"this sweep's grid ({', '.join(keys) or 'none'}) holds no setting to choose: expected a "
-                              "grid over a training, model, server or method key (e.g. train.optimizer.lr)")
+                              "grid over one of a method's own settings (its optimiser or local schedule, model, "
+                              "server optimiser or methods.*; e.g. train.optimizer.lr)")
         known = sorted({r["metric"] for r in self.record.get("rows") or []})
         for metric in metrics:
             if metric not in known:
@@ -545,9 +546,9 @@ class Sweep:
     def tuned(self, by: str = "best.val_loss",
               metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean")) -> pd.DataFrame:
         """Each method at the grid point its validation chose: the lowest mean over seeds of ``by`` (a loss; the
-        highest of any other metric) among the points that differ only in settings that leave the data alone — a
-        key of the data, the partition or Γ is another task, chosen within — and ``metrics`` there (mean, 95% CI,
-        seeds): methods compared each at its own setting, chosen without its test scores
+        highest of any other metric) among the points that differ only in the method's own settings — within each
+        value of a key of the task or the scenario (the data, an attack, ε, the rounds) — and ``metrics`` there
+        (mean, 95% CI, seeds): methods compared each at its own setting, chosen without its test scores
         (:func:`hetfed.runs.sweep_tables.tuned`)."""
         from hetfed.runs.sweep_tables import tuned_rows
 

@@ -45,8 +45,14 @@ def test_the_lowest_validation_loss_is_chosen_within_each_task_and_the_highest_a
     assert (first["method"], first["point"], first["by"]) == ("fedavg", {"train.optimizer.lr": 0.3,
                                                                          "partition.alpha": 0.5}, 0.7)
     assert first["best.global_accuracy"]["mean"] == 0.5  # the test metric at the chosen point, not its best
-    # a grid of data settings only holds nothing to choose
-    assert tuned_over(["partition.alpha", "dataset.name", "seed"]) == []
+    # a grid of the task's or the scenario's keys holds nothing to choose: the weakest attack or the loosest ε would be
+    # "chosen" by the validation loss
+    assert tuned_over(["partition.alpha", "dataset.name", "attack.fraction", "privacy.noise_multiplier",
+                       "train.rounds", "train.client_fraction", "server.compression.kind"]) == []
+    assert tuned_over(["train.optimizer.lr", "train.local_epochs", "model.hidden", "server.optimizer.lr",
+                       "methods.0.params.mu", "methods", "train.optimizer"]) == [
+        "train.optimizer.lr", "train.local_epochs", "model.hidden", "server.optimizer.lr", "methods.0.params.mu",
+        "methods", "train.optimizer"]
     assert tuned_rows(rows, ["partition.alpha"]) == []
 
 
@@ -131,5 +137,5 @@ def test_a_grid_with_no_setting_to_choose_shows_no_choice_and_the_api_refuses_on
     """A grid over the partition alone: each value is another task, whose validation losses are not comparable."""
     assert main(["sweep", *FAST, "--grid", "partition.shuffle=0,1", "--out", str(tmp_path / "s")]) == 0
     assert "its validation chose" not in capsys.readouterr().out
-    with pytest.raises(ConfigError, match=r"holds no setting to choose: expected a grid over a training"):
+    with pytest.raises(ConfigError, match=r"holds no setting to choose: expected a grid over one of a method's own"):
         hetfed.open_sweep(tmp_path / "s").tuned()

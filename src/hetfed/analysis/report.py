@@ -549,8 +549,8 @@ def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], A
              *[ci_cell(row[m]) for m in TUNED_SHOWN]] for row in chosen]
     caption = (f"the {', '.join(over)} of each method chosen by its clients' validation loss (the lowest mean "
                f"{TUNED_BY} over seeds), and its test metrics there: each method at its own setting, chosen without "
-               "its test scores" + (f"; within each {', '.join(k for k in keys if k not in over)} (another task)"
-                                    if len(over) < len(keys) else ""))
+               "its test scores" + (f"; within each {', '.join(k for k in keys if k not in over)} (another task or "
+                                    "scenario)" if len(over) < len(keys) else ""))
     return table(["method", *keys, metric_label(TUNED_BY), *[metric_label(m) for m in TUNED_SHOWN]], body, caption)
 
 

@@ -247,13 +247,18 @@ TUNED_BY = "best.val_loss"
 TUNED_SHOWN = ("best.global_accuracy", "best.local_accuracy_mean")
 
 
-def tuned_over(keys: list[str]) -> list[str]:
-    """The grid keys a method's setting may be chosen over: those that leave its data alone. A key of the data, the
-    partition or Γ (``partition.alpha``) defines another task, whose validation loss is not comparable: a choice
-    is made within each of its values."""
-    from hetfed.pipeline import PREPARATION_SECTIONS
+#: the grid keys that are a method's own settings, to be chosen (:func:`tuned_over`): its optimiser and local
+#: schedule, its model, the server's optimiser, and anything under ``methods``
+CHOSEN = ("train.optimizer", "train.local_epochs", "train.local_steps", "train.batch_size", "train.lr_decay",
+          "model", "server.optimizer", "methods")
 
-    return [k for k in keys if k.split(".")[0] not in PREPARATION_SECTIONS]
+
+def tuned_over(keys: list[str]) -> list[str]:
+    """The grid keys a method's setting may be chosen over: its own settings (:data:`CHOSEN`). Any other key defines
+    another task or scenario — the data, the partition, an attack, a privacy budget, the rounds or the clients a
+    round takes —, whose validation loss is not comparable (the weakest attack, the loosest ε would be "chosen"): a
+    choice is made within each of its values."""
+    return [k for k in keys if any(k == c or k.startswith(f"{c}.") for c in CHOSEN)]
 
 
 def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
