@@ -499,7 +499,12 @@ class Sweep:
         keys = list(self.record["grid"])
         wide = sel.pivot_table(index=[*keys, "seed"], columns="method", values="value")
         if tuned_by is not None:
-            return pd.DataFrame(self._paired_tuned(wide, keys, method, baseline, tuned_by))
+            from hetfed.analysis.paired import paired_at_chosen
+            from hetfed.runs.sweep_tables import check_choice, tuned
+
+            check_choice(keys, self.record.get("rows") or [], [tuned_by])
+            choice = tuned(self.record.get("rows") or [], keys, tuned_by)
+            return pd.DataFrame(paired_at_chosen(wide, keys, choice, method, baseline))
         rows = []
         for point, block in (wide.groupby(level=keys) if keys else [((), wide)]):
             r = paired(block[method].tolist(), block[baseline].tolist())
@@ -508,41 +513,6 @@ class Sweep:
                          "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
         return pd.DataFrame(rows)
 
-    def _paired_tuned(self, wide: pd.DataFrame, keys: list[str], method: str, baseline: str, by: str
-                      ) -> list[dict[str, Any]]:
-        """:meth:`paired` of each method at its :func:`~hetfed.runs.sweep_tables.tuned` point, per task."""
-        from hetfed.analysis.paired import paired
-        from hetfed.runs.sweep_tables import tuned, tuned_over
-
-        self._check_tunable(keys, [by])
-        held = [k for k in keys if k not in tuned_over(keys)]
-        choice = tuned(self.record.get("rows") or [], keys, by)
-        rows = []
-        for group in dict.fromkeys(g for m, g in choice if m == method):
-            if (baseline, group) not in choice:
-                continue
-            points = choice[(method, group)], choice[(baseline, group)]
-            a, b = (wide.xs(point, level=keys)[name] if keys else wide[name]
-                    for point, name in zip(points, (method, baseline), strict=True))
-            seeds = a.dropna().index.intersection(b.dropna().index)  # the seeds both finished
-            r = paired(a[seeds].tolist(), b[seeds].tolist())
-            rows.append({**dict(zip(held, group, strict=True)), "method_point": dict(zip(keys, points[0], strict=True)),
-                         "baseline_point": dict(zip(keys, points[1], strict=True)), "n": r.n, "mean": r.mean,
-                         "ci_low": r.ci_low, "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
-        return rows
-
-    def _check_tunable(self, keys: list[str], metrics: Sequence[str]) -> None:
-        from hetfed.runs.sweep_tables import tuned_over
-
-        if not tuned_over(keys):
-            raise ConfigError(f"this sweep's grid ({', '.join(keys) or 'none'}) holds no setting to choose: expected a "
-                              "grid over one of a method's own settings (its optimiser or local schedule, model, "
-                              "server optimiser or methods.*; e.g. train.optimizer.lr)")
-        known = sorted({r["metric"] for r in self.record.get("rows") or []})
-        for metric in metrics:
-            if metric not in known:
-                raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {known}")
-
     def tuned(self, by: str = "best.val_loss",
               metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean")) -> pd.DataFrame:
         """Each method at the grid point its validation chose: the lowest mean over seeds of ``by`` (a loss; the
@@ -550,11 +520,11 @@ class Sweep:
         value of a key of the task or the scenario (the data, an attack, ε, the rounds) — and ``metrics`` there
         (mean, 95% CI, seeds): methods compared each at its own setting, chosen without its test scores
         (:func:`hetfed.runs.sweep_tables.tuned`)."""
-        from hetfed.runs.sweep_tables import tuned_rows
+        from hetfed.runs.sweep_tables import check_choice, tuned_rows
 
         pd = _pandas()
         keys, rows = list(self.record["grid"]), self.record.get("rows") or []
-        self._check_tunable(keys, [by, *metrics])
+        check_choice(keys, rows, [by, *metrics])
         out = []
         for row in tuned_rows(rows, keys, by, metrics):
             shown = {k: v for m in metrics for k, v in (((m, row[m]["mean"]), (f"{m}.ci95", row[m]["ci95"]),

@@ -24,6 +24,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -134,3 +135,27 @@ def equivalence(result: Paired, margin: float, min_seeds: int = MIN_SEEDS) -> st
     if result.ci_low > margin or result.ci_high < -margin:
         return "not reproduced"
     return "inconclusive"
+
+
+def paired_at_chosen(wide: Any, keys: list[str], choice: dict[tuple[str, tuple[Any, ...]], tuple[Any, ...]],
+                     method: str, baseline: str) -> list[dict[str, Any]]:
+    """``method − baseline``, each at the grid point ``choice`` names for it (:func:`hetfed.runs.sweep_tables.tuned`:
+    ``(method, the held keys' cells) → its point``), paired by seed within each value of the held keys — whose seeds
+    share their federation whatever the chosen setting — from ``wide`` (a sweep's values indexed by ``keys`` and
+    seed, a column a method); the seeds both finished. One row a task: the held cells, both points and
+    :func:`paired`'s numbers."""
+    from hetfed.runs.sweep_tables import tuned_over
+
+    held = [k for k in keys if k not in tuned_over(keys)]
+    rows = []
+    for group in dict.fromkeys(g for m, g in choice if m == method):
+        if (baseline, group) not in choice:
+            continue
+        points = choice[(method, group)], choice[(baseline, group)]
+        a, b = (wide.xs(point, level=keys)[name].dropna() for point, name in zip(points, (method, baseline),
+                                                                                 strict=True))
+        r = paired_by_seed(a.to_dict(), b.to_dict())
+        rows.append({**dict(zip(held, group, strict=True)), "method_point": dict(zip(keys, points[0], strict=True)),
+                     "baseline_point": dict(zip(keys, points[1], strict=True)), "n": r.n, "mean": r.mean,
+                     "ci_low": r.ci_low, "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
+    return rows

@@ -261,6 +261,21 @@ def tuned_over(keys: list[str]) -> list[str]:
     return [k for k in keys if any(k == c or k.startswith(f"{c}.") for c in CHOSEN)]
 
 
+def check_choice(keys: list[str], rows: list[dict[str, Any]], metrics: Iterable[str]) -> None:
+    """Refuse (one line) a choice a sweep cannot make: a grid with no setting of a method's own, or a metric its
+    aggregated ``rows`` do not hold."""
+    from hetfed.errors import ConfigError
+
+    if not tuned_over(keys):
+        raise ConfigError(f"this sweep's grid ({', '.join(keys) or 'none'}) holds no setting to choose: expected a "
+                          "grid over one of a method's own settings (its optimiser or local schedule, model, server "
+                          "optimiser or methods.*; e.g. train.optimizer.lr)")
+    known = sorted({r["metric"] for r in rows})
+    for metric in metrics:
+        if metric not in known:
+            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {known}")
+
+
 def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
           ) -> dict[tuple[str, tuple[Any, ...]], tuple[Any, ...]]:
     """Each method's grid point with the best mean over seeds of ``by`` — the lowest for a loss, else the highest;
