@@ -459,11 +459,10 @@ class Sweep:
         """One metric as grid points × methods (means; CIs in :meth:`table`)."""
         df = self.table()
         keys = list(self.record["grid"])
+        from hetfed.runs.sweep_tables import check_metrics
+
+        check_metrics([metric], df["metric"])
         sel = df[df["metric"] == metric]
-        if sel.empty:
-            raise ConfigError(
-                f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}"
-            )
         return sel.pivot_table(index=keys or None, columns="method", values="mean") if keys else \
             sel.set_index("method")[["mean", "ci95", "n"]]
 
@@ -491,20 +490,19 @@ class Sweep:
         for name in (method, baseline):
             if name not in known:
                 raise ConfigError(f"method {name!r} is not in this sweep: expected one of {known}")
+        from hetfed.runs.sweep_tables import check_metrics
+
+        check_metrics([metric], df["metric"])
         sel = df[df["metric"] == metric]
-        if sel.empty:
-            raise ConfigError(
-                f"metric {metric!r} is not in this sweep: expected one of {sorted(df['metric'].unique())}"
-            )
         keys = list(self.record["grid"])
         wide = sel.pivot_table(index=[*keys, "seed"], columns="method", values="value")
         if tuned_by is not None:
             from hetfed.analysis.paired import paired_at_chosen
             from hetfed.runs.sweep_tables import check_choice, tuned
 
-            check_choice(keys, self.record.get("rows") or [], [tuned_by])
-            choice = tuned(self.record.get("rows") or [], keys, tuned_by)
-            return pd.DataFrame(paired_at_chosen(wide, keys, choice, method, baseline))
+            rows = self.record.get("rows") or []
+            check_choice(keys, rows, [tuned_by])
+            return pd.DataFrame(paired_at_chosen(wide, keys, tuned(rows, keys, tuned_by), method, baseline))
         rows = []
         for point, block in (wide.groupby(level=keys) if keys else [((), wide)]):
             r = paired(block[method].tolist(), block[baseline].tolist())
@@ -527,8 +525,10 @@ class Sweep:
         check_choice(keys, rows, [by, *metrics])
         out = []
         for row in tuned_rows(rows, keys, by, metrics):
-            shown = {k: v for m in metrics for k, v in (((m, row[m]["mean"]), (f"{m}.ci95", row[m]["ci95"]),
-                                                         (f"{m}.n", row[m]["n"])) if row[m] else ((m, None),))}
+            shown: dict[str, Any] = {}
+            for m in metrics:  # mean, CI and seeds where the method has the metric at its point; else None
+                cell = row[m]
+                shown.update({m: cell["mean"], f"{m}.ci95": cell["ci95"], f"{m}.n": cell["n"]} if cell else {m: None})
             out.append({"method": row["method"], **row["point"], by: row["by"], **shown})
         return pd.DataFrame(out)
 

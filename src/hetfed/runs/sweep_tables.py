@@ -270,10 +270,17 @@ def check_choice(keys: list[str], rows: list[dict[str, Any]], metrics: Iterable[
         raise ConfigError(f"this sweep's grid ({', '.join(keys) or 'none'}) holds no setting to choose: expected a "
                           "grid over one of a method's own settings (its optimiser or local schedule, model, server "
                           "optimiser or methods.*; e.g. train.optimizer.lr)")
-    known = sorted({r["metric"] for r in rows})
+    check_metrics(metrics, {r["metric"] for r in rows})
+
+
+def check_metrics(metrics: Iterable[str], known: Iterable[str]) -> None:
+    """Refuse (one line) a metric a sweep's tables do not hold, naming those they do."""
+    from hetfed.errors import ConfigError
+
+    held = sorted(set(known))
     for metric in metrics:
-        if metric not in known:
-            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {known}")
+        if metric not in held:
+            raise ConfigError(f"metric {metric!r} is not in this sweep: expected one of {held}")
 
 
 def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
