@@ -212,14 +212,18 @@ def test_gamma_of_a_single_client_is_a_dash_with_the_reason(capsys):
 @pytest.mark.parametrize("args,expected", [
     (["--out", "FILE"], "is a file: expected a new or empty directory"),
     (["--set", "train.device=cuda", "--out", "NEW"], "cuda"),
+    (["--out", "FILE/run"], "cannot create the run directory"),  # a file where a folder would be made
+    (["--out", "/proc/hetfed-run"], "cannot create the run directory"),  # a folder where none can be made (root too)
 ])
 def test_checks_that_need_no_data_come_before_loading_it(tmp_path, capsys, monkeypatch, args, expected):
     import hetfed.runs.runner
 
     if torch.cuda.is_available() and "train.device=cuda" in args:
         pytest.skip("this machine has CUDA")
+    if "/proc/hetfed-run" in args and not Path("/proc/self").is_dir():
+        pytest.skip("needs Linux's /proc: a folder where nothing can be made")
     (tmp_path / "FILE").write_text("x")
-    args = [str(tmp_path / a) if a in ("FILE", "NEW") else a for a in args]
+    args = [str(tmp_path / a) if a in ("FILE", "NEW", "FILE/run") else a for a in args]
     monkeypatch.setattr(hetfed.runs.runner, "prepare", lambda *a, **k: pytest.fail("loaded the data first"))
     assert main(["run", *args]) == 2
     assert expected in _one_line_error(capsys)

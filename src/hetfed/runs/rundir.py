@@ -63,6 +63,21 @@ def check_out(out: str | Path | None) -> None:
     if path.is_dir() and any(path.iterdir()):
         raise RunError(f"--out {str(path)!r} already exists and is not empty: choose a new directory "
                        "(hetfed never overwrites a run)")
+    _check_writable(path)
+
+
+def _check_writable(path: Path) -> None:
+    """Refuse a directory that cannot be made (or written in) before any work is done: a folder is made in its
+    nearest existing ancestor and removed. Why make one: ``os.access`` says yes to root for places like /proc, where
+    nothing can be made, so only making it tells (the run failed after loading its data and measuring Γ)."""
+    ancestor = path.absolute()
+    while not ancestor.exists() and ancestor != ancestor.parent:
+        ancestor = ancestor.parent
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".hetfed-", dir=ancestor))
+    except OSError as err:
+        raise RunError(f"cannot create the run directory {str(path)!r}: {err.strerror} (in {str(ancestor)!r}); "
+                       "expected a writable place (choose another --out)") from None
 
 
 def new_run_dir(out: str | Path | None, base: str, name: str) -> Path:
