@@ -396,13 +396,17 @@ def _unread_flower(config: Config, executor: str | None = None) -> dict[str, str
     """A note per ``flower.*`` key set away from its default where the run's clients live in this process (the
     Flower executors read that section; the others never do), and per ``flower.secaggplus.*`` key set without
     secure aggregation. ``executor``: where the run really goes when not ``train.executor`` (``hetfed flower run``
-    hands its run to a deployment)."""
+    hands its run to a deployment); and per Γ summary key (``flower.summary_*``) where Γ is not measured."""
     if not registry_of("executor").get(executor or config.train.executor).in_process:
-        if config.flower.secure_aggregation != "none":
-            return {}
-        return {f"flower.secaggplus.{key}": (f"flower.secaggplus.{key} = {value!r} is not read with "
-                                             "flower.secure_aggregation = 'none': it applies to 'secaggplus'")
-                for key, value in _away_from_default(config.flower.secaggplus).items()}
+        f = config.flower
+        notes = {} if f.secure_aggregation != "none" else {
+            f"flower.secaggplus.{key}": (f"flower.secaggplus.{key} = {value!r} is not read with "
+                                         "flower.secure_aggregation = 'none': it applies to 'secaggplus'")
+            for key, value in _away_from_default(f.secaggplus).items()}
+        summaries = {} if config.heterogeneity.gamma else _away_from_default(f)
+        return notes | {f"flower.{key}": f"flower.{key} = {value!r} is not read with heterogeneity.gamma = false: no "
+                        "client sends its Γ summary" for key, value in summaries.items()
+                        if key in ("summary_noise", "summary_clip")}
     return {f"flower.{key}": (f"flower.{key} = {value!r} is not read with train.executor = "
                               f"{config.train.executor!r}: it applies to the Flower executors (flower, deployment)")
             for key, value in _away_from_default(config.flower).items()}

@@ -392,6 +392,8 @@ class Heterogeneity:
     gamma_given_label: float = float("nan")
     gamma_given_label_iid: float = float("nan")
     gamma_given_label_iid_sd: float = float("nan")
+    #: False: Γ was not measured (``heterogeneity.gamma: false``), only the label-skew figures
+    gamma_measured: bool = True
 
     @property
     def gamma_excess(self) -> float:
@@ -403,7 +405,8 @@ class Heterogeneity:
             return None if np.isnan(v) else float(v)
 
         return {
-            "gamma": self.gamma,
+            "gamma": num(self.gamma),
+            "gamma_measured": self.gamma_measured,
             "gamma_iid": num(self.gamma_iid),
             "gamma_iid_sd": num(self.gamma_iid_sd),
             "gamma_excess": num(self.gamma_excess),
@@ -424,6 +427,8 @@ def gamma_line(h: dict) -> str:
     def f(v):
         return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else f"{v:.4f}"
 
+    if h.get("gamma_measured") is False:
+        return "Γ = —   (not measured: heterogeneity.gamma = false)"
     if h.get("gamma") is None or (isinstance(h.get("gamma"), float) and np.isnan(h["gamma"])):
         return ("Γ = —   (undefined for a single client: Γ compares each client's data with the other clients'; "
                 "use partition.clients ≥ 2)")
@@ -450,13 +455,18 @@ def gamma_given_label_line(h: dict) -> str | None:
 
 def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, *,
             iid_draws: int = 3, iid_max_clients: int = 100, estimator: str = "plain",
-            measured_on: str = "train", seed: int = 0, given_label: bool = True) -> Heterogeneity:
+            measured_on: str = "train", seed: int = 0, given_label: bool = True, of_features: bool = True
+            ) -> Heterogeneity:
     """Γ (and its size-matched IID reference) on the features plus the label-skew figures; with ``given_label``,
-    Γ(x|y) and its reference too."""
+    Γ(x|y) and its reference too; without ``of_features``, the label-skew figures only."""
     counts = class_histograms(y, clients, n_classes)
     emd = label_emd(counts)
     p, q = _distributions(counts)
     js = [js_divergence(row, q) for row in p]
+    if not of_features:
+        return Heterogeneity(gamma=float("nan"), label_emd=[float(v) for v in emd], label_emd_mean=float(emd.mean()),
+                             js_mean=float(np.mean(js)), class_counts=counts.tolist(), measured_on=measured_on,
+                             estimator=estimator, gamma_measured=False)
     pooled = pool(x, clients) if len(clients) >= 2 else None
     ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
     given, given_ref, given_sd = (gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,

@@ -197,10 +197,12 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
     built = build_federation(config, progress=progress, status=status)
     data, clients_data, fed = built.data, built.clients_data, built.federation
     h = config.heterogeneity
-    with stage(status, f"measuring heterogeneity (Γ over {fed.n_clients} clients' {h.on} data)"):
+    what = f"Γ over {fed.n_clients} clients' {h.on} data" if h.gamma else "label skew only: heterogeneity.gamma = false"
+    with stage(status, f"measuring heterogeneity ({what})"):
         # Γ on the features (for token ids: their bag-of-words view, hetfed.data.tokens)
         clients = [fed.measured_rows(k, h.on) for k in range(fed.n_clients)]
         features = fed.x if clients_data.measure_train is None else clients_data.measure_train
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
-                      estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label)
+                      estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label,
+                      of_features=h.gamma)
     return Prepared(data, fed, het, built.sources, federation_warnings(fed))

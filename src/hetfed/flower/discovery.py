@@ -42,7 +42,7 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     if not node_ids:
         raise RunError(f"Flower: no SuperNode connected within flower.connect_timeout = {f.connect_timeout:g} s; "
                        f"expected flower.nodes = {f.nodes} nodes started with --node-config 'data=\"FILE\" ...'")
-    hello = query_content(config, dump_config(config), 0, summaries=True)
+    hello = query_content(config, dump_config(config), 0, summaries=config.heterogeneity.gamma)
     messages = [Message(pack(hello) if f.packed_messages else hello, dst_node_id=n, message_type="query")
                 for n in node_ids]
     replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages,
@@ -97,14 +97,17 @@ def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederati
 
 def gamma_of(config: Config, summaries: list) -> Heterogeneity:
     """Γ (and its size-matched reference) of the nodes' clients from their summaries; label skew is not
-    measured (the labels never leave the nodes)."""
+    measured (the labels never leave the nodes); nothing with ``heterogeneity.gamma: false`` (none was asked)."""
     from hetfed.gamma_summaries import gamma_from_summaries, gamma_iid_from_summaries, released
 
+    nan = float("nan")
+    if not config.heterogeneity.gamma:
+        return Heterogeneity(gamma=nan, label_emd=[], label_emd_mean=nan, js_mean=nan, class_counts=[],
+                             measured_on=config.heterogeneity.on, gamma_measured=False)
     if config.flower.summary_noise:  # noised: made valid first (counts ≥ 2, PSD covariances), as every Γ of them
         summaries = [released(s) for s in summaries]
     h = config.heterogeneity
     g = gamma_from_summaries(summaries) if len(summaries) >= 1 else float("nan")
     iid, sd = gamma_iid_from_summaries(summaries, h.iid_draws, h.iid_max_clients, config.seed)
-    nan = float("nan")
     return Heterogeneity(gamma=g, label_emd=[], label_emd_mean=nan, js_mean=nan, class_counts=[], gamma_iid=iid,
                          gamma_iid_sd=sd, measured_on=h.on)

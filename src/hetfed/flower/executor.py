@@ -83,6 +83,12 @@ class FlowerExecutor:
         self._watching: tuple[int, int] | None = None  # (round, client) whose update an attack reads
         self._seen: Seen | None = None
 
+    @property
+    def asks_summaries(self) -> bool:
+        """Whether the set-up asks each client for its Γ summary: ``flower.gamma_summaries``, unless Γ is not
+        measured at all (``heterogeneity.gamma: false``)."""
+        return self.flower.gamma_summaries and self.config.heterogeneity.gamma
+
     # -- set-up: which node holds which clients
     def start(self, run: RunSpec, fed, device: torch.device) -> None:
         """Get ready to ask every SuperNode that connects which clients it holds. The question rides on the run's
@@ -91,7 +97,7 @@ class FlowerExecutor:
         self.run, self.algo, self.fed, self.seed, self.device = run, run.algo, fed, run.seed, device
         self._own_offsets = {node: offset for node, offset, _ in getattr(fed, "nodes", ())}  # own data: discovery's
         self.own = bool(self._own_offsets)
-        self._hello = query_content(self.config, self.config_text, self.method, self.flower.gamma_summaries)
+        self._hello = query_content(self.config, self.config_text, self.method, self.asks_summaries)
         self._pending = True
         if self.own or self.flower.secure_aggregation != "none":
             self._set_up()
@@ -139,7 +145,7 @@ class FlowerExecutor:
         if missing:
             raise RunError(missing_nodes_message(missing, len(asked), self.fed.n_clients, self.flower.connect_timeout,
                                                  time.monotonic() - t0, self.simulated))
-        if self.flower.gamma_summaries and len(summaries) == self.fed.n_clients:
+        if self.asks_summaries and len(summaries) == self.fed.n_clients:
             self.gamma_summaries = self._gamma(summaries)
         return {node: got for node, got in answered.items() if got[0]}, errors
 

@@ -154,7 +154,7 @@ def run_summary(config: Config, prep: Prepared, methods: dict[str, dict[str, Any
         "input_shape": list(fed.input_shape),
         "n_opted_out": int(fed.opted_out.sum()),
         "global_test_balanced": bool(getattr(prep.data, "balanced_test", True)),
-        "gamma": het.gamma,
+        "gamma": None if np.isnan(het.gamma) else het.gamma,  # JSON has no NaN: null, not measured or undefined
         "heterogeneity": het.as_dict(),
         "data_files": list(prep.sources),
         "data_notes": list(prep.notes),  # what loading did: classes kept, roles, sizes

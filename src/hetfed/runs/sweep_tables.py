@@ -78,7 +78,8 @@ def run_values(summary: dict[str, Any]) -> Iterator[tuple[str, str, Any]]:
     method ``final.<metric>`` / ``best.<metric>`` (the last round's model / the one chosen by validation),
     ``rounds`` (fewer than ``train.rounds`` where early stopping or the time limit ended it), ``best_round`` and the
     timings."""
-    yield "(data)", "gamma", summary["gamma"]
+    if summary["gamma"] is not None and not math.isnan(summary["gamma"]):  # not measured: heterogeneity.gamma
+        yield "(data)", "gamma", summary["gamma"]
     for key in ("gamma_iid", "gamma_excess", "gamma_given_label", "gamma_given_label_excess"):  # older runs: none
         value = summary["heterogeneity"].get(key)
         if value is not None and not math.isnan(value):
