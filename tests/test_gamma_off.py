@@ -79,3 +79,13 @@ def test_the_gamma_settings_it_does_not_read_are_noted_and_no_flower_client_is_a
     assert FlowerExecutor(None, config, 0).asks_summaries is False  # type: ignore[arg-type]
     measured = load_config(None, ["train.executor=flower"])
     assert FlowerExecutor(None, measured, 0).asks_summaries is True  # type: ignore[arg-type]
+
+
+def test_a_slow_gamma_says_how_to_leave_it_out(monkeypatch, capsys):
+    import hetfed.pipeline
+
+    monkeypatch.setattr(hetfed.pipeline, "SAY_SKIP_AFTER_S", 0.0)  # Γ of Fashion-MNIST's pixels: ~20 s on 2 cores
+    assert main(["partition", "--set", "heterogeneity.iid_draws=0"]) == 0
+    assert "--set heterogeneity.gamma=false leaves it out" in capsys.readouterr().err
+    assert main(["partition", "--set", "heterogeneity.gamma=false"]) == 0
+    assert "leaves it out" not in capsys.readouterr().err

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import threading
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -193,11 +194,16 @@ def _once(key: str, make: Callable[[], T]) -> T:
     return slot[0]
 
 
+#: Γ taking this long is told how to leave it out (``heterogeneity.gamma: false``)
+SAY_SKIP_AFTER_S = 10.0
+
+
 def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared:
     built = build_federation(config, progress=progress, status=status)
     data, clients_data, fed = built.data, built.clients_data, built.federation
     h = config.heterogeneity
     what = f"Γ over {fed.n_clients} clients' {h.on} data" if h.gamma else "label skew only: heterogeneity.gamma = false"
+    t0 = time.perf_counter()
     with stage(status, f"measuring heterogeneity ({what})"):
         # Γ on the features (for token ids: their bag-of-words view, hetfed.data.tokens)
         clients = [fed.measured_rows(k, h.on) for k in range(fed.n_clients)]
@@ -205,4 +211,8 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
                       estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label,
                       of_features=h.gamma)
+    if status is not None and h.gamma and time.perf_counter() - t0 >= SAY_SKIP_AFTER_S:
+        status.print(f"note: Γ took {time.perf_counter() - t0:.0f} s before the rounds; where Γ is not the question "
+                     "(a sweep measures it for every run), --set heterogeneity.gamma=false leaves it out",
+                     soft_wrap=True, markup=False)
     return Prepared(data, fed, het, built.sources, federation_warnings(fed))
