@@ -512,24 +512,29 @@ class Sweep:
         return pd.DataFrame(rows)
 
     def tuned(self, by: str = "best.val_loss",
-              metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean")) -> pd.DataFrame:
+              metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean"),
+              held_out: bool = False) -> pd.DataFrame:
         """Each method at the grid point its validation chose: the lowest mean over seeds of ``by`` (a loss; the
         highest of any other metric) among the points that differ only in the method's own settings — within each
         value of a key of the task or the scenario (the data, an attack, ε, the rounds) — and ``metrics`` there
         (mean, 95% CI, seeds): methods compared each at its own setting, chosen without its test scores
-        (:func:`hetfed.runs.sweep_tables.tuned`)."""
-        from hetfed.runs.sweep_tables import check_choice, tuned_rows
+        (:func:`hetfed.runs.sweep_tables.tuned`). ``held_out``: each seed's metrics at the point chosen on the
+        other seeds (leave one seed out; ``chosen``: how often each point was), so that no number comes from a
+        choice its own seed took part in (:func:`hetfed.runs.sweep_tables.tuned_held_out`)."""
+        from hetfed.runs.sweep_tables import check_choice, tuned_held_out, tuned_rows
 
         pd = _pandas()
         keys, rows = list(self.record["grid"]), self.record.get("rows") or []
         check_choice(keys, rows, [by, *metrics])
+        found = (tuned_held_out(self.values().to_dict("records"), keys, by, metrics) if held_out else
+                 [{**row, **row["point"], by: row["by"]} for row in tuned_rows(rows, keys, by, metrics)])
         out = []
-        for row in tuned_rows(rows, keys, by, metrics):
+        for row in found:
             shown: dict[str, Any] = {}
             for m in metrics:  # mean, CI and seeds where the method has the metric at its point; else None
                 cell = row[m]
                 shown.update({m: cell["mean"], f"{m}.ci95": cell["ci95"], f"{m}.n": cell["n"]} if cell else {m: None})
-            out.append({"method": row["method"], **row["point"], by: row["by"], **shown})
+            out.append({k: v for k, v in row.items() if k not in ("point", "by", *metrics)} | shown)
         return pd.DataFrame(out)
 
     @property

@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 import hetfed
 from hetfed.cli import main
 from hetfed.errors import ConfigError
-from hetfed.runs.sweep_tables import tuned, tuned_over, tuned_rows
+from hetfed.runs.sweep_tables import tuned, tuned_held_out, tuned_over, tuned_rows
 
 
 def _row(lr, alpha, method, metric, mean, n=3):
@@ -73,6 +73,30 @@ def test_no_point_of_the_same_task_beats_the_chosen_one(cells, by):
         assert chosen[(method, ())] == (first["train.optimizer.lr"],)
 
 
+def _value(lr, seed, metric, value, method="fedavg"):
+    return {"train.optimizer.lr": lr, "seed": seed, "method": method, "metric": metric, "value": value}
+
+
+def test_held_out_each_seeds_metric_is_taken_where_the_other_seeds_chose():
+    """Leave one seed out: all three seeds choose lr 0.3 (mean validation loss 0.30 < 0.37), but seed 0 alone favours
+    0.1 — held out, seeds 1 and 2 are scored where seeds {0, 2} and {0, 1} chose (0.1: 0.30 < 0.35), seed 0 where
+    {1, 2} chose (0.3)."""
+    losses = {(0.1, 0): 0.1, (0.3, 0): 0.5, (0.1, 1): 0.5, (0.3, 1): 0.2, (0.1, 2): 0.5, (0.3, 2): 0.2}
+    accuracy = {(0.1, 0): 0.9, (0.3, 0): 0.6, (0.1, 1): 0.5, (0.3, 1): 0.7, (0.1, 2): 0.4, (0.3, 2): 0.8}
+    values = [_value(lr, seed, "best.val_loss", v) for (lr, seed), v in losses.items()]
+    values += [_value(lr, seed, "best.global_accuracy", v) for (lr, seed), v in accuracy.items()]
+    values += [{"train.optimizer.lr": 0.1, "seed": 0, "method": "(data)", "metric": "gamma", "value": 1.0}]
+    rows = [{"train.optimizer.lr": lr, "method": "fedavg", "metric": "best.val_loss", "ci95": 0.0, "n": 3,
+             "mean": sum(v for (p, _), v in losses.items() if p == lr) / 3} for lr in (0.1, 0.3)]
+    assert tuned(rows, ["train.optimizer.lr"]) == {("fedavg", ()): (0.3,)}  # all seeds: 0.3
+    (row,) = tuned_held_out(values, ["train.optimizer.lr"], metrics=["best.global_accuracy"])
+    assert row["chosen"] == {"train.optimizer.lr=0.3": 1, "train.optimizer.lr=0.1": 2}
+    assert row["best.global_accuracy"]["mean"] == pytest.approx((0.6 + 0.5 + 0.4) / 3)  # not 0.7's (all seeds' pick)
+    assert row["best.global_accuracy"]["n"] == 3
+    assert tuned_held_out(values[:2] + values[6:8], ["train.optimizer.lr"]) == []  # one seed: nothing held out
+    assert tuned_held_out([v for v in values if v["train.optimizer.lr"] == 0.1], ["train.optimizer.lr"]) == []
+
+
 @pytest.fixture(scope="module")
 def sweep(tmp_path_factory):
     out = tmp_path_factory.mktemp("tuned") / "s"
@@ -98,6 +122,20 @@ def test_a_sweeps_choice_is_its_tables_lowest_validation_loss_and_its_test_metri
         sweep.tuned(by="best.val_los")
     # runs.csv keeps each run's validation scores (what the choice is made from, for a merge or a paired test)
     assert {"best.val_loss", "best.val_accuracy"} <= set(sweep.values()["metric"])
+
+
+def test_held_out_every_seed_is_scored_where_the_other_seeds_validation_loss_was_lowest(sweep):
+    values = sweep.values()
+    held = sweep.tuned(held_out=True).set_index("method")
+    for method in ("fedavg", "prox"):
+        mine = values[values["method"] == method]
+        loss = mine[mine["metric"] == "best.val_loss"].pivot(index="seed", columns="train.optimizer.lr", values="value")
+        accuracy = mine[mine["metric"] == "best.global_accuracy"].pivot(index="seed", columns="train.optimizer.lr",
+                                                                        values="value")
+        picks = {seed: loss.drop(index=seed).mean().idxmin() for seed in loss.index}
+        assert held.loc[method, "best.global_accuracy"] == pytest.approx(
+            sum(accuracy.loc[seed, lr] for seed, lr in picks.items()) / 3, rel=1e-12)
+        assert sum(held.loc[method, "chosen"].values()) == held.loc[method, "best.global_accuracy.n"] == 3
 
 
 def test_two_methods_each_at_its_chosen_setting_are_paired_by_seed(sweep):

@@ -320,6 +320,47 @@ def tuned_rows(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY,
             for (method, _held), point in tuned(rows, keys, by).items()]
 
 
+def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = TUNED_BY,
+                   metrics: Iterable[str] = TUNED_SHOWN) -> list[dict[str, Any]]:
+    """Each method's test ``metrics`` with no seed's number taken at a point chosen on that seed (leave one seed out):
+    for every seed, the point with the best mean of ``by`` over the *other* seeds (chosen as :func:`tuned` chooses
+    over all of them) and that seed's metrics there. Why: :func:`tuned` chooses on the mean over the very seeds
+    whose test metrics it reports, and a seed's validation and test scores share its federation and initialisation,
+    so the pick favours them; held out, none of the numbers comes from a choice it took part in (no run is added).
+    ``values``: runs.csv's rows (the grid's cells, seed, method, metric, value). One row per method and value of the
+    keys it is not chosen over: each metric's mean, 95% CI and seeds, and how often each point was chosen
+    (``chosen``); none with fewer than two seeds, or one point to choose."""
+    lower = "loss" in by.rsplit(".", 1)[-1]
+    held = [k for k in keys if k not in tuned_over(keys)]
+    metrics = list(metrics)
+    found: dict[tuple[str, tuple[Any, ...]], dict[tuple[Any, ...], dict[Any, dict[str, float]]]] = {}
+    for v in values:  # (method, held cells) → point → seed → metric → value
+        if v["method"] != "(data)":
+            group = found.setdefault((v["method"], tuple(v[k] for k in held)), {})
+            group.setdefault(tuple(v[k] for k in keys), {}).setdefault(v["seed"], {})[v["metric"]] = float(v["value"])
+    out = []
+    for (method, cells), points in found.items():
+        seeds = sorted({seed for per_seed in points.values() for seed in per_seed})
+        picked, shown = [], {m: [] for m in metrics}
+        for seed in seeds if len(seeds) >= 2 and len(points) >= 2 else []:
+            scores = {point: float(np.mean(others)) for point, per_seed in points.items()
+                      if (others := [x[by] for s, x in per_seed.items()
+                                     if s != seed and math.isfinite(x.get(by, math.nan))])}
+            if not scores:
+                continue
+            point = (min if lower else max)(scores, key=scores.__getitem__)  # the first on a tie, as tuned
+            picked.append(point_name(dict(zip(keys, point, strict=True))))
+            for m in metrics:
+                value = points[point].get(seed, {}).get(m, math.nan)
+                shown[m] += [value] if math.isfinite(value) else []
+        if picked:
+            out.append({"method": method, **dict(zip(held, cells, strict=True)),
+                        "chosen": {p: picked.count(p) for p in dict.fromkeys(picked)},
+                        **{m: {"mean": float(np.mean(v)) if v else None, "ci95": ci95(v), "n": len(v)}
+                           for m, v in shown.items()}})
+    return out
+
+
 def print_tuned(rows: list[dict[str, Any]], keys: list[str], console: Console) -> None:
     """Below a sweep's table, where its grid holds settings to choose among: each method at the point its validation
     loss chose (:func:`tuned_rows`)."""
