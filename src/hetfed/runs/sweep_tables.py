@@ -341,7 +341,8 @@ def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = 
     out = []
     for (method, cells), points in found.items():
         seeds = sorted({seed for per_seed in points.values() for seed in per_seed})
-        picked, shown = [], {m: [] for m in metrics}
+        picked: list[str] = []
+        shown: dict[str, list[float]] = {m: [] for m in metrics}
         for seed in seeds if len(seeds) >= 2 and len(points) >= 2 else []:
             scores = {point: float(np.mean(others)) for point, per_seed in points.items()
                       if (others := [x[by] for s, x in per_seed.items()
