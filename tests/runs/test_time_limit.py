@@ -147,3 +147,8 @@ def test_a_stacked_sweep_says_how_many_runs_are_ready_while_the_others_prepare(m
     progress.stacked_ready(5, 20)
     assert "5 ready" not in out.getvalue()
     SweepProgress(20, 0, None, stacked=True).stacked_ready(5, 20)  # no console: nothing, no error
+    measuring = SweepProgress(20, 0, console, stacked=True, measures_gamma=True)  # runs that measure Γ first
+    measuring._shown -= 10.0
+    measuring.stacked_ready(6, 20)
+    assert ("6 ready for their rounds, which start when every run is; each measures Γ first: --set "
+            "heterogeneity.gamma=false leaves it out]") in out.getvalue()

@@ -181,7 +181,8 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
             if not _resumable(run_dir, cfg):
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
         todo.append((i, point, cfg, run_dir))
-    tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo))
+    tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo),
+                            measures_gamma=any(cfg.heterogeneity.gamma for _i, _p, cfg, _d in todo))
     if stack and todo:
         tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together")
         outcome.update(_run_stacked(todo, tracker))

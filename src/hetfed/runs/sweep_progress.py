@@ -32,8 +32,10 @@ class SweepProgress:
     and, when every run's rounds have a ``time_limit``, from what is left of it once that comes first."""
 
     def __init__(self, total: int, reused: int, console: Console | None, stacked: bool = False,
-                 time_limit: float | None = None):
+                 time_limit: float | None = None, measures_gamma: bool = False):
         self.total, self.done, self.failed, self.console = total, reused, 0, console
+        #: the runs measure Γ before their rounds: a slow preparation's line says how to leave it out
+        self.measures_gamma = measures_gamma
         self.time_limit = time_limit
         self.rounds_from: float | None = None  # when the method's first round ended (its runs' clocks ≈ started)
         self.t0 = time.perf_counter()
@@ -77,8 +79,9 @@ class SweepProgress:
         if self.console is None or now - self._shown < 10:
             return
         self._shown = now
+        gamma = "; each measures Γ first: --set heterogeneity.gamma=false leaves it out" if self.measures_gamma else ""
         self.console.print(f"{time.strftime('%H:%M:%S')} [stacked, {members} runs: {ready} ready for their rounds, "
-                           "which start when every run is]", soft_wrap=True)
+                           f"which start when every run is{gamma}]", soft_wrap=True)
 
     def stacked_round(self, done: int, total: int) -> None:
         """A stacked sweep's stack trained round ``done`` of ``total``: a line at most every 10 s."""
