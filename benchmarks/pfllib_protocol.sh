@@ -14,7 +14,7 @@
 # metrics.csv holding every evaluation up to then. `results/tables.py pfllib` reads each method at the rounds its
 # runs reached (stated in the table: PFLlib's rule is a best over rounds, so fewer rounds than 2 000 can only lower
 # it). No calibration sweep: the whole budget trains. No Γ either (heterogeneity.gamma=false: Γ and Γ(x|y) of 784
-# pixels took ~30 s a run on 2 cores; PFLlib's table has none).
+# pixels took 20–30 s a run on 2 cores; PFLlib's table has none).
 #
 #     OUT=/path BUDGET=300 bash benchmarks/pfllib_protocol.sh
 #

@@ -102,7 +102,7 @@ class HeterogeneityConfig(Strict):
 
     gamma: bool = Field(
         True, description="measure Γ (and Γ_IID, Γ(x|y)) before the rounds; false: only the label-skew figures — Γ "
-        "on 784 features takes ~30 s a run on 2 cores (Fashion-MNIST, 20 clients), before every run of a sweep; "
+        "on 784 features takes 20–30 s a run on 2 cores (Fashion-MNIST, 20 clients), before every run of a sweep; "
         "on Flower no client sends its Γ summary either")
     on: Literal["train", "all"] = Field(
         "train", description="each client's training samples (what the method sees) or train ∪ val ∪ test"
