@@ -167,6 +167,10 @@ def test_the_report_and_the_console_show_each_method_at_its_chosen_setting(sweep
     page = re.sub(r"\s+", " ", re.sub(r"<[^>]+>", " ", sweep.report(tmp_path / "r.html").read_text()))
     assert "each method at its chosen setting" in page
     assert "chosen by its clients' validation loss" in page.replace("&#x27;", "'")
+    held = sweep.tuned(held_out=True).set_index("method")  # and each seed where the other seeds chose
+    assert "leave one seed out" in page and all(
+        f"{method} {'; '.join(f'{p} ({n})' for p, n in held.loc[method, 'chosen'].items())} "
+        f"{held.loc[method, 'best.global_accuracy']:.3f} ±" in page for method in held.index)
     assert main(["sweep", *FAST, "--grid", "train.optimizer.lr=0.02,0.3", "--out", str(tmp_path / "s")]) == 0
     assert "each method at the train.optimizer.lr its validation chose" in capsys.readouterr().out
 

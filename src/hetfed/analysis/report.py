@@ -9,6 +9,7 @@ Figures are embedded as PNG data URIs: the page opens offline, alone, anywhere.
 from __future__ import annotations
 
 import base64
+import csv
 import html
 import json
 import math
@@ -30,13 +31,23 @@ from hetfed.runs.rundir import (
     FIGURES,
     METRICS,
     REPORT,
+    RUNS_TABLE,
     STATUS,
     SUMMARY,
     SWEEP_RECORD,
     SWEEP_REQUEST,
     read_metric_rows,
 )
-from hetfed.runs.sweep_tables import DEFENDED, LEAKED, TUNED_BY, TUNED_SHOWN, read_curves_table, tuned_over, tuned_rows
+from hetfed.runs.sweep_tables import (
+    DEFENDED,
+    LEAKED,
+    TUNED_BY,
+    TUNED_SHOWN,
+    read_curves_table,
+    tuned_held_out,
+    tuned_over,
+    tuned_rows,
+)
 
 #: the columns of a run's results table: (metric in the summary's "best", heading)
 RUN_COLUMNS = (("local_accuracy_mean", "local acc (mean ± CI over clients)"), ("local_accuracy_p10", "local acc p10"),
@@ -481,7 +492,7 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
             [*keys, *[metric_label(c) for c in data_cols]],
             [[*keys_of(p), *[ci_cell(cell.get((p, "(data)", c))) for c in data_cols]] for p in points])
     sections.append(("results", results))
-    chosen = _tuned(table_rows, keys, ci_cell)
+    chosen = _tuned(table_rows, keys, ci_cell, d / RUNS_TABLE)
     if chosen:
         sections.append(("each method at its chosen setting", chosen))
 
@@ -539,9 +550,10 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
     return page(f"hetfed sweep · {name} · {d.name}", sections)
 
 
-def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], Any]) -> str:
+def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], Any], values: Path) -> str:
     """Each method at the grid point its validation chose (:func:`hetfed.runs.sweep_tables.tuned_rows`), where the
-    grid holds settings to choose among; "" otherwise."""
+    grid holds settings to choose among, and each seed at the point the others chose (:func:`~hetfed.runs.
+    sweep_tables.tuned_held_out`, from the sweep's runs.csv ``values``); "" otherwise."""
     over, chosen = tuned_over(keys), tuned_rows(rows, keys)
     if not chosen:
         return ""
@@ -551,7 +563,18 @@ def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], A
                f"{TUNED_BY} over seeds), and its test metrics there: each method at its own setting, chosen without "
                "its test scores" + (f"; within each {', '.join(k for k in keys if k not in over)} (another task or "
                                     "scenario)" if len(over) < len(keys) else ""))
-    return table(["method", *keys, metric_label(TUNED_BY), *[metric_label(m) for m in TUNED_SHOWN]], body, caption)
+    out = table(["method", *keys, metric_label(TUNED_BY), *[metric_label(m) for m in TUNED_SHOWN]], body, caption)
+    if not values.is_file():  # a sweep made before runs.csv
+        return out
+    with open(values, newline="") as fh:
+        held_out = tuned_held_out(csv.DictReader(fh), keys)
+    held = [k for k in keys if k not in over]
+    return out + table(["method", *held, "chosen (seeds)", *[metric_label(m) for m in TUNED_SHOWN]], [
+        [row["method"], *[Markup(_esc(row[k])) for k in held], "; ".join(f"{p} ({n})" for p, n in
+                                                                          row["chosen"].items()),
+         *[ci_cell(row[m]) for m in TUNED_SHOWN]] for row in held_out],
+        "held out: each seed's test metrics at the point the other seeds' validation loss chose (leave one seed out), "
+        "so that no number comes from a choice its own seed took part in")
 
 
 def _on_nodes(dataset: str | None) -> bool:

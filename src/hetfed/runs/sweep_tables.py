@@ -357,7 +357,7 @@ def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = 
         if picked:
             out.append({"method": method, **dict(zip(held, cells, strict=True)),
                         "chosen": {p: picked.count(p) for p in dict.fromkeys(picked)},
-                        **{m: {"mean": float(np.mean(v)) if v else None, "ci95": ci95(v), "n": len(v)}
+                        **{m: {"metric": m, "mean": float(np.mean(v)) if v else None, "ci95": ci95(v), "n": len(v)}
                            for m, v in shown.items()}})
     return out
 
