@@ -94,6 +94,12 @@ def test_held_out_each_seeds_metric_is_taken_where_the_other_seeds_chose():
     assert row["best.global_accuracy"]["mean"] == pytest.approx((0.6 + 0.5 + 0.4) / 3)  # not 0.7's (all seeds' pick)
     assert row["best.global_accuracy"]["n"] == 3
     assert tuned_held_out(values[:2] + values[6:8], ["train.optimizer.lr"]) == []  # one seed: nothing held out
+    # within each value of a task's key (partition.alpha): a choice of its own, the key's value in its row
+    tasks = [{**v, "partition.alpha": alpha} for alpha in (0.5, 1.0) for v in values]
+    tasks = [v for v in tasks if not (v["partition.alpha"] == 1.0 and v["train.optimizer.lr"] == 0.1)]
+    by_task = {r["partition.alpha"]: r for r in tuned_held_out(tasks, KEYS, metrics=["best.global_accuracy"])}
+    assert by_task[0.5]["chosen"] == row["chosen"] and by_task[1.0]["chosen"] == {"train.optimizer.lr=0.3": 3}
+    assert by_task[1.0]["best.global_accuracy"]["mean"] == pytest.approx((0.6 + 0.7 + 0.8) / 3)
     assert tuned_held_out([v for v in values if v["train.optimizer.lr"] == 0.1], ["train.optimizer.lr"]) == []
 
 

@@ -329,10 +329,13 @@ def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = 
     so the pick favours them; held out, none of the numbers comes from a choice it took part in (no run is added).
     ``values``: runs.csv's rows (the grid's cells, seed, method, metric, value). One row per method and value of the
     keys it is not chosen over: each metric's mean, 95% CI and seeds, and how often each point was chosen
-    (``chosen``); none with fewer than two seeds, or one point to choose."""
+    (``chosen``, named by the keys chosen over); none with fewer than two seeds, or one point to choose."""
     lower = "loss" in by.rsplit(".", 1)[-1]
-    held = [k for k in keys if k not in tuned_over(keys)]
-    metrics = list(metrics)
+    over = tuned_over(keys)
+    held = [k for k in keys if k not in over]
+    metrics, values = list(metrics), list(values)
+    if len({tuple(v[k] for k in over) for v in values if v["method"] != "(data)"}) < 2:
+        return []  # nothing to choose among (as tuned_rows)
     found: dict[tuple[str, tuple[Any, ...]], dict[tuple[Any, ...], dict[Any, dict[str, float]]]] = {}
     for v in values:  # (method, held cells) → point → seed → metric → value
         if v["method"] != "(data)":
@@ -343,14 +346,14 @@ def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = 
         seeds = sorted({seed for per_seed in points.values() for seed in per_seed})
         picked: list[str] = []
         shown: dict[str, list[float]] = {m: [] for m in metrics}
-        for seed in seeds if len(seeds) >= 2 and len(points) >= 2 else []:
+        for seed in seeds if len(seeds) >= 2 else []:
             scores = {point: float(np.mean(others)) for point, per_seed in points.items()
                       if (others := [x[by] for s, x in per_seed.items()
                                      if s != seed and math.isfinite(x.get(by, math.nan))])}
             if not scores:
                 continue
             point = (min if lower else max)(scores, key=scores.__getitem__)  # the first on a tie, as tuned
-            picked.append(point_name(dict(zip(keys, point, strict=True))))
+            picked.append(point_name({k: c for k, c in zip(keys, point, strict=True) if k in over}))
             for m in metrics:
                 value = points[point].get(seed, {}).get(m, math.nan)
                 shown[m] += [value] if math.isfinite(value) else []
