@@ -73,6 +73,21 @@ def test_the_parametric_iid_reference_matches_the_datas_on_gaussian_clients():
     assert sd > 0
 
 
+def test_the_parametric_reference_takes_a_feature_constant_on_every_client():
+    """A pixel that is 0 on every client (digits' blank corner; every exported digits node has it) makes the pooled
+    covariance singular: scipy's Wishart refused it (LinAlgError, the deployment's ServerApp failed). Its draws are
+    the singular Wishart's: the constant feature adds nothing, so the reference is the one without it."""
+    rng = np.random.default_rng(2)
+    sizes = [30, 60, 120, 240]
+    x = rng.multivariate_normal(np.zeros(4), np.diag([1.0, 2.0, 0.5, 1.5]), size=sum(sizes))
+    clients = np.split(np.arange(len(x)), np.cumsum(sizes)[:-1])
+    padded = np.column_stack([x, np.zeros(len(x))])  # the constant feature
+    ref, sd = gamma_iid_from_summaries([summarise(padded[c]) for c in clients], draws=30, seed=0)
+    plain, _ = gamma_iid_from_summaries([summarise(x[c]) for c in clients], draws=30, seed=0)
+    assert np.isfinite(ref) and sd > 0
+    assert ref == pytest.approx(plain, rel=0.2)  # other draws of the same reference
+
+
 def test_noised_summaries_need_a_clip_and_report_their_epsilon(capsys):
     from hetfed.cli import main
     from hetfed.config import FlowerConfig

@@ -233,13 +233,25 @@ def gaussian_summary(n: int, mu: np.ndarray, cov: np.ndarray, rng: np.random.Gen
     d = len(mu)
     if n <= d + 1:  # Wishart needs n − 1 ≥ d degrees of freedom: draw the few samples instead
         return summarise(rng.multivariate_normal(mu, cov, size=n, method="eigh"))
-    from scipy.stats import wishart
-
     mean = rng.multivariate_normal(mu, cov / n, method="eigh")
-    scatter = wishart(df=n - 1, scale=cov).rvs(random_state=rng) if d > 1 else \
-        np.atleast_2d(cov[0, 0] * rng.chisquare(n - 1))
+    scatter = _wishart(n - 1, cov, rng) if d > 1 else np.atleast_2d(cov[0, 0] * rng.chisquare(n - 1))
     scatter = np.atleast_2d(scatter)
     return ClientSummary(float(n), n * mean, scatter + n * np.outer(mean, mean))
+
+
+def _wishart(df: int, cov: np.ndarray, rng: np.random.Generator) -> np.ndarray:
+    """A scatter matrix drawn from Wishart(df, cov). scipy's needs a positive-definite ``cov``; a singular one — a
+    feature constant on every client (digits' blank corner pixels), whose variance is 0 — gets the singular Wishart
+    F·W(df, I)·Fᵀ with cov = F·Fᵀ (F from its eigendecomposition): what the scatter of df draws from N(0, cov) is.
+    (The positive-definite case draws as before.)"""
+    from scipy.stats import wishart
+
+    try:
+        return np.asarray(wishart(df=df, scale=cov).rvs(random_state=rng))
+    except np.linalg.LinAlgError:
+        values, vectors = np.linalg.eigh(cov)
+        factor = vectors * np.sqrt(np.clip(values, 0.0, None))
+        return factor @ wishart(df=df, scale=np.eye(len(cov))).rvs(random_state=rng) @ factor.T
 
 
 def gamma_iid_from_summaries(summaries: Sequence[ClientSummary], draws: int = 3, max_clients: int = 100,

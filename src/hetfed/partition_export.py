@@ -1,0 +1,88 @@
+"""A simulated federation written out as a real federation's SuperNodes' own files (``hetfed partition --export``).
+
+What a study simulates — Dirichlet label skew on Fashion-MNIST, feature clusters, rotated groups — is what its
+method is then to meet on a real federation. This writes the simulated clients as the files such nodes serve
+(:mod:`hetfed.flower.node_data`): node P holds the P-th of K blocks of the clients (the blocks a simulated
+deployment's ``partition-id=P num-partitions=K`` holds), one NPZ each with its rows' features ``x`` (flattened, as
+the federation holds them), class ids ``y`` and federation client numbers ``client``; beside them
+``federation.yaml``, the config that runs the same methods on those nodes (``dataset: {name: nodes, …}``,
+``partition: {kind: natural, …}``, ``flower.nodes: K``) and ``nodes.txt``, each node's ``flower-supernode``
+options. A node splits each of its clients' rows into train / validation / test itself (the config's fractions,
+seeded by the run's seed), so a client keeps its rows, not the simulation's split of them; there is no global test
+set on nodes (only the clients' own test data is scored).
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from pathlib import Path
+from typing import IO, Any
+
+import numpy as np
+import yaml
+
+from hetfed.config import Config, as_given
+from hetfed.errors import ConfigError
+from hetfed.partition import Federation
+from hetfed.runs.rundir import check_out, write_atomic
+
+#: the deployment's config, beside the nodes' files
+CONFIG_FILE, COMMANDS_FILE = "federation.yaml", "nodes.txt"
+
+
+def check_export(config: Config, out: str | Path, nodes: int | None) -> None:
+    """Refuse (one line) what cannot be exported, before any data is loaded: a folder that is not new or empty,
+    clients that opt out (nodes serve their own data: nothing to opt out of), a count of nodes below 1."""
+    check_out(out)
+    if config.partition.opt_out:
+        raise ConfigError(f"partition.opt_out = {config.partition.opt_out:g} is not allowed with --export: nodes "
+                          "with their own data train on all of it; expected 0")
+    if nodes is not None and nodes < 1:
+        raise ConfigError(f"--nodes {nodes} is not allowed: expected ≥ 1 SuperNodes")
+
+
+def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | None = None) -> list[Path]:
+    """Write ``fed``'s clients as ``nodes`` SuperNodes' files (default: one a client), the deployment's config and
+    the nodes' start options into ``out``; returns the nodes' files."""
+    check_export(config, out, nodes)
+    k = min(nodes or fed.n_clients, fed.n_clients)
+    folder = Path(out)
+    folder.mkdir(parents=True, exist_ok=True)
+    x = np.asarray(fed.x, dtype=np.float32).reshape(len(fed.x), -1)
+    written = []
+    for p, block in enumerate(np.array_split(np.arange(fed.n_clients), k)):
+        rows = [fed.client_indices(int(c)) for c in block]
+        index = np.concatenate(rows)
+        path = folder / f"node-{p}.npz"
+        arrays = {"x": x[index], "y": np.asarray(fed.y)[index].astype(np.int64),
+                  "client": np.repeat(block, [len(r) for r in rows]).astype(np.int64)}
+        write_atomic(path, partial(_savez, arrays=arrays), binary=True)
+        written.append(path)
+    write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment_config(config, fed, k), fh,
+                                                                 sort_keys=False))
+    write_atomic(folder / COMMANDS_FILE, lambda fh: fh.write("".join(f"{node_options(p)}\n" for p in written)))
+    return written
+
+
+def _savez(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
+    np.savez(fh, x=arrays["x"], y=arrays["y"], client=arrays["client"])
+
+
+def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, Any]:
+    """``config`` with its data on the nodes: the nodes' schema (``fed``'s features and class ids), their clients
+    as they hold them (a natural partition, every client kept, the config's validation and test fractions) and
+    ``flower.nodes``; everything else — the methods, training, server — as given."""
+    given = as_given(config)
+    given["dataset"] = {"name": "nodes", "features": int(np.prod(fed.input_shape)),
+                        "classes": list(range(fed.n_classes))}
+    given["partition"] = {"kind": "natural", "clients": None, "val_fraction": config.partition.val_fraction,
+                          "test_fraction": config.partition.test_fraction, "natural_min_samples": 1}
+    given.pop("embed", None)  # the nodes' features are the embedded ones
+    given.pop("server_data", None)
+    given.setdefault("flower", {})["nodes"] = nodes
+    return given
+
+
+def node_options(path: Path) -> str:
+    """A node's ``flower-supernode`` options for its file (its clients in the ``client`` column)."""
+    return f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\"'"

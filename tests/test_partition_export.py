@@ -1,0 +1,85 @@
+"""``hetfed partition --export DIR``: the simulated clients written as a real federation's SuperNodes' own files and
+the config that runs the methods on them — each client's rows as the simulation holds them, node P the P-th block of
+clients; what cannot be exported refused before any data is loaded; and (slow) a loopback deployment of those nodes
+measures the simulation's Γ from the clients' summaries."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from hetfed.cli import main
+from hetfed.config import load_config
+from hetfed.flower.node_data import node_federation
+from hetfed.pipeline import build_federation
+
+
+def _rows(x: np.ndarray, y: np.ndarray) -> list[tuple[bytes, int]]:
+    """A client's rows as a sorted multiset (order-free: a node numbers and splits its clients itself)."""
+    return sorted(zip(map(bytes, np.ascontiguousarray(x, dtype=np.float32)), np.asarray(y).tolist(), strict=True))
+
+
+def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_runs_them(tmp_path, capsys):
+    sets = ["--set", "partition.kind=dirichlet", "--set", "partition.alpha=0.3", "--set", "seed=3"]
+    assert main(["partition", *sets, "--export", str(tmp_path / "ex"), "--nodes", "3"]) == 0
+    assert "3 SuperNodes' files, federation.yaml and nodes.txt written" in capsys.readouterr().err
+    simulated = build_federation(load_config(None, [s for s in sets if s != "--set"]), progress=False).federation
+    config = load_config(str(tmp_path / "ex" / "federation.yaml"), executor="deployment")
+    assert (config.dataset.name, config.partition.kind, config.flower.nodes) == ("nodes", "natural", 3)
+    assert config.methods == load_config(None).methods  # the methods as the simulation's config has them
+    options = (tmp_path / "ex" / "nodes.txt").read_text().splitlines()
+    blocks = np.array_split(np.arange(simulated.n_clients), 3)
+    for p, block in enumerate(blocks):
+        path = tmp_path / "ex" / f"node-{p}.npz"
+        assert options[p] == f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\"'"
+        node = node_federation({"data": str(path), "label": "y", "client": "client"}, config)
+        assert node.n_clients == len(block)
+        for mine, k in enumerate(block):  # a node numbers its clients in their order in the file
+            rows = node.client_indices(mine)
+            theirs = simulated.client_indices(int(k))
+            x = np.asarray(simulated.x).reshape(len(simulated.x), -1)
+            assert _rows(node.x[rows], node.y[rows]) == _rows(x[theirs], np.asarray(simulated.y)[theirs])
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--nodes", "2"], "--nodes 2 is not allowed without --export DIR"),
+    (["--export", "OUT", "--nodes", "0"], "--nodes 0 is not allowed: expected ≥ 1"),
+    (["--export", "OUT", "--set", "partition.opt_out=0.2"], "partition.opt_out = 0.2 is not allowed with --export"),
+    (["--export", "FULL"], "already exists and is not empty"),
+])
+def test_what_cannot_be_exported_is_one_line_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, args, expected):
+    import hetfed.cli
+
+    (tmp_path / "FULL").mkdir()
+    (tmp_path / "FULL" / "x").write_text("x")
+    monkeypatch.setattr(hetfed.cli, "partition_report", lambda *a, **k: pytest.fail("loaded the data"))
+    assert main(["partition", *[str(tmp_path / a) if a in ("OUT", "FULL") else a for a in args]]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and expected in err[0]
+    assert not (tmp_path / "OUT").exists()
+
+
+@pytest.mark.slow
+def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_path, capfd):
+    """Γ on each client's every row (``heterogeneity.on: all``) sees the same rows in the simulation and on the nodes,
+    which split them themselves: the Γ the server computes from the clients' summaries is the simulation's."""
+    pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
+    from hetfed.flower.deploy import LocalDeployment
+
+    sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=1", "--set",
+            "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set", "flower.connect_timeout=300"]
+    assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
+    simulated = json.loads(capfd.readouterr().out)
+    options = [line.split("'")[1] for line in (tmp_path / "ex" / "nodes.txt").read_text().splitlines()]
+    out = tmp_path / "run"
+    with LocalDeployment(tmp_path / "dep", 2, node_configs=options):
+        code = main(["flower", "run", str(tmp_path / "ex" / "federation.yaml"), "--deployment", str(tmp_path / "dep"),
+                     "--out", str(out), "--no-report"])
+    printed = capfd.readouterr()
+    assert code == 0, printed.out[-3000:] + printed.err[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["n_clients"] == 4
+    assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)
+    assert 0.0 <= summary["methods"]["fedavg"]["final"]["local_accuracy_mean"] <= 1.0
