@@ -83,3 +83,12 @@ def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_p
     assert summary["n_clients"] == 4
     assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)
     assert 0.0 <= summary["methods"]["fedavg"]["final"]["local_accuracy_mean"] <= 1.0
+
+
+def test_an_export_whose_methods_the_nodes_could_not_run_is_one_line_and_writes_nothing(tmp_path, capsys):
+    """The nodes serve rows of flattened features: an image model (`cnn`) could not read them — refused when the
+    export is asked for, not when the deployment's ServerApp builds it."""
+    assert main(["partition", "--set", "model.kind=cnn", "--export", str(tmp_path / "ex")]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert err.startswith("error: --export: the nodes could not run") and "model.kind = 'cnn'" in err
+    assert not (tmp_path / "ex").exists()

@@ -46,6 +46,8 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
     the nodes' start options into ``out``; returns the nodes' files."""
     check_export(config, out, nodes)
     k = min(nodes or fed.n_clients, fed.n_clients)
+    deployment = deployment_config(config, fed, k)
+    check_deployment(deployment, fed)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
     x = np.asarray(fed.x, dtype=np.float32).reshape(len(fed.x), -1)
@@ -58,8 +60,7 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
                   "client": np.repeat(block, [len(r) for r in rows]).astype(np.int64)}
         write_atomic(path, partial(_savez, arrays=arrays), binary=True)
         written.append(path)
-    write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment_config(config, fed, k), fh,
-                                                                 sort_keys=False))
+    write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment, fh, sort_keys=False))
     write_atomic(folder / COMMANDS_FILE, lambda fh: fh.write("".join(f"{node_options(p)}\n" for p in written)))
     return written
 
@@ -81,6 +82,24 @@ def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, 
     given.pop("server_data", None)
     given.setdefault("flower", {})["nodes"] = nodes
     return given
+
+
+def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
+    """Refuse (one line, nothing written) an export whose methods the nodes could not run: the deployment's config
+    checked as ``hetfed flower run`` checks it, and each method's model built for the nodes' flattened rows (an
+    image model, ``cnn``, needs the images' shape)."""
+    from hetfed.config import build_config
+    from hetfed.models import build_model
+    from hetfed.runs.plan import check_config
+
+    config = build_config(deployment)
+    try:
+        check_config(config)
+        for m in config.methods:
+            build_model(config.method_model(m), (int(np.prod(fed.input_shape)),), fed.n_classes)
+    except ConfigError as err:
+        raise ConfigError(f"--export: the nodes could not run this config's methods on their rows of flattened "
+                          f"features: {err}") from None
 
 
 def node_options(path: Path) -> str:
