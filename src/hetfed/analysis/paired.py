@@ -144,9 +144,9 @@ def paired_at_chosen(wide: Any, keys: list[str], choice: dict[tuple[str, tuple[A
     share their federation whatever the chosen setting — from ``wide`` (a sweep's values indexed by ``keys`` and
     seed, a column a method); the seeds both finished. One row a task: the held cells, both points and
     :func:`paired`'s numbers."""
-    from hetfed.runs.sweep_tables import tuned_over
+    from hetfed.runs.sweep_tables import task_keys
 
-    held = [k for k in keys if k not in tuned_over(keys)]
+    held = task_keys(keys)
     rows = []
     for group in dict.fromkeys(g for m, g in choice if m == method):
         if (baseline, group) not in choice:

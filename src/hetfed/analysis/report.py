@@ -44,6 +44,7 @@ from hetfed.runs.sweep_tables import (
     TUNED_BY,
     TUNED_SHOWN,
     read_curves_table,
+    task_keys,
     tuned_held_out,
     tuned_over,
     tuned_rows,
@@ -554,21 +555,19 @@ def _tuned(rows: list[dict], keys: list[str], ci_cell: Callable[[dict | None], A
     """Each method at the grid point its validation chose (:func:`hetfed.runs.sweep_tables.tuned_rows`), where the
     grid holds settings to choose among, and each seed at the point the others chose (:func:`~hetfed.runs.
     sweep_tables.tuned_held_out`, from the sweep's runs.csv ``values``); "" otherwise."""
-    over, chosen = tuned_over(keys), tuned_rows(rows, keys)
+    over, held, chosen = tuned_over(keys), task_keys(keys), tuned_rows(rows, keys)
     if not chosen:
         return ""
     body = [[row["method"], *[Markup(_esc(row["point"][k])) for k in keys], row["by"],
              *[ci_cell(row[m]) for m in TUNED_SHOWN]] for row in chosen]
     caption = (f"the {', '.join(over)} of each method chosen by its clients' validation loss (the lowest mean "
                f"{TUNED_BY} over seeds), and its test metrics there: each method at its own setting, chosen without "
-               "its test scores" + (f"; within each {', '.join(k for k in keys if k not in over)} (another task or "
-                                    "scenario)" if len(over) < len(keys) else ""))
+               "its test scores" + (f"; within each {', '.join(held)} (another task or scenario)" if held else ""))
     out = table(["method", *keys, metric_label(TUNED_BY), *[metric_label(m) for m in TUNED_SHOWN]], body, caption)
     if not values.is_file():  # a sweep made before runs.csv
         return out
     with open(values, newline="") as fh:
         held_out = tuned_held_out(csv.DictReader(fh), keys)
-    held = [k for k in keys if k not in over]
     return out + table(["method", *held, "chosen (seeds)", *[metric_label(m) for m in TUNED_SHOWN]], [
         [row["method"], *[Markup(_esc(row[k])) for k in held], "; ".join(f"{p} ({n})" for p, n in
                                                                           row["chosen"].items()),

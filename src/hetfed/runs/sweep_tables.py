@@ -262,6 +262,24 @@ def tuned_over(keys: list[str]) -> list[str]:
     return [k for k in keys if any(k == c or k.startswith(f"{c}.") for c in CHOSEN)]
 
 
+def task_keys(keys: list[str]) -> list[str]:
+    """The grid keys of the task or scenario (those :func:`tuned_over` leaves): a choice is made within each of their
+    values."""
+    over = tuned_over(keys)
+    return [k for k in keys if k not in over]
+
+
+def _lower_is_better(by: str) -> bool:
+    """What a choice by ``by`` keeps: the lowest of a loss, the highest of anything else."""
+    return "loss" in by.rsplit(".", 1)[-1]
+
+
+def _choosable(rows: Iterable[dict[str, Any]], keys: list[str]) -> bool:
+    """Whether ``rows`` (aggregated, or runs.csv's) hold two or more values of the keys a choice is made over."""
+    over = tuned_over(keys)
+    return len({tuple(r[k] for k in over) for r in rows if r["method"] != "(data)"}) >= 2
+
+
 def check_choice(keys: list[str], rows: list[dict[str, Any]], metrics: Iterable[str]) -> None:
     """Refuse (one line) a choice a sweep cannot make: a grid with no setting of a method's own, or a metric its
     aggregated ``rows`` do not hold."""
@@ -292,8 +310,8 @@ def tuned(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY
     aggregated rows (:func:`aggregate_values`). Why: comparing methods at one shared setting favours the method it
     suits, and choosing each one's setting by its test accuracy reports the luck of the pick; chosen on validation,
     the test metrics at the chosen point compare the methods honestly. A method with no finite ``by`` has no entry."""
-    lower = "loss" in by.rsplit(".", 1)[-1]
-    held = [k for k in keys if k not in tuned_over(keys)]
+    lower = _lower_is_better(by)
+    held = task_keys(keys)
     best: dict[tuple[str, tuple[Any, ...]], tuple[float, tuple[Any, ...]]] = {}
     for row in rows:
         value = row["mean"]
@@ -311,8 +329,7 @@ def tuned_rows(rows: list[dict[str, Any]], keys: list[str], by: str = TUNED_BY,
     """One row per method (and value of the keys it is not chosen over) at its :func:`tuned` point: the point, ``by``'s
     mean, and each ``shown`` metric's aggregated row there (None where the method has none); none when the grid holds
     nothing to choose among (no key that leaves the data alone, or one value of those)."""
-    over = tuned_over(keys)
-    if len({tuple(r[k] for k in over) for r in rows}) < 2:
+    if not _choosable(rows, keys):
         return []
     cell_of = {(tuple(r[k] for k in keys), r["method"], r["metric"]): r for r in rows}
     return [{"method": method, "point": dict(zip(keys, point, strict=True)), "by": cell_of[(point, method, by)]["mean"],
@@ -330,12 +347,10 @@ def tuned_held_out(values: Iterable[dict[str, Any]], keys: list[str], by: str = 
     ``values``: runs.csv's rows (the grid's cells, seed, method, metric, value). One row per method and value of the
     keys it is not chosen over: each metric's mean, 95% CI and seeds, and how often each point was chosen
     (``chosen``, named by the keys chosen over); none with fewer than two seeds, or one point to choose."""
-    lower = "loss" in by.rsplit(".", 1)[-1]
-    over = tuned_over(keys)
-    held = [k for k in keys if k not in over]
+    lower, over, held = _lower_is_better(by), tuned_over(keys), task_keys(keys)
     metrics, values = list(metrics), list(values)
-    if len({tuple(v[k] for k in over) for v in values if v["method"] != "(data)"}) < 2:
-        return []  # nothing to choose among (as tuned_rows)
+    if not _choosable(values, keys):
+        return []
     found: dict[tuple[str, tuple[Any, ...]], dict[tuple[Any, ...], dict[Any, dict[str, float]]]] = {}
     for v in values:  # (method, held cells) → point → seed → metric → value
         if v["method"] != "(data)":
