@@ -463,24 +463,19 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
     emd = label_emd(counts)
     p, q = _distributions(counts)
     js = [js_divergence(row, q) for row in p]
+    labels = {"label_emd": [float(v) for v in emd], "label_emd_mean": float(emd.mean()), "js_mean": float(np.mean(js)),
+              "class_counts": counts.tolist(), "measured_on": measured_on, "estimator": estimator}
     if not of_features:
-        return Heterogeneity(gamma=float("nan"), label_emd=[float(v) for v in emd], label_emd_mean=float(emd.mean()),
-                             js_mean=float(np.mean(js)), class_counts=counts.tolist(), measured_on=measured_on,
-                             estimator=estimator, gamma_measured=False)
+        return Heterogeneity(gamma=float("nan"), gamma_measured=False, **labels)
     pooled = pool(x, clients) if len(clients) >= 2 else None
     ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
     given, given_ref, given_sd = (gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,
                                                     estimator) if given_label and len(clients) >= 2 else (np.nan,) * 3)
     return Heterogeneity(
         gamma=gamma(x, clients, estimator, pooled),
-        label_emd=[float(v) for v in emd],
-        label_emd_mean=float(emd.mean()),
-        js_mean=float(np.mean(js)),
-        class_counts=counts.tolist(),
         gamma_iid=ref,
         gamma_iid_sd=ref_sd,
-        measured_on=measured_on,
-        estimator=estimator,
+        **labels,
         gamma_given_label=given,
         gamma_given_label_iid=given_ref,
         gamma_given_label_iid_sd=given_sd,

@@ -211,8 +211,9 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
                       estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label,
                       of_features=h.gamma)
-    if status is not None and h.gamma and time.perf_counter() - t0 >= SAY_SKIP_AFTER_S:
-        status.print(f"note: Γ took {time.perf_counter() - t0:.0f} s before the rounds; where Γ is not the question "
+    took = time.perf_counter() - t0
+    if status is not None and h.gamma and took >= SAY_SKIP_AFTER_S:
+        status.print(f"note: Γ took {took:.0f} s before the rounds; where Γ is not the question "
                      "(a sweep measures it for every run), --set heterogeneity.gamma=false leaves it out",
                      soft_wrap=True, markup=False)
     return Prepared(data, fed, het, built.sources, federation_warnings(fed))

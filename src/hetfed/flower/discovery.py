@@ -100,14 +100,13 @@ def gamma_of(config: Config, summaries: list) -> Heterogeneity:
     measured (the labels never leave the nodes); nothing with ``heterogeneity.gamma: false`` (none was asked)."""
     from hetfed.gamma_summaries import gamma_from_summaries, gamma_iid_from_summaries, released
 
-    nan = float("nan")
-    if not config.heterogeneity.gamma:
-        return Heterogeneity(gamma=nan, label_emd=[], label_emd_mean=nan, js_mean=nan, class_counts=[],
-                             measured_on=config.heterogeneity.on, gamma_measured=False)
+    h, nan = config.heterogeneity, float("nan")
+    unseen: dict[str, Any] = {"label_emd": [], "label_emd_mean": nan, "js_mean": nan, "class_counts": [],
+                              "measured_on": h.on}  # the labels never leave the nodes
+    if not h.gamma:
+        return Heterogeneity(gamma=nan, gamma_measured=False, **unseen)
     if config.flower.summary_noise:  # noised: made valid first (counts ≥ 2, PSD covariances), as every Γ of them
         summaries = [released(s) for s in summaries]
-    h = config.heterogeneity
-    g = gamma_from_summaries(summaries) if len(summaries) >= 1 else float("nan")
+    g = gamma_from_summaries(summaries) if len(summaries) >= 1 else nan
     iid, sd = gamma_iid_from_summaries(summaries, h.iid_draws, h.iid_max_clients, config.seed)
-    return Heterogeneity(gamma=g, label_emd=[], label_emd_mean=nan, js_mean=nan, class_counts=[], gamma_iid=iid,
-                         gamma_iid_sd=sd, measured_on=h.on)
+    return Heterogeneity(gamma=g, gamma_iid=iid, gamma_iid_sd=sd, **unseen)
