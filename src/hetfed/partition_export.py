@@ -23,7 +23,7 @@ import yaml
 
 from hetfed.config import Config, as_given
 from hetfed.errors import ConfigError
-from hetfed.partition import Federation
+from hetfed.partition import Federation, client_blocks
 from hetfed.runs.rundir import check_out, write_atomic
 
 #: the deployment's config, beside the nodes' files
@@ -52,7 +52,7 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
     folder.mkdir(parents=True, exist_ok=True)
     x = np.asarray(fed.x, dtype=np.float32).reshape(len(fed.x), -1)
     written = []
-    for p, block in enumerate(np.array_split(np.arange(fed.n_clients), k)):
+    for p, block in enumerate(client_blocks(fed.n_clients, k)):
         rows = [fed.client_indices(int(c)) for c in block]
         index = np.concatenate(rows)
         path = folder / f"node-{p}.npz"
@@ -95,8 +95,8 @@ def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
     config = build_config(deployment)
     try:
         check_config(config)
-        for m in config.methods:
-            build_model(config.method_model(m), (int(np.prod(fed.input_shape)),), fed.n_classes)
+        for m in config.methods:  # the nodes' rows: dataset.features wide
+            build_model(config.method_model(m), (config.dataset.params.features,), fed.n_classes)
     except ConfigError as err:
         raise ConfigError(f"--export: the nodes could not run this config's methods on their rows of flattened "
                           f"features: {err}") from None

@@ -20,7 +20,6 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 
-import numpy as np
 from flwr.app import ConfigRecord, Context, RecordDict
 
 from hetfed.config import Config, build_config
@@ -31,7 +30,7 @@ from hetfed.engine.types import stack_states
 from hetfed.environment import count
 from hetfed.executors.inprocess import VectorisedExecutor, initial_state
 from hetfed.flower.records import CLIENTS, listed, number, record_to_tensors, state_to_record
-from hetfed.partition import Federation
+from hetfed.partition import Federation, client_blocks
 from hetfed.run_spec import RunSpec
 
 STATE_KEY = "hetfed.state"
@@ -117,7 +116,7 @@ def node_clients(node_config, n_clients: int) -> list[int]:
     if not 0 <= p < k:
         raise ValueError(f"node config partition-id = {p} is not allowed with num-partitions = {k}: "
                          f"expected 0 ≤ partition-id < {k}")
-    return [int(c) for c in np.array_split(np.arange(n_clients), k)[p]]
+    return [int(c) for c in client_blocks(n_clients, k)[p]]
 
 
 def step_clients(content: RecordDict) -> tuple[list[int], list[int] | None, int]:

@@ -402,6 +402,13 @@ def balanced_subset(y: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     return np.sort(np.concatenate([rng.choice(np.flatnonzero(y == c), m, replace=False) for c in classes]))
 
 
+def client_blocks(n_clients: int, k: int) -> list[np.ndarray]:
+    """The clients of ``k`` SuperNodes: node P holds the P-th of ``k`` contiguous blocks of the ``n_clients`` clients
+    (a simulated deployment's ``partition-id=P num-partitions=K``, and the nodes ``hetfed partition --export``
+    writes)."""
+    return np.array_split(np.arange(n_clients), k)
+
+
 def opted_out_mask(n_clients: int, q: float, rng: np.random.Generator) -> np.ndarray:
     """A random ``round(q·K)`` clients opt out (their data never trains the global model)."""
     mask = np.zeros(n_clients, dtype=bool)
