@@ -11,7 +11,9 @@ import numpy as np
 import pytest
 
 from hetfed.cli import main
-from hetfed.config import load_config
+from hetfed.config import build_config, load_config
+from hetfed.errors import ConfigError
+from hetfed.flower.discovery import skeleton
 from hetfed.flower.node_data import node_federation
 from hetfed.pipeline import build_federation
 
@@ -69,6 +71,7 @@ def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_p
     from hetfed.flower.deploy import LocalDeployment
 
     sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=1", "--set",
+            "model.kind=cnn", "--set",
             "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set", "flower.connect_timeout=300"]
     assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
     simulated = json.loads(capfd.readouterr().out)
@@ -86,9 +89,31 @@ def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_p
 
 
 def test_an_export_whose_methods_the_nodes_could_not_run_is_one_line_and_writes_nothing(tmp_path, capsys):
-    """The nodes serve rows of flattened features: an image model (`cnn`) could not read them — refused when the
-    export is asked for, not when the deployment's ServerApp builds it."""
-    assert main(["partition", "--set", "model.kind=cnn", "--export", str(tmp_path / "ex")]) == 2
+    """The nodes hold no server data: a method that distils on it (FedDF) is refused when the export is asked for, not
+    when the deployment's ServerApp builds it."""
+    assert main(["partition", "--set", "methods=[{algorithm: feddf}]", "--export", str(tmp_path / "ex")]) == 2
     err = capsys.readouterr().err.strip().splitlines()[-1]
-    assert err.startswith("error: --export: the nodes could not run") and "model.kind = 'cnn'" in err
+    assert err.startswith("error: --export: the nodes could not run this config's methods: server_data")
     assert not (tmp_path / "ex").exists()
+
+
+def test_an_image_model_reads_the_nodes_rows_as_the_images_the_simulation_trained_on(tmp_path):
+    """The nodes' files hold flattened rows, as a simulated federation holds its images; ``dataset.shape`` tells the
+    models their shape, so a CNN study exports: each node's rows are the simulation's images, read in the same shape
+    on the nodes and in the server's view of them."""
+    assert main(["partition", "--set", "model.kind=cnn", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
+    simulated = build_federation(load_config(None, ["model.kind=cnn"]), progress=False).federation
+    config = load_config(str(tmp_path / "ex" / "federation.yaml"), executor="deployment")
+    assert config.dataset.params.shape == list(simulated.input_shape) == [8, 8]
+    node = node_federation({"data": str(tmp_path / "ex" / "node-0.npz"), "label": "y", "client": "client"}, config)
+    assert node.input_shape == simulated.input_shape and node.x.shape[1:] == simulated.x.shape[1:] == (64,)
+    rows, theirs = node.client_indices(0), simulated.client_indices(0)
+    assert sorted(map(bytes, node.x[rows])) == sorted(map(bytes, np.asarray(simulated.x, np.float32)[theirs]))
+    assert skeleton(config, [(0, 0, 3)]).input_shape == (8, 8)
+
+
+@pytest.mark.parametrize("shape", [[8, 9], [], [64, 0]])
+def test_a_shape_that_is_not_the_features_is_one_line(shape):
+    with pytest.raises(ConfigError, match=r"dataset.shape = \[.*\] is not allowed with dataset.features = 64"):
+        build_config({"dataset": {"name": "nodes", "features": 64, "classes": [0, 1], "shape": shape},
+                      "partition": {"kind": "natural", "clients": None}})

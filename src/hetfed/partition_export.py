@@ -4,7 +4,8 @@ What a study simulates — Dirichlet label skew on Fashion-MNIST, feature cluste
 method is then to meet on a real federation. This writes the simulated clients as the files such nodes serve
 (:mod:`hetfed.flower.node_data`): node P holds the P-th of K blocks of the clients (the blocks a simulated
 deployment's ``partition-id=P num-partitions=K`` holds), one NPZ each with its rows' features ``x`` (flattened, as
-the federation holds them), class ids ``y`` and federation client numbers ``client``; beside them
+the federation holds them; an image's shape is the config's ``dataset.shape``, which the models read them in),
+class ids ``y`` and federation client numbers ``client``; beside them
 ``federation.yaml``, the config that runs the same methods on those nodes (``dataset: {name: nodes, …}``,
 ``partition: {kind: natural, …}``, ``flower.nodes: K``) and ``nodes.txt``, each node's ``flower-supernode``
 options. A node splits each of its clients' rows into train / validation / test itself (the config's fractions,
@@ -70,12 +71,14 @@ def _savez(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
 
 
 def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, Any]:
-    """``config`` with its data on the nodes: the nodes' schema (``fed``'s features and class ids), their clients
+    """``config`` with its data on the nodes: the nodes' schema (``fed``'s features, their shape where they are not a
+    vector, and class ids), their clients
     as they hold them (a natural partition, every client kept, the config's validation and test fractions) and
     ``flower.nodes``; everything else — the methods, training, server — as given."""
     given = as_given(config)
     given["dataset"] = {"name": "nodes", "features": int(np.prod(fed.input_shape)),
-                        "classes": list(range(fed.n_classes))}
+                        "classes": list(range(fed.n_classes)),
+                        **({"shape": [int(n) for n in fed.input_shape]} if len(fed.input_shape) > 1 else {})}
     given["partition"] = {"kind": "natural", "clients": None, "val_fraction": config.partition.val_fraction,
                           "test_fraction": config.partition.test_fraction, "natural_min_samples": 1}
     given.pop("embed", None)  # the nodes' features are the embedded ones
@@ -86,8 +89,8 @@ def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, 
 
 def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
     """Refuse (one line, nothing written) an export whose methods the nodes could not run: the deployment's config
-    checked as ``hetfed flower run`` checks it, and each method's model built for the nodes' flattened rows (an
-    image model, ``cnn``, needs the images' shape)."""
+    checked as ``hetfed flower run`` checks it, and each method's model built for the nodes' rows as they read them
+    (``dataset.shape``)."""
     from hetfed.config import build_config
     from hetfed.models import build_model
     from hetfed.runs.plan import check_config
@@ -95,11 +98,10 @@ def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
     config = build_config(deployment)
     try:
         check_config(config)
-        for m in config.methods:  # the nodes' rows: dataset.features wide
-            build_model(config.method_model(m), (config.dataset.params.features,), fed.n_classes)
+        for m in config.methods:
+            build_model(config.method_model(m), config.dataset.params.input_shape(), fed.n_classes)
     except ConfigError as err:
-        raise ConfigError(f"--export: the nodes could not run this config's methods on their rows of flattened "
-                          f"features: {err}") from None
+        raise ConfigError(f"--export: the nodes could not run this config's methods: {err}") from None
 
 
 def node_options(path: Path) -> str:

@@ -86,12 +86,12 @@ def discover(grid, config: Config, warn=print) -> Prepared:
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:
     """What the server knows of the nodes' federation: clients and where they are; no rows."""
     n = sum(m for _, _, m in nodes)
-    d = int(config.dataset.params.features or 0)
+    d, shape = int(config.dataset.params.features or 0), config.dataset.params.input_shape()
     empty = tuple(np.zeros(0, np.int64) for _ in range(n))
     return NodesFederation(
         x=np.zeros((0, d), np.float32), y=np.zeros(0, np.int64), train=empty, val=empty, test=empty,
         x_global_test=np.zeros((0, d), np.float32), y_global_test=np.zeros(0, np.int64),
-        n_classes=len(config.dataset.params.classes or []), opted_out=np.zeros(n, dtype=bool), input_shape=(d,),
+        n_classes=len(config.dataset.params.classes or []), opted_out=np.zeros(n, dtype=bool), input_shape=shape,
         kind="nodes", params={"nodes": len(nodes)}, nodes=tuple(nodes))
 
 

@@ -5,7 +5,9 @@ label="diagnosis"'`` (optionally ``client="patient_group"``: a column whose valu
 are the node's clients, e.g. the users of a silo). It reads the file (CSV, NPZ or
 Parquet), checks it against the schema the run's config states
 (``dataset.features`` columns, labels among ``dataset.classes``), maps the labels
-to the run's class ids, and splits each of its clients' rows into train / val /
+to the run's class ids, tells the models the shape a row is read in (``dataset.shape``:
+an image model's H×W, the columns in C order, as a simulated federation holds its
+images), and splits each of its clients' rows into train / val /
 test itself, seeded by the run's seed — as :func:`hetfed.partition.make_federation`
 splits a natural federation's clients. What it builds is a
 :class:`~hetfed.partition.Federation` of its own clients only, with no global
@@ -122,5 +124,5 @@ def node_federation(node_config, config: Config) -> Federation:
         train=tuple(s[0] for s in splits), val=tuple(s[1] for s in splits), test=tuple(s[2] for s in splits),
         x_global_test=np.zeros((0, x.shape[1]), np.float32), y_global_test=np.zeros(0, np.int64),
         n_classes=len(ds.classes or []), opted_out=opted_out_mask(len(parts), 0.0, rng),
-        input_shape=(x.shape[1],), kind="nodes", params={"data": path},
+        input_shape=ds.input_shape(), kind="nodes", params={"data": path},
     )

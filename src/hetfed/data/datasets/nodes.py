@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import math
+
 from pydantic import Field, model_validator
 
 from hetfed.config import DatasetConfig
@@ -17,6 +19,10 @@ class NodesParams(ComponentParams):
     features: int | None = Field(None, ge=1, description="the number of feature columns every node's file has")
     classes: list[int | str] | None = Field(
         None, description="the label values of the nodes' label columns, in class order (class id = position)")
+    shape: list[int] | None = Field(
+        None, description="the shape a row's features take as the models' input, its columns read in C order: "
+        "[28, 28] for 28×28 grey images, [32, 32, 3] for colour ones (what an image model, cnn, reads); None: a "
+        "vector of dataset.features")
 
     @model_validator(mode="after")
     def _schema_given(self) -> NodesParams:
@@ -26,7 +32,15 @@ class NodesParams(ComponentParams):
                              "values every node's file uses, e.g. features: 30, classes: [benign, malignant]")
         if len({str(c) for c in self.classes}) != len(self.classes):
             raise ValueError(f"dataset.classes = {self.classes} repeats a label: expected each class once")
+        if self.shape is not None and (not self.shape or min(self.shape) < 1
+                                       or math.prod(self.shape) != self.features):
+            raise ValueError(f"dataset.shape = {self.shape} is not allowed with dataset.features = {self.features}: "
+                             "expected positive sizes whose product is dataset.features, e.g. [28, 28] for 784")
         return self
+
+    def input_shape(self) -> tuple[int, ...]:
+        """What the models read of a row: ``shape``, or the vector of ``features``."""
+        return tuple(self.shape) if self.shape is not None else (int(self.features or 0),)
 
 
 def load_nodes(cfg: DatasetConfig) -> Dataset:
