@@ -35,14 +35,20 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
     blocks = np.array_split(np.arange(simulated.n_clients), 3)
     for p, block in enumerate(blocks):
         path = tmp_path / "ex" / f"node-{p}.npz"
-        assert options[p] == f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\"'"
-        node = node_federation({"data": str(path), "label": "y", "client": "client"}, config)
-        assert node.n_clients == len(block)
+        assert options[p] == (f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\" "
+                              f"split=\"split\" position={p}'")
+        node = node_federation({"data": str(path), "label": "y", "client": "client", "split": "split"}, config)
+        drawn = node_federation({"data": str(path), "label": "y", "client": "client"}, config)
+        assert node.n_clients == drawn.n_clients == len(block)
+        x = np.asarray(simulated.x).reshape(len(simulated.x), -1)
         for mine, k in enumerate(block):  # a node numbers its clients in their order in the file
-            rows = node.client_indices(mine)
             theirs = simulated.client_indices(int(k))
-            x = np.asarray(simulated.x).reshape(len(simulated.x), -1)
-            assert _rows(node.x[rows], node.y[rows]) == _rows(x[theirs], np.asarray(simulated.y)[theirs])
+            assert _rows(drawn.x[drawn.client_indices(mine)], drawn.y[drawn.client_indices(mine)]) == _rows(
+                x[theirs], np.asarray(simulated.y)[theirs])  # without the split column: its rows, split anew
+            for split in ("train", "val", "test"):  # with it: the simulation's splits, row for row, in their order
+                rows, sim = getattr(node, split)[mine], getattr(simulated, split)[int(k)]
+                assert node.x[rows].tobytes() == x[sim].astype(np.float32).tobytes()
+                assert node.y[rows].tolist() == np.asarray(simulated.y)[sim].tolist()
 
 
 @pytest.mark.parametrize("args,expected", [
@@ -64,20 +70,26 @@ def test_what_cannot_be_exported_is_one_line_before_any_data_is_loaded(tmp_path,
 
 
 @pytest.mark.slow
-def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_path, capfd):
-    """Γ on each client's every row (``heterogeneity.on: all``) sees the same rows in the simulation and on the nodes,
-    which split them themselves: the Γ the server computes from the clients' summaries is the simulation's."""
+def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_path, capfd):
+    """The exported nodes on a loopback deployment — a CNN, each node reading its rows as images (``dataset.shape``)
+    — train and evaluate the clients the simulation did, in its splits (the ``split`` column) and under its client
+    numbers (each node's ``position``), so every client's metrics and their means are the simulated run's (to float
+    rounding: the nodes sum their cohorts before the server does); and Γ on each client's every row
+    (``heterogeneity.on: all``), computed by the server from the clients' summaries, is the simulation's."""
     pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
+    import pandas as pd
+
     from hetfed.flower.deploy import LocalDeployment
 
-    sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=1", "--set",
-            "model.kind=cnn", "--set",
-            "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set", "flower.connect_timeout=300"]
+    sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=2", "--set",
+            "model.kind=cnn", "--set", "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set",
+            "flower.connect_timeout=300"]
     assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
     simulated = json.loads(capfd.readouterr().out)
+    assert main(["run", *sets, "--out", str(tmp_path / "sim"), "--no-report"]) == 0
     options = [line.split("'")[1] for line in (tmp_path / "ex" / "nodes.txt").read_text().splitlines()]
     out = tmp_path / "run"
-    with LocalDeployment(tmp_path / "dep", 2, node_configs=options):
+    with LocalDeployment(tmp_path / "dep", 2, node_configs=options[::-1]):  # started in the other order
         code = main(["flower", "run", str(tmp_path / "ex" / "federation.yaml"), "--deployment", str(tmp_path / "dep"),
                      "--out", str(out), "--no-report"])
     printed = capfd.readouterr()
@@ -85,7 +97,11 @@ def test_a_deployment_of_the_exported_nodes_measures_the_simulations_gamma(tmp_p
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_clients"] == 4
     assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)
-    assert 0.0 <= summary["methods"]["fedavg"]["final"]["local_accuracy_mean"] <= 1.0
+    key = ["round", "split", "client", "metric"]
+    real, sim = (pd.read_csv(d / "metrics.csv").set_index(key)["value"] for d in (out, tmp_path / "sim"))
+    scored = real[real.index.get_level_values("metric").str.contains("local_|val_")]
+    assert len(scored) >= 2 * (4 + 1) * 4  # each round: every client's and the mean's local and val scores
+    assert scored.to_numpy() == pytest.approx(sim.loc[scored.index].to_numpy(), rel=1e-5, abs=1e-7)
 
 
 def test_an_export_whose_methods_the_nodes_could_not_run_is_one_line_and_writes_nothing(tmp_path, capsys):

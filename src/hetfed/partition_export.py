@@ -24,6 +24,7 @@ import yaml
 
 from hetfed.config import Config, as_given
 from hetfed.errors import ConfigError
+from hetfed.flower.node_data import SPLITS
 from hetfed.partition import Federation, client_blocks
 from hetfed.runs.rundir import check_out, write_atomic
 
@@ -58,16 +59,24 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
         index = np.concatenate(rows)
         path = folder / f"node-{p}.npz"
         arrays = {"x": x[index], "y": np.asarray(fed.y)[index].astype(np.int64),
-                  "client": np.repeat(block, [len(r) for r in rows]).astype(np.int64)}
+                  "client": np.repeat(block, [len(r) for r in rows]).astype(np.int64),
+                  "split": np.concatenate([_split_of(fed, int(c)) for c in block])}
         write_atomic(path, partial(_savez, arrays=arrays), binary=True)
         written.append(path)
     write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment, fh, sort_keys=False))
-    write_atomic(folder / COMMANDS_FILE, lambda fh: fh.write("".join(f"{node_options(p)}\n" for p in written)))
+    write_atomic(folder / COMMANDS_FILE,
+                 lambda fh: fh.write("".join(f"{node_options(p, i)}\n" for i, p in enumerate(written))))
     return written
 
 
+def _split_of(fed: Federation, k: int) -> np.ndarray:
+    """Each row of client ``k`` (in :meth:`~hetfed.partition.Federation.client_indices`' order) named by the split
+    the simulation put it in."""
+    return np.repeat(np.array(SPLITS), [len(fed.train[k]), len(fed.val[k]), len(fed.test[k])])
+
+
 def _savez(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
-    np.savez(fh, x=arrays["x"], y=arrays["y"], client=arrays["client"])
+    np.savez(fh, x=arrays["x"], y=arrays["y"], client=arrays["client"], split=arrays["split"])
 
 
 def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, Any]:
@@ -104,6 +113,9 @@ def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
         raise ConfigError(f"--export: the nodes could not run this config's methods: {err}") from None
 
 
-def node_options(path: Path) -> str:
-    """A node's ``flower-supernode`` options for its file (its clients in the ``client`` column)."""
-    return f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\"'"
+def node_options(path: Path, place: int) -> str:
+    """A node's ``flower-supernode`` options for its file: its clients in the ``client`` column, their splits in the
+    ``split`` column, and its ``position`` among the nodes — so the server numbers every client as the simulation
+    did."""
+    return (f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\" split=\"split\" "
+            f"position={place}'")

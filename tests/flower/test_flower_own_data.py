@@ -165,6 +165,51 @@ def test_a_node_file_that_does_not_fit_the_run_is_refused_with_the_file_and_the_
             node_federation({"data": str(tmp_path / name), "label": "outcome"}, cfg)
 
 
+def test_a_split_column_keeps_the_sites_own_train_validation_and_test_rows(tmp_path):
+    """``split="…"`` in the node config: each client's rows as the column splits them (a site's own held-out test
+    set), in the file's order, whatever partition.val_fraction / test_fraction say; in CSV, NPZ and Parquet alike.
+    A value other than train / val / test, a client with no train row and a missing column are one-line errors."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from hetfed.config import build_config
+    from hetfed.errors import DataError
+    from hetfed.flower.node_data import node_federation
+
+    cfg = build_config({"dataset": {"name": "nodes", "features": D, "classes": CLASSES},
+                        "partition": {"kind": "natural", "clients": None}, "flower": {"nodes": 1},
+                        "train": {"executor": "flower"}})
+    x, y = _site(2, 30, 0.0)
+    users = np.repeat(["u1", "u2"], 15)
+    part = np.array((["train"] * 9 + ["val"] * 2 + ["test"] * 4) * 2)
+    with open(tmp_path / "site.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow([f"f{j}" for j in range(D)] + ["diagnosis", "user", "part"])
+        w.writerows([*map(repr, map(float, row)), lab, u, s] for row, lab, u, s in zip(x, y, users, part, strict=True))
+    np.savez(tmp_path / "site.npz", x=x, diagnosis=y, user=users, part=part)
+    pq.write_table(pa.table({**{f"f{j}": x[:, j] for j in range(D)}, "diagnosis": y.tolist(), "user": users.tolist(),
+                             "part": part.tolist()}), tmp_path / "site.parquet")
+    for name in ("site.csv", "site.npz", "site.parquet"):
+        fed = node_federation({"data": str(tmp_path / name), "label": "diagnosis", "client": "user", "split": "part"},
+                              cfg)
+        assert fed.x.shape == (30, D) and np.array_equal(fed.x, x)  # the split column is not a feature
+        for k, first in enumerate((0, 15)):
+            assert fed.train[k].tolist() == list(range(first, first + 9))
+            assert fed.val[k].tolist() == [first + 9, first + 10]
+            assert fed.test[k].tolist() == list(range(first + 11, first + 15))
+    bad = {"odd.npz": (np.where(part == "val", "holdout", part), "holds \\['holdout'\\]: expected only \\['train', "
+                                                                   "'val', 'test'\\]"),
+           "untrained.npz": (np.where(users == "u2", "test", part), "client 'u2' has no train row")}
+    for name, (column, message) in bad.items():
+        np.savez(tmp_path / name, x=x, diagnosis=y, user=users, part=column)
+        with pytest.raises(DataError, match=message):
+            node_federation({"data": str(tmp_path / name), "label": "diagnosis", "client": "user", "split": "part"},
+                            cfg)
+    with pytest.raises(DataError, match="has no (split column|column 'part')"):
+        for name in ("site.npz", "site.csv"):
+            node_federation({"data": str(tmp_path / name), "label": "diagnosis", "split": "phase"}, cfg)
+
+
 def test_a_nodes_config_states_its_schema_and_runs_only_on_a_deployment(tmp_path, capsys):
     from hetfed.cli import main
 
@@ -176,3 +221,28 @@ def test_a_nodes_config_states_its_schema_and_runs_only_on_a_deployment(tmp_path
     err = capsys.readouterr().err
     assert "dataset.name = 'nodes' cannot be loaded here" in err and "hetfed flower run" in err
     assert not (tmp_path / "r").exists()
+
+
+def test_the_nodes_clients_are_numbered_by_the_nodes_positions_not_their_ids(monkeypatch):
+    """Flower draws a SuperNode's id anew at every start: the server numbers the clients of nodes that give a
+    ``position`` in that order (then the others, by id), so a deployment started again numbers every client — and
+    its clients draw their streams — as before; a position that is not a whole number ≥ 0 is the node's error."""
+    from types import SimpleNamespace
+
+    from hetfed.errors import DataError
+    from hetfed.flower import discovery
+    from hetfed.flower.node_data import position
+
+    monkeypatch.setattr(discovery, "records_to_summaries", lambda content: [])
+
+    def reply(clients: int, place: int | None = None) -> SimpleNamespace:
+        rec = {"clients": list(range(clients)), "own": True, **({"position": place} if place is not None else {})}
+        return SimpleNamespace(has_error=lambda: False, content=SimpleNamespace(config_records={"node": rec}))
+
+    replies = {7: reply(2, 1), 3: reply(3), 9: reply(1, 0), 5: reply(4, 2), 1: reply(2)}
+    usable, problems = discovery._usable(sorted(replies), replies)
+    assert [(node, held) for node, held, _ in usable] == [(9, 1), (7, 2), (5, 4), (1, 2), (3, 3)] and not problems
+    assert [position(c) for c in ({}, {"position": 0}, {"position": "3"})] == [None, 0, 3]
+    for bad in (-1, 1.5, "first", True):
+        with pytest.raises(DataError, match=r"node config position = .* is not allowed: expected a whole number ≥ 0"):
+            position({"position": bad})

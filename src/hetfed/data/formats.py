@@ -115,15 +115,16 @@ def read_ag_news_csv(path: str | Path) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(texts, dtype=object), np.asarray(labels, dtype=np.int64)
 
 
-def read_arrays(path: str | Path, label: str = "y", client: str = "client") -> dict[str, np.ndarray]:
+def read_arrays(path: str | Path, label: str = "y", client: str = "client",
+                split: str = "split") -> dict[str, np.ndarray]:
     """Read user data from ``.npz`` or ``.parquet``.
 
     Keys/columns: ``x`` (features; in parquet, one column per feature or a list
     column ``x``), ``y`` (labels), optional ``client`` (natural client ids) and
     optional ``split`` ("train"/"test"). Any other parquet column is a feature.
-    ``label`` and ``client`` name the label and client keys/columns when they are
-    not ``y`` and ``client`` (a Flower node's ``label=…``); they are returned as
-    ``y`` and ``client``.
+    ``label``, ``client`` and ``split`` name those keys/columns when they are
+    not ``y``, ``client`` and ``split`` (a Flower node's ``label=…``); they are returned as
+    ``y``, ``client`` and ``split``.
     """
     p = Path(path)
     if not p.is_file():
@@ -149,9 +150,9 @@ def read_arrays(path: str | Path, label: str = "y", client: str = "client") -> d
         if x.ndim < 2 and x.dtype.kind not in "US":  # texts are one string per sample; numbers need a feature axis
             raise DataError(f"{str(p)!r}: array 'x' has shape {x.shape}: expected samples × features (at least 2 "
                             "dimensions, e.g. x.reshape(-1, 1) for one feature), or one string per sample for texts")
-        return _renamed(out, label, client)
+        return _renamed(out, label, client, split)
     if p.suffix == ".parquet":
-        return _read_parquet(p, label, client)
+        return _read_parquet(p, label, client, split)
     raise DataError(f"dataset.path = {str(p)!r}: expected a .npz or .parquet file")
 
 
@@ -178,16 +179,17 @@ def _require_zip(p: Path) -> None:
     raise DataError(f"dataset.path = {str(p)!r} {what}: expected an .npz file written by np.savez with arrays x and y")
 
 
-def _renamed(arrays: dict[str, np.ndarray], label: str, client: str) -> dict[str, np.ndarray]:
-    """``arrays`` with the ``label`` and ``client`` keys named ``y`` and ``client``."""
-    out = {k: v for k, v in arrays.items() if k not in (label, client)}
+def _renamed(arrays: dict[str, np.ndarray], label: str, client: str, split: str) -> dict[str, np.ndarray]:
+    """``arrays`` with the ``label``, ``client`` and ``split`` keys named ``y``, ``client`` and ``split``."""
+    out = {k: v for k, v in arrays.items() if k not in (label, client, split)}
     out["y"] = arrays[label]
-    if client in arrays:
-        out["client"] = arrays[client]
+    for key, name in (("client", client), ("split", split)):
+        if name in arrays:
+            out[key] = arrays[name]
     return out
 
 
-def _read_parquet(p: Path, label: str = "y", client: str = "client") -> dict[str, np.ndarray]:
+def _read_parquet(p: Path, label: str = "y", client: str = "client", split: str = "split") -> dict[str, np.ndarray]:
     try:
         import pyarrow.parquet as pq
     except ImportError:
@@ -200,7 +202,7 @@ def _read_parquet(p: Path, label: str = "y", client: str = "client") -> dict[str
     if label not in cols:
         raise DataError(f"{str(p)!r} lacks the column {label!r} (has {sorted(cols)})")
     out: dict[str, np.ndarray] = {"y": np.asarray(cols.pop(label))}
-    for key, name in (("client", client), ("split", "split")):
+    for key, name in (("client", client), ("split", split)):
         if name in cols:
             out[key] = np.asarray(cols.pop(name))
     if "x" in cols:

@@ -168,15 +168,17 @@ def set_up(content: RecordDict, node_config) -> tuple[dict, list[int]]:
     """The set-up question's answer — which clients this node holds (and, when asked, their Γ summaries) — and
     those clients. The node also builds its clients' data now (the question comes first, or with the first step)."""
     from hetfed.errors import HetfedError
-    from hetfed.flower.node_data import own_data
+    from hetfed.flower.node_data import own_data, position
 
     own = own_data(node_config)
     try:
         side = node_side(content.config_records[RUN], node_config)
+        place = position(node_config) if own else None
     except HetfedError as err:  # the node's own file does not fit the run: the server's user reads why
         return {"node": ConfigRecord({"error": str(err), "own": own})}, []
     clients = node_clients(node_config, side.fed.n_clients)
-    records: dict = {"node": ConfigRecord({"clients": clients, "own": own})}
+    records: dict = {"node": ConfigRecord({"clients": clients, "own": own,
+                                           **({"position": place} if place is not None else {})})}
     if GAMMA in content and clients:
         records.update(summary_step(side, clients, content.config_records[GAMMA]))
     return records, clients

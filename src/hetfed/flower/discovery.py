@@ -48,8 +48,33 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     replies = {m.metadata.src_node_id: m for m in send_and_receive(grid, messages,
                                                                    max(1.0, deadline - time.monotonic()))}
     unpack_replies(replies.values())
+    usable, problems = _usable(node_ids, replies)
     nodes: list[tuple[int, int, int]] = []
     summaries: list[Any] = []
+    for node, held, node_summaries in usable:  # their clients numbered in this order (the offsets)
+        nodes.append((node, sum(m for _, _, m in nodes), held))
+        summaries += node_summaries
+    for line in problems:
+        warn(f"warning: {line}; the run goes on without this node")
+    n_clients = sum(m for _, _, m in nodes)
+    if n_clients < max(1, f.min_replies):
+        raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
+                       f"({n_clients} clients, flower.min_replies = {f.min_replies})"
+                       + (f": {'; '.join(problems)}" if problems else ""))
+    if len(node_ids) < (f.nodes or 1):
+        warn(f"warning: {len(node_ids)} of flower.nodes = {f.nodes} SuperNodes connected within "
+             f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
+    fed = skeleton(config, nodes)
+    # no data here: the nodes hold it
+    return Prepared(None, fed, gamma_of(config, summaries), (), [])
+
+
+def _usable(node_ids: list[int], replies: dict[int, Any]) -> tuple[list[tuple[int, int, list[Any]]], list[str]]:
+    """The nodes that serve usable data — each one's id, how many clients it holds and their Γ summaries — in the
+    order their clients are numbered: by the ``position`` a node's config gives (:data:`~hetfed.flower.node_data.
+    POSITION`; the same numbers whenever the deployment is started again, and a node's clients the numbers its
+    position gives), the others after them, each group by node id; and a line for each node refused."""
+    usable: list[tuple[tuple[bool, int, int], int, int, list[Any]]] = []
     problems: list[str] = []
     for node in node_ids:
         reply = replies.get(node)
@@ -65,22 +90,10 @@ def discover(grid, config: Config, warn=print) -> Prepared:
             problems.append(f"SuperNode {node}: serves a simulated partition (partition-id), not its own data; "
                             "expected --node-config 'data=\"FILE\" label=\"COLUMN\"'")
             continue
-        held = len(listed(rec["clients"]))
-        nodes.append((node, sum(m for _, _, m in nodes), held))
-        summaries += records_to_summaries(reply.content)
-    for line in problems:
-        warn(f"warning: {line}; the run goes on without this node")
-    n_clients = sum(m for _, _, m in nodes)
-    if n_clients < max(1, f.min_replies):
-        raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
-                       f"({n_clients} clients, flower.min_replies = {f.min_replies})"
-                       + (f": {'; '.join(problems)}" if problems else ""))
-    if len(node_ids) < (f.nodes or 1):
-        warn(f"warning: {len(node_ids)} of flower.nodes = {f.nodes} SuperNodes connected within "
-             f"flower.connect_timeout = {f.connect_timeout:g} s; the run goes on with them")
-    fed = skeleton(config, nodes)
-    # no data here: the nodes hold it
-    return Prepared(None, fed, gamma_of(config, summaries), (), [])
+        position = rec.get("position")
+        order = (position is None, int(position or 0), node)
+        usable.append((order, node, len(listed(rec["clients"])), records_to_summaries(reply.content)))
+    return [(node, held, summaries) for _, node, held, summaries in sorted(usable, key=lambda u: u[0])], problems
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:

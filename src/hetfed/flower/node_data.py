@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import csv
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -28,8 +29,11 @@ from hetfed.config import Config
 from hetfed.errors import DataError
 from hetfed.partition import Federation, opted_out_mask, split_client
 
-#: the node config's keys: the file, its label column, its client column (optional)
-DATA, LABEL, CLIENT = "data", "label", "client"
+#: the node config's keys: the file, its label column, its client column and its split column (both optional), and
+#: the node's place among the nodes (optional: :func:`position`)
+DATA, LABEL, CLIENT, SPLIT, POSITION = "data", "label", "client", "split", "position"
+#: a split column's values
+SPLITS = ("train", "val", "test")
 
 
 def own_data(node_config) -> bool:
@@ -37,48 +41,70 @@ def own_data(node_config) -> bool:
     return DATA in node_config
 
 
-def read_table(path: str | Path, label: str = "y", client: str | None = None) -> dict[str, np.ndarray]:
-    """``x`` (float32 features), ``y`` (labels as read) and ``client`` (when named) of a .csv, .npz or
-    .parquet file; every column but the label and client columns is a feature."""
+def position(node_config) -> int | None:
+    """The node's place among the nodes (``position=P``, P ≥ 0; None: not given): the server numbers the clients of
+    nodes with a lower position first, so a deployment started again numbers every client as before — and a run's
+    clients draw their batches, dropout and initial states from their numbers — instead of in the order of the
+    nodes' ids, which Flower draws anew at every start."""
+    if POSITION not in node_config:
+        return None
+    given = node_config[POSITION]
+    try:
+        value = int(given)
+    except (TypeError, ValueError):
+        value = -1
+    if value < 0 or str(value) != str(given).strip():
+        raise DataError(f"node config position = {given!r} is not allowed: expected a whole number ≥ 0 (the node's "
+                        "place among the nodes)")
+    return value
+
+
+def read_table(path: str | Path, label: str = "y", client: str | None = None,
+               split: str | None = None) -> dict[str, np.ndarray]:
+    """``x`` (float32 features), ``y`` (labels as read), ``client`` and ``split`` (each when named) of a .csv, .npz
+    or .parquet file; every column but the label, client and split columns is a feature."""
     p = Path(path)
     if not p.is_file():
         raise DataError(f"node data {str(p)!r} does not exist: expected a .csv, .npz or .parquet file on this node")
     if p.suffix == ".csv":
-        return _read_csv(p, label, client)
+        return _read_csv(p, label, client, split)
     if p.suffix not in (".npz", ".parquet"):
         raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
     from hetfed.data.formats import read_arrays
 
-    d = read_arrays(p, label, client or "client")
+    d = read_arrays(p, label, client or "client", split or "split")
     out = {"x": np.asarray(d["x"], dtype=np.float32).reshape(len(d["y"]), -1), "y": np.asarray(d["y"])}
-    if client is not None:
-        if "client" not in d:
-            raise DataError(f"node data {str(p)!r} has no client column (node config client = {client!r})")
-        out["client"] = np.asarray(d["client"])
+    for key, name in (("client", client), ("split", split)):
+        if name is not None:
+            if key not in d:
+                raise DataError(f"node data {str(p)!r} has no {key} column (node config {key} = {name!r})")
+            out[key] = np.asarray(d[key])
     return out
 
 
-def _read_csv(p: Path, label: str, client: str | None) -> dict[str, np.ndarray]:
+def _read_csv(p: Path, label: str, client: str | None, split: str | None) -> dict[str, np.ndarray]:
     with open(p, newline="", encoding="utf-8") as fh:
         rows = list(csv.reader(fh))
     if not rows or not rows[0]:
         raise DataError(f"node data {str(p)!r} is empty: expected a header row and one row per sample")
     header, body = rows[0], [r for r in rows[1:] if r]
-    for name in (label, *([client] if client else [])):
+    named = [label, *(n for n in (client, split) if n)]
+    for name in named:
         if name not in header:
             raise DataError(f"node data {str(p)!r} has no column {name!r} (columns: {header[:12]}); "
-                            "expected the node config's label/client columns")
+                            "expected the node config's label/client/split columns")
     if not body:
         raise DataError(f"node data {str(p)!r} has a header but no rows")
-    features = [j for j, name in enumerate(header) if name not in (label, client)]
+    features = [j for j, name in enumerate(header) if name not in named]
     try:
         x = np.asarray([[float(r[j]) for j in features] for r in body], dtype=np.float32)
     except (ValueError, IndexError) as err:
         raise DataError(f"node data {str(p)!r}: a feature is not a number or a row is short ({err}); "
                         "expected numeric feature columns") from None
     out = {"x": x, "y": np.asarray([r[header.index(label)] for r in body])}
-    if client:
-        out["client"] = np.asarray([r[header.index(client)] for r in body])
+    for key, column in (("client", client), ("split", split)):
+        if column:
+            out[key] = np.asarray([r[header.index(column)] for r in body])
     return out
 
 
@@ -95,12 +121,33 @@ def class_ids(labels: np.ndarray, classes: list, where: str) -> np.ndarray:
     return np.asarray([index[t] for t in text], dtype=np.int64)
 
 
+def given_splits(column: np.ndarray, parts: list[np.ndarray], names: list[Any], where: str
+                 ) -> list[tuple[np.ndarray, np.ndarray, np.ndarray]]:
+    """Each client's train, validation and test rows as the file's split column says (in the file's order): the
+    splits a site already has — or the simulation's, in the files ``hetfed partition --export`` writes — kept instead
+    of drawn. A value other than train / val / test, or a client with no row to train on, is refused."""
+    text = np.asarray([str(v.item() if isinstance(v, np.generic) else v) for v in column])
+    unknown = sorted(set(text.tolist()) - set(SPLITS))
+    if unknown:
+        raise DataError(f"{where} holds {unknown[:3]}: expected only {list(SPLITS)}")
+    out = []
+    for j, rows in enumerate(parts):
+        train, val, test = (rows[text[rows] == name] for name in SPLITS)
+        if not len(train):
+            name = names[j].item() if isinstance(names[j], np.generic) else names[j]
+            raise DataError(f"{where}: client {name!r} has no train row; expected at least one train row a client")
+        out.append((train, val, test))
+    return out
+
+
 def node_federation(node_config, config: Config) -> Federation:
-    """The node's clients from its own file, checked against the run's schema and split train/val/test."""
+    """The node's clients from its own file, checked against the run's schema and split train/val/test (by its
+    split column when the node config names one, else drawn as the natural partition draws it)."""
     ds = config.dataset.params
     path = str(node_config[DATA])
     client = str(node_config[CLIENT]) if CLIENT in node_config else None
-    table = read_table(path, str(node_config.get(LABEL, "y")), client)
+    split = str(node_config[SPLIT]) if SPLIT in node_config else None
+    table = read_table(path, str(node_config.get(LABEL, "y")), client, split)
     where = f"node data {path!r}"
     x = table["x"]
     if len(x) == 0:
@@ -112,13 +159,14 @@ def node_federation(node_config, config: Config) -> Federation:
     y = class_ids(table["y"], list(ds.classes or []), where)
     ids = table.get("client")
     names, owner = np.unique(ids, return_inverse=True) if ids is not None else (np.zeros(1), np.zeros(len(y), int))
-    parts = [np.flatnonzero(owner == j) for j in range(len(names))]
     least = getattr(config.partition.params, "natural_min_samples", 1)  # the natural partitioner's floor, if chosen
-    parts = [p for p in parts if len(p) >= least]
+    kept = [(names[j], p) for j in range(len(names)) if len(p := np.flatnonzero(owner == j)) >= least]
+    names, parts = [n for n, _ in kept], [p for _, p in kept]
     if not parts:
         raise DataError(f"{where}: no client holds partition.natural_min_samples = {least} rows")
     rng = np.random.default_rng([config.seed, 0x5B17])  # the natural partition's split, as make_federation does
-    splits = [split_client(p, y, config.partition.val_fraction, config.partition.test_fraction, rng) for p in parts]
+    splits = ([split_client(p, y, config.partition.val_fraction, config.partition.test_fraction, rng) for p in parts]
+              if split is None else given_splits(table["split"], parts, names, f"{where} (split column {split!r})"))
     return Federation(
         x=x, y=y,
         train=tuple(s[0] for s in splits), val=tuple(s[1] for s in splits), test=tuple(s[2] for s in splits),
