@@ -80,6 +80,7 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     import pandas as pd
 
     from hetfed.flower.deploy import LocalDeployment
+    from hetfed.processes import process_alive
 
     sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=2", "--set",
             "model.kind=cnn", "--set", "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set",
@@ -87,13 +88,18 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
     simulated = json.loads(capfd.readouterr().out)
     assert main(["run", *sets, "--out", str(tmp_path / "sim"), "--no-report"]) == 0
-    options = [line.split("'")[1] for line in (tmp_path / "ex" / "nodes.txt").read_text().splitlines()]
-    out = tmp_path / "run"
-    with LocalDeployment(tmp_path / "dep", 2, node_configs=options[::-1]):  # started in the other order
-        code = main(["flower", "run", str(tmp_path / "ex" / "federation.yaml"), "--deployment", str(tmp_path / "dep"),
-                     "--out", str(out), "--no-report"])
+    out, dep = tmp_path / "run", str(tmp_path / "dep")
+    assert main(["flower", "start", dep, "--node-configs", str(tmp_path / "ex" / "nodes.txt")]) == 0
+    pids = LocalDeployment.load(dep).pids
+    assert len(pids) == 1 + 2  # the SuperLink and a SuperNode a line of nodes.txt
+    try:  # as a user runs it: the nodes of nodes.txt started, the exported config submitted to them
+        code = main(["flower", "run", str(tmp_path / "ex" / "federation.yaml"), "--deployment", dep, "--out", str(out),
+                     "--no-report"])
+    finally:
+        assert main(["flower", "stop", dep]) == 0
     printed = capfd.readouterr()
     assert code == 0, printed.out[-3000:] + printed.err[-3000:]
+    assert not any(map(process_alive, pids.values()))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_clients"] == 4
     assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)

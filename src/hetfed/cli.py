@@ -123,9 +123,12 @@ def build_parser() -> argparse.ArgumentParser:
     q.set_defaults(func=cmd_flower_app)
     q = fsub.add_parser("start", help="start a local deployment: one SuperLink + K SuperNodes (detached)")
     q.add_argument("dir", help="folder for the deployment's logs, PIDs and Flower config")
-    q.add_argument("--nodes", "--clients", dest="nodes", type=int, required=True,
+    q.add_argument("--nodes", "--clients", dest="nodes", type=int,
                    help="SuperNodes to start; node P holds the P-th of K blocks of the federation's clients "
                         "(K = partition.clients: one client per node)")
+    q.add_argument("--node-configs", metavar="FILE",
+                   help="start one SuperNode a line of FILE with that --node-config: nodes with their own data, "
+                        "such as the nodes.txt of `hetfed partition --export`")
     q.add_argument("--port", type=int, default=0, help="SuperLink port (default: a free one)")
     q.add_argument("--host", default="127.0.0.1", help="address the SuperLink listens on (default: loopback only)")
     q.add_argument("--insecure", action="store_true",
@@ -204,17 +207,25 @@ def cmd_flower_app(args: argparse.Namespace) -> int:
 
 def cmd_flower_start(args: argparse.Namespace) -> int:
     from hetfed.flower import require_flwr
-    from hetfed.flower.deploy import LocalDeployment
+    from hetfed.flower.deploy import LocalDeployment, read_node_configs
 
     require_flwr()
-    if args.nodes < 1:
+    configs = read_node_configs(args.node_configs) if args.node_configs is not None else None
+    nodes = args.nodes if args.nodes is not None else len(configs or [])
+    if configs is not None and args.nodes is not None and args.nodes != len(configs):
+        raise ConfigError(f"--nodes {args.nodes} is not allowed with --node-configs {args.node_configs!r}: it "
+                          f"holds {len(configs)} node configs; expected --nodes {len(configs)} or none")
+    if args.nodes is None and configs is None:
+        raise ConfigError("hetfed flower start needs --nodes K (simulated partitions) or --node-configs FILE (nodes "
+                          "with their own data)")
+    if nodes < 1:
         raise ConfigError(f"--nodes {args.nodes} is not allowed: expected ≥ 1")
-    dep = LocalDeployment(Path(args.dir), args.nodes, args.port, secure=not args.insecure, host=args.host,
-                          allow_insecure_remote=args.allow_insecure_remote,
+    dep = LocalDeployment(Path(args.dir), nodes, args.port, secure=not args.insecure, host=args.host,
+                          allow_insecure_remote=args.allow_insecure_remote, node_configs=configs,
                           superexec_poll=args.superexec_poll).start()
     how = (f"TLS (CA: {dep.credentials_dir / 'ca.crt'}), only registered SuperNode keys admitted" if dep.secure
            else "INSECURE: no TLS, any SuperNode admitted")
-    console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {args.nodes} SuperNodes; PIDs in "
+    console.print(f"SuperLink on {dep.host}:{dep.port} ({how}), {nodes} SuperNodes; PIDs in "
                   f"{Path(args.dir) / 'deployment.json'}; stop with `hetfed flower stop {args.dir}`", soft_wrap=True)
     return 0
 

@@ -246,3 +246,30 @@ def test_the_nodes_clients_are_numbered_by_the_nodes_positions_not_their_ids(mon
     for bad in (-1, 1.5, "first", True):
         with pytest.raises(DataError, match=r"node config position = .* is not allowed: expected a whole number ≥ 0"):
             position({"position": bad})
+
+
+def test_flower_start_reads_one_node_config_a_line_and_refuses_what_it_cannot(tmp_path, capsys):
+    """``hetfed flower start DIR --node-configs FILE``: a SuperNode a line (nodes.txt's ``--node-config '…'`` or the
+    config alone; blank lines and comments skipped); an unreadable file, an unquoted config, an unclosed quote,
+    a --nodes that disagrees or neither option is one line, exit 2, nothing started."""
+    from hetfed.cli import main
+    from hetfed.flower.deploy import read_node_configs
+
+    listed = tmp_path / "nodes.txt"
+    listed.write_text("# the site's nodes\n--node-config 'data=\"/srv/a.npz\" label=\"y\" position=0'\n\n"
+                      "data=\"/srv/b.csv\" label=\"diagnosis\"\n")
+    assert read_node_configs(listed) == ['data="/srv/a.npz" label="y" position=0',
+                                         'data="/srv/b.csv" label="diagnosis"']
+    (tmp_path / "two.txt").write_text("--node-config data=1 label=2\n")
+    (tmp_path / "open.txt").write_text("--node-config 'data=1\n")
+    (tmp_path / "empty.txt").write_text("# none\n")
+    for args, message in ((["--node-configs", str(tmp_path / "missing.txt")], "cannot be read"),
+                          (["--node-configs", str(tmp_path / "two.txt")], "label=2': expected one node config"),
+                          (["--node-configs", str(tmp_path / "open.txt")], "line 1: No closing quotation"),
+                          (["--node-configs", str(tmp_path / "empty.txt")], "holds no node config"),
+                          (["--node-configs", str(listed), "--nodes", "3"], "holds 2 node configs; expected --nodes 2"),
+                          ([], "needs --nodes K (simulated partitions) or --node-configs FILE")):
+        assert main(["flower", "start", str(tmp_path / "dep"), *args]) == 2
+        err = capsys.readouterr().err.strip().splitlines()
+        assert len(err) == 1 and message in err[0], err
+        assert not (tmp_path / "dep").exists()

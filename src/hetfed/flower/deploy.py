@@ -128,6 +128,39 @@ def _wait_for_port(port: int, timeout: float, proc: subprocess.Popen, what: str,
 LOOPBACK = ("127.0.0.1", "localhost", "::1")
 
 
+def read_node_configs(path: str | Path) -> list[str]:
+    """Each SuperNode's ``--node-config`` from a file of one line a node — as ``hetfed partition --export`` writes
+    ``nodes.txt``: ``--node-config '<config>'`` (shell-quoted), or the config alone; blank lines and lines that start
+    with ``#`` skipped."""
+    import shlex
+
+    p = Path(path)
+    try:
+        lines = p.read_text(encoding="utf-8").splitlines()
+    except OSError as err:
+        raise ConfigError(f"--node-configs {str(p)!r} cannot be read ({err.strerror}): expected a file of one "
+                          "--node-config a SuperNode, such as the nodes.txt of hetfed partition --export") from None
+    configs = []
+    for number, line in enumerate(lines, 1):
+        text = line.strip()
+        if not text or text.startswith("#"):
+            continue
+        if not text.startswith("--node-config"):  # the config alone, as flower-supernode is given it
+            configs.append(text)
+            continue
+        try:
+            words = shlex.split(text)
+        except ValueError as err:
+            raise ConfigError(f"--node-configs {str(p)!r} line {number}: {err}") from None
+        if len(words) != 2:
+            raise ConfigError(f"--node-configs {str(p)!r} line {number} is {text!r}: expected one node config, "
+                              "--node-config 'data=\"FILE\" label=\"y\" …' (quoted)")
+        configs.append(words[1])
+    if not configs:
+        raise ConfigError(f"--node-configs {str(p)!r} holds no node config: expected one line a SuperNode")
+    return configs
+
+
 @dataclass
 class LocalDeployment:
     """SuperLink + ``n_nodes`` SuperNodes on this machine, started and stopped by PID."""
