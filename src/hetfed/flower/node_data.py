@@ -9,7 +9,9 @@ to the run's class ids, tells the models the shape a row is read in (``dataset.s
 an image model's H×W, the columns in C order, as a simulated federation holds its
 images), and splits each of its clients' rows into train / val /
 test itself, seeded by the run's seed — as :func:`hetfed.partition.make_federation`
-splits a natural federation's clients. What it builds is a
+splits a natural federation's clients — or as a split column of the file says
+(``split="COLUMN"``: a site's own held-out rows, or the simulation's splits in the
+files ``hetfed partition --export`` writes). What it builds is a
 :class:`~hetfed.partition.Federation` of its own clients only, with no global
 test set; every step then runs on it exactly as on a simulated node.
 
