@@ -205,6 +205,16 @@ def test_a_split_column_keeps_the_sites_own_train_validation_and_test_rows(tmp_p
         with pytest.raises(DataError, match=message):
             node_federation({"data": str(tmp_path / name), "label": "diagnosis", "client": "user", "split": "part"},
                             cfg)
+    # one process serving two nodes of one file (a Simulation Engine's worker) reads it as each node's config says
+    from flwr.app import ConfigRecord
+
+    from hetfed.config import dump_config
+    from hetfed.flower.node import node_side
+
+    run = ConfigRecord({"config": dump_config(cfg), "method": 0})
+    given = {"data": str(tmp_path / "site.npz"), "label": "diagnosis", "client": "user"}
+    kept = node_side(run, {**given, "split": "part"}).fed
+    assert kept.val[0].tolist() == [9, 10] and node_side(run, given).fed.val[0].tolist() != [9, 10]
     with pytest.raises(DataError, match="has no (split column|column 'part')"):
         for name in ("site.npz", "site.csv"):
             node_federation({"data": str(tmp_path / name), "label": "diagnosis", "split": "phase"}, cfg)
