@@ -30,6 +30,7 @@
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import numpy as np
@@ -394,6 +395,8 @@ class Heterogeneity:
     gamma_given_label_iid_sd: float = float("nan")
     #: False: Γ was not measured (``heterogeneity.gamma: false``), only the label-skew figures
     gamma_measured: bool = True
+    #: seconds Γ(x|y) and its reference took (not reported: what a slow Γ's hint says it costs)
+    given_label_seconds: float = 0.0
 
     @property
     def gamma_excess(self) -> float:
@@ -469,8 +472,10 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
         return Heterogeneity(gamma=float("nan"), gamma_measured=False, **labels)
     pooled = pool(x, clients) if len(clients) >= 2 else None
     ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
+    t0 = time.perf_counter()
     given, given_ref, given_sd = (gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,
                                                     estimator) if given_label and len(clients) >= 2 else (np.nan,) * 3)
+    given_seconds = time.perf_counter() - t0
     return Heterogeneity(
         gamma=gamma(x, clients, estimator, pooled),
         gamma_iid=ref,
@@ -479,4 +484,5 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
         gamma_given_label=given,
         gamma_given_label_iid=given_ref,
         gamma_given_label_iid_sd=given_sd,
+        given_label_seconds=given_seconds,
     )

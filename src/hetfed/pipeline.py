@@ -213,7 +213,10 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
                       of_features=h.gamma)
     took = time.perf_counter() - t0
     if status is not None and h.gamma and took >= SAY_SKIP_AFTER_S:
+        given = het.given_label_seconds
+        alone = (f" (heterogeneity.given_label=false: Γ(x|y) alone, {given:.0f} s of them)" if given >= took / 2
+                 else "")
         status.print(f"note: Γ took {took:.0f} s before the rounds; where Γ is not the question "
-                     "(a sweep measures it for every run), --set heterogeneity.gamma=false leaves it out",
+                     "(a sweep measures it for every run), --set heterogeneity.gamma=false leaves it out" + alone,
                      soft_wrap=True, markup=False)
     return Prepared(data, fed, het, built.sources, federation_warnings(fed))
