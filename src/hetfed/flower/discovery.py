@@ -56,6 +56,8 @@ def discover(grid, config: Config, warn=print) -> Prepared:
         summaries += node_summaries
     for line in problems:
         warn(f"warning: {line}; the run goes on without this node")
+    for line in _shared_positions(replies, [node for node, _, _ in usable]):
+        warn(line)
     n_clients = sum(m for _, _, m in nodes)
     if n_clients < max(1, f.min_replies):
         raise RunError(f"Flower: {len(nodes)} of flower.nodes = {f.nodes} SuperNodes serve usable data "
@@ -94,6 +96,19 @@ def _usable(node_ids: list[int], replies: dict[int, Any]) -> tuple[list[tuple[in
         order = (position is None, int(position or 0), node)
         usable.append((order, node, len(listed(rec["clients"])), records_to_summaries(reply.content)))
     return [(node, held, summaries) for _, node, held, summaries in sorted(usable, key=lambda u: u[0])], problems
+
+
+def _shared_positions(replies: dict[int, Any], nodes: list[int]) -> list[str]:
+    """A line for each ``position`` that several nodes give: their clients are numbered in the order of the nodes'
+    ids, which Flower draws anew at every start — what positions are there to prevent."""
+    holders: dict[int, list[int]] = {}
+    for node in nodes:
+        place = replies[node].content.config_records["node"].get("position")
+        if place is not None:
+            holders.setdefault(int(place), []).append(node)
+    return [f"warning: SuperNodes {', '.join(map(str, held))} all have position={place}: their clients are numbered "
+            "in the order of the nodes' ids, which changes at every start; expected a position of its own a node"
+            for place, held in sorted(holders.items()) if len(held) > 1]
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:
