@@ -32,6 +32,10 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
     assert (config.dataset.name, config.partition.kind, config.flower.nodes) == ("nodes", "natural", 3)
     assert config.methods == load_config(None).methods  # the methods as the simulation's config has them
     options = (tmp_path / "ex" / "nodes.txt").read_text().splitlines()
+    server = skeleton(config, [(0, 0, simulated.n_clients)])  # the server's view: its own test set, no client rows
+    assert config.dataset.params.global_test == str((tmp_path / "ex" / "global-test.npz").resolve())
+    assert server.x_global_test.tobytes() == np.asarray(simulated.x_global_test, np.float32).tobytes()
+    assert server.y_global_test.tolist() == np.asarray(simulated.y_global_test).tolist() and len(server.x) == 0
     blocks = np.array_split(np.arange(simulated.n_clients), 3)
     for p, block in enumerate(blocks):
         path = tmp_path / "ex" / f"node-{p}.npz"
@@ -73,8 +77,10 @@ def test_what_cannot_be_exported_is_one_line_before_any_data_is_loaded(tmp_path,
 def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_path, capfd):
     """The exported nodes on a loopback deployment — a CNN, each node reading its rows as images (``dataset.shape``)
     — train and evaluate the clients the simulation did, in its splits (the ``split`` column) and under its client
-    numbers (each node's ``position``), so every client's metrics and their means are the simulated run's (to float
-    rounding: the nodes sum their cohorts before the server does); and Γ on each client's every row
+    numbers (each node's ``position``), and the server scores its model on the simulation's global test set
+    (``dataset.global_test``), so every client's metrics, their means and the server's global scores are the
+    simulated run's (to float rounding: the nodes sum their cohorts before the server does); and Γ on each client's
+    every row
     (``heterogeneity.on: all``), computed by the server from the clients' summaries, is the simulation's."""
     pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
     import pandas as pd
@@ -105,8 +111,9 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)
     key = ["round", "split", "client", "metric"]
     real, sim = (pd.read_csv(d / "metrics.csv").set_index(key)["value"] for d in (out, tmp_path / "sim"))
-    scored = real[real.index.get_level_values("metric").str.contains("local_|val_")]
-    assert len(scored) >= 2 * (4 + 1) * 4  # each round: every client's and the mean's local and val scores
+    scored = real[real.index.get_level_values("metric").str.contains("local_|val_|global_")]
+    assert len(scored) >= 2 * ((4 + 1) * 4 + 2)  # each round: every client's and the mean's local and val scores,
+    assert {"global_accuracy", "global_loss"} <= set(scored.index.get_level_values("metric"))  # and the server's
     assert scored.to_numpy() == pytest.approx(sim.loc[scored.index].to_numpy(), rel=1e-5, abs=1e-7)
 
 
@@ -139,3 +146,20 @@ def test_a_shape_that_is_not_the_features_is_one_line(shape):
     with pytest.raises(ConfigError, match=r"dataset.shape = \[.*\] is not allowed with dataset.features = 64"):
         build_config({"dataset": {"name": "nodes", "features": 64, "classes": [0, 1], "shape": shape},
                       "partition": {"kind": "natural", "clients": None}})
+
+
+def test_the_servers_test_set_is_checked_as_a_nodes_file_is(tmp_path):
+    """``dataset.global_test``: a file on the server's machine, read when the server sets the federation up; one that
+    does not fit the schema is refused naming the key and the file."""
+    from hetfed.errors import DataError
+
+    np.savez(tmp_path / "short.npz", x=np.zeros((5, 3), np.float32), y=np.zeros(5, np.int64))
+    np.savez(tmp_path / "labels.npz", x=np.zeros((5, 4), np.float32), y=np.full(5, 7))
+    for name, message in (("short.npz", "has 3 feature columns: expected dataset.features = 4"),
+                          ("labels.npz", "labels \\['7'\\] are not in dataset.classes"),
+                          ("missing.npz", "does not exist")):
+        config = build_config({"dataset": {"name": "nodes", "features": 4, "classes": [0, 1],
+                                           "global_test": str(tmp_path / name)},
+                               "partition": {"kind": "natural", "clients": None}})
+        with pytest.raises(DataError, match=message):
+            skeleton(config, [(0, 0, 2)])

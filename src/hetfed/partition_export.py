@@ -5,13 +5,12 @@ method is then to meet on a real federation. This writes the simulated clients a
 (:mod:`hetfed.flower.node_data`): node P holds the P-th of K blocks of the clients (the blocks a simulated
 deployment's ``partition-id=P num-partitions=K`` holds), one NPZ each with its rows' features ``x`` (flattened, as
 the federation holds them; an image's shape is the config's ``dataset.shape``, which the models read them in),
-class ids ``y`` and federation client numbers ``client``; beside them
+class ids ``y``, federation client numbers ``client`` and the split each row is in (``split``); beside them
+``global-test.npz``, the simulation's global test set for the server to hold (``dataset.global_test``),
 ``federation.yaml``, the config that runs the same methods on those nodes (``dataset: {name: nodes, …}``,
 ``partition: {kind: natural, …}``, ``flower.nodes: K``) and ``nodes.txt``, each node's ``flower-supernode``
-options. A node splits each of its clients' rows into train / validation / test itself (the config's fractions,
-seeded by the run's seed), so a client keeps its rows, not the simulation's split of them; there is no global test
-set on nodes (only the clients' own test data is scored).
-"""
+options, with its split column and its ``position`` — so a deployment of them numbers, splits and scores the clients
+as the simulation did."""
 
 from __future__ import annotations
 
@@ -28,8 +27,8 @@ from hetfed.flower.node_data import SPLITS
 from hetfed.partition import Federation, client_blocks
 from hetfed.runs.rundir import check_out, write_atomic
 
-#: the deployment's config, beside the nodes' files
-CONFIG_FILE, COMMANDS_FILE = "federation.yaml", "nodes.txt"
+#: the deployment's config and the server's test set, beside the nodes' files
+CONFIG_FILE, COMMANDS_FILE, SERVER_TEST_FILE = "federation.yaml", "nodes.txt", "global-test.npz"
 
 
 def check_export(config: Config, out: str | Path, nodes: int | None) -> None:
@@ -63,6 +62,11 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
                   "split": np.concatenate([_split_of(fed, int(c)) for c in block])}
         write_atomic(path, partial(_savez, arrays=arrays), binary=True)
         written.append(path)
+    if len(fed.y_global_test):  # the server's: its model scores it as the simulation's server did
+        arrays = {"x": np.asarray(fed.x_global_test, np.float32).reshape(len(fed.y_global_test), -1),
+                  "y": np.asarray(fed.y_global_test).astype(np.int64)}
+        write_atomic(folder / SERVER_TEST_FILE, partial(_savez, arrays=arrays), binary=True)
+        deployment["dataset"]["global_test"] = str((folder / SERVER_TEST_FILE).resolve())
     write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment, fh, sort_keys=False))
     write_atomic(folder / COMMANDS_FILE,
                  lambda fh: fh.write("".join(f"{node_options(p, i)}\n" for i, p in enumerate(written))))
@@ -76,7 +80,7 @@ def _split_of(fed: Federation, k: int) -> np.ndarray:
 
 
 def _savez(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
-    np.savez(fh, x=arrays["x"], y=arrays["y"], client=arrays["client"], split=arrays["split"])
+    np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub reads a dict's values as allow_pickle
 
 
 def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, Any]:

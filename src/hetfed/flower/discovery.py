@@ -21,6 +21,7 @@ from hetfed.config import Config, dump_config
 from hetfed.errors import RunError
 from hetfed.flower.exchange import send_and_receive
 from hetfed.flower.executor import query_content
+from hetfed.flower.node_data import server_test
 from hetfed.flower.packing import pack, unpack_replies
 from hetfed.flower.records import listed, records_to_summaries
 from hetfed.heterogeneity import Heterogeneity
@@ -112,13 +113,15 @@ def _shared_positions(replies: dict[int, Any], nodes: list[int]) -> list[str]:
 
 
 def skeleton(config: Config, nodes: list[tuple[int, int, int]]) -> NodesFederation:
-    """What the server knows of the nodes' federation: clients and where they are; no rows."""
+    """What the server knows of the nodes' federation: clients and where they are, no rows of theirs — and the
+    server's own test set, where it holds one (``dataset.global_test``)."""
     n = sum(m for _, _, m in nodes)
     d, shape = int(config.dataset.params.features or 0), config.dataset.params.input_shape()
     empty = tuple(np.zeros(0, np.int64) for _ in range(n))
+    x_global, y_global = server_test(config.dataset.params)
     return NodesFederation(
         x=np.zeros((0, d), np.float32), y=np.zeros(0, np.int64), train=empty, val=empty, test=empty,
-        x_global_test=np.zeros((0, d), np.float32), y_global_test=np.zeros(0, np.int64),
+        x_global_test=x_global, y_global_test=y_global,
         n_classes=len(config.dataset.params.classes or []), opted_out=np.zeros(n, dtype=bool), input_shape=shape,
         kind="nodes", params={"nodes": len(nodes)}, nodes=tuple(nodes))
 

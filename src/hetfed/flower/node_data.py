@@ -62,16 +62,17 @@ def position(node_config) -> int | None:
 
 
 def read_table(path: str | Path, label: str = "y", client: str | None = None,
-               split: str | None = None) -> dict[str, np.ndarray]:
+               split: str | None = None, what: str = "node data") -> dict[str, np.ndarray]:
     """``x`` (float32 features), ``y`` (labels as read), ``client`` and ``split`` (each when named) of a .csv, .npz
-    or .parquet file; every column but the label, client and split columns is a feature."""
+    or .parquet file; every column but the label, client and split columns is a feature. ``what`` the file is, in
+    its errors."""
     p = Path(path)
     if not p.is_file():
-        raise DataError(f"node data {str(p)!r} does not exist: expected a .csv, .npz or .parquet file on this node")
+        raise DataError(f"{what} {str(p)!r} does not exist: expected a .csv, .npz or .parquet file on this machine")
     if p.suffix == ".csv":
-        return _read_csv(p, label, client, split)
+        return _read_csv(p, label, client, split, what)
     if p.suffix not in (".npz", ".parquet"):
-        raise DataError(f"node data {str(p)!r}: expected a .csv, .npz or .parquet file")
+        raise DataError(f"{what} {str(p)!r}: expected a .csv, .npz or .parquet file")
     from hetfed.data.formats import read_arrays
 
     d = read_arrays(p, label, client or "client", split or "split")
@@ -79,29 +80,29 @@ def read_table(path: str | Path, label: str = "y", client: str | None = None,
     for key, name in (("client", client), ("split", split)):
         if name is not None:
             if key not in d:
-                raise DataError(f"node data {str(p)!r} has no {key} column (node config {key} = {name!r})")
+                raise DataError(f"{what} {str(p)!r} has no {key} column (node config {key} = {name!r})")
             out[key] = np.asarray(d[key])
     return out
 
 
-def _read_csv(p: Path, label: str, client: str | None, split: str | None) -> dict[str, np.ndarray]:
+def _read_csv(p: Path, label: str, client: str | None, split: str | None, what: str) -> dict[str, np.ndarray]:
     with open(p, newline="", encoding="utf-8") as fh:
         rows = list(csv.reader(fh))
     if not rows or not rows[0]:
-        raise DataError(f"node data {str(p)!r} is empty: expected a header row and one row per sample")
+        raise DataError(f"{what} {str(p)!r} is empty: expected a header row and one row per sample")
     header, body = rows[0], [r for r in rows[1:] if r]
     named = [label, *(n for n in (client, split) if n)]
     for name in named:
         if name not in header:
-            raise DataError(f"node data {str(p)!r} has no column {name!r} (columns: {header[:12]}); "
+            raise DataError(f"{what} {str(p)!r} has no column {name!r} (columns: {header[:12]}); "
                             "expected the node config's label/client/split columns")
     if not body:
-        raise DataError(f"node data {str(p)!r} has a header but no rows")
+        raise DataError(f"{what} {str(p)!r} has a header but no rows")
     features = [j for j, name in enumerate(header) if name not in named]
     try:
         x = np.asarray([[float(r[j]) for j in features] for r in body], dtype=np.float32)
     except (ValueError, IndexError) as err:
-        raise DataError(f"node data {str(p)!r}: a feature is not a number or a row is short ({err}); "
+        raise DataError(f"{what} {str(p)!r}: a feature is not a number or a row is short ({err}); "
                         "expected numeric feature columns") from None
     out = {"x": x, "y": np.asarray([r[header.index(label)] for r in body])}
     for key, column in (("client", client), ("split", split)):
@@ -142,6 +143,29 @@ def given_splits(column: np.ndarray, parts: list[np.ndarray], names: list[Any], 
     return out
 
 
+def checked_rows(table: dict[str, np.ndarray], ds: Any, where: str) -> tuple[np.ndarray, np.ndarray]:
+    """A table's features and class ids, checked against the run's schema (``ds``: ``dataset.*`` of ``nodes``):
+    some rows, ``dataset.features`` finite features, labels among ``dataset.classes``."""
+    x = table["x"]
+    if len(x) == 0:
+        raise DataError(f"{where} holds no rows")
+    if x.shape[1] != ds.features:
+        raise DataError(f"{where} has {x.shape[1]} feature columns: expected dataset.features = {ds.features}")
+    if not np.isfinite(x).all():
+        raise DataError(f"{where} has missing or infinite feature values: expected finite numbers")
+    return x, class_ids(table["y"], list(ds.classes or []), where)
+
+
+def server_test(ds: Any) -> tuple[np.ndarray, np.ndarray]:
+    """The server's own labelled test set (``dataset.global_test``, a file on the server's machine; its label column
+    ``dataset.global_test_label``), checked as a node's file is: what the server's model scores at every evaluation
+    (``global_*``). Empty where none is given."""
+    if ds.global_test is None:
+        return np.zeros((0, int(ds.features or 0)), np.float32), np.zeros(0, np.int64)
+    return checked_rows(read_table(ds.global_test, ds.global_test_label, what="dataset.global_test"), ds,
+                        f"dataset.global_test {ds.global_test!r}")
+
+
 def node_federation(node_config, config: Config) -> Federation:
     """The node's clients from its own file, checked against the run's schema and split train/val/test (by its
     split column when the node config names one, else drawn as the natural partition draws it)."""
@@ -151,14 +175,7 @@ def node_federation(node_config, config: Config) -> Federation:
     split = str(node_config[SPLIT]) if SPLIT in node_config else None
     table = read_table(path, str(node_config.get(LABEL, "y")), client, split)
     where = f"node data {path!r}"
-    x = table["x"]
-    if len(x) == 0:
-        raise DataError(f"{where} holds no rows")
-    if x.shape[1] != ds.features:
-        raise DataError(f"{where} has {x.shape[1]} feature columns: expected dataset.features = {ds.features}")
-    if not np.isfinite(x).all():
-        raise DataError(f"{where} has missing or infinite feature values: expected finite numbers")
-    y = class_ids(table["y"], list(ds.classes or []), where)
+    x, y = checked_rows(table, ds, where)
     ids = table.get("client")
     names, owner = np.unique(ids, return_inverse=True) if ids is not None else (np.zeros(1), np.zeros(len(y), int))
     least = getattr(config.partition.params, "natural_min_samples", 1)  # the natural partitioner's floor, if chosen

@@ -19,6 +19,11 @@ class NodesParams(ComponentParams):
     features: int | None = Field(None, ge=1, description="the number of feature columns every node's file has")
     classes: list[int | str] | None = Field(
         None, description="the label values of the nodes' label columns, in class order (class id = position)")
+    global_test: str | None = Field(
+        None, description="a labelled test set the server holds (a .csv, .npz or .parquet file on the server's "
+        "machine, its features and labels as the nodes' files have them): the server's model scores it at every "
+        "evaluation (global_* metrics); None: no global test set, only the clients' own test data is scored")
+    global_test_label: str = Field("y", description="the label column of dataset.global_test")
     shape: list[int] | None = Field(
         None, description="the shape a row's features take as the models' input, its columns read in C order: "
         "[28, 28] for 28×28 grey images, [32, 32, 3] for colour ones (what an image model, cnn, reads); None: a "
