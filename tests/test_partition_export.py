@@ -80,15 +80,15 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     numbers (each node's ``position``), and the server scores its model on the simulation's global test set
     (``dataset.global_test``), so every client's metrics, their means and the server's global scores are the
     simulated run's (to float rounding: the nodes sum their cohorts before the server does); and Γ on each client's
-    every row
-    (``heterogeneity.on: all``), computed by the server from the clients' summaries, is the simulation's."""
+    train rows (the default ``heterogeneity.on``; the simulation's rows, by the split column), computed by the server
+    from the clients' summaries, is the simulation's."""
     pytest.importorskip("flwr", reason="the flower extra is part of the test extra")
     import pandas as pd
 
     from hetfed.flower.deploy import LocalDeployment
     from hetfed.processes import process_alive
 
-    sets = ["--set", "heterogeneity.on=all", "--set", "partition.clients=4", "--set", "train.rounds=2", "--set",
+    sets = ["--set", "partition.clients=4", "--set", "train.rounds=2", "--set",
             "model.kind=cnn", "--set", "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set",
             "flower.connect_timeout=300"]
     assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
