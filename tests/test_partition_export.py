@@ -163,3 +163,25 @@ def test_the_servers_test_set_is_checked_as_a_nodes_file_is(tmp_path):
                                "partition": {"kind": "natural", "clients": None}})
         with pytest.raises(DataError, match=message):
             skeleton(config, [(0, 0, 2)])
+
+
+def test_the_nodes_files_name_the_classes_as_the_dataset_does(tmp_path):
+    """Where the dataset names its classes (Fashion-MNIST's "T-shirt/top" …), the nodes' files and the server's test
+    set hold the names and ``dataset.classes`` lists them by class id, so each node reads the simulation's class ids
+    back; names that repeat (or none) leave the ids."""
+    from hetfed.partition_export import export_nodes
+
+    config = load_config(None, [])
+    fed = build_federation(config, progress=False).federation
+    names = [f"digit {c}" for c in range(fed.n_classes)]
+    export_nodes(config, fed, tmp_path / "named", 2, names)
+    deployment = load_config(str(tmp_path / "named" / "federation.yaml"), executor="deployment")
+    assert deployment.dataset.params.classes == names
+    assert np.load(tmp_path / "named" / "node-0.npz")["y"][0].startswith("digit ")
+    node = node_federation({"data": str(tmp_path / "named" / "node-0.npz"), "label": "y", "client": "client",
+                            "split": "split"}, deployment)
+    assert node.y[node.train[0]].tolist() == np.asarray(fed.y)[fed.train[0]].tolist()
+    assert skeleton(deployment, [(0, 0, 1)]).y_global_test.tolist() == np.asarray(fed.y_global_test).tolist()
+    export_nodes(config, fed, tmp_path / "repeated", 2, ["a"] * fed.n_classes)
+    repeated = load_config(str(tmp_path / "repeated" / "federation.yaml"), executor="deployment")
+    assert repeated.dataset.params.classes == list(range(fed.n_classes))

@@ -333,10 +333,10 @@ def cmd_partition(args: argparse.Namespace) -> int:
     if args.export:
         check_export(config, args.export, args.nodes)
     report = partition_report(config, status=err_console)  # progress goes to stderr
-    fed = report.pop("_federation")
+    fed, names = report.pop("_federation"), report.pop("_class_names")
     print_loading(err_console, report["data_notes"], report["warnings"])
     if args.export:
-        written = export_nodes(config, fed, args.export, args.nodes)
+        written = export_nodes(config, fed, args.export, args.nodes, names)
         err_console.print(f"{len(written)} SuperNodes' files, {CONFIG_FILE} and {COMMANDS_FILE} written to "
                           f"{args.export} (docs/flower.md: a real federation of these clients)", soft_wrap=True)
     if args.plot:

@@ -5,8 +5,9 @@ method is then to meet on a real federation. This writes the simulated clients a
 (:mod:`hetfed.flower.node_data`): node P holds the P-th of K blocks of the clients (the blocks a simulated
 deployment's ``partition-id=P num-partitions=K`` holds), one NPZ each with its rows' features ``x`` (flattened, as
 the federation holds them; an image's shape is the config's ``dataset.shape``, which the models read them in),
-class ids ``y``, federation client numbers ``client`` and the split each row is in (``split``); beside them
-``global-test.npz``, the simulation's global test set for the server to hold (``dataset.global_test``),
+labels ``y`` (the dataset's class names where it has them, else class ids), federation client numbers ``client``
+and the split each row is in (``split``); beside them ``global-test.npz``, the simulation's global test set for the
+server to hold (``dataset.global_test``),
 ``federation.yaml``, the config that runs the same methods on those nodes (``dataset: {name: nodes, …}``,
 ``partition: {kind: natural, …}``, ``flower.nodes: K``) and ``nodes.txt``, each node's ``flower-supernode``
 options, with its split column and its ``position`` — so a deployment of them numbers, splits and scores the clients
@@ -14,6 +15,7 @@ as the simulation did."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from functools import partial
 from pathlib import Path
 from typing import IO, Any
@@ -42,12 +44,16 @@ def check_export(config: Config, out: str | Path, nodes: int | None) -> None:
         raise ConfigError(f"--nodes {nodes} is not allowed: expected ≥ 1 SuperNodes")
 
 
-def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | None = None) -> list[Path]:
+def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | None = None,
+                 class_names: Sequence[str] = ()) -> list[Path]:
     """Write ``fed``'s clients as ``nodes`` SuperNodes' files (default: one a client), the deployment's config and
-    the nodes' start options into ``out``; returns the nodes' files."""
+    the nodes' start options into ``out``; returns the nodes' files. ``class_names``: the dataset's names of its
+    classes, by class id — the files' labels and the config's ``dataset.classes`` then (ids where there are none)."""
     check_export(config, out, nodes)
     k = min(nodes or fed.n_clients, fed.n_clients)
-    deployment = deployment_config(config, fed, k)
+    labels = (np.asarray(class_names) if len(class_names) == fed.n_classes and len(set(class_names)) == fed.n_classes
+              else np.arange(fed.n_classes))
+    deployment = deployment_config(config, fed, k, labels.tolist())
     check_deployment(deployment, fed)
     folder = Path(out)
     folder.mkdir(parents=True, exist_ok=True)
@@ -57,14 +63,14 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
         rows = [fed.client_indices(int(c)) for c in block]
         index = np.concatenate(rows)
         path = folder / f"node-{p}.npz"
-        arrays = {"x": x[index], "y": np.asarray(fed.y)[index].astype(np.int64),
+        arrays = {"x": x[index], "y": labels[np.asarray(fed.y)[index]],
                   "client": np.repeat(block, [len(r) for r in rows]).astype(np.int64),
                   "split": np.concatenate([_split_of(fed, int(c)) for c in block])}
         write_atomic(path, partial(_savez, arrays=arrays), binary=True)
         written.append(path)
     if len(fed.y_global_test):  # the server's: its model scores it as the simulation's server did
         arrays = {"x": np.asarray(fed.x_global_test, np.float32).reshape(len(fed.y_global_test), -1),
-                  "y": np.asarray(fed.y_global_test).astype(np.int64)}
+                  "y": labels[np.asarray(fed.y_global_test)]}
         write_atomic(folder / SERVER_TEST_FILE, partial(_savez, arrays=arrays), binary=True)
         deployment["dataset"]["global_test"] = str((folder / SERVER_TEST_FILE).resolve())
     write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment, fh, sort_keys=False))
@@ -83,14 +89,14 @@ def _savez(fh: IO[bytes], arrays: dict[str, np.ndarray]) -> None:
     np.savez(fh, **arrays)  # type: ignore[arg-type]  # numpy's stub reads a dict's values as allow_pickle
 
 
-def deployment_config(config: Config, fed: Federation, nodes: int) -> dict[str, Any]:
+def deployment_config(config: Config, fed: Federation, nodes: int, classes: list[Any]) -> dict[str, Any]:
     """``config`` with its data on the nodes: the nodes' schema (``fed``'s features, their shape where they are not a
-    vector, and class ids), their clients
+    vector, and ``classes``: the labels the files hold, by class id), their clients
     as they hold them (a natural partition, every client kept, the config's validation and test fractions) and
     ``flower.nodes``; everything else — the methods, training, server — as given."""
     given = as_given(config)
     given["dataset"] = {"name": "nodes", "features": int(np.prod(fed.input_shape)),
-                        "classes": list(range(fed.n_classes)),
+                        "classes": classes,
                         **({"shape": [int(n) for n in fed.input_shape]} if len(fed.input_shape) > 1 else {})}
     given["partition"] = {"kind": "natural", "clients": None, "val_fraction": config.partition.val_fraction,
                           "test_fraction": config.partition.test_fraction, "natural_min_samples": 1}

@@ -53,6 +53,7 @@ def partition_report(config: Config, status: Console | None = None) -> dict:
         "warnings": list(prep.warnings),
         "clients": clients,
         "_federation": fed,
+        "_class_names": prep.data.class_names if prep.data is not None else (),
     }
 
 

@@ -42,6 +42,7 @@ class Embedded:
     sequence_gap: int | None = None  # see hetfed.data.loading.Dataset
     balanced_test: bool = True
     notes: tuple[str, ...] = ()
+    class_names: tuple[str, ...] = ()  # label names by class id, where the data has them
 
 
 def embed(ds: Dataset, cfg: EmbedConfig, *, progress: bool = True) -> Embedded:
@@ -94,7 +95,7 @@ def wrap(ds: Dataset, tr: np.ndarray, te: np.ndarray, shape: tuple[int, ...], ki
     return Embedded(
         ds.name, tr.astype(np.float32), ds.y_train, te.astype(np.float32), ds.y_test,
         ds.n_classes, shape, ds.client_train, kind, measure_train=measure, sequence_gap=ds.sequence_gap,
-        balanced_test=ds.balanced_test, notes=ds.notes,
+        balanced_test=ds.balanced_test, notes=ds.notes, class_names=ds.class_names,
     )
 
 
