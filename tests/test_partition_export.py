@@ -185,3 +185,17 @@ def test_the_nodes_files_name_the_classes_as_the_dataset_does(tmp_path):
     export_nodes(config, fed, tmp_path / "repeated", 2, ["a"] * fed.n_classes)
     repeated = load_config(str(tmp_path / "repeated" / "federation.yaml"), executor="deployment")
     assert repeated.dataset.params.classes == list(range(fed.n_classes))
+
+
+def test_the_python_api_exports_what_the_command_does(tmp_path):
+    import hetfed
+
+    sets = ["partition.kind=dirichlet", "partition.alpha=0.3", "seed=3"]
+    assert main(["partition", *[a for s in sets for a in ("--set", s)], "--export", str(tmp_path / "cli")]) == 0
+    written = hetfed.build_federation(hetfed.load_config(None, sets)).export(tmp_path / "api")
+    assert [p.name for p in written] == sorted(p.name for p in (tmp_path / "cli").glob("node-*.npz"))
+    for path in written:
+        mine, theirs = np.load(path), np.load(tmp_path / "cli" / path.name)
+        assert all(np.array_equal(mine[k], theirs[k]) for k in ("x", "y", "client", "split"))
+    assert (tmp_path / "api" / "nodes.txt").read_text() == (tmp_path / "cli" / "nodes.txt").read_text().replace(
+        str((tmp_path / "cli").resolve()), str((tmp_path / "api").resolve()))

@@ -154,6 +154,14 @@ class Federation:
         fed = self._prepared.federation
         return np.asarray(fed.x_global_test), np.asarray(fed.y_global_test)
 
+    def export(self, out: str | Path, nodes: int | None = None) -> list[Path]:
+        """These clients as ``nodes`` SuperNodes' own files in ``out`` (``hetfed partition --export``): the nodes'
+        files, ``federation.yaml`` and ``nodes.txt``; a deployment of them gives this simulation's numbers."""
+        from hetfed.partition_export import export_nodes
+
+        data = self._prepared.data
+        return export_nodes(self.config, self._prepared.federation, out, nodes, data.class_names if data else ())
+
     def plot(self, path: str | Path | None = None):
         """The client × class heat map and the 2-D view coloured by client (a figure, or saved to ``path``)."""
         from hetfed.analysis.figures import plot_partition
