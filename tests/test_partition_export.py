@@ -26,7 +26,9 @@ def _rows(x: np.ndarray, y: np.ndarray) -> list[tuple[bytes, int]]:
 def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_runs_them(tmp_path, capsys):
     sets = ["--set", "partition.kind=dirichlet", "--set", "partition.alpha=0.3", "--set", "seed=3"]
     assert main(["partition", *sets, "--export", str(tmp_path / "ex"), "--nodes", "3"]) == 0
-    assert "3 SuperNodes' files, federation.yaml and nodes.txt written" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "3 SuperNodes' files, federation.yaml and nodes.txt written" in err
+    assert f"hetfed flower start DEP --node-configs {tmp_path / 'ex' / 'nodes.txt'}, then hetfed flower run " in err
     simulated = build_federation(load_config(None, [s for s in sets if s != "--set"]), progress=False).federation
     config = load_config(str(tmp_path / "ex" / "federation.yaml"), executor="deployment")
     assert (config.dataset.name, config.partition.kind, config.flower.nodes) == ("nodes", "natural", 3)

@@ -337,8 +337,11 @@ def cmd_partition(args: argparse.Namespace) -> int:
     print_loading(err_console, report["data_notes"], report["warnings"])
     if args.export:
         written = export_nodes(config, fed, args.export, args.nodes, names)
+        folder = Path(args.export)
         err_console.print(f"{len(written)} SuperNodes' files, {CONFIG_FILE} and {COMMANDS_FILE} written to "
-                          f"{args.export} (docs/flower.md: a real federation of these clients)", soft_wrap=True)
+                          f"{args.export} (docs/flower.md: a real federation of these clients); on this machine: "
+                          f"hetfed flower start DEP --node-configs {folder / COMMANDS_FILE}, then hetfed flower run "
+                          f"{folder / CONFIG_FILE} --deployment DEP --out RUN", soft_wrap=True, markup=False)
     if args.plot:
         from hetfed.analysis.figures import plot_partition
 
