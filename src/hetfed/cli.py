@@ -210,14 +210,14 @@ def cmd_flower_start(args: argparse.Namespace) -> int:
     from hetfed.flower.deploy import LocalDeployment, read_node_configs
 
     require_flwr()
+    if args.nodes is None and args.node_configs is None:
+        raise ConfigError("hetfed flower start needs --nodes K (simulated partitions) or --node-configs FILE (nodes "
+                          "with their own data)")
     configs = read_node_configs(args.node_configs) if args.node_configs is not None else None
-    nodes = args.nodes if args.nodes is not None else len(configs or [])
     if configs is not None and args.nodes is not None and args.nodes != len(configs):
         raise ConfigError(f"--nodes {args.nodes} is not allowed with --node-configs {args.node_configs!r}: it "
                           f"holds {len(configs)} node configs; expected --nodes {len(configs)} or none")
-    if args.nodes is None and configs is None:
-        raise ConfigError("hetfed flower start needs --nodes K (simulated partitions) or --node-configs FILE (nodes "
-                          "with their own data)")
+    nodes = len(configs) if configs is not None else args.nodes
     if nodes < 1:
         raise ConfigError(f"--nodes {args.nodes} is not allowed: expected ≥ 1")
     dep = LocalDeployment(Path(args.dir), nodes, args.port, secure=not args.insecure, host=args.host,

@@ -251,11 +251,13 @@ def test_the_nodes_clients_are_numbered_by_the_nodes_positions_not_their_ids(mon
 
     replies = {7: reply(2, 1), 3: reply(3), 9: reply(1, 0), 5: reply(4, 2), 1: reply(2)}
     usable, problems = discovery._usable(sorted(replies), replies)
-    assert [(node, held) for node, held, _ in usable] == [(9, 1), (7, 2), (5, 4), (1, 2), (3, 3)] and not problems
-    assert discovery._shared_positions(replies, [9, 7, 5, 1, 3]) == []
+    assert [(node, held, place) for node, held, _, place in usable] == [
+        (9, 1, 0), (7, 2, 1), (5, 4, 2), (1, 2, None), (3, 3, None)] and not problems
+    assert discovery._shared_positions([(node, place) for node, _, _, place in usable]) == []
     replies[4] = reply(1, 1)  # a second node at position 1: said, not refused
-    assert discovery._shared_positions(replies, [9, 7, 4, 5, 1, 3]) == [
-        "warning: SuperNodes 7, 4 all have position=1: their clients are numbered in the order of the nodes' ids, "
+    usable, _ = discovery._usable(sorted(replies), replies)
+    assert discovery._shared_positions([(node, place) for node, _, _, place in usable]) == [
+        "warning: SuperNodes 4, 7 all have position=1: their clients are numbered in the order of the nodes' ids, "
         "which changes at every start; expected a position of its own a node"]
     assert [position(c) for c in ({}, {"position": 0}, {"position": "3"})] == [None, 0, 3]
     for bad in (-1, 1.5, "first", True):

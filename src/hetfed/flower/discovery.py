@@ -52,12 +52,12 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     usable, problems = _usable(node_ids, replies)
     nodes: list[tuple[int, int, int]] = []
     summaries: list[Any] = []
-    for node, held, node_summaries in usable:  # their clients numbered in this order (the offsets)
+    for node, held, node_summaries, _ in usable:  # their clients numbered in this order (the offsets)
         nodes.append((node, sum(m for _, _, m in nodes), held))
         summaries += node_summaries
     for line in problems:
         warn(f"warning: {line}; the run goes on without this node")
-    for line in _shared_positions(replies, [node for node, _, _ in usable]):
+    for line in _shared_positions([(node, place) for node, _, _, place in usable]):
         warn(line)
     n_clients = sum(m for _, _, m in nodes)
     if n_clients < max(1, f.min_replies):
@@ -72,12 +72,14 @@ def discover(grid, config: Config, warn=print) -> Prepared:
     return Prepared(None, fed, gamma_of(config, summaries), (), [])
 
 
-def _usable(node_ids: list[int], replies: dict[int, Any]) -> tuple[list[tuple[int, int, list[Any]]], list[str]]:
-    """The nodes that serve usable data — each one's id, how many clients it holds and their Γ summaries — in the
+def _usable(node_ids: list[int], replies: dict[int, Any]
+            ) -> tuple[list[tuple[int, int, list[Any], int | None]], list[str]]:
+    """The nodes that serve usable data — each one's id, how many clients it holds, their Γ summaries and its
+    position — in the
     order their clients are numbered: by the ``position`` a node's config gives (:data:`~hetfed.flower.node_data.
     POSITION`; the same numbers whenever the deployment is started again, and a node's clients the numbers its
     position gives), the others after them, each group by node id; and a line for each node refused."""
-    usable: list[tuple[tuple[bool, int, int], int, int, list[Any]]] = []
+    usable: list[tuple[int, int, list[Any], int | None]] = []
     problems: list[str] = []
     for node in node_ids:
         reply = replies.get(node)
@@ -93,20 +95,19 @@ def _usable(node_ids: list[int], replies: dict[int, Any]) -> tuple[list[tuple[in
             problems.append(f"SuperNode {node}: serves a simulated partition (partition-id), not its own data; "
                             "expected --node-config 'data=\"FILE\" label=\"COLUMN\"'")
             continue
-        position = rec.get("position")
-        order = (position is None, int(position or 0), node)
-        usable.append((order, node, len(listed(rec["clients"])), records_to_summaries(reply.content)))
-    return [(node, held, summaries) for _, node, held, summaries in sorted(usable, key=lambda u: u[0])], problems
+        place = rec.get("position")
+        usable.append((node, len(listed(rec["clients"])), records_to_summaries(reply.content),
+                       None if place is None else int(place)))
+    return sorted(usable, key=lambda u: (u[3] is None, u[3] or 0, u[0])), problems
 
 
-def _shared_positions(replies: dict[int, Any], nodes: list[int]) -> list[str]:
-    """A line for each ``position`` that several nodes give: their clients are numbered in the order of the nodes'
-    ids, which Flower draws anew at every start — what positions are there to prevent."""
+def _shared_positions(places: list[tuple[int, int | None]]) -> list[str]:
+    """A line for each position that several of the (node, position) ``places`` give: their clients are numbered in
+    the order of the nodes' ids, which Flower draws anew at every start — what positions are there to prevent."""
     holders: dict[int, list[int]] = {}
-    for node in nodes:
-        place = replies[node].content.config_records["node"].get("position")
+    for node, place in places:
         if place is not None:
-            holders.setdefault(int(place), []).append(node)
+            holders.setdefault(place, []).append(node)
     return [f"warning: SuperNodes {', '.join(map(str, held))} all have position={place}: their clients are numbered "
             "in the order of the nodes' ids, which changes at every start; expected a position of its own a node"
             for place, held in sorted(holders.items()) if len(held) > 1]

@@ -111,11 +111,21 @@ def _read_csv(p: Path, label: str, client: str | None, split: str | None, what: 
     return out
 
 
+def _plain(value: Any) -> Any:
+    """A value read from a file as Python's own (numpy's ``np.int64(1)`` as ``1``)."""
+    return value.item() if isinstance(value, np.generic) else value
+
+
+def _as_text(values: Any) -> np.ndarray:
+    """A column's values as the text the file holds."""
+    return np.asarray([str(_plain(v)) for v in values])
+
+
 def class_ids(labels: np.ndarray, classes: list, where: str) -> np.ndarray:
     """Each label's index in the run's ``dataset.classes`` (compared as text: ``1`` in a CSV is class ``1``)."""
     names = [str(c) for c in classes]
     index = {n: j for j, n in enumerate(names)}
-    text = np.asarray([str(v.item() if isinstance(v, np.generic) else v) for v in labels])
+    text = _as_text(labels)
     # a float column of whole numbers (1.0) names the class 1
     text = np.asarray([t[:-2] if t.endswith(".0") and t[:-2] in index else t for t in text])
     unknown = sorted(set(text.tolist()) - set(index))
@@ -129,7 +139,7 @@ def given_splits(column: np.ndarray, parts: list[np.ndarray], names: list[Any], 
     """Each client's train, validation and test rows as the file's split column says (in the file's order): the
     splits a site already has — or the simulation's, in the files ``hetfed partition --export`` writes — kept instead
     of drawn. A value other than train / val / test, or a client with no row to train on, is refused."""
-    text = np.asarray([str(v.item() if isinstance(v, np.generic) else v) for v in column])
+    text = _as_text(column)
     unknown = sorted(set(text.tolist()) - set(SPLITS))
     if unknown:
         raise DataError(f"{where} holds {unknown[:3]}: expected only {list(SPLITS)}")
@@ -137,8 +147,8 @@ def given_splits(column: np.ndarray, parts: list[np.ndarray], names: list[Any], 
     for j, rows in enumerate(parts):
         train, val, test = (rows[text[rows] == name] for name in SPLITS)
         if not len(train):
-            name = names[j].item() if isinstance(names[j], np.generic) else names[j]
-            raise DataError(f"{where}: client {name!r} has no train row; expected at least one train row a client")
+            raise DataError(f"{where}: client {_plain(names[j])!r} has no train row; expected at least one train row "
+                            "a client")
         out.append((train, val, test))
     return out
 
