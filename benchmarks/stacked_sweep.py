@@ -21,7 +21,8 @@ the joined work: joining the runs' states and splitting their uploads, screening
 round: each run's own server, evaluation summary, metrics and checkpoints). The rest of the sweep thread's round, by
 part: ``joined_evaluation_ms`` (of the joined work), ``runs_own_ms`` (the runs' own code between their requests:
 their server chains' bookkeeping, metrics rows, checkpoints — what a run axis would make one call), ``alone_ms``
-(requests answered run by run: a server's aggregation that does not join, as FedAvg's), ``server_scoring_ms``,
+(requests answered run by run: a server's aggregation that does not join, as SCAFFOLD's), ``aggregations_ms``
+(the servers' aggregations that join: FedAvg's chain for all runs in one call), ``server_scoring_ms``,
 ``summaries_ms`` and ``read_backs_ms`` (each one call for all runs), ``grouping_keys_ms`` (each request's key, which
 groups the requests that share a computation), all within ``lockstep_ms`` (the sweep thread's whole lockstep; the
 rest of the round is the runs' threads' own work and the hand-overs between threads). Each part's time is wall
@@ -116,6 +117,7 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
                (local, "train_stack", (steps,)), (fedavg, "train_stack", (steps,)),
                (stacked_runs, "evaluate_together", (joined, "joined_evaluation_ms")),
                (rounds_of, "advance", ("runs_own_ms",)), (stacked_runs, "_alone", ("alone_ms",)),
+               (stacked_runs, "_aggregate_together", ("aggregations_ms",)),
                (rendezvous, "score_together", ("server_scoring_ms",)),
                (stacked_runs, "_summarise_together", ("summaries_ms",)),
                (stacked_runs, "_read_back_together", ("read_backs_ms",)),

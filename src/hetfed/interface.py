@@ -26,7 +26,6 @@ registered spec. Everything random comes from generators derived from the run se
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol, TypeGuard, runtime_checkable
@@ -49,6 +48,7 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
+from hetfed.server.chain import Chain, Round
 
 __all__ = [
     "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params",
@@ -244,6 +244,18 @@ class Algorithm:
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
+    def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable:
+        """Runs of one server chain aggregate in one call (:meth:`aggregate_runs`; :class:`AggregatesRuns`)."""
+        return _chain(self).identity
+
+    @classmethod
+    def aggregate_runs(cls, algos: Sequence[Any], states: Sequence[ServerState],
+                       uploads: Sequence[Upload]) -> list[ServerState]:
+        """:meth:`aggregate` of several runs of one server chain, the chain stepped along the run axis
+        (:func:`server_steps`): every run's state as alone."""
+        return [ServerState(params=params, round=state.round + 1, extra=extra)
+                for (params, extra), state in zip(server_steps(algos, states, uploads), states, strict=True)]
+
     def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
         """What the server's step ``state`` on ``upload`` found that a user studies, written to the round's metrics
         (``train`` rows) and, the last round's, to the run's summary (``findings``): numbers (Agnostic FL's λ, CFL's
@@ -329,7 +341,13 @@ def aggregates_runs(algo: object) -> TypeGuard[AggregatesRuns]:
 
 @functools.cache
 def _aggregates_runs(method: Any) -> bool:
-    return all(callable(getattr(method, name, None)) for name in ("aggregate_key", "aggregate_runs"))
+    """Whether ``method`` aggregates runs in one call: it has both functions, and its ``aggregate_runs`` is its
+    ``aggregate``'s (defined by the same class: a method that changes ``aggregate`` alone aggregates alone)."""
+    def owner(name: str) -> Any:
+        return next((kind for kind in method.__mro__ if name in vars(kind)), None)
+
+    names = ("aggregate_key", "aggregate_runs")
+    return all(callable(getattr(method, name, None)) for name in names) and owner("aggregate") is owner(names[1])
 
 
 def reported(algo: Algorithm, state: ServerState) -> ServerState:
@@ -396,23 +414,43 @@ def server_step(algo: Algorithm, state: ServerState, upload: Upload,
     state goes into the returned extra (and so into checkpoints). ``scale`` multiplies the
     pseudo-gradient before the optimiser (FedNova's τ_eff).
     """
+    return server_steps([algo], [state], [upload], [scale])[0]
+
+
+def server_steps(algos: Sequence[Algorithm], states: Sequence[ServerState], uploads: Sequence[Upload],
+                 scales: Sequence[float] | None = None) -> list[tuple[Params, dict[str, Any]]]:
+    """:func:`server_step` of several runs of one server chain (the first run's; a stacked sweep's runs), in one
+    :meth:`~hetfed.server.chain.Chain.step_runs`: each run's result as alone."""
+    chain = _chain(algos[0])
+    rounds = [Round(state.params, upload, None, state.round, algo._seed, algo._expected_clients, scale,
+                    _root(algo, state, chain))
+              for algo, state, upload, scale in zip(algos, states, uploads, scales or [1.0] * len(algos), strict=True)]
+    stepped = chain.step_runs(rounds, [chain.state_of(state.extra) for state in states])
+    out = []
+    for state, (params, chain_state) in zip(states, stepped, strict=True):
+        extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
+        if chain_state:
+            extra[chain.STATE] = chain_state
+        out.append((params, extra))
+    return out
+
+
+def _chain(algo: Algorithm) -> Chain:
     chain = algo.context.pipeline
     if chain is None:
         raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms "
-                           "with "
-                           "hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
-    root = None
-    if chain.root_rule is not None:
-        if algo._root is None:
-            raise RuntimeError("the server chain trains on a root set: bind() the federation first")
-        root = root_model(algo.model, state.params, *algo._root, LocalSchedule.from_train(algo.train),
-                          algo.train.optimizer, round_lr(algo.train, state.round), algo._seed, state.round)
-    params, chain_state = chain.step(state.params, upload, chain.state_of(state.extra), round=state.round,
-                                     seed=algo._seed, expected_clients=algo._expected_clients, scale=scale, root=root)
-    extra = {k: v for k, v in state.extra.items() if k != chain.LEGACY_STATE}
-    if chain_state:
-        extra[chain.STATE] = chain_state
-    return params, extra
+                           "with hetfed.algorithms.build_algorithm (or pass context=Context(pipeline=…))")
+    return chain
+
+
+def _root(algo: Algorithm, state: ServerState, chain: Chain) -> Params | None:
+    """The server's model trained on its root set from the round's model, where the chain's rule reads it."""
+    if chain.root_rule is None:
+        return None
+    if algo._root is None:
+        raise RuntimeError("the server chain trains on a root set: bind() the federation first")
+    return root_model(algo.model, state.params, *algo._root, LocalSchedule.from_train(algo.train),
+                      algo.train.optimizer, round_lr(algo.train, state.round), algo._seed, state.round)
 
 
 def round_lr(train: TrainConfig, round: int) -> float:
@@ -437,16 +475,3 @@ def own_parameters(algo: Algorithm) -> bool:
 
 def _device(params: Params) -> torch.device:
     return next(iter(params.values())).device if params else torch.device("cpu")
-
-
-# ------------------------------------------------------------------ scoring helpers
-
-
-class Stopwatch:
-    """Seconds spent, for the per-client ``info`` a personalisation step reports."""
-
-    def __init__(self) -> None:
-        self.t0 = time.perf_counter()
-
-    def seconds(self) -> float:
-        return time.perf_counter() - self.t0

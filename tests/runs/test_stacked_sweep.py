@@ -348,8 +348,9 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
                                                                                                  monkeypatch):
     """#72 §4: every algorithm either stacks with the other runs or steps alone — never a crash — and runs.csv is
     the sweep's without --stack, to the bit on a CPU, evaluated every round; every algorithm that declares
-    ``stacks_runs`` trains and evaluates its seeds' clients in one stack (#74), and FedGen's, Fed-FSNet's, FedDF's,
-    pFedHN's and pFedLA's servers fit their generators, hidden models, students and hypernetworks in one call; an
+    ``stacks_runs`` trains and evaluates its seeds' clients in one stack (#74), FedGen's, Fed-FSNet's, FedDF's,
+    pFedHN's and pFedLA's servers fit their generators, hidden models, students and hypernetworks in one call, and
+    every method whose server is the chain alone steps its runs' chains in one call; an
     asynchronous one is refused in one line."""
     import json
 
@@ -391,8 +392,14 @@ def test_every_registered_algorithm_runs_through_stack_with_the_numbers_of_the_s
     assert len(stacking) >= 36 and {"scaffold", "fedgen", "fsnet", "cfl", "ifca", "fedcac", "fedpac"} <= stacking
     clients = {("train_together", 2), ("evaluate_together", 2)}
     assert {n for n in stacking if joined.get(n, set()) - {("_aggregate_together", 2)} != clients} == set()
-    # servers that compute along the run axis aggregate their runs in one call
-    along = {"fedgen", "fsnet", "feddf", "pfedhn", "pfedla"}
+    # servers that compute along the run axis aggregate their runs in one call: those five, and every method whose
+    # server is the server chain alone (Algorithm.aggregate: FedAvg's, FedProx's, Ditto's …); one that changes its
+    # aggregation without a run-axis form of it aggregates alone
+    from hetfed.interface import Algorithm
+
+    chain_alone = {n for n in stacking if ALGORITHMS.get(n).cls.aggregate is Algorithm.aggregate}
+    assert {"fedavg", "fedprox", "ditto"} <= chain_alone and not {"scaffold", "fednova", "local"} & chain_alone
+    along = {"fedgen", "fsnet", "feddf", "pfedhn", "pfedla"} | chain_alone
     assert {n for n in joined if ("_aggregate_together", 2) in joined[n]} == along
     assert not set(joined) - stacking  # the others step alone
     asynchronous = next(n for n, spec in ALGORITHMS.items() if spec.capabilities.asynchronous)

@@ -288,3 +288,67 @@ def test_the_chain_receives_a_round_screening_and_clipping_as_configured():
     got = private.result()
     assert got.client_ids == [0, 1, 2, 3]  # no norm filter under DP: the outlier is clipped instead
     assert torch.allclose(got.params["w"][3], torch.tensor([2.0, 0, 0]))
+
+
+@pytest.mark.parametrize(("server", "privacy"), [
+    ({}, None),
+    ({"optimizer": {"kind": "adam", "lr": 0.1}}, None),
+    ({"optimizer": {"kind": "avgm", "lr": 0.5}}, None),
+    ({"combine": {"rule": "trimmed_mean", "fraction": 0.2}}, None),
+    ({"combine": {"rule": "krum", "byzantine_fraction": 0.2}}, None),
+    ({"combine": {"rule": "median", "bucket": 2}}, None),
+    ({"combine": {"rule": "centered_clipping"}}, None),
+    ({}, {"noise_multiplier": 0.5, "clip": 1.0}),
+])
+def test_a_chain_steps_several_runs_in_one_call_with_each_runs_numbers_alone(server, privacy):
+    """#74 item 1: :meth:`Chain.step_runs` (a stacked sweep's runs of one chain, its mean in one call) gives every
+    run the model and chain state its own :meth:`Chain.step` gives it — to the bit, over three rounds, for runs whose
+    uploads differ in their clients, counts and values (one run's a single update, one's reduced)."""
+    from hetfed.config import PrivacyConfig, ServerConfig
+    from hetfed.engine.types import StreamedUpload
+    from hetfed.server.chain import Round
+
+    chain = server_chain(ServerConfig(**server), PrivacyConfig(**privacy) if privacy else None)
+    gen = torch.Generator().manual_seed(7)
+
+    def upload(n: int, reduced: bool = False) -> Upload:
+        rows = {"w": torch.randn(n, 3, 2, generator=gen), "b": torch.randn(n, 5, generator=gen)}
+        counts = torch.randint(1, 40, (n,), generator=gen).float()
+        if reduced:
+            return StreamedUpload(list(range(n)), {}, counts, {}, {}, {k: v.mean(0) for k, v in rows.items()})
+        return Upload(list(range(n)), rows, counts, {})
+
+    params = [{"w": torch.randn(3, 2, generator=gen), "b": torch.randn(5, generator=gen)} for _ in range(4)]
+    alone, together = [dict(p) for p in params], [dict(p) for p in params]
+    states_alone: list[dict] = [{} for _ in params]
+    states_together: list[dict] = [{} for _ in params]
+    for rnd in range(3):
+        plain_mean = server.get("combine", {}).get("rule", "mean") == "mean" and not privacy
+        shapes = [6, 6, 1, 4] if plain_mean else [6, 6, 5, 7]
+        uploads = [upload(n, reduced=i == 3 and plain_mean) for i, n in enumerate(shapes)]
+        for i, u in enumerate(uploads):
+            alone[i], states_alone[i] = chain.step(alone[i], u, states_alone[i], round=rnd, seed=i,
+                                                   expected_clients=6)
+        rounds = [Round(p, u, None, rnd, i, 6) for i, (p, u) in enumerate(zip(together, uploads, strict=True))]
+        stepped = chain.step_runs(rounds, states_together)
+        together, states_together = [p for p, _ in stepped], [s for _, s in stepped]
+        for a, b, sa, sb in zip(alone, together, states_alone, states_together, strict=True):
+            assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+            _same(sa, sb)
+
+
+def _same(a, b) -> None:
+    """Two chain states equal: the same keys and values, tensors to the bit."""
+    assert type(a) is type(b)
+    if isinstance(a, torch.Tensor):
+        assert torch.equal(a, b)
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys()
+        for k in a:
+            _same(a[k], b[k])
+    elif isinstance(a, list | tuple):
+        assert len(a) == len(b)
+        for x, y in zip(a, b, strict=True):
+            _same(x, y)
+    else:
+        assert a == b

@@ -93,15 +93,16 @@ class FedDF(FedAvg):
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
         """Runs (of the same parameters and model) distil their students in one stack when they hold them on one
-        device and their server data have one shape (a sweep's seeds)."""
-        return (str(next(iter(state.params.values())).device), tuple(self._server_x().shape))
+        device and their server data have one shape (a sweep's seeds), their server chains one computation."""
+        return (super().aggregate_key(state, upload), str(next(iter(state.params.values())).device),
+                tuple(self._server_x().shape))
 
     @classmethod
     def aggregate_runs(cls, algos: Sequence[FedDF], states: Sequence[ServerState],
                        uploads: Sequence[Upload]) -> list[ServerState]:
-        """Each run's FedAvg step, then every run's student distilled from its own ensemble in one stack
-        (:func:`distil_runs`): each run's numbers as alone."""
-        averaged = [FedAvg.aggregate(a, s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+        """The runs' FedAvg steps (their server chains in one call), then every run's student distilled from its
+        own ensemble in one stack (:func:`distil_runs`): each run's numbers as alone."""
+        averaged = FedAvg.aggregate_runs(algos, states, uploads)
         distilled = distil_runs(algos, [a.params for a in averaged], uploads, [s.round for s in states])
         return [ServerState(params, a.round, {**a.extra, "distill_steps": steps})
                 for a, (params, steps) in zip(averaged, distilled, strict=True)]

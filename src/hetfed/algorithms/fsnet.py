@@ -193,15 +193,17 @@ class FedFSNet(FedAvg):
 
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
         """Runs (of the same parameters and model) fit their hidden models in one stack when their models and
-        mixtures are on one device and as many clients answered (a sweep's seeds)."""
+        mixtures are on one device and as many clients answered (a sweep's seeds), their server chains one
+        computation."""
         means = upload.extra["input_mean"]
-        return (str(next(iter(state.params.values())).device), str(means.device), tuple(means.shape))
+        return (super().aggregate_key(state, upload), str(next(iter(state.params.values())).device),
+                str(means.device), tuple(means.shape))
 
     @classmethod
     def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:
-        """Each run's FedAvg step, then every run's hidden model fitted in one stack (:func:`train_hidden`) and its
-        D′ synthesised: each run's numbers as alone."""
-        new = [FedAvg.aggregate(a, s, u) for a, s, u in zip(algos, states, uploads, strict=True)]
+        """The runs' FedAvg steps (their server chains in one call), then every run's hidden model fitted in one
+        stack (:func:`train_hidden`) and its D′ synthesised: each run's numbers as alone."""
+        new = FedAvg.aggregate_runs(algos, states, uploads)
         gens = [torch.Generator().manual_seed(s.extra["seed"] + s.round) for s in states]
         fitted = train_hidden(algos, [n.params for n in new], [s.extra["hidden"] for s in states], uploads, gens)
         return [ServerState(n.params, n.round, {**s.extra, "hidden": hidden, "synthetic": a.synthesise(hidden, gen),

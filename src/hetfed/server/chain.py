@@ -19,7 +19,9 @@ then does its own server work (FedDF's distillation, SCAFFOLD's control variate 
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
+from functools import cached_property
 from typing import Any, ClassVar, Protocol, cast
 
 import torch
@@ -59,6 +61,10 @@ DECIDED = "decided"
 
 
 class Step(Protocol):
+    """A chain step. One may also have ``update_runs(rounds, states) -> (rounds, states)``: :meth:`update` of several
+    runs in one call (a stacked sweep's), each run's result as alone; :meth:`Chain.step_runs` calls each step that
+    has it once for all its runs, and the others run by run."""
+
     name: str
     streams: bool
 
@@ -107,6 +113,24 @@ class Combine(Stateless):
                                                                            len(r.upload.client_ids))
             value = dict(value)
         return replace(r, value=value, weights=weights), state
+
+    def update_runs(self, rounds: list[Round], states: list[State]) -> tuple[list[Round], list[State]]:
+        """:meth:`update` of several runs: in one call of the rule's run-axis form where it has one
+        (:attr:`CombineRule.combine_runs`) and nothing is bucketed, drawn, remembered or trained on a root set
+        (each run's own inputs); run by run otherwise."""
+        rule = self.rule
+        combine_runs = rule.combine_runs
+        if combine_runs is None or self.bucket > 1 or rule.draws or rule.remembers or rule.root:
+            return _each(self, rounds, states)
+        values: Sequence[Any] = combine_runs([r.reference for r in rounds], [r.upload for r in rounds], self.params)
+        return [replace(r, value=dict(v), weights=v.weights if isinstance(v, Weighed) else None)
+                for r, v in zip(rounds, values, strict=True)], states
+
+
+def _each(step: Any, rounds: list[Round], states: list[State]) -> tuple[list[Round], list[State]]:
+    """``step``'s :meth:`~Step.update` of each run in turn."""
+    done = [step.update(r, state) for r, state in zip(rounds, states, strict=True)]
+    return [r for r, _ in done], [state for _, state in done]
 
 
 @dataclass(frozen=True)
@@ -179,6 +203,12 @@ class Chain:
     @property
     def streams(self) -> bool:
         return all(s.streams for s in self.steps)
+
+    @cached_property
+    def identity(self) -> str:
+        """What makes two runs' chains the same computation — their steps, screen, transport and the parameters of
+        each —, for a stacked sweep to step their runs together (:meth:`step_runs`): its text, made once."""
+        return repr(self)
 
     @property
     def private(self) -> DPNoise | None:
@@ -259,12 +289,22 @@ class Chain:
         steps that keep one, by step name; ``decided``: what the combine rule gave each update this round, where it
         weighs them — :data:`DECIDED`); ``root``: the server's model trained on its root set, where a step reads it
         (:attr:`root_rule`)."""
-        r = Round(params, upload, None, round, seed, expected_clients, scale, root)
-        new_state: dict[str, State] = {}
+        return self.step_runs([Round(params, upload, None, round, seed, expected_clients, scale, root)], [state])[0]
+
+    def step_runs(self, rounds: list[Round], states: list[dict[str, State]]) -> list[tuple[Params, dict[str, State]]]:
+        """:meth:`step` of several runs of this chain (a stacked sweep's), each given as its :class:`Round` (the
+        global model, the screened upload and the round's inputs; ``value`` None) and its chain state: each step that
+        has a run-axis form (``update_runs``) called once for all of them, the others run by run — every run's
+        model and state as :meth:`step` gives it alone."""
+        new_states: list[dict[str, State]] = [{} for _ in rounds]
         for s in self.steps:
-            r, st = s.update(r, state.get(s.name, {}))
-            if st:
-                new_state[s.name] = st
-        if r.weights is not None:
-            new_state[DECIDED] = {"round": round, "clients": list(upload.client_ids), "weights": r.weights}
-        return _combined(r), new_state
+            many = getattr(s, "update_runs", None)
+            olds = [state.get(s.name, {}) for state in states]
+            rounds, stepped = many(rounds, olds) if many is not None else _each(s, rounds, olds)
+            for new, st in zip(new_states, stepped, strict=True):
+                if st:
+                    new[s.name] = st
+        for r, new in zip(rounds, new_states, strict=True):
+            if r.weights is not None:
+                new[DECIDED] = {"round": r.round, "clients": list(r.upload.client_ids), "weights": r.weights}
+        return [(_combined(r), new) for r, new in zip(rounds, new_states, strict=True)]

@@ -12,7 +12,7 @@ metrics.csv under an attack). Rules are found by importing this package's module
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -102,6 +102,9 @@ class CombineRule:
     draws: bool = False
     reads_clients: bool = False
     root: bool = False
+    #: the rule for several runs at once (a stacked sweep's runs of one chain): ``combine_runs(references, uploads,
+    #: params)`` → each run's value as ``combine`` gives it alone, in one call; None: run by run
+    combine_runs: Callable[..., Sequence[dict[str, torch.Tensor]]] | None = None
 
 
 def _described(rule: CombineRule) -> dict[str, Any]:
