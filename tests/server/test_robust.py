@@ -207,6 +207,30 @@ def test_a_groups_verdict_is_what_admitting_it_as_one_chunk_decides(scales, refe
     assert judging.counts == admitting.counts
 
 
+@settings(max_examples=80, deadline=None)
+@given(st.lists(st.lists(st.sampled_from([0.1, 0.5, 1.0, 2.0, 40.0, 500.0, float("nan")]), min_size=5, max_size=5),
+                min_size=1, max_size=4), st.integers(1, 6), st.sampled_from([None, 10.0, 2.0]))
+def test_several_screens_verdicts_at_once_are_each_screens_own(runs, reference_clients, factor):
+    """#74: a stacked sweep judges its runs' rounds in one pass (:meth:`Screen.verdicts`, the norm filters' medians
+    of all runs at once): each run's updates that pass, its counts and its median are what its own screen decides of
+    its round admitted alone — outliers and non-finite updates among them, odd and even numbers of reference
+    clients."""
+    from hetfed.server.screen import measure
+
+    ref = {"w": torch.tensor([1.0, -2.0])}
+    uploads = [_upload([[1.0 + s, -2.0] for s in scales]) for scales in runs]
+    alone = [Screen(ref, norm_factor=factor, reference_clients=reference_clients) for _ in runs]
+    admitted = [[k for u in [*screen.admit(up), *screen.flush()] for k in u.client_ids]
+                for screen, up in zip(alone, uploads, strict=True)]
+    together = [Screen(ref, norm_factor=factor, reference_clients=reference_clients) for _ in runs]
+    joined = Upload(list(range(5 * len(runs))), {"w": torch.cat([u.params["w"] for u in uploads])},
+                    torch.ones(5 * len(runs)), {})
+    verdicts = Screen.verdicts(together, measure(joined, ref, 5, norms=factor is not None))
+    assert [[k for k, ok in enumerate(v.tolist()) if ok] for v in verdicts] == admitted
+    assert [s.counts for s in together] == [s.counts for s in alone]
+    assert [s.median for s in together] == [s.median for s in alone]
+
+
 def test_update_norms_of_parameters_taken_in_slices_are_the_norms_and_do_not_depend_on_the_stack(monkeypatch):
     """A client's parameters, joined, longer than a slice (13 columns here, so slices end mid-row and one spans both
     parameters; a client alone: 60) are measured in slices: the norms of one slice, and a client's norm alone, to

@@ -25,7 +25,7 @@ from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, ClientState, RoundUploads, Upload
 from hetfed.executors.inprocess import InProcessExecutor, eval_chunk, seed_rows
-from hetfed.server.screen import Measured, measure
+from hetfed.server.screen import Measured, Screen, measure
 
 #: a joined pool: (x, y, each run's offset, the runs' own (x, y) it was joined from)
 _Pool = tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]
@@ -185,8 +185,9 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
     upload, new = algo.local_update(bc, state, data)
     measured = None if any(attackers[i] is not None for i in runs) else _measured(group, runs, chosen, upload, bc,
                                                                                 cast(list[RoundUploads], rounds))
+    verdicts = _verdicts(group, runs, chosen, measured, cast(list[RoundUploads], rounds))
     start = 0
-    for i in runs:
+    for i, verdict in zip(runs, verdicts, strict=True):
         executor = group[i].executor
         rows = slice(start, start + len(chosen[i]))
         start += len(chosen[i])
@@ -201,7 +202,10 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
         part, residual = executor.transport.send(part, group[i].bc.params, residual, own_seeds[i],
                                                  still_read=tuple(mine.values()))
         executor._keep(chosen[i], mine, residual)
-        rounds[i].add(part, measured.rows(rows) if measured is not None else None)
+        if verdict is not None:
+            cast(RoundUploads, rounds[i]).add(part, passed=verdict)
+        else:
+            rounds[i].add(part, measured.rows(rows) if measured is not None else None)
 
 
 def _by_run(members: Sequence[tuple[int, int]]) -> dict[int, list[int]]:
@@ -239,6 +243,20 @@ def _measured(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[i
         return None
     reference = {k: bc.params[k] for k in screens[0].reference}
     return measure(upload, reference, sizes.pop(), norms=any(s.norm_factor is not None for s in screens))
+
+
+def _verdicts(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]], measured: Measured | None,
+              rounds: list[RoundUploads]) -> list[torch.Tensor | None]:
+    """Each run's screen's verdict on its part of the block, every screen's in one pass
+    (:meth:`~hetfed.server.screen.Screen.verdicts`) — when the block holds every run's whole round, measured, and no
+    screen has held or judged an update of it yet (the round's one chunk: what its screen decides of it alone). None
+    each otherwise: each run's screen admits its part."""
+    if measured is None or any(len(chosen[i]) != len(group[i].clients) for i in runs):  # measured: no attack
+        return [None] * len(runs)
+    screens = [rounds[i].screen for i in runs]
+    if not all(s is not None and s.fresh for s in screens):
+        return [None] * len(runs)
+    return list(Screen.verdicts(cast(list[Screen], screens), measured))
 
 
 def evaluate_together(group: Sequence[Asking]) -> list[dict[str, list[Any]]]:

@@ -17,7 +17,7 @@ chunk, one client at a time, Flower replies) gets the same numbers for the same 
 
 from __future__ import annotations
 
-from collections.abc import Container, Iterator
+from collections.abc import Container, Iterator, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -256,6 +256,11 @@ class Screen:
     _held: list[Upload] = field(default_factory=list)
     _held_norms: list[torch.Tensor] = field(default_factory=list)
 
+    @property
+    def fresh(self) -> bool:
+        """Nothing of the round held or judged yet: a whole round's upload may be judged at once (:meth:`verdicts`)."""
+        return self.median is None and not self._held
+
     def only_finite(self, n: int) -> bool:
         """True when screening ``n`` updates at once is only the finite check (:func:`finite_clients`): no DP
         clipping, and too few updates for the norm filter's median — so a caller may check many such groups in
@@ -280,6 +285,32 @@ class Screen:
         passed[finite] = within(kept, self.median, self.norm_factor)
         self.counts["rejected_norm"] += int(finite.sum()) - int(passed.sum())
         return passed
+
+    @staticmethod
+    def verdicts(screens: Sequence[Screen], measured: Measured) -> list[torch.Tensor]:
+        """:meth:`verdict` of several screens (a stacked sweep's runs), each judging an equal share of ``measured``
+        (its clients', in order, as its whole round): when every update is finite, the norm filters' medians and
+        thresholds in one pass for all (the float64 arithmetic of :func:`reference_median` and :func:`within`, so
+        each run's verdict as alone); otherwise screen by screen."""
+        runs, size = len(screens), len(measured.finite) // len(screens)
+        norms = measured.norms
+        same = len({(s.norm_factor, s.reference_clients, s.clip) for s in screens}) == 1
+        if (not same or norms is None or screens[0].norm_factor is None or screens[0].only_finite(size)
+                or not bool(measured.finite.all())):
+            return [s.verdict(measured.finite[i * size:(i + 1) * size],
+                              None if norms is None else norms[i * size:(i + 1) * size])
+                    for i, s in enumerate(screens)]
+        first, factor = screens[0], screens[0].norm_factor
+        by_run = norms.view(runs, size)
+        ordered = by_run[:, :first.reference_clients].sort(1).values
+        mid = ordered.shape[1] // 2
+        high = ordered[:, mid]
+        medians = high if ordered.shape[1] % 2 else high - (high - ordered[:, mid - 1]) * 0.5
+        passed = by_run <= (medians.clamp_min(1e-12) * factor).unsqueeze(1)
+        for screen, median, rejected in zip(screens, medians.tolist(), (size - passed.sum(1)).tolist(), strict=True):
+            screen.median = median
+            screen.counts["rejected_norm"] += rejected
+        return list(passed)
 
     def chunk(self, upload: Upload, finite: torch.Tensor | None = None) -> Upload:
         """What can be decided client by client: non-finite updates out (``finite``: the clients' flags, when
