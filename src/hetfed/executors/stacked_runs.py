@@ -21,11 +21,13 @@ Evaluations meet the same way (:func:`~hetfed.executors.stacked_work.evaluate_to
 models in one stack, each client on its own run's validation, test and global test sets (the runs' pools and global sets
 joined), and each run gets its clients' reports as if it had evaluated alone. So does the server's part of a round along
 the run axis: the servers' updates of a method that computes them along it in one call
-(:class:`~hetfed.interface.AggregatesRuns`: FedGen's, Fed-FSNet's, FedDF's, pFedHN's and pFedLA's), the runs' servers'
-models in one forward (:meth:`Rendezvous.score_together`), their evaluations summarised as arrays
-(:func:`hetfed.engine.summary.summaries`), and a block's updates measured for every run's screen in one pass
-(:func:`hetfed.executors.stacked_work._measured`) — each run's numbers as alone. The joined computations are
-:mod:`hetfed.executors.stacked_work`'s; this module holds the runs and their lockstep.
+(:class:`~hetfed.interface.AggregatesRuns`: FedGen's, Fed-FSNet's, FedDF's, pFedHN's and pFedLA's, and the server
+chain's of every method whose server is the chain alone, :meth:`~hetfed.server.chain.Chain.step_runs`), the runs'
+screens' verdicts on a block (:meth:`~hetfed.server.screen.Screen.verdicts`), the runs' servers' models in one forward
+(:meth:`Rendezvous.score_together`), their evaluations summarised as arrays (:func:`hetfed.engine.summary.summaries`),
+and a block's updates measured for every run's screen in one pass (:func:`hetfed.executors.stacked_work._measured`) —
+each run's numbers as alone. The joined computations are :mod:`hetfed.executors.stacked_work`'s; this module holds the
+runs and their lockstep.
 
 Only algorithms that declare ``Capabilities.stacks_runs`` (their client step and evaluation read the broadcast only
 through ``bc.stacked(n)``, ``bc.extra_rows``, their clients' personal rows, names, ``Proximal`` centres, ``bc.lr`` and
