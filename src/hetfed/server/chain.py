@@ -177,6 +177,55 @@ class Optimize:
         new, state = self.optimizer.update(r.reference, _combined(r), state)
         return replace(r, value=new), state
 
+    def update_runs(self, rounds: list[Round], states: list[State]) -> tuple[list[Round], list[State]]:
+        """:meth:`update` of several runs: their models, combined models and optimiser states stacked along a run
+        axis and updated in one call — an optimiser's arithmetic is elementwise, so each run's numbers are its own
+        alone — where their states agree on all but their tensors (the step count); run by run otherwise, and for an
+        optimiser that keeps no state (sgd: at η = 1 the combined model itself)."""
+        optimizer = self.optimizer
+        if type(optimizer).init is ServerOptimizer.init or len(rounds) == 1:
+            return _each(self, rounds, states)
+        try:
+            params = _stacked([r.reference for r in rounds])
+            combined = _stacked([_combined(r) for r in rounds])
+            state = _stacked([st or optimizer.init(r.reference) for r, st in zip(rounds, states, strict=True)])
+        except _Unlike:
+            return _each(self, rounds, states)
+        new, state = optimizer.update(params, combined, state)
+        return ([replace(r, value=_row(new, i)) for i, r in enumerate(rounds)],
+                [_row(state, i) for i in range(len(rounds))])
+
+
+class _Unlike(Exception):
+    """Runs' trees that do not stack (:func:`_stacked`)."""
+
+
+def _stacked(trees: list[Any]) -> Any:
+    """Trees of one structure (dicts of tensors and numbers) stacked leaf by leaf: tensors of one shape, type and
+    device along a new first axis; any other leaf must be equal in every tree (:class:`_Unlike` otherwise)."""
+    first = trees[0]
+    if isinstance(first, torch.Tensor):
+        if not all(isinstance(t, torch.Tensor) and (t.shape, t.dtype, t.device) == (first.shape, first.dtype,
+                                                                                     first.device) for t in trees):
+            raise _Unlike
+        return torch.stack(trees)
+    if isinstance(first, dict):
+        if not all(isinstance(t, dict) and t.keys() == first.keys() for t in trees):
+            raise _Unlike
+        return {k: _stacked([t[k] for t in trees]) for k in first}
+    if not all(type(t) is type(first) and t == first for t in trees):
+        raise _Unlike
+    return first
+
+
+def _row(tree: Any, i: int) -> Any:
+    """Run ``i``'s part of a stacked tree (its tensors' rows, as views)."""
+    if isinstance(tree, torch.Tensor):
+        return tree[i]
+    if isinstance(tree, dict):
+        return {k: _row(v, i) for k, v in tree.items()}
+    return tree
+
 
 def _combined(r: Round) -> Params:
     """What the combine step made of the round (the steps after it need it)."""
