@@ -99,7 +99,9 @@ class ClockConfig(Chosen):
     latency: str = Field(
         "constant", description="each client's seconds per sample: all the median (constant), drawn once per client "
         "from a distribution with that median (lognormal, exponential, uniform), or read from a file; wall: no "
-        "model — an asynchronous server on Flower merges replies in the order they really come")
+        "model, on an executor whose clients are elsewhere (Flower) — a round lasts its training exchange's real "
+        "seconds, an asynchronous server merges replies in the order they really come; a federation of nodes with "
+        "their own data is always timed so (the server does not know their clients' sizes)")
     sample_seconds: float = Field(1e-3, gt=0, description="the median client's seconds to train on one sample")
     uplink_mbps: float | None = Field(None, gt=0, description="the median client's upload bandwidth in Mbit/s "
                                       "(None: sending takes no time)")
@@ -113,9 +115,12 @@ class ClockConfig(Chosen):
                                    "(late); the round then lasts the deadline")
 
     def unread(self) -> dict[str, tuple[Any, str]]:
-        """The speeds' keys where a file gives every client's speeds; the bandwidths' spread without a bandwidth."""
-        if registry_of("latency").get(self.latency).reads_file:
-            why = f"train.clock.latency = {self.latency!r} reads every client's speeds from its file"
+        """The speeds' keys where a file gives every client's speeds, or where none is modelled (``wall``: real
+        exchanges); the bandwidths' spread without a bandwidth."""
+        model = registry_of("latency").get(self.latency)
+        if model.reads_file or model.wall:
+            why = (f"train.clock.latency = {self.latency!r} " + ("times the clients' real exchanges" if model.wall
+                                                                 else "reads every client's speeds from its file"))
             keys: tuple[str, ...] = ("sample_seconds", "uplink_mbps", "downlink_mbps", "network_spread", "slow")
         else:
             why = "no bandwidth is set (uplink_mbps, downlink_mbps): sending and receiving take no time"

@@ -164,3 +164,12 @@ def test_uplink_bytes_count_what_an_upload_carries_besides_its_parameters(tmp_pa
     rows = list(csv.DictReader((out / "metrics.csv").read_text().splitlines()))
     up = [float(r["value"]) for r in rows if r["split"] == "train" and r["metric"] == "uplink_bytes"]
     assert up == [10 * (8 + 4 * 10 * 64 + 4 * 10)] * 2
+
+
+def test_a_wall_clock_reads_no_modelled_speed_and_says_so():
+    """``latency: wall`` times real exchanges: the modelled speeds typed beside it are named as unread (a note), not
+    silently ignored."""
+    unread = ClockConfig(latency="wall", sample_seconds=0.01, uplink_mbps=5.0).unread()
+    assert set(unread) == {"sample_seconds", "uplink_mbps"}
+    assert all("times the clients' real exchanges" in why for _, why in unread.values())
+    assert not ClockConfig(sample_seconds=0.01).unread()

@@ -370,10 +370,12 @@ def test_a_wall_clock_run_resumed_sends_its_lost_messages_again():
     (["methods.0.params.buffer=12"], "buffer ≤ concurrency"),
     (["server.min_clients=8"], "server.min_clients = 8 is not allowed"),
     (["privacy.noise_multiplier=1.0"], "privacy.noise_multiplier = 1 with methods.0.algorithm = 'fedbuff' is not"),
-    (["train.clock.latency=wall"], "train.clock.latency = 'wall' is not allowed with methods.0.algorithm = 'fedbuff' "
-                                   "on train.executor = 'vectorised'"),
-    (["train.clock.latency=wall", "train.executor=flower", "methods=[{algorithm: fedavg}]"],
-     "train.clock.latency = 'wall' is not allowed with methods.0.algorithm = 'fedavg' on train.executor = 'flower'"),
+    (["train.clock.latency=wall"], "train.clock.latency = 'wall' is not allowed with train.executor = 'vectorised' "
+                                   "(methods.0)"),
+    (["train.clock.latency=wall", "methods=[{algorithm: fedavg}]"],
+     "train.clock.latency = 'wall' is not allowed with train.executor = 'vectorised' (methods.0)"),
+    (["train.clock.latency=wall", "train.executor=flower", "methods=[{algorithm: fedavg}]", "train.clock.deadline=2"],
+     "train.clock.deadline = 2 is not allowed with train.clock.latency = 'wall'"),
 ])
 def test_what_an_asynchronous_server_cannot_honour_is_refused_in_one_line(tmp_path, capsys, setting, says):
     out = tmp_path / "run"

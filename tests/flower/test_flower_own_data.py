@@ -233,6 +233,41 @@ def test_a_nodes_config_states_its_schema_and_runs_only_on_a_deployment(tmp_path
     assert not (tmp_path / "r").exists()
 
 
+@pytest.mark.parametrize("setting", ["train.clock.latency=lognormal", "train.clock.sample_seconds=0.01",
+                                     "train.stragglers.distribution=lognormal", "train.clock.deadline=2"])
+def test_nodes_with_their_own_data_are_timed_by_the_wall_clock_and_a_modelled_one_is_refused(setting):
+    """The server of nodes with their own data does not know their clients' sizes: its rounds are timed by the wall
+    clock (a modelled one gave every round one sample's time: 0.001 s), and a modelled clock or simulated stragglers
+    set for them are refused before anything is submitted, the key named."""
+    import warnings
+
+    from hetfed.config import OverriddenKey, load_config
+    from hetfed.engine.faults import Faults
+    from hetfed.errors import ConfigError
+    from hetfed.flower.discovery import skeleton
+    from hetfed.runs.plan import check_config, plan
+    from tests.flower_compare import REPO
+
+    DEFAULT = REPO / "configs" / "default.yaml"
+
+    base = ["dataset.name=nodes", "partition.kind=natural", "partition.clients=null", "dataset.features=64",
+            "dataset.classes=[a, b, c, d, e, f, g, h, i, j]", "flower.nodes=2", "train.executor=flower",
+            "methods=[{algorithm: fedavg}]"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", OverriddenKey)
+        config = load_config(str(DEFAULT), base)
+        wall = load_config(str(DEFAULT), [*base, "train.clock.latency=wall"])
+        modelled = load_config(str(DEFAULT), [*base, setting])
+    fed = skeleton(config, [(7, 0, 2), (8, 2, 3)])
+    for accepted in (config, wall):
+        check_config(accepted)
+        run = plan(accepted, fed, None)[0]
+        assert Faults(run.train, fed, 0, run.run.schedule).clock.wall
+    key = setting.split("=")[0]
+    with pytest.raises(ConfigError, match=f"^{key} = .* is not allowed with a federation of nodes with their own data"):
+        check_config(modelled)
+
+
 def test_the_nodes_clients_are_numbered_by_the_nodes_positions_not_their_ids(monkeypatch):
     """Flower draws a SuperNode's id anew at every start: the server numbers the clients of nodes that give a
     ``position`` in that order (then the others, by id), so a deployment started again numbers every client — and

@@ -156,3 +156,24 @@ def test_a_node_trains_its_cohort_vectorised_and_gives_the_in_process_numbers(tm
         if "mean" in e["records"]:
             assert set(e["records"]["screened"]) == {"rejected_nonfinite", "rejected_norm"}
     assert any("mean" in e["records"] for e in trains) and any("params" in e["records"] for e in trains)
+
+
+def test_a_synchronous_round_on_the_wall_clock_lasts_its_exchanges_real_seconds(tmp_path):
+    """``train.clock.latency: wall`` on Flower for FedAvg: each round's ``round_time`` is its training exchange's
+    real seconds (not a model's), ``sim_time`` their sum, within the rounds' real time (``train_s``); in process it
+    is refused, as there is no exchange to time."""
+    import pandas as pd
+
+    from hetfed.cli import main
+
+    out = tmp_path / "w"
+    args = ["run", "--quiet", "--set", "partition.clients=4", "--set", "train.rounds=3", "--set",
+            "train.clock.latency=wall", "--set", "methods=[{algorithm: fedavg}]", "--set", "heterogeneity.gamma=false"]
+    assert main([*args, "--out", str(out), "--set", "train.executor=flower"]) == 0
+    m = pd.read_csv(out / "metrics.csv")
+    train = m[m.split == "train"].pivot_table(index="round", columns="metric", values="value")
+    assert list(train.index) == [1, 2, 3] and (train.round_time > 0).all()
+    assert train.sim_time.tolist() == pytest.approx(train.round_time.cumsum().tolist(), rel=1e-9)
+    method = json.loads((out / "summary.json").read_text())["methods"]["fedavg"]
+    assert train.sim_time.iloc[-1] <= method["seconds_per_round"] * method["rounds"]  # the rounds' real time
+    assert main([*args, "--out", str(tmp_path / "here")]) == 2 and not (tmp_path / "here").exists()

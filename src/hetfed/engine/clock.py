@@ -102,6 +102,9 @@ class Clock:
     downlink: np.ndarray  # [K]
     deadline: float | None = None
     unit: str = "s"  # "s", or "steps" (train.stragglers: median client steps)
+    #: no model: a round lasts its training exchange's real seconds (``train.clock.latency: wall``, or a federation
+    #: whose clients' sizes the server does not know: nodes with their own data)
+    wall: bool = False
 
     @classmethod
     def of(cls, train: TrainConfig, fed: Federation, seed: int, schedule: LocalSchedule) -> Clock:
@@ -114,7 +117,8 @@ class Clock:
         cfg = train.clock
         rows = np.minimum(schedule.batch_size, np.array([max(len(i), 1) for i in fed.train], dtype=np.float64))
         sample, up, down = _client_speeds(cfg, fed, seed)
-        return cls(steps * rows * sample, _bandwidth(up, n), _bandwidth(down, n), cfg.deadline)
+        return cls(steps * rows * sample, _bandwidth(up, n), _bandwidth(down, n), cfg.deadline,
+                   wall=LATENCY.get(cfg.latency).wall or not fed.sizes_known)
 
     def times(self, clients: list[int], down_bytes: float, up_bytes: float) -> np.ndarray:
         """Each client's round: compute plus receiving ``down_bytes`` and sending ``up_bytes``."""
@@ -128,8 +132,12 @@ class Clock:
         t = self.times(clients, down_bytes, up_bytes)
         return [k for k, tk in zip(clients, t, strict=True) if tk > self.deadline]
 
-    def round_time(self, aggregated: list[int], late: bool, down_bytes: float, up_bytes: float) -> float:
-        """A synchronous round: its slowest aggregated client, or the deadline when a client was late."""
+    def round_time(self, aggregated: list[int], late: bool, down_bytes: float, up_bytes: float,
+                   seconds: float = 0.0) -> float:
+        """A synchronous round: its slowest aggregated client, or the deadline when a client was late; on the wall
+        clock, ``seconds`` (its training exchange's)."""
+        if self.wall:
+            return seconds
         slowest = float(self.times(aggregated, down_bytes, up_bytes).max()) if aggregated else 0.0
         if late and self.deadline is not None:
             return max(slowest, self.deadline)

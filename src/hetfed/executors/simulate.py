@@ -260,8 +260,12 @@ def _train_round(loop: _Loop, result: SimulationResult,
     upload = None
     for o in loop.observers:
         o.sending(r + 1, bc, present.training, loop.executor)
+    exchange = result.rode_seconds  # a round sent with the evaluation before it: that exchange's seconds
+    result.rode_seconds = 0.0
     if len(present.training) >= loop.min_clients:
+        sent = time.perf_counter()
         upload = yield Train(bc, present.training)
+        exchange += time.perf_counter() - sent
     if len(present.training) >= loop.min_clients and loop.run.schedule.records is not None:
         steps = result.record_steps  # each client's DP-SGD steps (its ε): all that trained, whatever the server
         for k in present.training:  # then accepted
@@ -271,16 +275,17 @@ def _train_round(loop: _Loop, result: SimulationResult,
         up = uploaded_bytes(upload, up)  # what the clients' uploads carried besides their parameters
     if upload is not None and len(upload.client_ids) < loop.min_clients:
         upload = None  # too few accepted updates: skipped and logged, never averaged over one client
-    _advance_clock(loop, result, sampled, present, down, up)
+    _advance_clock(loop, result, sampled, present, down, up, exchange)
     return upload, counts, present.training
 
 
 def _advance_clock(loop: _Loop, result: SimulationResult, sampled: list[int], present: RoundFaults, down: int,
-                   up: int) -> None:
-    """The round's simulated duration (its slowest reporting client, or the deadline) and its bytes: every sampled
-    client received the broadcast; every client that trained sent its update."""
+                   up: int, exchange: float) -> None:
+    """The round's simulated duration (its slowest reporting client, or the deadline; on the wall clock its
+    training ``exchange``'s real seconds) and its bytes: every sampled client received the broadcast; every client
+    that trained sent its update."""
     clock = loop.faults.clock
-    result.round_time = clock.round_time(present.training, bool(present.late), down, up)
+    result.round_time = clock.round_time(present.training, bool(present.late), down, up, exchange)
     result.sim_time += result.round_time
     result.round_bytes = (down * len(sampled), up * len(present.training))
     result.downlink_bytes += result.round_bytes[0]

@@ -194,6 +194,9 @@ class SimulationResult:
     since_best: int = 0  # evaluations since it improved (early stopping)
     #: the simulated clock (hetfed.engine.clock) after the rounds so far, and the bytes that travelled so far
     sim_time: float = 0.0
+    #: the seconds of the exchange that carried the next round's training with an evaluation (Flower's ride), which
+    #: that round's wall-clock time includes
+    rode_seconds: float = 0.0
     uplink_bytes: int = 0
     downlink_bytes: int = 0
     round_time: float = 0.0  # the last round's
@@ -538,6 +541,7 @@ def _evaluate_round(loop: _Loop, result: SimulationResult, rnd: int) -> Steps[di
     carried = float(getattr(loop.executor, "ride_seconds", 0.0)) if rode else 0.0
     result.eval_seconds += time.perf_counter() - t_eval - carried
     result.train_seconds += carried
+    result.rode_seconds = carried  # the next round's exchange, on the wall clock
     result.evaluations += 1
     if not loop.keep_history:
         result.history.clear()

@@ -138,6 +138,12 @@ class Federation:
         """Whether client k holds validation data (best-model selection needs some opted-in client that does)."""
         return len(self.val[k]) > 0
 
+    @property
+    def sizes_known(self) -> bool:
+        """Whether the server knows its clients' sizes — what a modelled clock times their rounds by
+        (:class:`hetfed.engine.clock.Clock`)."""
+        return True
+
     def class_counts(self) -> np.ndarray:
         """K × C counts of each class among each client's samples (all splits)."""
         out = np.zeros((self.n_clients, self.n_classes), dtype=np.int64)
@@ -157,6 +163,11 @@ class NodesFederation(Federation):
 
     def has_validation(self, k: int) -> bool:
         return True
+
+    @property
+    def sizes_known(self) -> bool:
+        """The sizes stay on the nodes: the rounds are timed by the wall clock."""
+        return False
 
 
 # ---------------------------------------------------------------- helpers

@@ -131,6 +131,43 @@ def _check_nodes_dataset(config: Config) -> None:
     for key, value in config.dataset.away_from_default("positive_class", "keep_classes", "standardise").items():
         raise ConfigError(f"dataset.{key} = {value!r} is not allowed with dataset.name = {name!r}: each node reads "
                           "its own file as it is; expected it left out (relabel or scale the nodes' files instead)")
+    for method in config.methods:
+        _check_nodes_clock(config.method_train(method))
+
+
+def _check_nodes_clock(train: TrainConfig) -> None:
+    """Nodes with their own data are timed by the wall clock (the server does not know their clients' sizes): a
+    modelled clock or simulated stragglers set for them are refused, the key named."""
+    typed = {**train.clock.away_from_default("latency", "sample_seconds", "uplink_mbps", "downlink_mbps",
+                                             "network_spread", "slow", "deadline"),
+             **train.stragglers.away_from_default("distribution")}
+    for key, value in typed.items():
+        if not (key == "latency" and registry_of("latency").get(value).wall):
+            raise ConfigError(f"train.{'stragglers' if key == 'distribution' else 'clock'}.{key} = {value!r} is not "
+                              "allowed with a federation of nodes with their own data: the server does not know "
+                              "their clients' sizes and speeds to simulate their rounds, which are timed by the wall "
+                              "clock; expected it left out (or train.clock.latency 'wall')")
+
+
+def _check_wall_clock(index: int, train: TrainConfig, kind: ExecutorKind, fed: Federation) -> None:
+    """``train.clock.latency: wall`` times real exchanges: refused where the clients compute in this process; a
+    federation whose clients' sizes the server does not know (nodes with their own data) is timed by it
+    (:func:`_check_nodes_clock`)."""
+    clock = train.clock
+    if not fed.sizes_known:
+        _check_nodes_clock(train)
+        return
+    if not registry_of("latency").get(clock.latency).wall:
+        return
+    if kind.in_process:
+        raise ConfigError(f"train.clock.latency = 'wall' is not allowed with train.executor = {kind.name!r} "
+                          f"(methods.{index}): it times exchanges with clients elsewhere (an asynchronous "
+                          "server merges the replies as they really come, a round lasts its exchange's real seconds); "
+                          "expected an executor whose clients are elsewhere (flower, deployment)")
+    if clock.deadline is not None:
+        raise ConfigError(f"train.clock.deadline = {clock.deadline:g} is not allowed with train.clock.latency = "
+                          "'wall': the clients' round times are real, not modelled; expected it left out "
+                          "(flower.round_timeout bounds a real round)")
 
 
 @dataclass(frozen=True, eq=False)
@@ -174,14 +211,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
             raise ConfigError(f"attack.start_round = {config.attack.start_round} is not allowed: methods.{index} "
                               f"trains {train.rounds} rounds, so no round would be attacked; expected 1 … "
                               f"{train.rounds}")
-        if registry_of("latency").get(train.clock.latency).wall and (kind.in_process
-                                                                     or not algo.capabilities.asynchronous):
-            raise ConfigError(f"train.clock.latency = 'wall' is not allowed with methods.{index}.algorithm = "
-                              f"{method.algorithm!r} on train.executor = {kind.name!r}: it orders an asynchronous "
-                              "server's arrivals by when the replies really come; expected an asynchronous algorithm "
-                              f"({', '.join(with_capability(lambda c: c.asynchronous))}) on an executor whose clients "
-                              "are elsewhere "
-                              "(flower, deployment)")
+        _check_wall_clock(index, train, kind, fed)
         _check_leakage(config, index, method, run, kind, fed)
         _check_records(config, index, method, algo, fed)
         _check_capture(index, train, algo, config.method_model(method).kind)
