@@ -117,6 +117,12 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     assert len(scored) >= 2 * ((4 + 1) * 4 + 2)  # each round: every client's and the mean's local and val scores,
     assert {"global_accuracy", "global_loss"} <= set(scored.index.get_level_values("metric"))  # and the server's
     assert scored.to_numpy() == pytest.approx(sim.loc[scored.index].to_numpy(), rel=1e-5, abs=1e-7)
+    # what differs: the rounds are timed by the wall clock (the server does not know the nodes' clients' sizes), a
+    # round's training exchange's real seconds — more than the simulated clock's model of them
+    clock = real.xs("train", level="split").xs("all", level="client").unstack("metric")
+    assert (clock.round_time > sim.xs("train", level="split").xs("all", level="client").unstack("metric").round_time
+            ).all()
+    assert clock.sim_time.tolist() == pytest.approx(clock.round_time.cumsum().tolist(), rel=1e-9)
 
 
 def test_an_export_whose_methods_the_nodes_could_not_run_is_one_line_and_writes_nothing(tmp_path, capsys):

@@ -48,7 +48,6 @@ from hetfed.engine.types import (
 )
 from hetfed.errors import ConfigError
 from hetfed.models.base import Model
-from hetfed.server.chain import Chain, Round
 
 __all__ = [
     "Algorithm", "Broadcast", "Capabilities", "ClientData", "ClientEvalData", "ClientState", "Context", "Params",
@@ -244,18 +243,6 @@ class Algorithm:
         params, extra = server_step(self, state, upload)
         return ServerState(params=params, round=state.round + 1, extra=extra)
 
-    def aggregate_key(self, state: ServerState, upload: Upload) -> Hashable:
-        """Runs of one server chain aggregate in one call (:meth:`aggregate_runs`; :class:`AggregatesRuns`)."""
-        return _chain(self).identity
-
-    @classmethod
-    def aggregate_runs(cls, algos: Sequence[Any], states: Sequence[ServerState],
-                       uploads: Sequence[Upload]) -> list[ServerState]:
-        """:meth:`aggregate` of several runs of one server chain, the chain stepped along the run axis
-        (:func:`server_steps`): every run's state as alone."""
-        return [ServerState(params=params, round=state.round + 1, extra=extra)
-                for (params, extra), state in zip(server_steps(algos, states, uploads), states, strict=True)]
-
     def findings(self, state: ServerState, upload: Upload) -> Mapping[str, float | torch.Tensor]:
         """What the server's step ``state`` on ``upload`` found that a user studies, written to the round's metrics
         (``train`` rows) and, the last round's, to the run's summary (``findings``): numbers (Agnostic FL's λ, CFL's
@@ -341,13 +328,36 @@ def aggregates_runs(algo: object) -> TypeGuard[AggregatesRuns]:
 
 @functools.cache
 def _aggregates_runs(method: Any) -> bool:
-    """Whether ``method`` aggregates runs in one call: it has both functions, and its ``aggregate_runs`` is its
-    ``aggregate``'s (defined by the same class: a method that changes ``aggregate`` alone aggregates alone)."""
-    def owner(name: str) -> Any:
-        return next((kind for kind in method.__mro__ if name in vars(kind)), None)
+    return all(callable(getattr(method, name, None)) for name in ("aggregate_key", "aggregate_runs"))
 
-    names = ("aggregate_key", "aggregate_runs")
-    return all(callable(getattr(method, name, None)) for name in names) and owner("aggregate") is owner(names[1])
+
+def aggregate_key(algo: Algorithm, state: ServerState, upload: Upload) -> Hashable | None:
+    """What must be equal for runs of ``algo``'s method to aggregate in one call (:func:`aggregate_runs`; a stacked
+    sweep's): the method's own key (:class:`AggregatesRuns`), or for a method whose server is the chain alone
+    (:meth:`Algorithm.aggregate`: FedAvg, FedProx, Ditto …) its chain's identity; None: it aggregates alone."""
+    if aggregates_runs(algo):
+        return ("own", algo.aggregate_key(state, upload))
+    if type(algo).aggregate is Algorithm.aggregate:
+        return ("server chain", _chain(algo).identity)
+    return None
+
+
+def aggregate_runs(algos: Sequence[Algorithm], states: Sequence[ServerState],
+                   uploads: Sequence[Upload]) -> list[ServerState]:
+    """Each run's ``aggregate`` in one call, for runs of equal :func:`aggregate_key`: the method's own
+    ``aggregate_runs``, or the server chain stepped along the run axis (:func:`chain_aggregates`)."""
+    first = algos[0]
+    if aggregates_runs(first):
+        return first.aggregate_runs(algos, states, uploads)
+    return chain_aggregates(algos, states, uploads)
+
+
+def chain_aggregates(algos: Sequence[Algorithm], states: Sequence[ServerState],
+                     uploads: Sequence[Upload]) -> list[ServerState]:
+    """:meth:`Algorithm.aggregate` of several runs of one server chain (:func:`server_steps`): every run's state as
+    alone."""
+    return [ServerState(params=params, round=state.round + 1, extra=extra)
+            for (params, extra), state in zip(server_steps(algos, states, uploads), states, strict=True)]
 
 
 def reported(algo: Algorithm, state: ServerState) -> ServerState:
@@ -422,8 +432,8 @@ def server_steps(algos: Sequence[Algorithm], states: Sequence[ServerState], uplo
     """:func:`server_step` of several runs of one server chain (the first run's; a stacked sweep's runs), in one
     :meth:`~hetfed.server.chain.Chain.step_runs`: each run's result as alone."""
     chain = _chain(algos[0])
-    rounds = [Round(state.params, upload, None, state.round, algo._seed, algo._expected_clients, scale,
-                    _root(algo, state, chain))
+    rounds = [chain.round_of(state.params, upload, round=state.round, seed=algo._seed,
+                             expected_clients=algo._expected_clients, scale=scale, root=_root(algo, state, chain))
               for algo, state, upload, scale in zip(algos, states, uploads, scales or [1.0] * len(algos), strict=True)]
     stepped = chain.step_runs(rounds, [chain.state_of(state.extra) for state in states])
     out = []
@@ -435,7 +445,8 @@ def server_steps(algos: Sequence[Algorithm], states: Sequence[ServerState], uplo
     return out
 
 
-def _chain(algo: Algorithm) -> Chain:
+def _chain(algo: Algorithm) -> Any:
+    """The method's server chain (:class:`hetfed.server.chain.Chain`, a layer above: read by its functions)."""
     chain = algo.context.pipeline
     if chain is None:
         raise RuntimeError(f"{algo.spec.name if algo.spec else type(algo).__name__}: no server chain; build algorithms "
@@ -443,7 +454,7 @@ def _chain(algo: Algorithm) -> Chain:
     return chain
 
 
-def _root(algo: Algorithm, state: ServerState, chain: Chain) -> Params | None:
+def _root(algo: Algorithm, state: ServerState, chain: Any) -> Params | None:
     """The server's model trained on its root set from the round's model, where the chain's rule reads it."""
     if chain.root_rule is None:
         return None

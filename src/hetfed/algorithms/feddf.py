@@ -43,6 +43,7 @@ from hetfed.algorithms.registry import (
 from hetfed.engine.rng import derive_seed
 from hetfed.engine.types import Params, ServerState, Upload
 from hetfed.errors import ConfigError
+from hetfed.interface import chain_aggregates
 from hetfed.models.base import Model
 
 DISTILL = 41  # rng purpose: the server's distillation batches
@@ -94,7 +95,7 @@ class FedDF(FedAvg):
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
         """Runs (of the same parameters and model) distil their students in one stack when they hold them on one
         device and their server data have one shape (a sweep's seeds), their server chains one computation."""
-        return (super().aggregate_key(state, upload), str(next(iter(state.params.values())).device),
+        return (self.context.pipeline.identity, str(next(iter(state.params.values())).device),
                 tuple(self._server_x().shape))
 
     @classmethod
@@ -102,7 +103,7 @@ class FedDF(FedAvg):
                        uploads: Sequence[Upload]) -> list[ServerState]:
         """The runs' FedAvg steps (their server chains in one call), then every run's student distilled from its
         own ensemble in one stack (:func:`distil_runs`): each run's numbers as alone."""
-        averaged = FedAvg.aggregate_runs(algos, states, uploads)
+        averaged = chain_aggregates(algos, states, uploads)
         distilled = distil_runs(algos, [a.params for a in averaged], uploads, [s.round for s in states])
         return [ServerState(params, a.round, {**a.extra, "distill_steps": steps})
                 for a, (params, steps) in zip(averaged, distilled, strict=True)]

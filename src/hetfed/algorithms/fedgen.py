@@ -54,6 +54,7 @@ from hetfed.engine.types import (
     unstack_state,
 )
 from hetfed.errors import ConfigError
+from hetfed.interface import chain_aggregates
 from hetfed.models.base import Model, Noise
 from hetfed.models.mlp import MLP
 
@@ -181,14 +182,14 @@ class FedGen(FedAvg):
     def aggregate_key(self, state: ServerState, upload: Upload) -> tuple:
         """Runs (of the same parameters and model) train their generators in one stack when they hold them on one
         device and as many clients' heads answered (a sweep's seeds), their server chains one computation."""
-        return (super().aggregate_key(state, upload), str(next(iter(state.extra["generator"].values())).device),
+        return (self.context.pipeline.identity, str(next(iter(state.extra["generator"].values())).device),
                 len(upload.client_ids))
 
     @classmethod
     def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:
         """The runs' FedAvg steps (their server chains in one call), then every run's generator trained against
         its clients' heads in one stack (:func:`train_generators`): each run's numbers as alone."""
-        averaged = FedAvg.aggregate_runs(algos, states, uploads)
+        averaged = chain_aggregates(algos, states, uploads)
         counts = [u.extra["label_counts"].double() for u in uploads]
         trained = train_generators(algos, [s.extra["generator"] for s in states], uploads, counts,
                                    [s.round for s in states])

@@ -59,6 +59,7 @@ from hetfed.engine.types import (
     stack_states,
     unstack_state,
 )
+from hetfed.interface import chain_aggregates
 from hetfed.models.base import Model, Noise
 from hetfed.models.mlp import MLP
 
@@ -196,14 +197,14 @@ class FedFSNet(FedAvg):
         mixtures are on one device and as many clients answered (a sweep's seeds), their server chains one
         computation."""
         means = upload.extra["input_mean"]
-        return (super().aggregate_key(state, upload), str(next(iter(state.params.values())).device),
+        return (self.context.pipeline.identity, str(next(iter(state.params.values())).device),
                 str(means.device), tuple(means.shape))
 
     @classmethod
     def aggregate_runs(cls, algos, states, uploads) -> list[ServerState]:
         """The runs' FedAvg steps (their server chains in one call), then every run's hidden model fitted in one
         stack (:func:`train_hidden`) and its D′ synthesised: each run's numbers as alone."""
-        new = FedAvg.aggregate_runs(algos, states, uploads)
+        new = chain_aggregates(algos, states, uploads)
         gens = [torch.Generator().manual_seed(s.extra["seed"] + s.round) for s in states]
         fitted = train_hidden(algos, [n.params for n in new], [s.extra["hidden"] for s in states], uploads, gens)
         return [ServerState(n.params, n.round, {**s.extra, "hidden": hidden, "synthetic": a.synthesise(hidden, gen),

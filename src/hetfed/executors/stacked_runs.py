@@ -75,7 +75,7 @@ from hetfed.executors.updates import (
     Train,
     read_back,
 )
-from hetfed.interface import AggregatesRuns, aggregates_runs, evaluate_servers, scores_servers_together
+from hetfed.interface import aggregate_key, aggregate_runs, evaluate_servers, scores_servers_together
 
 
 @dataclass(eq=False, kw_only=True)
@@ -371,18 +371,16 @@ def _score_key(run: _Rounds) -> Any:
 
 
 def _aggregate_key(run: _Rounds) -> Any:
-    """Servers updated in one call: runs of one method that aggregates runs together
-    (:class:`~hetfed.interface.AggregatesRuns`), with the same parameters and model, of equal ``aggregate_key``."""
+    """Servers updated in one call: runs of one method, with the same parameters and model, of equal
+    :func:`~hetfed.interface.aggregate_key` (its own, or its server chain's)."""
     asked = cast(Aggregate, run.asked)
-    if not aggregates_runs(asked.algo):
-        return None
-    return ("aggregate", run.executor.run.model_identity(), asked.algo.aggregate_key(asked.server, asked.upload))
+    key = aggregate_key(asked.algo, asked.server, asked.upload)
+    return None if key is None else ("aggregate", run.executor.run.model_identity(), key)
 
 
 def _aggregate_together(group: Sequence[_Rounds]) -> list[Any]:
     asked = [cast(Aggregate, r.asked) for r in group]
-    return cast(AggregatesRuns, asked[0].algo).aggregate_runs([a.algo for a in asked], [a.server for a in asked],
-                                              [a.upload for a in asked])
+    return aggregate_runs([a.algo for a in asked], [a.server for a in asked], [a.upload for a in asked])
 
 
 def _summary_key(run: _Rounds) -> Any:

@@ -338,7 +338,14 @@ class Chain:
         steps that keep one, by step name; ``decided``: what the combine rule gave each update this round, where it
         weighs them — :data:`DECIDED`); ``root``: the server's model trained on its root set, where a step reads it
         (:attr:`root_rule`)."""
-        return self.step_runs([Round(params, upload, None, round, seed, expected_clients, scale, root)], [state])[0]
+        return self.step_runs([self.round_of(params, upload, round=round, seed=seed, expected_clients=expected_clients,
+                                             scale=scale, root=root)], [state])[0]
+
+    @staticmethod
+    def round_of(params: Params, upload: Upload, *, round: int = 0, seed: int = 0, expected_clients: int = 1,
+                 scale: float = 1.0, root: Params | None = None) -> Round:
+        """A run's round as :meth:`step_runs` takes it: the arguments of :meth:`step`."""
+        return Round(params, upload, None, round, seed, expected_clients, scale, root)
 
     def step_runs(self, rounds: list[Round], states: list[dict[str, State]]) -> list[tuple[Params, dict[str, State]]]:
         """:meth:`step` of several runs of this chain (a stacked sweep's), each given as its :class:`Round` (the
