@@ -6,6 +6,7 @@ measures the simulation's Γ from the clients' summaries."""
 from __future__ import annotations
 
 import json
+import zipfile
 
 import numpy as np
 import pytest
@@ -41,6 +42,8 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
     blocks = np.array_split(np.arange(simulated.n_clients), 3)
     for p, block in enumerate(blocks):
         path = tmp_path / "ex" / f"node-{p}.npz"
+        with zipfile.ZipFile(path) as npz:  # compressed: the files travel to the sites
+            assert {info.compress_type for info in npz.infolist()} == {zipfile.ZIP_DEFLATED}
         assert options[p] == (f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\" "
                               f"split=\"split\" position={p}'")
         node = node_federation({"data": str(path), "label": "y", "client": "client", "split": "split"}, config)
