@@ -409,19 +409,18 @@ class RoundUploads:
         self._counts: list[torch.Tensor] = []
         self._extra: dict[str, list[torch.Tensor]] = {}
 
-    def add(self, upload: Upload, measured: Any = None, passed: torch.Tensor | None = None) -> None:
+    def add(self, upload: Upload, measured: Any = None, judged: bool = False) -> None:
         """A chunk's updates; a :class:`StreamedUpload` (a Flower node's cohort, reduced and screened where it
         was trained) is folded into the sums as it is — its clients' updates are not here to screen again.
         ``measured``: their finite flags and norms, computed beforehand (:class:`hetfed.server.screen.Measured`);
-        ``passed``: the round's whole upload, already judged by this round's screen (bool ``[n]``,
-        :meth:`hetfed.server.screen.Screen.verdicts`: a stacked sweep's runs' screens in one pass)."""
+        ``judged``: the upload is what this round's screen let pass of the round's whole upload, judged already
+        (:meth:`hetfed.server.screen.Screen.verdicts`: a stacked sweep's runs' screens in one pass)."""
         if isinstance(upload, StreamedUpload):
             self._fold_reduced(upload)
             return
-        if passed is not None:
-            chosen = upload if bool(passed.all()) else upload.take(torch.nonzero(passed).flatten().tolist())
-            if chosen.client_ids:
-                self._take(chosen)
+        if judged:
+            if upload.client_ids:
+                self._take(upload)
             return
         for kept in self.screen.admit(upload, measured) if self.screen is not None else [upload]:
             self._take(kept)

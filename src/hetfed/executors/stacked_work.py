@@ -25,7 +25,7 @@ from hetfed.engine.rng import derive_seeds
 from hetfed.engine.sampling import global_scorers
 from hetfed.engine.types import Broadcast, ClientBroadcast, ClientData, ClientState, RoundUploads, Upload
 from hetfed.executors.inprocess import InProcessExecutor, eval_chunk, seed_rows
-from hetfed.server.screen import Measured, Screen, measure
+from hetfed.server.screen import Measured, Screen, measure, select
 
 #: a joined pool: (x, y, each run's offset, the runs' own (x, y) it was joined from)
 _Pool = tuple[torch.Tensor, torch.Tensor, list[int], tuple[Any, ...]]
@@ -203,7 +203,7 @@ def _train_block(group: Sequence[Asking], members: list[tuple[int, int]], x: tor
                                                  still_read=tuple(mine.values()))
         executor._keep(chosen[i], mine, residual)
         if verdict is not None:
-            cast(RoundUploads, rounds[i]).add(part, passed=verdict)
+            cast(RoundUploads, rounds[i]).add(select(part, verdict), judged=True)
         else:
             rounds[i].add(part, measured.rows(rows) if measured is not None else None)
 

@@ -149,14 +149,11 @@ def _check_nodes_clock(train: TrainConfig) -> None:
                               "clock; expected it left out (or train.clock.latency 'wall')")
 
 
-def _check_wall_clock(index: int, train: TrainConfig, kind: ExecutorKind, fed: Federation) -> None:
-    """``train.clock.latency: wall`` times real exchanges: refused where the clients compute in this process; a
-    federation whose clients' sizes the server does not know (nodes with their own data) is timed by it
-    (:func:`_check_nodes_clock`)."""
+def _check_wall_clock(index: int, train: TrainConfig, kind: ExecutorKind) -> None:
+    """``train.clock.latency: wall`` times real exchanges: refused where the clients compute in this process, and
+    with a modelled deadline. (A federation of nodes with their own data is always timed by it; a modelled clock set
+    for one is refused by :func:`check_config`, :func:`_check_nodes_clock`.)"""
     clock = train.clock
-    if not fed.sizes_known:
-        _check_nodes_clock(train)
-        return
     if not registry_of("latency").get(clock.latency).wall:
         return
     if kind.in_process:
@@ -211,7 +208,7 @@ def plan(config: Config, fed: Federation, ckpt: dict[str, Any] | None,
             raise ConfigError(f"attack.start_round = {config.attack.start_round} is not allowed: methods.{index} "
                               f"trains {train.rounds} rounds, so no round would be attacked; expected 1 … "
                               f"{train.rounds}")
-        _check_wall_clock(index, train, kind, fed)
+        _check_wall_clock(index, train, kind)
         _check_leakage(config, index, method, run, kind, fed)
         _check_records(config, index, method, algo, fed)
         _check_capture(index, train, algo, config.method_model(method).kind)

@@ -297,9 +297,8 @@ class Screen:
         same = len({(s.norm_factor, s.reference_clients, s.clip) for s in screens}) == 1
         if (not same or norms is None or screens[0].norm_factor is None or screens[0].only_finite(size)
                 or not bool(measured.finite.all())):
-            return [s.verdict(measured.finite[i * size:(i + 1) * size],
-                              None if norms is None else norms[i * size:(i + 1) * size])
-                    for i, s in enumerate(screens)]
+            shares = [measured.rows(slice(i * size, (i + 1) * size)) for i in range(runs)]
+            return [s.verdict(share.finite, share.norms) for s, share in zip(screens, shares, strict=True)]
         first, factor = screens[0], screens[0].norm_factor
         by_run = norms.view(runs, size)
         ordered = by_run[:, :first.reference_clients].sort(1).values

@@ -10,10 +10,15 @@ from hetfed.server.combine import CombineRule, RuleParams, Weighed, register
 
 def weighted_mean(old: Params, upload: Upload, uniform: bool = False) -> Params:
     """The (sample-weighted, or uniform) mean of the uploaded shared parameters."""
-    if isinstance(upload, StreamedUpload) or len(upload.client_ids) == 1:
+    if _whole_already(upload):
         return _whole(old, upload)
     w = torch.ones_like(upload.num_samples) if uniform else upload.num_samples
     return _weighted(old, upload, (w / w.sum()).unsqueeze(0))
+
+
+def _whole_already(upload: Upload) -> bool:
+    """Whether the upload is its own mean: reduced already, or a single update."""
+    return isinstance(upload, StreamedUpload) or len(upload.client_ids) == 1
 
 
 def _whole(old: Params, upload: Upload) -> Params:
@@ -45,8 +50,7 @@ def mean_runs(olds: list[Params], uploads: list[Upload], _params: RuleParams) ->
     does a batched sum's order past torch's parallel grain — a stacked sweep gives each run its numbers alone. Each
     weight is computed once, for the mean and for the rule's decision (it was twice: ~10 µs a run a round)."""
     weights = [u.num_samples / u.num_samples.sum() for u in uploads]
-    return [Weighed(_whole(old, u) if isinstance(u, StreamedUpload) or len(u.client_ids) == 1
-                    else _weighted(old, u, w.unsqueeze(0)), w)
+    return [Weighed(_whole(old, u) if _whole_already(u) else _weighted(old, u, w.unsqueeze(0)), w)
             for old, u, w in zip(olds, uploads, weights, strict=True)]
 
 
