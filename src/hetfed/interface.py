@@ -398,8 +398,8 @@ def scores_servers_together(algo: Algorithm) -> bool:
 @torch.no_grad()
 def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], x: torch.Tensor,
                      ys: Sequence[torch.Tensor]) -> list[dict[str, float]]:
-    """:meth:`Algorithm.evaluate_server` of runs of one method and model (:func:`scores_servers_together`), their
-    models in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
+    """:meth:`Algorithm.evaluate_server` of runs of one network (:func:`scores_servers_together`; the methods may
+    differ: each run's model is the one its method reports), in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
     model's row is its own computation, so each run gets its numbers alone (a stacked sweep's runs:
     :mod:`hetfed.executors.stacked_runs`)."""
     params = [{**reported(a, s).params, **a.model.local_for_unseen_client(_device(s.params))}  # global_params's
@@ -474,6 +474,15 @@ def private(algo: Algorithm) -> PrivacyConfig | None:
     """The method's client-level DP settings when DP-FedAvg is on (``privacy.noise_multiplier`` set), else None."""
     privacy = algo.context.privacy
     return privacy if privacy is not None and privacy.noise_multiplier is not None else None
+
+
+def scores_the_broadcast(algo: Algorithm) -> bool:
+    """Whether ``algo``'s clients are scored with the model its server sends (or the one it reports), the base way:
+    the method neither evaluates nor predicts its own way, and its clients have no parameters of their own — so what
+    it scores is a function of that model and the clients' data alone, not of the method or the clients' states."""
+    kind = type(algo)
+    return (kind.evaluate_client is Algorithm.evaluate_client and kind.predictor is Algorithm.predictor
+            and not own_parameters(algo))
 
 
 def own_parameters(algo: Algorithm) -> bool:

@@ -79,9 +79,38 @@ class RunSpec:
     def _model_identity(self) -> tuple[Any, ...]:
         algo = self.algo
         params = algo.params.model_dump_json() if hasattr(algo.params, "model_dump_json") else repr(algo.params)
-        architecture = self.architecture if self.architecture is not None else ("built by hand", id(algo.model))
-        return (algo.spec.name if algo.spec is not None else type(algo).__name__, params, type(algo.model),
-                architecture)
+        return (algo.spec.name if algo.spec is not None else type(algo).__name__, params, *self.network_identity())
+
+    def network_identity(self) -> tuple[Any, ...]:
+        """The model as a network, whatever method trains it: its class and architecture (a model built by hand,
+        which no config names, is its own). Runs whose servers' models are scored the base way score them in one
+        forward when these agree (a stacked sweep)."""
+        return self._network_identity
+
+    @cached_property
+    def _network_identity(self) -> tuple[Any, ...]:
+        model = self.algo.model
+        return type(model), self.architecture if self.architecture is not None else ("built by hand", id(model))
+
+    def scoring_identity(self) -> tuple[Any, ...]:
+        """What makes two runs' clients' evaluations the same computation: for a method whose clients score the
+        model its server sends the base way (:func:`~hetfed.interface.scores_the_broadcast`: FedAvg's, FedProx's,
+        SCAFFOLD's …) that network and the server extra reported in its place, whatever method trained it — so a
+        sweep's methods score their clients in one stack; for any other method, :meth:`model_identity`."""
+        return self._scoring_identity
+
+    @cached_property
+    def _scoring_identity(self) -> tuple[Any, ...]:
+        if not self.scores_the_broadcast:
+            return self.model_identity()
+        return "the model sent", *self.network_identity(), self.algo.capabilities.reports
+
+    @cached_property
+    def scores_the_broadcast(self) -> bool:
+        """:func:`hetfed.interface.scores_the_broadcast` of the method, asked once."""
+        from hetfed.interface import scores_the_broadcast
+
+        return scores_the_broadcast(self.algo)
 
     def step_identity(self) -> tuple[Any, ...]:
         """What makes two runs' client steps the same computation (stacked sweeps group by it): the model's identity,

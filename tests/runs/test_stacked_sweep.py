@@ -552,3 +552,33 @@ def test_a_stacked_sweep_under_fltrust_gives_the_runs_of_the_sweep_run_one_by_on
     _equal(stacked, alone)
     finals = {k[0]: v for k, v in alone.items() if k[-1] == "final.global_accuracy"}
     assert finals and len(set(finals.values())) > 1  # the rules differ
+
+
+def test_methods_whose_clients_score_the_model_sent_evaluate_in_one_stack_across_methods(tmp_path, monkeypatch):
+    """#74 §1 (runs of different methods share a call where their steps match): a sweep over methods (a grid of
+    them, each run one method) runs them side by side; FedAvg's, FedProx's and SCAFFOLD's clients score the model their
+    server sends, the base way, so their runs' evaluations are one computation (SCAFFOLD's control variates, which its
+    clients keep, are not read) and their servers' models one forward; Ditto's clients score models of their own and
+    evaluate apart. runs.csv is the one-by-one sweep's, and every value of metrics.csv to float32's tolerance."""
+    scored: list[tuple[str, ...]] = []
+    servers: list[int] = []
+    evaluate, forward = stacked_runs.evaluate_together, stacked_runs.evaluate_servers
+    monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(
+        tuple(sorted(r.executor.algo.spec.name for r in group))) or evaluate(group))
+    monkeypatch.setattr(stacked_runs, "evaluate_servers",
+                        lambda algos, *a: servers.append(len(algos)) or forward(algos, *a))
+    methods = "methods=" + ",".join(f"[{{algorithm: {m}}}]" for m in ("fedavg", "fedprox", "scaffold", "ditto"))
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3", "--set",
+            "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
+            "train.eval_every=1", "--grid", methods, "--seeds", "2", "--quiet"]
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
+    _equal(_runs(tmp_path / "stacked", ("methods",)), _runs(tmp_path / "one_by_one", ("methods",)))
+    # each round's losses to float32's tolerance: the joined evaluation computes its logits in blocks of other shapes
+    alone, joined = _metrics(tmp_path / "one_by_one"), _metrics(tmp_path / "stacked")
+    assert alone.keys() == joined.keys() and len(alone) > 500
+    for key, value in alone.items():
+        assert joined[key] == pytest.approx(value, rel=1e-6 if ON_CPU else 1e-5, abs=1e-8), key
+    together = ("fedavg", "fedavg", "fedprox", "fedprox", "scaffold", "scaffold")
+    assert scored.count(together) == 3 and scored.count(("ditto", "ditto")) == 3  # 3 evaluations each
+    assert servers.count(8) == 3  # every run's server model (Ditto's too: its server's is the global model)

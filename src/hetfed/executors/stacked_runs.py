@@ -362,12 +362,12 @@ def _evaluation_key(run: _Rounds) -> Any:
 
 
 def _score_key(run: _Rounds) -> Any:
-    """Servers' models scored in one forward: the same method and model, on this device, global test sets of one
-    shape (each run scores its own)."""
+    """Servers' models scored in one forward: the same network, whatever method trained it, scored the base way, on
+    this device, global test sets of one shape (each run scores its own)."""
     asked = cast(ScoreServer, run.asked)
     if not scores_servers_together(asked.algo):
         return None
-    return ("score", run.executor.run.model_identity(), str(asked.x.device), tuple(asked.x.shape), asked.x.dtype)
+    return ("score", run.executor.run.network_identity(), str(asked.x.device), tuple(asked.x.shape), asked.x.dtype)
 
 
 def _aggregate_key(run: _Rounds) -> Any:

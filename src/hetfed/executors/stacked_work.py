@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import weakref
-from collections.abc import Sequence
+from collections.abc import Container, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, cast
 
@@ -87,9 +87,9 @@ def _shared(value: Any) -> bool:
     return isinstance(value, int | float) or (isinstance(value, torch.Tensor) and value.dim() == 0)
 
 
-def _extra_key(bc: Broadcast) -> Any:
+def _extra_key(bc: Broadcast, read: Container[str] | None = None) -> Any:
     """The extras' part of a stack's key: the numbers' values, the tensors' shapes and types, and the personal rows'
-    (a row's: the runs' clients are joined along the rows)."""
+    (a row's: the runs' clients are joined along the rows); ``read``: only these extras are read (None: all)."""
     def layout(v: torch.Tensor) -> Any:
         return tuple(v.shape), v.dtype
 
@@ -98,7 +98,7 @@ def _extra_key(bc: Broadcast) -> Any:
             return float(v)
         return tuple(sorted((n, layout(t)) for n, t in v.items())) if isinstance(v, dict) else layout(v)
 
-    return (tuple(sorted((k, part(v)) for k, v in bc.extra.items())),
+    return (tuple(sorted((k, part(v)) for k, v in bc.extra.items() if read is None or k in read)),
             tuple(sorted((k, layout(v[0:0])) for k, v in bc.personal.items())))
 
 
@@ -112,11 +112,16 @@ def step_key(executor: InProcessExecutor, bc: Broadcast) -> Any:
 
 def evaluation_key(executor: InProcessExecutor, bc: Broadcast, view: str | None) -> Any:
     """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
-    method and model, view, number of classes, global test set size and extras' numbers and shapes (each client
-    scores its own run's)."""
-    return (executor.run.model_identity(), str(executor.device), tuple(sorted(bc.params)), view,
+    scoring (:meth:`~hetfed.run_spec.RunSpec.scoring_identity`: the method and model, or for methods whose clients
+    score the model sent, that network — a sweep's FedAvg, FedProx and SCAFFOLD runs), view, number of classes,
+    global test set size and the numbers and shapes of the extras the scoring reads (each client scores its own
+    run's)."""
+    run = executor.run
+    reported = run.algo.capabilities.reports
+    read = None if not run.scores_the_broadcast else () if reported is None else (reported,)
+    return (run.scoring_identity(), str(executor.device), tuple(sorted(bc.params)), view,
             executor.fed.n_classes, len(executor.y_global), tuple(executor.x_global.shape[1:]),
-            executor.eval_max_floats, _extra_key(bc))
+            executor.eval_max_floats, _extra_key(bc, read))
 
 
 def train_together(group: Sequence[Asking]) -> list[Upload]:
@@ -142,11 +147,12 @@ def train_together(group: Sequence[Asking]) -> list[Upload]:
     return [r.result(False) for r in rounds]
 
 
-def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]]
+def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]], read: bool = True
                   ) -> tuple[ClientState, ClientBroadcast]:
     """The chosen clients' states as the algorithm sees them (without the transport's residuals) and broadcast
-    parameters, run after run, as one stack."""
-    states = [group[i].executor._stacked(chosen[i]) for i in runs]
+    parameters, run after run, as one stack; ``read`` False: no states (an evaluation of the model sent, which reads
+    none — runs of different methods, whose clients keep different states, score in one stack)."""
+    states = [group[i].executor._stacked(chosen[i]) for i in runs] if read else []
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
     first = group[0].bc
@@ -276,7 +282,7 @@ def evaluate_together(group: Sequence[Asking]) -> list[dict[str, list[Any]]]:
     for start in range(0, len(entries), size):
         chosen = _by_run(entries[start : start + size])
         runs = list(chosen)
-        state, bc = _joined_state(group, runs, chosen)
+        state, bc = _joined_state(group, runs, chosen, read=not lead.run.scores_the_broadcast)
         sets = {i: _shifted(group[i].executor, offsets[i], global_offsets[i], joined.shifted) for i in runs}
         data = ClientEvalData(
             [k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], pool_x, pool_y,
