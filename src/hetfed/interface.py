@@ -399,9 +399,9 @@ def scores_servers_together(algo: Algorithm) -> bool:
 def evaluate_servers(algos: Sequence[Algorithm], states: Sequence[ServerState], x: torch.Tensor,
                      ys: Sequence[torch.Tensor]) -> list[dict[str, float]]:
     """:meth:`Algorithm.evaluate_server` of runs of one network (:func:`scores_servers_together`; the methods may
-    differ: each run's model is the one its method reports), in one stacked forward: ``x`` ``[runs, N, ...]`` each run's global test set, ``ys`` its labels. A stacked
-    model's row is its own computation, so each run gets its numbers alone (a stacked sweep's runs:
-    :mod:`hetfed.executors.stacked_runs`)."""
+    differ: each run's model is the one its method reports), in one stacked forward: ``x`` ``[runs, N, ...]`` each
+    run's global test set, ``ys`` its labels. A stacked model's row is its own computation, so each run gets its
+    numbers alone (a stacked sweep's runs: :mod:`hetfed.executors.stacked_runs`)."""
     params = [{**reported(a, s).params, **a.model.local_for_unseen_client(_device(s.params))}  # global_params's
               for a, s in zip(algos, states, strict=True)]
     logits = algos[0].model.forward({k: torch.stack([p[k] for p in params]) for k in params[0]}, x, None)

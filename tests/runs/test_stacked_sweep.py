@@ -559,12 +559,17 @@ def test_methods_whose_clients_score_the_model_sent_evaluate_in_one_stack_across
     them, each run one method) runs them side by side; FedAvg's, FedProx's and SCAFFOLD's clients score the model their
     server sends, the base way, so their runs' evaluations are one computation (SCAFFOLD's control variates, which its
     clients keep, are not read) and their servers' models one forward; Ditto's clients score models of their own and
-    evaluate apart. runs.csv is the one-by-one sweep's, and every value of metrics.csv to float32's tolerance."""
+    evaluate apart; the servers that are the server chain alone (FedAvg's, FedProx's, Ditto's) aggregate in one call.
+    runs.csv is the one-by-one sweep's, and every value of metrics.csv to float32's tolerance."""
     scored: list[tuple[str, ...]] = []
+    aggregated: list[tuple[str, ...]] = []
     servers: list[int] = []
     evaluate, forward = stacked_runs.evaluate_together, stacked_runs.evaluate_servers
     monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(
         tuple(sorted(r.executor.algo.spec.name for r in group))) or evaluate(group))
+    aggregate = stacked_runs._aggregate_together
+    monkeypatch.setattr(stacked_runs, "_aggregate_together", lambda group: aggregated.append(
+        tuple(sorted(r.executor.algo.spec.name for r in group))) or aggregate(group))
     monkeypatch.setattr(stacked_runs, "evaluate_servers",
                         lambda algos, *a: servers.append(len(algos)) or forward(algos, *a))
     methods = "methods=" + ",".join(f"[{{algorithm: {m}}}]" for m in ("fedavg", "fedprox", "scaffold", "ditto"))
@@ -582,3 +587,6 @@ def test_methods_whose_clients_score_the_model_sent_evaluate_in_one_stack_across
     together = ("fedavg", "fedavg", "fedprox", "fedprox", "scaffold", "scaffold")
     assert scored.count(together) == 3 and scored.count(("ditto", "ditto")) == 3  # 3 evaluations each
     assert servers.count(8) == 3  # every run's server model (Ditto's too: its server's is the global model)
+    # servers that are the server chain alone (FedAvg's, FedProx's, Ditto's) step their chains in one call;
+    # SCAFFOLD's aggregates its own way, alone
+    assert aggregated == [("ditto", "ditto", "fedavg", "fedavg", "fedprox", "fedprox")] * 3

@@ -75,7 +75,13 @@ from hetfed.executors.updates import (
     Train,
     read_back,
 )
-from hetfed.interface import aggregate_key, aggregate_runs, evaluate_servers, scores_servers_together
+from hetfed.interface import (
+    aggregate_key,
+    aggregate_runs,
+    aggregates_runs,
+    evaluate_servers,
+    scores_servers_together,
+)
 
 
 @dataclass(eq=False, kw_only=True)
@@ -371,11 +377,15 @@ def _score_key(run: _Rounds) -> Any:
 
 
 def _aggregate_key(run: _Rounds) -> Any:
-    """Servers updated in one call: runs of one method, with the same parameters and model, of equal
-    :func:`~hetfed.interface.aggregate_key` (its own, or its server chain's)."""
+    """Servers updated in one call, of equal :func:`~hetfed.interface.aggregate_key`: runs of one method, with the
+    same parameters and model, where the method aggregates its own way; runs of one network, whatever their methods,
+    where the server is the server chain alone (FedAvg's and FedProx's runs of one chain step it together)."""
     asked = cast(Aggregate, run.asked)
     key = aggregate_key(asked.algo, asked.server, asked.upload)
-    return None if key is None else ("aggregate", run.executor.run.model_identity(), key)
+    if key is None:
+        return None
+    spec = run.executor.run
+    return "aggregate", spec.model_identity() if aggregates_runs(asked.algo) else spec.network_identity(), key
 
 
 def _aggregate_together(group: Sequence[_Rounds]) -> list[Any]:
