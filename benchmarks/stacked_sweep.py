@@ -69,9 +69,9 @@ def _values(path: Path) -> dict[tuple, float]:
                 if "seconds" not in r["metric"]}
 
 
-def timed_sweep(config, seeds: int, stack: bool, out: Path) -> float:
+def timed_sweep(config, seeds: int, stack: bool, out: Path, grid: dict | None = None) -> float:
     t0 = time.perf_counter()
-    run_sweep(config, {}, seeds=seeds, out=out, progress=False, console=QUIET, stack=stack)
+    run_sweep(config, grid or {}, seeds=seeds, out=out, progress=False, console=QUIET, stack=stack)
     return time.perf_counter() - t0
 
 
@@ -99,12 +99,14 @@ def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, 
 
 
 def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path,
-              repeats: int = 2) -> dict[int, dict[str, float]]:
+              repeats: int = 2, methods: list[str] | None = None) -> dict[int, dict[str, float]]:
     """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and where it goes: the
     joined client work (the runs' client steps and evaluations computed together), of which the step loop of the
     joined stack (``train_stack``: the client arithmetic and its bookkeeping), and the rest of the sweep thread's
     round by part (the module docstring names them). Each sweep timed ``repeats`` times, the fastest kept
-    (1 where a GPU's lease is short)."""
+    (1 where a GPU's lease is short). ``methods``: a grid of these algorithms, each run one of them, side by side
+    (their runs' seeds × methods in the stack)."""
+    grid = {"methods": [[{"algorithm": m}] for m in methods]} if methods else None
     from hetfed.algorithms import fedavg
     from hetfed.engine import local
     from hetfed.executors import stacked_runs
@@ -150,7 +152,7 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
             for r in (short, rounds):
                 config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
                 spent.update(dict.fromkeys(columns, 0.0))
-                wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}") for k in range(repeats))
+                wall = min(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}", grid) for k in range(repeats))
                 measured[r] = {"ms_per_round": wall, **{column: t / repeats for column, t in spent.items()}}
             out[n] = {column: round((measured[rounds][column] - measured[short][column]) / (rounds - short) * 1000, 2)
                       for column in measured[rounds]}
@@ -220,19 +222,22 @@ def main() -> None:
     mode.add_argument("--per-round", action="store_true")
     ap.add_argument("--set", action="append", default=[], help="a config override (with --per-round)")
     ap.add_argument("--repeats", type=int, default=2, help="times each sweep is timed, the fastest kept (--per-round)")
+    ap.add_argument("--methods", help="with --per-round: a sweep over these algorithms (comma-separated), side by side")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
     if args.per_round:
         with tempfile.TemporaryDirectory() as tmp:
+            methods = args.methods.split(",") if args.methods else None
             rows = per_round([*args.set, f"train.device={args.device}"], args.seeds, args.rounds, Path(tmp),
-                             args.repeats)
-        for n, row in rows.items():
+                             args.repeats, methods)
+        for n, row in rows.items() if not args.methods else ():  # the floor is of one method's runs
             floor = client_floor_ms(args.set, n, device=args.device)
             if floor is not None:
                 row["client_floor_ms"] = floor
                 row["client_floor_over_one_seed_round"] = round(floor / rows[args.seeds[0]]["ms_per_round"], 2)
-        print(json.dumps({"experiment": "configs/default.yaml", "overrides": args.set, "rounds": args.rounds,
-                          "threads": args.threads, "device": args.device, "seeds": rows}, indent=2))
+        print(json.dumps({"experiment": "configs/default.yaml", "overrides": args.set, "methods": args.methods,
+                          "rounds": args.rounds, "threads": args.threads, "device": args.device, "seeds": rows},
+                         indent=2))
         return
     if args.separate:
         with tempfile.TemporaryDirectory() as tmp:

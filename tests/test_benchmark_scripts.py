@@ -48,6 +48,8 @@ CASES = [
     ("stacked_sweep.py", ["--rounds", "2", "--seeds", "1", "2", "--threads", "1", "--stacked-only"]),
     ("stacked_sweep.py", ["--per-round", "--rounds", "4", "--seeds", "1", "2", "--threads", "1", "--repeats", "1",
                           *_LOGREG]),
+    ("stacked_sweep.py", ["--per-round", "--rounds", "4", "--seeds", "1", "--threads", "1", "--repeats", "1",
+                          "--methods", "fedavg,fedprox", *_LOGREG]),
     ("asynchronous.py", ["--updates", "20", "--w1-rounds", "1", "--repeats", "1", "--threads", "1"]),
     ("bilstm.py", ["--clients", "1", "2", "--batch", "4", "--length", "8", "--threads", "1"]),
     ("checkpoint_cost.py", ["--set", "train.rounds=10", "--saves", "2", "--repeats", "1"]),
