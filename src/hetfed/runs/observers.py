@@ -47,7 +47,8 @@ class ProgressObserver(RoundObserver):
     heartbeat: Heartbeat
 
     def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
-        self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd))
+        if not getattr(self.bar, "disable", False):  # a display that shows nothing (a sweep's runs') is not fed:
+            self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd))  # ~40 µs a round
         self.heartbeat.beat()
 
 

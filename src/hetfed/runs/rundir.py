@@ -323,6 +323,8 @@ class Heartbeat:
         self._thread: threading.Thread | None = None
 
     def beat(self, **info: Any) -> None:
+        if not info and time.monotonic() - self._last < self.every_s:
+            return  # nothing new, and not due (every round of every run of a sweep beats: no lock for that)
         with self._lock:
             self.info.update(info)
             now = time.monotonic()
