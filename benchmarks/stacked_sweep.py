@@ -20,7 +20,9 @@ and evaluations (``joined_client_work_ms``), of which the joined stack's step lo
 the joined work: joining the runs' states and splitting their uploads, screening, the evaluations; the rest of the
 round: each run's own server, evaluation summary, metrics and checkpoints). The rest of the sweep thread's round, by
 part: ``joined_evaluation_ms`` (of the joined work), ``runs_own_ms`` (the runs' own code between their requests:
-their server chains' bookkeeping, metrics rows, checkpoints — what a run axis would make one call), ``alone_ms``
+their server chains' bookkeeping, metrics rows, checkpoints — what a run axis would make one call; of it
+``metrics_rows_ms``, ``checkpoints_ms`` and ``progress_ms``: the rows written, the checkpoints serialised, the progress
+display fed), ``alone_ms``
 (requests answered run by run: a server's aggregation that does not join, as SCAFFOLD's), ``aggregations_ms``
 (the servers' aggregations that join: FedAvg's chain for all runs in one call), ``server_scoring_ms``,
 ``summaries_ms`` and ``read_backs_ms`` (each one call for all runs), ``grouping_keys_ms`` (each request's key, which
@@ -32,6 +34,9 @@ e.g. #74's CPU setting (logistic regression, 10 Dirichlet clients, evaluation ev
     python benchmarks/stacked_sweep.py --per-round --rounds 80 --seeds 1 5 20 --set model.kind=logreg \
         --set partition.kind=dirichlet --set partition.alpha=0.5 --set train.eval_every=1 \
         --set 'methods=[{name: fedavg, algorithm: fedavg}]'
+
+``--methods fedavg,fedprox`` sweeps those algorithms as a grid instead (each run one method, side by side): what
+runs of different methods share (their evaluations, servers' scoring and chains, where the same computation).
 
 ``--stacked-only`` times only the stacked sweeps (for #47's "20 stacked seeds ≤ 3× one seed's time" at a run's
 full length, where running the seeds one by one as well would double the time): ``over_one_seed`` is each
@@ -110,6 +115,7 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     from hetfed.algorithms import fedavg
     from hetfed.engine import local
     from hetfed.executors import stacked_runs
+    from hetfed.runs import observers
 
     rendezvous, rounds_of = stacked_runs.Rendezvous, stacked_runs._Rounds
     # (owner, function, the columns its time counts in): the joined client work and its step loop, then where the
@@ -126,6 +132,11 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
                *[(stacked_runs, key, ("grouping_keys_ms",)) for key in ("_train_key", "_aggregate_key",
                                                                          "_read_back_key", "_evaluation_key",
                                                                          "_score_key", "_summary_key")],
+               # within the runs' own code: their metrics rows (formatting every value), checkpoints, progress
+               (observers.MetricsObserver, "evaluated", ("metrics_rows_ms",)),
+               (observers.MetricsObserver, "trained", ("metrics_rows_ms",)),
+               (observers.CheckpointObserver, "checkpoint", ("checkpoints_ms",)),
+               (observers.ProgressObserver, "round_done", ("progress_ms",)),
                (rendezvous, "lockstep", ("lockstep_ms",))]
     columns = list(dict.fromkeys(column for _owner, _name, counted in targets for column in counted))
     spent = dict.fromkeys(columns, 0.0)

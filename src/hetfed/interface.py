@@ -479,7 +479,9 @@ def private(algo: Algorithm) -> PrivacyConfig | None:
 def scores_the_broadcast(algo: Algorithm) -> bool:
     """Whether ``algo``'s clients are scored with the model its server sends (or the one it reports), the base way:
     the method neither evaluates nor predicts its own way, and its clients have no parameters of their own — so what
-    it scores is a function of that model and the clients' data alone, not of the method or the clients' states."""
+    it scores is a function of that model, the clients' data and whichever of the model's own names the clients hold
+    in their states (FFA-LoRA's frozen A), not of the method or the clients' other states (SCAFFOLD's control
+    variates)."""
     kind = type(algo)
     return (kind.evaluate_client is Algorithm.evaluate_client and kind.predictor is Algorithm.predictor
             and not own_parameters(algo))

@@ -106,6 +106,11 @@ class RunSpec:
         return "the model sent", *self.network_identity(), self.algo.capabilities.reports
 
     @cached_property
+    def parameter_names(self) -> frozenset[str]:
+        """The model's parameters' (and buffers') names."""
+        return frozenset(spec.name for spec in self.algo.model.specs())
+
+    @cached_property
     def scores_the_broadcast(self) -> bool:
         """:func:`hetfed.interface.scores_the_broadcast` of the method, asked once."""
         from hetfed.interface import scores_the_broadcast

@@ -95,6 +95,10 @@ class ClientStore(Mapping[int, ClientState]):
             data[index_on(idx, data.device)] = value.to(data.device)
             self._has[name][idx] = True
 
+    def names(self) -> set[str]:
+        """The state names any client holds."""
+        return set(self._data)
+
     def held_by_all(self) -> set[str]:
         """The state names every client holds."""
         return {name for name, has in self._has.items() if has.all()}

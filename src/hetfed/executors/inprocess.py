@@ -23,7 +23,7 @@ Flower SuperNodes, each holding its own client's state.
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -294,9 +294,11 @@ class InProcessExecutor:
         capabilities = self.algo.capabilities
         return (capabilities.plain_steps or capabilities.compact_steps) and not self.algo.model.buffer_names
 
-    def _stacked(self, chunk: list[int]) -> ClientState:
-        """The stack's state as the algorithm sees it (the transport's residuals are not the algorithm's)."""
-        return self.states.gather(chunk, self.device, keep=lambda name: not name.startswith(RESIDUAL))
+    def _stacked(self, chunk: list[int], only: Container[str] | None = None) -> ClientState:
+        """The stack's state as the algorithm sees it (the transport's residuals are not the algorithm's); ``only``:
+        these names alone (None: all)."""
+        return self.states.gather(chunk, self.device, keep=lambda name: not name.startswith(RESIDUAL)
+                                  and (only is None or name in only))
 
     def _residuals(self, chunk: list[int]) -> ClientState:
         return self.states.gather(chunk, self.device, keep=lambda name: name.startswith(RESIDUAL))

@@ -119,7 +119,9 @@ def evaluation_key(executor: InProcessExecutor, bc: Broadcast, view: str | None)
     run = executor.run
     reported = run.algo.capabilities.reports
     read = None if not run.scores_the_broadcast else () if reported is None else (reported,)
-    return (run.scoring_identity(), str(executor.device), tuple(sorted(bc.params)), view,
+    # the model's own names its clients hold (FFA-LoRA's frozen A), which they predict with in place of the sent ones
+    held = tuple(sorted(executor.states.names() & run.parameter_names)) if run.scores_the_broadcast else ()
+    return (run.scoring_identity(), str(executor.device), tuple(sorted(bc.params)), held, view,
             executor.fed.n_classes, len(executor.y_global), tuple(executor.x_global.shape[1:]),
             executor.eval_max_floats, _extra_key(bc, read))
 
@@ -147,12 +149,13 @@ def train_together(group: Sequence[Asking]) -> list[Upload]:
     return [r.result(False) for r in rounds]
 
 
-def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]], read: bool = True
-                  ) -> tuple[ClientState, ClientBroadcast]:
+def _joined_state(group: Sequence[Asking], runs: list[int], chosen: dict[int, list[int]],
+                  only: Container[str] | None = None) -> tuple[ClientState, ClientBroadcast]:
     """The chosen clients' states as the algorithm sees them (without the transport's residuals) and broadcast
-    parameters, run after run, as one stack; ``read`` False: no states (an evaluation of the model sent, which reads
-    none — runs of different methods, whose clients keep different states, score in one stack)."""
-    states = [group[i].executor._stacked(chosen[i]) for i in runs] if read else []
+    parameters, run after run, as one stack; ``only``: those state names alone (an evaluation of the model sent reads
+    only the model's own names that clients hold — FFA-LoRA's frozen A —, not SCAFFOLD's control variates: runs of
+    methods whose clients keep other states score in one stack)."""
+    states = [group[i].executor._stacked(chosen[i], only) for i in runs]
     state = {k: torch.cat([s[k] for s in states]) for k in states[0]} if states and states[0] else {}
     shared = [group[i].bc.stacked(len(chosen[i])) for i in runs]
     first = group[0].bc
@@ -282,7 +285,8 @@ def evaluate_together(group: Sequence[Asking]) -> list[dict[str, list[Any]]]:
     for start in range(0, len(entries), size):
         chosen = _by_run(entries[start : start + size])
         runs = list(chosen)
-        state, bc = _joined_state(group, runs, chosen, read=not lead.run.scores_the_broadcast)
+        state, bc = _joined_state(group, runs, chosen, lead.run.parameter_names if lead.run.scores_the_broadcast
+                                  else None)
         sets = {i: _shifted(group[i].executor, offsets[i], global_offsets[i], joined.shifted) for i in runs}
         data = ClientEvalData(
             [k + group[i].executor.pool.first_id for i in runs for k in chosen[i]], pool_x, pool_y,
