@@ -184,7 +184,10 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo),
                             measures_gamma=any(cfg.heterogeneity.gamma for _i, _p, cfg, _d in todo))
     if stack and todo:
-        tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together")
+        methods = max(len(cfg.methods) for _i, _p, cfg, _d in todo)
+        tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together" + (
+            f"; each run's {methods} methods one after another (a grid over methods, --grid methods=…, stacks them "
+            "side by side)" if methods > 1 else ""))
         outcome.update(_run_stacked(todo, tracker))
     elif jobs > 1 and len(todo) > 1:
         tracker.begin(len(todo), f"in {jobs} processes")
