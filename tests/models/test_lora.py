@@ -264,6 +264,35 @@ def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_enc
         (m, kind) for m in methods for kind in ("train_together", "evaluate_together")}
 
 
+def test_lora_methods_side_by_side_score_each_with_its_own_adapters(tiny_encoder, tmp_path, monkeypatch):
+    """#74 §1: FedIT's and FFA-LoRA's clients both score the model sent, the base way, but FFA-LoRA's predict with the
+    frozen A matrices they hold (model names in their states): a grid of the two, stacked, never scores one's clients
+    in the other's stack, and runs.csv is the sweep's one by one to the bit."""
+    from hetfed.config import build_config
+    from hetfed.executors import stacked_runs
+    from hetfed.runs.sweep import run_sweep
+    from tests.runs.test_stacked_sweep import _equal, _runs
+
+    scored: list[tuple[str, ...]] = []
+    evaluate = stacked_runs.evaluate_together
+    monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(
+        tuple(sorted({r.executor.algo.spec.name for r in group}))) or evaluate(group))
+    x, y = _texts()
+    np.savez(tmp_path / "texts.npz", x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
+    cfg = build_config({
+        "dataset": {"name": "arrays", "path": str(tmp_path / "texts.npz")},
+        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
+        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
+        "train": {"rounds": 2, "batch_size": 16, "local_epochs": 1, "eval_every": 1,
+                  "optimizer": {"kind": "adam", "lr": 0.02}}})
+    grid = {"methods": [[{"name": m, "algorithm": m}] for m in ("fedit", "ffa_lora")]}
+    run_sweep(cfg, grid, seeds=2, out=tmp_path / "one_by_one", progress=False)
+    run_sweep(cfg, grid, seeds=2, out=tmp_path / "stacked", progress=False, stack=True)
+    _equal(_runs(tmp_path / "stacked", ("methods",)), _runs(tmp_path / "one_by_one", ("methods",)))
+    assert set(scored) == {("fedit",), ("ffa_lora",)}, scored
+
+
 def _hetlora(tiny_encoder, **params):
     from hetfed.algorithms import build_algorithm
     from hetfed.config import TrainConfig
