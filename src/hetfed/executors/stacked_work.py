@@ -113,9 +113,9 @@ def step_key(executor: InProcessExecutor, bc: Broadcast) -> Any:
 def evaluation_key(executor: InProcessExecutor, bc: Broadcast, view: str | None) -> Any:
     """Evaluations with equal keys score the same kind of model the same way and may share a stack: the same
     scoring (:meth:`~hetfed.run_spec.RunSpec.scoring_identity`: the method and model, or for methods whose clients
-    score the model sent, that network — a sweep's FedAvg, FedProx and SCAFFOLD runs), view, number of classes,
-    global test set size and the numbers and shapes of the extras the scoring reads (each client scores its own
-    run's)."""
+    score the model sent, that network — a sweep's FedAvg, FedProx and SCAFFOLD runs — and the model's own names
+    their clients hold), view, number of classes, global test set size and the numbers and shapes of the extras the
+    scoring reads (each client scores its own run's)."""
     run = executor.run
     reported = run.algo.capabilities.reports
     read = None if not run.scores_the_broadcast else () if reported is None else (reported,)
