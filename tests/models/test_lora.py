@@ -227,12 +227,28 @@ def test_the_lora_methods_on_flowers_simulation_engine_give_the_in_process_numbe
                     name, key)
 
 
+def _sweep_config(tiny_encoder: Path, folder: Path, extra: dict | None = None):
+    """A small sweep's config over the tiny encoder: the texts written to ``folder`` as an arrays file, 4 Dirichlet
+    clients, LoRA rank 4, 2 rounds evaluated each; ``extra``: more top-level keys (the methods)."""
+    from hetfed.config import build_config
+
+    x, y = _texts()
+    np.savez(folder / "texts.npz", x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
+    return build_config({
+        "dataset": {"name": "arrays", "path": str(folder / "texts.npz")},
+        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
+        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
+        "train": {"rounds": 2, "batch_size": 16, "local_epochs": 1, "eval_every": 1,
+                  "optimizer": {"kind": "adam", "lr": 0.02}},
+        **(extra or {})})
+
+
 def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_encoder, tmp_path, monkeypatch):
     """#74: FedIT, FFA-LoRA, FedSA-LoRA, HetLoRA and FLoRA declare ``stacks_runs``: stacked, each seed's clients train
     and are scored in one stack with the other seed's (each with its own run's adapters, ranks, frozen A and FLoRA's
     merged update), and runs.csv is the sweep's one by one to the bit (every value of metrics.csv to float
     tolerance)."""
-    from hetfed.config import build_config
     from hetfed.executors import stacked_runs
     from hetfed.runs.sweep import run_sweep
     from tests.runs.test_stacked_sweep import _equal, _metrics, _runs
@@ -242,17 +258,8 @@ def test_a_stacked_sweep_of_the_lora_methods_gives_the_sweep_one_by_one(tiny_enc
         computed = getattr(stacked_runs, name)
         monkeypatch.setattr(stacked_runs, name, lambda group, computed=computed, name=name: served.add(
             (group[0].executor.algo.spec.name, name, len(group))) or computed(group))
-    x, y = _texts()
-    np.savez(tmp_path / "texts.npz", x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
     methods = ("fedit", "ffa_lora", "fedsa_lora", "hetlora", "flora")
-    cfg = build_config({
-        "dataset": {"name": "arrays", "path": str(tmp_path / "texts.npz")},
-        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
-        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
-        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
-        "train": {"rounds": 2, "batch_size": 16, "local_epochs": 1, "eval_every": 1,
-                  "optimizer": {"kind": "adam", "lr": 0.02}},
-        "methods": [{"name": m, "algorithm": m} for m in methods]})
+    cfg = _sweep_config(tiny_encoder, tmp_path, {"methods": [{"name": m, "algorithm": m} for m in methods]})
     run_sweep(cfg, {}, seeds=2, out=tmp_path / "one_by_one", progress=False)
     run_sweep(cfg, {}, seeds=2, out=tmp_path / "stacked", progress=False, stack=True)
     _equal(_runs(tmp_path / "stacked", ()), _runs(tmp_path / "one_by_one", ()))
@@ -268,7 +275,6 @@ def test_lora_methods_side_by_side_score_each_with_its_own_adapters(tiny_encoder
     """#74 §1: FedIT's and FFA-LoRA's clients both score the model sent, the base way, but FFA-LoRA's predict with the
     frozen A matrices they hold (model names in their states): a grid of the two, stacked, never scores one's clients
     in the other's stack, and runs.csv is the sweep's one by one to the bit."""
-    from hetfed.config import build_config
     from hetfed.executors import stacked_runs
     from hetfed.runs.sweep import run_sweep
     from tests.runs.test_stacked_sweep import _equal, _runs
@@ -277,15 +283,7 @@ def test_lora_methods_side_by_side_score_each_with_its_own_adapters(tiny_encoder
     evaluate = stacked_runs.evaluate_together
     monkeypatch.setattr(stacked_runs, "evaluate_together", lambda group: scored.append(
         tuple(sorted({r.executor.algo.spec.name for r in group}))) or evaluate(group))
-    x, y = _texts()
-    np.savez(tmp_path / "texts.npz", x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
-    cfg = build_config({
-        "dataset": {"name": "arrays", "path": str(tmp_path / "texts.npz")},
-        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
-        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
-        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
-        "train": {"rounds": 2, "batch_size": 16, "local_epochs": 1, "eval_every": 1,
-                  "optimizer": {"kind": "adam", "lr": 0.02}}})
+    cfg = _sweep_config(tiny_encoder, tmp_path)
     grid = {"methods": [[{"name": m, "algorithm": m}] for m in ("fedit", "ffa_lora")]}
     run_sweep(cfg, grid, seeds=2, out=tmp_path / "one_by_one", progress=False)
     run_sweep(cfg, grid, seeds=2, out=tmp_path / "stacked", progress=False, stack=True)
