@@ -13,7 +13,8 @@ classifier's 10 outputs — than the same product transposed. On a 2-core AMD EP
 ``in_out`` form of logistic regression on digits, 200 clients stacked, took 2× ``out_in``'s time
 (results/benchmarks_cpu_2026-12-06b); hetfed's form was chosen on Intel Xeons, where this was never measured. The
 shapes are those of the project's CPU workloads (#74's logistic regression, the default MLP, W1's MLP). Each form's
-numbers are checked against ``in_out``'s (they differ by float rounding only: a product's sums in another order).
+numbers are checked against ``in_out``'s (they differ by float rounding only: a product's sums in another order), and
+each client's step alone against its part of the stack (``{form}_alone_equal``, bit for bit).
 Microseconds a step, the fastest of ``--repeats`` timings of ``--steps`` steps; ``over_in_out`` < 1: faster than
 hetfed's form. Nothing is asserted.
 
@@ -74,6 +75,21 @@ def _fastest(fn: Callable[[], object], repeats: int, steps: int) -> float:
     return best * 1e6
 
 
+def _alone_equal(form: str, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether every client's step alone (a stack of one) gives its part of the stack's step bit for bit: its
+    output, input gradient, moved weight and momentum. What executors' parity needs: a sequential executor or a
+    Flower node computes a client alone, the vectorised executor in a stack (at another place, other padding)."""
+    ws, vs = w.clone(), torch.zeros_like(w)
+    stacked = (*step(form, x, g, ws, b, vs), ws, vs)
+    for k in range(x.shape[0]):
+        one = slice(k, k + 1)
+        wk, vk = w[one].clone(), torch.zeros_like(w[one])
+        alone = (*step(form, x[one], g[one], wk, b[one], vk), wk, vk)
+        if not all(torch.equal(a, s[one]) for a, s in zip(alone, stacked, strict=True)):
+            return False
+    return True
+
+
 def measure(n: int, batch: int, fan_in: int, fan_out: int, repeats: int, steps: int) -> dict[str, float]:
     gen = torch.Generator().manual_seed(0)
     x, g = torch.randn(n, batch, fan_in, generator=gen), torch.randn(n, batch, fan_out, generator=gen)
@@ -89,6 +105,7 @@ def measure(n: int, batch: int, fan_in: int, fan_out: int, repeats: int, steps: 
             reference = (out, g_in, moved)
         row[f"{form}_max_abs_diff"] = max(float((a - r).abs().max()) for a, r in zip((out, g_in, moved), reference,
                                                                                        strict=True))
+        row[f"{form}_alone_equal"] = _alone_equal(form, x, g, w_init, b)
         w, v = w_init.clone(), torch.zeros_like(w_init)
         row[f"{form}_us"] = round(_fastest(lambda form=form, w=w, v=v: step(form, x, g, w, b, v), repeats, steps), 1)
     for form in stored:
