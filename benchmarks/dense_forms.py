@@ -8,7 +8,9 @@ products (forward, input gradient, weight update) of ``n`` clients' ``in → out
 - ``in_out_transposed``: ``in_out``'s storage, each product computed as its transpose (forward ``(Wᵀ xᵀ)ᵀ`` made
   contiguous, update ``gᵀ x`` added transposed): the numbers of ``out_in`` without changing what is stored;
 - ``in_out_padded``: ``in_out`` with a narrow layer (fewer than 16 outputs) computed as one of 16 (its weight, bias and
-  output gradient padded with zero columns for the forward and the update; the padded columns never read).
+  output gradient padded with zero columns for the forward and the update; the padded columns never read);
+- ``in_out_padded_kept``: the same, its weight and momentum stored padded (``[n, in, 16]``, as a round's steps could
+  keep them), so a step pads only its bias and output gradient.
 
 Why: a BLAS's batched GEMM can be several times slower when the product's last dimension (its ``N``) is small — a
 classifier's 10 outputs — than the same product transposed or padded. On a 2-core AMD EPYC (AVX2, torch 2.13's MKL)
@@ -86,6 +88,12 @@ def step(form: str, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torch.
         out = torch.baddbmm(b.unsqueeze(2), w.transpose(1, 2), xt).transpose(1, 2).contiguous()
         g_in = torch.bmm(g, w.transpose(1, 2))
         v.mul_(MOMENTUM).add_(torch.bmm(gt, x).transpose(1, 2))
+    elif form == "in_out_padded_kept":  # w and v stored [n, in, NARROW] where the layer is narrow
+        pad, width = _padding(g.shape[2]), g.shape[2]
+        b, g_wide = (F.pad(b, pad), F.pad(g, pad)) if pad[1] else (b, g)
+        out = torch.baddbmm(b.unsqueeze(1), x, w)[:, :, :width].contiguous()
+        g_in = torch.bmm(g, w[:, :, :width].transpose(1, 2))
+        v.baddbmm_(xt, g_wide, beta=MOMENTUM)
     else:
         out = padded_affine(b, x, w)
         g_in = torch.bmm(g, w.transpose(1, 2))
@@ -149,13 +157,13 @@ def measure(n: int, batch: int, fan_in: int, fan_out: int, repeats: int, steps: 
     x, g = torch.randn(n, batch, fan_in, generator=gen), torch.randn(n, batch, fan_out, generator=gen)
     w0, b = torch.randn(n, fan_in, fan_out, generator=gen) * 0.1, torch.randn(n, fan_out, generator=gen)
     stored = {"in_out": w0, "out_in": w0.transpose(1, 2).contiguous(), "in_out_transposed": w0,
-              "in_out_padded": w0}
+              "in_out_padded": w0, "in_out_padded_kept": F.pad(w0, _padding(fan_out))}
     reference: tuple[torch.Tensor, ...] | None = None
     row: dict[str, float] = {}
     for form, w_init in stored.items():
         w, v = w_init.clone(), torch.zeros_like(w_init)
         out, g_in = step(form, x, g, w, b, v)
-        moved = w if form != "out_in" else w.transpose(1, 2)
+        moved = w.transpose(1, 2) if form == "out_in" else w[:, :, :fan_out]
         if reference is None:
             reference = (out, g_in, moved)
         row[f"{form}_max_abs_diff"] = max(float((a - r).abs().max()) for a, r in zip((out, g_in, moved), reference,
