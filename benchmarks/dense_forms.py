@@ -116,12 +116,12 @@ def _fastest(fn: Callable[[], object], repeats: int, steps: int) -> float:
     return best * 1e6
 
 
-def _alone_equal(form: str, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> bool:
-    """Whether every client's step alone (a stack of one) gives its part of the stack's step bit for bit: its
-    output, input gradient, moved weight and momentum. What executors' parity needs: a sequential executor or a
-    Flower node computes a client alone, the vectorised executor in a stack (at another place, other padding)."""
-    ws, vs = w.clone(), torch.zeros_like(w)
-    stacked = (*step(form, x, g, ws, b, vs), ws, vs)
+def _alone_equal(form: str, x: torch.Tensor, g: torch.Tensor, w: torch.Tensor, b: torch.Tensor,
+                 stacked: tuple[torch.Tensor, ...]) -> bool:
+    """Whether every client's step alone (a stack of one, from weight ``w``) gives its part of the stack's step
+    (``stacked``: its output, input gradient, moved weight and momentum) bit for bit. What executors' parity needs: a
+    sequential executor or a Flower node computes a client alone, the vectorised executor in a stack (at another
+    place, other padding)."""
     for k in range(x.shape[0]):
         one = slice(k, k + 1)
         wk, vk = w[one].clone(), torch.zeros_like(w[one])
@@ -144,9 +144,9 @@ def random_layers(trials: int, seed: int = 0) -> dict[str, dict[str, int]]:
         gen = torch.Generator().manual_seed(rng.randrange(1 << 30))
         x, w = torch.randn(n, batch, fan_in, generator=gen), torch.randn(n, fan_in, fan_out, generator=gen)
         b, g = torch.randn(n, fan_out, generator=gen), torch.randn(n, batch, fan_out, generator=gen)
+        one = [slice(k, k + 1) for k in range(n)]
         for form, (forward, gradient) in forms.items():
             out, grad = forward(b, x, w), gradient(x, g)
-            one = [slice(k, k + 1) for k in range(n)]
             counts[form]["forward"] += any(not torch.equal(forward(b[k], x[k], w[k]), out[k]) for k in one)
             counts[form]["weight_gradient"] += any(not torch.equal(gradient(x[k], g[k]), grad[k]) for k in one)
     return counts
@@ -168,7 +168,7 @@ def measure(n: int, batch: int, fan_in: int, fan_out: int, repeats: int, steps: 
             reference = (out, g_in, moved)
         row[f"{form}_max_abs_diff"] = max(float((a - r).abs().max()) for a, r in zip((out, g_in, moved), reference,
                                                                                        strict=True))
-        row[f"{form}_alone_equal"] = _alone_equal(form, x, g, w_init, b)
+        row[f"{form}_alone_equal"] = _alone_equal(form, x, g, w_init, b, (out, g_in, w, v))
         w, v = w_init.clone(), torch.zeros_like(w_init)
         row[f"{form}_us"] = round(_fastest(lambda form=form, w=w, v=v: step(form, x, g, w, b, v), repeats, steps), 1)
     for form in stored:
