@@ -58,6 +58,8 @@ CASES = [
     ("dense_forms.py", ["--repeats", "1", "--steps", "2", "--threads", "1", "--only", "logreg",
                         "--random-layers", "2"]),
     ("gamma_beside.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--rounds", "2"]),
+    ("gamma_threads.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--repeats", "1"]),
+    ("gamma_threads.py", ["--features", "130", "--repeats", "1"]),
     ("profile_round.py", ["--rounds", "2", "--top", "5"]),
     ("protocol_flops.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--methods", "fedavg",
                            "ditto", "--rounds", "10", "--threads", "1"]),

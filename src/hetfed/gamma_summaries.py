@@ -38,7 +38,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from hetfed.heterogeneity import frechet_distance
+from hetfed.heterogeneity import frechet_distance, one_blas_thread
 
 
 @dataclass(frozen=True)
@@ -213,11 +213,12 @@ def client_distances_from_summaries(summaries: Sequence[ClientSummary]) -> list[
 
     t_all, o_all = centred(n_all, total, outer)
     out = []
-    for s in summaries:
-        t_k, o_k = centred(s.n, s.total, s.outer)
-        mu_k, cov_k = ClientSummary(s.n, t_k, o_k).moments()
-        mu_o, cov_o = ClientSummary(n_all - s.n, t_all - t_k, o_all - o_k).moments()
-        out.append(frechet_distance(mu_k, cov_k, mu_o, cov_o))
+    with one_blas_thread():  # the same number however many threads the BLAS has, as the simulation's Γ
+        for s in summaries:
+            t_k, o_k = centred(s.n, s.total, s.outer)
+            mu_k, cov_k = ClientSummary(s.n, t_k, o_k).moments()
+            mu_o, cov_o = ClientSummary(n_all - s.n, t_all - t_k, o_all - o_k).moments()
+            out.append(frechet_distance(mu_k, cov_k, mu_o, cov_o))
     return out
 
 

@@ -30,8 +30,14 @@
 
 from __future__ import annotations
 
+import threading
 import time
+from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from dataclasses import dataclass
+from functools import partial
+from typing import Any
 
 import numpy as np
 
@@ -173,14 +179,10 @@ def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] 
     which = list(range(len(clients))) if which is None else which
     if estimator == "plain":
         return _plain_distances(p, [clients[k] for k in which])
-    out = []
-    for k in which:
-        idx = clients[k]
-        if estimator == "extrapolated" and len(idx) >= 8:
-            out.append(_extrapolated(p, idx, rng or np.random.default_rng(k)))
-        else:
-            out.append(_client_distance(p, idx))
-    return out
+    with one_blas_thread():  # one after another: the subsamples are drawn from ``rng`` in the clients' order
+        return [_extrapolated(p, clients[k], rng or np.random.default_rng(k))
+                if estimator == "extrapolated" and len(clients[k]) >= 8 else _client_distance(p, clients[k])
+                for k in which]
 
 
 #: the most float64 numbers (clients × largest client × features) one batch of :func:`_batched_distances` holds:
@@ -199,11 +201,59 @@ def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
             batches[-1].append(i)
         else:
             batches.append([i])
-    out = [0.0 if 0 < len(c) <= d else _client_distance(p, c) for c in clients]
-    for batch in batches:
-        for j, value in zip(batch, _batched_distances(p, [clients[j] for j in batch]), strict=True):
+    alone = sorted((i for i, c in enumerate(clients) if not 0 < len(c) <= d), key=lambda i: -len(clients[i]))
+    tasks: list[Callable[[], Any]] = [partial(_client_distance, p, clients[i]) for i in alone]
+    tasks += [partial(_batched_distances, p, [clients[j] for j in batch]) for batch in batches]
+    done = _computed(tasks, d)
+    out = [0.0] * len(clients)
+    for i, value in zip(alone, done[:len(alone)], strict=True):
+        out[i] = value
+    for batch, values in zip(batches, done[len(alone):], strict=True):
+        for j, value in zip(batch, values, strict=True):
             out[j] = value
     return out
+
+
+#: the fewest features from which :func:`_computed` computes Γ's distances side by side (``python
+#: benchmarks/gamma_threads.py``, 2 cores, side by side / one after another: 1.49 on digits' 64 features, 0.99 on 128
+#: synthetic ones, 0.86 on 384, 0.58 on Fashion-MNIST's 784; ``results/benchmarks_cpu_2026-12-07b``)
+PARALLEL_FROM_FEATURES = 128
+#: numpy's BLAS, as :func:`one_blas_thread` limits it (made at its first use, numpy's library loaded by then)
+_BLAS: list[Any] = []
+#: one Γ at a time sets the BLAS's threads: two at once would restore each other's limits
+_LIMITING = threading.RLock()
+
+
+@contextmanager
+def one_blas_thread() -> Iterator[int]:
+    """numpy's BLAS on one thread while Γ's distances are computed; yields how many it had (the threads they may take
+    side by side instead).
+
+    Why: LAPACK's symmetric eigensolvers round by their thread count — Γ_IID moved in its 10th digit between 1 and 2
+    threads, on digits and Fashion-MNIST alike — so Γ depended on the machine's cores, and a ``hetfed sweep --jobs 2``
+    run (one thread a worker) measured another Γ than the same run alone. On one thread each, Γ is the same number
+    however many threads the BLAS has."""
+    if not _BLAS:
+        from threadpoolctl import ThreadpoolController
+
+        _BLAS.append(ThreadpoolController().select(user_api="blas"))
+    with _LIMITING:
+        had = max([lib.num_threads for lib in _BLAS[0].lib_controllers] or [1])
+        with _BLAS[0].limit(limits=1):
+            yield had
+
+
+def _computed(tasks: Sequence[Callable[[], Any]], d: int) -> list[Any]:
+    """The tasks' results (a client's distance, or a batch's), in order, each computed on one BLAS thread
+    (:func:`one_blas_thread`): from :data:`PARALLEL_FROM_FEATURES` features side by side, on as many threads as the
+    BLAS had. A distance on many features is a few LAPACK calls on d × d matrices, which leave Python's lock while
+    they compute and run faster one thread each, two at a time, than one at a time on two threads (Fashion-MNIST's Γ
+    with its references and Γ(x|y): 28.9 → 25.1 s on 2 cores)."""
+    with one_blas_thread() as threads:
+        if d < PARALLEL_FROM_FEATURES or threads < 2 or len(tasks) < 2:
+            return [task() for task in tasks]
+        with ThreadPoolExecutor(min(threads, len(tasks))) as side_by_side:
+            return list(side_by_side.map(lambda task: task(), tasks))
 
 
 def _batched_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
