@@ -89,3 +89,24 @@ def test_the_blas_gets_its_threads_back_when_a_distance_fails(monkeypatch: pytes
     with pytest.raises(FloatingPointError, match="a distance failed"):
         het.gamma(x, clients)
     assert _blas_threads() == before
+
+
+def test_distances_go_side_by_side_only_as_far_as_the_memory_left_holds_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Side by side, each task holds its client's rows at once: as many at a time as half the memory still
+    available holds, and one after another (no thread started) where it holds one."""
+    x, _, clients = _clients(d=140)
+    started: list[int] = []
+
+    class Counted(het.ThreadPoolExecutor):  # type: ignore[misc]
+        def __init__(self, workers: int) -> None:
+            started.append(workers)
+            super().__init__(workers)
+
+    monkeypatch.setattr(het, "ThreadPoolExecutor", Counted)
+    monkeypatch.setattr(het, "PARALLEL_FROM_FEATURES", 1)
+    with threadpool_limits(limits=2, user_api="blas"):
+        plenty = het.gamma(x, clients)
+        assert started and max(started) == 2
+        started.clear()
+        monkeypatch.setattr(het, "available_memory", lambda: 8 * 140 * 140)  # less than two tasks' d × d's
+        assert het.gamma(x, clients) == plenty and not started

@@ -41,6 +41,8 @@ from typing import Any
 
 import numpy as np
 
+from hetfed.processes import available_memory
+
 
 def _root_trace(inner: np.ndarray) -> np.ndarray:
     """``Tr(inner^{1/2})`` of a symmetric PSD matrix (or of each of a stack): the square roots of its eigenvalues,
@@ -204,7 +206,10 @@ def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
     alone = sorted((i for i, c in enumerate(clients) if not 0 < len(c) <= d), key=lambda i: -len(clients[i]))
     tasks: list[Callable[[], Any]] = [partial(_client_distance, p, clients[i]) for i in alone]
     tasks += [partial(_batched_distances, p, [clients[j] for j in batch]) for batch in batches]
-    done = _computed(tasks, d)
+    # the most a task holds at once, in bytes: a client's rows twice (read, centred) or a batch's arrays, and d × d's
+    held = [2 * len(clients[alone[0]]) * d] if alone else []
+    largest = 8 * (max(held + ([4 * BATCH_ELEMENTS] if batches else []), default=0) + 6 * d * d)
+    done = _computed(tasks, d, largest)
     out = [0.0] * len(clients)
     for i, value in zip(alone, done[:len(alone)], strict=True):
         out[i] = value
@@ -243,16 +248,19 @@ def one_blas_thread() -> Iterator[int]:
             yield had
 
 
-def _computed(tasks: Sequence[Callable[[], Any]], d: int) -> list[Any]:
+def _computed(tasks: Sequence[Callable[[], Any]], d: int, largest: int) -> list[Any]:
     """The tasks' results (a client's distance, or a batch's), in order, each computed on one BLAS thread
     (:func:`one_blas_thread`): from :data:`PARALLEL_FROM_FEATURES` features side by side, on as many threads as the
-    BLAS had. A distance on many features is a few LAPACK calls on d × d matrices, which leave Python's lock while
-    they compute and run faster one thread each, two at a time, than one at a time on two threads (Fashion-MNIST's Γ
-    with its references and Γ(x|y): 28.9 → 25.1 s on 2 cores)."""
+    BLAS had and as half the memory still available holds tasks of ``largest`` bytes (one at a time held one task's).
+    A distance on many features is a few LAPACK calls on d × d matrices, which leave Python's lock while they compute
+    and run faster one thread each, two at a time, than one at a time on two threads (Fashion-MNIST's Γ with its
+    references and Γ(x|y): 28.9 → 25.1 s on 2 cores)."""
     with one_blas_thread() as threads:
-        if d < PARALLEL_FROM_FEATURES or threads < 2 or len(tasks) < 2:
+        room = available_memory()
+        workers = min(threads, len(tasks), threads if room is None else max(room // (2 * max(largest, 1)), 1))
+        if d < PARALLEL_FROM_FEATURES or workers < 2:
             return [task() for task in tasks]
-        with ThreadPoolExecutor(min(threads, len(tasks))) as side_by_side:
+        with ThreadPoolExecutor(workers) as side_by_side:
             return list(side_by_side.map(lambda task: task(), tasks))
 
 

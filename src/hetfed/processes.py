@@ -1,6 +1,6 @@
 """Processes: whether one of this machine still runs — what a run directory's status, a local deployment and a
-node's worker ask of the processes they watch — and this one stopping at once, its runs' last words said (the lowest
-layer: the standard library only)."""
+node's worker ask of the processes they watch —, this one stopping at once, its runs' last words said, and the memory
+the machine can still give it (the lowest layer: the standard library only)."""
 
 from __future__ import annotations
 
@@ -96,3 +96,15 @@ def signal_all(pids: Iterable[int], signum: int) -> None:
     for pid in pids:
         with contextlib.suppress(OSError):
             os.kill(pid, signum)
+
+
+def available_memory() -> int | None:
+    """Bytes the system can still give this process (MemAvailable), or None where unknown."""
+    try:
+        with open("/proc/meminfo") as fh:
+            for line in fh:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        return None
+    return None

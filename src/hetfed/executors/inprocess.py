@@ -51,6 +51,7 @@ from hetfed.engine.types import (
 from hetfed.errors import RunError
 from hetfed.interface import Algorithm
 from hetfed.models.base import Model
+from hetfed.processes import available_memory
 from hetfed.run_spec import RunSpec
 from hetfed.server.transport import RESIDUAL, Transport
 
@@ -492,18 +493,6 @@ def estimate_memory(run: RunSpec, fed: Federation, eval_max_floats: int = 50_000
 
 def _budget(train: TrainConfig) -> float:
     return train.memory_budget_mb or default_budget_mb(train.device if train.device != "auto" else None)
-
-
-def available_memory() -> int | None:
-    """Bytes the system can still give this process (MemAvailable), or None where unknown."""
-    try:
-        with open("/proc/meminfo") as fh:
-            for line in fh:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        return None
-    return None
 
 
 def check_memory(run: RunSpec, fed: Federation, available: int | None = None) -> dict[str, int]:
