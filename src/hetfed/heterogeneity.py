@@ -30,13 +30,13 @@
 
 from __future__ import annotations
 
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from dataclasses import dataclass
-from functools import partial
 from typing import Any
 
 import numpy as np
@@ -204,8 +204,8 @@ def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
         else:
             batches.append([i])
     alone = sorted((i for i, c in enumerate(clients) if not 0 < len(c) <= d), key=lambda i: -len(clients[i]))
-    tasks: list[Callable[[], Any]] = [partial(_client_distance, p, clients[i]) for i in alone]
-    tasks += [partial(_batched_distances, p, [clients[j] for j in batch]) for batch in batches]
+    tasks: list[Callable[[], Any]] = [functools.partial(_client_distance, p, clients[i]) for i in alone]
+    tasks += [functools.partial(_batched_distances, p, [clients[j] for j in batch]) for batch in batches]
     # the most a task holds at once, in bytes: a client's rows twice (read, centred) or a batch's arrays, and d × d's
     held = [2 * len(clients[alone[0]]) * d] if alone else []
     largest = 8 * (max(held + ([4 * BATCH_ELEMENTS] if batches else []), default=0) + 6 * d * d)
@@ -223,10 +223,16 @@ def _plain_distances(p: Pool, clients: list[np.ndarray]) -> list[float]:
 #: benchmarks/gamma_threads.py``, 2 cores, side by side / one after another: 1.49 on digits' 64 features, 0.99 on 128
 #: synthetic ones, 0.86 on 384, 0.58 on Fashion-MNIST's 784; ``results/benchmarks_cpu_2026-12-07b``)
 PARALLEL_FROM_FEATURES = 128
-#: numpy's BLAS, as :func:`one_blas_thread` limits it (made at its first use, numpy's library loaded by then)
-_BLAS: list[Any] = []
 #: one Γ at a time sets the BLAS's threads: two at once would restore each other's limits
 _LIMITING = threading.RLock()
+
+
+@functools.cache
+def _blas() -> Any:
+    """numpy's BLAS, as :func:`one_blas_thread` limits it (found at its first use, numpy's library loaded by then)."""
+    from threadpoolctl import ThreadpoolController
+
+    return ThreadpoolController().select(user_api="blas")
 
 
 @contextmanager
@@ -238,13 +244,10 @@ def one_blas_thread() -> Iterator[int]:
     threads, on digits and Fashion-MNIST alike — so Γ depended on the machine's cores, and a ``hetfed sweep --jobs 2``
     run (one thread a worker) measured another Γ than the same run alone. On one thread each, Γ is the same number
     however many threads the BLAS has."""
-    if not _BLAS:
-        from threadpoolctl import ThreadpoolController
-
-        _BLAS.append(ThreadpoolController().select(user_api="blas"))
+    blas = _blas()
     with _LIMITING:
-        had = max([lib.num_threads for lib in _BLAS[0].lib_controllers] or [1])
-        with _BLAS[0].limit(limits=1):
+        had = max([lib.num_threads for lib in blas.lib_controllers] or [1])
+        with blas.limit(limits=1):
             yield had
 
 
@@ -256,9 +259,11 @@ def _computed(tasks: Sequence[Callable[[], Any]], d: int, largest: int) -> list[
     and run faster one thread each, two at a time, than one at a time on two threads (Fashion-MNIST's Γ with its
     references and Γ(x|y): 28.9 → 25.1 s on 2 cores)."""
     with one_blas_thread() as threads:
-        room = available_memory()
-        workers = min(threads, len(tasks), threads if room is None else max(room // (2 * max(largest, 1)), 1))
-        if d < PARALLEL_FROM_FEATURES or workers < 2:
+        workers = 1
+        if d >= PARALLEL_FROM_FEATURES:  # the memory read only where it may be used
+            room = available_memory()
+            workers = min(threads, len(tasks), threads if room is None else room // (2 * largest))
+        if workers < 2:
             return [task() for task in tasks]
         with ThreadPoolExecutor(workers) as side_by_side:
             return list(side_by_side.map(lambda task: task(), tasks))
