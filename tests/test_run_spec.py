@@ -87,6 +87,24 @@ def test_runs_share_a_client_step_exactly_when_their_specs_agree_on_it():
     assert _spec(fed, train={"local_epochs": 2}).model_identity() == base.model_identity()
 
 
+def test_methods_that_train_with_fedavgs_step_unchanged_share_it_whatever_their_parameters():
+    """#74 §1: kNN-Per's and FedMoE's clients train with FedAvg's step, which reads none of the method's parameters;
+    FedProx's adds its proximal term (its μ in the step). Scoring still tells the methods apart."""
+    fed = _fed()
+
+    def spec(algorithm, **params):
+        cfg = build_config({"partition": {"clients": 6},
+                            "methods": [{"name": "m", "algorithm": algorithm, "params": params}]})
+        return run_for(cfg, cfg.methods[0], fed)
+
+    base = spec("fedavg")
+    assert spec("knnper").step_identity() == spec("knnper", k=3).step_identity() == base.step_identity()
+    assert spec("fedmoe").step_identity() == base.step_identity()
+    assert spec("fedprox").step_identity() != base.step_identity()
+    assert spec("fedprox", mu=0.5).step_identity() != spec("fedprox").step_identity()
+    assert spec("knnper").model_identity() != base.model_identity()
+
+
 def test_a_model_built_by_hand_steps_alone():
     fed = _fed()
     train = TrainConfig()

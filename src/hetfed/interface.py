@@ -388,6 +388,23 @@ def server_metrics(algo: Algorithm, logits: torch.Tensor, y: torch.Tensor,
     return out
 
 
+def step_identity(algo: Algorithm) -> tuple[Any, ...]:
+    """What makes ``algo``'s client step one computation with another method's, besides the model, the schedule and
+    the optimiser (:meth:`~hetfed.run_spec.RunSpec.step_identity`): the step a method declares it runs unchanged
+    (``shared_step()``: FedAvg's, which reads none of the method's parameters — kNN-Per's, FedMoE's, FedDF's clients
+    train with it), so a stacked sweep's runs of those methods train in one stack; otherwise the method itself, its
+    name and parameters (FedProx's μ is in its step)."""
+    shared = getattr(algo, "shared_step", None)
+    step = shared() if callable(shared) else None
+    return ("step", step) if step is not None else method_identity(algo)
+
+
+def method_identity(algo: Algorithm) -> tuple[str, str]:
+    """The method as a computation: its registered name (its class's, for one not registered) and parameters."""
+    params = algo.params.model_dump_json() if hasattr(algo.params, "model_dump_json") else repr(algo.params)
+    return algo.spec.name if algo.spec is not None else type(algo).__name__, params
+
+
 def scores_servers_together(algo: Algorithm) -> bool:
     """Whether runs of ``algo``'s method may score their servers' models in one forward (:func:`evaluate_servers`):
     its server holds a model, scored the base way (a method that scores its server its own way — a mixture, a

@@ -77,9 +77,9 @@ class RunSpec:
 
     @cached_property
     def _model_identity(self) -> tuple[Any, ...]:
-        algo = self.algo
-        params = algo.params.model_dump_json() if hasattr(algo.params, "model_dump_json") else repr(algo.params)
-        return (algo.spec.name if algo.spec is not None else type(algo).__name__, params, *self.network_identity())
+        from hetfed.interface import method_identity
+
+        return (*method_identity(self.algo), *self.network_identity())
 
     def network_identity(self) -> tuple[Any, ...]:
         """The model as a network, whatever method trains it: its class and architecture (a model built by hand,
@@ -118,10 +118,15 @@ class RunSpec:
         return scores_the_broadcast(self.algo)
 
     def step_identity(self) -> tuple[Any, ...]:
-        """What makes two runs' client steps the same computation (stacked sweeps group by it): the model's identity,
-        the local schedule and the client optimiser. The seed, the rounds and the server side may differ."""
+        """What makes two runs' client steps the same computation (stacked sweeps group by it): the method's step
+        (:func:`hetfed.interface.step_identity`: the method, or a step several methods run unchanged — FedAvg's,
+        kNN-Per's, FedMoE's), the network, the local schedule and the client optimiser. The seed, the rounds and the
+        server side may differ."""
         return self._step_identity
 
     @cached_property
     def _step_identity(self) -> tuple[Any, ...]:
-        return (*self.model_identity(), self.schedule, self.train.optimizer.model_dump_json())
+        from hetfed.interface import step_identity
+
+        return (*step_identity(self.algo), *self.network_identity(), self.schedule,
+                self.train.optimizer.model_dump_json())

@@ -592,3 +592,23 @@ def test_methods_whose_clients_score_the_model_sent_evaluate_in_one_stack_across
     # servers that are the server chain alone (FedAvg's, FedProx's, Ditto's) step their chains in one call;
     # SCAFFOLD's aggregates its own way, alone
     assert aggregated == [("ditto", "ditto", "fedavg", "fedavg", "fedprox", "fedprox")] * 3
+
+
+def test_methods_that_train_with_fedavgs_step_share_a_stack_across_methods(tmp_path, monkeypatch):
+    """#74 §1: kNN-Per's, FedMoE's and FedDF's clients train with FedAvg's step unchanged (its local update, no term
+    of their own, none of their parameters read), so a sweep over methods trains their runs' clients in one stack with
+    FedAvg's; FedProx's step has its proximal term and trains apart. runs.csv is the one-by-one sweep's."""
+    trained: list[tuple[str, ...]] = []
+    original = stacked_runs.train_together
+    monkeypatch.setattr(stacked_runs, "train_together", lambda group: trained.append(
+        tuple(sorted(r.executor.algo.spec.name for r in group))) or original(group))
+    methods = "methods=" + ",".join(f"[{{algorithm: {m}}}]" for m in ("fedavg", "knnper", "fedmoe", "feddf",
+                                                                        "fedprox"))
+    args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3", "--set",
+            "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
+            "train.eval_every=1", "--set", "server_data.max_samples=60", "--grid", methods, "--seeds", "2", "--quiet"]
+    _ran([*args, "--out", str(tmp_path / "one_by_one")])
+    _ran([*args, "--stack", "--out", str(tmp_path / "stacked")])
+    _equal(_runs(tmp_path / "stacked", ("methods",)), _runs(tmp_path / "one_by_one", ("methods",)))
+    together = tuple(sorted(2 * ("fedavg", "knnper", "fedmoe", "feddf")))
+    assert trained.count(together) == 3 and trained.count(("fedprox", "fedprox")) == 3, trained

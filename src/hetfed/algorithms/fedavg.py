@@ -47,6 +47,17 @@ class FedAvg(Algorithm):
         shapes = {s.name: torch.zeros(s.shape) for s in self.model.specs()}
         return {**self.model.init_local(gen), **kept_optimizer_state(self.train, shapes)}
 
+    def shared_step(self) -> str | None:
+        """FedAvg's client step — :meth:`local_update` with no regulariser or objective of a subclass's — reads none
+        of the method's parameters: a method that trains its clients with it unchanged (kNN-Per, FedMoE, FedDF, and
+        FedPer's or LG-FedAvg's with their own parts kept local) runs FedAvg's computation, so a stacked sweep trains
+        its runs' clients in one stack with FedAvg's (given the same network, schedule, optimiser, broadcast and
+        client states: :func:`hetfed.executors.stacked_work.step_key`). None where a subclass changes the step
+        (FedProx's proximal term)."""
+        kind = type(self)
+        own = (kind.local_update, kind._regulariser, kind._objective)
+        return "FedAvg's step" if own == (FedAvg.local_update, FedAvg._regulariser, FedAvg._objective) else None
+
 
 def train_clients(algo: Algorithm, params, kept_opt: ClientState, data: ClientData, lr: float, regulariser=None,
                   objective: Objective | StackObjective | None = None, trainable: list[str] | None = None):

@@ -105,9 +105,10 @@ def _extra_key(bc: Broadcast, read: Container[str] | None = None) -> Any:
 def step_key(executor: InProcessExecutor, bc: Broadcast) -> Any:
     """Requests with equal keys run the same client step and share a stack (every request :func:`joins`): their
     runs' specifications agree on the client step (:meth:`~hetfed.run_spec.RunSpec.step_identity`), on this device,
-    for the same broadcast names, learning rate, round and extras' numbers and shapes."""
-    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)), float(bc.lr), bc.round,
-            _extra_key(bc))
+    for the same broadcast names, client states' names (runs of different methods that share a step: FedAvg's and
+    kNN-Per's), learning rate, round and extras' numbers and shapes."""
+    return (executor.run.step_identity(), str(executor.device), tuple(sorted(bc.params)),
+            tuple(sorted(executor.states.names())), float(bc.lr), bc.round, _extra_key(bc))
 
 
 def evaluation_key(executor: InProcessExecutor, bc: Broadcast, view: str | None) -> Any:
