@@ -15,10 +15,13 @@ of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed s
 
 ``--per-round`` measures what a round costs in stacked sweeps of each number of seeds: the marginal time of a round
 (a sweep of ``--rounds`` rounds minus one of ``--rounds`` / 4, over the rounds between: preparation and start-up cancel
-out), its ratio to one seed's, and how much of it the sweep's thread spends computing the runs' joined client steps
-and evaluations (``joined_client_work_ms``), of which the joined stack's step loop (``train_stack_ms``; the rest of
-the joined work: joining the runs' states and splitting their uploads, screening, the evaluations; the rest of the
-round: each run's own server, evaluation summary, metrics and checkpoints). The rest of the sweep thread's round, by
+out), its ratio to one seed's, what the sweep spends outside its rounds a seed (``outside_rounds_ms_per_seed``: the
+short sweep's time outside the lockstep of its runs' rounds — loading, partitioning and Γ, run directories, each
+method's final files and rows, summaries, the sweep's report), and how much of the round the sweep's thread spends
+computing the runs' joined client steps and evaluations (``joined_client_work_ms``), of which the joined stack's
+step loop (``train_stack_ms``; the rest of the joined work: joining the runs' states and splitting their uploads,
+screening, the evaluations; the rest of the round: each run's own server, evaluation summary, metrics and
+checkpoints). The rest of the sweep thread's round, by
 part: ``joined_evaluation_ms`` (of the joined work), ``runs_own_ms`` (the runs' own code between their requests:
 their server chains' bookkeeping, metrics rows, checkpoints — what a run axis would make one call; of it
 ``metrics_rows_ms``, ``checkpoints_ms`` and ``progress_ms``: the rows written, the checkpoints serialised, the progress
@@ -167,6 +170,9 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
                 measured[r] = {"ms_per_round": wall, **{column: t / repeats for column, t in spent.items()}}
             out[n] = {column: round((measured[rounds][column] - measured[short][column]) / (rounds - short) * 1000, 2)
                       for column in measured[rounds]}
+            # the short sweep's time outside its lockstep (its rounds, all runs' at once), a seed's
+            out[n]["outside_rounds_ms_per_seed"] = round(
+                (measured[short]["ms_per_round"] - measured[short]["lockstep_ms"]) * 1000 / n, 1)
             print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
         for row in out.values():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)

@@ -286,7 +286,7 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
     between components are the plan's, :func:`hetfed.runs.plan.check_config`)."""
     # start from the defaults so --set can reach into default lists (methods.0.…)
     try:
-        merged = _deep_merge(as_given(Config()), raw or {})
+        merged = _deep_merge(_defaults_given(), raw or {})
     except AttributeError:
         raise ConfigError(f"invalid config{source}: every section must be a mapping of keys") from None
     items = flatten_keys(overrides or {})
@@ -307,6 +307,13 @@ def build_config(raw: dict[str, Any] | None = None, overrides: dict[str, Any] | 
         return Config.model_validate(merged, context={"whole": True})
     except ValidationError as err:
         raise ConfigError(f"invalid config{source}: " + _format_errors(err)) from None
+
+
+@functools.cache
+def _defaults_given() -> dict[str, Any]:
+    """The default config as given (:func:`as_given`), validated once a process: every config is built on it (a
+    sweep builds two a run; validating the defaults was half of each). Callers copy it (:func:`_deep_merge`)."""
+    return as_given(Config())
 
 
 #: the top-level sections a method may override with its own keys (``methods.<i>.model`` …)
@@ -496,10 +503,15 @@ def as_given(config: Config) -> dict[str, Any]:
     return config.model_dump(mode="json", context={"as_given": True})
 
 
+#: libyaml's emitter where PyYAML has it: the same text as PyYAML's own for every shipped config (tested), 5× faster
+#: (a run directory's config.yaml, 5.4 → 1.1 ms the default experiment's: a sweep writes one a run)
+_DUMPER = getattr(yaml, "CSafeDumper", yaml.SafeDumper)
+
+
 def dump_config(config: Config) -> str:
     """The resolved config as YAML, as written into every run directory, ending with comment lines that say
     what each method runs with where it differs from the top-level sections."""
-    return yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False) + effective_methods(config)
+    return yaml.dump(config.model_dump(mode="json"), Dumper=_DUMPER, sort_keys=False) + effective_methods(config)
 
 
 def method_section(config: Config, method: MethodConfig, section: str, where: str | None = None) -> Any:
