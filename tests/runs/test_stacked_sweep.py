@@ -602,8 +602,10 @@ def test_methods_that_train_with_fedavgs_step_share_a_stack_across_methods(tmp_p
     original = stacked_runs.train_together
     monkeypatch.setattr(stacked_runs, "train_together", lambda group: trained.append(
         tuple(sorted(r.executor.algo.spec.name for r in group))) or original(group))
-    methods = "methods=" + ",".join(f"[{{algorithm: {m}}}]" for m in ("fedavg", "knnper", "fedmoe", "feddf",
-                                                                        "fedprox"))
+    from hetfed.algorithms import registry
+
+    methods = "methods=" + ",".join(json.dumps([{"algorithm": m, "params": dict(registry.get(m).quick)}])
+                                    for m in ("fedavg", "knnper", "fedmoe", "feddf", "fedprox"))
     args = ["sweep", str(REPO / "configs" / "default.yaml"), *DEVICE, "--set", "train.rounds=3", "--set",
             "partition.clients=4", "--set", "train.local_steps=2", "--set", "heterogeneity.iid_draws=0", "--set",
             "train.eval_every=1", "--set", "server_data.max_samples=60", "--grid", methods, "--seeds", "2", "--quiet"]
