@@ -1,5 +1,6 @@
 """What a resumable checkpoint costs the round loop: each method's checkpoint payload of the default experiment (its
-first mid-run checkpoint, ``train.checkpoint_every`` rounds in), serialised as hetfed writes it
+first checkpoint of the federated rounds: ``train.checkpoint_every`` rounds in where a number is set, else the one
+at the rounds' end — ``auto`` writes none mid-run in a run shorter than a minute), serialised as hetfed writes it
 (:mod:`hetfed.runs.tensor_pickle`) and as ``torch.save`` wrote it before (2026-12-06), in one run. The loop's
 thread serialises every checkpoint (the file is written by a background thread), so this is the time a checkpoint
 takes from the rounds. Prints JSON: per method, the payload's tensors and bytes, the fastest of ``--repeats``

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import contextlib
 from collections.abc import Iterable
-from typing import Any, ClassVar, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -128,6 +128,21 @@ class ClockConfig(Chosen):
         return {k: (v, why) for k, v in self.away_from_default(*keys).items()}
 
 
+
+#: ``train.checkpoint_every: auto``: a checkpoint every this many rounds, once this many seconds have passed since the
+#: last one (or the loop's start) — a long run of quick rounds (hundreds a minute on a GPU) writes one a minute, not
+#: its client states every tenth of a second; a run shorter than a minute, only its final one
+AUTO_CHECKPOINT_ROUNDS, AUTO_CHECKPOINT_SECONDS = 10, 60.0
+
+
+def checkpoint_due(every: int | str | None, rnd: int, since_last: float) -> bool:
+    """Whether round ``rnd``'s end is a checkpoint under ``train.checkpoint_every`` = ``every``, ``since_last``
+    seconds after the last checkpoint (or the loop's start); the end of a phase always is (the loop's)."""
+    if every == "auto":
+        return rnd % AUTO_CHECKPOINT_ROUNDS == 0 and since_last >= AUTO_CHECKPOINT_SECONDS
+    return isinstance(every, int) and rnd % every == 0
+
+
 class TrainConfig(Strict):
     """The federated schedule: rounds, client sampling, local work, evaluation."""
 
@@ -185,9 +200,12 @@ class TrainConfig(Strict):
         "a quarter of the free GPU memory on CUDA (GPUs need big stacks to be busy), divided among a "
         "`hetfed sweep --jobs N`'s workers, which share the device"
     )
-    checkpoint_every: int | None = Field(
-        10, ge=1, description="write a resumable checkpoint every this many rounds (and at the end of the "
-        "federated phase and of personalisation); None: only at the end. `hetfed run --resume DIR` continues"
+    checkpoint_every: Annotated[int, Field(ge=1)] | Literal["auto"] | None = Field(
+        "auto", description="write a resumable checkpoint every this many rounds (and at the end of the "
+        f"federated phase and of personalisation); auto: every {AUTO_CHECKPOINT_ROUNDS} rounds once "
+        f"{AUTO_CHECKPOINT_SECONDS:g} s have passed since the last (or the start) — a kill loses about a minute, and "
+        "a long run of quick rounds is not slowed by its checkpoints; None: only at the end. `hetfed run --resume "
+        "DIR` continues"
     )
     # -- clients that fail or straggle (see docs/robustness.md; what the server does with their updates: server.*)
     client_dropout: float = Field(0.0, ge=0, lt=1, description="probability that a sampled client fails to report")
@@ -218,6 +236,15 @@ class TrainConfig(Strict):
                "steps_cap_one_pass": "" if self.local_steps else "it applies with local_steps, which is unset",
                **registry_of("executor").get(self.executor).unread_train}
         return {**super().unread(), **{k: (v, why[k]) for k, v in self.away_from_default(*why).items() if why[k]}}
+
+    @field_validator("checkpoint_every", mode="before")
+    @classmethod
+    def _checkpoint_every(cls, value: Any) -> Any:
+        """One line for a value that is none of the three (pydantic's would name each branch of the union)."""
+        if value is None or value == "auto" or (isinstance(value, int) and not isinstance(value, bool) and value >= 1):
+            return value
+        raise ValueError(f"not allowed: expected a number of rounds ≥ 1, auto (every {AUTO_CHECKPOINT_ROUNDS} rounds "
+                         f"once {AUTO_CHECKPOINT_SECONDS:g} s have passed) or null (only at the end)")
 
     @field_validator("executor")
     @classmethod

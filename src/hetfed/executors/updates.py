@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from hetfed.config import TrainConfig
+from hetfed.config_train import checkpoint_due
 from hetfed.engine.backdoor import BackdoorTest, client_backdoor_accuracy
 from hetfed.engine.evaluate import Evaluation
 from hetfed.engine.faults import Adversary, Faults, RoundFaults
@@ -336,8 +337,8 @@ class RoundObserver:
         an attack on one client's upload (:mod:`hetfed.runs.leakage`) asks the executor about."""
 
     def checkpoint(self, result: SimulationResult, phase: str = "federated") -> None:
-        """Every ``train.checkpoint_every`` rounds and after the last: everything a resumed run needs is in
-        ``result`` and the executor's client store."""
+        """When ``train.checkpoint_every`` makes it due (:func:`hetfed.config_train.checkpoint_due`) and after the
+        last round: everything a resumed run needs is in ``result`` and the executor's client store."""
 
 
 @dataclass
@@ -364,6 +365,8 @@ class _Loop:
     planned: dict[int, RoundPlan] = field(default_factory=dict)
     #: each client's concept (:func:`hetfed.partition.shift.concept_groups`), or None: the partition made none
     concepts: np.ndarray | None = None
+    #: when the last checkpoint was written (``time.perf_counter``; the loop's start before the first)
+    last_checkpoint: float = field(default_factory=time.perf_counter)
 
     @property
     def algo(self) -> Algorithm:
@@ -462,7 +465,9 @@ def after_update(loop: _Loop, result: SimulationResult, upload: Upload | None, c
     if train.patience is not None and result.since_best >= train.patience:
         result.stopped_early = True
     stop = result.stopped_early or result.out_of_time or result.diverged_at is not None
-    if stop or rnd == train.rounds or (train.checkpoint_every and rnd % train.checkpoint_every == 0):
+    if stop or rnd == train.rounds or checkpoint_due(train.checkpoint_every, rnd,
+                                                     time.perf_counter() - loop.last_checkpoint):
+        loop.last_checkpoint = time.perf_counter()
         for o in loop.observers:
             o.checkpoint(result)
     return stop
