@@ -3,6 +3,8 @@ import json
 import math
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from hetfed.analysis.present import present_run
 from hetfed.cli import main
@@ -205,6 +207,38 @@ def test_sweep_resume_reuses_completed_runs(tmp_path):
     rows = list(csv.DictReader((tmp_path / "s" / "sweep.csv").read_text().splitlines()))
     assert {r["n"] for r in rows if r["metric"] == "gamma"} == {"2"}
     assert main([*args, "--seeds", "1"]) == 2  # without --resume the directory is never reused
+
+
+def test_a_grid_over_methods_written_out_in_full_gets_folders_that_fit_and_resumes_in_them(tmp_path):
+    """A grid point's name longer than a folder's may be (255 bytes: a grid over methods, each written out in full, as
+    docs/scale.md tells a stacked sweep's users to write) failed with "File name too long" after the sweep's folder
+    was made; its folder is now the name's first bytes and a digest of the whole, the same on --resume."""
+    long = ("[{name: a_method_with_a_long_name_that_says_what_it_is_a_proximal_fedavg_on_a_small_mlp, "
+            "algorithm: fedprox, params: {mu: 0.01}, "
+            "train: {local_epochs: 2, batch_size: 16, optimizer: {kind: sgd, lr: 0.05, momentum: 0.5}}, "
+            "model: {kind: mlp, hidden: [16, 16], dropout: 0.1}}]")
+    other = long.replace("mu: 0.01", "mu: 0.02")  # the same first bytes: told apart by the digest
+    args = ["sweep", "--set", "train.rounds=1", "--set", "partition.clients=4", "--set", "heterogeneity.gamma=false",
+            "--grid", f"methods={long},{other},[{{algorithm: fedavg}}]", "--seeds", "1", "--out", str(tmp_path / "s"),
+            "--quiet"]
+    assert main(args) == 0
+    folders = sorted(p.name for p in (tmp_path / "s").iterdir() if p.is_dir() and p.name.startswith("methods="))
+    assert len(folders) == 3 and 'methods=[{"algorithm":"fedavg"}]' in folders
+    assert all(len(f.encode()) <= 255 for f in folders) and sum("~" in f for f in folders) == 2
+    done = {f: (tmp_path / "s" / f / "seed=0" / "summary.json").read_text() for f in folders}
+    assert main([*args, "--resume"]) == 0  # every run found in its folder and reused
+    assert {f: (tmp_path / "s" / f / "seed=0" / "summary.json").read_text() for f in folders} == done
+
+
+@given(st.dictionaries(st.sampled_from(["methods", "partition.alpha", "x"]), st.text(max_size=400), min_size=1))
+def test_a_points_folder_fits_a_folder_name_and_tells_points_apart(point):
+    from hetfed.runs.sweep_tables import point_dir, point_name
+
+    folder = point_dir(point)
+    assert len(folder.encode()) <= 255 and "/" not in folder
+    assert folder == point_name(point) or len(point_name(point).encode()) > 255
+    other = {**point, "extra": "1"}
+    assert point_dir(other) != folder
 
 
 def test_a_run_keeps_its_last_evaluation_in_memory_and_simulate_every_one(tmp_path, monkeypatch):

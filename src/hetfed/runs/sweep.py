@@ -42,6 +42,7 @@ from hetfed.runs.summary import stop_line
 from hetfed.runs.sweep_progress import RunLines, SweepProgress
 from hetfed.runs.sweep_tables import (
     aggregate,
+    point_dir,
     point_name,
     print_table,
     print_tuned,
@@ -149,7 +150,7 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[S
 
 
 def _run_dir(sweep_dir: Path, point: dict[str, Any], cfg: Config) -> Path:
-    return sweep_dir / point_name(point) / f"seed={cfg.seed}"
+    return sweep_dir / point_dir(point) / f"seed={cfg.seed}"
 
 
 def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[SweepRun], out: str | Path | None,
@@ -283,7 +284,7 @@ def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, C
 
     changed = []
     for point, _s, cfg in configs:
-        run_dir = sweep_dir / point_name(point) / f"seed={cfg.seed}"
+        run_dir = _run_dir(sweep_dir, point, cfg)
         done = run_dir / CONFIG
         if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, cfg):
             old = migrate_legacy(yaml.safe_load(done.read_text()))  # an older hetfed's keys where they are now

@@ -5,6 +5,7 @@ back by ``hetfed merge``, the report and the figures, so they live apart from th
 from __future__ import annotations
 
 import csv
+import hashlib
 import json
 import math
 from collections.abc import Iterable, Iterator
@@ -58,8 +59,26 @@ def mean_ci_text(mean: float, ci: float) -> str:
 
 
 def point_name(point: dict[str, Any]) -> str:
-    """The folder name of a grid point (no path separators, whatever the values)."""
+    """The name of a grid point, its folder's where that fits (:func:`point_dir`): no path separators, whatever the
+    values."""
     return ",".join(f"{k}={value_key(v)}" for k, v in point.items()).replace("/", "%2F") or "base"
+
+
+#: the longest name a folder may have (bytes; Linux's and macOS's file systems)
+NAME_MAX = 255
+
+
+def point_dir(point: dict[str, Any]) -> str:
+    """The folder of a grid point: its name, or where that is longer than a folder's name may be — a grid over
+    methods written out in full, ``methods=[{…}]`` — its first bytes and a digest of the whole (it failed with
+    "File name too long" after the sweep's folder was made). Names that fit are kept, so a sweep made before
+    resumes in its own folders."""
+    name = point_name(point)
+    raw = name.encode()
+    if len(raw) <= NAME_MAX:
+        return name
+    digest = hashlib.sha256(raw).hexdigest()[:16]
+    return raw[:NAME_MAX - len(digest) - 1].decode(errors="ignore") + "~" + digest
 
 
 def write_heterogeneity(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
