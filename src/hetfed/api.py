@@ -384,6 +384,10 @@ class Run:
 
         payload = read_checkpoint(self.dir)
         current = payload.get("current") if payload else None
+        if payload is None:
+            raise RunError(f"method {method!r} has no checkpoint in {self.dir}: the run wrote none before it stopped "
+                           f"(train.checkpoint_every = {self.config.train.checkpoint_every!r}; auto writes the first "
+                           "once a minute has passed); expected a run killed after its first checkpoint")
         if current is None or current["label"] != method:
             running = current["label"] if current else None
             raise RunError(f"method {method!r} has no checkpoint in {self.dir} (in progress: {running}); expected the "

@@ -78,6 +78,10 @@ def test_interrupted_run_is_marked_failed_and_keeps_metrics(tmp_path, monkeypatc
     assert {r["round"] for r in rows if r["split"] == "train"} == {"1", "2", "3"}  # round 3 trained, not evaluated
     with pytest.raises(RunError, match="not a completed run"):
         read_summary(tmp_path / "r")
+    import hetfed  # 5 quick rounds under checkpoint_every: auto — no checkpoint yet, and the model says why
+
+    with pytest.raises(RunError, match=r"wrote none before it stopped \(train.checkpoint_every = 'auto'"):
+        hetfed.open_run(tmp_path / "r").model("relu", which="checkpoint")
 
 
 def test_a_stopped_run_is_marked_failed_before_its_last_checkpoint_is_waited_for(tmp_path, monkeypatch):
