@@ -384,17 +384,18 @@ class Run:
 
         payload = read_checkpoint(self.dir)
         current = payload.get("current") if payload else None
+        mcfg, _ = _method_of(self.config, method)
         if payload is None:
+            every = self.config.method_train(mcfg).checkpoint_every
             raise RunError(f"method {method!r} has no checkpoint in {self.dir}: the run wrote none before it stopped "
-                           f"(train.checkpoint_every = {self.config.train.checkpoint_every!r}; auto writes the first "
-                           "once a minute has passed); expected a run killed after its first checkpoint")
+                           f"(train.checkpoint_every = {every!r}; auto writes the first once a minute has passed); "
+                           "expected a run killed after its first checkpoint")
         if current is None or current["label"] != method:
             running = current["label"] if current else None
             raise RunError(f"method {method!r} has no checkpoint in {self.dir} (in progress: {running}); expected the "
                            "method a failed run was training — finished methods load with which='best' or 'final'")
         result = current["result"]
         server = result.best_server or result.server
-        mcfg, _ = _method_of(self.config, method)
         fed = build_federation(self.config)._prepared.federation
         algo = algorithm_for(self.config, mcfg, tuple(fed.input_shape), fed.n_classes)
         store = ClientStore(fed.n_clients)

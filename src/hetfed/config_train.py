@@ -128,7 +128,6 @@ class ClockConfig(Chosen):
         return {k: (v, why) for k, v in self.away_from_default(*keys).items()}
 
 
-
 #: ``train.checkpoint_every: auto``: a checkpoint every this many rounds, once this many seconds have passed since the
 #: last one (or the loop's start) — a long run of quick rounds (hundreds a minute on a GPU) writes one a minute, not
 #: its client states every tenth of a second; a run shorter than a minute, only its final one
