@@ -55,6 +55,8 @@ CASES = [
     ("checkpoint_cost.py", ["--set", "train.rounds=10", "--saves", "2", "--repeats", "1"]),
     ("client_scoring.py", ["--clients", "10", "--repeats", "3"]),
     ("conv_forms.py", ["--clients", "1", "2", "--batch", "4"]),
+    ("each_method.py", ["--methods", "fedavg,knnper", "--set", "model.kind=mlp", "--seeds", "1", "--rounds", "2",
+                        "--repeats", "1"]),
     ("dense_forms.py", ["--repeats", "1", "--steps", "2", "--threads", "1", "--only", "logreg",
                         "--random-layers", "2"]),
     ("gamma_beside.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--rounds", "2"]),

@@ -562,25 +562,27 @@ class Sweep:
 
 def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]], seeds: int = 3,
           out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False,
-          stack: bool = False, report: bool = True) -> Sweep:
+          stack: bool = False, report: bool = True, each_method: bool = False) -> Sweep:
     """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs.
 
-    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``).
+    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``);
+    ``each_method``: each method a run of its own, the tables as one run's (``--each-method``: stacked side by side).
     ``report``: False draws no figures and no report.html (``--no-report``; :meth:`Sweep.report` draws them later)."""
     from rich.console import Console
 
+    from hetfed.analysis.present import present_sweep
     from hetfed.console import make_console
     from hetfed.runs.sweep import run_sweep
 
     if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
         raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
-    progress, resume, stack = _flag("progress", progress), _flag("resume", resume), _flag("stack", stack)
+    progress, resume, stack, each_method = (_flag("progress", progress), _flag("resume", resume),
+                                            _flag("stack", stack), _flag("each_method", each_method))
     console = make_console() if progress else Console(quiet=True)
-    from hetfed.analysis.present import present_sweep
-
     sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
                              progress=progress, console=console, resume=resume, jobs=jobs,
-                             present=present_sweep if _flag("report", report) else None, stack=stack)
+                             present=present_sweep if _flag("report", report) else None, stack=stack,
+                             each_method=each_method)
     return Sweep(Path(sweep_dir))
 
 

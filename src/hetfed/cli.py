@@ -92,6 +92,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--stack", action="store_true",
                    help="train the runs in this process as one stack of clients, each round (same numbers as one by "
                         "one, to float tolerance; methods whose client step allows it)")
+    p.add_argument("--each-method", action="store_true",
+                   help="each of the config's methods a run of its own (seed=S/method=NAME), the tables as one run's: "
+                        "with --stack every method's runs train side by side, with --jobs a point's methods in "
+                        "parallel")
     p.add_argument("--quiet", action="store_true",
                    help="no progress and no table; print only the sweep directory (and failures)")
     _add_no_report(p)
@@ -407,7 +411,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           "point's methods would replace the ones chosen; expected one of them")
     sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
                              present=None if args.no_report else present_sweep, resume=args.resume,
-                             jobs=args.jobs, stack=args.stack)
+                             jobs=args.jobs, stack=args.stack, each_method=args.each_method)
     _no_report_line(args, sweep_dir)
     return 0
 

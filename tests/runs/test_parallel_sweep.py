@@ -90,7 +90,7 @@ def test_a_sweeps_worker_shares_the_preparations_of_the_runs_it_is_given(tmp_pat
     for rounds in (1, 2):
         cfg = load_config(REPO / "configs" / "default.yaml", ["partition.clients=4", "train.local_steps=2",
                                                                f"train.rounds={rounds}"])
-        status, _ = sweep._run_one(cfg.model_dump(mode="json"), str(tmp_path / f"r{rounds}"))
+        status, _ = sweep._run_one(cfg.model_dump(mode="json"), str(tmp_path / f"r{rounds}"), str(tmp_path))
         assert status == "ok"
     assert len(calls) == 1
 

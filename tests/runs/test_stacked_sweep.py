@@ -470,7 +470,7 @@ def test_a_stacked_sweep_reports_its_rounds_and_no_eta_from_runs_that_finish_tog
     begun = [line for line in out.splitlines() if "runs to train" in line]
     assert len(begun) == 1 and "[2 runs to train, stacked: " in begun[0], out
     # and that a run's five methods take turns, and how to stack methods side by side instead
-    assert "each run's 5 methods one after another (a grid over methods" in begun[0], begun
+    assert "each run's 5 methods one after another (--each-method stacks them side by side)" in begun[0], begun
     assert out.index(begun[0]) < out.index(finished[0])
 
 

@@ -437,7 +437,7 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
     that could not be)."""
     from hetfed.analysis.figures import plot_client_distributions
     from hetfed.analysis.results import sweep_figures
-    from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI, point_name
+    from hetfed.runs.sweep_tables import MIN_SEEDS_FOR_CI, point_name, shown_point
 
     record = _json(d / SWEEP_RECORD) or {}
     request = _json(d / SWEEP_REQUEST) or {}
@@ -536,11 +536,11 @@ def sweep_report(d: Path, keep: Path | None = None, problems: list[str] | None =
         rd = Path(r["run_dir"])
         link = rd / REPORT if (rd / REPORT).is_file() else rd / SUMMARY
         rel = os.path.relpath(link, d)
-        run_rows.append([point_name(r["point"]), r["seed"], Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'),
-                         (s or {}).get("wall_seconds")])
+        run_rows.append([point_name(shown_point(r["point"], r.get("method"))), r["seed"],
+                         Markup(f'<a href="{_esc(rel)}">{_esc(rel)}</a>'), (s or {}).get("wall_seconds")])
     for f in failed:
-        run_rows.append([point_name(f["point"]), f["seed"], Markup(f"<span class='warn'>failed: {_esc(f['error'])}"
-                                                                    "</span>"), None])
+        run_rows.append([point_name(shown_point(f["point"], f.get("method"))), f["seed"],
+                         Markup(f"<span class='warn'>failed: {_esc(f['error'])}</span>"), None])
     sections.append(("runs", table(["grid point", "seed", "run", "wall time (s)"], run_rows)))
     import yaml
 

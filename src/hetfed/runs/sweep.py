@@ -1,8 +1,8 @@
 """``hetfed sweep``: a grid of config values × seeds, aggregated with 95% CIs.
 
 Every grid point × seed is a full run directory under the sweep directory
-(``<key>=<value>,…/seed=<s>``). Points that differ only in the seed share a
-partition kind but not a split (the seed changes the split, as it should for an
+(``<key>=<value>,…/seed=<s>``; with ``each_method``, one a method: ``…/seed=<s>/method=<label>``). Points that
+differ only in the seed share a partition kind but not a split (the seed changes the split, as it should for an
 honest estimate of variance). The aggregate ``sweep.csv`` has one row per grid
 point × method × metric: mean, 95% CI half-width (Student t), n. Γ per grid
 point is aggregated as method ``(data)``.
@@ -15,7 +15,7 @@ import json
 import os
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import yaml
 from rich.console import Console
@@ -42,10 +42,12 @@ from hetfed.runs.summary import stop_line
 from hetfed.runs.sweep_progress import RunLines, SweepProgress
 from hetfed.runs.sweep_tables import (
     aggregate,
+    method_dir,
     point_dir,
     point_name,
     print_table,
     print_tuned,
+    shown_point,
     value_key,
     write_curves,
     write_heterogeneity,
@@ -70,6 +72,7 @@ def run_sweep(
     jobs: int = 1,
     present: Callable[[Path, Console | None], None] | None = None,
     stack: bool = False,
+    each_method: bool = False,
 ) -> tuple[Path, list[dict[str, Any]]]:
     """Run every grid point × seed; write sweep.csv / sweep.json; return the table.
 
@@ -83,6 +86,12 @@ def run_sweep(
     ``stack`` trains the runs in threads of this process, each round's client steps of every run as one stack
     of clients (:mod:`hetfed.executors.stacked_runs`; the same numbers as one by one: equal to the bit on a CPU).
 
+    ``each_method`` makes each of a point's methods a run of its own (``seed=<s>/method=<label>``): a run's methods
+    share its federation and seed and nothing else, so their numbers are the whole run's, and the tables gather them
+    as one run's. Why: within a run the methods train one after another, so a stacked sweep's stack held one
+    method's runs at a time; split, every method's runs train side by side — sharing a stack where their steps or
+    evaluations are the same computation — and ``jobs`` spreads one point's methods over the workers.
+
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
     directory whose resolved config matches is reused; a failed or killed one with a
     checkpoint continues from it (``hetfed run --resume``); any other incomplete one is
@@ -90,14 +99,14 @@ def run_sweep(
     """
     console = console or make_console()
     _check_arguments(config, seeds, out, resume, jobs, stack)
-    configs = plan_sweep(config, grid, seeds)
+    configs = plan_sweep(config, grid, seeds, each_method)
     if stack:
         _check_stackable(configs)
-    sweep_dir = _open_sweep_dir(config, grid, configs, out, resume)
+    sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
         outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
-    summaries, run_dirs, failed = _collect(sweep_dir, configs, outcome)
-    table = _summarise_sweep(sweep_dir, grid, seeds, summaries, run_dirs, failed)
+    summaries, runs, failed = _collect(sweep_dir, configs, outcome)
+    table = _summarise_sweep(sweep_dir, grid, seeds, summaries, runs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
         present(sweep_dir, console)
     if progress:
@@ -131,33 +140,54 @@ def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume:
     check_trackers(config.tracking)
 
 
-#: one run of a sweep: its grid point, its seed's index and its validated config
-SweepRun = tuple[dict[str, Any], int, Config]
+class SweepRun(NamedTuple):
+    """One run of a sweep: its grid point, its seed's index, its validated config and — a sweep of each method
+    apart — the label of the point's one method it trains (None: the point's config whole)."""
+
+    point: dict[str, Any]
+    s: int
+    cfg: Config
+    method: str | None = None
+
+    @property
+    def shown(self) -> dict[str, Any]:
+        """The point as the progress lines name the run: with its method where it trains one of the point's."""
+        return shown_point(self.point, self.method)
 
 
-def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int) -> list[SweepRun]:
-    """Every point × seed validated before anything runs; equal points refused, unread grid values noted."""
+def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int, each_method: bool = False) -> list[SweepRun]:
+    """Every point × seed validated before anything runs; equal points refused, unread grid values noted;
+    ``each_method``: each then split into a run per method (:func:`_each_method`)."""
     base = as_given(config)
-    configs = [(point, s, build_config(base, {**point, "seed": config.seed + s}))
+    configs = [SweepRun(point, s, build_config(base, {**point, "seed": config.seed + s}))
                for point in grid_points(grid) for s in range(seeds)]
-    for _point, s, cfg in configs:
-        if s == 0:  # for every point before anything runs: the checks between components, the devices
-            check_config(cfg)
-            check_devices(cfg)
-    _refuse_equal_points([(point, cfg) for point, s, cfg in configs if s == 0])
-    _note_unread_grid_keys([cfg for _p, s, cfg in configs if s == 0], list(grid))
-    return configs
+    for run in configs:
+        if run.s == 0:  # for every point before anything runs: the checks between components, the devices
+            check_config(run.cfg)
+            check_devices(run.cfg)
+    _refuse_equal_points([(run.point, run.cfg) for run in configs if run.s == 0])
+    _note_unread_grid_keys([run.cfg for run in configs if run.s == 0], list(grid))
+    return [part for run in configs for part in _each_method(run)] if each_method else configs
 
 
-def _run_dir(sweep_dir: Path, point: dict[str, Any], cfg: Config) -> Path:
-    return sweep_dir / point_dir(point) / f"seed={cfg.seed}"
+def _each_method(run: SweepRun) -> list[SweepRun]:
+    """``run`` as one run per method of its config, in its order: each the config with that method alone."""
+    given = as_given(run.cfg)
+    return [SweepRun(run.point, run.s, build_config({**given, "methods": [entry]}), method.label)
+            for entry, method in zip(given["methods"], run.cfg.methods, strict=True)]
+
+
+def _run_dir(sweep_dir: Path, run: SweepRun) -> Path:
+    seed = sweep_dir / point_dir(run.point) / f"seed={run.cfg.seed}"
+    return seed if run.method is None else seed / method_dir(run.method)
 
 
 def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[SweepRun], out: str | Path | None,
-                    resume: bool) -> Path:
+                    resume: bool, each_method: bool = False) -> Path:
     """A new sweep directory, or the earlier one being resumed (checked to be this sweep); the request kept."""
     base = config.model_dump(mode="json")
-    request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()}}
+    request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()},
+               **({"each_method": True} if each_method else {})}
     if resume and out is not None and Path(out).is_dir():
         sweep_dir = Path(out)
         _check_resumable(sweep_dir, configs, request)
@@ -170,63 +200,69 @@ def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[Sw
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
                    console: Console | None, stack: bool = False) -> dict[int, tuple[str, object]]:
     """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
-    todo: list[tuple[int, dict[str, Any], Config, Path]] = []
+    todo: list[tuple[int, dict[str, Any], Config, Path]] = []  # each run's place, point as shown, config, folder
     outcome: dict[int, tuple[str, object]] = {}
-    for i, (point, _s, cfg) in enumerate(configs):
-        run_dir = _run_dir(sweep_dir, point, cfg)
+    for i, run in enumerate(configs):
+        run_dir = _run_dir(sweep_dir, run)
         if resume and run_dir.exists():
-            reused = _completed(run_dir, cfg)
+            reused = _completed(run_dir, run.cfg)
             if reused is not None:
                 outcome[i] = ("ok", reused)
                 continue
-            if not _resumable(run_dir, cfg):
+            if not _resumable(run_dir, run.cfg):
                 _move_aside(run_dir)  # else it continues from its checkpoint, in place
-        todo.append((i, point, cfg, run_dir))
+        todo.append((i, run.shown, run.cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo),
                             measures_gamma=any(cfg.heterogeneity.gamma for _i, _p, cfg, _d in todo))
     if stack and todo:
         methods = max(len(cfg.methods) for _i, _p, cfg, _d in todo)
         tracker.begin(len(todo), "stacked: each prepares its clients, then their rounds run together" + (
-            f"; each run's {methods} methods one after another (a grid over methods, --grid methods=…, stacks them "
-            "side by side)" if methods > 1 else ""))
-        outcome.update(_run_stacked(todo, tracker))
+            f"; each run's {methods} methods one after another (--each-method stacks them side by side)"
+            if methods > 1 else ""))
+        outcome.update(_run_stacked(todo, tracker, sweep_dir))
     elif jobs > 1 and len(todo) > 1:
         tracker.begin(len(todo), f"in {jobs} processes")
-        outcome.update(_run_parallel(todo, jobs, tracker))
+        outcome.update(_run_parallel(todo, jobs, tracker, sweep_dir))
     else:
         tracker.begin(len(todo), "one at a time")
         for place, (i, point, cfg, run_dir) in enumerate(todo, len(outcome) + 1):
             tracker.started(point, cfg.seed)
             lines = tracker.within(place, point, cfg.seed)
-            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir), lines=lines, console=tracker.console)
+            outcome[i] = _run_one(cfg.model_dump(mode="json"), str(run_dir), str(sweep_dir), lines=lines,
+                                  console=tracker.console)
             tracker.finished(point, cfg.seed, outcome[i])
     return outcome
 
 
 def _collect(sweep_dir: Path, configs: list[SweepRun], outcome: dict[int, tuple[str, Any]]
-             ) -> tuple[list[tuple[dict[str, Any], int, dict[str, Any]]], list[tuple[dict[str, Any], Path]],
-                        list[dict[str, Any]]]:
-    """The runs' summaries and directories in grid order, however they were run, and the failed ones (one
+             ) -> tuple[list[tuple[dict[str, Any], int, dict[str, Any]]], list[dict[str, Any]], list[dict[str, Any]]]:
+    """The summaries by grid point × seed (the runs of one point's methods, run apart, gathered as the point's
+    one run: Γ and the data from the first, every method's rows in the config's order), the runs that finished
+    (point, seed, folder — and method, where apart) and the failed ones, in grid order, however they were run (one
     impossible point must not lose the rest of the grid)."""
-    summaries: list[tuple[dict[str, Any], int, dict[str, Any]]] = []
-    run_dirs: list[tuple[dict[str, Any], Path]] = []
+    gathered: dict[tuple[str, int], tuple[dict[str, Any], int, dict[str, Any]]] = {}
+    runs: list[dict[str, Any]] = []
     failed: list[dict[str, Any]] = []
-    for i, (point, _s, cfg) in enumerate(configs):
-        run_dir = _run_dir(sweep_dir, point, cfg)
-        status, value = outcome[i]
-        if status == "ok":
-            summaries.append((point, cfg.seed, value))
-            run_dirs.append((point, run_dir))
+    for i, run in enumerate(configs):
+        run_dir, (status, value) = _run_dir(sweep_dir, run), outcome[i]
+        method = {} if run.method is None else {"method": run.method}
+        if status != "ok":
+            failed.append({"point": run.point, "seed": run.cfg.seed, **method, "error": str(value),
+                           "run_dir": str(run_dir)})
+            continue
+        runs.append({"point": run.point, "seed": run.cfg.seed, **method, "run_dir": str(run_dir)})
+        key = (point_dir(run.point), run.cfg.seed)
+        if key in gathered:
+            gathered[key][2]["methods"].update(value["methods"])
         else:
-            failed.append({"point": point, "seed": cfg.seed, "error": str(value), "run_dir": str(run_dir)})
-    return summaries, run_dirs, failed
+            gathered[key] = (run.point, run.cfg.seed, {**value, "methods": dict(value["methods"])})
+    return list(gathered.values()), runs, failed
 
 
-def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, summaries: list[Any], run_dirs: list[Any],
-                     failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, summaries: list[Any],
+                     runs: list[dict[str, Any]], failed: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """sweep.json (the runs listed before anything is aggregated: a failure below never hides them), then the
     tables: sweep.csv, runs.csv, curves.csv, heterogeneity.csv."""
-    runs = [{"point": p, "seed": s, "run_dir": str(d)} for (p, s, _), (_, d) in zip(summaries, run_dirs, strict=True)]
     record = {"grid": grid, "seeds": seeds, "runs": runs, "failed": failed}
     write_json_atomic(sweep_dir / SWEEP_RECORD, record)
     keys = list(grid)
@@ -234,9 +270,7 @@ def _summarise_sweep(sweep_dir: Path, grid: dict[str, list[Any]], seeds: int, su
         table = aggregate(summaries, keys)
         write_table(sweep_dir / SWEEP_TABLE, table, keys)
         write_runs(sweep_dir / RUNS_TABLE, summaries, keys)
-        write_curves(sweep_dir / CURVES_TABLE, [(p, s, d) for (p, s, _),
-                                                (_, d) in zip(summaries, run_dirs, strict=True)],
-                     keys)
+        write_curves(sweep_dir / CURVES_TABLE, [(r["point"], r["seed"], Path(r["run_dir"])) for r in runs], keys)
         write_heterogeneity(sweep_dir / HETEROGENEITY_TABLE, table, keys)
     except Exception as err:
         write_json_atomic(sweep_dir / SWEEP_RECORD, {**record, "aggregation_error": f"{type(err).__name__}: {err}"})
@@ -278,17 +312,22 @@ def _refuse_equal_points(points: list[tuple[dict[str, Any], Config]]) -> None:
         seen[key] = point
 
 
-def _check_resumable(sweep_dir: Path, configs: list[tuple[dict[str, Any], int, Config]],
-                     request: dict[str, Any]) -> None:
-    """Refuse to resume a sweep with a different config: its completed runs would be thrown away."""
-
+def _check_resumable(sweep_dir: Path, configs: list[SweepRun], request: dict[str, Any]) -> None:
+    """Refuse to resume a sweep with a different config, or with its methods run otherwise (``--each-method``, whose
+    runs are folders of their own): its completed runs would be thrown away, or run again beside them."""
+    made = sweep_dir / SWEEP_REQUEST
+    apart = json.loads(made.read_text()).get("each_method", False) if made.is_file() else False
+    if apart != request.get("each_method", False):
+        raise ConfigError(f"--resume {str(sweep_dir)!r} {'without' if apart else 'with'} --each-method is not allowed: "
+                          f"the sweep was made {'with' if apart else 'without'} it (its runs are "
+                          f"{'one a method' if apart else 'whole'}); expected the same flags as the first time")
     changed = []
-    for point, _s, cfg in configs:
-        run_dir = _run_dir(sweep_dir, point, cfg)
+    for run in configs:
+        run_dir = _run_dir(sweep_dir, run)
         done = run_dir / CONFIG
-        if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, cfg):
+        if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, run.cfg):
             old = migrate_legacy(yaml.safe_load(done.read_text()))  # an older hetfed's keys where they are now
-            changed.append((run_dir, config_diff(old, cfg.model_dump(mode="json"))))
+            changed.append((run_dir, config_diff(old, run.cfg.model_dump(mode="json"))))
     if changed:
         run_dir, diff = changed[0]
         raise RunError(
@@ -308,22 +347,21 @@ def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
     return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
-def _run_one(raw: dict[str, Any], run_dir: str, executor: Any = None, lines: RunLines | None = None,
+def _run_one(raw: dict[str, Any], run_dir: str, sweep_dir: str, executor: Any = None, lines: RunLines | None = None,
              console: Console | None = None) -> tuple[str, object]:
-    """One grid point × seed: ("ok", summary) or ("failed", the one-line error). Runs in a worker (or a thread of
-    a stacked sweep, ``executor`` its shared kind) too; ``lines``: where its rounds are told (on ``console``, or
-    one of the worker's own)."""
+    """One grid point × seed (or one of its methods): ("ok", summary) or ("failed", the one-line error). Runs in a
+    worker (or a thread of a stacked sweep, ``executor`` its shared kind) too; ``lines``: where its rounds are told
+    (on ``console``, or one of the worker's own)."""
     from hetfed.runs.runner import run_experiment
 
     resume = (Path(run_dir) / CONFIG).is_file()  # left in place by --resume: it has a checkpoint
     try:
-        run = Path(run_dir)
+        sweep, within = Path(sweep_dir), Path(run_dir).relative_to(sweep_dir)
         return "ok", run_experiment(build_config(raw), out=run_dir, progress=False, resume=resume, executor=executor,
                                     display=lines.display(console) if lines is not None else None,
-                                    tracking_root=run.parent.parent,  # the sweep's directory: one MLflow store
-                                    tracking_tags={"hetfed.sweep": run.parent.parent.name,
-                                                   "hetfed.point": run.parent.name,
-                                                   "hetfed.run_name": f"{run.parent.name}/{run.name}"}).summary
+                                    tracking_root=sweep,  # one MLflow store
+                                    tracking_tags={"hetfed.sweep": sweep.name, "hetfed.point": within.parts[0],
+                                                   "hetfed.run_name": within.as_posix()}).summary
     except HetfedError as err:
         return "failed", str(err)
 
@@ -347,7 +385,7 @@ def worker_threads(jobs: int) -> int:
 
 
 def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: int,
-                  tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+                  tracker: SweepProgress, sweep_dir: Path) -> dict[int, tuple[str, object]]:
     import multiprocessing
     from concurrent.futures import FIRST_COMPLETED, ProcessPoolExecutor, wait
 
@@ -359,7 +397,8 @@ def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: in
         try:
             for place, (i, point, cfg, run_dir) in enumerate(todo, tracker.done + 1):
                 lines = tracker.within(place, point, cfg.seed)
-                pending[pool.submit(_run_one, cfg.model_dump(mode="json"), str(run_dir), None, lines)] = (i, point, cfg)
+                pending[pool.submit(_run_one, cfg.model_dump(mode="json"), str(run_dir), str(sweep_dir), None,
+                                    lines)] = (i, point, cfg)
                 tracker.started(point, cfg.seed)
             while pending:
                 done, _ = wait(pending, return_when=FIRST_COMPLETED)
@@ -387,7 +426,7 @@ def _check_stackable(configs: list[SweepRun]) -> None:
 
     executors = registry_of("executor")
     usable = sorted(name for name, kind in executors.items() if kind.stackable)
-    for _point, _s, cfg in configs:
+    for cfg in (run.cfg for run in configs):
         for method in cfg.methods:
             name = cfg.method_train(method).executor
             if not executors.get(name).stackable:
@@ -401,7 +440,7 @@ def _check_stackable(configs: list[SweepRun]) -> None:
 
 
 def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
-                 tracker: SweepProgress) -> dict[int, tuple[str, object]]:
+                 tracker: SweepProgress, sweep_dir: Path) -> dict[int, tuple[str, object]]:
     """Every run on a thread of its own, their rounds' client steps computed together (the stacking kind)."""
     import threading
 
@@ -413,7 +452,7 @@ def _run_stacked(todo: list[tuple[int, dict[str, Any], Config, Path]],
     def one(i: int, point: dict[str, Any], cfg: Config, run_dir: Path) -> None:
         kind.join()
         try:
-            outcome: tuple[str, object] = _run_one(cfg.model_dump(mode="json"), str(run_dir), kind)
+            outcome: tuple[str, object] = _run_one(cfg.model_dump(mode="json"), str(run_dir), str(sweep_dir), kind)
         except BaseException as err:  # noqa: BLE001  (a bug in one run must not hang the others)
             outcome = ("failed", f"{type(err).__name__}: {err}")
             if isinstance(err, KeyboardInterrupt):
@@ -445,9 +484,6 @@ def _time_limit(todo: list[tuple[int, dict[str, Any], Config, Path]]) -> float |
 
 def _completed(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
     """The summary of a completed run made with exactly this config, else None."""
-    import json
-
-
     summary, config = run_dir / SUMMARY, run_dir / CONFIG
     if summary.is_file() and config.is_file() and same_config(config, cfg):
         loaded: dict[str, Any] = json.loads(summary.read_text())

@@ -81,6 +81,18 @@ def point_dir(point: dict[str, Any]) -> str:
     return raw[:NAME_MAX - len(digest) - 1].decode(errors="ignore") + "~" + digest
 
 
+def shown_point(point: dict[str, Any], method: str | None = None) -> dict[str, Any]:
+    """A run's grid point as progress lines and reports name it: with its method where it trains one of the point's
+    (``--each-method``)."""
+    return point if method is None else {**point, "method": method}
+
+
+def method_dir(label: str) -> str:
+    """The folder, within its seed's, of a run that trains one of a point's methods (``hetfed sweep
+    --each-method``): ``method=<label>``, named as a grid point's is."""
+    return point_dir(shown_point({}, label))
+
+
 def write_heterogeneity(path: Path, rows: list[dict[str, Any]], keys: list[str]) -> None:
     """Table 1 of the CGAU paper: Γ (and label skew) per grid point, mean ± 95% CI."""
     cols = [*keys, "metric", "mean", "ci95", "n"]
