@@ -313,7 +313,8 @@ def _read_runs(sweep: Path):
     failed otherwise, and runs moved aside by ``--resume``, are left out."""
     import yaml
 
-    for run_dir in sorted(p.parent for p in sweep.glob("*/seed=*/config.yaml") if ".incomplete-" not in p.parent.name):
+    made = [*sweep.glob("*/seed=*/config.yaml"), *sweep.glob("*/seed=*/method=*/config.yaml")]  # --each-method's
+    for run_dir in sorted(p.parent for p in made if ".incomplete-" not in str(p.parent.relative_to(sweep))):
         methods = yaml.safe_load((run_dir / "config.yaml").read_text())["methods"]
         configured = {m["algorithm"] for m in methods}
         if (run_dir / "summary.json").exists():

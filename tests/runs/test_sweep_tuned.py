@@ -187,3 +187,18 @@ def test_a_grid_with_no_setting_to_choose_shows_no_choice_and_the_api_refuses_on
     assert "its validation chose" not in capsys.readouterr().out
     with pytest.raises(ConfigError, match=r"holds no setting to choose: expected a grid over one of a method's own"):
         hetfed.open_sweep(tmp_path / "s").tuned()
+
+
+def test_a_grid_over_methods_each_named_once_offers_no_choice(tmp_path, capsys):
+    """Each method has one point of such a grid: its "chosen" point would be the only one (the table printed it). A
+    method named at two points (FedProx at two μ) is chosen between them."""
+    at = FAST.index("methods=[{algorithm: fedavg}]")
+    fast = FAST[:at - 1] + FAST[at + 1:]  # the grid sets the methods
+    once = "methods=[{algorithm: fedavg}],[{name: prox, algorithm: fedprox}]"
+    assert main(["sweep", *fast, "--grid", once, "--out", str(tmp_path / "once")]) == 0
+    assert "its validation chose" not in capsys.readouterr().out
+    assert hetfed.open_sweep(tmp_path / "once").tuned().empty
+    twice = "methods=[{name: prox, algorithm: fedprox, params: {mu: 0.01}}],[{name: prox, algorithm: fedprox}]"
+    assert main(["sweep", *fast, "--grid", twice, "--out", str(tmp_path / "twice")]) == 0
+    assert "each method at the methods its validation chose" in capsys.readouterr().out
+    assert list(hetfed.open_sweep(tmp_path / "twice").tuned()["method"]) == ["prox"]

@@ -306,9 +306,15 @@ def _lower_is_better(by: str) -> bool:
 
 
 def _choosable(rows: Iterable[dict[str, Any]], keys: list[str]) -> bool:
-    """Whether ``rows`` (aggregated, or runs.csv's) hold two or more values of the keys a choice is made over."""
-    over = tuned_over(keys)
-    return len({tuple(r[k] for k in over) for r in rows if r["method"] != "(data)"}) >= 2
+    """Whether ``rows`` (aggregated, or runs.csv's) give some method two or more values of the keys a choice is made
+    over within one task: a grid over methods each named once (``--grid "methods=[…],[…]"``) gives each one point,
+    and a table of each at its "chosen" point would repeat the sweep's."""
+    over, held = tuned_over(keys), task_keys(keys)
+    points: dict[tuple[Any, ...], set[tuple[Any, ...]]] = {}
+    for r in rows:
+        if r["method"] != "(data)":
+            points.setdefault((r["method"], *(r[k] for k in held)), set()).add(tuple(r[k] for k in over))
+    return any(len(values) >= 2 for values in points.values())
 
 
 def check_choice(keys: list[str], rows: list[dict[str, Any]], metrics: Iterable[str]) -> None:
