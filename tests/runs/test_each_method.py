@@ -55,7 +55,13 @@ def test_each_methods_runs_train_side_by_side_and_give_the_whole_runs_tables(tmp
     stacked = _sweep(tmp_path / "stacked", "--stack")
     assert set(trained) == {("fedavg", "fedavg"), ("knnper", "knnper"), ("fedprox", "fedprox")}  # one at a time
     trained.clear()
+    prepared: list[int] = []
+    from hetfed import pipeline
+
+    preparing = pipeline._prepare
+    monkeypatch.setattr(pipeline, "_prepare", lambda *a: prepared.append(1) or preparing(*a))
     each = _sweep(tmp_path / "each", "--stack", "--each-method")
+    assert len(prepared) == 2  # a seed's data, partition and Γ once for its three methods' runs
     # kNN-Per trains with FedAvg's step: both methods' runs of both seeds in one stack; FedProx's apart, beside them
     assert trained == [("fedavg", "fedavg", "knnper", "knnper"), ("fedprox", "fedprox")] * 3, trained
     _as_one_by_one(_runs(each), _runs(whole))
