@@ -94,3 +94,16 @@ def test_a_sweep_of_each_method_resumes_its_finished_runs_and_needs_no_stack(tmp
     assert main([*ARGS, "--each-method", "--set", "train.rounds=2", "--resume", "--out", str(whole)]) == 2
     for table in ("runs.csv", "sweep.csv", "curves.csv", "heterogeneity.csv"):  # one by one: the same, to the bit
         assert _table(each / table) == _table(whole / table), table
+
+
+def test_a_method_beside_one_that_needs_server_data_trains_on_the_same_clients_apart(tmp_path):
+    """``server_data.source: auto`` cuts a holdout from the clients' pool when any method of the config needs one
+    (FedDF's distillation set): FedAvg beside FedDF trains on less data than FedAvg alone. Apart, it keeps the whole
+    config's clients: the tables are the whole run's to the bit."""
+    methods = "methods=" + json.dumps([{"algorithm": "fedavg"}, {"algorithm": "feddf",
+                                                                 "params": dict(registry.get("feddf").quick)}])
+    args = [*ARGS[:ARGS.index(METHODS) - 1], *ARGS[ARGS.index(METHODS) + 1:], "--set", methods, "--set",
+            "server_data.max_samples=60", "--seeds", "1", "--set", "train.rounds=2"]
+    assert main([*args, "--out", str(tmp_path / "whole")]) == 0
+    assert main([*args, "--each-method", "--out", str(tmp_path / "each")]) == 0
+    assert _table(tmp_path / "each" / "runs.csv") == _table(tmp_path / "whole" / "runs.csv")

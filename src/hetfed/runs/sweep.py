@@ -171,8 +171,13 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int, each_meth
 
 
 def _each_method(run: SweepRun) -> list[SweepRun]:
-    """``run`` as one run per method of its config, in its order: each the config with that method alone."""
+    """``run`` as one run per method of its config, in its order: each the config with that method alone, and what
+    the whole config resolves from its set of methods kept — the server's data (``server_data.source: auto`` cuts a
+    holdout from the clients' pool when any method needs one: FedAvg beside FedDF trains on less data than alone)."""
+    from hetfed.server_data import wanted
+
     given = as_given(run.cfg)
+    given["server_data"] = {**given.get("server_data", {}), "source": wanted(run.cfg)}
     return [SweepRun(run.point, run.s, build_config({**given, "methods": [entry]}), method.label)
             for entry, method in zip(given["methods"], run.cfg.methods, strict=True)]
 
