@@ -87,8 +87,8 @@ def run_sweep(
     of clients (:mod:`hetfed.executors.stacked_runs`; the same numbers as one by one: equal to the bit on a CPU).
 
     ``each_method`` makes each of a point's methods a run of its own (``seed=<s>/method=<label>``): a run's methods
-    share its federation and seed and nothing else, so their numbers are the whole run's, and the tables gather them
-    as one run's. Why: within a run the methods train one after another, so a stacked sweep's stack held one
+    share its federation and seed and nothing else (each keeps the server data the whole config resolves:
+    :func:`_each_method`), so their numbers are the whole run's, and the tables gather them as one run's. Why: within a run the methods train one after another, so a stacked sweep's stack held one
     method's runs at a time; split, every method's runs train side by side — sharing a stack where their steps or
     evaluations are the same computation — and ``jobs`` spreads one point's methods over the workers.
 
