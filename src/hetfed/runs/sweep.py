@@ -88,9 +88,10 @@ def run_sweep(
 
     ``each_method`` makes each of a point's methods a run of its own (``seed=<s>/method=<label>``): a run's methods
     share its federation and seed and nothing else (each keeps the server data the whole config resolves:
-    :func:`_each_method`), so their numbers are the whole run's, and the tables gather them as one run's. Why: within a run the methods train one after another, so a stacked sweep's stack held one
-    method's runs at a time; split, every method's runs train side by side — sharing a stack where their steps or
-    evaluations are the same computation — and ``jobs`` spreads one point's methods over the workers.
+    :func:`_each_method`), so their numbers are the whole run's, and the tables gather them as one run's. Why:
+    within a run the methods train one after another, so a stacked sweep's stack held one method's runs at a time;
+    split, every method's runs train side by side — sharing a stack where their steps or evaluations are the same
+    computation — and ``jobs`` spreads one point's methods over the workers.
 
     With ``resume``, ``out`` may hold an earlier run of this sweep: a completed run
     directory whose resolved config matches is reused; a failed or killed one with a
