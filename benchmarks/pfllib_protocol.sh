@@ -7,7 +7,8 @@
 # The methods are split into PROCS processes sharing the GPU (default: one a line below, at most one a core; with
 # fewer, each takes every PROCS-th line) — a cnn4 round of 20 clients is launch-bound: one process leaves the GPU
 # mostly idle; beyond ~6 processes none is gained, results/gpu_h200_2026-11-28 — each a
-# `hetfed sweep --stack` of its methods × 3 seeds (each method's seeds one stack of clients). Each run's rounds stop
+# `hetfed sweep --methods NAMES --each-method --stack` × 3 seeds (every method's runs one stack of clients, each run
+# one method as its entry in the config has it). Each run's rounds stop
 # once they have taken ROUNDS_S seconds (train.time_limit; default BUDGET − 60, the rest for starting, loading and
 # the runs' ends): its last round is evaluated and the run ends as a run does — FedBABU's fine-tuning, summaries,
 # the sweep's tables. At BUDGET seconds every sweep still going gets SIGTERM: its runs are marked stopped, each
@@ -42,17 +43,6 @@ config=configs/leaderboard_pfllib_fmnist.yaml
 groups=('pfedme fedavg' 'perfedavg fedper local' 'ditto apfl' 'fedgen fedrep fedbabu' 'fedcp gpfl fedrod'
         'fedala fedfomo feddbe fedproto fedprox')
 if [ -n "${METHOD_GROUPS:-}" ]; then IFS=';' read -ra groups <<< "$METHOD_GROUPS"; fi  # other lines, ';' between
-entries() {  # the named methods' entries in $config as --grid's values, [{…}],[{…}] (a name it lacks: an error)
-    $py - "$config" "$@" <<'PY'
-import json, sys
-from hetfed.config_io import method_entries
-from hetfed.errors import ConfigError
-try:
-    print(",".join(f"[{json.dumps(e)}]" for e in method_entries(sys.argv[1], sys.argv[2:])))
-except ConfigError as err:
-    sys.exit(f"error: {err}")
-PY
-}
 cores=$(nproc)
 n=${PROCS:-$((cores < ${#groups[@]} ? cores : ${#groups[@]}))}  # no more processes than cores (the H200 lent on
 # 2026-11-30 had 4: six processes there waited for the cores, not the GPU)
@@ -60,7 +50,10 @@ lines=()  # each process's methods, all read before any starts
 for ((g = 0; g < n; g++)); do
     names=${groups[g]}
     for ((h = g + n; h < ${#groups[@]}; h += n)); do names+=" ${groups[h]}"; done  # fewer processes than lines
-    lines+=("$(entries $names)") || exit 2
+    names=${names// /,}
+    # a name $config lacks stops the script here, before any sweep starts (hetfed config's one-line error)
+    $py -m hetfed config "$config" --methods "$names" > /dev/null || exit 2
+    lines+=("$names")
 done
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv
   $py -c "import sys, torch; print(sys.version.split()[0], torch.__version__, torch.version.cuda)"
@@ -73,7 +66,7 @@ for ((g = 0; g < n; g++)); do
     sweeps+=("$work/g$g")
     OMP_NUM_THREADS=${THREADS:-2} timeout -k 30 -s TERM "$budget" $py -c \
         "import sys; from hetfed.cli import entry; sys.argv[0] = 'hetfed'; entry()" \
-        sweep "$config" --grid "methods=$methods" --seeds 3 --stack \
+        sweep "$config" --methods "$methods" --each-method --seeds 3 --stack \
         --set train.rounds=2000 --set train.device="$device" --set dataset.name="${DATASET:-fashion-mnist}" \
         --set heterogeneity.gamma=false --set train.checkpoint_every=null --out "$work/g$g" \
         --set train.memory_budget_mb="${MEMORY_MB:-2000}" --set train.time_limit="$rounds_s" \

@@ -22,7 +22,6 @@ import json
 import math
 import os
 import re
-import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -174,28 +173,20 @@ def test_every_file_a_gpu_script_names_is_there() -> None:
 
 
 def test_the_pfllib_protocol_script_runs_each_method_as_the_protocols_config_has_it(tmp_path: Path) -> None:
-    """``pfllib_protocol.sh`` names its methods and runs each as its entry in the protocol's config (its parameters
-    and train settings): it wrote them out before, and its Per-FedAvg had neither of the config's PFLlib settings.
-    Every name it runs is the config's; a name the config lacks stops it before any sweep starts."""
+    """``pfllib_protocol.sh`` names its methods and runs each as its entry in the protocol's config (``--methods``:
+    its parameters and train settings; it wrote them out once, and its Per-FedAvg had neither of the config's
+    PFLlib settings): PFLlib's 17 that hetfed has and Local, every name the config's. A name the config lacks stops
+    it before any sweep starts."""
     from hetfed.config import load_config
 
     script = BENCHMARKS / "pfllib_protocol.sh"
     config = load_config(str(BENCHMARKS.parent / "configs" / "leaderboard_pfllib_fmnist.yaml"))
-    # the script's own method lines and `entries`, as it runs them
-    lines = "\n".join(ln for ln in script.read_text().split("cores=$(nproc)")[0].splitlines()
-                      if not ln.startswith(("set -u", "cd ", "mkdir ", "export ")))
-    env = {**{k: v for k, v in os.environ.items() if k != "METHOD_GROUPS"}, "PYTHON": sys.executable}
-    out = subprocess.run(["bash", "-c", f"cd {shlex.quote(str(BENCHMARKS.parent))}\n{lines}\n"
-                          "for g in \"${groups[@]}\"; do entries $g; done"],
-                         capture_output=True, text=True, check=True, env=env).stdout
-    ran = [entry for line in out.splitlines() for entry in json.loads(f"[{line}]")]  # [{…}],[{…}] a line
-    expected = {m.name: m for m in config.methods}
-    assert len(ran) == 18  # PFLlib's 17 that hetfed has, and Local
-    for [entry] in ran:
-        method = expected[entry["name"]]
-        assert (entry["algorithm"], entry.get("params", {}), entry.get("train", {})) == \
-            (method.algorithm, method.params, method.train), entry["name"]
-    env = {**env, "OUT": str(tmp_path / "out"), "METHOD_GROUPS": "fedavg;no_such_method", "DEVICE": "cpu"}
+    groups = re.search(r"groups=\((.*?)\)", script.read_text(), re.S).group(1)  # type: ignore[union-attr]
+    names = [name for line in re.findall(r"'([^']*)'", groups) for name in line.split()]
+    assert len(names) == len(set(names)) == 18 and set(names) <= {m.name for m in config.methods}
+    assert '--methods "$methods" --each-method' in script.read_text()
+    env = {**os.environ, "PYTHON": sys.executable, "OUT": str(tmp_path / "out"),
+           "METHOD_GROUPS": "fedavg;no_such_method", "DEVICE": "cpu"}
     done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=env)
     assert done.returncode == 2 and "has no method named ['no_such_method']" in done.stderr
     assert not [p.name for p in (tmp_path / "out").iterdir()]  # nothing started, nothing written

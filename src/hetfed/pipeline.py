@@ -64,11 +64,17 @@ class Built:
 
 
 def build_federation(config: Config, *, progress: bool = True, status: Console | None = None) -> Built:
-    """Load, embed, cut the server's holdout, partition: the one path to a config's federation.
+    """Load, embed, cut the server's holdout, partition: the one path to a config's federation — inside
+    :func:`sharing`, built once however many ask (a sweep's check of its first run, then that run's preparation).
 
     The simulator and every Flower node call this, so they train on the same clients and
     the server's unlabeled holdout (``server_data``) is never any client's data.
     """
+    return _once(_resolved_key(config, "federation", FEDERATION_SECTIONS),
+                 lambda: _build_federation(config, progress, status))
+
+
+def _build_federation(config: Config, progress: bool, status: Console | None) -> Built:
     from dataclasses import replace
 
     from hetfed.server_data import split_off
@@ -130,8 +136,10 @@ def share_in_this_process() -> None:
 
 #: the config's sections loading and embedding depend on (the plugins may register a dataset or an embedding)
 DATA_SECTIONS = ("dataset", "embed", "plugins")
-#: and those a preparation depends on besides: the server's holdout, the partition, how Γ is measured, the seed
-PREPARATION_SECTIONS = (*DATA_SECTIONS, "server_data", "partition", "heterogeneity", "seed")
+#: and those a federation depends on besides: the server's holdout, the partition, the seed
+FEDERATION_SECTIONS = (*DATA_SECTIONS, "server_data", "partition", "seed")
+#: and a preparation: how Γ is measured
+PREPARATION_SECTIONS = (*FEDERATION_SECTIONS, "heterogeneity")
 
 
 def unread_by_preparation(config: Config, items: list[str] | None) -> list[str]:
@@ -155,9 +163,14 @@ def _key(config: Config, what: str, sections: tuple[str, ...], **resolved: Any) 
 def preparation_key(config: Config) -> str:
     """What a preparation depends on: :data:`PREPARATION_SECTIONS`, whether the server holds data (as
     resolved) and whether it keeps their labels."""
+    return _resolved_key(config, "preparation", PREPARATION_SECTIONS)
+
+
+def _resolved_key(config: Config, what: str, sections: tuple[str, ...]) -> str:
+    """:func:`_key` with the server's data as resolved: whether it holds any, and whether it keeps their labels."""
     from hetfed.server_data import labelled, wanted
 
-    return _key(config, "preparation", PREPARATION_SECTIONS, server_holds=wanted(config), labelled=labelled(config))
+    return _key(config, what, sections, server_holds=wanted(config), labelled=labelled(config))
 
 
 def prepare(config: Config, *, progress: bool = True, status: Console | None = None) -> Prepared:

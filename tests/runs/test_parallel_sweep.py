@@ -67,7 +67,7 @@ def test_a_sweeps_runs_share_their_preparation_where_only_training_differs(tmp_p
     assert (len(calls), len(loads)) == (2, 1)
     monkeypatch.setattr(sweep, "sharing", contextlib.nullcontext)  # every run prepares its own
     assert main([*args, "--out", str(tmp_path / "own")]) == 0
-    assert (len(calls), len(loads)) == (6, 5)
+    assert (len(calls), len(loads)) == (6, 6)  # unshared, the sweep's check of its first run's plan loads once more
 
     from tests.runs.test_stacked_sweep import _equal, _runs
 

@@ -196,6 +196,19 @@ def test_sweep_survives_an_impossible_point(tmp_path):
     assert {r["partition.min_size"] for r in sweep["rows"]} == {5}
 
 
+def test_sweep_every_run_refused_by_its_plan_writes_nothing(tmp_path, capsys):
+    """kNN-Per needs a body and a head, a logistic regression has neither: a check that needs the federation. The
+    sweep used to run every run to that refusal and write a folder of empty tables and a report, exit 2."""
+    cfg_path = tmp_path / "c.yaml"
+    cfg_path.write_text("model:\n  kind: logreg\nmethods:\n  - algorithm: knnper\ntrain:\n  rounds: 2\n"
+                        "partition:\n  clients: 4\n")
+    out = tmp_path / "s"
+    assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("error: methods.0.algorithm = 'knnper' is not allowed") and "\n" not in err, err
+    assert not out.exists()
+
+
 def test_sweep_resume_reuses_completed_runs(tmp_path):
     cfg_path = tmp_path / "c.yaml"
     cfg_path.write_text("train:\n  rounds: 2\npartition:\n  clients: 4\n")

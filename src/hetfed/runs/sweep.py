@@ -103,8 +103,9 @@ def run_sweep(
     configs = plan_sweep(config, grid, seeds, each_method)
     if stack:
         _check_stackable(configs)
-    sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
+        _refuse_unplannable(configs)
+        sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
         outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
     summaries, runs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, runs, failed)
@@ -169,6 +170,26 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int, each_meth
     _refuse_equal_points([(run.point, run.cfg) for run in configs if run.s == 0])
     _note_unread_grid_keys([run.cfg for run in configs if run.s == 0], list(grid))
     return [part for run in configs for part in _each_method(run)] if each_method else configs
+
+
+def _refuse_unplannable(configs: list[SweepRun]) -> None:
+    """A sweep none of whose runs its federation or its plan would accept (kNN-Per on a model with no hidden layer:
+    a check that needs the data) refused with the first run's one-line error, before its folder is written. The
+    runs are tried in order until one plans, first seeds first: usually the first — its federation built here is
+    the one its run then prepares on (:func:`sharing`; in ``--jobs`` workers, built again). One impossible point
+    among possible ones is the sweep's to record (``failed`` in sweep.json), not a refusal."""
+    from hetfed.pipeline import build_federation
+    from hetfed.runs.plan import plan
+
+    refused: list[ConfigError] = []
+    for run in sorted(configs, key=lambda run: run.s):
+        try:
+            plan(run.cfg, build_federation(run.cfg, progress=False).federation, None)
+            return
+        except ConfigError as err:
+            refused.append(err)
+    if refused:
+        raise refused[0]
 
 
 def _each_method(run: SweepRun) -> list[SweepRun]:
