@@ -14,6 +14,7 @@ import sys
 import warnings
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 from rich.console import Console
 from rich.table import Table
@@ -28,6 +29,9 @@ from hetfed.partition_export import COMMANDS_FILE, CONFIG_FILE, check_export, ex
 from hetfed.partition_report import check_figure_path, partition_report, print_partition
 from hetfed.registry import KINDS
 from hetfed.runs.rundir import SUMMARY
+
+if TYPE_CHECKING:
+    from hetfed.config import Config
 
 console: Console = make_console()
 err_console: Console = make_console(stderr=True)
@@ -98,6 +102,10 @@ def build_parser() -> argparse.ArgumentParser:
                         "parallel")
     p.add_argument("--quiet", action="store_true",
                    help="no progress and no table; print only the sweep directory (and failures)")
+    p.add_argument("--dry-run", action="store_true",
+                   help="check the sweep as it is checked before it runs (every point's settings, a run's plan on "
+                        "its data) and list its runs and what it would do with each (train; with --resume: reuse, "
+                        "continue, redo); nothing trained or written")
     _add_no_report(p)
     p.set_defaults(func=cmd_sweep)
 
@@ -409,10 +417,32 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.methods is not None and "methods" in grid:
         raise ConfigError(f"--grid methods is not allowed with --methods {','.join(args.methods)!r}: every grid "
                           "point's methods would replace the ones chosen; expected one of them")
+    if args.dry_run:
+        return _dry_run(config, grid, args)
     sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
                              present=None if args.no_report else present_sweep, resume=args.resume,
                              jobs=args.jobs, stack=args.stack, each_method=args.each_method)
     _no_report_line(args, sweep_dir)
+    return 0
+
+
+def _dry_run(config: Config, grid: dict[str, list[Any]], args: argparse.Namespace) -> int:
+    """``hetfed sweep --dry-run``: each run's folder and fate (``--quiet``: the count alone)."""
+    from collections import Counter
+
+    from hetfed.runs.sweep import dry_run
+
+    runs = dry_run(config, grid, seeds=args.seeds, out=args.out, resume=args.resume, jobs=args.jobs,
+                   stack=args.stack, each_method=args.each_method)
+    if not args.quiet:
+        width = max(len(str(folder)) for folder, _ in runs)
+        for folder, fate in runs:
+            console.print(f"{str(folder):<{width}}  {fate}", markup=False, soft_wrap=True)
+    fates = ", ".join(f"{n} to {fate}" for fate, n in Counter(fate for _, fate in runs).items())
+    where = args.out if args.out is not None else f"a new folder in {config.out_dir}/"
+    how = "stacked" if args.stack else f"in {args.jobs} processes" if args.jobs > 1 else "one at a time"
+    console.print(f"dry run: {len(runs)} runs ({fates}; {how}) in {where}: checked, nothing trained or written",
+                  markup=False, soft_wrap=True)
     return 0
 
 

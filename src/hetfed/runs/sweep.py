@@ -35,6 +35,7 @@ from hetfed.runs.rundir import (
     SWEEP_RECORD,
     SWEEP_REQUEST,
     SWEEP_TABLE,
+    check_out,
     new_run_dir,
     write_json_atomic,
 )
@@ -125,8 +126,8 @@ def run_sweep(
 
 def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume: bool, jobs: int, stack: bool) -> None:
     """What is refused before any point runs or any file is written (every point would fail the same way): the
-    sweep's own arguments, a tracker that is not installed, a value of ``HETFED_MALLOC`` (whose allocator setting is
-    made here, once a process)."""
+    sweep's own arguments (an ``out`` to make that is a file or not empty), a tracker that is not installed, a value
+    of ``HETFED_MALLOC`` (whose allocator setting is made here, once a process)."""
     from hetfed.runs.tracking import check_trackers
 
     if jobs < 1:
@@ -138,6 +139,8 @@ def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume:
     if stack and jobs > 1:
         raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
                           "run in this process, --jobs in worker processes)")
+    if not (resume and out is not None and Path(out).is_dir()):
+        check_out(out)  # before the data are loaded for the plan's check
     keep_freed_memory()
     check_trackers(config.tracking)
 
@@ -212,9 +215,7 @@ def _run_dir(sweep_dir: Path, run: SweepRun) -> Path:
 def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[SweepRun], out: str | Path | None,
                     resume: bool, each_method: bool = False) -> Path:
     """A new sweep directory, or the earlier one being resumed (checked to be this sweep); the request kept."""
-    base = config.model_dump(mode="json")
-    request = {"config": base, "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()},
-               **({"each_method": True} if each_method else {})}
+    request = _request(config, grid, each_method)
     if resume and out is not None and Path(out).is_dir():
         sweep_dir = Path(out)
         _check_resumable(sweep_dir, configs, request)
@@ -224,6 +225,43 @@ def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[Sw
     return sweep_dir
 
 
+def _request(config: Config, grid: dict[str, list[Any]], each_method: bool) -> dict[str, Any]:
+    """What a sweep was asked (sweep_request.json): a resume is checked against it."""
+    return {"config": config.model_dump(mode="json"), "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()},
+            **({"each_method": True} if each_method else {})}
+
+
+def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str | Path | None = None,
+            resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False
+            ) -> list[tuple[Path, str]]:
+    """The runs :func:`run_sweep` of these arguments would make, checked as it checks them before writing anything
+    (its arguments, every point's settings, a run's plan on its data) — each run's folder within the sweep's and
+    what the sweep would do with it (``train``; resuming ``out``: ``reuse`` a completed run, ``continue`` one from
+    its checkpoint, ``redo`` one that is neither, moved aside first) — with nothing trained or written. Why:
+    ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
+    _check_arguments(config, seeds, out, resume, jobs, stack)
+    configs = plan_sweep(config, grid, seeds, each_method)
+    if stack:
+        _check_stackable(configs)
+    with sharing():
+        _refuse_unplannable(configs)
+    existing = Path(out) if resume and out is not None and Path(out).is_dir() else None
+    if existing is not None:
+        _check_resumable(existing, configs, _request(config, grid, each_method))
+    return [(_run_dir(Path(), run), "train" if existing is None else _fate(_run_dir(existing, run), run.cfg, True))
+            for run in configs]
+
+
+def _fate(run_dir: Path, cfg: Config, resume: bool) -> str:
+    """What a sweep does with a run's folder: ``train`` it; resuming, ``reuse`` the completed run of this config
+    there, ``continue`` a failed or killed one from its checkpoint, or ``redo`` one that is neither."""
+    if not (resume and run_dir.exists()):
+        return "train"
+    if _completed(run_dir, cfg) is not None:
+        return "reuse"
+    return "continue" if _resumable(run_dir, cfg) else "redo"
+
+
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
                    console: Console | None, stack: bool = False) -> dict[int, tuple[str, object]]:
     """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
@@ -231,13 +269,12 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     outcome: dict[int, tuple[str, object]] = {}
     for i, run in enumerate(configs):
         run_dir = _run_dir(sweep_dir, run)
-        if resume and run_dir.exists():
-            reused = _completed(run_dir, run.cfg)
-            if reused is not None:
-                outcome[i] = ("ok", reused)
-                continue
-            if not _resumable(run_dir, run.cfg):
-                _move_aside(run_dir)  # else it continues from its checkpoint, in place
+        fate = _fate(run_dir, run.cfg, resume)
+        if fate == "reuse":
+            outcome[i] = ("ok", _completed(run_dir, run.cfg))
+            continue
+        if fate == "redo":
+            _move_aside(run_dir)  # a run to continue does so from its checkpoint, in place
         todo.append((i, run.shown, run.cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo),
                             measures_gamma=any(cfg.heterogeneity.gamma for _i, _p, cfg, _d in todo))

@@ -1,0 +1,71 @@
+"""``hetfed sweep --dry-run``: a sweep checked as it is before it runs, its runs listed with what it would do with
+each, nothing trained or written — and what it says is what the sweep then does."""
+
+import json
+from pathlib import Path
+
+from hetfed.cli import main
+
+REPO = Path(__file__).resolve().parents[2]
+SWEEP = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds=2", "--set", "partition.clients=4",
+         "--grid", "partition.shuffle=0,1", "--each-method"]
+
+
+def _listed(out: str) -> dict[str, str]:
+    """The dry run's lines: each run's folder → its fate."""
+    return dict(line.rsplit(maxsplit=1) for line in out.splitlines() if line and not line.startswith("dry run:"))
+
+
+def test_a_dry_run_lists_every_run_and_writes_nothing(tmp_path, monkeypatch, capsys):
+    monkeypatch.chdir(tmp_path)
+    assert main([*SWEEP, "--seeds", "2", "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert _listed(out) == {f"partition.shuffle={s}/seed={seed}/method={m}": "train"
+                            for s in (0, 1) for seed in (0, 1) for m in ("relu", "cgau")}
+    assert "dry run: 8 runs (8 to train; one at a time) in a new folder in runs/" in out
+    assert not list(tmp_path.iterdir())  # no runs/ folder, nothing else
+    assert main([*SWEEP, "--seeds", "2", "--dry-run", "--quiet", "--stack"]) == 0
+    assert capsys.readouterr().out.startswith("dry run: 8 runs (8 to train; stacked)")
+
+
+def test_a_resumed_dry_run_says_what_the_sweep_then_does(tmp_path, capsys):
+    sweep = tmp_path / "s"
+    assert main([*SWEEP, "--seeds", "1", "--out", str(sweep), "--quiet", "--no-report"]) == 0
+    broken = sweep / "partition.shuffle=1" / "seed=0" / "method=cgau"
+    (broken / "summary.json").unlink()  # as if killed before its checkpoint
+    kept = (sweep / "partition.shuffle=0" / "seed=0" / "method=relu" / "summary.json").read_text()
+    capsys.readouterr()
+    before = sorted(p.relative_to(sweep) for p in sweep.rglob("*"))
+    assert main([*SWEEP, "--seeds", "2", "--out", str(sweep), "--resume", "--dry-run"]) == 0
+    fates = _listed(capsys.readouterr().out)
+    assert sorted(p.relative_to(sweep) for p in sweep.rglob("*")) == before  # nothing written or moved
+    assert fates["partition.shuffle=1/seed=0/method=cgau"] == "redo"
+    assert [folder for folder, fate in fates.items() if fate == "reuse"] == [
+        "partition.shuffle=0/seed=0/method=relu", "partition.shuffle=0/seed=0/method=cgau",
+        "partition.shuffle=1/seed=0/method=relu"]
+    assert sum(fate == "train" for fate in fates.values()) == 4  # the second seed's
+    assert main([*SWEEP, "--seeds", "2", "--out", str(sweep), "--resume", "--quiet", "--no-report"]) == 0
+    assert (sweep / "partition.shuffle=0" / "seed=0" / "method=relu" / "summary.json").read_text() == kept  # reused
+    assert (broken.with_name("method=cgau.incomplete-1")).is_dir() and (broken / "summary.json").is_file()  # redone
+    runs = json.loads((sweep / "sweep.json").read_text())["runs"]
+    assert len(runs) == 8
+
+
+def test_a_dry_run_refuses_what_the_sweep_refuses_before_loading_what_it_need_not(tmp_path, monkeypatch, capsys):
+    """kNN-Per on a logistic regression: refused by the plan (a check on the data), one line, exit 2; a non-empty
+    ``--out``: refused before any data are loaded (the sweep's own check, now with its arguments)."""
+    config = tmp_path / "c.yaml"
+    config.write_text("model:\n  kind: logreg\nmethods:\n  - algorithm: knnper\ntrain:\n  rounds: 2\n")
+    assert main(["sweep", str(config), "--dry-run", "--out", str(tmp_path / "s")]) == 2
+    assert capsys.readouterr().err.startswith("error: methods.0.algorithm = 'knnper' is not allowed")
+    assert not (tmp_path / "s").exists()
+    (tmp_path / "full").mkdir()
+    (tmp_path / "full" / "x").write_text("")
+
+    def never(*_args):
+        raise AssertionError("the data were loaded")
+
+    monkeypatch.setattr("hetfed.pipeline.load_dataset", never)
+    for dry in ([], ["--dry-run"]):
+        assert main([*SWEEP, "--out", str(tmp_path / "full"), *dry]) == 2
+        assert "already exists and is not empty" in capsys.readouterr().err
