@@ -49,6 +49,20 @@ def test_gamma_is_the_same_number_with_the_blas_on_one_thread_or_two() -> None:
 
 
 @pytest.mark.parametrize("estimator", ["plain", "extrapolated"])
+def test_gamma_on_many_features_is_the_same_number_with_the_blas_on_one_thread_or_two(estimator: str) -> None:
+    """The pool's ``XᵀX`` (3 000 × 140 here) rounded by the BLAS's thread count (2.7e-12 apart) while each distance
+    had one thread: Γ moved in its 14th digit and the extrapolated Γ(x|y) in its 9th between a process whose BLAS
+    had one thread and one with two — and the side-by-side test below failed in a suite where an earlier test had
+    left the BLAS on one thread. Now the pool's product has one thread too."""
+    x, y, clients = _clients(d=140)
+    found = {}
+    for threads in (1, 2):
+        with threadpool_limits(limits=threads, user_api="blas"):
+            found[threads] = _measured(x, y, clients, estimator=estimator)
+    assert found[1] == found[2]
+
+
+@pytest.mark.parametrize("estimator", ["plain", "extrapolated"])
 def test_side_by_side_gives_the_numbers_one_after_another_gives(estimator: str,
                                                                monkeypatch: pytest.MonkeyPatch) -> None:
     x, y, clients = _clients(d=140)

@@ -427,18 +427,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def _dry_run(config: Config, grid: dict[str, list[Any]], args: argparse.Namespace) -> int:
-    """``hetfed sweep --dry-run``: each run's folder and fate (``--quiet``: the count alone)."""
+    """``hetfed sweep --dry-run``: each run's folder and fate (``--quiet``: the refused ones and the counts)."""
     from collections import Counter
 
     from hetfed.runs.sweep import dry_run
 
     runs = dry_run(config, grid, seeds=args.seeds, out=args.out, resume=args.resume, jobs=args.jobs,
                    stack=args.stack, each_method=args.each_method)
-    if not args.quiet:
-        width = max(len(str(folder)) for folder, _ in runs)
-        for folder, fate in runs:
+    width = max(len(str(folder)) for folder, _ in runs)
+    for folder, fate in runs:
+        if not args.quiet or fate.startswith("refused"):  # --quiet: the failures alone, as a sweep's
             console.print(f"{str(folder):<{width}}  {fate}", markup=False, soft_wrap=True)
-    fates = ", ".join(f"{n} to {fate}" for fate, n in Counter(fate for _, fate in runs).items())
+    kinds = Counter(fate.split(":")[0] for _, fate in runs)
+    fates = ", ".join(f"{n} {kind}" if kind == "refused" else f"{n} to {kind}" for kind, n in kinds.items())
     where = args.out if args.out is not None else f"a new folder in {config.out_dir}/"
     how = "stacked" if args.stack else f"in {args.jobs} processes" if args.jobs > 1 else "one at a time"
     console.print(f"dry run: {len(runs)} runs ({fates}; {how}) in {where}: checked, nothing trained or written",

@@ -154,7 +154,7 @@ class Pool:
 
 def pool(x: np.ndarray, clients: list[np.ndarray]) -> Pool:
     """The pooled statistics of ``clients``' rows of ``x`` (the features that vary among them), centred on their
-    mean (float64)."""
+    mean (float64); their ``XᵀX`` on one BLAS thread, as every distance is (:func:`one_blas_thread`)."""
     flat = np.asarray(x).reshape(len(x), -1)
     every = np.concatenate(clients)
     centred = flat[every].astype(np.float64)
@@ -164,7 +164,9 @@ def pool(x: np.ndarray, clients: list[np.ndarray]) -> Pool:
         centred = centred[:, kept]
     centre = centred.mean(axis=0)
     centred -= centre
-    return Pool(flat, kept, centre, centred.sum(axis=0), centred.T @ centred, len(every))
+    with one_blas_thread():  # the BLAS's threaded AᵀA rounds by its thread count (1e-12 of d = 140's, #74)
+        gram = centred.T @ centred
+    return Pool(flat, kept, centre, centred.sum(axis=0), gram, len(every))
 
 
 def client_distances(x: np.ndarray, clients: list[np.ndarray], which: list[int] | None = None,

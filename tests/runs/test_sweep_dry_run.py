@@ -13,7 +13,7 @@ SWEEP = ["sweep", str(REPO / "configs" / "default.yaml"), "--set", "train.rounds
 
 def _listed(out: str) -> dict[str, str]:
     """The dry run's lines: each run's folder → its fate."""
-    return dict(line.rsplit(maxsplit=1) for line in out.splitlines() if line and not line.startswith("dry run:"))
+    return dict(line.split(maxsplit=1) for line in out.splitlines() if line and not line.startswith("dry run:"))
 
 
 def test_a_dry_run_lists_every_run_and_writes_nothing(tmp_path, monkeypatch, capsys):
@@ -49,6 +49,20 @@ def test_a_resumed_dry_run_says_what_the_sweep_then_does(tmp_path, capsys):
     assert (broken.with_name("method=cgau.incomplete-1")).is_dir() and (broken / "summary.json").is_file()  # redone
     runs = json.loads((sweep / "sweep.json").read_text())["runs"]
     assert len(runs) == 8
+
+
+def test_a_dry_run_plans_every_run_and_names_those_the_sweep_would_record_failed(tmp_path, capsys):
+    """A point whose partition cannot be made (``min_size`` above any client's share) is one the sweep runs to
+    its failure and records in sweep.json; the dry run says so for each of its runs, with the reason."""
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  rounds: 2\npartition:\n  kind: dirichlet\n  clients: 4\n")
+    assert main(["sweep", str(config), "--grid", "partition.min_size=5,2000", "--seeds", "2", "--dry-run",
+                 "--quiet"]) == 0
+    out = capsys.readouterr().out
+    refused = _listed(out)  # --quiet: the refused runs alone
+    assert set(refused) == {"partition.min_size=2000/seed=0", "partition.min_size=2000/seed=1"}, out
+    assert all(fate.startswith("refused: partition.min_size = 2000 is not allowed") for fate in refused.values())
+    assert "dry run: 4 runs (2 to train, 2 refused; one at a time)" in out
 
 
 def test_a_dry_run_refuses_what_the_sweep_refuses_before_loading_what_it_need_not(tmp_path, monkeypatch, capsys):

@@ -181,18 +181,26 @@ def _refuse_unplannable(configs: list[SweepRun]) -> None:
     runs are tried in order until one plans, first seeds first: usually the first — its federation built here is
     the one its run then prepares on (:func:`sharing`; in ``--jobs`` workers, built again). One impossible point
     among possible ones is the sweep's to record (``failed`` in sweep.json), not a refusal."""
+    refused: list[HetfedError] = []
+    for run in sorted(configs, key=lambda run: run.s):
+        if (why := _refusal(run)) is None:
+            return
+        refused.append(why)
+    if refused:  # every run refused
+        raise refused[0]
+
+
+def _refusal(run: SweepRun) -> HetfedError | None:
+    """Why ``run``'s federation or plan refuses its config (a check that needs the data: a setting, a partition
+    that cannot be made, data that cannot be read), or None."""
     from hetfed.pipeline import build_federation
     from hetfed.runs.plan import plan
 
-    refused: list[ConfigError] = []
-    for run in sorted(configs, key=lambda run: run.s):
-        try:
-            plan(run.cfg, build_federation(run.cfg, progress=False).federation, None)
-            return
-        except ConfigError as err:
-            refused.append(err)
-    if refused:
-        raise refused[0]
+    try:
+        plan(run.cfg, build_federation(run.cfg, progress=False).federation, None)
+    except HetfedError as err:
+        return err
+    return None
 
 
 def _each_method(run: SweepRun) -> list[SweepRun]:
@@ -235,21 +243,25 @@ def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str
             resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False
             ) -> list[tuple[Path, str]]:
     """The runs :func:`run_sweep` of these arguments would make, checked as it checks them before writing anything
-    (its arguments, every point's settings, a run's plan on its data) — each run's folder within the sweep's and
-    what the sweep would do with it (``train``; resuming ``out``: ``reuse`` a completed run, ``continue`` one from
-    its checkpoint, ``redo`` one that is neither, moved aside first) — with nothing trained or written. Why:
-    ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
+    (its arguments, every point's settings) and every run's plan on its data — each run's folder within the sweep's
+    and what the sweep would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed;
+    resuming ``out``: ``reuse`` a completed run, ``continue`` one from its checkpoint, ``redo`` one that is neither,
+    moved aside first) — with nothing trained or written; every run refused is refused as the sweep refuses it.
+    Why: ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
     _check_arguments(config, seeds, out, resume, jobs, stack)
     configs = plan_sweep(config, grid, seeds, each_method)
     if stack:
         _check_stackable(configs)
     with sharing():
-        _refuse_unplannable(configs)
+        refusals = [_refusal(run) for run in configs]
+    if all(refusals):
+        raise refusals[0]  # type: ignore[misc]  # all are errors
     existing = Path(out) if resume and out is not None and Path(out).is_dir() else None
     if existing is not None:
         _check_resumable(existing, configs, _request(config, grid, each_method))
-    return [(_run_dir(Path(), run), "train" if existing is None else _fate(_run_dir(existing, run), run.cfg, True))
-            for run in configs]
+    return [(_run_dir(Path(), run), f"refused: {why}" if why is not None else
+             "train" if existing is None else _fate(_run_dir(existing, run), run.cfg, True))
+            for run, why in zip(configs, refusals, strict=True)]
 
 
 def _fate(run_dir: Path, cfg: Config, resume: bool) -> str:
@@ -257,9 +269,7 @@ def _fate(run_dir: Path, cfg: Config, resume: bool) -> str:
     there, ``continue`` a failed or killed one from its checkpoint, or ``redo`` one that is neither."""
     if not (resume and run_dir.exists()):
         return "train"
-    if _completed(run_dir, cfg) is not None:
-        return "reuse"
-    return "continue" if _resumable(run_dir, cfg) else "redo"
+    return "reuse" if _completed(run_dir, cfg) is not None else "continue" if _resumable(run_dir, cfg) else "redo"
 
 
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
