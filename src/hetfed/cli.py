@@ -433,7 +433,7 @@ def _dry_run(config: Config, grid: dict[str, list[Any]], args: argparse.Namespac
     from hetfed.runs.sweep import dry_run
 
     runs = dry_run(config, grid, seeds=args.seeds, out=args.out, resume=args.resume, jobs=args.jobs,
-                   stack=args.stack, each_method=args.each_method)
+                   stack=args.stack, each_method=args.each_method, status=None if args.quiet else err_console)
     width = max(len(str(folder)) for folder, _ in runs)
     for folder, fate in runs:
         if not args.quiet or fate.startswith("refused"):  # --quiet: the failures alone, as a sweep's

@@ -204,8 +204,9 @@ def test_sweep_every_run_refused_by_its_plan_writes_nothing(tmp_path, capsys):
                         "partition:\n  clients: 4\n")
     out = tmp_path / "s"
     assert main(["sweep", str(cfg_path), "--grid", "partition.shuffle=0,1", "--seeds", "2", "--out", str(out)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert err.startswith("error: methods.0.algorithm = 'knnper' is not allowed") and "\n" not in err, err
+    err = capsys.readouterr().err.splitlines()  # the loading's lines (as a run shows them), then one line
+    assert err[-1].startswith("error: methods.0.algorithm = 'knnper' is not allowed"), err
+    assert all(line.endswith((" …", " s")) for line in err[:-1]), err
     assert not out.exists()
 
 

@@ -105,7 +105,7 @@ def run_sweep(
     if stack:
         _check_stackable(configs)
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
-        _refuse_unplannable(configs)
+        _refuse_unplannable(configs, make_console(stderr=True) if progress else None)  # as a run's loading shows
         sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
         outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
     summaries, runs, failed = _collect(sweep_dir, configs, outcome)
@@ -175,29 +175,30 @@ def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int, each_meth
     return [part for run in configs for part in _each_method(run)] if each_method else configs
 
 
-def _refuse_unplannable(configs: list[SweepRun]) -> None:
+def _refuse_unplannable(configs: list[SweepRun], status: Console | None = None) -> None:
     """A sweep none of whose runs its federation or its plan would accept (kNN-Per on a model with no hidden layer:
     a check that needs the data) refused with the first run's one-line error, before its folder is written. The
     runs are tried in order until one plans, first seeds first: usually the first — its federation built here is
     the one its run then prepares on (:func:`sharing`; in ``--jobs`` workers, built again). One impossible point
-    among possible ones is the sweep's to record (``failed`` in sweep.json), not a refusal."""
+    among possible ones is the sweep's to record (``failed`` in sweep.json), not a refusal. ``status`` shows the
+    loading (an embedding not yet cached takes minutes)."""
     refused: list[HetfedError] = []
     for run in sorted(configs, key=lambda run: run.s):
-        if (why := _refusal(run)) is None:
+        if (why := _refusal(run, status)) is None:
             return
         refused.append(why)
     if refused:  # every run refused
         raise refused[0]
 
 
-def _refusal(run: SweepRun) -> HetfedError | None:
+def _refusal(run: SweepRun, status: Console | None = None) -> HetfedError | None:
     """Why ``run``'s federation or plan refuses its config (a check that needs the data: a setting, a partition
     that cannot be made, data that cannot be read), or None."""
     from hetfed.pipeline import build_federation
     from hetfed.runs.plan import plan
 
     try:
-        plan(run.cfg, build_federation(run.cfg, progress=False).federation, None)
+        plan(run.cfg, build_federation(run.cfg, progress=status is not None, status=status).federation, None)
     except HetfedError as err:
         return err
     return None
@@ -240,20 +241,20 @@ def _request(config: Config, grid: dict[str, list[Any]], each_method: bool) -> d
 
 
 def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str | Path | None = None,
-            resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False
-            ) -> list[tuple[Path, str]]:
+            resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False,
+            status: Console | None = None) -> list[tuple[Path, str]]:
     """The runs :func:`run_sweep` of these arguments would make, checked as it checks them before writing anything
     (its arguments, every point's settings) and every run's plan on its data — each run's folder within the sweep's
     and what the sweep would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed;
     resuming ``out``: ``reuse`` a completed run, ``continue`` one from its checkpoint, ``redo`` one that is neither,
-    moved aside first) — with nothing trained or written; every run refused is refused as the sweep refuses it.
-    Why: ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
+    moved aside first) — with nothing trained or written; every run refused is refused as the sweep refuses it
+    (``status``: where the loading shows). Why: ``hetfed sweep --dry-run`` checks a long study on a laptop first."""
     _check_arguments(config, seeds, out, resume, jobs, stack)
     configs = plan_sweep(config, grid, seeds, each_method)
     if stack:
         _check_stackable(configs)
     with sharing():
-        refusals = [_refusal(run) for run in configs]
+        refusals = [_refusal(run, None if i else status) for i, run in enumerate(configs)]  # the loading shown once
     if all(refusals):
         raise refusals[0]  # type: ignore[misc]  # all are errors
     existing = Path(out) if resume and out is not None and Path(out).is_dir() else None
