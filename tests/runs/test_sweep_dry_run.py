@@ -84,3 +84,4 @@ def test_a_dry_run_refuses_what_the_sweep_refuses_before_loading_what_it_need_no
     for dry in ([], ["--dry-run"]):
         assert main([*SWEEP, "--out", str(tmp_path / "full"), *dry]) == 2
         assert "already exists and is not empty" in capsys.readouterr().err
+

@@ -39,7 +39,7 @@ from hetfed.runs.rundir import (
     SWEEP_TABLE,
     write_json_atomic,
 )
-from hetfed.runs.sweep import config_diff
+from hetfed.runs.sweep_resume import config_diff
 from hetfed.runs.sweep_tables import (
     aggregate_values,
     write_heterogeneity,

@@ -17,10 +17,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
-import yaml
 from rich.console import Console
 
-from hetfed.config import Config, as_given, build_config, migrate_legacy
+from hetfed.config import Config, as_given, build_config
 from hetfed.console import make_console
 from hetfed.engine.host_memory import keep_freed_memory
 from hetfed.errors import ConfigError, HetfedError, RunError
@@ -31,7 +30,6 @@ from hetfed.runs.rundir import (
     CURVES_TABLE,
     HETEROGENEITY_TABLE,
     RUNS_TABLE,
-    SUMMARY,
     SWEEP_RECORD,
     SWEEP_REQUEST,
     SWEEP_TABLE,
@@ -41,6 +39,7 @@ from hetfed.runs.rundir import (
 )
 from hetfed.runs.summary import stop_line
 from hetfed.runs.sweep_progress import RunLines, SweepProgress
+from hetfed.runs.sweep_resume import check_resumable, fate, move_aside, resumed
 from hetfed.runs.sweep_tables import (
     aggregate,
     method_dir,
@@ -100,10 +99,7 @@ def run_sweep(
     moved aside (``<dir>.incomplete-<n>``, never deleted) and run again.
     """
     console = console or make_console()
-    _check_arguments(config, seeds, out, resume, jobs, stack)
-    configs = plan_sweep(config, grid, seeds, each_method)
-    if stack:
-        _check_stackable(configs)
+    configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
         _refuse_unplannable(configs, make_console(stderr=True) if progress else None)  # as a run's loading shows
         sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
@@ -139,7 +135,7 @@ def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume:
     if stack and jobs > 1:
         raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
                           "run in this process, --jobs in worker processes)")
-    if not (resume and out is not None and Path(out).is_dir()):
+    if resumed(out, resume) is None:
         check_out(out)  # before the data are loaded for the plan's check
     keep_freed_memory()
     check_trackers(config.tracking)
@@ -224,53 +220,48 @@ def _run_dir(sweep_dir: Path, run: SweepRun) -> Path:
 def _open_sweep_dir(config: Config, grid: dict[str, list[Any]], configs: list[SweepRun], out: str | Path | None,
                     resume: bool, each_method: bool = False) -> Path:
     """A new sweep directory, or the earlier one being resumed (checked to be this sweep); the request kept."""
-    request = _request(config, grid, each_method)
-    if resume and out is not None and Path(out).is_dir():
-        sweep_dir = Path(out)
-        _check_resumable(sweep_dir, configs, request)
+    request = {"config": config.model_dump(mode="json"),
+               "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()},
+               **({"each_method": True} if each_method else {})}
+    sweep_dir = resumed(out, resume)
+    if sweep_dir is not None:
+        check_resumable(sweep_dir, [(_run_dir(sweep_dir, run), run.cfg) for run in configs], each_method)
     else:
         sweep_dir = new_run_dir(out, config.out_dir, f"{config.name}-sweep")
     write_json_atomic(sweep_dir / SWEEP_REQUEST, request)
     return sweep_dir
 
 
-def _request(config: Config, grid: dict[str, list[Any]], each_method: bool) -> dict[str, Any]:
-    """What a sweep was asked (sweep_request.json): a resume is checked against it."""
-    return {"config": config.model_dump(mode="json"), "grid": {k: [value_key(v) for v in vs] for k, vs in grid.items()},
-            **({"each_method": True} if each_method else {})}
-
-
 def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str | Path | None = None,
             resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False,
             status: Console | None = None) -> list[tuple[Path, str]]:
     """The runs :func:`run_sweep` of these arguments would make, checked as it checks them before writing anything
-    (its arguments, every point's settings) and every run's plan on its data — each run's folder within the sweep's
-    and what the sweep would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed;
-    resuming ``out``: ``reuse`` a completed run, ``continue`` one from its checkpoint, ``redo`` one that is neither,
-    moved aside first) — with nothing trained or written; every run refused is refused as the sweep refuses it
-    (``status``: where the loading shows). Why: ``hetfed sweep --dry-run`` checks a long study on a laptop first."""
-    _check_arguments(config, seeds, out, resume, jobs, stack)
-    configs = plan_sweep(config, grid, seeds, each_method)
-    if stack:
-        _check_stackable(configs)
+    (:func:`_checked`) and each planned on its own data: each run's folder within the sweep's and what the sweep
+    would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed; resuming ``out``:
+    ``reuse``, ``continue`` or ``redo``, :func:`hetfed.runs.sweep_resume.fate`), nothing trained or written; a sweep
+    every run of which is refused is refused as the sweep refuses it (``status``: where the loading shows). Why:
+    ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
+    configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
     with sharing():
         refusals = [_refusal(run, None if i else status) for i, run in enumerate(configs)]  # the loading shown once
     if all(refusals):
         raise refusals[0]  # type: ignore[misc]  # all are errors
-    existing = Path(out) if resume and out is not None and Path(out).is_dir() else None
+    existing = resumed(out, resume)
     if existing is not None:
-        _check_resumable(existing, configs, _request(config, grid, each_method))
+        check_resumable(existing, [(_run_dir(existing, run), run.cfg) for run in configs], each_method)
     return [(_run_dir(Path(), run), f"refused: {why}" if why is not None else
-             "train" if existing is None else _fate(_run_dir(existing, run), run.cfg, True))
+             "train" if existing is None else fate(_run_dir(existing, run), run.cfg, True)[0])
             for run, why in zip(configs, refusals, strict=True)]
 
 
-def _fate(run_dir: Path, cfg: Config, resume: bool) -> str:
-    """What a sweep does with a run's folder: ``train`` it; resuming, ``reuse`` the completed run of this config
-    there, ``continue`` a failed or killed one from its checkpoint, or ``redo`` one that is neither."""
-    if not (resume and run_dir.exists()):
-        return "train"
-    return "reuse" if _completed(run_dir, cfg) is not None else "continue" if _resumable(run_dir, cfg) else "redo"
+def _checked(config: Config, grid: dict[str, list[Any]], seeds: int, out: str | Path | None, resume: bool,
+             jobs: int, stack: bool, each_method: bool) -> list[SweepRun]:
+    """The sweep's runs, after what needs no data is checked (a sweep and its dry run check the same)."""
+    _check_arguments(config, seeds, out, resume, jobs, stack)
+    configs = plan_sweep(config, grid, seeds, each_method)
+    if stack:
+        _check_stackable(configs)
+    return configs
 
 
 def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
@@ -280,12 +271,12 @@ def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs:
     outcome: dict[int, tuple[str, object]] = {}
     for i, run in enumerate(configs):
         run_dir = _run_dir(sweep_dir, run)
-        fate = _fate(run_dir, run.cfg, resume)
-        if fate == "reuse":
-            outcome[i] = ("ok", _completed(run_dir, run.cfg))
+        what, summary = fate(run_dir, run.cfg, resume)
+        if what == "reuse":
+            outcome[i] = ("ok", summary)
             continue
-        if fate == "redo":
-            _move_aside(run_dir)  # a run to continue does so from its checkpoint, in place
+        if what == "redo":
+            move_aside(run_dir)  # a run to continue does so from its checkpoint, in place
         todo.append((i, run.shown, run.cfg, run_dir))
     tracker = SweepProgress(len(configs), len(outcome), console, stacked=stack, time_limit=_time_limit(todo),
                             measures_gamma=any(cfg.heterogeneity.gamma for _i, _p, cfg, _d in todo))
@@ -385,41 +376,6 @@ def _refuse_equal_points(points: list[tuple[dict[str, Any], Config]]) -> None:
             raise ConfigError(f"--grid {what}: that point would run twice and count as two seeds; expected each "
                               "value once")
         seen[key] = point
-
-
-def _check_resumable(sweep_dir: Path, configs: list[SweepRun], request: dict[str, Any]) -> None:
-    """Refuse to resume a sweep with a different config, or with its methods run otherwise (``--each-method``, whose
-    runs are folders of their own): its completed runs would be thrown away, or run again beside them."""
-    made = sweep_dir / SWEEP_REQUEST
-    apart = json.loads(made.read_text()).get("each_method", False) if made.is_file() else False
-    if apart != request.get("each_method", False):
-        raise ConfigError(f"--resume {str(sweep_dir)!r} {'without' if apart else 'with'} --each-method is not allowed: "
-                          f"the sweep was made {'with' if apart else 'without'} it (its runs are "
-                          f"{'one a method' if apart else 'whole'}); expected the same flags as the first time")
-    changed = []
-    for run in configs:
-        run_dir = _run_dir(sweep_dir, run)
-        done = run_dir / CONFIG
-        if (run_dir / SUMMARY).is_file() and done.is_file() and not same_config(done, run.cfg):
-            old = migrate_legacy(yaml.safe_load(done.read_text()))  # an older hetfed's keys where they are now
-            changed.append((run_dir, config_diff(old, run.cfg.model_dump(mode="json"))))
-    if changed:
-        run_dir, diff = changed[0]
-        raise RunError(
-            f"--resume {str(sweep_dir)!r}: {len(changed)} completed runs were made with a different config "
-            f"(e.g. {run_dir.relative_to(sweep_dir)}: {', '.join(diff[:4]) or 'other settings'}); resuming would "
-            "redo them. Expected the same config and --set values as the first time, or a new --out"
-        )
-
-
-def config_diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """The dotted keys whose values differ between two resolved configs (``key: old → new``)."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += config_diff(old.get(k), new.get(k), f"{prefix}{k}.")
-        return out
-    return [] if old == new else [f"{prefix.rstrip('.')}: {old!r} → {new!r}"]
 
 
 def _run_one(raw: dict[str, Any], run_dir: str, sweep_dir: str, executor: Any = None, lines: RunLines | None = None,
@@ -555,46 +511,3 @@ def _time_limit(todo: list[tuple[int, dict[str, Any], Config, Path]]) -> float |
     limits = [cfg.method_train(m).time_limit for _i, _point, cfg, _dir in todo for m in cfg.methods]
     known = [limit for limit in limits if limit is not None]
     return max(known) if known and len(known) == len(limits) else None
-
-
-def _completed(run_dir: Path, cfg: Config) -> dict[str, Any] | None:
-    """The summary of a completed run made with exactly this config, else None."""
-    summary, config = run_dir / SUMMARY, run_dir / CONFIG
-    if summary.is_file() and config.is_file() and same_config(config, cfg):
-        loaded: dict[str, Any] = json.loads(summary.read_text())
-        return loaded
-    return None
-
-
-def same_config(path: Path, cfg: Config) -> bool:
-    """Whether a run's config.yaml is ``cfg``: read with this hetfed (an older one's keys migrated), so a setting
-    added since the run was made (absent from its file) counts as its default — the behaviour the run had — and not
-    as a change."""
-    from hetfed.config import dump_config, load_run_config
-
-    if path.read_text() == dump_config(cfg):
-        return True
-    try:
-        return load_run_config(path).model_dump(mode="json") == cfg.model_dump(mode="json")
-    except Exception:  # a file this hetfed cannot read is not the same config
-        return False
-
-
-def _resumable(run_dir: Path, cfg: Config) -> bool:
-    """A failed or killed run of exactly this config with a checkpoint: ``--resume`` continues it in place."""
-    from hetfed.runs.checkpoint import checkpoint_path
-    from hetfed.runs.rundir import run_state
-
-    config = run_dir / CONFIG
-    return (config.is_file() and same_config(config, cfg) and checkpoint_path(run_dir).is_file()
-            and run_state(run_dir) in ("failed", "dead"))
-
-
-def _move_aside(run_dir: Path) -> Path:
-    i = 1
-    while (target := run_dir.with_name(f"{run_dir.name}.incomplete-{i}")).exists():
-        i += 1
-    run_dir.rename(target)
-    return target
-
-
