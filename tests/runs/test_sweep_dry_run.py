@@ -4,6 +4,8 @@ each, nothing trained or written — and what it says is what the sweep then doe
 import json
 from pathlib import Path
 
+import pytest
+
 from hetfed.cli import main
 
 REPO = Path(__file__).resolve().parents[2]
@@ -85,3 +87,17 @@ def test_a_dry_run_refuses_what_the_sweep_refuses_before_loading_what_it_need_no
         assert main([*SWEEP, "--out", str(tmp_path / "full"), *dry]) == 2
         assert "already exists and is not empty" in capsys.readouterr().err
 
+
+def test_a_grid_key_with_no_value_is_refused_by_the_sweep_and_its_dry_run(tmp_path):
+    """``hetfed.sweep`` with ``{"partition.shuffle": []}`` made a sweep of no runs: a folder of empty tables and
+    "every run of the sweep failed"; its dry run met an IndexError."""
+    from hetfed.config import load_config
+    from hetfed.errors import ConfigError
+    from hetfed.runs.sweep import dry_run, run_sweep
+
+    config = load_config(None, [])
+    with pytest.raises(ConfigError, match=r"grid partition.shuffle = \[\] is not allowed: expected one value or more"):
+        dry_run(config, {"partition.shuffle": []}, seeds=1)
+    with pytest.raises(ConfigError, match="grid partition.shuffle"):
+        run_sweep(config, {"partition.shuffle": []}, seeds=1, out=tmp_path / "s", progress=False)
+    assert not (tmp_path / "s").exists()

@@ -159,6 +159,9 @@ class SweepRun(NamedTuple):
 def plan_sweep(config: Config, grid: dict[str, list[Any]], seeds: int, each_method: bool = False) -> list[SweepRun]:
     """Every point × seed validated before anything runs; equal points refused, unread grid values noted;
     ``each_method``: each then split into a run per method (:func:`_each_method`)."""
+    for key, values in grid.items():  # no value: a sweep of no runs (its tables empty, its dry run nothing to list)
+        if not len(values):
+            raise ConfigError(f"grid {key} = [] is not allowed: expected one value or more")
     base = as_given(config)
     configs = [SweepRun(point, s, build_config(base, {**point, "seed": config.seed + s}))
                for point in grid_points(grid) for s in range(seeds)]
