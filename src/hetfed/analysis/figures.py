@@ -32,11 +32,27 @@ def save(fig, path: str | Path, dpi: int = 110) -> Path:
     """Write a figure as PNG and, beside it, SVG (creating the folder); free it."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(out, dpi=dpi, bbox_inches="tight")
-    if out.suffix.lower() == ".png":
-        fig.savefig(out.with_suffix(".svg"), bbox_inches="tight")
+    if out.suffix.lower() != ".png":
+        fig.savefig(out, dpi=dpi, bbox_inches="tight")
+    else:  # both files cropped to one tight box, measured once (each "tight" save measures it anew: ~0.1 s a figure)
+        box = _tight_box(fig, dpi)
+        fig.savefig(out, dpi=dpi, bbox_inches=box)
+        fig.savefig(out.with_suffix(".svg"), bbox_inches=box)
     plt.close(fig)
     return out
+
+
+def _tight_box(fig, dpi: int):
+    """The box ``savefig(bbox_inches="tight")`` crops to at ``dpi``, in inches, with its padding: the figure laid
+    out and measured as that save does, without rendering it."""
+    own = fig.dpi
+    fig.set_dpi(dpi)
+    try:
+        fig.draw_without_rendering()
+        box = fig.get_tightbbox(fig.canvas.get_renderer())
+    finally:
+        fig.set_dpi(own)  # the SVG's embedded images keep the figure's resolution, as before
+    return box.padded(plt.rcParams["savefig.pad_inches"])
 
 
 def finish(fig, path: str | Path | None):
