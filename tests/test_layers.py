@@ -30,7 +30,7 @@ LAYERS = [
     ("hetfed.flower.server_app", 9), ("hetfed.flower.deploy", 9), ("hetfed.flower", 6), ("hetfed.executors", 6),
     ("hetfed.runs", 7),
     ("hetfed.analysis", 8),
-    ("hetfed.api", 9), ("hetfed.cli", 9), ("hetfed.xor_demo", 9), ("hetfed", 9),
+    ("hetfed.api", 9), ("hetfed.api_sweep", 9), ("hetfed.cli", 9), ("hetfed.xor_demo", 9), ("hetfed", 9),
 ]
 NAMES = {0: "config", 1: "data", 2: "models", 3: "engine/interface", 4: "server", 5: "algorithms",
          6: "executors (in-process, Flower)", 7: "runs", 8: "analysis", 9: "api/cli"}

@@ -21,37 +21,33 @@ from typing import TYPE_CHECKING, Any
 
 __version__ = "0.2.0"
 
-_API = ("Federation", "Model", "Run", "Sweep", "build_federation", "load_config", "open_run", "open_sweep",
-        "report", "run", "sweep")
+_API = ("Federation", "Model", "Run", "build_federation", "load_config", "open_run", "report", "run")
+_SWEEP_API = ("Sweep", "open_sweep", "sweep", "sweep_dry_run")
 _ERRORS = ("ConfigError", "DataError", "HetfedError", "RunError")
-__all__ = [*_API, *_ERRORS, "__version__"]
+__all__ = [*_API, *_SWEEP_API, *_ERRORS, "__version__"]
+#: the module each name is imported from, on first use
+_OWNER = {**dict.fromkeys(_API, "api"), **dict.fromkeys(_SWEEP_API, "api_sweep"), **dict.fromkeys(_ERRORS, "errors")}
 
 if TYPE_CHECKING:
     from hetfed.api import (  # noqa: F401
         Federation,
         Model,
         Run,
-        Sweep,
         build_federation,
         load_config,
         open_run,
-        open_sweep,
         report,
         run,
-        sweep,
     )
+    from hetfed.api_sweep import Sweep, open_sweep, sweep, sweep_dry_run  # noqa: F401
     from hetfed.errors import ConfigError, DataError, HetfedError, RunError  # noqa: F401
 
 
 def __getattr__(name: str) -> Any:
-    if name in _API:
-        from hetfed import api
+    if name in _OWNER:
+        from importlib import import_module
 
-        return getattr(api, name)
-    if name in _ERRORS:
-        from hetfed import errors
-
-        return getattr(errors, name)
+        return getattr(import_module(f"hetfed.{_OWNER[name]}"), name)
     raise AttributeError(f"module 'hetfed' has no attribute {name!r}")
 
 

@@ -1,4 +1,4 @@
-"""hetfed from Python: load a config, build a federation, run, sweep, reload, predict.
+"""hetfed from Python: load a config, build a federation, run, reload, predict (sweeps: :mod:`hetfed.api_sweep`).
 
 Everything a notebook needs is here (and re-exported by ``import hetfed``); none
 of it requires reaching into ``hetfed.engine``. Tables come back as pandas
@@ -16,8 +16,6 @@ when a table is asked for. Worked examples: ``docs/api.md``.
 
 from __future__ import annotations
 
-import json
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -29,13 +27,12 @@ from hetfed.config import Config, as_given, build_config, choose_methods, warn_u
 from hetfed.config_io import config_source, parse_overrides, read_yaml
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, RunError
-from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS, RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
+from hetfed.runs.rundir import CHECKPOINTS, CONFIG, METRICS
 
 if TYPE_CHECKING:
     import pandas as pd
 
-__all__ = ["Federation", "Model", "Run", "Sweep", "build_federation", "load_config", "open_run", "open_sweep",
-           "report", "run", "sweep"]
+__all__ = ["Federation", "Model", "Run", "build_federation", "load_config", "open_run", "report", "run"]
 
 
 def _pandas():
@@ -412,9 +409,7 @@ class Run:
         return tuple(fed.input_shape), fed.n_classes
 
     def report(self, out: str | Path | None = None) -> Path:
-        from hetfed.analysis.report import write_report
-
-        return write_report(self.dir, out)
+        return report(self.dir, out)
 
 
 def run(config: str | Path | dict | Config | None = None, out: str | Path | None = None,
@@ -445,152 +440,6 @@ def open_run(directory: str | Path) -> Run:
     if not (d / CONFIG).is_file():
         raise RunError(f"{str(d)!r} is not a run directory: expected config.yaml in it (written by hetfed run)")
     return Run(d)
-
-
-# ------------------------------------------------------------------ sweeps
-
-
-@dataclass(eq=False)
-class Sweep:
-    """A sweep directory read back: the aggregated table and every run."""
-
-    dir: Path
-
-    def __post_init__(self) -> None:
-        self.dir = Path(self.dir)  # a folder's name as typed (``hetfed.Sweep("sweeps/x")``) reads as its path
-
-    @cached_property
-    def record(self) -> dict:
-        return json.loads((self.dir / SWEEP_RECORD).read_text())
-
-    def table(self) -> pd.DataFrame:
-        """sweep.csv: grid keys, method, metric, mean, ci95 (Student t over seeds), n."""
-        pd = _pandas()
-        return pd.read_csv(self.dir / SWEEP_TABLE)
-
-    def results(self, metric: str = "best.global_accuracy") -> pd.DataFrame:
-        """One metric as grid points × methods (means; CIs in :meth:`table`)."""
-        df = self.table()
-        keys = list(self.record["grid"])
-        from hetfed.runs.sweep_tables import check_metrics
-
-        check_metrics([metric], df["metric"])
-        sel = df[df["metric"] == metric]
-        return sel.pivot_table(index=keys or None, columns="method", values="mean") if keys else \
-            sel.set_index("method")[["mean", "ci95", "n"]]
-
-    def values(self) -> pd.DataFrame:
-        """runs.csv: every run's own value (grid keys, seed, method, metric, value) — one row per seed."""
-        pd = _pandas()
-        path = self.dir / RUNS_TABLE
-        if not path.is_file():
-            raise ConfigError(f"{path} is missing: sweeps made before it existed have none; write it with "
-                              f"`hetfed sweep CONFIG … --resume --out {self.dir}` (completed runs are reused)")
-        return pd.read_csv(path)
-
-    def paired(self, method: str, baseline: str, metric: str = "best.global_accuracy",
-               tuned_by: str | None = None) -> pd.DataFrame:
-        """``method − baseline`` per grid point, paired by seed (both ran on the same federation): mean,
-        95% CI, Wilcoxon p, wins — :func:`hetfed.analysis.paired.paired`. ``tuned_by`` (e.g. ``"best.val_loss"``):
-        each of the two at the grid point that metric chose for it (:meth:`tuned`), paired by seed within each task
-        (the seeds of one value of the data's keys share their federation whatever the setting), the two points in
-        ``method_point`` and ``baseline_point``."""
-        from hetfed.analysis.paired import paired
-
-        pd = _pandas()
-        df = self.values()
-        known = sorted(df["method"].unique())
-        for name in (method, baseline):
-            if name not in known:
-                raise ConfigError(f"method {name!r} is not in this sweep: expected one of {known}")
-        from hetfed.runs.sweep_tables import check_metrics
-
-        check_metrics([metric], df["metric"])
-        sel = df[df["metric"] == metric]
-        keys = list(self.record["grid"])
-        wide = sel.pivot_table(index=[*keys, "seed"], columns="method", values="value")
-        if tuned_by is not None:
-            from hetfed.analysis.paired import paired_at_chosen
-            from hetfed.runs.sweep_tables import check_choice, tuned
-
-            rows = self.record.get("rows") or []
-            check_choice(keys, rows, [tuned_by])
-            return pd.DataFrame(paired_at_chosen(wide, keys, tuned(rows, keys, tuned_by), method, baseline))
-        rows = []
-        for point, block in (wide.groupby(level=keys) if keys else [((), wide)]):
-            r = paired(block[method].tolist(), block[baseline].tolist())
-            point = point if isinstance(point, tuple) else (point,)
-            rows.append({**dict(zip(keys, point, strict=True)), "n": r.n, "mean": r.mean, "ci_low": r.ci_low,
-                         "ci_high": r.ci_high, "wilcoxon_p": r.wilcoxon_p, "wins": r.wins})
-        return pd.DataFrame(rows)
-
-    def tuned(self, by: str = "best.val_loss",
-              metrics: Sequence[str] = ("best.global_accuracy", "best.local_accuracy_mean"),
-              held_out: bool = False) -> pd.DataFrame:
-        """Each method at the grid point its validation chose: the lowest mean over seeds of ``by`` (a loss; the
-        highest of any other metric) among the points that differ only in the method's own settings — within each
-        value of a key of the task or the scenario (the data, an attack, ε, the rounds) — and ``metrics`` there
-        (mean, 95% CI, seeds): methods compared each at its own setting, chosen without its test scores
-        (:func:`hetfed.runs.sweep_tables.tuned`). ``held_out``: each seed's metrics at the point chosen on the
-        other seeds (leave one seed out; ``chosen``: how often each point was), so that no number comes from a
-        choice its own seed took part in (:func:`hetfed.runs.sweep_tables.tuned_held_out`)."""
-        from hetfed.runs.sweep_tables import check_choice, tuned_held_out, tuned_rows
-
-        pd = _pandas()
-        keys, rows = list(self.record["grid"]), self.record.get("rows") or []
-        check_choice(keys, rows, [by, *metrics])
-        found = (tuned_held_out(self.values().to_dict("records"), keys, by, metrics) if held_out else
-                 [{**row, **row["point"], by: row["by"]} for row in tuned_rows(rows, keys, by, metrics)])
-        out = []
-        for row in found:
-            shown: dict[str, Any] = {}
-            for m in metrics:  # mean, CI and seeds where the method has the metric at its point; else None
-                cell = row[m]
-                shown.update({m: cell["mean"], f"{m}.ci95": cell["ci95"], f"{m}.n": cell["n"]} if cell else {m: None})
-            out.append({k: v for k, v in row.items() if k not in ("point", "by", *metrics)} | shown)
-        return pd.DataFrame(out)
-
-    @property
-    def runs(self) -> list[Run]:
-        return [Run(Path(r["run_dir"])) for r in self.record["runs"]]
-
-    def report(self, out: str | Path | None = None) -> Path:
-        from hetfed.analysis.report import write_report
-
-        return write_report(self.dir, out)
-
-
-def sweep(config: str | Path | dict | Config | None, grid: dict[str, list[Any]], seeds: int = 3,
-          out: str | Path | None = None, jobs: int = 1, resume: bool = False, progress: bool = False,
-          stack: bool = False, report: bool = True, each_method: bool = False) -> Sweep:
-    """Run every grid point × seed (``grid = {"partition.shuffle": [0, 0.5, 1]}``) and aggregate with 95% CIs.
-
-    ``stack``: train the runs in this process as one stack of clients per round (``hetfed sweep --stack``);
-    ``each_method``: each method a run of its own, the tables as one run's (``--each-method``: stacked side by side).
-    ``report``: False draws no figures and no report.html (``--no-report``; :meth:`Sweep.report` draws them later)."""
-    from rich.console import Console
-
-    from hetfed.analysis.present import present_sweep
-    from hetfed.console import make_console
-    from hetfed.runs.sweep import run_sweep
-
-    if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
-        raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
-    progress, resume, stack, each_method = (_flag("progress", progress), _flag("resume", resume),
-                                            _flag("stack", stack), _flag("each_method", each_method))
-    console = make_console() if progress else Console(quiet=True)
-    sweep_dir, _ = run_sweep(_config(config), {k: list(v) for k, v in grid.items()}, seeds=seeds, out=out,
-                             progress=progress, console=console, resume=resume, jobs=jobs,
-                             present=present_sweep if _flag("report", report) else None, stack=stack,
-                             each_method=each_method)
-    return Sweep(Path(sweep_dir))
-
-
-def open_sweep(directory: str | Path) -> Sweep:
-    d = Path(directory)
-    if not (d / SWEEP_RECORD).is_file():
-        raise RunError(f"{str(d)!r} is not a sweep directory: expected sweep.json in it (written by hetfed sweep)")
-    return Sweep(d)
 
 
 def report(directory: str | Path, out: str | Path | None = None) -> Path:

@@ -72,7 +72,7 @@ def test_a_stacked_sweeps_training_stacks_never_build_agnostic_fls_reported_mode
     real = stacked_work._joined_rows
     monkeypatch.setattr(stacked_work, "_joined_rows", lambda group, runs, chosen, key: (joined.append(key), real(
         group, runs, chosen, key))[1])
-    from hetfed.api import sweep
+    from hetfed.api_sweep import sweep
 
     sweep({"seed": 0, "dataset": {"name": "digits"}, "partition": {"kind": "iid", "clients": 3},
            "heterogeneity": {"iid_draws": 0}, "model": {"kind": "logreg"},

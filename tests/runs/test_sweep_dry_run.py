@@ -101,3 +101,23 @@ def test_a_grid_key_with_no_value_is_refused_by_the_sweep_and_its_dry_run(tmp_pa
     with pytest.raises(ConfigError, match="grid partition.shuffle"):
         run_sweep(config, {"partition.shuffle": []}, seeds=1, out=tmp_path / "s", progress=False)
     assert not (tmp_path / "s").exists()
+
+
+def test_the_api_dry_run_gives_the_command_lines_fates_as_a_table(tmp_path):
+    """``hetfed.sweep_dry_run``: the dry run from Python — the same runs and fates, nothing written; a bad grid and
+    a bad switch refused in one line, as :func:`hetfed.sweep` refuses them."""
+    import hetfed
+
+    config = tmp_path / "c.yaml"
+    config.write_text("train:\n  rounds: 2\npartition:\n  kind: dirichlet\n  clients: 4\n")
+    table = hetfed.sweep_dry_run(str(config), {"partition.min_size": [5, 2000]}, seeds=2, out=tmp_path / "s")
+    assert list(table.columns) == ["run", "fate"]
+    assert list(table["run"]) == ["partition.min_size=5/seed=0", "partition.min_size=5/seed=1",
+                                  "partition.min_size=2000/seed=0", "partition.min_size=2000/seed=1"]
+    assert list(table["fate"][:2]) == ["train", "train"]
+    assert all(fate.startswith("refused: partition.min_size = 2000 is not allowed") for fate in table["fate"][2:])
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
+    with pytest.raises(hetfed.ConfigError, match="expected a dict of key → non-empty list of values"):
+        hetfed.sweep_dry_run(str(config), {"partition.min_size": []})
+    with pytest.raises(hetfed.ConfigError, match="stack='yes' is not allowed: expected True or False"):
+        hetfed.sweep_dry_run(str(config), {"partition.min_size": [5]}, stack="yes")  # type: ignore[arg-type]
