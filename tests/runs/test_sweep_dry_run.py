@@ -30,7 +30,7 @@ def test_a_dry_run_lists_every_run_and_writes_nothing(tmp_path, monkeypatch, cap
     assert capsys.readouterr().out.startswith("dry run: 8 runs (8 to train; stacked)")
 
 
-def test_a_resumed_dry_run_says_what_the_sweep_then_does(tmp_path, capsys):
+def test_a_resumed_dry_run_says_what_the_sweep_then_does(tmp_path, monkeypatch, capsys):
     sweep = tmp_path / "s"
     assert main([*SWEEP, "--seeds", "1", "--out", str(sweep), "--quiet", "--no-report"]) == 0
     broken = sweep / "partition.shuffle=1" / "seed=0" / "method=cgau"
@@ -51,6 +51,13 @@ def test_a_resumed_dry_run_says_what_the_sweep_then_does(tmp_path, capsys):
     assert (broken.with_name("method=cgau.incomplete-1")).is_dir() and (broken / "summary.json").is_file()  # redone
     runs = json.loads((sweep / "sweep.json").read_text())["runs"]
     assert len(runs) == 8
+    from hetfed import pipeline  # resumed once more, every run reused: its tables again, and no data loaded
+
+    monkeypatch.setattr(pipeline, "load_dataset", lambda *a: pytest.fail("a finished sweep resumed loaded its data"))
+    assert main([*SWEEP, "--seeds", "2", "--out", str(sweep), "--resume", "--dry-run", "--quiet"]) == 0
+    assert "dry run: 8 runs (8 to reuse; one at a time)" in capsys.readouterr().out
+    assert main([*SWEEP, "--seeds", "2", "--out", str(sweep), "--resume", "--quiet", "--no-report"]) == 0
+    assert json.loads((sweep / "sweep.json").read_text())["runs"] == runs
 
 
 def test_a_dry_run_plans_every_run_and_names_those_the_sweep_would_record_failed(tmp_path, capsys):

@@ -101,7 +101,8 @@ def run_sweep(
     console = console or make_console()
     configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
-        _refuse_unplannable(configs, make_console(stderr=True) if progress else None)  # as a run's loading shows
+        if not _all_reused(configs, out, resume):  # a finished sweep resumed for its tables loads no data
+            _refuse_unplannable(configs, make_console(stderr=True) if progress else None)  # as a run's loading shows
         sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
         outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
     summaries, runs, failed = _collect(sweep_dir, configs, outcome)
@@ -190,6 +191,12 @@ def _refuse_unplannable(configs: list[SweepRun], status: Console | None = None) 
         raise refused[0]
 
 
+def _all_reused(configs: list[SweepRun], out: str | Path | None, resume: bool) -> bool:
+    """Whether resuming ``out`` reuses every run (each completed with its config): their plans passed when they ran."""
+    existing = resumed(out, resume)
+    return existing is not None and all(fate(_run_dir(existing, run), run.cfg, True)[0] == "reuse" for run in configs)
+
+
 def _refusal(run: SweepRun, status: Console | None = None) -> HetfedError | None:
     """Why ``run``'s federation or plan refuses its config (a check that needs the data: a setting, a partition
     that cannot be made, data that cannot be read), or None."""
@@ -245,16 +252,17 @@ def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str
     every run of which is refused is refused as the sweep refuses it (``status``: where the loading shows). Why:
     ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
     configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
-    with sharing():
-        refusals = [_refusal(run, None if i else status) for i, run in enumerate(configs)]  # the loading shown once
-    if all(refusals):
-        raise refusals[0]  # type: ignore[misc]  # all are errors
     existing = resumed(out, resume)
     if existing is not None:
         check_resumable(existing, [(_run_dir(existing, run), run.cfg) for run in configs], each_method)
-    return [(_run_dir(Path(), run), f"refused: {why}" if why is not None else
-             "train" if existing is None else fate(_run_dir(existing, run), run.cfg, True)[0])
-            for run, why in zip(configs, refusals, strict=True)]
+    fates = ["train" if existing is None else fate(_run_dir(existing, run), run.cfg, True)[0] for run in configs]
+    todo = [i for i, what in enumerate(fates) if what != "reuse"]  # a reused run's plan passed when it ran
+    with sharing():
+        why = {i: _refusal(configs[i], None if n else status) for n, i in enumerate(todo)}  # the loading shown once
+    if todo and all(why.values()):
+        raise why[todo[0]]  # type: ignore[misc]  # all are errors
+    return [(_run_dir(Path(), run), f"refused: {why[i]}" if why.get(i) is not None else fates[i])
+            for i, run in enumerate(configs)]
 
 
 def _checked(config: Config, grid: dict[str, list[Any]], seeds: int, out: str | Path | None, resume: bool,
