@@ -64,17 +64,21 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
     (["--nodes", "2"], "--nodes 2 is not allowed without --export DIR"),
     (["--export", "OUT", "--nodes", "0"], "--nodes 0 is not allowed: expected ≥ 1"),
     (["--export", "OUT", "--set", "partition.opt_out=0.2"], "partition.opt_out = 0.2 is not allowed with --export"),
-    (["--export", "FULL"], "already exists and is not empty"),
+    (["--export", "FULL"], "--export '{FULL}' already exists and is not empty"),  # the option the user typed
+    (["--export", "FILE/nodes"], "--export '{FILE/nodes}' cannot be created: Not a directory"),
+    (["--export", "FILE"], "--export '{FILE}' is a file: expected a new or empty directory for the nodes' files"),
 ])
 def test_what_cannot_be_exported_is_one_line_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, args, expected):
     import hetfed.cli
 
     (tmp_path / "FULL").mkdir()
     (tmp_path / "FULL" / "x").write_text("x")
+    (tmp_path / "FILE").write_text("x")
     monkeypatch.setattr(hetfed.cli, "partition_report", lambda *a, **k: pytest.fail("loaded the data"))
-    assert main(["partition", *[str(tmp_path / a) if a in ("OUT", "FULL") else a for a in args]]) == 2
+    folders = ("OUT", "FULL", "FILE", "FILE/nodes")
+    assert main(["partition", *[str(tmp_path / a) if a in folders else a for a in args]]) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and expected in err[0]
+    assert len(err) == 1 and expected.format(**{a: tmp_path / a for a in folders}) in err[0], err
     assert not (tmp_path / "OUT").exists()
 
 

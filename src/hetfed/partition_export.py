@@ -36,7 +36,7 @@ CONFIG_FILE, COMMANDS_FILE, SERVER_TEST_FILE = "federation.yaml", "nodes.txt", "
 def check_export(config: Config, out: str | Path, nodes: int | None) -> None:
     """Refuse (one line) what cannot be exported, before any data is loaded: a folder that is not new or empty,
     clients that opt out (nodes serve their own data: nothing to opt out of), a count of nodes below 1."""
-    check_out(out)
+    check_out(out, "--export", "the nodes' files")
     if config.partition.opt_out:
         raise ConfigError(f"partition.opt_out = {config.partition.opt_out:g} is not allowed with --export: nodes "
                           "with their own data train on all of it; expected 0")

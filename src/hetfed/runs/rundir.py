@@ -53,20 +53,21 @@ RUNS_TABLE, CURVES_TABLE, HETEROGENEITY_TABLE = "runs.csv", "curves.csv", "heter
 METRIC_COLUMNS = ["method", "round", "split", "client", "metric", "value"]
 
 
-def check_out(out: str | Path | None) -> None:
-    """Refuse an ``--out`` that is a file or a non-empty directory (before any work is done)."""
+def check_out(out: str | Path | None, flag: str = "--out", what: str = "the run") -> None:
+    """Refuse an ``--out`` that is a file or a non-empty directory (before any work is done); ``flag`` and ``what``:
+    the option that named the folder and what goes in it, as the refusal names them."""
     if out is None:
         return
     path = Path(out)
     if path.exists() and not path.is_dir():
-        raise RunError(f"--out {str(path)!r} is a file: expected a new or empty directory for the run")
+        raise RunError(f"{flag} {str(path)!r} is a file: expected a new or empty directory for {what}")
     if path.is_dir() and any(path.iterdir()):
-        raise RunError(f"--out {str(path)!r} already exists and is not empty: choose a new directory "
+        raise RunError(f"{flag} {str(path)!r} already exists and is not empty: choose a new directory "
                        "(hetfed never overwrites a run)")
-    _check_writable(path)
+    _check_writable(path, flag)
 
 
-def _check_writable(path: Path) -> None:
+def _check_writable(path: Path, flag: str) -> None:
     """Refuse a directory that cannot be made (or written in) before any work is done: a folder is made in its
     nearest existing ancestor and removed. Why make one: ``os.access`` says yes to root for places like /proc, where
     nothing can be made, so only making it tells (the run failed after loading its data and measuring Γ)."""
@@ -76,8 +77,8 @@ def _check_writable(path: Path) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".hetfed-", dir=ancestor))
     except OSError as err:
-        raise RunError(f"cannot create the run directory {str(path)!r}: {err.strerror} (in {str(ancestor)!r}); "
-                       "expected a writable place (choose another --out)") from None
+        raise RunError(f"{flag} {str(path)!r} cannot be created: {err.strerror} (in {str(ancestor)!r}); "
+                       f"expected a writable place (choose another {flag})") from None
 
 
 def new_run_dir(out: str | Path | None, base: str, name: str) -> Path:

@@ -137,7 +137,7 @@ def _check_arguments(config: Config, seeds: int, out: str | Path | None, resume:
         raise ConfigError(f"--stack with --jobs {jobs} is not allowed: expected one of them (--stack trains every "
                           "run in this process, --jobs in worker processes)")
     if resumed(out, resume) is None:
-        check_out(out)  # before the data are loaded for the plan's check
+        check_out(out, what="the sweep")  # before the data are loaded for the plan's check
     keep_freed_memory()
     check_trackers(config.tracking)
 
