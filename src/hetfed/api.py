@@ -260,13 +260,18 @@ def _ids(ids: list[int]) -> str:
 
 
 @dataclass(eq=False)
-class Run:
-    """A run directory read back: its config, summary, metrics and models."""
+class Folder:
+    """A folder hetfed wrote, read back: a run's or a sweep's."""
 
     dir: Path
 
     def __post_init__(self) -> None:
         self.dir = Path(self.dir)  # a folder's name as typed (``hetfed.Run("runs/x")``) reads as its path
+
+
+@dataclass(eq=False)
+class Run(Folder):
+    """A run directory read back: its config, summary, metrics and models."""
 
     @cached_property
     def config(self) -> Config:

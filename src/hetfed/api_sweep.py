@@ -10,7 +10,7 @@ from functools import cached_property
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hetfed.api import Run, _config, _flag, _pandas, report
+from hetfed.api import Folder, Run, _config, _flag, _pandas, report
 from hetfed.config import Config
 from hetfed.errors import ConfigError, RunError
 from hetfed.runs.rundir import RUNS_TABLE, SWEEP_RECORD, SWEEP_TABLE
@@ -22,13 +22,8 @@ __all__ = ["Sweep", "open_sweep", "sweep", "sweep_dry_run"]
 
 
 @dataclass(eq=False)
-class Sweep:
+class Sweep(Folder):
     """A sweep directory read back: the aggregated table and every run."""
-
-    dir: Path
-
-    def __post_init__(self) -> None:
-        self.dir = Path(self.dir)  # a folder's name as typed (``hetfed.Sweep("sweeps/x")``) reads as its path
 
     @cached_property
     def record(self) -> dict:
