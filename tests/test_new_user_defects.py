@@ -212,7 +212,7 @@ def test_gamma_of_a_single_client_is_a_dash_with_the_reason(capsys):
 @pytest.mark.parametrize("args,expected", [
     (["--out", "FILE"], "is a file: expected a new or empty directory"),
     (["--set", "train.device=cuda", "--out", "NEW"], "cuda"),
-    (["--out", "FILE/run"], "cannot be created: Not a directory"),  # a file where a folder would be made
+    (["--out", "FILE/run"], "cannot be created for the run: Not a directory"),  # a file where a folder would be made
     (["--out", "/proc/hetfed-run"], "cannot be created"),  # a folder where none can be made (root too)
 ])
 def test_checks_that_need_no_data_come_before_loading_it(tmp_path, capsys, monkeypatch, args, expected):

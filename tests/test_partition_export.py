@@ -65,7 +65,7 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
     (["--export", "OUT", "--nodes", "0"], "--nodes 0 is not allowed: expected ≥ 1"),
     (["--export", "OUT", "--set", "partition.opt_out=0.2"], "partition.opt_out = 0.2 is not allowed with --export"),
     (["--export", "FULL"], "--export '{FULL}' already exists and is not empty"),  # the option the user typed
-    (["--export", "FILE/nodes"], "--export '{FILE/nodes}' cannot be created: Not a directory"),
+    (["--export", "FILE/nodes"], "--export '{FILE/nodes}' cannot be created for the nodes' files: Not a directory"),
     (["--export", "FILE"], "--export '{FILE}' is a file: expected a new or empty directory for the nodes' files"),
 ])
 def test_what_cannot_be_exported_is_one_line_before_any_data_is_loaded(tmp_path, capsys, monkeypatch, args, expected):

@@ -290,7 +290,7 @@ def test_an_unwritable_out_gets_one_line(tmp_path, capsys):
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
     code, _, err = run_cli(["run", *FAST, "--out", str(blocker / "r")], capsys)
-    assert_one_line_error(code, err, "run directory")
+    assert_one_line_error(code, err, "--out", "cannot be created for the run", "choose another --out")
 
 
 def test_an_unknown_plot_format_is_refused_before_any_work(tmp_path, capsys):

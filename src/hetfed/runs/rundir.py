@@ -64,10 +64,10 @@ def check_out(out: str | Path | None, flag: str = "--out", what: str = "the run"
     if path.is_dir() and any(path.iterdir()):
         raise RunError(f"{flag} {str(path)!r} already exists and is not empty: choose a new directory "
                        "(hetfed never overwrites a run)")
-    _check_writable(path, flag)
+    _check_writable(path, flag, what)
 
 
-def _check_writable(path: Path, flag: str) -> None:
+def _check_writable(path: Path, flag: str, what: str) -> None:
     """Refuse a directory that cannot be made (or written in) before any work is done: a folder is made in its
     nearest existing ancestor and removed. Why make one: ``os.access`` says yes to root for places like /proc, where
     nothing can be made, so only making it tells (the run failed after loading its data and measuring Γ)."""
@@ -77,7 +77,7 @@ def _check_writable(path: Path, flag: str) -> None:
     try:
         os.rmdir(tempfile.mkdtemp(prefix=".hetfed-", dir=ancestor))
     except OSError as err:
-        raise RunError(f"{flag} {str(path)!r} cannot be created: {err.strerror} (in {str(ancestor)!r}); "
+        raise RunError(f"{flag} {str(path)!r} cannot be created for {what}: {err.strerror} (in {str(ancestor)!r}); "
                        f"expected a writable place (choose another {flag})") from None
 
 
