@@ -100,11 +100,12 @@ def run_sweep(
     """
     console = console or make_console()
     configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
+    fates = _fates(configs, resumed(out, resume))
     with sharing():  # runs that differ only in methods, training or server settings share their preparation
-        if not _all_reused(configs, out, resume):  # a finished sweep resumed for its tables loads no data
+        if any(what != "reuse" for what, _summary in fates):  # a finished sweep resumed for its tables loads no data
             _refuse_unplannable(configs, make_console(stderr=True) if progress else None)  # as a run's loading shows
         sweep_dir = _open_sweep_dir(config, grid, configs, out, resume, each_method)
-        outcome = _execute_sweep(sweep_dir, configs, resume, jobs, console if progress else None, stack)
+        outcome = _execute_sweep(sweep_dir, configs, fates, jobs, console if progress else None, stack)
     summaries, runs, failed = _collect(sweep_dir, configs, outcome)
     table = _summarise_sweep(sweep_dir, grid, seeds, summaries, runs, failed)
     if present is not None:  # figures and report.html: hetfed.analysis.present.present_sweep
@@ -191,10 +192,11 @@ def _refuse_unplannable(configs: list[SweepRun], status: Console | None = None) 
         raise refused[0]
 
 
-def _all_reused(configs: list[SweepRun], out: str | Path | None, resume: bool) -> bool:
-    """Whether resuming ``out`` reuses every run (each completed with its config): their plans passed when they ran."""
-    existing = resumed(out, resume)
-    return existing is not None and all(fate(_run_dir(existing, run), run.cfg, True)[0] == "reuse" for run in configs)
+def _fates(configs: list[SweepRun], existing: Path | None) -> list[tuple[str, dict[str, Any] | None]]:
+    """What the sweep does with each run's folder in the sweep it resumes (:func:`fate`: a reused run's summary
+    with it), read once for the sweep's plan check and its runs; in a new sweep, every run is trained."""
+    return [fate(_run_dir(existing, run), run.cfg, True) if existing is not None else ("train", None)
+            for run in configs]
 
 
 def _refusal(run: SweepRun, status: Console | None = None) -> HetfedError | None:
@@ -255,7 +257,7 @@ def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str
     existing = resumed(out, resume)
     if existing is not None:
         check_resumable(existing, [(_run_dir(existing, run), run.cfg) for run in configs], each_method)
-    fates = ["train" if existing is None else fate(_run_dir(existing, run), run.cfg, True)[0] for run in configs]
+    fates = [what for what, _summary in _fates(configs, existing)]
     todo = [i for i, what in enumerate(fates) if what != "reuse"]  # a reused run's plan passed when it ran
     with sharing():
         why = {i: _refusal(configs[i], None if n else status) for n, i in enumerate(todo)}  # the loading shown once
@@ -275,14 +277,14 @@ def _checked(config: Config, grid: dict[str, list[Any]], seeds: int, out: str | 
     return configs
 
 
-def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], resume: bool, jobs: int,
-                   console: Console | None, stack: bool = False) -> dict[int, tuple[str, object]]:
-    """Every run not already complete (resuming), one by one or in ``jobs`` workers: run index → outcome."""
+def _execute_sweep(sweep_dir: Path, configs: list[SweepRun], fates: list[tuple[str, dict[str, Any] | None]],
+                   jobs: int, console: Console | None, stack: bool = False) -> dict[int, tuple[str, object]]:
+    """Every run not already complete (resuming: ``fates``, :func:`_fates`), one by one or in ``jobs`` workers:
+    run index → outcome."""
     todo: list[tuple[int, dict[str, Any], Config, Path]] = []  # each run's place, point as shown, config, folder
     outcome: dict[int, tuple[str, object]] = {}
-    for i, run in enumerate(configs):
+    for i, (run, (what, summary)) in enumerate(zip(configs, fates, strict=True)):
         run_dir = _run_dir(sweep_dir, run)
-        what, summary = fate(run_dir, run.cfg, resume)
         if what == "reuse":
             outcome[i] = ("ok", summary)
             continue
