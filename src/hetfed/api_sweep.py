@@ -151,9 +151,10 @@ def sweep_dry_run(config: str | Path | dict | Config | None, grid: dict[str, lis
                   out: str | Path | None = None, jobs: int = 1, resume: bool = False, stack: bool = False,
                   each_method: bool = False) -> pd.DataFrame:
     """What :func:`sweep` of these arguments would do (``hetfed sweep --dry-run``), checked as it checks them —
-    every run planned on its own data — with nothing trained or written: a row per run, its folder within the
-    sweep's (``run``) and its ``fate``: ``train``, ``refused: <why>`` (the sweep would record it failed) or, resuming
-    ``out``, ``reuse``, ``continue`` or ``redo``. A sweep it would refuse whole raises as :func:`sweep` does."""
+    every run it would not reuse planned on its own data — with nothing trained or written: a row per run, its
+    folder within the sweep's (``run``) and its ``fate``: ``train``, ``refused: <why>`` (the sweep would record it
+    failed) or, resuming ``out``, ``reuse``, ``continue`` or ``redo``. A sweep it would refuse whole raises as
+    :func:`sweep` does."""
     from hetfed.runs.sweep import dry_run
 
     fates = dry_run(_config(config), _grid(grid), seeds, out, _flag("resume", resume), jobs, _flag("stack", stack),

@@ -248,11 +248,11 @@ def dry_run(config: Config, grid: dict[str, list[Any]], seeds: int = 3, out: str
             resume: bool = False, jobs: int = 1, stack: bool = False, each_method: bool = False,
             status: Console | None = None) -> list[tuple[Path, str]]:
     """The runs :func:`run_sweep` of these arguments would make, checked as it checks them before writing anything
-    (:func:`_checked`) and each planned on its own data: each run's folder within the sweep's and what the sweep
-    would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed; resuming ``out``:
-    ``reuse``, ``continue`` or ``redo``, :func:`hetfed.runs.sweep_resume.fate`), nothing trained or written; a sweep
-    every run of which is refused is refused as the sweep refuses it (``status``: where the loading shows). Why:
-    ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
+    (:func:`_checked`) and each it would not reuse planned on its own data: each run's folder within the sweep's and
+    what the sweep would do with it (``train``; ``refused: <why>``, a run the sweep would record as failed; resuming
+    ``out``: ``reuse``, ``continue`` or ``redo``, :func:`hetfed.runs.sweep_resume.fate`), nothing trained or
+    written; a sweep every run of which is refused is refused as the sweep refuses it (``status``: where the loading
+    shows). Why: ``hetfed sweep --dry-run`` checks a long study (a lent GPU's few minutes) on a laptop first."""
     configs = _checked(config, grid, seeds, out, resume, jobs, stack, each_method)
     existing = resumed(out, resume)
     if existing is not None:
