@@ -22,6 +22,7 @@ from rich.table import Table
 from hetfed import __version__
 from hetfed.config import dump_config, load_config
 from hetfed.console import make_console, print_loading
+from hetfed.engine.host_threads import fit_to_idle_cores
 from hetfed.environment import refuse_unknown
 from hetfed.errors import ConfigError, HetfedError, HetfedNote, Terminated
 from hetfed.listings import cmd_algorithms, cmd_components
@@ -396,9 +397,11 @@ def cmd_run(args: argparse.Namespace) -> int:
 
     if args.resume is not None:
         _resume_alone(args)
+        fit_to_idle_cores()
         out = resume_experiment(args.resume, progress=not args.quiet, console=console, present=present)
     else:
         config = load_config(args.config, args.sets, methods=args.methods)
+        fit_to_idle_cores()
         out = run_experiment(config, out=args.out, progress=not args.quiet, console=console, present=present)
     _no_report_line(args, out.run_dir)
     if args.quiet:  # no progress, but always where the results are
@@ -419,6 +422,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                           "point's methods would replace the ones chosen; expected one of them")
     if args.dry_run:
         return _dry_run(config, grid, args)
+    fit_to_idle_cores()
     sweep_dir, _ = run_sweep(config, grid, seeds=args.seeds, out=args.out, progress=not args.quiet, console=console,
                              present=None if args.no_report else present_sweep, resume=args.resume,
                              jobs=args.jobs, stack=args.stack, each_method=args.each_method)
@@ -557,6 +561,9 @@ def entry() -> None:
     import os
     import threading
 
+    from hetfed.engine import host_threads
+
+    host_threads.STARTED = host_threads.cpu_reading()  # what other processes do from now on (fit_to_idle_cores)
     code = main()
     _forget_caught_interrupts()
     stuck = [t for t in threading.enumerate() if t is not threading.main_thread() and not t.daemon and t.is_alive()]

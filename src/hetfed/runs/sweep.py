@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
@@ -425,7 +424,10 @@ def _init_worker(threads: int, jobs: int = 1) -> None:
 
 
 def worker_threads(jobs: int) -> int:
-    return max(1, (os.cpu_count() or 1) // jobs)
+    """Each of ``jobs`` workers' threads: its share of the cores other processes leave idle."""
+    from hetfed.engine.host_threads import usable_cores
+
+    return max(1, usable_cores() // jobs)
 
 
 def _run_parallel(todo: list[tuple[int, dict[str, Any], Config, Path]], jobs: int,

@@ -1,0 +1,119 @@
+"""The ``hetfed`` command computes on the cores other processes leave idle (``hetfed.engine.host_threads``): one
+thread fewer per core another process keeps busy, said in a ``note:`` line, and never where the environment chose."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from hetfed.engine import host_threads
+from hetfed.engine.host_threads import CpuReading, busy_elsewhere, idle_cores
+from hetfed.errors import HetfedNote
+
+LINUX = sys.platform.startswith("linux")
+
+
+def test_busy_elsewhere_is_the_cores_busy_less_this_process_over_the_wall_time():
+    before = CpuReading(wall=10.0, busy=100.0, own=3.0, cores=4)
+    after = CpuReading(wall=12.0, busy=105.0, own=4.0, cores=4)  # 5 CPU-s busy in 2 s, 1 of them this process's
+    assert busy_elsewhere(before, after) == pytest.approx(2.0)
+    assert busy_elsewhere(before, CpuReading(12.0, 100.5, 4.0, 4)) == 0.0  # ticks counted apart never go negative
+    assert busy_elsewhere(before, before) == 0.0
+
+
+@given(st.integers(1, 256), st.floats(0, 512, allow_nan=False))
+def test_idle_cores_leave_at_least_one_and_never_more_than_the_machine(cores, elsewhere):
+    idle = idle_cores(cores, elsewhere)
+    assert 1 <= idle <= cores
+    assert idle == max(1, cores - round(elsewhere))
+
+
+def test_a_quiet_machine_leaves_every_core():
+    assert idle_cores(2, 0.3) == 2 and idle_cores(16, 0.0) == 16
+
+
+@pytest.mark.skipif(not LINUX, reason="/proc/stat is Linux's")
+def test_a_reading_counts_the_cores_this_process_may_use_and_its_own_time():
+    before = host_threads.cpu_reading()
+    end = time.process_time() + 0.2
+    while time.process_time() < end:  # 0.2 CPU-seconds of this process's own
+        pass
+    after = host_threads.cpu_reading()
+    assert before is not None and after is not None
+    assert after.cores == len(os.sched_getaffinity(0))
+    assert after.own - before.own >= 0.19
+    assert after.busy - before.busy >= 0.15  # the cores' count saw it too (in 10 ms ticks)
+
+
+def _judged(monkeypatch, elsewhere: float, cores: int = 2, threads: int = 2) -> tuple[int | None, list[int]]:
+    """:func:`fit_to_idle_cores` with readings that put ``elsewhere`` cores' work of other processes over 1 s."""
+    import torch
+
+    limited: list[int] = []
+    monkeypatch.setattr(host_threads, "STARTED", CpuReading(0.0, 0.0, 0.0, cores))
+    monkeypatch.setattr(host_threads, "cpu_reading", lambda: CpuReading(1.0, elsewhere + 0.5, 0.5, cores))
+    monkeypatch.setattr(host_threads, "limit_threads", limited.append)
+    monkeypatch.setattr(host_threads, "IDLE", None)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
+    for var in host_threads.VARIABLES:
+        monkeypatch.delenv(var, raising=False)
+    return host_threads.fit_to_idle_cores(), limited
+
+
+def test_a_busy_core_takes_one_thread_and_says_so(monkeypatch):
+    with pytest.warns(HetfedNote, match=r"other processes kept 1\.0 of this machine's 2 cores busy: computing on 1 "
+                                        r"thread instead of 2 \(OMP_NUM_THREADS=N chooses\)"):
+        chosen, limited = _judged(monkeypatch, elsewhere=1.0)
+    assert chosen == 1 and limited == [1]
+    from hetfed.runs.sweep import worker_threads
+
+    assert worker_threads(1) == 1  # a sweep's workers share the idle core
+
+
+def test_idle_cores_keep_the_threads_and_say_nothing(monkeypatch):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert _judged(monkeypatch, elsewhere=0.2) == (2, [])
+        assert _judged(monkeypatch, elsewhere=1.0, cores=16, threads=8) == (8, [])  # torch's 8 of 15 idle cores
+
+
+def test_threads_chosen_in_the_environment_or_a_call_in_process_are_left_alone(monkeypatch):
+    with pytest.warns(HetfedNote):
+        _judged(monkeypatch, elsewhere=1.0)
+    monkeypatch.setenv("OMP_NUM_THREADS", "2")
+    assert host_threads.fit_to_idle_cores() is None
+    monkeypatch.delenv("OMP_NUM_THREADS")
+    monkeypatch.setattr(host_threads, "STARTED", None)  # not started as the hetfed command (a library call)
+    assert host_threads.fit_to_idle_cores() is None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LINUX or (os.cpu_count() or 1) < 2, reason="needs /proc/stat and two cores")
+def test_hetfed_run_beside_busy_cores_computes_on_the_idle_one(tmp_path: Path):
+    """The command itself: with every core but one held by other processes, ``hetfed run`` notes it, computes on one
+    thread and records that in its summary."""
+    env = {k: v for k, v in os.environ.items() if k not in host_threads.VARIABLES}
+    spinning = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+                for _ in range(len(os.sched_getaffinity(0)) - 1)]
+    try:
+        time.sleep(0.5)
+        proc = subprocess.run([sys.executable, "-m", "hetfed", "run", "--set", "train.rounds=1", "--no-report",
+                               "--quiet", "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env,
+                              timeout=600)
+    finally:
+        for p in spinning:
+            p.kill()
+            p.wait()
+    assert proc.returncode == 0, proc.stderr
+    assert "note: other processes kept" in proc.stderr and "computing on 1 thread instead of" in proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["environment"]["torch_threads"] == 1
