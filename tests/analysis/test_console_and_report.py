@@ -111,6 +111,34 @@ def test_the_round_bar_shows_accuracy_counts_and_labelled_times_within_the_termi
     assert "acc 0.812" in text and "elapsed 0:00:0" in text and "ETA" in text, text
 
 
+def test_the_progress_rate_is_the_latest_rounds_not_the_runs_average():
+    """A run whose first rounds were slow (a compile, a start beside another process) showed their drag in its rate
+    long after: 1 000 rounds at 10/s after 10 slow ones read 5.0 rounds/s. The bar's rate is its last 20 rounds'."""
+    from hetfed.runs import observers
+    from hetfed.runs.summary import round_fields
+
+    assert round_fields(None, {"train_s": 110.0, "eval_s": 0.0}, 1010)["rate"].startswith("9.2 rounds/s")
+    assert round_fields(None, {"train_s": 110.0, "eval_s": 0.0}, 1010, (990, 108.0))["rate"].startswith("10.0 rounds/s")
+    assert round_fields(None, {"train_s": 5.0, "eval_s": 0.0}, 1, (1, 5.0))["rate"].startswith("5.0 s/round")
+
+    shown: list[str] = []
+
+    class Bar:
+        def update(self, task, completed, rate, **fields):
+            shown.append(rate)
+
+    class Beat:
+        def beat(self):
+            pass
+
+    watch = observers.ProgressObserver(Bar(), 0, Beat())
+    seconds = 0.0
+    for rnd in range(1, 111):
+        seconds += 10.0 if rnd <= 10 else 0.1  # ten slow rounds, then ten a second
+        watch.round_done(rnd, None, {"train_s": seconds, "eval_s": 0.0})
+    assert shown[0].startswith("10.0 s/round") and shown[-1].startswith("10.0 rounds/s"), (shown[0], shown[-1])
+
+
 # ------------------------------------------------------------------ 9. no silent waits; figures drawn once
 
 

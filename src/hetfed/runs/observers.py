@@ -3,7 +3,8 @@ the metrics file (and the trackers it mirrors to), the progress bar and heartbea
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import deque
+from dataclasses import dataclass, field
 from typing import Any
 
 from hetfed.engine.evaluate import Evaluation
@@ -38,17 +39,25 @@ class MetricsObserver(RoundObserver):
         write_evaluation(self.writer, self.label, rnd, ev)
 
 
+#: the rounds the progress bar's rate is measured over (the latest ones)
+RATE_ROUNDS = 20
+
+
 @dataclass
 class ProgressObserver(RoundObserver):
-    """The progress bar's task moved on, and the heartbeat refreshed, after every round."""
+    """The progress bar's task moved on, and the heartbeat refreshed, after every round; its rate is the latest
+    :data:`RATE_ROUNDS` rounds' (``recent``: each of them, with the training seconds when it ended)."""
 
     bar: Any
     task: Any
     heartbeat: Heartbeat
+    recent: deque[tuple[int, float]] = field(default_factory=lambda: deque(maxlen=RATE_ROUNDS + 1))
 
     def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
         if not getattr(self.bar, "disable", False):  # a display that shows nothing (a sweep's runs') is not fed:
-            self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd))  # ~40 µs a round
+            since = self.recent[0] if self.recent else None  # ~40 µs a round
+            self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd, since))
+            self.recent.append((rnd, timing["train_s"]))
         self.heartbeat.beat()
 
 

@@ -116,11 +116,15 @@ def primary_row(method: MethodConfig) -> str:
     return row_name(method, view) if view else method.label
 
 
-def round_fields(metrics: dict[str, Any] | None, timing: dict[str, float], rnd: int) -> dict[str, str]:
+def round_fields(metrics: dict[str, Any] | None, timing: dict[str, float], rnd: int,
+                 since: tuple[int, float] | None = None) -> dict[str, str]:
     """The progress bar's fields after a round (:func:`hetfed.console.round_progress`): the global accuracy when
-    the round was evaluated, and the throughput."""
+    the round was evaluated, the training rate over the rounds after ``since`` (an earlier round and the training
+    seconds then; None: since the run's start) and the seconds spent evaluating. Why a recent rate: the run's average
+    is pulled down by its first rounds (a compile, a start beside another process) long after they are over."""
     fields = {"acc": f"{metrics['global_accuracy']:.3f}"} if metrics and "global_accuracy" in metrics else {}
-    fields["rate"] = f"{_rate(rnd, timing['train_s'])} · eval {timing['eval_s']:.1f} s"
+    start, seconds = since if since is not None and since[0] < rnd else (0, 0.0)
+    fields["rate"] = f"{_rate(rnd - start, timing['train_s'] - seconds)} · eval {timing['eval_s']:.1f} s"
     return fields
 
 
