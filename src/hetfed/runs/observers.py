@@ -55,8 +55,8 @@ class ProgressObserver(RoundObserver):
 
     def round_done(self, rnd: int, metrics: dict[str, float] | None, timing: dict[str, float]) -> None:
         if not getattr(self.bar, "disable", False):  # a display that shows nothing (a sweep's runs') is not fed:
-            since = self.recent[0] if self.recent else None  # ~40 µs a round
-            self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd, since))
+            since = self.recent[0] if self.recent else None
+            self.bar.update(self.task, completed=rnd, **round_fields(metrics, timing, rnd, since))  # ~40 µs a round
             self.recent.append((rnd, timing["train_s"]))
         self.heartbeat.beat()
 
