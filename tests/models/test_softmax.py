@@ -31,3 +31,18 @@ def test_padded_softmax_gives_torchs_numbers(monkeypatch: pytest.MonkeyPatch, wi
     y = torch.randint(0, classes, (3, 40))
     torch.testing.assert_close(softmax.row_cross_entropy(logits, y),
                                torch.nn.functional.cross_entropy(logits.transpose(1, 2), y, reduction="none"))
+
+
+@pytest.mark.parametrize("shape", [(1, 1, 10), (1, 3, 10), (200, 32, 10), (7, 17, 3)])
+def test_softmax_is_a_new_tensor_with_the_padded_rows_exponential(shape: tuple[int, ...]) -> None:
+    """The softmax (the padded rows' real columns copied, then exponentiated in place) is the exponential of the
+    padded log-softmax bit for bit, and a tensor of its own even where the columns' view is contiguous (one row):
+    a written-out cross-entropy changes it in place, and the log-softmax must not move."""
+    logits = torch.randn(*shape, generator=torch.Generator().manual_seed(sum(shape))) * 8
+    logp, p = softmax.log_softmax_and_softmax(logits)
+    kept = logp.clone()
+    wide = softmax.padded(logits)
+    if wide is not None:
+        assert torch.equal(p, torch.log_softmax(wide, -1).exp()[..., : shape[-1]])
+    p.add_(1.0)
+    assert torch.equal(logp, kept)
