@@ -335,6 +335,7 @@ def cmd_partition(args: argparse.Namespace) -> int:
     from hetfed.runs.plan import check_config
 
     config = load_config(args.config, args.sets)
+    fit_to_idle_cores(others=False)  # Γ gains from every core even beside busy ones, but not past a CPU quota
     check_config(config, train=False)  # partitioning trains no method's model
     for note in unread_by_preparation(config, args.sets):
         warnings.warn(note, UnreadKey, stacklevel=1)

@@ -54,8 +54,10 @@ def test_a_reading_counts_the_cores_this_process_may_use_and_its_own_time():
     assert after.busy - before.busy >= 0.15  # the cores' count saw it too (in 10 ms ticks)
 
 
-def _judged(monkeypatch, elsewhere: float, cores: int = 2, threads: int = 2) -> tuple[int | None, list[int]]:
-    """:func:`fit_to_idle_cores` with readings that put ``elsewhere`` cores' work of other processes over 1 s."""
+def _judged(monkeypatch, elsewhere: float, cores: int = 2, threads: int = 2, allowed: int | None = None
+            ) -> tuple[int | None, list[int]]:
+    """:func:`fit_to_idle_cores` with readings that put ``elsewhere`` cores' work of other processes over 1 s, the
+    process allowed ``allowed`` cores (None: all ``cores``)."""
     import torch
 
     limited: list[int] = []
@@ -63,6 +65,7 @@ def _judged(monkeypatch, elsewhere: float, cores: int = 2, threads: int = 2) -> 
     monkeypatch.setattr(host_threads, "cpu_reading", lambda: CpuReading(1.0, elsewhere + 0.5, 0.5, cores))
     monkeypatch.setattr(host_threads, "limit_threads", limited.append)
     monkeypatch.setattr(host_threads, "IDLE", None)
+    monkeypatch.setattr(host_threads, "allowed_cores", lambda: cores if allowed is None else allowed)
     monkeypatch.setattr(torch, "get_num_threads", lambda: threads)
     for var in host_threads.VARIABLES:
         monkeypatch.delenv(var, raising=False)
@@ -84,6 +87,31 @@ def test_idle_cores_keep_the_threads_and_say_nothing(monkeypatch):
         warnings.simplefilter("error")
         assert _judged(monkeypatch, elsewhere=0.2) == (2, [])
         assert _judged(monkeypatch, elsewhere=1.0, cores=16, threads=8) == (8, [])  # torch's 8 of 15 idle cores
+
+
+def test_a_cpu_quota_below_the_threads_takes_them_down_and_says_why(monkeypatch):
+    """A container limited by quota sees its host's cores: torch's pool of one thread per core is cut to the quota,
+    with the quota, not other processes, named as the reason; a sweep's workers share the quota's cores."""
+    with pytest.warns(HetfedNote, match=r"this process may use 2 of this machine's 16 cores \(its cgroup's CPU "
+                                        r"quota or LOKY_MAX_CPU_COUNT\): computing on 2 threads instead of 16"):
+        chosen, limited = _judged(monkeypatch, elsewhere=0.0, cores=16, threads=16, allowed=2)
+    assert chosen == 2 and limited == [2]
+    from hetfed.runs.sweep import worker_threads
+
+    assert worker_threads(2) == 1
+    with pytest.warns(HetfedNote, match="other processes kept 15.0"):  # busier than the quota: the load says why
+        assert _judged(monkeypatch, elsewhere=15.0, cores=16, threads=16, allowed=2)[0] == 1
+
+
+def test_allowed_cores_are_joblibs_count_with_its_limits(monkeypatch):
+    """What a process may use is joblib's count: affinity, cgroup quota and ``LOKY_MAX_CPU_COUNT`` (checked here, the
+    one a test can set), never more than the cores of this process's affinity."""
+    monkeypatch.delenv("LOKY_MAX_CPU_COUNT", raising=False)
+    assert 1 <= host_threads.allowed_cores() <= len(os.sched_getaffinity(0)) if LINUX else True
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", "1")
+    assert host_threads.allowed_cores() == 1
+    monkeypatch.setattr(host_threads, "IDLE", None)
+    assert host_threads.usable_cores() == 1  # a sweep's workers share what the process may use, not os.cpu_count()
 
 
 def test_threads_chosen_in_the_environment_or_a_call_in_process_are_left_alone(monkeypatch):
@@ -117,3 +145,30 @@ def test_hetfed_run_beside_busy_cores_computes_on_the_idle_one(tmp_path: Path):
     assert "note: other processes kept" in proc.stderr and "computing on 1 thread instead of" in proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["environment"]["torch_threads"] == 1
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(not LINUX or len(os.sched_getaffinity(0)) < 2, reason="needs two cores")
+def test_hetfed_run_under_a_cpu_limit_computes_on_the_cores_it_may_use(tmp_path: Path):
+    """The command itself, limited to one core as joblib reads a limit (``LOKY_MAX_CPU_COUNT``, as a container's
+    quota would): it notes it, computes on one thread and records that in its summary."""
+    env = {k: v for k, v in os.environ.items() if k not in host_threads.VARIABLES} | {"LOKY_MAX_CPU_COUNT": "1"}
+    proc = subprocess.run([sys.executable, "-m", "hetfed", "run", "--set", "train.rounds=1", "--no-report", "--quiet",
+                           "--out", str(tmp_path / "run")], capture_output=True, text=True, env=env, timeout=600)
+    assert proc.returncode == 0, proc.stderr
+    assert "note: this process may use 1 of this machine's" in proc.stderr, proc.stderr
+    summary = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert summary["environment"]["torch_threads"] == 1
+
+
+def test_a_command_that_keeps_every_idle_core_still_keeps_to_its_quota(monkeypatch):
+    """``others=False`` (``hetfed partition``: Γ gains from every core even beside busy ones) leaves the load of other
+    processes alone but not the quota."""
+    with pytest.warns(HetfedNote, match="other processes kept 1.0"):
+        _judged(monkeypatch, elsewhere=1.0)  # a busy core in the readings: judged again below without the load
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert host_threads.fit_to_idle_cores(others=False) == 2
+    monkeypatch.setattr(host_threads, "allowed_cores", lambda: 1)
+    with pytest.warns(HetfedNote, match="this process may use 1 of this machine's 2 cores"):
+        assert host_threads.fit_to_idle_cores(others=False) == 1

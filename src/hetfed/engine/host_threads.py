@@ -92,34 +92,50 @@ def idle_cores(cores: int, elsewhere: float) -> int:
     return max(1, cores - round(elsewhere))
 
 
+def allowed_cores() -> int:
+    """The cores this process may use: those of its affinity, at most its container's CPU quota (cgroup v1's or v2's
+    ``cpu.max``, rounded up) — joblib's count (``LOKY_MAX_CPU_COUNT`` lowers it too). Why not ``os.cpu_count()``: a
+    container limited by quota sees every core of its host, and a pool of one thread per host core on a quota of a
+    few is throttled."""
+    import joblib
+
+    return max(1, int(joblib.cpu_count()))
+
+
 def usable_cores() -> int:
     """The cores a sweep shares among its processes: those other processes left idle where the ``hetfed`` command
-    judged them (:func:`fit_to_idle_cores`), else every core."""
-    return IDLE if IDLE is not None else os.cpu_count() or 1
+    judged them (:func:`fit_to_idle_cores`), else those this process may use (:func:`allowed_cores`)."""
+    return IDLE if IDLE is not None else allowed_cores()
 
 
-def fit_to_idle_cores() -> int | None:
+def fit_to_idle_cores(others: bool = True) -> int | None:
     """The ``hetfed`` command's threads fitted to the cores other processes leave idle, judged from its start
     (:data:`STARTED`) to now (at least :data:`MIN_WINDOW_S`); a ``note:`` says so when they are fewer than torch's
-    default. Returns the threads chosen, or None when nothing is judged: not started as the command, not Linux, or a
+    default. The idle cores are at most those the process may use (:func:`allowed_cores`: a container's CPU quota);
+    ``others`` False: only those (a command whose work gains from every core even beside busy ones).
+    Returns the threads chosen, or None when nothing is judged: not started as the command, not Linux, or a
     thread count chosen in the environment (``OMP_NUM_THREADS``, ``MKL_NUM_THREADS``, ``OPENBLAS_NUM_THREADS``)."""
     if STARTED is None or any(os.environ.get(var) for var in VARIABLES):
         return None
     now = cpu_reading()
     if now is None:
         return None
-    if now.wall - STARTED.wall < MIN_WINDOW_S:
+    if others and now.wall - STARTED.wall < MIN_WINDOW_S:
         time.sleep(MIN_WINDOW_S - (now.wall - STARTED.wall))
         now = cpu_reading() or now
     import torch
 
     global IDLE
-    current, elsewhere = torch.get_num_threads(), busy_elsewhere(STARTED, now)
-    IDLE = idle_cores(now.cores, elsewhere)
+    current, allowed = torch.get_num_threads(), allowed_cores()
+    elsewhere = busy_elsewhere(STARTED, now) if others else 0.0
+    left = idle_cores(now.cores, elsewhere)
+    IDLE = min(left, allowed)
     chosen = min(current, IDLE)
     if chosen < current:
         limit_threads(chosen)
-        warnings.warn(f"other processes kept {elsewhere:.1f} of this machine's {now.cores} cores busy: computing on "
-                      f"{chosen} thread{'s' if chosen > 1 else ''} instead of {current} (OMP_NUM_THREADS=N chooses)",
-                      HetfedNote, stacklevel=2)
+        why = (f"other processes kept {elsewhere:.1f} of this machine's {now.cores} cores busy" if left < allowed
+               else f"this process may use {allowed} of this machine's {now.cores} cores (its cgroup's CPU quota or "
+               "LOKY_MAX_CPU_COUNT)")
+        warnings.warn(f"{why}: computing on {chosen} thread{'s' if chosen > 1 else ''} instead of {current} "
+                      "(OMP_NUM_THREADS=N chooses)", HetfedNote, stacklevel=2)
     return chosen
