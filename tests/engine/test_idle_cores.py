@@ -114,6 +114,23 @@ def test_allowed_cores_are_joblibs_count_with_its_limits(monkeypatch):
     assert host_threads.usable_cores() == 1  # a sweep's workers share what the process may use, not os.cpu_count()
 
 
+@pytest.mark.parametrize("value", ["abc", "0", "-2", "1.5"])
+def test_a_cpu_limit_joblib_cannot_read_is_refused_in_one_line(monkeypatch, tmp_path: Path, value: str):
+    """``LOKY_MAX_CPU_COUNT`` is joblib's, but the command reads it through joblib: a value joblib would crash on (or
+    take as no core) ends the command with exit status 2 and a line naming it, before any run directory."""
+    from hetfed.errors import ConfigError
+
+    monkeypatch.setenv("LOKY_MAX_CPU_COUNT", value)
+    with pytest.raises(ConfigError, match=rf"LOKY_MAX_CPU_COUNT = '{value}' is not allowed: expected a whole number "
+                                          "above 0"):
+        host_threads.allowed_cores()
+    env = {k: v for k, v in os.environ.items() if k not in host_threads.VARIABLES}
+    proc = subprocess.run([sys.executable, "-m", "hetfed", "run", "--out", str(tmp_path / "run")], capture_output=True,
+                          text=True, env=env, timeout=300)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "LOKY_MAX_CPU_COUNT" in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 def test_threads_chosen_in_the_environment_or_a_call_in_process_are_left_alone(monkeypatch):
     with pytest.warns(HetfedNote):
         _judged(monkeypatch, elsewhere=1.0)

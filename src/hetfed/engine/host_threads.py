@@ -96,9 +96,13 @@ def allowed_cores() -> int:
     """The cores this process may use: those of its affinity, at most its container's CPU quota (cgroup v1's or v2's
     ``cpu.max``, rounded up) — joblib's count (``LOKY_MAX_CPU_COUNT`` lowers it too). Why not ``os.cpu_count()``: a
     container limited by quota sees every core of its host, and a pool of one thread per host core on a quota of a
-    few is throttled."""
+    few is throttled. A ``LOKY_MAX_CPU_COUNT`` joblib could not read is refused in hetfed's words (joblib raises a
+    bare ``ValueError``)."""
     import joblib
 
+    from hetfed.environment import positive
+
+    positive("LOKY_MAX_CPU_COUNT", 1, integer=True)
     return max(1, int(joblib.cpu_count()))
 
 
