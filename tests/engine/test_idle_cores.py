@@ -176,6 +176,7 @@ def test_hetfed_run_under_a_cpu_limit_computes_on_the_cores_it_may_use(tmp_path:
     assert "note: this process may use 1 of this machine's" in proc.stderr, proc.stderr
     summary = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert summary["environment"]["torch_threads"] == 1
+    assert summary["environment"]["cores_allowed"] == 1 and summary["environment"]["cores_idle_at_start"] == 1
 
 
 def test_a_command_that_keeps_every_idle_core_still_keeps_to_its_quota(monkeypatch):
@@ -189,3 +190,20 @@ def test_a_command_that_keeps_every_idle_core_still_keeps_to_its_quota(monkeypat
     monkeypatch.setattr(host_threads, "allowed_cores", lambda: 1)
     with pytest.warns(HetfedNote, match="this process may use 1 of this machine's 2 cores"):
         assert host_threads.fit_to_idle_cores(others=False) == 1
+
+
+def test_a_runs_environment_says_its_cpu_and_the_cores_it_could_use(monkeypatch):
+    """summary.json's environment: the CPU's model and vector width (numbers round by it), the cores the process
+    could use, and the idle ones where the command judged them — what makes two runs' timings comparable or not."""
+    import torch
+
+    from hetfed.runs.rundir import environment
+
+    monkeypatch.setattr(host_threads, "IDLE", None)
+    env = environment()
+    assert env["cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert env["cores_allowed"] == host_threads.allowed_cores() and "cores_idle_at_start" not in env
+    if LINUX:
+        assert env["cpu"]
+    monkeypatch.setattr(host_threads, "IDLE", 1)
+    assert environment()["cores_idle_at_start"] == 1

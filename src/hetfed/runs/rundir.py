@@ -244,10 +244,26 @@ class MetricsWriter:
 
 
 def environment() -> dict[str, Any]:
-    """Versions, machine and threads a run was made with (for its report and for reproducing it)."""
+    """Versions, machine and threads a run was made with (for its report and for reproducing it): the CPU's model
+    and vector width (a run's numbers round by it, its timings depend on it), the cores the process could use (a
+    container's quota) and, where the ``hetfed`` command judged them, those other processes left idle."""
     import torch
 
-    return {**_process_environment(), "torch_threads": torch.get_num_threads()}
+    from hetfed.engine import host_threads
+
+    idle = {} if host_threads.IDLE is None else {"cores_idle_at_start": host_threads.IDLE}
+    return {**_process_environment(), "torch_threads": torch.get_num_threads(), **idle}
+
+
+def cpu_model() -> str | None:
+    """The CPU's model name (``/proc/cpuinfo``'s on Linux, where ``platform.processor()`` is empty), or None."""
+    import platform
+
+    try:
+        with open("/proc/cpuinfo") as fh:
+            return next((line.split(":", 1)[1].strip() for line in fh if line.startswith("model name")), None)
+    except OSError:
+        return platform.processor() or None
 
 
 @functools.cache
@@ -274,10 +290,23 @@ def _process_environment() -> dict[str, Any]:
         "python": sys.version.split()[0], "torch": torch.__version__,
         **{name: version(name) for name in ("numpy", "scipy", "scikit-learn", "numba", "flwr")},
         "platform": platform.platform(), "machine": platform.machine(), "host": socket.gethostname(),
-        "cpu_count": os.cpu_count(),
+        "cpu": cpu_model(), "cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        "cpu_count": os.cpu_count(), "cores_allowed": _allowed_cores(),
         "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
     }
     return {k: v for k, v in env.items() if v is not None}
+
+
+def _allowed_cores() -> int | None:
+    """The cores the process may use (:func:`hetfed.engine.host_threads.allowed_cores`), None where that cannot be
+    read (a ``LOKY_MAX_CPU_COUNT`` the command would refuse, in a library call)."""
+    from hetfed.engine.host_threads import allowed_cores
+    from hetfed.errors import ConfigError
+
+    try:
+        return allowed_cores()
+    except ConfigError:
+        return None
 
 
 def set_status(run_dir: Path, status: str, **info: Any) -> None:
