@@ -15,9 +15,11 @@ of seeds N, N separate ``hetfed run --set seed=s`` one after another, ``hetfed s
 
 ``--per-round`` measures what a round costs in stacked sweeps of each number of seeds: the marginal time of a round
 (a sweep of ``--rounds`` rounds minus one of ``--rounds`` / 4, over the rounds between: preparation and start-up cancel
-out), its ratio to one seed's, what the sweep spends outside its rounds a seed (``outside_rounds_ms_per_seed``: the
-short sweep's time outside the lockstep of its runs' rounds — loading, partitioning and Γ, run directories, each
-method's final files and rows, summaries, the sweep's report), and how much of the round the sweep's thread spends
+out), its ratio to one seed's (and each repeat's, ``over_one_seed_each_repeat``: the numbers of seeds take turns
+within a repeat, so that each ratio is of one moment on a machine whose speed moves), what the sweep spends outside its
+rounds a seed (``outside_rounds_ms_per_seed``: the short sweep's time outside the lockstep of its runs' rounds —
+loading, partitioning and Γ, run directories, each method's final files and rows, summaries, the sweep's report), and
+how much of the round the sweep's thread spends
 computing the runs' joined client steps and evaluations (``joined_client_work_ms``), of which the joined stack's
 step loop (``train_stack_ms``; the rest of the joined work: joining the runs' states and splitting their uploads,
 screening, the evaluations; the rest of the round: each run's own server, evaluation summary, metrics and
@@ -58,6 +60,7 @@ import tempfile
 import time
 import warnings
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -107,13 +110,15 @@ def separate_against_sweeps(seeds: int, rounds: int, device: str, threads: int, 
 
 
 def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: Path,
-              repeats: int = 2, methods: list[str] | None = None) -> dict[int, dict[str, float]]:
+              repeats: int = 2, methods: list[str] | None = None) -> dict[int, dict[str, Any]]:
     """Each number of seeds' marginal milliseconds per round (stacked), over one seed's, and where it goes: the
     joined client work (the runs' client steps and evaluations computed together), of which the step loop of the
     joined stack (``train_stack``: the client arithmetic and its bookkeeping), and the rest of the sweep thread's
     round by part (the module docstring names them). Each sweep timed ``repeats`` times, the fastest kept
-    (1 where a GPU's lease is short). ``methods``: a grid of these algorithms, each run one of them, side by side
-    (their runs' seeds × methods in the stack)."""
+    (1 where a GPU's lease is short); the numbers of seeds take turns within a repeat, and each repeat's own ratio
+    to one seed is kept too (``over_one_seed_each_repeat``, sorted): on a machine whose speed moves between minutes,
+    the ratio of sweeps timed a minute apart measures the machine, not the code. ``methods``: a grid of these
+    algorithms, each run one of them, side by side (their runs' seeds × methods in the stack)."""
     grid = {"methods": [[{"algorithm": m}] for m in methods]} if methods else None
     from hetfed.algorithms import fedavg
     from hetfed.engine import local
@@ -159,27 +164,40 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     for (owner, name, counted), fn in zip(targets, originals, strict=True):
         setattr(owner, name, timed(fn, counted))
     short = max(1, rounds // 4)
-    out: dict[int, dict[str, float]] = {}
+    configs = {r: load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"]) for r in (short, rounds)}
+    # wall[n][r][k]; parts[n][r]: each column's time summed over the repeats; outside[n]: each short sweep's time
+    # outside its lockstep (its runs' rounds at once)
+    wall = {n: {r: [] for r in configs} for n in seeds}
+    parts = {n: {r: dict.fromkeys(columns, 0.0) for r in configs} for n in seeds}
+    outside: dict[int, list[float]] = {n: [] for n in seeds}
     try:
-        for i, n in enumerate([seeds[0], *seeds]):  # the first sweep twice: the first time warms up (imports …)
-            measured = {}
-            outside: list[float] = []  # each short sweep's time outside its lockstep (its runs' rounds at once)
-            for r in (short, rounds):
-                config = load_config(str(DEFAULT), [*config_overrides, f"train.rounds={r}"])
-                spent.update(dict.fromkeys(columns, 0.0))
-                walls = []
-                for k in range(repeats):
-                    lockstep = spent["lockstep_ms"]
-                    walls.append(timed_sweep(config, n, True, tmp / f"{i}_{r}_{k}", grid))
+        timed_sweep(configs[short], seeds[0], True, tmp / "warm", grid)  # the first sweep warms up (imports …)
+        for k in range(repeats):  # the seed counts in turn within a repeat: each repeat's ratios from one moment
+            for n in seeds:
+                for r, config in configs.items():
+                    spent.update(dict.fromkeys(columns, 0.0))
+                    wall[n][r].append(timed_sweep(config, n, True, tmp / f"{n}_{r}_{k}", grid))
+                    for column, t in spent.items():
+                        parts[n][r][column] += t
                     if r == short:
-                        outside.append(walls[-1] - (spent["lockstep_ms"] - lockstep))
-                measured[r] = {"ms_per_round": min(walls), **{column: t / repeats for column, t in spent.items()}}
+                        outside[n].append(wall[n][r][-1] - spent["lockstep_ms"])
+                each = (wall[n][rounds][-1] - wall[n][short][-1]) / (rounds - short) * 1000
+                print(json.dumps({"seeds": n, "repeat": k, "ms_per_round": round(each, 2)}), file=sys.stderr,
+                      flush=True)  # kept if a time limit stops us
+        out: dict[int, dict[str, Any]] = {}
+        for n in seeds:
+            measured = {r: {"ms_per_round": min(wall[n][r]), **{c: t / repeats for c, t in parts[n][r].items()}}
+                        for r in configs}
             out[n] = {column: round((measured[rounds][column] - measured[short][column]) / (rounds - short) * 1000, 2)
                       for column in measured[rounds]}
-            out[n]["outside_rounds_ms_per_seed"] = round(min(outside) * 1000 / n, 1)  # each repeat with its own
-            print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)  # kept if a time limit stops us
-        for row in out.values():
+            out[n]["outside_rounds_ms_per_seed"] = round(min(outside[n]) * 1000 / n, 1)
+            print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)
+        marginal = {n: [(wall[n][rounds][k] - wall[n][short][k]) / (rounds - short) for k in range(repeats)]
+                    for n in seeds}
+        for n, row in out.items():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
+            ratios = sorted(a / b for a, b in zip(marginal[n], marginal[seeds[0]], strict=True))
+            row["over_one_seed_each_repeat"] = [round(v, 2) for v in ratios]
     finally:
         for (owner, name, _columns), fn in zip(targets, originals, strict=True):
             setattr(owner, name, fn)
