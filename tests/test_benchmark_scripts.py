@@ -65,6 +65,8 @@ CASES = [
     ("protocol_flops.py", ["--config", str(BENCHMARKS.parent / "configs" / "default.yaml"), "--methods", "fedavg",
                            "ditto", "--rounds", "10", "--threads", "1"]),
     ("profile_sweep.py", ["--seeds", "2", "--rounds", "2", "--stack", "--threads", "1", "--top", "5"]),
+    ("profile_sweep.py", ["--cprofile", "--stack", "--seeds", "2", "--rounds", "2", "--threads", "1", "--top", "5"]),
+    ("profile_sweep.py", ["--cprofile", "--seeds", "1", "--rounds", "2", "--threads", "1", "--top", "5"]),
     ("scale.py", ["--clients", "100", "--fractions", "1.0", "--methods", "fedavg", "--rounds", "1", "--json"]),
     ("shared_preparation.py", ["--dataset", "digits", "--points", "2", "--seeds", "1", "--rounds", "1"]),
     ("step_cost.py", ["--steps", "5", "--threads", "1"]),
