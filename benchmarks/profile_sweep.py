@@ -104,7 +104,6 @@ class Sampler:
                         self.inclusive[name] += 1
                     f = f.f_back
 
-
     def table(self, top: int) -> dict[str, Any]:
         """The samples taken, and the top functions' shares of them: inclusive and own."""
         n = max(self.samples, 1)
