@@ -170,6 +170,7 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
     wall = {n: {r: [] for r in configs} for n in seeds}
     parts = {n: {r: dict.fromkeys(columns, 0.0) for r in configs} for n in seeds}
     outside: dict[int, list[float]] = {n: [] for n in seeds}
+    marginal: dict[int, list[float]] = {n: [] for n in seeds}  # each repeat's seconds a round
     try:
         timed_sweep(configs[short], seeds[0], True, tmp / "warm", grid)  # the first sweep warms up (imports …)
         for k in range(repeats):  # the seed counts in turn within a repeat: each repeat's ratios from one moment
@@ -181,9 +182,9 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
                         parts[n][r][column] += t
                     if r == short:
                         outside[n].append(wall[n][r][-1] - spent["lockstep_ms"])
-                each = (wall[n][rounds][-1] - wall[n][short][-1]) / (rounds - short) * 1000
-                print(json.dumps({"seeds": n, "repeat": k, "ms_per_round": round(each, 2)}), file=sys.stderr,
-                      flush=True)  # kept if a time limit stops us
+                marginal[n].append((wall[n][rounds][-1] - wall[n][short][-1]) / (rounds - short))
+                print(json.dumps({"seeds": n, "repeat": k, "ms_per_round": round(marginal[n][-1] * 1000, 2)}),
+                      file=sys.stderr, flush=True)  # kept if a time limit stops us
         out: dict[int, dict[str, Any]] = {}
         for n in seeds:
             measured = {r: {"ms_per_round": min(wall[n][r]), **{c: t / repeats for c, t in parts[n][r].items()}}
@@ -192,8 +193,6 @@ def per_round(config_overrides: list[str], seeds: list[int], rounds: int, tmp: P
                       for column in measured[rounds]}
             out[n]["outside_rounds_ms_per_seed"] = round(min(outside[n]) * 1000 / n, 1)
             print(json.dumps({"seeds": n, **out[n]}), file=sys.stderr, flush=True)
-        marginal = {n: [(wall[n][rounds][k] - wall[n][short][k]) / (rounds - short) for k in range(repeats)]
-                    for n in seeds}
         for n, row in out.items():
             row["over_one_seed"] = round(row["ms_per_round"] / out[seeds[0]]["ms_per_round"], 2)
             ratios = sorted(a / b for a, b in zip(marginal[n], marginal[seeds[0]], strict=True))
