@@ -16,6 +16,7 @@ when a table is asked for. Worked examples: ``docs/api.md``.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
@@ -182,8 +183,11 @@ class Model:
     """A trained model of a run: the global one, or each client's personalised one.
 
     ``predict(x)`` uses the server's model (local parameters as for a client never
-    seen in training); ``predict(x, client=k)`` client k's own (CGAU rows, FedMoE
-    mixture, …) when the method keeps local parameters.
+    seen in training); ``predict(x, client=k)`` client k's own: its local parameters
+    (CGAU rows, FedMoE mixture, …), its row of what the server keeps for each client
+    (FedFomo, pFedHN, FedCAC …), the model fitted to its own rows where the method
+    fits one as it evaluates (kNN-Per, Per-FedAvg, pFedFDA, IFCA, CFL: built from the
+    run's federation), or, for a method whose clients hold the global model, that.
     """
 
     method: str
@@ -191,6 +195,12 @@ class Model:
     shared: dict = field(repr=False)
     client_states: dict | None = field(default=None, repr=False)
     view: str | None = None
+    #: what the server sent its clients beside its model, where they predict with it (:func:`hetfed.interface.served`)
+    served: dict | None = field(default=None, repr=False)
+    #: the federation's size (every client holds the global model); None: only the clients whose states were saved
+    n_clients: int | None = None
+    #: the run's federation (``hetfed.partition.Federation``), built when a client's model is fitted to its own rows
+    federation: Callable[[], Any] | None = field(default=None, repr=False)
 
     @property
     def clients(self) -> list[int]:
@@ -201,7 +211,7 @@ class Model:
         """Class probabilities, ``[n, classes]``."""
         import torch
 
-        from hetfed.engine.types import Broadcast, ServerState
+        from hetfed.engine.types import ServerState
         from hetfed.interface import global_params
 
         algo = self.algorithm
@@ -213,25 +223,69 @@ class Model:
                     raise ConfigError(f"client=None is not allowed for {self.method}: its server keeps no whole model "
                                       f"(it lacks {missing[0]!r}"
                                       f"{f' and {len(missing) - 1} more' if len(missing) > 1 else ''}); expected "
-                                      f"client= one of {_ids(self.clients)}")
+                                      f"client= one of {_ids(self._holders())}")
                 params = global_params(algo, ServerState(self.shared))
                 logits = algo.model.forward(params, xt.unsqueeze(0), None)[0]
             else:
-                if algo.capabilities.per_client:
-                    raise ConfigError(f"client predictions of a saved {self.method} run are not supported yet: its "
-                                      "server keeps a row per client (Broadcast.personal) that the run does not "
-                                      "save; expected client=None where it has a global model, or the run's "
-                                      "metrics (metrics.csv, summary.json)")
-                if client not in self.clients:
-                    raise ConfigError(f"client {client} is not allowed: {self.method} saved personal parameters for "
-                                      f"{_ids(self.clients)}; expected one of them or client=None (the global model)")
-                row = self.clients.index(client)
-                saved = self.client_states or {}  # clients listed: their states were saved
-                states = {k: v[row: row + 1] for k, v in saved["states"].items()}
-                pred = algo.predictor(Broadcast(self.shared, 0, 0.0), states, 1, self.view)
-                logits = pred.model.forward(pred.params, xt.unsqueeze(0), None)[0]
+                logits = self._client_logits(xt, client)
         probs = logits.float().softmax(-1) if logits.shape[-1] > 1 else logits
         return probs.cpu().numpy()
+
+    def _client_logits(self, x: Any, client: int) -> Any:
+        """Client ``client``'s model's logits of ``x``: its broadcast row, its saved state and, where the method fits
+        its model to the client's data, those rows (:class:`hetfed.interface.FitsToData`)."""
+        from hetfed.interface import FitsToData, broadcast_of
+
+        algo = self.algorithm
+        bc = broadcast_of(self.shared, self.served)
+        if algo.capabilities.per_client and self.served is None:
+            raise ConfigError(f"client predictions of this saved {self.method} run are not possible: its server keeps "
+                              "a row per client (Broadcast.personal), which runs written before hetfed saved it "
+                              "beside the model (checkpoints/<model>-served.pt) lack; expected client=None where it "
+                              "has a global model, or the run's metrics (metrics.csv, summary.json)")
+        holders = self._holders(bc)
+        if client not in holders:
+            raise ConfigError(f"client {client} is not allowed: {self.method} has a model of its own for "
+                              f"{_ids(holders)}; expected one of them or client=None (the global model)")
+        saved = self.client_states or {}
+        row = self.clients.index(client) if client in self.clients else None
+        states = {} if row is None else {k: v[row: row + 1] for k, v in saved["states"].items()}
+        bc = bc.for_clients([client])
+        pred = (algo.fitted_predictor(bc, states, self._own_rows(client), self.view) if isinstance(algo, FitsToData)
+                else algo.predictor(bc, states, 1, self.view))
+        return pred.model.forward(pred.params, x.unsqueeze(0), None)[0]
+
+    def _holders(self, bc: Any = None) -> list[int]:
+        """The clients with a model to predict with: those of the federation, of the server's rows where it keeps
+        one per client, and of the saved states where the clients keep parameters of their own (Ditto's, CGAU's,
+        FedPer's: a client never sampled saved none)."""
+        from hetfed.interface import FitsToData, own_parameters
+
+        algo = self.algorithm
+        personal = bc is not None and bool(bc.personal)
+        ids = list(range(self.n_clients)) if self.n_clients is not None else self.clients
+        if personal:
+            rows = set(bc.personal_ids or range(len(next(iter(bc.personal.values())))))
+            ids = [k for k in ids if k in rows]
+        if own_parameters(algo) and (self.client_states or not (personal or isinstance(algo, FitsToData))):
+            ids = [k for k in ids if k in set(self.clients)]
+        return ids
+
+    def _own_rows(self, client: int) -> Any:
+        """Client ``client``'s training and validation rows, as a method that fits its model to them reads them."""
+        import torch
+
+        from hetfed.engine.evaluate import ClientEvalData
+
+        if self.federation is None:
+            raise ConfigError(f"client predictions of {self.method} need the client's own data, which this model was "
+                              "loaded without; expected a model from hetfed.open_run(dir).model(...)")
+        fed = self.federation()
+        train, val = np.asarray(fed.train[client]), np.asarray(fed.val[client])
+        rows = np.concatenate([train, val])
+        x, y = torch.as_tensor(np.asarray(fed.x)[rows]), torch.as_tensor(np.asarray(fed.y)[rows]).long()
+        return ClientEvalData([client], x, y, [np.arange(0)], [np.arange(len(train), len(rows))], x[:0], y[:0],
+                              fed.n_classes, train=[np.arange(len(train))])
 
     def predict(self, x: np.ndarray, client: int | None = None) -> np.ndarray:
         """Predicted class of every row of ``x``."""
@@ -373,15 +427,22 @@ class Run(Folder):
         if not path.is_file():
             raise RunError(f"{path} is missing: this run saved no {which} model for {method}")
         shared = torch.load(path, map_location="cpu", weights_only=True)
-        clients_path = ckpt / f"{label}-clients.pt"
+        clients_path, served_path = ckpt / f"{label}-clients.pt", path.with_name(f"{path.stem}-served.pt")
         states = torch.load(clients_path, map_location="cpu", weights_only=True) if clients_path.is_file() else None
-        return Model(method, algo, shared, states, view or None)
+        served = torch.load(served_path, map_location="cpu", weights_only=True) if served_path.is_file() else None
+        return Model(method, algo, shared, states, view or None, served, self.summary.get("n_clients"),
+                     self._federation)
+
+    def _federation(self) -> Any:
+        """The run's clients (its partition, without Γ), for a model fitted to a client's own rows."""
+        return build_federation(load_config(self.config, {"heterogeneity.gamma": False}))._prepared.federation
 
     def _from_checkpoint(self, method: str) -> Model:
         """The model of the method a failed or killed run was training, from ``checkpoints/resume.pt``."""
         from hetfed.algorithms import algorithm_for
         from hetfed.engine.client_store import ClientStore
         from hetfed.engine.types import OPT_PREFIX
+        from hetfed.interface import reported, served
         from hetfed.runs.checkpoint import read_checkpoint
 
         payload = read_checkpoint(self.dir)
@@ -404,7 +465,8 @@ class Run(Folder):
         store.load_state_dict(current["states"])
         ids, stacked = store.stacked(keep=lambda name: not name.startswith(OPT_PREFIX))
         states = {"client_ids": ids, "states": stacked} if ids else None
-        return Model(method, algo, {k: v.cpu() for k, v in server.params.items()}, states, None)
+        return Model(method, algo, {k: v.cpu() for k, v in reported(algo, server).params.items()}, states, None,
+                     served(algo, server), fed.n_clients, lambda: fed)
 
     def _shapes(self) -> tuple[tuple[int, ...], int]:
         s = self.summary

@@ -44,6 +44,7 @@ from hetfed.engine.types import (
     Params,
     ServerState,
     Upload,
+    map_tensors,
     split_state,
 )
 from hetfed.errors import ConfigError
@@ -294,9 +295,35 @@ class Algorithm:
     @torch.no_grad()
     def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
                         view: str | None = None) -> dict[str, list[float]]:
-        """Each client's model on its own test and validation sets (and, if personal, the global test set)."""
-        pred = self.predictor(bc, states, len(data.client_ids), view)
+        """Each client's model on its own test and validation sets (and, if personal, the global test set): the one
+        it fits to its data first where the method has clients do so (:class:`FitsToData`)."""
+        pred = (self.fitted_predictor(bc, states, data, view) if isinstance(self, FitsToData)
+                else self.predictor(bc, states, len(data.client_ids), view))
         return client_scores(pred, data)
+
+
+@runtime_checkable
+class PredictsWithLess(Protocol):
+    """What a method adds whose broadcast carries what its clients train with and do not predict with (FedFomo's
+    candidate models, M for each client): the part they predict with, which a saved run keeps (:func:`served`)."""
+
+    def predicting(self, bc: Broadcast) -> Broadcast:
+        """``bc`` without what the clients' prediction does not read."""
+        ...
+
+
+@runtime_checkable
+class FitsToData(Protocol):
+    """What a method adds, beyond :class:`Algorithm`'s functions, whose clients fit the model they predict with to
+    their own data whenever they evaluate (kNN-Per's datastore, Per-FedAvg's step, pFedFDA's statistics, IFCA's and
+    CFL's choice of cluster): that predictor, from the data. :meth:`Algorithm.evaluate_client` scores it; a saved
+    run's client predictions build it from the client's own rows (:mod:`hetfed.api`)."""
+
+    def fitted_predictor(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                         view: str | None = None) -> Predictor:
+        """What each client of ``data`` predicts with, fitted to its rows of ``data`` (``data.train``, its training
+        indices, or ``data.val``); without its training rows (``data.train`` None), what it can."""
+        ...
 
 
 @runtime_checkable
@@ -365,6 +392,39 @@ def reported(algo: Algorithm, state: ServerState) -> ServerState:
     the extra that holds it as its parameters."""
     key = algo.capabilities.reports
     return replace(state, params=state.extra[key]) if key is not None and key in state.extra else state
+
+
+def served(algo: Algorithm, state: ServerState) -> dict[str, Any] | None:
+    """What the clients of ``state``'s broadcast predict with besides the server's model, as a saved run keeps it
+    beside that model (:func:`broadcast_of` rebuilds the broadcast): its tensor extras (FedProto's prototypes) and
+    each client's row (``Broadcast.personal``: FedFomo's models, pFedHN's generated ones, FedCAC's customised
+    ones). None for a method whose clients score the model sent (:func:`scores_the_broadcast`) or that sends no
+    more than its model and keeps no row per client."""
+    if scores_the_broadcast(algo):
+        return None
+    bc = algo.broadcast(state, state.round)
+    if isinstance(algo, PredictsWithLess):
+        bc = algo.predicting(bc)
+    extra = {k: map_tensors(v, lambda t: t.detach().cpu()) for k, v in bc.extra.items()
+             if k != algo.capabilities.reports and _tensors(v)}
+    if not extra and not bc.personal and not algo.capabilities.per_client:  # a per-client server's always: its
+        return None  # absence says the run was saved before hetfed kept it (Floco's rows start at round τ)
+    return {"round": bc.round, "extra": extra, "personal": {k: v.detach().cpu() for k, v in bc.personal.items()},
+            "personal_ids": None if bc.personal_ids is None else list(bc.personal_ids)}
+
+
+def _tensors(value: Any) -> bool:
+    return isinstance(value, torch.Tensor) or (
+        isinstance(value, dict) and bool(value) and all(isinstance(v, torch.Tensor) for v in value.values()))
+
+
+def broadcast_of(shared: Params, kept: dict[str, Any] | None) -> Broadcast:
+    """The broadcast a saved run's clients predict from: its model ``shared`` and what :func:`served` kept."""
+    if not kept:
+        return Broadcast(shared, 0, 0.0)
+    ids = kept["personal_ids"]
+    return Broadcast(shared, int(kept["round"]), 0.0, dict(kept["extra"]), dict(kept["personal"]),
+                     None if ids is None else tuple(ids))
 
 
 def global_params(algo: Algorithm, state: ServerState) -> Params:
@@ -501,7 +561,7 @@ def scores_the_broadcast(algo: Algorithm) -> bool:
     variates)."""
     kind = type(algo)
     return (kind.evaluate_client is Algorithm.evaluate_client and kind.predictor is Algorithm.predictor
-            and not own_parameters(algo))
+            and not own_parameters(algo) and not isinstance(algo, FitsToData))
 
 
 def own_parameters(algo: Algorithm) -> bool:

@@ -1055,27 +1055,34 @@ def test_pfedlas_layer_wise_aggregate_and_hypernetwork_step_are_fl_benchs_with_t
         torch.testing.assert_close(after.extra["personal"][k][1], personal[k][1])  # others untouched
 
 
-def test_a_saved_run_of_a_method_whose_server_keeps_a_row_per_client_refuses_client_predictions(tmp_path):
+def test_a_saved_run_of_a_method_whose_server_keeps_a_row_per_client_predicts_per_client_from_its_rows(tmp_path):
+    """The run saves each client's row beside the model; one saved without them (before hetfed kept them) refuses
+    client predictions in one line naming the file."""
     from hetfed.api import Run
     from hetfed.cli import main
     from hetfed.errors import ConfigError
 
     assert main(["run", "--quiet", "--out", str(tmp_path / "r"), "--set", "train.rounds=1", "--set",
                  "methods=[{name: fedcac, algorithm: fedcac}]"]) == 0
-    model = Run(tmp_path / "r").model("fedcac")
-    with pytest.raises(ConfigError, match="keeps a row per client"):
-        model.predict(np.zeros((2, 64), dtype=np.float32), client=0)
+    x = np.zeros((2, 64), dtype=np.float32)
+    assert Run(tmp_path / "r").model("fedcac").predict(x, client=0).shape == (2,)
+    (tmp_path / "r" / "checkpoints" / "fedcac-best-served.pt").unlink()
+    with pytest.raises(ConfigError, match=r"keeps a row per client .* \(checkpoints/<model>-served.pt\) lack"):
+        Run(tmp_path / "r").model("fedcac").predict(x, client=0)
 
 
-def test_a_saved_fedproto_run_refuses_client_predictions_in_one_line(tmp_path):
+def test_a_saved_fedproto_run_classifies_by_its_saved_prototypes_or_says_it_lacks_them(tmp_path):
     from hetfed.api import Run
     from hetfed.cli import main
     from hetfed.errors import ConfigError
 
     assert main(["run", "--quiet", "--out", str(tmp_path / "r"), "--set", "train.rounds=1", "--set",
                  "methods=[{name: fedproto, algorithm: fedproto}]"]) == 0
-    with pytest.raises(ConfigError, match="global prototypes"):
-        Run(tmp_path / "r").model("fedproto").predict(np.zeros((2, 64), dtype=np.float32), client=0)
+    x = np.zeros((2, 64), dtype=np.float32)
+    assert Run(tmp_path / "r").model("fedproto").predict(x, client=0).shape == (2,)
+    (tmp_path / "r" / "checkpoints" / "fedproto-best-served.pt").unlink()
+    with pytest.raises(ConfigError, match="global prototypes, which runs written before hetfed saved them"):
+        Run(tmp_path / "r").model("fedproto").predict(x, client=0)
 
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 import torch
 
 from hetfed.algorithms.fedavg import FedAvg, train_clients
-from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores
+from hetfed.engine.evaluate import ClientEvalData, Predictor
 from hetfed.engine.types import (
     Broadcast,
     ClientData,
@@ -36,7 +36,7 @@ class ClusterModels(FedAvg):
 
     #: the key prefix of the cluster models (the algorithm's name)
     PREFIX = ""
-    #: why a saved run cannot predict for a client from its state alone
+    #: how a client's cluster is chosen (why its model is not a function of its state alone)
     NO_SAVED_PREDICTION = ""
 
     def key(self, c: int, name: str) -> str:
@@ -104,14 +104,16 @@ class ClusterModels(FedAvg):
         return {}
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        """Not from states alone (evaluation chooses the cluster in :meth:`evaluate_client`)."""
-        raise ConfigError(f"client predictions of a saved {self.spec.name} run are not supported yet: "
-                          f"{self.NO_SAVED_PREDICTION}; expected the run's metrics (metrics.csv, summary.json) instead")
+        """Not from states alone: a client's model is its cluster's, chosen as it evaluates
+        (:meth:`fitted_predictor`)."""
+        raise ConfigError(f"{self.spec.name} has no client model without the client's data: {self.NO_SAVED_PREDICTION};"
+                          " expected its evaluation (fitted_predictor, which hetfed.api's client predictions use)")
 
     @torch.no_grad()
-    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
-                        view: str | None = None) -> dict[str, list[float]]:
+    def fitted_predictor(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                         view: str | None = None) -> Predictor:
+        """Each client's cluster's model, the cluster chosen on its validation rows."""
         local, _ = split_state(states)
         models = self._models(bc.stacked(len(data.client_ids)))
         chosen = self.choose(bc, models, local, data.x, data.y, data.val, data.client_ids)
-        return client_scores(Predictor(self.model, {**self._gather(models, chosen), **local}, True), data)
+        return Predictor(self.model, {**self._gather(models, chosen), **local}, True)

@@ -90,7 +90,7 @@ class CFL(ClusterModels):
     """Clusters split recursively by the cosine similarity of their members' updates."""
 
     PREFIX = "cfl"
-    NO_SAVED_PREDICTION = "CFL's client-to-cluster assignment is server state that run directories do not keep yet"
+    NO_SAVED_PREDICTION = "CFL's server assigns each client its cluster"
 
     def bind(self, fed, seed: int = 0, per_round: int = 1) -> None:
         super().bind(fed, seed, per_round)

@@ -97,6 +97,10 @@ class FedFomo(FedAvg):
                     **{CANDIDATE + k: v[senders] for k, v in models.items()}, SENDERS: senders.to(torch.float32)}
         return Broadcast({}, bc.round, bc.lr, bc.extra, personal=personal)
 
+    def predicting(self, bc: Broadcast) -> Broadcast:
+        """Each client's own model alone (its candidates, M models a client, are what it trains with)."""
+        return replace(bc, personal={k: v for k, v in bc.personal.items() if k.startswith(OWN)})
+
     @staticmethod
     def _held_out(data: ClientData, share: float) -> tuple[ClientData, list[np.ndarray]]:
         """(the training data without each client's last ``share`` of samples, those samples)."""

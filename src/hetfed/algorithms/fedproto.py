@@ -118,9 +118,10 @@ class FedProto(Algorithm):
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
         """Each client's representation against the global prototypes."""
         if not bc.has_extra("prototypes"):  # a saved run's model: its parameters only
-            raise ConfigError("client predictions of a saved fedproto run are not supported yet: a client classifies "
-                              "by the server's global prototypes, which the run does not save; expected the run's "
-                              "metrics (metrics.csv, summary.json) instead")
+            raise ConfigError("client predictions of this saved fedproto run are not possible: a client classifies "
+                              "by the server's global prototypes, which runs written before hetfed saved them "
+                              "beside the model (checkpoints/<model>-served.pt) lack; expected the run's metrics "
+                              "(metrics.csv, summary.json) instead")
         params, _ = split_state(states)
         rows = {PROTOTYPES: bc.extra_rows("prototypes", n), KNOWN: bc.extra_rows("known", n)}
         return Predictor(NearestPrototype(self.model), {**params, **rows}, True)

@@ -226,8 +226,8 @@ class Floco(FedAvg):
         return bc.personal[CENTRE] if CENTRE in bc.personal else self._centre(n)
 
     def predictor(self, bc: Broadcast, states: ClientState, n: int, view: str | None = None) -> Predictor:
-        """Each client predicts at its subregion's centre (the simplex's centre before round τ; a saved run's
-        client predictions are refused by :mod:`hetfed.api`: the server keeps the centres)."""
+        """Each client predicts at its subregion's centre (the simplex's centre before round τ; a saved run keeps
+        the server's centres beside its model: :func:`hetfed.interface.served`)."""
         local, _ = split_state(states)
         params = {**bc.stacked(n), **local}
         device = next(iter(params.values())).device

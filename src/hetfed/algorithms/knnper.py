@@ -31,7 +31,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict
+from hetfed.engine.evaluate import ClientEvalData, Predictor, predict
 from hetfed.engine.rng import DATASTORE, derive_seed
 from hetfed.engine.types import Broadcast, ClientState, index_on, split_state
 from hetfed.models.base import Derived, Model, Noise, Params, Representation
@@ -92,16 +92,18 @@ class KNNPer(FedAvg):
             labels[j, :len(idx)] = data.y[index_on(idx, data.y.device)].long()
         return keys, labels
 
-    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
-                        view: str | None = None) -> dict[str, list[float]]:
-        if data.train is None:  # no training data at hand: the global model alone
-            return super().evaluate_client(bc, states, data, view)
+    def fitted_predictor(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                         view: str | None = None) -> Predictor:
+        """The global model mixed with each client's neighbours in a datastore of its training representations;
+        without its training rows, the global model alone."""
         n = len(data.client_ids)
+        if data.train is None:
+            return self.predictor(bc, states, n, view)
         local, _ = split_state(states)
         params = {**bc.stacked(n), **local}
         keys, labels = self.datastores(params, data)
         mixed = NearestNeighbours(self.model, self.params.k, self.params.weight, self.params.scale)
-        return client_scores(Predictor(mixed, {**params, KEYS: keys, LABELS: labels}, True), data)
+        return Predictor(mixed, {**params, KEYS: keys, LABELS: labels}, True)
 
 
 register(AlgorithmSpec(

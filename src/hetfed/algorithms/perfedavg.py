@@ -43,7 +43,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.evaluate import ClientEvalData, Predictor, call_rows, client_scores, size_blocks
+from hetfed.engine.evaluate import ClientEvalData, Predictor, call_rows, size_blocks
 from hetfed.engine.local import StackObjective, cross_entropy, row_cross_entropy, train_stack
 from hetfed.engine.types import (
     Broadcast,
@@ -157,14 +157,15 @@ class PerFedAvg(FedAvg):
         return {k: (v - self.params.inner_lr * g).detach() for (k, v), g in zip(leaves.items(), grads, strict=True)}
 
     @torch.no_grad()
-    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
-                        view: str | None = None) -> dict[str, list[float]]:
+    def fitted_predictor(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                         view: str | None = None) -> Predictor:
+        """The meta-model after each client's one step on its training rows (without them, the meta-model)."""
         n = len(data.client_ids)
         local, _ = split_state(states)
         params = {**bc.stacked(n), **local}
         if data.train is not None:
             params = self.adapted(params, data.x, data.y, data.train)
-        return client_scores(Predictor(self.model, params, True), data)
+        return Predictor(self.model, params, True)
 
 
 register(AlgorithmSpec(

@@ -48,7 +48,7 @@ from hetfed.algorithms.registry import (
     PrivacyRow,
     register,
 )
-from hetfed.engine.evaluate import ClientEvalData, Predictor, client_scores, predict, scores
+from hetfed.engine.evaluate import ClientEvalData, Predictor, predict, scores
 from hetfed.engine.local import StackObjective, client_mean, row_cross_entropy
 from hetfed.engine.types import Broadcast, ClientData, ClientState, ServerState, Upload, index_on, split_state
 from hetfed.errors import ConfigError
@@ -271,27 +271,29 @@ class PFedFDA(FedAvg):
         """The global body with the global statistics' head and uniform priors (what a client holds before it
         adapts to its training data; :meth:`evaluate_client` adapts)."""
         if not bc.has_extra(MEANS):  # a saved run's model: its parameters only
-            raise ConfigError("client predictions of a saved pfedfda run are not supported yet: a client's head is "
-                              "built from the server's Gaussian statistics, which the run does not save; expected "
-                              "the run's metrics (metrics.csv, summary.json) instead")
+            raise ConfigError("client predictions of this saved pfedfda run are not possible: a client's head is "
+                              "built from the server's Gaussian statistics, which runs written before hetfed saved "
+                              "them beside the model (checkpoints/<model>-served.pt) lack; expected the run's metrics "
+                              "(metrics.csv, summary.json) instead")
         local, _ = split_state(states)
         return Predictor(self.lda, {**bc.stacked(n), **local, **self._heads(*self._received(bc, n), self._uniform(n))},
                          True)
 
     @torch.no_grad()
-    def evaluate_client(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
-                        view: str | None = None) -> dict[str, list[float]]:
-        """Each client refits its adaptive statistics on its training data under the global body, then scores
-        the LDA head they give with its priors (the authors' ``evaluate_personalized``)."""
-        if data.train is None:  # no training data at hand: the global statistics
-            return super().evaluate_client(bc, states, data, view)
+    def fitted_predictor(self, bc: Broadcast, states: ClientState, data: ClientEvalData,
+                         view: str | None = None) -> Predictor:
+        """Each client refits its adaptive statistics on its training data under the global body; it predicts with
+        the LDA head they give with its priors (the authors' ``evaluate_personalized``). Without its training
+        rows, the global statistics."""
         n = len(data.client_ids)
+        if data.train is None:
+            return self.predictor(bc, states, n, view)
         local, _ = split_state(states)
         params = {**bc.stacked(n), **local}
         with torch.enable_grad():  # β's gradient
             priors, means, covs = self._adapt(bc, params, data.x, data.y, list(data.train))
         coef, bias = lda_head(means, covs, priors, self.params.eps)
-        return client_scores(Predictor(self.lda, {**params, COEF: coef.float(), BIAS: bias.float()}, True), data)
+        return Predictor(self.lda, {**params, COEF: coef.float(), BIAS: bias.float()}, True)
 
     @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:

@@ -10,7 +10,10 @@ Layout::
     summary.json    written last, only when the run completes
     federation.npz  the clients as the report draws them (class counts, sizes, a 2-D view)
     checkpoints/    best (by validation loss) and final server models; every
-                    client's local state (``<method>-clients.pt``) when it has one
+                    client's local state (``<method>-clients.pt``) when it has one;
+                    what the server sends its clients beside its model, where they
+                    predict with it (``<method>-final-served.pt``: each client's row
+                    of FedFomo, pFedHN, FedCAC …, FedProto's prototypes)
     figures/        learning curves and who holds which classes (PNG and SVG)
     tb/             TensorBoard logs (tracking: [tensorboard]): one run per method
     tracking.json   the MLflow run ids (tracking: [mlflow]), for a resume

@@ -33,7 +33,7 @@ from hetfed.executors.inprocess import Executor
 from hetfed.executors.kinds import ClientSteps, ExecutorKind, Opening
 from hetfed.executors.simulate import personalise, resolve_device, simulate
 from hetfed.executors.updates import SimulationResult
-from hetfed.interface import Algorithm, reported
+from hetfed.interface import Algorithm, reported, served
 from hetfed.pipeline import Prepared, prepare
 from hetfed.processes import last_words, once
 from hetfed.runs.checkpoint import Checkpointer, check_streams, read_checkpoint, remove_checkpoints
@@ -319,8 +319,11 @@ def method_rows(execution: Execution, p: MethodPlan, result: SimulationResult, f
     ckpt.mkdir(exist_ok=True)
     save_client_states(result.states, ckpt / f"{label}-clients.pt")
 
-    def save(state: ServerState, name: str) -> None:  # the model the method reports (what was scored)
+    def save(state: ServerState, name: str) -> None:  # the model the method reports (what was scored) and what
         torch.save({k: v.cpu() for k, v in reported(algo, state).params.items()}, ckpt / f"{label}-{name}.pt")
+        kept = served(algo, state)  # its clients predict with besides (FedFomo's rows, FedProto's prototypes)
+        if kept is not None:
+            torch.save(kept, ckpt / f"{label}-{name}-served.pt")
 
     if not algo.capabilities.views:
         save(result.server, "final")
