@@ -218,6 +218,10 @@ class Model:
         xt = torch.as_tensor(np.asarray(x, dtype=np.float32))
         with torch.no_grad():
             if client is None:
+                if self.view not in (None, algo.capabilities.federated_view):
+                    raise ConfigError(f"client=None is not allowed for {self.method}: it is each client's own model "
+                                      f"(the global one is {algo.capabilities.federated_view!r}); expected client= "
+                                      f"one of {_ids(self._holders())}")
                 missing = [k for k in algo.model.shared_names if k not in self.shared]
                 if missing:  # FedPer's head, LG-FedAvg's body, IFCA's k models, Local: no whole model on the server
                     raise ConfigError(f"client=None is not allowed for {self.method}: its server keeps no whole model "
@@ -431,10 +435,12 @@ class Run(Folder):
         states = torch.load(clients_path, map_location="cpu", weights_only=True) if clients_path.is_file() else None
         served = torch.load(served_path, map_location="cpu", weights_only=True) if served_path.is_file() else None
         return Model(method, algo, shared, states, view or None, served, self.summary.get("n_clients"),
-                     self._federation)
+                     lambda: self._federation)
 
+    @cached_property
     def _federation(self) -> Any:
-        """The run's clients (its partition, without Γ), for a model fitted to a client's own rows."""
+        """The run's clients (its partition, without Γ), for a model fitted to a client's own rows: built once for
+        every model and client of this run read back."""
         return build_federation(load_config(self.config, {"heterogeneity.gamma": False}))._prepared.federation
 
     def _from_checkpoint(self, method: str) -> Model:

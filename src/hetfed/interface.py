@@ -28,7 +28,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable, Hashable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from typing import Any, Protocol, TypeGuard, runtime_checkable
+from typing import Any, Protocol, TypeGuard, cast, runtime_checkable
 
 import numpy as np
 import torch
@@ -297,7 +297,8 @@ class Algorithm:
                         view: str | None = None) -> dict[str, list[float]]:
         """Each client's model on its own test and validation sets (and, if personal, the global test set): the one
         it fits to its data first where the method has clients do so (:class:`FitsToData`)."""
-        pred = (self.fitted_predictor(bc, states, data, view) if isinstance(self, FitsToData)
+        pred = (cast(FitsToData, self).fitted_predictor(bc, states, data, view)
+                if hasattr(type(self), "fitted_predictor")  # a FitsToData (isinstance of a Protocol: 7 µs)
                 else self.predictor(bc, states, len(data.client_ids), view))
         return client_scores(pred, data)
 
@@ -387,9 +388,21 @@ def chain_aggregates(algos: Sequence[Algorithm], states: Sequence[ServerState],
             for (params, extra), state in zip(server_steps(algos, states, uploads), states, strict=True)]
 
 
+@runtime_checkable
+class ReportsMore(Protocol):
+    """What a method adds whose server's model is more than its parameters (FLoRA's: the base's, with the merged
+    updates its state keeps as an extra): that model, which the server scores and a run saves (:func:`reported`)."""
+
+    def reported_state(self, state: ServerState) -> ServerState:
+        """``state`` with the whole model as its parameters."""
+        ...
+
+
 def reported(algo: Algorithm, state: ServerState) -> ServerState:
-    """The server's model as the method reports it (``Capabilities.reports``): the state itself, or the state with
-    the extra that holds it as its parameters."""
+    """The server's model as the method reports it: the method's own (:class:`ReportsMore`), the state itself, or
+    the state with the extra that holds it as its parameters (``Capabilities.reports``)."""
+    if hasattr(type(algo), "reported_state"):  # a ReportsMore (isinstance of a Protocol: 7 µs a run a round)
+        return cast(ReportsMore, algo).reported_state(state)
     key = algo.capabilities.reports
     return replace(state, params=state.extra[key]) if key is not None and key in state.extra else state
 

@@ -515,3 +515,36 @@ def test_compiling_the_adapted_encoders_steps_is_refused_before_any_file(tiny_en
         _run(tiny_encoder, tmp_path, "vectorised", [{"name": "fedit", "algorithm": "fedit"}], rounds=1,
              capture="compile")
     assert not (tmp_path / "vectorised").exists()
+
+
+def test_a_saved_run_of_each_lora_method_predicts_as_it_was_scored(tiny_encoder, tmp_path):
+    """Every client's saved model scores its test set as the run's last evaluation did, and the server's saved model
+    the global test set as the run reported — FLoRA's with its merged updates, FFA-LoRA's with the frozen A every
+    client holds (both were left out of the saved model: FLoRA's predictions were off, FFA-LoRA's refused)."""
+    import hetfed
+    from hetfed.config import build_config
+
+    x, y = _texts()
+    path = tmp_path / "texts.npz"
+    np.savez(path, x=x.astype(str), y=y, split=np.where(np.arange(len(y)) < 200, "train", "test"))
+    methods = ["fedit", "ffa_lora", "fedsa_lora", "flora", "hetlora"]
+    cfg = build_config({
+        "dataset": {"name": "arrays", "path": str(path)},
+        "embed": {"kind": "wordpiece", "path": str(tiny_encoder), "max_length": 12},
+        "partition": {"kind": "dirichlet", "alpha": 0.5, "clients": 4},
+        "model": {"kind": "lora_encoder", "path": str(tiny_encoder), "rank": 4},
+        "train": {"rounds": 2, "batch_size": 16, "eval_every": 1, "optimizer": {"kind": "adam", "lr": 0.02}},
+        "methods": [{"name": m, "algorithm": m} for m in methods]})
+    run = hetfed.run(cfg, out=tmp_path / "run", progress=False, report=False)
+    fed, m = hetfed.build_federation(run.config), run.metrics()
+    gx, gy = fed.global_test()
+    for name in methods:
+        model = run.model(name, which="final")
+        rows = m[(m.method == name) & (m.split == "client") & (m.metric == "local_accuracy") & (m["round"] == 2)]
+        want = dict(zip(rows["client"], rows["value"], strict=True))
+        for k in range(4):
+            cx, cy = fed.client_data(k, "test")
+            assert (model.predict(cx, client=k) == cy).mean() == pytest.approx(want[str(k)], abs=1e-12), (name, k)
+        if name != "fedsa_lora":  # its B stays with the clients: no whole model on the server
+            final = run.summary["methods"][name]["final"]["global_accuracy"]
+            assert (model.predict(gx) == gy).mean() == pytest.approx(final, abs=1e-12), name

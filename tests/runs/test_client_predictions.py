@@ -14,7 +14,7 @@ from hetfed.errors import ConfigError
 
 #: (method, its parameters): every way a client's model is made
 METHODS = {
-    "fedavg": {}, "scaffold": {}, "ditto": {},
+    "fedavg": {}, "scaffold": {}, "ditto": {}, "fedbabu": {},
     "fedfomo": {}, "pfedhn": {}, "pfedla": {}, "fedcac": {}, "fedpac": {}, "floco": {"tau": 2},
     "fedproto": {}, "pfedfda": {},
     "knnper": {}, "perfedavg": {}, "ifca": {}, "cfl": {},
@@ -39,7 +39,7 @@ def _last_round_accuracy(run, method: str) -> dict[str, float]:
     return dict(zip(last["client"].astype(str), last["value"].astype(float), strict=True))
 
 
-@pytest.mark.parametrize("method", list(METHODS))
+@pytest.mark.parametrize("method", [*METHODS, "fedbabu_ft"])
 def test_each_clients_saved_model_scores_its_test_set_as_the_run_did(saved, method):
     run, fed = saved
     want = _last_round_accuracy(run, method)
@@ -91,3 +91,15 @@ def test_a_client_model_fitted_to_its_data_needs_that_data(saved):
     x, _ = fed.client_data(0, "test")
     with pytest.raises(ConfigError, match="need the client's own data, which this model was loaded without"):
         replace(run.model("knnper"), federation=None).predict(x, client=0)
+
+
+def test_a_personal_views_model_has_no_global_prediction(saved):
+    """FedBABU's fine-tuned view is each client's own: ``predict(x)`` without a client is refused (it gave the
+    federated view's global model, silently), the federated view answers it."""
+    run, fed = saved
+    x, y = fed.global_test()
+    with pytest.raises(ConfigError, match="client=None is not allowed for fedbabu_ft: it is each client's own model "
+                                          r"\(the global one is 'fedbabu'\)"):
+        run.model("fedbabu_ft").predict(x)
+    final = run.summary["methods"]["fedbabu"]["final"]
+    assert (run.model("fedbabu", which="final").predict(x) == y).mean() == pytest.approx(final["global_accuracy"])

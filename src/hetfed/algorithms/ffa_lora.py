@@ -32,13 +32,18 @@ class FFALoRA(PartlyPersonal):
                                                 trainable=list(shared))  # A held fixed
         return Upload.of(data, params, bc.params, loss), {**local, **opt_state}
 
-    @torch.no_grad()
-    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
-        """The server's complete model: the averaged B and head with the A every client holds."""
+    def reported_state(self, state: ServerState) -> ServerState:
+        """The server's complete model: the averaged B and head with the A every client holds — what it scores on
+        the global test set and a run saves (:func:`hetfed.interface.reported`)."""
         device = next(iter(state.params.values())).device
         frozen = {k: v.to(device) for k, v in initial_model(self).items() if k in self.personal_names()}
-        return FedAvg.evaluate_server(self, ServerState({**state.params, **frozen}, state.round, state.extra),
-                                      x_global, y_global)
+        return ServerState({**state.params, **frozen}, state.round, state.extra)
+
+    @torch.no_grad()
+    def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, float]:
+        """:meth:`reported_state`'s model scored as FedAvg's (a partly personal method's server has no whole model;
+        this one's is whole)."""
+        return FedAvg.evaluate_server(self, state, x_global, y_global)
 
 
 register(AlgorithmSpec(
