@@ -445,7 +445,7 @@ class Run(Folder):
 
     def _from_checkpoint(self, method: str) -> Model:
         """The model of the method a failed or killed run was training, from ``checkpoints/resume.pt``."""
-        from hetfed.algorithms import algorithm_for
+        from hetfed.algorithms.build import run_for
         from hetfed.engine.client_store import ClientStore
         from hetfed.engine.types import OPT_PREFIX
         from hetfed.interface import reported, served
@@ -465,8 +465,8 @@ class Run(Folder):
                            "method a failed run was training — finished methods load with which='best' or 'final'")
         result = current["result"]
         server = result.best_server or result.server
-        fed = build_federation(self.config)._prepared.federation
-        algo = algorithm_for(self.config, mcfg, tuple(fed.input_shape), fed.n_classes)
+        fed = self._federation
+        algo = run_for(self.config, mcfg, fed).algo  # bound to the federation, as its server was (pFedHN's rows)
         store = ClientStore(fed.n_clients)
         store.load_state_dict(current["states"])
         ids, stacked = store.stacked(keep=lambda name: not name.startswith(OPT_PREFIX))

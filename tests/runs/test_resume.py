@@ -201,6 +201,26 @@ def test_a_killed_runs_checkpoint_loads_in_one_call_and_predicts_per_client(tmp_
     assert model.predict(x).shape == y.shape and np.isin(model.predict(x), np.arange(10)).all()
 
 
+def test_a_killed_runs_checkpoint_predicts_with_the_rows_its_server_kept_for_each_client(tmp_path):
+    """pFedHN's clients predict with the models its hypernetwork generated for them at the best round so far: the
+    checkpoint's server, bound to the run's federation as it was (unbound, it generated rows for no client)."""
+    import hetfed
+    from hetfed.runs.checkpoint import read_checkpoint
+
+    out, progress = tmp_path / "r", tmp_path / "p"
+    args = ["run", "--quiet", "--set", "train.rounds=40", "--set", "train.checkpoint_every=2", "--set",
+            "heterogeneity.gamma=false", "--set", "methods=[{name: pfedhn, algorithm: pfedhn}]", "--out", str(out)]
+    assert _kill_when(_start(args, progress), progress, lambda lines: len(lines) >= 9)
+    model = hetfed.open_run(out).model("pfedhn", which="checkpoint")
+    fed = hetfed.build_federation(hetfed.load_config(out / "config.yaml"))
+    best = read_checkpoint(out)["current"]["result"].best_round
+    scored = hetfed.open_run(out).metrics().query(f"method == 'pfedhn' and split == 'client' and round == {best} and "
+                                                  "metric == 'local_accuracy'").set_index("client")["value"]
+    for k in (0, 3):
+        x, y = fed.client_data(k, "test")
+        assert (model.predict(x, client=k) == y).mean() == pytest.approx(float(scored[str(k)]), abs=1e-12)
+
+
 @pytest.mark.slow
 def test_sweep_resume_continues_a_killed_run_from_its_checkpoint(tmp_path):
     """`hetfed sweep --resume`: the run killed mid-way continues in place (not moved aside, not restarted)."""
