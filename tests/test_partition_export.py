@@ -44,10 +44,15 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
         path = tmp_path / "ex" / f"node-{p}.npz"
         with zipfile.ZipFile(path) as npz:  # compressed: the files travel to the sites
             assert {info.compress_type for info in npz.infolist()} == {zipfile.ZIP_DEFLATED}
+        test = (tmp_path / "ex" / "global-test.npz").resolve()
         assert options[p] == (f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\" "
-                              f"split=\"split\" position={p}'")
-        node = node_federation({"data": str(path), "label": "y", "client": "client", "split": "split"}, config)
+                              f"split=\"split\" position={p} global-test=\"{test}\"'")
+        node = node_federation({"data": str(path), "label": "y", "client": "client", "split": "split",
+                                "global-test": str(test)}, config)
         drawn = node_federation({"data": str(path), "label": "y", "client": "client"}, config)
+        # the clients' personalised models score the simulation's global test set, as the server's model does
+        assert node.x_global_test.tobytes() == server.x_global_test.tobytes()
+        assert node.y_global_test.tolist() == server.y_global_test.tolist() and len(drawn.y_global_test) == 0
         assert node.n_clients == drawn.n_clients == len(block)
         x = np.asarray(simulated.x).reshape(len(simulated.x), -1)
         for mine, k in enumerate(block):  # a node numbers its clients in their order in the file
@@ -98,8 +103,8 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     from hetfed.processes import process_alive
 
     sets = ["--set", "partition.clients=4", "--set", "train.rounds=2", "--set",
-            "model.kind=cnn", "--set", "methods=[{algorithm: fedavg}]", "--set", "train.local_steps=2", "--set",
-            "flower.connect_timeout=300"]
+            "model.kind=cnn", "--set", "methods=[{algorithm: fedavg}, {algorithm: ditto}]", "--set",
+            "train.local_steps=2", "--set", "flower.connect_timeout=300"]
     assert main(["partition", *sets, "--json", "--export", str(tmp_path / "ex"), "--nodes", "2"]) == 0
     simulated = json.loads(capfd.readouterr().out)
     assert main(["run", *sets, "--out", str(tmp_path / "sim"), "--no-report"]) == 0
@@ -118,18 +123,21 @@ def test_a_deployment_of_the_exported_nodes_gives_the_simulations_numbers(tmp_pa
     summary = json.loads((out / "summary.json").read_text())
     assert summary["n_clients"] == 4
     assert summary["gamma"] == pytest.approx(simulated["gamma"], rel=1e-6)
-    key = ["round", "split", "client", "metric"]
+    key = ["method", "round", "split", "client", "metric"]
     real, sim = (pd.read_csv(d / "metrics.csv").set_index(key)["value"] for d in (out, tmp_path / "sim"))
     scored = real[real.index.get_level_values("metric").str.contains("local_|val_|global_")]
-    assert len(scored) >= 2 * ((4 + 1) * 4 + 2)  # each round: every client's and the mean's local and val scores,
-    assert {"global_accuracy", "global_loss"} <= set(scored.index.get_level_values("metric"))  # and the server's
+    assert len(scored) >= 2 * 2 * ((4 + 1) * 4 + 2)  # each method, round: every client's and the mean's local and
+    assert {"global_accuracy", "global_loss"} <= set(scored.index.get_level_values("metric"))  # val scores, global
+    ditto = scored.xs("ditto", level="method")  # Ditto's clients score their own models on the global test set too
+    assert ditto.xs("client", level="split").index.get_level_values("metric").str.startswith("global_").any()
     assert scored.to_numpy() == pytest.approx(sim.loc[scored.index].to_numpy(), rel=1e-5, abs=1e-7)
     # what differs: the rounds are timed by the wall clock (the server does not know the nodes' clients' sizes), a
     # round's training exchange's real seconds — more than the simulated clock's model of them
     clock = real.xs("train", level="split").xs("all", level="client").unstack("metric")
     assert (clock.round_time > sim.xs("train", level="split").xs("all", level="client").unstack("metric").round_time
             ).all()
-    assert clock.sim_time.tolist() == pytest.approx(clock.round_time.cumsum().tolist(), rel=1e-9)
+    assert clock.sim_time.tolist() == pytest.approx(clock.round_time.groupby(level="method").cumsum().tolist(),
+                                                    rel=1e-9)
 
 
 def test_an_export_whose_methods_the_nodes_could_not_run_is_one_line_and_writes_nothing(tmp_path, capsys):

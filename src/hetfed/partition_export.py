@@ -68,14 +68,16 @@ def export_nodes(config: Config, fed: Federation, out: str | Path, nodes: int | 
                   "split": np.concatenate([_split_of(fed, int(c)) for c in block])}
         write_atomic(path, partial(_savez, arrays=arrays), binary=True)
         written.append(path)
-    if len(fed.y_global_test):  # the server's: its model scores it as the simulation's server did
+    test = None
+    if len(fed.y_global_test):  # the server's model and the clients' own models score it, as in the simulation
         arrays = {"x": np.asarray(fed.x_global_test, np.float32).reshape(len(fed.y_global_test), -1),
                   "y": labels[np.asarray(fed.y_global_test)]}
         write_atomic(folder / SERVER_TEST_FILE, partial(_savez, arrays=arrays), binary=True)
-        deployment["dataset"]["global_test"] = str((folder / SERVER_TEST_FILE).resolve())
+        test = folder / SERVER_TEST_FILE
+        deployment["dataset"]["global_test"] = str(test.resolve())
     write_atomic(folder / CONFIG_FILE, lambda fh: yaml.safe_dump(deployment, fh, sort_keys=False))
     write_atomic(folder / COMMANDS_FILE,
-                 lambda fh: fh.write("".join(f"{node_options(p, i)}\n" for i, p in enumerate(written))))
+                 lambda fh: fh.write("".join(f"{node_options(p, i, test)}\n" for i, p in enumerate(written))))
     return written
 
 
@@ -125,9 +127,10 @@ def check_deployment(deployment: dict[str, Any], fed: Federation) -> None:
         raise ConfigError(f"--export: the nodes could not run this config's methods: {err}") from None
 
 
-def node_options(path: Path, place: int) -> str:
+def node_options(path: Path, place: int, global_test: Path | None = None) -> str:
     """A node's ``flower-supernode`` options for its file: its clients in the ``client`` column, their splits in the
     ``split`` column, and its ``position`` among the nodes — so the server numbers every client as the simulation
-    did."""
+    did —, and the global test set's file, which its clients' personalised models score as in the simulation."""
+    test = f' global-test=\"{global_test.resolve()}\"' if global_test is not None else ""
     return (f"--node-config 'data=\"{path.resolve()}\" label=\"y\" client=\"client\" split=\"split\" "
-            f"position={place}'")
+            f"position={place}{test}'")

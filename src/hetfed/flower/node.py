@@ -59,11 +59,11 @@ def node_side(run: ConfigRecord, node_config=None) -> NodeSide:
     The federation is the simulated one (every node rebuilds it and serves its block of clients), or —
     ``data=…`` in the node config — the node's own clients from its own file (:mod:`hetfed.flower.node_data`).
     """
-    from hetfed.flower.node_data import CLIENT, DATA, LABEL, SPLIT, own_data
+    from hetfed.flower.node_data import CLIENT, DATA, GLOBAL_TEST, LABEL, SPLIT, own_data
 
     text, method = str(run["config"]), int(number(run["method"]))
     # the node's own file as its config reads it (the same file read with another label or split is other data)
-    mine = (" ".join(f"{k}={node_config[k]}" for k in (DATA, LABEL, CLIENT, SPLIT) if k in node_config)
+    mine = (" ".join(f"{k}={node_config[k]}" for k in (DATA, LABEL, CLIENT, SPLIT, GLOBAL_TEST) if k in node_config)
             if node_config is not None and own_data(node_config) else "")
     key = hashlib.sha256(f"{method}\n{mine}\n{text}".encode()).hexdigest()
     if key not in _CACHE:

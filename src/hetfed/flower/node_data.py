@@ -31,9 +31,10 @@ from hetfed.config import Config
 from hetfed.errors import DataError
 from hetfed.partition import Federation, opted_out_mask, split_client
 
-#: the node config's keys: the file, its label column, its client column and its split column (both optional), and
-#: the node's place among the nodes (optional: :func:`position`)
-DATA, LABEL, CLIENT, SPLIT, POSITION = "data", "label", "client", "split", "position"
+#: the node config's keys: the file, its label column, its client column and its split column (both optional), the
+#: node's place among the nodes (optional: :func:`position`) and a file of the global test set (optional: its rows
+#: labelled in the same column), which the clients' personalised models score as in a simulation
+DATA, LABEL, CLIENT, SPLIT, POSITION, GLOBAL_TEST = "data", "label", "client", "split", "position", "global-test"
 #: a split column's values
 SPLITS = ("train", "val", "test")
 
@@ -183,9 +184,15 @@ def node_federation(node_config, config: Config) -> Federation:
     path = str(node_config[DATA])
     client = str(node_config[CLIENT]) if CLIENT in node_config else None
     split = str(node_config[SPLIT]) if SPLIT in node_config else None
-    table = read_table(path, str(node_config.get(LABEL, "y")), client, split)
+    label = str(node_config.get(LABEL, "y"))
+    table = read_table(path, label, client, split)
     where = f"node data {path!r}"
     x, y = checked_rows(table, ds, where)
+    x_global, y_global = np.zeros((0, x.shape[1]), np.float32), np.zeros(0, np.int64)
+    if GLOBAL_TEST in node_config:  # the clients' own models score it (a personalised method's global_* scores)
+        test = str(node_config[GLOBAL_TEST])
+        x_global, y_global = checked_rows(read_table(test, label, what="node config global-test"), ds,
+                                          f"node config global-test {test!r}")
     ids = table.get("client")
     names, owner = np.unique(ids, return_inverse=True) if ids is not None else (np.zeros(1), np.zeros(len(y), int))
     least = getattr(config.partition.params, "natural_min_samples", 1)  # the natural partitioner's floor, if chosen
@@ -199,7 +206,7 @@ def node_federation(node_config, config: Config) -> Federation:
     return Federation(
         x=x, y=y,
         train=tuple(s[0] for s in splits), val=tuple(s[1] for s in splits), test=tuple(s[2] for s in splits),
-        x_global_test=np.zeros((0, x.shape[1]), np.float32), y_global_test=np.zeros(0, np.int64),
+        x_global_test=x_global, y_global_test=y_global,
         n_classes=len(ds.classes or []), opted_out=opted_out_mask(len(parts), 0.0, rng),
         input_shape=ds.input_shape(), kind="nodes", params={"data": path},
     )
