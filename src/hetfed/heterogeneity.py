@@ -32,11 +32,10 @@ from __future__ import annotations
 
 import functools
 import threading
-import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
@@ -460,8 +459,6 @@ class Heterogeneity:
     gamma_given_label_iid_sd: float = float("nan")
     #: False: Γ was not measured (``heterogeneity.gamma: false``), only the label-skew figures
     gamma_measured: bool = True
-    #: seconds Γ(x|y) and its reference took (not reported: what a slow Γ's hint says it costs)
-    given_label_seconds: float = 0.0
 
     @property
     def gamma_excess(self) -> float:
@@ -526,7 +523,7 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
             measured_on: str = "train", seed: int = 0, given_label: bool = True, of_features: bool = True
             ) -> Heterogeneity:
     """Γ (and its size-matched IID reference) on the features plus the label-skew figures; with ``given_label``,
-    Γ(x|y) and its reference too; without ``of_features``, the label-skew figures only."""
+    Γ(x|y) and its reference too (:func:`with_given_label`); without ``of_features``, the label-skew figures only."""
     counts = class_histograms(y, clients, n_classes)
     emd = label_emd(counts)
     p, q = _distributions(counts)
@@ -537,17 +534,18 @@ def measure(x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: 
         return Heterogeneity(gamma=float("nan"), gamma_measured=False, **labels)
     pooled = pool(x, clients) if len(clients) >= 2 else None
     ref, ref_sd = gamma_iid(x, clients, iid_draws, iid_max_clients, seed, estimator, pooled)
-    t0 = time.perf_counter()
-    given, given_ref, given_sd = (gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,
-                                                    estimator) if given_label and len(clients) >= 2 else (np.nan,) * 3)
-    given_seconds = time.perf_counter() - t0
-    return Heterogeneity(
-        gamma=gamma(x, clients, estimator, pooled),
-        gamma_iid=ref,
-        gamma_iid_sd=ref_sd,
-        **labels,
-        gamma_given_label=given,
-        gamma_given_label_iid=given_ref,
-        gamma_given_label_iid_sd=given_sd,
-        given_label_seconds=given_seconds,
-    )
+    het = Heterogeneity(gamma=gamma(x, clients, estimator, pooled), gamma_iid=ref, gamma_iid_sd=ref_sd, **labels)
+    return with_given_label(het, x, y, clients, n_classes, iid_draws=iid_draws, iid_max_clients=iid_max_clients,
+                            estimator=estimator, seed=seed) if given_label else het
+
+
+def with_given_label(het: Heterogeneity, x: np.ndarray, y: np.ndarray, clients: list[np.ndarray], n_classes: int, *,
+                     iid_draws: int = 3, iid_max_clients: int = 100, estimator: str = "plain", seed: int = 0
+                     ) -> Heterogeneity:
+    """``het`` with Γ(x|y) and its size-matched IID reference (:func:`gamma_given_label`; undefined, NaN, for one
+    client): apart from :func:`measure` so that its caller can time it (on Fashion-MNIST most of Γ's time)."""
+    if len(clients) < 2:
+        return het
+    given, given_ref, given_sd = gamma_given_label(x, y, clients, n_classes, iid_draws, iid_max_clients, seed,
+                                                   estimator)
+    return replace(het, gamma_given_label=given, gamma_given_label_iid=given_ref, gamma_given_label_iid_sd=given_sd)

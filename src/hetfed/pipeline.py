@@ -20,7 +20,7 @@ from hetfed.config import Config
 from hetfed.config_io import typed_leaves
 from hetfed.console import stage
 from hetfed.data import Dataset, Embedded, embed, load_dataset
-from hetfed.heterogeneity import Heterogeneity, measure
+from hetfed.heterogeneity import Heterogeneity, measure, with_given_label
 from hetfed.partition import Federation, federation_warnings, make_federation
 
 T = TypeVar("T")
@@ -222,11 +222,13 @@ def _prepare(config: Config, progress: bool, status: Console | None) -> Prepared
         clients = [fed.measured_rows(k, h.on) for k in range(fed.n_clients)]
         features = fed.x if clients_data.measure_train is None else clients_data.measure_train
         het = measure(features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws, iid_max_clients=h.iid_max_clients,
-                      estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=h.given_label,
-                      of_features=h.gamma)
-    took = time.perf_counter() - t0
+                      estimator=h.estimator, measured_on=h.on, seed=config.seed, given_label=False, of_features=h.gamma)
+        t1 = time.perf_counter()
+        if h.gamma and h.given_label:
+            het = with_given_label(het, features, fed.y, clients, fed.n_classes, iid_draws=h.iid_draws,
+                                   iid_max_clients=h.iid_max_clients, estimator=h.estimator, seed=config.seed)
+    took, given = time.perf_counter() - t0, time.perf_counter() - t1
     if status is not None and h.gamma and took >= SAY_SKIP_AFTER_S:
-        given = het.given_label_seconds
         alone = (f" (heterogeneity.given_label=false: Γ(x|y) alone, {given:.0f} s of them)" if given >= took / 2
                  else "")
         status.print(f"note: Γ took {took:.0f} s before the rounds; where Γ is not the question "
