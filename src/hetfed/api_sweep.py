@@ -163,8 +163,9 @@ def sweep_dry_run(config: str | Path | dict | Config | None, grid: dict[str, lis
 
 
 def _grid(grid: object) -> dict[str, list[Any]]:
-    if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) and v for v in grid.values()):
-        raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → non-empty list of values")
+    """The grid as lists (an empty one :func:`~hetfed.runs.sweep.plan_sweep` refuses, as the command's)."""
+    if not isinstance(grid, dict) or not all(isinstance(v, list | tuple) for v in grid.values()):
+        raise ConfigError(f"grid={grid!r} is not allowed: expected a dict of key → list of values")
     return {k: list(v) for k, v in grid.items()}
 
 

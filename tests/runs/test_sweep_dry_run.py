@@ -124,7 +124,9 @@ def test_the_api_dry_run_gives_the_command_lines_fates_as_a_table(tmp_path):
     assert list(table["fate"][:2]) == ["train", "train"]
     assert all(fate.startswith("refused: partition.min_size = 2000 is not allowed") for fate in table["fate"][2:])
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.yaml"]
-    with pytest.raises(hetfed.ConfigError, match="expected a dict of key → non-empty list of values"):
+    with pytest.raises(hetfed.ConfigError, match=r"grid partition.min_size = \[\] is not allowed: expected one value"):
         hetfed.sweep_dry_run(str(config), {"partition.min_size": []})
+    with pytest.raises(hetfed.ConfigError, match="expected a dict of key → list of values"):
+        hetfed.sweep_dry_run(str(config), {"partition.min_size": 5})  # type: ignore[dict-item]
     with pytest.raises(hetfed.ConfigError, match="stack='yes' is not allowed: expected True or False"):
         hetfed.sweep_dry_run(str(config), {"partition.min_size": [5]}, stack="yes")  # type: ignore[arg-type]
