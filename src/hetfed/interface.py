@@ -90,7 +90,7 @@ class Capabilities:
         :mod:`hetfed.executors.asynchronous` drives it instead of synchronous rounds).
     per_client: its server keeps something for each client (a model, a head, a hypernetwork's output) and sends each
         client only its own row (:attr:`hetfed.engine.types.Broadcast.personal`): server memory grows with the
-        federation (docs/scale.md), and a saved run's client predictions need that server state.
+        federation (docs/scale.md), and a run saves each client's row beside its model (:func:`served`).
     whole_model: its server chain combines the method's model itself, every shared parameter of one model under
         the model's names (IFCA's and CFL's: one cluster's at a time). False: part of one, the rest staying on the
         clients (a body without its head, LG-FedAvg's head, Floco's simplex), or several under names of their own
