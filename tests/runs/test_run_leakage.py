@@ -62,6 +62,29 @@ def test_a_personalised_methods_views_are_each_attacked(tmp_path):
     assert sum("global_auc" in row["leakage"] for row in rows.values()) == 1  # the federated view's server model
 
 
+def test_clients_that_fit_their_model_to_their_data_are_attacked_on_the_model_they_fit(tmp_path, monkeypatch):
+    """IFCA's client predicts with the cluster it chooses on its validation rows, kNN-Per's mixes its datastore: the
+    membership attack queries that model (``fitted_predictor``). IFCA's run failed at its end: its clients have no
+    model without their data."""
+    from hetfed.algorithms.knnper import NearestNeighbours
+    from hetfed.executors.inprocess import InProcessExecutor
+
+    queried = []
+    predictors = InProcessExecutor.predictors
+
+    def seen(self, bc, clients, view=None):
+        for chunk, pred in predictors(self, bc, clients, view):
+            queried.append((self.algo.spec.name, type(pred.model)))
+            yield chunk, pred
+
+    monkeypatch.setattr(InProcessExecutor, "predictors", seen)
+    out = _run(tmp_path, "fit", methods=[{"name": m, "algorithm": m} for m in ("ifca", "knnper")],
+               leakage={"kind": "loss_threshold", "samples": 100})
+    rows = read_summary(out)["methods"]
+    assert all(0 <= rows[m]["leakage"]["personal_auc"] <= 1 for m in ("ifca", "knnper"))
+    assert ("knnper", NearestNeighbours) in queried and {name for name, _ in queried} == {"ifca", "knnper"}
+
+
 def test_the_inverted_upload_is_the_one_the_client_sent(tmp_path):
     """FedSGD (one step over the client's whole data, plain SGD): the update the attack reads is exactly −lr·∇ of
     the client's loss at the model the server sent."""

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol, cast
 
 import numpy as np
 import torch
@@ -49,7 +49,7 @@ from hetfed.engine.types import (
     stack_states,
 )
 from hetfed.errors import RunError
-from hetfed.interface import Algorithm
+from hetfed.interface import Algorithm, FitsToData
 from hetfed.models.base import Model
 from hetfed.processes import available_memory
 from hetfed.run_spec import RunSpec
@@ -375,12 +375,25 @@ class InProcessExecutor:
 
     def predictors(self, bc: Broadcast, clients: list[int], view: str | None = None
                    ) -> Iterator[tuple[list[int], Predictor]]:
-        """What each of ``clients`` predicts with (``view``: one of the method's views), a stack at a time: what a
-        membership attack on the clients' own models queries."""
+        """What each of ``clients`` predicts with (``view``: one of the method's views), a stack at a time, fitted to
+        their own rows where the method's clients fit it as they evaluate (:class:`~hetfed.interface.FitsToData`):
+        what a membership attack on the clients' own models queries."""
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes, self.eval_max_floats)
+        fits = hasattr(type(self.algo), "fitted_predictor")
         for chunk in self._chunks(clients, size):
-            yield chunk, self.algo.predictor(bc.for_clients(chunk, self.device), self._stacked(chunk), len(chunk),
-                                             view)
+            sent, states = bc.for_clients(chunk, self.device), self._stacked(chunk)
+            yield chunk, (cast(FitsToData, self.algo).fitted_predictor(sent, states, self._eval_data(chunk), view)
+                          if fits else self.algo.predictor(sent, states, len(chunk), view))
+
+    def _eval_data(self, chunk: list[int], x_global: torch.Tensor | None = None,
+                   y_global: torch.Tensor | None = None, scorers: list[bool] | None = None) -> ClientEvalData:
+        """The clients ``chunk``'s rows as an evaluation reads them (their test, validation and training indices
+        into the pool) and the global test set (this executor's, or ``x_global``/``y_global``)."""
+        return ClientEvalData([k + self.pool.first_id for k in chunk], self.pool.x, self.pool.y,
+                              [self.fed.test[k] for k in chunk], [self.fed.val[k] for k in chunk],
+                              self.x_global if x_global is None else x_global,
+                              self.y_global if y_global is None else y_global, self.fed.n_classes, scorers,
+                              [self.fed.train[k] for k in chunk])
 
     def train_rows(self, bc: ClientBroadcast, clients: list[int], rounds: list[int]) -> Upload:
         """Each client's update from its own broadcast row (``bc.params[j]`` for ``clients[j]``) with the random
@@ -436,9 +449,7 @@ class InProcessExecutor:
         for chunk in self._chunks(clients, size):
             ids = [k + first for k in chunk]
             scorers = None if view or global_set else global_scorers(self.run.train, ids, self.seed, among=named)
-            data = ClientEvalData(ids, self.pool.x, self.pool.y, [self.fed.test[k] for k in chunk],
-                                  [self.fed.val[k] for k in chunk], x_global, y_global, self.fed.n_classes,
-                                  scorers, [self.fed.train[k] for k in chunk])
+            data = self._eval_data(chunk, x_global, y_global, scorers)
             for key, values in self.algo.evaluate_client(bc.for_clients(chunk, self.device), self._stacked(chunk), data,
                                                          view).items():
                 reports.setdefault(key, []).extend(values)
