@@ -13,7 +13,7 @@ import pytest
 
 from hetfed.cli import main
 from hetfed.config import build_config, load_config
-from hetfed.errors import ConfigError
+from hetfed.errors import ConfigError, DataError
 from hetfed.flower.discovery import skeleton
 from hetfed.flower.node_data import node_federation
 from hetfed.pipeline import build_federation
@@ -63,6 +63,9 @@ def test_each_node_serves_its_block_of_clients_with_their_rows_and_the_config_ru
                 rows, sim = getattr(node, split)[mine], getattr(simulated, split)[int(k)]
                 assert node.x[rows].tobytes() == x[sim].astype(np.float32).tobytes()
                 assert node.y[rows].tolist() == np.asarray(simulated.y)[sim].tolist()
+    missing = str(tmp_path / "ex" / "gone.npz")
+    with pytest.raises(DataError, match=f"node config global-test '{missing}' does not exist"):
+        node_federation({"data": str(tmp_path / "ex" / "node-0.npz"), "global-test": missing}, config)
 
 
 @pytest.mark.parametrize("args,expected", [
