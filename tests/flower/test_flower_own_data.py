@@ -165,6 +165,26 @@ def test_a_node_file_that_does_not_fit_the_run_is_refused_with_the_file_and_the_
             node_federation({"data": str(tmp_path / name), "label": "outcome"}, cfg)
 
 
+def test_a_node_config_key_hetfed_does_not_read_is_refused_in_the_nodes_answer():
+    """A misspelt ``positon=0`` was ignored (the node's clients then numbered by its id, which changes at every
+    start); a key of a node's own file on a node without one likewise. The node answers the server's set-up
+    question with the refusal, which the server's user reads."""
+    from hetfed.errors import DataError
+    from hetfed.flower.client_app import set_up
+    from hetfed.flower.node_data import check_node_config
+
+    check_node_config({"partition-id": 0, "num-partitions": 2})  # a simulated node's
+    check_node_config({"data": "f.csv", "label": "y", "client": "c", "split": "s", "position": 0, "global-test": "t"})
+    with pytest.raises(DataError, match=r"node config positon = 0 is not allowed: did you mean 'position'\? "
+                                        r"expected one of data, label, client, split, position, global-test, "
+                                        r"partition-id, num-partitions"):
+        check_node_config({"data": "f.csv", "positon": 0})
+    with pytest.raises(DataError, match=r"node config global-test = 't.npz' is not allowed without data=\"FILE\""):
+        check_node_config({"partition-id": 0, "global-test": "t.npz"})
+    records, clients = set_up(None, {"data": "f.csv", "positon": 1})  # type: ignore[arg-type]
+    assert clients == [] and records["node"]["error"].startswith("node config positon = 1 is not allowed")
+
+
 def test_a_split_column_keeps_the_sites_own_train_validation_and_test_rows(tmp_path):
     """``split="…"`` in the node config: each client's rows as the column splits them (a site's own held-out test
     set), in the file's order, whatever partition.val_fraction / test_fraction say; in CSV, NPZ and Parquet alike.

@@ -168,10 +168,11 @@ def set_up(content: RecordDict, node_config) -> tuple[dict, list[int]]:
     """The set-up question's answer — which clients this node holds (and, when asked, their Γ summaries) — and
     those clients. The node also builds its clients' data now (the question comes first, or with the first step)."""
     from hetfed.errors import HetfedError
-    from hetfed.flower.node_data import own_data, position
+    from hetfed.flower.node_data import check_node_config, own_data, position
 
     own = own_data(node_config)
     try:
+        check_node_config(node_config)
         side = node_side(content.config_records[RUN], node_config)
         place = position(node_config) if own else None
     except HetfedError as err:  # the node's own file does not fit the run: the server's user reads why

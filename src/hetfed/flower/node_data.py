@@ -35,8 +35,30 @@ from hetfed.partition import Federation, opted_out_mask, split_client
 #: node's place among the nodes (optional: :func:`position`) and a file of the global test set (optional: its rows
 #: labelled in the same column), which the clients' personalised models score as in a simulation
 DATA, LABEL, CLIENT, SPLIT, POSITION, GLOBAL_TEST = "data", "label", "client", "split", "position", "global-test"
+#: every key a node config may hold: its own data's (the others need ``data=…``) and a simulated node's block of the
+#: federation's clients (:func:`hetfed.flower.node.node_clients`; Flower's simulation sets them)
+OWN_KEYS = (DATA, LABEL, CLIENT, SPLIT, POSITION, GLOBAL_TEST)
+NODE_KEYS = (*OWN_KEYS, "partition-id", "num-partitions")
 #: a split column's values
 SPLITS = ("train", "val", "test")
+
+
+def check_node_config(node_config) -> None:
+    """A node config's keys, each one hetfed reads, refused in one line otherwise (a misspelt ``positon=0`` would be
+    ignored, and the node's clients numbered by its id): an unknown key, or a key of the node's own data without
+    ``data=…`` (a simulated node holds the simulation's clients and global test set)."""
+    from hetfed.spelling import did_you_mean
+
+    for key in node_config:
+        if key not in NODE_KEYS:
+            raise DataError(f"node config {key} = {node_config[key]!r} is not allowed: {did_you_mean(key, NODE_KEYS)}"
+                            f"expected one of {', '.join(NODE_KEYS)}")
+    if DATA not in node_config:
+        for key in OWN_KEYS:
+            if key in node_config:
+                raise DataError(f"node config {key} = {node_config[key]!r} is not allowed without data=\"FILE\": it "
+                                "says how the node reads its own file; a node without one serves the simulation's "
+                                "clients (partition-id, num-partitions)")
 
 
 def own_data(node_config) -> bool:
