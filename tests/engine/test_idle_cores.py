@@ -50,7 +50,8 @@ def test_a_reading_counts_the_cores_this_process_may_use_and_its_own_time():
     after = host_threads.cpu_reading()
     assert before is not None and after is not None
     assert after.cores == len(os.sched_getaffinity(0))
-    assert after.own - before.own >= 0.19
+    # os.times counts in 10 ms ticks: each reading may fall up to a tick short (CI76 read 14.51 − 14.32 = 0.18999…)
+    assert after.own - before.own >= 0.2 - 0.02
     assert after.busy - before.busy >= 0.15  # the cores' count saw it too (in 10 ms ticks)
 
 
