@@ -106,12 +106,12 @@ class FLoRA(ClientRanks):
             params[name] = fresh[name].to(params[name])
         return ServerState(params, state.round + 1, {**extra, MERGED: merged})
 
-    @torch.no_grad()
     def reported_state(self, state: ServerState) -> ServerState:
         """The server's model: the base, the merged update and the head (its fresh adapters add nothing: B is 0);
         what it scores and a run saves."""
         return ServerState({**state.params, **state.extra.get(MERGED, {})}, state.round)
 
+    @torch.no_grad()
     def evaluate_server(self, state: ServerState, x_global: torch.Tensor, y_global: torch.Tensor) -> dict[str, Any]:
         """:meth:`reported_state`'s model, scored alone: its merged updates are names FedIT's model lacks, so a
         stacked sweep does not score it in one forward with theirs (:func:`hetfed.interface.evaluate_servers`)."""
