@@ -238,7 +238,7 @@ class Model:
     def _client_logits(self, x: Any, client: int) -> Any:
         """Client ``client``'s model's logits of ``x``: its broadcast row, its saved state and, where the method fits
         its model to the client's data, those rows (:class:`hetfed.interface.FitsToData`)."""
-        from hetfed.interface import FitsToData, broadcast_of
+        from hetfed.interface import broadcast_of, client_predictor
 
         algo = self.algorithm
         bc = broadcast_of(self.shared, self.served)
@@ -255,15 +255,14 @@ class Model:
         row = self.clients.index(client) if client in self.clients else None
         states = {} if row is None else {k: v[row: row + 1] for k, v in saved["states"].items()}
         bc = bc.for_clients([client])
-        pred = (algo.fitted_predictor(bc, states, self._own_rows(client), self.view) if isinstance(algo, FitsToData)
-                else algo.predictor(bc, states, 1, self.view))
+        pred = client_predictor(algo, bc, states, 1, lambda: self._own_rows(client), self.view)
         return pred.model.forward(pred.params, x.unsqueeze(0), None)[0]
 
     def _holders(self, bc: Any = None) -> list[int]:
         """The clients with a model to predict with: those of the federation, of the server's rows where it keeps
         one per client, and of the saved states where the clients keep parameters of their own (Ditto's, CGAU's,
         FedPer's: a client never sampled saved none)."""
-        from hetfed.interface import FitsToData, own_parameters
+        from hetfed.interface import fits_to_data, own_parameters
 
         algo = self.algorithm
         personal = bc is not None and bool(bc.personal)
@@ -271,7 +270,7 @@ class Model:
         if personal:
             rows = set(bc.personal_ids or range(len(next(iter(bc.personal.values())))))
             ids = [k for k in ids if k in rows]
-        if own_parameters(algo) and (self.client_states or not (personal or isinstance(algo, FitsToData))):
+        if own_parameters(algo) and (self.client_states or not (personal or fits_to_data(algo))):
             ids = [k for k in ids if k in set(self.clients)]
         return ids
 

@@ -25,7 +25,8 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Container, Iterator
 from dataclasses import dataclass, replace
-from typing import TYPE_CHECKING, Any, Protocol, cast
+from functools import partial
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 import torch
@@ -49,7 +50,7 @@ from hetfed.engine.types import (
     stack_states,
 )
 from hetfed.errors import RunError
-from hetfed.interface import Algorithm, FitsToData
+from hetfed.interface import Algorithm, client_predictor
 from hetfed.models.base import Model
 from hetfed.processes import available_memory
 from hetfed.run_spec import RunSpec
@@ -379,11 +380,9 @@ class InProcessExecutor:
         their own rows where the method's clients fit it as they evaluate (:class:`~hetfed.interface.FitsToData`):
         what a membership attack on the clients' own models queries."""
         size = eval_chunk(self.fed, clients, self.pool.x, self.algo.model.n_classes, self.eval_max_floats)
-        fits = hasattr(type(self.algo), "fitted_predictor")
         for chunk in self._chunks(clients, size):
-            sent, states = bc.for_clients(chunk, self.device), self._stacked(chunk)
-            yield chunk, (cast(FitsToData, self.algo).fitted_predictor(sent, states, self._eval_data(chunk), view)
-                          if fits else self.algo.predictor(sent, states, len(chunk), view))
+            yield chunk, client_predictor(self.algo, bc.for_clients(chunk, self.device), self._stacked(chunk),
+                                          len(chunk), partial(self._eval_data, chunk), view)
 
     def _eval_data(self, chunk: list[int], x_global: torch.Tensor | None = None,
                    y_global: torch.Tensor | None = None, scorers: list[bool] | None = None) -> ClientEvalData:
