@@ -271,7 +271,8 @@ class Model:
             rows = set(bc.personal_ids or range(len(next(iter(bc.personal.values())))))
             ids = [k for k in ids if k in rows]
         if own_parameters(algo) and (self.client_states or not (personal or fits_to_data(algo))):
-            ids = [k for k in ids if k in set(self.clients)]
+            saved = set(self.clients)
+            ids = [k for k in ids if k in saved]
         return ids
 
     def _own_rows(self, client: int) -> Any:
